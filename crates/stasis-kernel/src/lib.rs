@@ -1,0 +1,36 @@
+//! Safe wrappers over the kernel facilities Stasis uses.
+//!
+//! Everything above this crate handles [`std::os::fd::OwnedFd`], typed
+//! addresses and [`Tracee`] handles, never raw syscall results. The raw ABI
+//! (ioctl numbers, structures) comes from `stasis-sys`.
+//!
+//! * [`ptrace`]: seize / interrupt / registers / signal state of a thread,
+//!   and remote syscalls executed by a stopped tracee.
+//! * [`mem`]: `process_vm_readv` / `process_vm_writev` and `/proc/PID/mem`.
+//! * [`pidfd`]: `pidfd_open` and `pidfd_getfd`.
+//! * [`uffd`]: userfaultfd creation and the API handshake.
+//! * [`pagemap`]: `PAGEMAP_SCAN` and the `/proc/PID/pagemap` fallback.
+//! * [`probe`]: a one-shot probe of what this kernel offers (`stasis check`).
+
+#![cfg(all(target_os = "linux", target_arch = "x86_64"))]
+
+pub mod child;
+pub mod error;
+pub mod mem;
+pub mod pagemap;
+pub mod pidfd;
+pub mod probe;
+pub mod ptrace;
+pub mod uffd;
+
+pub use error::KernelError;
+pub use ptrace::{StopKind, Tracee};
+pub use stasis_sys::UserRegs;
+
+/// Result alias of this crate.
+pub type Result<T, E = KernelError> = std::result::Result<T, E>;
+
+/// The last OS error as an `io::Error`.
+pub(crate) fn last_err() -> std::io::Error {
+    std::io::Error::last_os_error()
+}

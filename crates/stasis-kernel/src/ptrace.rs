@@ -1,0 +1,391 @@
+//! A traced thread: freeze, registers, signal state and remote syscalls.
+//!
+//! # Remote syscalls
+//! A stopped tracee can be made to run one syscall on our behalf: point its
+//! `rip` at a `syscall` instruction that exists in its address space, load
+//! `rax` and the argument registers, resume with `PTRACE_SYSCALL` to the
+//! syscall-entry stop and again to the syscall-exit stop, and read `rax`.
+//! `orig_rax` is set to -1 in the injected registers so that the kernel's
+//! syscall-restart logic never rewrites them. The caller saves the thread's
+//! own registers first and puts them back at the end ([`Tracee::set_regs`]).
+//!
+//! Signals must not disturb an injected syscall: [`Tracee::block_all_signals`]
+//! sets the thread's mask to "everything blocked" through `PTRACE_SETSIGMASK`
+//! (signals that arrive meanwhile stay pending and are part of the state we
+//! record), and the caller restores the original mask when done.
+
+use std::io;
+
+use nix::errno::Errno;
+use stasis_sys::{self as sys, UserRegs};
+
+use crate::{last_err, KernelError, Result};
+
+/// Why a tracee is stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopKind {
+    /// `PTRACE_EVENT_STOP` (after `PTRACE_INTERRUPT`, or a group stop).
+    EventStop,
+    /// Syscall entry or exit stop (`SIGTRAP | 0x80`).
+    Syscall,
+    /// Signal-delivery stop for this signal.
+    Signal(i32),
+    /// Another ptrace event (`status >> 16`).
+    Event(i32),
+}
+
+/// A thread under `ptrace`. Detaches on drop (leaving it running) unless
+/// [`Tracee::detach`] or [`Tracee::forget`] was called.
+#[derive(Debug)]
+pub struct Tracee {
+    pid: i32,
+    syscall_insn: Option<u64>,
+    attached: bool,
+}
+
+/// Calls `ptrace(op, pid, addr, data)`, mapping -1 to an error naming `name`.
+fn ptrace_raw(op: u32, pid: i32, addr: u64, data: u64, name: &'static str) -> Result<i64> {
+    // Errno must be cleared: PEEK requests return data, -1 may be valid.
+    Errno::clear();
+    // SAFETY: every caller passes `addr`/`data` that are either plain integers
+    // or pointers to live buffers sized for the request `op`.
+    let r = unsafe { libc::ptrace(op as _, pid, addr as *mut libc::c_void, data as *mut libc::c_void) };
+    if r == -1 && Errno::last_raw() != 0 {
+        let e = last_err();
+        if e.raw_os_error() == Some(libc::ESRCH) {
+            return Err(KernelError::Ptrace { op: name, pid, source: io::Error::new(io::ErrorKind::NotFound, "thread is gone or not stopped") });
+        }
+        return Err(KernelError::Ptrace { op: name, pid, source: e });
+    }
+    Ok(r)
+}
+
+/// `waitpid(pid, __WALL)`, retried on EINTR.
+pub fn wait_raw(pid: i32) -> Result<i32> {
+    loop {
+        let mut status = 0i32;
+        // SAFETY: `status` is a valid out-pointer for the duration of the call.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::__WALL) };
+        if r == pid {
+            return Ok(status);
+        }
+        let e = last_err();
+        if e.raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        return Err(KernelError::Wait { pid, source: e });
+    }
+}
+
+/// Describes a wait status that is not a stop, for error messages.
+pub fn describe_exit(status: i32) -> String {
+    if libc::WIFEXITED(status) {
+        format!("exited with status {}", libc::WEXITSTATUS(status))
+    } else if libc::WIFSIGNALED(status) {
+        format!("killed by signal {}", libc::WTERMSIG(status))
+    } else {
+        format!("wait status {status:#x}")
+    }
+}
+
+impl Tracee {
+    /// `PTRACE_SEIZE`s `pid` with `PTRACE_O_TRACESYSGOOD` (plus `extra_options`).
+    /// The thread keeps running until [`Tracee::interrupt`].
+    pub fn seize(pid: i32, extra_options: u64) -> Result<Self> {
+        let opts = sys::PTRACE_O_TRACESYSGOOD | extra_options;
+        ptrace_raw(sys::PTRACE_SEIZE, pid, 0, opts, "SEIZE").map_err(|e| match e {
+            KernelError::Ptrace { source, .. } => {
+                if source.kind() == io::ErrorKind::NotFound {
+                    KernelError::NoSuchProcess { pid }
+                } else {
+                    KernelError::Seize { pid, source }
+                }
+            }
+            other => other,
+        })?;
+        Ok(Self { pid, syscall_insn: None, attached: true })
+    }
+
+    /// Adopts a child that called `PTRACE_TRACEME` and is now in a
+    /// signal-delivery stop; sets our options on it.
+    pub fn adopt_traceme_child(pid: i32, options: u64) -> Result<Self> {
+        let t = Self { pid, syscall_insn: None, attached: true };
+        ptrace_raw(libc::PTRACE_SETOPTIONS as u32, pid, 0, sys::PTRACE_O_TRACESYSGOOD | options, "SETOPTIONS")?;
+        Ok(t)
+    }
+
+    /// The thread id.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Stops the thread with `PTRACE_INTERRUPT` and waits for the stop.
+    /// Signal-delivery stops met on the way are recorded as pending again by
+    /// re-queuing nothing: they are simply suppressed only if `keep` says so.
+    pub fn interrupt(&mut self) -> Result<()> {
+        ptrace_raw(sys::PTRACE_INTERRUPT, self.pid, 0, 0, "INTERRUPT")?;
+        loop {
+            match self.wait_stop("interrupt")? {
+                StopKind::EventStop => return Ok(()),
+                // A signal arrived before our interrupt: let it be delivered as
+                // it would have been, then wait for the interrupt stop.
+                StopKind::Signal(sig) => self.resume_raw(libc::PTRACE_CONT as u32, sig)?,
+                StopKind::Syscall | StopKind::Event(_) => self.resume_raw(libc::PTRACE_CONT as u32, 0)?,
+            }
+        }
+    }
+
+    /// Waits for the next stop of this thread.
+    pub fn wait_stop(&mut self, during: &'static str) -> Result<StopKind> {
+        let status = wait_raw(self.pid)?;
+        if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+            self.attached = false;
+            return Err(KernelError::Died { pid: self.pid, how: describe_exit(status) });
+        }
+        if !libc::WIFSTOPPED(status) {
+            return Err(KernelError::UnexpectedStop { pid: self.pid, what: format!("status {status:#x}"), during });
+        }
+        let sig = libc::WSTOPSIG(status);
+        let event = status >> 16;
+        Ok(if sig == libc::SIGTRAP | 0x80 {
+            StopKind::Syscall
+        } else if event == sys::PTRACE_EVENT_STOP {
+            StopKind::EventStop
+        } else if event != 0 {
+            StopKind::Event(event)
+        } else {
+            StopKind::Signal(sig)
+        })
+    }
+
+    fn resume_raw(&self, op: u32, sig: i32) -> Result<()> {
+        ptrace_raw(op, self.pid, 0, sig as u64, "resume").map(|_| ())
+    }
+
+    /// General registers.
+    pub fn regs(&self) -> Result<UserRegs> {
+        let mut regs = UserRegs::default();
+        ptrace_raw(libc::PTRACE_GETREGS as u32, self.pid, 0, &mut regs as *mut UserRegs as u64, "GETREGS")?;
+        Ok(regs)
+    }
+
+    /// Sets the general registers.
+    pub fn set_regs(&self, regs: &UserRegs) -> Result<()> {
+        ptrace_raw(libc::PTRACE_SETREGS as u32, self.pid, 0, regs as *const UserRegs as u64, "SETREGS")?;
+        Ok(())
+    }
+
+    /// The XSAVE area (`NT_X86_XSTATE`), as long as the kernel reports it.
+    pub fn xstate(&self) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; sys::XSTATE_MAX];
+        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+        ptrace_raw(sys::PTRACE_GETREGSET, self.pid, u64::from(sys::NT_X86_XSTATE), &mut iov as *mut libc::iovec as u64, "GETREGSET(XSTATE)")?;
+        buf.truncate(iov.iov_len);
+        Ok(buf)
+    }
+
+    /// Writes back an XSAVE area.
+    pub fn set_xstate(&self, xstate: &[u8]) -> Result<()> {
+        let mut copy = xstate.to_vec();
+        let mut iov = libc::iovec { iov_base: copy.as_mut_ptr().cast(), iov_len: copy.len() };
+        ptrace_raw(sys::PTRACE_SETREGSET, self.pid, u64::from(sys::NT_X86_XSTATE), &mut iov as *mut libc::iovec as u64, "SETREGSET(XSTATE)")?;
+        Ok(())
+    }
+
+    /// The blocked-signal mask (bit n-1 for signal n).
+    pub fn sigmask(&self) -> Result<u64> {
+        let mut mask = 0u64;
+        ptrace_raw(sys::PTRACE_GETSIGMASK, self.pid, 8, &mut mask as *mut u64 as u64, "GETSIGMASK")?;
+        Ok(mask)
+    }
+
+    /// Sets the blocked-signal mask (SIGKILL and SIGSTOP are ignored by the kernel).
+    pub fn set_sigmask(&self, mask: u64) -> Result<()> {
+        ptrace_raw(sys::PTRACE_SETSIGMASK, self.pid, 8, &mask as *const u64 as u64, "SETSIGMASK")?;
+        Ok(())
+    }
+
+    /// Blocks every signal; returns the previous mask.
+    pub fn block_all_signals(&self) -> Result<u64> {
+        let old = self.sigmask()?;
+        self.set_sigmask(!0u64)?;
+        Ok(old)
+    }
+
+    /// Queued signals of the thread (`shared == false`) or of the whole
+    /// process (`shared == true`), as raw 128-byte `siginfo_t`s.
+    pub fn pending_siginfo(&self, shared: bool) -> Result<Vec<[u8; sys::SIGINFO_SIZE]>> {
+        let mut out = Vec::new();
+        let mut buf = [[0u8; sys::SIGINFO_SIZE]; 32];
+        loop {
+            let args = sys::PtracePeekSiginfoArgs {
+                off: out.len() as u64,
+                flags: if shared { sys::PTRACE_PEEKSIGINFO_SHARED } else { 0 },
+                nr: 32,
+            };
+            let n = ptrace_raw(sys::PTRACE_PEEKSIGINFO, self.pid, &args as *const _ as u64, buf.as_mut_ptr() as u64, "PEEKSIGINFO")?;
+            let n = usize::try_from(n).unwrap_or(0);
+            out.extend_from_slice(&buf[..n.min(buf.len())]);
+            if n < buf.len() {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Records the address of a `syscall` instruction to use for remote syscalls.
+    pub fn set_syscall_insn(&mut self, addr: u64) {
+        self.syscall_insn = Some(addr);
+    }
+
+    /// The address used for remote syscalls, if set.
+    pub fn syscall_insn(&self) -> Option<u64> {
+        self.syscall_insn
+    }
+
+    /// Runs `nr(args...)` inside the stopped tracee and returns the raw
+    /// result (negative errno on failure). Clobbers the registers: the
+    /// caller restores them. `base` supplies segment registers and flags.
+    pub fn syscall_raw(&mut self, base: &UserRegs, nr: i64, args: &[u64]) -> Result<i64> {
+        let insn = self.syscall_insn.ok_or(KernelError::NoSyscallInsn { pid: self.pid })?;
+        let mut r = *base;
+        let a = |i: usize| args.get(i).copied().unwrap_or(0);
+        r.rax = nr as u64;
+        r.orig_rax = u64::MAX;
+        r.rdi = a(0);
+        r.rsi = a(1);
+        r.rdx = a(2);
+        r.r10 = a(3);
+        r.r8 = a(4);
+        r.r9 = a(5);
+        r.rip = insn;
+        self.set_regs(&r)?;
+        for phase in ["syscall entry", "syscall exit"] {
+            self.resume_raw(libc::PTRACE_SYSCALL as u32, 0)?;
+            loop {
+                match self.wait_stop(phase)? {
+                    StopKind::Syscall => break,
+                    // Only unblockable signals can get here (we block the
+                    // rest); a SIGSTOP from outside is suppressed.
+                    StopKind::Signal(sig) if sig == libc::SIGSTOP || sig == libc::SIGTSTP || sig == libc::SIGTTIN || sig == libc::SIGTTOU => {
+                        self.resume_raw(libc::PTRACE_SYSCALL as u32, 0)?;
+                    }
+                    other => {
+                        return Err(KernelError::UnexpectedStop { pid: self.pid, what: format!("{other:?}"), during: phase });
+                    }
+                }
+            }
+        }
+        let out = self.regs()?;
+        Ok(out.rax as i64)
+    }
+
+    /// Like [`Tracee::syscall_raw`], mapping a negative result to an error
+    /// that names the syscall.
+    pub fn syscall(&mut self, base: &UserRegs, name: &'static str, nr: i64, args: &[u64]) -> Result<u64> {
+        let r = self.syscall_raw(base, nr, args)?;
+        if (-4095..0).contains(&r) {
+            return Err(KernelError::RemoteSyscall {
+                name,
+                pid: self.pid,
+                source: io::Error::from_raw_os_error(i32::try_from(-r).unwrap_or(libc::EIO)),
+            });
+        }
+        Ok(r as u64)
+    }
+
+    /// Detaches, letting the thread run on.
+    pub fn detach(mut self) -> Result<()> {
+        self.attached = false;
+        ptrace_raw(libc::PTRACE_DETACH as u32, self.pid, 0, 0, "DETACH").map(|_| ())
+    }
+
+    /// Forgets the thread without detaching (it was killed or reaped).
+    pub fn forget(mut self) {
+        self.attached = false;
+    }
+}
+
+impl Drop for Tracee {
+    fn drop(&mut self) {
+        if self.attached {
+            // Best effort: an error here means the thread is already gone.
+            let _ = ptrace_raw(libc::PTRACE_DETACH as u32, self.pid, 0, 0, "DETACH");
+        }
+    }
+}
+
+/// Adjusts registers captured at a stop inside an interrupted syscall so that
+/// resuming them (in this process or in a restored one) restarts the syscall
+/// the way the kernel would have. Returns `true` if an adjustment was made.
+///
+/// * `-ERESTARTSYS`, `-ERESTARTNOINTR`, `-ERESTARTNOHAND`: re-execute the
+///   syscall (`rax = orig_rax`, `rip -= 2`).
+/// * `-ERESTART_RESTARTBLOCK` (sleeps and polls with timeouts): the kernel's
+///   per-task restart block does not survive a restore, so with
+///   `same_task == false` the original syscall is re-executed with its
+///   original arguments (a relative timeout starts over, never shorter); with
+///   `same_task == true` (`--leave-running`) `restart_syscall` resumes it exactly.
+///
+/// `orig_rax` is then set to -1 so the kernel does not adjust them again.
+pub fn normalize_interrupted_syscall(regs: &mut UserRegs, same_task: bool) -> bool {
+    if (regs.orig_rax as i64) < 0 {
+        return false;
+    }
+    let rax = regs.rax as i64;
+    let adjusted = match -rax {
+        sys::ERESTARTSYS | sys::ERESTARTNOINTR | sys::ERESTARTNOHAND => {
+            regs.rax = regs.orig_rax;
+            true
+        }
+        sys::ERESTART_RESTARTBLOCK => {
+            regs.rax = if same_task { sys::SYS_RESTART_SYSCALL as u64 } else { regs.orig_rax };
+            true
+        }
+        _ => false,
+    };
+    if adjusted {
+        regs.rip = regs.rip.wrapping_sub(2);
+    }
+    regs.orig_rax = u64::MAX;
+    adjusted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn in_syscall(nr: u64, rax: i64) -> UserRegs {
+        UserRegs { orig_rax: nr, rax: rax as u64, rip: 0x1002, ..Default::default() }
+    }
+
+    #[test]
+    fn restart_codes_rewind_rip_and_restore_nr() {
+        for code in [sys::ERESTARTSYS, sys::ERESTARTNOINTR, sys::ERESTARTNOHAND] {
+            let mut r = in_syscall(35, -code);
+            assert!(normalize_interrupted_syscall(&mut r, false));
+            assert_eq!((r.rax, r.rip, r.orig_rax), (35, 0x1000, u64::MAX));
+        }
+    }
+
+    #[test]
+    fn restart_block_depends_on_task_identity() {
+        let mut r = in_syscall(230, -sys::ERESTART_RESTARTBLOCK);
+        normalize_interrupted_syscall(&mut r, true);
+        assert_eq!((r.rax, r.rip), (sys::SYS_RESTART_SYSCALL as u64, 0x1000));
+        let mut r = in_syscall(230, -sys::ERESTART_RESTARTBLOCK);
+        normalize_interrupted_syscall(&mut r, false);
+        assert_eq!((r.rax, r.rip), (230, 0x1000));
+    }
+
+    #[test]
+    fn completed_syscalls_and_user_code_are_left_alone() {
+        let mut r = in_syscall(0, 5);
+        assert!(!normalize_interrupted_syscall(&mut r, false));
+        assert_eq!((r.rax, r.rip), (5, 0x1002));
+        let mut r = in_syscall(0, -(libc::EAGAIN as i64));
+        assert!(!normalize_interrupted_syscall(&mut r, false));
+        let mut r = UserRegs { orig_rax: u64::MAX, rax: (-sys::ERESTARTSYS) as u64, rip: 7, ..Default::default() };
+        assert!(!normalize_interrupted_syscall(&mut r, false));
+        assert_eq!(r.rip, 7);
+    }
+}

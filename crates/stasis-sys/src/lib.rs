@@ -1,0 +1,479 @@
+//! Raw Linux kernel ABI used by Stasis, and nothing else.
+//!
+//! This crate holds ioctl numbers, `#[repr(C)]` structures and constants that
+//! the `libc` crate does not provide (or provides only for some targets). Each
+//! structure has a compile-time size assertion against the kernel's
+//! definition, so a layout mistake fails the build instead of corrupting a
+//! process. There is no logic here: safe wrappers live in `stasis-kernel`.
+//!
+//! Only x86-64 is supported for now.
+
+#![cfg(all(target_os = "linux", target_arch = "x86_64"))]
+
+use core::mem::size_of;
+
+/// Page size of x86-64 (4 KiB). Huge pages are multiples of it.
+pub const PAGE_SIZE: u64 = 4096;
+
+// ---------------------------------------------------------------------------
+// ioctl number encoding (asm-generic/ioctl.h)
+// ---------------------------------------------------------------------------
+
+const IOC_NRBITS: u64 = 8;
+const IOC_TYPEBITS: u64 = 8;
+const IOC_SIZEBITS: u64 = 14;
+const IOC_NRSHIFT: u64 = 0;
+const IOC_TYPESHIFT: u64 = IOC_NRSHIFT + IOC_NRBITS;
+const IOC_SIZESHIFT: u64 = IOC_TYPESHIFT + IOC_TYPEBITS;
+const IOC_DIRSHIFT: u64 = IOC_SIZESHIFT + IOC_SIZEBITS;
+const IOC_WRITE: u64 = 1;
+const IOC_READ: u64 = 2;
+
+const fn ioc(dir: u64, ty: u64, nr: u64, size: usize) -> u64 {
+    (dir << IOC_DIRSHIFT) | (ty << IOC_TYPESHIFT) | (nr << IOC_NRSHIFT) | ((size as u64) << IOC_SIZESHIFT)
+}
+const fn iowr(ty: u64, nr: u64, size: usize) -> u64 {
+    ioc(IOC_READ | IOC_WRITE, ty, nr, size)
+}
+const fn ior(ty: u64, nr: u64, size: usize) -> u64 {
+    ioc(IOC_READ, ty, nr, size)
+}
+
+// ---------------------------------------------------------------------------
+// Registers (asm/user.h, elf.h)
+// ---------------------------------------------------------------------------
+
+/// `struct user_regs_struct` of x86-64, as read by `PTRACE_GETREGS` /
+/// `PTRACE_GETREGSET(NT_PRSTATUS)`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UserRegs {
+    pub r15: u64,
+    pub r14: u64,
+    pub r13: u64,
+    pub r12: u64,
+    pub rbp: u64,
+    pub rbx: u64,
+    pub r11: u64,
+    pub r10: u64,
+    pub r9: u64,
+    pub r8: u64,
+    pub rax: u64,
+    pub rcx: u64,
+    pub rdx: u64,
+    pub rsi: u64,
+    pub rdi: u64,
+    pub orig_rax: u64,
+    pub rip: u64,
+    pub cs: u64,
+    pub eflags: u64,
+    pub rsp: u64,
+    pub ss: u64,
+    pub fs_base: u64,
+    pub gs_base: u64,
+    pub ds: u64,
+    pub es: u64,
+    pub fs: u64,
+    pub gs: u64,
+}
+/// Number of u64 words in [`UserRegs`].
+pub const USER_REGS_WORDS: usize = 27;
+const _: () = assert!(size_of::<UserRegs>() == USER_REGS_WORDS * 8);
+const _: () = assert!(size_of::<UserRegs>() == size_of::<libc::user_regs_struct>());
+
+impl UserRegs {
+    /// The registers as an array of words, in kernel order.
+    pub fn to_words(&self) -> [u64; USER_REGS_WORDS] {
+        [
+            self.r15, self.r14, self.r13, self.r12, self.rbp, self.rbx, self.r11, self.r10, self.r9,
+            self.r8, self.rax, self.rcx, self.rdx, self.rsi, self.rdi, self.orig_rax, self.rip,
+            self.cs, self.eflags, self.rsp, self.ss, self.fs_base, self.gs_base, self.ds, self.es,
+            self.fs, self.gs,
+        ]
+    }
+
+    /// The inverse of [`UserRegs::to_words`]; `None` if the slice has the wrong length.
+    pub fn from_words(w: &[u64]) -> Option<Self> {
+        if w.len() != USER_REGS_WORDS {
+            return None;
+        }
+        Some(Self {
+            r15: w[0],
+            r14: w[1],
+            r13: w[2],
+            r12: w[3],
+            rbp: w[4],
+            rbx: w[5],
+            r11: w[6],
+            r10: w[7],
+            r9: w[8],
+            r8: w[9],
+            rax: w[10],
+            rcx: w[11],
+            rdx: w[12],
+            rsi: w[13],
+            rdi: w[14],
+            orig_rax: w[15],
+            rip: w[16],
+            cs: w[17],
+            eflags: w[18],
+            rsp: w[19],
+            ss: w[20],
+            fs_base: w[21],
+            gs_base: w[22],
+            ds: w[23],
+            es: w[24],
+            fs: w[25],
+            gs: w[26],
+        })
+    }
+}
+
+/// ELF note type of the general registers regset.
+pub const NT_PRSTATUS: u32 = 1;
+/// ELF note type of the x86 XSAVE area regset.
+pub const NT_X86_XSTATE: u32 = 0x202;
+/// Largest XSAVE area we accept (AMX tile data makes it ~11 KiB today).
+pub const XSTATE_MAX: usize = 64 * 1024;
+/// Offset of the software-reserved bytes of the XSAVE legacy area. In an
+/// area read with `PTRACE_GETREGSET(NT_X86_XSTATE)` the kernel stores XCR0 in
+/// its first u64 (`USER_XSTATE_XCR0_WORD`).
+pub const XSAVE_SW_BYTES_OFFSET: usize = 464;
+/// Offset of the XSAVE header (`xstate_bv` is its first u64).
+pub const XSAVE_HEADER_OFFSET: usize = 512;
+
+// ---------------------------------------------------------------------------
+// ptrace (linux/ptrace.h)
+// ---------------------------------------------------------------------------
+
+pub const PTRACE_GETREGSET: u32 = 0x4204;
+pub const PTRACE_SETREGSET: u32 = 0x4205;
+pub const PTRACE_SEIZE: u32 = 0x4206;
+pub const PTRACE_INTERRUPT: u32 = 0x4207;
+pub const PTRACE_LISTEN: u32 = 0x4208;
+pub const PTRACE_PEEKSIGINFO: u32 = 0x4209;
+pub const PTRACE_GETSIGMASK: u32 = 0x420a;
+pub const PTRACE_SETSIGMASK: u32 = 0x420b;
+pub const PTRACE_GET_RSEQ_CONFIGURATION: u32 = 0x420f;
+
+pub const PTRACE_O_TRACESYSGOOD: u64 = 1;
+pub const PTRACE_O_EXITKILL: u64 = 1 << 20;
+
+pub const PTRACE_EVENT_STOP: i32 = 128;
+/// `PTRACE_PEEKSIGINFO` flag: read the process-wide (shared) queue.
+pub const PTRACE_PEEKSIGINFO_SHARED: u32 = 1;
+
+/// `struct ptrace_peeksiginfo_args`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PtracePeekSiginfoArgs {
+    pub off: u64,
+    pub flags: u32,
+    pub nr: i32,
+}
+const _: () = assert!(size_of::<PtracePeekSiginfoArgs>() == 16);
+
+/// Size of `siginfo_t` on every Linux architecture.
+pub const SIGINFO_SIZE: usize = 128;
+
+// ---------------------------------------------------------------------------
+// Signals (asm/signal.h)
+// ---------------------------------------------------------------------------
+
+/// `struct sigaction` as the `rt_sigaction` syscall sees it (not glibc's).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KernelSigaction {
+    pub handler: u64,
+    pub flags: u64,
+    pub restorer: u64,
+    pub mask: u64,
+}
+const _: () = assert!(size_of::<KernelSigaction>() == 32);
+
+/// `stack_t` for `sigaltstack`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StackT {
+    pub ss_sp: u64,
+    pub ss_flags: i32,
+    pub pad: i32,
+    pub ss_size: u64,
+}
+const _: () = assert!(size_of::<StackT>() == 24);
+const _: () = assert!(size_of::<StackT>() == size_of::<libc::stack_t>());
+
+/// `struct itimerval` (two `struct timeval`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ItimerVal {
+    pub interval_sec: i64,
+    pub interval_usec: i64,
+    pub value_sec: i64,
+    pub value_usec: i64,
+}
+const _: () = assert!(size_of::<ItimerVal>() == size_of::<libc::itimerval>());
+
+/// Kernel-internal return values of interrupted syscalls (never seen by user
+/// space in a running program, but visible in `rax` at a ptrace stop).
+pub const ERESTARTSYS: i64 = 512;
+pub const ERESTARTNOINTR: i64 = 513;
+pub const ERESTARTNOHAND: i64 = 514;
+pub const ERESTART_RESTARTBLOCK: i64 = 516;
+
+// ---------------------------------------------------------------------------
+// clone3 (linux/sched.h)
+// ---------------------------------------------------------------------------
+
+/// `struct clone_args` (version 2, with `cgroup`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CloneArgs {
+    pub flags: u64,
+    pub pidfd: u64,
+    pub child_tid: u64,
+    pub parent_tid: u64,
+    pub exit_signal: u64,
+    pub stack: u64,
+    pub stack_size: u64,
+    pub tls: u64,
+    pub set_tid: u64,
+    pub set_tid_size: u64,
+    pub cgroup: u64,
+}
+const _: () = assert!(size_of::<CloneArgs>() == 88);
+
+// ---------------------------------------------------------------------------
+// prctl / arch_prctl
+// ---------------------------------------------------------------------------
+
+pub const PR_SET_MM: i32 = 35;
+pub const PR_SET_MM_MAP: u64 = 14;
+pub const PR_SET_MM_MAP_SIZE: u64 = 15;
+
+/// `struct prctl_mm_map`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PrctlMmMap {
+    pub start_code: u64,
+    pub end_code: u64,
+    pub start_data: u64,
+    pub end_data: u64,
+    pub start_brk: u64,
+    pub brk: u64,
+    pub start_stack: u64,
+    pub arg_start: u64,
+    pub arg_end: u64,
+    pub env_start: u64,
+    pub env_end: u64,
+    pub auxv: u64,
+    pub auxv_size: u32,
+    pub exe_fd: u32,
+}
+const _: () = assert!(size_of::<PrctlMmMap>() == 104);
+
+pub const ARCH_GET_XCOMP_SUPP: u64 = 0x1021;
+pub const ARCH_GET_XCOMP_PERM: u64 = 0x1022;
+pub const ARCH_REQ_XCOMP_PERM: u64 = 0x1023;
+pub const ARCH_MAP_VDSO_64: u64 = 0x2003;
+
+// ---------------------------------------------------------------------------
+// userfaultfd (linux/userfaultfd.h)
+// ---------------------------------------------------------------------------
+
+pub const UFFD_API: u64 = 0xAA;
+const UFFDIO: u64 = 0xAA;
+
+pub const UFFD_FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;
+pub const UFFD_FEATURE_EVENT_FORK: u64 = 1 << 1;
+pub const UFFD_FEATURE_EVENT_REMAP: u64 = 1 << 2;
+pub const UFFD_FEATURE_EVENT_REMOVE: u64 = 1 << 3;
+pub const UFFD_FEATURE_MISSING_HUGETLBFS: u64 = 1 << 4;
+pub const UFFD_FEATURE_MISSING_SHMEM: u64 = 1 << 5;
+pub const UFFD_FEATURE_EVENT_UNMAP: u64 = 1 << 6;
+pub const UFFD_FEATURE_SIGBUS: u64 = 1 << 7;
+pub const UFFD_FEATURE_THREAD_ID: u64 = 1 << 8;
+pub const UFFD_FEATURE_MINOR_HUGETLBFS: u64 = 1 << 9;
+pub const UFFD_FEATURE_MINOR_SHMEM: u64 = 1 << 10;
+pub const UFFD_FEATURE_EXACT_ADDRESS: u64 = 1 << 11;
+pub const UFFD_FEATURE_WP_HUGETLBFS_SHMEM: u64 = 1 << 12;
+pub const UFFD_FEATURE_WP_UNPOPULATED: u64 = 1 << 13;
+pub const UFFD_FEATURE_POISON: u64 = 1 << 14;
+pub const UFFD_FEATURE_WP_ASYNC: u64 = 1 << 15;
+pub const UFFD_FEATURE_MOVE: u64 = 1 << 16;
+
+/// Names of the userfaultfd feature bits, in bit order.
+pub const UFFD_FEATURE_NAMES: [&str; 17] = [
+    "PAGEFAULT_FLAG_WP",
+    "EVENT_FORK",
+    "EVENT_REMAP",
+    "EVENT_REMOVE",
+    "MISSING_HUGETLBFS",
+    "MISSING_SHMEM",
+    "EVENT_UNMAP",
+    "SIGBUS",
+    "THREAD_ID",
+    "MINOR_HUGETLBFS",
+    "MINOR_SHMEM",
+    "EXACT_ADDRESS",
+    "WP_HUGETLBFS_SHMEM",
+    "WP_UNPOPULATED",
+    "POISON",
+    "WP_ASYNC",
+    "MOVE",
+];
+
+pub const UFFDIO_REGISTER_MODE_MISSING: u64 = 1 << 0;
+pub const UFFDIO_REGISTER_MODE_WP: u64 = 1 << 1;
+pub const UFFDIO_REGISTER_MODE_MINOR: u64 = 1 << 2;
+pub const UFFDIO_COPY_MODE_DONTWAKE: u64 = 1 << 0;
+pub const UFFDIO_COPY_MODE_WP: u64 = 1 << 1;
+pub const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1 << 0;
+pub const UFFDIO_WRITEPROTECT_MODE_DONTWAKE: u64 = 1 << 1;
+
+/// `/dev/userfaultfd` ioctl that creates a userfaultfd.
+pub const USERFAULTFD_IOC_NEW: u64 = ioc(0, UFFDIO, 0x00, 0);
+
+/// `struct uffdio_api`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UffdioApi {
+    pub api: u64,
+    pub features: u64,
+    pub ioctls: u64,
+}
+const _: () = assert!(size_of::<UffdioApi>() == 24);
+
+/// `struct uffdio_range`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UffdioRange {
+    pub start: u64,
+    pub len: u64,
+}
+const _: () = assert!(size_of::<UffdioRange>() == 16);
+
+/// `struct uffdio_register`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UffdioRegister {
+    pub range: UffdioRange,
+    pub mode: u64,
+    pub ioctls: u64,
+}
+const _: () = assert!(size_of::<UffdioRegister>() == 32);
+
+/// `struct uffdio_copy`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UffdioCopy {
+    pub dst: u64,
+    pub src: u64,
+    pub len: u64,
+    pub mode: u64,
+    pub copy: i64,
+}
+const _: () = assert!(size_of::<UffdioCopy>() == 40);
+
+/// `struct uffdio_writeprotect`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UffdioWriteprotect {
+    pub range: UffdioRange,
+    pub mode: u64,
+}
+const _: () = assert!(size_of::<UffdioWriteprotect>() == 24);
+
+/// `struct uffd_msg` (a union in C; we keep the raw argument words).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UffdMsg {
+    pub event: u8,
+    pub reserved1: u8,
+    pub reserved2: u16,
+    pub reserved3: u32,
+    pub arg: [u64; 3],
+}
+const _: () = assert!(size_of::<UffdMsg>() == 32);
+
+pub const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
+
+pub const UFFDIO_API: u64 = iowr(UFFDIO, 0x3F, size_of::<UffdioApi>());
+pub const UFFDIO_REGISTER: u64 = iowr(UFFDIO, 0x00, size_of::<UffdioRegister>());
+pub const UFFDIO_UNREGISTER: u64 = ior(UFFDIO, 0x01, size_of::<UffdioRange>());
+pub const UFFDIO_WAKE: u64 = ior(UFFDIO, 0x02, size_of::<UffdioRange>());
+pub const UFFDIO_COPY: u64 = iowr(UFFDIO, 0x03, size_of::<UffdioCopy>());
+pub const UFFDIO_WRITEPROTECT: u64 = iowr(UFFDIO, 0x06, size_of::<UffdioWriteprotect>());
+
+// Values from the kernel headers, checked so a typo in the encoder shows up.
+const _: () = assert!(UFFDIO_API == 0xc018_aa3f);
+const _: () = assert!(UFFDIO_REGISTER == 0xc020_aa00);
+const _: () = assert!(UFFDIO_UNREGISTER == 0x8010_aa01);
+const _: () = assert!(UFFDIO_COPY == 0xc028_aa03);
+const _: () = assert!(UFFDIO_WRITEPROTECT == 0xc018_aa06);
+const _: () = assert!(USERFAULTFD_IOC_NEW == 0xaa00);
+
+// ---------------------------------------------------------------------------
+// PAGEMAP_SCAN (linux/fs.h, since 6.7)
+// ---------------------------------------------------------------------------
+
+pub const PAGE_IS_WPALLOWED: u64 = 1 << 0;
+pub const PAGE_IS_WRITTEN: u64 = 1 << 1;
+pub const PAGE_IS_FILE: u64 = 1 << 2;
+pub const PAGE_IS_PRESENT: u64 = 1 << 3;
+pub const PAGE_IS_SWAPPED: u64 = 1 << 4;
+pub const PAGE_IS_PFNZERO: u64 = 1 << 5;
+pub const PAGE_IS_HUGE: u64 = 1 << 6;
+pub const PAGE_IS_SOFT_DIRTY: u64 = 1 << 7;
+
+pub const PM_SCAN_WP_MATCHING: u64 = 1 << 0;
+pub const PM_SCAN_CHECK_WPASYNC: u64 = 1 << 1;
+
+/// `struct page_region`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PageRegion {
+    pub start: u64,
+    pub end: u64,
+    pub categories: u64,
+}
+const _: () = assert!(size_of::<PageRegion>() == 24);
+
+/// `struct pm_scan_arg`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PmScanArg {
+    pub size: u64,
+    pub flags: u64,
+    pub start: u64,
+    pub end: u64,
+    pub walk_end: u64,
+    pub vec: u64,
+    pub vec_len: u64,
+    pub max_pages: u64,
+    pub category_inverted: u64,
+    pub category_mask: u64,
+    pub category_anyof_mask: u64,
+    pub return_mask: u64,
+}
+const _: () = assert!(size_of::<PmScanArg>() == 96);
+
+pub const PAGEMAP_SCAN: u64 = iowr(b'f' as u64, 16, size_of::<PmScanArg>());
+const _: () = assert!(PAGEMAP_SCAN == 0xc060_6610);
+
+/// `/proc/PID/pagemap` entry bits (Documentation/admin-guide/mm/pagemap.rst).
+pub const PM_PRESENT: u64 = 1 << 63;
+pub const PM_SWAPPED: u64 = 1 << 62;
+pub const PM_FILE_OR_SHARED_ANON: u64 = 1 << 61;
+pub const PM_SOFT_DIRTY: u64 = 1 << 55;
+
+// ---------------------------------------------------------------------------
+// Syscall numbers not in every libc release.
+// ---------------------------------------------------------------------------
+
+pub const SYS_CLONE3: i64 = 435;
+pub const SYS_PIDFD_OPEN: i64 = 434;
+pub const SYS_PIDFD_GETFD: i64 = 438;
+pub const SYS_CLOSE_RANGE: i64 = 436;
+pub const SYS_USERFAULTFD: i64 = 323;
+pub const SYS_RESTART_SYSCALL: i64 = 219;
