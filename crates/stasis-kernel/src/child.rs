@@ -67,7 +67,7 @@ pub fn spawn_stopped(set_tid: Option<i32>) -> Result<Tracee, SpawnError> {
 }
 
 /// Kills a child created by [`spawn_stopped`] and reaps it.
-pub fn kill_and_reap(t: Tracee) {
+pub fn kill_and_reap(mut t: Tracee) {
     let pid = t.pid();
     t.forget();
     // SAFETY: kill with a pid we created and have not reaped.

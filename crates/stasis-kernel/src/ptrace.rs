@@ -232,6 +232,13 @@ impl Tracee {
         }
     }
 
+    /// The thread's rseq registration (`None` if it has none).
+    pub fn rseq_config(&self) -> Result<Option<sys::PtraceRseqConfiguration>> {
+        let mut c = sys::PtraceRseqConfiguration::default();
+        ptrace_raw(sys::PTRACE_GET_RSEQ_CONFIGURATION, self.pid, std::mem::size_of::<sys::PtraceRseqConfiguration>() as u64, &mut c as *mut _ as u64, "GET_RSEQ_CONFIGURATION")?;
+        Ok((c.rseq_abi_pointer != 0).then_some(c))
+    }
+
     /// Records the address of a `syscall` instruction to use for remote syscalls.
     pub fn set_syscall_insn(&mut self, addr: u64) {
         self.syscall_insn = Some(addr);
@@ -294,13 +301,16 @@ impl Tracee {
     }
 
     /// Detaches, letting the thread run on.
-    pub fn detach(mut self) -> Result<()> {
+    pub fn detach(&mut self) -> Result<()> {
+        if !self.attached {
+            return Ok(());
+        }
         self.attached = false;
         ptrace_raw(libc::PTRACE_DETACH as u32, self.pid, 0, 0, "DETACH").map(|_| ())
     }
 
     /// Forgets the thread without detaching (it was killed or reaped).
-    pub fn forget(mut self) {
+    pub fn forget(&mut self) {
         self.attached = false;
     }
 }

@@ -173,6 +173,20 @@ pub struct PtracePeekSiginfoArgs {
 }
 const _: () = assert!(size_of::<PtracePeekSiginfoArgs>() == 16);
 
+/// `struct ptrace_rseq_configuration`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PtraceRseqConfiguration {
+    pub rseq_abi_pointer: u64,
+    pub rseq_abi_size: u32,
+    pub signature: u32,
+    pub flags: u32,
+    pub pad: u32,
+}
+const _: () = assert!(size_of::<PtraceRseqConfiguration>() == 24);
+/// `rseq()` flag to unregister.
+pub const RSEQ_FLAG_UNREGISTER: u64 = 1;
+
 /// Size of `siginfo_t` on every Linux architecture.
 pub const SIGINFO_SIZE: usize = 128;
 

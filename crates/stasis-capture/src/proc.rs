@@ -1,0 +1,269 @@
+//! Reading a process's state from `/proc/PID/*`.
+//!
+//! Parsers are pure functions over the file text so they are unit-tested on
+//! fixed samples; the readers around them only add the I/O.
+
+use std::path::PathBuf;
+
+use stasis_image::manifest::{Credentials, MmImage, Rlimit};
+
+use crate::CaptureError;
+
+/// One line of `/proc/PID/maps`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MapsEntry {
+    pub start: u64,
+    pub end: u64,
+    pub read: bool,
+    pub write: bool,
+    pub exec: bool,
+    pub shared: bool,
+    pub offset: u64,
+    pub dev: (u32, u32),
+    pub ino: u64,
+    /// Path or pseudo-name (`[heap]`), empty for anonymous memory.
+    pub name: String,
+}
+
+impl MapsEntry {
+    /// PROT_* bits.
+    pub fn prot(&self) -> u32 {
+        let mut p = 0;
+        if self.read {
+            p |= libc::PROT_READ;
+        }
+        if self.write {
+            p |= libc::PROT_WRITE;
+        }
+        if self.exec {
+            p |= libc::PROT_EXEC;
+        }
+        p as u32
+    }
+}
+
+fn hex(s: &str) -> Option<u64> {
+    u64::from_str_radix(s, 16).ok()
+}
+
+/// Parses the text of `/proc/PID/maps`.
+pub fn parse_maps(text: &str) -> Result<Vec<MapsEntry>, String> {
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let bad = || format!("unexpected maps line: {line:?}");
+        // Five whitespace-separated fields, then the name (which may contain spaces).
+        let mut rest = line;
+        let mut fields = [""; 5];
+        for f in &mut fields {
+            rest = rest.trim_start();
+            let end = rest.find(' ').unwrap_or(rest.len());
+            *f = &rest[..end];
+            rest = &rest[end..];
+        }
+        let name = rest.trim_start().to_string();
+        let (a, b) = fields[0].split_once('-').ok_or_else(bad)?;
+        let perms = fields[1].as_bytes();
+        if perms.len() < 4 {
+            return Err(bad());
+        }
+        let (maj, min) = fields[3].split_once(':').ok_or_else(bad)?;
+        out.push(MapsEntry {
+            start: hex(a).ok_or_else(bad)?,
+            end: hex(b).ok_or_else(bad)?,
+            read: perms[0] == b'r',
+            write: perms[1] == b'w',
+            exec: perms[2] == b'x',
+            shared: perms[3] == b's',
+            offset: hex(fields[2]).ok_or_else(bad)?,
+            dev: (u32::from_str_radix(maj, 16).map_err(|_| bad())?, u32::from_str_radix(min, 16).map_err(|_| bad())?),
+            ino: fields[4].parse().map_err(|_| bad())?,
+            name,
+        });
+    }
+    Ok(out)
+}
+
+/// Start addresses of areas whose smaps `VmFlags` include `gd` (grows down).
+pub fn parse_smaps_growsdown(text: &str) -> Vec<u64> {
+    let mut out = Vec::new();
+    let mut cur: Option<u64> = None;
+    for line in text.lines() {
+        if let Some(flags) = line.strip_prefix("VmFlags:") {
+            if flags.split_whitespace().any(|f| f == "gd") {
+                out.extend(cur);
+            }
+        } else if let Some(first) = line.split_whitespace().next() {
+            if !first.ends_with(':') {
+                cur = first.split_once('-').and_then(|(a, _)| hex(a));
+            }
+        }
+    }
+    out
+}
+
+/// Fields of `/proc/PID/stat` that Stasis needs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stat {
+    pub comm: String,
+    pub state: char,
+    pub ppid: i32,
+    pub pgrp: i32,
+    pub session: i32,
+    pub num_threads: i64,
+    pub mm: MmImage,
+}
+
+/// Parses `/proc/PID/stat` (the comm field may hold spaces and parentheses).
+pub fn parse_stat(text: &str) -> Result<Stat, String> {
+    let bad = || format!("unexpected stat: {text:?}");
+    let open = text.find('(').ok_or_else(bad)?;
+    let close = text.rfind(')').ok_or_else(bad)?;
+    let comm = text[open + 1..close].to_string();
+    // Field 3 (state) is the first after ")".
+    let f: Vec<&str> = text[close + 1..].split_whitespace().collect();
+    let n = |i: usize| -> Result<u64, String> { f.get(i - 3).ok_or_else(bad)?.parse::<u64>().map_err(|_| bad()) };
+    let s = |i: usize| -> Result<i64, String> { f.get(i - 3).ok_or_else(bad)?.parse::<i64>().map_err(|_| bad()) };
+    if f.len() < 52 - 2 {
+        return Err(bad());
+    }
+    let to_i32 = |v: i64| i32::try_from(v).map_err(|_| bad());
+    Ok(Stat {
+        comm,
+        state: f[0].chars().next().unwrap_or('?'),
+        ppid: to_i32(s(4)?)?,
+        pgrp: to_i32(s(5)?)?,
+        session: to_i32(s(6)?)?,
+        num_threads: s(20)?,
+        mm: MmImage {
+            start_code: n(26)?,
+            end_code: n(27)?,
+            start_stack: n(28)?,
+            start_data: n(45)?,
+            end_data: n(46)?,
+            start_brk: n(47)?,
+            arg_start: n(48)?,
+            arg_end: n(49)?,
+            env_start: n(50)?,
+            env_end: n(51)?,
+            brk: 0,
+            auxv: Vec::new(),
+        },
+    })
+}
+
+/// `Umask`, credentials from `/proc/PID/status`.
+pub fn parse_status(text: &str) -> Result<(u32, Credentials), String> {
+    let bad = |what: &str| format!("/proc/PID/status has no usable {what} line");
+    let field = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)).map(str::trim);
+    let umask = field("Umask:").and_then(|v| u32::from_str_radix(v, 8).ok()).ok_or_else(|| bad("Umask"))?;
+    let four = |name: &str| -> Result<[u32; 4], String> {
+        let v: Vec<u32> = field(name).ok_or_else(|| bad(name))?.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+        v.try_into().map_err(|_| bad(name))
+    };
+    let groups = field("Groups:").unwrap_or("").split_whitespace().filter_map(|x| x.parse().ok()).collect();
+    Ok((umask, Credentials { uid: four("Uid:")?, gid: four("Gid:")?, groups }))
+}
+
+/// Parses `/proc/PID/limits` (lines in resource order, fixed columns).
+pub fn parse_limits(text: &str) -> Result<Vec<Rlimit>, String> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().skip(1).enumerate() {
+        let val = |s: &str| -> Result<u64, String> {
+            let s = s.trim();
+            if s == "unlimited" {
+                Ok(u64::MAX)
+            } else {
+                s.parse().map_err(|_| format!("bad limit value {s:?} in {line:?}"))
+            }
+        };
+        let soft = line.get(26..46).ok_or_else(|| format!("short limits line {line:?}"))?;
+        let hard = line.get(47..67).ok_or_else(|| format!("short limits line {line:?}"))?;
+        out.push(Rlimit { resource: u32::try_from(i).unwrap_or(u32::MAX), soft: val(soft)?, hard: val(hard)? });
+    }
+    Ok(out)
+}
+
+/// `pos` and `flags` (octal) from `/proc/PID/fdinfo/N`.
+pub fn parse_fdinfo(text: &str) -> Result<(u64, u32), String> {
+    let field = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)).map(str::trim);
+    let pos = field("pos:").and_then(|v| v.parse().ok()).ok_or("fdinfo without pos")?;
+    let flags = field("flags:").and_then(|v| u32::from_str_radix(v, 8).ok()).ok_or("fdinfo without flags")?;
+    Ok((pos, flags))
+}
+
+/// Reads `/proc/PID/<name>` as text, mapping "not found" to a dead process.
+pub fn read(pid: i32, name: &str) -> Result<String, CaptureError> {
+    std::fs::read_to_string(proc_path(pid, name)).map_err(|e| CaptureError::from_proc(pid, name, e))
+}
+
+/// Reads `/proc/PID/<name>` as bytes.
+pub fn read_bytes(pid: i32, name: &str) -> Result<Vec<u8>, CaptureError> {
+    std::fs::read(proc_path(pid, name)).map_err(|e| CaptureError::from_proc(pid, name, e))
+}
+
+/// Reads the link `/proc/PID/<name>`.
+pub fn read_link(pid: i32, name: &str) -> Result<String, CaptureError> {
+    std::fs::read_link(proc_path(pid, name))
+        .map(|p| p.to_string_lossy().into_owned())
+        .map_err(|e| CaptureError::from_proc(pid, name, e))
+}
+
+/// `/proc/PID/<name>`.
+pub fn proc_path(pid: i32, name: &str) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/{name}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_lines_with_spaces_and_specials() {
+        let t = "55d0c0a00000-55d0c0a21000 rw-p 00000000 00:00 0                          [heap]\n\
+                 7f00aa000000-7f00aa001000 r--s 00002000 fe:01 1234                       /tmp/my file (deleted)\n\
+                 7ffd1000-7ffd2000 ---p 00000000 00:00 0 \n";
+        let m = parse_maps(t).unwrap();
+        assert_eq!(m.len(), 3);
+        assert_eq!((m[0].start, m[0].end, m[0].prot(), m[0].shared, m[0].name.as_str()), (0x55d0c0a00000, 0x55d0c0a21000, 3, false, "[heap]"));
+        assert_eq!((m[1].offset, m[1].dev, m[1].ino, m[1].shared, m[1].name.as_str()), (0x2000, (0xfe, 1), 1234, true, "/tmp/my file (deleted)"));
+        assert_eq!((m[2].prot(), m[2].name.as_str()), (0, ""));
+        assert!(parse_maps("garbage").is_err());
+    }
+
+    #[test]
+    fn stat_with_parenthesised_comm() {
+        let t = "1234 (a) b (c)) S 1 1234 1234 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 555 1000 100 18446744073709551615 4194304 4196000 140737488346000 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0 6295000 6295600 6299648 140737488350000 140737488350100 140737488350100 140737488351000 0\n";
+        let s = parse_stat(t).unwrap();
+        assert_eq!(s.comm, "a) b (c)");
+        assert_eq!((s.state, s.ppid, s.pgrp, s.session, s.num_threads), ('S', 1, 1234, 1234, 1));
+        assert_eq!((s.mm.start_code, s.mm.end_code, s.mm.start_stack), (4194304, 4196000, 140737488346000));
+        assert_eq!((s.mm.start_data, s.mm.end_data, s.mm.start_brk), (6295000, 6295600, 6299648));
+        assert_eq!((s.mm.arg_start, s.mm.env_end), (140737488350000, 140737488351000));
+        assert!(parse_stat("1 (x) S 1").is_err());
+    }
+
+    #[test]
+    fn limits_columns() {
+        let t = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                 Max cpu time              unlimited            unlimited            seconds   \n\
+                 Max file size             1024                 unlimited            bytes     \n";
+        let l = parse_limits(t).unwrap();
+        assert_eq!(l, vec![Rlimit { resource: 0, soft: u64::MAX, hard: u64::MAX }, Rlimit { resource: 1, soft: 1024, hard: u64::MAX }]);
+    }
+
+    #[test]
+    fn status_and_fdinfo() {
+        let (umask, c) = parse_status("Name:\tx\nUmask:\t0027\nUid:\t1\t2\t3\t4\nGid:\t5\t6\t7\t8\nGroups:\t10 20 \n").unwrap();
+        assert_eq!(umask, 0o27);
+        assert_eq!((c.uid, c.gid, c.groups), ([1, 2, 3, 4], [5, 6, 7, 8], vec![10, 20]));
+        assert_eq!(parse_fdinfo("pos:\t1234\nflags:\t02102001\nmnt_id:\t20\n").unwrap(), (1234, 0o2102001));
+        assert!(parse_fdinfo("flags: 0").is_err());
+    }
+
+    #[test]
+    fn smaps_growsdown() {
+        let t = "7ffd0000-7ffd2000 rw-p 00000000 00:00 0 [stack]\nSize: 8 kB\nVmFlags: rd wr mr mw me gd ac\n\
+                 7ffe0000-7ffe1000 rw-p 00000000 00:00 0\nSize: 4 kB\nVmFlags: rd wr mr mw me ac\n";
+        assert_eq!(parse_smaps_growsdown(t), vec![0x7ffd0000]);
+    }
+}

@@ -1,0 +1,250 @@
+//! The manifest: everything about a checkpoint except page contents.
+//!
+//! These are plain data types. `stasis-capture` fills them from a live
+//! process, `stasis-restore` consumes them; this crate only stores them. Field
+//! names are part of the on-disk format (CBOR maps keyed by name), so renaming
+//! one is a format change: add new fields with `#[serde(default)]` instead.
+
+use serde::{Deserialize, Serialize};
+
+/// Top-level manifest of one checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Checkpoint number inside the image directory (1, 2, ...).
+    pub checkpoint: u32,
+    /// Parent checkpoint for incremental checkpoints (pages not in this
+    /// checkpoint's packs are found there). `None` for a full checkpoint.
+    #[serde(default)]
+    pub parent: Option<u32>,
+    /// Version of the stasis tool that wrote it (informational only).
+    pub tool_version: String,
+    /// Seconds since the Unix epoch when the process was frozen.
+    pub created_unix: u64,
+    /// Host facts needed to decide whether a restore can work here.
+    pub host: HostInfo,
+    /// PID given to `stasis dump` (root of the dumped tree).
+    pub root_pid: i32,
+    /// Every dumped process.
+    pub processes: Vec<ProcessImage>,
+    /// Timing and size figures of the dump (informational).
+    #[serde(default)]
+    pub stats: DumpStats,
+}
+
+/// Facts about the machine a checkpoint was taken on.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostInfo {
+    pub hostname: String,
+    pub kernel_release: String,
+    /// XCR0 feature mask of the CPU (which xstate components exist).
+    pub xfeatures: u64,
+    pub page_size: u64,
+}
+
+/// Figures recorded by the dumper.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DumpStats {
+    /// Time the process was frozen, in microseconds.
+    pub frozen_us: u64,
+    /// Wall time of the whole dump, in microseconds.
+    pub total_us: u64,
+    /// Pages written to packs by this checkpoint.
+    pub pages_written: u64,
+}
+
+/// One process of a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessImage {
+    pub pid: i32,
+    pub ppid: i32,
+    pub pgid: i32,
+    pub sid: i32,
+    /// `comm` (task name, at most 15 bytes).
+    pub comm: String,
+    /// Path of the executable (`/proc/PID/exe`).
+    pub exe: String,
+    pub cwd: String,
+    pub umask: u32,
+    pub personality: u32,
+    pub creds: Credentials,
+    pub rlimits: Vec<Rlimit>,
+    pub mm: MmImage,
+    pub vmas: Vec<Vma>,
+    pub fds: Vec<FdImage>,
+    /// Signal dispositions, one entry per signal 1..=64 except SIGKILL and SIGSTOP.
+    pub sigactions: Vec<SigAction>,
+    /// Process-wide (shared) pending signals.
+    pub shared_pending: Vec<SigInfo>,
+    pub itimers: Vec<ITimer>,
+    pub threads: Vec<ThreadImage>,
+    /// Name of this process's page pack inside the checkpoint directory.
+    pub pack: Option<PackRef>,
+}
+
+/// Real, effective, saved and filesystem ids plus supplementary groups.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Credentials {
+    pub uid: [u32; 4],
+    pub gid: [u32; 4],
+    pub groups: Vec<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rlimit {
+    pub resource: u32,
+    pub soft: u64,
+    pub hard: u64,
+}
+
+/// The `mm_struct` fields restored with `PR_SET_MM_MAP`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MmImage {
+    pub start_code: u64,
+    pub end_code: u64,
+    pub start_data: u64,
+    pub end_data: u64,
+    pub start_brk: u64,
+    pub brk: u64,
+    pub start_stack: u64,
+    pub arg_start: u64,
+    pub arg_end: u64,
+    pub env_start: u64,
+    pub env_end: u64,
+    /// Raw auxiliary vector (`/proc/PID/auxv`), pairs of u64.
+    pub auxv: Vec<u64>,
+}
+
+/// What backs a memory area.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum VmaKind {
+    /// Private or shared anonymous memory (heap, stack, bss, mmap).
+    Anon,
+    /// A file mapping, reopened by path on restore.
+    File {
+        path: String,
+        /// Offset in the file, in bytes.
+        offset: u64,
+        dev: u64,
+        ino: u64,
+    },
+    /// `[vdso]`.
+    Vdso,
+    /// `[vvar]`.
+    Vvar,
+    /// `[vvar_vclock]` (kernels 6.13 and later).
+    VvarVclock,
+}
+
+/// One memory area (`/proc/PID/maps` line).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Vma {
+    pub start: u64,
+    pub end: u64,
+    /// PROT_* bits.
+    pub prot: u32,
+    /// MAP_SHARED (true) or MAP_PRIVATE (false).
+    pub shared: bool,
+    /// MAP_GROWSDOWN (a stack area).
+    pub growsdown: bool,
+    /// Name shown in maps for special areas (`[heap]`, `[stack]`, ...).
+    #[serde(default)]
+    pub name: String,
+    pub kind: VmaKind,
+}
+
+/// One file descriptor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FdImage {
+    pub fd: i32,
+    /// Open-file flags (`O_*`, from fdinfo, without `O_CLOEXEC`).
+    pub flags: u32,
+    pub cloexec: bool,
+    pub kind: FdKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FdKind {
+    /// A regular file, directory or device node reopened by path.
+    Path {
+        path: String,
+        pos: u64,
+        /// File mode bits (type and permissions) seen at dump.
+        mode: u32,
+        /// Size at dump (regular files), for a sanity check at restore.
+        size: u64,
+    },
+}
+
+/// One signal's disposition, as `struct kernel_sigaction`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SigAction {
+    pub signo: u32,
+    pub handler: u64,
+    pub flags: u64,
+    pub restorer: u64,
+    pub mask: u64,
+}
+
+/// A queued signal: raw `siginfo_t` (128 bytes).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SigInfo {
+    pub signo: u32,
+    pub raw: Vec<u8>,
+}
+
+/// An interval timer (`ITIMER_REAL`, `ITIMER_VIRTUAL`, `ITIMER_PROF`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ITimer {
+    pub which: u32,
+    pub interval_us: u64,
+    pub value_us: u64,
+}
+
+/// One thread.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThreadImage {
+    pub tid: i32,
+    /// General registers, `struct user_regs_struct` (27 u64 on x86-64),
+    /// already adjusted so that an interrupted syscall restarts.
+    pub regs: Vec<u64>,
+    /// Raw `NT_X86_XSTATE` regset (XSAVE area).
+    pub xstate: Vec<u8>,
+    /// Blocked signal mask.
+    pub sigmask: u64,
+    /// Thread-private pending signals.
+    pub pending: Vec<SigInfo>,
+    pub altstack: AltStack,
+    pub comm: String,
+    /// rseq registration (glibc registers one per thread), if any.
+    #[serde(default)]
+    pub rseq: Option<RseqConfig>,
+}
+
+/// An rseq area registration (`PTRACE_GET_RSEQ_CONFIGURATION`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RseqConfig {
+    pub ptr: u64,
+    pub size: u32,
+    pub signature: u32,
+}
+
+/// `stack_t` of `sigaltstack`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AltStack {
+    pub sp: u64,
+    pub flags: i32,
+    pub size: u64,
+}
+
+/// Reference to a page pack file of this checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PackRef {
+    /// File name inside the checkpoint directory.
+    pub name: String,
+    /// Total file size in bytes.
+    pub size: u64,
+    /// Number of pages stored.
+    pub pages: u64,
+    /// Checksum of the pack's index (also stored in the pack trailer).
+    pub index_checksum: u64,
+}

@@ -1,0 +1,127 @@
+//! The seam between restore logic and the kernel.
+//!
+//! Restore decides *what* to do (which areas to map with which flags, how to
+//! fill them, in which order fds come back) and asks a [`Remote`] to do it
+//! inside the process being built. The real implementation drives a traced
+//! stub with remote syscalls; [`Recorder`] records the calls and can inject
+//! failures, so the decisions are unit-tested without root.
+
+use stasis_kernel::KernelError;
+
+/// Something that runs syscalls inside the process being restored and
+/// writes into its memory.
+pub trait Remote {
+    /// Runs syscall `nr` with `args`; a negative result is an error naming `name`.
+    fn sys(&mut self, name: &'static str, nr: i64, args: &[u64]) -> Result<u64, KernelError>;
+    /// Writes bytes into the process at `addr`.
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), KernelError>;
+    /// Start of a scratch area of [`Remote::scratch_len`] bytes inside the process.
+    fn scratch(&self) -> u64;
+    /// Size of the scratch area.
+    fn scratch_len(&self) -> usize;
+
+    /// Writes `s` NUL-terminated at scratch offset `off`; returns its address.
+    fn put_cstr(&mut self, off: usize, s: &str) -> Result<u64, KernelError> {
+        let mut b = Vec::with_capacity(s.len() + 1);
+        b.extend_from_slice(s.as_bytes());
+        b.push(0);
+        if off + b.len() > self.scratch_len() || s.as_bytes().contains(&0) {
+            return Err(KernelError::Io { what: format!("path too long or with NUL: {s:?}"), source: std::io::Error::from_raw_os_error(libc::ENAMETOOLONG) });
+        }
+        let a = self.scratch() + off as u64;
+        self.write(a, &b)?;
+        Ok(a)
+    }
+
+    /// Writes raw bytes at scratch offset `off`; returns their address.
+    fn put(&mut self, off: usize, data: &[u8]) -> Result<u64, KernelError> {
+        assert!(off + data.len() <= self.scratch_len(), "scratch overflow");
+        let a = self.scratch() + off as u64;
+        self.write(a, data)?;
+        Ok(a)
+    }
+}
+
+/// One recorded call of a [`Recorder`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Call {
+    Sys { name: &'static str, args: Vec<u64> },
+    Write { addr: u64, data: Vec<u8> },
+}
+
+/// A fake [`Remote`] for tests: records calls, answers from a script.
+#[derive(Debug, Default)]
+pub struct Recorder {
+    pub calls: Vec<Call>,
+    /// Fail the call whose syscall name equals this, with this errno.
+    pub fail_on: Option<(&'static str, i32)>,
+    /// Value returned by `open`-like calls (fds handed out in sequence).
+    pub next_fd: u64,
+}
+
+impl Recorder {
+    /// Names of the recorded syscalls, in order.
+    pub fn names(&self) -> Vec<&'static str> {
+        self.calls.iter().filter_map(|c| if let Call::Sys { name, .. } = c { Some(*name) } else { None }).collect()
+    }
+
+    /// Arguments of every recorded call to `name`.
+    pub fn args_of(&self, name: &str) -> Vec<Vec<u64>> {
+        self.calls
+            .iter()
+            .filter_map(|c| match c {
+                Call::Sys { name: n, args } if *n == name => Some(args.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+impl Remote for Recorder {
+    fn sys(&mut self, name: &'static str, nr: i64, args: &[u64]) -> Result<u64, KernelError> {
+        self.calls.push(Call::Sys { name, args: args.to_vec() });
+        if let Some((n, errno)) = self.fail_on {
+            if n == name {
+                return Err(KernelError::RemoteSyscall { name, pid: 0, source: std::io::Error::from_raw_os_error(errno) });
+            }
+        }
+        Ok(match nr {
+            libc::SYS_mmap => args[0],
+            libc::SYS_open | libc::SYS_openat => {
+                self.next_fd += 1;
+                self.next_fd + 99
+            }
+            libc::SYS_preadv => self.last_iov_total(),
+            libc::SYS_dup3 => args[1],
+            _ => 0,
+        })
+    }
+
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), KernelError> {
+        self.calls.push(Call::Write { addr, data: data.to_vec() });
+        Ok(())
+    }
+
+    fn scratch(&self) -> u64 {
+        0x1000_0000
+    }
+
+    fn scratch_len(&self) -> usize {
+        28 * 1024
+    }
+}
+
+impl Recorder {
+    /// Total length described by the iovec array written last (what a
+    /// successful `preadv` returns).
+    fn last_iov_total(&self) -> u64 {
+        self.calls
+            .iter()
+            .rev()
+            .find_map(|c| match c {
+                Call::Write { data, .. } if data.len() % 16 == 0 => Some(data.chunks_exact(16).map(|c| u64::from_le_bytes(c[8..16].try_into().unwrap_or([0; 8]))).sum()),
+                _ => None,
+            })
+            .unwrap_or(0)
+    }
+}

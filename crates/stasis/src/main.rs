@@ -1,0 +1,199 @@
+//! `stasis`: transparent checkpoint/restart for Linux processes.
+//!
+//! The binary is thin: argument parsing, progress display and output
+//! formatting. The work happens in `stasis-capture` and `stasis-restore`.
+
+mod demo;
+mod ui;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "stasis", version, about = "Checkpoint a running Linux process to disk and restore it later, exactly where it stopped")]
+struct Cli {
+    /// More log output (-v: info, -vv: debug). STASIS_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Probe the kernel facilities stasis uses; exit 0 if dump/restore can work.
+    Check {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Checkpoint a process into an image directory.
+    Dump {
+        /// PID of the process to checkpoint.
+        #[arg(short = 't', long = "tree")]
+        pid: i32,
+        /// Image directory (created if missing).
+        #[arg(short = 'D', long = "images-dir")]
+        dir: PathBuf,
+        /// Let the process run on after the checkpoint (default: kill it).
+        #[arg(long)]
+        leave_running: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Restore a process from an image directory.
+    Restore {
+        #[arg(short = 'D', long = "images-dir")]
+        dir: PathBuf,
+        /// Checkpoint number (default: the latest).
+        #[arg(long)]
+        checkpoint: Option<u32>,
+        /// Return once the process runs instead of waiting for it to exit.
+        #[arg(short, long)]
+        detach: bool,
+        /// Write the restored PID to this file.
+        #[arg(long)]
+        pidfile: Option<PathBuf>,
+        /// Seconds to wait for a zombie still holding the PID to be reaped.
+        #[arg(long, default_value_t = 10)]
+        pid_wait: u64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the checkpoints of an image directory and verify their checksums.
+    Inspect {
+        #[arg(short = 'D', long = "images-dir")]
+        dir: PathBuf,
+        /// Show one checkpoint in detail (mappings, fds, signals).
+        #[arg(long)]
+        checkpoint: Option<u32>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the built-in demo: start a workload, checkpoint it, kill it, restore it.
+    Demo {
+        /// Where to keep the image and the workload's log (default: a temporary directory).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Seconds the workload runs before the checkpoint.
+        #[arg(long, default_value_t = 2.0)]
+        before: f64,
+        /// Seconds to watch it after the restore.
+        #[arg(long, default_value_t = 2.0)]
+        after: f64,
+    },
+    /// The demo's workload (run by `stasis demo`).
+    #[command(hide = true)]
+    DemoWorkload {
+        #[arg(long)]
+        pidfile: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    ui::init_tracing(cli.verbose);
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            let _ = std::io::stdout().flush();
+            eprintln!("stasis: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.cmd {
+        Cmd::Check { json } => cmd_check(json),
+        Cmd::Dump { pid, dir, leave_running, json } => cmd_dump(pid, &dir, leave_running, json),
+        Cmd::Restore { dir, checkpoint, detach, pidfile, pid_wait, json } => cmd_restore(&dir, checkpoint, detach, pidfile.as_deref(), pid_wait, json),
+        Cmd::Inspect { dir, checkpoint, json } => ui::inspect(&dir, checkpoint, json),
+        Cmd::Demo { dir, before, after } => demo::run(dir, before, after),
+        Cmd::DemoWorkload { pidfile } => demo::workload(&pidfile),
+    }
+}
+
+fn cmd_check(json: bool) -> Result<ExitCode> {
+    let r = stasis_kernel::probe::probe();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        println!("kernel {}", r.kernel);
+        for f in &r.features {
+            let mark = if f.available { "ok  " } else if f.required { "FAIL" } else { "no  " };
+            println!("  {mark} {:<24} {}", f.name, f.detail);
+            println!("       {:<24} enables: {}", "", f.enables);
+            if !f.available {
+                println!("       {:<24} without it: {}", "", f.fallback);
+            }
+        }
+        if !r.uffd_features.is_empty() {
+            println!("userfaultfd features: {}", r.uffd_features.join(" "));
+        }
+        println!("{}", if r.ok { "dump and restore can work here" } else { "dump and restore CANNOT work here: see FAIL lines" });
+    }
+    Ok(if r.ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+fn cmd_dump(pid: i32, dir: &Path, leave_running: bool, json: bool) -> Result<ExitCode> {
+    let store = stasis_image::ImageDir::create_or_open(dir).with_context(|| format!("opening image directory {}", dir.display()))?;
+    let progress = ui::Progress::new("dumping");
+    let opts = stasis_capture::DumpOptions { pid, leave_running, progress: Some(progress.callback()) };
+    let r = stasis_capture::dump(&store, &opts).with_context(|| format!("dumping process {pid}"))?;
+    progress.finish();
+    if json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        println!(
+            "checkpoint {} of pid {}: {} pages, {} in {} (frozen {}), {}",
+            r.checkpoint,
+            r.pid,
+            r.pages,
+            ui::bytes(r.bytes),
+            ui::secs(r.total_us),
+            ui::secs(r.frozen_us),
+            if r.killed { "process killed" } else { "process left running" }
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cmd_restore(dir: &Path, checkpoint: Option<u32>, detach: bool, pidfile: Option<&Path>, pid_wait: u64, json: bool) -> Result<ExitCode> {
+    let store = stasis_image::ImageDir::open(dir).with_context(|| format!("opening image directory {}", dir.display()))?;
+    let progress = ui::Progress::new("restoring");
+    let opts = stasis_restore::RestoreOptions { checkpoint, pid_wait: Duration::from_secs(pid_wait), progress: Some(progress.callback()) };
+    let r = stasis_restore::restore(&store, &opts).context("restore failed")?;
+    progress.finish();
+    if let Some(pf) = pidfile {
+        if let Err(e) = ui::write_pidfile(pf, r.pid) {
+            // The process runs; say so rather than leaving it unaccounted for.
+            eprintln!("stasis: warning: restored pid {} but could not write {}: {e}", r.pid, pf.display());
+        }
+    }
+    if json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        println!("restored pid {} from checkpoint {}: {} pages, {} in {}", r.pid, r.checkpoint, r.pages, ui::bytes(r.bytes), ui::secs(r.total_us));
+    }
+    let _ = std::io::stdout().flush();
+    if detach {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let status = ui::wait_child(r.pid)?;
+    Ok(ExitCode::from(status))
+}
+
+/// Fails with a clear message when not root (most commands need it).
+#[allow(dead_code)]
+fn require_root() -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("stasis needs root (CAP_SYS_PTRACE, CAP_SYS_ADMIN) for this command; run it with sudo");
+    }
+    Ok(())
+}

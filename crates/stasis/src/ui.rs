@@ -1,0 +1,233 @@
+//! Output helpers: logging, progress bars, human units, `inspect`.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use stasis_image::manifest::{FdKind, VmaKind};
+
+/// Logs go to stderr; `STASIS_LOG` (tracing filter syntax) overrides `-v`.
+pub fn init_tracing(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("STASIS_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).try_init();
+}
+
+/// A progress bar that appears only for operations longer than a second,
+/// and only on a terminal.
+pub struct Progress {
+    inner: Arc<Mutex<(Option<ProgressBar>, Instant)>>,
+    label: &'static str,
+}
+
+impl Progress {
+    pub fn new(label: &'static str) -> Self {
+        Self { inner: Arc::new(Mutex::new((None, Instant::now()))), label }
+    }
+
+    /// A callback for the library: (done, total) in bytes.
+    pub fn callback(&self) -> Box<dyn Fn(u64, u64) + Send> {
+        let inner = Arc::clone(&self.inner);
+        let label = self.label;
+        Box::new(move |done, total| {
+            let Ok(mut g) = inner.lock() else { return };
+            if g.0.is_none() && g.1.elapsed() >= Duration::from_secs(1) && total > 0 {
+                let pb = ProgressBar::new(total);
+                if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}") {
+                    pb.set_style(style.progress_chars("=> "));
+                }
+                pb.set_message(label);
+                g.0 = Some(pb);
+            }
+            if let Some(pb) = &g.0 {
+                pb.set_length(total);
+                pb.set_position(done);
+            }
+        })
+    }
+
+    pub fn finish(&self) {
+        if let Ok(mut g) = self.inner.lock() {
+            if let Some(pb) = g.0.take() {
+                pb.finish_and_clear();
+            }
+        }
+    }
+}
+
+/// "12.3 MiB".
+pub fn bytes(b: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", units[u])
+    }
+}
+
+/// "0.123 s".
+pub fn secs(us: u64) -> String {
+    format!("{:.3} s", us as f64 / 1e6)
+}
+
+/// Writes a pidfile atomically (temporary name, then rename).
+pub fn write_pidfile(path: &Path, pid: i32) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, format!("{pid}\n"))?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Waits for our child `pid`; returns its exit code (128+signal if killed).
+/// SIGINT/SIGTERM/SIGHUP sent to stasis meanwhile are forwarded to it.
+pub fn wait_child(pid: i32) -> Result<u8> {
+    forward_signals_to(pid);
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid with a valid out-pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r == pid {
+            if libc::WIFEXITED(status) {
+                return Ok(u8::try_from(libc::WEXITSTATUS(status)).unwrap_or(1));
+            }
+            if libc::WIFSIGNALED(status) {
+                return Ok(u8::try_from(128 + libc::WTERMSIG(status)).unwrap_or(255));
+            }
+            continue;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e).with_context(|| format!("waiting for restored process {pid}"));
+        }
+    }
+}
+
+static FORWARD_PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn forward(sig: libc::c_int) {
+    let pid = FORWARD_PID.load(std::sync::atomic::Ordering::Relaxed);
+    if pid > 0 {
+        // SAFETY: kill is async-signal-safe.
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+fn forward_signals_to(pid: i32) {
+    FORWARD_PID.store(pid, std::sync::atomic::Ordering::Relaxed);
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: installing an async-signal-safe handler.
+        unsafe { libc::signal(sig, forward as extern "C" fn(libc::c_int) as libc::sighandler_t) };
+    }
+}
+
+/// `stasis inspect`.
+pub fn inspect(dir: &Path, checkpoint: Option<u32>, json: bool) -> Result<ExitCode> {
+    let store = stasis_image::ImageDir::open(dir).with_context(|| format!("opening image directory {}", dir.display()))?;
+    let numbers = match checkpoint {
+        Some(n) => vec![n],
+        None => store.checkpoints()?,
+    };
+    let latest = store.latest()?;
+    let mut out = Vec::new();
+    let mut bad = 0;
+    for n in numbers {
+        let cp = store.load(Some(n))?;
+        let verified = stasis_image::verify_checkpoint(&cp);
+        let summary = stasis_image::summarize(&cp);
+        if verified.is_err() {
+            bad += 1;
+        }
+        if json {
+            let mut v = serde_json::to_value(&summary)?;
+            v["verified"] = serde_json::Value::Bool(verified.is_ok());
+            if let Err(e) = &verified {
+                v["error"] = serde_json::Value::String(e.to_string());
+            }
+            if checkpoint.is_some() {
+                v["manifest"] = serde_json::to_value(detail_json(&cp))?;
+            }
+            out.push(v);
+            continue;
+        }
+        let mark = if Some(n) == latest { " (latest)" } else { "" };
+        println!(
+            "checkpoint {n}{mark}: {} process(es), {} pages ({}), taken with stasis {} on {} ({}), checksums {}",
+            summary.processes.len(),
+            summary.total_pages,
+            bytes(summary.total_bytes),
+            summary.tool_version,
+            summary.hostname,
+            summary.kernel_release,
+            match &verified {
+                Ok(()) => "ok".to_string(),
+                Err(e) => format!("BAD: {e}"),
+            }
+        );
+        for p in &summary.processes {
+            println!("  pid {} ({}) {}: {} thread(s), {} mappings, {} fds, {} pages", p.pid, p.comm, p.exe, p.threads, p.vmas, p.fds, p.pack_pages);
+        }
+        if checkpoint.is_some() {
+            print_detail(&cp);
+        }
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else if out.is_empty() && bad == 0 && store.checkpoints()?.is_empty() {
+        println!("no checkpoints in {}", dir.display());
+    }
+    let _ = std::io::stdout().flush();
+    Ok(if bad == 0 { ExitCode::SUCCESS } else { ExitCode::from(2) })
+}
+
+fn detail_json(cp: &stasis_image::Checkpoint) -> &stasis_image::manifest::Manifest {
+    &cp.manifest
+}
+
+fn print_detail(cp: &stasis_image::Checkpoint) {
+    for p in &cp.manifest.processes {
+        println!("  process {}: cwd {}, umask {:03o}, uid {:?}", p.pid, p.cwd, p.umask, p.creds.uid);
+        println!("  mappings:");
+        let pack = p.pack.as_ref().and_then(|r| cp.open_pack(r).ok());
+        for v in &p.vmas {
+            let pages: u64 = pack.as_ref().map(|pk| pk.runs_in(v.start, v.end).iter().map(|r| u64::from(r.npages)).sum()).unwrap_or(0);
+            let prot = format!(
+                "{}{}{}{}",
+                if v.prot & 1 != 0 { 'r' } else { '-' },
+                if v.prot & 2 != 0 { 'w' } else { '-' },
+                if v.prot & 4 != 0 { 'x' } else { '-' },
+                if v.shared { 's' } else { 'p' }
+            );
+            let what = match &v.kind {
+                VmaKind::Anon => if v.name.is_empty() { "anon".to_string() } else { v.name.clone() },
+                VmaKind::File { path, offset, .. } => format!("{path} @{offset:#x}"),
+                VmaKind::Vdso => "[vdso]".into(),
+                VmaKind::Vvar => "[vvar]".into(),
+                VmaKind::VvarVclock => "[vvar_vclock]".into(),
+            };
+            println!("    {:012x}-{:012x} {prot} {:>8} pages saved  {what}", v.start, v.end, pages);
+        }
+        println!("  fds:");
+        for f in &p.fds {
+            let FdKind::Path { path, pos, .. } = &f.kind;
+            println!("    {:>4} {path} flags {:#o}{} pos {pos}", f.fd, f.flags, if f.cloexec { " cloexec" } else { "" });
+        }
+        let handled: Vec<String> = p.sigactions.iter().filter(|a| a.handler != 0).map(|a| format!("{}{}", a.signo, if a.handler == 1 { ":ign" } else { "" })).collect();
+        println!("  signals with a disposition: {}", if handled.is_empty() { "none".into() } else { handled.join(" ") });
+        for t in &p.threads {
+            println!("  thread {}: mask {:#x}, {} pending, xstate {} bytes", t.tid, t.sigmask, t.pending.len(), t.xstate.len());
+        }
+    }
+}
