@@ -414,47 +414,10 @@ fn capture_frozen(store: &ImageDir, opts: &DumpOptions, f: &mut Frozen, t0: Inst
         });
     }
 
-    // Pages, streamed through one bounded buffer.
+    // Pages, streamed through a bounded two-stage pipeline.
     let mut ck = store.begin_checkpoint()?;
     let mut pack = ck.create_pack(pid)?;
-    let total: u64 = ranges.iter().map(|r| r.1 as u64).sum();
-    let mut done = 0u64;
-    const BUF: usize = 16 << 20;
-    let mut buf = vec![0u8; BUF];
-    let mut i = 0;
-    let mut last_progress = Instant::now();
-    while i < ranges.len() {
-        // Take ranges until the buffer is full, splitting a large one.
-        let mut batch: Vec<(u64, usize)> = Vec::new();
-        let mut used = 0usize;
-        while i < ranges.len() && used < BUF {
-            let (a, l) = ranges[i];
-            let take = l.min(BUF - used);
-            batch.push((a, take));
-            used += take;
-            if take == l {
-                i += 1;
-            } else {
-                ranges[i] = (a + take as u64, l - take);
-            }
-        }
-        read_ranges(&mem, &batch, &mut buf[..used])?;
-        let mut off = 0usize;
-        for (a, l) in batch {
-            pack.write_run(a, &buf[off..off + l])?;
-            off += l;
-        }
-        done += used as u64;
-        if let Some(p) = &opts.progress {
-            if last_progress.elapsed().as_millis() >= 100 {
-                p(done, total);
-                last_progress = Instant::now();
-            }
-        }
-    }
-    if let Some(p) = &opts.progress {
-        p(done, total);
-    }
+    copy_pages(&mem, ranges, &mut pack, opts.progress.as_deref())?;
     let pages = pack.pages();
     let bytes = pack.bytes();
     let pack_ref = pack.finish()?;
@@ -507,6 +470,73 @@ fn capture_frozen(store: &ImageDir, opts: &DumpOptions, f: &mut Frozen, t0: Inst
     };
     let checkpoint = ck.commit(&manifest)?;
     Ok(DumpReport { checkpoint, pid, pages, bytes, frozen_us: 0, total_us: 0, killed: false })
+}
+
+/// Size of each pipeline buffer, and how many are in flight: the dumper's
+/// memory use is bounded by their product, whatever the image size.
+const PIPE_BUF: usize = 8 << 20;
+const PIPE_DEPTH: usize = 3;
+
+/// Copies `ranges` of the process into the pack: a reader thread fills
+/// buffers with `process_vm_readv` while this thread hashes and writes the
+/// previous one, so reading and writing overlap.
+fn copy_pages(mem: &ProcessMemory, mut ranges: Vec<(u64, usize)>, pack: &mut stasis_image::PackWriter, progress: Option<&(dyn Fn(u64, u64) + Send)>) -> Result<()> {
+    use std::sync::mpsc;
+    let total: u64 = ranges.iter().map(|r| r.1 as u64).sum();
+    let (full_tx, full_rx) = mpsc::sync_channel::<Result<(Vec<u8>, Vec<(u64, usize)>)>>(PIPE_DEPTH);
+    let (empty_tx, empty_rx) = mpsc::sync_channel::<Vec<u8>>(PIPE_DEPTH);
+    for _ in 0..PIPE_DEPTH {
+        let _ = empty_tx.send(vec![0u8; PIPE_BUF]);
+    }
+    std::thread::scope(|scope| -> Result<()> {
+        scope.spawn(move || {
+            let mut i = 0;
+            while i < ranges.len() {
+                let Ok(mut buf) = empty_rx.recv() else { return };
+                // Take ranges until the buffer is full, splitting a large one.
+                let mut batch: Vec<(u64, usize)> = Vec::new();
+                let mut used = 0usize;
+                while i < ranges.len() && used < PIPE_BUF {
+                    let (a, l) = ranges[i];
+                    let take = l.min(PIPE_BUF - used);
+                    batch.push((a, take));
+                    used += take;
+                    if take == l {
+                        i += 1;
+                    } else {
+                        ranges[i] = (a + take as u64, l - take);
+                    }
+                }
+                let r = read_ranges(mem, &batch, &mut buf[..used]).map(|()| (buf, batch)).map_err(CaptureError::from);
+                let failed = r.is_err();
+                if full_tx.send(r).is_err() || failed {
+                    return;
+                }
+            }
+        });
+        let mut done = 0u64;
+        let mut last = Instant::now();
+        for item in full_rx {
+            let (buf, batch) = item?;
+            let mut off = 0usize;
+            for (a, l) in batch {
+                pack.write_run(a, &buf[off..off + l])?;
+                off += l;
+            }
+            done += off as u64;
+            let _ = empty_tx.send(buf);
+            if let Some(p) = progress {
+                if last.elapsed().as_millis() >= 100 {
+                    p(done, total);
+                    last = Instant::now();
+                }
+            }
+        }
+        if let Some(p) = progress {
+            p(done, total);
+        }
+        Ok(())
+    })
 }
 
 fn siginfo(raw: &[u8; sys::SIGINFO_SIZE]) -> SigInfo {

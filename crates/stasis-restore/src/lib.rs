@@ -96,6 +96,12 @@ pub struct Restored {
     pub pages: u64,
     pub bytes: u64,
     pub total_us: u64,
+    /// Part of `total_us` spent waiting for a zombie to release the PID.
+    pub pid_wait_us: u64,
+}
+
+fn micros(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
 /// Size of the control area: one code page and scratch pages.
@@ -176,7 +182,9 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
         Some(r) => Some(cp.open_pack(r)?),
         None => None,
     };
+    let waited = Instant::now();
     wait_pid_free(p.pid, opts.pid_wait)?;
+    let pid_wait_us = micros(waited);
 
     let t = spawn_stopped(Some(p.pid)).map_err(|e| match e {
         SpawnError::PidTaken(pid) => RestoreError::PidTaken { pid, by: "a process that appeared meanwhile".into() },
@@ -226,7 +234,8 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
             pid,
             pages: bytes / sys::PAGE_SIZE,
             bytes,
-            total_us: u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX),
+            total_us: micros(t0),
+            pid_wait_us,
         }),
         Err(e) => {
             kill_and_reap(stub.t);

@@ -178,7 +178,8 @@ fn cmd_restore(dir: &Path, checkpoint: Option<u32>, detach: bool, pidfile: Optio
     if json {
         println!("{}", serde_json::to_string(&r)?);
     } else {
-        println!("restored pid {} from checkpoint {}: {} pages, {} in {}", r.pid, r.checkpoint, r.pages, ui::bytes(r.bytes), ui::secs(r.total_us));
+        let waited = if r.pid_wait_us >= 1000 { format!(" (of which {} waiting for the PID to be released)", ui::secs(r.pid_wait_us)) } else { String::new() };
+        println!("restored pid {} from checkpoint {}: {} pages, {} in {}{waited}", r.pid, r.checkpoint, r.pages, ui::bytes(r.bytes), ui::secs(r.total_us));
     }
     let _ = std::io::stdout().flush();
     if detach {
