@@ -1,0 +1,722 @@
+//! Page packs: the memory pages of one process, stored page-aligned so that a
+//! restorer can `preadv` a run straight into the target's address space.
+//!
+//! ```text
+//! [0, 4096)          header: magic b"STASISPK" | format_version u32 | page_size u32
+//!                    | pid i32 | flags u32 | zero up to 4096
+//! [4096, data_end)   page data, runs back to back
+//! [index_off, ..)    index: count entries of 40 bytes
+//! [len - 48, len)    trailer
+//! ```
+//!
+//! See `docs/image-format.md` for the full specification.
+
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use xxhash_rust::xxh3::{xxh3_64, Xxh3Default};
+
+use crate::fsutil;
+use crate::manifest::PackRef;
+use crate::{ImageError, FORMAT_VERSION, MAX_RUN_PAGES, PAGE_SIZE};
+
+/// Magic bytes at the start of a page pack.
+pub const PACK_MAGIC: [u8; 8] = *b"STASISPK";
+/// Magic bytes at the start of a page pack's trailer.
+pub const PACK_TRAILER_MAGIC: [u8; 8] = *b"STASISIX";
+/// Size of the pack header (one page).
+pub const PACK_HEADER_LEN: u64 = 4096;
+/// Size of one index entry.
+pub const PACK_ENTRY_LEN: u64 = 40;
+/// Size of the trailer.
+pub const PACK_TRAILER_LEN: u64 = 48;
+/// Largest number of index entries a reader accepts (2^26: 64 Mi runs).
+pub const MAX_PACK_RUNS: u64 = 1 << 26;
+/// Entry flag reserved for a future "zero run" (no data stored). Writers of
+/// format 1 never set it and readers of format 1 refuse it.
+pub const RUN_FLAG_ZERO: u32 = 1;
+
+/// Size of the write buffer and of the verification buffer.
+const IO_BUF: usize = 1 << 20;
+
+/// One index entry: `npages` contiguous virtual pages starting at `vaddr`,
+/// stored contiguously at `file_off` in the pack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunEntry {
+    pub vaddr: u64,
+    pub npages: u32,
+    pub flags: u32,
+    pub file_off: u64,
+    /// xxh3-64 of the run's bytes.
+    pub checksum: u64,
+}
+
+impl RunEntry {
+    /// Length of the run in bytes.
+    pub fn len(&self) -> u64 {
+        u64::from(self.npages) * PAGE_SIZE
+    }
+
+    /// True for a run without pages (never found in a valid pack).
+    pub fn is_empty(&self) -> bool {
+        self.npages == 0
+    }
+
+    /// First virtual address after the run.
+    pub fn end(&self) -> u64 {
+        self.vaddr.saturating_add(self.len())
+    }
+
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.vaddr.to_le_bytes());
+        out.extend_from_slice(&self.npages.to_le_bytes());
+        out.extend_from_slice(&self.flags.to_le_bytes());
+        out.extend_from_slice(&self.file_off.to_le_bytes());
+        out.extend_from_slice(&self.checksum.to_le_bytes());
+        out.extend_from_slice(&0u64.to_le_bytes());
+    }
+
+    fn decode(b: &[u8; 40]) -> RunEntry {
+        let mut f = Fields(b);
+        let vaddr = f.u64(0);
+        let npages = f.u32(8);
+        let flags = f.u32(12);
+        let file_off = f.u64(16);
+        let checksum = f.u64(24);
+        RunEntry {
+            vaddr,
+            npages,
+            flags,
+            file_off,
+            checksum,
+        }
+    }
+}
+
+/// Little-endian field access in a fixed-size buffer.
+struct Fields<'a, const N: usize>(&'a [u8; N]);
+
+impl<const N: usize> Fields<'_, N> {
+    fn u32(&mut self, off: usize) -> u32 {
+        let mut a = [0u8; 4];
+        a.copy_from_slice(&self.0[off..off + 4]);
+        u32::from_le_bytes(a)
+    }
+    fn u64(&mut self, off: usize) -> u64 {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&self.0[off..off + 8]);
+        u64::from_le_bytes(a)
+    }
+}
+
+fn pack_header(pid: i32) -> Vec<u8> {
+    let mut h = Vec::with_capacity(4096);
+    h.extend_from_slice(&PACK_MAGIC);
+    h.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    h.extend_from_slice(&(4096u32).to_le_bytes());
+    h.extend_from_slice(&pid.to_le_bytes());
+    h.extend_from_slice(&0u32.to_le_bytes());
+    h.resize(4096, 0);
+    h
+}
+
+/// The run currently being extended by `write_run`.
+struct OpenRun {
+    entry: RunEntry,
+    hasher: Xxh3Default,
+}
+
+/// Writes one page pack. Create it with
+/// [`CheckpointBuilder::create_pack`](crate::CheckpointBuilder::create_pack).
+pub struct PackWriter {
+    out: BufWriter<File>,
+    path: PathBuf,
+    name: String,
+    entries: Vec<RunEntry>,
+    cur: Option<OpenRun>,
+    /// File offset of the next data byte.
+    next_off: u64,
+    /// End address of the last run written (`None` before the first).
+    last_end: Option<u64>,
+    pages: u64,
+    failed: bool,
+}
+
+impl std::fmt::Debug for PackWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PackWriter")
+            .field("path", &self.path)
+            .field("pages", &self.pages)
+            .field("runs", &self.entries.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PackWriter {
+    /// Creates `dir/name` (0600, must not exist) and writes the header.
+    pub(crate) fn create(dir: &Path, name: String, pid: i32) -> Result<PackWriter, ImageError> {
+        let path = dir.join(&name);
+        let file = fsutil::create_file(&path)?;
+        let mut out = BufWriter::with_capacity(IO_BUF, file);
+        out.write_all(&pack_header(pid))
+            .map_err(ImageError::io("write", &path))?;
+        Ok(PackWriter {
+            out,
+            path,
+            name,
+            entries: Vec::new(),
+            cur: None,
+            next_off: PACK_HEADER_LEN,
+            last_end: None,
+            pages: 0,
+            failed: false,
+        })
+    }
+
+    /// Full path of the pack being written.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends the pages `data` (a whole number of pages) mapped at `vaddr`
+    /// (page aligned). Addresses must increase strictly across calls and runs
+    /// must not overlap. A call that continues the previous run extends its
+    /// index entry; entries are split at [`MAX_RUN_PAGES`] pages.
+    pub fn write_run(&mut self, vaddr: u64, data: &[u8]) -> Result<(), ImageError> {
+        if self.failed {
+            return Err(ImageError::WriterFailed {
+                path: self.path.clone(),
+            });
+        }
+        let len = data.len() as u64;
+        let bad = |reason: String| ImageError::BadRun {
+            path: self.path.clone(),
+            vaddr,
+            len,
+            reason,
+        };
+        if vaddr % PAGE_SIZE != 0 {
+            return Err(bad("the address is not page aligned".into()));
+        }
+        if len % PAGE_SIZE != 0 {
+            return Err(bad("the length is not a whole number of pages".into()));
+        }
+        if vaddr.checked_add(len).is_none() {
+            return Err(bad("the run wraps around the address space".into()));
+        }
+        if let Some(prev_end) = self.last_end {
+            if vaddr < prev_end {
+                return Err(bad(format!(
+                    "it overlaps or precedes the previous run, which ends at {prev_end:#x}"
+                )));
+            }
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        let r = self.append(vaddr, data);
+        if r.is_err() {
+            self.failed = true;
+        }
+        r
+    }
+
+    fn append(&mut self, mut vaddr: u64, mut rest: &[u8]) -> Result<(), ImageError> {
+        while !rest.is_empty() {
+            let continues = self
+                .cur
+                .as_ref()
+                .is_some_and(|c| c.entry.end() == vaddr && c.entry.npages < MAX_RUN_PAGES);
+            if !continues {
+                self.close_run();
+                if self.entries.len() as u64 >= MAX_PACK_RUNS {
+                    return Err(ImageError::BadRun {
+                        path: self.path.clone(),
+                        vaddr,
+                        len: rest.len() as u64,
+                        reason: format!("the pack already holds {MAX_PACK_RUNS} runs, the most a reader accepts"),
+                    });
+                }
+            }
+            let next_off = self.next_off;
+            let cur = self.cur.get_or_insert_with(|| OpenRun {
+                entry: RunEntry {
+                    vaddr,
+                    npages: 0,
+                    flags: 0,
+                    file_off: next_off,
+                    checksum: 0,
+                },
+                hasher: Xxh3Default::new(),
+            });
+            let room = u64::from(MAX_RUN_PAGES - cur.entry.npages) * PAGE_SIZE;
+            let take = rest.len().min(usize::try_from(room).unwrap_or(usize::MAX));
+            let (chunk, tail) = rest.split_at(take);
+            cur.hasher.update(chunk);
+            // `take` is at most MAX_RUN_PAGES pages, so the count fits in u32.
+            let npages = u32::try_from(take as u64 / PAGE_SIZE).unwrap_or(MAX_RUN_PAGES);
+            cur.entry.npages += npages;
+            self.out
+                .write_all(chunk)
+                .map_err(ImageError::io("write", &self.path))?;
+            self.next_off += take as u64;
+            self.pages += u64::from(npages);
+            vaddr += take as u64;
+            rest = tail;
+        }
+        self.last_end = Some(vaddr);
+        Ok(())
+    }
+
+    fn close_run(&mut self) {
+        if let Some(mut c) = self.cur.take() {
+            c.entry.checksum = c.hasher.digest();
+            self.entries.push(c.entry);
+        }
+    }
+
+    /// Pages written so far.
+    pub fn pages(&self) -> u64 {
+        self.pages
+    }
+
+    /// Bytes of page data written so far (`pages() * PAGE_SIZE`).
+    pub fn bytes(&self) -> u64 {
+        self.pages * PAGE_SIZE
+    }
+
+    /// Writes the index and trailer, fsyncs the file and returns the
+    /// reference to put in the manifest.
+    pub fn finish(mut self) -> Result<PackRef, ImageError> {
+        if self.failed {
+            return Err(ImageError::WriterFailed {
+                path: self.path.clone(),
+            });
+        }
+        self.close_run();
+        let path = self.path.clone();
+        let mut index = Vec::with_capacity(self.entries.len() * 40);
+        for e in &self.entries {
+            e.encode(&mut index);
+        }
+        let index_checksum = xxh3_64(&index);
+        let index_off = self.next_off;
+        let mut trailer = Vec::with_capacity(48);
+        trailer.extend_from_slice(&PACK_TRAILER_MAGIC);
+        trailer.extend_from_slice(&index_off.to_le_bytes());
+        trailer.extend_from_slice(&(self.entries.len() as u64).to_le_bytes());
+        trailer.extend_from_slice(&index_checksum.to_le_bytes());
+        trailer.extend_from_slice(&index_off.to_le_bytes()); // data_end
+        trailer.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        trailer.extend_from_slice(&0u32.to_le_bytes());
+        self.out
+            .write_all(&index)
+            .and_then(|()| self.out.write_all(&trailer))
+            .map_err(ImageError::io("write", &path))?;
+        let file = self.out.into_inner().map_err(|e| ImageError::Io {
+            action: "write",
+            path: path.clone(),
+            source: e.into_error(),
+        })?;
+        file.sync_all().map_err(ImageError::io("fsync", &path))?;
+        let size = index_off + index.len() as u64 + PACK_TRAILER_LEN;
+        Ok(PackRef {
+            name: self.name,
+            size,
+            pages: self.pages,
+            index_checksum,
+        })
+    }
+}
+
+/// A validated, open page pack.
+#[derive(Debug)]
+pub struct PackReader {
+    file: File,
+    path: PathBuf,
+    checkpoint: Option<u32>,
+    pid: i32,
+    runs: Vec<RunEntry>,
+    pages: u64,
+    data_end: u64,
+    size: u64,
+    index_checksum: u64,
+}
+
+impl PackReader {
+    /// Opens and validates the pack at `path` (header, trailer, index and its
+    /// checksum; not the page data: see [`PackReader::verify`]). When
+    /// `expected` is given, the file size, page count and index checksum must
+    /// match it.
+    pub fn open(path: &Path, expected: Option<&PackRef>) -> Result<PackReader, ImageError> {
+        Self::open_inner(path, expected, None)
+    }
+
+    pub(crate) fn open_inner(
+        path: &Path,
+        expected: Option<&PackRef>,
+        checkpoint: Option<u32>,
+    ) -> Result<PackReader, ImageError> {
+        let corrupt = |reason: String| ImageError::CorruptPack {
+            checkpoint,
+            path: path.to_path_buf(),
+            reason,
+        };
+        let file = fsutil::open_read(path)?;
+        let size = file.metadata().map_err(ImageError::io("stat", path))?.len();
+        if let Some(r) = expected {
+            if size != r.size {
+                return Err(corrupt(format!(
+                    "file is {size} bytes but the manifest says {}",
+                    r.size
+                )));
+            }
+        }
+        if size < PACK_HEADER_LEN + PACK_TRAILER_LEN {
+            return Err(corrupt(format!("truncated: file is only {size} bytes")));
+        }
+        let read_at = |buf: &mut [u8], off: u64| {
+            file.read_exact_at(buf, off).map_err(|e| {
+                if e.kind() == io::ErrorKind::UnexpectedEof {
+                    corrupt("truncated while reading".into())
+                } else {
+                    ImageError::Io {
+                        action: "read",
+                        path: path.to_path_buf(),
+                        source: e,
+                    }
+                }
+            })
+        };
+
+        // Header.
+        let mut h = vec![0u8; 4096];
+        read_at(&mut h, 0)?;
+        let mut fixed = [0u8; 24];
+        fixed.copy_from_slice(&h[..24]);
+        let mut hf = Fields(&fixed);
+        if h[0..8] != PACK_MAGIC {
+            return Err(corrupt("bad magic: not a stasis page pack".into()));
+        }
+        let version = hf.u32(8);
+        if version == 0 {
+            return Err(corrupt("format version 0".into()));
+        }
+        if version > FORMAT_VERSION {
+            return Err(ImageError::NewerFormat {
+                path: path.to_path_buf(),
+                found: version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        let page_size = hf.u32(12);
+        if u64::from(page_size) != PAGE_SIZE {
+            return Err(corrupt(format!(
+                "page size {page_size}, expected {PAGE_SIZE}"
+            )));
+        }
+        let pid = i32::from_le_bytes([h[16], h[17], h[18], h[19]]);
+        let hflags = hf.u32(20);
+        if hflags != 0 {
+            return Err(corrupt(format!("unknown header flags {hflags:#x}")));
+        }
+        if let Some(name_pid) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(pid_from_pack_name)
+        {
+            if name_pid != pid {
+                return Err(corrupt(format!(
+                    "header says pid {pid} but the file is named for pid {name_pid}"
+                )));
+            }
+        }
+        if h[24..].iter().any(|&b| b != 0) {
+            return Err(corrupt("reserved header bytes are not zero".into()));
+        }
+
+        // Trailer.
+        let mut t = [0u8; 48];
+        read_at(&mut t, size - PACK_TRAILER_LEN)?;
+        let mut tf = Fields(&t);
+        if t[0..8] != PACK_TRAILER_MAGIC {
+            return Err(corrupt(
+                "bad trailer magic: the file is truncated or damaged".into(),
+            ));
+        }
+        let index_off = tf.u64(8);
+        let count = tf.u64(16);
+        let index_checksum = tf.u64(24);
+        let data_end = tf.u64(32);
+        let tversion = tf.u32(40);
+        if tf.u32(44) != 0 {
+            return Err(corrupt("reserved trailer bytes are not zero".into()));
+        }
+        if tversion != version {
+            return Err(corrupt(format!(
+                "trailer format version {tversion} differs from header version {version}"
+            )));
+        }
+        if index_off < PACK_HEADER_LEN || index_off % PAGE_SIZE != 0 {
+            return Err(corrupt(format!("bad index offset {index_off:#x}")));
+        }
+        if data_end != index_off {
+            return Err(corrupt(format!(
+                "data end {data_end:#x} differs from index offset {index_off:#x}"
+            )));
+        }
+        if count > MAX_PACK_RUNS {
+            return Err(corrupt(format!(
+                "index has {count} entries, more than the limit of {MAX_PACK_RUNS}"
+            )));
+        }
+        let index_len = count * PACK_ENTRY_LEN;
+        if index_off
+            .checked_add(index_len)
+            .and_then(|x| x.checked_add(PACK_TRAILER_LEN))
+            != Some(size)
+        {
+            return Err(corrupt(format!(
+                "index of {count} entries at {index_off:#x} does not end at the trailer (file is {size} bytes)"
+            )));
+        }
+        if count > (data_end - PACK_HEADER_LEN) / PAGE_SIZE {
+            return Err(corrupt(format!(
+                "index has {count} entries but only {} pages of data",
+                (data_end - PACK_HEADER_LEN) / PAGE_SIZE
+            )));
+        }
+        if let Some(r) = expected {
+            if r.index_checksum != index_checksum {
+                return Err(corrupt("index checksum differs from the manifest's".into()));
+            }
+        }
+
+        // Index: hash everything, parse and validate entries until the first
+        // problem (so memory stays bounded by the valid part).
+        let mut hasher = Xxh3Default::new();
+        let mut runs: Vec<RunEntry> = Vec::new();
+        let mut problem: Option<String> = None;
+        let chunk_entries: u64 = (IO_BUF as u64) / PACK_ENTRY_LEN;
+        let mut buf = vec![0u8; usize::try_from(chunk_entries * PACK_ENTRY_LEN).unwrap_or(IO_BUF)];
+        let mut done: u64 = 0;
+        let mut pages: u64 = 0;
+        while done < count {
+            let n = (count - done).min(chunk_entries);
+            let bytes = usize::try_from(n * PACK_ENTRY_LEN).unwrap_or(0);
+            let chunk = &mut buf[..bytes];
+            read_at(chunk, index_off + done * PACK_ENTRY_LEN)?;
+            hasher.update(chunk);
+            if problem.is_none() {
+                for (i, raw) in chunk.chunks_exact(40).enumerate() {
+                    let mut a = [0u8; 40];
+                    a.copy_from_slice(raw);
+                    let e = RunEntry::decode(&a);
+                    let reserved_ok = a[32..].iter().all(|&b| b == 0);
+                    let checked = if reserved_ok {
+                        check_entry(&e, runs.last(), data_end)
+                    } else {
+                        Err("reserved bytes are not zero".to_string())
+                    };
+                    if let Err(p) = checked {
+                        problem = Some(format!("index entry {}: {p}", done + i as u64));
+                        break;
+                    }
+                    pages += u64::from(e.npages);
+                    runs.push(e);
+                }
+            }
+            done += n;
+        }
+        if hasher.digest() != index_checksum {
+            return Err(corrupt("index checksum mismatch".into()));
+        }
+        if let Some(p) = problem {
+            return Err(corrupt(p));
+        }
+        if let Some(r) = expected {
+            if r.pages != pages {
+                return Err(corrupt(format!(
+                    "index holds {pages} pages but the manifest says {}",
+                    r.pages
+                )));
+            }
+        }
+        Ok(PackReader {
+            file,
+            path: path.to_path_buf(),
+            checkpoint,
+            pid,
+            runs,
+            pages,
+            data_end,
+            size,
+            index_checksum,
+        })
+    }
+
+    /// Full path of the pack file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The open pack file (for `preadv` by a restorer).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// PID recorded in the pack header.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Index entries, sorted by `vaddr`.
+    pub fn runs(&self) -> &[RunEntry] {
+        &self.runs
+    }
+
+    /// Total number of pages stored.
+    pub fn pages(&self) -> u64 {
+        self.pages
+    }
+
+    /// End of page data (= offset of the index).
+    pub fn data_end(&self) -> u64 {
+        self.data_end
+    }
+
+    /// File size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Checksum of the index (as stored in the trailer and the manifest).
+    pub fn index_checksum(&self) -> u64 {
+        self.index_checksum
+    }
+
+    /// Entries whose `vaddr` is within `[start, end)`.
+    pub fn runs_in(&self, start: u64, end: u64) -> &[RunEntry] {
+        if start >= end {
+            return &[];
+        }
+        let lo = self.runs.partition_point(|e| e.vaddr < start);
+        let hi = self.runs.partition_point(|e| e.vaddr < end);
+        &self.runs[lo..hi]
+    }
+
+    /// The entry containing address `addr`, if any.
+    pub fn run_containing(&self, addr: u64) -> Option<&RunEntry> {
+        let i = self.runs.partition_point(|e| e.end() <= addr);
+        self.runs.get(i).filter(|e| e.vaddr <= addr)
+    }
+
+    /// Reads run `e` (one of [`runs`](Self::runs)) into `buf`, which must be
+    /// exactly `e.len()` bytes, and verifies its checksum.
+    pub fn read_run(&self, e: &RunEntry, buf: &mut [u8]) -> Result<(), ImageError> {
+        let i = self.runs.partition_point(|r| r.vaddr < e.vaddr);
+        if self.runs.get(i) != Some(e) {
+            return Err(ImageError::RunNotInPack {
+                path: self.path.clone(),
+                vaddr: e.vaddr,
+            });
+        }
+        if buf.len() as u64 != e.len() {
+            return Err(ImageError::BufferSize {
+                expected: e.len(),
+                got: buf.len() as u64,
+            });
+        }
+        self.read_checked(e, buf)
+    }
+
+    fn read_checked(&self, e: &RunEntry, buf: &mut [u8]) -> Result<(), ImageError> {
+        self.file.read_exact_at(buf, e.file_off).map_err(|err| {
+            if err.kind() == io::ErrorKind::UnexpectedEof {
+                ImageError::CorruptPack {
+                    checkpoint: self.checkpoint,
+                    path: self.path.clone(),
+                    reason: "truncated while reading page data".into(),
+                }
+            } else {
+                ImageError::Io {
+                    action: "read",
+                    path: self.path.clone(),
+                    source: err,
+                }
+            }
+        })?;
+        if xxh3_64(buf) != e.checksum {
+            return Err(ImageError::PageChecksum {
+                checkpoint: self.checkpoint,
+                path: self.path.clone(),
+                vaddr: e.vaddr,
+                npages: e.npages,
+            });
+        }
+        Ok(())
+    }
+
+    /// Reads every run (with one reusable 1 MiB buffer) and checks its
+    /// checksum. The error names the first bad run's address and the pack.
+    pub fn verify(&self) -> Result<(), ImageError> {
+        let mut buf = vec![0u8; IO_BUF];
+        for e in &self.runs {
+            // Validated at open: npages <= MAX_RUN_PAGES, so len <= IO_BUF.
+            let len = usize::try_from(e.len()).unwrap_or(usize::MAX).min(IO_BUF);
+            self.read_checked(e, &mut buf[..len])?;
+        }
+        Ok(())
+    }
+}
+
+/// The pid in a standard pack name `pages-<pid>.pack`.
+fn pid_from_pack_name(name: &str) -> Option<i32> {
+    let pid = name.strip_prefix("pages-")?.strip_suffix(".pack")?;
+    let n: i32 = pid.parse().ok()?;
+    (n.to_string() == pid).then_some(n)
+}
+
+/// Structural checks of one index entry against the previous one.
+fn check_entry(e: &RunEntry, prev: Option<&RunEntry>, data_end: u64) -> Result<(), String> {
+    if e.flags != 0 {
+        return Err(format!("unknown flags {:#x}", e.flags));
+    }
+    if e.npages == 0 || e.npages > MAX_RUN_PAGES {
+        return Err(format!("{} pages (must be 1..={MAX_RUN_PAGES})", e.npages));
+    }
+    if e.vaddr % PAGE_SIZE != 0 {
+        return Err(format!("address {:#x} is not page aligned", e.vaddr));
+    }
+    if e.vaddr.checked_add(e.len()).is_none() {
+        return Err(format!("run at {:#x} wraps around", e.vaddr));
+    }
+    if e.file_off % PAGE_SIZE != 0 || e.file_off < PACK_HEADER_LEN {
+        return Err(format!("bad file offset {:#x}", e.file_off));
+    }
+    if !matches!(e.file_off.checked_add(e.len()), Some(end) if end <= data_end) {
+        return Err(format!(
+            "data at {:#x} (+{:#x}) extends past the end of page data",
+            e.file_off,
+            e.len()
+        ));
+    }
+    if let Some(p) = prev {
+        if e.vaddr < p.end() {
+            return Err(format!(
+                "address {:#x} overlaps or precedes the previous run ending at {:#x}",
+                e.vaddr,
+                p.end()
+            ));
+        }
+        if e.file_off < p.file_off + p.len() {
+            return Err(format!(
+                "file offset {:#x} overlaps the previous run's data",
+                e.file_off
+            ));
+        }
+    }
+    Ok(())
+}

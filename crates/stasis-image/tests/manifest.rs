@@ -1,0 +1,281 @@
+//! manifest.bin framing: round trip, determinism, and hostile input.
+// Test code runs on 64-bit Linux only; offsets and lengths fit usize.
+#![allow(clippy::cast_possible_truncation)]
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use stasis_image::*;
+
+fn small_manifest() -> Manifest {
+    let pack = PackRef {
+        name: "pages-100.pack".into(),
+        size: 12345,
+        pages: 3,
+        index_checksum: 0xdead_beef,
+    };
+    manifest(3, vec![process(100, Some(pack)), process(101, None)])
+}
+
+fn p() -> &'static Path {
+    Path::new("manifest.bin")
+}
+
+#[test]
+fn round_trip_and_reencode_is_identical() {
+    let m = small_manifest();
+    let bytes = encode_manifest(&m).unwrap();
+    assert_eq!(&bytes[..8], b"STASISMF");
+    assert_eq!(
+        u32::from_le_bytes(bytes[8..12].try_into().unwrap()),
+        FORMAT_VERSION
+    );
+    assert_eq!(u32::from_le_bytes(bytes[12..16].try_into().unwrap()), 32);
+    assert_eq!(
+        u64::from_le_bytes(bytes[16..24].try_into().unwrap()),
+        bytes.len() as u64 - 32
+    );
+    let back = decode_manifest(&bytes, 3, p()).unwrap();
+    assert_eq!(back, m);
+    let again = encode_manifest(&back).unwrap();
+    assert_eq!(
+        again, bytes,
+        "re-encoding a decoded manifest must give identical bytes"
+    );
+}
+
+#[test]
+fn every_flipped_byte_is_an_error() {
+    let m = small_manifest();
+    let bytes = encode_manifest(&m).unwrap();
+    for i in 0..bytes.len() {
+        for mask in [0x01u8, 0x80, 0xff] {
+            let mut b = bytes.clone();
+            b[i] ^= mask;
+            match decode_manifest(&b, 3, p()) {
+                Ok(got) => panic!(
+                    "flip at byte {i} (mask {mask:#x}) accepted (same content: {})",
+                    got == m
+                ),
+                Err(e) => assert_style(&e),
+            }
+        }
+    }
+}
+
+#[test]
+fn every_truncation_is_an_error() {
+    let bytes = encode_manifest(&small_manifest()).unwrap();
+    for len in 0..bytes.len() {
+        let e = decode_manifest(&bytes[..len], 3, p()).unwrap_err();
+        assert!(
+            matches!(e, ImageError::CorruptManifest { checkpoint: 3, .. }),
+            "len {len}: {e}"
+        );
+    }
+    // Trailing garbage too.
+    let mut long = bytes.clone();
+    long.push(0);
+    assert!(decode_manifest(&long, 3, p()).is_err());
+}
+
+#[test]
+fn checksum_error_message() {
+    let mut bytes = encode_manifest(&small_manifest()).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    let e = decode_manifest(&bytes, 3, p()).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "manifest of checkpoint 3 is corrupt (checksum mismatch): the image cannot be trusted; \
+         restore an earlier checkpoint with --checkpoint N"
+    );
+}
+
+#[test]
+fn newer_version_is_refused_with_specific_error() {
+    let mut bytes = encode_manifest(&small_manifest()).unwrap();
+    bytes[8..12].copy_from_slice(&7u32.to_le_bytes());
+    let e = decode_manifest(&bytes, 3, p()).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ImageError::NewerFormat {
+                found: 7,
+                supported: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string().starts_with(
+            "image format version 7 is newer than this stasis supports (1): upgrade stasis"
+        ),
+        "{e}"
+    );
+    bytes[8..12].copy_from_slice(&0u32.to_le_bytes());
+    let e = decode_manifest(&bytes, 3, p()).unwrap_err();
+    assert!(matches!(e, ImageError::CorruptManifest { .. }), "{e}");
+}
+
+#[test]
+fn oversize_payload_length_is_refused_before_allocating() {
+    let mut bytes = encode_manifest(&small_manifest()).unwrap();
+    bytes[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
+    let e = decode_manifest(&bytes, 3, p()).unwrap_err();
+    assert!(e.to_string().contains("exceeds the limit"), "{e}");
+
+    // Same through the file reader: a 32-byte file announcing 200 MiB.
+    let dir = tempfile::tempdir().unwrap();
+    let image = ImageDir::create_or_open(dir.path()).unwrap();
+    write_checkpoint(&image, &[(0x1000, 1, 1)]);
+    let mpath = dir.path().join("checkpoints/00000001/manifest.bin");
+    let mut header = bytes[..32].to_vec();
+    header[16..24].copy_from_slice(&(200u64 << 20).to_le_bytes());
+    std::fs::write(&mpath, &header).unwrap();
+    let e = image.load(Some(1)).unwrap_err();
+    assert!(e.to_string().contains("truncated"), "{e}");
+}
+
+#[test]
+fn valid_checksum_over_garbage_payload_is_an_error_not_a_panic() {
+    // An attacker can compute xxh3 too: frame random/hostile CBOR properly.
+    let mut rng = Rng(42);
+    let hostile: Vec<Vec<u8>> = vec![
+        vec![0xbf; 10_000],                                         // deep indefinite maps
+        vec![0x9f; 100_000],                                        // deep indefinite arrays
+        vec![0x5b, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff], // byte string of 2^64-1
+        vec![0x7b, 0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff], // text string of 2^63-1
+        vec![0x9b, 0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff], // array of 2^63-1
+        vec![0xbb, 0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff], // map of 2^63-1
+        vec![],
+    ];
+    let mut cases = hostile;
+    for _ in 0..300 {
+        let len = rng.below(300) as usize;
+        let mut v = vec![0u8; len];
+        rng.fill(&mut v);
+        cases.push(v);
+    }
+    // Mutations of a valid payload with a recomputed checksum.
+    let good = encode_manifest(&small_manifest()).unwrap();
+    for _ in 0..2000 {
+        let mut payload = good[32..].to_vec();
+        let i = rng.below(payload.len() as u64) as usize;
+        payload[i] = rng.next() as u8;
+        cases.push(payload);
+    }
+    for payload in cases {
+        let mut file = Vec::new();
+        file.extend_from_slice(b"STASISMF");
+        file.extend_from_slice(&1u32.to_le_bytes());
+        file.extend_from_slice(&32u32.to_le_bytes());
+        file.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        file.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(&payload).to_le_bytes());
+        file.extend_from_slice(&payload);
+        if let Ok(m) = decode_manifest(&file, 3, p()) {
+            // A mutation with a recomputed checksum may still be a valid
+            // Manifest (unknown keys are ignored for compatibility); it must
+            // then be a stable value.
+            let again = encode_manifest(&m).unwrap();
+            assert_eq!(decode_manifest(&again, 3, p()).unwrap(), m);
+        }
+    }
+}
+
+#[test]
+fn load_reports_checkpoint_number_and_refuses_flipped_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = ImageDir::create_or_open(dir.path()).unwrap();
+    write_checkpoint(&image, &[(0x1000, 1, 1)]);
+    let mpath = dir.path().join("checkpoints/00000001/manifest.bin");
+    let good = std::fs::read(&mpath).unwrap();
+    for i in (0..good.len()).step_by(7) {
+        let mut b = good.clone();
+        b[i] ^= 0x20;
+        std::fs::write(&mpath, &b).unwrap();
+        let e = image.load(Some(1)).unwrap_err();
+        assert_style(&e);
+    }
+    for len in (0..good.len()).step_by(5) {
+        std::fs::write(&mpath, &good[..len]).unwrap();
+        let e = image.load(Some(1)).unwrap_err();
+        assert!(
+            matches!(e, ImageError::CorruptManifest { checkpoint: 1, .. }),
+            "len {len}: {e}"
+        );
+    }
+    std::fs::write(&mpath, &good).unwrap();
+    assert_eq!(image.load(Some(1)).unwrap().number, 1);
+}
+
+#[test]
+fn manifest_numbered_differently_from_its_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = ImageDir::create_or_open(dir.path()).unwrap();
+    write_checkpoint(&image, &[(0x1000, 1, 1)]);
+    let m = manifest(9, vec![process(100, None)]);
+    let mpath = dir.path().join("checkpoints/00000001/manifest.bin");
+    std::fs::write(&mpath, encode_manifest(&m).unwrap()).unwrap();
+    let e = image.load(Some(1)).unwrap_err();
+    assert!(e.to_string().contains("describes checkpoint 9"), "{e}");
+}
+
+/// Frames a CBOR value as a manifest.bin.
+fn frame(value: &ciborium::Value) -> Vec<u8> {
+    let mut payload = Vec::new();
+    ciborium::into_writer(value, &mut payload).unwrap();
+    let mut file = Vec::new();
+    file.extend_from_slice(b"STASISMF");
+    file.extend_from_slice(&1u32.to_le_bytes());
+    file.extend_from_slice(&32u32.to_le_bytes());
+    file.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    file.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(&payload).to_le_bytes());
+    file.extend_from_slice(&payload);
+    file
+}
+
+fn as_map(v: &mut ciborium::Value) -> &mut Vec<(ciborium::Value, ciborium::Value)> {
+    match v {
+        ciborium::Value::Map(m) => m,
+        other => panic!("not a map: {other:?}"),
+    }
+}
+
+#[test]
+fn older_writers_without_defaulted_fields_are_readable() {
+    let m = small_manifest();
+    let bytes = encode_manifest(&m).unwrap();
+    let mut v: ciborium::Value = ciborium::from_reader(&bytes[32..]).unwrap();
+    // Drop the fields marked #[serde(default)] at top level.
+    as_map(&mut v)
+        .retain(|(k, _)| !matches!(k, ciborium::Value::Text(t) if t == "stats" || t == "parent"));
+    let back = decode_manifest(&frame(&v), 3, p()).unwrap();
+    assert_eq!(back.stats, DumpStats::default());
+    assert_eq!(back.parent, None);
+    assert_eq!(back.processes, m.processes);
+}
+
+#[test]
+fn unknown_fields_from_newer_writers_of_the_same_version_are_ignored() {
+    let m = small_manifest();
+    let bytes = encode_manifest(&m).unwrap();
+    let mut v: ciborium::Value = ciborium::from_reader(&bytes[32..]).unwrap();
+    as_map(&mut v).push((
+        ciborium::Value::Text("future_field".into()),
+        ciborium::Value::Array(vec![ciborium::Value::Integer(1.into())]),
+    ));
+    assert_eq!(decode_manifest(&frame(&v), 3, p()).unwrap(), m);
+}
+
+#[test]
+fn missing_required_field_is_an_error() {
+    let bytes = encode_manifest(&small_manifest()).unwrap();
+    let mut v: ciborium::Value = ciborium::from_reader(&bytes[32..]).unwrap();
+    as_map(&mut v).retain(|(k, _)| !matches!(k, ciborium::Value::Text(t) if t == "processes"));
+    let e = decode_manifest(&frame(&v), 3, p()).unwrap_err();
+    assert!(matches!(e, ImageError::CorruptManifest { .. }), "{e}");
+}
