@@ -44,7 +44,7 @@ pub enum CaptureError {
     NoSuchProcess { pid: i32 },
     #[error("cannot dump process {pid}: {what}")]
     Unsupported { pid: i32, what: String },
-    #[error("reading /proc/{pid}/{file} failed: {source}")]
+    #[error("reading /proc/{pid}/{file} failed")]
     Proc { pid: i32, file: String, #[source] source: std::io::Error },
     #[error("unexpected content in /proc/{pid}/{file}: {what}")]
     ProcFormat { pid: i32, file: String, what: String },

@@ -15,7 +15,7 @@ use crate::{last_err, KernelError, Result, Tracee};
 pub enum SpawnError {
     #[error("PID {0} is already in use")]
     PidTaken(i32),
-    #[error("creating a process at PID {pid} needs CAP_SYS_ADMIN (or CAP_CHECKPOINT_RESTORE): {source}")]
+    #[error("creating a process at PID {pid} needs CAP_SYS_ADMIN (or CAP_CHECKPOINT_RESTORE)")]
     NoPermission { pid: i32, #[source] source: std::io::Error },
     #[error(transparent)]
     Kernel(#[from] KernelError),

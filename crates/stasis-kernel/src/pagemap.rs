@@ -96,9 +96,18 @@ impl Pagemap {
             }
             let n = usize::try_from(n).unwrap_or(0).min(vec.len());
             for r in &vec[..n] {
+                // A call may stop inside a huge page and the next one report
+                // it again: keep regions strictly increasing.
+                let mut r = *r;
+                if let Some(last) = out.last() {
+                    r.start = r.start.max(last.end);
+                }
+                if r.start >= r.end {
+                    continue;
+                }
                 match out.last_mut() {
                     Some(last) if last.end == r.start && last.categories == r.categories => last.end = r.end,
-                    _ => out.push(*r),
+                    _ => out.push(r),
                 }
             }
             if arg.walk_end <= cur {

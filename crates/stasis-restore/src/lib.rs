@@ -50,15 +50,15 @@ pub enum RestoreError {
     PidTaken { pid: i32, by: String },
     #[error("PID {pid} is still held by a zombie after {waited:?}: its parent has not reaped it; wait or reap it, then restore again")]
     PidZombie { pid: i32, waited: Duration },
-    #[error("restoring at PID {pid} is not permitted: {source}; run stasis as root")]
+    #[error("restoring at PID {pid} is not permitted (run stasis as root)")]
     NoPermission { pid: i32, #[source] source: std::io::Error },
     #[error("this image cannot be restored here: {0}")]
     Incompatible(String),
     #[error("this version of stasis cannot restore the image: {0}")]
     Unsupported(String),
-    #[error("cannot open {path} ({what}): {source}; the file must exist at the same path as at dump time")]
+    #[error("cannot open {path} ({what}); the file must exist at the same path as at dump time")]
     File { path: String, what: String, #[source] source: KernelError },
-    #[error("restore step failed ({what}): {source}")]
+    #[error("restore step failed: {what}")]
     Step { what: String, #[source] source: KernelError },
     #[error("memory layout could not be rebuilt: {0}")]
     Layout(String),
@@ -444,10 +444,11 @@ fn jump(s: &mut Stub, p: &ProcessImage) -> Result<()> {
     let th = &p.threads[0];
     let regs = UserRegs::from_words(&th.regs).ok_or_else(|| RestoreError::Inconsistent(format!("thread {} has {} register words", th.tid, th.regs.len())))?;
     s.t.set_xstate(&th.xstate).map_err(step("restoring FPU/SSE/AVX state"))?;
-    s.t.set_sigmask(th.sigmask).map_err(step("restoring the signal mask"))?;
-    // Unmap the control page; its syscall-exit stop is where the process
-    // gets its own registers back (the instruction after `syscall` is gone).
+    // Unmap the control page with every signal still blocked (an armed
+    // timer may have fired); its syscall-exit stop is where the process gets
+    // its own mask and registers back (the instruction after `syscall` is gone).
     s.sys("munmap", libc::SYS_munmap, &[s.ctl, CTL_SIZE]).map_err(step("unmapping the control page"))?;
+    s.t.set_sigmask(th.sigmask).map_err(step("restoring the signal mask"))?;
     s.t.set_regs(&regs).map_err(step("loading the saved registers"))?;
     s.t.detach().map_err(step("detaching"))?;
     Ok(())

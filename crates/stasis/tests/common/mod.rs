@@ -1,0 +1,215 @@
+//! Shared harness of the end-to-end tests: builds the C workloads, starts
+//! them in the zdtm protocol (pidfile when ready, PASS/FAIL after SIGTERM),
+//! and drives the real `stasis` binary against them. These tests need root
+//! (ptrace, clone3 set_tid); CI runs them as root.
+
+#![allow(dead_code)]
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The stasis binary under test.
+pub fn stasis() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_stasis"));
+    close_inherited_fds(&mut c);
+    c
+}
+
+/// Makes sure the spawned program gets only stdin/stdout/stderr (a test
+/// runner may leak pipes, which a dump would rightly refuse).
+pub fn close_inherited_fds(c: &mut Command) {
+    // SAFETY: close_range is async-signal-safe and runs in the child between
+    // fork and exec, touching only fds >= 3.
+    unsafe {
+        c.pre_exec(|| {
+            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+            Ok(())
+        });
+    }
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
+}
+
+/// Builds the workloads once per test binary; returns the directory.
+pub fn workloads() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        // Reparent orphaned restored processes to this test process, so
+        // the tests can reap and check them.
+        // SAFETY: prctl with integer arguments.
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("workloads");
+        let st = Command::new("make")
+            .arg("-s")
+            .arg("-C")
+            .arg(repo_root().join("tests/workloads"))
+            .arg(format!("OUT={}", out.display()))
+            .status()
+            .expect("running make for the test workloads (is a C compiler installed? run scripts/setup.sh)");
+        assert!(st.success(), "building the test workloads failed");
+        out
+    })
+}
+
+/// A workload process under test, in its own directory.
+pub struct Workload {
+    pub name: String,
+    pub dir: tempfile::TempDir,
+    pub pid: i32,
+    /// Set while the workload is a direct child spawned by us.
+    child: Option<std::process::Child>,
+}
+
+impl Workload {
+    /// Starts `name` with `args`; waits for its pidfile.
+    pub fn start(name: &str, args: &[&str]) -> Workload {
+        let bin = workloads().join(name);
+        let dir = tempfile::Builder::new().prefix(&format!("stasis-{name}-")).tempdir().expect("tempdir");
+        std::fs::create_dir(dir.path().join("work")).expect("work dir");
+        let out = std::fs::File::create(dir.path().join("out.log")).expect("out.log");
+        let pidfile = dir.path().join("pid");
+        let mut c = Command::new(&bin);
+        c.arg(&pidfile)
+            .args(args)
+            .current_dir(dir.path().join("work"))
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("dup"))
+            .stderr(out);
+        close_inherited_fds(&mut c);
+        let child = c.spawn().unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+        let pid = wait_pidfile(&pidfile, Duration::from_secs(30));
+        assert_eq!(pid, child.id() as i32, "pidfile of {name}");
+        Workload { name: name.into(), dir, pid, child: Some(child) }
+    }
+
+    pub fn images(&self) -> PathBuf {
+        self.dir.path().join("images")
+    }
+
+    pub fn out(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("out.log")).unwrap_or_default()
+    }
+
+    /// `stasis dump` of the workload into its image dir.
+    pub fn dump(&self, extra: &[&str]) -> Output {
+        stasis().args(["dump", "-t", &self.pid.to_string(), "-D"]).arg(self.images()).args(extra).output().expect("running stasis dump")
+    }
+
+    /// Dumps (killing it) and reaps the killed process.
+    pub fn dump_and_reap(&mut self) {
+        let o = self.dump(&[]);
+        assert_ok(&o, &format!("dump of {}", self.name));
+        let (code, sig) = self.reap();
+        assert_eq!((code, sig), (None, Some(libc::SIGKILL)), "{}: dumped process should die of SIGKILL", self.name);
+    }
+
+    /// Waits for the workload (a child, or an orphan reparented to us).
+    pub fn reap(&mut self) -> (Option<i32>, Option<i32>) {
+        if let Some(mut c) = self.child.take() {
+            let st = c.wait().expect("wait");
+            use std::os::unix::process::ExitStatusExt;
+            return (st.code(), st.signal());
+        }
+        waitpid_timeout(self.pid, Duration::from_secs(60))
+    }
+
+    /// `stasis restore --detach` at the saved PID.
+    pub fn restore(&mut self, extra: &[&str]) {
+        let o = stasis().args(["restore", "--detach", "-D"]).arg(self.images()).args(extra).output().expect("running stasis restore");
+        assert_ok(&o, &format!("restore of {}", self.name));
+        assert!(alive(self.pid), "{}: restored process {} is not running", self.name, self.pid);
+    }
+
+    /// SIGTERM, wait, and require exit 0 with a final `PASS` line.
+    pub fn finish_pass(&mut self) {
+        // SAFETY: signalling our workload.
+        unsafe { libc::kill(self.pid, libc::SIGTERM) };
+        let (code, sig) = self.reap();
+        let out = self.out();
+        assert_eq!((code, sig), (Some(0), None), "{} did not exit 0; output:\n{out}", self.name);
+        let last = out.lines().last().unwrap_or("");
+        assert_eq!(last, "PASS", "{}: output:\n{out}", self.name);
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        if alive(self.pid) {
+            // SAFETY: cleaning up our own workload after a failed test.
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+            let _ = self.reap();
+        }
+    }
+}
+
+pub fn assert_ok(o: &Output, what: &str) {
+    assert!(
+        o.status.success(),
+        "{what} failed ({}):\nstdout: {}\nstderr: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Asserts a clean failure: non-zero exit 1, an error line containing
+/// `needle`, no panic.
+pub fn assert_fails_with(o: &Output, needle: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "expected exit 1; stderr: {err}");
+    assert!(err.contains(needle), "stderr should mention {needle:?}: {err}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+}
+
+pub fn wait_pidfile(path: &Path, timeout: Duration) -> i32 {
+    let t0 = Instant::now();
+    loop {
+        if let Some(p) = std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()) {
+            return p;
+        }
+        assert!(t0.elapsed() < timeout, "no pidfile {} after {timeout:?}", path.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// True if `pid` exists and is not a zombie.
+pub fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !matches!(s.rfind(')').and_then(|i| s[i + 1..].split_whitespace().next()), Some("Z") | Some("X")),
+        Err(_) => false,
+    }
+}
+
+/// waitpid with a timeout (polling WNOHANG); returns (exit code, signal).
+pub fn waitpid_timeout(pid: i32, timeout: Duration) -> (Option<i32>, Option<i32>) {
+    let t0 = Instant::now();
+    loop {
+        let mut st = 0;
+        // SAFETY: waitpid with a valid out-pointer.
+        let r = unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) };
+        if r == pid {
+            if libc::WIFEXITED(st) {
+                return (Some(libc::WEXITSTATUS(st)), None);
+            }
+            if libc::WIFSIGNALED(st) {
+                return (None, Some(libc::WTERMSIG(st)));
+            }
+        }
+        if r < 0 {
+            panic!("waitpid({pid}): {} (not our child?)", std::io::Error::last_os_error());
+        }
+        assert!(t0.elapsed() < timeout, "process {pid} did not exit within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A PID that is not in use right now.
+pub fn unused_pid() -> i32 {
+    let max: i32 = std::fs::read_to_string("/proc/sys/kernel/pid_max").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(32768);
+    (1000..max).rev().find(|p| !Path::new(&format!("/proc/{p}")).exists()).expect("a free pid")
+}

@@ -1,0 +1,162 @@
+//! Bad input gives a clear error, a non-zero exit, no panic, and leaves
+//! nothing running that should not run.
+
+mod common;
+use common::*;
+
+#[test]
+fn dump_of_a_pid_that_does_not_exist() {
+    let d = tempfile::tempdir().unwrap();
+    let pid = unused_pid();
+    let o = stasis().args(["dump", "-t", &pid.to_string(), "-D"]).arg(d.path().join("img")).output().unwrap();
+    assert_fails_with(&o, "does not exist");
+}
+
+#[test]
+fn dump_of_a_process_already_traced_leaves_it_untouched() {
+    let mut w = Workload::start("counter", &[]);
+    // Trace it ourselves: stasis cannot seize it then.
+    // SAFETY: ptrace on our own child with integer arguments.
+    let r = unsafe { libc::ptrace(libc::PTRACE_SEIZE, w.pid, 0, 0) };
+    assert_eq!(r, 0, "seize: {}", std::io::Error::last_os_error());
+    let o = w.dump(&[]);
+    assert_fails_with(&o, "cannot trace");
+    // SAFETY: detaching our own seize (a running tracee may be detached only
+    // when stopped; interrupt first).
+    unsafe {
+        libc::ptrace(libc::PTRACE_INTERRUPT, w.pid, 0, 0);
+        let mut st = 0;
+        libc::waitpid(w.pid, &mut st, libc::__WALL);
+        libc::ptrace(libc::PTRACE_DETACH, w.pid, 0, 0);
+    }
+    assert!(alive(w.pid));
+    assert!(!w.images().join("checkpoints").exists() || std::fs::read_dir(w.images().join("checkpoints")).unwrap().count() == 0);
+    w.finish_pass();
+}
+
+#[test]
+fn unsupported_fd_is_refused_and_process_keeps_running() {
+    let d = tempfile::tempdir().unwrap();
+    let mut c = std::process::Command::new("sleep");
+    c.arg("100").stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    close_inherited_fds(&mut c);
+    let mut child = c.spawn().unwrap();
+    let pid = child.id() as i32;
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let o = stasis().args(["dump", "-t", &pid.to_string(), "-D"]).arg(d.path().join("img")).output().unwrap();
+    assert_fails_with(&o, "fd 0 is a pipe");
+    assert!(alive(pid), "the refused process must keep running");
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(stat.contains("TracerPid:\t0"), "left traced: {stat}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[test]
+fn multithreaded_process_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let mut c = std::process::Command::new("python3");
+    c.args(["-c", "import threading,time; threading.Thread(target=time.sleep,args=(100,),daemon=True).start(); time.sleep(100)"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    close_inherited_fds(&mut c);
+    let mut child = c.spawn().unwrap();
+    let pid = child.id() as i32;
+    let t0 = std::time::Instant::now();
+    while std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count() < 2 {
+        assert!(t0.elapsed().as_secs() < 10, "python did not start its thread");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let o = stasis().args(["dump", "-t", &pid.to_string(), "-D"]).arg(d.path().join("img")).output().unwrap();
+    assert_fails_with(&o, "threads");
+    assert!(alive(pid));
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// A workload dumped (killed) once, for the restore error tests.
+fn dumped() -> Workload {
+    let mut w = Workload::start("counter", &[]);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    w.dump_and_reap();
+    w
+}
+
+fn ckpt_file(w: &Workload, prefix: &str) -> std::path::PathBuf {
+    let d = w.images().join("checkpoints/00000001");
+    std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().path()).find(|p| p.file_name().unwrap().to_string_lossy().starts_with(prefix)).unwrap()
+}
+
+fn restore_fails(w: &Workload, needle: &str) {
+    let o = stasis().args(["restore", "--detach", "-D"]).arg(w.images()).output().unwrap();
+    assert_fails_with(&o, needle);
+    assert!(!alive(w.pid), "a failed restore left process {} running", w.pid);
+}
+
+#[test]
+fn restore_from_a_missing_dir() {
+    let d = tempfile::tempdir().unwrap();
+    let o = stasis().args(["restore", "-D"]).arg(d.path().join("nope")).output().unwrap();
+    assert_fails_with(&o, "nope");
+}
+
+#[test]
+fn restore_with_a_flipped_manifest_byte() {
+    let w = dumped();
+    let m = ckpt_file(&w, "manifest");
+    let mut b = std::fs::read(&m).unwrap();
+    let i = b.len() / 2;
+    b[i] ^= 0x40;
+    std::fs::write(&m, b).unwrap();
+    restore_fails(&w, "checksum");
+}
+
+#[test]
+fn restore_with_a_truncated_pack() {
+    let w = dumped();
+    let p = ckpt_file(&w, "pages-");
+    let len = std::fs::metadata(&p).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(len - 5000).unwrap();
+    restore_fails(&w, "pack");
+}
+
+#[test]
+fn restore_with_a_flipped_page_byte() {
+    let w = dumped();
+    let p = ckpt_file(&w, "pages-");
+    let mut b = std::fs::read(&p).unwrap();
+    b[4096 + 100] ^= 1;
+    std::fs::write(&p, b).unwrap();
+    restore_fails(&w, "corrupt");
+}
+
+#[test]
+fn restore_of_a_newer_format_version() {
+    let w = dumped();
+    let m = ckpt_file(&w, "manifest");
+    let mut b = std::fs::read(&m).unwrap();
+    b[8..12].copy_from_slice(&99u32.to_le_bytes());
+    std::fs::write(&m, b).unwrap();
+    restore_fails(&w, "newer");
+}
+
+#[test]
+fn restore_when_the_pid_is_taken() {
+    let mut w = Workload::start("counter", &[]);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_ok(&w.dump(&["--leave-running"]), "dump --leave-running");
+    // The original still runs at that PID.
+    let o = stasis().args(["restore", "--detach", "-D"]).arg(w.images()).output().unwrap();
+    assert_fails_with(&o, "in use");
+    assert!(alive(w.pid));
+    w.finish_pass();
+}
+
+#[test]
+fn restore_of_a_missing_checkpoint_number() {
+    let w = dumped();
+    let o = stasis().args(["restore", "--checkpoint", "7", "-D"]).arg(w.images()).output().unwrap();
+    assert_fails_with(&o, "7");
+    assert!(!alive(w.pid));
+}

@@ -1,0 +1,80 @@
+//! Every zdtm-style workload survives dump/restore byte for byte: twice in a
+//! row (each dump kills the process, each restore brings it back at the same
+//! PID), and with `--leave-running` (the process carries on, and the image
+//! it left also restores).
+
+mod common;
+use common::*;
+
+/// Dump + restore twice, then the workload checks itself.
+fn twice(name: &str, args: &[&str]) {
+    let mut w = Workload::start(name, args);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    for round in 1..=2 {
+        w.dump_and_reap();
+        assert!(!alive(w.pid), "{name}: still alive after dump round {round}");
+        w.restore(&[]);
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    // Both checkpoints are in the image, and the first still restores later.
+    let o = stasis().args(["inspect", "-D"]).arg(w.images()).output().unwrap();
+    assert_ok(&o, "inspect");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("checkpoint 1") && text.contains("checkpoint 2 (latest)"), "{text}");
+    w.finish_pass();
+}
+
+/// Dump with --leave-running: the process carries on and passes; then the
+/// image restores into a process that passes too. Files are not part of an
+/// image, so the workload's files are put back as they were at the dump
+/// (what a user restoring an old checkpoint does with their data).
+fn leave_running(name: &str, args: &[&str]) {
+    let mut w = Workload::start(name, args);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let o = w.dump(&["--leave-running"]);
+    assert_ok(&o, "dump --leave-running");
+    assert!(alive(w.pid), "{name}: --leave-running killed the process");
+    let saved = w.dir.path().join("files-at-dump");
+    copy_tree(&w.dir.path().join("work"), &saved.join("work"));
+    std::fs::copy(w.dir.path().join("out.log"), saved.join("out.log")).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    w.finish_pass();
+    // The image of the instant of the dump restores as well.
+    std::fs::remove_dir_all(w.dir.path().join("work")).unwrap();
+    copy_tree(&saved.join("work"), &w.dir.path().join("work"));
+    std::fs::copy(saved.join("out.log"), w.dir.path().join("out.log")).unwrap();
+    w.restore(&[]);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    w.finish_pass();
+}
+
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let t = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &t);
+        } else {
+            std::fs::copy(e.path(), t).unwrap();
+        }
+    }
+}
+
+macro_rules! workload_tests {
+    ($($name:ident: $bin:literal $(, $arg:literal)*;)*) => {
+        mod twice { use super::*; $( #[test] fn $name() { twice($bin, &[$($arg),*]); } )* }
+        mod leave_running { use super::*; $( #[test] fn $name() { leave_running($bin, &[$($arg),*]); } )* }
+    };
+}
+
+workload_tests! {
+    heap: "heap", "64";
+    stack_globals: "stack_globals";
+    mappings: "mappings";
+    fpu: "fpu";
+    signals: "signals";
+    files: "files";
+    counter: "counter";
+    restart_syscalls: "restart_syscalls";
+}
