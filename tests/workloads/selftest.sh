@@ -1,0 +1,145 @@
+#!/bin/bash
+# Self-test of the workloads themselves (no Stasis involved).
+#
+#   ./selftest.sh [OUT]        (OUT defaults to build/ next to this script)
+#
+# Builds OUT/<workload> and OUT/selftest/<workload> (make all selftest), then
+# for every workload:
+#   - runs the normal binary per the protocol (own temp dir as cwd, stdout and
+#     stderr to files, stdin /dev/null, no inherited fds beyond 0-2), waits
+#     for the pidfile, lets it run, sends SIGTERM: expects exit 0, last line
+#     "PASS" and no "mismatch" line;
+#   - runs the -DSELFTEST_CORRUPT binary the same way: expects exit 1, last
+#     line "FAIL: ...", at least one injected corruption, and no
+#     "SELFTEST-UNDETECTED" line (every injected corruption was detected).
+# counter is additionally run with MAX_TICKS=3 (must PASS without SIGTERM).
+# A workload passes if all its runs behave.  Prints
+#   workloads: N passed, M failed
+# and exits 0 only if M == 0.  Temp dirs of failed runs are kept.
+#
+# Environment: RUN_SECONDS (default 1.5) = time between ready and SIGTERM.
+
+set -u
+
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:-$here/build}
+case $out in /*) ;; *) out=$PWD/$out ;; esac
+run_seconds=${RUN_SECONDS:-1.5}
+
+WORKLOADS="heap stack_globals mappings fpu signals files counter restart_syscalls"
+
+if ! make -s -C "$here" OUT="$out" all selftest; then
+	echo "selftest: build failed" >&2
+	exit 2
+fi
+
+# run_one NAME BIN MODE RUNTIME [ARGS...]
+#   MODE: pass | corrupt | selfexit (exits on its own, no SIGTERM, PASS)
+# Prints one result line; returns 0 if the run behaved as expected.
+run_one() {
+	local name=$1 bin=$2 mode=$3 runtime=$4
+	shift 4
+	local wd pid rc i last why=""
+	wd=$(mktemp -d "${TMPDIR:-/tmp}/stasis-wl-$name.XXXXXX")
+
+	(
+		cd "$wd" || exit 99
+		# close every inherited fd except 0-2
+		for fd in /proc/$BASHPID/fd/*; do
+			fd=${fd##*/}
+			[ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-"
+		done
+		exec "$bin" "$wd/pidfile" "$@" >"$wd/out" 2>"$wd/err" </dev/null
+	) &
+	pid=$!
+
+	for ((i = 0; i < 200; i++)); do
+		[ -s "$wd/pidfile" ] && break
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.1
+	done
+	if [ ! -s "$wd/pidfile" ]; then
+		if [ "$mode" != selfexit ]; then
+			why="no pidfile"
+		fi
+	elif [ "$(cat "$wd/pidfile")" != "$pid" ]; then
+		why="pidfile says $(cat "$wd/pidfile"), pid is $pid"
+	fi
+
+	if [ "$mode" != selfexit ]; then
+		sleep "$runtime"
+		kill -TERM "$pid" 2>/dev/null
+	fi
+	# watchdog: 60 s for verification
+	( sleep 60; kill -KILL "$pid" 2>/dev/null ) &
+	local dog=$!
+	wait "$pid"
+	rc=$?
+	kill "$dog" 2>/dev/null
+	wait "$dog" 2>/dev/null
+
+	last=$(tail -n 1 "$wd/out" 2>/dev/null)
+	if [ -z "$why" ]; then
+		case $mode in
+		pass | selfexit)
+			if [ "$rc" != 0 ] || [ "$last" != PASS ]; then
+				why="expected PASS/0, got rc=$rc last='$last'"
+			elif grep -q '^mismatch' "$wd/out"; then
+				why="PASS but mismatch lines printed"
+			fi
+			;;
+		corrupt)
+			if [ "$rc" != 1 ] || [ "${last#FAIL: }" = "$last" ]; then
+				why="expected FAIL/1, got rc=$rc last='$last'"
+			elif grep -q '^SELFTEST-UNDETECTED' "$wd/out"; then
+				why="undetected: $(grep '^SELFTEST-UNDETECTED' "$wd/out" | cut -d' ' -f2 | tr '\n' ' ')"
+			elif ! grep -q '^selftest: [1-9][0-9]* corruptions injected' "$wd/out"; then
+				why="no corruption injected"
+			fi
+			;;
+		esac
+	fi
+
+	if [ -z "$why" ]; then
+		case $mode in
+		corrupt)
+			printf '  ok   %-17s %-8s %s\n' "$name" "$mode" \
+				"$(grep -o '[0-9]* corruptions injected' "$wd/out"), all detected"
+			;;
+		*)
+			printf '  ok   %-17s %-8s %s\n' "$name" "$mode" "$last"
+			;;
+		esac
+		rm -rf "$wd"
+		return 0
+	fi
+	printf '  FAIL %-17s %-8s %s (output kept in %s)\n' "$name" "$mode" "$why" "$wd"
+	sed 's/^/         | /' "$wd/out" | tail -n 20
+	[ -s "$wd/err" ] && sed 's/^/         ! /' "$wd/err" | tail -n 5
+	return 1
+}
+
+passed=0
+failed=0
+for w in $WORKLOADS; do
+	rt=$run_seconds
+	# restart_syscalls checks progress once >= 2 s have passed
+	[ "$w" = restart_syscalls ] && rt=2.5
+	ok=1
+	run_one "$w" "$out/$w" pass "$rt" || ok=0
+	run_one "$w" "$out/selftest/$w" corrupt "$rt" || ok=0
+	if [ "$w" = counter ]; then
+		run_one "$w" "$out/$w" selfexit 0 3 || ok=0
+	fi
+	if [ "$w" = heap ]; then
+		run_one "$w" "$out/$w" pass "$rt" 8 || ok=0
+	fi
+	if [ $ok = 1 ]; then
+		passed=$((passed + 1))
+	else
+		failed=$((failed + 1))
+	fi
+done
+
+echo "workloads: $passed passed, $failed failed"
+[ $failed = 0 ]
