@@ -28,7 +28,8 @@ pub mod proc;
 use std::time::Instant;
 
 use stasis_image::manifest::{
-    AltStack, DumpStats, RseqConfig, FdImage, FdKind, HostInfo, ITimer, Manifest, ProcessImage, SigAction, SigInfo, ThreadImage, Vma, VmaKind,
+    AltStack, DumpStats, FdImage, FdKind, HostInfo, ITimer, Manifest, ProcessImage, RseqConfig,
+    SigAction, SigInfo, ThreadImage, Vma, VmaKind,
 };
 use stasis_image::{ImageDir, ImageError};
 use stasis_kernel::mem::{read_ranges, ProcessMemory};
@@ -45,9 +46,18 @@ pub enum CaptureError {
     #[error("cannot dump process {pid}: {what}")]
     Unsupported { pid: i32, what: String },
     #[error("reading /proc/{pid}/{file} failed")]
-    Proc { pid: i32, file: String, #[source] source: std::io::Error },
+    Proc {
+        pid: i32,
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("unexpected content in /proc/{pid}/{file}: {what}")]
-    ProcFormat { pid: i32, file: String, what: String },
+    ProcFormat {
+        pid: i32,
+        file: String,
+        what: String,
+    },
     #[error(transparent)]
     Kernel(#[from] KernelError),
     #[error("writing the image failed: {0}")]
@@ -56,10 +66,16 @@ pub enum CaptureError {
 
 impl CaptureError {
     pub(crate) fn from_proc(pid: i32, file: &str, e: std::io::Error) -> Self {
-        if e.kind() == std::io::ErrorKind::NotFound && std::fs::metadata(format!("/proc/{pid}")).is_err() {
+        if e.kind() == std::io::ErrorKind::NotFound
+            && std::fs::metadata(format!("/proc/{pid}")).is_err()
+        {
             CaptureError::NoSuchProcess { pid }
         } else {
-            CaptureError::Proc { pid, file: file.into(), source: e }
+            CaptureError::Proc {
+                pid,
+                file: file.into(),
+                source: e,
+            }
         }
     }
 }
@@ -101,7 +117,12 @@ pub fn dump(store: &ImageDir, opts: &DumpOptions) -> Result<DumpReport> {
     let frozen_at = Instant::now();
     let orig_mask = tracee.block_all_signals()?;
     let orig_regs = tracee.regs()?;
-    let mut frozen = Frozen { tracee, orig_regs, orig_mask, done: false };
+    let mut frozen = Frozen {
+        tracee,
+        orig_regs,
+        orig_mask,
+        done: false,
+    };
 
     let result = capture_frozen(store, opts, &mut frozen, t0, frozen_at);
     match result {
@@ -119,7 +140,10 @@ pub fn dump(store: &ImageDir, opts: &DumpOptions) -> Result<DumpReport> {
         Err(e) => {
             // Put the process back as it was; report the original error.
             if let Err(re) = frozen.release() {
-                tracing::error!(pid, "could not resume process {pid} after a failed dump: {re}");
+                tracing::error!(
+                    pid,
+                    "could not resume process {pid} after a failed dump: {re}"
+                );
             }
             Err(e)
         }
@@ -179,7 +203,11 @@ fn classify_fd(pid: i32, fd: i32, link: &str) -> Result<(), String> {
         Some("a socket")
     } else if link.starts_with("anon_inode:") {
         Some("an anonymous inode (eventfd, epoll, signalfd, timerfd, userfaultfd, io_uring...)")
-    } else if link.starts_with("/dev/pts/") || link.starts_with("/dev/tty") || link == "/dev/console" || link.starts_with("/dev/ptmx") {
+    } else if link.starts_with("/dev/pts/")
+        || link.starts_with("/dev/tty")
+        || link == "/dev/console"
+        || link.starts_with("/dev/ptmx")
+    {
         Some("a terminal")
     } else if link.ends_with(" (deleted)") {
         Some("a deleted file")
@@ -189,28 +217,48 @@ fn classify_fd(pid: i32, fd: i32, link: &str) -> Result<(), String> {
         None
     };
     if let Some(k) = kind {
-        let hint = if k == "a terminal" { "; redirect the program's stdin/stdout/stderr to files (or /dev/null) to checkpoint it" } else { "" };
-        return Err(format!("fd {fd} is {k} ({link}), which this version of stasis cannot checkpoint yet{hint}"));
+        let hint = if k == "a terminal" {
+            "; redirect the program's stdin/stdout/stderr to files (or /dev/null) to checkpoint it"
+        } else {
+            ""
+        };
+        return Err(format!(
+            "fd {fd} is {k} ({link}), which this version of stasis cannot checkpoint yet{hint}"
+        ));
     }
-    let meta = std::fs::metadata(format!("/proc/{pid}/fd/{fd}")).map_err(|e| format!("fd {fd} ({link}): {e}"))?;
+    let meta = std::fs::metadata(format!("/proc/{pid}/fd/{fd}"))
+        .map_err(|e| format!("fd {fd} ({link}): {e}"))?;
     use std::os::unix::fs::FileTypeExt;
     let ft = meta.file_type();
     if ft.is_file() || ft.is_dir() || ft.is_char_device() {
         Ok(())
     } else {
-        Err(format!("fd {fd} ({link}) is a {}, which this version of stasis cannot checkpoint yet", if ft.is_fifo() { "FIFO" } else if ft.is_block_device() { "block device" } else { "special file" }))
+        Err(format!(
+            "fd {fd} ({link}) is a {}, which this version of stasis cannot checkpoint yet",
+            if ft.is_fifo() {
+                "FIFO"
+            } else if ft.is_block_device() {
+                "block device"
+            } else {
+                "special file"
+            }
+        ))
     }
 }
 
 fn list_fds(pid: i32) -> Result<Vec<i32>> {
-    let rd = std::fs::read_dir(proc::proc_path(pid, "fd")).map_err(|e| CaptureError::from_proc(pid, "fd", e))?;
-    let mut fds: Vec<i32> = rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
+    let rd = std::fs::read_dir(proc::proc_path(pid, "fd"))
+        .map_err(|e| CaptureError::from_proc(pid, "fd", e))?;
+    let mut fds: Vec<i32> = rd
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
     fds.sort_unstable();
     Ok(fds)
 }
 
 fn thread_count(pid: i32) -> Result<usize> {
-    let rd = std::fs::read_dir(proc::proc_path(pid, "task")).map_err(|e| CaptureError::from_proc(pid, "task", e))?;
+    let rd = std::fs::read_dir(proc::proc_path(pid, "task"))
+        .map_err(|e| CaptureError::from_proc(pid, "task", e))?;
     Ok(rd.count())
 }
 
@@ -223,25 +271,48 @@ fn preflight(pid: i32) -> Result<()> {
         return Err(CaptureError::NoSuchProcess { pid });
     }
     if pid == std::process::id() as i32 {
-        return Err(CaptureError::Unsupported { pid, what: "stasis cannot dump itself".into() });
+        return Err(CaptureError::Unsupported {
+            pid,
+            what: "stasis cannot dump itself".into(),
+        });
     }
-    let stat = proc::parse_stat(&proc::read(pid, "stat")?).map_err(|w| CaptureError::ProcFormat { pid, file: "stat".into(), what: w })?;
+    let stat =
+        proc::parse_stat(&proc::read(pid, "stat")?).map_err(|w| CaptureError::ProcFormat {
+            pid,
+            file: "stat".into(),
+            what: w,
+        })?;
     if stat.state == 'Z' || stat.state == 'X' {
-        return Err(CaptureError::Unsupported { pid, what: "it is a zombie (it has exited and waits to be reaped)".into() });
+        return Err(CaptureError::Unsupported {
+            pid,
+            what: "it is a zombie (it has exited and waits to be reaped)".into(),
+        });
     }
     let maps = proc::read(pid, "maps")?;
     if maps.trim().is_empty() {
-        return Err(CaptureError::Unsupported { pid, what: "it is a kernel thread (it has no memory map)".into() });
+        return Err(CaptureError::Unsupported {
+            pid,
+            what: "it is a kernel thread (it has no memory map)".into(),
+        });
     }
     let n = thread_count(pid)?;
     if n > 1 {
-        return Err(CaptureError::Unsupported { pid, what: format!("it has {n} threads; this version of stasis dumps single-threaded processes only") });
+        return Err(CaptureError::Unsupported {
+            pid,
+            what: format!(
+                "it has {n} threads; this version of stasis dumps single-threaded processes only"
+            ),
+        });
     }
     for fd in list_fds(pid)? {
         let link = proc::read_link(pid, &format!("fd/{fd}"))?;
         classify_fd(pid, fd, &link).map_err(|what| CaptureError::Unsupported { pid, what })?;
     }
-    for m in proc::parse_maps(&maps).map_err(|w| CaptureError::ProcFormat { pid, file: "maps".into(), what: w })? {
+    for m in proc::parse_maps(&maps).map_err(|w| CaptureError::ProcFormat {
+        pid,
+        file: "maps".into(),
+        what: w,
+    })? {
         vma_kind(&m).map_err(|what| CaptureError::Unsupported { pid, what })?;
     }
     Ok(())
@@ -259,16 +330,36 @@ fn vma_kind(m: &proc::MapsEntry) -> Result<Option<VmaKind>, String> {
         "" | "[heap]" | "[stack]" => VmaKind::Anon,
         _ if n.starts_with("[anon:") || n.starts_with("[anon_shmem:") => VmaKind::Anon,
         _ if m.shared && n.starts_with("/dev/zero (deleted)") => VmaKind::Anon,
-        _ if n.starts_with("/SYSV") => return Err(format!("area {:#x}-{:#x} is System V shared memory ({n}), not supported yet", m.start, m.end)),
-        _ if n.ends_with(" (deleted)") => return Err(format!("area {:#x}-{:#x} maps a deleted file ({n}), not supported yet", m.start, m.end)),
+        _ if n.starts_with("/SYSV") => {
+            return Err(format!(
+                "area {:#x}-{:#x} is System V shared memory ({n}), not supported yet",
+                m.start, m.end
+            ))
+        }
+        _ if n.ends_with(" (deleted)") => {
+            return Err(format!(
+                "area {:#x}-{:#x} maps a deleted file ({n}), not supported yet",
+                m.start, m.end
+            ))
+        }
         _ if n.starts_with('/') => VmaKind::File {
             path: n.to_string(),
             offset: m.offset,
             dev: (u64::from(m.dev.0) << 32) | u64::from(m.dev.1),
             ino: m.ino,
         },
-        _ if n.starts_with('[') => return Err(format!("area {:#x}-{:#x} is a special mapping {n} that stasis does not know", m.start, m.end)),
-        _ => return Err(format!("area {:#x}-{:#x} has an unexpected name {n:?}", m.start, m.end)),
+        _ if n.starts_with('[') => {
+            return Err(format!(
+                "area {:#x}-{:#x} is a special mapping {n} that stasis does not know",
+                m.start, m.end
+            ))
+        }
+        _ => {
+            return Err(format!(
+                "area {:#x}-{:#x} has an unexpected name {n:?}",
+                m.start, m.end
+            ))
+        }
     }))
 }
 
@@ -278,7 +369,9 @@ fn find_syscall_insn(mem: &ProcessMemory, maps: &[proc::MapsEntry]) -> Option<u6
     let len = usize::try_from(vdso.end - vdso.start).ok()?;
     let mut buf = vec![0u8; len];
     mem.read(vdso.start, &mut buf).ok()?;
-    buf.windows(2).position(|w| w == [0x0f, 0x05]).map(|p| vdso.start + p as u64)
+    buf.windows(2)
+        .position(|w| w == [0x0f, 0x05])
+        .map(|p| vdso.start + p as u64)
 }
 
 struct RemoteState {
@@ -292,28 +385,62 @@ struct RemoteState {
 fn remote_state(t: &mut Tracee, base: &UserRegs, mem: &ProcessMemory) -> Result<RemoteState> {
     let rw = (libc::PROT_READ | libc::PROT_WRITE) as u64;
     let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
-    let scratch = t.syscall(base, "mmap", libc::SYS_mmap, &[0, 4096, rw, flags, u64::MAX, 0])?;
+    let scratch = t.syscall(
+        base,
+        "mmap",
+        libc::SYS_mmap,
+        &[0, 4096, rw, flags, u64::MAX, 0],
+    )?;
     let res = (|| -> Result<RemoteState> {
         let mut sigactions = Vec::new();
         for sig in 1..=64u32 {
             if sig == libc::SIGKILL as u32 || sig == libc::SIGSTOP as u32 {
                 continue;
             }
-            t.syscall(base, "rt_sigaction", libc::SYS_rt_sigaction, &[u64::from(sig), 0, scratch, 8])?;
+            t.syscall(
+                base,
+                "rt_sigaction",
+                libc::SYS_rt_sigaction,
+                &[u64::from(sig), 0, scratch, 8],
+            )?;
             let w = mem.read_u64s(scratch, 4)?;
-            sigactions.push(SigAction { signo: sig, handler: w[0], flags: w[1], restorer: w[2], mask: w[3] });
+            sigactions.push(SigAction {
+                signo: sig,
+                handler: w[0],
+                flags: w[1],
+                restorer: w[2],
+                mask: w[3],
+            });
         }
         t.syscall(base, "sigaltstack", libc::SYS_sigaltstack, &[0, scratch])?;
         let w = mem.read_u64s(scratch, 3)?;
-        let altstack = AltStack { sp: w[0], flags: (w[1] & 0xffff_ffff) as i32, size: w[2] };
+        let altstack = AltStack {
+            sp: w[0],
+            flags: (w[1] & 0xffff_ffff) as i32,
+            size: w[2],
+        };
         let mut itimers = Vec::new();
         for which in 0..3u32 {
-            t.syscall(base, "getitimer", libc::SYS_getitimer, &[u64::from(which), scratch])?;
+            t.syscall(
+                base,
+                "getitimer",
+                libc::SYS_getitimer,
+                &[u64::from(which), scratch],
+            )?;
             let w = mem.read_u64s(scratch, 4)?;
-            itimers.push(ITimer { which, interval_us: w[0] * 1_000_000 + w[1], value_us: w[2] * 1_000_000 + w[3] });
+            itimers.push(ITimer {
+                which,
+                interval_us: w[0] * 1_000_000 + w[1],
+                value_us: w[2] * 1_000_000 + w[3],
+            });
         }
         let brk = t.syscall(base, "brk", libc::SYS_brk, &[0])?;
-        Ok(RemoteState { sigactions, altstack, itimers, brk })
+        Ok(RemoteState {
+            sigactions,
+            altstack,
+            itimers,
+            brk,
+        })
     })();
     let unmap = t.syscall(base, "munmap", libc::SYS_munmap, &[scratch, 4096]);
     let st = res?;
@@ -321,16 +448,31 @@ fn remote_state(t: &mut Tracee, base: &UserRegs, mem: &ProcessMemory) -> Result<
     Ok(st)
 }
 
-fn capture_frozen(store: &ImageDir, opts: &DumpOptions, f: &mut Frozen, t0: Instant, frozen_at: Instant) -> Result<DumpReport> {
+fn capture_frozen(
+    store: &ImageDir,
+    opts: &DumpOptions,
+    f: &mut Frozen,
+    t0: Instant,
+    frozen_at: Instant,
+) -> Result<DumpReport> {
     let pid = opts.pid;
     // Threads created between the pre-flight and the freeze.
     let n = thread_count(pid)?;
     if n > 1 {
-        return Err(CaptureError::Unsupported { pid, what: format!("it has {n} threads; this version of stasis dumps single-threaded processes only") });
+        return Err(CaptureError::Unsupported {
+            pid,
+            what: format!(
+                "it has {n} threads; this version of stasis dumps single-threaded processes only"
+            ),
+        });
     }
     let mem = ProcessMemory::open(pid)?;
     let maps_text = proc::read(pid, "maps")?;
-    let maps = proc::parse_maps(&maps_text).map_err(|w| CaptureError::ProcFormat { pid, file: "maps".into(), what: w })?;
+    let maps = proc::parse_maps(&maps_text).map_err(|w| CaptureError::ProcFormat {
+        pid,
+        file: "maps".into(),
+        what: w,
+    })?;
     let insn = find_syscall_insn(&mem, &maps).ok_or(KernelError::NoSyscallInsn { pid })?;
     f.tracee.set_syscall_insn(insn);
 
@@ -344,15 +486,39 @@ fn capture_frozen(store: &ImageDir, opts: &DumpOptions, f: &mut Frozen, t0: Inst
     let shared_pending = f.tracee.pending_siginfo(true)?;
 
     // /proc state.
-    let stat = proc::parse_stat(&proc::read(pid, "stat")?).map_err(|w| CaptureError::ProcFormat { pid, file: "stat".into(), what: w })?;
-    let (umask, creds) = proc::parse_status(&proc::read(pid, "status")?).map_err(|w| CaptureError::ProcFormat { pid, file: "status".into(), what: w })?;
-    let rlimits = proc::parse_limits(&proc::read(pid, "limits")?).map_err(|w| CaptureError::ProcFormat { pid, file: "limits".into(), what: w })?;
-    let personality = u32::from_str_radix(proc::read(pid, "personality")?.trim(), 16)
-        .map_err(|_| CaptureError::ProcFormat { pid, file: "personality".into(), what: "not a hex number".into() })?;
+    let stat =
+        proc::parse_stat(&proc::read(pid, "stat")?).map_err(|w| CaptureError::ProcFormat {
+            pid,
+            file: "stat".into(),
+            what: w,
+        })?;
+    let (umask, creds) =
+        proc::parse_status(&proc::read(pid, "status")?).map_err(|w| CaptureError::ProcFormat {
+            pid,
+            file: "status".into(),
+            what: w,
+        })?;
+    let rlimits =
+        proc::parse_limits(&proc::read(pid, "limits")?).map_err(|w| CaptureError::ProcFormat {
+            pid,
+            file: "limits".into(),
+            what: w,
+        })?;
+    let personality =
+        u32::from_str_radix(proc::read(pid, "personality")?.trim(), 16).map_err(|_| {
+            CaptureError::ProcFormat {
+                pid,
+                file: "personality".into(),
+                what: "not a hex number".into(),
+            }
+        })?;
     let auxv_bytes = proc::read_bytes(pid, "auxv")?;
     let mut mm = stat.mm.clone();
     mm.brk = remote.brk;
-    mm.auxv = auxv_bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
+    mm.auxv = auxv_bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+        .collect();
     let growsdown = proc::parse_smaps_growsdown(&proc::read(pid, "smaps")?);
     let comm = proc::read(pid, "comm")?.trim_end_matches('\n').to_string();
 
@@ -360,16 +526,28 @@ fn capture_frozen(store: &ImageDir, opts: &DumpOptions, f: &mut Frozen, t0: Inst
     for fd in list_fds(pid)? {
         let link = proc::read_link(pid, &format!("fd/{fd}"))?;
         classify_fd(pid, fd, &link).map_err(|what| CaptureError::Unsupported { pid, what })?;
-        let (pos, flags) = proc::parse_fdinfo(&proc::read(pid, &format!("fdinfo/{fd}"))?)
-            .map_err(|w| CaptureError::ProcFormat { pid, file: format!("fdinfo/{fd}"), what: w })?;
-        let meta = std::fs::metadata(proc::proc_path(pid, &format!("fd/{fd}"))).map_err(|e| CaptureError::from_proc(pid, &format!("fd/{fd}"), e))?;
+        let (pos, flags) =
+            proc::parse_fdinfo(&proc::read(pid, &format!("fdinfo/{fd}"))?).map_err(|w| {
+                CaptureError::ProcFormat {
+                    pid,
+                    file: format!("fdinfo/{fd}"),
+                    what: w,
+                }
+            })?;
+        let meta = std::fs::metadata(proc::proc_path(pid, &format!("fd/{fd}")))
+            .map_err(|e| CaptureError::from_proc(pid, &format!("fd/{fd}"), e))?;
         use std::os::unix::fs::MetadataExt;
         let cloexec = flags & libc::O_CLOEXEC as u32 != 0;
         fds.push(FdImage {
             fd,
             flags: flags & !(libc::O_CLOEXEC as u32),
             cloexec,
-            kind: FdKind::Path { path: link, pos, mode: meta.mode(), size: meta.size() },
+            kind: FdKind::Path {
+                path: link,
+                pos,
+                mode: meta.mode(),
+                size: meta.size(),
+            },
         });
     }
 
@@ -379,7 +557,10 @@ fn capture_frozen(store: &ImageDir, opts: &DumpOptions, f: &mut Frozen, t0: Inst
     let pagemap = Pagemap::open(pid)?;
     let mut have_scan = true;
     for m in &maps {
-        let Some(kind) = vma_kind(m).map_err(|what| CaptureError::Unsupported { pid, what })? else { continue };
+        let Some(kind) = vma_kind(m).map_err(|what| CaptureError::Unsupported { pid, what })?
+        else {
+            continue;
+        };
         let data: Vec<(u64, u64)> = match (&kind, m.shared) {
             (VmaKind::Vdso | VmaKind::Vvar | VmaKind::VvarVclock, _) => Vec::new(),
             (VmaKind::File { .. }, true) => Vec::new(),
@@ -409,7 +590,11 @@ fn capture_frozen(store: &ImageDir, opts: &DumpOptions, f: &mut Frozen, t0: Inst
             prot: m.prot(),
             shared: m.shared,
             growsdown: growsdown.contains(&m.start),
-            name: if m.name.starts_with('[') { m.name.clone() } else { String::new() },
+            name: if m.name.starts_with('[') {
+                m.name.clone()
+            } else {
+                String::new()
+            },
             kind,
         });
     }
@@ -430,7 +615,11 @@ fn capture_frozen(store: &ImageDir, opts: &DumpOptions, f: &mut Frozen, t0: Inst
         pending: pending.iter().map(siginfo).collect(),
         altstack: remote.altstack,
         comm: comm.clone(),
-        rseq: f.tracee.rseq_config()?.map(|c| RseqConfig { ptr: c.rseq_abi_pointer, size: c.rseq_abi_size, signature: c.signature }),
+        rseq: f.tracee.rseq_config()?.map(|c| RseqConfig {
+            ptr: c.rseq_abi_pointer,
+            size: c.rseq_abi_size,
+            signature: c.signature,
+        }),
     };
     let process = ProcessImage {
         pid,
@@ -457,19 +646,37 @@ fn capture_frozen(store: &ImageDir, opts: &DumpOptions, f: &mut Frozen, t0: Inst
         checkpoint: ck.number(),
         parent: None,
         tool_version: env!("CARGO_PKG_VERSION").to_string(),
-        created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        created_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
         host: HostInfo {
-            hostname: std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string(),
+            hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .unwrap_or_default()
+                .trim()
+                .to_string(),
             kernel_release: stasis_kernel::probe::kernel_release(),
             xfeatures: stasis_kernel::probe::xfeatures_of(&xstate),
             page_size: sys::PAGE_SIZE,
         },
         root_pid: pid,
         processes: vec![process],
-        stats: DumpStats { frozen_us: micros(frozen_at), total_us: micros(t0), pages_written: pages },
+        stats: DumpStats {
+            frozen_us: micros(frozen_at),
+            total_us: micros(t0),
+            pages_written: pages,
+        },
     };
     let checkpoint = ck.commit(&manifest)?;
-    Ok(DumpReport { checkpoint, pid, pages, bytes, frozen_us: 0, total_us: 0, killed: false })
+    Ok(DumpReport {
+        checkpoint,
+        pid,
+        pages,
+        bytes,
+        frozen_us: 0,
+        total_us: 0,
+        killed: false,
+    })
 }
 
 /// Size of each pipeline buffer, and how many are in flight: the dumper's
@@ -480,7 +687,12 @@ const PIPE_DEPTH: usize = 3;
 /// Copies `ranges` of the process into the pack: a reader thread fills
 /// buffers with `process_vm_readv` while this thread hashes and writes the
 /// previous one, so reading and writing overlap.
-fn copy_pages(mem: &ProcessMemory, mut ranges: Vec<(u64, usize)>, pack: &mut stasis_image::PackWriter, progress: Option<&(dyn Fn(u64, u64) + Send)>) -> Result<()> {
+fn copy_pages(
+    mem: &ProcessMemory,
+    mut ranges: Vec<(u64, usize)>,
+    pack: &mut stasis_image::PackWriter,
+    progress: Option<&(dyn Fn(u64, u64) + Send)>,
+) -> Result<()> {
     use std::sync::mpsc;
     let total: u64 = ranges.iter().map(|r| r.1 as u64).sum();
     let (full_tx, full_rx) = mpsc::sync_channel::<Result<(Vec<u8>, Vec<(u64, usize)>)>>(PIPE_DEPTH);
@@ -507,7 +719,9 @@ fn copy_pages(mem: &ProcessMemory, mut ranges: Vec<(u64, usize)>, pack: &mut sta
                         ranges[i] = (a + take as u64, l - take);
                     }
                 }
-                let r = read_ranges(mem, &batch, &mut buf[..used]).map(|()| (buf, batch)).map_err(CaptureError::from);
+                let r = read_ranges(mem, &batch, &mut buf[..used])
+                    .map(|()| (buf, batch))
+                    .map_err(CaptureError::from);
                 let failed = r.is_err();
                 if full_tx.send(r).is_err() || failed {
                     return;
@@ -541,5 +755,8 @@ fn copy_pages(mem: &ProcessMemory, mut ranges: Vec<(u64, usize)>, pack: &mut sta
 
 fn siginfo(raw: &[u8; sys::SIGINFO_SIZE]) -> SigInfo {
     let signo = u32::from_le_bytes(raw[0..4].try_into().unwrap_or([0; 4]));
-    SigInfo { signo, raw: raw.to_vec() }
+    SigInfo {
+        signo,
+        raw: raw.to_vec(),
+    }
 }

@@ -38,7 +38,7 @@ impl MapsEntry {
         if self.exec {
             p |= libc::PROT_EXEC;
         }
-        p as u32
+        p.unsigned_abs()
     }
 }
 
@@ -75,7 +75,10 @@ pub fn parse_maps(text: &str) -> Result<Vec<MapsEntry>, String> {
             exec: perms[2] == b'x',
             shared: perms[3] == b's',
             offset: hex(fields[2]).ok_or_else(bad)?,
-            dev: (u32::from_str_radix(maj, 16).map_err(|_| bad())?, u32::from_str_radix(min, 16).map_err(|_| bad())?),
+            dev: (
+                u32::from_str_radix(maj, 16).map_err(|_| bad())?,
+                u32::from_str_radix(min, 16).map_err(|_| bad())?,
+            ),
             ino: fields[4].parse().map_err(|_| bad())?,
             name,
         });
@@ -121,8 +124,18 @@ pub fn parse_stat(text: &str) -> Result<Stat, String> {
     let comm = text[open + 1..close].to_string();
     // Field 3 (state) is the first after ")".
     let f: Vec<&str> = text[close + 1..].split_whitespace().collect();
-    let n = |i: usize| -> Result<u64, String> { f.get(i - 3).ok_or_else(bad)?.parse::<u64>().map_err(|_| bad()) };
-    let s = |i: usize| -> Result<i64, String> { f.get(i - 3).ok_or_else(bad)?.parse::<i64>().map_err(|_| bad()) };
+    let n = |i: usize| -> Result<u64, String> {
+        f.get(i - 3)
+            .ok_or_else(bad)?
+            .parse::<u64>()
+            .map_err(|_| bad())
+    };
+    let s = |i: usize| -> Result<i64, String> {
+        f.get(i - 3)
+            .ok_or_else(bad)?
+            .parse::<i64>()
+            .map_err(|_| bad())
+    };
     if f.len() < 52 - 2 {
         return Err(bad());
     }
@@ -154,14 +167,35 @@ pub fn parse_stat(text: &str) -> Result<Stat, String> {
 /// `Umask`, credentials from `/proc/PID/status`.
 pub fn parse_status(text: &str) -> Result<(u32, Credentials), String> {
     let bad = |what: &str| format!("/proc/PID/status has no usable {what} line");
-    let field = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)).map(str::trim);
-    let umask = field("Umask:").and_then(|v| u32::from_str_radix(v, 8).ok()).ok_or_else(|| bad("Umask"))?;
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+    };
+    let umask = field("Umask:")
+        .and_then(|v| u32::from_str_radix(v, 8).ok())
+        .ok_or_else(|| bad("Umask"))?;
     let four = |name: &str| -> Result<[u32; 4], String> {
-        let v: Vec<u32> = field(name).ok_or_else(|| bad(name))?.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+        let v: Vec<u32> = field(name)
+            .ok_or_else(|| bad(name))?
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
         v.try_into().map_err(|_| bad(name))
     };
-    let groups = field("Groups:").unwrap_or("").split_whitespace().filter_map(|x| x.parse().ok()).collect();
-    Ok((umask, Credentials { uid: four("Uid:")?, gid: four("Gid:")?, groups }))
+    let groups = field("Groups:")
+        .unwrap_or("")
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    Ok((
+        umask,
+        Credentials {
+            uid: four("Uid:")?,
+            gid: four("Gid:")?,
+            groups,
+        },
+    ))
 }
 
 /// Parses `/proc/PID/limits` (lines in resource order, fixed columns).
@@ -173,21 +207,38 @@ pub fn parse_limits(text: &str) -> Result<Vec<Rlimit>, String> {
             if s == "unlimited" {
                 Ok(u64::MAX)
             } else {
-                s.parse().map_err(|_| format!("bad limit value {s:?} in {line:?}"))
+                s.parse()
+                    .map_err(|_| format!("bad limit value {s:?} in {line:?}"))
             }
         };
-        let soft = line.get(26..46).ok_or_else(|| format!("short limits line {line:?}"))?;
-        let hard = line.get(47..67).ok_or_else(|| format!("short limits line {line:?}"))?;
-        out.push(Rlimit { resource: u32::try_from(i).unwrap_or(u32::MAX), soft: val(soft)?, hard: val(hard)? });
+        let soft = line
+            .get(26..46)
+            .ok_or_else(|| format!("short limits line {line:?}"))?;
+        let hard = line
+            .get(47..67)
+            .ok_or_else(|| format!("short limits line {line:?}"))?;
+        out.push(Rlimit {
+            resource: u32::try_from(i).unwrap_or(u32::MAX),
+            soft: val(soft)?,
+            hard: val(hard)?,
+        });
     }
     Ok(out)
 }
 
 /// `pos` and `flags` (octal) from `/proc/PID/fdinfo/N`.
 pub fn parse_fdinfo(text: &str) -> Result<(u64, u32), String> {
-    let field = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)).map(str::trim);
-    let pos = field("pos:").and_then(|v| v.parse().ok()).ok_or("fdinfo without pos")?;
-    let flags = field("flags:").and_then(|v| u32::from_str_radix(v, 8).ok()).ok_or("fdinfo without flags")?;
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+    };
+    let pos = field("pos:")
+        .and_then(|v| v.parse().ok())
+        .ok_or("fdinfo without pos")?;
+    let flags = field("flags:")
+        .and_then(|v| u32::from_str_radix(v, 8).ok())
+        .ok_or("fdinfo without flags")?;
     Ok((pos, flags))
 }
 
@@ -224,8 +275,26 @@ mod tests {
                  7ffd1000-7ffd2000 ---p 00000000 00:00 0 \n";
         let m = parse_maps(t).unwrap();
         assert_eq!(m.len(), 3);
-        assert_eq!((m[0].start, m[0].end, m[0].prot(), m[0].shared, m[0].name.as_str()), (0x55d0c0a00000, 0x55d0c0a21000, 3, false, "[heap]"));
-        assert_eq!((m[1].offset, m[1].dev, m[1].ino, m[1].shared, m[1].name.as_str()), (0x2000, (0xfe, 1), 1234, true, "/tmp/my file (deleted)"));
+        assert_eq!(
+            (
+                m[0].start,
+                m[0].end,
+                m[0].prot(),
+                m[0].shared,
+                m[0].name.as_str()
+            ),
+            (0x55d0c0a00000, 0x55d0c0a21000, 3, false, "[heap]")
+        );
+        assert_eq!(
+            (
+                m[1].offset,
+                m[1].dev,
+                m[1].ino,
+                m[1].shared,
+                m[1].name.as_str()
+            ),
+            (0x2000, (0xfe, 1), 1234, true, "/tmp/my file (deleted)")
+        );
         assert_eq!((m[2].prot(), m[2].name.as_str()), (0, ""));
         assert!(parse_maps("garbage").is_err());
     }
@@ -235,10 +304,22 @@ mod tests {
         let t = "1234 (a) b (c)) S 1 1234 1234 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 555 1000 100 18446744073709551615 4194304 4196000 140737488346000 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0 6295000 6295600 6299648 140737488350000 140737488350100 140737488350100 140737488351000 0\n";
         let s = parse_stat(t).unwrap();
         assert_eq!(s.comm, "a) b (c)");
-        assert_eq!((s.state, s.ppid, s.pgrp, s.session, s.num_threads), ('S', 1, 1234, 1234, 1));
-        assert_eq!((s.mm.start_code, s.mm.end_code, s.mm.start_stack), (4194304, 4196000, 140737488346000));
-        assert_eq!((s.mm.start_data, s.mm.end_data, s.mm.start_brk), (6295000, 6295600, 6299648));
-        assert_eq!((s.mm.arg_start, s.mm.env_end), (140737488350000, 140737488351000));
+        assert_eq!(
+            (s.state, s.ppid, s.pgrp, s.session, s.num_threads),
+            ('S', 1, 1234, 1234, 1)
+        );
+        assert_eq!(
+            (s.mm.start_code, s.mm.end_code, s.mm.start_stack),
+            (4194304, 4196000, 140737488346000)
+        );
+        assert_eq!(
+            (s.mm.start_data, s.mm.end_data, s.mm.start_brk),
+            (6295000, 6295600, 6299648)
+        );
+        assert_eq!(
+            (s.mm.arg_start, s.mm.env_end),
+            (140737488350000, 140737488351000)
+        );
         assert!(parse_stat("1 (x) S 1").is_err());
     }
 
@@ -248,15 +329,38 @@ mod tests {
                  Max cpu time              unlimited            unlimited            seconds   \n\
                  Max file size             1024                 unlimited            bytes     \n";
         let l = parse_limits(t).unwrap();
-        assert_eq!(l, vec![Rlimit { resource: 0, soft: u64::MAX, hard: u64::MAX }, Rlimit { resource: 1, soft: 1024, hard: u64::MAX }]);
+        assert_eq!(
+            l,
+            vec![
+                Rlimit {
+                    resource: 0,
+                    soft: u64::MAX,
+                    hard: u64::MAX
+                },
+                Rlimit {
+                    resource: 1,
+                    soft: 1024,
+                    hard: u64::MAX
+                }
+            ]
+        );
     }
 
     #[test]
     fn status_and_fdinfo() {
-        let (umask, c) = parse_status("Name:\tx\nUmask:\t0027\nUid:\t1\t2\t3\t4\nGid:\t5\t6\t7\t8\nGroups:\t10 20 \n").unwrap();
+        let (umask, c) = parse_status(
+            "Name:\tx\nUmask:\t0027\nUid:\t1\t2\t3\t4\nGid:\t5\t6\t7\t8\nGroups:\t10 20 \n",
+        )
+        .unwrap();
         assert_eq!(umask, 0o27);
-        assert_eq!((c.uid, c.gid, c.groups), ([1, 2, 3, 4], [5, 6, 7, 8], vec![10, 20]));
-        assert_eq!(parse_fdinfo("pos:\t1234\nflags:\t02102001\nmnt_id:\t20\n").unwrap(), (1234, 0o2102001));
+        assert_eq!(
+            (c.uid, c.gid, c.groups),
+            ([1, 2, 3, 4], [5, 6, 7, 8], vec![10, 20])
+        );
+        assert_eq!(
+            parse_fdinfo("pos:\t1234\nflags:\t02102001\nmnt_id:\t20\n").unwrap(),
+            (1234, 0o2102001)
+        );
         assert!(parse_fdinfo("flags: 0").is_err());
     }
 

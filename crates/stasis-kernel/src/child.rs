@@ -16,7 +16,11 @@ pub enum SpawnError {
     #[error("PID {0} is already in use")]
     PidTaken(i32),
     #[error("creating a process at PID {pid} needs CAP_SYS_ADMIN (or CAP_CHECKPOINT_RESTORE)")]
-    NoPermission { pid: i32, #[source] source: std::io::Error },
+    NoPermission {
+        pid: i32,
+        #[source]
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Kernel(#[from] KernelError),
 }
@@ -29,7 +33,11 @@ pub fn spawn_stopped(set_tid: Option<i32>) -> Result<Tracee, SpawnError> {
     let tid_arr = [set_tid.unwrap_or(0)];
     let args = CloneArgs {
         exit_signal: libc::SIGCHLD as u64,
-        set_tid: if set_tid.is_some() { tid_arr.as_ptr() as u64 } else { 0 },
+        set_tid: if set_tid.is_some() {
+            tid_arr.as_ptr() as u64
+        } else {
+            0
+        },
         set_tid_size: u64::from(set_tid.is_some()),
         ..Default::default()
     };
@@ -37,7 +45,13 @@ pub fn spawn_stopped(set_tid: Option<i32>) -> Result<Tracee, SpawnError> {
     // this process like fork. In the child only async-signal-safe raw
     // syscalls run before it stops and is taken over by the parent (it never
     // returns into Rust code on its own: _exit follows).
-    let pid = unsafe { libc::syscall(sys::SYS_CLONE3, &args as *const CloneArgs, std::mem::size_of::<CloneArgs>()) };
+    let pid = unsafe {
+        libc::syscall(
+            sys::SYS_CLONE3,
+            &args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
     if pid == 0 {
         // SAFETY: child side; raw syscalls only, then _exit.
         unsafe {
@@ -51,14 +65,22 @@ pub fn spawn_stopped(set_tid: Option<i32>) -> Result<Tracee, SpawnError> {
         let want = set_tid.unwrap_or(0);
         return Err(match e.raw_os_error() {
             Some(libc::EEXIST) => SpawnError::PidTaken(want),
-            Some(libc::EPERM) => SpawnError::NoPermission { pid: want, source: e },
+            Some(libc::EPERM) => SpawnError::NoPermission {
+                pid: want,
+                source: e,
+            },
             _ => SpawnError::Kernel(KernelError::io("clone3", e)),
         });
     }
-    let pid = i32::try_from(pid).map_err(|_| KernelError::io("clone3", std::io::Error::other("pid out of range")))?;
+    let pid = i32::try_from(pid)
+        .map_err(|_| KernelError::io("clone3", std::io::Error::other("pid out of range")))?;
     let status = wait_raw(pid)?;
     if !libc::WIFSTOPPED(status) || libc::WSTOPSIG(status) != libc::SIGSTOP {
-        return Err(KernelError::Died { pid, how: describe_exit(status) }.into());
+        return Err(KernelError::Died {
+            pid,
+            how: describe_exit(status),
+        }
+        .into());
     }
     let mut t = Tracee::adopt_traceme_child(pid, sys::PTRACE_O_EXITKILL)?;
     let regs = t.regs()?;

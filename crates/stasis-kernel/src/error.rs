@@ -8,31 +8,72 @@ pub enum KernelError {
     #[error("process {pid} does not exist (it may have exited)")]
     NoSuchProcess { pid: i32 },
     #[error("cannot trace process {pid} (run stasis as root or with CAP_SYS_PTRACE, and check that no debugger is attached)")]
-    Seize { pid: i32, #[source] source: io::Error },
+    Seize {
+        pid: i32,
+        #[source]
+        source: io::Error,
+    },
     #[error("ptrace {op} on thread {pid} failed")]
-    Ptrace { op: &'static str, pid: i32, #[source] source: io::Error },
+    Ptrace {
+        op: &'static str,
+        pid: i32,
+        #[source]
+        source: io::Error,
+    },
     #[error("waiting for thread {pid} failed")]
-    Wait { pid: i32, #[source] source: io::Error },
+    Wait {
+        pid: i32,
+        #[source]
+        source: io::Error,
+    },
     #[error("process {pid} died while stasis was working on it ({how})")]
     Died { pid: i32, how: String },
     #[error("thread {pid} stopped unexpectedly ({what}) during {during}")]
-    UnexpectedStop { pid: i32, what: String, during: &'static str },
+    UnexpectedStop {
+        pid: i32,
+        what: String,
+        during: &'static str,
+    },
     #[error("no `syscall` instruction found in process {pid}'s vDSO: cannot run remote syscalls")]
     NoSyscallInsn { pid: i32 },
     #[error("remote {name} in process {pid} failed")]
-    RemoteSyscall { name: &'static str, pid: i32, #[source] source: io::Error },
+    RemoteSyscall {
+        name: &'static str,
+        pid: i32,
+        #[source]
+        source: io::Error,
+    },
     #[error("reading memory of process {pid} at {addr:#x} (+{len:#x}) failed")]
-    ReadMem { pid: i32, addr: u64, len: u64, #[source] source: io::Error },
+    ReadMem {
+        pid: i32,
+        addr: u64,
+        len: u64,
+        #[source]
+        source: io::Error,
+    },
     #[error("writing memory of process {pid} at {addr:#x} (+{len:#x}) failed")]
-    WriteMem { pid: i32, addr: u64, len: u64, #[source] source: io::Error },
+    WriteMem {
+        pid: i32,
+        addr: u64,
+        len: u64,
+        #[source]
+        source: io::Error,
+    },
     #[error("{what} failed")]
-    Io { what: String, #[source] source: io::Error },
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
     #[error("the kernel does not support {feature}: {why}")]
     Unsupported { feature: &'static str, why: String },
 }
 
 impl KernelError {
     pub(crate) fn io(what: impl Into<String>, source: io::Error) -> Self {
-        KernelError::Io { what: what.into(), source }
+        KernelError::Io {
+            what: what.into(),
+            source,
+        }
     }
 }

@@ -27,6 +27,13 @@ pub use error::KernelError;
 pub use ptrace::{StopKind, Tracee};
 pub use stasis_sys::UserRegs;
 
+/// A signed value as a 64-bit register or syscall argument (two's
+/// complement, as the kernel ABI passes it).
+#[allow(clippy::cast_sign_loss)]
+pub const fn sarg(v: i64) -> u64 {
+    v as u64
+}
+
 /// Result alias of this crate.
 pub type Result<T, E = KernelError> = std::result::Result<T, E>;
 

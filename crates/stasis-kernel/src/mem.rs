@@ -44,8 +44,14 @@ impl ProcessMemory {
         let mut done = 0usize;
         while done < buf.len() {
             let rest = &mut buf[done..];
-            let local = libc::iovec { iov_base: rest.as_mut_ptr().cast(), iov_len: rest.len() };
-            let remote = libc::iovec { iov_base: (addr + done as u64) as *mut libc::c_void, iov_len: rest.len() };
+            let local = libc::iovec {
+                iov_base: rest.as_mut_ptr().cast(),
+                iov_len: rest.len(),
+            };
+            let remote = libc::iovec {
+                iov_base: (addr + done as u64) as *mut libc::c_void,
+                iov_len: rest.len(),
+            };
             // SAFETY: `local` describes a live, writable buffer of iov_len
             // bytes; `remote` is only interpreted in the other process.
             let n = unsafe { libc::process_vm_readv(self.pid, &local, 1, &remote, 1, 0) };
@@ -63,14 +69,25 @@ impl ProcessMemory {
     pub fn read_forced(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
         self.mem
             .read_exact_at(buf, addr)
-            .map_err(|source| KernelError::ReadMem { pid: self.pid, addr, len: buf.len() as u64, source })
+            .map_err(|source| KernelError::ReadMem {
+                pid: self.pid,
+                addr,
+                len: buf.len() as u64,
+                source,
+            })
     }
 
     /// Writes `data` at `addr`, through `process_vm_writev` when possible and
     /// `/proc/PID/mem` for read-only pages.
     pub fn write(&self, addr: u64, data: &[u8]) -> Result<()> {
-        let local = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
-        let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: data.len() };
+        let local = libc::iovec {
+            iov_base: data.as_ptr() as *mut libc::c_void,
+            iov_len: data.len(),
+        };
+        let remote = libc::iovec {
+            iov_base: addr as *mut libc::c_void,
+            iov_len: data.len(),
+        };
         // SAFETY: `local` describes a live buffer of iov_len bytes that the
         // kernel only reads; `remote` is interpreted in the other process.
         let n = unsafe { libc::process_vm_writev(self.pid, &local, 1, &remote, 1, 0) };
@@ -80,14 +97,22 @@ impl ProcessMemory {
         let _ = last_err();
         self.mem
             .write_all_at(data, addr)
-            .map_err(|source| KernelError::WriteMem { pid: self.pid, addr, len: data.len() as u64, source })
+            .map_err(|source| KernelError::WriteMem {
+                pid: self.pid,
+                addr,
+                len: data.len() as u64,
+                source,
+            })
     }
 
     /// Reads a NUL-free fixed-size value.
     pub fn read_u64s(&self, addr: u64, n: usize) -> Result<Vec<u64>> {
         let mut bytes = vec![0u8; n * 8];
         self.read(addr, &mut bytes)?;
-        Ok(bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect())
+        Ok(bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect())
     }
 }
 
@@ -100,14 +125,29 @@ pub fn read_ranges(mem: &ProcessMemory, ranges: &[(u64, usize)], buf: &mut [u8])
     let mut off = 0usize;
     for batch in ranges.chunks(1024) {
         let bytes: usize = batch.iter().map(|r| r.1).sum();
-        let local = libc::iovec { iov_base: buf[off..].as_mut_ptr().cast(), iov_len: bytes };
+        let local = libc::iovec {
+            iov_base: buf[off..].as_mut_ptr().cast(),
+            iov_len: bytes,
+        };
         let remote: Vec<libc::iovec> = batch
             .iter()
-            .map(|&(a, l)| libc::iovec { iov_base: a as *mut libc::c_void, iov_len: l })
+            .map(|&(a, l)| libc::iovec {
+                iov_base: a as *mut libc::c_void,
+                iov_len: l,
+            })
             .collect();
         // SAFETY: `local` covers `bytes` writable bytes of `buf` (checked by
         // the assert above); the remote iovecs are interpreted in the target.
-        let n = unsafe { libc::process_vm_readv(mem.pid(), &local, 1, remote.as_ptr(), remote.len() as libc::c_ulong, 0) };
+        let n = unsafe {
+            libc::process_vm_readv(
+                mem.pid(),
+                &local,
+                1,
+                remote.as_ptr(),
+                remote.len() as libc::c_ulong,
+                0,
+            )
+        };
         if usize::try_from(n).ok() != Some(bytes) {
             let mut o = off;
             for &(a, l) in batch {

@@ -89,10 +89,18 @@ impl Pagemap {
             let n = unsafe { libc::ioctl(self.file.as_raw_fd(), sys::PAGEMAP_SCAN as _, &mut arg) };
             if n < 0 {
                 let e = last_err();
-                if e.raw_os_error() == Some(libc::ENOTTY) || e.raw_os_error() == Some(libc::EINVAL) && cur == start {
-                    return Err(KernelError::Unsupported { feature: "PAGEMAP_SCAN", why: e.to_string() });
+                if e.raw_os_error() == Some(libc::ENOTTY)
+                    || e.raw_os_error() == Some(libc::EINVAL) && cur == start
+                {
+                    return Err(KernelError::Unsupported {
+                        feature: "PAGEMAP_SCAN",
+                        why: e.to_string(),
+                    });
                 }
-                return Err(KernelError::io(format!("PAGEMAP_SCAN on process {} [{cur:#x}, {end:#x})", self.pid), e));
+                return Err(KernelError::io(
+                    format!("PAGEMAP_SCAN on process {} [{cur:#x}, {end:#x})", self.pid),
+                    e,
+                ));
             }
             let n = usize::try_from(n).unwrap_or(0).min(vec.len());
             for r in &vec[..n] {
@@ -106,7 +114,9 @@ impl Pagemap {
                     continue;
                 }
                 match out.last_mut() {
-                    Some(last) if last.end == r.start && last.categories == r.categories => last.end = r.end,
+                    Some(last) if last.end == r.start && last.categories == r.categories => {
+                        last.end = r.end
+                    }
                     _ => out.push(r),
                 }
             }
@@ -125,7 +135,10 @@ impl Pagemap {
         self.file
             .read_exact_at(&mut bytes, start / sys::PAGE_SIZE * 8)
             .map_err(|e| KernelError::io(format!("read /proc/{}/pagemap", self.pid), e))?;
-        Ok(bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect())
+        Ok(bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect())
     }
 
     /// The fallback of [`ScanQuery::private_data`] without `PAGEMAP_SCAN`:
@@ -135,14 +148,19 @@ impl Pagemap {
         let entries = self.read_entries(start, end)?;
         let mut out: Vec<PageRegion> = Vec::new();
         for (i, e) in entries.iter().enumerate() {
-            let has_data = e & (sys::PM_PRESENT | sys::PM_SWAPPED) != 0 && e & sys::PM_FILE_OR_SHARED_ANON == 0;
+            let has_data = e & (sys::PM_PRESENT | sys::PM_SWAPPED) != 0
+                && e & sys::PM_FILE_OR_SHARED_ANON == 0;
             if !has_data {
                 continue;
             }
             let a = start + i as u64 * sys::PAGE_SIZE;
             match out.last_mut() {
                 Some(last) if last.end == a => last.end += sys::PAGE_SIZE,
-                _ => out.push(PageRegion { start: a, end: a + sys::PAGE_SIZE, categories: sys::PAGE_IS_PRESENT }),
+                _ => out.push(PageRegion {
+                    start: a,
+                    end: a + sys::PAGE_SIZE,
+                    categories: sys::PAGE_IS_PRESENT,
+                }),
             }
         }
         Ok(out)

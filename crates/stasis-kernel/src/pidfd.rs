@@ -25,7 +25,10 @@ pub fn pidfd_getfd(pidfd: &OwnedFd, target_fd: i32) -> Result<OwnedFd> {
     // SAFETY: pidfd_getfd takes a pidfd, an fd number and flags; returns a new fd or -1.
     let fd = unsafe { libc::syscall(stasis_sys::SYS_PIDFD_GETFD, pidfd.as_raw_fd(), target_fd, 0) };
     if fd < 0 {
-        return Err(KernelError::io(format!("pidfd_getfd(fd {target_fd})"), last_err()));
+        return Err(KernelError::io(
+            format!("pidfd_getfd(fd {target_fd})"),
+            last_err(),
+        ));
     }
     // SAFETY: the kernel returned a new descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(i32::try_from(fd).expect("fd fits in i32")) })

@@ -46,13 +46,29 @@ pub struct Report {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn feat(name: &'static str, available: bool, required: bool, detail: String, enables: &'static str, fallback: &'static str) -> Feature {
-    Feature { name, available, required, detail, enables, fallback }
+fn feat(
+    name: &'static str,
+    available: bool,
+    required: bool,
+    detail: String,
+    enables: &'static str,
+    fallback: &'static str,
+) -> Feature {
+    Feature {
+        name,
+        available,
+        required,
+        detail,
+        enables,
+        fallback,
+    }
 }
 
 /// Kernel release (`uname -r`).
 pub fn kernel_release() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_default()
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 /// Effective capability mask of this process.
@@ -72,7 +88,10 @@ pub fn effective_caps() -> u64 {
 /// (`USER_XSTATE_XCR0_WORD`).
 pub fn xfeatures_of(xstate: &[u8]) -> u64 {
     let o = sys::XSAVE_SW_BYTES_OFFSET;
-    xstate.get(o..o + 8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))).unwrap_or(0)
+    xstate
+        .get(o..o + 8)
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+        .unwrap_or(0)
 }
 
 /// Runs every probe.
@@ -83,56 +102,172 @@ pub fn probe() -> Report {
     let mut xfeatures = 0;
 
     // ptrace, remote syscalls, process_vm_*, vDSO remapping: on a child.
-    let (ptrace_ok, remote_ok, vm_ok, vdso_ok, detail) = match probe_child(&mut xstate_size, &mut xfeatures) {
-        Ok(r) => r,
-        Err(e) => (false, false, false, false, e),
-    };
-    features.push(feat("ptrace", ptrace_ok, true, if ptrace_ok { format!("seize/interrupt/regsets work; xstate {xstate_size} bytes, xcr0 {xfeatures:#x}") } else { detail.clone() },
-        "freezing a process and reading its registers", "none: dump and restore need it"));
-    features.push(feat("remote-syscalls", remote_ok, true, if remote_ok { "a traced child ran getpid/mmap for us".into() } else { detail.clone() },
-        "reading signal state, itimers and brk; building the restored process from outside", "none"));
-    features.push(feat("process_vm_readv/writev", vm_ok, true, if vm_ok { "cross-process copies work".into() } else { detail.clone() },
-        "fast memory dump", "/proc/PID/mem (slower)"));
-    features.push(feat("ARCH_MAP_VDSO", vdso_ok, true, if vdso_ok { "vDSO re-mapped at a chosen address".into() } else { detail },
-        "restoring the vDSO at its saved address", "none: restored processes would call a vDSO at the wrong place"));
+    let (ptrace_ok, remote_ok, vm_ok, vdso_ok, detail) =
+        match probe_child(&mut xstate_size, &mut xfeatures) {
+            Ok(r) => r,
+            Err(e) => (false, false, false, false, e),
+        };
+    features.push(feat(
+        "ptrace",
+        ptrace_ok,
+        true,
+        if ptrace_ok {
+            format!("seize/interrupt/regsets work; xstate {xstate_size} bytes, xcr0 {xfeatures:#x}")
+        } else {
+            detail.clone()
+        },
+        "freezing a process and reading its registers",
+        "none: dump and restore need it",
+    ));
+    features.push(feat(
+        "remote-syscalls",
+        remote_ok,
+        true,
+        if remote_ok {
+            "a traced child ran getpid/mmap for us".into()
+        } else {
+            detail.clone()
+        },
+        "reading signal state, itimers and brk; building the restored process from outside",
+        "none",
+    ));
+    features.push(feat(
+        "process_vm_readv/writev",
+        vm_ok,
+        true,
+        if vm_ok {
+            "cross-process copies work".into()
+        } else {
+            detail.clone()
+        },
+        "fast memory dump",
+        "/proc/PID/mem (slower)",
+    ));
+    features.push(feat(
+        "ARCH_MAP_VDSO",
+        vdso_ok,
+        true,
+        if vdso_ok {
+            "vDSO re-mapped at a chosen address".into()
+        } else {
+            detail
+        },
+        "restoring the vDSO at its saved address",
+        "none: restored processes would call a vDSO at the wrong place",
+    ));
 
     // userfaultfd and its feature bits.
     match uffd::create_raw().and_then(|(fd, src)| uffd::api(&fd, 0).map(|f| (f, src))) {
         Ok((f, src)) => {
             uffd_names = uffd::feature_names(f);
-            let wp_async = f & sys::UFFD_FEATURE_WP_ASYNC != 0 && f & sys::UFFD_FEATURE_WP_UNPOPULATED != 0;
-            features.push(feat("userfaultfd", true, false, format!("via {src:?}; {} feature bits", uffd_names.len()),
-                "lazy restore (MISSING), concurrent dumps (WP)", "full restore; stop-the-world dumps"));
-            features.push(feat("uffd-wp-async", wp_async, false, format!("WP_ASYNC={} WP_UNPOPULATED={}", f & sys::UFFD_FEATURE_WP_ASYNC != 0, f & sys::UFFD_FEATURE_WP_UNPOPULATED != 0),
-                "cheap dirty tracking for incremental checkpoints", "soft-dirty, else page hashing"));
+            let wp_async =
+                f & sys::UFFD_FEATURE_WP_ASYNC != 0 && f & sys::UFFD_FEATURE_WP_UNPOPULATED != 0;
+            features.push(feat(
+                "userfaultfd",
+                true,
+                false,
+                format!("via {src:?}; {} feature bits", uffd_names.len()),
+                "lazy restore (MISSING), concurrent dumps (WP)",
+                "full restore; stop-the-world dumps",
+            ));
+            features.push(feat(
+                "uffd-wp-async",
+                wp_async,
+                false,
+                format!(
+                    "WP_ASYNC={} WP_UNPOPULATED={}",
+                    f & sys::UFFD_FEATURE_WP_ASYNC != 0,
+                    f & sys::UFFD_FEATURE_WP_UNPOPULATED != 0
+                ),
+                "cheap dirty tracking for incremental checkpoints",
+                "soft-dirty, else page hashing",
+            ));
         }
         Err(e) => {
-            features.push(feat("userfaultfd", false, false, e.to_string(), "lazy restore, concurrent dumps", "full restore; stop-the-world dumps"));
-            features.push(feat("uffd-wp-async", false, false, "no userfaultfd".into(), "cheap dirty tracking", "soft-dirty, else page hashing"));
+            features.push(feat(
+                "userfaultfd",
+                false,
+                false,
+                e.to_string(),
+                "lazy restore, concurrent dumps",
+                "full restore; stop-the-world dumps",
+            ));
+            features.push(feat(
+                "uffd-wp-async",
+                false,
+                false,
+                "no userfaultfd".into(),
+                "cheap dirty tracking",
+                "soft-dirty, else page hashing",
+            ));
         }
     }
 
     // PAGEMAP_SCAN on our own pagemap.
     let scan = probe_pagemap_scan();
-    features.push(feat("PAGEMAP_SCAN", scan.is_ok(), false, scan.clone().unwrap_or_else(|e| e),
-        "finding populated pages (dump) and written pages (incremental) in one ioctl", "reading /proc/PID/pagemap (8 bytes per page)"));
+    features.push(feat(
+        "PAGEMAP_SCAN",
+        scan.is_ok(),
+        false,
+        scan.clone().unwrap_or_else(|e| e),
+        "finding populated pages (dump) and written pages (incremental) in one ioctl",
+        "reading /proc/PID/pagemap (8 bytes per page)",
+    ));
 
     let sd = probe_soft_dirty();
-    features.push(feat("soft-dirty", sd.is_ok(), false, sd.clone().unwrap_or_else(|e| e),
-        "dirty tracking without userfaultfd", "page hashing"));
+    features.push(feat(
+        "soft-dirty",
+        sd.is_ok(),
+        false,
+        sd.clone().unwrap_or_else(|e| e),
+        "dirty tracking without userfaultfd",
+        "page hashing",
+    ));
 
     let (c3, c3d) = probe_clone3_set_tid();
-    features.push(feat("clone3-set_tid", c3, true, c3d, "restoring processes at their saved PIDs", "none (restore into a new PID namespace needs it too)"));
+    features.push(feat(
+        "clone3-set_tid",
+        c3,
+        true,
+        c3d,
+        "restoring processes at their saved PIDs",
+        "none (restore into a new PID namespace needs it too)",
+    ));
 
     let (mm, mmd) = probe_prctl_mm_map();
-    features.push(feat("PR_SET_MM_MAP", mm, true, mmd, "restoring brk, arg/env areas, auxv and exe link", "none"));
+    features.push(feat(
+        "PR_SET_MM_MAP",
+        mm,
+        true,
+        mmd,
+        "restoring brk, arg/env areas, auxv and exe link",
+        "none",
+    ));
 
     let (gfd, gfdd) = probe_pidfd_getfd();
-    features.push(feat("pidfd_getfd", gfd, false, gfdd, "taking fds (userfaultfd, sockets) out of a process", "none for plain dumps; needed for tracking and lazy restore"));
+    features.push(feat(
+        "pidfd_getfd",
+        gfd,
+        false,
+        gfdd,
+        "taking fds (userfaultfd, sockets) out of a process",
+        "none for plain dumps; needed for tracking and lazy restore",
+    ));
 
     let caps = effective_caps();
-    let names: [(u32, &str); 6] = [(19, "CAP_SYS_PTRACE"), (21, "CAP_SYS_ADMIN"), (24, "CAP_SYS_RESOURCE"), (12, "CAP_NET_ADMIN"), (40, "CAP_CHECKPOINT_RESTORE"), (7, "CAP_SETUID")];
-    let missing: Vec<&str> = names.iter().filter(|(b, _)| caps & (1u64 << b) == 0).map(|(_, n)| *n).collect();
+    let names: [(u32, &str); 6] = [
+        (19, "CAP_SYS_PTRACE"),
+        (21, "CAP_SYS_ADMIN"),
+        (24, "CAP_SYS_RESOURCE"),
+        (12, "CAP_NET_ADMIN"),
+        (40, "CAP_CHECKPOINT_RESTORE"),
+        (7, "CAP_SETUID"),
+    ];
+    let missing: Vec<&str> = names
+        .iter()
+        .filter(|(b, _)| caps & (1u64 << b) == 0)
+        .map(|(_, n)| *n)
+        .collect();
     let core_caps = caps & (1 << 19) != 0 && (caps & (1 << 21) != 0 || caps & (1u64 << 40) != 0);
     features.push(feat("capabilities", core_caps, true,
         if missing.is_empty() { "all needed capabilities present".into() } else { format!("missing: {}", missing.join(", ")) },
@@ -140,7 +275,14 @@ pub fn probe() -> Report {
         "without CAP_SYS_RESOURCE, rlimits above stasis's own hard limits and pipes over fs.pipe-max-size cannot be restored"));
 
     let ok = features.iter().all(|f| f.available || !f.required);
-    Report { kernel: kernel_release(), features, uffd_features: uffd_names, xstate_size, xfeatures, ok }
+    Report {
+        kernel: kernel_release(),
+        features,
+        uffd_features: uffd_names,
+        xstate_size,
+        xfeatures,
+        ok,
+    }
 }
 
 type ChildProbe = (bool, bool, bool, bool, String);
@@ -153,10 +295,24 @@ fn probe_child(xstate_size: &mut usize, xfeatures: &mut u64) -> Result<ChildProb
         let xs = t.xstate().map_err(|e| e.to_string())?;
         *xstate_size = xs.len();
         *xfeatures = xfeatures_of(&xs);
-        let r = t.syscall(&regs, "getpid", libc::SYS_getpid, &[]).map_err(|e| e.to_string())?;
-        let remote_ok = r == pid as u64;
+        let r = t
+            .syscall(&regs, "getpid", libc::SYS_getpid, &[])
+            .map_err(|e| e.to_string())?;
+        let remote_ok = r == crate::sarg(i64::from(pid));
         let page = t
-            .syscall(&regs, "mmap", libc::SYS_mmap, &[0, 4096, (libc::PROT_READ | libc::PROT_WRITE) as u64, (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64, u64::MAX, 0])
+            .syscall(
+                &regs,
+                "mmap",
+                libc::SYS_mmap,
+                &[
+                    0,
+                    4096,
+                    (libc::PROT_READ | libc::PROT_WRITE) as u64,
+                    (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
+                    u64::MAX,
+                    0,
+                ],
+            )
             .map_err(|e| e.to_string())?;
         let mem = ProcessMemory::open(pid).map_err(|e| e.to_string())?;
         let vm_ok = mem.write(page, b"stasis").is_ok() && {
@@ -169,10 +325,25 @@ fn probe_child(xstate_size: &mut usize, xfeatures: &mut u64) -> Result<ChildProb
             Some((lo, hi)) => {
                 let rw = (libc::PROT_READ | libc::PROT_WRITE) as u64;
                 let anon = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
-                let target = t.syscall(&regs, "mmap", libc::SYS_mmap, &[0, 64 * 4096, rw, anon, u64::MAX, 0]).map_err(|e| e.to_string())?;
-                t.syscall(&regs, "munmap", libc::SYS_munmap, &[target, 64 * 4096]).map_err(|e| e.to_string())?;
-                t.syscall(&regs, "munmap", libc::SYS_munmap, &[lo, hi - lo]).is_ok()
-                    && t.syscall(&regs, "arch_prctl", libc::SYS_arch_prctl, &[sys::ARCH_MAP_VDSO_64, target]).is_ok()
+                let target = t
+                    .syscall(
+                        &regs,
+                        "mmap",
+                        libc::SYS_mmap,
+                        &[0, 64 * 4096, rw, anon, u64::MAX, 0],
+                    )
+                    .map_err(|e| e.to_string())?;
+                t.syscall(&regs, "munmap", libc::SYS_munmap, &[target, 64 * 4096])
+                    .map_err(|e| e.to_string())?;
+                t.syscall(&regs, "munmap", libc::SYS_munmap, &[lo, hi - lo])
+                    .is_ok()
+                    && t.syscall(
+                        &regs,
+                        "arch_prctl",
+                        libc::SYS_arch_prctl,
+                        &[sys::ARCH_MAP_VDSO_64, target],
+                    )
+                    .is_ok()
                     && vdso_span(pid).map(|(l, _)| l) == Some(target)
             }
             None => false,
@@ -191,7 +362,10 @@ pub fn vdso_span(pid: i32) -> Option<(u64, u64)> {
         let name = l.split_whitespace().nth(5).unwrap_or("");
         if name == "[vdso]" || name.starts_with("[vvar") {
             let (a, b) = l.split_whitespace().next()?.split_once('-')?;
-            let (a, b) = (u64::from_str_radix(a, 16).ok()?, u64::from_str_radix(b, 16).ok()?);
+            let (a, b) = (
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            );
             span = Some(span.map_or((a, b), |(x, y)| (x.min(a), y.max(b))));
         }
     }
@@ -202,22 +376,37 @@ fn probe_pagemap_scan() -> Result<String, String> {
     let pm = Pagemap::open(std::process::id() as i32).map_err(|e| e.to_string())?;
     let buf = vec![1u8; 64 * 4096];
     let start = (buf.as_ptr() as u64).div_ceil(4096) * 4096;
-    let r = pm.scan(start, start + 32 * 4096, ScanQuery::private_data()).map_err(|e| e.to_string())?;
+    let r = pm
+        .scan(start, start + 32 * 4096, ScanQuery::private_data())
+        .map_err(|e| e.to_string())?;
     let pages: u64 = r.iter().map(|x| (x.end - x.start) / 4096).sum();
     drop(buf);
-    Ok(format!("found {pages} written pages of 32 in a test buffer"))
+    Ok(format!(
+        "found {pages} written pages of 32 in a test buffer"
+    ))
 }
 
 fn probe_soft_dirty() -> Result<String, String> {
     let pm = Pagemap::open(std::process::id() as i32).map_err(|e| e.to_string())?;
     // SAFETY: anonymous private mapping of one page, unmapped below.
-    let p = unsafe { libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
     if p == libc::MAP_FAILED {
         return Err(format!("mmap: {}", last_err()));
     }
     // SAFETY: p is a fresh writable page of ours.
     unsafe { p.cast::<u8>().write_volatile(1) };
-    let e = pm.read_entries(p as u64, p as u64 + 4096).map_err(|e| e.to_string());
+    let e = pm
+        .read_entries(p as u64, p as u64 + 4096)
+        .map_err(|e| e.to_string());
     // SAFETY: unmapping the page mapped above.
     unsafe { libc::munmap(p, 4096) };
     let e = e?;
@@ -231,10 +420,21 @@ fn probe_soft_dirty() -> Result<String, String> {
 fn probe_clone3_set_tid() -> (bool, String) {
     // Ask for our own PID: EEXIST proves set_tid is understood and allowed.
     let me = [std::process::id() as i32];
-    let args = sys::CloneArgs { exit_signal: libc::SIGCHLD as u64, set_tid: me.as_ptr() as u64, set_tid_size: 1, ..Default::default() };
+    let args = sys::CloneArgs {
+        exit_signal: libc::SIGCHLD as u64,
+        set_tid: me.as_ptr() as u64,
+        set_tid_size: 1,
+        ..Default::default()
+    };
     // SAFETY: clone3 with set_tid naming an existing PID fails with EEXIST
     // before creating anything; if it unexpectedly succeeds, the child exits at once.
-    let r = unsafe { libc::syscall(sys::SYS_CLONE3, &args as *const sys::CloneArgs, std::mem::size_of::<sys::CloneArgs>()) };
+    let r = unsafe {
+        libc::syscall(
+            sys::SYS_CLONE3,
+            &args as *const sys::CloneArgs,
+            std::mem::size_of::<sys::CloneArgs>(),
+        )
+    };
     if r == 0 {
         // SAFETY: child side of an unexpected success: leave immediately.
         unsafe { libc::_exit(0) };
@@ -242,7 +442,10 @@ fn probe_clone3_set_tid() -> (bool, String) {
     let e = last_err();
     match (r, e.raw_os_error()) {
         (_, Some(libc::EEXIST)) => (true, "clone3 honours set_tid".into()),
-        (_, Some(libc::EPERM)) => (false, "clone3 set_tid needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE".into()),
+        (_, Some(libc::EPERM)) => (
+            false,
+            "clone3 set_tid needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE".into(),
+        ),
         (r, _) if r > 0 => (false, "clone3 ignored set_tid".into()),
         _ => (false, format!("clone3: {e}")),
     }
@@ -251,15 +454,33 @@ fn probe_clone3_set_tid() -> (bool, String) {
 fn probe_prctl_mm_map() -> (bool, String) {
     let mut size: u32 = 0;
     // SAFETY: PR_SET_MM_MAP_SIZE writes the struct size to the u32 we pass.
-    let r = unsafe { libc::prctl(sys::PR_SET_MM, sys::PR_SET_MM_MAP_SIZE, &mut size as *mut u32, 0, 0) };
+    let r = unsafe {
+        libc::prctl(
+            sys::PR_SET_MM,
+            sys::PR_SET_MM_MAP_SIZE,
+            &mut size as *mut u32,
+            0,
+            0,
+        )
+    };
     if r < 0 {
-        return (false, format!("PR_SET_MM_MAP_SIZE: {} (kernel without CONFIG_CHECKPOINT_RESTORE?)", last_err()));
+        return (
+            false,
+            format!(
+                "PR_SET_MM_MAP_SIZE: {} (kernel without CONFIG_CHECKPOINT_RESTORE?)",
+                last_err()
+            ),
+        );
     }
-    (size as usize == std::mem::size_of::<sys::PrctlMmMap>(), format!("struct prctl_mm_map is {size} bytes"))
+    (
+        size as usize == std::mem::size_of::<sys::PrctlMmMap>(),
+        format!("struct prctl_mm_map is {size} bytes"),
+    )
 }
 
 fn probe_pidfd_getfd() -> (bool, String) {
-    let r = pidfd::pidfd_open(std::process::id() as i32).and_then(|p| pidfd::pidfd_getfd(&p, p.as_raw_fd()));
+    let r = pidfd::pidfd_open(std::process::id() as i32)
+        .and_then(|p| pidfd::pidfd_getfd(&p, p.as_raw_fd()));
     match r {
         Ok(_) => (true, "works".into()),
         Err(e) => (false, e.to_string()),

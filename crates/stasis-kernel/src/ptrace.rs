@@ -49,13 +49,28 @@ fn ptrace_raw(op: u32, pid: i32, addr: u64, data: u64, name: &'static str) -> Re
     Errno::clear();
     // SAFETY: every caller passes `addr`/`data` that are either plain integers
     // or pointers to live buffers sized for the request `op`.
-    let r = unsafe { libc::ptrace(op as _, pid, addr as *mut libc::c_void, data as *mut libc::c_void) };
+    let r = unsafe {
+        libc::ptrace(
+            op as _,
+            pid,
+            addr as *mut libc::c_void,
+            data as *mut libc::c_void,
+        )
+    };
     if r == -1 && Errno::last_raw() != 0 {
         let e = last_err();
         if e.raw_os_error() == Some(libc::ESRCH) {
-            return Err(KernelError::Ptrace { op: name, pid, source: io::Error::new(io::ErrorKind::NotFound, "thread is gone or not stopped") });
+            return Err(KernelError::Ptrace {
+                op: name,
+                pid,
+                source: io::Error::new(io::ErrorKind::NotFound, "thread is gone or not stopped"),
+            });
         }
-        return Err(KernelError::Ptrace { op: name, pid, source: e });
+        return Err(KernelError::Ptrace {
+            op: name,
+            pid,
+            source: e,
+        });
     }
     Ok(r)
 }
@@ -103,14 +118,28 @@ impl Tracee {
             }
             other => other,
         })?;
-        Ok(Self { pid, syscall_insn: None, attached: true })
+        Ok(Self {
+            pid,
+            syscall_insn: None,
+            attached: true,
+        })
     }
 
     /// Adopts a child that called `PTRACE_TRACEME` and is now in a
     /// signal-delivery stop; sets our options on it.
     pub fn adopt_traceme_child(pid: i32, options: u64) -> Result<Self> {
-        let t = Self { pid, syscall_insn: None, attached: true };
-        ptrace_raw(libc::PTRACE_SETOPTIONS as u32, pid, 0, sys::PTRACE_O_TRACESYSGOOD | options, "SETOPTIONS")?;
+        let t = Self {
+            pid,
+            syscall_insn: None,
+            attached: true,
+        };
+        ptrace_raw(
+            libc::PTRACE_SETOPTIONS,
+            pid,
+            0,
+            sys::PTRACE_O_TRACESYSGOOD | options,
+            "SETOPTIONS",
+        )?;
         Ok(t)
     }
 
@@ -129,8 +158,8 @@ impl Tracee {
                 StopKind::EventStop => return Ok(()),
                 // A signal arrived before our interrupt: let it be delivered as
                 // it would have been, then wait for the interrupt stop.
-                StopKind::Signal(sig) => self.resume_raw(libc::PTRACE_CONT as u32, sig)?,
-                StopKind::Syscall | StopKind::Event(_) => self.resume_raw(libc::PTRACE_CONT as u32, 0)?,
+                StopKind::Signal(sig) => self.resume_raw(libc::PTRACE_CONT, sig)?,
+                StopKind::Syscall | StopKind::Event(_) => self.resume_raw(libc::PTRACE_CONT, 0)?,
             }
         }
     }
@@ -140,10 +169,17 @@ impl Tracee {
         let status = wait_raw(self.pid)?;
         if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
             self.attached = false;
-            return Err(KernelError::Died { pid: self.pid, how: describe_exit(status) });
+            return Err(KernelError::Died {
+                pid: self.pid,
+                how: describe_exit(status),
+            });
         }
         if !libc::WIFSTOPPED(status) {
-            return Err(KernelError::UnexpectedStop { pid: self.pid, what: format!("status {status:#x}"), during });
+            return Err(KernelError::UnexpectedStop {
+                pid: self.pid,
+                what: format!("status {status:#x}"),
+                during,
+            });
         }
         let sig = libc::WSTOPSIG(status);
         let event = status >> 16;
@@ -159,27 +195,48 @@ impl Tracee {
     }
 
     fn resume_raw(&self, op: u32, sig: i32) -> Result<()> {
-        ptrace_raw(op, self.pid, 0, sig as u64, "resume").map(|_| ())
+        ptrace_raw(op, self.pid, 0, crate::sarg(i64::from(sig)), "resume").map(|_| ())
     }
 
     /// General registers.
     pub fn regs(&self) -> Result<UserRegs> {
         let mut regs = UserRegs::default();
-        ptrace_raw(libc::PTRACE_GETREGS as u32, self.pid, 0, &mut regs as *mut UserRegs as u64, "GETREGS")?;
+        ptrace_raw(
+            libc::PTRACE_GETREGS,
+            self.pid,
+            0,
+            &mut regs as *mut UserRegs as u64,
+            "GETREGS",
+        )?;
         Ok(regs)
     }
 
     /// Sets the general registers.
     pub fn set_regs(&self, regs: &UserRegs) -> Result<()> {
-        ptrace_raw(libc::PTRACE_SETREGS as u32, self.pid, 0, regs as *const UserRegs as u64, "SETREGS")?;
+        ptrace_raw(
+            libc::PTRACE_SETREGS,
+            self.pid,
+            0,
+            regs as *const UserRegs as u64,
+            "SETREGS",
+        )?;
         Ok(())
     }
 
     /// The XSAVE area (`NT_X86_XSTATE`), as long as the kernel reports it.
     pub fn xstate(&self) -> Result<Vec<u8>> {
         let mut buf = vec![0u8; sys::XSTATE_MAX];
-        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-        ptrace_raw(sys::PTRACE_GETREGSET, self.pid, u64::from(sys::NT_X86_XSTATE), &mut iov as *mut libc::iovec as u64, "GETREGSET(XSTATE)")?;
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        ptrace_raw(
+            sys::PTRACE_GETREGSET,
+            self.pid,
+            u64::from(sys::NT_X86_XSTATE),
+            &mut iov as *mut libc::iovec as u64,
+            "GETREGSET(XSTATE)",
+        )?;
         buf.truncate(iov.iov_len);
         Ok(buf)
     }
@@ -187,21 +244,42 @@ impl Tracee {
     /// Writes back an XSAVE area.
     pub fn set_xstate(&self, xstate: &[u8]) -> Result<()> {
         let mut copy = xstate.to_vec();
-        let mut iov = libc::iovec { iov_base: copy.as_mut_ptr().cast(), iov_len: copy.len() };
-        ptrace_raw(sys::PTRACE_SETREGSET, self.pid, u64::from(sys::NT_X86_XSTATE), &mut iov as *mut libc::iovec as u64, "SETREGSET(XSTATE)")?;
+        let mut iov = libc::iovec {
+            iov_base: copy.as_mut_ptr().cast(),
+            iov_len: copy.len(),
+        };
+        ptrace_raw(
+            sys::PTRACE_SETREGSET,
+            self.pid,
+            u64::from(sys::NT_X86_XSTATE),
+            &mut iov as *mut libc::iovec as u64,
+            "SETREGSET(XSTATE)",
+        )?;
         Ok(())
     }
 
     /// The blocked-signal mask (bit n-1 for signal n).
     pub fn sigmask(&self) -> Result<u64> {
         let mut mask = 0u64;
-        ptrace_raw(sys::PTRACE_GETSIGMASK, self.pid, 8, &mut mask as *mut u64 as u64, "GETSIGMASK")?;
+        ptrace_raw(
+            sys::PTRACE_GETSIGMASK,
+            self.pid,
+            8,
+            &mut mask as *mut u64 as u64,
+            "GETSIGMASK",
+        )?;
         Ok(mask)
     }
 
     /// Sets the blocked-signal mask (SIGKILL and SIGSTOP are ignored by the kernel).
     pub fn set_sigmask(&self, mask: u64) -> Result<()> {
-        ptrace_raw(sys::PTRACE_SETSIGMASK, self.pid, 8, &mask as *const u64 as u64, "SETSIGMASK")?;
+        ptrace_raw(
+            sys::PTRACE_SETSIGMASK,
+            self.pid,
+            8,
+            &mask as *const u64 as u64,
+            "SETSIGMASK",
+        )?;
         Ok(())
     }
 
@@ -220,10 +298,20 @@ impl Tracee {
         loop {
             let args = sys::PtracePeekSiginfoArgs {
                 off: out.len() as u64,
-                flags: if shared { sys::PTRACE_PEEKSIGINFO_SHARED } else { 0 },
+                flags: if shared {
+                    sys::PTRACE_PEEKSIGINFO_SHARED
+                } else {
+                    0
+                },
                 nr: 32,
             };
-            let n = ptrace_raw(sys::PTRACE_PEEKSIGINFO, self.pid, &args as *const _ as u64, buf.as_mut_ptr() as u64, "PEEKSIGINFO")?;
+            let n = ptrace_raw(
+                sys::PTRACE_PEEKSIGINFO,
+                self.pid,
+                &args as *const _ as u64,
+                buf.as_mut_ptr() as u64,
+                "PEEKSIGINFO",
+            )?;
             let n = usize::try_from(n).unwrap_or(0);
             out.extend_from_slice(&buf[..n.min(buf.len())]);
             if n < buf.len() {
@@ -235,7 +323,13 @@ impl Tracee {
     /// The thread's rseq registration (`None` if it has none).
     pub fn rseq_config(&self) -> Result<Option<sys::PtraceRseqConfiguration>> {
         let mut c = sys::PtraceRseqConfiguration::default();
-        ptrace_raw(sys::PTRACE_GET_RSEQ_CONFIGURATION, self.pid, std::mem::size_of::<sys::PtraceRseqConfiguration>() as u64, &mut c as *mut _ as u64, "GET_RSEQ_CONFIGURATION")?;
+        ptrace_raw(
+            sys::PTRACE_GET_RSEQ_CONFIGURATION,
+            self.pid,
+            std::mem::size_of::<sys::PtraceRseqConfiguration>() as u64,
+            &mut c as *mut _ as u64,
+            "GET_RSEQ_CONFIGURATION",
+        )?;
         Ok((c.rseq_abi_pointer != 0).then_some(c))
     }
 
@@ -253,10 +347,12 @@ impl Tracee {
     /// result (negative errno on failure). Clobbers the registers: the
     /// caller restores them. `base` supplies segment registers and flags.
     pub fn syscall_raw(&mut self, base: &UserRegs, nr: i64, args: &[u64]) -> Result<i64> {
-        let insn = self.syscall_insn.ok_or(KernelError::NoSyscallInsn { pid: self.pid })?;
+        let insn = self
+            .syscall_insn
+            .ok_or(KernelError::NoSyscallInsn { pid: self.pid })?;
         let mut r = *base;
         let a = |i: usize| args.get(i).copied().unwrap_or(0);
-        r.rax = nr as u64;
+        r.rax = crate::sarg(nr);
         r.orig_rax = u64::MAX;
         r.rdi = a(0);
         r.rsi = a(1);
@@ -267,17 +363,26 @@ impl Tracee {
         r.rip = insn;
         self.set_regs(&r)?;
         for phase in ["syscall entry", "syscall exit"] {
-            self.resume_raw(libc::PTRACE_SYSCALL as u32, 0)?;
+            self.resume_raw(libc::PTRACE_SYSCALL, 0)?;
             loop {
                 match self.wait_stop(phase)? {
                     StopKind::Syscall => break,
                     // Only unblockable signals can get here (we block the
                     // rest); a SIGSTOP from outside is suppressed.
-                    StopKind::Signal(sig) if sig == libc::SIGSTOP || sig == libc::SIGTSTP || sig == libc::SIGTTIN || sig == libc::SIGTTOU => {
-                        self.resume_raw(libc::PTRACE_SYSCALL as u32, 0)?;
+                    StopKind::Signal(sig)
+                        if sig == libc::SIGSTOP
+                            || sig == libc::SIGTSTP
+                            || sig == libc::SIGTTIN
+                            || sig == libc::SIGTTOU =>
+                    {
+                        self.resume_raw(libc::PTRACE_SYSCALL, 0)?;
                     }
                     other => {
-                        return Err(KernelError::UnexpectedStop { pid: self.pid, what: format!("{other:?}"), during: phase });
+                        return Err(KernelError::UnexpectedStop {
+                            pid: self.pid,
+                            what: format!("{other:?}"),
+                            during: phase,
+                        });
                     }
                 }
             }
@@ -288,7 +393,13 @@ impl Tracee {
 
     /// Like [`Tracee::syscall_raw`], mapping a negative result to an error
     /// that names the syscall.
-    pub fn syscall(&mut self, base: &UserRegs, name: &'static str, nr: i64, args: &[u64]) -> Result<u64> {
+    pub fn syscall(
+        &mut self,
+        base: &UserRegs,
+        name: &'static str,
+        nr: i64,
+        args: &[u64],
+    ) -> Result<u64> {
         let r = self.syscall_raw(base, nr, args)?;
         if (-4095..0).contains(&r) {
             return Err(KernelError::RemoteSyscall {
@@ -297,7 +408,7 @@ impl Tracee {
                 source: io::Error::from_raw_os_error(i32::try_from(-r).unwrap_or(libc::EIO)),
             });
         }
-        Ok(r as u64)
+        Ok(crate::sarg(r))
     }
 
     /// Detaches, letting the thread run on.
@@ -306,7 +417,7 @@ impl Tracee {
             return Ok(());
         }
         self.attached = false;
-        ptrace_raw(libc::PTRACE_DETACH as u32, self.pid, 0, 0, "DETACH").map(|_| ())
+        ptrace_raw(libc::PTRACE_DETACH, self.pid, 0, 0, "DETACH").map(|_| ())
     }
 
     /// Forgets the thread without detaching (it was killed or reaped).
@@ -319,7 +430,7 @@ impl Drop for Tracee {
     fn drop(&mut self) {
         if self.attached {
             // Best effort: an error here means the thread is already gone.
-            let _ = ptrace_raw(libc::PTRACE_DETACH as u32, self.pid, 0, 0, "DETACH");
+            let _ = ptrace_raw(libc::PTRACE_DETACH, self.pid, 0, 0, "DETACH");
         }
     }
 }
@@ -348,7 +459,11 @@ pub fn normalize_interrupted_syscall(regs: &mut UserRegs, same_task: bool) -> bo
             true
         }
         sys::ERESTART_RESTARTBLOCK => {
-            regs.rax = if same_task { sys::SYS_RESTART_SYSCALL as u64 } else { regs.orig_rax };
+            regs.rax = if same_task {
+                sys::SYS_RESTART_SYSCALL as u64
+            } else {
+                regs.orig_rax
+            };
             true
         }
         _ => false,
@@ -365,7 +480,12 @@ mod tests {
     use super::*;
 
     fn in_syscall(nr: u64, rax: i64) -> UserRegs {
-        UserRegs { orig_rax: nr, rax: rax as u64, rip: 0x1002, ..Default::default() }
+        UserRegs {
+            orig_rax: nr,
+            rax: crate::sarg(rax),
+            rip: 0x1002,
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -392,9 +512,14 @@ mod tests {
         let mut r = in_syscall(0, 5);
         assert!(!normalize_interrupted_syscall(&mut r, false));
         assert_eq!((r.rax, r.rip), (5, 0x1002));
-        let mut r = in_syscall(0, -(libc::EAGAIN as i64));
+        let mut r = in_syscall(0, -i64::from(libc::EAGAIN));
         assert!(!normalize_interrupted_syscall(&mut r, false));
-        let mut r = UserRegs { orig_rax: u64::MAX, rax: (-sys::ERESTARTSYS) as u64, rip: 7, ..Default::default() };
+        let mut r = UserRegs {
+            orig_rax: u64::MAX,
+            rax: crate::sarg(-sys::ERESTARTSYS),
+            rip: 7,
+            ..Default::default()
+        };
         assert!(!normalize_interrupted_syscall(&mut r, false));
         assert_eq!(r.rip, 7);
     }

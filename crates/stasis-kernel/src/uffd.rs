@@ -31,29 +31,56 @@ pub fn create_raw() -> Result<(OwnedFd, UffdSource)> {
     let fd = unsafe { libc::syscall(sys::SYS_USERFAULTFD, libc::O_CLOEXEC | libc::O_NONBLOCK) };
     if fd >= 0 {
         // SAFETY: new descriptor owned by nobody else.
-        return Ok((unsafe { OwnedFd::from_raw_fd(fd as i32) }, UffdSource::Syscall));
+        return Ok((
+            unsafe { OwnedFd::from_raw_fd(i32::try_from(fd).unwrap_or(-1)) },
+            UffdSource::Syscall,
+        ));
     }
     let syscall_err = last_err();
-    let dev = std::fs::OpenOptions::new().read(true).write(true).open("/dev/userfaultfd").map_err(|e| {
-        KernelError::Unsupported { feature: "userfaultfd", why: format!("syscall: {syscall_err}; /dev/userfaultfd: {e}") }
-    })?;
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/userfaultfd")
+        .map_err(|e| KernelError::Unsupported {
+            feature: "userfaultfd",
+            why: format!("syscall: {syscall_err}; /dev/userfaultfd: {e}"),
+        })?;
     // SAFETY: USERFAULTFD_IOC_NEW takes flags by value and returns a new fd.
-    let fd = unsafe { libc::ioctl(dev.as_raw_fd(), sys::USERFAULTFD_IOC_NEW as _, libc::O_CLOEXEC | libc::O_NONBLOCK) };
+    let fd = unsafe {
+        libc::ioctl(
+            dev.as_raw_fd(),
+            sys::USERFAULTFD_IOC_NEW as _,
+            libc::O_CLOEXEC | libc::O_NONBLOCK,
+        )
+    };
     if fd < 0 {
-        return Err(KernelError::Unsupported { feature: "userfaultfd", why: format!("USERFAULTFD_IOC_NEW: {}", last_err()) });
+        return Err(KernelError::Unsupported {
+            feature: "userfaultfd",
+            why: format!("USERFAULTFD_IOC_NEW: {}", last_err()),
+        });
     }
     // SAFETY: new descriptor owned by nobody else.
-    Ok((unsafe { OwnedFd::from_raw_fd(fd) }, UffdSource::DevUserfaultfd))
+    Ok((
+        unsafe { OwnedFd::from_raw_fd(fd) },
+        UffdSource::DevUserfaultfd,
+    ))
 }
 
 /// Performs the `UFFDIO_API` handshake asking for `features` (0 = query).
 /// Returns the features the kernel granted (with 0: all it supports).
 pub fn api(fd: &OwnedFd, features: u64) -> Result<u64> {
-    let mut a = sys::UffdioApi { api: sys::UFFD_API, features, ioctls: 0 };
+    let mut a = sys::UffdioApi {
+        api: sys::UFFD_API,
+        features,
+        ioctls: 0,
+    };
     // SAFETY: UFFDIO_API reads and writes a `struct uffdio_api`, which `a` is.
     let r = unsafe { libc::ioctl(fd.as_raw_fd(), sys::UFFDIO_API as _, &mut a) };
     if r < 0 {
-        return Err(KernelError::Unsupported { feature: "userfaultfd API handshake", why: last_err().to_string() });
+        return Err(KernelError::Unsupported {
+            feature: "userfaultfd API handshake",
+            why: last_err().to_string(),
+        });
     }
     Ok(a.features)
 }

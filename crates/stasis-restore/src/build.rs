@@ -5,6 +5,7 @@
 
 use stasis_image::manifest::{FdImage, FdKind, ITimer, MmImage, SigAction, Vma, VmaKind};
 use stasis_image::RunEntry;
+use stasis_kernel::sarg;
 use stasis_sys::{self as sys, PrctlMmMap};
 
 use crate::remote::Remote;
@@ -53,7 +54,12 @@ pub fn find_gap(busy: &[(u64, u64)], size: u64) -> Option<u64> {
 
 /// Flags and protection used to map a saved area before it is filled.
 pub fn map_flags(vma: &Vma, needs_fill: bool) -> (u64, u64) {
-    let mut flags = libc::MAP_FIXED | if vma.shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE };
+    let mut flags = libc::MAP_FIXED
+        | if vma.shared {
+            libc::MAP_SHARED
+        } else {
+            libc::MAP_PRIVATE
+        };
     if matches!(vma.kind, VmaKind::Anon) {
         flags |= libc::MAP_ANONYMOUS;
     }
@@ -64,35 +70,77 @@ pub fn map_flags(vma: &Vma, needs_fill: bool) -> (u64, u64) {
     if needs_fill {
         prot |= libc::PROT_READ | libc::PROT_WRITE;
     }
-    (prot as u64, flags as u64)
+    (sarg(i64::from(prot)), sarg(i64::from(flags)))
 }
 
 /// Maps one saved area at its address and fills it from the page pack
 /// (open as `pack_fd` inside the process). `runs` are the pack entries
 /// inside the area, sorted.
-pub fn map_vma<R: Remote>(r: &mut R, vma: &Vma, runs: &[RunEntry], pack_fd: u64) -> Result<u64, RestoreError> {
+pub fn map_vma<R: Remote>(
+    r: &mut R,
+    vma: &Vma,
+    runs: &[RunEntry],
+    pack_fd: u64,
+) -> Result<u64, RestoreError> {
     let len = vma.end - vma.start;
     let needs_fill = !runs.is_empty();
     let (prot, flags) = map_flags(vma, needs_fill);
     let at = match &vma.kind {
-        VmaKind::Anon => r.sys("mmap", libc::SYS_mmap, &[vma.start, len, prot, flags, u64::MAX, 0]).map_err(step(format!("mapping anonymous area {:#x}-{:#x}", vma.start, vma.end)))?,
+        VmaKind::Anon => r
+            .sys(
+                "mmap",
+                libc::SYS_mmap,
+                &[vma.start, len, prot, flags, u64::MAX, 0],
+            )
+            .map_err(step(format!(
+                "mapping anonymous area {:#x}-{:#x}",
+                vma.start, vma.end
+            )))?,
         VmaKind::File { path, offset, .. } => {
             let writable_shared = vma.shared && vma.prot & libc::PROT_WRITE as u32 != 0;
-            let mode = if writable_shared { libc::O_RDWR } else { libc::O_RDONLY } | libc::O_CLOEXEC;
-            let p = r.put_cstr(SCRATCH_PATH, path).map_err(step(format!("path {path}")))?;
-            let fd = r.sys("open", libc::SYS_open, &[p, mode as u64, 0]).map_err(|source| RestoreError::File { path: path.clone(), what: format!("mapped at {:#x}-{:#x}", vma.start, vma.end), source })?;
-            let res = r.sys("mmap", libc::SYS_mmap, &[vma.start, len, prot, flags, fd, *offset]);
-            r.sys("close", libc::SYS_close, &[fd]).map_err(step("closing a mapped file"))?;
-            res.map_err(step(format!("mapping {path} at {:#x}-{:#x}", vma.start, vma.end)))?
+            let mode = if writable_shared {
+                libc::O_RDWR
+            } else {
+                libc::O_RDONLY
+            } | libc::O_CLOEXEC;
+            let p = r
+                .put_cstr(SCRATCH_PATH, path)
+                .map_err(step(format!("path {path}")))?;
+            let fd = r
+                .sys("open", libc::SYS_open, &[p, sarg(i64::from(mode)), 0])
+                .map_err(|source| RestoreError::File {
+                    path: path.clone(),
+                    what: format!("mapped at {:#x}-{:#x}", vma.start, vma.end),
+                    source,
+                })?;
+            let res = r.sys(
+                "mmap",
+                libc::SYS_mmap,
+                &[vma.start, len, prot, flags, fd, *offset],
+            );
+            r.sys("close", libc::SYS_close, &[fd])
+                .map_err(step("closing a mapped file"))?;
+            res.map_err(step(format!(
+                "mapping {path} at {:#x}-{:#x}",
+                vma.start, vma.end
+            )))?
         }
         VmaKind::Vdso | VmaKind::Vvar | VmaKind::VvarVclock => return Ok(0),
     };
     if at != vma.start {
-        return Err(RestoreError::Layout(format!("area {:#x}-{:#x} landed at {at:#x}", vma.start, vma.end)));
+        return Err(RestoreError::Layout(format!(
+            "area {:#x}-{:#x} landed at {at:#x}",
+            vma.start, vma.end
+        )));
     }
     let filled = fill(r, runs, pack_fd)?;
     if needs_fill && prot != u64::from(vma.prot) {
-        r.sys("mprotect", libc::SYS_mprotect, &[vma.start, len, u64::from(vma.prot)]).map_err(step(format!("protecting {:#x}-{:#x}", vma.start, vma.end)))?;
+        r.sys(
+            "mprotect",
+            libc::SYS_mprotect,
+            &[vma.start, len, u64::from(vma.prot)],
+        )
+        .map_err(step(format!("protecting {:#x}-{:#x}", vma.start, vma.end)))?;
     }
     Ok(filled)
 }
@@ -125,9 +173,21 @@ pub fn fill<R: Remote>(r: &mut R, runs: &[RunEntry], pack_fd: u64) -> Result<u64
         }
         let n = iov.len() / 16;
         let a = r.put(SCRATCH_IOV, &iov).map_err(step("writing iovecs"))?;
-        let got = r.sys("preadv", libc::SYS_preadv, &[pack_fd, a, n as u64, first.file_off, 0]).map_err(step(format!("reading pages at {:#x} from the pack", first.vaddr)))?;
+        let got = r
+            .sys(
+                "preadv",
+                libc::SYS_preadv,
+                &[pack_fd, a, n as u64, first.file_off, 0],
+            )
+            .map_err(step(format!(
+                "reading pages at {:#x} from the pack",
+                first.vaddr
+            )))?;
         if got != bytes {
-            return Err(RestoreError::Layout(format!("short read of pages at {:#x}: {got} of {bytes} bytes (truncated pack?)", first.vaddr)));
+            return Err(RestoreError::Layout(format!(
+                "short read of pages at {:#x}: {got} of {bytes} bytes (truncated pack?)",
+                first.vaddr
+            )));
         }
         total += bytes;
     }
@@ -146,7 +206,14 @@ fn populate<R: Remote>(r: &mut R, runs: &[RunEntry]) {
             end = runs[i].end();
             i += 1;
         }
-        if (end - start) / sys::PAGE_SIZE >= POPULATE_MIN_PAGES && r.sys("madvise", libc::SYS_madvise, &[start, end - start, MADV_POPULATE_WRITE]).is_err() {
+        if (end - start) / sys::PAGE_SIZE >= POPULATE_MIN_PAGES
+            && r.sys(
+                "madvise",
+                libc::SYS_madvise,
+                &[start, end - start, MADV_POPULATE_WRITE],
+            )
+            .is_err()
+        {
             return;
         }
     }
@@ -188,24 +255,49 @@ pub fn reopen_flags(fd: &FdImage) -> u64 {
 /// have no fds open (they may collide).
 pub fn restore_fds<R: Remote>(r: &mut R, fds: &[FdImage]) -> Result<(), RestoreError> {
     for fd in fds {
-        let FdKind::Path { path, pos, mode, size } = &fd.kind;
-        let p = r.put_cstr(SCRATCH_PATH, path).map_err(step(format!("path {path}")))?;
+        let FdKind::Path {
+            path,
+            pos,
+            mode,
+            size,
+        } = &fd.kind;
+        let p = r
+            .put_cstr(SCRATCH_PATH, path)
+            .map_err(step(format!("path {path}")))?;
         let got = r
             .sys("open", libc::SYS_open, &[p, reopen_flags(fd), 0])
-            .map_err(|source| RestoreError::File { path: path.clone(), what: format!("fd {}", fd.fd), source })?;
+            .map_err(|source| RestoreError::File {
+                path: path.clone(),
+                what: format!("fd {}", fd.fd),
+                source,
+            })?;
         let target = u64::try_from(fd.fd).unwrap_or(0);
         if got != target {
-            let cloexec = if fd.cloexec { libc::O_CLOEXEC as u64 } else { 0 };
-            r.sys("dup3", libc::SYS_dup3, &[got, target, cloexec]).map_err(step(format!("moving fd {got} to {}", fd.fd)))?;
-            r.sys("close", libc::SYS_close, &[got]).map_err(step("closing a temporary fd"))?;
+            let cloexec = if fd.cloexec {
+                libc::O_CLOEXEC as u64
+            } else {
+                0
+            };
+            r.sys("dup3", libc::SYS_dup3, &[got, target, cloexec])
+                .map_err(step(format!("moving fd {got} to {}", fd.fd)))?;
+            r.sys("close", libc::SYS_close, &[got])
+                .map_err(step("closing a temporary fd"))?;
         }
         let is_reg = mode & libc::S_IFMT == libc::S_IFREG;
         let is_dir = mode & libc::S_IFMT == libc::S_IFDIR;
         if is_reg || is_dir {
             if is_reg && *pos > *size {
-                tracing::warn!(fd = fd.fd, "{path}: offset {pos} is beyond the size it had at dump ({size})");
+                tracing::warn!(
+                    fd = fd.fd,
+                    "{path}: offset {pos} is beyond the size it had at dump ({size})"
+                );
             }
-            r.sys("lseek", libc::SYS_lseek, &[target, *pos, libc::SEEK_SET as u64]).map_err(step(format!("seeking fd {} ({path}) to {pos}", fd.fd)))?;
+            r.sys(
+                "lseek",
+                libc::SYS_lseek,
+                &[target, *pos, libc::SEEK_SET as u64],
+            )
+            .map_err(step(format!("seeking fd {} ({path}) to {pos}", fd.fd)))?;
         }
     }
     Ok(())
@@ -214,21 +306,51 @@ pub fn restore_fds<R: Remote>(r: &mut R, fds: &[FdImage]) -> Result<(), RestoreE
 /// Sets every signal's disposition.
 pub fn restore_sigactions<R: Remote>(r: &mut R, acts: &[SigAction]) -> Result<(), RestoreError> {
     for a in acts {
-        let ka = sys::KernelSigaction { handler: a.handler, flags: a.flags, restorer: a.restorer, mask: a.mask };
-        let addr = r.put(SCRATCH_STRUCT, &words(&[ka.handler, ka.flags, ka.restorer, ka.mask])).map_err(step("sigaction"))?;
-        r.sys("rt_sigaction", libc::SYS_rt_sigaction, &[u64::from(a.signo), addr, 0, 8]).map_err(step(format!("setting the handler of signal {}", a.signo)))?;
+        let ka = sys::KernelSigaction {
+            handler: a.handler,
+            flags: a.flags,
+            restorer: a.restorer,
+            mask: a.mask,
+        };
+        let addr = r
+            .put(
+                SCRATCH_STRUCT,
+                &words(&[ka.handler, ka.flags, ka.restorer, ka.mask]),
+            )
+            .map_err(step("sigaction"))?;
+        r.sys(
+            "rt_sigaction",
+            libc::SYS_rt_sigaction,
+            &[u64::from(a.signo), addr, 0, 8],
+        )
+        .map_err(step(format!("setting the handler of signal {}", a.signo)))?;
     }
     Ok(())
 }
 
 /// Arms saved interval timers (disarmed ones are left alone).
 pub fn restore_itimers<R: Remote>(r: &mut R, timers: &[ITimer]) -> Result<(), RestoreError> {
-    for t in timers.iter().filter(|t| t.value_us != 0 || t.interval_us != 0) {
+    for t in timers
+        .iter()
+        .filter(|t| t.value_us != 0 || t.interval_us != 0)
+    {
         // A timer that was about to fire still needs a non-zero value to stay armed.
         let value = t.value_us.max(1);
-        let v = [t.interval_us / 1_000_000, t.interval_us % 1_000_000, value / 1_000_000, value % 1_000_000];
-        let addr = r.put(SCRATCH_STRUCT, &words(&v)).map_err(step("itimerval"))?;
-        r.sys("setitimer", libc::SYS_setitimer, &[u64::from(t.which), addr, 0]).map_err(step(format!("arming interval timer {}", t.which)))?;
+        let v = [
+            t.interval_us / 1_000_000,
+            t.interval_us % 1_000_000,
+            value / 1_000_000,
+            value % 1_000_000,
+        ];
+        let addr = r
+            .put(SCRATCH_STRUCT, &words(&v))
+            .map_err(step("itimerval"))?;
+        r.sys(
+            "setitimer",
+            libc::SYS_setitimer,
+            &[u64::from(t.which), addr, 0],
+        )
+        .map_err(step(format!("arming interval timer {}", t.which)))?;
     }
     Ok(())
 }
@@ -250,16 +372,41 @@ pub fn restore_mm<R: Remote>(r: &mut R, mm: &MmImage, exe_fd: u64) -> Result<(),
         env_start: mm.env_start,
         env_end: mm.env_end,
         auxv: auxv_addr,
-        auxv_size: u32::try_from(auxv.len()).map_err(|_| RestoreError::Layout("auxv too large".into()))?,
+        auxv_size: u32::try_from(auxv.len())
+            .map_err(|_| RestoreError::Layout("auxv too large".into()))?,
         exe_fd: u32::try_from(exe_fd).unwrap_or(u32::MAX),
     };
     let bytes = words(&[
-        m.start_code, m.end_code, m.start_data, m.end_data, m.start_brk, m.brk, m.start_stack, m.arg_start, m.arg_end, m.env_start, m.env_end, m.auxv,
+        m.start_code,
+        m.end_code,
+        m.start_data,
+        m.end_data,
+        m.start_brk,
+        m.brk,
+        m.start_stack,
+        m.arg_start,
+        m.arg_end,
+        m.env_start,
+        m.env_end,
+        m.auxv,
         u64::from(m.auxv_size) | (u64::from(m.exe_fd) << 32),
     ]);
     debug_assert_eq!(bytes.len(), std::mem::size_of::<PrctlMmMap>());
-    let addr = r.put(SCRATCH_STRUCT, &bytes).map_err(step("prctl_mm_map"))?;
-    r.sys("prctl", libc::SYS_prctl, &[sys::PR_SET_MM as u64, sys::PR_SET_MM_MAP, addr, bytes.len() as u64, 0]).map_err(step("restoring mm fields (PR_SET_MM_MAP)"))?;
+    let addr = r
+        .put(SCRATCH_STRUCT, &bytes)
+        .map_err(step("prctl_mm_map"))?;
+    r.sys(
+        "prctl",
+        libc::SYS_prctl,
+        &[
+            sys::PR_SET_MM as u64,
+            sys::PR_SET_MM_MAP,
+            addr,
+            bytes.len() as u64,
+            0,
+        ],
+    )
+    .map_err(step("restoring mm fields (PR_SET_MM_MAP)"))?;
     Ok(())
 }
 
@@ -274,21 +421,48 @@ mod tests {
     use crate::remote::{Call, Recorder};
 
     fn anon(start: u64, end: u64, prot: i32) -> Vma {
-        Vma { start, end, prot: prot as u32, shared: false, growsdown: false, name: String::new(), kind: VmaKind::Anon }
+        Vma {
+            start,
+            end,
+            prot: prot.unsigned_abs(),
+            shared: false,
+            growsdown: false,
+            name: String::new(),
+            kind: VmaKind::Anon,
+        }
     }
 
     fn run(vaddr: u64, npages: u32, file_off: u64) -> RunEntry {
-        RunEntry { vaddr, npages, flags: 0, file_off, checksum: 0 }
+        RunEntry {
+            vaddr,
+            npages,
+            flags: 0,
+            file_off,
+            checksum: 0,
+        }
     }
 
     #[test]
     fn gap_avoids_busy_ranges_with_guards() {
-        let busy = [(0x5555_0000_0000, 0x5555_0001_0000), (0x7fff_0000_0000, 0x7fff_ffff_f000)];
+        let busy = [
+            (0x5555_0000_0000, 0x5555_0001_0000),
+            (0x7fff_0000_0000, 0x7fff_ffff_f000),
+        ];
         let g = find_gap(&busy, 0x8000).unwrap();
-        assert!(g + 0x8000 + 4096 <= 0x7fff_0000_0000 && g >= 0x5555_0001_0000, "{g:#x}");
+        assert!(
+            g + 0x8000 + 4096 <= 0x7fff_0000_0000 && g >= 0x5555_0001_0000,
+            "{g:#x}"
+        );
         assert_eq!(g % 4096, 0);
         // The vsyscall page lies above the user range: never a gap's end.
-        let g = find_gap(&[(0x7ffd_0000_0000, 0x7ffd_0001_0000), (0xffff_ffff_ff60_0000, 0xffff_ffff_ff60_1000)], 0x8000).unwrap();
+        let g = find_gap(
+            &[
+                (0x7ffd_0000_0000, 0x7ffd_0001_0000),
+                (0xffff_ffff_ff60_0000, 0xffff_ffff_ff60_1000),
+            ],
+            0x8000,
+        )
+        .unwrap();
         assert!(g + 0x8000 < 0x7fff_ffff_f000, "{g:#x}");
         // Nothing fits when everything above 4 GiB is taken.
         assert_eq!(find_gap(&[(1 << 32, 0x7fff_ffff_f000)], 4096), None);
@@ -298,17 +472,29 @@ mod tests {
     fn readonly_area_with_data_is_mapped_writable_filled_then_protected() {
         let mut r = Recorder::default();
         let v = anon(0x10000, 0x14000, libc::PROT_READ);
-        let n = map_vma(&mut r, &v, &[run(0x10000, 2, 4096), run(0x13000, 1, 4096 + 8192)], 7).unwrap();
+        let n = map_vma(
+            &mut r,
+            &v,
+            &[run(0x10000, 2, 4096), run(0x13000, 1, 4096 + 8192)],
+            7,
+        )
+        .unwrap();
         assert_eq!(n, 3 * 4096);
         // Small runs are not pre-populated.
         assert_eq!(r.names(), vec!["mmap", "preadv", "mprotect"]);
         let mmap = &r.args_of("mmap")[0];
         assert_eq!(mmap[2], (libc::PROT_READ | libc::PROT_WRITE) as u64);
-        assert_eq!(mmap[3], (libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64);
+        assert_eq!(
+            mmap[3],
+            (libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64
+        );
         // One preadv for both file-contiguous runs, at the first run's offset.
         let p = &r.args_of("preadv")[0];
         assert_eq!((p[0], p[2], p[3]), (7, 2, 4096));
-        assert_eq!(r.args_of("mprotect")[0], vec![0x10000, 0x4000, libc::PROT_READ as u64]);
+        assert_eq!(
+            r.args_of("mprotect")[0],
+            vec![0x10000, 0x4000, libc::PROT_READ as u64]
+        );
     }
 
     #[test]
@@ -322,7 +508,10 @@ mod tests {
     #[test]
     fn runs_are_clipped_to_areas() {
         let all = [run(0x10000, 4, 4096), run(0x20000, 2, 5 * 4096)];
-        assert_eq!(clip_runs(&all, 0x12000, 0x21000), vec![run(0x12000, 2, 3 * 4096), run(0x20000, 1, 5 * 4096)]);
+        assert_eq!(
+            clip_runs(&all, 0x12000, 0x21000),
+            vec![run(0x12000, 2, 3 * 4096), run(0x20000, 1, 5 * 4096)]
+        );
         assert_eq!(clip_runs(&all, 0x14000, 0x20000), vec![]);
         assert_eq!(clip_runs(&all, 0x0, 0x100000), all.to_vec());
     }
@@ -330,7 +519,16 @@ mod tests {
     #[test]
     fn large_contiguous_stretches_are_populated_first() {
         let mut r = Recorder::default();
-        fill(&mut r, &[run(0x100000, 8, 4096), run(0x108000, 8, 9 * 4096), run(0x200000, 2, 17 * 4096)], 3).unwrap();
+        fill(
+            &mut r,
+            &[
+                run(0x100000, 8, 4096),
+                run(0x108000, 8, 9 * 4096),
+                run(0x200000, 2, 17 * 4096),
+            ],
+            3,
+        )
+        .unwrap();
         assert_eq!(r.names(), vec!["madvise", "preadv"]);
         assert_eq!(r.args_of("madvise")[0], vec![0x100000, 16 * 4096, 23]);
     }
@@ -338,24 +536,51 @@ mod tests {
     #[test]
     fn file_contiguity_breaks_preadv_batches() {
         let mut r = Recorder::default();
-        fill(&mut r, &[run(0x10000, 1, 4096), run(0x20000, 1, 3 * 4096)], 3).unwrap();
+        fill(
+            &mut r,
+            &[run(0x10000, 1, 4096), run(0x20000, 1, 3 * 4096)],
+            3,
+        )
+        .unwrap();
         assert_eq!(r.names(), vec!["preadv", "preadv"]);
     }
 
     #[test]
     fn private_file_mapping_opens_maps_and_closes() {
         let mut r = Recorder::default();
-        let v = Vma { kind: VmaKind::File { path: "/lib/x.so".into(), offset: 0x2000, dev: 0, ino: 0 }, ..anon(0x10000, 0x12000, libc::PROT_READ | libc::PROT_EXEC) };
+        let v = Vma {
+            kind: VmaKind::File {
+                path: "/lib/x.so".into(),
+                offset: 0x2000,
+                dev: 0,
+                ino: 0,
+            },
+            ..anon(0x10000, 0x12000, libc::PROT_READ | libc::PROT_EXEC)
+        };
         map_vma(&mut r, &v, &[], 7).unwrap();
         assert_eq!(r.names(), vec!["open", "mmap", "close"]);
         assert_eq!(r.args_of("mmap")[0][4..], [100, 0x2000]);
-        assert!(r.calls.iter().any(|c| matches!(c, Call::Write { data, .. } if data == b"/lib/x.so\0")));
+        assert!(r
+            .calls
+            .iter()
+            .any(|c| matches!(c, Call::Write { data, .. } if data == b"/lib/x.so\0")));
     }
 
     #[test]
     fn failing_open_names_the_file() {
-        let mut r = Recorder { fail_on: Some(("open", libc::ENOENT)), ..Default::default() };
-        let v = Vma { kind: VmaKind::File { path: "/gone".into(), offset: 0, dev: 0, ino: 0 }, ..anon(0x10000, 0x12000, libc::PROT_READ) };
+        let mut r = Recorder {
+            fail_on: Some(("open", libc::ENOENT)),
+            ..Default::default()
+        };
+        let v = Vma {
+            kind: VmaKind::File {
+                path: "/gone".into(),
+                offset: 0,
+                dev: 0,
+                ino: 0,
+            },
+            ..anon(0x10000, 0x12000, libc::PROT_READ)
+        };
         let e = map_vma(&mut r, &v, &[], 7).unwrap_err().to_string();
         assert!(e.contains("/gone"), "{e}");
     }
@@ -367,20 +592,41 @@ mod tests {
             fd: 10,
             flags: (libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_TRUNC) as u32,
             cloexec: true,
-            kind: FdKind::Path { path: "/tmp/f".into(), pos: 77, mode: libc::S_IFREG | 0o644, size: 100 },
+            kind: FdKind::Path {
+                path: "/tmp/f".into(),
+                pos: 77,
+                mode: libc::S_IFREG | 0o644,
+                size: 100,
+            },
         }];
         restore_fds(&mut r, &fds).unwrap();
         assert_eq!(r.names(), vec!["open", "dup3", "close", "lseek"]);
-        assert_eq!(r.args_of("open")[0][1], (libc::O_WRONLY | libc::O_APPEND | libc::O_CLOEXEC) as u64);
+        assert_eq!(
+            r.args_of("open")[0][1],
+            (libc::O_WRONLY | libc::O_APPEND | libc::O_CLOEXEC) as u64
+        );
         assert_eq!(r.args_of("dup3")[0], vec![100, 10, libc::O_CLOEXEC as u64]);
         assert_eq!(r.args_of("lseek")[0], vec![10, 77, 0]);
     }
 
     #[test]
     fn char_devices_are_not_seeked() {
-        let mut r = Recorder { next_fd: u64::MAX - 99, ..Default::default() };
+        let mut r = Recorder {
+            next_fd: u64::MAX - 99,
+            ..Default::default()
+        };
         r.next_fd = 0; // first open returns 100
-        let fds = [FdImage { fd: 100, flags: libc::O_RDWR as u32, cloexec: false, kind: FdKind::Path { path: "/dev/null".into(), pos: 0, mode: libc::S_IFCHR | 0o666, size: 0 } }];
+        let fds = [FdImage {
+            fd: 100,
+            flags: libc::O_RDWR as u32,
+            cloexec: false,
+            kind: FdKind::Path {
+                path: "/dev/null".into(),
+                pos: 0,
+                mode: libc::S_IFCHR | 0o666,
+                size: 0,
+            },
+        }];
         restore_fds(&mut r, &fds).unwrap();
         assert_eq!(r.names(), vec!["open"]);
     }
@@ -388,20 +634,61 @@ mod tests {
     #[test]
     fn only_armed_timers_are_set() {
         let mut r = Recorder::default();
-        restore_itimers(&mut r, &[ITimer { which: 0, interval_us: 10_000, value_us: 2_500_000 }, ITimer { which: 1, interval_us: 0, value_us: 0 }]).unwrap();
+        restore_itimers(
+            &mut r,
+            &[
+                ITimer {
+                    which: 0,
+                    interval_us: 10_000,
+                    value_us: 2_500_000,
+                },
+                ITimer {
+                    which: 1,
+                    interval_us: 0,
+                    value_us: 0,
+                },
+            ],
+        )
+        .unwrap();
         assert_eq!(r.names(), vec!["setitimer"]);
-        let w = r.calls.iter().find_map(|c| if let Call::Write { data, .. } = c { Some(data.clone()) } else { None }).unwrap();
+        let w = r
+            .calls
+            .iter()
+            .find_map(|c| {
+                if let Call::Write { data, .. } = c {
+                    Some(data.clone())
+                } else {
+                    None
+                }
+            })
+            .unwrap();
         assert_eq!(w, words(&[0, 10_000, 2, 500_000]));
     }
 
     #[test]
     fn mm_map_struct_layout() {
         let mut r = Recorder::default();
-        let mm = MmImage { start_code: 1, end_code: 2, brk: 6, auxv: vec![33, 44], ..Default::default() };
+        let mm = MmImage {
+            start_code: 1,
+            end_code: 2,
+            brk: 6,
+            auxv: vec![33, 44],
+            ..Default::default()
+        };
         restore_mm(&mut r, &mm, 5).unwrap();
         let p = &r.args_of("prctl")[0];
         assert_eq!((p[0], p[1], p[3]), (35, 14, 104));
-        let data: Vec<Vec<u8>> = r.calls.iter().filter_map(|c| if let Call::Write { data, .. } = c { Some(data.clone()) } else { None }).collect();
+        let data: Vec<Vec<u8>> = r
+            .calls
+            .iter()
+            .filter_map(|c| {
+                if let Call::Write { data, .. } = c {
+                    Some(data.clone())
+                } else {
+                    None
+                }
+            })
+            .collect();
         assert_eq!(data[0], words(&[33, 44]));
         let s = &data[1];
         assert_eq!(s.len(), 104);

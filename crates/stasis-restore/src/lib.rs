@@ -36,7 +36,7 @@ use stasis_image::manifest::{ProcessImage, VmaKind};
 use stasis_image::{Checkpoint, ImageDir, ImageError, PackReader};
 use stasis_kernel::child::{kill_and_reap, spawn_stopped, SpawnError};
 use stasis_kernel::mem::ProcessMemory;
-use stasis_kernel::{KernelError, Tracee, UserRegs};
+use stasis_kernel::{sarg, KernelError, Tracee, UserRegs};
 use stasis_sys as sys;
 
 use crate::remote::Remote;
@@ -51,15 +51,28 @@ pub enum RestoreError {
     #[error("PID {pid} is still held by a zombie after {waited:?}: its parent has not reaped it; wait or reap it, then restore again")]
     PidZombie { pid: i32, waited: Duration },
     #[error("restoring at PID {pid} is not permitted (run stasis as root)")]
-    NoPermission { pid: i32, #[source] source: std::io::Error },
+    NoPermission {
+        pid: i32,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("this image cannot be restored here: {0}")]
     Incompatible(String),
     #[error("this version of stasis cannot restore the image: {0}")]
     Unsupported(String),
     #[error("cannot open {path} ({what}); the file must exist at the same path as at dump time")]
-    File { path: String, what: String, #[source] source: KernelError },
+    File {
+        path: String,
+        what: String,
+        #[source]
+        source: KernelError,
+    },
     #[error("restore step failed: {what}")]
-    Step { what: String, #[source] source: KernelError },
+    Step {
+        what: String,
+        #[source]
+        source: KernelError,
+    },
     #[error("memory layout could not be rebuilt: {0}")]
     Layout(String),
     #[error("the image is corrupt: {0}; the restore was abandoned and nothing was started")]
@@ -84,7 +97,11 @@ pub struct RestoreOptions {
 
 impl Default for RestoreOptions {
     fn default() -> Self {
-        Self { checkpoint: None, pid_wait: Duration::from_secs(10), progress: None }
+        Self {
+            checkpoint: None,
+            pid_wait: Duration::from_secs(10),
+            progress: None,
+        }
     }
 }
 
@@ -127,7 +144,7 @@ impl Remote for Stub {
         self.ctl + 4096
     }
     fn scratch_len(&self) -> usize {
-        (CTL_SIZE - 4096) as usize
+        usize::try_from(CTL_SIZE - 4096).unwrap_or(0)
     }
 }
 
@@ -141,9 +158,16 @@ pub fn wait_pid_free(pid: i32, wait: Duration) -> Result<()> {
             Ok(s) => s,
             Err(_) => return Ok(()),
         };
-        let state = stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next()).unwrap_or("?");
+        let state = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().next())
+            .unwrap_or("?");
         if state != "Z" && state != "X" {
-            let comm = stat.find('(').zip(stat.rfind(')')).map(|(a, b)| stat[a + 1..b].to_string()).unwrap_or_default();
+            let comm = stat
+                .find('(')
+                .zip(stat.rfind(')'))
+                .map(|(a, b)| stat[a + 1..b].to_string())
+                .unwrap_or_default();
             return Err(RestoreError::PidTaken { pid, by: comm });
         }
         if t0.elapsed() >= wait {
@@ -158,17 +182,32 @@ pub fn load(store: &ImageDir, n: Option<u32>) -> Result<Checkpoint> {
     let cp = store.load(n)?;
     let m = &cp.manifest;
     if m.processes.len() != 1 {
-        return Err(RestoreError::Unsupported(format!("checkpoint {} holds {} processes; this version restores one", cp.number, m.processes.len())));
+        return Err(RestoreError::Unsupported(format!(
+            "checkpoint {} holds {} processes; this version restores one",
+            cp.number,
+            m.processes.len()
+        )));
     }
     let p = &m.processes[0];
     if p.threads.len() != 1 {
-        return Err(RestoreError::Unsupported(format!("process {} has {} threads; this version restores single-threaded processes", p.pid, p.threads.len())));
+        return Err(RestoreError::Unsupported(format!(
+            "process {} has {} threads; this version restores single-threaded processes",
+            p.pid,
+            p.threads.len()
+        )));
     }
     if m.parent.is_some() {
-        return Err(RestoreError::Unsupported(format!("checkpoint {} is incremental; this version restores full checkpoints only", cp.number)));
+        return Err(RestoreError::Unsupported(format!(
+            "checkpoint {} is incremental; this version restores full checkpoints only",
+            cp.number
+        )));
     }
     if m.host.page_size != sys::PAGE_SIZE {
-        return Err(RestoreError::Incompatible(format!("image page size {} differs from {}", m.host.page_size, sys::PAGE_SIZE)));
+        return Err(RestoreError::Incompatible(format!(
+            "image page size {} differs from {}",
+            m.host.page_size,
+            sys::PAGE_SIZE
+        )));
     }
     Ok(cp)
 }
@@ -187,7 +226,10 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     let pid_wait_us = micros(waited);
 
     let t = spawn_stopped(Some(p.pid)).map_err(|e| match e {
-        SpawnError::PidTaken(pid) => RestoreError::PidTaken { pid, by: "a process that appeared meanwhile".into() },
+        SpawnError::PidTaken(pid) => RestoreError::PidTaken {
+            pid,
+            by: "a process that appeared meanwhile".into(),
+        },
         SpawnError::NoPermission { pid, source } => RestoreError::NoPermission { pid, source },
         SpawnError::Kernel(k) => RestoreError::Kernel(k),
     })?;
@@ -209,7 +251,12 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     // The stub's own stack pointer must not look like it is on the
     // restored sigaltstack (sigaltstack() would refuse).
     base.rsp = 0;
-    let mut stub = Stub { t, base, mem, ctl: 0 };
+    let mut stub = Stub {
+        t,
+        base,
+        mem,
+        ctl: 0,
+    };
 
     // Verify pack checksums in parallel with the memory fill.
     let verifier = pack.as_ref().map(|pk| {
@@ -222,12 +269,16 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     let verified = match verifier.map(|h| h.join()) {
         None => Ok(()),
         Some(Ok(r)) => r.map_err(RestoreError::Corrupt),
-        Some(Err(_)) => Err(RestoreError::Layout("the checksum verifier panicked".into())),
+        Some(Err(_)) => Err(RestoreError::Layout(
+            "the checksum verifier panicked".into(),
+        )),
     };
-    let result = built.and_then(|bytes| verified.map(|()| bytes)).and_then(|bytes| {
-        jump(&mut stub, p)?;
-        Ok(bytes)
-    });
+    let result = built
+        .and_then(|bytes| verified.map(|()| bytes))
+        .and_then(|bytes| {
+            jump(&mut stub, p)?;
+            Ok(bytes)
+        });
     match result {
         Ok(bytes) => Ok(Restored {
             checkpoint: cp.number,
@@ -250,55 +301,104 @@ fn step(what: impl Into<String>) -> impl FnOnce(KernelError) -> RestoreError {
 }
 
 fn read_maps(pid: i32) -> Result<Vec<(u64, u64, String)>> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| KernelError::Io { what: format!("reading /proc/{pid}/maps"), source: e })?;
+    let text =
+        std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| KernelError::Io {
+            what: format!("reading /proc/{pid}/maps"),
+            source: e,
+        })?;
     Ok(text
         .lines()
         .filter_map(|l| {
             let mut it = l.split_whitespace();
             let (a, b) = it.next()?.split_once('-')?;
             let name = it.nth(4).unwrap_or("").to_string();
-            Some((u64::from_str_radix(a, 16).ok()?, u64::from_str_radix(b, 16).ok()?, name))
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+                name,
+            ))
         })
         .collect())
 }
 
 /// Everything up to (not including) the final jump. Returns bytes filled.
-fn build_process(s: &mut Stub, cp: &Checkpoint, p: &ProcessImage, pack: Option<&PackReader>, opts: &RestoreOptions) -> Result<u64> {
+fn build_process(
+    s: &mut Stub,
+    cp: &Checkpoint,
+    p: &ProcessImage,
+    pack: Option<&PackReader>,
+    opts: &RestoreOptions,
+) -> Result<u64> {
     let pid = s.t.pid();
-    s.t.set_sigmask(!0).map_err(step("blocking signals in the stub"))?;
+    s.t.set_sigmask(!0)
+        .map_err(step("blocking signals in the stub"))?;
 
     // CPU features: the image may only use what this CPU has.
     let cpu_x = stasis_kernel::probe::xfeatures_of(&s.t.xstate()?);
     let img_x = cp.manifest.host.xfeatures;
     if img_x & !cpu_x != 0 {
-        return Err(RestoreError::Incompatible(format!("the image uses CPU state components {:#x} that this CPU lacks (it has {cpu_x:#x})", img_x & !cpu_x)));
+        return Err(RestoreError::Incompatible(format!(
+            "the image uses CPU state components {:#x} that this CPU lacks (it has {cpu_x:#x})",
+            img_x & !cpu_x
+        )));
     }
 
     // Control area, free in both layouts.
     let mut busy: Vec<(u64, u64)> = read_maps(pid)?.iter().map(|m| (m.0, m.1)).collect();
     busy.extend(p.vmas.iter().map(|v| (v.start, v.end)));
-    let ctl = build::find_gap(&busy, CTL_SIZE).ok_or_else(|| RestoreError::Layout("no free address range for the control page".into()))?;
+    let ctl = build::find_gap(&busy, CTL_SIZE)
+        .ok_or_else(|| RestoreError::Layout("no free address range for the control page".into()))?;
     let rwx = (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as u64;
     let fl = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64;
-    let got = s.sys("mmap", libc::SYS_mmap, &[ctl, CTL_SIZE, rwx, fl, u64::MAX, 0]).map_err(step("mapping the control page"))?;
+    let got = s
+        .sys(
+            "mmap",
+            libc::SYS_mmap,
+            &[ctl, CTL_SIZE, rwx, fl, u64::MAX, 0],
+        )
+        .map_err(step("mapping the control page"))?;
     if got != ctl {
-        return Err(RestoreError::Layout(format!("control page landed at {got:#x}, not {ctl:#x}")));
+        return Err(RestoreError::Layout(format!(
+            "control page landed at {got:#x}, not {ctl:#x}"
+        )));
     }
-    s.mem.write(ctl, &[0x0f, 0x05, 0xcc]).map_err(step("writing the syscall instruction"))?;
+    s.mem
+        .write(ctl, &[0x0f, 0x05, 0xcc])
+        .map_err(step("writing the syscall instruction"))?;
     s.t.set_syscall_insn(ctl);
     s.ctl = ctl;
 
     // The stub inherited stasis's rseq registration; its area is about to
     // be unmapped, and the kernel would fault writing to it.
     if let Some(c) = s.t.rseq_config()? {
-        s.sys("rseq", libc::SYS_rseq, &[c.rseq_abi_pointer, u64::from(c.rseq_abi_size), sys::RSEQ_FLAG_UNREGISTER, u64::from(c.signature)])
-            .map_err(step("unregistering the stub's rseq area"))?;
+        s.sys(
+            "rseq",
+            libc::SYS_rseq,
+            &[
+                c.rseq_abi_pointer,
+                u64::from(c.rseq_abi_size),
+                sys::RSEQ_FLAG_UNREGISTER,
+                u64::from(c.signature),
+            ],
+        )
+        .map_err(step("unregistering the stub's rseq area"))?;
     }
 
     // Clean slate: no mappings but the control area, no fds.
-    s.sys("munmap", libc::SYS_munmap, &[0, ctl]).map_err(step("unmapping the stub below the control page"))?;
-    s.sys("munmap", libc::SYS_munmap, &[ctl + CTL_SIZE, TASK_TOP - ctl - CTL_SIZE]).map_err(step("unmapping the stub above the control page"))?;
-    s.sys("close_range", sys::SYS_CLOSE_RANGE, &[0, u64::from(u32::MAX), 0]).map_err(step("closing the stub's fds"))?;
+    s.sys("munmap", libc::SYS_munmap, &[0, ctl])
+        .map_err(step("unmapping the stub below the control page"))?;
+    s.sys(
+        "munmap",
+        libc::SYS_munmap,
+        &[ctl + CTL_SIZE, TASK_TOP - ctl - CTL_SIZE],
+    )
+    .map_err(step("unmapping the stub above the control page"))?;
+    s.sys(
+        "close_range",
+        sys::SYS_CLOSE_RANGE,
+        &[0, u64::from(u32::MAX), 0],
+    )
+    .map_err(step("closing the stub's fds"))?;
 
     // vDSO at its saved address.
     restore_vdso(s, p)?;
@@ -309,14 +409,27 @@ fn build_process(s: &mut Stub, cp: &Checkpoint, p: &ProcessImage, pack: Option<&
     let pack_fd = match pack {
         Some(pk) => {
             let path = pk.path().to_string_lossy().into_owned();
-            let a = s.put_cstr(build::SCRATCH_PATH, &path).map_err(step("pack path"))?;
-            s.sys("open", libc::SYS_open, &[a, (libc::O_RDONLY | libc::O_CLOEXEC) as u64, 0]).map_err(|source| RestoreError::File { path, what: "page pack".into(), source })?
+            let a = s
+                .put_cstr(build::SCRATCH_PATH, &path)
+                .map_err(step("pack path"))?;
+            s.sys(
+                "open",
+                libc::SYS_open,
+                &[a, (libc::O_RDONLY | libc::O_CLOEXEC) as u64, 0],
+            )
+            .map_err(|source| RestoreError::File {
+                path,
+                what: "page pack".into(),
+                source,
+            })?
         }
         None => u64::MAX,
     };
     let mut last = Instant::now();
     for v in &p.vmas {
-        let runs = pack.map(|pk| build::clip_runs(pk.runs(), v.start, v.end)).unwrap_or_default();
+        let runs = pack
+            .map(|pk| build::clip_runs(pk.runs(), v.start, v.end))
+            .unwrap_or_default();
         filled += build::map_vma(s, v, &runs, pack_fd)?;
         if let Some(cb) = &opts.progress {
             if last.elapsed() >= Duration::from_millis(100) {
@@ -329,10 +442,14 @@ fn build_process(s: &mut Stub, cp: &Checkpoint, p: &ProcessImage, pack: Option<&
         cb(filled, total);
     }
     if pack.is_some() {
-        s.sys("close", libc::SYS_close, &[pack_fd]).map_err(step("closing the pack"))?;
+        s.sys("close", libc::SYS_close, &[pack_fd])
+            .map_err(step("closing the pack"))?;
     }
     if filled != total {
-        return Err(RestoreError::Inconsistent(format!("{} pack bytes lie outside every saved area", total - filled)));
+        return Err(RestoreError::Inconsistent(format!(
+            "{} pack bytes lie outside every saved area",
+            total - filled
+        )));
     }
 
     // mm fields, with the exe file. The kernel refuses to switch the exe
@@ -348,56 +465,131 @@ fn build_process(s: &mut Stub, cp: &Checkpoint, p: &ProcessImage, pack: Option<&
     if same_exe {
         build::restore_mm(s, &p.mm, u64::from(u32::MAX))?;
     } else {
-        let exe = s.put_cstr(build::SCRATCH_PATH, &p.exe).map_err(step("exe path"))?;
+        let exe = s
+            .put_cstr(build::SCRATCH_PATH, &p.exe)
+            .map_err(step("exe path"))?;
         let exe_fd = s
-            .sys("open", libc::SYS_open, &[exe, (libc::O_RDONLY | libc::O_CLOEXEC) as u64, 0])
-            .map_err(|source| RestoreError::File { path: p.exe.clone(), what: "the executable".into(), source })?;
+            .sys(
+                "open",
+                libc::SYS_open,
+                &[exe, (libc::O_RDONLY | libc::O_CLOEXEC) as u64, 0],
+            )
+            .map_err(|source| RestoreError::File {
+                path: p.exe.clone(),
+                what: "the executable".into(),
+                source,
+            })?;
         let mm_res = build::restore_mm(s, &p.mm, exe_fd);
-        s.sys("close", libc::SYS_close, &[exe_fd]).map_err(step("closing the exe fd"))?;
+        s.sys("close", libc::SYS_close, &[exe_fd])
+            .map_err(step("closing the exe fd"))?;
         mm_res?;
     }
 
     // Process attributes.
-    let cwd = s.put_cstr(build::SCRATCH_PATH, &p.cwd).map_err(step("cwd path"))?;
-    s.sys("chdir", libc::SYS_chdir, &[cwd]).map_err(|source| RestoreError::File { path: p.cwd.clone(), what: "working directory".into(), source })?;
-    s.sys("umask", libc::SYS_umask, &[u64::from(p.umask)]).map_err(step("umask"))?;
-    s.sys("personality", libc::SYS_personality, &[u64::from(p.personality)]).map_err(step("personality"))?;
+    let cwd = s
+        .put_cstr(build::SCRATCH_PATH, &p.cwd)
+        .map_err(step("cwd path"))?;
+    s.sys("chdir", libc::SYS_chdir, &[cwd])
+        .map_err(|source| RestoreError::File {
+            path: p.cwd.clone(),
+            what: "working directory".into(),
+            source,
+        })?;
+    s.sys("umask", libc::SYS_umask, &[u64::from(p.umask)])
+        .map_err(step("umask"))?;
+    s.sys(
+        "personality",
+        libc::SYS_personality,
+        &[u64::from(p.personality)],
+    )
+    .map_err(step("personality"))?;
     if p.sid == p.pid {
-        s.sys("setsid", libc::SYS_setsid, &[]).map_err(step("becoming a session leader"))?;
+        s.sys("setsid", libc::SYS_setsid, &[])
+            .map_err(step("becoming a session leader"))?;
     } else if p.pgid == p.pid {
-        s.sys("setpgid", libc::SYS_setpgid, &[0, 0]).map_err(step("becoming a process group leader"))?;
+        s.sys("setpgid", libc::SYS_setpgid, &[0, 0])
+            .map_err(step("becoming a process group leader"))?;
     }
     build::restore_fds(s, &p.fds)?;
     for rl in &p.rlimits {
-        let a = s.put(build::SCRATCH_STRUCT, &build::words(&[rl.soft, rl.hard])).map_err(step("rlimit"))?;
-        if let Err(e) = s.sys("prlimit64", libc::SYS_prlimit64, &[0, u64::from(rl.resource), a, 0]) {
-            tracing::warn!(pid, "could not restore rlimit {} ({}/{}): {e}", rl.resource, rl.soft, rl.hard);
+        let a = s
+            .put(build::SCRATCH_STRUCT, &build::words(&[rl.soft, rl.hard]))
+            .map_err(step("rlimit"))?;
+        if let Err(e) = s.sys(
+            "prlimit64",
+            libc::SYS_prlimit64,
+            &[0, u64::from(rl.resource), a, 0],
+        ) {
+            tracing::warn!(
+                pid,
+                "could not restore rlimit {} ({}/{}): {e}",
+                rl.resource,
+                rl.soft,
+                rl.hard
+            );
         }
     }
-    let comm = s.put_cstr(build::SCRATCH_PATH, &p.comm).map_err(step("comm"))?;
-    s.sys("prctl", libc::SYS_prctl, &[libc::PR_SET_NAME as u64, comm]).map_err(step("setting the process name"))?;
+    let comm = s
+        .put_cstr(build::SCRATCH_PATH, &p.comm)
+        .map_err(step("comm"))?;
+    s.sys("prctl", libc::SYS_prctl, &[libc::PR_SET_NAME as u64, comm])
+        .map_err(step("setting the process name"))?;
 
     // Signals.
     build::restore_sigactions(s, &p.sigactions)?;
     let th = &p.threads[0];
     let ss = &th.altstack;
-    let a = s.put(build::SCRATCH_STRUCT, &build::words(&[ss.sp, u64::from(ss.flags as u32 & !(libc::SS_ONSTACK as u32)), ss.size])).map_err(step("stack_t"))?;
-    s.sys("sigaltstack", libc::SYS_sigaltstack, &[a, 0]).map_err(step("restoring the alternate signal stack"))?;
+    let a = s
+        .put(
+            build::SCRATCH_STRUCT,
+            &build::words(&[
+                ss.sp,
+                sarg(i64::from(ss.flags & !libc::SS_ONSTACK)),
+                ss.size,
+            ]),
+        )
+        .map_err(step("stack_t"))?;
+    s.sys("sigaltstack", libc::SYS_sigaltstack, &[a, 0])
+        .map_err(step("restoring the alternate signal stack"))?;
 
     // Credentials (last privileged step).
     restore_creds(s, p)?;
 
     // Pending signals: queued by the process to itself.
     for si in &th.pending {
-        let a = s.put(build::SCRATCH_STRUCT, &si.raw).map_err(step("siginfo"))?;
-        s.sys("rt_tgsigqueueinfo", libc::SYS_rt_tgsigqueueinfo, &[pid as u64, pid as u64, u64::from(si.signo), a]).map_err(step(format!("queueing pending signal {}", si.signo)))?;
+        let a = s
+            .put(build::SCRATCH_STRUCT, &si.raw)
+            .map_err(step("siginfo"))?;
+        s.sys(
+            "rt_tgsigqueueinfo",
+            libc::SYS_rt_tgsigqueueinfo,
+            &[
+                sarg(i64::from(pid)),
+                sarg(i64::from(pid)),
+                u64::from(si.signo),
+                a,
+            ],
+        )
+        .map_err(step(format!("queueing pending signal {}", si.signo)))?;
     }
     for si in &p.shared_pending {
-        let a = s.put(build::SCRATCH_STRUCT, &si.raw).map_err(step("siginfo"))?;
-        s.sys("rt_sigqueueinfo", libc::SYS_rt_sigqueueinfo, &[pid as u64, u64::from(si.signo), a]).map_err(step(format!("queueing pending signal {}", si.signo)))?;
+        let a = s
+            .put(build::SCRATCH_STRUCT, &si.raw)
+            .map_err(step("siginfo"))?;
+        s.sys(
+            "rt_sigqueueinfo",
+            libc::SYS_rt_sigqueueinfo,
+            &[sarg(i64::from(pid)), u64::from(si.signo), a],
+        )
+        .map_err(step(format!("queueing pending signal {}", si.signo)))?;
     }
     if let Some(r) = &th.rseq {
-        s.sys("rseq", libc::SYS_rseq, &[r.ptr, u64::from(r.size), 0, u64::from(r.signature)]).map_err(step("registering the rseq area"))?;
+        s.sys(
+            "rseq",
+            libc::SYS_rseq,
+            &[r.ptr, u64::from(r.size), 0, u64::from(r.signature)],
+        )
+        .map_err(step("registering the rseq area"))?;
     }
     build::restore_itimers(s, &p.itimers)?;
     Ok(filled)
@@ -405,17 +597,27 @@ fn build_process(s: &mut Stub, cp: &Checkpoint, p: &ProcessImage, pack: Option<&
 
 fn restore_vdso(s: &mut Stub, p: &ProcessImage) -> Result<()> {
     let find = |k: fn(&VmaKind) -> bool| p.vmas.iter().find(|v| k(&v.kind));
-    let Some(vdso) = find(|k| matches!(k, VmaKind::Vdso)) else { return Ok(()) };
+    let Some(vdso) = find(|k| matches!(k, VmaKind::Vdso)) else {
+        return Ok(());
+    };
     let vvar = find(|k| matches!(k, VmaKind::Vvar));
     let start = vvar.map_or(vdso.start, |v| v.start);
-    s.sys("arch_prctl", libc::SYS_arch_prctl, &[sys::ARCH_MAP_VDSO_64, start]).map_err(step("mapping the vDSO"))?;
+    s.sys(
+        "arch_prctl",
+        libc::SYS_arch_prctl,
+        &[sys::ARCH_MAP_VDSO_64, start],
+    )
+    .map_err(step("mapping the vDSO"))?;
     let now = read_maps(s.t.pid())?;
     let placed = |name: &str, want: Option<&stasis_image::manifest::Vma>| match want {
         None => true,
-        Some(w) => now.iter().any(|m| m.2 == name && m.0 == w.start && m.1 == w.end),
+        Some(w) => now
+            .iter()
+            .any(|m| m.2 == name && m.0 == w.start && m.1 == w.end),
     };
     let vclock = find(|k| matches!(k, VmaKind::VvarVclock));
-    if !(placed("[vdso]", Some(vdso)) && placed("[vvar]", vvar) && placed("[vvar_vclock]", vclock)) {
+    if !(placed("[vdso]", Some(vdso)) && placed("[vvar]", vvar) && placed("[vvar_vclock]", vclock))
+    {
         return Err(RestoreError::Incompatible(
             "this kernel's vDSO layout differs from the one in the image (it was dumped under another kernel); restore on the kernel that made it".into(),
         ));
@@ -429,12 +631,39 @@ fn restore_creds(s: &mut Stub, p: &ProcessImage) -> Result<()> {
         return Ok(());
     }
     let groups: Vec<u8> = c.groups.iter().flat_map(|g| g.to_le_bytes()).collect();
-    let a = s.put(build::SCRATCH_STRUCT, &groups).map_err(step("groups"))?;
-    s.sys("setgroups", libc::SYS_setgroups, &[c.groups.len() as u64, a]).map_err(step("setgroups"))?;
-    s.sys("setresgid", libc::SYS_setresgid, &[u64::from(c.gid[0]), u64::from(c.gid[1]), u64::from(c.gid[2])]).map_err(step("setresgid"))?;
-    s.sys("setfsgid", libc::SYS_setfsgid, &[u64::from(c.gid[3])]).map_err(step("setfsgid"))?;
-    s.sys("setresuid", libc::SYS_setresuid, &[u64::from(c.uid[0]), u64::from(c.uid[1]), u64::from(c.uid[2])]).map_err(step("setresuid"))?;
-    s.sys("setfsuid", libc::SYS_setfsuid, &[u64::from(c.uid[3])]).map_err(step("setfsuid"))?;
+    let a = s
+        .put(build::SCRATCH_STRUCT, &groups)
+        .map_err(step("groups"))?;
+    s.sys(
+        "setgroups",
+        libc::SYS_setgroups,
+        &[c.groups.len() as u64, a],
+    )
+    .map_err(step("setgroups"))?;
+    s.sys(
+        "setresgid",
+        libc::SYS_setresgid,
+        &[
+            u64::from(c.gid[0]),
+            u64::from(c.gid[1]),
+            u64::from(c.gid[2]),
+        ],
+    )
+    .map_err(step("setresgid"))?;
+    s.sys("setfsgid", libc::SYS_setfsgid, &[u64::from(c.gid[3])])
+        .map_err(step("setfsgid"))?;
+    s.sys(
+        "setresuid",
+        libc::SYS_setresuid,
+        &[
+            u64::from(c.uid[0]),
+            u64::from(c.uid[1]),
+            u64::from(c.uid[2]),
+        ],
+    )
+    .map_err(step("setresuid"))?;
+    s.sys("setfsuid", libc::SYS_setfsuid, &[u64::from(c.uid[3])])
+        .map_err(step("setfsuid"))?;
     Ok(())
 }
 
@@ -442,14 +671,24 @@ fn restore_creds(s: &mut Stub, p: &ProcessImage) -> Result<()> {
 /// registers at the syscall-exit stop and detach.
 fn jump(s: &mut Stub, p: &ProcessImage) -> Result<()> {
     let th = &p.threads[0];
-    let regs = UserRegs::from_words(&th.regs).ok_or_else(|| RestoreError::Inconsistent(format!("thread {} has {} register words", th.tid, th.regs.len())))?;
-    s.t.set_xstate(&th.xstate).map_err(step("restoring FPU/SSE/AVX state"))?;
+    let regs = UserRegs::from_words(&th.regs).ok_or_else(|| {
+        RestoreError::Inconsistent(format!(
+            "thread {} has {} register words",
+            th.tid,
+            th.regs.len()
+        ))
+    })?;
+    s.t.set_xstate(&th.xstate)
+        .map_err(step("restoring FPU/SSE/AVX state"))?;
     // Unmap the control page with every signal still blocked (an armed
     // timer may have fired); its syscall-exit stop is where the process gets
     // its own mask and registers back (the instruction after `syscall` is gone).
-    s.sys("munmap", libc::SYS_munmap, &[s.ctl, CTL_SIZE]).map_err(step("unmapping the control page"))?;
-    s.t.set_sigmask(th.sigmask).map_err(step("restoring the signal mask"))?;
-    s.t.set_regs(&regs).map_err(step("loading the saved registers"))?;
+    s.sys("munmap", libc::SYS_munmap, &[s.ctl, CTL_SIZE])
+        .map_err(step("unmapping the control page"))?;
+    s.t.set_sigmask(th.sigmask)
+        .map_err(step("restoring the signal mask"))?;
+    s.t.set_regs(&regs)
+        .map_err(step("loading the saved registers"))?;
     s.t.detach().map_err(step("detaching"))?;
     Ok(())
 }

@@ -26,7 +26,10 @@ pub trait Remote {
         b.extend_from_slice(s.as_bytes());
         b.push(0);
         if off + b.len() > self.scratch_len() || s.as_bytes().contains(&0) {
-            return Err(KernelError::Io { what: format!("path too long or with NUL: {s:?}"), source: std::io::Error::from_raw_os_error(libc::ENAMETOOLONG) });
+            return Err(KernelError::Io {
+                what: format!("path too long or with NUL: {s:?}"),
+                source: std::io::Error::from_raw_os_error(libc::ENAMETOOLONG),
+            });
         }
         let a = self.scratch() + off as u64;
         self.write(a, &b)?;
@@ -62,7 +65,16 @@ pub struct Recorder {
 impl Recorder {
     /// Names of the recorded syscalls, in order.
     pub fn names(&self) -> Vec<&'static str> {
-        self.calls.iter().filter_map(|c| if let Call::Sys { name, .. } = c { Some(*name) } else { None }).collect()
+        self.calls
+            .iter()
+            .filter_map(|c| {
+                if let Call::Sys { name, .. } = c {
+                    Some(*name)
+                } else {
+                    None
+                }
+            })
+            .collect()
     }
 
     /// Arguments of every recorded call to `name`.
@@ -79,10 +91,17 @@ impl Recorder {
 
 impl Remote for Recorder {
     fn sys(&mut self, name: &'static str, nr: i64, args: &[u64]) -> Result<u64, KernelError> {
-        self.calls.push(Call::Sys { name, args: args.to_vec() });
+        self.calls.push(Call::Sys {
+            name,
+            args: args.to_vec(),
+        });
         if let Some((n, errno)) = self.fail_on {
             if n == name {
-                return Err(KernelError::RemoteSyscall { name, pid: 0, source: std::io::Error::from_raw_os_error(errno) });
+                return Err(KernelError::RemoteSyscall {
+                    name,
+                    pid: 0,
+                    source: std::io::Error::from_raw_os_error(errno),
+                });
             }
         }
         Ok(match nr {
@@ -98,7 +117,10 @@ impl Remote for Recorder {
     }
 
     fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), KernelError> {
-        self.calls.push(Call::Write { addr, data: data.to_vec() });
+        self.calls.push(Call::Write {
+            addr,
+            data: data.to_vec(),
+        });
         Ok(())
     }
 
@@ -119,7 +141,11 @@ impl Recorder {
             .iter()
             .rev()
             .find_map(|c| match c {
-                Call::Write { data, .. } if data.len() % 16 == 0 => Some(data.chunks_exact(16).map(|c| u64::from_le_bytes(c[8..16].try_into().unwrap_or([0; 8]))).sum()),
+                Call::Write { data, .. } if data.len() % 16 == 0 => Some(
+                    data.chunks_exact(16)
+                        .map(|c| u64::from_le_bytes(c[8..16].try_into().unwrap_or([0; 8])))
+                        .sum(),
+                ),
                 _ => None,
             })
             .unwrap_or(0)

@@ -30,7 +30,10 @@ const IOC_WRITE: u64 = 1;
 const IOC_READ: u64 = 2;
 
 const fn ioc(dir: u64, ty: u64, nr: u64, size: usize) -> u64 {
-    (dir << IOC_DIRSHIFT) | (ty << IOC_TYPESHIFT) | (nr << IOC_NRSHIFT) | ((size as u64) << IOC_SIZESHIFT)
+    (dir << IOC_DIRSHIFT)
+        | (ty << IOC_TYPESHIFT)
+        | (nr << IOC_NRSHIFT)
+        | ((size as u64) << IOC_SIZESHIFT)
 }
 const fn iowr(ty: u64, nr: u64, size: usize) -> u64 {
     ioc(IOC_READ | IOC_WRITE, ty, nr, size)
@@ -85,10 +88,33 @@ impl UserRegs {
     /// The registers as an array of words, in kernel order.
     pub fn to_words(&self) -> [u64; USER_REGS_WORDS] {
         [
-            self.r15, self.r14, self.r13, self.r12, self.rbp, self.rbx, self.r11, self.r10, self.r9,
-            self.r8, self.rax, self.rcx, self.rdx, self.rsi, self.rdi, self.orig_rax, self.rip,
-            self.cs, self.eflags, self.rsp, self.ss, self.fs_base, self.gs_base, self.ds, self.es,
-            self.fs, self.gs,
+            self.r15,
+            self.r14,
+            self.r13,
+            self.r12,
+            self.rbp,
+            self.rbx,
+            self.r11,
+            self.r10,
+            self.r9,
+            self.r8,
+            self.rax,
+            self.rcx,
+            self.rdx,
+            self.rsi,
+            self.rdi,
+            self.orig_rax,
+            self.rip,
+            self.cs,
+            self.eflags,
+            self.rsp,
+            self.ss,
+            self.fs_base,
+            self.gs_base,
+            self.ds,
+            self.es,
+            self.fs,
+            self.gs,
         ]
     }
 

@@ -34,7 +34,8 @@ fn mix(mut x: u64) -> u64 {
 fn tick(buf: &mut [u64], t: u64) -> u64 {
     let mut sum = 0u64;
     for j in 0..TOUCH_PER_TICK {
-        let i = usize::try_from(mix(t.wrapping_mul(TOUCH_PER_TICK) + j) % buf.len() as u64).unwrap_or(0);
+        let i = usize::try_from(mix(t.wrapping_mul(TOUCH_PER_TICK) + j) % buf.len() as u64)
+            .unwrap_or(0);
         buf[i] = buf[i].wrapping_add(mix(t ^ (j << 32)));
         sum = sum.wrapping_add(buf[i]);
     }
@@ -48,7 +49,12 @@ pub fn workload(pidfile: &Path) -> Result<ExitCode> {
     // SAFETY: close_range on fds this process does not use.
     unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
     // SAFETY: installing an async-signal-safe handler that sets an atomic.
-    unsafe { libc::signal(libc::SIGTERM, on_term as extern "C" fn(libc::c_int) as libc::sighandler_t) };
+    unsafe {
+        libc::signal(
+            libc::SIGTERM,
+            on_term as extern "C" fn(libc::c_int) as libc::sighandler_t,
+        )
+    };
     let mut buf = vec![0u64; WORDS];
     crate::ui::write_pidfile(pidfile, std::process::id() as i32)?;
     let mut t = 0u64;
@@ -66,7 +72,11 @@ pub fn workload(pidfile: &Path) -> Result<ExitCode> {
     }
     let mut lock = out.lock();
     if let Some(i) = (0..WORDS).find(|&i| replay[i] != buf[i]) {
-        writeln!(lock, "FAIL: word {i} is {:#x}, a replay of {t} ticks gives {:#x}", buf[i], replay[i])?;
+        writeln!(
+            lock,
+            "FAIL: word {i} is {:#x}, a replay of {t} ticks gives {:#x}",
+            buf[i], replay[i]
+        )?;
         lock.flush()?;
         return Ok(ExitCode::from(1));
     }
@@ -96,7 +106,11 @@ impl Tail {
             self.pos += n as u64;
             let l = line.trim_end().to_string();
             println!("    workload | {l}");
-            if let Some(t) = l.strip_prefix("tick ").and_then(|x| x.split_whitespace().next()).and_then(|x| x.parse().ok()) {
+            if let Some(t) = l
+                .strip_prefix("tick ")
+                .and_then(|x| x.split_whitespace().next())
+                .and_then(|x| x.parse().ok())
+            {
                 self.last_tick = Some(t);
             }
             self.lines.push(l);
@@ -129,9 +143,16 @@ pub fn run(dir: Option<PathBuf>, before: f64, after: f64) -> Result<ExitCode> {
     let pidfile = dir.join("workload.pid");
     let _ = std::fs::remove_file(&log);
     let _ = std::fs::remove_file(&pidfile);
-    println!("stasis demo: images in {}, workload log {}", images.display(), log.display());
+    println!(
+        "stasis demo: images in {}, workload log {}",
+        images.display(),
+        log.display()
+    );
 
-    let logf = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
+    let logf = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)?;
     let exe = std::env::current_exe()?;
     let mut child = Command::new(&exe)
         .arg("demo-workload")
@@ -143,12 +164,26 @@ pub fn run(dir: Option<PathBuf>, before: f64, after: f64) -> Result<ExitCode> {
         .spawn()
         .context("starting the demo workload")?;
     let pid = wait_pidfile(&pidfile, Duration::from_secs(10))?;
-    println!("1. started the workload, pid {pid}; it mutates 16 MiB and prints a tick every 200 ms:");
-    let mut tail = Tail { file: std::fs::File::open(&log)?, pos: 0, last_tick: None, lines: Vec::new() };
+    println!(
+        "1. started the workload, pid {pid}; it mutates 16 MiB and prints a tick every 200 ms:"
+    );
+    let mut tail = Tail {
+        file: std::fs::File::open(&log)?,
+        pos: 0,
+        last_tick: None,
+        lines: Vec::new(),
+    };
     tail.watch(before)?;
 
     let store = stasis_image::ImageDir::create_or_open(&images)?;
-    let r = stasis_capture::dump(&store, &stasis_capture::DumpOptions { pid, leave_running: false, progress: None })?;
+    let r = stasis_capture::dump(
+        &store,
+        &stasis_capture::DumpOptions {
+            pid,
+            leave_running: false,
+            progress: None,
+        },
+    )?;
     let status = child.wait()?;
     tail.pump()?;
     let last = tail.last_tick;
@@ -165,10 +200,22 @@ pub fn run(dir: Option<PathBuf>, before: f64, after: f64) -> Result<ExitCode> {
     std::thread::sleep(Duration::from_secs(1));
 
     let restored = stasis_restore::restore(&store, &stasis_restore::RestoreOptions::default())?;
-    println!("3. restored pid {} from checkpoint {}: {} pages in {}; it carries on:", restored.pid, restored.checkpoint, restored.pages, crate::ui::secs(restored.total_us));
+    println!(
+        "3. restored pid {} from checkpoint {}: {} pages in {}; it carries on:",
+        restored.pid,
+        restored.checkpoint,
+        restored.pages,
+        crate::ui::secs(restored.total_us)
+    );
     let seen_before = tail.lines.len();
     tail.watch(after)?;
-    let first_after = tail.lines[seen_before..].iter().find_map(|l| l.strip_prefix("tick ")?.split_whitespace().next()?.parse::<u64>().ok());
+    let first_after = tail.lines[seen_before..].iter().find_map(|l| {
+        l.strip_prefix("tick ")?
+            .split_whitespace()
+            .next()?
+            .parse::<u64>()
+            .ok()
+    });
 
     // SAFETY: signalling the restored process, our child.
     unsafe { libc::kill(restored.pid, libc::SIGTERM) };
@@ -182,7 +229,11 @@ pub fn run(dir: Option<PathBuf>, before: f64, after: f64) -> Result<ExitCode> {
     };
     println!("4. stopped it with SIGTERM; it checked its own memory: {verdict}");
     if continued && code == 0 && verdict.starts_with("PASS") {
-        println!("demo OK: the workload resumed at tick {} right after tick {} and its memory is intact", first_after.unwrap_or(0), last.map_or("-".into(), |t| t.to_string()));
+        println!(
+            "demo OK: the workload resumed at tick {} right after tick {} and its memory is intact",
+            first_after.unwrap_or(0),
+            last.map_or("-".into(), |t| t.to_string())
+        );
         Ok(ExitCode::SUCCESS)
     } else {
         bail!("demo failed: continued={continued} exit={code} verdict={verdict:?}")
@@ -198,7 +249,10 @@ fn wait_pidfile(path: &Path, timeout: Duration) -> Result<i32> {
             }
         }
         if t0.elapsed() > timeout {
-            bail!("the workload did not write {} within {timeout:?}", path.display());
+            bail!(
+                "the workload did not write {} within {timeout:?}",
+                path.display()
+            );
         }
         std::thread::sleep(Duration::from_millis(10));
     }

@@ -15,7 +15,11 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "stasis", version, about = "Checkpoint a running Linux process to disk and restore it later, exactly where it stopped")]
+#[command(
+    name = "stasis",
+    version,
+    about = "Checkpoint a running Linux process to disk and restore it later, exactly where it stopped"
+)]
 struct Cli {
     /// More log output (-v: info, -vv: debug). STASIS_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
@@ -110,9 +114,25 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.cmd {
         Cmd::Check { json } => cmd_check(json),
-        Cmd::Dump { pid, dir, leave_running, json } => cmd_dump(pid, &dir, leave_running, json),
-        Cmd::Restore { dir, checkpoint, detach, pidfile, pid_wait, json } => cmd_restore(&dir, checkpoint, detach, pidfile.as_deref(), pid_wait, json),
-        Cmd::Inspect { dir, checkpoint, json } => ui::inspect(&dir, checkpoint, json),
+        Cmd::Dump {
+            pid,
+            dir,
+            leave_running,
+            json,
+        } => cmd_dump(pid, &dir, leave_running, json),
+        Cmd::Restore {
+            dir,
+            checkpoint,
+            detach,
+            pidfile,
+            pid_wait,
+            json,
+        } => cmd_restore(&dir, checkpoint, detach, pidfile.as_deref(), pid_wait, json),
+        Cmd::Inspect {
+            dir,
+            checkpoint,
+            json,
+        } => ui::inspect(&dir, checkpoint, json),
         Cmd::Demo { dir, before, after } => demo::run(dir, before, after),
         Cmd::DemoWorkload { pidfile } => demo::workload(&pidfile),
     }
@@ -125,7 +145,13 @@ fn cmd_check(json: bool) -> Result<ExitCode> {
     } else {
         println!("kernel {}", r.kernel);
         for f in &r.features {
-            let mark = if f.available { "ok  " } else if f.required { "FAIL" } else { "no  " };
+            let mark = if f.available {
+                "ok  "
+            } else if f.required {
+                "FAIL"
+            } else {
+                "no  "
+            };
             println!("  {mark} {:<24} {}", f.name, f.detail);
             println!("       {:<24} enables: {}", "", f.enables);
             if !f.available {
@@ -135,16 +161,33 @@ fn cmd_check(json: bool) -> Result<ExitCode> {
         if !r.uffd_features.is_empty() {
             println!("userfaultfd features: {}", r.uffd_features.join(" "));
         }
-        println!("{}", if r.ok { "dump and restore can work here" } else { "dump and restore CANNOT work here: see FAIL lines" });
+        println!(
+            "{}",
+            if r.ok {
+                "dump and restore can work here"
+            } else {
+                "dump and restore CANNOT work here: see FAIL lines"
+            }
+        );
     }
-    Ok(if r.ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if r.ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 fn cmd_dump(pid: i32, dir: &Path, leave_running: bool, json: bool) -> Result<ExitCode> {
-    let store = stasis_image::ImageDir::create_or_open(dir).with_context(|| format!("opening image directory {}", dir.display()))?;
+    let store = stasis_image::ImageDir::create_or_open(dir)
+        .with_context(|| format!("opening image directory {}", dir.display()))?;
     let progress = ui::Progress::new("dumping");
-    let opts = stasis_capture::DumpOptions { pid, leave_running, progress: Some(progress.callback()) };
-    let r = stasis_capture::dump(&store, &opts).with_context(|| format!("dumping process {pid}"))?;
+    let opts = stasis_capture::DumpOptions {
+        pid,
+        leave_running,
+        progress: Some(progress.callback()),
+    };
+    let r =
+        stasis_capture::dump(&store, &opts).with_context(|| format!("dumping process {pid}"))?;
     progress.finish();
     if json {
         println!("{}", serde_json::to_string(&r)?);
@@ -157,29 +200,63 @@ fn cmd_dump(pid: i32, dir: &Path, leave_running: bool, json: bool) -> Result<Exi
             ui::bytes(r.bytes),
             ui::secs(r.total_us),
             ui::secs(r.frozen_us),
-            if r.killed { "process killed" } else { "process left running" }
+            if r.killed {
+                "process killed"
+            } else {
+                "process left running"
+            }
         );
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn cmd_restore(dir: &Path, checkpoint: Option<u32>, detach: bool, pidfile: Option<&Path>, pid_wait: u64, json: bool) -> Result<ExitCode> {
-    let store = stasis_image::ImageDir::open(dir).with_context(|| format!("opening image directory {}", dir.display()))?;
+fn cmd_restore(
+    dir: &Path,
+    checkpoint: Option<u32>,
+    detach: bool,
+    pidfile: Option<&Path>,
+    pid_wait: u64,
+    json: bool,
+) -> Result<ExitCode> {
+    let store = stasis_image::ImageDir::open(dir)
+        .with_context(|| format!("opening image directory {}", dir.display()))?;
     let progress = ui::Progress::new("restoring");
-    let opts = stasis_restore::RestoreOptions { checkpoint, pid_wait: Duration::from_secs(pid_wait), progress: Some(progress.callback()) };
+    let opts = stasis_restore::RestoreOptions {
+        checkpoint,
+        pid_wait: Duration::from_secs(pid_wait),
+        progress: Some(progress.callback()),
+    };
     let r = stasis_restore::restore(&store, &opts).context("restore failed")?;
     progress.finish();
     if let Some(pf) = pidfile {
         if let Err(e) = ui::write_pidfile(pf, r.pid) {
             // The process runs; say so rather than leaving it unaccounted for.
-            eprintln!("stasis: warning: restored pid {} but could not write {}: {e}", r.pid, pf.display());
+            eprintln!(
+                "stasis: warning: restored pid {} but could not write {}: {e}",
+                r.pid,
+                pf.display()
+            );
         }
     }
     if json {
         println!("{}", serde_json::to_string(&r)?);
     } else {
-        let waited = if r.pid_wait_us >= 1000 { format!(" (of which {} waiting for the PID to be released)", ui::secs(r.pid_wait_us)) } else { String::new() };
-        println!("restored pid {} from checkpoint {}: {} pages, {} in {}{waited}", r.pid, r.checkpoint, r.pages, ui::bytes(r.bytes), ui::secs(r.total_us));
+        let waited = if r.pid_wait_us >= 1000 {
+            format!(
+                " (of which {} waiting for the PID to be released)",
+                ui::secs(r.pid_wait_us)
+            )
+        } else {
+            String::new()
+        };
+        println!(
+            "restored pid {} from checkpoint {}: {} pages, {} in {}{waited}",
+            r.pid,
+            r.checkpoint,
+            r.pages,
+            ui::bytes(r.bytes),
+            ui::secs(r.total_us)
+        );
     }
     let _ = std::io::stdout().flush();
     if detach {
@@ -194,7 +271,9 @@ fn cmd_restore(dir: &Path, checkpoint: Option<u32>, detach: bool, pidfile: Optio
 fn require_root() -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        bail!("stasis needs root (CAP_SYS_PTRACE, CAP_SYS_ADMIN) for this command; run it with sudo");
+        bail!(
+            "stasis needs root (CAP_SYS_PTRACE, CAP_SYS_ADMIN) for this command; run it with sudo"
+        );
     }
     Ok(())
 }

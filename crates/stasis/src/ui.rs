@@ -17,8 +17,13 @@ pub fn init_tracing(verbose: u8) {
         1 => "info",
         _ => "debug",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("STASIS_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).try_init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("STASIS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
 }
 
 /// A progress bar that appears only for operations longer than a second,
@@ -30,7 +35,10 @@ pub struct Progress {
 
 impl Progress {
     pub fn new(label: &'static str) -> Self {
-        Self { inner: Arc::new(Mutex::new((None, Instant::now()))), label }
+        Self {
+            inner: Arc::new(Mutex::new((None, Instant::now()))),
+            label,
+        }
     }
 
     /// A callback for the library: (done, total) in bytes.
@@ -41,7 +49,9 @@ impl Progress {
             let Ok(mut g) = inner.lock() else { return };
             if g.0.is_none() && g.1.elapsed() >= Duration::from_secs(1) && total > 0 {
                 let pb = ProgressBar::new(total);
-                if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}") {
+                if let Ok(style) = ProgressStyle::with_template(
+                    "{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+                ) {
                     pb.set_style(style.progress_chars("=> "));
                 }
                 pb.set_message(label);
@@ -129,13 +139,19 @@ fn forward_signals_to(pid: i32) {
     FORWARD_PID.store(pid, std::sync::atomic::Ordering::Relaxed);
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: installing an async-signal-safe handler.
-        unsafe { libc::signal(sig, forward as extern "C" fn(libc::c_int) as libc::sighandler_t) };
+        unsafe {
+            libc::signal(
+                sig,
+                forward as extern "C" fn(libc::c_int) as libc::sighandler_t,
+            )
+        };
     }
 }
 
 /// `stasis inspect`.
 pub fn inspect(dir: &Path, checkpoint: Option<u32>, json: bool) -> Result<ExitCode> {
-    let store = stasis_image::ImageDir::open(dir).with_context(|| format!("opening image directory {}", dir.display()))?;
+    let store = stasis_image::ImageDir::open(dir)
+        .with_context(|| format!("opening image directory {}", dir.display()))?;
     let numbers = match checkpoint {
         Some(n) => vec![n],
         None => store.checkpoints()?,
@@ -177,7 +193,10 @@ pub fn inspect(dir: &Path, checkpoint: Option<u32>, json: bool) -> Result<ExitCo
             }
         );
         for p in &summary.processes {
-            println!("  pid {} ({}) {}: {} thread(s), {} mappings, {} fds, {} pages", p.pid, p.comm, p.exe, p.threads, p.vmas, p.fds, p.pack_pages);
+            println!(
+                "  pid {} ({}) {}: {} thread(s), {} mappings, {} fds, {} pages",
+                p.pid, p.comm, p.exe, p.threads, p.vmas, p.fds, p.pack_pages
+            );
         }
         if checkpoint.is_some() {
             print_detail(&cp);
@@ -189,7 +208,11 @@ pub fn inspect(dir: &Path, checkpoint: Option<u32>, json: bool) -> Result<ExitCo
         println!("no checkpoints in {}", dir.display());
     }
     let _ = std::io::stdout().flush();
-    Ok(if bad == 0 { ExitCode::SUCCESS } else { ExitCode::from(2) })
+    Ok(if bad == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
+    })
 }
 
 fn detail_json(cp: &stasis_image::Checkpoint) -> &stasis_image::manifest::Manifest {
@@ -198,11 +221,22 @@ fn detail_json(cp: &stasis_image::Checkpoint) -> &stasis_image::manifest::Manife
 
 fn print_detail(cp: &stasis_image::Checkpoint) {
     for p in &cp.manifest.processes {
-        println!("  process {}: cwd {}, umask {:03o}, uid {:?}", p.pid, p.cwd, p.umask, p.creds.uid);
+        println!(
+            "  process {}: cwd {}, umask {:03o}, uid {:?}",
+            p.pid, p.cwd, p.umask, p.creds.uid
+        );
         println!("  mappings:");
         let pack = p.pack.as_ref().and_then(|r| cp.open_pack(r).ok());
         for v in &p.vmas {
-            let pages: u64 = pack.as_ref().map(|pk| pk.runs_in(v.start, v.end).iter().map(|r| u64::from(r.npages)).sum()).unwrap_or(0);
+            let pages: u64 = pack
+                .as_ref()
+                .map(|pk| {
+                    pk.runs_in(v.start, v.end)
+                        .iter()
+                        .map(|r| u64::from(r.npages))
+                        .sum()
+                })
+                .unwrap_or(0);
             let prot = format!(
                 "{}{}{}{}",
                 if v.prot & 1 != 0 { 'r' } else { '-' },
@@ -211,23 +245,55 @@ fn print_detail(cp: &stasis_image::Checkpoint) {
                 if v.shared { 's' } else { 'p' }
             );
             let what = match &v.kind {
-                VmaKind::Anon => if v.name.is_empty() { "anon".to_string() } else { v.name.clone() },
+                VmaKind::Anon => {
+                    if v.name.is_empty() {
+                        "anon".to_string()
+                    } else {
+                        v.name.clone()
+                    }
+                }
                 VmaKind::File { path, offset, .. } => format!("{path} @{offset:#x}"),
                 VmaKind::Vdso => "[vdso]".into(),
                 VmaKind::Vvar => "[vvar]".into(),
                 VmaKind::VvarVclock => "[vvar_vclock]".into(),
             };
-            println!("    {:012x}-{:012x} {prot} {:>8} pages saved  {what}", v.start, v.end, pages);
+            println!(
+                "    {:012x}-{:012x} {prot} {:>8} pages saved  {what}",
+                v.start, v.end, pages
+            );
         }
         println!("  fds:");
         for f in &p.fds {
             let FdKind::Path { path, pos, .. } = &f.kind;
-            println!("    {:>4} {path} flags {:#o}{} pos {pos}", f.fd, f.flags, if f.cloexec { " cloexec" } else { "" });
+            println!(
+                "    {:>4} {path} flags {:#o}{} pos {pos}",
+                f.fd,
+                f.flags,
+                if f.cloexec { " cloexec" } else { "" }
+            );
         }
-        let handled: Vec<String> = p.sigactions.iter().filter(|a| a.handler != 0).map(|a| format!("{}{}", a.signo, if a.handler == 1 { ":ign" } else { "" })).collect();
-        println!("  signals with a disposition: {}", if handled.is_empty() { "none".into() } else { handled.join(" ") });
+        let handled: Vec<String> = p
+            .sigactions
+            .iter()
+            .filter(|a| a.handler != 0)
+            .map(|a| format!("{}{}", a.signo, if a.handler == 1 { ":ign" } else { "" }))
+            .collect();
+        println!(
+            "  signals with a disposition: {}",
+            if handled.is_empty() {
+                "none".into()
+            } else {
+                handled.join(" ")
+            }
+        );
         for t in &p.threads {
-            println!("  thread {}: mask {:#x}, {} pending, xstate {} bytes", t.tid, t.sigmask, t.pending.len(), t.xstate.len());
+            println!(
+                "  thread {}: mask {:#x}, {} pending, xstate {} bytes",
+                t.tid,
+                t.sigmask,
+                t.pending.len(),
+                t.xstate.len()
+            );
         }
     }
 }

@@ -10,11 +10,33 @@ fn check_passes_here_and_reports_every_facility() {
     assert_ok(&o, "check");
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["ok"], true);
-    let names: Vec<&str> = v["features"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
-    for n in ["ptrace", "remote-syscalls", "process_vm_readv/writev", "userfaultfd", "uffd-wp-async", "PAGEMAP_SCAN", "soft-dirty", "clone3-set_tid", "PR_SET_MM_MAP", "pidfd_getfd", "ARCH_MAP_VDSO", "capabilities"] {
+    let names: Vec<&str> = v["features"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    for n in [
+        "ptrace",
+        "remote-syscalls",
+        "process_vm_readv/writev",
+        "userfaultfd",
+        "uffd-wp-async",
+        "PAGEMAP_SCAN",
+        "soft-dirty",
+        "clone3-set_tid",
+        "PR_SET_MM_MAP",
+        "pidfd_getfd",
+        "ARCH_MAP_VDSO",
+        "capabilities",
+    ] {
         assert!(names.contains(&n), "check lacks {n}: {names:?}");
     }
-    assert!(v["uffd_features"].as_array().unwrap().iter().any(|f| f == "WP_ASYNC"));
+    assert!(v["uffd_features"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|f| f == "WP_ASYNC"));
     let o = stasis().arg("check").output().unwrap();
     assert!(String::from_utf8_lossy(&o.stdout).contains("dump and restore can work here"));
 }
@@ -29,21 +51,41 @@ fn json_summaries_and_inspect() {
     assert_eq!(d["pid"], w.pid);
     assert!(d["pages"].as_u64().unwrap() >= 4096, "16 MiB heap: {d}");
     assert_eq!(w.reap().1, Some(libc::SIGKILL));
-    let o = stasis().args(["inspect", "--json", "--checkpoint", "1", "-D"]).arg(w.images()).output().unwrap();
+    let o = stasis()
+        .args(["inspect", "--json", "--checkpoint", "1", "-D"])
+        .arg(w.images())
+        .output()
+        .unwrap();
     assert_ok(&o, "inspect --json");
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v[0]["verified"], true);
     assert_eq!(v[0]["processes"][0]["pid"], w.pid);
-    let o = stasis().args(["inspect", "--checkpoint", "1", "-D"]).arg(w.images()).output().unwrap();
+    let o = stasis()
+        .args(["inspect", "--checkpoint", "1", "-D"])
+        .arg(w.images())
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&o.stdout);
-    assert!(text.contains("[heap]") && text.contains("[stack]") && text.contains("checksums ok"), "{text}");
+    assert!(
+        text.contains("[heap]") && text.contains("[stack]") && text.contains("checksums ok"),
+        "{text}"
+    );
     let pidfile = w.dir.path().join("restored.pid");
-    let o = stasis().args(["restore", "--detach", "--json", "--pidfile"]).arg(&pidfile).arg("-D").arg(w.images()).output().unwrap();
+    let o = stasis()
+        .args(["restore", "--detach", "--json", "--pidfile"])
+        .arg(&pidfile)
+        .arg("-D")
+        .arg(w.images())
+        .output()
+        .unwrap();
     assert_ok(&o, "restore --json");
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(r["pid"], w.pid);
     assert_eq!(r["pages"], d["pages"]);
-    assert_eq!(std::fs::read_to_string(&pidfile).unwrap().trim(), w.pid.to_string());
+    assert_eq!(
+        std::fs::read_to_string(&pidfile).unwrap().trim(),
+        w.pid.to_string()
+    );
     w.finish_pass();
 }
 
@@ -54,7 +96,11 @@ fn restore_without_detach_waits_and_returns_the_exit_status() {
     w.dump_and_reap();
     let pidfile = w.dir.path().join("restored.pid");
     let mut c = stasis();
-    c.args(["restore", "--pidfile"]).arg(&pidfile).arg("-D").arg(w.images()).stdout(std::process::Stdio::null());
+    c.args(["restore", "--pidfile"])
+        .arg(&pidfile)
+        .arg("-D")
+        .arg(w.images())
+        .stdout(std::process::Stdio::null());
     let mut restorer = c.spawn().unwrap();
     let pid = wait_pidfile(&pidfile, std::time::Duration::from_secs(30));
     assert_eq!(pid, w.pid);
@@ -62,14 +108,22 @@ fn restore_without_detach_waits_and_returns_the_exit_status() {
     // SAFETY: signalling the restored workload.
     unsafe { libc::kill(pid, libc::SIGTERM) };
     let st = restorer.wait().unwrap();
-    assert_eq!(st.code(), Some(0), "restore should exit with the workload's status");
+    assert_eq!(
+        st.code(),
+        Some(0),
+        "restore should exit with the workload's status"
+    );
     assert_eq!(w.out().lines().last(), Some("PASS"));
 }
 
 #[test]
 fn demo_runs_end_to_end() {
     let d = tempfile::tempdir().unwrap();
-    let o = stasis().args(["demo", "--before", "1", "--after", "1", "--dir"]).arg(d.path()).output().unwrap();
+    let o = stasis()
+        .args(["demo", "--before", "1", "--after", "1", "--dir"])
+        .arg(d.path())
+        .output()
+        .unwrap();
     assert_ok(&o, "demo");
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("demo OK"), "{text}");

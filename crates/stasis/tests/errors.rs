@@ -8,7 +8,11 @@ use common::*;
 fn dump_of_a_pid_that_does_not_exist() {
     let d = tempfile::tempdir().unwrap();
     let pid = unused_pid();
-    let o = stasis().args(["dump", "-t", &pid.to_string(), "-D"]).arg(d.path().join("img")).output().unwrap();
+    let o = stasis()
+        .args(["dump", "-t", &pid.to_string(), "-D"])
+        .arg(d.path().join("img"))
+        .output()
+        .unwrap();
     assert_fails_with(&o, "does not exist");
 }
 
@@ -30,7 +34,13 @@ fn dump_of_a_process_already_traced_leaves_it_untouched() {
         libc::ptrace(libc::PTRACE_DETACH, w.pid, 0, 0);
     }
     assert!(alive(w.pid));
-    assert!(!w.images().join("checkpoints").exists() || std::fs::read_dir(w.images().join("checkpoints")).unwrap().count() == 0);
+    assert!(
+        !w.images().join("checkpoints").exists()
+            || std::fs::read_dir(w.images().join("checkpoints"))
+                .unwrap()
+                .count()
+                == 0
+    );
     w.finish_pass();
 }
 
@@ -38,12 +48,19 @@ fn dump_of_a_process_already_traced_leaves_it_untouched() {
 fn unsupported_fd_is_refused_and_process_keeps_running() {
     let d = tempfile::tempdir().unwrap();
     let mut c = std::process::Command::new("sleep");
-    c.arg("100").stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    c.arg("100")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
     close_inherited_fds(&mut c);
     let mut child = c.spawn().unwrap();
     let pid = child.id() as i32;
     std::thread::sleep(std::time::Duration::from_millis(100));
-    let o = stasis().args(["dump", "-t", &pid.to_string(), "-D"]).arg(d.path().join("img")).output().unwrap();
+    let o = stasis()
+        .args(["dump", "-t", &pid.to_string(), "-D"])
+        .arg(d.path().join("img"))
+        .output()
+        .unwrap();
     assert_fails_with(&o, "fd 0 is a pipe");
     assert!(alive(pid), "the refused process must keep running");
     let stat = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -64,11 +81,22 @@ fn multithreaded_process_is_refused() {
     let mut child = c.spawn().unwrap();
     let pid = child.id() as i32;
     let t0 = std::time::Instant::now();
-    while std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count() < 2 {
-        assert!(t0.elapsed().as_secs() < 10, "python did not start its thread");
+    while std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .count()
+        < 2
+    {
+        assert!(
+            t0.elapsed().as_secs() < 10,
+            "python did not start its thread"
+        );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    let o = stasis().args(["dump", "-t", &pid.to_string(), "-D"]).arg(d.path().join("img")).output().unwrap();
+    let o = stasis()
+        .args(["dump", "-t", &pid.to_string(), "-D"])
+        .arg(d.path().join("img"))
+        .output()
+        .unwrap();
     assert_fails_with(&o, "threads");
     assert!(alive(pid));
     child.kill().unwrap();
@@ -85,19 +113,35 @@ fn dumped() -> Workload {
 
 fn ckpt_file(w: &Workload, prefix: &str) -> std::path::PathBuf {
     let d = w.images().join("checkpoints/00000001");
-    std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().path()).find(|p| p.file_name().unwrap().to_string_lossy().starts_with(prefix)).unwrap()
+    std::fs::read_dir(&d)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with(prefix))
+        .unwrap()
 }
 
 fn restore_fails(w: &Workload, needle: &str) {
-    let o = stasis().args(["restore", "--detach", "-D"]).arg(w.images()).output().unwrap();
+    let o = stasis()
+        .args(["restore", "--detach", "-D"])
+        .arg(w.images())
+        .output()
+        .unwrap();
     assert_fails_with(&o, needle);
-    assert!(!alive(w.pid), "a failed restore left process {} running", w.pid);
+    assert!(
+        !alive(w.pid),
+        "a failed restore left process {} running",
+        w.pid
+    );
 }
 
 #[test]
 fn restore_from_a_missing_dir() {
     let d = tempfile::tempdir().unwrap();
-    let o = stasis().args(["restore", "-D"]).arg(d.path().join("nope")).output().unwrap();
+    let o = stasis()
+        .args(["restore", "-D"])
+        .arg(d.path().join("nope"))
+        .output()
+        .unwrap();
     assert_fails_with(&o, "nope");
 }
 
@@ -117,7 +161,12 @@ fn restore_with_a_truncated_pack() {
     let w = dumped();
     let p = ckpt_file(&w, "pages-");
     let len = std::fs::metadata(&p).unwrap().len();
-    std::fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(len - 5000).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(len - 5000)
+        .unwrap();
     restore_fails(&w, "pack");
 }
 
@@ -147,7 +196,11 @@ fn restore_when_the_pid_is_taken() {
     std::thread::sleep(std::time::Duration::from_millis(200));
     assert_ok(&w.dump(&["--leave-running"]), "dump --leave-running");
     // The original still runs at that PID.
-    let o = stasis().args(["restore", "--detach", "-D"]).arg(w.images()).output().unwrap();
+    let o = stasis()
+        .args(["restore", "--detach", "-D"])
+        .arg(w.images())
+        .output()
+        .unwrap();
     assert_fails_with(&o, "in use");
     assert!(alive(w.pid));
     w.finish_pass();
@@ -156,7 +209,11 @@ fn restore_when_the_pid_is_taken() {
 #[test]
 fn restore_of_a_missing_checkpoint_number() {
     let w = dumped();
-    let o = stasis().args(["restore", "--checkpoint", "7", "-D"]).arg(w.images()).output().unwrap();
+    let o = stasis()
+        .args(["restore", "--checkpoint", "7", "-D"])
+        .arg(w.images())
+        .output()
+        .unwrap();
     assert_fails_with(&o, "7");
     assert!(!alive(w.pid));
 }

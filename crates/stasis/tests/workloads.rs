@@ -12,15 +12,25 @@ fn twice(name: &str, args: &[&str]) {
     std::thread::sleep(std::time::Duration::from_millis(300));
     for round in 1..=2 {
         w.dump_and_reap();
-        assert!(!alive(w.pid), "{name}: still alive after dump round {round}");
+        assert!(
+            !alive(w.pid),
+            "{name}: still alive after dump round {round}"
+        );
         w.restore(&[]);
         std::thread::sleep(std::time::Duration::from_millis(300));
     }
     // Both checkpoints are in the image, and the first still restores later.
-    let o = stasis().args(["inspect", "-D"]).arg(w.images()).output().unwrap();
+    let o = stasis()
+        .args(["inspect", "-D"])
+        .arg(w.images())
+        .output()
+        .unwrap();
     assert_ok(&o, "inspect");
     let text = String::from_utf8_lossy(&o.stdout);
-    assert!(text.contains("checkpoint 1") && text.contains("checkpoint 2 (latest)"), "{text}");
+    assert!(
+        text.contains("checkpoint 1") && text.contains("checkpoint 2 (latest)"),
+        "{text}"
+    );
     w.finish_pass();
 }
 

@@ -32,7 +32,10 @@ pub fn close_inherited_fds(c: &mut Command) {
 }
 
 fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("repo root")
 }
 
 /// Builds the workloads once per test binary; returns the directory.
@@ -69,7 +72,10 @@ impl Workload {
     /// Starts `name` with `args`; waits for its pidfile.
     pub fn start(name: &str, args: &[&str]) -> Workload {
         let bin = workloads().join(name);
-        let dir = tempfile::Builder::new().prefix(&format!("stasis-{name}-")).tempdir().expect("tempdir");
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("stasis-{name}-"))
+            .tempdir()
+            .expect("tempdir");
         std::fs::create_dir(dir.path().join("work")).expect("work dir");
         let out = std::fs::File::create(dir.path().join("out.log")).expect("out.log");
         let pidfile = dir.path().join("pid");
@@ -81,10 +87,17 @@ impl Workload {
             .stdout(out.try_clone().expect("dup"))
             .stderr(out);
         close_inherited_fds(&mut c);
-        let child = c.spawn().unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+        let child = c
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
         let pid = wait_pidfile(&pidfile, Duration::from_secs(30));
         assert_eq!(pid, child.id() as i32, "pidfile of {name}");
-        Workload { name: name.into(), dir, pid, child: Some(child) }
+        Workload {
+            name: name.into(),
+            dir,
+            pid,
+            child: Some(child),
+        }
     }
 
     pub fn images(&self) -> PathBuf {
@@ -97,7 +110,12 @@ impl Workload {
 
     /// `stasis dump` of the workload into its image dir.
     pub fn dump(&self, extra: &[&str]) -> Output {
-        stasis().args(["dump", "-t", &self.pid.to_string(), "-D"]).arg(self.images()).args(extra).output().expect("running stasis dump")
+        stasis()
+            .args(["dump", "-t", &self.pid.to_string(), "-D"])
+            .arg(self.images())
+            .args(extra)
+            .output()
+            .expect("running stasis dump")
     }
 
     /// Dumps (killing it) and reaps the killed process.
@@ -105,7 +123,12 @@ impl Workload {
         let o = self.dump(&[]);
         assert_ok(&o, &format!("dump of {}", self.name));
         let (code, sig) = self.reap();
-        assert_eq!((code, sig), (None, Some(libc::SIGKILL)), "{}: dumped process should die of SIGKILL", self.name);
+        assert_eq!(
+            (code, sig),
+            (None, Some(libc::SIGKILL)),
+            "{}: dumped process should die of SIGKILL",
+            self.name
+        );
     }
 
     /// Waits for the workload (a child, or an orphan reparented to us).
@@ -120,9 +143,19 @@ impl Workload {
 
     /// `stasis restore --detach` at the saved PID.
     pub fn restore(&mut self, extra: &[&str]) {
-        let o = stasis().args(["restore", "--detach", "-D"]).arg(self.images()).args(extra).output().expect("running stasis restore");
+        let o = stasis()
+            .args(["restore", "--detach", "-D"])
+            .arg(self.images())
+            .args(extra)
+            .output()
+            .expect("running stasis restore");
         assert_ok(&o, &format!("restore of {}", self.name));
-        assert!(alive(self.pid), "{}: restored process {} is not running", self.name, self.pid);
+        assert!(
+            alive(self.pid),
+            "{}: restored process {} is not running",
+            self.name,
+            self.pid
+        );
     }
 
     /// SIGTERM, wait, and require exit 0 with a final `PASS` line.
@@ -131,7 +164,12 @@ impl Workload {
         unsafe { libc::kill(self.pid, libc::SIGTERM) };
         let (code, sig) = self.reap();
         let out = self.out();
-        assert_eq!((code, sig), (Some(0), None), "{} did not exit 0; output:\n{out}", self.name);
+        assert_eq!(
+            (code, sig),
+            (Some(0), None),
+            "{} did not exit 0; output:\n{out}",
+            self.name
+        );
         let last = out.lines().last().unwrap_or("");
         assert_eq!(last, "PASS", "{}: output:\n{out}", self.name);
     }
@@ -162,17 +200,27 @@ pub fn assert_ok(o: &Output, what: &str) {
 pub fn assert_fails_with(o: &Output, needle: &str) {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "expected exit 1; stderr: {err}");
-    assert!(err.contains(needle), "stderr should mention {needle:?}: {err}");
+    assert!(
+        err.contains(needle),
+        "stderr should mention {needle:?}: {err}"
+    );
     assert!(!err.contains("panicked"), "panic: {err}");
 }
 
 pub fn wait_pidfile(path: &Path, timeout: Duration) -> i32 {
     let t0 = Instant::now();
     loop {
-        if let Some(p) = std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()) {
+        if let Some(p) = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
             return p;
         }
-        assert!(t0.elapsed() < timeout, "no pidfile {} after {timeout:?}", path.display());
+        assert!(
+            t0.elapsed() < timeout,
+            "no pidfile {} after {timeout:?}",
+            path.display()
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -180,7 +228,11 @@ pub fn wait_pidfile(path: &Path, timeout: Duration) -> i32 {
 /// True if `pid` exists and is not a zombie.
 pub fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !matches!(s.rfind(')').and_then(|i| s[i + 1..].split_whitespace().next()), Some("Z") | Some("X")),
+        Ok(s) => !matches!(
+            s.rfind(')')
+                .and_then(|i| s[i + 1..].split_whitespace().next()),
+            Some("Z") | Some("X")
+        ),
         Err(_) => false,
     }
 }
@@ -201,15 +253,27 @@ pub fn waitpid_timeout(pid: i32, timeout: Duration) -> (Option<i32>, Option<i32>
             }
         }
         if r < 0 {
-            panic!("waitpid({pid}): {} (not our child?)", std::io::Error::last_os_error());
+            panic!(
+                "waitpid({pid}): {} (not our child?)",
+                std::io::Error::last_os_error()
+            );
         }
-        assert!(t0.elapsed() < timeout, "process {pid} did not exit within {timeout:?}");
+        assert!(
+            t0.elapsed() < timeout,
+            "process {pid} did not exit within {timeout:?}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
 
 /// A PID that is not in use right now.
 pub fn unused_pid() -> i32 {
-    let max: i32 = std::fs::read_to_string("/proc/sys/kernel/pid_max").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(32768);
-    (1000..max).rev().find(|p| !Path::new(&format!("/proc/{p}")).exists()).expect("a free pid")
+    let max: i32 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(32768);
+    (1000..max)
+        .rev()
+        .find(|p| !Path::new(&format!("/proc/{p}")).exists())
+        .expect("a free pid")
 }
