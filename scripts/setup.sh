@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs what building and testing Stasis needs, if it is missing:
+# a C compiler and make (test workloads), python3 (one test uses it), and a
+# Rust toolchain. Safe to run again: it only installs what is absent.
+# Source it (`. scripts/setup.sh`) to get cargo on PATH in the calling shell.
+set -euo pipefail
+
+stasis_log() { printf 'setup: %s\n' "$*" >&2; }
+
+if [ -d "$HOME/.cargo/bin" ]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+fi
+
+missing=()
+command -v cc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
+command -v make >/dev/null 2>&1 || missing+=(make)
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
+command -v cargo >/dev/null 2>&1 || missing+=(cargo rustc)
+
+if [ "${#missing[@]}" -gt 0 ]; then
+    if [ "$(id -u)" -ne 0 ]; then
+        stasis_log "missing: ${missing[*]}; run this script as root (sudo) to install them"
+        exit 1
+    fi
+    stasis_log "installing: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! cargo --version >/dev/null 2>&1; then
+    stasis_log "cargo is not usable after installation"
+    exit 1
+fi
+stasis_log "$(cargo --version), $(cc --version | head -n1)"
