@@ -12,4 +12,13 @@ fi
 echo "== workload self-test"
 bash tests/workloads/selftest.sh "$(pwd)/target/workloads-selftest"
 echo "== cargo test"
-cargo test --workspace --locked 2>&1
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --workspace --locked 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+set -e
+# One closing line for the whole run (cargo prints one per test binary).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed;?$/) p += $(i-1); if ($(i) ~ /^failed;?$/) f += $(i-1) } }
+     END { printf "total: %d passed, %d failed\n", p, f }' "$log"
+exit "$rc"

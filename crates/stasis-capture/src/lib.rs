@@ -45,6 +45,8 @@ pub enum CaptureError {
     NoSuchProcess { pid: i32 },
     #[error("cannot dump process {pid}: {what}")]
     Unsupported { pid: i32, what: String },
+    #[error("cannot trace process {pid}: permission denied reading /proc/{pid}/{file} (run stasis as root, or as the process's owner with CAP_SYS_PTRACE)")]
+    Permission { pid: i32, file: String },
     #[error("reading /proc/{pid}/{file} failed")]
     Proc {
         pid: i32,
@@ -70,6 +72,8 @@ impl CaptureError {
             && std::fs::metadata(format!("/proc/{pid}")).is_err()
         {
             CaptureError::NoSuchProcess { pid }
+        } else if e.kind() == std::io::ErrorKind::PermissionDenied {
+            CaptureError::Permission { pid, file: file.into() }
         } else {
             CaptureError::Proc {
                 pid,

@@ -217,3 +217,41 @@ fn restore_of_a_missing_checkpoint_number() {
     assert_fails_with(&o, "7");
     assert!(!alive(w.pid));
 }
+
+#[test]
+fn dump_to_a_full_disk_leaves_the_process_running_and_no_checkpoint() {
+    let mut w = Workload::start("heap", &["32"]);
+    let small = w.dir.path().join("small");
+    std::fs::create_dir(&small).unwrap();
+    let st = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"]).arg(&small).status().unwrap();
+    assert!(st.success(), "mounting a small tmpfs");
+    let o = stasis().args(["dump", "-t", &w.pid.to_string(), "-D"]).arg(small.join("img")).output().unwrap();
+    let listing: Vec<String> = std::fs::read_dir(small.join("img/checkpoints")).map(|d| d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()).unwrap_or_default();
+    let _ = std::process::Command::new("umount").arg(&small).status();
+    assert_fails_with(&o, "No space left");
+    assert!(listing.is_empty(), "a failed dump left {listing:?}");
+    assert!(alive(w.pid));
+    w.finish_pass();
+}
+
+#[test]
+fn dump_without_privileges_is_refused_cleanly() {
+    if std::process::Command::new("setpriv").arg("--version").output().is_err() {
+        panic!("setpriv (util-linux) is needed for this test");
+    }
+    let mut w = Workload::start("counter", &[]);
+    let d = tempfile::tempdir().unwrap();
+    let mut c = std::process::Command::new("setpriv");
+    c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--"])
+        .arg(env!("CARGO_BIN_EXE_stasis"))
+        .args(["dump", "-t", &w.pid.to_string(), "-D"])
+        .arg(d.path().join("img"));
+    close_inherited_fds(&mut c);
+    // The unprivileged user cannot create the image dir inside root's temp
+    // dir either; let it have one of its own.
+    std::fs::set_permissions(d.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let o = c.output().unwrap();
+    assert_fails_with(&o, "cannot trace");
+    assert!(alive(w.pid));
+    w.finish_pass();
+}
