@@ -1,10 +1,11 @@
 //! Freeze a process, read its state and memory, and write a Stasis image.
 //!
 //! # The path of a dump
-//! 1. **Pre-flight, untouched**: the process exists, is single-threaded, and
-//!    every fd and mapping is of a supported kind. Anything unsupported is
+//! 1. **Pre-flight, untouched**: the process exists, and every fd and
+//!    mapping is of a supported kind. Anything unsupported is
 //!    refused here, before the process is even stopped.
-//! 2. **Freeze**: `PTRACE_SEIZE` + `PTRACE_INTERRUPT`; every signal is
+//! 2. **Freeze** every thread (listing `/proc/PID/task` until no new one
+//!    appears): `PTRACE_SEIZE` + `PTRACE_INTERRUPT`; every signal is
 //!    blocked through `PTRACE_SETSIGMASK` so remote syscalls cannot be
 //!    disturbed (signals arriving meanwhile stay pending and are recorded).
 //! 3. **Registers**: general registers (normalised so an interrupted syscall
@@ -108,25 +109,13 @@ pub struct DumpReport {
     pub killed: bool,
 }
 
-/// Dumps one single-threaded process into `store` as a new checkpoint.
+/// Dumps one process (all its threads) into `store` as a new checkpoint.
 pub fn dump(store: &ImageDir, opts: &DumpOptions) -> Result<DumpReport> {
     let t0 = Instant::now();
     let pid = opts.pid;
     preflight(pid)?;
-    let mut tracee = Tracee::seize(pid, 0).map_err(|e| match e {
-        KernelError::NoSuchProcess { pid } => CaptureError::NoSuchProcess { pid },
-        e => e.into(),
-    })?;
-    tracee.interrupt()?;
+    let mut frozen = freeze(pid)?;
     let frozen_at = Instant::now();
-    let orig_mask = tracee.block_all_signals()?;
-    let orig_regs = tracee.regs()?;
-    let mut frozen = Frozen {
-        tracee,
-        orig_regs,
-        orig_mask,
-        done: false,
-    };
 
     let result = capture_frozen(store, opts, &mut frozen, t0, frozen_at);
     match result {
@@ -158,36 +147,84 @@ fn micros(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
-/// A frozen process and what is needed to let it go unchanged.
-struct Frozen {
+/// One frozen thread and what is needed to let it go unchanged.
+struct FrozenThread {
     tracee: Tracee,
     orig_regs: UserRegs,
     orig_mask: u64,
+}
+
+/// A frozen process (main thread first) and what is needed to let it go
+/// unchanged.
+struct Frozen {
+    pid: i32,
+    threads: Vec<FrozenThread>,
     done: bool,
 }
 
+/// Seizes and stops every thread of `pid`, listing `/proc/PID/task` again
+/// until no new thread appears (a running thread may create one while we
+/// stop the others). Every thread gets all signals blocked.
+fn freeze(pid: i32) -> Result<Frozen> {
+    let mut f = Frozen { pid, threads: Vec::new(), done: false };
+    loop {
+        let mut new = 0;
+        for tid in list_tasks(pid)? {
+            if f.threads.iter().any(|t| t.tracee.pid() == tid) {
+                continue;
+            }
+            let mut tracee = match Tracee::seize(tid, 0) {
+                Ok(t) => t,
+                // A thread that exited meanwhile is simply not part of the image.
+                Err(KernelError::NoSuchProcess { .. }) if tid != pid => continue,
+                Err(KernelError::NoSuchProcess { pid }) => return Err(CaptureError::NoSuchProcess { pid }),
+                Err(e) => return Err(e.into()),
+            };
+            tracee.interrupt()?;
+            let orig_mask = tracee.block_all_signals()?;
+            let orig_regs = tracee.regs()?;
+            f.threads.push(FrozenThread { tracee, orig_regs, orig_mask });
+            new += 1;
+        }
+        if new == 0 {
+            break;
+        }
+    }
+    // Main thread first.
+    f.threads.sort_by_key(|t| (t.tracee.pid() != pid, t.tracee.pid()));
+    if f.threads.first().map(|t| t.tracee.pid()) != Some(pid) {
+        return Err(CaptureError::Unsupported { pid, what: "its main thread has exited while other threads run".into() });
+    }
+    Ok(f)
+}
+
 impl Frozen {
-    /// Restores registers (with an interrupted syscall set up to restart)
-    /// and the signal mask, then detaches.
+    /// Restores every thread's registers (with an interrupted syscall set up
+    /// to restart) and signal mask, then detaches.
     fn release(&mut self) -> Result<()> {
         if self.done {
             return Ok(());
         }
         self.done = true;
-        let mut regs = self.orig_regs;
-        normalize_interrupted_syscall(&mut regs, true);
-        self.tracee.set_regs(&regs)?;
-        self.tracee.set_sigmask(self.orig_mask)?;
-        self.tracee.detach()?;
-        Ok(())
+        let mut first_err = None;
+        for t in &mut self.threads {
+            let mut regs = t.orig_regs;
+            normalize_interrupted_syscall(&mut regs, true);
+            let r = t.tracee.set_regs(&regs).and_then(|()| t.tracee.set_sigmask(t.orig_mask)).and_then(|()| t.tracee.detach());
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), |e| Err(e.into()))
     }
 
     fn kill(&mut self) {
         self.done = true;
-        let pid = self.tracee.pid();
         // SAFETY: sending SIGKILL to the process we just dumped.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-        self.tracee.forget();
+        unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        for t in &mut self.threads {
+            t.tracee.forget();
+        }
     }
 }
 
@@ -197,6 +234,13 @@ impl Drop for Frozen {
             let _ = self.release();
         }
     }
+}
+
+fn list_tasks(pid: i32) -> Result<Vec<i32>> {
+    let rd = std::fs::read_dir(proc::proc_path(pid, "task")).map_err(|e| CaptureError::from_proc(pid, "task", e))?;
+    let mut t: Vec<i32> = rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
+    t.sort_unstable();
+    Ok(t)
 }
 
 /// Classifies an fd link target; `Err` names what is unsupported.
@@ -260,12 +304,6 @@ fn list_fds(pid: i32) -> Result<Vec<i32>> {
     Ok(fds)
 }
 
-fn thread_count(pid: i32) -> Result<usize> {
-    let rd = std::fs::read_dir(proc::proc_path(pid, "task"))
-        .map_err(|e| CaptureError::from_proc(pid, "task", e))?;
-    Ok(rd.count())
-}
-
 /// Checks everything that can be checked without stopping the process.
 fn preflight(pid: i32) -> Result<()> {
     if pid <= 0 {
@@ -297,15 +335,6 @@ fn preflight(pid: i32) -> Result<()> {
         return Err(CaptureError::Unsupported {
             pid,
             what: "it is a kernel thread (it has no memory map)".into(),
-        });
-    }
-    let n = thread_count(pid)?;
-    if n > 1 {
-        return Err(CaptureError::Unsupported {
-            pid,
-            what: format!(
-                "it has {n} threads; this version of stasis dumps single-threaded processes only"
-            ),
         });
     }
     for fd in list_fds(pid)? {
@@ -380,76 +409,69 @@ fn find_syscall_insn(mem: &ProcessMemory, maps: &[proc::MapsEntry]) -> Option<u6
 
 struct RemoteState {
     sigactions: Vec<SigAction>,
-    altstack: AltStack,
     itimers: Vec<ITimer>,
     brk: u64,
+    /// Per thread, in `Frozen::threads` order: altstack and clear_child_tid.
+    threads: Vec<(AltStack, u64)>,
 }
 
-/// Runs the remote syscalls that read state only the process can report.
-fn remote_state(t: &mut Tracee, base: &UserRegs, mem: &ProcessMemory) -> Result<RemoteState> {
+const PR_GET_TID_ADDRESS: u64 = 40;
+
+/// Runs the remote syscalls that read state only the process can report:
+/// process-wide ones in the main thread, per-thread ones in each thread.
+fn remote_state(f: &mut Frozen, mem: &ProcessMemory) -> Result<RemoteState> {
     let rw = (libc::PROT_READ | libc::PROT_WRITE) as u64;
     let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
-    let scratch = t.syscall(
-        base,
-        "mmap",
-        libc::SYS_mmap,
-        &[0, 4096, rw, flags, u64::MAX, 0],
-    )?;
+    let main_base = f.threads[0].orig_regs;
+    let scratch = f.threads[0].tracee.syscall(&main_base, "mmap", libc::SYS_mmap, &[0, 4096, rw, flags, u64::MAX, 0])?;
     let res = (|| -> Result<RemoteState> {
+        let main = &mut f.threads[0];
+        let (t, base) = (&mut main.tracee, &main.orig_regs);
         let mut sigactions = Vec::new();
         for sig in 1..=64u32 {
-            if sig == libc::SIGKILL as u32 || sig == libc::SIGSTOP as u32 {
+            if sig == libc::SIGKILL.unsigned_abs() || sig == libc::SIGSTOP.unsigned_abs() {
                 continue;
             }
-            t.syscall(
-                base,
-                "rt_sigaction",
-                libc::SYS_rt_sigaction,
-                &[u64::from(sig), 0, scratch, 8],
-            )?;
+            t.syscall(base, "rt_sigaction", libc::SYS_rt_sigaction, &[u64::from(sig), 0, scratch, 8])?;
             let w = mem.read_u64s(scratch, 4)?;
-            sigactions.push(SigAction {
-                signo: sig,
-                handler: w[0],
-                flags: w[1],
-                restorer: w[2],
-                mask: w[3],
-            });
+            sigactions.push(SigAction { signo: sig, handler: w[0], flags: w[1], restorer: w[2], mask: w[3] });
         }
-        t.syscall(base, "sigaltstack", libc::SYS_sigaltstack, &[0, scratch])?;
-        let w = mem.read_u64s(scratch, 3)?;
-        let altstack = AltStack {
-            sp: w[0],
-            flags: (w[1] & 0xffff_ffff) as i32,
-            size: w[2],
-        };
         let mut itimers = Vec::new();
         for which in 0..3u32 {
-            t.syscall(
-                base,
-                "getitimer",
-                libc::SYS_getitimer,
-                &[u64::from(which), scratch],
-            )?;
+            t.syscall(base, "getitimer", libc::SYS_getitimer, &[u64::from(which), scratch])?;
             let w = mem.read_u64s(scratch, 4)?;
-            itimers.push(ITimer {
-                which,
-                interval_us: w[0] * 1_000_000 + w[1],
-                value_us: w[2] * 1_000_000 + w[3],
-            });
+            itimers.push(ITimer { which, interval_us: w[0] * 1_000_000 + w[1], value_us: w[2] * 1_000_000 + w[3] });
         }
         let brk = t.syscall(base, "brk", libc::SYS_brk, &[0])?;
-        Ok(RemoteState {
-            sigactions,
-            altstack,
-            itimers,
-            brk,
-        })
+        let mut threads = Vec::new();
+        for th in &mut f.threads {
+            let (t, base) = (&mut th.tracee, &th.orig_regs);
+            t.syscall(base, "sigaltstack", libc::SYS_sigaltstack, &[0, scratch])?;
+            let w = mem.read_u64s(scratch, 3)?;
+            let altstack = AltStack { sp: w[0], flags: i32::try_from(w[1] & 0x7fff_ffff).unwrap_or(0), size: w[2] };
+            t.syscall(base, "prctl(PR_GET_TID_ADDRESS)", libc::SYS_prctl, &[PR_GET_TID_ADDRESS, scratch])?;
+            let tid_address = mem.read_u64s(scratch, 1)?[0];
+            threads.push((altstack, tid_address));
+        }
+        Ok(RemoteState { sigactions, itimers, brk, threads })
     })();
-    let unmap = t.syscall(base, "munmap", libc::SYS_munmap, &[scratch, 4096]);
+    let unmap = f.threads[0].tracee.syscall(&main_base, "munmap", libc::SYS_munmap, &[scratch, 4096]);
     let st = res?;
     unmap?;
     Ok(st)
+}
+
+/// `get_robust_list` of another thread (head, length).
+fn robust_list(tid: i32) -> Result<(u64, u64)> {
+    let mut head = 0u64;
+    let mut len = 0usize;
+    // SAFETY: get_robust_list writes a pointer and a size to the two valid
+    // out-pointers we pass.
+    let r = unsafe { libc::syscall(libc::SYS_get_robust_list, tid, &mut head as *mut u64, &mut len as *mut usize) };
+    if r < 0 {
+        return Err(KernelError::Io { what: format!("get_robust_list({tid})"), source: std::io::Error::last_os_error() }.into());
+    }
+    Ok((head, len as u64))
 }
 
 fn capture_frozen(
@@ -460,34 +482,38 @@ fn capture_frozen(
     frozen_at: Instant,
 ) -> Result<DumpReport> {
     let pid = opts.pid;
-    // Threads created between the pre-flight and the freeze.
-    let n = thread_count(pid)?;
-    if n > 1 {
-        return Err(CaptureError::Unsupported {
-            pid,
-            what: format!(
-                "it has {n} threads; this version of stasis dumps single-threaded processes only"
-            ),
-        });
-    }
     let mem = ProcessMemory::open(pid)?;
     let maps_text = proc::read(pid, "maps")?;
-    let maps = proc::parse_maps(&maps_text).map_err(|w| CaptureError::ProcFormat {
-        pid,
-        file: "maps".into(),
-        what: w,
-    })?;
+    let maps = proc::parse_maps(&maps_text).map_err(|w| CaptureError::ProcFormat { pid, file: "maps".into(), what: w })?;
     let insn = find_syscall_insn(&mem, &maps).ok_or(KernelError::NoSyscallInsn { pid })?;
-    f.tracee.set_syscall_insn(insn);
-
-    // Registers first, as frozen.
-    let mut regs = f.orig_regs;
-    normalize_interrupted_syscall(&mut regs, false);
-    let xstate = f.tracee.xstate()?;
-    let base = f.orig_regs;
-    let remote = remote_state(&mut f.tracee, &base, &mem)?;
-    let pending = f.tracee.pending_siginfo(false)?;
-    let shared_pending = f.tracee.pending_siginfo(true)?;
+    for t in &mut f.threads {
+        t.tracee.set_syscall_insn(insn);
+    }
+    let remote = remote_state(f, &mem)?;
+    let shared_pending = f.threads[0].tracee.pending_siginfo(true)?;
+    let mut threads = Vec::new();
+    let mut xfeatures = 0;
+    for (t, (altstack, clear_child_tid)) in f.threads.iter().zip(&remote.threads) {
+        let tid = t.tracee.pid();
+        let mut regs = t.orig_regs;
+        normalize_interrupted_syscall(&mut regs, false);
+        let xstate = t.tracee.xstate()?;
+        xfeatures = stasis_kernel::probe::xfeatures_of(&xstate);
+        let (robust_list, robust_list_len) = robust_list(tid)?;
+        threads.push(ThreadImage {
+            tid,
+            regs: regs.to_words().to_vec(),
+            xstate,
+            sigmask: t.orig_mask,
+            pending: t.tracee.pending_siginfo(false)?.iter().map(siginfo).collect(),
+            altstack: altstack.clone(),
+            comm: proc::read(pid, &format!("task/{tid}/comm"))?.trim_end_matches('\n').to_string(),
+            rseq: t.tracee.rseq_config()?.map(|c| RseqConfig { ptr: c.rseq_abi_pointer, size: c.rseq_abi_size, signature: c.signature }),
+            clear_child_tid: *clear_child_tid,
+            robust_list,
+            robust_list_len,
+        });
+    }
 
     // /proc state.
     let stat =
@@ -611,20 +637,6 @@ fn capture_frozen(
     let bytes = pack.bytes();
     let pack_ref = pack.finish()?;
 
-    let thread = ThreadImage {
-        tid: pid,
-        regs: regs.to_words().to_vec(),
-        xstate: xstate.clone(),
-        sigmask: f.orig_mask,
-        pending: pending.iter().map(siginfo).collect(),
-        altstack: remote.altstack,
-        comm: comm.clone(),
-        rseq: f.tracee.rseq_config()?.map(|c| RseqConfig {
-            ptr: c.rseq_abi_pointer,
-            size: c.rseq_abi_size,
-            signature: c.signature,
-        }),
-    };
     let process = ProcessImage {
         pid,
         ppid: stat.ppid,
@@ -643,7 +655,7 @@ fn capture_frozen(
         sigactions: remote.sigactions,
         shared_pending: shared_pending.iter().map(siginfo).collect(),
         itimers: remote.itimers,
-        threads: vec![thread],
+        threads,
         pack: Some(pack_ref),
     };
     let manifest = Manifest {
@@ -660,7 +672,7 @@ fn capture_frozen(
                 .trim()
                 .to_string(),
             kernel_release: stasis_kernel::probe::kernel_release(),
-            xfeatures: stasis_kernel::probe::xfeatures_of(&xstate),
+            xfeatures,
             page_size: sys::PAGE_SIZE,
         },
         root_pid: pid,

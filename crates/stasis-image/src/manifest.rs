@@ -218,6 +218,14 @@ pub struct ThreadImage {
     /// rseq registration (glibc registers one per thread), if any.
     #[serde(default)]
     pub rseq: Option<RseqConfig>,
+    /// `set_tid_address` value (cleared and futex-woken when the thread exits).
+    #[serde(default)]
+    pub clear_child_tid: u64,
+    /// Robust futex list head and length (`set_robust_list`).
+    #[serde(default)]
+    pub robust_list: u64,
+    #[serde(default)]
+    pub robust_list_len: u64,
 }
 
 /// An rseq area registration (`PTRACE_GET_RSEQ_CONFIGURATION`).

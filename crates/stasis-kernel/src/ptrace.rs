@@ -143,6 +143,21 @@ impl Tracee {
         Ok(t)
     }
 
+    /// Adopts a thread that was auto-attached to us (`PTRACE_O_TRACECLONE`)
+    /// and waits for its first stop.
+    pub fn adopt_new_thread(tid: i32) -> Result<Self> {
+        let mut t = Self { pid: tid, syscall_insn: None, attached: true };
+        match t.wait_stop("new thread start")? {
+            StopKind::Signal(libc::SIGSTOP) | StopKind::EventStop => Ok(t),
+            other => Err(KernelError::UnexpectedStop { pid: tid, what: format!("{other:?}"), during: "new thread start" }),
+        }
+    }
+
+    /// Replaces the ptrace options (`PTRACE_O_TRACESYSGOOD` is always set).
+    pub fn set_options(&self, options: u64) -> Result<()> {
+        ptrace_raw(libc::PTRACE_SETOPTIONS, self.pid, 0, sys::PTRACE_O_TRACESYSGOOD | options, "SETOPTIONS").map(|_| ())
+    }
+
     /// The thread id.
     pub fn pid(&self) -> i32 {
         self.pid
@@ -377,6 +392,9 @@ impl Tracee {
                     {
                         self.resume_raw(libc::PTRACE_SYSCALL, 0)?;
                     }
+                    // A clone event (the tracee ran clone3 for us with
+                    // PTRACE_O_TRACECLONE set): the syscall goes on.
+                    StopKind::Event(_) => self.resume_raw(libc::PTRACE_SYSCALL, 0)?,
                     other => {
                         return Err(KernelError::UnexpectedStop {
                             pid: self.pid,

@@ -3,7 +3,7 @@
 //! Every function here is pure logic over the seam: it is unit-tested with
 //! the recording fake in [`crate::remote`].
 
-use stasis_image::manifest::{FdImage, FdKind, ITimer, MmImage, SigAction, Vma, VmaKind};
+use stasis_image::manifest::{FdImage, FdKind, ITimer, MmImage, SigAction, ThreadImage, Vma, VmaKind};
 use stasis_image::RunEntry;
 use stasis_kernel::sarg;
 use stasis_sys::{self as sys, PrctlMmMap};
@@ -410,6 +410,45 @@ pub fn restore_mm<R: Remote>(r: &mut R, mm: &MmImage, exe_fd: u64) -> Result<(),
     Ok(())
 }
 
+/// Size of `struct robust_list_head`, the only length `set_robust_list` takes.
+const ROBUST_LIST_HEAD_LEN: u64 = 24;
+
+/// Per-thread state, set by the thread itself: alternate signal stack,
+/// rseq registration, robust futex list, clear_child_tid and name.
+pub fn thread_state<R: Remote>(r: &mut R, th: &ThreadImage) -> Result<(), RestoreError> {
+    let tid = th.tid;
+    let ss = &th.altstack;
+    let a = r.put(SCRATCH_STRUCT, &words(&[ss.sp, sarg(i64::from(ss.flags & !libc::SS_ONSTACK)), ss.size])).map_err(step("stack_t"))?;
+    r.sys("sigaltstack", libc::SYS_sigaltstack, &[a, 0]).map_err(step(format!("restoring the alternate signal stack of thread {tid}")))?;
+    if let Some(q) = &th.rseq {
+        r.sys("rseq", libc::SYS_rseq, &[q.ptr, u64::from(q.size), 0, u64::from(q.signature)]).map_err(step(format!("registering the rseq area of thread {tid}")))?;
+    }
+    let len = if th.robust_list_len == 0 { ROBUST_LIST_HEAD_LEN } else { th.robust_list_len };
+    r.sys("set_robust_list", libc::SYS_set_robust_list, &[th.robust_list, len]).map_err(step(format!("restoring the robust futex list of thread {tid}")))?;
+    r.sys("set_tid_address", libc::SYS_set_tid_address, &[th.clear_child_tid]).map_err(step(format!("restoring clear_child_tid of thread {tid}")))?;
+    let name = r.put_cstr(SCRATCH_PATH, &th.comm).map_err(step("thread name"))?;
+    r.sys("prctl", libc::SYS_prctl, &[libc::PR_SET_NAME as u64, name]).map_err(step(format!("naming thread {tid}")))?;
+    Ok(())
+}
+
+/// `clone3` flags of a thread of the restored process.
+pub const THREAD_CLONE_FLAGS: u64 = (libc::CLONE_VM | libc::CLONE_FS | libc::CLONE_FILES | libc::CLONE_SIGHAND | libc::CLONE_THREAD | libc::CLONE_SYSVSEM) as u64;
+
+/// Creates a thread at TID `tid` (`clone3` with `set_tid`) from the calling
+/// thread; the new thread inherits the caller's registers and stops at once
+/// under the tracer (`PTRACE_O_TRACECLONE`). Returns its TID.
+pub fn clone_thread<R: Remote>(r: &mut R, tid: i32) -> Result<u64, RestoreError> {
+    let tid_addr = r.put(SCRATCH_STRUCT + 512, &i64::from(tid).to_le_bytes()[..4]).map_err(step("set_tid array"))?;
+    let args = sys::CloneArgs { flags: THREAD_CLONE_FLAGS, set_tid: tid_addr, set_tid_size: 1, ..Default::default() };
+    let bytes = words(&[args.flags, args.pidfd, args.child_tid, args.parent_tid, args.exit_signal, args.stack, args.stack_size, args.tls, args.set_tid, args.set_tid_size, args.cgroup]);
+    let a = r.put(SCRATCH_STRUCT, &bytes).map_err(step("clone_args"))?;
+    let got = r.sys("clone3", sys::SYS_CLONE3, &[a, bytes.len() as u64]).map_err(step(format!("creating thread {tid}")))?;
+    if got != sarg(i64::from(tid)) {
+        return Err(RestoreError::Layout(format!("thread {tid} was created as {got}")));
+    }
+    Ok(got)
+}
+
 /// Little-endian bytes of a list of words.
 pub fn words(w: &[u64]) -> Vec<u8> {
     w.iter().flat_map(|x| x.to_le_bytes()).collect()
@@ -663,6 +702,44 @@ mod tests {
             })
             .unwrap();
         assert_eq!(w, words(&[0, 10_000, 2, 500_000]));
+    }
+
+    #[test]
+    fn thread_state_sets_everything_in_order() {
+        let mut r = Recorder::default();
+        let th = ThreadImage {
+            tid: 42,
+            regs: vec![0; 27],
+            xstate: vec![],
+            sigmask: 0,
+            pending: vec![],
+            altstack: stasis_image::manifest::AltStack { sp: 0x7000, flags: libc::SS_ONSTACK, size: 8192 },
+            comm: "worker".into(),
+            rseq: Some(stasis_image::manifest::RseqConfig { ptr: 0x9000, size: 32, signature: 0x53053053 }),
+            clear_child_tid: 0x5000,
+            robust_list: 0x6000,
+            robust_list_len: 24,
+        };
+        thread_state(&mut r, &th).unwrap();
+        assert_eq!(r.names(), vec!["sigaltstack", "rseq", "set_robust_list", "set_tid_address", "prctl"]);
+        assert_eq!(r.args_of("rseq")[0], vec![0x9000, 32, 0, 0x53053053]);
+        assert_eq!(r.args_of("set_robust_list")[0], vec![0x6000, 24]);
+        assert_eq!(r.args_of("set_tid_address")[0], vec![0x5000]);
+        // SS_ONSTACK is a state, not a flag one can set.
+        let w: Vec<Vec<u8>> = r.calls.iter().filter_map(|c| if let Call::Write { data, .. } = c { Some(data.clone()) } else { None }).collect();
+        assert_eq!(w[0], words(&[0x7000, 0, 8192]));
+    }
+
+    #[test]
+    fn clone_thread_passes_set_tid() {
+        let mut r = Recorder::default();
+        // The recorder answers 0, not the TID: a mismatch is an error.
+        assert!(clone_thread(&mut r, 77).is_err());
+        let w: Vec<Vec<u8>> = r.calls.iter().filter_map(|c| if let Call::Write { data, .. } = c { Some(data.clone()) } else { None }).collect();
+        assert_eq!(w[0], 77i32.to_le_bytes());
+        assert_eq!(u64::from_le_bytes(w[1][0..8].try_into().unwrap()), THREAD_CLONE_FLAGS);
+        assert_eq!(u64::from_le_bytes(w[1][72..80].try_into().unwrap()), 1);
+        assert_eq!(r.args_of("clone3")[0][1], 88);
     }
 
     #[test]

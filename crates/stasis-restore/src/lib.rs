@@ -125,17 +125,38 @@ fn micros(since: Instant) -> u64 {
 const CTL_SIZE: u64 = 8 * 4096;
 const TASK_TOP: u64 = 0x7fff_ffff_f000;
 
-/// The stub being turned into the restored process.
+/// The stub being turned into the restored process: its threads (the
+/// main one first, the others as they are created), and which of them runs
+/// the next remote syscall.
 struct Stub {
     t: Tracee,
     base: UserRegs,
+    threads: Vec<(Tracee, UserRegs)>,
+    /// `None`: the main thread; `Some(i)`: `threads[i]`.
+    cur: Option<usize>,
     mem: ProcessMemory,
     ctl: u64,
 }
 
+impl Stub {
+    /// Kills the whole half-built process and reaps it.
+    fn kill(self) {
+        for (mut t, _) in self.threads {
+            t.forget();
+        }
+        kill_and_reap(self.t);
+    }
+}
+
 impl Remote for Stub {
     fn sys(&mut self, name: &'static str, nr: i64, args: &[u64]) -> Result<u64, KernelError> {
-        self.t.syscall(&self.base, name, nr, args)
+        match self.cur {
+            None => self.t.syscall(&self.base, name, nr, args),
+            Some(i) => {
+                let (t, base) = &mut self.threads[i];
+                t.syscall(base, name, nr, args)
+            }
+        }
     }
     fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), KernelError> {
         self.mem.write(addr, data)
@@ -189,12 +210,8 @@ pub fn load(store: &ImageDir, n: Option<u32>) -> Result<Checkpoint> {
         )));
     }
     let p = &m.processes[0];
-    if p.threads.len() != 1 {
-        return Err(RestoreError::Unsupported(format!(
-            "process {} has {} threads; this version restores single-threaded processes",
-            p.pid,
-            p.threads.len()
-        )));
+    if p.threads.is_empty() {
+        return Err(RestoreError::Inconsistent(format!("process {} has no threads", p.pid)));
     }
     if m.parent.is_some() {
         return Err(RestoreError::Unsupported(format!(
@@ -254,6 +271,8 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     let mut stub = Stub {
         t,
         base,
+        threads: Vec::new(),
+        cur: None,
         mem,
         ctl: 0,
     };
@@ -289,7 +308,7 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
             pid_wait_us,
         }),
         Err(e) => {
-            kill_and_reap(stub.t);
+            stub.kill();
             Err(e)
         }
     }
@@ -330,6 +349,9 @@ fn build_process(
     opts: &RestoreOptions,
 ) -> Result<u64> {
     let pid = s.t.pid();
+    if p.threads.len() > 1 {
+        s.t.set_options(sys::PTRACE_O_EXITKILL | sys::PTRACE_O_TRACECLONE).map_err(step("tracing thread creation"))?;
+    }
     s.t.set_sigmask(!0)
         .map_err(step("blocking signals in the stub"))?;
 
@@ -529,67 +551,39 @@ fn build_process(
             );
         }
     }
-    let comm = s
-        .put_cstr(build::SCRATCH_PATH, &p.comm)
-        .map_err(step("comm"))?;
-    s.sys("prctl", libc::SYS_prctl, &[libc::PR_SET_NAME as u64, comm])
-        .map_err(step("setting the process name"))?;
-
     // Signals.
     build::restore_sigactions(s, &p.sigactions)?;
-    let th = &p.threads[0];
-    let ss = &th.altstack;
-    let a = s
-        .put(
-            build::SCRATCH_STRUCT,
-            &build::words(&[
-                ss.sp,
-                sarg(i64::from(ss.flags & !libc::SS_ONSTACK)),
-                ss.size,
-            ]),
-        )
-        .map_err(step("stack_t"))?;
-    s.sys("sigaltstack", libc::SYS_sigaltstack, &[a, 0])
-        .map_err(step("restoring the alternate signal stack"))?;
 
-    // Credentials (last privileged step).
-    restore_creds(s, p)?;
-
-    // Pending signals: queued by the process to itself.
-    for si in &th.pending {
-        let a = s
-            .put(build::SCRATCH_STRUCT, &si.raw)
-            .map_err(step("siginfo"))?;
-        s.sys(
-            "rt_tgsigqueueinfo",
-            libc::SYS_rt_tgsigqueueinfo,
-            &[
-                sarg(i64::from(pid)),
-                sarg(i64::from(pid)),
-                u64::from(si.signo),
-                a,
-            ],
-        )
-        .map_err(step(format!("queueing pending signal {}", si.signo)))?;
+    // Threads, while stasis may still choose TIDs (set_tid needs
+    // CAP_SYS_ADMIN, which credentials below may drop).
+    for th in &p.threads[1..] {
+        s.cur = None;
+        let tid = build::clone_thread(s, th.tid)?;
+        let tid = i32::try_from(tid).map_err(|_| RestoreError::Layout(format!("bad tid {tid}")))?;
+        let mut t = Tracee::adopt_new_thread(tid).map_err(step(format!("taking over new thread {tid}")))?;
+        t.set_syscall_insn(s.ctl);
+        let mut base = t.regs().map_err(step(format!("registers of new thread {tid}")))?;
+        base.rsp = 0;
+        s.threads.push((t, base));
     }
+    // Per-thread state, credentials (per thread in the kernel) and
+    // thread-directed pending signals, each run by the thread itself (a
+    // thread may queue kernel-style siginfo only to itself).
+    for (i, th) in p.threads.iter().enumerate() {
+        s.cur = i.checked_sub(1);
+        build::thread_state(s, th)?;
+        restore_creds(s, p)?;
+        for si in &th.pending {
+            let a = s.put(build::SCRATCH_STRUCT, &si.raw).map_err(step("siginfo"))?;
+            s.sys("rt_tgsigqueueinfo", libc::SYS_rt_tgsigqueueinfo, &[sarg(i64::from(pid)), sarg(i64::from(th.tid)), u64::from(si.signo), a])
+                .map_err(step(format!("queueing pending signal {} of thread {}", si.signo, th.tid)))?;
+        }
+    }
+    s.cur = None;
     for si in &p.shared_pending {
-        let a = s
-            .put(build::SCRATCH_STRUCT, &si.raw)
-            .map_err(step("siginfo"))?;
-        s.sys(
-            "rt_sigqueueinfo",
-            libc::SYS_rt_sigqueueinfo,
-            &[sarg(i64::from(pid)), u64::from(si.signo), a],
-        )
-        .map_err(step(format!("queueing pending signal {}", si.signo)))?;
-    }
-    if let Some(r) = &th.rseq {
-        s.sys(
-            "rseq",
-            libc::SYS_rseq,
-            &[r.ptr, u64::from(r.size), 0, u64::from(r.signature)],
-        )
-        .map_err(step("registering the rseq area"))?;
+        let a = s.put(build::SCRATCH_STRUCT, &si.raw).map_err(step("siginfo"))?;
+        s.sys("rt_sigqueueinfo", libc::SYS_rt_sigqueueinfo, &[sarg(i64::from(pid)), u64::from(si.signo), a])
+            .map_err(step(format!("queueing pending signal {}", si.signo)))?;
     }
     build::restore_itimers(s, &p.itimers)?;
     Ok(filled)
@@ -670,6 +664,16 @@ fn restore_creds(s: &mut Stub, p: &ProcessImage) -> Result<()> {
 /// Final step: xstate and mask, unmap the control page, load the saved
 /// registers at the syscall-exit stop and detach.
 fn jump(s: &mut Stub, p: &ProcessImage) -> Result<()> {
+    let regs_of = |th: &stasis_image::manifest::ThreadImage| {
+        UserRegs::from_words(&th.regs).ok_or_else(|| RestoreError::Inconsistent(format!("thread {} has {} register words", th.tid, th.regs.len())))
+    };
+    // Other threads: state loaded now, released after the control page is gone.
+    for ((t, _), th) in s.threads.iter_mut().zip(&p.threads[1..]) {
+        let regs = regs_of(th)?;
+        t.set_xstate(&th.xstate).map_err(step(format!("restoring FPU/SSE/AVX state of thread {}", th.tid)))?;
+        t.set_sigmask(th.sigmask).map_err(step(format!("restoring the signal mask of thread {}", th.tid)))?;
+        t.set_regs(&regs).map_err(step(format!("loading the registers of thread {}", th.tid)))?;
+    }
     let th = &p.threads[0];
     let regs = UserRegs::from_words(&th.regs).ok_or_else(|| {
         RestoreError::Inconsistent(format!(
@@ -690,5 +694,8 @@ fn jump(s: &mut Stub, p: &ProcessImage) -> Result<()> {
     s.t.set_regs(&regs)
         .map_err(step("loading the saved registers"))?;
     s.t.detach().map_err(step("detaching"))?;
+    for (t, _) in &mut s.threads {
+        t.detach().map_err(step("detaching a thread"))?;
+    }
     Ok(())
 }

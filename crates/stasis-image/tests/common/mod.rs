@@ -138,6 +138,9 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
                 size: 32,
                 signature: 0x5305_3053,
             }),
+            clear_child_tid: 0x7f00_0000_2000,
+            robust_list: 0x7f00_0000_3000,
+            robust_list_len: 24,
         }],
         pack,
     }
