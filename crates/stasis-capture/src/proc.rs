@@ -114,6 +114,8 @@ pub struct Stat {
     pub session: i32,
     pub num_threads: i64,
     pub mm: MmImage,
+    /// Field 52: the wait status of a zombie.
+    pub exit_code: i32,
 }
 
 /// Parses `/proc/PID/stat` (the comm field may hold spaces and parentheses).
@@ -161,6 +163,7 @@ pub fn parse_stat(text: &str) -> Result<Stat, String> {
             brk: 0,
             auxv: Vec::new(),
         },
+        exit_code: to_i32(s(52)?)?,
     })
 }
 
@@ -240,6 +243,74 @@ pub fn parse_fdinfo(text: &str) -> Result<(u64, u32), String> {
         .and_then(|v| u32::from_str_radix(v, 8).ok())
         .ok_or("fdinfo without flags")?;
     Ok((pos, flags))
+}
+
+/// A `name:` field of an fdinfo text.
+fn fdinfo_field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name))
+        .map(str::trim)
+}
+
+/// eventfd fdinfo: (count, semaphore).
+pub fn parse_eventfd(text: &str) -> Result<(u64, bool), String> {
+    let count = fdinfo_field(text, "eventfd-count:")
+        .and_then(|v| u64::from_str_radix(v, 16).ok())
+        .ok_or("eventfd fdinfo without eventfd-count")?;
+    let sem = fdinfo_field(text, "eventfd-semaphore:").is_some_and(|v| v == "1");
+    Ok((count, sem))
+}
+
+/// signalfd fdinfo: the signal mask.
+pub fn parse_signalfd(text: &str) -> Result<u64, String> {
+    fdinfo_field(text, "sigmask:")
+        .and_then(|v| u64::from_str_radix(v, 16).ok())
+        .ok_or_else(|| "signalfd fdinfo without sigmask".into())
+}
+
+/// timerfd fdinfo: (clockid, ticks, value_ns, interval_ns).
+pub fn parse_timerfd(text: &str) -> Result<(i32, u64, u64, u64), String> {
+    let pair = |name: &str| -> Result<u64, String> {
+        let v = fdinfo_field(text, name).ok_or_else(|| format!("timerfd fdinfo without {name}"))?;
+        let v = v.trim_start_matches('(').trim_end_matches(')');
+        let (s, ns) = v
+            .split_once(',')
+            .ok_or_else(|| format!("bad {name} {v:?}"))?;
+        let s: u64 = s.trim().parse().map_err(|_| format!("bad {name} {v:?}"))?;
+        let ns: u64 = ns.trim().parse().map_err(|_| format!("bad {name} {v:?}"))?;
+        Ok(s * 1_000_000_000 + ns)
+    };
+    let clockid = fdinfo_field(text, "clockid:")
+        .and_then(|v| v.parse().ok())
+        .ok_or("timerfd fdinfo without clockid")?;
+    let ticks = fdinfo_field(text, "ticks:")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    Ok((clockid, ticks, pair("it_value:")?, pair("it_interval:")?))
+}
+
+/// epoll fdinfo: (target fd, events, data) per registration.
+pub fn parse_epoll(text: &str) -> Result<Vec<(i32, u32, u64)>, String> {
+    let mut out = Vec::new();
+    for l in text.lines().filter(|l| l.starts_with("tfd:")) {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let get = |k: &str| {
+            f.iter()
+                .position(|x| *x == k)
+                .and_then(|i| f.get(i + 1))
+                .copied()
+                .ok_or_else(|| format!("bad epoll line {l:?}"))
+        };
+        let fd = get("tfd:")?
+            .parse()
+            .map_err(|_| format!("bad tfd in {l:?}"))?;
+        let events =
+            u32::from_str_radix(get("events:")?, 16).map_err(|_| format!("bad events in {l:?}"))?;
+        let data =
+            u64::from_str_radix(get("data:")?, 16).map_err(|_| format!("bad data in {l:?}"))?;
+        out.push((fd, events, data));
+    }
+    Ok(out)
 }
 
 /// Reads `/proc/PID/<name>` as text, mapping "not found" to a dead process.
@@ -362,6 +433,26 @@ mod tests {
             (1234, 0o2102001)
         );
         assert!(parse_fdinfo("flags: 0").is_err());
+    }
+
+    #[test]
+    fn anon_inode_fdinfo() {
+        assert_eq!(parse_eventfd("pos:\t0\nflags:\t02\neventfd-count:               1f\neventfd-id: 1\neventfd-semaphore: 1\n").unwrap(), (31, true));
+        assert_eq!(
+            parse_signalfd("pos:\t0\nsigmask:\t0000000000000a00\n").unwrap(),
+            0xa00
+        );
+        let t = "clockid: 1\nticks: 3\nsettime flags: 00\nit_value: (0, 250000000)\nit_interval: (2, 5)\n";
+        assert_eq!(
+            parse_timerfd(t).unwrap(),
+            (1, 3, 250_000_000, 2_000_000_005)
+        );
+        let e = "pos:\t0\nflags:\t02\ntfd:        5 events:       19 data:       1234567890ab  pos:0 ino:3 sdev:f\ntfd:        7 events: 80000001 data:                7  pos:0 ino:4 sdev:f\n";
+        assert_eq!(
+            parse_epoll(e).unwrap(),
+            vec![(5, 0x19, 0x1234567890ab), (7, 0x8000_0001, 7)]
+        );
+        assert!(parse_eventfd("pos: 0").is_err());
     }
 
     #[test]

@@ -29,6 +29,20 @@ pub struct Manifest {
     /// Timing and size figures of the dump (informational).
     #[serde(default)]
     pub stats: DumpStats,
+    /// Contents of the pipes held by the processes (one entry per pipe).
+    #[serde(default)]
+    pub pipes: Vec<PipeImage>,
+}
+
+/// A pipe (or FIFO) and the bytes that were in it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PipeImage {
+    /// Pipe inode number at dump (identifies the pipe within the image).
+    pub id: u64,
+    /// Capacity in bytes (`F_GETPIPE_SZ`).
+    pub capacity: u32,
+    /// Unread data, in order.
+    pub data: Vec<u8>,
 }
 
 /// Facts about the machine a checkpoint was taken on.
@@ -79,6 +93,10 @@ pub struct ProcessImage {
     pub threads: Vec<ThreadImage>,
     /// Name of this process's page pack inside the checkpoint directory.
     pub pack: Option<PackRef>,
+    /// A zombie (exited, not yet reaped): its raw wait status. Such an
+    /// entry has no memory, fds or threads.
+    #[serde(default)]
+    pub zombie: Option<i32>,
 }
 
 /// Real, effective, saved and filesystem ids plus supplementary groups.
@@ -150,6 +168,11 @@ pub struct Vma {
     #[serde(default)]
     pub name: String,
     pub kind: VmaKind,
+    /// Shared anonymous memory: the shmem object's inode and this area's
+    /// byte offset in it. Areas of several processes with the same inode
+    /// share memory; the first process (in manifest order) holds the pages.
+    #[serde(default)]
+    pub shm: Option<(u64, u64)>,
 }
 
 /// One file descriptor.
@@ -160,6 +183,11 @@ pub struct FdImage {
     pub flags: u32,
     pub cloexec: bool,
     pub kind: FdKind,
+    /// Open file description shared with other fds of the image (dup'd or
+    /// inherited): every fd with the same id refers to one description,
+    /// restored once. `None`: not shared.
+    #[serde(default)]
+    pub shared_id: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -173,6 +201,34 @@ pub enum FdKind {
         /// Size at dump (regular files), for a sanity check at restore.
         size: u64,
     },
+    /// One end of a pipe; its data is in `Manifest::pipes`.
+    Pipe { id: u64, write_end: bool },
+    /// A named pipe (FIFO) opened by path; its data is in `Manifest::pipes`.
+    Fifo { path: String, id: u64 },
+    /// An eventfd with its counter.
+    Eventfd { count: u64, semaphore: bool },
+    /// A timerfd: clock, the remaining time / interval when armed, and
+    /// expirations not yet read.
+    Timerfd {
+        clockid: i32,
+        value_ns: u64,
+        interval_ns: u64,
+        #[serde(default)]
+        ticks: u64,
+    },
+    /// A signalfd and the signals it reads.
+    Signalfd { mask: u64 },
+    /// An epoll instance and what is registered in it (fd numbers of this
+    /// process).
+    Epoll { targets: Vec<EpollTarget> },
+}
+
+/// One registration of an epoll instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpollTarget {
+    pub fd: i32,
+    pub events: u32,
+    pub data: u64,
 }
 
 /// One signal's disposition, as `struct kernel_sigaction`.

@@ -21,6 +21,7 @@ pub mod pagemap;
 pub mod pidfd;
 pub mod probe;
 pub mod ptrace;
+pub mod scm;
 pub mod uffd;
 
 pub use error::KernelError;

@@ -146,16 +146,31 @@ impl Tracee {
     /// Adopts a thread that was auto-attached to us (`PTRACE_O_TRACECLONE`)
     /// and waits for its first stop.
     pub fn adopt_new_thread(tid: i32) -> Result<Self> {
-        let mut t = Self { pid: tid, syscall_insn: None, attached: true };
+        let mut t = Self {
+            pid: tid,
+            syscall_insn: None,
+            attached: true,
+        };
         match t.wait_stop("new thread start")? {
             StopKind::Signal(libc::SIGSTOP) | StopKind::EventStop => Ok(t),
-            other => Err(KernelError::UnexpectedStop { pid: tid, what: format!("{other:?}"), during: "new thread start" }),
+            other => Err(KernelError::UnexpectedStop {
+                pid: tid,
+                what: format!("{other:?}"),
+                during: "new thread start",
+            }),
         }
     }
 
     /// Replaces the ptrace options (`PTRACE_O_TRACESYSGOOD` is always set).
     pub fn set_options(&self, options: u64) -> Result<()> {
-        ptrace_raw(libc::PTRACE_SETOPTIONS, self.pid, 0, sys::PTRACE_O_TRACESYSGOOD | options, "SETOPTIONS").map(|_| ())
+        ptrace_raw(
+            libc::PTRACE_SETOPTIONS,
+            self.pid,
+            0,
+            sys::PTRACE_O_TRACESYSGOOD | options,
+            "SETOPTIONS",
+        )
+        .map(|_| ())
     }
 
     /// The thread id.

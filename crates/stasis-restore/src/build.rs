@@ -3,7 +3,7 @@
 //! Every function here is pure logic over the seam: it is unit-tested with
 //! the recording fake in [`crate::remote`].
 
-use stasis_image::manifest::{FdImage, FdKind, ITimer, MmImage, SigAction, ThreadImage, Vma, VmaKind};
+use stasis_image::manifest::{ITimer, MmImage, SigAction, ThreadImage, Vma, VmaKind};
 use stasis_image::RunEntry;
 use stasis_kernel::sarg;
 use stasis_sys::{self as sys, PrctlMmMap};
@@ -18,7 +18,7 @@ pub const SCRATCH_IOV: usize = 8192;
 /// Most iovecs in one `preadv` (IOV_MAX), bounded by the scratch area.
 pub const MAX_IOV: usize = 1024;
 
-fn step(what: impl Into<String>) -> impl FnOnce(stasis_kernel::KernelError) -> RestoreError {
+pub fn step(what: impl Into<String>) -> impl FnOnce(stasis_kernel::KernelError) -> RestoreError {
     let what = what.into();
     move |source| RestoreError::Step { what, source }
 }
@@ -241,68 +241,6 @@ pub fn clip_runs(all: &[RunEntry], start: u64, end: u64) -> Vec<RunEntry> {
         .collect()
 }
 
-/// Flags to reopen a file with: what it had, minus creation flags.
-pub fn reopen_flags(fd: &FdImage) -> u64 {
-    let strip = (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY) as u32;
-    let mut f = fd.flags & !strip;
-    if fd.cloexec {
-        f |= libc::O_CLOEXEC as u32;
-    }
-    u64::from(f)
-}
-
-/// Reopens every saved fd at its number, flags and offset. The process must
-/// have no fds open (they may collide).
-pub fn restore_fds<R: Remote>(r: &mut R, fds: &[FdImage]) -> Result<(), RestoreError> {
-    for fd in fds {
-        let FdKind::Path {
-            path,
-            pos,
-            mode,
-            size,
-        } = &fd.kind;
-        let p = r
-            .put_cstr(SCRATCH_PATH, path)
-            .map_err(step(format!("path {path}")))?;
-        let got = r
-            .sys("open", libc::SYS_open, &[p, reopen_flags(fd), 0])
-            .map_err(|source| RestoreError::File {
-                path: path.clone(),
-                what: format!("fd {}", fd.fd),
-                source,
-            })?;
-        let target = u64::try_from(fd.fd).unwrap_or(0);
-        if got != target {
-            let cloexec = if fd.cloexec {
-                libc::O_CLOEXEC as u64
-            } else {
-                0
-            };
-            r.sys("dup3", libc::SYS_dup3, &[got, target, cloexec])
-                .map_err(step(format!("moving fd {got} to {}", fd.fd)))?;
-            r.sys("close", libc::SYS_close, &[got])
-                .map_err(step("closing a temporary fd"))?;
-        }
-        let is_reg = mode & libc::S_IFMT == libc::S_IFREG;
-        let is_dir = mode & libc::S_IFMT == libc::S_IFDIR;
-        if is_reg || is_dir {
-            if is_reg && *pos > *size {
-                tracing::warn!(
-                    fd = fd.fd,
-                    "{path}: offset {pos} is beyond the size it had at dump ({size})"
-                );
-            }
-            r.sys(
-                "lseek",
-                libc::SYS_lseek,
-                &[target, *pos, libc::SEEK_SET as u64],
-            )
-            .map_err(step(format!("seeking fd {} ({path}) to {pos}", fd.fd)))?;
-        }
-    }
-    Ok(())
-}
-
 /// Sets every signal's disposition.
 pub fn restore_sigactions<R: Remote>(r: &mut R, acts: &[SigAction]) -> Result<(), RestoreError> {
     for a in acts {
@@ -418,33 +356,118 @@ const ROBUST_LIST_HEAD_LEN: u64 = 24;
 pub fn thread_state<R: Remote>(r: &mut R, th: &ThreadImage) -> Result<(), RestoreError> {
     let tid = th.tid;
     let ss = &th.altstack;
-    let a = r.put(SCRATCH_STRUCT, &words(&[ss.sp, sarg(i64::from(ss.flags & !libc::SS_ONSTACK)), ss.size])).map_err(step("stack_t"))?;
-    r.sys("sigaltstack", libc::SYS_sigaltstack, &[a, 0]).map_err(step(format!("restoring the alternate signal stack of thread {tid}")))?;
+    let a = r
+        .put(
+            SCRATCH_STRUCT,
+            &words(&[
+                ss.sp,
+                sarg(i64::from(ss.flags & !libc::SS_ONSTACK)),
+                ss.size,
+            ]),
+        )
+        .map_err(step("stack_t"))?;
+    r.sys("sigaltstack", libc::SYS_sigaltstack, &[a, 0])
+        .map_err(step(format!(
+            "restoring the alternate signal stack of thread {tid}"
+        )))?;
     if let Some(q) = &th.rseq {
-        r.sys("rseq", libc::SYS_rseq, &[q.ptr, u64::from(q.size), 0, u64::from(q.signature)]).map_err(step(format!("registering the rseq area of thread {tid}")))?;
+        r.sys(
+            "rseq",
+            libc::SYS_rseq,
+            &[q.ptr, u64::from(q.size), 0, u64::from(q.signature)],
+        )
+        .map_err(step(format!("registering the rseq area of thread {tid}")))?;
     }
-    let len = if th.robust_list_len == 0 { ROBUST_LIST_HEAD_LEN } else { th.robust_list_len };
-    r.sys("set_robust_list", libc::SYS_set_robust_list, &[th.robust_list, len]).map_err(step(format!("restoring the robust futex list of thread {tid}")))?;
-    r.sys("set_tid_address", libc::SYS_set_tid_address, &[th.clear_child_tid]).map_err(step(format!("restoring clear_child_tid of thread {tid}")))?;
-    let name = r.put_cstr(SCRATCH_PATH, &th.comm).map_err(step("thread name"))?;
-    r.sys("prctl", libc::SYS_prctl, &[libc::PR_SET_NAME as u64, name]).map_err(step(format!("naming thread {tid}")))?;
+    let len = if th.robust_list_len == 0 {
+        ROBUST_LIST_HEAD_LEN
+    } else {
+        th.robust_list_len
+    };
+    r.sys(
+        "set_robust_list",
+        libc::SYS_set_robust_list,
+        &[th.robust_list, len],
+    )
+    .map_err(step(format!(
+        "restoring the robust futex list of thread {tid}"
+    )))?;
+    r.sys(
+        "set_tid_address",
+        libc::SYS_set_tid_address,
+        &[th.clear_child_tid],
+    )
+    .map_err(step(format!("restoring clear_child_tid of thread {tid}")))?;
+    let name = r
+        .put_cstr(SCRATCH_PATH, &th.comm)
+        .map_err(step("thread name"))?;
+    r.sys("prctl", libc::SYS_prctl, &[libc::PR_SET_NAME as u64, name])
+        .map_err(step(format!("naming thread {tid}")))?;
     Ok(())
 }
 
 /// `clone3` flags of a thread of the restored process.
-pub const THREAD_CLONE_FLAGS: u64 = (libc::CLONE_VM | libc::CLONE_FS | libc::CLONE_FILES | libc::CLONE_SIGHAND | libc::CLONE_THREAD | libc::CLONE_SYSVSEM) as u64;
+pub const THREAD_CLONE_FLAGS: u64 = (libc::CLONE_VM
+    | libc::CLONE_FS
+    | libc::CLONE_FILES
+    | libc::CLONE_SIGHAND
+    | libc::CLONE_THREAD
+    | libc::CLONE_SYSVSEM) as u64;
 
 /// Creates a thread at TID `tid` (`clone3` with `set_tid`) from the calling
 /// thread; the new thread inherits the caller's registers and stops at once
 /// under the tracer (`PTRACE_O_TRACECLONE`). Returns its TID.
 pub fn clone_thread<R: Remote>(r: &mut R, tid: i32) -> Result<u64, RestoreError> {
-    let tid_addr = r.put(SCRATCH_STRUCT + 512, &i64::from(tid).to_le_bytes()[..4]).map_err(step("set_tid array"))?;
-    let args = sys::CloneArgs { flags: THREAD_CLONE_FLAGS, set_tid: tid_addr, set_tid_size: 1, ..Default::default() };
-    let bytes = words(&[args.flags, args.pidfd, args.child_tid, args.parent_tid, args.exit_signal, args.stack, args.stack_size, args.tls, args.set_tid, args.set_tid_size, args.cgroup]);
+    clone_task(r, tid, THREAD_CLONE_FLAGS, 0)
+}
+
+/// Forks a child process at PID `pid` (`clone3` with `set_tid`, like
+/// `fork`); it stops at once under the tracer (`PTRACE_O_TRACEFORK`).
+pub fn fork_process<R: Remote>(r: &mut R, pid: i32) -> Result<u64, RestoreError> {
+    clone_task(r, pid, 0, libc::SIGCHLD.unsigned_abs().into())
+}
+
+fn clone_task<R: Remote>(
+    r: &mut R,
+    tid: i32,
+    flags: u64,
+    exit_signal: u64,
+) -> Result<u64, RestoreError> {
+    let tid_addr = r
+        .put(SCRATCH_STRUCT + 512, &tid.to_le_bytes())
+        .map_err(step("set_tid array"))?;
+    let args = sys::CloneArgs {
+        flags,
+        exit_signal,
+        set_tid: tid_addr,
+        set_tid_size: 1,
+        ..Default::default()
+    };
+    let bytes = words(&[
+        args.flags,
+        args.pidfd,
+        args.child_tid,
+        args.parent_tid,
+        args.exit_signal,
+        args.stack,
+        args.stack_size,
+        args.tls,
+        args.set_tid,
+        args.set_tid_size,
+        args.cgroup,
+    ]);
     let a = r.put(SCRATCH_STRUCT, &bytes).map_err(step("clone_args"))?;
-    let got = r.sys("clone3", sys::SYS_CLONE3, &[a, bytes.len() as u64]).map_err(step(format!("creating thread {tid}")))?;
+    let what = if flags & THREAD_CLONE_FLAGS != 0 {
+        "thread"
+    } else {
+        "process"
+    };
+    let got = r
+        .sys("clone3", sys::SYS_CLONE3, &[a, bytes.len() as u64])
+        .map_err(step(format!("creating {what} {tid}")))?;
     if got != sarg(i64::from(tid)) {
-        return Err(RestoreError::Layout(format!("thread {tid} was created as {got}")));
+        return Err(RestoreError::Layout(format!(
+            "{what} {tid} was created as {got}"
+        )));
     }
     Ok(got)
 }
@@ -468,6 +491,7 @@ mod tests {
             growsdown: false,
             name: String::new(),
             kind: VmaKind::Anon,
+            shm: None,
         }
     }
 
@@ -625,52 +649,6 @@ mod tests {
     }
 
     #[test]
-    fn fds_land_on_their_numbers_with_offsets() {
-        let mut r = Recorder::default();
-        let fds = [FdImage {
-            fd: 10,
-            flags: (libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_TRUNC) as u32,
-            cloexec: true,
-            kind: FdKind::Path {
-                path: "/tmp/f".into(),
-                pos: 77,
-                mode: libc::S_IFREG | 0o644,
-                size: 100,
-            },
-        }];
-        restore_fds(&mut r, &fds).unwrap();
-        assert_eq!(r.names(), vec!["open", "dup3", "close", "lseek"]);
-        assert_eq!(
-            r.args_of("open")[0][1],
-            (libc::O_WRONLY | libc::O_APPEND | libc::O_CLOEXEC) as u64
-        );
-        assert_eq!(r.args_of("dup3")[0], vec![100, 10, libc::O_CLOEXEC as u64]);
-        assert_eq!(r.args_of("lseek")[0], vec![10, 77, 0]);
-    }
-
-    #[test]
-    fn char_devices_are_not_seeked() {
-        let mut r = Recorder {
-            next_fd: u64::MAX - 99,
-            ..Default::default()
-        };
-        r.next_fd = 0; // first open returns 100
-        let fds = [FdImage {
-            fd: 100,
-            flags: libc::O_RDWR as u32,
-            cloexec: false,
-            kind: FdKind::Path {
-                path: "/dev/null".into(),
-                pos: 0,
-                mode: libc::S_IFCHR | 0o666,
-                size: 0,
-            },
-        }];
-        restore_fds(&mut r, &fds).unwrap();
-        assert_eq!(r.names(), vec!["open"]);
-    }
-
-    #[test]
     fn only_armed_timers_are_set() {
         let mut r = Recorder::default();
         restore_itimers(
@@ -713,20 +691,47 @@ mod tests {
             xstate: vec![],
             sigmask: 0,
             pending: vec![],
-            altstack: stasis_image::manifest::AltStack { sp: 0x7000, flags: libc::SS_ONSTACK, size: 8192 },
+            altstack: stasis_image::manifest::AltStack {
+                sp: 0x7000,
+                flags: libc::SS_ONSTACK,
+                size: 8192,
+            },
             comm: "worker".into(),
-            rseq: Some(stasis_image::manifest::RseqConfig { ptr: 0x9000, size: 32, signature: 0x53053053 }),
+            rseq: Some(stasis_image::manifest::RseqConfig {
+                ptr: 0x9000,
+                size: 32,
+                signature: 0x53053053,
+            }),
             clear_child_tid: 0x5000,
             robust_list: 0x6000,
             robust_list_len: 24,
         };
         thread_state(&mut r, &th).unwrap();
-        assert_eq!(r.names(), vec!["sigaltstack", "rseq", "set_robust_list", "set_tid_address", "prctl"]);
+        assert_eq!(
+            r.names(),
+            vec![
+                "sigaltstack",
+                "rseq",
+                "set_robust_list",
+                "set_tid_address",
+                "prctl"
+            ]
+        );
         assert_eq!(r.args_of("rseq")[0], vec![0x9000, 32, 0, 0x53053053]);
         assert_eq!(r.args_of("set_robust_list")[0], vec![0x6000, 24]);
         assert_eq!(r.args_of("set_tid_address")[0], vec![0x5000]);
         // SS_ONSTACK is a state, not a flag one can set.
-        let w: Vec<Vec<u8>> = r.calls.iter().filter_map(|c| if let Call::Write { data, .. } = c { Some(data.clone()) } else { None }).collect();
+        let w: Vec<Vec<u8>> = r
+            .calls
+            .iter()
+            .filter_map(|c| {
+                if let Call::Write { data, .. } = c {
+                    Some(data.clone())
+                } else {
+                    None
+                }
+            })
+            .collect();
         assert_eq!(w[0], words(&[0x7000, 0, 8192]));
     }
 
@@ -735,9 +740,22 @@ mod tests {
         let mut r = Recorder::default();
         // The recorder answers 0, not the TID: a mismatch is an error.
         assert!(clone_thread(&mut r, 77).is_err());
-        let w: Vec<Vec<u8>> = r.calls.iter().filter_map(|c| if let Call::Write { data, .. } = c { Some(data.clone()) } else { None }).collect();
+        let w: Vec<Vec<u8>> = r
+            .calls
+            .iter()
+            .filter_map(|c| {
+                if let Call::Write { data, .. } = c {
+                    Some(data.clone())
+                } else {
+                    None
+                }
+            })
+            .collect();
         assert_eq!(w[0], 77i32.to_le_bytes());
-        assert_eq!(u64::from_le_bytes(w[1][0..8].try_into().unwrap()), THREAD_CLONE_FLAGS);
+        assert_eq!(
+            u64::from_le_bytes(w[1][0..8].try_into().unwrap()),
+            THREAD_CLONE_FLAGS
+        );
         assert_eq!(u64::from_le_bytes(w[1][72..80].try_into().unwrap()), 1);
         assert_eq!(r.args_of("clone3")[0][1], 88);
     }

@@ -1,44 +1,56 @@
-//! Rebuild a process from a Stasis image, from the outside, at its saved PID.
+//! Rebuild a process tree from a Stasis image, from the outside, at its
+//! saved PIDs.
 //!
 //! # The path of a restore
-//! 1. Load and check the checkpoint: manifest (verified by `stasis-image`),
-//!    CPU features (the image's XCR0 must be a subset of this CPU's), the
-//!    saved PID is free (waiting out a zombie that init reaps late).
-//! 2. **Stub**: `clone3` with `set_tid` creates a child at the saved PID; it
-//!    stops itself under our trace (`PTRACE_O_EXITKILL`: if stasis dies, so
-//!    does the half-built process). Every signal is blocked.
-//! 3. **Control page**: a small RWX area is mapped at an address free in
-//!    both the stub's and the image's layout; it holds a `syscall`
-//!    instruction and scratch space for arguments. From now on every remote
-//!    syscall runs there.
-//! 4. **Clean slate**: everything else is unmapped (the stub was a copy of
-//!    stasis), all fds are closed, and the vDSO is mapped at its saved
-//!    address with `ARCH_MAP_VDSO_64`.
-//! 5. **Memory**: each saved area is mapped at its address (file mappings by
-//!    path) and filled by `preadv` *inside the process* straight from the
-//!    page pack (one kernel copy, no bounce through stasis), while a thread of
-//!    stasis verifies every pack checksum in parallel.
-//! 6. **The rest**: `PR_SET_MM_MAP` (brk, arg/env, auxv, exe), cwd, umask,
-//!    personality, session, fds, rlimits, comm, signal handlers, sigaltstack,
-//!    credentials, pending signals (queued by the process to itself so kernel
-//!    siginfo is allowed), interval timers, the XSAVE area and the mask.
-//! 7. **Jump**: if verification passed, the last remote syscall unmaps the
-//!    control page; at its syscall-exit stop the saved registers are loaded
-//!    and the process is detached. Any failure before this kills the stub:
-//!    nothing half-restored is left running.
+//! 1. **Load and check** the checkpoint: manifest (verified by
+//!    `stasis-image`), the tree's shape ([`tree::plan`]), CPU features (the
+//!    image's XCR0 must be a subset of this CPU's), every saved PID and TID
+//!    free (waiting out zombies that init reaps late).
+//! 2. **Root stub**: `clone3` with `set_tid` creates a child of stasis at the
+//!    root's PID; it stops itself under our trace (`PTRACE_O_EXITKILL`: if
+//!    stasis dies, so does the half-built tree). Every signal is blocked. It
+//!    inherits one end of a datagram socket (the fd transport of [`files`]).
+//! 3. **Control page**: a small RWX area at an address free in the stub's
+//!    and in every image process's layout holds a `syscall` instruction and
+//!    scratch space. Every remote syscall runs there.
+//! 4. **Clean slate**: the stub's rseq area is unregistered, everything but
+//!    the control page is unmapped, every fd but the transport is closed.
+//! 5. **The tree**: each process is forked by its parent (`clone3` with
+//!    `set_tid`, auto-attached by `PTRACE_O_TRACEFORK`) from that clean
+//!    slate; session leaders call `setsid()` at once; process groups are set
+//!    once all exist ([`tree`]).
+//! 6. **Per process**: vDSO at its address (`ARCH_MAP_VDSO_64`); memory
+//!    mapped and filled by `preadv` *inside the process* straight from the
+//!    page pack (shared anonymous memory is mapped by later processes through
+//!    `/proc/PID/map_files` of the first, so it stays shared); mm fields;
+//!    cwd, umask, personality; fds handed over from the restorer's
+//!    [`files::FdFactory`]; epoll registrations; rlimits; signal handlers;
+//!    threads (`clone3` with `set_tid`); per-thread state; credentials;
+//!    pending signals; interval timers. Zombies are made to exit with their
+//!    saved status. Meanwhile a thread of stasis verifies every pack checksum.
+//! 7. **Jump**: if verification passed, each process (children first) gets
+//!    its threads' registers back; its last remote syscall unmaps the control
+//!    page, and at that syscall-exit stop the main thread's registers are
+//!    loaded and everything is detached. Any failure before this kills the
+//!    whole half-built tree: nothing is left running.
 
 pub mod build;
+pub mod files;
 pub mod remote;
+pub mod tree;
 
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use stasis_image::manifest::{ProcessImage, VmaKind};
 use stasis_image::{Checkpoint, ImageDir, ImageError, PackReader};
 use stasis_kernel::child::{kill_and_reap, spawn_stopped, SpawnError};
 use stasis_kernel::mem::ProcessMemory;
-use stasis_kernel::{sarg, KernelError, Tracee, UserRegs};
+use stasis_kernel::{sarg, scm, KernelError, Tracee, UserRegs};
 use stasis_sys as sys;
 
+use crate::build::step;
 use crate::remote::Remote;
 
 /// Errors of a restore. After any of them no restored process is left.
@@ -89,7 +101,7 @@ type Result<T, E = RestoreError> = std::result::Result<T, E>;
 pub struct RestoreOptions {
     /// Checkpoint number; `None` = latest.
     pub checkpoint: Option<u32>,
-    /// How long to wait for a zombie holding the PID to be reaped.
+    /// How long to wait for a zombie holding a PID to be reaped.
     pub pid_wait: Duration,
     /// Called with (bytes restored, bytes to restore).
     pub progress: Option<Box<dyn Fn(u64, u64) + Send>>,
@@ -105,15 +117,18 @@ impl Default for RestoreOptions {
     }
 }
 
-/// A restored, running process (a child of the caller).
+/// A restored, running tree (its root is a child of the caller).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Restored {
     pub checkpoint: u32,
+    /// PID of the root process.
     pub pid: i32,
+    pub processes: usize,
+    pub threads: usize,
     pub pages: u64,
     pub bytes: u64,
     pub total_us: u64,
-    /// Part of `total_us` spent waiting for a zombie to release the PID.
+    /// Part of `total_us` spent waiting for zombies to release PIDs.
     pub pid_wait_us: u64,
 }
 
@@ -125,10 +140,10 @@ fn micros(since: Instant) -> u64 {
 const CTL_SIZE: u64 = 8 * 4096;
 const TASK_TOP: u64 = 0x7fff_ffff_f000;
 
-/// The stub being turned into the restored process: its threads (the
-/// main one first, the others as they are created), and which of them runs
-/// the next remote syscall.
-struct Stub {
+/// One process being rebuilt: its threads (the main one first, the others
+/// as they are created), and which of them runs the next remote syscall.
+struct Proc {
+    pid: i32,
     t: Tracee,
     base: UserRegs,
     threads: Vec<(Tracee, UserRegs)>,
@@ -136,19 +151,11 @@ struct Stub {
     cur: Option<usize>,
     mem: ProcessMemory,
     ctl: u64,
+    /// Whether the process still exists as a traced stub (zombies exit).
+    live: bool,
 }
 
-impl Stub {
-    /// Kills the whole half-built process and reaps it.
-    fn kill(self) {
-        for (mut t, _) in self.threads {
-            t.forget();
-        }
-        kill_and_reap(self.t);
-    }
-}
-
-impl Remote for Stub {
+impl Remote for Proc {
     fn sys(&mut self, name: &'static str, nr: i64, args: &[u64]) -> Result<u64, KernelError> {
         match self.cur {
             None => self.t.syscall(&self.base, name, nr, args),
@@ -161,11 +168,59 @@ impl Remote for Stub {
     fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), KernelError> {
         self.mem.write(addr, data)
     }
+    fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), KernelError> {
+        self.mem.read(addr, buf)
+    }
     fn scratch(&self) -> u64 {
         self.ctl + 4096
     }
     fn scratch_len(&self) -> usize {
         usize::try_from(CTL_SIZE - 4096).unwrap_or(0)
+    }
+}
+
+impl Proc {
+    fn adopt(t: Tracee, ctl: u64) -> Result<Self> {
+        let pid = t.pid();
+        let mem = ProcessMemory::open(pid)?;
+        let mut base = t.regs()?;
+        // The stub's own stack pointer must not look like it is on the
+        // restored sigaltstack (sigaltstack() would refuse).
+        base.rsp = 0;
+        let mut p = Proc {
+            pid,
+            t,
+            base,
+            threads: Vec::new(),
+            cur: None,
+            mem,
+            ctl,
+            live: true,
+        };
+        if ctl != 0 {
+            p.t.set_syscall_insn(ctl);
+        }
+        Ok(p)
+    }
+}
+
+/// Kills every process of a half-built tree and reaps the root.
+fn kill_tree(procs: Vec<Proc>) {
+    let mut root = None;
+    for (i, mut p) in procs.into_iter().enumerate() {
+        for (t, _) in &mut p.threads {
+            t.forget();
+        }
+        if i == 0 {
+            root = Some(p.t);
+        } else {
+            // SAFETY: killing a process this restore created.
+            unsafe { libc::kill(p.pid, libc::SIGKILL) };
+            p.t.forget();
+        }
+    }
+    if let Some(r) = root {
+        kill_and_reap(r);
     }
 }
 
@@ -199,20 +254,9 @@ pub fn wait_pid_free(pid: i32, wait: Duration) -> Result<()> {
 }
 
 /// Loads a checkpoint and checks that this version can restore it here.
-pub fn load(store: &ImageDir, n: Option<u32>) -> Result<Checkpoint> {
+pub fn load(store: &ImageDir, n: Option<u32>) -> Result<(Checkpoint, tree::Plan)> {
     let cp = store.load(n)?;
     let m = &cp.manifest;
-    if m.processes.len() != 1 {
-        return Err(RestoreError::Unsupported(format!(
-            "checkpoint {} holds {} processes; this version restores one",
-            cp.number,
-            m.processes.len()
-        )));
-    }
-    let p = &m.processes[0];
-    if p.threads.is_empty() {
-        return Err(RestoreError::Inconsistent(format!("process {} has no threads", p.pid)));
-    }
     if m.parent.is_some() {
         return Err(RestoreError::Unsupported(format!(
             "checkpoint {} is incremental; this version restores full checkpoints only",
@@ -226,23 +270,53 @@ pub fn load(store: &ImageDir, n: Option<u32>) -> Result<Checkpoint> {
             sys::PAGE_SIZE
         )));
     }
-    Ok(cp)
+    for p in &m.processes {
+        if p.zombie.is_none() && p.threads.is_empty() {
+            return Err(RestoreError::Inconsistent(format!(
+                "process {} has no threads",
+                p.pid
+            )));
+        }
+    }
+    let plan = tree::plan(&m.processes).map_err(RestoreError::Unsupported)?;
+    Ok((cp, plan))
 }
 
-/// Restores the (single) process of a checkpoint and lets it run.
+/// Restores the process tree of a checkpoint and lets it run.
 pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     let t0 = Instant::now();
-    let cp = load(store, opts.checkpoint)?;
-    let p = &cp.manifest.processes[0];
-    let pack = match &p.pack {
-        Some(r) => Some(cp.open_pack(r)?),
-        None => None,
-    };
+    let (cp, plan) = load(store, opts.checkpoint)?;
+    let m = &cp.manifest;
+    let mut packs = Vec::new();
+    for p in &m.processes {
+        packs.push(match &p.pack {
+            Some(r) => Some(cp.open_pack(r)?),
+            None => None,
+        });
+    }
     let waited = Instant::now();
-    wait_pid_free(p.pid, opts.pid_wait)?;
+    for p in &m.processes {
+        wait_pid_free(p.pid, opts.pid_wait)?;
+        for th in p.threads.iter().filter(|t| t.tid != p.pid) {
+            wait_pid_free(th.tid, opts.pid_wait)?;
+        }
+    }
     let pid_wait_us = micros(waited);
 
-    let t = spawn_stopped(Some(p.pid)).map_err(|e| match e {
+    // The fd transport: the stub inherits `remote_end` at a number above
+    // every fd of the image.
+    let (transport, remote_end) = scm::dgram_pair()?;
+    let max_fd = m
+        .processes
+        .iter()
+        .flat_map(|p| p.fds.iter().map(|f| f.fd))
+        .max()
+        .unwrap_or(2);
+    let remote_end = scm::dup_at_least(remote_end.as_fd(), max_fd.max(2) + 1)?;
+    let h = u64::from(remote_end.as_raw_fd().unsigned_abs());
+
+    let root = &m.processes[0];
+    let t = spawn_stopped(Some(root.pid)).map_err(|e| match e {
         SpawnError::PidTaken(pid) => RestoreError::PidTaken {
             pid,
             by: "a process that appeared meanwhile".into(),
@@ -250,73 +324,62 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
         SpawnError::NoPermission { pid, source } => RestoreError::NoPermission { pid, source },
         SpawnError::Kernel(k) => RestoreError::Kernel(k),
     })?;
-    let pid = t.pid();
-    let mem = match ProcessMemory::open(pid) {
-        Ok(m) => m,
-        Err(e) => {
-            kill_and_reap(t);
-            return Err(e.into());
-        }
-    };
-    let mut base = match t.regs() {
-        Ok(r) => r,
-        Err(e) => {
-            kill_and_reap(t);
-            return Err(e.into());
-        }
-    };
-    // The stub's own stack pointer must not look like it is on the
-    // restored sigaltstack (sigaltstack() would refuse).
-    base.rsp = 0;
-    let mut stub = Stub {
-        t,
-        base,
-        threads: Vec::new(),
-        cur: None,
-        mem,
-        ctl: 0,
+    drop(remote_end);
+    let mut procs = match Proc::adopt(t, 0) {
+        Ok(p) => vec![p],
+        Err(e) => return Err(e),
     };
 
-    // Verify pack checksums in parallel with the memory fill.
-    let verifier = pack.as_ref().map(|pk| {
-        let path = pk.path().to_path_buf();
-        let pref = p.pack.clone();
-        std::thread::spawn(move || PackReader::open(&path, pref.as_ref()).and_then(|r| r.verify()))
+    // Verify pack checksums in parallel with the rebuild.
+    let to_verify: Vec<_> = packs
+        .iter()
+        .zip(&m.processes)
+        .filter_map(|(pk, p)| {
+            pk.as_ref()
+                .map(|pk| (pk.path().to_path_buf(), p.pack.clone()))
+        })
+        .collect();
+    let verifier = std::thread::spawn(move || -> Result<(), ImageError> {
+        for (path, pref) in to_verify {
+            PackReader::open(&path, pref.as_ref())?.verify()?;
+        }
+        Ok(())
     });
 
-    let built = build_process(&mut stub, &cp, p, pack.as_ref(), opts);
-    let verified = match verifier.map(|h| h.join()) {
-        None => Ok(()),
-        Some(Ok(r)) => r.map_err(RestoreError::Corrupt),
-        Some(Err(_)) => Err(RestoreError::Layout(
+    let built = build_tree(&mut procs, &cp, &plan, &packs, &transport, h, opts);
+    let verified = match verifier.join() {
+        Ok(r) => r.map_err(RestoreError::Corrupt),
+        Err(_) => Err(RestoreError::Layout(
             "the checksum verifier panicked".into(),
         )),
     };
     let result = built
         .and_then(|bytes| verified.map(|()| bytes))
         .and_then(|bytes| {
-            jump(&mut stub, p)?;
+            // Children first: a parent never runs while its children are stubs.
+            for (p, img) in procs.iter_mut().zip(&m.processes).rev() {
+                if p.live {
+                    jump(p, img)?;
+                }
+            }
             Ok(bytes)
         });
     match result {
         Ok(bytes) => Ok(Restored {
             checkpoint: cp.number,
-            pid,
+            pid: root.pid,
+            processes: m.processes.len(),
+            threads: m.processes.iter().map(|p| p.threads.len()).sum(),
             pages: bytes / sys::PAGE_SIZE,
             bytes,
             total_us: micros(t0),
             pid_wait_us,
         }),
         Err(e) => {
-            stub.kill();
+            kill_tree(procs);
             Err(e)
         }
     }
-}
-
-fn step(what: impl Into<String>) -> impl FnOnce(KernelError) -> RestoreError {
-    let what = what.into();
-    move |source| RestoreError::Step { what, source }
 }
 
 fn read_maps(pid: i32) -> Result<Vec<(u64, u64, String)>> {
@@ -340,24 +403,29 @@ fn read_maps(pid: i32) -> Result<Vec<(u64, u64, String)>> {
         .collect())
 }
 
-/// Everything up to (not including) the final jump. Returns bytes filled.
-fn build_process(
-    s: &mut Stub,
+/// Everything up to (not including) the final jumps. Returns bytes filled.
+fn build_tree(
+    procs: &mut Vec<Proc>,
     cp: &Checkpoint,
-    p: &ProcessImage,
-    pack: Option<&PackReader>,
+    plan: &tree::Plan,
+    packs: &[Option<PackReader>],
+    transport: &OwnedFd,
+    h: u64,
     opts: &RestoreOptions,
 ) -> Result<u64> {
-    let pid = s.t.pid();
-    if p.threads.len() > 1 {
-        s.t.set_options(sys::PTRACE_O_EXITKILL | sys::PTRACE_O_TRACECLONE).map_err(step("tracing thread creation"))?;
-    }
-    s.t.set_sigmask(!0)
+    let m = &cp.manifest;
+    let root = &mut procs[0];
+    let root_pid = root.pid;
+    root.t
+        .set_options(sys::PTRACE_O_EXITKILL | sys::PTRACE_O_TRACECLONE | sys::PTRACE_O_TRACEFORK)
+        .map_err(step("tracing process and thread creation"))?;
+    root.t
+        .set_sigmask(!0)
         .map_err(step("blocking signals in the stub"))?;
 
     // CPU features: the image may only use what this CPU has.
-    let cpu_x = stasis_kernel::probe::xfeatures_of(&s.t.xstate()?);
-    let img_x = cp.manifest.host.xfeatures;
+    let cpu_x = stasis_kernel::probe::xfeatures_of(&root.t.xstate()?);
+    let img_x = m.host.xfeatures;
     if img_x & !cpu_x != 0 {
         return Err(RestoreError::Incompatible(format!(
             "the image uses CPU state components {:#x} that this CPU lacks (it has {cpu_x:#x})",
@@ -365,14 +433,18 @@ fn build_process(
         )));
     }
 
-    // Control area, free in both layouts.
-    let mut busy: Vec<(u64, u64)> = read_maps(pid)?.iter().map(|m| (m.0, m.1)).collect();
-    busy.extend(p.vmas.iter().map(|v| (v.start, v.end)));
+    // Control area, free in the stub's layout and in every process's.
+    let mut busy: Vec<(u64, u64)> = read_maps(root_pid)?.iter().map(|m| (m.0, m.1)).collect();
+    busy.extend(
+        m.processes
+            .iter()
+            .flat_map(|p| p.vmas.iter().map(|v| (v.start, v.end))),
+    );
     let ctl = build::find_gap(&busy, CTL_SIZE)
         .ok_or_else(|| RestoreError::Layout("no free address range for the control page".into()))?;
     let rwx = (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as u64;
     let fl = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64;
-    let got = s
+    let got = root
         .sys(
             "mmap",
             libc::SYS_mmap,
@@ -384,16 +456,16 @@ fn build_process(
             "control page landed at {got:#x}, not {ctl:#x}"
         )));
     }
-    s.mem
+    root.mem
         .write(ctl, &[0x0f, 0x05, 0xcc])
         .map_err(step("writing the syscall instruction"))?;
-    s.t.set_syscall_insn(ctl);
-    s.ctl = ctl;
+    root.t.set_syscall_insn(ctl);
+    root.ctl = ctl;
 
     // The stub inherited stasis's rseq registration; its area is about to
     // be unmapped, and the kernel would fault writing to it.
-    if let Some(c) = s.t.rseq_config()? {
-        s.sys(
+    if let Some(c) = root.t.rseq_config()? {
+        root.sys(
             "rseq",
             libc::SYS_rseq,
             &[
@@ -405,29 +477,209 @@ fn build_process(
         )
         .map_err(step("unregistering the stub's rseq area"))?;
     }
-
-    // Clean slate: no mappings but the control area, no fds.
-    s.sys("munmap", libc::SYS_munmap, &[0, ctl])
+    // Clean slate: no mappings but the control area, no fds but the transport.
+    root.sys("munmap", libc::SYS_munmap, &[0, ctl])
         .map_err(step("unmapping the stub below the control page"))?;
-    s.sys(
+    root.sys(
         "munmap",
         libc::SYS_munmap,
         &[ctl + CTL_SIZE, TASK_TOP - ctl - CTL_SIZE],
     )
     .map_err(step("unmapping the stub above the control page"))?;
-    s.sys(
+    root.sys("close_range", sys::SYS_CLOSE_RANGE, &[0, h - 1, 0])
+        .map_err(step("closing the stub's fds"))?;
+    root.sys(
         "close_range",
         sys::SYS_CLOSE_RANGE,
-        &[0, u64::from(u32::MAX), 0],
+        &[h + 1, u64::from(u32::MAX), 0],
     )
     .map_err(step("closing the stub's fds"))?;
+    if plan.setsid[0] {
+        root.sys("setsid", libc::SYS_setsid, &[])
+            .map_err(step("becoming a session leader"))?;
+    }
 
-    // vDSO at its saved address.
+    // The tree, top-down: each process forked by its parent.
+    for (i, img) in m.processes.iter().enumerate().skip(1) {
+        let parent = plan.parent[i].ok_or_else(|| {
+            RestoreError::Inconsistent(format!("process {} has no parent", img.pid))
+        })?;
+        let parent_proc = &mut procs[parent];
+        parent_proc.cur = None;
+        build::fork_process(parent_proc, img.pid)?;
+        let t = Tracee::adopt_new_thread(img.pid)
+            .map_err(step(format!("taking over new process {}", img.pid)))?;
+        let mut p = Proc::adopt(t, ctl)?;
+        if plan.setsid[i] {
+            p.sys("setsid", libc::SYS_setsid, &[])
+                .map_err(step(format!("making process {} a session leader", img.pid)))?;
+        }
+        procs.push(p);
+    }
+    // Process groups: leaders first, then members.
+    for pass in 0..2 {
+        for (i, p) in procs.iter_mut().enumerate() {
+            match (pass, plan.group[i]) {
+                (0, tree::Group::Own) => {
+                    p.sys("setpgid", libc::SYS_setpgid, &[0, 0])
+                        .map_err(step(format!("making process {} a group leader", p.pid)))?;
+                }
+                (1, tree::Group::Join(g)) => {
+                    p.sys("setpgid", libc::SYS_setpgid, &[0, sarg(i64::from(g))])
+                        .map_err(step(format!("moving process {} into group {g}", p.pid)))?;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    // Zombies: exit with the saved status (their parents reap them later).
+    for (i, img) in m.processes.iter().enumerate() {
+        if let Some(status) = img.zombie {
+            make_zombie(&mut procs[i], status)?;
+            let parent = plan.parent[i].unwrap_or(0);
+            drop_sigchld(&mut procs[parent], &m.processes[parent])?;
+        }
+    }
+
+    // Every live process, in manifest order (shared memory is first mapped
+    // by the earliest process that has it).
+    let total: u64 = packs
+        .iter()
+        .flatten()
+        .map(|pk| pk.pages() * sys::PAGE_SIZE)
+        .sum();
+    let mut filled = 0u64;
+    let mut factory = files::FdFactory::new(&m.pipes);
+    let mut shm_first: HashMap<u64, (i32, u64, u64, u64)> = HashMap::new();
+    for (i, img) in m.processes.iter().enumerate() {
+        if img.zombie.is_some() {
+            continue;
+        }
+        let p = &mut procs[i];
+        filled += build_process(
+            p,
+            img,
+            packs[i].as_ref(),
+            &mut factory,
+            &mut shm_first,
+            transport,
+            h,
+            (filled, total, opts),
+        )?;
+        if let Some(cb) = &opts.progress {
+            cb(filled, total);
+        }
+    }
+    if filled != total {
+        return Err(RestoreError::Inconsistent(format!(
+            "{} pack bytes lie outside every saved area",
+            total - filled
+        )));
+    }
+    Ok(filled)
+}
+
+/// Makes a stub exit with the wait status `status` (a zombie until its
+/// parent reaps it).
+fn make_zombie(p: &mut Proc, status: i32) -> Result<()> {
+    p.live = false;
+    let (nr, args, what): (i64, Vec<u64>, &str) = if libc::WIFSIGNALED(status) {
+        let sig = libc::WTERMSIG(status);
+        // Die of the signal, without a core dump.
+        let a = p
+            .put(build::SCRATCH_STRUCT, &build::words(&[0, 0]))
+            .map_err(step("rlimit"))?;
+        p.sys(
+            "prlimit64",
+            libc::SYS_prlimit64,
+            &[0, libc::RLIMIT_CORE.into(), a, 0],
+        )
+        .map_err(step("disabling core dumps of a zombie"))?;
+        let act = p
+            .put(build::SCRATCH_STRUCT, &build::words(&[0, 0, 0, 0]))
+            .map_err(step("sigaction"))?;
+        p.sys(
+            "rt_sigaction",
+            libc::SYS_rt_sigaction,
+            &[sarg(i64::from(sig)), act, 0, 8],
+        )
+        .map_err(step("resetting a signal"))?;
+        p.t.set_sigmask(0)
+            .map_err(step("unblocking signals of a zombie"))?;
+        (
+            libc::SYS_kill,
+            vec![sarg(i64::from(p.pid)), sarg(i64::from(sig))],
+            "killing a zombie-to-be",
+        )
+    } else {
+        (
+            libc::SYS_exit_group,
+            vec![sarg(i64::from(libc::WEXITSTATUS(status)))],
+            "exiting a zombie-to-be",
+        )
+    };
+    match p.t.syscall_raw(&p.base, nr, &args) {
+        Err(KernelError::Died { .. }) => {
+            p.t.forget();
+            Ok(())
+        }
+        Ok(r) => Err(RestoreError::Layout(format!(
+            "{what} {}: it did not exit (result {r})",
+            p.pid
+        ))),
+        Err(e) => Err(RestoreError::Step {
+            what: format!("{what} {}", p.pid),
+            source: e,
+        }),
+    }
+}
+
+/// Consumes the SIGCHLD a rebuilt zombie sent to its parent, unless the
+/// parent had one pending in the image.
+fn drop_sigchld(parent: &mut Proc, img: &ProcessImage) -> Result<()> {
+    let chld = libc::SIGCHLD.unsigned_abs();
+    let had = img
+        .shared_pending
+        .iter()
+        .chain(img.threads.iter().flat_map(|t| t.pending.iter()))
+        .any(|s| s.signo == chld);
+    if had {
+        return Ok(());
+    }
+    parent.cur = None;
+    let set = parent
+        .put(build::SCRATCH_STRUCT, &(1u64 << (chld - 1)).to_le_bytes())
+        .map_err(step("sigset"))?;
+    let ts = parent
+        .put(build::SCRATCH_STRUCT + 64, &build::words(&[0, 0]))
+        .map_err(step("timespec"))?;
+    // EAGAIN when nothing is pending is fine.
+    let _ = parent
+        .t
+        .syscall_raw(&parent.base, libc::SYS_rt_sigtimedwait, &[set, 0, ts, 8]);
+    Ok(())
+}
+
+type Progress<'a> = (u64, u64, &'a RestoreOptions);
+
+/// Rebuilds one live process (not its final jump). Returns bytes filled.
+#[allow(clippy::too_many_arguments)]
+fn build_process(
+    s: &mut Proc,
+    p: &ProcessImage,
+    pack: Option<&PackReader>,
+    factory: &mut files::FdFactory<'_>,
+    shm_first: &mut HashMap<u64, (i32, u64, u64, u64)>,
+    transport: &OwnedFd,
+    h: u64,
+    progress: Progress<'_>,
+) -> Result<u64> {
+    let pid = s.pid;
+    s.cur = None;
     restore_vdso(s, p)?;
 
     // Memory.
-    let total: u64 = pack.map(|pk| pk.pages() * sys::PAGE_SIZE).unwrap_or(0);
-    let mut filled = 0u64;
     let pack_fd = match pack {
         Some(pk) => {
             let path = pk.path().to_string_lossy().into_owned();
@@ -447,31 +699,31 @@ fn build_process(
         }
         None => u64::MAX,
     };
+    let (base_done, total, opts) = progress;
+    let mut filled = 0u64;
     let mut last = Instant::now();
     for v in &p.vmas {
+        if let Some((ino, off)) = v.shm {
+            if let Some(&(first_pid, fstart, fend, foff)) = shm_first.get(&ino) {
+                map_shared_again(s, v, (first_pid, fstart, fend, foff), off, transport, h)?;
+                continue;
+            }
+            shm_first.insert(ino, (pid, v.start, v.end, off));
+        }
         let runs = pack
             .map(|pk| build::clip_runs(pk.runs(), v.start, v.end))
             .unwrap_or_default();
         filled += build::map_vma(s, v, &runs, pack_fd)?;
         if let Some(cb) = &opts.progress {
             if last.elapsed() >= Duration::from_millis(100) {
-                cb(filled, total);
+                cb(base_done + filled, total);
                 last = Instant::now();
             }
         }
     }
-    if let Some(cb) = &opts.progress {
-        cb(filled, total);
-    }
     if pack.is_some() {
         s.sys("close", libc::SYS_close, &[pack_fd])
             .map_err(step("closing the pack"))?;
-    }
-    if filled != total {
-        return Err(RestoreError::Inconsistent(format!(
-            "{} pack bytes lie outside every saved area",
-            total - filled
-        )));
     }
 
     // mm fields, with the exe file. The kernel refuses to switch the exe
@@ -525,14 +777,17 @@ fn build_process(
         &[u64::from(p.personality)],
     )
     .map_err(step("personality"))?;
-    if p.sid == p.pid {
-        s.sys("setsid", libc::SYS_setsid, &[])
-            .map_err(step("becoming a session leader"))?;
-    } else if p.pgid == p.pid {
-        s.sys("setpgid", libc::SYS_setpgid, &[0, 0])
-            .map_err(step("becoming a process group leader"))?;
+
+    // File descriptors, then what refers to them by number (epoll).
+    for fd in &p.fds {
+        let desc = factory.get(fd)?;
+        files::plant(s, transport, h, desc.as_fd(), fd.fd, fd.cloexec)?;
     }
-    build::restore_fds(s, &p.fds)?;
+    for fd in &p.fds {
+        files::restore_epoll(s, fd)?;
+    }
+    s.sys("close", libc::SYS_close, &[h])
+        .map_err(step("closing the fd transport"))?;
     for rl in &p.rlimits {
         let a = s
             .put(build::SCRATCH_STRUCT, &build::words(&[rl.soft, rl.hard]))
@@ -551,6 +806,7 @@ fn build_process(
             );
         }
     }
+
     // Signals.
     build::restore_sigactions(s, &p.sigactions)?;
 
@@ -560,9 +816,12 @@ fn build_process(
         s.cur = None;
         let tid = build::clone_thread(s, th.tid)?;
         let tid = i32::try_from(tid).map_err(|_| RestoreError::Layout(format!("bad tid {tid}")))?;
-        let mut t = Tracee::adopt_new_thread(tid).map_err(step(format!("taking over new thread {tid}")))?;
+        let mut t =
+            Tracee::adopt_new_thread(tid).map_err(step(format!("taking over new thread {tid}")))?;
         t.set_syscall_insn(s.ctl);
-        let mut base = t.regs().map_err(step(format!("registers of new thread {tid}")))?;
+        let mut base = t
+            .regs()
+            .map_err(step(format!("registers of new thread {tid}")))?;
         base.rsp = 0;
         s.threads.push((t, base));
     }
@@ -574,22 +833,98 @@ fn build_process(
         build::thread_state(s, th)?;
         restore_creds(s, p)?;
         for si in &th.pending {
-            let a = s.put(build::SCRATCH_STRUCT, &si.raw).map_err(step("siginfo"))?;
-            s.sys("rt_tgsigqueueinfo", libc::SYS_rt_tgsigqueueinfo, &[sarg(i64::from(pid)), sarg(i64::from(th.tid)), u64::from(si.signo), a])
-                .map_err(step(format!("queueing pending signal {} of thread {}", si.signo, th.tid)))?;
+            let a = s
+                .put(build::SCRATCH_STRUCT, &si.raw)
+                .map_err(step("siginfo"))?;
+            s.sys(
+                "rt_tgsigqueueinfo",
+                libc::SYS_rt_tgsigqueueinfo,
+                &[
+                    sarg(i64::from(pid)),
+                    sarg(i64::from(th.tid)),
+                    u64::from(si.signo),
+                    a,
+                ],
+            )
+            .map_err(step(format!(
+                "queueing pending signal {} of thread {}",
+                si.signo, th.tid
+            )))?;
         }
     }
     s.cur = None;
     for si in &p.shared_pending {
-        let a = s.put(build::SCRATCH_STRUCT, &si.raw).map_err(step("siginfo"))?;
-        s.sys("rt_sigqueueinfo", libc::SYS_rt_sigqueueinfo, &[sarg(i64::from(pid)), u64::from(si.signo), a])
-            .map_err(step(format!("queueing pending signal {}", si.signo)))?;
+        let a = s
+            .put(build::SCRATCH_STRUCT, &si.raw)
+            .map_err(step("siginfo"))?;
+        s.sys(
+            "rt_sigqueueinfo",
+            libc::SYS_rt_sigqueueinfo,
+            &[sarg(i64::from(pid)), u64::from(si.signo), a],
+        )
+        .map_err(step(format!("queueing pending signal {}", si.signo)))?;
     }
     build::restore_itimers(s, &p.itimers)?;
     Ok(filled)
 }
 
-fn restore_vdso(s: &mut Stub, p: &ProcessImage) -> Result<()> {
+/// Maps shared anonymous memory that an earlier area (`first`: pid, start,
+/// end, offset in the shmem object) already created, through that area's
+/// `/proc/PID/map_files` entry, so both share the same pages.
+fn map_shared_again(
+    s: &mut Proc,
+    v: &stasis_image::manifest::Vma,
+    first: (i32, u64, u64, u64),
+    off: u64,
+    transport: &OwnedFd,
+    h: u64,
+) -> Result<()> {
+    let (fpid, fstart, fend, foff) = first;
+    let len = v.end - v.start;
+    if off < foff || off + len > foff + (fend - fstart) {
+        return Err(RestoreError::Unsupported(format!("shared memory at {:#x}-{:#x} of process {} covers pages that process {fpid} does not map", v.start, v.end, s.pid)));
+    }
+    let path = format!("/proc/{fpid}/map_files/{fstart:x}-{fend:x}");
+    let writable = v.prot & libc::PROT_WRITE.unsigned_abs() != 0;
+    let file: OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(writable)
+        .open(&path)
+        .map_err(|e| RestoreError::File {
+            path: path.clone(),
+            what: "shared memory".into(),
+            source: KernelError::Io {
+                what: "open".into(),
+                source: e,
+            },
+        })?
+        .into();
+    // Hand it over at the first number above the transport, map, close.
+    let tmp =
+        i32::try_from(h + 1).map_err(|_| RestoreError::Layout("fd number overflow".into()))?;
+    files::plant(s, transport, h, file.as_fd(), tmp, true)?;
+    let flags = (libc::MAP_SHARED | libc::MAP_FIXED) as u64;
+    let at = s.sys(
+        "mmap",
+        libc::SYS_mmap,
+        &[v.start, len, u64::from(v.prot), flags, h + 1, off - foff],
+    );
+    s.sys("close", libc::SYS_close, &[h + 1])
+        .map_err(step("closing a shared-memory fd"))?;
+    let at = at.map_err(step(format!(
+        "sharing memory at {:#x}-{:#x}",
+        v.start, v.end
+    )))?;
+    if at != v.start {
+        return Err(RestoreError::Layout(format!(
+            "shared area {:#x}-{:#x} landed at {at:#x}",
+            v.start, v.end
+        )));
+    }
+    Ok(())
+}
+
+fn restore_vdso(s: &mut Proc, p: &ProcessImage) -> Result<()> {
     let find = |k: fn(&VmaKind) -> bool| p.vmas.iter().find(|v| k(&v.kind));
     let Some(vdso) = find(|k| matches!(k, VmaKind::Vdso)) else {
         return Ok(());
@@ -619,7 +954,7 @@ fn restore_vdso(s: &mut Stub, p: &ProcessImage) -> Result<()> {
     Ok(())
 }
 
-fn restore_creds(s: &mut Stub, p: &ProcessImage) -> Result<()> {
+fn restore_creds(s: &mut Proc, p: &ProcessImage) -> Result<()> {
     let c = &p.creds;
     if c.uid == [0; 4] && c.gid == [0; 4] && c.groups.is_empty() {
         return Ok(());
@@ -661,32 +996,40 @@ fn restore_creds(s: &mut Stub, p: &ProcessImage) -> Result<()> {
     Ok(())
 }
 
-/// Final step: xstate and mask, unmap the control page, load the saved
-/// registers at the syscall-exit stop and detach.
-fn jump(s: &mut Stub, p: &ProcessImage) -> Result<()> {
+/// Final step for one process: other threads' state, then the main
+/// thread's xstate; unmap the control page; at that syscall-exit stop load
+/// the main thread's mask and registers; detach everything.
+fn jump(s: &mut Proc, p: &ProcessImage) -> Result<()> {
     let regs_of = |th: &stasis_image::manifest::ThreadImage| {
-        UserRegs::from_words(&th.regs).ok_or_else(|| RestoreError::Inconsistent(format!("thread {} has {} register words", th.tid, th.regs.len())))
+        UserRegs::from_words(&th.regs).ok_or_else(|| {
+            RestoreError::Inconsistent(format!(
+                "thread {} has {} register words",
+                th.tid,
+                th.regs.len()
+            ))
+        })
     };
-    // Other threads: state loaded now, released after the control page is gone.
     for ((t, _), th) in s.threads.iter_mut().zip(&p.threads[1..]) {
         let regs = regs_of(th)?;
-        t.set_xstate(&th.xstate).map_err(step(format!("restoring FPU/SSE/AVX state of thread {}", th.tid)))?;
-        t.set_sigmask(th.sigmask).map_err(step(format!("restoring the signal mask of thread {}", th.tid)))?;
-        t.set_regs(&regs).map_err(step(format!("loading the registers of thread {}", th.tid)))?;
+        t.set_xstate(&th.xstate).map_err(step(format!(
+            "restoring FPU/SSE/AVX state of thread {}",
+            th.tid
+        )))?;
+        t.set_sigmask(th.sigmask).map_err(step(format!(
+            "restoring the signal mask of thread {}",
+            th.tid
+        )))?;
+        t.set_regs(&regs)
+            .map_err(step(format!("loading the registers of thread {}", th.tid)))?;
     }
     let th = &p.threads[0];
-    let regs = UserRegs::from_words(&th.regs).ok_or_else(|| {
-        RestoreError::Inconsistent(format!(
-            "thread {} has {} register words",
-            th.tid,
-            th.regs.len()
-        ))
-    })?;
+    let regs = regs_of(th)?;
     s.t.set_xstate(&th.xstate)
         .map_err(step("restoring FPU/SSE/AVX state"))?;
     // Unmap the control page with every signal still blocked (an armed
     // timer may have fired); its syscall-exit stop is where the process gets
     // its own mask and registers back (the instruction after `syscall` is gone).
+    s.cur = None;
     s.sys("munmap", libc::SYS_munmap, &[s.ctl, CTL_SIZE])
         .map_err(step("unmapping the control page"))?;
     s.t.set_sigmask(th.sigmask)
@@ -697,5 +1040,6 @@ fn jump(s: &mut Stub, p: &ProcessImage) -> Result<()> {
     for (t, _) in &mut s.threads {
         t.detach().map_err(step("detaching a thread"))?;
     }
+    s.live = false;
     Ok(())
 }

@@ -15,6 +15,8 @@ pub trait Remote {
     fn sys(&mut self, name: &'static str, nr: i64, args: &[u64]) -> Result<u64, KernelError>;
     /// Writes bytes into the process at `addr`.
     fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), KernelError>;
+    /// Reads bytes of the process at `addr`.
+    fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), KernelError>;
     /// Start of a scratch area of [`Remote::scratch_len`] bytes inside the process.
     fn scratch(&self) -> u64;
     /// Size of the scratch area.
@@ -121,6 +123,20 @@ impl Remote for Recorder {
             addr,
             data: data.to_vec(),
         });
+        Ok(())
+    }
+
+    fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), KernelError> {
+        // The last write to this address, or zeros.
+        let last = self.calls.iter().rev().find_map(|c| match c {
+            Call::Write { addr: a, data } if *a == addr => Some(data.clone()),
+            _ => None,
+        });
+        buf.fill(0);
+        if let Some(d) = last {
+            let n = d.len().min(buf.len());
+            buf[..n].copy_from_slice(&d[..n]);
+        }
         Ok(())
     }
 

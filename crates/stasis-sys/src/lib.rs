@@ -185,6 +185,7 @@ pub const PTRACE_GET_RSEQ_CONFIGURATION: u32 = 0x420f;
 pub const PTRACE_O_TRACESYSGOOD: u64 = 1;
 pub const PTRACE_O_EXITKILL: u64 = 1 << 20;
 pub const PTRACE_O_TRACECLONE: u64 = 1 << 3;
+pub const PTRACE_O_TRACEFORK: u64 = 1 << 1;
 
 pub const PTRACE_EVENT_STOP: i32 = 128;
 /// `PTRACE_PEEKSIGINFO` flag: read the process-wide (shared) queue.

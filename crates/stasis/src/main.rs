@@ -193,9 +193,11 @@ fn cmd_dump(pid: i32, dir: &Path, leave_running: bool, json: bool) -> Result<Exi
         println!("{}", serde_json::to_string(&r)?);
     } else {
         println!(
-            "checkpoint {} of pid {}: {} pages, {} in {} (frozen {}), {}",
+            "checkpoint {} of pid {} ({} process(es), {} thread(s)): {} pages, {} in {} (frozen {}), {}",
             r.checkpoint,
             r.pid,
+            r.processes,
+            r.threads,
             r.pages,
             ui::bytes(r.bytes),
             ui::secs(r.total_us),

@@ -264,13 +264,39 @@ fn print_detail(cp: &stasis_image::Checkpoint) {
         }
         println!("  fds:");
         for f in &p.fds {
-            let FdKind::Path { path, pos, .. } = &f.kind;
+            let what = match &f.kind {
+                FdKind::Path { path, pos, .. } => format!("{path} pos {pos}"),
+                FdKind::Pipe { id, write_end } => format!(
+                    "pipe:[{id}] {} end",
+                    if *write_end { "write" } else { "read" }
+                ),
+                FdKind::Fifo { path, .. } => format!("FIFO {path}"),
+                FdKind::Eventfd { count, semaphore } => format!(
+                    "eventfd count {count}{}",
+                    if *semaphore { " semaphore" } else { "" }
+                ),
+                FdKind::Timerfd {
+                    clockid,
+                    value_ns,
+                    interval_ns,
+                    ..
+                } => format!("timerfd clock {clockid} next {value_ns} ns every {interval_ns} ns"),
+                FdKind::Signalfd { mask } => format!("signalfd mask {mask:#x}"),
+                FdKind::Epoll { targets } => format!("epoll with {} fds", targets.len()),
+            };
+            let shared = f
+                .shared_id
+                .map(|i| format!(" shared#{i}"))
+                .unwrap_or_default();
             println!(
-                "    {:>4} {path} flags {:#o}{} pos {pos}",
+                "    {:>4} {what} flags {:#o}{}{shared}",
                 f.fd,
                 f.flags,
                 if f.cloexec { " cloexec" } else { "" }
             );
+        }
+        if p.zombie.is_some() {
+            println!("  zombie, wait status {:#x}", p.zombie.unwrap_or(0));
         }
         let handled: Vec<String> = p
             .sigactions

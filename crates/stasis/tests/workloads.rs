@@ -87,4 +87,5 @@ workload_tests! {
     files: "files";
     counter: "counter";
     restart_syscalls: "restart_syscalls";
+    threads: "threads";
 }

@@ -78,6 +78,7 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
                     dev: 0x803,
                     ino: 1234,
                 },
+                shm: None,
             },
             Vma {
                 start: 0x7ffc_0000_0000,
@@ -87,6 +88,7 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
                 growsdown: true,
                 name: "[stack]".into(),
                 kind: VmaKind::Anon,
+                shm: Some((77, 0)),
             },
             Vma {
                 start: 0x7ffc_1000_0000,
@@ -96,6 +98,7 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
                 growsdown: false,
                 name: "[vdso]".into(),
                 kind: VmaKind::Vdso,
+                shm: None,
             },
         ],
         fds: vec![FdImage {
@@ -108,6 +111,7 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
                 mode: 0o20666,
                 size: 0,
             },
+            shared_id: Some(3),
         }],
         sigactions: vec![SigAction {
             signo: 10,
@@ -143,6 +147,7 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
             robust_list_len: 24,
         }],
         pack,
+        zombie: None,
     }
 }
 
@@ -161,6 +166,11 @@ pub fn manifest(checkpoint: u32, processes: Vec<ProcessImage>) -> Manifest {
         root_pid: processes.first().map_or(1, |p| p.pid),
         processes,
         stats: DumpStats::default(),
+        pipes: vec![stasis_image::manifest::PipeImage {
+            id: 9,
+            capacity: 65536,
+            data: b"in flight".to_vec(),
+        }],
     }
 }
 

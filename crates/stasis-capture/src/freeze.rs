@@ -1,0 +1,231 @@
+//! Freezing a process tree, and letting it go unchanged.
+//!
+//! Every thread of every process is seized and interrupted. Processes are
+//! discovered from the root through `/proc/PID/task/TID/children` *after*
+//! their parent is frozen (a frozen process cannot fork), and each process's
+//! threads are listed until no new one appears, so the set converges.
+
+use stasis_kernel::ptrace::normalize_interrupted_syscall;
+use stasis_kernel::{KernelError, Tracee, UserRegs};
+
+use crate::{proc, CaptureError, Result};
+
+/// One frozen thread and what is needed to let it go unchanged.
+pub struct FrozenThread {
+    pub tracee: Tracee,
+    pub orig_regs: UserRegs,
+    pub orig_mask: u64,
+}
+
+/// One process of the tree: its threads (main first), or a zombie.
+pub struct FrozenProcess {
+    pub pid: i32,
+    pub ppid: i32,
+    pub threads: Vec<FrozenThread>,
+    /// Raw wait status of a zombie (its threads list is empty).
+    pub zombie: Option<i32>,
+}
+
+/// The frozen tree, root first, parents before children.
+pub struct Frozen {
+    pub procs: Vec<FrozenProcess>,
+    done: bool,
+}
+
+fn list_dir_numbers(pid: i32, dir: &str) -> Result<Vec<i32>> {
+    let rd = std::fs::read_dir(proc::proc_path(pid, dir))
+        .map_err(|e| CaptureError::from_proc(pid, dir, e))?;
+    let mut v: Vec<i32> = rd
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    v.sort_unstable();
+    Ok(v)
+}
+
+/// Children of every thread of `pid`.
+fn children(pid: i32) -> Result<Vec<i32>> {
+    let mut out = Vec::new();
+    for tid in list_dir_numbers(pid, "task")? {
+        let text =
+            match std::fs::read_to_string(proc::proc_path(pid, &format!("task/{tid}/children"))) {
+                Ok(t) => t,
+                Err(_) => continue, // the thread exited meanwhile
+            };
+        out.extend(
+            text.split_whitespace()
+                .filter_map(|x| x.parse::<i32>().ok()),
+        );
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+fn stat_of(pid: i32) -> Result<proc::Stat> {
+    proc::parse_stat(&proc::read(pid, "stat")?).map_err(|w| CaptureError::ProcFormat {
+        pid,
+        file: "stat".into(),
+        what: w,
+    })
+}
+
+/// Seizes and stops every thread of `pid`; blocks all its signals.
+fn freeze_process(pid: i32) -> Result<FrozenProcess> {
+    let stat = stat_of(pid)?;
+    let mut fp = FrozenProcess {
+        pid,
+        ppid: stat.ppid,
+        threads: Vec::new(),
+        zombie: None,
+    };
+    if stat.state == 'Z' || stat.state == 'X' {
+        fp.zombie = Some(stat.exit_code);
+        return Ok(fp);
+    }
+    loop {
+        let mut new = 0;
+        for tid in list_dir_numbers(pid, "task")? {
+            if fp.threads.iter().any(|t| t.tracee.pid() == tid) {
+                continue;
+            }
+            let mut tracee = match Tracee::seize(tid, 0) {
+                Ok(t) => t,
+                // A thread that exited meanwhile is simply not part of the image.
+                Err(KernelError::NoSuchProcess { .. }) if tid != pid => continue,
+                Err(e) if tid == pid && fp.threads.is_empty() => {
+                    // The process may have just exited: then it is a zombie.
+                    let st = stat_of(pid)?;
+                    if st.state == 'Z' {
+                        fp.zombie = Some(st.exit_code);
+                        return Ok(fp);
+                    }
+                    return Err(match e {
+                        KernelError::NoSuchProcess { pid } => CaptureError::NoSuchProcess { pid },
+                        e => e.into(),
+                    });
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let frozen = (|| -> Result<FrozenThread, KernelError> {
+                tracee.interrupt()?;
+                let orig_mask = tracee.block_all_signals()?;
+                let orig_regs = tracee.regs()?;
+                Ok(FrozenThread {
+                    tracee,
+                    orig_regs,
+                    orig_mask,
+                })
+            })();
+            // A thread may exit between seize and interrupt: not part of the image.
+            match frozen {
+                Ok(t) => fp.threads.push(t),
+                Err(KernelError::Died { .. }) if tid != pid => continue,
+                Err(e) => {
+                    release_process(&mut fp);
+                    return Err(e.into());
+                }
+            }
+            new += 1;
+        }
+        if new == 0 {
+            break;
+        }
+    }
+    fp.threads
+        .sort_by_key(|t| (t.tracee.pid() != pid, t.tracee.pid()));
+    if fp.threads.first().map(|t| t.tracee.pid()) != Some(pid) {
+        release_process(&mut fp);
+        return Err(CaptureError::Unsupported {
+            pid,
+            what: "its main thread has exited while other threads run".into(),
+        });
+    }
+    Ok(fp)
+}
+
+/// Freezes `root` and all its descendants.
+pub fn freeze_tree(root: i32) -> Result<Frozen> {
+    let mut f = Frozen {
+        procs: Vec::new(),
+        done: false,
+    };
+    let mut queue = vec![root];
+    while !queue.is_empty() {
+        let mut next = Vec::new();
+        for pid in queue {
+            if f.procs.iter().any(|p| p.pid == pid) {
+                continue;
+            }
+            let fp = match freeze_process(pid) {
+                Ok(fp) => fp,
+                // A child that vanished (reaped meanwhile) is not part of the tree.
+                Err(CaptureError::NoSuchProcess { .. }) if pid != root => continue,
+                Err(e) => return Err(e),
+            };
+            if fp.zombie.is_none() {
+                next.extend(children(pid)?);
+            }
+            f.procs.push(fp);
+        }
+        queue = next;
+    }
+    Ok(f)
+}
+
+fn release_process(p: &mut FrozenProcess) -> Option<KernelError> {
+    let mut first_err = None;
+    for t in &mut p.threads {
+        let mut regs = t.orig_regs;
+        normalize_interrupted_syscall(&mut regs, true);
+        let r = t
+            .tracee
+            .set_regs(&regs)
+            .and_then(|()| t.tracee.set_sigmask(t.orig_mask))
+            .and_then(|()| t.tracee.detach());
+        if let Err(e) = r {
+            first_err.get_or_insert(e);
+        }
+    }
+    first_err
+}
+
+impl Frozen {
+    /// Puts every thread back as it was (an interrupted syscall set up to
+    /// restart) and detaches.
+    pub fn release(&mut self) -> Result<()> {
+        if self.done {
+            return Ok(());
+        }
+        self.done = true;
+        let mut first_err = None;
+        // Children first, so a parent never runs while its children are stopped.
+        for p in self.procs.iter_mut().rev() {
+            if let Some(e) = release_process(p) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), |e| Err(e.into()))
+    }
+
+    /// Kills every process of the tree (after a committed dump).
+    pub fn kill(&mut self) {
+        self.done = true;
+        for p in &mut self.procs {
+            if p.zombie.is_none() {
+                // SAFETY: sending SIGKILL to a process we just dumped.
+                unsafe { libc::kill(p.pid, libc::SIGKILL) };
+            }
+            for t in &mut p.threads {
+                t.tracee.forget();
+            }
+        }
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.release();
+        }
+    }
+}

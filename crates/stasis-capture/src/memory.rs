@@ -1,0 +1,218 @@
+//! Memory areas of a process: what backs them, which pages to save, and the
+//! copy pipeline that streams those pages into a page pack.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use stasis_image::manifest::{Vma, VmaKind};
+use stasis_kernel::mem::{read_ranges, ProcessMemory};
+use stasis_kernel::pagemap::{Pagemap, ScanQuery};
+use stasis_kernel::KernelError;
+
+use crate::{proc, CaptureError, Result};
+
+/// What backs a maps entry, or why it is unsupported. `Ok(None)` means the
+/// area is not part of the image (`[vsyscall]`).
+pub fn vma_kind(m: &proc::MapsEntry) -> Result<Option<VmaKind>, String> {
+    let n = m.name.as_str();
+    Ok(Some(match n {
+        "[vsyscall]" => return Ok(None),
+        "[vdso]" => VmaKind::Vdso,
+        "[vvar]" => VmaKind::Vvar,
+        "[vvar_vclock]" => VmaKind::VvarVclock,
+        "" | "[heap]" | "[stack]" => VmaKind::Anon,
+        _ if n.starts_with("[anon:") || n.starts_with("[anon_shmem:") => VmaKind::Anon,
+        _ if m.shared && n.starts_with("/dev/zero (deleted)") => VmaKind::Anon,
+        _ if n.starts_with("/SYSV") => {
+            return Err(format!(
+                "area {:#x}-{:#x} is System V shared memory ({n}), not supported yet",
+                m.start, m.end
+            ))
+        }
+        _ if n.ends_with(" (deleted)") => {
+            return Err(format!(
+                "area {:#x}-{:#x} maps a deleted file ({n}), not supported yet",
+                m.start, m.end
+            ))
+        }
+        _ if n.starts_with('/') => VmaKind::File {
+            path: n.to_string(),
+            offset: m.offset,
+            dev: (u64::from(m.dev.0) << 32) | u64::from(m.dev.1),
+            ino: m.ino,
+        },
+        _ if n.starts_with('[') => {
+            return Err(format!(
+                "area {:#x}-{:#x} is a special mapping {n} that stasis does not know",
+                m.start, m.end
+            ))
+        }
+        _ => {
+            return Err(format!(
+                "area {:#x}-{:#x} has an unexpected name {n:?}",
+                m.start, m.end
+            ))
+        }
+    }))
+}
+
+/// Finds a `syscall` instruction (0f 05) in the vDSO of the process.
+pub fn find_syscall_insn(mem: &ProcessMemory, maps: &[proc::MapsEntry]) -> Option<u64> {
+    let vdso = maps.iter().find(|m| m.name == "[vdso]")?;
+    let len = usize::try_from(vdso.end - vdso.start).ok()?;
+    let mut buf = vec![0u8; len];
+    mem.read(vdso.start, &mut buf).ok()?;
+    buf.windows(2)
+        .position(|w| w == [0x0f, 0x05])
+        .map(|p| vdso.start + p as u64)
+}
+
+/// The areas of one process and the ranges of it to save.
+pub struct MemoryPlan {
+    pub vmas: Vec<Vma>,
+    pub ranges: Vec<(u64, usize)>,
+}
+
+/// Decides what to save of each area. `seen_shm` holds the shared-memory
+/// objects already saved by an earlier process (or area) of the image: their
+/// pages are saved once.
+pub fn plan(
+    pid: i32,
+    maps: &[proc::MapsEntry],
+    growsdown: &[u64],
+    seen_shm: &mut HashSet<u64>,
+) -> Result<MemoryPlan> {
+    let mut vmas = Vec::new();
+    let mut ranges: Vec<(u64, usize)> = Vec::new();
+    let pagemap = Pagemap::open(pid)?;
+    let mut have_scan = true;
+    for m in maps {
+        let Some(kind) = vma_kind(m).map_err(|what| CaptureError::Unsupported { pid, what })?
+        else {
+            continue;
+        };
+        let shm = (matches!(kind, VmaKind::Anon) && m.shared).then_some((m.ino, m.offset));
+        let data: Vec<(u64, u64)> = match (&kind, m.shared) {
+            (VmaKind::Vdso | VmaKind::Vvar | VmaKind::VvarVclock, _) => Vec::new(),
+            (VmaKind::File { .. }, true) => Vec::new(),
+            (VmaKind::Anon, true) => {
+                if seen_shm.insert(m.ino) {
+                    vec![(m.start, m.end)]
+                } else {
+                    Vec::new()
+                }
+            }
+            _ => {
+                let regions = if have_scan {
+                    match pagemap.scan(m.start, m.end, ScanQuery::private_data()) {
+                        Ok(r) => r,
+                        Err(KernelError::Unsupported { .. }) => {
+                            have_scan = false;
+                            pagemap.private_data_by_entries(m.start, m.end)?
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                } else {
+                    pagemap.private_data_by_entries(m.start, m.end)?
+                };
+                regions.iter().map(|r| (r.start, r.end)).collect()
+            }
+        };
+        for (a, b) in data {
+            ranges.push((a, usize::try_from(b - a).unwrap_or(0)));
+        }
+        vmas.push(Vma {
+            start: m.start,
+            end: m.end,
+            prot: m.prot(),
+            shared: m.shared,
+            growsdown: growsdown.contains(&m.start),
+            name: if m.name.starts_with('[') {
+                m.name.clone()
+            } else {
+                String::new()
+            },
+            kind,
+            shm,
+        });
+    }
+    Ok(MemoryPlan { vmas, ranges })
+}
+
+/// Size of each pipeline buffer, and how many are in flight: the dumper's
+/// memory use is bounded by their product, whatever the image size.
+const PIPE_BUF: usize = 8 << 20;
+const PIPE_DEPTH: usize = 3;
+
+/// Progress across the processes of a dump: (bytes done before this
+/// process, total bytes, callback).
+pub type Progress<'a> = (u64, u64, Option<&'a (dyn Fn(u64, u64) + Send)>);
+
+/// Copies `ranges` of the process into the pack: a reader thread fills
+/// buffers with `process_vm_readv` while this thread hashes and writes the
+/// previous one, so reading and writing overlap.
+pub fn copy_pages(
+    mem: &ProcessMemory,
+    mut ranges: Vec<(u64, usize)>,
+    pack: &mut stasis_image::PackWriter,
+    progress: Progress<'_>,
+) -> Result<()> {
+    use std::sync::mpsc;
+    let (base, total, progress) = progress;
+    let (full_tx, full_rx) = mpsc::sync_channel::<Result<(Vec<u8>, Vec<(u64, usize)>)>>(PIPE_DEPTH);
+    let (empty_tx, empty_rx) = mpsc::sync_channel::<Vec<u8>>(PIPE_DEPTH);
+    for _ in 0..PIPE_DEPTH {
+        let _ = empty_tx.send(vec![0u8; PIPE_BUF]);
+    }
+    std::thread::scope(|scope| -> Result<()> {
+        scope.spawn(move || {
+            let mut i = 0;
+            while i < ranges.len() {
+                let Ok(mut buf) = empty_rx.recv() else { return };
+                // Take ranges until the buffer is full, splitting a large one.
+                let mut batch: Vec<(u64, usize)> = Vec::new();
+                let mut used = 0usize;
+                while i < ranges.len() && used < PIPE_BUF {
+                    let (a, l) = ranges[i];
+                    let take = l.min(PIPE_BUF - used);
+                    batch.push((a, take));
+                    used += take;
+                    if take == l {
+                        i += 1;
+                    } else {
+                        ranges[i] = (a + take as u64, l - take);
+                    }
+                }
+                let r = read_ranges(mem, &batch, &mut buf[..used])
+                    .map(|()| (buf, batch))
+                    .map_err(CaptureError::from);
+                let failed = r.is_err();
+                if full_tx.send(r).is_err() || failed {
+                    return;
+                }
+            }
+        });
+        let mut done = 0u64;
+        let mut last = Instant::now();
+        for item in full_rx {
+            let (buf, batch) = item?;
+            let mut off = 0usize;
+            for (a, l) in batch {
+                pack.write_run(a, &buf[off..off + l])?;
+                off += l;
+            }
+            done += off as u64;
+            let _ = empty_tx.send(buf);
+            if let Some(p) = progress {
+                if last.elapsed().as_millis() >= 100 {
+                    p(base + done, total);
+                    last = Instant::now();
+                }
+            }
+        }
+        if let Some(p) = progress {
+            p(base + done, total);
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,271 @@
+//! The state of one frozen process: threads, signal state, /proc facts.
+
+use stasis_image::manifest::{
+    AltStack, ITimer, ProcessImage, RseqConfig, SigAction, SigInfo, ThreadImage,
+};
+use stasis_kernel::mem::ProcessMemory;
+use stasis_kernel::ptrace::normalize_interrupted_syscall;
+use stasis_kernel::KernelError;
+use stasis_sys as sys;
+
+use crate::freeze::FrozenProcess;
+use crate::{memory, proc, CaptureError, Result};
+
+struct RemoteState {
+    sigactions: Vec<SigAction>,
+    itimers: Vec<ITimer>,
+    brk: u64,
+    /// Per thread, in `FrozenProcess::threads` order: altstack and clear_child_tid.
+    threads: Vec<(AltStack, u64)>,
+}
+
+const PR_GET_TID_ADDRESS: u64 = 40;
+
+/// Runs the remote syscalls that read state only the process can report:
+/// process-wide ones in the main thread, per-thread ones in each thread.
+fn remote_state(f: &mut FrozenProcess, mem: &ProcessMemory) -> Result<RemoteState> {
+    let rw = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+    let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
+    let main_base = f.threads[0].orig_regs;
+    let scratch = f.threads[0].tracee.syscall(
+        &main_base,
+        "mmap",
+        libc::SYS_mmap,
+        &[0, 4096, rw, flags, u64::MAX, 0],
+    )?;
+    let res = (|| -> Result<RemoteState> {
+        let main = &mut f.threads[0];
+        let (t, base) = (&mut main.tracee, &main.orig_regs);
+        let mut sigactions = Vec::new();
+        for sig in 1..=64u32 {
+            if sig == libc::SIGKILL.unsigned_abs() || sig == libc::SIGSTOP.unsigned_abs() {
+                continue;
+            }
+            t.syscall(
+                base,
+                "rt_sigaction",
+                libc::SYS_rt_sigaction,
+                &[u64::from(sig), 0, scratch, 8],
+            )?;
+            let w = mem.read_u64s(scratch, 4)?;
+            sigactions.push(SigAction {
+                signo: sig,
+                handler: w[0],
+                flags: w[1],
+                restorer: w[2],
+                mask: w[3],
+            });
+        }
+        let mut itimers = Vec::new();
+        for which in 0..3u32 {
+            t.syscall(
+                base,
+                "getitimer",
+                libc::SYS_getitimer,
+                &[u64::from(which), scratch],
+            )?;
+            let w = mem.read_u64s(scratch, 4)?;
+            itimers.push(ITimer {
+                which,
+                interval_us: w[0] * 1_000_000 + w[1],
+                value_us: w[2] * 1_000_000 + w[3],
+            });
+        }
+        let brk = t.syscall(base, "brk", libc::SYS_brk, &[0])?;
+        let mut threads = Vec::new();
+        for th in &mut f.threads {
+            let (t, base) = (&mut th.tracee, &th.orig_regs);
+            t.syscall(base, "sigaltstack", libc::SYS_sigaltstack, &[0, scratch])?;
+            let w = mem.read_u64s(scratch, 3)?;
+            let altstack = AltStack {
+                sp: w[0],
+                flags: i32::try_from(w[1] & 0x7fff_ffff).unwrap_or(0),
+                size: w[2],
+            };
+            t.syscall(
+                base,
+                "prctl(PR_GET_TID_ADDRESS)",
+                libc::SYS_prctl,
+                &[PR_GET_TID_ADDRESS, scratch],
+            )?;
+            let tid_address = mem.read_u64s(scratch, 1)?[0];
+            threads.push((altstack, tid_address));
+        }
+        Ok(RemoteState {
+            sigactions,
+            itimers,
+            brk,
+            threads,
+        })
+    })();
+    let unmap =
+        f.threads[0]
+            .tracee
+            .syscall(&main_base, "munmap", libc::SYS_munmap, &[scratch, 4096]);
+    let st = res?;
+    unmap?;
+    Ok(st)
+}
+
+/// `get_robust_list` of another thread (head, length).
+fn robust_list(tid: i32) -> Result<(u64, u64)> {
+    let mut head = 0u64;
+    let mut len = 0usize;
+    // SAFETY: get_robust_list writes a pointer and a size to the two valid
+    // out-pointers we pass.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_get_robust_list,
+            tid,
+            &mut head as *mut u64,
+            &mut len as *mut usize,
+        )
+    };
+    if r < 0 {
+        return Err(KernelError::Io {
+            what: format!("get_robust_list({tid})"),
+            source: std::io::Error::last_os_error(),
+        }
+        .into());
+    }
+    Ok((head, len as u64))
+}
+
+fn siginfo(raw: &[u8; sys::SIGINFO_SIZE]) -> SigInfo {
+    let signo = u32::from_le_bytes(raw[0..4].try_into().unwrap_or([0; 4]));
+    SigInfo {
+        signo,
+        raw: raw.to_vec(),
+    }
+}
+
+fn fmt_err(pid: i32, file: &str) -> impl FnOnce(String) -> CaptureError + '_ {
+    move |w| CaptureError::ProcFormat {
+        pid,
+        file: file.into(),
+        what: w,
+    }
+}
+
+/// The image of a zombie: identity and exit status only.
+pub fn zombie_image(pid: i32, status: i32) -> Result<ProcessImage> {
+    let stat = proc::parse_stat(&proc::read(pid, "stat")?).map_err(fmt_err(pid, "stat"))?;
+    Ok(ProcessImage {
+        pid,
+        ppid: stat.ppid,
+        pgid: stat.pgrp,
+        sid: stat.session,
+        comm: stat.comm,
+        exe: String::new(),
+        cwd: String::new(),
+        umask: 0,
+        personality: 0,
+        creds: Default::default(),
+        rlimits: Vec::new(),
+        mm: Default::default(),
+        vmas: Vec::new(),
+        fds: Vec::new(),
+        sigactions: Vec::new(),
+        shared_pending: Vec::new(),
+        itimers: Vec::new(),
+        threads: Vec::new(),
+        pack: None,
+        zombie: Some(status),
+    })
+}
+
+/// Everything of a live frozen process except its fds and page pack, plus
+/// the parsed maps (for the memory plan) and its XCR0.
+pub fn capture(
+    f: &mut FrozenProcess,
+    mem: &ProcessMemory,
+) -> Result<(ProcessImage, Vec<proc::MapsEntry>, u64)> {
+    let pid = f.pid;
+    let maps = proc::parse_maps(&proc::read(pid, "maps")?).map_err(fmt_err(pid, "maps"))?;
+    for m in &maps {
+        memory::vma_kind(m).map_err(|what| CaptureError::Unsupported { pid, what })?;
+    }
+    let insn = memory::find_syscall_insn(mem, &maps).ok_or(KernelError::NoSyscallInsn { pid })?;
+    for t in &mut f.threads {
+        t.tracee.set_syscall_insn(insn);
+    }
+    let remote = remote_state(f, mem)?;
+    let shared_pending = f.threads[0].tracee.pending_siginfo(true)?;
+    let mut threads = Vec::new();
+    let mut xfeatures = 0;
+    for (t, (altstack, clear_child_tid)) in f.threads.iter().zip(&remote.threads) {
+        let tid = t.tracee.pid();
+        let mut regs = t.orig_regs;
+        normalize_interrupted_syscall(&mut regs, false);
+        let xstate = t.tracee.xstate()?;
+        xfeatures = stasis_kernel::probe::xfeatures_of(&xstate);
+        let (robust_list, robust_list_len) = robust_list(tid)?;
+        threads.push(ThreadImage {
+            tid,
+            regs: regs.to_words().to_vec(),
+            xstate,
+            sigmask: t.orig_mask,
+            pending: t
+                .tracee
+                .pending_siginfo(false)?
+                .iter()
+                .map(siginfo)
+                .collect(),
+            altstack: altstack.clone(),
+            comm: proc::read(pid, &format!("task/{tid}/comm"))?
+                .trim_end_matches('\n')
+                .to_string(),
+            rseq: t.tracee.rseq_config()?.map(|c| RseqConfig {
+                ptr: c.rseq_abi_pointer,
+                size: c.rseq_abi_size,
+                signature: c.signature,
+            }),
+            clear_child_tid: *clear_child_tid,
+            robust_list,
+            robust_list_len,
+        });
+    }
+    let stat = proc::parse_stat(&proc::read(pid, "stat")?).map_err(fmt_err(pid, "stat"))?;
+    let (umask, creds) =
+        proc::parse_status(&proc::read(pid, "status")?).map_err(fmt_err(pid, "status"))?;
+    let rlimits =
+        proc::parse_limits(&proc::read(pid, "limits")?).map_err(fmt_err(pid, "limits"))?;
+    let personality =
+        u32::from_str_radix(proc::read(pid, "personality")?.trim(), 16).map_err(|_| {
+            CaptureError::ProcFormat {
+                pid,
+                file: "personality".into(),
+                what: "not a hex number".into(),
+            }
+        })?;
+    let auxv_bytes = proc::read_bytes(pid, "auxv")?;
+    let mut mm = stat.mm.clone();
+    mm.brk = remote.brk;
+    mm.auxv = auxv_bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+        .collect();
+    let image = ProcessImage {
+        pid,
+        ppid: stat.ppid,
+        pgid: stat.pgrp,
+        sid: stat.session,
+        comm: proc::read(pid, "comm")?.trim_end_matches('\n').to_string(),
+        exe: proc::read_link(pid, "exe")?,
+        cwd: proc::read_link(pid, "cwd")?,
+        umask,
+        personality,
+        creds,
+        rlimits,
+        mm,
+        vmas: Vec::new(),
+        fds: Vec::new(),
+        sigactions: remote.sigactions,
+        shared_pending: shared_pending.iter().map(siginfo).collect(),
+        itimers: remote.itimers,
+        threads,
+        pack: None,
+        zombie: None,
+    };
+    Ok((image, maps, xfeatures))
+}

@@ -1,0 +1,200 @@
+//! The shape of the tree to rebuild: who forks whom, who leads a session,
+//! who joins which process group. Pure logic over the manifest.
+//!
+//! Processes are created top-down (each by its parent, with `clone3` and
+//! `set_tid`), so a process that led its session calls `setsid()` right after
+//! it is created, before it forks its own children. Process groups are set
+//! once the whole tree exists: group leaders first, then members join.
+//! A session or group whose leader is neither in the tree nor the one the
+//! root was started in cannot be rebuilt and is refused.
+
+use stasis_image::manifest::ProcessImage;
+
+/// What a process does about its process group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Group {
+    /// Keep the group inherited at creation.
+    Keep,
+    /// `setpgid(0, 0)`: lead a group of its own.
+    Own,
+    /// `setpgid(0, leader)`.
+    Join(i32),
+}
+
+/// The plan for every process (same order as the manifest).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// Index of the parent (None for the root).
+    pub parent: Vec<Option<usize>>,
+    /// Whether the process calls `setsid()` right after creation.
+    pub setsid: Vec<bool>,
+    pub group: Vec<Group>,
+}
+
+/// Session of "outside the tree" (the one the restorer runs in).
+const OUTSIDE: i32 = -1;
+
+/// Validates the tree and decides how to rebuild it.
+pub fn plan(procs: &[ProcessImage]) -> Result<Plan, String> {
+    let root = procs.first().ok_or("the image holds no process")?;
+    if root.zombie.is_some() {
+        return Err(format!("the root process {} is a zombie", root.pid));
+    }
+    let index_of = |pid: i32| procs.iter().position(|p| p.pid == pid);
+    let n = procs.len();
+    let mut parent = vec![None; n];
+    let mut setsid = vec![false; n];
+    let mut sess = vec![OUTSIDE; n];
+    // Group each process has right after creation (before the group pass).
+    let mut inherited_group = vec![OUTSIDE; n];
+    for (i, p) in procs.iter().enumerate() {
+        if i > 0 {
+            let j = index_of(p.ppid).filter(|&j| j < i).ok_or_else(|| {
+                format!(
+                    "process {}'s parent {} is not in the image before it",
+                    p.pid, p.ppid
+                )
+            })?;
+            parent[i] = Some(j);
+        }
+        let (parent_sess, parent_group) = match parent[i] {
+            Some(j) => (sess[j], inherited_group[j]),
+            None => (OUTSIDE, OUTSIDE),
+        };
+        if p.sid == p.pid {
+            setsid[i] = true;
+            sess[i] = p.pid;
+            inherited_group[i] = p.pid;
+        } else {
+            let want = if index_of(p.sid).is_some() {
+                p.sid
+            } else {
+                OUTSIDE
+            };
+            if i > 0 && want != parent_sess {
+                return Err(format!("process {} is in session {} but its parent is in {}; stasis cannot rebuild that session", p.pid, p.sid, procs[parent[i].unwrap_or(0)].sid));
+            }
+            if i == 0 && want != OUTSIDE {
+                return Err(format!(
+                    "the root process {} is in session {}, led by another process of the tree",
+                    p.pid, p.sid
+                ));
+            }
+            sess[i] = parent_sess;
+            inherited_group[i] = parent_group;
+        }
+    }
+    let mut group = vec![Group::Keep; n];
+    for (i, p) in procs.iter().enumerate() {
+        let leader = index_of(p.pgid);
+        group[i] = if p.pgid == p.pid {
+            if inherited_group[i] == p.pid {
+                Group::Keep
+            } else {
+                Group::Own
+            }
+        } else if let Some(j) = leader {
+            if sess[j] != sess[i] {
+                return Err(format!(
+                    "process {} is in process group {} of another session",
+                    p.pid, p.pgid
+                ));
+            }
+            if inherited_group[i] == p.pgid {
+                Group::Keep
+            } else {
+                Group::Join(p.pgid)
+            }
+        } else {
+            // The group's leader is outside the tree: only the group the
+            // root was started in (the restorer's) can be kept.
+            if p.pgid != root.pgid || inherited_group[i] != OUTSIDE || sess[i] != OUTSIDE {
+                return Err(format!(
+                    "process {} is in process group {} whose leader is not in the tree",
+                    p.pid, p.pgid
+                ));
+            }
+            Group::Keep
+        };
+    }
+    Ok(Plan {
+        parent,
+        setsid,
+        group,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(pid: i32, ppid: i32, pgid: i32, sid: i32) -> ProcessImage {
+        ProcessImage {
+            pid,
+            ppid,
+            pgid,
+            sid,
+            comm: String::new(),
+            exe: String::new(),
+            cwd: String::new(),
+            umask: 0,
+            personality: 0,
+            creds: Default::default(),
+            rlimits: vec![],
+            mm: Default::default(),
+            vmas: vec![],
+            fds: vec![],
+            sigactions: vec![],
+            shared_pending: vec![],
+            itimers: vec![],
+            threads: vec![],
+            pack: None,
+            zombie: None,
+        }
+    }
+
+    #[test]
+    fn shell_job_root_keeps_the_restorers_session_and_group() {
+        // Root started from a shell (session 1, group 50), child in the same group.
+        let pl = plan(&[p(100, 1, 50, 1), p(101, 100, 50, 1)]).unwrap();
+        assert_eq!(pl.parent, vec![None, Some(0)]);
+        assert_eq!(pl.setsid, vec![false, false]);
+        assert_eq!(pl.group, vec![Group::Keep, Group::Keep]);
+    }
+
+    #[test]
+    fn daemon_tree_with_session_and_groups() {
+        // 100 leads its session; 101 leads its own group; 102 joins 101's group.
+        let pl = plan(&[
+            p(100, 1, 100, 100),
+            p(101, 100, 101, 100),
+            p(102, 100, 101, 100),
+            p(103, 101, 100, 100),
+        ])
+        .unwrap();
+        assert_eq!(pl.setsid, vec![true, false, false, false]);
+        assert_eq!(
+            pl.group,
+            vec![Group::Keep, Group::Own, Group::Join(101), Group::Keep]
+        );
+        assert_eq!(pl.parent, vec![None, Some(0), Some(0), Some(1)]);
+    }
+
+    #[test]
+    fn refusals() {
+        assert!(plan(&[p(100, 1, 50, 1), p(102, 101, 50, 1)])
+            .unwrap_err()
+            .contains("parent 101"));
+        // A child in a session led by nobody in its ancestry.
+        assert!(plan(&[p(100, 1, 100, 100), p(101, 100, 101, 7)])
+            .unwrap_err()
+            .contains("session"));
+        // A group led from outside that is not the root's.
+        assert!(plan(&[p(100, 1, 50, 1), p(101, 100, 60, 1)])
+            .unwrap_err()
+            .contains("group 60"));
+        let mut z = p(100, 1, 50, 1);
+        z.zombie = Some(0);
+        assert!(plan(&[z]).unwrap_err().contains("zombie"));
+    }
+}
