@@ -9,11 +9,15 @@
 //! end), so the data stays in the pipe.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 
-use stasis_image::manifest::{EpollTarget, FdImage, FdKind, PipeImage};
-use stasis_kernel::pidfd;
+use stasis_image::manifest::{
+    EpollTarget, FdImage, FdKind, InetSocket, InetState, PipeImage, TcpRepair, UnixSocket,
+    UnixState,
+};
+use stasis_kernel::sockdiag::{self, UnixInfo};
+use stasis_kernel::{pidfd, sock};
 
 use crate::{proc, CaptureError, Result};
 
@@ -22,9 +26,7 @@ const PIPE_MAX: usize = 1 << 20;
 
 /// Why an fd cannot be checkpointed, or `None` if its kind is known.
 pub fn unsupported_reason(pid: i32, fd: i32, link: &str) -> Option<String> {
-    let kind = if link.starts_with("socket:") {
-        Some("a socket")
-    } else if link.starts_with("anon_inode:")
+    let kind = if link.starts_with("anon_inode:")
         && ![
             "anon_inode:[eventfd]",
             "anon_inode:[timerfd]",
@@ -42,7 +44,10 @@ pub fn unsupported_reason(pid: i32, fd: i32, link: &str) -> Option<String> {
         Some("a terminal")
     } else if link.ends_with(" (deleted)") {
         Some("a deleted file")
-    } else if link.starts_with("pipe:") || link.starts_with("anon_inode:") {
+    } else if link.starts_with("pipe:")
+        || link.starts_with("anon_inode:")
+        || link.starts_with("socket:")
+    {
         None
     } else if !link.starts_with('/') {
         Some("a special file")
@@ -94,7 +99,25 @@ pub struct FdCollector {
     next_shared: u32,
     /// Pipe contents by pipe inode.
     pub pipes: HashMap<u64, PipeImage>,
+    /// Unix sockets of the namespace (queried on first need).
+    unix: Option<HashMap<u64, UnixInfo>>,
+    /// TCP sockets put in repair mode: kept open until the dump ends, then
+    /// closed silently (process killed) or taken out of repair (left running).
+    pub repaired: Vec<OwnedFd>,
 }
+
+/// Largest socket queue stasis saves.
+const QUEUE_MAX: usize = 256 << 20;
+
+/// Options saved and restored on every socket, where they apply.
+const SOCK_OPTS: [(i32, i32); 6] = [
+    (libc::SOL_SOCKET, libc::SO_REUSEADDR),
+    (libc::SOL_SOCKET, libc::SO_REUSEPORT),
+    (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
+    (libc::SOL_SOCKET, libc::SO_BROADCAST),
+    (libc::SOL_SOCKET, libc::SO_RCVBUF),
+    (libc::SOL_SOCKET, libc::SO_SNDBUF),
+];
 
 fn kcmp_same_file(pid1: i32, fd1: i32, pid2: i32, fd2: i32) -> bool {
     const KCMP_FILE: i32 = 0;
@@ -124,6 +147,7 @@ impl FdCollector {
             let meta = std::fs::metadata(proc::proc_path(pid, &format!("fd/{fd}")))
                 .map_err(|e| CaptureError::from_proc(pid, &format!("fd/{fd}"), e))?;
             let kind = match link.as_str() {
+                l if l.starts_with("socket:") => self.capture_socket(pid, fd, meta.ino())?,
                 l if l.starts_with("pipe:") => {
                     self.capture_pipe(pid, fd, flags, meta.ino())?;
                     FdKind::Pipe {
@@ -208,6 +232,119 @@ impl FdCollector {
             table.push(img);
         }
         self.tables.push(table);
+        Ok(())
+    }
+
+    fn capture_socket(&mut self, pid: i32, fd: i32, ino: u64) -> Result<FdKind> {
+        let unsupported = |what: String| CaptureError::Unsupported { pid, what };
+        let pfd = pidfd::pidfd_open(pid)?;
+        let s = pidfd::pidfd_getfd(&pfd, fd)?;
+        let b = s.as_fd();
+        let domain = sock::get_int(b, libc::SOL_SOCKET, libc::SO_DOMAIN)?;
+        let ty = sock::get_int(b, libc::SOL_SOCKET, libc::SO_TYPE)?;
+        let mut options = Vec::new();
+        for (level, opt) in SOCK_OPTS {
+            if let Ok(v) = sock::get_int(b, level, opt) {
+                options.push((level, opt, v));
+            }
+        }
+        match domain {
+            libc::AF_UNIX => {
+                if self.unix.is_none() {
+                    self.unix = Some(sockdiag::unix_sockets()?);
+                }
+                let all = self.unix.as_ref().map_or_else(HashMap::new, Clone::clone);
+                let info = all.get(&ino).ok_or_else(|| unsupported(format!("fd {fd}: unix socket {ino} is not listed by sock_diag")))?;
+                let state = match info.state {
+                    sockdiag::STATE_LISTEN => {
+                        if info.rqueue > 0 {
+                            return Err(unsupported(format!("fd {fd} is a listening unix socket with {} connection(s) waiting to be accepted", info.rqueue)));
+                        }
+                        UnixState::Listening { backlog: info.wqueue }
+                    }
+                    sockdiag::STATE_ESTABLISHED => {
+                        let peer = info.peer.ok_or_else(|| unsupported(format!("fd {fd}: a connected unix socket without a peer")))?;
+                        UnixState::Connected { peer, peer_name: all.get(&peer).and_then(|p| p.name.clone()) }
+                    }
+                    _ => UnixState::Unconnected,
+                };
+                let mut queue = if matches!(state, UnixState::Listening { .. }) { Vec::new() } else { sock::peek_queue(b, QUEUE_MAX)? };
+                if ty == libc::SOCK_STREAM && queue.len() > 1 {
+                    queue = vec![queue.concat()];
+                }
+                Ok(FdKind::Unix(UnixSocket { ino, sock_type: ty, name: info.name.clone(), state, queue, options }))
+            }
+            libc::AF_INET | libc::AF_INET6 => {
+                let protocol = sock::get_int(b, libc::SOL_SOCKET, libc::SO_PROTOCOL)?;
+                if domain == libc::AF_INET6 {
+                    if let Ok(v) = sock::get_int(b, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) {
+                        options.push((libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, v));
+                    }
+                }
+                let local = sock::local_addr(b)?;
+                let peer = sock::peer_addr(b)?;
+                let state = if ty == libc::SOCK_STREAM {
+                    if let Ok(v) = sock::get_int(b, libc::IPPROTO_TCP, libc::TCP_NODELAY) {
+                        options.push((libc::IPPROTO_TCP, libc::TCP_NODELAY, v));
+                    }
+                    let info = sock::tcp_info(b)?;
+                    match info.state {
+                        10 => {
+                            if info.unacked > 0 {
+                                return Err(unsupported(format!("fd {fd} is a listening TCP socket with {} connection(s) waiting to be accepted", info.unacked)));
+                            }
+                            InetState::Listening { backlog: info.sacked }
+                        }
+                        1 => {
+                            let r = capture_tcp(b, &info).map_err(|e| unsupported(format!("fd {fd}: saving an established TCP connection failed: {e}")))?;
+                            self.repaired.push(s);
+                            InetState::Established(r)
+                        }
+                        7 => InetState::Plain,
+                        st => return Err(unsupported(format!("fd {fd} is a TCP connection in state {st} (opening or closing); this version saves listening and established ones"))),
+                    }
+                } else {
+                    let q = sock::inq(b).unwrap_or(0);
+                    if q > 0 {
+                        return Err(unsupported(format!("fd {fd} is a datagram socket with {q} unread bytes")));
+                    }
+                    InetState::Plain
+                };
+                Ok(FdKind::Inet(InetSocket { family: domain, sock_type: ty, protocol, local, peer, state, options }))
+            }
+            d => Err(unsupported(format!("fd {fd} is a socket of address family {d} (netlink, packet...), which stasis cannot checkpoint yet"))),
+        }
+    }
+
+    /// Refuses unix sockets connected to a peer outside the tree (the peer
+    /// would lose its connection); datagram sockets connected to a named
+    /// socket outside (syslog's /dev/log, say) are reconnected by name.
+    pub fn check_external_sockets(&self) -> Result<()> {
+        let inos: std::collections::HashSet<u64> = self
+            .tables
+            .iter()
+            .flatten()
+            .filter_map(|f| {
+                if let FdKind::Unix(u) = &f.kind {
+                    Some(u.ino)
+                } else {
+                    None
+                }
+            })
+            .collect();
+        for (i, t) in self.tables.iter().enumerate() {
+            for f in t {
+                if let FdKind::Unix(u) = &f.kind {
+                    if let UnixState::Connected { peer, peer_name } = &u.state {
+                        let by_name = u.sock_type == libc::SOCK_DGRAM && peer_name.is_some();
+                        if !inos.contains(peer) && !by_name {
+                            let pid = self.seen.iter().find(|s| s.4 == i).map_or(0, |s| s.0);
+                            return Err(CaptureError::Unsupported { pid, what: format!("fd {} is a unix socket connected to a process outside the dumped tree (dump their common ancestor)", f.fd) });
+                        }
+                    }
+                }
+            }
+        }
         Ok(())
     }
 
@@ -353,4 +490,50 @@ impl FdCollector {
         );
         Ok(())
     }
+}
+
+/// Saves an established TCP connection; leaves the socket in repair mode.
+fn capture_tcp(
+    b: BorrowedFd<'_>,
+    info: &sock::TcpInfo,
+) -> std::result::Result<TcpRepair, stasis_kernel::KernelError> {
+    sock::set_int(b, libc::IPPROTO_TCP, sock::TCP_REPAIR, 1)?;
+    let (outq, unsent) = sock::outq(b)?;
+    let inq = sock::inq(b)?;
+    sock::set_int(
+        b,
+        libc::IPPROTO_TCP,
+        sock::TCP_REPAIR_QUEUE,
+        sock::TCP_SEND_QUEUE,
+    )?;
+    let snd_seq = sock::get_int(b, libc::IPPROTO_TCP, sock::TCP_QUEUE_SEQ)?;
+    let send_queue = sock::peek_repair_queue(b, outq as usize)?;
+    sock::set_int(
+        b,
+        libc::IPPROTO_TCP,
+        sock::TCP_REPAIR_QUEUE,
+        sock::TCP_RECV_QUEUE,
+    )?;
+    let rcv_seq = sock::get_int(b, libc::IPPROTO_TCP, sock::TCP_QUEUE_SEQ)?;
+    let recv_queue = sock::peek_repair_queue(b, inq as usize)?;
+    let mss = sock::get_int(b, libc::IPPROTO_TCP, libc::TCP_MAXSEG)?;
+    let timestamp = sock::get_int(b, libc::IPPROTO_TCP, sock::TCP_TIMESTAMP)?;
+    let w = sock::get_bytes(b, libc::IPPROTO_TCP, sock::TCP_REPAIR_WINDOW, 20)?;
+    let mut window = [0u32; 5];
+    for (i, c) in w.chunks_exact(4).take(5).enumerate() {
+        window[i] = u32::from_ne_bytes(c.try_into().unwrap_or([0; 4]));
+    }
+    Ok(TcpRepair {
+        snd_seq: u32::from_ne_bytes(snd_seq.to_ne_bytes()),
+        rcv_seq: u32::from_ne_bytes(rcv_seq.to_ne_bytes()),
+        send_queue,
+        unsent,
+        recv_queue,
+        mss: mss.unsigned_abs(),
+        snd_wscale: info.snd_wscale,
+        rcv_wscale: info.rcv_wscale,
+        tcpi_options: info.options,
+        timestamp: u32::from_ne_bytes(timestamp.to_ne_bytes()),
+        window,
+    })
 }

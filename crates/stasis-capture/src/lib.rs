@@ -125,12 +125,31 @@ pub fn dump(store: &ImageDir, opts: &DumpOptions) -> Result<DumpReport> {
     preflight(opts.pid)?;
     let mut frozen = freeze::freeze_tree(opts.pid)?;
     let frozen_at = Instant::now();
-    match capture_frozen(store, opts, &mut frozen, t0, frozen_at) {
+    // TCP sockets in repair mode: closed silently after a kill (no FIN, no
+    // RST reaches the peer), or taken out of repair when the tree runs on.
+    let mut repaired = Vec::new();
+    let result = capture_frozen(store, opts, &mut frozen, t0, frozen_at, &mut repaired);
+    let unrepair = |socks: Vec<std::os::fd::OwnedFd>| {
+        for s in socks {
+            use std::os::fd::AsFd;
+            if let Err(e) = stasis_kernel::sock::set_int(
+                s.as_fd(),
+                libc::IPPROTO_TCP,
+                stasis_kernel::sock::TCP_REPAIR,
+                stasis_kernel::sock::TCP_REPAIR_OFF_NO_WP,
+            ) {
+                tracing::error!("could not take a TCP socket out of repair mode: {e}");
+            }
+        }
+    };
+    match result {
         Ok(mut report) => {
             if opts.leave_running {
+                unrepair(repaired);
                 frozen.release()?;
             } else {
                 frozen.kill();
+                drop(repaired);
                 report.killed = true;
             }
             report.frozen_us = micros(frozen_at);
@@ -139,6 +158,7 @@ pub fn dump(store: &ImageDir, opts: &DumpOptions) -> Result<DumpReport> {
         }
         Err(e) => {
             // Put the tree back as it was; report the original error.
+            unrepair(repaired);
             if let Err(re) = frozen.release() {
                 tracing::error!(
                     pid = opts.pid,
@@ -226,12 +246,27 @@ fn capture_frozen(
     f: &mut freeze::Frozen,
     t0: Instant,
     frozen_at: Instant,
+    repaired: &mut Vec<std::os::fd::OwnedFd>,
+) -> Result<DumpReport> {
+    let mut collector = fds::FdCollector::default();
+    let r = capture_with(store, opts, f, t0, frozen_at, &mut collector);
+    // Sockets put in repair mode go back to the caller whatever happened.
+    *repaired = std::mem::take(&mut collector.repaired);
+    r
+}
+
+fn capture_with(
+    store: &ImageDir,
+    opts: &DumpOptions,
+    f: &mut freeze::Frozen,
+    t0: Instant,
+    frozen_at: Instant,
+    collector: &mut fds::FdCollector,
 ) -> Result<DumpReport> {
     // State of every process.
     let mut images = Vec::new();
     let mut plans = Vec::new();
     let mut mems = Vec::new();
-    let mut collector = fds::FdCollector::default();
     let mut seen_shm = HashSet::new();
     let mut xfeatures = 0;
     for fp in &mut f.procs {
@@ -256,6 +291,10 @@ fn capture_frozen(
         images.push(image);
         mems.push(Some(mem));
     }
+
+    let tree: Vec<i32> = images.iter().map(|p| p.pid).collect();
+    collector.check_external_pipes(&tree)?;
+    collector.check_external_sockets()?;
 
     // Pages, streamed through a bounded pipeline, one pack per process.
     let mut ck = store.begin_checkpoint()?;
@@ -285,12 +324,10 @@ fn capture_frozen(
         image.pack = Some(pack.finish()?);
         image.vmas = plan.vmas;
     }
-    let tree: Vec<i32> = images.iter().map(|p| p.pid).collect();
-    collector.check_external_pipes(&tree)?;
-    for (image, table) in images.iter_mut().zip(collector.tables) {
+    for (image, table) in images.iter_mut().zip(std::mem::take(&mut collector.tables)) {
         image.fds = table;
     }
-    let mut pipes: Vec<_> = collector.pipes.into_values().collect();
+    let mut pipes: Vec<_> = std::mem::take(&mut collector.pipes).into_values().collect();
     pipes.sort_by_key(|p| p.id);
 
     let threads = images.iter().map(|p| p.threads.len()).sum();

@@ -22,6 +22,8 @@ pub mod pidfd;
 pub mod probe;
 pub mod ptrace;
 pub mod scm;
+pub mod sock;
+pub mod sockdiag;
 pub mod uffd;
 
 pub use error::KernelError;

@@ -15,8 +15,10 @@ use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 
-use stasis_image::manifest::{FdImage, FdKind, PipeImage};
-use stasis_kernel::{scm, KernelError};
+use stasis_image::manifest::{
+    FdImage, FdKind, InetSocket, InetState, PipeImage, TcpRepair, UnixSocket, UnixState,
+};
+use stasis_kernel::{scm, sock, KernelError};
 
 use crate::build::{step, words, SCRATCH_STRUCT};
 use crate::remote::Remote;
@@ -57,16 +59,126 @@ pub struct FdFactory<'a> {
     /// A read-write opener per FIFO, keeping its data alive while restoring.
     fifo_keepers: HashMap<u64, OwnedFd>,
     pipe_data: HashMap<u64, &'a PipeImage>,
+    /// Every unix socket of the image, by inode (to find peers' queues).
+    unix_images: HashMap<u64, &'a UnixSocket>,
+    /// Sockets created as the peer of an earlier one, waiting for their fd.
+    pending_sockets: HashMap<u64, OwnedFd>,
 }
 
 impl<'a> FdFactory<'a> {
-    pub fn new(pipes: &'a [PipeImage]) -> Self {
+    pub fn new(pipes: &'a [PipeImage], fds: impl Iterator<Item = &'a FdImage>) -> Self {
+        let unix_images = fds
+            .filter_map(|f| {
+                if let FdKind::Unix(u) = &f.kind {
+                    Some((u.ino, u))
+                } else {
+                    None
+                }
+            })
+            .collect();
         Self {
             shared: HashMap::new(),
             pipes: HashMap::new(),
             fifo_keepers: HashMap::new(),
             pipe_data: pipes.iter().map(|p| (p.id, p)).collect(),
+            unix_images,
+            pending_sockets: HashMap::new(),
         }
+    }
+
+    fn unix_socket(&mut self, fd: i32, u: &UnixSocket) -> Result<OwnedFd, RestoreError> {
+        if let Some(s) = self.pending_sockets.remove(&u.ino) {
+            return Ok(s);
+        }
+        let what = |w: &str| format!("{w} (unix socket of fd {fd})");
+        let s = match &u.state {
+            UnixState::Listening { backlog } => {
+                let s = sock::socket(libc::AF_UNIX, u.sock_type, 0)?;
+                set_options(&s, &u.options);
+                bind_unix(&s, u.name.as_deref().unwrap_or_default()).map_err(|e| {
+                    RestoreError::Socket {
+                        what: what("binding"),
+                        source: e,
+                    }
+                })?;
+                // SAFETY: listen on a socket we own.
+                if unsafe { libc::listen(s.as_raw_fd(), i32::try_from(*backlog).unwrap_or(128)) }
+                    < 0
+                {
+                    return Err(RestoreError::Socket {
+                        what: what("listening"),
+                        source: std::io::Error::last_os_error(),
+                    });
+                }
+                s
+            }
+            UnixState::Connected { peer, .. } if self.unix_images.contains_key(peer) => {
+                let (a, b) = sock::unix_pair(u.sock_type)?;
+                let peer_img = self.unix_images[peer];
+                set_options(&a, &u.options);
+                set_options(&b, &peer_img.options);
+                for (s, img) in [(&a, u), (&b, peer_img)] {
+                    if let Some(n) = img.name.as_deref().filter(|n| !n.is_empty()) {
+                        if let Err(e) = bind_unix(s, n) {
+                            tracing::warn!(fd, "could not give a unix socket back its name: {e}");
+                        }
+                    }
+                }
+                // What each end had queued arrives by its peer.
+                for (from, img) in [(&b, u), (&a, peer_img)] {
+                    for m in &img.queue {
+                        sock::send_all(from.as_fd(), m)?;
+                    }
+                }
+                self.pending_sockets.insert(*peer, b);
+                a
+            }
+            UnixState::Connected {
+                peer_name: Some(n), ..
+            } => {
+                let s = sock::socket(libc::AF_UNIX, u.sock_type, 0)?;
+                set_options(&s, &u.options);
+                if let Some(own) = u.name.as_deref().filter(|n| !n.is_empty()) {
+                    bind_unix(&s, own).map_err(|e| RestoreError::Socket {
+                        what: what("binding"),
+                        source: e,
+                    })?;
+                }
+                connect_unix(&s, n).map_err(|e| RestoreError::Socket {
+                    what: what("reconnecting to its peer by name"),
+                    source: e,
+                })?;
+                s
+            }
+            UnixState::Connected { .. } => {
+                return Err(RestoreError::Inconsistent(format!(
+                    "fd {fd}: unix socket {} is connected to a socket missing from the image",
+                    u.ino
+                )))
+            }
+            UnixState::Unconnected => {
+                let s = sock::socket(libc::AF_UNIX, u.sock_type, 0)?;
+                set_options(&s, &u.options);
+                if let Some(n) = u.name.as_deref().filter(|n| !n.is_empty()) {
+                    bind_unix(&s, n).map_err(|e| RestoreError::Socket {
+                        what: what("binding"),
+                        source: e,
+                    })?;
+                    if !u.queue.is_empty() {
+                        let tmp = sock::socket(libc::AF_UNIX, u.sock_type, 0)?;
+                        connect_unix(&tmp, n).map_err(|e| RestoreError::Socket {
+                            what: what("refilling"),
+                            source: e,
+                        })?;
+                        for m in &u.queue {
+                            sock::send_all(tmp.as_fd(), m)?;
+                        }
+                    }
+                }
+                s
+            }
+        };
+        Ok(s)
     }
 
     /// The description for `img`, created on first use when shared.
@@ -260,12 +372,22 @@ impl<'a> FdFactory<'a> {
             }
             FdKind::Epoll { .. } => {
                 // SAFETY: epoll_create1 returns a new fd or -1.
-                owned(
-                    unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) },
-                    "epoll_create1",
-                )?
+                let e = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+                owned(e, "epoll_create1")?
             }
+            FdKind::Unix(u) => self.unix_socket(fd, u)?,
+            FdKind::Inet(i) => inet_socket(fd, i)?,
         };
+        if matches!(img.kind, FdKind::Unix(_) | FdKind::Inet(_)) {
+            // SAFETY: F_SETFL on a socket we own.
+            unsafe {
+                libc::fcntl(
+                    made.as_raw_fd(),
+                    libc::F_SETFL,
+                    i32::try_from(img.flags & SETFL_MASK).unwrap_or(0),
+                )
+            };
+        }
         // Status flags of the description (O_NONBLOCK, O_APPEND...), for
         // kinds created without them.
         if matches!(img.kind, FdKind::Pipe { .. } | FdKind::Fifo { .. }) {
@@ -304,6 +426,207 @@ impl OpenWithMode for std::fs::OpenOptions {
         }
         self.open(path)
     }
+}
+
+fn sockaddr_un(name: &[u8]) -> Vec<u8> {
+    let mut a = Vec::with_capacity(2 + name.len());
+    a.extend_from_slice(&u16::try_from(libc::AF_UNIX).unwrap_or(1).to_ne_bytes());
+    a.extend_from_slice(name);
+    a
+}
+
+/// Binds a unix socket; a stale socket file left at the path by the dumped
+/// process is removed first.
+fn bind_unix(s: &OwnedFd, name: &[u8]) -> std::io::Result<()> {
+    if let Some(&first) = name.first() {
+        if first != 0 {
+            use std::os::unix::ffi::OsStrExt;
+            let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+            let path = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(&name[..end]));
+            use std::os::unix::fs::FileTypeExt;
+            if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket()) {
+                std::fs::remove_file(&path)?;
+            }
+        }
+    }
+    sock::bind(s.as_fd(), &sockaddr_un(name))
+}
+
+fn connect_unix(s: &OwnedFd, name: &[u8]) -> std::io::Result<()> {
+    sock::connect(s.as_fd(), &sockaddr_un(name))
+}
+
+/// Applies saved socket options (best effort: a value the kernel clamps or
+/// refuses is logged). Buffer sizes are halved: the kernel doubles them.
+fn set_options(s: &OwnedFd, opts: &[(i32, i32, i32)]) {
+    for &(level, opt, v) in opts {
+        let v = if level == libc::SOL_SOCKET && (opt == libc::SO_RCVBUF || opt == libc::SO_SNDBUF) {
+            v / 2
+        } else {
+            v
+        };
+        if let Err(e) = sock::set_int(s.as_fd(), level, opt, v) {
+            tracing::debug!("socket option ({level}, {opt}) = {v}: {e}");
+        }
+    }
+}
+
+fn inet_socket(fd: i32, i: &InetSocket) -> Result<OwnedFd, RestoreError> {
+    let s = sock::socket(i.family, i.sock_type, i.protocol)?;
+    let sock_err = |w: String, e: std::io::Error| RestoreError::Socket {
+        what: format!("{w} (fd {fd})"),
+        source: e,
+    };
+    // Options that must come before bind (V6ONLY, REUSEADDR, REUSEPORT...).
+    set_options(&s, &i.options);
+    match &i.state {
+        InetState::Listening { backlog } => {
+            let _ = sock::set_int(s.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR, 1);
+            sock::bind(s.as_fd(), &i.local).map_err(|e| {
+                if e.raw_os_error() == Some(libc::EADDRINUSE) {
+                    RestoreError::PortTaken {
+                        fd,
+                        port: port_of(&i.local),
+                    }
+                } else {
+                    sock_err("binding a listening socket".into(), e)
+                }
+            })?;
+            // SAFETY: listen on a socket we own.
+            if unsafe { libc::listen(s.as_raw_fd(), i32::try_from(*backlog).unwrap_or(128)) } < 0 {
+                return Err(sock_err(
+                    "listening".into(),
+                    std::io::Error::last_os_error(),
+                ));
+            }
+            set_options(&s, &i.options);
+        }
+        InetState::Established(r) => restore_tcp(fd, &s, i, r)?,
+        InetState::Plain => {
+            if !sock::port_is_zero(&i.local) {
+                sock::bind(s.as_fd(), &i.local)
+                    .map_err(|e| sock_err(format!("binding port {}", port_of(&i.local)), e))?;
+            }
+            if !i.peer.is_empty() {
+                sock::connect(s.as_fd(), &i.peer).map_err(|e| sock_err("connecting".into(), e))?;
+            }
+        }
+    }
+    Ok(s)
+}
+
+/// The port of a raw inet address.
+pub fn port_of(addr: &[u8]) -> u16 {
+    addr.get(2..4)
+        .map_or(0, |b| u16::from_be_bytes([b[0], b[1]]))
+}
+
+/// Rebuilds an established TCP connection with `TCP_REPAIR`: sequence
+/// numbers, a handshake-less connect, negotiated options, window, the
+/// queues, then out of repair mode (without a window probe) and the
+/// never-sent bytes sent normally.
+fn restore_tcp(fd: i32, s: &OwnedFd, i: &InetSocket, r: &TcpRepair) -> Result<(), RestoreError> {
+    let b = s.as_fd();
+    let tcp = libc::IPPROTO_TCP;
+    let step_err = |w: &'static str| {
+        move |e: KernelError| RestoreError::Step {
+            what: format!("{w} of the TCP connection of fd {fd}"),
+            source: e,
+        }
+    };
+    sock::set_int(b, tcp, sock::TCP_REPAIR, 1)
+        .map_err(step_err("entering repair mode (needs CAP_NET_ADMIN)"))?;
+    // (Repair mode also forces address reuse: an accepted connection binds
+    // the port its listener holds. SO_REUSEADDR must not be set after it.)
+    let sent = r.send_queue.len() - (r.unsent as usize).min(r.send_queue.len());
+    let seq = |v: u32, back: usize| v.wrapping_sub(u32::try_from(back).unwrap_or(0));
+    sock::set_int(b, tcp, sock::TCP_REPAIR_QUEUE, sock::TCP_SEND_QUEUE)
+        .map_err(step_err("selecting the send queue"))?;
+    sock::set_int(
+        b,
+        tcp,
+        sock::TCP_QUEUE_SEQ,
+        i32::from_ne_bytes(seq(r.snd_seq, r.send_queue.len()).to_ne_bytes()),
+    )
+    .map_err(step_err("setting the send sequence"))?;
+    sock::set_int(b, tcp, sock::TCP_REPAIR_QUEUE, sock::TCP_RECV_QUEUE)
+        .map_err(step_err("selecting the receive queue"))?;
+    sock::set_int(
+        b,
+        tcp,
+        sock::TCP_QUEUE_SEQ,
+        i32::from_ne_bytes(seq(r.rcv_seq, r.recv_queue.len()).to_ne_bytes()),
+    )
+    .map_err(step_err("setting the receive sequence"))?;
+    sock::bind(b, &i.local).map_err(|e| {
+        if e.raw_os_error() == Some(libc::EADDRINUSE) {
+            RestoreError::PortTaken {
+                fd,
+                port: port_of(&i.local),
+            }
+        } else {
+            RestoreError::Socket {
+                what: format!("binding the TCP connection of fd {fd}"),
+                source: e,
+            }
+        }
+    })?;
+    sock::connect(b, &i.peer).map_err(|e| RestoreError::Socket {
+        what: format!("reconnecting the TCP connection of fd {fd} in repair mode"),
+        source: e,
+    })?;
+    let mut opts: Vec<u8> = Vec::new();
+    let mut opt = |code: u32, val: u32| {
+        opts.extend_from_slice(&code.to_ne_bytes());
+        opts.extend_from_slice(&val.to_ne_bytes());
+    };
+    opt(sock::TCPOPT_MAXSEG, r.mss);
+    if r.tcpi_options & sock::TCPI_OPT_WSCALE != 0 {
+        opt(
+            sock::TCPOPT_WINDOW,
+            u32::from(r.snd_wscale) | (u32::from(r.rcv_wscale) << 16),
+        );
+    }
+    if r.tcpi_options & sock::TCPI_OPT_SACK != 0 {
+        opt(sock::TCPOPT_SACK_PERM, 0);
+    }
+    if r.tcpi_options & sock::TCPI_OPT_TIMESTAMPS != 0 {
+        opt(sock::TCPOPT_TIMESTAMP, 0);
+    }
+    sock::set_bytes(b, tcp, sock::TCP_REPAIR_OPTIONS, &opts)
+        .map_err(step_err("restoring negotiated options"))?;
+    if r.tcpi_options & sock::TCPI_OPT_TIMESTAMPS != 0 {
+        sock::set_int(
+            b,
+            tcp,
+            sock::TCP_TIMESTAMP,
+            i32::from_ne_bytes(r.timestamp.to_ne_bytes()),
+        )
+        .map_err(step_err("restoring the timestamp"))?;
+    }
+    // Make room for the queues (SO_*BUFFORCE needs CAP_NET_ADMIN).
+    let room = i32::try_from((r.send_queue.len().max(r.recv_queue.len()) * 2).max(65536))
+        .unwrap_or(i32::MAX);
+    let _ = sock::set_int(b, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, room);
+    let _ = sock::set_int(b, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, room);
+    sock::set_int(b, tcp, sock::TCP_REPAIR_QUEUE, sock::TCP_RECV_QUEUE)
+        .map_err(step_err("selecting the receive queue"))?;
+    for chunk in r.recv_queue.chunks(64 * 1024) {
+        sock::send_all(b, chunk).map_err(step_err("refilling the receive queue"))?;
+    }
+    sock::set_int(b, tcp, sock::TCP_REPAIR_QUEUE, sock::TCP_SEND_QUEUE)
+        .map_err(step_err("selecting the send queue"))?;
+    for chunk in r.send_queue[..sent].chunks(64 * 1024) {
+        sock::send_all(b, chunk).map_err(step_err("refilling the send queue"))?;
+    }
+    let window: Vec<u8> = r.window.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    sock::set_bytes(b, tcp, sock::TCP_REPAIR_WINDOW, &window)
+        .map_err(step_err("restoring the window"))?;
+    sock::set_int(b, tcp, sock::TCP_REPAIR, sock::TCP_REPAIR_OFF_NO_WP)
+        .map_err(step_err("leaving repair mode"))?;
+    sock::send_all(b, &r.send_queue[sent..]).map_err(step_err("sending the bytes never sent"))?;
+    set_options(s, &i.options);
+    Ok(())
 }
 
 fn fill_pipe(w: &OwnedFd, img: &PipeImage) -> Result<(), RestoreError> {

@@ -85,6 +85,14 @@ pub enum RestoreError {
         #[source]
         source: KernelError,
     },
+    #[error("port {port} of fd {fd} is taken by another process: stop it (or free the port), then restore again")]
+    PortTaken { fd: i32, port: u16 },
+    #[error("socket step failed: {what}")]
+    Socket {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("memory layout could not be rebuilt: {0}")]
     Layout(String),
     #[error("the image is corrupt: {0}; the restore was abandoned and nothing was started")]
@@ -550,7 +558,8 @@ fn build_tree(
         .map(|pk| pk.pages() * sys::PAGE_SIZE)
         .sum();
     let mut filled = 0u64;
-    let mut factory = files::FdFactory::new(&m.pipes);
+    let mut factory =
+        files::FdFactory::new(&m.pipes, m.processes.iter().flat_map(|p| p.fds.iter()));
     let mut shm_first: HashMap<u64, (i32, u64, u64, u64)> = HashMap::new();
     for (i, img) in m.processes.iter().enumerate() {
         if img.zombie.is_some() {

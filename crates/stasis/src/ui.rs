@@ -283,6 +283,29 @@ fn print_detail(cp: &stasis_image::Checkpoint) {
                 } => format!("timerfd clock {clockid} next {value_ns} ns every {interval_ns} ns"),
                 FdKind::Signalfd { mask } => format!("signalfd mask {mask:#x}"),
                 FdKind::Epoll { targets } => format!("epoll with {} fds", targets.len()),
+                FdKind::Unix(u) => format!(
+                    "unix socket {:?} {}",
+                    u.state,
+                    u.name
+                        .as_ref()
+                        .map(|n| String::from_utf8_lossy(n).replace('\0', "@"))
+                        .unwrap_or_default()
+                ),
+                FdKind::Inet(n) => format!(
+                    "inet socket port {} {:?}",
+                    u16::from_be_bytes([
+                        n.local.get(2).copied().unwrap_or(0),
+                        n.local.get(3).copied().unwrap_or(0)
+                    ]),
+                    match &n.state {
+                        stasis_image::manifest::InetState::Established(r) => format!(
+                            "established, {} bytes to send, {} to read",
+                            r.send_queue.len(),
+                            r.recv_queue.len()
+                        ),
+                        other => format!("{other:?}"),
+                    }
+                ),
             };
             let shared = f
                 .shared_id

@@ -1,0 +1,336 @@
+//! Socket primitives for saving and rebuilding sockets: options, addresses,
+//! non-destructive reads of receive queues, and `TCP_REPAIR`.
+//!
+//! `TCP_REPAIR` (Linux 3.5+, needs CAP_NET_ADMIN) puts a TCP socket in a
+//! mode where nothing is sent on the wire: its sequence numbers, queues,
+//! negotiated options and window can be read, and a new socket can be given
+//! them and "connected" without a handshake. Closing a socket in repair mode
+//! sends neither FIN nor RST.
+
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+use crate::{KernelError, Result};
+
+pub const TCP_REPAIR: i32 = 19;
+pub const TCP_REPAIR_QUEUE: i32 = 20;
+pub const TCP_QUEUE_SEQ: i32 = 21;
+pub const TCP_REPAIR_OPTIONS: i32 = 22;
+pub const TCP_TIMESTAMP: i32 = 24;
+pub const TCP_REPAIR_WINDOW: i32 = 29;
+pub const TCP_RECV_QUEUE: i32 = 1;
+pub const TCP_SEND_QUEUE: i32 = 2;
+/// `TCP_REPAIR` value that leaves repair mode without a window probe.
+pub const TCP_REPAIR_OFF_NO_WP: i32 = -1;
+pub const TCPOPT_MAXSEG: u32 = 2;
+pub const TCPOPT_WINDOW: u32 = 3;
+pub const TCPOPT_SACK_PERM: u32 = 4;
+pub const TCPOPT_TIMESTAMP: u32 = 8;
+pub const TCPI_OPT_TIMESTAMPS: u8 = 1;
+pub const TCPI_OPT_SACK: u8 = 2;
+pub const TCPI_OPT_WSCALE: u8 = 4;
+pub const SO_PEEK_OFF: i32 = 42;
+const SIOCINQ: u64 = 0x541B;
+const SIOCOUTQ: u64 = 0x5411;
+const SIOCOUTQNSD: u64 = 0x894B;
+
+fn err(what: String) -> KernelError {
+    KernelError::io(what, std::io::Error::last_os_error())
+}
+
+/// `getsockopt` of an int option.
+pub fn get_int(fd: BorrowedFd<'_>, level: i32, opt: i32) -> Result<i32> {
+    let mut v = 0i32;
+    let mut len: libc::socklen_t = 4;
+    // SAFETY: getsockopt writes at most `len` bytes into `v`.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            opt,
+            (&mut v as *mut i32).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(err(format!("getsockopt({level}, {opt})")));
+    }
+    Ok(v)
+}
+
+/// `setsockopt` with raw bytes.
+pub fn set_bytes(fd: BorrowedFd<'_>, level: i32, opt: i32, val: &[u8]) -> Result<()> {
+    let len = libc::socklen_t::try_from(val.len()).unwrap_or(0);
+    // SAFETY: setsockopt reads `len` bytes from `val`.
+    let r = unsafe { libc::setsockopt(fd.as_raw_fd(), level, opt, val.as_ptr().cast(), len) };
+    if r < 0 {
+        return Err(err(format!("setsockopt({level}, {opt})")));
+    }
+    Ok(())
+}
+
+/// `setsockopt` of an int option.
+pub fn set_int(fd: BorrowedFd<'_>, level: i32, opt: i32, v: i32) -> Result<()> {
+    set_bytes(fd, level, opt, &v.to_ne_bytes())
+}
+
+/// `getsockopt` into a byte buffer; returns the bytes the kernel wrote.
+pub fn get_bytes(fd: BorrowedFd<'_>, level: i32, opt: i32, max: usize) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; max];
+    let mut len = libc::socklen_t::try_from(max).unwrap_or(0);
+    // SAFETY: getsockopt writes at most `len` bytes into `buf`.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            opt,
+            buf.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(err(format!("getsockopt({level}, {opt})")));
+    }
+    buf.truncate(len as usize);
+    Ok(buf)
+}
+
+fn addr_of(fd: BorrowedFd<'_>, peer: bool) -> Result<Vec<u8>> {
+    // SAFETY: sockaddr_storage is plain data; zeroes are a valid value.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len =
+        libc::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_storage>()).unwrap_or(128);
+    let p = (&mut ss as *mut libc::sockaddr_storage).cast();
+    // SAFETY: the kernel writes at most `len` bytes into `ss`.
+    let r = unsafe {
+        if peer {
+            libc::getpeername(fd.as_raw_fd(), p, &mut len)
+        } else {
+            libc::getsockname(fd.as_raw_fd(), p, &mut len)
+        }
+    };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        if peer && e.raw_os_error() == Some(libc::ENOTCONN) {
+            return Ok(Vec::new());
+        }
+        return Err(KernelError::io(
+            if peer { "getpeername" } else { "getsockname" },
+            e,
+        ));
+    }
+    // SAFETY: `ss` is at least `len` bytes long; we copy exactly those.
+    let bytes = unsafe {
+        std::slice::from_raw_parts(
+            (&ss as *const libc::sockaddr_storage).cast::<u8>(),
+            len as usize,
+        )
+    };
+    Ok(bytes.to_vec())
+}
+
+/// Local address as raw sockaddr bytes.
+pub fn local_addr(fd: BorrowedFd<'_>) -> Result<Vec<u8>> {
+    addr_of(fd, false)
+}
+
+/// Peer address as raw sockaddr bytes (empty when not connected).
+pub fn peer_addr(fd: BorrowedFd<'_>) -> Result<Vec<u8>> {
+    addr_of(fd, true)
+}
+
+/// True if the raw inet address has port 0 (unbound).
+pub fn port_is_zero(addr: &[u8]) -> bool {
+    addr.len() < 4 || addr[2] == 0 && addr[3] == 0
+}
+
+fn sockaddr_call(fd: BorrowedFd<'_>, addr: &[u8], connect: bool) -> Result<(), std::io::Error> {
+    let len = libc::socklen_t::try_from(addr.len()).unwrap_or(0);
+    // SAFETY: bind/connect read `len` bytes of the address buffer.
+    let r = unsafe {
+        if connect {
+            libc::connect(fd.as_raw_fd(), addr.as_ptr().cast(), len)
+        } else {
+            libc::bind(fd.as_raw_fd(), addr.as_ptr().cast(), len)
+        }
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `bind` to a raw address.
+pub fn bind(fd: BorrowedFd<'_>, addr: &[u8]) -> Result<(), std::io::Error> {
+    sockaddr_call(fd, addr, false)
+}
+
+/// `connect` to a raw address.
+pub fn connect(fd: BorrowedFd<'_>, addr: &[u8]) -> Result<(), std::io::Error> {
+    sockaddr_call(fd, addr, true)
+}
+
+/// A new socket (close-on-exec).
+pub fn socket(family: i32, ty: i32, proto: i32) -> Result<OwnedFd> {
+    // SAFETY: socket returns a new fd or -1.
+    let fd = unsafe { libc::socket(family, ty | libc::SOCK_CLOEXEC, proto) };
+    if fd < 0 {
+        return Err(err(format!("socket({family}, {ty}, {proto})")));
+    }
+    // SAFETY: a new descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A connected pair of unix sockets (close-on-exec).
+pub fn unix_pair(ty: i32) -> Result<(OwnedFd, OwnedFd)> {
+    let mut p = [0i32; 2];
+    // SAFETY: socketpair writes two fds into the array.
+    if unsafe { libc::socketpair(libc::AF_UNIX, ty | libc::SOCK_CLOEXEC, 0, p.as_mut_ptr()) } < 0 {
+        return Err(err(format!("socketpair(AF_UNIX, {ty})")));
+    }
+    // SAFETY: two new descriptors nothing else owns.
+    Ok(unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) })
+}
+
+fn ioctl_int(fd: BorrowedFd<'_>, req: u64) -> Result<u32> {
+    let mut v = 0i32;
+    // SAFETY: these ioctls write one int.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), req as _, &mut v as *mut i32) } < 0 {
+        return Err(err(format!("ioctl({req:#x})")));
+    }
+    Ok(v.unsigned_abs())
+}
+
+/// Bytes queued to read (`SIOCINQ`).
+pub fn inq(fd: BorrowedFd<'_>) -> Result<u32> {
+    ioctl_int(fd, SIOCINQ)
+}
+
+/// Bytes in the send queue (`SIOCOUTQ`) and of those not yet sent (`SIOCOUTQNSD`).
+pub fn outq(fd: BorrowedFd<'_>) -> Result<(u32, u32)> {
+    Ok((ioctl_int(fd, SIOCOUTQ)?, ioctl_int(fd, SIOCOUTQNSD)?))
+}
+
+/// Reads what is queued without consuming it, message by message (for a
+/// stream: in chunks), using `SO_PEEK_OFF` to step through the queue. The
+/// socket's own peek offset is put back. `limit` bounds the bytes read.
+pub fn peek_queue(fd: BorrowedFd<'_>, limit: usize) -> Result<Vec<Vec<u8>>> {
+    let saved = get_int(fd, libc::SOL_SOCKET, SO_PEEK_OFF).unwrap_or(-1);
+    set_int(fd, libc::SOL_SOCKET, SO_PEEK_OFF, 0)?;
+    let mut out = Vec::new();
+    let mut total = 0usize;
+    let mut buf = vec![0u8; 256 * 1024];
+    let res = loop {
+        if total >= limit {
+            break Ok(());
+        }
+        // SAFETY: receiving into our buffer without consuming (MSG_PEEK).
+        let n = unsafe {
+            libc::recv(
+                fd.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EAGAIN) {
+                break Ok(());
+            }
+            break Err(KernelError::io("recv(MSG_PEEK)", e));
+        }
+        let n = usize::try_from(n).unwrap_or(0);
+        if n == 0 {
+            break Ok(());
+        }
+        total += n;
+        out.push(buf[..n].to_vec());
+    };
+    let _ = set_int(fd, libc::SOL_SOCKET, SO_PEEK_OFF, saved);
+    res.map(|()| out)
+}
+
+/// Reads `len` bytes of the current repair queue without consuming them.
+pub fn peek_repair_queue(fd: BorrowedFd<'_>, len: usize) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; len];
+    if len == 0 {
+        return Ok(buf);
+    }
+    // SAFETY: receiving into our buffer without consuming (MSG_PEEK).
+    let n = unsafe {
+        libc::recv(
+            fd.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            len,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if usize::try_from(n).ok() != Some(len) {
+        return Err(KernelError::io(
+            format!("reading a TCP repair queue of {len} bytes (got {n})"),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(buf)
+}
+
+/// Sends all of `data` (blocking socket or not: retries until done).
+pub fn send_all(fd: BorrowedFd<'_>, data: &[u8]) -> Result<()> {
+    let mut off = 0;
+    while off < data.len() {
+        // SAFETY: sending from our buffer.
+        let n = unsafe {
+            libc::send(
+                fd.as_raw_fd(),
+                data[off..].as_ptr().cast(),
+                data.len() - off,
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(KernelError::io(
+                format!("sending {} queued bytes", data.len()),
+                e,
+            ));
+        }
+        off += usize::try_from(n).unwrap_or(0);
+    }
+    Ok(())
+}
+
+/// The first bytes of `struct tcp_info` that stasis uses.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TcpInfo {
+    pub state: u8,
+    pub options: u8,
+    pub snd_wscale: u8,
+    pub rcv_wscale: u8,
+    /// For a listener: connections waiting to be accepted.
+    pub unacked: u32,
+    /// For a listener: its backlog.
+    pub sacked: u32,
+}
+
+/// `TCP_INFO`.
+pub fn tcp_info(fd: BorrowedFd<'_>) -> Result<TcpInfo> {
+    let b = get_bytes(fd, libc::IPPROTO_TCP, libc::TCP_INFO, 256)?;
+    if b.len() < 32 {
+        return Err(KernelError::io(
+            "TCP_INFO",
+            std::io::Error::other("short struct tcp_info"),
+        ));
+    }
+    let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap_or([0; 4]));
+    Ok(TcpInfo {
+        state: b[0],
+        options: b[5],
+        snd_wscale: b[6] & 0xf,
+        rcv_wscale: b[6] >> 4,
+        unacked: u32_at(24),
+        sacked: u32_at(28),
+    })
+}

@@ -1,0 +1,202 @@
+//! Unix socket facts from the kernel's `sock_diag` netlink interface.
+//!
+//! A unix socket's peer (the other end of a socketpair or of an accepted
+//! connection) is only visible here: the request dumps every unix socket of
+//! the network namespace with its name, peer inode, state and queue length.
+//!
+//! Message layout (little-endian, `linux/sock_diag.h`, `linux/unix_diag.h`):
+//! `nlmsghdr` (16 bytes) + `unix_diag_req` (24 bytes) out; `nlmsghdr` +
+//! `unix_diag_msg` (16 bytes) + `rtattr`s in, until `NLMSG_DONE`.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use crate::{KernelError, Result};
+
+const NETLINK_SOCK_DIAG: i32 = 4;
+const SOCK_DIAG_BY_FAMILY: u16 = 20;
+const NLM_F_REQUEST: u16 = 1;
+const NLM_F_DUMP: u16 = 0x300;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const UDIAG_SHOW_NAME: u32 = 1;
+const UDIAG_SHOW_PEER: u32 = 4;
+const UDIAG_SHOW_RQLEN: u32 = 0x10;
+const UNIX_DIAG_NAME: u16 = 0;
+const UNIX_DIAG_PEER: u16 = 2;
+const UNIX_DIAG_RQLEN: u16 = 4;
+
+/// Socket state values used by unix sockets.
+pub const STATE_ESTABLISHED: u8 = 1;
+pub const STATE_CLOSE: u8 = 7;
+pub const STATE_LISTEN: u8 = 10;
+
+/// What the kernel says about one unix socket.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnixInfo {
+    pub ino: u64,
+    /// `SOCK_STREAM`, `SOCK_DGRAM` or `SOCK_SEQPACKET`.
+    pub sock_type: u8,
+    pub state: u8,
+    /// Bound name (`sun_path` bytes; a leading NUL means abstract).
+    pub name: Option<Vec<u8>>,
+    pub peer: Option<u64>,
+    /// Listening: connections waiting; otherwise bytes queued to read.
+    pub rqueue: u32,
+    /// Listening: the backlog; otherwise bytes queued to send.
+    pub wqueue: u32,
+}
+
+/// Parses the messages of one netlink reply buffer into `out`; returns
+/// `true` once `NLMSG_DONE` is seen.
+pub fn parse_reply(buf: &[u8], out: &mut HashMap<u64, UnixInfo>) -> Result<bool, String> {
+    let mut off = 0;
+    while off + 16 <= buf.len() {
+        let u32_at = |o: usize| u32::from_le_bytes(buf[o..o + 4].try_into().unwrap_or([0; 4]));
+        let u16_at = |o: usize| u16::from_le_bytes(buf[o..o + 2].try_into().unwrap_or([0; 2]));
+        let len = u32_at(off) as usize;
+        let ty = u16_at(off + 4);
+        if len < 16 || off + len > buf.len() {
+            return Err(format!("bad netlink message length {len}"));
+        }
+        match ty {
+            NLMSG_DONE => return Ok(true),
+            NLMSG_ERROR => {
+                let errno =
+                    i32::from_le_bytes(buf[off + 16..off + 20].try_into().unwrap_or([0; 4]));
+                return Err(format!(
+                    "sock_diag error {}",
+                    std::io::Error::from_raw_os_error(-errno)
+                ));
+            }
+            SOCK_DIAG_BY_FAMILY => {
+                let m = off + 16;
+                if len < 16 + 16 {
+                    return Err("short unix_diag_msg".into());
+                }
+                let mut info = UnixInfo {
+                    sock_type: buf[m + 1],
+                    state: buf[m + 2],
+                    ino: u64::from(u32_at(m + 4)),
+                    ..Default::default()
+                };
+                let mut a = m + 16;
+                while a + 4 <= off + len {
+                    let alen = usize::from(u16_at(a));
+                    let aty = u16_at(a + 2);
+                    if alen < 4 || a + alen > off + len {
+                        break;
+                    }
+                    let data = &buf[a + 4..a + alen];
+                    match aty {
+                        UNIX_DIAG_NAME => info.name = Some(data.to_vec()),
+                        UNIX_DIAG_PEER if data.len() >= 4 => {
+                            info.peer = Some(u64::from(u32::from_le_bytes(
+                                data[0..4].try_into().unwrap_or([0; 4]),
+                            )))
+                        }
+                        UNIX_DIAG_RQLEN if data.len() >= 8 => {
+                            info.rqueue =
+                                u32::from_le_bytes(data[0..4].try_into().unwrap_or([0; 4]));
+                            info.wqueue =
+                                u32::from_le_bytes(data[4..8].try_into().unwrap_or([0; 4]));
+                        }
+                        _ => {}
+                    }
+                    a += alen.div_ceil(4) * 4;
+                }
+                out.insert(info.ino, info);
+            }
+            _ => {}
+        }
+        off += len.div_ceil(4) * 4;
+    }
+    Ok(false)
+}
+
+/// Every unix socket of this network namespace, by inode.
+pub fn unix_sockets() -> Result<HashMap<u64, UnixInfo>> {
+    let err = |what: &str| {
+        KernelError::io(
+            format!("sock_diag: {what}"),
+            std::io::Error::last_os_error(),
+        )
+    };
+    // SAFETY: socket() returns a new fd or -1.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            NETLINK_SOCK_DIAG,
+        )
+    };
+    if fd < 0 {
+        return Err(err("socket(AF_NETLINK)"));
+    }
+    // SAFETY: a new descriptor nothing else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut req = Vec::with_capacity(40);
+    req.extend_from_slice(&40u32.to_le_bytes());
+    req.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_le_bytes());
+    req.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_le_bytes());
+    req.extend_from_slice(&1u32.to_le_bytes()); // seq
+    req.extend_from_slice(&0u32.to_le_bytes()); // pid
+    req.push(1); // AF_UNIX
+    req.push(0);
+    req.extend_from_slice(&0u16.to_le_bytes());
+    req.extend_from_slice(&u32::MAX.to_le_bytes()); // all states
+    req.extend_from_slice(&0u32.to_le_bytes()); // ino
+    req.extend_from_slice(&(UDIAG_SHOW_NAME | UDIAG_SHOW_PEER | UDIAG_SHOW_RQLEN).to_le_bytes());
+    req.extend_from_slice(&[0u8; 8]); // cookie
+                                      // SAFETY: sending our request buffer on our socket (to the kernel).
+    if unsafe { libc::send(sock.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
+        return Err(err("send"));
+    }
+    let mut out = HashMap::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        // SAFETY: receiving into our buffer.
+        let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            return Err(err("recv"));
+        }
+        let n = usize::try_from(n).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        if parse_reply(&buf[..n], &mut out)
+            .map_err(|e| KernelError::io("sock_diag", std::io::Error::other(e)))?
+        {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_a_socketpair_and_its_peer() {
+        let (a, b) = crate::scm::dgram_pair().unwrap();
+        let ino = |fd: &OwnedFd| {
+            // SAFETY: libc::stat is plain data; zeroes are a valid value.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: fstat into a local struct.
+            unsafe { libc::fstat(fd.as_raw_fd(), &mut st) };
+            st.st_ino
+        };
+        let all = unix_sockets().unwrap();
+        let ia = all.get(&ino(&a)).expect("socket a listed");
+        assert_eq!(ia.peer, Some(ino(&b)));
+        assert_eq!(ia.sock_type, 2u8);
+    }
+
+    #[test]
+    fn garbage_replies_are_errors_not_panics() {
+        let mut out = HashMap::new();
+        assert!(parse_reply(&[0xff; 40], &mut out).is_err());
+        assert_eq!(parse_reply(&[0u8; 8], &mut out), Ok(false));
+    }
+}
