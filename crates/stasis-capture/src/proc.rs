@@ -313,6 +313,49 @@ pub fn parse_epoll(text: &str) -> Result<Vec<(i32, u32, u64)>, String> {
     Ok(out)
 }
 
+/// One entry of `/proc/PID/timers`: (id, signo, sigev_value, notify, tid, clockid).
+pub type TimerLine = (i32, i32, u64, i32, i32, i32);
+
+/// Parses `/proc/PID/timers`.
+pub fn parse_timers(text: &str) -> Result<Vec<TimerLine>, String> {
+    let mut out = Vec::new();
+    let mut cur: Option<TimerLine> = None;
+    for l in text.lines() {
+        let bad = || format!("unexpected timers line {l:?}");
+        if let Some(v) = l.strip_prefix("ID: ") {
+            out.extend(cur.take());
+            cur = Some((v.trim().parse().map_err(|_| bad())?, 0, 0, 0, 0, 0));
+        } else if let Some(v) = l.strip_prefix("signal: ") {
+            let (sig, val) = v.trim().split_once('/').ok_or_else(bad)?;
+            if let Some(c) = cur.as_mut() {
+                c.1 = sig.parse().map_err(|_| bad())?;
+                c.2 = u64::from_str_radix(val, 16).map_err(|_| bad())?;
+            }
+        } else if let Some(v) = l.strip_prefix("notify: ") {
+            let (kind, who) = v.trim().split_once('/').ok_or_else(bad)?;
+            let tid = who
+                .rsplit_once('.')
+                .and_then(|(_, t)| t.parse().ok())
+                .unwrap_or(0);
+            if let Some(c) = cur.as_mut() {
+                c.3 = match kind {
+                    "signal" => 0,
+                    "none" => 1,
+                    "thread" => 4,
+                    _ => return Err(bad()),
+                };
+                c.4 = tid;
+            }
+        } else if let Some(v) = l.strip_prefix("ClockID: ") {
+            if let Some(c) = cur.as_mut() {
+                c.5 = v.trim().parse().map_err(|_| bad())?;
+            }
+        }
+    }
+    out.extend(cur);
+    Ok(out)
+}
+
 /// Reads `/proc/PID/<name>` as text, mapping "not found" to a dead process.
 pub fn read(pid: i32, name: &str) -> Result<String, CaptureError> {
     std::fs::read_to_string(proc_path(pid, name)).map_err(|e| CaptureError::from_proc(pid, name, e))
@@ -433,6 +476,16 @@ mod tests {
             (1234, 0o2102001)
         );
         assert!(parse_fdinfo("flags: 0").is_err());
+    }
+
+    #[test]
+    fn posix_timers() {
+        let t = "ID: 0\nsignal: 10/0000000000001234\nnotify: signal/pid.77\nClockID: 1\nID: 3\nsignal: 14/0000000000000000\nnotify: thread/tid.78\nClockID: 0\n";
+        assert_eq!(
+            parse_timers(t).unwrap(),
+            vec![(0, 10, 0x1234, 0, 77, 1), (3, 14, 0, 4, 78, 0)]
+        );
+        assert!(parse_timers("ID: x").is_err());
     }
 
     #[test]

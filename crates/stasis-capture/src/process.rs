@@ -1,7 +1,7 @@
 //! The state of one frozen process: threads, signal state, /proc facts.
 
 use stasis_image::manifest::{
-    AltStack, ITimer, ProcessImage, RseqConfig, SigAction, SigInfo, ThreadImage,
+    AltStack, ITimer, PosixTimer, ProcessImage, RseqConfig, SigAction, SigInfo, ThreadImage,
 };
 use stasis_kernel::mem::ProcessMemory;
 use stasis_kernel::ptrace::normalize_interrupted_syscall;
@@ -13,6 +13,8 @@ use crate::{memory, proc, CaptureError, Result};
 
 struct RemoteState {
     sigactions: Vec<SigAction>,
+    posix_timers: Vec<PosixTimer>,
+    pdeath_signal: i32,
     itimers: Vec<ITimer>,
     brk: u64,
     /// Per thread, in `FrozenProcess::threads` order: altstack and clear_child_tid.
@@ -72,6 +74,37 @@ fn remote_state(f: &mut FrozenProcess, mem: &ProcessMemory) -> Result<RemoteStat
             });
         }
         let brk = t.syscall(base, "brk", libc::SYS_brk, &[0])?;
+        t.syscall(
+            base,
+            "prctl(PR_GET_PDEATHSIG)",
+            libc::SYS_prctl,
+            &[libc::PR_GET_PDEATHSIG as u64, scratch],
+        )?;
+        let pdeath_signal = i32::try_from(mem.read_u64s(scratch, 1)?[0] & 0xffff_ffff).unwrap_or(0);
+        let mut posix_timers = Vec::new();
+        let pid = t.pid();
+        let text = proc::read(pid, "timers")?;
+        for (id, signo, value, notify, tid, clockid) in
+            proc::parse_timers(&text).map_err(fmt_err(pid, "timers"))?
+        {
+            t.syscall(
+                base,
+                "timer_gettime",
+                libc::SYS_timer_gettime,
+                &[u64::from(id.unsigned_abs()), scratch],
+            )?;
+            let w = mem.read_u64s(scratch, 4)?;
+            posix_timers.push(PosixTimer {
+                id,
+                clockid,
+                notify,
+                signo,
+                tid,
+                value,
+                interval_ns: w[0] * 1_000_000_000 + w[1],
+                value_ns: w[2] * 1_000_000_000 + w[3],
+            });
+        }
         let mut threads = Vec::new();
         for th in &mut f.threads {
             let (t, base) = (&mut th.tracee, &th.orig_regs);
@@ -93,6 +126,8 @@ fn remote_state(f: &mut FrozenProcess, mem: &ProcessMemory) -> Result<RemoteStat
         }
         Ok(RemoteState {
             sigactions,
+            posix_timers,
+            pdeath_signal,
             itimers,
             brk,
             threads,
@@ -171,6 +206,9 @@ pub fn zombie_image(pid: i32, status: i32) -> Result<ProcessImage> {
         threads: Vec::new(),
         pack: None,
         zombie: Some(status),
+        posix_timers: Vec::new(),
+        no_new_privs: false,
+        pdeath_signal: 0,
     })
 }
 
@@ -226,8 +264,22 @@ pub fn capture(
         });
     }
     let stat = proc::parse_stat(&proc::read(pid, "stat")?).map_err(fmt_err(pid, "stat"))?;
-    let (umask, creds) =
-        proc::parse_status(&proc::read(pid, "status")?).map_err(fmt_err(pid, "status"))?;
+    let status = proc::read(pid, "status")?;
+    let no_new_privs = status
+        .lines()
+        .any(|l| l.starts_with("NoNewPrivs:") && l.trim_end().ends_with('1'));
+    if status
+        .lines()
+        .any(|l| l.starts_with("Seccomp:") && !l.trim_end().ends_with('0'))
+    {
+        return Err(CaptureError::Unsupported {
+            pid,
+            what:
+                "it runs under a seccomp filter, which this version of stasis cannot checkpoint yet"
+                    .into(),
+        });
+    }
+    let (umask, creds) = proc::parse_status(&status).map_err(fmt_err(pid, "status"))?;
     let rlimits =
         proc::parse_limits(&proc::read(pid, "limits")?).map_err(fmt_err(pid, "limits"))?;
     let personality =
@@ -266,6 +318,9 @@ pub fn capture(
         threads,
         pack: None,
         zombie: None,
+        posix_timers: remote.posix_timers,
+        no_new_privs,
+        pdeath_signal: remote.pdeath_signal,
     };
     Ok((image, maps, xfeatures))
 }

@@ -97,6 +97,32 @@ pub struct ProcessImage {
     /// entry has no memory, fds or threads.
     #[serde(default)]
     pub zombie: Option<i32>,
+    /// POSIX timers (`timer_create`).
+    #[serde(default)]
+    pub posix_timers: Vec<PosixTimer>,
+    /// `PR_SET_NO_NEW_PRIVS`.
+    #[serde(default)]
+    pub no_new_privs: bool,
+    /// `PR_SET_PDEATHSIG` (0: none).
+    #[serde(default)]
+    pub pdeath_signal: i32,
+}
+
+/// A POSIX timer, restored at the same timer ID.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PosixTimer {
+    pub id: i32,
+    pub clockid: i32,
+    /// `SIGEV_SIGNAL` (0), `SIGEV_NONE` (1) or `SIGEV_THREAD_ID` (4).
+    pub notify: i32,
+    pub signo: i32,
+    /// Target thread for `SIGEV_THREAD_ID`.
+    pub tid: i32,
+    /// `sigev_value` passed with the signal.
+    pub value: u64,
+    /// Time to the next expiry and period, in nanoseconds (0: disarmed).
+    pub value_ns: u64,
+    pub interval_ns: u64,
 }
 
 /// Real, effective, saved and filesystem ids plus supplementary groups.

@@ -3,7 +3,7 @@
 //! Every function here is pure logic over the seam: it is unit-tested with
 //! the recording fake in [`crate::remote`].
 
-use stasis_image::manifest::{ITimer, MmImage, SigAction, ThreadImage, Vma, VmaKind};
+use stasis_image::manifest::{ITimer, MmImage, PosixTimer, SigAction, ThreadImage, Vma, VmaKind};
 use stasis_image::RunEntry;
 use stasis_kernel::sarg;
 use stasis_sys::{self as sys, PrctlMmMap};
@@ -289,6 +289,93 @@ pub fn restore_itimers<R: Remote>(r: &mut R, timers: &[ITimer]) -> Result<(), Re
             &[u64::from(t.which), addr, 0],
         )
         .map_err(step(format!("arming interval timer {}", t.which)))?;
+    }
+    Ok(())
+}
+
+/// `prctl` that makes `timer_create` take the timer ID from its output
+/// argument (Linux 6.15+, made for checkpoint/restore).
+const PR_TIMER_CREATE_RESTORE_IDS: u64 = 77;
+
+/// Creates the POSIX timers at their saved IDs (disarmed; see
+/// [`arm_posix_timers`]).
+pub fn create_posix_timers<R: Remote>(
+    r: &mut R,
+    timers: &[PosixTimer],
+) -> Result<(), RestoreError> {
+    if timers.is_empty() {
+        return Ok(());
+    }
+    let by_id = r
+        .sys(
+            "prctl(PR_TIMER_CREATE_RESTORE_IDS)",
+            libc::SYS_prctl,
+            &[PR_TIMER_CREATE_RESTORE_IDS, 1, 0, 0, 0],
+        )
+        .is_ok();
+    let mut sorted: Vec<&PosixTimer> = timers.iter().collect();
+    sorted.sort_by_key(|t| t.id);
+    for t in sorted {
+        // struct sigevent: sigev_value, sigev_signo, sigev_notify, _tid, padding to 64 bytes.
+        let mut sev = Vec::with_capacity(64);
+        sev.extend_from_slice(&t.value.to_le_bytes());
+        sev.extend_from_slice(&t.signo.to_le_bytes());
+        sev.extend_from_slice(&t.notify.to_le_bytes());
+        sev.extend_from_slice(&t.tid.to_le_bytes());
+        sev.resize(64, 0);
+        let sev_addr = r.put(SCRATCH_STRUCT, &sev).map_err(step("sigevent"))?;
+        let id_addr = r
+            .put(SCRATCH_STRUCT + 256, &t.id.to_le_bytes())
+            .map_err(step("timer id"))?;
+        r.sys(
+            "timer_create",
+            libc::SYS_timer_create,
+            &[sarg(i64::from(t.clockid)), sev_addr, id_addr],
+        )
+        .map_err(step(format!("creating POSIX timer {}", t.id)))?;
+        let mut got = [0u8; 4];
+        r.read(id_addr, &mut got)
+            .map_err(step("reading a timer id"))?;
+        let got = i32::from_le_bytes(got);
+        if got != t.id {
+            return Err(RestoreError::Incompatible(format!(
+                "POSIX timer {} came back as {got}{}",
+                t.id,
+                if by_id {
+                    ""
+                } else {
+                    " (this kernel cannot choose timer IDs: PR_TIMER_CREATE_RESTORE_IDS needs Linux 6.15)"
+                }
+            )));
+        }
+    }
+    if by_id {
+        r.sys(
+            "prctl(PR_TIMER_CREATE_RESTORE_IDS)",
+            libc::SYS_prctl,
+            &[PR_TIMER_CREATE_RESTORE_IDS, 0, 0, 0, 0],
+        )
+        .map_err(step("leaving timer-ID restore mode"))?;
+    }
+    Ok(())
+}
+
+/// Arms the POSIX timers that were armed (last, like interval timers).
+pub fn arm_posix_timers<R: Remote>(r: &mut R, timers: &[PosixTimer]) -> Result<(), RestoreError> {
+    for t in timers.iter().filter(|t| t.value_ns != 0) {
+        let its = words(&[
+            t.interval_ns / 1_000_000_000,
+            t.interval_ns % 1_000_000_000,
+            t.value_ns / 1_000_000_000,
+            t.value_ns % 1_000_000_000,
+        ]);
+        let a = r.put(SCRATCH_STRUCT, &its).map_err(step("itimerspec"))?;
+        r.sys(
+            "timer_settime",
+            libc::SYS_timer_settime,
+            &[u64::from(t.id.unsigned_abs()), 0, a, 0],
+        )
+        .map_err(step(format!("arming POSIX timer {}", t.id)))?;
     }
     Ok(())
 }

@@ -568,6 +568,7 @@ fn build_tree(
         let p = &mut procs[i];
         filled += build_process(
             p,
+            m.processes[0].pid,
             img,
             packs[i].as_ref(),
             &mut factory,
@@ -676,6 +677,7 @@ type Progress<'a> = (u64, u64, &'a RestoreOptions);
 #[allow(clippy::too_many_arguments)]
 fn build_process(
     s: &mut Proc,
+    root_pid: i32,
     p: &ProcessImage,
     pack: Option<&PackReader>,
     factory: &mut files::FdFactory<'_>,
@@ -834,6 +836,23 @@ fn build_process(
         base.rsp = 0;
         s.threads.push((t, base));
     }
+    // POSIX timers at their IDs (signals may target threads: after them).
+    s.cur = None;
+    build::create_posix_timers(s, &p.posix_timers)?;
+    // The root's parent is the restorer now, which may exit (--detach): its
+    // parent-death signal would kill it for no reason, so only the other
+    // processes (whose parents are restored with them) get theirs back.
+    if p.pdeath_signal != 0 && pid != root_pid {
+        s.sys(
+            "prctl(PR_SET_PDEATHSIG)",
+            libc::SYS_prctl,
+            &[
+                libc::PR_SET_PDEATHSIG as u64,
+                sarg(i64::from(p.pdeath_signal)),
+            ],
+        )
+        .map_err(step("restoring the parent-death signal"))?;
+    }
     // Per-thread state, credentials (per thread in the kernel) and
     // thread-directed pending signals, each run by the thread itself (a
     // thread may queue kernel-style siginfo only to itself).
@@ -841,6 +860,14 @@ fn build_process(
         s.cur = i.checked_sub(1);
         build::thread_state(s, th)?;
         restore_creds(s, p)?;
+        if p.no_new_privs {
+            s.sys(
+                "prctl(PR_SET_NO_NEW_PRIVS)",
+                libc::SYS_prctl,
+                &[libc::PR_SET_NO_NEW_PRIVS as u64, 1, 0, 0, 0],
+            )
+            .map_err(step("restoring no_new_privs"))?;
+        }
         for si in &th.pending {
             let a = s
                 .put(build::SCRATCH_STRUCT, &si.raw)
@@ -874,6 +901,7 @@ fn build_process(
         .map_err(step(format!("queueing pending signal {}", si.signo)))?;
     }
     build::restore_itimers(s, &p.itimers)?;
+    build::arm_posix_timers(s, &p.posix_timers)?;
     Ok(filled)
 }
 

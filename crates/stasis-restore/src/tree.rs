@@ -150,6 +150,9 @@ mod tests {
             threads: vec![],
             pack: None,
             zombie: None,
+            posix_timers: vec![],
+            no_new_privs: false,
+            pdeath_signal: 0,
         }
     }
 

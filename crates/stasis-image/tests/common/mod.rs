@@ -148,6 +148,18 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
         }],
         pack,
         zombie: None,
+        posix_timers: vec![stasis_image::manifest::PosixTimer {
+            id: 2,
+            clockid: 1,
+            notify: 0,
+            signo: 10,
+            tid: pid,
+            value: 0x1234,
+            value_ns: 5_000_000,
+            interval_ns: 10_000_000,
+        }],
+        no_new_privs: true,
+        pdeath_signal: 1,
     }
 }
 
