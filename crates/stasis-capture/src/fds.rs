@@ -13,8 +13,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 
 use stasis_image::manifest::{
-    EpollTarget, FdImage, FdKind, InetSocket, InetState, PipeImage, TcpRepair, UnixSocket,
-    UnixState,
+    EpollTarget, FdImage, FdKind, FileLock, InetSocket, InetState, LockKind, PipeImage, TcpRepair,
+    UnixSocket, UnixState,
 };
 use stasis_kernel::sockdiag::{self, UnixInfo};
 use stasis_kernel::{pidfd, sock};
@@ -195,12 +195,34 @@ impl FdCollector {
                 },
             };
             let cloexec = flags & libc::O_CLOEXEC.unsigned_abs() != 0;
+            let mut locks = Vec::new();
+            for (k, write, start, len) in proc::parse_locks(&info).map_err(fmt)? {
+                let kind =
+                    match k.as_str() {
+                        "POSIX" => LockKind::Posix,
+                        "FLOCK" => LockKind::Flock,
+                        "OFDLCK" => LockKind::Ofd,
+                        other => return Err(CaptureError::Unsupported {
+                            pid,
+                            what: format!(
+                                "fd {fd} holds a {other} lock, which stasis cannot checkpoint yet"
+                            ),
+                        }),
+                    };
+                locks.push(FileLock {
+                    kind,
+                    write,
+                    start,
+                    len,
+                });
+            }
             let mut img = FdImage {
                 fd,
                 flags: flags & !libc::O_CLOEXEC.unsigned_abs(),
                 cloexec,
                 kind,
                 shared_id: None,
+                locks,
             };
             // Same open file description as an fd seen before?
             let twin = self

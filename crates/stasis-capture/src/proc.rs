@@ -313,6 +313,27 @@ pub fn parse_epoll(text: &str) -> Result<Vec<(i32, u32, u64)>, String> {
     Ok(out)
 }
 
+/// The `lock:` lines of an fdinfo: (kind, write, start, len (0 = to EOF)).
+pub fn parse_locks(text: &str) -> Result<Vec<(String, bool, u64, u64)>, String> {
+    let mut out = Vec::new();
+    for l in text.lines().filter_map(|l| l.strip_prefix("lock:")) {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let bad = || format!("unexpected lock line {l:?}");
+        // "1:" KIND MANDATORY|ADVISORY READ|WRITE pid dev:ino start end
+        if f.len() < 8 {
+            return Err(bad());
+        }
+        let start: u64 = f[6].parse().map_err(|_| bad())?;
+        let len = if f[7] == "EOF" {
+            0
+        } else {
+            f[7].parse::<u64>().map_err(|_| bad())? + 1 - start
+        };
+        out.push((f[1].to_string(), f[3] == "WRITE", start, len));
+    }
+    Ok(out)
+}
+
 /// One entry of `/proc/PID/timers`: (id, signo, sigev_value, notify, tid, clockid).
 pub type TimerLine = (i32, i32, u64, i32, i32, i32);
 
@@ -476,6 +497,19 @@ mod tests {
             (1234, 0o2102001)
         );
         assert!(parse_fdinfo("flags: 0").is_err());
+    }
+
+    #[test]
+    fn fdinfo_locks() {
+        let t = "pos:\t0\nlock:\t1: POSIX  ADVISORY  WRITE 14746 fe:00:9977941 5 14\nlock:\t2: FLOCK  ADVISORY  READ 14746 fe:00:9977949 0 EOF\n";
+        assert_eq!(
+            parse_locks(t).unwrap(),
+            vec![
+                ("POSIX".to_string(), true, 5, 10),
+                ("FLOCK".to_string(), false, 0, 0)
+            ]
+        );
+        assert!(parse_locks("lock: 1: POSIX").is_err());
     }
 
     #[test]

@@ -214,6 +214,29 @@ pub struct FdImage {
     /// restored once. `None`: not shared.
     #[serde(default)]
     pub shared_id: Option<u32>,
+    /// File locks held through this fd.
+    #[serde(default)]
+    pub locks: Vec<FileLock>,
+}
+
+/// A file lock.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileLock {
+    pub kind: LockKind,
+    pub write: bool,
+    /// Byte range (POSIX and OFD locks); `len` 0 means to the end of file.
+    pub start: u64,
+    pub len: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LockKind {
+    /// `fcntl(F_SETLK)`: owned by the process.
+    Posix,
+    /// `flock()`: owned by the open file description.
+    Flock,
+    /// `fcntl(F_OFD_SETLK)`: owned by the open file description.
+    Ofd,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

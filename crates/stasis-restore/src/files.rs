@@ -16,7 +16,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 
 use stasis_image::manifest::{
-    FdImage, FdKind, InetSocket, InetState, PipeImage, TcpRepair, UnixSocket, UnixState,
+    FdImage, FdKind, FileLock, InetSocket, InetState, LockKind, PipeImage, TcpRepair, UnixSocket,
+    UnixState,
 };
 use stasis_kernel::{scm, sock, KernelError};
 
@@ -406,6 +407,18 @@ impl<'a> FdFactory<'a> {
                 });
             }
         }
+        // Locks owned by the description (flock, OFD) are taken here, once.
+        for l in img.locks.iter().filter(|l| l.kind != LockKind::Posix) {
+            take_ofd_lock(&made, l).map_err(|e| RestoreError::Locked {
+                fd,
+                what: format!(
+                    "{:?} {} lock",
+                    l.kind,
+                    if l.write { "write" } else { "read" }
+                ),
+                source: e,
+            })?;
+        }
         Ok(made)
     }
 }
@@ -426,6 +439,72 @@ impl OpenWithMode for std::fs::OpenOptions {
         }
         self.open(path)
     }
+}
+
+/// `struct flock` bytes for a lock.
+pub fn flock_struct(l: &FileLock) -> Vec<u8> {
+    let ty = if l.write {
+        libc::F_WRLCK
+    } else {
+        libc::F_RDLCK
+    };
+    let mut b = Vec::with_capacity(32);
+    b.extend_from_slice(&i16::try_from(ty).unwrap_or(0).to_le_bytes());
+    b.extend_from_slice(&i16::try_from(libc::SEEK_SET).unwrap_or(0).to_le_bytes());
+    b.extend_from_slice(&[0u8; 4]);
+    b.extend_from_slice(&l.start.to_le_bytes());
+    b.extend_from_slice(&l.len.to_le_bytes());
+    b.extend_from_slice(&[0u8; 8]);
+    b
+}
+
+fn take_ofd_lock(f: &OwnedFd, l: &FileLock) -> std::io::Result<()> {
+    let r = match l.kind {
+        LockKind::Flock => {
+            let op = if l.write {
+                libc::LOCK_EX
+            } else {
+                libc::LOCK_SH
+            } | libc::LOCK_NB;
+            // SAFETY: flock on an fd we own.
+            unsafe { libc::flock(f.as_raw_fd(), op) }
+        }
+        _ => {
+            let fl = flock_struct(l);
+            // SAFETY: F_OFD_SETLK reads a struct flock (32 bytes) from the pointer.
+            unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, fl.as_ptr()) }
+        }
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Takes the POSIX (process-owned) locks of `img` from inside the process.
+pub fn restore_posix_locks<R: Remote>(r: &mut R, img: &FdImage) -> Result<(), RestoreError> {
+    for l in img.locks.iter().filter(|l| l.kind == LockKind::Posix) {
+        let a = r
+            .put(SCRATCH_STRUCT, &flock_struct(l))
+            .map_err(step("struct flock"))?;
+        r.sys(
+            "fcntl(F_SETLK)",
+            libc::SYS_fcntl,
+            &[
+                u64::from(img.fd.unsigned_abs()),
+                libc::F_SETLK.unsigned_abs().into(),
+                a,
+            ],
+        )
+        .map_err(|e| RestoreError::Step {
+            what: format!(
+                "taking back the POSIX lock on fd {} (is the file locked by another process?)",
+                img.fd
+            ),
+            source: e,
+        })?;
+    }
+    Ok(())
 }
 
 fn sockaddr_un(name: &[u8]) -> Vec<u8> {
@@ -826,6 +905,52 @@ mod tests {
     }
 
     #[test]
+    fn posix_locks_are_taken_by_the_process() {
+        let mut r = Recorder::default();
+        let img = FdImage {
+            fd: 7,
+            flags: 0,
+            cloexec: false,
+            shared_id: None,
+            locks: vec![
+                FileLock {
+                    kind: LockKind::Posix,
+                    write: true,
+                    start: 5,
+                    len: 10,
+                },
+                FileLock {
+                    kind: LockKind::Flock,
+                    write: false,
+                    start: 0,
+                    len: 0,
+                },
+            ],
+            kind: FdKind::Path {
+                path: "/x".into(),
+                pos: 0,
+                mode: libc::S_IFREG,
+                size: 0,
+            },
+        };
+        restore_posix_locks(&mut r, &img).unwrap();
+        // Only the POSIX lock: flock locks belong to the description.
+        assert_eq!(r.args_of("fcntl(F_SETLK)").len(), 1);
+        assert_eq!(
+            r.args_of("fcntl(F_SETLK)")[0][..2],
+            [7, libc::F_SETLK as u64]
+        );
+        let fl = flock_struct(&img.locks[0]);
+        assert_eq!(fl.len(), 32);
+        assert_eq!(
+            i16::from_le_bytes([fl[0], fl[1]]),
+            i16::try_from(libc::F_WRLCK).unwrap()
+        );
+        assert_eq!(u64::from_le_bytes(fl[8..16].try_into().unwrap()), 5);
+        assert_eq!(u64::from_le_bytes(fl[16..24].try_into().unwrap()), 10);
+    }
+
+    #[test]
     fn epoll_targets_are_registered_by_number() {
         let mut r = Recorder::default();
         let img = FdImage {
@@ -833,6 +958,7 @@ mod tests {
             flags: 0,
             cloexec: true,
             shared_id: None,
+            locks: vec![],
             kind: FdKind::Epoll {
                 targets: vec![
                     EpollTarget {

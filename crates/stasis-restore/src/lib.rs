@@ -87,6 +87,13 @@ pub enum RestoreError {
     },
     #[error("port {port} of fd {fd} is taken by another process: stop it (or free the port), then restore again")]
     PortTaken { fd: i32, port: u16 },
+    #[error("fd {fd}: cannot take back its {what}: the file is locked by another process; stop it, then restore again")]
+    Locked {
+        fd: i32,
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("socket step failed: {what}")]
     Socket {
         what: String,
@@ -796,6 +803,7 @@ fn build_process(
     }
     for fd in &p.fds {
         files::restore_epoll(s, fd)?;
+        files::restore_posix_locks(s, fd)?;
     }
     s.sys("close", libc::SYS_close, &[h])
         .map_err(step("closing the fd transport"))?;

@@ -112,6 +112,12 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
                 size: 0,
             },
             shared_id: Some(3),
+            locks: vec![stasis_image::manifest::FileLock {
+                kind: stasis_image::manifest::LockKind::Posix,
+                write: true,
+                start: 5,
+                len: 10,
+            }],
         }],
         sigactions: vec![SigAction {
             signo: 10,
