@@ -13,8 +13,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 
 use stasis_image::manifest::{
-    EpollTarget, FdImage, FdKind, FileLock, InetSocket, InetState, LockKind, PipeImage, TcpRepair,
-    UnixSocket, UnixState,
+    EpollTarget, FdImage, FdKind, FileLock, GhostFile, InetSocket, InetState, LockKind, PipeImage,
+    TcpRepair, UnixSocket, UnixState,
 };
 use stasis_kernel::sockdiag::{self, UnixInfo};
 use stasis_kernel::{pidfd, sock};
@@ -42,8 +42,6 @@ pub fn unsupported_reason(pid: i32, fd: i32, link: &str) -> Option<String> {
         || link.starts_with("/dev/ptmx")
     {
         Some("a terminal")
-    } else if link.ends_with(" (deleted)") {
-        Some("a deleted file")
     } else if link.starts_with("pipe:")
         || link.starts_with("anon_inode:")
         || link.starts_with("socket:")
@@ -99,12 +97,17 @@ pub struct FdCollector {
     next_shared: u32,
     /// Pipe contents by pipe inode.
     pub pipes: HashMap<u64, PipeImage>,
+    /// Deleted files and memfds by inode.
+    pub ghosts: HashMap<u64, GhostFile>,
     /// Unix sockets of the namespace (queried on first need).
     unix: Option<HashMap<u64, UnixInfo>>,
     /// TCP sockets put in repair mode: kept open until the dump ends, then
     /// closed silently (process killed) or taken out of repair (left running).
     pub repaired: Vec<OwnedFd>,
 }
+
+/// Largest deleted file or memfd stasis saves (its content goes into the manifest).
+const GHOST_MAX: u64 = 64 << 20;
 
 /// Largest socket queue stasis saves.
 const QUEUE_MAX: usize = 256 << 20;
@@ -180,6 +183,35 @@ impl FdCollector {
                         .map(|(fd, events, data)| EpollTarget { fd, events, data })
                         .collect(),
                 },
+                l if l.ends_with(" (deleted)") && meta.file_type().is_file() => {
+                    self.capture_ghost(pid, fd, &meta)?;
+                    let name = l.trim_end_matches(" (deleted)");
+                    match name.strip_prefix("/memfd:") {
+                        Some(n) => FdKind::Memfd {
+                            name: n.to_string(),
+                            id: meta.ino(),
+                            pos,
+                        },
+                        None => FdKind::Ghost {
+                            path: name.to_string(),
+                            id: meta.ino(),
+                            pos,
+                        },
+                    }
+                }
+                l if l.ends_with(" (deleted)") => {
+                    return Err(CaptureError::Unsupported {
+                        pid,
+                        what: format!(
+                            "fd {fd} is a deleted {} ({l}), which stasis cannot checkpoint yet",
+                            if meta.is_dir() {
+                                "directory"
+                            } else {
+                                "special file"
+                            }
+                        ),
+                    })
+                }
                 _ if meta.file_type().is_fifo() => {
                     self.capture_pipe(pid, fd, flags, meta.ino())?;
                     FdKind::Fifo {
@@ -197,18 +229,19 @@ impl FdCollector {
             let cloexec = flags & libc::O_CLOEXEC.unsigned_abs() != 0;
             let mut locks = Vec::new();
             for (k, write, start, len) in proc::parse_locks(&info).map_err(fmt)? {
-                let kind =
-                    match k.as_str() {
-                        "POSIX" => LockKind::Posix,
-                        "FLOCK" => LockKind::Flock,
-                        "OFDLCK" => LockKind::Ofd,
-                        other => return Err(CaptureError::Unsupported {
+                let kind = match k.as_str() {
+                    "POSIX" => LockKind::Posix,
+                    "FLOCK" => LockKind::Flock,
+                    "OFDLCK" => LockKind::Ofd,
+                    other => {
+                        return Err(CaptureError::Unsupported {
                             pid,
                             what: format!(
                                 "fd {fd} holds a {other} lock, which stasis cannot checkpoint yet"
                             ),
-                        }),
-                    };
+                        })
+                    }
+                };
                 locks.push(FileLock {
                     kind,
                     write,
@@ -425,6 +458,33 @@ impl FdCollector {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Saves the content of a deleted file or memfd (once per inode).
+    fn capture_ghost(&mut self, pid: i32, fd: i32, meta: &std::fs::Metadata) -> Result<()> {
+        if self.ghosts.contains_key(&meta.ino()) {
+            return Ok(());
+        }
+        if meta.size() > GHOST_MAX {
+            return Err(CaptureError::Unsupported { pid, what: format!("fd {fd} is a deleted file or memfd of {} bytes; stasis saves those up to {GHOST_MAX} bytes", meta.size()) });
+        }
+        let path = proc::proc_path(pid, &format!("fd/{fd}"));
+        let data = std::fs::read(&path)
+            .map_err(|e| CaptureError::from_proc(pid, &format!("fd/{fd}"), e))?;
+        let f = std::fs::File::open(&path)
+            .map_err(|e| CaptureError::from_proc(pid, &format!("fd/{fd}"), e))?;
+        // SAFETY: F_GET_SEALS on a file we opened; -1 (not a memfd) means none.
+        let seals = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GET_SEALS) };
+        self.ghosts.insert(
+            meta.ino(),
+            GhostFile {
+                id: meta.ino(),
+                mode: meta.mode(),
+                data,
+                seals: u32::try_from(seals).unwrap_or(0),
+            },
+        );
         Ok(())
     }
 

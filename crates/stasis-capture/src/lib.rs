@@ -327,6 +327,10 @@ fn capture_with(
     for (image, table) in images.iter_mut().zip(std::mem::take(&mut collector.tables)) {
         image.fds = table;
     }
+    let mut ghosts: Vec<_> = std::mem::take(&mut collector.ghosts)
+        .into_values()
+        .collect();
+    ghosts.sort_by_key(|g| g.id);
     let mut pipes: Vec<_> = std::mem::take(&mut collector.pipes).into_values().collect();
     pipes.sort_by_key(|p| p.id);
 
@@ -356,6 +360,7 @@ fn capture_with(
             pages_written: pages,
         },
         pipes,
+        ghosts,
     };
     let processes = manifest.processes.len();
     let checkpoint = ck.commit(&manifest)?;

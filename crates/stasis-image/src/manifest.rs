@@ -32,6 +32,22 @@ pub struct Manifest {
     /// Contents of the pipes held by the processes (one entry per pipe).
     #[serde(default)]
     pub pipes: Vec<PipeImage>,
+    /// Contents of deleted files and memfds still open (one per inode).
+    #[serde(default)]
+    pub ghosts: Vec<GhostFile>,
+}
+
+/// A file that no longer has a name (deleted while open, or a memfd),
+/// saved with its content.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GhostFile {
+    /// Inode number at dump (identifies it within the image).
+    pub id: u64,
+    pub mode: u32,
+    pub data: Vec<u8>,
+    /// memfd seals (`F_GET_SEALS`), 0 for a deleted file.
+    #[serde(default)]
+    pub seals: u32,
 }
 
 /// A pipe (or FIFO) and the bytes that were in it.
@@ -270,6 +286,11 @@ pub enum FdKind {
     /// An epoll instance and what is registered in it (fd numbers of this
     /// process).
     Epoll { targets: Vec<EpollTarget> },
+    /// A regular file deleted while open; its content is in
+    /// `Manifest::ghosts`. `path` is where it lived.
+    Ghost { path: String, id: u64, pos: u64 },
+    /// A memfd (`memfd_create`); its content is in `Manifest::ghosts`.
+    Memfd { name: String, id: u64, pos: u64 },
     /// A unix domain socket.
     Unix(UnixSocket),
     /// An IPv4/IPv6 socket (TCP or UDP).

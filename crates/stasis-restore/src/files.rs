@@ -16,8 +16,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 
 use stasis_image::manifest::{
-    FdImage, FdKind, FileLock, InetSocket, InetState, LockKind, PipeImage, TcpRepair, UnixSocket,
-    UnixState,
+    FdImage, FdKind, FileLock, GhostFile, InetSocket, InetState, LockKind, PipeImage, TcpRepair,
+    UnixSocket, UnixState,
 };
 use stasis_kernel::{scm, sock, KernelError};
 
@@ -64,10 +64,18 @@ pub struct FdFactory<'a> {
     unix_images: HashMap<u64, &'a UnixSocket>,
     /// Sockets created as the peer of an earlier one, waiting for their fd.
     pending_sockets: HashMap<u64, OwnedFd>,
+    ghost_data: HashMap<u64, &'a GhostFile>,
+    /// One open fd per rebuilt deleted file or memfd (descriptions are
+    /// reopened from it through /proc/self/fd).
+    ghost_keepers: HashMap<u64, OwnedFd>,
 }
 
 impl<'a> FdFactory<'a> {
-    pub fn new(pipes: &'a [PipeImage], fds: impl Iterator<Item = &'a FdImage>) -> Self {
+    pub fn new(
+        pipes: &'a [PipeImage],
+        ghosts: &'a [GhostFile],
+        fds: impl Iterator<Item = &'a FdImage>,
+    ) -> Self {
         let unix_images = fds
             .filter_map(|f| {
                 if let FdKind::Unix(u) = &f.kind {
@@ -84,7 +92,94 @@ impl<'a> FdFactory<'a> {
             pipe_data: pipes.iter().map(|p| (p.id, p)).collect(),
             unix_images,
             pending_sockets: HashMap::new(),
+            ghost_data: ghosts.iter().map(|g| (g.id, g)).collect(),
+            ghost_keepers: HashMap::new(),
         }
+    }
+
+    /// The keeper fd of a deleted file (`path`) or memfd (`memfd` name),
+    /// made on first use: created, filled, sealed or unlinked.
+    fn ghost(
+        &mut self,
+        id: u64,
+        path: Option<&str>,
+        memfd: Option<&str>,
+    ) -> Result<&OwnedFd, RestoreError> {
+        if !self.ghost_keepers.contains_key(&id) {
+            let g = *self.ghost_data.get(&id).ok_or_else(|| {
+                RestoreError::Inconsistent(format!(
+                    "no saved content for deleted file or memfd {id}"
+                ))
+            })?;
+            let keeper = match memfd {
+                Some(name) => {
+                    let cname = std::ffi::CString::new(name).map_err(|_| {
+                        RestoreError::Inconsistent(format!("memfd name {name:?} has a NUL"))
+                    })?;
+                    let sealable = g.seals & !libc::F_SEAL_SEAL.unsigned_abs() != 0 || g.seals == 0;
+                    let flags =
+                        libc::MFD_CLOEXEC | if sealable { libc::MFD_ALLOW_SEALING } else { 0 };
+                    // SAFETY: memfd_create with a valid C string returns a new fd or -1.
+                    let k = owned(
+                        unsafe { libc::memfd_create(cname.as_ptr(), flags) },
+                        "memfd_create",
+                    )?;
+                    write_all(&k, &g.data)?;
+                    if g.seals != 0 && sealable {
+                        // SAFETY: F_ADD_SEALS on our memfd.
+                        if unsafe {
+                            libc::fcntl(
+                                k.as_raw_fd(),
+                                libc::F_ADD_SEALS,
+                                i32::try_from(g.seals).unwrap_or(0),
+                            )
+                        } < 0
+                        {
+                            return Err(RestoreError::Step {
+                                what: format!("sealing memfd {name}"),
+                                source: os_err("F_ADD_SEALS"),
+                            });
+                        }
+                    }
+                    k
+                }
+                None => {
+                    let path = path.unwrap_or("/tmp/stasis-ghost");
+                    // Recreate it under its own name when that is free (so it
+                    // shows as "PATH (deleted)" again), else next to it.
+                    let mut target = std::path::PathBuf::from(path);
+                    if target.exists() || !target.parent().is_some_and(std::path::Path::exists) {
+                        let dir = target
+                            .parent()
+                            .filter(|d| d.exists())
+                            .map_or_else(std::env::temp_dir, std::path::Path::to_path_buf);
+                        target = dir.join(format!(".stasis-ghost-{id}-{}", std::process::id()));
+                    }
+                    let k: OwnedFd = std::fs::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .create_new(true)
+                        .mode(g.mode & 0o7777)
+                        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+                        .open(&target)
+                        .map_err(|e| RestoreError::File {
+                            path: target.display().to_string(),
+                            what: "recreating a deleted file".into(),
+                            source: KernelError::Io {
+                                what: "open".into(),
+                                source: e,
+                            },
+                        })?
+                        .into();
+                    let filled = write_all(&k, &g.data);
+                    let _ = std::fs::remove_file(&target);
+                    filled?;
+                    k
+                }
+            };
+            self.ghost_keepers.insert(id, keeper);
+        }
+        Ok(&self.ghost_keepers[&id])
     }
 
     fn unix_socket(&mut self, fd: i32, u: &UnixSocket) -> Result<OwnedFd, RestoreError> {
@@ -375,6 +470,47 @@ impl<'a> FdFactory<'a> {
                 // SAFETY: epoll_create1 returns a new fd or -1.
                 let e = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
                 owned(e, "epoll_create1")?
+            }
+            FdKind::Ghost { path, id, pos }
+            | FdKind::Memfd {
+                name: path,
+                id,
+                pos,
+            } => {
+                let memfd = matches!(img.kind, FdKind::Memfd { .. });
+                let keeper = self.ghost(
+                    *id,
+                    (!memfd).then_some(path.as_str()),
+                    memfd.then_some(path.as_str()),
+                )?;
+                let reopen = format!("/proc/self/fd/{}", keeper.as_raw_fd());
+                let o: OwnedFd = std::fs::OpenOptions::new()
+                    .custom_flags(reopen_flags(img.flags))
+                    .open_with_mode(&reopen, img.flags)
+                    .map_err(|e| RestoreError::File {
+                        path: path.clone(),
+                        what: format!("fd {fd} (deleted file or memfd)"),
+                        source: KernelError::Io {
+                            what: "reopen".into(),
+                            source: e,
+                        },
+                    })?
+                    .into();
+                // SAFETY: lseek on an fd we own.
+                if unsafe {
+                    libc::lseek(
+                        o.as_raw_fd(),
+                        i64::try_from(*pos).unwrap_or(0),
+                        libc::SEEK_SET,
+                    )
+                } < 0
+                {
+                    return Err(RestoreError::Step {
+                        what: format!("seeking fd {fd} to {pos}"),
+                        source: os_err("lseek"),
+                    });
+                }
+                o
             }
             FdKind::Unix(u) => self.unix_socket(fd, u)?,
             FdKind::Inet(i) => inet_socket(fd, i)?,
@@ -705,6 +841,23 @@ fn restore_tcp(fd: i32, s: &OwnedFd, i: &InetSocket, r: &TcpRepair) -> Result<()
         .map_err(step_err("leaving repair mode"))?;
     sock::send_all(b, &r.send_queue[sent..]).map_err(step_err("sending the bytes never sent"))?;
     set_options(s, &i.options);
+    Ok(())
+}
+
+fn write_all(f: &OwnedFd, data: &[u8]) -> Result<(), RestoreError> {
+    let mut off = 0;
+    while off < data.len() {
+        // SAFETY: writing from our buffer to our fd.
+        let n =
+            unsafe { libc::write(f.as_raw_fd(), data[off..].as_ptr().cast(), data.len() - off) };
+        if n <= 0 {
+            return Err(RestoreError::Step {
+                what: "writing the content of a deleted file or memfd".into(),
+                source: os_err("write"),
+            });
+        }
+        off += usize::try_from(n).unwrap_or(0);
+    }
     Ok(())
 }
 

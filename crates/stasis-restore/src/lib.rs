@@ -565,8 +565,11 @@ fn build_tree(
         .map(|pk| pk.pages() * sys::PAGE_SIZE)
         .sum();
     let mut filled = 0u64;
-    let mut factory =
-        files::FdFactory::new(&m.pipes, m.processes.iter().flat_map(|p| p.fds.iter()));
+    let mut factory = files::FdFactory::new(
+        &m.pipes,
+        &m.ghosts,
+        m.processes.iter().flat_map(|p| p.fds.iter()),
+    );
     let mut shm_first: HashMap<u64, (i32, u64, u64, u64)> = HashMap::new();
     for (i, img) in m.processes.iter().enumerate() {
         if img.zombie.is_some() {

@@ -189,6 +189,12 @@ pub fn manifest(checkpoint: u32, processes: Vec<ProcessImage>) -> Manifest {
             capacity: 65536,
             data: b"in flight".to_vec(),
         }],
+        ghosts: vec![stasis_image::manifest::GhostFile {
+            id: 4,
+            mode: 0o100600,
+            data: b"deleted but open".to_vec(),
+            seals: 0,
+        }],
     }
 }
 
