@@ -13,8 +13,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 
 use stasis_image::manifest::{
-    EpollTarget, FdImage, FdKind, FileLock, GhostFile, InetSocket, InetState, LockKind, PipeImage,
-    TcpRepair, UnixSocket, UnixState,
+    EpollTarget, FdImage, FdKind, FileLock, GhostFile, InetSocket, InetState, InotifyWatch,
+    LockKind, PipeImage, TcpRepair, UnixSocket, UnixState,
 };
 use stasis_kernel::sockdiag::{self, UnixInfo};
 use stasis_kernel::{pidfd, sock};
@@ -32,6 +32,7 @@ pub fn unsupported_reason(pid: i32, fd: i32, link: &str) -> Option<String> {
             "anon_inode:[timerfd]",
             "anon_inode:[signalfd]",
             "anon_inode:[eventpoll]",
+            "anon_inode:inotify",
         ]
         .contains(&link)
     {
@@ -175,6 +176,10 @@ impl FdCollector {
                 }
                 "anon_inode:[signalfd]" => FdKind::Signalfd {
                     mask: proc::parse_signalfd(&info).map_err(fmt)?,
+                },
+                "anon_inode:inotify" => FdKind::Inotify {
+                    watches: inotify_watches(pid, fd, &info)
+                        .map_err(|w| CaptureError::Unsupported { pid, what: w })?,
                 },
                 "anon_inode:[eventpoll]" => FdKind::Epoll {
                     targets: proc::parse_epoll(&info)
@@ -618,4 +623,58 @@ fn capture_tcp(
         timestamp: u32::from_ne_bytes(timestamp.to_ne_bytes()),
         window,
     })
+}
+
+/// The watches of an inotify fd, each resolved to a path with
+/// `open_by_handle_at` on the filesystem it lives on.
+fn inotify_watches(
+    pid: i32,
+    fd: i32,
+    info: &str,
+) -> std::result::Result<Vec<InotifyWatch>, String> {
+    let lines = proc::parse_inotify(info)?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for (wd, sdev, mask, ty, handle) in lines {
+        // Kernel dev_t: major in the high 12 bits, minor in the low 20.
+        let (major, minor) = (sdev >> 20, sdev & 0xfffff);
+        let mount = mounts
+            .lines()
+            .find_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.get(2) == Some(&format!("{major}:{minor}").as_str())).then(|| f.get(4).map(|m| m.to_string())).flatten()
+            })
+            .ok_or_else(|| format!("fd {fd}: inotify watch {wd} is on a filesystem ({major}:{minor}) that is not mounted here"))?;
+        let mfd = std::fs::File::open(&mount)
+            .map_err(|e| format!("fd {fd}: opening mount {mount}: {e}"))?;
+        let mut fh = Vec::with_capacity(8 + handle.len());
+        fh.extend_from_slice(&u32::try_from(handle.len()).unwrap_or(0).to_ne_bytes());
+        fh.extend_from_slice(&ty.to_ne_bytes());
+        fh.extend_from_slice(&handle);
+        // SAFETY: open_by_handle_at reads a struct file_handle of the
+        // declared size from `fh`; it returns a new fd or -1.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_open_by_handle_at,
+                mfd.as_raw_fd(),
+                fh.as_ptr(),
+                libc::O_PATH | libc::O_CLOEXEC,
+            )
+        };
+        if r < 0 {
+            return Err(format!("fd {fd}: the file watched by inotify watch {wd} cannot be found again ({}); was it deleted?", std::io::Error::last_os_error()));
+        }
+        // SAFETY: a new descriptor nothing else owns.
+        let o = unsafe { OwnedFd::from_raw_fd(i32::try_from(r).unwrap_or(-1)) };
+        let path = std::fs::read_link(format!("/proc/self/fd/{}", o.as_raw_fd()))
+            .map_err(|e| e.to_string())?;
+        let path = path.to_string_lossy().into_owned();
+        if path.ends_with(" (deleted)") {
+            return Err(format!("fd {fd}: inotify watch {wd} is on a deleted file"));
+        }
+        out.push(InotifyWatch { wd, path, mask });
+    }
+    out.sort_by_key(|w| w.wd);
+    let _ = pid;
+    Ok(out)
 }

@@ -207,7 +207,9 @@ impl Frozen {
         first_err.map_or(Ok(()), |e| Err(e.into()))
     }
 
-    /// Kills every process of the tree (after a committed dump).
+    /// Kills every process of the tree (after a committed dump) and waits
+    /// until each is really dead (a zombie or gone), so that the caller can
+    /// restore at the same PIDs right away.
     pub fn kill(&mut self) {
         self.done = true;
         for p in &mut self.procs {
@@ -217,6 +219,23 @@ impl Frozen {
             }
             for t in &mut p.threads {
                 t.tracee.forget();
+            }
+        }
+        let t0 = std::time::Instant::now();
+        for p in self.procs.iter().filter(|p| p.zombie.is_none()) {
+            while t0.elapsed() < std::time::Duration::from_secs(10) {
+                let dead = match std::fs::read_to_string(format!("/proc/{}/stat", p.pid)) {
+                    Err(_) => true,
+                    Ok(s) => matches!(
+                        s.rfind(')')
+                            .and_then(|i| s[i + 1..].split_whitespace().next()),
+                        Some("Z" | "X")
+                    ),
+                };
+                if dead {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
             }
         }
     }

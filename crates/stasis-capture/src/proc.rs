@@ -313,6 +313,34 @@ pub fn parse_epoll(text: &str) -> Result<Vec<(i32, u32, u64)>, String> {
     Ok(out)
 }
 
+/// One inotify watch line of an fdinfo: (wd, sdev (kernel encoding), mask,
+/// handle type, handle bytes).
+pub type InotifyLine = (i32, u32, u32, i32, Vec<u8>);
+
+/// Parses the `inotify` lines of an fdinfo.
+pub fn parse_inotify(text: &str) -> Result<Vec<InotifyLine>, String> {
+    let mut out = Vec::new();
+    for l in text.lines().filter_map(|l| l.strip_prefix("inotify ")) {
+        let bad = || format!("unexpected inotify line {l:?}");
+        let get = |k: &str| {
+            l.split_whitespace()
+                .find_map(|f| f.strip_prefix(k))
+                .ok_or_else(bad)
+        };
+        let wd = get("wd:")?.parse().map_err(|_| bad())?;
+        let sdev = u32::from_str_radix(get("sdev:")?, 16).map_err(|_| bad())?;
+        let mask = u32::from_str_radix(get("mask:")?, 16).map_err(|_| bad())?;
+        let ty = get("fhandle-type:")?.parse().map_err(|_| bad())?;
+        let hex = get("f_handle:")?;
+        let bytes = (0..hex.len() / 2)
+            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16))
+            .collect::<Result<Vec<u8>, _>>()
+            .map_err(|_| bad())?;
+        out.push((wd, sdev, mask, ty, bytes));
+    }
+    Ok(out)
+}
+
 /// The `lock:` lines of an fdinfo: (kind, write, start, len (0 = to EOF)).
 pub fn parse_locks(text: &str) -> Result<Vec<(String, bool, u64, u64)>, String> {
     let mut out = Vec::new();
@@ -497,6 +525,16 @@ mod tests {
             (1234, 0o2102001)
         );
         assert!(parse_fdinfo("flags: 0").is_err());
+    }
+
+    #[test]
+    fn inotify_watches() {
+        let t = "pos:\t0\ninotify wd:2 ino:3c4a3 sdev:fe00000 mask:2 ignored_mask:0 fhandle-bytes:8 fhandle-type:1 f_handle:a3c4030000000000\n";
+        assert_eq!(
+            parse_inotify(t).unwrap(),
+            vec![(2, 0xfe00000, 2, 1, vec![0xa3, 0xc4, 3, 0, 0, 0, 0, 0])]
+        );
+        assert!(parse_inotify("inotify wd:x").is_err());
     }
 
     #[test]

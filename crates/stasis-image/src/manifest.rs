@@ -291,6 +291,8 @@ pub enum FdKind {
     Ghost { path: String, id: u64, pos: u64 },
     /// A memfd (`memfd_create`); its content is in `Manifest::ghosts`.
     Memfd { name: String, id: u64, pos: u64 },
+    /// An inotify instance and its watches (by path, in watch-descriptor order).
+    Inotify { watches: Vec<InotifyWatch> },
     /// A unix domain socket.
     Unix(UnixSocket),
     /// An IPv4/IPv6 socket (TCP or UDP).
@@ -379,6 +381,14 @@ pub struct TcpRepair {
     pub timestamp: u32,
     /// `struct tcp_repair_window`: snd_wl1, snd_wnd, max_window, rcv_wnd, rcv_wup.
     pub window: [u32; 5],
+}
+
+/// One inotify watch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InotifyWatch {
+    pub wd: i32,
+    pub path: String,
+    pub mask: u32,
 }
 
 /// One registration of an epoll instance.

@@ -512,6 +512,7 @@ impl<'a> FdFactory<'a> {
                 }
                 o
             }
+            FdKind::Inotify { watches } => inotify(fd, img.flags, watches)?,
             FdKind::Unix(u) => self.unix_socket(fd, u)?,
             FdKind::Inet(i) => inet_socket(fd, i)?,
         };
@@ -842,6 +843,68 @@ fn restore_tcp(fd: i32, s: &OwnedFd, i: &InetSocket, r: &TcpRepair) -> Result<()
     sock::send_all(b, &r.send_queue[sent..]).map_err(step_err("sending the bytes never sent"))?;
     set_options(s, &i.options);
     Ok(())
+}
+
+/// An inotify instance with its watches at their watch descriptors
+/// (descriptors are allocated in increasing order, so gaps are skipped by
+/// adding and removing a throw-away watch).
+fn inotify(
+    fd: i32,
+    flags: u32,
+    watches: &[stasis_image::manifest::InotifyWatch],
+) -> Result<OwnedFd, RestoreError> {
+    let nb = if flags & libc::O_NONBLOCK.unsigned_abs() != 0 {
+        libc::IN_NONBLOCK
+    } else {
+        0
+    };
+    // SAFETY: inotify_init1 returns a new fd or -1.
+    let i = owned(
+        unsafe { libc::inotify_init1(libc::IN_CLOEXEC | nb) },
+        "inotify_init1",
+    )?;
+    let add = |path: &str, mask: u32| -> Result<i32, RestoreError> {
+        let c = std::ffi::CString::new(path)
+            .map_err(|_| RestoreError::Inconsistent(format!("watch path {path:?} has a NUL")))?;
+        // SAFETY: inotify_add_watch with a valid C string.
+        let wd = unsafe { libc::inotify_add_watch(i.as_raw_fd(), c.as_ptr(), mask) };
+        if wd < 0 {
+            return Err(RestoreError::File {
+                path: path.into(),
+                what: format!("inotify watch of fd {fd}"),
+                source: os_err("inotify_add_watch"),
+            });
+        }
+        Ok(wd)
+    };
+    for w in watches {
+        loop {
+            let wd = add(&w.path, w.mask)?;
+            if wd == w.wd {
+                break;
+            }
+            if wd > w.wd {
+                return Err(RestoreError::Inconsistent(format!(
+                    "fd {fd}: inotify watch {} came back as {wd} (two watches on one file?)",
+                    w.wd
+                )));
+            }
+            // Burn this descriptor and try again.
+            // SAFETY: removing a watch we just added.
+            unsafe { libc::inotify_rm_watch(i.as_raw_fd(), wd) };
+        }
+    }
+    // Drop the IN_IGNORED events the burnt descriptors queued (events that
+    // were pending at dump time are not part of the image either).
+    let mut buf = [0u8; 4096];
+    // SAFETY: fcntl and read on our own inotify fd, into our buffer.
+    unsafe {
+        let fl = libc::fcntl(i.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(i.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK);
+        while libc::read(i.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) > 0 {}
+        libc::fcntl(i.as_raw_fd(), libc::F_SETFL, fl);
+    }
+    Ok(i)
 }
 
 fn write_all(f: &OwnedFd, data: &[u8]) -> Result<(), RestoreError> {

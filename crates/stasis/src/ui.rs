@@ -285,6 +285,7 @@ fn print_detail(cp: &stasis_image::Checkpoint) {
                 FdKind::Epoll { targets } => format!("epoll with {} fds", targets.len()),
                 FdKind::Ghost { path, pos, .. } => format!("{path} (deleted, content saved) pos {pos}"),
                 FdKind::Memfd { name, pos, .. } => format!("memfd:{name} (content saved) pos {pos}"),
+                FdKind::Inotify { watches } => format!("inotify with {} watches", watches.len()),
                 FdKind::Unix(u) => format!(
                     "unix socket {:?} {}",
                     u.state,
