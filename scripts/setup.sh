@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing Stasis needs, if it is missing:
-# a C compiler and make (test workloads), python3 (one test uses it), and a
-# Rust toolchain. Safe to run again: it only installs what is absent.
+# a C compiler and make (test workloads), python3, redis and a JDK (the
+# tests with real programs, crates/stasis/tests/programs.rs), and a Rust
+# toolchain. Safe to run again: it only installs what is absent.
 # Source it (`. scripts/setup.sh`) to get cargo on PATH in the calling shell.
 set -euo pipefail
 
@@ -15,6 +16,11 @@ missing=()
 command -v cc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
 command -v make >/dev/null 2>&1 || missing+=(make)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+{ command -v redis-cli >/dev/null 2>&1 && command -v redis-benchmark >/dev/null 2>&1; } ||
+    missing+=(redis-tools)
+{ command -v java >/dev/null 2>&1 && command -v javac >/dev/null 2>&1; } ||
+    missing+=(default-jdk-headless)
 command -v cargo >/dev/null 2>&1 || missing+=(cargo rustc)
 
 if [ "${#missing[@]}" -gt 0 ]; then

@@ -322,10 +322,12 @@ impl FdCollector {
                         }
                         UnixState::Listening { backlog: info.wqueue }
                     }
-                    sockdiag::STATE_ESTABLISHED => {
-                        let peer = info.peer.ok_or_else(|| unsupported(format!("fd {fd}: a connected unix socket without a peer")))?;
-                        UnixState::Connected { peer, peer_name: all.get(&peer).and_then(|p| p.name.clone()) }
-                    }
+                    sockdiag::STATE_ESTABLISHED => match info.peer.filter(|p| *p != 0 && all.contains_key(p)) {
+                        Some(peer) => UnixState::Connected { peer, peer_name: all.get(&peer).and_then(|p| p.name.clone()) },
+                        // The other end was closed (a socketpair half kept, as
+                        // Java NIO does): peer 0.
+                        None => UnixState::Connected { peer: 0, peer_name: None },
+                    },
                     _ => UnixState::Unconnected,
                 };
                 let mut queue = if matches!(state, UnixState::Listening { .. }) { Vec::new() } else { sock::peek_queue(b, QUEUE_MAX)? };
@@ -356,8 +358,9 @@ impl FdCollector {
                             InetState::Listening { backlog: info.sacked }
                         }
                         1 => {
+                            // Already in repair mode (`freeze_tcp`); the copy
+                            // kept there keeps it so until the dump ends.
                             let r = capture_tcp(b, &info).map_err(|e| unsupported(format!("fd {fd}: saving an established TCP connection failed: {e}")))?;
-                            self.repaired.push(s);
                             InetState::Established(r)
                         }
                         7 => InetState::Plain,
@@ -374,6 +377,36 @@ impl FdCollector {
             }
             d => Err(unsupported(format!("fd {fd} is a socket of address family {d} (netlink, packet...), which stasis cannot checkpoint yet"))),
         }
+    }
+
+    /// Puts every established TCP connection of the tree in repair mode
+    /// before any of them is read: two ends of a connection inside the tree
+    /// must be frozen at the same instant, or bytes sent by the second
+    /// after the first was read would be lost to both images.
+    pub fn freeze_tcp(&mut self, pids: &[i32]) -> Result<()> {
+        for &pid in pids {
+            let pfd = pidfd::pidfd_open(pid)?;
+            for fd in list_fds(pid)? {
+                let Ok(link) = proc::read_link(pid, &format!("fd/{fd}")) else {
+                    continue;
+                };
+                if !link.starts_with("socket:") {
+                    continue;
+                }
+                let s = pidfd::pidfd_getfd(&pfd, fd)?;
+                let b = s.as_fd();
+                let tcp = matches!(
+                    sock::get_int(b, libc::SOL_SOCKET, libc::SO_DOMAIN),
+                    Ok(libc::AF_INET | libc::AF_INET6)
+                ) && sock::get_int(b, libc::SOL_SOCKET, libc::SO_PROTOCOL).ok()
+                    == Some(libc::IPPROTO_TCP);
+                if tcp && sock::tcp_info(b).ok().map(|i| i.state) == Some(1) {
+                    sock::set_int(b, libc::IPPROTO_TCP, sock::TCP_REPAIR, 1).map_err(|e| CaptureError::Unsupported { pid, what: format!("fd {fd}: cannot put a TCP connection in repair mode (needs CAP_NET_ADMIN): {e}") })?;
+                    self.repaired.push(s);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Refuses unix sockets connected to a peer outside the tree (the peer
@@ -397,7 +430,7 @@ impl FdCollector {
                 if let FdKind::Unix(u) = &f.kind {
                     if let UnixState::Connected { peer, peer_name } = &u.state {
                         let by_name = u.sock_type == libc::SOCK_DGRAM && peer_name.is_some();
-                        if !inos.contains(peer) && !by_name {
+                        if *peer != 0 && !inos.contains(peer) && !by_name {
                             let pid = self.seen.iter().find(|s| s.4 == i).map_or(0, |s| s.0);
                             return Err(CaptureError::Unsupported { pid, what: format!("fd {} is a unix socket connected to a process outside the dumped tree (dump their common ancestor)", f.fd) });
                         }

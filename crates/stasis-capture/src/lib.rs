@@ -269,6 +269,13 @@ fn capture_with(
     let mut mems = Vec::new();
     let mut seen_shm = HashSet::new();
     let mut xfeatures = 0;
+    let live: Vec<i32> = f
+        .procs
+        .iter()
+        .filter(|p| p.zombie.is_none())
+        .map(|p| p.pid)
+        .collect();
+    collector.freeze_tcp(&live)?;
     for fp in &mut f.procs {
         if let Some(status) = fp.zombie {
             images.push(process::zombie_image(fp.pid, status)?);

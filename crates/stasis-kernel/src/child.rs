@@ -101,3 +101,179 @@ pub fn kill_and_reap(mut t: Tracee) {
 pub fn expect_stop(t: &mut Tracee, during: &'static str) -> Result<StopKind> {
     t.wait_stop(during)
 }
+
+/// Starts an init process in a new PID namespace: stasis itself, run as
+/// `STASIS pidns-init --root ROOT` (the binary is `/proc/self/exe`), which
+/// creates the root stub at PID `root` inside the namespace, stopped, and
+/// then reaps children until the root exits (with its status). Returns the
+/// init's PID and the root stub, seized and stopped, with its
+/// `syscall` instruction recorded. Both PIDs are as seen from here.
+pub fn spawn_in_new_pidns(root: i32, options: u64) -> Result<(i32, Tracee), SpawnError> {
+    use std::ffi::CString;
+    let exe = CString::new("/proc/self/exe")
+        .map_err(|_| KernelError::io("argv", std::io::Error::other("NUL")))?;
+    let args: Vec<CString> = ["stasis", "pidns-init", "--root", &root.to_string()]
+        .iter()
+        .filter_map(|a| CString::new(*a).ok())
+        .collect();
+    let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    let args_c = CloneArgs {
+        flags: libc::CLONE_NEWPID as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        ..Default::default()
+    };
+    // SAFETY: clone3 without CLONE_VM duplicates this process like fork; the
+    // child only calls execv (async-signal-safe) with argv prepared above,
+    // then _exit if that fails.
+    let init = unsafe {
+        libc::syscall(
+            sys::SYS_CLONE3,
+            &args_c as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    if init == 0 {
+        // SAFETY: child side: exec or leave.
+        unsafe {
+            libc::execv(exe.as_ptr(), argv.as_ptr());
+            libc::_exit(127);
+        }
+    }
+    if init < 0 {
+        let e = last_err();
+        return Err(match e.raw_os_error() {
+            Some(libc::EPERM) => SpawnError::NoPermission {
+                pid: root,
+                source: e,
+            },
+            _ => SpawnError::Kernel(KernelError::io("clone3(CLONE_NEWPID)", e)),
+        });
+    }
+    let init = i32::try_from(init)
+        .map_err(|_| KernelError::io("clone3", std::io::Error::other("pid out of range")))?;
+    let kill_init = || {
+        // SAFETY: killing and reaping the init we just started.
+        unsafe {
+            libc::kill(init, libc::SIGKILL);
+            libc::waitpid(init, std::ptr::null_mut(), 0);
+        }
+    };
+    // Wait for the init's child (the root stub) to exist and be stopped.
+    let t0 = std::time::Instant::now();
+    let stub = loop {
+        let kids = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children"))
+            .unwrap_or_default();
+        if let Some(k) = kids
+            .split_whitespace()
+            .next()
+            .and_then(|k| k.parse::<i32>().ok())
+        {
+            let st = std::fs::read_to_string(format!("/proc/{k}/stat")).unwrap_or_default();
+            if st
+                .rfind(')')
+                .and_then(|i| st[i + 1..].split_whitespace().next())
+                == Some("T")
+            {
+                break k;
+            }
+        }
+        let mut status = 0;
+        // SAFETY: non-blocking wait on our child.
+        if unsafe { libc::waitpid(init, &mut status, libc::WNOHANG) } == init {
+            return Err(KernelError::Died {
+                pid: init,
+                how: format!("the PID namespace init {}", describe_exit(status)),
+            }
+            .into());
+        }
+        if t0.elapsed() > std::time::Duration::from_secs(10) {
+            kill_init();
+            return Err(KernelError::io(
+                "starting the PID namespace",
+                std::io::Error::other("its root process did not appear"),
+            )
+            .into());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    };
+    let mut t = match Tracee::seize(stub, options) {
+        Ok(t) => t,
+        Err(e) => {
+            kill_init();
+            return Err(e.into());
+        }
+    };
+    let started = (|| -> Result<()> {
+        match t.wait_stop("seizing the namespace's root stub")? {
+            StopKind::EventStop | StopKind::Signal(libc::SIGSTOP) => {}
+            other => {
+                return Err(KernelError::UnexpectedStop {
+                    pid: stub,
+                    what: format!("{other:?}"),
+                    during: "seizing the namespace's root stub",
+                })
+            }
+        }
+        let regs = t.regs()?;
+        t.set_syscall_insn(regs.rip - 2);
+        Ok(())
+    })();
+    if let Err(e) = started {
+        kill_init();
+        return Err(e.into());
+    }
+    Ok((init, t))
+}
+
+/// The body of `stasis pidns-init --root ROOT`: PID 1 of a namespace made by
+/// [`spawn_in_new_pidns`]. Forks the root stub at `root` (which stops itself
+/// to be taken over), then reaps every child until the root exits, and
+/// returns the root's exit code (128+signal if it was killed).
+pub fn pidns_init(root: i32) -> i32 {
+    let tid = [root];
+    let args = CloneArgs {
+        exit_signal: libc::SIGCHLD as u64,
+        set_tid: tid.as_ptr() as u64,
+        set_tid_size: 1,
+        ..Default::default()
+    };
+    // SAFETY: a fork-like clone3 of this single-threaded process; the child
+    // only stops itself until the restorer takes it over and replaces its
+    // whole state.
+    let pid = unsafe {
+        libc::syscall(
+            sys::SYS_CLONE3,
+            &args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    if pid == 0 {
+        loop {
+            // SAFETY: raw syscalls only, in the child.
+            unsafe { libc::kill(libc::getpid(), libc::SIGSTOP) };
+        }
+    }
+    if pid < 0 {
+        return 126;
+    }
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid with a valid out-pointer.
+        let r = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if r < 0 {
+            if last_err().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return 0;
+        }
+        if i64::from(r) == pid {
+            if libc::WIFEXITED(status) {
+                return libc::WEXITSTATUS(status);
+            }
+            if libc::WIFSIGNALED(status) {
+                return 128 + libc::WTERMSIG(status);
+            }
+        }
+    }
+}

@@ -41,6 +41,9 @@ pub struct Tracee {
     pid: i32,
     syscall_insn: Option<u64>,
     attached: bool,
+    /// `PTRACE_GETEVENTMSG` of the last fork/clone event met during a
+    /// remote syscall: the new task's id as seen by the tracer.
+    last_event_msg: Option<u64>,
 }
 
 /// Calls `ptrace(op, pid, addr, data)`, mapping -1 to an error naming `name`.
@@ -122,6 +125,7 @@ impl Tracee {
             pid,
             syscall_insn: None,
             attached: true,
+            last_event_msg: None,
         })
     }
 
@@ -132,6 +136,7 @@ impl Tracee {
             pid,
             syscall_insn: None,
             attached: true,
+            last_event_msg: None,
         };
         ptrace_raw(
             libc::PTRACE_SETOPTIONS,
@@ -150,6 +155,7 @@ impl Tracee {
             pid: tid,
             syscall_insn: None,
             attached: true,
+            last_event_msg: None,
         };
         match t.wait_stop("new thread start")? {
             StopKind::Signal(libc::SIGSTOP) | StopKind::EventStop => Ok(t),
@@ -159,6 +165,14 @@ impl Tracee {
                 during: "new thread start",
             }),
         }
+    }
+
+    /// The id (in the tracer's PID namespace) of the task created by the
+    /// last remote `clone3`/`fork`, taken from its ptrace event; cleared.
+    pub fn take_new_task(&mut self) -> Option<i32> {
+        self.last_event_msg
+            .take()
+            .and_then(|m| i32::try_from(m).ok())
     }
 
     /// Replaces the ptrace options (`PTRACE_O_TRACESYSGOOD` is always set).
@@ -409,7 +423,18 @@ impl Tracee {
                     }
                     // A clone event (the tracee ran clone3 for us with
                     // PTRACE_O_TRACECLONE set): the syscall goes on.
-                    StopKind::Event(_) => self.resume_raw(libc::PTRACE_SYSCALL, 0)?,
+                    StopKind::Event(_) => {
+                        let mut msg = 0u64;
+                        ptrace_raw(
+                            libc::PTRACE_GETEVENTMSG,
+                            self.pid,
+                            0,
+                            &mut msg as *mut u64 as u64,
+                            "GETEVENTMSG",
+                        )?;
+                        self.last_event_msg = Some(msg);
+                        self.resume_raw(libc::PTRACE_SYSCALL, 0)?;
+                    }
                     other => {
                         return Err(KernelError::UnexpectedStop {
                             pid: self.pid,

@@ -68,6 +68,8 @@ pub struct FdFactory<'a> {
     /// One open fd per rebuilt deleted file or memfd (descriptions are
     /// reopened from it through /proc/self/fd).
     ghost_keepers: HashMap<u64, OwnedFd>,
+    /// TCP connections rebuilt in repair mode, made live at the end.
+    pending_tcp: Vec<PendingTcp>,
 }
 
 impl<'a> FdFactory<'a> {
@@ -94,7 +96,23 @@ impl<'a> FdFactory<'a> {
             pending_sockets: HashMap::new(),
             ghost_data: ghosts.iter().map(|g| (g.id, g)).collect(),
             ghost_keepers: HashMap::new(),
+            pending_tcp: Vec::new(),
         }
+    }
+
+    /// Takes every rebuilt TCP connection out of repair mode, once all
+    /// sockets of the tree exist (no packet may reach a missing peer).
+    pub fn finish_tcp(&mut self) -> Result<(), RestoreError> {
+        let pending = std::mem::take(&mut self.pending_tcp);
+        // Every end out of repair first (a socket in repair mode drops what
+        // reaches it), then the never-sent bytes.
+        for p in &pending {
+            p.leave_repair()?;
+        }
+        for p in pending {
+            p.send_unsent()?;
+        }
+        Ok(())
     }
 
     /// The keeper fd of a deleted file (`path`) or memfd (`memfd` name),
@@ -245,6 +263,17 @@ impl<'a> FdFactory<'a> {
                     source: e,
                 })?;
                 s
+            }
+            UnixState::Connected { peer: 0, .. } => {
+                // Its peer was closed: a pair whose other end goes away once
+                // it has delivered what was queued.
+                let (a, b) = sock::unix_pair(u.sock_type)?;
+                set_options(&a, &u.options);
+                for m in &u.queue {
+                    sock::send_all(b.as_fd(), m)?;
+                }
+                drop(b);
+                a
             }
             UnixState::Connected { .. } => {
                 return Err(RestoreError::Inconsistent(format!(
@@ -514,7 +543,7 @@ impl<'a> FdFactory<'a> {
             }
             FdKind::Inotify { watches } => inotify(fd, img.flags, watches)?,
             FdKind::Unix(u) => self.unix_socket(fd, u)?,
-            FdKind::Inet(i) => inet_socket(fd, i)?,
+            FdKind::Inet(i) => inet_socket(fd, i, &mut self.pending_tcp)?,
         };
         if matches!(img.kind, FdKind::Unix(_) | FdKind::Inet(_)) {
             // SAFETY: F_SETFL on a socket we own.
@@ -687,7 +716,11 @@ fn set_options(s: &OwnedFd, opts: &[(i32, i32, i32)]) {
     }
 }
 
-fn inet_socket(fd: i32, i: &InetSocket) -> Result<OwnedFd, RestoreError> {
+fn inet_socket(
+    fd: i32,
+    i: &InetSocket,
+    pending: &mut Vec<PendingTcp>,
+) -> Result<OwnedFd, RestoreError> {
     let s = sock::socket(i.family, i.sock_type, i.protocol)?;
     let sock_err = |w: String, e: std::io::Error| RestoreError::Socket {
         what: format!("{w} (fd {fd})"),
@@ -717,7 +750,17 @@ fn inet_socket(fd: i32, i: &InetSocket) -> Result<OwnedFd, RestoreError> {
             }
             set_options(&s, &i.options);
         }
-        InetState::Established(r) => restore_tcp(fd, &s, i, r)?,
+        InetState::Established(r) => {
+            restore_tcp(fd, &s, i, r)?;
+            let sent = r.send_queue.len() - (r.unsent as usize).min(r.send_queue.len());
+            pending.push(PendingTcp {
+                fd,
+                sock: scm::dup_at_least(s.as_fd(), 3)?,
+                unsent: r.send_queue[sent..].to_vec(),
+                options: i.options.clone(),
+            });
+            return Ok(s);
+        }
         InetState::Plain => {
             if !sock::port_is_zero(&i.local) {
                 sock::bind(s.as_fd(), &i.local)
@@ -838,10 +881,95 @@ fn restore_tcp(fd: i32, s: &OwnedFd, i: &InetSocket, r: &TcpRepair) -> Result<()
     let window: Vec<u8> = r.window.iter().flat_map(|w| w.to_ne_bytes()).collect();
     sock::set_bytes(b, tcp, sock::TCP_REPAIR_WINDOW, &window)
         .map_err(step_err("restoring the window"))?;
-    sock::set_int(b, tcp, sock::TCP_REPAIR, sock::TCP_REPAIR_OFF_NO_WP)
-        .map_err(step_err("leaving repair mode"))?;
-    sock::send_all(b, &r.send_queue[sent..]).map_err(step_err("sending the bytes never sent"))?;
-    set_options(s, &i.options);
+    // Still in repair mode: the connection goes live only once every
+    // socket of the tree exists (see `FdFactory::finish_tcp`), or its peer
+    // would answer with a reset.
+    Ok(())
+}
+
+/// A TCP connection rebuilt in repair mode, waiting to go live.
+pub struct PendingTcp {
+    fd: i32,
+    sock: OwnedFd,
+    unsent: Vec<u8>,
+    options: Vec<(i32, i32, i32)>,
+}
+
+impl PendingTcp {
+    /// Leaves repair mode. A window probe goes out, so each side learns the
+    /// other's current window at once (both sides exist by now).
+    fn leave_repair(&self) -> Result<(), RestoreError> {
+        sock::set_int(self.sock.as_fd(), libc::IPPROTO_TCP, sock::TCP_REPAIR, 0).map_err(|e| {
+            RestoreError::Step {
+                what: format!(
+                    "leaving repair mode of the TCP connection of fd {}",
+                    self.fd
+                ),
+                source: e,
+            }
+        })
+    }
+
+    /// Queues the bytes that were never sent and puts the saved options back.
+    fn send_unsent(self) -> Result<(), RestoreError> {
+        send_waiting(&self.sock, &self.unsent).map_err(|e| RestoreError::Step {
+            what: format!(
+                "queueing the never-sent bytes of the TCP connection of fd {}",
+                self.fd
+            ),
+            source: e,
+        })?;
+        set_options(&self.sock, &self.options);
+        Ok(())
+    }
+}
+
+/// Sends everything, waiting (up to 10 s per stall) when the socket is
+/// non-blocking and its buffer is full.
+fn send_waiting(s: &OwnedFd, data: &[u8]) -> Result<(), KernelError> {
+    let mut off = 0;
+    while off < data.len() {
+        // SAFETY: sending from our buffer.
+        let n = unsafe {
+            libc::send(
+                s.as_raw_fd(),
+                data[off..].as_ptr().cast(),
+                data.len() - off,
+                libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+            )
+        };
+        if n >= 0 {
+            off += usize::try_from(n).unwrap_or(0);
+            continue;
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EAGAIN) => {
+                let mut p = libc::pollfd {
+                    fd: s.as_raw_fd(),
+                    events: libc::POLLOUT,
+                    revents: 0,
+                };
+                // SAFETY: poll on one pollfd we own.
+                if unsafe { libc::poll(&mut p, 1, 10_000) } <= 0 {
+                    return Err(KernelError::Io {
+                        what: format!(
+                            "sending {} bytes: the peer does not take them",
+                            data.len() - off
+                        ),
+                        source: std::io::Error::from_raw_os_error(libc::ETIMEDOUT),
+                    });
+                }
+            }
+            _ => {
+                return Err(KernelError::Io {
+                    what: format!("sending {} queued bytes", data.len()),
+                    source: e,
+                })
+            }
+        }
+    }
     Ok(())
 }
 

@@ -597,6 +597,7 @@ fn build_tree(
             total - filled
         )));
     }
+    factory.finish_tcp()?;
     Ok(filled)
 }
 

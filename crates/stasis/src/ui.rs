@@ -283,8 +283,12 @@ fn print_detail(cp: &stasis_image::Checkpoint) {
                 } => format!("timerfd clock {clockid} next {value_ns} ns every {interval_ns} ns"),
                 FdKind::Signalfd { mask } => format!("signalfd mask {mask:#x}"),
                 FdKind::Epoll { targets } => format!("epoll with {} fds", targets.len()),
-                FdKind::Ghost { path, pos, .. } => format!("{path} (deleted, content saved) pos {pos}"),
-                FdKind::Memfd { name, pos, .. } => format!("memfd:{name} (content saved) pos {pos}"),
+                FdKind::Ghost { path, pos, .. } => {
+                    format!("{path} (deleted, content saved) pos {pos}")
+                }
+                FdKind::Memfd { name, pos, .. } => {
+                    format!("memfd:{name} (content saved) pos {pos}")
+                }
                 FdKind::Inotify { watches } => format!("inotify with {} watches", watches.len()),
                 FdKind::Unix(u) => format!(
                     "unix socket {:?} {}",
