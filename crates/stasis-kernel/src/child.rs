@@ -104,7 +104,7 @@ pub fn expect_stop(t: &mut Tracee, during: &'static str) -> Result<StopKind> {
 
 /// Starts an init process in a new PID namespace: stasis itself, run as
 /// `STASIS pidns-init --root ROOT` (the binary is `/proc/self/exe`), which
-/// creates the root stub at PID `root` inside the namespace, stopped, and
+/// creates the root stub at PID `root` inside the namespace, asleep, and
 /// then reaps children until the root exits (with its status). Returns the
 /// init's PID and the root stub, seized and stopped, with its
 /// `syscall` instruction recorded. Both PIDs are as seen from here.
@@ -173,7 +173,7 @@ pub fn spawn_in_new_pidns(root: i32, options: u64) -> Result<(i32, Tracee), Spaw
             if st
                 .rfind(')')
                 .and_then(|i| st[i + 1..].split_whitespace().next())
-                == Some("T")
+                == Some("S")
             {
                 break k;
             }
@@ -205,16 +205,7 @@ pub fn spawn_in_new_pidns(root: i32, options: u64) -> Result<(i32, Tracee), Spaw
         }
     };
     let started = (|| -> Result<()> {
-        match t.wait_stop("seizing the namespace's root stub")? {
-            StopKind::EventStop | StopKind::Signal(libc::SIGSTOP) => {}
-            other => {
-                return Err(KernelError::UnexpectedStop {
-                    pid: stub,
-                    what: format!("{other:?}"),
-                    during: "seizing the namespace's root stub",
-                })
-            }
-        }
+        t.interrupt()?;
         let regs = t.regs()?;
         t.set_syscall_insn(regs.rip - 2);
         Ok(())
@@ -227,8 +218,8 @@ pub fn spawn_in_new_pidns(root: i32, options: u64) -> Result<(i32, Tracee), Spaw
 }
 
 /// The body of `stasis pidns-init --root ROOT`: PID 1 of a namespace made by
-/// [`spawn_in_new_pidns`]. Forks the root stub at `root` (which stops itself
-/// to be taken over), then reaps every child until the root exits, and
+/// [`spawn_in_new_pidns`]. Forks the root stub at `root` (which sleeps in
+/// `pause()` until it is taken over), then reaps every child until the root exits, and
 /// returns the root's exit code (128+signal if it was killed).
 pub fn pidns_init(root: i32) -> i32 {
     let tid = [root];
@@ -249,13 +240,25 @@ pub fn pidns_init(root: i32) -> i32 {
         )
     };
     if pid == 0 {
+        // Sleep until taken over (no job-control stop: that would outlive
+        // the tracer's detach).
         loop {
-            // SAFETY: raw syscalls only, in the child.
-            unsafe { libc::kill(libc::getpid(), libc::SIGSTOP) };
+            // SAFETY: a raw syscall only, in the child.
+            unsafe { libc::pause() };
         }
     }
     if pid < 0 {
         return 126;
+    }
+    // Keep nothing of the restorer's (its stdout may be a pipe someone
+    // waits on): fds 0-2 on /dev/null, everything else closed.
+    // SAFETY: closing our own fds and opening /dev/null on the lowest free ones.
+    unsafe {
+        libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32);
+        let null = c"/dev/null".as_ptr();
+        for _ in 0..3 {
+            libc::open(null, libc::O_RDWR);
+        }
     }
     loop {
         let mut status = 0;

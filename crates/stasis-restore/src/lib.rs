@@ -120,6 +120,8 @@ pub struct RestoreOptions {
     pub pid_wait: Duration,
     /// Called with (bytes restored, bytes to restore).
     pub progress: Option<Box<dyn Fn(u64, u64) + Send>>,
+    /// Restore into a new PID namespace (when the saved PIDs are taken here).
+    pub new_pidns: bool,
 }
 
 impl Default for RestoreOptions {
@@ -128,6 +130,7 @@ impl Default for RestoreOptions {
             checkpoint: None,
             pid_wait: Duration::from_secs(10),
             progress: None,
+            new_pidns: false,
         }
     }
 }
@@ -136,8 +139,13 @@ impl Default for RestoreOptions {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Restored {
     pub checkpoint: u32,
-    /// PID of the root process.
+    /// PID of the root process (as seen from where stasis runs).
     pub pid: i32,
+    /// With `--new-pidns`: the root's PID inside its namespace (the saved one).
+    pub pid_in_namespace: Option<i32>,
+    /// With `--new-pidns`: the namespace's init (a child of the caller; it
+    /// exits with the root's status).
+    pub init_pid: Option<i32>,
     pub processes: usize,
     pub threads: usize,
     pub pages: u64,
@@ -195,9 +203,10 @@ impl Remote for Proc {
 }
 
 impl Proc {
-    fn adopt(t: Tracee, ctl: u64) -> Result<Self> {
-        let pid = t.pid();
-        let mem = ProcessMemory::open(pid)?;
+    /// `pid` is the process's PID in its own namespace (the image's);
+    /// `t.pid()` is the same process as stasis sees it.
+    fn adopt(t: Tracee, ctl: u64, pid: i32) -> Result<Self> {
+        let mem = ProcessMemory::open(t.pid())?;
         let mut base = t.regs()?;
         // The stub's own stack pointer must not look like it is on the
         // restored sigaltstack (sigaltstack() would refuse).
@@ -230,7 +239,7 @@ fn kill_tree(procs: Vec<Proc>) {
             root = Some(p.t);
         } else {
             // SAFETY: killing a process this restore created.
-            unsafe { libc::kill(p.pid, libc::SIGKILL) };
+            unsafe { libc::kill(p.t.pid(), libc::SIGKILL) };
             p.t.forget();
         }
     }
@@ -310,7 +319,7 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
         });
     }
     let waited = Instant::now();
-    for p in &m.processes {
+    for p in m.processes.iter().filter(|_| !opts.new_pidns) {
         wait_pid_free(p.pid, opts.pid_wait)?;
         for th in p.threads.iter().filter(|t| t.tid != p.pid) {
             wait_pid_free(th.tid, opts.pid_wait)?;
@@ -331,18 +340,43 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     let h = u64::from(remote_end.as_raw_fd().unsigned_abs());
 
     let root = &m.processes[0];
-    let t = spawn_stopped(Some(root.pid)).map_err(|e| match e {
+    let spawn_err = |e| match e {
         SpawnError::PidTaken(pid) => RestoreError::PidTaken {
             pid,
             by: "a process that appeared meanwhile".into(),
         },
         SpawnError::NoPermission { pid, source } => RestoreError::NoPermission { pid, source },
         SpawnError::Kernel(k) => RestoreError::Kernel(k),
-    })?;
+    };
+    let (t, init) = if opts.new_pidns {
+        // The namespace's init is stasis exec'd anew: keep the transport
+        // across that exec, so the root stub (forked by init) has it.
+        // SAFETY: clearing FD_CLOEXEC on an fd we own.
+        unsafe { libc::fcntl(remote_end.as_raw_fd(), libc::F_SETFD, 0) };
+        let opts_bits = sys::PTRACE_O_EXITKILL | sys::PTRACE_O_TRACECLONE | sys::PTRACE_O_TRACEFORK;
+        let (init, t) =
+            stasis_kernel::child::spawn_in_new_pidns(root.pid, opts_bits).map_err(spawn_err)?;
+        (t, Some(init))
+    } else {
+        (spawn_stopped(Some(root.pid)).map_err(spawn_err)?, None)
+    };
     drop(remote_end);
-    let mut procs = match Proc::adopt(t, 0) {
+    let kill_init = || {
+        if let Some(i) = init {
+            // SAFETY: killing and reaping the namespace init we started
+            // (which kills everything in the namespace).
+            unsafe {
+                libc::kill(i, libc::SIGKILL);
+                libc::waitpid(i, std::ptr::null_mut(), 0);
+            }
+        }
+    };
+    let mut procs = match Proc::adopt(t, 0, root.pid) {
         Ok(p) => vec![p],
-        Err(e) => return Err(e),
+        Err(e) => {
+            kill_init();
+            return Err(e);
+        }
     };
 
     // Verify pack checksums in parallel with the rebuild.
@@ -382,7 +416,9 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     match result {
         Ok(bytes) => Ok(Restored {
             checkpoint: cp.number,
-            pid: root.pid,
+            pid: procs[0].t.pid(),
+            pid_in_namespace: init.map(|_| root.pid),
+            init_pid: init,
             processes: m.processes.len(),
             threads: m.processes.iter().map(|p| p.threads.len()).sum(),
             pages: bytes / sys::PAGE_SIZE,
@@ -392,6 +428,7 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
         }),
         Err(e) => {
             kill_tree(procs);
+            kill_init();
             Err(e)
         }
     }
@@ -430,7 +467,7 @@ fn build_tree(
 ) -> Result<u64> {
     let m = &cp.manifest;
     let root = &mut procs[0];
-    let root_pid = root.pid;
+
     root.t
         .set_options(sys::PTRACE_O_EXITKILL | sys::PTRACE_O_TRACECLONE | sys::PTRACE_O_TRACEFORK)
         .map_err(step("tracing process and thread creation"))?;
@@ -449,7 +486,10 @@ fn build_tree(
     }
 
     // Control area, free in the stub's layout and in every process's.
-    let mut busy: Vec<(u64, u64)> = read_maps(root_pid)?.iter().map(|m| (m.0, m.1)).collect();
+    let mut busy: Vec<(u64, u64)> = read_maps(root.t.pid())?
+        .iter()
+        .map(|m| (m.0, m.1))
+        .collect();
     busy.extend(
         m.processes
             .iter()
@@ -522,9 +562,10 @@ fn build_tree(
         let parent_proc = &mut procs[parent];
         parent_proc.cur = None;
         build::fork_process(parent_proc, img.pid)?;
-        let t = Tracee::adopt_new_thread(img.pid)
+        let outer = parent_proc.t.take_new_task().unwrap_or(img.pid);
+        let t = Tracee::adopt_new_thread(outer)
             .map_err(step(format!("taking over new process {}", img.pid)))?;
-        let mut p = Proc::adopt(t, ctl)?;
+        let mut p = Proc::adopt(t, ctl, img.pid)?;
         if plan.setsid[i] {
             p.sys("setsid", libc::SYS_setsid, &[])
                 .map_err(step(format!("making process {} a session leader", img.pid)))?;
@@ -730,7 +771,7 @@ fn build_process(
                 map_shared_again(s, v, (first_pid, fstart, fend, foff), off, transport, h)?;
                 continue;
             }
-            shm_first.insert(ino, (pid, v.start, v.end, off));
+            shm_first.insert(ino, (s.t.pid(), v.start, v.end, off));
         }
         let runs = pack
             .map(|pk| build::clip_runs(pk.runs(), v.start, v.end))
@@ -754,7 +795,7 @@ fn build_process(
     // link is left as it is.
     let same_exe = {
         use std::os::unix::fs::MetadataExt;
-        let cur = std::fs::metadata(format!("/proc/{pid}/exe")).ok();
+        let cur = std::fs::metadata(format!("/proc/{}/exe", s.t.pid())).ok();
         let want = std::fs::metadata(&p.exe).ok();
         matches!((cur, want), (Some(a), Some(b)) if a.dev() == b.dev() && a.ino() == b.ino())
     };
@@ -837,8 +878,8 @@ fn build_process(
     // CAP_SYS_ADMIN, which credentials below may drop).
     for th in &p.threads[1..] {
         s.cur = None;
-        let tid = build::clone_thread(s, th.tid)?;
-        let tid = i32::try_from(tid).map_err(|_| RestoreError::Layout(format!("bad tid {tid}")))?;
+        build::clone_thread(s, th.tid)?;
+        let tid = s.t.take_new_task().unwrap_or(th.tid);
         let mut t =
             Tracee::adopt_new_thread(tid).map_err(step(format!("taking over new thread {tid}")))?;
         t.set_syscall_insn(s.ctl);

@@ -219,7 +219,7 @@ pub fn run(dir: Option<PathBuf>, before: f64, after: f64) -> Result<ExitCode> {
 
     // SAFETY: signalling the restored process, our child.
     unsafe { libc::kill(restored.pid, libc::SIGTERM) };
-    let code = crate::ui::wait_child(restored.pid)?;
+    let code = crate::ui::wait_child(restored.pid, restored.pid)?;
     tail.pump()?;
     let verdict = tail.lines.last().cloned().unwrap_or_default();
     let continued = match (last, first_after) {

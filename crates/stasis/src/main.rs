@@ -65,6 +65,10 @@ enum Cmd {
         /// Seconds to wait for a zombie still holding the PID to be reaped.
         #[arg(long, default_value_t = 10)]
         pid_wait: u64,
+        /// Restore into a new PID namespace, where the saved PIDs are free
+        /// even if they are taken here.
+        #[arg(long)]
+        new_pidns: bool,
         #[arg(long)]
         json: bool,
     },
@@ -89,6 +93,12 @@ enum Cmd {
         /// Seconds to watch it after the restore.
         #[arg(long, default_value_t = 2.0)]
         after: f64,
+    },
+    /// PID 1 of a namespace made by `restore --new-pidns` (internal).
+    #[command(hide = true)]
+    PidnsInit {
+        #[arg(long)]
+        root: i32,
     },
     /// The demo's workload (run by `stasis demo`).
     #[command(hide = true)]
@@ -126,8 +136,20 @@ fn run(cli: Cli) -> Result<ExitCode> {
             detach,
             pidfile,
             pid_wait,
+            new_pidns,
             json,
-        } => cmd_restore(&dir, checkpoint, detach, pidfile.as_deref(), pid_wait, json),
+        } => cmd_restore(
+            &dir,
+            checkpoint,
+            detach,
+            pidfile.as_deref(),
+            pid_wait,
+            new_pidns,
+            json,
+        ),
+        Cmd::PidnsInit { root } => Ok(ExitCode::from(
+            u8::try_from(stasis_kernel::child::pidns_init(root)).unwrap_or(255),
+        )),
         Cmd::Inspect {
             dir,
             checkpoint,
@@ -218,6 +240,7 @@ fn cmd_restore(
     detach: bool,
     pidfile: Option<&Path>,
     pid_wait: u64,
+    new_pidns: bool,
     json: bool,
 ) -> Result<ExitCode> {
     let store = stasis_image::ImageDir::open(dir)
@@ -227,6 +250,7 @@ fn cmd_restore(
         checkpoint,
         pid_wait: Duration::from_secs(pid_wait),
         progress: Some(progress.callback()),
+        new_pidns,
     };
     let r = stasis_restore::restore(&store, &opts).context("restore failed")?;
     progress.finish();
@@ -251,8 +275,12 @@ fn cmd_restore(
         } else {
             String::new()
         };
+        let ns = r
+            .pid_in_namespace
+            .map(|p| format!(" (PID {p} in a new PID namespace)"))
+            .unwrap_or_default();
         println!(
-            "restored pid {} from checkpoint {}: {} pages, {} in {}{waited}",
+            "restored pid {}{ns} from checkpoint {}: {} pages, {} in {}{waited}",
             r.pid,
             r.checkpoint,
             r.pages,
@@ -264,7 +292,8 @@ fn cmd_restore(
     if detach {
         return Ok(ExitCode::SUCCESS);
     }
-    let status = ui::wait_child(r.pid)?;
+    // With a new PID namespace, its init (our child) exits with the root's status.
+    let status = ui::wait_child(r.init_pid.unwrap_or(r.pid), r.pid)?;
     Ok(ExitCode::from(status))
 }
 

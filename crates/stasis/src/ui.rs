@@ -103,8 +103,8 @@ pub fn write_pidfile(path: &Path, pid: i32) -> std::io::Result<()> {
 
 /// Waits for our child `pid`; returns its exit code (128+signal if killed).
 /// SIGINT/SIGTERM/SIGHUP sent to stasis meanwhile are forwarded to it.
-pub fn wait_child(pid: i32) -> Result<u8> {
-    forward_signals_to(pid);
+pub fn wait_child(pid: i32, forward_to: i32) -> Result<u8> {
+    forward_signals_to(forward_to);
     loop {
         let mut status = 0;
         // SAFETY: waitpid with a valid out-pointer.

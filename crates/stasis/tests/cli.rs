@@ -128,3 +128,57 @@ fn demo_runs_end_to_end() {
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("demo OK"), "{text}");
 }
+
+#[test]
+fn restore_into_a_new_pid_namespace_while_the_original_runs() {
+    let mut w = Workload::start("counter", &[]);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_ok(&w.dump(&["--leave-running"]), "dump --leave-running");
+    // The saved PID is taken (the original runs on): a plain restore must
+    // refuse, --new-pidns must work.
+    let o = stasis()
+        .args(["restore", "--detach", "-D"])
+        .arg(w.images())
+        .output()
+        .unwrap();
+    assert_fails_with(&o, "in use");
+    let pidfile = w.dir.path().join("ns.pid");
+    let o = stasis()
+        .args(["restore", "--detach", "--new-pidns", "--json", "--pidfile"])
+        .arg(&pidfile)
+        .arg("-D")
+        .arg(w.images())
+        .output()
+        .unwrap();
+    assert_ok(&o, "restore --new-pidns");
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let outer = wait_pidfile(&pidfile, std::time::Duration::from_secs(5));
+    assert_eq!(r["pid"], outer);
+    assert_eq!(r["pid_in_namespace"], w.pid);
+    assert_ne!(outer, w.pid);
+    let status = std::fs::read_to_string(format!("/proc/{outer}/status")).unwrap();
+    let nspid = status
+        .lines()
+        .find(|l| l.starts_with("NSpid:"))
+        .unwrap()
+        .to_string();
+    assert!(
+        nspid.ends_with(&format!("\t{}", w.pid)),
+        "the restored process must have the saved PID inside its namespace: {nspid}"
+    );
+    // Both run; the restored one passes its own memory check, and its
+    // namespace's init reports its exit status.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let init = i32::try_from(r["init_pid"].as_i64().unwrap()).unwrap();
+    // SAFETY: signalling the restored workload.
+    unsafe { libc::kill(outer, libc::SIGTERM) };
+    assert_eq!(
+        waitpid_timeout(init, std::time::Duration::from_secs(20)),
+        (Some(0), None),
+        "the restored workload should exit 0 (PASS)"
+    );
+    assert!(alive(w.pid), "the original keeps running");
+    // (Both write to one log at their own offsets, so the restored one's
+    // PASS line may be overwritten: its exit status above is the proof.)
+    w.finish_pass();
+}
