@@ -88,7 +88,7 @@ fn freeze_process(pid: i32) -> Result<FrozenProcess> {
             if fp.threads.iter().any(|t| t.tracee.pid() == tid) {
                 continue;
             }
-            let mut tracee = match Tracee::seize(tid, 0) {
+            let mut tracee = match Tracee::seize(tid, stasis_sys::PTRACE_O_SUSPEND_SECCOMP) {
                 Ok(t) => t,
                 // A thread that exited meanwhile is simply not part of the image.
                 Err(KernelError::NoSuchProcess { .. }) if tid != pid => continue,

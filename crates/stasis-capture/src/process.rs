@@ -258,6 +258,11 @@ pub fn capture(
                 size: c.rseq_abi_size,
                 signature: c.signature,
             }),
+            seccomp: {
+                let mut f = t.tracee.seccomp_filters()?;
+                f.reverse();
+                f
+            },
             clear_child_tid: *clear_child_tid,
             robust_list,
             robust_list_len,
@@ -270,13 +275,11 @@ pub fn capture(
         .any(|l| l.starts_with("NoNewPrivs:") && l.trim_end().ends_with('1'));
     if status
         .lines()
-        .any(|l| l.starts_with("Seccomp:") && !l.trim_end().ends_with('0'))
+        .any(|l| l.starts_with("Seccomp:") && l.trim_end().ends_with('1'))
     {
         return Err(CaptureError::Unsupported {
             pid,
-            what:
-                "it runs under a seccomp filter, which this version of stasis cannot checkpoint yet"
-                    .into(),
+            what: "it runs in seccomp strict mode, which stasis cannot checkpoint".into(),
         });
     }
     let (umask, creds) = proc::parse_status(&status).map_err(fmt_err(pid, "status"))?;

@@ -442,6 +442,10 @@ pub struct ThreadImage {
     /// rseq registration (glibc registers one per thread), if any.
     #[serde(default)]
     pub rseq: Option<RseqConfig>,
+    /// seccomp filters, oldest first: raw `sock_filter` programs and their
+    /// `SECCOMP_FILTER_FLAG_*` flags.
+    #[serde(default)]
+    pub seccomp: Vec<(Vec<u8>, u64)>,
     /// `set_tid_address` value (cleared and futex-woken when the thread exits).
     #[serde(default)]
     pub clear_child_tid: u64,

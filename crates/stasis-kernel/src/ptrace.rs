@@ -377,6 +377,49 @@ impl Tracee {
         Ok((c.rseq_abi_pointer != 0).then_some(c))
     }
 
+    /// The thread's seccomp filters, newest first, as raw `sock_filter`
+    /// arrays (8 bytes per instruction), with their flags.
+    pub fn seccomp_filters(&self) -> Result<Vec<(Vec<u8>, u64)>> {
+        let mut out = Vec::new();
+        for index in 0u64.. {
+            let n = match ptrace_raw(
+                sys::PTRACE_SECCOMP_GET_FILTER,
+                self.pid,
+                index,
+                0,
+                "SECCOMP_GET_FILTER",
+            ) {
+                Ok(n) => usize::try_from(n).unwrap_or(0),
+                Err(KernelError::Ptrace { source, .. })
+                    if source.raw_os_error() == Some(libc::ENOENT)
+                        || source.raw_os_error() == Some(libc::EINVAL) =>
+                {
+                    break
+                }
+                Err(e) => return Err(e),
+            };
+            let mut prog = vec![0u8; n * 8];
+            ptrace_raw(
+                sys::PTRACE_SECCOMP_GET_FILTER,
+                self.pid,
+                index,
+                prog.as_mut_ptr() as u64,
+                "SECCOMP_GET_FILTER",
+            )?;
+            // struct seccomp_metadata { u64 filter_off; u64 flags; }
+            let mut meta = [index, 0u64];
+            ptrace_raw(
+                sys::PTRACE_SECCOMP_GET_METADATA,
+                self.pid,
+                16,
+                meta.as_mut_ptr() as u64,
+                "SECCOMP_GET_METADATA",
+            )?;
+            out.push((prog, meta[1]));
+        }
+        Ok(out)
+    }
+
     /// Records the address of a `syscall` instruction to use for remote syscalls.
     pub fn set_syscall_insn(&mut self, addr: u64) {
         self.syscall_insn = Some(addr);

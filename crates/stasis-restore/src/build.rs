@@ -484,6 +484,27 @@ pub fn thread_state<R: Remote>(r: &mut R, th: &ThreadImage) -> Result<(), Restor
         &[th.clear_child_tid],
     )
     .map_err(step(format!("restoring clear_child_tid of thread {tid}")))?;
+    // seccomp filters, oldest first. The tracer suspends them
+    // (PTRACE_O_SUSPEND_SECCOMP) until it detaches, so the remote syscalls
+    // still to come are not filtered.
+    for (prog, flags) in &th.seccomp {
+        let max = r.scratch_len() - SCRATCH_STRUCT - 64;
+        if prog.len() > max || prog.len() % 8 != 0 {
+            return Err(RestoreError::Unsupported(format!("thread {tid} has a seccomp filter of {} bytes; stasis restores filters up to {max} bytes", prog.len())));
+        }
+        let f = r
+            .put(SCRATCH_STRUCT + 64, prog)
+            .map_err(step("seccomp filter"))?;
+        let fprog = words(&[(prog.len() / 8) as u64, f]);
+        let a = r.put(SCRATCH_STRUCT, &fprog).map_err(step("sock_fprog"))?;
+        const SECCOMP_SET_MODE_FILTER: u64 = 1;
+        r.sys(
+            "seccomp",
+            libc::SYS_seccomp,
+            &[SECCOMP_SET_MODE_FILTER, *flags, a],
+        )
+        .map_err(step(format!("installing a seccomp filter in thread {tid}")))?;
+    }
     let name = r
         .put_cstr(SCRATCH_PATH, &th.comm)
         .map_err(step("thread name"))?;
@@ -789,6 +810,7 @@ mod tests {
                 size: 32,
                 signature: 0x53053053,
             }),
+            seccomp: vec![(vec![6, 0, 0, 0, 0, 0, 0xff, 0x7f], 2)],
             clear_child_tid: 0x5000,
             robust_list: 0x6000,
             robust_list_len: 24,
@@ -801,12 +823,16 @@ mod tests {
                 "rseq",
                 "set_robust_list",
                 "set_tid_address",
+                "seccomp",
                 "prctl"
             ]
         );
         assert_eq!(r.args_of("rseq")[0], vec![0x9000, 32, 0, 0x53053053]);
         assert_eq!(r.args_of("set_robust_list")[0], vec![0x6000, 24]);
         assert_eq!(r.args_of("set_tid_address")[0], vec![0x5000]);
+        // One instruction, flags passed through, sock_fprog in scratch.
+        let sc = &r.args_of("seccomp")[0];
+        assert_eq!((sc[0], sc[1]), (1, 2));
         // SS_ONSTACK is a state, not a flag one can set.
         let w: Vec<Vec<u8>> = r
             .calls

@@ -353,7 +353,10 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
         // across that exec, so the root stub (forked by init) has it.
         // SAFETY: clearing FD_CLOEXEC on an fd we own.
         unsafe { libc::fcntl(remote_end.as_raw_fd(), libc::F_SETFD, 0) };
-        let opts_bits = sys::PTRACE_O_EXITKILL | sys::PTRACE_O_TRACECLONE | sys::PTRACE_O_TRACEFORK;
+        let opts_bits = sys::PTRACE_O_EXITKILL
+            | sys::PTRACE_O_TRACECLONE
+            | sys::PTRACE_O_TRACEFORK
+            | sys::PTRACE_O_SUSPEND_SECCOMP;
         let (init, t) =
             stasis_kernel::child::spawn_in_new_pidns(root.pid, opts_bits).map_err(spawn_err)?;
         (t, Some(init))
@@ -469,7 +472,12 @@ fn build_tree(
     let root = &mut procs[0];
 
     root.t
-        .set_options(sys::PTRACE_O_EXITKILL | sys::PTRACE_O_TRACECLONE | sys::PTRACE_O_TRACEFORK)
+        .set_options(
+            sys::PTRACE_O_EXITKILL
+                | sys::PTRACE_O_TRACECLONE
+                | sys::PTRACE_O_TRACEFORK
+                | sys::PTRACE_O_SUSPEND_SECCOMP,
+        )
         .map_err(step("tracing process and thread creation"))?;
     root.t
         .set_sigmask(!0)

@@ -186,6 +186,10 @@ pub const PTRACE_O_TRACESYSGOOD: u64 = 1;
 pub const PTRACE_O_EXITKILL: u64 = 1 << 20;
 pub const PTRACE_O_TRACECLONE: u64 = 1 << 3;
 pub const PTRACE_O_TRACEFORK: u64 = 1 << 1;
+/// Suspends the tracee's seccomp filters while it is traced (CAP_SYS_ADMIN).
+pub const PTRACE_O_SUSPEND_SECCOMP: u64 = 1 << 21;
+pub const PTRACE_SECCOMP_GET_FILTER: u32 = 0x420c;
+pub const PTRACE_SECCOMP_GET_METADATA: u32 = 0x420d;
 
 pub const PTRACE_EVENT_STOP: i32 = 128;
 /// `PTRACE_PEEKSIGINFO` flag: read the process-wide (shared) queue.
