@@ -291,3 +291,41 @@ fn dump_without_privileges_is_refused_cleanly() {
     assert!(alive(w.pid));
     w.finish_pass();
 }
+
+#[test]
+fn restore_when_a_listening_port_is_taken() {
+    let d = tempfile::tempdir().unwrap();
+    let pidfile = d.path().join("pid");
+    let mut c = std::process::Command::new("python3");
+    c.args([
+        "-c",
+        "import socket,time,sys,os; s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(); open(sys.argv[1]+'.t','w').write(str(os.getpid())); os.rename(sys.argv[1]+'.t', sys.argv[1]); time.sleep(100)",
+    ])
+    .arg(&pidfile)
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null());
+    close_inherited_fds(&mut c);
+    let mut child = c.spawn().unwrap();
+    let pid = wait_pidfile(&pidfile, std::time::Duration::from_secs(10));
+    let img = d.path().join("img");
+    assert_ok(
+        &stasis()
+            .args(["dump", "--leave-running", "-t", &pid.to_string(), "-D"])
+            .arg(&img)
+            .output()
+            .unwrap(),
+        "dump",
+    );
+    // The original still listens on the port: a restore (in a new PID
+    // namespace, so the PID is not the obstacle) must say the port is taken.
+    let o = stasis()
+        .args(["restore", "--detach", "--new-pidns", "-D"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert_fails_with(&o, "is taken by another process");
+    assert!(alive(pid));
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
