@@ -330,7 +330,10 @@ impl FdCollector {
                     },
                     _ => UnixState::Unconnected,
                 };
-                let mut queue = if matches!(state, UnixState::Listening { .. }) { Vec::new() } else { sock::peek_queue(b, QUEUE_MAX)? };
+                let mut queue = if matches!(state, UnixState::Listening { .. }) { Vec::new() } else { sock::peek_queue(b, QUEUE_MAX).map_err(|e| match e {
+                        stasis_kernel::KernelError::Unsupported { .. } => unsupported(format!("fd {fd} is a unix socket with file descriptors in flight in its queue (SCM_RIGHTS), which stasis cannot checkpoint yet")),
+                        e => e.into(),
+                    })? };
                 if ty == libc::SOCK_STREAM && queue.len() > 1 {
                     queue = vec![queue.concat()];
                 }

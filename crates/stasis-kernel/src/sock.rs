@@ -223,15 +223,58 @@ pub fn peek_queue(fd: BorrowedFd<'_>, limit: usize) -> Result<Vec<Vec<u8>>> {
         if total >= limit {
             break Ok(());
         }
-        // SAFETY: receiving into our buffer without consuming (MSG_PEEK).
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let mut cbuf = [0u64; 64];
+        // SAFETY: msghdr is plain data; zeroes are a valid value.
+        let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
+        mh.msg_iov = &mut iov;
+        mh.msg_iovlen = 1;
+        mh.msg_control = cbuf.as_mut_ptr().cast();
+        mh.msg_controllen = std::mem::size_of_val(&cbuf);
+        // SAFETY: receiving into our buffers without consuming (MSG_PEEK);
+        // the kernel writes at most iov_len data bytes and controllen
+        // control bytes. Fds passed in the message are installed in this
+        // process close-on-exec (MSG_CMSG_CLOEXEC) and closed below.
         let n = unsafe {
-            libc::recv(
+            libc::recvmsg(
                 fd.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                &mut mh,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
             )
         };
+        if n >= 0 && mh.msg_controllen > 0 {
+            // SAFETY: walking the control messages the kernel just wrote.
+            let mut c = unsafe { libc::CMSG_FIRSTHDR(&mh) };
+            let mut fds_in_flight = false;
+            while !c.is_null() {
+                // SAFETY: `c` points into `cbuf` (CMSG_FIRSTHDR/NXTHDR checked bounds).
+                let (level, ty, len) = unsafe { ((*c).cmsg_level, (*c).cmsg_type, (*c).cmsg_len) };
+                if level == libc::SOL_SOCKET && ty == libc::SCM_RIGHTS {
+                    fds_in_flight = true;
+                    // SAFETY: CMSG_LEN(0) is the header size.
+                    let data_len = len.saturating_sub(unsafe { libc::CMSG_LEN(0) } as usize);
+                    // SAFETY: the data of an SCM_RIGHTS message is an array of ints.
+                    let fds = unsafe {
+                        std::slice::from_raw_parts(libc::CMSG_DATA(c).cast::<i32>(), data_len / 4)
+                    };
+                    for &f in fds {
+                        // SAFETY: closing an fd the kernel just installed for us.
+                        unsafe { libc::close(f) };
+                    }
+                }
+                // SAFETY: advancing within the control buffer.
+                c = unsafe { libc::CMSG_NXTHDR(&mh, c) };
+            }
+            if fds_in_flight {
+                break Err(KernelError::Unsupported {
+                    feature: "file descriptors in flight",
+                    why: "a queued message carries file descriptors (SCM_RIGHTS)".into(),
+                });
+            }
+        }
         if n < 0 {
             let e = std::io::Error::last_os_error();
             if e.raw_os_error() == Some(libc::EAGAIN) {
