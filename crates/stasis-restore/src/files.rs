@@ -70,6 +70,8 @@ pub struct FdFactory<'a> {
     ghost_keepers: HashMap<u64, OwnedFd>,
     /// TCP connections rebuilt in repair mode, made live at the end.
     pending_tcp: Vec<PendingTcp>,
+    /// Shared epoll descriptions already given their registrations.
+    epolls_filled: std::collections::HashSet<u32>,
 }
 
 impl<'a> FdFactory<'a> {
@@ -97,6 +99,17 @@ impl<'a> FdFactory<'a> {
             ghost_data: ghosts.iter().map(|g| (g.id, g)).collect(),
             ghost_keepers: HashMap::new(),
             pending_tcp: Vec::new(),
+            epolls_filled: std::collections::HashSet::new(),
+        }
+    }
+
+    /// True the first time it is asked about an epoll description (always
+    /// for an unshared one): its registrations are to be made then.
+    pub fn claim_epoll(&mut self, img: &FdImage) -> bool {
+        match (&img.kind, img.shared_id) {
+            (FdKind::Epoll { .. }, Some(id)) => self.epolls_filled.insert(id),
+            (FdKind::Epoll { .. }, None) => true,
+            _ => false,
         }
     }
 

@@ -855,7 +855,10 @@ fn build_process(
         files::plant(s, transport, h, desc.as_fd(), fd.fd, fd.cloexec)?;
     }
     for fd in &p.fds {
-        files::restore_epoll(s, fd)?;
+        // An epoll description shared by several fds is filled once.
+        if factory.claim_epoll(fd) {
+            files::restore_epoll(s, fd)?;
+        }
         files::restore_posix_locks(s, fd)?;
     }
     s.sys("close", libc::SYS_close, &[h])

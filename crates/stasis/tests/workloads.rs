@@ -63,8 +63,18 @@ fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
     for e in std::fs::read_dir(from).unwrap() {
         let e = e.unwrap();
         let t = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
+        let ft = e.file_type().unwrap();
+        if ft.is_dir() {
             copy_tree(&e.path(), &t);
+        } else if std::os::unix::fs::FileTypeExt::is_fifo(&ft) {
+            let c = std::ffi::CString::new(t.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: mkfifo with a valid C string.
+            assert_eq!(
+                unsafe { libc::mkfifo(c.as_ptr(), 0o600) },
+                0,
+                "mkfifo {}",
+                t.display()
+            );
         } else {
             std::fs::copy(e.path(), t).unwrap();
         }
@@ -88,4 +98,15 @@ workload_tests! {
     counter: "counter";
     restart_syscalls: "restart_syscalls";
     threads: "threads";
+    tree: "tree";
+    pipes: "pipes";
+    anonfds: "anonfds";
+}
+
+// shm keeps a file in /dev/shm that the original deletes when it ends, so
+// its image can only be restored while the original has not finished:
+// it is in the `twice` matrix only.
+#[test]
+fn twice_shm() {
+    twice("shm", &[]);
 }

@@ -120,6 +120,7 @@ impl Workload {
 
     /// Dumps (killing it) and reaps the killed process.
     pub fn dump_and_reap(&mut self) {
+        let tree = descendants(self.pid);
         let o = self.dump(&[]);
         assert_ok(&o, &format!("dump of {}", self.name));
         let (code, sig) = self.reap();
@@ -129,6 +130,12 @@ impl Workload {
             "{}: dumped process should die of SIGKILL",
             self.name
         );
+        // The tree's other processes were re-parented to this (subreaper)
+        // test process when their parents died: reap them too, so their
+        // PIDs are free for the restore.
+        for pid in tree {
+            reap_if_ours(pid);
+        }
     }
 
     /// Waits for the workload (a child, or an orphan reparented to us).
@@ -177,6 +184,10 @@ impl Workload {
 
 impl Drop for Workload {
     fn drop(&mut self) {
+        for pid in descendants(self.pid) {
+            // SAFETY: cleaning up the workload's own processes after a failed test.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
         if alive(self.pid) {
             // SAFETY: cleaning up our own workload after a failed test.
             unsafe { libc::kill(self.pid, libc::SIGKILL) };
@@ -263,6 +274,41 @@ pub fn waitpid_timeout(pid: i32, timeout: Duration) -> (Option<i32>, Option<i32>
             "process {pid} did not exit within {timeout:?}"
         );
         std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Every descendant of `pid` (children of all its threads, recursively).
+pub fn descendants(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut queue = vec![pid];
+    while let Some(p) = queue.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            if let Ok(c) = std::fs::read_to_string(t.path().join("children")) {
+                for k in c.split_whitespace().filter_map(|x| x.parse::<i32>().ok()) {
+                    out.push(k);
+                    queue.push(k);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Reaps `pid` if it is (or becomes within 5 s) a zombie child of this
+/// process; does nothing if it is not our child.
+pub fn reap_if_ours(pid: i32) {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(5) {
+        let mut st = 0;
+        // SAFETY: waitpid with a valid out-pointer.
+        let r = unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) };
+        if r == pid || r < 0 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
