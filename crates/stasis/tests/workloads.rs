@@ -69,12 +69,8 @@ fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
         } else if std::os::unix::fs::FileTypeExt::is_fifo(&ft) {
             let c = std::ffi::CString::new(t.as_os_str().as_encoded_bytes()).unwrap();
             // SAFETY: mkfifo with a valid C string.
-            assert_eq!(
-                unsafe { libc::mkfifo(c.as_ptr(), 0o600) },
-                0,
-                "mkfifo {}",
-                t.display()
-            );
+            let r = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+            assert_eq!(r, 0, "mkfifo {}", t.display());
         } else {
             std::fs::copy(e.path(), t).unwrap();
         }
