@@ -288,12 +288,15 @@ fn capture_with(
         let (image, maps, x) = process::capture(fp, &mem)?;
         xfeatures = x;
         let growsdown = proc::parse_smaps_growsdown(&proc::read(fp.pid, "smaps")?);
-        plans.push(Some(memory::plan(
-            fp.pid,
-            &maps,
-            &growsdown,
-            &mut seen_shm,
-        )?));
+        let plan = memory::plan(fp.pid, &maps, &growsdown, &mut seen_shm)?;
+        for v in plan
+            .vmas
+            .iter()
+            .filter(|v| matches!(v.kind, stasis_image::manifest::VmaKind::Ghost { .. }))
+        {
+            collector.capture_mapped_ghost(fp.pid, v.start, v.end)?;
+        }
+        plans.push(Some(plan));
         collector.add_process(fp.pid)?;
         images.push(image);
         mems.push(Some(mem));

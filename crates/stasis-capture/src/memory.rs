@@ -29,12 +29,11 @@ pub fn vma_kind(m: &proc::MapsEntry) -> Result<Option<VmaKind>, String> {
                 m.start, m.end
             ))
         }
-        _ if n.ends_with(" (deleted)") => {
-            return Err(format!(
-                "area {:#x}-{:#x} maps a deleted file ({n}), not supported yet",
-                m.start, m.end
-            ))
-        }
+        _ if n.ends_with(" (deleted)") && n.starts_with('/') => VmaKind::Ghost {
+            id: m.ino,
+            offset: m.offset,
+            name: n.trim_end_matches(" (deleted)").to_string(),
+        },
         _ if n.starts_with('/') => VmaKind::File {
             path: n.to_string(),
             offset: m.offset,

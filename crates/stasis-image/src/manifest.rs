@@ -187,6 +187,15 @@ pub enum VmaKind {
         dev: u64,
         ino: u64,
     },
+    /// A mapping of a file without a name (deleted while mapped, or a
+    /// memfd); its content is in `Manifest::ghosts` under `id`.
+    Ghost {
+        id: u64,
+        /// Offset in the file, in bytes.
+        offset: u64,
+        /// The name it had (`/path` or `/memfd:name`), for messages.
+        name: String,
+    },
     /// `[vdso]`.
     Vdso,
     /// `[vvar]`.

@@ -81,6 +81,7 @@ pub fn map_vma<R: Remote>(
     vma: &Vma,
     runs: &[RunEntry],
     pack_fd: u64,
+    file_fd: Option<u64>,
 ) -> Result<u64, RestoreError> {
     let len = vma.end - vma.start;
     let needs_fill = !runs.is_empty();
@@ -122,6 +123,21 @@ pub fn map_vma<R: Remote>(
                 .map_err(step("closing a mapped file"))?;
             res.map_err(step(format!(
                 "mapping {path} at {:#x}-{:#x}",
+                vma.start, vma.end
+            )))?
+        }
+        VmaKind::Ghost { name, offset, .. } => {
+            // The caller handed the rebuilt file over as `file_fd`.
+            let fd = file_fd.ok_or_else(|| {
+                RestoreError::Inconsistent(format!("no file for the mapping of {name}"))
+            })?;
+            r.sys(
+                "mmap",
+                libc::SYS_mmap,
+                &[vma.start, len, prot, flags, fd, *offset],
+            )
+            .map_err(step(format!(
+                "mapping {name} (deleted) at {:#x}-{:#x}",
                 vma.start, vma.end
             )))?
         }
@@ -648,6 +664,7 @@ mod tests {
             &v,
             &[run(0x10000, 2, 4096), run(0x13000, 1, 4096 + 8192)],
             7,
+            None,
         )
         .unwrap();
         assert_eq!(n, 3 * 4096);
@@ -671,7 +688,14 @@ mod tests {
     #[test]
     fn empty_area_is_mapped_with_final_protection_and_not_filled() {
         let mut r = Recorder::default();
-        map_vma(&mut r, &anon(0x10000, 0x12000, libc::PROT_NONE), &[], 7).unwrap();
+        map_vma(
+            &mut r,
+            &anon(0x10000, 0x12000, libc::PROT_NONE),
+            &[],
+            7,
+            None,
+        )
+        .unwrap();
         assert_eq!(r.names(), vec!["mmap"]);
         assert_eq!(r.args_of("mmap")[0][2], 0);
     }
@@ -728,7 +752,7 @@ mod tests {
             },
             ..anon(0x10000, 0x12000, libc::PROT_READ | libc::PROT_EXEC)
         };
-        map_vma(&mut r, &v, &[], 7).unwrap();
+        map_vma(&mut r, &v, &[], 7, None).unwrap();
         assert_eq!(r.names(), vec!["open", "mmap", "close"]);
         assert_eq!(r.args_of("mmap")[0][4..], [100, 0x2000]);
         assert!(r
@@ -752,7 +776,7 @@ mod tests {
             },
             ..anon(0x10000, 0x12000, libc::PROT_READ)
         };
-        let e = map_vma(&mut r, &v, &[], 7).unwrap_err().to_string();
+        let e = map_vma(&mut r, &v, &[], 7, None).unwrap_err().to_string();
         assert!(e.contains("/gone"), "{e}");
     }
 

@@ -128,6 +128,32 @@ impl<'a> FdFactory<'a> {
         Ok(())
     }
 
+    /// An fd on the rebuilt deleted file or memfd `id` (named `name` at
+    /// dump: `/memfd:...` or a path), to map it.
+    pub fn ghost_for_mapping(
+        &mut self,
+        id: u64,
+        name: &str,
+        writable: bool,
+    ) -> Result<OwnedFd, RestoreError> {
+        let memfd = name.strip_prefix("/memfd:");
+        let keeper = self.ghost(id, if memfd.is_none() { Some(name) } else { None }, memfd)?;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(writable)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(format!("/proc/self/fd/{}", keeper.as_raw_fd()))
+            .map(OwnedFd::from)
+            .map_err(|e| RestoreError::File {
+                path: name.into(),
+                what: "a mapped deleted file or memfd".into(),
+                source: KernelError::Io {
+                    what: "reopen".into(),
+                    source: e,
+                },
+            })
+    }
+
     /// The keeper fd of a deleted file (`path`) or memfd (`memfd` name),
     /// made on first use: created, filled, sealed or unlinked.
     fn ghost(

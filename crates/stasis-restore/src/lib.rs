@@ -784,7 +784,20 @@ fn build_process(
         let runs = pack
             .map(|pk| build::clip_runs(pk.runs(), v.start, v.end))
             .unwrap_or_default();
-        filled += build::map_vma(s, v, &runs, pack_fd)?;
+        if let VmaKind::Ghost { id, name, .. } = &v.kind {
+            // Hand the rebuilt file over just above the transport, map, close.
+            let writable = v.shared && v.prot & libc::PROT_WRITE.unsigned_abs() != 0;
+            let file = factory.ghost_for_mapping(*id, name, writable)?;
+            let tmp = i32::try_from(h + 1)
+                .map_err(|_| RestoreError::Layout("fd number overflow".into()))?;
+            files::plant(s, transport, h, file.as_fd(), tmp, true)?;
+            let r = build::map_vma(s, v, &runs, pack_fd, Some(h + 1));
+            s.sys("close", libc::SYS_close, &[h + 1])
+                .map_err(step("closing a mapped file"))?;
+            filled += r?;
+        } else {
+            filled += build::map_vma(s, v, &runs, pack_fd, None)?;
+        }
         if let Some(cb) = &opts.progress {
             if last.elapsed() >= Duration::from_millis(100) {
                 cb(base_done + filled, total);

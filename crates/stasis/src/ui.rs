@@ -253,6 +253,9 @@ fn print_detail(cp: &stasis_image::Checkpoint) {
                     }
                 }
                 VmaKind::File { path, offset, .. } => format!("{path} @{offset:#x}"),
+                VmaKind::Ghost { name, offset, .. } => {
+                    format!("{name} (deleted, content saved) @{offset:#x}")
+                }
                 VmaKind::Vdso => "[vdso]".into(),
                 VmaKind::Vvar => "[vvar]".into(),
                 VmaKind::VvarVclock => "[vvar_vclock]".into(),
