@@ -306,6 +306,27 @@ fn python_thread_pool() {
 }
 
 #[test]
+fn deleted_files_and_shared_memfd() {
+    let script = programs().join("ghosts.py");
+    let mut p = Program::start("ghosts", true, |d| {
+        let mut c = Command::new("python3");
+        c.arg(&script).arg(d.join("pid"));
+        c
+    });
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", p.pid)).unwrap();
+    assert!(
+        maps.contains("/memfd:shared-buf (deleted)") && maps.contains("ghost.data (deleted)"),
+        "{maps}"
+    );
+    for _ in 0..2 {
+        std::thread::sleep(Duration::from_millis(100));
+        p.dump_and_reap();
+        p.restore();
+    }
+    p.finish_pass();
+}
+
+#[test]
 fn java_threads_keep_computing() {
     let classes = tempfile::Builder::new()
         .prefix("stasis-calc-classes-")
