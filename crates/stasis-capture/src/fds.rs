@@ -14,7 +14,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 
 use stasis_image::manifest::{
     EpollTarget, FdImage, FdKind, FileLock, GhostFile, InetSocket, InetState, InotifyWatch,
-    LockKind, PipeImage, TcpRepair, UnixSocket, UnixState,
+    LockKind, PipeImage, SysvShm, TcpRepair, UnixSocket, UnixState,
 };
 use stasis_kernel::sockdiag::{self, UnixInfo};
 use stasis_kernel::{pidfd, sock};
@@ -100,6 +100,8 @@ pub struct FdCollector {
     pub pipes: HashMap<u64, PipeImage>,
     /// Deleted files and memfds by inode.
     pub ghosts: HashMap<u64, GhostFile>,
+    /// System V segments.
+    pub sysv: Vec<SysvShm>,
     /// Unix sockets of the namespace (queried on first need).
     unix: Option<HashMap<u64, UnixInfo>>,
     /// TCP sockets put in repair mode: kept open until the dump ends, then
@@ -499,6 +501,53 @@ impl FdCollector {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Saves a System V segment `pid` attaches at `start..end` (once).
+    pub fn capture_sysv(&mut self, pid: i32, shmid: i32, start: u64, end: u64) -> Result<()> {
+        if self.sysv.iter().any(|s| s.shmid == shmid) {
+            return Ok(());
+        }
+        let table =
+            std::fs::read_to_string("/proc/sysvipc/shm").map_err(|e| CaptureError::Proc {
+                pid,
+                file: "../sysvipc/shm".into(),
+                source: e,
+            })?;
+        // Columns: key shmid perms(octal) size cpid lpid nattch uid gid cuid cgid ...
+        let row: Vec<u64> = table
+            .lines()
+            .skip(1)
+            .map(|l| {
+                l.split_whitespace()
+                    .take(11)
+                    .enumerate()
+                    .filter_map(|(i, x)| if i == 2 { u64::from_str_radix(x, 8).ok() } else { x.parse::<u64>().ok() })
+                    .collect::<Vec<u64>>()
+            })
+            .find(|f| f.len() == 11 && f[1] == u64::from(shmid.unsigned_abs()))
+            .ok_or_else(|| CaptureError::Unsupported { pid, what: format!("System V segment {shmid} is not listed in /proc/sysvipc/shm (another IPC namespace?)") })?;
+        let (key, mode, size, uid, gid) = (row[0], row[2], row[3], row[7], row[8]);
+        if end - start != size.div_ceil(4096) * 4096 {
+            return Err(CaptureError::Unsupported { pid, what: format!("area {start:#x}-{end:#x} maps part of System V segment {shmid} ({size} bytes); stasis restores whole attachments only") });
+        }
+        if size > GHOST_MAX {
+            return Err(CaptureError::Unsupported { pid, what: format!("System V segment {shmid} has {size} bytes; stasis saves those up to {GHOST_MAX} bytes") });
+        }
+        let name = format!("map_files/{start:x}-{end:x}");
+        let mut data = std::fs::read(proc::proc_path(pid, &name))
+            .map_err(|e| CaptureError::from_proc(pid, &name, e))?;
+        data.truncate(usize::try_from(size).unwrap_or(0));
+        let to32 = |v: u64| u32::try_from(v).unwrap_or(0);
+        self.sysv.push(SysvShm {
+            key: i32::from_ne_bytes(to32(key).to_ne_bytes()),
+            shmid,
+            mode: to32(mode),
+            uid: to32(uid),
+            gid: to32(gid),
+            data,
+        });
         Ok(())
     }
 

@@ -296,6 +296,11 @@ fn capture_with(
         {
             collector.capture_mapped_ghost(fp.pid, v.start, v.end)?;
         }
+        for v in &plan.vmas {
+            if let stasis_image::manifest::VmaKind::SysvShm { shmid } = v.kind {
+                collector.capture_sysv(fp.pid, shmid, v.start, v.end)?;
+            }
+        }
         plans.push(Some(plan));
         collector.add_process(fp.pid)?;
         images.push(image);
@@ -371,6 +376,7 @@ fn capture_with(
         },
         pipes,
         ghosts,
+        sysv_shm: std::mem::take(&mut collector.sysv),
     };
     let processes = manifest.processes.len();
     let checkpoint = ck.commit(&manifest)?;

@@ -23,12 +23,14 @@ pub fn vma_kind(m: &proc::MapsEntry) -> Result<Option<VmaKind>, String> {
         "" | "[heap]" | "[stack]" => VmaKind::Anon,
         _ if n.starts_with("[anon:") || n.starts_with("[anon_shmem:") => VmaKind::Anon,
         _ if m.shared && n.starts_with("/dev/zero (deleted)") => VmaKind::Anon,
-        _ if n.starts_with("/SYSV") => {
-            return Err(format!(
-                "area {:#x}-{:#x} is System V shared memory ({n}), not supported yet",
-                m.start, m.end
-            ))
-        }
+        _ if n.starts_with("/SYSV") => VmaKind::SysvShm {
+            shmid: i32::try_from(m.ino).map_err(|_| {
+                format!(
+                    "area {:#x}-{:#x}: odd System V segment id {}",
+                    m.start, m.end, m.ino
+                )
+            })?,
+        },
         _ if n.ends_with(" (deleted)") && n.starts_with('/') => VmaKind::Ghost {
             id: m.ino,
             offset: m.offset,
@@ -93,7 +95,7 @@ pub fn plan(
         let shm = (matches!(kind, VmaKind::Anon) && m.shared).then_some((m.ino, m.offset));
         let data: Vec<(u64, u64)> = match (&kind, m.shared) {
             (VmaKind::Vdso | VmaKind::Vvar | VmaKind::VvarVclock, _) => Vec::new(),
-            (VmaKind::File { .. }, true) => Vec::new(),
+            (VmaKind::File { .. }, true) | (VmaKind::SysvShm { .. }, _) => Vec::new(),
             (VmaKind::Anon, true) => {
                 if seen_shm.insert(m.ino) {
                     vec![(m.start, m.end)]

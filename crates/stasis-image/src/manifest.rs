@@ -35,6 +35,21 @@ pub struct Manifest {
     /// Contents of deleted files and memfds still open (one per inode).
     #[serde(default)]
     pub ghosts: Vec<GhostFile>,
+    /// System V shared memory segments attached by the processes.
+    #[serde(default)]
+    pub sysv_shm: Vec<SysvShm>,
+}
+
+/// A System V shared memory segment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SysvShm {
+    pub key: i32,
+    pub shmid: i32,
+    /// Mode bits, with `SHM_DEST` (0o1000) if it was removed while attached.
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub data: Vec<u8>,
 }
 
 /// A file that no longer has a name (deleted while open, or a memfd),
@@ -187,6 +202,9 @@ pub enum VmaKind {
         dev: u64,
         ino: u64,
     },
+    /// A System V shared memory segment attached whole (`shmat`); the
+    /// segment is in `Manifest::sysv_shm`.
+    SysvShm { shmid: i32 },
     /// A mapping of a file without a name (deleted while mapped, or a
     /// memfd); its content is in `Manifest::ghosts` under `id`.
     Ghost {

@@ -126,6 +126,24 @@ pub fn map_vma<R: Remote>(
                 vma.start, vma.end
             )))?
         }
+        VmaKind::SysvShm { shmid } => {
+            let mut flags = 0u64;
+            if vma.prot & libc::PROT_WRITE.unsigned_abs() == 0 {
+                flags |= u64::from(libc::SHM_RDONLY.unsigned_abs());
+            }
+            if vma.prot & libc::PROT_EXEC.unsigned_abs() != 0 {
+                flags |= u64::from(libc::SHM_EXEC.unsigned_abs());
+            }
+            r.sys(
+                "shmat",
+                libc::SYS_shmat,
+                &[sarg(i64::from(*shmid)), vma.start, flags],
+            )
+            .map_err(step(format!(
+                "attaching System V segment {shmid} at {:#x}",
+                vma.start
+            )))?
+        }
         VmaKind::Ghost { name, offset, .. } => {
             // The caller handed the rebuilt file over as `file_fd`.
             let fd = file_fd.ok_or_else(|| {

@@ -37,6 +37,7 @@
 pub mod build;
 pub mod files;
 pub mod remote;
+pub mod sysv;
 pub mod tree;
 
 use std::collections::HashMap;
@@ -606,6 +607,9 @@ fn build_tree(
         }
     }
 
+    // System V segments exist before anyone attaches them.
+    sysv::prepare(&m.sysv_shm)?;
+
     // Every live process, in manifest order (shared memory is first mapped
     // by the earliest process that has it).
     let total: u64 = packs
@@ -647,6 +651,7 @@ fn build_tree(
         )));
     }
     factory.finish_tcp()?;
+    sysv::finish(&m.sysv_shm);
     Ok(filled)
 }
 

@@ -253,6 +253,7 @@ fn print_detail(cp: &stasis_image::Checkpoint) {
                     }
                 }
                 VmaKind::File { path, offset, .. } => format!("{path} @{offset:#x}"),
+                VmaKind::SysvShm { shmid } => format!("System V segment {shmid}"),
                 VmaKind::Ghost { name, offset, .. } => {
                     format!("{name} (deleted, content saved) @{offset:#x}")
                 }

@@ -327,6 +327,24 @@ fn deleted_files_and_shared_memfd() {
 }
 
 #[test]
+fn system_v_shared_memory() {
+    let script = programs().join("sysv.py");
+    let mut p = Program::start("sysv", true, |d| {
+        let mut c = Command::new("python3");
+        c.arg(&script).arg(d.join("pid"));
+        c
+    });
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", p.pid)).unwrap();
+    assert_eq!(maps.matches("/SYSV").count(), 2, "{maps}");
+    for _ in 0..2 {
+        std::thread::sleep(Duration::from_millis(100));
+        p.dump_and_reap();
+        p.restore();
+    }
+    p.finish_pass();
+}
+
+#[test]
 fn java_threads_keep_computing() {
     let classes = tempfile::Builder::new()
         .prefix("stasis-calc-classes-")

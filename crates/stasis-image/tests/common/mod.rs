@@ -196,6 +196,14 @@ pub fn manifest(checkpoint: u32, processes: Vec<ProcessImage>) -> Manifest {
             data: b"deleted but open".to_vec(),
             seals: 0,
         }],
+        sysv_shm: vec![stasis_image::manifest::SysvShm {
+            key: 0x5151,
+            shmid: 3,
+            mode: 0o1600,
+            uid: 0,
+            gid: 0,
+            data: vec![1, 2, 3],
+        }],
     }
 }
 
