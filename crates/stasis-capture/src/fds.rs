@@ -191,7 +191,7 @@ impl FdCollector {
                         .collect(),
                 },
                 l if l.ends_with(" (deleted)") && meta.file_type().is_file() => {
-                    self.capture_ghost(pid, fd, &meta)?;
+                    self.capture_ghost(pid, fd)?;
                     let name = l.trim_end_matches(" (deleted)");
                     match name.strip_prefix("/memfd:") {
                         Some(n) => FdKind::Memfd {
@@ -554,44 +554,31 @@ impl FdCollector {
     /// Saves the content of a deleted file or memfd that `pid` maps at
     /// `start..end` (once per inode), through `/proc/PID/map_files`.
     pub fn capture_mapped_ghost(&mut self, pid: i32, start: u64, end: u64) -> Result<()> {
-        let name = format!("map_files/{start:x}-{end:x}");
-        let path = proc::proc_path(pid, &name);
-        let meta = std::fs::metadata(&path).map_err(|e| CaptureError::from_proc(pid, &name, e))?;
-        if self.ghosts.contains_key(&meta.ino()) {
-            return Ok(());
-        }
-        if meta.size() > GHOST_MAX {
-            return Err(CaptureError::Unsupported { pid, what: format!("area {start:#x}-{end:#x} maps a deleted file or memfd of {} bytes; stasis saves those up to {GHOST_MAX} bytes", meta.size()) });
-        }
-        let data = std::fs::read(&path).map_err(|e| CaptureError::from_proc(pid, &name, e))?;
-        let f = std::fs::File::open(&path).map_err(|e| CaptureError::from_proc(pid, &name, e))?;
-        // SAFETY: F_GET_SEALS on a file we opened; -1 (not a memfd) means none.
-        let seals = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GET_SEALS) };
-        self.ghosts.insert(
-            meta.ino(),
-            GhostFile {
-                id: meta.ino(),
-                mode: meta.mode(),
-                data,
-                seals: u32::try_from(seals).unwrap_or(0),
-            },
-        );
-        Ok(())
+        self.save_ghost(
+            pid,
+            &format!("map_files/{start:x}-{end:x}"),
+            &format!("area {start:#x}-{end:#x} maps"),
+        )
     }
 
-    /// Saves the content of a deleted file or memfd (once per inode).
-    fn capture_ghost(&mut self, pid: i32, fd: i32, meta: &std::fs::Metadata) -> Result<()> {
+    /// Saves the content of a deleted file or memfd open as `pid`'s `fd`
+    /// (once per inode).
+    fn capture_ghost(&mut self, pid: i32, fd: i32) -> Result<()> {
+        self.save_ghost(pid, &format!("fd/{fd}"), &format!("fd {fd} is"))
+    }
+
+    /// Reads the file behind `/proc/PID/<name>` into the ghost table.
+    fn save_ghost(&mut self, pid: i32, name: &str, what: &str) -> Result<()> {
+        let path = proc::proc_path(pid, name);
+        let meta = std::fs::metadata(&path).map_err(|e| CaptureError::from_proc(pid, name, e))?;
         if self.ghosts.contains_key(&meta.ino()) {
             return Ok(());
         }
         if meta.size() > GHOST_MAX {
-            return Err(CaptureError::Unsupported { pid, what: format!("fd {fd} is a deleted file or memfd of {} bytes; stasis saves those up to {GHOST_MAX} bytes", meta.size()) });
+            return Err(CaptureError::Unsupported { pid, what: format!("{what} a deleted file or memfd of {} bytes; stasis saves those up to {GHOST_MAX} bytes", meta.size()) });
         }
-        let path = proc::proc_path(pid, &format!("fd/{fd}"));
-        let data = std::fs::read(&path)
-            .map_err(|e| CaptureError::from_proc(pid, &format!("fd/{fd}"), e))?;
-        let f = std::fs::File::open(&path)
-            .map_err(|e| CaptureError::from_proc(pid, &format!("fd/{fd}"), e))?;
+        let data = std::fs::read(&path).map_err(|e| CaptureError::from_proc(pid, name, e))?;
+        let f = std::fs::File::open(&path).map_err(|e| CaptureError::from_proc(pid, name, e))?;
         // SAFETY: F_GET_SEALS on a file we opened; -1 (not a memfd) means none.
         let seals = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GET_SEALS) };
         self.ghosts.insert(

@@ -117,8 +117,12 @@ impl<'a> FdFactory<'a> {
     /// sockets of the tree exist (no packet may reach a missing peer).
     pub fn finish_tcp(&mut self) -> Result<(), RestoreError> {
         let pending = std::mem::take(&mut self.pending_tcp);
-        // Every end out of repair first (a socket in repair mode drops what
-        // reaches it), then the never-sent bytes.
+        // Queues refilled last (their retransmit timers start now), every
+        // end out of repair next (a socket in repair mode drops what reaches
+        // it), then the never-sent bytes.
+        for p in &pending {
+            p.fill()?;
+        }
         for p in &pending {
             p.leave_repair()?;
         }
@@ -791,11 +795,10 @@ fn inet_socket(
         }
         InetState::Established(r) => {
             restore_tcp(fd, &s, i, r)?;
-            let sent = r.send_queue.len() - (r.unsent as usize).min(r.send_queue.len());
             pending.push(PendingTcp {
                 fd,
                 sock: scm::dup_at_least(s.as_fd(), 3)?,
-                unsent: r.send_queue[sent..].to_vec(),
+                repair: r.clone(),
                 options: i.options.clone(),
             });
             return Ok(s);
@@ -838,24 +841,21 @@ fn restore_tcp(fd: i32, s: &OwnedFd, i: &InetSocket, r: &TcpRepair) -> Result<()
     // the port its listener holds. SO_REUSEADDR must not be set after it.)
     let sent = r.send_queue.len() - (r.unsent as usize).min(r.send_queue.len());
     let seq = |v: u32, back: usize| v.wrapping_sub(u32::try_from(back).unwrap_or(0));
-    sock::set_int(b, tcp, sock::TCP_REPAIR_QUEUE, sock::TCP_SEND_QUEUE)
-        .map_err(step_err("selecting the send queue"))?;
-    sock::set_int(
-        b,
-        tcp,
-        sock::TCP_QUEUE_SEQ,
-        i32::from_ne_bytes(seq(r.snd_seq, r.send_queue.len()).to_ne_bytes()),
-    )
-    .map_err(step_err("setting the send sequence"))?;
-    sock::set_int(b, tcp, sock::TCP_REPAIR_QUEUE, sock::TCP_RECV_QUEUE)
-        .map_err(step_err("selecting the receive queue"))?;
-    sock::set_int(
-        b,
-        tcp,
-        sock::TCP_QUEUE_SEQ,
-        i32::from_ne_bytes(seq(r.rcv_seq, r.recv_queue.len()).to_ne_bytes()),
-    )
-    .map_err(step_err("setting the receive sequence"))?;
+    // Each queue starts where its saved bytes begin.
+    for (queue, next, len) in [
+        (sock::TCP_SEND_QUEUE, r.snd_seq, r.send_queue.len()),
+        (sock::TCP_RECV_QUEUE, r.rcv_seq, r.recv_queue.len()),
+    ] {
+        sock::set_int(b, tcp, sock::TCP_REPAIR_QUEUE, queue)
+            .map_err(step_err("selecting a queue"))?;
+        sock::set_int(
+            b,
+            tcp,
+            sock::TCP_QUEUE_SEQ,
+            i32::from_ne_bytes(seq(next, len).to_ne_bytes()),
+        )
+        .map_err(step_err("setting a queue's sequence"))?;
+    }
     sock::bind(b, &i.local).map_err(|e| {
         if e.raw_os_error() == Some(libc::EADDRINUSE) {
             RestoreError::PortTaken {
@@ -902,27 +902,10 @@ fn restore_tcp(fd: i32, s: &OwnedFd, i: &InetSocket, r: &TcpRepair) -> Result<()
         )
         .map_err(step_err("restoring the timestamp"))?;
     }
-    // Make room for the queues (SO_*BUFFORCE needs CAP_NET_ADMIN).
-    let room = i32::try_from((r.send_queue.len().max(r.recv_queue.len()) * 2).max(65536))
-        .unwrap_or(i32::MAX);
-    let _ = sock::set_int(b, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, room);
-    let _ = sock::set_int(b, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, room);
-    sock::set_int(b, tcp, sock::TCP_REPAIR_QUEUE, sock::TCP_RECV_QUEUE)
-        .map_err(step_err("selecting the receive queue"))?;
-    for chunk in r.recv_queue.chunks(64 * 1024) {
-        sock::send_all(b, chunk).map_err(step_err("refilling the receive queue"))?;
-    }
-    sock::set_int(b, tcp, sock::TCP_REPAIR_QUEUE, sock::TCP_SEND_QUEUE)
-        .map_err(step_err("selecting the send queue"))?;
-    for chunk in r.send_queue[..sent].chunks(64 * 1024) {
-        sock::send_all(b, chunk).map_err(step_err("refilling the send queue"))?;
-    }
-    let window: Vec<u8> = r.window.iter().flat_map(|w| w.to_ne_bytes()).collect();
-    sock::set_bytes(b, tcp, sock::TCP_REPAIR_WINDOW, &window)
-        .map_err(step_err("restoring the window"))?;
-    // Still in repair mode: the connection goes live only once every
-    // socket of the tree exists (see `FdFactory::finish_tcp`), or its peer
-    // would answer with a reset.
+    // The queues are refilled later (`PendingTcp::fill`): data in the send
+    // queue arms the retransmit timer, which must not fire before every
+    // socket of the tree exists, or its peer would answer with a reset.
+    let _ = sent;
     Ok(())
 }
 
@@ -930,11 +913,45 @@ fn restore_tcp(fd: i32, s: &OwnedFd, i: &InetSocket, r: &TcpRepair) -> Result<()
 pub struct PendingTcp {
     fd: i32,
     sock: OwnedFd,
-    unsent: Vec<u8>,
+    repair: TcpRepair,
     options: Vec<(i32, i32, i32)>,
 }
 
 impl PendingTcp {
+    /// Refills both queues (still in repair mode: nothing is sent) and
+    /// restores the window.
+    fn fill(&self) -> Result<(), RestoreError> {
+        let (b, r, tcp) = (self.sock.as_fd(), &self.repair, libc::IPPROTO_TCP);
+        let err = |w: &str| {
+            let what = format!("{w} of the TCP connection of fd {}", self.fd);
+            move |e: KernelError| RestoreError::Step { what, source: e }
+        };
+        // Make room for the queues (SO_*BUFFORCE needs CAP_NET_ADMIN).
+        let room = i32::try_from((r.send_queue.len().max(r.recv_queue.len()) * 2).max(65536))
+            .unwrap_or(i32::MAX);
+        let _ = sock::set_int(b, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, room);
+        let _ = sock::set_int(b, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, room);
+        sock::set_int(b, tcp, sock::TCP_REPAIR_QUEUE, sock::TCP_RECV_QUEUE)
+            .map_err(err("selecting the receive queue"))?;
+        for chunk in r.recv_queue.chunks(64 * 1024) {
+            sock::send_all(b, chunk).map_err(err("refilling the receive queue"))?;
+        }
+        sock::set_int(b, tcp, sock::TCP_REPAIR_QUEUE, sock::TCP_SEND_QUEUE)
+            .map_err(err("selecting the send queue"))?;
+        for chunk in r.send_queue[..self.sent()].chunks(64 * 1024) {
+            sock::send_all(b, chunk).map_err(err("refilling the send queue"))?;
+        }
+        let window: Vec<u8> = r.window.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        sock::set_bytes(b, tcp, sock::TCP_REPAIR_WINDOW, &window)
+            .map_err(err("restoring the window"))
+    }
+
+    /// Bytes of the send queue that had been sent (the rest never was).
+    fn sent(&self) -> usize {
+        let r = &self.repair;
+        r.send_queue.len() - (r.unsent as usize).min(r.send_queue.len())
+    }
+
     /// Leaves repair mode. A window probe goes out, so each side learns the
     /// other's current window at once (both sides exist by now).
     fn leave_repair(&self) -> Result<(), RestoreError> {
@@ -951,12 +968,14 @@ impl PendingTcp {
 
     /// Queues the bytes that were never sent and puts the saved options back.
     fn send_unsent(self) -> Result<(), RestoreError> {
-        send_waiting(&self.sock, &self.unsent).map_err(|e| RestoreError::Step {
-            what: format!(
-                "queueing the never-sent bytes of the TCP connection of fd {}",
-                self.fd
-            ),
-            source: e,
+        send_waiting(&self.sock, &self.repair.send_queue[self.sent()..]).map_err(|e| {
+            RestoreError::Step {
+                what: format!(
+                    "queueing the never-sent bytes of the TCP connection of fd {}",
+                    self.fd
+                ),
+                source: e,
+            }
         })?;
         set_options(&self.sock, &self.options);
         Ok(())
