@@ -395,23 +395,22 @@ fn java_threads_keep_computing() {
     p.finish_pass();
 }
 
-/// Known issue: in about one run in twelve the restored loopback
-/// connection comes back crippled (mss 524, congestion window 1, segments
-/// lost, retransmit backoff) and stalls past the program's 10 s timeout.
-/// Run with `cargo test -- --ignored` while working on TCP repair; redis's
-/// pipelined connection (always passing) keeps TCP repair covered in CI.
+/// Known issue: once in a while (1 in 44 runs after the MSS fix, 1 in 12
+/// before it) a restored loopback connection stalls past the program's
+/// 10 s timeout (congestion window collapsed, segments lost, retransmit
+/// backoff). Run with `cargo test -- --ignored` while working on TCP repair;
+/// redis's pipelined connection keeps TCP repair covered in CI.
 #[test]
-#[ignore = "known issue: restored loopback TCP connections sometimes stall"]
+#[ignore = "known issue: restored loopback TCP connections rarely stall"]
 fn tcp_tree_megabytes_in_flight() {
     // 2 MiB queued each way: megabytes in flight, windows still open.
     tcp_tree(Some(2 << 20));
 }
 
-/// Known issue: with both directions queued until the windows are zero,
-/// about one run in ten loses the tail of one direction after two rounds.
-/// Run with `cargo test -- --ignored` while working on TCP repair.
+/// The same with both directions queued until the windows are zero (the
+/// hardest case for TCP repair); same known issue as above.
 #[test]
-#[ignore = "known issue: saturated (zero-window) connections can lose data"]
+#[ignore = "known issue: restored loopback TCP connections rarely stall"]
 fn tcp_tree_saturated_windows() {
     tcp_tree(None);
 }
