@@ -345,6 +345,24 @@ fn system_v_shared_memory() {
 }
 
 #[test]
+fn inotify_locks_posix_timers_and_seccomp() {
+    let script = programs().join("misc.py");
+    let mut p = Program::start("misc", true, |d| {
+        let mut c = Command::new("python3");
+        c.arg(&script).arg(d.join("pid"));
+        c
+    });
+    let status = std::fs::read_to_string(format!("/proc/{}/status", p.pid)).unwrap();
+    assert!(status.contains("Seccomp:\t2"), "{status}");
+    for _ in 0..2 {
+        std::thread::sleep(Duration::from_millis(100));
+        p.dump_and_reap();
+        p.restore();
+    }
+    p.finish_pass();
+}
+
+#[test]
 fn java_threads_keep_computing() {
     let classes = tempfile::Builder::new()
         .prefix("stasis-calc-classes-")
