@@ -116,7 +116,8 @@ const GHOST_MAX: u64 = 64 << 20;
 const QUEUE_MAX: usize = 256 << 20;
 
 /// Options saved and restored on every socket, where they apply.
-const SOCK_OPTS: [(i32, i32); 6] = [
+const SOCK_OPTS: [(i32, i32); 7] = [
+    (libc::SOL_SOCKET, libc::SO_PASSCRED),
     (libc::SOL_SOCKET, libc::SO_REUSEADDR),
     (libc::SOL_SOCKET, libc::SO_REUSEPORT),
     (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
@@ -332,14 +333,18 @@ impl FdCollector {
                     },
                     _ => UnixState::Unconnected,
                 };
-                let mut queue = if matches!(state, UnixState::Listening { .. }) { Vec::new() } else { sock::peek_queue(b, QUEUE_MAX).map_err(|e| match e {
+                let peeked = if matches!(state, UnixState::Listening { .. }) { Vec::new() } else { sock::peek_queue(b, QUEUE_MAX).map_err(|e| match e {
                         stasis_kernel::KernelError::Unsupported { .. } => unsupported(format!("fd {fd} is a unix socket with file descriptors in flight in its queue (SCM_RIGHTS), which stasis cannot checkpoint yet")),
                         e => e.into(),
                     })? };
+                let (mut queue, mut queue_creds): (Vec<Vec<u8>>, Vec<_>) = peeked.into_iter().unzip();
                 if ty == libc::SOCK_STREAM && queue.len() > 1 {
+                    // A byte stream: one chunk (credentials cannot be told
+                    // apart per byte; the first message's are kept).
                     queue = vec![queue.concat()];
+                    queue_creds.truncate(1);
                 }
-                Ok(FdKind::Unix(UnixSocket { ino, sock_type: ty, name: info.name.clone(), state, queue, options }))
+                Ok(FdKind::Unix(UnixSocket { ino, sock_type: ty, name: info.name.clone(), state, queue, queue_creds, options }))
             }
             libc::AF_INET | libc::AF_INET6 => {
                 let protocol = sock::get_int(b, libc::SOL_SOCKET, libc::SO_PROTOCOL)?;

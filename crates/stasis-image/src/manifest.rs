@@ -339,6 +339,10 @@ pub struct UnixSocket {
     /// Data waiting to be read: one entry per message (datagram and
     /// seqpacket sockets) or a single byte stream.
     pub queue: Vec<Vec<u8>>,
+    /// Credentials (pid, uid, gid) each queued message carries, when the
+    /// socket receives them (`SO_PASSCRED`); same order as `queue`.
+    #[serde(default)]
+    pub queue_creds: Vec<Option<(i32, u32, u32)>>,
     /// Socket options as (level, option, value).
     #[serde(default)]
     pub options: Vec<(i32, i32, i32)>,

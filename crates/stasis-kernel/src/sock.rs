@@ -210,10 +210,15 @@ pub fn outq(fd: BorrowedFd<'_>) -> Result<(u32, u32)> {
     Ok((ioctl_int(fd, SIOCOUTQ)?, ioctl_int(fd, SIOCOUTQNSD)?))
 }
 
+/// Credentials of a unix socket message: pid, uid, gid.
+pub type Creds = (i32, u32, u32);
+
 /// Reads what is queued without consuming it, message by message (for a
 /// stream: in chunks), using `SO_PEEK_OFF` to step through the queue. The
 /// socket's own peek offset is put back. `limit` bounds the bytes read.
-pub fn peek_queue(fd: BorrowedFd<'_>, limit: usize) -> Result<Vec<Vec<u8>>> {
+/// Each message comes with the credentials it carries (`SCM_CREDENTIALS`:
+/// pid, uid, gid), present when the socket has `SO_PASSCRED` set.
+pub fn peek_queue(fd: BorrowedFd<'_>, limit: usize) -> Result<Vec<(Vec<u8>, Option<Creds>)>> {
     let saved = get_int(fd, libc::SOL_SOCKET, SO_PEEK_OFF).unwrap_or(-1);
     set_int(fd, libc::SOL_SOCKET, SO_PEEK_OFF, 0)?;
     let mut out = Vec::new();
@@ -245,6 +250,7 @@ pub fn peek_queue(fd: BorrowedFd<'_>, limit: usize) -> Result<Vec<Vec<u8>>> {
                 libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
             )
         };
+        let mut creds = None;
         if n >= 0 && mh.msg_controllen > 0 {
             // SAFETY: walking the control messages the kernel just wrote.
             let mut c = unsafe { libc::CMSG_FIRSTHDR(&mh) };
@@ -252,6 +258,14 @@ pub fn peek_queue(fd: BorrowedFd<'_>, limit: usize) -> Result<Vec<Vec<u8>>> {
             while !c.is_null() {
                 // SAFETY: `c` points into `cbuf` (CMSG_FIRSTHDR/NXTHDR checked bounds).
                 let (level, ty, len) = unsafe { ((*c).cmsg_level, (*c).cmsg_type, (*c).cmsg_len) };
+                if level == libc::SOL_SOCKET && ty == libc::SCM_CREDENTIALS {
+                    // SAFETY: an SCM_CREDENTIALS message carries a struct ucred
+                    // (possibly unaligned in the buffer).
+                    let u = unsafe {
+                        std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::ucred>())
+                    };
+                    creds = Some((u.pid, u.uid, u.gid));
+                }
                 if level == libc::SOL_SOCKET && ty == libc::SCM_RIGHTS {
                     fds_in_flight = true;
                     // SAFETY: CMSG_LEN(0) is the header size.
@@ -287,7 +301,7 @@ pub fn peek_queue(fd: BorrowedFd<'_>, limit: usize) -> Result<Vec<Vec<u8>>> {
             break Ok(());
         }
         total += n;
-        out.push(buf[..n].to_vec());
+        out.push((buf[..n].to_vec(), creds));
     };
     let _ = set_int(fd, libc::SOL_SOCKET, SO_PEEK_OFF, saved);
     res.map(|()| out)
@@ -315,6 +329,30 @@ pub fn peek_repair_queue(fd: BorrowedFd<'_>, len: usize) -> Result<Vec<u8>> {
         ));
     }
     Ok(buf)
+}
+
+/// Sends one message carrying the credentials `creds` (pid, uid, gid):
+/// root may speak for another process, as the original sender did.
+pub fn send_with_creds(fd: BorrowedFd<'_>, data: &[u8], creds: (i32, u32, u32)) -> Result<()> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixCredentials};
+    let ucred = libc::ucred {
+        pid: creds.0,
+        uid: creds.1,
+        gid: creds.2,
+    };
+    let uc = UnixCredentials::from(ucred);
+    let cmsg = [ControlMessage::ScmCredentials(&uc)];
+    let iov = [std::io::IoSlice::new(data)];
+    sendmsg::<()>(fd.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None).map_err(|e| {
+        KernelError::io(
+            format!(
+                "sending a queued message with the credentials of pid {}",
+                creds.0
+            ),
+            e.into(),
+        )
+    })?;
+    Ok(())
 }
 
 /// Sends all of `data` (blocking socket or not: retries until done).

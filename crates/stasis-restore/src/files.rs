@@ -283,9 +283,7 @@ impl<'a> FdFactory<'a> {
                 }
                 // What each end had queued arrives by its peer.
                 for (from, img) in [(&b, u), (&a, peer_img)] {
-                    for m in &img.queue {
-                        sock::send_all(from.as_fd(), m)?;
-                    }
+                    refill(from, img)?;
                 }
                 self.pending_sockets.insert(*peer, b);
                 a
@@ -312,9 +310,7 @@ impl<'a> FdFactory<'a> {
                 // it has delivered what was queued.
                 let (a, b) = sock::unix_pair(u.sock_type)?;
                 set_options(&a, &u.options);
-                for m in &u.queue {
-                    sock::send_all(b.as_fd(), m)?;
-                }
+                refill(&b, u)?;
                 drop(b);
                 a
             }
@@ -338,9 +334,7 @@ impl<'a> FdFactory<'a> {
                             what: what("refilling"),
                             source: e,
                         })?;
-                        for m in &u.queue {
-                            sock::send_all(tmp.as_fd(), m)?;
-                        }
+                        refill(&tmp, u)?;
                     }
                 }
                 s
@@ -712,6 +706,18 @@ pub fn restore_posix_locks<R: Remote>(r: &mut R, img: &FdImage) -> Result<(), Re
             ),
             source: e,
         })?;
+    }
+    Ok(())
+}
+
+/// Sends what `img` had queued (to read) through `from`, its peer, each
+/// message with the credentials it carried.
+fn refill(from: &OwnedFd, img: &UnixSocket) -> Result<(), RestoreError> {
+    for (i, m) in img.queue.iter().enumerate() {
+        match img.queue_creds.get(i).copied().flatten() {
+            Some(c) => sock::send_with_creds(from.as_fd(), m, c)?,
+            None => sock::send_all(from.as_fd(), m)?,
+        }
     }
     Ok(())
 }

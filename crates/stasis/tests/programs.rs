@@ -363,6 +363,21 @@ fn inotify_locks_posix_timers_and_seccomp() {
 }
 
 #[test]
+fn passed_credentials_stay_with_queued_messages() {
+    let script = programs().join("creds.py");
+    let mut p = Program::start("creds", true, |d| {
+        let mut c = Command::new("python3");
+        c.arg(&script).arg(d.join("pid"));
+        c
+    });
+    for _ in 0..2 {
+        p.dump_and_reap();
+        p.restore();
+    }
+    p.finish_pass();
+}
+
+#[test]
 fn java_threads_keep_computing() {
     let classes = tempfile::Builder::new()
         .prefix("stasis-calc-classes-")
