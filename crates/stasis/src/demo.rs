@@ -130,6 +130,9 @@ impl Tail {
 
 /// `stasis demo`.
 pub fn run(dir: Option<PathBuf>, before: f64, after: f64) -> Result<ExitCode> {
+    // A directory of our own is removed after a successful demo (the image
+    // holds the workload's memory); one the user named is kept.
+    let own_dir = dir.is_none();
     let dir = match dir {
         Some(d) => {
             std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
@@ -234,6 +237,9 @@ pub fn run(dir: Option<PathBuf>, before: f64, after: f64) -> Result<ExitCode> {
             first_after.unwrap_or(0),
             last.map_or("-".into(), |t| t.to_string())
         );
+        if own_dir {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
         Ok(ExitCode::SUCCESS)
     } else {
         bail!("demo failed: continued={continued} exit={code} verdict={verdict:?}")
