@@ -305,76 +305,60 @@ fn python_thread_pool() {
     p.finish_pass();
 }
 
-#[test]
-fn deleted_files_and_shared_memfd() {
-    let script = programs().join("ghosts.py");
-    let mut p = Program::start("ghosts", true, |d| {
+/// Starts `tests/programs/NAME.py PIDFILE` (it writes its pidfile when ready).
+fn python_program(name: &str) -> Program {
+    let script = programs().join(format!("{name}.py"));
+    Program::start(name, true, |d| {
         let mut c = Command::new("python3");
         c.arg(&script).arg(d.join("pid"));
         c
-    });
-    let maps = std::fs::read_to_string(format!("/proc/{}/maps", p.pid)).unwrap();
+    })
+}
+
+/// Dumps (killing) and restores `p` twice, then SIGTERM: it must PASS.
+fn two_rounds_then_pass(mut p: Program) {
+    for _ in 0..2 {
+        std::thread::sleep(Duration::from_millis(100));
+        p.dump_and_reap();
+        p.restore();
+    }
+    p.finish_pass();
+}
+
+fn proc_file(pid: i32, name: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/{name}")).unwrap()
+}
+
+#[test]
+fn deleted_files_and_shared_memfd() {
+    let p = python_program("ghosts");
+    let maps = proc_file(p.pid, "maps");
     assert!(
         maps.contains("/memfd:shared-buf (deleted)") && maps.contains("ghost.data (deleted)"),
         "{maps}"
     );
-    for _ in 0..2 {
-        std::thread::sleep(Duration::from_millis(100));
-        p.dump_and_reap();
-        p.restore();
-    }
-    p.finish_pass();
+    two_rounds_then_pass(p);
 }
 
 #[test]
 fn system_v_shared_memory() {
-    let script = programs().join("sysv.py");
-    let mut p = Program::start("sysv", true, |d| {
-        let mut c = Command::new("python3");
-        c.arg(&script).arg(d.join("pid"));
-        c
-    });
-    let maps = std::fs::read_to_string(format!("/proc/{}/maps", p.pid)).unwrap();
+    let p = python_program("sysv");
+    let maps = proc_file(p.pid, "maps");
     assert_eq!(maps.matches("/SYSV").count(), 2, "{maps}");
-    for _ in 0..2 {
-        std::thread::sleep(Duration::from_millis(100));
-        p.dump_and_reap();
-        p.restore();
-    }
-    p.finish_pass();
+    two_rounds_then_pass(p);
 }
 
 #[test]
 fn inotify_locks_posix_timers_and_seccomp() {
-    let script = programs().join("misc.py");
-    let mut p = Program::start("misc", true, |d| {
-        let mut c = Command::new("python3");
-        c.arg(&script).arg(d.join("pid"));
-        c
-    });
-    let status = std::fs::read_to_string(format!("/proc/{}/status", p.pid)).unwrap();
+    let p = python_program("misc");
+    let status = proc_file(p.pid, "status");
     assert!(status.contains("Seccomp:\t2"), "{status}");
-    for _ in 0..2 {
-        std::thread::sleep(Duration::from_millis(100));
-        p.dump_and_reap();
-        p.restore();
-    }
-    p.finish_pass();
+    two_rounds_then_pass(p);
 }
 
 #[test]
 fn passed_credentials_stay_with_queued_messages() {
-    let script = programs().join("creds.py");
-    let mut p = Program::start("creds", true, |d| {
-        let mut c = Command::new("python3");
-        c.arg(&script).arg(d.join("pid"));
-        c
-    });
-    for _ in 0..2 {
-        p.dump_and_reap();
-        p.restore();
-    }
-    p.finish_pass();
+    two_rounds_then_pass(python_program("creds"));
 }
 
 #[test]
