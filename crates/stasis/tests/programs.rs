@@ -412,10 +412,9 @@ fn java_threads_keep_computing() {
     p.finish_pass();
 }
 
-/// Known issue: once in a while (1 in 44 runs after the MSS fix, 1 in 12
-/// before it) a restored loopback connection stalls past the program's
-/// 10 s timeout (congestion window collapsed, segments lost, retransmit
-/// backoff). Run with `cargo test -- --ignored` while working on TCP repair;
+/// Known issue: about one run in twelve, a restored loopback connection
+/// stalls past the program's 10 s timeout (congestion window collapsed,
+/// segments lost, retransmit backoff), or loses the tail of one direction. Run with `cargo test -- --ignored` while working on TCP repair;
 /// redis's pipelined connection keeps TCP repair covered in CI.
 #[test]
 #[ignore = "known issue: restored loopback TCP connections rarely stall"]
