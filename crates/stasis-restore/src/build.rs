@@ -396,12 +396,18 @@ pub fn create_posix_timers<R: Remote>(
 
 /// Arms the POSIX timers that were armed (last, like interval timers).
 pub fn arm_posix_timers<R: Remote>(r: &mut R, timers: &[PosixTimer]) -> Result<(), RestoreError> {
-    for t in timers.iter().filter(|t| t.value_ns != 0) {
+    for t in timers
+        .iter()
+        .filter(|t| t.value_ns != 0 || t.interval_ns != 0)
+    {
+        // A periodic timer read between an expiry and its re-arm shows 0
+        // time left: it is still armed (0 would disarm it).
+        let value = t.value_ns.max(1);
         let its = words(&[
             t.interval_ns / 1_000_000_000,
             t.interval_ns % 1_000_000_000,
-            t.value_ns / 1_000_000_000,
-            t.value_ns % 1_000_000_000,
+            value / 1_000_000_000,
+            value % 1_000_000_000,
         ]);
         let a = r.put(SCRATCH_STRUCT, &its).map_err(step("itimerspec"))?;
         r.sys(
@@ -913,6 +919,36 @@ mod tests {
         );
         assert_eq!(u64::from_le_bytes(w[1][72..80].try_into().unwrap()), 1);
         assert_eq!(r.args_of("clone3")[0][1], 88);
+    }
+
+    #[test]
+    fn periodic_posix_timers_caught_at_expiry_stay_armed() {
+        let mut r = Recorder::default();
+        let t = |id, value_ns, interval_ns| PosixTimer {
+            id,
+            clockid: 1,
+            notify: 0,
+            signo: 10,
+            tid: 0,
+            value: 0,
+            value_ns,
+            interval_ns,
+        };
+        arm_posix_timers(&mut r, &[t(1, 0, 10_000_000), t(2, 0, 0), t(3, 5, 0)]).unwrap();
+        let armed: Vec<u64> = r.args_of("timer_settime").iter().map(|a| a[0]).collect();
+        assert_eq!(armed, vec![1, 3]);
+        let w: Vec<Vec<u8>> = r
+            .calls
+            .iter()
+            .filter_map(|c| {
+                if let Call::Write { data, .. } = c {
+                    Some(data.clone())
+                } else {
+                    None
+                }
+            })
+            .collect();
+        assert_eq!(w[0], words(&[0, 10_000_000, 0, 1]));
     }
 
     #[test]

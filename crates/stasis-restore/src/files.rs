@@ -490,9 +490,16 @@ impl<'a> FdFactory<'a> {
                     tv_sec: i64::try_from(ns / 1_000_000_000).unwrap_or(0),
                     tv_nsec: i64::try_from(ns % 1_000_000_000).unwrap_or(0),
                 };
+                // A periodic timer caught between an expiry and its re-arm
+                // shows 0 time left: it is still armed (0 would disarm it).
+                let value = if *value_ns == 0 && *interval_ns != 0 {
+                    1
+                } else {
+                    *value_ns
+                };
                 let spec = libc::itimerspec {
                     it_interval: ts(*interval_ns),
-                    it_value: ts(*value_ns),
+                    it_value: ts(value),
                 };
                 // SAFETY: timerfd_settime with a valid itimerspec.
                 if unsafe { libc::timerfd_settime(t.as_raw_fd(), 0, &spec, std::ptr::null_mut()) }
