@@ -15,6 +15,7 @@ struct RemoteState {
     sigactions: Vec<SigAction>,
     posix_timers: Vec<PosixTimer>,
     pdeath_signal: i32,
+    child_subreaper: bool,
     itimers: Vec<ITimer>,
     brk: u64,
     /// Per thread, in `FrozenProcess::threads` order: altstack and clear_child_tid.
@@ -81,6 +82,13 @@ fn remote_state(f: &mut FrozenProcess, mem: &ProcessMemory) -> Result<RemoteStat
             &[libc::PR_GET_PDEATHSIG as u64, scratch],
         )?;
         let pdeath_signal = i32::try_from(mem.read_u64s(scratch, 1)?[0] & 0xffff_ffff).unwrap_or(0);
+        t.syscall(
+            base,
+            "prctl(PR_GET_CHILD_SUBREAPER)",
+            libc::SYS_prctl,
+            &[libc::PR_GET_CHILD_SUBREAPER as u64, scratch],
+        )?;
+        let child_subreaper = mem.read_u64s(scratch, 1)?[0] & 0xffff_ffff != 0;
         let mut posix_timers = Vec::new();
         let pid = t.pid();
         let text = proc::read(pid, "timers")?;
@@ -128,6 +136,7 @@ fn remote_state(f: &mut FrozenProcess, mem: &ProcessMemory) -> Result<RemoteStat
             sigactions,
             posix_timers,
             pdeath_signal,
+            child_subreaper,
             itimers,
             brk,
             threads,
@@ -209,6 +218,7 @@ pub fn zombie_image(pid: i32, status: i32) -> Result<ProcessImage> {
         posix_timers: Vec::new(),
         no_new_privs: false,
         pdeath_signal: 0,
+        child_subreaper: false,
     })
 }
 
@@ -324,6 +334,7 @@ pub fn capture(
         posix_timers: remote.posix_timers,
         no_new_privs,
         pdeath_signal: remote.pdeath_signal,
+        child_subreaper: remote.child_subreaper,
     };
     Ok((image, maps, xfeatures))
 }

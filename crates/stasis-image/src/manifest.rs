@@ -137,6 +137,9 @@ pub struct ProcessImage {
     /// `PR_SET_PDEATHSIG` (0: none).
     #[serde(default)]
     pub pdeath_signal: i32,
+    /// `PR_SET_CHILD_SUBREAPER`: orphaned descendants are re-parented here.
+    #[serde(default)]
+    pub child_subreaper: bool,
 }
 
 /// A POSIX timer, restored at the same timer ID.

@@ -921,6 +921,14 @@ fn build_process(
     // POSIX timers at their IDs (signals may target threads: after them).
     s.cur = None;
     build::create_posix_timers(s, &p.posix_timers)?;
+    if p.child_subreaper {
+        s.sys(
+            "prctl(PR_SET_CHILD_SUBREAPER)",
+            libc::SYS_prctl,
+            &[libc::PR_SET_CHILD_SUBREAPER as u64, 1],
+        )
+        .map_err(step("making the process a child subreaper again"))?;
+    }
     // The root's parent is the restorer now, which may exit (--detach): its
     // parent-death signal would kill it for no reason, so only the other
     // processes (whose parents are restored with them) get theirs back.

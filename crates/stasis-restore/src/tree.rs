@@ -153,6 +153,7 @@ mod tests {
             posix_timers: vec![],
             no_new_privs: false,
             pdeath_signal: 0,
+            child_subreaper: false,
         }
     }
 

@@ -357,6 +357,11 @@ fn inotify_locks_posix_timers_and_seccomp() {
 }
 
 #[test]
+fn orphans_under_a_child_subreaper() {
+    two_rounds_then_pass(python_program("orphans"));
+}
+
+#[test]
 fn passed_credentials_stay_with_queued_messages() {
     two_rounds_then_pass(python_program("creds"));
 }

@@ -167,6 +167,7 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
         }],
         no_new_privs: true,
         pdeath_signal: 1,
+        child_subreaper: true,
     }
 }
 
