@@ -300,22 +300,35 @@ pub fn restore_sigactions<R: Remote>(r: &mut R, acts: &[SigAction]) -> Result<()
     Ok(())
 }
 
+/// The value to arm a saved timer with, or `None` if it was disarmed. A
+/// periodic timer read between an expiry and its re-arm shows 0 time left,
+/// yet it is armed: it gets the smallest value instead (0 would disarm it).
+pub fn armed_value(value: u64, interval: u64) -> Option<u64> {
+    (value != 0 || interval != 0).then_some(value.max(1))
+}
+
+/// `[interval, value]` split into (seconds, fraction) words, as
+/// `struct itimerval` (fraction in µs) or `struct itimerspec` (in ns) want.
+fn timer_words(interval: u64, value: u64, per_second: u64) -> Vec<u8> {
+    words(&[
+        interval / per_second,
+        interval % per_second,
+        value / per_second,
+        value % per_second,
+    ])
+}
+
 /// Arms saved interval timers (disarmed ones are left alone).
 pub fn restore_itimers<R: Remote>(r: &mut R, timers: &[ITimer]) -> Result<(), RestoreError> {
-    for t in timers
-        .iter()
-        .filter(|t| t.value_us != 0 || t.interval_us != 0)
-    {
-        // A timer that was about to fire still needs a non-zero value to stay armed.
-        let value = t.value_us.max(1);
-        let v = [
-            t.interval_us / 1_000_000,
-            t.interval_us % 1_000_000,
-            value / 1_000_000,
-            value % 1_000_000,
-        ];
+    for t in timers {
+        let Some(value) = armed_value(t.value_us, t.interval_us) else {
+            continue;
+        };
         let addr = r
-            .put(SCRATCH_STRUCT, &words(&v))
+            .put(
+                SCRATCH_STRUCT,
+                &timer_words(t.interval_us, value, 1_000_000),
+            )
             .map_err(step("itimerval"))?;
         r.sys(
             "setitimer",
@@ -396,20 +409,16 @@ pub fn create_posix_timers<R: Remote>(
 
 /// Arms the POSIX timers that were armed (last, like interval timers).
 pub fn arm_posix_timers<R: Remote>(r: &mut R, timers: &[PosixTimer]) -> Result<(), RestoreError> {
-    for t in timers
-        .iter()
-        .filter(|t| t.value_ns != 0 || t.interval_ns != 0)
-    {
-        // A periodic timer read between an expiry and its re-arm shows 0
-        // time left: it is still armed (0 would disarm it).
-        let value = t.value_ns.max(1);
-        let its = words(&[
-            t.interval_ns / 1_000_000_000,
-            t.interval_ns % 1_000_000_000,
-            value / 1_000_000_000,
-            value % 1_000_000_000,
-        ]);
-        let a = r.put(SCRATCH_STRUCT, &its).map_err(step("itimerspec"))?;
+    for t in timers {
+        let Some(value) = armed_value(t.value_ns, t.interval_ns) else {
+            continue;
+        };
+        let a = r
+            .put(
+                SCRATCH_STRUCT,
+                &timer_words(t.interval_ns, value, 1_000_000_000),
+            )
+            .map_err(step("itimerspec"))?;
         r.sys(
             "timer_settime",
             libc::SYS_timer_settime,
@@ -824,17 +833,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(r.names(), vec!["setitimer"]);
-        let w = r
-            .calls
-            .iter()
-            .find_map(|c| {
-                if let Call::Write { data, .. } = c {
-                    Some(data.clone())
-                } else {
-                    None
-                }
-            })
-            .unwrap();
+        let w = r.writes()[0].clone();
         assert_eq!(w, words(&[0, 10_000, 2, 500_000]));
     }
 
@@ -882,17 +881,7 @@ mod tests {
         let sc = &r.args_of("seccomp")[0];
         assert_eq!((sc[0], sc[1]), (1, 2));
         // SS_ONSTACK is a state, not a flag one can set.
-        let w: Vec<Vec<u8>> = r
-            .calls
-            .iter()
-            .filter_map(|c| {
-                if let Call::Write { data, .. } = c {
-                    Some(data.clone())
-                } else {
-                    None
-                }
-            })
-            .collect();
+        let w = r.writes();
         assert_eq!(w[0], words(&[0x7000, 0, 8192]));
     }
 
@@ -901,17 +890,7 @@ mod tests {
         let mut r = Recorder::default();
         // The recorder answers 0, not the TID: a mismatch is an error.
         assert!(clone_thread(&mut r, 77).is_err());
-        let w: Vec<Vec<u8>> = r
-            .calls
-            .iter()
-            .filter_map(|c| {
-                if let Call::Write { data, .. } = c {
-                    Some(data.clone())
-                } else {
-                    None
-                }
-            })
-            .collect();
+        let w = r.writes();
         assert_eq!(w[0], 77i32.to_le_bytes());
         assert_eq!(
             u64::from_le_bytes(w[1][0..8].try_into().unwrap()),
@@ -937,17 +916,7 @@ mod tests {
         arm_posix_timers(&mut r, &[t(1, 0, 10_000_000), t(2, 0, 0), t(3, 5, 0)]).unwrap();
         let armed: Vec<u64> = r.args_of("timer_settime").iter().map(|a| a[0]).collect();
         assert_eq!(armed, vec![1, 3]);
-        let w: Vec<Vec<u8>> = r
-            .calls
-            .iter()
-            .filter_map(|c| {
-                if let Call::Write { data, .. } = c {
-                    Some(data.clone())
-                } else {
-                    None
-                }
-            })
-            .collect();
+        let w = r.writes();
         assert_eq!(w[0], words(&[0, 10_000_000, 0, 1]));
     }
 
@@ -964,17 +933,7 @@ mod tests {
         restore_mm(&mut r, &mm, 5).unwrap();
         let p = &r.args_of("prctl")[0];
         assert_eq!((p[0], p[1], p[3]), (35, 14, 104));
-        let data: Vec<Vec<u8>> = r
-            .calls
-            .iter()
-            .filter_map(|c| {
-                if let Call::Write { data, .. } = c {
-                    Some(data.clone())
-                } else {
-                    None
-                }
-            })
-            .collect();
+        let data = r.writes();
         assert_eq!(data[0], words(&[33, 44]));
         let s = &data[1];
         assert_eq!(s.len(), 104);

@@ -185,7 +185,11 @@ impl<'a> FdFactory<'a> {
                         unsafe { libc::memfd_create(cname.as_ptr(), flags) },
                         "memfd_create",
                     )?;
-                    write_all(&k, &g.data)?;
+                    write_all(
+                        &k,
+                        &g.data,
+                        "writing the content of a deleted file or memfd",
+                    )?;
                     if g.seals != 0 && sealable {
                         // SAFETY: F_ADD_SEALS on our memfd.
                         if unsafe {
@@ -232,7 +236,11 @@ impl<'a> FdFactory<'a> {
                             },
                         })?
                         .into();
-                    let filled = write_all(&k, &g.data);
+                    let filled = write_all(
+                        &k,
+                        &g.data,
+                        "writing the content of a deleted file or memfd",
+                    );
                     let _ = std::fs::remove_file(&target);
                     filled?;
                     k
@@ -490,13 +498,7 @@ impl<'a> FdFactory<'a> {
                     tv_sec: i64::try_from(ns / 1_000_000_000).unwrap_or(0),
                     tv_nsec: i64::try_from(ns % 1_000_000_000).unwrap_or(0),
                 };
-                // A periodic timer caught between an expiry and its re-arm
-                // shows 0 time left: it is still armed (0 would disarm it).
-                let value = if *value_ns == 0 && *interval_ns != 0 {
-                    1
-                } else {
-                    *value_ns
-                };
+                let value = crate::build::armed_value(*value_ns, *interval_ns).unwrap_or(0);
                 let spec = libc::itimerspec {
                     it_interval: ts(*interval_ns),
                     it_value: ts(value),
@@ -1111,7 +1113,7 @@ fn inotify(
     Ok(i)
 }
 
-fn write_all(f: &OwnedFd, data: &[u8]) -> Result<(), RestoreError> {
+fn write_all(f: &OwnedFd, data: &[u8], what: &str) -> Result<(), RestoreError> {
     let mut off = 0;
     while off < data.len() {
         // SAFETY: writing from our buffer to our fd.
@@ -1119,7 +1121,7 @@ fn write_all(f: &OwnedFd, data: &[u8]) -> Result<(), RestoreError> {
             unsafe { libc::write(f.as_raw_fd(), data[off..].as_ptr().cast(), data.len() - off) };
         if n <= 0 {
             return Err(RestoreError::Step {
-                what: "writing the content of a deleted file or memfd".into(),
+                what: what.into(),
                 source: os_err("write"),
             });
         }
@@ -1146,25 +1148,7 @@ fn fill_pipe(w: &OwnedFd, img: &PipeImage) -> Result<(), RestoreError> {
             source: os_err("F_SETPIPE_SZ"),
         });
     }
-    let mut off = 0;
-    while off < img.data.len() {
-        // SAFETY: writing from our buffer to our pipe.
-        let n = unsafe {
-            libc::write(
-                w.as_raw_fd(),
-                img.data[off..].as_ptr().cast(),
-                img.data.len() - off,
-            )
-        };
-        if n <= 0 {
-            return Err(RestoreError::Step {
-                what: "refilling a pipe".into(),
-                source: os_err("write"),
-            });
-        }
-        off += usize::try_from(n).unwrap_or(0);
-    }
-    Ok(())
+    write_all(w, &img.data, "refilling a pipe")
 }
 
 /// A description from the factory: owned (used once) or shared.
@@ -1287,7 +1271,7 @@ pub fn restore_epoll<R: Remote>(r: &mut R, img: &FdImage) -> Result<(), RestoreE
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::remote::{Call, Recorder};
+    use crate::remote::Recorder;
     use stasis_image::manifest::EpollTarget;
 
     #[test]
@@ -1402,17 +1386,7 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![(5, 1, 3), (5, 1, 4)]
         );
-        let ev = r
-            .calls
-            .iter()
-            .find_map(|c| {
-                if let Call::Write { data, .. } = c {
-                    Some(data.clone())
-                } else {
-                    None
-                }
-            })
-            .unwrap();
+        let ev = r.writes()[0].clone();
         assert_eq!(ev.len(), 12);
         assert_eq!(u64::from_le_bytes(ev[4..12].try_into().unwrap()), 0xabc);
     }

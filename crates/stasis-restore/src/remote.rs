@@ -79,6 +79,20 @@ impl Recorder {
             .collect()
     }
 
+    /// The data of every recorded memory write, in order.
+    pub fn writes(&self) -> Vec<Vec<u8>> {
+        self.calls
+            .iter()
+            .filter_map(|c| {
+                if let Call::Write { data, .. } = c {
+                    Some(data.clone())
+                } else {
+                    None
+                }
+            })
+            .collect()
+    }
+
     /// Arguments of every recorded call to `name`.
     pub fn args_of(&self, name: &str) -> Vec<Vec<u64>> {
         self.calls
