@@ -1113,19 +1113,24 @@ fn inotify(
     Ok(i)
 }
 
-fn write_all(f: &OwnedFd, data: &[u8], what: &str) -> Result<(), RestoreError> {
-    let mut off = 0;
-    while off < data.len() {
-        // SAFETY: writing from our buffer to our fd.
-        let n =
-            unsafe { libc::write(f.as_raw_fd(), data[off..].as_ptr().cast(), data.len() - off) };
-        if n <= 0 {
-            return Err(RestoreError::Step {
-                what: what.into(),
-                source: os_err("write"),
-            });
-        }
-        off += usize::try_from(n).unwrap_or(0);
+fn write_all(f: &OwnedFd, mut data: &[u8], what: &str) -> Result<(), RestoreError> {
+    while !data.is_empty() {
+        let source = match nix::unistd::write(f, data) {
+            Ok(0) => std::io::ErrorKind::WriteZero.into(),
+            Ok(n) => {
+                data = &data[n..];
+                continue;
+            }
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => std::io::Error::from(e),
+        };
+        return Err(RestoreError::Step {
+            what: what.into(),
+            source: KernelError::Io {
+                what: "write".into(),
+                source,
+            },
+        });
     }
     Ok(())
 }
