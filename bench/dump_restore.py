@@ -59,19 +59,58 @@ def log(msg):
 
 # ---------------------------------------------------------------- helpers
 
-def build_workloads():
+def compile_workloads(names, extra_flags=()):
+    """Compiles bench/workloads/<name>.c into bench/build/<name> when stale;
+    returns {name: executable}."""
     os.makedirs(BUILD, exist_ok=True)
     out = {}
-    for name in ("fill", "tmpfs_write"):
+    for name in names:
         src = os.path.join(BENCH, "workloads", name + ".c")
         exe = os.path.join(BUILD, name)
         if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(src):
-            cmd = ["cc", "-O2", "-Wall", "-Wextra", "-o", exe, src]
+            cmd = ["cc", "-O2", "-Wall", "-Wextra", *extra_flags, "-o", exe, src]
             r = subprocess.run(cmd, capture_output=True, text=True)
             if r.returncode != 0:
                 raise BenchError(f"compiling {src} failed:\n{r.stderr}")
         out[name] = exe
     return out
+
+
+def build_workloads():
+    return compile_workloads(("fill", "tmpfs_write"))
+
+
+def dump_record(d, wall, usage, size):
+    """The result record of one `stasis dump --json` run over `size` bytes."""
+    return {
+        "wall_s": wall,
+        "total_s": d["total_us"] / 1e6,
+        "frozen_s": d["frozen_us"] / 1e6,
+        "pages": d["pages"],
+        "bytes": d["bytes"],
+        **usage,
+        "wall_gbps": size / wall / 1e9,
+        "total_gbps": size / (d["total_us"] / 1e6) / 1e9,
+        "raw": d,
+    }
+
+
+def restore_record(r, wall, usage, size):
+    """The result record of one `stasis restore --json` run over `size` bytes;
+    `net` leaves out the wait for the PID to be free."""
+    net_s = (r["total_us"] - r["pid_wait_us"]) / 1e6
+    return {
+        "wall_s": wall,
+        "total_s": r["total_us"] / 1e6,
+        "pid_wait_s": r["pid_wait_us"] / 1e6,
+        "net_s": net_s,
+        "pages": r["pages"],
+        "bytes": r["bytes"],
+        **usage,
+        "wall_gbps": size / wall / 1e9,
+        "net_gbps": size / net_s / 1e9,
+        "raw": r,
+    }
 
 
 def cpu_busy_s():
@@ -294,17 +333,7 @@ class Bench:
         if fill.returncode != -signal.SIGKILL:
             raise BenchError(f"dumped process {pid} ended with {fill.returncode}, expected SIGKILL; log: {open(logf).read()}")
         apparent, allocated, nfiles = dir_size(img)
-        rec["dump"] = {
-            "wall_s": wall,
-            "total_s": d["total_us"] / 1e6,
-            "frozen_s": d["frozen_us"] / 1e6,
-            "pages": d["pages"],
-            "bytes": d["bytes"],
-            **usage,
-            "wall_gbps": size / wall / 1e9,
-            "total_gbps": size / (d["total_us"] / 1e6) / 1e9,
-            "raw": d,
-        }
+        rec["dump"] = dump_record(d, wall, usage, size)
         rec["image"] = {"apparent_bytes": apparent, "allocated_bytes": allocated, "files": nfiles,
                         "ratio_to_memory": apparent / size}
 
@@ -328,19 +357,7 @@ class Bench:
         child_cpu = proc_cpu_s(rpid)
         usage["restored_process_cpu_s"] = child_cpu
         usage["other_cpu_s"] = max(0.0, usage["other_cpu_s"] - child_cpu)
-        net_s = (r["total_us"] - r["pid_wait_us"]) / 1e6
-        rec["restore"] = {
-            "wall_s": wall,
-            "total_s": r["total_us"] / 1e6,
-            "pid_wait_s": r["pid_wait_us"] / 1e6,
-            "net_s": net_s,
-            "pages": r["pages"],
-            "bytes": r["bytes"],
-            **usage,
-            "wall_gbps": size / wall / 1e9,
-            "net_gbps": size / net_s / 1e9,
-            "raw": r,
-        }
+        rec["restore"] = restore_record(r, wall, usage, size)
 
         # check the restored memory
         os.kill(rpid, signal.SIGTERM)

@@ -62,15 +62,7 @@ REFERENCE["issue"] = ("Dump and restore time of a 16-thread process with 1 GiB a
 
 def build_workloads():
     exes = dr.build_workloads()  # fill, tmpfs_write
-    for name in ("threads_fill", "tree_fill"):
-        src = os.path.join(BENCH, "workloads", name + ".c")
-        exe = os.path.join(BUILD, name)
-        if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(src):
-            cmd = ["cc", "-O2", "-Wall", "-Wextra", "-pthread", "-o", exe, src]
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode != 0:
-                raise BenchError(f"compiling {src} failed:\n{r.stderr}")
-        exes[name] = exe
+    exes.update(dr.compile_workloads(("threads_fill", "tree_fill"), ["-pthread"]))
     return exes
 
 
@@ -210,17 +202,7 @@ class Bench(dr.Bench):
             raise BenchError(f"stasis dump saw {d['processes']} processes, {d['threads']} threads; "
                              f"want {w['processes']}, {w['threads']}: {d}")
         apparent, allocated, nfiles = dr.dir_size(img)
-        rec["dump"] = {
-            "wall_s": wall,
-            "total_s": d["total_us"] / 1e6,
-            "frozen_s": d["frozen_us"] / 1e6,
-            "pages": d["pages"],
-            "bytes": d["bytes"],
-            **usage,
-            "wall_gbps": size / wall / 1e9,
-            "total_gbps": size / (d["total_us"] / 1e6) / 1e9,
-            "raw": d,
-        }
+        rec["dump"] = dr.dump_record(d, wall, usage, size)
         rec["image"] = {"apparent_bytes": apparent, "allocated_bytes": allocated, "files": nfiles,
                         "ratio_to_memory": apparent / size}
         if w["shared_bytes"]:
@@ -254,19 +236,7 @@ class Bench(dr.Bench):
         usage["restored_process_cpu_s"] = child_cpu
         usage["other_cpu_s"] = max(0.0, usage["other_cpu_s"] - child_cpu)
         self.check_shape(w, rpid, children, "after the restore")
-        net_s = (r["total_us"] - r["pid_wait_us"]) / 1e6
-        rec["restore"] = {
-            "wall_s": wall,
-            "total_s": r["total_us"] / 1e6,
-            "pid_wait_s": r["pid_wait_us"] / 1e6,
-            "net_s": net_s,
-            "pages": r["pages"],
-            "bytes": r["bytes"],
-            **usage,
-            "wall_gbps": size / wall / 1e9,
-            "net_gbps": size / net_s / 1e9,
-            "raw": r,
-        }
+        rec["restore"] = dr.restore_record(r, wall, usage, size)
 
         # check the restored memory (the root signals and reaps its children)
         os.kill(rpid, signal.SIGTERM)
