@@ -84,25 +84,7 @@ static int fd_file = -1, p1r = -1, p1w = -1;
 /* ------------------------------------------------------------------ */
 /* helpers                                                             */
 
-__attribute__((format(printf, 2, 3)))
-static void dfail(const char *tag, const char *fmt, ...)
-{
-	char buf[512];
-	int n;
-	va_list ap;
-
-	n = snprintf(buf, sizeof(buf), "mismatch[%s]: (pipes child D, pid %d) ",
-		     tag, (int)getpid());
-	va_start(ap, fmt);
-	n += vsnprintf(buf + n, sizeof(buf) - n - 1, fmt, ap);
-	va_end(ap);
-	if (n > (int)sizeof(buf) - 2)
-		n = sizeof(buf) - 2;
-	buf[n++] = '\n';
-	if (write(2, buf, n) < 0) {
-		/* nothing else to do */
-	}
-}
+#define dfail(tag, ...) zdtm_child_fail("pipes child D", tag, __VA_ARGS__)
 
 static int write_all(int fd, const void *p, size_t len)
 {
@@ -165,25 +147,6 @@ static size_t pat_diff(const uint8_t *p, size_t len, uint64_t seed,
 		}
 	}
 	return bad;
-}
-
-static int wait_deadline(pid_t pid, int *status, int seconds)
-{
-	int64_t end = zdtm_now_ns() + (int64_t)seconds * 1000000000ll;
-
-	for (;;) {
-		pid_t r = waitpid(pid, status, WNOHANG);
-
-		if (r == pid)
-			return 0;
-		if (r < 0 && errno != EINTR)
-			return -1;
-		if (zdtm_now_ns() > end) {
-			errno = ETIMEDOUT;
-			return -1;
-		}
-		zdtm_msleep(5);
-	}
 }
 
 /* ------------------------------------------------------------------ */
@@ -518,7 +481,7 @@ int main(int argc, char **argv)
 		   (int)d, strerror(errno));
 	close(p1w);
 	p1w = -1;
-	if (wait_deadline(d, &st, DEADLINE_S)) {
+	if (zdtm_wait_deadline(d, &st, DEADLINE_S * 1000)) {
 		zdtm_fail("D-internal", "waitpid(D = %d): %s", (int)d,
 			  strerror(errno));
 		kill(d, SIGKILL);

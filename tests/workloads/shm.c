@@ -179,25 +179,7 @@ static long futex(int *uaddr, int op, int val, const struct timespec *ts)
 /* ------------------------------------------------------------------ */
 /* child E                                                             */
 
-__attribute__((format(printf, 2, 3)))
-static void efail(const char *tag, const char *fmt, ...)
-{
-	char buf[512];
-	int n;
-	va_list ap;
-
-	n = snprintf(buf, sizeof(buf), "mismatch[%s]: (shm child E, pid %d) ",
-		     tag, (int)getpid());
-	va_start(ap, fmt);
-	n += vsnprintf(buf + n, sizeof(buf) - n - 1, fmt, ap);
-	va_end(ap);
-	if (n > (int)sizeof(buf) - 2)
-		n = sizeof(buf) - 2;
-	buf[n++] = '\n';
-	if (write(2, buf, n) < 0) {
-		/* nothing else to do */
-	}
-}
+#define efail(tag, ...) zdtm_child_fail("shm child E", tag, __VA_ARGS__)
 
 static int e_verify(const char *tag, const struct layout *l, const uint8_t *p,
 		    int bit)
@@ -390,25 +372,6 @@ static void make_private(uint8_t *p, size_t size)
 	free(copy);
 }
 
-static int wait_deadline(pid_t pid, int *status, int ms)
-{
-	int64_t end = zdtm_now_ns() + (int64_t)ms * 1000000ll;
-
-	for (;;) {
-		pid_t r = waitpid(pid, status, WNOHANG);
-
-		if (r == pid)
-			return 0;
-		if (r < 0 && errno != EINTR)
-			return -1;
-		if (zdtm_now_ns() > end) {
-			errno = ETIMEDOUT;
-			return -1;
-		}
-		zdtm_msleep(5);
-	}
-}
-
 __attribute__((noreturn, format(printf, 2, 3)))
 static void setup_fail(pid_t e, const char *fmt, ...)
 {
@@ -526,12 +489,12 @@ int main(int argc, char **argv)
 	woke = (int)futex(&ctl->go, FUTEX_WAKE, 1, NULL);
 
 	/* 3. E checks and writes its markers */
-	if (wait_deadline(e, &st, WAKE_GRACE_MS)) {
+	if (zdtm_wait_deadline(e, &st, WAKE_GRACE_MS)) {
 		zdtm_fail("anon-share", "E did not exit within %d ms of the "
 			  "futex wake (FUTEX_WAKE woke %d): sending SIGUSR1",
 			  WAKE_GRACE_MS, woke);
 		kill(e, SIGUSR1);
-		if (wait_deadline(e, &st, DEADLINE_S * 1000)) {
+		if (zdtm_wait_deadline(e, &st, DEADLINE_S * 1000)) {
 			zdtm_fail("E-internal", "waitpid(E = %d): %s", (int)e,
 				  strerror(errno));
 			kill(e, SIGKILL);

@@ -205,27 +205,6 @@ static int check_self(const struct ident *e)
 	return bits;
 }
 
-/* waitpid() with a deadline (polls WNOHANG); returns 0 and the status, or
- * -1 (errno set; ETIMEDOUT on deadline). */
-static int wait_deadline(pid_t pid, int *status, int seconds)
-{
-	int64_t end = zdtm_now_ns() + (int64_t)seconds * 1000000000ll;
-
-	for (;;) {
-		pid_t r = waitpid(pid, status, WNOHANG);
-
-		if (r == pid)
-			return 0;
-		if (r < 0 && errno != EINTR)
-			return -1;
-		if (zdtm_now_ns() > end) {
-			errno = ETIMEDOUT;
-			return -1;
-		}
-		zdtm_msleep(5);
-	}
-}
-
 /* ------------------------------------------------------------------ */
 /* the children                                                        */
 
@@ -303,7 +282,7 @@ static void run_a(pid_t root)
 		      errno);
 		bits |= R_CHILD;
 	}
-	if (wait_deadline(c, &st, DEADLINE_S)) {
+	if (zdtm_wait_deadline(c, &st, DEADLINE_S * 1000)) {
 		cfail(&e, "child", "waitpid(C %d): errno %d", (int)c, errno);
 		kill(c, SIGKILL);
 		bits |= R_CHILD;
@@ -374,7 +353,7 @@ static void check_child(const char *name, const char *const tags[R_NBITS],
 {
 	int st, b, code;
 
-	if (wait_deadline(pid, &st, DEADLINE_S)) {
+	if (zdtm_wait_deadline(pid, &st, DEADLINE_S * 1000)) {
 		zdtm_fail(tags[R_NBITS - 1], "waitpid(%s = %d): %s", name,
 			  (int)pid, strerror(errno));
 		kill(-pid, SIGKILL);

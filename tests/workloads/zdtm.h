@@ -42,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -166,6 +167,31 @@ static inline int zdtm_fail(const char *tag, const char *fmt, ...)
 	return 0;
 }
 
+/* A failed check in a child process, whose stdout is not the report: one
+ * line "mismatch[tag]: (who, pid N) ..." written straight to stderr (one
+ * write, so lines from several children do not interleave).  The parent
+ * learns of the failure from the child's exit status. */
+__attribute__((format(printf, 3, 4)))
+static inline void zdtm_child_fail(const char *who, const char *tag,
+				   const char *fmt, ...)
+{
+	char buf[512];
+	int n;
+	va_list ap;
+
+	n = snprintf(buf, sizeof(buf), "mismatch[%s]: (%s, pid %d) ", tag, who,
+		     (int)getpid());
+	va_start(ap, fmt);
+	n += vsnprintf(buf + n, sizeof(buf) - n - 1, fmt, ap);
+	va_end(ap);
+	if (n > (int)sizeof(buf) - 2)
+		n = sizeof(buf) - 2;
+	buf[n++] = '\n';
+	if (write(2, buf, n) < 0) {
+		/* nothing else to do */
+	}
+}
+
 /* zdtm_check(cond, tag, fmt, ...): returns cond != 0; reports if false. */
 #define zdtm_check(cond, tag, ...) ((cond) ? 1 : zdtm_fail(tag, __VA_ARGS__))
 
@@ -269,6 +295,27 @@ static inline void zdtm_usleep(long us)
 
 /* ------------------------------------------------------------------ */
 /* protocol                                                            */
+
+/* waitpid() with a deadline of `ms` milliseconds (polls WNOHANG): 0 and the
+ * status, or -1 with errno set (ETIMEDOUT at the deadline). */
+static inline int zdtm_wait_deadline(pid_t pid, int *status, long ms)
+{
+	int64_t end = zdtm_now_ns() + (int64_t)ms * 1000000ll;
+
+	for (;;) {
+		pid_t r = waitpid(pid, status, WNOHANG);
+
+		if (r == pid)
+			return 0;
+		if (r < 0 && errno != EINTR)
+			return -1;
+		if (zdtm_now_ns() > end) {
+			errno = ETIMEDOUT;
+			return -1;
+		}
+		zdtm_msleep(5);
+	}
+}
 
 static inline void zdtm_sigterm_handler(int sig)
 {
