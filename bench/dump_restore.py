@@ -67,7 +67,8 @@ def compile_workloads(names, extra_flags=()):
     for name in names:
         src = os.path.join(BENCH, "workloads", name + ".c")
         exe = os.path.join(BUILD, name)
-        if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(src):
+        newest = max(os.path.getmtime(src), os.path.getmtime(os.path.join(BENCH, "workloads", "bench.h")))
+        if not os.path.exists(exe) or os.path.getmtime(exe) < newest:
             cmd = ["cc", "-O2", "-Wall", "-Wextra", *extra_flags, "-o", exe, src]
             r = subprocess.run(cmd, capture_output=True, text=True)
             if r.returncode != 0:

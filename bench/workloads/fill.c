@@ -24,48 +24,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench.h"
+
 #define SEED 0x66696c6c62656e63ull /* "fillbenc" */
 
-static volatile sig_atomic_t stop;
-
-static void on_term(int sig)
-{
-	(void)sig;
-	stop = 1;
-}
-
-static inline uint64_t mix64(uint64_t x)
-{
-	/* splitmix64 finaliser */
-	x ^= x >> 30;
-	x *= 0xbf58476d1ce4e5b9ull;
-	x ^= x >> 27;
-	x *= 0x94d049bb133111ebull;
-	x ^= x >> 31;
-	return x;
-}
 
 static inline uint64_t pattern(uint64_t off)
 {
 	return mix64(off ^ SEED);
-}
-
-static int write_pidfile(const char *path)
-{
-	char tmp[4096], buf[32];
-	FILE *f;
-	int n;
-
-	n = snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	if (n < 0 || (size_t)n >= sizeof(tmp))
-		return -1;
-	f = fopen(tmp, "w");
-	if (!f)
-		return -1;
-	snprintf(buf, sizeof(buf), "%d\n", (int)getpid());
-	if (fputs(buf, f) == EOF || fclose(f) != 0)
-		return -1;
-	return rename(tmp, path);
 }
 
 int main(int argc, char **argv)

@@ -38,10 +38,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench.h"
+
 #define SEED 0x66696c6c62656e63ull /* "fillbenc", as fill.c */
 #define MAX_THREADS 1024
 
-static volatile sig_atomic_t stop;       /* main: SIGTERM seen */
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t filled_cv = PTHREAD_COND_INITIALIZER; /* workers -> main */
@@ -61,23 +62,6 @@ struct worker {
 };
 static struct worker workers[MAX_THREADS];
 
-static void on_term(int sig)
-{
-	(void)sig;
-	stop = 1;
-}
-
-static inline uint64_t mix64(uint64_t x)
-{
-	/* splitmix64 finaliser */
-	x ^= x >> 30;
-	x *= 0xbf58476d1ce4e5b9ull;
-	x ^= x >> 27;
-	x *= 0x94d049bb133111ebull;
-	x ^= x >> 31;
-	return x;
-}
-
 static inline uint64_t pattern(uint64_t off)
 {
 	return mix64(off ^ SEED);
@@ -96,24 +80,6 @@ static void fill_slice(int idx)
 	slice_bounds(idx, &lo, &hi);
 	for (i = lo; i < hi; i++)
 		buf[i] = pattern(i * sizeof(uint64_t));
-}
-
-static int write_pidfile(const char *path)
-{
-	char tmp[4096], line[32];
-	FILE *f;
-	int n;
-
-	n = snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	if (n < 0 || (size_t)n >= sizeof(tmp))
-		return -1;
-	f = fopen(tmp, "w");
-	if (!f)
-		return -1;
-	snprintf(line, sizeof(line), "%d\n", (int)getpid());
-	if (fputs(line, f) == EOF || fclose(f) != 0)
-		return -1;
-	return rename(tmp, path);
 }
 
 static void *worker_main(void *arg)

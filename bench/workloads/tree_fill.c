@@ -50,13 +50,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench.h"
+
 #define SEED_SH   0x7472656573686172ull /* "treeshar" */
 #define SEED_PRIV 0x7472656570726976ull /* "treepriv" */
 #define SEED_MARK 0x747265656d61726bull /* "treemark" */
 #define MARK_STRIDE 4096
 #define MAX_PROC 4096
 
-static volatile sig_atomic_t stop;
 
 struct control {
 	int ready; /* children that have written their private buffer */
@@ -66,23 +67,6 @@ static uint64_t *shared;
 static uint64_t shared_words;
 static int nproc;
 static pid_t children[MAX_PROC];
-
-static void on_term(int sig)
-{
-	(void)sig;
-	stop = 1;
-}
-
-static inline uint64_t mix64(uint64_t x)
-{
-	/* splitmix64 finaliser */
-	x ^= x >> 30;
-	x *= 0xbf58476d1ce4e5b9ull;
-	x ^= x >> 27;
-	x *= 0x94d049bb133111ebull;
-	x ^= x >> 31;
-	return x;
-}
 
 static inline uint64_t shared_pattern(uint64_t off)
 {
@@ -210,25 +194,19 @@ static void child_main(int k, struct control *ctl, size_t priv_size)
 	_exit(bad ? 1 : 0);
 }
 
-static int write_pidfile(const char *path)
+/* The pid file of the tree: "ROOT\nCHILD1 CHILD2 ...\n". */
+static int write_tree_pidfile(const char *path)
 {
-	char tmp[4096];
-	FILE *f;
-	int n, k;
+	static char text[32 + MAX_PROC * 12];
+	size_t len;
+	int k;
 
-	n = snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	if (n < 0 || (size_t)n >= sizeof(tmp))
-		return -1;
-	f = fopen(tmp, "w");
-	if (!f)
-		return -1;
-	fprintf(f, "%d\n", (int)getpid());
+	len = (size_t)snprintf(text, sizeof(text), "%d\n", (int)getpid());
 	for (k = 1; k < nproc; k++)
-		fprintf(f, "%s%d", k > 1 ? " " : "", (int)children[k]);
-	fprintf(f, "\n");
-	if (ferror(f) || fclose(f) != 0)
-		return -1;
-	return rename(tmp, path);
+		len += (size_t)snprintf(text + len, sizeof(text) - len, "%s%d",
+					k > 1 ? " " : "", (int)children[k]);
+	snprintf(text + len, sizeof(text) - len, "\n");
+	return publish_file(path, text);
 }
 
 static int parse_mib(const char *s, const char *what, unsigned long *out)
@@ -325,7 +303,7 @@ int main(int argc, char **argv)
 		nanosleep(&ms, NULL);
 	}
 
-	if (write_pidfile(argv[1])) {
+	if (write_tree_pidfile(argv[1])) {
 		perror("tree_fill: pidfile");
 		for (k = 1; k < nproc; k++)
 			kill(children[k], SIGKILL);
