@@ -91,21 +91,14 @@ __attribute__((format(printf, 3, 4)))
 static void cfail(const struct ident *e, const char *what, const char *fmt,
 		  ...)
 {
-	char buf[512];
-	int n;
+	char tag[64], who[64];
 	va_list ap;
 
-	n = snprintf(buf, sizeof(buf), "mismatch[%s-%s]: (tree child %s, pid %d) ",
-		     e->name, what, e->name, (int)getpid());
+	snprintf(tag, sizeof(tag), "%s-%s", e->name, what);
+	snprintf(who, sizeof(who), "tree child %s", e->name);
 	va_start(ap, fmt);
-	n += vsnprintf(buf + n, sizeof(buf) - n - 1, fmt, ap);
+	zdtm_child_vfail(who, tag, fmt, ap);
 	va_end(ap);
-	if (n > (int)sizeof(buf) - 2)
-		n = sizeof(buf) - 2;
-	buf[n++] = '\n';
-	if (write(2, buf, n) < 0) {
-		/* nothing else to do */
-	}
 }
 
 /* Number of bytes of p[0..len) that differ from pattern seed. */

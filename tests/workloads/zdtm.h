@@ -171,25 +171,32 @@ static inline int zdtm_fail(const char *tag, const char *fmt, ...)
  * line "mismatch[tag]: (who, pid N) ..." written straight to stderr (one
  * write, so lines from several children do not interleave).  The parent
  * learns of the failure from the child's exit status. */
-__attribute__((format(printf, 3, 4)))
-static inline void zdtm_child_fail(const char *who, const char *tag,
-				   const char *fmt, ...)
+static inline void zdtm_child_vfail(const char *who, const char *tag,
+				    const char *fmt, va_list ap)
 {
 	char buf[512];
 	int n;
-	va_list ap;
 
 	n = snprintf(buf, sizeof(buf), "mismatch[%s]: (%s, pid %d) ", tag, who,
 		     (int)getpid());
-	va_start(ap, fmt);
 	n += vsnprintf(buf + n, sizeof(buf) - n - 1, fmt, ap);
-	va_end(ap);
 	if (n > (int)sizeof(buf) - 2)
 		n = sizeof(buf) - 2;
 	buf[n++] = '\n';
 	if (write(2, buf, n) < 0) {
 		/* nothing else to do */
 	}
+}
+
+__attribute__((format(printf, 3, 4)))
+static inline void zdtm_child_fail(const char *who, const char *tag,
+				   const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	zdtm_child_vfail(who, tag, fmt, ap);
+	va_end(ap);
 }
 
 /* zdtm_check(cond, tag, fmt, ...): returns cond != 0; reports if false. */
