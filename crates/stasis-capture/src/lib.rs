@@ -373,6 +373,7 @@ fn capture_with(
             frozen_us: micros(frozen_at),
             total_us: micros(t0),
             pages_written: pages,
+            ..Default::default()
         },
         pipes,
         ghosts,

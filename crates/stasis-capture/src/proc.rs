@@ -113,6 +113,8 @@ pub struct Stat {
     pub pgrp: i32,
     pub session: i32,
     pub num_threads: i64,
+    /// Field 22: start time in clock ticks after boot.
+    pub start_time: u64,
     pub mm: MmImage,
     /// Field 52: the wait status of a zombie.
     pub exit_code: i32,
@@ -149,6 +151,7 @@ pub fn parse_stat(text: &str) -> Result<Stat, String> {
         pgrp: to_i32(s(5)?)?,
         session: to_i32(s(6)?)?,
         num_threads: s(20)?,
+        start_time: n(22)?,
         mm: MmImage {
             start_code: n(26)?,
             end_code: n(27)?,

@@ -219,6 +219,8 @@ pub fn zombie_image(pid: i32, status: i32) -> Result<ProcessImage> {
         no_new_privs: false,
         pdeath_signal: 0,
         child_subreaper: false,
+        start_time: stat.start_time,
+        data_ranges: None,
     })
 }
 
@@ -335,6 +337,8 @@ pub fn capture(
         no_new_privs,
         pdeath_signal: remote.pdeath_signal,
         child_subreaper: remote.child_subreaper,
+        start_time: stat.start_time,
+        data_ranges: None,
     };
     Ok((image, maps, xfeatures))
 }

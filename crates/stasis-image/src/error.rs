@@ -103,6 +103,14 @@ pub enum ImageError {
         available: Vec<u32>,
     },
 
+    /// An incremental checkpoint whose ancestors cannot provide its pages.
+    #[error("checkpoint {checkpoint} (parent {parent}) cannot be restored: {reason}; restore a full checkpoint with --checkpoint N (see `stasis inspect`)")]
+    BrokenChain {
+        checkpoint: u32,
+        parent: u32,
+        reason: String,
+    },
+
     /// `load(None)` on an image without any committed checkpoint.
     #[error("image directory {} has no committed checkpoint: run `stasis dump` into it first", .dir.display())]
     NoCheckpoints { dir: PathBuf },

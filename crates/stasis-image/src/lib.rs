@@ -25,6 +25,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod chain;
 mod error;
 mod fsutil;
 pub mod manifest;
@@ -33,6 +34,7 @@ mod pack;
 mod store;
 mod summary;
 
+pub use chain::{load_chain, page_sources, PageSource};
 pub use error::ImageError;
 pub use fsutil::is_plain_name;
 pub use manifest::*;

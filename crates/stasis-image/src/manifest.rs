@@ -95,6 +95,13 @@ pub struct DumpStats {
     pub total_us: u64,
     /// Pages written to packs by this checkpoint.
     pub pages_written: u64,
+    /// Dirty-tracking backend that chose the pages of an incremental
+    /// checkpoint (`uffd`, `soft-dirty`, `hash`), empty for a full one.
+    #[serde(default)]
+    pub track: String,
+    /// Why a dump asked to be incremental was full instead (empty if not).
+    #[serde(default)]
+    pub note: String,
 }
 
 /// One process of a checkpoint.
@@ -140,6 +147,18 @@ pub struct ProcessImage {
     /// `PR_SET_CHILD_SUBREAPER`: orphaned descendants are re-parented here.
     #[serde(default)]
     pub child_subreaper: bool,
+    /// Start time of the process (`/proc/PID/stat` field 22, clock ticks
+    /// after boot). With the pid it tells one process from a later one that
+    /// reused its pid, across the checkpoints of a chain. 0: unknown.
+    #[serde(default)]
+    pub start_time: u64,
+    /// Incremental checkpoints only: every page range (`[start, end)`,
+    /// page-aligned, sorted, disjoint) of this process that holds saved
+    /// data. Pages of these ranges that are not in this checkpoint's pack
+    /// are in the pack of the same process in the nearest ancestor
+    /// checkpoint that has them. `None`: exactly the pages of `pack`.
+    #[serde(default)]
+    pub data_ranges: Option<Vec<(u64, u64)>>,
 }
 
 /// A POSIX timer, restored at the same timer ID.

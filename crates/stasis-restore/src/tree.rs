@@ -154,6 +154,8 @@ mod tests {
             no_new_privs: false,
             pdeath_signal: 0,
             child_subreaper: false,
+            start_time: 0,
+            data_ranges: None,
         }
     }
 

@@ -168,6 +168,8 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
         no_new_privs: true,
         pdeath_signal: 1,
         child_subreaper: true,
+        start_time: 0,
+        data_ranges: None,
     }
 }
 
