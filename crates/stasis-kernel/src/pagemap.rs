@@ -43,6 +43,31 @@ impl ScanQuery {
     }
 }
 
+impl ScanQuery {
+    /// Pages written since they were last write-protected through a
+    /// `WP_ASYNC` userfaultfd (a page that is not protected counts as
+    /// written, so an area that loses protection reports everything).
+    pub fn written() -> Self {
+        Self {
+            flags: 0,
+            inverted: 0,
+            mask: sys::PAGE_IS_WRITTEN,
+            anyof: 0,
+            return_mask: sys::PAGE_IS_WRITTEN,
+        }
+    }
+
+    /// Like [`ScanQuery::written`], and write-protects what it reports in the
+    /// same walk (re-arms tracking). Fails with `EPERM` on an area that is
+    /// not registered with a `WP_ASYNC` userfaultfd, rather than skip it.
+    pub fn written_and_rearm() -> Self {
+        Self {
+            flags: sys::PM_SCAN_WP_MATCHING | sys::PM_SCAN_CHECK_WPASYNC,
+            ..Self::written()
+        }
+    }
+}
+
 /// `/proc/PID/pagemap` of one process.
 #[derive(Debug)]
 pub struct Pagemap {
@@ -128,6 +153,42 @@ impl Pagemap {
         Ok(out)
     }
 
+    /// Drops from `regions` (a [`ScanQuery::private_data`] result) the
+    /// pages that `PAGEMAP_SCAN` reports as swapped but that hold no data:
+    /// the userfaultfd write-protect markers that `WP_UNPOPULATED` puts in
+    /// empty page-table entries look like swap entries (of the last swap
+    /// type, `SWP_PTE_MARKER`). Only swapped regions are re-read, from the
+    /// classic pagemap, where the swap type is visible.
+    pub fn drop_markers(&self, regions: Vec<PageRegion>) -> Result<Vec<PageRegion>> {
+        let mut out: Vec<PageRegion> = Vec::with_capacity(regions.len());
+        let push = |out: &mut Vec<PageRegion>, r: PageRegion| match out.last_mut() {
+            Some(last) if last.end == r.start && last.categories == r.categories => last.end = r.end,
+            _ => out.push(r),
+        };
+        for r in regions {
+            if r.categories & sys::PAGE_IS_PRESENT != 0 || r.categories & sys::PAGE_IS_SWAPPED == 0 {
+                push(&mut out, r);
+                continue;
+            }
+            let entries = self.read_entries(r.start, r.end)?;
+            for (i, e) in (0u64..).zip(entries) {
+                if e & sys::PM_SWAPPED != 0 && e & sys::PM_SWAP_TYPE_MASK == sys::SWP_PTE_MARKER {
+                    continue;
+                }
+                let a = r.start + i * sys::PAGE_SIZE;
+                push(
+                    &mut out,
+                    PageRegion {
+                        start: a,
+                        end: a + sys::PAGE_SIZE,
+                        categories: r.categories,
+                    },
+                );
+            }
+        }
+        Ok(out)
+    }
+
     /// Reads raw pagemap entries for the pages of `[start, end)`.
     pub fn read_entries(&self, start: u64, end: u64) -> Result<Vec<u64>> {
         let pages = usize::try_from((end - start) / sys::PAGE_SIZE).unwrap_or(0);
@@ -148,8 +209,12 @@ impl Pagemap {
         let entries = self.read_entries(start, end)?;
         let mut out: Vec<PageRegion> = Vec::new();
         for (i, e) in entries.iter().enumerate() {
+            let marker = e & sys::PM_PRESENT == 0
+                && e & sys::PM_SWAPPED != 0
+                && e & sys::PM_SWAP_TYPE_MASK == sys::SWP_PTE_MARKER;
             let has_data = e & (sys::PM_PRESENT | sys::PM_SWAPPED) != 0
-                && e & sys::PM_FILE_OR_SHARED_ANON == 0;
+                && e & sys::PM_FILE_OR_SHARED_ANON == 0
+                && !marker;
             if !has_data {
                 continue;
             }

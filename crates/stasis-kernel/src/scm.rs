@@ -34,6 +34,44 @@ pub fn send_fd(sock: &OwnedFd, fd: BorrowedFd<'_>) -> Result<()> {
     Ok(())
 }
 
+/// Sends `payload` with `fd` attached over a connected socket.
+pub fn send_with_fd(sock: BorrowedFd<'_>, payload: &[u8], fd: BorrowedFd<'_>) -> Result<()> {
+    let fds = [fd.as_raw_fd()];
+    let cmsg = [ControlMessage::ScmRights(&fds)];
+    let iov = [IoSlice::new(payload)];
+    sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None)
+        .map_err(|e| KernelError::io("sendmsg(SCM_RIGHTS)", e.into()))?;
+    Ok(())
+}
+
+/// Receives up to `buf.len()` bytes and at most one attached fd
+/// (close-on-exec). Returns the byte count (0 at end of stream) and the fd.
+pub fn recv_with_fd(sock: BorrowedFd<'_>, buf: &mut [u8]) -> Result<(usize, Option<OwnedFd>)> {
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let mut iov = [std::io::IoSliceMut::new(buf)];
+    let msg = socket::recvmsg::<()>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(|e| KernelError::io("recvmsg(SCM_RIGHTS)", e.into()))?;
+    let mut got = None;
+    for c in msg.cmsgs().map_err(|e| KernelError::io("recvmsg control data", e.into()))? {
+        if let socket::ControlMessageOwned::ScmRights(fds) = c {
+            for raw in fds {
+                // SAFETY: the kernel just installed this descriptor in our
+                // table for this message; nothing else owns it.
+                let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+                if got.is_none() {
+                    got = Some(fd);
+                }
+            }
+        }
+    }
+    Ok((msg.bytes, got))
+}
+
 /// Duplicates `fd` to the lowest free number >= `min` (close-on-exec).
 pub fn dup_at_least(fd: BorrowedFd<'_>, min: i32) -> Result<OwnedFd> {
     // SAFETY: F_DUPFD_CLOEXEC on a valid fd returns a new fd or -1.

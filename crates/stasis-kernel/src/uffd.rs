@@ -107,6 +107,25 @@ impl Userfaultfd {
     pub fn fd(&self) -> &OwnedFd {
         &self.fd
     }
+
+    /// Registers `[start, start + len)` of the userfaultfd's process with
+    /// `mode` (`UFFDIO_REGISTER_MODE_*`).
+    pub fn register(&self, start: u64, len: u64, mode: u64) -> Result<()> {
+        let mut r = sys::UffdioRegister {
+            range: sys::UffdioRange { start, len },
+            mode,
+            ioctls: 0,
+        };
+        // SAFETY: UFFDIO_REGISTER reads and writes a `struct uffdio_register`, which `r` is.
+        let n = unsafe { libc::ioctl(self.fd.as_raw_fd(), sys::UFFDIO_REGISTER as _, &mut r) };
+        if n < 0 {
+            return Err(KernelError::io(
+                format!("UFFDIO_REGISTER [{start:#x}, {:#x})", start + len),
+                last_err(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Names of the feature bits set in `features`.

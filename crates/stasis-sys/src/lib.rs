@@ -512,6 +512,11 @@ pub const PM_PRESENT: u64 = 1 << 63;
 pub const PM_SWAPPED: u64 = 1 << 62;
 pub const PM_FILE_OR_SHARED_ANON: u64 = 1 << 61;
 pub const PM_SOFT_DIRTY: u64 = 1 << 55;
+/// Swap type of a swapped entry (bits 0-4, shown to CAP_SYS_ADMIN).
+pub const PM_SWAP_TYPE_MASK: u64 = 0x1f;
+/// The swap type of a PTE marker (a userfaultfd write-protect marker on an
+/// empty entry): the last of the 32 types (`include/linux/swap.h`).
+pub const SWP_PTE_MARKER: u64 = 31;
 
 // ---------------------------------------------------------------------------
 // Syscall numbers not in every libc release.

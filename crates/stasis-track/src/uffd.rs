@@ -1,0 +1,200 @@
+//! The userfaultfd backend: `WP_ASYNC` write-protection read back with
+//! `PAGEMAP_SCAN`.
+//!
+//! A userfaultfd registers the memory of the process that created it, so it
+//! is created inside the frozen target by a remote `userfaultfd()`, taken
+//! out with `pidfd_getfd` and closed in the target again. The handshake
+//! asks for `WP_ASYNC` (the kernel clears the protection of a written page
+//! itself, with no message to read) and `WP_UNPOPULATED` (pages never
+//! touched are protected too, so a first write to them is seen).
+//!
+//! The areas stay registered only as long as someone holds the descriptor:
+//! `stasis run` holds it itself; `stasis dump --track --leave-running`
+//! hands it to a small keeper process ([`crate::keeper`]).
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+
+use stasis_kernel::pagemap::{Pagemap, ScanQuery};
+use stasis_kernel::uffd::{self, Userfaultfd};
+use stasis_kernel::{pidfd, KernelError};
+use stasis_sys as sys;
+
+use crate::{Area, ArmReport, Backend, Dirty, DirtyTracker, RemoteSyscall, Result, TrackError};
+
+/// Features asked of the userfaultfd.
+pub const FEATURES: u64 = sys::UFFD_FEATURE_WP_ASYNC | sys::UFFD_FEATURE_WP_UNPOPULATED;
+
+/// Checks that this kernel has what the backend needs: a userfaultfd with
+/// `WP_ASYNC` + `WP_UNPOPULATED`, and `PAGEMAP_SCAN`.
+pub fn probe() -> Result<()> {
+    let unsupported = |why: String| TrackError::Unsupported {
+        backend: "uffd",
+        why,
+    };
+    let (fd, _) = uffd::create_raw().map_err(|e| unsupported(e.to_string()))?;
+    let got = uffd::api(&fd, FEATURES).map_err(|e| unsupported(e.to_string()))?;
+    if got & FEATURES != FEATURES {
+        return Err(unsupported(
+            "userfaultfd lacks WP_ASYNC or WP_UNPOPULATED (Linux 6.7 or later has them)".into(),
+        ));
+    }
+    let pm = Pagemap::open(std::process::id() as i32).map_err(|e| unsupported(e.to_string()))?;
+    let local = 0u8;
+    let probe_at = std::ptr::addr_of!(local) as u64 & !(sys::PAGE_SIZE - 1);
+    pm.scan(probe_at, probe_at + sys::PAGE_SIZE, ScanQuery::private_data())
+        .map_err(|e| unsupported(e.to_string()))?;
+    Ok(())
+}
+
+/// The userfaultfd tracker. It holds the descriptors it created until they
+/// are taken with [`UffdTracker::take_held`].
+#[derive(Default)]
+pub struct UffdTracker {
+    pagemaps: HashMap<i32, Pagemap>,
+    held: Vec<(i32, OwnedFd)>,
+}
+
+impl UffdTracker {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn pagemap(&mut self, pid: i32) -> Result<&Pagemap> {
+        use std::collections::hash_map::Entry;
+        Ok(match self.pagemaps.entry(pid) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(v) => v.insert(Pagemap::open(pid).map_err(|source| {
+                TrackError::Process {
+                    pid,
+                    what: "opening its pagemap".into(),
+                    source,
+                }
+            })?),
+        })
+    }
+
+    /// Forgets processes that are gone (their pagemap and descriptors).
+    pub fn forget(&mut self, pid: i32) {
+        self.pagemaps.remove(&pid);
+        self.held.retain(|(p, _)| *p != pid);
+    }
+
+    /// Creates a userfaultfd inside the frozen process and takes it out.
+    fn create_in(pid: i32, remote: &mut dyn RemoteSyscall) -> Result<Userfaultfd> {
+        let err = |what: &str| {
+            let what = what.to_string();
+            move |source| TrackError::Process { pid, what, source }
+        };
+        let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK).unsigned_abs();
+        let n = remote
+            .syscall("userfaultfd", sys::SYS_USERFAULTFD, &[u64::from(flags)])
+            .map_err(err("creating a userfaultfd inside it"))?;
+        let fdnum = i32::try_from(n).unwrap_or(-1);
+        let taken = pidfd::pidfd_open(pid).and_then(|p| pidfd::pidfd_getfd(&p, fdnum));
+        let closed = remote.syscall("close", libc::SYS_close, &[n]);
+        let fd = taken.map_err(err("taking its userfaultfd out"))?;
+        closed.map_err(err("closing its copy of the userfaultfd"))?;
+        let got = uffd::api(&fd, FEATURES).map_err(err("the userfaultfd handshake"))?;
+        if got & FEATURES != FEATURES {
+            return Err(TrackError::Unsupported {
+                backend: "uffd",
+                why: "userfaultfd lacks WP_ASYNC or WP_UNPOPULATED".into(),
+            });
+        }
+        Ok(Userfaultfd::from_fd(fd, got))
+    }
+}
+
+impl DirtyTracker for UffdTracker {
+    fn backend(&self) -> Backend {
+        Backend::Uffd
+    }
+
+    fn take_held(&mut self) -> Vec<(i32, OwnedFd)> {
+        std::mem::take(&mut self.held)
+    }
+
+    fn dirty(&mut self, pid: i32, area: &Area) -> Result<Dirty> {
+        if !area.private_anon || !area.wp_registered {
+            return Ok(Dirty::All);
+        }
+        let regions = self
+            .pagemap(pid)?
+            .scan(area.start, area.end, ScanQuery::written())
+            .map_err(|source| TrackError::Process {
+                pid,
+                what: format!("scanning {:#x}-{:#x} for written pages", area.start, area.end),
+                source,
+            })?;
+        Ok(Dirty::Ranges(crate::merge_ranges(
+            regions.iter().map(|r| (r.start, r.end)),
+        )))
+    }
+
+    fn arm(
+        &mut self,
+        pid: i32,
+        areas: &[Area],
+        remote: &mut dyn RemoteSyscall,
+    ) -> Result<ArmReport> {
+        let mut report = ArmReport::default();
+        let new: Vec<&Area> = areas
+            .iter()
+            .filter(|a| a.private_anon && !a.wp_registered)
+            .collect();
+        let mut registered: Vec<(u64, u64)> = areas
+            .iter()
+            .filter(|a| a.private_anon && a.wp_registered)
+            .map(|a| (a.start, a.end))
+            .collect();
+        if !new.is_empty() {
+            let u = Self::create_in(pid, remote)?;
+            for a in new {
+                match u.register(a.start, a.end - a.start, sys::UFFDIO_REGISTER_MODE_WP) {
+                    Ok(()) => {
+                        registered.push((a.start, a.end));
+                        report.registered += 1;
+                    }
+                    Err(e) => {
+                        tracing::info!(pid, "area {:#x}-{:#x} stays untracked: {e}", a.start, a.end);
+                        report.untracked += 1;
+                    }
+                }
+            }
+            if report.registered > 0 {
+                let fd = u.fd().try_clone().map_err(|e| TrackError::Process {
+                    pid,
+                    what: "keeping its userfaultfd".into(),
+                    source: KernelError::Io {
+                        what: "dup".into(),
+                        source: e,
+                    },
+                })?;
+                self.held.push((pid, fd));
+            }
+        }
+        registered.sort_unstable();
+        let pm = self.pagemap(pid)?;
+        for (s, e) in registered {
+            match pm.scan(s, e, ScanQuery::written_and_rearm()) {
+                Ok(_) => {}
+                Err(KernelError::Io { source, .. })
+                    if source.raw_os_error() == Some(libc::EPERM) =>
+                {
+                    // Registered but not write-protect-async (someone
+                    // else's registration): it counts as untracked.
+                    report.untracked += 1;
+                }
+                Err(source) => {
+                    return Err(TrackError::Process {
+                        pid,
+                        what: format!("write-protecting {s:#x}-{e:#x}"),
+                        source,
+                    })
+                }
+            }
+        }
+        Ok(report)
+    }
+}
