@@ -29,6 +29,7 @@
 
 pub mod fds;
 pub mod freeze;
+pub mod incremental;
 pub mod memory;
 pub mod proc;
 pub mod process;
@@ -40,6 +41,7 @@ use stasis_image::manifest::{DumpStats, HostInfo, Manifest};
 use stasis_image::{ImageDir, ImageError};
 use stasis_kernel::mem::ProcessMemory;
 use stasis_kernel::KernelError;
+pub use stasis_track::DirtyTracker;
 use stasis_sys as sys;
 
 /// Errors of a dump. Each leaves the target running as it was.
@@ -68,6 +70,8 @@ pub enum CaptureError {
     Kernel(#[from] KernelError),
     #[error("writing the image failed: {0}")]
     Image(#[from] ImageError),
+    #[error("dirty tracking failed: {0}")]
+    Track(String),
 }
 
 impl CaptureError {
@@ -117,18 +121,54 @@ pub struct DumpReport {
     pub frozen_us: u64,
     pub total_us: u64,
     pub killed: bool,
+    /// Parent checkpoint of an incremental dump.
+    pub parent: Option<u32>,
+    /// Backend that chose the pages of an incremental dump.
+    pub track: Option<String>,
+    /// Backend left armed for the next dump.
+    pub armed: Option<String>,
+    /// Why tracking was asked for but the dump is full, or re-arming failed.
+    pub note: Option<String>,
 }
 
 /// Dumps the process tree rooted at `opts.pid` into `store` as a new checkpoint.
 pub fn dump(store: &ImageDir, opts: &DumpOptions) -> Result<DumpReport> {
+    dump_tracked(store, opts, None)
+}
+
+/// A dirty tracker lent to a dump.
+pub type TrackerRef<'a> = Option<&'a mut (dyn DirtyTracker + Send + 'static)>;
+
+/// Like [`dump`], with a dirty tracker: the dump is incremental against the
+/// latest checkpoint if the same tracker was armed right after it (else it
+/// is full, with a note saying why), and with `leave_running` the tracker
+/// is armed again for the next dump.
+pub fn dump_tracked(store: &ImageDir, opts: &DumpOptions, tracker: TrackerRef<'_>) -> Result<DumpReport> {
     let t0 = Instant::now();
     preflight(opts.pid)?;
+    let base = match &tracker {
+        Some(t) => {
+            let start = proc::read(opts.pid, "stat")
+                .ok()
+                .and_then(|s| proc::parse_stat(&s).ok())
+                .map_or(0, |s| s.start_time);
+            incremental::base(store, &**t, opts.pid, start)
+        }
+        None => Err(String::new()),
+    };
     let mut frozen = freeze::freeze_tree(opts.pid)?;
     let frozen_at = Instant::now();
     // TCP sockets in repair mode: closed silently after a kill (no FIN, no
     // RST reaches the peer), or taken out of repair when the tree runs on.
     let mut repaired = Vec::new();
-    let result = capture_frozen(store, opts, &mut frozen, t0, frozen_at, &mut repaired);
+    let result = capture_frozen(
+        store,
+        opts,
+        &mut frozen,
+        (t0, frozen_at),
+        &mut repaired,
+        (base, tracker),
+    );
     let unrepair = |socks: Vec<std::os::fd::OwnedFd>| {
         for s in socks {
             use std::os::fd::AsFd;
@@ -240,16 +280,19 @@ fn preflight(pid: i32) -> Result<()> {
     Ok(())
 }
 
+/// The incremental base (or why there is none) and the tracker.
+type Tracking<'a> = (std::result::Result<incremental::Base, String>, TrackerRef<'a>);
+
 fn capture_frozen(
     store: &ImageDir,
     opts: &DumpOptions,
     f: &mut freeze::Frozen,
-    t0: Instant,
-    frozen_at: Instant,
+    times: (Instant, Instant),
     repaired: &mut Vec<std::os::fd::OwnedFd>,
+    tracking: Tracking<'_>,
 ) -> Result<DumpReport> {
     let mut collector = fds::FdCollector::default();
-    let r = capture_with(store, opts, f, t0, frozen_at, &mut collector);
+    let r = capture_with(store, opts, f, times, &mut collector, tracking);
     // Sockets put in repair mode go back to the caller whatever happened.
     *repaired = std::mem::take(&mut collector.repaired);
     r
@@ -259,10 +302,21 @@ fn capture_with(
     store: &ImageDir,
     opts: &DumpOptions,
     f: &mut freeze::Frozen,
-    t0: Instant,
-    frozen_at: Instant,
+    (t0, frozen_at): (Instant, Instant),
     collector: &mut fds::FdCollector,
+    (base, mut tracker): Tracking<'_>,
 ) -> Result<DumpReport> {
+    let (base, mut note) = match base {
+        Ok(b) => (Some(b), None),
+        Err(why) => (None, (!why.is_empty()).then_some(why)),
+    };
+    let by_content = tracker
+        .as_ref()
+        .is_some_and(|t| t.backend() == stasis_track::Backend::Hash);
+    // Per live process: its areas as the tracker sees them, and what to
+    // save in an incremental dump.
+    let mut areas_of: Vec<Vec<stasis_track::Area>> = Vec::new();
+    let mut selections: Vec<Option<incremental::Selection>> = Vec::new();
     // State of every process.
     let mut images = Vec::new();
     let mut plans = Vec::new();
@@ -279,16 +333,50 @@ fn capture_with(
     for fp in &mut f.procs {
         if let Some(status) = fp.zombie {
             images.push(process::zombie_image(fp.pid, status)?);
+            areas_of.push(Vec::new());
+            selections.push(None);
             plans.push(None);
             mems.push(None);
             collector.tables.push(Vec::new());
             continue;
         }
         let mem = ProcessMemory::open(fp.pid)?;
-        let (image, maps, x) = process::capture(fp, &mem)?;
+        let (mut image, maps, x) = process::capture(fp, &mem)?;
         xfeatures = x;
-        let growsdown = proc::parse_smaps_growsdown(&proc::read(fp.pid, "smaps")?);
-        let plan = memory::plan(fp.pid, &maps, &growsdown, &mut seen_shm)?;
+        let smaps = proc::read(fp.pid, "smaps")?;
+        let growsdown = proc::parse_smaps_growsdown(&smaps);
+        let mut plan = memory::plan(fp.pid, &maps, &growsdown, &mut seen_shm)?;
+        let areas = incremental::areas(&plan.vmas, &proc::parse_smaps_flagged(&smaps, "uw"));
+        let mut selection = None;
+        if let (Some(b), Some(t)) = (&base, tracker.as_mut()) {
+            let me = (image.pid, image.start_time);
+            let parent_proc = stasis_image::chain::same_process(&b.parent, &image);
+            let lost = t.backend() == stasis_track::Backend::Uffd
+                && areas.iter().any(|a| a.private_anon)
+                && !areas.iter().any(|a| a.wp_registered);
+            if lost && note.is_none() && b.state.procs.contains(&me) {
+                note = Some(format!(
+                    "tracking is no longer armed in process {} (its userfaultfd holder exited?): its pages are all saved",
+                    image.pid
+                ));
+            }
+            if let (true, Some(pp), false) = (b.state.procs.contains(&me), parent_proc, lost) {
+                let parent_data = stasis_image::chain::data_ranges(&b.parent, pp)?;
+                let data = stasis_image::chain::normalize(
+                    plan.ranges.iter().map(|&(a, l)| (a, a + l as u64)).collect(),
+                );
+                let sel = incremental::select(&mut **t, image.pid, &areas, &data, &parent_data)?;
+                plan.ranges = sel
+                    .read
+                    .iter()
+                    .map(|&(a, e)| (a, usize::try_from(e - a).unwrap_or(0)))
+                    .collect();
+                image.data_ranges = Some(data);
+                selection = Some(sel);
+            }
+        }
+        areas_of.push(areas);
+        selections.push(selection);
         for v in plan
             .vmas
             .iter()
@@ -321,17 +409,29 @@ fn capture_with(
         .sum();
     let mut done = 0u64;
     let (mut pages, mut bytes) = (0, 0);
-    for ((image, plan), mem) in images.iter_mut().zip(plans).zip(&mems) {
+    let incremental = base.is_some() && selections.iter().any(Option::is_some);
+    for (((image, plan), mem), sel) in images.iter_mut().zip(plans).zip(&mems).zip(&selections) {
         let (Some(plan), Some(mem)) = (plan, mem) else {
             continue;
         };
         let mut pack = ck.create_pack(image.pid)?;
         let size: u64 = plan.ranges.iter().map(|r| r.1 as u64).sum();
+        let pid = image.pid;
+        let mut filter = |addr: u64, page: &[u8]| -> bool {
+            let changed = tracker
+                .as_mut()
+                .is_none_or(|t| t.page_changed(pid, addr, page));
+            match sel {
+                Some(s) if s.by_content => changed || incremental::contains(&s.forced, addr),
+                _ => true,
+            }
+        };
         memory::copy_pages(
             mem,
             plan.ranges,
             &mut pack,
             (done, total, opts.progress.as_deref()),
+            by_content.then_some(&mut filter as memory::PageFilter<'_>),
         )?;
         done += size;
         pages += pack.pages();
@@ -350,9 +450,28 @@ fn capture_with(
     pipes.sort_by_key(|p| p.id);
 
     let threads = images.iter().map(|p| p.threads.len()).sum();
+    if !incremental {
+        for image in &mut images {
+            image.data_ranges = None;
+        }
+    }
+    let parent = match &base {
+        Some(b) if incremental => {
+            if ck.number() <= b.parent.number {
+                return Err(CaptureError::Track(format!(
+                    "checkpoint {} would be older than its parent {}",
+                    ck.number(),
+                    b.parent.number
+                )));
+            }
+            Some(b.parent.number)
+        }
+        _ => None,
+    };
+    let track_name = tracker.as_ref().map(|t| t.backend().name().to_string());
     let manifest = Manifest {
         checkpoint: ck.number(),
-        parent: None,
+        parent,
         tool_version: env!("CARGO_PKG_VERSION").to_string(),
         created_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -373,7 +492,12 @@ fn capture_with(
             frozen_us: micros(frozen_at),
             total_us: micros(t0),
             pages_written: pages,
-            ..Default::default()
+            track: if parent.is_some() {
+                track_name.clone().unwrap_or_default()
+            } else {
+                String::new()
+            },
+            note: note.clone().unwrap_or_default(),
         },
         pipes,
         ghosts,
@@ -381,6 +505,34 @@ fn capture_with(
     };
     let processes = manifest.processes.len();
     let checkpoint = ck.commit(&manifest)?;
+
+    // Re-arm tracking now that the checkpoint is safe, while still frozen.
+    let mut armed = None;
+    match tracker.as_mut() {
+        Some(t) if opts.leave_running => {
+            match arm_all(&mut **t, f, &manifest, &areas_of) {
+                Ok(procs) => {
+                    let state = stasis_track::state::TrackState {
+                        backend: t.backend(),
+                        armed_at: checkpoint,
+                        root_pid: opts.pid,
+                        procs,
+                    };
+                    match stasis_track::state::save(store.path(), &state) {
+                        Ok(()) => armed = track_name.clone(),
+                        Err(e) => note = Some(format!("tracking could not be recorded: {e}")),
+                    }
+                }
+                Err(e) => {
+                    let _ = stasis_track::state::clear(store.path());
+                    note = Some(format!("tracking could not be re-armed, the next dump will be full: {e}"));
+                }
+            }
+        }
+        _ => {
+            let _ = stasis_track::state::clear(store.path());
+        }
+    }
     Ok(DumpReport {
         checkpoint,
         pid: opts.pid,
@@ -391,5 +543,35 @@ fn capture_with(
         frozen_us: 0,
         total_us: 0,
         killed: false,
+        parent,
+        track: parent.and(track_name),
+        armed,
+        note,
     })
+}
+
+/// Arms the tracker on every live process of the frozen tree; returns the
+/// (pid, start time) of each.
+fn arm_all(
+    t: &mut (dyn DirtyTracker + Send),
+    f: &mut freeze::Frozen,
+    manifest: &Manifest,
+    areas_of: &[Vec<stasis_track::Area>],
+) -> Result<Vec<(i32, u64)>> {
+    let mut procs = Vec::new();
+    for ((fp, img), areas) in f.procs.iter_mut().zip(&manifest.processes).zip(areas_of) {
+        if fp.zombie.is_some() {
+            continue;
+        }
+        let main = &mut fp.threads[0];
+        let mut remote = incremental::FrozenRemote {
+            tracee: &mut main.tracee,
+            base: &main.orig_regs,
+        };
+        t.arm(fp.pid, areas, &mut remote)
+            .map_err(|e| CaptureError::Track(e.to_string()))?;
+        procs.push((img.pid, img.start_time));
+    }
+    t.finish_arm().map_err(|e| CaptureError::Track(e.to_string()))?;
+    Ok(procs)
 }

@@ -105,7 +105,10 @@ pub fn plan(
             }
             _ => {
                 let regions = if have_scan {
-                    match pagemap.scan(m.start, m.end, ScanQuery::private_data()) {
+                    match pagemap
+                        .scan(m.start, m.end, ScanQuery::private_data())
+                        .and_then(|r| pagemap.drop_markers(r))
+                    {
                         Ok(r) => r,
                         Err(KernelError::Unsupported { .. }) => {
                             have_scan = false;
@@ -140,6 +143,30 @@ pub fn plan(
     Ok(MemoryPlan { vmas, ranges })
 }
 
+/// Writes the pages of `data` (at `addr`) that `filter` accepts, as runs of
+/// consecutive accepted pages.
+fn write_filtered(
+    pack: &mut stasis_image::PackWriter,
+    filter: &mut PageFilter<'_>,
+    addr: u64,
+    data: &[u8],
+) -> Result<()> {
+    let page = stasis_sys::PAGE_SIZE as usize;
+    let mut run: Option<usize> = None; // start offset of the pending run
+    for (i, p) in data.chunks(page).enumerate() {
+        let off = i * page;
+        if filter(addr + off as u64, p) {
+            run.get_or_insert(off);
+        } else if let Some(s) = run.take() {
+            pack.write_run(addr + s as u64, &data[s..off])?;
+        }
+    }
+    if let Some(s) = run {
+        pack.write_run(addr + s as u64, &data[s..])?;
+    }
+    Ok(())
+}
+
 /// Size of each pipeline buffer, and how many are in flight: the dumper's
 /// memory use is bounded by their product, whatever the image size.
 const PIPE_BUF: usize = 8 << 20;
@@ -149,14 +176,20 @@ const PIPE_DEPTH: usize = 3;
 /// process, total bytes, callback).
 pub type Progress<'a> = (u64, u64, Option<&'a (dyn Fn(u64, u64) + Send)>);
 
+/// Decides page by page whether a page read is written to the pack
+/// (`(address, page) -> write it`).
+pub type PageFilter<'a> = &'a mut dyn FnMut(u64, &[u8]) -> bool;
+
 /// Copies `ranges` of the process into the pack: a reader thread fills
 /// buffers with `process_vm_readv` while this thread hashes and writes the
-/// previous one, so reading and writing overlap.
+/// previous one, so reading and writing overlap. With a `filter`, only the
+/// pages it accepts are written.
 pub fn copy_pages(
     mem: &ProcessMemory,
     mut ranges: Vec<(u64, usize)>,
     pack: &mut stasis_image::PackWriter,
     progress: Progress<'_>,
+    mut filter: Option<PageFilter<'_>>,
 ) -> Result<()> {
     use std::sync::mpsc;
     let (base, total, progress) = progress;
@@ -199,7 +232,10 @@ pub fn copy_pages(
             let (buf, batch) = item?;
             let mut off = 0usize;
             for (a, l) in batch {
-                pack.write_run(a, &buf[off..off + l])?;
+                match filter.as_mut() {
+                    None => pack.write_run(a, &buf[off..off + l])?,
+                    Some(f) => write_filtered(pack, f, a, &buf[off..off + l])?,
+                }
                 off += l;
             }
             done += off as u64;

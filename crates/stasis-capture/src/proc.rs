@@ -88,11 +88,17 @@ pub fn parse_maps(text: &str) -> Result<Vec<MapsEntry>, String> {
 
 /// Start addresses of areas whose smaps `VmFlags` include `gd` (grows down).
 pub fn parse_smaps_growsdown(text: &str) -> Vec<u64> {
+    parse_smaps_flagged(text, "gd")
+}
+
+/// Start addresses of the areas whose `VmFlags` in `/proc/PID/smaps` hold
+/// `flag` (`gd`: grows down; `uw`: registered for userfaultfd write-protect).
+pub fn parse_smaps_flagged(text: &str, flag: &str) -> Vec<u64> {
     let mut out = Vec::new();
     let mut cur: Option<u64> = None;
     for line in text.lines() {
         if let Some(flags) = line.strip_prefix("VmFlags:") {
-            if flags.split_whitespace().any(|f| f == "gd") {
+            if flags.split_whitespace().any(|f| f == flag) {
                 out.extend(cur);
             }
         } else if let Some(first) = line.split_whitespace().next() {

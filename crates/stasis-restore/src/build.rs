@@ -73,18 +73,21 @@ pub fn map_flags(vma: &Vma, needs_fill: bool) -> (u64, u64) {
     (sarg(i64::from(prot)), sarg(i64::from(flags)))
 }
 
-/// Maps one saved area at its address and fills it from the page pack
-/// (open as `pack_fd` inside the process). `runs` are the pack entries
-/// inside the area, sorted.
+/// Pages to read into an area from one page pack: the pack entries inside
+/// the area (sorted) and the pack's fd number inside the process.
+pub type Fill<'a> = (&'a [RunEntry], u64);
+
+/// Maps one saved area at its address and fills it from page packs (an
+/// incremental checkpoint's pages come from several packs of its chain,
+/// each open inside the process).
 pub fn map_vma<R: Remote>(
     r: &mut R,
     vma: &Vma,
-    runs: &[RunEntry],
-    pack_fd: u64,
+    fills: &[Fill<'_>],
     file_fd: Option<u64>,
 ) -> Result<u64, RestoreError> {
     let len = vma.end - vma.start;
-    let needs_fill = !runs.is_empty();
+    let needs_fill = fills.iter().any(|f| !f.0.is_empty());
     let (prot, flags) = map_flags(vma, needs_fill);
     let at = match &vma.kind {
         VmaKind::Anon => r
@@ -167,7 +170,10 @@ pub fn map_vma<R: Remote>(
             vma.start, vma.end
         )));
     }
-    let filled = fill(r, runs, pack_fd)?;
+    let mut filled = 0;
+    for (runs, pack_fd) in fills {
+        filled += fill(r, runs, *pack_fd)?;
+    }
     if needs_fill && prot != u64::from(vma.prot) {
         r.sys(
             "mprotect",
@@ -695,8 +701,7 @@ mod tests {
         let n = map_vma(
             &mut r,
             &v,
-            &[run(0x10000, 2, 4096), run(0x13000, 1, 4096 + 8192)],
-            7,
+            &[(&[run(0x10000, 2, 4096), run(0x13000, 1, 4096 + 8192)][..], 7)],
             None,
         )
         .unwrap();
@@ -719,13 +724,29 @@ mod tests {
     }
 
     #[test]
+    fn pages_of_a_chain_are_read_from_each_pack() {
+        // An incremental checkpoint: page 1 from its own pack (fd 7), pages
+        // 0 and 2 from its parent's (fd 8).
+        let mut r = Recorder::default();
+        let v = anon(0x10000, 0x13000, libc::PROT_READ | libc::PROT_WRITE);
+        let own = [run(0x11000, 1, 4096)];
+        let parent = [run(0x10000, 1, 4096), run(0x12000, 1, 3 * 4096)];
+        let n = map_vma(&mut r, &v, &[(&own[..], 7), (&parent[..], 8)], None).unwrap();
+        assert_eq!(n, 3 * 4096);
+        let p = r.args_of("preadv");
+        // One read from the child's pack; two from the parent's, whose runs
+        // are not file-contiguous.
+        assert_eq!(p.iter().map(|a| (a[0], a[2], a[3])).collect::<Vec<_>>(),
+            vec![(7, 1, 4096), (8, 1, 4096), (8, 1, 3 * 4096)]);
+    }
+
+    #[test]
     fn empty_area_is_mapped_with_final_protection_and_not_filled() {
         let mut r = Recorder::default();
         map_vma(
             &mut r,
             &anon(0x10000, 0x12000, libc::PROT_NONE),
             &[],
-            7,
             None,
         )
         .unwrap();
@@ -785,7 +806,7 @@ mod tests {
             },
             ..anon(0x10000, 0x12000, libc::PROT_READ | libc::PROT_EXEC)
         };
-        map_vma(&mut r, &v, &[], 7, None).unwrap();
+        map_vma(&mut r, &v, &[], None).unwrap();
         assert_eq!(r.names(), vec!["open", "mmap", "close"]);
         assert_eq!(r.args_of("mmap")[0][4..], [100, 0x2000]);
         assert!(r
@@ -809,7 +830,7 @@ mod tests {
             },
             ..anon(0x10000, 0x12000, libc::PROT_READ)
         };
-        let e = map_vma(&mut r, &v, &[], 7, None).unwrap_err().to_string();
+        let e = map_vma(&mut r, &v, &[], None).unwrap_err().to_string();
         assert!(e.contains("/gone"), "{e}");
     }
 

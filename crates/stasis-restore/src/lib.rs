@@ -45,7 +45,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use stasis_image::manifest::{ProcessImage, VmaKind};
-use stasis_image::{Checkpoint, ImageDir, ImageError, PackReader};
+use stasis_image::{Checkpoint, ImageDir, ImageError, PackReader, PageSource, RunEntry};
 use stasis_kernel::child::{kill_and_reap, spawn_stopped, SpawnError};
 use stasis_kernel::mem::ProcessMemory;
 use stasis_kernel::{sarg, scm, KernelError, Tracee, UserRegs};
@@ -282,12 +282,6 @@ pub fn wait_pid_free(pid: i32, wait: Duration) -> Result<()> {
 pub fn load(store: &ImageDir, n: Option<u32>) -> Result<(Checkpoint, tree::Plan)> {
     let cp = store.load(n)?;
     let m = &cp.manifest;
-    if m.parent.is_some() {
-        return Err(RestoreError::Unsupported(format!(
-            "checkpoint {} is incremental; this version restores full checkpoints only",
-            cp.number
-        )));
-    }
     if m.host.page_size != sys::PAGE_SIZE {
         return Err(RestoreError::Incompatible(format!(
             "image page size {} differs from {}",
@@ -312,11 +306,15 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     let t0 = Instant::now();
     let (cp, plan) = load(store, opts.checkpoint)?;
     let m = &cp.manifest;
+    // The pages of each process: its own pack, and for an incremental
+    // checkpoint the packs of its ancestors.
+    let chain = stasis_image::load_chain(store, Some(cp.number))?;
     let mut packs = Vec::new();
     for p in &m.processes {
-        packs.push(match &p.pack {
-            Some(r) => Some(cp.open_pack(r)?),
-            None => None,
+        packs.push(if p.zombie.is_some() {
+            Vec::new()
+        } else {
+            stasis_image::page_sources(&chain, p)?
         });
     }
     let waited = Instant::now();
@@ -384,17 +382,24 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     };
 
     // Verify pack checksums in parallel with the rebuild.
-    let to_verify: Vec<_> = packs
+    let to_verify: Vec<_> = chain
         .iter()
-        .zip(&m.processes)
-        .filter_map(|(pk, p)| {
-            pk.as_ref()
-                .map(|pk| (pk.path().to_path_buf(), p.pack.clone()))
+        .flat_map(|c| {
+            c.manifest
+                .processes
+                .iter()
+                .filter_map(move |p| p.pack.as_ref().map(|r| (c.pack_path(r), r.clone())))
+        })
+        .filter(|(path, _)| {
+            packs
+                .iter()
+                .flatten()
+                .any(|s| path.as_ref().is_ok_and(|p| p.as_path() == s.pack.path()))
         })
         .collect();
     let verifier = std::thread::spawn(move || -> Result<(), ImageError> {
         for (path, pref) in to_verify {
-            PackReader::open(&path, pref.as_ref())?.verify()?;
+            PackReader::open(&path?, Some(&pref))?.verify()?;
         }
         Ok(())
     });
@@ -464,7 +469,7 @@ fn build_tree(
     procs: &mut Vec<Proc>,
     cp: &Checkpoint,
     plan: &tree::Plan,
-    packs: &[Option<PackReader>],
+    packs: &[Vec<PageSource>],
     transport: &OwnedFd,
     h: u64,
     opts: &RestoreOptions,
@@ -612,11 +617,7 @@ fn build_tree(
 
     // Every live process, in manifest order (shared memory is first mapped
     // by the earliest process that has it).
-    let total: u64 = packs
-        .iter()
-        .flatten()
-        .map(|pk| pk.pages() * sys::PAGE_SIZE)
-        .sum();
+    let total: u64 = packs.iter().flatten().map(PageSource::bytes).sum();
     let mut filled = 0u64;
     let mut factory = files::FdFactory::new(
         &m.pipes,
@@ -633,7 +634,7 @@ fn build_tree(
             p,
             m.processes[0].pid,
             img,
-            packs[i].as_ref(),
+            &packs[i],
             &mut factory,
             &mut shm_first,
             transport,
@@ -744,7 +745,7 @@ fn build_process(
     s: &mut Proc,
     root_pid: i32,
     p: &ProcessImage,
-    pack: Option<&PackReader>,
+    sources: &[PageSource],
     factory: &mut files::FdFactory<'_>,
     shm_first: &mut HashMap<u64, (i32, u64, u64, u64)>,
     transport: &OwnedFd,
@@ -755,14 +756,16 @@ fn build_process(
     s.cur = None;
     restore_vdso(s, p)?;
 
-    // Memory.
-    let pack_fd = match pack {
-        Some(pk) => {
-            let path = pk.path().to_string_lossy().into_owned();
-            let a = s
-                .put_cstr(build::SCRATCH_PATH, &path)
-                .map_err(step("pack path"))?;
-            s.sys(
+    // Memory: every pack holding pages of this process is opened inside
+    // it (one for a full checkpoint, several along an incremental chain).
+    let mut pack_fds = Vec::with_capacity(sources.len());
+    for src in sources {
+        let path = src.pack.path().to_string_lossy().into_owned();
+        let a = s
+            .put_cstr(build::SCRATCH_PATH, &path)
+            .map_err(step("pack path"))?;
+        let fd = s
+            .sys(
                 "open",
                 libc::SYS_open,
                 &[a, (libc::O_RDONLY | libc::O_CLOEXEC) as u64, 0],
@@ -771,10 +774,9 @@ fn build_process(
                 path,
                 what: "page pack".into(),
                 source,
-            })?
-        }
-        None => u64::MAX,
-    };
+            })?;
+        pack_fds.push(fd);
+    }
     let (base_done, total, opts) = progress;
     let mut filled = 0u64;
     let mut last = Instant::now();
@@ -786,9 +788,15 @@ fn build_process(
             }
             shm_first.insert(ino, (s.t.pid(), v.start, v.end, off));
         }
-        let runs = pack
-            .map(|pk| build::clip_runs(pk.runs(), v.start, v.end))
-            .unwrap_or_default();
+        let runs: Vec<Vec<RunEntry>> = sources
+            .iter()
+            .map(|src| build::clip_runs(&src.runs, v.start, v.end))
+            .collect();
+        let fills: Vec<build::Fill<'_>> = runs
+            .iter()
+            .zip(&pack_fds)
+            .map(|(r, fd)| (r.as_slice(), *fd))
+            .collect();
         if let VmaKind::Ghost { id, name, .. } = &v.kind {
             // Hand the rebuilt file over just above the transport, map, close.
             let writable = v.shared && v.prot & libc::PROT_WRITE.unsigned_abs() != 0;
@@ -796,12 +804,12 @@ fn build_process(
             let tmp = i32::try_from(h + 1)
                 .map_err(|_| RestoreError::Layout("fd number overflow".into()))?;
             files::plant(s, transport, h, file.as_fd(), tmp, true)?;
-            let r = build::map_vma(s, v, &runs, pack_fd, Some(h + 1));
+            let r = build::map_vma(s, v, &fills, Some(h + 1));
             s.sys("close", libc::SYS_close, &[h + 1])
                 .map_err(step("closing a mapped file"))?;
             filled += r?;
         } else {
-            filled += build::map_vma(s, v, &runs, pack_fd, None)?;
+            filled += build::map_vma(s, v, &fills, None)?;
         }
         if let Some(cb) = &opts.progress {
             if last.elapsed() >= Duration::from_millis(100) {
@@ -810,9 +818,9 @@ fn build_process(
             }
         }
     }
-    if pack.is_some() {
-        s.sys("close", libc::SYS_close, &[pack_fd])
-            .map_err(step("closing the pack"))?;
+    for fd in pack_fds {
+        s.sys("close", libc::SYS_close, &[fd])
+            .map_err(step("closing a pack"))?;
     }
 
     // mm fields, with the exe file. The kernel refuses to switch the exe

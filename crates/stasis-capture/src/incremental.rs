@@ -1,0 +1,212 @@
+//! Incremental dumps: which pages of a process to save given a dirty
+//! tracker and the parent checkpoint, and re-arming after the commit.
+
+use stasis_image::chain::{self, Ranges};
+use stasis_image::manifest::{Vma, VmaKind};
+use stasis_image::{Checkpoint, ImageDir};
+use stasis_kernel::{KernelError, Tracee, UserRegs};
+use stasis_track::state::TrackState;
+use stasis_track::{Area, Dirty, DirtyTracker, RemoteSyscall};
+
+use crate::{CaptureError, Result};
+
+/// Against what a dump is incremental.
+pub struct Base {
+    pub parent: Checkpoint,
+    pub state: TrackState,
+}
+
+/// Decides whether this dump can be incremental: tracking with the same
+/// backend must have been armed right after the latest checkpoint, on the
+/// same root. Returns the base, or the reason it is a full dump.
+pub fn base(
+    store: &ImageDir,
+    tracker: &dyn DirtyTracker,
+    root: i32,
+    root_start: u64,
+) -> std::result::Result<Base, String> {
+    let state = match stasis_track::state::load(store.path()) {
+        Ok(Some(s)) => s,
+        Ok(None) => return Err("no tracking was armed by an earlier dump (use --track with --leave-running)".into()),
+        Err(e) => return Err(e.to_string()),
+    };
+    let latest = match store.latest() {
+        Ok(Some(n)) => n,
+        Ok(None) => return Err("the image has no checkpoint yet".into()),
+        Err(e) => return Err(e.to_string()),
+    };
+    if state.backend != tracker.backend() {
+        return Err(format!(
+            "tracking was armed with {} but this dump uses {}",
+            state.backend,
+            tracker.backend()
+        ));
+    }
+    if state.armed_at != latest {
+        return Err(format!(
+            "tracking was armed after checkpoint {} but the latest is {latest}",
+            state.armed_at
+        ));
+    }
+    if state.root_pid != root || !state.procs.contains(&(root, root_start)) {
+        return Err(format!(
+            "tracking was armed on the tree of process {}, not this one",
+            state.root_pid
+        ));
+    }
+    match chain::load_chain(store, Some(latest)) {
+        Ok(mut c) if !c.is_empty() => Ok(Base {
+            parent: c.swap_remove(0),
+            state,
+        }),
+        Ok(_) => Err("the latest checkpoint cannot be loaded".into()),
+        Err(e) => Err(format!("the latest checkpoint cannot be used as a parent: {e}")),
+    }
+}
+
+/// The tracker's view of a process's areas.
+pub fn areas(vmas: &[Vma], wp_registered: &[u64]) -> Vec<Area> {
+    vmas.iter()
+        .filter(|v| !matches!(v.kind, VmaKind::Vdso | VmaKind::Vvar | VmaKind::VvarVclock))
+        .map(|v| Area {
+            start: v.start,
+            end: v.end,
+            private_anon: matches!(v.kind, VmaKind::Anon) && !v.shared,
+            wp_registered: wp_registered.contains(&v.start),
+        })
+        .collect()
+}
+
+/// What to save of one process in an incremental dump.
+pub struct Selection {
+    /// Ranges to read (the pages possibly changed).
+    pub read: Ranges,
+    /// Pages that must be written whatever a content filter says (they
+    /// are in no ancestor).
+    pub forced: Ranges,
+    /// The tracker decides page by page from content.
+    pub by_content: bool,
+}
+
+/// Chooses the pages of a process to save: those the tracker reports
+/// changed, whole untracked areas, and pages with data that the parent does
+/// not have. `data` is every range with data now, `parent_data` the
+/// parent's (for this same process).
+pub fn select(
+    tracker: &mut dyn DirtyTracker,
+    pid: i32,
+    areas: &[Area],
+    data: &Ranges,
+    parent_data: &Ranges,
+) -> Result<Selection> {
+    let mut dirty = Vec::new();
+    let mut by_content = false;
+    for a in areas {
+        let here = chain::intersect(data, &[(a.start, a.end)]);
+        if here.is_empty() {
+            continue;
+        }
+        match tracker.dirty(pid, a).map_err(|e| CaptureError::Track(e.to_string()))? {
+            Dirty::All => dirty.extend(here),
+            Dirty::Ranges(r) => dirty.extend(chain::intersect(&here, &r)),
+            Dirty::ByContent => {
+                by_content = true;
+                dirty.extend(here);
+            }
+        }
+    }
+    let dirty = chain::normalize(dirty);
+    let orphans = chain::subtract(&chain::subtract(data, &dirty), parent_data);
+    let forced = if by_content {
+        chain::subtract(data, parent_data)
+    } else {
+        Vec::new()
+    };
+    let mut read = dirty;
+    read.extend(orphans);
+    Ok(Selection {
+        read: chain::normalize(read),
+        forced,
+        by_content,
+    })
+}
+
+/// Runs syscalls in a frozen thread for the trackers.
+pub struct FrozenRemote<'a> {
+    pub tracee: &'a mut Tracee,
+    pub base: &'a UserRegs,
+}
+
+impl RemoteSyscall for FrozenRemote<'_> {
+    fn syscall(&mut self, name: &'static str, nr: i64, args: &[u64]) -> Result<u64, KernelError> {
+        self.tracee.syscall(self.base, name, nr, args)
+    }
+}
+
+/// True if `addr` lies in one of the sorted `ranges`.
+pub fn contains(ranges: &Ranges, addr: u64) -> bool {
+    let i = ranges.partition_point(|r| r.1 <= addr);
+    ranges.get(i).is_some_and(|r| r.0 <= addr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stasis_track::{ArmReport, Backend};
+
+    const P: u64 = 4096;
+
+    /// A tracker that reports fixed ranges for registered areas.
+    struct Fixed(Ranges);
+    impl DirtyTracker for Fixed {
+        fn backend(&self) -> Backend {
+            Backend::Uffd
+        }
+        fn dirty(&mut self, _: i32, a: &Area) -> stasis_track::Result<Dirty> {
+            Ok(if a.wp_registered {
+                Dirty::Ranges(self.0.clone())
+            } else {
+                Dirty::All
+            })
+        }
+        fn arm(&mut self, _: i32, _: &[Area], _: &mut dyn RemoteSyscall) -> stasis_track::Result<ArmReport> {
+            Ok(ArmReport::default())
+        }
+    }
+
+    fn area(s: u64, e: u64, reg: bool) -> Area {
+        Area {
+            start: s * P,
+            end: e * P,
+            private_anon: true,
+            wp_registered: reg,
+        }
+    }
+
+    #[test]
+    fn selects_written_untracked_and_orphan_pages() {
+        // Area 0..10 tracked (pages 2..4 written), area 20..30 untracked
+        // (new). Data everywhere except 5..6; the parent lacks page 8.
+        let areas = [area(0, 10, true), area(20, 30, false)];
+        let data = vec![(0, 5 * P), (6 * P, 10 * P), (20 * P, 25 * P)];
+        let parent = vec![(0, 8 * P), (9 * P, 10 * P)];
+        let mut t = Fixed(vec![(2 * P, 4 * P), (40 * P, 41 * P)]);
+        let s = select(&mut t, 1, &areas, &data, &parent).unwrap();
+        assert_eq!(
+            s.read,
+            vec![(2 * P, 4 * P), (8 * P, 9 * P), (20 * P, 25 * P)]
+        );
+        assert!(!s.by_content);
+    }
+
+    #[test]
+    fn contains_finds_ranges() {
+        let r = vec![(P, 3 * P), (5 * P, 6 * P)];
+        assert!(!contains(&r, 0));
+        assert!(contains(&r, P));
+        assert!(contains(&r, 2 * P + 7));
+        assert!(!contains(&r, 3 * P));
+        assert!(contains(&r, 5 * P));
+        assert!(!contains(&r, 6 * P));
+    }
+}
