@@ -254,7 +254,12 @@ mod tests {
         );
         assert_eq!(
             intersect(&a, &b),
-            vec![(2 * P, 3 * P), (9 * P, 10 * P), (20 * P, 21 * P), (29 * P, 30 * P)]
+            vec![
+                (2 * P, 3 * P),
+                (9 * P, 10 * P),
+                (20 * P, 21 * P),
+                (29 * P, 30 * P)
+            ]
         );
         assert_eq!(subtract(&a, &[]), a);
         assert!(subtract(&a, &a).is_empty());
@@ -264,7 +269,13 @@ mod tests {
     #[test]
     fn normalize_merges() {
         assert_eq!(
-            normalize(vec![(5 * P, 6 * P), (0, 2 * P), (1 * P, 3 * P), (3 * P, 4 * P), (7 * P, 7 * P)]),
+            normalize(vec![
+                (5 * P, 6 * P),
+                (0, 2 * P),
+                (P, 3 * P),
+                (3 * P, 4 * P),
+                (7 * P, 7 * P)
+            ]),
             vec![(0, 4 * P), (5 * P, 6 * P)]
         );
     }
@@ -291,7 +302,11 @@ mod tests {
         let got: Vec<(u64, u32, u64)> = c.iter().map(|r| (r.vaddr, r.npages, r.file_off)).collect();
         assert_eq!(
             got,
-            vec![(P, 1, 2 * 4096), (3 * P, 1, 4 * 4096), (10 * P, 1, 5 * 4096)]
+            vec![
+                (P, 1, 2 * 4096),
+                (3 * P, 1, 4 * 4096),
+                (10 * P, 1, 5 * 4096)
+            ]
         );
     }
 }

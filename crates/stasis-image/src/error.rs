@@ -155,6 +155,28 @@ pub enum ImageError {
     /// `read_run` was given an entry that is not in this pack's index.
     #[error("the run at {vaddr:#x} is not in page pack {}: this is a bug in the caller", .path.display())]
     RunNotInPack { path: PathBuf, vaddr: u64 },
+
+    /// `gc` was asked to keep no checkpoint.
+    #[error("gc of {} must keep at least one checkpoint: pass --keep 1 or more (to drop every checkpoint, delete the image directory)", .dir.display())]
+    KeepZero { dir: PathBuf },
+
+    /// `gc` would leave a kept checkpoint that cannot be restored (its
+    /// chain needs pages that the merge does not provide). Nothing was
+    /// changed.
+    #[error("gc would leave checkpoint {checkpoint} unrestorable ({reason}): nothing was deleted; keep more checkpoints with a larger --keep")]
+    GcWouldBreak { checkpoint: u32, reason: String },
+
+    /// The file system cannot exchange two directories atomically
+    /// (`renameat2(RENAME_EXCHANGE)`), which merging needs to be crash-safe.
+    #[error("the file system of {} cannot exchange directories atomically (renameat2 RENAME_EXCHANGE): gc cannot merge checkpoints safely here; nothing was deleted; keep the image on ext4, xfs, btrfs or tmpfs, or use a --keep that keeps a full checkpoint", .path.display())]
+    NoAtomicExchange { path: PathBuf },
+
+    /// The test hook of `gc_with_hook` stopped gc after `step`, as if it
+    /// had been killed there.
+    #[error(
+        "gc stopped after step {step:?}: every kept checkpoint is intact; run gc again to finish"
+    )]
+    GcInterrupted { step: String },
 }
 
 impl ImageError {
@@ -291,6 +313,15 @@ mod tests {
             ImageError::RunNotInPack {
                 path: p(),
                 vaddr: 1,
+            },
+            ImageError::KeepZero { dir: p() },
+            ImageError::GcWouldBreak {
+                checkpoint: 4,
+                reason: "x".into(),
+            },
+            ImageError::NoAtomicExchange { path: p() },
+            ImageError::GcInterrupted {
+                step: "built 4".into(),
             },
         ];
         for e in all {

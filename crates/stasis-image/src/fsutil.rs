@@ -110,13 +110,18 @@ pub(crate) fn create_dir_all(path: &Path) -> Result<(), ImageError> {
         .map_err(ImageError::io("create directory", path))
 }
 
-/// fsyncs a directory (so that entries created or renamed in it are durable).
-pub(crate) fn sync_dir(path: &Path) -> Result<(), ImageError> {
-    let dir = OpenOptions::new()
+/// Opens a directory (never a symlink to one) for `*at` calls and fsync.
+pub(crate) fn open_dir(path: &Path) -> Result<File, ImageError> {
+    OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
         .open(path)
-        .map_err(map_open_err("open directory", path))?;
+        .map_err(map_open_err("open directory", path))
+}
+
+/// fsyncs a directory (so that entries created or renamed in it are durable).
+pub(crate) fn sync_dir(path: &Path) -> Result<(), ImageError> {
+    let dir = open_dir(path)?;
     dir.sync_all()
         .map_err(ImageError::io("fsync directory", path))
 }

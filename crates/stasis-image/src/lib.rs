@@ -7,6 +7,9 @@
 //! only ever see complete checkpoints. The format is specified in
 //! `docs/image-format.md`.
 //!
+//! Old checkpoints are deleted with [`ImageDir::gc`], which first merges a
+//! kept incremental checkpoint with the ancestors it needs.
+//!
 //! This crate only does file I/O: it never touches another process. Every
 //! file it creates is mode 0600, every directory 0700, and it never follows
 //! a symbolic link inside an image.
@@ -28,6 +31,7 @@
 pub mod chain;
 mod error;
 mod fsutil;
+mod gc;
 pub mod manifest;
 mod manifest_io;
 mod pack;
@@ -37,6 +41,7 @@ mod summary;
 pub use chain::{load_chain, page_sources, PageSource};
 pub use error::ImageError;
 pub use fsutil::is_plain_name;
+pub use gc::{GcReport, MergeReport};
 pub use manifest::*;
 pub use manifest_io::{
     decode_manifest, encode_manifest, MANIFEST_HEADER_LEN, MANIFEST_MAGIC, MAX_MANIFEST_BYTES,

@@ -54,7 +54,7 @@ pub fn pack_file_name(pid: i32) -> String {
 }
 
 /// What the `latest` file says.
-enum Pointer {
+pub(crate) enum Pointer {
     Missing,
     Value(u32),
     Garbage(String),
@@ -137,7 +137,7 @@ impl ImageDir {
         &self.path
     }
 
-    fn checkpoints_path(&self) -> PathBuf {
+    pub(crate) fn checkpoints_path(&self) -> PathBuf {
         self.path.join(CHECKPOINTS_DIR)
     }
 
@@ -209,7 +209,7 @@ impl ImageDir {
         Ok(out)
     }
 
-    fn read_pointer(&self) -> Result<Pointer, ImageError> {
+    pub(crate) fn read_pointer(&self) -> Result<Pointer, ImageError> {
         let path = self.path.join(LATEST_NAME);
         let Some(bytes) = fsutil::read_small(&path, 32)? else {
             return Ok(Pointer::Missing);
@@ -314,11 +314,13 @@ impl ImageDir {
             number,
             manifest,
             dir,
+            image: self.path.clone(),
         })
     }
 
-    /// Takes the directory lock (non-blocking).
-    fn lock(&self) -> Result<File, ImageError> {
+    /// Takes the directory lock (non-blocking). It is held until the
+    /// returned file is dropped.
+    pub(crate) fn lock(&self) -> Result<File, ImageError> {
         let path = self.path.join(LOCK_NAME);
         let file = OpenOptions::new()
             .read(true)
@@ -399,6 +401,12 @@ impl ImageDir {
     pub fn remove_stale_temps(&self) -> Result<usize, ImageError> {
         fsutil::require_real_dir(&self.path, |path| ImageError::NoSuchDir { path })?;
         let _lock = self.lock()?;
+        self.remove_stale_temps_locked()
+    }
+
+    /// [`remove_stale_temps`](Self::remove_stale_temps) for a caller that
+    /// already holds the lock.
+    pub(crate) fn remove_stale_temps_locked(&self) -> Result<usize, ImageError> {
         for name in ["latest.tmp", "STASIS-IMAGE.tmp"] {
             fsutil::remove_if_exists(&self.path.join(name))?;
         }
@@ -470,9 +478,30 @@ pub struct Checkpoint {
     pub number: u32,
     pub manifest: Manifest,
     dir: PathBuf,
+    /// The image directory the checkpoint belongs to.
+    image: PathBuf,
 }
 
 impl Checkpoint {
+    /// A checkpoint of image `image` whose files are in `dir` (which, for
+    /// `gc`, may be a temporary directory not yet committed).
+    pub(crate) fn at(number: u32, manifest: Manifest, dir: PathBuf, image: PathBuf) -> Checkpoint {
+        Checkpoint {
+            number,
+            manifest,
+            dir,
+            image,
+        }
+    }
+
+    /// The image directory this checkpoint belongs to (to load its
+    /// ancestors with [`crate::load_chain`]).
+    pub fn image(&self) -> ImageDir {
+        ImageDir {
+            path: self.image.clone(),
+        }
+    }
+
     /// The checkpoint's directory (`DIR/checkpoints/0000000N`).
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -572,28 +601,10 @@ impl CheckpointBuilder {
                 PackReader::open_inner(&self.temp_dir.join(&r.name), Some(r), Some(self.number))?;
             }
         }
-        let bytes = encode_manifest(manifest)?;
-        let mpath = self.temp_dir.join(MANIFEST_NAME);
-        {
-            use std::io::Write;
-            let mut f = fsutil::create_file(&mpath)?;
-            f.write_all(&bytes)
-                .map_err(ImageError::io("write", &mpath))?;
-            f.sync_all().map_err(ImageError::io("fsync", &mpath))?;
-        }
+        write_manifest(&self.temp_dir, manifest)?;
         // fsync every file (packs were synced by finish(); this also covers
         // anything else the caller put in temp_dir()).
-        for entry in fs::read_dir(&self.temp_dir).map_err(ImageError::io("list", &self.temp_dir))? {
-            let entry = entry.map_err(ImageError::io("list", &self.temp_dir))?;
-            let path = entry.path();
-            match fsutil::kind(&path)? {
-                Kind::File => fsutil::sync_file(&path)?,
-                Kind::Symlink => return Err(ImageError::Symlink { path }),
-                Kind::Dir => fsutil::sync_dir(&path)?,
-                Kind::Missing | Kind::Other => {}
-            }
-        }
-        fsutil::sync_dir(&self.temp_dir)?;
+        sync_tree(&self.temp_dir)?;
 
         let cps = self.image.join(CHECKPOINTS_DIR);
         let final_dir = cps.join(checkpoint_dir_name(self.number));
@@ -618,6 +629,33 @@ impl CheckpointBuilder {
         debug!(dir = %final_dir.display(), number = self.number, "committed checkpoint");
         Ok(self.number)
     }
+}
+
+/// Writes `dir/manifest.bin` (0600, exclusive) and fsyncs it.
+pub(crate) fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<(), ImageError> {
+    use std::io::Write;
+    let bytes = encode_manifest(manifest)?;
+    let mpath = dir.join(MANIFEST_NAME);
+    let mut f = fsutil::create_file(&mpath)?;
+    f.write_all(&bytes)
+        .map_err(ImageError::io("write", &mpath))?;
+    f.sync_all().map_err(ImageError::io("fsync", &mpath))
+}
+
+/// fsyncs every entry of the (flat) directory `dir`, then `dir` itself.
+/// A symlink inside is an error.
+pub(crate) fn sync_tree(dir: &Path) -> Result<(), ImageError> {
+    for entry in fs::read_dir(dir).map_err(ImageError::io("list", dir))? {
+        let entry = entry.map_err(ImageError::io("list", dir))?;
+        let path = entry.path();
+        match fsutil::kind(&path)? {
+            Kind::File => fsutil::sync_file(&path)?,
+            Kind::Symlink => return Err(ImageError::Symlink { path }),
+            Kind::Dir => fsutil::sync_dir(&path)?,
+            Kind::Missing | Kind::Other => {}
+        }
+    }
+    fsutil::sync_dir(dir)
 }
 
 impl Drop for CheckpointBuilder {

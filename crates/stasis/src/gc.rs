@@ -1,0 +1,111 @@
+//! `stasis gc`: delete old checkpoints, merging what the kept ones need.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use stasis_image::{GcReport, ImageDir};
+
+/// `stasis gc -D DIR --keep N [--json]`.
+pub fn cmd_gc(dir: &Path, keep: usize, json: bool) -> Result<ExitCode> {
+    let store = ImageDir::open(dir)
+        .with_context(|| format!("opening image directory {}", dir.display()))?;
+    let report = store
+        .gc(keep)
+        .with_context(|| format!("deleting old checkpoints of {}", dir.display()))?;
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!("{}", summary(&report));
+    }
+    let _ = std::io::stdout().flush();
+    Ok(ExitCode::SUCCESS)
+}
+
+/// "kept 4..6; merged 1..3 into 4 (12345 pages); deleted 1, 2, 3".
+fn summary(r: &GcReport) -> String {
+    let mut parts = vec![if r.kept.is_empty() {
+        "no checkpoints".to_string()
+    } else {
+        format!("kept {}", numbers(&r.kept))
+    }];
+    for m in &r.merged {
+        parts.push(format!(
+            "merged {} into {} ({} pages)",
+            numbers(&m.ancestors),
+            m.checkpoint,
+            m.pages
+        ));
+    }
+    parts.push(if r.deleted.is_empty() {
+        "nothing to delete".to_string()
+    } else {
+        format!("deleted {}", list(&r.deleted))
+    });
+    if r.stale_temps_removed > 0 {
+        parts.push(format!(
+            "removed {} leftover temporary director{}",
+            r.stale_temps_removed,
+            if r.stale_temps_removed == 1 {
+                "y"
+            } else {
+                "ies"
+            }
+        ));
+    }
+    parts.join("; ")
+}
+
+/// "4..6" for a run of consecutive numbers, else "1, 3, 4".
+fn numbers(v: &[u32]) -> String {
+    match (v.first(), v.last()) {
+        (Some(&a), Some(&b)) if v.len() > 1 && u64::from(b - a) + 1 == v.len() as u64 => {
+            format!("{a}..{b}")
+        }
+        _ => list(v),
+    }
+}
+
+fn list(v: &[u32]) -> String {
+    v.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stasis_image::MergeReport;
+
+    #[test]
+    fn summaries() {
+        let mut r = GcReport {
+            kept: vec![4, 5, 6],
+            deleted: vec![1, 2, 3],
+            merged: vec![MergeReport {
+                checkpoint: 4,
+                ancestors: vec![1, 2, 3],
+                pages: 12345,
+                bytes: 0,
+            }],
+            stale_temps_removed: 0,
+        };
+        assert_eq!(
+            summary(&r),
+            "kept 4..6; merged 1..3 into 4 (12345 pages); deleted 1, 2, 3"
+        );
+        r.merged.clear();
+        r.kept = vec![2, 7];
+        r.deleted = vec![1];
+        r.stale_temps_removed = 1;
+        assert_eq!(
+            summary(&r),
+            "kept 2, 7; deleted 1; removed 1 leftover temporary directory"
+        );
+        r.kept = vec![3];
+        r.deleted.clear();
+        assert_eq!(
+            summary(&r),
+            "kept 3; nothing to delete; removed 1 leftover temporary directory"
+        );
+    }
+}
