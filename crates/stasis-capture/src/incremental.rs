@@ -25,14 +25,18 @@ pub fn base(
     root: i32,
     root_start: u64,
 ) -> std::result::Result<Base, String> {
+    if matches!(store.latest(), Ok(None)) {
+        return Err(String::new());
+    }
     let state = match stasis_track::state::load(store.path()) {
         Ok(Some(s)) => s,
-        Ok(None) => return Err("no tracking was armed by an earlier dump (use --track with --leave-running)".into()),
+        Ok(None) => return Err("tracking was not armed after the latest checkpoint (it was restored, or dumped without --track --leave-running)".into()),
         Err(e) => return Err(e.to_string()),
     };
     let latest = match store.latest() {
         Ok(Some(n)) => n,
-        Ok(None) => return Err("the image has no checkpoint yet".into()),
+        // The first checkpoint of an image is full by nature: no note.
+        Ok(None) => return Err(String::new()),
         Err(e) => return Err(e.to_string()),
     };
     if state.backend != tracker.backend() {
@@ -60,7 +64,9 @@ pub fn base(
             state,
         }),
         Ok(_) => Err("the latest checkpoint cannot be loaded".into()),
-        Err(e) => Err(format!("the latest checkpoint cannot be used as a parent: {e}")),
+        Err(e) => Err(format!(
+            "the latest checkpoint cannot be used as a parent: {e}"
+        )),
     }
 }
 
@@ -106,7 +112,10 @@ pub fn select(
         if here.is_empty() {
             continue;
         }
-        match tracker.dirty(pid, a).map_err(|e| CaptureError::Track(e.to_string()))? {
+        match tracker
+            .dirty(pid, a)
+            .map_err(|e| CaptureError::Track(e.to_string()))?
+        {
             Dirty::All => dirty.extend(here),
             Dirty::Ranges(r) => dirty.extend(chain::intersect(&here, &r)),
             Dirty::ByContent => {
@@ -169,7 +178,12 @@ mod tests {
                 Dirty::All
             })
         }
-        fn arm(&mut self, _: i32, _: &[Area], _: &mut dyn RemoteSyscall) -> stasis_track::Result<ArmReport> {
+        fn arm(
+            &mut self,
+            _: i32,
+            _: &[Area],
+            _: &mut dyn RemoteSyscall,
+        ) -> stasis_track::Result<ArmReport> {
             Ok(ArmReport::default())
         }
     }

@@ -41,8 +41,8 @@ use stasis_image::manifest::{DumpStats, HostInfo, Manifest};
 use stasis_image::{ImageDir, ImageError};
 use stasis_kernel::mem::ProcessMemory;
 use stasis_kernel::KernelError;
-pub use stasis_track::DirtyTracker;
 use stasis_sys as sys;
+pub use stasis_track::DirtyTracker;
 
 /// Errors of a dump. Each leaves the target running as it was.
 #[derive(Debug, thiserror::Error)]
@@ -143,7 +143,11 @@ pub type TrackerRef<'a> = Option<&'a mut (dyn DirtyTracker + Send + 'static)>;
 /// latest checkpoint if the same tracker was armed right after it (else it
 /// is full, with a note saying why), and with `leave_running` the tracker
 /// is armed again for the next dump.
-pub fn dump_tracked(store: &ImageDir, opts: &DumpOptions, tracker: TrackerRef<'_>) -> Result<DumpReport> {
+pub fn dump_tracked(
+    store: &ImageDir,
+    opts: &DumpOptions,
+    tracker: TrackerRef<'_>,
+) -> Result<DumpReport> {
     let t0 = Instant::now();
     preflight(opts.pid)?;
     let base = match &tracker {
@@ -281,7 +285,10 @@ fn preflight(pid: i32) -> Result<()> {
 }
 
 /// The incremental base (or why there is none) and the tracker.
-type Tracking<'a> = (std::result::Result<incremental::Base, String>, TrackerRef<'a>);
+type Tracking<'a> = (
+    std::result::Result<incremental::Base, String>,
+    TrackerRef<'a>,
+);
 
 fn capture_frozen(
     store: &ImageDir,
@@ -363,7 +370,10 @@ fn capture_with(
             if let (true, Some(pp), false) = (b.state.procs.contains(&me), parent_proc, lost) {
                 let parent_data = stasis_image::chain::data_ranges(&b.parent, pp)?;
                 let data = stasis_image::chain::normalize(
-                    plan.ranges.iter().map(|&(a, l)| (a, a + l as u64)).collect(),
+                    plan.ranges
+                        .iter()
+                        .map(|&(a, l)| (a, a + l as u64))
+                        .collect(),
                 );
                 let sel = incremental::select(&mut **t, image.pid, &areas, &data, &parent_data)?;
                 plan.ranges = sel
@@ -509,26 +519,26 @@ fn capture_with(
     // Re-arm tracking now that the checkpoint is safe, while still frozen.
     let mut armed = None;
     match tracker.as_mut() {
-        Some(t) if opts.leave_running => {
-            match arm_all(&mut **t, f, &manifest, &areas_of) {
-                Ok(procs) => {
-                    let state = stasis_track::state::TrackState {
-                        backend: t.backend(),
-                        armed_at: checkpoint,
-                        root_pid: opts.pid,
-                        procs,
-                    };
-                    match stasis_track::state::save(store.path(), &state) {
-                        Ok(()) => armed = track_name.clone(),
-                        Err(e) => note = Some(format!("tracking could not be recorded: {e}")),
-                    }
-                }
-                Err(e) => {
-                    let _ = stasis_track::state::clear(store.path());
-                    note = Some(format!("tracking could not be re-armed, the next dump will be full: {e}"));
+        Some(t) if opts.leave_running => match arm_all(&mut **t, f, &manifest, &areas_of) {
+            Ok(procs) => {
+                let state = stasis_track::state::TrackState {
+                    backend: t.backend(),
+                    armed_at: checkpoint,
+                    root_pid: opts.pid,
+                    procs,
+                };
+                match stasis_track::state::save(store.path(), &state) {
+                    Ok(()) => armed = track_name.clone(),
+                    Err(e) => note = Some(format!("tracking could not be recorded: {e}")),
                 }
             }
-        }
+            Err(e) => {
+                let _ = stasis_track::state::clear(store.path());
+                note = Some(format!(
+                    "tracking could not be re-armed, the next dump will be full: {e}"
+                ));
+            }
+        },
         _ => {
             let _ = stasis_track::state::clear(store.path());
         }
@@ -572,6 +582,7 @@ fn arm_all(
             .map_err(|e| CaptureError::Track(e.to_string()))?;
         procs.push((img.pid, img.start_time));
     }
-    t.finish_arm().map_err(|e| CaptureError::Track(e.to_string()))?;
+    t.finish_arm()
+        .map_err(|e| CaptureError::Track(e.to_string()))?;
     Ok(procs)
 }

@@ -151,7 +151,7 @@ fn write_filtered(
     addr: u64,
     data: &[u8],
 ) -> Result<()> {
-    let page = stasis_sys::PAGE_SIZE as usize;
+    let page = usize::try_from(stasis_sys::PAGE_SIZE).unwrap_or(4096);
     let mut run: Option<usize> = None; // start offset of the pending run
     for (i, p) in data.chunks(page).enumerate() {
         let off = i * page;

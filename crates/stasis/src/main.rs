@@ -4,6 +4,8 @@
 //! formatting. The work happens in `stasis-capture` and `stasis-restore`.
 
 mod demo;
+mod gc;
+mod run;
 mod ui;
 
 use std::io::Write;
@@ -46,6 +48,11 @@ enum Cmd {
         /// Let the process run on after the checkpoint (default: kill it).
         #[arg(long)]
         leave_running: bool,
+        /// Track dirty pages: with --leave-running, the next dump into the
+        /// same directory saves only the pages written since this one.
+        /// Backend: auto (default), uffd, soft-dirty or hash.
+        #[arg(long, num_args = 0..=1, default_missing_value = "auto", value_name = "BACKEND")]
+        track: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -82,6 +89,19 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Delete old checkpoints, keeping the newest N. A kept incremental
+    /// checkpoint whose ancestors are deleted is first merged with them
+    /// into a full one. Safe to interrupt: run it again to finish.
+    Gc {
+        /// Image directory.
+        #[arg(short = 'D', long = "images-dir")]
+        dir: PathBuf,
+        /// Number of checkpoints to keep (at least 1).
+        #[arg(long, value_name = "N")]
+        keep: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Run the built-in demo: start a workload, checkpoint it, kill it, restore it.
     Demo {
         /// Where to keep the image and the workload's log (default: a temporary directory).
@@ -106,6 +126,42 @@ enum Cmd {
         #[arg(long)]
         pidfile: PathBuf,
     },
+    /// Launch a job and checkpoint it periodically (first full, then
+    /// incremental) until it exits; exit with the job's status.
+    Run {
+        /// Image directory (created if missing).
+        #[arg(short = 'D', long = "images-dir")]
+        dir: PathBuf,
+        /// Seconds between checkpoints, or `auto` for Young's formula
+        /// sqrt(2 x checkpoint cost x MTBF) (needs --mtbf).
+        #[arg(long, value_name = "SECS|auto")]
+        every: String,
+        /// Mean time between failures, for --every auto (e.g. 6h, 30m).
+        #[arg(long, value_parser = run::parse_duration)]
+        mtbf: Option<Duration>,
+        /// Dirty-tracking backend: auto, uffd, soft-dirty or hash.
+        #[arg(long, default_value = "auto", value_name = "BACKEND")]
+        track: String,
+        /// If the job fails (non-zero exit or killed by a signal), restore
+        /// the latest checkpoint and carry on.
+        #[arg(long)]
+        restart_on_failure: bool,
+        /// Give up after this many restarts.
+        #[arg(long, default_value_t = 3)]
+        max_restarts: u32,
+        /// File for the job's stdout and stderr (default DIR/job.log).
+        #[arg(long)]
+        log: Option<PathBuf>,
+        /// One JSON object per event instead of text lines.
+        #[arg(long)]
+        json: bool,
+        /// The command to run.
+        #[arg(last = true, required = true)]
+        cmd: Vec<String>,
+    },
+    /// Holds the userfaultfds of a tracked tree between dumps (internal).
+    #[command(name = "__track-keeper", hide = true)]
+    TrackKeeper { name: String },
 }
 
 fn main() -> ExitCode {
@@ -128,8 +184,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             pid,
             dir,
             leave_running,
+            track,
             json,
-        } => cmd_dump(pid, &dir, leave_running, json),
+        } => cmd_dump(pid, &dir, leave_running, track.as_deref(), json),
         Cmd::Restore {
             dir,
             checkpoint,
@@ -155,8 +212,44 @@ fn run(cli: Cli) -> Result<ExitCode> {
             checkpoint,
             json,
         } => ui::inspect(&dir, checkpoint, json),
+        Cmd::Gc { dir, keep, json } => gc::cmd_gc(&dir, keep, json),
         Cmd::Demo { dir, before, after } => demo::run(dir, before, after),
         Cmd::DemoWorkload { pidfile } => demo::workload(&pidfile),
+        Cmd::Run {
+            dir,
+            every,
+            mtbf,
+            track,
+            restart_on_failure,
+            max_restarts,
+            log,
+            json,
+            cmd,
+        } => {
+            let every = match every.as_str() {
+                "auto" => None,
+                s => Some(
+                    run::parse_duration(s)
+                        .map_err(anyhow::Error::msg)?
+                        .as_secs_f64(),
+                ),
+            };
+            run::cmd_run(run::RunOptions {
+                dir,
+                every,
+                mtbf,
+                track,
+                restart_on_failure,
+                max_restarts,
+                log,
+                json,
+                cmd,
+            })
+        }
+        Cmd::TrackKeeper { name } => {
+            stasis_track::keeper::serve(&name)?;
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 
@@ -199,37 +292,56 @@ fn cmd_check(json: bool) -> Result<ExitCode> {
     })
 }
 
-fn cmd_dump(pid: i32, dir: &Path, leave_running: bool, json: bool) -> Result<ExitCode> {
+fn cmd_dump(
+    pid: i32,
+    dir: &Path,
+    leave_running: bool,
+    track: Option<&str>,
+    json: bool,
+) -> Result<ExitCode> {
     let store = stasis_image::ImageDir::create_or_open(dir)
         .with_context(|| format!("opening image directory {}", dir.display()))?;
+    // Tracking: as asked, or as armed by the previous dump into DIR.
+    let backend = match track {
+        Some(name) => Some(stasis_track::choose(stasis_track::Backend::parse(name)?)?),
+        None => stasis_track::state::load(dir)
+            .ok()
+            .flatten()
+            .filter(|s| store.latest().ok().flatten() == Some(s.armed_at))
+            .map(|s| s.backend),
+    };
+    let mut tracker =
+        backend.map(|b| stasis_track::tracker(b, &stasis_track::state::track_dir(dir)));
     let progress = ui::Progress::new("dumping");
     let opts = stasis_capture::DumpOptions {
         pid,
         leave_running,
         progress: Some(progress.callback()),
     };
-    let r =
-        stasis_capture::dump(&store, &opts).with_context(|| format!("dumping process {pid}"))?;
+    let r = stasis_capture::dump_tracked(&store, &opts, tracker.as_deref_mut())
+        .with_context(|| format!("dumping process {pid}"))?;
     progress.finish();
-    if json {
-        println!("{}", serde_json::to_string(&r)?);
-    } else {
-        println!(
-            "checkpoint {} of pid {} ({} process(es), {} thread(s)): {} pages, {} in {} (frozen {}), {}",
-            r.checkpoint,
-            r.pid,
-            r.processes,
-            r.threads,
-            r.pages,
-            ui::bytes(r.bytes),
-            ui::secs(r.total_us),
-            ui::secs(r.frozen_us),
-            if r.killed {
-                "process killed"
-            } else {
-                "process left running"
+    let mut note = r.note.clone();
+    if let Some(t) = tracker.as_mut() {
+        let held = t.take_held();
+        if !held.is_empty() {
+            let exe = std::env::current_exe().context("finding the stasis binary")?;
+            if let Err(e) = stasis_track::keeper::hand_over(dir, held, &exe) {
+                // Without a holder the areas just registered are untracked
+                // again: the next dump saves them whole.
+                note = Some(format!("{e}; the next dump will save more pages"));
             }
-        );
+        }
+    }
+    if json {
+        let mut v = serde_json::to_value(&r)?;
+        v["note"] = serde_json::json!(note);
+        println!("{v}");
+    } else {
+        println!("{}", ui::dump_line(&r));
+        if let Some(n) = note {
+            println!("note: {n}");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

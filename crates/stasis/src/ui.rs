@@ -73,6 +73,35 @@ impl Progress {
     }
 }
 
+/// One line describing a dump.
+pub fn dump_line(r: &stasis_capture::DumpReport) -> String {
+    let kind = match (r.parent, &r.track) {
+        (Some(p), Some(t)) => format!("incremental on {p}, {t}"),
+        (Some(p), None) => format!("incremental on {p}"),
+        _ => "full".to_string(),
+    };
+    format!(
+        "checkpoint {} ({kind}) of pid {} ({} process(es), {} thread(s)): {} pages, {} in {} (frozen {}), {}{}",
+        r.checkpoint,
+        r.pid,
+        r.processes,
+        r.threads,
+        r.pages,
+        bytes(r.bytes),
+        secs(r.total_us),
+        secs(r.frozen_us),
+        if r.killed {
+            "process killed"
+        } else {
+            "process left running"
+        },
+        match &r.armed {
+            Some(b) => format!(", tracking armed ({b})"),
+            None => String::new(),
+        }
+    )
+}
+
 /// "12.3 MiB".
 pub fn bytes(b: u64) -> String {
     let units = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -135,7 +164,7 @@ extern "C" fn forward(sig: libc::c_int) {
     }
 }
 
-fn forward_signals_to(pid: i32) {
+pub fn forward_signals_to(pid: i32) {
     FORWARD_PID.store(pid, std::sync::atomic::Ordering::Relaxed);
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: installing an async-signal-safe handler.
@@ -180,9 +209,10 @@ pub fn inspect(dir: &Path, checkpoint: Option<u32>, json: bool) -> Result<ExitCo
         }
         let mark = if Some(n) == latest { " (latest)" } else { "" };
         println!(
-            "checkpoint {n}{mark}: {} process(es), {} pages ({}), taken with stasis {} on {} ({}), checksums {}",
+            "checkpoint {n}{mark}: {}, {} process(es), {} ({}), taken with stasis {} on {} ({}), checksums {}",
+            chain_kind(&summary),
             summary.processes.len(),
-            summary.total_pages,
+            stored_pages(summary.incremental, summary.total_pages, summary.memory_pages),
             bytes(summary.total_bytes),
             summary.tool_version,
             summary.hostname,
@@ -194,8 +224,14 @@ pub fn inspect(dir: &Path, checkpoint: Option<u32>, json: bool) -> Result<ExitCo
         );
         for p in &summary.processes {
             println!(
-                "  pid {} ({}) {}: {} thread(s), {} mappings, {} fds, {} pages",
-                p.pid, p.comm, p.exe, p.threads, p.vmas, p.fds, p.pack_pages
+                "  pid {} ({}) {}: {} thread(s), {} mappings, {} fds, {}",
+                p.pid,
+                p.comm,
+                p.exe,
+                p.threads,
+                p.vmas,
+                p.fds,
+                stored_pages(summary.incremental, p.pack_pages, p.memory_pages)
             );
         }
         if checkpoint.is_some() {
@@ -213,6 +249,36 @@ pub fn inspect(dir: &Path, checkpoint: Option<u32>, json: bool) -> Result<ExitCo
     } else {
         ExitCode::from(2)
     })
+}
+
+/// "full", "full (note: ...)" or "incremental (parent 2, uffd)".
+fn chain_kind(s: &stasis_image::CheckpointSummary) -> String {
+    let mut what = Vec::new();
+    if let Some(p) = s.parent {
+        what.push(format!("parent {p}"));
+        if !s.track.is_empty() {
+            what.push(s.track.clone());
+        }
+    }
+    if !s.note.is_empty() {
+        what.push(format!("note: {}", s.note));
+    }
+    let kind = if s.incremental { "incremental" } else { "full" };
+    if what.is_empty() {
+        kind.to_string()
+    } else {
+        format!("{kind} ({})", what.join(", "))
+    }
+}
+
+/// "412 pages stored of 65536" for an incremental checkpoint, else
+/// "65536 pages".
+fn stored_pages(incremental: bool, stored: u64, memory: u64) -> String {
+    if incremental {
+        format!("{stored} pages stored of {memory}")
+    } else {
+        format!("{stored} pages")
+    }
 }
 
 fn detail_json(cp: &stasis_image::Checkpoint) -> &stasis_image::manifest::Manifest {

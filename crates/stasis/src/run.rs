@@ -1,0 +1,336 @@
+//! `stasis run`: launch a job and checkpoint it periodically, the first
+//! checkpoint full and the next ones incremental, until it exits; restore
+//! the latest checkpoint if it crashes (`--restart-on-failure`).
+
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+use crate::ui;
+
+/// Options of `stasis run`.
+pub struct RunOptions {
+    pub dir: PathBuf,
+    /// Seconds between checkpoints, or `None` for Young's formula.
+    pub every: Option<f64>,
+    /// Mean time between failures (for `--every auto`).
+    pub mtbf: Option<Duration>,
+    pub track: String,
+    pub restart_on_failure: bool,
+    pub max_restarts: u32,
+    /// Where the job's stdout and stderr go.
+    pub log: Option<PathBuf>,
+    pub json: bool,
+    pub cmd: Vec<String>,
+}
+
+/// Parses "90", "90s", "15m", "2h", "1d" (also fractions: "0.5s").
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, 's')) => (&s[..i], 1.0),
+        Some((i, 'm')) => (&s[..i], 60.0),
+        Some((i, 'h')) => (&s[..i], 3600.0),
+        Some((i, 'd')) => (&s[..i], 86400.0),
+        _ => (s, 1.0),
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (examples: 90, 90s, 15m, 2h, 1d)"))?;
+    if !(v.is_finite() && v > 0.0) {
+        return Err(format!("{s:?} must be a positive duration"));
+    }
+    Ok(Duration::from_secs_f64(v * mult))
+}
+
+/// Young's first-order optimum checkpoint interval: sqrt(2 C M), for a
+/// checkpoint cost C and a mean time between failures M.
+pub fn young_interval(cost: Duration, mtbf: Duration) -> Duration {
+    let secs = (2.0 * cost.as_secs_f64() * mtbf.as_secs_f64()).sqrt();
+    Duration::from_secs_f64(secs.clamp(0.05, mtbf.as_secs_f64().max(0.05)))
+}
+
+enum Event {
+    Exited(WaitStatus),
+    Due,
+}
+
+/// Waits until `deadline` or until the job exits, whichever is first.
+fn wait_until(pid: i32, deadline: Instant) -> Result<Event> {
+    loop {
+        match waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => {}
+            Ok(s @ (WaitStatus::Exited(..) | WaitStatus::Signaled(..))) => {
+                return Ok(Event::Exited(s))
+            }
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => bail!("waiting for job {pid}: {e}"),
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(Event::Due);
+        }
+        std::thread::sleep((deadline - now).min(Duration::from_millis(10)));
+    }
+}
+
+fn exit_code(s: &WaitStatus) -> (u8, bool) {
+    match s {
+        WaitStatus::Exited(_, c) => (u8::try_from(*c).unwrap_or(1), *c != 0),
+        WaitStatus::Signaled(_, sig, _) => (u8::try_from(128 + *sig as i32).unwrap_or(255), true),
+        _ => (1, true),
+    }
+}
+
+fn describe(s: &WaitStatus) -> String {
+    match s {
+        WaitStatus::Exited(_, c) => format!("exited with status {c}"),
+        WaitStatus::Signaled(_, sig, _) => format!("was killed by {sig}"),
+        other => format!("{other:?}"),
+    }
+}
+
+fn start_job(cmd: &[String], log: &Path) -> Result<i32> {
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening the job log {}", log.display()))?;
+    let err = out.try_clone().context("duplicating the job log")?;
+    let mut c = std::process::Command::new(&cmd[0]);
+    c.args(&cmd[1..])
+        .stdin(std::process::Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0);
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls close_range, which is async-signal-safe: descriptors stasis
+    // inherited from its caller must not leak into the job (an image may
+    // not hold a pipe shared with a process outside the job).
+    unsafe {
+        c.pre_exec(|| {
+            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+            Ok(())
+        });
+    }
+    let child = c.spawn().with_context(|| format!("starting {}", cmd[0]))?;
+    i32::try_from(child.id()).context("pid out of range")
+}
+
+/// Runs `stasis run`.
+pub fn cmd_run(o: RunOptions) -> Result<ExitCode> {
+    if o.cmd.is_empty() {
+        bail!("no command given: stasis run -D DIR --every SECS -- COMMAND [ARGS...]");
+    }
+    if o.every.is_none() && o.mtbf.is_none() {
+        bail!("--every auto needs --mtbf DURATION (the mean time between failures, e.g. 6h)");
+    }
+    let store = stasis_image::ImageDir::create_or_open(&o.dir)
+        .with_context(|| format!("opening image directory {}", o.dir.display()))?;
+    let backend = stasis_track::choose(stasis_track::Backend::parse(&o.track)?)?;
+    // A new job starts a new chain.
+    let _ = stasis_track::state::clear(&o.dir);
+    let log = o.log.clone().unwrap_or_else(|| o.dir.join("job.log"));
+    let mut pid = start_job(&o.cmd, &log)?;
+    // Ctrl-C, SIGTERM and SIGHUP go to the job (which then exits).
+    ui::forward_signals_to(pid);
+    let new_tracker = || stasis_track::tracker(backend, &stasis_track::state::track_dir(&o.dir));
+    let mut tracker = new_tracker();
+    let say = |line: String, v: serde_json::Value| {
+        if o.json {
+            println!("{v}");
+        } else {
+            println!("{line}");
+        }
+        let _ = std::io::stdout().flush();
+    };
+    say(
+        format!(
+            "job {pid} started ({}), output in {}, tracking with {backend}",
+            o.cmd.join(" "),
+            log.display()
+        ),
+        serde_json::json!({"event": "started", "pid": pid, "track": backend.name()}),
+    );
+    let mut interval = match o.every {
+        Some(s) => Duration::from_secs_f64(s),
+        None => Duration::from_secs(1), // first checkpoint; then Young's formula
+    };
+    let mut cost_ewma: Option<f64> = None;
+    let mut restarts = 0u32;
+    let mut next = Instant::now() + interval;
+    loop {
+        match wait_until(pid, next)? {
+            Event::Due => {
+                let opts = stasis_capture::DumpOptions {
+                    pid,
+                    leave_running: true,
+                    progress: None,
+                };
+                match stasis_capture::dump_tracked(&store, &opts, Some(&mut *tracker)) {
+                    Ok(r) => {
+                        let kind = if r.parent.is_some() {
+                            "incremental"
+                        } else {
+                            "full"
+                        };
+                        let mut line = format!(
+                            "checkpoint {}: {kind}, {} pages, {}, frozen {:.1} ms, total {:.1} ms",
+                            r.checkpoint,
+                            r.pages,
+                            ui::bytes(r.bytes),
+                            r.frozen_us as f64 / 1e3,
+                            r.total_us as f64 / 1e3
+                        );
+                        if let Some(n) = &r.note {
+                            line.push_str(&format!(" (note: {n})"));
+                        }
+                        let cost = r.total_us as f64 / 1e6;
+                        let c = cost_ewma.map_or(cost, |e| 0.7 * e + 0.3 * cost);
+                        cost_ewma = Some(c);
+                        if let (None, Some(m)) = (o.every, o.mtbf) {
+                            interval = young_interval(Duration::from_secs_f64(c), m);
+                            line.push_str(&format!(
+                                "; next in {:.2} s (Young: sqrt(2 x {:.1} ms x {:.0} s))",
+                                interval.as_secs_f64(),
+                                c * 1e3,
+                                m.as_secs_f64()
+                            ));
+                        }
+                        let mut v = serde_json::to_value(&r)?;
+                        v["event"] = "checkpoint".into();
+                        v["kind"] = kind.into();
+                        v["interval_s"] = interval.as_secs_f64().into();
+                        say(line, v);
+                    }
+                    Err(e) => {
+                        // The job may have just exited: the next wait says so.
+                        if let Ok(Event::Exited(s)) = wait_until(pid, Instant::now()) {
+                            next = Instant::now();
+                            if let Some(code) =
+                                handle_exit(&o, &store, &mut pid, &s, &mut restarts, &say)?
+                            {
+                                return Ok(code);
+                            }
+                            tracker = new_tracker();
+                            continue;
+                        }
+                        eprintln!("stasis: warning: checkpoint failed (the job runs on): {e:#}");
+                    }
+                }
+                next = Instant::now() + interval;
+            }
+            Event::Exited(s) => {
+                if let Some(code) = handle_exit(&o, &store, &mut pid, &s, &mut restarts, &say)? {
+                    return Ok(code);
+                }
+                // Restored: tracking starts over with a full checkpoint.
+                tracker = new_tracker();
+                next = Instant::now() + interval;
+            }
+        }
+    }
+}
+
+/// The job ended: returns the exit code to leave with, or `None` after a
+/// restart from the latest checkpoint (`pid` is then the restored job).
+fn handle_exit(
+    o: &RunOptions,
+    store: &stasis_image::ImageDir,
+    pid: &mut i32,
+    s: &WaitStatus,
+    restarts: &mut u32,
+    say: &dyn Fn(String, serde_json::Value),
+) -> Result<Option<ExitCode>> {
+    let (code, failed) = exit_code(s);
+    let latest = store.latest().ok().flatten();
+    if !(failed && o.restart_on_failure) {
+        say(
+            format!("job {} {}", *pid, describe(s)),
+            serde_json::json!({"event": "exited", "pid": *pid, "code": code}),
+        );
+        return Ok(Some(ExitCode::from(code)));
+    }
+    let Some(cp) = latest else {
+        say(
+            format!(
+                "job {} {}; no checkpoint to restart from",
+                *pid,
+                describe(s)
+            ),
+            serde_json::json!({"event": "exited", "pid": *pid, "code": code, "restart": false}),
+        );
+        return Ok(Some(ExitCode::from(code)));
+    };
+    if *restarts >= o.max_restarts {
+        say(
+            format!(
+                "job {} {}; not restarting: {} restart(s) already (--max-restarts)",
+                *pid,
+                describe(s),
+                *restarts
+            ),
+            serde_json::json!({"event": "exited", "pid": *pid, "code": code, "restart": false}),
+        );
+        return Ok(Some(ExitCode::from(code)));
+    }
+    *restarts += 1;
+    let _ = stasis_track::state::clear(&o.dir);
+    let r = stasis_restore::restore(
+        store,
+        &stasis_restore::RestoreOptions {
+            checkpoint: Some(cp),
+            ..Default::default()
+        },
+    )
+    .with_context(|| format!("restoring checkpoint {cp} after the job failed"))?;
+    say(
+        format!(
+            "job {} {}; restored checkpoint {cp} as pid {} in {} (restart {} of {})",
+            *pid,
+            describe(s),
+            r.pid,
+            ui::secs(r.total_us),
+            *restarts,
+            o.max_restarts
+        ),
+        serde_json::json!({"event": "restored", "failed_pid": *pid, "code": code,
+            "checkpoint": cp, "pid": r.pid, "restart": *restarts}),
+    );
+    *pid = r.pid;
+    ui::forward_signals_to(r.pid);
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("90s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("15m").unwrap(), Duration::from_secs(900));
+        assert_eq!(parse_duration("2h").unwrap(), Duration::from_secs(7200));
+        assert_eq!(parse_duration("0.5s").unwrap(), Duration::from_millis(500));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("-3s").is_err());
+    }
+
+    #[test]
+    fn young() {
+        // C = 2 s, M = 1 h: sqrt(2 * 2 * 3600) = 120 s.
+        let i = young_interval(Duration::from_secs(2), Duration::from_secs(3600));
+        assert!((i.as_secs_f64() - 120.0).abs() < 1e-6, "{i:?}");
+        // Never longer than the MTBF itself.
+        let i = young_interval(Duration::from_secs(100), Duration::from_secs(10));
+        assert_eq!(i, Duration::from_secs(10));
+    }
+}
