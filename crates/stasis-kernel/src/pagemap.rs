@@ -162,11 +162,14 @@ impl Pagemap {
     pub fn drop_markers(&self, regions: Vec<PageRegion>) -> Result<Vec<PageRegion>> {
         let mut out: Vec<PageRegion> = Vec::with_capacity(regions.len());
         let push = |out: &mut Vec<PageRegion>, r: PageRegion| match out.last_mut() {
-            Some(last) if last.end == r.start && last.categories == r.categories => last.end = r.end,
+            Some(last) if last.end == r.start && last.categories == r.categories => {
+                last.end = r.end
+            }
             _ => out.push(r),
         };
         for r in regions {
-            if r.categories & sys::PAGE_IS_PRESENT != 0 || r.categories & sys::PAGE_IS_SWAPPED == 0 {
+            if r.categories & sys::PAGE_IS_PRESENT != 0 || r.categories & sys::PAGE_IS_SWAPPED == 0
+            {
                 push(&mut out, r);
                 continue;
             }

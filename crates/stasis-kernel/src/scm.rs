@@ -57,7 +57,10 @@ pub fn recv_with_fd(sock: BorrowedFd<'_>, buf: &mut [u8]) -> Result<(usize, Opti
     )
     .map_err(|e| KernelError::io("recvmsg(SCM_RIGHTS)", e.into()))?;
     let mut got = None;
-    for c in msg.cmsgs().map_err(|e| KernelError::io("recvmsg control data", e.into()))? {
+    for c in msg
+        .cmsgs()
+        .map_err(|e| KernelError::io("recvmsg control data", e.into()))?
+    {
         if let socket::ControlMessageOwned::ScmRights(fds) = c {
             for raw in fds {
                 // SAFETY: the kernel just installed this descriptor in our

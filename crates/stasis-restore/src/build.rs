@@ -701,7 +701,10 @@ mod tests {
         let n = map_vma(
             &mut r,
             &v,
-            &[(&[run(0x10000, 2, 4096), run(0x13000, 1, 4096 + 8192)][..], 7)],
+            &[(
+                &[run(0x10000, 2, 4096), run(0x13000, 1, 4096 + 8192)][..],
+                7,
+            )],
             None,
         )
         .unwrap();
@@ -736,20 +739,16 @@ mod tests {
         let p = r.args_of("preadv");
         // One read from the child's pack; two from the parent's, whose runs
         // are not file-contiguous.
-        assert_eq!(p.iter().map(|a| (a[0], a[2], a[3])).collect::<Vec<_>>(),
-            vec![(7, 1, 4096), (8, 1, 4096), (8, 1, 3 * 4096)]);
+        assert_eq!(
+            p.iter().map(|a| (a[0], a[2], a[3])).collect::<Vec<_>>(),
+            vec![(7, 1, 4096), (8, 1, 4096), (8, 1, 3 * 4096)]
+        );
     }
 
     #[test]
     fn empty_area_is_mapped_with_final_protection_and_not_filled() {
         let mut r = Recorder::default();
-        map_vma(
-            &mut r,
-            &anon(0x10000, 0x12000, libc::PROT_NONE),
-            &[],
-            None,
-        )
-        .unwrap();
+        map_vma(&mut r, &anon(0x10000, 0x12000, libc::PROT_NONE), &[], None).unwrap();
         assert_eq!(r.names(), vec!["mmap"]);
         assert_eq!(r.args_of("mmap")[0][2], 0);
     }

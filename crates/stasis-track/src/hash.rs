@@ -147,7 +147,12 @@ impl DirtyTracker for HashTracker {
         !matches!(p.prev.get(p.cursor), Some(&(a, old)) if a == addr && old == h)
     }
 
-    fn arm(&mut self, pid: i32, _areas: &[Area], _remote: &mut dyn RemoteSyscall) -> Result<ArmReport> {
+    fn arm(
+        &mut self,
+        pid: i32,
+        _areas: &[Area],
+        _remote: &mut dyn RemoteSyscall,
+    ) -> Result<ArmReport> {
         self.armed.push(pid);
         Ok(ArmReport::default())
     }
@@ -183,7 +188,12 @@ mod tests {
 
     struct NoRemote;
     impl RemoteSyscall for NoRemote {
-        fn syscall(&mut self, _: &'static str, _: i64, _: &[u64]) -> Result<u64, stasis_kernel::KernelError> {
+        fn syscall(
+            &mut self,
+            _: &'static str,
+            _: i64,
+            _: &[u64],
+        ) -> Result<u64, stasis_kernel::KernelError> {
             unreachable!()
         }
     }
@@ -204,13 +214,20 @@ mod tests {
     #[test]
     fn finds_changed_pages_across_two_dumps() {
         let dir = tempfile::tempdir().unwrap();
-        let area = Area { start: 0, end: 0x4000, private_anon: true, wp_registered: false };
+        let area = Area {
+            start: 0,
+            end: 0x4000,
+            private_anon: true,
+            wp_registered: false,
+        };
         let pages = |v: [u8; 4]| v.map(|b| vec![b; 4096]);
         // First dump: everything is new.
         let mut t = HashTracker::new(dir.path());
         assert_eq!(t.dirty(3, &area).unwrap(), Dirty::ByContent);
         let first = pages([1, 2, 3, 4]);
-        let changed: Vec<bool> = (0..4usize).map(|i| t.page_changed(3, i as u64 * 0x1000, &first[i])).collect();
+        let changed: Vec<bool> = (0..4usize)
+            .map(|i| t.page_changed(3, i as u64 * 0x1000, &first[i]))
+            .collect();
         assert_eq!(changed, vec![true; 4]);
         t.arm(3, &[area], &mut NoRemote).unwrap();
         t.finish_arm().unwrap();

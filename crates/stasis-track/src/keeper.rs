@@ -19,9 +19,9 @@
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::process::CommandExt;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -79,7 +79,9 @@ pub fn hand_over(image_dir: &Path, fds: Vec<(i32, OwnedFd)>, exe: &Path) -> Resu
     conn.read_exact(&mut ack)
         .map_err(|e| TrackError::Keeper(format!("no answer from the keeper: {e}")))?;
     if ack != *b"K" {
-        return Err(TrackError::Keeper("the keeper refused the descriptors".into()));
+        return Err(TrackError::Keeper(
+            "the keeper refused the descriptors".into(),
+        ));
     }
     Ok(())
 }
@@ -99,7 +101,10 @@ pub fn serve(name: &str) -> Result<()> {
     loop {
         let pids: Vec<i32> = held.keys().copied().collect();
         let mut pfds = vec![PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
-        pfds.extend(pids.iter().map(|p| PollFd::new(held[p].0.as_fd(), PollFlags::POLLIN)));
+        pfds.extend(
+            pids.iter()
+                .map(|p| PollFd::new(held[p].0.as_fd(), PollFlags::POLLIN)),
+        );
         let _ = poll(&mut pfds, PollTimeout::from(1000u16));
         let ready: Vec<bool> = pfds.iter().map(|p| p.any().unwrap_or(false)).collect();
         drop(pfds);
@@ -110,9 +115,10 @@ pub fn serve(name: &str) -> Result<()> {
         }
         if ready[0] {
             if let Ok((mut conn, _)) = listener.accept() {
-                let peer_ok = nix::sys::socket::getsockopt(&conn, nix::sys::socket::sockopt::PeerCredentials)
-                    .map(|c| c.uid() == me.as_raw())
-                    .unwrap_or(false);
+                let peer_ok =
+                    nix::sys::socket::getsockopt(&conn, nix::sys::socket::sockopt::PeerCredentials)
+                        .map(|c| c.uid() == me.as_raw())
+                        .unwrap_or(false);
                 if peer_ok {
                     conn.set_read_timeout(Some(Duration::from_secs(5))).ok();
                     let mut ok = true;

@@ -65,7 +65,11 @@ pub fn probe() -> Result<()> {
     let off = usize::try_from(page - base).unwrap_or(0);
     let mut ops = ProcOps;
     let bit = |ops: &mut ProcOps| -> Result<bool> {
-        Ok(ops.entries(pid, page, page + sys::PAGE_SIZE)?.first().copied().unwrap_or(0)
+        Ok(ops
+            .entries(pid, page, page + sys::PAGE_SIZE)?
+            .first()
+            .copied()
+            .unwrap_or(0)
             & sys::PM_SOFT_DIRTY
             != 0)
     };
@@ -101,8 +105,8 @@ impl<O: SoftDirtyOps> DirtyTracker for SoftDirtyTracker<O> {
     fn dirty(&mut self, pid: i32, area: &Area) -> Result<Dirty> {
         let entries = self.ops.entries(pid, area.start, area.end)?;
         let pages = (0u64..).zip(entries).filter_map(|(i, e)| {
-            let marker = e & sys::PM_PRESENT == 0
-                && e & sys::PM_SWAP_TYPE_MASK == sys::SWP_PTE_MARKER;
+            let marker =
+                e & sys::PM_PRESENT == 0 && e & sys::PM_SWAP_TYPE_MASK == sys::SWP_PTE_MARKER;
             let has_data = e & (sys::PM_PRESENT | sys::PM_SWAPPED) != 0 && !marker;
             (has_data && e & sys::PM_SOFT_DIRTY != 0).then(|| {
                 let a = area.start + i * sys::PAGE_SIZE;
@@ -112,7 +116,12 @@ impl<O: SoftDirtyOps> DirtyTracker for SoftDirtyTracker<O> {
         Ok(Dirty::Ranges(crate::merge_ranges(pages)))
     }
 
-    fn arm(&mut self, pid: i32, _areas: &[Area], _remote: &mut dyn RemoteSyscall) -> Result<ArmReport> {
+    fn arm(
+        &mut self,
+        pid: i32,
+        _areas: &[Area],
+        _remote: &mut dyn RemoteSyscall,
+    ) -> Result<ArmReport> {
         self.ops.clear(pid)?;
         Ok(ArmReport::default())
     }
@@ -135,7 +144,8 @@ mod tests {
 
     impl Fake {
         fn write(&mut self, pid: i32, addr: u64) {
-            self.pages.insert((pid, addr), sys::PM_PRESENT | sys::PM_SOFT_DIRTY);
+            self.pages
+                .insert((pid, addr), sys::PM_PRESENT | sys::PM_SOFT_DIRTY);
         }
     }
 
@@ -160,7 +170,12 @@ mod tests {
 
     struct NoRemote;
     impl RemoteSyscall for NoRemote {
-        fn syscall(&mut self, name: &'static str, _: i64, _: &[u64]) -> Result<u64, stasis_kernel::KernelError> {
+        fn syscall(
+            &mut self,
+            name: &'static str,
+            _: i64,
+            _: &[u64],
+        ) -> Result<u64, stasis_kernel::KernelError> {
             panic!("soft-dirty needs no remote syscall, got {name}");
         }
     }
@@ -183,7 +198,10 @@ mod tests {
         let mut t = SoftDirtyTracker::new(fake);
         let a = area(0x10000, 0x10000 + 8 * P);
         // Before any clear every page with data is dirty.
-        assert_eq!(t.dirty(7, &a).unwrap(), Dirty::Ranges(vec![(0x10000, 0x10000 + 8 * P)]));
+        assert_eq!(
+            t.dirty(7, &a).unwrap(),
+            Dirty::Ranges(vec![(0x10000, 0x10000 + 8 * P)])
+        );
         t.arm(7, &[a], &mut NoRemote).unwrap();
         assert_eq!(t.dirty(7, &a).unwrap(), Dirty::Ranges(vec![]));
         t.ops.write(7, 0x10000 + 2 * P);
@@ -192,7 +210,10 @@ mod tests {
         t.ops.write(8, 0x10000 + 5 * P); // another process
         assert_eq!(
             t.dirty(7, &a).unwrap(),
-            Dirty::Ranges(vec![(0x10000 + 2 * P, 0x10000 + 4 * P), (0x10000 + 6 * P, 0x10000 + 7 * P)])
+            Dirty::Ranges(vec![
+                (0x10000 + 2 * P, 0x10000 + 4 * P),
+                (0x10000 + 6 * P, 0x10000 + 7 * P)
+            ])
         );
         assert_eq!(t.ops.log[1], "clear 7");
     }
@@ -203,7 +224,8 @@ mod tests {
         // Soft-dirty but neither present nor swapped (dropped by MADV_DONTNEED
         // in a new area): nothing to save.
         fake.pages.insert((1, 0x5000), sys::PM_SOFT_DIRTY);
-        fake.pages.insert((1, 0x6000), sys::PM_SWAPPED | sys::PM_SOFT_DIRTY);
+        fake.pages
+            .insert((1, 0x6000), sys::PM_SWAPPED | sys::PM_SOFT_DIRTY);
         let mut t = SoftDirtyTracker::new(fake);
         assert_eq!(
             t.dirty(1, &area(0x5000, 0x7000)).unwrap(),

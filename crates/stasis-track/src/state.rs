@@ -79,7 +79,11 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
     let io = |what: &'static str, p: &Path| {
         let p = p.display().to_string();
-        move |source| TrackError::Io { what, path: p, source }
+        move |source| TrackError::Io {
+            what,
+            path: p,
+            source,
+        }
     };
     let _ = std::fs::remove_file(&tmp);
     let mut f: File = OpenOptions::new()
@@ -171,8 +175,11 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         std::fs::create_dir(track_dir(d.path())).unwrap();
         std::fs::write(d.path().join("elsewhere"), b"{}").unwrap();
-        std::os::unix::fs::symlink(d.path().join("elsewhere"), track_dir(d.path()).join(STATE_FILE))
-            .unwrap();
+        std::os::unix::fs::symlink(
+            d.path().join("elsewhere"),
+            track_dir(d.path()).join(STATE_FILE),
+        )
+        .unwrap();
         assert!(load(d.path()).is_err());
     }
 }

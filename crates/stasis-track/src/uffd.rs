@@ -42,8 +42,12 @@ pub fn probe() -> Result<()> {
     let pm = Pagemap::open(std::process::id() as i32).map_err(|e| unsupported(e.to_string()))?;
     let local = 0u8;
     let probe_at = std::ptr::addr_of!(local) as u64 & !(sys::PAGE_SIZE - 1);
-    pm.scan(probe_at, probe_at + sys::PAGE_SIZE, ScanQuery::private_data())
-        .map_err(|e| unsupported(e.to_string()))?;
+    pm.scan(
+        probe_at,
+        probe_at + sys::PAGE_SIZE,
+        ScanQuery::private_data(),
+    )
+    .map_err(|e| unsupported(e.to_string()))?;
     Ok(())
 }
 
@@ -64,13 +68,13 @@ impl UffdTracker {
         use std::collections::hash_map::Entry;
         Ok(match self.pagemaps.entry(pid) {
             Entry::Occupied(e) => e.into_mut(),
-            Entry::Vacant(v) => v.insert(Pagemap::open(pid).map_err(|source| {
-                TrackError::Process {
+            Entry::Vacant(v) => {
+                v.insert(Pagemap::open(pid).map_err(|source| TrackError::Process {
                     pid,
                     what: "opening its pagemap".into(),
                     source,
-                }
-            })?),
+                })?)
+            }
         })
     }
 
@@ -124,7 +128,10 @@ impl DirtyTracker for UffdTracker {
             .scan(area.start, area.end, ScanQuery::written())
             .map_err(|source| TrackError::Process {
                 pid,
-                what: format!("scanning {:#x}-{:#x} for written pages", area.start, area.end),
+                what: format!(
+                    "scanning {:#x}-{:#x} for written pages",
+                    area.start, area.end
+                ),
                 source,
             })?;
         Ok(Dirty::Ranges(crate::merge_ranges(
@@ -157,7 +164,12 @@ impl DirtyTracker for UffdTracker {
                         report.registered += 1;
                     }
                     Err(e) => {
-                        tracing::info!(pid, "area {:#x}-{:#x} stays untracked: {e}", a.start, a.end);
+                        tracing::info!(
+                            pid,
+                            "area {:#x}-{:#x} stays untracked: {e}",
+                            a.start,
+                            a.end
+                        );
                         report.untracked += 1;
                     }
                 }
