@@ -363,7 +363,7 @@ fn capture_with(
                 && !areas.iter().any(|a| a.wp_registered);
             if lost && note.is_none() && b.state.procs.contains(&me) {
                 note = Some(format!(
-                    "tracking is no longer armed in process {} (its userfaultfd holder exited?): its pages are all saved",
+                    "tracking is no longer armed in process {}: no area of it is registered (it called exec, or the holder of its userfaultfd exited); its pages are all saved",
                     image.pid
                 ));
             }

@@ -1,0 +1,490 @@
+//! Incremental checkpoints, end to end: chains restored link by link, the
+//! dirty sets each backend finds, lost tracking, `stasis run`, and `stasis
+//! gc` killed at many points.
+
+mod common;
+use common::*;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+fn json(o: &std::process::Output) -> serde_json::Value {
+    let text = String::from_utf8_lossy(&o.stdout);
+    let line = text.lines().last().unwrap_or("");
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+/// `dump --json` with `extra`; returns the report.
+fn dump_json(w: &Workload, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["--json"];
+    args.extend_from_slice(extra);
+    let o = w.dump(&args);
+    assert_ok(&o, "dump");
+    json(&o)
+}
+
+fn kill_and_reap(w: &mut Workload) {
+    let tree = descendants(w.pid);
+    // SAFETY: killing our own workload.
+    unsafe { libc::kill(w.pid, libc::SIGKILL) };
+    let _ = w.reap();
+    for pid in tree {
+        reap_if_ours(pid);
+    }
+}
+
+/// A chain of 10 checkpoints of the self-verifying writer (memory a pure
+/// function of its counter; areas mapped, unmapped, moved and madvised
+/// while it runs), each restored in turn: every one matches exactly.
+fn chain_of_ten(backend: &str, args: &[&str]) {
+    let mut w = Workload::start("chain_writer", args);
+    for k in 1..=10u64 {
+        std::thread::sleep(Duration::from_millis(120));
+        let r = dump_json(&w, &["--leave-running", "--track", backend]);
+        assert_eq!(r["checkpoint"], k, "{r}");
+        if k == 1 {
+            assert!(r["parent"].is_null(), "first dump must be full: {r}");
+        } else {
+            assert_eq!(r["parent"], k - 1, "dump {k} must be incremental: {r}");
+            assert_eq!(r["track"], backend, "{r}");
+        }
+        assert_eq!(r["armed"], backend, "{r}");
+        assert!(alive(w.pid));
+    }
+    kill_and_reap(&mut w);
+    for k in 1..=10u32 {
+        w.restore(&["--checkpoint", &k.to_string()]);
+        // Stop at once: the check then sees the memory of checkpoint k
+        // (plus at most one more iteration, which it replays too).
+        w.finish_pass();
+    }
+}
+
+#[test]
+fn chain_of_ten_uffd() {
+    chain_of_ten("uffd", &["64"]);
+}
+
+#[test]
+fn chain_of_ten_hash() {
+    chain_of_ten("hash", &["64"]);
+}
+
+/// The writer forks a child after a few checkpoints: the child is new in
+/// the chain (saved whole), the parent stays incremental.
+#[test]
+fn chain_of_ten_with_a_fork_midway() {
+    chain_of_ten("uffd", &["32", "400"]);
+}
+
+// ---------------------------------------------------------------------
+// Dirty sets.
+
+fn mix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+const NPAGES: u64 = 32 << 20 >> 12;
+
+/// What round `r` of `dirty_set` leaves changed and present (see
+/// tests/workloads/dirty_set.c): written pages, minus the 16 dropped.
+fn expected_round(r: u64) -> BTreeSet<u64> {
+    let dropped = (16 * r) % NPAGES;
+    (0..NPAGES)
+        .filter(|p| mix64(r * 100_003 + p).is_multiple_of(8))
+        .filter(|p| !(dropped..dropped + 16).contains(p))
+        .collect()
+}
+
+/// Pages of `[base, base + NPAGES pages)` stored in checkpoint `n`'s own pack.
+fn pages_in_pack(images: &Path, n: u32, base: u64) -> BTreeSet<u64> {
+    let store = stasis_image::ImageDir::open(images).unwrap();
+    let cp = store.load(Some(n)).unwrap();
+    let p = &cp.manifest.processes[0];
+    let pack = cp.open_process_pack(p).unwrap().expect("a pack");
+    let mut out = BTreeSet::new();
+    for r in pack.runs() {
+        for i in 0..u64::from(r.npages) {
+            let a = r.vaddr + i * 4096;
+            if a >= base && a < base + NPAGES * 4096 {
+                out.insert((a - base) / 4096);
+            }
+        }
+    }
+    out
+}
+
+fn wait_file(path: &Path, want: &str) {
+    let t0 = Instant::now();
+    while std::fs::read_to_string(path).unwrap_or_default().trim() != want {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{} never said {want}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Runs three rounds of known writes between dumps with `backend`; returns
+/// the pages of the region each incremental checkpoint saved.
+fn dirty_sets(backend: &str) -> Vec<BTreeSet<u64>> {
+    let mut w = Workload::start("dirty_set", &[]);
+    let region = std::fs::read_to_string(w.dir.path().join("pid.region")).unwrap();
+    let base = u64::from_str_radix(region.split_whitespace().next().unwrap(), 16).unwrap();
+    let r = dump_json(&w, &["--leave-running", "--track", backend]);
+    assert!(r["parent"].is_null());
+    let mut sets = Vec::new();
+    for round in 1..=3u32 {
+        // SAFETY: signalling our workload.
+        unsafe { libc::kill(w.pid, libc::SIGUSR1) };
+        wait_file(&w.dir.path().join("pid.ack"), &round.to_string());
+        // No --track: the dump follows the tracking armed by the last one.
+        let r = dump_json(&w, &["--leave-running"]);
+        assert_eq!(r["parent"], round, "{r}");
+        sets.push(pages_in_pack(&w.images(), round + 1, base));
+    }
+    // The last link restores with the dropped pages reading as zero.
+    kill_and_reap(&mut w);
+    w.restore(&[]);
+    w.finish_pass();
+    sets
+}
+
+/// Both backends save exactly the pages written (and still present)
+/// between two checkpoints: nothing more inside the region, nothing less.
+/// (They differ only where the documented rules say: uffd reports a page
+/// rewritten with identical bytes, hash does not; this workload always
+/// changes what it writes.)
+#[test]
+fn uffd_and_hash_find_the_same_dirty_sets() {
+    let uffd = dirty_sets("uffd");
+    let hash = dirty_sets("hash");
+    for r in 0..3 {
+        let want = expected_round(r as u64 + 1);
+        assert!(want.len() > 500, "the workload writes a real set");
+        assert_eq!(uffd[r], want, "uffd, round {}", r + 1);
+        assert_eq!(hash[r], want, "hash, round {}", r + 1);
+    }
+}
+
+// ---------------------------------------------------------------------
+// Tracking state.
+
+/// If the userfaultfd holder dies, the kernel unregisters the areas: the
+/// next dump notices, saves everything and says why.
+#[test]
+fn lost_tracking_gives_a_full_dump_with_a_note() {
+    let w = Workload::start("heap", &["16"]);
+    let r = dump_json(&w, &["--leave-running", "--track", "uffd"]);
+    assert_eq!(r["armed"], "uffd");
+    let name = stasis_track::keeper::socket_name(&w.images());
+    let keeper = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(&name))
+                .unwrap_or(false)
+        })
+        .expect("a keeper process holds the userfaultfd");
+    // SAFETY: killing the keeper this test started.
+    unsafe { libc::kill(keeper, libc::SIGKILL) };
+    let t0 = Instant::now();
+    while alive(keeper) && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let full = r["pages"].as_u64().unwrap();
+    let r = dump_json(&w, &["--leave-running"]);
+    let note = r["note"].as_str().unwrap_or("");
+    assert!(note.contains("no longer armed"), "{r}");
+    assert!(
+        r["pages"].as_u64().unwrap() * 10 >= full * 9,
+        "everything saved again: {r}"
+    );
+    // Tracking is armed anew by that dump: the one after is incremental.
+    let r = dump_json(&w, &["--leave-running"]);
+    assert_eq!(r["parent"], 2, "{r}");
+    let mut w = w;
+    w.finish_pass();
+}
+
+/// soft-dirty: on a kernel without it (this CI machine), asking for it is
+/// refused by name and nothing is dumped; where it exists, it works.
+#[test]
+fn soft_dirty_is_used_or_refused_clearly() {
+    let mut w = Workload::start("heap", &["8"]);
+    let o = w.dump(&["--leave-running", "--track", "soft-dirty"]);
+    if o.status.success() {
+        let r = dump_json(&w, &["--leave-running"]);
+        assert_eq!(r["track"], "soft-dirty", "{r}");
+    } else {
+        assert_fails_with(&o, "soft-dirty is not available here");
+        assert_fails_with(&o, "--track auto");
+        assert!(alive(w.pid));
+        assert!(!w.images().join("checkpoints/00000001").exists());
+    }
+    w.finish_pass();
+}
+
+// ---------------------------------------------------------------------
+// stasis run.
+
+fn run_cmd(dir: &Path, args: &[&str], job: &[&str]) -> std::process::Child {
+    let mut c = stasis();
+    c.arg("run")
+        .arg("-D")
+        .arg(dir)
+        .args(args)
+        .arg("--")
+        .args(job);
+    c.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    c.spawn().expect("stasis run")
+}
+
+#[test]
+fn run_checkpoints_periodically_and_exits_with_the_job_status() {
+    workloads();
+    let d = tempfile::tempdir().unwrap();
+    let img = d.path().join("img");
+    let job = [
+        "/bin/sh",
+        "-c",
+        "i=0; while [ $i -lt 12 ]; do sleep 0.1; i=$((i+1)); done; exit 3",
+    ];
+    let o = run_cmd(&img, &["--every", "0.3"], &job)
+        .wait_with_output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains("checkpoint 1: full"), "{out}");
+    assert!(out.contains("checkpoint 2: incremental"), "{out}");
+    assert!(out.contains("exited with status 3"), "{out}");
+}
+
+#[test]
+fn run_restarts_a_crashed_job_from_its_latest_checkpoint() {
+    let dir = workloads();
+    let d = tempfile::tempdir().unwrap();
+    let img = d.path().join("img");
+    let pidfile = d.path().join("pid");
+    let bin = dir.join("chain_writer");
+    let child = run_cmd(
+        &img,
+        &["--every", "0.25", "--restart-on-failure", "--json"],
+        &[bin.to_str().unwrap(), pidfile.to_str().unwrap(), "32"],
+    );
+    let pid = wait_pidfile(&pidfile, Duration::from_secs(20));
+    // Let a few checkpoints happen, then crash the job.
+    std::thread::sleep(Duration::from_millis(1200));
+    // SAFETY: killing the job under test.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    // The job comes back at its pid; let it run, then stop it.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(alive(pid), "the job was not restored");
+    // SAFETY: stopping the restored job.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let o = child.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    let events: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let restored = events
+        .iter()
+        .find(|e| e["event"] == "restored")
+        .expect(&out);
+    assert_eq!(restored["pid"], pid);
+    let after: Vec<_> = events
+        .iter()
+        .skip_while(|e| e["event"] != "restored")
+        .filter(|e| e["event"] == "checkpoint")
+        .collect();
+    assert!(
+        after.len() >= 2,
+        "checkpoints go on after the restart: {out}"
+    );
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    let log = std::fs::read_to_string(img.join("job.log")).unwrap();
+    assert_eq!(log.lines().last(), Some("PASS"), "{log}");
+}
+
+#[test]
+fn run_every_auto_uses_youngs_formula() {
+    workloads();
+    let d = tempfile::tempdir().unwrap();
+    let img = d.path().join("img");
+    let job = ["/bin/sh", "-c", "sleep 2.5"];
+    let o = run_cmd(&img, &["--every", "auto", "--mtbf", "20s"], &job)
+        .wait_with_output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("(Young: sqrt(2 x"), "{out}");
+    let bad = run_cmd(&img, &["--every", "auto"], &job)
+        .wait_with_output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--mtbf"));
+}
+
+// ---------------------------------------------------------------------
+// gc.
+
+fn copy_dir(from: &Path, to: &Path) {
+    let st = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+fn inspect_ok(images: &Path) -> serde_json::Value {
+    let o = stasis()
+        .args(["inspect", "--json", "-D"])
+        .arg(images)
+        .output()
+        .unwrap();
+    assert_ok(&o, "inspect");
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// `stasis gc --keep 3` on a chain of 6, SIGKILLed at many points: every
+/// kept checkpoint still verifies and restores, and a second gc finishes
+/// the job.
+#[test]
+fn gc_killed_at_any_point_keeps_every_kept_checkpoint_restorable() {
+    let mut w = Workload::start("chain_writer", &["32"]);
+    for _ in 1..=6 {
+        std::thread::sleep(Duration::from_millis(100));
+        dump_json(&w, &["--leave-running", "--track", "uffd"]);
+    }
+    kill_and_reap(&mut w);
+    let template = w.dir.path().join("template");
+    copy_dir(&w.images(), &template);
+    // How long an uninterrupted gc takes.
+    let t0 = Instant::now();
+    let o = stasis()
+        .args(["gc", "--keep", "3", "-D"])
+        .arg(w.images())
+        .output()
+        .unwrap();
+    assert_ok(&o, "gc");
+    let full = t0.elapsed();
+    std::fs::remove_dir_all(w.images()).unwrap();
+    let points = 6;
+    for i in 0..points {
+        copy_dir(&template, &w.images());
+        let mut gc = stasis()
+            .args(["gc", "--keep", "3", "-D"])
+            .arg(w.images())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(full * i / (points - 1));
+        let _ = gc.kill();
+        let _ = gc.wait();
+        let v = inspect_ok(&w.images());
+        let listed = v.to_string();
+        for k in 4..=6u32 {
+            assert!(listed.contains(&format!("\"checkpoint\":{k}")), "{listed}");
+            w.restore(&["--checkpoint", &k.to_string()]);
+            w.finish_pass();
+        }
+        // A second gc completes it: only 4, 5, 6 remain, 4 is full.
+        let o = stasis()
+            .args(["gc", "--keep", "3", "-D"])
+            .arg(w.images())
+            .output()
+            .unwrap();
+        assert_ok(&o, "gc after a kill");
+        let store = stasis_image::ImageDir::open(&w.images()).unwrap();
+        assert_eq!(store.checkpoints().unwrap(), vec![4, 5, 6]);
+        assert_eq!(store.load(Some(4)).unwrap().manifest.parent, None);
+        w.restore(&["--checkpoint", "6"]);
+        w.finish_pass();
+        std::fs::remove_dir_all(w.images()).unwrap();
+    }
+}
+
+/// `exec` between two checkpoints: the new program's areas are not tracked
+/// (a new address space), so the dump saves it whole and says why; the
+/// dump after that is incremental again, and the chain restores.
+#[test]
+fn exec_between_checkpoints_saves_the_new_program_whole() {
+    let heap = workloads().join("heap");
+    let d = tempfile::tempdir().unwrap();
+    let (pidfile, go, img) = (
+        d.path().join("pid"),
+        d.path().join("go"),
+        d.path().join("img"),
+    );
+    let log = std::fs::File::create(d.path().join("out.log")).unwrap();
+    let script = format!(
+        "while [ ! -e {} ]; do sleep 0.02; done; exec {} {} 8",
+        go.display(),
+        heap.display(),
+        pidfile.display()
+    );
+    let mut c = std::process::Command::new("/bin/sh");
+    c.args(["-c", &script])
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log);
+    close_inherited_fds(&mut c);
+    let mut child = c.spawn().unwrap();
+    let pid = child.id() as i32;
+    std::thread::sleep(Duration::from_millis(100));
+    let dump = |extra: &[&str]| {
+        let o = stasis()
+            .args(["dump", "--json", "-t", &pid.to_string(), "-D"])
+            .arg(&img)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert_ok(&o, "dump");
+        json(&o)
+    };
+    let first = dump(&["--leave-running", "--track", "uffd"]);
+    assert!(first["parent"].is_null());
+    std::fs::write(&go, b"").unwrap();
+    assert_eq!(wait_pidfile(&pidfile, Duration::from_secs(10)), pid);
+    let second = dump(&["--leave-running"]);
+    assert!(second["parent"].is_null(), "{second}");
+    assert!(
+        second["note"].as_str().unwrap_or("").contains("exec"),
+        "{second}"
+    );
+    // heap's 8 MiB are in the second checkpoint.
+    assert!(second["pages"].as_u64().unwrap() > 2048, "{second}");
+    std::thread::sleep(Duration::from_millis(100));
+    let third = dump(&["--leave-running"]);
+    assert_eq!(third["parent"], 2, "{third}");
+    assert!(third["pages"].as_u64().unwrap() < 1024, "{third}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let o = stasis()
+        .args(["restore", "--detach", "-D"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert_ok(&o, "restore");
+    // SAFETY: stopping the restored workload.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let (code, _) = waitpid_timeout(pid, Duration::from_secs(30));
+    let out = std::fs::read_to_string(d.path().join("out.log")).unwrap();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(out.lines().last(), Some("PASS"), "{out}");
+}
