@@ -16,7 +16,8 @@
  *               with MADV_DONTNEED (they read as zero afterwards);
  *           then round = r is written to PIDFILE.ack (atomically).
  *   The test computes the same sets from the same formula.
- * Check (SIGTERM): the region equals the replay of rounds 1..round.
+ * Check (SIGTERM): the region equals the replay of rounds 1..round (with no
+ * SIGUSR1 at all, the initial pattern).
  */
 #include "zdtm.h"
 
@@ -115,8 +116,6 @@ int main(int argc, char **argv)
 		apply(model, p, 0);
 	ZDTM_CORRUPT("region", region[5 * PAGE + 7] ^= 1);
 	zdtm_verify_mem("region", "the 32 MiB region", region, model, SIZE);
-	ZDTM_CORRUPT("round", round_no = 0);
-	zdtm_check(round_no > 0, "round", "no round was run");
 	zdtm_finish();
 	return 0;
 }

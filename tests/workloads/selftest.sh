@@ -13,6 +13,8 @@
 #     line "FAIL: ...", at least one injected corruption, and no
 #     "SELFTEST-UNDETECTED" line (every injected corruption was detected).
 # counter is additionally run with MAX_TICKS=3 (must PASS without SIGTERM).
+# chain_writer is additionally run (normal and corrupt) with SIZE_MIB=16 and
+# FORK_AT=100 (a parent and a child).
 # A workload passes if all its runs behave.  Prints
 #   workloads: N passed, M failed
 # and exits 0 only if M == 0.  Temp dirs of failed runs are kept.
@@ -26,7 +28,7 @@ out=${1:-$here/build}
 case $out in /*) ;; *) out=$PWD/$out ;; esac
 run_seconds=${RUN_SECONDS:-1.5}
 
-WORKLOADS="heap stack_globals mappings fpu signals files counter restart_syscalls threads tree pipes shm anonfds"
+WORKLOADS="heap stack_globals mappings fpu signals files counter restart_syscalls threads tree pipes shm anonfds chain_writer dirty_set"
 
 if ! make -s -C "$here" OUT="$out" all selftest; then
 	echo "selftest: build failed" >&2
@@ -133,6 +135,11 @@ for w in $WORKLOADS; do
 	fi
 	if [ "$w" = heap ]; then
 		run_one "$w" "$out/$w" pass "$rt" 8 || ok=0
+	fi
+	if [ "$w" = chain_writer ]; then
+		# 16 MiB, fork at iteration 100: parent and child check themselves
+		run_one "$w" "$out/$w" pass "$rt" 16 100 || ok=0
+		run_one "$w" "$out/selftest/$w" corrupt "$rt" 16 100 || ok=0
 	fi
 	if [ $ok = 1 ]; then
 		passed=$((passed + 1))
