@@ -71,16 +71,40 @@ pub fn base(
 }
 
 /// The tracker's view of a process's areas.
-pub fn areas(vmas: &[Vma], wp_registered: &[u64]) -> Vec<Area> {
+pub fn areas(vmas: &[Vma]) -> Vec<Area> {
     vmas.iter()
         .filter(|v| !matches!(v.kind, VmaKind::Vdso | VmaKind::Vvar | VmaKind::VvarVclock))
         .map(|v| Area {
             start: v.start,
             end: v.end,
             private_anon: matches!(v.kind, VmaKind::Anon) && !v.shared,
-            wp_registered: wp_registered.contains(&v.start),
         })
         .collect()
+}
+
+/// The start addresses of the growing-down areas, taken from the parent
+/// checkpoint's image of this process if the process has exactly the same
+/// areas now (same starts and ends), else `None`.
+pub fn same_layout(
+    parent: &stasis_image::ProcessImage,
+    maps: &[crate::proc::MapsEntry],
+) -> Option<Vec<u64>> {
+    let now = maps
+        .iter()
+        .filter(|m| m.name != "[vsyscall]")
+        .map(|m| (m.start, m.end));
+    let then = parent.vmas.iter().map(|v| (v.start, v.end));
+    if !now.eq(then) {
+        return None;
+    }
+    Some(
+        parent
+            .vmas
+            .iter()
+            .filter(|v| v.growsdown)
+            .map(|v| v.start)
+            .collect(),
+    )
 }
 
 /// What to save of one process in an incremental dump.
@@ -92,6 +116,8 @@ pub struct Selection {
     pub forced: Ranges,
     /// The tracker decides page by page from content.
     pub by_content: bool,
+    /// Areas with data that the tracker covered (not [`Dirty::All`]).
+    pub tracked: usize,
 }
 
 /// Chooses the pages of a process to save: those the tracker reports
@@ -107,6 +133,7 @@ pub fn select(
 ) -> Result<Selection> {
     let mut dirty = Vec::new();
     let mut by_content = false;
+    let mut tracked = 0;
     for a in areas {
         let here = chain::intersect(data, &[(a.start, a.end)]);
         if here.is_empty() {
@@ -117,8 +144,12 @@ pub fn select(
             .map_err(|e| CaptureError::Track(e.to_string()))?
         {
             Dirty::All => dirty.extend(here),
-            Dirty::Ranges(r) => dirty.extend(chain::intersect(&here, &r)),
+            Dirty::Ranges(r) => {
+                tracked += 1;
+                dirty.extend(chain::intersect(&here, &r));
+            }
             Dirty::ByContent => {
+                tracked += 1;
                 by_content = true;
                 dirty.extend(here);
             }
@@ -137,6 +168,7 @@ pub fn select(
         read: chain::normalize(read),
         forced,
         by_content,
+        tracked,
     })
 }
 
@@ -165,14 +197,14 @@ mod tests {
 
     const P: u64 = 4096;
 
-    /// A tracker that reports fixed ranges for registered areas.
-    struct Fixed(Ranges);
+    /// A tracker that reports fixed ranges for registered areas (by start).
+    struct Fixed(Ranges, Vec<u64>);
     impl DirtyTracker for Fixed {
         fn backend(&self) -> Backend {
             Backend::Uffd
         }
         fn dirty(&mut self, _: i32, a: &Area) -> stasis_track::Result<Dirty> {
-            Ok(if a.wp_registered {
+            Ok(if self.1.contains(&a.start) {
                 Dirty::Ranges(self.0.clone())
             } else {
                 Dirty::All
@@ -188,12 +220,11 @@ mod tests {
         }
     }
 
-    fn area(s: u64, e: u64, reg: bool) -> Area {
+    fn area(s: u64, e: u64) -> Area {
         Area {
             start: s * P,
             end: e * P,
             private_anon: true,
-            wp_registered: reg,
         }
     }
 
@@ -201,16 +232,17 @@ mod tests {
     fn selects_written_untracked_and_orphan_pages() {
         // Area 0..10 tracked (pages 2..4 written), area 20..30 untracked
         // (new). Data everywhere except 5..6; the parent lacks page 8.
-        let areas = [area(0, 10, true), area(20, 30, false)];
+        let areas = [area(0, 10), area(20, 30)];
         let data = vec![(0, 5 * P), (6 * P, 10 * P), (20 * P, 25 * P)];
         let parent = vec![(0, 8 * P), (9 * P, 10 * P)];
-        let mut t = Fixed(vec![(2 * P, 4 * P), (40 * P, 41 * P)]);
+        let mut t = Fixed(vec![(2 * P, 4 * P), (40 * P, 41 * P)], vec![0]);
         let s = select(&mut t, 1, &areas, &data, &parent).unwrap();
         assert_eq!(
             s.read,
             vec![(2 * P, 4 * P), (8 * P, 9 * P), (20 * P, 25 * P)]
         );
         assert!(!s.by_content);
+        assert_eq!(s.tracked, 1);
     }
 
     #[test]

@@ -160,6 +160,11 @@ pub fn dump_tracked(
         }
         None => Err(String::new()),
     };
+    if base.is_ok() {
+        // Collecting re-arms the tracking: from here until the new
+        // checkpoint is committed, the old one is no base for anything.
+        stasis_track::state::clear(store.path()).map_err(|e| CaptureError::Track(e.to_string()))?;
+    }
     let mut frozen = freeze::freeze_tree(opts.pid)?;
     let frozen_at = Instant::now();
     // TCP sockets in repair mode: closed silently after a kill (no FIN, no
@@ -187,15 +192,35 @@ pub fn dump_tracked(
         }
     };
     match result {
-        Ok(mut report) => {
-            if opts.leave_running {
-                unrepair(repaired);
-                frozen.release()?;
-            } else {
-                frozen.kill();
-                drop(repaired);
-                report.killed = true;
-            }
+        Ok(pending) if opts.leave_running => {
+            // The tree runs on while the checkpoint is synced and committed:
+            // if that fails, it runs on as if nothing happened.
+            unrepair(repaired);
+            frozen.release()?;
+            let frozen_us = micros(frozen_at);
+            let mut report = pending.finish(store)?;
+            report.frozen_us = frozen_us;
+            report.total_us = micros(t0);
+            Ok(report)
+        }
+        Ok(pending) => {
+            // Killed only once the checkpoint is committed.
+            let mut report = match pending.finish(store) {
+                Ok(r) => r,
+                Err(e) => {
+                    unrepair(repaired);
+                    if let Err(re) = frozen.release() {
+                        tracing::error!(
+                            "could not resume the tree of {} after a failed commit: {re}",
+                            opts.pid
+                        );
+                    }
+                    return Err(e);
+                }
+            };
+            frozen.kill();
+            drop(repaired);
+            report.killed = true;
             report.frozen_us = micros(frozen_at);
             report.total_us = micros(t0);
             Ok(report)
@@ -213,6 +238,10 @@ pub fn dump_tracked(
             Err(e)
         }
     }
+}
+
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1e3
 }
 
 fn micros(since: Instant) -> u64 {
@@ -297,7 +326,7 @@ fn capture_frozen(
     times: (Instant, Instant),
     repaired: &mut Vec<std::os::fd::OwnedFd>,
     tracking: Tracking<'_>,
-) -> Result<DumpReport> {
+) -> Result<Pending> {
     let mut collector = fds::FdCollector::default();
     let r = capture_with(store, opts, f, times, &mut collector, tracking);
     // Sockets put in repair mode go back to the caller whatever happened.
@@ -312,7 +341,7 @@ fn capture_with(
     (t0, frozen_at): (Instant, Instant),
     collector: &mut fds::FdCollector,
     (base, mut tracker): Tracking<'_>,
-) -> Result<DumpReport> {
+) -> Result<Pending> {
     let (base, mut note) = match base {
         Ok(b) => (Some(b), None),
         Err(why) => (None, (!why.is_empty()).then_some(why)),
@@ -349,25 +378,29 @@ fn capture_with(
         }
         let mem = ProcessMemory::open(fp.pid)?;
         let (mut image, maps, x) = process::capture(fp, &mem)?;
+        tracing::debug!(
+            pid = fp.pid,
+            ms = ms(frozen_at),
+            "registers and process state read"
+        );
         xfeatures = x;
-        let smaps = proc::read(fp.pid, "smaps")?;
-        let growsdown = proc::parse_smaps_growsdown(&smaps);
+        // VmFlags (for "grows down") come from smaps, whose page walk costs
+        // milliseconds per GiB: an incremental dump reuses the parent's
+        // when the process has exactly the same areas.
+        let parent_proc = base
+            .as_ref()
+            .and_then(|b| stasis_image::chain::same_process(&b.parent, &image));
+        let growsdown = match parent_proc.and_then(|pp| incremental::same_layout(pp, &maps)) {
+            Some(g) => g,
+            None => proc::parse_smaps_growsdown(&proc::read(fp.pid, "smaps")?),
+        };
         let mut plan = memory::plan(fp.pid, &maps, &growsdown, &mut seen_shm)?;
-        let areas = incremental::areas(&plan.vmas, &proc::parse_smaps_flagged(&smaps, "uw"));
+        tracing::debug!(pid = fp.pid, ms = ms(frozen_at), "pages with data found");
+        let areas = incremental::areas(&plan.vmas);
         let mut selection = None;
-        if let (Some(b), Some(t)) = (&base, tracker.as_mut()) {
+        if let (Some(b), Some(t), Some(pp)) = (&base, tracker.as_mut(), parent_proc) {
             let me = (image.pid, image.start_time);
-            let parent_proc = stasis_image::chain::same_process(&b.parent, &image);
-            let lost = t.backend() == stasis_track::Backend::Uffd
-                && areas.iter().any(|a| a.private_anon)
-                && !areas.iter().any(|a| a.wp_registered);
-            if lost && note.is_none() && b.state.procs.contains(&me) {
-                note = Some(format!(
-                    "tracking is no longer armed in process {}: no area of it is registered (it called exec, or the holder of its userfaultfd exited); its pages are all saved",
-                    image.pid
-                ));
-            }
-            if let (true, Some(pp), false) = (b.state.procs.contains(&me), parent_proc, lost) {
+            if b.state.procs.contains(&me) {
                 let parent_data = stasis_image::chain::data_ranges(&b.parent, pp)?;
                 let data = stasis_image::chain::normalize(
                     plan.ranges
@@ -376,13 +409,26 @@ fn capture_with(
                         .collect(),
                 );
                 let sel = incremental::select(&mut **t, image.pid, &areas, &data, &parent_data)?;
-                plan.ranges = sel
-                    .read
-                    .iter()
-                    .map(|&(a, e)| (a, usize::try_from(e - a).unwrap_or(0)))
-                    .collect();
-                image.data_ranges = Some(data);
-                selection = Some(sel);
+                tracing::debug!(pid = fp.pid, ms = ms(frozen_at), "dirty pages found");
+                let lost = t.backend() == stasis_track::Backend::Uffd
+                    && sel.tracked == 0
+                    && areas.iter().any(|a| a.private_anon);
+                if lost {
+                    if note.is_none() {
+                        note = Some(format!(
+                            "tracking is no longer armed in process {}: no area of it is registered (it called exec, or the holder of its userfaultfd exited); its pages are all saved",
+                            image.pid
+                        ));
+                    }
+                } else {
+                    plan.ranges = sel
+                        .read
+                        .iter()
+                        .map(|&(a, e)| (a, usize::try_from(e - a).unwrap_or(0)))
+                        .collect();
+                    image.data_ranges = Some(data);
+                    selection = Some(sel);
+                }
             }
         }
         areas_of.push(areas);
@@ -405,6 +451,10 @@ fn capture_with(
         mems.push(Some(mem));
     }
 
+    tracing::debug!(
+        ms = ms(frozen_at),
+        "state and memory plan of every process read"
+    );
     let tree: Vec<i32> = images.iter().map(|p| p.pid).collect();
     collector.check_external_pipes(&tree)?;
     collector.check_external_sockets()?;
@@ -460,6 +510,7 @@ fn capture_with(
     pipes.sort_by_key(|p| p.id);
 
     let threads = images.iter().map(|p| p.threads.len()).sum();
+    tracing::debug!(ms = ms(frozen_at), pages, "pages copied");
     if !incremental {
         for image in &mut images {
             image.data_ranges = None;
@@ -514,50 +565,92 @@ fn capture_with(
         sysv_shm: std::mem::take(&mut collector.sysv),
     };
     let processes = manifest.processes.len();
-    let checkpoint = ck.commit(&manifest)?;
+    let checkpoint = ck.number();
 
-    // Re-arm tracking now that the checkpoint is safe, while still frozen.
+    // Re-arm tracking while still frozen. It is recorded as armed only
+    // once the checkpoint is committed (`Pending::finish`), so a failed
+    // commit leaves no state claiming a parent that does not exist.
     let mut armed = None;
+    let mut state = None;
     match tracker.as_mut() {
         Some(t) if opts.leave_running => match arm_all(&mut **t, f, &manifest, &areas_of) {
             Ok(procs) => {
-                let state = stasis_track::state::TrackState {
+                state = Some(stasis_track::state::TrackState {
                     backend: t.backend(),
                     armed_at: checkpoint,
                     root_pid: opts.pid,
                     procs,
-                };
-                match stasis_track::state::save(store.path(), &state) {
-                    Ok(()) => armed = track_name.clone(),
-                    Err(e) => note = Some(format!("tracking could not be recorded: {e}")),
-                }
+                });
+                armed = track_name.clone();
             }
             Err(e) => {
-                let _ = stasis_track::state::clear(store.path());
                 note = Some(format!(
                     "tracking could not be re-armed, the next dump will be full: {e}"
                 ));
             }
         },
-        _ => {
-            let _ = stasis_track::state::clear(store.path());
-        }
+        _ => {}
     }
-    Ok(DumpReport {
-        checkpoint,
-        pid: opts.pid,
-        processes,
-        threads,
-        pages,
-        bytes,
-        frozen_us: 0,
-        total_us: 0,
-        killed: false,
-        parent,
-        track: parent.and(track_name),
-        armed,
-        note,
+    tracing::debug!(ms = ms(frozen_at), "tracking re-armed");
+    Ok(Pending {
+        ck,
+        manifest,
+        state,
+        report: DumpReport {
+            checkpoint,
+            pid: opts.pid,
+            processes,
+            threads,
+            pages,
+            bytes,
+            frozen_us: 0,
+            total_us: 0,
+            killed: false,
+            parent,
+            track: parent.and(track_name),
+            armed,
+            note,
+        },
     })
+}
+
+/// A checkpoint written but not yet committed, and what to record once it
+/// is.
+struct Pending {
+    ck: stasis_image::CheckpointBuilder,
+    manifest: Manifest,
+    state: Option<stasis_track::state::TrackState>,
+    report: DumpReport,
+}
+
+impl Pending {
+    /// Commits the checkpoint, then records the tracking state (or clears
+    /// it: without a committed checkpoint to be incremental against, the
+    /// next dump must be full).
+    fn finish(self, store: &ImageDir) -> Result<DumpReport> {
+        let Pending {
+            ck,
+            manifest,
+            state,
+            mut report,
+        } = self;
+        if let Err(e) = ck.commit(&manifest) {
+            let _ = stasis_track::state::clear(store.path());
+            return Err(e.into());
+        }
+        match state {
+            Some(s) => {
+                if let Err(e) = stasis_track::state::save(store.path(), &s) {
+                    report.armed = None;
+                    report.note = Some(format!("tracking could not be recorded: {e}"));
+                }
+            }
+            None => {
+                let _ = stasis_track::state::clear(store.path());
+            }
+        }
+        Ok(report)
+    }
 }
 
 /// Arms the tracker on every live process of the frozen tree; returns the

@@ -195,8 +195,13 @@ pub fn copy_pages(
     let (base, total, progress) = progress;
     let (full_tx, full_rx) = mpsc::sync_channel::<Result<(Vec<u8>, Vec<(u64, usize)>)>>(PIPE_DEPTH);
     let (empty_tx, empty_rx) = mpsc::sync_channel::<Vec<u8>>(PIPE_DEPTH);
-    for _ in 0..PIPE_DEPTH {
-        let _ = empty_tx.send(vec![0u8; PIPE_BUF]);
+    // Small copies (incremental dumps) get small buffers: every page of a
+    // fresh buffer costs a fault and a zeroed page (and on a VM possibly a
+    // host fault), which for a few MiB costs more than the copy itself.
+    let need: usize = ranges.iter().map(|r| r.1).sum();
+    let buf_len = (need / 16).clamp(64 << 10, PIPE_BUF) & !4095;
+    for _ in 0..PIPE_DEPTH.min(need.div_ceil(buf_len).max(1)) {
+        let _ = empty_tx.send(vec![0u8; buf_len]);
     }
     std::thread::scope(|scope| -> Result<()> {
         scope.spawn(move || {
@@ -206,9 +211,9 @@ pub fn copy_pages(
                 // Take ranges until the buffer is full, splitting a large one.
                 let mut batch: Vec<(u64, usize)> = Vec::new();
                 let mut used = 0usize;
-                while i < ranges.len() && used < PIPE_BUF {
+                while i < ranges.len() && used < buf_len {
                     let (a, l) = ranges[i];
-                    let take = l.min(PIPE_BUF - used);
+                    let take = l.min(buf_len - used);
                     batch.push((a, take));
                     used += take;
                     if take == l {

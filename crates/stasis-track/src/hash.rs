@@ -218,7 +218,6 @@ mod tests {
             start: 0,
             end: 0x4000,
             private_anon: true,
-            wp_registered: false,
         };
         let pages = |v: [u8; 4]| v.map(|b| vec![b; 4096]);
         // First dump: everything is new.

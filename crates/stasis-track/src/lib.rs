@@ -29,10 +29,11 @@
 //!   tree is still frozen. A dump that fails leaves the old protection in
 //!   place, so the next one still sees everything written since the last
 //!   committed checkpoint (a superset is safe; a subset never happens).
-//! * The kernel is the source of truth for whether an area is tracked: the
-//!   `uw` flag in `/proc/PID/smaps` (registered for write-protect). If the
-//!   holder of the userfaultfd dies, the kernel unregisters the areas and
-//!   they count as untracked.
+//! * The kernel is the source of truth for whether an area is tracked:
+//!   `PAGEMAP_SCAN` with `PM_SCAN_CHECK_WPASYNC` fails with `EPERM` on an
+//!   area not registered for write-protect-async. If the holder of the
+//!   userfaultfd dies, the kernel unregisters the areas and they count as
+//!   untracked.
 //! * Granularity: base pages; a written transparent huge page reports its
 //!   whole 2 MiB.
 
@@ -146,9 +147,6 @@ pub struct Area {
     /// Private anonymous memory (heap, stack, anonymous mmap): the only
     /// kind the userfaultfd backend can track.
     pub private_anon: bool,
-    /// The kernel reports it registered for userfaultfd write-protect
-    /// (`uw` in `/proc/PID/smaps`).
-    pub wp_registered: bool,
 }
 
 /// What changed in an area since the tracker was armed.

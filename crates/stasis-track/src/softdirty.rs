@@ -185,7 +185,6 @@ mod tests {
             start,
             end,
             private_anon: true,
-            wp_registered: false,
         }
     }
 

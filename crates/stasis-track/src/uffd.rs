@@ -57,6 +57,9 @@ pub fn probe() -> Result<()> {
 pub struct UffdTracker {
     pagemaps: HashMap<i32, Pagemap>,
     held: Vec<(i32, OwnedFd)>,
+    /// Areas (pid, start, end) whose written pages were collected and
+    /// write-protected again in the same scan during this dump.
+    rearmed: std::collections::HashSet<(i32, u64, u64)>,
 }
 
 impl UffdTracker {
@@ -119,21 +122,36 @@ impl DirtyTracker for UffdTracker {
         std::mem::take(&mut self.held)
     }
 
+    /// Collects the written pages of a registered area and write-protects
+    /// them again in the same walk (`PM_SCAN_WP_MATCHING`). The caller must
+    /// make sure a dump that fails after this does not leave the tracking
+    /// state claiming the old checkpoint as a base (the capture clears it
+    /// before collecting). An area that is not registered (`EPERM` from
+    /// `PM_SCAN_CHECK_WPASYNC`) is untracked.
     fn dirty(&mut self, pid: i32, area: &Area) -> Result<Dirty> {
-        if !area.private_anon || !area.wp_registered {
+        if !area.private_anon {
             return Ok(Dirty::All);
         }
-        let regions = self
+        let scanned = self
             .pagemap(pid)?
-            .scan(area.start, area.end, ScanQuery::written())
-            .map_err(|source| TrackError::Process {
-                pid,
-                what: format!(
-                    "scanning {:#x}-{:#x} for written pages",
-                    area.start, area.end
-                ),
-                source,
-            })?;
+            .scan(area.start, area.end, ScanQuery::written_and_rearm());
+        let regions = match scanned {
+            Ok(r) => r,
+            Err(KernelError::Io { source, .. }) if source.raw_os_error() == Some(libc::EPERM) => {
+                return Ok(Dirty::All);
+            }
+            Err(source) => {
+                return Err(TrackError::Process {
+                    pid,
+                    what: format!(
+                        "scanning {:#x}-{:#x} for written pages",
+                        area.start, area.end
+                    ),
+                    source,
+                })
+            }
+        };
+        self.rearmed.insert((pid, area.start, area.end));
         Ok(Dirty::Ranges(crate::merge_ranges(
             regions.iter().map(|r| (r.start, r.end)),
         )))
@@ -146,22 +164,26 @@ impl DirtyTracker for UffdTracker {
         remote: &mut dyn RemoteSyscall,
     ) -> Result<ArmReport> {
         let mut report = ArmReport::default();
-        let new: Vec<&Area> = areas
+        // Areas collected in this dump are protected again already.
+        let todo: Vec<&Area> = areas
             .iter()
-            .filter(|a| a.private_anon && !a.wp_registered)
+            .filter(|a| a.private_anon && !self.rearmed.remove(&(pid, a.start, a.end)))
             .collect();
-        let mut registered: Vec<(u64, u64)> = areas
-            .iter()
-            .filter(|a| a.private_anon && a.wp_registered)
-            .map(|a| (a.start, a.end))
-            .collect();
-        if !new.is_empty() {
+        let mut protect: Vec<(u64, u64)> = Vec::new();
+        if !todo.is_empty() {
             let u = Self::create_in(pid, remote)?;
-            for a in new {
+            for a in todo {
                 match u.register(a.start, a.end - a.start, sys::UFFDIO_REGISTER_MODE_WP) {
                     Ok(()) => {
-                        registered.push((a.start, a.end));
+                        protect.push((a.start, a.end));
                         report.registered += 1;
+                    }
+                    // Registered already (by the descriptor of an earlier
+                    // dump, still held): protect it again.
+                    Err(KernelError::Io { source, .. })
+                        if source.raw_os_error() == Some(libc::EBUSY) =>
+                    {
+                        protect.push((a.start, a.end));
                     }
                     Err(e) => {
                         tracing::info!(
@@ -186,15 +208,15 @@ impl DirtyTracker for UffdTracker {
                 self.held.push((pid, fd));
             }
         }
-        registered.sort_unstable();
+        protect.sort_unstable();
         let pm = self.pagemap(pid)?;
-        for (s, e) in registered {
+        for (s, e) in protect {
             match pm.scan(s, e, ScanQuery::written_and_rearm()) {
                 Ok(_) => {}
                 Err(KernelError::Io { source, .. })
                     if source.raw_os_error() == Some(libc::EPERM) =>
                 {
-                    // Registered but not write-protect-async (someone
+                    // Registered, but not write-protect-async (someone
                     // else's registration): it counts as untracked.
                     report.untracked += 1;
                 }
