@@ -21,8 +21,9 @@
 //! 6. **Memory**: `PAGEMAP_SCAN` finds the pages that hold private data; they
 //!    are read with `process_vm_readv` in large batches and streamed into the
 //!    page pack.
-//! 7. **Commit** the checkpoint atomically; then either kill the process or,
-//!    with `leave_running`, put its registers and mask back and detach.
+//! 7. **Commit** the checkpoint atomically, then kill the process; or, with
+//!    `leave_running`, put its registers and mask back, detach, and then
+//!    commit (the process does not wait for the fsyncs).
 //!
 //! Any failure before the commit puts the process back exactly as it was
 //! and leaves no checkpoint behind.
