@@ -34,8 +34,9 @@
 //!   area not registered for write-protect-async. If the holder of the
 //!   userfaultfd dies, the kernel unregisters the areas and they count as
 //!   untracked.
-//! * Granularity: base pages; a written transparent huge page reports its
-//!   whole 2 MiB.
+//! * Granularity: base pages. With uffd the kernel splits a protected
+//!   transparent huge page at its first write (`WP_ASYNC` resolves write
+//!   faults per 4 KiB page); an intact huge page is reported whole.
 
 pub mod hash;
 pub mod keeper;

@@ -39,8 +39,12 @@ fn kill_and_reap(w: &mut Workload) {
 /// while it runs), each restored in turn: every one matches exactly.
 fn chain_of_ten(backend: &str, args: &[&str]) {
     let mut w = Workload::start("chain_writer", args);
+    let mut thp_seen = 0;
     for k in 1..=10u64 {
         std::thread::sleep(Duration::from_millis(120));
+        if k == 1 {
+            thp_seen = anon_huge_kib(w.pid);
+        }
         let r = dump_json(&w, &["--leave-running", "--track", backend]);
         assert_eq!(r["checkpoint"], k, "{r}");
         if k == 1 {
@@ -52,6 +56,14 @@ fn chain_of_ten(backend: &str, args: &[&str]) {
         assert_eq!(r["armed"], backend, "{r}");
         assert!(alive(w.pid));
     }
+    // The writer asks for transparent huge pages on its main area: the
+    // chain started with some (unless THP is off on this machine). With
+    // uffd the kernel splits a protected huge page at its first write.
+    let thp =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    if args[0].parse::<u32>().unwrap_or(0) >= 32 && !thp.contains("[never]") {
+        assert!(thp_seen > 0, "no huge page in the writer");
+    }
     kill_and_reap(&mut w);
     for k in 1..=10u32 {
         w.restore(&["--checkpoint", &k.to_string()]);
@@ -59,6 +71,16 @@ fn chain_of_ten(backend: &str, args: &[&str]) {
         // (plus at most one more iteration, which it replays too).
         w.finish_pass();
     }
+}
+
+/// `AnonHugePages` of a process, in KiB.
+fn anon_huge_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("AnonHugePages:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
 }
 
 #[test]
