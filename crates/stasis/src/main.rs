@@ -128,37 +128,7 @@ enum Cmd {
     },
     /// Launch a job and checkpoint it periodically (first full, then
     /// incremental) until it exits; exit with the job's status.
-    Run {
-        /// Image directory (created if missing).
-        #[arg(short = 'D', long = "images-dir")]
-        dir: PathBuf,
-        /// Seconds between checkpoints, or `auto` for Young's formula
-        /// sqrt(2 x checkpoint cost x MTBF) (needs --mtbf).
-        #[arg(long, value_name = "SECS|auto")]
-        every: String,
-        /// Mean time between failures, for --every auto (e.g. 6h, 30m).
-        #[arg(long, value_parser = run::parse_duration)]
-        mtbf: Option<Duration>,
-        /// Dirty-tracking backend: auto, uffd, soft-dirty or hash.
-        #[arg(long, default_value = "auto", value_name = "BACKEND")]
-        track: String,
-        /// If the job fails (non-zero exit or killed by a signal), restore
-        /// the latest checkpoint and carry on.
-        #[arg(long)]
-        restart_on_failure: bool,
-        /// Give up after this many restarts.
-        #[arg(long, default_value_t = 3)]
-        max_restarts: u32,
-        /// File for the job's stdout and stderr (default DIR/job.log).
-        #[arg(long)]
-        log: Option<PathBuf>,
-        /// One JSON object per event instead of text lines.
-        #[arg(long)]
-        json: bool,
-        /// The command to run.
-        #[arg(last = true, required = true)]
-        cmd: Vec<String>,
-    },
+    Run(run::RunOptions),
     /// Holds the userfaultfds of a tracked tree between dumps (internal).
     #[command(name = "__track-keeper", hide = true)]
     TrackKeeper { name: String },
@@ -215,37 +185,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Gc { dir, keep, json } => gc::cmd_gc(&dir, keep, json),
         Cmd::Demo { dir, before, after } => demo::run(dir, before, after),
         Cmd::DemoWorkload { pidfile } => demo::workload(&pidfile),
-        Cmd::Run {
-            dir,
-            every,
-            mtbf,
-            track,
-            restart_on_failure,
-            max_restarts,
-            log,
-            json,
-            cmd,
-        } => {
-            let every = match every.as_str() {
-                "auto" => None,
-                s => Some(
-                    run::parse_duration(s)
-                        .map_err(anyhow::Error::msg)?
-                        .as_secs_f64(),
-                ),
-            };
-            run::cmd_run(run::RunOptions {
-                dir,
-                every,
-                mtbf,
-                track,
-                restart_on_failure,
-                max_restarts,
-                log,
-                json,
-                cmd,
-            })
-        }
+        Cmd::Run(o) => run::cmd_run(o),
         Cmd::TrackKeeper { name } => {
             stasis_track::keeper::serve(&name)?;
             Ok(ExitCode::SUCCESS)

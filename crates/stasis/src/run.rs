@@ -15,18 +15,36 @@ use nix::unistd::Pid;
 use crate::ui;
 
 /// Options of `stasis run`.
+#[derive(clap::Args)]
 pub struct RunOptions {
+    /// Image directory (created if missing).
+    #[arg(short = 'D', long = "images-dir")]
     pub dir: PathBuf,
-    /// Seconds between checkpoints, or `None` for Young's formula.
-    pub every: Option<f64>,
-    /// Mean time between failures (for `--every auto`).
+    /// Seconds between checkpoints (90, 90s, 15m...), or `auto` for Young's
+    /// formula sqrt(2 x checkpoint cost x MTBF) (needs --mtbf).
+    #[arg(long, value_name = "SECS|auto")]
+    pub every: String,
+    /// Mean time between failures, for --every auto (e.g. 6h, 30m).
+    #[arg(long, value_parser = parse_duration)]
     pub mtbf: Option<Duration>,
+    /// Dirty-tracking backend: auto, uffd, soft-dirty or hash.
+    #[arg(long, default_value = "auto", value_name = "BACKEND")]
     pub track: String,
+    /// If the job fails (non-zero exit or killed by a signal), restore the
+    /// latest checkpoint and carry on.
+    #[arg(long)]
     pub restart_on_failure: bool,
+    /// Give up after this many restarts.
+    #[arg(long, default_value_t = 3)]
     pub max_restarts: u32,
-    /// Where the job's stdout and stderr go.
+    /// File for the job's stdout and stderr (default DIR/job.log).
+    #[arg(long)]
     pub log: Option<PathBuf>,
+    /// One JSON object per event instead of text lines.
+    #[arg(long)]
     pub json: bool,
+    /// The command to run.
+    #[arg(last = true, required = true)]
     pub cmd: Vec<String>,
 }
 
@@ -129,7 +147,11 @@ pub fn cmd_run(o: RunOptions) -> Result<ExitCode> {
     if o.cmd.is_empty() {
         bail!("no command given: stasis run -D DIR --every SECS -- COMMAND [ARGS...]");
     }
-    if o.every.is_none() && o.mtbf.is_none() {
+    let every = match o.every.as_str() {
+        "auto" => None,
+        s => Some(parse_duration(s).map_err(anyhow::Error::msg)?.as_secs_f64()),
+    };
+    if every.is_none() && o.mtbf.is_none() {
         bail!("--every auto needs --mtbf DURATION (the mean time between failures, e.g. 6h)");
     }
     let store = stasis_image::ImageDir::create_or_open(&o.dir)
@@ -159,7 +181,7 @@ pub fn cmd_run(o: RunOptions) -> Result<ExitCode> {
         ),
         serde_json::json!({"event": "started", "pid": pid, "track": backend.name()}),
     );
-    let mut interval = match o.every {
+    let mut interval = match every {
         Some(s) => Duration::from_secs_f64(s),
         None => Duration::from_secs(1), // first checkpoint; then Young's formula
     };
@@ -195,7 +217,7 @@ pub fn cmd_run(o: RunOptions) -> Result<ExitCode> {
                         let cost = r.total_us as f64 / 1e6;
                         let c = cost_ewma.map_or(cost, |e| 0.7 * e + 0.3 * cost);
                         cost_ewma = Some(c);
-                        if let (None, Some(m)) = (o.every, o.mtbf) {
+                        if let (None, Some(m)) = (every, o.mtbf) {
                             interval = young_interval(Duration::from_secs_f64(c), m);
                             line.push_str(&format!(
                                 "; next in {:.2} s (Young: sqrt(2 x {:.1} ms x {:.0} s))",
