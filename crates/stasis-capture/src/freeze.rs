@@ -145,6 +145,12 @@ fn freeze_process(pid: i32) -> Result<FrozenProcess> {
 
 /// Freezes `root` and all its descendants.
 pub fn freeze_tree(root: i32) -> Result<Frozen> {
+    freeze_tree_except(root, &[])
+}
+
+/// Like [`freeze_tree`], leaving out the processes in `except` (and their
+/// descendants): the snapshots of a concurrent dump, already traced.
+pub fn freeze_tree_except(root: i32, except: &[i32]) -> Result<Frozen> {
     let mut f = Frozen {
         procs: Vec::new(),
         done: false,
@@ -153,7 +159,7 @@ pub fn freeze_tree(root: i32) -> Result<Frozen> {
     while !queue.is_empty() {
         let mut next = Vec::new();
         for pid in queue {
-            if f.procs.iter().any(|p| p.pid == pid) {
+            if f.procs.iter().any(|p| p.pid == pid) || except.contains(&pid) {
                 continue;
             }
             let fp = match freeze_process(pid) {

@@ -34,6 +34,7 @@ pub mod incremental;
 pub mod memory;
 pub mod proc;
 pub mod process;
+pub mod snapshot;
 
 use std::collections::HashSet;
 use std::time::Instant;
@@ -107,6 +108,14 @@ pub struct DumpOptions {
     pub leave_running: bool,
     /// Called with (bytes saved, bytes to save) while memory is written.
     pub progress: Option<Box<dyn Fn(u64, u64) + Send>>,
+    /// With `leave_running`: copy memory after the tree is released, from
+    /// copy-on-write snapshots ([`snapshot`]), so the tree stops only while
+    /// its state is read.
+    pub concurrent: bool,
+    /// Concurrent dumps: if the pages the tree may have copied on write
+    /// (and the snapshot still holds) exceed this many bytes, the tree is
+    /// stopped until the copy is done. 0: no cap.
+    pub cow_cap: u64,
 }
 
 /// What a dump did.
@@ -130,6 +139,8 @@ pub struct DumpReport {
     pub armed: Option<String>,
     /// Why tracking was asked for but the dump is full, or re-arming failed.
     pub note: Option<String>,
+    /// Figures of a concurrent dump.
+    pub concurrent: Option<ConcurrentStats>,
 }
 
 /// Dumps the process tree rooted at `opts.pid` into `store` as a new checkpoint.
@@ -147,7 +158,7 @@ pub type TrackerRef<'a> = Option<&'a mut (dyn DirtyTracker + Send + 'static)>;
 pub fn dump_tracked(
     store: &ImageDir,
     opts: &DumpOptions,
-    tracker: TrackerRef<'_>,
+    mut tracker: TrackerRef<'_>,
 ) -> Result<DumpReport> {
     let t0 = Instant::now();
     preflight(opts.pid)?;
@@ -177,7 +188,7 @@ pub fn dump_tracked(
         &mut frozen,
         (t0, frozen_at),
         &mut repaired,
-        (base, tracker),
+        (base, tracker.as_deref_mut()),
     );
     let unrepair = |socks: Vec<std::os::fd::OwnedFd>| {
         for s in socks {
@@ -192,13 +203,32 @@ pub fn dump_tracked(
             }
         }
     };
+    let progress = opts.progress.as_deref();
+    // Stop-the-world: the pages are copied while the tree is frozen.
+    let result = result.and_then(|mut p| {
+        if !p.concurrent() {
+            p.copy(opts.pid, tracker.as_deref_mut(), progress, 0)?;
+            tracing::debug!(ms = ms(frozen_at), "pages copied");
+        }
+        Ok(p)
+    });
     match result {
-        Ok(pending) if opts.leave_running => {
-            // The tree runs on while the checkpoint is synced and committed:
-            // if that fails, it runs on as if nothing happened.
+        Ok(mut pending) if opts.leave_running => {
+            // The tree runs on while the checkpoint is copied (concurrent),
+            // synced and committed: if that fails, it runs on as if nothing
+            // happened.
             unrepair(repaired);
             frozen.release()?;
             let frozen_us = micros(frozen_at);
+            if pending.concurrent() {
+                let copied = pending.copy(opts.pid, tracker, progress, opts.cow_cap);
+                let reaped = pending.drop_snapshots(opts.pid);
+                copied?;
+                let reap_us = reaped?;
+                if let Some(c) = pending.report.concurrent.as_mut() {
+                    c.reap_stop_us = reap_us;
+                }
+            }
             let mut report = pending.finish(store)?;
             report.frozen_us = frozen_us;
             report.total_us = micros(t0);
@@ -391,9 +421,18 @@ fn capture_with(
         let parent_proc = base
             .as_ref()
             .and_then(|b| stasis_image::chain::same_process(&b.parent, &image));
-        let growsdown = match parent_proc.and_then(|pp| incremental::same_layout(pp, &maps)) {
-            Some(g) => g,
-            None => proc::parse_smaps_growsdown(&proc::read(fp.pid, "smaps")?),
+        let concurrent = opts.concurrent && opts.leave_running;
+        let reuse = parent_proc
+            .filter(|_| !concurrent)
+            .and_then(|pp| incremental::same_layout(pp, &maps));
+        let (growsdown, no_fork) = match reuse {
+            Some(g) => (g, Vec::new()),
+            None => {
+                let smaps = proc::read(fp.pid, "smaps")?;
+                let mut no_fork = proc::parse_smaps_flagged(&smaps, "dc");
+                no_fork.extend(proc::parse_smaps_flagged(&smaps, "wf"));
+                (proc::parse_smaps_growsdown(&smaps), no_fork)
+            }
         };
         let mut plan = memory::plan(fp.pid, &maps, &growsdown, &mut seen_shm)?;
         tracing::debug!(pid = fp.pid, ms = ms(frozen_at), "pages with data found");
@@ -446,7 +485,7 @@ fn capture_with(
                 collector.capture_sysv(fp.pid, shmid, v.start, v.end)?;
             }
         }
-        plans.push(Some(plan));
+        plans.push(Some((plan, no_fork)));
         collector.add_process(fp.pid)?;
         images.push(image);
         mems.push(Some(mem));
@@ -460,45 +499,34 @@ fn capture_with(
     collector.check_external_pipes(&tree)?;
     collector.check_external_sockets()?;
 
-    // Pages, streamed through a bounded pipeline, one pack per process.
-    let mut ck = store.begin_checkpoint()?;
-    let total: u64 = plans
-        .iter()
-        .flatten()
-        .flat_map(|p| p.ranges.iter())
-        .map(|r| r.1 as u64)
-        .sum();
-    let mut done = 0u64;
-    let (mut pages, mut bytes) = (0, 0);
+    // What to copy of each process (the copy itself runs later: before
+    // the release, or after it from snapshots).
+    let ck = store.begin_checkpoint()?;
     let incremental = base.is_some() && selections.iter().any(Option::is_some);
-    for (((image, plan), mem), sel) in images.iter_mut().zip(plans).zip(&mems).zip(&selections) {
-        let (Some(plan), Some(mem)) = (plan, mem) else {
+    let mut copies = Vec::new();
+    for (idx, ((image, plan), mem)) in images.iter_mut().zip(plans).zip(mems).enumerate() {
+        let (Some((plan, no_fork)), Some(mem)) = (plan, mem) else {
             continue;
         };
-        let mut pack = ck.create_pack(image.pid)?;
-        let size: u64 = plan.ranges.iter().map(|r| r.1 as u64).sum();
-        let pid = image.pid;
-        let mut filter = |addr: u64, page: &[u8]| -> bool {
-            let changed = tracker
-                .as_mut()
-                .is_none_or(|t| t.page_changed(pid, addr, page));
-            match sel {
-                Some(s) if s.by_content => changed || incremental::contains(&s.forced, addr),
-                _ => true,
-            }
-        };
-        memory::copy_pages(
-            mem,
-            plan.ranges,
-            &mut pack,
-            (done, total, opts.progress.as_deref()),
-            by_content.then_some(&mut filter as memory::PageFilter<'_>),
-        )?;
-        done += size;
-        pages += pack.pages();
-        bytes += pack.bytes();
-        image.pack = Some(pack.finish()?);
         image.vmas = plan.vmas;
+        // Ranges a fork would not copy: shared memory, MADV_DONTFORK and
+        // MADV_WIPEONFORK areas.
+        let unforked: Vec<(u64, u64)> = image
+            .vmas
+            .iter()
+            .filter(|v| v.shared || no_fork.contains(&v.start))
+            .map(|v| (v.start, v.end))
+            .collect();
+        copies.push(ProcCopy {
+            idx,
+            pid: image.pid,
+            ranges: plan.ranges,
+            mem,
+            snapshot: None,
+            unforked,
+            preread: Vec::new(),
+            selection: selections[idx].take(),
+        });
     }
     for (image, table) in images.iter_mut().zip(std::mem::take(&mut collector.tables)) {
         image.fds = table;
@@ -511,7 +539,6 @@ fn capture_with(
     pipes.sort_by_key(|p| p.id);
 
     let threads = images.iter().map(|p| p.threads.len()).sum();
-    tracing::debug!(ms = ms(frozen_at), pages, "pages copied");
     if !incremental {
         for image in &mut images {
             image.data_ranges = None;
@@ -553,7 +580,7 @@ fn capture_with(
         stats: DumpStats {
             frozen_us: micros(frozen_at),
             total_us: micros(t0),
-            pages_written: pages,
+            pages_written: 0,
             track: if parent.is_some() {
                 track_name.clone().unwrap_or_default()
             } else {
@@ -593,17 +620,37 @@ fn capture_with(
         _ => {}
     }
     tracing::debug!(ms = ms(frozen_at), "tracking re-armed");
+
+    // Concurrent: a copy-on-write snapshot of each process, and what a
+    // fork does not copy read now.
+    if opts.concurrent && opts.leave_running {
+        for c in &mut copies {
+            if c.ranges.is_empty() {
+                continue;
+            }
+            let fp = f
+                .procs
+                .iter_mut()
+                .find(|p| p.pid == c.pid)
+                .ok_or_else(|| CaptureError::Track(format!("process {} vanished", c.pid)))?;
+            c.snapshot = Some(snapshot::take(fp)?);
+            c.preread_unforked()?;
+        }
+        tracing::debug!(ms = ms(frozen_at), "snapshots taken");
+    }
     Ok(Pending {
         ck,
         manifest,
         state,
+        copies,
+        by_content,
         report: DumpReport {
             checkpoint,
             pid: opts.pid,
             processes,
             threads,
-            pages,
-            bytes,
+            pages: 0,
+            bytes: 0,
             frozen_us: 0,
             total_us: 0,
             killed: false,
@@ -611,8 +658,120 @@ fn capture_with(
             track: parent.and(track_name),
             armed,
             note,
+            concurrent: None,
         },
     })
+}
+
+/// The pages of one process to save, and where to read them.
+struct ProcCopy {
+    /// Index of the process in the manifest.
+    idx: usize,
+    pid: i32,
+    /// Ranges to save, in address order.
+    ranges: Vec<(u64, usize)>,
+    /// The process itself (stop-the-world, and what the snapshot lacks).
+    mem: ProcessMemory,
+    snapshot: Option<snapshot::Snapshot>,
+    /// Areas a fork does not copy.
+    unforked: Vec<(u64, u64)>,
+    /// Their pages, read while frozen (concurrent dumps).
+    preread: Vec<(u64, Vec<u8>)>,
+    selection: Option<incremental::Selection>,
+}
+
+impl ProcCopy {
+    /// Reads the ranges that lie in areas a fork does not copy, now.
+    fn preread_unforked(&mut self) -> Result<()> {
+        let mut keep = Vec::new();
+        for &(a, l) in &self.ranges {
+            let end = a + l as u64;
+            let inside = self.unforked.iter().any(|&(s, e)| a < e && end > s);
+            if !inside {
+                keep.push((a, l));
+                continue;
+            }
+            // Whole areas are saved by a full plan; split at area bounds.
+            let mut cur = a;
+            while cur < end {
+                let (stop, unforked) =
+                    match self.unforked.iter().find(|&&(s, e)| cur >= s && cur < e) {
+                        Some(&(_, e)) => (e.min(end), true),
+                        None => {
+                            let next = self
+                                .unforked
+                                .iter()
+                                .filter(|&&(s, _)| s > cur)
+                                .map(|&(s, _)| s)
+                                .min()
+                                .unwrap_or(end)
+                                .min(end);
+                            (next, false)
+                        }
+                    };
+                let len = usize::try_from(stop - cur).unwrap_or(0);
+                if unforked {
+                    let mut buf = vec![0u8; len];
+                    stasis_kernel::mem::read_ranges(&self.mem, &[(cur, len)], &mut buf)?;
+                    self.preread.push((cur, buf));
+                } else {
+                    keep.push((cur, len));
+                }
+                cur = stop;
+            }
+        }
+        self.ranges = keep;
+        Ok(())
+    }
+}
+
+/// Figures of a concurrent dump.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ConcurrentStats {
+    /// Pages copied from the snapshots after the tree was released.
+    pub pages_after_release: u64,
+    /// Minor faults the tree took during the copy (an upper bound on its
+    /// copy-on-write faults).
+    pub write_faults: u64,
+    /// Peak of the pages the snapshots held for the tree after it wrote
+    /// them (bounded by the faults and by what was not yet copied), bytes.
+    pub cow_peak_bytes: u64,
+    /// Times the tree was stopped because that exceeded the cap.
+    pub paused: u32,
+    /// Time the tree was stopped to reap the snapshots, in microseconds.
+    pub reap_stop_us: u64,
+}
+
+/// Size of the pieces a concurrent dump copies, then frees in the snapshot.
+const SNAPSHOT_CHUNK: usize = 32 << 20;
+
+/// Splits ranges longer than `max` bytes.
+fn split_ranges(ranges: Vec<(u64, usize)>, max: usize) -> Vec<(u64, usize)> {
+    let mut out = Vec::with_capacity(ranges.len());
+    for (mut a, mut l) in ranges {
+        while l > max {
+            out.push((a, max));
+            a += max as u64;
+            l -= max;
+        }
+        out.push((a, l));
+    }
+    out
+}
+
+/// Minor faults of the live processes of a tree (`/proc/PID/stat` field 10).
+fn minor_faults(pids: &[i32]) -> u64 {
+    pids.iter()
+        .filter_map(|p| proc::read(*p, "stat").ok())
+        .filter_map(|s| {
+            let close = s.rfind(')')?;
+            s[close + 1..]
+                .split_whitespace()
+                .nth(7)?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
 }
 
 /// A checkpoint written but not yet committed, and what to record once it
@@ -621,10 +780,185 @@ struct Pending {
     ck: stasis_image::CheckpointBuilder,
     manifest: Manifest,
     state: Option<stasis_track::state::TrackState>,
+    copies: Vec<ProcCopy>,
+    by_content: bool,
     report: DumpReport,
 }
 
 impl Pending {
+    fn concurrent(&self) -> bool {
+        self.copies.iter().any(|c| c.snapshot.is_some())
+    }
+
+    /// Copies every process's pages into its pack (from the snapshots if
+    /// there are any, else from the frozen processes), then lets the
+    /// tracker finish arming.
+    fn copy(
+        &mut self,
+        root: i32,
+        tracker: TrackerRef<'_>,
+        progress: Option<&(dyn Fn(u64, u64) + Send)>,
+        cow_cap: u64,
+    ) -> Result<()> {
+        let mut tracker = tracker;
+        let total: u64 = self
+            .copies
+            .iter()
+            .flat_map(|c| {
+                c.ranges
+                    .iter()
+                    .map(|r| r.1 as u64)
+                    .chain(c.preread.iter().map(|p| p.1.len() as u64))
+            })
+            .sum();
+        let live: Vec<i32> = self.copies.iter().map(|c| c.pid).collect();
+        let concurrent = self.concurrent();
+        let snapshot_pids: Vec<i32> = self
+            .copies
+            .iter()
+            .filter_map(|c| c.snapshot.as_ref().map(|s| s.pid))
+            .collect();
+        let faults0 = if concurrent { minor_faults(&live) } else { 0 };
+        let mut stats = ConcurrentStats::default();
+        let mut paused: Option<freeze::Frozen> = None;
+        let mut remaining = total / sys::PAGE_SIZE;
+        let mut done = 0u64;
+        let (mut pages, mut bytes) = (0, 0);
+        let by_content = self.by_content;
+        let result = (|| -> Result<()> {
+            for c in &mut self.copies {
+                let mut pack = self.ck.create_pack(c.pid)?;
+                let pid = c.pid;
+                let sel = c.selection.as_ref();
+                let mut filter = |addr: u64, page: &[u8]| -> bool {
+                    let changed = tracker
+                        .as_mut()
+                        .is_none_or(|t| t.page_changed(pid, addr, page));
+                    match sel {
+                        Some(s) if s.by_content => {
+                            changed || incremental::contains(&s.forced, addr)
+                        }
+                        _ => true,
+                    }
+                };
+                let src = match &c.snapshot {
+                    Some(s) => s.memory()?,
+                    None => ProcessMemory::open(c.pid)?,
+                };
+                // Address order: pre-read pieces between the copied ranges.
+                // From a snapshot, in chunks: each chunk saved is freed in
+                // the snapshot, and the copy-on-write cap is checked.
+                let mut pre = std::mem::take(&mut c.preread).into_iter().peekable();
+                let chunk = if c.snapshot.is_some() {
+                    SNAPSHOT_CHUNK
+                } else {
+                    usize::MAX
+                };
+                let mut ranges = split_ranges(std::mem::take(&mut c.ranges), chunk)
+                    .into_iter()
+                    .peekable();
+                loop {
+                    let next_pre = pre.peek().map(|p| p.0);
+                    let next_range = ranges.peek().map(|r| r.0);
+                    match (next_pre, next_range) {
+                        (None, None) => break,
+                        (Some(a), r) if r.is_none_or(|r| a < r) => {
+                            let (a, data) = pre.next().unwrap_or_default();
+                            if by_content {
+                                let mut f: memory::PageFilter<'_> = &mut filter;
+                                memory::write_filtered(&mut pack, &mut f, a, &data)?;
+                            } else {
+                                pack.write_run(a, &data)?;
+                            }
+                            done += data.len() as u64;
+                        }
+                        _ => {
+                            // Every range up to the next pre-read piece.
+                            let mut batch = Vec::new();
+                            let mut batch_len = 0usize;
+                            while let Some(&(a, l)) = ranges.peek() {
+                                if next_pre.is_some_and(|p| p < a)
+                                    || (batch_len > 0 && batch_len + l > chunk)
+                                {
+                                    break;
+                                }
+                                batch.push((a, l));
+                                batch_len += l;
+                                ranges.next();
+                            }
+                            let size: u64 = batch.iter().map(|r| r.1 as u64).sum();
+                            memory::copy_pages(
+                                &src,
+                                batch.clone(),
+                                &mut pack,
+                                (done, total, progress),
+                                by_content.then_some(&mut filter as memory::PageFilter<'_>),
+                            )?;
+                            done += size;
+                            if let Some(s) = c.snapshot.as_mut() {
+                                // Saved: the snapshot's copies can go.
+                                for &(a, l) in &batch {
+                                    s.release_range(a, l as u64)?;
+                                }
+                                remaining = remaining.saturating_sub(size / sys::PAGE_SIZE);
+                                let faults = minor_faults(&live).saturating_sub(faults0);
+                                let held = faults.min(remaining) * sys::PAGE_SIZE;
+                                stats.cow_peak_bytes = stats.cow_peak_bytes.max(held);
+                                if cow_cap > 0 && held > cow_cap && paused.is_none() {
+                                    paused =
+                                        Some(freeze::freeze_tree_except(root, &snapshot_pids)?);
+                                    stats.paused += 1;
+                                }
+                            }
+                        }
+                    }
+                }
+                pages += pack.pages();
+                bytes += pack.bytes();
+                self.manifest.processes[c.idx].pack = Some(pack.finish()?);
+            }
+            Ok(())
+        })();
+        if concurrent {
+            stats.write_faults = minor_faults(&live).saturating_sub(faults0);
+            stats.pages_after_release = pages;
+        }
+        if let Some(mut p) = paused {
+            p.release()?;
+        }
+        result?;
+        self.manifest.stats.pages_written = pages;
+        self.report.pages = pages;
+        self.report.bytes = bytes;
+        if let Some(t) = tracker.as_mut() {
+            if self.state.is_some() {
+                if let Err(e) = t.finish_arm() {
+                    self.state = None;
+                    self.report.armed = None;
+                    self.report.note = Some(format!(
+                        "tracking could not be re-armed, the next dump will be full: {e}"
+                    ));
+                }
+            }
+        }
+        if concurrent {
+            self.report.concurrent = Some(stats);
+        }
+        Ok(())
+    }
+
+    /// Kills the snapshots and has their parents reap them.
+    fn drop_snapshots(&mut self, root: i32) -> Result<u64> {
+        let mut reap = Vec::new();
+        for c in &mut self.copies {
+            if let Some(mut s) = c.snapshot.take() {
+                s.kill();
+                reap.push((s.parent, s.pid));
+            }
+        }
+        snapshot::reap(root, &reap)
+    }
+
     /// Commits the checkpoint, then records the tracking state (or clears
     /// it: without a committed checkpoint to be incremental against, the
     /// next dump must be full).
@@ -634,6 +968,7 @@ impl Pending {
             manifest,
             state,
             mut report,
+            ..
         } = self;
         if let Err(e) = ck.commit(&manifest) {
             let _ = stasis_track::state::clear(store.path());
@@ -676,7 +1011,5 @@ fn arm_all(
             .map_err(|e| CaptureError::Track(e.to_string()))?;
         procs.push((img.pid, img.start_time));
     }
-    t.finish_arm()
-        .map_err(|e| CaptureError::Track(e.to_string()))?;
     Ok(procs)
 }

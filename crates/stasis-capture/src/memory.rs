@@ -145,7 +145,7 @@ pub fn plan(
 
 /// Writes the pages of `data` (at `addr`) that `filter` accepts, as runs of
 /// consecutive accepted pages.
-fn write_filtered(
+pub fn write_filtered(
     pack: &mut stasis_image::PackWriter,
     filter: &mut PageFilter<'_>,
     addr: u64,

@@ -185,6 +185,8 @@ pub fn run(dir: Option<PathBuf>, before: f64, after: f64) -> Result<ExitCode> {
             pid,
             leave_running: false,
             progress: None,
+            concurrent: false,
+            cow_cap: 0,
         },
     )?;
     let status = child.wait()?;

@@ -53,6 +53,14 @@ enum Cmd {
         /// Backend: auto (default), uffd, soft-dirty or hash.
         #[arg(long, num_args = 0..=1, default_missing_value = "auto", value_name = "BACKEND")]
         track: Option<String>,
+        /// With --leave-running: copy memory while the process runs on, from
+        /// copy-on-write snapshots; it stops only while its state is read.
+        #[arg(long, requires = "leave_running")]
+        concurrent: bool,
+        /// With --concurrent: stop the process once the pages it has copied
+        /// on write during the copy exceed this (0: never).
+        #[arg(long, default_value = "256M", value_parser = run::parse_size)]
+        cow_buffer: u64,
         #[arg(long)]
         json: bool,
     },
@@ -155,8 +163,16 @@ fn run(cli: Cli) -> Result<ExitCode> {
             dir,
             leave_running,
             track,
+            concurrent,
+            cow_buffer,
             json,
-        } => cmd_dump(pid, &dir, leave_running, track.as_deref(), json),
+        } => cmd_dump(
+            pid,
+            &dir,
+            (leave_running, concurrent, cow_buffer),
+            track.as_deref(),
+            json,
+        ),
         Cmd::Restore {
             dir,
             checkpoint,
@@ -235,7 +251,7 @@ fn cmd_check(json: bool) -> Result<ExitCode> {
 fn cmd_dump(
     pid: i32,
     dir: &Path,
-    leave_running: bool,
+    (leave_running, concurrent, cow_cap): (bool, bool, u64),
     track: Option<&str>,
     json: bool,
 ) -> Result<ExitCode> {
@@ -257,6 +273,8 @@ fn cmd_dump(
         pid,
         leave_running,
         progress: Some(progress.callback()),
+        concurrent,
+        cow_cap,
     };
     let r = stasis_capture::dump_tracked(&store, &opts, tracker.as_deref_mut())
         .with_context(|| format!("dumping process {pid}"))?;

@@ -40,6 +40,14 @@ pub struct RunOptions {
     /// File for the job's stdout and stderr (default DIR/job.log).
     #[arg(long)]
     pub log: Option<PathBuf>,
+    /// Copy memory while the job runs (copy-on-write snapshots): it stops
+    /// only while its state is read.
+    #[arg(long)]
+    pub concurrent: bool,
+    /// With --concurrent: stop the job once the pages it has copied on
+    /// write during a copy exceed this (0: never).
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    pub cow_buffer: u64,
     /// One JSON object per event instead of text lines.
     #[arg(long)]
     pub json: bool,
@@ -65,6 +73,22 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err(format!("{s:?} must be a positive duration"));
     }
     Ok(Duration::from_secs_f64(v * mult))
+}
+
+/// Parses a size: "512" (bytes), "64K", "256M", "1G" (powers of 1024), or
+/// "0" for none.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&t[..i], 1u64 << 10),
+        Some((i, 'm' | 'M')) => (&t[..i], 1 << 20),
+        Some((i, 'g' | 'G')) => (&t[..i], 1 << 30),
+        _ => (t, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|v| v.checked_mul(mult))
+        .ok_or_else(|| format!("{s:?} is not a size (examples: 0, 64M, 1G)"))
 }
 
 /// Young's first-order optimum checkpoint interval: sqrt(2 C M), for a
@@ -195,6 +219,8 @@ pub fn cmd_run(o: RunOptions) -> Result<ExitCode> {
                     pid,
                     leave_running: true,
                     progress: None,
+                    concurrent: o.concurrent,
+                    cow_cap: o.cow_buffer,
                 };
                 match stasis_capture::dump_tracked(&store, &opts, Some(&mut *tracker)) {
                     Ok(r) => {
@@ -344,6 +370,17 @@ mod tests {
         assert_eq!(parse_duration("0.5s").unwrap(), Duration::from_millis(500));
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("-3s").is_err());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("0").unwrap(), 0);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("64K").unwrap(), 64 << 10);
+        assert_eq!(parse_size("256M").unwrap(), 256 << 20);
+        assert_eq!(parse_size("2g").unwrap(), 2 << 30);
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("99999999999G").is_err());
     }
 
     #[test]

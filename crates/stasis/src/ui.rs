@@ -99,7 +99,17 @@ pub fn dump_line(r: &stasis_capture::DumpReport) -> String {
             Some(b) => format!(", tracking armed ({b})"),
             None => String::new(),
         }
-    )
+    ) + &match &r.concurrent {
+        Some(c) => format!(
+            "\n  concurrent: {} pages copied after the release; {} write faults during the copy; copy-on-write peak {}; paused {}x; reap stop {}",
+            c.pages_after_release,
+            c.write_faults,
+            bytes(c.cow_peak_bytes),
+            c.paused,
+            secs(c.reap_stop_us)
+        ),
+        None => String::new(),
+    }
 }
 
 /// "12.3 MiB".

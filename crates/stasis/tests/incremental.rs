@@ -26,8 +26,10 @@ fn dump_json(w: &Workload, extra: &[&str]) -> serde_json::Value {
 
 fn kill_and_reap(w: &mut Workload) {
     let tree = descendants(w.pid);
-    // SAFETY: killing our own workload.
-    unsafe { libc::kill(w.pid, libc::SIGKILL) };
+    for pid in std::iter::once(w.pid).chain(tree.iter().copied()) {
+        // SAFETY: killing our own workload's processes.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
     let _ = w.reap();
     for pid in tree {
         reap_if_ours(pid);

@@ -1,7 +1,7 @@
 //! Every zdtm-style workload survives dump/restore byte for byte: twice in a
 //! row (each dump kills the process, each restore brings it back at the same
 //! PID), and with `--leave-running` (the process carries on, and the image
-//! it left also restores).
+//! it left also restores), stop-the-world and `--concurrent`.
 
 mod common;
 use common::*;
@@ -39,9 +39,17 @@ fn twice(name: &str, args: &[&str]) {
 /// image, so the workload's files are put back as they were at the dump
 /// (what a user restoring an old checkpoint does with their data).
 fn leave_running(name: &str, args: &[&str]) {
+    leave_running_with(name, args, &[]);
+}
+
+/// [`leave_running`] with extra dump flags (`--concurrent`: the memory is
+/// copied from a copy-on-write snapshot while the tree runs on).
+fn leave_running_with(name: &str, args: &[&str], flags: &[&str]) {
     let mut w = Workload::start(name, args);
     std::thread::sleep(std::time::Duration::from_millis(300));
-    let o = w.dump(&["--leave-running"]);
+    let mut dump_args = vec!["--leave-running"];
+    dump_args.extend_from_slice(flags);
+    let o = w.dump(&dump_args);
     assert_ok(&o, "dump --leave-running");
     assert!(alive(w.pid), "{name}: --leave-running killed the process");
     let saved = w.dir.path().join("files-at-dump");
@@ -81,6 +89,7 @@ macro_rules! workload_tests {
     ($($name:ident: $bin:literal $(, $arg:literal)*;)*) => {
         mod twice { use super::*; $( #[test] fn $name() { twice($bin, &[$($arg),*]); } )* }
         mod leave_running { use super::*; $( #[test] fn $name() { leave_running($bin, &[$($arg),*]); } )* }
+        mod concurrent { use super::*; $( #[test] fn $name() { leave_running_with($bin, &[$($arg),*], &["--concurrent"]); } )* }
     };
 }
 

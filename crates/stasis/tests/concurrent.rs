@@ -1,0 +1,192 @@
+//! Concurrent dumps (`dump --leave-running --concurrent`): the tree runs on
+//! while its memory is copied from copy-on-write snapshots, and every image
+//! holds exactly the memory of its freeze instant.
+
+mod common;
+use common::*;
+
+use std::time::{Duration, Instant};
+
+fn json(o: &std::process::Output) -> serde_json::Value {
+    let text = String::from_utf8_lossy(&o.stdout);
+    serde_json::from_str(text.lines().last().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+fn kill_and_reap(w: &mut Workload) {
+    let tree = descendants(w.pid);
+    for pid in std::iter::once(w.pid).chain(tree.iter().copied()) {
+        // SAFETY: killing our own workload's processes.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let _ = w.reap();
+    for pid in tree {
+        reap_if_ours(pid);
+    }
+}
+
+/// Live processes (not zombies) among `pids`.
+fn running(pids: &[i32]) -> Vec<i32> {
+    pids.iter()
+        .copied()
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .map(|s| {
+                    !s.rsplit(')')
+                        .next()
+                        .unwrap_or("")
+                        .trim_start()
+                        .starts_with('Z')
+                })
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// The self-verifying writer (memory a function of its counter; it maps,
+/// unmaps, moves and madvises areas all the time) is dumped concurrently
+/// eight times in a row while it writes as fast as it can; each image
+/// restores to exactly the state of its freeze. The snapshots are gone
+/// afterwards (no process or zombie left).
+#[test]
+fn writer_dumped_concurrently_in_a_row_restores_exactly() {
+    let mut w = Workload::start("chain_writer", &["128"]);
+    let before = descendants(w.pid);
+    for k in 1..=8u64 {
+        std::thread::sleep(Duration::from_millis(80));
+        let o = w.dump(&["--leave-running", "--concurrent", "--json"]);
+        assert_ok(&o, "dump --concurrent");
+        let r = json(&o);
+        assert_eq!(r["checkpoint"], k);
+        let c = &r["concurrent"];
+        assert!(c["pages_after_release"].as_u64().unwrap() > 30_000, "{r}");
+        // The writer ran during the copy (it faulted on pages it wrote).
+        assert!(c["write_faults"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["frozen_us"].as_u64() < r["total_us"].as_u64(), "{r}");
+        assert!(alive(w.pid));
+        assert_eq!(descendants(w.pid), before, "a snapshot is left behind");
+    }
+    kill_and_reap(&mut w);
+    for k in 1..=8u32 {
+        w.restore(&["--checkpoint", &k.to_string()]);
+        w.finish_pass();
+    }
+}
+
+/// Concurrent and incremental together: tracking is collected and re-armed
+/// in the freeze, the dirty set is copied from the snapshot.
+#[test]
+fn concurrent_incremental_chain_restores_exactly() {
+    let mut w = Workload::start("chain_writer", &["64"]);
+    for k in 1..=5u64 {
+        std::thread::sleep(Duration::from_millis(80));
+        let o = w.dump(&[
+            "--leave-running",
+            "--concurrent",
+            "--track",
+            "uffd",
+            "--json",
+        ]);
+        assert_ok(&o, "dump --concurrent --track");
+        let r = json(&o);
+        if k > 1 {
+            assert_eq!(r["parent"], k - 1, "{r}");
+        }
+        assert!(r["concurrent"].is_object(), "{r}");
+    }
+    kill_and_reap(&mut w);
+    for k in 1..=5u32 {
+        w.restore(&["--checkpoint", &k.to_string()]);
+        w.finish_pass();
+    }
+}
+
+/// Shared memory across a tree (the snapshot shares it with the process,
+/// so it is read during the freeze) comes back shared and exact.
+#[test]
+fn shared_memory_tree_concurrent() {
+    let mut w = Workload::start("shm", &[]);
+    std::thread::sleep(Duration::from_millis(200));
+    let o = w.dump(&["--leave-running", "--concurrent"]);
+    assert_ok(&o, "dump --concurrent");
+    // SIGKILL, not SIGTERM: the original must not delete its /dev/shm file.
+    kill_and_reap(&mut w);
+    w.restore(&[]);
+    w.finish_pass();
+}
+
+/// A tight copy-on-write cap stops the writer until the copy is done; the
+/// image is still exact.
+#[test]
+fn cow_cap_pauses_the_writer_and_the_image_is_exact() {
+    let mut w = Workload::start("chain_writer", &["128"]);
+    std::thread::sleep(Duration::from_millis(100));
+    let o = w.dump(&[
+        "--leave-running",
+        "--concurrent",
+        "--cow-buffer",
+        "1M",
+        "--json",
+    ]);
+    assert_ok(&o, "dump --concurrent --cow-buffer 1M");
+    let r = json(&o);
+    assert!(r["concurrent"]["paused"].as_u64().unwrap() >= 1, "{r}");
+    kill_and_reap(&mut w);
+    w.restore(&[]);
+    w.finish_pass();
+}
+
+/// The dumper SIGKILLed in the middle of the copy: the process runs on
+/// unharmed, its snapshot dies with the dumper, and no checkpoint is
+/// committed.
+#[test]
+fn dumper_killed_mid_copy_leaves_the_process_running() {
+    let mut w = Workload::start("chain_writer", &["512"]);
+    std::thread::sleep(Duration::from_millis(200));
+    let before = descendants(w.pid);
+    let mut dumper = stasis()
+        .args([
+            "dump",
+            "--leave-running",
+            "--concurrent",
+            "-t",
+            &w.pid.to_string(),
+            "-D",
+        ])
+        .arg(w.images())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until the snapshot exists (the copy has started), then kill.
+    let t0 = Instant::now();
+    while descendants(w.pid).len() == before.len() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no snapshot appeared"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    std::thread::sleep(Duration::from_millis(30));
+    dumper.kill().unwrap();
+    dumper.wait().unwrap();
+    let t0 = Instant::now();
+    while running(&descendants(w.pid)).len() > before.len() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the snapshot outlived the dumper"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(alive(w.pid));
+    std::thread::sleep(Duration::from_millis(200));
+    let store = stasis_image::ImageDir::open(&w.images());
+    assert!(
+        store
+            .map(|s| s.checkpoints().unwrap_or_default())
+            .unwrap_or_default()
+            .is_empty(),
+        "a checkpoint was committed"
+    );
+    w.finish_pass();
+}
