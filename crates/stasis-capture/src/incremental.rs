@@ -30,7 +30,7 @@ pub fn base(
     }
     let state = match stasis_track::state::load(store.path()) {
         Ok(Some(s)) => s,
-        Ok(None) => return Err("tracking was not armed after the latest checkpoint (it was restored, or dumped without --track --leave-running)".into()),
+        Ok(None) => return Err("tracking was not armed after the latest checkpoint (it was restored, a dump failed since, or it was dumped without --track --leave-running)".into()),
         Err(e) => return Err(e.to_string()),
     };
     let latest = match store.latest() {

@@ -179,6 +179,11 @@ pub fn dump_tracked(
     }
     let mut frozen = freeze::freeze_tree(opts.pid)?;
     let frozen_at = Instant::now();
+    if frozen.procs.first().is_none_or(|p| p.zombie.is_some()) {
+        // It exited between the checks and the freeze: nothing to save.
+        frozen.release()?;
+        return Err(CaptureError::NoSuchProcess { pid: opts.pid });
+    }
     // TCP sockets in repair mode: closed silently after a kill (no FIN, no
     // RST reaches the peer), or taken out of repair when the tree runs on.
     let mut repaired = Vec::new();

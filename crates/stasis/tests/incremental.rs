@@ -285,16 +285,21 @@ fn run_checkpoints_periodically_and_exits_with_the_job_status() {
     let o = run_cmd(&img, &["--every", "0.3"], &job)
         .wait_with_output()
         .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert_eq!(
-        o.status.code(),
-        Some(3),
-        "{out}\n{}",
+    let out = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     );
+    assert_eq!(o.status.code(), Some(3), "{out}");
     assert!(out.contains("checkpoint 1: full"), "{out}");
-    assert!(out.contains("checkpoint 2: incremental"), "{out}");
+    // (A dump that races with the exit of one of the shell's `sleep`
+    // children fails harmlessly; the one after it is full again.)
+    assert!(out.contains(": incremental,"), "{out}");
     assert!(out.contains("exited with status 3"), "{out}");
+    assert!(
+        !out.contains(" 0 pages"),
+        "a dump of nothing was committed: {out}"
+    );
 }
 
 #[test]
