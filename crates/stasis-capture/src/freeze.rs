@@ -143,6 +143,25 @@ fn freeze_process(pid: i32) -> Result<FrozenProcess> {
     Ok(fp)
 }
 
+/// A process that exited while it was being frozen, as the zombie it
+/// becomes (`None` if it is already reaped).
+fn zombie_after_exit(pid: i32) -> Option<FrozenProcess> {
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < std::time::Duration::from_millis(500) {
+        let st = stat_of(pid).ok()?;
+        if st.state == 'Z' || st.state == 'X' {
+            return Some(FrozenProcess {
+                pid,
+                ppid: st.ppid,
+                threads: Vec::new(),
+                zombie: Some(st.exit_code),
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    None
+}
+
 /// Freezes `root` and all its descendants.
 pub fn freeze_tree(root: i32) -> Result<Frozen> {
     freeze_tree_except(root, &[])
@@ -166,6 +185,14 @@ pub fn freeze_tree_except(root: i32, except: &[i32]) -> Result<Frozen> {
                 Ok(fp) => fp,
                 // A child that vanished (reaped meanwhile) is not part of the tree.
                 Err(CaptureError::NoSuchProcess { .. }) if pid != root => continue,
+                // A child that was exiting while it was frozen: it is a
+                // zombie now (its parent has not reaped it), or gone.
+                Err(CaptureError::Kernel(KernelError::Died { .. })) if pid != root => {
+                    match zombie_after_exit(pid) {
+                        Some(fp) => fp,
+                        None => continue,
+                    }
+                }
                 Err(e) => return Err(e),
             };
             if fp.zombie.is_none() {
