@@ -77,7 +77,10 @@ pub fn areas(vmas: &[Vma]) -> Vec<Area> {
         .map(|v| Area {
             start: v.start,
             end: v.end,
-            private_anon: matches!(v.kind, VmaKind::Anon) && !v.shared,
+            // PROT_NONE areas are left out: often huge reservations, whose
+            // write-protection would fill page tables with markers. One that
+            // gets data later is saved whole.
+            private_anon: matches!(v.kind, VmaKind::Anon) && !v.shared && v.prot != 0,
         })
         .collect()
 }
@@ -120,6 +123,24 @@ pub struct Selection {
     pub tracked: usize,
 }
 
+/// Asks the tracker what changed in every area of a frozen process (for
+/// uffd this also re-arms the areas it covers).
+pub fn collect(
+    tracker: &mut dyn DirtyTracker,
+    pid: i32,
+    areas: &[Area],
+) -> Result<Vec<(Area, Dirty)>> {
+    areas
+        .iter()
+        .map(|a| {
+            tracker
+                .dirty(pid, a)
+                .map(|d| (*a, d))
+                .map_err(|e| CaptureError::Track(e.to_string()))
+        })
+        .collect()
+}
+
 /// Chooses the pages of a process to save: those the tracker reports
 /// changed, whole untracked areas, and pages with data that the parent does
 /// not have. `data` is every range with data now, `parent_data` the
@@ -131,25 +152,28 @@ pub fn select(
     data: &Ranges,
     parent_data: &Ranges,
 ) -> Result<Selection> {
+    let collected = collect(tracker, pid, areas)?;
+    Ok(select_collected(&collected, data, parent_data))
+}
+
+/// [`select`] from what [`collect`] returned.
+pub fn select_collected(
+    collected: &[(Area, Dirty)],
+    data: &Ranges,
+    parent_data: &Ranges,
+) -> Selection {
     let mut dirty = Vec::new();
     let mut by_content = false;
     let mut tracked = 0;
-    for a in areas {
+    for (a, d) in collected {
         let here = chain::intersect(data, &[(a.start, a.end)]);
-        if here.is_empty() {
-            continue;
+        if !matches!(d, Dirty::All) {
+            tracked += 1;
         }
-        match tracker
-            .dirty(pid, a)
-            .map_err(|e| CaptureError::Track(e.to_string()))?
-        {
+        match d {
             Dirty::All => dirty.extend(here),
-            Dirty::Ranges(r) => {
-                tracked += 1;
-                dirty.extend(chain::intersect(&here, &r));
-            }
+            Dirty::Ranges(r) => dirty.extend(chain::intersect(&here, r)),
             Dirty::ByContent => {
-                tracked += 1;
                 by_content = true;
                 dirty.extend(here);
             }
@@ -164,12 +188,21 @@ pub fn select(
     };
     let mut read = dirty;
     read.extend(orphans);
-    Ok(Selection {
+    Selection {
         read: chain::normalize(read),
         forced,
         by_content,
         tracked,
-    })
+    }
+}
+
+/// Whether collection found the tracking lost in a process: the uffd
+/// backend covers none of its private anonymous areas (after `exec`, or
+/// when the holder of its userfaultfd died).
+pub fn tracking_lost(backend: stasis_track::Backend, collected: &[(Area, Dirty)]) -> bool {
+    backend == stasis_track::Backend::Uffd
+        && collected.iter().any(|(a, _)| a.private_anon)
+        && collected.iter().all(|(_, d)| matches!(d, Dirty::All))
 }
 
 /// Runs syscalls in a frozen thread for the trackers.

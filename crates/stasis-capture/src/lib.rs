@@ -394,6 +394,7 @@ fn capture_with(
     let mut plans = Vec::new();
     let mut mems = Vec::new();
     let mut seen_shm = HashSet::new();
+    let mut deferred: Vec<Option<Deferred>> = Vec::new();
     let mut xfeatures = 0;
     let live: Vec<i32> = f
         .procs
@@ -405,6 +406,7 @@ fn capture_with(
     for fp in &mut f.procs {
         if let Some(status) = fp.zombie {
             images.push(process::zombie_image(fp.pid, status)?);
+            deferred.push(None);
             areas_of.push(Vec::new());
             selections.push(None);
             plans.push(None);
@@ -427,55 +429,98 @@ fn capture_with(
             .as_ref()
             .and_then(|b| stasis_image::chain::same_process(&b.parent, &image));
         let concurrent = opts.concurrent && opts.leave_running;
-        let reuse = parent_proc
-            .filter(|_| !concurrent)
-            .and_then(|pp| incremental::same_layout(pp, &maps));
-        let (growsdown, no_fork) = match reuse {
-            Some(g) => (g, Vec::new()),
-            None => {
-                let smaps = proc::read(fp.pid, "smaps")?;
-                let mut no_fork = proc::parse_smaps_flagged(&smaps, "dc");
-                no_fork.extend(proc::parse_smaps_flagged(&smaps, "wf"));
-                (proc::parse_smaps_growsdown(&smaps), no_fork)
-            }
-        };
-        let mut plan = memory::plan(fp.pid, &maps, &growsdown, &mut seen_shm)?;
-        tracing::debug!(pid = fp.pid, ms = ms(frozen_at), "pages with data found");
-        let areas = incremental::areas(&plan.vmas);
         let mut selection = None;
-        if let (Some(b), Some(t), Some(pp)) = (&base, tracker.as_mut(), parent_proc) {
-            let me = (image.pid, image.start_time);
-            if b.state.procs.contains(&me) {
-                let parent_data = stasis_image::chain::data_ranges(&b.parent, pp)?;
-                let data = stasis_image::chain::normalize(
-                    plan.ranges
+        let (plan, no_fork, areas) = if concurrent {
+            // The snapshot first: the pages are looked for in it after the
+            // release; only what a fork does not copy is planned now.
+            let snap = snapshot::take(fp)?;
+            let child_maps = proc::parse_maps(&proc::read(snap.pid, "maps")?).map_err(|w| {
+                CaptureError::ProcFormat {
+                    pid: snap.pid,
+                    file: "maps".into(),
+                    what: w,
+                }
+            })?;
+            let no_fork: Vec<u64> = maps
+                .iter()
+                .filter(|m| m.name != "[vsyscall]")
+                .filter(|m| {
+                    !child_maps
                         .iter()
-                        .map(|&(a, l)| (a, a + l as u64))
-                        .collect(),
-                );
-                let sel = incremental::select(&mut **t, image.pid, &areas, &data, &parent_data)?;
-                tracing::debug!(pid = fp.pid, ms = ms(frozen_at), "dirty pages found");
-                let lost = t.backend() == stasis_track::Backend::Uffd
-                    && sel.tracked == 0
-                    && areas.iter().any(|a| a.private_anon);
-                if lost {
-                    if note.is_none() {
-                        note = Some(format!(
-                            "tracking is no longer armed in process {}: no area of it is registered (it called exec, or the holder of its userfaultfd exited); its pages are all saved",
-                            image.pid
-                        ));
+                        .any(|c| c.start == m.start && c.end == m.end)
+                })
+                .map(|m| m.start)
+                .collect();
+            let mut plan = memory::plan_with(fp.pid, &maps, &[], &mut seen_shm, false)?;
+            let unforked: Vec<proc::MapsEntry> = maps
+                .iter()
+                .filter(|m| !m.shared && no_fork.contains(&m.start))
+                .cloned()
+                .collect();
+            plan.ranges
+                .extend(memory::plan(fp.pid, &unforked, &[], &mut HashSet::new())?.ranges);
+            plan.ranges.sort_unstable();
+            let areas = incremental::areas(&plan.vmas);
+            let mut collected = None;
+            if let (Some(b), Some(t), Some(pp)) = (&base, tracker.as_mut(), parent_proc) {
+                if b.state.procs.contains(&(image.pid, image.start_time)) {
+                    let c = incremental::collect(&mut **t, image.pid, &areas)?;
+                    if incremental::tracking_lost(t.backend(), &c) {
+                        note.get_or_insert_with(|| lost_note(image.pid));
+                    } else {
+                        let parent_data = stasis_image::chain::data_ranges(&b.parent, pp)?;
+                        collected = Some((c, parent_data));
                     }
-                } else {
-                    plan.ranges = sel
-                        .read
-                        .iter()
-                        .map(|&(a, e)| (a, usize::try_from(e - a).unwrap_or(0)))
-                        .collect();
-                    image.data_ranges = Some(data);
-                    selection = Some(sel);
                 }
             }
-        }
+            let shm_seen: HashSet<u64> = maps.iter().filter(|m| m.shared).map(|m| m.ino).collect();
+            deferred.push(Some(Deferred {
+                snapshot: Some(snap),
+                maps: maps.clone(),
+                collected,
+                shm_seen,
+            }));
+            (plan, no_fork, areas)
+        } else {
+            deferred.push(None);
+            // VmFlags (for "grows down") come from smaps, whose page walk
+            // costs milliseconds per GiB: an incremental dump reuses the
+            // parent's when the process has exactly the same areas.
+            let reuse = parent_proc.and_then(|pp| incremental::same_layout(pp, &maps));
+            let growsdown = match reuse {
+                Some(g) => g,
+                None => proc::parse_smaps_growsdown(&proc::read(fp.pid, "smaps")?),
+            };
+            let mut plan = memory::plan(fp.pid, &maps, &growsdown, &mut seen_shm)?;
+            tracing::debug!(pid = fp.pid, ms = ms(frozen_at), "pages with data found");
+            let areas = incremental::areas(&plan.vmas);
+            if let (Some(b), Some(t), Some(pp)) = (&base, tracker.as_mut(), parent_proc) {
+                if b.state.procs.contains(&(image.pid, image.start_time)) {
+                    let parent_data = stasis_image::chain::data_ranges(&b.parent, pp)?;
+                    let data = stasis_image::chain::normalize(
+                        plan.ranges
+                            .iter()
+                            .map(|&(a, l)| (a, a + l as u64))
+                            .collect(),
+                    );
+                    let collected = incremental::collect(&mut **t, image.pid, &areas)?;
+                    tracing::debug!(pid = fp.pid, ms = ms(frozen_at), "dirty pages found");
+                    if incremental::tracking_lost(t.backend(), &collected) {
+                        note.get_or_insert_with(|| lost_note(image.pid));
+                    } else {
+                        let sel = incremental::select_collected(&collected, &data, &parent_data);
+                        plan.ranges = sel
+                            .read
+                            .iter()
+                            .map(|&(a, e)| (a, usize::try_from(e - a).unwrap_or(0)))
+                            .collect();
+                        image.data_ranges = Some(data);
+                        selection = Some(sel);
+                    }
+                }
+            }
+            (plan, Vec::new(), areas)
+        };
         areas_of.push(areas);
         selections.push(selection);
         for v in plan
@@ -507,7 +552,9 @@ fn capture_with(
     // What to copy of each process (the copy itself runs later: before
     // the release, or after it from snapshots).
     let ck = store.begin_checkpoint()?;
-    let incremental = base.is_some() && selections.iter().any(Option::is_some);
+    let incremental = base.is_some()
+        && (selections.iter().any(Option::is_some)
+            || deferred.iter().flatten().any(|d| d.collected.is_some()));
     let mut copies = Vec::new();
     for (idx, ((image, plan), mem)) in images.iter_mut().zip(plans).zip(mems).enumerate() {
         let (Some((plan, no_fork)), Some(mem)) = (plan, mem) else {
@@ -522,15 +569,18 @@ fn capture_with(
             .filter(|v| v.shared || no_fork.contains(&v.start))
             .map(|v| (v.start, v.end))
             .collect();
+        let mut deferred = deferred[idx].take();
+        let snapshot = deferred.as_mut().and_then(|d| d.snapshot.take());
         copies.push(ProcCopy {
             idx,
             pid: image.pid,
             ranges: plan.ranges,
             mem,
-            snapshot: None,
+            snapshot,
             unforked,
             preread: Vec::new(),
             selection: selections[idx].take(),
+            deferred,
         });
     }
     for (image, table) in images.iter_mut().zip(std::mem::take(&mut collector.tables)) {
@@ -626,23 +676,12 @@ fn capture_with(
     }
     tracing::debug!(ms = ms(frozen_at), "tracking re-armed");
 
-    // Concurrent: a copy-on-write snapshot of each process, and what a
-    // fork does not copy read now.
-    if opts.concurrent && opts.leave_running {
-        for c in &mut copies {
-            if c.ranges.is_empty() {
-                continue;
-            }
-            let fp = f
-                .procs
-                .iter_mut()
-                .find(|p| p.pid == c.pid)
-                .ok_or_else(|| CaptureError::Track(format!("process {} vanished", c.pid)))?;
-            c.snapshot = Some(snapshot::take(fp)?);
-            c.preread_unforked()?;
-        }
-        tracing::debug!(ms = ms(frozen_at), "snapshots taken");
+    // Concurrent: what a fork does not copy is read now; the snapshots
+    // hold the rest.
+    for c in copies.iter_mut().filter(|c| c.snapshot.is_some()) {
+        c.preread_unforked()?;
     }
+    tracing::debug!(ms = ms(frozen_at), "ready to release");
     Ok(Pending {
         ck,
         manifest,
@@ -683,9 +722,85 @@ struct ProcCopy {
     /// Their pages, read while frozen (concurrent dumps).
     preread: Vec<(u64, Vec<u8>)>,
     selection: Option<incremental::Selection>,
+    /// Concurrent dumps: what is planned after the release.
+    deferred: Option<Deferred>,
 }
 
+/// The part of a concurrent dump's memory plan made after the release,
+/// from the snapshot: which pages hold data, `VmFlags`, and the dirty set.
+struct Deferred {
+    snapshot: Option<snapshot::Snapshot>,
+    maps: Vec<proc::MapsEntry>,
+    /// Incremental: what the tracker collected in the freeze, and the
+    /// parent's data ranges of this process.
+    collected: Option<Collected>,
+    /// Shared memory objects (read in the freeze, not from the snapshot).
+    shm_seen: HashSet<u64>,
+}
+
+/// What a tracker collected for each area, and the parent's data ranges.
+type Collected = (
+    Vec<(stasis_track::Area, stasis_track::Dirty)>,
+    stasis_image::chain::Ranges,
+);
+
 impl ProcCopy {
+    /// Concurrent dumps: plans the pages to copy from the snapshot, and
+    /// fixes the process's areas (with `VmFlags` from the snapshot's smaps)
+    /// and data ranges in the manifest.
+    fn plan_from_snapshot(&mut self, image: &mut stasis_image::ProcessImage) -> Result<()> {
+        let (Some(mut d), Some(snap)) = (self.deferred.take(), self.snapshot.as_ref()) else {
+            return Ok(());
+        };
+        let smaps = proc::read(snap.pid, "smaps")?;
+        if let Some(a) = proc::parse_smaps_flagged(&smaps, "wf").first() {
+            return Err(CaptureError::Unsupported {
+                pid: self.pid,
+                what: format!(
+                    "area {a:#x} is MADV_WIPEONFORK, which a copy-on-write snapshot does not keep: dump it without --concurrent"
+                ),
+            });
+        }
+        let growsdown = proc::parse_smaps_growsdown(&smaps);
+        let plan = memory::plan(snap.pid, &d.maps, &growsdown, &mut d.shm_seen)?;
+        // Shared memory and areas not mapped in the snapshot
+        // (MADV_DONTFORK) were read in the freeze.
+        let pre = stasis_image::chain::normalize(
+            self.preread
+                .iter()
+                .map(|(a, b)| (*a, *a + b.len() as u64))
+                .collect(),
+        );
+        let mut data: Vec<(u64, u64)> = plan
+            .ranges
+            .iter()
+            .map(|&(a, l)| (a, a + l as u64))
+            .collect();
+        data.extend(pre.iter().copied());
+        let data = stasis_image::chain::normalize(data);
+        let read = match &d.collected {
+            Some((collected, parent_data)) => {
+                let sel = incremental::select_collected(collected, &data, parent_data);
+                let read = sel.read.clone();
+                image.data_ranges = Some(data);
+                self.selection = Some(sel);
+                read
+            }
+            None => plan
+                .ranges
+                .iter()
+                .map(|&(a, l)| (a, a + l as u64))
+                .collect(),
+        };
+        // The pre-read pieces are written whole, from their buffers.
+        self.ranges = stasis_image::chain::subtract(&read, &pre)
+            .iter()
+            .map(|&(a, e)| (a, usize::try_from(e - a).unwrap_or(0)))
+            .collect();
+        image.vmas = plan.vmas;
+        Ok(())
+    }
+
     /// Reads the ranges that lie in areas a fork does not copy, now.
     fn preread_unforked(&mut self) -> Result<()> {
         let mut keep = Vec::new();
@@ -764,6 +879,12 @@ fn split_ranges(ranges: Vec<(u64, usize)>, max: usize) -> Vec<(u64, usize)> {
     out
 }
 
+fn lost_note(pid: i32) -> String {
+    format!(
+        "tracking is no longer armed in process {pid}: no area of it is registered (it called exec, or the holder of its userfaultfd exited); its pages are all saved"
+    )
+}
+
 /// Minor faults of the live processes of a tree (`/proc/PID/stat` field 10).
 fn minor_faults(pids: &[i32]) -> u64 {
     pids.iter()
@@ -806,6 +927,10 @@ impl Pending {
         cow_cap: u64,
     ) -> Result<()> {
         let mut tracker = tracker;
+        // Concurrent dumps plan from the snapshots first.
+        for c in &mut self.copies {
+            c.plan_from_snapshot(&mut self.manifest.processes[c.idx])?;
+        }
         let total: u64 = self
             .copies
             .iter()

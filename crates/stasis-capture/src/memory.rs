@@ -83,6 +83,18 @@ pub fn plan(
     growsdown: &[u64],
     seen_shm: &mut HashSet<u64>,
 ) -> Result<MemoryPlan> {
+    plan_with(pid, maps, growsdown, seen_shm, true)
+}
+
+/// [`plan`], optionally without looking for the data of private areas
+/// (`scan_private == false`: their ranges are left out).
+pub fn plan_with(
+    pid: i32,
+    maps: &[proc::MapsEntry],
+    growsdown: &[u64],
+    seen_shm: &mut HashSet<u64>,
+    scan_private: bool,
+) -> Result<MemoryPlan> {
     let mut vmas = Vec::new();
     let mut ranges: Vec<(u64, usize)> = Vec::new();
     let pagemap = Pagemap::open(pid)?;
@@ -103,6 +115,7 @@ pub fn plan(
                     Vec::new()
                 }
             }
+            _ if !scan_private => Vec::new(),
             _ => {
                 let regions = if have_scan {
                     match pagemap
