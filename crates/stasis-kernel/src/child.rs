@@ -79,6 +79,7 @@ pub fn spawn_stopped(set_tid: Option<i32>) -> Result<Tracee, SpawnError> {
         return Err(KernelError::Died {
             pid,
             how: describe_exit(status),
+            status,
         }
         .into());
     }
@@ -184,6 +185,7 @@ pub fn spawn_in_new_pidns(root: i32, options: u64) -> Result<(i32, Tracee), Spaw
             return Err(KernelError::Died {
                 pid: init,
                 how: format!("the PID namespace init {}", describe_exit(status)),
+                status,
             }
             .into());
         }

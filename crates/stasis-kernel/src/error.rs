@@ -27,7 +27,13 @@ pub enum KernelError {
         source: io::Error,
     },
     #[error("process {pid} died while stasis was working on it ({how})")]
-    Died { pid: i32, how: String },
+    Died {
+        pid: i32,
+        how: String,
+        /// The raw wait status (collected by stasis: for a child of stasis,
+        /// it is reaped).
+        status: i32,
+    },
     #[error("thread {pid} stopped unexpectedly ({what}) during {during}")]
     UnexpectedStop {
         pid: i32,

@@ -216,6 +216,7 @@ impl Tracee {
             return Err(KernelError::Died {
                 pid: self.pid,
                 how: describe_exit(status),
+                status,
             });
         }
         if !libc::WIFSTOPPED(status) {

@@ -104,16 +104,26 @@ enum Event {
 }
 
 /// Waits until `deadline` or until the job exits, whichever is first.
+/// `stasis run` is a child subreaper: processes the job leaves behind (its
+/// orphans, a snapshot whose process died mid-dump) are reaped here too.
 fn wait_until(pid: i32, deadline: Instant) -> Result<Event> {
     loop {
-        match waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::StillAlive) => {}
-            Ok(s @ (WaitStatus::Exited(..) | WaitStatus::Signaled(..))) => {
-                return Ok(Event::Exited(s))
+        loop {
+            let flags = WaitPidFlag::WNOHANG | WaitPidFlag::__WALL;
+            match waitpid(Pid::from_raw(-1), Some(flags)) {
+                Ok(WaitStatus::StillAlive) => break,
+                Ok(s @ (WaitStatus::Exited(p, _) | WaitStatus::Signaled(p, _, _)))
+                    if p.as_raw() == pid =>
+                {
+                    return Ok(Event::Exited(s));
+                }
+                Ok(_) => {} // an orphan reaped
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(nix::errno::Errno::ECHILD) => {
+                    bail!("job {pid} is no longer a child of stasis")
+                }
+                Err(e) => bail!("waiting for job {pid}: {e}"),
             }
-            Ok(_) => {}
-            Err(nix::errno::Errno::EINTR) => {}
-            Err(e) => bail!("waiting for job {pid}: {e}"),
         }
         let now = Instant::now();
         if now >= deadline {
@@ -121,6 +131,12 @@ fn wait_until(pid: i32, deadline: Instant) -> Result<Event> {
         }
         std::thread::sleep((deadline - now).min(Duration::from_millis(10)));
     }
+}
+
+/// A raw wait status as nix's `WaitStatus`.
+fn wait_status(pid: i32, status: i32) -> WaitStatus {
+    WaitStatus::from_raw(Pid::from_raw(pid), status)
+        .unwrap_or(WaitStatus::Exited(Pid::from_raw(pid), 1))
 }
 
 fn exit_code(s: &WaitStatus) -> (u8, bool) {
@@ -184,6 +200,8 @@ pub fn cmd_run(o: RunOptions) -> Result<ExitCode> {
     // A new job starts a new chain.
     let _ = stasis_track::state::clear(&o.dir);
     let log = o.log.clone().unwrap_or_else(|| o.dir.join("job.log"));
+    // Orphans of the job come to us (and are reaped by `wait_until`).
+    nix::sys::prctl::set_child_subreaper(true).context("becoming a child subreaper")?;
     let mut pid = start_job(&o.cmd, &log)?;
     // Ctrl-C, SIGTERM and SIGHUP go to the job (which then exits).
     ui::forward_signals_to(pid);
@@ -259,8 +277,19 @@ pub fn cmd_run(o: RunOptions) -> Result<ExitCode> {
                         say(line, v);
                     }
                     Err(e) => {
-                        // The job may have just exited: the next wait says so.
-                        if let Ok(Event::Exited(s)) = wait_until(pid, Instant::now()) {
+                        // The job may have just exited: the next wait says
+                        // so, unless the dump (as its tracer, and we are its
+                        // parent) already collected its exit status.
+                        let exited = match &e {
+                            stasis_capture::CaptureError::Kernel(
+                                stasis_kernel::KernelError::Died { pid: p, status, .. },
+                            ) if *p == pid => Some(wait_status(pid, *status)),
+                            _ => match wait_until(pid, Instant::now()) {
+                                Ok(Event::Exited(s)) => Some(s),
+                                _ => None,
+                            },
+                        };
+                        if let Some(s) = exited {
                             next = Instant::now();
                             if let Some(code) =
                                 handle_exit(&o, &store, &mut pid, &s, &mut restarts, &say)?
@@ -289,6 +318,18 @@ pub fn cmd_run(o: RunOptions) -> Result<ExitCode> {
 
 /// The job ended: returns the exit code to leave with, or `None` after a
 /// restart from the latest checkpoint (`pid` is then the restored job).
+/// Reaps whatever the job left to us (without waiting).
+fn reap_orphans() {
+    while let Ok(s) = waitpid(
+        Pid::from_raw(-1),
+        Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL),
+    ) {
+        if s == WaitStatus::StillAlive {
+            break;
+        }
+    }
+}
+
 fn handle_exit(
     o: &RunOptions,
     store: &stasis_image::ImageDir,
@@ -298,6 +339,7 @@ fn handle_exit(
     say: &dyn Fn(String, serde_json::Value),
 ) -> Result<Option<ExitCode>> {
     let (code, failed) = exit_code(s);
+    reap_orphans();
     let latest = store.latest().ok().flatten();
     if !(failed && o.restart_on_failure) {
         say(
