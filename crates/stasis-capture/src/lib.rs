@@ -853,11 +853,15 @@ pub struct ConcurrentStats {
     /// Minor faults the tree took during the copy (an upper bound on its
     /// copy-on-write faults).
     pub write_faults: u64,
-    /// Peak of the pages the snapshots held for the tree after it wrote
-    /// them (bounded by the faults and by what was not yet copied), bytes.
+    /// Peak of the memory the snapshots held for the tree because it wrote
+    /// the pages since the freeze, sampled after each 32 MiB piece: the
+    /// snapshots' private memory near the cap, below it an upper bound (the
+    /// tree's minor faults since the freeze), in bytes.
     pub cow_peak_bytes: u64,
     /// Times the tree was stopped because that exceeded the cap.
     pub paused: u32,
+    /// How long it was stopped for that, in microseconds.
+    pub paused_us: u64,
     /// Time the tree was stopped to reap the snapshots, in microseconds.
     pub reap_stop_us: u64,
 }
@@ -950,7 +954,7 @@ impl Pending {
             .collect();
         let faults0 = if concurrent { minor_faults(&live) } else { 0 };
         let mut stats = ConcurrentStats::default();
-        let mut paused: Option<freeze::Frozen> = None;
+        let mut paused: Option<(freeze::Frozen, Instant)> = None;
         let mut remaining = total / sys::PAGE_SIZE;
         let mut done = 0u64;
         let (mut pages, mut bytes) = (0, 0);
@@ -1031,13 +1035,28 @@ impl Pending {
                                     s.release_range(a, l as u64)?;
                                 }
                                 remaining = remaining.saturating_sub(size / sys::PAGE_SIZE);
-                                let faults = minor_faults(&live).saturating_sub(faults0);
-                                let held = faults.min(remaining) * sys::PAGE_SIZE;
-                                stats.cow_peak_bytes = stats.cow_peak_bytes.max(held);
-                                if cow_cap > 0 && held > cow_cap && paused.is_none() {
-                                    paused =
-                                        Some(freeze::freeze_tree_except(root, &snapshot_pids)?);
-                                    stats.paused += 1;
+                                if paused.is_none() {
+                                    // A cheap upper bound first (the tree's
+                                    // minor faults since the snapshot); the
+                                    // snapshots' page walk only near the cap.
+                                    let faults = minor_faults(&live).saturating_sub(faults0);
+                                    let bound = faults * sys::PAGE_SIZE;
+                                    let held: u64 = if cow_cap == 0 || bound <= cow_cap {
+                                        bound
+                                    } else {
+                                        snapshot_pids
+                                            .iter()
+                                            .map(|p| snapshot::private_bytes(*p))
+                                            .sum()
+                                    };
+                                    stats.cow_peak_bytes = stats.cow_peak_bytes.max(held);
+                                    if cow_cap > 0 && held > cow_cap && remaining > 0 {
+                                        paused = Some((
+                                            freeze::freeze_tree_except(root, &snapshot_pids)?,
+                                            Instant::now(),
+                                        ));
+                                        stats.paused += 1;
+                                    }
                                 }
                             }
                         }
@@ -1053,8 +1072,9 @@ impl Pending {
             stats.write_faults = minor_faults(&live).saturating_sub(faults0);
             stats.pages_after_release = pages;
         }
-        if let Some(mut p) = paused {
+        if let Some((mut p, since)) = paused {
             p.release()?;
+            stats.paused_us = micros(since);
         }
         result?;
         self.manifest.stats.pages_written = pages;

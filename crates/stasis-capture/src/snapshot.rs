@@ -48,6 +48,19 @@ pub struct Snapshot {
     live: bool,
 }
 
+/// Bytes of memory only the snapshot `pid` holds now: pages the process
+/// wrote since the freeze (`Private_Clean + Private_Dirty` of
+/// `/proc/PID/smaps_rollup`; its page walk covers only what is not yet
+/// saved, the rest being dropped as the copy goes).
+pub fn private_bytes(pid: i32) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with("Private_Clean:") || l.starts_with("Private_Dirty:"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum::<u64>()
+        * 1024
+}
+
 /// Forks a snapshot of the frozen process `fp`.
 pub fn take(fp: &mut FrozenProcess) -> Result<Snapshot> {
     let parent = fp.pid;
@@ -88,9 +101,10 @@ pub fn take(fp: &mut FrozenProcess) -> Result<Snapshot> {
 }
 
 impl Snapshot {
-    /// The snapshot's memory.
+    /// The snapshot's memory (read through `/proc/PID/mem`, which does not
+    /// unshare the pages it reads).
     pub fn memory(&self) -> Result<ProcessMemory> {
-        Ok(ProcessMemory::open(self.pid)?)
+        Ok(ProcessMemory::open_for_snapshot(self.pid)?)
     }
 
     /// Frees the pages of `[start, start + len)` in the snapshot (they are

@@ -14,6 +14,8 @@ use crate::{last_err, KernelError, Result};
 pub struct ProcessMemory {
     pid: i32,
     mem: File,
+    /// Read through `/proc/PID/mem` only (see [`ProcessMemory::open_for_snapshot`]).
+    file_only: bool,
 }
 
 impl ProcessMemory {
@@ -30,7 +32,22 @@ impl ProcessMemory {
                     KernelError::io(format!("open /proc/{pid}/mem"), e)
                 }
             })?;
-        Ok(Self { pid, mem })
+        Ok(Self {
+            pid,
+            mem,
+            file_only: false,
+        })
+    }
+
+    /// Opens the memory of a copy-on-write snapshot (a forked child that
+    /// shares its pages with its parent) for reading through
+    /// `/proc/PID/mem` only: `process_vm_readv` pins the pages it reads,
+    /// and pinning a shared anonymous page makes the kernel give the reader
+    /// its own copy first, which would double the memory and the time.
+    pub fn open_for_snapshot(pid: i32) -> Result<Self> {
+        let mut m = Self::open(pid)?;
+        m.file_only = true;
+        Ok(m)
     }
 
     /// The process id.
@@ -41,6 +58,9 @@ impl ProcessMemory {
     /// Reads `buf.len()` bytes at `addr` with `process_vm_readv`, falling
     /// back to `/proc/PID/mem` for pages the process cannot read itself.
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
+        if self.file_only {
+            return self.read_forced(addr, buf);
+        }
         let mut done = 0usize;
         while done < buf.len() {
             let rest = &mut buf[done..];
@@ -123,6 +143,13 @@ pub fn read_ranges(mem: &ProcessMemory, ranges: &[(u64, usize)], buf: &mut [u8])
     let total: usize = ranges.iter().map(|r| r.1).sum();
     assert!(buf.len() >= total, "read_ranges: buffer too small");
     let mut off = 0usize;
+    if mem.file_only {
+        for &(a, l) in ranges {
+            mem.read_forced(a, &mut buf[off..off + l])?;
+            off += l;
+        }
+        return Ok(());
+    }
     for batch in ranges.chunks(1024) {
         let bytes: usize = batch.iter().map(|r| r.1).sum();
         let local = libc::iovec {

@@ -106,6 +106,8 @@ workload_tests! {
     tree: "tree";
     pipes: "pipes";
     anonfds: "anonfds";
+    sockets: "sockets";
+    notify_locks_timers: "notify_locks_timers";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so
