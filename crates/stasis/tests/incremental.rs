@@ -456,6 +456,19 @@ fn gc_killed_at_any_point_keeps_every_kept_checkpoint_restorable() {
     }
 }
 
+/// Kills a process when a test ends (also when it fails midway).
+struct KillOnDrop(i32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if alive(self.0) {
+            // SAFETY: killing the process this test started.
+            unsafe { libc::kill(self.0, libc::SIGKILL) };
+            reap_if_ours(self.0);
+        }
+    }
+}
+
 /// `exec` between two checkpoints: the new program's areas are not tracked
 /// (a new address space), so the dump saves it whole and says why; the
 /// dump after that is incremental again, and the chain restores.
@@ -483,6 +496,7 @@ fn exec_between_checkpoints_saves_the_new_program_whole() {
     close_inherited_fds(&mut c);
     let mut child = c.spawn().unwrap();
     let pid = child.id() as i32;
+    let _cleanup = KillOnDrop(pid);
     std::thread::sleep(Duration::from_millis(100));
     let dump = |extra: &[&str]| {
         let o = stasis()
