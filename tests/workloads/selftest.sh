@@ -28,7 +28,7 @@ out=${1:-$here/build}
 case $out in /*) ;; *) out=$PWD/$out ;; esac
 run_seconds=${RUN_SECONDS:-1.5}
 
-WORKLOADS="heap stack_globals mappings fpu signals files counter restart_syscalls threads tree pipes shm anonfds chain_writer dirty_set"
+WORKLOADS="heap stack_globals mappings fpu signals files counter restart_syscalls threads tree pipes shm anonfds chain_writer dirty_set sockets notify_locks_timers"
 
 if ! make -s -C "$here" OUT="$out" all selftest; then
 	echo "selftest: build failed" >&2
@@ -105,17 +105,17 @@ run_one() {
 	if [ -z "$why" ]; then
 		case $mode in
 		corrupt)
-			printf '  ok   %-17s %-8s %s\n' "$name" "$mode" \
+			printf '  ok   %-19s %-8s %s\n' "$name" "$mode" \
 				"$(grep -o '[0-9]* corruptions injected' "$wd/out"), all detected"
 			;;
 		*)
-			printf '  ok   %-17s %-8s %s\n' "$name" "$mode" "$last"
+			printf '  ok   %-19s %-8s %s\n' "$name" "$mode" "$last"
 			;;
 		esac
 		rm -rf "$wd"
 		return 0
 	fi
-	printf '  FAIL %-17s %-8s %s (output kept in %s)\n' "$name" "$mode" "$why" "$wd"
+	printf '  FAIL %-19s %-8s %s (output kept in %s)\n' "$name" "$mode" "$why" "$wd"
 	sed 's/^/         | /' "$wd/out" | tail -n 20
 	[ -s "$wd/err" ] && sed 's/^/         ! /' "$wd/err" | tail -n 5
 	return 1
