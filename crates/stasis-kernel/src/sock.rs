@@ -221,6 +221,10 @@ pub type Creds = (i32, u32, u32);
 pub fn peek_queue(fd: BorrowedFd<'_>, limit: usize) -> Result<Vec<(Vec<u8>, Option<Creds>)>> {
     let saved = get_int(fd, libc::SOL_SOCKET, SO_PEEK_OFF).unwrap_or(-1);
     set_int(fd, libc::SOL_SOCKET, SO_PEEK_OFF, 0)?;
+    // On a stream, 0 bytes means the peer is gone; on a datagram or
+    // seqpacket socket it is an empty message, which is data too.
+    let stream = get_int(fd, libc::SOL_SOCKET, libc::SO_TYPE)? == libc::SOCK_STREAM;
+    let mut empty_in_a_row = 0usize;
     let mut out = Vec::new();
     let mut total = 0usize;
     let mut buf = vec![0u8; 256 * 1024];
@@ -298,7 +302,20 @@ pub fn peek_queue(fd: BorrowedFd<'_>, limit: usize) -> Result<Vec<(Vec<u8>, Opti
         }
         let n = usize::try_from(n).unwrap_or(0);
         if n == 0 {
-            break Ok(());
+            if stream {
+                break Ok(());
+            }
+            // The kernel steps over an empty message it has peeked; guard
+            // against one that would not.
+            empty_in_a_row += 1;
+            if empty_in_a_row > 4096 {
+                break Err(KernelError::Unsupported {
+                    feature: "queues of more than 4096 empty datagrams",
+                    why: "the peek offset does not advance past them".into(),
+                });
+            }
+        } else {
+            empty_in_a_row = 0;
         }
         total += n;
         out.push((buf[..n].to_vec(), creds));
@@ -356,6 +373,21 @@ pub fn send_with_creds(fd: BorrowedFd<'_>, data: &[u8], creds: (i32, u32, u32)) 
 }
 
 /// Sends all of `data` (blocking socket or not: retries until done).
+/// Sends one empty message (a datagram or seqpacket record of 0 bytes).
+pub fn send_empty(fd: BorrowedFd<'_>) -> Result<()> {
+    loop {
+        // SAFETY: a zero-length send reads no memory.
+        let n = unsafe { libc::send(fd.as_raw_fd(), std::ptr::null(), 0, libc::MSG_NOSIGNAL) };
+        if n >= 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(KernelError::io("sending an empty queued message", e));
+        }
+    }
+}
+
 pub fn send_all(fd: BorrowedFd<'_>, data: &[u8]) -> Result<()> {
     let mut off = 0;
     while off < data.len() {

@@ -725,6 +725,7 @@ fn refill(from: &OwnedFd, img: &UnixSocket) -> Result<(), RestoreError> {
     for (i, m) in img.queue.iter().enumerate() {
         match img.queue_creds.get(i).copied().flatten() {
             Some(c) => sock::send_with_creds(from.as_fd(), m, c)?,
+            None if m.is_empty() => sock::send_empty(from.as_fd())?,
             None => sock::send_all(from.as_fd(), m)?,
         }
     }
