@@ -117,9 +117,14 @@ pub fn plan_with(
             }
             _ if !scan_private => Vec::new(),
             _ => {
+                let query = if matches!(kind, VmaKind::Anon) {
+                    ScanQuery::anon_data()
+                } else {
+                    ScanQuery::private_data()
+                };
                 let regions = if have_scan {
                     match pagemap
-                        .scan(m.start, m.end, ScanQuery::private_data())
+                        .scan(m.start, m.end, query)
                         .and_then(|r| pagemap.drop_markers(r))
                     {
                         Ok(r) => r,
