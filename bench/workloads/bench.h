@@ -10,10 +10,11 @@
 #include <stdio.h>
 #include <unistd.h>
 
-/* Set by on_term(); the workloads sleep until it is. */
+/* Set by on_term(); the workloads sleep until it is.  (Unused in the
+ * workloads that wait for their signals with sigwaitinfo().) */
 static volatile sig_atomic_t stop;
 
-static void on_term(int sig)
+__attribute__((unused)) static void on_term(int sig)
 {
 	(void)sig;
 	stop = 1;
