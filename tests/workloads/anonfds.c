@@ -55,35 +55,6 @@ static int efd1, efd2, tfd, sfd, ep, ep2, pp[2];
 /* ------------------------------------------------------------------ */
 /* helpers                                                             */
 
-static int read_text(const char *path, char *buf, size_t size)
-{
-	size_t len = 0;
-	ssize_t r;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-
-	if (fd < 0)
-		return -1;
-	while (len + 1 < size) {
-		r = read(fd, buf + len, size - 1 - len);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			break;
-		len += r;
-	}
-	close(fd);
-	buf[len] = 0;
-	return (int)len;
-}
-
-static int fdinfo(int fd, char *buf, size_t size)
-{
-	char path[64];
-
-	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
-	return read_text(path, buf, size);
-}
-
 /* Value after "key" (e.g. "eventfd-count:") in fdinfo of fd, parsed in
  * base; 0 on success. */
 static int fdinfo_num(int fd, const char *key, int base,
@@ -91,7 +62,7 @@ static int fdinfo_num(int fd, const char *key, int base,
 {
 	char buf[4096], *p;
 
-	if (fdinfo(fd, buf, sizeof(buf)) <= 0)
+	if (zdtm_fdinfo(fd, buf, sizeof(buf)) <= 0)
 		return -1;
 	p = strstr(buf, key);
 	if (!p)
@@ -204,7 +175,7 @@ static void check_epoll_fdinfo(int e, const int *want_fd,
 	char buf[4096], *p;
 	int seen[8] = { 0 }, n = 0, j;
 
-	if (!zdtm_check(fdinfo(e, buf, sizeof(buf)) > 0, "epoll",
+	if (!zdtm_check(zdtm_fdinfo(e, buf, sizeof(buf)) > 0, "epoll",
 			"fdinfo of epoll fd %d unreadable", e))
 		return;
 	for (p = strstr(buf, "tfd:"); p; p = strstr(p + 1, "tfd:")) {

@@ -145,35 +145,6 @@ static void on_alarm(int sig)
 	alarms++;
 }
 
-static int read_text(const char *path, char *buf, size_t size)
-{
-	size_t len = 0;
-	ssize_t r;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-
-	if (fd < 0)
-		return -1;
-	while (len + 1 < size) {
-		r = read(fd, buf + len, size - 1 - len);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			break;
-		len += r;
-	}
-	close(fd);
-	buf[len] = 0;
-	return (int)len;
-}
-
-static int fdinfo(int fd, char *buf, size_t size)
-{
-	char path[64];
-
-	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
-	return read_text(path, buf, size);
-}
-
 static void make_file(const char *name)
 {
 	static uint8_t buf[FILE_LEN];
@@ -256,7 +227,7 @@ static int read_timers(struct ptimer_info *t, int max)
 	char *p, *line;
 	int n = -1;
 
-	if (read_text("/proc/self/timers", buf, sizeof(buf)) < 0)
+	if (zdtm_read_text("/proc/self/timers", buf, sizeof(buf)) < 0)
 		return -1;
 	for (line = strtok_r(buf, "\n", &p); line;
 	     line = strtok_r(NULL, "\n", &p)) {
@@ -332,7 +303,7 @@ static int fd_locks(int fd, struct lock_line *l, int max)
 	char buf[4096], *p;
 	int n = 0;
 
-	if (fdinfo(fd, buf, sizeof(buf)) <= 0)
+	if (zdtm_fdinfo(fd, buf, sizeof(buf)) <= 0)
 		return -1;
 	for (p = strstr(buf, "lock:"); p; p = strstr(p + 1, "lock:")) {
 		long long id;
@@ -633,7 +604,7 @@ static void check_inotify(void)
 		   "expected O_NONBLOCK and FD_CLOEXEC", ifd, fl, n);
 	if (stat(F_WA, &sa_) || stat(F_D, &sd))
 		zdtm_die("stat watched files");
-	if (zdtm_check(fdinfo(ifd, buf, sizeof(buf)) > 0, "inotify-watches",
+	if (zdtm_check(zdtm_fdinfo(ifd, buf, sizeof(buf)) > 0, "inotify-watches",
 		       "fdinfo of inotify fd %d unreadable", ifd)) {
 		for (p = strstr(buf, "inotify wd:"); p;
 		     p = strstr(p + 1, "inotify wd:")) {

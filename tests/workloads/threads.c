@@ -192,35 +192,13 @@ static void tick(int i)
 /* ------------------------------------------------------------------ */
 /* /proc helpers (no stdio, no malloc)                                 */
 
-static int read_text(const char *path, char *buf, size_t size)
-{
-	size_t len = 0;
-	ssize_t r;
-	int fd;
-
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return -1;
-	while (len + 1 < size) {
-		r = read(fd, buf + len, size - 1 - len);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			break;
-		len += r;
-	}
-	close(fd);
-	buf[len] = 0;
-	return (int)len;
-}
-
 /* Hex field of /proc/self/task/TID/status ("SigPnd" etc.); 0 on success. */
 static int status_hex(pid_t tid, const char *field, uint64_t *out)
 {
 	char path[64], buf[8192], key[32], *p;
 
 	snprintf(path, sizeof(path), "/proc/self/task/%d/status", (int)tid);
-	if (read_text(path, buf, sizeof(buf)) <= 0)
+	if (zdtm_read_text(path, buf, sizeof(buf)) <= 0)
 		return -1;
 	snprintf(key, sizeof(key), "\n%s:", field);
 	p = strstr(buf, key);
@@ -236,7 +214,7 @@ static char task_state(pid_t tid)
 	char path[64], buf[1024], *p;
 
 	snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
-	if (read_text(path, buf, sizeof(buf)) <= 0)
+	if (zdtm_read_text(path, buf, sizeof(buf)) <= 0)
 		return 0;
 	p = strrchr(buf, ')');
 	return (p && p[1] == ' ') ? p[2] : 0;
@@ -659,7 +637,7 @@ static void check_worker(int i, uint8_t *arr)
 	       "%s: pthread_getname_np -> %d '%s', expected '%s'", who, r,
 	       r ? "" : buf, name);
 	snprintf(path, sizeof(path), "/proc/self/task/%d/comm", (int)gettid());
-	r = read_text(path, buf, sizeof(buf));
+	r = zdtm_read_text(path, buf, sizeof(buf));
 	if (r > 0 && buf[r - 1] == '\n')
 		buf[r - 1] = 0;
 	TCHECK(r > 0 && strcmp(buf, name) == 0, "name",

@@ -274,6 +274,41 @@ static inline size_t zdtm_verify_pattern(const char *tag, const char *what,
 }
 
 /* ------------------------------------------------------------------ */
+/* /proc                                                               */
+
+/* Reads a (small) text file into buf, NUL-terminated; returns its length
+ * or -1.  At most size - 1 bytes are read. */
+static inline int zdtm_read_text(const char *path, char *buf, size_t size)
+{
+	size_t len = 0;
+	ssize_t r;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return -1;
+	while (len + 1 < size) {
+		r = read(fd, buf + len, size - 1 - len);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		len += r;
+	}
+	close(fd);
+	buf[len] = 0;
+	return (int)len;
+}
+
+/* /proc/self/fdinfo/FD into buf (see zdtm_read_text). */
+static inline int zdtm_fdinfo(int fd, char *buf, size_t size)
+{
+	char path[64];
+
+	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
+	return zdtm_read_text(path, buf, size);
+}
+
+/* ------------------------------------------------------------------ */
 /* time                                                                */
 
 static inline int64_t zdtm_now_ns(void)

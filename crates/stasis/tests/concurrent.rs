@@ -7,24 +7,6 @@ use common::*;
 
 use std::time::{Duration, Instant};
 
-fn json(o: &std::process::Output) -> serde_json::Value {
-    let text = String::from_utf8_lossy(&o.stdout);
-    serde_json::from_str(text.lines().last().unwrap_or(""))
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
-}
-
-fn kill_and_reap(w: &mut Workload) {
-    let tree = descendants(w.pid);
-    for pid in std::iter::once(w.pid).chain(tree.iter().copied()) {
-        // SAFETY: killing our own workload's processes.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-    }
-    let _ = w.reap();
-    for pid in tree {
-        reap_if_ours(pid);
-    }
-}
-
 /// Live processes (not zombies) among `pids`.
 fn running(pids: &[i32]) -> Vec<i32> {
     pids.iter()

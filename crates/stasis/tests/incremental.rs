@@ -9,12 +9,6 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-fn json(o: &std::process::Output) -> serde_json::Value {
-    let text = String::from_utf8_lossy(&o.stdout);
-    let line = text.lines().last().unwrap_or("");
-    serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
-}
-
 /// `dump --json` with `extra`; returns the report.
 fn dump_json(w: &Workload, extra: &[&str]) -> serde_json::Value {
     let mut args = vec!["--json"];
@@ -22,18 +16,6 @@ fn dump_json(w: &Workload, extra: &[&str]) -> serde_json::Value {
     let o = w.dump(&args);
     assert_ok(&o, "dump");
     json(&o)
-}
-
-fn kill_and_reap(w: &mut Workload) {
-    let tree = descendants(w.pid);
-    for pid in std::iter::once(w.pid).chain(tree.iter().copied()) {
-        // SAFETY: killing our own workload's processes.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-    }
-    let _ = w.reap();
-    for pid in tree {
-        reap_if_ours(pid);
-    }
 }
 
 /// A chain of 10 checkpoints of the self-verifying writer (memory a pure

@@ -196,6 +196,26 @@ impl Drop for Workload {
     }
 }
 
+/// The JSON object on the last line of a command's stdout.
+pub fn json(o: &Output) -> serde_json::Value {
+    let text = String::from_utf8_lossy(&o.stdout);
+    serde_json::from_str(text.lines().last().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+/// SIGKILLs the workload and its descendants, and reaps them.
+pub fn kill_and_reap(w: &mut Workload) {
+    let tree = descendants(w.pid);
+    for pid in std::iter::once(w.pid).chain(tree.iter().copied()) {
+        // SAFETY: killing our own workload's processes.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let _ = w.reap();
+    for pid in tree {
+        reap_if_ours(pid);
+    }
+}
+
 pub fn assert_ok(o: &Output, what: &str) {
     assert!(
         o.status.success(),
