@@ -36,15 +36,8 @@
  * No connection is pending on any listener.  The loop waits in poll(100 ms)
  * on the listeners and the UDP socket, which must never become readable.
  *
- * Why the path listener is not in the cwd: the --leave-running harness
- * (crates/stasis/tests/workloads.rs, copy_tree) copies the cwd with
- * std::fs::copy, which cannot copy a socket file.  The directory of PIDFILE
- * is the per-run directory in both harnesses (and the cwd in selftest.sh).
- * The name is absolute.  A relative name (e.g. bind("sockets.sock") in the
- * cwd) is left out, a Stasis limitation: the restorer re-binds it relative
- * to its own cwd, so the restored listener is not at the path and connect
- * fails ("mismatch[unix-path]: path listener: connect: Connection
- * refused"; the stale socket file stays in the process's cwd).
+ * The path listener is bound to a name relative to the cwd ("sockets.sock"):
+ * after the restore it must be there again, under that same relative name.
  *
  * After SIGTERM (each step checks byte for byte; tags in brackets):
  *   [idle]     no listener has a pending connection, UDP has no datagram;
@@ -565,8 +558,7 @@ static void check_unix_listener(const char *tag, const char *what, int l,
 static void setup_unix(void)
 {
 	static uint8_t buf[ST_BA];
-	const char *slash;
-	size_t off, i, dirlen;
+	size_t off, i;
 	static const size_t ab_chunks[] = { 1, 4095, 100, 8000, 3000, 5000,
 					    4380 };
 	static const size_t ba_chunks[] = { 20000, 7, 8185, 4000, 8768 };
@@ -627,20 +619,11 @@ static void setup_unix(void)
 			zdtm_die("send record back %zu", i);
 	}
 
-	/* listener on a path next to the pidfile */
+	/* listener on a path relative to the cwd */
 	memset(&path_addr, 0, sizeof(path_addr));
 	path_addr.sun_family = AF_UNIX;
-	slash = strrchr(zdtm_pidfile, '/');
-	dirlen = slash ? (size_t)(slash - zdtm_pidfile) + 1 : 0;
-	if (dirlen + sizeof(SOCK_NAME) > sizeof(path_addr.sun_path)) {
-		errno = ENAMETOOLONG;
-		zdtm_die("socket path %.*s%s too long", (int)dirlen,
-			 zdtm_pidfile, SOCK_NAME);
-	}
-	memcpy(path_addr.sun_path, zdtm_pidfile, dirlen);
-	memcpy(path_addr.sun_path + dirlen, SOCK_NAME, sizeof(SOCK_NAME));
-	path_len = offsetof(struct sockaddr_un, sun_path) + dirlen +
-		   sizeof(SOCK_NAME);
+	memcpy(path_addr.sun_path, SOCK_NAME, sizeof(SOCK_NAME));
+	path_len = offsetof(struct sockaddr_un, sun_path) + sizeof(SOCK_NAME);
 	unlink(path_addr.sun_path);
 	lpath = socket(AF_UNIX, SOCK_STREAM, 0);
 	if (lpath < 0)

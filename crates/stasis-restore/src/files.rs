@@ -72,6 +72,10 @@ pub struct FdFactory<'a> {
     pending_tcp: Vec<PendingTcp>,
     /// Shared epoll descriptions already given their registrations.
     epolls_filled: std::collections::HashSet<u32>,
+    /// Working directory of the process whose fds are being made: unix
+    /// socket names relative to it are bound and connected there, not in
+    /// the restorer's own directory.
+    cwd: String,
 }
 
 impl<'a> FdFactory<'a> {
@@ -100,7 +104,13 @@ impl<'a> FdFactory<'a> {
             ghost_keepers: HashMap::new(),
             pending_tcp: Vec::new(),
             epolls_filled: std::collections::HashSet::new(),
+            cwd: String::new(),
         }
+    }
+
+    /// Sets the working directory of the process whose fds come next.
+    pub fn set_cwd(&mut self, cwd: &str) {
+        self.cwd = cwd.to_string();
     }
 
     /// True the first time it is asked about an epoll description (always
@@ -260,7 +270,7 @@ impl<'a> FdFactory<'a> {
             UnixState::Listening { backlog } => {
                 let s = sock::socket(libc::AF_UNIX, u.sock_type, 0)?;
                 set_options(&s, &u.options);
-                bind_unix(&s, u.name.as_deref().unwrap_or_default()).map_err(|e| {
+                bind_unix(&s, u.name.as_deref().unwrap_or_default(), &self.cwd).map_err(|e| {
                     RestoreError::Socket {
                         what: what("binding"),
                         source: e,
@@ -284,7 +294,7 @@ impl<'a> FdFactory<'a> {
                 set_options(&b, &peer_img.options);
                 for (s, img) in [(&a, u), (&b, peer_img)] {
                     if let Some(n) = img.name.as_deref().filter(|n| !n.is_empty()) {
-                        if let Err(e) = bind_unix(s, n) {
+                        if let Err(e) = bind_unix(s, n, &self.cwd) {
                             tracing::warn!(fd, "could not give a unix socket back its name: {e}");
                         }
                     }
@@ -302,12 +312,12 @@ impl<'a> FdFactory<'a> {
                 let s = sock::socket(libc::AF_UNIX, u.sock_type, 0)?;
                 set_options(&s, &u.options);
                 if let Some(own) = u.name.as_deref().filter(|n| !n.is_empty()) {
-                    bind_unix(&s, own).map_err(|e| RestoreError::Socket {
+                    bind_unix(&s, own, &self.cwd).map_err(|e| RestoreError::Socket {
                         what: what("binding"),
                         source: e,
                     })?;
                 }
-                connect_unix(&s, n).map_err(|e| RestoreError::Socket {
+                connect_unix(&s, n, &self.cwd).map_err(|e| RestoreError::Socket {
                     what: what("reconnecting to its peer by name"),
                     source: e,
                 })?;
@@ -332,13 +342,13 @@ impl<'a> FdFactory<'a> {
                 let s = sock::socket(libc::AF_UNIX, u.sock_type, 0)?;
                 set_options(&s, &u.options);
                 if let Some(n) = u.name.as_deref().filter(|n| !n.is_empty()) {
-                    bind_unix(&s, n).map_err(|e| RestoreError::Socket {
+                    bind_unix(&s, n, &self.cwd).map_err(|e| RestoreError::Socket {
                         what: what("binding"),
                         source: e,
                     })?;
                     if !u.queue.is_empty() {
                         let tmp = sock::socket(libc::AF_UNIX, u.sock_type, 0)?;
-                        connect_unix(&tmp, n).map_err(|e| RestoreError::Socket {
+                        connect_unix(&tmp, n, &self.cwd).map_err(|e| RestoreError::Socket {
                             what: what("refilling"),
                             source: e,
                         })?;
@@ -739,25 +749,54 @@ fn sockaddr_un(name: &[u8]) -> Vec<u8> {
     a
 }
 
-/// Binds a unix socket; a stale socket file left at the path by the dumped
-/// process is removed first.
-fn bind_unix(s: &OwnedFd, name: &[u8]) -> std::io::Result<()> {
-    if let Some(&first) = name.first() {
-        if first != 0 {
-            use std::os::unix::ffi::OsStrExt;
-            let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
-            let path = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(&name[..end]));
-            use std::os::unix::fs::FileTypeExt;
-            if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket()) {
-                std::fs::remove_file(&path)?;
-            }
-        }
+/// Runs `f` with `name` resolvable: a relative path name is used from
+/// `cwd` (the process's working directory), in a thread with its own
+/// working directory (`unshare(CLONE_FS)`), so the socket keeps the very
+/// name the process gave it.
+fn at_cwd<T>(
+    name: &[u8],
+    cwd: &str,
+    f: impl FnOnce() -> std::io::Result<T> + Send,
+) -> std::io::Result<T>
+where
+    T: Send,
+{
+    let relative = matches!(name.first(), Some(&c) if c != 0 && c != b'/');
+    if !relative || cwd.is_empty() {
+        return f();
     }
-    sock::bind(s.as_fd(), &sockaddr_un(name))
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS)?;
+            nix::unistd::chdir(cwd)?;
+            f()
+        })
+        .join()
+        .unwrap_or_else(|_| Err(std::io::Error::other("socket thread panicked")))
+    })
 }
 
-fn connect_unix(s: &OwnedFd, name: &[u8]) -> std::io::Result<()> {
-    sock::connect(s.as_fd(), &sockaddr_un(name))
+/// Binds a unix socket; a stale socket file left at the path by the dumped
+/// process is removed first.
+fn bind_unix(s: &OwnedFd, name: &[u8], cwd: &str) -> std::io::Result<()> {
+    at_cwd(name, cwd, || {
+        if let Some(&first) = name.first() {
+            if first != 0 {
+                use std::os::unix::ffi::OsStrExt;
+                let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+                let path = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(&name[..end]));
+                use std::os::unix::fs::FileTypeExt;
+                if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket()) {
+                    std::fs::remove_file(&path)?;
+                }
+            }
+        }
+        sock::bind(s.as_fd(), &sockaddr_un(name))
+    })
+}
+
+fn connect_unix(s: &OwnedFd, name: &[u8], cwd: &str) -> std::io::Result<()> {
+    at_cwd(name, cwd, || sock::connect(s.as_fd(), &sockaddr_un(name)))
 }
 
 /// Applies saved socket options (best effort: a value the kernel clamps or

@@ -876,6 +876,7 @@ fn build_process(
     .map_err(step("personality"))?;
 
     // File descriptors, then what refers to them by number (epoll).
+    factory.set_cwd(&p.cwd);
     for fd in &p.fds {
         let desc = factory.get(fd)?;
         files::plant(s, transport, h, desc.as_fd(), fd.fd, fd.cloexec)?;

@@ -72,6 +72,10 @@ fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
         let e = e.unwrap();
         let t = to.join(e.file_name());
         let ft = e.file_type().unwrap();
+        if std::os::unix::fs::FileTypeExt::is_socket(&ft) {
+            // A socket file is not content: the restore binds it anew.
+            continue;
+        }
         if ft.is_dir() {
             copy_tree(&e.path(), &t);
         } else if std::os::unix::fs::FileTypeExt::is_fifo(&ft) {
