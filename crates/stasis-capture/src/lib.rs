@@ -497,23 +497,14 @@ fn capture_with(
             if let (Some(b), Some(t), Some(pp)) = (&base, tracker.as_mut(), parent_proc) {
                 if b.state.procs.contains(&(image.pid, image.start_time)) {
                     let parent_data = stasis_image::chain::data_ranges(&b.parent, pp)?;
-                    let data = stasis_image::chain::normalize(
-                        plan.ranges
-                            .iter()
-                            .map(|&(a, l)| (a, a + l as u64))
-                            .collect(),
-                    );
+                    let data = memory::spans(&plan.ranges);
                     let collected = incremental::collect(&mut **t, image.pid, &areas)?;
                     tracing::debug!(pid = fp.pid, ms = ms(frozen_at), "dirty pages found");
                     if incremental::tracking_lost(t.backend(), &collected) {
                         note.get_or_insert_with(|| lost_note(image.pid));
                     } else {
                         let sel = incremental::select_collected(&collected, &data, &parent_data);
-                        plan.ranges = sel
-                            .read
-                            .iter()
-                            .map(|&(a, e)| (a, usize::try_from(e - a).unwrap_or(0)))
-                            .collect();
+                        plan.ranges = memory::lengths(&sel.read);
                         image.data_ranges = Some(data);
                         selection = Some(sel);
                     }
@@ -771,11 +762,7 @@ impl ProcCopy {
                 .map(|(a, b)| (*a, *a + b.len() as u64))
                 .collect(),
         );
-        let mut data: Vec<(u64, u64)> = plan
-            .ranges
-            .iter()
-            .map(|&(a, l)| (a, a + l as u64))
-            .collect();
+        let mut data = memory::spans(&plan.ranges);
         data.extend(pre.iter().copied());
         let data = stasis_image::chain::normalize(data);
         let read = match &d.collected {
@@ -786,61 +773,25 @@ impl ProcCopy {
                 self.selection = Some(sel);
                 read
             }
-            None => plan
-                .ranges
-                .iter()
-                .map(|&(a, l)| (a, a + l as u64))
-                .collect(),
+            None => memory::spans(&plan.ranges),
         };
         // The pre-read pieces are written whole, from their buffers.
-        self.ranges = stasis_image::chain::subtract(&read, &pre)
-            .iter()
-            .map(|&(a, e)| (a, usize::try_from(e - a).unwrap_or(0)))
-            .collect();
+        self.ranges = memory::lengths(&stasis_image::chain::subtract(&read, &pre));
         image.vmas = plan.vmas;
         Ok(())
     }
 
     /// Reads the ranges that lie in areas a fork does not copy, now.
     fn preread_unforked(&mut self) -> Result<()> {
-        let mut keep = Vec::new();
-        for &(a, l) in &self.ranges {
-            let end = a + l as u64;
-            let inside = self.unforked.iter().any(|&(s, e)| a < e && end > s);
-            if !inside {
-                keep.push((a, l));
-                continue;
-            }
-            // Whole areas are saved by a full plan; split at area bounds.
-            let mut cur = a;
-            while cur < end {
-                let (stop, unforked) =
-                    match self.unforked.iter().find(|&&(s, e)| cur >= s && cur < e) {
-                        Some(&(_, e)) => (e.min(end), true),
-                        None => {
-                            let next = self
-                                .unforked
-                                .iter()
-                                .filter(|&&(s, _)| s > cur)
-                                .map(|&(s, _)| s)
-                                .min()
-                                .unwrap_or(end)
-                                .min(end);
-                            (next, false)
-                        }
-                    };
-                let len = usize::try_from(stop - cur).unwrap_or(0);
-                if unforked {
-                    let mut buf = vec![0u8; len];
-                    stasis_kernel::mem::read_ranges(&self.mem, &[(cur, len)], &mut buf)?;
-                    self.preread.push((cur, buf));
-                } else {
-                    keep.push((cur, len));
-                }
-                cur = stop;
-            }
+        use stasis_image::chain;
+        let ranges = memory::spans(&self.ranges);
+        let unforked = chain::normalize(self.unforked.clone());
+        for (a, e) in chain::intersect(&ranges, &unforked) {
+            let mut buf = vec![0u8; usize::try_from(e - a).unwrap_or(0)];
+            stasis_kernel::mem::read_ranges(&self.mem, &[(a, buf.len())], &mut buf)?;
+            self.preread.push((a, buf));
         }
-        self.ranges = keep;
+        self.ranges = memory::lengths(&chain::subtract(&ranges, &unforked));
         Ok(())
     }
 }
