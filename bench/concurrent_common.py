@@ -12,17 +12,12 @@ holds, waiting for a quiet machine, a restore check of a concurrent image,
 and the common header of every result JSON.
 """
 
-import datetime
-import hashlib
-import json
 import os
 import re
 import shlex
 import signal
-import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -31,24 +26,14 @@ sys.path.insert(0, BENCH)
 sys.dont_write_bytecode = True  # no bench/__pycache__
 import dump_restore as dr  # noqa: E402
 from dump_restore import BenchError, log  # noqa: E402,F401  (re-exported)
+from track_common import (  # noqa: E402,F401  (re-exported)
+    check_root_and_binary, make_workdir, med, result_header, stasis_info, stats, write_json)
 
 REPO = dr.REPO
 BUILD = dr.BUILD
 RESULTS = os.path.join(BENCH, "results")
 DEFAULT_STASIS = dr.STASIS
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def med(values):
-    return statistics.median(values)
-
-
-def stats(values):
-    """median, min, max, n of a list (None if empty)."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return None
-    return {"median": med(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
 def compile_workloads(names):
@@ -67,63 +52,6 @@ def compile_workloads(names):
                 raise BenchError(f"compiling {src} failed:\n{r.stderr}")
         out[name] = exe
     return out
-
-
-def check_root_and_binary(name, stasis):
-    if os.geteuid() != 0:
-        log(f"{name}: needs root (ptrace): run with sudo")
-        return False
-    if not os.access(stasis, os.X_OK):
-        log(f"{name}: {stasis} not found: run `cargo build --release` first")
-        return False
-    return True
-
-
-def make_workdir(dir_arg, name):
-    """A fresh directory under DIR (default /dev/shm); warns if not tmpfs."""
-    base = dir_arg or "/dev/shm"
-    os.makedirs(base, exist_ok=True)
-    workdir = tempfile.mkdtemp(prefix=f"stasis-bench-{name}-", dir=base)
-    fstype = dr.fs_type(workdir)
-    if fstype != "tmpfs":
-        log(f"{name}: warning: {workdir} is on {fstype}, not tmpfs; the figures are not comparable")
-    return workdir, fstype
-
-
-def stasis_info(stasis):
-    h = hashlib.sha256()
-    with open(stasis, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    info = {"binary": stasis, "binary_sha256": h.hexdigest(),
-            "binary_mtime_utc": datetime.datetime.fromtimestamp(
-                os.path.getmtime(stasis), datetime.timezone.utc).isoformat(timespec="seconds")}
-    git = dr.git_info()
-    if os.path.abspath(stasis).startswith(os.path.join(REPO, "target") + os.sep):
-        info.update(git)
-    else:
-        info["bench_checkout"] = git
-    return info
-
-
-def result_header(name, args, stasis, workdir, fstype, reference):
-    return {
-        "benchmark": name,
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join([sys.executable] + sys.argv),
-        "params": {**vars(args), "workdir": workdir, "fs_type": fstype},
-        "machine": dr.machine_info(),
-        "stasis": stasis_info(stasis),
-        "reference": reference,
-    }
-
-
-def write_json(path, result):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(result, f, indent=2)
-        f.write("\n")
-    os.replace(path + ".tmp", path)
 
 
 def _on_sigterm(signum, frame):

@@ -210,8 +210,8 @@ def table(results, args, workdir, fstype):
     L.append("observed stopped: time the workload was seen in a ptrace stop during the dump (its state sampled "
              "every 0.5 ms). It catches a --cow-buffer pause, which stasis does not time; it is below frozen_us "
              "when the freeze runs syscalls inside the process (then its state reads as running).")
-    L.append("cow peak reported = the JSON's cow_peak_bytes (min(write faults, pages not yet copied), after each "
-             "32 MiB piece); snapshot private = peak private memory of the snapshot process (sampled every "
+    L.append("cow peak reported = the JSON's cow_peak_bytes (the snapshots' private memory, sampled by stasis "
+             "after a 32 MiB piece); snapshot private = peak private memory of the snapshot process (sampled every "
              "100 ms): the originals of pages written since the snapshot, plus the copies the dumper's own reads "
              "make (see README).")
     return "\n".join(L)

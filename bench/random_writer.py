@@ -230,8 +230,8 @@ def main():
              "stalled = time the writer made no progress (log gaps >= 5 ms); stopped ms(obs) = time it was seen "
              "in a ptrace stop (sampled every 0.5 ms): includes a --cow-buffer pause; below frozen_us when the freeze "
              "runs syscalls inside the process.")
-    L.append("cow peak reported = the JSON's cow_peak_bytes (min(write faults, pages not yet copied), sampled "
-             "after each 32 MiB piece); snapshot private = peak private memory of the snapshot process (every "
+    L.append("cow peak reported = the JSON's cow_peak_bytes (the snapshots' private memory, sampled by "
+             "stasis after a 32 MiB piece); snapshot private = peak private memory of the snapshot process (every "
              "100 ms; includes pages the dumper's own reads unshare). Throughput after the checkpoint, median: "
              + ", ".join(f"{n} {100 * summary[n]['after_ratio']['median']:.0f}%" for n, _ in variants
                          if summary[n]['after_ratio']))

@@ -37,7 +37,10 @@ def med(values):
 
 
 def stats(values):
-    """median, min, max, n of a non-empty list."""
+    """median, min, max, n of a list (None if empty)."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
     return {"median": med(values), "min": min(values), "max": max(values), "n": len(values)}
 
 

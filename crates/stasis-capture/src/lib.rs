@@ -928,10 +928,9 @@ impl Pending {
                         _ => true,
                     }
                 };
-                let src = match &c.snapshot {
-                    Some(s) => s.memory()?,
-                    None => ProcessMemory::open(c.pid)?,
-                };
+                // From the snapshot, or from the frozen process itself.
+                let snap_mem = c.snapshot.as_ref().map(|s| s.memory()).transpose()?;
+                let src = snap_mem.as_ref().unwrap_or(&c.mem);
                 // Address order: pre-read pieces between the copied ranges.
                 // From a snapshot, in chunks: each chunk saved is freed in
                 // the snapshot, and the copy-on-write cap is checked.
@@ -975,7 +974,7 @@ impl Pending {
                             }
                             let size: u64 = batch.iter().map(|r| r.1 as u64).sum();
                             memory::copy_pages(
-                                &src,
+                                src,
                                 batch.clone(),
                                 &mut pack,
                                 (done, total, progress),
