@@ -287,6 +287,41 @@ fn micros(since: Instant) -> u64 {
 /// Checks what can be checked without stopping anything: the root exists
 /// and is dumpable, and the fds and mappings of the tree (as far as it can be
 /// seen while it runs) are of supported kinds.
+/// How long a dump waits for a lazy restore of the process to finish.
+const LAZY_FILL_WAIT: Duration = Duration::from_secs(120);
+
+/// A process still being filled by a lazy restore would be saved without
+/// the pages it has not received yet: wait until its filler is done.
+fn wait_lazy_fill(pid: i32) -> Result<()> {
+    use std::os::linux::net::SocketAddrExt;
+    let name = stasis_kernel::lazy_fill_socket_name(pid);
+    let Ok(addr) = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()) else {
+        return Ok(());
+    };
+    let t0 = Instant::now();
+    loop {
+        let filling = std::os::unix::net::UnixDatagram::unbound()
+            .and_then(|s| s.connect_addr(&addr))
+            .is_ok();
+        if !filling {
+            return Ok(());
+        }
+        if t0.elapsed() >= LAZY_FILL_WAIT {
+            return Err(CaptureError::Unsupported {
+                pid,
+                what: format!(
+                    "its pages are still arriving from a lazy restore after {} s; wait for the restore's page filler to finish, then dump again",
+                    LAZY_FILL_WAIT.as_secs()
+                ),
+            });
+        }
+        if t0.elapsed() < Duration::from_millis(20) {
+            tracing::info!(pid, "waiting for the lazy restore of the process to finish");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn preflight(pid: i32) -> Result<()> {
     if pid <= 0 || std::fs::metadata(format!("/proc/{pid}")).is_err() {
         return Err(CaptureError::NoSuchProcess { pid });
@@ -311,6 +346,7 @@ fn preflight(pid: i32) -> Result<()> {
     }
     let mut queue = vec![pid];
     while let Some(p) = queue.pop() {
+        wait_lazy_fill(p)?;
         let Ok(maps) = proc::read(p, "maps") else {
             continue;
         };

@@ -61,6 +61,10 @@ pub enum ImageError {
         reason: String,
     },
 
+    /// A touch-set file failed validation.
+    #[error("touch set {} is damaged ({reason}); it is ignored (the restore is unaffected, only its page order)", .path.display())]
+    CorruptTouchSet { path: PathBuf, reason: String },
+
     /// A manifest names a file that is not a plain file name (e.g. `../x`).
     #[error("checkpoint {} names the file {name:?}, which is not a plain file name: the image cannot be trusted (possible path traversal); restore an earlier checkpoint with --checkpoint N", cp_or_unknown(.checkpoint))]
     UnsafeName {

@@ -37,6 +37,7 @@ mod manifest_io;
 mod pack;
 mod store;
 mod summary;
+pub mod touch;
 
 pub use chain::{load_chain, page_sources, PageSource};
 pub use error::ImageError;

@@ -30,6 +30,14 @@ pub use error::KernelError;
 pub use ptrace::{StopKind, Tracee};
 pub use stasis_sys::UserRegs;
 
+/// Abstract unix socket name a lazy restore's filler holds (bound, as a
+/// datagram socket) for each process whose pages are still arriving: a
+/// dump of that process waits until it is gone, since the pages not yet
+/// there would be missing from the image.
+pub fn lazy_fill_socket_name(pid: i32) -> String {
+    format!("stasis-lazy-fill/{pid}")
+}
+
 /// A signed value as a 64-bit register or syscall argument (two's
 /// complement, as the kernel ABI passes it).
 #[allow(clippy::cast_sign_loss)]

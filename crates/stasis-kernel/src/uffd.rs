@@ -128,6 +128,159 @@ impl Userfaultfd {
     }
 }
 
+/// A failed or partial `UFFDIO_COPY` / `UFFDIO_ZEROPAGE`: how many bytes
+/// were done before the error, and the errno (`EEXIST`: a page is already
+/// there; `EAGAIN`: a non-cooperative event is waiting to be read; `ESRCH`:
+/// the process's memory is gone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FillError {
+    pub done: u64,
+    pub errno: i32,
+}
+
+impl Userfaultfd {
+    /// `UFFDIO_COPY`: atomically maps a copy of `src` at `dst` (page
+    /// aligned, whole pages) in the userfaultfd's process and wakes the
+    /// threads waiting on that range.
+    pub fn copy(&self, dst: u64, src: &[u8]) -> std::result::Result<(), FillError> {
+        let len = src.len() as u64;
+        let mut c = sys::UffdioCopy {
+            dst,
+            src: src.as_ptr() as u64,
+            len,
+            mode: 0,
+            copy: 0,
+        };
+        // SAFETY: UFFDIO_COPY reads `len` bytes at `src` (a live slice of
+        // exactly that length) and writes the result into `c`.
+        let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), sys::UFFDIO_COPY as _, &mut c) };
+        if r == 0 {
+            return Ok(());
+        }
+        let errno = last_err().raw_os_error().unwrap_or(libc::EIO);
+        Err(FillError {
+            done: u64::try_from(c.copy).unwrap_or(0),
+            errno,
+        })
+    }
+
+    /// `UFFDIO_ZEROPAGE`: maps zero pages over `[start, start + len)` and
+    /// wakes the threads waiting on it.
+    pub fn zeropage(&self, start: u64, len: u64) -> std::result::Result<(), FillError> {
+        let mut z = sys::UffdioZeropage {
+            range: sys::UffdioRange { start, len },
+            mode: 0,
+            zeropage: 0,
+        };
+        // SAFETY: UFFDIO_ZEROPAGE reads and writes a `struct uffdio_zeropage`, which `z` is.
+        let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), sys::UFFDIO_ZEROPAGE as _, &mut z) };
+        if r == 0 {
+            return Ok(());
+        }
+        let errno = last_err().raw_os_error().unwrap_or(libc::EIO);
+        Err(FillError {
+            done: u64::try_from(z.zeropage).unwrap_or(0),
+            errno,
+        })
+    }
+
+    /// `UFFDIO_WAKE`: wakes the threads waiting on `[start, start + len)`.
+    pub fn wake(&self, start: u64, len: u64) -> Result<()> {
+        let mut w = sys::UffdioRange { start, len };
+        // SAFETY: UFFDIO_WAKE reads a `struct uffdio_range`, which `w` is.
+        let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), sys::UFFDIO_WAKE as _, &mut w) };
+        if r < 0 {
+            return Err(KernelError::io("UFFDIO_WAKE", last_err()));
+        }
+        Ok(())
+    }
+
+    /// Reads the events waiting on a non-blocking userfaultfd (none when
+    /// it would block) and appends them to `out`.
+    pub fn read_events(&self, out: &mut Vec<Event>) -> Result<()> {
+        let mut buf = [sys::UffdMsg::default(); 64];
+        // SAFETY: read() writes at most size_of_val(&buf) bytes into `buf`,
+        // an array of plain-old-data messages.
+        let n = unsafe {
+            libc::read(
+                self.fd.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                std::mem::size_of_val(&buf),
+            )
+        };
+        if n < 0 {
+            let e = last_err();
+            if e.raw_os_error() == Some(libc::EAGAIN) {
+                return Ok(());
+            }
+            return Err(KernelError::io("reading userfaultfd messages", e));
+        }
+        let count = usize::try_from(n).unwrap_or(0) / std::mem::size_of::<sys::UffdMsg>();
+        for m in &buf[..count] {
+            let a = m.arg;
+            out.push(match m.event {
+                sys::UFFD_EVENT_PAGEFAULT => Event::PageFault {
+                    addr: a[1],
+                    write: a[0] & sys::UFFD_PAGEFAULT_FLAG_WRITE != 0,
+                },
+                sys::UFFD_EVENT_FORK => {
+                    let raw = (a[0] & 0xffff_ffff) as i32;
+                    // SAFETY: for a fork event the kernel installed a new
+                    // userfaultfd (the child's) in our table under this
+                    // number; this message is its only owner.
+                    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+                    Event::Fork(Userfaultfd::from_fd(fd, self.features))
+                }
+                sys::UFFD_EVENT_REMAP => Event::Remap {
+                    from: a[0],
+                    to: a[1],
+                    len: a[2],
+                },
+                sys::UFFD_EVENT_REMOVE => Event::Remove {
+                    start: a[0],
+                    end: a[1],
+                },
+                sys::UFFD_EVENT_UNMAP => Event::Unmap {
+                    start: a[0],
+                    end: a[1],
+                },
+                other => Event::Unknown(other),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What a userfaultfd reports (`struct uffd_msg`, decoded).
+#[derive(Debug)]
+pub enum Event {
+    /// A thread waits for the page at `addr`.
+    PageFault {
+        addr: u64,
+        write: bool,
+    },
+    /// The process forked; the child's userfaultfd (registered like the
+    /// parent's) is handed to us.
+    Fork(Userfaultfd),
+    /// `mremap` moved `[from, from + len)` to `to`.
+    Remap {
+        from: u64,
+        to: u64,
+        len: u64,
+    },
+    /// `MADV_DONTNEED`/`MADV_REMOVE` dropped `[start, end)`.
+    Remove {
+        start: u64,
+        end: u64,
+    },
+    /// `munmap` (or a mapping over it) removed `[start, end)`.
+    Unmap {
+        start: u64,
+        end: u64,
+    },
+    Unknown(u8),
+}
+
 /// Names of the feature bits set in `features`.
 pub fn feature_names(features: u64) -> Vec<&'static str> {
     sys::UFFD_FEATURE_NAMES

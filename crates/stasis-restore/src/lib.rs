@@ -113,6 +113,31 @@ pub enum RestoreError {
 
 type Result<T, E = RestoreError> = std::result::Result<T, E>;
 
+/// Receives the userfaultfd of each lazily restored process
+/// (`restore --lazy`): from the moment it is handed over, something must
+/// serve its faults, since the restore itself goes on touching the process
+/// (rseq, signal frames).
+pub trait LazySink: Send + Sync {
+    /// userfaultfd features to ask for.
+    fn features(&self) -> u64;
+    /// `uffd` was created in process `pid` (image PID `image_pid`) and
+    /// `areas` are registered with it in missing mode, unfilled.
+    fn hand(
+        &self,
+        image_pid: i32,
+        pid: i32,
+        areas: &[(u64, u64)],
+        uffd: &OwnedFd,
+    ) -> Result<(), String>;
+}
+
+/// Whether a lazy restore leaves area `v` to the filler: private anonymous
+/// memory only (a userfaultfd in missing mode cannot serve private file
+/// mappings, and shared memory is filled once for every process).
+pub fn lazy_area(v: &stasis_image::manifest::Vma) -> bool {
+    matches!(v.kind, VmaKind::Anon) && !v.shared && v.shm.is_none()
+}
+
 /// What to restore and how.
 pub struct RestoreOptions {
     /// Checkpoint number; `None` = latest.
@@ -123,6 +148,8 @@ pub struct RestoreOptions {
     pub progress: Option<Box<dyn Fn(u64, u64) + Send>>,
     /// Restore into a new PID namespace (when the saved PIDs are taken here).
     pub new_pidns: bool,
+    /// Lazy restore: private anonymous memory is left to this sink's filler.
+    pub lazy: Option<Box<dyn LazySink>>,
 }
 
 impl Default for RestoreOptions {
@@ -132,6 +159,7 @@ impl Default for RestoreOptions {
             pid_wait: Duration::from_secs(10),
             progress: None,
             new_pidns: false,
+            lazy: None,
         }
     }
 }
@@ -151,6 +179,8 @@ pub struct Restored {
     pub threads: usize,
     pub pages: u64,
     pub bytes: u64,
+    /// Of `bytes`, those left to the lazy filler.
+    pub lazy_bytes: u64,
     pub total_us: u64,
     /// Part of `total_us` spent waiting for zombies to release PIDs.
     pub pid_wait_us: u64,
@@ -397,14 +427,51 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
                 .any(|s| path.as_ref().is_ok_and(|p| p.as_path() == s.pack.path()))
         })
         .collect();
+    // A lazy restore checks only what it fills now; the filler checks each
+    // run it reads.
+    let eager: Option<Vec<(u64, u64)>> = opts.lazy.as_ref().map(|_| {
+        let mut r: Vec<(u64, u64)> = m
+            .processes
+            .iter()
+            .flat_map(|p| p.vmas.iter())
+            .filter(|v| !lazy_area(v))
+            .map(|v| (v.start, v.end))
+            .collect();
+        r.sort_unstable();
+        stasis_image::chain::normalize(r)
+    });
     let verifier = std::thread::spawn(move || -> Result<(), ImageError> {
         for (path, pref) in to_verify {
-            PackReader::open(&path?, Some(&pref))?.verify()?;
+            let pack = PackReader::open(&path?, Some(&pref))?;
+            match &eager {
+                None => pack.verify()?,
+                Some(ranges) => {
+                    let mut buf = Vec::new();
+                    for e in pack.runs() {
+                        if stasis_image::chain::intersect(ranges, &[(e.vaddr, e.end())]).is_empty()
+                        {
+                            continue;
+                        }
+                        buf.resize(usize::try_from(e.len()).unwrap_or(0), 0);
+                        pack.read_run(e, &mut buf)?;
+                    }
+                }
+            }
         }
         Ok(())
     });
 
-    let built = build_tree(&mut procs, &cp, &plan, &packs, &transport, h, opts);
+    let mut lazy_bytes = 0u64;
+    let built = build_tree(
+        &mut procs,
+        &cp,
+        &plan,
+        &packs,
+        &transport,
+        h,
+        opts,
+        &mut lazy_bytes,
+    );
     let verified = match verifier.join() {
         Ok(r) => r.map_err(RestoreError::Corrupt),
         Err(_) => Err(RestoreError::Layout(
@@ -432,6 +499,7 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
             threads: m.processes.iter().map(|p| p.threads.len()).sum(),
             pages: bytes / sys::PAGE_SIZE,
             bytes,
+            lazy_bytes,
             total_us: micros(t0),
             pid_wait_us,
         }),
@@ -465,6 +533,7 @@ fn read_maps(pid: i32) -> Result<Vec<(u64, u64, String)>> {
 }
 
 /// Everything up to (not including) the final jumps. Returns bytes filled.
+#[allow(clippy::too_many_arguments)]
 fn build_tree(
     procs: &mut Vec<Proc>,
     cp: &Checkpoint,
@@ -473,6 +542,7 @@ fn build_tree(
     transport: &OwnedFd,
     h: u64,
     opts: &RestoreOptions,
+    lazy_bytes: &mut u64,
 ) -> Result<u64> {
     let m = &cp.manifest;
     let root = &mut procs[0];
@@ -640,6 +710,7 @@ fn build_tree(
             transport,
             h,
             (filled, total, opts),
+            lazy_bytes,
         )?;
         if let Some(cb) = &opts.progress {
             cb(filled, total);
@@ -751,6 +822,7 @@ fn build_process(
     transport: &OwnedFd,
     h: u64,
     progress: Progress<'_>,
+    lazy_bytes: &mut u64,
 ) -> Result<u64> {
     let pid = s.pid;
     s.cur = None;
@@ -780,6 +852,7 @@ fn build_process(
     let (base_done, total, opts) = progress;
     let mut filled = 0u64;
     let mut last = Instant::now();
+    let mut lazy_areas = Vec::new();
     for v in &p.vmas {
         if let Some((ino, off)) = v.shm {
             if let Some(&(first_pid, fstart, fend, foff)) = shm_first.get(&ino) {
@@ -797,6 +870,16 @@ fn build_process(
             .zip(&pack_fds)
             .map(|(r, fd)| (r.as_slice(), *fd))
             .collect();
+        let data: u64 = runs.iter().flatten().map(RunEntry::len).sum();
+        if opts.lazy.is_some() && data > 0 && lazy_area(v) {
+            // Mapped with its final protection and left empty: the filler
+            // maps each page in (UFFDIO_COPY needs no write permission).
+            build::map_vma(s, v, &[], None)?;
+            lazy_areas.push((v.start, v.end));
+            filled += data;
+            *lazy_bytes += data;
+            continue;
+        }
         if let VmaKind::Ghost { id, name, .. } = &v.kind {
             // Hand the rebuilt file over just above the transport, map, close.
             let writable = v.shared && v.prot & libc::PROT_WRITE.unsigned_abs() != 0;
@@ -821,6 +904,11 @@ fn build_process(
     for fd in pack_fds {
         s.sys("close", libc::SYS_close, &[fd])
             .map_err(step("closing a pack"))?;
+    }
+    if let Some(sink) = &opts.lazy {
+        if !lazy_areas.is_empty() {
+            arm_lazy(s, p.pid, &lazy_areas, sink.as_ref())?;
+        }
     }
 
     // mm fields, with the exe file. The kernel refuses to switch the exe
@@ -1002,6 +1090,37 @@ fn build_process(
     build::restore_itimers(s, &p.itimers)?;
     build::arm_posix_timers(s, &p.posix_timers)?;
     Ok(filled)
+}
+
+/// Creates a userfaultfd inside the process, registers `areas` with it in
+/// missing mode, and hands it to the lazy filler.
+fn arm_lazy(s: &mut Proc, image_pid: i32, areas: &[(u64, u64)], sink: &dyn LazySink) -> Result<()> {
+    let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK).unsigned_abs();
+    let n = s
+        .sys("userfaultfd", sys::SYS_USERFAULTFD, &[u64::from(flags)])
+        .map_err(step("creating a userfaultfd for the lazy restore"))?;
+    let taken = stasis_kernel::pidfd::pidfd_open(s.t.pid())
+        .and_then(|pfd| stasis_kernel::pidfd::pidfd_getfd(&pfd, i32::try_from(n).unwrap_or(-1)));
+    s.sys("close", libc::SYS_close, &[n])
+        .map_err(step("closing the process's copy of its userfaultfd"))?;
+    let fd = taken?;
+    let want = sink.features();
+    let got = stasis_kernel::uffd::api(&fd, want)?;
+    if got & want != want {
+        return Err(RestoreError::Incompatible(format!(
+            "this kernel's userfaultfd lacks the events a lazy restore needs ({:?}); restore without --lazy",
+            stasis_kernel::uffd::feature_names(want & !got)
+        )));
+    }
+    let u = stasis_kernel::uffd::Userfaultfd::from_fd(fd, got);
+    for &(a, b) in areas {
+        u.register(a, b - a, sys::UFFDIO_REGISTER_MODE_MISSING)?;
+    }
+    sink.hand(image_pid, s.t.pid(), areas, u.fd()).map_err(|e| {
+        RestoreError::Layout(format!(
+            "handing process {image_pid} to the lazy filler: {e}"
+        ))
+    })
 }
 
 /// Maps shared anonymous memory that an earlier area (`first`: pid, start,

@@ -442,13 +442,30 @@ pub struct UffdMsg {
 }
 const _: () = assert!(size_of::<UffdMsg>() == 32);
 
+/// `struct uffdio_zeropage`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UffdioZeropage {
+    pub range: UffdioRange,
+    pub mode: u64,
+    pub zeropage: i64,
+}
+const _: () = assert!(size_of::<UffdioZeropage>() == 32);
+
 pub const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
+pub const UFFD_EVENT_FORK: u8 = 0x13;
+pub const UFFD_EVENT_REMAP: u8 = 0x14;
+pub const UFFD_EVENT_REMOVE: u8 = 0x15;
+pub const UFFD_EVENT_UNMAP: u8 = 0x16;
+/// `uffd_msg.arg.pagefault.flags`: the fault was a write.
+pub const UFFD_PAGEFAULT_FLAG_WRITE: u64 = 1 << 0;
 
 pub const UFFDIO_API: u64 = iowr(UFFDIO, 0x3F, size_of::<UffdioApi>());
 pub const UFFDIO_REGISTER: u64 = iowr(UFFDIO, 0x00, size_of::<UffdioRegister>());
 pub const UFFDIO_UNREGISTER: u64 = ior(UFFDIO, 0x01, size_of::<UffdioRange>());
 pub const UFFDIO_WAKE: u64 = ior(UFFDIO, 0x02, size_of::<UffdioRange>());
 pub const UFFDIO_COPY: u64 = iowr(UFFDIO, 0x03, size_of::<UffdioCopy>());
+pub const UFFDIO_ZEROPAGE: u64 = iowr(UFFDIO, 0x04, size_of::<UffdioZeropage>());
 pub const UFFDIO_WRITEPROTECT: u64 = iowr(UFFDIO, 0x06, size_of::<UffdioWriteprotect>());
 
 // Values from the kernel headers, checked so a typo in the encoder shows up.
@@ -456,6 +473,8 @@ const _: () = assert!(UFFDIO_API == 0xc018_aa3f);
 const _: () = assert!(UFFDIO_REGISTER == 0xc020_aa00);
 const _: () = assert!(UFFDIO_UNREGISTER == 0x8010_aa01);
 const _: () = assert!(UFFDIO_COPY == 0xc028_aa03);
+const _: () = assert!(UFFDIO_ZEROPAGE == 0xc020_aa04);
+const _: () = assert!(UFFDIO_WAKE == 0x8010_aa02);
 const _: () = assert!(UFFDIO_WRITEPROTECT == 0xc018_aa06);
 const _: () = assert!(USERFAULTFD_IOC_NEW == 0xaa00);
 

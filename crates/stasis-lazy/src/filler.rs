@@ -1,0 +1,692 @@
+//! The filler: serves the page faults of lazily restored processes and
+//! streams the rest of their pages in behind them.
+//!
+//! One thread (the caller of [`serve`]) reads the control socket and every
+//! userfaultfd: a fault is served at once, with the whole pack run around
+//! the page (one checksum-verified read, a few hundred pages mapped in one
+//! `UFFDIO_COPY`); layout events update the bookkeeping ([`Space`]).
+//! Copier threads take what is still pending, touch-set pages first, then
+//! in address order, and map it the same way. A page is never left missing:
+//! the filler exits only when every space owes nothing, and if a run cannot
+//! be read (the page server went away, a checksum fails) it kills the
+//! restored tree rather than let the kernel hand out zero pages.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use serde::Serialize;
+use stasis_image::RunEntry;
+use stasis_kernel::uffd::{Event, FillError, Userfaultfd};
+
+use crate::control::{self, Msg};
+use crate::source::{Catalog, RunSource};
+use crate::state::{Owed, Space};
+use crate::LazyError;
+
+const PAGE: u64 = 4096;
+
+/// How the filler runs.
+#[derive(Debug, Clone, Default)]
+pub struct Config {
+    /// Copier threads (at least 1).
+    pub threads: usize,
+    /// Image pages to send first, per image pid, in order (a touch set).
+    pub order: HashMap<i32, Vec<u64>>,
+    /// Cap on the background streaming rate, bytes per second (0: none).
+    /// Faults are never held back.
+    pub bandwidth: u64,
+}
+
+/// What the filler did, for `--stats-file` and the benchmarks.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Stats {
+    pub processes: usize,
+    pub forks: u64,
+    /// Faults served with image pages, and their service time.
+    pub faults: u64,
+    pub fault_p50_us: u64,
+    pub fault_p99_us: u64,
+    pub fault_max_us: u64,
+    /// Faults on pages the image holds nothing for (zero pages).
+    pub zero_faults: u64,
+    pub pages_by_fault: u64,
+    pub pages_streamed: u64,
+    /// Microseconds from the first hand-over until nothing was owed.
+    pub fill_us: u64,
+    /// Image pages of each process in the order they first faulted.
+    #[serde(skip)]
+    pub fault_order: HashMap<i32, Vec<u64>>,
+    pub aborted: bool,
+}
+
+struct Entry {
+    uffd: Arc<Userfaultfd>,
+    image_pid: i32,
+    /// PID of a handed-over process (forked children have none: they are
+    /// found as descendants when the tree must be killed).
+    pid: Option<i32>,
+    space: Space,
+    dead: bool,
+    /// Next index into the touch order of `image_pid`.
+    cursor: usize,
+}
+
+#[derive(Default)]
+struct State {
+    entries: Vec<Entry>,
+    /// No more work will come (the main loop is finishing).
+    closing: bool,
+    failure: Option<String>,
+    rr: usize,
+}
+
+struct Shared {
+    st: Mutex<State>,
+    cv: Condvar,
+    catalog: Catalog,
+    source: Box<dyn RunSource>,
+    order: HashMap<i32, Vec<u64>>,
+    streamed: Mutex<u64>,
+    bandwidth: u64,
+    started: Instant,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        match self.st.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+}
+
+/// A piece claimed for one copy.
+struct Job {
+    entry: usize,
+    uffd: Arc<Userfaultfd>,
+    id: u64,
+    cur: u64,
+    len: u64,
+    img: u64,
+    pack: usize,
+    run: RunEntry,
+}
+
+/// The last run read by a thread (faults and copies often hit the same run).
+#[derive(Default)]
+struct RunCache {
+    key: Option<(usize, u64)>,
+    buf: Vec<u8>,
+}
+
+impl RunCache {
+    fn get(&mut self, sh: &Shared, pack: usize, run: &RunEntry) -> Result<&[u8], String> {
+        if self.key != Some((pack, run.file_off)) {
+            self.key = None;
+            self.buf.resize(usize::try_from(run.len()).unwrap_or(0), 0);
+            sh.source.read_run(&sh.catalog, pack, run, &mut self.buf)?;
+            self.key = Some((pack, run.file_off));
+        }
+        Ok(&self.buf)
+    }
+}
+
+/// Claims the part of pending piece around image address `img` that one
+/// run provides.
+fn claim_around(
+    sh: &Shared,
+    st: &mut State,
+    i: usize,
+    cur_page: u64,
+) -> Result<Option<Job>, String> {
+    let e = &mut st.entries[i];
+    let Owed::Image(p) = e.space.owed(cur_page) else {
+        return Ok(None);
+    };
+    let img = p.img + (cur_page - p.start);
+    let loc = sh.catalog.locate(e.image_pid, img).ok_or_else(|| {
+        format!(
+            "the image has no run for page {img:#x} of process {}",
+            e.image_pid
+        )
+    })?;
+    let a = loc.lo.max(p.img);
+    let b = loc.hi.min(p.img + (p.end - p.start));
+    let cur = p.start + (a - p.img);
+    let Some((id, piece)) = e.space.claim(cur, cur + (b - a)) else {
+        return Ok(None);
+    };
+    Ok(Some(Job {
+        entry: i,
+        uffd: e.uffd.clone(),
+        id,
+        cur: piece.start,
+        len: piece.end - piece.start,
+        img: piece.img,
+        pack: loc.pack,
+        run: loc.run,
+    }))
+}
+
+enum Delivered {
+    Landed,
+    /// An event is waiting to be read: try again after it.
+    Again(u64),
+    /// The process's memory is gone.
+    Gone,
+    /// The range is not registered (any more) at that address.
+    NotMapped(u64),
+}
+
+fn deliver(job: &Job, data: &[u8]) -> Result<Delivered, String> {
+    let off = usize::try_from(job.img - job.run.vaddr).unwrap_or(usize::MAX);
+    let len = usize::try_from(job.len).unwrap_or(0);
+    let data = data
+        .get(off..off + len)
+        .ok_or_else(|| format!("run {:#x} is shorter than the piece", job.run.vaddr))?;
+    let mut pos = 0usize;
+    while pos < len {
+        match job.uffd.copy(job.cur + pos as u64, &data[pos..]) {
+            Ok(()) => pos = len,
+            Err(FillError { done, errno }) => {
+                pos += usize::try_from(done).unwrap_or(0);
+                match errno {
+                    // That page is there already (copied before a fork):
+                    // skip it.
+                    libc::EEXIST => pos += 4096,
+                    libc::EAGAIN => return Ok(Delivered::Again(pos as u64)),
+                    libc::ESRCH => return Ok(Delivered::Gone),
+                    libc::ENOENT | libc::EINVAL | libc::EFAULT => {
+                        return Ok(Delivered::NotMapped(pos as u64))
+                    }
+                    e => {
+                        return Err(format!(
+                            "UFFDIO_COPY at {:#x}: {}",
+                            job.cur + pos as u64,
+                            std::io::Error::from_raw_os_error(e)
+                        ))
+                    }
+                }
+            }
+        }
+    }
+    Ok(Delivered::Landed)
+}
+
+/// Records the outcome of a copy. Returns true if it landed.
+fn settle(st: &mut State, job: &Job, d: &Delivered) -> bool {
+    let e = &mut st.entries[job.entry];
+    match *d {
+        Delivered::Landed => {
+            e.space.landed(job.id);
+            true
+        }
+        Delivered::Again(done) => {
+            e.space.failed(job.id, done);
+            false
+        }
+        Delivered::Gone => {
+            e.dead = true;
+            e.space = Space::default();
+            false
+        }
+        Delivered::NotMapped(done) => {
+            e.space.failed(job.id, done);
+            // Not moved by a remap meanwhile: the area is gone, and no
+            // fault will ever come for it.
+            let at = job.cur + done;
+            if let Owed::Image(p) = e.space.owed(at) {
+                if p.start == at {
+                    e.space.remove(at, job.cur + job.len);
+                }
+            }
+            false
+        }
+    }
+}
+
+fn next_job(sh: &Shared, st: &mut State) -> Result<Option<Job>, String> {
+    let n = st.entries.len();
+    for k in 0..n {
+        let i = (st.rr + k) % n;
+        let e = &mut st.entries[i];
+        if e.dead || e.space.pending_bytes() == 0 {
+            continue;
+        }
+        let mut target = None;
+        if let Some(order) = sh.order.get(&e.image_pid) {
+            while e.cursor < order.len() && target.is_none() {
+                let img = order[e.cursor];
+                e.cursor += 1;
+                target = e
+                    .space
+                    .pending_for_img(img)
+                    .map(|p| p.start + (img - p.img));
+            }
+        }
+        let target = match target.or_else(|| e.space.first_pending().map(|p| p.start)) {
+            Some(t) => t,
+            None => continue,
+        };
+        st.rr = i + 1;
+        if let Some(job) = claim_around(sh, st, i, target)? {
+            return Ok(Some(job));
+        }
+    }
+    Ok(None)
+}
+
+fn copier(sh: Arc<Shared>) {
+    let mut cache = RunCache::default();
+    loop {
+        let job = {
+            let mut st = sh.lock();
+            loop {
+                if st.closing || st.failure.is_some() {
+                    return;
+                }
+                match next_job(&sh, &mut st) {
+                    Ok(Some(j)) => break j,
+                    Ok(None) => {
+                        st = match sh.cv.wait_timeout(st, Duration::from_millis(50)) {
+                            Ok((g, _)) => g,
+                            Err(p) => p.into_inner().0,
+                        };
+                    }
+                    Err(msg) => {
+                        st.failure = Some(msg);
+                        return;
+                    }
+                }
+            }
+        };
+        let d = match cache
+            .get(&sh, job.pack, &job.run)
+            .and_then(|data| deliver(&job, data))
+        {
+            Ok(d) => d,
+            Err(msg) => {
+                let mut st = sh.lock();
+                st.entries[job.entry].space.failed(job.id, 0);
+                st.failure.get_or_insert(msg);
+                return;
+            }
+        };
+        let landed = settle(&mut sh.lock(), &job, &d);
+        if landed {
+            let total = sh.streamed.lock().map(|mut s| {
+                *s += job.len / PAGE;
+                *s
+            });
+            if let (Ok(pages), true) = (total, sh.bandwidth > 0) {
+                // Stay under the cap: sleep until the bytes sent so far
+                // are due at that rate.
+                #[allow(clippy::cast_precision_loss)]
+                let due = Duration::from_secs_f64((pages * PAGE) as f64 / sh.bandwidth as f64);
+                if let Some(wait) = due.checked_sub(sh.started.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+        } else if matches!(d, Delivered::Again(_)) {
+            // Let the main thread read the event first.
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// Kills every handed-over process and its descendants.
+fn kill_tree(st: &State) -> Vec<i32> {
+    let mut todo: Vec<i32> = st.entries.iter().filter_map(|e| e.pid).collect();
+    let mut all = Vec::new();
+    while let Some(pid) = todo.pop() {
+        if all.contains(&pid) {
+            continue;
+        }
+        all.push(pid);
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+            for t in tasks.flatten() {
+                let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+                todo.extend(
+                    kids.split_whitespace()
+                        .filter_map(|k| k.parse::<i32>().ok()),
+                );
+            }
+        }
+    }
+    for &pid in &all {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    all
+}
+
+/// Outcome of serving one fault.
+enum Fault {
+    Served,
+    /// Try again after the pending events (or wait for the copy in flight).
+    Later,
+}
+
+fn serve_fault(
+    sh: &Shared,
+    cache: &mut RunCache,
+    stats: &mut Stats,
+    lat: &mut Vec<u64>,
+    i: usize,
+    addr: u64,
+    t0: Instant,
+) -> Result<Fault, String> {
+    let page = addr & !(PAGE - 1);
+    let (owed, uffd, image_pid) = {
+        let st = sh.lock();
+        let e = &st.entries[i];
+        if e.dead {
+            return Ok(Fault::Served);
+        }
+        (e.space.owed(page), e.uffd.clone(), e.image_pid)
+    };
+    match owed {
+        Owed::InFlight => Ok(Fault::Later),
+        Owed::Zero => match uffd.zeropage(page, PAGE) {
+            Ok(()) => {
+                stats.zero_faults += 1;
+                Ok(Fault::Served)
+            }
+            Err(FillError {
+                errno: libc::EEXIST,
+                ..
+            }) => {
+                let _ = uffd.wake(page, PAGE);
+                Ok(Fault::Served)
+            }
+            Err(FillError {
+                errno: libc::EAGAIN,
+                ..
+            }) => Ok(Fault::Later),
+            // Moved or unmapped since the fault: the thread retries and
+            // finds what is there now.
+            Err(FillError {
+                errno: libc::ENOENT | libc::EINVAL | libc::EFAULT,
+                ..
+            }) => {
+                let _ = uffd.wake(page, PAGE);
+                Ok(Fault::Served)
+            }
+            Err(FillError {
+                errno: libc::ESRCH, ..
+            }) => {
+                let mut st = sh.lock();
+                st.entries[i].dead = true;
+                st.entries[i].space = Space::default();
+                Ok(Fault::Served)
+            }
+            Err(FillError { errno, .. }) => Err(format!(
+                "UFFDIO_ZEROPAGE at {page:#x}: {}",
+                std::io::Error::from_raw_os_error(errno)
+            )),
+        },
+        Owed::Image(p) => {
+            let job = {
+                let mut st = sh.lock();
+                claim_around(sh, &mut st, i, page)?
+            };
+            let Some(job) = job else {
+                return Ok(Fault::Later);
+            };
+            let d = match cache
+                .get(sh, job.pack, &job.run)
+                .and_then(|data| deliver(&job, data))
+            {
+                Ok(d) => d,
+                Err(msg) => {
+                    sh.lock().entries[i].space.failed(job.id, 0);
+                    return Err(msg);
+                }
+            };
+            let landed = settle(&mut sh.lock(), &job, &d);
+            if landed {
+                let us = u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX);
+                lat.push(us);
+                stats.faults += 1;
+                stats.pages_by_fault += job.len / PAGE;
+                let img = p.img + (page - p.start);
+                stats.fault_order.entry(image_pid).or_default().push(img);
+                Ok(Fault::Served)
+            } else if matches!(d, Delivered::Gone | Delivered::NotMapped(_)) {
+                Ok(Fault::Served)
+            } else {
+                Ok(Fault::Later)
+            }
+        }
+    }
+}
+
+fn percentile(sorted: &[u64], q: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let k = ((sorted.len() - 1) as f64 * q).round() as usize;
+    sorted[k.min(sorted.len() - 1)]
+}
+
+/// Serves the restorer on `control` until the restored tree owes nothing
+/// (or the restore is aborted). Sends `ready` first.
+pub fn serve(
+    control: OwnedFd,
+    catalog: Catalog,
+    source: Box<dyn RunSource>,
+    cfg: Config,
+) -> Result<Stats, LazyError> {
+    let pages: u64 = catalog.packs.iter().map(|p| p.reader.pages()).sum();
+    control::send(control.as_fd(), &Msg::Ready { pages }, None)?;
+    let sh = Arc::new(Shared {
+        st: Mutex::new(State::default()),
+        cv: Condvar::new(),
+        catalog,
+        source,
+        order: cfg.order,
+        streamed: Mutex::new(0),
+        bandwidth: cfg.bandwidth,
+        started: Instant::now(),
+    });
+    let copiers: Vec<_> = (0..cfg.threads.max(1))
+        .map(|_| {
+            let sh = sh.clone();
+            std::thread::spawn(move || copier(sh))
+        })
+        .collect();
+    let result = main_loop(&sh, &control);
+    {
+        let mut st = sh.lock();
+        st.closing = true;
+    }
+    sh.cv.notify_all();
+    for c in copiers {
+        let _ = c.join();
+    }
+    let mut stats = result?;
+    stats.pages_streamed = sh.streamed.lock().map(|s| *s).unwrap_or(0);
+    Ok(stats)
+}
+
+fn main_loop(sh: &Arc<Shared>, control: &OwnedFd) -> Result<Stats, LazyError> {
+    let mut stats = Stats::default();
+    let mut lat = Vec::new();
+    let mut cache = RunCache::default();
+    let mut control_open = true;
+    let mut done = false;
+    let mut first_hand: Option<Instant> = None;
+    // (entry, address, when first seen)
+    let mut later: Vec<(usize, u64, Instant)> = Vec::new();
+    let mut events = Vec::new();
+    let mut markers = Vec::new();
+    loop {
+        if let Some(msg) = sh.lock().failure.clone() {
+            return Err(fail(sh, &msg));
+        }
+        let uffds: Vec<(usize, Arc<Userfaultfd>)> = sh
+            .lock()
+            .entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| !e.dead)
+            .map(|(i, e)| (i, e.uffd.clone()))
+            .collect();
+        let ready: Vec<bool> = {
+            let mut pfds = Vec::with_capacity(uffds.len() + 1);
+            if control_open {
+                pfds.push(PollFd::new(control.as_fd(), PollFlags::POLLIN));
+            }
+            pfds.extend(
+                uffds
+                    .iter()
+                    .map(|(_, u)| PollFd::new(u.fd().as_fd(), PollFlags::POLLIN)),
+            );
+            let timeout = if later.is_empty() { 50u16 } else { 1 };
+            match poll(&mut pfds, PollTimeout::from(timeout)) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(LazyError::Control(format!("poll: {e}"))),
+            }
+            pfds.iter().map(|p| p.any().unwrap_or(false)).collect()
+        };
+        let mut k = 0;
+        if control_open {
+            k = 1;
+            if ready[0] {
+                match control::recv(control.as_fd())? {
+                    Some((Msg::Hand(h), Some(fd))) => {
+                        first_hand.get_or_insert_with(Instant::now);
+                        let uffd = Userfaultfd::from_fd(fd, 0);
+                        // Dumps of this process wait while this is bound.
+                        markers.extend(busy_marker(h.pid));
+                        let owed = intersect(&h.areas, &sh.catalog.data_ranges(h.image_pid));
+                        let mut st = sh.lock();
+                        st.entries.push(Entry {
+                            uffd: Arc::new(uffd),
+                            image_pid: h.image_pid,
+                            pid: Some(h.pid),
+                            space: Space::new(&owed),
+                            dead: false,
+                            cursor: 0,
+                        });
+                        stats.processes += 1;
+                        drop(st);
+                        sh.cv.notify_all();
+                    }
+                    Some((Msg::Done(_), _)) => {
+                        done = true;
+                        control_open = false;
+                    }
+                    Some((Msg::Abort(_), _)) | None => {
+                        stats.aborted = true;
+                        return Ok(stats);
+                    }
+                    Some((other, _)) => {
+                        return Err(LazyError::Control(format!("unexpected frame {other:?}")))
+                    }
+                }
+            }
+        }
+        for (j, (i, uffd)) in uffds.iter().enumerate() {
+            if !ready[k + j] {
+                continue;
+            }
+            events.clear();
+            if let Err(e) = uffd.read_events(&mut events) {
+                tracing::debug!("userfaultfd of entry {i}: {e}");
+                continue;
+            }
+            let now = Instant::now();
+            // Layout events first: faults read in the same batch are served
+            // against the layout that follows them.
+            for ev in events.drain(..) {
+                match ev {
+                    Event::PageFault { addr, .. } => later.push((*i, addr, now)),
+                    Event::Fork(child) => {
+                        let mut st = sh.lock();
+                        let parent = &st.entries[*i];
+                        let e = Entry {
+                            uffd: Arc::new(child),
+                            image_pid: parent.image_pid,
+                            pid: None,
+                            space: parent.space.forked(),
+                            dead: false,
+                            cursor: parent.cursor,
+                        };
+                        st.entries.push(e);
+                        stats.forks += 1;
+                        drop(st);
+                        sh.cv.notify_all();
+                    }
+                    Event::Remap { from, to, len } => {
+                        sh.lock().entries[*i].space.remap(from, to, len)
+                    }
+                    Event::Remove { start, end } | Event::Unmap { start, end } => {
+                        sh.lock().entries[*i].space.remove(start, end);
+                    }
+                    Event::Unknown(code) => tracing::warn!("unknown userfaultfd event {code:#x}"),
+                }
+            }
+        }
+        // Faults (new ones and those that had to wait).
+        let pending = std::mem::take(&mut later);
+        for (i, addr, t0) in pending {
+            match serve_fault(sh, &mut cache, &mut stats, &mut lat, i, addr, t0) {
+                Ok(Fault::Served) => {}
+                Ok(Fault::Later) => later.push((i, addr, t0)),
+                Err(msg) => return Err(fail(sh, &msg)),
+            }
+        }
+        if done && later.is_empty() {
+            let st = sh.lock();
+            if st.entries.iter().all(|e| e.dead || e.space.is_done()) {
+                break;
+            }
+        }
+    }
+    lat.sort_unstable();
+    stats.fault_p50_us = percentile(&lat, 0.5);
+    stats.fault_p99_us = percentile(&lat, 0.99);
+    stats.fault_max_us = lat.last().copied().unwrap_or(0);
+    stats.fill_us = first_hand
+        .map(|t| u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX))
+        .unwrap_or(0);
+    Ok(stats)
+}
+
+/// Binds the abstract socket that tells a dump the process is still being
+/// filled (released when the filler exits).
+fn busy_marker(pid: i32) -> Option<std::os::unix::net::UnixDatagram> {
+    use std::os::linux::net::SocketAddrExt;
+    let name = stasis_kernel::lazy_fill_socket_name(pid);
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).ok()?;
+    std::os::unix::net::UnixDatagram::bind_addr(&addr).ok()
+}
+
+/// A page cannot be delivered: kill the tree (never let it read zeros).
+fn fail(sh: &Shared, msg: &str) -> LazyError {
+    let st = sh.lock();
+    let killed = kill_tree(&st);
+    LazyError::Fetch {
+        from: sh.source.describe(),
+        why: msg.to_string(),
+        killed,
+    }
+}
+
+/// `a` ∩ `b`, both sorted lists of `[start, end)`.
+fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut a = a.to_vec();
+    a.sort_unstable();
+    stasis_image::chain::intersect(&a, b)
+}

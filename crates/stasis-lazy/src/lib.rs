@@ -1,0 +1,60 @@
+//! Lazy restore (`stasis restore --lazy`): the restored tree runs before its
+//! private memory has arrived.
+//!
+//! The restorer maps every private anonymous area that holds image data
+//! without filling it, registers it with a userfaultfd (missing mode, with
+//! the fork, remap, remove and unmap events) created inside the process,
+//! and hands that userfaultfd to the *filler* ([`control`]), a process of
+//! its own that outlives `restore --detach`. The filler ([`filler`]) maps
+//! each faulting page's run at once and streams everything else in behind
+//! (touch-set order, then address order), reading runs from local packs or
+//! a page server ([`source`]) and checking each against its checksum. The
+//! bookkeeping of what each address space is still owed is [`state`].
+//!
+//! Other areas (file-backed, shared, System V) are filled before the tree
+//! runs, as in a full restore: a userfaultfd in missing mode cannot serve
+//! private file mappings, and shared memory is small and shared.
+
+#![cfg(all(target_os = "linux", target_arch = "x86_64"))]
+
+pub mod control;
+pub mod filler;
+pub mod source;
+pub mod state;
+
+pub use control::{Filler, FillerArgs, Hand};
+pub use filler::{serve, Config, Stats};
+pub use source::{Catalog, LocalPacks, RunSource};
+
+/// userfaultfd features a lazy restore asks for: every layout change of the
+/// process is reported before a copy can race with it.
+pub const FEATURES: u64 = stasis_sys::UFFD_FEATURE_EVENT_FORK
+    | stasis_sys::UFFD_FEATURE_EVENT_REMAP
+    | stasis_sys::UFFD_FEATURE_EVENT_REMOVE
+    | stasis_sys::UFFD_FEATURE_EVENT_UNMAP;
+
+/// Errors of a lazy restore.
+#[derive(Debug, thiserror::Error)]
+pub enum LazyError {
+    #[error("lazy restore: the image could not be read: {0}")]
+    Image(String),
+    #[error("lazy restore: the page filler's control channel failed: {0}")]
+    Control(String),
+    #[error("lazy restore: the page filler failed: {0}")]
+    Filler(String),
+    #[error(
+        "lazy restore: pages could not be fetched from {from}: {why}; the restored tree ({} processes: {killed:?}) was killed, since running on would have meant reading zeros instead of its memory",
+        killed.len()
+    )]
+    Fetch {
+        from: String,
+        why: String,
+        killed: Vec<i32>,
+    },
+}
+
+impl From<stasis_image::ImageError> for LazyError {
+    fn from(e: stasis_image::ImageError) -> Self {
+        LazyError::Image(e.to_string())
+    }
+}
