@@ -5,13 +5,15 @@
 
 mod demo;
 mod gc;
+mod page_server;
+mod restore_cmd;
 mod run;
+mod touch;
 mod ui;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -61,32 +63,20 @@ enum Cmd {
         /// on write during the copy exceed this (0: never).
         #[arg(long, default_value = "256M", value_parser = run::parse_size)]
         cow_buffer: u64,
+        /// With --leave-running: for SECS after the dump (or `auto`: the
+        /// time the image takes to retrieve), record which pages the
+        /// process writes, as the touch set a lazy restore sends first.
+        /// Uses the uffd write tracking of --track.
+        #[arg(long, requires = "leave_running", value_name = "SECS|auto")]
+        touch_window: Option<String>,
         #[arg(long)]
         json: bool,
     },
-    /// Restore a process from an image directory.
-    Restore {
-        #[arg(short = 'D', long = "images-dir")]
-        dir: PathBuf,
-        /// Checkpoint number (default: the latest).
-        #[arg(long)]
-        checkpoint: Option<u32>,
-        /// Return once the process runs instead of waiting for it to exit.
-        #[arg(short, long)]
-        detach: bool,
-        /// Write the restored PID to this file.
-        #[arg(long)]
-        pidfile: Option<PathBuf>,
-        /// Seconds to wait for a zombie still holding the PID to be reaped.
-        #[arg(long, default_value_t = 10)]
-        pid_wait: u64,
-        /// Restore into a new PID namespace, where the saved PIDs are free
-        /// even if they are taken here.
-        #[arg(long)]
-        new_pidns: bool,
-        #[arg(long)]
-        json: bool,
-    },
+    /// Restore a process from an image directory or a page server.
+    Restore(restore_cmd::RestoreArgs),
+    /// Serve an image directory to restores on other hosts
+    /// (`restore --from ADDR`, with or without --lazy).
+    PageServer(page_server::PageServerArgs),
     /// List the checkpoints of an image directory and verify their checksums.
     Inspect {
         #[arg(short = 'D', long = "images-dir")]
@@ -140,6 +130,9 @@ enum Cmd {
     /// Holds the userfaultfds of a tracked tree between dumps (internal).
     #[command(name = "__track-keeper", hide = true)]
     TrackKeeper { name: String },
+    /// Serves the page faults of a lazy restore (internal).
+    #[command(name = "__lazy-filler", hide = true)]
+    LazyFiller(restore_cmd::FillerCli),
 }
 
 fn main() -> ExitCode {
@@ -165,31 +158,18 @@ fn run(cli: Cli) -> Result<ExitCode> {
             track,
             concurrent,
             cow_buffer,
+            touch_window,
             json,
         } => cmd_dump(
             pid,
             &dir,
             (leave_running, concurrent, cow_buffer),
-            track.as_deref(),
+            (track.as_deref(), touch_window.as_deref()),
             json,
         ),
-        Cmd::Restore {
-            dir,
-            checkpoint,
-            detach,
-            pidfile,
-            pid_wait,
-            new_pidns,
-            json,
-        } => cmd_restore(
-            &dir,
-            checkpoint,
-            detach,
-            pidfile.as_deref(),
-            pid_wait,
-            new_pidns,
-            json,
-        ),
+        Cmd::Restore(a) => restore_cmd::cmd_restore(a),
+        Cmd::PageServer(a) => page_server::cmd_page_server(a),
+        Cmd::LazyFiller(a) => restore_cmd::cmd_lazy_filler(a),
         Cmd::PidnsInit { root } => Ok(ExitCode::from(
             u8::try_from(stasis_kernel::child::pidns_init(root)).unwrap_or(255),
         )),
@@ -252,9 +232,20 @@ fn cmd_dump(
     pid: i32,
     dir: &Path,
     (leave_running, concurrent, cow_cap): (bool, bool, u64),
-    track: Option<&str>,
+    (track, touch_window): (Option<&str>, Option<&str>),
     json: bool,
 ) -> Result<ExitCode> {
+    // A touch window reads the uffd write tracking.
+    let track = match (track, touch_window) {
+        (None, Some(_)) => Some("uffd"),
+        (Some(t), Some(_)) if t != "uffd" && t != "auto" => {
+            bail!(
+                "--touch-window reads the uffd write tracking; it cannot be used with --track {t}"
+            )
+        }
+        (Some(_), Some(_)) => Some("uffd"),
+        (t, None) => t,
+    };
     let store = stasis_image::ImageDir::create_or_open(dir)
         .with_context(|| format!("opening image directory {}", dir.display()))?;
     // Tracking: as asked, or as armed by the previous dump into DIR.
@@ -297,74 +288,36 @@ fn cmd_dump(
         println!("{v}");
     } else {
         println!("{}", ui::dump_line(&r));
-        if let Some(n) = note {
+        if let Some(n) = &note {
             println!("note: {n}");
         }
     }
-    Ok(ExitCode::SUCCESS)
-}
-
-fn cmd_restore(
-    dir: &Path,
-    checkpoint: Option<u32>,
-    detach: bool,
-    pidfile: Option<&Path>,
-    pid_wait: u64,
-    new_pidns: bool,
-    json: bool,
-) -> Result<ExitCode> {
-    let store = stasis_image::ImageDir::open(dir)
-        .with_context(|| format!("opening image directory {}", dir.display()))?;
-    let progress = ui::Progress::new("restoring");
-    let opts = stasis_restore::RestoreOptions {
-        checkpoint,
-        pid_wait: Duration::from_secs(pid_wait),
-        progress: Some(progress.callback()),
-        new_pidns,
-    };
-    let r = stasis_restore::restore(&store, &opts).context("restore failed")?;
-    progress.finish();
-    if let Some(pf) = pidfile {
-        if let Err(e) = ui::write_pidfile(pf, r.pid) {
-            // The process runs; say so rather than leaving it unaccounted for.
-            eprintln!(
-                "stasis: warning: restored pid {} but could not write {}: {e}",
-                r.pid,
-                pf.display()
-            );
+    if let Some(spec) = touch_window {
+        match touch::window(spec, r.bytes, r.total_us, None)? {
+            None => println!(
+                "touch window: off ({} is small enough to restore whole)",
+                ui::bytes(r.bytes)
+            ),
+            Some(w) => {
+                let ts = touch::record_window(&store, r.checkpoint, w)
+                    .context("recording the touch set")?;
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::json!({"touch_window_ms": ts.window_ms, "touch_pages": ts.pages()})
+                    );
+                } else {
+                    println!(
+                        "touch set: {} pages written in {} after checkpoint {}",
+                        ts.pages(),
+                        ui::secs(ts.window_ms * 1000),
+                        r.checkpoint
+                    );
+                }
+            }
         }
     }
-    if json {
-        println!("{}", serde_json::to_string(&r)?);
-    } else {
-        let waited = if r.pid_wait_us >= 1000 {
-            format!(
-                " (of which {} waiting for the PID to be released)",
-                ui::secs(r.pid_wait_us)
-            )
-        } else {
-            String::new()
-        };
-        let ns = r
-            .pid_in_namespace
-            .map(|p| format!(" (PID {p} in a new PID namespace)"))
-            .unwrap_or_default();
-        println!(
-            "restored pid {}{ns} from checkpoint {}: {} pages, {} in {}{waited}",
-            r.pid,
-            r.checkpoint,
-            r.pages,
-            ui::bytes(r.bytes),
-            ui::secs(r.total_us)
-        );
-    }
-    let _ = std::io::stdout().flush();
-    if detach {
-        return Ok(ExitCode::SUCCESS);
-    }
-    // With a new PID namespace, its init (our child) exits with the root's status.
-    let status = ui::wait_child(r.init_pid.unwrap_or(r.pid), r.pid)?;
-    Ok(ExitCode::from(status))
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Fails with a clear message when not root (most commands need it).

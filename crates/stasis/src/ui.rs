@@ -205,8 +205,31 @@ pub fn inspect(dir: &Path, checkpoint: Option<u32>, json: bool) -> Result<ExitCo
         if verified.is_err() {
             bad += 1;
         }
+        use stasis_image::touch::{read_touch_set, TouchSource};
+        let touch: Vec<(
+            TouchSource,
+            Result<Option<stasis_image::touch::TouchSet>, String>,
+        )> = [TouchSource::Window, TouchSource::Faults]
+            .into_iter()
+            .map(|s| (s, read_touch_set(cp.dir(), s).map_err(|e| e.to_string())))
+            .collect();
         if json {
             let mut v = serde_json::to_value(&summary)?;
+            for (src, t) in &touch {
+                let key = match src {
+                    TouchSource::Window => "touch_window",
+                    TouchSource::Faults => "touch_faults",
+                };
+                v[key] = match t {
+                    Ok(Some(ts)) => serde_json::json!({
+                        "pages": ts.pages(),
+                        "window_ms": ts.window_ms,
+                        "processes": ts.procs.len(),
+                    }),
+                    Ok(None) => serde_json::Value::Null,
+                    Err(e) => serde_json::json!({ "error": e }),
+                };
+            }
             v["verified"] = serde_json::Value::Bool(verified.is_ok());
             if let Err(e) = &verified {
                 v["error"] = serde_json::Value::String(e.to_string());
@@ -243,6 +266,21 @@ pub fn inspect(dir: &Path, checkpoint: Option<u32>, json: bool) -> Result<ExitCo
                 p.fds,
                 stored_pages(summary.incremental, p.pack_pages, p.memory_pages)
             );
+        }
+        for (src, t) in &touch {
+            match (src, t) {
+                (TouchSource::Window, Ok(Some(ts))) => println!(
+                    "  touch set: {} pages written in the {} window after the checkpoint (sent first by a lazy restore)",
+                    ts.pages(),
+                    secs(ts.window_ms * 1000)
+                ),
+                (TouchSource::Faults, Ok(Some(ts))) => println!(
+                    "  fault order: {} pages, as they faulted in the last lazy restore (sent first next time)",
+                    ts.pages()
+                ),
+                (_, Ok(None)) => {}
+                (_, Err(e)) => println!("  {e}"),
+            }
         }
         if checkpoint.is_some() {
             print_detail(&cp);

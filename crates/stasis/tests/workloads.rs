@@ -66,6 +66,31 @@ fn leave_running_with(name: &str, args: &[&str], flags: &[&str]) {
     w.finish_pass();
 }
 
+/// Dump + lazy restore twice: the workload runs on while its private
+/// memory is mapped in on demand and streamed behind it; the second dump
+/// waits for the first filler to finish. Each filler must end cleanly.
+fn twice_lazy(name: &str, args: &[&str]) {
+    let mut w = Workload::start(name, args);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let stats = w.dir.path().join("lazy-stats.json");
+    let stats_arg = stats.to_str().unwrap().to_string();
+    for round in 1..=2 {
+        w.dump_and_reap();
+        assert!(
+            !alive(w.pid),
+            "{name}: still alive after dump round {round}"
+        );
+        let _ = std::fs::remove_file(&stats);
+        w.restore(&["--lazy", "--lazy-stats", &stats_arg]);
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let s = wait_json_file(&stats, std::time::Duration::from_secs(60));
+        assert!(s.get("error").is_none(), "{name}: filler failed: {s}");
+        assert_eq!(s["aborted"], false, "{name}: {s}");
+        assert!(s["processes"].as_u64().unwrap() >= 1, "{name}: {s}");
+    }
+    w.finish_pass();
+}
+
 fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {
@@ -94,6 +119,7 @@ macro_rules! workload_tests {
         mod twice { use super::*; $( #[test] fn $name() { twice($bin, &[$($arg),*]); } )* }
         mod leave_running { use super::*; $( #[test] fn $name() { leave_running($bin, &[$($arg),*]); } )* }
         mod concurrent { use super::*; $( #[test] fn $name() { leave_running_with($bin, &[$($arg),*], &["--concurrent"]); } )* }
+        mod lazy { use super::*; $( #[test] fn $name() { twice_lazy($bin, &[$($arg),*]); } )* }
     };
 }
 

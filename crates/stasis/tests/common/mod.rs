@@ -343,3 +343,21 @@ pub fn unused_pid() -> i32 {
         .find(|p| !Path::new(&format!("/proc/{p}")).exists())
         .expect("a free pid")
 }
+
+/// Waits for `path` to hold a JSON object (written by another process).
+pub fn wait_json_file(path: &Path, timeout: Duration) -> serde_json::Value {
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) {
+                return v;
+            }
+        }
+        assert!(
+            t0.elapsed() < timeout,
+            "{} did not appear in {timeout:?}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -1,0 +1,456 @@
+//! `stasis restore`: local or from a page server, whole or lazy; and the
+//! lazy restore's filler process (`__lazy-filler`).
+
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use stasis_image::RunEntry;
+use stasis_lazy::{Catalog, Filler, FillerArgs, Hand, LocalPacks, RunSource};
+use stasis_pageserver::{Client, MirrorData};
+
+use crate::ui;
+
+/// Options of `stasis restore`.
+#[derive(clap::Args, Debug)]
+pub struct RestoreArgs {
+    /// Image directory (or, with --from, nothing: the server has the image).
+    #[arg(short = 'D', long = "images-dir", required_unless_present = "from")]
+    dir: Option<PathBuf>,
+    /// Checkpoint number (default: the latest).
+    #[arg(long)]
+    checkpoint: Option<u32>,
+    /// Return once the process runs instead of waiting for it to exit.
+    #[arg(short, long)]
+    detach: bool,
+    /// Write the restored PID to this file.
+    #[arg(long)]
+    pidfile: Option<PathBuf>,
+    /// Seconds to wait for a zombie still holding the PID to be reaped.
+    #[arg(long, default_value_t = 10)]
+    pid_wait: u64,
+    /// Restore into a new PID namespace, where the saved PIDs are free
+    /// even if they are taken here.
+    #[arg(long)]
+    new_pidns: bool,
+    /// Start the process before its memory has arrived: private memory is
+    /// mapped in as the process touches it (touch set first), and the rest
+    /// streams in behind, by a filler process that exits when done.
+    #[arg(long)]
+    lazy: bool,
+    /// Restore from the page server at ADDR (host:port) instead of a local
+    /// image directory.
+    #[arg(long, value_name = "ADDR", conflicts_with = "dir")]
+    from: Option<String>,
+    /// File holding the page server's shared token.
+    #[arg(long, requires = "from")]
+    token_file: Option<PathBuf>,
+    /// Threads streaming pages in the background (--lazy).
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    lazy_threads: usize,
+    /// Cap the background streaming of a lazy restore at this many bytes
+    /// per second (e.g. 100M), to spare the disk or link; faults are
+    /// always served at once.
+    #[arg(long, value_name = "RATE", value_parser = crate::run::parse_size, requires = "lazy")]
+    lazy_bandwidth: Option<u64>,
+    /// With --detach: append the page filler's messages (a failed fetch
+    /// and the tree it killed) to this file; without it they are lost once
+    /// the restore has returned (the statistics file still says).
+    #[arg(long, value_name = "FILE", requires = "lazy")]
+    lazy_log: Option<PathBuf>,
+    /// Write the filler's statistics (faults, latencies, fill time) here as
+    /// JSON when it is done (--lazy).
+    #[arg(long, value_name = "FILE", requires = "lazy")]
+    lazy_stats: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
+}
+
+/// The filler as the restorer's lazy sink.
+struct Sink(Filler);
+
+impl stasis_restore::LazySink for Sink {
+    fn features(&self) -> u64 {
+        stasis_lazy::FEATURES
+    }
+    fn hand(
+        &self,
+        image_pid: i32,
+        pid: i32,
+        areas: &[(u64, u64)],
+        uffd: &OwnedFd,
+    ) -> Result<(), String> {
+        self.0
+            .hand(
+                Hand {
+                    image_pid,
+                    pid,
+                    areas: areas.to_vec(),
+                },
+                uffd,
+            )
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// A local copy of a remote image, removed when dropped.
+struct MirrorDir(tempfile::TempDir);
+
+fn fetch_mirror(
+    addr: &str,
+    token: &[u8],
+    n: Option<u32>,
+    data: MirrorData,
+) -> Result<(MirrorDir, u32)> {
+    let tmp = tempfile::Builder::new()
+        .prefix("stasis-from-")
+        .tempdir()
+        .context("creating a temporary directory for the image from the page server")?;
+    let dest = tmp.path().join("image");
+    let progress = ui::Progress::new("fetching");
+    let cb = progress.callback();
+    let m = stasis_pageserver::mirror(addr, token, n, &dest, data, Some(&|a, b| cb(a, b)))
+        .with_context(|| format!("fetching the image from the page server at {addr}"))?;
+    progress.finish();
+    Ok((MirrorDir(tmp), m.checkpoint))
+}
+
+/// Fetches into a sparse mirror the runs of every area a lazy restore
+/// fills before the tree runs (all but private anonymous memory).
+fn fill_eager(addr: &str, token: &[u8], dir: &Path, n: u32) -> Result<()> {
+    let store = stasis_image::ImageDir::open(dir)?;
+    let chain = stasis_image::load_chain(&store, Some(n))?;
+    let head = &chain[0];
+    let mut client = Client::connect(addr, token)?;
+    for p in head
+        .manifest
+        .processes
+        .iter()
+        .filter(|p| p.zombie.is_none())
+    {
+        let mut eager: Vec<(u64, u64)> = p
+            .vmas
+            .iter()
+            .filter(|v| !stasis_restore::lazy_area(v))
+            .map(|v| (v.start, v.end))
+            .collect();
+        eager.sort_unstable();
+        for src in stasis_image::page_sources(&chain, p)? {
+            let runs: Vec<RunEntry> = src
+                .pack
+                .runs()
+                .iter()
+                .filter(|e| {
+                    !stasis_image::chain::intersect(&eager, &[(e.vaddr, e.end())]).is_empty()
+                })
+                .copied()
+                .collect();
+            if runs.is_empty() {
+                continue;
+            }
+            let name = src
+                .pack
+                .path()
+                .file_name()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            stasis_pageserver::fill_runs(
+                &mut client,
+                src.checkpoint,
+                &name,
+                src.pack.path(),
+                &runs,
+            )
+            .with_context(|| format!("fetching the eagerly restored pages of process {}", p.pid))?;
+        }
+    }
+    Ok(())
+}
+
+pub fn cmd_restore(a: RestoreArgs) -> Result<ExitCode> {
+    let token = match &a.token_file {
+        Some(f) => Some(crate::page_server::read_token_file(f)?),
+        None if a.from.is_some() => bail!(
+            "--from needs --token-file: the page server only serves clients that know its token"
+        ),
+        None => None,
+    };
+    // Where the image is: local, or a local mirror of the server's.
+    let mut _mirror = None;
+    let (dir, checkpoint) = match (&a.from, &a.dir) {
+        (Some(addr), _) => {
+            let token = token.as_deref().unwrap_or_default();
+            let data = if a.lazy {
+                MirrorData::Sparse
+            } else {
+                MirrorData::Full
+            };
+            let (m, n) = fetch_mirror(addr, token, a.checkpoint, data)?;
+            let dir = m.0.path().join("image");
+            if a.lazy {
+                fill_eager(addr, token, &dir, n)?;
+            }
+            _mirror = Some(m);
+            (dir, Some(n))
+        }
+        (None, Some(d)) => (d.clone(), a.checkpoint),
+        (None, None) => bail!("give an image directory (-D DIR) or a page server (--from ADDR)"),
+    };
+    let store = stasis_image::ImageDir::open(&dir)
+        .with_context(|| format!("opening image directory {}", dir.display()))?;
+    let filler = if a.lazy {
+        let n = match checkpoint {
+            Some(n) => n,
+            None => store
+                .latest()?
+                .context("the image directory has no checkpoint")?,
+        };
+        let exe = std::env::current_exe().context("finding the stasis executable")?;
+        let args = FillerArgs {
+            dir: dir.clone(),
+            checkpoint: n,
+            from: a.from.clone().zip(a.token_file.clone()),
+            threads: a.lazy_threads.max(1),
+            stats_file: a.lazy_stats.clone(),
+            bandwidth: a.lazy_bandwidth.unwrap_or(0),
+            log: a.detach.then(|| a.lazy_log.clone()),
+            record_faults: a.from.is_none(),
+        };
+        Some(Filler::spawn(&exe, &args).context("starting the lazy restore's page filler")?)
+    } else {
+        None
+    };
+    let progress = ui::Progress::new("restoring");
+    let opts = stasis_restore::RestoreOptions {
+        checkpoint,
+        pid_wait: Duration::from_secs(a.pid_wait),
+        progress: Some(progress.callback()),
+        new_pidns: a.new_pidns,
+        lazy: filler
+            .clone()
+            .map(|f| Box::new(Sink(f)) as Box<dyn stasis_restore::LazySink>),
+    };
+    let r = match stasis_restore::restore(&store, &opts) {
+        Ok(r) => r,
+        Err(e) => {
+            if let Some(f) = &filler {
+                f.abort();
+            }
+            return Err(e).context("restore failed");
+        }
+    };
+    if let Some(f) = &filler {
+        // The tree runs: from here the filler finishes on its own.
+        f.done().context("telling the page filler the tree runs")?;
+    }
+    progress.finish();
+    if let Some(pf) = &a.pidfile {
+        if let Err(e) = ui::write_pidfile(pf, r.pid) {
+            // The process runs; say so rather than leaving it unaccounted for.
+            eprintln!(
+                "stasis: warning: restored pid {} but could not write {}: {e}",
+                r.pid,
+                pf.display()
+            );
+        }
+    }
+    if a.json {
+        let mut v = serde_json::to_value(&r)?;
+        if let Some(f) = &filler {
+            v["filler_pid"] = f.pid.into();
+        }
+        println!("{v}");
+    } else {
+        let waited = if r.pid_wait_us >= 1000 {
+            format!(
+                " (of which {} waiting for the PID to be released)",
+                ui::secs(r.pid_wait_us)
+            )
+        } else {
+            String::new()
+        };
+        let ns = r
+            .pid_in_namespace
+            .map(|p| format!(" (PID {p} in a new PID namespace)"))
+            .unwrap_or_default();
+        let lazy = filler
+            .as_ref()
+            .map(|f| {
+                format!(
+                    "; {} left to the page filler (pid {}), which maps pages in as they are touched and streams the rest",
+                    ui::bytes(r.lazy_bytes),
+                    f.pid
+                )
+            })
+            .unwrap_or_default();
+        println!(
+            "restored pid {}{ns} from checkpoint {}: {} pages, {} in {}{waited}{lazy}",
+            r.pid,
+            r.checkpoint,
+            r.pages,
+            ui::bytes(r.bytes),
+            ui::secs(r.total_us)
+        );
+    }
+    let _ = std::io::stdout().flush();
+    // A lazy restore from a page server: the filler has the indexes it
+    // needs in memory, and the eager pages are in the process.
+    drop(_mirror);
+    if a.detach {
+        return Ok(ExitCode::SUCCESS);
+    }
+    // With a new PID namespace, its init (our child) exits with the root's status.
+    let status = ui::wait_child(r.init_pid.unwrap_or(r.pid), r.pid)?;
+    Ok(ExitCode::from(status))
+}
+
+/// Options of the lazy filler (started by `restore --lazy`).
+#[derive(clap::Args, Debug)]
+pub struct FillerCli {
+    #[arg(long)]
+    dir: PathBuf,
+    #[arg(long)]
+    checkpoint: u32,
+    #[arg(long, default_value_t = 4)]
+    threads: usize,
+    #[arg(long)]
+    from: Option<String>,
+    #[arg(long, requires = "from")]
+    token_file: Option<PathBuf>,
+    #[arg(long)]
+    stats_file: Option<PathBuf>,
+    #[arg(long)]
+    record_faults: bool,
+    #[arg(long, default_value_t = 0)]
+    bandwidth: u64,
+}
+
+/// Runs read from a page server, one connection per thread at a time.
+struct RemoteRuns {
+    addr: String,
+    token: Vec<u8>,
+    pool: Mutex<Vec<Client>>,
+}
+
+impl RunSource for RemoteRuns {
+    fn read_run(
+        &self,
+        catalog: &Catalog,
+        pack: usize,
+        e: &RunEntry,
+        buf: &mut [u8],
+    ) -> std::result::Result<(), String> {
+        let p = catalog
+            .packs
+            .get(pack)
+            .ok_or_else(|| format!("no pack #{pack}"))?;
+        let pooled = self.pool.lock().ok().and_then(|mut v| v.pop());
+        let mut client = match pooled {
+            Some(c) => c,
+            None => Client::connect(&self.addr, &self.token).map_err(|err| err.to_string())?,
+        };
+        client
+            .read_run(p.checkpoint, &p.name, e, buf)
+            .map_err(|err| err.to_string())?;
+        if let Ok(mut v) = self.pool.lock() {
+            v.push(client);
+        }
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        format!("the page server at {}", self.addr)
+    }
+}
+
+pub fn cmd_lazy_filler(a: FillerCli) -> Result<ExitCode> {
+    let control = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .context("taking the control socket")?;
+    let started = Instant::now();
+    let setup = || -> Result<(Catalog, Box<dyn RunSource>)> {
+        let catalog = Catalog::load(&a.dir, a.checkpoint)?;
+        let source: Box<dyn RunSource> = match (&a.from, &a.token_file) {
+            (Some(addr), Some(tf)) => {
+                let token = crate::page_server::read_token_file(tf)?;
+                // Fail now, not at the first fault, if the server is not there.
+                let c = Client::connect(addr, &token)?;
+                Box::new(RemoteRuns {
+                    addr: addr.clone(),
+                    token,
+                    pool: Mutex::new(vec![c]),
+                })
+            }
+            _ => Box::new(LocalPacks {
+                dir: a.dir.display().to_string(),
+            }),
+        };
+        Ok((catalog, source))
+    };
+    let (catalog, source) = match setup() {
+        Ok(x) => x,
+        Err(e) => {
+            let _ = stasis_lazy::control::send(
+                control.as_fd(),
+                &stasis_lazy::control::Msg::Error(format!("{e:#}")),
+                None,
+            );
+            return Err(e);
+        }
+    };
+    let cp_dir = stasis_image::ImageDir::open(&a.dir)?
+        .load(Some(a.checkpoint))?
+        .dir()
+        .to_path_buf();
+    let cfg = stasis_lazy::Config {
+        threads: a.threads,
+        order: stasis_image::touch::priority_order(&cp_dir),
+        bandwidth: a.bandwidth,
+    };
+    let result = stasis_lazy::serve(control, catalog, source, cfg);
+    if let (Ok(s), true) = (&result, a.record_faults) {
+        // The order pages faulted in this time is the best guess for the
+        // next restore of the same checkpoint.
+        if !s.aborted && s.faults > 0 {
+            let mut procs: Vec<(i32, Vec<(u64, u32)>)> = s
+                .fault_order
+                .iter()
+                .map(|(pid, pages)| (*pid, stasis_image::touch::TouchSet::ranges_of(pages)))
+                .collect();
+            procs.sort_unstable_by_key(|p| p.0);
+            let ts = stasis_image::touch::TouchSet {
+                source: stasis_image::touch::TouchSource::Faults,
+                window_ms: 0,
+                procs,
+            };
+            if let Err(e) = stasis_image::touch::write_touch_set(&cp_dir, &ts) {
+                eprintln!("stasis: warning: could not record the fault order: {e}");
+            }
+        }
+    }
+    if let Some(path) = &a.stats_file {
+        let v = match &result {
+            Ok(s) => {
+                let mut v = serde_json::to_value(s)?;
+                v["total_us"] = u64::try_from(started.elapsed().as_micros())
+                    .unwrap_or(0)
+                    .into();
+                v
+            }
+            Err(e) => serde_json::json!({ "error": e.to_string() }),
+        };
+        std::fs::write(path, format!("{v}\n"))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    match result {
+        Ok(_) => Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!("stasis: {e}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
