@@ -531,7 +531,8 @@ fn main_loop(sh: &Arc<Shared>, control: &OwnedFd) -> Result<Stats, LazyError> {
     let mut events = Vec::new();
     let mut markers = Vec::new();
     loop {
-        if let Some(msg) = sh.lock().failure.clone() {
+        let failure = sh.lock().failure.clone();
+        if let Some(msg) = failure {
             return Err(fail(sh, &msg));
         }
         let uffds: Vec<(usize, Arc<Userfaultfd>)> = sh

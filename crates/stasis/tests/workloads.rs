@@ -69,11 +69,14 @@ fn leave_running_with(name: &str, args: &[&str], flags: &[&str]) {
 /// Dump + lazy restore twice: the workload runs on while its private
 /// memory is mapped in on demand and streamed behind it; the second dump
 /// waits for the first filler to finish. Each filler must end cleanly.
-fn twice_lazy(name: &str, args: &[&str]) {
+/// With `via_server`, the image is served by `stasis page-server` on
+/// loopback and restored with `--from`.
+fn twice_lazy(name: &str, args: &[&str], via_server: bool) {
     let mut w = Workload::start(name, args);
     std::thread::sleep(std::time::Duration::from_millis(300));
     let stats = w.dir.path().join("lazy-stats.json");
     let stats_arg = stats.to_str().unwrap().to_string();
+    let mut server = None;
     for round in 1..=2 {
         w.dump_and_reap();
         assert!(
@@ -81,7 +84,21 @@ fn twice_lazy(name: &str, args: &[&str]) {
             "{name}: still alive after dump round {round}"
         );
         let _ = std::fs::remove_file(&stats);
-        w.restore(&["--lazy", "--lazy-stats", &stats_arg]);
+        if via_server {
+            let images = w.images();
+            let s =
+                server.get_or_insert_with(|| PageServer::start(&images, "s3cret-token-0123456789"));
+            let o = stasis()
+                .args(["restore", "--detach", "--lazy", "--lazy-stats", &stats_arg])
+                .args(["--from", &s.addr, "--token-file"])
+                .arg(&s.token_file)
+                .output()
+                .unwrap();
+            assert_ok(&o, &format!("restore --lazy --from of {name}"));
+            assert!(alive(w.pid), "{name}: not running after restore --from");
+        } else {
+            w.restore(&["--lazy", "--lazy-stats", &stats_arg]);
+        }
         std::thread::sleep(std::time::Duration::from_millis(300));
         let s = wait_json_file(&stats, std::time::Duration::from_secs(60));
         assert!(s.get("error").is_none(), "{name}: filler failed: {s}");
@@ -119,7 +136,8 @@ macro_rules! workload_tests {
         mod twice { use super::*; $( #[test] fn $name() { twice($bin, &[$($arg),*]); } )* }
         mod leave_running { use super::*; $( #[test] fn $name() { leave_running($bin, &[$($arg),*]); } )* }
         mod concurrent { use super::*; $( #[test] fn $name() { leave_running_with($bin, &[$($arg),*], &["--concurrent"]); } )* }
-        mod lazy { use super::*; $( #[test] fn $name() { twice_lazy($bin, &[$($arg),*]); } )* }
+        mod lazy { use super::*; $( #[test] fn $name() { twice_lazy($bin, &[$($arg),*], false); } )* }
+        mod lazy_page_server { use super::*; $( #[test] fn $name() { twice_lazy($bin, &[$($arg),*], true); } )* }
     };
 }
 

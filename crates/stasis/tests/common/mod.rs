@@ -361,3 +361,153 @@ pub fn wait_json_file(path: &Path, timeout: Duration) -> serde_json::Value {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `stasis page-server` serving `dir` on a free loopback port.
+pub struct PageServer {
+    child: std::process::Child,
+    pub addr: String,
+    pub token_file: PathBuf,
+}
+
+impl PageServer {
+    /// Starts a page server for `dir` with token `token` (kept in a 0600
+    /// file next to `dir`), listening on `listen` (port 0: any).
+    pub fn start_on(dir: &Path, token: &str, listen: &str, netns: Option<&str>) -> PageServer {
+        use std::io::BufRead;
+        use std::os::unix::fs::PermissionsExt;
+        let token_file = dir.with_extension(format!("token-{}", std::process::id()));
+        std::fs::write(&token_file, token).unwrap();
+        std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let mut c = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns])
+                    .arg(env!("CARGO_BIN_EXE_stasis"));
+                c
+            }
+            None => stasis(),
+        };
+        c.args(["page-server", "--json", "--listen", listen, "--token-file"])
+            .arg(&token_file)
+            .arg("-D")
+            .arg(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        let mut child = c.spawn().expect("starting the page server");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("page server said {line:?}: {e}"));
+        PageServer {
+            child,
+            addr: v["listening"].as_str().unwrap().to_string(),
+            token_file,
+        }
+    }
+
+    pub fn start(dir: &Path, token: &str) -> PageServer {
+        Self::start_on(dir, token, "127.0.0.1:0", None)
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for PageServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_file(&self.token_file);
+    }
+}
+
+/// A TCP relay in front of a server: optionally slowed to `rate` bytes per
+/// second per connection, and optionally cutting each connection once it
+/// has sent `cut_after` bytes back to the client (mid-page, say).
+pub struct Proxy {
+    pub addr: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Connections that were cut.
+    pub cuts: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Proxy {
+    pub fn start(upstream: &str, rate: Option<u64>, cut_after: Option<u64>) -> Proxy {
+        use std::io::{Read, Write};
+        use std::net::{Shutdown, TcpListener, TcpStream};
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        use std::sync::Arc;
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let stop = Arc::new(AtomicBool::new(false));
+        let cuts = Arc::new(AtomicU64::new(0));
+        let (st, cu, up) = (stop.clone(), cuts.clone(), upstream.to_string());
+        std::thread::spawn(move || {
+            while !st.load(Ordering::Relaxed) {
+                let Ok((client, _)) = l.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                client.set_nonblocking(false).unwrap();
+                let Ok(server) = TcpStream::connect(&up) else {
+                    continue;
+                };
+                let (mut c1, mut s1) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 16384];
+                    while let Ok(n) = c1.read(&mut buf) {
+                        if n == 0 || s1.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = s1.shutdown(Shutdown::Write);
+                });
+                let (mut s2, mut c2, cu2, st2) = (server, client, cu.clone(), st.clone());
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 16384];
+                    let mut sent = 0u64;
+                    let t0 = std::time::Instant::now();
+                    loop {
+                        let Ok(n) = s2.read(&mut buf) else { break };
+                        if n == 0 || st2.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        let mut n = n as u64;
+                        if let Some(cut) = cut_after {
+                            if sent + n >= cut {
+                                n = cut - sent;
+                                let _ = c2.write_all(&buf[..n as usize]);
+                                cu2.fetch_add(1, Ordering::Relaxed);
+                                break;
+                            }
+                        }
+                        if c2.write_all(&buf[..n as usize]).is_err() {
+                            break;
+                        }
+                        sent += n;
+                        if let Some(r) = rate {
+                            let due = Duration::from_secs_f64(sent as f64 / r as f64);
+                            if let Some(w) = due.checked_sub(t0.elapsed()) {
+                                std::thread::sleep(w);
+                            }
+                        }
+                    }
+                    let _ = c2.shutdown(Shutdown::Both);
+                    let _ = s2.shutdown(Shutdown::Both);
+                });
+            }
+        });
+        Proxy { addr, stop, cuts }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
