@@ -472,24 +472,22 @@ impl Proxy {
                     let mut buf = [0u8; 16384];
                     let mut sent = 0u64;
                     let t0 = std::time::Instant::now();
-                    loop {
-                        let Ok(n) = s2.read(&mut buf) else { break };
+                    while let Ok(n) = s2.read(&mut buf) {
                         if n == 0 || st2.load(Ordering::Relaxed) {
                             break;
                         }
-                        let mut n = n as u64;
                         if let Some(cut) = cut_after {
-                            if sent + n >= cut {
-                                n = cut - sent;
-                                let _ = c2.write_all(&buf[..n as usize]);
+                            if sent + n as u64 >= cut {
+                                let keep = usize::try_from(cut - sent).unwrap_or(n);
+                                let _ = c2.write_all(&buf[..keep]);
                                 cu2.fetch_add(1, Ordering::Relaxed);
                                 break;
                             }
                         }
-                        if c2.write_all(&buf[..n as usize]).is_err() {
+                        if c2.write_all(&buf[..n]).is_err() {
                             break;
                         }
-                        sent += n;
+                        sent += n as u64;
                         if let Some(r) = rate {
                             let due = Duration::from_secs_f64(sent as f64 / r as f64);
                             if let Some(w) = due.checked_sub(t0.elapsed()) {
