@@ -293,7 +293,12 @@ fn cmd_dump(
         }
     }
     if let Some(spec) = touch_window {
-        match touch::window(spec, r.bytes, r.total_us, None)? {
+        match touch::window(
+            spec,
+            touch::restored_bytes(&store, r.checkpoint)?,
+            r.total_us,
+            None,
+        )? {
             None => println!(
                 "touch window: off ({} is small enough to restore whole)",
                 ui::bytes(r.bytes)

@@ -48,6 +48,12 @@ pub struct RunOptions {
     /// write during a copy exceed this (0: never).
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     pub cow_buffer: u64,
+    /// After each checkpoint, record for SECS (or `auto`: the time the
+    /// image takes to retrieve, FREM's rule; off when longer than the
+    /// interval) the pages the job writes, as the touch set a lazy restore
+    /// sends first. Needs uffd tracking.
+    #[arg(long, value_name = "SECS|auto")]
+    pub touch_window: Option<String>,
     /// One JSON object per event instead of text lines.
     #[arg(long)]
     pub json: bool,
@@ -197,6 +203,9 @@ pub fn cmd_run(o: RunOptions) -> Result<ExitCode> {
     let store = stasis_image::ImageDir::create_or_open(&o.dir)
         .with_context(|| format!("opening image directory {}", o.dir.display()))?;
     let backend = stasis_track::choose(stasis_track::Backend::parse(&o.track)?)?;
+    if o.touch_window.is_some() && backend != stasis_track::Backend::Uffd {
+        bail!("--touch-window reads the uffd write tracking, but tracking uses {backend} here");
+    }
     // A new job starts a new chain.
     let _ = stasis_track::state::clear(&o.dir);
     let log = o.log.clone().unwrap_or_else(|| o.dir.join("job.log"));
@@ -230,8 +239,27 @@ pub fn cmd_run(o: RunOptions) -> Result<ExitCode> {
     let mut cost_ewma: Option<f64> = None;
     let mut restarts = 0u32;
     let mut next = Instant::now() + interval;
+    // (checkpoint, when its touch window ends, window)
+    let mut touch_due: Option<(u32, Instant, Duration)> = None;
     loop {
-        match wait_until(pid, next)? {
+        let wake = touch_due.map_or(next, |(_, t, _)| t.min(next));
+        match wait_until(pid, wake)? {
+            Event::Due if touch_due.is_some_and(|(_, t, _)| Instant::now() >= t) => {
+                if let Some((n, _, w)) = touch_due.take() {
+                    match crate::touch::record_now(&store, n, w) {
+                        Ok(ts) => say(
+                            format!(
+                                "touch set of checkpoint {n}: {} pages written in {}",
+                                ts.pages(),
+                                ui::secs(ts.window_ms * 1000)
+                            ),
+                            serde_json::json!({"event": "touch_set", "checkpoint": n,
+                                "pages": ts.pages(), "window_ms": ts.window_ms}),
+                        ),
+                        Err(e) => eprintln!("stasis: warning: touch set of checkpoint {n}: {e:#}"),
+                    }
+                }
+            }
             Event::Due => {
                 let opts = stasis_capture::DumpOptions {
                     pid,
@@ -275,6 +303,15 @@ pub fn cmd_run(o: RunOptions) -> Result<ExitCode> {
                         v["kind"] = kind.into();
                         v["interval_s"] = interval.as_secs_f64().into();
                         say(line, v);
+                        if let Some(spec) = &o.touch_window {
+                            let w = crate::touch::window(
+                                spec,
+                                crate::touch::restored_bytes(&store, r.checkpoint)?,
+                                r.total_us,
+                                Some(interval.as_secs_f64()),
+                            )?;
+                            touch_due = w.map(|w| (r.checkpoint, Instant::now() + w, w));
+                        }
                     }
                     Err(e) => {
                         // The job may have just exited: the next wait says

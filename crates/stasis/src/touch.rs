@@ -47,6 +47,13 @@ pub fn window(
     Ok(Some(Duration::from_secs_f64(secs)))
 }
 
+/// Bytes a restore of checkpoint `n` brings back (for an incremental
+/// checkpoint, with its ancestors' pages): what a restart must retrieve.
+pub fn restored_bytes(store: &stasis_image::ImageDir, n: u32) -> Result<u64> {
+    let cp = store.load(Some(n))?;
+    Ok(stasis_image::summarize(&cp).memory_pages * sys::PAGE_SIZE)
+}
+
 /// Pages of `pid` written since its tracking was armed (present and
 /// written; private writable areas only).
 fn written_pages(pid: i32) -> Result<Vec<(u64, u32)>> {
@@ -85,8 +92,14 @@ fn written_pages(pid: i32) -> Result<Vec<(u64, u32)>> {
 /// wrote meanwhile as its touch set. Tracking (armed by the dump) is read,
 /// not re-armed: the next incremental dump still sees those pages dirty.
 pub fn record_window(store: &stasis_image::ImageDir, n: u32, window: Duration) -> Result<TouchSet> {
-    let cp = store.load(Some(n))?;
     std::thread::sleep(window);
+    record_now(store, n, window)
+}
+
+/// Stores what each process of checkpoint `n` wrote since the checkpoint
+/// (`window` long ago) as its touch set.
+pub fn record_now(store: &stasis_image::ImageDir, n: u32, window: Duration) -> Result<TouchSet> {
+    let cp = store.load(Some(n))?;
     let mut procs = Vec::new();
     for p in cp.manifest.processes.iter().filter(|p| p.zombie.is_none()) {
         match written_pages(p.pid) {

@@ -138,3 +138,48 @@ fn dump_waits_for_the_lazy_fill() {
     std::thread::sleep(Duration::from_millis(200));
     w.finish_pass();
 }
+
+/// `stasis run --touch-window` records a touch set after each checkpoint.
+#[test]
+fn run_records_a_touch_set_after_each_checkpoint() {
+    let dir = workloads();
+    let d = tempfile::tempdir().unwrap();
+    let img = d.path().join("img");
+    let pidfile = d.path().join("pid");
+    let bin = dir.join("chain_writer");
+    let mut c = stasis();
+    c.arg("run")
+        .arg("-D")
+        .arg(&img)
+        .args(["--every", "0.5", "--touch-window", "0.2", "--json", "--"])
+        .arg(&bin)
+        .arg(&pidfile)
+        .arg("16")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = c.spawn().unwrap();
+    let pid = wait_pidfile(&pidfile, Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(1800));
+    // SAFETY: stopping the job under test.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let o = child.wait_with_output().unwrap();
+    assert_ok(&o, "stasis run");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let touch: Vec<serde_json::Value> = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["event"] == "touch_set")
+        .collect();
+    assert!(!touch.is_empty(), "no touch set recorded: {out}");
+    assert!(touch[0]["pages"].as_u64().unwrap() > 0, "{out}");
+    assert_eq!(touch[0]["window_ms"], 200, "{out}");
+    let n = touch[0]["checkpoint"].as_u64().unwrap();
+    let i = stasis()
+        .args(["inspect", "--json", "-D"])
+        .arg(&img)
+        .args(["--checkpoint", &n.to_string()])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&i.stdout).unwrap();
+    assert_eq!(v[0]["touch_window"]["pages"], touch[0]["pages"], "{v}");
+}
