@@ -29,7 +29,7 @@ use crate::LazyError;
 const PAGE: u64 = 4096;
 
 /// How the filler runs.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct Config {
     /// Copier threads (at least 1).
     pub threads: usize,
@@ -38,6 +38,8 @@ pub struct Config {
     /// Cap on the background streaming rate, bytes per second (0: none).
     /// Faults are never held back.
     pub bandwidth: u64,
+    /// The guard to give each userfaultfd to (see [`crate::guard`]).
+    pub guard: Option<crate::guard::Guard>,
 }
 
 /// What the filler did, for `--stats-file` and the benchmarks.
@@ -339,7 +341,13 @@ fn copier(sh: Arc<Shared>) {
 
 /// Kills every handed-over process and its descendants.
 fn kill_tree(st: &State) -> Vec<i32> {
-    let mut todo: Vec<i32> = st.entries.iter().filter_map(|e| e.pid).collect();
+    let roots: Vec<i32> = st.entries.iter().filter_map(|e| e.pid).collect();
+    kill_pids(&roots)
+}
+
+/// SIGKILLs `roots` and all their descendants; returns who was signalled.
+pub(crate) fn kill_pids(roots: &[i32]) -> Vec<i32> {
+    let mut todo: Vec<i32> = roots.to_vec();
     let mut all = Vec::new();
     while let Some(pid) = todo.pop() {
         if all.contains(&pid) {
@@ -505,7 +513,8 @@ pub fn serve(
             std::thread::spawn(move || copier(sh))
         })
         .collect();
-    let result = main_loop(&sh, &control);
+    let guard = cfg.guard;
+    let result = main_loop(&sh, &control, guard.as_ref());
     {
         let mut st = sh.lock();
         st.closing = true;
@@ -514,12 +523,21 @@ pub fn serve(
     for c in copiers {
         let _ = c.join();
     }
+    if let Some(g) = &guard {
+        // Nothing is owed, or the tree is being killed (by us after a
+        // failed fetch, by the restorer after an abort): let go.
+        g.done();
+    }
     let mut stats = result?;
     stats.pages_streamed = sh.streamed.lock().map(|s| *s).unwrap_or(0);
     Ok(stats)
 }
 
-fn main_loop(sh: &Arc<Shared>, control: &OwnedFd) -> Result<Stats, LazyError> {
+fn main_loop(
+    sh: &Arc<Shared>,
+    control: &OwnedFd,
+    guard: Option<&crate::guard::Guard>,
+) -> Result<Stats, LazyError> {
     let mut stats = Stats::default();
     let mut lat = Vec::new();
     let mut cache = RunCache::default();
@@ -568,6 +586,9 @@ fn main_loop(sh: &Arc<Shared>, control: &OwnedFd) -> Result<Stats, LazyError> {
                     Some((Msg::Hand(h), Some(fd))) => {
                         first_hand.get_or_insert_with(Instant::now);
                         let uffd = Userfaultfd::from_fd(fd, 0);
+                        if let Some(g) = guard {
+                            g.watch(Some(h.pid), &uffd)?;
+                        }
                         // Dumps of this process wait while this is bound.
                         markers.extend(busy_marker(h.pid));
                         let owed = intersect(&h.areas, &sh.catalog.data_ranges(h.image_pid));
@@ -614,6 +635,9 @@ fn main_loop(sh: &Arc<Shared>, control: &OwnedFd) -> Result<Stats, LazyError> {
                 match ev {
                     Event::PageFault { addr, .. } => later.push((*i, addr, now)),
                     Event::Fork(child) => {
+                        if let Some(g) = guard {
+                            g.watch(None, &child)?;
+                        }
                         let mut st = sh.lock();
                         let parent = &st.entries[*i];
                         let e = Entry {

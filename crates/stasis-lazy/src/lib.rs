@@ -9,7 +9,9 @@
 //! each faulting page's run at once and streams everything else in behind
 //! (touch-set order, then address order), reading runs from local packs or
 //! a page server ([`source`]) and checking each against its checksum. The
-//! bookkeeping of what each address space is still owed is [`state`].
+//! bookkeeping of what each address space is still owed is [`state`]. A
+//! [`guard`] process holds a copy of every userfaultfd, so that the filler
+//! dying kills the tree instead of letting it read zeros.
 //!
 //! Other areas (file-backed, shared, System V) are filled before the tree
 //! runs, as in a full restore: a userfaultfd in missing mode cannot serve
@@ -19,6 +21,7 @@
 
 pub mod control;
 pub mod filler;
+pub mod guard;
 pub mod source;
 pub mod state;
 

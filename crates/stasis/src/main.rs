@@ -133,6 +133,9 @@ enum Cmd {
     /// Serves the page faults of a lazy restore (internal).
     #[command(name = "__lazy-filler", hide = true)]
     LazyFiller(restore_cmd::FillerCli),
+    /// Kills a lazily restored tree if its filler dies (internal).
+    #[command(name = "__lazy-guard", hide = true)]
+    LazyGuard,
 }
 
 fn main() -> ExitCode {
@@ -170,6 +173,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Restore(a) => restore_cmd::cmd_restore(a),
         Cmd::PageServer(a) => page_server::cmd_page_server(a),
         Cmd::LazyFiller(a) => restore_cmd::cmd_lazy_filler(a),
+        Cmd::LazyGuard => restore_cmd::cmd_lazy_guard(),
         Cmd::PidnsInit { root } => Ok(ExitCode::from(
             u8::try_from(stasis_kernel::child::pidns_init(root)).unwrap_or(255),
         )),

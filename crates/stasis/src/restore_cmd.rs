@@ -406,10 +406,12 @@ pub fn cmd_lazy_filler(a: FillerCli) -> Result<ExitCode> {
         .load(Some(a.checkpoint))?
         .dir()
         .to_path_buf();
+    let exe = std::env::current_exe().context("finding the stasis executable")?;
     let cfg = stasis_lazy::Config {
         threads: a.threads,
         order: stasis_image::touch::priority_order(&cp_dir),
         bandwidth: a.bandwidth,
+        guard: Some(stasis_lazy::guard::Guard::spawn(&exe)?),
     };
     let result = stasis_lazy::serve(control, catalog, source, cfg);
     if let (Ok(s), true) = (&result, a.record_faults) {
@@ -453,4 +455,21 @@ pub fn cmd_lazy_filler(a: FillerCli) -> Result<ExitCode> {
             Ok(ExitCode::FAILURE)
         }
     }
+}
+
+/// The lazy filler's guard (`__lazy-guard`): see `stasis_lazy::guard`.
+pub fn cmd_lazy_guard() -> Result<ExitCode> {
+    let sock = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .context("taking the guard socket")?;
+    let killed = stasis_lazy::guard::run(sock)?;
+    if killed.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    eprintln!(
+        "stasis: the page filler of a lazy restore died before every page had arrived; the restored tree ({} processes: {killed:?}) was killed, since running on would have meant reading zeros instead of its memory",
+        killed.len()
+    );
+    Ok(ExitCode::FAILURE)
 }

@@ -183,3 +183,47 @@ fn run_records_a_touch_set_after_each_checkpoint() {
     let v: serde_json::Value = serde_json::from_slice(&i.stdout).unwrap();
     assert_eq!(v[0]["touch_window"]["pages"], touch[0]["pages"], "{v}");
 }
+
+/// The filler is SIGKILLed while pages are still owed: its guard kills the
+/// tree (which would otherwise read zeros once the last userfaultfd went).
+#[test]
+fn filler_killed_mid_fill_kills_the_tree() {
+    let mut w = Workload::start("heap", &["256"]);
+    w.dump_and_reap();
+    let log = w.dir.path().join("filler.log");
+    let o = stasis()
+        .args([
+            "restore",
+            "--detach",
+            "--json",
+            "--lazy",
+            "--lazy-bandwidth",
+            "32M",
+            "-D",
+        ])
+        .arg(w.images())
+        .arg("--lazy-log")
+        .arg(&log)
+        .output()
+        .unwrap();
+    assert_ok(&o, "restore --lazy");
+    let filler = json(&o)["filler_pid"].as_i64().unwrap() as i32;
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(alive(w.pid));
+    // SAFETY: killing the filler under test.
+    unsafe { libc::kill(filler, libc::SIGKILL) };
+    let t0 = std::time::Instant::now();
+    while alive(w.pid) && t0.elapsed() < Duration::from_secs(30) {
+        reap_if_ours(w.pid);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!alive(w.pid), "the tree outlived its filler");
+    reap_if_ours(filler);
+    let t0 = std::time::Instant::now();
+    let mut text = String::new();
+    while !text.contains("reading zeros") && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+        text = std::fs::read_to_string(&log).unwrap_or_default();
+    }
+    assert!(text.contains("filler of a lazy restore died"), "{text}");
+}
