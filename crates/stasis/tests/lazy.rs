@@ -207,7 +207,7 @@ fn filler_killed_mid_fill_kills_the_tree() {
         .output()
         .unwrap();
     assert_ok(&o, "restore --lazy");
-    let filler = json(&o)["filler_pid"].as_i64().unwrap() as i32;
+    let filler = i32::try_from(json(&o)["filler_pid"].as_i64().unwrap()).unwrap();
     std::thread::sleep(Duration::from_millis(300));
     assert!(alive(w.pid));
     // SAFETY: killing the filler under test.
