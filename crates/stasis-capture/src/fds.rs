@@ -78,6 +78,154 @@ pub fn unsupported_reason(pid: i32, fd: i32, link: &str) -> Option<String> {
 }
 
 /// Lists the fd numbers of `pid`.
+/// The TCP listeners of a tree, closed to new connections for the length
+/// of a dump (see [`AcceptGate::close`]); opened again when dropped.
+#[derive(Debug, Default)]
+pub struct AcceptGate {
+    socks: Vec<OwnedFd>,
+    pids: Vec<i32>,
+}
+
+impl AcceptGate {
+    /// Attaches a drop-everything filter to every TCP listener of `pids`
+    /// that has no filter of its own, so that no new connection completes
+    /// its handshake (clients see a lost SYN and retransmit it): what is in
+    /// the accept queue can then drain, since the program runs on until the
+    /// freeze, and nothing refills it. Best effort.
+    pub fn close(pids: &[i32]) -> AcceptGate {
+        let mut g = AcceptGate {
+            socks: Vec::new(),
+            pids: pids.to_vec(),
+        };
+        for &pid in pids {
+            let Ok(pfd) = pidfd::pidfd_open(pid) else {
+                continue;
+            };
+            for fd in list_fds(pid).unwrap_or_default() {
+                let is_socket = std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
+                    .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"));
+                if !is_socket {
+                    continue;
+                }
+                let Ok(s) = pidfd::pidfd_getfd(&pfd, fd) else {
+                    continue;
+                };
+                let b = s.as_fd();
+                let tcp_listener =
+                    sock::get_int(b, libc::SOL_SOCKET, libc::SO_ACCEPTCONN).unwrap_or(0) == 1
+                        && matches!(
+                            sock::get_int(b, libc::SOL_SOCKET, libc::SO_DOMAIN),
+                            Ok(libc::AF_INET | libc::AF_INET6)
+                        )
+                        && sock::get_int(b, libc::SOL_SOCKET, libc::SO_PROTOCOL)
+                            .is_ok_and(|p| p == libc::IPPROTO_TCP);
+                if !tcp_listener || sock::has_filter(b) {
+                    continue;
+                }
+                if sock::attach_drop_all(b).is_ok() {
+                    g.socks.push(s);
+                }
+            }
+        }
+        g
+    }
+
+    /// Waits (up to `patience`) until no gated listener has a connection
+    /// waiting to be accepted.
+    pub fn drain(&self, patience: std::time::Duration) {
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < patience
+            && self
+                .socks
+                .iter()
+                .any(|s| sock::tcp_info(s.as_fd()).is_ok_and(|i| i.unacked > 0))
+        {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}
+
+impl Drop for AcceptGate {
+    fn drop(&mut self) {
+        if self.socks.is_empty() {
+            return;
+        }
+        for s in &self.socks {
+            if let Err(e) = sock::detach_filter(s.as_fd()) {
+                tracing::warn!("could not reopen a TCP listener to new connections: {e}");
+            }
+        }
+        // A connection whose handshake completed just as the filter went
+        // on inherited it: it would drop everything it receives.
+        for &pid in &self.pids {
+            let Ok(pfd) = pidfd::pidfd_open(pid) else {
+                continue;
+            };
+            for fd in list_fds(pid).unwrap_or_default() {
+                let is_socket = std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
+                    .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"));
+                if !is_socket {
+                    continue;
+                }
+                if let Ok(s) = pidfd::pidfd_getfd(&pfd, fd) {
+                    if sock::has_drop_all_filter(s.as_fd()) {
+                        let _ = sock::detach_filter(s.as_fd());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The first listening socket of `pids` with connections waiting to be
+/// accepted: `(pid, fd, how many)`. Such a backlog is usually transient
+/// (the program accepts as soon as it runs), so a dump retries the freeze
+/// rather than refuse at once.
+pub fn accept_backlog(pids: &[i32]) -> Option<(i32, i32, u32)> {
+    let mut unix: Option<HashMap<u64, sockdiag::UnixInfo>> = None;
+    for &pid in pids {
+        let Ok(pfd) = pidfd::pidfd_open(pid) else {
+            continue;
+        };
+        for fd in list_fds(pid).unwrap_or_default() {
+            let Ok(link) = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")) else {
+                continue;
+            };
+            let link = link.to_string_lossy();
+            let Some(ino) = link
+                .strip_prefix("socket:[")
+                .and_then(|r| r.strip_suffix(']'))
+                .and_then(|n| n.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            let Ok(s) = pidfd::pidfd_getfd(&pfd, fd) else {
+                continue;
+            };
+            let b = s.as_fd();
+            if sock::get_int(b, libc::SOL_SOCKET, libc::SO_ACCEPTCONN).unwrap_or(0) != 1 {
+                continue;
+            }
+            let waiting = match sock::get_int(b, libc::SOL_SOCKET, libc::SO_DOMAIN) {
+                Ok(libc::AF_UNIX) => {
+                    if unix.is_none() {
+                        unix = sockdiag::unix_sockets().ok();
+                    }
+                    unix.as_ref()
+                        .and_then(|m| m.get(&ino))
+                        .map_or(0, |i| i.rqueue)
+                }
+                Ok(libc::AF_INET | libc::AF_INET6) => sock::tcp_info(b).map_or(0, |i| i.unacked),
+                _ => 0,
+            };
+            if waiting > 0 {
+                return Some((pid, fd, waiting));
+            }
+        }
+    }
+    None
+}
+
 pub fn list_fds(pid: i32) -> Result<Vec<i32>> {
     let rd = std::fs::read_dir(proc::proc_path(pid, "fd"))
         .map_err(|e| CaptureError::from_proc(pid, "fd", e))?;

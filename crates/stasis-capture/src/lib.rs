@@ -172,17 +172,24 @@ pub fn dump_tracked(
         }
         None => Err(String::new()),
     };
-    if base.is_ok() {
-        // Collecting re-arms the tracking: from here until the new
-        // checkpoint is committed, the old one is no base for anything.
-        stasis_track::state::clear(store.path()).map_err(|e| CaptureError::Track(e.to_string()))?;
-    }
-    let mut frozen = freeze::freeze_tree(opts.pid)?;
-    let frozen_at = Instant::now();
+    // TCP listeners take no new connection until the dump is over (the
+    // queue drains meanwhile): a connection waiting to be accepted cannot
+    // be checkpointed.
+    let gate = fds::AcceptGate::close(&proc::tree_pids(opts.pid));
+    gate.drain(BACKLOG_PATIENCE);
+    let (mut frozen, frozen_at) = freeze_without_backlog(opts.pid)?;
     if frozen.procs.first().is_none_or(|p| p.zombie.is_some()) {
         // It exited between the checks and the freeze: nothing to save.
         frozen.release()?;
         return Err(CaptureError::NoSuchProcess { pid: opts.pid });
+    }
+    if base.is_ok() {
+        // Collecting re-arms the tracking: from here until the new
+        // checkpoint is committed, the old one is no base for anything.
+        if let Err(e) = stasis_track::state::clear(store.path()) {
+            frozen.release()?;
+            return Err(CaptureError::Track(e.to_string()));
+        }
     }
     // TCP sockets in repair mode: closed silently after a kill (no FIN, no
     // RST reaches the peer), or taken out of repair when the tree runs on.
@@ -272,6 +279,44 @@ pub fn dump_tracked(
                 );
             }
             Err(e)
+        }
+    }
+}
+
+/// How long a dump keeps trying to find the tree with no connection
+/// waiting to be accepted.
+const BACKLOG_PATIENCE: Duration = Duration::from_secs(2);
+
+/// Freezes the tree, and while a listening socket of it has connections
+/// waiting to be accepted (which cannot be checkpointed, and which a busy
+/// server accepts within milliseconds), lets it run a little and freezes
+/// it again. Gives up after [`BACKLOG_PATIENCE`] and returns the tree
+/// frozen anyway: the socket is then refused with a message.
+fn freeze_without_backlog(pid: i32) -> Result<(freeze::Frozen, Instant)> {
+    let t0 = Instant::now();
+    let mut pause = Duration::from_millis(1);
+    loop {
+        let mut frozen = freeze::freeze_tree(pid)?;
+        let frozen_at = Instant::now();
+        let pids: Vec<i32> = frozen
+            .procs
+            .iter()
+            .filter(|p| p.zombie.is_none())
+            .map(|p| p.pid)
+            .collect();
+        match fds::accept_backlog(&pids) {
+            Some((p, fd, n)) if t0.elapsed() < BACKLOG_PATIENCE => {
+                tracing::debug!(
+                    pid = p,
+                    fd,
+                    n,
+                    "connections waiting to be accepted: retrying the freeze"
+                );
+                frozen.release()?;
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            _ => return Ok((frozen, frozen_at)),
         }
     }
 }

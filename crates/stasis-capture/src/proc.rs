@@ -86,6 +86,27 @@ pub fn parse_maps(text: &str) -> Result<Vec<MapsEntry>, String> {
     Ok(out)
 }
 
+/// `root` and its descendants as they are now (read from each task's
+/// `children`; a tree that forks meanwhile may have more).
+pub fn tree_pids(root: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut todo = vec![root];
+    while let Some(p) = todo.pop() {
+        if out.contains(&p) {
+            continue;
+        }
+        out.push(p);
+        if let Ok(tasks) = std::fs::read_dir(proc_path(p, "task")) {
+            for t in tasks.flatten() {
+                if let Ok(c) = std::fs::read_to_string(t.path().join("children")) {
+                    todo.extend(c.split_whitespace().filter_map(|x| x.parse::<i32>().ok()));
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Start addresses of areas whose smaps `VmFlags` include `gd` (grows down).
 pub fn parse_smaps_growsdown(text: &str) -> Vec<u64> {
     parse_smaps_flagged(text, "gd")

@@ -447,3 +447,103 @@ pub fn tcp_info(fd: BorrowedFd<'_>) -> Result<TcpInfo> {
         sacked: u32_at(28),
     })
 }
+
+/// Attaches a one-instruction classic BPF filter (`ret #0`) that drops
+/// every packet the socket receives. On a TCP listener this stops new
+/// handshakes from completing (clients see a lost SYN and retry), so its
+/// accept queue can drain; [`detach_filter`] lets them in again.
+pub fn attach_drop_all(fd: BorrowedFd<'_>) -> Result<()> {
+    let mut insn = [libc::sock_filter {
+        code: 0x06, // BPF_RET | BPF_K
+        jt: 0,
+        jf: 0,
+        k: 0,
+    }];
+    let prog = libc::sock_fprog {
+        len: 1,
+        filter: insn.as_mut_ptr(),
+    };
+    let len = libc::socklen_t::try_from(std::mem::size_of::<libc::sock_fprog>()).unwrap_or(0);
+    // SAFETY: SO_ATTACH_FILTER reads a `struct sock_fprog` whose `filter`
+    // points at `len` instructions; both live until the call returns (the
+    // kernel copies the program).
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            (&prog as *const libc::sock_fprog).cast(),
+            len,
+        )
+    };
+    if r < 0 {
+        return Err(err("setsockopt(SO_ATTACH_FILTER)".into()));
+    }
+    Ok(())
+}
+
+/// Removes the socket's filter (`SO_DETACH_FILTER`).
+pub fn detach_filter(fd: BorrowedFd<'_>) -> Result<()> {
+    set_int(fd, libc::SOL_SOCKET, libc::SO_DETACH_FILTER, 0)
+}
+
+/// Whether the socket has a classic or eBPF filter attached already.
+pub fn has_filter(fd: BorrowedFd<'_>) -> bool {
+    let mut len: libc::socklen_t = 0;
+    // SAFETY: with a zero length, SO_GET_FILTER writes nothing to the
+    // (null) buffer and returns the filter's length in `len`.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            std::ptr::null_mut(),
+            &mut len,
+        )
+    };
+    // An eBPF filter cannot be read back (EINVAL? EPERM): count it as one.
+    r != 0 || len > 0
+}
+
+/// Whether the socket's filter is exactly the one [`attach_drop_all`]
+/// attaches (a connection accepted while its listener had it inherits it).
+pub fn has_drop_all_filter(fd: BorrowedFd<'_>) -> bool {
+    let mut insn = [0u8; 8];
+    // The length is a count of instructions, here one.
+    let mut len: libc::socklen_t = 1;
+    // SAFETY: SO_GET_FILTER copies at most `len` (1) instructions of 8
+    // bytes into `insn`, or fails if the filter is longer.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            insn.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    r == 0 && len == 1 && insn == [0x06, 0, 0, 0, 0, 0, 0, 0]
+}
+
+#[cfg(test)]
+mod gate_tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn drop_all_filter_stops_handshakes_until_detached() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        assert!(!has_filter(l.as_fd()));
+        attach_drop_all(l.as_fd()).unwrap();
+        assert!(has_filter(l.as_fd()) && has_drop_all_filter(l.as_fd()));
+        let t = std::time::Duration::from_millis(300);
+        assert!(
+            std::net::TcpStream::connect_timeout(&addr, t).is_err(),
+            "a handshake completed through the drop-all filter"
+        );
+        detach_filter(l.as_fd()).unwrap();
+        assert!(!has_filter(l.as_fd()) && !has_drop_all_filter(l.as_fd()));
+        std::net::TcpStream::connect_timeout(&addr, t).expect("connect after detaching");
+    }
+}
