@@ -162,13 +162,21 @@ pub fn probe() -> Report {
             uffd_names = uffd::feature_names(f);
             let wp_async =
                 f & sys::UFFD_FEATURE_WP_ASYNC != 0 && f & sys::UFFD_FEATURE_WP_UNPOPULATED != 0;
+            let events = sys::UFFD_FEATURE_EVENT_FORK
+                | sys::UFFD_FEATURE_EVENT_REMAP
+                | sys::UFFD_FEATURE_EVENT_REMOVE
+                | sys::UFFD_FEATURE_EVENT_UNMAP;
             features.push(feat(
                 "userfaultfd",
-                true,
+                f & events == events,
                 false,
-                format!("via {src:?}; {} feature bits", uffd_names.len()),
-                "lazy restore (MISSING), concurrent dumps (WP)",
-                "full restore; stop-the-world dumps",
+                format!(
+                    "via {src:?}; {} feature bits; fork/remap/remove/unmap events: {}",
+                    uffd_names.len(),
+                    f & events == events
+                ),
+                "restore --lazy (missing mode, with the layout events)",
+                "full restores only",
             ));
             features.push(feat(
                 "uffd-wp-async",
