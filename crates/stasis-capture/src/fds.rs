@@ -78,6 +78,32 @@ pub fn unsupported_reason(pid: i32, fd: i32, link: &str) -> Option<String> {
 }
 
 /// Lists the fd numbers of `pid`.
+/// Calls `f(pid, fd, inode, socket)` with a copy of every socket fd of
+/// `pids` (taken with `pidfd_getfd`; fds that vanish meanwhile are skipped).
+fn for_each_socket(pids: &[i32], mut f: impl FnMut(i32, i32, u64, OwnedFd)) {
+    for &pid in pids {
+        let Ok(pfd) = pidfd::pidfd_open(pid) else {
+            continue;
+        };
+        for fd in list_fds(pid).unwrap_or_default() {
+            let Ok(link) = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")) else {
+                continue;
+            };
+            let Some(ino) = link
+                .to_string_lossy()
+                .strip_prefix("socket:[")
+                .and_then(|r| r.strip_suffix(']'))
+                .and_then(|n| n.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            if let Ok(s) = pidfd::pidfd_getfd(&pfd, fd) {
+                f(pid, fd, ino, s);
+            }
+        }
+    }
+}
+
 /// The TCP listeners of a tree, closed to new connections for the length
 /// of a dump (see [`AcceptGate::close`]); opened again when dropped.
 #[derive(Debug, Default)]
@@ -97,50 +123,30 @@ impl AcceptGate {
             socks: Vec::new(),
             pids: pids.to_vec(),
         };
-        for &pid in pids {
-            let Ok(pfd) = pidfd::pidfd_open(pid) else {
-                continue;
-            };
-            for fd in list_fds(pid).unwrap_or_default() {
-                let is_socket = std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
-                    .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"));
-                if !is_socket {
-                    continue;
-                }
-                let Ok(s) = pidfd::pidfd_getfd(&pfd, fd) else {
-                    continue;
-                };
-                let b = s.as_fd();
-                let tcp_listener =
-                    sock::get_int(b, libc::SOL_SOCKET, libc::SO_ACCEPTCONN).unwrap_or(0) == 1
-                        && matches!(
-                            sock::get_int(b, libc::SOL_SOCKET, libc::SO_DOMAIN),
-                            Ok(libc::AF_INET | libc::AF_INET6)
-                        )
-                        && sock::get_int(b, libc::SOL_SOCKET, libc::SO_PROTOCOL)
-                            .is_ok_and(|p| p == libc::IPPROTO_TCP);
-                if !tcp_listener || sock::has_filter(b) {
-                    continue;
-                }
-                if sock::attach_drop_all(b).is_ok() {
-                    g.socks.push(s);
-                }
+        for_each_socket(pids, |_, _, _, s| {
+            let b = s.as_fd();
+            let tcp_listener = sock::get_int(b, libc::SOL_SOCKET, libc::SO_ACCEPTCONN).unwrap_or(0)
+                == 1
+                && matches!(
+                    sock::get_int(b, libc::SOL_SOCKET, libc::SO_DOMAIN),
+                    Ok(libc::AF_INET | libc::AF_INET6)
+                )
+                && sock::get_int(b, libc::SOL_SOCKET, libc::SO_PROTOCOL)
+                    .is_ok_and(|p| p == libc::IPPROTO_TCP);
+            if tcp_listener && !sock::has_filter(b) && sock::attach_drop_all(b).is_ok() {
+                g.socks.push(s);
             }
-        }
+        });
         g
     }
 
-    /// Waits (up to `patience`) until no gated listener has a connection
-    /// waiting to be accepted.
+    /// Waits (up to `patience`) until no socket of the tree is in a
+    /// transient state ([`transient_socket`]): queues drained, closing
+    /// connections closed.
     pub fn drain(&self, patience: std::time::Duration) {
         let t0 = std::time::Instant::now();
-        while t0.elapsed() < patience
-            && self
-                .socks
-                .iter()
-                .any(|s| sock::tcp_info(s.as_fd()).is_ok_and(|i| i.unacked > 0))
-        {
-            std::thread::sleep(std::time::Duration::from_millis(1));
+        while t0.elapsed() < patience && transient_socket(&self.pids).is_some() {
+            std::thread::sleep(std::time::Duration::from_millis(2));
         }
     }
 }
@@ -157,73 +163,60 @@ impl Drop for AcceptGate {
         }
         // A connection whose handshake completed just as the filter went
         // on inherited it: it would drop everything it receives.
-        for &pid in &self.pids {
-            let Ok(pfd) = pidfd::pidfd_open(pid) else {
-                continue;
-            };
-            for fd in list_fds(pid).unwrap_or_default() {
-                let is_socket = std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
-                    .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"));
-                if !is_socket {
-                    continue;
-                }
-                if let Ok(s) = pidfd::pidfd_getfd(&pfd, fd) {
-                    if sock::has_drop_all_filter(s.as_fd()) {
-                        let _ = sock::detach_filter(s.as_fd());
-                    }
-                }
+        for_each_socket(&self.pids, |_, _, _, s| {
+            if sock::has_drop_all_filter(s.as_fd()) {
+                let _ = sock::detach_filter(s.as_fd());
             }
-        }
+        });
     }
 }
 
-/// The first listening socket of `pids` with connections waiting to be
-/// accepted: `(pid, fd, how many)`. Such a backlog is usually transient
-/// (the program accepts as soon as it runs), so a dump retries the freeze
-/// rather than refuse at once.
-pub fn accept_backlog(pids: &[i32]) -> Option<(i32, i32, u32)> {
+/// The first socket of `pids` that cannot be checkpointed now but likely
+/// can in a moment: a listener with connections waiting to be accepted, or
+/// a TCP connection opening or closing (a busy server closes a connection
+/// its client closed within milliseconds). Returns `(pid, fd, what)`.
+pub fn transient_socket(pids: &[i32]) -> Option<(i32, i32, String)> {
     let mut unix: Option<HashMap<u64, sockdiag::UnixInfo>> = None;
-    for &pid in pids {
-        let Ok(pfd) = pidfd::pidfd_open(pid) else {
-            continue;
-        };
-        for fd in list_fds(pid).unwrap_or_default() {
-            let Ok(link) = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")) else {
-                continue;
-            };
-            let link = link.to_string_lossy();
-            let Some(ino) = link
-                .strip_prefix("socket:[")
-                .and_then(|r| r.strip_suffix(']'))
-                .and_then(|n| n.parse::<u64>().ok())
-            else {
-                continue;
-            };
-            let Ok(s) = pidfd::pidfd_getfd(&pfd, fd) else {
-                continue;
-            };
-            let b = s.as_fd();
-            if sock::get_int(b, libc::SOL_SOCKET, libc::SO_ACCEPTCONN).unwrap_or(0) != 1 {
-                continue;
-            }
-            let waiting = match sock::get_int(b, libc::SOL_SOCKET, libc::SO_DOMAIN) {
-                Ok(libc::AF_UNIX) => {
-                    if unix.is_none() {
-                        unix = sockdiag::unix_sockets().ok();
-                    }
-                    unix.as_ref()
-                        .and_then(|m| m.get(&ino))
-                        .map_or(0, |i| i.rqueue)
-                }
-                Ok(libc::AF_INET | libc::AF_INET6) => sock::tcp_info(b).map_or(0, |i| i.unacked),
-                _ => 0,
-            };
-            if waiting > 0 {
-                return Some((pid, fd, waiting));
-            }
+    let mut found = None;
+    for_each_socket(pids, |pid, fd, ino, s| {
+        if found.is_some() {
+            return;
         }
-    }
-    None
+        let b = s.as_fd();
+        let listening = sock::get_int(b, libc::SOL_SOCKET, libc::SO_ACCEPTCONN).unwrap_or(0) == 1;
+        let what = match sock::get_int(b, libc::SOL_SOCKET, libc::SO_DOMAIN) {
+            Ok(libc::AF_UNIX) if listening => {
+                if unix.is_none() {
+                    unix = sockdiag::unix_sockets().ok();
+                }
+                let n = unix
+                    .as_ref()
+                    .and_then(|m| m.get(&ino))
+                    .map_or(0, |i| i.rqueue);
+                (n > 0).then(|| format!("{n} connection(s) waiting to be accepted"))
+            }
+            Ok(libc::AF_INET | libc::AF_INET6)
+                if sock::get_int(b, libc::SOL_SOCKET, libc::SO_TYPE)
+                    .is_ok_and(|t| t == libc::SOCK_STREAM) =>
+            {
+                match sock::tcp_info(b) {
+                    Ok(i) if listening && i.unacked > 0 => Some(format!(
+                        "{} connection(s) waiting to be accepted",
+                        i.unacked
+                    )),
+                    // Established, listening, or closed (never connected).
+                    Ok(i) if matches!(i.state, 1 | 7 | 10) => None,
+                    Ok(i) => Some(format!("TCP state {}", i.state)),
+                    Err(_) => None,
+                }
+            }
+            _ => None,
+        };
+        if let Some(w) = what {
+            found = Some((pid, fd, w));
+        }
+    });
+    found
 }
 
 pub fn list_fds(pid: i32) -> Result<Vec<i32>> {

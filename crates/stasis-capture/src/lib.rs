@@ -287,11 +287,12 @@ pub fn dump_tracked(
 /// waiting to be accepted.
 const BACKLOG_PATIENCE: Duration = Duration::from_secs(2);
 
-/// Freezes the tree, and while a listening socket of it has connections
-/// waiting to be accepted (which cannot be checkpointed, and which a busy
-/// server accepts within milliseconds), lets it run a little and freezes
-/// it again. Gives up after [`BACKLOG_PATIENCE`] and returns the tree
-/// frozen anyway: the socket is then refused with a message.
+/// Freezes the tree, and while a socket of it is in a transient state that
+/// cannot be checkpointed (connections waiting to be accepted, a TCP
+/// connection closing: a busy server deals with both within milliseconds),
+/// lets it run a little and freezes it again. Gives up after
+/// [`BACKLOG_PATIENCE`] and returns the tree frozen anyway: the socket is
+/// then refused with a message.
 fn freeze_without_backlog(pid: i32) -> Result<(freeze::Frozen, Instant)> {
     let t0 = Instant::now();
     let mut pause = Duration::from_millis(1);
@@ -304,13 +305,13 @@ fn freeze_without_backlog(pid: i32) -> Result<(freeze::Frozen, Instant)> {
             .filter(|p| p.zombie.is_none())
             .map(|p| p.pid)
             .collect();
-        match fds::accept_backlog(&pids) {
-            Some((p, fd, n)) if t0.elapsed() < BACKLOG_PATIENCE => {
+        match fds::transient_socket(&pids) {
+            Some((p, fd, what)) if t0.elapsed() < BACKLOG_PATIENCE => {
                 tracing::debug!(
                     pid = p,
                     fd,
-                    n,
-                    "connections waiting to be accepted: retrying the freeze"
+                    what,
+                    "a socket in a transient state: retrying the freeze"
                 );
                 frozen.release()?;
                 std::thread::sleep(pause);

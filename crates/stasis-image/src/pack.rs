@@ -562,6 +562,14 @@ impl PackReader {
         &self.path
     }
 
+    /// The pack's file name within its checkpoint (`pages-<pid>.pack`).
+    pub fn file_name(&self) -> String {
+        self.path
+            .file_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
     /// The open pack file (for `preadv` by a restorer).
     pub fn file(&self) -> &File {
         &self.file

@@ -65,12 +65,7 @@ impl Catalog {
         {
             let mut ranges = Vec::new();
             for src in stasis_image::page_sources(&chain, p)? {
-                let name = src
-                    .pack
-                    .path()
-                    .file_name()
-                    .map(|s| s.to_string_lossy().into_owned())
-                    .unwrap_or_default();
+                let name = src.pack.file_name();
                 let idx = match packs
                     .iter()
                     .position(|k| k.checkpoint == src.checkpoint && k.name == name)

@@ -152,12 +152,7 @@ fn fill_eager(addr: &str, token: &[u8], dir: &Path, n: u32) -> Result<()> {
             if runs.is_empty() {
                 continue;
             }
-            let name = src
-                .pack
-                .path()
-                .file_name()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default();
+            let name = src.pack.file_name();
             stasis_pageserver::fill_runs(
                 &mut client,
                 src.checkpoint,

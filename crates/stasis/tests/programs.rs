@@ -677,10 +677,10 @@ fn free_port() -> u16 {
         .port()
 }
 
-#[test]
-fn redis_keys_and_pipelined_client() {
-    let port = free_port();
-    let mut p = Program::start("redis", false, |d| {
+/// Starts redis-server (no persistence) on `port` and waits until it
+/// serves; returns it and a first connection.
+fn start_redis(port: u16) -> (Program, Redis) {
+    let p = Program::start("redis", false, |d| {
         let mut c = Command::new("redis-server");
         c.args(["--port", &port.to_string()])
             .args(["--bind", "127.0.0.1"])
@@ -691,11 +691,10 @@ fn redis_keys_and_pipelined_client() {
             .arg(d.join("work"));
         c
     });
-    // Wait until it serves.
     let t0 = Instant::now();
-    let mut admin = loop {
+    loop {
         if let Ok(s) = TcpStream::connect(("127.0.0.1", port)) {
-            break Redis::new(s);
+            return (p, Redis::new(s));
         }
         assert!(alive(p.pid), "redis exited:\n{}", p.out());
         assert!(
@@ -704,7 +703,13 @@ fn redis_keys_and_pipelined_client() {
             p.out()
         );
         std::thread::sleep(Duration::from_millis(20));
-    };
+    }
+}
+
+#[test]
+fn redis_keys_and_pipelined_client() {
+    let port = free_port();
+    let (mut p, mut admin) = start_redis(port);
     assert_eq!(admin.call(&[b"PING"]), Reply::Status("PONG".into()));
 
     // 10 000 keys, 1000 SETs per pipeline; "counter" is the last and
@@ -847,24 +852,7 @@ fn busy_redis_with_clients_connecting_is_checkpointed() {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
     let port = free_port();
-    let mut p = Program::start("redis", false, |d| {
-        let mut c = Command::new("redis-server");
-        c.args(["--port", &port.to_string()])
-            .args(["--bind", "127.0.0.1"])
-            .args(["--save", ""])
-            .args(["--appendonly", "no"])
-            .arg("--dir")
-            .arg(d.join("work"));
-        c
-    });
-    let t0 = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "redis does not listen"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (mut p, _) = start_redis(port);
     let stop = Arc::new(AtomicBool::new(false));
     let served = Arc::new(AtomicU64::new(0));
     let clients: Vec<_> = (0..3)
@@ -894,15 +882,19 @@ fn busy_redis_with_clients_connecting_is_checkpointed() {
         assert_ok(&o, &format!("dump {k} of a redis taking new connections"));
         std::thread::sleep(Duration::from_millis(50));
         assert!(alive(p.pid));
-        assert!(served.load(Ordering::Relaxed) >= before, "clients stalled");
+        assert!(served.load(Ordering::Relaxed) >= before);
     }
+    // Clients whose SYN was dropped during a dump retry it a second later
+    // and are served; then new ones are, at once.
+    let after_dumps = served.load(Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(1500));
     stop.store(true, Ordering::Relaxed);
     for c in clients {
         c.join().unwrap();
     }
     assert!(
-        served.load(Ordering::Relaxed) >= 10,
-        "the clients were not served"
+        served.load(Ordering::Relaxed) >= after_dumps + 10,
+        "the clients were not served after the dumps"
     );
     // The listener takes connections at once again (a SYN dropped by a
     // filter left behind would take a second to be retried).
