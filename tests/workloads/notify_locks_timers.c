@@ -759,15 +759,10 @@ static void check_flocks(void)
 
 	/*
 	 * The pid of a FLOCK lock in fdinfo (and /proc/locks) is the process
-	 * that called flock().  It should be ours, but Stasis takes flock
-	 * locks in the restorer (FdFactory), so after a restore fdinfo shows
-	 * the pid of the `stasis restore` process (e.g. "lock: 1: FLOCK
-	 * ADVISORY  WRITE 19599 ..." with 19599 the restorer, gone after
-	 * --detach).  Known Stasis limitation: the pid is not checked for
-	 * FLOCK locks (type, mode and range are; POSIX locks' pid is).
+	 * that called flock(): ours, before and after a restore.
 	 */
-	lex[0].pid = PID_ANY;
-	lsh[0].pid = PID_ANY;
+	lex[0].pid = getpid();
+	lsh[0].pid = getpid();
 
 	ZDTM_CORRUPT("flock", flock(fl_ex, LOCK_UN));
 	check_fd_locks("flock", F_FLEX, fl_ex, lex, 1);

@@ -72,6 +72,7 @@ pub struct FdFactory<'a> {
     pending_tcp: Vec<PendingTcp>,
     /// Shared epoll descriptions already given their registrations.
     epolls_filled: std::collections::HashSet<u32>,
+    flocks_taken: std::collections::HashSet<u32>,
     /// Working directory of the process whose fds are being made: unix
     /// socket names relative to it are bound and connected there, not in
     /// the restorer's own directory.
@@ -104,6 +105,7 @@ impl<'a> FdFactory<'a> {
             ghost_keepers: HashMap::new(),
             pending_tcp: Vec::new(),
             epolls_filled: std::collections::HashSet::new(),
+            flocks_taken: std::collections::HashSet::new(),
             cwd: String::new(),
         }
     }
@@ -120,6 +122,18 @@ impl<'a> FdFactory<'a> {
             (FdKind::Epoll { .. }, Some(id)) => self.epolls_filled.insert(id),
             (FdKind::Epoll { .. }, None) => true,
             _ => false,
+        }
+    }
+
+    /// Whether the process planting `img` should take its flock lock: once
+    /// per open file description.
+    pub fn claim_flock(&mut self, img: &FdImage) -> bool {
+        if !img.locks.iter().any(|l| l.kind == LockKind::Flock) {
+            return false;
+        }
+        match img.shared_id {
+            Some(id) => self.flocks_taken.insert(id),
+            None => true,
         }
     }
 
@@ -629,8 +643,10 @@ impl<'a> FdFactory<'a> {
                 });
             }
         }
-        // Locks owned by the description (flock, OFD) are taken here, once.
-        for l in img.locks.iter().filter(|l| l.kind != LockKind::Posix) {
+        // OFD locks are owned by the description: taken here, once. (flock
+        // locks too, but /proc shows who took them: the process takes them,
+        // see `restore_flock`.)
+        for l in img.locks.iter().filter(|l| l.kind == LockKind::Ofd) {
             take_ofd_lock(&made, l).map_err(|e| RestoreError::Locked {
                 fd,
                 what: format!(
@@ -699,6 +715,31 @@ fn take_ofd_lock(f: &OwnedFd, l: &FileLock) -> std::io::Result<()> {
     };
     if r < 0 {
         return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Takes the flock lock of `img` from inside the process, so that `/proc`
+/// names it as the holder (as it was at the dump).
+pub fn restore_flock<R: Remote>(r: &mut R, img: &FdImage) -> Result<(), RestoreError> {
+    for l in img.locks.iter().filter(|l| l.kind == LockKind::Flock) {
+        let op = if l.write {
+            libc::LOCK_EX
+        } else {
+            libc::LOCK_SH
+        } | libc::LOCK_NB;
+        r.sys(
+            "flock",
+            libc::SYS_flock,
+            &[u64::from(img.fd.unsigned_abs()), op.unsigned_abs().into()],
+        )
+        .map_err(|e| RestoreError::Step {
+            what: format!(
+                "taking back the flock lock on fd {} (is the file locked by another process?)",
+                img.fd
+            ),
+            source: e,
+        })?;
     }
     Ok(())
 }
@@ -1383,8 +1424,14 @@ mod tests {
             },
         };
         restore_posix_locks(&mut r, &img).unwrap();
-        // Only the POSIX lock: flock locks belong to the description.
+        // Only the POSIX lock here; the flock one is taken by `restore_flock`.
         assert_eq!(r.args_of("fcntl(F_SETLK)").len(), 1);
+        assert!(r.args_of("flock").is_empty());
+        restore_flock(&mut r, &img).unwrap();
+        assert_eq!(
+            r.args_of("flock"),
+            vec![vec![7, (libc::LOCK_SH | libc::LOCK_NB) as u64]]
+        );
         assert_eq!(
             r.args_of("fcntl(F_SETLK)")[0][..2],
             [7, libc::F_SETLK as u64]

@@ -974,6 +974,9 @@ fn build_process(
         if factory.claim_epoll(fd) {
             files::restore_epoll(s, fd)?;
         }
+        if factory.claim_flock(fd) {
+            files::restore_flock(s, fd)?;
+        }
         files::restore_posix_locks(s, fd)?;
     }
     s.sys("close", libc::SYS_close, &[h])
