@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -94,6 +95,9 @@ struct Shared {
     streamed: Mutex<u64>,
     bandwidth: u64,
     started: Instant,
+    /// Faults being fetched right now: copiers start no new fetch
+    /// meanwhile, so a fault does not share the disk or link with them.
+    faulting: AtomicUsize,
 }
 
 impl Shared {
@@ -305,6 +309,12 @@ fn copier(sh: Arc<Shared>) {
                 }
             }
         };
+        // Faults first: start no fetch (for up to a second) while one is
+        // being fetched.
+        let t_wait = Instant::now();
+        while sh.faulting.load(Ordering::Acquire) > 0 && t_wait.elapsed() < Duration::from_secs(1) {
+            std::thread::sleep(Duration::from_micros(200));
+        }
         let d = match cache
             .get(&sh, job.pack, &job.run)
             .and_then(|data| deliver(&job, data))
@@ -446,10 +456,12 @@ fn serve_fault(
             let Some(job) = job else {
                 return Ok(Fault::Later);
             };
-            let d = match cache
+            sh.faulting.fetch_add(1, Ordering::AcqRel);
+            let fetched = cache
                 .get(sh, job.pack, &job.run)
-                .and_then(|data| deliver(&job, data))
-            {
+                .and_then(|data| deliver(&job, data));
+            sh.faulting.fetch_sub(1, Ordering::AcqRel);
+            let d = match fetched {
                 Ok(d) => d,
                 Err(msg) => {
                     sh.lock().entries[i].space.failed(job.id, 0);
@@ -506,6 +518,7 @@ pub fn serve(
         streamed: Mutex::new(0),
         bandwidth: cfg.bandwidth,
         started: Instant::now(),
+        faulting: AtomicUsize::new(0),
     });
     let copiers: Vec<_> = (0..cfg.threads.max(1))
         .map(|_| {
