@@ -535,6 +535,7 @@ impl FdCollector {
     /// must be frozen at the same instant, or bytes sent by the second
     /// after the first was read would be lost to both images.
     pub fn freeze_tcp(&mut self, pids: &[i32]) -> Result<()> {
+        let mut found = Vec::new();
         for &pid in pids {
             let pfd = pidfd::pidfd_open(pid)?;
             for fd in list_fds(pid)? {
@@ -552,10 +553,28 @@ impl FdCollector {
                 ) && sock::get_int(b, libc::SOL_SOCKET, libc::SO_PROTOCOL).ok()
                     == Some(libc::IPPROTO_TCP);
                 if tcp && sock::tcp_info(b).ok().map(|i| i.state) == Some(1) {
-                    sock::set_int(b, libc::IPPROTO_TCP, sock::TCP_REPAIR, 1).map_err(|e| CaptureError::Unsupported { pid, what: format!("fd {fd}: cannot put a TCP connection in repair mode (needs CAP_NET_ADMIN): {e}") })?;
-                    self.repaired.push(s);
+                    found.push((pid, fd, s));
                 }
             }
+        }
+        // Nothing may move between two connections' snapshots: a segment
+        // processed after the receiver's queue was read but before the
+        // sender's was (the sender then drops the bytes it sees acked)
+        // would be in neither. Every connection first drops whatever
+        // reaches it (peers retransmit it after the dump), like CRIU's
+        // network lock; then, once packets already being processed are
+        // through, each goes into repair mode and is read.
+        for (_, _, s) in &found {
+            if !sock::has_filter(s.as_fd()) {
+                let _ = sock::attach_drop_all(s.as_fd());
+            }
+        }
+        if !found.is_empty() {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        for (pid, fd, s) in found {
+            sock::set_int(s.as_fd(), libc::IPPROTO_TCP, sock::TCP_REPAIR, 1).map_err(|e| CaptureError::Unsupported { pid, what: format!("fd {fd}: cannot put a TCP connection in repair mode (needs CAP_NET_ADMIN): {e}") })?;
+            self.repaired.push(s);
         }
         Ok(())
     }
@@ -863,6 +882,7 @@ fn capture_tcp(
         unsent,
         recv_queue,
         mss: mss.unsigned_abs(),
+        snd_mss: info.snd_mss,
         snd_wscale: info.snd_wscale,
         rcv_wscale: info.rcv_wscale,
         tcpi_options: info.options,

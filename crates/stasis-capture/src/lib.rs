@@ -205,6 +205,10 @@ pub fn dump_tracked(
     let unrepair = |socks: Vec<std::os::fd::OwnedFd>| {
         for s in socks {
             use std::os::fd::AsFd;
+            // The filter `freeze_tcp` attached: packets flow again.
+            if stasis_kernel::sock::has_drop_all_filter(s.as_fd()) {
+                let _ = stasis_kernel::sock::detach_filter(s.as_fd());
+            }
             if let Err(e) = stasis_kernel::sock::set_int(
                 s.as_fd(),
                 libc::IPPROTO_TCP,

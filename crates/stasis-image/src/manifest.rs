@@ -425,7 +425,12 @@ pub struct TcpRepair {
     pub unsent: u32,
     /// Bytes received, not yet read by the process.
     pub recv_queue: Vec<u8>,
+    /// The peer's MSS (`TCP_MAXSEG` in repair mode: `mss_clamp`).
     pub mss: u32,
+    /// The segment size in use at the dump (`tcpi_snd_mss`); 0 in images
+    /// made before it was saved.
+    #[serde(default)]
+    pub snd_mss: u32,
     pub snd_wscale: u8,
     pub rcv_wscale: u8,
     /// `tcpi_options` (SACK, timestamps, window scaling).

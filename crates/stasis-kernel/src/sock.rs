@@ -422,6 +422,9 @@ pub struct TcpInfo {
     pub options: u8,
     pub snd_wscale: u8,
     pub rcv_wscale: u8,
+    /// The segment size in use (`mss_cache`: the peer's MSS bounded by the
+    /// path and by half the largest window seen, minus options).
+    pub snd_mss: u32,
     /// For a listener: connections waiting to be accepted.
     pub unacked: u32,
     /// For a listener: its backlog.
@@ -443,6 +446,7 @@ pub fn tcp_info(fd: BorrowedFd<'_>) -> Result<TcpInfo> {
         options: b[5],
         snd_wscale: b[6] & 0xf,
         rcv_wscale: b[6] >> 4,
+        snd_mss: u32_at(16),
         unacked: u32_at(24),
         sacked: u32_at(28),
     })

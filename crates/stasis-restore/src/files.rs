@@ -952,11 +952,27 @@ fn restore_tcp(fd: i32, s: &OwnedFd, i: &InetSocket, r: &TcpRepair) -> Result<()
         )
         .map_err(step_err("setting a queue's sequence"))?;
     }
-    // Known issue: the handshake-less connect computes the segment size
-    // before TCP_REPAIR_OPTIONS gives the MSS, so restored connections send
-    // 536-byte segments. Setting TCP_MAXSEG first fixes that but made a
-    // restored connection to a peer outside the tree stall for ~10 s
-    // (redis test), so it is not done until that is understood.
+    // The segment size. The handshake-less connect computes it, once, from
+    // the MSS clamp in force then (536 by default: no SYN-ACK brings the
+    // peer's), and TCP_REPAIR_OPTIONS does not recompute it: 536-byte
+    // segments on loopback overflow the receiver's buffer (each costs a
+    // whole buffer's truesize), get dropped, and the connection stalls in
+    // retransmit backoff. So the clamp is set, for the connect, to the size
+    // the connection used (bounded, as it was, by half the largest window
+    // seen: the peer's MSS itself would stall a peer with a small window
+    // in sender-side silly-window avoidance), and cleared after it.
+    let ts = if r.tcpi_options & sock::TCPI_OPT_TIMESTAMPS != 0 {
+        12
+    } else {
+        0
+    };
+    // (TCP_MAXSEG takes at most 32767: loopback's 64 KiB segments become
+    // 32 KiB ones, still far from 536.)
+    let seg = r.snd_mss.saturating_add(ts).min(32_767);
+    if r.snd_mss > 0 {
+        sock::set_int(b, tcp, libc::TCP_MAXSEG, i32::try_from(seg).unwrap_or(0))
+            .map_err(step_err("setting the segment size"))?;
+    }
     sock::bind(b, &i.local).map_err(|e| {
         if e.raw_os_error() == Some(libc::EADDRINUSE) {
             RestoreError::PortTaken {
@@ -994,6 +1010,10 @@ fn restore_tcp(fd: i32, s: &OwnedFd, i: &InetSocket, r: &TcpRepair) -> Result<()
     }
     sock::set_bytes(b, tcp, sock::TCP_REPAIR_OPTIONS, &opts)
         .map_err(step_err("restoring negotiated options"))?;
+    if r.snd_mss > 0 {
+        sock::set_int(b, tcp, libc::TCP_MAXSEG, 0)
+            .map_err(step_err("clearing the segment size clamp"))?;
+    }
     if r.tcpi_options & sock::TCPI_OPT_TIMESTAMPS != 0 {
         sock::set_int(
             b,
