@@ -579,6 +579,15 @@ impl FdCollector {
         Ok(())
     }
 
+    /// Lets packets reach the connections `freeze_tcp` locked again.
+    pub fn unlock_tcp(&self) {
+        for s in &self.repaired {
+            if sock::has_drop_all_filter(s.as_fd()) {
+                let _ = sock::detach_filter(s.as_fd());
+            }
+        }
+    }
+
     /// Refuses unix sockets connected to a peer outside the tree (the peer
     /// would lose its connection); datagram sockets connected to a named
     /// socket outside (syslog's /dev/log, say) are reconnected by name.

@@ -622,6 +622,14 @@ fn capture_with(
         ms = ms(frozen_at),
         "state and memory plan of every process read"
     );
+    if opts.leave_running {
+        // Every connection's state is read: packets may flow again (the
+        // tree runs on; what they change is after the checkpoint's
+        // instant). A dump that kills the tree keeps them out until the
+        // end: a peer outside the tree must not see data acknowledged that
+        // the image does not hold.
+        collector.unlock_tcp();
+    }
     let tree: Vec<i32> = images.iter().map(|p| p.pid).collect();
     collector.check_external_pipes(&tree)?;
     collector.check_external_sockets()?;
