@@ -496,6 +496,7 @@ impl FdCollector {
                 }
                 let local = sock::local_addr(b)?;
                 let peer = sock::peer_addr(b)?;
+                let mut datagrams = Vec::new();
                 let state = if ty == libc::SOCK_STREAM {
                     if let Ok(v) = sock::get_int(b, libc::IPPROTO_TCP, libc::TCP_NODELAY) {
                         options.push((libc::IPPROTO_TCP, libc::TCP_NODELAY, v));
@@ -520,11 +521,16 @@ impl FdCollector {
                 } else {
                     let q = sock::inq(b).unwrap_or(0);
                     if q > 0 {
-                        return Err(unsupported(format!("fd {fd} is a datagram socket with {q} unread bytes")));
+                        // IPv4 UDP: the datagrams are kept with their
+                        // senders and delivered again at restore.
+                        if domain != libc::AF_INET || protocol != libc::IPPROTO_UDP {
+                            return Err(unsupported(format!("fd {fd} is an IPv6 or raw datagram socket with unread datagrams, which stasis cannot checkpoint yet")));
+                        }
+                        datagrams = sock::peek_datagrams(b, QUEUE_MAX).map_err(|e| unsupported(format!("fd {fd}: reading its unread datagrams: {e}")))?;
                     }
                     InetState::Plain
                 };
-                Ok(FdKind::Inet(InetSocket { family: domain, sock_type: ty, protocol, local, peer, state, options }))
+                Ok(FdKind::Inet(InetSocket { family: domain, sock_type: ty, protocol, local, peer, state, options, datagrams }))
             }
             d => Err(unsupported(format!("fd {fd} is a socket of address family {d} (netlink, packet...), which stasis cannot checkpoint yet"))),
         }

@@ -398,6 +398,9 @@ pub struct InetSocket {
     pub state: InetState,
     /// Socket options as (level, option, value).
     pub options: Vec<(i32, i32, i32)>,
+    /// A UDP socket's unread datagrams: (sender's raw address, bytes).
+    #[serde(default)]
+    pub datagrams: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 /// State of an IPv4/IPv6 socket.

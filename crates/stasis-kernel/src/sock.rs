@@ -529,6 +529,137 @@ pub fn has_drop_all_filter(fd: BorrowedFd<'_>) -> bool {
     r == 0 && len == 1 && insn == [0x06, 0, 0, 0, 0, 0, 0, 0]
 }
 
+/// Reads the datagrams queued on a UDP socket without consuming them, each
+/// with its sender's raw address (`SO_PEEK_OFF` steps through the queue;
+/// the socket's own peek offset is put back).
+pub fn peek_datagrams(fd: BorrowedFd<'_>, limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let saved = get_int(fd, libc::SOL_SOCKET, SO_PEEK_OFF).unwrap_or(-1);
+    set_int(fd, libc::SOL_SOCKET, SO_PEEK_OFF, 0)?;
+    let mut out = Vec::new();
+    let mut total = 0usize;
+    let mut buf = vec![0u8; 65536];
+    let res = loop {
+        if total >= limit {
+            break Ok(());
+        }
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: sockaddr_storage is plain data; zeroes are valid.
+        let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        // SAFETY: msghdr is plain data; zeroes are a valid value.
+        let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
+        mh.msg_name = (&mut from as *mut libc::sockaddr_storage).cast();
+        mh.msg_namelen = libc::socklen_t::try_from(std::mem::size_of_val(&from)).unwrap_or(0);
+        mh.msg_iov = &mut iov;
+        mh.msg_iovlen = 1;
+        // SAFETY: receiving into our buffers without consuming (MSG_PEEK);
+        // the kernel writes at most iov_len bytes of data and msg_namelen
+        // bytes of address.
+        let n =
+            unsafe { libc::recvmsg(fd.as_raw_fd(), &mut mh, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EAGAIN) {
+                break Ok(());
+            }
+            break Err(KernelError::io("peeking at a datagram", e));
+        }
+        if mh.msg_flags & libc::MSG_TRUNC != 0 {
+            break Err(KernelError::io(
+                "peeking at a datagram",
+                std::io::Error::other("a datagram larger than 64 KiB"),
+            ));
+        }
+        let n = usize::try_from(n).unwrap_or(0);
+        let alen = usize::try_from(mh.msg_namelen)
+            .unwrap_or(0)
+            .min(std::mem::size_of_val(&from));
+        // SAFETY: the kernel wrote `alen` bytes of address into `from`.
+        let addr = unsafe {
+            std::slice::from_raw_parts((&from as *const libc::sockaddr_storage).cast::<u8>(), alen)
+        };
+        if n == 0 {
+            // An empty datagram does not move the peek offset: the ones
+            // behind it cannot be reached without consuming it.
+            break Err(KernelError::io(
+                "peeking at a datagram",
+                std::io::Error::other("an empty datagram in the queue"),
+            ));
+        }
+        out.push((addr.to_vec(), buf[..n].to_vec()));
+        total += n;
+    };
+    let _ = set_int(fd, libc::SOL_SOCKET, SO_PEEK_OFF, saved);
+    res.map(|()| out)
+}
+
+/// Delivers `data` to the local IPv4 UDP address `to` as if `from` had
+/// sent it: one packet with a hand-made IP and UDP header through a raw
+/// socket (needs CAP_NET_RAW). Both are raw `sockaddr_in`.
+pub fn inject_udp_v4(from: &[u8], to: &[u8], data: &[u8]) -> Result<()> {
+    let field = |a: &[u8], r: std::ops::Range<usize>| a.get(r).map(<[u8]>::to_vec);
+    let (Some(sport), Some(sip), Some(dport), Some(dip)) = (
+        field(from, 2..4),
+        field(from, 4..8),
+        field(to, 2..4),
+        field(to, 4..8),
+    ) else {
+        return Err(KernelError::io(
+            "a datagram's addresses",
+            std::io::Error::other("not IPv4"),
+        ));
+    };
+    // An unspecified destination (bound to 0.0.0.0) is reached on loopback.
+    let dip = if dip == [0, 0, 0, 0] {
+        vec![127, 0, 0, 1]
+    } else {
+        dip
+    };
+    let udp_len = u16::try_from(8 + data.len())
+        .map_err(|_| KernelError::io("a datagram", std::io::Error::other("too large")))?;
+    let total = udp_len
+        .checked_add(20)
+        .ok_or_else(|| KernelError::io("a datagram", std::io::Error::other("too large")))?;
+    let mut p = Vec::with_capacity(usize::from(total));
+    p.extend_from_slice(&[0x45, 0]);
+    p.extend_from_slice(&total.to_be_bytes());
+    // No fragment, DF, TTL 64, protocol 17 (UDP), checksum by the kernel.
+    p.extend_from_slice(&[0, 0, 0x40, 0, 64, 17, 0, 0]);
+    p.extend_from_slice(&sip);
+    p.extend_from_slice(&dip);
+    // UDP header; checksum 0 means "none" for IPv4.
+    p.extend_from_slice(&sport);
+    p.extend_from_slice(&dport);
+    p.extend_from_slice(&udp_len.to_be_bytes());
+    p.extend_from_slice(&[0, 0]);
+    p.extend_from_slice(data);
+    // The kernel fills in the IP checksum and id for IP_HDRINCL.
+    let s = socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW)?;
+    let mut dst = Vec::from(to.get(..16).unwrap_or(to));
+    dst.resize(16, 0);
+    dst[2..4].copy_from_slice(&[0, 0]);
+    dst[4..8].copy_from_slice(&dip);
+    let dlen = libc::socklen_t::try_from(dst.len()).unwrap_or(0);
+    // SAFETY: sendto reads `p.len()` bytes from `p` and `dlen` bytes of
+    // address from `dst`, both live buffers.
+    let n = unsafe {
+        libc::sendto(
+            s.as_raw_fd(),
+            p.as_ptr().cast(),
+            p.len(),
+            0,
+            dst.as_ptr().cast(),
+            dlen,
+        )
+    };
+    if n < 0 {
+        return Err(err("sendto(SOCK_RAW) of a queued datagram".into()));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod gate_tests {
     use super::*;
@@ -549,5 +680,38 @@ mod gate_tests {
         detach_filter(l.as_fd()).unwrap();
         assert!(!has_filter(l.as_fd()) && !has_drop_all_filter(l.as_fd()));
         std::net::TcpStream::connect_timeout(&addr, t).expect("connect after detaching");
+    }
+
+    #[test]
+    fn datagrams_are_peeked_with_their_senders_and_delivered_again() {
+        use std::net::UdpSocket;
+        let r = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let s1 = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let s2 = UdpSocket::bind("127.0.0.1:0").unwrap();
+        s1.send_to(&[1u8; 300], r.local_addr().unwrap()).unwrap();
+        s2.send_to(&[2u8; 5000], r.local_addr().unwrap()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let q = peek_datagrams(r.as_fd(), usize::MAX).unwrap();
+        assert_eq!(q.len(), 2);
+        assert_eq!((q[0].1.len(), q[1].1.len()), (300, 5000));
+        assert_eq!(port_of_raw(&q[0].0), s1.local_addr().unwrap().port());
+        assert_eq!(port_of_raw(&q[1].0), s2.local_addr().unwrap().port());
+        // Nothing was consumed.
+        assert_eq!(peek_datagrams(r.as_fd(), usize::MAX).unwrap(), q);
+        // Delivered again, elsewhere, from the same senders.
+        let r2 = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let to = local_addr(r2.as_fd()).unwrap();
+        for (from, data) in &q {
+            inject_udp_v4(from, &to, data).unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(peek_datagrams(r2.as_fd(), usize::MAX).unwrap(), q);
+        let mut b = [0u8; 8192];
+        let (n, from) = r2.recv_from(&mut b).unwrap();
+        assert_eq!((n, from), (300, s1.local_addr().unwrap()));
+    }
+
+    fn port_of_raw(a: &[u8]) -> u16 {
+        u16::from_be_bytes([a[2], a[3]])
     }
 }

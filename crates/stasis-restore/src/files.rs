@@ -907,9 +907,47 @@ fn inet_socket(
             if !i.peer.is_empty() {
                 sock::connect(s.as_fd(), &i.peer).map_err(|e| sock_err("connecting".into(), e))?;
             }
+            if !i.datagrams.is_empty() {
+                requeue_datagrams(fd, &s, i)?;
+            }
         }
     }
     Ok(s)
+}
+
+/// Sends a UDP socket's saved datagrams to it again, each from its
+/// original sender's address, and waits until all are queued.
+fn requeue_datagrams(fd: i32, s: &OwnedFd, i: &InetSocket) -> Result<(), RestoreError> {
+    let err = |e: KernelError| RestoreError::Step {
+        what: format!("queueing the unread datagrams of fd {fd} again"),
+        source: e,
+    };
+    let local = sock::local_addr(s.as_fd()).map_err(err)?;
+    for (from, data) in &i.datagrams {
+        sock::inject_udp_v4(from, &local, data).map_err(err)?;
+    }
+    // Loopback delivers from a softirq: wait (up to a second) for them all.
+    let t0 = std::time::Instant::now();
+    loop {
+        let queued = sock::peek_datagrams(s.as_fd(), usize::MAX).map_err(err)?;
+        if queued.len() >= i.datagrams.len() {
+            return if queued == i.datagrams {
+                Ok(())
+            } else {
+                Err(RestoreError::Inconsistent(format!(
+                    "the datagrams queued again on fd {fd} differ from the saved ones"
+                )))
+            };
+        }
+        if t0.elapsed() > std::time::Duration::from_secs(1) {
+            return Err(RestoreError::Inconsistent(format!(
+                "only {} of the {} datagrams queued again on fd {fd} arrived",
+                queued.len(),
+                i.datagrams.len()
+            )));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
 }
 
 /// The port of a raw inet address.

@@ -156,6 +156,7 @@ workload_tests! {
     anonfds: "anonfds";
     sockets: "sockets";
     notify_locks_timers: "notify_locks_timers";
+    udp_queue: "udp_queue";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so
