@@ -97,6 +97,35 @@ impl stasis_restore::LazySink for Sink {
     }
 }
 
+/// Starts the page filler of a lazy restore of checkpoint `n` of the image
+/// at `dir` (pages from the page server `from` if given, else from `dir`).
+pub fn start_filler(
+    dir: &Path,
+    n: u32,
+    from: Option<(String, PathBuf)>,
+    (threads, bandwidth): (usize, u64),
+    log: Option<Option<PathBuf>>,
+    stats_file: Option<PathBuf>,
+) -> Result<Filler> {
+    let exe = std::env::current_exe().context("finding the stasis executable")?;
+    let args = FillerArgs {
+        dir: dir.to_path_buf(),
+        checkpoint: n,
+        record_faults: from.is_none(),
+        from,
+        threads: threads.max(1),
+        stats_file,
+        bandwidth,
+        log,
+    };
+    Filler::spawn(&exe, &args).context("starting the lazy restore's page filler")
+}
+
+/// The restorer's lazy sink for `filler`.
+pub fn sink(filler: &Filler) -> Box<dyn stasis_restore::LazySink> {
+    Box::new(Sink(filler.clone()))
+}
+
 /// A local copy of a remote image, removed when dropped.
 struct MirrorDir(tempfile::TempDir);
 
@@ -204,18 +233,14 @@ pub fn cmd_restore(a: RestoreArgs) -> Result<ExitCode> {
                 .latest()?
                 .context("the image directory has no checkpoint")?,
         };
-        let exe = std::env::current_exe().context("finding the stasis executable")?;
-        let args = FillerArgs {
-            dir: dir.clone(),
-            checkpoint: n,
-            from: a.from.clone().zip(a.token_file.clone()),
-            threads: a.lazy_threads.max(1),
-            stats_file: a.lazy_stats.clone(),
-            bandwidth: a.lazy_bandwidth.unwrap_or(0),
-            log: a.detach.then(|| a.lazy_log.clone()),
-            record_faults: a.from.is_none(),
-        };
-        Some(Filler::spawn(&exe, &args).context("starting the lazy restore's page filler")?)
+        Some(start_filler(
+            &dir,
+            n,
+            a.from.clone().zip(a.token_file.clone()),
+            (a.lazy_threads, a.lazy_bandwidth.unwrap_or(0)),
+            a.detach.then(|| a.lazy_log.clone()),
+            a.lazy_stats.clone(),
+        )?)
     } else {
         None
     };
@@ -225,9 +250,7 @@ pub fn cmd_restore(a: RestoreArgs) -> Result<ExitCode> {
         pid_wait: Duration::from_secs(a.pid_wait),
         progress: Some(progress.callback()),
         new_pidns: a.new_pidns,
-        lazy: filler
-            .clone()
-            .map(|f| Box::new(Sink(f)) as Box<dyn stasis_restore::LazySink>),
+        lazy: filler.as_ref().map(sink),
     };
     let r = match stasis_restore::restore(&store, &opts) {
         Ok(r) => r,

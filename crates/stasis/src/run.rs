@@ -54,6 +54,10 @@ pub struct RunOptions {
     /// sends first. Needs uffd tracking.
     #[arg(long, value_name = "SECS|auto")]
     pub touch_window: Option<String>,
+    /// With --restart-on-failure: restart lazily (`restore --lazy`): the
+    /// job runs again before its memory has arrived, touch set first.
+    #[arg(long, requires = "restart_on_failure")]
+    pub lazy_restart: bool,
     /// One JSON object per event instead of text lines.
     #[arg(long)]
     pub json: bool,
@@ -410,26 +414,51 @@ fn handle_exit(
     }
     *restarts += 1;
     let _ = stasis_track::state::clear(&o.dir);
-    let r = stasis_restore::restore(
+    let filler = if o.lazy_restart {
+        Some(crate::restore_cmd::start_filler(
+            store.path(),
+            cp,
+            None,
+            (4, 0),
+            None,
+            None,
+        )?)
+    } else {
+        None
+    };
+    let restored = stasis_restore::restore(
         store,
         &stasis_restore::RestoreOptions {
             checkpoint: Some(cp),
+            lazy: filler.as_ref().map(crate::restore_cmd::sink),
             ..Default::default()
         },
-    )
-    .with_context(|| format!("restoring checkpoint {cp} after the job failed"))?;
+    );
+    if let Some(f) = &filler {
+        match &restored {
+            Ok(_) => f.done().context("telling the page filler the job runs")?,
+            Err(_) => f.abort(),
+        }
+    }
+    let r = restored.with_context(|| format!("restoring checkpoint {cp} after the job failed"))?;
     say(
         format!(
-            "job {} {}; restored checkpoint {cp} as pid {} in {} (restart {} of {})",
+            "job {} {}; restored checkpoint {cp} as pid {} in {}{} (restart {} of {})",
             *pid,
             describe(s),
             r.pid,
             ui::secs(r.total_us),
+            if r.lazy_bytes > 0 {
+                format!(", {} of memory arriving behind it", ui::bytes(r.lazy_bytes))
+            } else {
+                String::new()
+            },
             *restarts,
             o.max_restarts
         ),
         serde_json::json!({"event": "restored", "failed_pid": *pid, "code": code,
-            "checkpoint": cp, "pid": r.pid, "restart": *restarts}),
+            "checkpoint": cp, "pid": r.pid, "restart": *restarts,
+            "lazy_bytes": r.lazy_bytes, "total_us": r.total_us}),
     );
     *pid = r.pid;
     ui::forward_signals_to(r.pid);

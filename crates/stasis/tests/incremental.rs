@@ -286,14 +286,29 @@ fn run_checkpoints_periodically_and_exits_with_the_job_status() {
 
 #[test]
 fn run_restarts_a_crashed_job_from_its_latest_checkpoint() {
+    run_restarts(false);
+}
+
+/// The same, restarting lazily (`--lazy-restart`): the checkpoints after
+/// the restart wait for the fill, and the job still checks out.
+#[test]
+fn run_restarts_a_crashed_job_lazily() {
+    run_restarts(true);
+}
+
+fn run_restarts(lazy: bool) {
     let dir = workloads();
     let d = tempfile::tempdir().unwrap();
     let img = d.path().join("img");
     let pidfile = d.path().join("pid");
     let bin = dir.join("chain_writer");
+    let mut args = vec!["--every", "0.25", "--restart-on-failure", "--json"];
+    if lazy {
+        args.push("--lazy-restart");
+    }
     let child = run_cmd(
         &img,
-        &["--every", "0.25", "--restart-on-failure", "--json"],
+        &args,
         &[bin.to_str().unwrap(), pidfile.to_str().unwrap(), "32"],
     );
     let pid = wait_pidfile(&pidfile, Duration::from_secs(20));
@@ -317,6 +332,11 @@ fn run_restarts_a_crashed_job_from_its_latest_checkpoint() {
         .find(|e| e["event"] == "restored")
         .expect(&out);
     assert_eq!(restored["pid"], pid);
+    assert_eq!(
+        restored["lazy_bytes"].as_u64().unwrap() > 0,
+        lazy,
+        "{restored}"
+    );
     let after: Vec<_> = events
         .iter()
         .skip_while(|e| e["event"] != "restored")
