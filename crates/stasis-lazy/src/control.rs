@@ -18,7 +18,9 @@
 
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -196,9 +198,8 @@ impl Filler {
             .spawn()
             .map_err(|e| LazyError::Control(format!("starting {}: {e}", exe.display())))?;
         let pid = i32::try_from(child.id()).unwrap_or(-1);
-        // The filler outlives us with --detach; it is reaped by whoever
-        // inherits it (never a zombie of ours for long: see `Drop` of Child,
-        // which does not wait).
+        // Not waited for: the filler outlives a detached restorer and is
+        // then reaped by whoever inherits it.
         drop(child);
         mine.set_read_timeout(Some(Duration::from_secs(120)))
             .map_err(io_err("timeout"))?;
@@ -241,6 +242,3 @@ impl Filler {
         }
     }
 }
-
-use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::process::CommandExt;
