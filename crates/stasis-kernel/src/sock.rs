@@ -491,42 +491,42 @@ pub fn detach_filter(fd: BorrowedFd<'_>) -> Result<()> {
     set_int(fd, libc::SOL_SOCKET, libc::SO_DETACH_FILTER, 0)
 }
 
-/// Whether the socket has a classic or eBPF filter attached already.
-pub fn has_filter(fd: BorrowedFd<'_>) -> bool {
-    let mut len: libc::socklen_t = 0;
-    // SAFETY: with a zero length, SO_GET_FILTER writes nothing to the
-    // (null) buffer and returns the filter's length in `len`.
+/// `SO_GET_FILTER` into `insns` (room for `insns.len() / 8`
+/// instructions; none: just ask the length). Returns the instruction count,
+/// or `None` if the kernel refuses (an eBPF filter cannot be read back).
+fn get_filter(fd: BorrowedFd<'_>, insns: &mut [u8]) -> Option<u32> {
+    // The length is a count of instructions (8 bytes each), not bytes.
+    let mut len = libc::socklen_t::try_from(insns.len() / 8).unwrap_or(0);
+    let buf = if insns.is_empty() {
+        std::ptr::null_mut()
+    } else {
+        insns.as_mut_ptr().cast()
+    };
+    // SAFETY: SO_GET_FILTER copies at most `len` instructions of 8 bytes
+    // into `buf` (nothing with a zero length: it then only reports the
+    // count), or fails if the filter is longer.
     let r = unsafe {
         libc::getsockopt(
             fd.as_raw_fd(),
             libc::SOL_SOCKET,
             libc::SO_ATTACH_FILTER,
-            std::ptr::null_mut(),
+            buf,
             &mut len,
         )
     };
-    // An eBPF filter cannot be read back (EINVAL? EPERM): count it as one.
-    r != 0 || len > 0
+    (r == 0).then_some(len)
+}
+
+/// Whether the socket has a classic or eBPF filter attached already.
+pub fn has_filter(fd: BorrowedFd<'_>) -> bool {
+    get_filter(fd, &mut []).is_none_or(|n| n > 0)
 }
 
 /// Whether the socket's filter is exactly the one [`attach_drop_all`]
 /// attaches (a connection accepted while its listener had it inherits it).
 pub fn has_drop_all_filter(fd: BorrowedFd<'_>) -> bool {
     let mut insn = [0u8; 8];
-    // The length is a count of instructions, here one.
-    let mut len: libc::socklen_t = 1;
-    // SAFETY: SO_GET_FILTER copies at most `len` (1) instructions of 8
-    // bytes into `insn`, or fails if the filter is longer.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_ATTACH_FILTER,
-            insn.as_mut_ptr().cast(),
-            &mut len,
-        )
-    };
-    r == 0 && len == 1 && insn == [0x06, 0, 0, 0, 0, 0, 0, 0]
+    get_filter(fd, &mut insn) == Some(1) && insn == [0x06, 0, 0, 0, 0, 0, 0, 0]
 }
 
 /// Reads the datagrams queued on a UDP socket without consuming them, each
