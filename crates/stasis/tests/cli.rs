@@ -131,6 +131,17 @@ fn demo_runs_end_to_end() {
 
 #[test]
 fn restore_into_a_new_pid_namespace_while_the_original_runs() {
+    new_pidns(false);
+}
+
+/// The same, lazily: the filler serves a process it knows by its PID
+/// outside the namespace.
+#[test]
+fn lazy_restore_into_a_new_pid_namespace() {
+    new_pidns(true);
+}
+
+fn new_pidns(lazy: bool) {
     let mut w = Workload::start("counter", &[]);
     std::thread::sleep(std::time::Duration::from_millis(200));
     assert_ok(&w.dump(&["--leave-running"]), "dump --leave-running");
@@ -143,14 +154,22 @@ fn restore_into_a_new_pid_namespace_while_the_original_runs() {
         .unwrap();
     assert_fails_with(&o, "in use");
     let pidfile = w.dir.path().join("ns.pid");
-    let o = stasis()
-        .args(["restore", "--detach", "--new-pidns", "--json", "--pidfile"])
+    let stats = w.dir.path().join("stats.json");
+    let mut c = stasis();
+    c.args(["restore", "--detach", "--new-pidns", "--json", "--pidfile"])
         .arg(&pidfile)
         .arg("-D")
-        .arg(w.images())
-        .output()
-        .unwrap();
+        .arg(w.images());
+    if lazy {
+        c.args(["--lazy", "--lazy-stats"]).arg(&stats);
+    }
+    let o = c.output().unwrap();
     assert_ok(&o, "restore --new-pidns");
+    if lazy {
+        let s = wait_json_file(&stats, std::time::Duration::from_secs(60));
+        assert!(s.get("error").is_none(), "{s}");
+        assert!(s["processes"].as_u64().unwrap() >= 1, "{s}");
+    }
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let outer = wait_pidfile(&pidfile, std::time::Duration::from_secs(5));
     assert_eq!(r["pid"], outer);
