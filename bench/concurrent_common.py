@@ -27,7 +27,7 @@ sys.dont_write_bytecode = True  # no bench/__pycache__
 import dump_restore as dr  # noqa: E402
 from dump_restore import BenchError, log  # noqa: E402,F401  (re-exported)
 from track_common import (  # noqa: E402,F401  (re-exported)
-    check_root_and_binary, make_workdir, med, result_header, stasis_info, stats, write_json)
+    check_root_and_binary, finish, make_workdir, med, result_header, stasis_info, stats, write_json)
 
 REPO = dr.REPO
 BUILD = dr.BUILD

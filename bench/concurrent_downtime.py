@@ -279,14 +279,9 @@ def main():
             wl.kill()
         raise
     txt = table(results, args, workdir, fstype)
-    result.update({"cases": results, "runtime_s": time.monotonic() - t_start, "table": txt.splitlines()})
-    result["machine"]["loadavg_at_end"] = os.getloadavg()
-    cc.write_json(args.json_out, result)
-    shutil.rmtree(workdir, ignore_errors=True)
+    result["cases"] = results
     cc.reap_orphans()
-    print(txt)
-    print(f"\n(json: {args.json_out}; runtime {result['runtime_s']:.0f} s)")
-    return 0
+    return cc.finish("concurrent_downtime", args, result, txt, t_start, workdir)
 
 
 if __name__ == "__main__":

@@ -293,16 +293,8 @@ def main():
     summary = summarize(recs_by, sizes, variants)
     txt = table(summary, sizes, variants, args.reps)
     result.update({"records": records, "summary": {str(k): v for k, v in summary.items()},
-                   "failure": failure, "runtime_s": time.monotonic() - t0, "table": txt.splitlines()})
-    result["machine"]["loadavg_at_end"] = os.getloadavg()
-    tc.write_json(args.json_out, result)
-    print(txt)
-    print(f"\n(json: {args.json_out}; runtime {result['runtime_s']:.0f} s)")
-    if failure:
-        log(f"ldt: work dir left for inspection: {workdir}")
-        return 1
-    shutil.rmtree(workdir, ignore_errors=True)
-    return 0
+                   "failure": failure})
+    return tc.finish("ldt", args, result, txt, t0, workdir, failure)
 
 
 if __name__ == "__main__":

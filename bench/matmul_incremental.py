@@ -259,17 +259,8 @@ def main():
         failure = str(e)
         log(f"matmul_incremental: FAILED: {e}")
     txt = table(recs, args, base) if recs else "(no results)"
-    result.update({"untracked": base, "runs": recs, "failure": failure, "runtime_s": time.monotonic() - t0,
-                   "table": txt.splitlines()})
-    result["machine"]["loadavg_at_end"] = os.getloadavg()
-    tc.write_json(args.json_out, result)
-    print(txt)
-    print(f"\n(json: {args.json_out}; runtime {result['runtime_s']:.0f} s)")
-    if failure:
-        log(f"matmul_incremental: work dir left for inspection: {workdir}")
-        return 1
-    shutil.rmtree(workdir, ignore_errors=True)
-    return 0
+    result.update({"untracked": base, "runs": recs, "failure": failure})
+    return tc.finish("matmul_incremental", args, result, txt, t0, workdir, failure)
 
 
 if __name__ == "__main__":

@@ -239,15 +239,9 @@ def main():
              "took ~20% longer than stop-the-world.")
     txt = "\n".join(L)
     result.update({"variants": [v[0] for v in variants], "workload_output": out_lines, "dumps": dumps,
-                   "summary": summary, "log_entries": len(log2[0]), "runtime_s": time.monotonic() - t_start,
-                   "table": txt.splitlines()})
-    result["machine"]["loadavg_at_end"] = os.getloadavg()
-    cc.write_json(args.json_out, result)
-    shutil.rmtree(workdir, ignore_errors=True)
+                   "summary": summary, "log_entries": len(log2[0])})
     cc.reap_orphans()
-    print(txt)
-    print(f"\n(json: {args.json_out}; runtime {result['runtime_s']:.0f} s)")
-    return 0
+    return cc.finish("random_writer", args, result, txt, t_start, workdir)
 
 
 if __name__ == "__main__":

@@ -457,17 +457,8 @@ def main():
 
     summary = summarize(records, variants, tests) if records else {}
     txt = table(summary, variants, tests, args, nreq) if summary else "(no results)"
-    result.update({"records": records, "summary": summary, "failure": failure,
-                   "runtime_s": time.monotonic() - t_start, "table": txt.splitlines()})
-    result["machine"]["loadavg_at_end"] = os.getloadavg()
-    tc.write_json(args.json_out, result)
-    print(txt)
-    print(f"\n(json: {args.json_out}; runtime {result['runtime_s']:.0f} s)")
-    if failure:
-        log(f"redis_track: work dir left for inspection: {workdir}")
-        return 1
-    shutil.rmtree(workdir, ignore_errors=True)
-    return 0
+    result.update({"records": records, "summary": summary, "failure": failure})
+    return tc.finish("redis_track", args, result, txt, t_start, workdir, failure)
 
 
 if __name__ == "__main__":

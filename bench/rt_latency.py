@@ -210,14 +210,9 @@ def main():
              "stop-the-world missed it with high probability.")
     txt = "\n".join(L)
     result.update({"deadline_us": deadline_us, "workload_output": out_lines, "dumps": dumps, "summary": summary,
-                   "jobs_logged": len(log3[0]), "runtime_s": time.monotonic() - t_start, "table": txt.splitlines()})
-    result["machine"]["loadavg_at_end"] = os.getloadavg()
-    cc.write_json(args.json_out, result)
-    shutil.rmtree(workdir, ignore_errors=True)
+                   "jobs_logged": len(log3[0])})
     cc.reap_orphans()
-    print(txt)
-    print(f"\n(json: {args.json_out}; runtime {result['runtime_s']:.0f} s)")
-    return 0
+    return cc.finish("rt_latency", args, result, txt, t_start, workdir)
 
 
 if __name__ == "__main__":

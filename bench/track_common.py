@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -101,6 +102,23 @@ def write_json(path, result):
         json.dump(result, f, indent=2)
         f.write("\n")
     os.replace(path + ".tmp", path)
+
+
+def finish(name, args, result, txt, t_start, workdir, failure=None):
+    """The common end of a benchmark: runtime, table and load at the end go
+    into `result`, which is written to args.json_out; the table is printed.
+    The work dir is removed, unless something failed (then it is left for
+    inspection and the exit status is 1)."""
+    result.update({"runtime_s": time.monotonic() - t_start, "table": txt.splitlines()})
+    result["machine"]["loadavg_at_end"] = os.getloadavg()
+    write_json(args.json_out, result)
+    print(txt)
+    print(f"\n(json: {args.json_out}; runtime {result['runtime_s']:.0f} s)")
+    if failure:
+        log(f"{name}: work dir left for inspection: {workdir}")
+        return 1
+    shutil.rmtree(workdir, ignore_errors=True)
+    return 0
 
 
 def wait_file(path, proc, timeout, what, logf=None):
