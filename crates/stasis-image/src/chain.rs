@@ -168,6 +168,22 @@ pub fn clip_runs_to(runs: &[RunEntry], keep: &[(u64, u64)]) -> Vec<RunEntry> {
     out
 }
 
+/// The runs (whole: a run is checked as one) that overlap `keep` (sorted,
+/// disjoint), in one pass over both.
+pub fn runs_touching(runs: &[RunEntry], keep: &[(u64, u64)]) -> Vec<RunEntry> {
+    let mut out = Vec::new();
+    let mut j = 0;
+    for r in runs {
+        while j < keep.len() && keep[j].1 <= r.vaddr {
+            j += 1;
+        }
+        if keep.get(j).is_some_and(|&(ks, _)| ks < r.end()) {
+            out.push(*r);
+        }
+    }
+    out
+}
+
 /// Finds the process of `cp` that is `p` (same pid and, when both are
 /// known, same start time).
 pub fn same_process<'a>(cp: &'a Checkpoint, p: &ProcessImage) -> Option<&'a ProcessImage> {
@@ -243,6 +259,21 @@ mod tests {
     use super::*;
 
     const P: u64 = PAGE_SIZE;
+
+    #[test]
+    fn runs_touching_keeps_whole_runs_that_overlap() {
+        let run = |page: u64, n: u32| RunEntry {
+            vaddr: page * P,
+            npages: n,
+            flags: 0,
+            file_off: 4096,
+            checksum: 0,
+        };
+        let runs = [run(0, 2), run(4, 2), run(10, 4), run(20, 1)];
+        let keep = [(P, 3 * P), (11 * P, 12 * P), (30 * P, 40 * P)];
+        assert_eq!(runs_touching(&runs, &keep), vec![runs[0], runs[2]]);
+        assert!(runs_touching(&runs, &[]).is_empty());
+    }
 
     #[test]
     fn subtract_and_intersect() {

@@ -26,6 +26,11 @@ pub const TOUCH_MAGIC: [u8; 8] = *b"STASISTS";
 pub const TOUCH_FORMAT: u32 = 1;
 /// Largest touch-set file read (64 MiB: millions of ranges).
 const MAX_TOUCH_FILE: u64 = 64 << 20;
+/// Most pages a touch set may name in all (256 GiB of memory): the filler
+/// expands it page by page.
+const MAX_TOUCH_PAGES: u64 = 1 << 26;
+/// No user address reaches this (x86-64, 5-level paging).
+const ADDRESS_LIMIT: u64 = 1 << 57;
 
 /// Where a touch set comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -144,6 +149,7 @@ impl TouchSet {
         let window_ms = r.u64()?;
         let n = r.u32()?;
         let mut procs = Vec::new();
+        let mut pages_total = 0u64;
         for _ in 0..n {
             let pid = r.u32()? as i32;
             let count = r.u32()? as usize;
@@ -155,8 +161,16 @@ impl TouchSet {
                 let s = r.u64()?;
                 let pages = r.u32()?;
                 let _ = r.u32()?;
-                if s % PAGE_SIZE != 0 || pages == 0 {
+                let end = u64::from(pages)
+                    .checked_mul(PAGE_SIZE)
+                    .and_then(|l| s.checked_add(l));
+                if s % PAGE_SIZE != 0 || pages == 0 || !matches!(end, Some(e) if e <= ADDRESS_LIMIT)
+                {
                     return Err(format!("bad range {s:#x}+{pages}"));
+                }
+                pages_total += u64::from(pages);
+                if pages_total > MAX_TOUCH_PAGES {
+                    return Err(format!("more than {MAX_TOUCH_PAGES} pages"));
                 }
                 ranges.push((s, pages));
             }
@@ -283,6 +297,19 @@ mod tests {
         assert!(read_touch_set(dir.path(), TouchSource::Faults).is_err());
         std::fs::write(&path, &b[..30]).unwrap();
         assert!(read_touch_set(dir.path(), TouchSource::Faults).is_err());
+        // A range beyond any address, or too many pages, is refused.
+        for bad in [(0xffff_ffff_ffff_f000u64, 2u32), (0x1000, u32::MAX)] {
+            let t = TouchSet {
+                source: TouchSource::Faults,
+                window_ms: 0,
+                procs: vec![(1, vec![bad])],
+            };
+            write_touch_set(dir.path(), &t).unwrap();
+            assert!(
+                read_touch_set(dir.path(), TouchSource::Faults).is_err(),
+                "{bad:?}"
+            );
+        }
         // The damaged file is skipped; the window still counts.
         assert_eq!(priority_order(dir.path())[&42], vec![0x5000, 0x6000]);
     }

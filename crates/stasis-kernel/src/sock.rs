@@ -519,7 +519,7 @@ fn get_filter(fd: BorrowedFd<'_>, insns: &mut [u8]) -> Option<u32> {
 
 /// Whether the socket has a classic or eBPF filter attached already.
 pub fn has_filter(fd: BorrowedFd<'_>) -> bool {
-    get_filter(fd, &mut []).is_none_or(|n| n > 0)
+    get_filter(fd, &mut []) != Some(0)
 }
 
 /// Whether the socket's filter is exactly the one [`attach_drop_all`]

@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -92,7 +92,7 @@ struct Shared {
     catalog: Catalog,
     source: Box<dyn RunSource>,
     order: HashMap<i32, Vec<u64>>,
-    streamed: Mutex<u64>,
+    streamed: AtomicU64,
     bandwidth: u64,
     started: Instant,
     /// Faults being fetched right now: copiers start no new fetch
@@ -190,21 +190,32 @@ enum Delivered {
 fn deliver(job: &Job, data: &[u8]) -> Result<Delivered, String> {
     let off = usize::try_from(job.img - job.run.vaddr).unwrap_or(usize::MAX);
     let len = usize::try_from(job.len).unwrap_or(0);
-    let data = data
-        .get(off..off + len)
+    let data = off
+        .checked_add(len)
+        .and_then(|end| data.get(off..end))
         .ok_or_else(|| format!("run {:#x} is shorter than the piece", job.run.vaddr))?;
+    // One UFFDIO_COPY must stay inside one area: if the process split the
+    // area (an mprotect on part of it) since, the copy is refused as if the
+    // range were unmapped. Then go on page by page, and only a single page
+    // that is refused is really gone.
+    let page = usize::try_from(PAGE).unwrap_or(4096);
+    let mut single = false;
     let mut pos = 0usize;
     while pos < len {
-        match job.uffd.copy(job.cur + pos as u64, &data[pos..]) {
-            Ok(()) => pos = len,
+        let end = if single { (pos + page).min(len) } else { len };
+        match job.uffd.copy(job.cur + pos as u64, &data[pos..end]) {
+            Ok(()) => pos = end,
             Err(FillError { done, errno }) => {
                 pos += usize::try_from(done).unwrap_or(0);
                 match errno {
                     // That page is there already (copied before a fork):
                     // skip it.
-                    libc::EEXIST => pos += 4096,
+                    libc::EEXIST => pos += page,
                     libc::EAGAIN => return Ok(Delivered::Again(pos as u64)),
                     libc::ESRCH => return Ok(Delivered::Gone),
+                    libc::ENOENT | libc::EINVAL | libc::EFAULT if !single && len - pos > page => {
+                        single = true;
+                    }
                     libc::ENOENT | libc::EINVAL | libc::EFAULT => {
                         return Ok(Delivered::NotMapped(pos as u64))
                     }
@@ -241,12 +252,12 @@ fn settle(st: &mut State, job: &Job, d: &Delivered) -> bool {
         }
         Delivered::NotMapped(done) => {
             e.space.failed(job.id, done);
-            // Not moved by a remap meanwhile: the area is gone, and no
-            // fault will ever come for it.
+            // Not moved by a remap meanwhile: that page is gone, and no
+            // fault will ever come for it (the rest is tried again).
             let at = job.cur + done;
             if let Owed::Image(p) = e.space.owed(at) {
                 if p.start == at {
-                    e.space.remove(at, job.cur + job.len);
+                    e.space.remove(at, at + PAGE);
                 }
             }
             false
@@ -259,7 +270,7 @@ fn next_job(sh: &Shared, st: &mut State) -> Result<Option<Job>, String> {
     for k in 0..n {
         let i = (st.rr + k) % n;
         let e = &mut st.entries[i];
-        if e.dead || e.space.pending_bytes() == 0 {
+        if e.dead || !e.space.has_pending() {
             continue;
         }
         let mut target = None;
@@ -329,11 +340,8 @@ fn copier(sh: Arc<Shared>) {
         };
         let landed = settle(&mut sh.lock(), &job, &d);
         if landed {
-            let total = sh.streamed.lock().map(|mut s| {
-                *s += job.len / PAGE;
-                *s
-            });
-            if let (Ok(pages), true) = (total, sh.bandwidth > 0) {
+            let pages = sh.streamed.fetch_add(job.len / PAGE, Ordering::Relaxed) + job.len / PAGE;
+            if sh.bandwidth > 0 {
                 // Stay under the cap: sleep until the bytes sent so far
                 // are due at that rate.
                 #[allow(clippy::cast_precision_loss)]
@@ -400,13 +408,20 @@ fn serve_fault(
     t0: Instant,
 ) -> Result<Fault, String> {
     let page = addr & !(PAGE - 1);
-    let (owed, uffd, image_pid) = {
-        let st = sh.lock();
+    // One look under the lock: what the page is owed, and for image
+    // content the run around it, claimed.
+    let (owed, job, uffd, image_pid) = {
+        let mut st = sh.lock();
         let e = &st.entries[i];
         if e.dead {
             return Ok(Fault::Served);
         }
-        (e.space.owed(page), e.uffd.clone(), e.image_pid)
+        let (owed, uffd, image_pid) = (e.space.owed(page), e.uffd.clone(), e.image_pid);
+        let job = match owed {
+            Owed::Image(_) => claim_around(sh, &mut st, i, page)?,
+            _ => None,
+        };
+        (owed, job, uffd, image_pid)
     };
     match owed {
         Owed::InFlight => Ok(Fault::Later),
@@ -449,10 +464,6 @@ fn serve_fault(
             )),
         },
         Owed::Image(p) => {
-            let job = {
-                let mut st = sh.lock();
-                claim_around(sh, &mut st, i, page)?
-            };
             let Some(job) = job else {
                 return Ok(Fault::Later);
             };
@@ -515,7 +526,7 @@ pub fn serve(
         catalog,
         source,
         order: cfg.order,
-        streamed: Mutex::new(0),
+        streamed: AtomicU64::new(0),
         bandwidth: cfg.bandwidth,
         started: Instant::now(),
         faulting: AtomicUsize::new(0),
@@ -542,7 +553,7 @@ pub fn serve(
         g.done();
     }
     let mut stats = result?;
-    stats.pages_streamed = sh.streamed.lock().map(|s| *s).unwrap_or(0);
+    stats.pages_streamed = sh.streamed.load(Ordering::Relaxed);
     Ok(stats)
 }
 
@@ -604,7 +615,10 @@ fn main_loop(
                         }
                         // Dumps of this process wait while this is bound.
                         markers.extend(busy_marker(h.pid));
-                        let owed = intersect(&h.areas, &sh.catalog.data_ranges(h.image_pid));
+                        let owed = stasis_image::chain::intersect(
+                            &stasis_image::chain::normalize(h.areas.clone()),
+                            &sh.catalog.data_ranges(h.image_pid),
+                        );
                         let mut st = sh.lock();
                         st.entries.push(Entry {
                             uffd: Arc::new(uffd),
@@ -720,11 +734,4 @@ fn fail(sh: &Shared, msg: &str) -> LazyError {
         why: msg.to_string(),
         killed,
     }
-}
-
-/// `a` ∩ `b`, both sorted lists of `[start, end)`.
-fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
-    let mut a = a.to_vec();
-    a.sort_unstable();
-    stasis_image::chain::intersect(&a, b)
 }

@@ -77,6 +77,9 @@ pub struct Space {
     /// flight id -> the pieces it carries (several after a partial remap).
     inflight: HashMap<u64, Vec<Piece>>,
     next_id: u64,
+    /// Some piece was moved by a remap (else every piece is at its image
+    /// address).
+    moved: bool,
 }
 
 impl Space {
@@ -102,6 +105,11 @@ impl Space {
     /// Bytes still pending (not counting those in flight).
     pub fn pending_bytes(&self) -> u64 {
         self.pending.values().map(Piece::len).sum()
+    }
+
+    /// Whether some piece is still pending (not counting those in flight).
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
     }
 
     /// True when nothing is owed any more.
@@ -135,11 +143,14 @@ impl Space {
     /// The pending piece holding image address `img`, if any (the process
     /// address of that page is `piece.start + (img - piece.img)`).
     pub fn pending_for_img(&self, img: u64) -> Option<Piece> {
-        // Fast path: not moved.
         if let Owed::Image(p) = self.owed(img) {
             if p.img <= img && img < p.img + p.len() {
                 return Some(p);
             }
+        }
+        if !self.moved {
+            // Every piece is at its image address: the lookup was exact.
+            return None;
         }
         self.pending
             .values()
@@ -215,6 +226,7 @@ impl Space {
 
     /// The process moved `[from, from + len)` to `to` (`mremap`).
     pub fn remap(&mut self, from: u64, to: u64, len: u64) {
+        self.moved = true;
         let end = from.saturating_add(len);
         let moved = |p: Piece| Piece {
             start: p.start - from + to,
@@ -255,7 +267,10 @@ impl Space {
 
     /// The space of a child forked now: owed what is pending or in flight.
     pub fn forked(&self) -> Space {
-        let mut s = Space::default();
+        let mut s = Space {
+            moved: self.moved,
+            ..Space::default()
+        };
         for p in self
             .pending
             .values()

@@ -430,14 +430,13 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     // A lazy restore checks only what it fills now; the filler checks each
     // run it reads.
     let eager: Option<Vec<(u64, u64)>> = opts.lazy.as_ref().map(|_| {
-        let mut r: Vec<(u64, u64)> = m
+        let r: Vec<(u64, u64)> = m
             .processes
             .iter()
             .flat_map(|p| p.vmas.iter())
             .filter(|v| !lazy_area(v))
             .map(|v| (v.start, v.end))
             .collect();
-        r.sort_unstable();
         stasis_image::chain::normalize(r)
     });
     let verifier = std::thread::spawn(move || -> Result<(), ImageError> {
@@ -447,13 +446,9 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
                 None => pack.verify()?,
                 Some(ranges) => {
                     let mut buf = Vec::new();
-                    for e in pack.runs() {
-                        if stasis_image::chain::intersect(ranges, &[(e.vaddr, e.end())]).is_empty()
-                        {
-                            continue;
-                        }
+                    for e in stasis_image::chain::runs_touching(pack.runs(), ranges) {
                         buf.resize(usize::try_from(e.len()).unwrap_or(0), 0);
-                        pack.read_run(e, &mut buf)?;
+                        pack.read_run(&e, &mut buf)?;
                     }
                 }
             }

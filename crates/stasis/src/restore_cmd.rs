@@ -161,23 +161,15 @@ fn fill_eager(addr: &str, token: &[u8], dir: &Path, n: u32) -> Result<()> {
         .iter()
         .filter(|p| p.zombie.is_none())
     {
-        let mut eager: Vec<(u64, u64)> = p
-            .vmas
-            .iter()
-            .filter(|v| !stasis_restore::lazy_area(v))
-            .map(|v| (v.start, v.end))
-            .collect();
-        eager.sort_unstable();
-        for src in stasis_image::page_sources(&chain, p)? {
-            let runs: Vec<RunEntry> = src
-                .pack
-                .runs()
+        let eager = stasis_image::chain::normalize(
+            p.vmas
                 .iter()
-                .filter(|e| {
-                    !stasis_image::chain::intersect(&eager, &[(e.vaddr, e.end())]).is_empty()
-                })
-                .copied()
-                .collect();
+                .filter(|v| !stasis_restore::lazy_area(v))
+                .map(|v| (v.start, v.end))
+                .collect(),
+        );
+        for src in stasis_image::page_sources(&chain, p)? {
+            let runs = stasis_image::chain::runs_touching(src.pack.runs(), &eager);
             if runs.is_empty() {
                 continue;
             }
