@@ -77,7 +77,6 @@ pub fn unsupported_reason(pid: i32, fd: i32, link: &str) -> Option<String> {
     None
 }
 
-/// Lists the fd numbers of `pid`.
 /// Calls `f(pid, fd, inode, socket)` with a copy of every socket fd of
 /// `pids` (taken with `pidfd_getfd`; fds that vanish meanwhile are skipped).
 fn for_each_socket(pids: &[i32], mut f: impl FnMut(i32, i32, u64, OwnedFd)) {
@@ -219,6 +218,7 @@ pub fn transient_socket(pids: &[i32]) -> Option<(i32, i32, String)> {
     found
 }
 
+/// Lists the fd numbers of `pid`.
 pub fn list_fds(pid: i32) -> Result<Vec<i32>> {
     let rd = std::fs::read_dir(proc::proc_path(pid, "fd"))
         .map_err(|e| CaptureError::from_proc(pid, "fd", e))?;

@@ -232,9 +232,10 @@ pub fn dump_tracked(
         Ok(mut pending) if opts.leave_running => {
             // The tree runs on while the checkpoint is copied (concurrent),
             // synced and committed: if that fails, it runs on as if nothing
-            // happened.
+            // happened. Its listeners take connections again at once.
             unrepair(repaired);
             frozen.release()?;
+            drop(gate);
             let frozen_us = micros(frozen_at);
             if pending.concurrent() {
                 let copied = pending.copy(opts.pid, tracker, progress, opts.cow_cap);
@@ -334,9 +335,6 @@ fn micros(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
-/// Checks what can be checked without stopping anything: the root exists
-/// and is dumpable, and the fds and mappings of the tree (as far as it can be
-/// seen while it runs) are of supported kinds.
 /// How long a dump waits for a lazy restore of the process to finish.
 const LAZY_FILL_WAIT: Duration = Duration::from_secs(120);
 
@@ -372,6 +370,9 @@ fn wait_lazy_fill(pid: i32) -> Result<()> {
     }
 }
 
+/// Checks what can be checked without stopping anything: the root exists
+/// and is dumpable, and the fds and mappings of the tree (as far as it can be
+/// seen while it runs) are of supported kinds.
 fn preflight(pid: i32) -> Result<()> {
     if pid <= 0 || std::fs::metadata(format!("/proc/{pid}")).is_err() {
         return Err(CaptureError::NoSuchProcess { pid });

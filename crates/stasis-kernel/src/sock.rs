@@ -372,7 +372,6 @@ pub fn send_with_creds(fd: BorrowedFd<'_>, data: &[u8], creds: (i32, u32, u32)) 
     Ok(())
 }
 
-/// Sends all of `data` (blocking socket or not: retries until done).
 /// Sends one empty message (a datagram or seqpacket record of 0 bytes).
 pub fn send_empty(fd: BorrowedFd<'_>) -> Result<()> {
     loop {
@@ -388,6 +387,7 @@ pub fn send_empty(fd: BorrowedFd<'_>) -> Result<()> {
     }
 }
 
+/// Sends all of `data` (blocking socket or not: retries until done).
 pub fn send_all(fd: BorrowedFd<'_>, data: &[u8]) -> Result<()> {
     let mut off = 0;
     while off < data.len() {
