@@ -219,11 +219,13 @@ pub type Creds = (i32, u32, u32);
 /// Each message comes with the credentials it carries (`SCM_CREDENTIALS`:
 /// pid, uid, gid), present when the socket has `SO_PASSCRED` set.
 pub fn peek_queue(fd: BorrowedFd<'_>, limit: usize) -> Result<Vec<(Vec<u8>, Option<Creds>)>> {
+    // On a stream, 0 bytes means the peer is gone; on a datagram or
+    // seqpacket socket it is an empty message, which is data too. (Asked
+    // before the peek offset is touched: nothing may fail between setting
+    // it and putting it back.)
+    let stream = get_int(fd, libc::SOL_SOCKET, libc::SO_TYPE)? == libc::SOCK_STREAM;
     let saved = get_int(fd, libc::SOL_SOCKET, SO_PEEK_OFF).unwrap_or(-1);
     set_int(fd, libc::SOL_SOCKET, SO_PEEK_OFF, 0)?;
-    // On a stream, 0 bytes means the peer is gone; on a datagram or
-    // seqpacket socket it is an empty message, which is data too.
-    let stream = get_int(fd, libc::SOL_SOCKET, libc::SO_TYPE)? == libc::SOCK_STREAM;
     let mut empty_in_a_row = 0usize;
     let mut out = Vec::new();
     let mut total = 0usize;
