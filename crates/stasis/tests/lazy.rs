@@ -63,7 +63,7 @@ fn writer_writes_at_once_and_matches_exactly() {
 /// shows both, and the next lazy restore still restores exactly.
 #[test]
 fn touch_window_and_fault_order_are_recorded_and_shown() {
-    let mut w = Workload::start("heap", &["96"]);
+    let mut w = Workload::start("heap", &["32"]);
     let o = w.dump(&["--leave-running", "--touch-window", "0.5", "--json"]);
     assert_ok(&o, "dump --touch-window");
     let touch = json(&o);
@@ -84,9 +84,18 @@ fn touch_window_and_fault_order_are_recorded_and_shown() {
     assert_eq!(i["touch_window"]["pages"], touch["touch_pages"], "{i}");
     assert!(i["touch_faults"].is_null(), "{i}");
     let stats = w.dir.path().join("lazy-stats.json");
-    w.restore(&["--lazy", "--lazy-stats", stats.to_str().unwrap()]);
+    // Streaming slowed down, so that the process faults before its pages
+    // have all arrived (and there is an order to record).
+    w.restore(&[
+        "--lazy",
+        "--lazy-bandwidth",
+        "16M",
+        "--lazy-stats",
+        stats.to_str().unwrap(),
+    ]);
     let s = wait_json_file(&stats, Duration::from_secs(120));
     assert!(s.get("error").is_none(), "{s}");
+    assert!(s["faults"].as_u64().unwrap() >= 1, "{s}");
     let i = inspect();
     assert!(
         i["touch_faults"]["pages"].as_u64().unwrap() >= 1,
