@@ -388,11 +388,20 @@ class Dumper:
             "wall_s": wall,
             "total_ms": d["total_us"] / 1e3,
             "frozen_ms": d["frozen_us"] / 1e3,
+            "method": c.get("method"),
             "reap_stop_ms": c.get("reap_stop_us", 0) / 1e3,
-            # The freeze, plus the reap stop and any cap pause (as the
+            "prepare_stop_ms": c.get("prepare_stop_us", 0) / 1e3,
+            # The concurrent dump's other stop: the reap (fork) or the
+            # prepare stop before the freeze (uffd).
+            "extra_stop_ms": (c.get("reap_stop_us", 0) + c.get("prepare_stop_us", 0)) / 1e3,
+            "fault_p50_us": c.get("fault_p50_us"),
+            "fault_p99_us": c.get("fault_p99_us"),
+            "writer_waits": c.get("writer_waits"),
+            "fallback": c.get("fallback"),
+            # The freeze, plus the other stop and any cap pause (as the
             # watcher saw it) of a concurrent dump.
             "pause_ms_observed": 0.0,
-            "downtime_ms": (d["frozen_us"] + c.get("reap_stop_us", 0)) / 1e3,
+            "downtime_ms": (d["frozen_us"] + c.get("reap_stop_us", 0) + c.get("prepare_stop_us", 0)) / 1e3,
             "pages": d["pages"],
             "bytes": d["bytes"],
             "paused": c.get("paused"),
@@ -414,7 +423,7 @@ class Dumper:
             if c.get("paused") and w["stops_ms"]:
                 freeze_end = w["stops_ms"][0][0] + rec["frozen_ms"]
                 after = sum(l for s, l in w["stops_ms"] if s >= freeze_end)
-                rec["pause_ms_observed"] = max(0.0, after - rec["reap_stop_ms"])
+                rec["pause_ms_observed"] = max(0.0, after - rec["extra_stop_ms"])
                 rec["downtime_ms"] += rec["pause_ms_observed"]
         return rec
 

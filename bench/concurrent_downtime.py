@@ -86,7 +86,7 @@ def run_case(b, case, args):
                 shutil.rmtree(img)
         s, c = recs["stop-the-world"][-1], recs["concurrent"][-1]
         log(f"  {case['name']} rep {i + 1}/{args.reps}: frozen stw {s['frozen_ms']:.1f} ms, concurrent "
-            f"{c['frozen_ms']:.2f} ms (+reap {c['reap_stop_ms']:.2f}); total {s['total_ms']:.0f} / "
+            f"{c['frozen_ms']:.2f} ms (+stop2 {c['extra_stop_ms']:.2f}, {c['method']}); total {s['total_ms']:.0f} / "
             f"{c['total_ms']:.0f} ms; paused {c['paused']}"
             + (f" ({c['pause_ms_observed']:.0f} ms)" if c["paused"] else ""))
     thp_kib["end"] = cc.anon_huge_kib(wl.pid)
@@ -118,6 +118,11 @@ def summarize(res):
         "stw_frozen_ms": st(s, "frozen_ms"),
         "conc_frozen_ms": st(c, "frozen_ms"),
         "conc_reap_stop_ms": st(c, "reap_stop_ms"),
+        "conc_extra_stop_ms": st(c, "extra_stop_ms"),
+        "conc_methods": sorted({r.get("method") or "?" for r in c}),
+        "conc_fallbacks": [r["fallback"] for r in c if r.get("fallback")],
+        "conc_fault_p50_us": stats([r["fault_p50_us"] for r in c if r.get("fault_p50_us") is not None]),
+        "conc_fault_p99_us": stats([r["fault_p99_us"] for r in c if r.get("fault_p99_us") is not None]),
         "conc_pause_ms_observed": st(c, "pause_ms_observed"),
         "conc_downtime_ms": st(c, "downtime_ms"),
         "stw_total_ms": st(s, "total_ms"),
@@ -157,7 +162,7 @@ def table(results, args, workdir, fstype):
     def rng(st, fmt):
         return f"{fmt.format(st['median'])} [{fmt.format(st['min'])}-{fmt.format(st['max'])}]"
 
-    L.append(f"{'case':24} {'image':>6} {'stop-the-world':>24} {'concurrent frozen':>23} {'+reap':>6} "
+    L.append(f"{'case':24} {'image':>6} {'stop-the-world':>24} {'concurrent frozen':>23} {'+stop2':>6} "
              f"{'+pause':>7} {'less downtime':>14} {'frozen ms/GiB':>15}")
     L.append(f"{'':24} {'':>6} {'frozen ms':>24} {'ms':>23} {'ms':>6} {'ms':>7} {'frozen / all':>14} "
              f"{'stw / conc':>15}")
@@ -165,7 +170,7 @@ def table(results, args, workdir, fstype):
         m = res["summary"]
         L.append(f"{res['case']['name']:24} {m['image_bytes'] / 2**20:5.0f}M "
                  f"{rng(m['stw_frozen_ms'], '{:.1f}'):>24} {rng(m['conc_frozen_ms'], '{:.1f}'):>23} "
-                 f"{m['conc_reap_stop_ms']['median']:6.2f} {m['conc_pause_ms_observed']['median']:7.1f} "
+                 f"{m['conc_extra_stop_ms']['median']:6.2f} {m['conc_pause_ms_observed']['median']:7.1f} "
                  f"{100 * m['less_downtime_frozen']:5.1f}/{100 * m['less_downtime_all_stops']:6.1f}% "
                  f"{m['stw_frozen_ms_per_gib']:7.0f} / {m['conc_frozen_ms_per_gib']:6.1f}")
     L.append("")
@@ -184,6 +189,14 @@ def table(results, args, workdir, fstype):
                  f"{m['conc_paused_total']:6d} "
                  f"{(ls or {}).get('median', 0):11.1f} / {(lc or {}).get('median', 0):11.1f} "
                  f"{m['other_cpu_s']['median']:6.2f}")
+    L.append("")
+    L.append(f"{'case':24} {'method':>8} {'write-fault latency p50 / p99 us':>34}")
+    for res in results:
+        m = res["summary"]
+        p50, p99 = m["conc_fault_p50_us"], m["conc_fault_p99_us"]
+        lat = (f"{p50['median']:.0f} / {p99['median']:.0f}" if p50 and p50.get("median") is not None else "-")
+        L.append(f"{res['case']['name']:24} {','.join(m['conc_methods']):>8} {lat:>34}"
+                 + (f"  fallbacks: {len(m['conc_fallbacks'])}" if m["conc_fallbacks"] else ""))
     L.append("")
     for res in results:
         if res["case"]["thp"]:
@@ -204,9 +217,10 @@ def table(results, args, workdir, fstype):
         L.append(f"target at 1 GiB ({res['case']['name']}): >= 98% less downtime: "
                  f"{100 * m['less_downtime_all_stops']:.1f}% ({'met' if ok1 else 'missed'}); "
                  f"frozen <= 20 ms/GiB: {m['conc_frozen_ms_per_gib']:.1f} ({'met' if ok2 else 'missed'})")
-    L.append("frozen = frozen_us (the freeze); +reap = the second brief stop to reap the snapshot; +pause = "
-             "--cow-buffer pauses (timed by the watcher below; stasis gives only their count); 'less downtime' = "
-             "1 - concurrent/stop-the-world, frozen only / all stops (frozen + reap + pause).")
+    L.append("frozen = frozen_us (the freeze); +stop2 = the concurrent dump's other brief stop: before the freeze "
+             "to give the process its userfaultfd (method uffd), or after the copy to reap the snapshot (fork); "
+             "+pause = --cow-buffer pauses of the fork method (timed by the watcher below); 'less downtime' = "
+             "1 - concurrent/stop-the-world, frozen only / all stops (frozen + stop2 + pause).")
     L.append("observed stopped: time the workload was seen in a ptrace stop during the dump (its state sampled "
              "every 0.5 ms). It catches a --cow-buffer pause, which stasis does not time; it is below frozen_us "
              "when the freeze runs syscalls inside the process (then its state reads as running).")

@@ -4,7 +4,11 @@
  * restoring ANY checkpoint of a chain (each taken at an unknown iteration) it
  * can check itself byte for byte by replaying its history from iteration 0.
  *
- *   chain_writer PIDFILE [SIZE_MIB] [FORK_AT]     (defaults 64 and 0 = never)
+ *   chain_writer PIDFILE [SIZE_MIB] [FORK_AT] [CHURN]
+ *                              (defaults 64, 0 = never and 1)
+ *
+ * CHURN = 0: only the page writes below, no map/unmap/mremap/madvise
+ * (the layout stays as set up; B stays mapped).
  *
  * Regions:
  *   A  SIZE_MIB MiB anonymous private mmap (2 MiB aligned and MADV_HUGEPAGE
@@ -207,9 +211,14 @@ static inline uint64_t pick(uint64_t seed, int r, uint64_t i, uint64_t k)
 #define OP_C_SHRINK 8u
 #define OP_ZAP      16u
 
+static int churn = 1;
+
 static inline unsigned ops_of(uint64_t i)
 {
 	unsigned ops = 0;
+
+	if (!churn)
+		return 0;
 
 	switch (i % PERIOD) {
 	case PH_B_MAP:
@@ -936,7 +945,7 @@ int main(int argc, char **argv)
 	unsigned long long size_mib = 64;
 	void *p;
 
-	zdtm_init(argc, argv, 2, "[SIZE_MIB] [FORK_AT]");
+	zdtm_init(argc, argv, 3, "[SIZE_MIB] [FORK_AT] [CHURN]");
 	if (argc > 2)
 		size_mib = parse_arg(argv[2], "SIZE_MIB", 65536);
 	if (size_mib == 0) {
@@ -945,6 +954,8 @@ int main(int argc, char **argv)
 	}
 	if (argc > 3)
 		fork_at = parse_arg(argv[3], "FORK_AT", MAX_COUNTER);
+	if (argc > 4)
+		churn = (int)parse_arg(argv[4], "CHURN", 1);
 
 	ps = (size_t)sysconf(_SC_PAGESIZE);
 	if (ps < 4096 || ZAP_SIZE % ps)

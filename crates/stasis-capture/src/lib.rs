@@ -28,6 +28,7 @@
 //! Any failure before the commit puts the process back exactly as it was
 //! and leaves no checkpoint behind.
 
+pub mod cow;
 pub mod fds;
 pub mod freeze;
 pub mod incremental;
@@ -74,6 +75,10 @@ pub enum CaptureError {
     Image(#[from] ImageError),
     #[error("dirty tracking failed: {0}")]
     Track(String),
+    #[error("concurrent copy of process {}: {} (the dump was abandoned; dump again, or with --cow-method fork)", .0.pid, .0.why)]
+    CowLost(cow::CowLost),
+    #[error("concurrent copy failed: {0}")]
+    Concurrent(String),
 }
 
 impl CaptureError {
@@ -116,6 +121,32 @@ pub struct DumpOptions {
     /// (and the snapshot still holds) exceed this many bytes, the tree is
     /// stopped until the copy is done. 0: no cap.
     pub cow_cap: u64,
+    /// How a concurrent dump keeps the freeze instant's pages.
+    pub cow_method: CowMethod,
+}
+
+/// How a concurrent dump keeps the pages of the freeze instant while the
+/// tree runs on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum CowMethod {
+    /// userfaultfd write-protection ([`cow`]); a fork snapshot with dirty
+    /// tracking, or if the process gives back memory not yet saved.
+    #[default]
+    Auto,
+    /// userfaultfd write-protection only (fails rather than fall back).
+    Uffd,
+    /// A copy-on-write fork snapshot ([`snapshot`]).
+    Fork,
+}
+
+impl CowMethod {
+    pub fn name(self) -> &'static str {
+        match self {
+            CowMethod::Auto => "auto",
+            CowMethod::Uffd => "uffd",
+            CowMethod::Fork => "fork",
+        }
+    }
 }
 
 /// What a dump did.
@@ -160,6 +191,45 @@ pub fn dump_tracked(
     opts: &DumpOptions,
     mut tracker: TrackerRef<'_>,
 ) -> Result<DumpReport> {
+    if !(opts.concurrent && opts.leave_running) {
+        return dump_once(store, opts, tracker, CowMethod::Fork);
+    }
+    let method = match (opts.cow_method, tracker.is_some()) {
+        (CowMethod::Uffd, true) => {
+            return Err(CaptureError::Concurrent(
+                "--cow-method uffd cannot be used with dirty tracking (the tracker's userfaultfd already holds the areas): use --cow-method auto or fork".into(),
+            ))
+        }
+        (CowMethod::Fork, _) | (CowMethod::Auto, true) => CowMethod::Fork,
+        _ => CowMethod::Uffd,
+    };
+    match dump_once(store, opts, tracker.as_deref_mut(), method) {
+        Err(CaptureError::CowLost(lost)) if opts.cow_method == CowMethod::Auto => {
+            // The process gave back memory not yet saved: a fork snapshot
+            // keeps every page whatever it does.
+            tracing::info!(
+                pid = lost.pid,
+                "write-protected copy abandoned ({}); dumping again from a fork snapshot",
+                lost.why
+            );
+            let mut r = dump_once(store, opts, tracker, CowMethod::Fork)?;
+            if let Some(c) = r.concurrent.as_mut() {
+                c.fallback = Some(format!("process {}: {}", lost.pid, lost.why));
+            }
+            Ok(r)
+        }
+        other => other,
+    }
+}
+
+/// One attempt of [`dump_tracked`]; `method` (`Uffd` or `Fork`) is how a
+/// concurrent dump keeps its pages.
+fn dump_once(
+    store: &ImageDir,
+    opts: &DumpOptions,
+    mut tracker: TrackerRef<'_>,
+    method: CowMethod,
+) -> Result<DumpReport> {
     let t0 = Instant::now();
     preflight(opts.pid)?;
     let base = match &tracker {
@@ -175,9 +245,27 @@ pub fn dump_tracked(
     // TCP listeners take no new connection until the dump is over (the
     // queue drains meanwhile): a connection waiting to be accepted cannot
     // be checkpointed.
+    // Write-protected concurrent dumps protect memory before the freeze.
+    let mut cow = None;
+    if opts.concurrent && opts.leave_running && method == CowMethod::Uffd {
+        let mut c = cow::Cow::new(opts.cow_cap);
+        match c.prepare(opts.pid) {
+            Ok(()) => cow = Some(c),
+            Err(e @ CaptureError::NoSuchProcess { .. }) => return Err(e),
+            Err(e) => {
+                return Err(CaptureError::CowLost(cow::CowLost {
+                    pid: opts.pid,
+                    why: format!("write-protecting its memory failed: {e}"),
+                }))
+            }
+        }
+    }
     let gate = fds::AcceptGate::close(&proc::tree_pids(opts.pid));
     gate.drain(BACKLOG_PATIENCE);
     let (mut frozen, frozen_at) = freeze_without_backlog(opts.pid)?;
+    if let Some(c) = &cow {
+        c.enter_checkpoint();
+    }
     if frozen.procs.first().is_none_or(|p| p.zombie.is_some()) {
         // It exited between the checks and the freeze: nothing to save.
         frozen.release()?;
@@ -196,7 +284,7 @@ pub fn dump_tracked(
     let mut repaired = Vec::new();
     let result = capture_frozen(
         store,
-        opts,
+        (opts, method, &mut cow),
         &mut frozen,
         (t0, frozen_at),
         &mut repaired,
@@ -444,7 +532,7 @@ type Tracking<'a> = (
 
 fn capture_frozen(
     store: &ImageDir,
-    opts: &DumpOptions,
+    opts: (&DumpOptions, CowMethod, &mut Option<cow::Cow>),
     f: &mut freeze::Frozen,
     times: (Instant, Instant),
     repaired: &mut Vec<std::os::fd::OwnedFd>,
@@ -459,7 +547,7 @@ fn capture_frozen(
 
 fn capture_with(
     store: &ImageDir,
-    opts: &DumpOptions,
+    (opts, method, cow_slot): (&DumpOptions, CowMethod, &mut Option<cow::Cow>),
     f: &mut freeze::Frozen,
     (t0, frozen_at): (Instant, Instant),
     collector: &mut fds::FdCollector,
@@ -482,6 +570,9 @@ fn capture_with(
     let mut mems = Vec::new();
     let mut seen_shm = HashSet::new();
     let mut deferred: Vec<Option<Deferred>> = Vec::new();
+    // Per process: pages with data not write-protected (write-protected
+    // concurrent dumps).
+    let mut unprotected_of: Vec<Vec<(u64, u64)>> = Vec::new();
     let mut xfeatures = 0;
     let live: Vec<i32> = f
         .procs
@@ -496,6 +587,7 @@ fn capture_with(
             deferred.push(None);
             areas_of.push(Vec::new());
             selections.push(None);
+            unprotected_of.push(Vec::new());
             plans.push(None);
             mems.push(None);
             collector.tables.push(Vec::new());
@@ -515,9 +607,9 @@ fn capture_with(
         let parent_proc = base
             .as_ref()
             .and_then(|b| stasis_image::chain::same_process(&b.parent, &image));
-        let concurrent = opts.concurrent && opts.leave_running;
+        let fork = opts.concurrent && opts.leave_running && method == CowMethod::Fork;
         let mut selection = None;
-        let (plan, no_fork, areas) = if concurrent {
+        let (mut plan, no_fork, areas) = if fork {
             // The snapshot first: the pages are looked for in it after the
             // release; only what a fork does not copy is planned now.
             let snap = snapshot::take(fp)?;
@@ -538,7 +630,8 @@ fn capture_with(
                 })
                 .map(|m| m.start)
                 .collect();
-            let mut plan = memory::plan_with(fp.pid, &maps, &[], &mut seen_shm, false)?;
+            let mut plan =
+                memory::plan_with(fp.pid, &maps, &[], &mut seen_shm, memory::Scan::None)?;
             let unforked: Vec<proc::MapsEntry> = maps
                 .iter()
                 .filter(|m| !m.shared && no_fork.contains(&m.start))
@@ -573,12 +666,20 @@ fn capture_with(
             // VmFlags (for "grows down") come from smaps, whose page walk
             // costs milliseconds per GiB: an incremental dump reuses the
             // parent's when the process has exactly the same areas.
-            let reuse = parent_proc.and_then(|pp| incremental::same_layout(pp, &maps));
+            // A write-protected concurrent dump read them before the freeze.
+            let reuse = parent_proc
+                .and_then(|pp| incremental::same_layout(pp, &maps))
+                .or_else(|| cow_slot.as_ref().and_then(|c| c.growsdown(fp.pid, &maps)));
             let growsdown = match reuse {
                 Some(g) => g,
                 None => proc::parse_smaps_growsdown(&proc::read(fp.pid, "smaps")?),
             };
-            let mut plan = memory::plan(fp.pid, &maps, &growsdown, &mut seen_shm)?;
+            let scan = if cow_slot.is_some() {
+                memory::Scan::DataAndProtection
+            } else {
+                memory::Scan::Data
+            };
+            let mut plan = memory::plan_with(fp.pid, &maps, &growsdown, &mut seen_shm, scan)?;
             tracing::debug!(pid = fp.pid, ms = ms(frozen_at), "pages with data found");
             let areas = incremental::areas(&plan.vmas);
             if let (Some(b), Some(t), Some(pp)) = (&base, tracker.as_mut(), parent_proc) {
@@ -613,6 +714,7 @@ fn capture_with(
                 collector.capture_sysv(fp.pid, shmid, v.start, v.end)?;
             }
         }
+        unprotected_of.push(std::mem::take(&mut plan.unprotected));
         plans.push(Some((plan, no_fork)));
         collector.add_process(fp.pid)?;
         images.push(image);
@@ -667,6 +769,8 @@ fn capture_with(
             preread: Vec::new(),
             selection: selections[idx].take(),
             deferred,
+            cow: None,
+            unprotected: std::mem::take(&mut unprotected_of[idx]),
         });
     }
     for (image, table) in images.iter_mut().zip(std::mem::take(&mut collector.tables)) {
@@ -765,7 +869,39 @@ fn capture_with(
     // Concurrent: what a fork does not copy is read now; the snapshots
     // hold the rest.
     for c in copies.iter_mut().filter(|c| c.snapshot.is_some()) {
-        c.preread_unforked()?;
+        let unforked = stasis_image::chain::normalize(c.unforked.clone());
+        c.preread(&unforked)?;
+    }
+    // Concurrent, write-protected: private anonymous pages are protected
+    // (those the prepare step left unprotected) and copied after the
+    // release; the rest is read now.
+    let mut cow = cow_slot.take();
+    if let Some(armed) = cow.as_mut() {
+        for c in copies.iter_mut() {
+            let areas = stasis_image::chain::normalize(
+                manifest.processes[c.idx]
+                    .vmas
+                    .iter()
+                    .filter(|v| cow::protectable(v))
+                    .map(|v| (v.start, v.end))
+                    .collect(),
+            );
+            let spans = memory::spans(&c.ranges);
+            let rest = stasis_image::chain::subtract(&spans, &areas);
+            c.preread(&rest)?;
+            let protect = memory::spans(&c.ranges);
+            let used: Vec<(u64, u64)> = areas
+                .iter()
+                .filter(|a| protect.iter().any(|r| r.0 < a.1 && r.1 > a.0))
+                .copied()
+                .collect();
+            let Some(fp) = f.procs.iter_mut().find(|p| p.pid == c.pid) else {
+                continue;
+            };
+            let unprotected = stasis_image::chain::intersect(&c.unprotected, &protect);
+            c.cow = Some(armed.arm_frozen(fp, &used, &protect, &unprotected)?);
+        }
+        tracing::debug!(ms = ms(frozen_at), "memory write-protected");
     }
     tracing::debug!(ms = ms(frozen_at), "ready to release");
     Ok(Pending {
@@ -773,6 +909,7 @@ fn capture_with(
         manifest,
         state,
         copies,
+        cow,
         by_content,
         report: DumpReport {
             checkpoint,
@@ -810,6 +947,11 @@ struct ProcCopy {
     selection: Option<incremental::Selection>,
     /// Concurrent dumps: what is planned after the release.
     deferred: Option<Deferred>,
+    /// Write-protected concurrent dumps: the process's index in the
+    /// [`cow::Cow`], and its pages with data the prepare step left
+    /// unprotected.
+    cow: Option<usize>,
+    unprotected: Vec<(u64, u64)>,
 }
 
 /// The part of a concurrent dump's memory plan made after the release,
@@ -876,17 +1018,18 @@ impl ProcCopy {
         Ok(())
     }
 
-    /// Reads the ranges that lie in areas a fork does not copy, now.
-    fn preread_unforked(&mut self) -> Result<()> {
+    /// Reads the ranges that lie in `now` (normalized spans) at once;
+    /// the rest stays to copy.
+    fn preread(&mut self, now: &[(u64, u64)]) -> Result<()> {
         use stasis_image::chain;
         let ranges = memory::spans(&self.ranges);
-        let unforked = chain::normalize(self.unforked.clone());
-        for (a, e) in chain::intersect(&ranges, &unforked) {
+        for (a, e) in chain::intersect(&ranges, now) {
             let mut buf = vec![0u8; usize::try_from(e - a).unwrap_or(0)];
             stasis_kernel::mem::read_ranges(&self.mem, &[(a, buf.len())], &mut buf)?;
             self.preread.push((a, buf));
         }
-        self.ranges = memory::lengths(&chain::subtract(&ranges, &unforked));
+        self.preread.sort_by_key(|p| p.0);
+        self.ranges = memory::lengths(&chain::subtract(&ranges, now));
         Ok(())
     }
 }
@@ -894,22 +1037,44 @@ impl ProcCopy {
 /// Figures of a concurrent dump.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct ConcurrentStats {
-    /// Pages copied from the snapshots after the tree was released.
+    /// How the freeze instant's pages were kept: `uffd` (write-protection
+    /// and fault handlers, [`cow`]) or `fork` (a copy-on-write snapshot,
+    /// [`snapshot`]).
+    pub method: String,
+    /// Pages copied after the tree was released.
     pub pages_after_release: u64,
-    /// Minor faults the tree took during the copy (an upper bound on its
+    /// `uffd`: write faults handled during the copy (exact). `fork`: minor
+    /// faults the tree took during the copy (an upper bound on its
     /// copy-on-write faults).
     pub write_faults: u64,
-    /// Peak of the memory the snapshots held for the tree because it wrote
-    /// the pages since the freeze (their private memory, sampled after a
-    /// 32 MiB piece at most every 50 ms, and after every piece near the
-    /// cap), in bytes.
+    /// Peak of the memory held for pages the tree wrote before they were
+    /// saved, in bytes. `uffd`: the side buffer. `fork`: the snapshots'
+    /// private memory (sampled after a 32 MiB piece at most every 50 ms,
+    /// and after every piece near the cap).
     pub cow_peak_bytes: u64,
-    /// Times the tree was stopped because that exceeded the cap.
+    /// `uffd`: time from reading a write fault to waking its writer,
+    /// median, 99th percentile and worst, in microseconds.
+    pub fault_p50_us: Option<f64>,
+    pub fault_p99_us: Option<f64>,
+    pub fault_max_us: Option<f64>,
+    /// `uffd`: write faults that waited for room in the full side buffer,
+    /// and how long they waited in all, in microseconds.
+    pub writer_waits: u64,
+    pub writer_wait_us: u64,
+    /// `fork`: times the tree was stopped because the copy-on-write memory
+    /// exceeded the cap.
     pub paused: u32,
     /// How long it was stopped for that, in microseconds.
     pub paused_us: u64,
-    /// Time the tree was stopped to reap the snapshots, in microseconds.
+    /// `fork`: time the tree was stopped to reap the snapshots, in
+    /// microseconds.
     pub reap_stop_us: u64,
+    /// `uffd`: time the tree was stopped before the checkpoint's freeze to
+    /// be given its userfaultfds, in microseconds (a downtime too).
+    pub prepare_stop_us: u64,
+    /// Why a write-protected copy was abandoned and the dump made again
+    /// from a fork snapshot (`--cow-method auto`).
+    pub fallback: Option<String>,
 }
 
 /// Size of the pieces a concurrent dump copies, then frees in the snapshot.
@@ -957,13 +1122,15 @@ struct Pending {
     manifest: Manifest,
     state: Option<stasis_track::state::TrackState>,
     copies: Vec<ProcCopy>,
+    /// Write-protected concurrent dumps: the protection and its handlers.
+    cow: Option<cow::Cow>,
     by_content: bool,
     report: DumpReport,
 }
 
 impl Pending {
     fn concurrent(&self) -> bool {
-        self.copies.iter().any(|c| c.snapshot.is_some())
+        self.cow.is_some() || self.copies.iter().any(|c| c.snapshot.is_some())
     }
 
     /// Copies every process's pages into its pack (from the snapshots if
@@ -976,6 +1143,9 @@ impl Pending {
         progress: Option<&(dyn Fn(u64, u64) + Send)>,
         cow_cap: u64,
     ) -> Result<()> {
+        if self.cow.is_some() {
+            return self.copy_protected(progress);
+        }
         let mut tracker = tracker;
         // Concurrent dumps plan from the snapshots first.
         for c in &mut self.copies {
@@ -999,7 +1169,10 @@ impl Pending {
             .filter_map(|c| c.snapshot.as_ref().map(|s| s.pid))
             .collect();
         let faults0 = if concurrent { minor_faults(&live) } else { 0 };
-        let mut stats = ConcurrentStats::default();
+        let mut stats = ConcurrentStats {
+            method: "fork".into(),
+            ..Default::default()
+        };
         let mut paused: Option<(freeze::Frozen, Instant)> = None;
         let mut last_sample = Instant::now();
         let mut held_now = 0u64;
@@ -1146,6 +1319,83 @@ impl Pending {
         if concurrent {
             self.report.concurrent = Some(stats);
         }
+        Ok(())
+    }
+
+    /// Copies every process's pages into its pack while the tree runs,
+    /// from the write-protected processes ([`cow`]), in address order.
+    fn copy_protected(&mut self, progress: Option<&(dyn Fn(u64, u64) + Send)>) -> Result<()> {
+        let total: u64 = self
+            .copies
+            .iter()
+            .flat_map(|c| {
+                c.ranges
+                    .iter()
+                    .map(|r| r.1 as u64)
+                    .chain(c.preread.iter().map(|p| p.1.len() as u64))
+            })
+            .sum();
+        let (mut pages, mut bytes, mut done) = (0u64, 0u64, 0u64);
+        let Some(cow) = self.cow.as_ref() else {
+            return Ok(());
+        };
+        for c in &mut self.copies {
+            let mut pack = self.ck.create_pack(c.pid)?;
+            // What was read in the freeze, and the pieces to take now
+            // (aligned on PIECE, so that no grain straddles two).
+            let mut pieces: Vec<(u64, u64, Option<Vec<u8>>)> = std::mem::take(&mut c.preread)
+                .into_iter()
+                .map(|(a, d)| (a, a + d.len() as u64, Some(d)))
+                .collect();
+            for (a, e) in memory::spans(&c.ranges) {
+                let mut s = a;
+                while s < e {
+                    let end = ((s / cow::PIECE + 1) * cow::PIECE).min(e);
+                    pieces.push((s, end, None));
+                    s = end;
+                }
+            }
+            pieces.sort_by_key(|p| p.0);
+            for (a, e, data) in pieces {
+                let data = match (data, c.cow) {
+                    (Some(d), _) => d,
+                    (None, Some(i)) => cow.take_piece(i, a, e)?,
+                    (None, None) => {
+                        let mut d = vec![0u8; usize::try_from(e - a).unwrap_or(0)];
+                        stasis_kernel::mem::read_ranges(&c.mem, &[(a, d.len())], &mut d)?;
+                        d
+                    }
+                };
+                pack.write_run(a, &data)?;
+                done += e - a;
+                if let Some(p) = progress {
+                    p(done, total);
+                }
+            }
+            pages += pack.pages();
+            bytes += pack.bytes();
+            self.manifest.processes[c.idx].pack = Some(pack.finish()?);
+        }
+        let figures = match self.cow.take() {
+            Some(cow) => cow.finish()?,
+            None => cow::CowFigures::default(),
+        };
+        self.manifest.stats.pages_written = pages;
+        self.report.pages = pages;
+        self.report.bytes = bytes;
+        self.report.concurrent = Some(ConcurrentStats {
+            method: "uffd".into(),
+            pages_after_release: pages,
+            write_faults: figures.faults,
+            cow_peak_bytes: figures.side_peak,
+            fault_p50_us: Some(figures.p50_us),
+            fault_p99_us: Some(figures.p99_us),
+            fault_max_us: Some(figures.max_us),
+            writer_waits: figures.waits,
+            writer_wait_us: figures.wait_us,
+            prepare_stop_us: figures.prepare_stop_us,
+            ..Default::default()
+        });
         Ok(())
     }
 

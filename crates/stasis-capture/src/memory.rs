@@ -72,6 +72,21 @@ pub fn find_syscall_insn(mem: &ProcessMemory, maps: &[proc::MapsEntry]) -> Optio
 pub struct MemoryPlan {
     pub vmas: Vec<Vma>,
     pub ranges: Vec<(u64, usize)>,
+    /// [`Scan::DataAndProtection`]: the ranges of private anonymous data
+    /// whose userfaultfd write-protection is not set.
+    pub unprotected: Vec<(u64, u64)>,
+}
+
+/// What [`plan_with`] looks for in private areas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scan {
+    /// Nothing: their ranges are left out (planned later, elsewhere).
+    None,
+    /// The pages that hold data.
+    Data,
+    /// The pages that hold data, and which of those in anonymous areas are
+    /// not write-protected (same page-table walk).
+    DataAndProtection,
 }
 
 /// `(address, length)` ranges as sorted, merged `[start, end)` spans.
@@ -96,20 +111,20 @@ pub fn plan(
     growsdown: &[u64],
     seen_shm: &mut HashSet<u64>,
 ) -> Result<MemoryPlan> {
-    plan_with(pid, maps, growsdown, seen_shm, true)
+    plan_with(pid, maps, growsdown, seen_shm, Scan::Data)
 }
 
-/// [`plan`], optionally without looking for the data of private areas
-/// (`scan_private == false`: their ranges are left out).
+/// [`plan`], looking for `scan` in private areas.
 pub fn plan_with(
     pid: i32,
     maps: &[proc::MapsEntry],
     growsdown: &[u64],
     seen_shm: &mut HashSet<u64>,
-    scan_private: bool,
+    scan: Scan,
 ) -> Result<MemoryPlan> {
     let mut vmas = Vec::new();
     let mut ranges: Vec<(u64, usize)> = Vec::new();
+    let mut unprotected = Vec::new();
     let pagemap = Pagemap::open(pid)?;
     let mut have_scan = true;
     for m in maps {
@@ -128,10 +143,15 @@ pub fn plan_with(
                     Vec::new()
                 }
             }
-            _ if !scan_private => Vec::new(),
+            _ if scan == Scan::None => Vec::new(),
             _ => {
-                let query = if matches!(kind, VmaKind::Anon) {
-                    ScanQuery::anon_data()
+                let anon = matches!(kind, VmaKind::Anon);
+                let query = if anon {
+                    let mut q = ScanQuery::anon_data();
+                    if scan == Scan::DataAndProtection {
+                        q.return_mask |= stasis_sys::PAGE_IS_WRITTEN;
+                    }
+                    q
                 } else {
                     ScanQuery::private_data()
                 };
@@ -150,6 +170,14 @@ pub fn plan_with(
                 } else {
                     pagemap.private_data_by_entries(m.start, m.end)?
                 };
+                if anon && scan == Scan::DataAndProtection {
+                    unprotected.extend(
+                        regions
+                            .iter()
+                            .filter(|r| r.categories & stasis_sys::PAGE_IS_WRITTEN != 0)
+                            .map(|r| (r.start, r.end)),
+                    );
+                }
                 regions.iter().map(|r| (r.start, r.end)).collect()
             }
         };
@@ -171,7 +199,11 @@ pub fn plan_with(
             shm,
         });
     }
-    Ok(MemoryPlan { vmas, ranges })
+    Ok(MemoryPlan {
+        vmas,
+        ranges,
+        unprotected: stasis_image::chain::normalize(unprotected),
+    })
 }
 
 /// Writes the pages of `data` (at `addr`) that `filter` accepts, as runs of

@@ -72,6 +72,18 @@ impl ScanQuery {
         }
     }
 
+    /// Pages whose userfaultfd write-protection is set (not `WRITTEN`).
+    /// (`WPALLOWED` is reported for `WP_ASYNC` registrations only.)
+    pub fn wp_protected() -> Self {
+        Self {
+            flags: 0,
+            inverted: sys::PAGE_IS_WRITTEN,
+            mask: sys::PAGE_IS_WRITTEN,
+            anyof: 0,
+            return_mask: sys::PAGE_IS_WRITTEN,
+        }
+    }
+
     /// Like [`ScanQuery::written`], and write-protects what it reports in the
     /// same walk (re-arms tracking). Fails with `EPERM` on an area that is
     /// not registered with a `WP_ASYNC` userfaultfd, rather than skip it.

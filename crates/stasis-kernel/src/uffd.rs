@@ -195,6 +195,53 @@ impl Userfaultfd {
         Ok(())
     }
 
+    /// `UFFDIO_WRITEPROTECT`: write-protects `[start, start + len)`
+    /// (`protect`), or lifts the protection and wakes the threads waiting
+    /// on the range. Errors give the errno: `EAGAIN` while a
+    /// non-cooperative event (unmap, remap, remove) waits to be read,
+    /// `ENOENT` if part of the range is no longer registered.
+    pub fn write_protect(
+        &self,
+        start: u64,
+        len: u64,
+        protect: bool,
+    ) -> std::result::Result<(), i32> {
+        let mut w = sys::UffdioWriteprotect {
+            range: sys::UffdioRange { start, len },
+            mode: if protect {
+                sys::UFFDIO_WRITEPROTECT_MODE_WP
+            } else {
+                0
+            },
+        };
+        // SAFETY: UFFDIO_WRITEPROTECT reads a `struct uffdio_writeprotect`, which `w` is.
+        let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), sys::UFFDIO_WRITEPROTECT as _, &mut w) };
+        if r < 0 {
+            return Err(last_err().raw_os_error().unwrap_or(libc::EIO));
+        }
+        Ok(())
+    }
+
+    /// Waits up to `timeout_ms` for the userfaultfd to have something to
+    /// read. Returns whether it has.
+    pub fn wait_readable(&self, timeout_ms: i32) -> Result<bool> {
+        let mut p = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll() reads and writes one `pollfd`, which `p` is.
+        let r = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+        if r < 0 {
+            let e = last_err();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                return Ok(false);
+            }
+            return Err(KernelError::io("poll on a userfaultfd", e));
+        }
+        Ok(r > 0 && p.revents & libc::POLLIN != 0)
+    }
+
     /// Reads the events waiting on a non-blocking userfaultfd (none when
     /// it would block) and appends them to `out`.
     pub fn read_events(&self, out: &mut Vec<Event>) -> Result<()> {
@@ -222,6 +269,7 @@ impl Userfaultfd {
                 sys::UFFD_EVENT_PAGEFAULT => Event::PageFault {
                     addr: a[1],
                     write: a[0] & sys::UFFD_PAGEFAULT_FLAG_WRITE != 0,
+                    wp: a[0] & sys::UFFD_PAGEFAULT_FLAG_WP != 0,
                 },
                 sys::UFFD_EVENT_FORK => {
                     let raw = (a[0] & 0xffff_ffff) as i32;
@@ -258,6 +306,8 @@ pub enum Event {
     PageFault {
         addr: u64,
         write: bool,
+        /// A write to a write-protected page (`UFFDIO_REGISTER_MODE_WP`).
+        wp: bool,
     },
     /// The process forked; the child's userfaultfd (registered like the
     /// parent's) is handed to us.

@@ -459,6 +459,8 @@ pub const UFFD_EVENT_REMOVE: u8 = 0x15;
 pub const UFFD_EVENT_UNMAP: u8 = 0x16;
 /// `uffd_msg.arg.pagefault.flags`: the fault was a write.
 pub const UFFD_PAGEFAULT_FLAG_WRITE: u64 = 1 << 0;
+/// `uffd_msg.arg.pagefault.flags`: the page was write-protected.
+pub const UFFD_PAGEFAULT_FLAG_WP: u64 = 1 << 1;
 
 pub const UFFDIO_API: u64 = iowr(UFFDIO, 0x3F, size_of::<UffdioApi>());
 pub const UFFDIO_REGISTER: u64 = iowr(UFFDIO, 0x00, size_of::<UffdioRegister>());

@@ -187,6 +187,7 @@ pub fn run(dir: Option<PathBuf>, before: f64, after: f64) -> Result<ExitCode> {
             progress: None,
             concurrent: false,
             cow_cap: 0,
+            cow_method: stasis_capture::CowMethod::Auto,
         },
     )?;
     let status = child.wait()?;

@@ -55,14 +55,23 @@ enum Cmd {
         /// Backend: auto (default), uffd, soft-dirty or hash.
         #[arg(long, num_args = 0..=1, default_missing_value = "auto", value_name = "BACKEND")]
         track: Option<String>,
-        /// With --leave-running: copy memory while the process runs on, from
-        /// copy-on-write snapshots; it stops only while its state is read.
+        /// With --leave-running: copy memory while the process runs on; it
+        /// stops only while its state is read and its memory
+        /// write-protected.
         #[arg(long, requires = "leave_running")]
         concurrent: bool,
-        /// With --concurrent: stop the process once the pages it has copied
-        /// on write during the copy exceed this (0: never).
+        /// With --concurrent: most memory held for pages written before
+        /// they were saved; beyond it writers wait for the copy (uffd) or
+        /// the process is stopped (fork). 0: no cap.
         #[arg(long, default_value = "256M", value_parser = run::parse_size)]
         cow_buffer: u64,
+        /// With --concurrent: how the freeze instant's pages are kept.
+        /// `uffd`: userfaultfd write-protection, a handler saves each page
+        /// before its first write; `fork`: a copy-on-write fork snapshot;
+        /// `auto` (default): uffd, or fork with dirty tracking or when the
+        /// process gives back memory not yet saved.
+        #[arg(long, default_value = "auto", value_parser = run::parse_cow_method, requires = "concurrent")]
+        cow_method: stasis_capture::CowMethod,
         /// With --leave-running: for SECS after the dump (or `auto`: the
         /// time the image takes to retrieve), record which pages the
         /// process writes, as the touch set a lazy restore sends first.
@@ -161,12 +170,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
             track,
             concurrent,
             cow_buffer,
+            cow_method,
             touch_window,
             json,
         } => cmd_dump(
             pid,
             &dir,
-            (leave_running, concurrent, cow_buffer),
+            (leave_running, concurrent, cow_buffer, cow_method),
             (track.as_deref(), touch_window.as_deref()),
             json,
         ),
@@ -235,7 +245,7 @@ fn cmd_check(json: bool) -> Result<ExitCode> {
 fn cmd_dump(
     pid: i32,
     dir: &Path,
-    (leave_running, concurrent, cow_cap): (bool, bool, u64),
+    (leave_running, concurrent, cow_cap, cow_method): (bool, bool, u64, stasis_capture::CowMethod),
     (track, touch_window): (Option<&str>, Option<&str>),
     json: bool,
 ) -> Result<ExitCode> {
@@ -270,6 +280,7 @@ fn cmd_dump(
         progress: Some(progress.callback()),
         concurrent,
         cow_cap,
+        cow_method,
     };
     let r = stasis_capture::dump_tracked(&store, &opts, tracker.as_deref_mut())
         .with_context(|| format!("dumping process {pid}"))?;

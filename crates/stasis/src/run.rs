@@ -40,8 +40,9 @@ pub struct RunOptions {
     /// File for the job's stdout and stderr (default DIR/job.log).
     #[arg(long)]
     pub log: Option<PathBuf>,
-    /// Copy memory while the job runs (copy-on-write snapshots): it stops
-    /// only while its state is read.
+    /// Copy memory while the job runs (from copy-on-write fork snapshots,
+    /// since `run` tracks dirty pages): it stops only while its state is
+    /// read.
     #[arg(long)]
     pub concurrent: bool,
     /// With --concurrent: stop the job once the pages it has copied on
@@ -87,6 +88,17 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// Parses a size: "512" (bytes), "64K", "256M", "1G" (powers of 1024), or
 /// "0" for none.
+/// Parses `auto`, `uffd` or `fork`.
+pub fn parse_cow_method(s: &str) -> Result<stasis_capture::CowMethod, String> {
+    use stasis_capture::CowMethod;
+    match s {
+        "auto" => Ok(CowMethod::Auto),
+        "uffd" => Ok(CowMethod::Uffd),
+        "fork" => Ok(CowMethod::Fork),
+        _ => Err(format!("unknown method {s:?}: use auto, uffd or fork")),
+    }
+}
+
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let (num, mult) = match t.char_indices().last() {
@@ -271,6 +283,7 @@ pub fn cmd_run(o: RunOptions) -> Result<ExitCode> {
                     progress: None,
                     concurrent: o.concurrent,
                     cow_cap: o.cow_buffer,
+                    cow_method: stasis_capture::CowMethod::Auto,
                 };
                 match stasis_capture::dump_tracked(&store, &opts, Some(&mut *tracker)) {
                     Ok(r) => {

@@ -100,13 +100,28 @@ pub fn dump_line(r: &stasis_capture::DumpReport) -> String {
             None => String::new(),
         }
     ) + &match &r.concurrent {
+        Some(c) if c.method == "uffd" => format!(
+            "\n  concurrent (uffd write-protection): prepare stop {}; {} pages copied after the release; {} write faults, latency p50 {:.0} us, p99 {:.0} us; side buffer peak {}; writers waited {}x ({})",
+            secs(c.prepare_stop_us),
+            c.pages_after_release,
+            c.write_faults,
+            c.fault_p50_us.unwrap_or(0.0),
+            c.fault_p99_us.unwrap_or(0.0),
+            bytes(c.cow_peak_bytes),
+            c.writer_waits,
+            secs(c.writer_wait_us)
+        ),
         Some(c) => format!(
-            "\n  concurrent: {} pages copied after the release; {} write faults during the copy; copy-on-write peak {}; paused {}x; reap stop {}",
+            "\n  concurrent (fork snapshot): {} pages copied after the release; {} write faults during the copy; copy-on-write peak {}; paused {}x; reap stop {}{}",
             c.pages_after_release,
             c.write_faults,
             bytes(c.cow_peak_bytes),
             c.paused,
-            secs(c.reap_stop_us)
+            secs(c.reap_stop_us),
+            match &c.fallback {
+                Some(why) => format!("\n  (write-protection abandoned: {why})"),
+                None => String::new(),
+            }
         ),
         None => String::new(),
     }

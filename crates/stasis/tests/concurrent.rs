@@ -1,5 +1,6 @@
 //! Concurrent dumps (`dump --leave-running --concurrent`): the tree runs on
-//! while its memory is copied from copy-on-write snapshots, and every image
+//! while its memory is copied (write-protected with a userfaultfd and its
+//! faults handled, or from copy-on-write fork snapshots), and every image
 //! holds exactly the memory of its freeze instant.
 
 mod common;
@@ -25,11 +26,89 @@ fn running(pids: &[i32]) -> Vec<i32> {
         .collect()
 }
 
-/// The self-verifying writer (memory a function of its counter; it maps,
-/// unmaps, moves and madvises areas all the time) is dumped concurrently
-/// 20 times in a row while it writes as fast as it can; each image
-/// restores to exactly the state of its freeze. The snapshots are gone
-/// afterwards (no process or zombie left).
+/// Userfaultfd descriptors in the process's own fd table (there must be
+/// none: the dumper creates them inside it, takes them out and closes
+/// them there).
+fn uffds_in(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter(|l| l.to_string_lossy().contains("userfaultfd"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// The test: the self-verifying writer over 1 GiB (memory a pure
+/// function of its counter, no layout changes), writing as fast as it can,
+/// is dumped concurrently (write-protection) 20 times in a row; each image
+/// is restored at once into a new PID namespace (the original runs on) and
+/// must pass the writer's byte-for-byte check of the state at its freeze.
+#[test]
+fn writer_1gib_write_protected_20_times_each_image_exact() {
+    let mut w = Workload::start("chain_writer", &["1024", "0", "0"]);
+    std::thread::sleep(Duration::from_millis(300));
+    let pidfile = w.dir.path().join("ns.pid");
+    for k in 1..=20 {
+        let o = w.dump(&[
+            "--leave-running",
+            "--concurrent",
+            "--cow-method",
+            "uffd",
+            "--json",
+        ]);
+        assert_ok(&o, "dump --concurrent --cow-method uffd");
+        let r = json(&o);
+        let c = &r["concurrent"];
+        assert_eq!(c["method"], "uffd", "{r}");
+        assert!(c["fallback"].is_null(), "{r}");
+        // 1 GiB of pages, written after the release.
+        assert!(c["pages_after_release"].as_u64().unwrap() >= 262_144, "{r}");
+        // The writer ran during the copy and its writes were handled.
+        assert!(c["write_faults"].as_u64().unwrap() > 0, "{r}");
+        let (p50, p99) = (
+            c["fault_p50_us"].as_f64().unwrap(),
+            c["fault_p99_us"].as_f64().unwrap(),
+        );
+        assert!(p50 > 0.0 && p99 >= p50, "{r}");
+        assert!(r["frozen_us"].as_u64() < r["total_us"].as_u64(), "{r}");
+        assert!(alive(w.pid));
+        assert_eq!(uffds_in(w.pid), 0, "a userfaultfd was left in the process");
+        // This image, restored beside the original, passes its check.
+        let _ = std::fs::remove_file(&pidfile);
+        let o = stasis()
+            .args(["restore", "--detach", "--new-pidns", "--json", "--pidfile"])
+            .arg(&pidfile)
+            .arg("-D")
+            .arg(w.images())
+            .output()
+            .unwrap();
+        assert_ok(&o, "restore --new-pidns");
+        let rr = json(&o);
+        let outer = wait_pidfile(&pidfile, Duration::from_secs(10));
+        let init = i32::try_from(rr["init_pid"].as_i64().unwrap()).unwrap();
+        // SAFETY: signalling the restored copy.
+        unsafe { libc::kill(outer, libc::SIGTERM) };
+        assert_eq!(
+            waitpid_timeout(init, Duration::from_secs(60)),
+            (Some(0), None),
+            "image {k} did not restore to the state of its freeze: {}",
+            w.out()
+        );
+        // Keep the disk use to one image.
+        for e in std::fs::read_dir(w.images().join("checkpoints")).unwrap() {
+            let _ = std::fs::remove_dir_all(e.unwrap().path());
+        }
+    }
+    w.finish_pass();
+}
+
+/// The self-verifying writer that also maps, unmaps, moves and madvises
+/// areas all the time is dumped concurrently (`--cow-method auto`) 20 times
+/// in a row while it writes as fast as it can; each image restores to
+/// exactly the state of its freeze. A write-protected copy that the
+/// process defeats (it gave back memory not yet saved) is redone from a
+/// fork snapshot, and says so. No snapshot or userfaultfd is left behind.
 #[test]
 fn writer_dumped_concurrently_20_times_restores_exactly() {
     let mut w = Workload::start("chain_writer", &["256"]);
@@ -41,6 +120,12 @@ fn writer_dumped_concurrently_20_times_restores_exactly() {
         let r = json(&o);
         assert_eq!(r["checkpoint"], k);
         let c = &r["concurrent"];
+        match c["method"].as_str() {
+            Some("uffd") => assert!(c["fallback"].is_null(), "{r}"),
+            Some("fork") => assert!(c["fallback"].is_string(), "{r}"),
+            _ => panic!("{r}"),
+        }
+        assert_eq!(uffds_in(w.pid), 0, "a userfaultfd was left in the process");
         assert!(c["pages_after_release"].as_u64().unwrap() > 60_000, "{r}");
         // The writer ran during the copy (it faulted on pages it wrote).
         assert!(c["write_faults"].as_u64().unwrap() > 0, "{r}");
@@ -97,8 +182,8 @@ fn shared_memory_tree_concurrent() {
     w.finish_pass();
 }
 
-/// A tight copy-on-write cap stops the writer until the copy is done; the
-/// image is still exact.
+/// Fork snapshots: a tight copy-on-write cap stops the writer until the
+/// copy is done; the image is still exact.
 #[test]
 fn cow_cap_pauses_the_writer_and_the_image_is_exact() {
     let mut w = Workload::start("chain_writer", &["128"]);
@@ -106,6 +191,8 @@ fn cow_cap_pauses_the_writer_and_the_image_is_exact() {
     let o = w.dump(&[
         "--leave-running",
         "--concurrent",
+        "--cow-method",
+        "fork",
         "--cow-buffer",
         "1M",
         "--json",
@@ -118,9 +205,164 @@ fn cow_cap_pauses_the_writer_and_the_image_is_exact() {
     w.finish_pass();
 }
 
-/// The dumper SIGKILLed in the middle of the copy: the process runs on
-/// unharmed, its snapshot dies with the dumper, and no checkpoint is
-/// committed.
+/// Write-protection: with a side buffer of one grain, writers wait for the
+/// copier instead of the buffer growing; the image is still exact.
+#[test]
+fn side_buffer_cap_makes_writers_wait_and_the_image_is_exact() {
+    let mut w = Workload::start("chain_writer", &["256", "0", "0"]);
+    std::thread::sleep(Duration::from_millis(100));
+    let o = w.dump(&[
+        "--leave-running",
+        "--concurrent",
+        "--cow-method",
+        "uffd",
+        "--cow-buffer",
+        "64K",
+        "--json",
+    ]);
+    assert_ok(&o, "dump --concurrent --cow-buffer 64K");
+    let r = json(&o);
+    let c = &r["concurrent"];
+    assert_eq!(c["method"], "uffd", "{r}");
+    assert!(c["writer_waits"].as_u64().unwrap() >= 1, "{r}");
+    assert!(c["writer_wait_us"].as_u64().unwrap() > 0, "{r}");
+    assert!(c["cow_peak_bytes"].as_u64().unwrap() <= 64 << 10, "{r}");
+    kill_and_reap(&mut w);
+    w.restore(&[]);
+    w.finish_pass();
+}
+
+/// Write-protection: the dumper SIGKILLed in the middle of the copy. The
+/// kernel drops the protection with the dumper's userfaultfds, so the
+/// process runs on (it is checked afterwards), no checkpoint is committed
+/// and no userfaultfd is left in it.
+#[test]
+fn dumper_killed_mid_write_protected_copy_leaves_the_process_running() {
+    let mut w = Workload::start("chain_writer", &["512", "0", "0"]);
+    std::thread::sleep(Duration::from_millis(200));
+    let mut dumper = stasis()
+        .args([
+            "dump",
+            "--leave-running",
+            "--concurrent",
+            "--cow-method",
+            "uffd",
+            "-t",
+            &w.pid.to_string(),
+            "-D",
+        ])
+        .arg(w.images())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The copy is under way once a checkpoint is being written and the
+    // dumper has its fault handler thread.
+    let handler = format!("cow-{}", w.pid);
+    let t0 = Instant::now();
+    loop {
+        let has_handler = std::fs::read_dir(format!("/proc/{}/task", dumper.id()))
+            .map(|d| {
+                d.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
+                    .any(|c| c.trim() == handler)
+            })
+            .unwrap_or(false);
+        let writing = std::fs::read_dir(w.images().join("checkpoints"))
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .any(|e| e.file_name().to_string_lossy().starts_with(".tmp"))
+            })
+            .unwrap_or(false);
+        if has_handler && writing {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the copy never started"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    dumper.kill().unwrap();
+    dumper.wait().unwrap();
+    assert!(alive(w.pid));
+    assert_eq!(uffds_in(w.pid), 0, "a userfaultfd was left in the process");
+    std::thread::sleep(Duration::from_millis(300));
+    let store = stasis_image::ImageDir::open(&w.images());
+    assert!(
+        store
+            .map(|s| s.checkpoints().unwrap_or_default())
+            .unwrap_or_default()
+            .is_empty(),
+        "a checkpoint was committed"
+    );
+    w.finish_pass();
+}
+
+/// `--cow-method uffd` on a process that gives memory back during the copy
+/// fails (the tree runs on, nothing is committed) rather than save a
+/// wrong image; `--cow-method auto` redoes such a dump from a fork
+/// snapshot, and its image is exact.
+#[test]
+fn memory_given_back_during_the_copy() {
+    let mut w = Workload::start("chain_writer", &["256"]);
+    std::thread::sleep(Duration::from_millis(100));
+    let mut refused = false;
+    for _ in 0..30 {
+        let o = w.dump(&[
+            "--leave-running",
+            "--concurrent",
+            "--cow-method",
+            "uffd",
+            "--json",
+        ]);
+        if !o.status.success() {
+            assert_fails_with(&o, "the dump was abandoned");
+            refused = true;
+            break;
+        }
+    }
+    assert!(refused, "the writer never gave back memory during a copy");
+    assert!(alive(w.pid));
+    assert_eq!(uffds_in(w.pid), 0, "a userfaultfd was left in the process");
+    let mut fell_back = None;
+    for _ in 0..30 {
+        let o = w.dump(&["--leave-running", "--concurrent", "--json"]);
+        assert_ok(&o, "dump --concurrent");
+        let r = json(&o);
+        if r["concurrent"]["method"] == "fork" {
+            assert!(r["concurrent"]["fallback"].is_string(), "{r}");
+            fell_back = Some(r["checkpoint"].as_u64().unwrap());
+            break;
+        }
+    }
+    let k = fell_back.expect("no dump fell back to a fork snapshot");
+    kill_and_reap(&mut w);
+    w.restore(&["--checkpoint", &k.to_string()]);
+    w.finish_pass();
+}
+
+/// `--cow-method uffd` cannot share the areas with dirty tracking's own
+/// userfaultfd: refused with a message, the process untouched.
+#[test]
+fn uffd_method_with_tracking_is_refused() {
+    let mut w = Workload::start("counter", &[]);
+    let o = w.dump(&[
+        "--leave-running",
+        "--concurrent",
+        "--cow-method",
+        "uffd",
+        "--track",
+        "uffd",
+    ]);
+    assert_fails_with(&o, "cannot be used with dirty tracking");
+    assert!(alive(w.pid));
+    w.finish_pass();
+}
+
+/// Fork snapshots: the dumper SIGKILLed in the middle of the copy: the
+/// process runs on unharmed, its snapshot dies with the dumper, and no
+/// checkpoint is committed.
 #[test]
 fn dumper_killed_mid_copy_leaves_the_process_running() {
     let mut w = Workload::start("chain_writer", &["512"]);
@@ -131,6 +373,8 @@ fn dumper_killed_mid_copy_leaves_the_process_running() {
             "dump",
             "--leave-running",
             "--concurrent",
+            "--cow-method",
+            "fork",
             "-t",
             &w.pid.to_string(),
             "-D",

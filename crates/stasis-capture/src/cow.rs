@@ -1,0 +1,975 @@
+//! Concurrent dumps by userfaultfd write-protection (`--cow-method uffd`,
+//! the default without dirty tracking).
+//!
+//! Write-protecting memory changes every page-table entry (about 21 ms per
+//! GiB of 4 KiB pages on the reference VM), so it is done *before* the
+//! checkpoint's freeze, while the tree runs:
+//!
+//! 1. **Prepare** ([`Cow::prepare`]). A brief stop of the tree gives each
+//!    process a synchronous userfaultfd (created inside it by a remote
+//!    syscall, taken out with `pidfd_getfd`, closed in it again) with its
+//!    private anonymous areas registered in write-protect mode; the tree
+//!    runs on while the dumper write-protects them and reads their
+//!    `VmFlags`. Meanwhile a write to a protected page is simply let
+//!    through by the handler (and the page stays unprotected).
+//! 2. **Freeze** (the checkpoint's instant). Handlers hold every fault
+//!    ([`Cow::enter_checkpoint`]); the memory plan's page-table walk also
+//!    reports which pages with data lost their protection in step 1 (or
+//!    belong to areas mapped since), and only those are protected again
+//!    ([`Cow::arm_frozen`]): the freeze costs one walk, not a rewrite of
+//!    every entry. Everything else a dump saves is read in the freeze as
+//!    usual.
+//! 3. **Copy.** The tree is released, and two kinds of thread share the
+//!    pages still to save (the *unsaved* set, under one lock):
+//!
+//! * **The copier** (the dumper's thread) walks the plan in address order,
+//!   in pieces of [`PIECE`] bytes (aligned). Under the lock it takes the
+//!   piece's pages out of the side buffer and reads the unsaved ones from
+//!   the process (they are protected, so they hold the freeze instant),
+//!   removes them from the unsaved set, then lifts the protection of the
+//!   piece (later writes there cost nothing) and writes it to the pack.
+//! * **A handler per process** reads the userfaultfd. A write to a
+//!   protected page stops the writing thread until the handler has copied
+//!   the unsaved pages of the page's aligned [`GRAIN`] into the side buffer
+//!   and lifted their protection (which wakes the writer). Reads never
+//!   stop. When the side buffer holds `cap` bytes, the handler waits for
+//!   the copier to drain it (so the writer waits), instead of growing.
+//!   The time from reading a fault to waking its writer is recorded.
+//!
+//! Every page is saved exactly once, by whichever comes first, and always
+//! while still protected: its content is that of the freeze instant.
+//!
+//! **Memory the process gives back.** The kernel tells a userfaultfd about
+//! `munmap` only after the pages are gone, and about `MADV_DONTNEED` or a
+//! moving `mremap` in a way that races with the change. If such an event
+//! covers a page not yet saved, that page is lost: the dump is abandoned
+//! ([`CowLost`]), the protection dropped, nothing committed, and the
+//! caller dumps again with a fork snapshot (`crate::snapshot`), which
+//! keeps every page whatever the process does. Each piece and grain read
+//! is also checked, after the read, to be still registered and protected
+//! (`PAGEMAP_SCAN`): a page unmapped and replaced by a new mapping before
+//! its event is read is caught the same way.
+//!
+//! **Failure.** Whatever ends the copy (an error, the process dying, the
+//! dumper killed), the userfaultfds are closed; the kernel then unregisters
+//! the areas, clears the protection and wakes any waiting writer, so the
+//! process runs on as if nothing happened.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use stasis_kernel::mem::ProcessMemory;
+use stasis_kernel::pagemap::{Pagemap, ScanQuery};
+use stasis_kernel::uffd::{self, Event, Userfaultfd};
+use stasis_kernel::{pidfd, KernelError};
+use stasis_sys as sys;
+
+use crate::freeze::FrozenProcess;
+use crate::{CaptureError, Result};
+
+/// Bytes the copier saves per step (aligned: a grain never straddles two).
+pub const PIECE: u64 = 1 << 20;
+/// Bytes a write fault saves (aligned, the unsaved pages in it).
+pub const GRAIN: u64 = 16 * sys::PAGE_SIZE;
+/// Fault latencies kept for the percentiles (the rest are counted only).
+const MAX_SAMPLES: usize = 1 << 20;
+
+/// Features asked of each userfaultfd: the events that say the process
+/// gave memory back or moved it.
+const FEATURES: u64 =
+    sys::UFFD_FEATURE_EVENT_UNMAP | sys::UFFD_FEATURE_EVENT_REMOVE | sys::UFFD_FEATURE_EVENT_REMAP;
+
+/// The process discarded or moved pages not yet saved: this dump cannot
+/// hold them. Carried in [`CaptureError::CowLost`].
+#[derive(Debug, Clone)]
+pub struct CowLost {
+    pub pid: i32,
+    pub why: String,
+}
+
+/// A set of disjoint, non-adjacent byte ranges `[start, end)`.
+#[derive(Debug, Default, Clone)]
+pub struct RangeSet(BTreeMap<u64, u64>);
+
+impl RangeSet {
+    pub fn from_spans(spans: impl IntoIterator<Item = (u64, u64)>) -> Self {
+        let mut s = Self::default();
+        for (a, b) in spans {
+            s.insert(a, b);
+        }
+        s
+    }
+
+    fn insert(&mut self, mut a: u64, mut b: u64) {
+        if a >= b {
+            return;
+        }
+        let touching: Vec<(u64, u64)> = self
+            .0
+            .range(..=b)
+            .rev()
+            .take_while(|(_, &e)| e >= a)
+            .map(|(&s, &e)| (s, e))
+            .collect();
+        for (s, e) in touching {
+            self.0.remove(&s);
+            a = a.min(s);
+            b = b.max(e);
+        }
+        self.0.insert(a, b);
+    }
+
+    /// The parts of `[a, b)` in the set, in order.
+    pub fn intersect(&self, a: u64, b: u64) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = self
+            .0
+            .range(..b)
+            .rev()
+            .take_while(|(_, &e)| e > a)
+            .map(|(&s, &e)| (s.max(a), e.min(b)))
+            .collect();
+        out.reverse();
+        out
+    }
+
+    /// Takes `[a, b)` out of the set.
+    pub fn remove(&mut self, a: u64, b: u64) {
+        for (s, e) in self
+            .0
+            .range(..b)
+            .rev()
+            .take_while(|(_, &e)| e > a)
+            .map(|(&s, &e)| (s, e))
+            .collect::<Vec<_>>()
+        {
+            self.0.remove(&s);
+            if s < a {
+                self.0.insert(s, a);
+            }
+            if e > b {
+                self.0.insert(b, e);
+            }
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.0.iter().map(|(s, e)| e - s).sum()
+    }
+}
+
+/// What is shared between the copier and the handlers, per process.
+#[derive(Default)]
+struct ProcState {
+    mode: Mode,
+    /// Grains let through in [`Mode::Hold`], to protect again when armed.
+    touched: RangeSet,
+    unsaved: RangeSet,
+    /// Pages saved by handlers, by address (each piece inside one grain).
+    side: BTreeMap<u64, Vec<u8>>,
+}
+
+/// What a handler does with a write fault.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Before the checkpoint: let the write through (lift the protection).
+    #[default]
+    Prepare,
+    /// The tree is frozen (a fault comes from the dumper's own remote
+    /// syscalls, or the kernel on their way back): let it through, and
+    /// remember the grain, protected again when armed.
+    Hold,
+    /// After the checkpoint instant: save the original, then let it through.
+    Armed,
+}
+
+#[derive(Default)]
+struct State {
+    procs: Vec<ProcState>,
+    side_bytes: u64,
+    side_peak: u64,
+    lost: Option<CowLost>,
+    faults: u64,
+    latencies_ns: Vec<u64>,
+    /// Faults whose writer waited for room in the side buffer, and for how
+    /// long in total.
+    waits: u64,
+    wait_ns: u64,
+    /// A handler could not read its userfaultfd.
+    broken: Option<String>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// Signalled when the side buffer shrinks or the copy ends.
+    room: Condvar,
+    cap: u64,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A handler that panicked left consistent data behind (every
+        // update is made whole under the lock).
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+struct Proc {
+    pid: i32,
+    uffd: Arc<Userfaultfd>,
+    mem: Arc<ProcessMemory>,
+    pagemap: Arc<Pagemap>,
+    handler: Option<JoinHandle<()>>,
+    /// `MADV_GROWSDOWN` areas `(start, end)` and all areas, read in the
+    /// prepare step (so that the freeze need not walk `smaps`).
+    growsdown: Vec<(u64, u64)>,
+    layout: Vec<(u64, u64)>,
+    /// Armed in the checkpoint's freeze.
+    armed: bool,
+}
+
+/// Figures of a write-protected concurrent copy.
+#[derive(Debug, Clone, Default)]
+pub struct CowFigures {
+    pub faults: u64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+    pub side_peak: u64,
+    pub waits: u64,
+    pub wait_us: u64,
+    pub prepare_stop_us: u64,
+}
+
+/// The write-protection of a frozen tree, its handlers, and the pages
+/// still owed.
+pub struct Cow {
+    shared: Arc<Shared>,
+    procs: Vec<Proc>,
+    /// How long the prepare step stopped the tree, in microseconds.
+    prepare_stop_us: u64,
+}
+
+/// The areas of `maps` that [`protectable`] would accept.
+fn protectable_maps(maps: &[crate::proc::MapsEntry]) -> Vec<(u64, u64)> {
+    maps.iter()
+        .filter(|m| !m.shared)
+        .filter(|m| {
+            matches!(
+                crate::memory::vma_kind(m),
+                Ok(Some(stasis_image::manifest::VmaKind::Anon))
+            )
+        })
+        .map(|m| (m.start, m.end))
+        .collect()
+}
+
+/// Whether an area of a plan can be write-protected by a userfaultfd:
+/// private anonymous memory (the kernel refuses private file mappings; a
+/// dump reads those, and shared memory, in the freeze).
+pub fn protectable(v: &stasis_image::manifest::Vma) -> bool {
+    !v.shared && matches!(v.kind, stasis_image::manifest::VmaKind::Anon)
+}
+
+impl Cow {
+    /// `cap`: most bytes the side buffer holds (0: no cap).
+    pub fn new(cap: u64) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State::default()),
+                room: Condvar::new(),
+                cap,
+                stop: AtomicBool::new(false),
+            }),
+            procs: Vec::new(),
+            prepare_stop_us: 0,
+        }
+    }
+
+    /// Step 1: a brief stop of the tree rooted at `root` to give each
+    /// process a userfaultfd with its private anonymous areas registered;
+    /// then, while the tree runs, write-protects them and reads their
+    /// `VmFlags`.
+    pub fn prepare(&mut self, root: i32) -> Result<()> {
+        let probe = Pagemap::open(std::process::id() as i32)?;
+        let here = std::ptr::addr_of!(probe) as u64 & !(sys::PAGE_SIZE - 1);
+        probe.scan(here, here + sys::PAGE_SIZE, ScanQuery::wp_protected())?;
+        let stop0 = Instant::now();
+        let mut f = crate::freeze::freeze_tree(root)?;
+        let mut registered: Vec<(usize, Vec<(u64, u64)>)> = Vec::new();
+        let r = (|| -> Result<()> {
+            for fp in f.procs.iter_mut().filter(|p| p.zombie.is_none()) {
+                let maps = crate::proc::parse_maps(&crate::proc::read(fp.pid, "maps")?).map_err(
+                    |what| CaptureError::ProcFormat {
+                        pid: fp.pid,
+                        file: "maps".into(),
+                        what,
+                    },
+                )?;
+                let areas = protectable_maps(&maps);
+                if fp.threads[0].tracee.syscall_insn().is_none() {
+                    let mem = ProcessMemory::open(fp.pid)?;
+                    let insn = crate::memory::find_syscall_insn(&mem, &maps)
+                        .ok_or(KernelError::NoSyscallInsn { pid: fp.pid })?;
+                    fp.threads[0].tracee.set_syscall_insn(insn);
+                }
+                let uffd = create_in(fp)?;
+                for &(a, b) in &areas {
+                    uffd.register(a, b - a, sys::UFFDIO_REGISTER_MODE_WP)?;
+                }
+                let idx = self.start(fp.pid, uffd)?;
+                self.procs[idx].layout = maps.iter().map(|m| (m.start, m.end)).collect();
+                registered.push((idx, areas));
+            }
+            Ok(())
+        })();
+        let released = f.release();
+        self.prepare_stop_us = u64::try_from(stop0.elapsed().as_micros()).unwrap_or(u64::MAX);
+        r?;
+        released?;
+        for (idx, areas) in registered {
+            let p = &self.procs[idx];
+            for (a, b) in areas {
+                wp_retry(&p.uffd, &self.shared, a, b, true)?;
+            }
+            let smaps = crate::proc::read(p.pid, "smaps")?;
+            let starts = crate::proc::parse_smaps_growsdown(&smaps);
+            let gd: Vec<(u64, u64)> = self.procs[idx]
+                .layout
+                .iter()
+                .filter(|(s, _)| starts.contains(s))
+                .copied()
+                .collect();
+            self.procs[idx].growsdown = gd;
+        }
+        Ok(())
+    }
+
+    /// Step 2 begins (the tree is frozen): handlers stop letting writes
+    /// through; they hold them until [`Cow::arm_frozen`]. Returns once no
+    /// handler is lifting a protection any more.
+    pub fn enter_checkpoint(&self) {
+        let mut st = self.shared.lock();
+        for p in &mut st.procs {
+            p.mode = Mode::Hold;
+        }
+    }
+
+    /// The growsdown areas' starts of `pid` for the areas `maps` (read in
+    /// the freeze), from the prepare step; `None` if the layout changed in
+    /// a way that needs `smaps` again.
+    pub fn growsdown(&self, pid: i32, maps: &[crate::proc::MapsEntry]) -> Option<Vec<u64>> {
+        let p = self.procs.iter().find(|p| p.pid == pid)?;
+        let mut starts = Vec::new();
+        for m in maps.iter().filter(|m| m.name != "[vsyscall]") {
+            if p.layout.contains(&(m.start, m.end)) {
+                if p.growsdown.contains(&(m.start, m.end)) {
+                    starts.push(m.start);
+                }
+            } else if p.growsdown.iter().any(|g| g.1 == m.end) {
+                // A stack that grew down since.
+                starts.push(m.start);
+            } else {
+                return None;
+            }
+        }
+        Some(starts)
+    }
+
+    /// Step 2 for one frozen process: registers `areas` (areas mapped since
+    /// the prepare step are new), protects `unprotected` (pages with data
+    /// that lost their protection, or were never given one), and from now
+    /// on `data` (page-aligned spans, inside `areas`) is owed. A process the
+    /// prepare step did not see (or whose userfaultfd no longer reaches its
+    /// memory: it called exec) gets a userfaultfd now. Returns its index
+    /// for [`Cow::take_piece`].
+    pub fn arm_frozen(
+        &mut self,
+        fp: &mut FrozenProcess,
+        areas: &[(u64, u64)],
+        data: &[(u64, u64)],
+        unprotected: &[(u64, u64)],
+    ) -> Result<usize> {
+        let prepared = self.procs.iter().position(|p| p.pid == fp.pid && !p.armed);
+        let reuse = prepared.filter(|&i| {
+            areas.iter().all(|&(a, b)| {
+                self.procs[i]
+                    .uffd
+                    .register(a, b - a, sys::UFFDIO_REGISTER_MODE_WP)
+                    .is_ok()
+            })
+        });
+        let (idx, protect) = match reuse {
+            Some(i) => (i, unprotected.to_vec()),
+            None => {
+                let uffd = create_in(fp)?;
+                for &(a, b) in areas {
+                    uffd.register(a, b - a, sys::UFFDIO_REGISTER_MODE_WP)?;
+                }
+                (self.start(fp.pid, uffd)?, data.to_vec())
+            }
+        };
+        self.procs[idx].armed = true;
+        // Armed first (no write happens meanwhile: the tree is frozen and
+        // the dumper runs nothing in this process any more), then the
+        // protection: what step 1 left unprotected, and what the dumper's
+        // own remote syscalls made the handler let through.
+        let touched = {
+            let mut st = self.shared.lock();
+            let ps = &mut st.procs[idx];
+            ps.unsaved = RangeSet::from_spans(data.iter().copied());
+            ps.mode = Mode::Armed;
+            std::mem::take(&mut ps.touched)
+        };
+        let mut protect = RangeSet::from_spans(protect);
+        for (a, b) in touched.intersect(0, u64::MAX) {
+            protect.insert(a, b);
+        }
+        let data = RangeSet::from_spans(data.iter().copied());
+        for (a, b) in protect.intersect(0, u64::MAX) {
+            for (s, e) in data.intersect(a, b) {
+                wp_retry(&self.procs[idx].uffd, &self.shared, s, e, true)?;
+            }
+        }
+        Ok(idx)
+    }
+
+    /// Starts the handler of a process's userfaultfd.
+    fn start(&mut self, pid: i32, uffd: Userfaultfd) -> Result<usize> {
+        let idx = self.procs.len();
+        self.shared.lock().procs.push(ProcState::default());
+        let uffd = Arc::new(uffd);
+        let mem = Arc::new(ProcessMemory::open_for_snapshot(pid)?);
+        let pagemap = Arc::new(Pagemap::open(pid)?);
+        let handler = {
+            let (shared, uffd, mem, pagemap) = (
+                self.shared.clone(),
+                uffd.clone(),
+                mem.clone(),
+                pagemap.clone(),
+            );
+            std::thread::Builder::new()
+                .name(format!("cow-{pid}"))
+                .spawn(move || {
+                    let h = Handler {
+                        idx,
+                        pid,
+                        shared: &shared,
+                        uffd: &uffd,
+                        mem: &mem,
+                        pagemap: &pagemap,
+                        queue: Default::default(),
+                    };
+                    h.run();
+                })
+                .map_err(|e| CaptureError::Concurrent(format!("starting a fault handler: {e}")))?
+        };
+        self.procs.push(Proc {
+            pid,
+            uffd,
+            mem,
+            pagemap,
+            handler: Some(handler),
+            growsdown: Vec::new(),
+            layout: Vec::new(),
+            armed: false,
+        });
+        Ok(idx)
+    }
+
+    /// Takes the page-aligned piece `[a, b)` of process `idx` (inside one
+    /// [`PIECE`], every page of it in the plan): the pages handlers saved,
+    /// and the unsaved ones read now. Then lifts the piece's protection.
+    pub fn take_piece(&self, idx: usize, a: u64, b: u64) -> Result<Vec<u8>> {
+        let p = &self.procs[idx];
+        let mut buf = vec![0u8; usize::try_from(b - a).unwrap_or(0)];
+        {
+            let mut st = self.shared.lock();
+            if let Some(l) = &st.lost {
+                return Err(CaptureError::CowLost(l.clone()));
+            }
+            if let Some(b) = &st.broken {
+                return Err(CaptureError::Concurrent(b.clone()));
+            }
+            let mut covered = 0u64;
+            let mut freed = 0u64;
+            let ps = &mut st.procs[idx];
+            let side: Vec<u64> = ps.side.range(a..b).map(|(&s, _)| s).collect();
+            for s in side {
+                if let Some(data) = ps.side.remove(&s) {
+                    let off = usize::try_from(s - a).unwrap_or(0);
+                    buf[off..off + data.len()].copy_from_slice(&data);
+                    covered += data.len() as u64;
+                    freed += data.len() as u64;
+                }
+            }
+            let parts = ps.unsaved.intersect(a, b);
+            for &(s, e) in &parts {
+                let off = usize::try_from(s - a).unwrap_or(0);
+                let len = usize::try_from(e - s).unwrap_or(0);
+                if let Err(err) = p.mem.read_forced(s, &mut buf[off..off + len]) {
+                    let why = format!("reading [{s:#x}, {e:#x}) failed ({err}): the process unmapped it during the copy");
+                    return Err(self.lose(&mut st, p.pid, why));
+                }
+                covered += e - s;
+            }
+            if let Some(why) = still_protected(&p.pagemap, &parts) {
+                return Err(self.lose(&mut st, p.pid, why));
+            }
+            let ps = &mut st.procs[idx];
+            for &(s, e) in &parts {
+                ps.unsaved.remove(s, e);
+            }
+            if covered != b - a {
+                let why = format!(
+                    "pages of [{a:#x}, {b:#x}) were discarded by the process before they were saved"
+                );
+                return Err(self.lose(&mut st, p.pid, why));
+            }
+            if freed > 0 {
+                st.side_bytes -= freed;
+                self.shared.room.notify_all();
+            }
+        }
+        wp_retry(&p.uffd, &self.shared, a, b, false)?;
+        Ok(buf)
+    }
+
+    fn lose(&self, st: &mut State, pid: i32, why: String) -> CaptureError {
+        let l = st.lost.get_or_insert(CowLost { pid, why }).clone();
+        self.shared.room.notify_all();
+        CaptureError::CowLost(l)
+    }
+
+    /// Ends the copy: stops the handlers (each reads what is queued first)
+    /// and closes the userfaultfds, which lifts every protection left.
+    /// Returns an error if the process discarded a page not yet saved.
+    pub fn finish(mut self) -> Result<CowFigures> {
+        self.stop();
+        let st = self.shared.lock();
+        if let Some(l) = &st.lost {
+            return Err(CaptureError::CowLost(l.clone()));
+        }
+        if let Some(b) = &st.broken {
+            return Err(CaptureError::Concurrent(b.clone()));
+        }
+        let owed: u64 = st.procs.iter().map(|p| p.unsaved.bytes()).sum();
+        if owed > 0 {
+            return Err(CaptureError::Concurrent(format!(
+                "{owed} bytes were neither copied nor saved on write (an internal error)"
+            )));
+        }
+        let mut lat = st.latencies_ns.clone();
+        lat.sort_unstable();
+        // Nearest rank: the sample at or below which `pct`% of them lie.
+        let pct = |pct: usize| -> f64 {
+            match lat.len() {
+                0 => 0.0,
+                n => lat[((n - 1) * pct).div_ceil(100).min(n - 1)] as f64 / 1000.0,
+            }
+        };
+        Ok(CowFigures {
+            faults: st.faults,
+            p50_us: pct(50),
+            p99_us: pct(99),
+            max_us: pct(100),
+            side_peak: st.side_peak,
+            waits: st.waits,
+            wait_us: st.wait_ns / 1000,
+            prepare_stop_us: self.prepare_stop_us,
+        })
+    }
+
+    fn stop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.room.notify_all();
+        for p in &mut self.procs {
+            if let Some(h) = p.handler.take() {
+                let _ = h.join();
+            }
+        }
+    }
+
+    /// Pids protected, in arming order.
+    pub fn pids(&self) -> Vec<i32> {
+        self.procs.iter().map(|p| p.pid).collect()
+    }
+}
+
+impl Drop for Cow {
+    fn drop(&mut self) {
+        // Handlers first (they hold the descriptors), then the
+        // descriptors: closing the last one unregisters everything.
+        self.stop();
+    }
+}
+
+/// Checks, after a read, that the pages of `parts` are still registered
+/// and write-protected (so what was read is the freeze instant's content,
+/// not a new mapping put there after an unmap). Returns why not.
+fn still_protected(pm: &Pagemap, parts: &[(u64, u64)]) -> Option<String> {
+    for &(s, e) in parts {
+        match pm.scan(s, e, ScanQuery::wp_protected()) {
+            Ok(r) if r.len() == 1 && r[0].start == s && r[0].end == e => {}
+            Ok(_) => {
+                return Some(format!(
+                    "[{s:#x}, {e:#x}) lost its protection before it was saved: the process unmapped or moved it"
+                ))
+            }
+            Err(err) => {
+                return Some(format!(
+                    "[{s:#x}, {e:#x}) could not be checked ({err}): the process unmapped it"
+                ))
+            }
+        }
+    }
+    None
+}
+
+/// Sets (`protect`) or lifts the protection of `[a, b)` (lifting wakes
+/// its writers). `EAGAIN` (an event waits to be read by the handler) is
+/// retried; `ENOENT` (part of the range is no longer registered: unmapped,
+/// which the handler judges) is not an error.
+fn wp_retry(uffd: &Userfaultfd, shared: &Shared, a: u64, b: u64, protect: bool) -> Result<()> {
+    let t0 = Instant::now();
+    loop {
+        match uffd.write_protect(a, b - a, protect) {
+            Ok(()) => return Ok(()),
+            Err(libc::EAGAIN) if t0.elapsed() < Duration::from_secs(10) => {
+                if shared.stop.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
+                std::thread::sleep(Duration::from_micros(20));
+            }
+            Err(libc::ENOENT | libc::ESRCH) => return Ok(()),
+            Err(errno) => {
+                return Err(errno_err(
+                    format!("lifting the write-protection of [{a:#x}, {b:#x})"),
+                    errno,
+                ))
+            }
+        }
+    }
+}
+
+fn errno_err(what: String, errno: i32) -> CaptureError {
+    CaptureError::Concurrent(format!(
+        "{what}: {}",
+        std::io::Error::from_raw_os_error(errno)
+    ))
+}
+
+/// Creates a userfaultfd inside the frozen process and takes it out.
+fn create_in(fp: &mut FrozenProcess) -> Result<Userfaultfd> {
+    let pid = fp.pid;
+    let main = &mut fp.threads[0];
+    let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK).unsigned_abs();
+    let n = main.tracee.syscall(
+        &main.orig_regs,
+        "userfaultfd (concurrent dump)",
+        sys::SYS_USERFAULTFD,
+        &[u64::from(flags)],
+    )?;
+    let fdnum = i32::try_from(n).unwrap_or(-1);
+    let taken = pidfd::pidfd_open(pid).and_then(|p| pidfd::pidfd_getfd(&p, fdnum));
+    let closed = main.tracee.syscall(
+        &main.orig_regs,
+        "close (userfaultfd)",
+        libc::SYS_close,
+        &[n],
+    );
+    let fd = taken?;
+    closed?;
+    let got = uffd::api(&fd, FEATURES)?;
+    if got & FEATURES != FEATURES {
+        return Err(KernelError::Unsupported {
+            feature: "userfaultfd unmap/remove/remap events",
+            why: format!("process {pid}: the kernel granted {got:#x}"),
+        }
+        .into());
+    }
+    Ok(Userfaultfd::from_fd(fd, got))
+}
+
+/// The fault handler of one process.
+struct Handler<'a> {
+    idx: usize,
+    pid: i32,
+    shared: &'a Shared,
+    uffd: &'a Userfaultfd,
+    mem: &'a ProcessMemory,
+    pagemap: &'a Pagemap,
+    /// Faults read but not yet served, with the time they were read.
+    queue: std::cell::RefCell<std::collections::VecDeque<(u64, Instant)>>,
+}
+
+impl Handler<'_> {
+    fn run(&self) {
+        loop {
+            let stopping = self.shared.stop.load(Ordering::SeqCst);
+            if self.queue.borrow().is_empty() {
+                match self.uffd.wait_readable(if stopping { 0 } else { 20 }) {
+                    Ok(true) => {}
+                    // Nothing queued: done if asked to stop.
+                    Ok(false) if stopping => return,
+                    Ok(false) => continue,
+                    Err(e) => return self.broken(e.to_string()),
+                }
+                if let Err(e) = self.read() {
+                    return self.broken(e);
+                }
+                if stopping && self.queue.borrow().is_empty() {
+                    return;
+                }
+            }
+            let next = self.queue.borrow_mut().pop_front();
+            if let Some((addr, t0)) = next {
+                self.fault(addr, t0);
+            }
+        }
+    }
+
+    /// Reads what the userfaultfd holds: events are dealt with at once,
+    /// faults queued.
+    fn read(&self) -> std::result::Result<(), String> {
+        let mut events = Vec::new();
+        self.uffd
+            .read_events(&mut events)
+            .map_err(|e| e.to_string())?;
+        let now = Instant::now();
+        for ev in events {
+            match ev {
+                Event::PageFault { addr, .. } => self.queue.borrow_mut().push_back((addr, now)),
+                Event::Unmap { start, end } => self.gone(start, end, "unmapped"),
+                Event::Remove { start, end } => {
+                    self.gone(start, end, "discarded (MADV_DONTNEED or MADV_REMOVE)")
+                }
+                Event::Remap { from, len, .. } => self.gone(from, from + len, "moved (mremap)"),
+                Event::Fork(_) | Event::Unknown(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Like [`Handler::unprotect`] with the state lock held (in the prepare
+    /// step, where events are of no interest: they are read and dropped).
+    fn unprotect_locked(&self, a: u64, b: u64) -> Result<()> {
+        let t0 = Instant::now();
+        loop {
+            match self.uffd.write_protect(a, b - a, false) {
+                Ok(()) | Err(libc::ENOENT | libc::ESRCH) => return Ok(()),
+                Err(libc::EAGAIN) if t0.elapsed() < Duration::from_secs(10) => {
+                    let mut events = Vec::new();
+                    self.uffd
+                        .read_events(&mut events)
+                        .map_err(|e| CaptureError::Concurrent(e.to_string()))?;
+                    let now = Instant::now();
+                    for ev in events {
+                        if let Event::PageFault { addr, .. } = ev {
+                            self.queue.borrow_mut().push_back((addr, now));
+                        }
+                    }
+                    std::thread::yield_now();
+                }
+                Err(errno) => {
+                    return Err(errno_err(
+                        format!("lifting the write-protection of [{a:#x}, {b:#x})"),
+                        errno,
+                    ))
+                }
+            }
+        }
+    }
+
+    /// Lifts the protection of `[a, b)`; while an event waits to be read
+    /// (`EAGAIN`), reads it first.
+    fn unprotect(&self, a: u64, b: u64) -> Result<()> {
+        let t0 = Instant::now();
+        loop {
+            match self.uffd.write_protect(a, b - a, false) {
+                Ok(()) | Err(libc::ENOENT | libc::ESRCH) => return Ok(()),
+                Err(libc::EAGAIN) if t0.elapsed() < Duration::from_secs(10) => {
+                    self.read().map_err(CaptureError::Track)?;
+                    std::thread::yield_now();
+                }
+                Err(errno) => {
+                    return Err(errno_err(
+                        format!("lifting the write-protection of [{a:#x}, {b:#x})"),
+                        errno,
+                    ))
+                }
+            }
+        }
+    }
+
+    fn broken(&self, why: String) {
+        let mut st = self.shared.lock();
+        st.broken.get_or_insert(format!(
+            "the fault handler of process {} stopped: {why}",
+            self.pid
+        ));
+    }
+
+    /// Pages of `[start, end)` left the process: lost if any was unsaved.
+    fn gone(&self, start: u64, end: u64, how: &str) {
+        let mut st = self.shared.lock();
+        let ps = &mut st.procs[self.idx];
+        if ps.mode != Mode::Armed {
+            return;
+        }
+        let owed = ps.unsaved.intersect(start, end);
+        if owed.is_empty() {
+            return;
+        }
+        ps.unsaved.remove(start, end);
+        let bytes: u64 = owed.iter().map(|(a, b)| b - a).sum();
+        st.lost.get_or_insert(CowLost {
+            pid: self.pid,
+            why: format!(
+                "it {how} [{start:#x}, {end:#x}) while {bytes} bytes of it were not yet saved"
+            ),
+        });
+        self.shared.room.notify_all();
+    }
+
+    /// A write to the protected page at `addr`: save the unsaved pages of
+    /// its grain, then let the writer through.
+    fn fault(&self, addr: u64, read_at: Instant) {
+        let page = addr & !(sys::PAGE_SIZE - 1);
+        let g0 = page & !(GRAIN - 1);
+        let g1 = g0 + GRAIN;
+        let mut waited: Option<Instant> = None;
+        let mut st = self.shared.lock();
+        loop {
+            if st.lost.is_some() || self.shared.stop.load(Ordering::SeqCst) {
+                break;
+            }
+            match st.procs[self.idx].mode {
+                mode @ (Mode::Prepare | Mode::Hold) => {
+                    // Let it through, under the lock (the freeze's switch
+                    // to Hold, and arming, wait for this).
+                    let r = self.unprotect_locked(g0, g1);
+                    if let Err(e) =
+                        r.and_then(|()| self.unprotect_locked(page, page + sys::PAGE_SIZE))
+                    {
+                        let _ = self.uffd.wake(page, sys::PAGE_SIZE);
+                        st.broken.get_or_insert(e.to_string());
+                    }
+                    if mode == Mode::Hold {
+                        st.procs[self.idx].touched.insert(g0, g1);
+                    }
+                    return;
+                }
+                Mode::Armed => {}
+            }
+            if waited.is_none() {
+                st.faults += 1;
+            }
+            let parts = st.procs[self.idx].unsaved.intersect(g0, g1);
+            if parts.is_empty() {
+                break;
+            }
+            let need: u64 = parts.iter().map(|(a, b)| b - a).sum();
+            let cap = self.shared.cap;
+            if cap > 0 && st.side_bytes > 0 && st.side_bytes + need > cap {
+                // Full: the writer waits until the copier drains some (or
+                // reaches these pages itself).
+                if waited.is_none() {
+                    waited = Some(Instant::now());
+                    st.waits += 1;
+                }
+                st = self
+                    .shared
+                    .room
+                    .wait_timeout(st, Duration::from_millis(50))
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+                continue;
+            }
+            let mut saved = Vec::with_capacity(parts.len());
+            for &(s, e) in &parts {
+                let mut data = vec![0u8; usize::try_from(e - s).unwrap_or(0)];
+                if let Err(err) = self.mem.read_forced(s, &mut data) {
+                    st.lost.get_or_insert(CowLost {
+                        pid: self.pid,
+                        why: format!("reading [{s:#x}, {e:#x}) on a write fault failed ({err})"),
+                    });
+                    break;
+                }
+                saved.push((s, data));
+            }
+            if st.lost.is_some() {
+                break;
+            }
+            if let Some(why) = still_protected(self.pagemap, &parts) {
+                st.lost.get_or_insert(CowLost { pid: self.pid, why });
+                break;
+            }
+            let ps = &mut st.procs[self.idx];
+            for (s, data) in saved {
+                ps.unsaved.remove(s, s + data.len() as u64);
+                ps.side.insert(s, data);
+            }
+            st.side_bytes += need;
+            st.side_peak = st.side_peak.max(st.side_bytes);
+            break;
+        }
+        if let Some(w) = waited {
+            st.wait_ns += u64::try_from(w.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        }
+        drop(st);
+        // The whole grain: pages in it that were never protected are
+        // untouched by this.
+        let r = self
+            .unprotect(g0, g1)
+            .and_then(|()| self.unprotect(page, page + sys::PAGE_SIZE));
+        if let Err(e) = r {
+            // Never leave a writer stuck: wake it, and give up the dump.
+            let _ = self.uffd.wake(page, sys::PAGE_SIZE);
+            let mut st = self.shared.lock();
+            st.broken.get_or_insert(e.to_string());
+            return;
+        }
+        let ns = u64::try_from(read_at.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let mut st = self.shared.lock();
+        if st.latencies_ns.len() < MAX_SAMPLES {
+            st.latencies_ns.push(ns);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RangeSet;
+
+    #[test]
+    fn range_set_insert_intersect_remove() {
+        let mut s = RangeSet::from_spans([(0x1000, 0x3000), (0x3000, 0x4000), (0x8000, 0x9000)]);
+        assert_eq!(
+            s.intersect(0, u64::MAX),
+            vec![(0x1000, 0x4000), (0x8000, 0x9000)]
+        );
+        assert_eq!(
+            s.intersect(0x2000, 0x8800),
+            vec![(0x2000, 0x4000), (0x8000, 0x8800)]
+        );
+        assert!(s.intersect(0x4000, 0x8000).is_empty());
+        s.remove(0x2000, 0x3000);
+        assert_eq!(
+            s.intersect(0, u64::MAX),
+            vec![(0x1000, 0x2000), (0x3000, 0x4000), (0x8000, 0x9000)]
+        );
+        s.remove(0, 0x8800);
+        assert_eq!(s.intersect(0, u64::MAX), vec![(0x8800, 0x9000)]);
+        assert_eq!(s.bytes(), 0x800);
+        s.remove(0x8800, 0x9000);
+        assert!(s.is_empty());
+    }
+}
