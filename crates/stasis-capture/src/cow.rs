@@ -171,6 +171,8 @@ struct ProcState {
     /// Grains let through in [`Mode::Hold`], to protect again when armed.
     touched: RangeSet,
     unsaved: RangeSet,
+    /// The piece the copier is reading (out of `unsaved` already).
+    claimed: Option<(u64, u64)>,
     /// Pages saved by handlers, by address (each piece inside one grain).
     side: BTreeMap<u64, Vec<u8>>,
 }
@@ -490,7 +492,9 @@ impl Cow {
     pub fn take_piece(&self, idx: usize, a: u64, b: u64) -> Result<Vec<u8>> {
         let p = &self.procs[idx];
         let mut buf = vec![0u8; usize::try_from(b - a).unwrap_or(0)];
-        {
+        // Under the lock: what handlers saved, and a claim on the rest (a
+        // write fault in the piece waits for the claim; others go on).
+        let (parts, mut covered, freed) = {
             let mut st = self.shared.lock();
             if let Some(l) = &st.lost {
                 return Err(CaptureError::CowLost(l.clone()));
@@ -498,8 +502,7 @@ impl Cow {
             if let Some(b) = &st.broken {
                 return Err(CaptureError::Concurrent(b.clone()));
             }
-            let mut covered = 0u64;
-            let mut freed = 0u64;
+            let (mut covered, mut freed) = (0u64, 0u64);
             let ps = &mut st.procs[idx];
             let side: Vec<u64> = ps.side.range(a..b).map(|(&s, _)| s).collect();
             for s in side {
@@ -512,30 +515,39 @@ impl Cow {
             }
             let parts = ps.unsaved.intersect(a, b);
             for &(s, e) in &parts {
-                let off = usize::try_from(s - a).unwrap_or(0);
-                let len = usize::try_from(e - s).unwrap_or(0);
-                if let Err(err) = p.mem.read_forced(s, &mut buf[off..off + len]) {
-                    let why = format!("reading [{s:#x}, {e:#x}) failed ({err}): the process unmapped it during the copy");
-                    return Err(self.lose(&mut st, p.pid, why));
-                }
-                covered += e - s;
-            }
-            if let Some(why) = still_protected(&p.pagemap, &parts) {
-                return Err(self.lose(&mut st, p.pid, why));
-            }
-            let ps = &mut st.procs[idx];
-            for &(s, e) in &parts {
                 ps.unsaved.remove(s, e);
+            }
+            ps.claimed = Some((a, b));
+            (parts, covered, freed)
+        };
+        // The claimed pages are protected and no handler lifts that until
+        // the claim ends: they read as at the freeze.
+        let mut failed = None;
+        for &(s, e) in &parts {
+            let off = usize::try_from(s - a).unwrap_or(0);
+            let len = usize::try_from(e - s).unwrap_or(0);
+            if let Err(err) = p.mem.read_forced(s, &mut buf[off..off + len]) {
+                failed = Some(format!(
+                    "reading [{s:#x}, {e:#x}) failed ({err}): the process unmapped it during the copy"
+                ));
+                break;
+            }
+            covered += e - s;
+        }
+        let failed = failed.or_else(|| still_protected(&p.pagemap, &parts));
+        {
+            let mut st = self.shared.lock();
+            st.procs[idx].claimed = None;
+            st.side_bytes -= freed;
+            self.shared.room.notify_all();
+            if let Some(why) = failed {
+                return Err(self.lose(&mut st, p.pid, why));
             }
             if covered != b - a {
                 let why = format!(
                     "pages of [{a:#x}, {b:#x}) were discarded by the process before they were saved"
                 );
                 return Err(self.lose(&mut st, p.pid, why));
-            }
-            if freed > 0 {
-                st.side_bytes -= freed;
-                self.shared.room.notify_all();
             }
         }
         wp_retry(&p.uffd, &self.shared, a, b, false)?;
@@ -846,6 +858,7 @@ impl Handler<'_> {
         let g0 = page & !(GRAIN - 1);
         let g1 = g0 + GRAIN;
         let mut waited: Option<Instant> = None;
+        let mut counted = false;
         let mut st = self.shared.lock();
         loop {
             if st.lost.is_some() || self.shared.stop.load(Ordering::SeqCst) {
@@ -869,8 +882,23 @@ impl Handler<'_> {
                 }
                 Mode::Armed => {}
             }
-            if waited.is_none() {
+            if !counted {
+                counted = true;
                 st.faults += 1;
+            }
+            if st.procs[self.idx]
+                .claimed
+                .is_some_and(|(a, b)| a < g1 && g0 < b)
+            {
+                // The copier is reading this grain: wait for it to finish
+                // (then the pages are saved and nothing is owed here).
+                st = self
+                    .shared
+                    .room
+                    .wait_timeout(st, Duration::from_millis(20))
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+                continue;
             }
             let parts = st.procs[self.idx].unsaved.intersect(g0, g1);
             if parts.is_empty() {
