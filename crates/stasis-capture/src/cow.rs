@@ -213,6 +213,9 @@ struct Shared {
     room: Condvar,
     cap: u64,
     stop: AtomicBool,
+    /// The protection also tracks writes between checkpoints
+    /// ([`CowTracking`]): pages the copier saved stay protected.
+    tracking: bool,
 }
 
 impl Shared {
@@ -283,12 +286,17 @@ pub fn protectable(v: &stasis_image::manifest::Vma) -> bool {
 impl Cow {
     /// `cap`: most bytes the side buffer holds (0: no cap).
     pub fn new(cap: u64) -> Self {
+        Self::with_tracking(cap, false)
+    }
+
+    fn with_tracking(cap: u64, tracking: bool) -> Self {
         Self {
             shared: Arc::new(Shared {
                 state: Mutex::new(State::default()),
                 room: Condvar::new(),
                 cap,
                 stop: AtomicBool::new(false),
+                tracking,
             }),
             procs: Vec::new(),
             prepare_stop_us: 0,
@@ -550,7 +558,9 @@ impl Cow {
                 return Err(self.lose(&mut st, p.pid, why));
             }
         }
-        wp_retry(&p.uffd, &self.shared, a, b, false)?;
+        if !self.shared.tracking {
+            wp_retry(&p.uffd, &self.shared, a, b, false)?;
+        }
         Ok(buf)
     }
 
@@ -565,6 +575,10 @@ impl Cow {
     /// Returns an error if the process discarded a page not yet saved.
     pub fn finish(mut self) -> Result<CowFigures> {
         self.stop();
+        self.figures()
+    }
+
+    fn figures(&self) -> Result<CowFigures> {
         let st = self.shared.lock();
         if let Some(l) = &st.lost {
             return Err(CaptureError::CowLost(l.clone()));
@@ -599,6 +613,50 @@ impl Cow {
         })
     }
 
+    /// Tracking ([`CowTracking`]): ends the copy but keeps the
+    /// protection and the handlers, which go back to letting writes
+    /// through (each written page loses its protection: the next dump's
+    /// dirty set). Errors as [`Cow::finish`].
+    pub fn end_copy(&mut self) -> Result<CowFigures> {
+        let figures = self.figures()?;
+        let mut st = self.shared.lock();
+        for p in &mut st.procs {
+            *p = ProcState::default();
+        }
+        st.side_bytes = 0;
+        st.side_peak = 0;
+        st.faults = 0;
+        st.latencies_ns.clear();
+        st.waits = 0;
+        st.wait_ns = 0;
+        self.shared.room.notify_all();
+        drop(st);
+        for p in &mut self.procs {
+            p.armed = false;
+        }
+        self.prepare_stop_us = 0;
+        Ok(figures)
+    }
+
+    /// Whether the protection is kept between dumps ([`CowTracking`]).
+    pub fn is_tracking(&self) -> bool {
+        self.shared.tracking
+    }
+
+    /// Whether this process was armed by the dump under way.
+    pub fn is_armed(&self, pid: i32) -> bool {
+        self.procs.iter().any(|p| p.pid == pid && p.armed)
+    }
+
+    /// Whether `pid` has had its protection since the previous dump (its
+    /// userfaultfd reaches its memory): its unprotected pages are exactly
+    /// those written since.
+    pub fn tracks(&self, pid: i32) -> bool {
+        self.procs.iter().any(|p| {
+            p.pid == pid && std::fs::metadata(format!("/proc/{pid}")).is_ok() && p.handler.is_some()
+        })
+    }
+
     fn stop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.room.notify_all();
@@ -620,6 +678,73 @@ impl Drop for Cow {
         // Handlers first (they hold the descriptors), then the
         // descriptors: closing the last one unregisters everything.
         self.stop();
+    }
+}
+
+/// Write-protection kept between the dumps of one job (`stasis run
+/// --concurrent`): between checkpoints the handlers let each write through
+/// and the page loses its protection, so the pages unprotected at the next
+/// freeze are exactly those written since the last one. That freeze reads
+/// them in the memory plan's walk (as every write-protected dump does),
+/// copies only them (concurrent incremental, TIC-CKPT-CI), protects only
+/// them again (the others still are), and tracking goes on from that
+/// instant. Any failure drops the protection; the next dump is then full.
+#[derive(Default)]
+pub struct CowTracking {
+    pub(crate) cow: Option<Cow>,
+    /// The checkpoint right after whose freeze tracking started.
+    pub(crate) armed_at: Option<u32>,
+    /// (pid, start time) of the processes tracked since then.
+    pub(crate) procs: Vec<(i32, u64)>,
+}
+
+/// The name of this tracking in reports and manifests.
+pub const TRACK_NAME: &str = "uffd-wp";
+
+impl CowTracking {
+    pub(crate) fn new_cow(cap: u64) -> Cow {
+        Cow::with_tracking(cap, true)
+    }
+
+    /// The parent of an incremental dump of the tree of `root`: the
+    /// checkpoint after whose freeze tracking started, if it is the latest.
+    pub(crate) fn base(
+        &self,
+        store: &stasis_image::ImageDir,
+        root: i32,
+        root_start: u64,
+    ) -> std::result::Result<crate::incremental::Base, String> {
+        let latest = match store.latest() {
+            Ok(Some(n)) => n,
+            Ok(None) => return Err(String::new()),
+            Err(e) => return Err(e.to_string()),
+        };
+        let Some(armed_at) = self.armed_at.filter(|_| self.cow.is_some()) else {
+            return Err("write-protection tracking starts with this dump".into());
+        };
+        if armed_at != latest {
+            return Err(format!(
+                "tracking started after checkpoint {armed_at} but the latest is {latest}"
+            ));
+        }
+        if !self.procs.contains(&(root, root_start)) {
+            return Err(format!("process {root} was not tracked"));
+        }
+        match stasis_image::chain::load_chain(store, Some(latest)) {
+            Ok(mut c) if !c.is_empty() => Ok(crate::incremental::Base {
+                parent: c.swap_remove(0),
+                state: stasis_track::state::TrackState {
+                    backend: stasis_track::Backend::Uffd,
+                    armed_at,
+                    root_pid: root,
+                    procs: self.procs.clone(),
+                },
+            }),
+            Ok(_) => Err("the latest checkpoint cannot be loaded".into()),
+            Err(e) => Err(format!(
+                "the latest checkpoint cannot be used as a parent: {e}"
+            )),
+        }
     }
 }
 
@@ -763,7 +888,10 @@ impl Handler<'_> {
                 Event::Remove { start, end } => {
                     self.gone(start, end, "discarded (MADV_DONTNEED or MADV_REMOVE)")
                 }
-                Event::Remap { from, len, .. } => self.gone(from, from + len, "moved (mremap)"),
+                Event::Remap { from, to, len } => {
+                    self.moved(to, len);
+                    self.gone(from, from + len, "moved (mremap)");
+                }
                 Event::Fork(_) | Event::Unknown(_) => {}
             }
         }
@@ -830,6 +958,31 @@ impl Handler<'_> {
     }
 
     /// Pages of `[start, end)` left the process: lost if any was unsaved.
+    /// Tracking: pages moved to `[to, to + len)` keep their protection
+    /// there, but they are not what the parent checkpoint had at that
+    /// address: they lose it, so the next dump counts them as written. (If
+    /// that happens while the tree is being frozen, the dump is abandoned:
+    /// the dirty set may already have been read.)
+    fn moved(&self, to: u64, len: u64) {
+        if !self.shared.tracking {
+            return;
+        }
+        let mut st = self.shared.lock();
+        if st.procs[self.idx].mode == Mode::Hold {
+            st.lost.get_or_insert(CowLost {
+                pid: self.pid,
+                why: format!(
+                    "it moved memory to [{to:#x}, {:#x}) as it was being frozen",
+                    to + len
+                ),
+            });
+            return;
+        }
+        if let Err(e) = self.unprotect_locked(to, to + len) {
+            st.broken.get_or_insert(e.to_string());
+        }
+    }
+
     fn gone(&self, start: u64, end: u64, how: &str) {
         let mut st = self.shared.lock();
         let ps = &mut st.procs[self.idx];
@@ -867,7 +1020,9 @@ impl Handler<'_> {
             match st.procs[self.idx].mode {
                 mode @ (Mode::Prepare | Mode::Hold) => {
                     // Let it through, under the lock (the freeze's switch
-                    // to Hold, and arming, wait for this).
+                    // to Hold, and arming, wait for this). The whole grain:
+                    // tracking is coarse (64 KiB) rather than cost a
+                    // fault per page of a sequential writer.
                     let r = self.unprotect_locked(g0, g1);
                     if let Err(e) =
                         r.and_then(|()| self.unprotect_locked(page, page + sys::PAGE_SIZE))

@@ -192,7 +192,7 @@ pub fn dump_tracked(
     mut tracker: TrackerRef<'_>,
 ) -> Result<DumpReport> {
     if !(opts.concurrent && opts.leave_running) {
-        return dump_once(store, opts, tracker, CowMethod::Fork);
+        return dump_once(store, opts, tracker, CowMethod::Fork, None);
     }
     let method = match (opts.cow_method, tracker.is_some()) {
         (CowMethod::Uffd, true) => {
@@ -203,7 +203,7 @@ pub fn dump_tracked(
         (CowMethod::Fork, _) | (CowMethod::Auto, true) => CowMethod::Fork,
         _ => CowMethod::Uffd,
     };
-    match dump_once(store, opts, tracker.as_deref_mut(), method) {
+    match dump_once(store, opts, tracker.as_deref_mut(), method, None) {
         Err(CaptureError::CowLost(lost)) if opts.cow_method == CowMethod::Auto => {
             // The process gave back memory not yet saved: a fork snapshot
             // keeps every page whatever it does.
@@ -212,7 +212,7 @@ pub fn dump_tracked(
                 "write-protected copy abandoned ({}); dumping again from a fork snapshot",
                 lost.why
             );
-            let mut r = dump_once(store, opts, tracker, CowMethod::Fork)?;
+            let mut r = dump_once(store, opts, tracker, CowMethod::Fork, None)?;
             if let Some(c) = r.concurrent.as_mut() {
                 c.fallback = Some(format!("process {}: {}", lost.pid, lost.why));
             }
@@ -222,33 +222,76 @@ pub fn dump_tracked(
     }
 }
 
+/// A concurrent dump (`opts.concurrent`, `opts.leave_running`) by
+/// write-protection kept from one dump to the next ([`cow::CowTracking`]):
+/// incremental against the previous one if it was made this way and
+/// committed, else full. If the process gives back memory not yet saved,
+/// the dump is made again from a fork snapshot (full; the next one starts
+/// tracking over).
+pub fn dump_concurrent_tracked(
+    store: &ImageDir,
+    opts: &DumpOptions,
+    tracking: &mut cow::CowTracking,
+) -> Result<DumpReport> {
+    match dump_once(store, opts, None, CowMethod::Uffd, Some(tracking)) {
+        Ok(r) => Ok(r),
+        Err(CaptureError::CowLost(lost)) => {
+            *tracking = cow::CowTracking::default();
+            tracing::info!(
+                pid = lost.pid,
+                "write-protected copy abandoned ({}); dumping again from a fork snapshot",
+                lost.why
+            );
+            let mut r = dump_once(store, opts, None, CowMethod::Fork, None)?;
+            if let Some(c) = r.concurrent.as_mut() {
+                c.fallback = Some(format!("process {}: {}", lost.pid, lost.why));
+            }
+            r.note = Some("write-protection was lost, the next dump is full".into());
+            Ok(r)
+        }
+        Err(e) => {
+            *tracking = cow::CowTracking::default();
+            Err(e)
+        }
+    }
+}
+
 /// One attempt of [`dump_tracked`]; `method` (`Uffd` or `Fork`) is how a
-/// concurrent dump keeps its pages.
+/// concurrent dump keeps its pages; `tracking`: write-protection kept
+/// between dumps ([`dump_concurrent_tracked`]).
 fn dump_once(
     store: &ImageDir,
     opts: &DumpOptions,
     mut tracker: TrackerRef<'_>,
     method: CowMethod,
+    mut tracking: Option<&mut cow::CowTracking>,
 ) -> Result<DumpReport> {
     let t0 = Instant::now();
     preflight(opts.pid)?;
-    let base = match &tracker {
-        Some(t) => {
-            let start = proc::read(opts.pid, "stat")
-                .ok()
-                .and_then(|s| proc::parse_stat(&s).ok())
-                .map_or(0, |s| s.start_time);
-            incremental::base(store, &**t, opts.pid, start)
-        }
-        None => Err(String::new()),
+    let root_start = || {
+        proc::read(opts.pid, "stat")
+            .ok()
+            .and_then(|s| proc::parse_stat(&s).ok())
+            .map_or(0, |s| s.start_time)
+    };
+    let base = match (&tracker, tracking.as_deref()) {
+        (None, Some(ct)) => ct.base(store, opts.pid, root_start()),
+        _ => match &tracker {
+            Some(t) => incremental::base(store, &**t, opts.pid, root_start()),
+            None => Err(String::new()),
+        },
     };
     // TCP listeners take no new connection until the dump is over (the
     // queue drains meanwhile): a connection waiting to be accepted cannot
     // be checkpointed.
     // Write-protected concurrent dumps protect memory before the freeze.
-    let mut cow = None;
-    if opts.concurrent && opts.leave_running && method == CowMethod::Uffd {
-        let mut c = cow::Cow::new(opts.cow_cap);
+    let mut cow = tracking.as_deref_mut().and_then(|t| t.cow.take());
+    if opts.concurrent && opts.leave_running && method == CowMethod::Uffd && cow.is_none() {
+        let mut c = if tracking.is_some() {
+            cow::CowTracking::new_cow(opts.cow_cap)
+        } else {
+            cow::Cow::new(opts.cow_cap)
+        };
         match c.prepare(opts.pid) {
             Ok(()) => cow = Some(c),
             Err(e @ CaptureError::NoSuchProcess { .. }) => return Err(e),
@@ -334,9 +377,17 @@ fn dump_once(
                     c.reap_stop_us = reap_us;
                 }
             }
+            let kept = pending.kept.take();
             let mut report = pending.finish(store)?;
             report.frozen_us = frozen_us;
             report.total_us = micros(t0);
+            if let (Some(t), Some((cow, procs))) = (tracking, kept) {
+                // Committed: writes from this freeze on are tracked.
+                t.cow = Some(cow);
+                t.armed_at = Some(report.checkpoint);
+                t.procs = procs;
+                report.armed = Some(cow::TRACK_NAME.into());
+            }
             Ok(report)
         }
         Ok(pending) => {
@@ -697,6 +748,31 @@ fn capture_with(
                         selection = Some(sel);
                     }
                 }
+            } else if let (Some(b), Some(_), Some(pp)) = (&base, cow_slot.as_ref(), parent_proc) {
+                // Write-protection kept since the parent: the pages with
+                // data that lost their protection are those written since.
+                if b.state.procs.contains(&(image.pid, image.start_time)) {
+                    let parent_data = stasis_image::chain::data_ranges(&b.parent, pp)?;
+                    let data = memory::spans(&plan.ranges);
+                    let collected: Vec<(stasis_track::Area, stasis_track::Dirty)> = areas
+                        .iter()
+                        .map(|a| {
+                            let d = if a.private_anon {
+                                stasis_track::Dirty::Ranges(stasis_image::chain::intersect(
+                                    &plan.unprotected,
+                                    &[(a.start, a.end)],
+                                ))
+                            } else {
+                                stasis_track::Dirty::All
+                            };
+                            (*a, d)
+                        })
+                        .collect();
+                    let sel = incremental::select_collected(&collected, &data, &parent_data);
+                    plan.ranges = memory::lengths(&sel.read);
+                    image.data_ranges = Some(data);
+                    selection = Some(sel);
+                }
             }
             (plan, Vec::new(), areas)
         };
@@ -802,7 +878,10 @@ fn capture_with(
         }
         _ => None,
     };
-    let track_name = tracker.as_ref().map(|t| t.backend().name().to_string());
+    let track_name = tracker
+        .as_ref()
+        .map(|t| t.backend().name().to_string())
+        .or_else(|| (base.is_some() && cow_slot.is_some()).then(|| cow::TRACK_NAME.to_string()));
     let manifest = Manifest {
         checkpoint: ck.number(),
         parent,
@@ -910,6 +989,7 @@ fn capture_with(
         state,
         copies,
         cow,
+        kept: None,
         by_content,
         report: DumpReport {
             checkpoint,
@@ -1124,6 +1204,9 @@ struct Pending {
     copies: Vec<ProcCopy>,
     /// Write-protected concurrent dumps: the protection and its handlers.
     cow: Option<cow::Cow>,
+    /// Tracking ([`cow::CowTracking`]): the protection kept after the
+    /// copy, and the processes it covers, for the next dump.
+    kept: Option<(cow::Cow, Vec<(i32, u64)>)>,
     by_content: bool,
     report: DumpReport,
 }
@@ -1377,6 +1460,20 @@ impl Pending {
             self.manifest.processes[c.idx].pack = Some(pack.finish()?);
         }
         let figures = match self.cow.take() {
+            Some(mut cow) if cow.is_tracking() => {
+                let procs: Vec<(i32, u64)> = self
+                    .copies
+                    .iter()
+                    .filter(|c| c.cow.is_some())
+                    .map(|c| {
+                        let p = &self.manifest.processes[c.idx];
+                        (p.pid, p.start_time)
+                    })
+                    .collect();
+                let f = cow.end_copy()?;
+                self.kept = Some((cow, procs));
+                f
+            }
             Some(cow) => cow.finish()?,
             None => cow::CowFigures::default(),
         };

@@ -40,9 +40,11 @@ pub struct RunOptions {
     /// File for the job's stdout and stderr (default DIR/job.log).
     #[arg(long)]
     pub log: Option<PathBuf>,
-    /// Copy memory while the job runs (from copy-on-write fork snapshots,
-    /// since `run` tracks dirty pages): it stops only while its state is
-    /// read.
+    /// Copy memory while the job runs: it stops only while its state is
+    /// read. With uffd tracking, the write-protection of each copy is kept
+    /// as the tracking: each checkpoint protects again and copies only the
+    /// pages written since the last (fork snapshots with other backends or
+    /// --touch-window).
     #[arg(long)]
     pub concurrent: bool,
     /// With --concurrent: stop the job once the pages it has copied on
@@ -232,6 +234,13 @@ pub fn cmd_run(o: RunOptions) -> Result<ExitCode> {
     ui::forward_signals_to(pid);
     let new_tracker = || stasis_track::tracker(backend, &stasis_track::state::track_dir(&o.dir));
     let mut tracker = new_tracker();
+    // Concurrent with uffd tracking: the write-protection of each
+    // concurrent copy is kept and is the tracking (only the written pages
+    // are protected again and copied at each checkpoint). A touch window
+    // needs the WP_ASYNC tracker instead (fork snapshots then).
+    let protect_tracks =
+        o.concurrent && backend == stasis_track::Backend::Uffd && o.touch_window.is_none();
+    let mut protection = stasis_capture::cow::CowTracking::default();
     let say = |line: String, v: serde_json::Value| {
         if o.json {
             println!("{v}");
@@ -285,7 +294,12 @@ pub fn cmd_run(o: RunOptions) -> Result<ExitCode> {
                     cow_cap: o.cow_buffer,
                     cow_method: stasis_capture::CowMethod::Auto,
                 };
-                match stasis_capture::dump_tracked(&store, &opts, Some(&mut *tracker)) {
+                let dumped = if protect_tracks {
+                    stasis_capture::dump_concurrent_tracked(&store, &opts, &mut protection)
+                } else {
+                    stasis_capture::dump_tracked(&store, &opts, Some(&mut *tracker))
+                };
+                match dumped {
                     Ok(r) => {
                         let kind = if r.parent.is_some() {
                             "incremental"
@@ -351,6 +365,7 @@ pub fn cmd_run(o: RunOptions) -> Result<ExitCode> {
                                 return Ok(code);
                             }
                             tracker = new_tracker();
+                            protection = Default::default();
                             continue;
                         }
                         eprintln!("stasis: warning: checkpoint failed (the job runs on): {e:#}");
@@ -364,6 +379,7 @@ pub fn cmd_run(o: RunOptions) -> Result<ExitCode> {
                 }
                 // Restored: tracking starts over with a full checkpoint.
                 tracker = new_tracker();
+                protection = Default::default();
                 next = Instant::now() + interval;
             }
         }
