@@ -260,6 +260,10 @@ pub struct Cow {
     procs: Vec<Proc>,
     /// How long the prepare step stopped the tree, in microseconds.
     prepare_stop_us: u64,
+    /// Threads the prepare step found in a syscall interrupted with
+    /// `ERESTART_RESTARTBLOCK` (tid -> syscall number): released, they run
+    /// `restart_syscall`, which a restored process cannot continue.
+    restarts: std::collections::HashMap<i32, u64>,
 }
 
 /// The areas of `maps` that [`protectable`] would accept.
@@ -300,6 +304,7 @@ impl Cow {
             }),
             procs: Vec::new(),
             prepare_stop_us: 0,
+            restarts: std::collections::HashMap::new(),
         }
     }
 
@@ -314,6 +319,12 @@ impl Cow {
         let stop0 = Instant::now();
         let mut f = crate::freeze::freeze_tree(root)?;
         let mut registered: Vec<(usize, Vec<(u64, u64)>)> = Vec::new();
+        for t in f.procs.iter().flat_map(|p| p.threads.iter()) {
+            let r = t.orig_regs;
+            if (r.orig_rax as i64) >= 0 && r.rax as i64 == -sys::ERESTART_RESTARTBLOCK {
+                self.restarts.insert(t.tracee.pid(), r.orig_rax);
+            }
+        }
         let r = (|| -> Result<()> {
             for fp in f.procs.iter_mut().filter(|p| p.zombie.is_none()) {
                 let maps = crate::proc::parse_maps(&crate::proc::read(fp.pid, "maps")?).map_err(
@@ -360,6 +371,33 @@ impl Cow {
             self.procs[idx].growsdown = gd;
         }
         Ok(())
+    }
+
+    /// The checkpoint's freeze can find a thread about to run, or in,
+    /// `restart_syscall`, because the prepare step's brief stop interrupted
+    /// its sleep (`nanosleep`, `poll`, `clock_nanosleep`...). The image must
+    /// name the syscall itself (its arguments are still in the registers): a
+    /// restored process, a new task, has nothing to restart and would get
+    /// `EINTR`. (Left running, the thread then issues the syscall again
+    /// rather than restart it: the same as after a restore, a relative
+    /// timeout starts over.)
+    pub fn name_restarted_syscalls(&self, f: &mut crate::freeze::Frozen) {
+        for t in f.procs.iter_mut().flat_map(|p| p.threads.iter_mut()) {
+            let r = &mut t.orig_regs;
+            let Some(&nr) = self.restarts.get(&t.tracee.pid()) else {
+                continue;
+            };
+            if r.orig_rax == sys::SYS_RESTART_SYSCALL as u64
+                && r.rax as i64 == -sys::ERESTART_RESTARTBLOCK
+            {
+                // Inside restart_syscall, interrupted again.
+                r.orig_rax = nr;
+            } else if (r.orig_rax as i64) < 0 && r.rax == sys::SYS_RESTART_SYSCALL as u64 {
+                // Not yet in it: at the syscall instruction as the prepare
+                // step's release left it. Issue the syscall itself.
+                r.rax = nr;
+            }
+        }
     }
 
     /// Step 2 begins (the tree is frozen): handlers stop letting writes
@@ -635,6 +673,7 @@ impl Cow {
             p.armed = false;
         }
         self.prepare_stop_us = 0;
+        self.restarts.clear();
         Ok(figures)
     }
 

@@ -307,6 +307,7 @@ fn dump_once(
     gate.drain(BACKLOG_PATIENCE);
     let (mut frozen, frozen_at) = freeze_without_backlog(opts.pid)?;
     if let Some(c) = &cow {
+        c.name_restarted_syscalls(&mut frozen);
         c.enter_checkpoint();
     }
     if frozen.procs.first().is_none_or(|p| p.zombie.is_some()) {
