@@ -111,7 +111,7 @@ fn writer_1gib_write_protected_20_times_each_image_exact() {
 /// fork snapshot, and says so. No snapshot or userfaultfd is left behind.
 #[test]
 fn writer_dumped_concurrently_20_times_restores_exactly() {
-    let mut w = Workload::start("chain_writer", &["256"]);
+    let mut w = Workload::start("chain_writer", &["128"]);
     let before = descendants(w.pid);
     for k in 1..=20u64 {
         std::thread::sleep(Duration::from_millis(80));
@@ -126,7 +126,7 @@ fn writer_dumped_concurrently_20_times_restores_exactly() {
             _ => panic!("{r}"),
         }
         assert_eq!(uffds_in(w.pid), 0, "a userfaultfd was left in the process");
-        assert!(c["pages_after_release"].as_u64().unwrap() > 60_000, "{r}");
+        assert!(c["pages_after_release"].as_u64().unwrap() > 30_000, "{r}");
         // The writer ran during the copy (it faulted on pages it wrote).
         assert!(c["write_faults"].as_u64().unwrap() > 0, "{r}");
         assert!(r["frozen_us"].as_u64() < r["total_us"].as_u64(), "{r}");
