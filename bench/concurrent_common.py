@@ -337,10 +337,12 @@ def parse_phases(stderr):
 
 
 class Dumper:
-    def __init__(self, stasis, workdir):
+    def __init__(self, stasis, workdir, cow_method=None):
         self.stasis = stasis
         self.workdir = workdir
         self.seq = 0
+        # --cow-method for the concurrent dumps (None: stasis's default).
+        self.cow_method = cow_method
 
     def dump(self, wl, img, concurrent, cow_buffer=None, watch=True, timeout=600):
         """One `stasis -vv dump --leave-running [--concurrent] --json` of the
@@ -352,6 +354,8 @@ class Dumper:
             argv.append("--concurrent")
             if cow_buffer is not None:
                 argv += ["--cow-buffer", str(cow_buffer)]
+            if self.cow_method:
+                argv += ["--cow-method", self.cow_method]
         self.seq += 1
         base = os.path.join(self.workdir, f"dump{self.seq}")
         wcpu0 = proc_cpu_s(wl.pid)

@@ -242,6 +242,8 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--gap-s", type=float, default=0.5, help="pause after each dump")
     ap.add_argument("--cow-buffer", default=None, help="--cow-buffer for the concurrent dumps (default: stasis's)")
+    ap.add_argument("--cow-method", default=None, choices=["auto", "uffd", "fork"],
+                    help="--cow-method for the concurrent dumps (default: stasis's, auto)")
     ap.add_argument("--no-verify", dest="verify", action="store_false",
                     help="skip restoring the last concurrent image of each case")
     ap.add_argument("--verify-run-s", type=float, default=1.0)
@@ -274,7 +276,7 @@ def main():
                           "ws_mib": args.ws_mib, "thp": True})
     result = cc.result_header("concurrent_downtime", args, args.stasis, workdir, fstype, REFERENCE)
     b = {"exes": exes, "workdir": workdir, "stasis": args.stasis, "live": [],
-         "dumper": cc.Dumper(args.stasis, workdir)}
+         "dumper": cc.Dumper(args.stasis, workdir, args.cow_method)}
     results = []
     try:
         for case in cases:

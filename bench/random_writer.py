@@ -80,6 +80,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mib", type=int, default=1024)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--cow-method", default=None, choices=["auto", "uffd", "fork"],
+                    help="--cow-method for the concurrent dumps (default: stasis's, auto)")
     ap.add_argument("--cow-buffers", default="0,64M,default",
                     help="concurrent variants: --cow-buffer sizes (0 = no cap) or 'default'")
     ap.add_argument("--gap-s", type=float, default=2.0,
@@ -109,7 +111,7 @@ def main():
     exes = cc.compile_workloads(["rand_writer"])
     workdir, fstype = cc.make_workdir(args.dir, "rand-writer")
     result = cc.result_header("random_writer", args, args.stasis, workdir, fstype, REFERENCE)
-    dumper = cc.Dumper(args.stasis, workdir)
+    dumper = cc.Dumper(args.stasis, workdir, args.cow_method)
     max_s = 120 + (args.reps + 1) * len(variants) * (args.gap_s + 15) + args.wait_quiet * (args.reps + 1) * len(variants)
     wl = cc.Workload([exes["rand_writer"], "@PIDFILE@", "@DATAFILE@", str(args.size_mib), str(int(max_s)), "0"],
                      workdir, "rw")
@@ -194,6 +196,11 @@ def main():
             "snapshot_private_peak_bytes": stats([r["watched"]["snapshot_private_peak_bytes"] for r in rs]),
             "paused": stats([r["paused"] for r in rs]),
             "other_cpu_s": stats([r["other_cpu_s"] for r in rs]),
+            "methods": sorted({r.get("method") or "-" for r in rs}),
+            "fault_p50_us": stats([r.get("fault_p50_us") for r in rs]),
+            "fault_p99_us": stats([r.get("fault_p99_us") for r in rs]),
+            "writer_waits": stats([r.get("writer_waits") for r in rs]),
+            "fallbacks": sum(1 for r in rs if r.get("fallback")),
         }
     stw_total = summary["stop-the-world"]["total_ms"]["median"]
 
@@ -225,6 +232,14 @@ def main():
                  f"{(cc.mib(s['snapshot_private_peak_bytes']['median']) if conc and s['snapshot_private_peak_bytes'] else '-'):>9} "
                  f"{(f(s['paused'], '{:.0f}') if conc else '-'):>6} "
                  f"{s['other_cpu_s']['median']:6.2f}")
+    L.append("")
+    L.append(f"{'':32} {'method':>8} {'fault latency p50 / p99 us':>28} {'writer waits':>13} {'fallbacks':>10}")
+    for name, _cap in variants[1:]:
+        s = summary[name]
+        lat = (f"{s['fault_p50_us']['median']:.0f} / {s['fault_p99_us']['median']:.0f}"
+               if s["fault_p50_us"] else "-")
+        L.append(f"{name:32} {','.join(s['methods']):>8} {lat:>28} {f(s['writer_waits'], '{:.0f}'):>13} "
+                 f"{s['fallbacks']:>10}")
     L.append("")
     L.append("throughput = writes/s during the checkpoint / writes/s before it (slowdown = 100% - throughput); "
              "stalled = time the writer made no progress (log gaps >= 5 ms); stopped ms(obs) = time it was seen "

@@ -82,6 +82,8 @@ def main():
                                                              "the second before each one)")
     ap.add_argument("--baseline-s", type=float, default=1.0)
     ap.add_argument("--cow-buffer", default=None, help="--cow-buffer for the concurrent dumps (default: stasis's)")
+    ap.add_argument("--cow-method", default=None, choices=["auto", "uffd", "fork"],
+                    help="--cow-method for the concurrent dumps (default: stasis's, auto)")
     ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECS",
                     help="before each dump, wait up to SECS for a second in which the rest of the machine is idle")
     ap.add_argument("--dir", default=None)
@@ -99,7 +101,7 @@ def main():
     exes = cc.compile_workloads(["rt_task"])
     workdir, fstype = cc.make_workdir(args.dir, "rt-latency")
     result = cc.result_header("rt_latency", args, args.stasis, workdir, fstype, REFERENCE)
-    dumper = cc.Dumper(args.stasis, workdir)
+    dumper = cc.Dumper(args.stasis, workdir, args.cow_method)
     max_s = 120 + (args.reps + 1) * 2 * (args.gap_s + 10) + args.wait_quiet * (args.reps + 1) * 2
     wl = cc.Workload([exes["rt_task"], "@PIDFILE@", "@DATAFILE@", str(args.ws_mib), str(args.ws_pass_s),
                       str(args.period_us), str(int(max_s)), str(args.prio)], workdir, "rt")
@@ -159,6 +161,9 @@ def main():
             "observed_stopped_ms": stats([r["watched"]["stopped_total_ms"] for r in rs]),
             "paused_total": sum(r["paused"] or 0 for r in rs),
             "write_faults": stats([r["write_faults"] for r in rs]) if mode == "concurrent" else None,
+            "methods": sorted({r.get("method") or "?" for r in rs}),
+            "fault_p50_us": stats([r.get("fault_p50_us") for r in rs]),
+            "fault_p99_us": stats([r.get("fault_p99_us") for r in rs]),
             "other_cpu_s": stats([r["other_cpu_s"] for r in rs]),
         }
     base = [r["baseline"] for r in dumps if r["rep"] != "warmup"]
@@ -198,8 +203,10 @@ def main():
                  f"{(f(s['observed_stopped_ms'], '{:.1f}') if 'downtime_ms' in s else ''):>21}")
     c = summary["concurrent"]
     L.append("")
-    L.append(f"concurrent: {c['paused_total']} cap pause(s) over {args.reps} reps; write faults during the copy "
-             f"{f(c['write_faults'], '{:.0f}')}; other processes' CPU s per dump (median): stw "
+    L.append(f"concurrent ({','.join(c['methods'])}): {c['paused_total']} cap pause(s) over {args.reps} reps; "
+             f"write faults during the copy {f(c['write_faults'], '{:.0f}')}, latency p50 "
+             f"{f(c['fault_p50_us'], '{:.0f}')} us, p99 {f(c['fault_p99_us'], '{:.0f}')} us; "
+             f"other processes' CPU s per dump (median): stw "
              f"{summary['stop-the-world']['other_cpu_s']['median']:.2f}, concurrent {c['other_cpu_s']['median']:.2f}")
     L.append("lateness = wake-up - release; response = finish - release; a miss = response > deadline. After a "
              "stop, the backlog of jobs runs back to back: each one is late and counts as a miss.")

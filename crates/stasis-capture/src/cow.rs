@@ -454,6 +454,11 @@ impl Cow {
                     .is_ok()
             })
         });
+        if let (Some(i), None) = (prepared, reuse) {
+            // Its userfaultfd no longer reaches its memory (it called exec,
+            // or the pid is another process's now): forget it.
+            self.procs[i].pid = 0;
+        }
         let (idx, protect) = match reuse {
             Some(i) => (i, unprotected.to_vec()),
             None => {
@@ -939,11 +944,12 @@ impl Handler<'_> {
 
     /// Like [`Handler::unprotect`] with the state lock held (in the prepare
     /// step, where events are of no interest: they are read and dropped).
-    fn unprotect_locked(&self, a: u64, b: u64) -> Result<()> {
+    fn unprotect_locked(&self, a: u64, b: u64) -> Result<bool> {
         let t0 = Instant::now();
         loop {
             match self.uffd.write_protect(a, b - a, false) {
-                Ok(()) | Err(libc::ENOENT | libc::ESRCH) => return Ok(()),
+                Ok(()) => return Ok(true),
+                Err(libc::ENOENT | libc::ESRCH) => return Ok(false),
                 Err(libc::EAGAIN) if t0.elapsed() < Duration::from_secs(10) => {
                     let mut events = Vec::new();
                     self.uffd
@@ -968,12 +974,14 @@ impl Handler<'_> {
     }
 
     /// Lifts the protection of `[a, b)`; while an event waits to be read
-    /// (`EAGAIN`), reads it first.
-    fn unprotect(&self, a: u64, b: u64) -> Result<()> {
+    /// (`EAGAIN`), reads it first. Returns false if part of the range is not
+    /// registered (`ENOENT`: the kernel stops at the first such area).
+    fn unprotect(&self, a: u64, b: u64) -> Result<bool> {
         let t0 = Instant::now();
         loop {
             match self.uffd.write_protect(a, b - a, false) {
-                Ok(()) | Err(libc::ENOENT | libc::ESRCH) => return Ok(()),
+                Ok(()) => return Ok(true),
+                Err(libc::ENOENT | libc::ESRCH) => return Ok(false),
                 Err(libc::EAGAIN) if t0.elapsed() < Duration::from_secs(10) => {
                     self.read().map_err(CaptureError::Track)?;
                     std::thread::yield_now();
@@ -1062,10 +1070,14 @@ impl Handler<'_> {
                     // to Hold, and arming, wait for this). The whole grain:
                     // tracking is coarse (64 KiB) rather than cost a
                     // fault per page of a sequential writer.
-                    let r = self.unprotect_locked(g0, g1);
-                    if let Err(e) =
-                        r.and_then(|()| self.unprotect_locked(page, page + sys::PAGE_SIZE))
-                    {
+                    let r = self.unprotect_locked(g0, g1).and_then(|whole| {
+                        if whole {
+                            Ok(true)
+                        } else {
+                            self.unprotect_locked(page, page + sys::PAGE_SIZE)
+                        }
+                    });
+                    if let Err(e) = r {
                         let _ = self.uffd.wake(page, sys::PAGE_SIZE);
                         st.broken.get_or_insert(e.to_string());
                     }
@@ -1149,9 +1161,15 @@ impl Handler<'_> {
         drop(st);
         // The whole grain: pages in it that were never protected are
         // untouched by this.
-        let r = self
-            .unprotect(g0, g1)
-            .and_then(|()| self.unprotect(page, page + sys::PAGE_SIZE));
+        // (The page alone again only if the grain reaches outside the
+        // registered areas: one ioctl, one TLB flush, in the common case.)
+        let r = self.unprotect(g0, g1).and_then(|whole| {
+            if whole {
+                Ok(true)
+            } else {
+                self.unprotect(page, page + sys::PAGE_SIZE)
+            }
+        });
         if let Err(e) = r {
             // Never leave a writer stuck: wake it, and give up the dump.
             let _ = self.uffd.wake(page, sys::PAGE_SIZE);
