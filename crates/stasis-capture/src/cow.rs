@@ -70,10 +70,15 @@ use stasis_sys as sys;
 use crate::freeze::FrozenProcess;
 use crate::{CaptureError, Result};
 
-/// Bytes the copier saves per step (aligned: a grain never straddles two).
-pub const PIECE: u64 = 1 << 20;
-/// Bytes a write fault saves (aligned, the unsaved pages in it).
+/// Bytes the copier saves per step (aligned: a grain never straddles two;
+/// a transparent huge page is lifted whole, not split).
+pub const PIECE: u64 = HUGE;
+/// Bytes a write fault saves (aligned, the unsaved pages in it); a fault in
+/// a transparent huge page saves and lifts the huge page ([`HUGE`]), so as
+/// not to split it.
 pub const GRAIN: u64 = 16 * sys::PAGE_SIZE;
+/// A PMD-mapped transparent huge page.
+pub const HUGE: u64 = 2 << 20;
 /// Fault latencies kept for the percentiles (the rest are counted only).
 const MAX_SAMPLES: usize = 1 << 20;
 
@@ -1055,8 +1060,19 @@ impl Handler<'_> {
     /// its grain, then let the writer through.
     fn fault(&self, addr: u64, read_at: Instant) {
         let page = addr & !(sys::PAGE_SIZE - 1);
-        let g0 = page & !(GRAIN - 1);
-        let g1 = g0 + GRAIN;
+        let huge = self
+            .pagemap
+            .scan(page, page + sys::PAGE_SIZE, ScanQuery::huge())
+            .is_ok_and(|r| !r.is_empty());
+        // (Unless the side buffer could never hold a huge page.)
+        let cap = self.shared.cap;
+        let grain = if huge && (cap == 0 || cap >= HUGE) {
+            HUGE
+        } else {
+            GRAIN
+        };
+        let g0 = page & !(grain - 1);
+        let g1 = g0 + grain;
         let mut waited: Option<Instant> = None;
         let mut counted = false;
         let mut st = self.shared.lock();

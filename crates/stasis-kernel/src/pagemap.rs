@@ -72,6 +72,17 @@ impl ScanQuery {
         }
     }
 
+    /// Pages mapped by a transparent huge page (`PAGE_IS_HUGE`).
+    pub fn huge() -> Self {
+        Self {
+            flags: 0,
+            inverted: 0,
+            mask: sys::PAGE_IS_HUGE,
+            anyof: 0,
+            return_mask: sys::PAGE_IS_HUGE,
+        }
+    }
+
     /// Pages whose userfaultfd write-protection is set (not `WRITTEN`).
     /// (`WPALLOWED` is reported for `WP_ASYNC` registrations only.)
     pub fn wp_protected() -> Self {
