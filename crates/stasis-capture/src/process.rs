@@ -30,6 +30,7 @@ fn remote_state(f: &mut FrozenProcess, mem: &ProcessMemory) -> Result<RemoteStat
     let rw = (libc::PROT_READ | libc::PROT_WRITE) as u64;
     let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
     let main_base = f.threads[0].orig_regs;
+    let f_pid = f.pid;
     let scratch = f.threads[0].tracee.syscall(
         &main_base,
         "mmap",
@@ -39,9 +40,34 @@ fn remote_state(f: &mut FrozenProcess, mem: &ProcessMemory) -> Result<RemoteStat
     let res = (|| -> Result<RemoteState> {
         let main = &mut f.threads[0];
         let (t, base) = (&mut main.tracee, &main.orig_regs);
+        // A remote syscall costs two ptrace stops (~0.1 ms): only the
+        // signals that are caught or ignored (`SigCgt`, `SigIgn`), and
+        // SIGCHLD (whose flags matter even at SIG_DFL), are asked; the rest
+        // are at SIG_DFL, and saved so.
+        let status = crate::proc::read(f_pid, "status")?;
+        let mask_of = |key: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        };
+        let asked = match (mask_of("SigCgt:"), mask_of("SigIgn:")) {
+            (Some(c), Some(i)) => c | i | (1u64 << (libc::SIGCHLD - 1)),
+            _ => u64::MAX,
+        };
         let mut sigactions = Vec::new();
         for sig in 1..=64u32 {
             if sig == libc::SIGKILL.unsigned_abs() || sig == libc::SIGSTOP.unsigned_abs() {
+                continue;
+            }
+            if asked & (1u64 << (sig - 1)) == 0 {
+                sigactions.push(SigAction {
+                    signo: sig,
+                    handler: 0,
+                    flags: 0,
+                    restorer: 0,
+                    mask: 0,
+                });
                 continue;
             }
             t.syscall(
