@@ -524,6 +524,7 @@ impl Cow {
                         mem: &mem,
                         pagemap: &pagemap,
                         queue: Default::default(),
+                        later: Default::default(),
                     };
                     h.run();
                 })
@@ -894,6 +895,8 @@ struct Handler<'a> {
     pagemap: &'a Pagemap,
     /// Faults read but not yet served, with the time they were read.
     queue: std::cell::RefCell<std::collections::VecDeque<(u64, Instant)>>,
+    /// Other events read while the state lock was held.
+    later: std::cell::RefCell<Vec<Event>>,
 }
 
 impl Handler<'_> {
@@ -908,12 +911,16 @@ impl Handler<'_> {
                     Ok(false) => continue,
                     Err(e) => return self.broken(e.to_string()),
                 }
-                if let Err(e) = self.read() {
+                if let Err(e) = self.read(false) {
                     return self.broken(e);
                 }
                 if stopping && self.queue.borrow().is_empty() {
                     return;
                 }
+            }
+            let later = std::mem::take(&mut *self.later.borrow_mut());
+            for ev in later {
+                self.event(ev);
             }
             let next = self.queue.borrow_mut().pop_front();
             if let Some((addr, t0)) = next {
@@ -924,7 +931,9 @@ impl Handler<'_> {
 
     /// Reads what the userfaultfd holds: events are dealt with at once,
     /// faults queued.
-    fn read(&self) -> std::result::Result<(), String> {
+    /// `locked`: the caller holds the state lock, so events other than
+    /// faults are kept for later (dealing with them takes the lock).
+    fn read(&self, locked: bool) -> std::result::Result<(), String> {
         let mut events = Vec::new();
         self.uffd
             .read_events(&mut events)
@@ -933,39 +942,40 @@ impl Handler<'_> {
         for ev in events {
             match ev {
                 Event::PageFault { addr, .. } => self.queue.borrow_mut().push_back((addr, now)),
-                Event::Unmap { start, end } => self.gone(start, end, "unmapped"),
-                Event::Remove { start, end } => {
-                    self.gone(start, end, "discarded (MADV_DONTNEED or MADV_REMOVE)")
-                }
-                Event::Remap { from, to, len } => {
-                    self.moved(to, len);
-                    self.gone(from, from + len, "moved (mremap)");
-                }
-                Event::Fork(_) | Event::Unknown(_) => {}
+                ev if locked => self.later.borrow_mut().push(ev),
+                ev => self.event(ev),
             }
         }
         Ok(())
     }
 
-    /// Like [`Handler::unprotect`] with the state lock held (in the prepare
-    /// step, where events are of no interest: they are read and dropped).
-    fn unprotect_locked(&self, a: u64, b: u64) -> Result<bool> {
+    /// An event other than a fault.
+    fn event(&self, ev: Event) {
+        match ev {
+            Event::PageFault { .. } | Event::Fork(_) | Event::Unknown(_) => {}
+            Event::Unmap { start, end } => self.gone(start, end, "unmapped"),
+            Event::Remove { start, end } => {
+                self.gone(start, end, "discarded (MADV_DONTNEED or MADV_REMOVE)")
+            }
+            Event::Remap { from, to, len } => {
+                self.moved(to, len);
+                self.gone(from, from + len, "moved (mremap)");
+            }
+        }
+    }
+
+    /// Lifts the protection of `[a, b)` (and wakes its writers); while an
+    /// event waits to be read (`EAGAIN`), reads it first (`locked`: the
+    /// caller holds the state lock). Returns false if part of the range is
+    /// not registered (`ENOENT`: the kernel stops at the first such area).
+    fn lift(&self, a: u64, b: u64, locked: bool) -> Result<bool> {
         let t0 = Instant::now();
         loop {
             match self.uffd.write_protect(a, b - a, false) {
                 Ok(()) => return Ok(true),
                 Err(libc::ENOENT | libc::ESRCH) => return Ok(false),
                 Err(libc::EAGAIN) if t0.elapsed() < Duration::from_secs(10) => {
-                    let mut events = Vec::new();
-                    self.uffd
-                        .read_events(&mut events)
-                        .map_err(|e| CaptureError::Concurrent(e.to_string()))?;
-                    let now = Instant::now();
-                    for ev in events {
-                        if let Event::PageFault { addr, .. } = ev {
-                            self.queue.borrow_mut().push_back((addr, now));
-                        }
-                    }
+                    self.read(locked).map_err(CaptureError::Concurrent)?;
                     std::thread::yield_now();
                 }
                 Err(errno) => {
@@ -978,25 +988,26 @@ impl Handler<'_> {
         }
     }
 
-    /// Lifts the protection of `[a, b)`; while an event waits to be read
-    /// (`EAGAIN`), reads it first. Returns false if part of the range is not
-    /// registered (`ENOENT`: the kernel stops at the first such area).
-    fn unprotect(&self, a: u64, b: u64) -> Result<bool> {
-        let t0 = Instant::now();
-        loop {
-            match self.uffd.write_protect(a, b - a, false) {
-                Ok(()) => return Ok(true),
-                Err(libc::ENOENT | libc::ESRCH) => return Ok(false),
-                Err(libc::EAGAIN) if t0.elapsed() < Duration::from_secs(10) => {
-                    self.read().map_err(CaptureError::Track)?;
-                    std::thread::yield_now();
+    /// Lifts the grain `[g0, g1)` of a fault at `page`, and the page alone
+    /// if the grain reaches outside the registered areas (one ioctl, one
+    /// TLB flush, in the common case). On failure the writer is woken
+    /// anyway (never left stuck) and the copy is given up.
+    fn lift_grain(&self, (g0, g1): (u64, u64), page: u64, locked: bool) -> bool {
+        let r = self.lift(g0, g1, locked).and_then(|whole| {
+            if whole {
+                Ok(true)
+            } else {
+                self.lift(page, page + sys::PAGE_SIZE, locked)
+            }
+        });
+        match r {
+            Ok(_) => true,
+            Err(e) => {
+                let _ = self.uffd.wake(page, sys::PAGE_SIZE);
+                if !locked {
+                    self.shared.lock().broken.get_or_insert(e.to_string());
                 }
-                Err(errno) => {
-                    return Err(errno_err(
-                        format!("lifting the write-protection of [{a:#x}, {b:#x})"),
-                        errno,
-                    ))
-                }
+                false
             }
         }
     }
@@ -1030,7 +1041,7 @@ impl Handler<'_> {
             });
             return;
         }
-        if let Err(e) = self.unprotect_locked(to, to + len) {
+        if let Err(e) = self.lift(to, to + len, true) {
             st.broken.get_or_insert(e.to_string());
         }
     }
@@ -1086,16 +1097,9 @@ impl Handler<'_> {
                     // to Hold, and arming, wait for this). The whole grain:
                     // tracking is coarse (64 KiB) rather than cost a
                     // fault per page of a sequential writer.
-                    let r = self.unprotect_locked(g0, g1).and_then(|whole| {
-                        if whole {
-                            Ok(true)
-                        } else {
-                            self.unprotect_locked(page, page + sys::PAGE_SIZE)
-                        }
-                    });
-                    if let Err(e) = r {
-                        let _ = self.uffd.wake(page, sys::PAGE_SIZE);
-                        st.broken.get_or_insert(e.to_string());
+                    if !self.lift_grain((g0, g1), page, true) {
+                        st.broken
+                            .get_or_insert(format!("lifting the protection at {page:#x} failed"));
                     }
                     if mode == Mode::Hold {
                         st.procs[self.idx].touched.insert(g0, g1);
@@ -1177,20 +1181,7 @@ impl Handler<'_> {
         drop(st);
         // The whole grain: pages in it that were never protected are
         // untouched by this.
-        // (The page alone again only if the grain reaches outside the
-        // registered areas: one ioctl, one TLB flush, in the common case.)
-        let r = self.unprotect(g0, g1).and_then(|whole| {
-            if whole {
-                Ok(true)
-            } else {
-                self.unprotect(page, page + sys::PAGE_SIZE)
-            }
-        });
-        if let Err(e) = r {
-            // Never leave a writer stuck: wake it, and give up the dump.
-            let _ = self.uffd.wake(page, sys::PAGE_SIZE);
-            let mut st = self.shared.lock();
-            st.broken.get_or_insert(e.to_string());
+        if !self.lift_grain((g0, g1), page, false) {
             return;
         }
         let ns = u64::try_from(read_at.elapsed().as_nanos()).unwrap_or(u64::MAX);

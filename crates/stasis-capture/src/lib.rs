@@ -1235,16 +1235,7 @@ impl Pending {
         for c in &mut self.copies {
             c.plan_from_snapshot(&mut self.manifest.processes[c.idx])?;
         }
-        let total: u64 = self
-            .copies
-            .iter()
-            .flat_map(|c| {
-                c.ranges
-                    .iter()
-                    .map(|r| r.1 as u64)
-                    .chain(c.preread.iter().map(|p| p.1.len() as u64))
-            })
-            .sum();
+        let total = self.total_bytes();
         let live: Vec<i32> = self.copies.iter().map(|c| c.pid).collect();
         let concurrent = self.concurrent();
         let snapshot_pids: Vec<i32> = self
@@ -1406,11 +1397,9 @@ impl Pending {
         Ok(())
     }
 
-    /// Copies every process's pages into its pack while the tree runs,
-    /// from the write-protected processes ([`cow`]), in address order.
-    fn copy_protected(&mut self, progress: Option<&(dyn Fn(u64, u64) + Send)>) -> Result<()> {
-        let total: u64 = self
-            .copies
+    /// Bytes to save: the ranges to copy and what was read in the freeze.
+    fn total_bytes(&self) -> u64 {
+        self.copies
             .iter()
             .flat_map(|c| {
                 c.ranges
@@ -1418,7 +1407,13 @@ impl Pending {
                     .map(|r| r.1 as u64)
                     .chain(c.preread.iter().map(|p| p.1.len() as u64))
             })
-            .sum();
+            .sum()
+    }
+
+    /// Copies every process's pages into its pack while the tree runs,
+    /// from the write-protected processes ([`cow`]), in address order.
+    fn copy_protected(&mut self, progress: Option<&(dyn Fn(u64, u64) + Send)>) -> Result<()> {
+        let total = self.total_bytes();
         let (mut pages, mut bytes, mut done) = (0u64, 0u64, 0u64);
         let Some(cow) = self.cow.as_ref() else {
             return Ok(());
