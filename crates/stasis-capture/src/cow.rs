@@ -24,14 +24,17 @@
 //!
 //! * **The copier** (the dumper's thread) walks the plan in address order,
 //!   in pieces of [`PIECE`] bytes (aligned). Under the lock it takes the
-//!   piece's pages out of the side buffer and reads the unsaved ones from
-//!   the process (they are protected, so they hold the freeze instant),
-//!   removes them from the unsaved set, then lifts the protection of the
-//!   piece (later writes there cost nothing) and writes it to the pack.
+//!   piece's pages out of the side buffer and claims the unsaved ones
+//!   (a write fault in a claimed piece waits); it reads them outside the
+//!   lock (they are protected, so they hold the freeze instant), then lifts
+//!   the protection of the piece (later writes there cost nothing; with
+//!   [`CowTracking`] it stays, to see the next write) and writes it to the
+//!   pack.
 //! * **A handler per process** reads the userfaultfd. A write to a
 //!   protected page stops the writing thread until the handler has copied
-//!   the unsaved pages of the page's aligned [`GRAIN`] into the side buffer
-//!   and lifted their protection (which wakes the writer). Reads never
+//!   the unsaved pages of the page's aligned [`GRAIN`] (the whole huge page
+//!   in a THP, [`HUGE`]) into the side buffer and lifted their protection
+//!   (which wakes the writer). Reads never
 //!   stop. When the side buffer holds `cap` bytes, the handler waits for
 //!   the copier to drain it (so the writer waits), instead of growing.
 //!   The time from reading a fault to waking its writer is recorded.
