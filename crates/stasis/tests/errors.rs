@@ -229,6 +229,18 @@ fn restore_of_a_missing_checkpoint_number() {
 
 #[test]
 fn dump_to_a_full_disk_leaves_the_process_running_and_no_checkpoint() {
+    full_disk(&[]);
+}
+
+/// The same with a concurrent (write-protected) dump: the disk fills during
+/// the copy, after the release; the process has run on all along, its
+/// protection goes with the dumper's userfaultfds.
+#[test]
+fn concurrent_dump_to_a_full_disk_leaves_the_process_running_and_unprotected() {
+    full_disk(&["--leave-running", "--concurrent", "--cow-method", "uffd"]);
+}
+
+fn full_disk(flags: &[&str]) {
     let mut w = Workload::start("heap", &["32"]);
     let small = w.dir.path().join("small");
     std::fs::create_dir(&small).unwrap();
@@ -239,7 +251,9 @@ fn dump_to_a_full_disk_leaves_the_process_running_and_no_checkpoint() {
         .unwrap();
     assert!(st.success(), "mounting a small tmpfs");
     let o = stasis()
-        .args(["dump", "-t", &w.pid.to_string(), "-D"])
+        .args(["dump", "-t", &w.pid.to_string()])
+        .args(flags)
+        .arg("-D")
         .arg(small.join("img"))
         .output()
         .unwrap();
@@ -253,6 +267,12 @@ fn dump_to_a_full_disk_leaves_the_process_running_and_no_checkpoint() {
     assert_fails_with(&o, "No space left");
     assert!(listing.is_empty(), "a failed dump left {listing:?}");
     assert!(alive(w.pid));
+    let uffds = std::fs::read_dir(format!("/proc/{}/fd", w.pid))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|l| l.to_string_lossy().contains("userfaultfd"))
+        .count();
+    assert_eq!(uffds, 0, "a userfaultfd was left in the process");
     w.finish_pass();
 }
 
