@@ -40,13 +40,19 @@ pub struct RunOptions {
     /// File for the job's stdout and stderr (default DIR/job.log).
     #[arg(long)]
     pub log: Option<PathBuf>,
-    /// Copy memory while the job runs: it stops only while its state is
-    /// read. With uffd tracking, the write-protection of each copy is kept
-    /// as the tracking: each checkpoint protects again and copies only the
-    /// pages written since the last (fork snapshots with other backends or
-    /// --touch-window).
+    /// Copy memory while the job runs (from copy-on-write fork snapshots,
+    /// dirty pages tracked with --track): it stops only while its state
+    /// is read.
     #[arg(long)]
     pub concurrent: bool,
+    /// With --concurrent: `uffd` keeps the write-protection of each
+    /// concurrent copy as the dirty tracking (each checkpoint protects
+    /// again and copies only the 64 KiB grains written since the last;
+    /// a write's first fault per grain goes through a handler, which
+    /// costs random writers more than --track uffd); `auto` or `fork`:
+    /// fork snapshots with --track.
+    #[arg(long, default_value = "auto", value_parser = parse_cow_method, requires = "concurrent")]
+    pub cow_method: stasis_capture::CowMethod,
     /// With --concurrent: stop the job once the pages it has copied on
     /// write during a copy exceed this (0: never).
     #[arg(long, default_value = "256M", value_parser = parse_size)]
@@ -234,12 +240,13 @@ pub fn cmd_run(o: RunOptions) -> Result<ExitCode> {
     ui::forward_signals_to(pid);
     let new_tracker = || stasis_track::tracker(backend, &stasis_track::state::track_dir(&o.dir));
     let mut tracker = new_tracker();
-    // Concurrent with uffd tracking: the write-protection of each
-    // concurrent copy is kept and is the tracking (only the written pages
-    // are protected again and copied at each checkpoint). A touch window
-    // needs the WP_ASYNC tracker instead (fork snapshots then).
-    let protect_tracks =
-        o.concurrent && backend == stasis_track::Backend::Uffd && o.touch_window.is_none();
+    // --concurrent --cow-method uffd: the write-protection of each
+    // concurrent copy is kept and is the tracking (only the written grains
+    // are protected again and copied at each checkpoint).
+    let protect_tracks = o.concurrent && o.cow_method == stasis_capture::CowMethod::Uffd;
+    if protect_tracks && o.touch_window.is_some() {
+        bail!("--touch-window reads the WP_ASYNC write tracking: it cannot be used with --cow-method uffd");
+    }
     let mut protection = stasis_capture::cow::CowTracking::default();
     let say = |line: String, v: serde_json::Value| {
         if o.json {

@@ -497,7 +497,7 @@ fn mix64(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-/// `stasis run --concurrent` (uffd tracking): the write-protection of each
+/// `stasis run --concurrent --cow-method uffd`: the write-protection of each
 /// concurrent copy is kept as the tracking (TIC-CKPT-CI). `dirty_set`
 /// rewrites a known eighth of its 32 MiB region on SIGUSR1, once between
 /// two checkpoints, then not at all before the next: the first of those
@@ -516,7 +516,15 @@ fn run_concurrent_protection_tracks_only_the_written_pages() {
         .arg("run")
         .arg("-D")
         .arg(&img)
-        .args(["--every", "1", "--concurrent", "--json", "--"])
+        .args([
+            "--every",
+            "1",
+            "--concurrent",
+            "--cow-method",
+            "uffd",
+            "--json",
+            "--",
+        ])
         .arg(workloads().join("dirty_set"))
         .arg(&pidfile)
         .stdout(std::process::Stdio::piped())
