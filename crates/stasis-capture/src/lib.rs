@@ -205,21 +205,31 @@ pub fn dump_tracked(
     };
     match dump_once(store, opts, tracker.as_deref_mut(), method, None) {
         Err(CaptureError::CowLost(lost)) if opts.cow_method == CowMethod::Auto => {
-            // The process gave back memory not yet saved: a fork snapshot
-            // keeps every page whatever it does.
-            tracing::info!(
-                pid = lost.pid,
-                "write-protected copy abandoned ({}); dumping again from a fork snapshot",
-                lost.why
-            );
-            let mut r = dump_once(store, opts, tracker, CowMethod::Fork, None)?;
-            if let Some(c) = r.concurrent.as_mut() {
-                c.fallback = Some(format!("process {}: {}", lost.pid, lost.why));
-            }
-            Ok(r)
+            dump_from_fork(store, opts, tracker, &lost)
         }
         other => other,
     }
+}
+
+/// The process gave back memory a write-protected copy had not saved yet:
+/// dumps again from a fork snapshot, which keeps every page whatever the
+/// process does, and says why in the report.
+fn dump_from_fork(
+    store: &ImageDir,
+    opts: &DumpOptions,
+    tracker: TrackerRef<'_>,
+    lost: &cow::CowLost,
+) -> Result<DumpReport> {
+    tracing::info!(
+        pid = lost.pid,
+        "write-protected copy abandoned ({}); dumping again from a fork snapshot",
+        lost.why
+    );
+    let mut r = dump_once(store, opts, tracker, CowMethod::Fork, None)?;
+    if let Some(c) = r.concurrent.as_mut() {
+        c.fallback = Some(format!("process {}: {}", lost.pid, lost.why));
+    }
+    Ok(r)
 }
 
 /// A concurrent dump (`opts.concurrent`, `opts.leave_running`) by
@@ -237,15 +247,7 @@ pub fn dump_concurrent_tracked(
         Ok(r) => Ok(r),
         Err(CaptureError::CowLost(lost)) => {
             *tracking = cow::CowTracking::default();
-            tracing::info!(
-                pid = lost.pid,
-                "write-protected copy abandoned ({}); dumping again from a fork snapshot",
-                lost.why
-            );
-            let mut r = dump_once(store, opts, None, CowMethod::Fork, None)?;
-            if let Some(c) = r.concurrent.as_mut() {
-                c.fallback = Some(format!("process {}: {}", lost.pid, lost.why));
-            }
+            let mut r = dump_from_fork(store, opts, None, &lost)?;
             r.note = Some("write-protection was lost, the next dump is full".into());
             Ok(r)
         }

@@ -39,6 +39,41 @@ fn uffds_in(pid: i32) -> usize {
         .unwrap_or(0)
 }
 
+/// `stasis dump --leave-running --concurrent --cow-method METHOD` of `w`,
+/// in the background.
+fn spawn_dumper(w: &Workload, method: &str) -> std::process::Child {
+    stasis()
+        .args([
+            "dump",
+            "--leave-running",
+            "--concurrent",
+            "--cow-method",
+            method,
+            "-t",
+        ])
+        .arg(w.pid.to_string())
+        .arg("-D")
+        .arg(w.images())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// After a killed dumper: no checkpoint was committed, and the workload
+/// passes its own check.
+fn assert_nothing_committed_and_pass(w: &mut Workload) {
+    let store = stasis_image::ImageDir::open(&w.images());
+    assert!(
+        store
+            .map(|s| s.checkpoints().unwrap_or_default())
+            .unwrap_or_default()
+            .is_empty(),
+        "a checkpoint was committed"
+    );
+    w.finish_pass();
+}
+
 /// The test: the self-verifying writer over 1 GiB (memory a pure
 /// function of its counter, no layout changes), writing as fast as it can,
 /// is dumped concurrently (write-protection) 20 times in a row; each image
@@ -240,22 +275,7 @@ fn side_buffer_cap_makes_writers_wait_and_the_image_is_exact() {
 fn dumper_killed_mid_write_protected_copy_leaves_the_process_running() {
     let mut w = Workload::start("chain_writer", &["512", "0", "0"]);
     std::thread::sleep(Duration::from_millis(200));
-    let mut dumper = stasis()
-        .args([
-            "dump",
-            "--leave-running",
-            "--concurrent",
-            "--cow-method",
-            "uffd",
-            "-t",
-            &w.pid.to_string(),
-            "-D",
-        ])
-        .arg(w.images())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut dumper = spawn_dumper(&w, "uffd");
     // The copy is under way once a checkpoint is being written and the
     // dumper has its fault handler thread.
     let handler = format!("cow-{}", w.pid);
@@ -288,15 +308,7 @@ fn dumper_killed_mid_write_protected_copy_leaves_the_process_running() {
     assert!(alive(w.pid));
     assert_eq!(uffds_in(w.pid), 0, "a userfaultfd was left in the process");
     std::thread::sleep(Duration::from_millis(300));
-    let store = stasis_image::ImageDir::open(&w.images());
-    assert!(
-        store
-            .map(|s| s.checkpoints().unwrap_or_default())
-            .unwrap_or_default()
-            .is_empty(),
-        "a checkpoint was committed"
-    );
-    w.finish_pass();
+    assert_nothing_committed_and_pass(&mut w);
 }
 
 /// `--cow-method uffd` on a process that gives memory back during the copy
@@ -368,22 +380,7 @@ fn dumper_killed_mid_copy_leaves_the_process_running() {
     let mut w = Workload::start("chain_writer", &["512"]);
     std::thread::sleep(Duration::from_millis(200));
     let before = descendants(w.pid);
-    let mut dumper = stasis()
-        .args([
-            "dump",
-            "--leave-running",
-            "--concurrent",
-            "--cow-method",
-            "fork",
-            "-t",
-            &w.pid.to_string(),
-            "-D",
-        ])
-        .arg(w.images())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut dumper = spawn_dumper(&w, "fork");
     // Wait until the snapshot exists (the copy has started), then kill.
     let t0 = Instant::now();
     while descendants(w.pid).len() == before.len() {
@@ -406,15 +403,7 @@ fn dumper_killed_mid_copy_leaves_the_process_running() {
     }
     assert!(alive(w.pid));
     std::thread::sleep(Duration::from_millis(200));
-    let store = stasis_image::ImageDir::open(&w.images());
-    assert!(
-        store
-            .map(|s| s.checkpoints().unwrap_or_default())
-            .unwrap_or_default()
-            .is_empty(),
-        "a checkpoint was committed"
-    );
-    w.finish_pass();
+    assert_nothing_committed_and_pass(&mut w);
 }
 
 /// `stasis run --concurrent`: periodic concurrent checkpoints (incremental
@@ -542,22 +531,8 @@ fn run_concurrent_protection_tracks_only_the_written_pages() {
             return e;
         }
     };
-    let region_pages = |n: u64| -> BTreeSet<u64> {
-        let store = stasis_image::ImageDir::open(&img).unwrap();
-        let cp = store.load(Some(u32::try_from(n).unwrap())).unwrap();
-        let p = &cp.manifest.processes[0];
-        let pack = cp.open_process_pack(p).unwrap().expect("a pack");
-        let mut out = BTreeSet::new();
-        for r in pack.runs() {
-            for i in 0..u64::from(r.npages) {
-                let a = r.vaddr + i * 4096;
-                if a >= base && a < base + NPAGES * 4096 {
-                    out.insert((a - base) / 4096);
-                }
-            }
-        }
-        out
-    };
+    let region_pages =
+        |n: u64| -> BTreeSet<u64> { pages_in_pack(&img, u32::try_from(n).unwrap(), base, NPAGES) };
     // The first checkpoint after the job is ready: the whole region.
     let mut e = next_checkpoint();
     while (region_pages(e["checkpoint"].as_u64().unwrap()).len() as u64) < NPAGES {

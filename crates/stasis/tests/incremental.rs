@@ -106,24 +106,6 @@ fn expected_round(r: u64) -> BTreeSet<u64> {
         .collect()
 }
 
-/// Pages of `[base, base + NPAGES pages)` stored in checkpoint `n`'s own pack.
-fn pages_in_pack(images: &Path, n: u32, base: u64) -> BTreeSet<u64> {
-    let store = stasis_image::ImageDir::open(images).unwrap();
-    let cp = store.load(Some(n)).unwrap();
-    let p = &cp.manifest.processes[0];
-    let pack = cp.open_process_pack(p).unwrap().expect("a pack");
-    let mut out = BTreeSet::new();
-    for r in pack.runs() {
-        for i in 0..u64::from(r.npages) {
-            let a = r.vaddr + i * 4096;
-            if a >= base && a < base + NPAGES * 4096 {
-                out.insert((a - base) / 4096);
-            }
-        }
-    }
-    out
-}
-
 fn wait_file(path: &Path, want: &str) {
     let t0 = Instant::now();
     while std::fs::read_to_string(path).unwrap_or_default().trim() != want {
@@ -152,7 +134,7 @@ fn dirty_sets(backend: &str) -> Vec<BTreeSet<u64>> {
         // No --track: the dump follows the tracking armed by the last one.
         let r = dump_json(&w, &["--leave-running"]);
         assert_eq!(r["parent"], round, "{r}");
-        sets.push(pages_in_pack(&w.images(), round + 1, base));
+        sets.push(pages_in_pack(&w.images(), round + 1, base, NPAGES));
     }
     // The last link restores with the dropped pages reading as zero.
     kill_and_reap(&mut w);

@@ -509,3 +509,27 @@ impl Drop for Proxy {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
+
+/// Pages of `[base, base + npages pages)` stored in checkpoint `n`'s own
+/// pack (first process), as page indexes from `base`.
+pub fn pages_in_pack(
+    images: &Path,
+    n: u32,
+    base: u64,
+    npages: u64,
+) -> std::collections::BTreeSet<u64> {
+    let store = stasis_image::ImageDir::open(images).unwrap();
+    let cp = store.load(Some(n)).unwrap();
+    let p = &cp.manifest.processes[0];
+    let pack = cp.open_process_pack(p).unwrap().expect("a pack");
+    let mut out = std::collections::BTreeSet::new();
+    for r in pack.runs() {
+        for i in 0..u64::from(r.npages) {
+            let a = r.vaddr + i * 4096;
+            if a >= base && a < base + npages * 4096 {
+                out.insert((a - base) / 4096);
+            }
+        }
+    }
+    out
+}
