@@ -696,20 +696,6 @@ impl Cow {
         self.shared.tracking
     }
 
-    /// Whether this process was armed by the dump under way.
-    pub fn is_armed(&self, pid: i32) -> bool {
-        self.procs.iter().any(|p| p.pid == pid && p.armed)
-    }
-
-    /// Whether `pid` has had its protection since the previous dump (its
-    /// userfaultfd reaches its memory): its unprotected pages are exactly
-    /// those written since.
-    pub fn tracks(&self, pid: i32) -> bool {
-        self.procs.iter().any(|p| {
-            p.pid == pid && std::fs::metadata(format!("/proc/{pid}")).is_ok() && p.handler.is_some()
-        })
-    }
-
     fn stop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.room.notify_all();
@@ -718,11 +704,6 @@ impl Cow {
                 let _ = h.join();
             }
         }
-    }
-
-    /// Pids protected, in arming order.
-    pub fn pids(&self) -> Vec<i32> {
-        self.procs.iter().map(|p| p.pid).collect()
     }
 }
 
