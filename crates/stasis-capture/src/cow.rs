@@ -343,12 +343,7 @@ impl Cow {
                     },
                 )?;
                 let areas = protectable_maps(&maps);
-                if fp.threads[0].tracee.syscall_insn().is_none() {
-                    let mem = ProcessMemory::open(fp.pid)?;
-                    let insn = crate::memory::find_syscall_insn(&mem, &maps)
-                        .ok_or(KernelError::NoSyscallInsn { pid: fp.pid })?;
-                    fp.threads[0].tracee.set_syscall_insn(insn);
-                }
+                fp.arm_remote(&ProcessMemory::open(fp.pid)?, &maps)?;
                 let uffd = create_in(fp)?;
                 for &(a, b) in &areas {
                     uffd.register(a, b - a, sys::UFFDIO_REGISTER_MODE_WP)?;

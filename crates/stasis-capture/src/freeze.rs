@@ -5,6 +5,10 @@
 //! their parent is frozen (a frozen process cannot fork), and each process's
 //! threads are listed until no new one appears, so the set converges.
 
+use std::sync::Arc;
+
+use stasis_kernel::escape::EscapeHatch;
+use stasis_kernel::mem::ProcessMemory;
 use stasis_kernel::ptrace::normalize_interrupted_syscall;
 use stasis_kernel::{KernelError, Tracee, UserRegs};
 
@@ -69,7 +73,7 @@ fn stat_of(pid: i32) -> Result<proc::Stat> {
     })
 }
 
-/// Seizes and stops every thread of `pid`; blocks all its signals.
+/// Seizes and stops every thread of `pid`.
 fn freeze_process(pid: i32) -> Result<FrozenProcess> {
     let stat = stat_of(pid)?;
     let mut fp = FrozenProcess {
@@ -108,7 +112,10 @@ fn freeze_process(pid: i32) -> Result<FrozenProcess> {
             };
             let frozen = (|| -> Result<FrozenThread, KernelError> {
                 tracee.interrupt()?;
-                let orig_mask = tracee.block_all_signals()?;
+                // The mask stays as it is: a thread is blocked only while it
+                // runs remote syscalls (see `FrozenProcess::arm_remote`), so
+                // a dumper that dies leaves every other thread untouched.
+                let orig_mask = tracee.sigmask()?;
                 let orig_regs = tracee.regs()?;
                 Ok(FrozenThread {
                     tracee,
@@ -205,6 +212,9 @@ pub fn freeze_tree_except(root: i32, except: &[i32]) -> Result<Frozen> {
     Ok(f)
 }
 
+/// Puts every thread back (signal mask first, then registers: a thread
+/// parked on the escape hatch escapes by itself if we die in between) and
+/// detaches; then wipes the hatch, which no thread uses any more.
 fn release_process(p: &mut FrozenProcess) -> Option<KernelError> {
     let mut first_err = None;
     for t in &mut p.threads {
@@ -212,14 +222,59 @@ fn release_process(p: &mut FrozenProcess) -> Option<KernelError> {
         normalize_interrupted_syscall(&mut regs, true);
         let r = t
             .tracee
-            .set_regs(&regs)
-            .and_then(|()| t.tracee.set_sigmask(t.orig_mask))
+            .set_sigmask(t.orig_mask)
+            .and_then(|()| t.tracee.set_regs(&regs))
             .and_then(|()| t.tracee.detach());
         if let Err(e) = r {
             first_err.get_or_insert(e);
         }
     }
+    if first_err.is_none() {
+        if let Some(h) = p.threads.first().and_then(|t| t.tracee.hatch()) {
+            h.forget();
+            h.remove();
+        }
+    }
     first_err
+}
+
+impl FrozenProcess {
+    /// Makes the process ready for remote syscalls: the `syscall`
+    /// instruction to use and, where its vDSO has room, an escape hatch
+    /// (`stasis_kernel::escape`) for every thread, so that a dumper killed
+    /// at any instant leaves the process as it was. Without a hatch, every
+    /// thread's signals are blocked until release, as before.
+    pub fn arm_remote(&mut self, mem: &ProcessMemory, maps: &[proc::MapsEntry]) -> Result<()> {
+        let Some(first) = self.threads.first() else {
+            return Ok(());
+        };
+        if first.tracee.syscall_insn().is_some() {
+            return Ok(());
+        }
+        let pid = self.pid;
+        let insn = crate::memory::find_syscall_insn(mem, maps)
+            .ok_or(KernelError::NoSyscallInsn { pid })?;
+        let hatch = match maps.iter().find(|m| m.name == "[vdso]") {
+            Some(v) => EscapeHatch::install(pid, v.start, v.end)?.map(Arc::new),
+            None => None,
+        };
+        if hatch.is_none() {
+            tracing::debug!(
+                pid,
+                "no room for an escape hatch in the vDSO: signals blocked"
+            );
+        }
+        for t in &mut self.threads {
+            t.tracee.set_syscall_insn(insn);
+            match &hatch {
+                Some(h) => t.tracee.set_hatch(Arc::clone(h)),
+                None => {
+                    t.tracee.block_all_signals()?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Frozen {

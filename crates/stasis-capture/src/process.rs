@@ -26,17 +26,40 @@ const PR_GET_TID_ADDRESS: u64 = 40;
 
 /// Runs the remote syscalls that read state only the process can report:
 /// process-wide ones in the main thread, per-thread ones in each thread.
-fn remote_state(f: &mut FrozenProcess, mem: &ProcessMemory) -> Result<RemoteState> {
+fn remote_state(
+    f: &mut FrozenProcess,
+    mem: &ProcessMemory,
+    maps: &[proc::MapsEntry],
+) -> Result<RemoteState> {
     let rw = (libc::PROT_READ | libc::PROT_WRITE) as u64;
-    let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
+    let mut flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
     let main_base = f.threads[0].orig_regs;
     let f_pid = f.pid;
-    let scratch = f.threads[0].tracee.syscall(
+    // With an escape hatch, the scratch page goes at an address recorded
+    // in the hatch first, so that a dumper killed at any point leaves no
+    // page behind (the escaping thread unmaps it).
+    let hatch = f.threads[0].tracee.hatch().cloned();
+    let mut at = 0;
+    if let (Some(h), Some(free)) = (&hatch, free_page(maps)) {
+        h.set_scratch(free, 4096)?;
+        at = free;
+        flags |= libc::MAP_FIXED_NOREPLACE as u64;
+    }
+    let mapped = f.threads[0].tracee.syscall(
         &main_base,
         "mmap",
         libc::SYS_mmap,
-        &[0, 4096, rw, flags, u64::MAX, 0],
-    )?;
+        &[at, 4096, rw, flags, u64::MAX, 0],
+    );
+    let scratch = match mapped {
+        Ok(a) => a,
+        Err(e) => {
+            if let Some(h) = &hatch {
+                let _ = h.set_scratch(0, 0);
+            }
+            return Err(e.into());
+        }
+    };
     let res = (|| -> Result<RemoteState> {
         let main = &mut f.threads[0];
         let (t, base) = (&mut main.tracee, &main.orig_regs);
@@ -168,13 +191,44 @@ fn remote_state(f: &mut FrozenProcess, mem: &ProcessMemory) -> Result<RemoteStat
             threads,
         })
     })();
-    let unmap =
+    // Forgotten before it is unmapped: a death in between leaks the page
+    // rather than letting an escaping thread unmap what another thread
+    // may have mapped there since.
+    let forgot = hatch.as_ref().map_or(Ok(()), |h| h.set_scratch(0, 0));
+    let unmap = forgot.map_err(CaptureError::from).and_then(|()| {
         f.threads[0]
             .tracee
-            .syscall(&main_base, "munmap", libc::SYS_munmap, &[scratch, 4096]);
+            .syscall(&main_base, "munmap", libc::SYS_munmap, &[scratch, 4096])
+            .map_err(CaptureError::from)
+    });
     let st = res?;
     unmap?;
     Ok(st)
+}
+
+/// A free page of the address space with a free page on each side (so the
+/// scratch page merges with no neighbour), in the largest gap below the
+/// highest mapping; `None` if there is none.
+fn free_page(maps: &[proc::MapsEntry]) -> Option<u64> {
+    const MIN: u64 = 0x1_0000; // vm.mmap_min_addr's default
+    let mut spans: Vec<(u64, u64)> = maps
+        .iter()
+        .filter(|m| m.start < 0x8000_0000_0000)
+        .map(|m| (m.start, m.end))
+        .collect();
+    spans.sort_unstable();
+    let mut prev_end = MIN;
+    let mut best: Option<(u64, u64)> = None;
+    for (start, end) in spans {
+        if start > prev_end && start - prev_end >= 3 * 4096 {
+            let gap = start - prev_end;
+            if best.map_or(true, |(_, g)| gap > g) {
+                best = Some((prev_end + 4096, gap));
+            }
+        }
+        prev_end = prev_end.max(end);
+    }
+    best.map(|(a, _)| a)
 }
 
 /// `get_robust_list` of another thread (head, length).
@@ -261,11 +315,8 @@ pub fn capture(
     for m in &maps {
         memory::vma_kind(m).map_err(|what| CaptureError::Unsupported { pid, what })?;
     }
-    let insn = memory::find_syscall_insn(mem, &maps).ok_or(KernelError::NoSyscallInsn { pid })?;
-    for t in &mut f.threads {
-        t.tracee.set_syscall_insn(insn);
-    }
-    let remote = remote_state(f, mem)?;
+    f.arm_remote(mem, &maps)?;
+    let remote = remote_state(f, mem, &maps)?;
     let shared_pending = f.threads[0].tracee.pending_siginfo(true)?;
     let mut threads = Vec::new();
     let mut xfeatures = 0;

@@ -172,10 +172,8 @@ fn wait_in(fp: &mut FrozenProcess, child: i32) -> Result<()> {
             what: w,
         }
     })?;
-    let insn =
-        crate::memory::find_syscall_insn(&mem, &maps).ok_or(KernelError::NoSyscallInsn { pid })?;
+    fp.arm_remote(&mem, &maps)?;
     let main = &mut fp.threads[0];
-    main.tracee.set_syscall_insn(insn);
     main.tracee.syscall(
         &main.orig_regs,
         "wait4 (snapshot)",

@@ -182,6 +182,13 @@ pub(crate) fn require_real_dir(
     }
 }
 
+/// The test hook of fault injection (`STASIS_FAULT=image-write:N`): an
+/// error as if writing `path` had failed.
+pub(crate) fn write_fault(path: &Path) -> Result<(), ImageError> {
+    stasis_sys::fault::check(stasis_sys::fault::Point::ImageWrite)
+        .map_err(ImageError::io("write", path))
+}
+
 /// Writes `contents` to `dir/name` atomically: `name.tmp` is written, fsynced
 /// and renamed over `name`, then `dir` is fsynced. Caller holds the lock.
 pub(crate) fn write_atomic(dir: &Path, name: &str, contents: &[u8]) -> Result<(), ImageError> {
@@ -190,6 +197,7 @@ pub(crate) fn write_atomic(dir: &Path, name: &str, contents: &[u8]) -> Result<()
     let target = dir.join(name);
     remove_if_exists(&tmp)?;
     let mut f = create_file(&tmp)?;
+    write_fault(&tmp)?;
     f.write_all(contents)
         .map_err(ImageError::io("write", &tmp))?;
     f.sync_all().map_err(ImageError::io("fsync", &tmp))?;

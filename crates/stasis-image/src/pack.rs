@@ -160,6 +160,7 @@ impl PackWriter {
         let path = dir.join(&name);
         let file = fsutil::create_file(&path)?;
         let mut out = BufWriter::with_capacity(IO_BUF, file);
+        fsutil::write_fault(&path)?;
         out.write_all(&pack_header(pid))
             .map_err(ImageError::io("write", &path))?;
         Ok(PackWriter {
@@ -258,6 +259,7 @@ impl PackWriter {
             // `take` is at most MAX_RUN_PAGES pages, so the count fits in u32.
             let npages = u32::try_from(take as u64 / PAGE_SIZE).unwrap_or(MAX_RUN_PAGES);
             cur.entry.npages += npages;
+            fsutil::write_fault(&self.path)?;
             self.out
                 .write_all(chunk)
                 .map_err(ImageError::io("write", &self.path))?;
@@ -311,6 +313,7 @@ impl PackWriter {
         trailer.extend_from_slice(&index_off.to_le_bytes()); // data_end
         trailer.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
         trailer.extend_from_slice(&0u32.to_le_bytes());
+        fsutil::write_fault(&path)?;
         self.out
             .write_all(&index)
             .and_then(|()| self.out.write_all(&trailer))

@@ -637,6 +637,7 @@ pub(crate) fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<(), Imag
     let bytes = encode_manifest(manifest)?;
     let mpath = dir.join(MANIFEST_NAME);
     let mut f = fsutil::create_file(&mpath)?;
+    fsutil::write_fault(&mpath)?;
     f.write_all(&bytes)
         .map_err(ImageError::io("write", &mpath))?;
     f.sync_all().map_err(ImageError::io("fsync", &mpath))

@@ -16,6 +16,7 @@
 
 pub mod child;
 pub mod error;
+pub mod escape;
 pub mod mem;
 pub mod pagemap;
 pub mod pidfd;
@@ -43,6 +44,12 @@ pub fn lazy_fill_socket_name(pid: i32) -> String {
 #[allow(clippy::cast_sign_loss)]
 pub const fn sarg(v: i64) -> u64 {
     v as u64
+}
+
+/// A 64-bit register or syscall argument as the signed value it holds.
+#[allow(clippy::cast_possible_wrap)]
+pub const fn sarg_i64(v: u64) -> i64 {
+    v as i64
 }
 
 /// Result alias of this crate.

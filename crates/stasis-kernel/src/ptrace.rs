@@ -19,7 +19,9 @@ use std::io;
 use nix::errno::Errno;
 use stasis_sys::{self as sys, UserRegs};
 
+use crate::escape::EscapeHatch;
 use crate::{last_err, KernelError, Result};
+use std::sync::Arc;
 
 /// Why a tracee is stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +46,8 @@ pub struct Tracee {
     /// `PTRACE_GETEVENTMSG` of the last fork/clone event met during a
     /// remote syscall: the new task's id as seen by the tracer.
     last_event_msg: Option<u64>,
+    /// The escape block remote syscalls run from (see [`crate::escape`]).
+    hatch: Option<Arc<EscapeHatch>>,
 }
 
 /// Calls `ptrace(op, pid, addr, data)`, mapping -1 to an error naming `name`.
@@ -76,6 +80,56 @@ fn ptrace_raw(op: u32, pid: i32, addr: u64, data: u64, name: &'static str) -> Re
         });
     }
     Ok(r)
+}
+
+/// The blocked-signal mask of thread `tid` (bit n-1 for signal n).
+pub(crate) fn sigmask_of(tid: i32) -> Result<u64> {
+    let mut mask = 0u64;
+    ptrace_raw(
+        sys::PTRACE_GETSIGMASK,
+        tid,
+        8,
+        &mut mask as *mut u64 as u64,
+        "GETSIGMASK",
+    )?;
+    Ok(mask)
+}
+
+/// Sets the blocked-signal mask of thread `tid`.
+pub(crate) fn set_sigmask_of(tid: i32, mask: u64) -> Result<()> {
+    ptrace_raw(
+        sys::PTRACE_SETSIGMASK,
+        tid,
+        8,
+        &mask as *const u64 as u64,
+        "SETSIGMASK",
+    )
+    .map(|_| ())
+}
+
+/// Sets the general registers of thread `tid`.
+pub(crate) fn set_regs_of(tid: i32, regs: &UserRegs) -> Result<()> {
+    ptrace_raw(
+        libc::PTRACE_SETREGS,
+        tid,
+        0,
+        regs as *const UserRegs as u64,
+        "SETREGS",
+    )
+    .map(|_| ())
+}
+
+/// The rseq registration of thread `tid` (`None` if it has none).
+pub(crate) fn rseq_config_of(tid: i32) -> Result<Option<sys::PtraceRseqConfiguration>> {
+    let mut c = sys::PtraceRseqConfiguration::default();
+    ptrace_raw(
+        sys::PTRACE_GET_RSEQ_CONFIGURATION,
+        tid,
+        std::mem::size_of::<sys::PtraceRseqConfiguration>() as u64,
+        &mut c as *mut _ as u64,
+        "GET_RSEQ_CONFIGURATION",
+    )?;
+    Ok((c.rseq_abi_pointer != 0).then_some(c))
 }
 
 /// `waitpid(pid, __WALL)`, retried on EINTR.
@@ -126,6 +180,7 @@ impl Tracee {
             syscall_insn: None,
             attached: true,
             last_event_msg: None,
+            hatch: None,
         })
     }
 
@@ -137,6 +192,7 @@ impl Tracee {
             syscall_insn: None,
             attached: true,
             last_event_msg: None,
+            hatch: None,
         };
         ptrace_raw(
             libc::PTRACE_SETOPTIONS,
@@ -156,6 +212,7 @@ impl Tracee {
             syscall_insn: None,
             attached: true,
             last_event_msg: None,
+            hatch: None,
         };
         match t.wait_stop("new thread start")? {
             StopKind::Signal(libc::SIGSTOP) | StopKind::EventStop => Ok(t),
@@ -258,14 +315,7 @@ impl Tracee {
 
     /// Sets the general registers.
     pub fn set_regs(&self, regs: &UserRegs) -> Result<()> {
-        ptrace_raw(
-            libc::PTRACE_SETREGS,
-            self.pid,
-            0,
-            regs as *const UserRegs as u64,
-            "SETREGS",
-        )?;
-        Ok(())
+        set_regs_of(self.pid, regs)
     }
 
     /// The XSAVE area (`NT_X86_XSTATE`), as long as the kernel reports it.
@@ -305,27 +355,12 @@ impl Tracee {
 
     /// The blocked-signal mask (bit n-1 for signal n).
     pub fn sigmask(&self) -> Result<u64> {
-        let mut mask = 0u64;
-        ptrace_raw(
-            sys::PTRACE_GETSIGMASK,
-            self.pid,
-            8,
-            &mut mask as *mut u64 as u64,
-            "GETSIGMASK",
-        )?;
-        Ok(mask)
+        sigmask_of(self.pid)
     }
 
     /// Sets the blocked-signal mask (SIGKILL and SIGSTOP are ignored by the kernel).
     pub fn set_sigmask(&self, mask: u64) -> Result<()> {
-        ptrace_raw(
-            sys::PTRACE_SETSIGMASK,
-            self.pid,
-            8,
-            &mask as *const u64 as u64,
-            "SETSIGMASK",
-        )?;
-        Ok(())
+        set_sigmask_of(self.pid, mask)
     }
 
     /// Blocks every signal; returns the previous mask.
@@ -367,15 +402,7 @@ impl Tracee {
 
     /// The thread's rseq registration (`None` if it has none).
     pub fn rseq_config(&self) -> Result<Option<sys::PtraceRseqConfiguration>> {
-        let mut c = sys::PtraceRseqConfiguration::default();
-        ptrace_raw(
-            sys::PTRACE_GET_RSEQ_CONFIGURATION,
-            self.pid,
-            std::mem::size_of::<sys::PtraceRseqConfiguration>() as u64,
-            &mut c as *mut _ as u64,
-            "GET_RSEQ_CONFIGURATION",
-        )?;
-        Ok((c.rseq_abi_pointer != 0).then_some(c))
+        rseq_config_of(self.pid)
     }
 
     /// The thread's seccomp filters, newest first, as raw `sock_filter`
@@ -421,6 +448,16 @@ impl Tracee {
         Ok(out)
     }
 
+    /// Runs this thread's remote syscalls from `hatch` (see [`crate::escape`]).
+    pub fn set_hatch(&mut self, hatch: Arc<EscapeHatch>) {
+        self.hatch = Some(hatch);
+    }
+
+    /// The escape hatch remote syscalls run from, if any.
+    pub fn hatch(&self) -> Option<&Arc<EscapeHatch>> {
+        self.hatch.as_ref()
+    }
+
     /// Records the address of a `syscall` instruction to use for remote syscalls.
     pub fn set_syscall_insn(&mut self, addr: u64) {
         self.syscall_insn = Some(addr);
@@ -434,10 +471,33 @@ impl Tracee {
     /// Runs `nr(args...)` inside the stopped tracee and returns the raw
     /// result (negative errno on failure). Clobbers the registers: the
     /// caller restores them. `base` supplies segment registers and flags.
+    ///
+    /// With an escape hatch ([`Tracee::set_hatch`]) the syscall runs from the
+    /// hatch's block, and `base` must be the registers the thread had when
+    /// it was frozen: the thread is parked on the hatch (signals blocked)
+    /// until [`crate::escape::EscapeHatch::unpark`] or the caller's own
+    /// mask-then-registers restore, and escapes by itself if we die.
     pub fn syscall_raw(&mut self, base: &UserRegs, nr: i64, args: &[u64]) -> Result<i64> {
-        let insn = self
-            .syscall_insn
-            .ok_or(KernelError::NoSyscallInsn { pid: self.pid })?;
+        let mut undo = None;
+        let (insn, newly_parked) = match &self.hatch {
+            Some(h) => {
+                let parked = h.park(self.pid, base)?;
+                undo = h.before_syscall(nr, args)?;
+                (h.syscall_addr(), parked)
+            }
+            None => (
+                self.syscall_insn
+                    .ok_or(KernelError::NoSyscallInsn { pid: self.pid })?,
+                false,
+            ),
+        };
+        sys::fault::check(sys::fault::Point::RemoteSyscall).map_err(|source| {
+            KernelError::RemoteSyscall {
+                name: "injected fault",
+                pid: self.pid,
+                source,
+            }
+        })?;
         let mut r = *base;
         let a = |i: usize| args.get(i).copied().unwrap_or(0);
         r.rax = crate::sarg(nr);
@@ -449,12 +509,23 @@ impl Tracee {
         r.r8 = a(4);
         r.r9 = a(5);
         r.rip = insn;
+        let die = || sys::fault::die_at(sys::fault::Point::DieInRemoteSyscall);
         self.set_regs(&r)?;
+        die();
+        if newly_parked {
+            // Only now: until rip points into the hatch, a death here would
+            // leave the thread running with every signal blocked.
+            self.set_sigmask(!0u64)?;
+        }
+        die();
         for phase in ["syscall entry", "syscall exit"] {
             self.resume_raw(libc::PTRACE_SYSCALL, 0)?;
             loop {
                 match self.wait_stop(phase)? {
-                    StopKind::Syscall => break,
+                    StopKind::Syscall => {
+                        die();
+                        break;
+                    }
                     // Only unblockable signals can get here (we block the
                     // rest); a SIGSTOP from outside is suppressed.
                     StopKind::Signal(sig)
@@ -490,7 +561,11 @@ impl Tracee {
             }
         }
         let out = self.regs()?;
-        Ok(out.rax as i64)
+        let rax = crate::sarg_i64(out.rax);
+        if let (Some(h), Some(slot)) = (&self.hatch, undo) {
+            h.after_syscall(slot, rax)?;
+        }
+        Ok(rax)
     }
 
     /// Like [`Tracee::syscall_raw`], mapping a negative result to an error

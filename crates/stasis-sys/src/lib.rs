@@ -5,10 +5,14 @@
 //! structure has a compile-time size assertion against the kernel's
 //! definition, so a layout mistake fails the build instead of corrupting a
 //! process. There is no logic here: safe wrappers live in `stasis-kernel`.
+//! (One exception, not ABI: [`fault`], the test hook for fault injection,
+//! lives here so that every crate can reach it.)
 //!
 //! Only x86-64 is supported for now.
 
 #![cfg(all(target_os = "linux", target_arch = "x86_64"))]
+
+pub mod fault;
 
 use core::mem::size_of;
 

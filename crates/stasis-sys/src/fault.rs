@@ -1,0 +1,84 @@
+//! Fault injection for tests (CRIU's `CRIU_FAULT` in spirit).
+//!
+//! Not kernel ABI: this is the one test hook, kept in the lowest crate so
+//! that every crate can reach it. `STASIS_FAULT=POINT:N` makes the `N`th
+//! pass (counting from 1) through the named point fail, once, as if the
+//! operation had failed with `EIO`. Points: `remote-syscall` (every
+//! injected syscall), `image-write` (every write to an image file), and
+//! `die-in-remote-syscall`, which is not an error but a death: the process
+//! SIGKILLs itself at the `N`th step of its remote syscalls (each has four:
+//! registers set, signals blocked, entry stop, exit stop), so a test can
+//! kill a dumper at every instant of an injection. Unset, a check is one
+//! `OnceLock` read.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+/// Named points where a fault can be injected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Point {
+    /// Every remote (injected) syscall.
+    RemoteSyscall,
+    /// Every write of image data.
+    ImageWrite,
+    /// Every step of a remote syscall (see [`die_at`]).
+    DieInRemoteSyscall,
+}
+
+impl Point {
+    fn name(self) -> &'static str {
+        match self {
+            Point::RemoteSyscall => "remote-syscall",
+            Point::ImageWrite => "image-write",
+            Point::DieInRemoteSyscall => "die-in-remote-syscall",
+        }
+    }
+}
+
+fn plan() -> Option<&'static (String, u64)> {
+    static PLAN: OnceLock<Option<(String, u64)>> = OnceLock::new();
+    PLAN.get_or_init(|| {
+        let v = std::env::var("STASIS_FAULT").ok()?;
+        let (p, n) = v.split_once(':')?;
+        Some((p.to_string(), n.parse().ok()?))
+    })
+    .as_ref()
+}
+
+/// `Err` (an `EIO` error naming the point) if this pass through `point` is
+/// the one `STASIS_FAULT` asks to fail.
+pub fn check(point: Point) -> std::io::Result<()> {
+    if hit(point) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::Other,
+            format!("injected fault at {} (STASIS_FAULT)", point.name()),
+        ));
+    }
+    Ok(())
+}
+
+/// True on the pass through `point` that `STASIS_FAULT` names.
+fn hit(point: Point) -> bool {
+    static SEEN: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+    let Some((name, n)) = plan() else {
+        return false;
+    };
+    if name != point.name() {
+        return false;
+    }
+    let i = match point {
+        Point::RemoteSyscall => 0,
+        Point::ImageWrite => 1,
+        Point::DieInRemoteSyscall => 2,
+    };
+    SEEN[i].fetch_add(1, Ordering::Relaxed) + 1 == *n
+}
+
+/// Dies by SIGKILL if this pass through `point` is the one `STASIS_FAULT`
+/// names.
+pub fn die_at(point: Point) {
+    if hit(point) {
+        // SAFETY: kill(2) with our own pid and a constant signal number.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    }
+}

@@ -1,0 +1,481 @@
+//! A dump killed at any instant never harms the process it dumps (issue 12).
+//!
+//! Kill campaigns: `stasis dump` (every mode) and `stasis run` are SIGKILLed
+//! (their whole process group, as a timeout or an OOM kill would) at seeded
+//! random instants; after each kill every process of the tree must be
+//! running, untraced, with the signal mask, mappings and fds it had, and no
+//! committed half-checkpoint may exist. At the end of each campaign the
+//! workload passes its own byte-for-byte check and the checkpoint taken
+//! before the campaign still restores (beside it, in a new PID namespace)
+//! and passes its check too.
+//!
+//! Deterministic deaths: `STASIS_FAULT=die-in-remote-syscall:N` kills the
+//! dumper at the Nth step of its remote syscalls (registers set, signals
+//! blocked, entry stop, exit stop), for every N; and
+//! `STASIS_FAULT=remote-syscall:N` / `image-write:N` make the Nth remote
+//! syscall or image write fail: the dump must fail cleanly, the process
+//! unharmed.
+//!
+//! `STASIS_KILL_SEED` and `STASIS_KILL_TRIALS` (default 30 per mode) replay
+//! or lengthen a campaign (`scripts/kill-campaign.sh` runs >= 500 kills).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// xorshift64*: a seeded, reproducible source of kill instants.
+struct Rng(u64);
+
+impl Rng {
+    fn new(salt: u64) -> Self {
+        let seed = std::env::var("STASIS_KILL_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0x5eed_2026_u64);
+        eprintln!("kill campaign seed {seed} (STASIS_KILL_SEED), salt {salt}");
+        Rng((seed ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    /// Uniform in [0, max).
+    fn below(&mut self, max: u64) -> u64 {
+        if max == 0 {
+            0
+        } else {
+            self.next() % max
+        }
+    }
+}
+
+fn trials() -> usize {
+    std::env::var("STASIS_KILL_TRIALS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30)
+}
+
+/// What a process of the tree must still look like after a dumper died.
+#[derive(Debug, PartialEq, Eq, Clone)]
+struct ProcView {
+    /// Per thread: the blocked-signal mask (`SigBlk`).
+    sigblk: BTreeMap<i32, String>,
+    /// Mappings: range, permissions, name.
+    maps: Vec<String>,
+    /// fd number -> link target.
+    fds: BTreeMap<String, String>,
+}
+
+fn view(pid: i32) -> ProcView {
+    let mut sigblk = BTreeMap::new();
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            let Ok(tid) = t.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            if let Some(l) = status.lines().find(|l| l.starts_with("SigBlk:")) {
+                sigblk.insert(tid, l.to_string());
+            }
+        }
+    }
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            format!("{} {} {}", f[0], f[1], f.get(5).unwrap_or(&""))
+        })
+        .collect();
+    let mut fds = BTreeMap::new();
+    if let Ok(d) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
+        for e in d.flatten() {
+            let link = std::fs::read_link(e.path())
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            fds.insert(e.file_name().to_string_lossy().into_owned(), link);
+        }
+    }
+    ProcView { sigblk, maps, fds }
+}
+
+fn tracer_of(pid: i32) -> Option<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("TracerPid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The tree of `root` as it is: pid -> view.
+fn tree_view(root: i32) -> BTreeMap<i32, ProcView> {
+    std::iter::once(root)
+        .chain(descendants(root))
+        .map(|p| (p, view(p)))
+        .collect()
+}
+
+/// Every process of `before` runs, untraced, as it was.
+fn assert_unharmed(root: i32, before: &BTreeMap<i32, ProcView>, ctx: &str) {
+    let pids: Vec<i32> = std::iter::once(root).chain(descendants(root)).collect();
+    assert_eq!(
+        pids.iter()
+            .copied()
+            .collect::<std::collections::BTreeSet<_>>(),
+        before.keys().copied().collect(),
+        "{ctx}: the tree changed (a snapshot or helper left behind?)"
+    );
+    for (&pid, was) in before {
+        assert!(alive(pid), "{ctx}: process {pid} is dead");
+        assert_eq!(
+            tracer_of(pid),
+            Some(0),
+            "{ctx}: process {pid} is still traced"
+        );
+        let now = view(pid);
+        assert_eq!(
+            now.sigblk, was.sigblk,
+            "{ctx}: process {pid}: signal masks changed"
+        );
+        assert_eq!(now.maps, was.maps, "{ctx}: process {pid}: mappings changed");
+        assert_eq!(now.fds, was.fds, "{ctx}: process {pid}: fds changed");
+    }
+}
+
+/// Committed checkpoint numbers of an image directory.
+fn checkpoints(img: &Path) -> Vec<u32> {
+    let mut v: Vec<u32> = std::fs::read_dir(img.join("checkpoints"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort_unstable();
+    v
+}
+
+/// Every committed checkpoint verifies (`stasis inspect`).
+fn assert_committed_whole(img: &Path, ctx: &str) {
+    for n in checkpoints(img) {
+        let o = stasis()
+            .args(["inspect", "--json", "-D"])
+            .arg(img)
+            .args(["--checkpoint", &n.to_string()])
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("{ctx}: inspect of checkpoint {n}"));
+    }
+}
+
+/// Restores checkpoint `n` of `img` beside the running original, in a new
+/// PID namespace, and requires its own check to pass.
+fn restored_copy_passes(img: &Path, n: u32, ctx: &str) {
+    let pidfile = img.with_extension("copy.pid");
+    let _ = std::fs::remove_file(&pidfile);
+    let o = stasis()
+        .args(["restore", "--detach", "--new-pidns", "--json", "--pidfile"])
+        .arg(&pidfile)
+        .args(["--checkpoint", &n.to_string(), "-D"])
+        .arg(img)
+        .output()
+        .unwrap();
+    assert_ok(&o, &format!("{ctx}: restore --new-pidns of checkpoint {n}"));
+    let init = i32::try_from(json(&o)["init_pid"].as_i64().unwrap()).unwrap();
+    let outer = wait_pidfile(&pidfile, Duration::from_secs(30));
+    // SAFETY: signalling the restored copy.
+    unsafe { libc::kill(outer, libc::SIGTERM) };
+    assert_eq!(
+        waitpid_timeout(init, Duration::from_secs(120)),
+        (Some(0), None),
+        "{ctx}: checkpoint {n} restored beside the original failed its check"
+    );
+}
+
+/// `stasis ARGS` in its own process group (so it can be killed whole).
+fn spawn_group(args: &[&str], img: &Path, env: Option<(&str, String)>) -> std::process::Child {
+    let mut c = stasis();
+    c.args(args)
+        .arg("-D")
+        .arg(img)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    if let Some((k, v)) = env {
+        c.env(k, v);
+    }
+    c.spawn().expect("spawning stasis")
+}
+
+/// SIGKILLs the whole process group led by `child` and reaps `child`.
+fn kill_group(child: &mut std::process::Child) {
+    let pg = i32::try_from(child.id()).unwrap();
+    // SAFETY: killing the process group of a stasis command we started.
+    unsafe { libc::kill(-pg, libc::SIGKILL) };
+    let _ = child.wait();
+}
+
+/// One kill campaign of `stasis dump MODE_ARGS` on a 2-process
+/// `chain_writer` tree (the parent forks at iteration 1).
+fn dump_campaign(salt: u64, mode: &[&str]) {
+    let mut rng = Rng::new(salt);
+    let mut w = Workload::start("chain_writer", &["32", "1", "0"]);
+    // Wait for the fork, so that the tree is settled.
+    let t0 = Instant::now();
+    while descendants(w.pid).is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "chain_writer did not fork"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let img = w.images();
+    // The checkpoint that must survive the campaign, and the time a whole
+    // dump takes here (it only scales the kill instants).
+    let t0 = Instant::now();
+    let o = w.dump(&["--leave-running"]);
+    assert_ok(&o, "first checkpoint");
+    let full = t0.elapsed();
+    let first = *checkpoints(&img).last().unwrap();
+    let span = u64::try_from((full * 3 / 2).as_micros())
+        .unwrap()
+        .max(2_000);
+    let stop_mode = !mode.contains(&"--leave-running");
+    let n = trials();
+    let mut after_commit = 0;
+    for k in 0..n {
+        let before = tree_view(w.pid);
+        let cps = checkpoints(&img);
+        let mut args = vec!["dump", "-t"];
+        let pid = w.pid.to_string();
+        args.push(&pid);
+        args.extend_from_slice(mode);
+        let delay = Duration::from_micros(rng.below(span));
+        let ctx = format!("{mode:?} trial {k} (kill after {delay:?} of ~{full:?})");
+        let mut d = spawn_group(&args, &img, None);
+        std::thread::sleep(delay);
+        kill_group(&mut d);
+        assert_committed_whole(&img, &ctx);
+        let now = checkpoints(&img);
+        if stop_mode && !alive(w.pid) {
+            // The kill came after the commit: the dump was complete and
+            // killed the tree, as a dump without --leave-running does. It
+            // must have committed, and the tree comes back from it.
+            assert_eq!(
+                now.len(),
+                cps.len() + 1,
+                "{ctx}: tree killed, nothing committed"
+            );
+            after_commit += 1;
+            let tree: Vec<i32> = descendants(w.pid);
+            let _ = w.reap();
+            for p in tree.into_iter().chain(before.keys().copied()) {
+                reap_if_ours(p);
+            }
+            w.restore(&[]);
+            continue;
+        }
+        assert!(
+            now.len() <= cps.len() + 1,
+            "{ctx}: more than one checkpoint appeared"
+        );
+        after_commit += usize::from(now.len() > cps.len());
+        assert_unharmed(w.pid, &before, &ctx);
+    }
+    eprintln!("{mode:?}: {n} kills, {after_commit} after the commit");
+    // The tree passes its own check, and the first checkpoint still restores.
+    restored_copy_passes(&img, first, &format!("{mode:?}"));
+    w.finish_pass();
+}
+
+#[test]
+fn killed_stop_the_world_dumps_never_harm_the_tree() {
+    dump_campaign(1, &[]);
+}
+
+#[test]
+fn killed_leave_running_dumps_never_harm_the_tree() {
+    dump_campaign(2, &["--leave-running"]);
+}
+
+#[test]
+fn killed_write_protected_concurrent_dumps_never_harm_the_tree() {
+    dump_campaign(
+        3,
+        &["--leave-running", "--concurrent", "--cow-method", "uffd"],
+    );
+}
+
+#[test]
+fn killed_fork_snapshot_concurrent_dumps_never_harm_the_tree() {
+    dump_campaign(
+        4,
+        &["--leave-running", "--concurrent", "--cow-method", "fork"],
+    );
+}
+
+#[test]
+fn killed_tracked_dumps_never_harm_the_tree() {
+    dump_campaign(5, &["--leave-running", "--track"]);
+}
+
+#[test]
+fn killed_touch_window_dumps_never_harm_the_tree() {
+    dump_campaign(6, &["--leave-running", "--touch-window", "0.3"]);
+}
+
+/// `stasis run` (the supervisor, with its periodic incremental checkpoints)
+/// killed at random instants: the job runs on unharmed, and every
+/// committed checkpoint verifies.
+#[test]
+fn killed_run_supervisors_never_harm_the_job() {
+    let mut rng = Rng::new(7);
+    let n = trials();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = workloads().join("chain_writer");
+    for k in 0..n {
+        let img = dir.path().join(format!("img{k}"));
+        let pidfile = dir.path().join(format!("pid{k}"));
+        let mut sup = Command::new(env!("CARGO_BIN_EXE_stasis"));
+        close_inherited_fds(&mut sup);
+        sup.args(["run", "--every", "0.2", "--json", "-D"])
+            .arg(&img)
+            .arg("--")
+            .arg(&bin)
+            .arg(&pidfile)
+            .args(["16", "0", "0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0);
+        let mut sup = sup.spawn().unwrap();
+        let pid = wait_pidfile(&pidfile, Duration::from_secs(30));
+        let before = tree_view(pid);
+        let delay = Duration::from_micros(rng.below(1_500_000));
+        std::thread::sleep(delay);
+        kill_group(&mut sup);
+        let ctx = format!("run trial {k} (kill after {delay:?})");
+        assert_committed_whole(&img, &ctx);
+        assert_unharmed(pid, &before, &ctx);
+        // The orphaned job was re-parented to us (the test is a subreaper):
+        // it must pass its check.
+        // SAFETY: signalling the job under test.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        assert_eq!(
+            waitpid_timeout(pid, Duration::from_secs(60)),
+            (Some(0), None),
+            "{ctx}: the job failed its check"
+        );
+        let log = std::fs::read_to_string(img.join("job.log")).unwrap_or_default();
+        assert_eq!(log.lines().last(), Some("PASS"), "{ctx}: {log}");
+    }
+}
+
+/// Runs a dump of `w` with `STASIS_FAULT=fault`; returns whether it
+/// succeeded (the fault was past the dump's end).
+fn dump_with_fault(w: &Workload, mode: &[&str], fault: String) -> (bool, String) {
+    let o = stasis()
+        .args(["dump", "-t", &w.pid.to_string(), "-D"])
+        .arg(w.images())
+        .args(mode)
+        .env("STASIS_FAULT", &fault)
+        .output()
+        .expect("stasis dump");
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// The dumper dies (SIGKILL) at every step of every remote syscall of a
+/// dump of `name`, in turn; the process is unharmed each time and passes
+/// its own check at the end. Returns the number of steps.
+fn die_at_every_step(name: &str, args: &[&str], mode: &[&str], stride: usize) -> usize {
+    let mut w = Workload::start(name, args);
+    let mut step = 1;
+    loop {
+        let before = tree_view(w.pid);
+        let cps = checkpoints(&w.images());
+        let (ok, err) = dump_with_fault(&w, mode, format!("die-in-remote-syscall:{step}"));
+        let ctx = format!("{name} {mode:?}: dumper killed at remote-syscall step {step}");
+        if ok {
+            // Past the last step: the dump completed.
+            assert!(step > 1, "{ctx}: no remote syscall at all?");
+            assert_unharmed(w.pid, &before, "after the complete dump");
+            break;
+        }
+        assert!(!err.contains("panicked"), "{ctx}: {err}");
+        assert_eq!(
+            checkpoints(&w.images()),
+            cps,
+            "{ctx}: something was committed"
+        );
+        assert_unharmed(w.pid, &before, &ctx);
+        step += stride;
+    }
+    w.finish_pass();
+    step
+}
+
+#[test]
+fn dumper_dying_at_every_step_of_its_remote_syscalls_harms_nothing() {
+    // fpu checks its SSE/AVX registers byte for byte; threads has many
+    // threads (each parked on the hatch in turn) and a signal-heavy life.
+    let steps = die_at_every_step("fpu", &[], &["--leave-running"], 1);
+    assert!(steps > 20, "only {steps} steps");
+    die_at_every_step("threads", &[], &["--leave-running"], 3);
+    die_at_every_step(
+        "chain_writer",
+        &["16", "1", "0"],
+        &["--leave-running", "--concurrent"],
+        2,
+    );
+}
+
+/// Each remote syscall, then each image write, fails in turn: every dump
+/// fails with a message and commits nothing; the process is unharmed.
+#[test]
+fn each_remote_syscall_and_image_write_failing_in_turn_harms_nothing() {
+    for (point, stride) in [("remote-syscall", 1), ("image-write", 1)] {
+        let mut w = Workload::start("chain_writer", &["16", "1", "0"]);
+        let t0 = Instant::now();
+        while descendants(w.pid).is_empty() {
+            assert!(t0.elapsed() < Duration::from_secs(30));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut n = 1;
+        loop {
+            let before = tree_view(w.pid);
+            let cps = checkpoints(&w.images());
+            let (ok, err) = dump_with_fault(&w, &["--leave-running"], format!("{point}:{n}"));
+            let ctx = format!("{point} #{n} failing");
+            if ok {
+                assert!(n > 1, "{ctx}: the point was never reached");
+                break;
+            }
+            assert!(
+                err.contains("injected fault") && !err.contains("panicked"),
+                "{ctx}: the error does not say what failed: {err}"
+            );
+            assert_eq!(
+                checkpoints(&w.images()),
+                cps,
+                "{ctx}: something was committed"
+            );
+            assert_unharmed(w.pid, &before, &ctx);
+            n += stride;
+        }
+        eprintln!("{point}: {} failing points", n - 1);
+        w.finish_pass();
+    }
+}
