@@ -31,6 +31,7 @@
 pub mod cow;
 pub mod fds;
 pub mod freeze;
+pub mod guard;
 pub mod incremental;
 pub mod memory;
 pub mod proc;

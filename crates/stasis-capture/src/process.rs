@@ -196,9 +196,11 @@ fn remote_state(
     // may have mapped there since.
     let forgot = hatch.as_ref().map_or(Ok(()), |h| h.set_scratch(0, 0));
     let unmap = forgot.map_err(CaptureError::from).and_then(|()| {
-        f.threads[0]
-            .tracee
-            .syscall(&main_base, "munmap", libc::SYS_munmap, &[scratch, 4096])
+        let t = &mut f.threads[0].tracee;
+        let args = [scratch, 4096];
+        // Tried twice: a page left here would stay in the process.
+        t.syscall(&main_base, "munmap", libc::SYS_munmap, &args)
+            .or_else(|_| t.syscall(&main_base, "munmap", libc::SYS_munmap, &args))
             .map_err(CaptureError::from)
     });
     let st = res?;

@@ -23,8 +23,8 @@
 //!   `wait` without `__WALL` does not see it);
 //! * has `PTRACE_O_EXITKILL`: if the dumper dies, so does the child;
 //! * once killed, is reaped by its parent through a remote `wait4` during a
-//!   brief second stop of the tree. (If the dumper is killed, the zombie
-//!   stays until the process exits: `wait` without `__WALL` never sees it.)
+//!   brief second stop of the tree. If the dumper is killed first, the
+//!   dump guard ([`crate::guard`]) does that instead.
 //!
 //! What a fork does not copy is read while the tree is frozen: shared
 //! memory (the child shares it), areas with `MADV_DONTFORK` (`dc`) or
@@ -87,6 +87,7 @@ pub fn take(fp: &mut FrozenProcess) -> Result<Snapshot> {
             pid: parent,
             what: "the snapshot fork reported no child".into(),
         })?;
+    crate::guard::snapshot_made(parent, pid);
     let mut tracee = Tracee::adopt_new_thread(pid)?;
     tracee.set_options(sys::PTRACE_O_EXITKILL | sys::PTRACE_O_SUSPEND_SECCOMP)?;
     tracee.set_syscall_insn(insn);
@@ -152,8 +153,11 @@ pub fn reap(root: i32, snapshots: &[(i32, i32)]) -> Result<u64> {
     for fp in f.procs.iter_mut().filter(|p| p.zombie.is_none()) {
         let pid = fp.pid;
         for &(_, child) in snapshots.iter().filter(|(p, _)| *p == pid) {
-            if let Err(e) = wait_in(fp, child) {
-                first_err.get_or_insert(e);
+            match wait_in(fp, child) {
+                Ok(()) => crate::guard::snapshot_reaped(pid, child),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
             }
         }
     }

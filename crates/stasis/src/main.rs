@@ -145,6 +145,9 @@ enum Cmd {
     /// Kills a lazily restored tree if its filler dies (internal).
     #[command(name = "__lazy-guard", hide = true)]
     LazyGuard,
+    /// Reaps the fork snapshots of a dumper that was killed (internal).
+    #[command(name = "__dump-guard", hide = true)]
+    DumpGuard,
 }
 
 fn main() -> ExitCode {
@@ -184,6 +187,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::PageServer(a) => page_server::cmd_page_server(a),
         Cmd::LazyFiller(a) => restore_cmd::cmd_lazy_filler(a),
         Cmd::LazyGuard => restore_cmd::cmd_lazy_guard(),
+        Cmd::DumpGuard => {
+            stasis_capture::guard::run(std::io::stdin().lock())?;
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::PidnsInit { root } => Ok(ExitCode::from(
             u8::try_from(stasis_kernel::child::pidns_init(root)).unwrap_or(255),
         )),

@@ -124,30 +124,56 @@ fn tree_view(root: i32) -> BTreeMap<i32, ProcView> {
         .collect()
 }
 
-/// Every process of `before` runs, untraced, as it was.
-fn assert_unharmed(root: i32, before: &BTreeMap<i32, ProcView>, ctx: &str) {
-    let pids: Vec<i32> = std::iter::once(root).chain(descendants(root)).collect();
-    assert_eq!(
-        pids.iter()
-            .copied()
-            .collect::<std::collections::BTreeSet<_>>(),
-        before.keys().copied().collect(),
-        "{ctx}: the tree changed (a snapshot or helper left behind?)"
-    );
+/// Why the tree of `root` is not as `before` describes it, if it is not.
+fn harm(root: i32, before: &BTreeMap<i32, ProcView>) -> Option<String> {
+    let pids: std::collections::BTreeSet<i32> =
+        std::iter::once(root).chain(descendants(root)).collect();
+    if pids != before.keys().copied().collect() {
+        return Some(format!(
+            "the tree changed: {pids:?} (a snapshot or helper left behind?)"
+        ));
+    }
     for (&pid, was) in before {
-        assert!(alive(pid), "{ctx}: process {pid} is dead");
-        assert_eq!(
-            tracer_of(pid),
-            Some(0),
-            "{ctx}: process {pid} is still traced"
-        );
+        if !alive(pid) {
+            return Some(format!("process {pid} is dead"));
+        }
+        if tracer_of(pid) != Some(0) {
+            return Some(format!("process {pid} is still traced"));
+        }
         let now = view(pid);
-        assert_eq!(
-            now.sigblk, was.sigblk,
-            "{ctx}: process {pid}: signal masks changed"
-        );
-        assert_eq!(now.maps, was.maps, "{ctx}: process {pid}: mappings changed");
-        assert_eq!(now.fds, was.fds, "{ctx}: process {pid}: fds changed");
+        if now.sigblk != was.sigblk {
+            return Some(format!(
+                "process {pid}: signal masks {:?}, were {:?}",
+                now.sigblk, was.sigblk
+            ));
+        }
+        if now.maps != was.maps {
+            return Some(format!(
+                "process {pid}: mappings {:?}, were {:?}",
+                now.maps, was.maps
+            ));
+        }
+        if now.fds != was.fds {
+            return Some(format!(
+                "process {pid}: fds {:?}, were {:?}",
+                now.fds, was.fds
+            ));
+        }
+    }
+    None
+}
+
+/// Every process of `before` runs, untraced, as it was. A thread let go
+/// by a dying dumper puts itself back as soon as it is scheduled: wait for
+/// that (a loaded machine may take a while), never for a fixed time.
+fn assert_unharmed(root: i32, before: &BTreeMap<i32, ProcView>, ctx: &str) {
+    let t0 = Instant::now();
+    loop {
+        match harm(root, before) {
+            None => return,
+            Some(why) if t0.elapsed() > Duration::from_secs(30) => panic!("{ctx}: {why}"),
+            Some(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
     }
 }
 
