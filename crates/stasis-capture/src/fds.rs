@@ -109,6 +109,9 @@ fn for_each_socket(pids: &[i32], mut f: impl FnMut(i32, i32, u64, OwnedFd)) {
 pub struct AcceptGate {
     socks: Vec<OwnedFd>,
     pids: Vec<i32>,
+    /// Sockets (by inode) that had a drop-everything filter of their own
+    /// before the gate closed: left as they are when it opens.
+    own_filters: Vec<u64>,
 }
 
 impl AcceptGate {
@@ -121,9 +124,14 @@ impl AcceptGate {
         let mut g = AcceptGate {
             socks: Vec::new(),
             pids: pids.to_vec(),
+            own_filters: Vec::new(),
         };
-        for_each_socket(pids, |_, _, _, s| {
+        for_each_socket(pids, |_, _, ino, s| {
             let b = s.as_fd();
+            if sock::has_drop_all_filter(b) {
+                g.own_filters.push(ino);
+                return;
+            }
             let tcp_listener = sock::get_int(b, libc::SOL_SOCKET, libc::SO_ACCEPTCONN).unwrap_or(0)
                 == 1
                 && matches!(
@@ -162,8 +170,8 @@ impl Drop for AcceptGate {
         }
         // A connection whose handshake completed just as the filter went
         // on inherited it: it would drop everything it receives.
-        for_each_socket(&self.pids, |_, _, _, s| {
-            if sock::has_drop_all_filter(s.as_fd()) {
+        for_each_socket(&self.pids, |_, _, ino, s| {
+            if !self.own_filters.contains(&ino) && sock::has_drop_all_filter(s.as_fd()) {
                 let _ = sock::detach_filter(s.as_fd());
             }
         });
@@ -246,8 +254,73 @@ pub struct FdCollector {
     /// Unix sockets of the namespace (queried on first need).
     unix: Option<HashMap<u64, UnixInfo>>,
     /// TCP sockets put in repair mode: kept open until the dump ends, then
-    /// closed silently (process killed) or taken out of repair (left running).
-    pub repaired: Vec<OwnedFd>,
+    /// closed silently (process killed) or taken out of repair (left running,
+    /// [`leave_repair`]).
+    pub repaired: Vec<Repaired>,
+}
+
+/// An established TCP connection of the tree put in repair mode by the
+/// dump, through a copy of its fd, with what repair mode changes on it.
+///
+/// Entering repair mode forces address reuse on the socket (`sk_reuse =
+/// SK_FORCE_REUSE`), and leaving it clears reuse (`SK_NO_REUSE`) whatever
+/// `SO_REUSEADDR` the program had set: a connection left so would go to
+/// TIME_WAIT, when the program dies, unwilling to share its port, and
+/// keep the program's listener from binding that port again (a restart or
+/// a restore) for a minute. So the program's `SO_REUSEADDR` is read before
+/// and put back after. The network lock (a drop-everything filter) is the
+/// other change, removed by [`FdCollector::unlock_tcp`] or
+/// [`leave_repair`] when this dump attached it.
+#[derive(Debug)]
+pub struct Repaired {
+    sock: OwnedFd,
+    ino: u64,
+    /// `SO_REUSEADDR` as the program had it (`None`: could not be read).
+    reuseaddr: Option<i32>,
+    /// Whether this dump attached the drop-everything filter.
+    locked: bool,
+    /// Whether entering repair mode succeeded.
+    in_repair: bool,
+}
+
+impl Repaired {
+    /// Takes the connection out of repair mode (no window probe: the peer
+    /// has its state already) and puts back what repair mode changed.
+    fn leave(mut self) {
+        let b = self.sock.as_fd();
+        if self.locked && sock::has_drop_all_filter(b) {
+            // The filter `freeze_tcp` attached: packets flow again.
+            let _ = sock::detach_filter(b);
+            self.locked = false;
+        }
+        if !self.in_repair {
+            return;
+        }
+        if let Err(e) = sock::set_int(
+            b,
+            libc::IPPROTO_TCP,
+            sock::TCP_REPAIR,
+            sock::TCP_REPAIR_OFF_NO_WP,
+        ) {
+            tracing::error!("could not take a TCP socket out of repair mode: {e}");
+            return;
+        }
+        if let Some(v) = self.reuseaddr {
+            if let Err(e) = sock::set_int(b, libc::SOL_SOCKET, libc::SO_REUSEADDR, v) {
+                tracing::error!(
+                    "could not put SO_REUSEADDR = {v} back on a TCP socket after repair mode: {e}"
+                );
+            }
+        }
+    }
+}
+
+/// Takes the connections `freeze_tcp` put in repair mode out of it, as the
+/// program had them (the tree runs on, or a failed dump releases it).
+pub fn leave_repair(socks: Vec<Repaired>) {
+    for s in socks {
+        s.leave();
+    }
 }
 
 /// Largest deleted file or memfd stasis saves (its content goes into the manifest).
@@ -446,9 +519,20 @@ impl FdCollector {
         let b = s.as_fd();
         let domain = sock::get_int(b, libc::SOL_SOCKET, libc::SO_DOMAIN)?;
         let ty = sock::get_int(b, libc::SOL_SOCKET, libc::SO_TYPE)?;
+        // A connection in repair mode (`freeze_tcp`) reads SO_REUSEADDR as
+        // forced (2): the program's own value was read before.
+        let repaired_reuse = self
+            .repaired
+            .iter()
+            .find(|r| r.ino == ino)
+            .map(|r| r.reuseaddr);
         let mut options = Vec::new();
         for (level, opt) in SOCK_OPTS {
-            if let Ok(v) = sock::get_int(b, level, opt) {
+            let v = match repaired_reuse {
+                Some(saved) if (level, opt) == (libc::SOL_SOCKET, libc::SO_REUSEADDR) => saved,
+                _ => sock::get_int(b, level, opt).ok(),
+            };
+            if let Some(v) = v {
                 options.push((level, opt, v));
             }
         }
@@ -548,9 +632,13 @@ impl FdCollector {
                 let Ok(link) = proc::read_link(pid, &format!("fd/{fd}")) else {
                     continue;
                 };
-                if !link.starts_with("socket:") {
+                let Some(ino) = link
+                    .strip_prefix("socket:[")
+                    .and_then(|r| r.strip_suffix(']'))
+                    .and_then(|n| n.parse::<u64>().ok())
+                else {
                     continue;
-                }
+                };
                 let s = pidfd::pidfd_getfd(&pfd, fd)?;
                 let b = s.as_fd();
                 let tcp = matches!(
@@ -559,7 +647,7 @@ impl FdCollector {
                 ) && sock::get_int(b, libc::SOL_SOCKET, libc::SO_PROTOCOL).ok()
                     == Some(libc::IPPROTO_TCP);
                 if tcp && sock::tcp_info(b).ok().map(|i| i.state) == Some(1) {
-                    found.push((pid, fd, s));
+                    found.push((pid, fd, ino, s));
                 }
             }
         }
@@ -570,27 +658,36 @@ impl FdCollector {
         // reaches it (peers retransmit it after the dump), like CRIU's
         // network lock; then, once packets already being processed are
         // through, each goes into repair mode and is read.
-        for (_, _, s) in &found {
-            if !sock::has_filter(s.as_fd()) {
-                let _ = sock::attach_drop_all(s.as_fd());
-            }
+        let mut locked = Vec::with_capacity(found.len());
+        for (_, _, _, s) in &found {
+            locked.push(!sock::has_filter(s.as_fd()) && sock::attach_drop_all(s.as_fd()).is_ok());
         }
         if !found.is_empty() {
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
-        for (pid, fd, s) in found {
-            sock::set_int(s.as_fd(), libc::IPPROTO_TCP, sock::TCP_REPAIR, 1).map_err(|e| CaptureError::Unsupported { pid, what: format!("fd {fd}: cannot put a TCP connection in repair mode (needs CAP_NET_ADMIN): {e}") })?;
-            self.repaired.push(s);
+        for ((pid, fd, ino, s), locked) in found.into_iter().zip(locked) {
+            let reuseaddr = sock::get_int(s.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR).ok();
+            let r = sock::set_int(s.as_fd(), libc::IPPROTO_TCP, sock::TCP_REPAIR, 1);
+            // Recorded even if it failed: the filter comes off all the same.
+            self.repaired.push(Repaired {
+                sock: s,
+                ino,
+                reuseaddr,
+                locked,
+                in_repair: r.is_ok(),
+            });
+            r.map_err(|e| CaptureError::Unsupported { pid, what: format!("fd {fd}: cannot put a TCP connection in repair mode (needs CAP_NET_ADMIN): {e}") })?;
         }
         Ok(())
     }
 
     /// Lets packets reach the connections `freeze_tcp` locked again.
-    pub fn unlock_tcp(&self) {
-        for s in &self.repaired {
-            if sock::has_drop_all_filter(s.as_fd()) {
-                let _ = sock::detach_filter(s.as_fd());
+    pub fn unlock_tcp(&mut self) {
+        for r in &mut self.repaired {
+            if r.locked && sock::has_drop_all_filter(r.sock.as_fd()) {
+                let _ = sock::detach_filter(r.sock.as_fd());
             }
+            r.locked = false;
         }
     }
 
