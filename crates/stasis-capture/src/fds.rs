@@ -13,7 +13,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 
 use stasis_image::manifest::{
-    EpollTarget, FdImage, FdKind, FileLock, GhostFile, InetSocket, InetState, InotifyWatch,
+    EpollTarget, Extent, FdImage, FdKind, FileLock, GhostFile, InetSocket, InetState, InotifyWatch,
     LockKind, PipeImage, SysvShm, TcpRepair, UnixSocket, UnixState,
 };
 use stasis_kernel::sockdiag::{self, UnixInfo};
@@ -809,13 +809,8 @@ impl FdCollector {
         if end - start != size.div_ceil(4096) * 4096 {
             return Err(CaptureError::Unsupported { pid, what: format!("area {start:#x}-{end:#x} maps part of System V segment {shmid} ({size} bytes); stasis restores whole attachments only") });
         }
-        if size > GHOST_MAX {
-            return Err(CaptureError::Unsupported { pid, what: format!("System V segment {shmid} has {size} bytes; stasis saves those up to {GHOST_MAX} bytes") });
-        }
         let name = format!("map_files/{start:x}-{end:x}");
-        let mut data = std::fs::read(proc::proc_path(pid, &name))
-            .map_err(|e| CaptureError::from_proc(pid, &name, e))?;
-        data.truncate(usize::try_from(size).unwrap_or(0));
+        let (_, extents) = read_sparse(pid, &name, &format!("System V segment {shmid}"))?;
         let to32 = |v: u64| u32::try_from(v).unwrap_or(0);
         self.sysv.push(SysvShm {
             key: i32::from_ne_bytes(to32(key).to_ne_bytes()),
@@ -823,7 +818,9 @@ impl FdCollector {
             mode: to32(mode),
             uid: to32(uid),
             gid: to32(gid),
-            data,
+            data: Vec::new(),
+            size,
+            extents,
         });
         Ok(())
     }
@@ -851,10 +848,8 @@ impl FdCollector {
         if self.ghosts.contains_key(&meta.ino()) {
             return Ok(());
         }
-        if meta.size() > GHOST_MAX {
-            return Err(CaptureError::Unsupported { pid, what: format!("{what} a deleted file or memfd of {} bytes; stasis saves those up to {GHOST_MAX} bytes", meta.size()) });
-        }
-        let data = std::fs::read(&path).map_err(|e| CaptureError::from_proc(pid, name, e))?;
+        let (size, extents) =
+            read_sparse(pid, name, &format!("{what} a deleted file or memfd that"))?;
         let f = std::fs::File::open(&path).map_err(|e| CaptureError::from_proc(pid, name, e))?;
         // SAFETY: F_GET_SEALS on a file we opened; -1 (not a memfd) means none.
         let seals = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GET_SEALS) };
@@ -863,8 +858,10 @@ impl FdCollector {
             GhostFile {
                 id: meta.ino(),
                 mode: meta.mode(),
-                data,
+                data: Vec::new(),
                 seals: u32::try_from(seals).unwrap_or(0),
+                size,
+                extents,
             },
         );
         Ok(())
@@ -954,6 +951,38 @@ impl FdCollector {
         );
         Ok(())
     }
+}
+
+/// Reads the data of the file behind `/proc/PID/<name>`, extent by extent
+/// (`SEEK_DATA`/`SEEK_HOLE`): holes are neither read nor saved, so a large
+/// shared memory segment with little in use costs what it uses, and its
+/// holes stay holes after a restore. At most [`GHOST_MAX`] bytes of data.
+/// Returns the file's size and its extents.
+fn read_sparse(pid: i32, name: &str, what: &str) -> Result<(u64, Vec<Extent>)> {
+    use std::os::unix::fs::FileExt;
+    let path = proc::proc_path(pid, name);
+    let f = std::fs::File::open(&path).map_err(|e| CaptureError::from_proc(pid, name, e))?;
+    let size = f
+        .metadata()
+        .map_err(|e| CaptureError::from_proc(pid, name, e))?
+        .size();
+    let ranges = crate::memory::data_extents(&f, 0, size)
+        .map_err(|e| CaptureError::from_proc(pid, &format!("{name} (SEEK_DATA)"), e))?;
+    let data: u64 = ranges.iter().map(|(a, b)| b - a).sum();
+    if data > GHOST_MAX {
+        return Err(CaptureError::Unsupported { pid, what: format!("{what} holds {data} bytes of data ({size} bytes in all); stasis saves up to {GHOST_MAX} bytes of such content") });
+    }
+    let mut extents = Vec::with_capacity(ranges.len());
+    for (a, b) in ranges {
+        let mut buf = vec![0u8; usize::try_from(b - a).unwrap_or(0)];
+        f.read_exact_at(&mut buf, a)
+            .map_err(|e| CaptureError::from_proc(pid, name, e))?;
+        extents.push(Extent {
+            offset: a,
+            data: buf,
+        });
+    }
+    Ok((size, extents))
 }
 
 /// Saves an established TCP connection; leaves the socket in repair mode.
