@@ -112,6 +112,8 @@ pub struct AcceptGate {
     /// Sockets (by inode) that had a drop-everything filter of their own
     /// before the gate closed: left as they are when it opens.
     own_filters: Vec<u64>,
+    /// Opens the gate if the dumper dies first.
+    guard: Option<sock::SocketGuard>,
 }
 
 impl AcceptGate {
@@ -125,7 +127,9 @@ impl AcceptGate {
             socks: Vec::new(),
             pids: pids.to_vec(),
             own_filters: Vec::new(),
+            guard: None,
         };
+        let mut listeners = Vec::new();
         for_each_socket(pids, |_, _, ino, s| {
             let b = s.as_fd();
             if sock::has_drop_all_filter(b) {
@@ -140,10 +144,38 @@ impl AcceptGate {
                 )
                 && sock::get_int(b, libc::SOL_SOCKET, libc::SO_PROTOCOL)
                     .is_ok_and(|p| p == libc::IPPROTO_TCP);
-            if tcp_listener && !sock::has_filter(b) && sock::attach_drop_all(b).is_ok() {
-                g.socks.push(s);
+            if tcp_listener && !sock::has_filter(b) {
+                listeners.push(s);
             }
         });
+        if listeners.is_empty() {
+            return g;
+        }
+        // The guard first: a dumper killed right after attaching a filter
+        // must not leave the listener deaf.
+        let guarded: Vec<sock::Guarded> = listeners
+            .iter()
+            .map(|s| sock::Guarded {
+                fd: s.as_raw_fd(),
+                detach_filter: true,
+                leave_repair: false,
+                reuseaddr: -1,
+            })
+            .collect();
+        match sock::SocketGuard::spawn(&guarded) {
+            Ok(guard) => g.guard = Some(guard),
+            Err(e) => {
+                tracing::warn!(
+                    "not closing the TCP listeners to new connections during the dump: {e}"
+                );
+                return g;
+            }
+        }
+        for s in listeners {
+            if sock::attach_drop_all(s.as_fd()).is_ok() {
+                g.socks.push(s);
+            }
+        }
         g
     }
 
@@ -175,6 +207,9 @@ impl Drop for AcceptGate {
                 let _ = sock::detach_filter(s.as_fd());
             }
         });
+        if let Some(g) = self.guard.take() {
+            g.dismiss();
+        }
     }
 }
 
@@ -256,7 +291,15 @@ pub struct FdCollector {
     /// TCP sockets put in repair mode: kept open until the dump ends, then
     /// closed silently (process killed) or taken out of repair (left running,
     /// [`leave_repair`]).
-    pub repaired: Vec<Repaired>,
+    pub repaired: Repairs,
+}
+
+/// The connections a dump put in repair mode, and the guard that puts them
+/// back if the dumper dies before [`leave_repair`] or the kill.
+#[derive(Debug, Default)]
+pub struct Repairs {
+    socks: Vec<Repaired>,
+    guard: Option<sock::SocketGuard>,
 }
 
 /// An established TCP connection of the tree put in repair mode by the
@@ -317,9 +360,14 @@ impl Repaired {
 
 /// Takes the connections `freeze_tcp` put in repair mode out of it, as the
 /// program had them (the tree runs on, or a failed dump releases it).
-pub fn leave_repair(socks: Vec<Repaired>) {
-    for s in socks {
+/// (Dropping the [`Repairs`] instead closes them in repair mode, silently:
+/// for a tree that is killed.)
+pub fn leave_repair(mut r: Repairs) {
+    for s in std::mem::take(&mut r.socks) {
         s.leave();
+    }
+    if let Some(g) = r.guard.take() {
+        g.dismiss();
     }
 }
 
@@ -523,6 +571,7 @@ impl FdCollector {
         // forced (2): the program's own value was read before.
         let repaired_reuse = self
             .repaired
+            .socks
             .iter()
             .find(|r| r.ino == ino)
             .map(|r| r.reuseaddr);
@@ -658,18 +707,46 @@ impl FdCollector {
         // reaches it (peers retransmit it after the dump), like CRIU's
         // network lock; then, once packets already being processed are
         // through, each goes into repair mode and is read.
+        if found.is_empty() {
+            return Ok(());
+        }
+        // SO_REUSEADDR before repair mode forces it; which filters this
+        // dump attaches; and the guard, before anything is changed.
+        let before: Vec<(Option<i32>, bool)> = found
+            .iter()
+            .map(|(_, _, _, s)| {
+                (
+                    sock::get_int(s.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR).ok(),
+                    !sock::has_filter(s.as_fd()),
+                )
+            })
+            .collect();
+        let guarded: Vec<sock::Guarded> = found
+            .iter()
+            .zip(&before)
+            .map(|((_, _, _, s), (reuse, lock))| sock::Guarded {
+                fd: s.as_raw_fd(),
+                detach_filter: *lock,
+                leave_repair: true,
+                reuseaddr: reuse.unwrap_or(-1),
+            })
+            .collect();
+        let guard = sock::SocketGuard::spawn(&guarded).map_err(|e| CaptureError::Unsupported {
+            pid: found[0].0,
+            what: format!("cannot start the process that would put the TCP connections back if the dump died: {e}"),
+        })?;
+        self.repaired.guard = Some(guard);
         let mut locked = Vec::with_capacity(found.len());
-        for (_, _, _, s) in &found {
-            locked.push(!sock::has_filter(s.as_fd()) && sock::attach_drop_all(s.as_fd()).is_ok());
+        for ((_, _, _, s), (_, lock)) in found.iter().zip(&before) {
+            locked.push(*lock && sock::attach_drop_all(s.as_fd()).is_ok());
         }
-        if !found.is_empty() {
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
-        for ((pid, fd, ino, s), locked) in found.into_iter().zip(locked) {
-            let reuseaddr = sock::get_int(s.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR).ok();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        for (((pid, fd, ino, s), locked), (reuseaddr, _)) in
+            found.into_iter().zip(locked).zip(before)
+        {
             let r = sock::set_int(s.as_fd(), libc::IPPROTO_TCP, sock::TCP_REPAIR, 1);
             // Recorded even if it failed: the filter comes off all the same.
-            self.repaired.push(Repaired {
+            self.repaired.socks.push(Repaired {
                 sock: s,
                 ino,
                 reuseaddr,
@@ -683,7 +760,7 @@ impl FdCollector {
 
     /// Lets packets reach the connections `freeze_tcp` locked again.
     pub fn unlock_tcp(&mut self) {
-        for r in &mut self.repaired {
+        for r in &mut self.repaired.socks {
             if r.locked && sock::has_drop_all_filter(r.sock.as_fd()) {
                 let _ = sock::detach_filter(r.sock.as_fd());
             }

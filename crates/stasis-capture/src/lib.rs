@@ -327,7 +327,7 @@ fn dump_once(
     }
     // TCP sockets in repair mode: closed silently after a kill (no FIN, no
     // RST reaches the peer), or taken out of repair when the tree runs on.
-    let mut repaired = Vec::new();
+    let mut repaired = fds::Repairs::default();
     let result = capture_frozen(
         store,
         (opts, method, &mut cow),
@@ -573,7 +573,7 @@ fn capture_frozen(
     opts: (&DumpOptions, CowMethod, &mut Option<cow::Cow>),
     f: &mut freeze::Frozen,
     times: (Instant, Instant),
-    repaired: &mut Vec<fds::Repaired>,
+    repaired: &mut fds::Repairs,
     tracking: Tracking<'_>,
 ) -> Result<Pending> {
     let mut collector = fds::FdCollector::default();
