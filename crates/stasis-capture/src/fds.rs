@@ -13,7 +13,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 
 use stasis_image::manifest::{
-    EpollTarget, FdImage, FdKind, FileLock, GhostFile, InetSocket, InetState, InotifyWatch,
+    EpollTarget, Extent, FdImage, FdKind, FileLock, GhostFile, InetSocket, InetState, InotifyWatch,
     LockKind, PipeImage, SysvShm, TcpRepair, UnixSocket, UnixState,
 };
 use stasis_kernel::sockdiag::{self, UnixInfo};
@@ -109,6 +109,11 @@ fn for_each_socket(pids: &[i32], mut f: impl FnMut(i32, i32, u64, OwnedFd)) {
 pub struct AcceptGate {
     socks: Vec<OwnedFd>,
     pids: Vec<i32>,
+    /// Sockets (by inode) that had a drop-everything filter of their own
+    /// before the gate closed: left as they are when it opens.
+    own_filters: Vec<u64>,
+    /// Opens the gate if the dumper dies first.
+    guard: Option<sock::SocketGuard>,
 }
 
 impl AcceptGate {
@@ -121,9 +126,16 @@ impl AcceptGate {
         let mut g = AcceptGate {
             socks: Vec::new(),
             pids: pids.to_vec(),
+            own_filters: Vec::new(),
+            guard: None,
         };
-        for_each_socket(pids, |_, _, _, s| {
+        let mut listeners = Vec::new();
+        for_each_socket(pids, |_, _, ino, s| {
             let b = s.as_fd();
+            if sock::has_drop_all_filter(b) {
+                g.own_filters.push(ino);
+                return;
+            }
             let tcp_listener = sock::get_int(b, libc::SOL_SOCKET, libc::SO_ACCEPTCONN).unwrap_or(0)
                 == 1
                 && matches!(
@@ -132,10 +144,38 @@ impl AcceptGate {
                 )
                 && sock::get_int(b, libc::SOL_SOCKET, libc::SO_PROTOCOL)
                     .is_ok_and(|p| p == libc::IPPROTO_TCP);
-            if tcp_listener && !sock::has_filter(b) && sock::attach_drop_all(b).is_ok() {
-                g.socks.push(s);
+            if tcp_listener && !sock::has_filter(b) {
+                listeners.push(s);
             }
         });
+        if listeners.is_empty() {
+            return g;
+        }
+        // The guard first: a dumper killed right after attaching a filter
+        // must not leave the listener deaf.
+        let guarded: Vec<sock::Guarded> = listeners
+            .iter()
+            .map(|s| sock::Guarded {
+                fd: s.as_raw_fd(),
+                detach_filter: true,
+                leave_repair: false,
+                reuseaddr: -1,
+            })
+            .collect();
+        match sock::SocketGuard::spawn(&guarded) {
+            Ok(guard) => g.guard = Some(guard),
+            Err(e) => {
+                tracing::warn!(
+                    "not closing the TCP listeners to new connections during the dump: {e}"
+                );
+                return g;
+            }
+        }
+        for s in listeners {
+            if sock::attach_drop_all(s.as_fd()).is_ok() {
+                g.socks.push(s);
+            }
+        }
         g
     }
 
@@ -162,11 +202,14 @@ impl Drop for AcceptGate {
         }
         // A connection whose handshake completed just as the filter went
         // on inherited it: it would drop everything it receives.
-        for_each_socket(&self.pids, |_, _, _, s| {
-            if sock::has_drop_all_filter(s.as_fd()) {
+        for_each_socket(&self.pids, |_, _, ino, s| {
+            if !self.own_filters.contains(&ino) && sock::has_drop_all_filter(s.as_fd()) {
                 let _ = sock::detach_filter(s.as_fd());
             }
         });
+        if let Some(g) = self.guard.take() {
+            g.dismiss();
+        }
     }
 }
 
@@ -246,8 +289,86 @@ pub struct FdCollector {
     /// Unix sockets of the namespace (queried on first need).
     unix: Option<HashMap<u64, UnixInfo>>,
     /// TCP sockets put in repair mode: kept open until the dump ends, then
-    /// closed silently (process killed) or taken out of repair (left running).
-    pub repaired: Vec<OwnedFd>,
+    /// closed silently (process killed) or taken out of repair (left running,
+    /// [`leave_repair`]).
+    pub repaired: Repairs,
+}
+
+/// The connections a dump put in repair mode, and the guard that puts them
+/// back if the dumper dies before [`leave_repair`] or the kill.
+#[derive(Debug, Default)]
+pub struct Repairs {
+    socks: Vec<Repaired>,
+    guard: Option<sock::SocketGuard>,
+}
+
+/// An established TCP connection of the tree put in repair mode by the
+/// dump, through a copy of its fd, with what repair mode changes on it.
+///
+/// Entering repair mode forces address reuse on the socket (`sk_reuse =
+/// SK_FORCE_REUSE`), and leaving it clears reuse (`SK_NO_REUSE`) whatever
+/// `SO_REUSEADDR` the program had set: a connection left so would go to
+/// TIME_WAIT, when the program dies, unwilling to share its port, and
+/// keep the program's listener from binding that port again (a restart or
+/// a restore) for a minute. So the program's `SO_REUSEADDR` is read before
+/// and put back after. The network lock (a drop-everything filter) is the
+/// other change, removed by [`FdCollector::unlock_tcp`] or
+/// [`leave_repair`] when this dump attached it.
+#[derive(Debug)]
+pub struct Repaired {
+    sock: OwnedFd,
+    ino: u64,
+    /// `SO_REUSEADDR` as the program had it (`None`: could not be read).
+    reuseaddr: Option<i32>,
+    /// Whether this dump attached the drop-everything filter.
+    locked: bool,
+    /// Whether entering repair mode succeeded.
+    in_repair: bool,
+}
+
+impl Repaired {
+    /// Takes the connection out of repair mode (no window probe: the peer
+    /// has its state already) and puts back what repair mode changed.
+    fn leave(mut self) {
+        let b = self.sock.as_fd();
+        if self.locked && sock::has_drop_all_filter(b) {
+            // The filter `freeze_tcp` attached: packets flow again.
+            let _ = sock::detach_filter(b);
+            self.locked = false;
+        }
+        if !self.in_repair {
+            return;
+        }
+        if let Err(e) = sock::set_int(
+            b,
+            libc::IPPROTO_TCP,
+            sock::TCP_REPAIR,
+            sock::TCP_REPAIR_OFF_NO_WP,
+        ) {
+            tracing::error!("could not take a TCP socket out of repair mode: {e}");
+            return;
+        }
+        if let Some(v) = self.reuseaddr {
+            if let Err(e) = sock::set_int(b, libc::SOL_SOCKET, libc::SO_REUSEADDR, v) {
+                tracing::error!(
+                    "could not put SO_REUSEADDR = {v} back on a TCP socket after repair mode: {e}"
+                );
+            }
+        }
+    }
+}
+
+/// Takes the connections `freeze_tcp` put in repair mode out of it, as the
+/// program had them (the tree runs on, or a failed dump releases it).
+/// (Dropping the [`Repairs`] instead closes them in repair mode, silently:
+/// for a tree that is killed.)
+pub fn leave_repair(mut r: Repairs) {
+    for s in std::mem::take(&mut r.socks) {
+        s.leave();
+    }
+    if let Some(g) = r.guard.take() {
+        g.dismiss();
+    }
 }
 
 /// Largest deleted file or memfd stasis saves (its content goes into the manifest).
@@ -446,9 +567,21 @@ impl FdCollector {
         let b = s.as_fd();
         let domain = sock::get_int(b, libc::SOL_SOCKET, libc::SO_DOMAIN)?;
         let ty = sock::get_int(b, libc::SOL_SOCKET, libc::SO_TYPE)?;
+        // A connection in repair mode (`freeze_tcp`) reads SO_REUSEADDR as
+        // forced (2): the program's own value was read before.
+        let repaired_reuse = self
+            .repaired
+            .socks
+            .iter()
+            .find(|r| r.ino == ino)
+            .map(|r| r.reuseaddr);
         let mut options = Vec::new();
         for (level, opt) in SOCK_OPTS {
-            if let Ok(v) = sock::get_int(b, level, opt) {
+            let v = match repaired_reuse {
+                Some(saved) if (level, opt) == (libc::SOL_SOCKET, libc::SO_REUSEADDR) => saved,
+                _ => sock::get_int(b, level, opt).ok(),
+            };
+            if let Some(v) = v {
                 options.push((level, opt, v));
             }
         }
@@ -548,9 +681,13 @@ impl FdCollector {
                 let Ok(link) = proc::read_link(pid, &format!("fd/{fd}")) else {
                     continue;
                 };
-                if !link.starts_with("socket:") {
+                let Some(ino) = link
+                    .strip_prefix("socket:[")
+                    .and_then(|r| r.strip_suffix(']'))
+                    .and_then(|n| n.parse::<u64>().ok())
+                else {
                     continue;
-                }
+                };
                 let s = pidfd::pidfd_getfd(&pfd, fd)?;
                 let b = s.as_fd();
                 let tcp = matches!(
@@ -559,7 +696,7 @@ impl FdCollector {
                 ) && sock::get_int(b, libc::SOL_SOCKET, libc::SO_PROTOCOL).ok()
                     == Some(libc::IPPROTO_TCP);
                 if tcp && sock::tcp_info(b).ok().map(|i| i.state) == Some(1) {
-                    found.push((pid, fd, s));
+                    found.push((pid, fd, ino, s));
                 }
             }
         }
@@ -570,27 +707,64 @@ impl FdCollector {
         // reaches it (peers retransmit it after the dump), like CRIU's
         // network lock; then, once packets already being processed are
         // through, each goes into repair mode and is read.
-        for (_, _, s) in &found {
-            if !sock::has_filter(s.as_fd()) {
-                let _ = sock::attach_drop_all(s.as_fd());
-            }
+        if found.is_empty() {
+            return Ok(());
         }
-        if !found.is_empty() {
-            std::thread::sleep(std::time::Duration::from_millis(2));
+        // SO_REUSEADDR before repair mode forces it; which filters this
+        // dump attaches; and the guard, before anything is changed.
+        let before: Vec<(Option<i32>, bool)> = found
+            .iter()
+            .map(|(_, _, _, s)| {
+                (
+                    sock::get_int(s.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR).ok(),
+                    !sock::has_filter(s.as_fd()),
+                )
+            })
+            .collect();
+        let guarded: Vec<sock::Guarded> = found
+            .iter()
+            .zip(&before)
+            .map(|((_, _, _, s), (reuse, lock))| sock::Guarded {
+                fd: s.as_raw_fd(),
+                detach_filter: *lock,
+                leave_repair: true,
+                reuseaddr: reuse.unwrap_or(-1),
+            })
+            .collect();
+        let guard = sock::SocketGuard::spawn(&guarded).map_err(|e| CaptureError::Unsupported {
+            pid: found[0].0,
+            what: format!("cannot start the process that would put the TCP connections back if the dump died: {e}"),
+        })?;
+        self.repaired.guard = Some(guard);
+        let mut locked = Vec::with_capacity(found.len());
+        for ((_, _, _, s), (_, lock)) in found.iter().zip(&before) {
+            locked.push(*lock && sock::attach_drop_all(s.as_fd()).is_ok());
         }
-        for (pid, fd, s) in found {
-            sock::set_int(s.as_fd(), libc::IPPROTO_TCP, sock::TCP_REPAIR, 1).map_err(|e| CaptureError::Unsupported { pid, what: format!("fd {fd}: cannot put a TCP connection in repair mode (needs CAP_NET_ADMIN): {e}") })?;
-            self.repaired.push(s);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        for (((pid, fd, ino, s), locked), (reuseaddr, _)) in
+            found.into_iter().zip(locked).zip(before)
+        {
+            let r = sock::set_int(s.as_fd(), libc::IPPROTO_TCP, sock::TCP_REPAIR, 1);
+            // Recorded even if it failed: the filter comes off all the same.
+            self.repaired.socks.push(Repaired {
+                sock: s,
+                ino,
+                reuseaddr,
+                locked,
+                in_repair: r.is_ok(),
+            });
+            r.map_err(|e| CaptureError::Unsupported { pid, what: format!("fd {fd}: cannot put a TCP connection in repair mode (needs CAP_NET_ADMIN): {e}") })?;
         }
         Ok(())
     }
 
     /// Lets packets reach the connections `freeze_tcp` locked again.
-    pub fn unlock_tcp(&self) {
-        for s in &self.repaired {
-            if sock::has_drop_all_filter(s.as_fd()) {
-                let _ = sock::detach_filter(s.as_fd());
+    pub fn unlock_tcp(&mut self) {
+        for r in &mut self.repaired.socks {
+            if r.locked && sock::has_drop_all_filter(r.sock.as_fd()) {
+                let _ = sock::detach_filter(r.sock.as_fd());
             }
+            r.locked = false;
         }
     }
 
@@ -712,13 +886,8 @@ impl FdCollector {
         if end - start != size.div_ceil(4096) * 4096 {
             return Err(CaptureError::Unsupported { pid, what: format!("area {start:#x}-{end:#x} maps part of System V segment {shmid} ({size} bytes); stasis restores whole attachments only") });
         }
-        if size > GHOST_MAX {
-            return Err(CaptureError::Unsupported { pid, what: format!("System V segment {shmid} has {size} bytes; stasis saves those up to {GHOST_MAX} bytes") });
-        }
         let name = format!("map_files/{start:x}-{end:x}");
-        let mut data = std::fs::read(proc::proc_path(pid, &name))
-            .map_err(|e| CaptureError::from_proc(pid, &name, e))?;
-        data.truncate(usize::try_from(size).unwrap_or(0));
+        let (_, extents) = read_sparse(pid, &name, &format!("System V segment {shmid}"))?;
         let to32 = |v: u64| u32::try_from(v).unwrap_or(0);
         self.sysv.push(SysvShm {
             key: i32::from_ne_bytes(to32(key).to_ne_bytes()),
@@ -726,7 +895,9 @@ impl FdCollector {
             mode: to32(mode),
             uid: to32(uid),
             gid: to32(gid),
-            data,
+            data: Vec::new(),
+            size,
+            extents,
         });
         Ok(())
     }
@@ -754,10 +925,8 @@ impl FdCollector {
         if self.ghosts.contains_key(&meta.ino()) {
             return Ok(());
         }
-        if meta.size() > GHOST_MAX {
-            return Err(CaptureError::Unsupported { pid, what: format!("{what} a deleted file or memfd of {} bytes; stasis saves those up to {GHOST_MAX} bytes", meta.size()) });
-        }
-        let data = std::fs::read(&path).map_err(|e| CaptureError::from_proc(pid, name, e))?;
+        let (size, extents) =
+            read_sparse(pid, name, &format!("{what} a deleted file or memfd that"))?;
         let f = std::fs::File::open(&path).map_err(|e| CaptureError::from_proc(pid, name, e))?;
         // SAFETY: F_GET_SEALS on a file we opened; -1 (not a memfd) means none.
         let seals = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GET_SEALS) };
@@ -766,8 +935,10 @@ impl FdCollector {
             GhostFile {
                 id: meta.ino(),
                 mode: meta.mode(),
-                data,
+                data: Vec::new(),
                 seals: u32::try_from(seals).unwrap_or(0),
+                size,
+                extents,
             },
         );
         Ok(())
@@ -857,6 +1028,38 @@ impl FdCollector {
         );
         Ok(())
     }
+}
+
+/// Reads the data of the file behind `/proc/PID/<name>`, extent by extent
+/// (`SEEK_DATA`/`SEEK_HOLE`): holes are neither read nor saved, so a large
+/// shared memory segment with little in use costs what it uses, and its
+/// holes stay holes after a restore. At most [`GHOST_MAX`] bytes of data.
+/// Returns the file's size and its extents.
+fn read_sparse(pid: i32, name: &str, what: &str) -> Result<(u64, Vec<Extent>)> {
+    use std::os::unix::fs::FileExt;
+    let path = proc::proc_path(pid, name);
+    let f = std::fs::File::open(&path).map_err(|e| CaptureError::from_proc(pid, name, e))?;
+    let size = f
+        .metadata()
+        .map_err(|e| CaptureError::from_proc(pid, name, e))?
+        .size();
+    let ranges = crate::memory::data_extents(&f, 0, size)
+        .map_err(|e| CaptureError::from_proc(pid, &format!("{name} (SEEK_DATA)"), e))?;
+    let data: u64 = ranges.iter().map(|(a, b)| b - a).sum();
+    if data > GHOST_MAX {
+        return Err(CaptureError::Unsupported { pid, what: format!("{what} holds {data} bytes of data ({size} bytes in all); stasis saves up to {GHOST_MAX} bytes of such content") });
+    }
+    let mut extents = Vec::with_capacity(ranges.len());
+    for (a, b) in ranges {
+        let mut buf = vec![0u8; usize::try_from(b - a).unwrap_or(0)];
+        f.read_exact_at(&mut buf, a)
+            .map_err(|e| CaptureError::from_proc(pid, name, e))?;
+        extents.push(Extent {
+            offset: a,
+            data: buf,
+        });
+    }
+    Ok((size, extents))
 }
 
 /// Saves an established TCP connection; leaves the socket in repair mode.

@@ -328,7 +328,7 @@ fn dump_once(
     }
     // TCP sockets in repair mode: closed silently after a kill (no FIN, no
     // RST reaches the peer), or taken out of repair when the tree runs on.
-    let mut repaired = Vec::new();
+    let mut repaired = fds::Repairs::default();
     let result = capture_frozen(
         store,
         (opts, method, &mut cow),
@@ -337,23 +337,7 @@ fn dump_once(
         &mut repaired,
         (base, tracker.as_deref_mut()),
     );
-    let unrepair = |socks: Vec<std::os::fd::OwnedFd>| {
-        for s in socks {
-            use std::os::fd::AsFd;
-            // The filter `freeze_tcp` attached: packets flow again.
-            if stasis_kernel::sock::has_drop_all_filter(s.as_fd()) {
-                let _ = stasis_kernel::sock::detach_filter(s.as_fd());
-            }
-            if let Err(e) = stasis_kernel::sock::set_int(
-                s.as_fd(),
-                libc::IPPROTO_TCP,
-                stasis_kernel::sock::TCP_REPAIR,
-                stasis_kernel::sock::TCP_REPAIR_OFF_NO_WP,
-            ) {
-                tracing::error!("could not take a TCP socket out of repair mode: {e}");
-            }
-        }
-    };
+    let unrepair = fds::leave_repair;
     let progress = opts.progress.as_deref();
     // Stop-the-world: the pages are copied while the tree is frozen.
     let result = result.and_then(|mut p| {
@@ -590,7 +574,7 @@ fn capture_frozen(
     opts: (&DumpOptions, CowMethod, &mut Option<cow::Cow>),
     f: &mut freeze::Frozen,
     times: (Instant, Instant),
-    repaired: &mut Vec<std::os::fd::OwnedFd>,
+    repaired: &mut fds::Repairs,
     tracking: Tracking<'_>,
 ) -> Result<Pending> {
     let mut collector = fds::FdCollector::default();

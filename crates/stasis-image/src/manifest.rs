@@ -49,7 +49,89 @@ pub struct SysvShm {
     pub mode: u32,
     pub uid: u32,
     pub gid: u32,
+    /// The whole content, in images written before sparse content
+    /// (`size` 0 and no `extents`); empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub data: Vec<u8>,
+    /// Size of the segment in bytes.
+    #[serde(default)]
+    pub size: u64,
+    /// The byte runs that hold data; the rest of the segment is holes
+    /// (pages that did not exist: they read as zeros and stay unallocated).
+    #[serde(default)]
+    pub extents: Vec<Extent>,
+}
+
+/// A run of bytes of a sparse object (a System V segment, a deleted file or
+/// memfd) that holds data. Between extents, the object has holes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Extent {
+    /// Byte offset in the object.
+    pub offset: u64,
+    pub data: Vec<u8>,
+}
+
+/// The content of a sparse object: its size and its data extents
+/// `(offset, bytes)`, in order.
+pub type Content<'a> = (u64, Vec<(u64, &'a [u8])>);
+
+/// The content of a sparse object from the sparse fields, or from `data`
+/// in an image written before them.
+fn content<'a>(data: &'a [u8], size: u64, extents: &'a [Extent]) -> Content<'a> {
+    if size == 0 && extents.is_empty() {
+        let all = if data.is_empty() {
+            Vec::new()
+        } else {
+            vec![(0, data)]
+        };
+        (data.len() as u64, all)
+    } else {
+        (
+            size,
+            extents
+                .iter()
+                .map(|e| (e.offset, e.data.as_slice()))
+                .collect(),
+        )
+    }
+}
+
+/// Checks that extents lie inside `size`, in order, without overlap.
+fn check_extents(size: u64, extents: &[(u64, &[u8])]) -> Result<(), String> {
+    let mut end = 0u64;
+    for &(off, d) in extents {
+        let e = off
+            .checked_add(d.len() as u64)
+            .filter(|&e| off >= end && e <= size)
+            .ok_or_else(|| {
+                format!(
+                    "extent {off}+{} out of order or past the size {size}",
+                    d.len()
+                )
+            })?;
+        end = e;
+    }
+    Ok(())
+}
+
+impl SysvShm {
+    /// Size of the segment and its data extents `(offset, bytes)`, in
+    /// order (checked: inside the size, no overlap).
+    pub fn content(&self) -> Result<Content<'_>, String> {
+        let (size, ext) = content(&self.data, self.size, &self.extents);
+        check_extents(size, &ext).map_err(|e| format!("System V segment {}: {e}", self.shmid))?;
+        Ok((size, ext))
+    }
+}
+
+impl GhostFile {
+    /// Size of the file and its data extents `(offset, bytes)`, in order
+    /// (checked: inside the size, no overlap).
+    pub fn content(&self) -> Result<Content<'_>, String> {
+        let (size, ext) = content(&self.data, self.size, &self.extents);
+        check_extents(size, &ext).map_err(|e| format!("deleted file or memfd {}: {e}", self.id))?;
+        Ok((size, ext))
+    }
 }
 
 /// A file that no longer has a name (deleted while open, or a memfd),
@@ -59,10 +141,19 @@ pub struct GhostFile {
     /// Inode number at dump (identifies it within the image).
     pub id: u64,
     pub mode: u32,
+    /// The whole content, in images written before sparse content
+    /// (`size` 0 and no `extents`); empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub data: Vec<u8>,
     /// memfd seals (`F_GET_SEALS`), 0 for a deleted file.
     #[serde(default)]
     pub seals: u32,
+    /// Size of the file in bytes.
+    #[serde(default)]
+    pub size: u64,
+    /// The byte runs that hold data (`SEEK_DATA`); the rest is holes.
+    #[serde(default)]
+    pub extents: Vec<Extent>,
 }
 
 /// A pipe (or FIFO) and the bytes that were in it.
@@ -544,4 +635,57 @@ pub struct PackRef {
     pub pages: u64,
     /// Checksum of the pack's index (also stored in the pack trailer).
     pub index_checksum: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seg(data: Vec<u8>, size: u64, extents: Vec<(u64, Vec<u8>)>) -> SysvShm {
+        SysvShm {
+            key: 1,
+            shmid: 2,
+            mode: 0o600,
+            uid: 0,
+            gid: 0,
+            data,
+            size,
+            extents: extents
+                .into_iter()
+                .map(|(offset, data)| Extent { offset, data })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn content_of_old_and_sparse_images() {
+        // Written before sparse content: the whole segment in `data`.
+        let old = seg(vec![7; 4096], 0, vec![]);
+        assert_eq!(old.content().unwrap(), (4096, vec![(0, &[7u8; 4096][..])]));
+        // Sparse: holes between extents, an object with no data at all.
+        let s = seg(
+            vec![],
+            3 << 20,
+            vec![(0, vec![1; 10]), (1 << 20, vec![2; 4096])],
+        );
+        let (size, ext) = s.content().unwrap();
+        assert_eq!(size, 3 << 20);
+        assert_eq!(ext, vec![(0, &[1u8; 10][..]), (1 << 20, &[2u8; 4096][..])]);
+        assert_eq!(
+            seg(vec![], 1 << 30, vec![]).content().unwrap(),
+            (1 << 30, vec![])
+        );
+    }
+
+    #[test]
+    fn extents_out_of_order_overlapping_or_past_the_end_are_refused() {
+        for bad in [
+            vec![(4096, vec![1; 10]), (0, vec![1; 10])],
+            vec![(0, vec![1; 4097]), (4096, vec![1; 10])],
+            vec![(8190, vec![1; 10])],
+            vec![(u64::MAX - 2, vec![1; 10])],
+        ] {
+            assert!(seg(vec![], 8192, bad.clone()).content().is_err(), "{bad:?}");
+        }
+    }
 }

@@ -209,11 +209,7 @@ impl<'a> FdFactory<'a> {
                         unsafe { libc::memfd_create(cname.as_ptr(), flags) },
                         "memfd_create",
                     )?;
-                    write_all(
-                        &k,
-                        &g.data,
-                        "writing the content of a deleted file or memfd",
-                    )?;
+                    write_sparse(&k, g)?;
                     if g.seals != 0 && sealable {
                         // SAFETY: F_ADD_SEALS on our memfd.
                         if unsafe {
@@ -260,11 +256,7 @@ impl<'a> FdFactory<'a> {
                             },
                         })?
                         .into();
-                    let filled = write_all(
-                        &k,
-                        &g.data,
-                        "writing the content of a deleted file or memfd",
-                    );
+                    let filled = write_sparse(&k, g);
                     let _ = std::fs::remove_file(&target);
                     filled?;
                     k
@@ -1272,6 +1264,27 @@ fn write_all(f: &OwnedFd, mut data: &[u8], what: &str) -> Result<(), RestoreErro
         });
     }
     Ok(())
+}
+
+/// Writes the content of a deleted file or memfd into the new, empty file
+/// `f`: each data extent at its offset, then the size; the rest stays
+/// holes, as it was.
+fn write_sparse(f: &OwnedFd, g: &GhostFile) -> Result<(), RestoreError> {
+    use std::os::unix::fs::FileExt;
+    let what = "writing the content of a deleted file or memfd";
+    let err = |e: std::io::Error| RestoreError::Step {
+        what: what.into(),
+        source: KernelError::Io {
+            what: "pwrite".into(),
+            source: e,
+        },
+    };
+    let (size, extents) = g.content().map_err(RestoreError::Inconsistent)?;
+    let file = std::fs::File::from(f.try_clone().map_err(err)?);
+    for (off, data) in extents {
+        file.write_all_at(data, off).map_err(err)?;
+    }
+    file.set_len(size).map_err(err)
 }
 
 fn fill_pipe(w: &OwnedFd, img: &PipeImage) -> Result<(), RestoreError> {

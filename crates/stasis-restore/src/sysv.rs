@@ -36,23 +36,32 @@ fn existing(shmid: i32, key: i32) -> Option<usize> {
     (ds.shm_perm.__key == key).then_some(ds.shm_segsz)
 }
 
-/// Makes every segment exist at its id with the image's content.
+/// Makes every segment exist at its id with the image's content: its data
+/// extents, and holes (no page) everywhere else.
 pub fn prepare(segs: &[SysvShm]) -> Result<(), RestoreError> {
     for s in segs {
-        let size = s.data.len();
-        match existing(s.shmid, s.key) {
-            Some(sz) if sz == size => {}
+        let (size, extents) = s.content().map_err(RestoreError::Inconsistent)?;
+        let size = usize::try_from(size).map_err(|_| {
+            RestoreError::Inconsistent(format!("System V segment {} is too large", s.shmid))
+        })?;
+        let reused = match existing(s.shmid, s.key) {
+            Some(sz) if sz == size => true,
             Some(sz) => {
                 return Err(RestoreError::Incompatible(format!(
                     "System V segment {} exists with {sz} bytes, the image has {size}",
                     s.shmid
                 )))
             }
-            None => create(s)?,
-        }
+            None => {
+                create(s, size)?;
+                false
+            }
+        };
         // Put the content back.
-        // SAFETY: attaching the segment anywhere in stasis, copying the
-        // image's bytes into it (it is `size` bytes long), detaching.
+        // SAFETY: attaching the segment anywhere in stasis (`size` bytes
+        // long), freeing the pages of a reused one (MADV_REMOVE punches
+        // holes in shmem), copying each extent (checked to lie inside
+        // `size`) to its offset, detaching.
         unsafe {
             let p = libc::shmat(s.shmid, std::ptr::null(), 0);
             if p as isize == -1 {
@@ -61,14 +70,25 @@ pub fn prepare(segs: &[SysvShm]) -> Result<(), RestoreError> {
                     s.shmid
                 )));
             }
-            std::ptr::copy_nonoverlapping(s.data.as_ptr(), p.cast::<u8>(), size);
+            if reused && size > 0 && libc::madvise(p, size, libc::MADV_REMOVE) != 0 {
+                let e = os_err(format!(
+                    "emptying System V segment {} to refill it",
+                    s.shmid
+                ));
+                libc::shmdt(p);
+                return Err(e);
+            }
+            for (off, data) in extents {
+                let off = usize::try_from(off).unwrap_or(usize::MAX);
+                std::ptr::copy_nonoverlapping(data.as_ptr(), p.cast::<u8>().add(off), data.len());
+            }
             libc::shmdt(p);
         }
     }
     Ok(())
 }
 
-fn create(s: &SysvShm) -> Result<(), RestoreError> {
+fn create(s: &SysvShm, size: usize) -> Result<(), RestoreError> {
     std::fs::write(NEXT_ID, format!("{}\n", s.shmid)).map_err(|e| RestoreError::Step {
         what: format!("choosing the id of System V segment {}", s.shmid),
         source: KernelError::Io {
@@ -78,7 +98,7 @@ fn create(s: &SysvShm) -> Result<(), RestoreError> {
     })?;
     let flags = libc::IPC_CREAT | libc::IPC_EXCL | i32::try_from(s.mode & 0o777).unwrap_or(0o600);
     // SAFETY: shmget with integer arguments.
-    let id = unsafe { libc::shmget(s.key, s.data.len(), flags) };
+    let id = unsafe { libc::shmget(s.key, size, flags) };
     let _ = std::fs::write(NEXT_ID, "-1\n");
     if id < 0 {
         return Err(os_err(format!(

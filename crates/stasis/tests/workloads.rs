@@ -157,6 +157,7 @@ workload_tests! {
     sockets: "sockets";
     notify_locks_timers: "notify_locks_timers";
     udp_queue: "udp_queue";
+    sparse_shm: "sparse_shm";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so

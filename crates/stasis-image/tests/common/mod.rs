@@ -198,6 +198,8 @@ pub fn manifest(checkpoint: u32, processes: Vec<ProcessImage>) -> Manifest {
             mode: 0o100600,
             data: b"deleted but open".to_vec(),
             seals: 0,
+            size: 0,
+            extents: Vec::new(),
         }],
         sysv_shm: vec![stasis_image::manifest::SysvShm {
             key: 0x5151,
@@ -205,7 +207,18 @@ pub fn manifest(checkpoint: u32, processes: Vec<ProcessImage>) -> Manifest {
             mode: 0o1600,
             uid: 0,
             gid: 0,
-            data: vec![1, 2, 3],
+            data: Vec::new(),
+            size: 3 * 4096,
+            extents: vec![
+                stasis_image::manifest::Extent {
+                    offset: 0,
+                    data: vec![1, 2, 3],
+                },
+                stasis_image::manifest::Extent {
+                    offset: 8192,
+                    data: vec![4; 4096],
+                },
+            ],
         }],
     }
 }
