@@ -536,7 +536,6 @@ fn run_restarts_a_crashed_redis_at_once() {
 /// process puts every socket back as it was, and redis serves its clients
 /// on their old connections and new ones.
 #[test]
-#[ignore = "needs a dumper that leaves the process runnable when killed mid-dump (issue 12, ptrace part): here redis gets SIGSEGV"]
 fn a_killed_dumper_leaves_redis_connections_as_they_were() {
     workloads();
     let d = tempfile::tempdir().unwrap();
