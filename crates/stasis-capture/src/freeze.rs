@@ -252,9 +252,22 @@ impl FrozenProcess {
             return Ok(());
         }
         let pid = self.pid;
+        let vdso = maps.iter().find(|m| m.name == "[vdso]");
+        // A thread of a killed dump may still be running its escape code
+        // (it waits for a snapshot to die, say): installing a hatch now
+        // would rewrite the code under it.
+        if let Some(v) = vdso {
+            if self
+                .threads
+                .iter()
+                .any(|t| stasis_kernel::escape::in_block(t.orig_regs.rip, v.start, v.end))
+            {
+                return Err(CaptureError::Escaping { pid });
+            }
+        }
         let insn = crate::memory::find_syscall_insn(mem, maps)
             .ok_or(KernelError::NoSyscallInsn { pid })?;
-        let hatch = match maps.iter().find(|m| m.name == "[vdso]") {
+        let hatch = match vdso {
             Some(v) => EscapeHatch::install(pid, v.start, v.end)?.map(Arc::new),
             None => None,
         };

@@ -117,8 +117,23 @@ pub fn run(input: impl BufRead) -> Result<Vec<(i32, i32)>> {
         while !dead(child) && t0.elapsed() < Duration::from_secs(10) {
             std::thread::sleep(Duration::from_millis(5));
         }
-        if crate::snapshot::reap(parent, &[(parent, child)]).is_ok() {
-            reaped.push((parent, child));
+        // The parent may be running its own escape code (which reaps the
+        // snapshot itself): wait for it to finish.
+        let t0 = Instant::now();
+        loop {
+            match crate::snapshot::reap(parent, &[(parent, child)]) {
+                Ok(_) => {
+                    reaped.push((parent, child));
+                    break;
+                }
+                Err(crate::CaptureError::Escaping { .. })
+                    if t0.elapsed() < Duration::from_secs(10) =>
+                {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                // Already reaped (by the escape code), or the parent is gone.
+                Err(_) => break,
+            }
         }
     }
     Ok(reaped)

@@ -55,6 +55,8 @@ pub enum CaptureError {
     NoSuchProcess { pid: i32 },
     #[error("cannot dump process {pid}: {what}")]
     Unsupported { pid: i32, what: String },
+    #[error("process {pid} is still putting itself back after a dump that was killed: try again in a moment")]
+    Escaping { pid: i32 },
     #[error("cannot trace process {pid}: permission denied reading /proc/{pid}/{file} (run stasis as root, or as the process's owner with CAP_SYS_PTRACE)")]
     Permission { pid: i32, file: String },
     #[error("reading /proc/{pid}/{file} failed")]

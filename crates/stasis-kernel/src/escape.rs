@@ -326,6 +326,17 @@ fn elf_used_end(b: &[u8]) -> Option<usize> {
     Some(end)
 }
 
+/// Whether `rip` is inside where an escape block of the vDSO at
+/// `[vdso_start, vdso_end)` would be: a thread there is parked, or running
+/// its escape code after a dumper died.
+pub fn in_block(rip: u64, vdso_start: u64, vdso_end: u64) -> bool {
+    let len = usize::try_from(vdso_end.saturating_sub(vdso_start)).unwrap_or(0);
+    match len.checked_sub(BLOCK_LEN) {
+        Some(off) => rip >= vdso_start + (off & !63) as u64 && rip < vdso_end,
+        None => false,
+    }
+}
+
 /// The thread currently parked on a hatch.
 #[derive(Debug, Clone, Copy)]
 struct Parked {
