@@ -2,7 +2,8 @@
 # Installs what building and testing Stasis needs, if it is missing:
 # a C compiler and make (test workloads), python3, redis and a JDK (the
 # tests with real programs, crates/stasis/tests/programs.rs), and a Rust
-# toolchain. Safe to run again: it only installs what is absent.
+# toolchain with rustfmt and clippy. Safe to run again: it only installs
+# what is absent.
 # Source it (`. scripts/setup.sh`) to get cargo on PATH in the calling shell.
 set -euo pipefail
 
@@ -37,5 +38,25 @@ fi
 if ! cargo --version >/dev/null 2>&1; then
     stasis_log "cargo is not usable after installation"
     exit 1
+fi
+
+# rustfmt and clippy: scripts/test.sh checks the formatting and the lints.
+if ! { cargo fmt --version >/dev/null 2>&1 && cargo clippy --version >/dev/null 2>&1; }; then
+    if command -v rustup >/dev/null 2>&1; then
+        stasis_log "installing the rustfmt and clippy components"
+        rustup component add rustfmt clippy
+    elif [ "$(id -u)" -ne 0 ]; then
+        stasis_log "missing: rustfmt rust-clippy; run this script as root (sudo) to install them"
+        exit 1
+    else
+        stasis_log "installing: rustfmt rust-clippy"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends rustfmt rust-clippy >/dev/null
+    fi
+    if ! { cargo fmt --version >/dev/null 2>&1 && cargo clippy --version >/dev/null 2>&1; }; then
+        stasis_log "cargo fmt or cargo clippy is not usable after installation"
+        exit 1
+    fi
 fi
 stasis_log "$(cargo --version), $(cc --version | head -n1)"

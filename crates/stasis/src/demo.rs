@@ -215,6 +215,17 @@ pub fn run(dir: Option<PathBuf>, before: f64, after: f64) -> Result<ExitCode> {
     );
     let seen_before = tail.lines.len();
     tail.watch(after)?;
+    // On a busy machine the restored workload may not have ticked yet:
+    // give it up to 30 s more for its first tick.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !tail.lines[seen_before..]
+        .iter()
+        .any(|l| l.starts_with("tick "))
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+        tail.pump()?;
+    }
     let first_after = tail.lines[seen_before..].iter().find_map(|l| {
         l.strip_prefix("tick ")?
             .split_whitespace()

@@ -110,7 +110,7 @@ fn wait_file(path: &Path, want: &str) {
     let t0 = Instant::now();
     while std::fs::read_to_string(path).unwrap_or_default().trim() != want {
         assert!(
-            t0.elapsed() < Duration::from_secs(10),
+            t0.elapsed() < Duration::from_secs(60),
             "{} never said {want}",
             path.display()
         );
@@ -183,10 +183,9 @@ fn lost_tracking_gives_a_full_dump_with_a_note() {
         .expect("a keeper process holds the userfaultfd");
     // SAFETY: killing the keeper this test started.
     unsafe { libc::kill(keeper, libc::SIGKILL) };
-    let t0 = Instant::now();
-    while alive(keeper) && t0.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until(Duration::from_secs(60), "the keeper's death", || {
+        !alive(keeper)
+    });
     let full = r["pages"].as_u64().unwrap();
     let r = dump_json(&w, &["--leave-running"]);
     let note = r["note"].as_str().unwrap_or("");
@@ -241,17 +240,21 @@ fn run_checkpoints_periodically_and_exits_with_the_job_status() {
     workloads();
     let d = tempfile::tempdir().unwrap();
     let img = d.path().join("img");
-    let job = [
-        "/bin/sh",
-        "-c",
-        "i=0; while [ $i -lt 12 ]; do sleep 0.1; i=$((i+1)); done; exit 3",
-    ];
-    let o = run_cmd(&img, &["--every", "0.3"], &job)
-        .wait_with_output()
-        .unwrap();
+    // The job runs until the test has seen an incremental checkpoint.
+    let stop = d.path().join("stop");
+    let script = format!(
+        "while [ ! -e {} ]; do sleep 0.1; done; exit 3",
+        stop.display()
+    );
+    let mut child = run_cmd(&img, &["--every", "0.3"], &["/bin/sh", "-c", &script]);
+    let mut lines = Lines::new(child.stdout.take().unwrap());
+    lines.wait_for(Duration::from_secs(120), |l| l.contains(": incremental,"));
+    std::fs::write(&stop, b"").unwrap();
+    lines.rest(Duration::from_secs(60));
+    let o = child.wait_with_output().unwrap();
     let out = format!(
         "{}\n{}",
-        String::from_utf8_lossy(&o.stdout),
+        lines.seen.join("\n"),
         String::from_utf8_lossy(&o.stderr)
     );
     assert_eq!(o.status.code(), Some(3), "{out}");
@@ -288,23 +291,29 @@ fn run_restarts(lazy: bool) {
     if lazy {
         args.push("--lazy-restart");
     }
-    let child = run_cmd(
+    let mut child = run_cmd(
         &img,
         &args,
         &[bin.to_str().unwrap(), pidfile.to_str().unwrap(), "32"],
     );
-    let pid = wait_pidfile(&pidfile, Duration::from_secs(20));
-    // Let a few checkpoints happen, then crash the job.
-    std::thread::sleep(Duration::from_millis(1200));
+    let mut lines = Lines::new(child.stdout.take().unwrap());
+    let pid = wait_pidfile(&pidfile, Duration::from_secs(60));
+    // A few checkpoints, then crash the job.
+    for _ in 0..3 {
+        lines.wait_event(Duration::from_secs(60), "checkpoint");
+    }
     // SAFETY: killing the job under test.
     unsafe { libc::kill(pid, libc::SIGKILL) };
-    // The job comes back at its pid; let it run, then stop it.
-    std::thread::sleep(Duration::from_millis(1500));
+    // The job comes back at its pid; two checkpoints of it, then stop it.
+    lines.wait_event(Duration::from_secs(60), "restored");
     assert!(alive(pid), "the job was not restored");
+    for _ in 0..2 {
+        lines.wait_event(Duration::from_secs(60), "checkpoint");
+    }
     // SAFETY: stopping the restored job.
     unsafe { libc::kill(pid, libc::SIGTERM) };
+    let out = lines.rest(Duration::from_secs(60));
     let o = child.wait_with_output().unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
     let events: Vec<serde_json::Value> = out
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
@@ -338,13 +347,25 @@ fn run_every_auto_uses_youngs_formula() {
     workloads();
     let d = tempfile::tempdir().unwrap();
     let img = d.path().join("img");
-    let job = ["/bin/sh", "-c", "sleep 2.5"];
-    let o = run_cmd(&img, &["--every", "auto", "--mtbf", "20s"], &job)
-        .wait_with_output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
+    // The shell waits for its `sleep` child, which the test ends once the
+    // first checkpoint has said what interval it picked.
+    let mut child = run_cmd(
+        &img,
+        &["--every", "auto", "--mtbf", "20s"],
+        &["/bin/sh", "-c", "sleep 1000; exit 0"],
+    );
+    let mut lines = Lines::new(child.stdout.take().unwrap());
+    let started = lines.wait_for(Duration::from_secs(60), |l| l.starts_with("job "));
+    let pid: i32 = started.split_whitespace().nth(1).unwrap().parse().unwrap();
+    lines.wait_for(Duration::from_secs(120), |l| l.contains("(Young: sqrt(2 x"));
+    for k in descendants(pid) {
+        // SAFETY: ending the job's own `sleep`.
+        unsafe { libc::kill(k, libc::SIGTERM) };
+    }
+    let out = lines.rest(Duration::from_secs(60));
+    let o = child.wait_with_output().unwrap();
     assert!(o.status.success(), "{out}");
-    assert!(out.contains("(Young: sqrt(2 x"), "{out}");
+    let job = ["/bin/sh", "-c", "sleep 2.5"];
     let bad = run_cmd(&img, &["--every", "auto"], &job)
         .wait_with_output()
         .unwrap();
@@ -481,7 +502,11 @@ fn exec_between_checkpoints_saves_the_new_program_whole() {
     let mut child = c.spawn().unwrap();
     let pid = child.id() as i32;
     let _cleanup = KillOnDrop(pid);
-    std::thread::sleep(Duration::from_millis(100));
+    // The shell runs (the child has left the test binary for /bin/sh).
+    let me = std::fs::read_link("/proc/self/exe").unwrap();
+    wait_until(Duration::from_secs(60), "the shell to start", || {
+        std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|e| e != me)
+    });
     let dump = |extra: &[&str]| {
         let o = stasis()
             .args(["dump", "--json", "-t", &pid.to_string(), "-D"])

@@ -46,8 +46,9 @@ fn layout_changes_while_pages_stream_in() {
 fn writer_writes_at_once_and_matches_exactly() {
     let mut w = Workload::start("chain_writer", &["256"]);
     std::thread::sleep(Duration::from_millis(200));
-    let stats = dump_and_lazy_restore(&mut w, &[]);
-    std::thread::sleep(Duration::from_millis(1000));
+    // Streaming capped (256 MiB at 64 MiB/s: four seconds), so that the
+    // writer meets missing pages even when it gets the CPU late.
+    let stats = dump_and_lazy_restore(&mut w, &["--lazy-bandwidth", "64M"]);
     let s = wait_json_file(&stats, Duration::from_secs(120));
     assert!(s.get("error").is_none(), "{s}");
     assert!(
@@ -166,14 +167,15 @@ fn run_records_a_touch_set_after_each_checkpoint() {
         .arg("16")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
-    let child = c.spawn().unwrap();
-    let pid = wait_pidfile(&pidfile, Duration::from_secs(20));
-    std::thread::sleep(Duration::from_millis(1800));
+    let mut child = c.spawn().unwrap();
+    let mut lines = Lines::new(child.stdout.take().unwrap());
+    let pid = wait_pidfile(&pidfile, Duration::from_secs(60));
+    lines.wait_event(Duration::from_secs(120), "touch_set");
     // SAFETY: stopping the job under test.
     unsafe { libc::kill(pid, libc::SIGTERM) };
+    let out = lines.rest(Duration::from_secs(60));
     let o = child.wait_with_output().unwrap();
     assert_ok(&o, "stasis run");
-    let out = String::from_utf8_lossy(&o.stdout);
     let touch: Vec<serde_json::Value> = out
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())

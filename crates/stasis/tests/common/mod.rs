@@ -533,3 +533,91 @@ pub fn pages_in_pack(
     }
     out
 }
+
+/// Waits until `cond()` holds, polling every 10 ms; panics, saying `what`
+/// it waited for, after `timeout`. Tests wait for conditions this way
+/// (never a fixed sleep followed by a count): the suite must pass on a
+/// machine whose cores are all busy.
+pub fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < timeout, "{what}: not after {timeout:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The lines a child writes to a pipe (`stasis run --json`'s events, say),
+/// read on a thread so that a test can wait for one with a deadline.
+pub struct Lines {
+    rx: std::sync::mpsc::Receiver<String>,
+    /// Every line received so far, for failure messages.
+    pub seen: Vec<String>,
+}
+
+impl Lines {
+    pub fn new(r: impl std::io::Read + Send + 'static) -> Lines {
+        use std::io::BufRead;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(r).lines() {
+                let Ok(l) = l else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Lines {
+            rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// The next line, or `None` once the writer closed the pipe; panics
+    /// after `timeout`.
+    pub fn next(&mut self, timeout: Duration) -> Option<String> {
+        use std::sync::mpsc::RecvTimeoutError;
+        match self.rx.recv_timeout(timeout) {
+            Ok(l) => {
+                self.seen.push(l.clone());
+                Some(l)
+            }
+            Err(RecvTimeoutError::Disconnected) => None,
+            Err(RecvTimeoutError::Timeout) => {
+                panic!("no line in {timeout:?}; so far:\n{}", self.seen.join("\n"))
+            }
+        }
+    }
+
+    /// Waits (up to `timeout` in all) for the next line that `pred`
+    /// accepts; panics if none comes.
+    pub fn wait_for(&mut self, timeout: Duration, mut pred: impl FnMut(&str) -> bool) -> String {
+        let t0 = Instant::now();
+        loop {
+            let left = timeout.saturating_sub(t0.elapsed());
+            match self.next(left) {
+                Some(l) if pred(&l) => return l,
+                Some(_) => {}
+                None => panic!(
+                    "the output ended before the line waited for:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Waits for the next JSON line whose `event` is `event`.
+    pub fn wait_event(&mut self, timeout: Duration, event: &str) -> serde_json::Value {
+        let l = self.wait_for(timeout, |l| {
+            serde_json::from_str::<serde_json::Value>(l).is_ok_and(|v| v["event"] == event)
+        });
+        serde_json::from_str(&l).unwrap()
+    }
+
+    /// Every remaining line, until the writer closes the pipe (panics
+    /// after `timeout`); returns all the lines seen, these included.
+    pub fn rest(&mut self, timeout: Duration) -> String {
+        let t0 = Instant::now();
+        while self.next(timeout.saturating_sub(t0.elapsed())).is_some() {}
+        self.seen.join("\n")
+    }
+}
