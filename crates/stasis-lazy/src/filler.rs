@@ -71,6 +71,8 @@ struct Entry {
     /// PID of a handed-over process (forked children have none: they are
     /// found as descendants when the tree must be killed).
     pid: Option<i32>,
+    /// A pidfd of it, so that a late kill never hits a reused PID.
+    pidfd: Option<OwnedFd>,
     space: Space,
     dead: bool,
     /// Next index into the touch order of `image_pid`.
@@ -363,6 +365,25 @@ fn kill_tree(st: &State) -> Vec<i32> {
     kill_pids(&roots)
 }
 
+/// Kills the handed-over processes that still live, and their
+/// descendants (the restorer ended without saying the tree runs).
+fn kill_unfinished(sh: &Shared) -> Vec<i32> {
+    use stasis_kernel::pidfd::pidfd_send_signal;
+    let st = sh.lock();
+    let live: Vec<(i32, &OwnedFd)> = st
+        .entries
+        .iter()
+        .filter_map(|e| Some((e.pid?, e.pidfd.as_ref()?)))
+        .filter(|(pid, fd)| pidfd_send_signal(fd, *pid, 0).is_ok())
+        .collect();
+    let roots: Vec<i32> = live.iter().map(|(p, _)| *p).collect();
+    let killed = kill_pids(&roots);
+    for (pid, fd) in live {
+        let _ = pidfd_send_signal(fd, pid, libc::SIGKILL);
+    }
+    killed
+}
+
 /// SIGKILLs `roots` and all their descendants; returns who was signalled.
 pub(crate) fn kill_pids(roots: &[i32]) -> Vec<i32> {
     let mut todo: Vec<i32> = roots.to_vec();
@@ -539,6 +560,11 @@ pub fn serve(
         .collect();
     let guard = cfg.guard;
     let result = main_loop(&sh, &control, guard.as_ref());
+    if let Err(e @ LazyError::Fetch { .. }) = &result {
+        // A restorer still building the tree learns why it died (it may
+        // be gone already: then this goes nowhere).
+        let _ = control::send(control.as_fd(), &Msg::Error(e.to_string()), None);
+    }
     {
         let mut st = sh.lock();
         st.closing = true;
@@ -624,6 +650,7 @@ fn main_loop(
                             uffd: Arc::new(uffd),
                             image_pid: h.image_pid,
                             pid: Some(h.pid),
+                            pidfd: stasis_kernel::pidfd::pidfd_open(h.pid).ok(),
                             space: Space::new(&owed),
                             dead: false,
                             cursor: 0,
@@ -636,9 +663,24 @@ fn main_loop(
                         done = true;
                         control_open = false;
                     }
-                    Some((Msg::Abort(_), _)) | None => {
+                    Some((Msg::Abort(_), _)) => {
+                        // The restorer killed and reaped the tree itself.
                         stats.aborted = true;
                         return Ok(stats);
+                    }
+                    None => {
+                        // The restorer is gone (killed) without saying the
+                        // tree runs: what it had already let go of must not
+                        // run on half-filled.
+                        stats.aborted = true;
+                        let killed = kill_unfinished(sh);
+                        if killed.is_empty() {
+                            return Ok(stats);
+                        }
+                        return Err(LazyError::Filler(format!(
+                            "the restorer ended before the restore was complete; the restored tree ({} processes: {killed:?}) was killed, since it had not received all of its memory",
+                            killed.len()
+                        )));
                     }
                     Some((other, _)) => {
                         return Err(LazyError::Control(format!("unexpected frame {other:?}")))
@@ -671,6 +713,7 @@ fn main_loop(
                             uffd: Arc::new(child),
                             image_pid: parent.image_pid,
                             pid: None,
+                            pidfd: None,
                             space: parent.space.forked(),
                             dead: false,
                             cursor: parent.cursor,

@@ -247,8 +247,16 @@ pub fn cmd_restore(a: RestoreArgs) -> Result<ExitCode> {
     let r = match stasis_restore::restore(&store, &opts) {
         Ok(r) => r,
         Err(e) => {
+            // If the filler killed the tree under construction (a damaged
+            // run, say), its reason is the one that matters.
+            let cause = filler
+                .as_ref()
+                .and_then(|f| f.failure(Duration::from_millis(500)));
             if let Some(f) = &filler {
                 f.abort();
+            }
+            if let Some(c) = cause {
+                return Err(anyhow::Error::new(e).context(c)).context("restore failed");
             }
             return Err(e).context("restore failed");
         }
