@@ -26,7 +26,9 @@ pub enum SpawnError {
 }
 
 /// Forks a child (at PID `set_tid` if given) that stops right away under our
-/// trace. Returns it in its initial `SIGSTOP` signal-delivery stop, with the
+/// trace. It has `PR_SET_PDEATHSIG(SIGKILL)`: it dies with the caller even
+/// before `PTRACE_O_EXITKILL` is set (a caller that lets it live on must
+/// clear that). Returns it in its initial `SIGSTOP` signal-delivery stop, with the
 /// address of the `syscall` instruction it stopped after recorded for remote
 /// syscalls.
 pub fn spawn_stopped(set_tid: Option<i32>) -> Result<Tracee, SpawnError> {
@@ -41,6 +43,8 @@ pub fn spawn_stopped(set_tid: Option<i32>) -> Result<Tracee, SpawnError> {
         set_tid_size: u64::from(set_tid.is_some()),
         ..Default::default()
     };
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
     // SAFETY: clone3 with a valid `clone_args` and no CLONE_VM duplicates
     // this process like fork. In the child only async-signal-safe raw
     // syscalls run before it stops and is taken over by the parent (it never
@@ -55,6 +59,14 @@ pub fn spawn_stopped(set_tid: Option<i32>) -> Result<Tracee, SpawnError> {
     if pid == 0 {
         // SAFETY: child side; raw syscalls only, then _exit.
         unsafe {
+            // Until the parent has set PTRACE_O_EXITKILL, nothing else
+            // ties the child's life to it: a parent killed in between
+            // would leave it stopped for ever (holding copies of all the
+            // parent's fds). The restorer clears this once EXITKILL holds.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+            if libc::getppid() != parent {
+                libc::_exit(127);
+            }
             libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0);
             libc::kill(libc::getpid(), libc::SIGSTOP);
             libc::_exit(127);

@@ -1114,7 +1114,16 @@ fn build_process(
     // The root's parent is the restorer now, which may exit (--detach): its
     // parent-death signal would kill it for no reason, so only the other
     // processes (whose parents are restored with them) get theirs back.
-    if p.pdeath_signal != 0 && pid != root_pid {
+    if pid == root_pid {
+        // The root stub was made to die with the restorer until
+        // PTRACE_O_EXITKILL held (see `spawn_stopped`): it outlives it.
+        s.sys(
+            "prctl(PR_SET_PDEATHSIG)",
+            libc::SYS_prctl,
+            &[libc::PR_SET_PDEATHSIG as u64, 0],
+        )
+        .map_err(step("clearing the root's parent-death signal"))?;
+    } else if p.pdeath_signal != 0 {
         s.sys(
             "prctl(PR_SET_PDEATHSIG)",
             libc::SYS_prctl,

@@ -506,6 +506,36 @@ fn damaged_page_of_a_multithreaded_process_is_refused_and_every_thread_reaped() 
     assert!(f.max_refuse < REFUSE_LIMIT);
 }
 
+/// The second hang: in a lazy restore the filler found a damaged run and
+/// killed the tree while the restorer was still building it; the
+/// restorer, waiting for the main thread's next stop, waited forever (the
+/// other threads, traced, were zombies nobody reaped). One in three
+/// restores hung before the watchdog.
+#[test]
+fn lazy_restore_whose_filler_kills_the_tree_mid_build_fails_promptly() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    workloads();
+    let img = dumped("threads", "threads", &[], false);
+    let rel = img
+        .pristine
+        .keys()
+        .find(|r| kind_of(r) == "page pack")
+        .expect("a pack")
+        .clone();
+    let mut f = Figures::default();
+    for _ in 0..10 {
+        let d = Damage::Zero {
+            off: 4096,
+            len: (img.pristine[&rel].len() as u64 / 2) & !4095,
+        };
+        one_trial(&img, &rel, d, true, false, &mut f);
+    }
+    assert_eq!(f.hangs, 0, "{:#?}", f.failures);
+    assert!(f.failures.is_empty(), "{:#?}", f.failures);
+    assert_eq!(f.refused + f.lazy_killed, 10);
+    assert!(f.max_refuse < REFUSE_LIMIT);
+}
+
 #[test]
 fn damaged_images_are_refused_naming_the_file_in_bounded_time_leaving_nothing() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
