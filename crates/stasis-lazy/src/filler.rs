@@ -116,9 +116,7 @@ struct Job {
     entry: usize,
     uffd: Arc<Userfaultfd>,
     id: u64,
-    cur: u64,
     len: u64,
-    img: u64,
     pack: usize,
     run: RunEntry,
 }
@@ -171,9 +169,7 @@ fn claim_around(
         entry: i,
         uffd: e.uffd.clone(),
         id,
-        cur: piece.start,
         len: piece.end - piece.start,
-        img: piece.img,
         pack: loc.pack,
         run: loc.run,
     }))
@@ -189,9 +185,44 @@ enum Delivered {
     NotMapped(u64),
 }
 
-fn deliver(job: &Job, data: &[u8]) -> Result<Delivered, String> {
-    let off = usize::try_from(job.img - job.run.vaddr).unwrap_or(usize::MAX);
-    let len = usize::try_from(job.len).unwrap_or(0);
+/// Copies what flight `job` still owes (its piece less what the process
+/// dropped meanwhile) from `data`, the run's bytes, and records the
+/// outcome. Runs under the state lock, which the main loop also holds from
+/// reading layout events until they are applied: a `MADV_DONTNEED` either
+/// is still unread (the kernel then refuses the copy with `EAGAIN`) or is
+/// already taken out of the flight, so no page the process dropped is ever
+/// filled again with stale image data.
+fn deliver_locked(st: &mut State, job: &Job, data: &[u8]) -> Result<(Delivered, bool), String> {
+    let pieces = st.entries[job.entry].space.in_flight(job.id);
+    let mut done = 0u64;
+    let mut at = 0u64;
+    let mut outcome = Delivered::Landed;
+    for p in &pieces {
+        let d = deliver_piece(job, p, data)?;
+        match d {
+            Delivered::Landed => done += p.end - p.start,
+            Delivered::Again(n) => {
+                outcome = Delivered::Again(done + n);
+                break;
+            }
+            Delivered::NotMapped(n) => {
+                outcome = Delivered::NotMapped(done + n);
+                at = p.start + n;
+                break;
+            }
+            Delivered::Gone => {
+                outcome = Delivered::Gone;
+                break;
+            }
+        }
+    }
+    let landed = settle(st, job, &outcome, at);
+    Ok((outcome, landed))
+}
+
+fn deliver_piece(job: &Job, p: &crate::state::Piece, data: &[u8]) -> Result<Delivered, String> {
+    let off = usize::try_from(p.img - job.run.vaddr).unwrap_or(usize::MAX);
+    let len = usize::try_from(p.end - p.start).unwrap_or(0);
     let data = off
         .checked_add(len)
         .and_then(|end| data.get(off..end))
@@ -205,7 +236,7 @@ fn deliver(job: &Job, data: &[u8]) -> Result<Delivered, String> {
     let mut pos = 0usize;
     while pos < len {
         let end = if single { (pos + page).min(len) } else { len };
-        match job.uffd.copy(job.cur + pos as u64, &data[pos..end]) {
+        match job.uffd.copy(p.start + pos as u64, &data[pos..end]) {
             Ok(()) => pos = end,
             Err(FillError { done, errno }) => {
                 pos += usize::try_from(done).unwrap_or(0);
@@ -224,7 +255,7 @@ fn deliver(job: &Job, data: &[u8]) -> Result<Delivered, String> {
                     e => {
                         return Err(format!(
                             "UFFDIO_COPY at {:#x}: {}",
-                            job.cur + pos as u64,
+                            p.start + pos as u64,
                             std::io::Error::from_raw_os_error(e)
                         ))
                     }
@@ -236,7 +267,8 @@ fn deliver(job: &Job, data: &[u8]) -> Result<Delivered, String> {
 }
 
 /// Records the outcome of a copy. Returns true if it landed.
-fn settle(st: &mut State, job: &Job, d: &Delivered) -> bool {
+/// `at`: for `NotMapped`, the address of the page that was refused.
+fn settle(st: &mut State, job: &Job, d: &Delivered, at: u64) -> bool {
     let e = &mut st.entries[job.entry];
     match *d {
         Delivered::Landed => {
@@ -256,7 +288,6 @@ fn settle(st: &mut State, job: &Job, d: &Delivered) -> bool {
             e.space.failed(job.id, done);
             // Not moved by a remap meanwhile: that page is gone, and no
             // fault will ever come for it (the rest is tried again).
-            let at = job.cur + done;
             if let Owed::Image(p) = e.space.owed(at) {
                 if p.start == at {
                     e.space.remove(at, at + PAGE);
@@ -328,11 +359,11 @@ fn copier(sh: Arc<Shared>) {
         while sh.faulting.load(Ordering::Acquire) > 0 && t_wait.elapsed() < Duration::from_secs(1) {
             std::thread::sleep(Duration::from_micros(200));
         }
-        let d = match cache
+        let (d, landed) = match cache
             .get(&sh, job.pack, &job.run)
-            .and_then(|data| deliver(&job, data))
+            .and_then(|data| deliver_locked(&mut sh.lock(), &job, data))
         {
-            Ok(d) => d,
+            Ok(x) => x,
             Err(msg) => {
                 let mut st = sh.lock();
                 st.entries[job.entry].space.failed(job.id, 0);
@@ -340,7 +371,6 @@ fn copier(sh: Arc<Shared>) {
                 return;
             }
         };
-        let landed = settle(&mut sh.lock(), &job, &d);
         if landed {
             let pages = sh.streamed.fetch_add(job.len / PAGE, Ordering::Relaxed) + job.len / PAGE;
             if sh.bandwidth > 0 {
@@ -491,16 +521,15 @@ fn serve_fault(
             sh.faulting.fetch_add(1, Ordering::AcqRel);
             let fetched = cache
                 .get(sh, job.pack, &job.run)
-                .and_then(|data| deliver(&job, data));
+                .and_then(|data| deliver_locked(&mut sh.lock(), &job, data));
             sh.faulting.fetch_sub(1, Ordering::AcqRel);
-            let d = match fetched {
-                Ok(d) => d,
+            let (d, landed) = match fetched {
+                Ok(x) => x,
                 Err(msg) => {
                     sh.lock().entries[i].space.failed(job.id, 0);
                     return Err(msg);
                 }
             };
-            let landed = settle(&mut sh.lock(), &job, &d);
             if landed {
                 let us = u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX);
                 lat.push(us);
@@ -693,11 +722,16 @@ fn main_loop(
                 continue;
             }
             events.clear();
+            // Read and apply under the lock (see `deliver_locked`): the
+            // kernel lets copies through again as soon as an event is
+            // read, before it has been applied here.
+            let mut st = sh.lock();
             if let Err(e) = uffd.read_events(&mut events) {
                 tracing::debug!("userfaultfd of entry {i}: {e}");
                 continue;
             }
             let now = Instant::now();
+            let mut forked = false;
             // Layout events first: faults read in the same batch are served
             // against the layout that follows them.
             for ev in events.drain(..) {
@@ -707,7 +741,6 @@ fn main_loop(
                         if let Some(g) = guard {
                             g.watch(None, &child)?;
                         }
-                        let mut st = sh.lock();
                         let parent = &st.entries[*i];
                         let e = Entry {
                             uffd: Arc::new(child),
@@ -720,17 +753,18 @@ fn main_loop(
                         };
                         st.entries.push(e);
                         stats.forks += 1;
-                        drop(st);
-                        sh.cv.notify_all();
+                        forked = true;
                     }
-                    Event::Remap { from, to, len } => {
-                        sh.lock().entries[*i].space.remap(from, to, len)
-                    }
+                    Event::Remap { from, to, len } => st.entries[*i].space.remap(from, to, len),
                     Event::Remove { start, end } | Event::Unmap { start, end } => {
-                        sh.lock().entries[*i].space.remove(start, end);
+                        st.entries[*i].space.remove(start, end);
                     }
                     Event::Unknown(code) => tracing::warn!("unknown userfaultfd event {code:#x}"),
                 }
+            }
+            drop(st);
+            if forked {
+                sh.cv.notify_all();
             }
         }
         // Faults (new ones and those that had to wait).

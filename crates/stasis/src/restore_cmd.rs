@@ -263,7 +263,15 @@ pub fn cmd_restore(a: RestoreArgs) -> Result<ExitCode> {
     };
     if let Some(f) = &filler {
         // The tree runs: from here the filler finishes on its own.
-        f.done().context("telling the page filler the tree runs")?;
+        if let Err(e) = f.done() {
+            // The filler is gone: it killed the tree (its guard does if it
+            // died), for a reason it may have said.
+            let e = anyhow::Error::new(e).context("telling the page filler the tree runs");
+            return Err(match f.failure(Duration::from_millis(500)) {
+                Some(cause) => e.context(cause),
+                None => e,
+            });
+        }
     }
     progress.finish();
     if let Some(pf) = &a.pidfile {

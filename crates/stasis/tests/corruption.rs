@@ -109,6 +109,12 @@ fn tolerated(rel: &Path) -> bool {
     matches!(kind_of(rel), "latest" | "touch set" | "tracking state")
 }
 
+/// Damage that changes no meaning: the marker's closing newline (the
+/// reader takes its two lines with or without it; it holds no data).
+fn harmless(rel: &Path, d: Damage, len: usize) -> bool {
+    kind_of(rel) == "marker" && matches!(d, Damage::Truncate { len: l } if l + 1 == len as u64)
+}
+
 fn ix(v: u64) -> usize {
     usize::try_from(v).unwrap()
 }
@@ -263,7 +269,7 @@ fn one_trial(img: &Image, rel: &Path, d: Damage, lazy: bool, new_pidns: bool, f:
         // The restore went through: the tree runs (the restorer is gone,
         // so its root is our child now: this test is a subreaper).
         let root = my_children().into_iter().find(|&c| comm_of(c) == img.comm);
-        if tolerated(rel) {
+        if tolerated(rel) || harmless(rel, d, orig.len()) {
             match root {
                 Some(r) if finish_restored(img, r) => {
                     f.tolerated_ok += 1;
@@ -408,14 +414,7 @@ fn campaign(seed: u64, trials: u64) {
         dumped("tree", "tree", &[], false),
         dumped("chain", "chain_writer", &["4"], true),
     ];
-    // The dirty-tracking keeper of the incremental dumps is not part of
-    // what is tested here.
-    for (pid, cmd) in reap_children(Duration::from_millis(100)) {
-        assert!(cmd.contains("__track-keeper"), "stray child {pid}: {cmd}");
-        // SAFETY: ending a helper of our own dumps.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-        reap_if_ours(pid);
-    }
+    end_track_keepers();
     let mut rng = Rng(seed);
     let mut f = Figures::default();
     // Every file of every image once first, then at random.
@@ -436,7 +435,7 @@ fn campaign(seed: u64, trials: u64) {
         let d = pick_damage(&mut rng, &img.pristine[&rel]);
         let lazy = t % 4 == 3;
         one_trial(img, &rel, d, lazy, false, &mut f);
-        if t % 8 == 0 && !tolerated(&rel) {
+        if t % 8 == 0 && !tolerated(&rel) && !harmless(&rel, d, img.pristine[&rel].len()) {
             inspect_reports(img, &rel, d, &mut f);
         }
     }
@@ -534,6 +533,41 @@ fn lazy_restore_whose_filler_kills_the_tree_mid_build_fails_promptly() {
     assert!(f.failures.is_empty(), "{:#?}", f.failures);
     assert_eq!(f.refused + f.lazy_killed, 10);
     assert!(f.max_refuse < REFUSE_LIMIT);
+}
+
+/// A wrong restore the campaign found (not caused by the damage): a lazy
+/// restore of `chain_writer` sometimes left a page the restored process had
+/// dropped (`MADV_DONTNEED`) holding image data again. The filler copied a
+/// run it had claimed before the process dropped part of it: the kernel
+/// lets copies through as soon as the event is read, before the filler had
+/// applied it. (2 lazy restores in 6 went wrong before the fix.) Damaging
+/// only `latest` leaves the image exact.
+#[test]
+fn lazy_restore_never_refills_a_page_the_process_dropped_meanwhile() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    workloads();
+    let mut f = Figures::default();
+    for _ in 0..3 {
+        let img = dumped("chain", "chain_writer", &["4"], true);
+        end_track_keepers();
+        for _ in 0..3 {
+            let d = Damage::Zero { off: 0, len: 1 };
+            one_trial(&img, Path::new("latest"), d, true, false, &mut f);
+        }
+    }
+    assert!(f.failures.is_empty(), "{:#?}", f.failures);
+    assert_eq!(f.tolerated_ok, 9);
+}
+
+/// Ends the dirty-tracking keepers the incremental dumps left (not what
+/// is tested here).
+fn end_track_keepers() {
+    for (pid, cmd) in reap_children(Duration::from_millis(100)) {
+        assert!(cmd.contains("__track-keeper"), "stray child {pid}: {cmd}");
+        // SAFETY: ending a helper of our own dumps.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        reap_if_ours(pid);
+    }
 }
 
 #[test]
