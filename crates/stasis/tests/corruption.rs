@@ -540,9 +540,10 @@ fn lazy_restore_whose_filler_kills_the_tree_mid_build_fails_promptly() {
 /// dropped (`MADV_DONTNEED`) holding image data again. The filler copied a
 /// run it had claimed before the process dropped part of it: the kernel
 /// lets copies through as soon as the event is read, before the filler had
-/// applied it. (It went wrong in 3 of about 620 lazy restores of such
-/// chains before the fix, under a busy machine; this test did not make it
-/// happen again on demand: it checks that such restores stay exact.)
+/// applied it. (Before the fix it went wrong once in a 600-trial campaign
+/// and in 2 of 6 lazy restores of one debugging run, on a busy machine;
+/// this test did not make it happen again on demand with the old filler:
+/// it checks that such restores stay exact.)
 /// Damaging only `latest` leaves the image exact.
 #[test]
 fn lazy_restore_never_refills_a_page_the_process_dropped_meanwhile() {
