@@ -112,6 +112,8 @@ struct Figures {
     half: u64,
     max_settle: Duration,
     failures: Vec<String>,
+    /// Restorers of `--from` restores so far (their mirrors must go).
+    from_restorers: Vec<i32>,
 }
 
 struct Setup {
@@ -319,11 +321,9 @@ fn trial(s: &Setup, img: usize, mode: Mode, at: Option<Duration>, f: &mut Figure
         let _ = std::fs::remove_file(images.join(r));
     }
     // A remote restore keeps a temporary mirror; a killed one cannot
-    // remove it.
-    for e in std::fs::read_dir(std::env::temp_dir()).unwrap().flatten() {
-        if e.file_name().to_string_lossy().starts_with("stasis-from-") {
-            let _ = std::fs::remove_dir_all(e.path());
-        }
+    // remove it, the next remote restore does (checked at the end).
+    if mode == Mode::From {
+        f.from_restorers.push(restorer);
     }
     *f.trials.entry(mode).or_default() += 1;
     let err = std::fs::read_to_string(i.w.dir.path().join("restore.err")).unwrap_or_default();
@@ -414,6 +414,23 @@ fn a_killed_restorer_or_filler_leaves_nothing_half_restored() {
             let at = Duration::from_micros(rng.below(us.max(1)));
             trial(&s, img, m, Some(at), &mut f);
         }
+    }
+    // One more remote restore cleans up the mirrors the killed ones left.
+    trial(&s, 0, Mode::From, None, &mut f);
+    let stale: Vec<String> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| {
+            f.from_restorers
+                .iter()
+                .any(|p| n.starts_with(&format!("stasis-from-{p}-")))
+        })
+        .collect();
+    if !stale.is_empty() {
+        f.failures.push(format!(
+            "page-server mirrors of killed restores left behind: {stale:?}"
+        ));
     }
     eprintln!(
         "restore kill campaign (seed {seed}): {:?} trials; {} left nothing, {} left the whole tree (self-check PASS), {} half-restored, {} hangs; slowest settle {:?}; {} problems",
