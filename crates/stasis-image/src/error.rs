@@ -54,7 +54,7 @@ pub enum ImageError {
     },
 
     /// `manifest.bin` failed validation (framing, checksum, decoding).
-    #[error("manifest of checkpoint {checkpoint} is corrupt ({reason}): the image cannot be trusted; restore an earlier checkpoint with --checkpoint N")]
+    #[error("manifest {} of checkpoint {checkpoint} is corrupt ({reason}): the image cannot be trusted; restore an earlier checkpoint with --checkpoint N", .path.display())]
     CorruptManifest {
         checkpoint: u32,
         path: PathBuf,

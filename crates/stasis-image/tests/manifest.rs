@@ -89,7 +89,7 @@ fn checksum_error_message() {
     let e = decode_manifest(&bytes, 3, p()).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "manifest of checkpoint 3 is corrupt (checksum mismatch): the image cannot be trusted; \
+        "manifest manifest.bin of checkpoint 3 is corrupt (checksum mismatch): the image cannot be trusted; \
          restore an earlier checkpoint with --checkpoint N"
     );
 }

@@ -26,7 +26,9 @@ pub enum SpawnError {
 }
 
 /// Forks a child (at PID `set_tid` if given) that stops right away under our
-/// trace. Returns it in its initial `SIGSTOP` signal-delivery stop, with the
+/// trace. It has `PR_SET_PDEATHSIG(SIGKILL)`: it dies with the caller even
+/// before `PTRACE_O_EXITKILL` is set (a caller that lets it live on must
+/// clear that). Returns it in its initial `SIGSTOP` signal-delivery stop, with the
 /// address of the `syscall` instruction it stopped after recorded for remote
 /// syscalls.
 pub fn spawn_stopped(set_tid: Option<i32>) -> Result<Tracee, SpawnError> {
@@ -41,6 +43,8 @@ pub fn spawn_stopped(set_tid: Option<i32>) -> Result<Tracee, SpawnError> {
         set_tid_size: u64::from(set_tid.is_some()),
         ..Default::default()
     };
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
     // SAFETY: clone3 with a valid `clone_args` and no CLONE_VM duplicates
     // this process like fork. In the child only async-signal-safe raw
     // syscalls run before it stops and is taken over by the parent (it never
@@ -55,6 +59,14 @@ pub fn spawn_stopped(set_tid: Option<i32>) -> Result<Tracee, SpawnError> {
     if pid == 0 {
         // SAFETY: child side; raw syscalls only, then _exit.
         unsafe {
+            // Until the parent has set PTRACE_O_EXITKILL, nothing else
+            // ties the child's life to it: a parent killed in between
+            // would leave it stopped for ever (holding copies of all the
+            // parent's fds). The restorer clears this once EXITKILL holds.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+            if libc::getppid() != parent {
+                libc::_exit(127);
+            }
             libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0);
             libc::kill(libc::getpid(), libc::SIGSTOP);
             libc::_exit(127);
@@ -281,4 +293,136 @@ pub fn pidns_init(root: i32) -> i32 {
             }
         }
     }
+}
+
+/// Every task (thread) of process `pid` now, the process itself first.
+fn tasks_of(pid: i32) -> Vec<i32> {
+    let mut out = vec![pid];
+    if let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        out.extend(
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()))
+                .filter(|&t| t != pid),
+        );
+    }
+    out
+}
+
+/// Kills the processes `pids` (SIGKILL to each) and reaps every task of
+/// them that this process has to reap: its children, and every thread and
+/// process it traces. A traced thread that dies stays a zombie until its
+/// tracer waits for it, and its thread-group leader cannot be reaped
+/// before, so waiting only for a leader can wait forever; this waits for
+/// each task, polling, and at most `timeout`. Returns the tasks still
+/// present then (none, unless the kernel or a late reaper is slow: a
+/// killed process whose parent is not this one is reaped by that parent,
+/// or by the nearest subreaper, see [`Subreaper`]).
+pub fn kill_and_reap_all(pids: &[i32], timeout: std::time::Duration) -> Vec<i32> {
+    let mut left: Vec<i32> = pids
+        .iter()
+        .filter(|&&p| p > 0)
+        .flat_map(|&p| tasks_of(p))
+        .collect();
+    left.sort_unstable();
+    left.dedup();
+    for &p in pids.iter().filter(|&&p| p > 0) {
+        // SAFETY: kill with a pid of a process this restorer created and
+        // still traces or waits for (not reaped yet).
+        unsafe { libc::kill(p, libc::SIGKILL) };
+    }
+    let t0 = std::time::Instant::now();
+    loop {
+        left.retain(|&t| {
+            let mut status = 0i32;
+            // SAFETY: a non-blocking waitpid with a valid out-pointer; it
+            // only reaps a task that is our child or our tracee.
+            unsafe { libc::waitpid(t, &mut status, libc::WNOHANG | libc::__WALL) };
+            std::path::Path::new(&format!("/proc/{t}")).exists()
+        });
+        if left.is_empty() || t0.elapsed() >= timeout {
+            return left;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// Makes this process a child subreaper while it lives (orphaned
+/// descendants are re-parented to it, so it can reap a killed tree at
+/// once instead of leaving zombies to a late init), and puts the previous
+/// setting back when dropped.
+#[derive(Debug)]
+pub struct Subreaper {
+    was: bool,
+}
+
+impl Subreaper {
+    pub fn enable() -> Subreaper {
+        let mut cur: libc::c_int = 0;
+        // SAFETY: PR_GET_CHILD_SUBREAPER writes an int through the pointer,
+        // which is valid for the call; PR_SET_CHILD_SUBREAPER takes an
+        // integer.
+        let was = unsafe {
+            libc::prctl(
+                libc::PR_GET_CHILD_SUBREAPER,
+                &mut cur as *mut libc::c_int,
+                0,
+                0,
+                0,
+            ) == 0
+                && cur != 0
+        };
+        if !was {
+            // SAFETY: prctl with integer arguments.
+            unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+        }
+        Subreaper { was }
+    }
+}
+
+impl Drop for Subreaper {
+    fn drop(&mut self) {
+        if !self.was {
+            // SAFETY: prctl with integer arguments.
+            unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) };
+        }
+    }
+}
+
+/// Reaps every thread of process `pid` other than its leader that has
+/// died and is waiting as a zombie for this process (its tracer). Returns
+/// how many were reaped.
+///
+/// A traced thread that dies stays a zombie until its tracer waits for
+/// it, and until then the leader's own exit is not reported: a tracer
+/// blocked waiting for the leader of a process killed from outside (the
+/// OOM killer, `kill -9`, a lazy restore's filler that found a damaged
+/// page) would wait forever. Calling this from another thread of the
+/// tracer, periodically, breaks that wait (the leader's exit is then
+/// reported to it).
+pub fn reap_dead_threads(pid: i32) -> usize {
+    let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    let mut n = 0;
+    for tid in rd
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()))
+        .filter(|&t| t != pid)
+    {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap_or_default();
+        let state = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().next());
+        if !matches!(state, Some("Z") | Some("X")) {
+            continue;
+        }
+        let mut status = 0i32;
+        // SAFETY: a non-blocking waitpid with a valid out-pointer for one
+        // thread that is already dead; it only reaps our own tracee.
+        if unsafe { libc::waitpid(tid, &mut status, libc::WNOHANG | libc::__WALL) } == tid {
+            n += 1;
+        }
+    }
+    n
 }

@@ -9,6 +9,7 @@
 //!
 //! ```text
 //! filler   -> restorer  {"ready": {"pages": N}} | {"error": "..."}      once, first
+//! filler   -> restorer  {"error": "..."}  a page could not be delivered: the tree was killed
 //! restorer -> filler    {"hand": {"image_pid", "pid", "areas": [[s, e]..]}} + uffd
 //! restorer -> filler    {"done": true}    the tree runs: fill, then exit
 //! restorer -> filler    {"abort": true}   the restore failed: exit now
@@ -233,6 +234,21 @@ impl Filler {
             .lock()
             .map_err(|_| LazyError::Control("poisoned".into()))?;
         send(s.as_fd(), &Msg::Done(true), None)
+    }
+
+    /// After a failed restore: the filler's own failure, if it reported
+    /// one within `wait` (a page it could not deliver made it kill the
+    /// tree under construction, which is then the cause to report).
+    pub fn failure(&self, wait: Duration) -> Option<String> {
+        let s = self.sock.lock().ok()?;
+        let stream = UnixStream::from(s.try_clone().ok()?);
+        stream.set_read_timeout(Some(wait)).ok()?;
+        let got = recv(s.as_fd());
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(120)));
+        match got {
+            Ok(Some((Msg::Error(e), _))) => Some(e),
+            _ => None,
+        }
     }
 
     /// The restore failed: the filler exits.

@@ -71,6 +71,8 @@ struct Entry {
     /// PID of a handed-over process (forked children have none: they are
     /// found as descendants when the tree must be killed).
     pid: Option<i32>,
+    /// A pidfd of it, so that a late kill never hits a reused PID.
+    pidfd: Option<OwnedFd>,
     space: Space,
     dead: bool,
     /// Next index into the touch order of `image_pid`.
@@ -114,9 +116,7 @@ struct Job {
     entry: usize,
     uffd: Arc<Userfaultfd>,
     id: u64,
-    cur: u64,
     len: u64,
-    img: u64,
     pack: usize,
     run: RunEntry,
 }
@@ -169,9 +169,7 @@ fn claim_around(
         entry: i,
         uffd: e.uffd.clone(),
         id,
-        cur: piece.start,
         len: piece.end - piece.start,
-        img: piece.img,
         pack: loc.pack,
         run: loc.run,
     }))
@@ -187,9 +185,44 @@ enum Delivered {
     NotMapped(u64),
 }
 
-fn deliver(job: &Job, data: &[u8]) -> Result<Delivered, String> {
-    let off = usize::try_from(job.img - job.run.vaddr).unwrap_or(usize::MAX);
-    let len = usize::try_from(job.len).unwrap_or(0);
+/// Copies what flight `job` still owes (its piece less what the process
+/// dropped meanwhile) from `data`, the run's bytes, and records the
+/// outcome. Runs under the state lock, which the main loop also holds from
+/// reading layout events until they are applied: a `MADV_DONTNEED` either
+/// is still unread (the kernel then refuses the copy with `EAGAIN`) or is
+/// already taken out of the flight, so no page the process dropped is ever
+/// filled again with stale image data.
+fn deliver_locked(st: &mut State, job: &Job, data: &[u8]) -> Result<(Delivered, bool), String> {
+    let pieces = st.entries[job.entry].space.in_flight(job.id);
+    let mut done = 0u64;
+    let mut at = 0u64;
+    let mut outcome = Delivered::Landed;
+    for p in &pieces {
+        let d = deliver_piece(job, p, data)?;
+        match d {
+            Delivered::Landed => done += p.end - p.start,
+            Delivered::Again(n) => {
+                outcome = Delivered::Again(done + n);
+                break;
+            }
+            Delivered::NotMapped(n) => {
+                outcome = Delivered::NotMapped(done + n);
+                at = p.start + n;
+                break;
+            }
+            Delivered::Gone => {
+                outcome = Delivered::Gone;
+                break;
+            }
+        }
+    }
+    let landed = settle(st, job, &outcome, at);
+    Ok((outcome, landed))
+}
+
+fn deliver_piece(job: &Job, p: &crate::state::Piece, data: &[u8]) -> Result<Delivered, String> {
+    let off = usize::try_from(p.img - job.run.vaddr).unwrap_or(usize::MAX);
+    let len = usize::try_from(p.end - p.start).unwrap_or(0);
     let data = off
         .checked_add(len)
         .and_then(|end| data.get(off..end))
@@ -203,7 +236,7 @@ fn deliver(job: &Job, data: &[u8]) -> Result<Delivered, String> {
     let mut pos = 0usize;
     while pos < len {
         let end = if single { (pos + page).min(len) } else { len };
-        match job.uffd.copy(job.cur + pos as u64, &data[pos..end]) {
+        match job.uffd.copy(p.start + pos as u64, &data[pos..end]) {
             Ok(()) => pos = end,
             Err(FillError { done, errno }) => {
                 pos += usize::try_from(done).unwrap_or(0);
@@ -222,7 +255,7 @@ fn deliver(job: &Job, data: &[u8]) -> Result<Delivered, String> {
                     e => {
                         return Err(format!(
                             "UFFDIO_COPY at {:#x}: {}",
-                            job.cur + pos as u64,
+                            p.start + pos as u64,
                             std::io::Error::from_raw_os_error(e)
                         ))
                     }
@@ -234,7 +267,8 @@ fn deliver(job: &Job, data: &[u8]) -> Result<Delivered, String> {
 }
 
 /// Records the outcome of a copy. Returns true if it landed.
-fn settle(st: &mut State, job: &Job, d: &Delivered) -> bool {
+/// `at`: for `NotMapped`, the address of the page that was refused.
+fn settle(st: &mut State, job: &Job, d: &Delivered, at: u64) -> bool {
     let e = &mut st.entries[job.entry];
     match *d {
         Delivered::Landed => {
@@ -254,7 +288,6 @@ fn settle(st: &mut State, job: &Job, d: &Delivered) -> bool {
             e.space.failed(job.id, done);
             // Not moved by a remap meanwhile: that page is gone, and no
             // fault will ever come for it (the rest is tried again).
-            let at = job.cur + done;
             if let Owed::Image(p) = e.space.owed(at) {
                 if p.start == at {
                     e.space.remove(at, at + PAGE);
@@ -326,11 +359,11 @@ fn copier(sh: Arc<Shared>) {
         while sh.faulting.load(Ordering::Acquire) > 0 && t_wait.elapsed() < Duration::from_secs(1) {
             std::thread::sleep(Duration::from_micros(200));
         }
-        let d = match cache
+        let (d, landed) = match cache
             .get(&sh, job.pack, &job.run)
-            .and_then(|data| deliver(&job, data))
+            .and_then(|data| deliver_locked(&mut sh.lock(), &job, data))
         {
-            Ok(d) => d,
+            Ok(x) => x,
             Err(msg) => {
                 let mut st = sh.lock();
                 st.entries[job.entry].space.failed(job.id, 0);
@@ -338,7 +371,6 @@ fn copier(sh: Arc<Shared>) {
                 return;
             }
         };
-        let landed = settle(&mut sh.lock(), &job, &d);
         if landed {
             let pages = sh.streamed.fetch_add(job.len / PAGE, Ordering::Relaxed) + job.len / PAGE;
             if sh.bandwidth > 0 {
@@ -361,6 +393,25 @@ fn copier(sh: Arc<Shared>) {
 fn kill_tree(st: &State) -> Vec<i32> {
     let roots: Vec<i32> = st.entries.iter().filter_map(|e| e.pid).collect();
     kill_pids(&roots)
+}
+
+/// Kills the handed-over processes that still live, and their
+/// descendants (the restorer ended without saying the tree runs).
+fn kill_unfinished(sh: &Shared) -> Vec<i32> {
+    use stasis_kernel::pidfd::pidfd_send_signal;
+    let st = sh.lock();
+    let live: Vec<(i32, &OwnedFd)> = st
+        .entries
+        .iter()
+        .filter_map(|e| Some((e.pid?, e.pidfd.as_ref()?)))
+        .filter(|(pid, fd)| pidfd_send_signal(fd, *pid, 0).is_ok())
+        .collect();
+    let roots: Vec<i32> = live.iter().map(|(p, _)| *p).collect();
+    let killed = kill_pids(&roots);
+    for (pid, fd) in live {
+        let _ = pidfd_send_signal(fd, pid, libc::SIGKILL);
+    }
+    killed
 }
 
 /// SIGKILLs `roots` and all their descendants; returns who was signalled.
@@ -470,16 +521,15 @@ fn serve_fault(
             sh.faulting.fetch_add(1, Ordering::AcqRel);
             let fetched = cache
                 .get(sh, job.pack, &job.run)
-                .and_then(|data| deliver(&job, data));
+                .and_then(|data| deliver_locked(&mut sh.lock(), &job, data));
             sh.faulting.fetch_sub(1, Ordering::AcqRel);
-            let d = match fetched {
-                Ok(d) => d,
+            let (d, landed) = match fetched {
+                Ok(x) => x,
                 Err(msg) => {
                     sh.lock().entries[i].space.failed(job.id, 0);
                     return Err(msg);
                 }
             };
-            let landed = settle(&mut sh.lock(), &job, &d);
             if landed {
                 let us = u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX);
                 lat.push(us);
@@ -539,6 +589,11 @@ pub fn serve(
         .collect();
     let guard = cfg.guard;
     let result = main_loop(&sh, &control, guard.as_ref());
+    if let Err(e @ LazyError::Fetch { .. }) = &result {
+        // A restorer still building the tree learns why it died (it may
+        // be gone already: then this goes nowhere).
+        let _ = control::send(control.as_fd(), &Msg::Error(e.to_string()), None);
+    }
     {
         let mut st = sh.lock();
         st.closing = true;
@@ -624,6 +679,7 @@ fn main_loop(
                             uffd: Arc::new(uffd),
                             image_pid: h.image_pid,
                             pid: Some(h.pid),
+                            pidfd: stasis_kernel::pidfd::pidfd_open(h.pid).ok(),
                             space: Space::new(&owed),
                             dead: false,
                             cursor: 0,
@@ -636,9 +692,24 @@ fn main_loop(
                         done = true;
                         control_open = false;
                     }
-                    Some((Msg::Abort(_), _)) | None => {
+                    Some((Msg::Abort(_), _)) => {
+                        // The restorer killed and reaped the tree itself.
                         stats.aborted = true;
                         return Ok(stats);
+                    }
+                    None => {
+                        // The restorer is gone (killed) without saying the
+                        // tree runs: what it had already let go of must not
+                        // run on half-filled.
+                        stats.aborted = true;
+                        let killed = kill_unfinished(sh);
+                        if killed.is_empty() {
+                            return Ok(stats);
+                        }
+                        return Err(LazyError::Filler(format!(
+                            "the restorer ended before the restore was complete; the restored tree ({} processes: {killed:?}) was killed, since it had not received all of its memory",
+                            killed.len()
+                        )));
                     }
                     Some((other, _)) => {
                         return Err(LazyError::Control(format!("unexpected frame {other:?}")))
@@ -651,11 +722,16 @@ fn main_loop(
                 continue;
             }
             events.clear();
+            // Read and apply under the lock (see `deliver_locked`): the
+            // kernel lets copies through again as soon as an event is
+            // read, before it has been applied here.
+            let mut st = sh.lock();
             if let Err(e) = uffd.read_events(&mut events) {
                 tracing::debug!("userfaultfd of entry {i}: {e}");
                 continue;
             }
             let now = Instant::now();
+            let mut forked = false;
             // Layout events first: faults read in the same batch are served
             // against the layout that follows them.
             for ev in events.drain(..) {
@@ -665,29 +741,30 @@ fn main_loop(
                         if let Some(g) = guard {
                             g.watch(None, &child)?;
                         }
-                        let mut st = sh.lock();
                         let parent = &st.entries[*i];
                         let e = Entry {
                             uffd: Arc::new(child),
                             image_pid: parent.image_pid,
                             pid: None,
+                            pidfd: None,
                             space: parent.space.forked(),
                             dead: false,
                             cursor: parent.cursor,
                         };
                         st.entries.push(e);
                         stats.forks += 1;
-                        drop(st);
-                        sh.cv.notify_all();
+                        forked = true;
                     }
-                    Event::Remap { from, to, len } => {
-                        sh.lock().entries[*i].space.remap(from, to, len)
-                    }
+                    Event::Remap { from, to, len } => st.entries[*i].space.remap(from, to, len),
                     Event::Remove { start, end } | Event::Unmap { start, end } => {
-                        sh.lock().entries[*i].space.remove(start, end);
+                        st.entries[*i].space.remove(start, end);
                     }
                     Event::Unknown(code) => tracing::warn!("unknown userfaultfd event {code:#x}"),
                 }
+            }
+            drop(st);
+            if forked {
+                sh.cv.notify_all();
             }
         }
         // Faults (new ones and those that had to wait).

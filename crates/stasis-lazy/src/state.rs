@@ -177,6 +177,12 @@ impl Space {
         Some((id, piece))
     }
 
+    /// What flight `id` still has to copy: its piece, less what the
+    /// process dropped since, at wherever it moved it.
+    pub fn in_flight(&self, id: u64) -> Vec<Piece> {
+        self.inflight.get(&id).cloned().unwrap_or_default()
+    }
+
     /// The copy of flight `id` is done (or abandoned for good).
     pub fn landed(&mut self, id: u64) {
         self.inflight.remove(&id);

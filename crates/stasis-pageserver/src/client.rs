@@ -51,7 +51,18 @@ pub struct Client {
 
 impl Client {
     /// Connects to `addr` (`host:port`) and authenticates with `token`.
+    /// A peer that does not answer is an error naming it after
+    /// [`CONNECT_TIMEOUT`] (connecting) or [`IO_TIMEOUT`] (any read or
+    /// write), never a hang.
     pub fn connect(addr: &str, token: &[u8]) -> Result<Client, PageServerError> {
+        Self::connect_within(addr, token, IO_TIMEOUT)
+    }
+
+    fn connect_within(
+        addr: &str,
+        token: &[u8],
+        io_timeout: Duration,
+    ) -> Result<Client, PageServerError> {
         if token.is_empty() {
             return Err(PageServerError::EmptyToken);
         }
@@ -73,8 +84,8 @@ impl Client {
         let stream = stream.ok_or_else(|| connect_err(last))?;
         let setup = |s: &TcpStream| -> io::Result<(TcpStream, TcpStream)> {
             s.set_nodelay(true)?;
-            s.set_read_timeout(Some(IO_TIMEOUT))?;
-            s.set_write_timeout(Some(IO_TIMEOUT))?;
+            s.set_read_timeout(Some(io_timeout))?;
+            s.set_write_timeout(Some(io_timeout))?;
             Ok((s.try_clone()?, s.try_clone()?))
         };
         let (r, w) = setup(&stream).map_err(connect_err)?;
@@ -553,6 +564,22 @@ fn run_during(n: u32, pack: &str, run: &RunEntry) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// A peer that accepts the connection and then says nothing is an
+    /// error naming it, in bounded time.
+    #[test]
+    fn a_peer_that_never_answers_is_a_timeout_naming_it() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let held = std::thread::spawn(move || l.accept().map(|(s, _)| s));
+        let t0 = std::time::Instant::now();
+        let e = super::Client::connect_within(&addr, b"token", super::Duration::from_millis(300))
+            .unwrap_err();
+        assert!(t0.elapsed() < super::Duration::from_secs(5));
+        assert!(matches!(e, crate::PageServerError::Timeout { .. }), "{e:?}");
+        assert!(e.to_string().contains(&addr), "{e}");
+        drop(held.join());
+    }
+
     /// The restorer moves one client into each filler thread.
     #[test]
     fn client_is_send() {

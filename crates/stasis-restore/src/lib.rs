@@ -31,8 +31,12 @@
 //! 7. **Jump**: if verification passed, each process (children first) gets
 //!    its threads' registers back; its last remote syscall unmaps the control
 //!    page, and at that syscall-exit stop the main thread's registers are
-//!    loaded and everything is detached. Any failure before this kills the
-//!    whole half-built tree: nothing is left running.
+//!    loaded. Once every process is ready, all are detached in one short
+//!    loop (the root last). Any failure before this kills the whole
+//!    half-built tree and reaps every task of it (the restorer is a child
+//!    subreaper meanwhile) before the error is returned: nothing is left
+//!    running, no zombie holds a saved PID. A restorer killed before the
+//!    detach loop takes the stopped tree with it (`PTRACE_O_EXITKILL`).
 
 pub mod build;
 pub mod files;
@@ -46,7 +50,7 @@ use std::time::{Duration, Instant};
 
 use stasis_image::manifest::{ProcessImage, VmaKind};
 use stasis_image::{Checkpoint, ImageDir, ImageError, PackReader, PageSource, RunEntry};
-use stasis_kernel::child::{kill_and_reap, spawn_stopped, SpawnError};
+use stasis_kernel::child::{spawn_stopped, SpawnError};
 use stasis_kernel::mem::ProcessMemory;
 use stasis_kernel::{sarg, scm, KernelError, Tracee, UserRegs};
 use stasis_sys as sys;
@@ -259,24 +263,97 @@ impl Proc {
     }
 }
 
-/// Kills every process of a half-built tree and reaps the root.
-fn kill_tree(procs: Vec<Proc>) {
-    let mut root = None;
-    for (i, mut p) in procs.into_iter().enumerate() {
+/// How long a failed restore waits for the half-built tree it killed to be
+/// reaped (a few milliseconds in practice).
+const REAP_WAIT: Duration = Duration::from_secs(5);
+
+/// Kills every process of a half-built tree (and the PID namespace's init
+/// `init`, if any) and reaps all of their tasks: the threads and processes
+/// it traces must be reaped by the restorer itself (a traced thread that
+/// died is a zombie until its tracer waits for it, and the root cannot be
+/// reaped before its threads), and with the restorer a subreaper the
+/// orphaned processes come to it too. Bounded by [`REAP_WAIT`].
+fn kill_tree(procs: Vec<Proc>, init: Option<i32>) {
+    let mut pids = Vec::with_capacity(procs.len() + 1);
+    for mut p in procs {
         for (t, _) in &mut p.threads {
             t.forget();
         }
-        if i == 0 {
-            root = Some(p.t);
-        } else {
-            // SAFETY: killing a process this restore created.
-            unsafe { libc::kill(p.t.pid(), libc::SIGKILL) };
-            p.t.forget();
+        p.t.forget();
+        pids.push(p.t.pid());
+    }
+    pids.extend(init);
+    let left = stasis_kernel::child::kill_and_reap_all(&pids, REAP_WAIT);
+    if !left.is_empty() {
+        tracing::warn!(
+            "tasks {left:?} of the abandoned restore were not reaped within {REAP_WAIT:?}"
+        );
+    }
+}
+
+/// While a tree is being built: reaps the dead non-leader threads of
+/// every process under the restorer, so that a process killed from outside
+/// (`kill -9`, the OOM killer, a lazy filler that found a damaged page)
+/// makes the remote syscall waiting on it fail at once instead of waiting
+/// forever for a leader whose exit the kernel holds back until its traced
+/// threads are reaped (see `stasis_kernel::child::reap_dead_threads`).
+struct Watchdog {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watchdog {
+    fn start() -> Watchdog {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("restore-watchdog".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    for p in descendants_of_self() {
+                        stasis_kernel::child::reap_dead_threads(p);
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+            .ok();
+        Watchdog { stop, thread }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
     }
-    if let Some(r) = root {
-        kill_and_reap(r);
+}
+
+/// Every descendant of this process (children of any of its threads,
+/// recursively).
+fn descendants_of_self() -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut queue = vec![std::process::id() as i32];
+    while let Some(p) = queue.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            for k in kids
+                .split_whitespace()
+                .filter_map(|x| x.parse::<i32>().ok())
+            {
+                if !out.contains(&k) {
+                    out.push(k);
+                    queue.push(k);
+                }
+            }
+        }
     }
+    out
 }
 
 /// Waits until `pid` is free: returns at once if it is, waits out a zombie
@@ -334,6 +411,9 @@ pub fn load(store: &ImageDir, n: Option<u32>) -> Result<(Checkpoint, tree::Plan)
 /// Restores the process tree of a checkpoint and lets it run.
 pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     let t0 = Instant::now();
+    // Processes of a tree abandoned half-built come back to us to be
+    // reaped at once (not to an init that reaps late, keeping their PIDs).
+    let _reaper = stasis_kernel::child::Subreaper::enable();
     let (cp, plan) = load(store, opts.checkpoint)?;
     let m = &cp.manifest;
     // The pages of each process: its own pack, and for an incremental
@@ -393,20 +473,17 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
         (spawn_stopped(Some(root.pid)).map_err(spawn_err)?, None)
     };
     drop(remote_end);
-    let kill_init = || {
-        if let Some(i) = init {
-            // SAFETY: killing and reaping the namespace init we started
-            // (which kills everything in the namespace).
-            unsafe {
-                libc::kill(i, libc::SIGKILL);
-                libc::waitpid(i, std::ptr::null_mut(), 0);
-            }
-        }
-    };
+    let root_outer = t.pid();
     let mut procs = match Proc::adopt(t, 0, root.pid) {
         Ok(p) => vec![p],
         Err(e) => {
-            kill_init();
+            let left = stasis_kernel::child::kill_and_reap_all(
+                &[root_outer, init.unwrap_or(0)],
+                REAP_WAIT,
+            );
+            if !left.is_empty() {
+                tracing::warn!("tasks {left:?} of the abandoned restore were not reaped");
+            }
             return Err(e);
         }
     };
@@ -456,6 +533,7 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
         Ok(())
     });
 
+    let watchdog = Watchdog::start();
     let mut lazy_bytes = 0u64;
     let built = build_tree(
         &mut procs,
@@ -473,17 +551,27 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
             "the checksum verifier panicked".into(),
         )),
     };
-    let result = built
-        .and_then(|bytes| verified.map(|()| bytes))
-        .and_then(|bytes| {
-            // Children first: a parent never runs while its children are stubs.
-            for (p, img) in procs.iter_mut().zip(&m.processes).rev() {
-                if p.live {
-                    jump(p, img)?;
-                }
+    // A damaged pack is the error to report even if the build also failed
+    // (damaged data can make it fail first, with a vaguer message).
+    let result = verified.and(built).and_then(|bytes| {
+        // Every process gets its registers back while all stay stopped
+        // (children first); only then are they let go, all in one
+        // short loop, the root last. A restorer killed before that
+        // loop takes the whole stopped tree with it (PTRACE_O_EXITKILL):
+        // never a child running without its parent.
+        let mut ready = Vec::new();
+        for (i, (p, img)) in procs.iter_mut().zip(&m.processes).enumerate().rev() {
+            if p.live {
+                jump(p, img)?;
+                ready.push(i);
             }
-            Ok(bytes)
-        });
+        }
+        for i in ready {
+            release(&mut procs[i])?;
+        }
+        Ok(bytes)
+    });
+    drop(watchdog);
     match result {
         Ok(bytes) => Ok(Restored {
             checkpoint: cp.number,
@@ -499,8 +587,7 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
             pid_wait_us,
         }),
         Err(e) => {
-            kill_tree(procs);
-            kill_init();
+            kill_tree(procs, init);
             Err(e)
         }
     }
@@ -1027,7 +1114,16 @@ fn build_process(
     // The root's parent is the restorer now, which may exit (--detach): its
     // parent-death signal would kill it for no reason, so only the other
     // processes (whose parents are restored with them) get theirs back.
-    if p.pdeath_signal != 0 && pid != root_pid {
+    if pid == root_pid {
+        // The root stub was made to die with the restorer until
+        // PTRACE_O_EXITKILL held (see `spawn_stopped`): it outlives it.
+        s.sys(
+            "prctl(PR_SET_PDEATHSIG)",
+            libc::SYS_prctl,
+            &[libc::PR_SET_PDEATHSIG as u64, 0],
+        )
+        .map_err(step("clearing the root's parent-death signal"))?;
+    } else if p.pdeath_signal != 0 {
         s.sys(
             "prctl(PR_SET_PDEATHSIG)",
             libc::SYS_prctl,
@@ -1251,7 +1347,8 @@ fn restore_creds(s: &mut Proc, p: &ProcessImage) -> Result<()> {
 
 /// Final step for one process: other threads' state, then the main
 /// thread's xstate; unmap the control page; at that syscall-exit stop load
-/// the main thread's mask and registers; detach everything.
+/// the main thread's mask and registers. It stays stopped until
+/// [`release`].
 fn jump(s: &mut Proc, p: &ProcessImage) -> Result<()> {
     let regs_of = |th: &stasis_image::manifest::ThreadImage| {
         UserRegs::from_words(&th.regs).ok_or_else(|| {
@@ -1289,10 +1386,15 @@ fn jump(s: &mut Proc, p: &ProcessImage) -> Result<()> {
         .map_err(step("restoring the signal mask"))?;
     s.t.set_regs(&regs)
         .map_err(step("loading the saved registers"))?;
-    s.t.detach().map_err(step("detaching"))?;
+    Ok(())
+}
+
+/// Lets a process that [`jump`] made ready run: detaches its threads.
+fn release(s: &mut Proc) -> Result<()> {
     for (t, _) in &mut s.threads {
         t.detach().map_err(step("detaching a thread"))?;
     }
+    s.t.detach().map_err(step("detaching"))?;
     s.live = false;
     Ok(())
 }

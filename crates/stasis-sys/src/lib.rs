@@ -550,6 +550,7 @@ pub const SWP_PTE_MARKER: u64 = 31;
 pub const SYS_CLONE3: i64 = 435;
 pub const SYS_PIDFD_OPEN: i64 = 434;
 pub const SYS_PIDFD_GETFD: i64 = 438;
+pub const SYS_PIDFD_SEND_SIGNAL: i64 = 424;
 pub const SYS_CLOSE_RANGE: i64 = 436;
 pub const SYS_USERFAULTFD: i64 = 323;
 pub const SYS_RESTART_SYSCALL: i64 = 219;

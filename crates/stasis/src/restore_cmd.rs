@@ -135,8 +135,9 @@ fn fetch_mirror(
     n: Option<u32>,
     data: MirrorData,
 ) -> Result<(MirrorDir, u32)> {
+    remove_stale_mirrors();
     let tmp = tempfile::Builder::new()
-        .prefix("stasis-from-")
+        .prefix(&format!("stasis-from-{}-", std::process::id()))
         .tempdir()
         .context("creating a temporary directory for the image from the page server")?;
     let dest = tmp.path().join("image");
@@ -146,6 +147,29 @@ fn fetch_mirror(
         .with_context(|| format!("fetching the image from the page server at {addr}"))?;
     progress.finish();
     Ok((MirrorDir(tmp), m.checkpoint))
+}
+
+/// Removes the mirrors that restores killed before they could clean up
+/// left behind (`stasis-from-PID-*` in the temporary directory, with PID
+/// no longer running).
+fn remove_stale_mirrors() {
+    let Ok(rd) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("stasis-from-"))
+            .and_then(|n| n.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// Fetches into a sparse mirror the runs of every area a lazy restore
@@ -247,15 +271,31 @@ pub fn cmd_restore(a: RestoreArgs) -> Result<ExitCode> {
     let r = match stasis_restore::restore(&store, &opts) {
         Ok(r) => r,
         Err(e) => {
+            // If the filler killed the tree under construction (a damaged
+            // run, say), its reason is the one that matters.
+            let cause = filler
+                .as_ref()
+                .and_then(|f| f.failure(Duration::from_millis(500)));
             if let Some(f) = &filler {
                 f.abort();
+            }
+            if let Some(c) = cause {
+                return Err(anyhow::Error::new(e).context(c)).context("restore failed");
             }
             return Err(e).context("restore failed");
         }
     };
     if let Some(f) = &filler {
         // The tree runs: from here the filler finishes on its own.
-        f.done().context("telling the page filler the tree runs")?;
+        if let Err(e) = f.done() {
+            // The filler is gone: it killed the tree (its guard does if it
+            // died), for a reason it may have said.
+            let e = anyhow::Error::new(e).context("telling the page filler the tree runs");
+            return Err(match f.failure(Duration::from_millis(500)) {
+                Some(cause) => e.context(cause),
+                None => e,
+            });
+        }
     }
     progress.finish();
     if let Some(pf) = &a.pidfile {

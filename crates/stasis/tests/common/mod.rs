@@ -621,3 +621,141 @@ impl Lines {
         self.seen.join("\n")
     }
 }
+
+/// splitmix64: small, seedable, reproducible (the random campaigns).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `0..n` (0 if `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next() % n
+        }
+    }
+}
+
+/// Every task (thread) of `pid`, the process itself first.
+pub fn tasks_of(pid: i32) -> Vec<i32> {
+    let mut v = vec![pid];
+    if let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        v.extend(
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+                .filter(|&t| t != pid),
+        );
+    }
+    v
+}
+
+/// Every PID and TID of the tree under `pid`.
+pub fn tree_tids(pid: i32) -> Vec<i32> {
+    std::iter::once(pid)
+        .chain(descendants(pid))
+        .flat_map(tasks_of)
+        .collect()
+}
+
+/// `/proc/PID/comm`, or empty.
+pub fn comm_of(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// `/proc/PID/cmdline` with spaces for NULs, or empty.
+pub fn cmdline_of(pid: i32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default()
+}
+
+/// Every file under `root` (recursively), by path relative to it.
+pub fn files_under(root: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                stack.push(p);
+            } else if let Ok(b) = std::fs::read(&p) {
+                out.insert(p.strip_prefix(root).unwrap().to_path_buf(), b);
+            }
+        }
+    }
+    out
+}
+
+/// Every child of this process (of any of its threads).
+pub fn my_children() -> Vec<i32> {
+    let me = std::process::id() as i32;
+    tasks_of(me)
+        .into_iter()
+        .flat_map(|t| {
+            std::fs::read_to_string(format!("/proc/{me}/task/{t}/children"))
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter_map(|x| x.parse::<i32>().ok())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Reaps this process's zombie children and waits (up to `wait`) for the
+/// others to end; returns those still alive then, with their command lines.
+pub fn reap_children(wait: Duration) -> Vec<(i32, String)> {
+    let t0 = Instant::now();
+    loop {
+        let mut alive = Vec::new();
+        for c in my_children() {
+            let mut st = 0;
+            // SAFETY: waitpid with a valid out-pointer on our own child.
+            let r = unsafe { libc::waitpid(c, &mut st, libc::WNOHANG) };
+            if r == 0 {
+                alive.push((c, cmdline_of(c)));
+            }
+        }
+        if alive.is_empty() || t0.elapsed() >= wait {
+            return alive;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Runs `cmd` with its output (stdout and stderr) captured, killing it
+/// after `limit`. Returns (exit code, output, elapsed, hung).
+pub fn run_bounded(mut cmd: Command, limit: Duration) -> (Option<i32>, String, Duration, bool) {
+    let err_file = tempfile::NamedTempFile::new().unwrap();
+    cmd.stdin(Stdio::null())
+        .stdout(err_file.reopen().unwrap())
+        .stderr(err_file.reopen().unwrap());
+    let t0 = Instant::now();
+    let mut child = cmd.spawn().expect("spawning stasis");
+    let (code, hung) = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break (st.code(), false);
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break (None, true);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let elapsed = t0.elapsed();
+    let err = std::fs::read_to_string(err_file.path()).unwrap_or_default();
+    (code, err, elapsed, hung)
+}
