@@ -224,7 +224,11 @@ fn free_page(maps: &[proc::MapsEntry]) -> Option<u64> {
     for (start, end) in spans {
         if start > prev_end && start - prev_end >= 3 * 4096 {
             let gap = start - prev_end;
-            if best.map_or(true, |(_, g)| gap > g) {
+            let larger = match best {
+                Some((_, g)) => gap > g,
+                None => true,
+            };
+            if larger {
                 best = Some((prev_end + 4096, gap));
             }
         }

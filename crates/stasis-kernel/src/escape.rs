@@ -196,7 +196,7 @@ pub fn code() -> Vec<u8> {
         }
     }
     c.extend_from_slice(&[0x0f, 0x05]); // syscall (the injected one)
-    debug_assert_eq!(c.len(), PARKED_OFFSET as usize);
+    debug_assert_eq!(c.len() as u64, PARKED_OFFSET);
     rel(&mut c, &[0x48, 0x8b, 0x25], TMP_RSP); // mov rsp, [tmp_rsp]
                                                // A snapshot fork in flight.
     rel(&mut c, &[0x48, 0x8b, 0x3d], FORK); // mov rdi, [fork]
@@ -672,7 +672,7 @@ mod tests {
             u64::from_str_radix(b, 16).unwrap(),
         );
         let mem = File::open("/proc/self/mem").unwrap();
-        let mut img = vec![0u8; (b - a) as usize];
+        let mut img = vec![0u8; usize::try_from(b - a).unwrap()];
         mem.read_exact_at(&mut img, a).unwrap();
         let off = block_offset(&img).expect("room for an escape block in this vDSO");
         assert!(img[off..].iter().all(|&x| x == 0));

@@ -49,10 +49,10 @@ fn plan() -> Option<&'static (String, u64)> {
 /// the one `STASIS_FAULT` asks to fail.
 pub fn check(point: Point) -> std::io::Result<()> {
     if hit(point) {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::Other,
-            format!("injected fault at {} (STASIS_FAULT)", point.name()),
-        ));
+        return Err(std::io::Error::other(format!(
+            "injected fault at {} (STASIS_FAULT)",
+            point.name()
+        )));
     }
     Ok(())
 }
