@@ -29,32 +29,15 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// xorshift64*: a seeded, reproducible source of kill instants.
-struct Rng(u64);
-
-impl Rng {
-    fn new(salt: u64) -> Self {
-        let seed = std::env::var("STASIS_KILL_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0x5eed_2026_u64);
-        eprintln!("kill campaign seed {seed} (STASIS_KILL_SEED), salt {salt}");
-        Rng((seed ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    /// Uniform in [0, max).
-    fn below(&mut self, max: u64) -> u64 {
-        if max == 0 {
-            0
-        } else {
-            self.next() % max
-        }
-    }
+/// The seeded, reproducible source of kill instants of one campaign
+/// (`STASIS_KILL_SEED`, mixed with the campaign's `salt`).
+fn campaign_rng(salt: u64) -> Rng {
+    let seed = std::env::var("STASIS_KILL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed_2026_u64);
+    eprintln!("kill campaign seed {seed} (STASIS_KILL_SEED), salt {salt}");
+    Rng(seed ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
 fn trials() -> usize {
@@ -254,7 +237,7 @@ fn kill_group(child: &mut std::process::Child) {
 /// One kill campaign of `stasis dump MODE_ARGS` on a 2-process
 /// `chain_writer` tree (the parent forks at iteration 1).
 fn dump_campaign(salt: u64, mode: &[&str]) {
-    let mut rng = Rng::new(salt);
+    let mut rng = campaign_rng(salt);
     let mut w = Workload::start("chain_writer", &["32", "1", "0"]);
     // Wait for the fork, so that the tree is settled.
     let t0 = Instant::now();
@@ -365,7 +348,7 @@ fn killed_touch_window_dumps_never_harm_the_tree() {
 /// committed checkpoint verifies.
 #[test]
 fn killed_run_supervisors_never_harm_the_job() {
-    let mut rng = Rng::new(7);
+    let mut rng = campaign_rng(7);
     let n = trials();
     let dir = tempfile::tempdir().unwrap();
     let bin = workloads().join("chain_writer");
