@@ -119,6 +119,17 @@ pub fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Ranges {
     out
 }
 
+/// Is `r` a [`Ranges`] list: every range non-empty and page aligned, sorted,
+/// disjoint?
+pub fn is_ranges(r: &[(u64, u64)]) -> bool {
+    let mut prev_end = 0;
+    r.iter().all(|&(s, e)| {
+        let ok = s < e && s % PAGE_SIZE == 0 && e % PAGE_SIZE == 0 && s >= prev_end;
+        prev_end = e;
+        ok
+    })
+}
+
 /// Sorts and merges arbitrary ranges into a [`Ranges`] list.
 pub fn normalize(mut r: Vec<(u64, u64)>) -> Ranges {
     r.retain(|x| x.0 < x.1);

@@ -48,12 +48,14 @@ pub use manifest_io::{
     decode_manifest, encode_manifest, MANIFEST_HEADER_LEN, MANIFEST_MAGIC, MAX_MANIFEST_BYTES,
 };
 pub use pack::{
-    PackReader, PackWriter, RunEntry, MAX_PACK_RUNS, PACK_ENTRY_LEN, PACK_HEADER_LEN, PACK_MAGIC,
-    PACK_TRAILER_LEN, PACK_TRAILER_MAGIC, RUN_FLAG_ZERO,
+    encode_tail, pack_header, PackIndex, PackReader, PackWriter, ReadAt, RunEntry, MAX_PACK_RUNS,
+    PACK_ENTRY_LEN, PACK_HEADER_LEN, PACK_MAGIC, PACK_TRAILER_LEN, PACK_TRAILER_MAGIC,
+    RUN_FLAG_ZERO,
 };
 pub use store::{
-    checkpoint_dir_name, pack_file_name, Checkpoint, CheckpointBuilder, ImageDir, CHECKPOINTS_DIR,
-    LATEST_NAME, LOCK_NAME, MANIFEST_NAME, MARKER_NAME, TEMP_PREFIX,
+    checkpoint_dir_name, pack_file_name, parse_latest, parse_marker, Checkpoint, CheckpointBuilder,
+    ImageDir, MarkerProblem, CHECKPOINTS_DIR, LATEST_NAME, LOCK_NAME, MANIFEST_NAME, MARKER_NAME,
+    TEMP_PREFIX,
 };
 pub use summary::{summarize, verify_checkpoint, CheckpointSummary, ProcessSummary};
 

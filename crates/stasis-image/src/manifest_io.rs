@@ -14,6 +14,7 @@ use std::path::Path;
 
 use xxhash_rust::xxh3::xxh3_64;
 
+use crate::chain::is_ranges;
 use crate::fsutil;
 use crate::manifest::Manifest;
 use crate::{ImageError, FORMAT_VERSION};
@@ -112,6 +113,17 @@ fn decode_payload(payload: &[u8], checksum: u64) -> Result<Manifest, Problem> {
             "{} trailing bytes inside the payload",
             rest.len()
         )));
+    }
+    // The chain code relies on what `data_ranges` promises.
+    for p in &m.processes {
+        if let Some(r) = &p.data_ranges {
+            if !is_ranges(r) {
+                return Err(Problem::Corrupt(format!(
+                    "the data ranges of process {} are not sorted, disjoint, page-aligned ranges",
+                    p.pid
+                )));
+            }
+        }
     }
     Ok(m)
 }

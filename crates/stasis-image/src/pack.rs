@@ -111,7 +111,8 @@ impl<const N: usize> Fields<'_, N> {
     }
 }
 
-fn pack_header(pid: i32) -> Vec<u8> {
+/// The 4096-byte header a writer puts at the start of the pack of `pid`.
+pub fn pack_header(pid: i32) -> Vec<u8> {
     let mut h = Vec::with_capacity(4096);
     h.extend_from_slice(&PACK_MAGIC);
     h.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
@@ -120,6 +121,24 @@ fn pack_header(pid: i32) -> Vec<u8> {
     h.extend_from_slice(&0u32.to_le_bytes());
     h.resize(4096, 0);
     h
+}
+
+/// The index and trailer a writer puts after page data ending at
+/// `index_off`, for `entries`; and the index checksum.
+pub fn encode_tail(entries: &[RunEntry], index_off: u64) -> (Vec<u8>, u64) {
+    let mut tail = Vec::with_capacity(entries.len() * 40 + 48);
+    for e in entries {
+        e.encode(&mut tail);
+    }
+    let index_checksum = xxh3_64(&tail);
+    tail.extend_from_slice(&PACK_TRAILER_MAGIC);
+    tail.extend_from_slice(&index_off.to_le_bytes());
+    tail.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+    tail.extend_from_slice(&index_checksum.to_le_bytes());
+    tail.extend_from_slice(&index_off.to_le_bytes()); // data_end
+    tail.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    tail.extend_from_slice(&0u32.to_le_bytes());
+    (tail, index_checksum)
 }
 
 /// The run currently being extended by `write_run`.
@@ -299,24 +318,11 @@ impl PackWriter {
         }
         self.close_run();
         let path = self.path.clone();
-        let mut index = Vec::with_capacity(self.entries.len() * 40);
-        for e in &self.entries {
-            e.encode(&mut index);
-        }
-        let index_checksum = xxh3_64(&index);
         let index_off = self.next_off;
-        let mut trailer = Vec::with_capacity(48);
-        trailer.extend_from_slice(&PACK_TRAILER_MAGIC);
-        trailer.extend_from_slice(&index_off.to_le_bytes());
-        trailer.extend_from_slice(&(self.entries.len() as u64).to_le_bytes());
-        trailer.extend_from_slice(&index_checksum.to_le_bytes());
-        trailer.extend_from_slice(&index_off.to_le_bytes()); // data_end
-        trailer.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-        trailer.extend_from_slice(&0u32.to_le_bytes());
+        let (tail, index_checksum) = encode_tail(&self.entries, index_off);
         fsutil::write_fault(&path)?;
         self.out
-            .write_all(&index)
-            .and_then(|()| self.out.write_all(&trailer))
+            .write_all(&tail)
             .map_err(ImageError::io("write", &path))?;
         let file = self.out.into_inner().map_err(|e| ImageError::Io {
             action: "write",
@@ -324,7 +330,7 @@ impl PackWriter {
             source: e.into_error(),
         })?;
         file.sync_all().map_err(ImageError::io("fsync", &path))?;
-        let size = index_off + index.len() as u64 + PACK_TRAILER_LEN;
+        let size = index_off + tail.len() as u64;
         Ok(PackRef {
             name: self.name,
             size,
@@ -334,41 +340,71 @@ impl PackWriter {
     }
 }
 
-/// A validated, open page pack.
-#[derive(Debug)]
-pub struct PackReader {
-    file: File,
-    path: PathBuf,
-    checkpoint: Option<u32>,
-    pid: i32,
-    runs: Vec<RunEntry>,
-    pages: u64,
-    data_end: u64,
-    size: u64,
-    index_checksum: u64,
+/// Random-access reads of a pack's bytes: a file, or bytes in memory.
+pub trait ReadAt {
+    /// Fills `buf` from offset `off`; `UnexpectedEof` if the source ends first.
+    fn read_exact_at(&self, buf: &mut [u8], off: u64) -> io::Result<()>;
 }
 
-impl PackReader {
-    /// Opens and validates the pack at `path` (header, trailer, index and its
-    /// checksum; not the page data: see [`PackReader::verify`]). When
-    /// `expected` is given, the file size, page count and index checksum must
-    /// match it.
-    pub fn open(path: &Path, expected: Option<&PackRef>) -> Result<PackReader, ImageError> {
-        Self::open_inner(path, expected, None)
+impl ReadAt for File {
+    fn read_exact_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        FileExt::read_exact_at(self, buf, off)
+    }
+}
+
+impl ReadAt for [u8] {
+    fn read_exact_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        let src = usize::try_from(off)
+            .ok()
+            .and_then(|o| self.get(o..o.checked_add(buf.len())?))
+            .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+        buf.copy_from_slice(src);
+        Ok(())
+    }
+}
+
+/// What a pack's header, trailer and index say, validated (everything but
+/// the page data, whose checksums [`PackReader::verify`] checks).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackIndex {
+    /// PID recorded in the header.
+    pub pid: i32,
+    /// Index entries, sorted by address, disjoint, inside the page data.
+    pub runs: Vec<RunEntry>,
+    /// Pages in all runs.
+    pub pages: u64,
+    /// End of page data (= offset of the index).
+    pub data_end: u64,
+    /// Size of the pack in bytes.
+    pub size: u64,
+    /// Checksum of the index.
+    pub index_checksum: u64,
+}
+
+impl PackIndex {
+    /// Validates a whole pack held in memory exactly as [`PackReader::open`]
+    /// validates a file. `path` names the pack in errors (a standard name
+    /// `pages-<pid>.pack` must match the header's pid).
+    pub fn decode(
+        bytes: &[u8],
+        path: &Path,
+        expected: Option<&PackRef>,
+    ) -> Result<PackIndex, ImageError> {
+        Self::parse(bytes, bytes.len() as u64, path, expected, None)
     }
 
-    pub(crate) fn open_inner(
+    fn parse<R: ReadAt + ?Sized>(
+        src: &R,
+        size: u64,
         path: &Path,
         expected: Option<&PackRef>,
         checkpoint: Option<u32>,
-    ) -> Result<PackReader, ImageError> {
+    ) -> Result<PackIndex, ImageError> {
         let corrupt = |reason: String| ImageError::CorruptPack {
             checkpoint,
             path: path.to_path_buf(),
             reason,
         };
-        let file = fsutil::open_read(path)?;
-        let size = file.metadata().map_err(ImageError::io("stat", path))?.len();
         if let Some(r) = expected {
             if size != r.size {
                 return Err(corrupt(format!(
@@ -381,7 +417,7 @@ impl PackReader {
             return Err(corrupt(format!("truncated: file is only {size} bytes")));
         }
         let read_at = |buf: &mut [u8], off: u64| {
-            file.read_exact_at(buf, off).map_err(|e| {
+            src.read_exact_at(buf, off).map_err(|e| {
                 if e.kind() == io::ErrorKind::UnexpectedEof {
                     corrupt("truncated while reading".into())
                 } else {
@@ -547,16 +583,58 @@ impl PackReader {
                 )));
             }
         }
-        Ok(PackReader {
-            file,
-            path: path.to_path_buf(),
-            checkpoint,
+        Ok(PackIndex {
             pid,
             runs,
             pages,
             data_end,
             size,
             index_checksum,
+        })
+    }
+}
+
+/// A validated, open page pack.
+#[derive(Debug)]
+pub struct PackReader {
+    file: File,
+    path: PathBuf,
+    checkpoint: Option<u32>,
+    pid: i32,
+    runs: Vec<RunEntry>,
+    pages: u64,
+    data_end: u64,
+    size: u64,
+    index_checksum: u64,
+}
+
+impl PackReader {
+    /// Opens and validates the pack at `path` (header, trailer, index and its
+    /// checksum; not the page data: see [`PackReader::verify`]). When
+    /// `expected` is given, the file size, page count and index checksum must
+    /// match it.
+    pub fn open(path: &Path, expected: Option<&PackRef>) -> Result<PackReader, ImageError> {
+        Self::open_inner(path, expected, None)
+    }
+
+    pub(crate) fn open_inner(
+        path: &Path,
+        expected: Option<&PackRef>,
+        checkpoint: Option<u32>,
+    ) -> Result<PackReader, ImageError> {
+        let file = fsutil::open_read(path)?;
+        let size = file.metadata().map_err(ImageError::io("stat", path))?.len();
+        let ix = PackIndex::parse(&file, size, path, expected, checkpoint)?;
+        Ok(PackReader {
+            file,
+            path: path.to_path_buf(),
+            checkpoint,
+            pid: ix.pid,
+            runs: ix.runs,
+            pages: ix.pages,
+            data_end: ix.data_end,
+            size: ix.size,
+            index_checksum: ix.index_checksum,
         })
     }
 
@@ -644,7 +722,7 @@ impl PackReader {
     }
 
     fn read_checked(&self, e: &RunEntry, buf: &mut [u8]) -> Result<(), ImageError> {
-        self.file.read_exact_at(buf, e.file_off).map_err(|err| {
+        FileExt::read_exact_at(&self.file, buf, e.file_off).map_err(|err| {
             if err.kind() == io::ErrorKind::UnexpectedEof {
                 ImageError::CorruptPack {
                     checkpoint: self.checkpoint,

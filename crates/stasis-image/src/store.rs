@@ -60,6 +60,47 @@ pub(crate) enum Pointer {
     Garbage(String),
 }
 
+/// Why a `stasis-image` marker was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MarkerProblem {
+    /// Not a valid marker: what is wrong with it.
+    Bad(&'static str),
+    /// It names a format newer than this one.
+    Newer(u32),
+}
+
+/// Parses the contents of the `stasis-image` marker: the format version.
+pub fn parse_marker(bytes: &[u8]) -> Result<u32, MarkerProblem> {
+    let text = std::str::from_utf8(bytes).map_err(|_| MarkerProblem::Bad("is not text"))?;
+    let mut lines = text.lines();
+    if lines.next() != Some(MARKER_FIRST_LINE) {
+        return Err(MarkerProblem::Bad("has a bad first line"));
+    }
+    let version = lines
+        .next()
+        .and_then(|l| l.strip_prefix("format "))
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .ok_or(MarkerProblem::Bad("has no format line"))?;
+    if version == 0 {
+        return Err(MarkerProblem::Bad("names format 0"));
+    }
+    if version > FORMAT_VERSION {
+        return Err(MarkerProblem::Newer(version));
+    }
+    Ok(version)
+}
+
+/// Parses the contents of the `latest` pointer: a checkpoint number >= 1
+/// and a newline; `None` for anything else.
+pub fn parse_latest(bytes: &[u8]) -> Option<u32> {
+    std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|s| s.strip_suffix('\n'))
+        .filter(|s| !s.is_empty() && s.len() <= 10 && s.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|s| s.parse::<u32>().ok())
+        .filter(|&n| n >= 1)
+}
+
 /// An image directory (see `docs/image-format.md`).
 #[derive(Debug, Clone)]
 pub struct ImageDir {
@@ -165,27 +206,15 @@ impl ImageDir {
         if bytes.len() as u64 > SMALL_FILE_LIMIT {
             return Err(not_image("is too large"));
         }
-        let text = std::str::from_utf8(&bytes).map_err(|_| not_image("is not text"))?;
-        let mut lines = text.lines();
-        if lines.next() != Some(MARKER_FIRST_LINE) {
-            return Err(not_image("has a bad first line"));
-        }
-        let version = lines
-            .next()
-            .and_then(|l| l.strip_prefix("format "))
-            .and_then(|v| v.trim().parse::<u32>().ok())
-            .ok_or_else(|| not_image("has no format line"))?;
-        if version == 0 {
-            return Err(not_image("names format 0"));
-        }
-        if version > FORMAT_VERSION {
-            return Err(ImageError::NewerFormat {
+        match parse_marker(&bytes) {
+            Ok(version) => Ok(Some(version)),
+            Err(MarkerProblem::Newer(found)) => Err(ImageError::NewerFormat {
                 path: path.clone(),
-                found: version,
+                found,
                 supported: FORMAT_VERSION,
-            });
+            }),
+            Err(MarkerProblem::Bad(reason)) => Err(not_image(reason)),
         }
-        Ok(Some(version))
     }
 
     /// Committed checkpoint numbers, ascending. Temporary (`.tmp-*`) and
@@ -214,12 +243,7 @@ impl ImageDir {
         let Some(bytes) = fsutil::read_small(&path, 32)? else {
             return Ok(Pointer::Missing);
         };
-        let parsed = std::str::from_utf8(&bytes)
-            .ok()
-            .and_then(|s| s.strip_suffix('\n'))
-            .filter(|s| !s.is_empty() && s.len() <= 10 && s.bytes().all(|b| b.is_ascii_digit()))
-            .and_then(|s| s.parse::<u32>().ok())
-            .filter(|&n| n >= 1);
+        let parsed = parse_latest(&bytes);
         Ok(match parsed {
             Some(n) => Pointer::Value(n),
             None => Pointer::Garbage(format!(

@@ -11,7 +11,7 @@
 //! ```text
 //! magic b"STASISTS" | format u32 | source u32 (1 window, 2 faults)
 //! | window_ms u64 | process count u32
-//! | per process: pid i32 | range count u32 | ranges: start u64, pages u32, 0u32
+//! | per process: pid i32 | range count u32 | ranges: start u64, pages u32, 0u32 (must be 0)
 //! | xxh3-64 of everything before, u64
 //! ```
 //! Ranges are in priority order (not sorted) and page aligned.
@@ -92,7 +92,8 @@ impl TouchSet {
         out
     }
 
-    fn encode(&self) -> Vec<u8> {
+    /// The contents of a touch-set file.
+    pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::new();
         b.extend_from_slice(&TOUCH_MAGIC);
         b.extend_from_slice(&TOUCH_FORMAT.to_le_bytes());
@@ -125,7 +126,8 @@ impl TouchSet {
         b
     }
 
-    fn decode(b: &[u8]) -> Result<TouchSet, String> {
+    /// Decodes the contents of a touch-set file; the reason if damaged.
+    pub fn decode(b: &[u8]) -> Result<TouchSet, String> {
         if b.len() < 36 {
             return Err(format!("truncated: {} bytes", b.len()));
         }
@@ -160,7 +162,9 @@ impl TouchSet {
             for _ in 0..count {
                 let s = r.u64()?;
                 let pages = r.u32()?;
-                let _ = r.u32()?;
+                if r.u32()? != 0 {
+                    return Err("reserved word of a range is not zero".into());
+                }
                 let end = u64::from(pages)
                     .checked_mul(PAGE_SIZE)
                     .and_then(|l| s.checked_add(l));
@@ -312,5 +316,25 @@ mod tests {
         }
         // The damaged file is skipped; the window still counts.
         assert_eq!(priority_order(dir.path())[&42], vec![0x5000, 0x6000]);
+    }
+
+    /// Found by the `touch` fuzz target: the reserved word after each range
+    /// was ignored, so two different files decoded to the same set.
+    #[test]
+    fn touch_set_with_a_nonzero_reserved_word_is_refused() {
+        let ts = TouchSet {
+            source: TouchSource::Faults,
+            window_ms: 0,
+            procs: vec![(7, vec![(0x2000, 1)])],
+        };
+        let good = ts.encode();
+        assert_eq!(TouchSet::decode(&good), Ok(ts));
+        // The range (start u64, pages u32, reserved u32) starts at byte 36.
+        let mut bad = good[..good.len() - 8].to_vec();
+        bad[48] = 1;
+        let sum = xxh3_64(&bad);
+        bad.extend_from_slice(&sum.to_le_bytes());
+        let e = TouchSet::decode(&bad).unwrap_err();
+        assert!(e.contains("reserved"), "{e}");
     }
 }

@@ -279,3 +279,31 @@ fn missing_required_field_is_an_error() {
     let e = decode_manifest(&frame(&v), 3, p()).unwrap_err();
     assert!(matches!(e, ImageError::CorruptManifest { .. }), "{e}");
 }
+
+/// Found by the `manifest` fuzz target: `data_ranges` out of order (or
+/// empty, or unaligned) were accepted, and the chain code, which relies on
+/// them being sorted and disjoint, then computed nonsense (an underflow in
+/// the page count of `inspect`).
+#[test]
+fn manifest_with_unsorted_data_ranges_is_refused() {
+    let good = [(0x1000, 0x3000), (0x5000, 0x6000)];
+    let bads: [&[(u64, u64)]; 4] = [
+        &[(0x5000, 0x6000), (0x1000, 0x3000)],
+        &[(0x3000, 0x1000)],
+        &[(0x1000, 0x3000), (0x2000, 0x4000)],
+        &[(0x1000, 0x1800)],
+    ];
+    let mut m = small_manifest();
+    m.parent = Some(1);
+    m.checkpoint = 2;
+    m.processes[0].data_ranges = Some(good.to_vec());
+    let bytes = encode_manifest(&m).unwrap();
+    assert_eq!(decode_manifest(&bytes, 2, p()).unwrap(), m);
+    for bad in bads {
+        m.processes[0].data_ranges = Some(bad.to_vec());
+        let bytes = encode_manifest(&m).unwrap();
+        let e = decode_manifest(&bytes, 2, p()).unwrap_err();
+        assert!(e.to_string().contains("data ranges"), "{bad:x?}: {e}");
+        assert_style(&e);
+    }
+}

@@ -61,8 +61,8 @@ fn io_err(what: &str) -> impl FnOnce(std::io::Error) -> LazyError + '_ {
     move |e| LazyError::Control(format!("{what}: {e}"))
 }
 
-/// Sends one frame, with `fd` attached if given.
-pub fn send(sock: BorrowedFd<'_>, msg: &Msg, fd: Option<BorrowedFd<'_>>) -> Result<(), LazyError> {
+/// Encodes one frame: the length header and the JSON body.
+pub fn encode_frame(msg: &Msg) -> Result<Vec<u8>, LazyError> {
     let body = serde_json::to_vec(msg).map_err(|e| LazyError::Control(e.to_string()))?;
     let len = u32::try_from(body.len())
         .ok()
@@ -70,6 +70,40 @@ pub fn send(sock: BorrowedFd<'_>, msg: &Msg, fd: Option<BorrowedFd<'_>>) -> Resu
         .ok_or_else(|| LazyError::Control("control frame too large".into()))?;
     let mut frame = len.to_le_bytes().to_vec();
     frame.extend_from_slice(&body);
+    Ok(frame)
+}
+
+/// The body length a frame header announces, refused over the limit
+/// (before anything is allocated for the body).
+pub fn frame_len(hdr: [u8; 4]) -> Result<usize, LazyError> {
+    let len = u32::from_le_bytes(hdr);
+    if len > MAX_FRAME {
+        return Err(LazyError::Control(format!("frame of {len} bytes")));
+    }
+    usize::try_from(len).map_err(|_| LazyError::Control(format!("frame of {len} bytes")))
+}
+
+/// Decodes the body of a frame.
+pub fn decode_body(body: &[u8]) -> Result<Msg, LazyError> {
+    serde_json::from_slice(body).map_err(|e| LazyError::Control(e.to_string()))
+}
+
+/// Decodes the first frame of `bytes`: the message and the bytes it took,
+/// or `Ok(None)` if `bytes` ends before the frame does.
+pub fn decode_frame(bytes: &[u8]) -> Result<Option<(Msg, usize)>, LazyError> {
+    let Some((hdr, rest)) = bytes.split_first_chunk::<4>() else {
+        return Ok(None);
+    };
+    let len = frame_len(*hdr)?;
+    let Some(body) = rest.get(..len) else {
+        return Ok(None);
+    };
+    Ok(Some((decode_body(body)?, 4 + len)))
+}
+
+/// Sends one frame, with `fd` attached if given.
+pub fn send(sock: BorrowedFd<'_>, msg: &Msg, fd: Option<BorrowedFd<'_>>) -> Result<(), LazyError> {
+    let frame = encode_frame(msg)?;
     let mut stream = UnixStream::from(sock.try_clone_to_owned().map_err(io_err("dup"))?);
     match fd {
         Some(fd) => {
@@ -96,15 +130,11 @@ pub fn recv(sock: BorrowedFd<'_>) -> Result<Option<(Msg, Option<OwnedFd>)>, Lazy
     stream
         .read_exact(&mut hdr[n..])
         .map_err(io_err("reading a frame"))?;
-    let len = u32::from_le_bytes(hdr);
-    if len > MAX_FRAME {
-        return Err(LazyError::Control(format!("frame of {len} bytes")));
-    }
-    let mut body = vec![0u8; len as usize];
+    let mut body = vec![0u8; frame_len(hdr)?];
     stream
         .read_exact(&mut body)
         .map_err(io_err("reading a frame"))?;
-    let msg = serde_json::from_slice(&body).map_err(|e| LazyError::Control(e.to_string()))?;
+    let msg = decode_body(&body)?;
     Ok(Some((msg, fd)))
 }
 

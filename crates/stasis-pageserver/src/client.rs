@@ -5,10 +5,11 @@ use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
-use stasis_image::{RunEntry, MAX_RUN_PAGES, PACK_HEADER_LEN, PACK_TRAILER_LEN};
+use stasis_image::{RunEntry, MAX_RUN_PAGES};
 use xxhash_rust::xxh3::{xxh3_64, Xxh3Default};
 
 use crate::protocol::{self, kind, Request, MAX_NAME_BYTES, MAX_REPLY_BYTES};
+pub use crate::protocol::{FileInfo, Skeleton};
 use crate::PageServerError;
 
 /// Time to establish a TCP connection.
@@ -17,26 +18,6 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const IO_TIMEOUT: Duration = Duration::from_secs(30);
 /// Run requests a client keeps in flight when pipelining.
 const WINDOW: usize = 32;
-
-/// One file of a checkpoint, as listed by the server.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FileInfo {
-    pub name: String,
-    pub size: u64,
-}
-
-/// Everything of a page pack but its page data.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Skeleton {
-    /// Size of the pack file.
-    pub size: u64,
-    /// The first 4096 bytes (header).
-    pub header: Vec<u8>,
-    /// Offset of the index (end of page data).
-    pub tail_off: u64,
-    /// Bytes from `tail_off` to the end (index and trailer).
-    pub tail: Vec<u8>,
-}
 
 /// An authenticated connection to a page server. Requests on one client
 /// are sequential; use one client per thread.
@@ -139,11 +120,7 @@ impl Client {
             .and_then(|()| self.writer.flush())
             .map_err(|e| self.net(during, e))?;
         let hello = self.reply(kind::SERVER_HELLO, during)?;
-        let mut d = protocol::Dec(&hello);
-        let parsed = d
-            .array::<{ protocol::NONCE_LEN }>()
-            .and_then(|n| Ok((n, d.array::<{ protocol::PROOF_LEN }>()?)))
-            .and_then(|x| d.end().map(|()| x));
+        let parsed = protocol::decode_server_hello(&hello);
         let (server_nonce, server_proof) =
             parsed.map_err(|reason| self.protocol(during, reason))?;
         // The proof is sent even when the server's is wrong, so that a
@@ -181,8 +158,7 @@ impl Client {
     pub fn latest(&mut self) -> Result<u32, PageServerError> {
         let during = "resolving the latest checkpoint";
         let p = self.call(&Request::Latest, kind::LATEST_REPLY, during)?;
-        let mut d = protocol::Dec(&p);
-        let n = d.u32().and_then(|n| d.end().map(|()| n));
+        let n = protocol::decode_latest_reply(&p);
         n.map_err(|r| self.protocol(during, r))
     }
 
@@ -190,19 +166,7 @@ impl Client {
     pub fn chain(&mut self, n: u32) -> Result<Vec<u32>, PageServerError> {
         let during = format!("listing the chain of checkpoint {n}");
         let p = self.call(&Request::Chain { n }, kind::CHAIN_REPLY, &during)?;
-        let mut d = protocol::Dec(&p);
-        let parsed = (|| {
-            let count = d.u32()? as usize;
-            if count.saturating_mul(4) != d.0.len() {
-                return Err(format!("{count} checkpoints in {} bytes", d.0.len()));
-            }
-            let chain = (0..count).map(|_| d.u32()).collect::<Result<Vec<_>, _>>()?;
-            let ordered = chain.first() == Some(&n) && chain.windows(2).all(|w| w[1] < w[0]);
-            if !ordered {
-                return Err(format!("chain {chain:?} does not start at {n} and descend"));
-            }
-            Ok(chain)
-        })();
+        let parsed = protocol::decode_chain_reply(n, &p);
         parsed.map_err(|r| self.protocol(&during, r))
     }
 
@@ -210,23 +174,7 @@ impl Client {
     pub fn files(&mut self, n: u32) -> Result<Vec<FileInfo>, PageServerError> {
         let during = format!("listing the files of checkpoint {n}");
         let p = self.call(&Request::Files { n }, kind::FILES_REPLY, &during)?;
-        let mut d = protocol::Dec(&p);
-        let parsed = (|| {
-            let count = d.u32()?;
-            let mut files = Vec::new();
-            for _ in 0..count {
-                let name = d.str()?;
-                if !protocol::is_servable_name(&name) {
-                    return Err(format!("unsafe file name {name:?}"));
-                }
-                files.push(FileInfo {
-                    name,
-                    size: d.u64()?,
-                });
-            }
-            d.end()?;
-            Ok(files)
-        })();
+        let parsed = protocol::decode_files_reply(&p);
         parsed.map_err(|r| self.protocol(&during, r))
     }
 
@@ -296,29 +244,7 @@ impl Client {
             pack: pack.to_string(),
         };
         let p = self.call(&req, kind::SKELETON_REPLY, &during)?;
-        let mut d = protocol::Dec(&p);
-        let parsed = (|| {
-            let size = d.u64()?;
-            let tail_off = d.u64()?;
-            let header = d.take(4096)?.to_vec();
-            let tail = d.rest().to_vec();
-            let ok = tail_off >= PACK_HEADER_LEN
-                && size >= PACK_HEADER_LEN + PACK_TRAILER_LEN
-                && tail_off.checked_add(tail.len() as u64) == Some(size)
-                && tail.len() as u64 >= PACK_TRAILER_LEN;
-            if !ok {
-                return Err(format!(
-                    "inconsistent skeleton (size {size}, index at {tail_off}, {} tail bytes)",
-                    tail.len()
-                ));
-            }
-            Ok(Skeleton {
-                size,
-                header,
-                tail_off,
-                tail,
-            })
-        })();
+        let parsed = protocol::decode_skeleton_reply(&p);
         parsed.map_err(|r| self.protocol(&during, r))
     }
 

@@ -132,7 +132,7 @@ use std::io::{self, Read, Write};
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
-use stasis_image::RunEntry;
+use stasis_image::{RunEntry, PACK_HEADER_LEN, PACK_TRAILER_LEN};
 
 /// First 8 bytes of every greeting.
 pub const MAGIC: [u8; 8] = *b"STASISPS";
@@ -383,7 +383,8 @@ pub fn read_header(r: &mut impl Read) -> io::Result<Option<(u32, u32)>> {
     Ok(Some((k, u32::from_le_bytes(a))))
 }
 
-/// Reads `len` bytes of payload after checking `len <= max`.
+/// Reads `len` bytes of payload after checking `len <= max`. Memory grows
+/// with the bytes that arrive, not with what the header announces.
 pub fn read_payload(r: &mut impl Read, len: u32, max: u32) -> io::Result<Vec<u8>> {
     if len > max {
         return Err(io::Error::new(
@@ -391,8 +392,12 @@ pub fn read_payload(r: &mut impl Read, len: u32, max: u32) -> io::Result<Vec<u8>
             format!("frame of {len} bytes is over the limit of {max}"),
         ));
     }
-    let mut buf = vec![0u8; len as usize];
-    r.read_exact(&mut buf)?;
+    let want = len as usize;
+    let mut buf = Vec::with_capacity(want.min(64 << 10));
+    r.take(u64::from(len)).read_to_end(&mut buf)?;
+    if buf.len() != want {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
     Ok(buf)
 }
 
@@ -415,6 +420,103 @@ pub fn decode_error(payload: &[u8]) -> Result<(ErrorCode, String), String> {
     let msg = d.str()?;
     d.end()?;
     Ok((code, msg))
+}
+
+/// One file of a checkpoint, as listed by the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileInfo {
+    pub name: String,
+    pub size: u64,
+}
+
+/// Everything of a page pack but its page data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skeleton {
+    /// Size of the pack file.
+    pub size: u64,
+    /// The first 4096 bytes (header).
+    pub header: Vec<u8>,
+    /// Offset of the index (end of page data).
+    pub tail_off: u64,
+    /// Bytes from `tail_off` to the end (index and trailer).
+    pub tail: Vec<u8>,
+}
+
+/// Decodes the payload of a `ServerHello`: the server's nonce and proof.
+pub fn decode_server_hello(p: &[u8]) -> Result<([u8; NONCE_LEN], [u8; PROOF_LEN]), String> {
+    let mut d = Dec(p);
+    let nonce = d.array::<NONCE_LEN>()?;
+    let proof = d.array::<PROOF_LEN>()?;
+    d.end()?;
+    Ok((nonce, proof))
+}
+
+/// Decodes the payload of a `Latest` reply.
+pub fn decode_latest_reply(p: &[u8]) -> Result<u32, String> {
+    let mut d = Dec(p);
+    let n = d.u32()?;
+    d.end()?;
+    Ok(n)
+}
+
+/// Decodes the payload of a `Chain` reply to a request for checkpoint `n`:
+/// it must start at `n` and descend.
+pub fn decode_chain_reply(n: u32, p: &[u8]) -> Result<Vec<u32>, String> {
+    let mut d = Dec(p);
+    let count = d.u32()? as usize;
+    if count.saturating_mul(4) != d.0.len() {
+        return Err(format!("{count} checkpoints in {} bytes", d.0.len()));
+    }
+    let chain = (0..count).map(|_| d.u32()).collect::<Result<Vec<_>, _>>()?;
+    let ordered = chain.first() == Some(&n) && chain.windows(2).all(|w| w[1] < w[0]);
+    if !ordered {
+        return Err(format!("chain {chain:?} does not start at {n} and descend"));
+    }
+    Ok(chain)
+}
+
+/// Decodes the payload of a `Files` reply; every name must be servable.
+pub fn decode_files_reply(p: &[u8]) -> Result<Vec<FileInfo>, String> {
+    let mut d = Dec(p);
+    let count = d.u32()?;
+    let mut files = Vec::new();
+    for _ in 0..count {
+        let name = d.str()?;
+        if !is_servable_name(&name) {
+            return Err(format!("unsafe file name {name:?}"));
+        }
+        files.push(FileInfo {
+            name,
+            size: d.u64()?,
+        });
+    }
+    d.end()?;
+    Ok(files)
+}
+
+/// Decodes the payload of a `Skeleton` reply, checking that its sizes agree.
+pub fn decode_skeleton_reply(p: &[u8]) -> Result<Skeleton, String> {
+    let mut d = Dec(p);
+    let size = d.u64()?;
+    let tail_off = d.u64()?;
+    let header = d.take(4096)?.to_vec();
+    let tail = d.rest().to_vec();
+    let ok = tail_off >= PACK_HEADER_LEN
+        && size >= PACK_HEADER_LEN + PACK_TRAILER_LEN
+        && tail_off.checked_add(tail.len() as u64) == Some(size)
+        && tail.len() as u64 >= PACK_TRAILER_LEN;
+    if !ok {
+        return Err(format!(
+            "inconsistent skeleton (size {size}, index at {tail_off}, {} tail bytes)",
+            tail.len()
+        ));
+    }
+    Ok(Skeleton {
+        size,
+        header,
+        tail_off,
+        tail,
+    })
 }
 
 /// The proof of `role` ("client" or "server") over both nonces.
@@ -607,6 +709,21 @@ mod tests {
         assert!(!check_proof(b"tok", "client", &c, &s, &p));
         assert!(!check_proof(b"tok", "server", &s, &c, &p));
         assert!(!check_proof(b"tok", "server", &c, &s, &p[..31]));
+    }
+
+    /// Found by the `ps_reply` fuzz target: a header announcing a 256 MiB
+    /// reply made the client allocate 256 MiB before reading a byte.
+    #[test]
+    fn a_short_payload_allocates_only_what_arrived() {
+        let mut r: &[u8] = &[7u8; 10];
+        let e = read_payload(&mut r, MAX_REPLY_BYTES, MAX_REPLY_BYTES).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+        let mut r: &[u8] = &[7u8; 100_000];
+        let mut rest = Vec::new();
+        let got = read_payload(&mut r, 70_000, MAX_REPLY_BYTES).unwrap();
+        assert_eq!(got, vec![7u8; 70_000]);
+        r.read_to_end(&mut rest).unwrap();
+        assert_eq!(rest.len(), 30_000, "the payload took exactly its bytes");
     }
 
     #[test]

@@ -100,16 +100,24 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Decodes the contents of a state file.
+pub fn decode(bytes: &[u8]) -> std::result::Result<TrackState, serde_json::Error> {
+    serde_json::from_slice(bytes)
+}
+
+/// Encodes a state file (what [`decode`] reads).
+pub fn encode(s: &TrackState) -> std::result::Result<Vec<u8>, serde_json::Error> {
+    serde_json::to_vec_pretty(s)
+}
+
 /// Loads the tracking state of an image directory (`None`: nothing armed).
 pub fn load(image_dir: &Path) -> Result<Option<TrackState>> {
     let path = track_dir(image_dir).join(STATE_FILE);
     match read_nofollow(&path) {
-        Ok(b) => serde_json::from_slice(&b)
-            .map(Some)
-            .map_err(|e| TrackError::State {
-                path: path.display().to_string(),
-                what: e.to_string(),
-            }),
+        Ok(b) => decode(&b).map(Some).map_err(|e| TrackError::State {
+            path: path.display().to_string(),
+            what: e.to_string(),
+        }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(TrackError::Io {
             what: "reading",
@@ -123,7 +131,7 @@ pub fn load(image_dir: &Path) -> Result<Option<TrackState>> {
 pub fn save(image_dir: &Path, s: &TrackState) -> Result<()> {
     let dir = track_dir(image_dir);
     create_private_dir(&dir)?;
-    let bytes = serde_json::to_vec_pretty(s).map_err(|e| TrackError::State {
+    let bytes = encode(s).map_err(|e| TrackError::State {
         path: dir.display().to_string(),
         what: e.to_string(),
     })?;
