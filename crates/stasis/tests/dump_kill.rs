@@ -1,8 +1,9 @@
 //! A dump killed at any instant never harms the process it dumps (issue 12).
 //!
 //! Kill campaigns: `stasis dump` (every mode) and `stasis run` are SIGKILLed
-//! (their whole process group, as a timeout or an OOM kill would) at seeded
-//! random instants; after each kill every process of the tree must be
+//! (their whole process group, as a timeout or an OOM kill would; for
+//! dumps, every other trial a SIGTERM or SIGINT instead) at seeded random
+//! instants; after each kill every process of the tree must be
 //! running, untraced, with the signal mask, mappings and fds it had, and no
 //! committed half-checkpoint may exist. At the end of each campaign the
 //! workload passes its own byte-for-byte check and the checkpoint taken
@@ -226,11 +227,11 @@ fn spawn_group(args: &[&str], img: &Path, env: Option<(&str, String)>) -> std::p
     c.spawn().expect("spawning stasis")
 }
 
-/// SIGKILLs the whole process group led by `child` and reaps `child`.
-fn kill_group(child: &mut std::process::Child) {
+/// Sends `sig` to the whole process group led by `child` and reaps `child`.
+fn kill_group(child: &mut std::process::Child, sig: i32) {
     let pg = i32::try_from(child.id()).unwrap();
-    // SAFETY: killing the process group of a stasis command we started.
-    unsafe { libc::kill(-pg, libc::SIGKILL) };
+    // SAFETY: signalling the process group of a stasis command we started.
+    unsafe { libc::kill(-pg, sig) };
     let _ = child.wait();
 }
 
@@ -270,10 +271,13 @@ fn dump_campaign(salt: u64, mode: &[&str]) {
         args.push(&pid);
         args.extend_from_slice(mode);
         let delay = Duration::from_micros(rng.below(span));
-        let ctx = format!("{mode:?} trial {k} (kill after {delay:?} of ~{full:?})");
+        // Mostly SIGKILL (a timeout, the OOM killer); every fourth trial a
+        // SIGTERM, or a SIGINT (^C), which must abort as harmlessly.
+        let sig = [libc::SIGKILL, libc::SIGTERM, libc::SIGKILL, libc::SIGINT][k % 4];
+        let ctx = format!("{mode:?} trial {k} (signal {sig} after {delay:?} of ~{full:?})");
         let mut d = spawn_group(&args, &img, None);
         std::thread::sleep(delay);
-        kill_group(&mut d);
+        kill_group(&mut d, sig);
         assert_committed_whole(&img, &ctx);
         let now = checkpoints(&img);
         if stop_mode && !alive(w.pid) {
@@ -372,7 +376,7 @@ fn killed_run_supervisors_never_harm_the_job() {
         let before = tree_view(pid);
         let delay = Duration::from_micros(rng.below(1_500_000));
         std::thread::sleep(delay);
-        kill_group(&mut sup);
+        kill_group(&mut sup, libc::SIGKILL);
         let ctx = format!("run trial {k} (kill after {delay:?})");
         assert_committed_whole(&img, &ctx);
         assert_unharmed(pid, &before, &ctx);
