@@ -327,6 +327,11 @@ pub fn copy_pages(
         let _ = empty_tx.send(vec![0u8; buf_len]);
     }
     std::thread::scope(|scope| -> Result<()> {
+        // Owned by this closure, so that an early return (a failed write)
+        // drops it before the scope joins the reader: the reader, waiting
+        // for an empty buffer, then ends instead of waiting for ever (a
+        // dump whose image write failed hung here).
+        let empty_tx = empty_tx;
         scope.spawn(move || {
             let mut i = 0;
             while i < ranges.len() {
