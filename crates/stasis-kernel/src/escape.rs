@@ -408,18 +408,9 @@ impl EscapeHatch {
     /// mapped), or forgets it (`len == 0`, before it is unmapped): while it
     /// is recorded, a thread that escapes unmaps it.
     pub fn set_scratch(&self, addr: u64, len: u64) -> Result<()> {
-        let mut d = [0u8; 16];
-        d[..8].copy_from_slice(&(if len == 0 { 0 } else { addr }).to_le_bytes());
-        d[8..].copy_from_slice(&len.to_le_bytes());
-        let at = self.block + (DATA + SCRATCH_ADDR * 8) as u64;
-        self.mem
-            .write_all_at(&d, at)
-            .map_err(|source| KernelError::WriteMem {
-                pid: self.pid,
-                addr: at,
-                len: 16,
-                source,
-            })
+        let addr = if len == 0 { 0 } else { addr };
+        self.set_slot(SCRATCH_ADDR, crate::sarg_i64(addr))?;
+        self.set_slot(SCRATCH_LEN, crate::sarg_i64(len))
     }
 
     fn set_slot(&self, slot: usize, v: i64) -> Result<()> {
