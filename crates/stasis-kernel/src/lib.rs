@@ -22,6 +22,7 @@ pub mod pagemap;
 pub mod pidfd;
 pub mod probe;
 pub mod ptrace;
+pub mod remote;
 pub mod scm;
 pub mod sock;
 pub mod sockdiag;

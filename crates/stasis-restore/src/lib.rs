@@ -40,7 +40,8 @@
 
 pub mod build;
 pub mod files;
-pub mod remote;
+/// The kernel seam restore decides over (moved to `stasis_kernel::remote`).
+pub use stasis_kernel::remote;
 pub mod sysv;
 pub mod tree;
 

@@ -1,12 +1,17 @@
-//! The seam between restore logic and the kernel.
+//! The seam between checkpoint/restore logic and the kernel.
 //!
-//! Restore decides *what* to do (which areas to map with which flags, how to
+//! One trait, [`Remote`], for syscalls run inside another process (a traced
+//! target or the stub a restore builds) and for its memory. Logic above this
+//! crate decides what to do and asks a `Remote` to do it; [`Recorder`] is the
+//! recording fake that lets that logic be unit-tested without root.
+//!
+//! Restore, for instance, decides *what* to do (which areas to map with which flags, how to
 //! fill them, in which order fds come back) and asks a [`Remote`] to do it
 //! inside the process being built. The real implementation drives a traced
 //! stub with remote syscalls; [`Recorder`] records the calls and can inject
 //! failures, so the decisions are unit-tested without root.
 
-use stasis_kernel::KernelError;
+use crate::KernelError;
 
 /// Something that runs syscalls inside the process being restored and
 /// writes into its memory.
