@@ -17,6 +17,7 @@
 pub mod child;
 pub mod error;
 pub mod escape;
+pub mod fdops;
 pub mod mem;
 pub mod pagemap;
 pub mod pidfd;
@@ -26,6 +27,7 @@ pub mod remote;
 pub mod scm;
 pub mod sock;
 pub mod sockdiag;
+pub mod sysvshm;
 pub mod uffd;
 
 pub use error::KernelError;

@@ -11,27 +11,15 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use crate::{KernelError, Result};
 
-pub const TCP_REPAIR: i32 = 19;
-pub const TCP_REPAIR_QUEUE: i32 = 20;
-pub const TCP_QUEUE_SEQ: i32 = 21;
-pub const TCP_REPAIR_OPTIONS: i32 = 22;
-pub const TCP_TIMESTAMP: i32 = 24;
-pub const TCP_REPAIR_WINDOW: i32 = 29;
-pub const TCP_RECV_QUEUE: i32 = 1;
-pub const TCP_SEND_QUEUE: i32 = 2;
-/// `TCP_REPAIR` value that leaves repair mode without a window probe.
-pub const TCP_REPAIR_OFF_NO_WP: i32 = -1;
-pub const TCPOPT_MAXSEG: u32 = 2;
-pub const TCPOPT_WINDOW: u32 = 3;
-pub const TCPOPT_SACK_PERM: u32 = 4;
-pub const TCPOPT_TIMESTAMP: u32 = 8;
-pub const TCPI_OPT_TIMESTAMPS: u8 = 1;
-pub const TCPI_OPT_SACK: u8 = 2;
-pub const TCPI_OPT_WSCALE: u8 = 4;
-pub const SO_PEEK_OFF: i32 = 42;
-const SIOCINQ: u64 = 0x541B;
-const SIOCOUTQ: u64 = 0x5411;
-const SIOCOUTQNSD: u64 = 0x894B;
+// The constants live in `stasis-sys` (`net`); re-exported here where
+// callers have always found them.
+use stasis_sys::net::{SIOCINQ, SIOCOUTQ, SIOCOUTQNSD};
+pub use stasis_sys::net::{
+    SO_PEEK_OFF, TCPI_OPT_SACK, TCPI_OPT_TIMESTAMPS, TCPI_OPT_WSCALE, TCPOPT_MAXSEG,
+    TCPOPT_SACK_PERM, TCPOPT_TIMESTAMP, TCPOPT_WINDOW, TCP_QUEUE_SEQ, TCP_RECV_QUEUE, TCP_REPAIR,
+    TCP_REPAIR_OFF_NO_WP, TCP_REPAIR_OPTIONS, TCP_REPAIR_QUEUE, TCP_REPAIR_WINDOW, TCP_SEND_QUEUE,
+    TCP_TIMESTAMP,
+};
 
 fn err(what: String) -> KernelError {
     KernelError::io(what, std::io::Error::last_os_error())

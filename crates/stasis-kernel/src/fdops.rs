@@ -1,0 +1,259 @@
+//! Safe wrappers over the plain file-descriptor syscalls that save and
+//! rebuild kernel objects (pipes, eventfd, timerfd, signalfd, epoll,
+//! inotify, memfd, locks, `kcmp`, `tee`...). Each takes and returns
+//! `OwnedFd`/`BorrowedFd`, never a raw number it would have to trust.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+use stasis_sys::net::{FLOCK_LEN, KCMP_FILE, TFD_IOC_SET_TICKS};
+
+/// A new descriptor from a syscall's return value (`-1`: the error).
+fn owned(r: i64) -> io::Result<OwnedFd> {
+    let fd = i32::try_from(r).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor just returned by the kernel, owned by no one else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Checks a syscall's return value; returns it when not negative.
+fn check(r: i64) -> io::Result<i64> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// `pipe2(flags)`: (read end, write end).
+pub fn pipe2(flags: i32) -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut p = [0i32; 2];
+    // SAFETY: pipe2 writes two fds into the array.
+    check(unsafe { libc::pipe2(p.as_mut_ptr(), flags) }.into())?;
+    Ok((owned(p[0].into())?, owned(p[1].into())?))
+}
+
+/// `fcntl(F_GETPIPE_SZ)`.
+pub fn pipe_size(fd: BorrowedFd<'_>) -> io::Result<usize> {
+    // SAFETY: F_GETPIPE_SZ takes no argument.
+    let r = check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETPIPE_SZ) }.into())?;
+    usize::try_from(r).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// `fcntl(F_SETPIPE_SZ)`.
+pub fn set_pipe_size(fd: BorrowedFd<'_>, size: i32) -> io::Result<()> {
+    // SAFETY: F_SETPIPE_SZ takes an int.
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, size) }.into()).map(drop)
+}
+
+/// `fcntl(F_GETFL)`.
+pub fn status_flags(fd: BorrowedFd<'_>) -> io::Result<i32> {
+    // SAFETY: F_GETFL takes no argument.
+    let r = check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) }.into())?;
+    i32::try_from(r).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// `fcntl(F_SETFL)`.
+pub fn set_status_flags(fd: BorrowedFd<'_>, flags: i32) -> io::Result<()> {
+    // SAFETY: F_SETFL takes an int.
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags) }.into()).map(drop)
+}
+
+/// `fcntl(F_GET_SEALS)` (an error for files that are not memfds).
+pub fn seals(fd: BorrowedFd<'_>) -> io::Result<i32> {
+    // SAFETY: F_GET_SEALS takes no argument.
+    let r = check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) }.into())?;
+    i32::try_from(r).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// `fcntl(F_ADD_SEALS)`.
+pub fn add_seals(fd: BorrowedFd<'_>, seals: i32) -> io::Result<()> {
+    // SAFETY: F_ADD_SEALS takes an int.
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) }.into()).map(drop)
+}
+
+/// `lseek(off, SEEK_SET)`.
+pub fn seek_to(fd: BorrowedFd<'_>, off: i64) -> io::Result<()> {
+    // SAFETY: lseek takes integers only.
+    check(unsafe { libc::lseek(fd.as_raw_fd(), off, libc::SEEK_SET) }).map(drop)
+}
+
+/// `memfd_create(name, flags)`.
+pub fn memfd_create(name: &CStr, flags: u32) -> io::Result<OwnedFd> {
+    // SAFETY: memfd_create reads a NUL-terminated string.
+    owned(unsafe { libc::memfd_create(name.as_ptr(), flags) }.into())
+}
+
+/// `eventfd(init, flags)`.
+pub fn eventfd(init: u32, flags: i32) -> io::Result<OwnedFd> {
+    // SAFETY: eventfd takes integers only.
+    owned(unsafe { libc::eventfd(init, flags) }.into())
+}
+
+/// `timerfd_create(clock, flags)`.
+pub fn timerfd_create(clockid: i32, flags: i32) -> io::Result<OwnedFd> {
+    // SAFETY: timerfd_create takes integers only.
+    owned(unsafe { libc::timerfd_create(clockid, flags) }.into())
+}
+
+/// `timerfd_settime` (relative) with an interval and a first expiry, in ns.
+pub fn timerfd_settime(fd: BorrowedFd<'_>, interval_ns: u64, value_ns: u64) -> io::Result<()> {
+    let ts = |ns: u64| libc::timespec {
+        tv_sec: i64::try_from(ns / 1_000_000_000).unwrap_or(0),
+        tv_nsec: i64::try_from(ns % 1_000_000_000).unwrap_or(0),
+    };
+    let spec = libc::itimerspec {
+        it_interval: ts(interval_ns),
+        it_value: ts(value_ns),
+    };
+    // SAFETY: timerfd_settime reads an itimerspec; the old value is not wanted.
+    check(unsafe { libc::timerfd_settime(fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) }.into())
+        .map(drop)
+}
+
+/// `ioctl(TFD_IOC_SET_TICKS)`: sets the pending expirations of a timerfd.
+pub fn timerfd_set_ticks(fd: BorrowedFd<'_>, ticks: u64) -> io::Result<()> {
+    // SAFETY: TFD_IOC_SET_TICKS reads a u64 from the pointer.
+    check(
+        unsafe { libc::ioctl(fd.as_raw_fd(), TFD_IOC_SET_TICKS as _, &ticks as *const u64) }.into(),
+    )
+    .map(drop)
+}
+
+/// `signalfd4(-1, mask, flags)` with a kernel signal set (8 bytes).
+pub fn signalfd(mask: u64, flags: i32) -> io::Result<OwnedFd> {
+    // SAFETY: signalfd4 reads an 8-byte kernel sigset from the pointer.
+    owned(unsafe { libc::syscall(libc::SYS_signalfd4, -1, &mask as *const u64, 8usize, flags) })
+}
+
+/// `epoll_create1(flags)`.
+pub fn epoll_create(flags: i32) -> io::Result<OwnedFd> {
+    // SAFETY: epoll_create1 takes an int.
+    owned(unsafe { libc::epoll_create1(flags) }.into())
+}
+
+/// `inotify_init1(flags)`.
+pub fn inotify_init(flags: i32) -> io::Result<OwnedFd> {
+    // SAFETY: inotify_init1 takes an int.
+    owned(unsafe { libc::inotify_init1(flags) }.into())
+}
+
+/// `inotify_add_watch`: the watch descriptor.
+pub fn inotify_add_watch(fd: BorrowedFd<'_>, path: &CStr, mask: u32) -> io::Result<i32> {
+    // SAFETY: inotify_add_watch reads a NUL-terminated path.
+    let wd = unsafe { libc::inotify_add_watch(fd.as_raw_fd(), path.as_ptr(), mask) };
+    check(wd.into()).map(|_| wd)
+}
+
+/// `inotify_rm_watch`.
+pub fn inotify_rm_watch(fd: BorrowedFd<'_>, wd: i32) -> io::Result<()> {
+    // SAFETY: inotify_rm_watch takes integers only.
+    check(unsafe { libc::inotify_rm_watch(fd.as_raw_fd(), wd) }.into()).map(drop)
+}
+
+/// `listen(backlog)`.
+pub fn listen(fd: BorrowedFd<'_>, backlog: i32) -> io::Result<()> {
+    // SAFETY: listen takes integers only.
+    check(unsafe { libc::listen(fd.as_raw_fd(), backlog) }.into()).map(drop)
+}
+
+/// One non-blocking `send` (`MSG_NOSIGNAL | MSG_DONTWAIT`): bytes taken.
+pub fn send_nonblocking(fd: BorrowedFd<'_>, data: &[u8]) -> io::Result<usize> {
+    // SAFETY: send reads `data.len()` bytes from `data`.
+    let n = unsafe {
+        libc::send(
+            fd.as_raw_fd(),
+            data.as_ptr().cast(),
+            data.len(),
+            libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+        )
+    };
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
+}
+
+/// Waits up to `timeout_ms` for `fd` to be writable: false on timeout.
+pub fn wait_writable(fd: BorrowedFd<'_>, timeout_ms: i32) -> io::Result<bool> {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: poll on one pollfd of ours.
+    let r = check(unsafe { libc::poll(&mut p, 1, timeout_ms) }.into())?;
+    Ok(r > 0)
+}
+
+/// `flock(op)`.
+pub fn flock(fd: BorrowedFd<'_>, op: i32) -> io::Result<()> {
+    // SAFETY: flock takes integers only.
+    check(unsafe { libc::flock(fd.as_raw_fd(), op) }.into()).map(drop)
+}
+
+/// `fcntl(F_OFD_SETLK)` with the bytes of a `struct flock`.
+pub fn ofd_setlk(fd: BorrowedFd<'_>, flock: &[u8; FLOCK_LEN]) -> io::Result<()> {
+    // SAFETY: F_OFD_SETLK reads a struct flock (FLOCK_LEN bytes, checked
+    // against libc's in stasis-sys) from the pointer.
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLK, flock.as_ptr()) }.into())
+        .map(drop)
+}
+
+/// `kcmp(KCMP_FILE)`: whether `fd1` of `pid1` and `fd2` of `pid2` are the
+/// same open file description (false when it cannot tell).
+pub fn kcmp_same_file(pid1: i32, fd1: i32, pid2: i32, fd2: i32) -> bool {
+    // SAFETY: kcmp takes integers only.
+    let r = unsafe { libc::syscall(libc::SYS_kcmp, pid1, pid2, KCMP_FILE, fd1, fd2) };
+    r == 0
+}
+
+/// `tee(from, to, len, SPLICE_F_NONBLOCK)`: bytes copied (0 when empty).
+pub fn tee_nonblocking(from: BorrowedFd<'_>, to: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
+    // SAFETY: tee takes integers only; it copies between two pipes.
+    let n = unsafe {
+        libc::tee(
+            from.as_raw_fd(),
+            to.as_raw_fd(),
+            len,
+            libc::SPLICE_F_NONBLOCK,
+        )
+    };
+    match usize::try_from(n) {
+        Ok(n) => Ok(n),
+        Err(_) => {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EAGAIN) {
+                Ok(0)
+            } else {
+                Err(e)
+            }
+        }
+    }
+}
+
+/// `open_by_handle_at(mount, handle, flags)`, with the handle given as its
+/// type and bytes (`struct file_handle` is built here).
+pub fn open_by_handle(
+    mount: BorrowedFd<'_>,
+    handle_type: i32,
+    handle: &[u8],
+    flags: i32,
+) -> io::Result<OwnedFd> {
+    let mut fh = Vec::with_capacity(8 + handle.len());
+    let len =
+        u32::try_from(handle.len()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    fh.extend_from_slice(&len.to_ne_bytes());
+    fh.extend_from_slice(&handle_type.to_ne_bytes());
+    fh.extend_from_slice(handle);
+    // SAFETY: open_by_handle_at reads a struct file_handle whose declared
+    // size (`len`) matches the bytes that follow its header in `fh`.
+    owned(unsafe {
+        libc::syscall(
+            libc::SYS_open_by_handle_at,
+            mount.as_raw_fd(),
+            fh.as_ptr(),
+            flags,
+        )
+    })
+}

@@ -1,0 +1,94 @@
+//! Kernel constants of the objects Stasis saves and rebuilds: TCP repair,
+//! socket queue ioctls, `kcmp`, timerfd, System V shared memory.
+//!
+//! Where `libc` has the same constant, a compile-time assertion checks the
+//! two agree; the others are checked against their kernel definition.
+
+use core::mem::size_of;
+
+// --- TCP repair (include/uapi/linux/tcp.h) ---------------------------------
+
+pub const TCP_REPAIR: i32 = 19;
+pub const TCP_REPAIR_QUEUE: i32 = 20;
+pub const TCP_QUEUE_SEQ: i32 = 21;
+pub const TCP_REPAIR_OPTIONS: i32 = 22;
+pub const TCP_TIMESTAMP: i32 = 24;
+pub const TCP_REPAIR_WINDOW: i32 = 29;
+/// `TCP_REPAIR_QUEUE` values.
+pub const TCP_RECV_QUEUE: i32 = 1;
+pub const TCP_SEND_QUEUE: i32 = 2;
+/// `TCP_REPAIR` value that leaves repair mode without a window probe.
+pub const TCP_REPAIR_OFF_NO_WP: i32 = -1;
+/// `struct tcp_repair_opt` option codes (TCPOPT_* of include/net/tcp.h).
+pub const TCPOPT_MAXSEG: u32 = 2;
+pub const TCPOPT_WINDOW: u32 = 3;
+pub const TCPOPT_SACK_PERM: u32 = 4;
+pub const TCPOPT_TIMESTAMP: u32 = 8;
+/// `tcpi_options` bits of `struct tcp_info`.
+pub const TCPI_OPT_TIMESTAMPS: u8 = 1;
+pub const TCPI_OPT_SACK: u8 = 2;
+pub const TCPI_OPT_WSCALE: u8 = 4;
+/// `tcpi_state` values (include/net/tcp_states.h).
+pub const TCP_ESTABLISHED: u8 = 1;
+pub const TCP_CLOSE: u8 = 7;
+pub const TCP_LISTEN: u8 = 10;
+/// `struct tcp_repair_window`: five u32.
+pub const TCP_REPAIR_WINDOW_LEN: usize = 20;
+
+const _: () = assert!(TCP_REPAIR == libc::TCP_REPAIR);
+const _: () = assert!(TCP_REPAIR_QUEUE == libc::TCP_REPAIR_QUEUE);
+const _: () = assert!(TCP_QUEUE_SEQ == libc::TCP_QUEUE_SEQ);
+const _: () = assert!(TCP_REPAIR_OPTIONS == libc::TCP_REPAIR_OPTIONS);
+const _: () = assert!(TCP_TIMESTAMP == libc::TCP_TIMESTAMP);
+const _: () = assert!(TCP_REPAIR_WINDOW_LEN == 5 * size_of::<u32>());
+
+// --- socket options and queue ioctls ---------------------------------------
+
+pub const SO_PEEK_OFF: i32 = 42;
+/// Bytes queued to read (`FIONREAD`).
+pub const SIOCINQ: u64 = 0x541B;
+/// Bytes in the send queue.
+pub const SIOCOUTQ: u64 = 0x5411;
+/// Bytes in the send queue not yet sent.
+pub const SIOCOUTQNSD: u64 = 0x894B;
+
+const _: () = assert!(SO_PEEK_OFF == libc::SO_PEEK_OFF);
+const _: () = assert!(SIOCINQ == libc::FIONREAD);
+const _: () = assert!(SIOCOUTQ == libc::TIOCOUTQ);
+
+// --- kcmp (include/uapi/linux/kcmp.h) --------------------------------------
+
+/// `enum kcmp_type`: same open file description.
+pub const KCMP_FILE: i32 = 0;
+
+// --- timerfd (include/uapi/linux/timerfd.h) --------------------------------
+
+/// `_IOW('T', 0, __u64)`: sets the expiration count of a timerfd.
+pub const TFD_IOC_SET_TICKS: u64 =
+    (IOC_WRITE << 30) | ((size_of::<u64>() as u64) << 16) | ((b'T' as u64) << 8);
+/// `_IOC_WRITE` direction bits (asm-generic/ioctl.h).
+const IOC_WRITE: u64 = 1;
+const _: () = assert!(TFD_IOC_SET_TICKS == 0x4008_5400);
+
+// --- System V shared memory (include/uapi/linux/shm.h) ---------------------
+
+/// `shm_perm.mode` bit of a segment removed while still attached.
+pub const SHM_DEST: u32 = 0o1000;
+/// Where the next System V segment's id is chosen (checkpoint/restore).
+pub const SHM_NEXT_ID: &str = "/proc/sys/kernel/shm_next_id";
+
+// --- structures passed by bytes ---------------------------------------------
+
+/// `struct flock` on x86-64.
+pub const FLOCK_LEN: usize = 32;
+const _: () = assert!(size_of::<libc::flock>() == FLOCK_LEN);
+/// `struct epoll_event` (packed on x86-64: u32 events, u64 data).
+pub const EPOLL_EVENT_LEN: usize = 12;
+const _: () = assert!(size_of::<libc::epoll_event>() == EPOLL_EVENT_LEN);
+/// `struct msghdr`.
+pub const MSGHDR_LEN: usize = 56;
+const _: () = assert!(size_of::<libc::msghdr>() == MSGHDR_LEN);
+/// `CMSG_SPACE(sizeof(int))`: a control message carrying one fd.
+pub const CMSG_SPACE_ONE_FD: u64 = 24;
+/// `CMSG_LEN(sizeof(int))`.
+pub const CMSG_LEN_ONE_FD: u64 = 20;
