@@ -1,0 +1,298 @@
+//! Files without a name: deleted while open, and memfds. Their content is
+//! saved (extent by extent: holes stay holes) and the file is made again
+//! at restore: a memfd with its name and seals, a deleted file created at
+//! its old path (or next to it) and unlinked at once. One "keeper" fd per
+//! file; every description (and mapping) is reopened from it.
+
+use std::ffi::CString;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+
+use stasis_image::manifest::{Extent, FdImage, FdKind, GhostFile};
+use stasis_kernel::fdops;
+
+use crate::error::{file_err, io_step, os_err};
+use crate::restore::{open_with_mode, reopen_flags};
+use crate::save::proc_path;
+use crate::{Object, OpenFd, RestoreCtx, RestoreError, SaveCtx, SaveError};
+
+/// Largest deleted file or memfd stasis saves (its content goes into the manifest).
+const GHOST_MAX: u64 = 64 << 20;
+
+/// A deleted file or a memfd.
+pub struct Ghost;
+
+impl Object for Ghost {
+    const NAME: &'static str = "deleted file or memfd";
+
+    fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
+        let Some(name) = fd.link.strip_suffix(" (deleted)") else {
+            return Ok(None);
+        };
+        if fd.socket.is_some() {
+            return Ok(None);
+        }
+        if !fd.meta.file_type().is_file() {
+            return Err(fd.unsupported(format!(
+                "fd {} is a deleted {} ({}), which stasis cannot checkpoint yet",
+                fd.fd,
+                if fd.meta.is_dir() {
+                    "directory"
+                } else {
+                    "special file"
+                },
+                fd.link
+            )));
+        }
+        save_content(
+            cx,
+            fd.pid,
+            &format!("fd/{}", fd.fd),
+            &format!("fd {} is", fd.fd),
+        )?;
+        let (id, pos) = (fd.meta.ino(), fd.pos);
+        Ok(Some(match name.strip_prefix("/memfd:") {
+            Some(n) => FdKind::Memfd {
+                name: n.to_string(),
+                id,
+                pos,
+            },
+            None => FdKind::Ghost {
+                path: name.to_string(),
+                id,
+                pos,
+            },
+        }))
+    }
+
+    fn restore(cx: &mut RestoreCtx<'_>, img: &FdImage) -> Result<Option<OwnedFd>, RestoreError> {
+        let (path, id, pos, memfd) = match &img.kind {
+            FdKind::Ghost { path, id, pos } => (path, id, pos, false),
+            FdKind::Memfd { name, id, pos } => (name, id, pos, true),
+            _ => return Ok(None),
+        };
+        let fd = img.fd;
+        let keeper = keeper(
+            cx,
+            *id,
+            (!memfd).then_some(path.as_str()),
+            memfd.then_some(path.as_str()),
+        )?;
+        let reopen = format!("/proc/self/fd/{}", keeper.as_raw_fd());
+        let o: OwnedFd = open_with_mode(
+            std::fs::OpenOptions::new().custom_flags(reopen_flags(img.flags)),
+            &reopen,
+            img.flags,
+        )
+        .map_err(file_err(
+            path.clone(),
+            format!("fd {fd} (deleted file or memfd)"),
+            "reopen",
+        ))?
+        .into();
+        fdops::seek_to(o.as_fd(), i64::try_from(*pos).unwrap_or(0))
+            .map_err(io_step(format!("seeking fd {fd} to {pos}"), "lseek"))?;
+        Ok(Some(o))
+    }
+}
+
+/// Saves the content of a deleted file or memfd that `pid` maps at
+/// `start..end` (once per inode), through `/proc/PID/map_files`.
+pub fn save_mapped(cx: &mut SaveCtx, pid: i32, start: u64, end: u64) -> Result<(), SaveError> {
+    save_content(
+        cx,
+        pid,
+        &format!("map_files/{start:x}-{end:x}"),
+        &format!("area {start:#x}-{end:#x} maps"),
+    )
+}
+
+/// Reads the file behind `/proc/PID/<name>` into the ghost table.
+fn save_content(cx: &mut SaveCtx, pid: i32, name: &str, what: &str) -> Result<(), SaveError> {
+    let path = proc_path(pid, name);
+    let proc_err = |source| SaveError::Proc {
+        pid,
+        file: name.to_string(),
+        source,
+    };
+    let meta = std::fs::metadata(&path).map_err(proc_err)?;
+    if cx.ghosts.contains_key(&meta.ino()) {
+        return Ok(());
+    }
+    let (size, extents) = read_sparse(
+        cx,
+        pid,
+        name,
+        &format!("{what} a deleted file or memfd that"),
+    )?;
+    let f = std::fs::File::open(&path).map_err(proc_err)?;
+    // Not a memfd (an error): no seals.
+    let seals = fdops::seals(f.as_fd()).unwrap_or(0);
+    cx.ghosts.insert(
+        meta.ino(),
+        GhostFile {
+            id: meta.ino(),
+            mode: meta.mode(),
+            data: Vec::new(),
+            seals: u32::try_from(seals).unwrap_or(0),
+            size,
+            extents,
+        },
+    );
+    Ok(())
+}
+
+/// Reads the data of the file behind `/proc/PID/<name>`, extent by extent
+/// (`SEEK_DATA`/`SEEK_HOLE`): holes are neither read nor saved, so a large
+/// shared memory segment with little in use costs what it uses, and its
+/// holes stay holes after a restore. At most [`GHOST_MAX`] bytes of data.
+/// Returns the file's size and its extents.
+pub(crate) fn read_sparse(
+    cx: &SaveCtx,
+    pid: i32,
+    name: &str,
+    what: &str,
+) -> Result<(u64, Vec<Extent>), SaveError> {
+    use std::os::unix::fs::FileExt;
+    let proc_err = |file: &str| {
+        let file = file.to_string();
+        move |source| SaveError::Proc { pid, file, source }
+    };
+    let path = proc_path(pid, name);
+    let f = std::fs::File::open(&path).map_err(proc_err(name))?;
+    let size = f.metadata().map_err(proc_err(name))?.size();
+    let ranges = cx
+        .procfs()
+        .data_extents(&f, 0, size)
+        .map_err(proc_err(&format!("{name} (SEEK_DATA)")))?;
+    let data: u64 = ranges.iter().map(|(a, b)| b - a).sum();
+    if data > GHOST_MAX {
+        return Err(SaveError::Unsupported { pid, what: format!("{what} holds {data} bytes of data ({size} bytes in all); stasis saves up to {GHOST_MAX} bytes of such content") });
+    }
+    let mut extents = Vec::with_capacity(ranges.len());
+    for (a, b) in ranges {
+        let mut buf = vec![0u8; usize::try_from(b - a).unwrap_or(0)];
+        f.read_exact_at(&mut buf, a).map_err(proc_err(name))?;
+        extents.push(Extent {
+            offset: a,
+            data: buf,
+        });
+    }
+    Ok((size, extents))
+}
+
+impl RestoreCtx<'_> {
+    /// An fd on the rebuilt deleted file or memfd `id` (named `name` at
+    /// dump: `/memfd:...` or a path), to map it.
+    pub fn ghost_for_mapping(
+        &mut self,
+        id: u64,
+        name: &str,
+        writable: bool,
+    ) -> Result<OwnedFd, RestoreError> {
+        let memfd = name.strip_prefix("/memfd:");
+        let keeper = keeper(
+            self,
+            id,
+            if memfd.is_none() { Some(name) } else { None },
+            memfd,
+        )?;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(writable)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(format!("/proc/self/fd/{}", keeper.as_raw_fd()))
+            .map(OwnedFd::from)
+            .map_err(file_err(name, "a mapped deleted file or memfd", "reopen"))
+    }
+}
+
+/// The keeper fd of a deleted file (`path`) or memfd (`memfd` name),
+/// made on first use: created, filled, sealed or unlinked.
+fn keeper<'c>(
+    cx: &'c mut RestoreCtx<'_>,
+    id: u64,
+    path: Option<&str>,
+    memfd: Option<&str>,
+) -> Result<&'c OwnedFd, RestoreError> {
+    if !cx.ghost_keepers.contains_key(&id) {
+        let g = *cx.ghost_data.get(&id).ok_or_else(|| {
+            RestoreError::Inconsistent(format!("no saved content for deleted file or memfd {id}"))
+        })?;
+        let keeper = match memfd {
+            Some(name) => make_memfd(name, g)?,
+            None => make_deleted(path.unwrap_or("/tmp/stasis-ghost"), id, g)?,
+        };
+        cx.ghost_keepers.insert(id, keeper);
+    }
+    Ok(&cx.ghost_keepers[&id])
+}
+
+/// A memfd named `name` with the content and seals of `g`.
+fn make_memfd(name: &str, g: &GhostFile) -> Result<OwnedFd, RestoreError> {
+    let cname = CString::new(name)
+        .map_err(|_| RestoreError::Inconsistent(format!("memfd name {name:?} has a NUL")))?;
+    let sealable = g.seals & !libc::F_SEAL_SEAL.unsigned_abs() != 0 || g.seals == 0;
+    let flags = libc::MFD_CLOEXEC | if sealable { libc::MFD_ALLOW_SEALING } else { 0 };
+    let k = fdops::memfd_create(&cname, flags).map_err(os_err("memfd_create"))?;
+    write_sparse(&k, g)?;
+    if g.seals != 0 && sealable {
+        fdops::add_seals(k.as_fd(), i32::try_from(g.seals).unwrap_or(0))
+            .map_err(io_step(format!("sealing memfd {name}"), "F_ADD_SEALS"))?;
+    }
+    Ok(k)
+}
+
+/// A file with the content of `g`, made at `path` (so it shows as "PATH
+/// (deleted)" again) when that name is free, else next to it; unlinked.
+fn make_deleted(path: &str, id: u64, g: &GhostFile) -> Result<OwnedFd, RestoreError> {
+    let mut target = std::path::PathBuf::from(path);
+    if target.exists() || !target.parent().is_some_and(std::path::Path::exists) {
+        let dir = target
+            .parent()
+            .filter(|d| d.exists())
+            .map_or_else(std::env::temp_dir, std::path::Path::to_path_buf);
+        target = dir.join(format!(".stasis-ghost-{id}-{}", std::process::id()));
+    }
+    let k: OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(g.mode & 0o7777)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(&target)
+        .map_err(file_err(
+            target.display().to_string(),
+            "recreating a deleted file",
+            "open",
+        ))?
+        .into();
+    let filled = write_sparse(&k, g);
+    let _ = std::fs::remove_file(&target);
+    filled?;
+    Ok(k)
+}
+
+/// Writes the content of a deleted file or memfd into the new, empty file
+/// `f`: each data extent at its offset, then the size; the rest stays
+/// holes, as it was.
+fn write_sparse(f: &OwnedFd, g: &GhostFile) -> Result<(), RestoreError> {
+    use std::os::unix::fs::FileExt;
+    let err = io_step("writing the content of a deleted file or memfd", "pwrite");
+    let (size, extents) = g
+        .content()
+        .map_err(|e| RestoreError::Inconsistent(e.to_string()))?;
+    let file = match f.try_clone() {
+        Ok(c) => std::fs::File::from(c),
+        Err(e) => return Err(err(e)),
+    };
+    for (off, data) in extents {
+        if let Err(e) = file.write_all_at(data, off) {
+            return Err(io_step(
+                "writing the content of a deleted file or memfd",
+                "pwrite",
+            )(e));
+        }
+    }
+    file.set_len(size).map_err(err)
+}

@@ -1,0 +1,206 @@
+//! TCP and UDP sockets (v4 and v6): listening sockets, unconnected and
+//! closed ones, UDP sockets with their unread datagrams (IPv4: delivered
+//! again from their original senders). Established TCP connections are
+//! the business of [`crate::tcp`].
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+
+use stasis_image::manifest::{FdImage, FdKind, InetSocket, InetState};
+use stasis_kernel::{fdops, scm, sock, KernelError};
+use stasis_sys::net::{TCP_CLOSE, TCP_ESTABLISHED, TCP_LISTEN};
+
+use crate::socket::{save_options, set_options};
+use crate::tcp::{self, PendingTcp};
+use crate::unix::QUEUE_MAX;
+use crate::{Object, OpenFd, RestoreCtx, RestoreError, SaveCtx, SaveError};
+
+pub struct Inet;
+
+impl Object for Inet {
+    const NAME: &'static str = "inet socket";
+
+    fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
+        match &fd.socket {
+            Some(s) if matches!(s.domain, libc::AF_INET | libc::AF_INET6) => {
+                save(cx, fd, s).map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    fn restore(cx: &mut RestoreCtx<'_>, img: &FdImage) -> Result<Option<OwnedFd>, RestoreError> {
+        let FdKind::Inet(i) = &img.kind else {
+            return Ok(None);
+        };
+        let s = restore(cx, img.fd, i)?;
+        // Best effort, as sockets always had it.
+        let _ = fdops::set_status_flags(s.as_fd(), crate::restore::setfl_flags(img.flags));
+        Ok(Some(s))
+    }
+}
+
+fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<FdKind, SaveError> {
+    let (b, n, domain, ty) = (s.sock.as_fd(), fd.fd, s.domain, s.sock_type);
+    // A connection in repair mode (`freeze`) reads SO_REUSEADDR as
+    // forced (2): the program's own value was read before.
+    let mut options = save_options(b, cx.repaired.reuseaddr_of(fd.meta.ino()));
+    let protocol = sock::get_int(b, libc::SOL_SOCKET, libc::SO_PROTOCOL)?;
+    if domain == libc::AF_INET6 {
+        if let Ok(v) = sock::get_int(b, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) {
+            options.push((libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, v));
+        }
+    }
+    let local = sock::local_addr(b)?;
+    let peer = sock::peer_addr(b)?;
+    let mut datagrams = Vec::new();
+    let state = if ty == libc::SOCK_STREAM {
+        if let Ok(v) = sock::get_int(b, libc::IPPROTO_TCP, libc::TCP_NODELAY) {
+            options.push((libc::IPPROTO_TCP, libc::TCP_NODELAY, v));
+        }
+        let info = sock::tcp_info(b)?;
+        match info.state {
+            TCP_LISTEN => {
+                if info.unacked > 0 {
+                    return Err(fd.unsupported(format!("fd {n} is a listening TCP socket with {} connection(s) waiting to be accepted", info.unacked)));
+                }
+                InetState::Listening {
+                    backlog: info.sacked,
+                }
+            }
+            TCP_ESTABLISHED => {
+                // Already in repair mode (`tcp::freeze`); the copy
+                // kept there keeps it so until the dump ends.
+                let r = tcp::save(b, &info).map_err(|e| {
+                    fd.unsupported(format!(
+                        "fd {n}: saving an established TCP connection failed: {e}"
+                    ))
+                })?;
+                InetState::Established(r)
+            }
+            TCP_CLOSE => InetState::Plain,
+            st => return Err(fd.unsupported(format!("fd {n} is a TCP connection in state {st} (opening or closing); this version saves listening and established ones"))),
+        }
+    } else {
+        let q = sock::inq(b).unwrap_or(0);
+        if q > 0 {
+            // IPv4 UDP: the datagrams are kept with their
+            // senders and delivered again at restore.
+            if domain != libc::AF_INET || protocol != libc::IPPROTO_UDP {
+                return Err(fd.unsupported(format!("fd {n} is an IPv6 or raw datagram socket with unread datagrams, which stasis cannot checkpoint yet")));
+            }
+            datagrams = sock::peek_datagrams(b, QUEUE_MAX).map_err(|e| {
+                fd.unsupported(format!("fd {n}: reading its unread datagrams: {e}"))
+            })?;
+        }
+        InetState::Plain
+    };
+    Ok(FdKind::Inet(InetSocket {
+        family: domain,
+        sock_type: ty,
+        protocol,
+        local,
+        peer,
+        state,
+        options,
+        datagrams,
+    }))
+}
+
+/// The port of a raw inet address.
+pub fn port_of(addr: &[u8]) -> u16 {
+    addr.get(2..4)
+        .map_or(0, |b| u16::from_be_bytes([b[0], b[1]]))
+}
+
+/// `bind` to `i.local`; a port held by another process is reported so.
+pub(crate) fn bind(fd: i32, s: &OwnedFd, i: &InetSocket, what: String) -> Result<(), RestoreError> {
+    sock::bind(s.as_fd(), &i.local).map_err(|e| {
+        if e.raw_os_error() == Some(libc::EADDRINUSE) {
+            RestoreError::PortTaken {
+                fd,
+                port: port_of(&i.local),
+            }
+        } else {
+            RestoreError::Socket { what, source: e }
+        }
+    })
+}
+
+fn restore(cx: &mut RestoreCtx<'_>, fd: i32, i: &InetSocket) -> Result<OwnedFd, RestoreError> {
+    let s = sock::socket(i.family, i.sock_type, i.protocol)?;
+    let sock_err = |w: String| {
+        move |e: std::io::Error| RestoreError::Socket {
+            what: format!("{w} (fd {fd})"),
+            source: e,
+        }
+    };
+    // Options that must come before bind (V6ONLY, REUSEADDR, REUSEPORT...).
+    set_options(&s, &i.options);
+    match &i.state {
+        InetState::Listening { backlog } => {
+            let _ = sock::set_int(s.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR, 1);
+            bind(fd, &s, i, format!("binding a listening socket (fd {fd})"))?;
+            fdops::listen(s.as_fd(), i32::try_from(*backlog).unwrap_or(128))
+                .map_err(sock_err("listening".into()))?;
+            set_options(&s, &i.options);
+        }
+        InetState::Established(r) => {
+            tcp::restore(fd, &s, i, r)?;
+            cx.pending_tcp.push(PendingTcp {
+                fd,
+                sock: scm::dup_at_least(s.as_fd(), 3)?,
+                repair: r.clone(),
+                options: i.options.clone(),
+            });
+        }
+        InetState::Plain => {
+            if !sock::port_is_zero(&i.local) {
+                sock::bind(s.as_fd(), &i.local)
+                    .map_err(sock_err(format!("binding port {}", port_of(&i.local))))?;
+            }
+            if !i.peer.is_empty() {
+                sock::connect(s.as_fd(), &i.peer).map_err(sock_err("connecting".into()))?;
+            }
+            if !i.datagrams.is_empty() {
+                requeue_datagrams(fd, &s, i)?;
+            }
+        }
+    }
+    Ok(s)
+}
+
+/// Sends a UDP socket's saved datagrams to it again, each from its
+/// original sender's address, and waits until all are queued.
+fn requeue_datagrams(fd: i32, s: &OwnedFd, i: &InetSocket) -> Result<(), RestoreError> {
+    let err = |e: KernelError| RestoreError::Step {
+        what: format!("queueing the unread datagrams of fd {fd} again"),
+        source: e,
+    };
+    let local = sock::local_addr(s.as_fd()).map_err(err)?;
+    for (from, data) in &i.datagrams {
+        sock::inject_udp_v4(from, &local, data).map_err(err)?;
+    }
+    // Loopback delivers from a softirq: wait (up to a second) for them all.
+    let t0 = std::time::Instant::now();
+    loop {
+        let queued = sock::peek_datagrams(s.as_fd(), usize::MAX).map_err(err)?;
+        if queued.len() >= i.datagrams.len() {
+            return if queued == i.datagrams {
+                Ok(())
+            } else {
+                Err(RestoreError::Inconsistent(format!(
+                    "the datagrams queued again on fd {fd} differ from the saved ones"
+                )))
+            };
+        }
+        if t0.elapsed() > std::time::Duration::from_secs(1) {
+            return Err(RestoreError::Inconsistent(format!(
+                "only {} of the {} datagrams queued again on fd {fd} arrived",
+                queued.len(),
+                i.datagrams.len()
+            )));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}

@@ -1,0 +1,131 @@
+//! inotify: its watches, each resolved at dump to a path (with
+//! `open_by_handle_at` on the filesystem it lives on) and added again at
+//! restore at its watch descriptor.
+
+use std::ffi::CString;
+use std::os::fd::{AsFd, OwnedFd};
+
+use stasis_image::manifest::{FdImage, FdKind, InotifyWatch};
+use stasis_kernel::{fdops, KernelError};
+
+use crate::error::os_err;
+use crate::{Object, OpenFd, RestoreCtx, RestoreError, SaveCtx, SaveError};
+
+pub struct Inotify;
+
+impl Object for Inotify {
+    const NAME: &'static str = "inotify";
+
+    fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
+        if fd.link != "anon_inode:inotify" {
+            return Ok(None);
+        }
+        let watches = watches(cx, fd)?;
+        Ok(Some(FdKind::Inotify { watches }))
+    }
+
+    fn restore(_: &mut RestoreCtx<'_>, img: &FdImage) -> Result<Option<OwnedFd>, RestoreError> {
+        let FdKind::Inotify { watches } = &img.kind else {
+            return Ok(None);
+        };
+        restore(img.fd, img.flags, watches).map(Some)
+    }
+}
+
+/// The mount point of the filesystem with device `major:minor`.
+fn mount_of(mounts: &str, major: u32, minor: u32) -> Option<String> {
+    let dev = format!("{major}:{minor}");
+    mounts.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.get(2) == Some(&dev.as_str()))
+            .then(|| f.get(4).map(|m| m.to_string()))
+            .flatten()
+    })
+}
+
+/// The watches of an inotify fd, each resolved to a path.
+fn watches(cx: &SaveCtx, fd: &OpenFd<'_>) -> Result<Vec<InotifyWatch>, SaveError> {
+    let n = fd.fd;
+    let lines = cx
+        .procfs()
+        .inotify(fd.info)
+        .map_err(|e| fd.unsupported(e.0))?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| fd.unsupported(e.to_string()))?;
+    let mut out = Vec::new();
+    for (wd, sdev, mask, ty, handle) in lines {
+        // Kernel dev_t: major in the high 12 bits, minor in the low 20.
+        let (major, minor) = (sdev >> 20, sdev & 0xfffff);
+        let mount = mount_of(&mounts, major, minor).ok_or_else(|| fd.unsupported(format!("fd {n}: inotify watch {wd} is on a filesystem ({major}:{minor}) that is not mounted here")))?;
+        let mfd = std::fs::File::open(&mount)
+            .map_err(|e| fd.unsupported(format!("fd {n}: opening mount {mount}: {e}")))?;
+        let o = fdops::open_by_handle(mfd.as_fd(), ty, &handle, libc::O_PATH | libc::O_CLOEXEC)
+            .map_err(|e| fd.unsupported(format!("fd {n}: the file watched by inotify watch {wd} cannot be found again ({e}); was it deleted?")))?;
+        let path = std::fs::read_link(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&o)
+        ))
+        .map_err(|e| fd.unsupported(e.to_string()))?;
+        let path = path.to_string_lossy().into_owned();
+        if path.ends_with(" (deleted)") {
+            return Err(fd.unsupported(format!("fd {n}: inotify watch {wd} is on a deleted file")));
+        }
+        out.push(InotifyWatch { wd, path, mask });
+    }
+    out.sort_by_key(|w| w.wd);
+    Ok(out)
+}
+
+/// An inotify instance with its watches at their watch descriptors
+/// (descriptors are allocated in increasing order, so gaps are skipped by
+/// adding and removing a throw-away watch).
+fn restore(fd: i32, flags: u32, watches: &[InotifyWatch]) -> Result<OwnedFd, RestoreError> {
+    let nb = if flags & libc::O_NONBLOCK.unsigned_abs() != 0 {
+        libc::IN_NONBLOCK
+    } else {
+        0
+    };
+    let i = fdops::inotify_init(libc::IN_CLOEXEC | nb).map_err(os_err("inotify_init1"))?;
+    let add = |path: &str, mask: u32| -> Result<i32, RestoreError> {
+        let c = CString::new(path)
+            .map_err(|_| RestoreError::Inconsistent(format!("watch path {path:?} has a NUL")))?;
+        fdops::inotify_add_watch(i.as_fd(), &c, mask).map_err(|e| RestoreError::File {
+            path: path.into(),
+            what: format!("inotify watch of fd {fd}"),
+            source: KernelError::Io {
+                what: "inotify_add_watch".into(),
+                source: e,
+            },
+        })
+    };
+    for w in watches {
+        loop {
+            let wd = add(&w.path, w.mask)?;
+            if wd == w.wd {
+                break;
+            }
+            if wd > w.wd {
+                return Err(RestoreError::Inconsistent(format!(
+                    "fd {fd}: inotify watch {} came back as {wd} (two watches on one file?)",
+                    w.wd
+                )));
+            }
+            // Burn this descriptor and try again.
+            let _ = fdops::inotify_rm_watch(i.as_fd(), wd);
+        }
+    }
+    drain(&i);
+    Ok(i)
+}
+
+/// Drops the IN_IGNORED events the burnt descriptors queued (events that
+/// were pending at dump time are not part of the image either).
+fn drain(i: &OwnedFd) {
+    let Ok(fl) = fdops::status_flags(i.as_fd()) else {
+        return;
+    };
+    let _ = fdops::set_status_flags(i.as_fd(), fl | libc::O_NONBLOCK);
+    let mut buf = [0u8; 4096];
+    while nix::unistd::read(std::os::fd::AsRawFd::as_raw_fd(i), &mut buf).is_ok_and(|n| n > 0) {}
+    let _ = fdops::set_status_flags(i.as_fd(), fl);
+}

@@ -1,0 +1,129 @@
+//! File locks held through an fd (from the `lock:` lines of fdinfo). OFD
+//! locks belong to the open file description: the restorer takes them
+//! when it makes it ([`take_ofd_locks`]). flock locks belong to it too,
+//! but `/proc` names the process that took them, and POSIX locks belong
+//! to the process: both are taken by the process itself, over a
+//! [`Remote`] ([`restore_flock`], [`restore_posix_locks`]).
+
+use std::os::fd::{AsFd, OwnedFd};
+
+use stasis_image::manifest::{FdImage, FileLock, LockKind};
+use stasis_kernel::fdops;
+use stasis_kernel::remote::Remote;
+use stasis_sys::net::FLOCK_LEN;
+
+use crate::error::step;
+use crate::save::ProcSource;
+use crate::{OpenFd, RestoreError, SaveError, Scratch};
+
+/// The locks held through `fd`.
+pub fn save(fd: &OpenFd<'_>, procfs: &dyn ProcSource) -> Result<Vec<FileLock>, SaveError> {
+    let mut locks = Vec::new();
+    for (k, write, start, len) in procfs.locks(fd.info).map_err(|e| fd.bad_info(e))? {
+        let kind = match k.as_str() {
+            "POSIX" => LockKind::Posix,
+            "FLOCK" => LockKind::Flock,
+            "OFDLCK" => LockKind::Ofd,
+            other => {
+                return Err(fd.unsupported(format!(
+                    "fd {} holds a {other} lock, which stasis cannot checkpoint yet",
+                    fd.fd
+                )))
+            }
+        };
+        locks.push(FileLock {
+            kind,
+            write,
+            start,
+            len,
+        });
+    }
+    Ok(locks)
+}
+
+/// `struct flock` bytes for a lock.
+pub fn flock_struct(l: &FileLock) -> [u8; FLOCK_LEN] {
+    let ty = if l.write {
+        libc::F_WRLCK
+    } else {
+        libc::F_RDLCK
+    };
+    let mut b = [0u8; FLOCK_LEN];
+    b[0..2].copy_from_slice(&i16::try_from(ty).unwrap_or(0).to_le_bytes());
+    b[2..4].copy_from_slice(&i16::try_from(libc::SEEK_SET).unwrap_or(0).to_le_bytes());
+    b[8..16].copy_from_slice(&l.start.to_le_bytes());
+    b[16..24].copy_from_slice(&l.len.to_le_bytes());
+    b
+}
+
+/// The `flock(2)` operation for a lock (never blocking).
+fn flock_op(l: &FileLock) -> i32 {
+    (if l.write {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_SH
+    }) | libc::LOCK_NB
+}
+
+/// Takes the OFD locks of `img` on the description `made`.
+pub fn take_ofd_locks(made: &OwnedFd, img: &FdImage) -> Result<(), RestoreError> {
+    for l in img.locks.iter().filter(|l| l.kind == LockKind::Ofd) {
+        fdops::ofd_setlk(made.as_fd(), &flock_struct(l)).map_err(|e| RestoreError::Locked {
+            fd: img.fd,
+            what: format!(
+                "{:?} {} lock",
+                l.kind,
+                if l.write { "write" } else { "read" }
+            ),
+            source: e,
+        })?;
+    }
+    Ok(())
+}
+
+/// Takes the flock lock of `img` from inside the process, so that `/proc`
+/// names it as the holder (as it was at the dump).
+pub fn restore_flock<R: Remote>(r: &mut R, img: &FdImage) -> Result<(), RestoreError> {
+    for l in img.locks.iter().filter(|l| l.kind == LockKind::Flock) {
+        r.sys(
+            "flock",
+            libc::SYS_flock,
+            &[
+                u64::from(img.fd.unsigned_abs()),
+                flock_op(l).unsigned_abs().into(),
+            ],
+        )
+        .map_err(step(format!(
+            "taking back the flock lock on fd {} (is the file locked by another process?)",
+            img.fd
+        )))?;
+    }
+    Ok(())
+}
+
+/// Takes the POSIX (process-owned) locks of `img` from inside the process.
+pub fn restore_posix_locks<R: Remote>(
+    r: &mut R,
+    at: Scratch,
+    img: &FdImage,
+) -> Result<(), RestoreError> {
+    for l in img.locks.iter().filter(|l| l.kind == LockKind::Posix) {
+        let a = r
+            .put(at.structs, &flock_struct(l))
+            .map_err(step("struct flock"))?;
+        r.sys(
+            "fcntl(F_SETLK)",
+            libc::SYS_fcntl,
+            &[
+                u64::from(img.fd.unsigned_abs()),
+                libc::F_SETLK.unsigned_abs().into(),
+                a,
+            ],
+        )
+        .map_err(step(format!(
+            "taking back the POSIX lock on fd {} (is the file locked by another process?)",
+            img.fd
+        )))?;
+    }
+    Ok(())
+}

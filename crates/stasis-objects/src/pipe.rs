@@ -1,0 +1,271 @@
+//! Pipes and FIFOs, with the bytes sitting in them.
+//!
+//! At dump, the content is copied with `tee(2)` from a read end taken out
+//! of the process with `pidfd_getfd` (or reopened through `/proc/PID/fd/N`
+//! when the process only holds the write end), so the data stays in the
+//! pipe. At restore, each pipe is made once (sized, refilled) and each end
+//! handed out as often as it was held; a FIFO is opened at its path, with
+//! a read-write opener keeping its refilled data alive meanwhile.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+
+use stasis_image::manifest::{FdImage, FdKind, PipeImage};
+use stasis_kernel::{fdops, pidfd, scm};
+
+use crate::error::{file_err, io_step};
+use crate::restore::{open_with_mode, reopen_flags, setfl_flags};
+use crate::save::proc_path;
+use crate::{Object, OpenFd, RestoreCtx, RestoreError, SaveCtx, SaveError};
+
+/// The largest pipe stasis can recreate without CAP_SYS_RESOURCE.
+const PIPE_MAX: usize = 1 << 20;
+
+/// An anonymous pipe (one end).
+pub struct Pipe;
+
+/// A named pipe, reopened at its path.
+pub struct Fifo;
+
+fn write_end(flags: u32) -> bool {
+    flags & libc::O_ACCMODE.unsigned_abs() == libc::O_WRONLY.unsigned_abs()
+}
+
+impl Object for Pipe {
+    const NAME: &'static str = "pipe";
+
+    fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
+        if !fd.link.starts_with("pipe:") {
+            return Ok(None);
+        }
+        save_content(cx, fd)?;
+        Ok(Some(FdKind::Pipe {
+            id: fd.meta.ino(),
+            write_end: write_end(fd.flags),
+        }))
+    }
+
+    fn restore(cx: &mut RestoreCtx<'_>, img: &FdImage) -> Result<Option<OwnedFd>, RestoreError> {
+        let FdKind::Pipe { id, write_end } = &img.kind else {
+            return Ok(None);
+        };
+        let (r, w) = pipe(cx, *id)?;
+        let end = if *write_end { w } else { r };
+        let made = scm::dup_at_least(end.as_fd(), 3)?;
+        set_flags(&made, img)?;
+        Ok(Some(made))
+    }
+}
+
+impl Object for Fifo {
+    const NAME: &'static str = "fifo";
+
+    fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
+        if fd.socket.is_some() || !fd.meta.file_type().is_fifo() {
+            return Ok(None);
+        }
+        save_content(cx, fd)?;
+        Ok(Some(FdKind::Fifo {
+            path: fd.link.to_string(),
+            id: fd.meta.ino(),
+        }))
+    }
+
+    fn restore(cx: &mut RestoreCtx<'_>, img: &FdImage) -> Result<Option<OwnedFd>, RestoreError> {
+        let FdKind::Fifo { path, id } = &img.kind else {
+            return Ok(None);
+        };
+        let fd = img.fd;
+        if !cx.fifo_keepers.contains_key(id) {
+            let keeper: OwnedFd = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+                .open(path)
+                .map_err(file_err(path.clone(), format!("FIFO of fd {fd}"), "open"))?
+                .into();
+            if let Some(img) = cx.pipe_data.get(id) {
+                fill(&keeper, img)?;
+            }
+            cx.fifo_keepers.insert(*id, keeper);
+        }
+        let made: OwnedFd = open_with_mode(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(reopen_flags(img.flags) | libc::O_NONBLOCK),
+            path,
+            img.flags,
+        )
+        .map_err(file_err(path.clone(), format!("fd {fd}"), "open"))?
+        .into();
+        set_flags(&made, img)?;
+        Ok(Some(made))
+    }
+}
+
+/// Status flags of the description (O_NONBLOCK, O_APPEND...): pipes are
+/// made without them.
+fn set_flags(made: &OwnedFd, img: &FdImage) -> Result<(), RestoreError> {
+    fdops::set_status_flags(made.as_fd(), setfl_flags(img.flags)).map_err(io_step(
+        format!("setting the flags of fd {}", img.fd),
+        "F_SETFL",
+    ))
+}
+
+/// The two ends of pipe `id`, made (and refilled) on first use.
+fn pipe<'c>(cx: &'c mut RestoreCtx<'_>, id: u64) -> Result<&'c (OwnedFd, OwnedFd), RestoreError> {
+    if !cx.pipes.contains_key(&id) {
+        let (rd, wr) =
+            fdops::pipe2(libc::O_CLOEXEC).map_err(io_step("creating a pipe", "pipe2"))?;
+        if let Some(img) = cx.pipe_data.get(&id) {
+            fill(&wr, img)?;
+        }
+        cx.pipes.insert(id, (rd, wr));
+    }
+    Ok(&cx.pipes[&id])
+}
+
+/// Sizes a pipe as it was and writes its saved bytes into it.
+fn fill(w: &OwnedFd, img: &PipeImage) -> Result<(), RestoreError> {
+    fdops::set_pipe_size(w.as_fd(), i32::try_from(img.capacity).unwrap_or(65536)).map_err(
+        io_step(
+            format!(
+                "sizing a pipe to {} bytes (fs.pipe-max-size may be lower)",
+                img.capacity
+            ),
+            "F_SETPIPE_SZ",
+        ),
+    )?;
+    write_all(w, &img.data, "refilling a pipe")
+}
+
+/// Writes all of `data` to `f`.
+pub(crate) fn write_all(f: &OwnedFd, mut data: &[u8], what: &str) -> Result<(), RestoreError> {
+    while !data.is_empty() {
+        let source = match nix::unistd::write(f, data) {
+            Ok(0) => std::io::ErrorKind::WriteZero.into(),
+            Ok(n) => {
+                data = &data[n..];
+                continue;
+            }
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => std::io::Error::from(e),
+        };
+        return Err(io_step(what, "write")(source));
+    }
+    Ok(())
+}
+
+/// Copies the unread bytes of the pipe behind `fd` (once per pipe).
+fn save_content(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<(), SaveError> {
+    let ino = fd.meta.ino();
+    if cx.pipes.contains_key(&ino) {
+        return Ok(());
+    }
+    let (pid, n) = (fd.pid, fd.fd);
+    let err = |what: &str| {
+        let file = format!("fd/{n} ({what})");
+        move |source: std::io::Error| SaveError::Proc { pid, file, source }
+    };
+    // A read end of the same pipe.
+    let read_end: OwnedFd = if write_end(fd.flags) {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(proc_path(pid, &format!("fd/{n}")))
+            .map_err(err("reopening the pipe for reading"))?
+            .into()
+    } else {
+        let pfd = pidfd::pidfd_open(pid)?;
+        pidfd::pidfd_getfd(&pfd, n)?
+    };
+    let cap = fdops::pipe_size(read_end.as_fd()).map_err(err("F_GETPIPE_SZ"))?;
+    if cap > PIPE_MAX {
+        return Err(fd.unsupported(format!("fd {n} is a pipe of {cap} bytes; stasis can recreate pipes of at most {PIPE_MAX} bytes (fs.pipe-max-size)")));
+    }
+    let (r, w) = fdops::pipe2(libc::O_CLOEXEC | libc::O_NONBLOCK).map_err(err("pipe2"))?;
+    let _ = fdops::set_pipe_size(w.as_fd(), i32::try_from(cap).unwrap_or(65536));
+    let len = fdops::tee_nonblocking(read_end.as_fd(), w.as_fd(), cap).map_err(err("tee"))?;
+    let mut data = vec![0u8; len];
+    let mut got = 0;
+    while got < len {
+        match nix::unistd::read(std::os::fd::AsRawFd::as_raw_fd(&r), &mut data[got..]) {
+            Ok(k) if k > 0 => got += k,
+            Ok(_) => {
+                return Err(err("reading pipe data")(
+                    std::io::ErrorKind::UnexpectedEof.into(),
+                ))
+            }
+            Err(e) => return Err(err("reading pipe data")(e.into())),
+        }
+    }
+    cx.pipes.insert(
+        ino,
+        PipeImage {
+            id: ino,
+            capacity: u32::try_from(cap).unwrap_or(65536),
+            data,
+        },
+    );
+    Ok(())
+}
+
+/// Refuses pipes with an end held outside the tree (a shell pipeline
+/// around the dumped program, say): that process would lose its peer.
+pub fn check_external(cx: &SaveCtx, tree: &[i32]) -> Result<(), SaveError> {
+    let mut ends: HashMap<u64, (bool, bool)> = HashMap::new();
+    for f in cx.tables.iter().flatten() {
+        if let FdKind::Pipe { id, write_end } = f.kind {
+            let e = ends.entry(id).or_default();
+            if write_end {
+                e.1 = true;
+            } else {
+                e.0 = true;
+            }
+        }
+    }
+    let half: Vec<u64> = ends
+        .iter()
+        .filter(|(_, (r, w))| !(*r && *w))
+        .map(|(id, _)| *id)
+        .collect();
+    if half.is_empty() {
+        return Ok(());
+    }
+    let Some((pid, id)) = outside_holder(&half, tree) else {
+        return Ok(());
+    };
+    let holder = cx.seen.iter().find(|s| s.3 == id).map_or(tree[0], |s| s.0);
+    Err(SaveError::Unsupported {
+        pid: holder,
+        what: format!("it shares pipe:[{id}] with process {pid}, which is outside the dumped tree (dump their common ancestor, or redirect the program's input/output to files)"),
+    })
+}
+
+/// The first process outside `tree` (and not stasis) holding one of the
+/// pipes `ids`: (its pid, the pipe).
+fn outside_holder(ids: &[u64], tree: &[i32]) -> Option<(i32, u64)> {
+    let procs = std::fs::read_dir("/proc").ok()?;
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|x| x.parse::<i32>().ok()) else {
+            continue;
+        };
+        if tree.contains(&pid) || pid == i32::try_from(std::process::id()).unwrap_or(0) {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            let Ok(link) = std::fs::read_link(fd.path()) else {
+                continue;
+            };
+            let link = link.to_string_lossy();
+            if let Some(id) = ids.iter().find(|id| link == format!("pipe:[{id}]")) {
+                return Some((pid, *id));
+            }
+        }
+    }
+    None
+}

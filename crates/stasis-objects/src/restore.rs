@@ -1,0 +1,289 @@
+//! The restore side: the context every kind's `restore` gets
+//! ([`RestoreCtx`]), the dispatch over the [registry](crate::REGISTRY), and
+//! the hand-over of a description to its process ([`plant`]).
+//!
+//! Every open file description is created once, *in the restorer*: files
+//! are opened and seeked, pipes are created and refilled,
+//! eventfds/timerfds/signalfds/epolls are made with their state. Each fd of
+//! each process is then handed over ([`plant`]): the restorer sends the
+//! description over a datagram socket whose other end every stub inherited
+//! (`SCM_RIGHTS`), the process receives it with a remote `recvmsg` and
+//! moves it to its number with `dup3`. Descriptions shared by several fds
+//! (dup'd, inherited) are sent several times and so stay shared. Epoll
+//! registrations and flock/POSIX locks are made last, by the process
+//! itself ([`crate::epoll::restore_targets`], [`crate::locks`]).
+
+use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use stasis_image::manifest::{FdImage, FdKind, GhostFile, LockKind, PipeImage, UnixSocket};
+use stasis_kernel::remote::Remote;
+use stasis_kernel::scm;
+use stasis_sys::net::{CMSG_LEN_ONE_FD, CMSG_SPACE_ONE_FD};
+
+use crate::error::step;
+use crate::tcp::PendingTcp;
+use crate::RestoreError;
+
+type Result<T, E = RestoreError> = std::result::Result<T, E>;
+
+/// Flags that can be changed on an open description with `F_SETFL`.
+pub(crate) const SETFL_MASK: u32 =
+    (libc::O_APPEND | libc::O_NONBLOCK | libc::O_ASYNC | libc::O_DIRECT | libc::O_NOATIME)
+        .unsigned_abs();
+
+/// The `F_SETFL` value for the saved status flags `flags`.
+pub(crate) fn setfl_flags(flags: u32) -> i32 {
+    i32::try_from(flags & SETFL_MASK).unwrap_or(0)
+}
+
+/// Flags to reopen a file with: what it had, minus creation flags.
+pub fn reopen_flags(flags: u32) -> i32 {
+    let strip = (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY | libc::O_CLOEXEC)
+        .unsigned_abs();
+    i32::try_from(flags & !strip).unwrap_or(0) | libc::O_CLOEXEC
+}
+
+/// `O_NONBLOCK` if the saved flags have it.
+pub(crate) fn nonblock(flags: u32) -> i32 {
+    if flags & libc::O_NONBLOCK.unsigned_abs() != 0 {
+        libc::O_NONBLOCK
+    } else {
+        0
+    }
+}
+
+/// Opens with the access mode of `flags` (`O_RDONLY`/`O_WRONLY`/`O_RDWR`).
+pub(crate) fn open_with_mode(
+    o: &mut std::fs::OpenOptions,
+    path: &str,
+    flags: u32,
+) -> std::io::Result<std::fs::File> {
+    let acc = flags & libc::O_ACCMODE.unsigned_abs();
+    o.read(acc != libc::O_WRONLY.unsigned_abs())
+        .write(acc != libc::O_RDONLY.unsigned_abs());
+    if acc == libc::O_ACCMODE.unsigned_abs() {
+        // O_PATH-like "3" access mode: no read/write.
+        o.read(false).write(false);
+    }
+    o.open(path)
+}
+
+/// What the restore side keeps while it makes the descriptions of a tree.
+pub struct RestoreCtx<'a> {
+    shared: HashMap<u32, OwnedFd>,
+    /// (read end, write end) by pipe id.
+    pub(crate) pipes: HashMap<u64, (OwnedFd, OwnedFd)>,
+    /// A read-write opener per FIFO, keeping its data alive while restoring.
+    pub(crate) fifo_keepers: HashMap<u64, OwnedFd>,
+    pub(crate) pipe_data: HashMap<u64, &'a PipeImage>,
+    /// Every unix socket of the image, by inode (to find peers' queues).
+    pub(crate) unix_images: HashMap<u64, &'a UnixSocket>,
+    /// Sockets created as the peer of an earlier one, waiting for their fd.
+    pub(crate) pending_sockets: HashMap<u64, OwnedFd>,
+    pub(crate) ghost_data: HashMap<u64, &'a GhostFile>,
+    /// One open fd per rebuilt deleted file or memfd (descriptions are
+    /// reopened from it through /proc/self/fd).
+    pub(crate) ghost_keepers: HashMap<u64, OwnedFd>,
+    /// TCP connections rebuilt in repair mode, made live at the end.
+    pub(crate) pending_tcp: Vec<PendingTcp>,
+    /// Shared epoll descriptions already given their registrations.
+    epolls_filled: HashSet<u32>,
+    flocks_taken: HashSet<u32>,
+    /// Working directory of the process whose fds are being made: unix
+    /// socket names relative to it are bound and connected there, not in
+    /// the restorer's own directory.
+    pub(crate) cwd: String,
+}
+
+impl<'a> RestoreCtx<'a> {
+    pub fn new(
+        pipes: &'a [PipeImage],
+        ghosts: &'a [GhostFile],
+        fds: impl Iterator<Item = &'a FdImage>,
+    ) -> Self {
+        let unix_images = fds
+            .filter_map(|f| match &f.kind {
+                FdKind::Unix(u) => Some((u.ino, u)),
+                _ => None,
+            })
+            .collect();
+        Self {
+            shared: HashMap::new(),
+            pipes: HashMap::new(),
+            fifo_keepers: HashMap::new(),
+            pipe_data: pipes.iter().map(|p| (p.id, p)).collect(),
+            unix_images,
+            pending_sockets: HashMap::new(),
+            ghost_data: ghosts.iter().map(|g| (g.id, g)).collect(),
+            ghost_keepers: HashMap::new(),
+            pending_tcp: Vec::new(),
+            epolls_filled: HashSet::new(),
+            flocks_taken: HashSet::new(),
+            cwd: String::new(),
+        }
+    }
+
+    /// Sets the working directory of the process whose fds come next.
+    pub fn set_cwd(&mut self, cwd: &str) {
+        self.cwd = cwd.to_string();
+    }
+
+    /// True the first time it is asked about an epoll description (always
+    /// for an unshared one): its registrations are to be made then.
+    pub fn claim_epoll(&mut self, img: &FdImage) -> bool {
+        match (&img.kind, img.shared_id) {
+            (FdKind::Epoll { .. }, Some(id)) => self.epolls_filled.insert(id),
+            (FdKind::Epoll { .. }, None) => true,
+            _ => false,
+        }
+    }
+
+    /// Whether the process planting `img` should take its flock lock: once
+    /// per open file description.
+    pub fn claim_flock(&mut self, img: &FdImage) -> bool {
+        if !img.locks.iter().any(|l| l.kind == LockKind::Flock) {
+            return false;
+        }
+        match img.shared_id {
+            Some(id) => self.flocks_taken.insert(id),
+            None => true,
+        }
+    }
+
+    /// The description for `img`, created on first use when shared.
+    pub fn get(&mut self, img: &FdImage) -> Result<FdRef<'_>> {
+        if let Some(id) = img.shared_id {
+            if !self.shared.contains_key(&id) {
+                let fd = self.create(img)?;
+                self.shared.insert(id, fd);
+            }
+            return Ok(FdRef::Borrowed(self.shared[&id].as_fd()));
+        }
+        Ok(FdRef::Owned(self.create(img)?))
+    }
+
+    /// Makes the description of `img`: its kind's `restore`, then the OFD
+    /// locks (owned by the description: taken here, once. flock locks are
+    /// too, but /proc shows who took them: the process takes them, see
+    /// [`crate::locks::restore_flock`]).
+    fn create(&mut self, img: &FdImage) -> Result<OwnedFd> {
+        let made = self.restore_kind(img)?;
+        crate::locks::take_ofd_locks(&made, img)?;
+        Ok(made)
+    }
+
+    fn restore_kind(&mut self, img: &FdImage) -> Result<OwnedFd> {
+        for kind in crate::REGISTRY {
+            if let Some(fd) = (kind.restore)(self, img)? {
+                return Ok(fd);
+            }
+        }
+        Err(RestoreError::Inconsistent(format!(
+            "fd {}: no kernel object kind restores {:?}",
+            img.fd,
+            std::mem::discriminant(&img.kind)
+        )))
+    }
+}
+
+/// A description from the context: owned (used once) or shared.
+pub enum FdRef<'a> {
+    Owned(OwnedFd),
+    Borrowed(BorrowedFd<'a>),
+}
+
+impl FdRef<'_> {
+    pub fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            FdRef::Owned(o) => o.as_fd(),
+            FdRef::Borrowed(b) => *b,
+        }
+    }
+}
+
+/// Offsets, from the struct area of the scratch page, of the remote
+/// `recvmsg`'s pieces.
+const MSG_IOV: usize = 64;
+const MSG_BYTE: usize = 80;
+const MSG_CMSG: usize = 96;
+/// Room for the control message carrying one fd.
+const CMSG_BUF: usize = 24;
+const _: () = assert!(CMSG_BUF as u64 == CMSG_SPACE_ONE_FD);
+
+/// Little-endian bytes of 64-bit words.
+fn le_words(w: &[u64]) -> Vec<u8> {
+    w.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// The `msghdr` + `iovec` for receiving one fd into the struct area at
+/// `base` (an address in the process): (bytes of msghdr, bytes of iovec).
+pub fn recv_layout(base: u64) -> (Vec<u8>, Vec<u8>) {
+    let at = |off: usize| base + off as u64;
+    let hdr = le_words(&[0, 0, at(MSG_IOV), 1, at(MSG_CMSG), CMSG_SPACE_ONE_FD, 0]);
+    let iov = le_words(&[at(MSG_BYTE), 1]);
+    (hdr, iov)
+}
+
+/// The fd number carried by a received `SCM_RIGHTS` control message.
+pub fn parse_cmsg(c: &[u8]) -> Option<i32> {
+    let len = u64::from_le_bytes(c.get(0..8)?.try_into().ok()?);
+    let level = i32::from_le_bytes(c.get(8..12)?.try_into().ok()?);
+    let ty = i32::from_le_bytes(c.get(12..16)?.try_into().ok()?);
+    if len != CMSG_LEN_ONE_FD || level != libc::SOL_SOCKET || ty != libc::SCM_RIGHTS {
+        return None;
+    }
+    Some(i32::from_le_bytes(c.get(16..20)?.try_into().ok()?))
+}
+
+/// Where a remote call finds its arguments: the offset of the struct
+/// area in the scratch page of the process behind a [`Remote`].
+#[derive(Debug, Clone, Copy)]
+pub struct Scratch {
+    pub structs: usize,
+}
+
+/// Hands `fd` to the process behind `r` as fd number `target`.
+/// `transport` is the restorer's end of the socket whose other end the
+/// process has as fd `remote_transport`.
+pub fn plant<R: Remote>(
+    r: &mut R,
+    at: Scratch,
+    transport: &OwnedFd,
+    remote_transport: u64,
+    (fd, target, cloexec): (BorrowedFd<'_>, i32, bool),
+) -> Result<()> {
+    scm::send_fd(transport, fd).map_err(step(format!("sending fd {target}")))?;
+    let (hdr, iov) = recv_layout(r.scratch() + at.structs as u64);
+    let h = r.put(at.structs, &hdr).map_err(step("msghdr"))?;
+    r.put(at.structs + MSG_IOV, &iov).map_err(step("iovec"))?;
+    r.put(at.structs + MSG_CMSG, &[0u8; CMSG_BUF])
+        .map_err(step("cmsg"))?;
+    let flags = if cloexec { libc::MSG_CMSG_CLOEXEC } else { 0 };
+    r.sys(
+        "recvmsg",
+        libc::SYS_recvmsg,
+        &[remote_transport, h, u64::from(flags.unsigned_abs())],
+    )
+    .map_err(step(format!("receiving fd {target}")))?;
+    let mut c = [0u8; CMSG_BUF];
+    let cmsg_at = r.scratch() + (at.structs + MSG_CMSG) as u64;
+    r.read(cmsg_at, &mut c)
+        .map_err(step("reading the control message"))?;
+    let got = parse_cmsg(&c)
+        .ok_or_else(|| RestoreError::Layout(format!("no fd arrived for fd {target}")))?;
+    if got != target {
+        let t = u64::from(target.unsigned_abs());
+        let g = u64::from(got.unsigned_abs());
+        let cl = if cloexec {
+            libc::O_CLOEXEC.unsigned_abs()
+        } else {
+            0
+        };
+        r.sys("dup3", libc::SYS_dup3, &[g, t, u64::from(cl)])
+            .map_err(step(format!("moving fd {got} to {target}")))?;
+        r.sys("close", libc::SYS_close, &[g])
+            .map_err(step("closing a temporary fd"))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,380 @@
+//! The save side: what every kind's `save` gets ([`SaveCtx`], [`OpenFd`]),
+//! and the walk over a process's fds that hands each to the first kind of
+//! the [registry](crate::REGISTRY) that recognises it.
+//!
+//! Sharing is found by `kcmp(KCMP_FILE)` among fds whose targets have the
+//! same device and inode (a cheap pre-filter: anonymous inodes all share
+//! one inode, so `kcmp` has the last word).
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+
+use stasis_image::manifest::{FdImage, FdKind, GhostFile, PipeImage, SysvShm};
+use stasis_kernel::sockdiag::UnixInfo;
+use stasis_kernel::{fdops, pidfd, sock};
+
+use crate::tcp::Repairs;
+use crate::SaveError;
+
+type Result<T, E = SaveError> = std::result::Result<T, E>;
+
+/// A `/proc` text that did not parse (what was wrong with it).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadFormat(pub String);
+
+/// One inotify watch line of an fdinfo: (wd, sdev (kernel encoding), mask,
+/// handle type, handle bytes).
+pub type InotifyLine = (i32, u32, u32, i32, Vec<u8>);
+
+/// The `/proc` parsers the save side uses, provided by the caller (the
+/// capture layer owns the one procfs reader).
+pub trait ProcSource: Sync {
+    /// `pos` and `flags` of an fdinfo.
+    fn fdinfo(&self, text: &str) -> Result<(u64, u32), BadFormat>;
+    /// `eventfd-count` and semaphore mode.
+    fn eventfd(&self, text: &str) -> Result<(u64, bool), BadFormat>;
+    /// (clockid, ticks, value ns, interval ns) of a timerfd.
+    fn timerfd(&self, text: &str) -> Result<(i32, u64, u64, u64), BadFormat>;
+    /// The signal mask of a signalfd.
+    fn signalfd(&self, text: &str) -> Result<u64, BadFormat>;
+    /// (fd, events, data) of each epoll registration.
+    fn epoll(&self, text: &str) -> Result<Vec<(i32, u32, u64)>, BadFormat>;
+    /// The watches of an inotify fd.
+    fn inotify(&self, text: &str) -> Result<Vec<InotifyLine>, BadFormat>;
+    /// (kind, write, start, len) of each lock line.
+    fn locks(&self, text: &str) -> Result<Vec<(String, bool, u64, u64)>, BadFormat>;
+    /// The data ranges of `f` between `from` and `to` (`SEEK_DATA`/`SEEK_HOLE`).
+    fn data_extents(
+        &self,
+        f: &std::fs::File,
+        from: u64,
+        to: u64,
+    ) -> std::io::Result<Vec<(u64, u64)>>;
+}
+
+/// A socket fd, taken out of its process (`pidfd_getfd`) once for every kind.
+pub struct SocketFd {
+    pub sock: OwnedFd,
+    pub domain: i32,
+    pub sock_type: i32,
+}
+
+/// One fd of a process being saved, with what `/proc` says of it.
+pub struct OpenFd<'a> {
+    pub pid: i32,
+    pub fd: i32,
+    /// Target of `/proc/PID/fd/N` (`pipe:[..]`, `anon_inode:..`, a path...).
+    pub link: &'a str,
+    /// `/proc/PID/fdinfo/N`.
+    pub info: &'a str,
+    pub pos: u64,
+    /// Status flags (`O_*`), `O_CLOEXEC` included.
+    pub flags: u32,
+    pub meta: &'a std::fs::Metadata,
+    /// The socket itself, for a socket.
+    pub socket: Option<SocketFd>,
+}
+
+impl OpenFd<'_> {
+    /// An "fdinfo does not parse" error.
+    pub fn bad_info(&self, e: BadFormat) -> SaveError {
+        SaveError::ProcFormat {
+            pid: self.pid,
+            file: format!("fdinfo/{}", self.fd),
+            what: e.0,
+        }
+    }
+
+    /// A "stasis cannot save this" error.
+    pub fn unsupported(&self, what: impl Into<String>) -> SaveError {
+        SaveError::Unsupported {
+            pid: self.pid,
+            what: what.into(),
+        }
+    }
+}
+
+/// What the save side collects over every process of a dump.
+pub struct SaveCtx {
+    /// (pid, fd, dev, ino, index of the process, index in its fd list).
+    pub(crate) seen: Vec<(i32, i32, u64, u64, usize, usize)>,
+    /// Per process, in dump order.
+    pub tables: Vec<Vec<FdImage>>,
+    next_shared: u32,
+    /// Pipe contents by pipe inode.
+    pub pipes: HashMap<u64, PipeImage>,
+    /// Deleted files and memfds by inode.
+    pub ghosts: HashMap<u64, GhostFile>,
+    /// System V segments.
+    pub sysv: Vec<SysvShm>,
+    /// Unix sockets of the namespace (queried on first need).
+    pub(crate) unix: Option<HashMap<u64, UnixInfo>>,
+    /// TCP sockets put in repair mode: kept open until the dump ends, then
+    /// closed silently (process killed) or taken out of repair (left
+    /// running, [`crate::tcp::leave_repair`]).
+    pub repaired: Repairs,
+    pub(crate) procfs: &'static dyn ProcSource,
+}
+
+/// `/proc/PID/<name>`.
+pub fn proc_path(pid: i32, name: &str) -> std::path::PathBuf {
+    std::path::PathBuf::from(format!("/proc/{pid}/{name}"))
+}
+
+fn proc_err(pid: i32, file: &str) -> impl FnOnce(std::io::Error) -> SaveError {
+    let file = file.to_string();
+    move |source| SaveError::Proc { pid, file, source }
+}
+
+/// Lists the fd numbers of `pid`.
+pub fn list_fds(pid: i32) -> Result<Vec<i32>> {
+    let rd = std::fs::read_dir(proc_path(pid, "fd")).map_err(proc_err(pid, "fd"))?;
+    let mut fds: Vec<i32> = rd
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    fds.sort_unstable();
+    Ok(fds)
+}
+
+/// The target of `/proc/PID/<name>`.
+pub(crate) fn read_link(pid: i32, name: &str) -> Result<String> {
+    std::fs::read_link(proc_path(pid, name))
+        .map(|p| p.to_string_lossy().into_owned())
+        .map_err(proc_err(pid, name))
+}
+
+/// The inode of a `socket:[N]` link.
+pub(crate) fn socket_inode(link: &str) -> Option<u64> {
+    link.strip_prefix("socket:[")
+        .and_then(|r| r.strip_suffix(']'))
+        .and_then(|n| n.parse::<u64>().ok())
+}
+
+/// Why an fd cannot be checkpointed, or `None` if its kind is known.
+pub fn unsupported_reason(pid: i32, fd: i32, link: &str) -> Option<String> {
+    let kind = if link.starts_with("anon_inode:")
+        && ![
+            "anon_inode:[eventfd]",
+            "anon_inode:[timerfd]",
+            "anon_inode:[signalfd]",
+            "anon_inode:[eventpoll]",
+            "anon_inode:inotify",
+        ]
+        .contains(&link)
+    {
+        Some("an anonymous inode of a kind stasis does not know (userfaultfd, io_uring, pidfd, inotify...)")
+    } else if link.starts_with("/dev/pts/")
+        || link.starts_with("/dev/tty")
+        || link == "/dev/console"
+        || link.starts_with("/dev/ptmx")
+    {
+        Some("a terminal")
+    } else if link.starts_with("pipe:")
+        || link.starts_with("anon_inode:")
+        || link.starts_with("socket:")
+    {
+        None
+    } else if !link.starts_with('/') {
+        Some("a special file")
+    } else {
+        None
+    };
+    if let Some(k) = kind {
+        let hint = if k == "a terminal" {
+            "; redirect the program's stdin/stdout/stderr to files (or /dev/null) to checkpoint it"
+        } else {
+            ""
+        };
+        return Some(format!(
+            "fd {fd} is {k} ({link}), which this version of stasis cannot checkpoint yet{hint}"
+        ));
+    }
+    if link.starts_with('/') {
+        match std::fs::metadata(format!("/proc/{pid}/fd/{fd}")) {
+            Ok(m) => {
+                let ft = m.file_type();
+                if !(ft.is_file() || ft.is_dir() || ft.is_char_device() || ft.is_fifo()) {
+                    return Some(format!("fd {fd} ({link}) is a block device or special file, which this version of stasis cannot checkpoint yet"));
+                }
+            }
+            Err(e) => return Some(format!("fd {fd} ({link}): {e}")),
+        }
+    }
+    None
+}
+
+impl SaveCtx {
+    /// A context whose `/proc` texts are parsed by `procfs`.
+    pub fn new(procfs: &'static dyn ProcSource) -> Self {
+        Self {
+            seen: Vec::new(),
+            tables: Vec::new(),
+            next_shared: 0,
+            pipes: HashMap::new(),
+            ghosts: HashMap::new(),
+            sysv: Vec::new(),
+            unix: None,
+            repaired: Repairs::default(),
+            procfs,
+        }
+    }
+
+    /// The `/proc` parsers.
+    pub fn procfs(&self) -> &'static dyn ProcSource {
+        self.procfs
+    }
+
+    /// Records every fd of process `pid` (the next process of the dump).
+    pub fn add_process(&mut self, pid: i32) -> Result<()> {
+        let index = self.tables.len();
+        let mut table: Vec<FdImage> = Vec::new();
+        for fd in list_fds(pid)? {
+            let (img, meta) = self.save_fd(pid, fd)?;
+            let mut img = img;
+            self.find_twin(&mut table, &mut img, index, (pid, fd), &meta);
+            self.seen
+                .push((pid, fd, meta.dev(), meta.ino(), index, table.len()));
+            table.push(img);
+        }
+        self.tables.push(table);
+        Ok(())
+    }
+
+    /// Saves `pid`'s `fd`: the first kind of the registry that recognises
+    /// it says what it is; then its locks.
+    fn save_fd(&mut self, pid: i32, fd: i32) -> Result<(FdImage, std::fs::Metadata)> {
+        let link = read_link(pid, &format!("fd/{fd}"))?;
+        if let Some(what) = unsupported_reason(pid, fd, &link) {
+            return Err(SaveError::Unsupported { pid, what });
+        }
+        let info_name = format!("fdinfo/{fd}");
+        let info = std::fs::read_to_string(proc_path(pid, &info_name))
+            .map_err(proc_err(pid, &info_name))?;
+        let fmt = |e: BadFormat| SaveError::ProcFormat {
+            pid,
+            file: info_name.clone(),
+            what: e.0,
+        };
+        let (pos, flags) = self.procfs.fdinfo(&info).map_err(fmt)?;
+        let fd_name = format!("fd/{fd}");
+        let meta = std::fs::metadata(proc_path(pid, &fd_name)).map_err(proc_err(pid, &fd_name))?;
+        let socket = if link.starts_with("socket:") {
+            let pfd = pidfd::pidfd_open(pid)?;
+            let s = pidfd::pidfd_getfd(&pfd, fd)?;
+            let domain = sock::get_int(s.as_fd(), libc::SOL_SOCKET, libc::SO_DOMAIN)?;
+            let sock_type = sock::get_int(s.as_fd(), libc::SOL_SOCKET, libc::SO_TYPE)?;
+            Some(SocketFd {
+                sock: s,
+                domain,
+                sock_type,
+            })
+        } else {
+            None
+        };
+        let open = OpenFd {
+            pid,
+            fd,
+            link: &link,
+            info: &info,
+            pos,
+            flags,
+            meta: &meta,
+            socket,
+        };
+        let kind = self.save_kind(&open)?;
+        let locks = crate::locks::save(&open, self.procfs)?;
+        let img = FdImage {
+            fd,
+            flags: flags & !libc::O_CLOEXEC.unsigned_abs(),
+            cloexec: flags & libc::O_CLOEXEC.unsigned_abs() != 0,
+            kind,
+            shared_id: None,
+            locks,
+        };
+        Ok((img, meta))
+    }
+
+    /// What the first kind that recognises `fd` saves of it.
+    fn save_kind(&mut self, fd: &OpenFd<'_>) -> Result<FdKind> {
+        for kind in crate::REGISTRY {
+            if let Some(k) = (kind.save)(self, fd)? {
+                return Ok(k);
+            }
+        }
+        Err(match &fd.socket {
+            Some(s) => fd.unsupported(format!(
+                "fd {} is a socket of address family {} (netlink, packet...), which stasis cannot checkpoint yet",
+                fd.fd, s.domain
+            )),
+            None => fd.unsupported(format!(
+                "fd {} ({}) is of a kind stasis cannot checkpoint yet",
+                fd.fd, fd.link
+            )),
+        })
+    }
+
+    /// Gives `img` and an earlier fd the same `shared_id` when they are
+    /// the same open file description.
+    fn find_twin(
+        &mut self,
+        table: &mut [FdImage],
+        img: &mut FdImage,
+        index: usize,
+        (pid, fd): (i32, i32),
+        meta: &std::fs::Metadata,
+    ) {
+        let twin = self
+            .seen
+            .iter()
+            .find(|(p, f, dev, ino, _, _)| {
+                *dev == meta.dev() && *ino == meta.ino() && fdops::kcmp_same_file(*p, *f, pid, fd)
+            })
+            .map(|&(_, _, _, _, pi, fi)| (pi, fi));
+        let Some((pi, fi)) = twin else {
+            return;
+        };
+        let existing = if pi == index {
+            table[fi].shared_id
+        } else {
+            self.tables[pi][fi].shared_id
+        };
+        let id = existing.unwrap_or_else(|| {
+            self.next_shared += 1;
+            self.next_shared
+        });
+        if pi == index {
+            table[fi].shared_id = Some(id);
+        } else {
+            self.tables[pi][fi].shared_id = Some(id);
+        }
+        img.shared_id = Some(id);
+    }
+
+    /// The pid that holds fd table `index` (0 if unknown).
+    pub(crate) fn pid_of_table(&self, index: usize) -> i32 {
+        self.seen.iter().find(|s| s.4 == index).map_or(0, |s| s.0)
+    }
+
+    /// Saves the content of a deleted file or memfd that `pid` maps at
+    /// `start..end` (once per inode), through `/proc/PID/map_files`.
+    pub fn capture_mapped_ghost(
+        &mut self,
+        pid: i32,
+        start: u64,
+        end: u64,
+    ) -> Result<(), SaveError> {
+        crate::ghost::save_mapped(self, pid, start, end)
+    }
+
+    /// Refuses unix sockets connected outside the tree ([`crate::unix::check_external`]).
+    pub fn check_external_sockets(&self) -> Result<(), SaveError> {
+        crate::unix::check_external(self)
+    }
+
+    /// Refuses pipes shared with a process outside the tree ([`crate::pipe::check_external`]).
+    pub fn check_external_pipes(&self, tree: &[i32]) -> Result<(), SaveError> {
+        crate::pipe::check_external(self, tree)
+    }
+}

@@ -1,0 +1,247 @@
+//! What every socket kind shares: the options saved and put back on all
+//! of them, the walk over a tree's sockets, the accept gate that keeps new
+//! TCP connections out during a dump, and the check for sockets caught
+//! mid-change (a connection opening or closing, one waiting to be accepted).
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+
+use stasis_kernel::{pidfd, sock, sockdiag};
+use stasis_sys::net::{TCP_CLOSE, TCP_ESTABLISHED, TCP_LISTEN};
+
+use crate::save::{list_fds, socket_inode};
+
+/// Options saved and restored on every socket, where they apply.
+const SOCK_OPTS: [(i32, i32); 7] = [
+    (libc::SOL_SOCKET, libc::SO_PASSCRED),
+    (libc::SOL_SOCKET, libc::SO_REUSEADDR),
+    (libc::SOL_SOCKET, libc::SO_REUSEPORT),
+    (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
+    (libc::SOL_SOCKET, libc::SO_BROADCAST),
+    (libc::SOL_SOCKET, libc::SO_RCVBUF),
+    (libc::SOL_SOCKET, libc::SO_SNDBUF),
+];
+
+/// The values of [`SOCK_OPTS`] on `b` (those it has). `reuseaddr`, when
+/// known, replaces what the socket reports (a connection in repair mode
+/// reads `SO_REUSEADDR` as forced).
+pub(crate) fn save_options(
+    b: BorrowedFd<'_>,
+    reuseaddr: Option<Option<i32>>,
+) -> Vec<(i32, i32, i32)> {
+    let mut options = Vec::new();
+    for (level, opt) in SOCK_OPTS {
+        let v = match reuseaddr {
+            Some(saved) if (level, opt) == (libc::SOL_SOCKET, libc::SO_REUSEADDR) => saved,
+            _ => sock::get_int(b, level, opt).ok(),
+        };
+        if let Some(v) = v {
+            options.push((level, opt, v));
+        }
+    }
+    options
+}
+
+/// Applies saved socket options (best effort: a value the kernel clamps or
+/// refuses is logged). Buffer sizes are halved: the kernel doubles them.
+pub(crate) fn set_options(s: &OwnedFd, opts: &[(i32, i32, i32)]) {
+    for &(level, opt, v) in opts {
+        let v = if level == libc::SOL_SOCKET && (opt == libc::SO_RCVBUF || opt == libc::SO_SNDBUF) {
+            v / 2
+        } else {
+            v
+        };
+        if let Err(e) = sock::set_int(s.as_fd(), level, opt, v) {
+            tracing::debug!("socket option ({level}, {opt}) = {v}: {e}");
+        }
+    }
+}
+
+/// Whether `b` is an inet (v4 or v6) socket of protocol `proto`.
+pub(crate) fn is_inet(b: BorrowedFd<'_>, proto: i32) -> bool {
+    matches!(
+        sock::get_int(b, libc::SOL_SOCKET, libc::SO_DOMAIN),
+        Ok(libc::AF_INET | libc::AF_INET6)
+    ) && sock::get_int(b, libc::SOL_SOCKET, libc::SO_PROTOCOL).is_ok_and(|p| p == proto)
+}
+
+/// Calls `f(pid, fd, inode, socket)` with a copy of every socket fd of
+/// `pids` (taken with `pidfd_getfd`; fds that vanish meanwhile are skipped).
+pub(crate) fn for_each_socket(pids: &[i32], mut f: impl FnMut(i32, i32, u64, OwnedFd)) {
+    for &pid in pids {
+        let Ok(pfd) = pidfd::pidfd_open(pid) else {
+            continue;
+        };
+        for fd in list_fds(pid).unwrap_or_default() {
+            let Ok(link) = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")) else {
+                continue;
+            };
+            let Some(ino) = socket_inode(&link.to_string_lossy()) else {
+                continue;
+            };
+            if let Ok(s) = pidfd::pidfd_getfd(&pfd, fd) {
+                f(pid, fd, ino, s);
+            }
+        }
+    }
+}
+
+/// The TCP listeners of a tree, closed to new connections for the length
+/// of a dump (see [`AcceptGate::close`]); opened again when dropped.
+#[derive(Debug, Default)]
+pub struct AcceptGate {
+    socks: Vec<OwnedFd>,
+    pids: Vec<i32>,
+    /// Sockets (by inode) that had a drop-everything filter of their own
+    /// before the gate closed: left as they are when it opens.
+    own_filters: Vec<u64>,
+    /// Opens the gate if the dumper dies first.
+    guard: Option<sock::SocketGuard>,
+}
+
+impl AcceptGate {
+    /// Attaches a drop-everything filter to every TCP listener of `pids`
+    /// that has no filter of its own, so that no new connection completes
+    /// its handshake (clients see a lost SYN and retransmit it): what is in
+    /// the accept queue can then drain, since the program runs on until the
+    /// freeze, and nothing refills it. Best effort.
+    pub fn close(pids: &[i32]) -> AcceptGate {
+        let mut g = AcceptGate {
+            socks: Vec::new(),
+            pids: pids.to_vec(),
+            own_filters: Vec::new(),
+            guard: None,
+        };
+        let mut listeners = Vec::new();
+        for_each_socket(pids, |_, _, ino, s| {
+            let b = s.as_fd();
+            if sock::has_drop_all_filter(b) {
+                g.own_filters.push(ino);
+                return;
+            }
+            let tcp_listener = sock::get_int(b, libc::SOL_SOCKET, libc::SO_ACCEPTCONN).unwrap_or(0)
+                == 1
+                && is_inet(b, libc::IPPROTO_TCP);
+            if tcp_listener && !sock::has_filter(b) {
+                listeners.push(s);
+            }
+        });
+        if listeners.is_empty() {
+            return g;
+        }
+        // The guard first: a dumper killed right after attaching a filter
+        // must not leave the listener deaf.
+        let guarded: Vec<sock::Guarded> = listeners
+            .iter()
+            .map(|s| sock::Guarded {
+                fd: s.as_raw_fd(),
+                detach_filter: true,
+                leave_repair: false,
+                reuseaddr: -1,
+            })
+            .collect();
+        match sock::SocketGuard::spawn(&guarded) {
+            Ok(guard) => g.guard = Some(guard),
+            Err(e) => {
+                tracing::warn!(
+                    "not closing the TCP listeners to new connections during the dump: {e}"
+                );
+                return g;
+            }
+        }
+        for s in listeners {
+            if sock::attach_drop_all(s.as_fd()).is_ok() {
+                g.socks.push(s);
+            }
+        }
+        g
+    }
+
+    /// Waits (up to `patience`) until no socket of the tree is in a
+    /// transient state ([`transient_socket`]): queues drained, closing
+    /// connections closed.
+    pub fn drain(&self, patience: std::time::Duration) {
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < patience && transient_socket(&self.pids).is_some() {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+}
+
+impl Drop for AcceptGate {
+    fn drop(&mut self) {
+        if self.socks.is_empty() {
+            return;
+        }
+        for s in &self.socks {
+            if let Err(e) = sock::detach_filter(s.as_fd()) {
+                tracing::warn!("could not reopen a TCP listener to new connections: {e}");
+            }
+        }
+        // A connection whose handshake completed just as the filter went
+        // on inherited it: it would drop everything it receives.
+        for_each_socket(&self.pids, |_, _, ino, s| {
+            if !self.own_filters.contains(&ino) && sock::has_drop_all_filter(s.as_fd()) {
+                let _ = sock::detach_filter(s.as_fd());
+            }
+        });
+        if let Some(g) = self.guard.take() {
+            g.dismiss();
+        }
+    }
+}
+
+/// Why socket `s` (inode `ino`) cannot be saved now but likely can in a
+/// moment, if so. `unix` caches the namespace's unix sockets.
+fn transient(
+    s: BorrowedFd<'_>,
+    ino: u64,
+    unix: &mut Option<HashMap<u64, sockdiag::UnixInfo>>,
+) -> Option<String> {
+    let listening = sock::get_int(s, libc::SOL_SOCKET, libc::SO_ACCEPTCONN).unwrap_or(0) == 1;
+    match sock::get_int(s, libc::SOL_SOCKET, libc::SO_DOMAIN) {
+        Ok(libc::AF_UNIX) if listening => {
+            if unix.is_none() {
+                *unix = sockdiag::unix_sockets().ok();
+            }
+            let n = unix
+                .as_ref()
+                .and_then(|m| m.get(&ino))
+                .map_or(0, |i| i.rqueue);
+            (n > 0).then(|| format!("{n} connection(s) waiting to be accepted"))
+        }
+        Ok(libc::AF_INET | libc::AF_INET6)
+            if sock::get_int(s, libc::SOL_SOCKET, libc::SO_TYPE)
+                .is_ok_and(|t| t == libc::SOCK_STREAM) =>
+        {
+            match sock::tcp_info(s) {
+                Ok(i) if listening && i.unacked > 0 => Some(format!(
+                    "{} connection(s) waiting to be accepted",
+                    i.unacked
+                )),
+                // Established, listening, or closed (never connected).
+                Ok(i) if matches!(i.state, TCP_ESTABLISHED | TCP_CLOSE | TCP_LISTEN) => None,
+                Ok(i) => Some(format!("TCP state {}", i.state)),
+                Err(_) => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// The first socket of `pids` that cannot be checkpointed now but likely
+/// can in a moment: a listener with connections waiting to be accepted, or
+/// a TCP connection opening or closing (a busy server closes a connection
+/// its client closed within milliseconds). Returns `(pid, fd, what)`.
+pub fn transient_socket(pids: &[i32]) -> Option<(i32, i32, String)> {
+    let mut unix = None;
+    let mut found = None;
+    for_each_socket(pids, |pid, fd, ino, s| {
+        if found.is_none() {
+            if let Some(w) = transient(s.as_fd(), ino, &mut unix) {
+                found = Some((pid, fd, w));
+            }
+        }
+    });
+    found
+}

@@ -1,0 +1,480 @@
+//! Established TCP connections, with `TCP_REPAIR` (Linux 3.5+, needs
+//! CAP_NET_ADMIN): in repair mode nothing is sent on the wire, so sequence
+//! numbers, queues, negotiated options and window can be read, and a new
+//! socket can be given them and "connected" without a handshake.
+//!
+//! At dump, every connection of the tree is first locked (a drop-all
+//! filter) and put in repair mode ([`freeze`]), all before any is read;
+//! after the dump they are unlocked and, when the tree runs on, taken out
+//! of repair mode ([`leave_repair`]). At restore, each connection is
+//! rebuilt in repair mode ([`restore`]) and made live once every socket of
+//! the tree exists ([`RestoreCtx::finish_tcp`]).
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+
+use stasis_image::manifest::{InetSocket, TcpRepair};
+use stasis_kernel::{fdops, pidfd, sock, KernelError};
+use stasis_sys::net::{TCP_ESTABLISHED, TCP_REPAIR_WINDOW_LEN};
+
+use crate::save::{list_fds, read_link, socket_inode};
+use crate::socket::{is_inet, set_options};
+use crate::{RestoreCtx, RestoreError, SaveCtx, SaveError};
+
+/// The connections a dump put in repair mode, and the guard that puts them
+/// back if the dumper dies before [`leave_repair`] or the kill.
+#[derive(Debug, Default)]
+pub struct Repairs {
+    socks: Vec<Repaired>,
+    guard: Option<sock::SocketGuard>,
+}
+
+impl Repairs {
+    /// `SO_REUSEADDR` as the program had it on the connection with inode
+    /// `ino`, if this dump put it in repair mode (`Some(None)`: unknown).
+    pub(crate) fn reuseaddr_of(&self, ino: u64) -> Option<Option<i32>> {
+        self.socks
+            .iter()
+            .find(|r| r.ino == ino)
+            .map(|r| r.reuseaddr)
+    }
+}
+
+/// An established TCP connection of the tree put in repair mode by the
+/// dump, through a copy of its fd, with what repair mode changes on it.
+///
+/// Entering repair mode forces address reuse on the socket (`sk_reuse =
+/// SK_FORCE_REUSE`), and leaving it clears reuse (`SK_NO_REUSE`) whatever
+/// `SO_REUSEADDR` the program had set: a connection left so would go to
+/// TIME_WAIT, when the program dies, unwilling to share its port, and
+/// keep the program's listener from binding that port again (a restart or
+/// a restore) for a minute. So the program's `SO_REUSEADDR` is read before
+/// and put back after. The network lock (a drop-everything filter) is the
+/// other change, removed by [`SaveCtx::unlock_tcp`] or [`leave_repair`]
+/// when this dump attached it.
+#[derive(Debug)]
+pub struct Repaired {
+    sock: OwnedFd,
+    ino: u64,
+    /// `SO_REUSEADDR` as the program had it (`None`: could not be read).
+    reuseaddr: Option<i32>,
+    /// Whether this dump attached the drop-everything filter.
+    locked: bool,
+    /// Whether entering repair mode succeeded.
+    in_repair: bool,
+}
+
+impl Repaired {
+    /// Takes the connection out of repair mode (no window probe: the peer
+    /// has its state already) and puts back what repair mode changed.
+    fn leave(mut self) {
+        let b = self.sock.as_fd();
+        if self.locked && sock::has_drop_all_filter(b) {
+            // The filter `freeze` attached: packets flow again.
+            let _ = sock::detach_filter(b);
+            self.locked = false;
+        }
+        if !self.in_repair {
+            return;
+        }
+        if let Err(e) = sock::set_int(
+            b,
+            libc::IPPROTO_TCP,
+            sock::TCP_REPAIR,
+            sock::TCP_REPAIR_OFF_NO_WP,
+        ) {
+            tracing::error!("could not take a TCP socket out of repair mode: {e}");
+            return;
+        }
+        if let Some(v) = self.reuseaddr {
+            if let Err(e) = sock::set_int(b, libc::SOL_SOCKET, libc::SO_REUSEADDR, v) {
+                tracing::error!(
+                    "could not put SO_REUSEADDR = {v} back on a TCP socket after repair mode: {e}"
+                );
+            }
+        }
+    }
+}
+
+/// Takes the connections [`freeze`] put in repair mode out of it, as the
+/// program had them (the tree runs on, or a failed dump releases it).
+/// (Dropping the [`Repairs`] instead closes them in repair mode, silently:
+/// for a tree that is killed.)
+pub fn leave_repair(mut r: Repairs) {
+    for s in std::mem::take(&mut r.socks) {
+        s.leave();
+    }
+    if let Some(g) = r.guard.take() {
+        g.dismiss();
+    }
+}
+
+/// The established TCP connections of `pids`: (pid, fd, inode, a copy).
+fn established(pids: &[i32]) -> Result<Vec<(i32, i32, u64, OwnedFd)>, SaveError> {
+    let mut found = Vec::new();
+    for &pid in pids {
+        let pfd = pidfd::pidfd_open(pid)?;
+        for fd in list_fds(pid)? {
+            let Ok(link) = read_link(pid, &format!("fd/{fd}")) else {
+                continue;
+            };
+            let Some(ino) = socket_inode(&link) else {
+                continue;
+            };
+            let s = pidfd::pidfd_getfd(&pfd, fd)?;
+            let b = s.as_fd();
+            if is_inet(b, libc::IPPROTO_TCP)
+                && sock::tcp_info(b).ok().map(|i| i.state) == Some(TCP_ESTABLISHED)
+            {
+                found.push((pid, fd, ino, s));
+            }
+        }
+    }
+    Ok(found)
+}
+
+impl SaveCtx {
+    /// Puts every established TCP connection of the tree in repair mode
+    /// before any of them is read: two ends of a connection inside the tree
+    /// must be frozen at the same instant, or bytes sent by the second
+    /// after the first was read would be lost to both images.
+    pub fn freeze_tcp(&mut self, pids: &[i32]) -> Result<(), SaveError> {
+        let found = established(pids)?;
+        // Nothing may move between two connections' snapshots: a segment
+        // processed after the receiver's queue was read but before the
+        // sender's was (the sender then drops the bytes it sees acked)
+        // would be in neither. Every connection first drops whatever
+        // reaches it (peers retransmit it after the dump), like CRIU's
+        // network lock; then, once packets already being processed are
+        // through, each goes into repair mode and is read.
+        if found.is_empty() {
+            return Ok(());
+        }
+        // SO_REUSEADDR before repair mode forces it; which filters this
+        // dump attaches; and the guard, before anything is changed.
+        let before: Vec<(Option<i32>, bool)> = found
+            .iter()
+            .map(|(_, _, _, s)| {
+                (
+                    sock::get_int(s.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR).ok(),
+                    !sock::has_filter(s.as_fd()),
+                )
+            })
+            .collect();
+        let guarded: Vec<sock::Guarded> = found
+            .iter()
+            .zip(&before)
+            .map(|((_, _, _, s), (reuse, lock))| sock::Guarded {
+                fd: s.as_raw_fd(),
+                detach_filter: *lock,
+                leave_repair: true,
+                reuseaddr: reuse.unwrap_or(-1),
+            })
+            .collect();
+        let guard = sock::SocketGuard::spawn(&guarded).map_err(|e| SaveError::Unsupported {
+            pid: found[0].0,
+            what: format!("cannot start the process that would put the TCP connections back if the dump died: {e}"),
+        })?;
+        self.repaired.guard = Some(guard);
+        let mut locked = Vec::with_capacity(found.len());
+        for ((_, _, _, s), (_, lock)) in found.iter().zip(&before) {
+            locked.push(*lock && sock::attach_drop_all(s.as_fd()).is_ok());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        for (((pid, fd, ino, s), locked), (reuseaddr, _)) in
+            found.into_iter().zip(locked).zip(before)
+        {
+            let r = sock::set_int(s.as_fd(), libc::IPPROTO_TCP, sock::TCP_REPAIR, 1);
+            // Recorded even if it failed: the filter comes off all the same.
+            self.repaired.socks.push(Repaired {
+                sock: s,
+                ino,
+                reuseaddr,
+                locked,
+                in_repair: r.is_ok(),
+            });
+            r.map_err(|e| SaveError::Unsupported { pid, what: format!("fd {fd}: cannot put a TCP connection in repair mode (needs CAP_NET_ADMIN): {e}") })?;
+        }
+        Ok(())
+    }
+
+    /// Lets packets reach the connections `freeze_tcp` locked again.
+    pub fn unlock_tcp(&mut self) {
+        for r in &mut self.repaired.socks {
+            if r.locked && sock::has_drop_all_filter(r.sock.as_fd()) {
+                let _ = sock::detach_filter(r.sock.as_fd());
+            }
+            r.locked = false;
+        }
+    }
+}
+
+/// Saves an established TCP connection; leaves the socket in repair mode.
+pub(crate) fn save(b: BorrowedFd<'_>, info: &sock::TcpInfo) -> Result<TcpRepair, KernelError> {
+    let tcp = libc::IPPROTO_TCP;
+    sock::set_int(b, tcp, sock::TCP_REPAIR, 1)?;
+    let (outq, unsent) = sock::outq(b)?;
+    let inq = sock::inq(b)?;
+    sock::set_int(b, tcp, sock::TCP_REPAIR_QUEUE, sock::TCP_SEND_QUEUE)?;
+    let snd_seq = sock::get_int(b, tcp, sock::TCP_QUEUE_SEQ)?;
+    let send_queue = sock::peek_repair_queue(b, outq as usize)?;
+    sock::set_int(b, tcp, sock::TCP_REPAIR_QUEUE, sock::TCP_RECV_QUEUE)?;
+    let rcv_seq = sock::get_int(b, tcp, sock::TCP_QUEUE_SEQ)?;
+    let recv_queue = sock::peek_repair_queue(b, inq as usize)?;
+    let mss = sock::get_int(b, tcp, libc::TCP_MAXSEG)?;
+    let timestamp = sock::get_int(b, tcp, sock::TCP_TIMESTAMP)?;
+    let w = sock::get_bytes(b, tcp, sock::TCP_REPAIR_WINDOW, TCP_REPAIR_WINDOW_LEN)?;
+    let mut window = [0u32; 5];
+    for (i, c) in w.chunks_exact(4).take(5).enumerate() {
+        window[i] = u32::from_ne_bytes(c.try_into().unwrap_or([0; 4]));
+    }
+    Ok(TcpRepair {
+        snd_seq: u32::from_ne_bytes(snd_seq.to_ne_bytes()),
+        rcv_seq: u32::from_ne_bytes(rcv_seq.to_ne_bytes()),
+        send_queue,
+        unsent,
+        recv_queue,
+        mss: mss.unsigned_abs(),
+        snd_mss: info.snd_mss,
+        snd_wscale: info.snd_wscale,
+        rcv_wscale: info.rcv_wscale,
+        tcpi_options: info.options,
+        timestamp: u32::from_ne_bytes(timestamp.to_ne_bytes()),
+        window,
+    })
+}
+
+/// Bytes of the send queue that had been sent (the rest never was).
+fn sent(r: &TcpRepair) -> usize {
+    r.send_queue.len() - (r.unsent as usize).min(r.send_queue.len())
+}
+
+/// Rebuilds an established TCP connection with `TCP_REPAIR`: sequence
+/// numbers, a handshake-less connect, negotiated options. The queues,
+/// window and going live come later ([`RestoreCtx::finish_tcp`]).
+pub(crate) fn restore(
+    fd: i32,
+    s: &OwnedFd,
+    i: &InetSocket,
+    r: &TcpRepair,
+) -> Result<(), RestoreError> {
+    let b = s.as_fd();
+    let tcp = libc::IPPROTO_TCP;
+    let step_err = |w: &'static str| {
+        move |e: KernelError| RestoreError::Step {
+            what: format!("{w} of the TCP connection of fd {fd}"),
+            source: e,
+        }
+    };
+    sock::set_int(b, tcp, sock::TCP_REPAIR, 1)
+        .map_err(step_err("entering repair mode (needs CAP_NET_ADMIN)"))?;
+    // (Repair mode also forces address reuse: an accepted connection binds
+    // the port its listener holds. SO_REUSEADDR must not be set after it.)
+    let seq = |v: u32, back: usize| v.wrapping_sub(u32::try_from(back).unwrap_or(0));
+    // Each queue starts where its saved bytes begin.
+    for (queue, next, len) in [
+        (sock::TCP_SEND_QUEUE, r.snd_seq, r.send_queue.len()),
+        (sock::TCP_RECV_QUEUE, r.rcv_seq, r.recv_queue.len()),
+    ] {
+        sock::set_int(b, tcp, sock::TCP_REPAIR_QUEUE, queue)
+            .map_err(step_err("selecting a queue"))?;
+        sock::set_int(
+            b,
+            tcp,
+            sock::TCP_QUEUE_SEQ,
+            i32::from_ne_bytes(seq(next, len).to_ne_bytes()),
+        )
+        .map_err(step_err("setting a queue's sequence"))?;
+    }
+    // The segment size. The handshake-less connect computes it, once, from
+    // the MSS clamp in force then (536 by default: no SYN-ACK brings the
+    // peer's), and TCP_REPAIR_OPTIONS does not recompute it: 536-byte
+    // segments on loopback overflow the receiver's buffer (each costs a
+    // whole buffer's truesize), get dropped, and the connection stalls in
+    // retransmit backoff. So the clamp is set, for the connect, to the size
+    // the connection used (bounded, as it was, by half the largest window
+    // seen: the peer's MSS itself would stall a peer with a small window
+    // in sender-side silly-window avoidance), and cleared after it.
+    let ts = if r.tcpi_options & sock::TCPI_OPT_TIMESTAMPS != 0 {
+        12
+    } else {
+        0
+    };
+    // (TCP_MAXSEG takes at most 32767: loopback's 64 KiB segments become
+    // 32 KiB ones, still far from 536.)
+    let seg = r.snd_mss.saturating_add(ts).min(32_767);
+    if r.snd_mss > 0 {
+        sock::set_int(b, tcp, libc::TCP_MAXSEG, i32::try_from(seg).unwrap_or(0))
+            .map_err(step_err("setting the segment size"))?;
+    }
+    crate::inet::bind(fd, s, i, format!("binding the TCP connection of fd {fd}"))?;
+    sock::connect(b, &i.peer).map_err(|e| RestoreError::Socket {
+        what: format!("reconnecting the TCP connection of fd {fd} in repair mode"),
+        source: e,
+    })?;
+    sock::set_bytes(b, tcp, sock::TCP_REPAIR_OPTIONS, &repair_options(r))
+        .map_err(step_err("restoring negotiated options"))?;
+    if r.snd_mss > 0 {
+        sock::set_int(b, tcp, libc::TCP_MAXSEG, 0)
+            .map_err(step_err("clearing the segment size clamp"))?;
+    }
+    if r.tcpi_options & sock::TCPI_OPT_TIMESTAMPS != 0 {
+        sock::set_int(
+            b,
+            tcp,
+            sock::TCP_TIMESTAMP,
+            i32::from_ne_bytes(r.timestamp.to_ne_bytes()),
+        )
+        .map_err(step_err("restoring the timestamp"))?;
+    }
+    // The queues are refilled later (`PendingTcp::fill`): data in the send
+    // queue arms the retransmit timer, which must not fire before every
+    // socket of the tree exists, or its peer would answer with a reset.
+    Ok(())
+}
+
+/// The `struct tcp_repair_opt` list of the negotiated options.
+fn repair_options(r: &TcpRepair) -> Vec<u8> {
+    let mut opts: Vec<u8> = Vec::new();
+    let mut opt = |code: u32, val: u32| {
+        opts.extend_from_slice(&code.to_ne_bytes());
+        opts.extend_from_slice(&val.to_ne_bytes());
+    };
+    opt(sock::TCPOPT_MAXSEG, r.mss);
+    if r.tcpi_options & sock::TCPI_OPT_WSCALE != 0 {
+        opt(
+            sock::TCPOPT_WINDOW,
+            u32::from(r.snd_wscale) | (u32::from(r.rcv_wscale) << 16),
+        );
+    }
+    if r.tcpi_options & sock::TCPI_OPT_SACK != 0 {
+        opt(sock::TCPOPT_SACK_PERM, 0);
+    }
+    if r.tcpi_options & sock::TCPI_OPT_TIMESTAMPS != 0 {
+        opt(sock::TCPOPT_TIMESTAMP, 0);
+    }
+    opts
+}
+
+/// A TCP connection rebuilt in repair mode, waiting to go live.
+pub struct PendingTcp {
+    pub(crate) fd: i32,
+    pub(crate) sock: OwnedFd,
+    pub(crate) repair: TcpRepair,
+    pub(crate) options: Vec<(i32, i32, i32)>,
+}
+
+impl PendingTcp {
+    /// Refills both queues (still in repair mode: nothing is sent) and
+    /// restores the window.
+    fn fill(&self) -> Result<(), RestoreError> {
+        let (b, r, tcp) = (self.sock.as_fd(), &self.repair, libc::IPPROTO_TCP);
+        let err = |w: &str| {
+            let what = format!("{w} of the TCP connection of fd {}", self.fd);
+            move |e: KernelError| RestoreError::Step { what, source: e }
+        };
+        // Make room for the queues (SO_*BUFFORCE needs CAP_NET_ADMIN).
+        let room = i32::try_from((r.send_queue.len().max(r.recv_queue.len()) * 2).max(65536))
+            .unwrap_or(i32::MAX);
+        let _ = sock::set_int(b, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, room);
+        let _ = sock::set_int(b, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, room);
+        sock::set_int(b, tcp, sock::TCP_REPAIR_QUEUE, sock::TCP_RECV_QUEUE)
+            .map_err(err("selecting the receive queue"))?;
+        for chunk in r.recv_queue.chunks(64 * 1024) {
+            sock::send_all(b, chunk).map_err(err("refilling the receive queue"))?;
+        }
+        sock::set_int(b, tcp, sock::TCP_REPAIR_QUEUE, sock::TCP_SEND_QUEUE)
+            .map_err(err("selecting the send queue"))?;
+        for chunk in r.send_queue[..sent(r)].chunks(64 * 1024) {
+            sock::send_all(b, chunk).map_err(err("refilling the send queue"))?;
+        }
+        let window: Vec<u8> = r.window.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        sock::set_bytes(b, tcp, sock::TCP_REPAIR_WINDOW, &window)
+            .map_err(err("restoring the window"))
+    }
+
+    /// Leaves repair mode. A window probe goes out, so each side learns the
+    /// other's current window at once (both sides exist by now).
+    fn leave_repair(&self) -> Result<(), RestoreError> {
+        sock::set_int(self.sock.as_fd(), libc::IPPROTO_TCP, sock::TCP_REPAIR, 0).map_err(|e| {
+            RestoreError::Step {
+                what: format!(
+                    "leaving repair mode of the TCP connection of fd {}",
+                    self.fd
+                ),
+                source: e,
+            }
+        })
+    }
+
+    /// Queues the bytes that were never sent and puts the saved options back.
+    fn send_unsent(self) -> Result<(), RestoreError> {
+        send_waiting(&self.sock, &self.repair.send_queue[sent(&self.repair)..]).map_err(|e| {
+            RestoreError::Step {
+                what: format!(
+                    "queueing the never-sent bytes of the TCP connection of fd {}",
+                    self.fd
+                ),
+                source: e,
+            }
+        })?;
+        set_options(&self.sock, &self.options);
+        Ok(())
+    }
+}
+
+impl RestoreCtx<'_> {
+    /// Takes every rebuilt TCP connection out of repair mode, once all
+    /// sockets of the tree exist (no packet may reach a missing peer).
+    pub fn finish_tcp(&mut self) -> Result<(), RestoreError> {
+        let pending = std::mem::take(&mut self.pending_tcp);
+        // Queues refilled last (their retransmit timers start now), every
+        // end out of repair next (a socket in repair mode drops what reaches
+        // it), then the never-sent bytes.
+        for p in &pending {
+            p.fill()?;
+        }
+        for p in &pending {
+            p.leave_repair()?;
+        }
+        for p in pending {
+            p.send_unsent()?;
+        }
+        Ok(())
+    }
+}
+
+/// Sends everything, waiting (up to 10 s per stall) when the socket is
+/// non-blocking and its buffer is full.
+fn send_waiting(s: &OwnedFd, data: &[u8]) -> Result<(), KernelError> {
+    let mut off = 0;
+    while off < data.len() {
+        let e = match fdops::send_nonblocking(s.as_fd(), &data[off..]) {
+            Ok(n) => {
+                off += n;
+                continue;
+            }
+            Err(e) => e,
+        };
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EAGAIN) => {
+                if !fdops::wait_writable(s.as_fd(), 10_000).unwrap_or(false) {
+                    return Err(KernelError::Io {
+                        what: format!(
+                            "sending {} bytes: the peer does not take them",
+                            data.len() - off
+                        ),
+                        source: std::io::Error::from_raw_os_error(libc::ETIMEDOUT),
+                    });
+                }
+            }
+            _ => {
+                return Err(KernelError::Io {
+                    what: format!("sending {} queued bytes", data.len()),
+                    source: e,
+                })
+            }
+        }
+    }
+    Ok(())
+}
