@@ -96,20 +96,40 @@ fn content<'a>(data: &'a [u8], size: u64, extents: &'a [Extent]) -> Content<'a> 
     }
 }
 
+/// The content of a sparse object does not hold together: an extent out
+/// of order, overlapping another, or past the object's size.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{object}: extent {offset}+{len} out of order or past the size {size}")]
+pub struct ContentError {
+    /// The object ("System V segment N", "deleted file or memfd N").
+    pub object: String,
+    pub offset: u64,
+    pub len: usize,
+    pub size: u64,
+}
+
 /// Checks that extents lie inside `size`, in order, without overlap.
-fn check_extents(size: u64, extents: &[(u64, &[u8])]) -> Result<(), String> {
+fn check_extents(
+    size: u64,
+    extents: &[(u64, &[u8])],
+    object: impl FnOnce() -> String,
+) -> Result<(), ContentError> {
     let mut end = 0u64;
     for &(off, d) in extents {
-        let e = off
+        match off
             .checked_add(d.len() as u64)
             .filter(|&e| off >= end && e <= size)
-            .ok_or_else(|| {
-                format!(
-                    "extent {off}+{} out of order or past the size {size}",
-                    d.len()
-                )
-            })?;
-        end = e;
+        {
+            Some(e) => end = e,
+            None => {
+                return Err(ContentError {
+                    object: object(),
+                    offset: off,
+                    len: d.len(),
+                    size,
+                })
+            }
+        }
     }
     Ok(())
 }
@@ -117,9 +137,9 @@ fn check_extents(size: u64, extents: &[(u64, &[u8])]) -> Result<(), String> {
 impl SysvShm {
     /// Size of the segment and its data extents `(offset, bytes)`, in
     /// order (checked: inside the size, no overlap).
-    pub fn content(&self) -> Result<Content<'_>, String> {
+    pub fn content(&self) -> Result<Content<'_>, ContentError> {
         let (size, ext) = content(&self.data, self.size, &self.extents);
-        check_extents(size, &ext).map_err(|e| format!("System V segment {}: {e}", self.shmid))?;
+        check_extents(size, &ext, || format!("System V segment {}", self.shmid))?;
         Ok((size, ext))
     }
 }
@@ -127,9 +147,9 @@ impl SysvShm {
 impl GhostFile {
     /// Size of the file and its data extents `(offset, bytes)`, in order
     /// (checked: inside the size, no overlap).
-    pub fn content(&self) -> Result<Content<'_>, String> {
+    pub fn content(&self) -> Result<Content<'_>, ContentError> {
         let (size, ext) = content(&self.data, self.size, &self.extents);
-        check_extents(size, &ext).map_err(|e| format!("deleted file or memfd {}: {e}", self.id))?;
+        check_extents(size, &ext, || format!("deleted file or memfd {}", self.id))?;
         Ok((size, ext))
     }
 }

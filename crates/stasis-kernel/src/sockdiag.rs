@@ -47,9 +47,20 @@ pub struct UnixInfo {
     pub wqueue: u32,
 }
 
+/// A `sock_diag` reply that cannot be used.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReplyError {
+    #[error("bad netlink message length {0}")]
+    Length(usize),
+    #[error("sock_diag error {}", std::io::Error::from_raw_os_error(*.0))]
+    Kernel(i32),
+    #[error("short unix_diag_msg")]
+    Short,
+}
+
 /// Parses the messages of one netlink reply buffer into `out`; returns
 /// `true` once `NLMSG_DONE` is seen.
-pub fn parse_reply(buf: &[u8], out: &mut HashMap<u64, UnixInfo>) -> Result<bool, String> {
+pub fn parse_reply(buf: &[u8], out: &mut HashMap<u64, UnixInfo>) -> Result<bool, ReplyError> {
     let mut off = 0;
     while off + 16 <= buf.len() {
         let u32_at = |o: usize| u32::from_le_bytes(buf[o..o + 4].try_into().unwrap_or([0; 4]));
@@ -57,22 +68,19 @@ pub fn parse_reply(buf: &[u8], out: &mut HashMap<u64, UnixInfo>) -> Result<bool,
         let len = u32_at(off) as usize;
         let ty = u16_at(off + 4);
         if len < 16 || off + len > buf.len() {
-            return Err(format!("bad netlink message length {len}"));
+            return Err(ReplyError::Length(len));
         }
         match ty {
             NLMSG_DONE => return Ok(true),
             NLMSG_ERROR => {
                 let errno =
                     i32::from_le_bytes(buf[off + 16..off + 20].try_into().unwrap_or([0; 4]));
-                return Err(format!(
-                    "sock_diag error {}",
-                    std::io::Error::from_raw_os_error(-errno)
-                ));
+                return Err(ReplyError::Kernel(-errno));
             }
             SOCK_DIAG_BY_FAMILY => {
                 let m = off + 16;
                 if len < 16 + 16 {
-                    return Err("short unix_diag_msg".into());
+                    return Err(ReplyError::Short);
                 }
                 let mut info = UnixInfo {
                     sock_type: buf[m + 1],

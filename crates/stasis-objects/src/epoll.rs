@@ -17,9 +17,10 @@ pub struct Epoll;
 
 impl Object for Epoll {
     const NAME: &'static str = "epoll";
+    const ANON_INODE: Option<&'static str> = Some("anon_inode:[eventpoll]");
 
     fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
-        if fd.link != "anon_inode:[eventpoll]" {
+        if Some(fd.link) != Self::ANON_INODE {
             return Ok(None);
         }
         let targets = cx
@@ -32,12 +33,16 @@ impl Object for Epoll {
         Ok(Some(FdKind::Epoll { targets }))
     }
 
-    fn restore(_: &mut RestoreCtx<'_>, img: &FdImage) -> Result<Option<OwnedFd>, RestoreError> {
+    fn owns(kind: &FdKind) -> bool {
+        matches!(kind, FdKind::Epoll { .. })
+    }
+
+    fn restore(_: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
         if !matches!(img.kind, FdKind::Epoll { .. }) {
-            return Ok(None);
+            return Err(crate::restore::not_mine(Self::NAME, img));
         }
         let e = fdops::epoll_create(libc::EPOLL_CLOEXEC).map_err(os_err("epoll_create1"))?;
-        Ok(Some(e))
+        Ok(e)
     }
 }
 

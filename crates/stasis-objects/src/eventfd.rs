@@ -13,18 +13,23 @@ pub struct Eventfd;
 
 impl Object for Eventfd {
     const NAME: &'static str = "eventfd";
+    const ANON_INODE: Option<&'static str> = Some("anon_inode:[eventfd]");
 
     fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
-        if fd.link != "anon_inode:[eventfd]" {
+        if Some(fd.link) != Self::ANON_INODE {
             return Ok(None);
         }
         let (count, semaphore) = cx.procfs().eventfd(fd.info).map_err(|e| fd.bad_info(e))?;
         Ok(Some(FdKind::Eventfd { count, semaphore }))
     }
 
-    fn restore(_: &mut RestoreCtx<'_>, img: &FdImage) -> Result<Option<OwnedFd>, RestoreError> {
+    fn owns(kind: &FdKind) -> bool {
+        matches!(kind, FdKind::Eventfd { .. })
+    }
+
+    fn restore(_: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
         let FdKind::Eventfd { count, semaphore } = &img.kind else {
-            return Ok(None);
+            return Err(crate::restore::not_mine(Self::NAME, img));
         };
         let flags = libc::EFD_CLOEXEC
             | nonblock(img.flags)
@@ -36,6 +41,6 @@ impl Object for Eventfd {
             let rest = count - u64::from(init);
             let _ = nix::unistd::write(e.as_fd(), &rest.to_ne_bytes());
         }
-        Ok(Some(e))
+        Ok(e)
     }
 }

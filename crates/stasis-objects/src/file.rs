@@ -29,7 +29,11 @@ impl Object for File {
         }))
     }
 
-    fn restore(_: &mut RestoreCtx<'_>, img: &FdImage) -> Result<Option<OwnedFd>, RestoreError> {
+    fn owns(kind: &FdKind) -> bool {
+        matches!(kind, FdKind::Path { .. })
+    }
+
+    fn restore(_: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
         let FdKind::Path {
             path,
             pos,
@@ -37,7 +41,7 @@ impl Object for File {
             size,
         } = &img.kind
         else {
-            return Ok(None);
+            return Err(crate::restore::not_mine(Self::NAME, img));
         };
         let fd = img.fd;
         let f = open_with_mode(
@@ -61,6 +65,6 @@ impl Object for File {
             fdops::seek_to(o.as_fd(), off)
                 .map_err(io_step(format!("seeking {path} to {pos}"), "lseek"))?;
         }
-        Ok(Some(o))
+        Ok(o)
     }
 }

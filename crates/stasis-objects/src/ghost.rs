@@ -65,11 +65,15 @@ impl Object for Ghost {
         }))
     }
 
-    fn restore(cx: &mut RestoreCtx<'_>, img: &FdImage) -> Result<Option<OwnedFd>, RestoreError> {
+    fn owns(kind: &FdKind) -> bool {
+        matches!(kind, FdKind::Ghost { .. } | FdKind::Memfd { .. })
+    }
+
+    fn restore(cx: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
         let (path, id, pos, memfd) = match &img.kind {
             FdKind::Ghost { path, id, pos } => (path, id, pos, false),
             FdKind::Memfd { name, id, pos } => (name, id, pos, true),
-            _ => return Ok(None),
+            _ => return Err(crate::restore::not_mine(Self::NAME, img)),
         };
         let fd = img.fd;
         let keeper = keeper(
@@ -92,7 +96,7 @@ impl Object for Ghost {
         .into();
         fdops::seek_to(o.as_fd(), i64::try_from(*pos).unwrap_or(0))
             .map_err(io_step(format!("seeking fd {fd} to {pos}"), "lseek"))?;
-        Ok(Some(o))
+        Ok(o)
     }
 }
 

@@ -29,14 +29,18 @@ impl Object for Inet {
         }
     }
 
-    fn restore(cx: &mut RestoreCtx<'_>, img: &FdImage) -> Result<Option<OwnedFd>, RestoreError> {
+    fn owns(kind: &FdKind) -> bool {
+        matches!(kind, FdKind::Inet(_))
+    }
+
+    fn restore(cx: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
         let FdKind::Inet(i) = &img.kind else {
-            return Ok(None);
+            return Err(crate::restore::not_mine(Self::NAME, img));
         };
         let s = restore(cx, img.fd, i)?;
         // Best effort, as sockets always had it.
         let _ = fdops::set_status_flags(s.as_fd(), crate::restore::setfl_flags(img.flags));
-        Ok(Some(s))
+        Ok(s)
     }
 }
 

@@ -15,20 +15,25 @@ pub struct Inotify;
 
 impl Object for Inotify {
     const NAME: &'static str = "inotify";
+    const ANON_INODE: Option<&'static str> = Some("anon_inode:inotify");
 
     fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
-        if fd.link != "anon_inode:inotify" {
+        if Some(fd.link) != Self::ANON_INODE {
             return Ok(None);
         }
         let watches = watches(cx, fd)?;
         Ok(Some(FdKind::Inotify { watches }))
     }
 
-    fn restore(_: &mut RestoreCtx<'_>, img: &FdImage) -> Result<Option<OwnedFd>, RestoreError> {
+    fn owns(kind: &FdKind) -> bool {
+        matches!(kind, FdKind::Inotify { .. })
+    }
+
+    fn restore(_: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
         let FdKind::Inotify { watches } = &img.kind else {
-            return Ok(None);
+            return Err(crate::restore::not_mine(Self::NAME, img));
         };
-        restore(img.fd, img.flags, watches).map(Some)
+        restore(img.fd, img.flags, watches)
     }
 }
 

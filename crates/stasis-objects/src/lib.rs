@@ -60,23 +60,32 @@ pub trait Object {
     /// What it is, for diagnostics and the docs.
     const NAME: &'static str;
 
+    /// The `/proc/PID/fd` link of an anonymous-inode kind
+    /// (`anon_inode:[eventfd]`...): fds with other anonymous inodes are
+    /// refused before any kind is asked.
+    const ANON_INODE: Option<&'static str> = None;
+
     /// Saves `fd` if it is of this kind (`None`: not this kind).
     fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError>;
 
-    /// Makes the description of `img` again if it is of this kind
-    /// (`None`: not this kind).
-    fn restore(cx: &mut RestoreCtx<'_>, img: &FdImage) -> Result<Option<OwnedFd>, RestoreError>;
+    /// Whether a saved fd of kind `kind` is this kind's to restore.
+    fn owns(kind: &FdKind) -> bool;
+
+    /// Makes the description of `img` (of a kind it [`owns`](Object::owns)) again.
+    fn restore(cx: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError>;
 }
 
 /// Saves an fd if it is of the entry's kind.
 pub type SaveFn = fn(&mut SaveCtx, &OpenFd<'_>) -> Result<Option<FdKind>, SaveError>;
-/// Restores a saved fd if it is of the entry's kind.
-pub type RestoreFn = fn(&mut RestoreCtx<'_>, &FdImage) -> Result<Option<OwnedFd>, RestoreError>;
+/// Restores a saved fd of the entry's kind.
+pub type RestoreFn = fn(&mut RestoreCtx<'_>, &FdImage) -> Result<OwnedFd, RestoreError>;
 
 /// One registered kind.
 pub struct Entry {
     pub name: &'static str,
+    pub anon_inode: Option<&'static str>,
     pub save: SaveFn,
+    pub owns: fn(&FdKind) -> bool,
     pub restore: RestoreFn,
 }
 
@@ -84,9 +93,16 @@ pub struct Entry {
 pub const fn entry<O: Object>() -> Entry {
     Entry {
         name: O::NAME,
+        anon_inode: O::ANON_INODE,
         save: O::save,
+        owns: O::owns,
         restore: O::restore,
     }
+}
+
+/// The registered kind that restores saved fds of kind `kind`.
+pub fn owner(kind: &FdKind) -> Option<&'static Entry> {
+    REGISTRY.iter().find(|e| (e.owns)(kind))
 }
 
 /// Every kind, in the order the save side tries them (sockets and
@@ -105,3 +121,241 @@ pub const REGISTRY: &[Entry] = &[
     entry::<pipe::Fifo>(),
     entry::<file::File>(),
 ];
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+
+    use stasis_image::manifest::{InetSocket, InetState, PipeImage, UnixSocket, UnixState};
+
+    use super::*;
+
+    /// One saved fd of every kind the image knows. The `match` has no
+    /// wildcard: a new `FdKind` variant does not compile here until it has
+    /// a sample, and so an owner checked below.
+    fn samples() -> Vec<FdKind> {
+        let path = || "/x".to_string();
+        let all = vec![
+            FdKind::Path {
+                path: path(),
+                pos: 0,
+                mode: libc::S_IFREG,
+                size: 0,
+            },
+            FdKind::Pipe {
+                id: 1,
+                write_end: false,
+            },
+            FdKind::Fifo {
+                path: path(),
+                id: 1,
+            },
+            FdKind::Eventfd {
+                count: 0,
+                semaphore: false,
+            },
+            FdKind::Timerfd {
+                clockid: 0,
+                value_ns: 0,
+                interval_ns: 0,
+                ticks: 0,
+            },
+            FdKind::Signalfd { mask: 0 },
+            FdKind::Epoll { targets: vec![] },
+            FdKind::Ghost {
+                path: path(),
+                id: 1,
+                pos: 0,
+            },
+            FdKind::Memfd {
+                name: path(),
+                id: 1,
+                pos: 0,
+            },
+            FdKind::Inotify { watches: vec![] },
+            FdKind::Unix(UnixSocket {
+                ino: 1,
+                sock_type: libc::SOCK_STREAM,
+                name: None,
+                state: UnixState::Unconnected,
+                queue: vec![],
+                queue_creds: vec![],
+                options: vec![],
+            }),
+            FdKind::Inet(InetSocket {
+                family: libc::AF_INET,
+                sock_type: libc::SOCK_DGRAM,
+                protocol: 0,
+                local: vec![],
+                peer: vec![],
+                state: InetState::Plain,
+                options: vec![],
+                datagrams: vec![],
+            }),
+        ];
+        for k in &all {
+            match k {
+                FdKind::Path { .. }
+                | FdKind::Pipe { .. }
+                | FdKind::Fifo { .. }
+                | FdKind::Eventfd { .. }
+                | FdKind::Timerfd { .. }
+                | FdKind::Signalfd { .. }
+                | FdKind::Epoll { .. }
+                | FdKind::Ghost { .. }
+                | FdKind::Memfd { .. }
+                | FdKind::Inotify { .. }
+                | FdKind::Unix(_)
+                | FdKind::Inet(_) => {}
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn every_saved_kind_has_exactly_one_owner() {
+        for k in samples() {
+            let owners: Vec<_> = REGISTRY
+                .iter()
+                .filter(|e| (e.owns)(&k))
+                .map(|e| e.name)
+                .collect();
+            assert_eq!(owners.len(), 1, "{k:?} is restored by {owners:?}");
+        }
+    }
+
+    #[test]
+    fn registry_order_and_known_anonymous_inodes() {
+        let names: Vec<_> = REGISTRY.iter().map(|e| e.name).collect();
+        let at = |n: &str| names.iter().position(|x| *x == n).unwrap();
+        let mut unique = names.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len(), "{names:?}");
+        // Plain files take whatever is left; deleted files before FIFOs.
+        assert_eq!(names.last(), Some(&file::File::NAME));
+        assert!(at(ghost::Ghost::NAME) < at(pipe::Fifo::NAME));
+        let mut anon: Vec<_> = REGISTRY.iter().filter_map(|e| e.anon_inode).collect();
+        anon.sort_unstable();
+        assert_eq!(
+            anon,
+            [
+                "anon_inode:[eventfd]",
+                "anon_inode:[eventpoll]",
+                "anon_inode:[signalfd]",
+                "anon_inode:[timerfd]",
+                "anon_inode:inotify"
+            ]
+        );
+        for a in anon {
+            assert_eq!(save::unsupported_reason(1, 3, a), None, "{a}");
+        }
+        let refused = save::unsupported_reason(1, 3, "anon_inode:[userfaultfd]").unwrap();
+        assert!(refused.contains("fd 3"), "{refused}");
+    }
+
+    fn image(fd: i32, flags: u32, shared_id: Option<u32>, kind: FdKind) -> FdImage {
+        FdImage {
+            fd,
+            flags,
+            cloexec: false,
+            shared_id,
+            locks: vec![],
+            kind,
+        }
+    }
+
+    fn link_of(fd: &FdRef<'_>) -> String {
+        std::fs::read_link(format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd()))
+            .unwrap()
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    #[test]
+    fn restore_makes_the_saved_kind_with_its_state() {
+        let pipes = [PipeImage {
+            id: 9,
+            capacity: 65536,
+            data: b"queued".to_vec(),
+        }];
+        let mut cx = RestoreCtx::new(&pipes, &[], std::iter::empty());
+        let count = 5u64 << 32 | 7;
+        let ev = image(
+            4,
+            libc::O_NONBLOCK.unsigned_abs(),
+            None,
+            FdKind::Eventfd {
+                count,
+                semaphore: false,
+            },
+        );
+        let e = cx.get(&ev).unwrap();
+        assert_eq!(link_of(&e), "anon_inode:[eventfd]");
+        let mut buf = [0u8; 8];
+        assert_eq!(nix::unistd::read(e.as_fd().as_raw_fd(), &mut buf), Ok(8));
+        assert_eq!(u64::from_ne_bytes(buf), count, "the counter, beyond u32");
+        drop(e);
+        // Both ends of pipe 9, the read end shared by two fds.
+        let rd = image(
+            5,
+            libc::O_NONBLOCK.unsigned_abs(),
+            Some(1),
+            FdKind::Pipe {
+                id: 9,
+                write_end: false,
+            },
+        );
+        let wr = image(
+            6,
+            libc::O_WRONLY.unsigned_abs(),
+            None,
+            FdKind::Pipe {
+                id: 9,
+                write_end: true,
+            },
+        );
+        let w = match cx.get(&wr).unwrap() {
+            FdRef::Owned(o) => o,
+            FdRef::Borrowed(_) => panic!("an unshared fd is owned"),
+        };
+        let first = cx.get(&rd).unwrap().as_fd().as_raw_fd();
+        let again = cx.get(&rd).unwrap();
+        assert_eq!(again.as_fd().as_raw_fd(), first, "one shared description");
+        assert!(link_of(&again).starts_with("pipe:["));
+        let mut buf = [0u8; 16];
+        let n = nix::unistd::read(again.as_fd().as_raw_fd(), &mut buf).unwrap();
+        assert_eq!(&buf[..n], b"queued");
+        assert_eq!(
+            nix::unistd::read(again.as_fd().as_raw_fd(), &mut buf),
+            Err(nix::errno::Errno::EAGAIN),
+            "O_NONBLOCK is set on the read end"
+        );
+        assert_eq!(nix::unistd::write(&w, b"x"), Ok(1));
+    }
+
+    #[test]
+    fn a_pipe_missing_its_data_and_a_kind_asked_for_another_are_errors() {
+        let mut cx = RestoreCtx::new(&[], &[], std::iter::empty());
+        let ghost = image(
+            3,
+            0,
+            None,
+            FdKind::Memfd {
+                name: "m".into(),
+                id: 4,
+                pos: 0,
+            },
+        );
+        let e = cx.get(&ghost).err().unwrap().to_string();
+        assert!(
+            e.contains("no saved content for deleted file or memfd 4"),
+            "{e}"
+        );
+        let e = <eventfd::Eventfd as Object>::restore(&mut cx, &ghost)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("not a saved eventfd"), "{e}");
+    }
+}

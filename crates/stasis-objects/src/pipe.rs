@@ -46,15 +46,19 @@ impl Object for Pipe {
         }))
     }
 
-    fn restore(cx: &mut RestoreCtx<'_>, img: &FdImage) -> Result<Option<OwnedFd>, RestoreError> {
+    fn owns(kind: &FdKind) -> bool {
+        matches!(kind, FdKind::Pipe { .. })
+    }
+
+    fn restore(cx: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
         let FdKind::Pipe { id, write_end } = &img.kind else {
-            return Ok(None);
+            return Err(crate::restore::not_mine(Self::NAME, img));
         };
         let (r, w) = pipe(cx, *id)?;
         let end = if *write_end { w } else { r };
         let made = scm::dup_at_least(end.as_fd(), 3)?;
         set_flags(&made, img)?;
-        Ok(Some(made))
+        Ok(made)
     }
 }
 
@@ -72,9 +76,13 @@ impl Object for Fifo {
         }))
     }
 
-    fn restore(cx: &mut RestoreCtx<'_>, img: &FdImage) -> Result<Option<OwnedFd>, RestoreError> {
+    fn owns(kind: &FdKind) -> bool {
+        matches!(kind, FdKind::Fifo { .. })
+    }
+
+    fn restore(cx: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
         let FdKind::Fifo { path, id } = &img.kind else {
-            return Ok(None);
+            return Err(crate::restore::not_mine(Self::NAME, img));
         };
         let fd = img.fd;
         if !cx.fifo_keepers.contains_key(id) {
@@ -100,7 +108,7 @@ impl Object for Fifo {
         .map_err(file_err(path.clone(), format!("fd {fd}"), "open"))?
         .into();
         set_flags(&made, img)?;
-        Ok(Some(made))
+        Ok(made)
     }
 }
 

@@ -174,17 +174,20 @@ impl<'a> RestoreCtx<'a> {
     }
 
     fn restore_kind(&mut self, img: &FdImage) -> Result<OwnedFd> {
-        for kind in crate::REGISTRY {
-            if let Some(fd) = (kind.restore)(self, img)? {
-                return Ok(fd);
-            }
+        match crate::owner(&img.kind) {
+            Some(kind) => (kind.restore)(self, img),
+            None => Err(RestoreError::Inconsistent(format!(
+                "fd {}: no kernel object kind restores it",
+                img.fd
+            ))),
         }
-        Err(RestoreError::Inconsistent(format!(
-            "fd {}: no kernel object kind restores {:?}",
-            img.fd,
-            std::mem::discriminant(&img.kind)
-        )))
     }
+}
+
+/// The error of a kind asked to restore a saved fd of another kind (the
+/// registry never does: [`crate::Object::owns`] chose it).
+pub(crate) fn not_mine(kind: &str, img: &FdImage) -> RestoreError {
+    RestoreError::Inconsistent(format!("fd {}: not a saved {kind}", img.fd))
 }
 
 /// A description from the context: owned (used once) or shared.
@@ -286,4 +289,53 @@ pub fn plant<R: Remote>(
             .map_err(step("closing a temporary fd"))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use stasis_kernel::remote::{Call, Recorder};
+
+    use super::*;
+
+    #[test]
+    fn plant_receives_by_recvmsg_and_refuses_when_no_fd_arrives() {
+        let (ours, _theirs) = scm::dgram_pair().unwrap();
+        let mut r = Recorder::default();
+        let at = Scratch { structs: 4096 };
+        let e = plant(&mut r, at, &ours, 9, (ours.as_fd(), 5, true)).unwrap_err();
+        // The recorder hands back no control message: no fd arrived.
+        assert!(e.to_string().contains("no fd arrived for fd 5"), "{e}");
+        let base = r.scratch() + 4096;
+        assert_eq!(
+            r.args_of("recvmsg"),
+            vec![vec![9, base, libc::MSG_CMSG_CLOEXEC.unsigned_abs().into()]]
+        );
+        // msghdr, iovec, then an emptied control message buffer.
+        let writes: Vec<(u64, usize)> = r
+            .calls
+            .iter()
+            .filter_map(|c| match c {
+                Call::Write { addr, data } => Some((*addr, data.len())),
+                Call::Sys { .. } => None,
+            })
+            .collect();
+        assert_eq!(
+            writes,
+            vec![
+                (base, 56),
+                (base + MSG_IOV as u64, 16),
+                (base + MSG_CMSG as u64, CMSG_BUF)
+            ]
+        );
+        assert!(r.args_of("dup3").is_empty());
+    }
+
+    #[test]
+    fn status_flags_kept_are_the_settable_ones() {
+        let f =
+            (libc::O_WRONLY | libc::O_APPEND | libc::O_NONBLOCK | libc::O_CLOEXEC).unsigned_abs();
+        assert_eq!(setfl_flags(f), libc::O_APPEND | libc::O_NONBLOCK);
+        assert_eq!(nonblock(f), libc::O_NONBLOCK);
+        assert_eq!(nonblock(0), 0);
+    }
 }

@@ -154,16 +154,8 @@ pub(crate) fn socket_inode(link: &str) -> Option<u64> {
 
 /// Why an fd cannot be checkpointed, or `None` if its kind is known.
 pub fn unsupported_reason(pid: i32, fd: i32, link: &str) -> Option<String> {
-    let kind = if link.starts_with("anon_inode:")
-        && ![
-            "anon_inode:[eventfd]",
-            "anon_inode:[timerfd]",
-            "anon_inode:[signalfd]",
-            "anon_inode:[eventpoll]",
-            "anon_inode:inotify",
-        ]
-        .contains(&link)
-    {
+    let known_anon = crate::REGISTRY.iter().any(|e| e.anon_inode == Some(link));
+    let kind = if link.starts_with("anon_inode:") && !known_anon {
         Some("an anonymous inode of a kind stasis does not know (userfaultfd, io_uring, pidfd, inotify...)")
     } else if link.starts_with("/dev/pts/")
         || link.starts_with("/dev/tty")

@@ -13,21 +13,26 @@ pub struct Signalfd;
 
 impl Object for Signalfd {
     const NAME: &'static str = "signalfd";
+    const ANON_INODE: Option<&'static str> = Some("anon_inode:[signalfd]");
 
     fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
-        if fd.link != "anon_inode:[signalfd]" {
+        if Some(fd.link) != Self::ANON_INODE {
             return Ok(None);
         }
         let mask = cx.procfs().signalfd(fd.info).map_err(|e| fd.bad_info(e))?;
         Ok(Some(FdKind::Signalfd { mask }))
     }
 
-    fn restore(_: &mut RestoreCtx<'_>, img: &FdImage) -> Result<Option<OwnedFd>, RestoreError> {
+    fn owns(kind: &FdKind) -> bool {
+        matches!(kind, FdKind::Signalfd { .. })
+    }
+
+    fn restore(_: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
         let FdKind::Signalfd { mask } = &img.kind else {
-            return Ok(None);
+            return Err(crate::restore::not_mine(Self::NAME, img));
         };
         let s = fdops::signalfd(*mask, libc::SFD_CLOEXEC | nonblock(img.flags))
             .map_err(os_err("signalfd"))?;
-        Ok(Some(s))
+        Ok(s)
     }
 }

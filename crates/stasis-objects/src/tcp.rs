@@ -478,3 +478,54 @@ fn send_waiting(s: &OwnedFd, data: &[u8]) -> Result<(), KernelError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn repair(options: u8) -> TcpRepair {
+        TcpRepair {
+            snd_seq: 0,
+            rcv_seq: 0,
+            send_queue: vec![1; 10],
+            unsent: 4,
+            recv_queue: vec![],
+            mss: 1460,
+            snd_mss: 1448,
+            snd_wscale: 7,
+            rcv_wscale: 9,
+            tcpi_options: options,
+            timestamp: 0,
+            window: [0; 5],
+        }
+    }
+
+    fn pairs(b: &[u8]) -> Vec<(u32, u32)> {
+        b.chunks_exact(8)
+            .map(|c| {
+                (
+                    u32::from_ne_bytes(c[0..4].try_into().unwrap()),
+                    u32::from_ne_bytes(c[4..8].try_into().unwrap()),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn negotiated_options_follow_tcpi_options() {
+        assert_eq!(pairs(&repair_options(&repair(0))), vec![(2, 1460)]);
+        let all = sock::TCPI_OPT_WSCALE | sock::TCPI_OPT_SACK | sock::TCPI_OPT_TIMESTAMPS;
+        assert_eq!(
+            pairs(&repair_options(&repair(all))),
+            vec![(2, 1460), (3, 7 | 9 << 16), (4, 0), (8, 0)]
+        );
+    }
+
+    #[test]
+    fn sent_bytes_are_the_queue_minus_the_unsent_tail() {
+        let mut r = repair(0);
+        assert_eq!(sent(&r), 6);
+        r.unsent = 99;
+        assert_eq!(sent(&r), 0);
+    }
+}

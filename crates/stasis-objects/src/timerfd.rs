@@ -21,9 +21,10 @@ pub fn armed_value(value: u64, interval: u64) -> Option<u64> {
 
 impl Object for Timerfd {
     const NAME: &'static str = "timerfd";
+    const ANON_INODE: Option<&'static str> = Some("anon_inode:[timerfd]");
 
     fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
-        if fd.link != "anon_inode:[timerfd]" {
+        if Some(fd.link) != Self::ANON_INODE {
             return Ok(None);
         }
         let (clockid, ticks, value_ns, interval_ns) =
@@ -36,7 +37,11 @@ impl Object for Timerfd {
         }))
     }
 
-    fn restore(_: &mut RestoreCtx<'_>, img: &FdImage) -> Result<Option<OwnedFd>, RestoreError> {
+    fn owns(kind: &FdKind) -> bool {
+        matches!(kind, FdKind::Timerfd { .. })
+    }
+
+    fn restore(_: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
         let FdKind::Timerfd {
             clockid,
             value_ns,
@@ -44,7 +49,7 @@ impl Object for Timerfd {
             ticks,
         } = &img.kind
         else {
-            return Ok(None);
+            return Err(crate::restore::not_mine(Self::NAME, img));
         };
         let fd = img.fd;
         let t = fdops::timerfd_create(*clockid, libc::TFD_CLOEXEC | nonblock(img.flags))
@@ -62,6 +67,6 @@ impl Object for Timerfd {
                 );
             }
         }
-        Ok(Some(t))
+        Ok(t)
     }
 }

@@ -1,0 +1,246 @@
+//! Socket filters that hold packets off a socket for the length of a dump
+//! (the network lock, the accept gate), and the guard process that takes
+//! them (and repair mode) off again if the dumper dies.
+
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+use super::{err, set_int};
+use crate::Result;
+use stasis_sys::net::{TCP_REPAIR, TCP_REPAIR_OFF_NO_WP};
+
+/// Attaches a one-instruction classic BPF filter (`ret #0`) that drops
+/// every packet the socket receives. On a TCP listener this stops new
+/// handshakes from completing (clients see a lost SYN and retry), so its
+/// accept queue can drain; [`detach_filter`] lets them in again.
+pub fn attach_drop_all(fd: BorrowedFd<'_>) -> Result<()> {
+    let mut insn = [libc::sock_filter {
+        code: 0x06, // BPF_RET | BPF_K
+        jt: 0,
+        jf: 0,
+        k: 0,
+    }];
+    let prog = libc::sock_fprog {
+        len: 1,
+        filter: insn.as_mut_ptr(),
+    };
+    let len = libc::socklen_t::try_from(std::mem::size_of::<libc::sock_fprog>()).unwrap_or(0);
+    // SAFETY: SO_ATTACH_FILTER reads a `struct sock_fprog` whose `filter`
+    // points at `len` instructions; both live until the call returns (the
+    // kernel copies the program).
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            (&prog as *const libc::sock_fprog).cast(),
+            len,
+        )
+    };
+    if r < 0 {
+        return Err(err("setsockopt(SO_ATTACH_FILTER)".into()));
+    }
+    Ok(())
+}
+
+/// Removes the socket's filter (`SO_DETACH_FILTER`).
+pub fn detach_filter(fd: BorrowedFd<'_>) -> Result<()> {
+    set_int(fd, libc::SOL_SOCKET, libc::SO_DETACH_FILTER, 0)
+}
+
+/// `SO_GET_FILTER` into `insns` (room for `insns.len() / 8`
+/// instructions; none: just ask the length). Returns the instruction count,
+/// or `None` if the kernel refuses (an eBPF filter cannot be read back).
+fn get_filter(fd: BorrowedFd<'_>, insns: &mut [u8]) -> Option<u32> {
+    // The length is a count of instructions (8 bytes each), not bytes.
+    let mut len = libc::socklen_t::try_from(insns.len() / 8).unwrap_or(0);
+    let buf = if insns.is_empty() {
+        std::ptr::null_mut()
+    } else {
+        insns.as_mut_ptr().cast()
+    };
+    // SAFETY: SO_GET_FILTER copies at most `len` instructions of 8 bytes
+    // into `buf` (nothing with a zero length: it then only reports the
+    // count), or fails if the filter is longer.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            buf,
+            &mut len,
+        )
+    };
+    (r == 0).then_some(len)
+}
+
+/// Whether the socket has a classic or eBPF filter attached already.
+pub fn has_filter(fd: BorrowedFd<'_>) -> bool {
+    get_filter(fd, &mut []) != Some(0)
+}
+
+/// Whether the socket's filter is exactly the one [`attach_drop_all`]
+/// attaches (a connection accepted while its listener had it inherits it).
+pub fn has_drop_all_filter(fd: BorrowedFd<'_>) -> bool {
+    let mut insn = [0u8; 8];
+    get_filter(fd, &mut insn) == Some(1) && insn == [0x06, 0, 0, 0, 0, 0, 0, 0]
+}
+
+/// What a [`SocketGuard`] puts back on one socket if the dumper dies.
+#[derive(Debug, Clone, Copy)]
+pub struct Guarded {
+    /// The socket (a copy of the program's fd, open in this process).
+    pub fd: i32,
+    /// Remove a drop-everything filter ([`attach_drop_all`]) if it has one.
+    pub detach_filter: bool,
+    /// Take it out of `TCP_REPAIR` (without a window probe).
+    pub leave_repair: bool,
+    /// `SO_REUSEADDR` to set after that (negative: leave it).
+    pub reuseaddr: i32,
+}
+
+/// A small process that holds copies of sockets a dump changes (network
+/// lock and accept-gate filters, repair mode), and puts them back as they
+/// were if the dumper dies before it does so itself: a SIGKILLed dumper
+/// must not leave the program's connections frozen in repair mode, or its
+/// listener deaf behind a filter. Forked from the dumper, in a session of
+/// its own, it only waits for the end of a pipe: a byte ([`dismiss`],
+/// `Drop`) means the dumper is done and it exits touching nothing; the end
+/// of the pipe without one means the dumper died, and it puts every socket
+/// back. Between the fork and its exit it makes raw system calls only.
+///
+/// [`dismiss`]: SocketGuard::dismiss
+#[derive(Debug)]
+pub struct SocketGuard {
+    pub(super) pid: i32,
+    pub(super) tx: Option<OwnedFd>,
+}
+
+/// Whether `fd` has exactly the filter [`attach_drop_all`] attaches (raw
+/// system calls only: used after a fork).
+fn raw_has_drop_all(fd: i32) -> bool {
+    let mut insn = [0u8; 8];
+    let mut len: libc::socklen_t = 1;
+    // SAFETY: SO_GET_FILTER copies at most `len` (1) instruction of 8
+    // bytes into `insn`, or fails if the filter is longer.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            insn.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    r == 0 && len == 1 && insn == [0x06, 0, 0, 0, 0, 0, 0, 0]
+}
+
+/// Puts one guarded socket back (raw system calls only).
+fn raw_put_back(g: &Guarded) {
+    let set = |level: i32, opt: i32, v: i32| {
+        // SAFETY: setsockopt reads an int from `v`; errors are ignored
+        // (best effort, nothing to report to).
+        unsafe {
+            libc::setsockopt(g.fd, level, opt, (&v as *const i32).cast(), 4);
+        }
+    };
+    if g.detach_filter && raw_has_drop_all(g.fd) {
+        set(libc::SOL_SOCKET, libc::SO_DETACH_FILTER, 0);
+    }
+    if g.leave_repair {
+        set(libc::IPPROTO_TCP, TCP_REPAIR, TCP_REPAIR_OFF_NO_WP);
+    }
+    if g.reuseaddr >= 0 {
+        set(libc::SOL_SOCKET, libc::SO_REUSEADDR, g.reuseaddr);
+    }
+}
+
+impl SocketGuard {
+    /// Forks the guard of `socks` (their fds stay open in this process).
+    pub fn spawn(socks: &[Guarded]) -> Result<SocketGuard> {
+        let mut p = [0i32; 2];
+        // SAFETY: pipe2 writes two fds into the array.
+        if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+            return Err(err("pipe2 for the socket guard".into()));
+        }
+        // SAFETY: pipe2 returned two new fds that we own.
+        let (rx, tx) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
+        // Everything the child needs is made before the fork: the fds it
+        // keeps, sorted, and the ranges between them that it closes.
+        let mut keep: Vec<i32> = socks.iter().map(|g| g.fd).collect();
+        keep.push(rx.as_raw_fd());
+        keep.sort_unstable();
+        keep.dedup();
+        let mut gaps: Vec<(u32, u32)> = Vec::with_capacity(keep.len() + 1);
+        let mut next = 0u32;
+        for &k in &keep {
+            let k = k.unsigned_abs();
+            if k > next {
+                gaps.push((next, k - 1));
+            }
+            next = k + 1;
+        }
+        gaps.push((next, u32::MAX));
+        let rx_fd = rx.as_raw_fd();
+        // SAFETY: fork; the child runs only raw system calls on data made
+        // above (no allocation, no lock: the dumper may have threads) and
+        // ends with _exit.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(err("fork of the socket guard".into()));
+        }
+        if pid == 0 {
+            // SAFETY: raw system calls in the forked child (see above):
+            // close every fd but the sockets and the pipe, leave the
+            // dumper's session, wait for the pipe, act, exit.
+            unsafe {
+                for &(a, b) in &gaps {
+                    libc::syscall(libc::SYS_close_range, a, b, 0u32);
+                }
+                libc::setsid();
+                let mut b = 0u8;
+                loop {
+                    let n = libc::read(rx_fd, (&mut b as *mut u8).cast(), 1);
+                    if n == 1 {
+                        libc::_exit(0);
+                    }
+                    if n == 0 {
+                        break;
+                    }
+                    if *libc::__errno_location() != libc::EINTR {
+                        libc::_exit(1);
+                    }
+                }
+                for g in socks {
+                    raw_put_back(g);
+                }
+                libc::_exit(0);
+            }
+        }
+        drop(rx);
+        Ok(SocketGuard { pid, tx: Some(tx) })
+    }
+
+    /// The dumper is done with the sockets: the guard exits without
+    /// touching them, and is reaped.
+    pub fn dismiss(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        let Some(tx) = self.tx.take() else { return };
+        // SAFETY: writing one byte from our buffer to our pipe.
+        unsafe { libc::write(tx.as_raw_fd(), [b'q'].as_ptr().cast(), 1) };
+        drop(tx);
+        let mut st = 0;
+        // SAFETY: waiting for our own child.
+        while unsafe { libc::waitpid(self.pid, &mut st, 0) } < 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+        {}
+    }
+}
+
+impl Drop for SocketGuard {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
