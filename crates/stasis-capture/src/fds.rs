@@ -93,34 +93,32 @@ impl std::ops::DerefMut for FdCollector {
 }
 
 impl FdCollector {
-    /// Records every fd of process `pid` (the next process of the dump).
+    /// See [`SaveCtx::add_process`].
     pub fn add_process(&mut self, pid: i32) -> Result<()> {
         Ok(self.0.add_process(pid)?)
     }
 
-    /// Puts every established TCP connection of the tree in repair mode
-    /// before any of them is read (see [`SaveCtx::freeze_tcp`]).
+    /// See [`SaveCtx::freeze_tcp`].
     pub fn freeze_tcp(&mut self, pids: &[i32]) -> Result<()> {
         Ok(self.0.freeze_tcp(pids)?)
     }
 
-    /// Refuses unix sockets connected to a peer outside the tree.
+    /// See [`SaveCtx::check_external_sockets`].
     pub fn check_external_sockets(&self) -> Result<()> {
         Ok(self.0.check_external_sockets()?)
     }
 
-    /// Refuses pipes with an end held outside the tree.
+    /// See [`SaveCtx::check_external_pipes`].
     pub fn check_external_pipes(&self, tree: &[i32]) -> Result<()> {
         Ok(self.0.check_external_pipes(tree)?)
     }
 
-    /// Saves a System V segment `pid` attaches at `start..end` (once).
+    /// See [`SaveCtx::capture_sysv`].
     pub fn capture_sysv(&mut self, pid: i32, shmid: i32, start: u64, end: u64) -> Result<()> {
         Ok(self.0.capture_sysv(pid, shmid, start, end)?)
     }
 
-    /// Saves the content of a deleted file or memfd that `pid` maps at
-    /// `start..end` (once per inode).
+    /// See [`SaveCtx::capture_mapped_ghost`].
     pub fn capture_mapped_ghost(&mut self, pid: i32, start: u64, end: u64) -> Result<()> {
         Ok(self.0.capture_mapped_ghost(pid, start, end)?)
     }

@@ -13,23 +13,16 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use crate::{KernelError, Result};
 
-const NETLINK_SOCK_DIAG: i32 = 4;
-const SOCK_DIAG_BY_FAMILY: u16 = 20;
-const NLM_F_REQUEST: u16 = 1;
-const NLM_F_DUMP: u16 = 0x300;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const UDIAG_SHOW_NAME: u32 = 1;
-const UDIAG_SHOW_PEER: u32 = 4;
-const UDIAG_SHOW_RQLEN: u32 = 0x10;
-const UNIX_DIAG_NAME: u16 = 0;
-const UNIX_DIAG_PEER: u16 = 2;
-const UNIX_DIAG_RQLEN: u16 = 4;
+use stasis_sys::net::{
+    NETLINK_SOCK_DIAG, NLMSG_DONE, NLMSG_ERROR, NLM_F_DUMP, NLM_F_REQUEST, SOCK_DIAG_BY_FAMILY,
+    UDIAG_SHOW_NAME, UDIAG_SHOW_PEER, UDIAG_SHOW_RQLEN, UNIX_DIAG_NAME, UNIX_DIAG_PEER,
+    UNIX_DIAG_RQLEN,
+};
 
-/// Socket state values used by unix sockets.
-pub const STATE_ESTABLISHED: u8 = 1;
-pub const STATE_CLOSE: u8 = 7;
-pub const STATE_LISTEN: u8 = 10;
+/// Socket state values used by unix sockets (the TCP state numbers).
+pub use stasis_sys::net::{
+    TCP_CLOSE as STATE_CLOSE, TCP_ESTABLISHED as STATE_ESTABLISHED, TCP_LISTEN as STATE_LISTEN,
+};
 
 /// What the kernel says about one unix socket.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -14,7 +14,9 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use stasis_image::manifest::{InetSocket, TcpRepair};
 use stasis_kernel::{fdops, pidfd, sock, KernelError};
-use stasis_sys::net::{TCP_ESTABLISHED, TCP_REPAIR_WINDOW_LEN};
+use stasis_sys::net::{
+    MAX_TCP_WINDOW, TCPOLEN_TSTAMP_ALIGNED, TCP_ESTABLISHED, TCP_REPAIR_WINDOW_LEN,
+};
 
 use crate::save::{list_fds, read_link, socket_inode};
 use crate::socket::{is_inet, set_options};
@@ -295,13 +297,13 @@ pub(crate) fn restore(
     // seen: the peer's MSS itself would stall a peer with a small window
     // in sender-side silly-window avoidance), and cleared after it.
     let ts = if r.tcpi_options & sock::TCPI_OPT_TIMESTAMPS != 0 {
-        12
+        TCPOLEN_TSTAMP_ALIGNED
     } else {
         0
     };
     // (TCP_MAXSEG takes at most 32767: loopback's 64 KiB segments become
     // 32 KiB ones, still far from 536.)
-    let seg = r.snd_mss.saturating_add(ts).min(32_767);
+    let seg = r.snd_mss.saturating_add(ts).min(MAX_TCP_WINDOW);
     if r.snd_mss > 0 {
         sock::set_int(b, tcp, libc::TCP_MAXSEG, i32::try_from(seg).unwrap_or(0))
             .map_err(step_err("setting the segment size"))?;

@@ -58,31 +58,27 @@ impl<'a> FdFactory<'a> {
         Self(objects::RestoreCtx::new(pipes, ghosts, fds))
     }
 
-    /// Sets the working directory of the process whose fds come next.
+    /// See [`objects::RestoreCtx::set_cwd`].
     pub fn set_cwd(&mut self, cwd: &str) {
         self.0.set_cwd(cwd);
     }
 
-    /// True the first time it is asked about an epoll description (always
-    /// for an unshared one): its registrations are to be made then.
+    /// See [`objects::RestoreCtx::claim_epoll`].
     pub fn claim_epoll(&mut self, img: &FdImage) -> bool {
         self.0.claim_epoll(img)
     }
 
-    /// Whether the process planting `img` should take its flock lock: once
-    /// per open file description.
+    /// See [`objects::RestoreCtx::claim_flock`].
     pub fn claim_flock(&mut self, img: &FdImage) -> bool {
         self.0.claim_flock(img)
     }
 
-    /// Takes every rebuilt TCP connection out of repair mode, once all
-    /// sockets of the tree exist (no packet may reach a missing peer).
+    /// See [`objects::RestoreCtx::finish_tcp`].
     pub fn finish_tcp(&mut self) -> Result<(), RestoreError> {
         Ok(self.0.finish_tcp()?)
     }
 
-    /// An fd on the rebuilt deleted file or memfd `id` (named `name` at
-    /// dump: `/memfd:...` or a path), to map it.
+    /// See [`objects::RestoreCtx::ghost_for_mapping`].
     pub fn ghost_for_mapping(
         &mut self,
         id: u64,
@@ -92,7 +88,7 @@ impl<'a> FdFactory<'a> {
         Ok(self.0.ghost_for_mapping(id, name, writable)?)
     }
 
-    /// The description for `img`, created on first use when shared.
+    /// See [`objects::RestoreCtx::get`].
     pub fn get(&mut self, img: &FdImage) -> Result<FdRef<'_>, RestoreError> {
         Ok(self.0.get(img)?)
     }
@@ -104,9 +100,7 @@ pub fn recv_layout(scratch: u64) -> (Vec<u8>, Vec<u8>) {
     objects::restore::recv_layout(scratch + SCRATCH_STRUCT as u64)
 }
 
-/// Hands `fd` to the process behind `r` as fd number `target`.
-/// `transport` is the restorer's end of the socket whose other end the
-/// process has as fd `remote_transport`.
+/// [`objects::plant`] with the stub's scratch layout.
 pub fn plant<R: Remote>(
     r: &mut R,
     transport: &OwnedFd,
@@ -124,19 +118,17 @@ pub fn plant<R: Remote>(
     )?)
 }
 
-/// Registers the saved targets of the epoll instance `img` (run by the
-/// process itself, after all its fds exist).
+/// [`objects::epoll::restore_targets`] with the stub's scratch layout.
 pub fn restore_epoll<R: Remote>(r: &mut R, img: &FdImage) -> Result<(), RestoreError> {
     Ok(objects::epoll::restore_targets(r, AT, img)?)
 }
 
-/// Takes the flock lock of `img` from inside the process, so that `/proc`
-/// names it as the holder (as it was at the dump).
+/// See [`objects::locks::restore_flock`].
 pub fn restore_flock<R: Remote>(r: &mut R, img: &FdImage) -> Result<(), RestoreError> {
     Ok(objects::locks::restore_flock(r, img)?)
 }
 
-/// Takes the POSIX (process-owned) locks of `img` from inside the process.
+/// [`objects::locks::restore_posix_locks`] with the stub's scratch layout.
 pub fn restore_posix_locks<R: Remote>(r: &mut R, img: &FdImage) -> Result<(), RestoreError> {
     Ok(objects::locks::restore_posix_locks(r, AT, img)?)
 }

@@ -32,6 +32,10 @@ pub const TCPI_OPT_WSCALE: u8 = 4;
 pub const TCP_ESTABLISHED: u8 = 1;
 pub const TCP_CLOSE: u8 = 7;
 pub const TCP_LISTEN: u8 = 10;
+/// Option bytes a timestamp adds to each segment (`TCPOLEN_TSTAMP_ALIGNED`).
+pub const TCPOLEN_TSTAMP_ALIGNED: u32 = 12;
+/// Largest value `TCP_MAXSEG` accepts (`MAX_TCP_WINDOW`).
+pub const MAX_TCP_WINDOW: u32 = 32_767;
 /// `struct tcp_repair_window`: five u32.
 pub const TCP_REPAIR_WINDOW_LEN: usize = 20;
 
@@ -55,6 +59,29 @@ pub const SIOCOUTQNSD: u64 = 0x894B;
 const _: () = assert!(SO_PEEK_OFF == libc::SO_PEEK_OFF);
 const _: () = assert!(SIOCINQ == libc::FIONREAD);
 const _: () = assert!(SIOCOUTQ == libc::TIOCOUTQ);
+
+// --- sock_diag for unix sockets (linux/netlink.h, linux/unix_diag.h) ---------
+
+pub const NETLINK_SOCK_DIAG: i32 = 4;
+pub const SOCK_DIAG_BY_FAMILY: u16 = 20;
+pub const NLM_F_REQUEST: u16 = 1;
+pub const NLM_F_DUMP: u16 = 0x300;
+pub const NLMSG_ERROR: u16 = 2;
+pub const NLMSG_DONE: u16 = 3;
+/// `udiag_show` bits.
+pub const UDIAG_SHOW_NAME: u32 = 1;
+pub const UDIAG_SHOW_PEER: u32 = 4;
+pub const UDIAG_SHOW_RQLEN: u32 = 0x10;
+/// Attribute types of a `unix_diag_msg`.
+pub const UNIX_DIAG_NAME: u16 = 0;
+pub const UNIX_DIAG_PEER: u16 = 2;
+pub const UNIX_DIAG_RQLEN: u16 = 4;
+
+const _: () = assert!(NETLINK_SOCK_DIAG == libc::NETLINK_SOCK_DIAG);
+const _: () = assert!(NLM_F_REQUEST as i32 == libc::NLM_F_REQUEST);
+const _: () = assert!(NLM_F_DUMP as i32 == libc::NLM_F_DUMP);
+const _: () = assert!(NLMSG_ERROR as i32 == libc::NLMSG_ERROR);
+const _: () = assert!(NLMSG_DONE as i32 == libc::NLMSG_DONE);
 
 // --- kcmp (include/uapi/linux/kcmp.h) --------------------------------------
 
