@@ -28,6 +28,7 @@ pub mod scm;
 pub mod sock;
 pub mod sockdiag;
 pub mod sysvshm;
+pub mod tcpdiag;
 pub mod uffd;
 
 pub use error::KernelError;

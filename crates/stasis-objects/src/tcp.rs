@@ -13,7 +13,7 @@
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use stasis_image::manifest::{InetSocket, TcpRepair};
-use stasis_kernel::{fdops, pidfd, sock, KernelError};
+use stasis_kernel::{fdops, pidfd, sock, tcpdiag, KernelError};
 use stasis_sys::net::{
     MAX_TCP_WINDOW, TCPOLEN_TSTAMP_ALIGNED, TCP_ESTABLISHED, TCP_REPAIR_WINDOW_LEN,
 };
@@ -309,10 +309,7 @@ pub(crate) fn restore(
             .map_err(step_err("setting the segment size"))?;
     }
     crate::inet::bind(fd, s, i, format!("binding the TCP connection of fd {fd}"))?;
-    sock::connect(b, &i.peer).map_err(|e| RestoreError::Socket {
-        what: format!("reconnecting the TCP connection of fd {fd} in repair mode"),
-        source: e,
-    })?;
+    reconnect(fd, b, i)?;
     sock::set_bytes(b, tcp, sock::TCP_REPAIR_OPTIONS, &repair_options(r))
         .map_err(step_err("restoring negotiated options"))?;
     if r.snd_mss > 0 {
@@ -332,6 +329,45 @@ pub(crate) fn restore(
     // queue arms the retransmit timer, which must not fire before every
     // socket of the tree exists, or its peer would answer with a reset.
     Ok(())
+}
+
+/// The handshake-less connect of a connection in repair mode. If the
+/// address pair is still held by an orphan (the same connection of a
+/// process that died since the checkpoint, still closing: `EADDRNOTAVAIL`),
+/// the orphan is closed and the connect tried again; a socket some process
+/// holds is never touched.
+fn reconnect(fd: i32, b: BorrowedFd<'_>, i: &InetSocket) -> Result<(), RestoreError> {
+    let fail = |e: std::io::Error| RestoreError::Socket {
+        what: format!("reconnecting the TCP connection of fd {fd} in repair mode"),
+        source: e,
+    };
+    let Err(e) = sock::connect(b, &i.peer) else {
+        return Ok(());
+    };
+    if e.raw_os_error() != Some(libc::EADDRNOTAVAIL) {
+        return Err(fail(e));
+    }
+    let orphans = tcpdiag::destroy_orphans(&i.local, &i.peer).map_err(|k| RestoreError::Step {
+        what: format!(
+            "closing the orphaned socket (of the process that died) that holds the address pair of the TCP connection of fd {fd}"
+        ),
+        source: k,
+    })?;
+    if orphans.destroyed == 0 {
+        return Err(RestoreError::Socket {
+            what: format!(
+                "reconnecting the TCP connection of fd {fd} in repair mode: its address pair is held by a socket of another process ({} found)",
+                orphans.owned
+            ),
+            source: e,
+        });
+    }
+    tracing::info!(
+        fd,
+        ?orphans,
+        "closed the orphaned copy of a restored TCP connection"
+    );
+    sock::connect(b, &i.peer).map_err(fail)
 }
 
 /// The `struct tcp_repair_opt` list of the negotiated options.
