@@ -26,6 +26,7 @@ pub mod remote;
 pub mod scm;
 pub mod sock;
 pub mod sockdiag;
+pub mod tcpdiag;
 pub mod uffd;
 
 pub use error::KernelError;

@@ -19,7 +19,7 @@ use stasis_image::manifest::{
     FdImage, FdKind, FileLock, GhostFile, InetSocket, InetState, LockKind, PipeImage, TcpRepair,
     UnixSocket, UnixState,
 };
-use stasis_kernel::{scm, sock, KernelError};
+use stasis_kernel::{scm, sock, tcpdiag, KernelError};
 
 use crate::build::{step, words, SCRATCH_STRUCT};
 use crate::remote::Remote;
@@ -1016,10 +1016,7 @@ fn restore_tcp(fd: i32, s: &OwnedFd, i: &InetSocket, r: &TcpRepair) -> Result<()
             }
         }
     })?;
-    sock::connect(b, &i.peer).map_err(|e| RestoreError::Socket {
-        what: format!("reconnecting the TCP connection of fd {fd} in repair mode"),
-        source: e,
-    })?;
+    reconnect(fd, b, i)?;
     let mut opts: Vec<u8> = Vec::new();
     let mut opt = |code: u32, val: u32| {
         opts.extend_from_slice(&code.to_ne_bytes());
@@ -1058,6 +1055,45 @@ fn restore_tcp(fd: i32, s: &OwnedFd, i: &InetSocket, r: &TcpRepair) -> Result<()
     // socket of the tree exists, or its peer would answer with a reset.
     let _ = sent;
     Ok(())
+}
+
+/// The handshake-less connect of a connection in repair mode. If the
+/// address pair is still held by an orphan (the same connection of a
+/// process that died since the checkpoint, still closing: `EADDRNOTAVAIL`),
+/// the orphan is closed and the connect tried again; a socket some process
+/// holds is never touched.
+fn reconnect(fd: i32, b: BorrowedFd<'_>, i: &InetSocket) -> Result<(), RestoreError> {
+    let fail = |e: std::io::Error| RestoreError::Socket {
+        what: format!("reconnecting the TCP connection of fd {fd} in repair mode"),
+        source: e,
+    };
+    let Err(e) = sock::connect(b, &i.peer) else {
+        return Ok(());
+    };
+    if e.raw_os_error() != Some(libc::EADDRNOTAVAIL) {
+        return Err(fail(e));
+    }
+    let orphans = tcpdiag::destroy_orphans(&i.local, &i.peer).map_err(|k| RestoreError::Step {
+        what: format!(
+            "closing the orphaned socket (of the process that died) that holds the address pair of the TCP connection of fd {fd}"
+        ),
+        source: k,
+    })?;
+    if orphans.destroyed == 0 {
+        return Err(RestoreError::Socket {
+            what: format!(
+                "reconnecting the TCP connection of fd {fd} in repair mode: its address pair is held by a socket of another process ({} found)",
+                orphans.owned
+            ),
+            source: e,
+        });
+    }
+    tracing::info!(
+        fd,
+        ?orphans,
+        "closed the orphaned copy of a restored TCP connection"
+    );
+    sock::connect(b, &i.peer).map_err(fail)
 }
 
 /// A TCP connection rebuilt in repair mode, waiting to go live.

@@ -476,7 +476,6 @@ fn next_event(rx: &mpsc::Receiver<String>, name: &str, secs: u64) -> serde_json:
 }
 
 #[test]
-#[ignore = "known race, issue 12 still open: the restore of a client connection fails with EADDRNOTAVAIL (\"reconnecting the TCP connection of fd 7 in repair mode\") when the dead redis's orphaned socket still holds the 4-tuple (FIN_WAIT); about 1 run in 4 here"]
 fn run_restarts_a_crashed_redis_at_once() {
     workloads();
     let d = tempfile::tempdir().unwrap();

@@ -1,0 +1,410 @@
+//! TCP sockets by address pair, from the kernel's `sock_diag` interface, and
+//! closing the orphaned ones.
+//!
+//! An *orphan* is a TCP socket no file refers to any more (inode 0): what a
+//! connection of a process that exited or crashed becomes while it finishes
+//! closing (`FIN_WAIT1`, `FIN_WAIT2`, `CLOSING`, `LAST_ACK`). It keeps its
+//! address pair until then (up to `tcp_fin_timeout`, 60 s by default, after
+//! which it may linger as a timewait socket), so a restore of that very
+//! connection from a checkpoint cannot reconnect it: `connect` in repair mode
+//! fails with `EADDRNOTAVAIL`. [`destroy_orphans`] closes such sockets with
+//! `SOCK_DESTROY` (as `ss -K` does); sockets some process still holds are
+//! never touched.
+//!
+//! Messages (`linux/inet_diag.h`): `nlmsghdr` (16 bytes) + `inet_diag_req_v2`
+//! (56 bytes) out; `nlmsghdr` + `inet_diag_msg` (72 bytes) + attributes in.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use nix::sys::socket::{self, AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType};
+use stasis_sys::inet_diag::{InetDiagMsg, InetDiagReqV2, InetDiagSockId};
+use stasis_sys::inet_diag::{SOCK_DESTROY, SOCK_DIAG_BY_FAMILY};
+
+use crate::{KernelError, Result};
+
+const NLM_F_REQUEST: u16 = 1;
+const NLM_F_ACK: u16 = 4;
+const NLM_F_DUMP: u16 = 0x300;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+/// `TCP_LISTEN` (`include/net/tcp_states.h`).
+const TCP_LISTEN: u8 = 10;
+
+/// An address as `sock_diag` shows it: family, port and address bytes in
+/// network order (IPv4 in the first four bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiagAddr {
+    pub family: u8,
+    pub port: [u8; 2],
+    pub addr: [u8; 16],
+}
+
+impl DiagAddr {
+    /// From a raw `sockaddr_in`/`sockaddr_in6`; `None` for anything else.
+    pub fn from_raw(raw: &[u8]) -> Option<DiagAddr> {
+        let family = i32::from(u16::from_ne_bytes(raw.get(0..2)?.try_into().ok()?));
+        let port = raw.get(2..4)?.try_into().ok()?;
+        let mut addr = [0u8; 16];
+        match family {
+            libc::AF_INET => addr[..4].copy_from_slice(raw.get(4..8)?),
+            libc::AF_INET6 => addr.copy_from_slice(raw.get(8..24)?),
+            _ => return None,
+        }
+        Some(DiagAddr {
+            family: u8::try_from(family).ok()?,
+            port,
+            addr,
+        })
+    }
+}
+
+/// One TCP socket the kernel reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpSock {
+    /// `TCP_ESTABLISHED` (1) ... `TCP_CLOSING` (11).
+    pub state: u8,
+    /// Socket inode; 0 for an orphan.
+    pub inode: u32,
+    /// The kernel's identity of the socket (with its cookie).
+    pub id: InetDiagSockId,
+}
+
+impl TcpSock {
+    /// No file refers to it and it is not a listener.
+    pub fn is_orphan(&self) -> bool {
+        self.inode == 0 && self.state != TCP_LISTEN
+    }
+}
+
+fn encode(ty: u16, flags: u16, req: &InetDiagReqV2) -> Vec<u8> {
+    let mut b = Vec::with_capacity(72);
+    b.extend_from_slice(&72u32.to_ne_bytes());
+    b.extend_from_slice(&ty.to_ne_bytes());
+    b.extend_from_slice(&flags.to_ne_bytes());
+    b.extend_from_slice(&1u32.to_ne_bytes()); // seq
+    b.extend_from_slice(&0u32.to_ne_bytes()); // port id: the kernel
+    b.extend_from_slice(&[req.family, req.protocol, req.ext, req.pad]);
+    b.extend_from_slice(&req.states.to_ne_bytes());
+    encode_id(&mut b, &req.id);
+    b
+}
+
+fn encode_id(b: &mut Vec<u8>, id: &InetDiagSockId) {
+    b.extend_from_slice(&id.sport);
+    b.extend_from_slice(&id.dport);
+    b.extend_from_slice(&id.src);
+    b.extend_from_slice(&id.dst);
+    b.extend_from_slice(&id.ifindex.to_ne_bytes());
+    b.extend_from_slice(&id.cookie[0].to_ne_bytes());
+    b.extend_from_slice(&id.cookie[1].to_ne_bytes());
+}
+
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    b.get(o..o + 4)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u32::from_ne_bytes)
+}
+
+fn decode_msg(m: &[u8]) -> Option<InetDiagMsg> {
+    if m.len() < std::mem::size_of::<InetDiagMsg>() {
+        return None;
+    }
+    let id = InetDiagSockId {
+        sport: m[4..6].try_into().ok()?,
+        dport: m[6..8].try_into().ok()?,
+        src: m[8..24].try_into().ok()?,
+        dst: m[24..40].try_into().ok()?,
+        ifindex: u32_at(m, 40),
+        cookie: [u32_at(m, 44), u32_at(m, 48)],
+    };
+    Some(InetDiagMsg {
+        family: m[0],
+        state: m[1],
+        timer: m[2],
+        retrans: m[3],
+        id,
+        expires: u32_at(m, 52),
+        rqueue: u32_at(m, 56),
+        wqueue: u32_at(m, 60),
+        uid: u32_at(m, 64),
+        inode: u32_at(m, 68),
+    })
+}
+
+/// What one reply buffer held.
+#[derive(Debug, Default)]
+pub struct Reply {
+    pub msgs: Vec<InetDiagMsg>,
+    /// `NLMSG_DONE` seen.
+    pub done: bool,
+    /// The errno of an `NLMSG_ERROR` (0 is an acknowledgement).
+    pub error: Option<i32>,
+}
+
+/// Parses the messages of one netlink reply buffer. Malformed input is
+/// an error, never a panic.
+pub fn parse_reply(buf: &[u8]) -> Result<Reply> {
+    let bad = |why: String| KernelError::io("sock_diag reply", std::io::Error::other(why));
+    let mut r = Reply::default();
+    let mut off = 0;
+    while off + 16 <= buf.len() {
+        let len = u32_at(buf, off) as usize;
+        let ty = u16::from_ne_bytes([buf[off + 4], buf[off + 5]]);
+        if len < 16 || off + len > buf.len() {
+            return Err(bad(format!("bad netlink message length {len}")));
+        }
+        let body = &buf[off + 16..off + len];
+        match ty {
+            NLMSG_DONE => {
+                r.done = true;
+                return Ok(r);
+            }
+            NLMSG_ERROR => {
+                let e = body
+                    .get(0..4)
+                    .and_then(|s| s.try_into().ok())
+                    .map(i32::from_ne_bytes)
+                    .ok_or_else(|| bad("short netlink error".into()))?;
+                r.error = Some(-e);
+                return Ok(r);
+            }
+            SOCK_DIAG_BY_FAMILY => {
+                r.msgs
+                    .push(decode_msg(body).ok_or_else(|| bad("short inet_diag_msg".into()))?);
+            }
+            _ => {}
+        }
+        off += len.div_ceil(4) * 4;
+    }
+    Ok(r)
+}
+
+fn diag_socket() -> Result<OwnedFd> {
+    socket::socket(
+        AddressFamily::Netlink,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC,
+        SockProtocol::NetlinkSockDiag,
+    )
+    .map_err(|e| KernelError::io("sock_diag: socket(AF_NETLINK)", e.into()))
+}
+
+fn exchange(req: &[u8], mut each: impl FnMut(Reply) -> Result<bool>) -> Result<()> {
+    let s = diag_socket()?;
+    socket::send(s.as_raw_fd(), req, MsgFlags::empty())
+        .map_err(|e| KernelError::io("sock_diag: send", e.into()))?;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = socket::recv(s.as_raw_fd(), &mut buf, MsgFlags::empty())
+            .map_err(|e| KernelError::io("sock_diag: recv", e.into()))?;
+        if n == 0 || each(parse_reply(&buf[..n])?)? {
+            return Ok(());
+        }
+    }
+}
+
+/// Every TCP socket of this network namespace whose local and peer
+/// addresses are `local` and `peer` (at most one live one, plus timewait
+/// remnants).
+pub fn sockets_of(local: DiagAddr, peer: DiagAddr) -> Result<Vec<TcpSock>> {
+    let req = InetDiagReqV2 {
+        family: local.family,
+        protocol: u8::try_from(libc::IPPROTO_TCP).unwrap_or(6),
+        states: u32::MAX,
+        ..Default::default()
+    };
+    let mut out = Vec::new();
+    exchange(
+        &encode(SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, &req),
+        |r| {
+            if let Some(e) = r.error.filter(|e| *e != 0) {
+                return Err(KernelError::io(
+                    "sock_diag: listing TCP sockets",
+                    std::io::Error::from_raw_os_error(e),
+                ));
+            }
+            out.extend(
+                r.msgs
+                    .into_iter()
+                    .filter(|m| {
+                        m.id.sport == local.port
+                            && m.id.dport == peer.port
+                            && m.id.src == local.addr
+                            && m.id.dst == peer.addr
+                    })
+                    .map(|m| TcpSock {
+                        state: m.state,
+                        inode: m.inode,
+                        id: m.id,
+                    }),
+            );
+            Ok(r.done)
+        },
+    )?;
+    Ok(out)
+}
+
+/// Closes one socket by its identity (`SOCK_DESTROY`).
+pub fn destroy(family: u8, id: &InetDiagSockId) -> Result<()> {
+    let req = InetDiagReqV2 {
+        family,
+        protocol: u8::try_from(libc::IPPROTO_TCP).unwrap_or(6),
+        states: u32::MAX,
+        id: *id,
+        ..Default::default()
+    };
+    let mut res = Ok(());
+    exchange(
+        &encode(SOCK_DESTROY, NLM_F_REQUEST | NLM_F_ACK, &req),
+        |r| match r.error {
+            Some(0) => Ok(true),
+            Some(e) => {
+                res = Err(KernelError::io(
+                    "sock_diag: closing an orphaned TCP socket (SOCK_DESTROY; needs CAP_NET_ADMIN and CONFIG_INET_DIAG_DESTROY)",
+                    std::io::Error::from_raw_os_error(e),
+                ));
+                Ok(true)
+            }
+            None => Ok(r.done),
+        },
+    )?;
+    res
+}
+
+/// What [`destroy_orphans`] found for one address pair.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Orphans {
+    /// Orphans closed.
+    pub destroyed: usize,
+    /// Sockets with that address pair some process holds (left alone).
+    pub owned: usize,
+}
+
+/// Closes every orphaned TCP socket whose address pair is `local`/`peer`
+/// (raw `sockaddr_in`/`sockaddr_in6`): the remnants of a connection whose
+/// process is gone, which keep a restored copy of that connection from
+/// reconnecting. Sockets a process holds are counted, never touched.
+pub fn destroy_orphans(local: &[u8], peer: &[u8]) -> Result<Orphans> {
+    let (Some(l), Some(p)) = (DiagAddr::from_raw(local), DiagAddr::from_raw(peer)) else {
+        return Ok(Orphans::default());
+    };
+    let mut o = Orphans::default();
+    for s in sockets_of(l, p)? {
+        if s.is_orphan() {
+            destroy(l.family, &s.id)?;
+            o.destroyed += 1;
+        } else {
+            o.owned += 1;
+        }
+    }
+    Ok(o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sin(ip: [u8; 4], port: u16) -> Vec<u8> {
+        let mut b = u16::try_from(libc::AF_INET).unwrap().to_ne_bytes().to_vec();
+        b.extend_from_slice(&port.to_be_bytes());
+        b.extend_from_slice(&ip);
+        b.extend_from_slice(&[0; 8]);
+        b
+    }
+
+    #[test]
+    fn raw_addresses_are_read_in_network_order() {
+        let a = DiagAddr::from_raw(&sin([127, 0, 0, 1], 6379)).unwrap();
+        assert_eq!(a.family, 2);
+        assert_eq!(a.port, 6379u16.to_be_bytes());
+        assert_eq!(&a.addr[..4], &[127, 0, 0, 1]);
+        assert!(a.addr[4..].iter().all(|b| *b == 0));
+        assert_eq!(DiagAddr::from_raw(&[1, 0]), None);
+        assert_eq!(DiagAddr::from_raw(&[]), None);
+    }
+
+    #[test]
+    fn requests_have_the_kernel_layout() {
+        let req = InetDiagReqV2 {
+            family: 2,
+            protocol: 6,
+            states: u32::MAX,
+            id: InetDiagSockId {
+                sport: [1, 2],
+                cookie: [7, 8],
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let b = encode(SOCK_DESTROY, NLM_F_REQUEST | NLM_F_ACK, &req);
+        assert_eq!(b.len(), 72);
+        assert_eq!(u32_at(&b, 0), 72);
+        assert_eq!(&b[16..20], &[2, 6, 0, 0]);
+        assert_eq!(&b[24..26], &[1, 2]);
+        assert_eq!(u32_at(&b, 64), 7);
+        assert_eq!(u32_at(&b, 68), 8);
+    }
+
+    #[test]
+    fn garbage_replies_are_errors_not_panics() {
+        for junk in [
+            &[0xffu8; 40][..],
+            &[16, 0, 0, 0, 20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        ] {
+            assert!(parse_reply(junk).is_err(), "{junk:?}");
+        }
+        let r = parse_reply(&[1, 2, 3]).unwrap();
+        assert!(r.msgs.is_empty() && !r.done && r.error.is_none());
+    }
+
+    /// A real connection, then its server side orphaned: found, and closed.
+    #[test]
+    fn an_orphaned_connection_is_found_and_closed() {
+        use std::io::Read;
+        use std::net::{TcpListener, TcpStream};
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (server, _) = l.accept().unwrap();
+        let sa = server.local_addr().unwrap();
+        let pa = server.peer_addr().unwrap();
+        let raw = |a: std::net::SocketAddr| match a {
+            std::net::SocketAddr::V4(v) => sin(v.ip().octets(), v.port()),
+            std::net::SocketAddr::V6(_) => unreachable!(),
+        };
+        let (local, peer) = (raw(sa), raw(pa));
+        let live = sockets_of(
+            DiagAddr::from_raw(&local).unwrap(),
+            DiagAddr::from_raw(&peer).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(live.len(), 1, "{live:?}");
+        assert!(!live[0].is_orphan());
+        // A held socket is never closed.
+        assert_eq!(
+            destroy_orphans(&local, &peer).unwrap(),
+            Orphans {
+                destroyed: 0,
+                owned: 1
+            }
+        );
+        // Closing the server side with the client open leaves an orphan in
+        // FIN_WAIT2 once the client acknowledges the FIN (seen as EOF).
+        drop(server);
+        let mut b = [0u8; 1];
+        assert_eq!(client.read(&mut b).unwrap(), 0);
+        let o = destroy_orphans(&local, &peer).unwrap();
+        assert_eq!(
+            o,
+            Orphans {
+                destroyed: 1,
+                owned: 0
+            }
+        );
+        let left = sockets_of(
+            DiagAddr::from_raw(&local).unwrap(),
+            DiagAddr::from_raw(&peer).unwrap(),
+        )
+        .unwrap();
+        assert!(left.is_empty(), "{left:?}");
+    }
+}
