@@ -83,7 +83,7 @@ impl stasis_restore::LazySink for Sink {
         pid: i32,
         areas: &[(u64, u64)],
         uffd: &OwnedFd,
-    ) -> Result<(), String> {
+    ) -> Result<(), stasis_restore::LazyHandError> {
         self.0
             .hand(
                 Hand {
@@ -93,7 +93,7 @@ impl stasis_restore::LazySink for Sink {
                 },
                 uffd,
             )
-            .map_err(|e| e.to_string())
+            .map_err(Into::into)
     }
 }
 
