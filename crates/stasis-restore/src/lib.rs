@@ -2,6 +2,10 @@
 //! saved PIDs.
 //!
 //! # The path of a restore
+//! Explicit stages over one state struct (`pipeline::Build`, one record
+//! per process): load → verify (in parallel) → build tree (`stub`) → per
+//! process memory (`memory`), files and attributes (`process`), threads
+//! (`threads`) → jump. In detail:
 //! 1. **Load and check** the checkpoint: manifest (verified by
 //!    `stasis-image`), the tree's shape ([`tree::plan`]), CPU features (the
 //!    image's XCR0 must be a subset of this CPU's), every saved PID and TID
@@ -60,6 +64,9 @@ use stasis_image::ImageError;
 use stasis_kernel::KernelError;
 
 pub use pipeline::{load, restore};
+
+#[cfg(test)]
+mod testutil;
 pub use reap::wait_pid_free;
 
 /// Errors of a restore. After any of them no restored process is left.
@@ -215,4 +222,40 @@ pub struct Restored {
     pub total_us: u64,
     /// Part of `total_us` spent waiting for zombies to release PIDs.
     pub pid_wait_us: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vma(start: u64, end: u64, kind: VmaKind, shared: bool) -> Vma {
+        crate::testutil::vma(start, end, kind, shared)
+    }
+
+    #[test]
+    fn lazy_restores_leave_only_private_anonymous_memory_to_the_filler() {
+        let ghost = VmaKind::Ghost {
+            id: 1,
+            offset: 0,
+            name: "/memfd:x".into(),
+        };
+        let mut shm = vma(0x9000, 0xa000, VmaKind::Anon, false);
+        shm.shm = Some((7, 0));
+        let vmas = [
+            vma(0x1000, 0x3000, VmaKind::Anon, false),
+            vma(0x3000, 0x4000, VmaKind::Anon, true),
+            vma(0x4000, 0x6000, ghost, false),
+            vma(0x6000, 0x8000, VmaKind::Anon, false),
+            vma(0x8000, 0x9000, VmaKind::Vdso, false),
+            shm,
+        ];
+        let lazy: Vec<bool> = vmas.iter().map(lazy_area).collect();
+        assert_eq!(lazy, [true, false, false, true, false, false]);
+        // The eager ranges are the others, merged where they touch.
+        assert_eq!(
+            eager_ranges(&vmas),
+            vec![(0x3000, 0x6000), (0x8000, 0xa000)]
+        );
+        assert!(eager_ranges(&vmas[..1]).is_empty());
+    }
 }

@@ -320,3 +320,36 @@ pub(crate) fn read_maps(pid: i32) -> Result<Vec<(u64, u64, String)>> {
         })
         .collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::vma;
+
+    #[test]
+    fn each_area_is_mapped_again_left_to_the_filler_or_filled() {
+        let anon = vma(0x1000, 0x2000, VmaKind::Anon, false);
+        let first = (300, 0x7000, 0x9000, 0);
+        // Shared memory mapped before: always mapped again, lazy or not.
+        assert_eq!(
+            area_action(&anon, 4096, true, Some(first)),
+            AreaAction::SharedAgain(first)
+        );
+        // Private anonymous with data: the filler's, only in a lazy restore.
+        assert_eq!(area_action(&anon, 4096, true, None), AreaAction::Lazy);
+        assert_eq!(area_action(&anon, 4096, false, None), AreaAction::Plain);
+        // No data: nothing for the filler to owe; mapped (empty) now.
+        assert_eq!(area_action(&anon, 0, true, None), AreaAction::Plain);
+        // Shared anonymous and ghost file areas are filled before the tree runs.
+        let shared = vma(0x1000, 0x2000, VmaKind::Anon, true);
+        assert_eq!(area_action(&shared, 4096, true, None), AreaAction::Plain);
+        let ghost = VmaKind::Ghost {
+            id: 1,
+            offset: 0,
+            name: "/tmp/gone (deleted)".into(),
+        };
+        let ghost = vma(0x1000, 0x2000, ghost, false);
+        assert_eq!(area_action(&ghost, 4096, true, None), AreaAction::Ghost);
+        assert_eq!(area_action(&ghost, 4096, false, None), AreaAction::Ghost);
+    }
+}

@@ -161,3 +161,54 @@ pub(crate) fn restore_rlimits<R: Remote>(s: &mut R, pid: i32, rlimits: &[Rlimit]
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remote::Recorder;
+
+    #[test]
+    fn attributes_are_cwd_umask_personality() {
+        let mut img = crate::testutil::image(100, 1, 100, 100);
+        img.cwd = "/srv".into();
+        img.umask = 0o27;
+        img.personality = 0x0040_0000;
+        let mut r = Recorder::default();
+        restore_attributes(&mut r, &img).unwrap();
+        assert_eq!(r.names(), ["chdir", "umask", "personality"]);
+        assert_eq!(r.writes()[0], b"/srv\0");
+        assert_eq!(r.args_of("umask"), [vec![0o27]]);
+        assert_eq!(r.args_of("personality"), [vec![0x0040_0000]]);
+        // A missing working directory is a file error naming it.
+        let mut r = Recorder {
+            fail_on: Some(("chdir", libc::ENOENT)),
+            ..Recorder::default()
+        };
+        let e = restore_attributes(&mut r, &img).unwrap_err();
+        assert!(
+            matches!(e, RestoreError::File { ref path, .. } if path == "/srv"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_rlimit_the_kernel_refuses_is_not_fatal() {
+        let rl = |resource, soft, hard| Rlimit {
+            resource,
+            soft,
+            hard,
+        };
+        let limits = [rl(7, 1024, 4096), rl(3, 8 << 20, u64::MAX)];
+        let mut r = Recorder::default();
+        restore_rlimits(&mut r, 100, &limits).unwrap();
+        assert_eq!(r.args_of("prlimit64").len(), 2);
+        assert_eq!(r.args_of("prlimit64")[0][1], 7);
+        assert_eq!(r.writes()[1], build::words(&[8 << 20, u64::MAX]));
+        let mut r = Recorder {
+            fail_on: Some(("prlimit64", libc::EPERM)),
+            ..Recorder::default()
+        };
+        restore_rlimits(&mut r, 100, &limits).unwrap();
+        assert_eq!(r.args_of("prlimit64").len(), 2);
+    }
+}

@@ -298,3 +298,97 @@ fn drop_sigchld(parent: &mut Proc, img: &ProcessImage) -> Result<()> {
         .syscall_raw(&parent.base, libc::SYS_rt_sigtimedwait, &[set, 0, ts, 8]);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remote::Recorder;
+    use stasis_image::manifest::SigInfo;
+
+    #[test]
+    fn clean_slate_keeps_only_the_control_area_and_the_transport() {
+        let mut r = Recorder::default();
+        let ctl = 0x5000_0000_0000;
+        clean_slate(&mut r, ctl, 40).unwrap();
+        assert_eq!(
+            r.names(),
+            ["munmap", "munmap", "close_range", "close_range"]
+        );
+        assert_eq!(
+            r.args_of("munmap"),
+            [
+                vec![0, ctl],
+                vec![ctl + CTL_SIZE, TASK_TOP - ctl - CTL_SIZE]
+            ]
+        );
+        assert_eq!(
+            r.args_of("close_range"),
+            [vec![0, 39, 0], vec![41, u64::from(u32::MAX), 0]]
+        );
+    }
+
+    #[test]
+    fn clean_slate_failure_names_the_step() {
+        let mut r = Recorder {
+            fail_on: Some(("close_range", libc::EBADF)),
+            ..Recorder::default()
+        };
+        let e = clean_slate(&mut r, 0x5000_0000_0000, 40).unwrap_err();
+        assert!(e.to_string().contains("closing the stub's fds"), "{e}");
+    }
+
+    #[test]
+    fn leaders_form_their_groups_in_the_first_pass_members_join_in_the_second() {
+        let mut r = Recorder::default();
+        for pass in 0..2 {
+            group_call(&mut r, 101, pass, tree::Group::Own).unwrap();
+            group_call(&mut r, 102, pass, tree::Group::Join(101)).unwrap();
+            group_call(&mut r, 103, pass, tree::Group::Keep).unwrap();
+        }
+        assert_eq!(r.args_of("setpgid"), [vec![0, 0], vec![0, 101]]);
+        let mut r = Recorder {
+            fail_on: Some(("setpgid", libc::EPERM)),
+            ..Recorder::default()
+        };
+        let e = group_call(&mut r, 102, 1, tree::Group::Join(101)).unwrap_err();
+        assert!(
+            e.to_string().contains("moving process 102 into group 101"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_zombie_exits_with_its_status_or_dies_of_its_signal() {
+        // exit(3): wait status 3 << 8.
+        let (nr, args, _) = zombie_exit(200, 3 << 8);
+        assert_eq!((nr, args), (libc::SYS_exit_group, vec![3]));
+        // Killed by SIGTERM: the process signals itself.
+        let (nr, args, what) = zombie_exit(200, libc::SIGTERM);
+        assert_eq!(nr, libc::SYS_kill);
+        assert_eq!(args, vec![200, libc::SIGTERM as u64]);
+        assert!(what.contains("killing"));
+        // Before that: no core dump, the signal's default action.
+        let mut r = Recorder::default();
+        prepare_signal_death(&mut r, libc::SIGTERM).unwrap();
+        assert_eq!(r.names(), ["prlimit64", "rt_sigaction"]);
+        assert_eq!(r.args_of("prlimit64")[0][1], libc::RLIMIT_CORE as u64);
+        assert_eq!(r.args_of("rt_sigaction")[0][0], libc::SIGTERM as u64);
+        assert_eq!(r.writes()[0], vec![0; 16]);
+    }
+
+    #[test]
+    fn a_parent_keeps_a_sigchld_only_if_it_had_one_pending() {
+        let mut img = crate::testutil::image(100, 1, 100, 100);
+        img.threads.push(crate::testutil::thread(100));
+        assert!(!keeps_sigchld(&img));
+        let chld = SigInfo {
+            signo: libc::SIGCHLD.unsigned_abs(),
+            raw: vec![0; 128],
+        };
+        img.threads[0].pending.push(chld.clone());
+        assert!(keeps_sigchld(&img));
+        img.threads[0].pending.clear();
+        img.shared_pending.push(chld);
+        assert!(keeps_sigchld(&img));
+    }
+}

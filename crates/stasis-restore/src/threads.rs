@@ -229,3 +229,100 @@ pub(crate) fn release(s: &mut Proc) -> Result<()> {
     s.live = false;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remote::Recorder;
+    use stasis_image::manifest::SigInfo;
+
+    fn img() -> ProcessImage {
+        let mut p = crate::testutil::image(100, 1, 100, 100);
+        p.threads.push(crate::testutil::thread(100));
+        p
+    }
+
+    #[test]
+    fn the_root_never_gets_a_parent_death_signal_back_the_others_do() {
+        let mut p = img();
+        p.pdeath_signal = libc::SIGTERM;
+        p.child_subreaper = true;
+        let mut r = Recorder::default();
+        process_prctls(&mut r, &p, true).unwrap();
+        let set = libc::PR_SET_PDEATHSIG as u64;
+        assert_eq!(
+            r.args_of("prctl(PR_SET_PDEATHSIG)"),
+            [vec![set, 0]],
+            "the root's is cleared"
+        );
+        assert_eq!(
+            r.args_of("prctl(PR_SET_CHILD_SUBREAPER)"),
+            [vec![libc::PR_SET_CHILD_SUBREAPER as u64, 1]]
+        );
+        let mut r = Recorder::default();
+        process_prctls(&mut r, &p, false).unwrap();
+        assert_eq!(
+            r.args_of("prctl(PR_SET_PDEATHSIG)"),
+            [vec![set, libc::SIGTERM as u64]]
+        );
+        // None saved, not the root: nothing to do.
+        p.pdeath_signal = 0;
+        p.child_subreaper = false;
+        let mut r = Recorder::default();
+        process_prctls(&mut r, &p, false).unwrap();
+        assert!(r.names().is_empty());
+    }
+
+    #[test]
+    fn credentials_groups_then_gids_then_uids() {
+        let mut p = img();
+        let mut r = Recorder::default();
+        restore_creds(&mut r, &p).unwrap();
+        assert!(r.names().is_empty(), "root with no groups: nothing");
+        p.creds.uid = [1000, 1000, 1000, 1000];
+        p.creds.gid = [100, 100, 100, 100];
+        p.creds.groups = vec![100, 27];
+        let mut r = Recorder::default();
+        restore_creds(&mut r, &p).unwrap();
+        assert_eq!(
+            r.names(),
+            [
+                "setgroups",
+                "setresgid",
+                "setfsgid",
+                "setresuid",
+                "setfsuid"
+            ]
+        );
+        assert_eq!(r.args_of("setgroups")[0][0], 2);
+        assert_eq!(r.args_of("setresuid"), [vec![1000, 1000, 1000]]);
+    }
+
+    #[test]
+    fn pending_signals_are_queued_per_thread_and_per_process() {
+        let mut p = img();
+        let si = |signo: i32| SigInfo {
+            signo: signo.unsigned_abs(),
+            raw: vec![u8::try_from(signo).unwrap(); 128],
+        };
+        let mut th = crate::testutil::thread(101);
+        th.pending.push(si(libc::SIGUSR1));
+        p.no_new_privs = true;
+        p.shared_pending.push(si(libc::SIGUSR2));
+        let mut r = Recorder::default();
+        thread_attributes(&mut r, 100, &p, &th).unwrap();
+        let q = r.args_of("rt_tgsigqueueinfo");
+        assert_eq!(q.len(), 1);
+        assert_eq!(&q[0][..3], [100, 101, libc::SIGUSR1 as u64]);
+        assert_eq!(r.args_of("prctl(PR_SET_NO_NEW_PRIVS)").len(), 1);
+        let mut r = Recorder::default();
+        shared_signals(&mut r, 100, &p).unwrap();
+        let q = r.args_of("rt_sigqueueinfo");
+        assert_eq!(q.len(), 1);
+        assert_eq!(&q[0][..2], [100, libc::SIGUSR2 as u64]);
+        assert_eq!(
+            r.writes()[0],
+            vec![u8::try_from(libc::SIGUSR2).unwrap(); 128]
+        );
+    }
+}

@@ -152,34 +152,7 @@ mod tests {
     use super::*;
 
     fn p(pid: i32, ppid: i32, pgid: i32, sid: i32) -> ProcessImage {
-        ProcessImage {
-            pid,
-            ppid,
-            pgid,
-            sid,
-            comm: String::new(),
-            exe: String::new(),
-            cwd: String::new(),
-            umask: 0,
-            personality: 0,
-            creds: Default::default(),
-            rlimits: vec![],
-            mm: Default::default(),
-            vmas: vec![],
-            fds: vec![],
-            sigactions: vec![],
-            shared_pending: vec![],
-            itimers: vec![],
-            threads: vec![],
-            pack: None,
-            zombie: None,
-            posix_timers: vec![],
-            no_new_privs: false,
-            pdeath_signal: 0,
-            child_subreaper: false,
-            start_time: 0,
-            data_ranges: None,
-        }
+        crate::testutil::image(pid, ppid, pgid, sid)
     }
 
     #[test]
