@@ -565,3 +565,71 @@ fn fail(sh: &Shared, msg: &str) -> LazyError {
         killed,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::LocalPacks;
+    use std::os::unix::net::UnixStream;
+
+    /// Runs the filler on one end of a socket pair with an empty catalog;
+    /// `restorer` plays the restorer on the other end, after `ready`.
+    fn run(restorer: impl FnOnce(&UnixStream)) -> Result<Stats, LazyError> {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let filler = std::thread::spawn(move || {
+            let cfg = Config {
+                threads: 2,
+                ..Config::default()
+            };
+            let source = Box::new(LocalPacks {
+                dir: "/none".into(),
+            });
+            serve(OwnedFd::from(theirs), Catalog::empty(), source, cfg)
+        });
+        let (ready, fd) = control::recv(ours.as_fd()).unwrap().unwrap();
+        assert_eq!(ready, Msg::Ready { pages: 0 });
+        assert!(fd.is_none());
+        restorer(&ours);
+        let out = filler.join().unwrap();
+        drop(ours);
+        out
+    }
+
+    #[test]
+    fn done_with_nothing_owed_ends_the_fill() {
+        let s = run(|c| control::send(c.as_fd(), &Msg::Done(true), None).unwrap()).unwrap();
+        assert!(!s.aborted);
+        assert_eq!((s.processes, s.faults, s.fill_us), (0, 0, 0));
+    }
+
+    #[test]
+    fn an_abort_or_a_vanished_restorer_ends_it_aborted() {
+        let s = run(|c| control::send(c.as_fd(), &Msg::Abort(true), None).unwrap()).unwrap();
+        assert!(s.aborted);
+        // The restorer gone without a word: nothing was handed over, so
+        // nothing is killed and the filler ends quietly.
+        let s = run(|c| c.shutdown(std::net::Shutdown::Both).unwrap()).unwrap();
+        assert!(s.aborted);
+    }
+
+    #[test]
+    fn an_unexpected_frame_is_a_control_error() {
+        let e = run(|c| {
+            control::send(c.as_fd(), &Msg::Ready { pages: 1 }, None).unwrap();
+        })
+        .unwrap_err();
+        assert!(
+            matches!(e, LazyError::Control(ref m) if m.contains("unexpected frame")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn fault_latency_percentiles() {
+        let lat: Vec<u64> = (1..=100).collect();
+        assert_eq!(percentile(&lat, 0.5), 51);
+        assert_eq!(percentile(&lat, 0.99), 99);
+        assert_eq!(percentile(&[], 0.5), 0);
+        assert_eq!(percentile(&[7], 0.99), 7);
+    }
+}

@@ -213,3 +213,15 @@ impl RunSource for PageServerRuns {
         format!("the page server at {}", self.addr)
     }
 }
+
+#[cfg(test)]
+impl Catalog {
+    /// A catalog of nothing (a checkpoint whose processes own no pages).
+    pub(crate) fn empty() -> Catalog {
+        Catalog {
+            checkpoint: 1,
+            packs: Vec::new(),
+            procs: HashMap::new(),
+        }
+    }
+}
