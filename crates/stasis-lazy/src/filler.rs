@@ -68,6 +68,41 @@ pub struct Stats {
     pub aborted: bool,
 }
 
+impl Stats {
+    /// The order pages faulted in, as a touch set: the best guess for the
+    /// next restore of the same checkpoint. `None` when the fill was
+    /// aborted or nothing faulted.
+    pub fn fault_touch_set(&self) -> Option<stasis_image::touch::TouchSet> {
+        if self.aborted || self.faults == 0 {
+            return None;
+        }
+        let mut procs: Vec<(i32, Vec<(u64, u32)>)> = self
+            .fault_order
+            .iter()
+            .map(|(pid, pages)| (*pid, stasis_image::touch::TouchSet::ranges_of(pages)))
+            .collect();
+        procs.sort_unstable_by_key(|p| p.0);
+        Some(stasis_image::touch::TouchSet {
+            source: stasis_image::touch::TouchSource::Faults,
+            window_ms: 0,
+            procs,
+        })
+    }
+
+    /// What `--stats-file` holds for the filler's `result`: the statistics
+    /// and `total_us`, or the error.
+    pub fn report(result: &Result<Stats, LazyError>, total_us: u64) -> serde_json::Value {
+        match result {
+            Ok(s) => {
+                let mut v = serde_json::to_value(s).unwrap_or_default();
+                v["total_us"] = total_us.into();
+                v
+            }
+            Err(e) => serde_json::json!({ "error": e.to_string() }),
+        }
+    }
+}
+
 pub(crate) struct Entry {
     pub(crate) uffd: Arc<Userfaultfd>,
     pub(crate) image_pid: i32,
@@ -622,6 +657,33 @@ mod tests {
             matches!(e, LazyError::Control(ref m) if m.contains("unexpected frame")),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_fault_order_becomes_the_next_touch_set() {
+        let mut s = Stats::default();
+        assert!(s.fault_touch_set().is_none(), "no faults: no touch set");
+        s.faults = 3;
+        s.fault_order.insert(7, vec![0x3000, 0x4000, 0x1000]);
+        s.fault_order.insert(5, vec![0x9000]);
+        let ts = s.fault_touch_set().unwrap();
+        assert_eq!(ts.source, stasis_image::touch::TouchSource::Faults);
+        assert_eq!(
+            ts.procs,
+            vec![(5, vec![(0x9000, 1)]), (7, vec![(0x3000, 2), (0x1000, 1)])]
+        );
+        s.aborted = true;
+        assert!(
+            s.fault_touch_set().is_none(),
+            "an aborted fill says nothing"
+        );
+        let v = Stats::report(&Ok(Stats::default()), 42);
+        assert_eq!(
+            (v["total_us"].as_u64(), v["faults"].as_u64()),
+            (Some(42), Some(0))
+        );
+        let v = Stats::report(&Err(LazyError::Filler("gone".into())), 42);
+        assert!(v["error"].as_str().unwrap().contains("gone"));
     }
 
     #[test]

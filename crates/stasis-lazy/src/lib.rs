@@ -31,7 +31,7 @@ pub mod state;
 pub use control::{Filler, FillerArgs, Hand};
 pub use eager::fill_eager;
 pub use filler::{serve, Config, Stats};
-pub use source::{Catalog, LocalPacks, PageServerRuns, ReadError, RunSource};
+pub use source::{open_source, Catalog, LocalPacks, PageServerRuns, ReadError, RunSource};
 
 /// userfaultfd features a lazy restore asks for: every layout change of the
 /// process is reported before a copy can race with it.

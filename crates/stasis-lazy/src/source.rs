@@ -117,6 +117,11 @@ impl Catalog {
             .unwrap_or_default()
     }
 
+    /// Pack number `pack`.
+    pub fn pack(&self, pack: usize) -> Result<&PackInfo, ReadError> {
+        self.packs.get(pack).ok_or(ReadError::NoPack(pack))
+    }
+
     /// The pack run holding image address `img` of process `pid`.
     pub fn locate(&self, pid: i32, img: u64) -> Option<Located> {
         let ranges = self.procs.get(&pid)?;
@@ -161,12 +166,25 @@ impl RunSource for LocalPacks {
         e: &RunEntry,
         buf: &mut [u8],
     ) -> Result<(), ReadError> {
-        let p = catalog.packs.get(pack).ok_or(ReadError::NoPack(pack))?;
-        Ok(p.reader.read_run(e, buf)?)
+        Ok(catalog.pack(pack)?.reader.read_run(e, buf)?)
     }
     fn describe(&self) -> String {
         format!("the image at {}", self.dir)
     }
+}
+
+/// Where a filler reads runs: the page server `remote` (address, token) if
+/// given, else the local packs of the image at `dir`.
+pub fn open_source(
+    dir: &Path,
+    remote: Option<(&str, Vec<u8>)>,
+) -> Result<Box<dyn RunSource>, LazyError> {
+    Ok(match remote {
+        Some((addr, token)) => Box::new(PageServerRuns::connect(addr, token)?),
+        None => Box::new(LocalPacks {
+            dir: dir.display().to_string(),
+        }),
+    })
 }
 
 /// Runs read from a page server, one connection per thread at a time.
@@ -197,7 +215,7 @@ impl RunSource for PageServerRuns {
         e: &RunEntry,
         buf: &mut [u8],
     ) -> Result<(), ReadError> {
-        let p = catalog.packs.get(pack).ok_or(ReadError::NoPack(pack))?;
+        let p = catalog.pack(pack)?;
         let pooled = self.pool.lock().ok().and_then(|mut v| v.pop());
         let mut client = match pooled {
             Some(c) => c,

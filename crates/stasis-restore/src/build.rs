@@ -23,6 +23,25 @@ pub fn step(what: impl Into<String>) -> impl FnOnce(stasis_kernel::KernelError) 
     move |source| RestoreError::Step { what, source }
 }
 
+/// Opens `path` read-only (close-on-exec) inside the process; `what` (with
+/// the step of putting the path in scratch) names it in errors. Returns the
+/// fd there.
+pub fn open_in<R: Remote>(r: &mut R, path: &str, what: &str) -> Result<u64, RestoreError> {
+    let a = r
+        .put_cstr(SCRATCH_PATH, path)
+        .map_err(step(format!("{what} path")))?;
+    r.sys(
+        "open",
+        libc::SYS_open,
+        &[a, (libc::O_RDONLY | libc::O_CLOEXEC) as u64, 0],
+    )
+    .map_err(|source| RestoreError::File {
+        path: path.to_string(),
+        what: what.to_string(),
+        source,
+    })
+}
+
 /// Finds a free, page-aligned range of `size` bytes above 4 GiB (below the
 /// 47-bit user limit) that overlaps none of `busy` (half-open ranges).
 pub fn find_gap(busy: &[(u64, u64)], size: u64) -> Option<u64> {

@@ -128,22 +128,8 @@ pub(crate) fn restore_memory(
 pub(crate) fn open_packs<R: Remote>(s: &mut R, sources: &[PageSource]) -> Result<Vec<u64>> {
     let mut pack_fds = Vec::with_capacity(sources.len());
     for src in sources {
-        let path = src.pack.path().to_string_lossy().into_owned();
-        let a = s
-            .put_cstr(build::SCRATCH_PATH, &path)
-            .map_err(step("pack path"))?;
-        let fd = s
-            .sys(
-                "open",
-                libc::SYS_open,
-                &[a, (libc::O_RDONLY | libc::O_CLOEXEC) as u64, 0],
-            )
-            .map_err(|source| RestoreError::File {
-                path,
-                what: "page pack".into(),
-                source,
-            })?;
-        pack_fds.push(fd);
+        let path = src.pack.path().to_string_lossy();
+        pack_fds.push(build::open_in(s, &path, "page pack")?);
     }
     Ok(pack_fds)
 }

@@ -72,20 +72,7 @@ fn restore_exe_and_mm(s: &mut Proc, p: &ProcessImage) -> Result<()> {
     if same_exe {
         return build::restore_mm(s, &p.mm, u64::from(u32::MAX));
     }
-    let exe = s
-        .put_cstr(build::SCRATCH_PATH, &p.exe)
-        .map_err(step("exe path"))?;
-    let exe_fd = s
-        .sys(
-            "open",
-            libc::SYS_open,
-            &[exe, (libc::O_RDONLY | libc::O_CLOEXEC) as u64, 0],
-        )
-        .map_err(|source| RestoreError::File {
-            path: p.exe.clone(),
-            what: "the executable".into(),
-            source,
-        })?;
+    let exe_fd = build::open_in(s, &p.exe, "the executable")?;
     let mm_res = build::restore_mm(s, &p.mm, exe_fd);
     s.sys("close", libc::SYS_close, &[exe_fd])
         .map_err(step("closing the exe fd"))?;

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use stasis_lazy::{Catalog, Filler, FillerArgs, Hand, LocalPacks, PageServerRuns, RunSource};
+use stasis_lazy::{Catalog, Filler, FillerArgs, Hand, RunSource};
 use stasis_pageserver::MirrorData;
 
 use crate::ui;
@@ -365,17 +365,14 @@ pub fn cmd_lazy_filler(a: FillerCli) -> Result<ExitCode> {
     let started = Instant::now();
     let setup = || -> Result<(Catalog, Box<dyn RunSource>)> {
         let catalog = Catalog::load(&a.dir, a.checkpoint)?;
-        let source: Box<dyn RunSource> = match (&a.from, &a.token_file) {
+        let remote = match (&a.from, &a.token_file) {
             (Some(addr), Some(tf)) => {
-                let token = crate::page_server::read_token_file(tf)?;
-                // Fail now, not at the first fault, if the server is not there.
-                Box::new(PageServerRuns::connect(addr, token)?)
+                Some((addr.as_str(), crate::page_server::read_token_file(tf)?))
             }
-            _ => Box::new(LocalPacks {
-                dir: a.dir.display().to_string(),
-            }),
+            _ => None,
         };
-        Ok((catalog, source))
+        // A page server that is not there fails now, not at the first fault.
+        Ok((catalog, stasis_lazy::open_source(&a.dir, remote)?))
     };
     let (catalog, source) = match setup() {
         Ok(x) => x,
@@ -400,37 +397,18 @@ pub fn cmd_lazy_filler(a: FillerCli) -> Result<ExitCode> {
         guard: Some(stasis_lazy::guard::Guard::spawn(&exe)?),
     };
     let result = stasis_lazy::serve(control, catalog, source, cfg);
-    if let (Ok(s), true) = (&result, a.record_faults) {
-        // The order pages faulted in this time is the best guess for the
-        // next restore of the same checkpoint.
-        if !s.aborted && s.faults > 0 {
-            let mut procs: Vec<(i32, Vec<(u64, u32)>)> = s
-                .fault_order
-                .iter()
-                .map(|(pid, pages)| (*pid, stasis_image::touch::TouchSet::ranges_of(pages)))
-                .collect();
-            procs.sort_unstable_by_key(|p| p.0);
-            let ts = stasis_image::touch::TouchSet {
-                source: stasis_image::touch::TouchSource::Faults,
-                window_ms: 0,
-                procs,
-            };
-            if let Err(e) = stasis_image::touch::write_touch_set(&cp_dir, &ts) {
-                eprintln!("stasis: warning: could not record the fault order: {e}");
-            }
+    let touch = result
+        .as_ref()
+        .ok()
+        .and_then(stasis_lazy::Stats::fault_touch_set);
+    if let (Some(ts), true) = (touch, a.record_faults) {
+        if let Err(e) = stasis_image::touch::write_touch_set(&cp_dir, &ts) {
+            eprintln!("stasis: warning: could not record the fault order: {e}");
         }
     }
     if let Some(path) = &a.stats_file {
-        let v = match &result {
-            Ok(s) => {
-                let mut v = serde_json::to_value(s)?;
-                v["total_us"] = u64::try_from(started.elapsed().as_micros())
-                    .unwrap_or(0)
-                    .into();
-                v
-            }
-            Err(e) => serde_json::json!({ "error": e.to_string() }),
-        };
+        let total_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(0);
+        let v = stasis_lazy::Stats::report(&result, total_us);
         std::fs::write(path, format!("{v}\n"))
             .with_context(|| format!("writing {}", path.display()))?;
     }
