@@ -65,12 +65,8 @@ impl Build<'_> {
     }
 
     /// Every stub created so far, in manifest order.
-    fn into_procs(self) -> impl Iterator<Item = Proc> + 'static {
-        self.records
-            .into_iter()
-            .filter_map(|r| r.proc)
-            .collect::<Vec<_>>()
-            .into_iter()
+    fn into_procs(self) -> Vec<Proc> {
+        self.records.into_iter().filter_map(|r| r.proc).collect()
     }
 }
 
