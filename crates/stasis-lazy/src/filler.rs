@@ -15,19 +15,22 @@ use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use serde::Serialize;
-use stasis_image::RunEntry;
 use stasis_kernel::uffd::{Event, FillError, Userfaultfd};
 
 use crate::control::{self, Msg};
+use crate::deliver::{claim_around, copier, deliver_locked, Delivered, DeliveryError, RunCache};
+use crate::kill::{kill_tree, kill_unfinished};
 use crate::source::{Catalog, RunSource};
 use crate::state::{Owed, Space};
 use crate::LazyError;
 
-const PAGE: u64 = 4096;
+pub(crate) use crate::kill::kill_pids;
+
+pub(crate) const PAGE: u64 = 4096;
 
 /// How the filler runs.
 #[derive(Debug, Default)]
@@ -65,381 +68,85 @@ pub struct Stats {
     pub aborted: bool,
 }
 
-struct Entry {
-    uffd: Arc<Userfaultfd>,
-    image_pid: i32,
+impl Stats {
+    /// The order pages faulted in, as a touch set: the best guess for the
+    /// next restore of the same checkpoint. `None` when the fill was
+    /// aborted or nothing faulted.
+    pub fn fault_touch_set(&self) -> Option<stasis_image::touch::TouchSet> {
+        if self.aborted || self.faults == 0 {
+            return None;
+        }
+        let mut procs: Vec<(i32, Vec<(u64, u32)>)> = self
+            .fault_order
+            .iter()
+            .map(|(pid, pages)| (*pid, stasis_image::touch::TouchSet::ranges_of(pages)))
+            .collect();
+        procs.sort_unstable_by_key(|p| p.0);
+        Some(stasis_image::touch::TouchSet {
+            source: stasis_image::touch::TouchSource::Faults,
+            window_ms: 0,
+            procs,
+        })
+    }
+
+    /// What `--stats-file` holds for the filler's `result`: the statistics
+    /// and `total_us`, or the error.
+    pub fn report(result: &Result<Stats, LazyError>, total_us: u64) -> serde_json::Value {
+        match result {
+            Ok(s) => {
+                let mut v = serde_json::to_value(s).unwrap_or_default();
+                v["total_us"] = total_us.into();
+                v
+            }
+            Err(e) => serde_json::json!({ "error": e.to_string() }),
+        }
+    }
+}
+
+pub(crate) struct Entry {
+    pub(crate) uffd: Arc<Userfaultfd>,
+    pub(crate) image_pid: i32,
     /// PID of a handed-over process (forked children have none: they are
     /// found as descendants when the tree must be killed).
-    pid: Option<i32>,
+    pub(crate) pid: Option<i32>,
     /// A pidfd of it, so that a late kill never hits a reused PID.
-    pidfd: Option<OwnedFd>,
-    space: Space,
-    dead: bool,
+    pub(crate) pidfd: Option<OwnedFd>,
+    pub(crate) space: Space,
+    pub(crate) dead: bool,
     /// Next index into the touch order of `image_pid`.
-    cursor: usize,
+    pub(crate) cursor: usize,
 }
 
 #[derive(Default)]
-struct State {
-    entries: Vec<Entry>,
+pub(crate) struct State {
+    pub(crate) entries: Vec<Entry>,
     /// No more work will come (the main loop is finishing).
-    closing: bool,
-    failure: Option<String>,
-    rr: usize,
+    pub(crate) closing: bool,
+    pub(crate) failure: Option<DeliveryError>,
+    pub(crate) rr: usize,
 }
 
-struct Shared {
-    st: Mutex<State>,
-    cv: Condvar,
-    catalog: Catalog,
-    source: Box<dyn RunSource>,
-    order: HashMap<i32, Vec<u64>>,
-    streamed: AtomicU64,
-    bandwidth: u64,
-    started: Instant,
+pub(crate) struct Shared {
+    pub(crate) st: Mutex<State>,
+    pub(crate) cv: Condvar,
+    pub(crate) catalog: Catalog,
+    pub(crate) source: Box<dyn RunSource>,
+    pub(crate) order: HashMap<i32, Vec<u64>>,
+    pub(crate) streamed: AtomicU64,
+    pub(crate) bandwidth: u64,
+    pub(crate) started: Instant,
     /// Faults being fetched right now: copiers start no new fetch
     /// meanwhile, so a fault does not share the disk or link with them.
-    faulting: AtomicUsize,
+    pub(crate) faulting: AtomicUsize,
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         match self.st.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         }
     }
-}
-
-/// A piece claimed for one copy.
-struct Job {
-    entry: usize,
-    uffd: Arc<Userfaultfd>,
-    id: u64,
-    len: u64,
-    pack: usize,
-    run: RunEntry,
-}
-
-/// The last run read by a thread (faults and copies often hit the same run).
-#[derive(Default)]
-struct RunCache {
-    key: Option<(usize, u64)>,
-    buf: Vec<u8>,
-}
-
-impl RunCache {
-    fn get(&mut self, sh: &Shared, pack: usize, run: &RunEntry) -> Result<&[u8], String> {
-        if self.key != Some((pack, run.file_off)) {
-            self.key = None;
-            self.buf.resize(usize::try_from(run.len()).unwrap_or(0), 0);
-            sh.source.read_run(&sh.catalog, pack, run, &mut self.buf)?;
-            self.key = Some((pack, run.file_off));
-        }
-        Ok(&self.buf)
-    }
-}
-
-/// Claims the part of pending piece around image address `img` that one
-/// run provides.
-fn claim_around(
-    sh: &Shared,
-    st: &mut State,
-    i: usize,
-    cur_page: u64,
-) -> Result<Option<Job>, String> {
-    let e = &mut st.entries[i];
-    let Owed::Image(p) = e.space.owed(cur_page) else {
-        return Ok(None);
-    };
-    let img = p.img + (cur_page - p.start);
-    let loc = sh.catalog.locate(e.image_pid, img).ok_or_else(|| {
-        format!(
-            "the image has no run for page {img:#x} of process {}",
-            e.image_pid
-        )
-    })?;
-    let a = loc.lo.max(p.img);
-    let b = loc.hi.min(p.img + (p.end - p.start));
-    let cur = p.start + (a - p.img);
-    let Some((id, piece)) = e.space.claim(cur, cur + (b - a)) else {
-        return Ok(None);
-    };
-    Ok(Some(Job {
-        entry: i,
-        uffd: e.uffd.clone(),
-        id,
-        len: piece.end - piece.start,
-        pack: loc.pack,
-        run: loc.run,
-    }))
-}
-
-enum Delivered {
-    Landed,
-    /// An event is waiting to be read: try again after it.
-    Again(u64),
-    /// The process's memory is gone.
-    Gone,
-    /// The range is not registered (any more) at that address.
-    NotMapped(u64),
-}
-
-/// Copies what flight `job` still owes (its piece less what the process
-/// dropped meanwhile) from `data`, the run's bytes, and records the
-/// outcome. Runs under the state lock, which the main loop also holds from
-/// reading layout events until they are applied: a `MADV_DONTNEED` either
-/// is still unread (the kernel then refuses the copy with `EAGAIN`) or is
-/// already taken out of the flight, so no page the process dropped is ever
-/// filled again with stale image data.
-fn deliver_locked(st: &mut State, job: &Job, data: &[u8]) -> Result<(Delivered, bool), String> {
-    let pieces = st.entries[job.entry].space.in_flight(job.id);
-    let mut done = 0u64;
-    let mut at = 0u64;
-    let mut outcome = Delivered::Landed;
-    for p in &pieces {
-        let d = deliver_piece(job, p, data)?;
-        match d {
-            Delivered::Landed => done += p.end - p.start,
-            Delivered::Again(n) => {
-                outcome = Delivered::Again(done + n);
-                break;
-            }
-            Delivered::NotMapped(n) => {
-                outcome = Delivered::NotMapped(done + n);
-                at = p.start + n;
-                break;
-            }
-            Delivered::Gone => {
-                outcome = Delivered::Gone;
-                break;
-            }
-        }
-    }
-    let landed = settle(st, job, &outcome, at);
-    Ok((outcome, landed))
-}
-
-fn deliver_piece(job: &Job, p: &crate::state::Piece, data: &[u8]) -> Result<Delivered, String> {
-    let off = usize::try_from(p.img - job.run.vaddr).unwrap_or(usize::MAX);
-    let len = usize::try_from(p.end - p.start).unwrap_or(0);
-    let data = off
-        .checked_add(len)
-        .and_then(|end| data.get(off..end))
-        .ok_or_else(|| format!("run {:#x} is shorter than the piece", job.run.vaddr))?;
-    // One UFFDIO_COPY must stay inside one area: if the process split the
-    // area (an mprotect on part of it) since, the copy is refused as if the
-    // range were unmapped. Then go on page by page, and only a single page
-    // that is refused is really gone.
-    let page = usize::try_from(PAGE).unwrap_or(4096);
-    let mut single = false;
-    let mut pos = 0usize;
-    while pos < len {
-        let end = if single { (pos + page).min(len) } else { len };
-        match job.uffd.copy(p.start + pos as u64, &data[pos..end]) {
-            Ok(()) => pos = end,
-            Err(FillError { done, errno }) => {
-                pos += usize::try_from(done).unwrap_or(0);
-                match errno {
-                    // That page is there already (copied before a fork):
-                    // skip it.
-                    libc::EEXIST => pos += page,
-                    libc::EAGAIN => return Ok(Delivered::Again(pos as u64)),
-                    libc::ESRCH => return Ok(Delivered::Gone),
-                    libc::ENOENT | libc::EINVAL | libc::EFAULT if !single && len - pos > page => {
-                        single = true;
-                    }
-                    libc::ENOENT | libc::EINVAL | libc::EFAULT => {
-                        return Ok(Delivered::NotMapped(pos as u64))
-                    }
-                    e => {
-                        return Err(format!(
-                            "UFFDIO_COPY at {:#x}: {}",
-                            p.start + pos as u64,
-                            std::io::Error::from_raw_os_error(e)
-                        ))
-                    }
-                }
-            }
-        }
-    }
-    Ok(Delivered::Landed)
-}
-
-/// Records the outcome of a copy. Returns true if it landed.
-/// `at`: for `NotMapped`, the address of the page that was refused.
-fn settle(st: &mut State, job: &Job, d: &Delivered, at: u64) -> bool {
-    let e = &mut st.entries[job.entry];
-    match *d {
-        Delivered::Landed => {
-            e.space.landed(job.id);
-            true
-        }
-        Delivered::Again(done) => {
-            e.space.failed(job.id, done);
-            false
-        }
-        Delivered::Gone => {
-            e.dead = true;
-            e.space = Space::default();
-            false
-        }
-        Delivered::NotMapped(done) => {
-            e.space.failed(job.id, done);
-            // Not moved by a remap meanwhile: that page is gone, and no
-            // fault will ever come for it (the rest is tried again).
-            if let Owed::Image(p) = e.space.owed(at) {
-                if p.start == at {
-                    e.space.remove(at, at + PAGE);
-                }
-            }
-            false
-        }
-    }
-}
-
-fn next_job(sh: &Shared, st: &mut State) -> Result<Option<Job>, String> {
-    let n = st.entries.len();
-    for k in 0..n {
-        let i = (st.rr + k) % n;
-        let e = &mut st.entries[i];
-        if e.dead || !e.space.has_pending() {
-            continue;
-        }
-        let mut target = None;
-        if let Some(order) = sh.order.get(&e.image_pid) {
-            while e.cursor < order.len() && target.is_none() {
-                let img = order[e.cursor];
-                e.cursor += 1;
-                target = e
-                    .space
-                    .pending_for_img(img)
-                    .map(|p| p.start + (img - p.img));
-            }
-        }
-        let target = match target.or_else(|| e.space.first_pending().map(|p| p.start)) {
-            Some(t) => t,
-            None => continue,
-        };
-        st.rr = i + 1;
-        if let Some(job) = claim_around(sh, st, i, target)? {
-            return Ok(Some(job));
-        }
-    }
-    Ok(None)
-}
-
-fn copier(sh: Arc<Shared>) {
-    let mut cache = RunCache::default();
-    loop {
-        let job = {
-            let mut st = sh.lock();
-            loop {
-                if st.closing || st.failure.is_some() {
-                    return;
-                }
-                match next_job(&sh, &mut st) {
-                    Ok(Some(j)) => break j,
-                    Ok(None) => {
-                        st = match sh.cv.wait_timeout(st, Duration::from_millis(50)) {
-                            Ok((g, _)) => g,
-                            Err(p) => p.into_inner().0,
-                        };
-                    }
-                    Err(msg) => {
-                        st.failure = Some(msg);
-                        return;
-                    }
-                }
-            }
-        };
-        // Faults first: start no fetch (for up to a second) while one is
-        // being fetched.
-        let t_wait = Instant::now();
-        while sh.faulting.load(Ordering::Acquire) > 0 && t_wait.elapsed() < Duration::from_secs(1) {
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        let (d, landed) = match cache
-            .get(&sh, job.pack, &job.run)
-            .and_then(|data| deliver_locked(&mut sh.lock(), &job, data))
-        {
-            Ok(x) => x,
-            Err(msg) => {
-                let mut st = sh.lock();
-                st.entries[job.entry].space.failed(job.id, 0);
-                st.failure.get_or_insert(msg);
-                return;
-            }
-        };
-        if landed {
-            let pages = sh.streamed.fetch_add(job.len / PAGE, Ordering::Relaxed) + job.len / PAGE;
-            if sh.bandwidth > 0 {
-                // Stay under the cap: sleep until the bytes sent so far
-                // are due at that rate.
-                #[allow(clippy::cast_precision_loss)]
-                let due = Duration::from_secs_f64((pages * PAGE) as f64 / sh.bandwidth as f64);
-                if let Some(wait) = due.checked_sub(sh.started.elapsed()) {
-                    std::thread::sleep(wait);
-                }
-            }
-        } else if matches!(d, Delivered::Again(_)) {
-            // Let the main thread read the event first.
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-}
-
-/// Kills every handed-over process and its descendants.
-fn kill_tree(st: &State) -> Vec<i32> {
-    let roots: Vec<i32> = st.entries.iter().filter_map(|e| e.pid).collect();
-    kill_pids(&roots)
-}
-
-/// Kills the handed-over processes that still live, and their
-/// descendants (the restorer ended without saying the tree runs).
-fn kill_unfinished(sh: &Shared) -> Vec<i32> {
-    use stasis_kernel::pidfd::pidfd_send_signal;
-    let st = sh.lock();
-    let live: Vec<(i32, &OwnedFd)> = st
-        .entries
-        .iter()
-        .filter_map(|e| Some((e.pid?, e.pidfd.as_ref()?)))
-        .filter(|(pid, fd)| pidfd_send_signal(fd, *pid, 0).is_ok())
-        .collect();
-    let roots: Vec<i32> = live.iter().map(|(p, _)| *p).collect();
-    let killed = kill_pids(&roots);
-    for (pid, fd) in live {
-        let _ = pidfd_send_signal(fd, pid, libc::SIGKILL);
-    }
-    killed
-}
-
-/// SIGKILLs `roots` and all their descendants; returns who was signalled.
-pub(crate) fn kill_pids(roots: &[i32]) -> Vec<i32> {
-    let mut todo: Vec<i32> = roots.to_vec();
-    let mut all = Vec::new();
-    while let Some(pid) = todo.pop() {
-        if all.contains(&pid) {
-            continue;
-        }
-        all.push(pid);
-        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-            for t in tasks.flatten() {
-                let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-                todo.extend(
-                    kids.split_whitespace()
-                        .filter_map(|k| k.parse::<i32>().ok()),
-                );
-            }
-        }
-    }
-    for &pid in &all {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    }
-    all
 }
 
 /// Outcome of serving one fault.
@@ -457,7 +164,7 @@ fn serve_fault(
     i: usize,
     addr: u64,
     t0: Instant,
-) -> Result<Fault, String> {
+) -> Result<Fault, DeliveryError> {
     let page = addr & !(PAGE - 1);
     // One look under the lock: what the page is owed, and for image
     // content the run around it, claimed.
@@ -509,10 +216,11 @@ fn serve_fault(
                 st.entries[i].space = Space::default();
                 Ok(Fault::Served)
             }
-            Err(FillError { errno, .. }) => Err(format!(
-                "UFFDIO_ZEROPAGE at {page:#x}: {}",
-                std::io::Error::from_raw_os_error(errno)
-            )),
+            Err(FillError { errno, .. }) => Err(DeliveryError::Uffd {
+                op: "UFFDIO_ZEROPAGE",
+                addr: page,
+                source: std::io::Error::from_raw_os_error(errno),
+            }),
         },
         Owed::Image(p) => {
             let Some(job) = job else {
@@ -612,23 +320,35 @@ pub fn serve(
     Ok(stats)
 }
 
+/// The main loop's own state.
+#[derive(Default)]
+struct Loop {
+    stats: Stats,
+    /// Service time of every fault served with image pages.
+    lat: Vec<u64>,
+    cache: RunCache,
+    control_open: bool,
+    /// The restorer said the tree runs.
+    done: bool,
+    first_hand: Option<Instant>,
+    /// Faults to serve: (entry, address, when first seen).
+    later: Vec<(usize, u64, Instant)>,
+    events: Vec<Event>,
+    /// Busy markers of the handed-over processes (see [`busy_marker`]).
+    markers: Vec<std::os::unix::net::UnixDatagram>,
+}
+
 fn main_loop(
     sh: &Arc<Shared>,
     control: &OwnedFd,
     guard: Option<&crate::guard::Guard>,
 ) -> Result<Stats, LazyError> {
-    let mut stats = Stats::default();
-    let mut lat = Vec::new();
-    let mut cache = RunCache::default();
-    let mut control_open = true;
-    let mut done = false;
-    let mut first_hand: Option<Instant> = None;
-    // (entry, address, when first seen)
-    let mut later: Vec<(usize, u64, Instant)> = Vec::new();
-    let mut events = Vec::new();
-    let mut markers = Vec::new();
+    let mut lp = Loop {
+        control_open: true,
+        ..Loop::default()
+    };
     loop {
-        let failure = sh.lock().failure.clone();
+        let failure = sh.lock().failure.as_ref().map(ToString::to_string);
         if let Some(msg) = failure {
             return Err(fail(sh, &msg));
         }
@@ -640,93 +360,148 @@ fn main_loop(
             .filter(|(_, e)| !e.dead)
             .map(|(i, e)| (i, e.uffd.clone()))
             .collect();
-        let ready: Vec<bool> = {
-            let mut pfds = Vec::with_capacity(uffds.len() + 1);
-            if control_open {
-                pfds.push(PollFd::new(control.as_fd(), PollFlags::POLLIN));
-            }
-            pfds.extend(
-                uffds
-                    .iter()
-                    .map(|(_, u)| PollFd::new(u.fd().as_fd(), PollFlags::POLLIN)),
-            );
-            let timeout = if later.is_empty() { 50u16 } else { 1 };
-            match poll(&mut pfds, PollTimeout::from(timeout)) {
-                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-                Err(e) => return Err(LazyError::Control(format!("poll: {e}"))),
-            }
-            pfds.iter().map(|p| p.any().unwrap_or(false)).collect()
-        };
+        let ready = lp.wait_ready(control, &uffds)?;
         let mut k = 0;
-        if control_open {
+        if lp.control_open {
             k = 1;
             if ready[0] {
-                match control::recv(control.as_fd())? {
-                    Some((Msg::Hand(h), Some(fd))) => {
-                        first_hand.get_or_insert_with(Instant::now);
-                        let uffd = Userfaultfd::from_fd(fd, 0);
-                        if let Some(g) = guard {
-                            g.watch(Some(h.pid), &uffd)?;
-                        }
-                        // Dumps of this process wait while this is bound.
-                        markers.extend(busy_marker(h.pid));
-                        let owed = stasis_image::chain::intersect(
-                            &stasis_image::chain::normalize(h.areas.clone()),
-                            &sh.catalog.data_ranges(h.image_pid),
-                        );
-                        let mut st = sh.lock();
-                        st.entries.push(Entry {
-                            uffd: Arc::new(uffd),
-                            image_pid: h.image_pid,
-                            pid: Some(h.pid),
-                            pidfd: stasis_kernel::pidfd::pidfd_open(h.pid).ok(),
-                            space: Space::new(&owed),
-                            dead: false,
-                            cursor: 0,
-                        });
-                        stats.processes += 1;
-                        drop(st);
-                        sh.cv.notify_all();
-                    }
-                    Some((Msg::Done(_), _)) => {
-                        done = true;
-                        control_open = false;
-                    }
-                    Some((Msg::Abort(_), _)) => {
-                        // The restorer killed and reaped the tree itself.
-                        stats.aborted = true;
-                        return Ok(stats);
-                    }
-                    None => {
-                        // The restorer is gone (killed) without saying the
-                        // tree runs: what it had already let go of must not
-                        // run on half-filled.
-                        stats.aborted = true;
-                        let killed = kill_unfinished(sh);
-                        if killed.is_empty() {
-                            return Ok(stats);
-                        }
-                        return Err(LazyError::Filler(format!(
-                            "the restorer ended before the restore was complete; the restored tree ({} processes: {killed:?}) was killed, since it had not received all of its memory",
-                            killed.len()
-                        )));
-                    }
-                    Some((other, _)) => {
-                        return Err(LazyError::Control(format!("unexpected frame {other:?}")))
-                    }
+                if let Some(stats) = lp.on_control(sh, control, guard)? {
+                    return Ok(stats);
                 }
             }
         }
+        lp.on_events(sh, &uffds, &ready[k..], guard)?;
+        lp.serve_faults(sh)?;
+        if lp.done && lp.later.is_empty() {
+            let st = sh.lock();
+            if st.entries.iter().all(|e| e.dead || e.space.is_done()) {
+                break;
+            }
+        }
+    }
+    Ok(lp.finish())
+}
+
+impl Loop {
+    /// Polls the control socket (while open) and every userfaultfd; returns
+    /// which are readable, in that order.
+    fn wait_ready(
+        &self,
+        control: &OwnedFd,
+        uffds: &[(usize, Arc<Userfaultfd>)],
+    ) -> Result<Vec<bool>, LazyError> {
+        let mut pfds = Vec::with_capacity(uffds.len() + 1);
+        if self.control_open {
+            pfds.push(PollFd::new(control.as_fd(), PollFlags::POLLIN));
+        }
+        pfds.extend(
+            uffds
+                .iter()
+                .map(|(_, u)| PollFd::new(u.fd().as_fd(), PollFlags::POLLIN)),
+        );
+        let timeout = if self.later.is_empty() { 50u16 } else { 1 };
+        match poll(&mut pfds, PollTimeout::from(timeout)) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(LazyError::Control(format!("poll: {e}"))),
+        }
+        Ok(pfds.iter().map(|p| p.any().unwrap_or(false)).collect())
+    }
+
+    /// One frame from the restorer. `Some(stats)`: the filler is done (the
+    /// restore was aborted).
+    fn on_control(
+        &mut self,
+        sh: &Arc<Shared>,
+        control: &OwnedFd,
+        guard: Option<&crate::guard::Guard>,
+    ) -> Result<Option<Stats>, LazyError> {
+        match control::recv(control.as_fd())? {
+            Some((Msg::Hand(h), Some(fd))) => self.on_hand(sh, h, fd, guard)?,
+            Some((Msg::Done(_), _)) => {
+                self.done = true;
+                self.control_open = false;
+            }
+            Some((Msg::Abort(_), _)) => {
+                // The restorer killed and reaped the tree itself.
+                self.stats.aborted = true;
+                return Ok(Some(std::mem::take(&mut self.stats)));
+            }
+            None => {
+                // The restorer is gone (killed) without saying the tree
+                // runs: what it had already let go of must not run on
+                // half-filled.
+                self.stats.aborted = true;
+                let killed = kill_unfinished(sh);
+                if killed.is_empty() {
+                    return Ok(Some(std::mem::take(&mut self.stats)));
+                }
+                return Err(LazyError::Filler(format!(
+                    "the restorer ended before the restore was complete; the restored tree ({} processes: {killed:?}) was killed, since it had not received all of its memory",
+                    killed.len()
+                )));
+            }
+            Some((other, _)) => {
+                return Err(LazyError::Control(format!("unexpected frame {other:?}")))
+            }
+        }
+        Ok(None)
+    }
+
+    /// A process handed over with its userfaultfd: it is owed the image's
+    /// data in its registered areas.
+    fn on_hand(
+        &mut self,
+        sh: &Arc<Shared>,
+        h: control::Hand,
+        fd: OwnedFd,
+        guard: Option<&crate::guard::Guard>,
+    ) -> Result<(), LazyError> {
+        self.first_hand.get_or_insert_with(Instant::now);
+        let uffd = Userfaultfd::from_fd(fd, 0);
+        if let Some(g) = guard {
+            g.watch(Some(h.pid), &uffd)?;
+        }
+        // Dumps of this process wait while this is bound.
+        self.markers.extend(busy_marker(h.pid));
+        let owed = stasis_image::chain::intersect(
+            &stasis_image::chain::normalize(h.areas.clone()),
+            &sh.catalog.data_ranges(h.image_pid),
+        );
+        let mut st = sh.lock();
+        st.entries.push(Entry {
+            uffd: Arc::new(uffd),
+            image_pid: h.image_pid,
+            pid: Some(h.pid),
+            pidfd: stasis_kernel::pidfd::pidfd_open(h.pid).ok(),
+            space: Space::new(&owed),
+            dead: false,
+            cursor: 0,
+        });
+        self.stats.processes += 1;
+        drop(st);
+        sh.cv.notify_all();
+        Ok(())
+    }
+
+    /// Reads the events of every readable userfaultfd (`ready`, in the
+    /// order of `uffds`): layout events are applied at once, faults queued.
+    fn on_events(
+        &mut self,
+        sh: &Arc<Shared>,
+        uffds: &[(usize, Arc<Userfaultfd>)],
+        ready: &[bool],
+        guard: Option<&crate::guard::Guard>,
+    ) -> Result<(), LazyError> {
         for (j, (i, uffd)) in uffds.iter().enumerate() {
-            if !ready[k + j] {
+            if !ready[j] {
                 continue;
             }
-            events.clear();
+            self.events.clear();
             // Read and apply under the lock (see `deliver_locked`): the
             // kernel lets copies through again as soon as an event is
             // read, before it has been applied here.
             let mut st = sh.lock();
-            if let Err(e) = uffd.read_events(&mut events) {
+            if let Err(e) = uffd.read_events(&mut self.events) {
                 tracing::debug!("userfaultfd of entry {i}: {e}");
                 continue;
             }
@@ -734,9 +509,9 @@ fn main_loop(
             let mut forked = false;
             // Layout events first: faults read in the same batch are served
             // against the layout that follows them.
-            for ev in events.drain(..) {
+            for ev in self.events.drain(..) {
                 match ev {
-                    Event::PageFault { addr, .. } => later.push((*i, addr, now)),
+                    Event::PageFault { addr, .. } => self.later.push((*i, addr, now)),
                     Event::Fork(child) => {
                         if let Some(g) = guard {
                             g.watch(None, &child)?;
@@ -752,7 +527,7 @@ fn main_loop(
                             cursor: parent.cursor,
                         };
                         st.entries.push(e);
-                        stats.forks += 1;
+                        self.stats.forks += 1;
                         forked = true;
                     }
                     Event::Remap { from, to, len } => st.entries[*i].space.remap(from, to, len),
@@ -767,30 +542,43 @@ fn main_loop(
                 sh.cv.notify_all();
             }
         }
-        // Faults (new ones and those that had to wait).
-        let pending = std::mem::take(&mut later);
-        for (i, addr, t0) in pending {
-            match serve_fault(sh, &mut cache, &mut stats, &mut lat, i, addr, t0) {
-                Ok(Fault::Served) => {}
-                Ok(Fault::Later) => later.push((i, addr, t0)),
-                Err(msg) => return Err(fail(sh, &msg)),
-            }
-        }
-        if done && later.is_empty() {
-            let st = sh.lock();
-            if st.entries.iter().all(|e| e.dead || e.space.is_done()) {
-                break;
-            }
-        }
+        Ok(())
     }
-    lat.sort_unstable();
-    stats.fault_p50_us = percentile(&lat, 0.5);
-    stats.fault_p99_us = percentile(&lat, 0.99);
-    stats.fault_max_us = lat.last().copied().unwrap_or(0);
-    stats.fill_us = first_hand
-        .map(|t| u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX))
-        .unwrap_or(0);
-    Ok(stats)
+
+    /// Faults (new ones and those that had to wait).
+    fn serve_faults(&mut self, sh: &Arc<Shared>) -> Result<(), LazyError> {
+        let pending = std::mem::take(&mut self.later);
+        for (i, addr, t0) in pending {
+            match serve_fault(
+                sh,
+                &mut self.cache,
+                &mut self.stats,
+                &mut self.lat,
+                i,
+                addr,
+                t0,
+            ) {
+                Ok(Fault::Served) => {}
+                Ok(Fault::Later) => self.later.push((i, addr, t0)),
+                Err(e) => return Err(fail(sh, &e.to_string())),
+            }
+        }
+        Ok(())
+    }
+
+    /// The statistics once nothing is owed.
+    fn finish(mut self) -> Stats {
+        self.lat.sort_unstable();
+        let lat = &self.lat;
+        self.stats.fault_p50_us = percentile(lat, 0.5);
+        self.stats.fault_p99_us = percentile(lat, 0.99);
+        self.stats.fault_max_us = lat.last().copied().unwrap_or(0);
+        self.stats.fill_us = self
+            .first_hand
+            .map(|t| u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX))
+            .unwrap_or(0);
+        std::mem::take(&mut self.stats)
+    }
 }
 
 /// Binds the abstract socket that tells a dump the process is still being
@@ -810,5 +598,100 @@ fn fail(sh: &Shared, msg: &str) -> LazyError {
         from: sh.source.describe(),
         why: msg.to_string(),
         killed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::LocalPacks;
+    use std::os::unix::net::UnixStream;
+
+    /// Runs the filler on one end of a socket pair with an empty catalog;
+    /// `restorer` plays the restorer on the other end, after `ready`.
+    fn run(restorer: impl FnOnce(&UnixStream)) -> Result<Stats, LazyError> {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let filler = std::thread::spawn(move || {
+            let cfg = Config {
+                threads: 2,
+                ..Config::default()
+            };
+            let source = Box::new(LocalPacks {
+                dir: "/none".into(),
+            });
+            serve(OwnedFd::from(theirs), Catalog::empty(), source, cfg)
+        });
+        let (ready, fd) = control::recv(ours.as_fd()).unwrap().unwrap();
+        assert_eq!(ready, Msg::Ready { pages: 0 });
+        assert!(fd.is_none());
+        restorer(&ours);
+        let out = filler.join().unwrap();
+        drop(ours);
+        out
+    }
+
+    #[test]
+    fn done_with_nothing_owed_ends_the_fill() {
+        let s = run(|c| control::send(c.as_fd(), &Msg::Done(true), None).unwrap()).unwrap();
+        assert!(!s.aborted);
+        assert_eq!((s.processes, s.faults, s.fill_us), (0, 0, 0));
+    }
+
+    #[test]
+    fn an_abort_or_a_vanished_restorer_ends_it_aborted() {
+        let s = run(|c| control::send(c.as_fd(), &Msg::Abort(true), None).unwrap()).unwrap();
+        assert!(s.aborted);
+        // The restorer gone without a word: nothing was handed over, so
+        // nothing is killed and the filler ends quietly.
+        let s = run(|c| c.shutdown(std::net::Shutdown::Both).unwrap()).unwrap();
+        assert!(s.aborted);
+    }
+
+    #[test]
+    fn an_unexpected_frame_is_a_control_error() {
+        let e = run(|c| {
+            control::send(c.as_fd(), &Msg::Ready { pages: 1 }, None).unwrap();
+        })
+        .unwrap_err();
+        assert!(
+            matches!(e, LazyError::Control(ref m) if m.contains("unexpected frame")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_fault_order_becomes_the_next_touch_set() {
+        let mut s = Stats::default();
+        assert!(s.fault_touch_set().is_none(), "no faults: no touch set");
+        s.faults = 3;
+        s.fault_order.insert(7, vec![0x3000, 0x4000, 0x1000]);
+        s.fault_order.insert(5, vec![0x9000]);
+        let ts = s.fault_touch_set().unwrap();
+        assert_eq!(ts.source, stasis_image::touch::TouchSource::Faults);
+        assert_eq!(
+            ts.procs,
+            vec![(5, vec![(0x9000, 1)]), (7, vec![(0x3000, 2), (0x1000, 1)])]
+        );
+        s.aborted = true;
+        assert!(
+            s.fault_touch_set().is_none(),
+            "an aborted fill says nothing"
+        );
+        let v = Stats::report(&Ok(Stats::default()), 42);
+        assert_eq!(
+            (v["total_us"].as_u64(), v["faults"].as_u64()),
+            (Some(42), Some(0))
+        );
+        let v = Stats::report(&Err(LazyError::Filler("gone".into())), 42);
+        assert!(v["error"].as_str().unwrap().contains("gone"));
+    }
+
+    #[test]
+    fn fault_latency_percentiles() {
+        let lat: Vec<u64> = (1..=100).collect();
+        assert_eq!(percentile(&lat, 0.5), 51);
+        assert_eq!(percentile(&lat, 0.99), 99);
+        assert_eq!(percentile(&[], 0.5), 0);
+        assert_eq!(percentile(&[7], 0.99), 7);
     }
 }

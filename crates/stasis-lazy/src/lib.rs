@@ -20,14 +20,18 @@
 #![cfg(all(target_os = "linux", target_arch = "x86_64"))]
 
 pub mod control;
+mod deliver;
+pub mod eager;
 pub mod filler;
 pub mod guard;
+mod kill;
 pub mod source;
 pub mod state;
 
 pub use control::{Filler, FillerArgs, Hand};
+pub use eager::fill_eager;
 pub use filler::{serve, Config, Stats};
-pub use source::{Catalog, LocalPacks, RunSource};
+pub use source::{open_source, Catalog, LocalPacks, PageServerRuns, ReadError, RunSource};
 
 /// userfaultfd features a lazy restore asks for: every layout change of the
 /// process is reported before a copy can race with it.
@@ -45,6 +49,14 @@ pub enum LazyError {
     Control(String),
     #[error("lazy restore: the page filler failed: {0}")]
     Filler(String),
+    #[error(transparent)]
+    PageServer(#[from] stasis_pageserver::PageServerError),
+    #[error("fetching the eagerly restored pages of process {pid}")]
+    EagerFetch {
+        pid: i32,
+        #[source]
+        source: stasis_pageserver::PageServerError,
+    },
     #[error(
         "lazy restore: pages could not be fetched from {from}: {why}; the restored tree ({} processes: {killed:?}) was killed, since running on would have meant reading zeros instead of its memory",
         killed.len()

@@ -8,10 +8,23 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Mutex;
 
-use stasis_image::{ImageDir, PackReader, RunEntry};
+use stasis_image::{ImageDir, ImageError, PackReader, RunEntry};
+use stasis_pageserver::{Client, PageServerError};
 
 use crate::LazyError;
+
+/// Why a run could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("no pack #{0}")]
+    NoPack(usize),
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    #[error(transparent)]
+    PageServer(#[from] PageServerError),
+}
 
 /// One pack of the chain.
 #[derive(Debug)]
@@ -104,6 +117,11 @@ impl Catalog {
             .unwrap_or_default()
     }
 
+    /// Pack number `pack`.
+    pub fn pack(&self, pack: usize) -> Result<&PackInfo, ReadError> {
+        self.packs.get(pack).ok_or(ReadError::NoPack(pack))
+    }
+
     /// The pack run holding image address `img` of process `pid`.
     pub fn locate(&self, pid: i32, img: u64) -> Option<Located> {
         let ranges = self.procs.get(&pid)?;
@@ -129,7 +147,7 @@ pub trait RunSource: Send + Sync {
         pack: usize,
         e: &RunEntry,
         buf: &mut [u8],
-    ) -> Result<(), String>;
+    ) -> Result<(), ReadError>;
     /// Where the pages come from, for messages.
     fn describe(&self) -> String;
 }
@@ -147,14 +165,81 @@ impl RunSource for LocalPacks {
         pack: usize,
         e: &RunEntry,
         buf: &mut [u8],
-    ) -> Result<(), String> {
-        let p = catalog
-            .packs
-            .get(pack)
-            .ok_or_else(|| format!("no pack #{pack}"))?;
-        p.reader.read_run(e, buf).map_err(|err| err.to_string())
+    ) -> Result<(), ReadError> {
+        Ok(catalog.pack(pack)?.reader.read_run(e, buf)?)
     }
     fn describe(&self) -> String {
         format!("the image at {}", self.dir)
+    }
+}
+
+/// Where a filler reads runs: the page server `remote` (address, token) if
+/// given, else the local packs of the image at `dir`.
+pub fn open_source(
+    dir: &Path,
+    remote: Option<(&str, Vec<u8>)>,
+) -> Result<Box<dyn RunSource>, LazyError> {
+    Ok(match remote {
+        Some((addr, token)) => Box::new(PageServerRuns::connect(addr, token)?),
+        None => Box::new(LocalPacks {
+            dir: dir.display().to_string(),
+        }),
+    })
+}
+
+/// Runs read from a page server, one connection per thread at a time.
+pub struct PageServerRuns {
+    addr: String,
+    token: Vec<u8>,
+    pool: Mutex<Vec<Client>>,
+}
+
+impl PageServerRuns {
+    /// Connects to the page server at `addr` now (a server that is not
+    /// there fails here, not at the first fault).
+    pub fn connect(addr: &str, token: Vec<u8>) -> Result<PageServerRuns, PageServerError> {
+        let c = Client::connect(addr, &token)?;
+        Ok(PageServerRuns {
+            addr: addr.to_string(),
+            token,
+            pool: Mutex::new(vec![c]),
+        })
+    }
+}
+
+impl RunSource for PageServerRuns {
+    fn read_run(
+        &self,
+        catalog: &Catalog,
+        pack: usize,
+        e: &RunEntry,
+        buf: &mut [u8],
+    ) -> Result<(), ReadError> {
+        let p = catalog.pack(pack)?;
+        let pooled = self.pool.lock().ok().and_then(|mut v| v.pop());
+        let mut client = match pooled {
+            Some(c) => c,
+            None => Client::connect(&self.addr, &self.token)?,
+        };
+        client.read_run(p.checkpoint, &p.name, e, buf)?;
+        if let Ok(mut v) = self.pool.lock() {
+            v.push(client);
+        }
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        format!("the page server at {}", self.addr)
+    }
+}
+
+#[cfg(test)]
+impl Catalog {
+    /// A catalog of nothing (a checkpoint whose processes own no pages).
+    pub(crate) fn empty() -> Catalog {
+        Catalog {
+            checkpoint: 1,
+            packs: Vec::new(),
+            procs: HashMap::new(),
+        }
     }
 }

@@ -31,14 +31,33 @@ pub struct Plan {
     pub group: Vec<Group>,
 }
 
+/// A tree stasis cannot rebuild.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TreeError {
+    #[error("the image holds no process")]
+    Empty,
+    #[error("the root process {0} is a zombie")]
+    ZombieRoot(i32),
+    #[error("process {pid}'s parent {ppid} is not in the image before it")]
+    ParentMissing { pid: i32, ppid: i32 },
+    #[error("process {pid} is in session {sid} but its parent is in {parent_sid}; stasis cannot rebuild that session")]
+    SessionOfParent { pid: i32, sid: i32, parent_sid: i32 },
+    #[error("the root process {pid} is in session {sid}, led by another process of the tree")]
+    RootSession { pid: i32, sid: i32 },
+    #[error("process {pid} is in process group {pgid} of another session")]
+    GroupOtherSession { pid: i32, pgid: i32 },
+    #[error("process {pid} is in process group {pgid} whose leader is not in the tree")]
+    GroupLeaderOutside { pid: i32, pgid: i32 },
+}
+
 /// Session of "outside the tree" (the one the restorer runs in).
 const OUTSIDE: i32 = -1;
 
 /// Validates the tree and decides how to rebuild it.
-pub fn plan(procs: &[ProcessImage]) -> Result<Plan, String> {
-    let root = procs.first().ok_or("the image holds no process")?;
+pub fn plan(procs: &[ProcessImage]) -> Result<Plan, TreeError> {
+    let root = procs.first().ok_or(TreeError::Empty)?;
     if root.zombie.is_some() {
-        return Err(format!("the root process {} is a zombie", root.pid));
+        return Err(TreeError::ZombieRoot(root.pid));
     }
     let index_of = |pid: i32| procs.iter().position(|p| p.pid == pid);
     let n = procs.len();
@@ -49,12 +68,12 @@ pub fn plan(procs: &[ProcessImage]) -> Result<Plan, String> {
     let mut inherited_group = vec![OUTSIDE; n];
     for (i, p) in procs.iter().enumerate() {
         if i > 0 {
-            let j = index_of(p.ppid).filter(|&j| j < i).ok_or_else(|| {
-                format!(
-                    "process {}'s parent {} is not in the image before it",
-                    p.pid, p.ppid
-                )
-            })?;
+            let j = index_of(p.ppid)
+                .filter(|&j| j < i)
+                .ok_or(TreeError::ParentMissing {
+                    pid: p.pid,
+                    ppid: p.ppid,
+                })?;
             parent[i] = Some(j);
         }
         let (parent_sess, parent_group) = match parent[i] {
@@ -72,13 +91,17 @@ pub fn plan(procs: &[ProcessImage]) -> Result<Plan, String> {
                 OUTSIDE
             };
             if i > 0 && want != parent_sess {
-                return Err(format!("process {} is in session {} but its parent is in {}; stasis cannot rebuild that session", p.pid, p.sid, procs[parent[i].unwrap_or(0)].sid));
+                return Err(TreeError::SessionOfParent {
+                    pid: p.pid,
+                    sid: p.sid,
+                    parent_sid: procs[parent[i].unwrap_or(0)].sid,
+                });
             }
             if i == 0 && want != OUTSIDE {
-                return Err(format!(
-                    "the root process {} is in session {}, led by another process of the tree",
-                    p.pid, p.sid
-                ));
+                return Err(TreeError::RootSession {
+                    pid: p.pid,
+                    sid: p.sid,
+                });
             }
             sess[i] = parent_sess;
             inherited_group[i] = parent_group;
@@ -95,10 +118,10 @@ pub fn plan(procs: &[ProcessImage]) -> Result<Plan, String> {
             }
         } else if let Some(j) = leader {
             if sess[j] != sess[i] {
-                return Err(format!(
-                    "process {} is in process group {} of another session",
-                    p.pid, p.pgid
-                ));
+                return Err(TreeError::GroupOtherSession {
+                    pid: p.pid,
+                    pgid: p.pgid,
+                });
             }
             if inherited_group[i] == p.pgid {
                 Group::Keep
@@ -109,10 +132,10 @@ pub fn plan(procs: &[ProcessImage]) -> Result<Plan, String> {
             // The group's leader is outside the tree: only the group the
             // root was started in (the restorer's) can be kept.
             if p.pgid != root.pgid || inherited_group[i] != OUTSIDE || sess[i] != OUTSIDE {
-                return Err(format!(
-                    "process {} is in process group {} whose leader is not in the tree",
-                    p.pid, p.pgid
-                ));
+                return Err(TreeError::GroupLeaderOutside {
+                    pid: p.pid,
+                    pgid: p.pgid,
+                });
             }
             Group::Keep
         };
@@ -129,34 +152,7 @@ mod tests {
     use super::*;
 
     fn p(pid: i32, ppid: i32, pgid: i32, sid: i32) -> ProcessImage {
-        ProcessImage {
-            pid,
-            ppid,
-            pgid,
-            sid,
-            comm: String::new(),
-            exe: String::new(),
-            cwd: String::new(),
-            umask: 0,
-            personality: 0,
-            creds: Default::default(),
-            rlimits: vec![],
-            mm: Default::default(),
-            vmas: vec![],
-            fds: vec![],
-            sigactions: vec![],
-            shared_pending: vec![],
-            itimers: vec![],
-            threads: vec![],
-            pack: None,
-            zombie: None,
-            posix_timers: vec![],
-            no_new_privs: false,
-            pdeath_signal: 0,
-            child_subreaper: false,
-            start_time: 0,
-            data_ranges: None,
-        }
+        crate::testutil::image(pid, ppid, pgid, sid)
     }
 
     #[test]
@@ -190,17 +186,22 @@ mod tests {
     fn refusals() {
         assert!(plan(&[p(100, 1, 50, 1), p(102, 101, 50, 1)])
             .unwrap_err()
+            .to_string()
             .contains("parent 101"));
         // A child in a session led by nobody in its ancestry.
         assert!(plan(&[p(100, 1, 100, 100), p(101, 100, 101, 7)])
             .unwrap_err()
+            .to_string()
             .contains("session"));
         // A group led from outside that is not the root's.
         assert!(plan(&[p(100, 1, 50, 1), p(101, 100, 60, 1)])
             .unwrap_err()
+            .to_string()
             .contains("group 60"));
         let mut z = p(100, 1, 50, 1);
         z.zombie = Some(0);
-        assert!(plan(&[z]).unwrap_err().contains("zombie"));
+        let err = plan(&[z]).unwrap_err();
+        assert_eq!(err, TreeError::ZombieRoot(100));
+        assert!(err.to_string().contains("zombie"));
     }
 }

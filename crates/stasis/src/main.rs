@@ -3,6 +3,7 @@
 //! The binary is thin: argument parsing, progress display and output
 //! formatting. The work happens in `stasis-capture` and `stasis-restore`.
 
+mod abort;
 mod demo;
 mod gc;
 mod page_server;
@@ -153,7 +154,10 @@ enum Cmd {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     ui::init_tracing(cli.verbose);
-    match run(cli) {
+    let r = run(cli);
+    // A dump being aborted by a signal dies of it once cleaned up.
+    abort::settle();
+    match r {
         Ok(code) => code,
         Err(e) => {
             let _ = std::io::stdout().flush();
@@ -256,6 +260,7 @@ fn cmd_dump(
     (track, touch_window): (Option<&str>, Option<&str>),
     json: bool,
 ) -> Result<ExitCode> {
+    abort::remove_temps_on_signal(dir)?;
     // A touch window reads the uffd write tracking.
     let track = match (track, touch_window) {
         (None, Some(_)) => Some("uffd"),

@@ -5,13 +5,11 @@ use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use stasis_image::RunEntry;
-use stasis_lazy::{Catalog, Filler, FillerArgs, Hand, LocalPacks, RunSource};
-use stasis_pageserver::{Client, MirrorData};
+use stasis_lazy::{Catalog, Filler, FillerArgs, Hand, RunSource};
+use stasis_pageserver::MirrorData;
 
 use crate::ui;
 
@@ -83,7 +81,7 @@ impl stasis_restore::LazySink for Sink {
         pid: i32,
         areas: &[(u64, u64)],
         uffd: &OwnedFd,
-    ) -> Result<(), String> {
+    ) -> Result<(), stasis_restore::LazyHandError> {
         self.0
             .hand(
                 Hand {
@@ -93,7 +91,7 @@ impl stasis_restore::LazySink for Sink {
                 },
                 uffd,
             )
-            .map_err(|e| e.to_string())
+            .map_err(Into::into)
     }
 }
 
@@ -172,74 +170,9 @@ fn remove_stale_mirrors() {
     }
 }
 
-/// Fetches into a sparse mirror the runs of every area a lazy restore
-/// fills before the tree runs (all but private anonymous memory).
-fn fill_eager(addr: &str, token: &[u8], dir: &Path, n: u32) -> Result<()> {
-    let store = stasis_image::ImageDir::open(dir)?;
-    let chain = stasis_image::load_chain(&store, Some(n))?;
-    let head = &chain[0];
-    let mut client = Client::connect(addr, token)?;
-    for p in head
-        .manifest
-        .processes
-        .iter()
-        .filter(|p| p.zombie.is_none())
-    {
-        let eager = stasis_image::chain::normalize(
-            p.vmas
-                .iter()
-                .filter(|v| !stasis_restore::lazy_area(v))
-                .map(|v| (v.start, v.end))
-                .collect(),
-        );
-        for src in stasis_image::page_sources(&chain, p)? {
-            let runs = stasis_image::chain::runs_touching(src.pack.runs(), &eager);
-            if runs.is_empty() {
-                continue;
-            }
-            let name = src.pack.file_name();
-            stasis_pageserver::fill_runs(
-                &mut client,
-                src.checkpoint,
-                &name,
-                src.pack.path(),
-                &runs,
-            )
-            .with_context(|| format!("fetching the eagerly restored pages of process {}", p.pid))?;
-        }
-    }
-    Ok(())
-}
-
 pub fn cmd_restore(a: RestoreArgs) -> Result<ExitCode> {
-    let token = match &a.token_file {
-        Some(f) => Some(crate::page_server::read_token_file(f)?),
-        None if a.from.is_some() => bail!(
-            "--from needs --token-file: the page server only serves clients that know its token"
-        ),
-        None => None,
-    };
     // Where the image is: local, or a local mirror of the server's.
-    let mut _mirror = None;
-    let (dir, checkpoint) = match (&a.from, &a.dir) {
-        (Some(addr), _) => {
-            let token = token.as_deref().unwrap_or_default();
-            let data = if a.lazy {
-                MirrorData::Sparse
-            } else {
-                MirrorData::Full
-            };
-            let (m, n) = fetch_mirror(addr, token, a.checkpoint, data)?;
-            let dir = m.0.path().join("image");
-            if a.lazy {
-                fill_eager(addr, token, &dir, n)?;
-            }
-            _mirror = Some(m);
-            (dir, Some(n))
-        }
-        (None, Some(d)) => (d.clone(), a.checkpoint),
-        (None, None) => bail!("give an image directory (-D DIR) or a page server (--from ADDR)"),
-    };
+    let (dir, checkpoint, _mirror) = locate_image(&a)?;
     let store = stasis_image::ImageDir::open(&dir)
         .with_context(|| format!("opening image directory {}", dir.display()))?;
     let filler = if a.lazy {
@@ -268,35 +201,7 @@ pub fn cmd_restore(a: RestoreArgs) -> Result<ExitCode> {
         new_pidns: a.new_pidns,
         lazy: filler.as_ref().map(sink),
     };
-    let r = match stasis_restore::restore(&store, &opts) {
-        Ok(r) => r,
-        Err(e) => {
-            // If the filler killed the tree under construction (a damaged
-            // run, say), its reason is the one that matters.
-            let cause = filler
-                .as_ref()
-                .and_then(|f| f.failure(Duration::from_millis(500)));
-            if let Some(f) = &filler {
-                f.abort();
-            }
-            if let Some(c) = cause {
-                return Err(anyhow::Error::new(e).context(c)).context("restore failed");
-            }
-            return Err(e).context("restore failed");
-        }
-    };
-    if let Some(f) = &filler {
-        // The tree runs: from here the filler finishes on its own.
-        if let Err(e) = f.done() {
-            // The filler is gone: it killed the tree (its guard does if it
-            // died), for a reason it may have said.
-            let e = anyhow::Error::new(e).context("telling the page filler the tree runs");
-            return Err(match f.failure(Duration::from_millis(500)) {
-                Some(cause) => e.context(cause),
-                None => e,
-            });
-        }
-    }
+    let r = run_restore(&store, &opts, filler.as_ref())?;
     progress.finish();
     if let Some(pf) = &a.pidfile {
         if let Err(e) = ui::write_pidfile(pf, r.pid) {
@@ -308,44 +213,7 @@ pub fn cmd_restore(a: RestoreArgs) -> Result<ExitCode> {
             );
         }
     }
-    if a.json {
-        let mut v = serde_json::to_value(&r)?;
-        if let Some(f) = &filler {
-            v["filler_pid"] = f.pid.into();
-        }
-        println!("{v}");
-    } else {
-        let waited = if r.pid_wait_us >= 1000 {
-            format!(
-                " (of which {} waiting for the PID to be released)",
-                ui::secs(r.pid_wait_us)
-            )
-        } else {
-            String::new()
-        };
-        let ns = r
-            .pid_in_namespace
-            .map(|p| format!(" (PID {p} in a new PID namespace)"))
-            .unwrap_or_default();
-        let lazy = filler
-            .as_ref()
-            .map(|f| {
-                format!(
-                    "; {} left to the page filler (pid {}), which maps pages in as they are touched and streams the rest",
-                    ui::bytes(r.lazy_bytes),
-                    f.pid
-                )
-            })
-            .unwrap_or_default();
-        println!(
-            "restored pid {}{ns} from checkpoint {}: {} pages, {} in {}{waited}{lazy}",
-            r.pid,
-            r.checkpoint,
-            r.pages,
-            ui::bytes(r.bytes),
-            ui::secs(r.total_us)
-        );
-    }
+    report(&a, &r, filler.as_ref())?;
     let _ = std::io::stdout().flush();
     // A lazy restore from a page server: the filler has the indexes it
     // needs in memory, and the eager pages are in the process.
@@ -356,6 +224,116 @@ pub fn cmd_restore(a: RestoreArgs) -> Result<ExitCode> {
     // With a new PID namespace, its init (our child) exits with the root's status.
     let status = ui::wait_child(r.init_pid.unwrap_or(r.pid), r.pid)?;
     Ok(ExitCode::from(status))
+}
+
+/// The image directory and checkpoint to restore: `-D DIR`, or a local
+/// mirror of the page server's image (kept until the returned guard drops;
+/// sparse for a lazy restore, with the eager pages fetched into it).
+fn locate_image(a: &RestoreArgs) -> Result<(PathBuf, Option<u32>, Option<MirrorDir>)> {
+    let token = match &a.token_file {
+        Some(f) => Some(crate::page_server::read_token_file(f)?),
+        None if a.from.is_some() => bail!(
+            "--from needs --token-file: the page server only serves clients that know its token"
+        ),
+        None => None,
+    };
+    match (&a.from, &a.dir) {
+        (Some(addr), _) => {
+            let token = token.as_deref().unwrap_or_default();
+            let data = if a.lazy {
+                MirrorData::Sparse
+            } else {
+                MirrorData::Full
+            };
+            let (m, n) = fetch_mirror(addr, token, a.checkpoint, data)?;
+            let dir = m.0.path().join("image");
+            if a.lazy {
+                stasis_lazy::fill_eager(addr, token, &dir, n)?;
+            }
+            Ok((dir, Some(n), Some(m)))
+        }
+        (None, Some(d)) => Ok((d.clone(), a.checkpoint, None)),
+        (None, None) => bail!("give an image directory (-D DIR) or a page server (--from ADDR)"),
+    }
+}
+
+/// Restores; with a filler, tells it the tree runs, or on failure aborts it
+/// and reports its own reason if it had one.
+fn run_restore(
+    store: &stasis_image::ImageDir,
+    opts: &stasis_restore::RestoreOptions,
+    filler: Option<&Filler>,
+) -> Result<stasis_restore::Restored> {
+    let r = match stasis_restore::restore(store, opts) {
+        Ok(r) => r,
+        Err(e) => {
+            // If the filler killed the tree under construction (a damaged
+            // run, say), its reason is the one that matters.
+            let cause = filler.and_then(|f| f.failure(Duration::from_millis(500)));
+            if let Some(f) = filler {
+                f.abort();
+            }
+            if let Some(c) = cause {
+                return Err(anyhow::Error::new(e).context(c)).context("restore failed");
+            }
+            return Err(e).context("restore failed");
+        }
+    };
+    if let Some(f) = filler {
+        // The tree runs: from here the filler finishes on its own.
+        if let Err(e) = f.done() {
+            // The filler is gone: it killed the tree (its guard does if it
+            // died), for a reason it may have said.
+            let e = anyhow::Error::new(e).context("telling the page filler the tree runs");
+            return Err(match f.failure(Duration::from_millis(500)) {
+                Some(cause) => e.context(cause),
+                None => e,
+            });
+        }
+    }
+    Ok(r)
+}
+
+/// Prints what was restored (one JSON object with --json).
+fn report(a: &RestoreArgs, r: &stasis_restore::Restored, filler: Option<&Filler>) -> Result<()> {
+    if a.json {
+        let mut v = serde_json::to_value(r)?;
+        if let Some(f) = filler {
+            v["filler_pid"] = f.pid.into();
+        }
+        println!("{v}");
+        return Ok(());
+    }
+    let waited = if r.pid_wait_us >= 1000 {
+        format!(
+            " (of which {} waiting for the PID to be released)",
+            ui::secs(r.pid_wait_us)
+        )
+    } else {
+        String::new()
+    };
+    let ns = r
+        .pid_in_namespace
+        .map(|p| format!(" (PID {p} in a new PID namespace)"))
+        .unwrap_or_default();
+    let lazy = filler
+        .map(|f| {
+            format!(
+                "; {} left to the page filler (pid {}), which maps pages in as they are touched and streams the rest",
+                ui::bytes(r.lazy_bytes),
+                f.pid
+            )
+        })
+        .unwrap_or_default();
+    println!(
+        "restored pid {}{ns} from checkpoint {}: {} pages, {} in {}{waited}{lazy}",
+        r.pid,
+        r.checkpoint,
+        r.pages,
+        ui::bytes(r.bytes),
+        ui::secs(r.total_us)
+    );
+    Ok(())
 }
 
 /// Options of the lazy filler (started by `restore --lazy`).
@@ -379,43 +357,6 @@ pub struct FillerCli {
     bandwidth: u64,
 }
 
-/// Runs read from a page server, one connection per thread at a time.
-struct RemoteRuns {
-    addr: String,
-    token: Vec<u8>,
-    pool: Mutex<Vec<Client>>,
-}
-
-impl RunSource for RemoteRuns {
-    fn read_run(
-        &self,
-        catalog: &Catalog,
-        pack: usize,
-        e: &RunEntry,
-        buf: &mut [u8],
-    ) -> std::result::Result<(), String> {
-        let p = catalog
-            .packs
-            .get(pack)
-            .ok_or_else(|| format!("no pack #{pack}"))?;
-        let pooled = self.pool.lock().ok().and_then(|mut v| v.pop());
-        let mut client = match pooled {
-            Some(c) => c,
-            None => Client::connect(&self.addr, &self.token).map_err(|err| err.to_string())?,
-        };
-        client
-            .read_run(p.checkpoint, &p.name, e, buf)
-            .map_err(|err| err.to_string())?;
-        if let Ok(mut v) = self.pool.lock() {
-            v.push(client);
-        }
-        Ok(())
-    }
-    fn describe(&self) -> String {
-        format!("the page server at {}", self.addr)
-    }
-}
-
 pub fn cmd_lazy_filler(a: FillerCli) -> Result<ExitCode> {
     let control = std::io::stdin()
         .as_fd()
@@ -424,22 +365,14 @@ pub fn cmd_lazy_filler(a: FillerCli) -> Result<ExitCode> {
     let started = Instant::now();
     let setup = || -> Result<(Catalog, Box<dyn RunSource>)> {
         let catalog = Catalog::load(&a.dir, a.checkpoint)?;
-        let source: Box<dyn RunSource> = match (&a.from, &a.token_file) {
+        let remote = match (&a.from, &a.token_file) {
             (Some(addr), Some(tf)) => {
-                let token = crate::page_server::read_token_file(tf)?;
-                // Fail now, not at the first fault, if the server is not there.
-                let c = Client::connect(addr, &token)?;
-                Box::new(RemoteRuns {
-                    addr: addr.clone(),
-                    token,
-                    pool: Mutex::new(vec![c]),
-                })
+                Some((addr.as_str(), crate::page_server::read_token_file(tf)?))
             }
-            _ => Box::new(LocalPacks {
-                dir: a.dir.display().to_string(),
-            }),
+            _ => None,
         };
-        Ok((catalog, source))
+        // A page server that is not there fails now, not at the first fault.
+        Ok((catalog, stasis_lazy::open_source(&a.dir, remote)?))
     };
     let (catalog, source) = match setup() {
         Ok(x) => x,
@@ -464,37 +397,18 @@ pub fn cmd_lazy_filler(a: FillerCli) -> Result<ExitCode> {
         guard: Some(stasis_lazy::guard::Guard::spawn(&exe)?),
     };
     let result = stasis_lazy::serve(control, catalog, source, cfg);
-    if let (Ok(s), true) = (&result, a.record_faults) {
-        // The order pages faulted in this time is the best guess for the
-        // next restore of the same checkpoint.
-        if !s.aborted && s.faults > 0 {
-            let mut procs: Vec<(i32, Vec<(u64, u32)>)> = s
-                .fault_order
-                .iter()
-                .map(|(pid, pages)| (*pid, stasis_image::touch::TouchSet::ranges_of(pages)))
-                .collect();
-            procs.sort_unstable_by_key(|p| p.0);
-            let ts = stasis_image::touch::TouchSet {
-                source: stasis_image::touch::TouchSource::Faults,
-                window_ms: 0,
-                procs,
-            };
-            if let Err(e) = stasis_image::touch::write_touch_set(&cp_dir, &ts) {
-                eprintln!("stasis: warning: could not record the fault order: {e}");
-            }
+    let touch = result
+        .as_ref()
+        .ok()
+        .and_then(stasis_lazy::Stats::fault_touch_set);
+    if let (Some(ts), true) = (touch, a.record_faults) {
+        if let Err(e) = stasis_image::touch::write_touch_set(&cp_dir, &ts) {
+            eprintln!("stasis: warning: could not record the fault order: {e}");
         }
     }
     if let Some(path) = &a.stats_file {
-        let v = match &result {
-            Ok(s) => {
-                let mut v = serde_json::to_value(s)?;
-                v["total_us"] = u64::try_from(started.elapsed().as_micros())
-                    .unwrap_or(0)
-                    .into();
-                v
-            }
-            Err(e) => serde_json::json!({ "error": e.to_string() }),
-        };
+        let total_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(0);
+        let v = stasis_lazy::Stats::report(&result, total_us);
         std::fs::write(path, format!("{v}\n"))
             .with_context(|| format!("writing {}", path.display()))?;
     }

@@ -108,6 +108,31 @@ fn tree_view(root: i32) -> BTreeMap<i32, ProcView> {
         .collect()
 }
 
+/// The tree of `root` as it is while no dump holds it: a view read in the
+/// middle of a checkpoint (the supervisor's, say) shows the signal mask of
+/// a thread parked for remote syscalls, not its own.
+fn untraced_view(root: i32) -> BTreeMap<i32, ProcView> {
+    let untraced = || {
+        std::iter::once(root)
+            .chain(descendants(root))
+            .all(|p| tracer_of(p) == Some(0))
+    };
+    let t0 = Instant::now();
+    loop {
+        if untraced() {
+            let v = tree_view(root);
+            if untraced() {
+                return v;
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "{root} stays traced"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// Why the tree of `root` is not as `before` describes it, if it is not.
 fn harm(root: i32, before: &BTreeMap<i32, ProcView>) -> Option<String> {
     let pids: std::collections::BTreeSet<i32> =
@@ -227,6 +252,19 @@ fn spawn_group(args: &[&str], img: &Path, env: Option<(&str, String)>) -> std::p
     c.spawn().expect("spawning stasis")
 }
 
+/// Temporary checkpoint directories of dumper `pid` left in `img`.
+fn own_temps(img: &Path, pid: u32) -> Vec<String> {
+    let mark = format!("-{pid}-");
+    std::fs::read_dir(img.join("checkpoints"))
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(".tmp-") && n.contains(&mark))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Sends `sig` to the whole process group led by `child` and reaps `child`.
 fn kill_group(child: &mut std::process::Child, sig: i32) {
     let pg = i32::try_from(child.id()).unwrap();
@@ -235,20 +273,29 @@ fn kill_group(child: &mut std::process::Child, sig: i32) {
     let _ = child.wait();
 }
 
+/// Starts a workload and waits until its tree is settled: `chain_writer`
+/// forks at its first iteration, and a tree compared before and after a
+/// dump must not grow meanwhile (a loaded machine delays that fork).
+fn start_settled(name: &str, args: &[&str]) -> Workload {
+    let w = Workload::start(name, args);
+    if name == "chain_writer" {
+        let t0 = Instant::now();
+        while descendants(w.pid).is_empty() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "chain_writer did not fork"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    w
+}
+
 /// One kill campaign of `stasis dump MODE_ARGS` on a 2-process
 /// `chain_writer` tree (the parent forks at iteration 1).
 fn dump_campaign(salt: u64, mode: &[&str]) {
     let mut rng = campaign_rng(salt);
-    let mut w = Workload::start("chain_writer", &["32", "1", "0"]);
-    // Wait for the fork, so that the tree is settled.
-    let t0 = Instant::now();
-    while descendants(w.pid).is_empty() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "chain_writer did not fork"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let mut w = start_settled("chain_writer", &["32", "1", "0"]);
     let img = w.images();
     // The checkpoint that must survive the campaign, and the time a whole
     // dump takes here (it only scales the kill instants).
@@ -278,6 +325,11 @@ fn dump_campaign(salt: u64, mode: &[&str]) {
         let mut d = spawn_group(&args, &img, None);
         std::thread::sleep(delay);
         kill_group(&mut d, sig);
+        if sig != libc::SIGKILL {
+            // A clean abort leaves no temporary checkpoint behind.
+            let left = own_temps(&img, d.id());
+            assert!(left.is_empty(), "{ctx}: left behind {left:?}");
+        }
         assert_committed_whole(&img, &ctx);
         let now = checkpoints(&img);
         if stop_mode && !alive(w.pid) {
@@ -373,7 +425,7 @@ fn killed_run_supervisors_never_harm_the_job() {
             .process_group(0);
         let mut sup = sup.spawn().unwrap();
         let pid = wait_pidfile(&pidfile, Duration::from_secs(30));
-        let before = tree_view(pid);
+        let before = untraced_view(pid);
         let delay = Duration::from_micros(rng.below(1_500_000));
         std::thread::sleep(delay);
         kill_group(&mut sup, libc::SIGKILL);
@@ -414,7 +466,7 @@ fn dump_with_fault(w: &Workload, mode: &[&str], fault: String) -> (bool, String)
 /// dump of `name`, in turn; the process is unharmed each time and passes
 /// its own check at the end. Returns the number of steps.
 fn die_at_every_step(name: &str, args: &[&str], mode: &[&str], stride: usize) -> usize {
-    let mut w = Workload::start(name, args);
+    let mut w = start_settled(name, args);
     let mut step = 1;
     loop {
         let before = tree_view(w.pid);
@@ -462,12 +514,7 @@ fn each_remote_syscall_and_image_write_failing_in_turn_harms_nothing() {
     // Every remote syscall; the first 12 image writes, then ever sparser
     // ones (a pack is written in thousands of pieces).
     for (point, sparse_after) in [("remote-syscall", usize::MAX), ("image-write", 12)] {
-        let mut w = Workload::start("chain_writer", &["16", "1", "0"]);
-        let t0 = Instant::now();
-        while descendants(w.pid).is_empty() {
-            assert!(t0.elapsed() < Duration::from_secs(30));
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let mut w = start_settled("chain_writer", &["16", "1", "0"]);
         // A failure the dump recovers from (the scratch page's unmap is
         // tried twice) lets it succeed: go on until three dumps in a row
         // succeed, i.e. past the last point.

@@ -1,0 +1,320 @@
+//! Unit tests of `build.rs` (the restore's decisions, over the recording fake).
+use super::*;
+use crate::remote::{Call, Recorder};
+
+fn anon(start: u64, end: u64, prot: i32) -> Vma {
+    Vma {
+        start,
+        end,
+        prot: prot.unsigned_abs(),
+        shared: false,
+        growsdown: false,
+        name: String::new(),
+        kind: VmaKind::Anon,
+        shm: None,
+    }
+}
+
+fn run(vaddr: u64, npages: u32, file_off: u64) -> RunEntry {
+    RunEntry {
+        vaddr,
+        npages,
+        flags: 0,
+        file_off,
+        checksum: 0,
+    }
+}
+
+#[test]
+fn gap_avoids_busy_ranges_with_guards() {
+    let busy = [
+        (0x5555_0000_0000, 0x5555_0001_0000),
+        (0x7fff_0000_0000, 0x7fff_ffff_f000),
+    ];
+    let g = find_gap(&busy, 0x8000).unwrap();
+    assert!(
+        g + 0x8000 + 4096 <= 0x7fff_0000_0000 && g >= 0x5555_0001_0000,
+        "{g:#x}"
+    );
+    assert_eq!(g % 4096, 0);
+    // The vsyscall page lies above the user range: never a gap's end.
+    let g = find_gap(
+        &[
+            (0x7ffd_0000_0000, 0x7ffd_0001_0000),
+            (0xffff_ffff_ff60_0000, 0xffff_ffff_ff60_1000),
+        ],
+        0x8000,
+    )
+    .unwrap();
+    assert!(g + 0x8000 < 0x7fff_ffff_f000, "{g:#x}");
+    // Nothing fits when everything above 4 GiB is taken.
+    assert_eq!(find_gap(&[(1 << 32, 0x7fff_ffff_f000)], 4096), None);
+}
+
+#[test]
+fn readonly_area_with_data_is_mapped_writable_filled_then_protected() {
+    let mut r = Recorder::default();
+    let v = anon(0x10000, 0x14000, libc::PROT_READ);
+    let n = map_vma(
+        &mut r,
+        &v,
+        &[(
+            &[run(0x10000, 2, 4096), run(0x13000, 1, 4096 + 8192)][..],
+            7,
+        )],
+        None,
+    )
+    .unwrap();
+    assert_eq!(n, 3 * 4096);
+    // Small runs are not pre-populated.
+    assert_eq!(r.names(), vec!["mmap", "preadv", "mprotect"]);
+    let mmap = &r.args_of("mmap")[0];
+    assert_eq!(mmap[2], (libc::PROT_READ | libc::PROT_WRITE) as u64);
+    assert_eq!(
+        mmap[3],
+        (libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64
+    );
+    // One preadv for both file-contiguous runs, at the first run's offset.
+    let p = &r.args_of("preadv")[0];
+    assert_eq!((p[0], p[2], p[3]), (7, 2, 4096));
+    assert_eq!(
+        r.args_of("mprotect")[0],
+        vec![0x10000, 0x4000, libc::PROT_READ as u64]
+    );
+}
+
+#[test]
+fn pages_of_a_chain_are_read_from_each_pack() {
+    // An incremental checkpoint: page 1 from its own pack (fd 7), pages
+    // 0 and 2 from its parent's (fd 8).
+    let mut r = Recorder::default();
+    let v = anon(0x10000, 0x13000, libc::PROT_READ | libc::PROT_WRITE);
+    let own = [run(0x11000, 1, 4096)];
+    let parent = [run(0x10000, 1, 4096), run(0x12000, 1, 3 * 4096)];
+    let n = map_vma(&mut r, &v, &[(&own[..], 7), (&parent[..], 8)], None).unwrap();
+    assert_eq!(n, 3 * 4096);
+    let p = r.args_of("preadv");
+    // One read from the child's pack; two from the parent's, whose runs
+    // are not file-contiguous.
+    assert_eq!(
+        p.iter().map(|a| (a[0], a[2], a[3])).collect::<Vec<_>>(),
+        vec![(7, 1, 4096), (8, 1, 4096), (8, 1, 3 * 4096)]
+    );
+}
+
+#[test]
+fn empty_area_is_mapped_with_final_protection_and_not_filled() {
+    let mut r = Recorder::default();
+    map_vma(&mut r, &anon(0x10000, 0x12000, libc::PROT_NONE), &[], None).unwrap();
+    assert_eq!(r.names(), vec!["mmap"]);
+    assert_eq!(r.args_of("mmap")[0][2], 0);
+}
+
+#[test]
+fn runs_are_clipped_to_areas() {
+    let all = [run(0x10000, 4, 4096), run(0x20000, 2, 5 * 4096)];
+    assert_eq!(
+        clip_runs(&all, 0x12000, 0x21000),
+        vec![run(0x12000, 2, 3 * 4096), run(0x20000, 1, 5 * 4096)]
+    );
+    assert_eq!(clip_runs(&all, 0x14000, 0x20000), vec![]);
+    assert_eq!(clip_runs(&all, 0x0, 0x100000), all.to_vec());
+}
+
+#[test]
+fn large_contiguous_stretches_are_populated_first() {
+    let mut r = Recorder::default();
+    fill(
+        &mut r,
+        &[
+            run(0x100000, 8, 4096),
+            run(0x108000, 8, 9 * 4096),
+            run(0x200000, 2, 17 * 4096),
+        ],
+        3,
+    )
+    .unwrap();
+    assert_eq!(r.names(), vec!["madvise", "preadv"]);
+    assert_eq!(r.args_of("madvise")[0], vec![0x100000, 16 * 4096, 23]);
+}
+
+#[test]
+fn file_contiguity_breaks_preadv_batches() {
+    let mut r = Recorder::default();
+    fill(
+        &mut r,
+        &[run(0x10000, 1, 4096), run(0x20000, 1, 3 * 4096)],
+        3,
+    )
+    .unwrap();
+    assert_eq!(r.names(), vec!["preadv", "preadv"]);
+}
+
+#[test]
+fn private_file_mapping_opens_maps_and_closes() {
+    let mut r = Recorder::default();
+    let v = Vma {
+        kind: VmaKind::File {
+            path: "/lib/x.so".into(),
+            offset: 0x2000,
+            dev: 0,
+            ino: 0,
+        },
+        ..anon(0x10000, 0x12000, libc::PROT_READ | libc::PROT_EXEC)
+    };
+    map_vma(&mut r, &v, &[], None).unwrap();
+    assert_eq!(r.names(), vec!["open", "mmap", "close"]);
+    assert_eq!(r.args_of("mmap")[0][4..], [100, 0x2000]);
+    assert!(r
+        .calls
+        .iter()
+        .any(|c| matches!(c, Call::Write { data, .. } if data == b"/lib/x.so\0")));
+}
+
+#[test]
+fn failing_open_names_the_file() {
+    let mut r = Recorder {
+        fail_on: Some(("open", libc::ENOENT)),
+        ..Default::default()
+    };
+    let v = Vma {
+        kind: VmaKind::File {
+            path: "/gone".into(),
+            offset: 0,
+            dev: 0,
+            ino: 0,
+        },
+        ..anon(0x10000, 0x12000, libc::PROT_READ)
+    };
+    let e = map_vma(&mut r, &v, &[], None).unwrap_err().to_string();
+    assert!(e.contains("/gone"), "{e}");
+}
+
+#[test]
+fn only_armed_timers_are_set() {
+    let mut r = Recorder::default();
+    restore_itimers(
+        &mut r,
+        &[
+            ITimer {
+                which: 0,
+                interval_us: 10_000,
+                value_us: 2_500_000,
+            },
+            ITimer {
+                which: 1,
+                interval_us: 0,
+                value_us: 0,
+            },
+        ],
+    )
+    .unwrap();
+    assert_eq!(r.names(), vec!["setitimer"]);
+    let w = r.writes()[0].clone();
+    assert_eq!(w, words(&[0, 10_000, 2, 500_000]));
+}
+
+#[test]
+fn thread_state_sets_everything_in_order() {
+    let mut r = Recorder::default();
+    let th = ThreadImage {
+        tid: 42,
+        regs: vec![0; 27],
+        xstate: vec![],
+        sigmask: 0,
+        pending: vec![],
+        altstack: stasis_image::manifest::AltStack {
+            sp: 0x7000,
+            flags: libc::SS_ONSTACK,
+            size: 8192,
+        },
+        comm: "worker".into(),
+        rseq: Some(stasis_image::manifest::RseqConfig {
+            ptr: 0x9000,
+            size: 32,
+            signature: 0x53053053,
+        }),
+        seccomp: vec![(vec![6, 0, 0, 0, 0, 0, 0xff, 0x7f], 2)],
+        clear_child_tid: 0x5000,
+        robust_list: 0x6000,
+        robust_list_len: 24,
+    };
+    thread_state(&mut r, &th).unwrap();
+    assert_eq!(
+        r.names(),
+        vec![
+            "sigaltstack",
+            "rseq",
+            "set_robust_list",
+            "set_tid_address",
+            "seccomp",
+            "prctl"
+        ]
+    );
+    assert_eq!(r.args_of("rseq")[0], vec![0x9000, 32, 0, 0x53053053]);
+    assert_eq!(r.args_of("set_robust_list")[0], vec![0x6000, 24]);
+    assert_eq!(r.args_of("set_tid_address")[0], vec![0x5000]);
+    // One instruction, flags passed through, sock_fprog in scratch.
+    let sc = &r.args_of("seccomp")[0];
+    assert_eq!((sc[0], sc[1]), (1, 2));
+    // SS_ONSTACK is a state, not a flag one can set.
+    let w = r.writes();
+    assert_eq!(w[0], words(&[0x7000, 0, 8192]));
+}
+
+#[test]
+fn clone_thread_passes_set_tid() {
+    let mut r = Recorder::default();
+    // The recorder answers 0, not the TID: a mismatch is an error.
+    assert!(clone_thread(&mut r, 77).is_err());
+    let w = r.writes();
+    assert_eq!(w[0], 77i32.to_le_bytes());
+    assert_eq!(
+        u64::from_le_bytes(w[1][0..8].try_into().unwrap()),
+        THREAD_CLONE_FLAGS
+    );
+    assert_eq!(u64::from_le_bytes(w[1][72..80].try_into().unwrap()), 1);
+    assert_eq!(r.args_of("clone3")[0][1], 88);
+}
+
+#[test]
+fn periodic_posix_timers_caught_at_expiry_stay_armed() {
+    let mut r = Recorder::default();
+    let t = |id, value_ns, interval_ns| PosixTimer {
+        id,
+        clockid: 1,
+        notify: 0,
+        signo: 10,
+        tid: 0,
+        value: 0,
+        value_ns,
+        interval_ns,
+    };
+    arm_posix_timers(&mut r, &[t(1, 0, 10_000_000), t(2, 0, 0), t(3, 5, 0)]).unwrap();
+    let armed: Vec<u64> = r.args_of("timer_settime").iter().map(|a| a[0]).collect();
+    assert_eq!(armed, vec![1, 3]);
+    let w = r.writes();
+    assert_eq!(w[0], words(&[0, 10_000_000, 0, 1]));
+}
+
+#[test]
+fn mm_map_struct_layout() {
+    let mut r = Recorder::default();
+    let mm = MmImage {
+        start_code: 1,
+        end_code: 2,
+        brk: 6,
+        auxv: vec![33, 44],
+        ..Default::default()
+    };
+    restore_mm(&mut r, &mm, 5).unwrap();
+    let p = &r.args_of("prctl")[0];
+    assert_eq!((p[0], p[1], p[3]), (35, 14, 104));
+    let data = r.writes();
+    assert_eq!(data[0], words(&[33, 44]));
+    let s = &data[1];
+    assert_eq!(s.len(), 104);
+    assert_eq!(u64::from_le_bytes(s[40..48].try_into().unwrap()), 6);
+    assert_eq!(u32::from_le_bytes(s[96..100].try_into().unwrap()), 16);
+    assert_eq!(u32::from_le_bytes(s[100..104].try_into().unwrap()), 5);
+}

@@ -1,0 +1,341 @@
+//! Per process, memory: the vDSO at its address, then every saved area
+//! mapped and filled by `preadv` inside the process straight from the page
+//! packs; shared anonymous memory mapped again through the first mapper's
+//! `/proc/PID/map_files`; for a lazy restore, private anonymous memory
+//! mapped empty and registered with a userfaultfd handed to the filler.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use stasis_image::manifest::{ProcessImage, Vma, VmaKind};
+use stasis_image::{PageSource, RunEntry};
+use stasis_kernel::KernelError;
+use stasis_sys as sys;
+
+use crate::build::{self, step};
+use crate::pipeline::Transport;
+use crate::proc::Proc;
+use crate::process::TreeCtx;
+use crate::remote::Remote;
+use crate::{files, lazy_area, LazySink, RestoreError, Result};
+
+/// Where an earlier process mapped a shared anonymous object: (its PID as
+/// stasis sees it, start, end, offset in the object).
+pub(crate) type ShmFirst = (i32, u64, u64, u64);
+
+/// What is done with one saved area.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AreaAction {
+    /// Shared memory an earlier area created: map that one again.
+    SharedAgain(ShmFirst),
+    /// Mapped empty, left to the lazy filler.
+    Lazy,
+    /// A deleted file rebuilt by the fd factory, mapped and filled.
+    Ghost,
+    /// Mapped and filled from the packs.
+    Plain,
+}
+
+/// Decides what to do with area `v` holding `data` bytes of image pages.
+/// `first`: where its shared object was first mapped, if it was.
+pub(crate) fn area_action(v: &Vma, data: u64, lazy: bool, first: Option<ShmFirst>) -> AreaAction {
+    if let Some(f) = first {
+        return AreaAction::SharedAgain(f);
+    }
+    if lazy && data > 0 && lazy_area(v) {
+        return AreaAction::Lazy;
+    }
+    if matches!(v.kind, VmaKind::Ghost { .. }) {
+        AreaAction::Ghost
+    } else {
+        AreaAction::Plain
+    }
+}
+
+/// Maps and fills (or leaves to the filler) every area of process `p`.
+/// Returns the bytes of image pages it covers.
+pub(crate) fn restore_memory(
+    s: &mut Proc,
+    p: &ProcessImage,
+    sources: &[PageSource],
+    cx: &mut TreeCtx<'_, '_>,
+) -> Result<u64> {
+    // Every pack holding pages of this process is opened inside it (one
+    // for a full checkpoint, several along an incremental chain).
+    let pack_fds = open_packs(s, sources)?;
+    let mut filled = 0u64;
+    let mut last = Instant::now();
+    let mut lazy_areas = Vec::new();
+    for v in &p.vmas {
+        let first = match v.shm {
+            Some((ino, off)) => {
+                let f = cx.shm_first.get(&ino).copied();
+                if f.is_none() {
+                    cx.shm_first.insert(ino, (s.t.pid(), v.start, v.end, off));
+                }
+                f
+            }
+            None => None,
+        };
+        let runs: Vec<Vec<RunEntry>> = sources
+            .iter()
+            .map(|src| build::clip_runs(&src.runs, v.start, v.end))
+            .collect();
+        let fills: Vec<build::Fill<'_>> = runs
+            .iter()
+            .zip(&pack_fds)
+            .map(|(r, fd)| (r.as_slice(), *fd))
+            .collect();
+        let data: u64 = runs.iter().flatten().map(RunEntry::len).sum();
+        match area_action(v, data, cx.opts.lazy.is_some(), first) {
+            AreaAction::SharedAgain(f) => {
+                let off = v.shm.map_or(0, |(_, off)| off);
+                map_shared_again(s, v, f, off, cx.transport)?;
+                continue;
+            }
+            AreaAction::Lazy => {
+                // Mapped with its final protection and left empty: the filler
+                // maps each page in (UFFDIO_COPY needs no write permission).
+                build::map_vma(s, v, &[], None)?;
+                lazy_areas.push((v.start, v.end));
+                filled += data;
+                cx.lazy_bytes += data;
+                continue;
+            }
+            AreaAction::Ghost => filled += map_ghost(s, v, &fills, cx)?,
+            AreaAction::Plain => filled += build::map_vma(s, v, &fills, None)?,
+        }
+        if let Some(cb) = &cx.opts.progress {
+            if last.elapsed() >= Duration::from_millis(100) {
+                cb(cx.filled + filled, cx.total);
+                last = Instant::now();
+            }
+        }
+    }
+    for fd in pack_fds {
+        s.sys("close", libc::SYS_close, &[fd])
+            .map_err(step("closing a pack"))?;
+    }
+    if let Some(sink) = &cx.opts.lazy {
+        if !lazy_areas.is_empty() {
+            arm_lazy(s, p.pid, &lazy_areas, sink.as_ref())?;
+        }
+    }
+    Ok(filled)
+}
+
+/// Opens every pack of `sources` inside the process; returns its fds there.
+pub(crate) fn open_packs<R: Remote>(s: &mut R, sources: &[PageSource]) -> Result<Vec<u64>> {
+    let mut pack_fds = Vec::with_capacity(sources.len());
+    for src in sources {
+        let path = src.pack.path().to_string_lossy();
+        pack_fds.push(build::open_in(s, &path, "page pack")?);
+    }
+    Ok(pack_fds)
+}
+
+/// Maps an area of a deleted file: the rebuilt file is handed over just
+/// above the transport, mapped, and closed.
+fn map_ghost(
+    s: &mut Proc,
+    v: &Vma,
+    fills: &[build::Fill<'_>],
+    cx: &mut TreeCtx<'_, '_>,
+) -> Result<u64> {
+    let VmaKind::Ghost { id, name, .. } = &v.kind else {
+        return build::map_vma(s, v, fills, None);
+    };
+    let h = cx.transport.h;
+    let writable = v.shared && v.prot & libc::PROT_WRITE.unsigned_abs() != 0;
+    let file = cx.factory.ghost_for_mapping(*id, name, writable)?;
+    let tmp =
+        i32::try_from(h + 1).map_err(|_| RestoreError::Layout("fd number overflow".into()))?;
+    files::plant(s, &cx.transport.sock, h, file.as_fd(), tmp, true)?;
+    let r = build::map_vma(s, v, fills, Some(h + 1));
+    s.sys("close", libc::SYS_close, &[h + 1])
+        .map_err(step("closing a mapped file"))?;
+    r
+}
+
+/// Creates a userfaultfd inside the process, registers `areas` with it in
+/// missing mode, and hands it to the lazy filler.
+fn arm_lazy(s: &mut Proc, image_pid: i32, areas: &[(u64, u64)], sink: &dyn LazySink) -> Result<()> {
+    let fd = take_uffd(s)?;
+    let want = sink.features();
+    let got = stasis_kernel::uffd::api(&fd, want)?;
+    if got & want != want {
+        return Err(RestoreError::Incompatible(format!(
+            "this kernel's userfaultfd lacks the events a lazy restore needs ({:?}); restore without --lazy",
+            stasis_kernel::uffd::feature_names(want & !got)
+        )));
+    }
+    let u = stasis_kernel::uffd::Userfaultfd::from_fd(fd, got);
+    for &(a, b) in areas {
+        u.register(a, b - a, sys::UFFDIO_REGISTER_MODE_MISSING)?;
+    }
+    sink.hand(image_pid, s.t.pid(), areas, u.fd())
+        .map_err(|source| RestoreError::LazyHand { image_pid, source })
+}
+
+/// A userfaultfd created inside the process and taken from it with
+/// `pidfd_getfd` (its copy in the process is closed).
+///
+/// Restore's own copy of this helper, kept to this one function: once
+/// `stasis_kernel::uffd_remote` is merged, its body becomes one call there.
+fn take_uffd(s: &mut Proc) -> Result<OwnedFd> {
+    let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK).unsigned_abs();
+    let n = s
+        .sys("userfaultfd", sys::SYS_USERFAULTFD, &[u64::from(flags)])
+        .map_err(step("creating a userfaultfd for the lazy restore"))?;
+    let taken = stasis_kernel::pidfd::pidfd_open(s.t.pid())
+        .and_then(|pfd| stasis_kernel::pidfd::pidfd_getfd(&pfd, i32::try_from(n).unwrap_or(-1)));
+    s.sys("close", libc::SYS_close, &[n])
+        .map_err(step("closing the process's copy of its userfaultfd"))?;
+    Ok(taken?)
+}
+
+/// Maps shared anonymous memory that an earlier area (`first`) already
+/// created, through that area's `/proc/PID/map_files` entry, so both share
+/// the same pages.
+fn map_shared_again(
+    s: &mut Proc,
+    v: &Vma,
+    first: ShmFirst,
+    off: u64,
+    transport: &Transport,
+) -> Result<()> {
+    let (fpid, fstart, fend, foff) = first;
+    let h = transport.h;
+    let len = v.end - v.start;
+    if off < foff || off + len > foff + (fend - fstart) {
+        return Err(RestoreError::Unsupported(format!("shared memory at {:#x}-{:#x} of process {} covers pages that process {fpid} does not map", v.start, v.end, s.pid)));
+    }
+    let path = format!("/proc/{fpid}/map_files/{fstart:x}-{fend:x}");
+    let writable = v.prot & libc::PROT_WRITE.unsigned_abs() != 0;
+    let file: OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(writable)
+        .open(&path)
+        .map_err(|e| RestoreError::File {
+            path: path.clone(),
+            what: "shared memory".into(),
+            source: KernelError::Io {
+                what: "open".into(),
+                source: e,
+            },
+        })?
+        .into();
+    // Hand it over at the first number above the transport, map, close.
+    let tmp =
+        i32::try_from(h + 1).map_err(|_| RestoreError::Layout("fd number overflow".into()))?;
+    files::plant(s, &transport.sock, h, file.as_fd(), tmp, true)?;
+    let flags = (libc::MAP_SHARED | libc::MAP_FIXED) as u64;
+    let at = s.sys(
+        "mmap",
+        libc::SYS_mmap,
+        &[v.start, len, u64::from(v.prot), flags, h + 1, off - foff],
+    );
+    s.sys("close", libc::SYS_close, &[h + 1])
+        .map_err(step("closing a shared-memory fd"))?;
+    let at = at.map_err(step(format!(
+        "sharing memory at {:#x}-{:#x}",
+        v.start, v.end
+    )))?;
+    if at != v.start {
+        return Err(RestoreError::Layout(format!(
+            "shared area {:#x}-{:#x} landed at {at:#x}",
+            v.start, v.end
+        )));
+    }
+    Ok(())
+}
+
+/// The vDSO (and vvar) at their saved addresses; refused if this kernel's
+/// layout differs.
+pub(crate) fn restore_vdso(s: &mut Proc, p: &ProcessImage) -> Result<()> {
+    let find = |k: fn(&VmaKind) -> bool| p.vmas.iter().find(|v| k(&v.kind));
+    let Some(vdso) = find(|k| matches!(k, VmaKind::Vdso)) else {
+        return Ok(());
+    };
+    let vvar = find(|k| matches!(k, VmaKind::Vvar));
+    let start = vvar.map_or(vdso.start, |v| v.start);
+    s.sys(
+        "arch_prctl",
+        libc::SYS_arch_prctl,
+        &[sys::ARCH_MAP_VDSO_64, start],
+    )
+    .map_err(step("mapping the vDSO"))?;
+    let now = read_maps(s.t.pid())?;
+    let placed = |name: &str, want: Option<&Vma>| match want {
+        None => true,
+        Some(w) => now
+            .iter()
+            .any(|m| m.2 == name && m.0 == w.start && m.1 == w.end),
+    };
+    let vclock = find(|k| matches!(k, VmaKind::VvarVclock));
+    if !(placed("[vdso]", Some(vdso)) && placed("[vvar]", vvar) && placed("[vvar_vclock]", vclock))
+    {
+        return Err(RestoreError::Incompatible(
+            "this kernel's vDSO layout differs from the one in the image (it was dumped under another kernel); restore on the kernel that made it".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// `(start, end, name)` of every mapping of `pid`.
+///
+/// Restore's own `/proc/PID/maps` reader, kept to this one function: once
+/// `stasis_kernel::procfs` is merged, its body becomes one call there.
+pub(crate) fn read_maps(pid: i32) -> Result<Vec<(u64, u64, String)>> {
+    let text =
+        std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| KernelError::Io {
+            what: format!("reading /proc/{pid}/maps"),
+            source: e,
+        })?;
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let (a, b) = it.next()?.split_once('-')?;
+            let name = it.nth(4).unwrap_or("").to_string();
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+                name,
+            ))
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::vma;
+
+    #[test]
+    fn each_area_is_mapped_again_left_to_the_filler_or_filled() {
+        let anon = vma(0x1000, 0x2000, VmaKind::Anon, false);
+        let first = (300, 0x7000, 0x9000, 0);
+        // Shared memory mapped before: always mapped again, lazy or not.
+        assert_eq!(
+            area_action(&anon, 4096, true, Some(first)),
+            AreaAction::SharedAgain(first)
+        );
+        // Private anonymous with data: the filler's, only in a lazy restore.
+        assert_eq!(area_action(&anon, 4096, true, None), AreaAction::Lazy);
+        assert_eq!(area_action(&anon, 4096, false, None), AreaAction::Plain);
+        // No data: nothing for the filler to owe; mapped (empty) now.
+        assert_eq!(area_action(&anon, 0, true, None), AreaAction::Plain);
+        // Shared anonymous and ghost file areas are filled before the tree runs.
+        let shared = vma(0x1000, 0x2000, VmaKind::Anon, true);
+        assert_eq!(area_action(&shared, 4096, true, None), AreaAction::Plain);
+        let ghost = VmaKind::Ghost {
+            id: 1,
+            offset: 0,
+            name: "/tmp/gone (deleted)".into(),
+        };
+        let ghost = vma(0x1000, 0x2000, ghost, false);
+        assert_eq!(area_action(&ghost, 4096, true, None), AreaAction::Ghost);
+        assert_eq!(area_action(&ghost, 4096, false, None), AreaAction::Ghost);
+    }
+}

@@ -1,0 +1,380 @@
+//! The restore as a pipeline of stages over one state struct ([`Build`],
+//! one [`Record`] per process): load → verify (in parallel) → build the
+//! tree (stub, tree, per process: memory, files, threads) → jump.
+//!
+//! Every stage that can fail after the root stub exists returns an error
+//! that [`restore`] turns into killing and reaping the whole half-built tree
+//! ([`crate::reap::kill_tree`]) before it is returned.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::time::Instant;
+
+use stasis_image::manifest::{Manifest, ProcessImage};
+use stasis_image::{Checkpoint, ImageDir, ImageError, PackReader, PageSource};
+use stasis_kernel::child::{spawn_stopped, SpawnError};
+use stasis_kernel::{scm, Tracee};
+use stasis_sys as sys;
+
+use crate::proc::Proc;
+use crate::reap::{kill_stub, kill_tree, wait_pid_free, Watchdog};
+use crate::{files, process, stub, sysv, tree};
+use crate::{RestoreError, RestoreOptions, Restored, Result};
+
+/// One process of the image on its way through the pipeline.
+pub(crate) struct Record<'a> {
+    pub img: &'a ProcessImage,
+    /// Where its pages are: its own pack, and for an incremental
+    /// checkpoint the packs of its ancestors (none for a zombie).
+    pub sources: Vec<PageSource>,
+    /// Its stub, from the moment it exists.
+    pub proc: Option<Proc>,
+}
+
+/// The fd transport: the restorer's end, and the number of the stubs' end
+/// (above every fd of the image).
+pub(crate) struct Transport {
+    pub sock: OwnedFd,
+    pub h: u64,
+}
+
+/// The state every stage of a restore works on.
+pub(crate) struct Build<'a> {
+    pub m: &'a Manifest,
+    pub plan: &'a tree::Plan,
+    pub records: Vec<Record<'a>>,
+    pub transport: Transport,
+    pub opts: &'a RestoreOptions,
+    /// Of the bytes restored, those left to the lazy filler.
+    pub lazy_bytes: u64,
+}
+
+impl Build<'_> {
+    /// The stub of process `i` (an error if it was never created).
+    pub fn proc_mut(&mut self, i: usize) -> Result<&mut Proc> {
+        let pid = self.records.get(i).map_or(0, |r| r.img.pid);
+        self.records
+            .get_mut(i)
+            .and_then(|r| r.proc.as_mut())
+            .ok_or_else(|| RestoreError::Inconsistent(format!("process {pid} was not created")))
+    }
+
+    /// The root's stub.
+    pub fn root(&mut self) -> Result<&mut Proc> {
+        self.proc_mut(0)
+    }
+
+    /// Every stub created so far, in manifest order.
+    fn into_procs(self) -> Vec<Proc> {
+        self.records.into_iter().filter_map(|r| r.proc).collect()
+    }
+}
+
+/// Stage 1, load: reads a checkpoint and checks that this version can
+/// restore it here.
+pub fn load(store: &ImageDir, n: Option<u32>) -> Result<(Checkpoint, tree::Plan)> {
+    let cp = store.load(n)?;
+    let m = &cp.manifest;
+    if m.host.page_size != sys::PAGE_SIZE {
+        return Err(RestoreError::Incompatible(format!(
+            "image page size {} differs from {}",
+            m.host.page_size,
+            sys::PAGE_SIZE
+        )));
+    }
+    for p in &m.processes {
+        if p.zombie.is_none() && p.threads.is_empty() {
+            return Err(RestoreError::Inconsistent(format!(
+                "process {} has no threads",
+                p.pid
+            )));
+        }
+    }
+    let plan = tree::plan(&m.processes)?;
+    Ok((cp, plan))
+}
+
+/// Restores the process tree of a checkpoint and lets it run.
+pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
+    let t0 = Instant::now();
+    // Processes of a tree abandoned half-built come back to us to be
+    // reaped at once (not to an init that reaps late, keeping their PIDs).
+    let _reaper = stasis_kernel::child::Subreaper::enable();
+    let (cp, plan) = load(store, opts.checkpoint)?;
+    let m = &cp.manifest;
+    let chain = stasis_image::load_chain(store, Some(cp.number))?;
+    let mut records = page_sources(&chain, m)?;
+    let waited = Instant::now();
+    wait_pids_free(m, opts)?;
+    let pid_wait_us = micros(waited);
+
+    let (transport, remote_end) = transport(m)?;
+    let (root, init) = spawn_root(m, remote_end, opts.new_pidns)?;
+    records[0].proc = Some(root);
+    let mut b = Build {
+        m,
+        plan: &plan,
+        records,
+        transport,
+        opts,
+        lazy_bytes: 0,
+    };
+
+    // Stage 2, verify: pack checksums, in parallel with the rebuild.
+    let verifier = start_verifier(&chain, &b);
+    let watchdog = Watchdog::start();
+    // Stage 3, build.
+    let built = build_tree(&mut b);
+    let verified = match verifier.join() {
+        Ok(r) => r.map_err(RestoreError::Corrupt),
+        Err(_) => Err(RestoreError::Layout(
+            "the checksum verifier panicked".into(),
+        )),
+    };
+    // A damaged pack is the error to report even if the build also failed
+    // (damaged data can make it fail first, with a vaguer message).
+    let result = verified.and(built).and_then(|bytes| {
+        // Stage 4, jump.
+        jump_all(&mut b)?;
+        Ok(bytes)
+    });
+    drop(watchdog);
+    match result {
+        Ok(bytes) => Ok(Restored {
+            checkpoint: cp.number,
+            pid: b.root()?.t.pid(),
+            pid_in_namespace: init.map(|_| m.processes[0].pid),
+            init_pid: init,
+            processes: m.processes.len(),
+            threads: m.processes.iter().map(|p| p.threads.len()).sum(),
+            pages: bytes / sys::PAGE_SIZE,
+            bytes,
+            lazy_bytes: b.lazy_bytes,
+            total_us: micros(t0),
+            pid_wait_us,
+        }),
+        Err(e) => {
+            kill_tree(b.into_procs(), init);
+            Err(e)
+        }
+    }
+}
+
+fn micros(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_micros()).unwrap_or(u64::MAX)
+}
+
+/// The pages of each process: its own pack, and for an incremental
+/// checkpoint the packs of its ancestors. One record per process.
+fn page_sources<'a>(chain: &[Checkpoint], m: &'a Manifest) -> Result<Vec<Record<'a>>> {
+    let mut records = Vec::with_capacity(m.processes.len());
+    for img in &m.processes {
+        let sources = if img.zombie.is_some() {
+            Vec::new()
+        } else {
+            stasis_image::page_sources(chain, img)?
+        };
+        records.push(Record {
+            img,
+            sources,
+            proc: None,
+        });
+    }
+    Ok(records)
+}
+
+/// Every saved PID and TID must be free (zombies holding one are waited
+/// out); not needed in a new PID namespace.
+fn wait_pids_free(m: &Manifest, opts: &RestoreOptions) -> Result<()> {
+    for p in m.processes.iter().filter(|_| !opts.new_pidns) {
+        wait_pid_free(p.pid, opts.pid_wait)?;
+        for th in p.threads.iter().filter(|t| t.tid != p.pid) {
+            wait_pid_free(th.tid, opts.pid_wait)?;
+        }
+    }
+    Ok(())
+}
+
+/// The fd transport: the stub inherits the second socket at a number above
+/// every fd of the image.
+fn transport(m: &Manifest) -> Result<(Transport, OwnedFd)> {
+    let (sock, remote_end) = scm::dgram_pair()?;
+    let max_fd = m
+        .processes
+        .iter()
+        .flat_map(|p| p.fds.iter().map(|f| f.fd))
+        .max()
+        .unwrap_or(2);
+    let remote_end = scm::dup_at_least(remote_end.as_fd(), max_fd.max(2) + 1)?;
+    let h = u64::from(remote_end.as_raw_fd().unsigned_abs());
+    Ok((Transport { sock, h }, remote_end))
+}
+
+/// The root stub at the root's PID (and, with a new PID namespace, that
+/// namespace's init). `remote_end` is closed here once the stub has it.
+fn spawn_root(m: &Manifest, remote_end: OwnedFd, new_pidns: bool) -> Result<(Proc, Option<i32>)> {
+    let root = &m.processes[0];
+    let spawn_err = |e| match e {
+        SpawnError::PidTaken(pid) => RestoreError::PidTaken {
+            pid,
+            by: "a process that appeared meanwhile".into(),
+        },
+        SpawnError::NoPermission { pid, source } => RestoreError::NoPermission { pid, source },
+        SpawnError::Kernel(k) => RestoreError::Kernel(k),
+    };
+    let (t, init): (Tracee, Option<i32>) = if new_pidns {
+        // The namespace's init is stasis exec'd anew: keep the transport
+        // across that exec, so the root stub (forked by init) has it.
+        let _ = nix::fcntl::fcntl(
+            remote_end.as_raw_fd(),
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+        );
+        let opts_bits = sys::PTRACE_O_EXITKILL
+            | sys::PTRACE_O_TRACECLONE
+            | sys::PTRACE_O_TRACEFORK
+            | sys::PTRACE_O_SUSPEND_SECCOMP;
+        let (init, t) =
+            stasis_kernel::child::spawn_in_new_pidns(root.pid, opts_bits).map_err(spawn_err)?;
+        (t, Some(init))
+    } else {
+        (spawn_stopped(Some(root.pid)).map_err(spawn_err)?, None)
+    };
+    drop(remote_end);
+    let root_outer = t.pid();
+    match Proc::adopt(t, 0, root.pid) {
+        Ok(p) => Ok((p, init)),
+        Err(e) => {
+            kill_stub(root_outer, init);
+            Err(e)
+        }
+    }
+}
+
+/// Starts checking the checksums of every pack the restore reads. A lazy
+/// restore checks only what it fills now; the filler checks each run it
+/// reads.
+fn start_verifier(
+    chain: &[Checkpoint],
+    b: &Build<'_>,
+) -> std::thread::JoinHandle<Result<(), ImageError>> {
+    let to_verify: Vec<_> = chain
+        .iter()
+        .flat_map(|c| {
+            c.manifest
+                .processes
+                .iter()
+                .filter_map(move |p| p.pack.as_ref().map(|r| (c.pack_path(r), r.clone())))
+        })
+        .filter(|(path, _)| {
+            b.records
+                .iter()
+                .flat_map(|r| r.sources.iter())
+                .any(|s| path.as_ref().is_ok_and(|p| p.as_path() == s.pack.path()))
+        })
+        .collect();
+    let eager: Option<Vec<(u64, u64)>> = b
+        .opts
+        .lazy
+        .as_ref()
+        .map(|_| crate::eager_ranges(b.m.processes.iter().flat_map(|p| p.vmas.iter())));
+    std::thread::spawn(move || -> Result<(), ImageError> {
+        for (path, pref) in to_verify {
+            let pack = PackReader::open(&path?, Some(&pref))?;
+            match &eager {
+                None => pack.verify()?,
+                Some(ranges) => {
+                    let mut buf = Vec::new();
+                    for e in stasis_image::chain::runs_touching(pack.runs(), ranges) {
+                        buf.resize(usize::try_from(e.len()).unwrap_or(0), 0);
+                        pack.read_run(&e, &mut buf)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Stage 3: everything up to (not including) the final jumps: the root
+/// stub's clean slate, the tree, zombies, then every live process. Returns
+/// the bytes filled.
+fn build_tree(b: &mut Build<'_>) -> Result<u64> {
+    stub::prepare_root(b)?;
+    stub::fork_tree(b)?;
+    stub::set_groups(b)?;
+    stub::make_zombies(b)?;
+    // System V segments exist before anyone attaches them.
+    sysv::prepare(&b.m.sysv_shm)?;
+    let filled = build_processes(b)?;
+    sysv::finish(&b.m.sysv_shm);
+    Ok(filled)
+}
+
+/// Every live process, in manifest order (shared memory is first mapped
+/// by the earliest process that has it).
+fn build_processes(b: &mut Build<'_>) -> Result<u64> {
+    let m = b.m;
+    let total: u64 = b
+        .records
+        .iter()
+        .flat_map(|r| r.sources.iter())
+        .map(PageSource::bytes)
+        .sum();
+    let mut cx = process::TreeCtx {
+        root_pid: m.processes[0].pid,
+        factory: files::FdFactory::new(
+            &m.pipes,
+            &m.ghosts,
+            m.processes.iter().flat_map(|p| p.fds.iter()),
+        ),
+        shm_first: HashMap::new(),
+        transport: &b.transport,
+        opts: b.opts,
+        filled: 0,
+        total,
+        lazy_bytes: 0,
+    };
+    for r in &mut b.records {
+        if r.img.zombie.is_some() {
+            continue;
+        }
+        let pid = r.img.pid;
+        let p = r
+            .proc
+            .as_mut()
+            .ok_or_else(|| RestoreError::Inconsistent(format!("process {pid} was not created")))?;
+        let done = process::build_process(p, r.img, &r.sources, &mut cx);
+        b.lazy_bytes = cx.lazy_bytes;
+        cx.filled += done?;
+        if let Some(cb) = &b.opts.progress {
+            cb(cx.filled, total);
+        }
+    }
+    if cx.filled != total {
+        return Err(RestoreError::Inconsistent(format!(
+            "{} pack bytes lie outside every saved area",
+            total - cx.filled
+        )));
+    }
+    cx.factory.finish_tcp()?;
+    Ok(cx.filled)
+}
+
+/// Stage 4: every process gets its registers back while all stay stopped
+/// (children first); only then are they let go, all in one short loop, the
+/// root last. A restorer killed before that loop takes the whole stopped
+/// tree with it (`PTRACE_O_EXITKILL`): never a child running without its
+/// parent.
+fn jump_all(b: &mut Build<'_>) -> Result<()> {
+    let mut ready = Vec::new();
+    for (i, r) in b.records.iter_mut().enumerate().rev() {
+        if let Some(p) = r.proc.as_mut().filter(|p| p.live) {
+            crate::threads::jump(p, r.img)?;
+            ready.push(i);
+        }
+    }
+    for i in ready {
+        crate::threads::release(b.proc_mut(i)?)?;
+    }
+    Ok(())
+}

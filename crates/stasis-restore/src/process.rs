@@ -1,0 +1,201 @@
+//! Per process: memory ([`crate::memory`]), then the exe link and mm
+//! fields, attributes, files, rlimits, signal handlers, then its threads
+//! and what belongs to them ([`crate::threads`]).
+
+use std::collections::HashMap;
+
+use stasis_image::manifest::{ProcessImage, Rlimit};
+use stasis_image::PageSource;
+
+use crate::build::{self, step};
+use crate::memory::{self, ShmFirst};
+use crate::pipeline::Transport;
+use crate::proc::Proc;
+use crate::remote::Remote;
+use crate::{files, threads, RestoreError, RestoreOptions, Result};
+
+/// What the processes of one tree share while each is rebuilt.
+pub(crate) struct TreeCtx<'a, 'm> {
+    /// The root's PID in the image.
+    pub root_pid: i32,
+    /// Creates every open file description once, for all processes.
+    pub factory: files::FdFactory<'m>,
+    /// Shared anonymous objects (by inode) and where they were first mapped.
+    pub shm_first: HashMap<u64, ShmFirst>,
+    pub transport: &'a Transport,
+    pub opts: &'a RestoreOptions,
+    /// Bytes filled by the processes before this one, and in all.
+    pub filled: u64,
+    pub total: u64,
+    /// Bytes left to the lazy filler so far.
+    pub lazy_bytes: u64,
+}
+
+/// Rebuilds one live process (not its final jump). Returns bytes filled.
+pub(crate) fn build_process(
+    s: &mut Proc,
+    p: &ProcessImage,
+    sources: &[PageSource],
+    cx: &mut TreeCtx<'_, '_>,
+) -> Result<u64> {
+    s.cur = None;
+    memory::restore_vdso(s, p)?;
+    let filled = memory::restore_memory(s, p, sources, cx)?;
+    restore_exe_and_mm(s, p)?;
+    restore_attributes(s, p)?;
+    restore_files(s, p, cx)?;
+    restore_rlimits(s, s.pid, &p.rlimits)?;
+    build::restore_sigactions(s, &p.sigactions)?;
+    threads::create_threads(s, p)?;
+    s.cur = None;
+    build::create_posix_timers(s, &p.posix_timers)?;
+    threads::process_prctls(s, p, s.pid == cx.root_pid)?;
+    threads::per_thread(s, p)?;
+    s.cur = None;
+    threads::shared_signals(s, s.pid, p)?;
+    build::restore_itimers(s, &p.itimers)?;
+    build::arm_posix_timers(s, &p.posix_timers)?;
+    Ok(filled)
+}
+
+/// mm fields, with the exe file. The kernel refuses to switch the exe link
+/// away from a file that is still mapped, so when the stub already runs
+/// the same file (a stasis binary restoring a stasis workload) the link is
+/// left as it is.
+fn restore_exe_and_mm(s: &mut Proc, p: &ProcessImage) -> Result<()> {
+    let same_exe = {
+        use std::os::unix::fs::MetadataExt;
+        let cur = std::fs::metadata(format!("/proc/{}/exe", s.t.pid())).ok();
+        let want = std::fs::metadata(&p.exe).ok();
+        matches!((cur, want), (Some(a), Some(b)) if a.dev() == b.dev() && a.ino() == b.ino())
+    };
+    if same_exe {
+        return build::restore_mm(s, &p.mm, u64::from(u32::MAX));
+    }
+    let exe_fd = build::open_in(s, &p.exe, "the executable")?;
+    let mm_res = build::restore_mm(s, &p.mm, exe_fd);
+    s.sys("close", libc::SYS_close, &[exe_fd])
+        .map_err(step("closing the exe fd"))?;
+    mm_res
+}
+
+/// Working directory, umask, personality.
+pub(crate) fn restore_attributes<R: Remote>(s: &mut R, p: &ProcessImage) -> Result<()> {
+    let cwd = s
+        .put_cstr(build::SCRATCH_PATH, &p.cwd)
+        .map_err(step("cwd path"))?;
+    s.sys("chdir", libc::SYS_chdir, &[cwd])
+        .map_err(|source| RestoreError::File {
+            path: p.cwd.clone(),
+            what: "working directory".into(),
+            source,
+        })?;
+    s.sys("umask", libc::SYS_umask, &[u64::from(p.umask)])
+        .map_err(step("umask"))?;
+    s.sys(
+        "personality",
+        libc::SYS_personality,
+        &[u64::from(p.personality)],
+    )
+    .map_err(step("personality"))?;
+    Ok(())
+}
+
+/// File descriptors, then what refers to them by number (epoll, locks);
+/// finally the transport is closed in the process.
+fn restore_files(s: &mut Proc, p: &ProcessImage, cx: &mut TreeCtx<'_, '_>) -> Result<()> {
+    let (transport, h) = (&cx.transport.sock, cx.transport.h);
+    let factory = &mut cx.factory;
+    factory.set_cwd(&p.cwd);
+    for fd in &p.fds {
+        let desc = factory.get(fd)?;
+        files::plant(s, transport, h, desc.as_fd(), fd.fd, fd.cloexec)?;
+    }
+    for fd in &p.fds {
+        // An epoll description shared by several fds is filled once.
+        if factory.claim_epoll(fd) {
+            files::restore_epoll(s, fd)?;
+        }
+        if factory.claim_flock(fd) {
+            files::restore_flock(s, fd)?;
+        }
+        files::restore_posix_locks(s, fd)?;
+    }
+    s.sys("close", libc::SYS_close, &[h])
+        .map_err(step("closing the fd transport"))?;
+    Ok(())
+}
+
+/// Resource limits; one the kernel refuses is a warning, not a failure.
+pub(crate) fn restore_rlimits<R: Remote>(s: &mut R, pid: i32, rlimits: &[Rlimit]) -> Result<()> {
+    for rl in rlimits {
+        let a = s
+            .put(build::SCRATCH_STRUCT, &build::words(&[rl.soft, rl.hard]))
+            .map_err(step("rlimit"))?;
+        if let Err(e) = s.sys(
+            "prlimit64",
+            libc::SYS_prlimit64,
+            &[0, u64::from(rl.resource), a, 0],
+        ) {
+            tracing::warn!(
+                pid,
+                "could not restore rlimit {} ({}/{}): {e}",
+                rl.resource,
+                rl.soft,
+                rl.hard
+            );
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remote::Recorder;
+
+    #[test]
+    fn attributes_are_cwd_umask_personality() {
+        let mut img = crate::testutil::image(100, 1, 100, 100);
+        img.cwd = "/srv".into();
+        img.umask = 0o27;
+        img.personality = 0x0040_0000;
+        let mut r = Recorder::default();
+        restore_attributes(&mut r, &img).unwrap();
+        assert_eq!(r.names(), ["chdir", "umask", "personality"]);
+        assert_eq!(r.writes()[0], b"/srv\0");
+        assert_eq!(r.args_of("umask"), [vec![0o27]]);
+        assert_eq!(r.args_of("personality"), [vec![0x0040_0000]]);
+        // A missing working directory is a file error naming it.
+        let mut r = Recorder {
+            fail_on: Some(("chdir", libc::ENOENT)),
+            ..Recorder::default()
+        };
+        let e = restore_attributes(&mut r, &img).unwrap_err();
+        assert!(
+            matches!(e, RestoreError::File { ref path, .. } if path == "/srv"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_rlimit_the_kernel_refuses_is_not_fatal() {
+        let rl = |resource, soft, hard| Rlimit {
+            resource,
+            soft,
+            hard,
+        };
+        let limits = [rl(7, 1024, 4096), rl(3, 8 << 20, u64::MAX)];
+        let mut r = Recorder::default();
+        restore_rlimits(&mut r, 100, &limits).unwrap();
+        assert_eq!(r.args_of("prlimit64").len(), 2);
+        assert_eq!(r.args_of("prlimit64")[0][1], 7);
+        assert_eq!(r.writes()[1], build::words(&[8 << 20, u64::MAX]));
+        let mut r = Recorder {
+            fail_on: Some(("prlimit64", libc::EPERM)),
+            ..Recorder::default()
+        };
+        restore_rlimits(&mut r, 100, &limits).unwrap();
+        assert_eq!(r.args_of("prlimit64").len(), 2);
+    }
+}

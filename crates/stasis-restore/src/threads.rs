@@ -1,0 +1,328 @@
+//! Per process, last: threads (`clone3` with `set_tid`), process-wide
+//! prctls, per-thread state, credentials and pending signals; then the
+//! final jump and release.
+
+use stasis_image::manifest::{ProcessImage, ThreadImage};
+use stasis_kernel::{sarg, Tracee, UserRegs};
+
+use crate::build::{self, step};
+use crate::proc::{Proc, CTL_SIZE};
+use crate::remote::Remote;
+use crate::{RestoreError, Result};
+
+/// Threads, while stasis may still choose TIDs (set_tid needs
+/// CAP_SYS_ADMIN, which credentials may drop later).
+pub(crate) fn create_threads(s: &mut Proc, p: &ProcessImage) -> Result<()> {
+    for th in &p.threads[1..] {
+        s.cur = None;
+        build::clone_thread(s, th.tid)?;
+        let tid = s.t.take_new_task().unwrap_or(th.tid);
+        let mut t =
+            Tracee::adopt_new_thread(tid).map_err(step(format!("taking over new thread {tid}")))?;
+        t.set_syscall_insn(s.ctl);
+        let mut base = t
+            .regs()
+            .map_err(step(format!("registers of new thread {tid}")))?;
+        base.rsp = 0;
+        s.threads.push((t, base));
+    }
+    Ok(())
+}
+
+/// Process-wide prctls: child subreaper, parent-death signal. The root's
+/// parent is the restorer now, which may exit (--detach): its parent-death
+/// signal would kill it for no reason, so only the other processes (whose
+/// parents are restored with them) get theirs back.
+pub(crate) fn process_prctls<R: Remote>(s: &mut R, p: &ProcessImage, is_root: bool) -> Result<()> {
+    if p.child_subreaper {
+        s.sys(
+            "prctl(PR_SET_CHILD_SUBREAPER)",
+            libc::SYS_prctl,
+            &[libc::PR_SET_CHILD_SUBREAPER as u64, 1],
+        )
+        .map_err(step("making the process a child subreaper again"))?;
+    }
+    if is_root {
+        // The root stub was made to die with the restorer until
+        // PTRACE_O_EXITKILL held (see `spawn_stopped`): it outlives it.
+        s.sys(
+            "prctl(PR_SET_PDEATHSIG)",
+            libc::SYS_prctl,
+            &[libc::PR_SET_PDEATHSIG as u64, 0],
+        )
+        .map_err(step("clearing the root's parent-death signal"))?;
+    } else if p.pdeath_signal != 0 {
+        s.sys(
+            "prctl(PR_SET_PDEATHSIG)",
+            libc::SYS_prctl,
+            &[
+                libc::PR_SET_PDEATHSIG as u64,
+                sarg(i64::from(p.pdeath_signal)),
+            ],
+        )
+        .map_err(step("restoring the parent-death signal"))?;
+    }
+    Ok(())
+}
+
+/// Per-thread state, credentials (per thread in the kernel) and
+/// thread-directed pending signals, each run by the thread itself (a
+/// thread may queue kernel-style siginfo only to itself).
+pub(crate) fn per_thread(s: &mut Proc, p: &ProcessImage) -> Result<()> {
+    let pid = s.pid;
+    for (i, th) in p.threads.iter().enumerate() {
+        s.cur = i.checked_sub(1);
+        thread_attributes(s, pid, p, th)?;
+    }
+    Ok(())
+}
+
+/// What one thread (the one running the remote syscalls) gets back.
+pub(crate) fn thread_attributes<R: Remote>(
+    s: &mut R,
+    pid: i32,
+    p: &ProcessImage,
+    th: &ThreadImage,
+) -> Result<()> {
+    build::thread_state(s, th)?;
+    restore_creds(s, p)?;
+    if p.no_new_privs {
+        s.sys(
+            "prctl(PR_SET_NO_NEW_PRIVS)",
+            libc::SYS_prctl,
+            &[libc::PR_SET_NO_NEW_PRIVS as u64, 1, 0, 0, 0],
+        )
+        .map_err(step("restoring no_new_privs"))?;
+    }
+    for si in &th.pending {
+        let a = s
+            .put(build::SCRATCH_STRUCT, &si.raw)
+            .map_err(step("siginfo"))?;
+        s.sys(
+            "rt_tgsigqueueinfo",
+            libc::SYS_rt_tgsigqueueinfo,
+            &[
+                sarg(i64::from(pid)),
+                sarg(i64::from(th.tid)),
+                u64::from(si.signo),
+                a,
+            ],
+        )
+        .map_err(step(format!(
+            "queueing pending signal {} of thread {}",
+            si.signo, th.tid
+        )))?;
+    }
+    Ok(())
+}
+
+/// Signals pending for the whole process.
+pub(crate) fn shared_signals<R: Remote>(s: &mut R, pid: i32, p: &ProcessImage) -> Result<()> {
+    for si in &p.shared_pending {
+        let a = s
+            .put(build::SCRATCH_STRUCT, &si.raw)
+            .map_err(step("siginfo"))?;
+        s.sys(
+            "rt_sigqueueinfo",
+            libc::SYS_rt_sigqueueinfo,
+            &[sarg(i64::from(pid)), u64::from(si.signo), a],
+        )
+        .map_err(step(format!("queueing pending signal {}", si.signo)))?;
+    }
+    Ok(())
+}
+
+/// Groups, then gids, then uids (once the uids are dropped, the gids could
+/// no longer be set). Nothing to do for root with no groups.
+pub(crate) fn restore_creds<R: Remote>(s: &mut R, p: &ProcessImage) -> Result<()> {
+    let c = &p.creds;
+    if c.uid == [0; 4] && c.gid == [0; 4] && c.groups.is_empty() {
+        return Ok(());
+    }
+    let groups: Vec<u8> = c.groups.iter().flat_map(|g| g.to_le_bytes()).collect();
+    let a = s
+        .put(build::SCRATCH_STRUCT, &groups)
+        .map_err(step("groups"))?;
+    s.sys(
+        "setgroups",
+        libc::SYS_setgroups,
+        &[c.groups.len() as u64, a],
+    )
+    .map_err(step("setgroups"))?;
+    s.sys(
+        "setresgid",
+        libc::SYS_setresgid,
+        &[
+            u64::from(c.gid[0]),
+            u64::from(c.gid[1]),
+            u64::from(c.gid[2]),
+        ],
+    )
+    .map_err(step("setresgid"))?;
+    s.sys("setfsgid", libc::SYS_setfsgid, &[u64::from(c.gid[3])])
+        .map_err(step("setfsgid"))?;
+    s.sys(
+        "setresuid",
+        libc::SYS_setresuid,
+        &[
+            u64::from(c.uid[0]),
+            u64::from(c.uid[1]),
+            u64::from(c.uid[2]),
+        ],
+    )
+    .map_err(step("setresuid"))?;
+    s.sys("setfsuid", libc::SYS_setfsuid, &[u64::from(c.uid[3])])
+        .map_err(step("setfsuid"))?;
+    Ok(())
+}
+
+/// Final step for one process: other threads' state, then the main
+/// thread's xstate; unmap the control page; at that syscall-exit stop load
+/// the main thread's mask and registers. It stays stopped until
+/// [`release`].
+pub(crate) fn jump(s: &mut Proc, p: &ProcessImage) -> Result<()> {
+    let regs_of = |th: &ThreadImage| {
+        UserRegs::from_words(&th.regs).ok_or_else(|| {
+            RestoreError::Inconsistent(format!(
+                "thread {} has {} register words",
+                th.tid,
+                th.regs.len()
+            ))
+        })
+    };
+    for ((t, _), th) in s.threads.iter_mut().zip(&p.threads[1..]) {
+        let regs = regs_of(th)?;
+        t.set_xstate(&th.xstate).map_err(step(format!(
+            "restoring FPU/SSE/AVX state of thread {}",
+            th.tid
+        )))?;
+        t.set_sigmask(th.sigmask).map_err(step(format!(
+            "restoring the signal mask of thread {}",
+            th.tid
+        )))?;
+        t.set_regs(&regs)
+            .map_err(step(format!("loading the registers of thread {}", th.tid)))?;
+    }
+    let th = &p.threads[0];
+    let regs = regs_of(th)?;
+    s.t.set_xstate(&th.xstate)
+        .map_err(step("restoring FPU/SSE/AVX state"))?;
+    // Unmap the control page with every signal still blocked (an armed
+    // timer may have fired); its syscall-exit stop is where the process gets
+    // its own mask and registers back (the instruction after `syscall` is gone).
+    s.cur = None;
+    s.sys("munmap", libc::SYS_munmap, &[s.ctl, CTL_SIZE])
+        .map_err(step("unmapping the control page"))?;
+    s.t.set_sigmask(th.sigmask)
+        .map_err(step("restoring the signal mask"))?;
+    s.t.set_regs(&regs)
+        .map_err(step("loading the saved registers"))?;
+    Ok(())
+}
+
+/// Lets a process that [`jump`] made ready run: detaches its threads.
+pub(crate) fn release(s: &mut Proc) -> Result<()> {
+    for (t, _) in &mut s.threads {
+        t.detach().map_err(step("detaching a thread"))?;
+    }
+    s.t.detach().map_err(step("detaching"))?;
+    s.live = false;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remote::Recorder;
+    use stasis_image::manifest::SigInfo;
+
+    fn img() -> ProcessImage {
+        let mut p = crate::testutil::image(100, 1, 100, 100);
+        p.threads.push(crate::testutil::thread(100));
+        p
+    }
+
+    #[test]
+    fn the_root_never_gets_a_parent_death_signal_back_the_others_do() {
+        let mut p = img();
+        p.pdeath_signal = libc::SIGTERM;
+        p.child_subreaper = true;
+        let mut r = Recorder::default();
+        process_prctls(&mut r, &p, true).unwrap();
+        let set = libc::PR_SET_PDEATHSIG as u64;
+        assert_eq!(
+            r.args_of("prctl(PR_SET_PDEATHSIG)"),
+            [vec![set, 0]],
+            "the root's is cleared"
+        );
+        assert_eq!(
+            r.args_of("prctl(PR_SET_CHILD_SUBREAPER)"),
+            [vec![libc::PR_SET_CHILD_SUBREAPER as u64, 1]]
+        );
+        let mut r = Recorder::default();
+        process_prctls(&mut r, &p, false).unwrap();
+        assert_eq!(
+            r.args_of("prctl(PR_SET_PDEATHSIG)"),
+            [vec![set, libc::SIGTERM as u64]]
+        );
+        // None saved, not the root: nothing to do.
+        p.pdeath_signal = 0;
+        p.child_subreaper = false;
+        let mut r = Recorder::default();
+        process_prctls(&mut r, &p, false).unwrap();
+        assert!(r.names().is_empty());
+    }
+
+    #[test]
+    fn credentials_groups_then_gids_then_uids() {
+        let mut p = img();
+        let mut r = Recorder::default();
+        restore_creds(&mut r, &p).unwrap();
+        assert!(r.names().is_empty(), "root with no groups: nothing");
+        p.creds.uid = [1000, 1000, 1000, 1000];
+        p.creds.gid = [100, 100, 100, 100];
+        p.creds.groups = vec![100, 27];
+        let mut r = Recorder::default();
+        restore_creds(&mut r, &p).unwrap();
+        assert_eq!(
+            r.names(),
+            [
+                "setgroups",
+                "setresgid",
+                "setfsgid",
+                "setresuid",
+                "setfsuid"
+            ]
+        );
+        assert_eq!(r.args_of("setgroups")[0][0], 2);
+        assert_eq!(r.args_of("setresuid"), [vec![1000, 1000, 1000]]);
+    }
+
+    #[test]
+    fn pending_signals_are_queued_per_thread_and_per_process() {
+        let mut p = img();
+        let si = |signo: i32| SigInfo {
+            signo: signo.unsigned_abs(),
+            raw: vec![u8::try_from(signo).unwrap(); 128],
+        };
+        let mut th = crate::testutil::thread(101);
+        th.pending.push(si(libc::SIGUSR1));
+        p.no_new_privs = true;
+        p.shared_pending.push(si(libc::SIGUSR2));
+        let mut r = Recorder::default();
+        thread_attributes(&mut r, 100, &p, &th).unwrap();
+        let q = r.args_of("rt_tgsigqueueinfo");
+        assert_eq!(q.len(), 1);
+        assert_eq!(&q[0][..3], [100, 101, libc::SIGUSR1 as u64]);
+        assert_eq!(r.args_of("prctl(PR_SET_NO_NEW_PRIVS)").len(), 1);
+        let mut r = Recorder::default();
+        shared_signals(&mut r, 100, &p).unwrap();
+        let q = r.args_of("rt_sigqueueinfo");
+        assert_eq!(q.len(), 1);
+        assert_eq!(&q[0][..2], [100, libc::SIGUSR2 as u64]);
+        assert_eq!(
+            r.writes()[0],
+            vec![u8::try_from(libc::SIGUSR2).unwrap(); 128]
+        );
+    }
+}
