@@ -17,18 +17,13 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use nix::sys::socket::{self, AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType};
+use stasis_sys::inet_diag::SOCK_DESTROY;
 use stasis_sys::inet_diag::{InetDiagMsg, InetDiagReqV2, InetDiagSockId};
-use stasis_sys::inet_diag::{SOCK_DESTROY, SOCK_DIAG_BY_FAMILY};
+use stasis_sys::net::{
+    NLMSG_DONE, NLMSG_ERROR, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, SOCK_DIAG_BY_FAMILY, TCP_LISTEN,
+};
 
 use crate::{KernelError, Result};
-
-const NLM_F_REQUEST: u16 = 1;
-const NLM_F_ACK: u16 = 4;
-const NLM_F_DUMP: u16 = 0x300;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-/// `TCP_LISTEN` (`include/net/tcp_states.h`).
-const TCP_LISTEN: u8 = 10;
 
 /// An address as `sock_diag` shows it: family, port and address bytes in
 /// network order (IPv4 in the first four bytes).

@@ -1,9 +1,8 @@
 //! `sock_diag` for TCP (`linux/sock_diag.h`, `linux/inet_diag.h`): message
 //! types and the layouts of the request and the reply, with their sizes
 //! checked at compile time.
+//! (The netlink constants they share with unix sockets are in [`crate::net`].)
 
-/// `nlmsg_type` of a dump request (`SOCK_DIAG_BY_FAMILY`).
-pub const SOCK_DIAG_BY_FAMILY: u16 = 20;
 /// `nlmsg_type` that closes one socket (`SOCK_DESTROY`, needs
 /// `CONFIG_INET_DIAG_DESTROY` and `CAP_NET_ADMIN`).
 pub const SOCK_DESTROY: u16 = 21;

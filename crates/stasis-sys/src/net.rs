@@ -66,6 +66,7 @@ pub const NETLINK_SOCK_DIAG: i32 = 4;
 pub const SOCK_DIAG_BY_FAMILY: u16 = 20;
 pub const NLM_F_REQUEST: u16 = 1;
 pub const NLM_F_DUMP: u16 = 0x300;
+pub const NLM_F_ACK: u16 = 4;
 pub const NLMSG_ERROR: u16 = 2;
 pub const NLMSG_DONE: u16 = 3;
 /// `udiag_show` bits.
@@ -80,6 +81,7 @@ pub const UNIX_DIAG_RQLEN: u16 = 4;
 const _: () = assert!(NETLINK_SOCK_DIAG == libc::NETLINK_SOCK_DIAG);
 const _: () = assert!(NLM_F_REQUEST as i32 == libc::NLM_F_REQUEST);
 const _: () = assert!(NLM_F_DUMP as i32 == libc::NLM_F_DUMP);
+const _: () = assert!(NLM_F_ACK as i32 == libc::NLM_F_ACK);
 const _: () = assert!(NLMSG_ERROR as i32 == libc::NLMSG_ERROR);
 const _: () = assert!(NLMSG_DONE as i32 == libc::NLMSG_DONE);
 
