@@ -66,8 +66,8 @@ use std::time::{Duration, Instant};
 
 use stasis_kernel::mem::ProcessMemory;
 use stasis_kernel::pagemap::{Pagemap, ScanQuery};
-use stasis_kernel::uffd::{self, Event, Userfaultfd};
-use stasis_kernel::{pidfd, KernelError};
+use stasis_kernel::uffd::{Event, Userfaultfd};
+use stasis_kernel::KernelError;
 use stasis_sys as sys;
 
 use crate::freeze::FrozenProcess;
@@ -335,13 +335,7 @@ impl Cow {
         }
         let r = (|| -> Result<()> {
             for fp in f.procs.iter_mut().filter(|p| p.zombie.is_none()) {
-                let maps = crate::proc::parse_maps(&crate::proc::read(fp.pid, "maps")?).map_err(
-                    |what| CaptureError::ProcFormat {
-                        pid: fp.pid,
-                        file: "maps".into(),
-                        what,
-                    },
-                )?;
+                let maps = crate::proc::read_parsed(fp.pid, "maps", crate::proc::parse_maps)?;
                 let areas = protectable_maps(&maps);
                 fp.arm_remote(&ProcessMemory::open(fp.pid)?, &maps)?;
                 let uffd = create_in(fp)?;
@@ -832,36 +826,22 @@ fn errno_err(what: String, errno: i32) -> CaptureError {
     ))
 }
 
-/// Creates a userfaultfd inside the frozen process and takes it out.
+/// Creates a userfaultfd inside the frozen process and takes it out
+/// ([`stasis_kernel::uffd_remote`]).
 fn create_in(fp: &mut FrozenProcess) -> Result<Userfaultfd> {
+    use stasis_kernel::uffd_remote::{self, UffdRemoteError};
     let pid = fp.pid;
-    let main = &mut fp.threads[0];
-    let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK).unsigned_abs();
-    let n = main.tracee.syscall(
-        &main.orig_regs,
-        "userfaultfd (concurrent dump)",
-        sys::SYS_USERFAULTFD,
-        &[u64::from(flags)],
-    )?;
-    let fdnum = i32::try_from(n).unwrap_or(-1);
-    let taken = pidfd::pidfd_open(pid).and_then(|p| pidfd::pidfd_getfd(&p, fdnum));
-    let closed = main.tracee.syscall(
-        &main.orig_regs,
-        "close (userfaultfd)",
-        libc::SYS_close,
-        &[n],
-    );
-    let fd = taken?;
-    closed?;
-    let got = uffd::api(&fd, FEATURES)?;
-    if got & FEATURES != FEATURES {
-        return Err(KernelError::Unsupported {
-            feature: "userfaultfd unmap/remove/remap events",
-            why: format!("process {pid}: the kernel granted {got:#x}"),
-        }
-        .into());
-    }
-    Ok(Userfaultfd::from_fd(fd, got))
+    let mut remote = crate::remote::ThreadRemote::new(&mut fp.threads[0]);
+    uffd_remote::create_in(&mut remote, pid, "userfaultfd (concurrent dump)", FEATURES).map_err(
+        |e| match e {
+            UffdRemoteError::Missing { granted, .. } => KernelError::Unsupported {
+                feature: "userfaultfd unmap/remove/remap events",
+                why: format!("process {pid}: the kernel granted {granted:#x}"),
+            }
+            .into(),
+            e => e.into_kernel().into(),
+        },
+    )
 }
 
 /// The fault handler of one process.

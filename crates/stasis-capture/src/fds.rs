@@ -407,10 +407,10 @@ impl FdCollector {
             }
             let info_name = format!("fdinfo/{fd}");
             let info = proc::read(pid, &info_name)?;
-            let fmt = |w: String| CaptureError::ProcFormat {
+            let fmt = |w: proc::FormatError| CaptureError::ProcFormat {
                 pid,
                 file: info_name.clone(),
-                what: w,
+                what: w.0,
             };
             let (pos, flags) = proc::parse_fdinfo(&info).map_err(fmt)?;
             let meta = std::fs::metadata(proc::proc_path(pid, &format!("fd/{fd}")))
@@ -1116,7 +1116,7 @@ fn inotify_watches(
     fd: i32,
     info: &str,
 ) -> std::result::Result<Vec<InotifyWatch>, String> {
-    let lines = proc::parse_inotify(info)?;
+    let lines = proc::parse_inotify(info).map_err(|e| e.0)?;
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     for (wd, sdev, mask, ty, handle) in lines {

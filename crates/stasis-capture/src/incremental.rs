@@ -4,9 +4,8 @@
 use stasis_image::chain::{self, Ranges};
 use stasis_image::manifest::{Vma, VmaKind};
 use stasis_image::{Checkpoint, ImageDir};
-use stasis_kernel::{KernelError, Tracee, UserRegs};
 use stasis_track::state::TrackState;
-use stasis_track::{Area, Dirty, DirtyTracker, RemoteSyscall};
+use stasis_track::{Area, Dirty, DirtyTracker};
 
 use crate::{CaptureError, Result};
 
@@ -205,18 +204,6 @@ pub fn tracking_lost(backend: stasis_track::Backend, collected: &[(Area, Dirty)]
         && collected.iter().all(|(_, d)| matches!(d, Dirty::All))
 }
 
-/// Runs syscalls in a frozen thread for the trackers.
-pub struct FrozenRemote<'a> {
-    pub tracee: &'a mut Tracee,
-    pub base: &'a UserRegs,
-}
-
-impl RemoteSyscall for FrozenRemote<'_> {
-    fn syscall(&mut self, name: &'static str, nr: i64, args: &[u64]) -> Result<u64, KernelError> {
-        self.tracee.syscall(self.base, name, nr, args)
-    }
-}
-
 /// True if `addr` lies in one of the sorted `ranges`.
 pub fn contains(ranges: &Ranges, addr: u64) -> bool {
     let i = ranges.partition_point(|r| r.1 <= addr);
@@ -226,7 +213,7 @@ pub fn contains(ranges: &Ranges, addr: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use stasis_track::{ArmReport, Backend};
+    use stasis_track::{ArmReport, Backend, RemoteSyscall};
 
     const P: u64 = 4096;
 

@@ -36,6 +36,8 @@ pub mod incremental;
 pub mod memory;
 pub mod proc;
 pub mod process;
+pub mod remote;
+pub mod remote_state;
 pub mod snapshot;
 
 use std::collections::HashSet;
@@ -512,12 +514,7 @@ fn preflight(pid: i32) -> Result<()> {
             what: "stasis cannot dump itself".into(),
         });
     }
-    let stat =
-        proc::parse_stat(&proc::read(pid, "stat")?).map_err(|w| CaptureError::ProcFormat {
-            pid,
-            file: "stat".into(),
-            what: w,
-        })?;
+    let stat = proc::read_parsed(pid, "stat", proc::parse_stat)?;
     if stat.state == 'Z' || stat.state == 'X' {
         return Err(CaptureError::Unsupported {
             pid,
@@ -547,11 +544,7 @@ fn preflight(pid: i32) -> Result<()> {
                 return Err(CaptureError::Unsupported { pid: p, what });
             }
         }
-        for m in proc::parse_maps(&maps).map_err(|w| CaptureError::ProcFormat {
-            pid: p,
-            file: "maps".into(),
-            what: w,
-        })? {
+        for m in proc::parse_maps(&maps).map_err(|e| proc::format_err(p, "maps", e))? {
             memory::vma_kind(&m).map_err(|what| CaptureError::Unsupported { pid: p, what })?;
         }
         if let Ok(tasks) = std::fs::read_dir(proc::proc_path(p, "task")) {
@@ -654,13 +647,7 @@ fn capture_with(
             // The snapshot first: the pages are looked for in it after the
             // release; only what a fork does not copy is planned now.
             let snap = snapshot::take(fp)?;
-            let child_maps = proc::parse_maps(&proc::read(snap.pid, "maps")?).map_err(|w| {
-                CaptureError::ProcFormat {
-                    pid: snap.pid,
-                    file: "maps".into(),
-                    what: w,
-                }
-            })?;
+            let child_maps = proc::read_parsed(snap.pid, "maps", proc::parse_maps)?;
             let no_fork: Vec<u64> = maps
                 .iter()
                 .filter(|m| m.name != "[vsyscall]")
@@ -1536,11 +1523,7 @@ fn arm_all(
         if fp.zombie.is_some() {
             continue;
         }
-        let main = &mut fp.threads[0];
-        let mut remote = incremental::FrozenRemote {
-            tracee: &mut main.tracee,
-            base: &main.orig_regs,
-        };
+        let mut remote = remote::ThreadRemote::new(&mut fp.threads[0]);
         t.arm(fp.pid, areas, &mut remote)
             .map_err(|e| CaptureError::Track(e.to_string()))?;
         procs.push((img.pid, img.start_time));

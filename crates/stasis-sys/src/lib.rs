@@ -13,6 +13,7 @@
 #![cfg(all(target_os = "linux", target_arch = "x86_64"))]
 
 pub mod fault;
+pub mod prctl;
 
 use core::mem::size_of;
 
