@@ -71,6 +71,7 @@ use stasis_kernel::KernelError;
 use stasis_sys as sys;
 
 use crate::freeze::FrozenProcess;
+use crate::incremental::FullDump;
 use crate::{CaptureError, Result};
 
 /// Bytes the copier saves per step (aligned: a grain never straddles two;
@@ -736,22 +737,24 @@ impl CowTracking {
         store: &stasis_image::ImageDir,
         root: i32,
         root_start: u64,
-    ) -> std::result::Result<crate::incremental::Base, String> {
+    ) -> std::result::Result<crate::incremental::Base, FullDump> {
         let latest = match store.latest() {
             Ok(Some(n)) => n,
-            Ok(None) => return Err(String::new()),
-            Err(e) => return Err(e.to_string()),
+            Ok(None) => return Err(FullDump::Untracked),
+            Err(e) => return Err(e.to_string().into()),
         };
         let Some(armed_at) = self.armed_at.filter(|_| self.cow.is_some()) else {
-            return Err("write-protection tracking starts with this dump".into());
+            return Err(FullDump::Because(
+                "write-protection tracking starts with this dump".into(),
+            ));
         };
         if armed_at != latest {
-            return Err(format!(
+            return Err(FullDump::Because(format!(
                 "tracking started after checkpoint {armed_at} but the latest is {latest}"
-            ));
+            )));
         }
         if !self.procs.contains(&(root, root_start)) {
-            return Err(format!("process {root} was not tracked"));
+            return Err(FullDump::Because(format!("process {root} was not tracked")));
         }
         match stasis_image::chain::load_chain(store, Some(latest)) {
             Ok(mut c) if !c.is_empty() => Ok(crate::incremental::Base {
@@ -763,10 +766,12 @@ impl CowTracking {
                     procs: self.procs.clone(),
                 },
             }),
-            Ok(_) => Err("the latest checkpoint cannot be loaded".into()),
-            Err(e) => Err(format!(
-                "the latest checkpoint cannot be used as a parent: {e}"
+            Ok(_) => Err(FullDump::Because(
+                "the latest checkpoint cannot be loaded".into(),
             )),
+            Err(e) => Err(FullDump::Because(format!(
+                "the latest checkpoint cannot be used as a parent: {e}"
+            ))),
         }
     }
 }
@@ -871,7 +876,7 @@ impl Handler<'_> {
                     Err(e) => return self.broken(e.to_string()),
                 }
                 if let Err(e) = self.read(false) {
-                    return self.broken(e);
+                    return self.broken(e.to_string());
                 }
                 if stopping && self.queue.borrow().is_empty() {
                     return;
@@ -892,11 +897,9 @@ impl Handler<'_> {
     /// faults queued.
     /// `locked`: the caller holds the state lock, so events other than
     /// faults are kept for later (dealing with them takes the lock).
-    fn read(&self, locked: bool) -> std::result::Result<(), String> {
+    fn read(&self, locked: bool) -> std::result::Result<(), KernelError> {
         let mut events = Vec::new();
-        self.uffd
-            .read_events(&mut events)
-            .map_err(|e| e.to_string())?;
+        self.uffd.read_events(&mut events)?;
         let now = Instant::now();
         for ev in events {
             match ev {
@@ -934,7 +937,8 @@ impl Handler<'_> {
                 Ok(()) => return Ok(true),
                 Err(libc::ENOENT | libc::ESRCH) => return Ok(false),
                 Err(libc::EAGAIN) if t0.elapsed() < Duration::from_secs(10) => {
-                    self.read(locked).map_err(CaptureError::Concurrent)?;
+                    self.read(locked)
+                        .map_err(|e| CaptureError::Concurrent(e.to_string()))?;
                     std::thread::yield_now();
                 }
                 Err(errno) => {

@@ -59,7 +59,7 @@ pub fn capture(
     let pid = f.pid;
     let maps = proc::read_parsed(pid, "maps", proc::parse_maps)?;
     for m in &maps {
-        memory::vma_kind(m).map_err(|what| CaptureError::Unsupported { pid, what })?;
+        memory::vma_kind(m).map_err(|e| CaptureError::Unsupported { pid, what: e.0 })?;
     }
     f.arm_remote(mem, &maps)?;
     let remote = crate::remote_state::read(f, mem, &maps)?;
