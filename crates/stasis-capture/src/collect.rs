@@ -106,13 +106,7 @@ fn collect(
     f: &mut Frozen,
     collector: &mut fds::FdCollector,
 ) -> Result<(Vec<ProcRecord>, u64)> {
-    let live: Vec<i32> = f
-        .procs
-        .iter()
-        .filter(|p| p.zombie.is_none())
-        .map(|p| p.pid)
-        .collect();
-    collector.freeze_tcp(&live)?;
+    collector.freeze_tcp(&f.live_pids())?;
     let mut records = Vec::new();
     let mut seen_shm = HashSet::new();
     let mut xfeatures = 0;
@@ -154,7 +148,10 @@ fn collect_live(
         .base
         .as_ref()
         .and_then(|b| stasis_image::chain::same_process(&b.parent, &image));
-    let mut cx = PlanCx {
+    let cx = PlanCx {
+        fp: &mut *fp,
+        image: &mut image,
+        maps: &maps,
         frozen_at: fr.frozen_at,
         base: fr.base.as_ref(),
         parent_proc,
@@ -162,7 +159,7 @@ fn collect_live(
         note: &mut fr.note,
         seen_shm,
     };
-    let planned = fr.strategy.plan(&mut cx, fp, &mut image, &maps)?;
+    let planned = fr.strategy.plan(cx)?;
     for v in planned
         .plan
         .vmas

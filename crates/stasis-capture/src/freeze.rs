@@ -287,6 +287,15 @@ impl FrozenProcess {
 }
 
 impl Frozen {
+    /// The pids of the processes that are not zombies.
+    pub fn live_pids(&self) -> Vec<i32> {
+        self.procs
+            .iter()
+            .filter(|p| p.zombie.is_none())
+            .map(|p| p.pid)
+            .collect()
+    }
+
     /// Puts every thread back as it was (an interrupted syscall set up to
     /// restart) and detaches.
     pub fn release(&mut self) -> Result<()> {

@@ -99,7 +99,7 @@ pub fn dump_once(
             stages.release_then_commit(pending, &mut *strategy, tracker, tracking)
         }
         Ok(pending) => stages.commit_then_kill(pending),
-        Err(e) => Err(stages.put_back(e)),
+        Err(e) => Err(stages.put_back_after("dump", e)),
     }
 }
 
@@ -125,19 +125,12 @@ impl Ends<'_> {
         tracker: TrackerRef<'_>,
         tracking: Option<&mut cow::CowTracking>,
     ) -> Result<DumpReport> {
-        let Ends {
-            store,
-            opts,
-            t0,
-            frozen_at,
-            mut frozen,
-            repaired,
-            gate,
-        } = self;
-        fds::leave_repair(repaired);
+        let (store, opts, t0) = (self.store, self.opts, self.t0);
+        let mut frozen = self.frozen;
+        fds::leave_repair(self.repaired);
         frozen.release()?;
-        drop(gate);
-        let frozen_us = micros(frozen_at);
+        drop(self.gate);
+        let frozen_us = micros(self.frozen_at);
         if strategy.concurrent() {
             let cx = CopyCx {
                 root: opts.pid,
@@ -168,56 +161,33 @@ impl Ends<'_> {
 
     /// Killed only once the checkpoint is committed.
     fn commit_then_kill(self, pending: Pending) -> Result<DumpReport> {
-        let Ends {
-            store,
-            opts,
-            t0,
-            frozen_at,
-            mut frozen,
-            repaired,
-            gate,
-        } = self;
-        let mut report = match pending.finish(store) {
+        let mut report = match pending.finish(self.store) {
             Ok(r) => r,
-            Err(e) => {
-                fds::leave_repair(repaired);
-                if let Err(re) = frozen.release() {
-                    tracing::error!(
-                        "could not resume the tree of {} after a failed commit: {re}",
-                        opts.pid
-                    );
-                }
-                drop(gate);
-                return Err(e);
-            }
+            Err(e) => return Err(self.put_back_after("commit", e)),
         };
+        let mut frozen = self.frozen;
         frozen.kill();
-        drop(repaired);
-        drop(gate);
+        drop(self.repaired);
+        drop(self.gate);
         report.killed = true;
-        report.frozen_us = micros(frozen_at);
-        report.total_us = micros(t0);
+        report.frozen_us = micros(self.frozen_at);
+        report.total_us = micros(self.t0);
         Ok(report)
     }
 
-    /// Puts the tree back as it was; returns the original error.
-    fn put_back(self, e: CaptureError) -> CaptureError {
-        let Ends {
-            opts,
-            mut frozen,
-            repaired,
-            gate,
-            ..
-        } = self;
-        fds::leave_repair(repaired);
+    /// Puts the tree back as it was after a failed `stage` (`dump` or
+    /// `commit`); returns the original error.
+    fn put_back_after(self, stage: &str, e: CaptureError) -> CaptureError {
+        let pid = self.opts.pid;
+        let mut frozen = self.frozen;
+        fds::leave_repair(self.repaired);
         if let Err(re) = frozen.release() {
             tracing::error!(
-                pid = opts.pid,
-                "could not resume the tree of {} after a failed dump: {re}",
-                opts.pid
+                pid,
+                "could not resume the tree of {pid} after a failed {stage}: {re}"
             );
         }
-        drop(gate);
+        drop(self.gate);
         e
     }
 }
@@ -260,12 +230,7 @@ fn freeze_without_backlog(pid: i32) -> Result<(freeze::Frozen, Instant)> {
     loop {
         let mut frozen = freeze::freeze_tree(pid)?;
         let frozen_at = Instant::now();
-        let pids: Vec<i32> = frozen
-            .procs
-            .iter()
-            .filter(|p| p.zombie.is_none())
-            .map(|p| p.pid)
-            .collect();
+        let pids = frozen.live_pids();
         match fds::transient_socket(&pids) {
             Some((p, fd, what)) if t0.elapsed() < BACKLOG_PATIENCE => {
                 tracing::debug!(

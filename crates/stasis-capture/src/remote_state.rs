@@ -186,19 +186,31 @@ fn itimers(r: &mut dyn Remote) -> Result<Vec<ITimer>> {
     let scratch = r.scratch();
     let mut out = Vec::new();
     for which in 0..3u32 {
-        r.sys(
-            "getitimer",
-            libc::SYS_getitimer,
-            &[u64::from(which), scratch],
-        )?;
-        let w = read_u64s(r, scratch, 4)?;
+        let args = [u64::from(which), scratch];
+        let (interval_us, value_us) =
+            interval_and_value(r, ("getitimer", libc::SYS_getitimer), &args, 1_000_000)?;
         out.push(ITimer {
             which,
-            interval_us: w[0] * 1_000_000 + w[1],
-            value_us: w[2] * 1_000_000 + w[3],
+            interval_us,
+            value_us,
         });
     }
     Ok(out)
+}
+
+/// Runs a syscall that writes an interval and a value (two pairs of
+/// seconds and sub-seconds, `per_sec` of them a second) to the scratch
+/// page; returns both in sub-second units.
+fn interval_and_value(
+    r: &mut dyn Remote,
+    (name, nr): (&'static str, i64),
+    args: &[u64],
+    per_sec: u64,
+) -> Result<(u64, u64)> {
+    r.sys(name, nr, args)?;
+    let scratch = r.scratch();
+    let w = read_u64s(r, scratch, 4)?;
+    Ok((w[0] * per_sec + w[1], w[2] * per_sec + w[3]))
 }
 
 /// The parent-death signal and the child-subreaper flag.
@@ -224,12 +236,13 @@ fn posix_timers(r: &mut dyn Remote, timers: &[proc::TimerLine]) -> Result<Vec<Po
     let scratch = r.scratch();
     let mut out = Vec::new();
     for &(id, signo, value, notify, tid, clockid) in timers {
-        r.sys(
-            "timer_gettime",
-            libc::SYS_timer_gettime,
-            &[u64::from(id.unsigned_abs()), scratch],
+        let args = [u64::from(id.unsigned_abs()), scratch];
+        let (interval_ns, value_ns) = interval_and_value(
+            r,
+            ("timer_gettime", libc::SYS_timer_gettime),
+            &args,
+            1_000_000_000,
         )?;
-        let w = read_u64s(r, scratch, 4)?;
         out.push(PosixTimer {
             id,
             clockid,
@@ -237,8 +250,8 @@ fn posix_timers(r: &mut dyn Remote, timers: &[proc::TimerLine]) -> Result<Vec<Po
             signo,
             tid,
             value,
-            interval_ns: w[0] * 1_000_000_000 + w[1],
-            value_ns: w[2] * 1_000_000_000 + w[3],
+            interval_ns,
+            value_ns,
         });
     }
     Ok(out)

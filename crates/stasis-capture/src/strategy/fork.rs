@@ -4,11 +4,11 @@
 
 use std::collections::HashSet;
 
-use stasis_image::manifest::{Manifest, ProcessImage};
+use stasis_image::manifest::Manifest;
 
 use super::{CopyCx, CopyStrategy, PlanCx, Planned};
 use crate::copy::{Deferred, Pending, ProcCopy};
-use crate::freeze::{Frozen, FrozenProcess};
+use crate::freeze::Frozen;
 use crate::{incremental, memory, proc, snapshot, Result};
 
 /// Copies from fork snapshots after the release.
@@ -21,13 +21,9 @@ impl CopyStrategy for ForkSnapshot {
 
     /// The snapshot first: the pages are looked for in it after the
     /// release; only what a fork does not copy is planned now.
-    fn plan(
-        &mut self,
-        cx: &mut PlanCx<'_>,
-        fp: &mut FrozenProcess,
-        image: &mut ProcessImage,
-        maps: &[proc::MapsEntry],
-    ) -> Result<Planned> {
+    fn plan(&mut self, mut cx: PlanCx<'_>) -> Result<Planned> {
+        let tracked = cx.tracked();
+        let (fp, maps) = (&mut *cx.fp, cx.maps);
         let snap = snapshot::take(fp)?;
         let child_maps = proc::read_parsed(snap.pid, "maps", proc::parse_maps)?;
         let no_fork = unforked_areas(maps, &child_maps);
@@ -42,13 +38,12 @@ impl CopyStrategy for ForkSnapshot {
         plan.ranges.sort_unstable();
         let areas = incremental::areas(&plan.vmas);
         let mut collected = None;
-        let tracked = cx.tracked(image);
         if let (Some(b), Some(t), Some(pp)) = (cx.base, cx.tracker.as_mut(), cx.parent_proc) {
             if tracked {
-                let c = incremental::collect(&mut **t, image.pid, &areas)?;
+                let c = incremental::collect(&mut **t, cx.image.pid, &areas)?;
                 if incremental::tracking_lost(t.backend(), &c) {
                     cx.note
-                        .get_or_insert_with(|| incremental::lost_note(image.pid));
+                        .get_or_insert_with(|| incremental::lost_note(cx.image.pid));
                 } else {
                     let parent_data = stasis_image::chain::data_ranges(&b.parent, pp)?;
                     collected = Some((c, parent_data));

@@ -25,8 +25,12 @@ use crate::freeze::{Frozen, FrozenProcess};
 use crate::incremental::{Base, Selection};
 use crate::{cow, proc, CaptureError, CowMethod, DumpOptions, Result};
 
-/// What the memory plan of one process needs from the dump.
+/// One live frozen process to plan, and what its memory plan needs from
+/// the dump.
 pub struct PlanCx<'a> {
+    pub fp: &'a mut FrozenProcess,
+    pub image: &'a mut ProcessImage,
+    pub maps: &'a [proc::MapsEntry],
     pub frozen_at: Instant,
     /// The parent checkpoint of an incremental dump.
     pub base: Option<&'a Base>,
@@ -40,11 +44,12 @@ pub struct PlanCx<'a> {
 }
 
 impl PlanCx<'_> {
-    /// Whether the incremental base covers `image`'s process (same pid and
+    /// Whether the incremental base covers this process (same pid and
     /// start time tracked since the parent).
-    pub fn tracked(&self, image: &ProcessImage) -> bool {
+    pub fn tracked(&self) -> bool {
+        let (pid, start) = (self.image.pid, self.image.start_time);
         self.base
-            .is_some_and(|b| b.state.procs.contains(&(image.pid, image.start_time)))
+            .is_some_and(|b| b.state.procs.contains(&(pid, start)))
     }
 }
 
@@ -85,13 +90,7 @@ pub trait CopyStrategy {
     /// The tree was just frozen (the checkpoint's instant).
     fn on_frozen(&mut self, _f: &mut Frozen) {}
     /// Plans what to save of one live frozen process.
-    fn plan(
-        &mut self,
-        cx: &mut PlanCx<'_>,
-        fp: &mut FrozenProcess,
-        image: &mut ProcessImage,
-        maps: &[proc::MapsEntry],
-    ) -> Result<Planned>;
+    fn plan(&mut self, cx: PlanCx<'_>) -> Result<Planned>;
     /// The tracking an incremental dump of this method relies on, if it
     /// brings its own (write-protection kept between dumps).
     fn track_name(&self) -> Option<&'static str> {

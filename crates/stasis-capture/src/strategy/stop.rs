@@ -1,11 +1,8 @@
 //! Stop-the-world: the pages are planned and copied while the tree is
 //! frozen, straight from the processes.
 
-use stasis_image::manifest::ProcessImage;
-
 use super::{CopyCx, CopyStrategy, PlanCx, Planned};
 use crate::copy::Pending;
-use crate::freeze::FrozenProcess;
 use crate::{cow, incremental, memory, ms, proc, Result};
 
 /// Copies while the tree is frozen.
@@ -16,14 +13,8 @@ impl CopyStrategy for StopTheWorld {
         None
     }
 
-    fn plan(
-        &mut self,
-        cx: &mut PlanCx<'_>,
-        fp: &mut FrozenProcess,
-        image: &mut ProcessImage,
-        maps: &[proc::MapsEntry],
-    ) -> Result<Planned> {
-        plan_in_place(cx, fp.pid, image, maps, None)
+    fn plan(&mut self, cx: PlanCx<'_>) -> Result<Planned> {
+        plan_in_place(cx, None)
     }
 
     fn copy(&mut self, p: &mut Pending, cx: CopyCx<'_, '_>) -> Result<()> {
@@ -35,19 +26,25 @@ impl CopyStrategy for StopTheWorld {
 /// write-protection `cow`): the pages with data (and, under protection,
 /// which of them lost it), and of an incremental dump those the tracker
 /// (or the protection kept since the parent) reports written.
-pub fn plan_in_place(
-    cx: &mut PlanCx<'_>,
-    pid: i32,
-    image: &mut ProcessImage,
-    maps: &[proc::MapsEntry],
-    cow: Option<&cow::Cow>,
-) -> Result<Planned> {
+pub fn plan_in_place(cx: PlanCx<'_>, cow: Option<&cow::Cow>) -> Result<Planned> {
+    let tracked = cx.tracked();
+    let PlanCx {
+        fp,
+        image,
+        maps,
+        frozen_at,
+        base,
+        parent_proc,
+        mut tracker,
+        note,
+        seen_shm,
+    } = cx;
+    let pid = fp.pid;
     // VmFlags (for "grows down") come from smaps, whose page walk
     // costs milliseconds per GiB: an incremental dump reuses the
     // parent's when the process has exactly the same areas.
     // A write-protected concurrent dump read them before the freeze.
-    let reuse = cx
-        .parent_proc
+    let reuse = parent_proc
         .and_then(|pp| incremental::same_layout(pp, maps))
         .or_else(|| cow.and_then(|c| c.growsdown(pid, maps)));
     let growsdown = match reuse {
@@ -59,20 +56,18 @@ pub fn plan_in_place(
     } else {
         memory::Scan::Data
     };
-    let mut plan = memory::plan_with(pid, maps, &growsdown, cx.seen_shm, scan)?;
-    tracing::debug!(pid, ms = ms(cx.frozen_at), "pages with data found");
+    let mut plan = memory::plan_with(pid, maps, &growsdown, seen_shm, scan)?;
+    tracing::debug!(pid, ms = ms(frozen_at), "pages with data found");
     let areas = incremental::areas(&plan.vmas);
-    let tracked = cx.tracked(image);
     let mut selection = None;
-    if let (Some(b), Some(t), Some(pp)) = (cx.base, cx.tracker.as_mut(), cx.parent_proc) {
+    if let (Some(b), Some(t), Some(pp)) = (base, tracker.as_mut(), parent_proc) {
         if tracked {
             let parent_data = stasis_image::chain::data_ranges(&b.parent, pp)?;
             let data = memory::spans(&plan.ranges);
             let collected = incremental::collect(&mut **t, image.pid, &areas)?;
-            tracing::debug!(pid, ms = ms(cx.frozen_at), "dirty pages found");
+            tracing::debug!(pid, ms = ms(frozen_at), "dirty pages found");
             if incremental::tracking_lost(t.backend(), &collected) {
-                cx.note
-                    .get_or_insert_with(|| incremental::lost_note(image.pid));
+                note.get_or_insert_with(|| incremental::lost_note(image.pid));
             } else {
                 let sel = incremental::select_collected(&collected, &data, &parent_data);
                 plan.ranges = memory::lengths(&sel.read);
@@ -80,7 +75,7 @@ pub fn plan_in_place(
                 selection = Some(sel);
             }
         }
-    } else if let (Some(b), Some(_), Some(pp)) = (cx.base, cow, cx.parent_proc) {
+    } else if let (Some(b), Some(_), Some(pp)) = (base, cow, parent_proc) {
         // Write-protection kept since the parent: the pages with
         // data that lost their protection are those written since.
         if tracked {

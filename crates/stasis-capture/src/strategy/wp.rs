@@ -4,13 +4,13 @@
 //! dumps ([`cow::CowTracking`]), the protection also tells an incremental
 //! dump which pages were written since the last one.
 
-use stasis_image::manifest::{Manifest, ProcessImage};
+use stasis_image::manifest::Manifest;
 use stasis_image::PackWriter;
 
 use super::{cow_lost, CopyCx, CopyStrategy, PlanCx, Planned};
 use crate::copy::{Pending, ProcCopy};
-use crate::freeze::{Frozen, FrozenProcess};
-use crate::{cow, memory, proc, ConcurrentStats, Result};
+use crate::freeze::Frozen;
+use crate::{cow, memory, ConcurrentStats, Result};
 
 /// Copies from write-protected memory after the release.
 pub struct WriteProtect {
@@ -55,14 +55,8 @@ impl CopyStrategy for WriteProtect {
         }
     }
 
-    fn plan(
-        &mut self,
-        cx: &mut PlanCx<'_>,
-        fp: &mut FrozenProcess,
-        image: &mut ProcessImage,
-        maps: &[proc::MapsEntry],
-    ) -> Result<Planned> {
-        super::stop::plan_in_place(cx, fp.pid, image, maps, self.cow.as_ref())
+    fn plan(&mut self, cx: PlanCx<'_>) -> Result<Planned> {
+        super::stop::plan_in_place(cx, self.cow.as_ref())
     }
 
     fn track_name(&self) -> Option<&'static str> {
