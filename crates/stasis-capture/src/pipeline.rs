@@ -339,3 +339,27 @@ fn preflight_process(p: i32, maps: &str) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_tracking_or_parent_the_dump_is_full_without_a_note() {
+        let dir = std::env::temp_dir().join(format!("stasis-capture-base-{}", std::process::id()));
+        let store = ImageDir::create_or_open(&dir).unwrap();
+        let root = i32::try_from(std::process::id()).unwrap();
+        assert_eq!(
+            incremental_base(&store, root, None, None).err(),
+            Some(FullDump::Untracked)
+        );
+        // Protection kept by `stasis run`, but no checkpoint yet: the
+        // first one is full by nature.
+        let kept = cow::CowTracking::default();
+        assert_eq!(
+            incremental_base(&store, root, None, Some(&kept)).err(),
+            Some(FullDump::Untracked)
+        );
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
