@@ -66,12 +66,20 @@ use std::time::{Duration, Instant};
 
 use stasis_kernel::mem::ProcessMemory;
 use stasis_kernel::pagemap::{Pagemap, ScanQuery};
-use stasis_kernel::uffd::{self, Event, Userfaultfd};
-use stasis_kernel::{pidfd, KernelError};
+use stasis_kernel::uffd::Userfaultfd;
+use stasis_kernel::KernelError;
 use stasis_sys as sys;
 
 use crate::freeze::FrozenProcess;
+
+mod handler;
+mod rangeset;
+mod tracking;
+
 use crate::{CaptureError, Result};
+use handler::Handler;
+pub use rangeset::RangeSet;
+pub use tracking::{CowTracking, TRACK_NAME};
 
 /// Bytes the copier saves per step (aligned: a grain never straddles two;
 /// a transparent huge page is lifted whole, not split).
@@ -96,80 +104,6 @@ const FEATURES: u64 =
 pub struct CowLost {
     pub pid: i32,
     pub why: String,
-}
-
-/// A set of disjoint, non-adjacent byte ranges `[start, end)`.
-#[derive(Debug, Default, Clone)]
-pub struct RangeSet(BTreeMap<u64, u64>);
-
-impl RangeSet {
-    pub fn from_spans(spans: impl IntoIterator<Item = (u64, u64)>) -> Self {
-        let mut s = Self::default();
-        for (a, b) in spans {
-            s.insert(a, b);
-        }
-        s
-    }
-
-    fn insert(&mut self, mut a: u64, mut b: u64) {
-        if a >= b {
-            return;
-        }
-        let touching: Vec<(u64, u64)> = self
-            .0
-            .range(..=b)
-            .rev()
-            .take_while(|(_, &e)| e >= a)
-            .map(|(&s, &e)| (s, e))
-            .collect();
-        for (s, e) in touching {
-            self.0.remove(&s);
-            a = a.min(s);
-            b = b.max(e);
-        }
-        self.0.insert(a, b);
-    }
-
-    /// The parts of `[a, b)` in the set, in order.
-    pub fn intersect(&self, a: u64, b: u64) -> Vec<(u64, u64)> {
-        let mut out: Vec<(u64, u64)> = self
-            .0
-            .range(..b)
-            .rev()
-            .take_while(|(_, &e)| e > a)
-            .map(|(&s, &e)| (s.max(a), e.min(b)))
-            .collect();
-        out.reverse();
-        out
-    }
-
-    /// Takes `[a, b)` out of the set.
-    pub fn remove(&mut self, a: u64, b: u64) {
-        for (s, e) in self
-            .0
-            .range(..b)
-            .rev()
-            .take_while(|(_, &e)| e > a)
-            .map(|(&s, &e)| (s, e))
-            .collect::<Vec<_>>()
-        {
-            self.0.remove(&s);
-            if s < a {
-                self.0.insert(s, a);
-            }
-            if e > b {
-                self.0.insert(b, e);
-            }
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    pub fn bytes(&self) -> u64 {
-        self.0.iter().map(|(s, e)| e - s).sum()
-    }
 }
 
 /// What is shared between the copier and the handlers, per process.
@@ -335,13 +269,7 @@ impl Cow {
         }
         let r = (|| -> Result<()> {
             for fp in f.procs.iter_mut().filter(|p| p.zombie.is_none()) {
-                let maps = crate::proc::parse_maps(&crate::proc::read(fp.pid, "maps")?).map_err(
-                    |what| CaptureError::ProcFormat {
-                        pid: fp.pid,
-                        file: "maps".into(),
-                        what,
-                    },
-                )?;
+                let maps = crate::proc::read_parsed(fp.pid, "maps", crate::proc::parse_maps)?;
                 let areas = protectable_maps(&maps);
                 fp.arm_remote(&ProcessMemory::open(fp.pid)?, &maps)?;
                 let uffd = create_in(fp)?;
@@ -710,73 +638,6 @@ impl Drop for Cow {
     }
 }
 
-/// Write-protection kept between the dumps of one job (`stasis run
-/// --concurrent`): between checkpoints the handlers let each write through
-/// and the page loses its protection, so the pages unprotected at the next
-/// freeze are exactly those written since the last one. That freeze reads
-/// them in the memory plan's walk (as every write-protected dump does),
-/// copies only them (concurrent incremental, TIC-CKPT-CI), protects only
-/// them again (the others still are), and tracking goes on from that
-/// instant. Any failure drops the protection; the next dump is then full.
-#[derive(Default)]
-pub struct CowTracking {
-    pub(crate) cow: Option<Cow>,
-    /// The checkpoint right after whose freeze tracking started.
-    pub(crate) armed_at: Option<u32>,
-    /// (pid, start time) of the processes tracked since then.
-    pub(crate) procs: Vec<(i32, u64)>,
-}
-
-/// The name of this tracking in reports and manifests.
-pub const TRACK_NAME: &str = "uffd-wp";
-
-impl CowTracking {
-    pub(crate) fn new_cow(cap: u64) -> Cow {
-        Cow::with_tracking(cap, true)
-    }
-
-    /// The parent of an incremental dump of the tree of `root`: the
-    /// checkpoint after whose freeze tracking started, if it is the latest.
-    pub(crate) fn base(
-        &self,
-        store: &stasis_image::ImageDir,
-        root: i32,
-        root_start: u64,
-    ) -> std::result::Result<crate::incremental::Base, String> {
-        let latest = match store.latest() {
-            Ok(Some(n)) => n,
-            Ok(None) => return Err(String::new()),
-            Err(e) => return Err(e.to_string()),
-        };
-        let Some(armed_at) = self.armed_at.filter(|_| self.cow.is_some()) else {
-            return Err("write-protection tracking starts with this dump".into());
-        };
-        if armed_at != latest {
-            return Err(format!(
-                "tracking started after checkpoint {armed_at} but the latest is {latest}"
-            ));
-        }
-        if !self.procs.contains(&(root, root_start)) {
-            return Err(format!("process {root} was not tracked"));
-        }
-        match stasis_image::chain::load_chain(store, Some(latest)) {
-            Ok(mut c) if !c.is_empty() => Ok(crate::incremental::Base {
-                parent: c.swap_remove(0),
-                state: stasis_track::state::TrackState {
-                    backend: stasis_track::Backend::Uffd,
-                    armed_at,
-                    root_pid: root,
-                    procs: self.procs.clone(),
-                },
-            }),
-            Ok(_) => Err("the latest checkpoint cannot be loaded".into()),
-            Err(e) => Err(format!(
-                "the latest checkpoint cannot be used as a parent: {e}"
-            )),
-        }
-    }
-}
-
 /// Checks, after a read, that the pages of `parts` are still registered
 /// and write-protected (so what was read is the freeze instant's content,
 /// not a new mapping put there after an unmap). Returns why not.
@@ -832,370 +693,20 @@ fn errno_err(what: String, errno: i32) -> CaptureError {
     ))
 }
 
-/// Creates a userfaultfd inside the frozen process and takes it out.
+/// Creates a userfaultfd inside the frozen process and takes it out
+/// ([`stasis_kernel::uffd_remote`]).
 fn create_in(fp: &mut FrozenProcess) -> Result<Userfaultfd> {
+    use stasis_kernel::uffd_remote::{self, UffdRemoteError};
     let pid = fp.pid;
-    let main = &mut fp.threads[0];
-    let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK).unsigned_abs();
-    let n = main.tracee.syscall(
-        &main.orig_regs,
-        "userfaultfd (concurrent dump)",
-        sys::SYS_USERFAULTFD,
-        &[u64::from(flags)],
-    )?;
-    let fdnum = i32::try_from(n).unwrap_or(-1);
-    let taken = pidfd::pidfd_open(pid).and_then(|p| pidfd::pidfd_getfd(&p, fdnum));
-    let closed = main.tracee.syscall(
-        &main.orig_regs,
-        "close (userfaultfd)",
-        libc::SYS_close,
-        &[n],
-    );
-    let fd = taken?;
-    closed?;
-    let got = uffd::api(&fd, FEATURES)?;
-    if got & FEATURES != FEATURES {
-        return Err(KernelError::Unsupported {
-            feature: "userfaultfd unmap/remove/remap events",
-            why: format!("process {pid}: the kernel granted {got:#x}"),
-        }
-        .into());
-    }
-    Ok(Userfaultfd::from_fd(fd, got))
-}
-
-/// The fault handler of one process.
-struct Handler<'a> {
-    idx: usize,
-    pid: i32,
-    shared: &'a Shared,
-    uffd: &'a Userfaultfd,
-    mem: &'a ProcessMemory,
-    pagemap: &'a Pagemap,
-    /// Faults read but not yet served, with the time they were read.
-    queue: std::cell::RefCell<std::collections::VecDeque<(u64, Instant)>>,
-    /// Other events read while the state lock was held.
-    later: std::cell::RefCell<Vec<Event>>,
-}
-
-impl Handler<'_> {
-    fn run(&self) {
-        loop {
-            let stopping = self.shared.stop.load(Ordering::SeqCst);
-            if self.queue.borrow().is_empty() {
-                match self.uffd.wait_readable(if stopping { 0 } else { 20 }) {
-                    Ok(true) => {}
-                    // Nothing queued: done if asked to stop.
-                    Ok(false) if stopping => return,
-                    Ok(false) => continue,
-                    Err(e) => return self.broken(e.to_string()),
-                }
-                if let Err(e) = self.read(false) {
-                    return self.broken(e);
-                }
-                if stopping && self.queue.borrow().is_empty() {
-                    return;
-                }
+    let mut remote = crate::remote::ThreadRemote::new(&mut fp.threads[0]);
+    uffd_remote::create_in(&mut remote, pid, "userfaultfd (concurrent dump)", FEATURES).map_err(
+        |e| match e {
+            UffdRemoteError::Missing { granted, .. } => KernelError::Unsupported {
+                feature: "userfaultfd unmap/remove/remap events",
+                why: format!("process {pid}: the kernel granted {granted:#x}"),
             }
-            let later = std::mem::take(&mut *self.later.borrow_mut());
-            for ev in later {
-                self.event(ev);
-            }
-            let next = self.queue.borrow_mut().pop_front();
-            if let Some((addr, t0)) = next {
-                self.fault(addr, t0);
-            }
-        }
-    }
-
-    /// Reads what the userfaultfd holds: events are dealt with at once,
-    /// faults queued.
-    /// `locked`: the caller holds the state lock, so events other than
-    /// faults are kept for later (dealing with them takes the lock).
-    fn read(&self, locked: bool) -> std::result::Result<(), String> {
-        let mut events = Vec::new();
-        self.uffd
-            .read_events(&mut events)
-            .map_err(|e| e.to_string())?;
-        let now = Instant::now();
-        for ev in events {
-            match ev {
-                Event::PageFault { addr, .. } => self.queue.borrow_mut().push_back((addr, now)),
-                ev if locked => self.later.borrow_mut().push(ev),
-                ev => self.event(ev),
-            }
-        }
-        Ok(())
-    }
-
-    /// An event other than a fault.
-    fn event(&self, ev: Event) {
-        match ev {
-            Event::PageFault { .. } | Event::Fork(_) | Event::Unknown(_) => {}
-            Event::Unmap { start, end } => self.gone(start, end, "unmapped"),
-            Event::Remove { start, end } => {
-                self.gone(start, end, "discarded (MADV_DONTNEED or MADV_REMOVE)")
-            }
-            Event::Remap { from, to, len } => {
-                self.moved(to, len);
-                self.gone(from, from + len, "moved (mremap)");
-            }
-        }
-    }
-
-    /// Lifts the protection of `[a, b)` (and wakes its writers); while an
-    /// event waits to be read (`EAGAIN`), reads it first (`locked`: the
-    /// caller holds the state lock). Returns false if part of the range is
-    /// not registered (`ENOENT`: the kernel stops at the first such area).
-    fn lift(&self, a: u64, b: u64, locked: bool) -> Result<bool> {
-        let t0 = Instant::now();
-        loop {
-            match self.uffd.write_protect(a, b - a, false) {
-                Ok(()) => return Ok(true),
-                Err(libc::ENOENT | libc::ESRCH) => return Ok(false),
-                Err(libc::EAGAIN) if t0.elapsed() < Duration::from_secs(10) => {
-                    self.read(locked).map_err(CaptureError::Concurrent)?;
-                    std::thread::yield_now();
-                }
-                Err(errno) => {
-                    return Err(errno_err(
-                        format!("lifting the write-protection of [{a:#x}, {b:#x})"),
-                        errno,
-                    ))
-                }
-            }
-        }
-    }
-
-    /// Lifts the grain `[g0, g1)` of a fault at `page`, and the page alone
-    /// if the grain reaches outside the registered areas (one ioctl, one
-    /// TLB flush, in the common case). On failure the writer is woken
-    /// anyway (never left stuck) and the copy is given up.
-    fn lift_grain(&self, (g0, g1): (u64, u64), page: u64, locked: bool) -> bool {
-        let r = self.lift(g0, g1, locked).and_then(|whole| {
-            if whole {
-                Ok(true)
-            } else {
-                self.lift(page, page + sys::PAGE_SIZE, locked)
-            }
-        });
-        match r {
-            Ok(_) => true,
-            Err(e) => {
-                let _ = self.uffd.wake(page, sys::PAGE_SIZE);
-                if !locked {
-                    self.shared.lock().broken.get_or_insert(e.to_string());
-                }
-                false
-            }
-        }
-    }
-
-    fn broken(&self, why: String) {
-        let mut st = self.shared.lock();
-        st.broken.get_or_insert(format!(
-            "the fault handler of process {} stopped: {why}",
-            self.pid
-        ));
-    }
-
-    /// Pages of `[start, end)` left the process: lost if any was unsaved.
-    /// Tracking: pages moved to `[to, to + len)` keep their protection
-    /// there, but they are not what the parent checkpoint had at that
-    /// address: they lose it, so the next dump counts them as written. (If
-    /// that happens while the tree is being frozen, the dump is abandoned:
-    /// the dirty set may already have been read.)
-    fn moved(&self, to: u64, len: u64) {
-        if !self.shared.tracking {
-            return;
-        }
-        let mut st = self.shared.lock();
-        if st.procs[self.idx].mode == Mode::Hold {
-            st.lost.get_or_insert(CowLost {
-                pid: self.pid,
-                why: format!(
-                    "it moved memory to [{to:#x}, {:#x}) as it was being frozen",
-                    to + len
-                ),
-            });
-            return;
-        }
-        if let Err(e) = self.lift(to, to + len, true) {
-            st.broken.get_or_insert(e.to_string());
-        }
-    }
-
-    fn gone(&self, start: u64, end: u64, how: &str) {
-        let mut st = self.shared.lock();
-        let ps = &mut st.procs[self.idx];
-        if ps.mode != Mode::Armed {
-            return;
-        }
-        let owed = ps.unsaved.intersect(start, end);
-        if owed.is_empty() {
-            return;
-        }
-        ps.unsaved.remove(start, end);
-        let bytes: u64 = owed.iter().map(|(a, b)| b - a).sum();
-        st.lost.get_or_insert(CowLost {
-            pid: self.pid,
-            why: format!(
-                "it {how} [{start:#x}, {end:#x}) while {bytes} bytes of it were not yet saved"
-            ),
-        });
-        self.shared.room.notify_all();
-    }
-
-    /// A write to the protected page at `addr`: save the unsaved pages of
-    /// its grain, then let the writer through.
-    fn fault(&self, addr: u64, read_at: Instant) {
-        let page = addr & !(sys::PAGE_SIZE - 1);
-        let huge = self
-            .pagemap
-            .scan(page, page + sys::PAGE_SIZE, ScanQuery::huge())
-            .is_ok_and(|r| !r.is_empty());
-        // (Unless the side buffer could never hold a huge page.)
-        let cap = self.shared.cap;
-        let grain = if huge && (cap == 0 || cap >= HUGE) {
-            HUGE
-        } else {
-            GRAIN
-        };
-        let g0 = page & !(grain - 1);
-        let g1 = g0 + grain;
-        let mut waited: Option<Instant> = None;
-        let mut counted = false;
-        let mut st = self.shared.lock();
-        loop {
-            if st.lost.is_some() || self.shared.stop.load(Ordering::SeqCst) {
-                break;
-            }
-            match st.procs[self.idx].mode {
-                mode @ (Mode::Prepare | Mode::Hold) => {
-                    // Let it through, under the lock (the freeze's switch
-                    // to Hold, and arming, wait for this). The whole grain:
-                    // tracking is coarse (64 KiB) rather than cost a
-                    // fault per page of a sequential writer.
-                    if !self.lift_grain((g0, g1), page, true) {
-                        st.broken
-                            .get_or_insert(format!("lifting the protection at {page:#x} failed"));
-                    }
-                    if mode == Mode::Hold {
-                        st.procs[self.idx].touched.insert(g0, g1);
-                    }
-                    return;
-                }
-                Mode::Armed => {}
-            }
-            if !counted {
-                counted = true;
-                st.faults += 1;
-            }
-            if st.procs[self.idx]
-                .claimed
-                .is_some_and(|(a, b)| a < g1 && g0 < b)
-            {
-                // The copier is reading this grain: wait for it to finish
-                // (then the pages are saved and nothing is owed here).
-                st = self
-                    .shared
-                    .room
-                    .wait_timeout(st, Duration::from_millis(20))
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0;
-                continue;
-            }
-            let parts = st.procs[self.idx].unsaved.intersect(g0, g1);
-            if parts.is_empty() {
-                break;
-            }
-            let need: u64 = parts.iter().map(|(a, b)| b - a).sum();
-            let cap = self.shared.cap;
-            if cap > 0 && st.side_bytes > 0 && st.side_bytes + need > cap {
-                // Full: the writer waits until the copier drains some (or
-                // reaches these pages itself).
-                if waited.is_none() {
-                    waited = Some(Instant::now());
-                    st.waits += 1;
-                }
-                st = self
-                    .shared
-                    .room
-                    .wait_timeout(st, Duration::from_millis(50))
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0;
-                continue;
-            }
-            let mut saved = Vec::with_capacity(parts.len());
-            for &(s, e) in &parts {
-                let mut data = vec![0u8; usize::try_from(e - s).unwrap_or(0)];
-                if let Err(err) = self.mem.read_forced(s, &mut data) {
-                    st.lost.get_or_insert(CowLost {
-                        pid: self.pid,
-                        why: format!("reading [{s:#x}, {e:#x}) on a write fault failed ({err})"),
-                    });
-                    break;
-                }
-                saved.push((s, data));
-            }
-            if st.lost.is_some() {
-                break;
-            }
-            if let Some(why) = still_protected(self.pagemap, &parts) {
-                st.lost.get_or_insert(CowLost { pid: self.pid, why });
-                break;
-            }
-            let ps = &mut st.procs[self.idx];
-            for (s, data) in saved {
-                ps.unsaved.remove(s, s + data.len() as u64);
-                ps.side.insert(s, data);
-            }
-            st.side_bytes += need;
-            st.side_peak = st.side_peak.max(st.side_bytes);
-            break;
-        }
-        if let Some(w) = waited {
-            st.wait_ns += u64::try_from(w.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        }
-        drop(st);
-        // The whole grain: pages in it that were never protected are
-        // untouched by this.
-        if !self.lift_grain((g0, g1), page, false) {
-            return;
-        }
-        let ns = u64::try_from(read_at.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        let mut st = self.shared.lock();
-        if st.latencies_ns.len() < MAX_SAMPLES {
-            st.latencies_ns.push(ns);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::RangeSet;
-
-    #[test]
-    fn range_set_insert_intersect_remove() {
-        let mut s = RangeSet::from_spans([(0x1000, 0x3000), (0x3000, 0x4000), (0x8000, 0x9000)]);
-        assert_eq!(
-            s.intersect(0, u64::MAX),
-            vec![(0x1000, 0x4000), (0x8000, 0x9000)]
-        );
-        assert_eq!(
-            s.intersect(0x2000, 0x8800),
-            vec![(0x2000, 0x4000), (0x8000, 0x8800)]
-        );
-        assert!(s.intersect(0x4000, 0x8000).is_empty());
-        s.remove(0x2000, 0x3000);
-        assert_eq!(
-            s.intersect(0, u64::MAX),
-            vec![(0x1000, 0x2000), (0x3000, 0x4000), (0x8000, 0x9000)]
-        );
-        s.remove(0, 0x8800);
-        assert_eq!(s.intersect(0, u64::MAX), vec![(0x8800, 0x9000)]);
-        assert_eq!(s.bytes(), 0x800);
-        s.remove(0x8800, 0x9000);
-        assert!(s.is_empty());
-    }
+            .into(),
+            e => e.into_kernel().into(),
+        },
+    )
 }

@@ -33,25 +33,25 @@ struct CaptureProc;
 
 impl ProcSource for CaptureProc {
     fn fdinfo(&self, text: &str) -> Result<(u64, u32), BadFormat> {
-        proc::parse_fdinfo(text).map_err(BadFormat)
+        proc::parse_fdinfo(text).map_err(|e| BadFormat(e.0))
     }
     fn eventfd(&self, text: &str) -> Result<(u64, bool), BadFormat> {
-        proc::parse_eventfd(text).map_err(BadFormat)
+        proc::parse_eventfd(text).map_err(|e| BadFormat(e.0))
     }
     fn timerfd(&self, text: &str) -> Result<(i32, u64, u64, u64), BadFormat> {
-        proc::parse_timerfd(text).map_err(BadFormat)
+        proc::parse_timerfd(text).map_err(|e| BadFormat(e.0))
     }
     fn signalfd(&self, text: &str) -> Result<u64, BadFormat> {
-        proc::parse_signalfd(text).map_err(BadFormat)
+        proc::parse_signalfd(text).map_err(|e| BadFormat(e.0))
     }
     fn epoll(&self, text: &str) -> Result<Vec<(i32, u32, u64)>, BadFormat> {
-        proc::parse_epoll(text).map_err(BadFormat)
+        proc::parse_epoll(text).map_err(|e| BadFormat(e.0))
     }
     fn inotify(&self, text: &str) -> Result<Vec<InotifyLine>, BadFormat> {
-        proc::parse_inotify(text).map_err(BadFormat)
+        proc::parse_inotify(text).map_err(|e| BadFormat(e.0))
     }
     fn locks(&self, text: &str) -> Result<Vec<(String, bool, u64, u64)>, BadFormat> {
-        proc::parse_locks(text).map_err(BadFormat)
+        proc::parse_locks(text).map_err(|e| BadFormat(e.0))
     }
     fn data_extents(
         &self,

@@ -66,11 +66,7 @@ fn children(pid: i32) -> Result<Vec<i32>> {
 }
 
 fn stat_of(pid: i32) -> Result<proc::Stat> {
-    proc::parse_stat(&proc::read(pid, "stat")?).map_err(|w| CaptureError::ProcFormat {
-        pid,
-        file: "stat".into(),
-        what: w,
-    })
+    proc::read_parsed(pid, "stat", proc::parse_stat)
 }
 
 /// Seizes and stops every thread of `pid`.
@@ -291,6 +287,15 @@ impl FrozenProcess {
 }
 
 impl Frozen {
+    /// The pids of the processes that are not zombies.
+    pub fn live_pids(&self) -> Vec<i32> {
+        self.procs
+            .iter()
+            .filter(|p| p.zombie.is_none())
+            .map(|p| p.pid)
+            .collect()
+    }
+
     /// Puts every thread back as it was (an interrupted syscall set up to
     /// restart) and detaches.
     pub fn release(&mut self) -> Result<()> {
@@ -315,8 +320,11 @@ impl Frozen {
         self.done = true;
         for p in &mut self.procs {
             if p.zombie.is_none() {
-                // SAFETY: sending SIGKILL to a process we just dumped.
-                unsafe { libc::kill(p.pid, libc::SIGKILL) };
+                // The process we just dumped (a failure: it is gone already).
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(p.pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
             }
             for t in &mut p.threads {
                 t.tracee.forget();

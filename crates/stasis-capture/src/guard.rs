@@ -117,6 +117,13 @@ pub fn run(input: impl BufRead) -> Result<Vec<(i32, i32)>> {
         while !dead(child) && t0.elapsed() < Duration::from_secs(10) {
             std::thread::sleep(Duration::from_millis(5));
         }
+        // The dumper's pipe closes before the kernel detaches its tracees
+        // (a process's files go before its ptrace links): a freeze now
+        // would fail to seize the parent, and leave the snapshot unreaped.
+        let t0 = Instant::now();
+        while traced(parent) && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         // The parent may be running its own escape code (which reaps the
         // snapshot itself): wait for it to finish.
         let t0 = Instant::now();
@@ -137,6 +144,21 @@ pub fn run(input: impl BufRead) -> Result<Vec<(i32, i32)>> {
         }
     }
     Ok(reaped)
+}
+
+/// Whether a thread of `pid` is still traced (by the dumper being torn
+/// down). Any thread: the dumper seizes them all.
+fn traced(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|t| {
+        std::fs::read_to_string(t.path().join("status")).is_ok_and(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("TracerPid:"))
+                .is_some_and(|v| v.trim() != "0")
+        })
+    })
 }
 
 /// A zombie, or gone.

@@ -4,9 +4,8 @@
 use stasis_image::chain::{self, Ranges};
 use stasis_image::manifest::{Vma, VmaKind};
 use stasis_image::{Checkpoint, ImageDir};
-use stasis_kernel::{KernelError, Tracee, UserRegs};
 use stasis_track::state::TrackState;
-use stasis_track::{Area, Dirty, DirtyTracker, RemoteSyscall};
+use stasis_track::{Area, Dirty, DirtyTracker};
 
 use crate::{CaptureError, Result};
 
@@ -14,6 +13,32 @@ use crate::{CaptureError, Result};
 pub struct Base {
     pub parent: Checkpoint,
     pub state: TrackState,
+}
+
+/// Why a dump is full although tracking may have been asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FullDump {
+    /// No tracking, or the first checkpoint of an image (full by nature):
+    /// nothing to say.
+    Untracked,
+    /// Tracking was asked for but gives no usable parent: why.
+    Because(String),
+}
+
+impl FullDump {
+    /// The note of the report and manifest, if there is one.
+    pub fn note(self) -> Option<String> {
+        match self {
+            FullDump::Untracked => None,
+            FullDump::Because(why) => Some(why),
+        }
+    }
+}
+
+impl From<String> for FullDump {
+    fn from(why: String) -> Self {
+        FullDump::Because(why)
+    }
 }
 
 /// Decides whether this dump can be incremental: tracking with the same
@@ -24,49 +49,51 @@ pub fn base(
     tracker: &dyn DirtyTracker,
     root: i32,
     root_start: u64,
-) -> std::result::Result<Base, String> {
+) -> std::result::Result<Base, FullDump> {
     if matches!(store.latest(), Ok(None)) {
-        return Err(String::new());
+        return Err(FullDump::Untracked);
     }
     let state = match stasis_track::state::load(store.path()) {
         Ok(Some(s)) => s,
-        Ok(None) => return Err("tracking was not armed after the latest checkpoint (it was restored, a dump failed since, or it was dumped without --track --leave-running)".into()),
-        Err(e) => return Err(e.to_string()),
+        Ok(None) => return Err(FullDump::Because("tracking was not armed after the latest checkpoint (it was restored, a dump failed since, or it was dumped without --track --leave-running)".into())),
+        Err(e) => return Err(e.to_string().into()),
     };
     let latest = match store.latest() {
         Ok(Some(n)) => n,
         // The first checkpoint of an image is full by nature: no note.
-        Ok(None) => return Err(String::new()),
-        Err(e) => return Err(e.to_string()),
+        Ok(None) => return Err(FullDump::Untracked),
+        Err(e) => return Err(e.to_string().into()),
     };
     if state.backend != tracker.backend() {
-        return Err(format!(
+        return Err(FullDump::Because(format!(
             "tracking was armed with {} but this dump uses {}",
             state.backend,
             tracker.backend()
-        ));
+        )));
     }
     if state.armed_at != latest {
-        return Err(format!(
+        return Err(FullDump::Because(format!(
             "tracking was armed after checkpoint {} but the latest is {latest}",
             state.armed_at
-        ));
+        )));
     }
     if state.root_pid != root || !state.procs.contains(&(root, root_start)) {
-        return Err(format!(
+        return Err(FullDump::Because(format!(
             "tracking was armed on the tree of process {}, not this one",
             state.root_pid
-        ));
+        )));
     }
     match chain::load_chain(store, Some(latest)) {
         Ok(mut c) if !c.is_empty() => Ok(Base {
             parent: c.swap_remove(0),
             state,
         }),
-        Ok(_) => Err("the latest checkpoint cannot be loaded".into()),
-        Err(e) => Err(format!(
-            "the latest checkpoint cannot be used as a parent: {e}"
+        Ok(_) => Err(FullDump::Because(
+            "the latest checkpoint cannot be loaded".into(),
         )),
+        Err(e) => Err(FullDump::Because(format!(
+            "the latest checkpoint cannot be used as a parent: {e}"
+        ))),
     }
 }
 
@@ -205,16 +232,28 @@ pub fn tracking_lost(backend: stasis_track::Backend, collected: &[(Area, Dirty)]
         && collected.iter().all(|(_, d)| matches!(d, Dirty::All))
 }
 
-/// Runs syscalls in a frozen thread for the trackers.
-pub struct FrozenRemote<'a> {
-    pub tracee: &'a mut Tracee,
-    pub base: &'a UserRegs,
+/// The note of a dump that found the tracking of process `pid` lost.
+pub fn lost_note(pid: i32) -> String {
+    format!(
+        "tracking is no longer armed in process {pid}: no area of it is registered (it called exec, or the holder of its userfaultfd exited); its pages are all saved"
+    )
 }
 
-impl RemoteSyscall for FrozenRemote<'_> {
-    fn syscall(&mut self, name: &'static str, nr: i64, args: &[u64]) -> Result<u64, KernelError> {
-        self.tracee.syscall(self.base, name, nr, args)
-    }
+/// Write-protection kept since the parent as a tracker's report: in a
+/// private anonymous area, the pages with data that lost their protection
+/// (`unprotected`) are those written since; other areas are all dirty.
+pub fn unprotected_as_dirty(areas: &[Area], unprotected: &Ranges) -> Vec<(Area, Dirty)> {
+    areas
+        .iter()
+        .map(|a| {
+            let d = if a.private_anon {
+                Dirty::Ranges(chain::intersect(unprotected, &[(a.start, a.end)]))
+            } else {
+                Dirty::All
+            };
+            (*a, d)
+        })
+        .collect()
 }
 
 /// True if `addr` lies in one of the sorted `ranges`.
@@ -226,7 +265,7 @@ pub fn contains(ranges: &Ranges, addr: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use stasis_track::{ArmReport, Backend};
+    use stasis_track::{ArmReport, Backend, RemoteSyscall};
 
     const P: u64 = 4096;
 
@@ -276,6 +315,27 @@ mod tests {
         );
         assert!(!s.by_content);
         assert_eq!(s.tracked, 1);
+    }
+
+    #[test]
+    fn unprotected_pages_are_the_dirty_set_of_protected_areas() {
+        let areas = [
+            area(0, 10),
+            Area {
+                start: 20 * P,
+                end: 30 * P,
+                private_anon: false,
+            },
+        ];
+        let unprotected = vec![(2 * P, 3 * P), (9 * P, 22 * P)];
+        let d = unprotected_as_dirty(&areas, &unprotected);
+        assert_eq!(d[0].1, Dirty::Ranges(vec![(2 * P, 3 * P), (9 * P, 10 * P)]));
+        assert_eq!(d[1].1, Dirty::All);
+        // Written pages and orphans are read; the rest comes from the parent.
+        let data = vec![(0, 10 * P)];
+        let parent = vec![(0, 8 * P)];
+        let s = select_collected(&d, &data, &parent);
+        assert_eq!(s.read, vec![(2 * P, 3 * P), (8 * P, 10 * P)]);
     }
 
     #[test]

@@ -11,9 +11,14 @@ use stasis_kernel::KernelError;
 
 use crate::{proc, CaptureError, Result};
 
+/// Why an area cannot be dumped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct UnsupportedArea(pub String);
+
 /// What backs a maps entry, or why it is unsupported. `Ok(None)` means the
 /// area is not part of the image (`[vsyscall]`).
-pub fn vma_kind(m: &proc::MapsEntry) -> Result<Option<VmaKind>, String> {
+pub fn vma_kind(m: &proc::MapsEntry) -> Result<Option<VmaKind>, UnsupportedArea> {
     let n = m.name.as_str();
     Ok(Some(match n {
         "[vsyscall]" => return Ok(None),
@@ -25,10 +30,10 @@ pub fn vma_kind(m: &proc::MapsEntry) -> Result<Option<VmaKind>, String> {
         _ if m.shared && n.starts_with("/dev/zero (deleted)") => VmaKind::Anon,
         _ if n.starts_with("/SYSV") => VmaKind::SysvShm {
             shmid: i32::try_from(m.ino).map_err(|_| {
-                format!(
+                UnsupportedArea(format!(
                     "area {:#x}-{:#x}: odd System V segment id {}",
                     m.start, m.end, m.ino
-                )
+                ))
             })?,
         },
         _ if n.ends_with(" (deleted)") && n.starts_with('/') => VmaKind::Ghost {
@@ -43,16 +48,16 @@ pub fn vma_kind(m: &proc::MapsEntry) -> Result<Option<VmaKind>, String> {
             ino: m.ino,
         },
         _ if n.starts_with('[') => {
-            return Err(format!(
+            return Err(UnsupportedArea(format!(
                 "area {:#x}-{:#x} is a special mapping {n} that stasis does not know",
                 m.start, m.end
-            ))
+            )))
         }
         _ => {
-            return Err(format!(
+            return Err(UnsupportedArea(format!(
                 "area {:#x}-{:#x} has an unexpected name {n:?}",
                 m.start, m.end
-            ))
+            )))
         }
     }))
 }
@@ -128,7 +133,7 @@ pub fn plan_with(
     let pagemap = Pagemap::open(pid)?;
     let mut have_scan = true;
     for m in maps {
-        let Some(kind) = vma_kind(m).map_err(|what| CaptureError::Unsupported { pid, what })?
+        let Some(kind) = vma_kind(m).map_err(|e| CaptureError::Unsupported { pid, what: e.0 })?
         else {
             continue;
         };

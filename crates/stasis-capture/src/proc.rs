@@ -1,89 +1,36 @@
-//! Reading a process's state from `/proc/PID/*`.
-//!
-//! Parsers are pure functions over the file text so they are unit-tested on
-//! fixed samples; the readers around them only add the I/O.
+//! Reading a process's state from `/proc/PID/*`: the I/O around the one
+//! procfs parser ([`stasis_kernel::procfs`], re-exported here), with a
+//! missing file mapped to a dead process and bad content to
+//! [`CaptureError::ProcFormat`].
 
 use std::path::PathBuf;
 
 use stasis_image::manifest::{Credentials, MmImage, Rlimit};
+pub use stasis_kernel::procfs::{
+    parse_epoll, parse_eventfd, parse_fdinfo, parse_inotify, parse_limits, parse_locks, parse_maps,
+    parse_signalfd, parse_smaps_flagged, parse_smaps_growsdown, parse_stat, parse_status,
+    parse_timerfd, parse_timers, Creds, FormatError, InotifyLine, Limit, MapsEntry, MmLayout, Stat,
+    TimerLine,
+};
 
-use crate::CaptureError;
+use crate::{CaptureError, Result};
 
-/// One line of `/proc/PID/maps`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MapsEntry {
-    pub start: u64,
-    pub end: u64,
-    pub read: bool,
-    pub write: bool,
-    pub exec: bool,
-    pub shared: bool,
-    pub offset: u64,
-    pub dev: (u32, u32),
-    pub ino: u64,
-    /// Path or pseudo-name (`[heap]`), empty for anonymous memory.
-    pub name: String,
+/// Reads `/proc/PID/<name>` and parses it with `parse`.
+pub fn read_parsed<T>(
+    pid: i32,
+    name: &str,
+    parse: impl FnOnce(&str) -> std::result::Result<T, FormatError>,
+) -> Result<T> {
+    parse(&read(pid, name)?).map_err(|e| format_err(pid, name, e))
 }
 
-impl MapsEntry {
-    /// PROT_* bits.
-    pub fn prot(&self) -> u32 {
-        let mut p = 0;
-        if self.read {
-            p |= libc::PROT_READ;
-        }
-        if self.write {
-            p |= libc::PROT_WRITE;
-        }
-        if self.exec {
-            p |= libc::PROT_EXEC;
-        }
-        p.unsigned_abs()
+/// A parse error of `/proc/PID/<name>`.
+pub fn format_err(pid: i32, name: &str, e: FormatError) -> CaptureError {
+    CaptureError::ProcFormat {
+        pid,
+        file: name.into(),
+        what: e.0,
     }
-}
-
-fn hex(s: &str) -> Option<u64> {
-    u64::from_str_radix(s, 16).ok()
-}
-
-/// Parses the text of `/proc/PID/maps`.
-pub fn parse_maps(text: &str) -> Result<Vec<MapsEntry>, String> {
-    let mut out = Vec::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let bad = || format!("unexpected maps line: {line:?}");
-        // Five whitespace-separated fields, then the name (which may contain spaces).
-        let mut rest = line;
-        let mut fields = [""; 5];
-        for f in &mut fields {
-            rest = rest.trim_start();
-            let end = rest.find(' ').unwrap_or(rest.len());
-            *f = &rest[..end];
-            rest = &rest[end..];
-        }
-        let name = rest.trim_start().to_string();
-        let (a, b) = fields[0].split_once('-').ok_or_else(bad)?;
-        let perms = fields[1].as_bytes();
-        if perms.len() < 4 {
-            return Err(bad());
-        }
-        let (maj, min) = fields[3].split_once(':').ok_or_else(bad)?;
-        out.push(MapsEntry {
-            start: hex(a).ok_or_else(bad)?,
-            end: hex(b).ok_or_else(bad)?,
-            read: perms[0] == b'r',
-            write: perms[1] == b'w',
-            exec: perms[2] == b'x',
-            shared: perms[3] == b's',
-            offset: hex(fields[2]).ok_or_else(bad)?,
-            dev: (
-                u32::from_str_radix(maj, 16).map_err(|_| bad())?,
-                u32::from_str_radix(min, 16).map_err(|_| bad())?,
-            ),
-            ino: fields[4].parse().map_err(|_| bad())?,
-            name,
-        });
-    }
-    Ok(out)
 }
 
 /// `root` and its descendants as they are now (read from each task's
@@ -96,343 +43,61 @@ pub fn tree_pids(root: i32) -> Vec<i32> {
             continue;
         }
         out.push(p);
-        if let Ok(tasks) = std::fs::read_dir(proc_path(p, "task")) {
-            for t in tasks.flatten() {
-                if let Ok(c) = std::fs::read_to_string(t.path().join("children")) {
-                    todo.extend(c.split_whitespace().filter_map(|x| x.parse::<i32>().ok()));
-                }
+        todo.extend(task_children(p));
+    }
+    out
+}
+
+/// The children of every thread of `pid` as they are now (none if it is gone).
+pub fn task_children(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir(proc_path(pid, "task")) {
+        for t in tasks.flatten() {
+            if let Ok(c) = std::fs::read_to_string(t.path().join("children")) {
+                out.extend(c.split_whitespace().filter_map(|x| x.parse::<i32>().ok()));
             }
         }
     }
     out
 }
 
-/// Start addresses of areas whose smaps `VmFlags` include `gd` (grows down).
-pub fn parse_smaps_growsdown(text: &str) -> Vec<u64> {
-    parse_smaps_flagged(text, "gd")
-}
-
-/// Start addresses of the areas whose `VmFlags` in `/proc/PID/smaps` hold
-/// `flag` (`gd`: grows down; `uw`: registered for userfaultfd write-protect).
-pub fn parse_smaps_flagged(text: &str, flag: &str) -> Vec<u64> {
-    let mut out = Vec::new();
-    let mut cur: Option<u64> = None;
-    for line in text.lines() {
-        if let Some(flags) = line.strip_prefix("VmFlags:") {
-            if flags.split_whitespace().any(|f| f == flag) {
-                out.extend(cur);
-            }
-        } else if let Some(first) = line.split_whitespace().next() {
-            if !first.ends_with(':') {
-                cur = first.split_once('-').and_then(|(a, _)| hex(a));
-            }
-        }
+/// The image's `mm` fields from stat's layout (`brk` and `auxv` are read
+/// elsewhere).
+pub fn mm_image(m: &MmLayout) -> MmImage {
+    MmImage {
+        start_code: m.start_code,
+        end_code: m.end_code,
+        start_data: m.start_data,
+        end_data: m.end_data,
+        start_brk: m.start_brk,
+        brk: 0,
+        start_stack: m.start_stack,
+        arg_start: m.arg_start,
+        arg_end: m.arg_end,
+        env_start: m.env_start,
+        env_end: m.env_end,
+        auxv: Vec::new(),
     }
-    out
 }
 
-/// Fields of `/proc/PID/stat` that Stasis needs.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Stat {
-    pub comm: String,
-    pub state: char,
-    pub ppid: i32,
-    pub pgrp: i32,
-    pub session: i32,
-    pub num_threads: i64,
-    /// Field 22: start time in clock ticks after boot.
-    pub start_time: u64,
-    pub mm: MmImage,
-    /// Field 52: the wait status of a zombie.
-    pub exit_code: i32,
-}
-
-/// Parses `/proc/PID/stat` (the comm field may hold spaces and parentheses).
-pub fn parse_stat(text: &str) -> Result<Stat, String> {
-    let bad = || format!("unexpected stat: {text:?}");
-    let open = text.find('(').ok_or_else(bad)?;
-    let close = text.rfind(')').ok_or_else(bad)?;
-    let comm = text[open + 1..close].to_string();
-    // Field 3 (state) is the first after ")".
-    let f: Vec<&str> = text[close + 1..].split_whitespace().collect();
-    let n = |i: usize| -> Result<u64, String> {
-        f.get(i - 3)
-            .ok_or_else(bad)?
-            .parse::<u64>()
-            .map_err(|_| bad())
-    };
-    let s = |i: usize| -> Result<i64, String> {
-        f.get(i - 3)
-            .ok_or_else(bad)?
-            .parse::<i64>()
-            .map_err(|_| bad())
-    };
-    if f.len() < 52 - 2 {
-        return Err(bad());
+/// The image's credentials.
+pub fn credentials(c: Creds) -> Credentials {
+    Credentials {
+        uid: c.uid,
+        gid: c.gid,
+        groups: c.groups,
     }
-    let to_i32 = |v: i64| i32::try_from(v).map_err(|_| bad());
-    Ok(Stat {
-        comm,
-        state: f[0].chars().next().unwrap_or('?'),
-        ppid: to_i32(s(4)?)?,
-        pgrp: to_i32(s(5)?)?,
-        session: to_i32(s(6)?)?,
-        num_threads: s(20)?,
-        start_time: n(22)?,
-        mm: MmImage {
-            start_code: n(26)?,
-            end_code: n(27)?,
-            start_stack: n(28)?,
-            start_data: n(45)?,
-            end_data: n(46)?,
-            start_brk: n(47)?,
-            arg_start: n(48)?,
-            arg_end: n(49)?,
-            env_start: n(50)?,
-            env_end: n(51)?,
-            brk: 0,
-            auxv: Vec::new(),
-        },
-        exit_code: to_i32(s(52)?)?,
-    })
 }
 
-/// `Umask`, credentials from `/proc/PID/status`.
-pub fn parse_status(text: &str) -> Result<(u32, Credentials), String> {
-    let bad = |what: &str| format!("/proc/PID/status has no usable {what} line");
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map(str::trim)
-    };
-    let umask = field("Umask:")
-        .and_then(|v| u32::from_str_radix(v, 8).ok())
-        .ok_or_else(|| bad("Umask"))?;
-    let four = |name: &str| -> Result<[u32; 4], String> {
-        let v: Vec<u32> = field(name)
-            .ok_or_else(|| bad(name))?
-            .split_whitespace()
-            .filter_map(|x| x.parse().ok())
-            .collect();
-        v.try_into().map_err(|_| bad(name))
-    };
-    let groups = field("Groups:")
-        .unwrap_or("")
-        .split_whitespace()
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    Ok((
-        umask,
-        Credentials {
-            uid: four("Uid:")?,
-            gid: four("Gid:")?,
-            groups,
-        },
-    ))
-}
-
-/// Parses `/proc/PID/limits` (lines in resource order, fixed columns).
-pub fn parse_limits(text: &str) -> Result<Vec<Rlimit>, String> {
-    let mut out = Vec::new();
-    for (i, line) in text.lines().skip(1).enumerate() {
-        let val = |s: &str| -> Result<u64, String> {
-            let s = s.trim();
-            if s == "unlimited" {
-                Ok(u64::MAX)
-            } else {
-                s.parse()
-                    .map_err(|_| format!("bad limit value {s:?} in {line:?}"))
-            }
-        };
-        let soft = line
-            .get(26..46)
-            .ok_or_else(|| format!("short limits line {line:?}"))?;
-        let hard = line
-            .get(47..67)
-            .ok_or_else(|| format!("short limits line {line:?}"))?;
-        out.push(Rlimit {
-            resource: u32::try_from(i).unwrap_or(u32::MAX),
-            soft: val(soft)?,
-            hard: val(hard)?,
-        });
-    }
-    Ok(out)
-}
-
-/// `pos` and `flags` (octal) from `/proc/PID/fdinfo/N`.
-pub fn parse_fdinfo(text: &str) -> Result<(u64, u32), String> {
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map(str::trim)
-    };
-    let pos = field("pos:")
-        .and_then(|v| v.parse().ok())
-        .ok_or("fdinfo without pos")?;
-    let flags = field("flags:")
-        .and_then(|v| u32::from_str_radix(v, 8).ok())
-        .ok_or("fdinfo without flags")?;
-    Ok((pos, flags))
-}
-
-/// A `name:` field of an fdinfo text.
-fn fdinfo_field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name))
-        .map(str::trim)
-}
-
-/// eventfd fdinfo: (count, semaphore).
-pub fn parse_eventfd(text: &str) -> Result<(u64, bool), String> {
-    let count = fdinfo_field(text, "eventfd-count:")
-        .and_then(|v| u64::from_str_radix(v, 16).ok())
-        .ok_or("eventfd fdinfo without eventfd-count")?;
-    let sem = fdinfo_field(text, "eventfd-semaphore:").is_some_and(|v| v == "1");
-    Ok((count, sem))
-}
-
-/// signalfd fdinfo: the signal mask.
-pub fn parse_signalfd(text: &str) -> Result<u64, String> {
-    fdinfo_field(text, "sigmask:")
-        .and_then(|v| u64::from_str_radix(v, 16).ok())
-        .ok_or_else(|| "signalfd fdinfo without sigmask".into())
-}
-
-/// timerfd fdinfo: (clockid, ticks, value_ns, interval_ns).
-pub fn parse_timerfd(text: &str) -> Result<(i32, u64, u64, u64), String> {
-    let pair = |name: &str| -> Result<u64, String> {
-        let v = fdinfo_field(text, name).ok_or_else(|| format!("timerfd fdinfo without {name}"))?;
-        let v = v.trim_start_matches('(').trim_end_matches(')');
-        let (s, ns) = v
-            .split_once(',')
-            .ok_or_else(|| format!("bad {name} {v:?}"))?;
-        let s: u64 = s.trim().parse().map_err(|_| format!("bad {name} {v:?}"))?;
-        let ns: u64 = ns.trim().parse().map_err(|_| format!("bad {name} {v:?}"))?;
-        Ok(s * 1_000_000_000 + ns)
-    };
-    let clockid = fdinfo_field(text, "clockid:")
-        .and_then(|v| v.parse().ok())
-        .ok_or("timerfd fdinfo without clockid")?;
-    let ticks = fdinfo_field(text, "ticks:")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    Ok((clockid, ticks, pair("it_value:")?, pair("it_interval:")?))
-}
-
-/// epoll fdinfo: (target fd, events, data) per registration.
-pub fn parse_epoll(text: &str) -> Result<Vec<(i32, u32, u64)>, String> {
-    let mut out = Vec::new();
-    for l in text.lines().filter(|l| l.starts_with("tfd:")) {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        let get = |k: &str| {
-            f.iter()
-                .position(|x| *x == k)
-                .and_then(|i| f.get(i + 1))
-                .copied()
-                .ok_or_else(|| format!("bad epoll line {l:?}"))
-        };
-        let fd = get("tfd:")?
-            .parse()
-            .map_err(|_| format!("bad tfd in {l:?}"))?;
-        let events =
-            u32::from_str_radix(get("events:")?, 16).map_err(|_| format!("bad events in {l:?}"))?;
-        let data =
-            u64::from_str_radix(get("data:")?, 16).map_err(|_| format!("bad data in {l:?}"))?;
-        out.push((fd, events, data));
-    }
-    Ok(out)
-}
-
-/// One inotify watch line of an fdinfo: (wd, sdev (kernel encoding), mask,
-/// handle type, handle bytes).
-pub type InotifyLine = (i32, u32, u32, i32, Vec<u8>);
-
-/// Parses the `inotify` lines of an fdinfo.
-pub fn parse_inotify(text: &str) -> Result<Vec<InotifyLine>, String> {
-    let mut out = Vec::new();
-    for l in text.lines().filter_map(|l| l.strip_prefix("inotify ")) {
-        let bad = || format!("unexpected inotify line {l:?}");
-        let get = |k: &str| {
-            l.split_whitespace()
-                .find_map(|f| f.strip_prefix(k))
-                .ok_or_else(bad)
-        };
-        let wd = get("wd:")?.parse().map_err(|_| bad())?;
-        let sdev = u32::from_str_radix(get("sdev:")?, 16).map_err(|_| bad())?;
-        let mask = u32::from_str_radix(get("mask:")?, 16).map_err(|_| bad())?;
-        let ty = get("fhandle-type:")?.parse().map_err(|_| bad())?;
-        let hex = get("f_handle:")?;
-        let bytes = (0..hex.len() / 2)
-            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16))
-            .collect::<Result<Vec<u8>, _>>()
-            .map_err(|_| bad())?;
-        out.push((wd, sdev, mask, ty, bytes));
-    }
-    Ok(out)
-}
-
-/// The `lock:` lines of an fdinfo: (kind, write, start, len (0 = to EOF)).
-pub fn parse_locks(text: &str) -> Result<Vec<(String, bool, u64, u64)>, String> {
-    let mut out = Vec::new();
-    for l in text.lines().filter_map(|l| l.strip_prefix("lock:")) {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        let bad = || format!("unexpected lock line {l:?}");
-        // "1:" KIND MANDATORY|ADVISORY READ|WRITE pid dev:ino start end
-        if f.len() < 8 {
-            return Err(bad());
-        }
-        let start: u64 = f[6].parse().map_err(|_| bad())?;
-        let len = if f[7] == "EOF" {
-            0
-        } else {
-            f[7].parse::<u64>().map_err(|_| bad())? + 1 - start
-        };
-        out.push((f[1].to_string(), f[3] == "WRITE", start, len));
-    }
-    Ok(out)
-}
-
-/// One entry of `/proc/PID/timers`: (id, signo, sigev_value, notify, tid, clockid).
-pub type TimerLine = (i32, i32, u64, i32, i32, i32);
-
-/// Parses `/proc/PID/timers`.
-pub fn parse_timers(text: &str) -> Result<Vec<TimerLine>, String> {
-    let mut out = Vec::new();
-    let mut cur: Option<TimerLine> = None;
-    for l in text.lines() {
-        let bad = || format!("unexpected timers line {l:?}");
-        if let Some(v) = l.strip_prefix("ID: ") {
-            out.extend(cur.take());
-            cur = Some((v.trim().parse().map_err(|_| bad())?, 0, 0, 0, 0, 0));
-        } else if let Some(v) = l.strip_prefix("signal: ") {
-            let (sig, val) = v.trim().split_once('/').ok_or_else(bad)?;
-            if let Some(c) = cur.as_mut() {
-                c.1 = sig.parse().map_err(|_| bad())?;
-                c.2 = u64::from_str_radix(val, 16).map_err(|_| bad())?;
-            }
-        } else if let Some(v) = l.strip_prefix("notify: ") {
-            let (kind, who) = v.trim().split_once('/').ok_or_else(bad)?;
-            let tid = who
-                .rsplit_once('.')
-                .and_then(|(_, t)| t.parse().ok())
-                .unwrap_or(0);
-            if let Some(c) = cur.as_mut() {
-                c.3 = match kind {
-                    "signal" => 0,
-                    "none" => 1,
-                    "thread" => 4,
-                    _ => return Err(bad()),
-                };
-                c.4 = tid;
-            }
-        } else if let Some(v) = l.strip_prefix("ClockID: ") {
-            if let Some(c) = cur.as_mut() {
-                c.5 = v.trim().parse().map_err(|_| bad())?;
-            }
-        }
-    }
-    out.extend(cur);
-    Ok(out)
+/// The image's resource limits.
+pub fn rlimits(l: Vec<Limit>) -> Vec<Rlimit> {
+    l.into_iter()
+        .map(|l| Rlimit {
+            resource: l.resource,
+            soft: l.soft,
+            hard: l.hard,
+        })
+        .collect()
 }
 
 /// Reads `/proc/PID/<name>` as text, mapping "not found" to a dead process.
@@ -454,166 +119,5 @@ pub fn read_link(pid: i32, name: &str) -> Result<String, CaptureError> {
 
 /// `/proc/PID/<name>`.
 pub fn proc_path(pid: i32, name: &str) -> PathBuf {
-    PathBuf::from(format!("/proc/{pid}/{name}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn maps_lines_with_spaces_and_specials() {
-        let t = "55d0c0a00000-55d0c0a21000 rw-p 00000000 00:00 0                          [heap]\n\
-                 7f00aa000000-7f00aa001000 r--s 00002000 fe:01 1234                       /tmp/my file (deleted)\n\
-                 7ffd1000-7ffd2000 ---p 00000000 00:00 0 \n";
-        let m = parse_maps(t).unwrap();
-        assert_eq!(m.len(), 3);
-        assert_eq!(
-            (
-                m[0].start,
-                m[0].end,
-                m[0].prot(),
-                m[0].shared,
-                m[0].name.as_str()
-            ),
-            (0x55d0c0a00000, 0x55d0c0a21000, 3, false, "[heap]")
-        );
-        assert_eq!(
-            (
-                m[1].offset,
-                m[1].dev,
-                m[1].ino,
-                m[1].shared,
-                m[1].name.as_str()
-            ),
-            (0x2000, (0xfe, 1), 1234, true, "/tmp/my file (deleted)")
-        );
-        assert_eq!((m[2].prot(), m[2].name.as_str()), (0, ""));
-        assert!(parse_maps("garbage").is_err());
-    }
-
-    #[test]
-    fn stat_with_parenthesised_comm() {
-        let t = "1234 (a) b (c)) S 1 1234 1234 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 555 1000 100 18446744073709551615 4194304 4196000 140737488346000 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0 6295000 6295600 6299648 140737488350000 140737488350100 140737488350100 140737488351000 0\n";
-        let s = parse_stat(t).unwrap();
-        assert_eq!(s.comm, "a) b (c)");
-        assert_eq!(
-            (s.state, s.ppid, s.pgrp, s.session, s.num_threads),
-            ('S', 1, 1234, 1234, 1)
-        );
-        assert_eq!(
-            (s.mm.start_code, s.mm.end_code, s.mm.start_stack),
-            (4194304, 4196000, 140737488346000)
-        );
-        assert_eq!(
-            (s.mm.start_data, s.mm.end_data, s.mm.start_brk),
-            (6295000, 6295600, 6299648)
-        );
-        assert_eq!(
-            (s.mm.arg_start, s.mm.env_end),
-            (140737488350000, 140737488351000)
-        );
-        assert!(parse_stat("1 (x) S 1").is_err());
-    }
-
-    #[test]
-    fn limits_columns() {
-        let t = "Limit                     Soft Limit           Hard Limit           Units     \n\
-                 Max cpu time              unlimited            unlimited            seconds   \n\
-                 Max file size             1024                 unlimited            bytes     \n";
-        let l = parse_limits(t).unwrap();
-        assert_eq!(
-            l,
-            vec![
-                Rlimit {
-                    resource: 0,
-                    soft: u64::MAX,
-                    hard: u64::MAX
-                },
-                Rlimit {
-                    resource: 1,
-                    soft: 1024,
-                    hard: u64::MAX
-                }
-            ]
-        );
-    }
-
-    #[test]
-    fn status_and_fdinfo() {
-        let (umask, c) = parse_status(
-            "Name:\tx\nUmask:\t0027\nUid:\t1\t2\t3\t4\nGid:\t5\t6\t7\t8\nGroups:\t10 20 \n",
-        )
-        .unwrap();
-        assert_eq!(umask, 0o27);
-        assert_eq!(
-            (c.uid, c.gid, c.groups),
-            ([1, 2, 3, 4], [5, 6, 7, 8], vec![10, 20])
-        );
-        assert_eq!(
-            parse_fdinfo("pos:\t1234\nflags:\t02102001\nmnt_id:\t20\n").unwrap(),
-            (1234, 0o2102001)
-        );
-        assert!(parse_fdinfo("flags: 0").is_err());
-    }
-
-    #[test]
-    fn inotify_watches() {
-        let t = "pos:\t0\ninotify wd:2 ino:3c4a3 sdev:fe00000 mask:2 ignored_mask:0 fhandle-bytes:8 fhandle-type:1 f_handle:a3c4030000000000\n";
-        assert_eq!(
-            parse_inotify(t).unwrap(),
-            vec![(2, 0xfe00000, 2, 1, vec![0xa3, 0xc4, 3, 0, 0, 0, 0, 0])]
-        );
-        assert!(parse_inotify("inotify wd:x").is_err());
-    }
-
-    #[test]
-    fn fdinfo_locks() {
-        let t = "pos:\t0\nlock:\t1: POSIX  ADVISORY  WRITE 14746 fe:00:9977941 5 14\nlock:\t2: FLOCK  ADVISORY  READ 14746 fe:00:9977949 0 EOF\n";
-        assert_eq!(
-            parse_locks(t).unwrap(),
-            vec![
-                ("POSIX".to_string(), true, 5, 10),
-                ("FLOCK".to_string(), false, 0, 0)
-            ]
-        );
-        assert!(parse_locks("lock: 1: POSIX").is_err());
-    }
-
-    #[test]
-    fn posix_timers() {
-        let t = "ID: 0\nsignal: 10/0000000000001234\nnotify: signal/pid.77\nClockID: 1\nID: 3\nsignal: 14/0000000000000000\nnotify: thread/tid.78\nClockID: 0\n";
-        assert_eq!(
-            parse_timers(t).unwrap(),
-            vec![(0, 10, 0x1234, 0, 77, 1), (3, 14, 0, 4, 78, 0)]
-        );
-        assert!(parse_timers("ID: x").is_err());
-    }
-
-    #[test]
-    fn anon_inode_fdinfo() {
-        assert_eq!(parse_eventfd("pos:\t0\nflags:\t02\neventfd-count:               1f\neventfd-id: 1\neventfd-semaphore: 1\n").unwrap(), (31, true));
-        assert_eq!(
-            parse_signalfd("pos:\t0\nsigmask:\t0000000000000a00\n").unwrap(),
-            0xa00
-        );
-        let t = "clockid: 1\nticks: 3\nsettime flags: 00\nit_value: (0, 250000000)\nit_interval: (2, 5)\n";
-        assert_eq!(
-            parse_timerfd(t).unwrap(),
-            (1, 3, 250_000_000, 2_000_000_005)
-        );
-        let e = "pos:\t0\nflags:\t02\ntfd:        5 events:       19 data:       1234567890ab  pos:0 ino:3 sdev:f\ntfd:        7 events: 80000001 data:                7  pos:0 ino:4 sdev:f\n";
-        assert_eq!(
-            parse_epoll(e).unwrap(),
-            vec![(5, 0x19, 0x1234567890ab), (7, 0x8000_0001, 7)]
-        );
-        assert!(parse_eventfd("pos: 0").is_err());
-    }
-
-    #[test]
-    fn smaps_growsdown() {
-        let t = "7ffd0000-7ffd2000 rw-p 00000000 00:00 0 [stack]\nSize: 8 kB\nVmFlags: rd wr mr mw me gd ac\n\
-                 7ffe0000-7ffe1000 rw-p 00000000 00:00 0\nSize: 4 kB\nVmFlags: rd wr mr mw me ac\n";
-        assert_eq!(parse_smaps_growsdown(t), vec![0x7ffd0000]);
-    }
+    stasis_kernel::procfs::path(pid, name)
 }

@@ -127,8 +127,11 @@ impl Snapshot {
             return;
         }
         self.live = false;
-        // SAFETY: killing the stopped child this dump created.
-        unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        // The stopped child this dump created.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
         let _ = stasis_kernel::ptrace::wait_raw(self.pid);
         self.tracee.forget();
     }
@@ -169,13 +172,7 @@ pub fn reap(root: i32, snapshots: &[(i32, i32)]) -> Result<u64> {
 fn wait_in(fp: &mut FrozenProcess, child: i32) -> Result<()> {
     let pid = fp.pid;
     let mem = ProcessMemory::open(pid)?;
-    let maps = crate::proc::parse_maps(&crate::proc::read(pid, "maps")?).map_err(|w| {
-        CaptureError::ProcFormat {
-            pid,
-            file: "maps".into(),
-            what: w,
-        }
-    })?;
+    let maps = crate::proc::read_parsed(pid, "maps", crate::proc::parse_maps)?;
     fp.arm_remote(&mem, &maps)?;
     let main = &mut fp.threads[0];
     main.tracee.syscall(

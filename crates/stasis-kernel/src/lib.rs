@@ -22,14 +22,17 @@ pub mod mem;
 pub mod pagemap;
 pub mod pidfd;
 pub mod probe;
+pub mod procfs;
 pub mod ptrace;
 pub mod remote;
+pub mod robust_list;
 pub mod scm;
 pub mod sock;
 pub mod sockdiag;
 pub mod sysvshm;
 pub mod tcpdiag;
 pub mod uffd;
+pub mod uffd_remote;
 
 pub use error::KernelError;
 pub use ptrace::{StopKind, Tracee};

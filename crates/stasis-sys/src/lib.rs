@@ -15,6 +15,7 @@
 pub mod fault;
 pub mod inet_diag;
 pub mod net;
+pub mod prctl;
 
 use core::mem::size_of;
 

@@ -1,0 +1,400 @@
+//! The stages run while the tree is frozen: **collect** (registers,
+//! process state, fds), **plan memory** (by the copy strategy), and the
+//! manifest of the checkpoint, with tracking re-armed and the strategy
+//! readied for the copy. The result is a [`Pending`] checkpoint.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use stasis_image::manifest::{DumpStats, HostInfo, Manifest, ProcessImage, VmaKind};
+use stasis_image::ImageDir;
+use stasis_kernel::mem::ProcessMemory;
+use stasis_sys as sys;
+
+use crate::copy::{Pending, ProcCopy};
+use crate::freeze::{Frozen, FrozenProcess};
+use crate::incremental::Base;
+use crate::strategy::{CopyStrategy, PlanCx, Planned};
+use crate::{
+    fds, micros, ms, process, remote, CaptureError, DirtyTracker, DumpOptions, DumpReport, Result,
+    TrackerRef,
+};
+
+/// The state of a dump while the tree is frozen.
+pub struct Frame<'a, 't> {
+    pub store: &'a ImageDir,
+    pub opts: &'a DumpOptions,
+    pub t0: Instant,
+    pub frozen_at: Instant,
+    pub strategy: &'a mut dyn CopyStrategy,
+    /// The parent of an incremental dump.
+    pub base: Option<Base>,
+    /// Why tracking was asked for but the dump is full, or re-arming failed.
+    pub note: Option<String>,
+    pub tracker: TrackerRef<'t>,
+}
+
+/// One process of the dump: its image, and for a live one its memory
+/// and what to save of it.
+struct ProcRecord {
+    image: ProcessImage,
+    live: Option<(ProcessMemory, Planned)>,
+}
+
+/// Collects the state of the frozen tree, plans its memory, and writes
+/// the manifest; the TCP sockets put in repair mode go to `repaired`
+/// whatever happens.
+pub fn capture_frozen(
+    fr: &mut Frame<'_, '_>,
+    f: &mut Frozen,
+    repaired: &mut fds::Repairs,
+) -> Result<Pending> {
+    let mut collector = fds::FdCollector::default();
+    let r = capture_with(fr, f, &mut collector);
+    // Sockets put in repair mode go back to the caller whatever happened.
+    *repaired = std::mem::take(&mut collector.repaired);
+    r
+}
+
+fn capture_with(
+    fr: &mut Frame<'_, '_>,
+    f: &mut Frozen,
+    collector: &mut fds::FdCollector,
+) -> Result<Pending> {
+    let (records, xfeatures) = collect(fr, f, collector)?;
+    tracing::debug!(
+        ms = ms(fr.frozen_at),
+        "state and memory plan of every process read"
+    );
+    if fr.opts.leave_running {
+        // Every connection's state is read: packets may flow again (the
+        // tree runs on; what they change is after the checkpoint's
+        // instant). A dump that kills the tree keeps them out until the
+        // end: a peer outside the tree must not see data acknowledged that
+        // the image does not hold.
+        collector.unlock_tcp();
+    }
+    let tree: Vec<i32> = records.iter().map(|r| r.image.pid).collect();
+    collector.check_external_pipes(&tree)?;
+    collector.check_external_sockets()?;
+    let areas_of: Vec<Vec<stasis_track::Area>> = records
+        .iter()
+        .map(|r| {
+            r.live
+                .as_ref()
+                .map(|l| l.1.areas.clone())
+                .unwrap_or_default()
+        })
+        .collect();
+    let mut pending = write_manifest(fr, records, collector, xfeatures)?;
+    // Re-arm tracking while still frozen. It is recorded as armed only
+    // once the checkpoint is committed (`Pending::finish`), so a failed
+    // commit leaves no state claiming a parent that does not exist.
+    rearm(fr, f, &mut pending, &areas_of);
+    tracing::debug!(ms = ms(fr.frozen_at), "tracking re-armed");
+    fr.strategy
+        .before_release(&mut pending.copies, &pending.manifest, f)?;
+    tracing::debug!(ms = ms(fr.frozen_at), "ready to release");
+    Ok(pending)
+}
+
+/// Reads every process of the tree: registers and state, its memory plan
+/// (by the strategy), its fds. Returns the records (tree order) and the
+/// XSAVE features in use.
+fn collect(
+    fr: &mut Frame<'_, '_>,
+    f: &mut Frozen,
+    collector: &mut fds::FdCollector,
+) -> Result<(Vec<ProcRecord>, u64)> {
+    collector.freeze_tcp(&f.live_pids())?;
+    let mut records = Vec::new();
+    let mut seen_shm = HashSet::new();
+    let mut xfeatures = 0;
+    for fp in &mut f.procs {
+        if let Some(status) = fp.zombie {
+            records.push(ProcRecord {
+                image: process::zombie_image(fp.pid, status)?,
+                live: None,
+            });
+            collector.tables.push(Vec::new());
+            continue;
+        }
+        let (record, x) = collect_live(fr, fp, collector, &mut seen_shm)?;
+        xfeatures = x;
+        records.push(record);
+    }
+    Ok((records, xfeatures))
+}
+
+/// One live process: its state, its memory plan, the kernel objects its
+/// areas and fds hold.
+fn collect_live(
+    fr: &mut Frame<'_, '_>,
+    fp: &mut FrozenProcess,
+    collector: &mut fds::FdCollector,
+    seen_shm: &mut HashSet<u64>,
+) -> Result<(ProcRecord, u64)> {
+    let mem = ProcessMemory::open(fp.pid)?;
+    let (mut image, maps, xfeatures) = process::capture(fp, &mem)?;
+    tracing::debug!(
+        pid = fp.pid,
+        ms = ms(fr.frozen_at),
+        "registers and process state read"
+    );
+    // VmFlags (for "grows down") come from smaps, whose page walk costs
+    // milliseconds per GiB: an incremental dump reuses the parent's
+    // when the process has exactly the same areas.
+    let parent_proc = fr
+        .base
+        .as_ref()
+        .and_then(|b| stasis_image::chain::same_process(&b.parent, &image));
+    let cx = PlanCx {
+        fp: &mut *fp,
+        image: &mut image,
+        maps: &maps,
+        frozen_at: fr.frozen_at,
+        base: fr.base.as_ref(),
+        parent_proc,
+        tracker: fr.tracker.as_deref_mut(),
+        note: &mut fr.note,
+        seen_shm,
+    };
+    let planned = fr.strategy.plan(cx)?;
+    for v in planned
+        .plan
+        .vmas
+        .iter()
+        .filter(|v| matches!(v.kind, VmaKind::Ghost { .. }))
+    {
+        collector.capture_mapped_ghost(fp.pid, v.start, v.end)?;
+    }
+    for v in &planned.plan.vmas {
+        if let VmaKind::SysvShm { shmid } = v.kind {
+            collector.capture_sysv(fp.pid, shmid, v.start, v.end)?;
+        }
+    }
+    collector.add_process(fp.pid)?;
+    Ok((
+        ProcRecord {
+            image,
+            live: Some((mem, planned)),
+        },
+        xfeatures,
+    ))
+}
+
+/// What to copy of each process (the copy itself runs later: before the
+/// release, or after it), and the manifest.
+fn write_manifest(
+    fr: &mut Frame<'_, '_>,
+    records: Vec<ProcRecord>,
+    collector: &mut fds::FdCollector,
+    xfeatures: u64,
+) -> Result<Pending> {
+    let ck = fr.store.begin_checkpoint()?;
+    let incremental = fr.base.is_some()
+        && records
+            .iter()
+            .filter_map(|r| r.live.as_ref())
+            .any(|(_, p)| {
+                p.selection.is_some() || p.deferred.as_ref().is_some_and(|d| d.collected.is_some())
+            });
+    let mut images = Vec::new();
+    let mut copies = Vec::new();
+    for (idx, r) in records.into_iter().enumerate() {
+        let mut image = r.image;
+        if let Some((mem, planned)) = r.live {
+            copies.push(proc_copy(idx, &mut image, mem, planned));
+        }
+        images.push(image);
+    }
+    for (image, table) in images.iter_mut().zip(std::mem::take(&mut collector.tables)) {
+        image.fds = table;
+    }
+    let mut ghosts: Vec<_> = std::mem::take(&mut collector.ghosts)
+        .into_values()
+        .collect();
+    ghosts.sort_by_key(|g| g.id);
+    let mut pipes: Vec<_> = std::mem::take(&mut collector.pipes).into_values().collect();
+    pipes.sort_by_key(|p| p.id);
+    let threads = images.iter().map(|p| p.threads.len()).sum();
+    if !incremental {
+        for image in &mut images {
+            image.data_ranges = None;
+        }
+    }
+    let parent = match &fr.base {
+        Some(b) if incremental => {
+            if ck.number() <= b.parent.number {
+                return Err(CaptureError::Track(format!(
+                    "checkpoint {} would be older than its parent {}",
+                    ck.number(),
+                    b.parent.number
+                )));
+            }
+            Some(b.parent.number)
+        }
+        _ => None,
+    };
+    let track_name = fr
+        .tracker
+        .as_ref()
+        .map(|t| t.backend().name().to_string())
+        .or_else(|| {
+            fr.base
+                .is_some()
+                .then(|| fr.strategy.track_name().map(str::to_string))
+                .flatten()
+        });
+    let manifest = Manifest {
+        checkpoint: ck.number(),
+        parent,
+        tool_version: env!("CARGO_PKG_VERSION").to_string(),
+        created_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        host: host_info(xfeatures),
+        root_pid: fr.opts.pid,
+        processes: images,
+        stats: DumpStats {
+            frozen_us: micros(fr.frozen_at),
+            total_us: micros(fr.t0),
+            pages_written: 0,
+            track: if parent.is_some() {
+                track_name.clone().unwrap_or_default()
+            } else {
+                String::new()
+            },
+            note: fr.note.clone().unwrap_or_default(),
+        },
+        pipes,
+        ghosts,
+        sysv_shm: std::mem::take(&mut collector.sysv),
+    };
+    let report = DumpReport {
+        checkpoint: ck.number(),
+        pid: fr.opts.pid,
+        processes: manifest.processes.len(),
+        threads,
+        pages: 0,
+        bytes: 0,
+        frozen_us: 0,
+        total_us: 0,
+        killed: false,
+        parent,
+        track: parent.and(track_name),
+        armed: None,
+        note: None,
+        concurrent: None,
+    };
+    Ok(Pending {
+        ck,
+        manifest,
+        state: None,
+        copies,
+        by_content: fr
+            .tracker
+            .as_ref()
+            .is_some_and(|t| t.backend() == stasis_track::Backend::Hash),
+        report,
+    })
+}
+
+/// The copy of one live process; its areas go into its image.
+fn proc_copy(idx: usize, image: &mut ProcessImage, mem: ProcessMemory, p: Planned) -> ProcCopy {
+    let Planned {
+        mut plan,
+        no_fork,
+        selection,
+        mut deferred,
+        ..
+    } = p;
+    image.vmas = plan.vmas;
+    // Ranges a fork would not copy: shared memory, MADV_DONTFORK and
+    // MADV_WIPEONFORK areas.
+    let unforked: Vec<(u64, u64)> = image
+        .vmas
+        .iter()
+        .filter(|v| v.shared || no_fork.contains(&v.start))
+        .map(|v| (v.start, v.end))
+        .collect();
+    let snapshot = deferred.as_mut().and_then(|d| d.snapshot.take());
+    ProcCopy {
+        idx,
+        pid: image.pid,
+        ranges: plan.ranges,
+        mem,
+        snapshot,
+        unforked,
+        preread: Vec::new(),
+        selection,
+        deferred,
+        cow: None,
+        unprotected: std::mem::take(&mut plan.unprotected),
+    }
+}
+
+fn host_info(xfeatures: u64) -> HostInfo {
+    HostInfo {
+        hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
+        kernel_release: stasis_kernel::probe::kernel_release(),
+        xfeatures,
+        page_size: sys::PAGE_SIZE,
+    }
+}
+
+/// Re-arms the tracker on the frozen tree (with `leave_running`): the
+/// state to record once committed, or a note saying why the next dump
+/// will be full.
+fn rearm(
+    fr: &mut Frame<'_, '_>,
+    f: &mut Frozen,
+    p: &mut Pending,
+    areas_of: &[Vec<stasis_track::Area>],
+) {
+    p.report.note = fr.note.clone();
+    let Some(t) = fr.tracker.as_mut().filter(|_| fr.opts.leave_running) else {
+        return;
+    };
+    match arm_all(&mut **t, f, &p.manifest, areas_of) {
+        Ok(procs) => {
+            p.state = Some(stasis_track::state::TrackState {
+                backend: t.backend(),
+                armed_at: p.report.checkpoint,
+                root_pid: fr.opts.pid,
+                procs,
+            });
+            p.report.armed = Some(t.backend().name().to_string());
+        }
+        Err(e) => {
+            p.report.note = Some(format!(
+                "tracking could not be re-armed, the next dump will be full: {e}"
+            ));
+        }
+    }
+}
+
+/// Arms the tracker on every live process of the frozen tree; returns the
+/// (pid, start time) of each.
+fn arm_all(
+    t: &mut (dyn DirtyTracker + Send),
+    f: &mut Frozen,
+    manifest: &Manifest,
+    areas_of: &[Vec<stasis_track::Area>],
+) -> Result<Vec<(i32, u64)>> {
+    let mut procs = Vec::new();
+    for ((fp, img), areas) in f.procs.iter_mut().zip(&manifest.processes).zip(areas_of) {
+        if fp.zombie.is_some() {
+            continue;
+        }
+        let mut remote = remote::ThreadRemote::new(&mut fp.threads[0]);
+        t.arm(fp.pid, areas, &mut remote)
+            .map_err(|e| CaptureError::Track(e.to_string()))?;
+        procs.push((img.pid, img.start_time));
+    }
+    Ok(procs)
+}

@@ -1,0 +1,131 @@
+//! Fork snapshots: each process forks a copy-on-write child in the freeze
+//! ([`crate::snapshot`]); the pages are planned and copied from the
+//! children after the release, and the children reaped at the end.
+
+use std::collections::HashSet;
+
+use stasis_image::manifest::Manifest;
+
+use super::{CopyCx, CopyStrategy, PlanCx, Planned};
+use crate::copy::{Deferred, Pending, ProcCopy};
+use crate::freeze::Frozen;
+use crate::{incremental, memory, proc, snapshot, Result};
+
+/// Copies from fork snapshots after the release.
+pub struct ForkSnapshot;
+
+impl CopyStrategy for ForkSnapshot {
+    fn method(&self) -> Option<&'static str> {
+        Some("fork")
+    }
+
+    /// The snapshot first: the pages are looked for in it after the
+    /// release; only what a fork does not copy is planned now.
+    fn plan(&mut self, mut cx: PlanCx<'_>) -> Result<Planned> {
+        let tracked = cx.tracked();
+        let (fp, maps) = (&mut *cx.fp, cx.maps);
+        let snap = snapshot::take(fp)?;
+        let child_maps = proc::read_parsed(snap.pid, "maps", proc::parse_maps)?;
+        let no_fork = unforked_areas(maps, &child_maps);
+        let mut plan = memory::plan_with(fp.pid, maps, &[], cx.seen_shm, memory::Scan::None)?;
+        let unforked: Vec<proc::MapsEntry> = maps
+            .iter()
+            .filter(|m| !m.shared && no_fork.contains(&m.start))
+            .cloned()
+            .collect();
+        plan.ranges
+            .extend(memory::plan(fp.pid, &unforked, &[], &mut HashSet::new())?.ranges);
+        plan.ranges.sort_unstable();
+        let areas = incremental::areas(&plan.vmas);
+        let mut collected = None;
+        if let (Some(b), Some(t), Some(pp)) = (cx.base, cx.tracker.as_mut(), cx.parent_proc) {
+            if tracked {
+                let c = incremental::collect(&mut **t, cx.image.pid, &areas)?;
+                if incremental::tracking_lost(t.backend(), &c) {
+                    cx.note
+                        .get_or_insert_with(|| incremental::lost_note(cx.image.pid));
+                } else {
+                    let parent_data = stasis_image::chain::data_ranges(&b.parent, pp)?;
+                    collected = Some((c, parent_data));
+                }
+            }
+        }
+        let shm_seen: HashSet<u64> = maps.iter().filter(|m| m.shared).map(|m| m.ino).collect();
+        Ok(Planned {
+            plan,
+            no_fork,
+            areas,
+            selection: None,
+            deferred: Some(Deferred {
+                snapshot: Some(snap),
+                maps: maps.to_vec(),
+                collected,
+                shm_seen,
+            }),
+        })
+    }
+
+    /// What a fork does not copy is read now; the snapshots hold the rest.
+    fn before_release(
+        &mut self,
+        copies: &mut [ProcCopy],
+        _manifest: &Manifest,
+        _f: &mut Frozen,
+    ) -> Result<()> {
+        for c in copies.iter_mut().filter(|c| c.snapshot.is_some()) {
+            let unforked = stasis_image::chain::normalize(c.unforked.clone());
+            c.preread(&unforked)?;
+        }
+        Ok(())
+    }
+
+    /// Plans from the snapshots first, then copies from them.
+    fn copy(&mut self, p: &mut Pending, cx: CopyCx<'_, '_>) -> Result<()> {
+        for c in &mut p.copies {
+            c.plan_from_snapshot(&mut p.manifest.processes[c.idx])?;
+        }
+        p.copy_pages(cx)
+    }
+
+    /// Kills the snapshots and has their parents reap them.
+    fn after_copy(&mut self, p: &mut Pending, root: i32) -> Result<u64> {
+        let mut reap = Vec::new();
+        for c in &mut p.copies {
+            if let Some(mut s) = c.snapshot.take() {
+                s.kill();
+                reap.push((s.parent, s.pid));
+            }
+        }
+        snapshot::reap(root, &reap)
+    }
+}
+
+/// The areas (by start) of `maps` that the snapshot `child_maps` lacks
+/// (`MADV_DONTFORK`): a fork does not copy them.
+pub fn unforked_areas(maps: &[proc::MapsEntry], child_maps: &[proc::MapsEntry]) -> Vec<u64> {
+    maps.iter()
+        .filter(|m| m.name != "[vsyscall]")
+        .filter(|m| {
+            !child_maps
+                .iter()
+                .any(|c| c.start == m.start && c.end == m.end)
+        })
+        .map(|m| m.start)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn areas_missing_in_the_snapshot_are_unforked() {
+        let maps = proc::parse_maps(
+            "1000-2000 rw-p 00000000 00:00 0\n3000-5000 rw-p 00000000 00:00 0\nffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0 [vsyscall]\n",
+        )
+        .unwrap();
+        let child = proc::parse_maps("1000-2000 rw-p 00000000 00:00 0\n").unwrap();
+        assert_eq!(unforked_areas(&maps, &child), vec![0x3000]);
+        assert!(unforked_areas(&maps, &maps).is_empty());
+    }
+}
