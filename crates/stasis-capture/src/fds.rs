@@ -4,16 +4,15 @@
 //! Each kind of kernel object is saved by its own module of
 //! `stasis-objects` (`pipe.rs`, `unix.rs`, `tcp.rs`...; see
 //! [`stasis_objects::REGISTRY`]); this module adapts them to the capture:
-//! its error type and its `/proc` parsers.
+//! its error type.
 
-use stasis_objects::save::{BadFormat, InotifyLine, ProcSource};
 use stasis_objects::{SaveCtx, SaveError};
 
 pub use stasis_objects::save::unsupported_reason;
 pub use stasis_objects::socket::{transient_socket, AcceptGate};
 pub use stasis_objects::tcp::{leave_repair, Repaired, Repairs};
 
-use crate::{proc, CaptureError, Result};
+use crate::{CaptureError, Result};
 
 impl From<SaveError> for CaptureError {
     fn from(e: SaveError) -> Self {
@@ -28,41 +27,6 @@ impl From<SaveError> for CaptureError {
     }
 }
 
-/// The capture's `/proc` parsers, for the objects' save side.
-struct CaptureProc;
-
-impl ProcSource for CaptureProc {
-    fn fdinfo(&self, text: &str) -> Result<(u64, u32), BadFormat> {
-        proc::parse_fdinfo(text).map_err(|e| BadFormat(e.0))
-    }
-    fn eventfd(&self, text: &str) -> Result<(u64, bool), BadFormat> {
-        proc::parse_eventfd(text).map_err(|e| BadFormat(e.0))
-    }
-    fn timerfd(&self, text: &str) -> Result<(i32, u64, u64, u64), BadFormat> {
-        proc::parse_timerfd(text).map_err(|e| BadFormat(e.0))
-    }
-    fn signalfd(&self, text: &str) -> Result<u64, BadFormat> {
-        proc::parse_signalfd(text).map_err(|e| BadFormat(e.0))
-    }
-    fn epoll(&self, text: &str) -> Result<Vec<(i32, u32, u64)>, BadFormat> {
-        proc::parse_epoll(text).map_err(|e| BadFormat(e.0))
-    }
-    fn inotify(&self, text: &str) -> Result<Vec<InotifyLine>, BadFormat> {
-        proc::parse_inotify(text).map_err(|e| BadFormat(e.0))
-    }
-    fn locks(&self, text: &str) -> Result<Vec<(String, bool, u64, u64)>, BadFormat> {
-        proc::parse_locks(text).map_err(|e| BadFormat(e.0))
-    }
-    fn data_extents(
-        &self,
-        f: &std::fs::File,
-        from: u64,
-        to: u64,
-    ) -> std::io::Result<Vec<(u64, u64)>> {
-        crate::memory::data_extents(f, from, to)
-    }
-}
-
 /// Lists the fd numbers of `pid`.
 pub fn list_fds(pid: i32) -> Result<Vec<i32>> {
     Ok(stasis_objects::save::list_fds(pid)?)
@@ -71,13 +35,8 @@ pub fn list_fds(pid: i32) -> Result<Vec<i32>> {
 /// Collects the fds of every process of a dump (the objects' [`SaveCtx`],
 /// whose fields it derefs to: `tables`, `pipes`, `ghosts`, `sysv`,
 /// `repaired`).
+#[derive(Default)]
 pub struct FdCollector(SaveCtx);
-
-impl Default for FdCollector {
-    fn default() -> Self {
-        Self(SaveCtx::new(&CaptureProc))
-    }
-}
 
 impl std::ops::Deref for FdCollector {
     type Target = SaveCtx;

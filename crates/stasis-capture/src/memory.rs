@@ -211,41 +211,7 @@ pub fn plan_with(
     })
 }
 
-/// The byte ranges of `[from, to)` of a file that hold data
-/// (`SEEK_DATA`/`SEEK_HOLE`): for shared memory, the pages that exist,
-/// resident or swapped out. The holes between them hold no page at all.
-pub fn data_extents(f: &std::fs::File, from: u64, to: u64) -> std::io::Result<Vec<(u64, u64)>> {
-    use nix::unistd::{lseek, Whence};
-    use std::os::fd::AsRawFd;
-    let at = |v: u64| {
-        i64::try_from(v).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
-    };
-    let mut out = Vec::new();
-    let mut pos = from;
-    while pos < to {
-        let start = match lseek(f.as_raw_fd(), at(pos)?, Whence::SeekData) {
-            Ok(s) => s.unsigned_abs(),
-            // No data from `pos` to the end of the file.
-            Err(nix::errno::Errno::ENXIO) => break,
-            Err(e) => return Err(e.into()),
-        };
-        if start >= to {
-            break;
-        }
-        let end = match lseek(f.as_raw_fd(), at(start)?, Whence::SeekHole) {
-            Ok(e) => e.unsigned_abs().min(to),
-            // Truncated meanwhile.
-            Err(nix::errno::Errno::ENXIO) => break,
-            Err(e) => return Err(e.into()),
-        };
-        if end <= start {
-            break;
-        }
-        out.push((start, end));
-        pos = end;
-    }
-    Ok(out)
-}
+pub use stasis_kernel::fdops::data_extents;
 
 /// The pages of a shared anonymous area `m` that exist in its shmem object,
 /// as address ranges. Reading a hole through the process's mapping would

@@ -19,13 +19,11 @@ impl Object for Epoll {
     const NAME: &'static str = "epoll";
     const ANON_INODE: Option<&'static str> = Some("anon_inode:[eventpoll]");
 
-    fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
+    fn save(_cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
         if Some(fd.link) != Self::ANON_INODE {
             return Ok(None);
         }
-        let targets = cx
-            .procfs()
-            .epoll(fd.info)
+        let targets = stasis_kernel::procfs::parse_epoll(fd.info)
             .map_err(|e| fd.bad_info(e))?
             .into_iter()
             .map(|(fd, events, data)| EpollTarget { fd, events, data })

@@ -15,11 +15,12 @@ impl Object for Eventfd {
     const NAME: &'static str = "eventfd";
     const ANON_INODE: Option<&'static str> = Some("anon_inode:[eventfd]");
 
-    fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
+    fn save(_cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
         if Some(fd.link) != Self::ANON_INODE {
             return Ok(None);
         }
-        let (count, semaphore) = cx.procfs().eventfd(fd.info).map_err(|e| fd.bad_info(e))?;
+        let (count, semaphore) =
+            stasis_kernel::procfs::parse_eventfd(fd.info).map_err(|e| fd.bad_info(e))?;
         Ok(Some(FdKind::Eventfd { count, semaphore }))
     }
 

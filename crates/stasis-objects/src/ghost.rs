@@ -123,12 +123,7 @@ fn save_content(cx: &mut SaveCtx, pid: i32, name: &str, what: &str) -> Result<()
     if cx.ghosts.contains_key(&meta.ino()) {
         return Ok(());
     }
-    let (size, extents) = read_sparse(
-        cx,
-        pid,
-        name,
-        &format!("{what} a deleted file or memfd that"),
-    )?;
+    let (size, extents) = read_sparse(pid, name, &format!("{what} a deleted file or memfd that"))?;
     let f = std::fs::File::open(&path).map_err(proc_err)?;
     // Not a memfd (an error): no seals.
     let seals = fdops::seals(f.as_fd()).unwrap_or(0);
@@ -152,7 +147,6 @@ fn save_content(cx: &mut SaveCtx, pid: i32, name: &str, what: &str) -> Result<()
 /// holes stay holes after a restore. At most [`GHOST_MAX`] bytes of data.
 /// Returns the file's size and its extents.
 pub(crate) fn read_sparse(
-    cx: &SaveCtx,
     pid: i32,
     name: &str,
     what: &str,
@@ -165,9 +159,7 @@ pub(crate) fn read_sparse(
     let path = proc_path(pid, name);
     let f = std::fs::File::open(&path).map_err(proc_err(name))?;
     let size = f.metadata().map_err(proc_err(name))?.size();
-    let ranges = cx
-        .procfs()
-        .data_extents(&f, 0, size)
+    let ranges = stasis_kernel::fdops::data_extents(&f, 0, size)
         .map_err(proc_err(&format!("{name} (SEEK_DATA)")))?;
     let data: u64 = ranges.iter().map(|(a, b)| b - a).sum();
     if data > GHOST_MAX {

@@ -17,11 +17,11 @@ impl Object for Inotify {
     const NAME: &'static str = "inotify";
     const ANON_INODE: Option<&'static str> = Some("anon_inode:inotify");
 
-    fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
+    fn save(_cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
         if Some(fd.link) != Self::ANON_INODE {
             return Ok(None);
         }
-        let watches = watches(cx, fd)?;
+        let watches = watches(fd)?;
         Ok(Some(FdKind::Inotify { watches }))
     }
 
@@ -49,12 +49,9 @@ fn mount_of(mounts: &str, major: u32, minor: u32) -> Option<String> {
 }
 
 /// The watches of an inotify fd, each resolved to a path.
-fn watches(cx: &SaveCtx, fd: &OpenFd<'_>) -> Result<Vec<InotifyWatch>, SaveError> {
+fn watches(fd: &OpenFd<'_>) -> Result<Vec<InotifyWatch>, SaveError> {
     let n = fd.fd;
-    let lines = cx
-        .procfs()
-        .inotify(fd.info)
-        .map_err(|e| fd.unsupported(e.0))?;
+    let lines = stasis_kernel::procfs::parse_inotify(fd.info).map_err(|e| fd.unsupported(e.0))?;
     let mounts = std::fs::read_to_string("/proc/self/mountinfo")
         .map_err(|e| fd.unsupported(e.to_string()))?;
     let mut out = Vec::new();

@@ -53,7 +53,7 @@ pub mod unix;
 
 pub use error::{RestoreError, SaveError};
 pub use restore::{plant, FdRef, RestoreCtx, Scratch};
-pub use save::{OpenFd, ProcSource, SaveCtx};
+pub use save::{OpenFd, SaveCtx};
 
 /// A kind of kernel object reachable through an fd.
 pub trait Object {

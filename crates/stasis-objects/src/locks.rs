@@ -13,13 +13,14 @@ use stasis_kernel::remote::Remote;
 use stasis_sys::net::FLOCK_LEN;
 
 use crate::error::step;
-use crate::save::ProcSource;
 use crate::{OpenFd, RestoreError, SaveError, Scratch};
 
 /// The locks held through `fd`.
-pub fn save(fd: &OpenFd<'_>, procfs: &dyn ProcSource) -> Result<Vec<FileLock>, SaveError> {
+pub fn save(fd: &OpenFd<'_>) -> Result<Vec<FileLock>, SaveError> {
     let mut locks = Vec::new();
-    for (k, write, start, len) in procfs.locks(fd.info).map_err(|e| fd.bad_info(e))? {
+    for (k, write, start, len) in
+        stasis_kernel::procfs::parse_locks(fd.info).map_err(|e| fd.bad_info(e))?
+    {
         let kind = match k.as_str() {
             "POSIX" => LockKind::Posix,
             "FLOCK" => LockKind::Flock,

@@ -12,7 +12,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
 use stasis_image::manifest::{FdImage, FdKind, GhostFile, PipeImage, SysvShm};
 use stasis_kernel::sockdiag::UnixInfo;
-use stasis_kernel::{fdops, pidfd, sock};
+use stasis_kernel::{fdops, pidfd, procfs, sock};
 
 use crate::tcp::Repairs;
 use crate::SaveError;
@@ -20,39 +20,9 @@ use crate::SaveError;
 type Result<T, E = SaveError> = std::result::Result<T, E>;
 
 /// A `/proc` text that did not parse (what was wrong with it).
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct BadFormat(pub String);
-
-/// One inotify watch line of an fdinfo: (wd, sdev (kernel encoding), mask,
-/// handle type, handle bytes).
-pub type InotifyLine = (i32, u32, u32, i32, Vec<u8>);
-
-/// The `/proc` parsers the save side uses, provided by the caller (the
-/// capture layer owns the one procfs reader).
-pub trait ProcSource: Sync {
-    /// `pos` and `flags` of an fdinfo.
-    fn fdinfo(&self, text: &str) -> Result<(u64, u32), BadFormat>;
-    /// `eventfd-count` and semaphore mode.
-    fn eventfd(&self, text: &str) -> Result<(u64, bool), BadFormat>;
-    /// (clockid, ticks, value ns, interval ns) of a timerfd.
-    fn timerfd(&self, text: &str) -> Result<(i32, u64, u64, u64), BadFormat>;
-    /// The signal mask of a signalfd.
-    fn signalfd(&self, text: &str) -> Result<u64, BadFormat>;
-    /// (fd, events, data) of each epoll registration.
-    fn epoll(&self, text: &str) -> Result<Vec<(i32, u32, u64)>, BadFormat>;
-    /// The watches of an inotify fd.
-    fn inotify(&self, text: &str) -> Result<Vec<InotifyLine>, BadFormat>;
-    /// (kind, write, start, len) of each lock line.
-    fn locks(&self, text: &str) -> Result<Vec<(String, bool, u64, u64)>, BadFormat>;
-    /// The data ranges of `f` between `from` and `to` (`SEEK_DATA`/`SEEK_HOLE`).
-    fn data_extents(
-        &self,
-        f: &std::fs::File,
-        from: u64,
-        to: u64,
-    ) -> std::io::Result<Vec<(u64, u64)>>;
-}
+pub use stasis_kernel::procfs::FormatError as BadFormat;
+/// One inotify watch line of an fdinfo.
+pub use stasis_kernel::procfs::InotifyLine;
 
 /// A socket fd, taken out of its process (`pidfd_getfd`) once for every kind.
 pub struct SocketFd {
@@ -115,7 +85,6 @@ pub struct SaveCtx {
     /// closed silently (process killed) or taken out of repair (left
     /// running, [`crate::tcp::leave_repair`]).
     pub repaired: Repairs,
-    pub(crate) procfs: &'static dyn ProcSource,
 }
 
 /// `/proc/PID/<name>`.
@@ -197,9 +166,9 @@ pub fn unsupported_reason(pid: i32, fd: i32, link: &str) -> Option<String> {
     None
 }
 
-impl SaveCtx {
-    /// A context whose `/proc` texts are parsed by `procfs`.
-    pub fn new(procfs: &'static dyn ProcSource) -> Self {
+impl Default for SaveCtx {
+    /// An empty context.
+    fn default() -> Self {
         Self {
             seen: Vec::new(),
             tables: Vec::new(),
@@ -209,15 +178,11 @@ impl SaveCtx {
             sysv: Vec::new(),
             unix: None,
             repaired: Repairs::default(),
-            procfs,
         }
     }
+}
 
-    /// The `/proc` parsers.
-    pub fn procfs(&self) -> &'static dyn ProcSource {
-        self.procfs
-    }
-
+impl SaveCtx {
     /// Records every fd of process `pid` (the next process of the dump).
     pub fn add_process(&mut self, pid: i32) -> Result<()> {
         let index = self.tables.len();
@@ -249,7 +214,7 @@ impl SaveCtx {
             file: info_name.clone(),
             what: e.0,
         };
-        let (pos, flags) = self.procfs.fdinfo(&info).map_err(fmt)?;
+        let (pos, flags) = procfs::parse_fdinfo(&info).map_err(fmt)?;
         let fd_name = format!("fd/{fd}");
         let meta = std::fs::metadata(proc_path(pid, &fd_name)).map_err(proc_err(pid, &fd_name))?;
         let socket = if link.starts_with("socket:") {
@@ -276,7 +241,7 @@ impl SaveCtx {
             socket,
         };
         let kind = self.save_kind(&open)?;
-        let locks = crate::locks::save(&open, self.procfs)?;
+        let locks = crate::locks::save(&open)?;
         let img = FdImage {
             fd,
             flags: flags & !libc::O_CLOEXEC.unsigned_abs(),

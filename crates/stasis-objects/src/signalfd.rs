@@ -15,11 +15,11 @@ impl Object for Signalfd {
     const NAME: &'static str = "signalfd";
     const ANON_INODE: Option<&'static str> = Some("anon_inode:[signalfd]");
 
-    fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
+    fn save(_cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
         if Some(fd.link) != Self::ANON_INODE {
             return Ok(None);
         }
-        let mask = cx.procfs().signalfd(fd.info).map_err(|e| fd.bad_info(e))?;
+        let mask = stasis_kernel::procfs::parse_signalfd(fd.info).map_err(|e| fd.bad_info(e))?;
         Ok(Some(FdKind::Signalfd { mask }))
     }
 

@@ -61,7 +61,7 @@ impl SaveCtx {
             return Err(SaveError::Unsupported { pid, what: format!("area {start:#x}-{end:#x} maps part of System V segment {shmid} ({size} bytes); stasis restores whole attachments only") });
         }
         let name = format!("map_files/{start:x}-{end:x}");
-        let (_, extents) = read_sparse(self, pid, &name, &format!("System V segment {shmid}"))?;
+        let (_, extents) = read_sparse(pid, &name, &format!("System V segment {shmid}"))?;
         let to32 = |v: u64| u32::try_from(v).unwrap_or(0);
         self.sysv.push(SysvShm {
             key: i32::from_ne_bytes(to32(key).to_ne_bytes()),

@@ -23,12 +23,12 @@ impl Object for Timerfd {
     const NAME: &'static str = "timerfd";
     const ANON_INODE: Option<&'static str> = Some("anon_inode:[timerfd]");
 
-    fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
+    fn save(_cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
         if Some(fd.link) != Self::ANON_INODE {
             return Ok(None);
         }
         let (clockid, ticks, value_ns, interval_ns) =
-            cx.procfs().timerfd(fd.info).map_err(|e| fd.bad_info(e))?;
+            stasis_kernel::procfs::parse_timerfd(fd.info).map_err(|e| fd.bad_info(e))?;
         Ok(Some(FdKind::Timerfd {
             clockid,
             value_ns,
