@@ -42,6 +42,7 @@ pub mod hash;
 pub mod keeper;
 pub mod softdirty;
 pub mod state;
+pub mod touch;
 pub mod uffd;
 
 use serde::{Deserialize, Serialize};
@@ -75,6 +76,10 @@ pub enum TrackError {
     },
     #[error("the tracking keeper failed: {0}")]
     Keeper(String),
+    #[error(transparent)]
+    Image(#[from] stasis_image::ImageError),
+    #[error("every process of checkpoint {checkpoint} exited during the touch window")]
+    AllExited { checkpoint: u32 },
 }
 
 pub type Result<T, E = TrackError> = std::result::Result<T, E>;

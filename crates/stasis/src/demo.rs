@@ -8,19 +8,12 @@
 use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
 const WORDS: usize = 2 << 20; // 16 MiB of u64
 const TOUCH_PER_TICK: u64 = 8192;
-
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_term(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
 
 fn mix(mut x: u64) -> u64 {
     x ^= x >> 33;
@@ -46,20 +39,13 @@ fn tick(buf: &mut [u64], t: u64) -> u64 {
 pub fn workload(pidfile: &Path) -> Result<ExitCode> {
     // Drop whatever fds the launcher's environment leaked to us (a pipe from
     // a job server, say): the workload needs only stdin/stdout/stderr.
-    // SAFETY: close_range on fds this process does not use.
-    unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
-    // SAFETY: installing an async-signal-safe handler that sets an atomic.
-    unsafe {
-        libc::signal(
-            libc::SIGTERM,
-            on_term as extern "C" fn(libc::c_int) as libc::sighandler_t,
-        )
-    };
+    stasis_kernel::launch::close_inherited_fds();
+    stasis_kernel::launch::catch_sigterm();
     let mut buf = vec![0u64; WORDS];
     crate::ui::write_pidfile(pidfile, std::process::id() as i32)?;
     let mut t = 0u64;
     let out = std::io::stdout();
-    while !STOP.load(Ordering::SeqCst) {
+    while !stasis_kernel::launch::sigterm_seen() {
         let s = tick(&mut buf, t);
         writeln!(out.lock(), "tick {t} sum {s:016x}")?;
         out.lock().flush()?;
@@ -234,8 +220,11 @@ pub fn run(dir: Option<PathBuf>, before: f64, after: f64) -> Result<ExitCode> {
             .ok()
     });
 
-    // SAFETY: signalling the restored process, our child.
-    unsafe { libc::kill(restored.pid, libc::SIGTERM) };
+    // The restored process is our child: its pid cannot have been reused.
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(restored.pid),
+        nix::sys::signal::Signal::SIGTERM,
+    );
     let code = crate::ui::wait_child(restored.pid, restored.pid)?;
     tail.pump()?;
     let verdict = tail.lines.last().cloned().unwrap_or_default();

@@ -158,48 +158,26 @@ pub fn write_pidfile(path: &Path, pid: i32) -> std::io::Result<()> {
 /// Waits for our child `pid`; returns its exit code (128+signal if killed).
 /// SIGINT/SIGTERM/SIGHUP sent to stasis meanwhile are forwarded to it.
 pub fn wait_child(pid: i32, forward_to: i32) -> Result<u8> {
+    use nix::sys::wait::{waitpid, WaitStatus};
     forward_signals_to(forward_to);
     loop {
-        let mut status = 0;
-        // SAFETY: waitpid with a valid out-pointer.
-        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
-        if r == pid {
-            if libc::WIFEXITED(status) {
-                return Ok(u8::try_from(libc::WEXITSTATUS(status)).unwrap_or(1));
+        match waitpid(nix::unistd::Pid::from_raw(pid), None) {
+            Ok(WaitStatus::Exited(_, c)) => return Ok(u8::try_from(c).unwrap_or(1)),
+            Ok(WaitStatus::Signaled(_, sig, _)) => {
+                return Ok(u8::try_from(128 + sig as i32).unwrap_or(255))
             }
-            if libc::WIFSIGNALED(status) {
-                return Ok(u8::try_from(128 + libc::WTERMSIG(status)).unwrap_or(255));
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => {
+                return Err(std::io::Error::from(e))
+                    .with_context(|| format!("waiting for restored process {pid}"))
             }
-            continue;
-        }
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EINTR) {
-            return Err(e).with_context(|| format!("waiting for restored process {pid}"));
         }
     }
 }
 
-static FORWARD_PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
-
-extern "C" fn forward(sig: libc::c_int) {
-    let pid = FORWARD_PID.load(std::sync::atomic::Ordering::Relaxed);
-    if pid > 0 {
-        // SAFETY: kill is async-signal-safe.
-        unsafe { libc::kill(pid, sig) };
-    }
-}
-
+/// SIGINT, SIGTERM and SIGHUP sent to stasis go to `pid` from now on.
 pub fn forward_signals_to(pid: i32) {
-    FORWARD_PID.store(pid, std::sync::atomic::Ordering::Relaxed);
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: installing an async-signal-safe handler.
-        unsafe {
-            libc::signal(
-                sig,
-                forward as extern "C" fn(libc::c_int) as libc::sighandler_t,
-            )
-        };
-    }
+    stasis_kernel::launch::forward_signals_to(pid);
 }
 
 /// `stasis inspect`.
