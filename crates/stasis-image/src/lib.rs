@@ -41,7 +41,7 @@ pub mod touch;
 
 pub use chain::{load_chain, page_sources, PageSource};
 pub use error::ImageError;
-pub use fsutil::is_plain_name;
+pub use fsutil::{is_plain_name, write_atomic_file};
 pub use gc::{GcReport, MergeReport};
 pub use manifest::*;
 pub use manifest_io::{

@@ -150,9 +150,8 @@ pub fn secs(us: u64) -> String {
 
 /// Writes a pidfile atomically (temporary name, then rename).
 pub fn write_pidfile(path: &Path, pid: i32) -> std::io::Result<()> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, format!("{pid}\n"))?;
-    std::fs::rename(&tmp, path)
+    stasis_image::write_atomic_file(path, format!("{pid}\n").as_bytes())
+        .map_err(std::io::Error::other)
 }
 
 /// Waits for our child `pid`; returns its exit code (128+signal if killed).
