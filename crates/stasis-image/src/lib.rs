@@ -35,6 +35,7 @@ mod gc;
 pub mod manifest;
 mod manifest_io;
 mod pack;
+pub mod ranges;
 mod store;
 mod summary;
 pub mod touch;

@@ -48,8 +48,7 @@ pub mod uffd;
 use serde::{Deserialize, Serialize};
 use stasis_kernel::KernelError;
 
-/// A sorted list of disjoint, page-aligned `[start, end)` ranges.
-pub type Ranges = Vec<(u64, u64)>;
+pub use stasis_image::ranges::{merge as merge_ranges, Ranges};
 
 /// Errors of dirty tracking.
 #[derive(Debug, thiserror::Error)]
@@ -225,21 +224,6 @@ pub fn tracker(backend: Backend, state_dir: &std::path::Path) -> Box<dyn DirtyTr
         Backend::SoftDirty => Box::new(softdirty::SoftDirtyTracker::new(softdirty::ProcOps)),
         Backend::Hash => Box::new(hash::HashTracker::new(state_dir)),
     }
-}
-
-/// Merges adjacent page-aligned ranges from an address-ordered iterator.
-pub fn merge_ranges(it: impl IntoIterator<Item = (u64, u64)>) -> Ranges {
-    let mut out: Ranges = Vec::new();
-    for (s, e) in it {
-        if s >= e {
-            continue;
-        }
-        match out.last_mut() {
-            Some(last) if last.1 >= s => last.1 = last.1.max(e),
-            _ => out.push((s, e)),
-        }
-    }
-    out
 }
 
 #[cfg(test)]
