@@ -28,6 +28,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod areas;
 pub mod chain;
 mod error;
 mod fsutil;
