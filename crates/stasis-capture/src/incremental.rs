@@ -6,7 +6,7 @@ use stasis_image::manifest::{Vma, VmaKind};
 use stasis_image::{Checkpoint, ImageDir};
 use stasis_kernel::{KernelError, Tracee, UserRegs};
 use stasis_track::state::TrackState;
-use stasis_track::{Area, Dirty, DirtyTracker, RemoteSyscall};
+use stasis_track::{Area, Dirty, DirtyTracker, Remote};
 
 use crate::{CaptureError, Result};
 
@@ -211,9 +211,29 @@ pub struct FrozenRemote<'a> {
     pub base: &'a UserRegs,
 }
 
-impl RemoteSyscall for FrozenRemote<'_> {
-    fn syscall(&mut self, name: &'static str, nr: i64, args: &[u64]) -> Result<u64, KernelError> {
+impl Remote for FrozenRemote<'_> {
+    fn sys(&mut self, name: &'static str, nr: i64, args: &[u64]) -> Result<u64, KernelError> {
         self.tracee.syscall(self.base, name, nr, args)
+    }
+    fn write(&mut self, _: u64, _: &[u8]) -> Result<(), KernelError> {
+        Err(no_memory())
+    }
+    fn read(&mut self, _: u64, _: &mut [u8]) -> Result<(), KernelError> {
+        Err(no_memory())
+    }
+    fn scratch(&self) -> u64 {
+        0
+    }
+    fn scratch_len(&self) -> usize {
+        0
+    }
+}
+
+/// Trackers run syscalls only: a [`FrozenRemote`] has no memory access.
+fn no_memory() -> KernelError {
+    KernelError::Io {
+        what: "memory access through a tracker's remote".into(),
+        source: std::io::Error::from_raw_os_error(libc::EINVAL),
     }
 }
 
@@ -247,7 +267,7 @@ mod tests {
             &mut self,
             _: i32,
             _: &[Area],
-            _: &mut dyn RemoteSyscall,
+            _: &mut dyn Remote,
         ) -> stasis_track::Result<ArmReport> {
             Ok(ArmReport::default())
         }

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::{Area, ArmReport, Backend, Dirty, DirtyTracker, RemoteSyscall, Result, TrackError};
+use crate::{Area, ArmReport, Backend, Dirty, DirtyTracker, Remote, Result, TrackError};
 
 const MAGIC: &[u8; 8] = b"STHASH1\0";
 
@@ -147,12 +147,7 @@ impl DirtyTracker for HashTracker {
         !matches!(p.prev.get(p.cursor), Some(&(a, old)) if a == addr && old == h)
     }
 
-    fn arm(
-        &mut self,
-        pid: i32,
-        _areas: &[Area],
-        _remote: &mut dyn RemoteSyscall,
-    ) -> Result<ArmReport> {
+    fn arm(&mut self, pid: i32, _areas: &[Area], _remote: &mut dyn Remote) -> Result<ArmReport> {
         self.armed.push(pid);
         Ok(ArmReport::default())
     }
@@ -186,18 +181,6 @@ impl DirtyTracker for HashTracker {
 mod tests {
     use super::*;
 
-    struct NoRemote;
-    impl RemoteSyscall for NoRemote {
-        fn syscall(
-            &mut self,
-            _: &'static str,
-            _: i64,
-            _: &[u64],
-        ) -> Result<u64, stasis_kernel::KernelError> {
-            unreachable!()
-        }
-    }
-
     #[test]
     fn encode_decode_and_reject_damage() {
         let pairs = vec![(0x1000, 5), (0x3000, 9)];
@@ -228,7 +211,13 @@ mod tests {
             .map(|i| t.page_changed(3, i as u64 * 0x1000, &first[i]))
             .collect();
         assert_eq!(changed, vec![true; 4]);
-        t.arm(3, &[area], &mut NoRemote).unwrap();
+        let mut remote = stasis_kernel::remote::Recorder::default();
+        t.arm(3, &[area], &mut remote).unwrap();
+        assert!(
+            remote.calls.is_empty(),
+            "no remote syscall: {:?}",
+            remote.calls
+        );
         t.finish_arm().unwrap();
         // Second dump, by a new tracker (another stasis process): pages 1
         // and 3 changed, page 2 vanished.

@@ -165,12 +165,9 @@ pub enum Dirty {
     ByContent,
 }
 
-/// Runs syscalls inside a frozen process (the remote-syscall seam).
-pub trait RemoteSyscall {
-    /// Runs syscall `nr` with `args` in the process; a negative result is
-    /// an error naming `name`.
-    fn syscall(&mut self, name: &'static str, nr: i64, args: &[u64]) -> Result<u64, KernelError>;
-}
+/// Runs syscalls inside a frozen process: THE seam of Stasis,
+/// [`stasis_kernel::remote::Remote`] (trackers use [`Remote::sys`] only).
+pub use stasis_kernel::remote::Remote;
 
 /// What arming did for one process.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -197,12 +194,7 @@ pub trait DirtyTracker {
 
     /// Arms (or re-arms) tracking on process `pid` right after a committed
     /// checkpoint, while it is still frozen. `areas` are all its areas.
-    fn arm(
-        &mut self,
-        pid: i32,
-        areas: &[Area],
-        remote: &mut dyn RemoteSyscall,
-    ) -> Result<ArmReport>;
+    fn arm(&mut self, pid: i32, areas: &[Area], remote: &mut dyn Remote) -> Result<ArmReport>;
 
     /// Called once every process is armed (persist state).
     fn finish_arm(&mut self) -> Result<()> {
