@@ -20,7 +20,7 @@ use xxhash_rust::xxh3::{xxh3_64, Xxh3Default};
 
 use crate::fsutil;
 use crate::manifest::PackRef;
-use crate::{ImageError, FORMAT_VERSION, MAX_RUN_PAGES, PAGE_SIZE};
+use crate::{FormatError, ImageError, FORMAT_VERSION, MAX_RUN_PAGES, PAGE_SIZE};
 
 /// Magic bytes at the start of a page pack.
 pub const PACK_MAGIC: [u8; 8] = *b"STASISPK";
@@ -557,7 +557,7 @@ impl PackIndex {
                     let checked = if reserved_ok {
                         check_entry(&e, runs.last(), data_end)
                     } else {
-                        Err("reserved bytes are not zero".to_string())
+                        Err(FormatError::ReservedBytes)
                     };
                     if let Err(p) = checked {
                         problem = Some(format!("index entry {}: {p}", done + i as u64));
@@ -769,42 +769,40 @@ fn pid_from_pack_name(name: &str) -> Option<i32> {
 }
 
 /// Structural checks of one index entry against the previous one.
-fn check_entry(e: &RunEntry, prev: Option<&RunEntry>, data_end: u64) -> Result<(), String> {
+fn check_entry(e: &RunEntry, prev: Option<&RunEntry>, data_end: u64) -> Result<(), FormatError> {
     if e.flags != 0 {
-        return Err(format!("unknown flags {:#x}", e.flags));
+        return Err(FormatError::UnknownFlags(e.flags));
     }
     if e.npages == 0 || e.npages > MAX_RUN_PAGES {
-        return Err(format!("{} pages (must be 1..={MAX_RUN_PAGES})", e.npages));
+        return Err(FormatError::RunPages {
+            npages: e.npages,
+            max: MAX_RUN_PAGES,
+        });
     }
     if e.vaddr % PAGE_SIZE != 0 {
-        return Err(format!("address {:#x} is not page aligned", e.vaddr));
+        return Err(FormatError::Unaligned(e.vaddr));
     }
     if e.vaddr.checked_add(e.len()).is_none() {
-        return Err(format!("run at {:#x} wraps around", e.vaddr));
+        return Err(FormatError::Wraps(e.vaddr));
     }
     if e.file_off % PAGE_SIZE != 0 || e.file_off < PACK_HEADER_LEN {
-        return Err(format!("bad file offset {:#x}", e.file_off));
+        return Err(FormatError::FileOffset(e.file_off));
     }
     if !matches!(e.file_off.checked_add(e.len()), Some(end) if end <= data_end) {
-        return Err(format!(
-            "data at {:#x} (+{:#x}) extends past the end of page data",
-            e.file_off,
-            e.len()
-        ));
+        return Err(FormatError::PastEnd {
+            off: e.file_off,
+            len: e.len(),
+        });
     }
     if let Some(p) = prev {
         if e.vaddr < p.end() {
-            return Err(format!(
-                "address {:#x} overlaps or precedes the previous run ending at {:#x}",
-                e.vaddr,
-                p.end()
-            ));
+            return Err(FormatError::Overlap {
+                addr: e.vaddr,
+                prev_end: p.end(),
+            });
         }
         if e.file_off < p.file_off + p.len() {
-            return Err(format!(
-                "file offset {:#x} overlaps the previous run's data",
-                e.file_off
-            ));
+            return Err(FormatError::DataOverlap(e.file_off));
         }
     }
     Ok(())

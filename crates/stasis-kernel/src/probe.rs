@@ -105,7 +105,7 @@ pub fn probe() -> Report {
     let (ptrace_ok, remote_ok, vm_ok, vdso_ok, detail) =
         match probe_child(&mut xstate_size, &mut xfeatures) {
             Ok(r) => r,
-            Err(e) => (false, false, false, false, e),
+            Err(e) => (false, false, false, false, e.to_string()),
         };
     features.push(feat(
         "ptrace",
@@ -217,7 +217,7 @@ pub fn probe() -> Report {
         "PAGEMAP_SCAN",
         scan.is_ok(),
         false,
-        scan.clone().unwrap_or_else(|e| e),
+        scan.as_ref().map_or_else(ToString::to_string, Clone::clone),
         "finding populated pages (dump) and written pages (incremental) in one ioctl",
         "reading /proc/PID/pagemap (8 bytes per page)",
     ));
@@ -227,7 +227,7 @@ pub fn probe() -> Report {
         "soft-dirty",
         sd.is_ok(),
         false,
-        sd.clone().unwrap_or_else(|e| e),
+        sd.as_ref().map_or_else(ToString::to_string, Clone::clone),
         "dirty tracking without userfaultfd",
         "page hashing",
     ));
@@ -295,34 +295,43 @@ pub fn probe() -> Report {
 
 type ChildProbe = (bool, bool, bool, bool, String);
 
-fn probe_child(xstate_size: &mut usize, xfeatures: &mut u64) -> Result<ChildProbe, String> {
-    let mut t = spawn_stopped(None).map_err(|e| e.to_string())?;
+/// Why a probe failed (its message is the feature's detail line).
+#[derive(Debug, thiserror::Error)]
+enum ProbeError {
+    #[error(transparent)]
+    Spawn(#[from] crate::child::SpawnError),
+    #[error(transparent)]
+    Kernel(#[from] crate::KernelError),
+    #[error("mmap: {0}")]
+    Mmap(std::io::Error),
+    #[error("a freshly written page is not soft-dirty: CONFIG_MEM_SOFT_DIRTY is off")]
+    NotSoftDirty,
+}
+
+fn probe_child(xstate_size: &mut usize, xfeatures: &mut u64) -> Result<ChildProbe, ProbeError> {
+    let mut t = spawn_stopped(None)?;
     let pid = t.pid();
-    let res = (|| -> Result<ChildProbe, String> {
-        let regs = t.regs().map_err(|e| e.to_string())?;
-        let xs = t.xstate().map_err(|e| e.to_string())?;
+    let res = (|| -> Result<ChildProbe, ProbeError> {
+        let regs = t.regs()?;
+        let xs = t.xstate()?;
         *xstate_size = xs.len();
         *xfeatures = xfeatures_of(&xs);
-        let r = t
-            .syscall(&regs, "getpid", libc::SYS_getpid, &[])
-            .map_err(|e| e.to_string())?;
+        let r = t.syscall(&regs, "getpid", libc::SYS_getpid, &[])?;
         let remote_ok = r == crate::sarg(i64::from(pid));
-        let page = t
-            .syscall(
-                &regs,
-                "mmap",
-                libc::SYS_mmap,
-                &[
-                    0,
-                    4096,
-                    (libc::PROT_READ | libc::PROT_WRITE) as u64,
-                    (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
-                    u64::MAX,
-                    0,
-                ],
-            )
-            .map_err(|e| e.to_string())?;
-        let mem = ProcessMemory::open(pid).map_err(|e| e.to_string())?;
+        let page = t.syscall(
+            &regs,
+            "mmap",
+            libc::SYS_mmap,
+            &[
+                0,
+                4096,
+                (libc::PROT_READ | libc::PROT_WRITE) as u64,
+                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
+                u64::MAX,
+                0,
+            ],
+        )?;
+        let mem = ProcessMemory::open(pid)?;
         let vm_ok = mem.write(page, b"stasis").is_ok() && {
             let mut b = [0u8; 6];
             mem.read(page, &mut b).is_ok() && &b == b"stasis"
@@ -333,16 +342,13 @@ fn probe_child(xstate_size: &mut usize, xfeatures: &mut u64) -> Result<ChildProb
             Some((lo, hi)) => {
                 let rw = (libc::PROT_READ | libc::PROT_WRITE) as u64;
                 let anon = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
-                let target = t
-                    .syscall(
-                        &regs,
-                        "mmap",
-                        libc::SYS_mmap,
-                        &[0, 64 * 4096, rw, anon, u64::MAX, 0],
-                    )
-                    .map_err(|e| e.to_string())?;
-                t.syscall(&regs, "munmap", libc::SYS_munmap, &[target, 64 * 4096])
-                    .map_err(|e| e.to_string())?;
+                let target = t.syscall(
+                    &regs,
+                    "mmap",
+                    libc::SYS_mmap,
+                    &[0, 64 * 4096, rw, anon, u64::MAX, 0],
+                )?;
+                t.syscall(&regs, "munmap", libc::SYS_munmap, &[target, 64 * 4096])?;
                 t.syscall(&regs, "munmap", libc::SYS_munmap, &[lo, hi - lo])
                     .is_ok()
                     && t.syscall(
@@ -380,13 +386,11 @@ pub fn vdso_span(pid: i32) -> Option<(u64, u64)> {
     span
 }
 
-fn probe_pagemap_scan() -> Result<String, String> {
-    let pm = Pagemap::open(std::process::id() as i32).map_err(|e| e.to_string())?;
+fn probe_pagemap_scan() -> Result<String, ProbeError> {
+    let pm = Pagemap::open(std::process::id() as i32)?;
     let buf = vec![1u8; 64 * 4096];
     let start = (buf.as_ptr() as u64).div_ceil(4096) * 4096;
-    let r = pm
-        .scan(start, start + 32 * 4096, ScanQuery::private_data())
-        .map_err(|e| e.to_string())?;
+    let r = pm.scan(start, start + 32 * 4096, ScanQuery::private_data())?;
     let pages: u64 = r.iter().map(|x| (x.end - x.start) / 4096).sum();
     drop(buf);
     Ok(format!(
@@ -394,8 +398,8 @@ fn probe_pagemap_scan() -> Result<String, String> {
     ))
 }
 
-fn probe_soft_dirty() -> Result<String, String> {
-    let pm = Pagemap::open(std::process::id() as i32).map_err(|e| e.to_string())?;
+fn probe_soft_dirty() -> Result<String, ProbeError> {
+    let pm = Pagemap::open(std::process::id() as i32)?;
     // SAFETY: anonymous private mapping of one page, unmapped below.
     let p = unsafe {
         libc::mmap(
@@ -408,20 +412,18 @@ fn probe_soft_dirty() -> Result<String, String> {
         )
     };
     if p == libc::MAP_FAILED {
-        return Err(format!("mmap: {}", last_err()));
+        return Err(ProbeError::Mmap(last_err()));
     }
     // SAFETY: p is a fresh writable page of ours.
     unsafe { p.cast::<u8>().write_volatile(1) };
-    let e = pm
-        .read_entries(p as u64, p as u64 + 4096)
-        .map_err(|e| e.to_string());
+    let e = pm.read_entries(p as u64, p as u64 + 4096);
     // SAFETY: unmapping the page mapped above.
     unsafe { libc::munmap(p, 4096) };
     let e = e?;
     if e.first().is_some_and(|v| v & sys::PM_SOFT_DIRTY != 0) {
         Ok("pagemap reports soft-dirty bits".into())
     } else {
-        Err("a freshly written page is not soft-dirty: CONFIG_MEM_SOFT_DIRTY is off".into())
+        Err(ProbeError::NotSoftDirty)
     }
 }
 

@@ -60,9 +60,9 @@ impl HashTracker {
                 })
             }
         };
-        decode(&bytes).map_err(|what| TrackError::State {
+        decode(&bytes).map_err(|e| TrackError::State {
             path: path.display().to_string(),
-            what,
+            what: e.to_string(),
         })
     }
 
@@ -86,26 +86,44 @@ pub fn encode(pairs: &[(u64, u64)]) -> Vec<u8> {
     out
 }
 
+/// Why a hash table file does not decode.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TableError {
+    #[error("not a hash table (bad magic or too short)")]
+    Magic,
+    #[error("count overflows")]
+    Count,
+    #[error("{bytes} bytes for {entries} entries (truncated?)")]
+    Length { bytes: usize, entries: usize },
+    #[error("checksum mismatch")]
+    Checksum,
+    #[error("addresses out of order")]
+    Order,
+}
+
 /// Decodes what [`encode`] wrote, checking magic, length and checksum.
-pub fn decode(b: &[u8]) -> Result<Vec<(u64, u64)>, String> {
+pub fn decode(b: &[u8]) -> Result<Vec<(u64, u64)>, TableError> {
     let word = |at: usize| -> Option<u64> {
         b.get(at..at + 8)
             .and_then(|s| s.try_into().ok())
             .map(u64::from_le_bytes)
     };
     if b.len() < 24 || &b[..8] != MAGIC {
-        return Err("not a hash table (bad magic or too short)".into());
+        return Err(TableError::Magic);
     }
-    let n = usize::try_from(word(8).unwrap_or(0)).map_err(|_| "count overflows".to_string())?;
+    let n = usize::try_from(word(8).unwrap_or(0)).map_err(|_| TableError::Count)?;
     let want = n
         .checked_mul(16)
         .and_then(|x| x.checked_add(24))
-        .ok_or("count overflows")?;
+        .ok_or(TableError::Count)?;
     if b.len() != want {
-        return Err(format!("{} bytes for {n} entries (truncated?)", b.len()));
+        return Err(TableError::Length {
+            bytes: b.len(),
+            entries: n,
+        });
     }
     if word(want - 8) != Some(xxh3_64(&b[..want - 8])) {
-        return Err("checksum mismatch".into());
+        return Err(TableError::Checksum);
     }
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
@@ -113,7 +131,7 @@ pub fn decode(b: &[u8]) -> Result<Vec<(u64, u64)>, String> {
         out.push((word(at).unwrap_or(0), word(at + 8).unwrap_or(0)));
     }
     if out.windows(2).any(|w| w[0].0 >= w[1].0) {
-        return Err("addresses out of order".into());
+        return Err(TableError::Order);
     }
     Ok(out)
 }

@@ -198,12 +198,9 @@ pub fn inspect(dir: &Path, checkpoint: Option<u32>, json: bool) -> Result<ExitCo
             bad += 1;
         }
         use stasis_image::touch::{read_touch_set, TouchSource};
-        let touch: Vec<(
-            TouchSource,
-            Result<Option<stasis_image::touch::TouchSet>, String>,
-        )> = [TouchSource::Window, TouchSource::Faults]
+        let touch: Vec<(TouchSource, _)> = [TouchSource::Window, TouchSource::Faults]
             .into_iter()
-            .map(|s| (s, read_touch_set(cp.dir(), s).map_err(|e| e.to_string())))
+            .map(|s| (s, read_touch_set(cp.dir(), s)))
             .collect();
         if json {
             let mut v = serde_json::to_value(&summary)?;
@@ -219,7 +216,7 @@ pub fn inspect(dir: &Path, checkpoint: Option<u32>, json: bool) -> Result<ExitCo
                         "processes": ts.procs.len(),
                     }),
                     Ok(None) => serde_json::Value::Null,
-                    Err(e) => serde_json::json!({ "error": e }),
+                    Err(e) => serde_json::json!({ "error": e.to_string() }),
                 };
             }
             v["verified"] = serde_json::Value::Bool(verified.is_ok());
