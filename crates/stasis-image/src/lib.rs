@@ -63,7 +63,7 @@ pub use summary::{summarize, verify_checkpoint, CheckpointSummary, ProcessSummar
 
 /// Version of the image format written by this crate, and the newest it reads.
 pub const FORMAT_VERSION: u32 = 1;
-/// Page size of the images (x86-64 base pages).
-pub const PAGE_SIZE: u64 = 4096;
+/// Page size of the images: the kernel's base page ([`stasis_sys::PAGE_SIZE`]).
+pub const PAGE_SIZE: u64 = stasis_sys::PAGE_SIZE;
 /// Largest run (index entry) in a page pack: 256 pages = 1 MiB.
 pub const MAX_RUN_PAGES: u32 = 256;

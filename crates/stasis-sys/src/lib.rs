@@ -159,6 +159,8 @@ impl UserRegs {
     }
 }
 
+/// ELF section type of a section without file contents (`.bss`).
+pub const SHT_NOBITS: u32 = 8;
 /// ELF note type of the general registers regset.
 pub const NT_PRSTATUS: u32 = 1;
 /// ELF note type of the x86 XSAVE area regset.
