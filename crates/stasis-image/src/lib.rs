@@ -36,6 +36,7 @@ mod gc;
 pub mod manifest;
 mod manifest_io;
 mod pack;
+mod pack_index;
 pub mod ranges;
 mod store;
 mod summary;
