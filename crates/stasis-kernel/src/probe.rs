@@ -97,11 +97,77 @@ pub fn xfeatures_of(xstate: &[u8]) -> u64 {
 /// Runs every probe.
 pub fn probe() -> Report {
     let mut features = Vec::new();
-    let mut uffd_names = Vec::new();
+    let (xstate_size, xfeatures) = child_features(&mut features);
+    let uffd_names = uffd_features(&mut features);
+    // PAGEMAP_SCAN on our own pagemap.
+    let scan = probe_pagemap_scan();
+    features.push(feat(
+        "PAGEMAP_SCAN",
+        scan.is_ok(),
+        false,
+        scan.as_ref().map_or_else(ToString::to_string, Clone::clone),
+        "finding populated pages (dump) and written pages (incremental) in one ioctl",
+        "reading /proc/PID/pagemap (8 bytes per page)",
+    ));
+
+    let sd = probe_soft_dirty();
+    features.push(feat(
+        "soft-dirty",
+        sd.is_ok(),
+        false,
+        sd.as_ref().map_or_else(ToString::to_string, Clone::clone),
+        "dirty tracking without userfaultfd",
+        "page hashing",
+    ));
+
+    let (c3, c3d) = probe_clone3_set_tid();
+    features.push(feat(
+        "clone3-set_tid",
+        c3,
+        true,
+        c3d,
+        "restoring processes at their saved PIDs",
+        "none (restore into a new PID namespace needs it too)",
+    ));
+
+    let (mm, mmd) = probe_prctl_mm_map();
+    features.push(feat(
+        "PR_SET_MM_MAP",
+        mm,
+        true,
+        mmd,
+        "restoring brk, arg/env areas, auxv and exe link",
+        "none",
+    ));
+
+    let (gfd, gfdd) = probe_pidfd_getfd();
+    features.push(feat(
+        "pidfd_getfd",
+        gfd,
+        false,
+        gfdd,
+        "taking fds (userfaultfd, sockets) out of a process",
+        "none for plain dumps; needed for tracking and lazy restore",
+    ));
+
+    features.push(caps_feature());
+
+    let ok = features.iter().all(|f| f.available || !f.required);
+    Report {
+        kernel: kernel_release(),
+        features,
+        uffd_features: uffd_names,
+        xstate_size,
+        xfeatures,
+        ok,
+    }
+}
+
+/// ptrace, remote syscalls, process_vm_*, vDSO remapping, probed on a
+/// child; returns the XSAVE area size and XCR0.
+fn child_features(features: &mut Vec<Feature>) -> (usize, u64) {
     let mut xstate_size = 0;
     let mut xfeatures = 0;
-
-    // ptrace, remote syscalls, process_vm_*, vDSO remapping: on a child.
     let (ptrace_ok, remote_ok, vm_ok, vdso_ok, detail) =
         match probe_child(&mut xstate_size, &mut xfeatures) {
             Ok(r) => r,
@@ -156,7 +222,12 @@ pub fn probe() -> Report {
         "none: restored processes would call a vDSO at the wrong place",
     ));
 
-    // userfaultfd and its feature bits.
+    (xstate_size, xfeatures)
+}
+
+/// userfaultfd and its feature bits; returns the names of the bits.
+fn uffd_features(features: &mut Vec<Feature>) -> Vec<&'static str> {
+    let mut uffd_names = Vec::new();
     match uffd::create_raw().and_then(|(fd, src)| uffd::api(&fd, 0).map(|f| (f, src))) {
         Ok((f, src)) => {
             uffd_names = uffd::feature_names(f);
@@ -211,57 +282,11 @@ pub fn probe() -> Report {
         }
     }
 
-    // PAGEMAP_SCAN on our own pagemap.
-    let scan = probe_pagemap_scan();
-    features.push(feat(
-        "PAGEMAP_SCAN",
-        scan.is_ok(),
-        false,
-        scan.as_ref().map_or_else(ToString::to_string, Clone::clone),
-        "finding populated pages (dump) and written pages (incremental) in one ioctl",
-        "reading /proc/PID/pagemap (8 bytes per page)",
-    ));
+    uffd_names
+}
 
-    let sd = probe_soft_dirty();
-    features.push(feat(
-        "soft-dirty",
-        sd.is_ok(),
-        false,
-        sd.as_ref().map_or_else(ToString::to_string, Clone::clone),
-        "dirty tracking without userfaultfd",
-        "page hashing",
-    ));
-
-    let (c3, c3d) = probe_clone3_set_tid();
-    features.push(feat(
-        "clone3-set_tid",
-        c3,
-        true,
-        c3d,
-        "restoring processes at their saved PIDs",
-        "none (restore into a new PID namespace needs it too)",
-    ));
-
-    let (mm, mmd) = probe_prctl_mm_map();
-    features.push(feat(
-        "PR_SET_MM_MAP",
-        mm,
-        true,
-        mmd,
-        "restoring brk, arg/env areas, auxv and exe link",
-        "none",
-    ));
-
-    let (gfd, gfdd) = probe_pidfd_getfd();
-    features.push(feat(
-        "pidfd_getfd",
-        gfd,
-        false,
-        gfdd,
-        "taking fds (userfaultfd, sockets) out of a process",
-        "none for plain dumps; needed for tracking and lazy restore",
-    ));
-
+/// The capabilities stasis needs, from its effective set.
+fn caps_feature() -> Feature {
     let caps = effective_caps();
     let names: [(u32, &str); 6] = [
         (19, "CAP_SYS_PTRACE"),
@@ -277,20 +302,10 @@ pub fn probe() -> Report {
         .map(|(_, n)| *n)
         .collect();
     let core_caps = caps & (1 << 19) != 0 && (caps & (1 << 21) != 0 || caps & (1u64 << 40) != 0);
-    features.push(feat("capabilities", core_caps, true,
+    feat("capabilities", core_caps, true,
         if missing.is_empty() { "all needed capabilities present".into() } else { format!("missing: {}", missing.join(", ")) },
         "tracing any process (CAP_SYS_PTRACE), choosing PIDs (CAP_SYS_ADMIN/CAP_CHECKPOINT_RESTORE), raising rlimits (CAP_SYS_RESOURCE)",
-        "without CAP_SYS_RESOURCE, rlimits above stasis's own hard limits and pipes over fs.pipe-max-size cannot be restored"));
-
-    let ok = features.iter().all(|f| f.available || !f.required);
-    Report {
-        kernel: kernel_release(),
-        features,
-        uffd_features: uffd_names,
-        xstate_size,
-        xfeatures,
-        ok,
-    }
+        "without CAP_SYS_RESOURCE, rlimits above stasis's own hard limits and pipes over fs.pipe-max-size cannot be restored")
 }
 
 type ChildProbe = (bool, bool, bool, bool, String);
