@@ -331,96 +331,11 @@ fn print_detail(cp: &stasis_image::Checkpoint) {
         println!("  mappings:");
         let pack = p.pack.as_ref().and_then(|r| cp.open_pack(r).ok());
         for v in &p.vmas {
-            let pages: u64 = pack
-                .as_ref()
-                .map(|pk| {
-                    pk.runs_in(v.start, v.end)
-                        .iter()
-                        .map(|r| u64::from(r.npages))
-                        .sum()
-                })
-                .unwrap_or(0);
-            let prot = format!(
-                "{}{}{}{}",
-                if v.prot & 1 != 0 { 'r' } else { '-' },
-                if v.prot & 2 != 0 { 'w' } else { '-' },
-                if v.prot & 4 != 0 { 'x' } else { '-' },
-                if v.shared { 's' } else { 'p' }
-            );
-            let what = match &v.kind {
-                VmaKind::Anon => {
-                    if v.name.is_empty() {
-                        "anon".to_string()
-                    } else {
-                        v.name.clone()
-                    }
-                }
-                VmaKind::File { path, offset, .. } => format!("{path} @{offset:#x}"),
-                VmaKind::SysvShm { shmid } => format!("System V segment {shmid}"),
-                VmaKind::Ghost { name, offset, .. } => {
-                    format!("{name} (deleted, content saved) @{offset:#x}")
-                }
-                VmaKind::Vdso => "[vdso]".into(),
-                VmaKind::Vvar => "[vvar]".into(),
-                VmaKind::VvarVclock => "[vvar_vclock]".into(),
-            };
-            println!(
-                "    {:012x}-{:012x} {prot} {:>8} pages saved  {what}",
-                v.start, v.end, pages
-            );
+            println!("{}", vma_line(v, pack.as_ref()));
         }
         println!("  fds:");
         for f in &p.fds {
-            let what = match &f.kind {
-                FdKind::Path { path, pos, .. } => format!("{path} pos {pos}"),
-                FdKind::Pipe { id, write_end } => format!(
-                    "pipe:[{id}] {} end",
-                    if *write_end { "write" } else { "read" }
-                ),
-                FdKind::Fifo { path, .. } => format!("FIFO {path}"),
-                FdKind::Eventfd { count, semaphore } => format!(
-                    "eventfd count {count}{}",
-                    if *semaphore { " semaphore" } else { "" }
-                ),
-                FdKind::Timerfd {
-                    clockid,
-                    value_ns,
-                    interval_ns,
-                    ..
-                } => format!("timerfd clock {clockid} next {value_ns} ns every {interval_ns} ns"),
-                FdKind::Signalfd { mask } => format!("signalfd mask {mask:#x}"),
-                FdKind::Epoll { targets } => format!("epoll with {} fds", targets.len()),
-                FdKind::Ghost { path, pos, .. } => {
-                    format!("{path} (deleted, content saved) pos {pos}")
-                }
-                FdKind::Memfd { name, pos, .. } => {
-                    format!("memfd:{name} (content saved) pos {pos}")
-                }
-                FdKind::Inotify { watches } => format!("inotify with {} watches", watches.len()),
-                FdKind::Unix(u) => format!(
-                    "unix socket {:?} {}",
-                    u.state,
-                    u.name
-                        .as_ref()
-                        .map(|n| String::from_utf8_lossy(n).replace('\0', "@"))
-                        .unwrap_or_default()
-                ),
-                FdKind::Inet(n) => format!(
-                    "inet socket port {} {:?}",
-                    u16::from_be_bytes([
-                        n.local.get(2).copied().unwrap_or(0),
-                        n.local.get(3).copied().unwrap_or(0)
-                    ]),
-                    match &n.state {
-                        stasis_image::manifest::InetState::Established(r) => format!(
-                            "established, {} bytes to send, {} to read",
-                            r.send_queue.len(),
-                            r.recv_queue.len()
-                        ),
-                        other => format!("{other:?}"),
-                    }
-                ),
-            };
+            let what = fd_description(&f.kind);
             let shared = f
                 .shared_id
                 .map(|i| format!(" shared#{i}"))
@@ -458,5 +373,100 @@ fn print_detail(cp: &stasis_image::Checkpoint) {
                 t.xstate.len()
             );
         }
+    }
+}
+
+/// One line of `stasis inspect -c N` for a memory area.
+fn vma_line(v: &stasis_image::manifest::Vma, pack: Option<&stasis_image::PackReader>) -> String {
+    let pages: u64 = pack
+        .as_ref()
+        .map(|pk| {
+            pk.runs_in(v.start, v.end)
+                .iter()
+                .map(|r| u64::from(r.npages))
+                .sum()
+        })
+        .unwrap_or(0);
+    let prot = format!(
+        "{}{}{}{}",
+        if v.prot & 1 != 0 { 'r' } else { '-' },
+        if v.prot & 2 != 0 { 'w' } else { '-' },
+        if v.prot & 4 != 0 { 'x' } else { '-' },
+        if v.shared { 's' } else { 'p' }
+    );
+    let what = match &v.kind {
+        VmaKind::Anon => {
+            if v.name.is_empty() {
+                "anon".to_string()
+            } else {
+                v.name.clone()
+            }
+        }
+        VmaKind::File { path, offset, .. } => format!("{path} @{offset:#x}"),
+        VmaKind::SysvShm { shmid } => format!("System V segment {shmid}"),
+        VmaKind::Ghost { name, offset, .. } => {
+            format!("{name} (deleted, content saved) @{offset:#x}")
+        }
+        VmaKind::Vdso => "[vdso]".into(),
+        VmaKind::Vvar => "[vvar]".into(),
+        VmaKind::VvarVclock => "[vvar_vclock]".into(),
+    };
+    format!(
+        "    {:012x}-{:012x} {prot} {:>8} pages saved  {what}",
+        v.start, v.end, pages
+    )
+}
+
+/// What an fd of `stasis inspect -c N` is.
+fn fd_description(kind: &FdKind) -> String {
+    match kind {
+        FdKind::Path { path, pos, .. } => format!("{path} pos {pos}"),
+        FdKind::Pipe { id, write_end } => format!(
+            "pipe:[{id}] {} end",
+            if *write_end { "write" } else { "read" }
+        ),
+        FdKind::Fifo { path, .. } => format!("FIFO {path}"),
+        FdKind::Eventfd { count, semaphore } => format!(
+            "eventfd count {count}{}",
+            if *semaphore { " semaphore" } else { "" }
+        ),
+        FdKind::Timerfd {
+            clockid,
+            value_ns,
+            interval_ns,
+            ..
+        } => format!("timerfd clock {clockid} next {value_ns} ns every {interval_ns} ns"),
+        FdKind::Signalfd { mask } => format!("signalfd mask {mask:#x}"),
+        FdKind::Epoll { targets } => format!("epoll with {} fds", targets.len()),
+        FdKind::Ghost { path, pos, .. } => {
+            format!("{path} (deleted, content saved) pos {pos}")
+        }
+        FdKind::Memfd { name, pos, .. } => {
+            format!("memfd:{name} (content saved) pos {pos}")
+        }
+        FdKind::Inotify { watches } => format!("inotify with {} watches", watches.len()),
+        FdKind::Unix(u) => format!(
+            "unix socket {:?} {}",
+            u.state,
+            u.name
+                .as_ref()
+                .map(|n| String::from_utf8_lossy(n).replace('\0', "@"))
+                .unwrap_or_default()
+        ),
+        FdKind::Inet(n) => format!(
+            "inet socket port {} {:?}",
+            u16::from_be_bytes([
+                n.local.get(2).copied().unwrap_or(0),
+                n.local.get(3).copied().unwrap_or(0)
+            ]),
+            match &n.state {
+                stasis_image::manifest::InetState::Established(r) => format!(
+                    "established, {} bytes to send, {} to read",
+                    r.send_queue.len(),
+                    r.recv_queue.len()
+                ),
+                other => format!("{other:?}"),
+            }
+        ),
     }
 }
