@@ -104,6 +104,28 @@ impl Tail {
         Ok(())
     }
 
+    /// The first tick printed after line `seen_before`. On a busy machine
+    /// the restored workload may not have ticked yet: it gets up to 30 s
+    /// more for its first tick.
+    fn first_tick_since(&mut self, seen_before: usize) -> Result<Option<u64>> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.lines[seen_before..]
+            .iter()
+            .any(|l| l.starts_with("tick "))
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(50));
+            self.pump()?;
+        }
+        Ok(self.lines[seen_before..].iter().find_map(|l| {
+            l.strip_prefix("tick ")?
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        }))
+    }
+
     fn watch(&mut self, secs: f64) -> Result<()> {
         let end = Instant::now() + Duration::from_secs_f64(secs);
         while Instant::now() < end {
@@ -114,11 +136,8 @@ impl Tail {
     }
 }
 
-/// `stasis demo`.
-pub fn run(dir: Option<PathBuf>, before: f64, after: f64) -> Result<ExitCode> {
-    // A directory of our own is removed after a successful demo (the image
-    // holds the workload's memory); one the user named is kept.
-    let own_dir = dir.is_none();
+/// The demo's directory: `dir`, or a new one in the temporary directory.
+fn demo_dir(dir: Option<PathBuf>) -> Result<PathBuf> {
     let dir = match dir {
         Some(d) => {
             std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
@@ -127,6 +146,33 @@ pub fn run(dir: Option<PathBuf>, before: f64, after: f64) -> Result<ExitCode> {
         None => std::env::temp_dir().join(format!("stasis-demo-{}", std::process::id())),
     };
     std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// Starts `stasis demo-workload` (output appended to `log`).
+fn start_workload(log: &Path, pidfile: &Path) -> Result<std::process::Child> {
+    let logf = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)?;
+    let exe = std::env::current_exe()?;
+    Command::new(&exe)
+        .arg("demo-workload")
+        .arg("--pidfile")
+        .arg(pidfile)
+        .stdin(Stdio::null())
+        .stdout(logf.try_clone()?)
+        .stderr(logf)
+        .spawn()
+        .context("starting the demo workload")
+}
+
+/// `stasis demo`.
+pub fn run(dir: Option<PathBuf>, before: f64, after: f64) -> Result<ExitCode> {
+    // A directory of our own is removed after a successful demo (the image
+    // holds the workload's memory); one the user named is kept.
+    let own_dir = dir.is_none();
+    let dir = demo_dir(dir)?;
     let images = dir.join("images");
     let log = dir.join("workload.log");
     let pidfile = dir.join("workload.pid");
@@ -138,20 +184,7 @@ pub fn run(dir: Option<PathBuf>, before: f64, after: f64) -> Result<ExitCode> {
         log.display()
     );
 
-    let logf = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)?;
-    let exe = std::env::current_exe()?;
-    let mut child = Command::new(&exe)
-        .arg("demo-workload")
-        .arg("--pidfile")
-        .arg(&pidfile)
-        .stdin(Stdio::null())
-        .stdout(logf.try_clone()?)
-        .stderr(logf)
-        .spawn()
-        .context("starting the demo workload")?;
+    let mut child = start_workload(&log, &pidfile)?;
     let pid = wait_pidfile(&pidfile, Duration::from_secs(10))?;
     println!(
         "1. started the workload, pid {pid}; it mutates 16 MiB and prints a tick every 200 ms:"
@@ -201,24 +234,7 @@ pub fn run(dir: Option<PathBuf>, before: f64, after: f64) -> Result<ExitCode> {
     );
     let seen_before = tail.lines.len();
     tail.watch(after)?;
-    // On a busy machine the restored workload may not have ticked yet:
-    // give it up to 30 s more for its first tick.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !tail.lines[seen_before..]
-        .iter()
-        .any(|l| l.starts_with("tick "))
-        && Instant::now() < deadline
-    {
-        std::thread::sleep(Duration::from_millis(50));
-        tail.pump()?;
-    }
-    let first_after = tail.lines[seen_before..].iter().find_map(|l| {
-        l.strip_prefix("tick ")?
-            .split_whitespace()
-            .next()?
-            .parse::<u64>()
-            .ok()
-    });
+    let first_after = tail.first_tick_since(seen_before)?;
 
     // The restored process is our child: its pid cannot have been reused.
     let _ = nix::sys::signal::kill(
