@@ -453,13 +453,7 @@ fn probe_clone3_set_tid() -> (bool, String) {
     };
     // SAFETY: clone3 with set_tid naming an existing PID fails with EEXIST
     // before creating anything; if it unexpectedly succeeds, the child exits at once.
-    let r = unsafe {
-        libc::syscall(
-            sys::SYS_CLONE3,
-            &args as *const sys::CloneArgs,
-            std::mem::size_of::<sys::CloneArgs>(),
-        )
-    };
+    let r = unsafe { crate::child::clone3(&args) };
     if r == 0 {
         // SAFETY: child side of an unexpected success: leave immediately.
         unsafe { libc::_exit(0) };
