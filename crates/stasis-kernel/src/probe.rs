@@ -289,19 +289,21 @@ fn uffd_features(features: &mut Vec<Feature>) -> Vec<&'static str> {
 fn caps_feature() -> Feature {
     let caps = effective_caps();
     let names: [(u32, &str); 6] = [
-        (19, "CAP_SYS_PTRACE"),
-        (21, "CAP_SYS_ADMIN"),
-        (24, "CAP_SYS_RESOURCE"),
-        (12, "CAP_NET_ADMIN"),
-        (40, "CAP_CHECKPOINT_RESTORE"),
-        (7, "CAP_SETUID"),
+        (sys::CAP_SYS_PTRACE, "CAP_SYS_PTRACE"),
+        (sys::CAP_SYS_ADMIN, "CAP_SYS_ADMIN"),
+        (sys::CAP_SYS_RESOURCE, "CAP_SYS_RESOURCE"),
+        (sys::CAP_NET_ADMIN, "CAP_NET_ADMIN"),
+        (sys::CAP_CHECKPOINT_RESTORE, "CAP_CHECKPOINT_RESTORE"),
+        (sys::CAP_SETUID, "CAP_SETUID"),
     ];
     let missing: Vec<&str> = names
         .iter()
         .filter(|(b, _)| caps & (1u64 << b) == 0)
         .map(|(_, n)| *n)
         .collect();
-    let core_caps = caps & (1 << 19) != 0 && (caps & (1 << 21) != 0 || caps & (1u64 << 40) != 0);
+    let has = |cap: u32| caps & (1u64 << cap) != 0;
+    let core_caps =
+        has(sys::CAP_SYS_PTRACE) && (has(sys::CAP_SYS_ADMIN) || has(sys::CAP_CHECKPOINT_RESTORE));
     feat("capabilities", core_caps, true,
         if missing.is_empty() { "all needed capabilities present".into() } else { format!("missing: {}", missing.join(", ")) },
         "tracing any process (CAP_SYS_PTRACE), choosing PIDs (CAP_SYS_ADMIN/CAP_CHECKPOINT_RESTORE), raising rlimits (CAP_SYS_RESOURCE)",
