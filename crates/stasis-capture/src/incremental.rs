@@ -265,7 +265,8 @@ pub fn contains(ranges: &Ranges, addr: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use stasis_track::{ArmReport, Backend, RemoteSyscall};
+    use stasis_kernel::remote::Remote;
+    use stasis_track::{ArmReport, Backend};
 
     const P: u64 = 4096;
 
@@ -286,7 +287,7 @@ mod tests {
             &mut self,
             _: i32,
             _: &[Area],
-            _: &mut dyn RemoteSyscall,
+            _: &mut dyn Remote,
         ) -> stasis_track::Result<ArmReport> {
             Ok(ArmReport::default())
         }

@@ -1,6 +1,6 @@
-//! A frozen thread as the kernel seam: [`stasis_kernel::remote::Remote`]
-//! (syscalls run inside the process, its memory, a scratch page) and
-//! [`stasis_track::RemoteSyscall`] (what trackers use to arm).
+//! A frozen thread as the kernel seam, [`stasis_kernel::remote::Remote`]:
+//! syscalls run inside the process, its memory, a scratch page (trackers
+//! arm through it too).
 //!
 //! The capture logic that runs syscalls inside a process (remote state,
 //! userfaultfds) takes a `&mut dyn Remote`, so its decisions are
@@ -77,12 +77,6 @@ impl Remote for ThreadRemote<'_> {
 
     fn scratch_len(&self) -> usize {
         SCRATCH_LEN
-    }
-}
-
-impl stasis_track::RemoteSyscall for ThreadRemote<'_> {
-    fn syscall(&mut self, name: &'static str, nr: i64, args: &[u64]) -> Result<u64, KernelError> {
-        self.tracee.syscall(self.base, name, nr, args)
     }
 }
 

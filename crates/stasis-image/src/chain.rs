@@ -13,8 +13,7 @@ use crate::pack::{PackReader, RunEntry};
 use crate::store::{Checkpoint, ImageDir};
 use crate::{ImageError, PAGE_SIZE};
 
-/// A sorted list of disjoint, page-aligned `[start, end)` ranges.
-pub type Ranges = Vec<(u64, u64)>;
+pub use crate::ranges::{intersect, normalize, ranges_bytes, subtract, Ranges};
 
 /// Loads checkpoint `n` (or the latest) and every ancestor it depends on:
 /// `[n, parent of n, ...]`, ending with a full checkpoint.
@@ -73,52 +72,6 @@ pub fn runs_to_ranges(runs: &[RunEntry]) -> Ranges {
     out
 }
 
-/// `a` minus `b` (both sorted and disjoint).
-pub fn subtract(a: &[(u64, u64)], b: &[(u64, u64)]) -> Ranges {
-    let mut out = Vec::new();
-    let mut j = 0;
-    for &(mut s, e) in a {
-        while j < b.len() && b[j].1 <= s {
-            j += 1;
-        }
-        let mut k = j;
-        while s < e {
-            match b.get(k) {
-                Some(&(bs, be)) if bs < e => {
-                    if bs > s {
-                        out.push((s, bs));
-                    }
-                    s = s.max(be);
-                    k += 1;
-                }
-                _ => {
-                    out.push((s, e));
-                    break;
-                }
-            }
-        }
-    }
-    out
-}
-
-/// `a` intersected with `b` (both sorted and disjoint).
-pub fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Ranges {
-    let (mut i, mut j, mut out) = (0, 0, Vec::new());
-    while i < a.len() && j < b.len() {
-        let s = a[i].0.max(b[j].0);
-        let e = a[i].1.min(b[j].1);
-        if s < e {
-            out.push((s, e));
-        }
-        if a[i].1 < b[j].1 {
-            i += 1;
-        } else {
-            j += 1;
-        }
-    }
-    out
-}
-
 /// Is `r` a [`Ranges`] list: every range non-empty and page aligned, sorted,
 /// disjoint?
 pub fn is_ranges(r: &[(u64, u64)]) -> bool {
@@ -128,25 +81,6 @@ pub fn is_ranges(r: &[(u64, u64)]) -> bool {
         prev_end = e;
         ok
     })
-}
-
-/// Sorts and merges arbitrary ranges into a [`Ranges`] list.
-pub fn normalize(mut r: Vec<(u64, u64)>) -> Ranges {
-    r.retain(|x| x.0 < x.1);
-    r.sort_unstable();
-    let mut out: Ranges = Vec::with_capacity(r.len());
-    for (s, e) in r {
-        match out.last_mut() {
-            Some(last) if s <= last.1 => last.1 = last.1.max(e),
-            _ => out.push((s, e)),
-        }
-    }
-    out
-}
-
-/// Total bytes of `r`.
-pub fn ranges_bytes(r: &[(u64, u64)]) -> u64 {
-    r.iter().map(|x| x.1 - x.0).sum()
 }
 
 /// The runs of `runs` (sorted) restricted to `keep`, split where needed.
@@ -284,42 +218,6 @@ mod tests {
         let keep = [(P, 3 * P), (11 * P, 12 * P), (30 * P, 40 * P)];
         assert_eq!(runs_touching(&runs, &keep), vec![runs[0], runs[2]]);
         assert!(runs_touching(&runs, &[]).is_empty());
-    }
-
-    #[test]
-    fn subtract_and_intersect() {
-        let a = vec![(0, 10 * P), (20 * P, 30 * P)];
-        let b = vec![(2 * P, 3 * P), (9 * P, 21 * P), (29 * P, 40 * P)];
-        assert_eq!(
-            subtract(&a, &b),
-            vec![(0, 2 * P), (3 * P, 9 * P), (21 * P, 29 * P)]
-        );
-        assert_eq!(
-            intersect(&a, &b),
-            vec![
-                (2 * P, 3 * P),
-                (9 * P, 10 * P),
-                (20 * P, 21 * P),
-                (29 * P, 30 * P)
-            ]
-        );
-        assert_eq!(subtract(&a, &[]), a);
-        assert!(subtract(&a, &a).is_empty());
-        assert!(intersect(&a, &[]).is_empty());
-    }
-
-    #[test]
-    fn normalize_merges() {
-        assert_eq!(
-            normalize(vec![
-                (5 * P, 6 * P),
-                (0, 2 * P),
-                (P, 3 * P),
-                (3 * P, 4 * P),
-                (7 * P, 7 * P)
-            ]),
-            vec![(0, 4 * P), (5 * P, 6 * P)]
-        );
     }
 
     #[test]

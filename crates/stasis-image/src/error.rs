@@ -63,7 +63,7 @@ pub enum ImageError {
 
     /// A touch-set file failed validation.
     #[error("touch set {} is damaged ({reason}); it is ignored (the restore is unaffected, only its page order)", .path.display())]
-    CorruptTouchSet { path: PathBuf, reason: String },
+    CorruptTouchSet { path: PathBuf, reason: FormatError },
 
     /// A manifest names a file that is not a plain file name (e.g. `../x`).
     #[error("checkpoint {} names the file {name:?}, which is not a plain file name: the image cannot be trusted (possible path traversal); restore an earlier checkpoint with --checkpoint N", cp_or_unknown(.checkpoint))]
@@ -181,6 +181,53 @@ pub enum ImageError {
         "gc stopped after step {step:?}: every kept checkpoint is intact; run gc again to finish"
     )]
     GcInterrupted { step: String },
+}
+
+/// Why the bytes of a touch set or of a page-pack index entry do not
+/// decode: the `reason` of [`ImageError::CorruptTouchSet`] and
+/// [`ImageError::CorruptPack`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FormatError {
+    #[error("truncated: {0} bytes")]
+    TooShort(usize),
+    #[error("truncated")]
+    Truncated,
+    #[error("checksum mismatch")]
+    Checksum,
+    #[error("bad magic")]
+    Magic,
+    #[error("format {found}, this stasis reads {supported}")]
+    Version { found: u32, supported: u32 },
+    #[error("unknown source {0}")]
+    UnknownSource(u32),
+    #[error("range count beyond the end of the file")]
+    CountBeyondEnd,
+    #[error("reserved word of a range is not zero")]
+    ReservedWord,
+    #[error("reserved bytes are not zero")]
+    ReservedBytes,
+    #[error("bad range {start:#x}+{pages}")]
+    BadRange { start: u64, pages: u32 },
+    #[error("more than {0} pages")]
+    TooManyPages(u64),
+    #[error("trailing bytes")]
+    Trailing,
+    #[error("unknown flags {0:#x}")]
+    UnknownFlags(u32),
+    #[error("{npages} pages (must be 1..={max})")]
+    RunPages { npages: u32, max: u32 },
+    #[error("address {0:#x} is not page aligned")]
+    Unaligned(u64),
+    #[error("run at {0:#x} wraps around")]
+    Wraps(u64),
+    #[error("bad file offset {0:#x}")]
+    FileOffset(u64),
+    #[error("data at {off:#x} (+{len:#x}) extends past the end of page data")]
+    PastEnd { off: u64, len: u64 },
+    #[error("address {addr:#x} overlaps or precedes the previous run ending at {prev_end:#x}")]
+    Overlap { addr: u64, prev_end: u64 },
+    #[error("file offset {0:#x} overlaps the previous run's data")]
+    DataOverlap(u64),
 }
 
 impl ImageError {

@@ -191,13 +191,43 @@ pub(crate) fn write_fault(path: &Path) -> Result<(), ImageError> {
 
 /// Writes `contents` to `dir/name` atomically: `name.tmp` is written, fsynced
 /// and renamed over `name`, then `dir` is fsynced. Caller holds the lock.
+/// Image writes count for fault injection (`image-write:N`).
 pub(crate) fn write_atomic(dir: &Path, name: &str, contents: &[u8]) -> Result<(), ImageError> {
+    write_atomic_in(dir, name, contents, true)
+}
+
+/// THE atomic file write of Stasis, for files outside an image too (dirty
+/// tracking state, mirrors): `path.tmp` (mode 0600, never through a
+/// symlink) is written, fsynced and renamed over `path`, then the directory
+/// is fsynced. A reader sees the old contents or the new, never a part.
+pub fn write_atomic_file(path: &Path, contents: &[u8]) -> Result<(), ImageError> {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(ImageError::io("write", path)(io::Error::from(
+            io::ErrorKind::InvalidInput,
+        )));
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    write_atomic_in(dir, &name.to_string_lossy(), contents, false)
+}
+
+fn write_atomic_in(
+    dir: &Path,
+    name: &str,
+    contents: &[u8],
+    fault_point: bool,
+) -> Result<(), ImageError> {
     use std::io::Write;
     let tmp = dir.join(format!("{name}.tmp"));
     let target = dir.join(name);
     remove_if_exists(&tmp)?;
     let mut f = create_file(&tmp)?;
-    write_fault(&tmp)?;
+    if fault_point {
+        write_fault(&tmp)?;
+    }
     f.write_all(contents)
         .map_err(ImageError::io("write", &tmp))?;
     f.sync_all().map_err(ImageError::io("fsync", &tmp))?;

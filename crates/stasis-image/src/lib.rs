@@ -28,6 +28,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod areas;
 pub mod chain;
 mod error;
 mod fsutil;
@@ -35,13 +36,15 @@ mod gc;
 pub mod manifest;
 mod manifest_io;
 mod pack;
+mod pack_index;
+pub mod ranges;
 mod store;
 mod summary;
 pub mod touch;
 
 pub use chain::{load_chain, page_sources, PageSource};
-pub use error::ImageError;
-pub use fsutil::is_plain_name;
+pub use error::{FormatError, ImageError};
+pub use fsutil::{is_plain_name, write_atomic_file};
 pub use gc::{GcReport, MergeReport};
 pub use manifest::*;
 pub use manifest_io::{
@@ -61,7 +64,7 @@ pub use summary::{summarize, verify_checkpoint, CheckpointSummary, ProcessSummar
 
 /// Version of the image format written by this crate, and the newest it reads.
 pub const FORMAT_VERSION: u32 = 1;
-/// Page size of the images (x86-64 base pages).
-pub const PAGE_SIZE: u64 = 4096;
+/// Page size of the images: the kernel's base page ([`stasis_sys::PAGE_SIZE`]).
+pub const PAGE_SIZE: u64 = stasis_sys::PAGE_SIZE;
 /// Largest run (index entry) in a page pack: 256 pages = 1 MiB.
 pub const MAX_RUN_PAGES: u32 = 256;

@@ -39,7 +39,7 @@ pub const MAX_PACK_RUNS: u64 = 1 << 26;
 pub const RUN_FLAG_ZERO: u32 = 1;
 
 /// Size of the write buffer and of the verification buffer.
-const IO_BUF: usize = 1 << 20;
+pub(crate) const IO_BUF: usize = 1 << 20;
 
 /// One index entry: `npages` contiguous virtual pages starting at `vaddr`,
 /// stored contiguously at `file_off` in the pack.
@@ -78,7 +78,7 @@ impl RunEntry {
         out.extend_from_slice(&0u64.to_le_bytes());
     }
 
-    fn decode(b: &[u8; 40]) -> RunEntry {
+    pub(crate) fn decode(b: &[u8; 40]) -> RunEntry {
         let mut f = Fields(b);
         let vaddr = f.u64(0);
         let npages = f.u32(8);
@@ -96,15 +96,15 @@ impl RunEntry {
 }
 
 /// Little-endian field access in a fixed-size buffer.
-struct Fields<'a, const N: usize>(&'a [u8; N]);
+pub(crate) struct Fields<'a, const N: usize>(pub(crate) &'a [u8; N]);
 
 impl<const N: usize> Fields<'_, N> {
-    fn u32(&mut self, off: usize) -> u32 {
+    pub(crate) fn u32(&mut self, off: usize) -> u32 {
         let mut a = [0u8; 4];
         a.copy_from_slice(&self.0[off..off + 4]);
         u32::from_le_bytes(a)
     }
-    fn u64(&mut self, off: usize) -> u64 {
+    pub(crate) fn u64(&mut self, off: usize) -> u64 {
         let mut a = [0u8; 8];
         a.copy_from_slice(&self.0[off..off + 8]);
         u64::from_le_bytes(a)
@@ -390,207 +390,7 @@ impl PackIndex {
         path: &Path,
         expected: Option<&PackRef>,
     ) -> Result<PackIndex, ImageError> {
-        Self::parse(bytes, bytes.len() as u64, path, expected, None)
-    }
-
-    fn parse<R: ReadAt + ?Sized>(
-        src: &R,
-        size: u64,
-        path: &Path,
-        expected: Option<&PackRef>,
-        checkpoint: Option<u32>,
-    ) -> Result<PackIndex, ImageError> {
-        let corrupt = |reason: String| ImageError::CorruptPack {
-            checkpoint,
-            path: path.to_path_buf(),
-            reason,
-        };
-        if let Some(r) = expected {
-            if size != r.size {
-                return Err(corrupt(format!(
-                    "file is {size} bytes but the manifest says {}",
-                    r.size
-                )));
-            }
-        }
-        if size < PACK_HEADER_LEN + PACK_TRAILER_LEN {
-            return Err(corrupt(format!("truncated: file is only {size} bytes")));
-        }
-        let read_at = |buf: &mut [u8], off: u64| {
-            src.read_exact_at(buf, off).map_err(|e| {
-                if e.kind() == io::ErrorKind::UnexpectedEof {
-                    corrupt("truncated while reading".into())
-                } else {
-                    ImageError::Io {
-                        action: "read",
-                        path: path.to_path_buf(),
-                        source: e,
-                    }
-                }
-            })
-        };
-
-        // Header.
-        let mut h = vec![0u8; 4096];
-        read_at(&mut h, 0)?;
-        let mut fixed = [0u8; 24];
-        fixed.copy_from_slice(&h[..24]);
-        let mut hf = Fields(&fixed);
-        if h[0..8] != PACK_MAGIC {
-            return Err(corrupt("bad magic: not a stasis page pack".into()));
-        }
-        let version = hf.u32(8);
-        if version == 0 {
-            return Err(corrupt("format version 0".into()));
-        }
-        if version > FORMAT_VERSION {
-            return Err(ImageError::NewerFormat {
-                path: path.to_path_buf(),
-                found: version,
-                supported: FORMAT_VERSION,
-            });
-        }
-        let page_size = hf.u32(12);
-        if u64::from(page_size) != PAGE_SIZE {
-            return Err(corrupt(format!(
-                "page size {page_size}, expected {PAGE_SIZE}"
-            )));
-        }
-        let pid = i32::from_le_bytes([h[16], h[17], h[18], h[19]]);
-        let hflags = hf.u32(20);
-        if hflags != 0 {
-            return Err(corrupt(format!("unknown header flags {hflags:#x}")));
-        }
-        if let Some(name_pid) = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(pid_from_pack_name)
-        {
-            if name_pid != pid {
-                return Err(corrupt(format!(
-                    "header says pid {pid} but the file is named for pid {name_pid}"
-                )));
-            }
-        }
-        if h[24..].iter().any(|&b| b != 0) {
-            return Err(corrupt("reserved header bytes are not zero".into()));
-        }
-
-        // Trailer.
-        let mut t = [0u8; 48];
-        read_at(&mut t, size - PACK_TRAILER_LEN)?;
-        let mut tf = Fields(&t);
-        if t[0..8] != PACK_TRAILER_MAGIC {
-            return Err(corrupt(
-                "bad trailer magic: the file is truncated or damaged".into(),
-            ));
-        }
-        let index_off = tf.u64(8);
-        let count = tf.u64(16);
-        let index_checksum = tf.u64(24);
-        let data_end = tf.u64(32);
-        let tversion = tf.u32(40);
-        if tf.u32(44) != 0 {
-            return Err(corrupt("reserved trailer bytes are not zero".into()));
-        }
-        if tversion != version {
-            return Err(corrupt(format!(
-                "trailer format version {tversion} differs from header version {version}"
-            )));
-        }
-        if index_off < PACK_HEADER_LEN || index_off % PAGE_SIZE != 0 {
-            return Err(corrupt(format!("bad index offset {index_off:#x}")));
-        }
-        if data_end != index_off {
-            return Err(corrupt(format!(
-                "data end {data_end:#x} differs from index offset {index_off:#x}"
-            )));
-        }
-        if count > MAX_PACK_RUNS {
-            return Err(corrupt(format!(
-                "index has {count} entries, more than the limit of {MAX_PACK_RUNS}"
-            )));
-        }
-        let index_len = count * PACK_ENTRY_LEN;
-        if index_off
-            .checked_add(index_len)
-            .and_then(|x| x.checked_add(PACK_TRAILER_LEN))
-            != Some(size)
-        {
-            return Err(corrupt(format!(
-                "index of {count} entries at {index_off:#x} does not end at the trailer (file is {size} bytes)"
-            )));
-        }
-        if count > (data_end - PACK_HEADER_LEN) / PAGE_SIZE {
-            return Err(corrupt(format!(
-                "index has {count} entries but only {} pages of data",
-                (data_end - PACK_HEADER_LEN) / PAGE_SIZE
-            )));
-        }
-        if let Some(r) = expected {
-            if r.index_checksum != index_checksum {
-                return Err(corrupt("index checksum differs from the manifest's".into()));
-            }
-        }
-
-        // Index: hash everything, parse and validate entries until the first
-        // problem (so memory stays bounded by the valid part).
-        let mut hasher = Xxh3Default::new();
-        let mut runs: Vec<RunEntry> = Vec::new();
-        let mut problem: Option<String> = None;
-        let chunk_entries: u64 = (IO_BUF as u64) / PACK_ENTRY_LEN;
-        let mut buf = vec![0u8; usize::try_from(chunk_entries * PACK_ENTRY_LEN).unwrap_or(IO_BUF)];
-        let mut done: u64 = 0;
-        let mut pages: u64 = 0;
-        while done < count {
-            let n = (count - done).min(chunk_entries);
-            let bytes = usize::try_from(n * PACK_ENTRY_LEN).unwrap_or(0);
-            let chunk = &mut buf[..bytes];
-            read_at(chunk, index_off + done * PACK_ENTRY_LEN)?;
-            hasher.update(chunk);
-            if problem.is_none() {
-                for (i, raw) in chunk.chunks_exact(40).enumerate() {
-                    let mut a = [0u8; 40];
-                    a.copy_from_slice(raw);
-                    let e = RunEntry::decode(&a);
-                    let reserved_ok = a[32..].iter().all(|&b| b == 0);
-                    let checked = if reserved_ok {
-                        check_entry(&e, runs.last(), data_end)
-                    } else {
-                        Err("reserved bytes are not zero".to_string())
-                    };
-                    if let Err(p) = checked {
-                        problem = Some(format!("index entry {}: {p}", done + i as u64));
-                        break;
-                    }
-                    pages += u64::from(e.npages);
-                    runs.push(e);
-                }
-            }
-            done += n;
-        }
-        if hasher.digest() != index_checksum {
-            return Err(corrupt("index checksum mismatch".into()));
-        }
-        if let Some(p) = problem {
-            return Err(corrupt(p));
-        }
-        if let Some(r) = expected {
-            if r.pages != pages {
-                return Err(corrupt(format!(
-                    "index holds {pages} pages but the manifest says {}",
-                    r.pages
-                )));
-            }
-        }
-        Ok(PackIndex {
-            pid,
-            runs,
-            pages,
-            data_end,
-            size,
-            index_checksum,
-        })
+        crate::pack_index::parse(bytes, bytes.len() as u64, path, expected, None)
     }
 }
 
@@ -624,7 +424,7 @@ impl PackReader {
     ) -> Result<PackReader, ImageError> {
         let file = fsutil::open_read(path)?;
         let size = file.metadata().map_err(ImageError::io("stat", path))?.len();
-        let ix = PackIndex::parse(&file, size, path, expected, checkpoint)?;
+        let ix = crate::pack_index::parse(&file, size, path, expected, checkpoint)?;
         Ok(PackReader {
             file,
             path: path.to_path_buf(),
@@ -759,53 +559,4 @@ impl PackReader {
         }
         Ok(())
     }
-}
-
-/// The pid in a standard pack name `pages-<pid>.pack`.
-fn pid_from_pack_name(name: &str) -> Option<i32> {
-    let pid = name.strip_prefix("pages-")?.strip_suffix(".pack")?;
-    let n: i32 = pid.parse().ok()?;
-    (n.to_string() == pid).then_some(n)
-}
-
-/// Structural checks of one index entry against the previous one.
-fn check_entry(e: &RunEntry, prev: Option<&RunEntry>, data_end: u64) -> Result<(), String> {
-    if e.flags != 0 {
-        return Err(format!("unknown flags {:#x}", e.flags));
-    }
-    if e.npages == 0 || e.npages > MAX_RUN_PAGES {
-        return Err(format!("{} pages (must be 1..={MAX_RUN_PAGES})", e.npages));
-    }
-    if e.vaddr % PAGE_SIZE != 0 {
-        return Err(format!("address {:#x} is not page aligned", e.vaddr));
-    }
-    if e.vaddr.checked_add(e.len()).is_none() {
-        return Err(format!("run at {:#x} wraps around", e.vaddr));
-    }
-    if e.file_off % PAGE_SIZE != 0 || e.file_off < PACK_HEADER_LEN {
-        return Err(format!("bad file offset {:#x}", e.file_off));
-    }
-    if !matches!(e.file_off.checked_add(e.len()), Some(end) if end <= data_end) {
-        return Err(format!(
-            "data at {:#x} (+{:#x}) extends past the end of page data",
-            e.file_off,
-            e.len()
-        ));
-    }
-    if let Some(p) = prev {
-        if e.vaddr < p.end() {
-            return Err(format!(
-                "address {:#x} overlaps or precedes the previous run ending at {:#x}",
-                e.vaddr,
-                p.end()
-            ));
-        }
-        if e.file_off < p.file_off + p.len() {
-            return Err(format!(
-                "file offset {:#x} overlaps the previous run's data",
-                e.file_off
-            ));
-        }
-    }
-    Ok(())
 }

@@ -7,6 +7,7 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use nix::fcntl::{Flock, FlockArg};
 use tracing::{debug, warn};
 
 use crate::fsutil::{self, is_plain_name, Kind};
@@ -344,7 +345,7 @@ impl ImageDir {
 
     /// Takes the directory lock (non-blocking). It is held until the
     /// returned file is dropped.
-    pub(crate) fn lock(&self) -> Result<File, ImageError> {
+    pub(crate) fn lock(&self) -> Result<Flock<File>, ImageError> {
         let path = self.path.join(LOCK_NAME);
         let file = OpenOptions::new()
             .read(true)
@@ -365,8 +366,7 @@ impl ImageDir {
                     }
                 }
             })?;
-        try_flock(&file, &path, &self.path)?;
-        Ok(file)
+        try_flock(file, &path, &self.path)
     }
 
     /// Starts checkpoint number max(existing, pointer) + 1 in a temporary
@@ -468,28 +468,24 @@ impl ImageDir {
     }
 }
 
-fn try_flock(file: &File, path: &Path, dir: &Path) -> Result<(), ImageError> {
-    use std::os::fd::AsRawFd;
+/// Takes the image directory's lock without waiting (`flock` LOCK_EX |
+/// LOCK_NB); the lock lasts as long as the returned value.
+fn try_flock(mut file: File, path: &Path, dir: &Path) -> Result<Flock<File>, ImageError> {
+    use nix::errno::Errno;
     loop {
-        // SAFETY: flock(2) takes a descriptor and flags only; `file` keeps the
-        // descriptor open for the whole call and no memory is passed.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc == 0 {
-            return Ok(());
-        }
-        let err = io::Error::last_os_error();
-        match err.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            Some(libc::EWOULDBLOCK) => {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(l) => return Ok(l),
+            Err((f, Errno::EINTR)) => file = f,
+            Err((_, Errno::EWOULDBLOCK)) => {
                 return Err(ImageError::Locked {
                     dir: dir.to_path_buf(),
                 })
             }
-            _ => {
+            Err((_, e)) => {
                 return Err(ImageError::Io {
                     action: "lock",
                     path: path.to_path_buf(),
-                    source: err,
+                    source: e.into(),
                 })
             }
         }
@@ -585,7 +581,7 @@ pub struct CheckpointBuilder {
     number: u32,
     temp_dir: PathBuf,
     committed: bool,
-    _lock: File,
+    _lock: Flock<File>,
 }
 
 impl CheckpointBuilder {

@@ -20,7 +20,7 @@ use std::path::Path;
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::{fsutil, ImageError, PAGE_SIZE};
+use crate::{fsutil, FormatError, ImageError, PAGE_SIZE};
 
 pub const TOUCH_MAGIC: [u8; 8] = *b"STASISTS";
 pub const TOUCH_FORMAT: u32 = 1;
@@ -127,26 +127,29 @@ impl TouchSet {
     }
 
     /// Decodes the contents of a touch-set file; the reason if damaged.
-    pub fn decode(b: &[u8]) -> Result<TouchSet, String> {
+    pub fn decode(b: &[u8]) -> Result<TouchSet, FormatError> {
         if b.len() < 36 {
-            return Err(format!("truncated: {} bytes", b.len()));
+            return Err(FormatError::TooShort(b.len()));
         }
         let (body, sum) = b.split_at(b.len() - 8);
-        if xxh3_64(body) != u64::from_le_bytes(sum.try_into().map_err(|_| "checksum")?) {
-            return Err("checksum mismatch".into());
+        if xxh3_64(body) != u64::from_le_bytes(sum.try_into().map_err(|_| FormatError::Checksum)?) {
+            return Err(FormatError::Checksum);
         }
         let mut r = Reader { b: body, at: 0 };
         if r.take(8)? != TOUCH_MAGIC {
-            return Err("bad magic".into());
+            return Err(FormatError::Magic);
         }
         let format = r.u32()?;
         if format != TOUCH_FORMAT {
-            return Err(format!("format {format}, this stasis reads {TOUCH_FORMAT}"));
+            return Err(FormatError::Version {
+                found: format,
+                supported: TOUCH_FORMAT,
+            });
         }
         let source = match r.u32()? {
             1 => TouchSource::Window,
             2 => TouchSource::Faults,
-            s => return Err(format!("unknown source {s}")),
+            s => return Err(FormatError::UnknownSource(s)),
         };
         let window_ms = r.u64()?;
         let n = r.u32()?;
@@ -156,32 +159,32 @@ impl TouchSet {
             let pid = r.u32()? as i32;
             let count = r.u32()? as usize;
             if count > (body.len() - r.at) / 16 {
-                return Err("range count beyond the end of the file".into());
+                return Err(FormatError::CountBeyondEnd);
             }
             let mut ranges = Vec::with_capacity(count);
             for _ in 0..count {
                 let s = r.u64()?;
                 let pages = r.u32()?;
                 if r.u32()? != 0 {
-                    return Err("reserved word of a range is not zero".into());
+                    return Err(FormatError::ReservedWord);
                 }
                 let end = u64::from(pages)
                     .checked_mul(PAGE_SIZE)
                     .and_then(|l| s.checked_add(l));
                 if s % PAGE_SIZE != 0 || pages == 0 || !matches!(end, Some(e) if e <= ADDRESS_LIMIT)
                 {
-                    return Err(format!("bad range {s:#x}+{pages}"));
+                    return Err(FormatError::BadRange { start: s, pages });
                 }
                 pages_total += u64::from(pages);
                 if pages_total > MAX_TOUCH_PAGES {
-                    return Err(format!("more than {MAX_TOUCH_PAGES} pages"));
+                    return Err(FormatError::TooManyPages(MAX_TOUCH_PAGES));
                 }
                 ranges.push((s, pages));
             }
             procs.push((pid, ranges));
         }
         if r.at != body.len() {
-            return Err("trailing bytes".into());
+            return Err(FormatError::Trailing);
         }
         Ok(TouchSet {
             source,
@@ -197,20 +200,20 @@ struct Reader<'a> {
 }
 
 impl Reader<'_> {
-    fn take(&mut self, n: usize) -> Result<&[u8], String> {
+    fn take(&mut self, n: usize) -> Result<&[u8], FormatError> {
         let s = self
             .b
             .get(self.at..self.at + n)
-            .ok_or_else(|| "truncated".to_string())?;
+            .ok_or(FormatError::Truncated)?;
         self.at += n;
         Ok(s)
     }
-    fn u32(&mut self) -> Result<u32, String> {
+    fn u32(&mut self) -> Result<u32, FormatError> {
         let mut a = [0u8; 4];
         a.copy_from_slice(self.take(4)?);
         Ok(u32::from_le_bytes(a))
     }
-    fn u64(&mut self) -> Result<u64, String> {
+    fn u64(&mut self) -> Result<u64, FormatError> {
         let mut a = [0u8; 8];
         a.copy_from_slice(self.take(8)?);
         Ok(u64::from_le_bytes(a))
@@ -334,7 +337,6 @@ mod tests {
         bad[48] = 1;
         let sum = xxh3_64(&bad);
         bad.extend_from_slice(&sum.to_le_bytes());
-        let e = TouchSet::decode(&bad).unwrap_err();
-        assert!(e.contains("reserved"), "{e}");
+        assert_eq!(TouchSet::decode(&bad), Err(FormatError::ReservedWord));
     }
 }

@@ -25,6 +25,25 @@ pub enum SpawnError {
     Kernel(#[from] KernelError),
 }
 
+/// Raw `clone3` with `args` (fork-like when `args` has no `CLONE_VM`):
+/// the child's pid in the parent, 0 in the child, -1 on error (errno set).
+///
+/// # Safety
+/// Like `fork`: the child of a multithreaded process may only call
+/// async-signal-safe functions, and must not return into code that expects
+/// to be the parent.
+pub(crate) unsafe fn clone3(args: &CloneArgs) -> i64 {
+    // SAFETY: `args` is a live `clone_args` of the size passed; what the
+    // child runs is the caller's contract.
+    unsafe {
+        libc::syscall(
+            sys::SYS_CLONE3,
+            args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    }
+}
+
 /// Forks a child (at PID `set_tid` if given) that stops right away under our
 /// trace. It has `PR_SET_PDEATHSIG(SIGKILL)`: it dies with the caller even
 /// before `PTRACE_O_EXITKILL` is set (a caller that lets it live on must
@@ -49,13 +68,7 @@ pub fn spawn_stopped(set_tid: Option<i32>) -> Result<Tracee, SpawnError> {
     // this process like fork. In the child only async-signal-safe raw
     // syscalls run before it stops and is taken over by the parent (it never
     // returns into Rust code on its own: _exit follows).
-    let pid = unsafe {
-        libc::syscall(
-            sys::SYS_CLONE3,
-            &args as *const CloneArgs,
-            std::mem::size_of::<CloneArgs>(),
-        )
-    };
+    let pid = unsafe { clone3(&args) };
     if pid == 0 {
         // SAFETY: child side; raw syscalls only, then _exit.
         unsafe {
@@ -139,13 +152,7 @@ pub fn spawn_in_new_pidns(root: i32, options: u64) -> Result<(i32, Tracee), Spaw
     // SAFETY: clone3 without CLONE_VM duplicates this process like fork; the
     // child only calls execv (async-signal-safe) with argv prepared above,
     // then _exit if that fails.
-    let init = unsafe {
-        libc::syscall(
-            sys::SYS_CLONE3,
-            &args_c as *const CloneArgs,
-            std::mem::size_of::<CloneArgs>(),
-        )
-    };
+    let init = unsafe { clone3(&args_c) };
     if init == 0 {
         // SAFETY: child side: exec or leave.
         unsafe {
@@ -246,13 +253,7 @@ pub fn pidns_init(root: i32) -> i32 {
     // SAFETY: a fork-like clone3 of this single-threaded process; the child
     // only stops itself until the restorer takes it over and replaces its
     // whole state.
-    let pid = unsafe {
-        libc::syscall(
-            sys::SYS_CLONE3,
-            &args as *const CloneArgs,
-            std::mem::size_of::<CloneArgs>(),
-        )
-    };
+    let pid = unsafe { clone3(&args) };
     if pid == 0 {
         // Sleep until taken over (no job-control stop: that would outlive
         // the tracer's detach).

@@ -318,8 +318,7 @@ fn elf_used_end(b: &[u8]) -> Option<usize> {
     for i in 0..shnum {
         let s = shoff + i * shentsize;
         let kind = u32::from_le_bytes(b.get(s + 4..s + 8)?.try_into().ok()?);
-        const SHT_NOBITS: u32 = 8;
-        if kind != SHT_NOBITS {
+        if kind != stasis_sys::SHT_NOBITS {
             end = end.max(u64_at(b, s + 24)?.checked_add(u64_at(b, s + 32)?)?);
         }
     }

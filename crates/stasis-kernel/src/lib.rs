@@ -11,6 +11,7 @@
 //! * [`uffd`]: userfaultfd creation and the API handshake.
 //! * [`pagemap`]: `PAGEMAP_SCAN` and the `/proc/PID/pagemap` fallback.
 //! * [`probe`]: a one-shot probe of what this kernel offers (`stasis check`).
+//! * [`launch`]: closing inherited descriptors, forwarding signals to a job.
 
 #![cfg(all(target_os = "linux", target_arch = "x86_64"))]
 
@@ -18,6 +19,7 @@ pub mod child;
 pub mod error;
 pub mod escape;
 pub mod fdops;
+pub mod launch;
 pub mod mem;
 pub mod pagemap;
 pub mod pidfd;

@@ -49,13 +49,10 @@ impl ScanQuery {
     /// kernel a page lookup per entry (it computes only the categories a
     /// query mentions), which is most of the walk's cost.
     pub fn anon_data() -> Self {
-        let not = sys::PAGE_IS_PFNZERO;
         Self {
-            flags: 0,
-            inverted: not,
-            mask: not,
-            anyof: sys::PAGE_IS_PRESENT | sys::PAGE_IS_SWAPPED,
-            return_mask: sys::PAGE_IS_PRESENT | sys::PAGE_IS_SWAPPED,
+            inverted: sys::PAGE_IS_PFNZERO,
+            mask: sys::PAGE_IS_PFNZERO,
+            ..Self::private_data()
         }
     }
 

@@ -97,15 +97,81 @@ pub fn xfeatures_of(xstate: &[u8]) -> u64 {
 /// Runs every probe.
 pub fn probe() -> Report {
     let mut features = Vec::new();
-    let mut uffd_names = Vec::new();
+    let (xstate_size, xfeatures) = child_features(&mut features);
+    let uffd_names = uffd_features(&mut features);
+    // PAGEMAP_SCAN on our own pagemap.
+    let scan = probe_pagemap_scan();
+    features.push(feat(
+        "PAGEMAP_SCAN",
+        scan.is_ok(),
+        false,
+        scan.as_ref().map_or_else(ToString::to_string, Clone::clone),
+        "finding populated pages (dump) and written pages (incremental) in one ioctl",
+        "reading /proc/PID/pagemap (8 bytes per page)",
+    ));
+
+    let sd = probe_soft_dirty();
+    features.push(feat(
+        "soft-dirty",
+        sd.is_ok(),
+        false,
+        sd.as_ref().map_or_else(ToString::to_string, Clone::clone),
+        "dirty tracking without userfaultfd",
+        "page hashing",
+    ));
+
+    let (c3, c3d) = probe_clone3_set_tid();
+    features.push(feat(
+        "clone3-set_tid",
+        c3,
+        true,
+        c3d,
+        "restoring processes at their saved PIDs",
+        "none (restore into a new PID namespace needs it too)",
+    ));
+
+    let (mm, mmd) = probe_prctl_mm_map();
+    features.push(feat(
+        "PR_SET_MM_MAP",
+        mm,
+        true,
+        mmd,
+        "restoring brk, arg/env areas, auxv and exe link",
+        "none",
+    ));
+
+    let (gfd, gfdd) = probe_pidfd_getfd();
+    features.push(feat(
+        "pidfd_getfd",
+        gfd,
+        false,
+        gfdd,
+        "taking fds (userfaultfd, sockets) out of a process",
+        "none for plain dumps; needed for tracking and lazy restore",
+    ));
+
+    features.push(caps_feature());
+
+    let ok = features.iter().all(|f| f.available || !f.required);
+    Report {
+        kernel: kernel_release(),
+        features,
+        uffd_features: uffd_names,
+        xstate_size,
+        xfeatures,
+        ok,
+    }
+}
+
+/// ptrace, remote syscalls, process_vm_*, vDSO remapping, probed on a
+/// child; returns the XSAVE area size and XCR0.
+fn child_features(features: &mut Vec<Feature>) -> (usize, u64) {
     let mut xstate_size = 0;
     let mut xfeatures = 0;
-
-    // ptrace, remote syscalls, process_vm_*, vDSO remapping: on a child.
     let (ptrace_ok, remote_ok, vm_ok, vdso_ok, detail) =
         match probe_child(&mut xstate_size, &mut xfeatures) {
             Ok(r) => r,
-            Err(e) => (false, false, false, false, e),
+            Err(e) => (false, false, false, false, e.to_string()),
         };
     features.push(feat(
         "ptrace",
@@ -156,7 +222,12 @@ pub fn probe() -> Report {
         "none: restored processes would call a vDSO at the wrong place",
     ));
 
-    // userfaultfd and its feature bits.
+    (xstate_size, xfeatures)
+}
+
+/// userfaultfd and its feature bits; returns the names of the bits.
+fn uffd_features(features: &mut Vec<Feature>) -> Vec<&'static str> {
+    let mut uffd_names = Vec::new();
     match uffd::create_raw().and_then(|(fd, src)| uffd::api(&fd, 0).map(|f| (f, src))) {
         Ok((f, src)) => {
             uffd_names = uffd::feature_names(f);
@@ -211,118 +282,73 @@ pub fn probe() -> Report {
         }
     }
 
-    // PAGEMAP_SCAN on our own pagemap.
-    let scan = probe_pagemap_scan();
-    features.push(feat(
-        "PAGEMAP_SCAN",
-        scan.is_ok(),
-        false,
-        scan.clone().unwrap_or_else(|e| e),
-        "finding populated pages (dump) and written pages (incremental) in one ioctl",
-        "reading /proc/PID/pagemap (8 bytes per page)",
-    ));
+    uffd_names
+}
 
-    let sd = probe_soft_dirty();
-    features.push(feat(
-        "soft-dirty",
-        sd.is_ok(),
-        false,
-        sd.clone().unwrap_or_else(|e| e),
-        "dirty tracking without userfaultfd",
-        "page hashing",
-    ));
-
-    let (c3, c3d) = probe_clone3_set_tid();
-    features.push(feat(
-        "clone3-set_tid",
-        c3,
-        true,
-        c3d,
-        "restoring processes at their saved PIDs",
-        "none (restore into a new PID namespace needs it too)",
-    ));
-
-    let (mm, mmd) = probe_prctl_mm_map();
-    features.push(feat(
-        "PR_SET_MM_MAP",
-        mm,
-        true,
-        mmd,
-        "restoring brk, arg/env areas, auxv and exe link",
-        "none",
-    ));
-
-    let (gfd, gfdd) = probe_pidfd_getfd();
-    features.push(feat(
-        "pidfd_getfd",
-        gfd,
-        false,
-        gfdd,
-        "taking fds (userfaultfd, sockets) out of a process",
-        "none for plain dumps; needed for tracking and lazy restore",
-    ));
-
+/// The capabilities stasis needs, from its effective set.
+fn caps_feature() -> Feature {
     let caps = effective_caps();
     let names: [(u32, &str); 6] = [
-        (19, "CAP_SYS_PTRACE"),
-        (21, "CAP_SYS_ADMIN"),
-        (24, "CAP_SYS_RESOURCE"),
-        (12, "CAP_NET_ADMIN"),
-        (40, "CAP_CHECKPOINT_RESTORE"),
-        (7, "CAP_SETUID"),
+        (sys::CAP_SYS_PTRACE, "CAP_SYS_PTRACE"),
+        (sys::CAP_SYS_ADMIN, "CAP_SYS_ADMIN"),
+        (sys::CAP_SYS_RESOURCE, "CAP_SYS_RESOURCE"),
+        (sys::CAP_NET_ADMIN, "CAP_NET_ADMIN"),
+        (sys::CAP_CHECKPOINT_RESTORE, "CAP_CHECKPOINT_RESTORE"),
+        (sys::CAP_SETUID, "CAP_SETUID"),
     ];
     let missing: Vec<&str> = names
         .iter()
         .filter(|(b, _)| caps & (1u64 << b) == 0)
         .map(|(_, n)| *n)
         .collect();
-    let core_caps = caps & (1 << 19) != 0 && (caps & (1 << 21) != 0 || caps & (1u64 << 40) != 0);
-    features.push(feat("capabilities", core_caps, true,
+    let has = |cap: u32| caps & (1u64 << cap) != 0;
+    let core_caps =
+        has(sys::CAP_SYS_PTRACE) && (has(sys::CAP_SYS_ADMIN) || has(sys::CAP_CHECKPOINT_RESTORE));
+    feat("capabilities", core_caps, true,
         if missing.is_empty() { "all needed capabilities present".into() } else { format!("missing: {}", missing.join(", ")) },
         "tracing any process (CAP_SYS_PTRACE), choosing PIDs (CAP_SYS_ADMIN/CAP_CHECKPOINT_RESTORE), raising rlimits (CAP_SYS_RESOURCE)",
-        "without CAP_SYS_RESOURCE, rlimits above stasis's own hard limits and pipes over fs.pipe-max-size cannot be restored"));
-
-    let ok = features.iter().all(|f| f.available || !f.required);
-    Report {
-        kernel: kernel_release(),
-        features,
-        uffd_features: uffd_names,
-        xstate_size,
-        xfeatures,
-        ok,
-    }
+        "without CAP_SYS_RESOURCE, rlimits above stasis's own hard limits and pipes over fs.pipe-max-size cannot be restored")
 }
 
 type ChildProbe = (bool, bool, bool, bool, String);
 
-fn probe_child(xstate_size: &mut usize, xfeatures: &mut u64) -> Result<ChildProbe, String> {
-    let mut t = spawn_stopped(None).map_err(|e| e.to_string())?;
+/// Why a probe failed (its message is the feature's detail line).
+#[derive(Debug, thiserror::Error)]
+enum ProbeError {
+    #[error(transparent)]
+    Spawn(#[from] crate::child::SpawnError),
+    #[error(transparent)]
+    Kernel(#[from] crate::KernelError),
+    #[error("mmap: {0}")]
+    Mmap(std::io::Error),
+    #[error("a freshly written page is not soft-dirty: CONFIG_MEM_SOFT_DIRTY is off")]
+    NotSoftDirty,
+}
+
+fn probe_child(xstate_size: &mut usize, xfeatures: &mut u64) -> Result<ChildProbe, ProbeError> {
+    let mut t = spawn_stopped(None)?;
     let pid = t.pid();
-    let res = (|| -> Result<ChildProbe, String> {
-        let regs = t.regs().map_err(|e| e.to_string())?;
-        let xs = t.xstate().map_err(|e| e.to_string())?;
+    let res = (|| -> Result<ChildProbe, ProbeError> {
+        let regs = t.regs()?;
+        let xs = t.xstate()?;
         *xstate_size = xs.len();
         *xfeatures = xfeatures_of(&xs);
-        let r = t
-            .syscall(&regs, "getpid", libc::SYS_getpid, &[])
-            .map_err(|e| e.to_string())?;
+        let r = t.syscall(&regs, "getpid", libc::SYS_getpid, &[])?;
         let remote_ok = r == crate::sarg(i64::from(pid));
-        let page = t
-            .syscall(
-                &regs,
-                "mmap",
-                libc::SYS_mmap,
-                &[
-                    0,
-                    4096,
-                    (libc::PROT_READ | libc::PROT_WRITE) as u64,
-                    (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
-                    u64::MAX,
-                    0,
-                ],
-            )
-            .map_err(|e| e.to_string())?;
-        let mem = ProcessMemory::open(pid).map_err(|e| e.to_string())?;
+        let page = t.syscall(
+            &regs,
+            "mmap",
+            libc::SYS_mmap,
+            &[
+                0,
+                4096,
+                (libc::PROT_READ | libc::PROT_WRITE) as u64,
+                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
+                u64::MAX,
+                0,
+            ],
+        )?;
+        let mem = ProcessMemory::open(pid)?;
         let vm_ok = mem.write(page, b"stasis").is_ok() && {
             let mut b = [0u8; 6];
             mem.read(page, &mut b).is_ok() && &b == b"stasis"
@@ -333,16 +359,13 @@ fn probe_child(xstate_size: &mut usize, xfeatures: &mut u64) -> Result<ChildProb
             Some((lo, hi)) => {
                 let rw = (libc::PROT_READ | libc::PROT_WRITE) as u64;
                 let anon = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
-                let target = t
-                    .syscall(
-                        &regs,
-                        "mmap",
-                        libc::SYS_mmap,
-                        &[0, 64 * 4096, rw, anon, u64::MAX, 0],
-                    )
-                    .map_err(|e| e.to_string())?;
-                t.syscall(&regs, "munmap", libc::SYS_munmap, &[target, 64 * 4096])
-                    .map_err(|e| e.to_string())?;
+                let target = t.syscall(
+                    &regs,
+                    "mmap",
+                    libc::SYS_mmap,
+                    &[0, 64 * 4096, rw, anon, u64::MAX, 0],
+                )?;
+                t.syscall(&regs, "munmap", libc::SYS_munmap, &[target, 64 * 4096])?;
                 t.syscall(&regs, "munmap", libc::SYS_munmap, &[lo, hi - lo])
                     .is_ok()
                     && t.syscall(
@@ -380,13 +403,11 @@ pub fn vdso_span(pid: i32) -> Option<(u64, u64)> {
     span
 }
 
-fn probe_pagemap_scan() -> Result<String, String> {
-    let pm = Pagemap::open(std::process::id() as i32).map_err(|e| e.to_string())?;
+fn probe_pagemap_scan() -> Result<String, ProbeError> {
+    let pm = Pagemap::open(std::process::id() as i32)?;
     let buf = vec![1u8; 64 * 4096];
     let start = (buf.as_ptr() as u64).div_ceil(4096) * 4096;
-    let r = pm
-        .scan(start, start + 32 * 4096, ScanQuery::private_data())
-        .map_err(|e| e.to_string())?;
+    let r = pm.scan(start, start + 32 * 4096, ScanQuery::private_data())?;
     let pages: u64 = r.iter().map(|x| (x.end - x.start) / 4096).sum();
     drop(buf);
     Ok(format!(
@@ -394,8 +415,8 @@ fn probe_pagemap_scan() -> Result<String, String> {
     ))
 }
 
-fn probe_soft_dirty() -> Result<String, String> {
-    let pm = Pagemap::open(std::process::id() as i32).map_err(|e| e.to_string())?;
+fn probe_soft_dirty() -> Result<String, ProbeError> {
+    let pm = Pagemap::open(std::process::id() as i32)?;
     // SAFETY: anonymous private mapping of one page, unmapped below.
     let p = unsafe {
         libc::mmap(
@@ -408,20 +429,18 @@ fn probe_soft_dirty() -> Result<String, String> {
         )
     };
     if p == libc::MAP_FAILED {
-        return Err(format!("mmap: {}", last_err()));
+        return Err(ProbeError::Mmap(last_err()));
     }
     // SAFETY: p is a fresh writable page of ours.
     unsafe { p.cast::<u8>().write_volatile(1) };
-    let e = pm
-        .read_entries(p as u64, p as u64 + 4096)
-        .map_err(|e| e.to_string());
+    let e = pm.read_entries(p as u64, p as u64 + 4096);
     // SAFETY: unmapping the page mapped above.
     unsafe { libc::munmap(p, 4096) };
     let e = e?;
     if e.first().is_some_and(|v| v & sys::PM_SOFT_DIRTY != 0) {
         Ok("pagemap reports soft-dirty bits".into())
     } else {
-        Err("a freshly written page is not soft-dirty: CONFIG_MEM_SOFT_DIRTY is off".into())
+        Err(ProbeError::NotSoftDirty)
     }
 }
 
@@ -436,13 +455,7 @@ fn probe_clone3_set_tid() -> (bool, String) {
     };
     // SAFETY: clone3 with set_tid naming an existing PID fails with EEXIST
     // before creating anything; if it unexpectedly succeeds, the child exits at once.
-    let r = unsafe {
-        libc::syscall(
-            sys::SYS_CLONE3,
-            &args as *const sys::CloneArgs,
-            std::mem::size_of::<sys::CloneArgs>(),
-        )
-    };
+    let r = unsafe { crate::child::clone3(&args) };
     if r == 0 {
         // SAFETY: child side of an unexpected success: leave immediately.
         unsafe { libc::_exit(0) };

@@ -140,7 +140,7 @@ impl Client {
                 })
             }
             Ok(p) if p.is_empty() => Ok(()),
-            Ok(_) => Err(self.protocol(during, "AuthOk with a payload".into())),
+            Ok(_) => Err(self.protocol(during, "AuthOk with a payload")),
             Err(PageServerError::Remote {
                 code: protocol::ErrorCode::Auth,
                 ..
@@ -463,12 +463,12 @@ impl Client {
     }
 
     /// A protocol violation: the stream position is lost.
-    fn protocol(&mut self, during: &str, reason: String) -> PageServerError {
+    fn protocol(&mut self, during: &str, reason: impl std::fmt::Display) -> PageServerError {
         self.broken = true;
         PageServerError::Protocol {
             addr: self.addr.clone(),
             during: during.to_string(),
-            reason,
+            reason: reason.to_string(),
         }
     }
 

@@ -7,6 +7,32 @@ use stasis_image::ImageError;
 
 use crate::protocol::ErrorCode;
 
+/// Why a frame's payload does not decode (the `reason` of a protocol
+/// violation).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PayloadError {
+    #[error("payload ends early ({left} bytes left, {needed} needed)")]
+    Short { left: usize, needed: usize },
+    #[error("string is not UTF-8")]
+    NotUtf8,
+    #[error("{0} unexpected bytes at the end")]
+    Trailing(usize),
+    #[error("unknown request kind {0}")]
+    UnknownRequest(u32),
+    #[error("{count} checkpoints in {bytes} bytes")]
+    ChainLength { count: usize, bytes: usize },
+    #[error("chain {chain:?} does not start at {n} and descend")]
+    ChainOrder { chain: Vec<u32>, n: u32 },
+    #[error("unsafe file name {0:?}")]
+    UnsafeName(String),
+    #[error("inconsistent skeleton (size {size}, index at {tail_off}, {tail} tail bytes)")]
+    Skeleton {
+        size: u64,
+        tail_off: u64,
+        tail: usize,
+    },
+}
+
 /// Everything that can go wrong while serving or fetching an image.
 ///
 /// Messages are lowercase, name the server address and what was being done

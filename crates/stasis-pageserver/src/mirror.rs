@@ -467,20 +467,22 @@ fn sync_dir(path: &Path) -> Result<(), PageServerError> {
         .map_err(PageServerError::local("fsync directory", path))
 }
 
-/// Writes `dir/name` through `name.tmp`, fsynced, renamed into place.
+/// Writes `dir/name` through `name.tmp`, fsynced, renamed into place
+/// ([`stasis_image::write_atomic_file`]).
 fn write_atomic(dir: &Path, name: &str, contents: &[u8]) -> Result<(), PageServerError> {
-    let tmp = dir.join(format!("{name}.tmp"));
-    let path = dir.join(name);
-    match fs::remove_file(&tmp) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => {
-            return Err(PageServerError::local("remove", &tmp)(e))
-        }
-        _ => {}
-    }
-    let mut f = create_new(&tmp)?;
-    f.write_all(contents)
-        .and_then(|()| f.sync_all())
-        .map_err(PageServerError::local("write", &tmp))?;
-    fs::rename(&tmp, &path).map_err(PageServerError::local("rename", &tmp))?;
-    sync_dir(dir)
+    stasis_image::write_atomic_file(&dir.join(name), contents).map_err(|e| match e {
+        stasis_image::ImageError::Io {
+            action,
+            path,
+            source,
+        } => PageServerError::Local {
+            action,
+            path,
+            error: source,
+        },
+        error => PageServerError::BadMirror {
+            dir: dir.to_path_buf(),
+            error,
+        },
+    })
 }

@@ -134,6 +134,8 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use stasis_image::{RunEntry, PACK_HEADER_LEN, PACK_TRAILER_LEN};
 
+pub use crate::error::PayloadError;
+
 /// First 8 bytes of every greeting.
 pub const MAGIC: [u8; 8] = *b"STASISPS";
 /// The protocol version this crate speaks.
@@ -300,7 +302,7 @@ impl Request {
     }
 
     /// Decodes a request frame.
-    pub fn decode(k: u32, payload: &[u8]) -> Result<Request, String> {
+    pub fn decode(k: u32, payload: &[u8]) -> Result<Request, PayloadError> {
         let mut d = Dec(payload);
         let req = match k {
             kind::LATEST => Request::Latest,
@@ -319,7 +321,7 @@ impl Request {
                 pack: d.str()?,
                 run: d.run()?,
             },
-            other => return Err(format!("unknown request kind {other}")),
+            other => return Err(PayloadError::UnknownRequest(other)),
         };
         d.end()?;
         Ok(req)
@@ -414,7 +416,7 @@ pub fn encode_error(code: ErrorCode, message: &str) -> Vec<u8> {
 }
 
 /// Decodes the payload of an `Error` reply.
-pub fn decode_error(payload: &[u8]) -> Result<(ErrorCode, String), String> {
+pub fn decode_error(payload: &[u8]) -> Result<(ErrorCode, String), PayloadError> {
     let mut d = Dec(payload);
     let code = ErrorCode::from_u32(d.u32()?);
     let msg = d.str()?;
@@ -443,7 +445,7 @@ pub struct Skeleton {
 }
 
 /// Decodes the payload of a `ServerHello`: the server's nonce and proof.
-pub fn decode_server_hello(p: &[u8]) -> Result<([u8; NONCE_LEN], [u8; PROOF_LEN]), String> {
+pub fn decode_server_hello(p: &[u8]) -> Result<([u8; NONCE_LEN], [u8; PROOF_LEN]), PayloadError> {
     let mut d = Dec(p);
     let nonce = d.array::<NONCE_LEN>()?;
     let proof = d.array::<PROOF_LEN>()?;
@@ -452,7 +454,7 @@ pub fn decode_server_hello(p: &[u8]) -> Result<([u8; NONCE_LEN], [u8; PROOF_LEN]
 }
 
 /// Decodes the payload of a `Latest` reply.
-pub fn decode_latest_reply(p: &[u8]) -> Result<u32, String> {
+pub fn decode_latest_reply(p: &[u8]) -> Result<u32, PayloadError> {
     let mut d = Dec(p);
     let n = d.u32()?;
     d.end()?;
@@ -461,29 +463,32 @@ pub fn decode_latest_reply(p: &[u8]) -> Result<u32, String> {
 
 /// Decodes the payload of a `Chain` reply to a request for checkpoint `n`:
 /// it must start at `n` and descend.
-pub fn decode_chain_reply(n: u32, p: &[u8]) -> Result<Vec<u32>, String> {
+pub fn decode_chain_reply(n: u32, p: &[u8]) -> Result<Vec<u32>, PayloadError> {
     let mut d = Dec(p);
     let count = d.u32()? as usize;
     if count.saturating_mul(4) != d.0.len() {
-        return Err(format!("{count} checkpoints in {} bytes", d.0.len()));
+        return Err(PayloadError::ChainLength {
+            count,
+            bytes: d.0.len(),
+        });
     }
     let chain = (0..count).map(|_| d.u32()).collect::<Result<Vec<_>, _>>()?;
     let ordered = chain.first() == Some(&n) && chain.windows(2).all(|w| w[1] < w[0]);
     if !ordered {
-        return Err(format!("chain {chain:?} does not start at {n} and descend"));
+        return Err(PayloadError::ChainOrder { chain, n });
     }
     Ok(chain)
 }
 
 /// Decodes the payload of a `Files` reply; every name must be servable.
-pub fn decode_files_reply(p: &[u8]) -> Result<Vec<FileInfo>, String> {
+pub fn decode_files_reply(p: &[u8]) -> Result<Vec<FileInfo>, PayloadError> {
     let mut d = Dec(p);
     let count = d.u32()?;
     let mut files = Vec::new();
     for _ in 0..count {
         let name = d.str()?;
         if !is_servable_name(&name) {
-            return Err(format!("unsafe file name {name:?}"));
+            return Err(PayloadError::UnsafeName(name));
         }
         files.push(FileInfo {
             name,
@@ -495,7 +500,7 @@ pub fn decode_files_reply(p: &[u8]) -> Result<Vec<FileInfo>, String> {
 }
 
 /// Decodes the payload of a `Skeleton` reply, checking that its sizes agree.
-pub fn decode_skeleton_reply(p: &[u8]) -> Result<Skeleton, String> {
+pub fn decode_skeleton_reply(p: &[u8]) -> Result<Skeleton, PayloadError> {
     let mut d = Dec(p);
     let size = d.u64()?;
     let tail_off = d.u64()?;
@@ -506,10 +511,11 @@ pub fn decode_skeleton_reply(p: &[u8]) -> Result<Skeleton, String> {
         && tail_off.checked_add(tail.len() as u64) == Some(size)
         && tail.len() as u64 >= PACK_TRAILER_LEN;
     if !ok {
-        return Err(format!(
-            "inconsistent skeleton (size {size}, index at {tail_off}, {} tail bytes)",
-            tail.len()
-        ));
+        return Err(PayloadError::Skeleton {
+            size,
+            tail_off,
+            tail: tail.len(),
+        });
     }
     Ok(Skeleton {
         size,
@@ -603,37 +609,37 @@ impl Enc {
 pub struct Dec<'a>(pub &'a [u8]);
 
 impl<'a> Dec<'a> {
-    pub fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+    pub fn take(&mut self, n: usize) -> Result<&'a [u8], PayloadError> {
         if self.0.len() < n {
-            return Err(format!(
-                "payload ends early ({} bytes left, {n} needed)",
-                self.0.len()
-            ));
+            return Err(PayloadError::Short {
+                left: self.0.len(),
+                needed: n,
+            });
         }
         let (a, b) = self.0.split_at(n);
         self.0 = b;
         Ok(a)
     }
-    pub fn array<const N: usize>(&mut self) -> Result<[u8; N], String> {
+    pub fn array<const N: usize>(&mut self) -> Result<[u8; N], PayloadError> {
         let mut a = [0u8; N];
         a.copy_from_slice(self.take(N)?);
         Ok(a)
     }
-    pub fn u16(&mut self) -> Result<u16, String> {
+    pub fn u16(&mut self) -> Result<u16, PayloadError> {
         Ok(u16::from_le_bytes(self.array()?))
     }
-    pub fn u32(&mut self) -> Result<u32, String> {
+    pub fn u32(&mut self) -> Result<u32, PayloadError> {
         Ok(u32::from_le_bytes(self.array()?))
     }
-    pub fn u64(&mut self) -> Result<u64, String> {
+    pub fn u64(&mut self) -> Result<u64, PayloadError> {
         Ok(u64::from_le_bytes(self.array()?))
     }
-    pub fn str(&mut self) -> Result<String, String> {
+    pub fn str(&mut self) -> Result<String, PayloadError> {
         let len = usize::from(self.u16()?);
         let b = self.take(len)?;
-        String::from_utf8(b.to_vec()).map_err(|_| "string is not UTF-8".to_string())
+        String::from_utf8(b.to_vec()).map_err(|_| PayloadError::NotUtf8)
     }
-    pub fn run(&mut self) -> Result<RunEntry, String> {
+    pub fn run(&mut self) -> Result<RunEntry, PayloadError> {
         Ok(RunEntry {
             vaddr: self.u64()?,
             npages: self.u32()?,
@@ -646,11 +652,11 @@ impl<'a> Dec<'a> {
         std::mem::take(&mut self.0)
     }
     /// Fails if bytes are left.
-    pub fn end(&self) -> Result<(), String> {
+    pub fn end(&self) -> Result<(), PayloadError> {
         if self.0.is_empty() {
             Ok(())
         } else {
-            Err(format!("{} unexpected bytes at the end", self.0.len()))
+            Err(PayloadError::Trailing(self.0.len()))
         }
     }
 }

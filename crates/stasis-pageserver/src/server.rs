@@ -357,7 +357,7 @@ impl Conn<'_> {
             let payload = protocol::read_payload(&mut self.reader, len, MAX_REQUEST_BYTES)?;
             let req = match Request::decode(k, &payload) {
                 Ok(r) => r,
-                Err(reason) => return self.violation(&reason),
+                Err(reason) => return self.violation(&reason.to_string()),
             };
             match self.answer(&req) {
                 Ok(()) => {}

@@ -162,6 +162,15 @@ impl UserRegs {
     }
 }
 
+/// Capability bit numbers (`linux/capability.h`), for `CapEff` masks.
+pub const CAP_SETUID: u32 = 7;
+pub const CAP_NET_ADMIN: u32 = 12;
+pub const CAP_SYS_PTRACE: u32 = 19;
+pub const CAP_SYS_ADMIN: u32 = 21;
+pub const CAP_SYS_RESOURCE: u32 = 24;
+pub const CAP_CHECKPOINT_RESTORE: u32 = 40;
+/// ELF section type of a section without file contents (`.bss`).
+pub const SHT_NOBITS: u32 = 8;
 /// ELF note type of the general registers regset.
 pub const NT_PRSTATUS: u32 = 1;
 /// ELF note type of the x86 XSAVE area regset.

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::{Area, ArmReport, Backend, Dirty, DirtyTracker, RemoteSyscall, Result, TrackError};
+use crate::{Area, ArmReport, Backend, Dirty, DirtyTracker, Remote, Result, TrackError};
 
 const MAGIC: &[u8; 8] = b"STHASH1\0";
 
@@ -60,9 +60,9 @@ impl HashTracker {
                 })
             }
         };
-        decode(&bytes).map_err(|what| TrackError::State {
+        decode(&bytes).map_err(|e| TrackError::State {
             path: path.display().to_string(),
-            what,
+            what: e.to_string(),
         })
     }
 
@@ -86,26 +86,44 @@ pub fn encode(pairs: &[(u64, u64)]) -> Vec<u8> {
     out
 }
 
+/// Why a hash table file does not decode.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TableError {
+    #[error("not a hash table (bad magic or too short)")]
+    Magic,
+    #[error("count overflows")]
+    Count,
+    #[error("{bytes} bytes for {entries} entries (truncated?)")]
+    Length { bytes: usize, entries: usize },
+    #[error("checksum mismatch")]
+    Checksum,
+    #[error("addresses out of order")]
+    Order,
+}
+
 /// Decodes what [`encode`] wrote, checking magic, length and checksum.
-pub fn decode(b: &[u8]) -> Result<Vec<(u64, u64)>, String> {
+pub fn decode(b: &[u8]) -> Result<Vec<(u64, u64)>, TableError> {
     let word = |at: usize| -> Option<u64> {
         b.get(at..at + 8)
             .and_then(|s| s.try_into().ok())
             .map(u64::from_le_bytes)
     };
     if b.len() < 24 || &b[..8] != MAGIC {
-        return Err("not a hash table (bad magic or too short)".into());
+        return Err(TableError::Magic);
     }
-    let n = usize::try_from(word(8).unwrap_or(0)).map_err(|_| "count overflows".to_string())?;
+    let n = usize::try_from(word(8).unwrap_or(0)).map_err(|_| TableError::Count)?;
     let want = n
         .checked_mul(16)
         .and_then(|x| x.checked_add(24))
-        .ok_or("count overflows")?;
+        .ok_or(TableError::Count)?;
     if b.len() != want {
-        return Err(format!("{} bytes for {n} entries (truncated?)", b.len()));
+        return Err(TableError::Length {
+            bytes: b.len(),
+            entries: n,
+        });
     }
     if word(want - 8) != Some(xxh3_64(&b[..want - 8])) {
-        return Err("checksum mismatch".into());
+        return Err(TableError::Checksum);
     }
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
@@ -113,7 +131,7 @@ pub fn decode(b: &[u8]) -> Result<Vec<(u64, u64)>, String> {
         out.push((word(at).unwrap_or(0), word(at + 8).unwrap_or(0)));
     }
     if out.windows(2).any(|w| w[0].0 >= w[1].0) {
-        return Err("addresses out of order".into());
+        return Err(TableError::Order);
     }
     Ok(out)
 }
@@ -147,12 +165,7 @@ impl DirtyTracker for HashTracker {
         !matches!(p.prev.get(p.cursor), Some(&(a, old)) if a == addr && old == h)
     }
 
-    fn arm(
-        &mut self,
-        pid: i32,
-        _areas: &[Area],
-        _remote: &mut dyn RemoteSyscall,
-    ) -> Result<ArmReport> {
+    fn arm(&mut self, pid: i32, _areas: &[Area], _remote: &mut dyn Remote) -> Result<ArmReport> {
         self.armed.push(pid);
         Ok(ArmReport::default())
     }
@@ -186,18 +199,6 @@ impl DirtyTracker for HashTracker {
 mod tests {
     use super::*;
 
-    struct NoRemote;
-    impl RemoteSyscall for NoRemote {
-        fn syscall(
-            &mut self,
-            _: &'static str,
-            _: i64,
-            _: &[u64],
-        ) -> Result<u64, stasis_kernel::KernelError> {
-            unreachable!()
-        }
-    }
-
     #[test]
     fn encode_decode_and_reject_damage() {
         let pairs = vec![(0x1000, 5), (0x3000, 9)];
@@ -228,7 +229,13 @@ mod tests {
             .map(|i| t.page_changed(3, i as u64 * 0x1000, &first[i]))
             .collect();
         assert_eq!(changed, vec![true; 4]);
-        t.arm(3, &[area], &mut NoRemote).unwrap();
+        let mut remote = stasis_kernel::remote::Recorder::default();
+        t.arm(3, &[area], &mut remote).unwrap();
+        assert!(
+            remote.calls.is_empty(),
+            "no remote syscall: {:?}",
+            remote.calls
+        );
         t.finish_arm().unwrap();
         // Second dump, by a new tracker (another stasis process): pages 1
         // and 3 changed, page 2 vanished.

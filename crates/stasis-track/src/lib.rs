@@ -42,13 +42,13 @@ pub mod hash;
 pub mod keeper;
 pub mod softdirty;
 pub mod state;
+pub mod touch;
 pub mod uffd;
 
 use serde::{Deserialize, Serialize};
 use stasis_kernel::KernelError;
 
-/// A sorted list of disjoint, page-aligned `[start, end)` ranges.
-pub type Ranges = Vec<(u64, u64)>;
+pub use stasis_image::ranges::{merge as merge_ranges, Ranges};
 
 /// Errors of dirty tracking.
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +75,10 @@ pub enum TrackError {
     },
     #[error("the tracking keeper failed: {0}")]
     Keeper(String),
+    #[error(transparent)]
+    Image(#[from] stasis_image::ImageError),
+    #[error("every process of checkpoint {checkpoint} exited during the touch window")]
+    AllExited { checkpoint: u32 },
 }
 
 pub type Result<T, E = TrackError> = std::result::Result<T, E>;
@@ -161,12 +165,9 @@ pub enum Dirty {
     ByContent,
 }
 
-/// Runs syscalls inside a frozen process (the remote-syscall seam).
-pub trait RemoteSyscall {
-    /// Runs syscall `nr` with `args` in the process; a negative result is
-    /// an error naming `name`.
-    fn syscall(&mut self, name: &'static str, nr: i64, args: &[u64]) -> Result<u64, KernelError>;
-}
+/// Runs syscalls inside a frozen process: THE seam of Stasis,
+/// [`stasis_kernel::remote::Remote`] (trackers use [`Remote::sys`] only).
+pub use stasis_kernel::remote::Remote;
 
 /// What arming did for one process.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -193,12 +194,7 @@ pub trait DirtyTracker {
 
     /// Arms (or re-arms) tracking on process `pid` right after a committed
     /// checkpoint, while it is still frozen. `areas` are all its areas.
-    fn arm(
-        &mut self,
-        pid: i32,
-        areas: &[Area],
-        remote: &mut dyn RemoteSyscall,
-    ) -> Result<ArmReport>;
+    fn arm(&mut self, pid: i32, areas: &[Area], remote: &mut dyn Remote) -> Result<ArmReport>;
 
     /// Called once every process is armed (persist state).
     fn finish_arm(&mut self) -> Result<()> {
@@ -220,21 +216,6 @@ pub fn tracker(backend: Backend, state_dir: &std::path::Path) -> Box<dyn DirtyTr
         Backend::SoftDirty => Box::new(softdirty::SoftDirtyTracker::new(softdirty::ProcOps)),
         Backend::Hash => Box::new(hash::HashTracker::new(state_dir)),
     }
-}
-
-/// Merges adjacent page-aligned ranges from an address-ordered iterator.
-pub fn merge_ranges(it: impl IntoIterator<Item = (u64, u64)>) -> Ranges {
-    let mut out: Ranges = Vec::new();
-    for (s, e) in it {
-        if s >= e {
-            continue;
-        }
-        match out.last_mut() {
-            Some(last) if last.1 >= s => last.1 = last.1.max(e),
-            _ => out.push((s, e)),
-        }
-    }
-    out
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use std::io::Write;
 use stasis_kernel::pagemap::Pagemap;
 use stasis_sys as sys;
 
-use crate::{Area, ArmReport, Backend, Dirty, DirtyTracker, RemoteSyscall, Result, TrackError};
+use crate::{Area, ArmReport, Backend, Dirty, DirtyTracker, Remote, Result, TrackError};
 
 /// The kernel operations the backend needs.
 pub trait SoftDirtyOps {
@@ -116,12 +116,7 @@ impl<O: SoftDirtyOps> DirtyTracker for SoftDirtyTracker<O> {
         Ok(Dirty::Ranges(crate::merge_ranges(pages)))
     }
 
-    fn arm(
-        &mut self,
-        pid: i32,
-        _areas: &[Area],
-        _remote: &mut dyn RemoteSyscall,
-    ) -> Result<ArmReport> {
+    fn arm(&mut self, pid: i32, _areas: &[Area], _remote: &mut dyn Remote) -> Result<ArmReport> {
         self.ops.clear(pid)?;
         Ok(ArmReport::default())
     }
@@ -168,18 +163,6 @@ mod tests {
         }
     }
 
-    struct NoRemote;
-    impl RemoteSyscall for NoRemote {
-        fn syscall(
-            &mut self,
-            name: &'static str,
-            _: i64,
-            _: &[u64],
-        ) -> Result<u64, stasis_kernel::KernelError> {
-            panic!("soft-dirty needs no remote syscall, got {name}");
-        }
-    }
-
     fn area(start: u64, end: u64) -> Area {
         Area {
             start,
@@ -201,7 +184,13 @@ mod tests {
             t.dirty(7, &a).unwrap(),
             Dirty::Ranges(vec![(0x10000, 0x10000 + 8 * P)])
         );
-        t.arm(7, &[a], &mut NoRemote).unwrap();
+        let mut remote = stasis_kernel::remote::Recorder::default();
+        t.arm(7, &[a], &mut remote).unwrap();
+        assert!(
+            remote.calls.is_empty(),
+            "no remote syscall: {:?}",
+            remote.calls
+        );
         assert_eq!(t.dirty(7, &a).unwrap(), Dirty::Ranges(vec![]));
         t.ops.write(7, 0x10000 + 2 * P);
         t.ops.write(7, 0x10000 + 3 * P);

@@ -8,8 +8,8 @@
 //! Files are written under a temporary name, synced and renamed; they are
 //! created 0600 in a 0700 directory and never through a symbolic link.
 
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
+use std::fs::OpenOptions;
+use std::io::Read;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -74,30 +74,10 @@ pub fn create_private_dir(dir: &Path) -> Result<()> {
     }
 }
 
-/// Writes `bytes` to `path` atomically (temporary file, fsync, rename).
+/// Writes `bytes` to `path` atomically (temporary file, fsync, rename):
+/// [`stasis_image::write_atomic_file`].
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    let io = |what: &'static str, p: &Path| {
-        let p = p.display().to_string();
-        move |source| TrackError::Io {
-            what,
-            path: p,
-            source,
-        }
-    };
-    let _ = std::fs::remove_file(&tmp);
-    let mut f: File = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)
-        .map_err(io("creating", &tmp))?;
-    f.write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .map_err(io("writing", &tmp))?;
-    std::fs::rename(&tmp, path).map_err(io("renaming into place", path))?;
-    Ok(())
+    Ok(stasis_image::write_atomic_file(path, bytes)?)
 }
 
 /// Decodes the contents of a state file.

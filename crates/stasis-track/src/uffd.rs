@@ -20,7 +20,7 @@ use stasis_kernel::uffd::{self, Userfaultfd};
 use stasis_kernel::{pidfd, KernelError};
 use stasis_sys as sys;
 
-use crate::{Area, ArmReport, Backend, Dirty, DirtyTracker, RemoteSyscall, Result, TrackError};
+use crate::{Area, ArmReport, Backend, Dirty, DirtyTracker, Remote, Result, TrackError};
 
 /// Features asked of the userfaultfd.
 pub const FEATURES: u64 = sys::UFFD_FEATURE_WP_ASYNC | sys::UFFD_FEATURE_WP_UNPOPULATED;
@@ -88,18 +88,18 @@ impl UffdTracker {
     }
 
     /// Creates a userfaultfd inside the frozen process and takes it out.
-    fn create_in(pid: i32, remote: &mut dyn RemoteSyscall) -> Result<Userfaultfd> {
+    fn create_in(pid: i32, remote: &mut dyn Remote) -> Result<Userfaultfd> {
         let err = |what: &str| {
             let what = what.to_string();
             move |source| TrackError::Process { pid, what, source }
         };
         let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK).unsigned_abs();
         let n = remote
-            .syscall("userfaultfd", sys::SYS_USERFAULTFD, &[u64::from(flags)])
+            .sys("userfaultfd", sys::SYS_USERFAULTFD, &[u64::from(flags)])
             .map_err(err("creating a userfaultfd inside it"))?;
         let fdnum = i32::try_from(n).unwrap_or(-1);
         let taken = pidfd::pidfd_open(pid).and_then(|p| pidfd::pidfd_getfd(&p, fdnum));
-        let closed = remote.syscall("close", libc::SYS_close, &[n]);
+        let closed = remote.sys("close", libc::SYS_close, &[n]);
         let fd = taken.map_err(err("taking its userfaultfd out"))?;
         closed.map_err(err("closing its copy of the userfaultfd"))?;
         let got = uffd::api(&fd, FEATURES).map_err(err("the userfaultfd handshake"))?;
@@ -157,12 +157,7 @@ impl DirtyTracker for UffdTracker {
         )))
     }
 
-    fn arm(
-        &mut self,
-        pid: i32,
-        areas: &[Area],
-        remote: &mut dyn RemoteSyscall,
-    ) -> Result<ArmReport> {
+    fn arm(&mut self, pid: i32, areas: &[Area], remote: &mut dyn Remote) -> Result<ArmReport> {
         let mut report = ArmReport::default();
         // Areas collected in this dump are protected again already.
         let todo: Vec<&Area> = areas

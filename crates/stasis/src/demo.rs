@@ -8,19 +8,12 @@
 use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
 const WORDS: usize = 2 << 20; // 16 MiB of u64
 const TOUCH_PER_TICK: u64 = 8192;
-
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_term(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
 
 fn mix(mut x: u64) -> u64 {
     x ^= x >> 33;
@@ -46,20 +39,13 @@ fn tick(buf: &mut [u64], t: u64) -> u64 {
 pub fn workload(pidfile: &Path) -> Result<ExitCode> {
     // Drop whatever fds the launcher's environment leaked to us (a pipe from
     // a job server, say): the workload needs only stdin/stdout/stderr.
-    // SAFETY: close_range on fds this process does not use.
-    unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
-    // SAFETY: installing an async-signal-safe handler that sets an atomic.
-    unsafe {
-        libc::signal(
-            libc::SIGTERM,
-            on_term as extern "C" fn(libc::c_int) as libc::sighandler_t,
-        )
-    };
+    stasis_kernel::launch::close_inherited_fds();
+    stasis_kernel::launch::catch_sigterm();
     let mut buf = vec![0u64; WORDS];
     crate::ui::write_pidfile(pidfile, std::process::id() as i32)?;
     let mut t = 0u64;
     let out = std::io::stdout();
-    while !STOP.load(Ordering::SeqCst) {
+    while !stasis_kernel::launch::sigterm_seen() {
         let s = tick(&mut buf, t);
         writeln!(out.lock(), "tick {t} sum {s:016x}")?;
         out.lock().flush()?;
@@ -118,6 +104,28 @@ impl Tail {
         Ok(())
     }
 
+    /// The first tick printed after line `seen_before`. On a busy machine
+    /// the restored workload may not have ticked yet: it gets up to 30 s
+    /// more for its first tick.
+    fn first_tick_since(&mut self, seen_before: usize) -> Result<Option<u64>> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.lines[seen_before..]
+            .iter()
+            .any(|l| l.starts_with("tick "))
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(50));
+            self.pump()?;
+        }
+        Ok(self.lines[seen_before..].iter().find_map(|l| {
+            l.strip_prefix("tick ")?
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        }))
+    }
+
     fn watch(&mut self, secs: f64) -> Result<()> {
         let end = Instant::now() + Duration::from_secs_f64(secs);
         while Instant::now() < end {
@@ -128,11 +136,8 @@ impl Tail {
     }
 }
 
-/// `stasis demo`.
-pub fn run(dir: Option<PathBuf>, before: f64, after: f64) -> Result<ExitCode> {
-    // A directory of our own is removed after a successful demo (the image
-    // holds the workload's memory); one the user named is kept.
-    let own_dir = dir.is_none();
+/// The demo's directory: `dir`, or a new one in the temporary directory.
+fn demo_dir(dir: Option<PathBuf>) -> Result<PathBuf> {
     let dir = match dir {
         Some(d) => {
             std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
@@ -141,6 +146,33 @@ pub fn run(dir: Option<PathBuf>, before: f64, after: f64) -> Result<ExitCode> {
         None => std::env::temp_dir().join(format!("stasis-demo-{}", std::process::id())),
     };
     std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// Starts `stasis demo-workload` (output appended to `log`).
+fn start_workload(log: &Path, pidfile: &Path) -> Result<std::process::Child> {
+    let logf = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)?;
+    let exe = std::env::current_exe()?;
+    Command::new(&exe)
+        .arg("demo-workload")
+        .arg("--pidfile")
+        .arg(pidfile)
+        .stdin(Stdio::null())
+        .stdout(logf.try_clone()?)
+        .stderr(logf)
+        .spawn()
+        .context("starting the demo workload")
+}
+
+/// `stasis demo`.
+pub fn run(dir: Option<PathBuf>, before: f64, after: f64) -> Result<ExitCode> {
+    // A directory of our own is removed after a successful demo (the image
+    // holds the workload's memory); one the user named is kept.
+    let own_dir = dir.is_none();
+    let dir = demo_dir(dir)?;
     let images = dir.join("images");
     let log = dir.join("workload.log");
     let pidfile = dir.join("workload.pid");
@@ -152,20 +184,7 @@ pub fn run(dir: Option<PathBuf>, before: f64, after: f64) -> Result<ExitCode> {
         log.display()
     );
 
-    let logf = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)?;
-    let exe = std::env::current_exe()?;
-    let mut child = Command::new(&exe)
-        .arg("demo-workload")
-        .arg("--pidfile")
-        .arg(&pidfile)
-        .stdin(Stdio::null())
-        .stdout(logf.try_clone()?)
-        .stderr(logf)
-        .spawn()
-        .context("starting the demo workload")?;
+    let mut child = start_workload(&log, &pidfile)?;
     let pid = wait_pidfile(&pidfile, Duration::from_secs(10))?;
     println!(
         "1. started the workload, pid {pid}; it mutates 16 MiB and prints a tick every 200 ms:"
@@ -215,27 +234,13 @@ pub fn run(dir: Option<PathBuf>, before: f64, after: f64) -> Result<ExitCode> {
     );
     let seen_before = tail.lines.len();
     tail.watch(after)?;
-    // On a busy machine the restored workload may not have ticked yet:
-    // give it up to 30 s more for its first tick.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !tail.lines[seen_before..]
-        .iter()
-        .any(|l| l.starts_with("tick "))
-        && Instant::now() < deadline
-    {
-        std::thread::sleep(Duration::from_millis(50));
-        tail.pump()?;
-    }
-    let first_after = tail.lines[seen_before..].iter().find_map(|l| {
-        l.strip_prefix("tick ")?
-            .split_whitespace()
-            .next()?
-            .parse::<u64>()
-            .ok()
-    });
+    let first_after = tail.first_tick_since(seen_before)?;
 
-    // SAFETY: signalling the restored process, our child.
-    unsafe { libc::kill(restored.pid, libc::SIGTERM) };
+    // The restored process is our child: its pid cannot have been reused.
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(restored.pid),
+        nix::sys::signal::Signal::SIGTERM,
+    );
     let code = crate::ui::wait_child(restored.pid, restored.pid)?;
     tail.pump()?;
     let verdict = tail.lines.last().cloned().unwrap_or_default();

@@ -9,7 +9,6 @@ mod gc;
 mod page_server;
 mod restore_cmd;
 mod run;
-mod touch;
 mod ui;
 
 use std::io::Write;
@@ -320,9 +319,9 @@ fn cmd_dump(
         }
     }
     if let Some(spec) = touch_window {
-        match touch::window(
+        match stasis_supervise::touch_window(
             spec,
-            touch::restored_bytes(&store, r.checkpoint)?,
+            stasis_track::touch::restored_bytes(&store, r.checkpoint)?,
             r.total_us,
             None,
         )? {
@@ -331,7 +330,7 @@ fn cmd_dump(
                 ui::bytes(r.bytes)
             ),
             Some(w) => {
-                let ts = touch::record_window(&store, r.checkpoint, w)
+                let ts = stasis_track::touch::record_window(&store, r.checkpoint, w)
                     .context("recording the touch set")?;
                 if json {
                     println!(
@@ -355,8 +354,7 @@ fn cmd_dump(
 /// Fails with a clear message when not root (most commands need it).
 #[allow(dead_code)]
 fn require_root() -> Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !nix::unistd::geteuid().is_root() {
         bail!(
             "stasis needs root (CAP_SYS_PTRACE, CAP_SYS_ADMIN) for this command; run it with sudo"
         );

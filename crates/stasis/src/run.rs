@@ -2,8 +2,12 @@
 //! checkpoint full and the next ones incremental, until it exits; restore
 //! the latest checkpoint if it crashes (`--restart-on-failure`).
 
+//!
+//! The loop and its decisions are `stasis_supervise`; this file is the
+//! command line and the [`Host`] it runs on: the job, `stasis-capture`,
+//! `stasis-restore`, `stasis-track`'s touch windows, and the printing.
+
 use std::io::Write;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -11,6 +15,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
+use stasis_supervise::{
+    describe, Checkpointed, Dumped, Event, Every, Host, HostError, Leave, ParseError, Wake,
+};
+
+pub use stasis_supervise::{parse_duration, parse_size};
 
 use crate::ui;
 
@@ -75,68 +84,21 @@ pub struct RunOptions {
     pub cmd: Vec<String>,
 }
 
-/// Parses "90", "90s", "15m", "2h", "1d" (also fractions: "0.5s").
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().last() {
-        Some((i, 's')) => (&s[..i], 1.0),
-        Some((i, 'm')) => (&s[..i], 60.0),
-        Some((i, 'h')) => (&s[..i], 3600.0),
-        Some((i, 'd')) => (&s[..i], 86400.0),
-        _ => (s, 1.0),
-    };
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration (examples: 90, 90s, 15m, 2h, 1d)"))?;
-    if !(v.is_finite() && v > 0.0) {
-        return Err(format!("{s:?} must be a positive duration"));
-    }
-    Ok(Duration::from_secs_f64(v * mult))
-}
-
-/// Parses a size: "512" (bytes), "64K", "256M", "1G" (powers of 1024), or
-/// "0" for none.
 /// Parses `auto`, `uffd` or `fork`.
-pub fn parse_cow_method(s: &str) -> Result<stasis_capture::CowMethod, String> {
+pub fn parse_cow_method(s: &str) -> Result<stasis_capture::CowMethod, ParseError> {
     use stasis_capture::CowMethod;
     match s {
         "auto" => Ok(CowMethod::Auto),
         "uffd" => Ok(CowMethod::Uffd),
         "fork" => Ok(CowMethod::Fork),
-        _ => Err(format!("unknown method {s:?}: use auto, uffd or fork")),
+        _ => Err(ParseError::CowMethod(s.to_string())),
     }
-}
-
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (num, mult) = match t.char_indices().last() {
-        Some((i, 'k' | 'K')) => (&t[..i], 1u64 << 10),
-        Some((i, 'm' | 'M')) => (&t[..i], 1 << 20),
-        Some((i, 'g' | 'G')) => (&t[..i], 1 << 30),
-        _ => (t, 1),
-    };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|v| v.checked_mul(mult))
-        .ok_or_else(|| format!("{s:?} is not a size (examples: 0, 64M, 1G)"))
-}
-
-/// Young's first-order optimum checkpoint interval: sqrt(2 C M), for a
-/// checkpoint cost C and a mean time between failures M.
-pub fn young_interval(cost: Duration, mtbf: Duration) -> Duration {
-    let secs = (2.0 * cost.as_secs_f64() * mtbf.as_secs_f64()).sqrt();
-    Duration::from_secs_f64(secs.clamp(0.05, mtbf.as_secs_f64().max(0.05)))
-}
-
-enum Event {
-    Exited(WaitStatus),
-    Due,
 }
 
 /// Waits until `deadline` or until the job exits, whichever is first.
 /// `stasis run` is a child subreaper: processes the job leaves behind (its
 /// orphans, a snapshot whose process died mid-dump) are reaped here too.
-fn wait_until(pid: i32, deadline: Instant) -> Result<Event> {
+fn wait_until(pid: i32, deadline: Instant) -> Result<Wake> {
     loop {
         loop {
             let flags = WaitPidFlag::WNOHANG | WaitPidFlag::__WALL;
@@ -145,7 +107,7 @@ fn wait_until(pid: i32, deadline: Instant) -> Result<Event> {
                 Ok(s @ (WaitStatus::Exited(p, _) | WaitStatus::Signaled(p, _, _)))
                     if p.as_raw() == pid =>
                 {
-                    return Ok(Event::Exited(s));
+                    return Ok(Wake::Exited(s));
                 }
                 Ok(_) => {} // an orphan reaped
                 Err(nix::errno::Errno::EINTR) => {}
@@ -157,7 +119,7 @@ fn wait_until(pid: i32, deadline: Instant) -> Result<Event> {
         }
         let now = Instant::now();
         if now >= deadline {
-            return Ok(Event::Due);
+            return Ok(Wake::Due);
         }
         std::thread::sleep((deadline - now).min(Duration::from_millis(10)));
     }
@@ -167,22 +129,6 @@ fn wait_until(pid: i32, deadline: Instant) -> Result<Event> {
 fn wait_status(pid: i32, status: i32) -> WaitStatus {
     WaitStatus::from_raw(Pid::from_raw(pid), status)
         .unwrap_or(WaitStatus::Exited(Pid::from_raw(pid), 1))
-}
-
-fn exit_code(s: &WaitStatus) -> (u8, bool) {
-    match s {
-        WaitStatus::Exited(_, c) => (u8::try_from(*c).unwrap_or(1), *c != 0),
-        WaitStatus::Signaled(_, sig, _) => (u8::try_from(128 + *sig as i32).unwrap_or(255), true),
-        _ => (1, true),
-    }
-}
-
-fn describe(s: &WaitStatus) -> String {
-    match s {
-        WaitStatus::Exited(_, c) => format!("exited with status {c}"),
-        WaitStatus::Signaled(_, sig, _) => format!("was killed by {sig}"),
-        other => format!("{other:?}"),
-    }
 }
 
 fn start_job(cmd: &[String], log: &Path) -> Result<i32> {
@@ -196,205 +142,15 @@ fn start_job(cmd: &[String], log: &Path) -> Result<i32> {
     c.args(&cmd[1..])
         .stdin(std::process::Stdio::null())
         .stdout(out)
-        .stderr(err)
-        .process_group(0);
-    // SAFETY: the closure runs in the forked child before exec and only
-    // calls close_range, which is async-signal-safe: descriptors stasis
-    // inherited from its caller must not leak into the job (an image may
-    // not hold a pipe shared with a process outside the job).
-    unsafe {
-        c.pre_exec(|| {
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-            Ok(())
-        });
-    }
+        .stderr(err);
+    std::os::unix::process::CommandExt::process_group(&mut c, 0);
+    // Descriptors stasis inherited from its caller must not leak into the
+    // job (an image may not hold a pipe shared with a process outside it).
+    stasis_kernel::launch::close_inherited_fds_on_exec(&mut c);
     let child = c.spawn().with_context(|| format!("starting {}", cmd[0]))?;
     i32::try_from(child.id()).context("pid out of range")
 }
 
-/// Runs `stasis run`.
-pub fn cmd_run(o: RunOptions) -> Result<ExitCode> {
-    if o.cmd.is_empty() {
-        bail!("no command given: stasis run -D DIR --every SECS -- COMMAND [ARGS...]");
-    }
-    let every = match o.every.as_str() {
-        "auto" => None,
-        s => Some(parse_duration(s).map_err(anyhow::Error::msg)?.as_secs_f64()),
-    };
-    if every.is_none() && o.mtbf.is_none() {
-        bail!("--every auto needs --mtbf DURATION (the mean time between failures, e.g. 6h)");
-    }
-    let store = stasis_image::ImageDir::create_or_open(&o.dir)
-        .with_context(|| format!("opening image directory {}", o.dir.display()))?;
-    let backend = stasis_track::choose(stasis_track::Backend::parse(&o.track)?)?;
-    if o.touch_window.is_some() && backend != stasis_track::Backend::Uffd {
-        bail!("--touch-window reads the uffd write tracking, but tracking uses {backend} here");
-    }
-    // A new job starts a new chain.
-    let _ = stasis_track::state::clear(&o.dir);
-    let log = o.log.clone().unwrap_or_else(|| o.dir.join("job.log"));
-    // Orphans of the job come to us (and are reaped by `wait_until`).
-    nix::sys::prctl::set_child_subreaper(true).context("becoming a child subreaper")?;
-    let mut pid = start_job(&o.cmd, &log)?;
-    // Ctrl-C, SIGTERM and SIGHUP go to the job (which then exits).
-    ui::forward_signals_to(pid);
-    let new_tracker = || stasis_track::tracker(backend, &stasis_track::state::track_dir(&o.dir));
-    let mut tracker = new_tracker();
-    // --concurrent --cow-method uffd: the write-protection of each
-    // concurrent copy is kept and is the tracking (only the written grains
-    // are protected again and copied at each checkpoint).
-    let protect_tracks = o.concurrent && o.cow_method == stasis_capture::CowMethod::Uffd;
-    if protect_tracks && o.touch_window.is_some() {
-        bail!("--touch-window reads the WP_ASYNC write tracking: it cannot be used with --cow-method uffd");
-    }
-    let mut protection = stasis_capture::cow::CowTracking::default();
-    let say = |line: String, v: serde_json::Value| {
-        if o.json {
-            println!("{v}");
-        } else {
-            println!("{line}");
-        }
-        let _ = std::io::stdout().flush();
-    };
-    say(
-        format!(
-            "job {pid} started ({}), output in {}, tracking with {backend}",
-            o.cmd.join(" "),
-            log.display()
-        ),
-        serde_json::json!({"event": "started", "pid": pid, "track": backend.name()}),
-    );
-    let mut interval = match every {
-        Some(s) => Duration::from_secs_f64(s),
-        None => Duration::from_secs(1), // first checkpoint; then Young's formula
-    };
-    let mut cost_ewma: Option<f64> = None;
-    let mut restarts = 0u32;
-    let mut next = Instant::now() + interval;
-    // (checkpoint, when its touch window ends, window)
-    let mut touch_due: Option<(u32, Instant, Duration)> = None;
-    loop {
-        let wake = touch_due.map_or(next, |(_, t, _)| t.min(next));
-        match wait_until(pid, wake)? {
-            Event::Due if touch_due.is_some_and(|(_, t, _)| Instant::now() >= t) => {
-                if let Some((n, _, w)) = touch_due.take() {
-                    match crate::touch::record_now(&store, n, w) {
-                        Ok(ts) => say(
-                            format!(
-                                "touch set of checkpoint {n}: {} pages written in {}",
-                                ts.pages(),
-                                ui::secs(ts.window_ms * 1000)
-                            ),
-                            serde_json::json!({"event": "touch_set", "checkpoint": n,
-                                "pages": ts.pages(), "window_ms": ts.window_ms}),
-                        ),
-                        Err(e) => eprintln!("stasis: warning: touch set of checkpoint {n}: {e:#}"),
-                    }
-                }
-            }
-            Event::Due => {
-                let opts = stasis_capture::DumpOptions {
-                    pid,
-                    leave_running: true,
-                    progress: None,
-                    concurrent: o.concurrent,
-                    cow_cap: o.cow_buffer,
-                    cow_method: stasis_capture::CowMethod::Auto,
-                };
-                let dumped = if protect_tracks {
-                    stasis_capture::dump_concurrent_tracked(&store, &opts, &mut protection)
-                } else {
-                    stasis_capture::dump_tracked(&store, &opts, Some(&mut *tracker))
-                };
-                match dumped {
-                    Ok(r) => {
-                        let kind = if r.parent.is_some() {
-                            "incremental"
-                        } else {
-                            "full"
-                        };
-                        let mut line = format!(
-                            "checkpoint {}: {kind}, {} pages, {}, frozen {:.1} ms, total {:.1} ms",
-                            r.checkpoint,
-                            r.pages,
-                            ui::bytes(r.bytes),
-                            r.frozen_us as f64 / 1e3,
-                            r.total_us as f64 / 1e3
-                        );
-                        if let Some(n) = &r.note {
-                            line.push_str(&format!(" (note: {n})"));
-                        }
-                        let cost = r.total_us as f64 / 1e6;
-                        let c = cost_ewma.map_or(cost, |e| 0.7 * e + 0.3 * cost);
-                        cost_ewma = Some(c);
-                        if let (None, Some(m)) = (every, o.mtbf) {
-                            interval = young_interval(Duration::from_secs_f64(c), m);
-                            line.push_str(&format!(
-                                "; next in {:.2} s (Young: sqrt(2 x {:.1} ms x {:.0} s))",
-                                interval.as_secs_f64(),
-                                c * 1e3,
-                                m.as_secs_f64()
-                            ));
-                        }
-                        let mut v = serde_json::to_value(&r)?;
-                        v["event"] = "checkpoint".into();
-                        v["kind"] = kind.into();
-                        v["interval_s"] = interval.as_secs_f64().into();
-                        say(line, v);
-                        if let Some(spec) = &o.touch_window {
-                            let w = crate::touch::window(
-                                spec,
-                                crate::touch::restored_bytes(&store, r.checkpoint)?,
-                                r.total_us,
-                                Some(interval.as_secs_f64()),
-                            )?;
-                            touch_due = w.map(|w| (r.checkpoint, Instant::now() + w, w));
-                        }
-                    }
-                    Err(e) => {
-                        // The job may have just exited: the next wait says
-                        // so, unless the dump (as its tracer, and we are its
-                        // parent) already collected its exit status.
-                        let exited = match &e {
-                            stasis_capture::CaptureError::Kernel(
-                                stasis_kernel::KernelError::Died { pid: p, status, .. },
-                            ) if *p == pid => Some(wait_status(pid, *status)),
-                            _ => match wait_until(pid, Instant::now()) {
-                                Ok(Event::Exited(s)) => Some(s),
-                                _ => None,
-                            },
-                        };
-                        if let Some(s) = exited {
-                            next = Instant::now();
-                            if let Some(code) =
-                                handle_exit(&o, &store, &mut pid, &s, &mut restarts, &say)?
-                            {
-                                return Ok(code);
-                            }
-                            tracker = new_tracker();
-                            protection = Default::default();
-                            continue;
-                        }
-                        eprintln!("stasis: warning: checkpoint failed (the job runs on): {e:#}");
-                    }
-                }
-                next = Instant::now() + interval;
-            }
-            Event::Exited(s) => {
-                if let Some(code) = handle_exit(&o, &store, &mut pid, &s, &mut restarts, &say)? {
-                    return Ok(code);
-                }
-                // Restored: tracking starts over with a full checkpoint.
-                tracker = new_tracker();
-                protection = Default::default();
-                next = Instant::now() + interval;
-            }
-        }
-    }
-}
-
-/// The job ended: returns the exit code to leave with, or `None` after a
-/// restart from the latest checkpoint (`pid` is then the restored job).
 /// Reaps whatever the job left to us (without waiting).
 fn reap_orphans() {
     while let Ok(s) = waitpid(
@@ -407,133 +163,368 @@ fn reap_orphans() {
     }
 }
 
-fn handle_exit(
-    o: &RunOptions,
-    store: &stasis_image::ImageDir,
-    pid: &mut i32,
-    s: &WaitStatus,
-    restarts: &mut u32,
-    say: &dyn Fn(String, serde_json::Value),
-) -> Result<Option<ExitCode>> {
-    let (code, failed) = exit_code(s);
-    reap_orphans();
-    let latest = store.latest().ok().flatten();
-    if !(failed && o.restart_on_failure) {
-        say(
-            format!("job {} {}", *pid, describe(s)),
-            serde_json::json!({"event": "exited", "pid": *pid, "code": code}),
-        );
-        return Ok(Some(ExitCode::from(code)));
+/// A checkpoint of the job, as the supervisor sees it.
+struct Dump(stasis_capture::DumpReport);
+
+impl Dumped for Dump {
+    fn checkpoint(&self) -> u32 {
+        self.0.checkpoint
     }
-    let Some(cp) = latest else {
-        say(
-            format!(
-                "job {} {}; no checkpoint to restart from",
-                *pid,
-                describe(s)
-            ),
-            serde_json::json!({"event": "exited", "pid": *pid, "code": code, "restart": false}),
-        );
-        return Ok(Some(ExitCode::from(code)));
-    };
-    if *restarts >= o.max_restarts {
-        say(
-            format!(
-                "job {} {}; not restarting: {} restart(s) already (--max-restarts)",
-                *pid,
-                describe(s),
-                *restarts
-            ),
-            serde_json::json!({"event": "exited", "pid": *pid, "code": code, "restart": false}),
-        );
-        return Ok(Some(ExitCode::from(code)));
+    fn total_us(&self) -> u64 {
+        self.0.total_us
     }
-    *restarts += 1;
-    let _ = stasis_track::state::clear(&o.dir);
-    let filler = if o.lazy_restart {
-        Some(crate::restore_cmd::start_filler(
-            store.path(),
-            cp,
-            None,
-            (4, 0),
-            None,
-            None,
-        )?)
-    } else {
-        None
-    };
-    let restored = stasis_restore::restore(
-        store,
-        &stasis_restore::RestoreOptions {
-            checkpoint: Some(cp),
-            lazy: filler.as_ref().map(crate::restore_cmd::sink),
-            ..Default::default()
-        },
-    );
-    if let Some(f) = &filler {
-        match &restored {
-            Ok(_) => f.done().context("telling the page filler the job runs")?,
-            Err(_) => f.abort(),
-        }
-    }
-    let r = restored.with_context(|| format!("restoring checkpoint {cp} after the job failed"))?;
-    say(
-        format!(
-            "job {} {}; restored checkpoint {cp} as pid {} in {}{} (restart {} of {})",
-            *pid,
-            describe(s),
-            r.pid,
-            ui::secs(r.total_us),
-            if r.lazy_bytes > 0 {
-                format!(", {} of memory arriving behind it", ui::bytes(r.lazy_bytes))
-            } else {
-                String::new()
-            },
-            *restarts,
-            o.max_restarts
-        ),
-        serde_json::json!({"event": "restored", "failed_pid": *pid, "code": code,
-            "checkpoint": cp, "pid": r.pid, "restart": *restarts,
-            "lazy_bytes": r.lazy_bytes, "total_us": r.total_us}),
-    );
-    *pid = r.pid;
-    ui::forward_signals_to(r.pid);
-    Ok(None)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// `stasis run`'s host: the job, its checkpoints and restores, printing.
+struct Cli<'o> {
+    o: &'o RunOptions,
+    store: stasis_image::ImageDir,
+    backend: stasis_track::Backend,
+    log: PathBuf,
+    tracker: Box<dyn stasis_track::DirtyTracker + Send>,
+    /// --concurrent --cow-method uffd: the write-protection of each
+    /// concurrent copy is kept and is the tracking (only the written grains
+    /// are protected again and copied at each checkpoint).
+    protect_tracks: bool,
+    protection: stasis_capture::cow::CowTracking,
+}
 
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("90").unwrap(), Duration::from_secs(90));
-        assert_eq!(parse_duration("90s").unwrap(), Duration::from_secs(90));
-        assert_eq!(parse_duration("15m").unwrap(), Duration::from_secs(900));
-        assert_eq!(parse_duration("2h").unwrap(), Duration::from_secs(7200));
-        assert_eq!(parse_duration("0.5s").unwrap(), Duration::from_millis(500));
-        assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("-3s").is_err());
+impl Cli<'_> {
+    fn say(&self, line: String, v: serde_json::Value) {
+        if self.o.json {
+            println!("{v}");
+        } else {
+            println!("{line}");
+        }
+        let _ = std::io::stdout().flush();
     }
 
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("0").unwrap(), 0);
-        assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert_eq!(parse_size("64K").unwrap(), 64 << 10);
-        assert_eq!(parse_size("256M").unwrap(), 256 << 20);
-        assert_eq!(parse_size("2g").unwrap(), 2 << 30);
-        assert!(parse_size("lots").is_err());
-        assert!(parse_size("99999999999G").is_err());
+    fn new_tracker(&self) -> Box<dyn stasis_track::DirtyTracker + Send> {
+        stasis_track::tracker(self.backend, &stasis_track::state::track_dir(&self.o.dir))
     }
 
-    #[test]
-    fn young() {
-        // C = 2 s, M = 1 h: sqrt(2 * 2 * 3600) = 120 s.
-        let i = young_interval(Duration::from_secs(2), Duration::from_secs(3600));
-        assert!((i.as_secs_f64() - 120.0).abs() < 1e-6, "{i:?}");
-        // Never longer than the MTBF itself.
-        let i = young_interval(Duration::from_secs(100), Duration::from_secs(10));
-        assert_eq!(i, Duration::from_secs(10));
+    fn say_checkpoint(
+        &self,
+        r: &stasis_capture::DumpReport,
+        interval: Duration,
+        young: Option<stasis_supervise::Young>,
+    ) -> Result<()> {
+        let kind = if r.parent.is_some() {
+            "incremental"
+        } else {
+            "full"
+        };
+        let mut line = format!(
+            "checkpoint {}: {kind}, {} pages, {}, frozen {:.1} ms, total {:.1} ms",
+            r.checkpoint,
+            r.pages,
+            ui::bytes(r.bytes),
+            r.frozen_us as f64 / 1e3,
+            r.total_us as f64 / 1e3
+        );
+        if let Some(n) = &r.note {
+            line.push_str(&format!(" (note: {n})"));
+        }
+        if let Some(y) = young {
+            line.push_str(&format!(
+                "; next in {:.2} s (Young: sqrt(2 x {:.1} ms x {:.0} s))",
+                interval.as_secs_f64(),
+                y.cost_secs * 1e3,
+                y.mtbf.as_secs_f64()
+            ));
+        }
+        let mut v = serde_json::to_value(r)?;
+        v["event"] = "checkpoint".into();
+        v["kind"] = kind.into();
+        v["interval_s"] = interval.as_secs_f64().into();
+        self.say(line, v);
+        Ok(())
     }
+
+    fn say_exited(&self, pid: i32, s: &WaitStatus, code: u8, why: Leave) {
+        let (line, v) = match why {
+            Leave::Done => (
+                format!("job {pid} {}", describe(s)),
+                serde_json::json!({"event": "exited", "pid": pid, "code": code}),
+            ),
+            Leave::NoCheckpoint => (
+                format!("job {pid} {}; no checkpoint to restart from", describe(s)),
+                serde_json::json!({"event": "exited", "pid": pid, "code": code, "restart": false}),
+            ),
+            Leave::MaxRestarts(n) => (
+                format!(
+                    "job {pid} {}; not restarting: {n} restart(s) already (--max-restarts)",
+                    describe(s),
+                ),
+                serde_json::json!({"event": "exited", "pid": pid, "code": code, "restart": false}),
+            ),
+        };
+        self.say(line, v);
+    }
+
+    fn say_restored(
+        &self,
+        failed: i32,
+        s: &WaitStatus,
+        code: u8,
+        cp: u32,
+        r: &stasis_restore::Restored,
+        restart: u32,
+    ) {
+        self.say(
+            format!(
+                "job {failed} {}; restored checkpoint {cp} as pid {} in {}{} (restart {restart} of {})",
+                describe(s),
+                r.pid,
+                ui::secs(r.total_us),
+                if r.lazy_bytes > 0 {
+                    format!(", {} of memory arriving behind it", ui::bytes(r.lazy_bytes))
+                } else {
+                    String::new()
+                },
+                self.o.max_restarts
+            ),
+            serde_json::json!({"event": "restored", "failed_pid": failed, "code": code,
+                "checkpoint": cp, "pid": r.pid, "restart": restart,
+                "lazy_bytes": r.lazy_bytes, "total_us": r.total_us}),
+        );
+    }
+
+    fn restore_now(&mut self, cp: u32) -> Result<stasis_restore::Restored> {
+        let _ = stasis_track::state::clear(&self.o.dir);
+        let filler = if self.o.lazy_restart {
+            Some(crate::restore_cmd::start_filler(
+                self.store.path(),
+                cp,
+                None,
+                (4, 0),
+                None,
+                None,
+            )?)
+        } else {
+            None
+        };
+        let restored = stasis_restore::restore(
+            &self.store,
+            &stasis_restore::RestoreOptions {
+                checkpoint: Some(cp),
+                lazy: filler.as_ref().map(crate::restore_cmd::sink),
+                ..Default::default()
+            },
+        );
+        if let Some(f) = &filler {
+            match &restored {
+                Ok(_) => f.done().context("telling the page filler the job runs")?,
+                Err(_) => f.abort(),
+            }
+        }
+        Ok(restored?)
+    }
+}
+
+impl Host for Cli<'_> {
+    type Dump = Dump;
+    type Touch = stasis_image::touch::TouchSet;
+    type Restored = stasis_restore::Restored;
+
+    fn start(&mut self) -> Result<i32, HostError> {
+        // Orphans of the job come to us (and are reaped by `wait_until`).
+        nix::sys::prctl::set_child_subreaper(true).context("becoming a child subreaper")?;
+        let pid = start_job(&self.o.cmd, &self.log)?;
+        // Ctrl-C, SIGTERM and SIGHUP go to the job (which then exits).
+        ui::forward_signals_to(pid);
+        Ok(pid)
+    }
+
+    fn wait(&mut self, pid: i32, deadline: Instant) -> Result<Wake, HostError> {
+        Ok(wait_until(pid, deadline)?)
+    }
+
+    fn checkpoint(&mut self, pid: i32) -> Checkpointed<Self::Dump> {
+        let opts = stasis_capture::DumpOptions {
+            pid,
+            leave_running: true,
+            progress: None,
+            concurrent: self.o.concurrent,
+            cow_cap: self.o.cow_buffer,
+            cow_method: stasis_capture::CowMethod::Auto,
+        };
+        let dumped = if self.protect_tracks {
+            stasis_capture::dump_concurrent_tracked(&self.store, &opts, &mut self.protection)
+        } else {
+            stasis_capture::dump_tracked(&self.store, &opts, Some(&mut *self.tracker))
+        };
+        let e = match dumped {
+            Ok(r) => return Checkpointed::Done(Dump(r)),
+            Err(e) => e,
+        };
+        // The job may have just exited: the next wait says so, unless the
+        // dump (as its tracer, and we are its parent) already collected its
+        // exit status.
+        let exited = match &e {
+            stasis_capture::CaptureError::Kernel(stasis_kernel::KernelError::Died {
+                pid: p,
+                status,
+                ..
+            }) if *p == pid => Some(wait_status(pid, *status)),
+            _ => match wait_until(pid, Instant::now()) {
+                Ok(Wake::Exited(s)) => Some(s),
+                _ => None,
+            },
+        };
+        match exited {
+            Some(s) => Checkpointed::JobExited(s),
+            None => Checkpointed::Failed(e.into()),
+        }
+    }
+
+    fn restored_bytes(&mut self, checkpoint: u32) -> Result<u64, HostError> {
+        Ok(stasis_track::touch::restored_bytes(
+            &self.store,
+            checkpoint,
+        )?)
+    }
+
+    fn record_touch(
+        &mut self,
+        checkpoint: u32,
+        window: Duration,
+    ) -> Result<Self::Touch, HostError> {
+        Ok(stasis_track::touch::record_now(
+            &self.store,
+            checkpoint,
+            window,
+        )?)
+    }
+
+    fn reap_orphans(&mut self) {
+        reap_orphans();
+    }
+
+    fn latest(&mut self) -> Option<u32> {
+        self.store.latest().ok().flatten()
+    }
+
+    fn restore(&mut self, checkpoint: u32) -> Result<(i32, Self::Restored), HostError> {
+        let r = self.restore_now(checkpoint)?;
+        Ok((r.pid, r))
+    }
+
+    fn reset_tracking(&mut self) {
+        self.tracker = self.new_tracker();
+        self.protection = Default::default();
+    }
+
+    fn report(&mut self, event: Event<Self::Dump, Self::Touch, Self::Restored>) {
+        match event {
+            Event::Started { pid } => self.say(
+                format!(
+                    "job {pid} started ({}), output in {}, tracking with {}",
+                    self.o.cmd.join(" "),
+                    self.log.display(),
+                    self.backend
+                ),
+                serde_json::json!({"event": "started", "pid": pid, "track": self.backend.name()}),
+            ),
+            Event::Checkpoint {
+                dump,
+                interval,
+                young,
+            } => {
+                if let Err(e) = self.say_checkpoint(&dump.0, interval, young) {
+                    eprintln!(
+                        "stasis: warning: reporting checkpoint {}: {e:#}",
+                        dump.0.checkpoint
+                    );
+                }
+            }
+            Event::CheckpointFailed(e) => {
+                eprintln!(
+                    "stasis: warning: checkpoint failed (the job runs on): {:#}",
+                    anyhow::anyhow!(e)
+                );
+            }
+            Event::TouchSet {
+                checkpoint: n,
+                result,
+            } => match result {
+                Ok(ts) => self.say(
+                    format!(
+                        "touch set of checkpoint {n}: {} pages written in {}",
+                        ts.pages(),
+                        ui::secs(ts.window_ms * 1000)
+                    ),
+                    serde_json::json!({"event": "touch_set", "checkpoint": n,
+                        "pages": ts.pages(), "window_ms": ts.window_ms}),
+                ),
+                Err(e) => eprintln!(
+                    "stasis: warning: touch set of checkpoint {n}: {:#}",
+                    anyhow::anyhow!(e)
+                ),
+            },
+            Event::Exited {
+                pid,
+                status,
+                code,
+                why,
+            } => self.say_exited(pid, &status, code, why),
+            Event::Restored {
+                failed_pid,
+                status,
+                code,
+                checkpoint,
+                pid,
+                restored,
+                restart,
+            } => {
+                self.say_restored(failed_pid, &status, code, checkpoint, &restored, restart);
+                ui::forward_signals_to(pid);
+            }
+        }
+    }
+}
+
+/// Runs `stasis run`.
+pub fn cmd_run(o: RunOptions) -> Result<ExitCode> {
+    if o.cmd.is_empty() {
+        bail!("no command given: stasis run -D DIR --every SECS -- COMMAND [ARGS...]");
+    }
+    let every = match (o.every.as_str(), o.mtbf) {
+        ("auto", Some(mtbf)) => Every::Auto { mtbf },
+        ("auto", None) => {
+            bail!("--every auto needs --mtbf DURATION (the mean time between failures, e.g. 6h)")
+        }
+        (s, _) => Every::Fixed(parse_duration(s)?),
+    };
+    let store = stasis_image::ImageDir::create_or_open(&o.dir)
+        .with_context(|| format!("opening image directory {}", o.dir.display()))?;
+    let backend = stasis_track::choose(stasis_track::Backend::parse(&o.track)?)?;
+    if o.touch_window.is_some() && backend != stasis_track::Backend::Uffd {
+        bail!("--touch-window reads the uffd write tracking, but tracking uses {backend} here");
+    }
+    let protect_tracks = o.concurrent && o.cow_method == stasis_capture::CowMethod::Uffd;
+    if protect_tracks && o.touch_window.is_some() {
+        bail!("--touch-window reads the WP_ASYNC write tracking: it cannot be used with --cow-method uffd");
+    }
+    // A new job starts a new chain.
+    let _ = stasis_track::state::clear(&o.dir);
+    let config = stasis_supervise::Config {
+        every,
+        restart: stasis_supervise::RestartPolicy {
+            on_failure: o.restart_on_failure,
+            max_restarts: o.max_restarts,
+        },
+        touch_window: o.touch_window.clone(),
+    };
+    let mut host = Cli {
+        o: &o,
+        log: o.log.clone().unwrap_or_else(|| o.dir.join("job.log")),
+        tracker: stasis_track::tracker(backend, &stasis_track::state::track_dir(&o.dir)),
+        store,
+        backend,
+        protect_tracks,
+        protection: Default::default(),
+    };
+    let code = stasis_supervise::supervise(&mut host, config)?;
+    Ok(ExitCode::from(code))
 }

@@ -150,56 +150,33 @@ pub fn secs(us: u64) -> String {
 
 /// Writes a pidfile atomically (temporary name, then rename).
 pub fn write_pidfile(path: &Path, pid: i32) -> std::io::Result<()> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, format!("{pid}\n"))?;
-    std::fs::rename(&tmp, path)
+    stasis_image::write_atomic_file(path, format!("{pid}\n").as_bytes())
+        .map_err(std::io::Error::other)
 }
 
 /// Waits for our child `pid`; returns its exit code (128+signal if killed).
 /// SIGINT/SIGTERM/SIGHUP sent to stasis meanwhile are forwarded to it.
 pub fn wait_child(pid: i32, forward_to: i32) -> Result<u8> {
+    use nix::sys::wait::{waitpid, WaitStatus};
     forward_signals_to(forward_to);
     loop {
-        let mut status = 0;
-        // SAFETY: waitpid with a valid out-pointer.
-        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
-        if r == pid {
-            if libc::WIFEXITED(status) {
-                return Ok(u8::try_from(libc::WEXITSTATUS(status)).unwrap_or(1));
+        match waitpid(nix::unistd::Pid::from_raw(pid), None) {
+            Ok(WaitStatus::Exited(_, c)) => return Ok(u8::try_from(c).unwrap_or(1)),
+            Ok(WaitStatus::Signaled(_, sig, _)) => {
+                return Ok(u8::try_from(128 + sig as i32).unwrap_or(255))
             }
-            if libc::WIFSIGNALED(status) {
-                return Ok(u8::try_from(128 + libc::WTERMSIG(status)).unwrap_or(255));
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => {
+                return Err(std::io::Error::from(e))
+                    .with_context(|| format!("waiting for restored process {pid}"))
             }
-            continue;
-        }
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EINTR) {
-            return Err(e).with_context(|| format!("waiting for restored process {pid}"));
         }
     }
 }
 
-static FORWARD_PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
-
-extern "C" fn forward(sig: libc::c_int) {
-    let pid = FORWARD_PID.load(std::sync::atomic::Ordering::Relaxed);
-    if pid > 0 {
-        // SAFETY: kill is async-signal-safe.
-        unsafe { libc::kill(pid, sig) };
-    }
-}
-
+/// SIGINT, SIGTERM and SIGHUP sent to stasis go to `pid` from now on.
 pub fn forward_signals_to(pid: i32) {
-    FORWARD_PID.store(pid, std::sync::atomic::Ordering::Relaxed);
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: installing an async-signal-safe handler.
-        unsafe {
-            libc::signal(
-                sig,
-                forward as extern "C" fn(libc::c_int) as libc::sighandler_t,
-            )
-        };
-    }
+    stasis_kernel::launch::forward_signals_to(pid);
 }
 
 /// `stasis inspect`.
@@ -221,12 +198,9 @@ pub fn inspect(dir: &Path, checkpoint: Option<u32>, json: bool) -> Result<ExitCo
             bad += 1;
         }
         use stasis_image::touch::{read_touch_set, TouchSource};
-        let touch: Vec<(
-            TouchSource,
-            Result<Option<stasis_image::touch::TouchSet>, String>,
-        )> = [TouchSource::Window, TouchSource::Faults]
+        let touch: Vec<(TouchSource, _)> = [TouchSource::Window, TouchSource::Faults]
             .into_iter()
-            .map(|s| (s, read_touch_set(cp.dir(), s).map_err(|e| e.to_string())))
+            .map(|s| (s, read_touch_set(cp.dir(), s)))
             .collect();
         if json {
             let mut v = serde_json::to_value(&summary)?;
@@ -242,7 +216,7 @@ pub fn inspect(dir: &Path, checkpoint: Option<u32>, json: bool) -> Result<ExitCo
                         "processes": ts.procs.len(),
                     }),
                     Ok(None) => serde_json::Value::Null,
-                    Err(e) => serde_json::json!({ "error": e }),
+                    Err(e) => serde_json::json!({ "error": e.to_string() }),
                 };
             }
             v["verified"] = serde_json::Value::Bool(verified.is_ok());
@@ -357,96 +331,11 @@ fn print_detail(cp: &stasis_image::Checkpoint) {
         println!("  mappings:");
         let pack = p.pack.as_ref().and_then(|r| cp.open_pack(r).ok());
         for v in &p.vmas {
-            let pages: u64 = pack
-                .as_ref()
-                .map(|pk| {
-                    pk.runs_in(v.start, v.end)
-                        .iter()
-                        .map(|r| u64::from(r.npages))
-                        .sum()
-                })
-                .unwrap_or(0);
-            let prot = format!(
-                "{}{}{}{}",
-                if v.prot & 1 != 0 { 'r' } else { '-' },
-                if v.prot & 2 != 0 { 'w' } else { '-' },
-                if v.prot & 4 != 0 { 'x' } else { '-' },
-                if v.shared { 's' } else { 'p' }
-            );
-            let what = match &v.kind {
-                VmaKind::Anon => {
-                    if v.name.is_empty() {
-                        "anon".to_string()
-                    } else {
-                        v.name.clone()
-                    }
-                }
-                VmaKind::File { path, offset, .. } => format!("{path} @{offset:#x}"),
-                VmaKind::SysvShm { shmid } => format!("System V segment {shmid}"),
-                VmaKind::Ghost { name, offset, .. } => {
-                    format!("{name} (deleted, content saved) @{offset:#x}")
-                }
-                VmaKind::Vdso => "[vdso]".into(),
-                VmaKind::Vvar => "[vvar]".into(),
-                VmaKind::VvarVclock => "[vvar_vclock]".into(),
-            };
-            println!(
-                "    {:012x}-{:012x} {prot} {:>8} pages saved  {what}",
-                v.start, v.end, pages
-            );
+            println!("{}", vma_line(v, pack.as_ref()));
         }
         println!("  fds:");
         for f in &p.fds {
-            let what = match &f.kind {
-                FdKind::Path { path, pos, .. } => format!("{path} pos {pos}"),
-                FdKind::Pipe { id, write_end } => format!(
-                    "pipe:[{id}] {} end",
-                    if *write_end { "write" } else { "read" }
-                ),
-                FdKind::Fifo { path, .. } => format!("FIFO {path}"),
-                FdKind::Eventfd { count, semaphore } => format!(
-                    "eventfd count {count}{}",
-                    if *semaphore { " semaphore" } else { "" }
-                ),
-                FdKind::Timerfd {
-                    clockid,
-                    value_ns,
-                    interval_ns,
-                    ..
-                } => format!("timerfd clock {clockid} next {value_ns} ns every {interval_ns} ns"),
-                FdKind::Signalfd { mask } => format!("signalfd mask {mask:#x}"),
-                FdKind::Epoll { targets } => format!("epoll with {} fds", targets.len()),
-                FdKind::Ghost { path, pos, .. } => {
-                    format!("{path} (deleted, content saved) pos {pos}")
-                }
-                FdKind::Memfd { name, pos, .. } => {
-                    format!("memfd:{name} (content saved) pos {pos}")
-                }
-                FdKind::Inotify { watches } => format!("inotify with {} watches", watches.len()),
-                FdKind::Unix(u) => format!(
-                    "unix socket {:?} {}",
-                    u.state,
-                    u.name
-                        .as_ref()
-                        .map(|n| String::from_utf8_lossy(n).replace('\0', "@"))
-                        .unwrap_or_default()
-                ),
-                FdKind::Inet(n) => format!(
-                    "inet socket port {} {:?}",
-                    u16::from_be_bytes([
-                        n.local.get(2).copied().unwrap_or(0),
-                        n.local.get(3).copied().unwrap_or(0)
-                    ]),
-                    match &n.state {
-                        stasis_image::manifest::InetState::Established(r) => format!(
-                            "established, {} bytes to send, {} to read",
-                            r.send_queue.len(),
-                            r.recv_queue.len()
-                        ),
-                        other => format!("{other:?}"),
-                    }
-                ),
-            };
+            let what = fd_description(&f.kind);
             let shared = f
                 .shared_id
                 .map(|i| format!(" shared#{i}"))
@@ -484,5 +373,100 @@ fn print_detail(cp: &stasis_image::Checkpoint) {
                 t.xstate.len()
             );
         }
+    }
+}
+
+/// One line of `stasis inspect -c N` for a memory area.
+fn vma_line(v: &stasis_image::manifest::Vma, pack: Option<&stasis_image::PackReader>) -> String {
+    let pages: u64 = pack
+        .as_ref()
+        .map(|pk| {
+            pk.runs_in(v.start, v.end)
+                .iter()
+                .map(|r| u64::from(r.npages))
+                .sum()
+        })
+        .unwrap_or(0);
+    let prot = format!(
+        "{}{}{}{}",
+        if v.prot & 1 != 0 { 'r' } else { '-' },
+        if v.prot & 2 != 0 { 'w' } else { '-' },
+        if v.prot & 4 != 0 { 'x' } else { '-' },
+        if v.shared { 's' } else { 'p' }
+    );
+    let what = match &v.kind {
+        VmaKind::Anon => {
+            if v.name.is_empty() {
+                "anon".to_string()
+            } else {
+                v.name.clone()
+            }
+        }
+        VmaKind::File { path, offset, .. } => format!("{path} @{offset:#x}"),
+        VmaKind::SysvShm { shmid } => format!("System V segment {shmid}"),
+        VmaKind::Ghost { name, offset, .. } => {
+            format!("{name} (deleted, content saved) @{offset:#x}")
+        }
+        VmaKind::Vdso => "[vdso]".into(),
+        VmaKind::Vvar => "[vvar]".into(),
+        VmaKind::VvarVclock => "[vvar_vclock]".into(),
+    };
+    format!(
+        "    {:012x}-{:012x} {prot} {:>8} pages saved  {what}",
+        v.start, v.end, pages
+    )
+}
+
+/// What an fd of `stasis inspect -c N` is.
+fn fd_description(kind: &FdKind) -> String {
+    match kind {
+        FdKind::Path { path, pos, .. } => format!("{path} pos {pos}"),
+        FdKind::Pipe { id, write_end } => format!(
+            "pipe:[{id}] {} end",
+            if *write_end { "write" } else { "read" }
+        ),
+        FdKind::Fifo { path, .. } => format!("FIFO {path}"),
+        FdKind::Eventfd { count, semaphore } => format!(
+            "eventfd count {count}{}",
+            if *semaphore { " semaphore" } else { "" }
+        ),
+        FdKind::Timerfd {
+            clockid,
+            value_ns,
+            interval_ns,
+            ..
+        } => format!("timerfd clock {clockid} next {value_ns} ns every {interval_ns} ns"),
+        FdKind::Signalfd { mask } => format!("signalfd mask {mask:#x}"),
+        FdKind::Epoll { targets } => format!("epoll with {} fds", targets.len()),
+        FdKind::Ghost { path, pos, .. } => {
+            format!("{path} (deleted, content saved) pos {pos}")
+        }
+        FdKind::Memfd { name, pos, .. } => {
+            format!("memfd:{name} (content saved) pos {pos}")
+        }
+        FdKind::Inotify { watches } => format!("inotify with {} watches", watches.len()),
+        FdKind::Unix(u) => format!(
+            "unix socket {:?} {}",
+            u.state,
+            u.name
+                .as_ref()
+                .map(|n| String::from_utf8_lossy(n).replace('\0', "@"))
+                .unwrap_or_default()
+        ),
+        FdKind::Inet(n) => format!(
+            "inet socket port {} {:?}",
+            u16::from_be_bytes([
+                n.local.get(2).copied().unwrap_or(0),
+                n.local.get(3).copied().unwrap_or(0)
+            ]),
+            match &n.state {
+                stasis_image::manifest::InetState::Established(r) => format!(
+                    "established, {} bytes to send, {} to read",
+                    r.send_queue.len(),
+                    r.recv_queue.len()
+                ),
+                other => format!("{other:?}"),
+            }
+        ),
     }
 }

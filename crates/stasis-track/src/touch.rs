@@ -1,0 +1,130 @@
+//! Touch windows (FREM): after a checkpoint, the pages each process writes
+//! for a while are the pages a restart will want first. Read from the
+//! uffd write tracking (`PAGEMAP_SCAN`), which stays armed: the next
+//! incremental dump still sees those pages dirty.
+
+use std::time::Duration;
+
+use stasis_image::touch::{write_touch_set, TouchSet, TouchSource};
+use stasis_image::ImageDir;
+use stasis_kernel::pagemap::{Pagemap, ScanQuery};
+use stasis_sys as sys;
+
+use crate::{Result, TrackError};
+
+/// Bytes a restore of checkpoint `n` brings back (for an incremental
+/// checkpoint, with its ancestors' pages): what a restart must retrieve.
+pub fn restored_bytes(store: &ImageDir, n: u32) -> Result<u64> {
+    let cp = store.load(Some(n))?;
+    Ok(stasis_image::summarize(&cp).memory_pages * sys::PAGE_SIZE)
+}
+
+/// Private writable areas `[start, end)` of `/proc/PID/maps` text.
+// TODO(issue 13): read through stasis_kernel::procfs once it is merged.
+fn private_writable(maps: &str) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for line in maps.lines() {
+        let mut it = line.split_whitespace();
+        let (Some(range), Some(perms)) = (it.next(), it.next()) else {
+            continue;
+        };
+        if !perms.starts_with("rw") || !perms.ends_with('p') {
+            continue;
+        }
+        let Some((a, b)) = range.split_once('-') else {
+            continue;
+        };
+        if let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
+            out.push((a, b));
+        }
+    }
+    out
+}
+
+/// Pages of `pid` written since its tracking was armed (present and
+/// written; private writable areas only), as (address, pages) runs.
+pub fn written_pages(pid: i32) -> Result<Vec<(u64, u32)>> {
+    let path = format!("/proc/{pid}/maps");
+    let maps = std::fs::read_to_string(&path).map_err(|source| TrackError::Io {
+        what: "reading",
+        path,
+        source,
+    })?;
+    let process = |source| TrackError::Process {
+        pid,
+        what: "reading the pages it wrote".into(),
+        source,
+    };
+    let pm = Pagemap::open(pid).map_err(process)?;
+    let q = ScanQuery {
+        mask: sys::PAGE_IS_WRITTEN | sys::PAGE_IS_PRESENT,
+        return_mask: sys::PAGE_IS_WRITTEN | sys::PAGE_IS_PRESENT,
+        ..ScanQuery::written()
+    };
+    let mut out = Vec::new();
+    for (a, b) in private_writable(&maps) {
+        for r in pm.scan(a, b, q).map_err(process)? {
+            let pages = u32::try_from((r.end - r.start) / sys::PAGE_SIZE).unwrap_or(u32::MAX);
+            out.push((r.start, pages));
+        }
+    }
+    Ok(out)
+}
+
+/// Waits `window`, then stores the pages each process of checkpoint `n`
+/// wrote meanwhile as its touch set. Tracking (armed by the dump) is read,
+/// not re-armed.
+pub fn record_window(store: &ImageDir, n: u32, window: Duration) -> Result<TouchSet> {
+    std::thread::sleep(window);
+    record_now(store, n, window)
+}
+
+/// Stores what each process of checkpoint `n` wrote since the checkpoint
+/// (`window` long ago) as its touch set.
+pub fn record_now(store: &ImageDir, n: u32, window: Duration) -> Result<TouchSet> {
+    let cp = store.load(Some(n))?;
+    let mut procs = Vec::new();
+    for p in cp.manifest.processes.iter().filter(|p| p.zombie.is_none()) {
+        match written_pages(p.pid) {
+            Ok(r) => procs.push((p.pid, r)),
+            // Gone meanwhile: nothing to say about it.
+            Err(e) if std::fs::metadata(format!("/proc/{}", p.pid)).is_err() => {
+                tracing::debug!(pid = p.pid, "touch window: {e}");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if procs.is_empty() {
+        return Err(TrackError::AllExited { checkpoint: n });
+    }
+    let ts = TouchSet {
+        source: TouchSource::Window,
+        window_ms: u64::try_from(window.as_millis()).unwrap_or(u64::MAX),
+        procs,
+    };
+    write_touch_set(cp.dir(), &ts)?;
+    Ok(ts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_private_writable_areas() {
+        let maps = "\
+55d0c0000000-55d0c0001000 r--p 00000000 08:01 1234 /bin/x
+55d0c0001000-55d0c0003000 rw-p 00000000 00:00 0 [heap]
+7f0000000000-7f0000004000 rw-s 00000000 00:01 77 /dev/zero (deleted)
+7ffc00000000-7ffc00021000 rw-p 00000000 00:00 0 [stack]
+bad line
+";
+        assert_eq!(
+            private_writable(maps),
+            vec![
+                (0x55d0_c000_1000, 0x55d0_c000_3000),
+                (0x7ffc_0000_0000, 0x7ffc_0002_1000)
+            ]
+        );
+    }
+}
