@@ -21,8 +21,10 @@ mod error;
 mod mirror;
 pub mod protocol;
 mod server;
+mod tempmirror;
 
 pub use client::{Client, FileInfo, Skeleton, CONNECT_TIMEOUT, IO_TIMEOUT};
 pub use error::PageServerError;
 pub use mirror::{fill_runs, mirror, Mirror, MirrorData};
 pub use server::{Server, ServerConfig};
+pub use tempmirror::{mirror_to_temp, remove_stale_mirrors, TempMirror, TEMP_MIRROR_PREFIX};

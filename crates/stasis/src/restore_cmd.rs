@@ -124,50 +124,20 @@ pub fn sink(filler: &Filler) -> Box<dyn stasis_restore::LazySink> {
     Box::new(Sink(filler.clone()))
 }
 
-/// A local copy of a remote image, removed when dropped.
-struct MirrorDir(tempfile::TempDir);
-
+/// Copies the page server's image into a temporary directory, with a
+/// progress bar.
 fn fetch_mirror(
     addr: &str,
     token: &[u8],
     n: Option<u32>,
     data: MirrorData,
-) -> Result<(MirrorDir, u32)> {
-    remove_stale_mirrors();
-    let tmp = tempfile::Builder::new()
-        .prefix(&format!("stasis-from-{}-", std::process::id()))
-        .tempdir()
-        .context("creating a temporary directory for the image from the page server")?;
-    let dest = tmp.path().join("image");
+) -> Result<stasis_pageserver::TempMirror> {
     let progress = ui::Progress::new("fetching");
     let cb = progress.callback();
-    let m = stasis_pageserver::mirror(addr, token, n, &dest, data, Some(&|a, b| cb(a, b)))
+    let m = stasis_pageserver::mirror_to_temp(addr, token, n, data, Some(&|a, b| cb(a, b)))
         .with_context(|| format!("fetching the image from the page server at {addr}"))?;
     progress.finish();
-    Ok((MirrorDir(tmp), m.checkpoint))
-}
-
-/// Removes the mirrors that restores killed before they could clean up
-/// left behind (`stasis-from-PID-*` in the temporary directory, with PID
-/// no longer running).
-fn remove_stale_mirrors() {
-    let Ok(rd) = std::fs::read_dir(std::env::temp_dir()) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let name = e.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("stasis-from-"))
-            .and_then(|n| n.split('-').next())
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = std::fs::remove_dir_all(e.path());
-        }
-    }
+    Ok(m)
 }
 
 pub fn cmd_restore(a: RestoreArgs) -> Result<ExitCode> {
@@ -229,7 +199,9 @@ pub fn cmd_restore(a: RestoreArgs) -> Result<ExitCode> {
 /// The image directory and checkpoint to restore: `-D DIR`, or a local
 /// mirror of the page server's image (kept until the returned guard drops;
 /// sparse for a lazy restore, with the eager pages fetched into it).
-fn locate_image(a: &RestoreArgs) -> Result<(PathBuf, Option<u32>, Option<MirrorDir>)> {
+fn locate_image(
+    a: &RestoreArgs,
+) -> Result<(PathBuf, Option<u32>, Option<stasis_pageserver::TempMirror>)> {
     let token = match &a.token_file {
         Some(f) => Some(crate::page_server::read_token_file(f)?),
         None if a.from.is_some() => bail!(
@@ -245,8 +217,8 @@ fn locate_image(a: &RestoreArgs) -> Result<(PathBuf, Option<u32>, Option<MirrorD
             } else {
                 MirrorData::Full
             };
-            let (m, n) = fetch_mirror(addr, token, a.checkpoint, data)?;
-            let dir = m.0.path().join("image");
+            let m = fetch_mirror(addr, token, a.checkpoint, data)?;
+            let (dir, n) = (m.image(), m.checkpoint);
             if a.lazy {
                 stasis_lazy::fill_eager(addr, token, &dir, n)?;
             }
