@@ -5,6 +5,7 @@ copy speed measured in the same run (the physical limit).
 
     sudo python3 bench/dump_restore.py [--size-mib 1024] [--reps 3]
                                        [--dir DIR] [--json-out FILE]
+                                       [--stasis PATH]
 
 Needs a release build (cargo build --release) and root (ptrace, clone3
 set_tid). See bench/README.md for what each figure means.
@@ -487,15 +488,29 @@ def table(m, size_mib, reps, dirpath, fstype, rss):
 
 # ---------------------------------------------------------------- main
 
+def stasis_info():
+    """The binary (SHA-256, mtime) and, if it is this checkout's
+    target/release/stasis, the commit and modified tracked files; a binary
+    from elsewhere (--stasis) is identified by its SHA-256, and the
+    checkout the script ran from is recorded as bench_checkout."""
+    sys.dont_write_bytecode = True  # no bench/__pycache__
+    import track_common  # it imports this module: so not at the top
+    return track_common.stasis_info(STASIS)
+
+
 def main():
+    global STASIS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mib", type=int, default=1024)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dir", default=None, help="work dir for images (default: a fresh dir under /dev/shm)")
     ap.add_argument("--json-out", default=os.path.join(BENCH, "results", "dump_restore.json"))
+    ap.add_argument("--stasis", default=STASIS,
+                    help="stasis binary (default: target/release/stasis of this checkout)")
     args = ap.parse_args()
     if args.size_mib <= 0 or args.reps <= 0:
         ap.error("--size-mib and --reps must be positive")
+    STASIS = os.path.abspath(args.stasis)
 
     if os.geteuid() != 0:
         log("dump_restore: needs root (ptrace and clone3 set_tid): run with sudo")
@@ -528,8 +543,7 @@ def main():
         "command": shlex.join([sys.executable] + sys.argv),
         "params": {"size_mib": size, "reps": args.reps, "dir": workdir, "fs_type": fstype},
         "machine": machine_info(),
-        "stasis": {"binary": STASIS, "binary_mtime_utc": datetime.datetime.fromtimestamp(
-            os.path.getmtime(STASIS), datetime.timezone.utc).isoformat(timespec="seconds"), **git_info()},
+        "stasis": stasis_info(),
         "reference": REFERENCE,
     }
     try:
