@@ -94,18 +94,7 @@ pub enum Scan {
     DataAndProtection,
 }
 
-/// `(address, length)` ranges as sorted, merged `[start, end)` spans.
-pub fn spans(ranges: &[(u64, usize)]) -> stasis_image::chain::Ranges {
-    stasis_image::chain::normalize(ranges.iter().map(|&(a, l)| (a, a + l as u64)).collect())
-}
-
-/// `[start, end)` spans as `(address, length)` ranges.
-pub fn lengths(spans: &[(u64, u64)]) -> Vec<(u64, usize)> {
-    spans
-        .iter()
-        .map(|&(a, e)| (a, usize::try_from(e - a).unwrap_or(0)))
-        .collect()
-}
+pub use stasis_image::ranges::{lengths, spans};
 
 /// Decides what to save of each area. `seen_shm` holds the shared-memory
 /// objects already saved by an earlier process (or area) of the image: their
