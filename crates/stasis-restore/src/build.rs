@@ -6,6 +6,7 @@
 use stasis_image::manifest::{ITimer, MmImage, PosixTimer, SigAction, ThreadImage, Vma, VmaKind};
 use stasis_image::RunEntry;
 use stasis_kernel::sarg;
+use stasis_objects::timerfd::armed_value;
 use stasis_sys::{self as sys, PrctlMmMap};
 
 use crate::remote::Remote;
@@ -323,13 +324,6 @@ pub fn restore_sigactions<R: Remote>(r: &mut R, acts: &[SigAction]) -> Result<()
         .map_err(step(format!("setting the handler of signal {}", a.signo)))?;
     }
     Ok(())
-}
-
-/// The value to arm a saved timer with, or `None` if it was disarmed. A
-/// periodic timer read between an expiry and its re-arm shows 0 time left,
-/// yet it is armed: it gets the smallest value instead (0 would disarm it).
-pub fn armed_value(value: u64, interval: u64) -> Option<u64> {
-    (value != 0 || interval != 0).then_some(value.max(1))
 }
 
 /// `[interval, value]` split into (seconds, fraction) words, as
