@@ -9,6 +9,7 @@ use stasis_kernel::mem::{read_ranges, ProcessMemory};
 use stasis_kernel::pagemap::{Pagemap, ScanQuery};
 use stasis_kernel::KernelError;
 
+use crate::SaveError;
 use crate::{proc, CaptureError, Result};
 
 /// Why an area cannot be dumped.
@@ -122,8 +123,7 @@ pub fn plan_with(
     let pagemap = Pagemap::open(pid)?;
     let mut have_scan = true;
     for m in maps {
-        let Some(kind) = vma_kind(m).map_err(|e| CaptureError::Unsupported { pid, what: e.0 })?
-        else {
+        let Some(kind) = vma_kind(m).map_err(|e| SaveError::Unsupported { pid, what: e.0 })? else {
             continue;
         };
         let shm = (matches!(kind, VmaKind::Anon) && m.shared).then_some((m.ino, m.offset));
