@@ -133,10 +133,7 @@ pub fn capture(
     let auxv_bytes = proc::read_bytes(pid, "auxv")?;
     let mut mm = proc::mm_image(&stat.mm);
     mm.brk = remote.brk;
-    mm.auxv = auxv_bytes
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-        .collect();
+    mm.auxv = stasis_kernel::mem::le_u64s(&auxv_bytes);
     let image = ProcessImage {
         pid,
         ppid: stat.ppid,
