@@ -168,6 +168,15 @@ impl Shared {
         // update is made whole under the lock).
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Waits up to `timeout` for [`Shared::room`] to be signalled (the side
+    /// buffer shrank, a claim ended or the copy ended).
+    fn wait_room<'a>(&self, st: MutexGuard<'a, State>, timeout: Duration) -> MutexGuard<'a, State> {
+        self.room
+            .wait_timeout(st, timeout)
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+    }
 }
 
 struct Proc {
