@@ -10,9 +10,10 @@ use stasis_kernel::mem::ProcessMemory;
 use stasis_sys as sys;
 
 use crate::strategy::CopyCx;
+use crate::SaveError;
 use crate::{
-    freeze, incremental, memory, micros, proc, snapshot, CaptureError, ConcurrentStats, DumpReport,
-    Result, TrackerRef,
+    freeze, incremental, memory, micros, proc, snapshot, ConcurrentStats, DumpReport, Result,
+    TrackerRef,
 };
 
 /// The pages of one process to save, and where to read them.
@@ -67,12 +68,12 @@ impl ProcCopy {
         };
         let smaps = proc::read(snap.pid, "smaps")?;
         if let Some(a) = proc::parse_smaps_flagged(&smaps, "wf").first() {
-            return Err(CaptureError::Unsupported {
+            return Err(SaveError::Unsupported {
                 pid: self.pid,
                 what: format!(
                     "area {a:#x} is MADV_WIPEONFORK, which a copy-on-write snapshot does not keep: dump it without --concurrent"
                 ),
-            });
+            }.into());
         }
         let growsdown = proc::parse_smaps_growsdown(&smaps);
         let plan = memory::plan(snap.pid, &d.maps, &growsdown, &mut d.shm_seen)?;

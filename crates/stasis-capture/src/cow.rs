@@ -71,14 +71,16 @@ use stasis_kernel::KernelError;
 use stasis_sys as sys;
 
 use crate::freeze::FrozenProcess;
+use stasis_image::manifest::VmaKind;
+#[cfg(doc)]
+use stasis_image::{areas::private_anon, manifest::Vma};
 
 mod handler;
-mod rangeset;
 mod tracking;
 
 use crate::{CaptureError, Result};
 use handler::Handler;
-pub use rangeset::RangeSet;
+pub use stasis_image::ranges::RangeSet;
 pub use tracking::{CowTracking, TRACK_NAME};
 
 /// Bytes the copier saves per step (aligned: a grain never straddles two;
@@ -166,6 +168,15 @@ impl Shared {
         // update is made whole under the lock).
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Waits up to `timeout` for [`Shared::room`] to be signalled (the side
+    /// buffer shrank, a claim ended or the copy ended).
+    fn wait_room<'a>(&self, st: MutexGuard<'a, State>, timeout: Duration) -> MutexGuard<'a, State> {
+        self.room
+            .wait_timeout(st, timeout)
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+    }
 }
 
 struct Proc {
@@ -208,25 +219,16 @@ pub struct Cow {
     restarts: std::collections::HashMap<i32, u64>,
 }
 
-/// The areas of `maps` that [`protectable`] would accept.
+/// The areas of `maps` that [`private_anon`] accepts as a [`Vma`]: private
+/// anonymous memory (the kernel refuses to write-protect private file
+/// mappings; a dump reads those, and shared memory, in the freeze).
+/// `MapsEntry` has no `shm`: the capture sets it only on shared areas.
 fn protectable_maps(maps: &[crate::proc::MapsEntry]) -> Vec<(u64, u64)> {
     maps.iter()
         .filter(|m| !m.shared)
-        .filter(|m| {
-            matches!(
-                crate::memory::vma_kind(m),
-                Ok(Some(stasis_image::manifest::VmaKind::Anon))
-            )
-        })
+        .filter(|m| matches!(crate::memory::vma_kind(m), Ok(Some(VmaKind::Anon))))
         .map(|m| (m.start, m.end))
         .collect()
-}
-
-/// Whether an area of a plan can be write-protected by a userfaultfd:
-/// private anonymous memory (the kernel refuses private file mappings; a
-/// dump reads those, and shared memory, in the freeze).
-pub fn protectable(v: &stasis_image::manifest::Vma) -> bool {
-    !v.shared && matches!(v.kind, stasis_image::manifest::VmaKind::Anon)
 }
 
 impl Cow {
@@ -413,11 +415,11 @@ impl Cow {
             std::mem::take(&mut ps.touched)
         };
         let mut protect = RangeSet::from_spans(protect);
-        for (a, b) in touched.intersect(0, u64::MAX) {
+        for (a, b) in touched.to_ranges() {
             protect.insert(a, b);
         }
         let data = RangeSet::from_spans(data.iter().copied());
-        for (a, b) in protect.intersect(0, u64::MAX) {
+        for (a, b) in protect.to_ranges() {
             for (s, e) in data.intersect(a, b) {
                 wp_retry(&self.procs[idx].uffd, &self.shared, s, e, true)?;
             }

@@ -4,28 +4,15 @@
 //! Each kind of kernel object is saved by its own module of
 //! `stasis-objects` (`pipe.rs`, `unix.rs`, `tcp.rs`...; see
 //! [`stasis_objects::REGISTRY`]); this module adapts them to the capture:
-//! its error type.
+//! the fd table of a dump (errors convert into `CaptureError` in lib.rs).
 
-use stasis_objects::{SaveCtx, SaveError};
+use stasis_objects::SaveCtx;
 
 pub use stasis_objects::save::unsupported_reason;
 pub use stasis_objects::socket::{transient_socket, AcceptGate};
 pub use stasis_objects::tcp::{leave_repair, Repaired, Repairs};
 
-use crate::{CaptureError, Result};
-
-impl From<SaveError> for CaptureError {
-    fn from(e: SaveError) -> Self {
-        match e {
-            SaveError::Unsupported { pid, what } => CaptureError::Unsupported { pid, what },
-            SaveError::Proc { pid, file, source } => CaptureError::from_proc(pid, &file, source),
-            SaveError::ProcFormat { pid, file, what } => {
-                CaptureError::ProcFormat { pid, file, what }
-            }
-            SaveError::Kernel(k) => CaptureError::Kernel(k),
-        }
-    }
-}
+use crate::Result;
 
 /// Lists the fd numbers of `pid`.
 pub fn list_fds(pid: i32) -> Result<Vec<i32>> {

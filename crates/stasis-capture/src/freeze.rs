@@ -12,6 +12,7 @@ use stasis_kernel::mem::ProcessMemory;
 use stasis_kernel::ptrace::normalize_interrupted_syscall;
 use stasis_kernel::{KernelError, Tracee, UserRegs};
 
+use crate::SaveError;
 use crate::{proc, CaptureError, Result};
 
 /// One frozen thread and what is needed to let it go unchanged.
@@ -138,10 +139,11 @@ fn freeze_process(pid: i32) -> Result<FrozenProcess> {
         .sort_by_key(|t| (t.tracee.pid() != pid, t.tracee.pid()));
     if fp.threads.first().map(|t| t.tracee.pid()) != Some(pid) {
         release_process(&mut fp);
-        return Err(CaptureError::Unsupported {
+        return Err(SaveError::Unsupported {
             pid,
             what: "its main thread has exited while other threads run".into(),
-        });
+        }
+        .into());
     }
     Ok(fp)
 }

@@ -46,6 +46,7 @@ use std::time::Instant;
 
 use stasis_image::{ImageDir, ImageError};
 use stasis_kernel::KernelError;
+pub use stasis_objects::SaveError;
 pub use stasis_track::DirtyTracker;
 
 use pipeline::dump_once;
@@ -55,25 +56,14 @@ use pipeline::dump_once;
 pub enum CaptureError {
     #[error("process {pid} does not exist: check the PID (`ps -p {pid}`)")]
     NoSuchProcess { pid: i32 },
-    #[error("cannot dump process {pid}: {what}")]
-    Unsupported { pid: i32, what: String },
     #[error("process {pid} is still putting itself back after a dump that was killed: try again in a moment")]
     Escaping { pid: i32 },
     #[error("cannot trace process {pid}: permission denied reading /proc/{pid}/{file} (run stasis as root, or as the process's owner with CAP_SYS_PTRACE)")]
     Permission { pid: i32, file: String },
-    #[error("reading /proc/{pid}/{file} failed")]
-    Proc {
-        pid: i32,
-        file: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("unexpected content in /proc/{pid}/{file}: {what}")]
-    ProcFormat {
-        pid: i32,
-        file: String,
-        what: String,
-    },
+    /// Saving failed where the kernel objects' save side reports it too
+    /// (one definition of those messages: unsupported, `/proc` errors).
+    #[error(transparent)]
+    Save(SaveError),
     #[error(transparent)]
     Kernel(#[from] KernelError),
     #[error("writing the image failed: {0}")]
@@ -98,11 +88,21 @@ impl CaptureError {
                 file: file.into(),
             }
         } else {
-            CaptureError::Proc {
+            CaptureError::Save(SaveError::Proc {
                 pid,
                 file: file.into(),
                 source: e,
-            }
+            })
+        }
+    }
+}
+
+impl From<SaveError> for CaptureError {
+    fn from(e: SaveError) -> Self {
+        match e {
+            SaveError::Proc { pid, file, source } => CaptureError::from_proc(pid, &file, source),
+            SaveError::Kernel(k) => CaptureError::Kernel(k),
+            e => CaptureError::Save(e),
         }
     }
 }

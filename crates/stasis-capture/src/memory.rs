@@ -9,6 +9,7 @@ use stasis_kernel::mem::{read_ranges, ProcessMemory};
 use stasis_kernel::pagemap::{Pagemap, ScanQuery};
 use stasis_kernel::KernelError;
 
+use crate::SaveError;
 use crate::{proc, CaptureError, Result};
 
 /// Why an area cannot be dumped.
@@ -94,18 +95,7 @@ pub enum Scan {
     DataAndProtection,
 }
 
-/// `(address, length)` ranges as sorted, merged `[start, end)` spans.
-pub fn spans(ranges: &[(u64, usize)]) -> stasis_image::chain::Ranges {
-    stasis_image::chain::normalize(ranges.iter().map(|&(a, l)| (a, a + l as u64)).collect())
-}
-
-/// `[start, end)` spans as `(address, length)` ranges.
-pub fn lengths(spans: &[(u64, u64)]) -> Vec<(u64, usize)> {
-    spans
-        .iter()
-        .map(|&(a, e)| (a, usize::try_from(e - a).unwrap_or(0)))
-        .collect()
-}
+pub use stasis_image::ranges::{lengths, spans};
 
 /// Decides what to save of each area. `seen_shm` holds the shared-memory
 /// objects already saved by an earlier process (or area) of the image: their
@@ -133,8 +123,7 @@ pub fn plan_with(
     let pagemap = Pagemap::open(pid)?;
     let mut have_scan = true;
     for m in maps {
-        let Some(kind) = vma_kind(m).map_err(|e| CaptureError::Unsupported { pid, what: e.0 })?
-        else {
+        let Some(kind) = vma_kind(m).map_err(|e| SaveError::Unsupported { pid, what: e.0 })? else {
             continue;
         };
         let shm = (matches!(kind, VmaKind::Anon) && m.shared).then_some((m.ino, m.offset));

@@ -12,6 +12,7 @@ use crate::collect::{capture_frozen, Frame};
 use crate::copy::Pending;
 use crate::incremental::{self, Base, FullDump};
 use crate::strategy::{self, CopyCx, CopyStrategy};
+use crate::SaveError;
 use crate::{
     cow, fds, freeze, memory, micros, ms, proc, CaptureError, CowMethod, DumpOptions, DumpReport,
     Result, TrackerRef,
@@ -268,13 +269,13 @@ fn wait_lazy_fill(pid: i32) -> Result<()> {
             return Ok(());
         }
         if t0.elapsed() >= LAZY_FILL_WAIT {
-            return Err(CaptureError::Unsupported {
+            return Err(SaveError::Unsupported {
                 pid,
                 what: format!(
                     "its pages are still arriving from a lazy restore after {} s; wait for the restore's page filler to finish, then dump again",
                     LAZY_FILL_WAIT.as_secs()
                 ),
-            });
+            }.into());
         }
         if t0.elapsed() < Duration::from_millis(20) {
             tracing::info!(pid, "waiting for the lazy restore of the process to finish");
@@ -291,17 +292,19 @@ fn preflight(pid: i32) -> Result<()> {
         return Err(CaptureError::NoSuchProcess { pid });
     }
     if pid == std::process::id() as i32 {
-        return Err(CaptureError::Unsupported {
+        return Err(SaveError::Unsupported {
             pid,
             what: "stasis cannot dump itself".into(),
-        });
+        }
+        .into());
     }
     let stat = proc::read_parsed(pid, "stat", proc::parse_stat)?;
     if stat.state == 'Z' || stat.state == 'X' {
-        return Err(CaptureError::Unsupported {
+        return Err(SaveError::Unsupported {
             pid,
             what: "it is a zombie (it has exited and waits to be reaped)".into(),
-        });
+        }
+        .into());
     }
     let mut queue = vec![pid];
     while let Some(p) = queue.pop() {
@@ -311,10 +314,11 @@ fn preflight(pid: i32) -> Result<()> {
         };
         if maps.trim().is_empty() {
             if p == pid {
-                return Err(CaptureError::Unsupported {
+                return Err(SaveError::Unsupported {
                     pid,
                     what: "it is a kernel thread (it has no memory map)".into(),
-                });
+                }
+                .into());
             }
             continue; // a zombie child
         }
@@ -331,11 +335,11 @@ fn preflight_process(p: i32, maps: &str) -> Result<()> {
             continue;
         };
         if let Some(what) = fds::unsupported_reason(p, fd, &link) {
-            return Err(CaptureError::Unsupported { pid: p, what });
+            return Err(SaveError::Unsupported { pid: p, what }.into());
         }
     }
     for m in proc::parse_maps(maps).map_err(|e| proc::format_err(p, "maps", e))? {
-        memory::vma_kind(&m).map_err(|e| CaptureError::Unsupported { pid: p, what: e.0 })?;
+        memory::vma_kind(&m).map_err(|e| SaveError::Unsupported { pid: p, what: e.0 })?;
     }
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! Reading a process's state from `/proc/PID/*`: the I/O around the one
 //! procfs parser ([`stasis_kernel::procfs`], re-exported here), with a
 //! missing file mapped to a dead process and bad content to
-//! [`CaptureError::ProcFormat`].
+//! [`SaveError::ProcFormat`](crate::SaveError::ProcFormat).
 
 use std::path::PathBuf;
 
@@ -13,6 +13,7 @@ pub use stasis_kernel::procfs::{
     TimerLine,
 };
 
+use crate::SaveError;
 use crate::{CaptureError, Result};
 
 /// Reads `/proc/PID/<name>` and parses it with `parse`.
@@ -26,11 +27,12 @@ pub fn read_parsed<T>(
 
 /// A parse error of `/proc/PID/<name>`.
 pub fn format_err(pid: i32, name: &str, e: FormatError) -> CaptureError {
-    CaptureError::ProcFormat {
+    SaveError::ProcFormat {
         pid,
         file: name.into(),
         what: e.0,
     }
+    .into()
 }
 
 /// `root` and its descendants as they are now (read from each task's

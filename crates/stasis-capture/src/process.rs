@@ -7,7 +7,8 @@ use stasis_kernel::robust_list::get_robust_list;
 use stasis_sys as sys;
 
 use crate::freeze::FrozenProcess;
-use crate::{memory, proc, CaptureError, Result};
+use crate::SaveError;
+use crate::{memory, proc, Result};
 
 fn siginfo(raw: &[u8; sys::SIGINFO_SIZE]) -> SigInfo {
     let signo = u32::from_le_bytes(raw[0..4].try_into().unwrap_or([0; 4]));
@@ -59,7 +60,7 @@ pub fn capture(
     let pid = f.pid;
     let maps = proc::read_parsed(pid, "maps", proc::parse_maps)?;
     for m in &maps {
-        memory::vma_kind(m).map_err(|e| CaptureError::Unsupported { pid, what: e.0 })?;
+        memory::vma_kind(m).map_err(|e| SaveError::Unsupported { pid, what: e.0 })?;
     }
     f.arm_remote(mem, &maps)?;
     let remote = crate::remote_state::read(f, mem, &maps)?;
@@ -112,17 +113,18 @@ pub fn capture(
         .lines()
         .any(|l| l.starts_with("Seccomp:") && l.trim_end().ends_with('1'))
     {
-        return Err(CaptureError::Unsupported {
+        return Err(SaveError::Unsupported {
             pid,
             what: "it runs in seccomp strict mode, which stasis cannot checkpoint".into(),
-        });
+        }
+        .into());
     }
     let (umask, creds) =
         proc::parse_status(&status).map_err(|e| proc::format_err(pid, "status", e))?;
     let rlimits = proc::rlimits(proc::read_parsed(pid, "limits", proc::parse_limits)?);
     let personality =
         u32::from_str_radix(proc::read(pid, "personality")?.trim(), 16).map_err(|_| {
-            CaptureError::ProcFormat {
+            SaveError::ProcFormat {
                 pid,
                 file: "personality".into(),
                 what: "not a hex number".into(),
@@ -131,10 +133,7 @@ pub fn capture(
     let auxv_bytes = proc::read_bytes(pid, "auxv")?;
     let mut mm = proc::mm_image(&stat.mm);
     mm.brk = remote.brk;
-    mm.auxv = auxv_bytes
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-        .collect();
+    mm.auxv = stasis_kernel::mem::le_u64s(&auxv_bytes);
     let image = ProcessImage {
         pid,
         ppid: stat.ppid,

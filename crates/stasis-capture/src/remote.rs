@@ -84,8 +84,5 @@ impl Remote for ThreadRemote<'_> {
 pub fn read_u64s(r: &mut dyn Remote, addr: u64, n: usize) -> Result<Vec<u64>, KernelError> {
     let mut bytes = vec![0u8; n * 8];
     r.read(addr, &mut bytes)?;
-    Ok(bytes
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-        .collect())
+    Ok(stasis_kernel::mem::le_u64s(&bytes))
 }

@@ -35,7 +35,8 @@ use stasis_kernel::{KernelError, Tracee, UserRegs};
 use stasis_sys as sys;
 
 use crate::freeze::FrozenProcess;
-use crate::{CaptureError, Result};
+use crate::Result;
+use crate::SaveError;
 
 /// A stopped copy-on-write child of a process of the tree.
 pub struct Snapshot {
@@ -83,7 +84,7 @@ pub fn take(fp: &mut FrozenProcess) -> Result<Snapshot> {
     let pid = main
         .tracee
         .take_new_task()
-        .ok_or_else(|| CaptureError::Unsupported {
+        .ok_or_else(|| SaveError::Unsupported {
             pid: parent,
             what: "the snapshot fork reported no child".into(),
         })?;

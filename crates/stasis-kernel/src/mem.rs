@@ -125,15 +125,20 @@ impl ProcessMemory {
             })
     }
 
-    /// Reads a NUL-free fixed-size value.
+    /// Reads `n` little-endian words at `addr`.
     pub fn read_u64s(&self, addr: u64, n: usize) -> Result<Vec<u64>> {
         let mut bytes = vec![0u8; n * 8];
         self.read(addr, &mut bytes)?;
-        Ok(bytes
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-            .collect())
+        Ok(le_u64s(&bytes))
     }
+}
+
+/// `bytes` as little-endian words (a short tail is dropped).
+pub fn le_u64s(bytes: &[u8]) -> Vec<u64> {
+    bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+        .collect()
 }
 
 /// Reads many ranges of another process into `buf` (laid out back to back)

@@ -206,6 +206,91 @@ pub fn outq(fd: BorrowedFd<'_>) -> Result<(u32, u32)> {
 /// Credentials of a unix socket message: pid, uid, gid.
 pub type Creds = (i32, u32, u32);
 
+/// One message peeked at by [`peek_each`].
+struct Peeked<'a> {
+    data: &'a [u8],
+    /// The sender's raw address (empty where the socket gives none).
+    addr: &'a [u8],
+    /// For the control messages and `msg_flags`.
+    mh: &'a libc::msghdr,
+}
+
+/// Steps through the queue of `fd` without consuming it, one message (for
+/// a stream: one chunk) at a time into a buffer of `buf_len` bytes, using
+/// `SO_PEEK_OFF` from 0; the socket's own peek offset is put back. Stops at
+/// an empty queue or once `limit` bytes were read. `each` sees every
+/// message and says whether to go on; `what` names a failed `recvmsg`.
+fn peek_each(
+    fd: BorrowedFd<'_>,
+    limit: usize,
+    buf_len: usize,
+    what: &str,
+    mut each: impl FnMut(Peeked<'_>) -> Result<bool>,
+) -> Result<()> {
+    let saved = get_int(fd, libc::SOL_SOCKET, SO_PEEK_OFF).unwrap_or(-1);
+    set_int(fd, libc::SOL_SOCKET, SO_PEEK_OFF, 0)?;
+    let mut total = 0usize;
+    let mut buf = vec![0u8; buf_len];
+    let res = loop {
+        if total >= limit {
+            break Ok(());
+        }
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let mut cbuf = [0u64; 64];
+        // SAFETY: sockaddr_storage is plain data; zeroes are valid.
+        let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        // SAFETY: msghdr is plain data; zeroes are a valid value.
+        let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
+        mh.msg_name = (&mut from as *mut libc::sockaddr_storage).cast();
+        mh.msg_namelen = libc::socklen_t::try_from(std::mem::size_of_val(&from)).unwrap_or(0);
+        mh.msg_iov = &mut iov;
+        mh.msg_iovlen = 1;
+        mh.msg_control = cbuf.as_mut_ptr().cast();
+        mh.msg_controllen = std::mem::size_of_val(&cbuf);
+        // SAFETY: receiving into our buffers without consuming (MSG_PEEK);
+        // the kernel writes at most iov_len data bytes, msg_namelen bytes
+        // of address and controllen control bytes. Fds passed in the
+        // message are installed in this process close-on-exec
+        // (MSG_CMSG_CLOEXEC); `each` closes them.
+        let n = unsafe {
+            libc::recvmsg(
+                fd.as_raw_fd(),
+                &mut mh,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EAGAIN) {
+                break Ok(());
+            }
+            break Err(KernelError::io(what, e));
+        }
+        let n = usize::try_from(n).unwrap_or(0);
+        let alen = usize::try_from(mh.msg_namelen)
+            .unwrap_or(0)
+            .min(std::mem::size_of_val(&from));
+        // SAFETY: the kernel wrote `alen` bytes of address into `from`.
+        let addr = unsafe {
+            std::slice::from_raw_parts((&from as *const libc::sockaddr_storage).cast::<u8>(), alen)
+        };
+        match each(Peeked {
+            data: &buf[..n],
+            addr,
+            mh: &mh,
+        }) {
+            Ok(true) => total += n,
+            Ok(false) => break Ok(()),
+            Err(e) => break Err(e),
+        }
+    };
+    let _ = set_int(fd, libc::SOL_SOCKET, SO_PEEK_OFF, saved);
+    res
+}
+
 /// Reads what is queued without consuming it, message by message (for a
 /// stream: in chunks), using `SO_PEEK_OFF` to step through the queue. The
 /// socket's own peek offset is put back. `limit` bounds the bytes read.
@@ -217,94 +302,19 @@ pub fn peek_queue(fd: BorrowedFd<'_>, limit: usize) -> Result<Vec<(Vec<u8>, Opti
     // before the peek offset is touched: nothing may fail between setting
     // it and putting it back.)
     let stream = get_int(fd, libc::SOL_SOCKET, libc::SO_TYPE)? == libc::SOCK_STREAM;
-    let saved = get_int(fd, libc::SOL_SOCKET, SO_PEEK_OFF).unwrap_or(-1);
-    set_int(fd, libc::SOL_SOCKET, SO_PEEK_OFF, 0)?;
     let mut empty_in_a_row = 0usize;
     let mut out = Vec::new();
-    let mut total = 0usize;
-    let mut buf = vec![0u8; 256 * 1024];
-    let res = loop {
-        if total >= limit {
-            break Ok(());
-        }
-        let mut iov = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
-        let mut cbuf = [0u64; 64];
-        // SAFETY: msghdr is plain data; zeroes are a valid value.
-        let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
-        mh.msg_iov = &mut iov;
-        mh.msg_iovlen = 1;
-        mh.msg_control = cbuf.as_mut_ptr().cast();
-        mh.msg_controllen = std::mem::size_of_val(&cbuf);
-        // SAFETY: receiving into our buffers without consuming (MSG_PEEK);
-        // the kernel writes at most iov_len data bytes and controllen
-        // control bytes. Fds passed in the message are installed in this
-        // process close-on-exec (MSG_CMSG_CLOEXEC) and closed below.
-        let n = unsafe {
-            libc::recvmsg(
-                fd.as_raw_fd(),
-                &mut mh,
-                libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
-            )
-        };
-        let mut creds = None;
-        if n >= 0 && mh.msg_controllen > 0 {
-            // SAFETY: walking the control messages the kernel just wrote.
-            let mut c = unsafe { libc::CMSG_FIRSTHDR(&mh) };
-            let mut fds_in_flight = false;
-            while !c.is_null() {
-                // SAFETY: `c` points into `cbuf` (CMSG_FIRSTHDR/NXTHDR checked bounds).
-                let (level, ty, len) = unsafe { ((*c).cmsg_level, (*c).cmsg_type, (*c).cmsg_len) };
-                if level == libc::SOL_SOCKET && ty == libc::SCM_CREDENTIALS {
-                    // SAFETY: an SCM_CREDENTIALS message carries a struct ucred
-                    // (possibly unaligned in the buffer).
-                    let u = unsafe {
-                        std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::ucred>())
-                    };
-                    creds = Some((u.pid, u.uid, u.gid));
-                }
-                if level == libc::SOL_SOCKET && ty == libc::SCM_RIGHTS {
-                    fds_in_flight = true;
-                    // SAFETY: CMSG_LEN(0) is the header size.
-                    let data_len = len.saturating_sub(unsafe { libc::CMSG_LEN(0) } as usize);
-                    // SAFETY: the data of an SCM_RIGHTS message is an array of ints.
-                    let fds = unsafe {
-                        std::slice::from_raw_parts(libc::CMSG_DATA(c).cast::<i32>(), data_len / 4)
-                    };
-                    for &f in fds {
-                        // SAFETY: closing an fd the kernel just installed for us.
-                        unsafe { libc::close(f) };
-                    }
-                }
-                // SAFETY: advancing within the control buffer.
-                c = unsafe { libc::CMSG_NXTHDR(&mh, c) };
-            }
-            if fds_in_flight {
-                break Err(KernelError::Unsupported {
-                    feature: "file descriptors in flight",
-                    why: "a queued message carries file descriptors (SCM_RIGHTS)".into(),
-                });
-            }
-        }
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EAGAIN) {
-                break Ok(());
-            }
-            break Err(KernelError::io("recv(MSG_PEEK)", e));
-        }
-        let n = usize::try_from(n).unwrap_or(0);
-        if n == 0 {
+    peek_each(fd, limit, 256 * 1024, "recv(MSG_PEEK)", |p| {
+        let creds = control_creds(p.mh)?;
+        if p.data.is_empty() {
             if stream {
-                break Ok(());
+                return Ok(false);
             }
             // The kernel steps over an empty message it has peeked; guard
             // against one that would not.
             empty_in_a_row += 1;
             if empty_in_a_row > 4096 {
-                break Err(KernelError::Unsupported {
+                return Err(KernelError::Unsupported {
                     feature: "queues of more than 4096 empty datagrams",
                     why: "the peek offset does not advance past them".into(),
                 });
@@ -312,11 +322,54 @@ pub fn peek_queue(fd: BorrowedFd<'_>, limit: usize) -> Result<Vec<(Vec<u8>, Opti
         } else {
             empty_in_a_row = 0;
         }
-        total += n;
-        out.push((buf[..n].to_vec(), creds));
-    };
-    let _ = set_int(fd, libc::SOL_SOCKET, SO_PEEK_OFF, saved);
-    res.map(|()| out)
+        out.push((p.data.to_vec(), creds));
+        Ok(true)
+    })?;
+    Ok(out)
+}
+
+/// The credentials (`SCM_CREDENTIALS`) among the control messages of a
+/// peeked message. Fds in flight (`SCM_RIGHTS`) are closed and refused.
+fn control_creds(mh: &libc::msghdr) -> Result<Option<Creds>> {
+    let mut creds = None;
+    if mh.msg_controllen == 0 {
+        return Ok(None);
+    }
+    // SAFETY: walking the control messages the kernel just wrote.
+    let mut c = unsafe { libc::CMSG_FIRSTHDR(mh) };
+    let mut fds_in_flight = false;
+    while !c.is_null() {
+        // SAFETY: `c` points into the control buffer (CMSG_FIRSTHDR/NXTHDR checked bounds).
+        let (level, ty, len) = unsafe { ((*c).cmsg_level, (*c).cmsg_type, (*c).cmsg_len) };
+        if level == libc::SOL_SOCKET && ty == libc::SCM_CREDENTIALS {
+            // SAFETY: an SCM_CREDENTIALS message carries a struct ucred
+            // (possibly unaligned in the buffer).
+            let u = unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::ucred>()) };
+            creds = Some((u.pid, u.uid, u.gid));
+        }
+        if level == libc::SOL_SOCKET && ty == libc::SCM_RIGHTS {
+            fds_in_flight = true;
+            // SAFETY: CMSG_LEN(0) is the header size.
+            let data_len = len.saturating_sub(unsafe { libc::CMSG_LEN(0) } as usize);
+            // SAFETY: the data of an SCM_RIGHTS message is an array of ints.
+            let fds = unsafe {
+                std::slice::from_raw_parts(libc::CMSG_DATA(c).cast::<i32>(), data_len / 4)
+            };
+            for &f in fds {
+                // SAFETY: closing an fd the kernel just installed for us.
+                unsafe { libc::close(f) };
+            }
+        }
+        // SAFETY: advancing within the control buffer.
+        c = unsafe { libc::CMSG_NXTHDR(mh, c) };
+    }
+    if fds_in_flight {
+        return Err(KernelError::Unsupported {
+            feature: "file descriptors in flight",
+            why: "a queued message carries file descriptors (SCM_RIGHTS)".into(),
+        });
+    }
+    Ok(creds)
 }
 
 /// Reads `len` bytes of the current repair queue without consuming them.
@@ -451,66 +504,27 @@ pub fn tcp_info(fd: BorrowedFd<'_>) -> Result<TcpInfo> {
 /// with its sender's raw address (`SO_PEEK_OFF` steps through the queue;
 /// the socket's own peek offset is put back).
 pub fn peek_datagrams(fd: BorrowedFd<'_>, limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-    let saved = get_int(fd, libc::SOL_SOCKET, SO_PEEK_OFF).unwrap_or(-1);
-    set_int(fd, libc::SOL_SOCKET, SO_PEEK_OFF, 0)?;
+    const WHAT: &str = "peeking at a datagram";
     let mut out = Vec::new();
-    let mut total = 0usize;
-    let mut buf = vec![0u8; 65536];
-    let res = loop {
-        if total >= limit {
-            break Ok(());
-        }
-        let mut iov = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
-        // SAFETY: sockaddr_storage is plain data; zeroes are valid.
-        let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-        // SAFETY: msghdr is plain data; zeroes are a valid value.
-        let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
-        mh.msg_name = (&mut from as *mut libc::sockaddr_storage).cast();
-        mh.msg_namelen = libc::socklen_t::try_from(std::mem::size_of_val(&from)).unwrap_or(0);
-        mh.msg_iov = &mut iov;
-        mh.msg_iovlen = 1;
-        // SAFETY: receiving into our buffers without consuming (MSG_PEEK);
-        // the kernel writes at most iov_len bytes of data and msg_namelen
-        // bytes of address.
-        let n =
-            unsafe { libc::recvmsg(fd.as_raw_fd(), &mut mh, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EAGAIN) {
-                break Ok(());
-            }
-            break Err(KernelError::io("peeking at a datagram", e));
-        }
-        if mh.msg_flags & libc::MSG_TRUNC != 0 {
-            break Err(KernelError::io(
-                "peeking at a datagram",
+    peek_each(fd, limit, 65536, WHAT, |p| {
+        if p.mh.msg_flags & libc::MSG_TRUNC != 0 {
+            return Err(KernelError::io(
+                WHAT,
                 std::io::Error::other("a datagram larger than 64 KiB"),
             ));
         }
-        let n = usize::try_from(n).unwrap_or(0);
-        let alen = usize::try_from(mh.msg_namelen)
-            .unwrap_or(0)
-            .min(std::mem::size_of_val(&from));
-        // SAFETY: the kernel wrote `alen` bytes of address into `from`.
-        let addr = unsafe {
-            std::slice::from_raw_parts((&from as *const libc::sockaddr_storage).cast::<u8>(), alen)
-        };
-        if n == 0 {
+        if p.data.is_empty() {
             // An empty datagram does not move the peek offset: the ones
             // behind it cannot be reached without consuming it.
-            break Err(KernelError::io(
-                "peeking at a datagram",
+            return Err(KernelError::io(
+                WHAT,
                 std::io::Error::other("an empty datagram in the queue"),
             ));
         }
-        out.push((addr.to_vec(), buf[..n].to_vec()));
-        total += n;
-    };
-    let _ = set_int(fd, libc::SOL_SOCKET, SO_PEEK_OFF, saved);
-    res.map(|()| out)
+        out.push((p.addr.to_vec(), p.data.to_vec()));
+        Ok(true)
+    })?;
+    Ok(out)
 }
 
 /// Delivers `data` to the local IPv4 UDP address `to` as if `from` had

@@ -1,7 +1,8 @@
-//! Errors of saving and of rebuilding kernel objects. Each variant has a
-//! twin in `stasis_capture::CaptureError` or `stasis_restore::RestoreError`
-//! (the conversions live next to those types), so a message reads the same
-//! whichever layer reports it.
+//! Errors of saving and of rebuilding kernel objects: the one definition of
+//! these messages. `stasis_capture::CaptureError::Save` and
+//! `stasis_restore::RestoreError::Object` wrap them transparently (the
+//! conversions live next to those types), and the capture builds its own
+//! "cannot dump" and `/proc` errors as [`SaveError`] too.
 
 use stasis_kernel::KernelError;
 

@@ -12,9 +12,10 @@ use crate::{Object, OpenFd, RestoreCtx, RestoreError, SaveCtx, SaveError};
 
 pub struct Timerfd;
 
-/// The first expiry to arm a timer with: an armed timer whose expiry has
-/// passed (value 0, interval set) fires at once (1 ns), a disarmed one
-/// stays so (`None`).
+/// The first expiry to arm a saved timer with (timerfd, POSIX timer or
+/// itimer, in its own unit), or `None` if it was disarmed. A periodic timer
+/// read between an expiry and its re-arm shows 0 time left, yet it is
+/// armed: it gets the smallest value instead (0 would disarm it).
 pub fn armed_value(value: u64, interval: u64) -> Option<u64> {
     (value != 0 || interval != 0).then_some(value.max(1))
 }

@@ -6,6 +6,7 @@
 use stasis_image::manifest::{ITimer, MmImage, PosixTimer, SigAction, ThreadImage, Vma, VmaKind};
 use stasis_image::RunEntry;
 use stasis_kernel::sarg;
+use stasis_objects::timerfd::armed_value;
 use stasis_sys::{self as sys, PrctlMmMap};
 
 use crate::remote::Remote;
@@ -325,13 +326,6 @@ pub fn restore_sigactions<R: Remote>(r: &mut R, acts: &[SigAction]) -> Result<()
     Ok(())
 }
 
-/// The value to arm a saved timer with, or `None` if it was disarmed. A
-/// periodic timer read between an expiry and its re-arm shows 0 time left,
-/// yet it is armed: it gets the smallest value instead (0 would disarm it).
-pub fn armed_value(value: u64, interval: u64) -> Option<u64> {
-    (value != 0 || interval != 0).then_some(value.max(1))
-}
-
 /// `[interval, value]` split into (seconds, fraction) words, as
 /// `struct itimerval` (fraction in µs) or `struct itimerspec` (in ns) want.
 fn timer_words(interval: u64, value: u64, per_second: u64) -> Vec<u8> {
@@ -343,18 +337,30 @@ fn timer_words(interval: u64, value: u64, per_second: u64) -> Vec<u8> {
     ])
 }
 
+/// Puts a saved timer in scratch as a `what` (`struct itimerval` or
+/// `struct itimerspec`, fractions of `1 / per_second`), its value as
+/// [`armed_value`] says; returns the address, or `None` if it was disarmed.
+fn put_timer<R: Remote>(
+    r: &mut R,
+    interval: u64,
+    value: u64,
+    per_second: u64,
+    what: &str,
+) -> Result<Option<u64>, RestoreError> {
+    let Some(value) = armed_value(value, interval) else {
+        return Ok(None);
+    };
+    r.put(SCRATCH_STRUCT, &timer_words(interval, value, per_second))
+        .map(Some)
+        .map_err(step(what))
+}
+
 /// Arms saved interval timers (disarmed ones are left alone).
 pub fn restore_itimers<R: Remote>(r: &mut R, timers: &[ITimer]) -> Result<(), RestoreError> {
     for t in timers {
-        let Some(value) = armed_value(t.value_us, t.interval_us) else {
+        let Some(addr) = put_timer(r, t.interval_us, t.value_us, 1_000_000, "itimerval")? else {
             continue;
         };
-        let addr = r
-            .put(
-                SCRATCH_STRUCT,
-                &timer_words(t.interval_us, value, 1_000_000),
-            )
-            .map_err(step("itimerval"))?;
         r.sys(
             "setitimer",
             libc::SYS_setitimer,
@@ -435,15 +441,9 @@ pub fn create_posix_timers<R: Remote>(
 /// Arms the POSIX timers that were armed (last, like interval timers).
 pub fn arm_posix_timers<R: Remote>(r: &mut R, timers: &[PosixTimer]) -> Result<(), RestoreError> {
     for t in timers {
-        let Some(value) = armed_value(t.value_ns, t.interval_ns) else {
+        let Some(a) = put_timer(r, t.interval_ns, t.value_ns, 1_000_000_000, "itimerspec")? else {
             continue;
         };
-        let a = r
-            .put(
-                SCRATCH_STRUCT,
-                &timer_words(t.interval_ns, value, 1_000_000_000),
-            )
-            .map_err(step("itimerspec"))?;
         r.sys(
             "timer_settime",
             libc::SYS_timer_settime,

@@ -3,7 +3,7 @@
 //! Each kind of kernel object is made by its own module of
 //! `stasis-objects` (`pipe.rs`, `unix.rs`, `tcp.rs`...; see
 //! [`stasis_objects::REGISTRY`]); this module adapts them to the
-//! restore: its error type and the layout of the stub's scratch page.
+//! restore: the layout of the stub's scratch page.
 //! Every open file description is created once, in the restorer
 //! ([`FdFactory`]), then handed to each process that holds it ([`plant`]);
 //! epoll registrations and flock/POSIX locks are made last, by the
@@ -28,23 +28,6 @@ use crate::RestoreError;
 const AT: objects::Scratch = objects::Scratch {
     structs: SCRATCH_STRUCT,
 };
-
-impl From<objects::RestoreError> for RestoreError {
-    fn from(e: objects::RestoreError) -> Self {
-        use objects::RestoreError as O;
-        match e {
-            O::Incompatible(w) => RestoreError::Incompatible(w),
-            O::File { path, what, source } => RestoreError::File { path, what, source },
-            O::Step { what, source } => RestoreError::Step { what, source },
-            O::PortTaken { fd, port } => RestoreError::PortTaken { fd, port },
-            O::Locked { fd, what, source } => RestoreError::Locked { fd, what, source },
-            O::Socket { what, source } => RestoreError::Socket { what, source },
-            O::Layout(w) => RestoreError::Layout(w),
-            O::Inconsistent(w) => RestoreError::Inconsistent(w),
-            O::Kernel(k) => RestoreError::Kernel(k),
-        }
-    }
-}
 
 /// Creates the open file descriptions of the tree in the restorer.
 pub struct FdFactory<'a>(objects::RestoreCtx<'a>);

@@ -101,21 +101,10 @@ pub enum RestoreError {
         #[source]
         source: KernelError,
     },
-    #[error("port {port} of fd {fd} is taken by another process: stop it (or free the port), then restore again")]
-    PortTaken { fd: i32, port: u16 },
-    #[error("fd {fd}: cannot take back its {what}: the file is locked by another process; stop it, then restore again")]
-    Locked {
-        fd: i32,
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("socket step failed: {what}")]
-    Socket {
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
+    /// Rebuilding a kernel object failed (one definition of those
+    /// messages, in `stasis-objects`: ports taken, locks, socket steps...).
+    #[error(transparent)]
+    Object(stasis_objects::RestoreError),
     #[error("memory layout could not be rebuilt: {0}")]
     Layout(String),
     #[error("memory layout could not be rebuilt: handing process {image_pid} to the lazy filler: {source}")]
@@ -132,6 +121,15 @@ pub enum RestoreError {
     Inconsistent(String),
     #[error(transparent)]
     Kernel(#[from] KernelError),
+}
+
+impl From<stasis_objects::RestoreError> for RestoreError {
+    fn from(e: stasis_objects::RestoreError) -> Self {
+        match e {
+            stasis_objects::RestoreError::Kernel(k) => RestoreError::Kernel(k),
+            e => RestoreError::Object(e),
+        }
+    }
 }
 
 pub(crate) type Result<T, E = RestoreError> = std::result::Result<T, E>;

@@ -273,12 +273,7 @@ impl Handler<'_> {
             {
                 // The copier is reading this grain: wait for it to finish
                 // (then the pages are saved and nothing is owed here).
-                st = self
-                    .shared
-                    .room
-                    .wait_timeout(st, Duration::from_millis(20))
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0;
+                st = self.shared.wait_room(st, Duration::from_millis(20));
                 continue;
             }
             let parts = st.procs[self.idx].unsaved.intersect(g0, g1);
@@ -294,12 +289,7 @@ impl Handler<'_> {
                     waited = Some(Instant::now());
                     st.waits += 1;
                 }
-                st = self
-                    .shared
-                    .room
-                    .wait_timeout(st, Duration::from_millis(50))
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0;
+                st = self.shared.wait_room(st, Duration::from_millis(50));
                 continue;
             }
             self.save(&mut st, &parts, need);

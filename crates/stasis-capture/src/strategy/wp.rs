@@ -150,7 +150,7 @@ fn arm_one(
         manifest.processes[c.idx]
             .vmas
             .iter()
-            .filter(|v| cow::protectable(v))
+            .filter(|v| stasis_image::areas::private_anon(v))
             .map(|v| (v.start, v.end))
             .collect(),
     );
