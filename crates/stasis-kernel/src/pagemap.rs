@@ -234,10 +234,7 @@ impl Pagemap {
         self.file
             .read_exact_at(&mut bytes, start / sys::PAGE_SIZE * 8)
             .map_err(|e| KernelError::io(format!("read /proc/{}/pagemap", self.pid), e))?;
-        Ok(bytes
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-            .collect())
+        Ok(crate::mem::le_u64s(&bytes))
     }
 
     /// The fallback of [`ScanQuery::private_data`] without `PAGEMAP_SCAN`:
