@@ -265,12 +265,12 @@ pub(crate) fn restore_vdso(s: &mut Proc, p: &ProcessImage) -> Result<()> {
         &[sys::ARCH_MAP_VDSO_64, start],
     )
     .map_err(step("mapping the vDSO"))?;
-    let now = read_maps(s.t.pid())?;
+    let now = stasis_kernel::procfs::maps(s.t.pid()).map_err(KernelError::from)?;
     let placed = |name: &str, want: Option<&Vma>| match want {
         None => true,
         Some(w) => now
             .iter()
-            .any(|m| m.2 == name && m.0 == w.start && m.1 == w.end),
+            .any(|m| m.name == name && m.start == w.start && m.end == w.end),
     };
     let vclock = find(|k| matches!(k, VmaKind::VvarVclock));
     if !(placed("[vdso]", Some(vdso)) && placed("[vvar]", vvar) && placed("[vvar_vclock]", vclock))
@@ -280,31 +280,6 @@ pub(crate) fn restore_vdso(s: &mut Proc, p: &ProcessImage) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-/// `(start, end, name)` of every mapping of `pid`.
-///
-/// Restore's own `/proc/PID/maps` reader, kept to this one function: once
-/// `stasis_kernel::procfs` is merged, its body becomes one call there.
-pub(crate) fn read_maps(pid: i32) -> Result<Vec<(u64, u64, String)>> {
-    let text =
-        std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| KernelError::Io {
-            what: format!("reading /proc/{pid}/maps"),
-            source: e,
-        })?;
-    Ok(text
-        .lines()
-        .filter_map(|l| {
-            let mut it = l.split_whitespace();
-            let (a, b) = it.next()?.split_once('-')?;
-            let name = it.nth(4).unwrap_or("").to_string();
-            Some((
-                u64::from_str_radix(a, 16).ok()?,
-                u64::from_str_radix(b, 16).ok()?,
-                name,
-            ))
-        })
-        .collect())
 }
 
 #[cfg(test)]
