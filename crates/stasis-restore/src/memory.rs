@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use stasis_image::manifest::{ProcessImage, Vma, VmaKind};
 use stasis_image::{PageSource, RunEntry};
+use stasis_kernel::uffd_remote::{create_in, UffdRemoteError};
 use stasis_kernel::KernelError;
 use stasis_sys as sys;
 
@@ -160,38 +161,29 @@ fn map_ghost(
 /// Creates a userfaultfd inside the process, registers `areas` with it in
 /// missing mode, and hands it to the lazy filler.
 fn arm_lazy(s: &mut Proc, image_pid: i32, areas: &[(u64, u64)], sink: &dyn LazySink) -> Result<()> {
-    let fd = take_uffd(s)?;
-    let want = sink.features();
-    let got = stasis_kernel::uffd::api(&fd, want)?;
-    if got & want != want {
-        return Err(RestoreError::Incompatible(format!(
+    let pid = s.t.pid();
+    let u = create_in(s, pid, "userfaultfd", sink.features()).map_err(|e| match e {
+        UffdRemoteError::Missing {
+            wanted, granted, ..
+        } => RestoreError::Incompatible(format!(
             "this kernel's userfaultfd lacks the events a lazy restore needs ({:?}); restore without --lazy",
-            stasis_kernel::uffd::feature_names(want & !got)
-        )));
-    }
-    let u = stasis_kernel::uffd::Userfaultfd::from_fd(fd, got);
+            stasis_kernel::uffd::feature_names(wanted & !granted)
+        )),
+        UffdRemoteError::Create { source, .. } => {
+            step("creating a userfaultfd for the lazy restore")(source)
+        }
+        UffdRemoteError::Close { source, .. } => {
+            step("closing the process's copy of its userfaultfd")(source)
+        }
+        UffdRemoteError::Take { source, .. } | UffdRemoteError::Handshake { source, .. } => {
+            source.into()
+        }
+    })?;
     for &(a, b) in areas {
         u.register(a, b - a, sys::UFFDIO_REGISTER_MODE_MISSING)?;
     }
-    sink.hand(image_pid, s.t.pid(), areas, u.fd())
+    sink.hand(image_pid, pid, areas, u.fd())
         .map_err(|source| RestoreError::LazyHand { image_pid, source })
-}
-
-/// A userfaultfd created inside the process and taken from it with
-/// `pidfd_getfd` (its copy in the process is closed).
-///
-/// Restore's own copy of this helper, kept to this one function: once
-/// `stasis_kernel::uffd_remote` is merged, its body becomes one call there.
-fn take_uffd(s: &mut Proc) -> Result<OwnedFd> {
-    let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK).unsigned_abs();
-    let n = s
-        .sys("userfaultfd", sys::SYS_USERFAULTFD, &[u64::from(flags)])
-        .map_err(step("creating a userfaultfd for the lazy restore"))?;
-    let taken = stasis_kernel::pidfd::pidfd_open(s.t.pid())
-        .and_then(|pfd| stasis_kernel::pidfd::pidfd_getfd(&pfd, i32::try_from(n).unwrap_or(-1)));
-    s.sys("close", libc::SYS_close, &[n])
-        .map_err(step("closing the process's copy of its userfaultfd"))?;
-    Ok(taken?)
 }
 
 /// Maps shared anonymous memory that an earlier area (`first`) already
