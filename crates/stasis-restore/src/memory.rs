@@ -7,6 +7,7 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
+use stasis_image::areas::private_anon;
 use stasis_image::manifest::{ProcessImage, Vma, VmaKind};
 use stasis_image::{PageSource, RunEntry};
 use stasis_kernel::uffd_remote::{create_in, UffdRemoteError};
@@ -18,7 +19,7 @@ use crate::pipeline::Transport;
 use crate::proc::Proc;
 use crate::process::TreeCtx;
 use crate::remote::Remote;
-use crate::{files, lazy_area, LazySink, RestoreError, Result};
+use crate::{files, LazySink, RestoreError, Result};
 
 /// Where an earlier process mapped a shared anonymous object: (its PID as
 /// stasis sees it, start, end, offset in the object).
@@ -43,7 +44,7 @@ pub(crate) fn area_action(v: &Vma, data: u64, lazy: bool, first: Option<ShmFirst
     if let Some(f) = first {
         return AreaAction::SharedAgain(f);
     }
-    if lazy && data > 0 && lazy_area(v) {
+    if lazy && data > 0 && private_anon(v) {
         return AreaAction::Lazy;
     }
     if matches!(v.kind, VmaKind::Ghost { .. }) {
