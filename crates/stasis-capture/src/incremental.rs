@@ -1,6 +1,7 @@
 //! Incremental dumps: which pages of a process to save given a dirty
 //! tracker and the parent checkpoint, and re-arming after the commit.
 
+use stasis_image::areas::tracked_anon;
 use stasis_image::chain::{self, Ranges};
 use stasis_image::manifest::{Vma, VmaKind};
 use stasis_image::{Checkpoint, ImageDir};
@@ -104,10 +105,8 @@ pub fn areas(vmas: &[Vma]) -> Vec<Area> {
         .map(|v| Area {
             start: v.start,
             end: v.end,
-            // PROT_NONE areas are left out: often huge reservations, whose
-            // write-protection would fill page tables with markers. One that
-            // gets data later is saved whole.
-            private_anon: matches!(v.kind, VmaKind::Anon) && !v.shared && v.prot != 0,
+            // PROT_NONE areas are left out (see `tracked_anon`).
+            private_anon: tracked_anon(v),
         })
         .collect()
 }

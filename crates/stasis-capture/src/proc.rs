@@ -9,8 +9,8 @@ use stasis_image::manifest::{Credentials, MmImage, Rlimit};
 pub use stasis_kernel::procfs::{
     parse_epoll, parse_eventfd, parse_fdinfo, parse_inotify, parse_limits, parse_locks, parse_maps,
     parse_signalfd, parse_smaps_flagged, parse_smaps_growsdown, parse_stat, parse_status,
-    parse_timerfd, parse_timers, Creds, FormatError, InotifyLine, Limit, MapsEntry, MmLayout, Stat,
-    TimerLine,
+    parse_timerfd, parse_timers, task_children, Creds, FormatError, InotifyLine, Limit, MapsEntry,
+    MmLayout, Stat, TimerLine,
 };
 
 use crate::SaveError;
@@ -38,29 +38,7 @@ pub fn format_err(pid: i32, name: &str, e: FormatError) -> CaptureError {
 /// `root` and its descendants as they are now (read from each task's
 /// `children`; a tree that forks meanwhile may have more).
 pub fn tree_pids(root: i32) -> Vec<i32> {
-    let mut out = Vec::new();
-    let mut todo = vec![root];
-    while let Some(p) = todo.pop() {
-        if out.contains(&p) {
-            continue;
-        }
-        out.push(p);
-        todo.extend(task_children(p));
-    }
-    out
-}
-
-/// The children of every thread of `pid` as they are now (none if it is gone).
-pub fn task_children(pid: i32) -> Vec<i32> {
-    let mut out = Vec::new();
-    if let Ok(tasks) = std::fs::read_dir(proc_path(pid, "task")) {
-        for t in tasks.flatten() {
-            if let Ok(c) = std::fs::read_to_string(t.path().join("children")) {
-                out.extend(c.split_whitespace().filter_map(|x| x.parse::<i32>().ok()));
-            }
-        }
-    }
-    out
+    stasis_kernel::procfs::tree_pids(&[root])
 }
 
 /// The image's `mm` fields from stat's layout (`brk` and `auxv` are read

@@ -387,20 +387,12 @@ fn probe_child(xstate_size: &mut usize, xfeatures: &mut u64) -> Result<ChildProb
 
 /// Lowest start and highest end of the `[vvar*]`/`[vdso]` areas of `pid`.
 pub fn vdso_span(pid: i32) -> Option<(u64, u64)> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    let mut span: Option<(u64, u64)> = None;
-    for l in maps.lines() {
-        let name = l.split_whitespace().nth(5).unwrap_or("");
-        if name == "[vdso]" || name.starts_with("[vvar") {
-            let (a, b) = l.split_whitespace().next()?.split_once('-')?;
-            let (a, b) = (
-                u64::from_str_radix(a, 16).ok()?,
-                u64::from_str_radix(b, 16).ok()?,
-            );
-            span = Some(span.map_or((a, b), |(x, y)| (x.min(a), y.max(b))));
-        }
-    }
-    span
+    crate::procfs::maps(pid)
+        .ok()?
+        .iter()
+        .filter(|m| m.name == "[vdso]" || m.name.starts_with("[vvar"))
+        .map(|m| (m.start, m.end))
+        .reduce(|(x, y), (a, b)| (x.min(a), y.max(b)))
 }
 
 fn probe_pagemap_scan() -> Result<String, ProbeError> {

@@ -66,6 +66,92 @@ pub fn path(pid: i32, name: &str) -> std::path::PathBuf {
     std::path::PathBuf::from(format!("/proc/{pid}/{name}"))
 }
 
+/// What failed reading a `/proc/PID/*` file.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The file could not be read (a missing one: the process is gone).
+    #[error("reading {}", path.display())]
+    Io {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Its content did not parse.
+    #[error("{} has unexpected content", path.display())]
+    Format {
+        path: std::path::PathBuf,
+        #[source]
+        source: FormatError,
+    },
+}
+
+impl From<ReadError> for crate::KernelError {
+    fn from(e: ReadError) -> Self {
+        let what = e.to_string();
+        let source = match e {
+            ReadError::Io { source, .. } => source,
+            ReadError::Format { source, .. } => {
+                std::io::Error::new(std::io::ErrorKind::InvalidData, source)
+            }
+        };
+        crate::KernelError::Io { what, source }
+    }
+}
+
+/// Reads `/proc/PID/<name>` and parses it with `parse`.
+pub fn read_parsed<T>(
+    pid: i32,
+    name: &str,
+    parse: impl FnOnce(&str) -> Result<T, FormatError>,
+) -> Result<T, ReadError> {
+    let path = path(pid, name);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(source) => return Err(ReadError::Io { path, source }),
+    };
+    parse(&text).map_err(|source| ReadError::Format { path, source })
+}
+
+/// The memory map of `pid` (`/proc/PID/maps`).
+pub fn maps(pid: i32) -> Result<Vec<MapsEntry>, ReadError> {
+    read_parsed(pid, "maps", parse_maps)
+}
+
+/// The `/proc/PID/stat` of `pid`.
+pub fn stat(pid: i32) -> Result<Stat, ReadError> {
+    read_parsed(pid, "stat", parse_stat)
+}
+
+/// The children of every thread of `pid` as they are now, from each
+/// task's `children` file (none if it is gone; a thread that exits
+/// meanwhile is skipped).
+pub fn task_children(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir(path(pid, "task")) {
+        for t in tasks.flatten() {
+            if let Ok(c) = std::fs::read_to_string(t.path().join("children")) {
+                out.extend(c.split_whitespace().filter_map(|x| x.parse::<i32>().ok()));
+            }
+        }
+    }
+    out
+}
+
+/// `roots` and all their descendants as they are now, each once (a tree
+/// that forks meanwhile may have more).
+pub fn tree_pids(roots: &[i32]) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut todo = roots.to_vec();
+    while let Some(p) = todo.pop() {
+        if out.contains(&p) {
+            continue;
+        }
+        out.push(p);
+        todo.extend(task_children(p));
+    }
+    out
+}
+
 /// One line of `/proc/PID/maps`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MapsEntry {
@@ -620,6 +706,28 @@ mod tests {
             vec![(5, 0x19, 0x1234567890ab), (7, 0x8000_0001, 7)]
         );
         assert!(parse_eventfd("pos: 0").is_err());
+    }
+
+    #[test]
+    fn children_and_tree_of_this_process() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let me = std::process::id() as i32;
+        let kid = child.id() as i32;
+        assert!(task_children(me).contains(&kid));
+        let tree = tree_pids(&[me, me]);
+        assert_eq!(tree.iter().filter(|p| **p == me).count(), 1);
+        assert!(tree.contains(&kid));
+        assert_eq!(tree_pids(&[kid]), vec![kid]);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(task_children(-1).is_empty());
+        assert!(matches!(maps(-1), Err(ReadError::Io { .. })));
+        let m = maps(me).unwrap();
+        assert!(m.iter().any(|e| e.name == "[stack]"));
+        assert!(stat(me).unwrap().ppid > 0);
     }
 
     #[test]

@@ -32,23 +32,7 @@ pub(crate) fn kill_unfinished(sh: &Shared) -> Vec<i32> {
 
 /// SIGKILLs `roots` and all their descendants; returns who was signalled.
 pub(crate) fn kill_pids(roots: &[i32]) -> Vec<i32> {
-    let mut todo: Vec<i32> = roots.to_vec();
-    let mut all = Vec::new();
-    while let Some(pid) = todo.pop() {
-        if all.contains(&pid) {
-            continue;
-        }
-        all.push(pid);
-        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-            for t in tasks.flatten() {
-                let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-                todo.extend(
-                    kids.split_whitespace()
-                        .filter_map(|k| k.parse::<i32>().ok()),
-                );
-            }
-        }
-    }
+    let all = stasis_kernel::procfs::tree_pids(roots);
     for &pid in &all {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid),

@@ -59,7 +59,8 @@ pub mod tree;
 use std::os::fd::OwnedFd;
 use std::time::Duration;
 
-use stasis_image::manifest::{Vma, VmaKind};
+use stasis_image::areas::private_anon;
+use stasis_image::manifest::Vma;
 use stasis_image::ImageError;
 use stasis_kernel::KernelError;
 
@@ -155,20 +156,15 @@ pub trait LazySink: Send + Sync {
     ) -> Result<(), LazyHandError>;
 }
 
-/// Whether a lazy restore leaves area `v` to the filler: private anonymous
-/// memory only (a userfaultfd in missing mode cannot serve private file
-/// mappings, and shared memory is filled once for every process).
-pub fn lazy_area(v: &Vma) -> bool {
-    matches!(v.kind, VmaKind::Anon) && !v.shared && v.shm.is_none()
-}
-
 /// The eager half of a lazy restore: the ranges of `vmas` filled before the
-/// tree runs (every area but those [`lazy_area`] leaves to the filler),
-/// sorted and merged.
+/// tree runs (every area but the private anonymous ones, [`private_anon`],
+/// which a lazy restore leaves to the filler: a userfaultfd in missing mode
+/// cannot serve file mappings, and shared memory is filled once for every
+/// process), sorted and merged.
 pub fn eager_ranges<'a>(vmas: impl IntoIterator<Item = &'a Vma>) -> Vec<(u64, u64)> {
     stasis_image::chain::normalize(
         vmas.into_iter()
-            .filter(|v| !lazy_area(v))
+            .filter(|v| !private_anon(v))
             .map(|v| (v.start, v.end))
             .collect(),
     )
@@ -225,6 +221,7 @@ pub struct Restored {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use stasis_image::manifest::VmaKind;
 
     fn vma(start: u64, end: u64, kind: VmaKind, shared: bool) -> Vma {
         crate::testutil::vma(start, end, kind, shared)
@@ -247,7 +244,7 @@ mod tests {
             vma(0x8000, 0x9000, VmaKind::Vdso, false),
             shm,
         ];
-        let lazy: Vec<bool> = vmas.iter().map(lazy_area).collect();
+        let lazy: Vec<bool> = vmas.iter().map(private_anon).collect();
         assert_eq!(lazy, [true, false, false, true, false, false]);
         // The eager ranges are the others, merged where they touch.
         assert_eq!(

@@ -7,8 +7,10 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
+use stasis_image::areas::private_anon;
 use stasis_image::manifest::{ProcessImage, Vma, VmaKind};
 use stasis_image::{PageSource, RunEntry};
+use stasis_kernel::uffd_remote::{create_in, UffdRemoteError};
 use stasis_kernel::KernelError;
 use stasis_sys as sys;
 
@@ -17,7 +19,7 @@ use crate::pipeline::Transport;
 use crate::proc::Proc;
 use crate::process::TreeCtx;
 use crate::remote::Remote;
-use crate::{files, lazy_area, LazySink, RestoreError, Result};
+use crate::{files, LazySink, RestoreError, Result};
 
 /// Where an earlier process mapped a shared anonymous object: (its PID as
 /// stasis sees it, start, end, offset in the object).
@@ -42,7 +44,7 @@ pub(crate) fn area_action(v: &Vma, data: u64, lazy: bool, first: Option<ShmFirst
     if let Some(f) = first {
         return AreaAction::SharedAgain(f);
     }
-    if lazy && data > 0 && lazy_area(v) {
+    if lazy && data > 0 && private_anon(v) {
         return AreaAction::Lazy;
     }
     if matches!(v.kind, VmaKind::Ghost { .. }) {
@@ -160,38 +162,29 @@ fn map_ghost(
 /// Creates a userfaultfd inside the process, registers `areas` with it in
 /// missing mode, and hands it to the lazy filler.
 fn arm_lazy(s: &mut Proc, image_pid: i32, areas: &[(u64, u64)], sink: &dyn LazySink) -> Result<()> {
-    let fd = take_uffd(s)?;
-    let want = sink.features();
-    let got = stasis_kernel::uffd::api(&fd, want)?;
-    if got & want != want {
-        return Err(RestoreError::Incompatible(format!(
+    let pid = s.t.pid();
+    let u = create_in(s, pid, "userfaultfd", sink.features()).map_err(|e| match e {
+        UffdRemoteError::Missing {
+            wanted, granted, ..
+        } => RestoreError::Incompatible(format!(
             "this kernel's userfaultfd lacks the events a lazy restore needs ({:?}); restore without --lazy",
-            stasis_kernel::uffd::feature_names(want & !got)
-        )));
-    }
-    let u = stasis_kernel::uffd::Userfaultfd::from_fd(fd, got);
+            stasis_kernel::uffd::feature_names(wanted & !granted)
+        )),
+        UffdRemoteError::Create { source, .. } => {
+            step("creating a userfaultfd for the lazy restore")(source)
+        }
+        UffdRemoteError::Close { source, .. } => {
+            step("closing the process's copy of its userfaultfd")(source)
+        }
+        UffdRemoteError::Take { source, .. } | UffdRemoteError::Handshake { source, .. } => {
+            source.into()
+        }
+    })?;
     for &(a, b) in areas {
         u.register(a, b - a, sys::UFFDIO_REGISTER_MODE_MISSING)?;
     }
-    sink.hand(image_pid, s.t.pid(), areas, u.fd())
+    sink.hand(image_pid, pid, areas, u.fd())
         .map_err(|source| RestoreError::LazyHand { image_pid, source })
-}
-
-/// A userfaultfd created inside the process and taken from it with
-/// `pidfd_getfd` (its copy in the process is closed).
-///
-/// Restore's own copy of this helper, kept to this one function: once
-/// `stasis_kernel::uffd_remote` is merged, its body becomes one call there.
-fn take_uffd(s: &mut Proc) -> Result<OwnedFd> {
-    let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK).unsigned_abs();
-    let n = s
-        .sys("userfaultfd", sys::SYS_USERFAULTFD, &[u64::from(flags)])
-        .map_err(step("creating a userfaultfd for the lazy restore"))?;
-    let taken = stasis_kernel::pidfd::pidfd_open(s.t.pid())
-        .and_then(|pfd| stasis_kernel::pidfd::pidfd_getfd(&pfd, i32::try_from(n).unwrap_or(-1)));
-    s.sys("close", libc::SYS_close, &[n])
-        .map_err(step("closing the process's copy of its userfaultfd"))?;
-    Ok(taken?)
 }
 
 /// Maps shared anonymous memory that an earlier area (`first`) already
@@ -265,12 +258,12 @@ pub(crate) fn restore_vdso(s: &mut Proc, p: &ProcessImage) -> Result<()> {
         &[sys::ARCH_MAP_VDSO_64, start],
     )
     .map_err(step("mapping the vDSO"))?;
-    let now = read_maps(s.t.pid())?;
+    let now = stasis_kernel::procfs::maps(s.t.pid()).map_err(KernelError::from)?;
     let placed = |name: &str, want: Option<&Vma>| match want {
         None => true,
         Some(w) => now
             .iter()
-            .any(|m| m.2 == name && m.0 == w.start && m.1 == w.end),
+            .any(|m| m.name == name && m.start == w.start && m.end == w.end),
     };
     let vclock = find(|k| matches!(k, VmaKind::VvarVclock));
     if !(placed("[vdso]", Some(vdso)) && placed("[vvar]", vvar) && placed("[vvar_vclock]", vclock))
@@ -280,31 +273,6 @@ pub(crate) fn restore_vdso(s: &mut Proc, p: &ProcessImage) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-/// `(start, end, name)` of every mapping of `pid`.
-///
-/// Restore's own `/proc/PID/maps` reader, kept to this one function: once
-/// `stasis_kernel::procfs` is merged, its body becomes one call there.
-pub(crate) fn read_maps(pid: i32) -> Result<Vec<(u64, u64, String)>> {
-    let text =
-        std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| KernelError::Io {
-            what: format!("reading /proc/{pid}/maps"),
-            source: e,
-        })?;
-    Ok(text
-        .lines()
-        .filter_map(|l| {
-            let mut it = l.split_whitespace();
-            let (a, b) = it.next()?.split_once('-')?;
-            let name = it.nth(4).unwrap_or("").to_string();
-            Some((
-                u64::from_str_radix(a, 16).ok()?,
-                u64::from_str_radix(b, 16).ok()?,
-                name,
-            ))
-        })
-        .collect())
 }
 
 #[cfg(test)]

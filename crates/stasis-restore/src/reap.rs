@@ -4,6 +4,8 @@
 
 use std::time::{Duration, Instant};
 
+use stasis_kernel::procfs::ReadError;
+
 use crate::proc::Proc;
 use crate::{RestoreError, Result};
 
@@ -86,26 +88,10 @@ impl Drop for Watchdog {
 /// Every descendant of this process (children of any of its threads,
 /// recursively).
 fn descendants_of_self() -> Vec<i32> {
-    let mut out = Vec::new();
-    let mut queue = vec![std::process::id() as i32];
-    while let Some(p) = queue.pop() {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
-            continue;
-        };
-        for t in tasks.flatten() {
-            let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-            for k in kids
-                .split_whitespace()
-                .filter_map(|x| x.parse::<i32>().ok())
-            {
-                if !out.contains(&k) {
-                    out.push(k);
-                    queue.push(k);
-                }
-            }
-        }
-    }
-    out
+    let me = std::process::id() as i32;
+    let mut all = stasis_kernel::procfs::tree_pids(&[me]);
+    all.retain(|p| *p != me);
+    all
 }
 
 /// Waits until `pid` is free: returns at once if it is, waits out a zombie
@@ -114,21 +100,19 @@ fn descendants_of_self() -> Vec<i32> {
 pub fn wait_pid_free(pid: i32, wait: Duration) -> Result<()> {
     let t0 = Instant::now();
     loop {
-        let stat = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        let stat = match stasis_kernel::procfs::stat(pid) {
             Ok(s) => s,
-            Err(_) => return Ok(()),
+            Err(ReadError::Io { .. }) => return Ok(()),
+            // A stat that does not parse is no zombie's.
+            Err(ReadError::Format { .. }) => {
+                return Err(RestoreError::PidTaken {
+                    pid,
+                    by: String::new(),
+                })
+            }
         };
-        let state = stat
-            .rfind(')')
-            .and_then(|i| stat[i + 1..].split_whitespace().next())
-            .unwrap_or("?");
-        if state != "Z" && state != "X" {
-            let comm = stat
-                .find('(')
-                .zip(stat.rfind(')'))
-                .map(|(a, b)| stat[a + 1..b].to_string())
-                .unwrap_or_default();
-            return Err(RestoreError::PidTaken { pid, by: comm });
+        if stat.state != 'Z' && stat.state != 'X' {
+            return Err(RestoreError::PidTaken { pid, by: stat.comm });
         }
         if t0.elapsed() >= wait {
             return Err(RestoreError::PidZombie { pid, waited: wait });

@@ -42,9 +42,10 @@ pub(crate) fn prepare_root(b: &mut Build<'_>) -> Result<()> {
     }
 
     // Control area, free in the stub's layout and in every process's.
-    let mut busy: Vec<(u64, u64)> = crate::memory::read_maps(root.t.pid())?
+    let mut busy: Vec<(u64, u64)> = stasis_kernel::procfs::maps(root.t.pid())
+        .map_err(KernelError::from)?
         .iter()
-        .map(|m| (m.0, m.1))
+        .map(|m| (m.start, m.end))
         .collect();
     busy.extend(
         m.processes

@@ -8,6 +8,7 @@ use std::time::Duration;
 use stasis_image::touch::{write_touch_set, TouchSet, TouchSource};
 use stasis_image::ImageDir;
 use stasis_kernel::pagemap::{Pagemap, ScanQuery};
+use stasis_kernel::procfs::{self, MapsEntry};
 use stasis_sys as sys;
 
 use crate::{Result, TrackError};
@@ -19,36 +20,21 @@ pub fn restored_bytes(store: &ImageDir, n: u32) -> Result<u64> {
     Ok(stasis_image::summarize(&cp).memory_pages * sys::PAGE_SIZE)
 }
 
-/// Private writable areas `[start, end)` of `/proc/PID/maps` text.
-// TODO(issue 13): read through stasis_kernel::procfs once it is merged.
-fn private_writable(maps: &str) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
-    for line in maps.lines() {
-        let mut it = line.split_whitespace();
-        let (Some(range), Some(perms)) = (it.next(), it.next()) else {
-            continue;
-        };
-        if !perms.starts_with("rw") || !perms.ends_with('p') {
-            continue;
-        }
-        let Some((a, b)) = range.split_once('-') else {
-            continue;
-        };
-        if let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
-            out.push((a, b));
-        }
-    }
-    out
+/// Private writable areas `[start, end)` of a memory map.
+fn private_writable(maps: &[MapsEntry]) -> Vec<(u64, u64)> {
+    maps.iter()
+        .filter(|m| m.read && m.write && !m.shared)
+        .map(|m| (m.start, m.end))
+        .collect()
 }
 
 /// Pages of `pid` written since its tracking was armed (present and
 /// written; private writable areas only), as (address, pages) runs.
 pub fn written_pages(pid: i32) -> Result<Vec<(u64, u32)>> {
-    let path = format!("/proc/{pid}/maps");
-    let maps = std::fs::read_to_string(&path).map_err(|source| TrackError::Io {
-        what: "reading",
-        path,
-        source,
+    let maps = procfs::maps(pid).map_err(|e| TrackError::Process {
+        pid,
+        what: "reading its memory map".into(),
+        source: e.into(),
     })?;
     let process = |source| TrackError::Process {
         pid,
@@ -117,10 +103,10 @@ mod tests {
 55d0c0001000-55d0c0003000 rw-p 00000000 00:00 0 [heap]
 7f0000000000-7f0000004000 rw-s 00000000 00:01 77 /dev/zero (deleted)
 7ffc00000000-7ffc00021000 rw-p 00000000 00:00 0 [stack]
-bad line
+7ffd00000000-7ffd00001000 -w-p 00000000 00:00 0
 ";
         assert_eq!(
-            private_writable(maps),
+            private_writable(&procfs::parse_maps(maps).unwrap()),
             vec![
                 (0x55d0_c000_1000, 0x55d0_c000_3000),
                 (0x7ffc_0000_0000, 0x7ffc_0002_1000)

@@ -17,7 +17,8 @@ use std::os::fd::OwnedFd;
 
 use stasis_kernel::pagemap::{Pagemap, ScanQuery};
 use stasis_kernel::uffd::{self, Userfaultfd};
-use stasis_kernel::{pidfd, KernelError};
+use stasis_kernel::uffd_remote::{self, UffdRemoteError};
+use stasis_kernel::KernelError;
 use stasis_sys as sys;
 
 use crate::{Area, ArmReport, Backend, Dirty, DirtyTracker, Remote, Result, TrackError};
@@ -89,27 +90,29 @@ impl UffdTracker {
 
     /// Creates a userfaultfd inside the frozen process and takes it out.
     fn create_in(pid: i32, remote: &mut dyn Remote) -> Result<Userfaultfd> {
-        let err = |what: &str| {
-            let what = what.to_string();
-            move |source| TrackError::Process { pid, what, source }
-        };
-        let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK).unsigned_abs();
-        let n = remote
-            .sys("userfaultfd", sys::SYS_USERFAULTFD, &[u64::from(flags)])
-            .map_err(err("creating a userfaultfd inside it"))?;
-        let fdnum = i32::try_from(n).unwrap_or(-1);
-        let taken = pidfd::pidfd_open(pid).and_then(|p| pidfd::pidfd_getfd(&p, fdnum));
-        let closed = remote.sys("close", libc::SYS_close, &[n]);
-        let fd = taken.map_err(err("taking its userfaultfd out"))?;
-        closed.map_err(err("closing its copy of the userfaultfd"))?;
-        let got = uffd::api(&fd, FEATURES).map_err(err("the userfaultfd handshake"))?;
-        if got & FEATURES != FEATURES {
-            return Err(TrackError::Unsupported {
-                backend: "uffd",
-                why: "userfaultfd lacks WP_ASYNC or WP_UNPOPULATED".into(),
-            });
-        }
-        Ok(Userfaultfd::from_fd(fd, got))
+        uffd_remote::create_in(remote, pid, "userfaultfd", FEATURES).map_err(|e| {
+            let (what, source) = match e {
+                UffdRemoteError::Missing { .. } => {
+                    return TrackError::Unsupported {
+                        backend: "uffd",
+                        why: "userfaultfd lacks WP_ASYNC or WP_UNPOPULATED".into(),
+                    }
+                }
+                UffdRemoteError::Create { source, .. } => {
+                    ("creating a userfaultfd inside it", source)
+                }
+                UffdRemoteError::Take { source, .. } => ("taking its userfaultfd out", source),
+                UffdRemoteError::Close { source, .. } => {
+                    ("closing its copy of the userfaultfd", source)
+                }
+                UffdRemoteError::Handshake { source, .. } => ("the userfaultfd handshake", source),
+            };
+            TrackError::Process {
+                pid,
+                what: what.into(),
+                source,
+            }
+        })
     }
 }
 
