@@ -461,19 +461,6 @@ fn gc_killed_at_any_point_keeps_every_kept_checkpoint_restorable() {
     }
 }
 
-/// Kills a process when a test ends (also when it fails midway).
-struct KillOnDrop(i32);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if alive(self.0) {
-            // SAFETY: killing the process this test started.
-            unsafe { libc::kill(self.0, libc::SIGKILL) };
-            reap_if_ours(self.0);
-        }
-    }
-}
-
 /// `exec` between two checkpoints: the new program's areas are not tracked
 /// (a new address space), so the dump saves it whole and says why; the
 /// dump after that is incremental again, and the chain restores.

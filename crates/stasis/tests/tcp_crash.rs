@@ -343,19 +343,6 @@ fn redis_cmd(port: u16, dir: &std::path::Path) -> Command {
     c
 }
 
-/// Kills what is left of a test's redis (after a failure).
-struct KillOnDrop(i32);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if alive(self.0) {
-            // SAFETY: killing the redis this test started or restored.
-            unsafe { libc::kill(self.0, libc::SIGKILL) };
-            reap_if_ours(self.0);
-        }
-    }
-}
-
 fn redis_crash_after_leave_running(extra: &[&str]) {
     workloads(); // subreaper, for the restored redis
     let d = tempfile::tempdir().unwrap();

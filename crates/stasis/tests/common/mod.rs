@@ -317,6 +317,20 @@ pub fn descendants(pid: i32) -> Vec<i32> {
     out
 }
 
+/// Kills a process when a test ends, also when it fails midway (a
+/// workload left running would load the machine for the rest of the run).
+pub struct KillOnDrop(pub i32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if alive(self.0) {
+            // SAFETY: killing a process the test started (or restored).
+            unsafe { libc::kill(self.0, libc::SIGKILL) };
+            reap_if_ours(self.0);
+        }
+    }
+}
+
 /// Reaps `pid` if it is (or becomes within 5 s) a zombie child of this
 /// process; does nothing if it is not our child.
 pub fn reap_if_ours(pid: i32) {
