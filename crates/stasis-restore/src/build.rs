@@ -10,6 +10,7 @@ use stasis_objects::timerfd::armed_value;
 use stasis_sys::{self as sys, PrctlMmMap};
 
 use crate::remote::Remote;
+use crate::ObjectError;
 use crate::RestoreError;
 
 /// Scratch layout (offsets into the scratch area).
@@ -21,7 +22,7 @@ pub const MAX_IOV: usize = 1024;
 
 pub fn step(what: impl Into<String>) -> impl FnOnce(stasis_kernel::KernelError) -> RestoreError {
     let what = what.into();
-    move |source| RestoreError::Step { what, source }
+    move |source| ObjectError::Step { what, source }.into()
 }
 
 /// Opens `path` read-only (close-on-exec) inside the process; `what` (with
@@ -36,10 +37,13 @@ pub fn open_in<R: Remote>(r: &mut R, path: &str, what: &str) -> Result<u64, Rest
         libc::SYS_open,
         &[a, (libc::O_RDONLY | libc::O_CLOEXEC) as u64, 0],
     )
-    .map_err(|source| RestoreError::File {
-        path: path.to_string(),
-        what: what.to_string(),
-        source,
+    .map_err(|source| {
+        ObjectError::File {
+            path: path.to_string(),
+            what: what.to_string(),
+            source,
+        }
+        .into()
     })
 }
 
@@ -132,7 +136,7 @@ pub fn map_vma<R: Remote>(
                 .map_err(step(format!("path {path}")))?;
             let fd = r
                 .sys("open", libc::SYS_open, &[p, sarg(i64::from(mode)), 0])
-                .map_err(|source| RestoreError::File {
+                .map_err(|source| ObjectError::File {
                     path: path.clone(),
                     what: format!("mapped at {:#x}-{:#x}", vma.start, vma.end),
                     source,
@@ -170,7 +174,7 @@ pub fn map_vma<R: Remote>(
         VmaKind::Ghost { name, offset, .. } => {
             // The caller handed the rebuilt file over as `file_fd`.
             let fd = file_fd.ok_or_else(|| {
-                RestoreError::Inconsistent(format!("no file for the mapping of {name}"))
+                ObjectError::Inconsistent(format!("no file for the mapping of {name}"))
             })?;
             r.sys(
                 "mmap",
@@ -185,10 +189,11 @@ pub fn map_vma<R: Remote>(
         VmaKind::Vdso | VmaKind::Vvar | VmaKind::VvarVclock => return Ok(0),
     };
     if at != vma.start {
-        return Err(RestoreError::Layout(format!(
+        return Err(ObjectError::Layout(format!(
             "area {:#x}-{:#x} landed at {at:#x}",
             vma.start, vma.end
-        )));
+        ))
+        .into());
     }
     let mut filled = 0;
     for (runs, pack_fd) in fills {
@@ -244,10 +249,11 @@ pub fn fill<R: Remote>(r: &mut R, runs: &[RunEntry], pack_fd: u64) -> Result<u64
                 first.vaddr
             )))?;
         if got != bytes {
-            return Err(RestoreError::Layout(format!(
+            return Err(ObjectError::Layout(format!(
                 "short read of pages at {:#x}: {got} of {bytes} bytes (truncated pack?)",
                 first.vaddr
-            )));
+            ))
+            .into());
         }
         total += bytes;
     }
@@ -416,7 +422,7 @@ pub fn create_posix_timers<R: Remote>(
             .map_err(step("reading a timer id"))?;
         let got = i32::from_le_bytes(got);
         if got != t.id {
-            return Err(RestoreError::Incompatible(format!(
+            return Err(ObjectError::Incompatible(format!(
                 "POSIX timer {} came back as {got}{}",
                 t.id,
                 if by_id {
@@ -424,7 +430,7 @@ pub fn create_posix_timers<R: Remote>(
                 } else {
                     " (this kernel cannot choose timer IDs: PR_TIMER_CREATE_RESTORE_IDS needs Linux 6.15)"
                 }
-            )));
+            )).into());
         }
     }
     if by_id {
@@ -472,7 +478,7 @@ pub fn restore_mm<R: Remote>(r: &mut R, mm: &MmImage, exe_fd: u64) -> Result<(),
         env_end: mm.env_end,
         auxv: auxv_addr,
         auxv_size: u32::try_from(auxv.len())
-            .map_err(|_| RestoreError::Layout("auxv too large".into()))?,
+            .map_err(|_| ObjectError::Layout("auxv too large".into()))?,
         exe_fd: u32::try_from(exe_fd).unwrap_or(u32::MAX),
     };
     let bytes = words(&[
@@ -647,9 +653,7 @@ fn clone_task<R: Remote>(
         .sys("clone3", sys::SYS_CLONE3, &[a, bytes.len() as u64])
         .map_err(step(format!("creating {what} {tid}")))?;
     if got != sarg(i64::from(tid)) {
-        return Err(RestoreError::Layout(format!(
-            "{what} {tid} was created as {got}"
-        )));
+        return Err(ObjectError::Layout(format!("{what} {tid} was created as {got}")).into());
     }
     Ok(got)
 }

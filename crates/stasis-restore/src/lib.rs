@@ -85,29 +85,13 @@ pub enum RestoreError {
         #[source]
         source: std::io::Error,
     },
-    #[error("this image cannot be restored here: {0}")]
-    Incompatible(String),
     #[error("this version of stasis cannot restore the image: {0}")]
     Unsupported(String),
-    #[error("cannot open {path} ({what}); the file must exist at the same path as at dump time")]
-    File {
-        path: String,
-        what: String,
-        #[source]
-        source: KernelError,
-    },
-    #[error("restore step failed: {what}")]
-    Step {
-        what: String,
-        #[source]
-        source: KernelError,
-    },
-    /// Rebuilding a kernel object failed (one definition of those
-    /// messages, in `stasis-objects`: ports taken, locks, socket steps...).
+    /// A restore step failed (one definition of those messages, in
+    /// `stasis-objects`: incompatible image, missing file, failed step,
+    /// ports taken, locks, memory layout, inconsistent image...).
     #[error(transparent)]
     Object(stasis_objects::RestoreError),
-    #[error("memory layout could not be rebuilt: {0}")]
-    Layout(String),
     #[error("memory layout could not be rebuilt: handing process {image_pid} to the lazy filler: {source}")]
     LazyHand {
         image_pid: i32,
@@ -118,11 +102,12 @@ pub enum RestoreError {
     Tree(#[from] tree::TreeError),
     #[error("the image is corrupt: {0}; the restore was abandoned and nothing was started")]
     Corrupt(ImageError),
-    #[error("the image is inconsistent: {0}; the restore was abandoned and nothing was started")]
-    Inconsistent(String),
     #[error(transparent)]
     Kernel(#[from] KernelError),
 }
+
+/// The step errors restore shares with the kernel objects.
+pub use stasis_objects::RestoreError as ObjectError;
 
 impl From<stasis_objects::RestoreError> for RestoreError {
     fn from(e: stasis_objects::RestoreError) -> Self {

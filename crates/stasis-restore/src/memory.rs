@@ -19,6 +19,7 @@ use crate::pipeline::Transport;
 use crate::proc::Proc;
 use crate::process::TreeCtx;
 use crate::remote::Remote;
+use crate::ObjectError;
 use crate::{files, LazySink, RestoreError, Result};
 
 /// Where an earlier process mapped a shared anonymous object: (its PID as
@@ -150,8 +151,7 @@ fn map_ghost(
     let h = cx.transport.h;
     let writable = v.shared && v.prot & libc::PROT_WRITE.unsigned_abs() != 0;
     let file = cx.factory.ghost_for_mapping(*id, name, writable)?;
-    let tmp =
-        i32::try_from(h + 1).map_err(|_| RestoreError::Layout("fd number overflow".into()))?;
+    let tmp = i32::try_from(h + 1).map_err(|_| ObjectError::Layout("fd number overflow".into()))?;
     files::plant(s, &cx.transport.sock, h, file.as_fd(), tmp, true)?;
     let r = build::map_vma(s, v, fills, Some(h + 1));
     s.sys("close", libc::SYS_close, &[h + 1])
@@ -166,10 +166,11 @@ fn arm_lazy(s: &mut Proc, image_pid: i32, areas: &[(u64, u64)], sink: &dyn LazyS
     let u = create_in(s, pid, "userfaultfd", sink.features()).map_err(|e| match e {
         UffdRemoteError::Missing {
             wanted, granted, ..
-        } => RestoreError::Incompatible(format!(
+        } => ObjectError::Incompatible(format!(
             "this kernel's userfaultfd lacks the events a lazy restore needs ({:?}); restore without --lazy",
             stasis_kernel::uffd::feature_names(wanted & !granted)
-        )),
+        ))
+        .into(),
         UffdRemoteError::Create { source, .. } => {
             step("creating a userfaultfd for the lazy restore")(source)
         }
@@ -209,7 +210,7 @@ fn map_shared_again(
         .read(true)
         .write(writable)
         .open(&path)
-        .map_err(|e| RestoreError::File {
+        .map_err(|e| ObjectError::File {
             path: path.clone(),
             what: "shared memory".into(),
             source: KernelError::Io {
@@ -219,8 +220,7 @@ fn map_shared_again(
         })?
         .into();
     // Hand it over at the first number above the transport, map, close.
-    let tmp =
-        i32::try_from(h + 1).map_err(|_| RestoreError::Layout("fd number overflow".into()))?;
+    let tmp = i32::try_from(h + 1).map_err(|_| ObjectError::Layout("fd number overflow".into()))?;
     files::plant(s, &transport.sock, h, file.as_fd(), tmp, true)?;
     let flags = (libc::MAP_SHARED | libc::MAP_FIXED) as u64;
     let at = s.sys(
@@ -235,10 +235,11 @@ fn map_shared_again(
         v.start, v.end
     )))?;
     if at != v.start {
-        return Err(RestoreError::Layout(format!(
+        return Err(ObjectError::Layout(format!(
             "shared area {:#x}-{:#x} landed at {at:#x}",
             v.start, v.end
-        )));
+        ))
+        .into());
     }
     Ok(())
 }
@@ -268,9 +269,9 @@ pub(crate) fn restore_vdso(s: &mut Proc, p: &ProcessImage) -> Result<()> {
     let vclock = find(|k| matches!(k, VmaKind::VvarVclock));
     if !(placed("[vdso]", Some(vdso)) && placed("[vvar]", vvar) && placed("[vvar_vclock]", vclock))
     {
-        return Err(RestoreError::Incompatible(
+        return Err(ObjectError::Incompatible(
             "this kernel's vDSO layout differs from the one in the image (it was dumped under another kernel); restore on the kernel that made it".into(),
-        ));
+        ).into());
     }
     Ok(())
 }

@@ -18,6 +18,7 @@ use stasis_sys as sys;
 
 use crate::proc::Proc;
 use crate::reap::{kill_stub, kill_tree, wait_pid_free, Watchdog};
+use crate::ObjectError;
 use crate::{files, process, stub, sysv, tree};
 use crate::{RestoreError, RestoreOptions, Restored, Result};
 
@@ -56,7 +57,9 @@ impl Build<'_> {
         self.records
             .get_mut(i)
             .and_then(|r| r.proc.as_mut())
-            .ok_or_else(|| RestoreError::Inconsistent(format!("process {pid} was not created")))
+            .ok_or_else(|| {
+                ObjectError::Inconsistent(format!("process {pid} was not created")).into()
+            })
     }
 
     /// The root's stub.
@@ -76,18 +79,18 @@ pub fn load(store: &ImageDir, n: Option<u32>) -> Result<(Checkpoint, tree::Plan)
     let cp = store.load(n)?;
     let m = &cp.manifest;
     if m.host.page_size != sys::PAGE_SIZE {
-        return Err(RestoreError::Incompatible(format!(
+        return Err(ObjectError::Incompatible(format!(
             "image page size {} differs from {}",
             m.host.page_size,
             sys::PAGE_SIZE
-        )));
+        ))
+        .into());
     }
     for p in &m.processes {
         if p.zombie.is_none() && p.threads.is_empty() {
-            return Err(RestoreError::Inconsistent(format!(
-                "process {} has no threads",
-                p.pid
-            )));
+            return Err(
+                ObjectError::Inconsistent(format!("process {} has no threads", p.pid)).into(),
+            );
         }
     }
     let plan = tree::plan(&m.processes)?;
@@ -127,9 +130,7 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     let built = build_tree(&mut b);
     let verified = match verifier.join() {
         Ok(r) => r.map_err(RestoreError::Corrupt),
-        Err(_) => Err(RestoreError::Layout(
-            "the checksum verifier panicked".into(),
-        )),
+        Err(_) => Err(ObjectError::Layout("the checksum verifier panicked".into()).into()),
     };
     // A damaged pack is the error to report even if the build also failed
     // (damaged data can make it fail first, with a vaguer message).
@@ -342,7 +343,7 @@ fn build_processes(b: &mut Build<'_>) -> Result<u64> {
         let p = r
             .proc
             .as_mut()
-            .ok_or_else(|| RestoreError::Inconsistent(format!("process {pid} was not created")))?;
+            .ok_or_else(|| ObjectError::Inconsistent(format!("process {pid} was not created")))?;
         let done = process::build_process(p, r.img, &r.sources, &mut cx);
         b.lazy_bytes = cx.lazy_bytes;
         cx.filled += done?;
@@ -351,10 +352,11 @@ fn build_processes(b: &mut Build<'_>) -> Result<u64> {
         }
     }
     if cx.filled != total {
-        return Err(RestoreError::Inconsistent(format!(
+        return Err(ObjectError::Inconsistent(format!(
             "{} pack bytes lie outside every saved area",
             total - cx.filled
-        )));
+        ))
+        .into());
     }
     cx.factory.finish_tcp()?;
     Ok(cx.filled)

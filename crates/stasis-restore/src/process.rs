@@ -12,7 +12,8 @@ use crate::memory::{self, ShmFirst};
 use crate::pipeline::Transport;
 use crate::proc::Proc;
 use crate::remote::Remote;
-use crate::{files, threads, RestoreError, RestoreOptions, Result};
+use crate::ObjectError;
+use crate::{files, threads, RestoreOptions, Result};
 
 /// What the processes of one tree share while each is rebuilt.
 pub(crate) struct TreeCtx<'a, 'm> {
@@ -85,7 +86,7 @@ pub(crate) fn restore_attributes<R: Remote>(s: &mut R, p: &ProcessImage) -> Resu
         .put_cstr(build::SCRATCH_PATH, &p.cwd)
         .map_err(step("cwd path"))?;
     s.sys("chdir", libc::SYS_chdir, &[cwd])
-        .map_err(|source| RestoreError::File {
+        .map_err(|source| ObjectError::File {
             path: p.cwd.clone(),
             what: "working directory".into(),
             source,
@@ -173,7 +174,7 @@ mod tests {
         };
         let e = restore_attributes(&mut r, &img).unwrap_err();
         assert!(
-            matches!(e, RestoreError::File { ref path, .. } if path == "/srv"),
+            matches!(e, crate::RestoreError::Object(ObjectError::File { ref path, .. }) if path == "/srv"),
             "{e}"
         );
     }

@@ -10,7 +10,8 @@ use crate::build::{self, step};
 use crate::pipeline::Build;
 use crate::proc::{Proc, CTL_SIZE, TASK_TOP};
 use crate::remote::Remote;
-use crate::{tree, RestoreError, Result};
+use crate::ObjectError;
+use crate::{tree, Result};
 
 /// The root stub: traced with every option, signals blocked, CPU features
 /// checked, the control page mapped, then a clean slate.
@@ -35,10 +36,11 @@ pub(crate) fn prepare_root(b: &mut Build<'_>) -> Result<()> {
     let cpu_x = stasis_kernel::probe::xfeatures_of(&root.t.xstate()?);
     let img_x = m.host.xfeatures;
     if img_x & !cpu_x != 0 {
-        return Err(RestoreError::Incompatible(format!(
+        return Err(ObjectError::Incompatible(format!(
             "the image uses CPU state components {:#x} that this CPU lacks (it has {cpu_x:#x})",
             img_x & !cpu_x
-        )));
+        ))
+        .into());
     }
 
     // Control area, free in the stub's layout and in every process's.
@@ -53,7 +55,7 @@ pub(crate) fn prepare_root(b: &mut Build<'_>) -> Result<()> {
             .flat_map(|p| p.vmas.iter().map(|v| (v.start, v.end))),
     );
     let ctl = build::find_gap(&busy, CTL_SIZE)
-        .ok_or_else(|| RestoreError::Layout("no free address range for the control page".into()))?;
+        .ok_or_else(|| ObjectError::Layout("no free address range for the control page".into()))?;
     map_control_page(root, ctl)?;
     root.mem
         .write(ctl, &[0x0f, 0x05, 0xcc])
@@ -96,9 +98,9 @@ fn map_control_page<R: Remote>(r: &mut R, ctl: u64) -> Result<()> {
         )
         .map_err(step("mapping the control page"))?;
     if got != ctl {
-        return Err(RestoreError::Layout(format!(
-            "control page landed at {got:#x}, not {ctl:#x}"
-        )));
+        return Err(
+            ObjectError::Layout(format!("control page landed at {got:#x}, not {ctl:#x}")).into(),
+        );
     }
     Ok(())
 }
@@ -132,7 +134,7 @@ pub(crate) fn fork_tree(b: &mut Build<'_>) -> Result<()> {
     let ctl = b.root()?.ctl;
     for (i, img) in m.processes.iter().enumerate().skip(1) {
         let parent = b.plan.parent[i].ok_or_else(|| {
-            RestoreError::Inconsistent(format!("process {} has no parent", img.pid))
+            ObjectError::Inconsistent(format!("process {} has no parent", img.pid))
         })?;
         let parent_proc = b.proc_mut(parent)?;
         parent_proc.cur = None;
@@ -258,14 +260,16 @@ fn make_zombie(p: &mut Proc, status: i32) -> Result<()> {
             p.t.forget();
             Ok(())
         }
-        Ok(r) => Err(RestoreError::Layout(format!(
+        Ok(r) => Err(ObjectError::Layout(format!(
             "{what} {}: it did not exit (result {r})",
             p.pid
-        ))),
-        Err(e) => Err(RestoreError::Step {
+        ))
+        .into()),
+        Err(e) => Err(ObjectError::Step {
             what: format!("{what} {}", p.pid),
             source: e,
-        }),
+        }
+        .into()),
     }
 }
 

@@ -8,7 +8,8 @@ use stasis_kernel::{sarg, Tracee, UserRegs};
 use crate::build::{self, step};
 use crate::proc::{Proc, CTL_SIZE};
 use crate::remote::Remote;
-use crate::{RestoreError, Result};
+use crate::ObjectError;
+use crate::Result;
 
 /// Threads, while stasis may still choose TIDs (set_tid needs
 /// CAP_SYS_ADMIN, which credentials may drop later).
@@ -183,7 +184,7 @@ pub(crate) fn restore_creds<R: Remote>(s: &mut R, p: &ProcessImage) -> Result<()
 pub(crate) fn jump(s: &mut Proc, p: &ProcessImage) -> Result<()> {
     let regs_of = |th: &ThreadImage| {
         UserRegs::from_words(&th.regs).ok_or_else(|| {
-            RestoreError::Inconsistent(format!(
+            ObjectError::Inconsistent(format!(
                 "thread {} has {} register words",
                 th.tid,
                 th.regs.len()
