@@ -140,15 +140,8 @@ pub fn split_ranges(ranges: Vec<(u64, usize)>, max: usize) -> Vec<(u64, usize)> 
 /// Minor faults of the live processes of a tree (`/proc/PID/stat` field 10).
 fn minor_faults(pids: &[i32]) -> u64 {
     pids.iter()
-        .filter_map(|p| proc::read(*p, "stat").ok())
-        .filter_map(|s| {
-            let close = s.rfind(')')?;
-            s[close + 1..]
-                .split_whitespace()
-                .nth(7)?
-                .parse::<u64>()
-                .ok()
-        })
+        .filter_map(|p| stasis_kernel::procfs::stat(*p).ok())
+        .map(|s| s.minflt)
         .sum()
 }
 

@@ -335,15 +335,7 @@ impl Frozen {
         let t0 = std::time::Instant::now();
         for p in self.procs.iter().filter(|p| p.zombie.is_none()) {
             while t0.elapsed() < std::time::Duration::from_secs(10) {
-                let dead = match std::fs::read_to_string(format!("/proc/{}/stat", p.pid)) {
-                    Err(_) => true,
-                    Ok(s) => matches!(
-                        s.rfind(')')
-                            .and_then(|i| s[i + 1..].split_whitespace().next()),
-                        Some("Z" | "X")
-                    ),
-                };
-                if dead {
+                if stasis_kernel::procfs::gone_or_zombie(p.pid) {
                     break;
                 }
                 std::thread::sleep(std::time::Duration::from_millis(2));

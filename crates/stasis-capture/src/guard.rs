@@ -163,12 +163,5 @@ fn traced(pid: i32) -> bool {
 
 /// A zombie, or gone.
 fn dead(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(s) => matches!(
-            s.rfind(')')
-                .and_then(|i| s[i + 1..].split_whitespace().next()),
-            Some("Z" | "X")
-        ),
-    }
+    stasis_kernel::procfs::gone_or_zombie(pid)
 }

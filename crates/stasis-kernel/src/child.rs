@@ -182,19 +182,8 @@ pub fn spawn_in_new_pidns(root: i32, options: u64) -> Result<(i32, Tracee), Spaw
     // Wait for the init's child (the root stub) to exist and be stopped.
     let t0 = std::time::Instant::now();
     let stub = loop {
-        let kids = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children"))
-            .unwrap_or_default();
-        if let Some(k) = kids
-            .split_whitespace()
-            .next()
-            .and_then(|k| k.parse::<i32>().ok())
-        {
-            let st = std::fs::read_to_string(format!("/proc/{k}/stat")).unwrap_or_default();
-            if st
-                .rfind(')')
-                .and_then(|i| st[i + 1..].split_whitespace().next())
-                == Some("S")
-            {
+        if let Some(&k) = crate::procfs::task_children(init).first() {
+            if crate::procfs::task_state(k, k) == Some('S') {
                 break k;
             }
         }
@@ -410,12 +399,7 @@ pub fn reap_dead_threads(pid: i32) -> usize {
         .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()))
         .filter(|&t| t != pid)
     {
-        let stat =
-            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap_or_default();
-        let state = stat
-            .rfind(')')
-            .and_then(|i| stat[i + 1..].split_whitespace().next());
-        if !matches!(state, Some("Z") | Some("X")) {
+        if !matches!(crate::procfs::task_state(pid, tid), Some('Z' | 'X')) {
             continue;
         }
         let mut status = 0i32;

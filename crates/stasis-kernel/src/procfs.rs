@@ -122,6 +122,28 @@ pub fn stat(pid: i32) -> Result<Stat, ReadError> {
     read_parsed(pid, "stat", parse_stat)
 }
 
+/// The state letter (`R`, `S`, `Z`...) of a `stat` text, without parsing
+/// the rest.
+pub fn state_of(stat: &str) -> Option<char> {
+    let close = stat.rfind(')')?;
+    stat[close + 1..].split_whitespace().next()?.chars().next()
+}
+
+/// The state letter of task `tid` of process `pid` (`None`: gone).
+pub fn task_state(pid: i32, tid: i32) -> Option<char> {
+    std::fs::read_to_string(path(pid, &format!("task/{tid}/stat")))
+        .ok()
+        .and_then(|s| state_of(&s))
+}
+
+/// Whether `pid` is gone or a zombie (`Z`, or `X` while being reaped).
+pub fn gone_or_zombie(pid: i32) -> bool {
+    match std::fs::read_to_string(path(pid, "stat")) {
+        Err(_) => true,
+        Ok(s) => matches!(state_of(&s), Some('Z' | 'X')),
+    }
+}
+
 /// The children of every thread of `pid` as they are now, from each
 /// task's `children` file (none if it is gone; a thread that exits
 /// meanwhile is skipped).
@@ -262,6 +284,8 @@ pub struct Stat {
     pub pgrp: i32,
     pub session: i32,
     pub num_threads: i64,
+    /// Field 10: minor page faults.
+    pub minflt: u64,
     /// Field 22: start time in clock ticks after boot.
     pub start_time: u64,
     pub mm: MmLayout,
@@ -300,6 +324,7 @@ pub fn parse_stat(text: &str) -> Result<Stat, FormatError> {
         pgrp: to_i32(s(5)?)?,
         session: to_i32(s(6)?)?,
         num_threads: s(20)?,
+        minflt: n(10)?,
         start_time: n(22)?,
         mm: MmLayout {
             start_code: n(26)?,
@@ -728,6 +753,20 @@ mod tests {
         let m = maps(me).unwrap();
         assert!(m.iter().any(|e| e.name == "[stack]"));
         assert!(stat(me).unwrap().ppid > 0);
+    }
+
+    #[test]
+    fn states_and_minor_faults() {
+        assert_eq!(state_of("12 (a) b) Z 1 2"), Some('Z'));
+        assert_eq!(state_of("12 (x"), None);
+        let me = i32::try_from(std::process::id()).unwrap();
+        assert!(!gone_or_zombie(me));
+        assert!(matches!(task_state(me, me), Some('R' | 'S')));
+        // Past the largest PID possible (2^22).
+        assert!(gone_or_zombie(1 << 23));
+        assert_eq!(task_state(1 << 23, 1 << 23), None);
+        // This process has faulted pages in by now.
+        assert!(stat(me).unwrap().minflt > 0);
     }
 
     #[test]
