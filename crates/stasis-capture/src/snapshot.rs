@@ -54,12 +54,9 @@ pub struct Snapshot {
 /// `/proc/PID/smaps_rollup`; its page walk covers only what is not yet
 /// saved, the rest being dropped as the copy goes).
 pub fn private_bytes(pid: i32) -> u64 {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
-    text.lines()
-        .filter(|l| l.starts_with("Private_Clean:") || l.starts_with("Private_Dirty:"))
-        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .sum::<u64>()
-        * 1024
+    std::fs::read_to_string(stasis_kernel::procfs::path(pid, "smaps_rollup"))
+        .map(|t| stasis_kernel::procfs::parse_private_bytes(&t))
+        .unwrap_or(0)
 }
 
 /// Forks a snapshot of the frozen process `fp`.

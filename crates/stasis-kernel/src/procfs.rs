@@ -144,6 +144,16 @@ pub fn gone_or_zombie(pid: i32) -> bool {
     }
 }
 
+/// `Private_Clean + Private_Dirty` of a `smaps`/`smaps_rollup` text, in
+/// bytes (0 where the lines are missing).
+pub fn parse_private_bytes(text: &str) -> u64 {
+    text.lines()
+        .filter(|l| l.starts_with("Private_Clean:") || l.starts_with("Private_Dirty:"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum::<u64>()
+        * 1024
+}
+
 /// The children of every thread of `pid` as they are now, from each
 /// task's `children` file (none if it is gone; a thread that exits
 /// meanwhile is skipped).
@@ -753,6 +763,13 @@ mod tests {
         let m = maps(me).unwrap();
         assert!(m.iter().any(|e| e.name == "[stack]"));
         assert!(stat(me).unwrap().ppid > 0);
+    }
+
+    #[test]
+    fn private_bytes_of_smaps_rollup() {
+        let t = "Rss: 100 kB\nPrivate_Clean: 8 kB\nPrivate_Dirty: 12 kB\nShared_Dirty: 4 kB\n";
+        assert_eq!(parse_private_bytes(t), 20 * 1024);
+        assert_eq!(parse_private_bytes("garbage"), 0);
     }
 
     #[test]
