@@ -9,14 +9,15 @@
 //! `unix_diag_msg` (16 bytes) + `rtattr`s in, until `NLMSG_DONE`.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
+
+use nix::sys::socket::{self, AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType};
 
 use crate::{KernelError, Result};
 
 use stasis_sys::net::{
-    NETLINK_SOCK_DIAG, NLMSG_DONE, NLMSG_ERROR, NLM_F_DUMP, NLM_F_REQUEST, SOCK_DIAG_BY_FAMILY,
-    UDIAG_SHOW_NAME, UDIAG_SHOW_PEER, UDIAG_SHOW_RQLEN, UNIX_DIAG_NAME, UNIX_DIAG_PEER,
-    UNIX_DIAG_RQLEN,
+    NLMSG_DONE, NLMSG_ERROR, NLM_F_DUMP, NLM_F_REQUEST, SOCK_DIAG_BY_FAMILY, UDIAG_SHOW_NAME,
+    UDIAG_SHOW_PEER, UDIAG_SHOW_RQLEN, UNIX_DIAG_NAME, UNIX_DIAG_PEER, UNIX_DIAG_RQLEN,
 };
 
 /// Socket state values used by unix sockets (the TCP state numbers).
@@ -117,25 +118,6 @@ pub fn parse_reply(buf: &[u8], out: &mut HashMap<u64, UnixInfo>) -> Result<bool,
 
 /// Every unix socket of this network namespace, by inode.
 pub fn unix_sockets() -> Result<HashMap<u64, UnixInfo>> {
-    let err = |what: &str| {
-        KernelError::io(
-            format!("sock_diag: {what}"),
-            std::io::Error::last_os_error(),
-        )
-    };
-    // SAFETY: socket() returns a new fd or -1.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-            NETLINK_SOCK_DIAG,
-        )
-    };
-    if fd < 0 {
-        return Err(err("socket(AF_NETLINK)"));
-    }
-    // SAFETY: a new descriptor nothing else owns.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
     let mut req = Vec::with_capacity(40);
     req.extend_from_slice(&40u32.to_le_bytes());
     req.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_le_bytes());
@@ -149,29 +131,35 @@ pub fn unix_sockets() -> Result<HashMap<u64, UnixInfo>> {
     req.extend_from_slice(&0u32.to_le_bytes()); // ino
     req.extend_from_slice(&(UDIAG_SHOW_NAME | UDIAG_SHOW_PEER | UDIAG_SHOW_RQLEN).to_le_bytes());
     req.extend_from_slice(&[0u8; 8]); // cookie
-                                      // SAFETY: sending our request buffer on our socket (to the kernel).
-    if unsafe { libc::send(sock.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
-        return Err(err("send"));
-    }
     let mut out = HashMap::new();
+    exchange(&req, |buf| {
+        parse_reply(buf, &mut out)
+            .map_err(|e| KernelError::io("sock_diag", std::io::Error::other(e)))
+    })?;
+    Ok(out)
+}
+
+/// Sends one `sock_diag` request on a new netlink socket and hands each
+/// reply buffer to `each` until it returns `true` (done) or the kernel
+/// sends nothing more. Shared by the unix and the TCP queries.
+pub(crate) fn exchange(req: &[u8], mut each: impl FnMut(&[u8]) -> Result<bool>) -> Result<()> {
+    let s = socket::socket(
+        AddressFamily::Netlink,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC,
+        SockProtocol::NetlinkSockDiag,
+    )
+    .map_err(|e| KernelError::io("sock_diag: socket(AF_NETLINK)", e.into()))?;
+    socket::send(s.as_raw_fd(), req, MsgFlags::empty())
+        .map_err(|e| KernelError::io("sock_diag: send", e.into()))?;
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        // SAFETY: receiving into our buffer.
-        let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            return Err(err("recv"));
-        }
-        let n = usize::try_from(n).unwrap_or(0);
-        if n == 0 {
-            break;
-        }
-        if parse_reply(&buf[..n], &mut out)
-            .map_err(|e| KernelError::io("sock_diag", std::io::Error::other(e)))?
-        {
-            break;
+        let n = socket::recv(s.as_raw_fd(), &mut buf, MsgFlags::empty())
+            .map_err(|e| KernelError::io("sock_diag: recv", e.into()))?;
+        if n == 0 || each(&buf[..n])? {
+            return Ok(());
         }
     }
-    Ok(out)
 }
 
 #[cfg(test)]
@@ -181,7 +169,7 @@ mod tests {
     #[test]
     fn finds_a_socketpair_and_its_peer() {
         let (a, b) = crate::scm::dgram_pair().unwrap();
-        let ino = |fd: &OwnedFd| {
+        let ino = |fd: &std::os::fd::OwnedFd| {
             // SAFETY: libc::stat is plain data; zeroes are a valid value.
             let mut st: libc::stat = unsafe { std::mem::zeroed() };
             // SAFETY: fstat into a local struct.

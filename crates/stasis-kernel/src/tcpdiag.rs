@@ -14,9 +14,6 @@
 //! Messages (`linux/inet_diag.h`): `nlmsghdr` (16 bytes) + `inet_diag_req_v2`
 //! (56 bytes) out; `nlmsghdr` + `inet_diag_msg` (72 bytes) + attributes in.
 
-use std::os::fd::{AsRawFd, OwnedFd};
-
-use nix::sys::socket::{self, AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType};
 use stasis_sys::inet_diag::SOCK_DESTROY;
 use stasis_sys::inet_diag::{InetDiagMsg, InetDiagReqV2, InetDiagSockId};
 use stasis_sys::net::{
@@ -174,28 +171,9 @@ pub fn parse_reply(buf: &[u8]) -> Result<Reply> {
     Ok(r)
 }
 
-fn diag_socket() -> Result<OwnedFd> {
-    socket::socket(
-        AddressFamily::Netlink,
-        SockType::Datagram,
-        SockFlag::SOCK_CLOEXEC,
-        SockProtocol::NetlinkSockDiag,
-    )
-    .map_err(|e| KernelError::io("sock_diag: socket(AF_NETLINK)", e.into()))
-}
-
+/// [`crate::sockdiag::exchange`] with each reply buffer parsed.
 fn exchange(req: &[u8], mut each: impl FnMut(Reply) -> Result<bool>) -> Result<()> {
-    let s = diag_socket()?;
-    socket::send(s.as_raw_fd(), req, MsgFlags::empty())
-        .map_err(|e| KernelError::io("sock_diag: send", e.into()))?;
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = socket::recv(s.as_raw_fd(), &mut buf, MsgFlags::empty())
-            .map_err(|e| KernelError::io("sock_diag: recv", e.into()))?;
-        if n == 0 || each(parse_reply(&buf[..n])?)? {
-            return Ok(());
-        }
-    }
+    crate::sockdiag::exchange(req, |buf| each(parse_reply(buf)?))
 }
 
 /// Every TCP socket of this network namespace whose local and peer
