@@ -56,9 +56,9 @@ pub use pack::{
     RUN_FLAG_ZERO,
 };
 pub use store::{
-    checkpoint_dir_name, pack_file_name, parse_latest, parse_marker, Checkpoint, CheckpointBuilder,
-    ImageDir, MarkerProblem, CHECKPOINTS_DIR, LATEST_NAME, LOCK_NAME, MANIFEST_NAME, MARKER_NAME,
-    TEMP_PREFIX,
+    checkpoint_dir_name, pack_file_name, parse_latest, parse_marker, remove_temps_of, temp_owner,
+    Checkpoint, CheckpointBuilder, ImageDir, MarkerProblem, CHECKPOINTS_DIR, LATEST_NAME,
+    LOCK_NAME, MANIFEST_NAME, MARKER_NAME, TEMP_PREFIX,
 };
 pub use summary::{summarize, verify_checkpoint, CheckpointSummary, ProcessSummary};
 

@@ -22,6 +22,59 @@ pub const MARKER_NAME: &str = "STASIS-IMAGE";
 pub const LATEST_NAME: &str = "latest";
 /// Name of the directory holding the checkpoints.
 pub const CHECKPOINTS_DIR: &str = "checkpoints";
+/// The PID of the process that made the temporary checkpoint directory
+/// named `name` (`.tmp-NUMBER-PID-NANOS`, see `begin_checkpoint`).
+pub fn temp_owner(name: &str) -> Option<u32> {
+    name.strip_prefix(TEMP_PREFIX)?
+        .split('-')
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Removes the temporary checkpoint directories that process `pid` made
+/// in the image directory `dir`, without the directory lock: for a dump
+/// aborting (SIGTERM) while it holds that lock and its writers still run.
+/// Each is first renamed, so that they cannot add to it by its path, and
+/// its removal is tried again for a while (a writer may still create a
+/// file through an open directory fd); whatever is left keeps a temporary
+/// name, which the next dump removes. Returns how many were removed.
+pub fn remove_temps_of(dir: &Path, pid: u32) -> usize {
+    let cps = dir.join(CHECKPOINTS_DIR);
+    let Ok(rd) = fs::read_dir(&cps) else {
+        return 0;
+    };
+    let ours: Vec<PathBuf> = rd
+        .filter_map(Result::ok)
+        .filter(|e| temp_owner(&e.file_name().to_string_lossy()) == Some(pid))
+        .map(|e| e.path())
+        .collect();
+    let mut removed = 0;
+    for p in ours {
+        let gone = cps.join(format!(
+            "{}-aborted",
+            p.file_name().unwrap_or_default().to_string_lossy()
+        ));
+        let p = if fs::rename(&p, &gone).is_ok() {
+            gone
+        } else {
+            p
+        };
+        let t0 = std::time::Instant::now();
+        loop {
+            if fs::remove_dir_all(&p).is_ok() || !p.exists() {
+                removed += 1;
+                break;
+            }
+            if t0.elapsed() > std::time::Duration::from_secs(5) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+    removed
+}
+
 /// Name of the lock file.
 pub const LOCK_NAME: &str = ".lock";
 /// Prefix of in-progress (uncommitted) checkpoint directories.
@@ -407,6 +460,10 @@ impl ImageDir {
             checkpoint_dir_name(number),
             std::process::id()
         ));
+        debug_assert_eq!(
+            temp_owner(&temp_dir.file_name().unwrap_or_default().to_string_lossy()),
+            Some(std::process::id())
+        );
         fsutil::create_dir(&temp_dir)?;
         debug!(dir = %temp_dir.display(), number, "began checkpoint");
         Ok(CheckpointBuilder {

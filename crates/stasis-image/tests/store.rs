@@ -202,6 +202,34 @@ fn stale_temps_are_ignored_and_removed() {
     assert_eq!(write_checkpoint(&image, &[(0x1000, 1, 1)]), 2);
 }
 
+/// An aborting dump removes its own temporary checkpoints, while it holds
+/// the lock, and nobody else's.
+#[test]
+fn an_aborting_dump_removes_only_its_own_temps() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = ImageDir::create_or_open(dir.path()).unwrap();
+    let me = std::process::id();
+    let b = image.begin_checkpoint().unwrap();
+    let name = b
+        .temp_dir()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert_eq!(temp_owner(&name), Some(me));
+    fs::write(b.temp_dir().join("pages-1.pack"), b"partial").unwrap();
+    let cps = dir.path().join("checkpoints");
+    fs::create_dir(cps.join(format!(".tmp-00000009-{}-1", me + 1))).unwrap();
+    assert_eq!(temp_owner("notes"), None);
+    assert_eq!(remove_temps_of(dir.path(), me), 1);
+    assert_eq!(
+        temp_entries(dir.path()),
+        vec![format!(".tmp-00000009-{}-1", me + 1)]
+    );
+    drop(b);
+    assert!(image.checkpoints().unwrap().is_empty());
+}
+
 #[test]
 fn latest_pointer_edge_cases() {
     let dir = tempfile::tempdir().unwrap();
