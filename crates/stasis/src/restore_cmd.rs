@@ -229,6 +229,10 @@ fn locate_image(
     }
 }
 
+/// How long a failed lazy restore waits for the filler's reason (it kills
+/// the tree, then says why: on a busy machine that can take a moment).
+const FILLER_REASON_WAIT: Duration = Duration::from_secs(3);
+
 /// Restores; with a filler, tells it the tree runs, or on failure aborts it
 /// and reports its own reason if it had one.
 fn run_restore(
@@ -241,7 +245,7 @@ fn run_restore(
         Err(e) => {
             // If the filler killed the tree under construction (a damaged
             // run, say), its reason is the one that matters.
-            let cause = filler.and_then(|f| f.failure(Duration::from_millis(500)));
+            let cause = filler.and_then(|f| f.failure(FILLER_REASON_WAIT));
             if let Some(f) = filler {
                 f.abort();
             }
@@ -257,7 +261,7 @@ fn run_restore(
             // The filler is gone: it killed the tree (its guard does if it
             // died), for a reason it may have said.
             let e = anyhow::Error::new(e).context("telling the page filler the tree runs");
-            return Err(match f.failure(Duration::from_millis(500)) {
+            return Err(match f.failure(FILLER_REASON_WAIT) {
                 Some(cause) => e.context(cause),
                 None => e,
             });
