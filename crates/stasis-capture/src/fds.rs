@@ -10,7 +10,7 @@ use stasis_objects::SaveCtx;
 
 pub use stasis_objects::save::unsupported_reason;
 pub use stasis_objects::socket::{transient_socket, AcceptGate};
-pub use stasis_objects::tcp::{leave_repair, Repaired, Repairs};
+pub use stasis_objects::tcp::{kill_owners, leave_repair, Repaired, Repairs};
 
 use crate::Result;
 

@@ -166,9 +166,14 @@ impl Ends<'_> {
             Ok(r) => r,
             Err(e) => return Err(self.put_back_after("commit", e)),
         };
+        stasis_sys::fault::die_at(stasis_sys::fault::Point::DieAfterCommit);
+        // The processes whose connections are in repair mode die by the
+        // hand of the socket guard: a dumper dying from here on cannot
+        // leave them taken out of repair mode, ended for their peers.
+        fds::kill_owners(self.repaired);
+        stasis_sys::fault::die_at(stasis_sys::fault::Point::DieAfterKill);
         let mut frozen = self.frozen;
         frozen.kill();
-        drop(self.repaired);
         drop(self.gate);
         report.killed = true;
         report.frozen_us = micros(self.frozen_at);

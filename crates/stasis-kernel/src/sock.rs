@@ -599,7 +599,9 @@ mod gate_tests {
 
     /// An accepted connection with SO_REUSEADDR (inherited), locked and in
     /// repair mode as a dump leaves it, and its guard.
-    fn repaired_connection() -> (std::net::TcpStream, std::net::TcpStream, SocketGuard) {
+    fn repaired_connection(
+        owners: &[i32],
+    ) -> (std::net::TcpStream, std::net::TcpStream, SocketGuard) {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         set_int(l.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR, 1).unwrap();
         let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
@@ -608,12 +610,15 @@ mod gate_tests {
             get_int(a.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR).unwrap(),
             1
         );
-        let guard = SocketGuard::spawn(&[Guarded {
-            fd: a.as_raw_fd(),
-            detach_filter: true,
-            leave_repair: true,
-            reuseaddr: 1,
-        }])
+        let guard = SocketGuard::spawn(
+            &[Guarded {
+                fd: a.as_raw_fd(),
+                detach_filter: true,
+                leave_repair: true,
+                reuseaddr: 1,
+            }],
+            owners,
+        )
         .unwrap();
         attach_drop_all(a.as_fd()).unwrap();
         set_int(a.as_fd(), libc::IPPROTO_TCP, TCP_REPAIR, 1).unwrap();
@@ -626,7 +631,7 @@ mod gate_tests {
 
     #[test]
     fn a_guard_puts_sockets_back_when_the_dumper_is_gone() {
-        let (a, mut c, mut guard) = repaired_connection();
+        let (a, mut c, mut guard) = repaired_connection(&[]);
         // The dumper "dies": its end of the pipe closes without a word.
         drop(guard.tx.take());
         let mut st = 0;
@@ -652,9 +657,41 @@ mod gate_tests {
         assert_eq!(&b, b"pong");
     }
 
+    /// After the hand-over of the kill, the owner dies and the sockets
+    /// stay in repair mode behind their filter: closed, they say nothing
+    /// to their peer.
+    #[test]
+    fn a_guard_told_to_kill_kills_the_owners_and_touches_no_socket() {
+        let mut owner = std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .unwrap();
+        let pid = i32::try_from(owner.id()).unwrap();
+        let (a, mut c, guard) = repaired_connection(&[pid]);
+        guard.kill_owners();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(owner.wait().unwrap().signal(), Some(libc::SIGKILL));
+        assert_eq!(
+            get_int(a.as_fd(), libc::IPPROTO_TCP, TCP_REPAIR).unwrap(),
+            1
+        );
+        assert!(has_drop_all_filter(a.as_fd()));
+        drop(a);
+        // Nothing reached the peer: no FIN, no reset.
+        c.set_nonblocking(true).unwrap();
+        use std::io::Read;
+        let mut b = [0u8; 1];
+        let r = c.read(&mut b);
+        assert_eq!(
+            r.map_err(|e| e.kind()),
+            Err(std::io::ErrorKind::WouldBlock),
+            "the peer saw the connection end"
+        );
+    }
+
     #[test]
     fn a_dismissed_guard_touches_nothing() {
-        let (a, _c, guard) = repaired_connection();
+        let (a, _c, guard) = repaired_connection(&[]);
         guard.dismiss();
         assert_eq!(
             get_int(a.as_fd(), libc::IPPROTO_TCP, TCP_REPAIR).unwrap(),

@@ -110,6 +110,19 @@ pub fn leave_repair(mut r: Repairs) {
     }
 }
 
+/// After a committed dump that kills the tree: hands the kill to the
+/// guard, which SIGKILLs the processes that own the connections and leaves
+/// every connection in repair mode, so it closes silently (see
+/// [`sock::SocketGuard::kill_owners`]); returns once they are signalled.
+/// The caller kills the rest of the tree and waits for it.
+pub fn kill_owners(mut r: Repairs) {
+    if let Some(g) = r.guard.take() {
+        g.kill_owners();
+    }
+    // Our copies close in repair mode: nothing reaches the peers.
+    r.socks.clear();
+}
+
 /// The established TCP connections of `pids`: (pid, fd, inode, a copy).
 fn established(pids: &[i32]) -> Result<Vec<(i32, i32, u64, OwnedFd)>, SaveError> {
     let mut found = Vec::new();
@@ -172,7 +185,9 @@ impl SaveCtx {
                 reuseaddr: reuse.unwrap_or(-1),
             })
             .collect();
-        let guard = sock::SocketGuard::spawn(&guarded).map_err(|e| SaveError::Unsupported {
+        let mut owners: Vec<i32> = found.iter().map(|(pid, ..)| *pid).collect();
+        owners.dedup();
+        let guard = sock::SocketGuard::spawn(&guarded, &owners).map_err(|e| SaveError::Unsupported {
             pid: found[0].0,
             what: format!("cannot start the process that would put the TCP connections back if the dump died: {e}"),
         })?;

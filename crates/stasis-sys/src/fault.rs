@@ -8,7 +8,9 @@
 //! `die-in-remote-syscall`, which is not an error but a death: the process
 //! SIGKILLs itself at the `N`th step of its remote syscalls (each has four:
 //! registers set, signals blocked, entry stop, exit stop), so a test can
-//! kill a dumper at every instant of an injection. Unset, a check is one
+//! kill a dumper at every instant of an injection; `die-after-commit` and
+//! `die-after-kill`, deaths of a dump that kills the tree, between its
+//! commit and its kill, and halfway through the kill. Unset, a check is one
 //! `OnceLock` read.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,6 +25,12 @@ pub enum Point {
     ImageWrite,
     /// Every step of a remote syscall (see [`die_at`]).
     DieInRemoteSyscall,
+    /// A dump that kills the tree: its checkpoint committed, nothing
+    /// killed yet.
+    DieAfterCommit,
+    /// A dump that kills the tree: the owners of its TCP connections
+    /// killed (by the socket guard), the rest of the tree not yet.
+    DieAfterKill,
 }
 
 impl Point {
@@ -31,6 +39,8 @@ impl Point {
             Point::RemoteSyscall => "remote-syscall",
             Point::ImageWrite => "image-write",
             Point::DieInRemoteSyscall => "die-in-remote-syscall",
+            Point::DieAfterCommit => "die-after-commit",
+            Point::DieAfterKill => "die-after-kill",
         }
     }
 }
@@ -59,7 +69,7 @@ pub fn check(point: Point) -> std::io::Result<()> {
 
 /// True on the pass through `point` that `STASIS_FAULT` names.
 fn hit(point: Point) -> bool {
-    static SEEN: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+    static SEEN: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
     let Some((name, n)) = plan() else {
         return false;
     };
@@ -70,6 +80,8 @@ fn hit(point: Point) -> bool {
         Point::RemoteSyscall => 0,
         Point::ImageWrite => 1,
         Point::DieInRemoteSyscall => 2,
+        Point::DieAfterCommit => 3,
+        Point::DieAfterKill => 4,
     };
     SEEN[i].fetch_add(1, Ordering::Relaxed) + 1 == *n
 }

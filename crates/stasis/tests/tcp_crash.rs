@@ -10,7 +10,10 @@
 //! `--leave-running` dump (plain and `--concurrent`) and after a restore,
 //! and that a server SIGKILLed with live client connections right after
 //! such a dump is restored at once and serves its data, by hand and under
-//! `stasis run --restart-on-failure`.
+//! `stasis run --restart-on-failure`; and that a dumper killed at any
+//! instant (mid-dump, after its commit, halfway through its kill of the
+//! tree) leaves redis either running with its connections as they were or
+//! dead and restorable with its clients still connected.
 //!
 //! Needs redis-server (scripts/setup.sh).
 
@@ -487,8 +490,13 @@ fn run_restarts_a_crashed_redis_at_once() {
     let mut clients: Vec<Redis> = (0..4)
         .map(|_| Redis::wait_connect(port, Some(pid)))
         .collect();
-    // A checkpoint that has every key and client (two: the first may have
-    // begun before the last key).
+    // A checkpoint that has every key and client. Checkpoints ran while
+    // the keys went in (a slow fill under load sees several): their events
+    // wait in the channel, so they are dropped first. Of the next two, the
+    // first may have begun before the last key; the second began after it.
+    while let Ok(l) = events.try_recv() {
+        assert!(!l.contains("\"exited\""), "stasis run: the job exited: {l}");
+    }
     next_event(&events, "checkpoint", 30);
     next_event(&events, "checkpoint", 30);
     for c in &mut clients {
@@ -603,5 +611,122 @@ fn a_killed_dumper_leaves_redis_connections_as_they_were() {
     let mut fresh = Redis::wait_connect(port, Some(pid));
     check_keys(&mut fresh);
     assert_eq!(fresh.call(&[b"SHUTDOWN", b"NOSAVE"]), b"-read failed");
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}
+
+/// A redis on a free port of its own, with the test keys and `n` extra
+/// clients connected: (redis, pid, port, admin client, clients).
+fn redis_with_clients(dir: &std::path::Path, n: usize) -> (Child, i32, u16, Redis, Vec<Redis>) {
+    workloads(); // subreaper, for a restored redis
+    let port = free_port();
+    let mut c = redis_cmd(port, dir);
+    c.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    close_inherited_fds(&mut c);
+    let child = c
+        .spawn()
+        .expect("starting redis-server (run scripts/setup.sh)");
+    let pid = i32::try_from(child.id()).unwrap();
+    let mut admin = Redis::wait_connect(port, Some(pid));
+    fill_keys(&mut admin);
+    let clients = (0..n)
+        .map(|_| Redis::wait_connect(port, Some(pid)))
+        .collect();
+    (child, pid, port, admin, clients)
+}
+
+/// `stasis dump` of `pid` (the tree killed once committed) that SIGKILLs
+/// itself at fault point `die`.
+fn dump_dying_at(pid: i32, images: &std::path::Path, die: &str) {
+    let o = stasis()
+        .args(["dump", "-t", &pid.to_string(), "-D"])
+        .arg(images)
+        .env("STASIS_FAULT", format!("{die}:1"))
+        .output()
+        .expect("stasis dump");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        o.status.signal(),
+        Some(libc::SIGKILL),
+        "the dump should have died at {die}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// A dump that kills the tree dies once its checkpoint is committed and
+/// redis, the owner of the connections, is killed (by the socket guard, to
+/// which the dumper hands the kill): its connections close in repair mode,
+/// so the clients never see them end, and the restored redis answers them
+/// on their old connections. (Were the guard to put the sockets back, as
+/// for a dumper that died before the commit, each client would read the end
+/// of its stream.)
+#[test]
+fn a_dumper_killed_after_the_kill_leaves_redis_restorable_with_its_clients() {
+    let d = tempfile::tempdir().unwrap();
+    let images = d.path().join("images");
+    let (mut child, pid, port, admin, mut clients) = redis_with_clients(d.path(), 3);
+    let _guard = KillOnDrop(pid);
+    dump_dying_at(pid, &images, "die-after-kill");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        child.wait().unwrap().signal(),
+        Some(libc::SIGKILL),
+        "redis should have been killed by the dump's guard"
+    );
+    let o = stasis()
+        .args(["restore", "--detach", "-D"])
+        .arg(&images)
+        .output()
+        .expect("stasis restore");
+    assert_ok(
+        &o,
+        "restore after a dumper that died halfway through its kill",
+    );
+    for c in &mut clients {
+        assert_eq!(
+            c.call(&[b"PING"]),
+            b"+PONG",
+            "an old connection of the restored redis"
+        );
+    }
+    drop(admin);
+    let mut r = Redis::wait_connect(port, Some(pid));
+    check_keys(&mut r);
+    assert_eq!(r.call(&[b"SHUTDOWN", b"NOSAVE"]), b"-read failed");
+    assert_eq!(
+        waitpid_timeout(pid, Duration::from_secs(20)),
+        (Some(0), None)
+    );
+}
+
+/// A dump that kills the tree dies after its commit, before the kill: redis
+/// runs on (the guard puts its connections back), and serves its clients
+/// on their old connections.
+#[test]
+fn a_dumper_killed_before_the_kill_leaves_redis_running() {
+    let d = tempfile::tempdir().unwrap();
+    let images = d.path().join("images");
+    let (mut child, pid, port, admin, mut clients) = redis_with_clients(d.path(), 3);
+    let _guard = KillOnDrop(pid);
+    let before = tcp_reuse(pid);
+    dump_dying_at(pid, &images, "die-after-commit");
+    let t0 = Instant::now();
+    while tcp_reuse(pid) != before {
+        assert!(child.try_wait().unwrap().is_none(), "redis died");
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "redis' sockets stay changed: {:?}, before {before:?}",
+            tcp_reuse(pid)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for c in &mut clients {
+        assert_eq!(c.call(&[b"PING"]), b"+PONG", "an old connection");
+    }
+    drop(admin);
+    let mut r = Redis::wait_connect(port, Some(pid));
+    check_keys(&mut r);
+    assert_eq!(r.call(&[b"SHUTDOWN", b"NOSAVE"]), b"-read failed");
     assert_eq!(child.wait().unwrap().code(), Some(0));
 }

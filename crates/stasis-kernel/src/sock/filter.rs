@@ -108,12 +108,27 @@ pub struct Guarded {
 /// of the pipe without one means the dumper died, and it puts every socket
 /// back. Between the fork and its exit it makes raw system calls only.
 ///
+/// A dump that kills the tree once its checkpoint is committed hands the
+/// kill to the guard ([`kill_owners`]): the guard SIGKILLs the sockets'
+/// owners and exits without touching the sockets, which close in repair
+/// mode, silently, as the checkpoint needs. There is no instant at which a
+/// dying dumper leaves either a live program with its connections in repair
+/// mode (before the hand-over the guard puts them back) or a dead one whose
+/// connections the guard takes out of repair mode, so that their peers see
+/// them end (after it, the guard kills and touches nothing).
+///
 /// [`dismiss`]: SocketGuard::dismiss
+/// [`kill_owners`]: SocketGuard::kill_owners
 #[derive(Debug)]
 pub struct SocketGuard {
     pub(super) pid: i32,
     pub(super) tx: Option<OwnedFd>,
 }
+
+/// The dumper's word to its guard: done, touch nothing.
+const DISMISS: u8 = b'q';
+/// The dumper's word to its guard: kill the owners, touch nothing.
+const KILL: u8 = b'k';
 
 /// Whether `fd` has exactly the filter [`attach_drop_all`] attaches (raw
 /// system calls only: used after a fork).
@@ -155,8 +170,17 @@ fn raw_put_back(g: &Guarded) {
 }
 
 impl SocketGuard {
-    /// Forks the guard of `socks` (their fds stay open in this process).
-    pub fn spawn(socks: &[Guarded]) -> Result<SocketGuard> {
+    /// Forks the guard of `socks` (their fds stay open in this process),
+    /// which belong to the processes `owners` (killed by
+    /// [`SocketGuard::kill_owners`]).
+    pub fn spawn(socks: &[Guarded], owners: &[i32]) -> Result<SocketGuard> {
+        // Pidfds of the owners, so the guard signals them and nothing that
+        // may reuse their PIDs later.
+        let owner_fds = owners
+            .iter()
+            .map(|&p| crate::pidfd::pidfd_open(p))
+            .collect::<Result<Vec<OwnedFd>>>()?;
+        let owner_raw: Vec<i32> = owner_fds.iter().map(AsRawFd::as_raw_fd).collect();
         let mut p = [0i32; 2];
         // SAFETY: pipe2 writes two fds into the array.
         if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
@@ -167,6 +191,7 @@ impl SocketGuard {
         // Everything the child needs is made before the fork: the fds it
         // keeps, sorted, and the ranges between them that it closes.
         let mut keep: Vec<i32> = socks.iter().map(|g| g.fd).collect();
+        keep.extend_from_slice(&owner_raw);
         keep.push(rx.as_raw_fd());
         keep.sort_unstable();
         keep.dedup();
@@ -190,8 +215,9 @@ impl SocketGuard {
         }
         if pid == 0 {
             // SAFETY: raw system calls in the forked child (see above):
-            // close every fd but the sockets and the pipe, leave the
-            // dumper's session, wait for the pipe, act, exit.
+            // close every fd but the sockets, the owners' pidfds and the
+            // pipe, leave the dumper's session, wait for the pipe, act,
+            // exit.
             unsafe {
                 for &(a, b) in &gaps {
                     libc::syscall(libc::SYS_close_range, a, b, 0u32);
@@ -200,6 +226,18 @@ impl SocketGuard {
                 let mut b = 0u8;
                 loop {
                     let n = libc::read(rx_fd, (&mut b as *mut u8).cast(), 1);
+                    if n == 1 && b == KILL {
+                        for &pfd in &owner_raw {
+                            libc::syscall(
+                                libc::SYS_pidfd_send_signal,
+                                pfd,
+                                libc::SIGKILL,
+                                std::ptr::null::<libc::siginfo_t>(),
+                                0u32,
+                            );
+                        }
+                        libc::_exit(0);
+                    }
                     if n == 1 {
                         libc::_exit(0);
                     }
@@ -217,19 +255,27 @@ impl SocketGuard {
             }
         }
         drop(rx);
+        drop(owner_fds);
         Ok(SocketGuard { pid, tx: Some(tx) })
     }
 
     /// The dumper is done with the sockets: the guard exits without
     /// touching them, and is reaped.
     pub fn dismiss(mut self) {
-        self.stop();
+        self.stop(DISMISS);
     }
 
-    fn stop(&mut self) {
+    /// The checkpoint is committed and the tree is to die: the guard
+    /// SIGKILLs the owners and exits without touching the sockets (they
+    /// close in repair mode, silently); returns once it has.
+    pub fn kill_owners(mut self) {
+        self.stop(KILL);
+    }
+
+    fn stop(&mut self, word: u8) {
         let Some(tx) = self.tx.take() else { return };
         // SAFETY: writing one byte from our buffer to our pipe.
-        unsafe { libc::write(tx.as_raw_fd(), [b'q'].as_ptr().cast(), 1) };
+        unsafe { libc::write(tx.as_raw_fd(), [word].as_ptr().cast(), 1) };
         drop(tx);
         let mut st = 0;
         // SAFETY: waiting for our own child.
@@ -241,6 +287,6 @@ impl SocketGuard {
 
 impl Drop for SocketGuard {
     fn drop(&mut self) {
-        self.stop();
+        self.stop(DISMISS);
     }
 }
