@@ -66,6 +66,7 @@ use std::time::{Duration, Instant};
 
 use stasis_kernel::mem::ProcessMemory;
 use stasis_kernel::pagemap::{Pagemap, ScanQuery};
+use stasis_kernel::seam::Pages;
 use stasis_kernel::uffd::Userfaultfd;
 use stasis_kernel::KernelError;
 use stasis_sys as sys;
@@ -291,7 +292,7 @@ impl Cow {
         for (idx, areas) in registered {
             let p = &self.procs[idx];
             for (a, b) in areas {
-                wp_retry(&p.uffd, &self.shared, a, b, true)?;
+                wp_retry(&*p.uffd, &self.shared.stop, a, b, true)?;
             }
             let smaps = crate::proc::read(p.pid, "smaps")?;
             let starts = crate::proc::parse_smaps_growsdown(&smaps);
@@ -421,7 +422,7 @@ impl Cow {
         let data = RangeSet::from_spans(data.iter().copied());
         for (a, b) in protect.to_ranges() {
             for (s, e) in data.intersect(a, b) {
-                wp_retry(&self.procs[idx].uffd, &self.shared, s, e, true)?;
+                wp_retry(&*self.procs[idx].uffd, &self.shared.stop, s, e, true)?;
             }
         }
         Ok(idx)
@@ -536,7 +537,7 @@ impl Cow {
             }
         }
         if !self.shared.tracking {
-            wp_retry(&p.uffd, &self.shared, a, b, false)?;
+            wp_retry(&*p.uffd, &self.shared.stop, a, b, false)?;
         }
         Ok(buf)
     }
@@ -664,15 +665,16 @@ fn still_protected(pm: &Pagemap, parts: &[(u64, u64)]) -> Option<String> {
 
 /// Sets (`protect`) or lifts the protection of `[a, b)` (lifting wakes
 /// its writers). `EAGAIN` (an event waits to be read by the handler) is
-/// retried; `ENOENT` (part of the range is no longer registered: unmapped,
-/// which the handler judges) is not an error.
-fn wp_retry(uffd: &Userfaultfd, shared: &Shared, a: u64, b: u64, protect: bool) -> Result<()> {
+/// retried until `stop`; `ENOENT` (part of the range is no longer
+/// registered: unmapped, which the handler judges) and `ESRCH` (the
+/// process is gone) are not errors.
+fn wp_retry(pages: &dyn Pages, stop: &AtomicBool, a: u64, b: u64, protect: bool) -> Result<()> {
     let t0 = Instant::now();
     loop {
-        match uffd.write_protect(a, b - a, protect) {
+        match pages.write_protect(a, b - a, protect) {
             Ok(()) => return Ok(()),
             Err(libc::EAGAIN) if t0.elapsed() < Duration::from_secs(10) => {
-                if shared.stop.load(Ordering::Relaxed) {
+                if stop.load(Ordering::Relaxed) {
                     return Ok(());
                 }
                 std::thread::sleep(Duration::from_micros(20));
@@ -711,4 +713,44 @@ fn create_in(fp: &mut FrozenProcess) -> Result<Userfaultfd> {
             e => e.into_kernel().into(),
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stasis_kernel::seam::{PageCall, PageRecorder};
+
+    #[test]
+    fn protection_is_retried_past_an_event_and_an_unmapped_range_is_no_error() {
+        let f = PageRecorder::default();
+        let stop = AtomicBool::new(false);
+        f.fail_once(libc::EAGAIN);
+        wp_retry(&f, &stop, 0x1000, 0x3000, true).unwrap();
+        assert_eq!(
+            f.calls(),
+            vec![
+                PageCall::Protect {
+                    start: 0x1000,
+                    len: 0x2000,
+                    protect: true
+                };
+                2
+            ]
+        );
+        f.fail_always(libc::ENOENT);
+        wp_retry(&f, &stop, 0x1000, 0x3000, false).unwrap();
+        let f = PageRecorder::default();
+        f.fail_always(libc::EIO);
+        let e = wp_retry(&f, &stop, 0x1000, 0x3000, false).unwrap_err();
+        assert!(e.to_string().contains("[0x1000, 0x3000)"), "{e}");
+    }
+
+    #[test]
+    fn a_stopped_copy_gives_up_retrying() {
+        let f = PageRecorder::default();
+        f.fail_always(libc::EAGAIN);
+        let stop = AtomicBool::new(true);
+        wp_retry(&f, &stop, 0, 0x1000, true).unwrap();
+        assert_eq!(f.calls().len(), 1);
+    }
 }

@@ -29,6 +29,7 @@ pub mod ptrace;
 pub mod remote;
 pub mod robust_list;
 pub mod scm;
+pub mod seam;
 pub mod sock;
 pub mod sockdiag;
 pub mod sysvshm;

@@ -1,15 +1,13 @@
-//! The seam between checkpoint/restore logic and the kernel.
+//! The remote half of the kernel seam ([`crate::seam`]): syscalls run
+//! inside another process.
 //!
-//! One trait, [`Remote`], for syscalls run inside another process (a traced
-//! target or the stub a restore builds) and for its memory. Logic above this
-//! crate decides what to do and asks a `Remote` to do it; [`Recorder`] is the
-//! recording fake that lets that logic be unit-tested without root.
-//!
-//! Restore, for instance, decides *what* to do (which areas to map with which flags, how to
-//! fill them, in which order fds come back) and asks a [`Remote`] to do it
-//! inside the process being built. The real implementation drives a traced
-//! stub with remote syscalls; [`Recorder`] records the calls and can inject
-//! failures, so the decisions are unit-tested without root.
+//! [`Remote`] runs syscalls inside another process (a traced target or the
+//! stub a restore builds) and reads and writes its memory. Restore, for
+//! instance, decides *what* to do (which areas to map with which flags, how
+//! to fill them, in which order fds come back) and asks a [`Remote`] to do
+//! it inside the process being built. The real implementation drives a
+//! traced stub with remote syscalls; [`Recorder`] records the calls and can
+//! inject failures, so the decisions are unit-tested without root.
 
 use crate::KernelError;
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use stasis_image::RunEntry;
+use stasis_kernel::seam::Pages;
 use stasis_kernel::uffd::{FillError, Userfaultfd};
 
 use crate::filler::{Shared, State, PAGE};
@@ -101,6 +102,7 @@ pub(crate) fn claim_around(
     }))
 }
 
+#[derive(Debug)]
 pub(crate) enum Delivered {
     Landed,
     /// An event is waiting to be read: try again after it.
@@ -128,7 +130,7 @@ pub(crate) fn deliver_locked(
     let mut at = 0u64;
     let mut outcome = Delivered::Landed;
     for p in &pieces {
-        let d = deliver_piece(job, p, data)?;
+        let d = deliver_piece(&*job.uffd, job.run.vaddr, p, data)?;
         match d {
             Delivered::Landed => done += p.end - p.start,
             Delivered::Again(n) => {
@@ -150,19 +152,20 @@ pub(crate) fn deliver_locked(
     Ok((outcome, landed))
 }
 
+/// Copies piece `p` from `data`, the bytes of the run that starts at
+/// image address `run_vaddr`, through `pages`.
 fn deliver_piece(
-    job: &Job,
+    pages: &dyn Pages,
+    run_vaddr: u64,
     p: &crate::state::Piece,
     data: &[u8],
 ) -> Result<Delivered, DeliveryError> {
-    let off = usize::try_from(p.img - job.run.vaddr).unwrap_or(usize::MAX);
+    let off = usize::try_from(p.img - run_vaddr).unwrap_or(usize::MAX);
     let len = usize::try_from(p.end - p.start).unwrap_or(0);
     let data = off
         .checked_add(len)
         .and_then(|end| data.get(off..end))
-        .ok_or(DeliveryError::ShortRun {
-            vaddr: job.run.vaddr,
-        })?;
+        .ok_or(DeliveryError::ShortRun { vaddr: run_vaddr })?;
     // One UFFDIO_COPY must stay inside one area: if the process split the
     // area (an mprotect on part of it) since, the copy is refused as if the
     // range were unmapped. Then go on page by page, and only a single page
@@ -172,7 +175,7 @@ fn deliver_piece(
     let mut pos = 0usize;
     while pos < len {
         let end = if single { (pos + page).min(len) } else { len };
-        match job.uffd.copy(p.start + pos as u64, &data[pos..end]) {
+        match pages.copy(p.start + pos as u64, &data[pos..end]) {
             Ok(()) => pos = end,
             Err(FillError { done, errno }) => {
                 pos += usize::try_from(done).unwrap_or(0);
@@ -200,6 +203,48 @@ fn deliver_piece(
         }
     }
     Ok(Delivered::Landed)
+}
+
+/// Outcome of serving a fault on a page owed zeros.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Zeroed {
+    /// A zero page was mapped.
+    Filled,
+    /// Nothing to map (a page is there already, or the area moved or went
+    /// away since the fault): the thread was woken to find what is there.
+    Woken,
+    /// An event is waiting to be read: try again after it.
+    Later,
+    /// The process's memory is gone.
+    Gone,
+}
+
+/// Serves a fault at `page`, owed zeros, through `pages`.
+pub(crate) fn serve_zero(pages: &dyn Pages, page: u64) -> Result<Zeroed, DeliveryError> {
+    match pages.zeropage(page, PAGE) {
+        Ok(()) => Ok(Zeroed::Filled),
+        // There already, or moved or unmapped since the fault: the thread
+        // retries and finds what is there now.
+        Err(FillError {
+            errno: libc::EEXIST | libc::ENOENT | libc::EINVAL | libc::EFAULT,
+            ..
+        }) => {
+            let _ = pages.wake(page, PAGE);
+            Ok(Zeroed::Woken)
+        }
+        Err(FillError {
+            errno: libc::EAGAIN,
+            ..
+        }) => Ok(Zeroed::Later),
+        Err(FillError {
+            errno: libc::ESRCH, ..
+        }) => Ok(Zeroed::Gone),
+        Err(FillError { errno, .. }) => Err(DeliveryError::Uffd {
+            op: "UFFDIO_ZEROPAGE",
+            addr: page,
+            source: std::io::Error::from_raw_os_error(errno),
+        }),
+    }
 }
 
 /// Records the outcome of a copy. Returns true if it landed.
@@ -322,5 +367,127 @@ pub(crate) fn copier(sh: Arc<Shared>) {
             // Let the main thread read the event first.
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::Piece;
+    use stasis_kernel::seam::{PageCall, PageRecorder};
+
+    const P: u64 = PAGE;
+    const BASE: u64 = 0x10_0000;
+
+    /// A run of `pages` pages at image address 0x7000_0000, each page
+    /// filled with its index.
+    fn run(pages: u64) -> Vec<u8> {
+        (0..pages)
+            .flat_map(|i| vec![u8::try_from(i).unwrap(); 4096])
+            .collect()
+    }
+
+    fn piece(first: u64, n: u64) -> Piece {
+        Piece {
+            start: BASE + first * P,
+            end: BASE + (first + n) * P,
+            img: 0x7000_0000 + first * P,
+        }
+    }
+
+    /// The bytes copied to each page, by page address.
+    fn copied(f: &PageRecorder) -> Vec<(u64, u8)> {
+        let mut out = Vec::new();
+        for c in f.calls() {
+            if let PageCall::Copy { dst, data } = c {
+                for (k, pg) in data.chunks(4096).enumerate() {
+                    out.push((dst + k as u64 * P, pg[0]));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_piece_over_a_split_area_is_copied_page_by_page() {
+        // The process split the area in two since (an mprotect): one copy
+        // of four pages is refused, four copies of one land.
+        let f = PageRecorder::with_areas(&[(BASE, BASE + 2 * P), (BASE + 2 * P, BASE + 4 * P)]);
+        let d = deliver_piece(&f, 0x7000_0000, &piece(0, 4), &run(4)).unwrap();
+        assert!(matches!(d, Delivered::Landed));
+        assert_eq!(f.filled(), (0..4).map(|i| BASE + i * P).collect::<Vec<_>>());
+        assert_eq!(f.calls().len(), 5, "one refused copy, then one per page");
+        // Each page got its own bytes.
+        let last: Vec<(u64, u8)> = copied(&f).into_iter().skip(4).collect();
+        assert_eq!(
+            last,
+            (0..4)
+                .map(|i| (BASE + i * P, u8::try_from(i).unwrap()))
+                .collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn only_the_page_really_unmapped_is_reported_and_the_rest_lands() {
+        let f = PageRecorder::with_areas(&[(BASE, BASE + 2 * P)]);
+        let d = deliver_piece(&f, 0x7000_0000, &piece(0, 3), &run(3)).unwrap();
+        assert!(matches!(d, Delivered::NotMapped(n) if n == 2 * P));
+        assert_eq!(f.filled(), vec![BASE, BASE + P]);
+    }
+
+    #[test]
+    fn a_page_there_already_is_skipped_and_the_rest_copied_with_its_own_bytes() {
+        let f = PageRecorder::with_areas(&[(BASE, BASE + 8 * P)]);
+        f.prefill(BASE + 3 * P, BASE + 4 * P);
+        // Pages 2..6 of the run: page 3 is there (copied before a fork).
+        let d = deliver_piece(&f, 0x7000_0000, &piece(2, 4), &run(6)).unwrap();
+        assert!(matches!(d, Delivered::Landed));
+        let c = copied(&f);
+        // The first copy stops at page 3; the second starts at page 4 with
+        // page 4's bytes, not page 3's.
+        assert!(c.contains(&(BASE + 4 * P, 4)), "{c:?}");
+        assert!(c.contains(&(BASE + 5 * P, 5)), "{c:?}");
+        assert_eq!(f.filled(), (2..6).map(|i| BASE + i * P).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn an_event_to_read_or_a_gone_process_stops_the_copy() {
+        let f = PageRecorder::with_areas(&[(BASE, BASE + 4 * P)]);
+        f.fail_once(libc::EAGAIN);
+        let d = deliver_piece(&f, 0x7000_0000, &piece(0, 2), &run(2)).unwrap();
+        assert!(matches!(d, Delivered::Again(0)));
+        f.fail_always(libc::ESRCH);
+        let d = deliver_piece(&f, 0x7000_0000, &piece(0, 2), &run(2)).unwrap();
+        assert!(matches!(d, Delivered::Gone));
+    }
+
+    #[test]
+    fn an_unexpected_errno_or_a_short_run_is_an_error() {
+        let f = PageRecorder::with_areas(&[(BASE, BASE + 4 * P)]);
+        let e = deliver_piece(&f, 0x7000_0000, &piece(0, 3), &run(2)).unwrap_err();
+        assert!(matches!(e, DeliveryError::ShortRun { .. }), "{e}");
+        f.fail_always(libc::EIO);
+        let e = deliver_piece(&f, 0x7000_0000, &piece(0, 2), &run(2)).unwrap_err();
+        assert!(e.to_string().contains("UFFDIO_COPY"), "{e}");
+    }
+
+    #[test]
+    fn a_zero_fault_fills_or_wakes_or_waits() {
+        let f = PageRecorder::with_areas(&[(BASE, BASE + 2 * P)]);
+        assert_eq!(serve_zero(&f, BASE).unwrap(), Zeroed::Filled);
+        // There already: woken, not filled twice.
+        assert_eq!(serve_zero(&f, BASE).unwrap(), Zeroed::Woken);
+        // Unmapped since the fault: woken, to find what is there now.
+        assert_eq!(serve_zero(&f, BASE + 5 * P).unwrap(), Zeroed::Woken);
+        let wakes = f
+            .calls()
+            .iter()
+            .filter(|c| matches!(c, PageCall::Wake { .. }))
+            .count();
+        assert_eq!(wakes, 2);
+        f.fail_once(libc::EAGAIN);
+        assert_eq!(serve_zero(&f, BASE + P).unwrap(), Zeroed::Later);
+        f.fail_always(libc::ESRCH);
+        assert_eq!(serve_zero(&f, BASE + P).unwrap(), Zeroed::Gone);
     }
 }

@@ -19,10 +19,12 @@ use std::time::Instant;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use serde::Serialize;
-use stasis_kernel::uffd::{Event, FillError, Userfaultfd};
+use stasis_kernel::uffd::{Event, Userfaultfd};
 
 use crate::control::{self, Msg};
-use crate::deliver::{claim_around, copier, deliver_locked, Delivered, DeliveryError, RunCache};
+use crate::deliver::{
+    claim_around, copier, deliver_locked, serve_zero, Delivered, DeliveryError, RunCache, Zeroed,
+};
 use crate::kill::{kill_tree, kill_unfinished};
 use crate::source::{Catalog, RunSource};
 use crate::state::{Owed, Space};
@@ -183,44 +185,19 @@ fn serve_fault(
     };
     match owed {
         Owed::InFlight => Ok(Fault::Later),
-        Owed::Zero => match uffd.zeropage(page, PAGE) {
-            Ok(()) => {
+        Owed::Zero => match serve_zero(&*uffd, page)? {
+            Zeroed::Filled => {
                 stats.zero_faults += 1;
                 Ok(Fault::Served)
             }
-            Err(FillError {
-                errno: libc::EEXIST,
-                ..
-            }) => {
-                let _ = uffd.wake(page, PAGE);
-                Ok(Fault::Served)
-            }
-            Err(FillError {
-                errno: libc::EAGAIN,
-                ..
-            }) => Ok(Fault::Later),
-            // Moved or unmapped since the fault: the thread retries and
-            // finds what is there now.
-            Err(FillError {
-                errno: libc::ENOENT | libc::EINVAL | libc::EFAULT,
-                ..
-            }) => {
-                let _ = uffd.wake(page, PAGE);
-                Ok(Fault::Served)
-            }
-            Err(FillError {
-                errno: libc::ESRCH, ..
-            }) => {
+            Zeroed::Woken => Ok(Fault::Served),
+            Zeroed::Later => Ok(Fault::Later),
+            Zeroed::Gone => {
                 let mut st = sh.lock();
                 st.entries[i].dead = true;
                 st.entries[i].space = Space::default();
                 Ok(Fault::Served)
             }
-            Err(FillError { errno, .. }) => Err(DeliveryError::Uffd {
-                op: "UFFDIO_ZEROPAGE",
-                addr: page,
-                source: std::io::Error::from_raw_os_error(errno),
-            }),
         },
         Owed::Image(p) => {
             let Some(job) = job else {
