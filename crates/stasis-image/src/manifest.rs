@@ -38,7 +38,26 @@ pub struct Manifest {
     /// System V shared memory segments attached by the processes.
     #[serde(default)]
     pub sysv_shm: Vec<SysvShm>,
+    /// The cut across hosts this checkpoint is part of (`stasis cluster`),
+    /// if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut: Option<CutMark>,
 }
+
+/// Where a checkpoint stands in a distributed application's history: the
+/// job and the round of the cluster checkpoint that took it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CutMark {
+    pub job: String,
+    pub round: u64,
+}
+
+/// Why one part of a cut across hosts was abandoned at a barrier (the
+/// coordinator said so, or is gone): a dump or restore then fails as on
+/// any error, leaving nothing behind.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the cluster operation was abandoned: {0}")]
+pub struct CutAbort(pub String);
 
 /// A System V shared memory segment.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -661,6 +661,18 @@ impl CheckpointBuilder {
     /// `docs/image-format.md`, "Commit protocol"). Every pack the manifest
     /// references must have been finished. Returns the checkpoint number.
     pub fn commit(mut self, manifest: &Manifest) -> Result<u32, ImageError> {
+        self.prepare(manifest)?;
+        self.commit_prepared()
+    }
+
+    /// The first phase of a two-phase commit (a cut across hosts): checks
+    /// the packs, writes the manifest and syncs everything. The checkpoint
+    /// is then complete on disk but invisible, under its temporary name,
+    /// until [`commit_prepared`](Self::commit_prepared); dropped, or left
+    /// by a process that died, it is removed like any temporary one, unless
+    /// the decision to commit it was recorded (see
+    /// [`ImageDir::prepared_temps`]).
+    pub fn prepare(&mut self, manifest: &Manifest) -> Result<(), ImageError> {
         if manifest.checkpoint != self.number {
             return Err(ImageError::CheckpointMismatch {
                 expected: self.number,
@@ -681,30 +693,112 @@ impl CheckpointBuilder {
         write_manifest(&self.temp_dir, manifest)?;
         // fsync every file (packs were synced by finish(); this also covers
         // anything else the caller put in temp_dir()).
-        sync_tree(&self.temp_dir)?;
+        sync_tree(&self.temp_dir)
+    }
 
-        let cps = self.image.join(CHECKPOINTS_DIR);
-        let final_dir = cps.join(checkpoint_dir_name(self.number));
-        if !matches!(fsutil::kind(&final_dir)?, Kind::Missing) {
-            return Err(ImageError::Io {
-                action: "commit checkpoint to",
-                path: final_dir,
-                source: io::Error::from(io::ErrorKind::AlreadyExists),
+    /// The second phase: renames the prepared checkpoint into place and
+    /// points `latest` at it.
+    pub fn commit_prepared(mut self) -> Result<u32, ImageError> {
+        place(&self.image, self.number, &self.temp_dir, || {
+            self.committed = true
+        })?;
+        Ok(self.number)
+    }
+}
+
+/// Renames the complete checkpoint `number` at `temp_dir` into place in
+/// `image` (`placed` is called once the rename is done), syncs, and points
+/// `latest` at it.
+fn place(
+    image: &Path,
+    number: u32,
+    temp_dir: &Path,
+    placed: impl FnOnce(),
+) -> Result<(), ImageError> {
+    let cps = image.join(CHECKPOINTS_DIR);
+    let final_dir = cps.join(checkpoint_dir_name(number));
+    if !matches!(fsutil::kind(&final_dir)?, Kind::Missing) {
+        return Err(ImageError::Io {
+            action: "commit checkpoint to",
+            path: final_dir,
+            source: io::Error::from(io::ErrorKind::AlreadyExists),
+        });
+    }
+    fs::rename(temp_dir, &final_dir).map_err(ImageError::io(
+        "rename checkpoint into place at",
+        &final_dir,
+    ))?;
+    placed();
+    fsutil::sync_dir(&cps)?;
+    fsutil::write_atomic(image, LATEST_NAME, format!("{number}\n").as_bytes())?;
+    debug!(dir = %final_dir.display(), number, "committed checkpoint");
+    Ok(())
+}
+
+/// A checkpoint prepared ([`CheckpointBuilder::prepare`]) and not
+/// committed, under its temporary name.
+#[derive(Debug)]
+pub struct PreparedTemp {
+    pub number: u32,
+    /// The process that made it.
+    pub owner: u32,
+    pub path: PathBuf,
+    pub manifest: Manifest,
+}
+
+impl ImageDir {
+    /// The prepared checkpoints under temporary names (a complete, valid
+    /// manifest), oldest first, with the process that made each: the
+    /// caller tells those of dead processes from those being made.
+    pub fn prepared_temps(&self) -> Result<Vec<PreparedTemp>, ImageError> {
+        let cps = self.checkpoints_path();
+        let Ok(rd) = fs::read_dir(&cps) else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for e in rd.filter_map(Result::ok) {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(owner) = temp_owner(&name) else {
+                continue;
+            };
+            let path = e.path();
+            if !matches!(fsutil::kind(&path)?, Kind::Dir) {
+                continue;
+            }
+            let Ok(bytes) = fs::read(path.join(MANIFEST_NAME)) else {
+                continue;
+            };
+            let Ok(manifest) = crate::manifest_io::decode_manifest(&bytes, 0, &path) else {
+                continue;
+            };
+            out.push(PreparedTemp {
+                number: manifest.checkpoint,
+                owner,
+                path,
+                manifest,
             });
         }
-        fs::rename(&self.temp_dir, &final_dir).map_err(ImageError::io(
-            "rename checkpoint into place at",
-            &final_dir,
-        ))?;
-        self.committed = true;
-        fsutil::sync_dir(&cps)?;
-        fsutil::write_atomic(
-            &self.image,
-            LATEST_NAME,
-            format!("{}\n", self.number).as_bytes(),
-        )?;
-        debug!(dir = %final_dir.display(), number = self.number, "committed checkpoint");
-        Ok(self.number)
+        out.sort_by_key(|t| t.number);
+        Ok(out)
+    }
+
+    /// Commits a prepared checkpoint a dead process left (the decision to
+    /// commit it having been recorded by its caller), under the lock.
+    pub fn commit_left_prepared(&self, t: &PreparedTemp) -> Result<u32, ImageError> {
+        let _lock = self.lock()?;
+        for p in &t.manifest.processes {
+            if let Some(r) = &p.pack {
+                if !is_plain_name(&r.name) {
+                    return Err(ImageError::UnsafeName {
+                        checkpoint: Some(t.number),
+                        name: r.name.clone(),
+                    });
+                }
+                PackReader::open_inner(&t.path.join(&r.name), Some(r), Some(t.number))?;
+            }
+        }
+        place(&self.path, t.number, &t.path, || {})?;
+        Ok(t.number)
     }
 }
 

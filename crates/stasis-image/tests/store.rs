@@ -552,3 +552,48 @@ fn summary_describes_the_checkpoint() {
     ciborium::into_writer(&s, &mut out).unwrap();
     assert!(!out.is_empty());
 }
+
+/// A two-phase commit: a prepared checkpoint is complete on disk and
+/// invisible; committed, it is the latest. One whose maker died is found
+/// by `prepared_temps` and can be committed by whoever recorded the
+/// decision; a half-written one (no valid manifest) is not offered.
+#[test]
+fn prepared_checkpoints_are_invisible_until_committed_even_after_their_maker_died() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = ImageDir::create_or_open(dir.path()).unwrap();
+    assert_eq!(write_checkpoint(&image, &[(0x1000, 1, 1)]), 1);
+    let mut b = image.begin_checkpoint().unwrap();
+    let m = manifest(2, vec![process(1, None)]);
+    b.prepare(&m).unwrap();
+    assert_eq!(image.checkpoints().unwrap(), vec![1]);
+    assert_eq!(image.latest().unwrap(), Some(1));
+    assert_eq!(b.commit_prepared().unwrap(), 2);
+    assert_eq!(image.latest().unwrap(), Some(2));
+    assert_eq!(image.load(None).unwrap().manifest.cut, m.cut);
+
+    // A maker that dies after preparing: its temporary directory stays.
+    let mut b = image.begin_checkpoint().unwrap();
+    b.prepare(&manifest(3, vec![process(1, None)])).unwrap();
+    let temp = b.temp_dir().to_path_buf();
+    let kept = dir
+        .path()
+        .join("checkpoints")
+        .join(".tmp-00000003-999999-1");
+    fs::rename(&temp, &kept).unwrap();
+    drop(b);
+    // And one that died before its manifest was whole.
+    let half = dir
+        .path()
+        .join("checkpoints")
+        .join(".tmp-00000004-999999-2");
+    fs::create_dir(&half).unwrap();
+    fs::write(half.join("manifest.bin"), b"partial").unwrap();
+    let left = image.prepared_temps().unwrap();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!((left[0].number, left[0].owner), (3, 999_999));
+    assert_eq!(image.latest().unwrap(), Some(2));
+    assert_eq!(image.commit_left_prepared(&left[0]).unwrap(), 3);
+    assert_eq!(image.latest().unwrap(), Some(3));
+    assert_eq!(image.checkpoints().unwrap(), vec![1, 2, 3]);
+    assert!(image.prepared_temps().unwrap().is_empty());
+}

@@ -220,6 +220,10 @@ pub fn manifest(checkpoint: u32, processes: Vec<ProcessImage>) -> Manifest {
                 },
             ],
         }],
+        cut: Some(stasis_image::manifest::CutMark {
+            job: "job".into(),
+            round: 7,
+        }),
     }
 }
 
