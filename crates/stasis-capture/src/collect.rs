@@ -271,6 +271,7 @@ fn write_manifest(
         pipes,
         ghosts,
         sysv_shm: std::mem::take(&mut collector.sysv),
+        cut: fr.opts.cut.as_ref().map(|c| c.mark()),
     };
     let report = DumpReport {
         checkpoint: ck.number(),

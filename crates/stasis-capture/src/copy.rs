@@ -412,17 +412,27 @@ impl Pending {
     /// Commits the checkpoint, then records the tracking state (or clears
     /// it: without a committed checkpoint to be incremental against, the
     /// next dump must be full).
-    pub fn finish(self, store: &ImageDir) -> Result<DumpReport> {
+    /// Commits the checkpoint (for a part of a cut, once the coordinator
+    /// decided: [`crate::Cut::written`]) and records the tracking state.
+    pub fn finish(self, store: &ImageDir, cut: Option<&dyn crate::Cut>) -> Result<DumpReport> {
         let Pending {
-            ck,
+            mut ck,
             manifest,
             state,
             mut report,
             ..
         } = self;
-        if let Err(e) = ck.commit(&manifest) {
+        let committed = match cut {
+            None => ck.commit(&manifest).map_err(crate::CaptureError::from),
+            Some(c) => ck
+                .prepare(&manifest)
+                .map_err(crate::CaptureError::from)
+                .and_then(|()| Ok(c.written(manifest.checkpoint)?))
+                .and_then(|()| Ok(ck.commit_prepared()?)),
+        };
+        if let Err(e) = committed {
             let _ = stasis_track::state::clear(store.path());
-            return Err(e.into());
+            return Err(e);
         }
         match state {
             Some(s) => {

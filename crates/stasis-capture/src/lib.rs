@@ -65,6 +65,8 @@ pub enum CaptureError {
     #[error(transparent)]
     Save(SaveError),
     #[error(transparent)]
+    Cut(#[from] CutAbort),
+    #[error(transparent)]
     Kernel(#[from] KernelError),
     #[error("writing the image failed: {0}")]
     Image(#[from] ImageError),
@@ -128,7 +130,30 @@ pub struct DumpOptions {
     pub cow_cap: u64,
     /// How a concurrent dump keeps the freeze instant's pages.
     pub cow_method: CowMethod,
+    /// This dump is one part of a cut across hosts: it waits at the cut's
+    /// two barriers (see [`Cut`]).
+    pub cut: Option<std::sync::Arc<dyn Cut>>,
 }
+
+/// A dump that is one part of a consistent cut of an application over
+/// several hosts (`stasis-cluster`): it stops at two barriers, where the
+/// coordinator decides. An error at either aborts the dump as any failure
+/// does: the tree is put back as it was (or runs on, after the release)
+/// and the checkpoint, never committed, is removed.
+pub trait Cut: Send + Sync {
+    /// The job and round recorded in the checkpoint's manifest.
+    fn mark(&self) -> stasis_image::manifest::CutMark;
+    /// The tree is frozen, its connections locked and in repair mode, its
+    /// state read (and, stop-the-world, its pages): returns once every part
+    /// of the cut is, to release the tree (or, for a dump that kills, to go
+    /// on to the commit).
+    fn frozen(&self) -> std::result::Result<(), CutAbort>;
+    /// The checkpoint is written and synced but not committed: returns
+    /// once the coordinator decided to commit, its decision recorded.
+    fn written(&self, checkpoint: u32) -> std::result::Result<(), CutAbort>;
+}
+
+pub use stasis_image::manifest::CutAbort;
 
 /// How a concurrent dump keeps the pages of the freeze instant while the
 /// tree runs on.

@@ -127,6 +127,12 @@ impl Ends<'_> {
         tracking: Option<&mut cow::CowTracking>,
     ) -> Result<DumpReport> {
         let (store, opts, t0) = (self.store, self.opts, self.t0);
+        if let Some(c) = &opts.cut {
+            // Every part of the cut frozen before any is released.
+            if let Err(e) = c.frozen() {
+                return Err(self.put_back_after("cut", e.into()));
+            }
+        }
         let mut frozen = self.frozen;
         fds::leave_repair(self.repaired);
         frozen.release()?;
@@ -147,7 +153,7 @@ impl Ends<'_> {
                 c.reap_stop_us = reap_us;
             }
         }
-        let mut report = pending.finish(store)?;
+        let mut report = pending.finish(store, opts.cut.as_deref())?;
         report.frozen_us = frozen_us;
         report.total_us = micros(t0);
         if let (Some(t), Some((cow, procs))) = (tracking, strategy.take_kept()) {
@@ -162,7 +168,12 @@ impl Ends<'_> {
 
     /// Killed only once the checkpoint is committed.
     fn commit_then_kill(self, pending: Pending) -> Result<DumpReport> {
-        let mut report = match pending.finish(self.store) {
+        if let Some(c) = &self.opts.cut {
+            if let Err(e) = c.frozen() {
+                return Err(self.put_back_after("cut", e.into()));
+            }
+        }
+        let mut report = match pending.finish(self.store, self.opts.cut.as_deref()) {
             Ok(r) => r,
             Err(e) => return Err(self.put_back_after("commit", e)),
         };

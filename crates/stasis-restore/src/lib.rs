@@ -75,6 +75,8 @@ pub use reap::wait_pid_free;
 pub enum RestoreError {
     #[error(transparent)]
     Image(#[from] ImageError),
+    #[error(transparent)]
+    Cut(#[from] stasis_image::manifest::CutAbort),
     #[error("PID {pid} is in use by a running process ({by}): stop it first, then restore again")]
     PidTaken { pid: i32, by: String },
     #[error("PID {pid} is still held by a zombie after {waited:?}: its parent has not reaped it; wait or reap it, then restore again")]
@@ -167,6 +169,18 @@ pub struct RestoreOptions {
     pub new_pidns: bool,
     /// Lazy restore: private anonymous memory is left to this sink's filler.
     pub lazy: Option<Box<dyn LazySink>>,
+    /// This restore is one part of a cut across hosts: it waits at the
+    /// barrier before anything of the tree reaches the network or runs.
+    pub cut: Option<std::sync::Arc<dyn RestoreCut>>,
+}
+
+/// A restore that is one part of a restore of a whole application over
+/// several hosts (`stasis-cluster`).
+pub trait RestoreCut: Send + Sync {
+    /// Every process of the tree is built and stopped, its TCP connections
+    /// rebuilt in repair mode (which drops what reaches them): returns
+    /// once every part is, to let them go; an error kills the tree.
+    fn built(&self) -> std::result::Result<(), stasis_image::manifest::CutAbort>;
 }
 
 impl Default for RestoreOptions {
@@ -177,6 +191,7 @@ impl Default for RestoreOptions {
             progress: None,
             new_pidns: false,
             lazy: None,
+            cut: None,
         }
     }
 }

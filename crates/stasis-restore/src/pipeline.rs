@@ -358,6 +358,12 @@ fn build_processes(b: &mut Build<'_>) -> Result<u64> {
         ))
         .into());
     }
+    if let Some(c) = &b.opts.cut {
+        // Every host's tree built, its connections in repair mode, before
+        // any connection comes out of it (a packet to a host whose socket
+        // does not exist yet would reset the connection).
+        c.built()?;
+    }
     cx.factory.finish_tcp()?;
     Ok(cx.filled)
 }

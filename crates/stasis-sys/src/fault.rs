@@ -10,7 +10,9 @@
 //! registers set, signals blocked, entry stop, exit stop), so a test can
 //! kill a dumper at every instant of an injection; `die-after-commit` and
 //! `die-after-kill`, deaths of a dump that kills the tree, between its
-//! commit and its kill, and halfway through the kill. Unset, a check is one
+//! commit and its kill, and halfway through the kill;
+//! `die-in-cluster-round`, the cluster coordinator after the Nth message it
+//! sends every agent in a round. Unset, a check is one
 //! `OnceLock` read.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,6 +33,9 @@ pub enum Point {
     /// A dump that kills the tree: the owners of its TCP connections
     /// killed (by the socket guard), the rest of the tree not yet.
     DieAfterKill,
+    /// The cluster coordinator, after each message of a round it sends to
+    /// every agent (1: `Dump`, 2: `Release`, 3: `Commit`).
+    DieInClusterRound,
 }
 
 impl Point {
@@ -41,6 +46,7 @@ impl Point {
             Point::DieInRemoteSyscall => "die-in-remote-syscall",
             Point::DieAfterCommit => "die-after-commit",
             Point::DieAfterKill => "die-after-kill",
+            Point::DieInClusterRound => "die-in-cluster-round",
         }
     }
 }
@@ -69,7 +75,7 @@ pub fn check(point: Point) -> std::io::Result<()> {
 
 /// True on the pass through `point` that `STASIS_FAULT` names.
 fn hit(point: Point) -> bool {
-    static SEEN: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
+    static SEEN: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
     let Some((name, n)) = plan() else {
         return false;
     };
@@ -82,6 +88,7 @@ fn hit(point: Point) -> bool {
         Point::DieInRemoteSyscall => 2,
         Point::DieAfterCommit => 3,
         Point::DieAfterKill => 4,
+        Point::DieInClusterRound => 5,
     };
     SEEN[i].fetch_add(1, Ordering::Relaxed) + 1 == *n
 }

@@ -207,6 +207,7 @@ pub fn run(dir: Option<PathBuf>, before: f64, after: f64) -> Result<ExitCode> {
             concurrent: false,
             cow_cap: 0,
             cow_method: stasis_capture::CowMethod::Auto,
+            cut: None,
         },
     )?;
     let status = child.wait()?;

@@ -4,6 +4,7 @@
 //! formatting. The work happens in `stasis-capture` and `stasis-restore`.
 
 mod abort;
+mod cluster_cmd;
 mod demo;
 mod gc;
 mod page_server;
@@ -86,6 +87,13 @@ enum Cmd {
     /// Serve an image directory to restores on other hosts
     /// (`restore --from ADDR`, with or without --lazy).
     PageServer(page_server::PageServerArgs),
+    /// Serve a coordinator on this host: dump, restore and commit the
+    /// trees of a distributed job (`stasis cluster`).
+    Agent(cluster_cmd::AgentArgs),
+    /// Consistent checkpoints of a job spread over several hosts, through
+    /// their agents.
+    #[command(subcommand)]
+    Cluster(cluster_cmd::ClusterCmd),
     /// List the checkpoints of an image directory and verify their checksums.
     Inspect {
         #[arg(short = 'D', long = "images-dir")]
@@ -188,6 +196,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
         ),
         Cmd::Restore(a) => restore_cmd::cmd_restore(a),
         Cmd::PageServer(a) => page_server::cmd_page_server(a),
+        Cmd::Agent(a) => cluster_cmd::cmd_agent(a),
+        Cmd::Cluster(c) => cluster_cmd::cmd_cluster(c),
         Cmd::LazyFiller(a) => restore_cmd::cmd_lazy_filler(a),
         Cmd::LazyGuard => restore_cmd::cmd_lazy_guard(),
         Cmd::DumpGuard => {
@@ -292,6 +302,7 @@ fn cmd_dump(
         concurrent,
         cow_cap,
         cow_method,
+        cut: None,
     };
     let r = stasis_capture::dump_tracked(&store, &opts, tracker.as_deref_mut())
         .with_context(|| format!("dumping process {pid}"))?;

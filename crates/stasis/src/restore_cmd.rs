@@ -170,6 +170,7 @@ pub fn cmd_restore(a: RestoreArgs) -> Result<ExitCode> {
         progress: Some(progress.callback()),
         new_pidns: a.new_pidns,
         lazy: filler.as_ref().map(sink),
+        cut: None,
     };
     let r = run_restore(&store, &opts, filler.as_ref())?;
     progress.finish();

@@ -309,6 +309,7 @@ impl Cli<'_> {
             &stasis_restore::RestoreOptions {
                 checkpoint: Some(cp),
                 lazy: filler.as_ref().map(crate::restore_cmd::sink),
+                cut: None,
                 ..Default::default()
             },
         );
@@ -348,6 +349,7 @@ impl Host for Cli<'_> {
             concurrent: self.o.concurrent,
             cow_cap: self.o.cow_buffer,
             cow_method: stasis_capture::CowMethod::Auto,
+            cut: None,
         };
         let dumped = if self.protect_tracks {
             stasis_capture::dump_concurrent_tracked(&self.store, &opts, &mut self.protection)

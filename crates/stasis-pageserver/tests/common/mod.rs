@@ -68,6 +68,7 @@ pub fn manifest(checkpoint: u32, parent: Option<u32>, processes: Vec<ProcessImag
         pipes: vec![],
         ghosts: vec![],
         sysv_shm: vec![],
+        cut: None,
     }
 }
 

@@ -1,0 +1,491 @@
+//! The agent (`stasis agent`): one per host, it dumps, restores and
+//! commits the trees of its host on a coordinator's orders (the protocol is
+//! specified in [`crate::protocol`]). Each connection is one session, served
+//! by a thread of its own; each tree of a round by a thread of its own,
+//! which stops at the cut's barriers ([`stasis_capture::Cut`],
+//! [`stasis_restore::RestoreCut`]) until the session thread, on the
+//! coordinator's word, lets it go on or abort.
+
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use stasis_image::manifest::{CutAbort, CutMark};
+use stasis_image::ImageDir;
+
+use crate::jobs::{self, Decision};
+use crate::protocol::{Conn, DumpOrder, Msg, RestoreOrder};
+use crate::ClusterError;
+
+/// How long an agent waits for the coordinator's word in a round before
+/// it aborts (the coordinator waits as long for the slowest host).
+const ROUND_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// How an agent runs.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// The secret shared with the coordinators.
+    pub token: Vec<u8>,
+    /// Its stable storage (`-D DIR`).
+    pub dir: PathBuf,
+    /// Its name, as told to coordinators.
+    pub host: String,
+}
+
+/// Serves coordinators on `listener` until `stop` is set (checked every
+/// 100 ms). Finishes the commits a previous run left first.
+pub fn serve(
+    listener: TcpListener,
+    cfg: AgentConfig,
+    stop: &AtomicBool,
+) -> Result<(), ClusterError> {
+    for line in jobs::recover(&cfg.dir)? {
+        tracing::info!("{line}");
+    }
+    listener
+        .set_nonblocking(true)
+        .map_err(|source| ClusterError::Io {
+            what: "listen on",
+            path: cfg.dir.clone(),
+            source,
+        })?;
+    let cfg = Arc::new(cfg);
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((s, peer)) => {
+                let cfg = cfg.clone();
+                std::thread::spawn(move || {
+                    let _ = s.set_nonblocking(false);
+                    let peer = peer.to_string();
+                    if let Err(e) = session(s, peer.clone(), &cfg) {
+                        tracing::warn!("session with {peer}: {e}");
+                    }
+                });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => tracing::warn!("accept: {e}"),
+        }
+    }
+    Ok(())
+}
+
+fn session(s: TcpStream, peer: String, cfg: &AgentConfig) -> Result<(), ClusterError> {
+    let mut c = Conn::new(s, peer);
+    if !c.authenticate_coordinator(&cfg.token, &cfg.host)? {
+        tracing::warn!("{}: refused a coordinator with another token", c.peer);
+        return Ok(());
+    }
+    while let Some(m) = c.recv()? {
+        match m {
+            Msg::Inspect { job } => {
+                let r = jobs::check_job(&job).and_then(|()| jobs::rounds(&cfg.dir, &job));
+                match r {
+                    Ok(trees) => c.send(&Msg::Jobs { trees })?,
+                    Err(e) => c.send(&Msg::Error {
+                        message: e.to_string(),
+                    })?,
+                }
+            }
+            Msg::Dump(order) => dump_round(&mut c, cfg, &order)?,
+            Msg::Restore(order) => restore_round(&mut c, cfg, &order)?,
+            other => c.send(&Msg::Error {
+                message: format!("unexpected request {other:?}"),
+            })?,
+        }
+    }
+    Ok(())
+}
+
+/// What the session thread and the tree threads of one round share.
+#[derive(Default)]
+struct Round {
+    st: Mutex<RoundState>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct RoundState {
+    /// Trees at the first barrier (frozen, or built).
+    at_first: usize,
+    /// (tree root, checkpoint) of the trees at the second barrier.
+    written: Vec<(i32, u32)>,
+    frozen_us: u64,
+    /// Trees whose thread ended, and the first error among them.
+    ended: usize,
+    failed: Option<String>,
+    /// The coordinator's word at each barrier (`Err`: abort, why).
+    first: Option<Result<(), String>>,
+    second: Option<Result<(), String>>,
+}
+
+impl Round {
+    fn lock(&self) -> MutexGuard<'_, RoundState> {
+        self.st
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Waits until `done` holds; returns the state.
+    fn wait_for(&self, done: impl Fn(&RoundState) -> bool) -> MutexGuard<'_, RoundState> {
+        let mut st = self.lock();
+        while !done(&st) {
+            st = self
+                .cv
+                .wait(st)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        st
+    }
+
+    /// A tree thread at a barrier: records itself, waits for the word.
+    fn barrier(
+        &self,
+        arrive: impl FnOnce(&mut RoundState),
+        word: impl Fn(&RoundState) -> Option<Result<(), String>>,
+    ) -> Result<(), CutAbort> {
+        {
+            let mut st = self.lock();
+            arrive(&mut st);
+        }
+        self.cv.notify_all();
+        let st = self.wait_for(|s| word(s).is_some());
+        word(&st).unwrap_or(Ok(())).map_err(CutAbort)
+    }
+
+    fn say(&self, first: Option<Result<(), String>>, second: Option<Result<(), String>>) {
+        {
+            let mut st = self.lock();
+            if first.is_some() && st.first.is_none() {
+                st.first = first;
+            }
+            if second.is_some() && st.second.is_none() {
+                st.second = second;
+            }
+        }
+        self.cv.notify_all();
+    }
+
+    fn end(&self, err: Option<String>) {
+        {
+            let mut st = self.lock();
+            st.ended += 1;
+            if let Some(e) = err {
+                st.failed.get_or_insert(e);
+            }
+        }
+        self.cv.notify_all();
+    }
+}
+
+/// The part of a cut one tree's dump plays.
+struct DumpPart {
+    round: Arc<Round>,
+    mark: CutMark,
+    pid: i32,
+    t0: std::time::Instant,
+}
+
+impl stasis_capture::Cut for DumpPart {
+    fn mark(&self) -> CutMark {
+        self.mark.clone()
+    }
+    fn frozen(&self) -> Result<(), CutAbort> {
+        let us = u64::try_from(self.t0.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.round.barrier(
+            |st| {
+                st.at_first += 1;
+                st.frozen_us = st.frozen_us.max(us);
+            },
+            |st| st.first.clone(),
+        )
+    }
+    fn written(&self, checkpoint: u32) -> Result<(), CutAbort> {
+        let pid = self.pid;
+        self.round.barrier(
+            |st| st.written.push((pid, checkpoint)),
+            |st| st.second.clone(),
+        )
+    }
+}
+
+/// One round of a cluster dump on this host (see the protocol).
+fn dump_round(c: &mut Conn, cfg: &AgentConfig, o: &DumpOrder) -> Result<(), ClusterError> {
+    if let Err(e) = jobs::check_job(&o.job) {
+        return c.send(&Msg::Failed {
+            error: e.to_string(),
+        });
+    }
+    // A coordinator that hangs must not keep the trees frozen for ever.
+    let _ = c.stream().set_read_timeout(Some(ROUND_TIMEOUT));
+    let round = Arc::new(Round::default());
+    let n = o.pids.len();
+    let mut threads = Vec::new();
+    for &pid in &o.pids {
+        let part = Arc::new(DumpPart {
+            round: round.clone(),
+            mark: CutMark {
+                job: o.job.clone(),
+                round: o.round,
+            },
+            pid,
+            t0: std::time::Instant::now(),
+        });
+        let dir = jobs::tree_dir(&cfg.dir, &o.job, pid);
+        let (leave_running, concurrent) = (o.leave_running, o.concurrent);
+        let r2 = round.clone();
+        threads.push(std::thread::spawn(move || {
+            let res = ImageDir::create_or_open(&dir)
+                .map_err(ClusterError::from)
+                .and_then(|store| {
+                    let opts = stasis_capture::DumpOptions {
+                        pid,
+                        leave_running,
+                        concurrent,
+                        cut: Some(part),
+                        ..Default::default()
+                    };
+                    Ok(stasis_capture::dump(&store, &opts)?)
+                });
+            let out = res.map_err(|e| format!("tree {pid}: {e}"));
+            r2.end(out.as_ref().err().cloned());
+            out
+        }));
+    }
+    // Phase 1: every tree frozen, or one failed.
+    let failed = {
+        let st = round.wait_for(|s| s.at_first == n || s.failed.is_some());
+        st.failed
+            .clone()
+            .map(|f| (f, st.frozen_us))
+            .ok_or(st.frozen_us)
+    };
+    let reports = match failed {
+        Ok((why, _)) => return abort_round(c, &round, threads, why),
+        Err(frozen_us) => {
+            let word = c
+                .send(&Msg::Frozen { frozen_us })
+                .map_err(|e| e.to_string())
+                .and_then(|()| coordinator_word(c, Msg::Release));
+            match word {
+                Ok(()) => round.say(Some(Ok(())), None),
+                Err(why) => return abort_round(c, &round, threads, why),
+            }
+            // Phase 3: every tentative checkpoint written, or one failed.
+            let st = round.wait_for(|s| s.written.len() == n || s.failed.is_some());
+            if let Some(why) = st.failed.clone() {
+                drop(st);
+                return abort_round(c, &round, threads, why);
+            }
+            let mut checkpoints = st.written.clone();
+            drop(st);
+            checkpoints.sort_unstable();
+            let word = c
+                .send(&Msg::Written {
+                    checkpoints: checkpoints.clone(),
+                })
+                .map_err(|e| e.to_string())
+                .and_then(|()| coordinator_word(c, Msg::Commit));
+            if let Err(why) = word {
+                return abort_round(c, &round, threads, why);
+            }
+            // The decision, durable before anything is committed.
+            let d = Decision {
+                round: o.round,
+                checkpoints,
+            };
+            if let Err(e) = jobs::record_decision(&cfg.dir, &o.job, &d) {
+                return abort_round(c, &round, threads, e.to_string());
+            }
+            round.say(None, Some(Ok(())));
+            threads
+                .into_iter()
+                .map(|t| {
+                    t.join()
+                        .unwrap_or_else(|_| Err("a dump thread panicked".into()))
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    let mut out = Vec::new();
+    for r in reports {
+        match r {
+            Ok(rep) => out.push(serde_json::to_value(rep).unwrap_or_default()),
+            Err(e) => {
+                return c.send(&Msg::Failed {
+                    error: format!("committing: {e}"),
+                })
+            }
+        }
+    }
+    c.send(&Msg::Committed { reports: out })
+}
+
+/// Waits for the coordinator's `want`; anything else (an `Abort`, the end
+/// of the connection) is why to abort.
+fn coordinator_word(c: &mut Conn, want: Msg) -> Result<(), String> {
+    match c.recv() {
+        Ok(Some(m)) if m == want => Ok(()),
+        Ok(Some(Msg::Abort { why })) => Err(format!("the coordinator aborted: {why}")),
+        Ok(Some(other)) => Err(format!("unexpected {other:?} from the coordinator")),
+        Ok(None) => Err("the coordinator went away".into()),
+        Err(e) => Err(format!("the coordinator is unreachable: {e}")),
+    }
+}
+
+/// Aborts a round: every tree thread is told, and joined (its tree put
+/// back, or killed for a restore; its tentative checkpoint removed).
+fn abort_round<T>(
+    c: &mut Conn,
+    round: &Round,
+    threads: Vec<std::thread::JoinHandle<Result<T, String>>>,
+    why: String,
+) -> Result<(), ClusterError> {
+    tracing::warn!("aborting a round for {}: {why}", c.peer);
+    round.say(Some(Err(why.clone())), Some(Err(why.clone())));
+    for t in threads {
+        let _ = t.join();
+    }
+    // The coordinator may be gone: then this goes nowhere.
+    let _ = c.send(&Msg::Failed { error: why });
+    let _ = c.send(&Msg::Aborted);
+    Ok(())
+}
+
+/// The part of a cut one tree's restore plays.
+struct RestorePart {
+    round: Arc<Round>,
+}
+
+impl stasis_restore::RestoreCut for RestorePart {
+    fn built(&self) -> Result<(), CutAbort> {
+        self.round
+            .barrier(|st| st.at_first += 1, |st| st.first.clone())
+    }
+}
+
+/// A cluster restore on this host (see the protocol).
+fn restore_round(c: &mut Conn, cfg: &AgentConfig, o: &RestoreOrder) -> Result<(), ClusterError> {
+    let plan = jobs::check_job(&o.job).and_then(|()| restore_plan(cfg, o));
+    let plan = match plan {
+        Ok(p) => p,
+        Err(e) => {
+            return c.send(&Msg::Failed {
+                error: e.to_string(),
+            })
+        }
+    };
+    let _ = c.stream().set_read_timeout(Some(ROUND_TIMEOUT));
+    let round = Arc::new(Round::default());
+    let n = plan.len();
+    let mut threads = Vec::new();
+    for (pid, checkpoint) in plan {
+        let dir = jobs::tree_dir(&cfg.dir, &o.job, pid);
+        let part = Arc::new(RestorePart {
+            round: round.clone(),
+        });
+        let r2 = round.clone();
+        threads.push(std::thread::spawn(move || {
+            let res = ImageDir::open(&dir)
+                .map_err(ClusterError::from)
+                .and_then(|store| {
+                    let opts = stasis_restore::RestoreOptions {
+                        checkpoint: Some(checkpoint),
+                        cut: Some(part),
+                        ..Default::default()
+                    };
+                    Ok(stasis_restore::restore(&store, &opts)?)
+                });
+            let out = res.map_err(|e| format!("tree {pid}: {e}"));
+            r2.end(out.as_ref().err().cloned());
+            out
+        }));
+    }
+    let failed = round
+        .wait_for(|s| s.at_first == n || s.failed.is_some())
+        .failed
+        .clone();
+    if let Some(why) = failed {
+        return abort_round(c, &round, threads, why);
+    }
+    let word = c
+        .send(&Msg::Built)
+        .map_err(|e| e.to_string())
+        .and_then(|()| coordinator_word(c, Msg::Go));
+    if let Err(why) = word {
+        return abort_round(c, &round, threads, why);
+    }
+    round.say(Some(Ok(())), None);
+    let mut pids = Vec::new();
+    for t in threads {
+        match t
+            .join()
+            .unwrap_or_else(|_| Err("a restore thread panicked".into()))
+        {
+            Ok(r) => {
+                pids.push(r.pid);
+                reap_later(r.init_pid.unwrap_or(r.pid));
+            }
+            Err(e) => {
+                return c.send(&Msg::Failed {
+                    error: format!("after every host was built: {e}"),
+                })
+            }
+        }
+    }
+    c.send(&Msg::Running { pids })
+}
+
+/// The (tree root, checkpoint) pairs of a restore: the checkpoint of the
+/// round asked for, for each tree asked for (every tree of the job if none).
+fn restore_plan(cfg: &AgentConfig, o: &RestoreOrder) -> Result<Vec<(i32, u32)>, ClusterError> {
+    let trees = jobs::rounds(&cfg.dir, &o.job)?;
+    let wanted: Vec<i32> = if o.pids.is_empty() {
+        trees.iter().map(|t| t.pid).collect()
+    } else {
+        o.pids.clone()
+    };
+    if wanted.is_empty() {
+        return Err(ClusterError::Refused(format!(
+            "this agent holds no tree of job {}",
+            o.job
+        )));
+    }
+    wanted
+        .into_iter()
+        .map(|pid| {
+            trees
+                .iter()
+                .find(|t| t.pid == pid)
+                .and_then(|t| t.rounds.iter().find(|(r, _)| *r == o.round))
+                .map(|&(_, n)| (pid, n))
+                .ok_or_else(|| {
+                    ClusterError::Refused(format!(
+                        "tree {pid} of job {} has no checkpoint of round {}",
+                        o.job, o.round
+                    ))
+                })
+        })
+        .collect()
+}
+
+/// The restored root is our child: reaps it when it ends, so it leaves
+/// no zombie behind.
+fn reap_later(pid: i32) {
+    std::thread::spawn(move || {
+        let p = nix::unistd::Pid::from_raw(pid);
+        loop {
+            match nix::sys::wait::waitpid(p, None) {
+                Err(nix::errno::Errno::EINTR) => {}
+                Ok(s) => {
+                    tracing::info!("restored tree {pid} ended: {s:?}");
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+    });
+}

@@ -1,0 +1,13 @@
+//! Consistent checkpoints of an application spread over several hosts
+//! (`stasis agent`, `stasis cluster`): the protocol ([`protocol`], its
+//! specification in the module docs), the agent that dumps, restores and
+//! commits the trees of its host ([`agent`]), its storage of the jobs
+//! ([`jobs`]), and the coordinator ([`coordinator`]).
+
+pub mod agent;
+pub mod coordinator;
+mod error;
+pub mod jobs;
+pub mod protocol;
+
+pub use error::ClusterError;

@@ -1,0 +1,276 @@
+//! `stasis agent` and `stasis cluster dump|restore|inspect`: consistent
+//! checkpoints of an application spread over several hosts (see
+//! `stasis_cluster::protocol` for the protocol).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use stasis_cluster::{agent, coordinator};
+
+use crate::page_server::read_token_file;
+
+/// `stasis agent --listen ADDR --token-file F -D DIR`.
+#[derive(clap::Args, Debug)]
+pub struct AgentArgs {
+    /// Address to listen on for coordinators (port 0 picks a free port,
+    /// printed at start).
+    #[arg(long)]
+    pub listen: String,
+    /// File holding the secret token shared with the coordinators.
+    #[arg(long)]
+    pub token_file: PathBuf,
+    /// This host's stable storage: the checkpoints of its trees, by job.
+    #[arg(short = 'D', long = "images-dir")]
+    pub dir: PathBuf,
+    /// The name this agent gives coordinators (default: the hostname).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Print the listening address as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Serves until SIGTERM or SIGINT, then exits 0.
+pub fn cmd_agent(a: AgentArgs) -> Result<ExitCode> {
+    let token = read_token_file(&a.token_file)?;
+    std::fs::create_dir_all(&a.dir)
+        .with_context(|| format!("creating the agent's directory {}", a.dir.display()))?;
+    let host = match a.name.clone() {
+        Some(n) => n,
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "localhost".into()),
+    };
+    // SIGTERM and SIGINT end the agent between sessions' steps: blocked in
+    // every thread, waited for by one.
+    let mut sigs = nix::sys::signal::SigSet::empty();
+    sigs.add(nix::sys::signal::Signal::SIGTERM);
+    sigs.add(nix::sys::signal::Signal::SIGINT);
+    sigs.thread_block().context("blocking SIGTERM")?;
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            if let Ok(s) = sigs.wait() {
+                eprintln!("stasis agent: {s:?}: stopping");
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+    }
+    let listener = std::net::TcpListener::bind(&a.listen)
+        .with_context(|| format!("listening on {}", a.listen))?;
+    let addr = listener.local_addr()?;
+    {
+        let mut out = std::io::stdout().lock();
+        if a.json {
+            let v = serde_json::json!({
+                "listening": addr.to_string(),
+                "host": host,
+                "dir": a.dir.display().to_string(),
+            });
+            writeln!(out, "{v}")?;
+        } else {
+            writeln!(
+                out,
+                "agent {host}: listening on {addr}, storage {}",
+                a.dir.display()
+            )?;
+        }
+        out.flush()?;
+    }
+    agent::serve(
+        listener,
+        agent::AgentConfig {
+            token,
+            dir: a.dir.clone(),
+            host,
+        },
+        &stop,
+    )
+    .context("serving coordinators")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `stasis cluster ...`.
+#[derive(clap::Subcommand, Debug)]
+pub enum ClusterCmd {
+    /// Take one consistent checkpoint of a job over all its hosts.
+    Dump {
+        #[arg(long)]
+        token_file: PathBuf,
+        /// The job's name (its checkpoints are kept under it by each agent).
+        #[arg(long)]
+        job: String,
+        /// AGENT=PID: a tree of the job (root PID) on the host whose agent
+        /// listens at AGENT (HOST:PORT). Repeat for every tree.
+        #[arg(long = "target", required = true, value_parser = parse_target)]
+        targets: Vec<(String, i32)>,
+        /// Let the job run on after the checkpoint (else it is killed once
+        /// the checkpoint is committed on every host).
+        #[arg(long)]
+        leave_running: bool,
+        /// Copy memory while the job runs (with --leave-running).
+        #[arg(long, requires = "leave_running")]
+        concurrent: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Restore a job on all its hosts from its newest complete checkpoint.
+    Restore {
+        #[arg(long)]
+        token_file: PathBuf,
+        #[arg(long)]
+        job: String,
+        /// AGENT (HOST:PORT) of a host of the job; repeat for every host.
+        #[arg(long = "target", required = true)]
+        targets: Vec<String>,
+        /// The round to restore (default: the newest that every tree holds).
+        #[arg(long)]
+        checkpoint: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the rounds of a job each agent holds, and the complete ones.
+    Inspect {
+        #[arg(long)]
+        token_file: PathBuf,
+        #[arg(long)]
+        job: String,
+        #[arg(long = "target", required = true)]
+        targets: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_target(s: &str) -> Result<(String, i32), String> {
+    let (agent, pid) = s
+        .rsplit_once('=')
+        .ok_or_else(|| format!("{s:?}: expected AGENT=PID, e.g. 10.0.0.2:7700=1234"))?;
+    let pid: i32 = pid
+        .parse()
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| format!("{s:?}: {pid:?} is not a PID"))?;
+    if agent.is_empty() {
+        return Err(format!("{s:?}: no agent address before '='"));
+    }
+    Ok((agent.to_string(), pid))
+}
+
+pub fn cmd_cluster(c: ClusterCmd) -> Result<ExitCode> {
+    match c {
+        ClusterCmd::Dump {
+            token_file,
+            job,
+            targets,
+            leave_running,
+            concurrent,
+            json,
+        } => {
+            let token = read_token_file(&token_file)?;
+            let req = coordinator::DumpRequest {
+                job: job.clone(),
+                targets,
+                leave_running,
+                concurrent,
+            };
+            let r = coordinator::dump(&req, &token)
+                .with_context(|| format!("cluster checkpoint of job {job}"))?;
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                let trees: usize = r.hosts.iter().map(|h| h.checkpoints.len()).sum();
+                println!(
+                    "job {}: round {} committed on {} hosts ({trees} trees); hosts froze within {:.1} ms, done in {:.1} ms",
+                    r.job,
+                    r.round,
+                    r.hosts.len(),
+                    r.freeze_us as f64 / 1e3,
+                    r.total_us as f64 / 1e3
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        ClusterCmd::Restore {
+            token_file,
+            job,
+            targets,
+            checkpoint,
+            json,
+        } => {
+            let token = read_token_file(&token_file)?;
+            let r = coordinator::restore(&job, &targets, checkpoint, &token)
+                .with_context(|| format!("cluster restore of job {job}"))?;
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!(
+                    "job {}: round {} restored on {} hosts in {:.1} ms: {:?}",
+                    r.job,
+                    r.round,
+                    r.hosts.len(),
+                    r.total_us as f64 / 1e3,
+                    r.hosts
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        ClusterCmd::Inspect {
+            token_file,
+            job,
+            targets,
+            json,
+        } => {
+            let token = read_token_file(&token_file)?;
+            let mut agents = targets
+                .iter()
+                .map(|a| coordinator::connect(a, &token))
+                .collect::<Result<Vec<_>, _>>()?;
+            let held = coordinator::inspect(&mut agents, &job)?;
+            let complete = coordinator::complete_rounds(&held);
+            if json {
+                let v = serde_json::json!({"job": job, "agents": held, "complete": complete});
+                println!("{v}");
+            } else {
+                for a in &held {
+                    for t in &a.trees {
+                        let rounds: Vec<u64> = t.rounds.iter().map(|r| r.0).collect();
+                        println!(
+                            "{} ({}): tree {}: rounds {rounds:?}",
+                            a.agent, a.host, t.pid
+                        );
+                    }
+                    if a.trees.is_empty() {
+                        println!("{} ({}): no tree of job {job}", a.agent, a.host);
+                    }
+                }
+                println!("complete rounds (restorable): {complete:?}");
+            }
+            if held.iter().all(|a| a.trees.is_empty()) {
+                bail!("no agent holds a checkpoint of job {job}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_parse_as_agent_and_pid() {
+        assert_eq!(
+            parse_target("10.0.0.2:7700=1234").unwrap(),
+            ("10.0.0.2:7700".to_string(), 1234)
+        );
+        for bad in ["10.0.0.2:7700", "=5", "a:1=x", "a:1=-3", "a:1=0"] {
+            assert!(parse_target(bad).is_err(), "{bad}");
+        }
+    }
+}

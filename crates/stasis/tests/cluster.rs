@@ -1,0 +1,319 @@
+//! `stasis agent` and `stasis cluster`: consistent checkpoints of a job
+//! over several hosts. Here on one host (agents on loopback): the protocol
+//! end to end, the two-phase commit, the restore barrier, a wrong token,
+//! and a coordinator or an agent killed at each phase of a round. The
+//! multi-host tests (network namespaces) are in `cluster_hosts.rs`.
+
+mod common;
+use common::*;
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub const TOKEN: &str = "a-cluster-token-for-the-tests-0042";
+
+/// A `stasis agent`, stopped with SIGTERM when dropped (it must exit 0).
+pub struct Agent {
+    child: Option<Child>,
+    pub addr: String,
+    pub dir: PathBuf,
+}
+
+impl Agent {
+    /// Starts an agent storing under `dir`, listening on `listen`, in
+    /// network namespace `netns` if given.
+    pub fn start(dir: &Path, token_file: &Path, listen: &str, netns: Option<&str>) -> Agent {
+        let mut c = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns])
+                    .arg(env!("CARGO_BIN_EXE_stasis"));
+                c
+            }
+            None => stasis(),
+        };
+        c.args(["agent", "--json", "--listen", listen, "--token-file"])
+            .arg(token_file)
+            .arg("-D")
+            .arg(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        close_inherited_fds(&mut c);
+        let mut child = c.spawn().expect("starting stasis agent");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("agent said {line:?}: {e}"));
+        Agent {
+            child: Some(child),
+            addr: v["listening"].as_str().unwrap().to_string(),
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// SIGKILLs the agent (a host crash, for the agent's part).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM; the agent must exit 0.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let st = c.wait().unwrap();
+            assert_eq!(st.code(), Some(0), "stasis agent after SIGTERM: {st}");
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A 0600 token file in `dir`.
+pub fn token_file(dir: &Path, token: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let f = dir.join("token");
+    std::fs::write(&f, token).unwrap();
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+    f
+}
+
+/// `stasis cluster ARGS... --token-file F --json`.
+pub fn cluster(token_file: &Path, args: &[&str]) -> std::process::Output {
+    stasis()
+        .arg("cluster")
+        .args(args)
+        .arg("--token-file")
+        .arg(token_file)
+        .arg("--json")
+        .output()
+        .expect("stasis cluster")
+}
+
+/// SIGTERM to a workload that the agent restored (its child, not ours):
+/// waits until it is gone and requires `PASS` as its last line.
+pub fn finish_pass_restored(w: &Workload) {
+    // SAFETY: signalling our workload.
+    unsafe { libc::kill(w.pid, libc::SIGTERM) };
+    wait_until(
+        Duration::from_secs(60),
+        "the restored workload to end",
+        || !alive(w.pid),
+    );
+    let out = w.out();
+    assert_eq!(
+        out.lines().last(),
+        Some("PASS"),
+        "{}: output:\n{out}",
+        w.name
+    );
+}
+
+struct Setup {
+    d: tempfile::TempDir,
+    tf: PathBuf,
+    agent: Agent,
+}
+
+fn setup() -> Setup {
+    workloads(); // subreaper, builds the workloads
+    let d = tempfile::tempdir().unwrap();
+    let tf = token_file(d.path(), TOKEN);
+    let agent = Agent::start(&d.path().join("agent"), &tf, "127.0.0.1:0", None);
+    Setup { d, tf, agent }
+}
+
+fn target(s: &Setup, pid: i32) -> String {
+    format!("{}={pid}", s.agent.addr)
+}
+
+/// A cluster dump that kills, then a cluster restore: the workload (two
+/// trees on one agent) carries on and passes its own checks.
+#[test]
+fn cluster_dump_kill_and_restore_two_trees_on_one_agent() {
+    let s = setup();
+    let mut a = Workload::start("heap", &["32"]);
+    let mut b = Workload::start("counter", &[]);
+    let o = cluster(
+        &s.tf,
+        &[
+            "dump",
+            "--job",
+            "j1",
+            "--target",
+            &target(&s, a.pid),
+            "--target",
+            &target(&s, b.pid),
+        ],
+    );
+    assert_ok(&o, "cluster dump");
+    let r = json(&o);
+    assert_eq!(r["round"], 1, "{r}");
+    assert_eq!(
+        r["hosts"][0]["checkpoints"].as_array().unwrap().len(),
+        2,
+        "{r}"
+    );
+    for w in [&mut a, &mut b] {
+        assert_eq!(
+            w.reap(),
+            (None, Some(libc::SIGKILL)),
+            "{} after the dump",
+            w.name
+        );
+    }
+    let o = cluster(
+        &s.tf,
+        &["restore", "--job", "j1", "--target", &s.agent.addr],
+    );
+    assert_ok(&o, "cluster restore");
+    let r = json(&o);
+    assert_eq!(r["round"], 1, "{r}");
+    for w in [&a, &b] {
+        assert!(alive(w.pid), "{} not restored", w.name);
+        finish_pass_restored(w);
+    }
+    drop(s);
+}
+
+/// Rounds with `--leave-running --concurrent` while the job runs: each is
+/// numbered, recorded and listed; then the job is killed and restored
+/// from the newest.
+#[test]
+fn concurrent_rounds_are_numbered_and_the_newest_is_restored() {
+    let mut s = setup();
+    // (A workload that writes nothing to its output before the end: the
+    // output file is not part of a checkpoint.)
+    let mut w = Workload::start("heap", &["16"]);
+    for round in 1..=3u64 {
+        let o = cluster(
+            &s.tf,
+            &[
+                "dump",
+                "--job",
+                "c",
+                "--target",
+                &target(&s, w.pid),
+                "--leave-running",
+                "--concurrent",
+            ],
+        );
+        assert_ok(&o, "cluster dump --leave-running --concurrent");
+        assert_eq!(json(&o)["round"], round);
+        assert!(alive(w.pid));
+    }
+    let o = cluster(&s.tf, &["inspect", "--job", "c", "--target", &s.agent.addr]);
+    assert_ok(&o, "cluster inspect");
+    assert_eq!(json(&o)["complete"], serde_json::json!([1, 2, 3]));
+    kill_and_reap(&mut w);
+    let o = cluster(&s.tf, &["restore", "--job", "c", "--target", &s.agent.addr]);
+    assert_ok(&o, "cluster restore");
+    assert_eq!(json(&o)["round"], 3);
+    finish_pass_restored(&w);
+    s.agent.stop();
+}
+
+#[test]
+fn a_wrong_token_is_refused_and_nothing_is_dumped() {
+    let s = setup();
+    let w = Workload::start("counter", &[]);
+    let bad = s.d.path().join("bad");
+    std::fs::create_dir(&bad).unwrap();
+    let bad = token_file(&bad, "another-token-entirely-000000000");
+    let o = cluster(
+        &bad,
+        &["dump", "--job", "t", "--target", &target(&s, w.pid)],
+    );
+    assert_fails_with(&o, "token");
+    assert!(alive(w.pid), "the workload died after a refused dump");
+    let o = cluster(&s.tf, &["inspect", "--job", "t", "--target", &s.agent.addr]);
+    assert_fails_with(&o, "no agent holds a checkpoint of job t");
+}
+
+/// A target that does not exist fails the round on its agent: every
+/// other tree is put back and runs on, nothing is committed anywhere.
+#[test]
+fn a_failing_tree_aborts_the_round_everywhere() {
+    let s = setup();
+    let mut w = Workload::start("counter", &[]);
+    let dead = unused_pid();
+    let o = cluster(
+        &s.tf,
+        &[
+            "dump",
+            "--job",
+            "f",
+            "--target",
+            &target(&s, w.pid),
+            "--target",
+            &target(&s, dead),
+        ],
+    );
+    assert_fails_with(&o, &dead.to_string());
+    assert!(alive(w.pid), "the healthy tree died with the round");
+    let o = cluster(&s.tf, &["inspect", "--job", "f", "--target", &s.agent.addr]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(!text.contains("\"complete\":[1"), "{text}");
+    w.finish_pass();
+}
+
+/// The coordinator killed after each step of a round: before the decision
+/// the job runs on and the round is nowhere; after it, every host commits.
+#[test]
+fn a_coordinator_killed_at_each_phase_leaves_the_job_running_or_committed() {
+    let s = setup();
+    let mut w = Workload::start("heap", &["16"]);
+    // Steps: 1 after Dump, 2 after Release, 3 after Commit (the decision).
+    for (step, committed) in [(1, false), (2, false), (3, true)] {
+        let o = stasis()
+            .args([
+                "cluster",
+                "dump",
+                "--job",
+                "k",
+                "--leave-running",
+                "--target",
+            ])
+            .arg(target(&s, w.pid))
+            .arg("--token-file")
+            .arg(&s.tf)
+            .env("STASIS_FAULT", format!("die-in-cluster-round:{step}"))
+            .output()
+            .unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(o.status.signal(), Some(libc::SIGKILL), "step {step}");
+        // The agent notices, aborts (or commits), and the job runs on.
+        let want = serde_json::json!(if committed { vec![1] } else { vec![] });
+        wait_until(Duration::from_secs(30), "the agent to settle", || {
+            let o = cluster(&s.tf, &["inspect", "--job", "k", "--target", &s.agent.addr]);
+            let v: serde_json::Value =
+                serde_json::from_slice(o.stdout.split(|&b| b == b'\n').next().unwrap_or(b"{}"))
+                    .unwrap_or_default();
+            v["complete"] == want || (!committed && !o.status.success())
+        });
+        assert!(
+            alive(w.pid),
+            "the job died with the coordinator at step {step}"
+        );
+        // Not stopped either: it still answers SIGTERM later with PASS.
+        let tracer = std::fs::read_to_string(format!("/proc/{}/status", w.pid)).unwrap();
+        wait_until(Duration::from_secs(10), "the tree to be untraced", || {
+            std::fs::read_to_string(format!("/proc/{}/status", w.pid))
+                .is_ok_and(|t| t.contains("TracerPid:\t0\n"))
+        });
+        let _ = tracer;
+    }
+    w.finish_pass();
+}
