@@ -35,6 +35,10 @@
  *   [count]   END's count = the number of DATA records received;
  *   [payload] every byte of every payload;
  *   [end]     nothing after END;  [conn] no EOF before END, no socket error.
+ * When SIGTERM arrives (before any peer can have closed), every link still
+ * has the local and peer address it came up with ([addr]), its SO_SNDBUF
+ * and SO_RCVBUF (with --sockbuf, [sockbuf]), O_RDWR|O_NONBLOCK and
+ * FD_CLOEXEC ([flags]).
  * On SIGTERM it builds no new DATA: it finishes the record being sent,
  * sends END on every link, then reads until END has arrived from every
  * peer and its own ENDs are written (60 s deadline: [end]).  Then:
@@ -90,7 +94,8 @@ _Static_assert(sizeof(struct hdr) == HDR_LEN, "header size");
 
 struct link {
 	int used, peer, fd, outgoing, connecting, dead;
-	struct sockaddr_in addr;
+	struct sockaddr_in addr, name, peername; /* the last two once up */
+	int sndbuf, rcvbuf;
 	int64_t retry_at;
 	uint32_t events;
 	/* send side: txbuf[tx_off..tx_len) is still to be written */
@@ -224,9 +229,36 @@ static void link_dead(struct link *l, const char *what, int err)
 	l->dead = 1;
 }
 
-/* The socket is connected: queue our HELLO, watch both ways. */
+static int get_int(int fd, int opt)
+{
+	int v = -1;
+	socklen_t len = sizeof(v);
+
+	if (getsockopt(fd, SOL_SOCKET, opt, &v, &len))
+		return -1;
+	return v;
+}
+
+static int get_names(int fd, struct sockaddr_in *name,
+		     struct sockaddr_in *peer)
+{
+	socklen_t a = sizeof(*name), b = sizeof(*peer);
+
+	memset(name, 0, sizeof(*name));
+	memset(peer, 0, sizeof(*peer));
+	return getsockname(fd, (struct sockaddr *)name, &a) ||
+	       getpeername(fd, (struct sockaddr *)peer, &b) ? -1 : 0;
+}
+
+/* The socket is connected: note its addresses and buffer sizes, queue our
+ * HELLO, watch both ways. */
 static void link_up(struct link *l)
 {
+	if (get_names(l->fd, &l->name, &l->peername))
+		zdtm_die("getsockname/getpeername of the link to node %d",
+			 l->peer);
+	l->sndbuf = get_int(l->fd, SO_SNDBUF);
+	l->rcvbuf = get_int(l->fd, SO_RCVBUF);
 	l->connecting = 0;
 	put_hdr(l->txbuf, T_HELLO, me, l->peer, 0, 0);
 	l->tx_len = HDR_LEN;
@@ -681,10 +713,51 @@ static int all_done(void)
 	return 1;
 }
 
+/* Each connection still has the addresses and buffer sizes it had when
+ * it came up, and its flags.  Checked when SIGTERM arrives: no peer can
+ * have closed its end yet (it waits for our END). */
+static void check_sockets(void)
+{
+	struct sockaddr_in name, peer;
+	char a[INET_ADDRSTRLEN], b[INET_ADDRSTRLEN];
+	int i, fl, snd, rcv;
+
+	for (i = 0; i < MAX_NODES; i++) {
+		struct link *l = &links[i];
+
+		if (!l->used || l->dead)
+			continue;
+		if (!zdtm_check(get_names(l->fd, &name, &peer) == 0, "addr",
+				"link to node %d: getsockname/getpeername: %s",
+				i, strerror(errno)))
+			continue;
+		inet_ntop(AF_INET, &name.sin_addr, a, sizeof(a));
+		inet_ntop(AF_INET, &peer.sin_addr, b, sizeof(b));
+		zdtm_check(!memcmp(&name, &l->name, sizeof(name)) &&
+			   !memcmp(&peer, &l->peername, sizeof(peer)), "addr",
+			   "link to node %d: now %s:%u -> %s:%u, was port %u -> "
+			   "%u", i, a, ntohs(name.sin_port), b,
+			   ntohs(peer.sin_port), ntohs(l->name.sin_port),
+			   ntohs(l->peername.sin_port));
+		snd = get_int(l->fd, SO_SNDBUF);
+		rcv = get_int(l->fd, SO_RCVBUF);
+		/* (without --sockbuf the kernel's autotuning changes them) */
+		zdtm_check(!sockbuf || (snd == l->sndbuf && rcv == l->rcvbuf),
+			   "sockbuf",
+			   "link to node %d: SO_SNDBUF %d SO_RCVBUF %d, were "
+			   "%d %d", i, snd, rcv, l->sndbuf, l->rcvbuf);
+		fl = fcntl(l->fd, F_GETFL);
+		zdtm_check(fl >= 0 && (fl & O_NONBLOCK) && (fl & O_ACCMODE) ==
+			   O_RDWR && (fcntl(l->fd, F_GETFD) & FD_CLOEXEC),
+			   "flags", "link to node %d: F_GETFL %#x, F_GETFD %#x",
+			   i, fl, fcntl(l->fd, F_GETFD));
+	}
+}
+
 /* Selftest: break local state the final checks (and END) must catch. */
 static void begin_stop(void)
 {
-	int i;
+	int i, v = 1 << 16;
 
 	stopping = 1;
 	for (i = 0; i < MAX_NODES && !links[i].used; i++)
@@ -692,6 +765,11 @@ static void begin_stop(void)
 	ZDTM_CORRUPT("seq", links[i].rx_next++);
 	if (ZDTM_SELFTEST)
 		links[i].flip_pending = 1; /* noted only if it happens */
+	ZDTM_CORRUPT("addr", links[i].peername.sin_port ^= htons(1));
+	ZDTM_CORRUPT("sockbuf", setsockopt(links[i].fd, SOL_SOCKET,
+					   SO_SNDBUF, &v, sizeof(v)));
+	ZDTM_CORRUPT("flags", fcntl(links[i].fd, F_SETFD, 0));
+	check_sockets();
 }
 
 static void dispatch(struct epoll_event *e, int64_t now)
