@@ -15,6 +15,7 @@
 # counter is additionally run with MAX_TICKS=3 (must PASS without SIGTERM).
 # chain_writer is additionally run (normal and corrupt) with SIZE_MIB=16 and
 # FORK_AT=100 (a parent and a child).
+# mesh runs as 3 processes (nodes) on 127.0.0.1 (run_mesh, below).
 # A workload passes if all its runs behave.  Prints
 #   workloads: N passed, M failed
 # and exits 0 only if M == 0.  Temp dirs of failed runs are kept.
@@ -121,6 +122,101 @@ run_one() {
 	return 1
 }
 
+# run_mesh MODE BIN: the multi-process workload mesh, 3 nodes on 127.0.0.1
+# (ports BASE..BASE+2, BASE random below the ephemeral range), each started
+# like run_one in its own temp dir.  Waits for the 3 pidfiles, then until
+# every link carried traffic both ways (their --stats files), lets them run
+# RUNTIME, SIGTERMs all three.  MODE pass: each exits 0 with a summary line
+# and PASS; MODE corrupt: each exits 1 with FAIL, and as in run_one.
+run_mesh() {
+	local mode=$1 bin=$2 runtime=$3 n=3 base=$((20000 + RANDOM % 12000))
+	local wd i j k rc last why="" dog
+	local -a args pids
+	wd=$(mktemp -d "${TMPDIR:-/tmp}/stasis-wl-mesh.XXXXXX")
+	for ((i = 0; i < n; i++)); do
+		mkdir "$wd/$i"
+		args=(--id $i --nodes $n --listen 127.0.0.1:$((base + i)) --stats "$wd/$i/stats")
+		for ((j = 0; j < n; j++)); do
+			[ $j = $i ] || args+=(--peer "$j=127.0.0.1:$((base + j))")
+		done
+		(
+			cd "$wd/$i" || exit 99
+			for fd in /proc/$BASHPID/fd/*; do
+				fd=${fd##*/}
+				[ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-"
+			done
+			exec "$bin" "$wd/$i/pidfile" "${args[@]}" >"$wd/$i/out" 2>"$wd/$i/err" </dev/null
+		) &
+		pids[i]=$!
+	done
+	for ((k = 0; k < 300; k++)); do
+		why=""
+		for ((i = 0; i < n; i++)); do
+			[ -s "$wd/$i/pidfile" ] || why="no pidfile from node $i"
+			grep -q '"rx_msgs":[1-9]' "$wd/$i/stats" 2>/dev/null &&
+				! grep -q '"rx_msgs":0[,}]' "$wd/$i/stats" ||
+				why="${why:-no traffic on some link of node $i}"
+			kill -0 "${pids[i]}" 2>/dev/null || why="node $i exited early"
+		done
+		[ -z "$why" ] && break
+		sleep 0.1
+	done
+	for ((i = 0; i < n; i++)); do
+		[ -n "$why" ] && break
+		[ "$(cat "$wd/$i/pidfile")" = "${pids[i]}" ] ||
+			why="node $i: pidfile says $(cat "$wd/$i/pidfile"), pid is ${pids[i]}"
+	done
+	[ -z "$why" ] && sleep "$runtime"
+	kill -TERM "${pids[@]}" 2>/dev/null
+	( sleep 90; kill -KILL "${pids[@]}" 2>/dev/null ) &
+	dog=$!
+	for ((i = 0; i < n; i++)); do
+		wait "${pids[i]}"
+		rc=$?
+		last=$(tail -n 1 "$wd/$i/out" 2>/dev/null)
+		[ -n "$why" ] && continue
+		case $mode in
+		pass)
+			if [ "$rc" != 0 ] || [ "$last" != PASS ]; then
+				why="node $i: expected PASS/0, got rc=$rc last='$last'"
+			elif grep -q '^mismatch' "$wd/$i/out"; then
+				why="node $i: PASS but mismatch lines printed"
+			elif ! grep -q "^summary: node $i; peer" "$wd/$i/out"; then
+				why="node $i: no summary line"
+			fi
+			;;
+		corrupt)
+			if [ "$rc" != 1 ] || [ "${last#FAIL: }" = "$last" ]; then
+				why="node $i: expected FAIL/1, got rc=$rc last='$last'"
+			elif grep -q '^SELFTEST-UNDETECTED' "$wd/$i/out"; then
+				why="node $i: undetected: $(grep '^SELFTEST-UNDETECTED' "$wd/$i/out" | cut -d' ' -f2 | tr '\n' ' ')"
+			elif ! grep -q '^selftest: [1-9][0-9]* corruptions injected' "$wd/$i/out"; then
+				why="node $i: no corruption injected"
+			fi
+			;;
+		esac
+	done
+	kill "$dog" 2>/dev/null
+	wait "$dog" 2>/dev/null
+	if [ -z "$why" ]; then
+		if [ "$mode" = pass ]; then
+			last="PASS on $n nodes"
+		else
+			last="$(cat "$wd"/*/out | grep -o '^selftest: [0-9]*' |
+				awk '{ s += $2 } END { print s }') corruptions injected on $n nodes, all detected"
+		fi
+		printf '  ok   %-19s %-8s %s\n' mesh "$mode" "$last"
+		rm -rf "$wd"
+		return 0
+	fi
+	printf '  FAIL %-19s %-8s %s (output kept in %s)\n' mesh "$mode" "$why" "$wd"
+	for ((i = 0; i < n; i++)); do
+		sed "s/^/         $i | /" "$wd/$i/out" | tail -n 10
+		[ -s "$wd/$i/err" ] && sed "s/^/         $i ! /" "$wd/$i/err" | tail -n 5
+	done
+	return 1
+}
+
 passed=0
 failed=0
 for w in $WORKLOADS; do
@@ -147,6 +243,16 @@ for w in $WORKLOADS; do
 		failed=$((failed + 1))
 	fi
 done
+
+# mesh: several processes (nodes), its own runner
+ok=1
+run_mesh pass "$out/mesh" "$run_seconds" || ok=0
+run_mesh corrupt "$out/selftest/mesh" "$run_seconds" || ok=0
+if [ $ok = 1 ]; then
+	passed=$((passed + 1))
+else
+	failed=$((failed + 1))
+fi
 
 echo "workloads: $passed passed, $failed failed"
 [ $failed = 0 ]
