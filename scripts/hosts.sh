@@ -25,7 +25,7 @@
 # namespace `ip netns exec` makes, with its /etc/hosts) and in a fresh UTS
 # namespace whose hostname is HOST, as Open MPI's launcher does
 # (scripts/mpi-rsh.sh). It execs: the command keeps this process's pid.
-set -euo pipefail
+set -Eeuo pipefail
 
 PREFIX=stasis-h
 SUBNET=10.213.0.0/24
@@ -38,8 +38,10 @@ say() { [ "$JSON" = 1 ] || printf 'hosts: %s\n' "$*"; }
 need_root() { [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces); run: sudo $0 $*"; }
 
 check_prefix() {
-    [[ "$PREFIX" =~ ^[a-z][a-z0-9-]{0,40}$ ]] ||
-        die "bad --prefix '$PREFIX': lowercase letters, digits and '-', starting with a letter (it becomes a hostname)"
+    # Not ending in a digit: hosts of prefix "a1" and of prefix "a" must not
+    # share names (a11).
+    [[ "$PREFIX" =~ ^[a-z]([a-z0-9-]{0,40}[a-z-])?$ ]] ||
+        die "bad --prefix '$PREFIX': lowercase letters, digits and '-', starting with a letter and not ending in a digit (it becomes a hostname)"
 }
 
 # The base "A.B.C" of a /24 subnet given as A.B.C.0/24.
@@ -90,6 +92,9 @@ cmd_up() {
         die "prefix $PREFIX is already up ($count hosts, ${PREFIX}1 at ${a1:-no address}); run: $0 down --prefix $PREFIX"
     fi
     local br="${PREFIX}-br" i h hosts=()
+    if ip netns list | awk '{print $1}' | grep -qx "$br"; then
+        die "a bridge namespace $br is left over (no hosts); run: $0 down --prefix $PREFIX"
+    fi
     # Clean up a partial `up` if anything of ours fails half-way.
     trap 'echo "hosts: up failed, removing what it made" >&2; cmd_down >/dev/null 2>&1 || true' ERR
     ip netns add "$br"

@@ -103,8 +103,8 @@ static uint64_t spectrum_sum(const cplx *x, size_t my_out, size_t k0, size_t row
 int main(int argc, char **argv)
 {
     mpiw_init(&argc, &argv, "fft");
-    int logn = (int)mpiw_arg(argc, argv, 1, 18, "LOG2N");
-    int iters = (int)mpiw_arg(argc, argv, 2, 40, "ITERS");
+    int logn = (int)mpiw_arg(argc, argv, 1, 20, "LOG2N");
+    int iters = (int)mpiw_arg(argc, argv, 2, 100, "ITERS");
     size_t n = (size_t)1 << logn, n1 = (size_t)1 << (logn / 2), n2 = n / n1, p = (size_t)mpiw_size;
     if (logn < 2 || logn > 26 || n1 % p || n2 % p) {
         if (mpiw_rank == 0)

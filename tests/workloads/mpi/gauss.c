@@ -129,7 +129,7 @@ int main(int argc, char **argv)
 {
     mpiw_init(&argc, &argv, "gauss");
     int n = (int)mpiw_arg(argc, argv, 1, 300, "N");
-    int solves = (int)mpiw_arg(argc, argv, 2, 20, "SOLVES");
+    int solves = (int)mpiw_arg(argc, argv, 2, 40, "SOLVES");
     if (n < 2 || n > 20000) {
         if (mpiw_rank == 0)
             fprintf(stderr, "N must be in 2..20000\n");

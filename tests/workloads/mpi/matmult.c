@@ -86,8 +86,8 @@ static void product(int prod, int n, double *a, double *c, double *blk[2], int w
 int main(int argc, char **argv)
 {
     mpiw_init(&argc, &argv, "matmult");
-    int n = (int)mpiw_arg(argc, argv, 1, 480, "N");
-    int prods = (int)mpiw_arg(argc, argv, 2, 40, "PRODUCTS");
+    int n = (int)mpiw_arg(argc, argv, 1, 640, "N");
+    int prods = (int)mpiw_arg(argc, argv, 2, 200, "PRODUCTS");
     if (n < mpiw_size || n > 8192) {
         if (mpiw_rank == 0)
             fprintf(stderr, "N must be in %d..8192\n", mpiw_size);

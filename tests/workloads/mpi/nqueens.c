@@ -58,8 +58,8 @@ static int make_tasks(int n, task *out, unsigned all, unsigned cols, unsigned ld
 int main(int argc, char **argv)
 {
     mpiw_init(&argc, &argv, "nqueens");
-    int n = (int)mpiw_arg(argc, argv, 1, 14, "N");
-    int reps = (int)mpiw_arg(argc, argv, 2, 10, "REPS");
+    int n = (int)mpiw_arg(argc, argv, 1, 15, "N");
+    int reps = (int)mpiw_arg(argc, argv, 2, 20, "REPS");
     if (n < DEPTH + 1 || n >= (int)(sizeof known / sizeof known[0])) {
         if (mpiw_rank == 0)
             fprintf(stderr, "N must be in %d..%d\n", DEPTH + 1, (int)(sizeof known / sizeof known[0]) - 1);

@@ -58,7 +58,7 @@ int main(int argc, char **argv)
 {
     mpiw_init(&argc, &argv, "sor");
     int n = (int)mpiw_arg(argc, argv, 1, 512, "N");
-    int iters = (int)mpiw_arg(argc, argv, 2, 3000, "ITERS");
+    int iters = (int)mpiw_arg(argc, argv, 2, 8000, "ITERS");
     if (n < mpiw_size + 2 || n > 16384) {
         if (mpiw_rank == 0)
             fprintf(stderr, "N must be in %d..16384\n", mpiw_size + 2);

@@ -14,8 +14,10 @@
 #include <math.h>
 
 #define MAXC 20 /* Held-Karp needs 2^(n-1) (n-1) ints: 40 MB at 20 */
-#define TAG_ASK 1
-#define TAG_TASK 2
+/* Tags of one round (a worker may ask for round r+1's first task while
+ * the master still waits for round r's last askers). */
+#define TAG_ASK(round) (1 + 2 * ((round) & 0x3fff))
+#define TAG_TASK(round) (2 + 2 * ((round) & 0x3fff))
 
 static int nc;
 static int dist[MAXC][MAXC], min_out[MAXC];
@@ -109,14 +111,14 @@ static int nearest_neighbour(void)
 
 /* Master side of one round: hands out tasks until every worker is told
  * to stop. */
-static void master(int (*tasks)[2], int ntasks, result *best)
+static void master(int round, int (*tasks)[2], int ntasks, result *best)
 {
     int next = 0, stopped = 0;
     while (stopped < mpiw_size - 1) {
         result got;
         MPI_Request r;
         MPI_Status st;
-        MPI_Irecv(&got, (int)sizeof got, MPI_BYTE, MPI_ANY_SOURCE, TAG_ASK, MPI_COMM_WORLD, &r);
+        MPI_Irecv(&got, (int)sizeof got, MPI_BYTE, MPI_ANY_SOURCE, TAG_ASK(round), MPI_COMM_WORLD, &r);
         mpiw_wait(&r, &st);
         if (got.cost < best->cost)
             *best = got;
@@ -128,19 +130,19 @@ static void master(int (*tasks)[2], int ntasks, result *best)
         } else {
             stopped++;
         }
-        MPI_Isend(reply, 3, MPI_INT, st.MPI_SOURCE, TAG_TASK, MPI_COMM_WORLD, &r);
+        MPI_Isend(reply, 3, MPI_INT, st.MPI_SOURCE, TAG_TASK(round), MPI_COMM_WORLD, &r);
         mpiw_wait(&r, NULL);
     }
 }
 
-static void worker(result *best)
+static void worker(int round, result *best)
 {
     result mine = *best;
     for (;;) {
         MPI_Request r[2];
         int reply[3];
-        MPI_Irecv(reply, 3, MPI_INT, 0, TAG_TASK, MPI_COMM_WORLD, &r[1]);
-        MPI_Isend(&mine, (int)sizeof mine, MPI_BYTE, 0, TAG_ASK, MPI_COMM_WORLD, &r[0]);
+        MPI_Irecv(reply, 3, MPI_INT, 0, TAG_TASK(round), MPI_COMM_WORLD, &r[1]);
+        MPI_Isend(&mine, (int)sizeof mine, MPI_BYTE, 0, TAG_ASK(round), MPI_COMM_WORLD, &r[0]);
         mpiw_waitall(2, r);
         if (reply[2] < mine.cost)
             mine.cost = reply[2]; /* a better bound found elsewhere (its tour stays there) */
@@ -186,8 +188,8 @@ static int held_karp(void)
 int main(int argc, char **argv)
 {
     mpiw_init(&argc, &argv, "tsp");
-    nc = (int)mpiw_arg(argc, argv, 1, 15, "CITIES");
-    int rounds = (int)mpiw_arg(argc, argv, 2, 12, "ROUNDS");
+    nc = (int)mpiw_arg(argc, argv, 1, 18, "CITIES");
+    int rounds = (int)mpiw_arg(argc, argv, 2, 15, "ROUNDS");
     if (nc < 4 || nc > MAXC) {
         if (mpiw_rank == 0)
             fprintf(stderr, "CITIES must be in 4..%d\n", MAXC);
@@ -213,9 +215,9 @@ int main(int argc, char **argv)
             for (int t = 0; t < ntasks; t++)
                 solve_task(tasks[t][0], tasks[t][1], &best);
         else if (mpiw_rank == 0)
-            master(tasks, ntasks, &best);
+            master(round, tasks, ntasks, &best);
         else
-            worker(&best);
+            worker(round, &best);
         found[round] = best;
     }
 
