@@ -92,7 +92,15 @@ fn run_job(prefix: &str, bin_dir: &Path, prog: &str, args: &[&str]) -> Job {
     let out_file = std::fs::File::create(&out_path).unwrap();
     let t0 = Instant::now();
     let mut child = script("mpi-job.sh")
-        .args(["--hosts", "4", "--ranks", "16", "--prefix", prefix, "--pidfile"])
+        .args([
+            "--hosts",
+            "4",
+            "--ranks",
+            "16",
+            "--prefix",
+            prefix,
+            "--pidfile",
+        ])
         .arg(&pidfile)
         .arg(bin_dir.join(prog))
         .args(args)
@@ -149,7 +157,9 @@ fn mpi_workloads_run_across_namespace_hosts() {
 
     let prefix = format!("stasis-mt{}-h", std::process::id());
     let (guard, info) = Hosts::up(&prefix, 4);
-    let hosts = info["hosts"].as_array().expect("hosts in the JSON of hosts.sh up");
+    let hosts = info["hosts"]
+        .as_array()
+        .expect("hosts in the JSON of hosts.sh up");
     assert_eq!(hosts.len(), 4, "{info}");
     let mut host_netns = BTreeSet::new();
     for (i, h) in hosts.iter().enumerate() {
@@ -157,10 +167,17 @@ fn mpi_workloads_run_across_namespace_hosts() {
         assert_eq!(h["name"], name.as_str(), "{info}");
         assert_eq!(h["addr"], format!("10.213.0.{}", 11 + i).as_str(), "{info}");
         let hosts_file = std::fs::read_to_string(format!("/etc/netns/{name}/hosts")).unwrap();
-        assert!(hosts_file.contains(&format!("10.213.0.14\t{prefix}4")), "{hosts_file}");
+        assert!(
+            hosts_file.contains(&format!("10.213.0.14\t{prefix}4")),
+            "{hosts_file}"
+        );
         host_netns.insert(ns_inode(&format!("/run/netns/{name}")).expect("host netns"));
     }
-    assert_eq!(host_netns.len(), 4, "each host has a network namespace of its own");
+    assert_eq!(
+        host_netns.len(),
+        4,
+        "each host has a network namespace of its own"
+    );
 
     // The fastest settings that still run long enough (~1-5 s) for the
     // ranks to be seen in /proc.
@@ -170,7 +187,10 @@ fn mpi_workloads_run_across_namespace_hosts() {
             "{prog} {}: {:.1} s, ranks seen per netns: {:?}",
             args.join(" "),
             job.elapsed.as_secs_f64(),
-            job.ranks_by_netns.values().map(BTreeSet::len).collect::<Vec<_>>()
+            job.ranks_by_netns
+                .values()
+                .map(BTreeSet::len)
+                .collect::<Vec<_>>()
         );
         assert_eq!(job.status, Some(0), "{prog} failed:\n{}", job.output);
         let last = job
@@ -179,9 +199,19 @@ fn mpi_workloads_run_across_namespace_hosts() {
             .rev()
             .find(|l| !l.starts_with("mpi-job:") && !l.starts_with("hosts:"))
             .unwrap_or("");
-        assert!(last.starts_with(&format!("PASS {prog} ")), "{prog}: {last}\n{}", job.output);
-        assert!(job.output.contains("mpi-job: mpirun-pid="), "{}", job.output);
-        let names = (1..=4).map(|i| format!(" {prefix}{i}").repeat(4)).collect::<String>();
+        assert!(
+            last.starts_with(&format!("PASS {prog} ")),
+            "{prog}: {last}\n{}",
+            job.output
+        );
+        assert!(
+            job.output.contains("mpi-job: mpirun-pid="),
+            "{}",
+            job.output
+        );
+        let names = (1..=4)
+            .map(|i| format!(" {prefix}{i}").repeat(4))
+            .collect::<String>();
         assert!(
             job.output.contains(&format!("hosts: 4 distinct:{names}\n")),
             "ranks 0-3 on host 1, 4-7 on host 2, ...:\n{}",
@@ -194,7 +224,10 @@ fn mpi_workloads_run_across_namespace_hosts() {
             job.ranks_by_netns
         );
         for ino in job.ranks_by_netns.keys() {
-            assert!(host_netns.contains(ino), "{prog}: a rank in a netns that is no host's");
+            assert!(
+                host_netns.contains(ino),
+                "{prog}: a rank in a netns that is no host's"
+            );
         }
     }
     drop(guard);
