@@ -4,7 +4,8 @@
 //! workloads (`tests/workloads/mpi`) with 16 ranks. Each job must PASS its
 //! own check, and its rank processes must really run in the hosts' network
 //! namespaces (at least 3 different ones, seen in `/proc/PID/ns/net` while
-//! the job runs) and UTS namespaces (each rank's `MPI_Get_processor_name`).
+//! the job runs) and UTS namespaces (each rank's `MPI_Get_processor_name`),
+//! and its result line (with the checksum) must equal a one-rank run's.
 //! The hosts are torn down at the end, also when the test fails.
 
 mod common;
@@ -138,6 +139,25 @@ fn run_job(prefix: &str, bin_dir: &Path, prog: &str, args: &[&str]) -> Job {
     }
 }
 
+/// The final line of a one-rank run of `bin args` (no hosts: plain
+/// mpirun), to compare with the distributed run's.
+fn single_rank_result(bin: &Path, args: &[&str]) -> String {
+    let mut c = Command::new("mpirun");
+    c.args(["--allow-run-as-root", "-np", "1", "--mca", "btl", "self"])
+        .arg(bin)
+        .args(args)
+        .stdin(Stdio::null());
+    close_inherited_fds(&mut c);
+    let out = c.output().expect("running mpirun");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{} alone failed:\n{text}",
+        bin.display()
+    );
+    text.lines().last().unwrap_or("").to_string()
+}
+
 #[test]
 fn mpi_workloads_run_across_namespace_hosts() {
     if !mpi_available() {
@@ -204,6 +224,9 @@ fn mpi_workloads_run_across_namespace_hosts() {
             "{prog}: {last}\n{}",
             job.output
         );
+        // Same result and checksum as one rank alone (the checksums do
+        // not depend on the rank count).
+        assert_eq!(last, single_rank_result(&bin_dir.join(prog), args));
         assert!(
             job.output.contains("mpi-job: mpirun-pid="),
             "{}",
