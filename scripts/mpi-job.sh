@@ -92,12 +92,19 @@ done
 echo "mpi-job: hosts=$(IFS=,; echo "${names[*]}") ranks=$RANKS hostfile=$HOSTFILE"
 
 T0=$(date +%s%N)
-"$HERE/hosts.sh" exec "${PREFIX}1" mpirun --allow-run-as-root --oversubscribe \
-    --hostfile "$HOSTFILE" -np "$RANKS" \
-    --mca plm_rsh_agent "$HERE/mpi-rsh.sh" \
-    --mca pml ob1 --mca btl tcp,self \
-    --mca btl_tcp_if_include "$SUBNET" --mca oob_tcp_if_include "$SUBNET" \
-    "$PROG" "$@" </dev/null &
+(
+    # The job gets stdin/stdout/stderr only (no fd the caller leaked: a
+    # checkpoint of the job would have to carry it).
+    for fd in $(ls /proc/$BASHPID/fd); do
+        [ "$fd" -le 2 ] || eval "exec $fd>&-"
+    done
+    exec "$HERE/hosts.sh" exec "${PREFIX}1" mpirun --allow-run-as-root --oversubscribe \
+        --hostfile "$HOSTFILE" -np "$RANKS" \
+        --mca plm_rsh_agent "$HERE/mpi-rsh.sh" \
+        --mca pml ob1 --mca btl tcp,self \
+        --mca btl_tcp_if_include "$SUBNET" --mca oob_tcp_if_include "$SUBNET" \
+        "$PROG" "$@" </dev/null
+) &
 MPIRUN=$!
 echo "mpi-job: mpirun-pid=$MPIRUN"
 if [ -n "$PIDFILE" ]; then
