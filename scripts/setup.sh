@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building and testing Stasis needs, if it is missing:
 # a C compiler and make (test workloads), python3, redis and a JDK (the
-# tests with real programs, crates/stasis/tests/programs.rs), and a Rust
+# tests with real programs, crates/stasis/tests/programs.rs), Open MPI
+# (mpirun, mpicc: tests/workloads/mpi and crates/stasis/tests/mpi_env.rs),
+# iproute2 and util-linux (ip netns, unshare: scripts/hosts.sh), and a Rust
 # toolchain with rustfmt and clippy. Safe to run again: it only installs
 # what is absent.
 # Source it (`. scripts/setup.sh`) to get cargo on PATH in the calling shell.
@@ -22,6 +24,10 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
     missing+=(redis-tools)
 { command -v java >/dev/null 2>&1 && command -v javac >/dev/null 2>&1; } ||
     missing+=(default-jdk-headless)
+{ command -v mpirun >/dev/null 2>&1 && command -v mpicc >/dev/null 2>&1; } ||
+    missing+=(openmpi-bin libopenmpi-dev)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+command -v unshare >/dev/null 2>&1 || missing+=(util-linux)
 command -v cargo >/dev/null 2>&1 || missing+=(cargo rustc)
 
 if [ "${#missing[@]}" -gt 0 ]; then
