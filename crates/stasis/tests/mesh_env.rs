@@ -7,160 +7,13 @@
 //! each, with every link's counts agreeing at both of its ends.
 
 mod common;
+use common::net::*;
 use common::*;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const NODES: usize = 3;
-const PORT: u16 = 7411;
-
-fn ip(args: &[&str]) {
-    let o = Command::new("ip").args(args).output().expect("running ip");
-    assert_ok(&o, &format!("ip {}", args.join(" ")));
-}
-
-/// Network namespaces `stm-<pid>-h1..hN`, each with `eth0` at 10.214.0.I,
-/// plugged into bridge `br0` of namespace `stm-<pid>-br`. Dropping it
-/// deletes every namespace (and so the veths and the bridge), also after a
-/// failure midway through creating them.
-struct Hosts {
-    bridge: String,
-    hosts: Vec<String>,
-}
-
-impl Hosts {
-    fn create(n: usize) -> Hosts {
-        let pid = std::process::id();
-        let mut h = Hosts {
-            bridge: format!("stm-{pid}-br"),
-            hosts: Vec::new(),
-        };
-        let br = h.bridge.clone();
-        ip(&["netns", "add", &br]);
-        ip(&["-n", &br, "link", "add", "br0", "type", "bridge"]);
-        ip(&["-n", &br, "link", "set", "br0", "up"]);
-        for i in 0..n {
-            let ns = format!("stm-{pid}-h{}", i + 1);
-            ip(&["netns", "add", &ns]);
-            h.hosts.push(ns.clone());
-            let v = format!("v{}", i + 1);
-            ip(&[
-                "-n", &br, "link", "add", &v, "type", "veth", "peer", "name", "eth0", "netns", &ns,
-            ]);
-            ip(&["-n", &br, "link", "set", &v, "master", "br0"]);
-            ip(&["-n", &br, "link", "set", &v, "up"]);
-            let addr = format!("{}/24", Hosts::addr(i));
-            ip(&["-n", &ns, "addr", "add", &addr, "dev", "eth0"]);
-            ip(&["-n", &ns, "link", "set", "eth0", "up"]);
-            ip(&["-n", &ns, "link", "set", "lo", "up"]);
-        }
-        h
-    }
-
-    fn addr(i: usize) -> String {
-        format!("10.214.0.{}", i + 1)
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        for ns in self.hosts.iter().chain(std::iter::once(&self.bridge)) {
-            let _ = Command::new("ip").args(["netns", "del", ns]).output();
-        }
-    }
-}
-
-/// One `mesh` node, started with `ip netns exec` (which execs, so the
-/// child is the node), killed when dropped.
-struct Node {
-    dir: PathBuf,
-    pid: i32,
-    child: std::process::Child,
-    _kill: KillOnDrop,
-}
-
-impl Node {
-    fn start(i: usize, ns: &str, dir: &Path) -> Node {
-        std::fs::create_dir(dir).unwrap();
-        let out = std::fs::File::create(dir.join("out.log")).unwrap();
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", ns])
-            .arg(workloads().join("mesh"))
-            .arg(dir.join("pid"))
-            .args(["--id", &i.to_string(), "--nodes", &NODES.to_string()])
-            .arg("--listen")
-            .arg(format!("{}:{PORT}", Hosts::addr(i)))
-            .arg("--stats")
-            .arg(dir.join("stats.json"));
-        for j in (0..NODES).filter(|&j| j != i) {
-            c.arg("--peer")
-                .arg(format!("{j}={}:{PORT}", Hosts::addr(j)));
-        }
-        c.current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out);
-        close_inherited_fds(&mut c);
-        let child = c.spawn().expect("starting ip netns exec mesh");
-        let pid = child.id() as i32;
-        Node {
-            dir: dir.to_path_buf(),
-            pid,
-            child,
-            _kill: KillOnDrop(pid),
-        }
-    }
-
-    /// Waits (up to `timeout`) for the node to exit: (exit code, signal).
-    fn wait(&mut self, timeout: Duration) -> (Option<i32>, Option<i32>) {
-        use std::os::unix::process::ExitStatusExt;
-        let t0 = Instant::now();
-        loop {
-            if let Some(st) = self.child.try_wait().expect("waiting for a node") {
-                return (st.code(), st.signal());
-            }
-            assert!(t0.elapsed() < timeout, "node {} still running", self.pid);
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn out(&self) -> String {
-        std::fs::read_to_string(self.dir.join("out.log")).unwrap_or_default()
-    }
-
-    /// (peer, tx_bytes, rx_bytes) per link from the stats file, if any.
-    fn links(&self) -> Option<Vec<(u64, u64, u64)>> {
-        let text = std::fs::read_to_string(self.dir.join("stats.json")).ok()?;
-        let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-        v["links"]
-            .as_array()?
-            .iter()
-            .map(|l| {
-                Some((
-                    l["peer"].as_u64()?,
-                    l["tx_bytes"].as_u64()?,
-                    l["rx_bytes"].as_u64()?,
-                ))
-            })
-            .collect()
-    }
-}
-
-/// Received bytes of every link of every node (node-major), once every
-/// node's stats list all its links.
-fn rx_bytes(nodes: &[Node]) -> Option<Vec<u64>> {
-    let mut all = Vec::new();
-    for n in nodes {
-        let links = n.links()?;
-        if links.len() != NODES - 1 {
-            return None;
-        }
-        all.extend(links.iter().map(|l| l.2));
-    }
-    Some(all)
-}
 
 /// Established mesh connections in namespace `ns` as (local, peer,
 /// Recv-Q, Send-Q), from `ss -tnH`.
@@ -188,38 +41,16 @@ fn queues(ns: &str) -> Vec<(String, String, u64, u64)> {
         .collect()
 }
 
-/// "summary: node I; peer J: tx M msgs B B, rx M msgs B B; ..." as
-/// (peer, tx msgs, tx bytes, rx msgs, rx bytes).
-fn summary(out: &str, i: usize) -> Vec<(usize, u64, u64, u64, u64)> {
-    let prefix = format!("summary: node {i}; ");
-    let line = out
-        .lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .unwrap_or_else(|| panic!("node {i}: no summary line:\n{out}"));
-    line.split("; ")
-        .map(|part| {
-            let w: Vec<&str> = part
-                .split([' ', ':', ','])
-                .filter(|w| !w.is_empty())
-                .collect();
-            // peer J tx M msgs B B rx M msgs B B
-            assert_eq!(w.len(), 12, "node {i}: summary part {part:?}");
-            let n = |k: usize| w[k].parse::<u64>().expect("a number");
-            (w[1].parse().expect("a peer id"), n(3), n(5), n(8), n(10))
-        })
-        .collect()
-}
-
 #[test]
 fn mesh_streams_across_three_network_namespaces() {
     let t0 = Instant::now();
-    let hosts = Hosts::create(NODES);
+    let hosts = Hosts::create(NODES, "m");
     let dir = tempfile::Builder::new()
         .prefix("stasis-mesh-")
         .tempdir()
         .unwrap();
     let mut nodes: Vec<Node> = (0..NODES)
-        .map(|i| Node::start(i, &hosts.hosts[i], &dir.path().join(format!("n{i}"))))
+        .map(|i| Node::start(i, NODES, &hosts.hosts[i], &dir.path().join(format!("n{i}"))))
         .collect();
     for n in &nodes {
         let pid = wait_pidfile(&n.dir.join("pid"), Duration::from_secs(60));

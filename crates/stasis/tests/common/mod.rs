@@ -5,6 +5,9 @@
 
 #![allow(dead_code)]
 
+pub mod cluster;
+pub mod net;
+
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
