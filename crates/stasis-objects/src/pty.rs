@@ -161,6 +161,13 @@ impl MadePair {
     }
 }
 
+#[cfg(test)]
+impl MadePair {
+    fn keeper_for_tests(&self) -> BorrowedFd<'_> {
+        self._keeper.as_fd()
+    }
+}
+
 /// What the restore side keeps of the ptys of a tree.
 #[derive(Default)]
 pub struct Made<'a> {
@@ -506,6 +513,13 @@ fn save_master(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<PtyPair, SaveError> 
     if !state.hangup && !slave_held {
         return Err(refuse(format!("its slave /dev/pts/{index} has never been opened, a state stasis cannot restore; dump once the slave is open")));
     }
+    if stasis_kernel::probe::effective_caps() & (1 << stasis_sys::CAP_SYS_ADMIN) == 0 {
+        // Without it TIOCSTI fails, and bytes read could not be put back.
+        return Err(refuse(
+            "putting its queued bytes back (TIOCSTI) needs CAP_SYS_ADMIN; run stasis as root"
+                .into(),
+        ));
+    }
     let locked = tty::locked(m).map_err(io("TIOCGPTLCK"))?;
     if locked {
         tty::set_locked(m, false).map_err(io("TIOCSPTLCK"))?;
@@ -676,49 +690,283 @@ pub fn check_external(cx: &SaveCtx, tree: &[i32]) -> Result<(), SaveError> {
     Ok(())
 }
 
+/// How process `pid` (of group `pgid`, with the saved fds `fds`) takes
+/// its controlling terminal back: the fd of a slave of the pty whose
+/// session it leads, and the foreground group to set when it is not its
+/// own (`None`: it leads no session with a pty of the image).
+pub fn ctty_plan(
+    cx: &RestoreCtx<'_>,
+    (pid, pgid): (i32, i32),
+    fds: &[FdImage],
+) -> Result<Option<(i32, Option<i32>)>, RestoreError> {
+    let Some((index, s)) = cx.ptys.images.iter().find_map(|(i, pair)| {
+        pair.session
+            .as_ref()
+            .filter(|s| s.sid == pid)
+            .map(|s| (*i, s))
+    }) else {
+        return Ok(None);
+    };
+    let fd = fds
+        .iter()
+        .find(|f| matches!(f.kind, FdKind::PtySlave { index: i } if i == index))
+        .ok_or_else(|| {
+            RestoreError::Inconsistent(format!(
+                "process {pid} leads the session of pty {index} but holds no slave fd of it"
+            ))
+        })?;
+    let fg = (s.foreground != pgid && s.foreground > 0).then_some(s.foreground);
+    Ok(Some((fd.fd, fg)))
+}
+
 /// Makes the saved pty the controlling terminal of the session process
-/// `p` leads (run by `p` itself, once its fds exist): `TIOCSCTTY` on one of
-/// its slave fds, then `TIOCSPGRP` when another group was in the
-/// foreground.
+/// `p` leads (run by `p` itself, once its fds exist, [`ctty_plan`]):
+/// `TIOCSCTTY` on one of its slave fds, then `TIOCSPGRP` when another
+/// group was in the foreground.
 pub fn restore_ctty<R: Remote>(
     cx: &RestoreCtx<'_>,
     r: &mut R,
     at: Scratch,
     p: &ProcessImage,
 ) -> Result<(), RestoreError> {
-    let Some((index, s)) = cx.ptys.images.iter().find_map(|(i, pair)| {
-        pair.session
-            .as_ref()
-            .filter(|s| s.sid == p.pid)
-            .map(|s| (*i, s))
-    }) else {
-        return Ok(());
-    };
-    let fd = p
-        .fds
-        .iter()
-        .find(|f| matches!(f.kind, FdKind::PtySlave { index: i } if i == index))
-        .ok_or_else(|| {
-            RestoreError::Inconsistent(format!(
-                "process {} leads the session of pty {index} but holds no slave fd of it",
-                p.pid
-            ))
-        })?;
-    let n = u64::from(fd.fd.unsigned_abs());
+    match ctty_plan(cx, (p.pid, p.pgid), &p.fds)? {
+        Some((fd, fg)) => set_ctty(r, at, fd, fg),
+        None => Ok(()),
+    }
+}
+
+/// `ioctl(fd, TIOCSCTTY, 0)`, then `ioctl(fd, TIOCSPGRP, &fg)`, in the
+/// process behind `r`.
+fn set_ctty<R: Remote>(
+    r: &mut R,
+    at: Scratch,
+    fd: i32,
+    fg: Option<i32>,
+) -> Result<(), RestoreError> {
+    let n = u64::from(fd.unsigned_abs());
     r.sys("ioctl(TIOCSCTTY)", libc::SYS_ioctl, &[n, TIOCSCTTY, 0])
         .map_err(step(format!(
-            "making pty {index} the controlling terminal of process {}",
-            p.pid
+            "making the pty of fd {fd} the controlling terminal"
         )))?;
-    if s.foreground != p.pgid && s.foreground > 0 {
+    if let Some(g) = fg {
         let a = r
-            .put(at.structs, &s.foreground.to_le_bytes())
+            .put(at.structs, &g.to_le_bytes())
             .map_err(step("foreground group"))?;
         r.sys("ioctl(TIOCSPGRP)", libc::SYS_ioctl, &[n, TIOCSPGRP, a])
             .map_err(step(format!(
-                "setting the foreground group {} of pty {index}",
-                s.foreground
+                "setting the foreground group {g} of the pty of fd {fd}"
             )))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use stasis_kernel::remote::Recorder;
+
+    use super::*;
+
+    fn live_pair() -> (OwnedFd, OwnedFd) {
+        let m = tty::open_ptmx(libc::O_NONBLOCK).unwrap();
+        tty::set_locked(m.as_fd(), false).unwrap();
+        let s =
+            tty::open_peer(m.as_fd(), libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC).unwrap();
+        (m, s)
+    }
+
+    fn read_all(fd: BorrowedFd<'_>) -> Vec<Vec<u8>> {
+        std::iter::from_fn(|| read_some(fd, N_TTY_BUF_SIZE).unwrap()).collect()
+    }
+
+    #[test]
+    fn ends_devices_and_proc_fields() {
+        assert_eq!(end_of(libc::makedev(5, 2)), Some(End::Master));
+        assert_eq!(end_of(libc::makedev(5, 0)), None, "/dev/tty");
+        assert_eq!(end_of(libc::makedev(4, 1)), None, "/dev/tty1");
+        for i in [0, 7, 255, 256, 2047] {
+            assert_eq!(end_of(slave_rdev(i)), Some(End::Slave(i)));
+        }
+        assert_eq!(end_of(libc::makedev(144, 0)), None);
+        // /dev/pts/0 is tty_nr 34816 in /proc/PID/stat; /dev/pts/300 too.
+        assert_eq!(encode_dev(slave_rdev(0)), 34816);
+        assert_eq!(encode_dev(slave_rdev(300)), (137 << 8) | 44);
+        let stat = "42 (a (b) c) S 1 40 40 34817 41 4194560 9 0";
+        assert_eq!(ctty_fields(stat), Some((40, 34817, 41)));
+        assert_eq!(ctty_fields("42 (x) S 1 40"), None);
+        let info = "pos:\t0\nflags:\t02\nmnt_id:\t25\nino:\t2\ntty-index:\t17\n";
+        assert_eq!(master_index(info), Some(17));
+        assert_eq!(master_index("pos:\t0\n"), None);
+    }
+
+    #[test]
+    fn injection_escapes_data_and_keeps_terminators_and_flow_control() {
+        let mut t = Termios2 {
+            c_lflag: libc::ICANON | libc::ECHO | libc::ECHOE | libc::ISIG,
+            c_iflag: libc::ICRNL | libc::IXON | libc::ISTRIP,
+            ..Termios2::default()
+        };
+        t.c_cc[libc::VEOF] = 4;
+        t.c_cc[libc::VEOL] = b'#';
+        t.c_cc[libc::VEOL2] = b'@';
+        t.c_cc[libc::VSTART] = 0o21;
+        t.c_cc[libc::VSTOP] = 0o23;
+        t.c_cc[libc::VERASE] = 0o177;
+        let (x, lnext) = inject_termios(&t);
+        assert_eq!(x.c_lflag, libc::ICANON | libc::IEXTEN, "echo, signals off");
+        assert_eq!(x.c_iflag, libc::IXON, "only flow control kept");
+        assert_eq!(x.c_cc[libc::VLNEXT], lnext);
+        assert!(![b'\n', 4, b'#', b'@', 0o21, 0o23].contains(&lnext));
+        let erase = x.c_cc[libc::VERASE];
+        assert!(erase != lnext && ![b'\n', 4, b'#', b'@'].contains(&erase));
+        assert_eq!(drain_termios(&t).c_lflag & libc::ICANON, 0);
+        // '@' is no terminator without IEXTEN: an end-of-file follows it.
+        let lines = [b"a\n".to_vec(), b"b#".to_vec(), vec![], b"c@".to_vec()];
+        let plan = input_plan(&t, lnext, &lines, b"d\n");
+        let l = lnext;
+        assert_eq!(
+            plan,
+            [l, b'a', b'\n', l, b'b', b'#', 4, l, b'c', l, b'@', 4, l, b'd', l, b'\n']
+        );
+    }
+
+    #[test]
+    fn queued_bytes_are_read_and_put_back_exactly() {
+        let (m, s) = live_pair();
+        let mut t = tty::termios(s.as_fd()).unwrap();
+        t.c_cc[libc::VEOL] = b'#';
+        tty::set_termios(s.as_fd(), &t).unwrap();
+        // Typed at the terminal (processed now, with echo): lines ended by
+        // '\n', EOF (twice: an empty line), VEOL; an escaped '\n' (^V) in a
+        // line; an erase; a line still being typed.
+        tty::inject(s.as_fd(), b"one\ntwo\x04\x04three#esc\x16\naped\nhalx\x7f").unwrap();
+        tty::inject(s.as_fd(), b"f").unwrap();
+        // The echo is on its way to the master: with nothing there yet,
+        // poll waits for it.
+        assert!(tty::poll_now(m.as_fd()).unwrap().readable);
+        tty::inject(m.as_fd(), b"from the slave").unwrap();
+        let echo_before = tty::queued(m.as_fd()).unwrap();
+        let (lines, rest, output) = take_queues(m.as_fd(), s.as_fd(), &t, false).unwrap();
+        let want: Vec<&[u8]> = vec![b"one\n", b"two", b"", b"three#", b"esc\naped\n"];
+        assert_eq!(lines, want);
+        assert_eq!(rest, b"half");
+        assert_eq!(output.len(), echo_before);
+        assert!(output.starts_with(b"one\r\n"), "{output:?}");
+        assert!(output.ends_with(b"from the slave"), "{output:?}");
+        // Put back: the same reads again, no new echo, the termios as it was.
+        assert_eq!(tty::termios(s.as_fd()).unwrap(), t);
+        assert_eq!(tty::queued(m.as_fd()).unwrap(), output.len(), "no echo");
+        assert_eq!(read_all(s.as_fd()), want);
+        tty::inject(s.as_fd(), b"\n").unwrap();
+        assert_eq!(read_all(s.as_fd()), [b"half\n"]);
+        assert_eq!(read_all(m.as_fd()).concat()[..output.len()], output[..]);
+    }
+
+    fn image(t: &Termios2) -> PtyPair {
+        PtyPair {
+            index: 9,
+            termios: image_termios(t),
+            winsize: [40, 132, 1, 2],
+            locked: true,
+            packet: true,
+            master_exclusive: false,
+            slave_exclusive: true,
+            slave_closed: false,
+            input_lines: vec![],
+            input: b"raw\x03\x11bytes".to_vec(),
+            output: b"to the master".to_vec(),
+            session: None,
+        }
+    }
+
+    #[test]
+    fn a_pair_is_made_in_its_saved_state() {
+        let (_m, s) = live_pair();
+        let mut t = tty::termios(s.as_fd()).unwrap();
+        t.c_lflag &= !(libc::ICANON | libc::ECHO);
+        t.c_cc[libc::VMIN] = 1;
+        let p = image(&t);
+        let made = make_pair(&p).unwrap();
+        let m = made.master.as_fd();
+        fdops::set_status_flags(m, libc::O_NONBLOCK).unwrap();
+        assert!(tty::locked(m).unwrap() && tty::packet(m).unwrap());
+        let img = FdImage {
+            fd: 0,
+            flags: libc::O_RDWR.unsigned_abs() | libc::O_NONBLOCK.unsigned_abs(),
+            cloexec: false,
+            shared_id: None,
+            locks: vec![],
+            kind: FdKind::PtySlave { index: 9 },
+        };
+        let s = made.open_slave(&img).unwrap();
+        assert!(tty::locked(m).unwrap(), "locked again");
+        assert_eq!(tty::termios(s.as_fd()).unwrap(), t);
+        let ws = tty::winsize(s.as_fd()).unwrap();
+        assert_eq!(
+            [ws.ws_row, ws.ws_col, ws.ws_xpixel, ws.ws_ypixel],
+            p.winsize
+        );
+        assert!(tty::exclusive(s.as_fd()).unwrap() && !tty::exclusive(m).unwrap());
+        // ^C and ^Q reached the input as data: no signal, no flow control.
+        assert_eq!(read_all(s.as_fd()).concat(), p.input);
+        let mut packet = vec![0u8];
+        packet.extend_from_slice(&p.output);
+        assert_eq!(read_all(m).concat(), packet, "TIOCPKT_DATA, then the bytes");
+    }
+
+    #[test]
+    fn canonical_lines_come_back_line_by_line() {
+        let (_m, s) = live_pair();
+        let t = tty::termios(s.as_fd()).unwrap();
+        let mut p = image(&t);
+        (p.locked, p.packet) = (false, false);
+        p.input_lines = vec![b"a\n".to_vec(), vec![], b"b".to_vec()];
+        p.input = b"c".to_vec();
+        let made = make_pair(&p).unwrap();
+        let s = made.keeper_for_tests();
+        assert_eq!(read_all(s), [&b"a\n"[..], b"", b"b"]);
+        tty::inject(s, b"\n").unwrap();
+        assert_eq!(read_all(s), [b"c\n"]);
+    }
+
+    #[test]
+    fn a_session_leader_takes_its_terminal_back() {
+        let t = Termios2::default();
+        let mut p = image(&t);
+        p.session = Some(PtySession {
+            sid: 100,
+            foreground: 102,
+        });
+        let fd = |n: i32, kind: FdKind| FdImage {
+            fd: n,
+            flags: 2,
+            cloexec: false,
+            shared_id: None,
+            locks: vec![],
+            kind,
+        };
+        let fds = [
+            fd(3, FdKind::PtyMaster(p.clone())),
+            fd(0, FdKind::PtySlave { index: 9 }),
+        ];
+        let cx = RestoreCtx::new(&[], &[], fds.iter());
+        assert_eq!(
+            ctty_plan(&cx, (100, 100), &fds[1..]).unwrap(),
+            Some((0, Some(102)))
+        );
+        assert_eq!(
+            ctty_plan(&cx, (100, 102), &fds[1..]).unwrap(),
+            Some((0, None))
+        );
+        assert_eq!(ctty_plan(&cx, (101, 101), &fds[1..]).unwrap(), None);
+        let e = ctty_plan(&cx, (100, 100), &fds[..1])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("holds no slave fd"), "{e}");
+        let mut r = Recorder::default();
+        set_ctty(&mut r, Scratch { structs: 64 }, 0, Some(102)).unwrap();
+        assert_eq!(r.args_of("ioctl(TIOCSCTTY)"), [vec![0, TIOCSCTTY, 0]]);
+        let a = r.scratch() + 64;
+        assert_eq!(r.args_of("ioctl(TIOCSPGRP)"), [vec![0, TIOCSPGRP, a]]);
+        assert_eq!(r.writes()[0], 102i32.to_le_bytes());
+    }
 }
