@@ -163,3 +163,14 @@ fn nix_write(fd: &OwnedFd, data: &[u8]) -> isize {
     // SAFETY: writing a local buffer to our own fd.
     unsafe { libc::write(fd.as_raw_fd(), data.as_ptr().cast(), data.len()) }
 }
+
+#[test]
+fn pty_pairs_restore_lazily() {
+    let mut w = start();
+    w.dump_and_reap();
+    let stats = w.dir.path().join("lazy-stats.json");
+    w.restore(&["--lazy", "--lazy-stats", stats.to_str().unwrap()]);
+    let s = wait_json_file(&stats, Duration::from_secs(60));
+    assert!(s.get("error").is_none(), "filler failed: {s}");
+    w.finish_pass();
+}
