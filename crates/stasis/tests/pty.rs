@@ -77,6 +77,13 @@ fn pty_pairs_dumped_concurrently() {
     leave_running_with(&["--concurrent"]);
 }
 
+/// Fork snapshots share their process's fd table and session: they must
+/// not count as holders of its ptys outside the tree.
+#[test]
+fn pty_pairs_dumped_concurrently_by_fork_snapshots() {
+    leave_running_with(&["--concurrent", "--cow-method", "fork"]);
+}
+
 /// A new pair of this test process: (master, slave).
 fn open_pair() -> (OwnedFd, OwnedFd) {
     let m: OwnedFd = std::fs::OpenOptions::new()
