@@ -32,6 +32,13 @@
 //! packet-mode control status not yet read, queues a line discipline
 //! cannot hold (4095 bytes), a master not opened read-write.
 //!
+//! A slave whose master is outside the tree (an interactive program's
+//! terminal, fds 0-2 of a shell's child) is refused rather than reopened
+//! by its `/dev/pts/N` path at restore: its settings and queues belong to
+//! the program holding the master, which stasis must not read, and the
+//! number may name another terminal by then (CRIU takes such "external"
+//! terminals only when told to, `--shell-job`/`--external tty`).
+//!
 //! **Restore.** The pair is made once, in the restorer, when its master or
 //! one of its slaves is first needed: `/dev/ptmx`, unlock, a slave kept
 //! until the end of the restore; queued bytes pushed back as above; then
@@ -215,9 +222,7 @@ impl<'a> Made<'a> {
 
 fn termios2(t: &PtyTermios) -> Termios2 {
     let mut c_cc = [0u8; stasis_sys::tty::KERNEL_NCCS];
-    for (d, s) in c_cc.iter_mut().zip(&t.cc) {
-        *d = *s;
-    }
+    c_cc.iter_mut().zip(&t.cc).for_each(|(d, s)| *d = *s);
     Termios2 {
         c_iflag: t.iflag,
         c_oflag: t.oflag,
