@@ -70,9 +70,11 @@ static const char *const c_reads[] = {
 #define C_WINSIZE  0x04
 #define C_CTTY     0x08
 #define C_INTERNAL 0x10
-#define C_NBITS    5
+#define C_FG       0x20
+#define C_NBITS    6
 static const char *const c_tags[C_NBITS] = {
-	"c-input", "c-termios", "c-winsize", "c-ctty", "C-internal"
+	"c-input", "c-termios", "c-winsize", "c-ctty", "C-internal",
+	"c-foreground"
 };
 
 #define cfail(tag, ...) zdtm_child_fail("pty child C", tag, __VA_ARGS__)
@@ -247,13 +249,61 @@ static int c_check_input(void)
 	return bits;
 }
 
+/* Waits for SIGTERM (blocked) or a new parent. */
+static void wait_sigterm(pid_t parent)
+{
+	struct timespec tick = { 0, 100 * 1000000 };
+	siginfo_t si;
+	sigset_t set;
+
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	for (;;) {
+		if (sigtimedwait(&set, &si, &tick) == SIGTERM)
+			return;
+		if (getppid() != parent)
+			_exit(SETUP_FAIL);
+	}
+}
+
+/* G: C's child in a group of its own, the terminal's foreground group. */
+__attribute__((noreturn))
+static void run_g(pid_t parent)
+{
+	signal(SIGHUP, SIG_IGN); /* C's selftest gives up its terminal */
+	setpgid(0, 0);
+	wait_sigterm(parent);
+	_exit(0);
+}
+
+/* C's foreground group is G's; then C takes the foreground back. */
+static int c_check_foreground(pid_t g)
+{
+	int bits = 0, st;
+
+	ZDTM_CORRUPT("c-foreground", tcsetpgrp(0, getpgrp()));
+	if (tcgetpgrp(0) != g) {
+		cfail("c-foreground", "tcgetpgrp %d, expected G's group %d",
+		      (int)tcgetpgrp(0), (int)g);
+		bits |= C_FG;
+	}
+	kill(g, SIGTERM);
+	if (zdtm_wait_deadline(g, &st, DEADLINE_MS) || st != 0) {
+		cfail("C-internal", "G: errno %d status %#x", errno, st);
+		bits |= C_INTERNAL;
+	}
+	if (tcsetpgrp(0, getpgrp())) {
+		cfail("c-foreground", "tcsetpgrp back to C: errno %d", errno);
+		bits |= C_FG;
+	}
+	return bits;
+}
+
 __attribute__((noreturn))
 static void run_c(int ready_w)
 {
 	sigset_t set;
-	siginfo_t si;
-	struct timespec tick = { 0, 100 * 1000000 };
-	pid_t parent = getppid();
+	pid_t parent = getppid(), g;
 	int fd, bits;
 	char c = 'C';
 
@@ -268,16 +318,24 @@ static void run_c(int ready_w)
 	close(m1);
 	close(m2);
 	close(s2);
-	if (write_all(1, P1_HELLO, strlen(P1_HELLO)) ||
+	if (write_all(1, P1_HELLO, strlen(P1_HELLO)))
+		_exit(SETUP_FAIL);
+	/* G leads the terminal's foreground group; C (in the background)
+	 * ignores SIGTTOU to set it, and to take it back */
+	signal(SIGTTOU, SIG_IGN);
+	g = fork();
+	if (g < 0)
+		_exit(SETUP_FAIL);
+	if (g == 0) {
+		close(ready_w);
+		run_g(getppid());
+	}
+	if ((setpgid(g, g) && errno != EACCES) || tcsetpgrp(0, g) ||
 	    write(ready_w, &c, 1) != 1)
 		_exit(SETUP_FAIL);
 	close(ready_w);
-	for (;;) {
-		if (sigtimedwait(&set, &si, &tick) == SIGTERM)
-			break;
-		if (getppid() != parent)
-			_exit(SETUP_FAIL);
-	}
+	wait_sigterm(parent);
+	bits = c_check_foreground(g);
 	ZDTM_CORRUPT("c-termios", {
 		struct termios t;
 		tcgetattr(0, &t);
@@ -298,7 +356,7 @@ static void run_c(int ready_w)
 		signal(SIGCONT, SIG_IGN);
 		ioctl(0, TIOCNOTTY);
 	});
-	bits = c_check_state();
+	bits |= c_check_state();
 	bits |= c_check_input();
 	_exit(bits);
 }
@@ -437,6 +495,7 @@ static void check_p1(pid_t c)
 	ZDTM_CORRUPT("c-winsize", );
 	ZDTM_CORRUPT("c-input", );
 	ZDTM_CORRUPT("c-ctty", );
+	ZDTM_CORRUPT("c-foreground", );
 	kill(c, SIGTERM);
 	if (zdtm_wait_deadline(c, &st, DEADLINE_MS)) {
 		zdtm_fail("p1-child", "C did not end: errno %d", errno);

@@ -11,11 +11,13 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::Stdio;
 use std::time::Duration;
 
-/// The `pty` workload's tree is up: the root and its child C.
+/// The `pty` workload's tree is up: the root, its child C (a session
+/// leader, its terminal P1's slave) and C's child G (the terminal's
+/// foreground group).
 fn start() -> Workload {
     let w = Workload::start("pty", &[]);
     let kids = descendants(w.pid);
-    assert_eq!(kids.len(), 1, "pty: root and child C, got {kids:?}");
+    assert_eq!(kids.len(), 2, "pty: root, C and G, got {kids:?}");
     w
 }
 
@@ -37,7 +39,7 @@ fn pty_pairs_survive_dump_and_restore_twice() {
         w.dump_and_reap();
         assert!(!alive(w.pid), "round {round}: still alive after the dump");
         w.restore(&[]);
-        assert_eq!(descendants(w.pid).len(), 1, "round {round}: C restored");
+        assert_eq!(descendants(w.pid).len(), 2, "round {round}: C, G restored");
     }
     let text = inspect(&w);
     assert_eq!(text.matches("pty master").count(), 2, "{text}");
