@@ -183,3 +183,16 @@ fn pty_pairs_restore_lazily() {
     assert!(s.get("error").is_none(), "filler failed: {s}");
     w.finish_pass();
 }
+
+#[test]
+fn a_master_whose_slave_was_never_opened_is_refused() {
+    let m: OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/ptmx")
+        .unwrap()
+        .into();
+    // Only sleep holds the pair, and nobody ever opened its slave: opening
+    // one to read its queue would leave the master hung up once closed.
+    refused(m, "has never been opened");
+}
