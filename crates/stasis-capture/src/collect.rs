@@ -76,6 +76,7 @@ fn capture_with(
     }
     let tree: Vec<i32> = records.iter().map(|r| r.image.pid).collect();
     collector.check_external_pipes(&tree)?;
+    collector.check_external_ptys(&tree)?;
     collector.check_external_sockets()?;
     let areas_of: Vec<Vec<stasis_track::Area>> = records
         .iter()

@@ -59,6 +59,11 @@ impl FdCollector {
         Ok(self.0.check_external_pipes(tree)?)
     }
 
+    /// See [`SaveCtx::check_external_ptys`].
+    pub fn check_external_ptys(&self, tree: &[i32]) -> Result<()> {
+        Ok(self.0.check_external_ptys(tree)?)
+    }
+
     /// See [`SaveCtx::capture_sysv`].
     pub fn capture_sysv(&mut self, pid: i32, shmid: i32, start: u64, end: u64) -> Result<()> {
         Ok(self.0.capture_sysv(pid, shmid, start, end)?)

@@ -476,6 +476,69 @@ pub enum FdKind {
     Unix(UnixSocket),
     /// An IPv4/IPv6 socket (TCP or UDP).
     Inet(InetSocket),
+    /// The master end of a pseudo-terminal pair (`/dev/ptmx`), with the
+    /// state of the pair (one master description per pair).
+    PtyMaster(PtyPair),
+    /// A slave end (`/dev/pts/N`) of the pair whose master, in the image,
+    /// has this `index`.
+    PtySlave { index: u32 },
+}
+
+/// A pseudo-terminal pair, saved with its master.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtyPair {
+    /// The pts index at dump: it ties slaves to their master in the image
+    /// (a restore gets whatever index the kernel gives).
+    pub index: u32,
+    /// The pair's termios (the slave's: the master has no settable one).
+    pub termios: PtyTermios,
+    /// `struct winsize`: rows, columns, x pixels, y pixels.
+    pub winsize: [u16; 4],
+    /// `TIOCSPTLCK`: the slave cannot be opened.
+    pub locked: bool,
+    /// `TIOCPKT` on the master.
+    pub packet: bool,
+    /// `TIOCEXCL` of the master side and of the slave side.
+    pub master_exclusive: bool,
+    pub slave_exclusive: bool,
+    /// No slave was open at dump (the master reads as hung up).
+    pub slave_closed: bool,
+    /// Canonical mode: the complete lines the slave reads next, each as
+    /// one `read` returns it (its terminator included; empty: an
+    /// end-of-file), as the line discipline holds them (input processing
+    /// and echo already done).
+    pub input_lines: Vec<Vec<u8>>,
+    /// The rest of what the slave reads next: in canonical mode the line
+    /// still being typed, otherwise everything.
+    pub input: Vec<u8>,
+    /// What the master reads next (the slave's output, processed).
+    pub output: Vec<u8>,
+    /// The session whose controlling terminal the slave is, if one of the
+    /// image's.
+    pub session: Option<PtySession>,
+}
+
+/// `struct termios2`, field by field.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtyTermios {
+    pub iflag: u32,
+    pub oflag: u32,
+    pub cflag: u32,
+    pub lflag: u32,
+    pub line: u8,
+    /// `c_cc`: the kernel's 19 control characters.
+    pub cc: Vec<u8>,
+    pub ispeed: u32,
+    pub ospeed: u32,
+}
+
+/// A session whose controlling terminal is a pty of the image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtySession {
+    /// The session (its leader's pid).
+    pub sid: i32,
+    /// The foreground process group (`tcgetpgrp`).
+    pub foreground: i32,
 }
 
 /// A unix domain socket.

@@ -12,6 +12,7 @@
 //! * [`pagemap`]: `PAGEMAP_SCAN` and the `/proc/PID/pagemap` fallback.
 //! * [`probe`]: a one-shot probe of what this kernel offers (`stasis check`).
 //! * [`launch`]: closing inherited descriptors, forwarding signals to a job.
+//! * [`tty`]: the ioctls of pseudo-terminal pairs.
 
 #![cfg(all(target_os = "linux", target_arch = "x86_64"))]
 
@@ -34,6 +35,7 @@ pub mod sock;
 pub mod sockdiag;
 pub mod sysvshm;
 pub mod tcpdiag;
+pub mod tty;
 pub mod uffd;
 pub mod uffd_remote;
 

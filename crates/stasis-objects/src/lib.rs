@@ -19,6 +19,7 @@
 //! | epoll | [`epoll`] |
 //! | inotify | [`inotify`] |
 //! | unix socket | [`unix`] |
+//! | pseudo-terminal pair | [`pty`] |
 //! | TCP/UDP socket | [`inet`] (listening, UDP), [`tcp`] (established: `TCP_REPAIR`) |
 //! | socket options, the accept gate | [`socket`] |
 //! | flock/POSIX/OFD locks | [`locks`] |
@@ -42,6 +43,7 @@ pub mod inet;
 pub mod inotify;
 pub mod locks;
 pub mod pipe;
+pub mod pty;
 pub mod restore;
 pub mod save;
 pub mod signalfd;
@@ -119,6 +121,7 @@ pub const REGISTRY: &[Entry] = &[
     entry::<epoll::Epoll>(),
     entry::<ghost::Ghost>(),
     entry::<pipe::Fifo>(),
+    entry::<pty::Pty>(),
     entry::<file::File>(),
 ];
 
@@ -126,7 +129,9 @@ pub const REGISTRY: &[Entry] = &[
 mod tests {
     use std::os::fd::AsRawFd;
 
-    use stasis_image::manifest::{InetSocket, InetState, PipeImage, UnixSocket, UnixState};
+    use stasis_image::manifest::{
+        InetSocket, InetState, PipeImage, PtyPair, PtyTermios, UnixSocket, UnixState,
+    };
 
     use super::*;
 
@@ -192,6 +197,21 @@ mod tests {
                 options: vec![],
                 datagrams: vec![],
             }),
+            FdKind::PtyMaster(PtyPair {
+                index: 3,
+                termios: PtyTermios::default(),
+                winsize: [0; 4],
+                locked: false,
+                packet: false,
+                master_exclusive: false,
+                slave_exclusive: false,
+                slave_closed: false,
+                input_lines: vec![],
+                input: vec![],
+                output: vec![],
+                session: None,
+            }),
+            FdKind::PtySlave { index: 3 },
         ];
         for k in &all {
             match k {
@@ -206,7 +226,9 @@ mod tests {
                 | FdKind::Memfd { .. }
                 | FdKind::Inotify { .. }
                 | FdKind::Unix(_)
-                | FdKind::Inet(_) => {}
+                | FdKind::Inet(_)
+                | FdKind::PtyMaster(_)
+                | FdKind::PtySlave { .. } => {}
             }
         }
         all

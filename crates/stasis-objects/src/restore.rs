@@ -94,6 +94,8 @@ pub struct RestoreCtx<'a> {
     /// socket names relative to it are bound and connected there, not in
     /// the restorer's own directory.
     pub(crate) cwd: String,
+    /// Pseudo-terminal pairs, made when first needed.
+    pub(crate) ptys: crate::pty::Made<'a>,
 }
 
 impl<'a> RestoreCtx<'a> {
@@ -102,7 +104,10 @@ impl<'a> RestoreCtx<'a> {
         ghosts: &'a [GhostFile],
         fds: impl Iterator<Item = &'a FdImage>,
     ) -> Self {
+        let fds: Vec<&'a FdImage> = fds.collect();
+        let ptys = crate::pty::Made::new(fds.iter().copied());
         let unix_images = fds
+            .into_iter()
             .filter_map(|f| match &f.kind {
                 FdKind::Unix(u) => Some((u.ino, u)),
                 _ => None,
@@ -121,6 +126,7 @@ impl<'a> RestoreCtx<'a> {
             epolls_filled: HashSet::new(),
             flocks_taken: HashSet::new(),
             cwd: String::new(),
+            ptys,
         }
     }
 

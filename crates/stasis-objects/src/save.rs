@@ -85,6 +85,8 @@ pub struct SaveCtx {
     /// closed silently (process killed) or taken out of repair (left
     /// running, [`crate::tcp::leave_repair`]).
     pub repaired: Repairs,
+    /// Pseudo-terminal pairs and slaves seen so far.
+    pub(crate) ptys: crate::pty::Saved,
 }
 
 /// `/proc/PID/<name>`.
@@ -126,11 +128,8 @@ pub fn unsupported_reason(pid: i32, fd: i32, link: &str) -> Option<String> {
     let known_anon = crate::REGISTRY.iter().any(|e| e.anon_inode == Some(link));
     let kind = if link.starts_with("anon_inode:") && !known_anon {
         Some("an anonymous inode of a kind stasis does not know (userfaultfd, io_uring, pidfd, inotify...)")
-    } else if link.starts_with("/dev/pts/")
-        || link.starts_with("/dev/tty")
-        || link == "/dev/console"
-        || link.starts_with("/dev/ptmx")
-    {
+    } else if link.starts_with("/dev/tty") || link == "/dev/console" {
+        // Pseudo-terminals (/dev/ptmx, /dev/pts/N) are `crate::pty`'s.
         Some("a terminal")
     } else if link.starts_with("pipe:")
         || link.starts_with("anon_inode:")
@@ -178,6 +177,7 @@ impl Default for SaveCtx {
             sysv: Vec::new(),
             unix: None,
             repaired: Repairs::default(),
+            ptys: crate::pty::Saved::default(),
         }
     }
 }
@@ -333,5 +333,10 @@ impl SaveCtx {
     /// Refuses pipes shared with a process outside the tree ([`crate::pipe::check_external`]).
     pub fn check_external_pipes(&self, tree: &[i32]) -> Result<(), SaveError> {
         crate::pipe::check_external(self, tree)
+    }
+
+    /// Refuses ptys shared with a process outside the tree ([`crate::pty::check_external`]).
+    pub fn check_external_ptys(&self, tree: &[i32]) -> Result<(), SaveError> {
+        crate::pty::check_external(self, tree)
     }
 }

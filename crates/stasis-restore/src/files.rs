@@ -71,6 +71,15 @@ impl<'a> FdFactory<'a> {
         Ok(self.0.ghost_for_mapping(id, name, writable)?)
     }
 
+    /// [`objects::pty::restore_ctty`] with the stub's scratch layout.
+    pub fn restore_ctty<R: Remote>(
+        &self,
+        r: &mut R,
+        p: &stasis_image::manifest::ProcessImage,
+    ) -> Result<(), RestoreError> {
+        Ok(objects::pty::restore_ctty(&self.0, r, AT, p)?)
+    }
+
     /// See [`objects::RestoreCtx::get`].
     pub fn get(&mut self, img: &FdImage) -> Result<FdRef<'_>, RestoreError> {
         Ok(self.0.get(img)?)

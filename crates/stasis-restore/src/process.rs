@@ -122,6 +122,8 @@ fn restore_files(s: &mut Proc, p: &ProcessImage, cx: &mut TreeCtx<'_, '_>) -> Re
         }
         files::restore_posix_locks(s, fd)?;
     }
+    // A session leader takes its pty back as controlling terminal.
+    factory.restore_ctty(s, p)?;
     s.sys("close", libc::SYS_close, &[h])
         .map_err(step("closing the fd transport"))?;
     Ok(())

@@ -16,6 +16,7 @@ pub mod fault;
 pub mod inet_diag;
 pub mod net;
 pub mod prctl;
+pub mod tty;
 
 use core::mem::size_of;
 

@@ -453,6 +453,13 @@ fn fd_description(kind: &FdKind) -> String {
                 .map(|n| String::from_utf8_lossy(n).replace('\0', "@"))
                 .unwrap_or_default()
         ),
+        FdKind::PtyMaster(p) => format!(
+            "pty master (pts {} at dump), {} bytes queued to the slave, {} to the master",
+            p.index,
+            p.input_lines.iter().map(Vec::len).sum::<usize>() + p.input.len(),
+            p.output.len()
+        ),
+        FdKind::PtySlave { index } => format!("pty slave (pts {index} at dump)"),
         FdKind::Inet(n) => format!(
             "inet socket port {} {:?}",
             u16::from_be_bytes([

@@ -1,0 +1,1007 @@
+//! Pseudo-terminal pairs: a master (`/dev/ptmx`) and its slave
+//! (`/dev/pts/N`), with their settings and the bytes queued each way.
+//!
+//! **Save.** A pair is saved with its master, which is always one open file
+//! description: the master of a pair is opened once, by `/dev/ptmx`. A copy
+//! of it is taken with `pidfd_getfd`, and a slave of our own is opened from
+//! it (`TIOCGPTPEER`, unlocking for that instant if it was locked). Then:
+//! - termios (`TCGETS2`, the slave's: the master has none of its own),
+//!   window size, lock, packet mode, exclusive mode of each side, and
+//!   whether a slave was open at all (`POLLHUP` on the master);
+//! - the session whose controlling terminal the slave is (`tty_nr` of
+//!   `/proc/*/stat`) and its foreground group (`tpgid`);
+//! - the bytes the master will read next, read with `FIONREAD` + `read`
+//!   (the master's line discipline is always raw), and the bytes the slave
+//!   will read next, read from our slave: in canonical mode line by line
+//!   (each `read` returns one line, its terminator included, nothing for an
+//!   end-of-file), then the line still being typed with `ICANON` off. None
+//!   of this can be peeked, so it is **put back at once** (dump or not), in
+//!   a way that does not pass the bytes through the line discipline again:
+//!   `TIOCSTI` pushes each byte into the slave's input under a termios
+//!   ([`inject_termios`]) with echo, signals and input mapping off, and
+//!   every data byte escaped by `VLNEXT`, so only the saved terminators act
+//!   as terminators; the master's bytes are pushed into its raw input.
+//!   Flow control bits are kept as they were, so a packet-mode master gets
+//!   no control status from these termios changes.
+//!
+//! **Refused**, naming the process and fd: a slave whose master is outside
+//! the tree (an interactive terminal, say), a pair or a controlling
+//! terminal shared with a process outside the tree, a session leader that
+//! holds no slave fd of its controlling terminal, a slave never opened (it
+//! cannot be left so), `EXTPROC`, a line discipline other than N_TTY, a
+//! packet-mode control status not yet read, queues a line discipline
+//! cannot hold (4095 bytes), a master not opened read-write.
+//!
+//! A slave whose master is outside the tree (an interactive program's
+//! terminal, fds 0-2 of a shell's child) is refused rather than reopened
+//! by its `/dev/pts/N` path at restore: its settings and queues belong to
+//! the program holding the master, which stasis must not read, and the
+//! number may name another terminal by then (CRIU takes such "external"
+//! terminals only when told to, `--shell-job`/`--external tty`).
+//!
+//! **Restore.** The pair is made once, in the restorer, when its master or
+//! one of its slaves is first needed: `/dev/ptmx`, unlock, a slave kept
+//! until the end of the restore; queued bytes pushed back as above; then
+//! termios, window size, exclusive modes, packet mode and the lock. The pts
+//! index is whatever the kernel gives: slaves are opened from the new
+//! master (`TIOCGPTPEER`). The controlling terminal is set by the session
+//! leader itself, after its fds exist ([`restore_ctty`]: `TIOCSCTTY`, then
+//! `TIOCSPGRP` for another foreground group).
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+
+use stasis_image::manifest::{FdImage, FdKind, ProcessImage, PtyPair, PtySession, PtyTermios};
+use stasis_kernel::remote::Remote;
+use stasis_kernel::{fdops, pidfd, tty};
+use stasis_sys::tty::{
+    Termios2, Winsize, N_TTY_BUF_SIZE, PTMX_MAJOR, PTMX_MINOR, PTY_SLAVE_MAJOR,
+    PTY_SLAVE_MAJOR_COUNT, TIOCSCTTY, TIOCSPGRP,
+};
+
+use crate::error::{io_step, step};
+use crate::restore::{not_mine, reopen_flags, setfl_flags};
+use crate::{Object, OpenFd, RestoreCtx, RestoreError, SaveCtx, SaveError, Scratch};
+
+/// A pseudo-terminal end: master or slave.
+pub struct Pty;
+
+/// Which end of a pair a character device is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    Master,
+    /// A slave, with its pts index.
+    Slave(u32),
+}
+
+/// The end of a pair whose device number is `rdev`, if it is one.
+pub fn end_of(rdev: u64) -> Option<End> {
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    if (major, minor) == (PTMX_MAJOR, PTMX_MINOR) {
+        return Some(End::Master);
+    }
+    let k = major.checked_sub(PTY_SLAVE_MAJOR)?;
+    (k < PTY_SLAVE_MAJOR_COUNT).then_some(End::Slave(k * 256 + minor))
+}
+
+/// The device number of slave `index`.
+pub fn slave_rdev(index: u32) -> u64 {
+    libc::makedev(PTY_SLAVE_MAJOR + index / 256, index % 256)
+}
+
+/// What the save side keeps of the ptys of a dump.
+#[derive(Default)]
+pub struct Saved {
+    /// Pairs saved with their master, by index.
+    pairs: HashMap<u32, PtyPair>,
+    /// Every slave fd of the tree: (pid, fd, index).
+    slaves: Vec<(i32, i32, u32)>,
+    /// Processes whose controlling terminal is a saved pair's slave, by index.
+    ctty_of: HashMap<u32, Vec<i32>>,
+}
+
+impl Object for Pty {
+    const NAME: &'static str = "pty";
+
+    fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
+        if fd.socket.is_some() || !fd.meta.file_type().is_char_device() {
+            return Ok(None);
+        }
+        match end_of(fd.meta.rdev()) {
+            None => Ok(None),
+            Some(End::Slave(index)) => {
+                cx.ptys.slaves.push((fd.pid, fd.fd, index));
+                Ok(Some(FdKind::PtySlave { index }))
+            }
+            Some(End::Master) => Ok(Some(FdKind::PtyMaster(save_master(cx, fd)?))),
+        }
+    }
+
+    fn owns(kind: &FdKind) -> bool {
+        matches!(kind, FdKind::PtyMaster(_) | FdKind::PtySlave { .. })
+    }
+
+    fn restore(cx: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
+        let (index, pair) = match &img.kind {
+            FdKind::PtyMaster(p) => (p.index, Some(p)),
+            FdKind::PtySlave { index } => (*index, None),
+            _ => return Err(not_mine(Self::NAME, img)),
+        };
+        let made = cx.ptys.pair(index, pair, img.fd)?;
+        let fd = if pair.is_some() {
+            stasis_kernel::scm::dup_at_least(made.master.as_fd(), 3)?
+        } else {
+            made.open_slave(img)?
+        };
+        fdops::set_status_flags(fd.as_fd(), setfl_flags(img.flags)).map_err(io_step(
+            format!("setting the flags of fd {}", img.fd),
+            "F_SETFL",
+        ))?;
+        Ok(fd)
+    }
+}
+
+/// A pair made again by the restore.
+pub struct MadePair {
+    pub master: OwnedFd,
+    /// A slave held until the restore ends (the pair is never without one
+    /// meanwhile; closed then, it leaves the master hung up if no restored
+    /// process holds a slave, as at the dump).
+    _keeper: OwnedFd,
+    locked: bool,
+}
+
+impl MadePair {
+    /// A new slave description with the saved fd's flags.
+    fn open_slave(&self, img: &FdImage) -> Result<OwnedFd, RestoreError> {
+        let m = self.master.as_fd();
+        let what = format!("opening the slave of fd {}", img.fd);
+        if self.locked {
+            tty::set_locked(m, false).map_err(io_step(what.clone(), "TIOCSPTLCK"))?;
+        }
+        let s = tty::open_peer(m, reopen_flags(img.flags));
+        if self.locked {
+            tty::set_locked(m, true).map_err(io_step(what.clone(), "TIOCSPTLCK"))?;
+        }
+        s.map_err(io_step(what, "TIOCGPTPEER"))
+    }
+}
+
+#[cfg(test)]
+impl MadePair {
+    fn keeper_for_tests(&self) -> BorrowedFd<'_> {
+        self._keeper.as_fd()
+    }
+}
+
+/// What the restore side keeps of the ptys of a tree.
+#[derive(Default)]
+pub struct Made<'a> {
+    /// Every saved pair, by its index at dump.
+    images: HashMap<u32, &'a PtyPair>,
+    made: HashMap<u32, MadePair>,
+}
+
+impl<'a> Made<'a> {
+    /// The pairs of the saved fds `fds`.
+    pub fn new(fds: impl Iterator<Item = &'a FdImage>) -> Self {
+        let images = fds
+            .filter_map(|f| match &f.kind {
+                FdKind::PtyMaster(p) => Some((p.index, p)),
+                _ => None,
+            })
+            .collect();
+        Self {
+            images,
+            made: HashMap::new(),
+        }
+    }
+
+    /// Pair `index`, made on first use.
+    fn pair(
+        &mut self,
+        index: u32,
+        img: Option<&PtyPair>,
+        fd: i32,
+    ) -> Result<&MadePair, RestoreError> {
+        if !self.made.contains_key(&index) {
+            let pair = img
+                .or_else(|| self.images.get(&index).copied())
+                .ok_or_else(|| {
+                    RestoreError::Inconsistent(format!(
+                        "fd {fd} is the slave of pty {index}, whose master is not in the image"
+                    ))
+                })?;
+            let made = make_pair(pair)?;
+            self.made.insert(index, made);
+        }
+        Ok(&self.made[&index])
+    }
+}
+
+fn termios2(t: &PtyTermios) -> Termios2 {
+    let mut c_cc = [0u8; stasis_sys::tty::KERNEL_NCCS];
+    c_cc.iter_mut().zip(&t.cc).for_each(|(d, s)| *d = *s);
+    Termios2 {
+        c_iflag: t.iflag,
+        c_oflag: t.oflag,
+        c_cflag: t.cflag,
+        c_lflag: t.lflag,
+        c_line: t.line,
+        c_cc,
+        c_ispeed: t.ispeed,
+        c_ospeed: t.ospeed,
+    }
+}
+
+fn image_termios(t: &Termios2) -> PtyTermios {
+    PtyTermios {
+        iflag: t.c_iflag,
+        oflag: t.c_oflag,
+        cflag: t.c_cflag,
+        lflag: t.c_lflag,
+        line: t.c_line,
+        cc: t.c_cc.to_vec(),
+        ispeed: t.c_ispeed,
+        ospeed: t.c_ospeed,
+    }
+}
+
+/// Makes a new pair in the state of `p`.
+fn make_pair(p: &PtyPair) -> Result<MadePair, RestoreError> {
+    let what = |w: &str| format!("{w} of pty {} (new pair)", p.index);
+    let master = tty::open_ptmx(0).map_err(io_step(what("opening /dev/ptmx"), "open"))?;
+    let m = master.as_fd();
+    tty::set_locked(m, false).map_err(io_step(what("unlocking"), "TIOCSPTLCK"))?;
+    let keeper = tty::open_peer(m, libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .map_err(io_step(what("opening the slave"), "TIOCGPTPEER"))?;
+    let s = keeper.as_fd();
+    let t = termios2(&p.termios);
+    put_back(m, s, &t, (&p.input_lines, &p.input), &p.output)
+        .map_err(|e| io_step(what("queueing the saved bytes"), "TIOCSTI")(e))?;
+    let [ws_row, ws_col, ws_xpixel, ws_ypixel] = p.winsize;
+    let ws = Winsize {
+        ws_row,
+        ws_col,
+        ws_xpixel,
+        ws_ypixel,
+    };
+    tty::set_winsize(m, &ws).map_err(io_step(what("window size"), "TIOCSWINSZ"))?;
+    tty::set_exclusive(s, p.slave_exclusive)
+        .map_err(io_step(what("exclusive mode"), "TIOCEXCL"))?;
+    tty::set_exclusive(m, p.master_exclusive)
+        .map_err(io_step(what("exclusive mode"), "TIOCEXCL"))?;
+    tty::set_packet(m, p.packet).map_err(io_step(what("packet mode"), "TIOCPKT"))?;
+    tty::set_locked(m, p.locked).map_err(io_step(what("lock"), "TIOCSPTLCK"))?;
+    Ok(MadePair {
+        master,
+        _keeper: keeper,
+        locked: p.locked,
+    })
+}
+
+/// The termios under which saved bytes are pushed into the slave's input
+/// (canonical, whatever the saved mode), and the `VLNEXT` byte that escapes
+/// each data byte: echo, signals, input mapping and stripping off; flow
+/// control bits and characters as saved (changing them would queue a
+/// control status on a packet-mode master, or restart stopped output);
+/// erase, kill, word-erase and reprint set to a byte never pushed raw; the
+/// terminators (`\n`, `VEOF`, `VEOL`, `VEOL2`) as saved.
+pub fn inject_termios(t: &Termios2) -> (Termios2, u8) {
+    let cc = |i: usize| t.c_cc[i];
+    let taken = [
+        b'\n',
+        cc(libc::VEOF),
+        cc(libc::VEOL),
+        cc(libc::VEOL2),
+        cc(libc::VSTART),
+        cc(libc::VSTOP),
+    ];
+    let mut free = (1u8..=255).filter(|b| !taken.contains(b));
+    let (lnext, other) = (free.next().unwrap_or(1), free.next().unwrap_or(2));
+    let mut x = *t;
+    x.c_iflag &= libc::IXON | libc::IXOFF;
+    x.c_lflag &= !(libc::ECHO
+        | libc::ECHOE
+        | libc::ECHOK
+        | libc::ECHONL
+        | libc::ECHOCTL
+        | libc::ECHOPRT
+        | libc::ECHOKE
+        | libc::ISIG);
+    x.c_lflag |= libc::ICANON | libc::IEXTEN;
+    x.c_cc[libc::VLNEXT] = lnext;
+    for i in [
+        libc::VERASE,
+        libc::VKILL,
+        libc::VWERASE,
+        libc::VREPRINT,
+        libc::VDISCARD,
+    ] {
+        x.c_cc[i] = other;
+    }
+    (x, lnext)
+}
+
+/// The termios under which the rest of the slave's input is read: not
+/// canonical, nothing to wait for, nothing mapped.
+pub fn drain_termios(t: &Termios2) -> Termios2 {
+    let (mut x, _) = inject_termios(t);
+    x.c_lflag &= !libc::ICANON;
+    x.c_cc[libc::VMIN] = 0;
+    x.c_cc[libc::VTIME] = 0;
+    x
+}
+
+/// The bytes to push, under [`inject_termios`], so that the slave reads
+/// `lines` (each as one read returned it) then `rest`: data bytes escaped,
+/// terminators raw, an end-of-file for a line without terminator.
+pub fn input_plan(t: &Termios2, lnext: u8, lines: &[Vec<u8>], rest: &[u8]) -> Vec<u8> {
+    let cc = |i: usize| t.c_cc[i];
+    let ends_line = |b: u8| {
+        b == b'\n' || b == cc(libc::VEOL) || (b == cc(libc::VEOL2) && t.c_lflag & libc::IEXTEN != 0)
+    };
+    let mut out = Vec::new();
+    let escaped = |data: &[u8], out: &mut Vec<u8>| {
+        for &b in data {
+            out.extend_from_slice(&[lnext, b]);
+        }
+    };
+    for l in lines {
+        match l.split_last() {
+            Some((&end, body)) if ends_line(end) => {
+                escaped(body, &mut out);
+                out.push(end);
+            }
+            _ => {
+                escaped(l, &mut out);
+                out.push(cc(libc::VEOF));
+            }
+        }
+    }
+    escaped(rest, &mut out);
+    out
+}
+
+/// Puts saved bytes back: the slave's input (under [`inject_termios`],
+/// then the saved termios `t`), and the master's input (raw).
+fn put_back(
+    m: BorrowedFd<'_>,
+    s: BorrowedFd<'_>,
+    t: &Termios2,
+    (lines, rest): (&[Vec<u8>], &[u8]),
+    output: &[u8],
+) -> std::io::Result<()> {
+    let (inj, lnext) = inject_termios(t);
+    tty::set_termios(s, &inj)?;
+    let pushed = tty::inject(s, &input_plan(t, lnext, lines, rest));
+    tty::set_termios(s, t)?;
+    pushed?;
+    tty::inject(m, output)
+}
+
+/// The controlling-terminal fields of a `/proc/PID/stat` text: (session,
+/// `tty_nr`, foreground group `tpgid`).
+pub fn ctty_fields(stat: &str) -> Option<(i32, u64, i32)> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let session = f.get(3)?.parse().ok()?;
+    let tty_nr: i64 = f.get(4)?.parse().ok()?;
+    let tpgid = f.get(5)?.parse().ok()?;
+    Some((session, u64::try_from(tty_nr).ok()?, tpgid))
+}
+
+/// `tty_nr` of `/proc/PID/stat` encodes the device as the kernel's
+/// `new_encode_dev`; this is that of `rdev`.
+fn encode_dev(rdev: u64) -> u64 {
+    let (major, minor) = (u64::from(libc::major(rdev)), u64::from(libc::minor(rdev)));
+    (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12)
+}
+
+/// Whether process `pid` is a fork snapshot of this dump (traced by one of
+/// our threads, made with exit signal 0). It shares its process's fd
+/// table and session: it is no holder of its own.
+fn is_snapshot(pid: i32) -> bool {
+    traced_by_us(pid) && exits_silently(pid)
+}
+
+/// A fork snapshot's exit signal is 0 (`/proc/PID/stat` field 38), which
+/// no process of a tree has (they are made by `fork`, `SIGCHLD`).
+fn exits_silently(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let rest = &s[s.rfind(')')? + 1..];
+            rest.split_whitespace().nth(35)?.parse::<i32>().ok()
+        })
+        == Some(0)
+}
+
+/// Whether process `pid` is traced by one of our threads.
+fn traced_by_us(pid: i32) -> bool {
+    let tracer = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("TracerPid:"))
+                .and_then(|v| v.trim().parse::<i32>().ok())
+        })
+        .unwrap_or(0);
+    tracer != 0 && std::path::Path::new(&format!("/proc/self/task/{tracer}")).exists()
+}
+
+/// Every process (pid, session, foreground group) whose controlling
+/// terminal is the device `rdev`, fork snapshots of the dump aside.
+fn ctty_holders(rdev: u64) -> Vec<(i32, i32, i32)> {
+    let want = encode_dev(rdev);
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|p| {
+            let pid: i32 = p.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(p.path().join("stat")).ok()?;
+            let (sid, nr, fg) = ctty_fields(&stat)?;
+            (nr == want && !is_snapshot(pid)).then_some((pid, sid, fg))
+        })
+        .collect()
+}
+
+/// Every (pid, fd, end) outside `skip` (and stasis) holding an end of pair
+/// `index`: a slave (by device number) or its master (`tty-index` of the
+/// fdinfo).
+fn holders(index: u32, skip: &[i32]) -> Vec<(i32, i32, End)> {
+    let me = i32::try_from(std::process::id()).unwrap_or(0);
+    let rdev = slave_rdev(index);
+    let mut found = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|x| x.parse::<i32>().ok()) else {
+            continue;
+        };
+        if pid == me || skip.contains(&pid) || is_snapshot(pid) {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        for f in fds.flatten() {
+            let Some(fd) = f.file_name().to_str().and_then(|x| x.parse::<i32>().ok()) else {
+                continue;
+            };
+            let Ok(m) = std::fs::metadata(f.path()) else {
+                continue;
+            };
+            let end = end_of(m.rdev()).filter(|_| m.file_type().is_char_device());
+            let mine = match end {
+                Some(End::Slave(_)) => m.rdev() == rdev,
+                Some(End::Master) => {
+                    std::fs::read_to_string(p.path().join(format!("fdinfo/{fd}")))
+                        .ok()
+                        .and_then(|i| master_index(&i))
+                        == Some(index)
+                }
+                None => false,
+            };
+            if let (true, Some(end)) = (mine, end) {
+                found.push((pid, fd, end));
+            }
+        }
+    }
+    found
+}
+
+/// The `tty-index:` line of a master's fdinfo.
+pub fn master_index(info: &str) -> Option<u32> {
+    info.lines()
+        .find_map(|l| l.strip_prefix("tty-index:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Saves the pair of the master `fd` (once; a second fd of the same
+/// master gets the same image).
+fn save_master(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<PtyPair, SaveError> {
+    let n = fd.fd;
+    let refuse = |why: String| fd.unsupported(format!("fd {n} is a pty master: {why}"));
+    if fd.flags & libc::O_ACCMODE.unsigned_abs() != libc::O_RDWR.unsigned_abs() {
+        return Err(refuse("it is not open read-write".into()));
+    }
+    let pfd = pidfd::pidfd_open(fd.pid)?;
+    let master = pidfd::pidfd_getfd(&pfd, n)?;
+    let m = master.as_fd();
+    let io = |what: &'static str| {
+        let pid = fd.pid;
+        move |source: std::io::Error| SaveError::Proc {
+            pid,
+            file: format!("fd/{n} ({what})"),
+            source,
+        }
+    };
+    let index = tty::index(m).map_err(io("TIOCGPTN"))?;
+    if let Some(p) = cx.ptys.pairs.get(&index) {
+        return Ok(p.clone());
+    }
+    let t = tty::termios(m).map_err(io("TCGETS2"))?;
+    let state = tty::poll_now(m).map_err(io("poll"))?;
+    let packet = tty::packet(m).map_err(io("TIOCGPKT"))?;
+    if t.c_lflag & libc::EXTPROC != 0 {
+        return Err(refuse(
+            "its slave is in EXTPROC mode, which stasis cannot checkpoint".into(),
+        ));
+    }
+    if t.c_line != 0 {
+        return Err(refuse(format!(
+            "its slave uses line discipline {}, stasis knows only N_TTY (0)",
+            t.c_line
+        )));
+    }
+    if packet && state.priority {
+        return Err(refuse(
+            "a packet-mode control status waits to be read; read it and dump again".into(),
+        ));
+    }
+    let slave_held = holders(index, &[])
+        .iter()
+        .any(|h| matches!(h.2, End::Slave(_)));
+    if !state.hangup && !slave_held {
+        return Err(refuse(format!("its slave /dev/pts/{index} has never been opened, a state stasis cannot restore; dump once the slave is open")));
+    }
+    if stasis_kernel::probe::effective_caps() & (1 << stasis_sys::CAP_SYS_ADMIN) == 0 {
+        // Without it TIOCSTI fails, and bytes read could not be put back.
+        return Err(refuse(
+            "putting its queued bytes back (TIOCSTI) needs CAP_SYS_ADMIN; run stasis as root"
+                .into(),
+        ));
+    }
+    let locked = tty::locked(m).map_err(io("TIOCGPTLCK"))?;
+    if locked {
+        tty::set_locked(m, false).map_err(io("TIOCSPTLCK"))?;
+    }
+    let slave = tty::open_peer(m, libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC);
+    if locked {
+        tty::set_locked(m, true).map_err(io("TIOCSPTLCK"))?;
+    }
+    let slave = slave.map_err(io("TIOCGPTPEER"))?;
+    let s = slave.as_fd();
+    let ws = tty::winsize(m).map_err(io("TIOCGWINSZ"))?;
+    let master_exclusive = tty::exclusive(m).map_err(io("TIOCGEXCL"))?;
+    let slave_exclusive = tty::exclusive(s).map_err(io("TIOCGEXCL"))?;
+    let (lines, rest, output) =
+        take_queues(m, s, &t, packet).map_err(io("reading queued bytes"))?;
+    let held = lines.iter().map(Vec::len).sum::<usize>() + rest.len();
+    if held >= N_TTY_BUF_SIZE - 1 || output.len() >= N_TTY_BUF_SIZE - 1 {
+        return Err(refuse(format!("{held} bytes are queued to the slave and {} to the master; a line discipline holds at most {} (more may wait in the kernel): let the program read them, then dump", output.len(), N_TTY_BUF_SIZE - 1)));
+    }
+    let holders = ctty_holders(slave_rdev(index));
+    let session = holders.first().map(|&(_, sid, fg)| PtySession {
+        sid,
+        foreground: fg,
+    });
+    cx.ptys
+        .ctty_of
+        .insert(index, holders.iter().map(|h| h.0).collect());
+    let pair = PtyPair {
+        index,
+        termios: image_termios(&t),
+        winsize: [ws.ws_row, ws.ws_col, ws.ws_xpixel, ws.ws_ypixel],
+        locked,
+        packet,
+        master_exclusive,
+        slave_exclusive,
+        slave_closed: state.hangup,
+        input_lines: lines,
+        input: rest,
+        output,
+        session,
+    };
+    cx.ptys.pairs.insert(index, pair.clone());
+    Ok(pair)
+}
+
+/// Reads the bytes queued each way (the slave's input: canonical lines and
+/// the rest; the master's input) and puts them back at once.
+#[allow(clippy::type_complexity)]
+fn take_queues(
+    m: BorrowedFd<'_>,
+    s: BorrowedFd<'_>,
+    t: &Termios2,
+    packet: bool,
+) -> std::io::Result<(Vec<Vec<u8>>, Vec<u8>, Vec<u8>)> {
+    let mut lines = Vec::new();
+    if t.c_lflag & libc::ICANON != 0 {
+        // One line per read; an empty one is an end-of-file.
+        while let Some(l) = read_some(s, N_TTY_BUF_SIZE)? {
+            lines.push(l);
+            if lines.len() > N_TTY_BUF_SIZE {
+                break;
+            }
+        }
+    }
+    tty::set_termios(s, &drain_termios(t))?;
+    let mut rest = Vec::new();
+    while let Some(b) = read_some(s, N_TTY_BUF_SIZE).transpose() {
+        let b = b?;
+        if b.is_empty() || rest.len() > N_TTY_BUF_SIZE {
+            break;
+        }
+        rest.extend_from_slice(&b);
+    }
+    let output = read_master(m, packet);
+    let back = put_back(m, s, t, (&lines, &rest), output.as_deref().unwrap_or(&[]));
+    let output = output?;
+    back?;
+    Ok((lines, rest, output))
+}
+
+/// One `read` of up to `max` bytes (`None`: nothing to read, `EAGAIN`).
+fn read_some(fd: BorrowedFd<'_>, max: usize) -> std::io::Result<Option<Vec<u8>>> {
+    let mut buf = vec![0u8; max];
+    loop {
+        match nix::unistd::read(std::os::fd::AsRawFd::as_raw_fd(&fd), &mut buf) {
+            Ok(k) => {
+                buf.truncate(k);
+                return Ok(Some(buf));
+            }
+            Err(nix::errno::Errno::EAGAIN) => return Ok(None),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// The bytes the master reads next (without the packet-mode status byte
+/// of each read). The master's description is the program's, maybe
+/// blocking: only what `FIONREAD` says is there is read.
+fn read_master(m: BorrowedFd<'_>, packet: bool) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    while tty::poll_now(m)?.readable {
+        let n = tty::queued(m)?;
+        if n == 0 || out.len() > N_TTY_BUF_SIZE {
+            break;
+        }
+        let Some(b) = read_some(m, n + usize::from(packet))? else {
+            break;
+        };
+        out.extend_from_slice(if packet {
+            b.get(1..).unwrap_or(&[])
+        } else {
+            &b
+        });
+    }
+    Ok(out)
+}
+
+/// Refuses what a restore could not rebuild: a slave whose master is
+/// outside the tree, a pair or controlling terminal shared with a process
+/// outside it, a session leader without a slave fd of its terminal.
+pub fn check_external(cx: &SaveCtx, tree: &[i32]) -> Result<(), SaveError> {
+    let p = &cx.ptys;
+    for &(pid, fd, index) in &p.slaves {
+        if !p.pairs.contains_key(&index) {
+            return Err(SaveError::Unsupported {
+                pid,
+                what: format!("fd {fd} is /dev/pts/{index}, a terminal whose master is not held by the dumped tree (an interactive terminal, say); redirect the program's stdin/stdout/stderr to files (or /dev/null), or dump the process holding the master (/dev/ptmx) with it"),
+            });
+        }
+    }
+    let holder_of = |index: u32| {
+        p.slaves
+            .iter()
+            .find(|s| s.2 == index)
+            .map_or(tree[0], |s| s.0)
+    };
+    for (index, pair) in &p.pairs {
+        if let Some(&(pid, fd, _)) = holders(*index, tree).first() {
+            return Err(SaveError::Unsupported {
+                pid: holder_of(*index),
+                what: format!("pty {index} is also held by process {pid} (fd {fd}), which is outside the dumped tree (dump their common ancestor)"),
+            });
+        }
+        let outside = p
+            .ctty_of
+            .get(index)
+            .and_then(|v| v.iter().find(|x| !tree.contains(x)));
+        if let (Some(out), Some(s)) = (outside, &pair.session) {
+            return Err(SaveError::Unsupported {
+                pid: holder_of(*index),
+                what: format!("pty {index} is the controlling terminal of session {}, which process {out} outside the dumped tree belongs to (dump the session's leader with it)", s.sid),
+            });
+        }
+        if let Some(s) = &pair.session {
+            if !p
+                .slaves
+                .iter()
+                .any(|&(pid, _, i)| pid == s.sid && i == *index)
+            {
+                return Err(SaveError::Unsupported {
+                    pid: s.sid,
+                    what: format!("it leads session {} whose controlling terminal is pty {index}, but holds no fd of that terminal's slave, through which a restore would make it its terminal again", s.sid),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// How process `pid` (of group `pgid`, with the saved fds `fds`) takes
+/// its controlling terminal back: the fd of a slave of the pty whose
+/// session it leads, and the foreground group to set when it is not its
+/// own (`None`: it leads no session with a pty of the image).
+pub fn ctty_plan(
+    cx: &RestoreCtx<'_>,
+    (pid, pgid): (i32, i32),
+    fds: &[FdImage],
+) -> Result<Option<(i32, Option<i32>)>, RestoreError> {
+    let Some((index, s)) = cx.ptys.images.iter().find_map(|(i, pair)| {
+        pair.session
+            .as_ref()
+            .filter(|s| s.sid == pid)
+            .map(|s| (*i, s))
+    }) else {
+        return Ok(None);
+    };
+    let fd = fds
+        .iter()
+        .find(|f| matches!(f.kind, FdKind::PtySlave { index: i } if i == index))
+        .ok_or_else(|| {
+            RestoreError::Inconsistent(format!(
+                "process {pid} leads the session of pty {index} but holds no slave fd of it"
+            ))
+        })?;
+    let fg = (s.foreground != pgid && s.foreground > 0).then_some(s.foreground);
+    Ok(Some((fd.fd, fg)))
+}
+
+/// Makes the saved pty the controlling terminal of the session process
+/// `p` leads (run by `p` itself, once its fds exist, [`ctty_plan`]):
+/// `TIOCSCTTY` on one of its slave fds, then `TIOCSPGRP` when another
+/// group was in the foreground.
+pub fn restore_ctty<R: Remote>(
+    cx: &RestoreCtx<'_>,
+    r: &mut R,
+    at: Scratch,
+    p: &ProcessImage,
+) -> Result<(), RestoreError> {
+    match ctty_plan(cx, (p.pid, p.pgid), &p.fds)? {
+        Some((fd, fg)) => set_ctty(r, at, fd, fg),
+        None => Ok(()),
+    }
+}
+
+/// `ioctl(fd, TIOCSCTTY, 0)`, then `ioctl(fd, TIOCSPGRP, &fg)`, in the
+/// process behind `r`.
+fn set_ctty<R: Remote>(
+    r: &mut R,
+    at: Scratch,
+    fd: i32,
+    fg: Option<i32>,
+) -> Result<(), RestoreError> {
+    let n = u64::from(fd.unsigned_abs());
+    r.sys("ioctl(TIOCSCTTY)", libc::SYS_ioctl, &[n, TIOCSCTTY, 0])
+        .map_err(step(format!(
+            "making the pty of fd {fd} the controlling terminal"
+        )))?;
+    if let Some(g) = fg {
+        let a = r
+            .put(at.structs, &g.to_le_bytes())
+            .map_err(step("foreground group"))?;
+        r.sys("ioctl(TIOCSPGRP)", libc::SYS_ioctl, &[n, TIOCSPGRP, a])
+            .map_err(step(format!(
+                "setting the foreground group {g} of the pty of fd {fd}"
+            )))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use stasis_kernel::remote::Recorder;
+
+    use super::*;
+
+    fn live_pair() -> (OwnedFd, OwnedFd) {
+        let m = tty::open_ptmx(libc::O_NONBLOCK).unwrap();
+        tty::set_locked(m.as_fd(), false).unwrap();
+        let s =
+            tty::open_peer(m.as_fd(), libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC).unwrap();
+        (m, s)
+    }
+
+    fn read_all(fd: BorrowedFd<'_>) -> Vec<Vec<u8>> {
+        std::iter::from_fn(|| read_some(fd, N_TTY_BUF_SIZE).unwrap()).collect()
+    }
+
+    #[test]
+    fn ends_devices_and_proc_fields() {
+        assert_eq!(end_of(libc::makedev(5, 2)), Some(End::Master));
+        assert_eq!(end_of(libc::makedev(5, 0)), None, "/dev/tty");
+        assert_eq!(end_of(libc::makedev(4, 1)), None, "/dev/tty1");
+        for i in [0, 7, 255, 256, 2047] {
+            assert_eq!(end_of(slave_rdev(i)), Some(End::Slave(i)));
+        }
+        assert_eq!(end_of(libc::makedev(144, 0)), None);
+        // /dev/pts/0 is tty_nr 34816 in /proc/PID/stat; /dev/pts/300 too.
+        assert_eq!(encode_dev(slave_rdev(0)), 34816);
+        assert_eq!(encode_dev(slave_rdev(300)), (137 << 8) | 44);
+        let stat = "42 (a (b) c) S 1 40 40 34817 41 4194560 9 0";
+        assert_eq!(ctty_fields(stat), Some((40, 34817, 41)));
+        assert_eq!(ctty_fields("42 (x) S 1 40"), None);
+        let info = "pos:\t0\nflags:\t02\nmnt_id:\t25\nino:\t2\ntty-index:\t17\n";
+        assert_eq!(master_index(info), Some(17));
+        assert_eq!(master_index("pos:\t0\n"), None);
+    }
+
+    #[test]
+    fn injection_escapes_data_and_keeps_terminators_and_flow_control() {
+        let mut t = Termios2 {
+            c_lflag: libc::ICANON | libc::ECHO | libc::ECHOE | libc::ISIG,
+            c_iflag: libc::ICRNL | libc::IXON | libc::ISTRIP,
+            ..Termios2::default()
+        };
+        t.c_cc[libc::VEOF] = 4;
+        t.c_cc[libc::VEOL] = b'#';
+        t.c_cc[libc::VEOL2] = b'@';
+        t.c_cc[libc::VSTART] = 0o21;
+        t.c_cc[libc::VSTOP] = 0o23;
+        t.c_cc[libc::VERASE] = 0o177;
+        let (x, lnext) = inject_termios(&t);
+        assert_eq!(x.c_lflag, libc::ICANON | libc::IEXTEN, "echo, signals off");
+        assert_eq!(x.c_iflag, libc::IXON, "only flow control kept");
+        assert_eq!(x.c_cc[libc::VLNEXT], lnext);
+        assert!(![b'\n', 4, b'#', b'@', 0o21, 0o23].contains(&lnext));
+        let erase = x.c_cc[libc::VERASE];
+        assert!(erase != lnext && ![b'\n', 4, b'#', b'@'].contains(&erase));
+        assert_eq!(drain_termios(&t).c_lflag & libc::ICANON, 0);
+        // '@' is no terminator without IEXTEN: an end-of-file follows it.
+        let lines = [b"a\n".to_vec(), b"b#".to_vec(), vec![], b"c@".to_vec()];
+        let plan = input_plan(&t, lnext, &lines, b"d\n");
+        let l = lnext;
+        assert_eq!(
+            plan,
+            [l, b'a', b'\n', l, b'b', b'#', 4, l, b'c', l, b'@', 4, l, b'd', l, b'\n']
+        );
+    }
+
+    #[test]
+    fn queued_bytes_are_read_and_put_back_exactly() {
+        let (m, s) = live_pair();
+        let mut t = tty::termios(s.as_fd()).unwrap();
+        t.c_cc[libc::VEOL] = b'#';
+        tty::set_termios(s.as_fd(), &t).unwrap();
+        // Typed at the terminal (processed now, with echo): lines ended by
+        // '\n', EOF (twice: an empty line), VEOL; an escaped '\n' (^V) in a
+        // line; an erase; a line still being typed.
+        tty::inject(s.as_fd(), b"one\ntwo\x04\x04three#esc\x16\naped\nhalx\x7f").unwrap();
+        tty::inject(s.as_fd(), b"f").unwrap();
+        // The master holds the echo (read to the end, which waits for it
+        // all, and pushed back) and then more.
+        let mut queued = read_all(m.as_fd()).concat();
+        assert!(queued.starts_with(b"one\r\n"), "{queued:?}");
+        queued.extend_from_slice(b"from the slave");
+        tty::inject(m.as_fd(), &queued).unwrap();
+        let (lines, rest, output) = take_queues(m.as_fd(), s.as_fd(), &t, false).unwrap();
+        let want: Vec<&[u8]> = vec![b"one\n", b"two", b"", b"three#", b"esc\naped\n"];
+        assert_eq!(lines, want);
+        assert_eq!(rest, b"half");
+        assert_eq!(output, queued);
+        // Put back: the same reads again, no new echo, the termios as it was.
+        assert_eq!(tty::termios(s.as_fd()).unwrap(), t);
+        assert_eq!(read_all(s.as_fd()), want);
+        assert_eq!(read_all(m.as_fd()).concat(), output, "no new echo");
+        tty::inject(s.as_fd(), b"\n").unwrap();
+        assert_eq!(read_all(s.as_fd()), [b"half\n"]);
+    }
+
+    fn image(t: &Termios2) -> PtyPair {
+        PtyPair {
+            index: 9,
+            termios: image_termios(t),
+            winsize: [40, 132, 1, 2],
+            locked: true,
+            packet: true,
+            master_exclusive: false,
+            slave_exclusive: true,
+            slave_closed: false,
+            input_lines: vec![],
+            input: b"raw\x03\x11bytes".to_vec(),
+            output: b"to the master".to_vec(),
+            session: None,
+        }
+    }
+
+    #[test]
+    fn a_pair_is_made_in_its_saved_state() {
+        let (_m, s) = live_pair();
+        let mut t = tty::termios(s.as_fd()).unwrap();
+        t.c_lflag &= !(libc::ICANON | libc::ECHO);
+        t.c_cc[libc::VMIN] = 1;
+        let p = image(&t);
+        let made = make_pair(&p).unwrap();
+        let m = made.master.as_fd();
+        fdops::set_status_flags(m, libc::O_NONBLOCK).unwrap();
+        assert!(tty::locked(m).unwrap() && tty::packet(m).unwrap());
+        let img = FdImage {
+            fd: 0,
+            flags: libc::O_RDWR.unsigned_abs() | libc::O_NONBLOCK.unsigned_abs(),
+            cloexec: false,
+            shared_id: None,
+            locks: vec![],
+            kind: FdKind::PtySlave { index: 9 },
+        };
+        let s = made.open_slave(&img).unwrap();
+        assert!(tty::locked(m).unwrap(), "locked again");
+        assert_eq!(tty::termios(s.as_fd()).unwrap(), t);
+        let ws = tty::winsize(s.as_fd()).unwrap();
+        assert_eq!(
+            [ws.ws_row, ws.ws_col, ws.ws_xpixel, ws.ws_ypixel],
+            p.winsize
+        );
+        assert!(tty::exclusive(s.as_fd()).unwrap() && !tty::exclusive(m).unwrap());
+        // ^C and ^Q reached the input as data: no signal, no flow control.
+        assert_eq!(read_all(s.as_fd()).concat(), p.input);
+        let mut packet = vec![0u8];
+        packet.extend_from_slice(&p.output);
+        assert_eq!(read_all(m).concat(), packet, "TIOCPKT_DATA, then the bytes");
+    }
+
+    #[test]
+    fn canonical_lines_come_back_line_by_line() {
+        let (_m, s) = live_pair();
+        let t = tty::termios(s.as_fd()).unwrap();
+        let mut p = image(&t);
+        (p.locked, p.packet) = (false, false);
+        p.input_lines = vec![b"a\n".to_vec(), vec![], b"b".to_vec()];
+        p.input = b"c".to_vec();
+        let made = make_pair(&p).unwrap();
+        let s = made.keeper_for_tests();
+        assert_eq!(read_all(s), [&b"a\n"[..], b"", b"b"]);
+        tty::inject(s, b"\n").unwrap();
+        assert_eq!(read_all(s), [b"c\n"]);
+    }
+
+    #[test]
+    fn a_session_leader_takes_its_terminal_back() {
+        let t = Termios2::default();
+        let mut p = image(&t);
+        p.session = Some(PtySession {
+            sid: 100,
+            foreground: 102,
+        });
+        let fd = |n: i32, kind: FdKind| FdImage {
+            fd: n,
+            flags: 2,
+            cloexec: false,
+            shared_id: None,
+            locks: vec![],
+            kind,
+        };
+        let fds = [
+            fd(3, FdKind::PtyMaster(p.clone())),
+            fd(0, FdKind::PtySlave { index: 9 }),
+        ];
+        let cx = RestoreCtx::new(&[], &[], fds.iter());
+        assert_eq!(
+            ctty_plan(&cx, (100, 100), &fds[1..]).unwrap(),
+            Some((0, Some(102)))
+        );
+        assert_eq!(
+            ctty_plan(&cx, (100, 102), &fds[1..]).unwrap(),
+            Some((0, None))
+        );
+        assert_eq!(ctty_plan(&cx, (101, 101), &fds[1..]).unwrap(), None);
+        let e = ctty_plan(&cx, (100, 100), &fds[..1])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("holds no slave fd"), "{e}");
+        let mut r = Recorder::default();
+        set_ctty(&mut r, Scratch { structs: 64 }, 0, Some(102)).unwrap();
+        assert_eq!(r.args_of("ioctl(TIOCSCTTY)"), [vec![0, TIOCSCTTY, 0]]);
+        let a = r.scratch() + 64;
+        assert_eq!(r.args_of("ioctl(TIOCSPGRP)"), [vec![0, TIOCSPGRP, a]]);
+        assert_eq!(r.writes()[0], 102i32.to_le_bytes());
+    }
+}
