@@ -219,6 +219,19 @@ fn dump_round(c: &mut Conn, cfg: &AgentConfig, o: &DumpOrder) -> Result<(), Clus
             error: e.to_string(),
         });
     }
+    match crate::peers::outside_peers(&o.pids, &o.hosts) {
+        Ok(bad) if bad.is_empty() => {}
+        Ok(bad) => {
+            return c.send(&Msg::Failed {
+                error: format!("connections outside job {}: {}", o.job, bad.join("; ")),
+            })
+        }
+        Err(e) => {
+            return c.send(&Msg::Failed {
+                error: e.to_string(),
+            })
+        }
+    }
     // A coordinator that hangs must not keep the trees frozen for ever.
     let _ = c.stream().set_read_timeout(Some(ROUND_TIMEOUT));
     let round = Arc::new(Round::default());
