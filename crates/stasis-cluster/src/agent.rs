@@ -485,17 +485,35 @@ fn restore_plan(cfg: &AgentConfig, o: &RestoreOrder) -> Result<Vec<(i32, u32)>, 
 }
 
 /// The restored root is our child: reaps it when it ends, so it leaves
-/// no zombie behind.
+/// no zombie behind. It waits for the end on a pidfd first, never in
+/// `waitpid` while the process lives: a later dump by this agent traces
+/// the root, and a `waitpid` of any thread of ours would take the ptrace
+/// stops meant for the dumping thread (which would then wait for ever).
 fn reap_later(pid: i32) {
     std::thread::spawn(move || {
+        let Ok(pfd) = stasis_kernel::pidfd::pidfd_open(pid) else {
+            return;
+        };
+        loop {
+            let mut fds = [nix::poll::PollFd::new(
+                std::os::fd::AsFd::as_fd(&pfd),
+                nix::poll::PollFlags::POLLIN,
+            )];
+            match nix::poll::poll(&mut fds, nix::poll::PollTimeout::NONE) {
+                Ok(n) if n > 0 => break,
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(_) => return,
+            }
+        }
         let p = nix::unistd::Pid::from_raw(pid);
         loop {
-            match nix::sys::wait::waitpid(p, None) {
+            match nix::sys::wait::waitpid(p, Some(nix::sys::wait::WaitPidFlag::__WALL)) {
                 Err(nix::errno::Errno::EINTR) => {}
                 Ok(s) => {
                     tracing::info!("restored tree {pid} ended: {s:?}");
                     break;
                 }
+                // Reaped by a tracer of ours already.
                 Err(_) => break,
             }
         }

@@ -21,7 +21,7 @@ struct Job {
     agents: Vec<Agent>,
     nodes: Vec<Node>,
     tf: std::path::PathBuf,
-    _d: tempfile::TempDir,
+    d: tempfile::TempDir,
 }
 
 impl Job {
@@ -57,7 +57,7 @@ impl Job {
             agents,
             nodes,
             tf,
-            _d: d,
+            d,
         };
         job.wait_traffic(1 << 20);
         job
@@ -67,13 +67,21 @@ impl Job {
     fn wait_traffic(&self, more: u64) {
         let t0 = std::time::Instant::now();
         let mut base = None;
-        wait_until(Duration::from_secs(120), "traffic on every link", || {
-            let Some(now) = rx_bytes(&self.nodes) else {
-                return false;
-            };
-            let b = base.get_or_insert_with(|| now.clone());
-            now.iter().zip(b.iter()).all(|(n, b)| n - b >= more)
-        });
+        let mut last = None;
+        loop {
+            if let Some(now) = rx_bytes(&self.nodes) {
+                let b = base.get_or_insert_with(|| now.clone());
+                if now.iter().zip(b.iter()).all(|(n, b)| n - b >= more) {
+                    break;
+                }
+                last = Some(now);
+            }
+            if t0.elapsed() > Duration::from_secs(120) {
+                self.diagnose();
+                panic!("no traffic on every link after 120 s: from {base:?} to {last:?}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         eprintln!("{more} more bytes on every link after {:?}", t0.elapsed());
     }
 
@@ -90,6 +98,81 @@ impl Job {
             .iter()
             .flat_map(|a| ["--target".to_string(), a.addr.clone()])
             .collect()
+    }
+
+    /// Prints what a stuck job looks like: each node's state and tracer,
+    /// each host's connections.
+    fn diagnose(&self) {
+        for n in &self.nodes {
+            let st = std::fs::read_to_string(format!("/proc/{}/status", n.pid)).unwrap_or_default();
+            let pick: Vec<&str> = st
+                .lines()
+                .filter(|l| l.starts_with("State") || l.starts_with("TracerPid"))
+                .collect();
+            eprintln!("node {}: {pick:?}", n.pid);
+            // Who traces it, and where that thread stands.
+            let tracer = st
+                .lines()
+                .find_map(|l| l.strip_prefix("TracerPid:\t"))
+                .and_then(|t| t.trim().parse::<i32>().ok())
+                .filter(|&t| t > 0);
+            if let Some(t) = tracer {
+                let tgid = std::fs::read_to_string(format!("/proc/{t}/status"))
+                    .unwrap_or_default()
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Tgid:\t").map(|x| x.trim().to_string()))
+                    .unwrap_or_default();
+                let o = std::process::Command::new("gdb")
+                    .args(["-batch", "-p", &tgid, "-ex", "thread apply all bt 30"])
+                    .output();
+                if let Ok(o) = o {
+                    eprintln!(
+                        "tracer {t} (process {tgid}):\n{}",
+                        String::from_utf8_lossy(&o.stdout)
+                    );
+                }
+            }
+        }
+        for ns in &self.hosts.hosts {
+            let o = std::process::Command::new("ip")
+                .args(["netns", "exec", ns, "ss", "-tnio"])
+                .output()
+                .unwrap();
+            eprintln!("{ns}:\n{}", String::from_utf8_lossy(&o.stdout));
+        }
+    }
+
+    /// Starts agent `i` again (same directory, same address).
+    fn restart_agent(&mut self, i: usize) {
+        self.agents[i].kill();
+        let listen = format!("{}:{AGENT_PORT}", Hosts::addr(i));
+        let dir = self.d.path().join(format!("agent{i}"));
+        self.agents[i] = Agent::start(&dir, &self.tf, &listen, Some(&self.hosts.hosts[i]));
+    }
+
+    /// The complete rounds (held by every tree).
+    fn complete(&self) -> Vec<u64> {
+        let mut args = vec!["inspect", "--job", "mesh"];
+        let t = self.agent_targets();
+        args.extend(t.iter().map(String::as_str));
+        let o = cluster_in(Some(&self.hosts.hosts[0]), &self.tf, &args);
+        assert_ok(&o, "cluster inspect");
+        serde_json::from_value(json(&o)["complete"].clone()).unwrap()
+    }
+
+    /// Starts `cluster dump` with `extra` (not waiting for it).
+    fn spawn_dump(&self, extra: &[&str]) -> std::process::Child {
+        let mut c = std::process::Command::new("ip");
+        c.args(["netns", "exec", &self.hosts.hosts[0]])
+            .arg(env!("CARGO_BIN_EXE_stasis"))
+            .args(["cluster", "dump", "--job", "mesh"])
+            .args(extra)
+            .args(self.targets())
+            .arg("--token-file")
+            .arg(&self.tf)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        c.spawn().expect("stasis cluster dump")
     }
 
     fn dump(&self, extra: &[&str]) -> serde_json::Value {
@@ -134,6 +217,9 @@ impl Job {
                 "a killed node to be reaped",
                 || {
                     let _ = n.child.try_wait();
+                    // Restored by an agent since killed: an orphan, ours
+                    // (the test is a subreaper).
+                    reap_if_ours(n.pid);
                     !std::path::Path::new(&format!("/proc/{}", n.pid)).exists()
                 },
             );
@@ -151,7 +237,11 @@ impl Job {
         for (i, n) in self.nodes.iter_mut().enumerate() {
             wait_until(Duration::from_secs(300), "a node to end", || {
                 let _ = n.child.try_wait();
-                !alive(n.pid)
+                if !alive(n.pid) {
+                    reap_if_ours(n.pid);
+                    return true;
+                }
+                false
             });
             let out = n.out();
             assert_eq!(out.lines().last(), Some("PASS"), "node {i}:\n{out}");
@@ -231,5 +321,62 @@ fn twenty_cuts_while_the_mesh_runs_each_restorable() {
         assert_eq!(r["round"], round, "{r}");
         job.wait_traffic(2 << 20);
     }
+    job.finish();
+}
+
+/// SIGKILL the coordinator or an agent at a random instant of a round,
+/// twenty times: the job runs on (every link carries traffic again), a
+/// killed agent started again serves the next round, and the complete
+/// rounds grow by at most one each time (a round is complete on every
+/// tree or on none, as far as a restore can see). At the end the job is
+/// killed and restored from the newest complete round, and passes its own
+/// checks (every byte, every sequence number exactly once).
+/// (A job process SIGKILLed during a round, then the job restored from
+/// the newest complete round, is not here yet: one such run left a
+/// restored link retransmitting for ever; see the issue tracker.)
+#[test]
+fn rounds_killed_at_random_leave_the_job_running_or_restorable() {
+    let mut job = Job::start("r");
+    job.dump(&["--leave-running"]); // a first cut to fall back on
+    let mut rng = Rng(0x5eed_1234 ^ u64::from(std::process::id()));
+    for run in 0..20 {
+        let victim = run % 2; // the coordinator, an agent
+        let host = usize::try_from(rng.below(HOSTS as u64)).unwrap();
+        let delay = Duration::from_millis(rng.below(1500));
+        let before = job.complete();
+        let extra: &[&str] = if run % 2 == 0 {
+            &["--leave-running", "--concurrent"]
+        } else {
+            &["--leave-running"]
+        };
+        let mut coord = job.spawn_dump(extra);
+        std::thread::sleep(delay); // a random instant, not a wait for a condition
+        let what = match victim {
+            0 => {
+                let _ = coord.kill();
+                "the coordinator".to_string()
+            }
+            _ => {
+                job.agents[host].kill();
+                format!("agent {host}")
+            }
+        };
+        let st = coord.wait().unwrap();
+        if victim == 1 {
+            job.restart_agent(host);
+        }
+        let after = job.complete();
+        eprintln!("run {run}: killed {what} after {delay:?}; coordinator {st}; complete rounds {before:?} -> {after:?}");
+        assert!(
+            after.len() >= before.len() && after.len() <= before.len() + 1,
+            "complete rounds went from {before:?} to {after:?}"
+        );
+        job.wait_traffic(1 << 20);
+    }
+    let last = *job.complete().last().unwrap();
+    job.kill_all();
+    let r = job.restore(None);
+    assert_eq!(r["round"], last, "{r}");
+    job.wait_traffic(4 << 20);
     job.finish();
 }
