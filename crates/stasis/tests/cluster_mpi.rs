@@ -30,8 +30,6 @@ const RANKS: usize = 6;
 const SUBNET: &str = "10.216.0";
 const AGENT_PORT: u16 = 7700;
 const RSH_PORT: u16 = 7222;
-const PROG: &str = "sor";
-const ARGS: [&str; 2] = ["512", "4000"];
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -56,14 +54,14 @@ fn mpi_available() -> bool {
     })
 }
 
-/// The MPI program and the rsh pair, built into the target directory.
-fn build() -> PathBuf {
+/// The MPI program `prog` and the rsh pair, built into the target directory.
+fn build(prog: &str) -> PathBuf {
     let bin = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("mpi-workloads");
     let st = Command::new("make")
         .args(["-s", "-C"])
         .arg(repo().join("tests/workloads/mpi"))
         .arg(format!("OUT={}", bin.display()))
-        .args([PROG, "rsh", "rshd"].map(|p| bin.join(p)))
+        .args([prog, "rsh", "rshd"].map(|p| bin.join(p)))
         .status()
         .expect("running make for the MPI workloads");
     assert!(st.success(), "building the MPI workloads failed");
@@ -93,6 +91,8 @@ fn comm_and_cpu(pid: i32) -> Option<(String, u64)> {
 /// (and whatever runs in the hosts) is killed and removed on drop.
 struct Cluster {
     prefix: String,
+    prog: &'static str,
+    args: &'static [&'static str],
     bin: PathBuf,
     dir: tempfile::TempDir,
     tf: PathBuf,
@@ -101,12 +101,14 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn start(bin: PathBuf) -> Cluster {
+    /// `tag` keeps the hosts of the tests of this binary apart.
+    fn start(tag: &str, prog: &'static str, args: &'static [&'static str]) -> Cluster {
+        let bin = build(prog);
         // Orphans of the killed job come to this process, which reaps them
         // so that their PIDs are free for the restore.
         // SAFETY: prctl with integer arguments.
         unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-        let prefix = format!("stasis-cm{}-h", std::process::id());
+        let prefix = format!("stasis-cm{}{tag}-h", std::process::id());
         let dir = tempfile::Builder::new()
             .prefix("stasis-cluster-mpi-")
             .tempdir()
@@ -114,6 +116,8 @@ impl Cluster {
         let tf = token_file(dir.path(), TOKEN);
         let mut c = Cluster {
             prefix,
+            prog,
+            args,
             bin,
             dir,
             tf,
@@ -140,7 +144,8 @@ impl Cluster {
             let l = lines.wait_for(Duration::from_secs(30), |l| l.contains("listening"));
             let v: serde_json::Value = serde_json::from_str(&l).unwrap();
             assert_eq!(v["host"], c.host(i).as_str(), "the agent's hostname: {l}");
-            c.agents.push((child, v["listening"].as_str().unwrap().to_string()));
+            c.agents
+                .push((child, v["listening"].as_str().unwrap().to_string()));
         }
         for i in 1..HOSTS {
             let mut r = c.on_host(i, &c.bin.join("rshd"));
@@ -148,7 +153,9 @@ impl Cluster {
                 .stdout(Stdio::piped());
             let mut child = r.spawn().expect("starting rshd");
             let mut lines = Lines::new(child.stdout.take().unwrap());
-            lines.wait_for(Duration::from_secs(30), |l| l.starts_with("rshd: listening"));
+            lines.wait_for(Duration::from_secs(30), |l| {
+                l.starts_with("rshd: listening")
+            });
             c.rshds.push((child, lines));
         }
         c
@@ -190,8 +197,8 @@ impl Cluster {
             .args(["--mca", "pml", "ob1", "--mca", "btl", "tcp,self"])
             .args(["--mca", "btl_tcp_if_include", &subnet])
             .args(["--mca", "oob_tcp_if_include", &subnet])
-            .arg(self.bin.join(PROG))
-            .args(ARGS)
+            .arg(self.bin.join(self.prog))
+            .args(self.args)
             .stdout(f.try_clone().unwrap())
             .stderr(f);
         // SAFETY: setsid is async-signal-safe; the job gets a session of
@@ -216,6 +223,7 @@ impl Cluster {
             roots.push(pid);
         }
         Run {
+            prog: self.prog,
             out,
             child: Some(child),
             roots,
@@ -248,7 +256,11 @@ impl Cluster {
     /// Every restored root runs in its host's namespaces, with PID as saved.
     fn check_restored(&self, run: &Run, r: &serde_json::Value) {
         for (i, root) in run.roots.iter().enumerate() {
-            assert!(alive(*root), "root {root} of host {} not restored: {r}", i + 1);
+            assert!(
+                alive(*root),
+                "root {root} of host {} not restored: {r}",
+                i + 1
+            );
             let (agent, _) = &self.agents[i];
             for ns in ["net", "uts"] {
                 assert_eq!(
@@ -280,6 +292,7 @@ impl Drop for Cluster {
 
 /// One run of the job.
 struct Run {
+    prog: &'static str,
     out: PathBuf,
     child: Option<Child>,
     /// mpirun, then the root of each other host's tree.
@@ -307,7 +320,7 @@ impl Run {
         let mut cpu = 0;
         for p in self.processes() {
             if let Some((comm, t)) = comm_and_cpu(p) {
-                if comm == PROG {
+                if comm == self.prog {
                     n += 1;
                     cpu += t;
                 }
@@ -335,9 +348,11 @@ impl Run {
         self.child = None;
         for &p in pids {
             reap_if_ours(p);
-            wait_until(Duration::from_secs(60), "a process of the job to die", || {
-                !Path::new(&format!("/proc/{p}")).exists()
-            });
+            wait_until(
+                Duration::from_secs(60),
+                "a process of the job to die",
+                || !Path::new(&format!("/proc/{p}")).exists(),
+            );
         }
     }
 
@@ -348,12 +363,16 @@ impl Run {
             if let Some(c) = self.child.as_mut() {
                 let _ = c.try_wait();
             }
-            !alive(mpirun) && self.output().lines().any(|l| l.starts_with("PASS") || l.starts_with("FAIL"))
+            !alive(mpirun)
+                && self
+                    .output()
+                    .lines()
+                    .any(|l| l.starts_with("PASS") || l.starts_with("FAIL"))
         });
         let out = self.output();
         eprintln!("{out}");
         let last = out.lines().last().unwrap_or("").to_string();
-        assert!(last.starts_with(&format!("PASS {PROG} ")), "{out}");
+        assert!(last.starts_with(&format!("PASS {} ", self.prog)), "{out}");
         last
     }
 }
@@ -369,33 +388,43 @@ fn kill_all(run: &mut Run) -> Vec<i32> {
     all
 }
 
-#[test]
-fn an_mpi_job_over_three_hosts_is_checkpointed_killed_and_restored() {
+/// Runs `prog args` undisturbed, then checkpointed (kill), then
+/// checkpointed (concurrent, left running) and killed: each restored job
+/// must end with the undisturbed run's result line.
+fn checkpoint_restore(tag: &str, prog: &'static str, args: &'static [&'static str]) {
     if !mpi_available() {
         eprintln!("SKIPPED cluster_mpi: mpirun/mpicc not found; run scripts/setup.sh as root");
         return;
     }
-    let mut c = Cluster::start(build());
+    let mut c = Cluster::start(tag, prog, args);
     for i in 0..HOSTS {
         let host_net = ns_inode(&format!("/run/netns/{}", c.host(i)));
-        assert_eq!(ns_inode(&format!("/proc/{}/ns/net", c.agents[i].0.id())), host_net);
+        assert_eq!(
+            ns_inode(&format!("/proc/{}/ns/net", c.agents[i].0.id())),
+            host_net
+        );
     }
 
     // An undisturbed run: its result line, and how much CPU its ranks use.
     let mut plain = c.run("plain");
     let mut total = 0;
-    wait_until(Duration::from_secs(300), "the undisturbed run to end", || {
-        total = total.max(plain.ranks_cpu().1);
-        plain.child.as_mut().unwrap().try_wait().unwrap().is_some()
-    });
+    wait_until(
+        Duration::from_secs(300),
+        "the undisturbed run to end",
+        || {
+            total = total.max(plain.ranks_cpu().1);
+            plain.child.as_mut().unwrap().try_wait().unwrap().is_some()
+        },
+    );
     let expected = plain.finish();
     let want_hosts: Vec<String> = (0..HOSTS)
         .flat_map(|i| vec![c.host(i); RANKS / HOSTS])
         .collect();
     assert!(
-        plain
-            .output()
-            .contains(&format!("hosts: {HOSTS} distinct: {}", want_hosts.join(" "))),
+        plain.output().contains(&format!(
+            "hosts: {HOSTS} distinct: {}",
+            want_hosts.join(" ")
+        )),
         "{}",
         plain.output()
     );
@@ -412,7 +441,10 @@ fn an_mpi_job_over_three_hosts_is_checkpointed_killed_and_restored() {
     assert!(all.len() >= RANKS + 5, "{all:?}");
     let r = c.cluster(&["dump", "--job", "mpi-kill"], c.targets(Some(&run.roots)));
     assert_eq!(r["round"], 1, "{r}");
-    eprintln!("cluster dump (kill): freeze {} us, total {} us", r["freeze_us"], r["total_us"]);
+    eprintln!(
+        "cluster dump (kill): freeze {} us, total {} us",
+        r["freeze_us"], r["total_us"]
+    );
     run.wait_gone(&all);
     assert!(!run.output().contains("PASS"), "{}", run.output());
     let r = c.cluster(&["restore", "--job", "mpi-kill"], c.targets(None));
@@ -424,10 +456,19 @@ fn an_mpi_job_over_three_hosts_is_checkpointed_killed_and_restored() {
     // of the job is killed, and the job restored from that cut.
     let mut run = c.run("live");
     run.wait_cpu(total / 3);
-    let args = ["dump", "--job", "mpi-live", "--leave-running", "--concurrent"];
+    let args = [
+        "dump",
+        "--job",
+        "mpi-live",
+        "--leave-running",
+        "--concurrent",
+    ];
     let r = c.cluster(&args, c.targets(Some(&run.roots)));
     assert_eq!(r["round"], 1, "{r}");
-    eprintln!("cluster dump (concurrent): freeze {} us, total {} us", r["freeze_us"], r["total_us"]);
+    eprintln!(
+        "cluster dump (concurrent): freeze {} us, total {} us",
+        r["freeze_us"], r["total_us"]
+    );
     let (n, cpu) = run.ranks_cpu();
     assert_eq!(n, RANKS, "the job runs on after the dump");
     run.wait_cpu(cpu + total / 10);
@@ -444,4 +485,16 @@ fn an_mpi_job_over_three_hosts_is_checkpointed_killed_and_restored() {
         let st = a.wait().unwrap();
         assert_eq!(st.code(), Some(0), "stasis agent after SIGTERM: {st}");
     }
+}
+
+/// Red-black SOR: two halo exchanges with both neighbours per iteration.
+#[test]
+fn sor_over_three_hosts_is_checkpointed_killed_and_restored() {
+    checkpoint_restore("s", "sor", &["512", "5000"]);
+}
+
+/// N-queens: every phase ends in an `MPI_Iallreduce` of its counts.
+#[test]
+fn nqueens_over_three_hosts_is_checkpointed_killed_and_restored() {
+    checkpoint_restore("q", "nqueens", &["15", "10"]);
 }
