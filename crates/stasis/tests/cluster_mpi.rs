@@ -356,6 +356,24 @@ impl Run {
         }
     }
 
+    /// The output without its `time:` line (which counts the time the job
+    /// was stopped or dead), with the hostnames (the test's) as `H`, and
+    /// without mpirun's launch-time race warning "plm:rsh: Warning:
+    /// setpgid(CHILD,CHILD) failed in parent with errno=Permission denied"
+    /// (a race at launch, before any checkpoint: the rsh child had already
+    /// called exec, after its own `setpgid(0,0)`).
+    fn output_untimed(&self, prefix: &str) -> String {
+        self.output()
+            .lines()
+            .filter(|l| !l.starts_with("time: "))
+            .filter(|l| {
+                !(l.contains("plm:rsh: Warning: setpgid(") && l.contains("errno=Permission denied"))
+            })
+            .map(|l| l.replace(prefix, "H"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     /// Waits until the (restored) job ends: its result line.
     fn finish(&mut self) -> String {
         let mpirun = self.roots[0];
@@ -451,6 +469,11 @@ fn checkpoint_restore(tag: &str, prog: &'static str, args: &'static [&'static st
     c.check_restored(&run, &r);
     eprintln!("cluster restore: {r}");
     assert_eq!(run.finish(), expected);
+    // Nothing printed twice or lost: the whole output is the undisturbed one's.
+    assert_eq!(
+        run.output_untimed(&c.prefix),
+        plain.output_untimed(&c.prefix)
+    );
 
     // A concurrent dump that leaves the job running; then every process
     // of the job is killed, and the job restored from that cut.
@@ -478,6 +501,10 @@ fn checkpoint_restore(tag: &str, prog: &'static str, args: &'static [&'static st
     let r = c.cluster(&["restore", "--job", "mpi-live"], c.targets(None));
     c.check_restored(&run, &r);
     assert_eq!(run.finish(), expected);
+    assert_eq!(
+        run.output_untimed(&c.prefix),
+        plain.output_untimed(&c.prefix)
+    );
 
     for (a, _) in c.agents.iter_mut() {
         // SAFETY: signalling our own child.
