@@ -53,10 +53,15 @@
  *   summary: node I; peer J: tx M msgs B B, rx M msgs B B; peer K: ...
  * (payload bytes; unlike other workloads' output it depends on the run).
  *
- * --stats FILE: every 100 ms (and at ready and at the end), one JSON line
- * written to FILE.tmp and renamed to FILE:
- *   {"id":I,"pid":P,"phase":"setup|running|stopping|done","links":
- *    [{"peer":J,"tx_msgs":..,"tx_bytes":..,"rx_msgs":..,"rx_bytes":..},..]}
+ * --stats FILE: every 100 ms (and at ready and at the end), one JSON
+ * record rewritten in place (fixed length, padded with spaces) in FILE,
+ * which stays open for the whole run (so that a checkpoint never holds a
+ * temporary file that is renamed away before a restore):
+ *   {"seq":N,"id":I,"pid":P,"phase":"setup|running|stopping|done","links":
+ *    [{"peer":J,"tx_msgs":..,"tx_bytes":..,"rx_msgs":..,"rx_bytes":..},..],
+ *    "end":N}
+ * A reader that finds "seq" and "end" different read a record being
+ * rewritten and reads again.
  */
 #include "zdtm.h"
 
@@ -563,15 +568,23 @@ static void do_recv(struct link *l)
 
 static void write_stats(const char *phase)
 {
+	/* One record of fixed length rewritten in place (pwrite at 0) in a
+	 * file kept open for the whole run: a checkpoint never finds a
+	 * temporary file open (one renamed away before a restore could not
+	 * be reopened). "seq" and "end" carry the same number: a reader that
+	 * sees them differ read a record being rewritten, and reads again. */
 	static char buf[MAX_NODES * 160 + 256];
-	char tmp[PATH_MAX + 8];
+	static int fd = -1;
+	static unsigned long seq;
 	size_t n;
-	int i, fd, first = 1;
+	int i, first = 1;
 
 	if (!stats_path)
 		return;
-	n = snprintf(buf, sizeof(buf), "{\"id\":%d,\"pid\":%d,\"phase\":"
-		     "\"%s\",\"links\":[", me, (int)getpid(), phase);
+	seq++;
+	n = snprintf(buf, sizeof(buf), "{\"seq\":%lu,\"id\":%d,\"pid\":%d,"
+		     "\"phase\":\"%s\",\"links\":[", seq, me, (int)getpid(),
+		     phase);
 	for (i = 0; i < MAX_NODES; i++) {
 		struct link *l = &links[i];
 
@@ -586,11 +599,13 @@ static void write_stats(const char *phase)
 			      (unsigned long)l->rx_bytes);
 		first = 0;
 	}
-	n += snprintf(buf + n, sizeof(buf) - n, "]}\n");
-	snprintf(tmp, sizeof(tmp), "%s.tmp", stats_path);
-	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (fd < 0 || write(fd, buf, n) != (ssize_t)n || close(fd) ||
-	    rename(tmp, stats_path)) {
+	n += snprintf(buf + n, sizeof(buf) - n, "],\"end\":%lu}", seq);
+	/* Pad to the fixed length with spaces, ending in a newline. */
+	memset(buf + n, ' ', sizeof(buf) - 1 - n);
+	buf[sizeof(buf) - 1] = '\n';
+	if (fd < 0)
+		fd = open(stats_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	if (fd < 0 || pwrite(fd, buf, sizeof(buf), 0) != (ssize_t)sizeof(buf)) {
 		if (stats_failed++ == 0)
 			zdtm_fail("stats", "writing %s: %s", stats_path,
 				  strerror(errno));

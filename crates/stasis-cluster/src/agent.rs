@@ -35,15 +35,13 @@ pub struct AgentConfig {
 }
 
 /// Serves coordinators on `listener` until `stop` is set (checked every
-/// 100 ms). Finishes the commits a previous run left first.
+/// 100 ms). Call [`jobs::recover`] first, before saying the agent is
+/// ready: it finishes the commits a previous run left.
 pub fn serve(
     listener: TcpListener,
     cfg: AgentConfig,
     stop: &AtomicBool,
 ) -> Result<(), ClusterError> {
-    for line in jobs::recover(&cfg.dir)? {
-        tracing::info!("{line}");
-    }
     listener
         .set_nonblocking(true)
         .map_err(|source| ClusterError::Io {
@@ -219,6 +217,19 @@ fn dump_round(c: &mut Conn, cfg: &AgentConfig, o: &DumpOrder) -> Result<(), Clus
             error: e.to_string(),
         });
     }
+    match crate::peers::outside_peers(&o.pids, &o.hosts) {
+        Ok(bad) if bad.is_empty() => {}
+        Ok(bad) => {
+            return c.send(&Msg::Failed {
+                error: format!("connections outside job {}: {}", o.job, bad.join("; ")),
+            })
+        }
+        Err(e) => {
+            return c.send(&Msg::Failed {
+                error: e.to_string(),
+            })
+        }
+    }
     // A coordinator that hangs must not keep the trees frozen for ever.
     let _ = c.stream().set_read_timeout(Some(ROUND_TIMEOUT));
     let round = Arc::new(Round::default());
@@ -300,6 +311,7 @@ fn dump_round(c: &mut Conn, cfg: &AgentConfig, o: &DumpOrder) -> Result<(), Clus
             if let Err(e) = jobs::record_decision(&cfg.dir, &o.job, &d) {
                 return abort_round(c, &round, threads, e.to_string());
             }
+            stasis_sys::fault::die_at(stasis_sys::fault::Point::DieAfterDecision);
             round.say(None, Some(Ok(())));
             threads
                 .into_iter()

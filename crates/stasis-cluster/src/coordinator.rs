@@ -191,6 +191,12 @@ pub fn dump(req: &DumpRequest, token: &[u8]) -> Result<CutReport, ClusterError> 
         .max()
         .unwrap_or(0)
         + 1;
+    // The job's hosts, as the coordinator reaches their agents.
+    let hosts: Vec<std::net::IpAddr> = agents
+        .iter()
+        .filter_map(|a| a.conn.stream().peer_addr().ok())
+        .map(|sa| sa.ip())
+        .collect();
     let t0 = Instant::now();
     for (a, (_, pids)) in agents.iter_mut().zip(&groups) {
         a.conn.send(&Msg::Dump(DumpOrder {
@@ -199,6 +205,7 @@ pub fn dump(req: &DumpRequest, token: &[u8]) -> Result<CutReport, ClusterError> 
             pids: pids.clone(),
             leave_running: req.leave_running,
             concurrent: req.concurrent,
+            hosts: hosts.clone(),
         }))?;
     }
     die_point();

@@ -98,10 +98,7 @@ pub fn rounds(root: &Path, job: &str) -> Result<Vec<TreeRounds>, ClusterError> {
         let image = ImageDir::open(&tree_dir(root, job, pid))?;
         let mut rounds = Vec::new();
         for n in image.checkpoints()? {
-            let Ok(ck) = image.load(Some(n)) else {
-                continue;
-            };
-            if let Some(c) = ck.manifest.cut.as_ref().filter(|c| c.job == job) {
+            if let Some(c) = image.cut_mark(n).filter(|c| c.job == job) {
                 rounds.push((c.round, n));
             }
         }

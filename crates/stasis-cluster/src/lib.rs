@@ -8,6 +8,7 @@ pub mod agent;
 pub mod coordinator;
 mod error;
 pub mod jobs;
+pub mod peers;
 pub mod protocol;
 
 pub use error::ClusterError;

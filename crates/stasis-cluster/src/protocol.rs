@@ -39,7 +39,7 @@
 //! (`Inspect` → `Jobs`) and numbers the new round one past the highest. Then:
 //!
 //! ```text
-//! coordinator -> agent   Dump { job, round, pids, leave_running, concurrent }
+//! coordinator -> agent   Dump { job, round, pids, leave_running, concurrent, hosts }
 //! agent -> coordinator   Frozen { frozen_us }      every tree of the agent frozen,
 //!                                                  its TCP connections locked and in
 //!                                                  repair mode, its state read
@@ -51,6 +51,11 @@
 //! agent -> coordinator   Committed { reports }
 //! ```
 //!
+//! 0. **Check.** Each agent first refuses (`Failed`, nothing touched) if a
+//!    TCP connection of its trees has its other end outside the job: not a
+//!    socket of these trees on this host, nor on one of the job's `hosts`
+//!    (the addresses of its agents). The error names the process, fd,
+//!    connection and peer.
 //! 1. **Freeze.** Each agent dumps its trees as `stasis dump` does, and stops
 //!    each dump when its tree is frozen and read: no process of the job runs
 //!    from the moment its host acks until every host has. Every TCP
@@ -160,6 +165,10 @@ pub struct DumpOrder {
     pub pids: Vec<i32>,
     pub leave_running: bool,
     pub concurrent: bool,
+    /// The addresses of every host of the job: a connection to a peer
+    /// elsewhere is refused before anything is touched.
+    #[serde(default)]
+    pub hosts: Vec<std::net::IpAddr>,
 }
 
 /// What one agent restores.
@@ -437,6 +446,7 @@ mod tests {
             pids: vec![10, 20],
             leave_running: true,
             concurrent: false,
+            hosts: vec!["10.0.0.1".parse().unwrap()],
         });
         c.send(&m).unwrap();
         assert_eq!(a.recv().unwrap(), Some(m));

@@ -81,6 +81,10 @@ pub const LOCK_NAME: &str = ".lock";
 pub const TEMP_PREFIX: &str = ".tmp-";
 /// Name of the manifest inside a checkpoint directory.
 pub const MANIFEST_NAME: &str = "manifest.bin";
+/// Name of the copy of a checkpoint's cut mark (`Manifest::cut`) kept
+/// beside its manifest, so that the rounds of a job are listed without
+/// decoding every manifest.
+pub const CUT_NAME: &str = "cut.json";
 
 /// First line of the marker file.
 const MARKER_FIRST_LINE: &str = "stasis image directory";
@@ -691,6 +695,17 @@ impl CheckpointBuilder {
             }
         }
         write_manifest(&self.temp_dir, manifest)?;
+        if let Some(c) = &manifest.cut {
+            use std::io::Write;
+            let path = self.temp_dir.join(CUT_NAME);
+            let text = serde_json::to_vec(c).map_err(|e| ImageError::Encode {
+                checkpoint: self.number,
+                reason: e.to_string(),
+            })?;
+            fsutil::create_file(&path)?
+                .write_all(&text)
+                .map_err(ImageError::io("write", &path))?;
+        }
         // fsync every file (packs were synced by finish(); this also covers
         // anything else the caller put in temp_dir()).
         sync_tree(&self.temp_dir)
@@ -780,6 +795,21 @@ impl ImageDir {
         }
         out.sort_by_key(|t| t.number);
         Ok(out)
+    }
+
+    /// The cut mark of checkpoint `n` from its `cut.json` (a few bytes),
+    /// without decoding its manifest: `None` if it has none (not part of a
+    /// cut) or it cannot be read.
+    pub fn cut_mark(&self, n: u32) -> Option<crate::manifest::CutMark> {
+        let path = self
+            .checkpoints_path()
+            .join(checkpoint_dir_name(n))
+            .join(CUT_NAME);
+        if !matches!(fsutil::kind(&path).ok()?, Kind::File) {
+            return None;
+        }
+        let text = fs::read(&path).ok().filter(|t| t.len() <= 4096)?;
+        serde_json::from_slice(&text).ok()
     }
 
     /// Commits a prepared checkpoint a dead process left (the decision to

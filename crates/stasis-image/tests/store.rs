@@ -570,6 +570,11 @@ fn prepared_checkpoints_are_invisible_until_committed_even_after_their_maker_die
     assert_eq!(b.commit_prepared().unwrap(), 2);
     assert_eq!(image.latest().unwrap(), Some(2));
     assert_eq!(image.load(None).unwrap().manifest.cut, m.cut);
+    // Its cut mark is readable without the manifest.
+    assert!(m.cut.is_some());
+    assert_eq!(image.cut_mark(2), m.cut);
+    assert_eq!(image.cut_mark(1).map(|c| c.round), Some(7));
+    assert_eq!(image.cut_mark(9), None);
 
     // A maker that dies after preparing: its temporary directory stays.
     let mut b = image.begin_checkpoint().unwrap();

@@ -11,6 +11,8 @@
 //! (`/SYSV…`, `(deleted)`, `[anon:…]`), and its stat keeps no exit code
 //! for a zombie; so the files Stasis needs are parsed here, once.)
 
+pub mod net;
+
 /// A `/proc` file whose content is not what the parser expected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]

@@ -12,7 +12,8 @@
 //! `die-after-kill`, deaths of a dump that kills the tree, between its
 //! commit and its kill, and halfway through the kill;
 //! `die-in-cluster-round`, the cluster coordinator after the Nth message it
-//! sends every agent in a round. Unset, a check is one
+//! sends every agent in a round; `die-after-decision`, a cluster agent
+//! between recording a round's decision and committing. Unset, a check is one
 //! `OnceLock` read.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,6 +37,9 @@ pub enum Point {
     /// The cluster coordinator, after each message of a round it sends to
     /// every agent (1: `Dump`, 2: `Release`, 3: `Commit`).
     DieInClusterRound,
+    /// A cluster agent, right after recording a round's decision, before
+    /// any commit.
+    DieAfterDecision,
 }
 
 impl Point {
@@ -47,6 +51,7 @@ impl Point {
             Point::DieAfterCommit => "die-after-commit",
             Point::DieAfterKill => "die-after-kill",
             Point::DieInClusterRound => "die-in-cluster-round",
+            Point::DieAfterDecision => "die-after-decision",
         }
     }
 }
@@ -75,7 +80,7 @@ pub fn check(point: Point) -> std::io::Result<()> {
 
 /// True on the pass through `point` that `STASIS_FAULT` names.
 fn hit(point: Point) -> bool {
-    static SEEN: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
+    static SEEN: [AtomicU64; 7] = [const { AtomicU64::new(0) }; 7];
     let Some((name, n)) = plan() else {
         return false;
     };
@@ -89,6 +94,7 @@ fn hit(point: Point) -> bool {
         Point::DieAfterCommit => 3,
         Point::DieAfterKill => 4,
         Point::DieInClusterRound => 5,
+        Point::DieAfterDecision => 6,
     };
     SEEN[i].fetch_add(1, Ordering::Relaxed) + 1 == *n
 }

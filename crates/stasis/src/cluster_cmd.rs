@@ -61,6 +61,12 @@ pub fn cmd_agent(a: AgentArgs) -> Result<ExitCode> {
             stop.store(true, Ordering::Relaxed);
         });
     }
+    // What a previous run left: commits decided and not done.
+    for line in stasis_cluster::jobs::recover(&a.dir)
+        .with_context(|| format!("recovering the jobs under {}", a.dir.display()))?
+    {
+        eprintln!("stasis agent: {line}");
+    }
     let listener = std::net::TcpListener::bind(&a.listen)
         .with_context(|| format!("listening on {}", a.listen))?;
     let addr = listener.local_addr()?;

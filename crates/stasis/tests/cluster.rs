@@ -207,3 +207,49 @@ fn a_coordinator_killed_at_each_phase_leaves_the_job_running_or_committed() {
     }
     w.finish_pass();
 }
+
+/// An agent killed between recording the decision and committing: the job
+/// runs on; started again on the same directory, the agent finishes the
+/// commit, and the round restores.
+#[test]
+fn an_agent_killed_after_the_decision_commits_when_it_starts_again() {
+    workloads();
+    let d = tempfile::tempdir().unwrap();
+    let tf = token_file(d.path(), TOKEN);
+    let dir = d.path().join("agent");
+    let mut agent = Agent::start_with(
+        &dir,
+        &tf,
+        "127.0.0.1:0",
+        None,
+        &[("STASIS_FAULT", "die-after-decision:1")],
+    );
+    let mut w = Workload::start("heap", &["16"]);
+    let t = format!("{}={}", agent.addr, w.pid);
+    let o = cluster(
+        &tf,
+        &["dump", "--job", "a", "--leave-running", "--target", &t],
+    );
+    assert_fails_with(&o, "closed the connection");
+    agent.kill();
+    assert!(alive(w.pid), "the job died with its agent");
+    wait_until(Duration::from_secs(10), "the tree to be untraced", || {
+        std::fs::read_to_string(format!("/proc/{}/status", w.pid))
+            .is_ok_and(|t| t.contains("TracerPid:\t0\n"))
+    });
+    // Nothing is committed yet: the checkpoint is prepared, invisible.
+    let tree = dir.join("jobs/a").join(w.pid.to_string());
+    assert!(!tree.join("latest").exists());
+    let agent = Agent::start(&dir, &tf, "127.0.0.1:0", None);
+    assert!(
+        tree.join("latest").exists(),
+        "the agent did not finish the commit"
+    );
+    let o = cluster(&tf, &["inspect", "--job", "a", "--target", &agent.addr]);
+    assert_ok(&o, "cluster inspect");
+    assert_eq!(json(&o)["complete"], serde_json::json!([1]));
+    kill_and_reap(&mut w);
+    let o = cluster(&tf, &["restore", "--job", "a", "--target", &agent.addr]);
+    assert_ok(&o, "cluster restore");
+    finish_pass_restored(&w);
+}

@@ -65,6 +65,7 @@ impl Job {
 
     /// Waits until every link has received `more` bytes beyond now.
     fn wait_traffic(&self, more: u64) {
+        let t0 = std::time::Instant::now();
         let mut base = None;
         wait_until(Duration::from_secs(120), "traffic on every link", || {
             let Some(now) = rx_bytes(&self.nodes) else {
@@ -73,6 +74,7 @@ impl Job {
             let b = base.get_or_insert_with(|| now.clone());
             now.iter().zip(b.iter()).all(|(n, b)| n - b >= more)
         });
+        eprintln!("{more} more bytes on every link after {:?}", t0.elapsed());
     }
 
     fn targets(&self) -> Vec<String> {
@@ -95,8 +97,10 @@ impl Job {
         args.extend_from_slice(extra);
         let t = self.targets();
         args.extend(t.iter().map(String::as_str));
+        let t0 = std::time::Instant::now();
         let o = cluster_in(Some(&self.hosts.hosts[0]), &self.tf, &args);
         assert_ok(&o, &format!("cluster dump {extra:?}"));
+        eprintln!("cluster dump {extra:?}: {:?}", t0.elapsed());
         json(&o)
     }
 
@@ -145,7 +149,7 @@ impl Job {
         }
         let mut sums = Vec::new();
         for (i, n) in self.nodes.iter_mut().enumerate() {
-            wait_until(Duration::from_secs(120), "a node to end", || {
+            wait_until(Duration::from_secs(300), "a node to end", || {
                 let _ = n.child.try_wait();
                 !alive(n.pid)
             });
@@ -196,7 +200,10 @@ fn mesh_over_three_hosts_dumped_killed_and_restored() {
 #[test]
 fn twenty_cuts_while_the_mesh_runs_each_restorable() {
     let mut job = Job::start("c");
-    let rounds = 20u64;
+    let rounds: u64 = std::env::var("STASIS_TEST_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(20);
     for round in 1..=rounds {
         let extra: &[&str] = if round % 2 == 0 {
             &["--leave-running", "--concurrent"]

@@ -730,3 +730,31 @@ fn a_dumper_killed_before_the_kill_leaves_redis_running() {
     assert_eq!(r.call(&[b"SHUTDOWN", b"NOSAVE"]), b"-read failed");
     assert_eq!(child.wait().unwrap().code(), Some(0));
 }
+
+/// A cluster round refuses, before touching anything, a tree with a TCP
+/// connection whose peer is not part of the job (here: this test, a
+/// client of redis), naming the connection; redis serves on.
+#[test]
+fn a_cluster_dump_refuses_a_connection_to_a_peer_outside_the_job() {
+    let d = tempfile::tempdir().unwrap();
+    let (mut child, pid, _port, mut admin, _clients) = redis_with_clients(d.path(), 1);
+    let _guard = KillOnDrop(pid);
+    let tf = common::cluster::token_file(d.path(), common::cluster::TOKEN);
+    let agent = common::cluster::Agent::start(&d.path().join("agent"), &tf, "127.0.0.1:0", None);
+    let o = common::cluster::cluster(
+        &tf,
+        &[
+            "dump",
+            "--job",
+            "r",
+            "--target",
+            &format!("{}={pid}", agent.addr),
+        ],
+    );
+    assert_fails_with(&o, "outside the job's trees");
+    assert_fails_with(&o, &format!("process {pid} fd"));
+    assert!(child.try_wait().unwrap().is_none(), "redis died");
+    check_keys(&mut admin);
+    assert_eq!(admin.call(&[b"SHUTDOWN", b"NOSAVE"]), b"-read failed");
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}

@@ -21,6 +21,17 @@ impl Agent {
     /// Starts an agent storing under `dir`, listening on `listen`, in
     /// network namespace `netns` if given.
     pub fn start(dir: &Path, token_file: &Path, listen: &str, netns: Option<&str>) -> Agent {
+        Agent::start_with(dir, token_file, listen, netns, &[])
+    }
+
+    /// [`Agent::start`] with environment variables (`STASIS_FAULT`...).
+    pub fn start_with(
+        dir: &Path,
+        token_file: &Path,
+        listen: &str,
+        netns: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> Agent {
         let mut c = match netns {
             Some(ns) => {
                 let mut c = Command::new("ip");
@@ -30,7 +41,8 @@ impl Agent {
             }
             None => stasis(),
         };
-        c.args(["agent", "--json", "--listen", listen, "--token-file"])
+        c.envs(env.iter().copied())
+            .args(["agent", "--json", "--listen", listen, "--token-file"])
             .arg(token_file)
             .arg("-D")
             .arg(dir)

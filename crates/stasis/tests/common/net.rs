@@ -132,6 +132,10 @@ impl Node {
     pub fn links(&self) -> Option<Vec<(u64, u64, u64)>> {
         let text = std::fs::read_to_string(self.dir.join("stats.json")).ok()?;
         let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+        // A record read while it was being rewritten.
+        if v["seq"] != v["end"] {
+            return None;
+        }
         v["links"]
             .as_array()?
             .iter()
