@@ -6,7 +6,10 @@
 # shell). It runs that command in HOST's network namespace and a fresh UTS
 # namespace named HOST, so the orted there sees itself on HOST. It execs
 # down to a shell running COMMAND: on each host the tree is
-# mpirun -> sh -> orted (one process tree across the hosts).
+# mpirun -> sh -> orted (one process tree across the hosts). For a job
+# whose hosts' parts are trees of their own (as with ssh on a cluster, so
+# that each host's stasis agent can checkpoint its part), use
+# `mpi-job.sh --rshd` (tests/workloads/mpi/rshd.c and rsh.c) instead.
 # Needs root.
 set -eu
 while [ $# -gt 0 ]; do

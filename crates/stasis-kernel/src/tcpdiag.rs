@@ -180,8 +180,19 @@ fn exchange(req: &[u8], mut each: impl FnMut(Reply) -> Result<bool>) -> Result<(
 /// addresses are `local` and `peer` (at most one live one, plus timewait
 /// remnants).
 pub fn sockets_of(local: DiagAddr, peer: DiagAddr) -> Result<Vec<TcpSock>> {
+    sockets_where(local.family, |m| {
+        m.id.sport == local.port
+            && m.id.dport == peer.port
+            && m.id.src == local.addr
+            && m.id.dst == peer.addr
+    })
+}
+
+/// Every TCP socket of family `family` in this network namespace for
+/// which `keep` holds.
+fn sockets_where(family: u8, keep: impl Fn(&InetDiagMsg) -> bool) -> Result<Vec<TcpSock>> {
     let req = InetDiagReqV2 {
-        family: local.family,
+        family,
         protocol: u8::try_from(libc::IPPROTO_TCP).unwrap_or(6),
         states: u32::MAX,
         ..Default::default()
@@ -196,21 +207,11 @@ pub fn sockets_of(local: DiagAddr, peer: DiagAddr) -> Result<Vec<TcpSock>> {
                     std::io::Error::from_raw_os_error(e),
                 ));
             }
-            out.extend(
-                r.msgs
-                    .into_iter()
-                    .filter(|m| {
-                        m.id.sport == local.port
-                            && m.id.dport == peer.port
-                            && m.id.src == local.addr
-                            && m.id.dst == peer.addr
-                    })
-                    .map(|m| TcpSock {
-                        state: m.state,
-                        inode: m.inode,
-                        id: m.id,
-                    }),
-            );
+            out.extend(r.msgs.into_iter().filter(|m| keep(m)).map(|m| TcpSock {
+                state: m.state,
+                inode: m.inode,
+                id: m.id,
+            }));
             Ok(r.done)
         },
     )?;
@@ -268,6 +269,43 @@ pub fn destroy_orphans(local: &[u8], peer: &[u8]) -> Result<Orphans> {
             o.destroyed += 1;
         } else {
             o.owned += 1;
+        }
+    }
+    Ok(o)
+}
+
+/// Closes every orphaned TCP socket (a timewait remnant, or a connection
+/// still closing) bound to the port of `local` (a raw `sockaddr_in` or
+/// `sockaddr_in6`) on its address, or on any address if `local` is a
+/// wildcard (for an IPv6 one, in both families: a dual-stack listener
+/// conflicts with IPv4 sockets too). These are what a listener's accepted
+/// connections leave when their process is killed: unless the listener
+/// had `SO_REUSEADDR` (which they inherit), they keep the port from being
+/// bound again for a minute. Sockets a process holds are never touched.
+pub fn destroy_port_orphans(local: &[u8]) -> Result<Orphans> {
+    let Some(l) = DiagAddr::from_raw(local) else {
+        return Ok(Orphans::default());
+    };
+    let wildcard = l.addr.iter().all(|b| *b == 0);
+    let v6 = u8::try_from(libc::AF_INET6).unwrap_or(10);
+    let v4 = u8::try_from(libc::AF_INET).unwrap_or(2);
+    let families: &[u8] = if wildcard && l.family == v6 {
+        &[v4, v6]
+    } else {
+        std::slice::from_ref(&l.family)
+    };
+    let mut o = Orphans::default();
+    for &family in families {
+        let found = sockets_where(family, |m| {
+            m.id.sport == l.port && (wildcard || (family == l.family && m.id.src == l.addr))
+        })?;
+        for s in found.iter().filter(|s| s.state != TCP_LISTEN) {
+            if s.is_orphan() {
+                destroy(family, &s.id)?;
+                o.destroyed += 1;
+            } else {
+                o.owned += 1;
+            }
         }
     }
     Ok(o)
@@ -379,5 +417,52 @@ mod tests {
         )
         .unwrap();
         assert!(left.is_empty(), "{left:?}");
+    }
+
+    /// Regression: the restore of Open MPI's PMIx listener (no
+    /// `SO_REUSEADDR`) failed with "port taken" after the job was killed:
+    /// its accepted connections' timewait sockets held the port. They are
+    /// found by port and closed; the port can be bound again.
+    #[test]
+    fn timewait_remnants_of_a_listener_are_closed_by_port() {
+        use std::io::Read;
+        use std::net::{TcpListener, TcpStream};
+        use std::os::fd::AsFd;
+        // A listener without SO_REUSEADDR (std's TcpListener sets it).
+        let (inet, stream) = (libc::AF_INET, libc::SOCK_STREAM);
+        let s = crate::sock::socket(inet, stream, 0).unwrap();
+        crate::sock::bind(s.as_fd(), &sin([127, 0, 0, 1], 0)).unwrap();
+        crate::fdops::listen(s.as_fd(), 8).unwrap();
+        let l = TcpListener::from(s);
+        let port = l.local_addr().unwrap().port();
+        let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (server, _) = l.accept().unwrap();
+        // The server side closes first: it ends in TIME_WAIT (or FIN_WAIT2).
+        drop(server);
+        let mut b = [0u8; 1];
+        assert_eq!(client.read(&mut b).unwrap(), 0);
+        drop(client);
+        drop(l);
+        let local = sin([127, 0, 0, 1], port);
+        let a = DiagAddr::from_raw(&local).unwrap();
+        let held = |a: DiagAddr| {
+            sockets_where(a.family, |m| m.id.sport == a.port)
+                .unwrap()
+                .into_iter()
+                .filter(|s| s.is_orphan())
+                .count()
+        };
+        assert!(held(a) >= 1, "no remnant on port {port}");
+        // SO_REUSEADDR is not enough against a remnant that had none.
+        let again = || {
+            let s = crate::sock::socket(inet, stream, 0).unwrap();
+            crate::sock::set_int(s.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR, 1).unwrap();
+            crate::sock::bind(s.as_fd(), &local).map(|()| s)
+        };
+        assert_eq!(again().unwrap_err().raw_os_error(), Some(libc::EADDRINUSE));
+        let o = destroy_port_orphans(&local).unwrap();
+        assert!(o.destroyed >= 1 && o.owned == 0, "{o:?}");
+        assert_eq!(held(a), 0);
+        again().expect("the port, free again");
     }
 }

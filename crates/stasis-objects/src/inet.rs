@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 
 use stasis_image::manifest::{FdImage, FdKind, InetSocket, InetState};
-use stasis_kernel::{fdops, scm, sock, KernelError};
+use stasis_kernel::{fdops, scm, sock, tcpdiag, KernelError};
 use stasis_sys::net::{TCP_CLOSE, TCP_ESTABLISHED, TCP_LISTEN};
 
 use crate::socket::{save_options, set_options};
@@ -131,6 +131,35 @@ pub(crate) fn bind(fd: i32, s: &OwnedFd, i: &InetSocket, what: String) -> Result
     })
 }
 
+/// Binds a listener to its port. If the port is taken, the orphaned sockets
+/// on it (timewait remnants of the connections it had accepted when its
+/// process was killed: without `SO_REUSEADDR` on the listener, which they
+/// inherit, they hold the port for a minute) are closed and the bind tried
+/// again; a port some process holds stays taken.
+fn bind_listener(fd: i32, s: &OwnedFd, i: &InetSocket) -> Result<(), RestoreError> {
+    let what = || format!("binding a listening socket (fd {fd})");
+    match bind(fd, s, i, what()) {
+        Err(RestoreError::PortTaken { .. }) => {
+            let o = tcpdiag::destroy_port_orphans(&i.local).map_err(|k| RestoreError::Step {
+                what: format!(
+                    "closing the orphaned sockets (of the processes that died) on the port of the listener of fd {fd}"
+                ),
+                source: k,
+            })?;
+            if o.destroyed > 0 {
+                tracing::info!(
+                    fd,
+                    port = port_of(&i.local),
+                    closed = o.destroyed,
+                    "closed the orphaned sockets holding a listener's port"
+                );
+            }
+            bind(fd, s, i, what())
+        }
+        r => r,
+    }
+}
+
 fn restore(cx: &mut RestoreCtx<'_>, fd: i32, i: &InetSocket) -> Result<OwnedFd, RestoreError> {
     let s = sock::socket(i.family, i.sock_type, i.protocol)?;
     let sock_err = |w: String| {
@@ -144,7 +173,7 @@ fn restore(cx: &mut RestoreCtx<'_>, fd: i32, i: &InetSocket) -> Result<OwnedFd, 
     match &i.state {
         InetState::Listening { backlog } => {
             let _ = sock::set_int(s.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR, 1);
-            bind(fd, &s, i, format!("binding a listening socket (fd {fd})"))?;
+            bind_listener(fd, &s, i)?;
             fdops::listen(s.as_fd(), i32::try_from(*backlog).unwrap_or(128))
                 .map_err(sock_err("listening".into()))?;
             set_options(&s, &i.options);

@@ -37,9 +37,17 @@ pub(crate) fn setfl_flags(flags: u32) -> i32 {
     i32::try_from(flags & SETFL_MASK).unwrap_or(0)
 }
 
-/// Flags to reopen a file with: what it had, minus creation flags.
+/// Flags to reopen a file with: what it had, minus the flags that only
+/// acted when it was opened (creation, and `O_NOFOLLOW`: `shm_open` sets
+/// it, and a reopen through `/proc/self/fd/N`, a symlink, would fail with
+/// `ELOOP`).
 pub fn reopen_flags(flags: u32) -> i32 {
-    let strip = (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY | libc::O_CLOEXEC)
+    let strip = (libc::O_CREAT
+        | libc::O_EXCL
+        | libc::O_TRUNC
+        | libc::O_NOCTTY
+        | libc::O_NOFOLLOW
+        | libc::O_CLOEXEC)
         .unsigned_abs();
     i32::try_from(flags & !strip).unwrap_or(0) | libc::O_CLOEXEC
 }

@@ -139,6 +139,33 @@ mod tests {
         assert_eq!(f, libc::O_WRONLY | libc::O_APPEND | libc::O_CLOEXEC);
     }
 
+    /// Regression: Open MPI's deleted `/dev/shm/open_mpi.0000` (from
+    /// `shm_open`, so `O_NOFOLLOW`) was reopened through `/proc/self/fd/N`
+    /// with `O_NOFOLLOW`, which fails with `ELOOP` on that symlink.
+    #[test]
+    fn reopen_flags_strip_nofollow() {
+        let saved =
+            (libc::O_RDWR | libc::O_NOFOLLOW | libc::O_LARGEFILE | libc::O_CLOEXEC).unsigned_abs();
+        let f = reopen_flags(saved);
+        assert_eq!(f & libc::O_NOFOLLOW, 0);
+        assert_eq!(f, libc::O_RDWR | libc::O_LARGEFILE | libc::O_CLOEXEC);
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = std::env::temp_dir().join(format!("stasis-nofollow-{}", std::process::id()));
+        let keep = std::fs::File::create(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let via = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&keep));
+        let reopen = |flags| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(flags)
+                .open(&via)
+        };
+        let e = reopen(reopen_flags(saved) | libc::O_NOFOLLOW).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ELOOP));
+        reopen(reopen_flags(saved)).expect("a deleted file reopened with the saved flags");
+    }
+
     #[test]
     fn cmsg_parsing() {
         let mut c = [0u8; 24];
