@@ -4,6 +4,7 @@
 #   clippy    cargo clippy --workspace --all-targets --locked -- -D warnings
 #   workloads the self-test of the C workloads (each must PASS untouched and
 #             FAIL when corrupted)
+#   mpi-workloads  the same for the six MPI programs (tests/workloads/mpi)
 #   test      cargo test --workspace --locked --no-fail-fast: unit tests and
 #             the end-to-end dump/restore tests (real ptrace, clone3,
 #             userfaultfd: they need root)
@@ -50,6 +51,7 @@ cargo_test() {
 step fmt cargo fmt --all -- --check
 step clippy cargo clippy --workspace --all-targets --locked -- -D warnings
 step workloads bash tests/workloads/selftest.sh "$(pwd)/target/workloads-selftest"
+step mpi-workloads bash tests/workloads/mpi/selftest.sh "$(pwd)/target/mpi-workloads-selftest"
 step test cargo_test
 if [ -f scripts/fuzz.sh ]; then
     step fuzz bash scripts/fuzz.sh smoke
