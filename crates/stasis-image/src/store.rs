@@ -683,17 +683,7 @@ impl CheckpointBuilder {
                 found: manifest.checkpoint,
             });
         }
-        for p in &manifest.processes {
-            if let Some(r) = &p.pack {
-                if !is_plain_name(&r.name) {
-                    return Err(ImageError::UnsafeName {
-                        checkpoint: Some(self.number),
-                        name: r.name.clone(),
-                    });
-                }
-                PackReader::open_inner(&self.temp_dir.join(&r.name), Some(r), Some(self.number))?;
-            }
-        }
+        check_packs(&self.temp_dir, manifest, self.number)?;
         write_manifest(&self.temp_dir, manifest)?;
         if let Some(c) = &manifest.cut {
             use std::io::Write;
@@ -719,6 +709,23 @@ impl CheckpointBuilder {
         })?;
         Ok(self.number)
     }
+}
+
+/// Checks every pack `manifest` references in `dir` (plain names; header,
+/// index and trailer against its `PackRef`), before a commit.
+fn check_packs(dir: &Path, manifest: &Manifest, number: u32) -> Result<(), ImageError> {
+    for p in &manifest.processes {
+        if let Some(r) = &p.pack {
+            if !is_plain_name(&r.name) {
+                return Err(ImageError::UnsafeName {
+                    checkpoint: Some(number),
+                    name: r.name.clone(),
+                });
+            }
+            PackReader::open_inner(&dir.join(&r.name), Some(r), Some(number))?;
+        }
+    }
+    Ok(())
 }
 
 /// Renames the complete checkpoint `number` at `temp_dir` into place in
@@ -816,17 +823,7 @@ impl ImageDir {
     /// commit it having been recorded by its caller), under the lock.
     pub fn commit_left_prepared(&self, t: &PreparedTemp) -> Result<u32, ImageError> {
         let _lock = self.lock()?;
-        for p in &t.manifest.processes {
-            if let Some(r) = &p.pack {
-                if !is_plain_name(&r.name) {
-                    return Err(ImageError::UnsafeName {
-                        checkpoint: Some(t.number),
-                        name: r.name.clone(),
-                    });
-                }
-                PackReader::open_inner(&t.path.join(&r.name), Some(r), Some(t.number))?;
-            }
-        }
+        check_packs(&t.path, &t.manifest, t.number)?;
         place(&self.path, t.number, &t.path, || {})?;
         Ok(t.number)
     }

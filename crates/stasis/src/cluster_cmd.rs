@@ -101,16 +101,27 @@ pub fn cmd_agent(a: AgentArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// What every `stasis cluster` command names: the token and the job.
+#[derive(clap::Args, Debug)]
+pub struct JobArgs {
+    /// File holding the secret token shared with the agents.
+    #[arg(long)]
+    pub token_file: PathBuf,
+    /// The job's name (its checkpoints are kept under it by each agent).
+    #[arg(long)]
+    pub job: String,
+    /// Print the result as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// `stasis cluster ...`.
 #[derive(clap::Subcommand, Debug)]
 pub enum ClusterCmd {
     /// Take one consistent checkpoint of a job over all its hosts.
     Dump {
-        #[arg(long)]
-        token_file: PathBuf,
-        /// The job's name (its checkpoints are kept under it by each agent).
-        #[arg(long)]
-        job: String,
+        #[command(flatten)]
+        j: JobArgs,
         /// AGENT=PID: a tree of the job (root PID) on the host whose agent
         /// listens at AGENT (HOST:PORT). Repeat for every tree.
         #[arg(long = "target", required = true, value_parser = parse_target)]
@@ -122,34 +133,25 @@ pub enum ClusterCmd {
         /// Copy memory while the job runs (with --leave-running).
         #[arg(long, requires = "leave_running")]
         concurrent: bool,
-        #[arg(long)]
-        json: bool,
     },
     /// Restore a job on all its hosts from its newest complete checkpoint.
     Restore {
-        #[arg(long)]
-        token_file: PathBuf,
-        #[arg(long)]
-        job: String,
+        #[command(flatten)]
+        j: JobArgs,
         /// AGENT (HOST:PORT) of a host of the job; repeat for every host.
         #[arg(long = "target", required = true)]
         targets: Vec<String>,
         /// The round to restore (default: the newest that every tree holds).
         #[arg(long)]
         checkpoint: Option<u64>,
-        #[arg(long)]
-        json: bool,
     },
     /// List the rounds of a job each agent holds, and the complete ones.
     Inspect {
-        #[arg(long)]
-        token_file: PathBuf,
-        #[arg(long)]
-        job: String,
+        #[command(flatten)]
+        j: JobArgs,
+        /// AGENT (HOST:PORT) of a host of the job; repeat for every host.
         #[arg(long = "target", required = true)]
         targets: Vec<String>,
-        #[arg(long)]
-        json: bool,
     },
 }
 
@@ -171,12 +173,15 @@ fn parse_target(s: &str) -> Result<(String, i32), String> {
 pub fn cmd_cluster(c: ClusterCmd) -> Result<ExitCode> {
     match c {
         ClusterCmd::Dump {
-            token_file,
-            job,
+            j:
+                JobArgs {
+                    token_file,
+                    job,
+                    json,
+                },
             targets,
             leave_running,
             concurrent,
-            json,
         } => {
             let token = read_token_file(&token_file)?;
             let req = coordinator::DumpRequest {
@@ -203,11 +208,14 @@ pub fn cmd_cluster(c: ClusterCmd) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         ClusterCmd::Restore {
-            token_file,
-            job,
+            j:
+                JobArgs {
+                    token_file,
+                    job,
+                    json,
+                },
             targets,
             checkpoint,
-            json,
         } => {
             let token = read_token_file(&token_file)?;
             let r = coordinator::restore(&job, &targets, checkpoint, &token)
@@ -227,10 +235,13 @@ pub fn cmd_cluster(c: ClusterCmd) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         ClusterCmd::Inspect {
-            token_file,
-            job,
+            j:
+                JobArgs {
+                    token_file,
+                    job,
+                    json,
+                },
             targets,
-            json,
         } => {
             let token = read_token_file(&token_file)?;
             let mut agents = targets

@@ -334,6 +334,18 @@ fn check_keys(r: &mut Redis) {
     assert_eq!(r.call(&[b"GET", b"after"]), b"restore");
 }
 
+/// A new client of the restored redis `pid` on `port` finds every key; then
+/// redis is shut down and exits 0.
+fn check_and_shut_down_restored(port: u16, pid: i32) {
+    let mut r = Redis::wait_connect(port, Some(pid));
+    check_keys(&mut r);
+    assert_eq!(r.call(&[b"SHUTDOWN", b"NOSAVE"]), b"-read failed");
+    assert_eq!(
+        waitpid_timeout(pid, Duration::from_secs(20)),
+        (Some(0), None)
+    );
+}
+
 fn redis_cmd(port: u16, dir: &std::path::Path) -> Command {
     let mut c = Command::new("redis-server");
     c.args(["--port", &port.to_string()])
@@ -347,26 +359,11 @@ fn redis_cmd(port: u16, dir: &std::path::Path) -> Command {
 }
 
 fn redis_crash_after_leave_running(extra: &[&str]) {
-    workloads(); // subreaper, for the restored redis
     let d = tempfile::tempdir().unwrap();
     let images = d.path().join("images");
-    let port = free_port();
-    let mut c = redis_cmd(port, d.path());
-    c.stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    close_inherited_fds(&mut c);
-    let mut child = c
-        .spawn()
-        .expect("starting redis-server (run scripts/setup.sh)");
-    let pid = i32::try_from(child.id()).unwrap();
-    let _guard = KillOnDrop(pid);
-    let mut admin = Redis::wait_connect(port, Some(pid));
-    fill_keys(&mut admin);
     // Clients connected at the time of the checkpoint and of the crash.
-    let mut clients: Vec<Redis> = (0..4)
-        .map(|_| Redis::wait_connect(port, Some(pid)))
-        .collect();
+    let (mut child, pid, port, admin, mut clients) = redis_with_clients(d.path(), 4);
+    let _guard = KillOnDrop(pid);
     let before = tcp_reuse(pid);
     assert!(
         before
@@ -413,13 +410,7 @@ fn redis_crash_after_leave_running(extra: &[&str]) {
         states_on_port(port)
     );
     assert!(alive(pid), "restored redis is not running");
-    let mut r = Redis::wait_connect(port, Some(pid));
-    check_keys(&mut r);
-    assert_eq!(r.call(&[b"SHUTDOWN", b"NOSAVE"]), b"-read failed");
-    assert_eq!(
-        waitpid_timeout(pid, Duration::from_secs(20)),
-        (Some(0), None)
-    );
+    check_and_shut_down_restored(port, pid);
 }
 
 #[test]
@@ -691,13 +682,7 @@ fn a_dumper_killed_after_the_kill_leaves_redis_restorable_with_its_clients() {
         );
     }
     drop(admin);
-    let mut r = Redis::wait_connect(port, Some(pid));
-    check_keys(&mut r);
-    assert_eq!(r.call(&[b"SHUTDOWN", b"NOSAVE"]), b"-read failed");
-    assert_eq!(
-        waitpid_timeout(pid, Duration::from_secs(20)),
-        (Some(0), None)
-    );
+    check_and_shut_down_restored(port, pid);
 }
 
 /// A dump that kills the tree dies after its commit, before the kill: redis

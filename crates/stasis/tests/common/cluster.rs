@@ -3,7 +3,7 @@
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use super::*;
@@ -32,15 +32,7 @@ impl Agent {
         netns: Option<&str>,
         env: &[(&str, &str)],
     ) -> Agent {
-        let mut c = match netns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns])
-                    .arg(env!("CARGO_BIN_EXE_stasis"));
-                c
-            }
-            None => stasis(),
-        };
+        let mut c = stasis_in(netns);
         c.envs(env.iter().copied())
             .args(["agent", "--json", "--listen", listen, "--token-file"])
             .arg(token_file)
@@ -105,15 +97,7 @@ pub fn cluster(token_file: &Path, args: &[&str]) -> std::process::Output {
 
 /// [`cluster`] run in network namespace `netns` (a host of the job).
 pub fn cluster_in(netns: Option<&str>, token_file: &Path, args: &[&str]) -> std::process::Output {
-    let mut c = match netns {
-        Some(ns) => {
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns])
-                .arg(env!("CARGO_BIN_EXE_stasis"));
-            c
-        }
-        None => stasis(),
-    };
+    let mut c = stasis_in(netns);
     c.arg("cluster")
         .args(args)
         .arg("--token-file")

@@ -21,6 +21,21 @@ pub fn stasis() -> Command {
     c
 }
 
+/// The stasis binary under test, run in network namespace `netns` (a
+/// "host") if given (`ip netns exec`, which execs it).
+pub fn stasis_in(netns: Option<&str>) -> Command {
+    match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns])
+                .arg(env!("CARGO_BIN_EXE_stasis"));
+            close_inherited_fds(&mut c);
+            c
+        }
+        None => stasis(),
+    }
+}
+
 /// Makes sure the spawned program gets only stdin/stdout/stderr (a test
 /// runner may leak pipes, which a dump would rightly refuse).
 pub fn close_inherited_fds(c: &mut Command) {
@@ -395,15 +410,7 @@ impl PageServer {
         let token_file = dir.with_extension(format!("token-{}", std::process::id()));
         std::fs::write(&token_file, token).unwrap();
         std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let mut c = match netns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns])
-                    .arg(env!("CARGO_BIN_EXE_stasis"));
-                c
-            }
-            None => stasis(),
-        };
+        let mut c = stasis_in(netns);
         c.args(["page-server", "--json", "--listen", listen, "--token-file"])
             .arg(&token_file)
             .arg("-D")
