@@ -135,7 +135,7 @@ impl Job {
         }
         for ns in &self.hosts.hosts {
             let o = std::process::Command::new("ip")
-                .args(["netns", "exec", ns, "ss", "-tnio"])
+                .args(["netns", "exec", ns, "ss", "-tniob"])
                 .output()
                 .unwrap();
             eprintln!("{ns}:\n{}", String::from_utf8_lossy(&o.stdout));
@@ -331,16 +331,23 @@ fn twenty_cuts_while_the_mesh_runs_each_restorable() {
 /// tree or on none, as far as a restore can see). At the end the job is
 /// killed and restored from the newest complete round, and passes its own
 /// checks (every byte, every sequence number exactly once).
-/// (A job process SIGKILLed during a round, then the job restored from
-/// the newest complete round, is not here yet: one such run left a
-/// restored link retransmitting for ever; see the issue tracker.)
+/// `STASIS_TEST_VICTIM=2` kills a job process instead (then the job is
+/// killed and restored from the newest complete round each time), and
+/// `agent-node` alternates agents and job processes: each passed 20 runs
+/// out of 20; one run of the three-way mix (coordinator, agent, process)
+/// left a restored link retransmitting for ever (the other end received
+/// nothing), so that mix is not the default yet (see the issue tracker).
 #[test]
 fn rounds_killed_at_random_leave_the_job_running_or_restorable() {
     let mut job = Job::start("r");
     job.dump(&["--leave-running"]); // a first cut to fall back on
     let mut rng = Rng(0x5eed_1234 ^ u64::from(std::process::id()));
     for run in 0..20 {
-        let victim = run % 2; // the coordinator, an agent
+        let victim: u64 = match std::env::var("STASIS_TEST_VICTIM").ok().as_deref() {
+            Some("agent-node") => 1 + run % 2,
+            Some(v) => v.parse().unwrap_or(0),
+            None => run % 2, // the coordinator, an agent
+        };
         let host = usize::try_from(rng.below(HOSTS as u64)).unwrap();
         let delay = Duration::from_millis(rng.below(1500));
         let before = job.complete();
@@ -356,9 +363,14 @@ fn rounds_killed_at_random_leave_the_job_running_or_restorable() {
                 let _ = coord.kill();
                 "the coordinator".to_string()
             }
-            _ => {
+            1 => {
                 job.agents[host].kill();
                 format!("agent {host}")
+            }
+            _ => {
+                // SAFETY: killing a node of the job under test.
+                unsafe { libc::kill(job.nodes[host].pid, libc::SIGKILL) };
+                format!("node {host}")
             }
         };
         let st = coord.wait().unwrap();
@@ -371,6 +383,12 @@ fn rounds_killed_at_random_leave_the_job_running_or_restorable() {
             after.len() >= before.len() && after.len() <= before.len() + 1,
             "complete rounds went from {before:?} to {after:?}"
         );
+        if victim == 2 {
+            // The job lost a process: back to its newest complete cut.
+            job.kill_all();
+            let r = job.restore(None);
+            assert_eq!(r["round"], *after.last().unwrap(), "{r}");
+        }
         job.wait_traffic(1 << 20);
     }
     let last = *job.complete().last().unwrap();
