@@ -98,6 +98,12 @@ fn session(s: TcpStream, peer: String, cfg: &AgentConfig) -> Result<(), ClusterE
     Ok(())
 }
 
+/// Why a round is abandoned, or a tree of it failed (the message the
+/// coordinator gets).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+struct Why(String);
+
 /// What the session thread and the tree threads of one round share.
 #[derive(Default)]
 struct Round {
@@ -114,10 +120,10 @@ struct RoundState {
     frozen_us: u64,
     /// Trees whose thread ended, and the first error among them.
     ended: usize,
-    failed: Option<String>,
+    failed: Option<Why>,
     /// The coordinator's word at each barrier (`Err`: abort, why).
-    first: Option<Result<(), String>>,
-    second: Option<Result<(), String>>,
+    first: Option<Result<(), Why>>,
+    second: Option<Result<(), Why>>,
 }
 
 impl Round {
@@ -143,7 +149,7 @@ impl Round {
     fn barrier(
         &self,
         arrive: impl FnOnce(&mut RoundState),
-        word: impl Fn(&RoundState) -> Option<Result<(), String>>,
+        word: impl Fn(&RoundState) -> Option<Result<(), Why>>,
     ) -> Result<(), CutAbort> {
         {
             let mut st = self.lock();
@@ -151,10 +157,10 @@ impl Round {
         }
         self.cv.notify_all();
         let st = self.wait_for(|s| word(s).is_some());
-        word(&st).unwrap_or(Ok(())).map_err(CutAbort)
+        word(&st).unwrap_or(Ok(())).map_err(|w| CutAbort(w.0))
     }
 
-    fn say(&self, first: Option<Result<(), String>>, second: Option<Result<(), String>>) {
+    fn say(&self, first: Option<Result<(), Why>>, second: Option<Result<(), Why>>) {
         {
             let mut st = self.lock();
             if first.is_some() && st.first.is_none() {
@@ -167,7 +173,7 @@ impl Round {
         self.cv.notify_all();
     }
 
-    fn end(&self, err: Option<String>) {
+    fn end(&self, err: Option<Why>) {
         {
             let mut st = self.lock();
             st.ended += 1;
@@ -234,6 +240,84 @@ fn dump_round(c: &mut Conn, cfg: &AgentConfig, o: &DumpOrder) -> Result<(), Clus
     let _ = c.stream().set_read_timeout(Some(ROUND_TIMEOUT));
     let round = Arc::new(Round::default());
     let n = o.pids.len();
+    let threads = spawn_dumps(cfg, o, &round);
+    // Phase 1: every tree frozen, or one failed.
+    let failed = {
+        let st = round.wait_for(|s| s.at_first == n || s.failed.is_some());
+        st.failed
+            .clone()
+            .map(|f| (f, st.frozen_us))
+            .ok_or(st.frozen_us)
+    };
+    let reports = match failed {
+        Ok((why, _)) => return abort_round(c, &round, threads, why),
+        Err(frozen_us) => {
+            let word = c
+                .send(&Msg::Frozen { frozen_us })
+                .map_err(|e| Why(e.to_string()))
+                .and_then(|()| coordinator_word(c, Msg::Release));
+            match word {
+                Ok(()) => round.say(Some(Ok(())), None),
+                Err(why) => return abort_round(c, &round, threads, why),
+            }
+            // Phase 3: every tentative checkpoint written, or one failed.
+            let st = round.wait_for(|s| s.written.len() == n || s.failed.is_some());
+            if let Some(why) = st.failed.clone() {
+                drop(st);
+                return abort_round(c, &round, threads, why);
+            }
+            let mut checkpoints = st.written.clone();
+            drop(st);
+            checkpoints.sort_unstable();
+            let word = c
+                .send(&Msg::Written {
+                    checkpoints: checkpoints.clone(),
+                })
+                .map_err(|e| Why(e.to_string()))
+                .and_then(|()| coordinator_word(c, Msg::Commit));
+            if let Err(why) = word {
+                return abort_round(c, &round, threads, why);
+            }
+            // The decision, durable before anything is committed.
+            let d = Decision {
+                round: o.round,
+                checkpoints,
+            };
+            if let Err(e) = jobs::record_decision(&cfg.dir, &o.job, &d) {
+                return abort_round(c, &round, threads, Why(e.to_string()));
+            }
+            stasis_sys::fault::die_at(stasis_sys::fault::Point::DieAfterDecision);
+            round.say(None, Some(Ok(())));
+            threads
+                .into_iter()
+                .map(|t| {
+                    t.join()
+                        .unwrap_or_else(|_| Err(Why("a dump thread panicked".into())))
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    let mut out = Vec::new();
+    for r in reports {
+        match r {
+            Ok(rep) => out.push(serde_json::to_value(rep).unwrap_or_default()),
+            Err(e) => {
+                return c.send(&Msg::Failed {
+                    error: format!("committing: {e}"),
+                })
+            }
+        }
+    }
+    c.send(&Msg::Committed { reports: out })
+}
+
+/// One thread per tree of the round, each dumping it as one part of the
+/// cut (stopping at the round's barriers).
+fn spawn_dumps(
+    cfg: &AgentConfig,
+    o: &DumpOrder,
+    round: &Arc<Round>,
+) -> Vec<std::thread::JoinHandle<Result<stasis_capture::DumpReport, Why>>> {
     let mut threads = Vec::new();
     for &pid in &o.pids {
         let part = Arc::new(DumpPart {
@@ -261,90 +345,23 @@ fn dump_round(c: &mut Conn, cfg: &AgentConfig, o: &DumpOrder) -> Result<(), Clus
                     };
                     Ok(stasis_capture::dump(&store, &opts)?)
                 });
-            let out = res.map_err(|e| format!("tree {pid}: {e}"));
+            let out = res.map_err(|e| Why(format!("tree {pid}: {e}")));
             r2.end(out.as_ref().err().cloned());
             out
         }));
     }
-    // Phase 1: every tree frozen, or one failed.
-    let failed = {
-        let st = round.wait_for(|s| s.at_first == n || s.failed.is_some());
-        st.failed
-            .clone()
-            .map(|f| (f, st.frozen_us))
-            .ok_or(st.frozen_us)
-    };
-    let reports = match failed {
-        Ok((why, _)) => return abort_round(c, &round, threads, why),
-        Err(frozen_us) => {
-            let word = c
-                .send(&Msg::Frozen { frozen_us })
-                .map_err(|e| e.to_string())
-                .and_then(|()| coordinator_word(c, Msg::Release));
-            match word {
-                Ok(()) => round.say(Some(Ok(())), None),
-                Err(why) => return abort_round(c, &round, threads, why),
-            }
-            // Phase 3: every tentative checkpoint written, or one failed.
-            let st = round.wait_for(|s| s.written.len() == n || s.failed.is_some());
-            if let Some(why) = st.failed.clone() {
-                drop(st);
-                return abort_round(c, &round, threads, why);
-            }
-            let mut checkpoints = st.written.clone();
-            drop(st);
-            checkpoints.sort_unstable();
-            let word = c
-                .send(&Msg::Written {
-                    checkpoints: checkpoints.clone(),
-                })
-                .map_err(|e| e.to_string())
-                .and_then(|()| coordinator_word(c, Msg::Commit));
-            if let Err(why) = word {
-                return abort_round(c, &round, threads, why);
-            }
-            // The decision, durable before anything is committed.
-            let d = Decision {
-                round: o.round,
-                checkpoints,
-            };
-            if let Err(e) = jobs::record_decision(&cfg.dir, &o.job, &d) {
-                return abort_round(c, &round, threads, e.to_string());
-            }
-            stasis_sys::fault::die_at(stasis_sys::fault::Point::DieAfterDecision);
-            round.say(None, Some(Ok(())));
-            threads
-                .into_iter()
-                .map(|t| {
-                    t.join()
-                        .unwrap_or_else(|_| Err("a dump thread panicked".into()))
-                })
-                .collect::<Vec<_>>()
-        }
-    };
-    let mut out = Vec::new();
-    for r in reports {
-        match r {
-            Ok(rep) => out.push(serde_json::to_value(rep).unwrap_or_default()),
-            Err(e) => {
-                return c.send(&Msg::Failed {
-                    error: format!("committing: {e}"),
-                })
-            }
-        }
-    }
-    c.send(&Msg::Committed { reports: out })
+    threads
 }
 
 /// Waits for the coordinator's `want`; anything else (an `Abort`, the end
 /// of the connection) is why to abort.
-fn coordinator_word(c: &mut Conn, want: Msg) -> Result<(), String> {
+fn coordinator_word(c: &mut Conn, want: Msg) -> Result<(), Why> {
     match c.recv() {
         Ok(Some(m)) if m == want => Ok(()),
-        Ok(Some(Msg::Abort { why })) => Err(format!("the coordinator aborted: {why}")),
-        Ok(Some(other)) => Err(format!("unexpected {other:?} from the coordinator")),
-        Ok(None) => Err("the coordinator went away".into()),
-        Err(e) => Err(format!("the coordinator is unreachable: {e}")),
+        Ok(Some(Msg::Abort { why })) => Err(Why(format!("the coordinator aborted: {why}"))),
+        Ok(Some(other)) => Err(Why(format!("unexpected {other:?} from the coordinator"))),
+        Ok(None) => Err(Why("the coordinator went away".into())),
+        Err(e) => Err(Why(format!("the coordinator is unreachable: {e}"))),
     }
 }
 
@@ -353,8 +370,8 @@ fn coordinator_word(c: &mut Conn, want: Msg) -> Result<(), String> {
 fn abort_round<T>(
     c: &mut Conn,
     round: &Round,
-    threads: Vec<std::thread::JoinHandle<Result<T, String>>>,
-    why: String,
+    threads: Vec<std::thread::JoinHandle<Result<T, Why>>>,
+    why: Why,
 ) -> Result<(), ClusterError> {
     tracing::warn!("aborting a round for {}: {why}", c.peer);
     round.say(Some(Err(why.clone())), Some(Err(why.clone())));
@@ -362,7 +379,7 @@ fn abort_round<T>(
         let _ = t.join();
     }
     // The coordinator may be gone: then this goes nowhere.
-    let _ = c.send(&Msg::Failed { error: why });
+    let _ = c.send(&Msg::Failed { error: why.0 });
     let _ = c.send(&Msg::Aborted);
     Ok(())
 }
@@ -411,7 +428,7 @@ fn restore_round(c: &mut Conn, cfg: &AgentConfig, o: &RestoreOrder) -> Result<()
                     };
                     Ok(stasis_restore::restore(&store, &opts)?)
                 });
-            let out = res.map_err(|e| format!("tree {pid}: {e}"));
+            let out = res.map_err(|e| Why(format!("tree {pid}: {e}")));
             r2.end(out.as_ref().err().cloned());
             out
         }));
@@ -425,7 +442,7 @@ fn restore_round(c: &mut Conn, cfg: &AgentConfig, o: &RestoreOrder) -> Result<()
     }
     let word = c
         .send(&Msg::Built)
-        .map_err(|e| e.to_string())
+        .map_err(|e| Why(e.to_string()))
         .and_then(|()| coordinator_word(c, Msg::Go));
     if let Err(why) = word {
         return abort_round(c, &round, threads, why);
@@ -435,7 +452,7 @@ fn restore_round(c: &mut Conn, cfg: &AgentConfig, o: &RestoreOrder) -> Result<()
     for t in threads {
         match t
             .join()
-            .unwrap_or_else(|_| Err("a restore thread panicked".into()))
+            .unwrap_or_else(|_| Err(Why("a restore thread panicked".into())))
         {
             Ok(r) => {
                 pids.push(r.pid);

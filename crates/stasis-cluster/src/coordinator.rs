@@ -125,6 +125,23 @@ pub struct DumpRequest {
     pub concurrent: bool,
 }
 
+/// Parses `AGENT=PID` (a `--target` of `cluster dump`).
+pub fn parse_target(s: &str) -> Result<(String, i32), ClusterError> {
+    let bad = |why: &str| ClusterError::BadTarget(format!("{s:?}: {why}"));
+    let (agent, pid) = s
+        .rsplit_once('=')
+        .ok_or_else(|| bad("expected AGENT=PID, e.g. 10.0.0.2:7700=1234"))?;
+    let pid: i32 = pid
+        .parse()
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| bad(&format!("{pid:?} is not a PID")))?;
+    if agent.is_empty() {
+        return Err(bad("no agent address before '='"));
+    }
+    Ok((agent.to_string(), pid))
+}
+
 /// The agents of `targets`, in order of first appearance, each with its
 /// trees.
 fn by_agent(targets: &[(String, i32)]) -> Vec<(String, Vec<i32>)> {
@@ -373,6 +390,17 @@ mod tests {
         ];
         assert_eq!(complete_rounds(&held), vec![2]);
         assert!(complete_rounds(&[]).is_empty());
+    }
+
+    #[test]
+    fn targets_parse_as_agent_and_pid() {
+        assert_eq!(
+            parse_target("10.0.0.2:7700=1234").unwrap(),
+            ("10.0.0.2:7700".to_string(), 1234)
+        );
+        for bad in ["10.0.0.2:7700", "=5", "a:1=x", "a:1=-3", "a:1=0"] {
+            assert!(parse_target(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -32,6 +32,8 @@ pub enum ClusterError {
     Auth { peer: String, why: String },
     #[error("{peer}: {message}")]
     Peer { peer: String, message: String },
+    #[error("--target {0}")]
+    BadTarget(String),
     #[error("job name {0:?} is not usable: use letters, digits, '-', '_' and '.' (up to 64)")]
     BadJob(String),
     #[error("{what} {path}: {source}")]

@@ -37,6 +37,7 @@ pub mod manifest;
 mod manifest_io;
 mod pack;
 mod pack_index;
+mod prepared;
 pub mod ranges;
 mod store;
 mod summary;
@@ -55,6 +56,7 @@ pub use pack::{
     PACK_ENTRY_LEN, PACK_HEADER_LEN, PACK_MAGIC, PACK_TRAILER_LEN, PACK_TRAILER_MAGIC,
     RUN_FLAG_ZERO,
 };
+pub use prepared::{PreparedTemp, CUT_NAME};
 pub use store::{
     checkpoint_dir_name, pack_file_name, parse_latest, parse_marker, remove_temps_of, temp_owner,
     Checkpoint, CheckpointBuilder, ImageDir, MarkerProblem, CHECKPOINTS_DIR, LATEST_NAME,

@@ -14,6 +14,7 @@ use crate::fsutil::{self, is_plain_name, Kind};
 use crate::manifest::{Manifest, PackRef};
 use crate::manifest_io::{encode_manifest, read_manifest_file};
 use crate::pack::{PackReader, PackWriter};
+use crate::prepared::{check_packs, place, CUT_NAME};
 use crate::{ImageError, FORMAT_VERSION};
 
 /// Name of the marker file that identifies an image directory.
@@ -81,10 +82,6 @@ pub const LOCK_NAME: &str = ".lock";
 pub const TEMP_PREFIX: &str = ".tmp-";
 /// Name of the manifest inside a checkpoint directory.
 pub const MANIFEST_NAME: &str = "manifest.bin";
-/// Name of the copy of a checkpoint's cut mark (`Manifest::cut`) kept
-/// beside its manifest, so that the rounds of a job are listed without
-/// decoding every manifest.
-pub const CUT_NAME: &str = "cut.json";
 
 /// First line of the marker file.
 const MARKER_FIRST_LINE: &str = "stasis image directory";
@@ -708,124 +705,6 @@ impl CheckpointBuilder {
             self.committed = true
         })?;
         Ok(self.number)
-    }
-}
-
-/// Checks every pack `manifest` references in `dir` (plain names; header,
-/// index and trailer against its `PackRef`), before a commit.
-fn check_packs(dir: &Path, manifest: &Manifest, number: u32) -> Result<(), ImageError> {
-    for p in &manifest.processes {
-        if let Some(r) = &p.pack {
-            if !is_plain_name(&r.name) {
-                return Err(ImageError::UnsafeName {
-                    checkpoint: Some(number),
-                    name: r.name.clone(),
-                });
-            }
-            PackReader::open_inner(&dir.join(&r.name), Some(r), Some(number))?;
-        }
-    }
-    Ok(())
-}
-
-/// Renames the complete checkpoint `number` at `temp_dir` into place in
-/// `image` (`placed` is called once the rename is done), syncs, and points
-/// `latest` at it.
-fn place(
-    image: &Path,
-    number: u32,
-    temp_dir: &Path,
-    placed: impl FnOnce(),
-) -> Result<(), ImageError> {
-    let cps = image.join(CHECKPOINTS_DIR);
-    let final_dir = cps.join(checkpoint_dir_name(number));
-    if !matches!(fsutil::kind(&final_dir)?, Kind::Missing) {
-        return Err(ImageError::Io {
-            action: "commit checkpoint to",
-            path: final_dir,
-            source: io::Error::from(io::ErrorKind::AlreadyExists),
-        });
-    }
-    fs::rename(temp_dir, &final_dir).map_err(ImageError::io(
-        "rename checkpoint into place at",
-        &final_dir,
-    ))?;
-    placed();
-    fsutil::sync_dir(&cps)?;
-    fsutil::write_atomic(image, LATEST_NAME, format!("{number}\n").as_bytes())?;
-    debug!(dir = %final_dir.display(), number, "committed checkpoint");
-    Ok(())
-}
-
-/// A checkpoint prepared ([`CheckpointBuilder::prepare`]) and not
-/// committed, under its temporary name.
-#[derive(Debug)]
-pub struct PreparedTemp {
-    pub number: u32,
-    /// The process that made it.
-    pub owner: u32,
-    pub path: PathBuf,
-    pub manifest: Manifest,
-}
-
-impl ImageDir {
-    /// The prepared checkpoints under temporary names (a complete, valid
-    /// manifest), oldest first, with the process that made each: the
-    /// caller tells those of dead processes from those being made.
-    pub fn prepared_temps(&self) -> Result<Vec<PreparedTemp>, ImageError> {
-        let cps = self.checkpoints_path();
-        let Ok(rd) = fs::read_dir(&cps) else {
-            return Ok(Vec::new());
-        };
-        let mut out = Vec::new();
-        for e in rd.filter_map(Result::ok) {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let Some(owner) = temp_owner(&name) else {
-                continue;
-            };
-            let path = e.path();
-            if !matches!(fsutil::kind(&path)?, Kind::Dir) {
-                continue;
-            }
-            let Ok(bytes) = fs::read(path.join(MANIFEST_NAME)) else {
-                continue;
-            };
-            let Ok(manifest) = crate::manifest_io::decode_manifest(&bytes, 0, &path) else {
-                continue;
-            };
-            out.push(PreparedTemp {
-                number: manifest.checkpoint,
-                owner,
-                path,
-                manifest,
-            });
-        }
-        out.sort_by_key(|t| t.number);
-        Ok(out)
-    }
-
-    /// The cut mark of checkpoint `n` from its `cut.json` (a few bytes),
-    /// without decoding its manifest: `None` if it has none (not part of a
-    /// cut) or it cannot be read.
-    pub fn cut_mark(&self, n: u32) -> Option<crate::manifest::CutMark> {
-        let path = self
-            .checkpoints_path()
-            .join(checkpoint_dir_name(n))
-            .join(CUT_NAME);
-        if !matches!(fsutil::kind(&path).ok()?, Kind::File) {
-            return None;
-        }
-        let text = fs::read(&path).ok().filter(|t| t.len() <= 4096)?;
-        serde_json::from_slice(&text).ok()
-    }
-
-    /// Commits a prepared checkpoint a dead process left (the decision to
-    /// commit it having been recorded by its caller), under the lock.
-    pub fn commit_left_prepared(&self, t: &PreparedTemp) -> Result<u32, ImageError> {
-        let _lock = self.lock()?;
-        check_packs(&t.path, &t.manifest, t.number)?;
-        place(&self.path, t.number, &t.path, || {})?;
-        Ok(t.number)
     }
 }
 

@@ -124,7 +124,7 @@ pub enum ClusterCmd {
         j: JobArgs,
         /// AGENT=PID: a tree of the job (root PID) on the host whose agent
         /// listens at AGENT (HOST:PORT). Repeat for every tree.
-        #[arg(long = "target", required = true, value_parser = parse_target)]
+        #[arg(long = "target", required = true, value_parser = coordinator::parse_target)]
         targets: Vec<(String, i32)>,
         /// Let the job run on after the checkpoint (else it is killed once
         /// the checkpoint is committed on every host).
@@ -153,21 +153,6 @@ pub enum ClusterCmd {
         #[arg(long = "target", required = true)]
         targets: Vec<String>,
     },
-}
-
-fn parse_target(s: &str) -> Result<(String, i32), String> {
-    let (agent, pid) = s
-        .rsplit_once('=')
-        .ok_or_else(|| format!("{s:?}: expected AGENT=PID, e.g. 10.0.0.2:7700=1234"))?;
-    let pid: i32 = pid
-        .parse()
-        .ok()
-        .filter(|p| *p > 0)
-        .ok_or_else(|| format!("{s:?}: {pid:?} is not a PID"))?;
-    if agent.is_empty() {
-        return Err(format!("{s:?}: no agent address before '='"));
-    }
-    Ok((agent.to_string(), pid))
 }
 
 pub fn cmd_cluster(c: ClusterCmd) -> Result<ExitCode> {
@@ -272,22 +257,6 @@ pub fn cmd_cluster(c: ClusterCmd) -> Result<ExitCode> {
                 bail!("no agent holds a checkpoint of job {job}");
             }
             Ok(ExitCode::SUCCESS)
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn targets_parse_as_agent_and_pid() {
-        assert_eq!(
-            parse_target("10.0.0.2:7700=1234").unwrap(),
-            ("10.0.0.2:7700".to_string(), 1234)
-        );
-        for bad in ["10.0.0.2:7700", "=5", "a:1=x", "a:1=-3", "a:1=0"] {
-            assert!(parse_target(bad).is_err(), "{bad}");
         }
     }
 }
