@@ -25,15 +25,22 @@ pub const CUT_NAME: &str = "cut.json";
 /// Checks every pack `manifest` references in `dir` (plain names; header,
 /// index and trailer against its `PackRef`), before a commit.
 pub(crate) fn check_packs(dir: &Path, manifest: &Manifest, number: u32) -> Result<(), ImageError> {
-    for p in &manifest.processes {
-        if let Some(r) = &p.pack {
-            if !is_plain_name(&r.name) {
-                return Err(ImageError::UnsafeName {
-                    checkpoint: Some(number),
-                    name: r.name.clone(),
-                });
-            }
-            PackReader::open_inner(&dir.join(&r.name), Some(r), Some(number))?;
+    check_pack_names(manifest, number)?;
+    for r in manifest.processes.iter().filter_map(|p| p.pack.as_ref()) {
+        PackReader::open_inner(&dir.join(&r.name), Some(r), Some(number))?;
+    }
+    Ok(())
+}
+
+/// Every pack `manifest` names is a plain file name (never a path out of
+/// its checkpoint directory).
+pub(crate) fn check_pack_names(manifest: &Manifest, number: u32) -> Result<(), ImageError> {
+    for r in manifest.processes.iter().filter_map(|p| p.pack.as_ref()) {
+        if !is_plain_name(&r.name) {
+            return Err(ImageError::UnsafeName {
+                checkpoint: Some(number),
+                name: r.name.clone(),
+            });
         }
     }
     Ok(())

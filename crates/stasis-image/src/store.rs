@@ -14,7 +14,7 @@ use crate::fsutil::{self, is_plain_name, Kind};
 use crate::manifest::{Manifest, PackRef};
 use crate::manifest_io::{encode_manifest, read_manifest_file};
 use crate::pack::{PackReader, PackWriter};
-use crate::prepared::{check_packs, place, CUT_NAME};
+use crate::prepared::{check_pack_names, check_packs, place, CUT_NAME};
 use crate::{ImageError, FORMAT_VERSION};
 
 /// Name of the marker file that identifies an image directory.
@@ -379,16 +379,7 @@ impl ImageDir {
                 ),
             });
         }
-        for p in &manifest.processes {
-            if let Some(r) = &p.pack {
-                if !is_plain_name(&r.name) {
-                    return Err(ImageError::UnsafeName {
-                        checkpoint: Some(number),
-                        name: r.name.clone(),
-                    });
-                }
-            }
-        }
+        check_pack_names(&manifest, number)?;
         Ok(Checkpoint {
             number,
             manifest,
