@@ -88,14 +88,32 @@ fn session(s: TcpStream, peer: String, cfg: &AgentConfig) -> Result<(), ClusterE
                     })?,
                 }
             }
-            Msg::Dump(order) => dump_round(&mut c, cfg, &order)?,
-            Msg::Restore(order) => restore_round(&mut c, cfg, &order)?,
+            Msg::Dump(order) => {
+                let _one = one_round_at_a_time();
+                dump_round(&mut c, cfg, &order)?;
+            }
+            Msg::Restore(order) => {
+                let _one = one_round_at_a_time();
+                restore_round(&mut c, cfg, &order)?;
+            }
             other => c.send(&Msg::Error {
                 message: format!("unexpected request {other:?}"),
             })?,
         }
     }
     Ok(())
+}
+
+/// Rounds run one at a time on an agent: a round whose coordinator died
+/// is still putting its trees back (or removing its tentative checkpoint)
+/// when the next coordinator comes; the next waits for it, rather than
+/// finding the trees traced or their image directories locked, or
+/// changing sockets the other is putting back.
+fn one_round_at_a_time() -> MutexGuard<'static, ()> {
+    static ROUND: Mutex<()> = Mutex::new(());
+    ROUND
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Why a round is abandoned, or a tree of it failed (the message the
