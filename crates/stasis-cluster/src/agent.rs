@@ -136,8 +136,7 @@ struct RoundState {
     /// (tree root, checkpoint) of the trees at the second barrier.
     written: Vec<(i32, u32)>,
     frozen_us: u64,
-    /// Trees whose thread ended, and the first error among them.
-    ended: usize,
+    /// The first error of a tree's thread.
     failed: Option<Why>,
     /// The coordinator's word at each barrier (`Err`: abort, why).
     first: Option<Result<(), Why>>,
@@ -194,7 +193,6 @@ impl Round {
     fn end(&self, err: Option<Why>) {
         {
             let mut st = self.lock();
-            st.ended += 1;
             if let Some(e) = err {
                 st.failed.get_or_insert(e);
             }

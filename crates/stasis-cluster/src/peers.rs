@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 
-use stasis_kernel::procfs::net::{tcp_table, TcpEntry};
+use stasis_kernel::procfs::net::{socket_inode, tcp_table, TcpEntry};
 
 use crate::ClusterError;
 
@@ -92,12 +92,7 @@ fn socket_inodes(pids: &[i32]) -> HashMap<u64, (i32, i32)> {
             let Ok(link) = std::fs::read_link(e.path()) else {
                 continue;
             };
-            let ino = link
-                .to_str()
-                .and_then(|l| l.strip_prefix("socket:["))
-                .and_then(|l| l.strip_suffix(']'))
-                .and_then(|l| l.parse().ok());
-            if let Some(ino) = ino {
+            if let Some(ino) = link.to_str().and_then(socket_inode) {
                 out.entry(ino).or_insert((pid, fd));
             }
         }

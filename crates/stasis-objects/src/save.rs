@@ -116,12 +116,7 @@ pub(crate) fn read_link(pid: i32, name: &str) -> Result<String> {
         .map_err(proc_err(pid, name))
 }
 
-/// The inode of a `socket:[N]` link.
-pub(crate) fn socket_inode(link: &str) -> Option<u64> {
-    link.strip_prefix("socket:[")
-        .and_then(|r| r.strip_suffix(']'))
-        .and_then(|n| n.parse::<u64>().ok())
-}
+pub(crate) use stasis_kernel::procfs::net::socket_inode;
 
 /// Why an fd cannot be checkpointed, or `None` if its kind is known.
 pub fn unsupported_reason(pid: i32, fd: i32, link: &str) -> Option<String> {

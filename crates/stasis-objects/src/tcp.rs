@@ -186,6 +186,7 @@ impl SaveCtx {
             })
             .collect();
         let mut owners: Vec<i32> = found.iter().map(|(pid, ..)| *pid).collect();
+        owners.sort_unstable();
         owners.dedup();
         let guard = sock::SocketGuard::spawn(&guarded, &owners).map_err(|e| SaveError::Unsupported {
             pid: found[0].0,

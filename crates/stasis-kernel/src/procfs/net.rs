@@ -16,6 +16,13 @@ pub struct TcpEntry {
     pub inode: u64,
 }
 
+/// The inode of a socket from its fd link (`socket:[N]`).
+pub fn socket_inode(link: &str) -> Option<u64> {
+    link.strip_prefix("socket:[")
+        .and_then(|r| r.strip_suffix(']'))
+        .and_then(|n| n.parse::<u64>().ok())
+}
+
 /// The TCP sockets (IPv4 and IPv6) of the network namespace of `pid`.
 pub fn tcp_table(pid: i32) -> Result<Vec<TcpEntry>, super::ReadError> {
     let mut out = Vec::new();
@@ -82,6 +89,13 @@ fn addr(s: &str) -> Result<SocketAddr, FormatError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn socket_links_give_their_inode() {
+        assert_eq!(socket_inode("socket:[12345]"), Some(12345));
+        assert_eq!(socket_inode("pipe:[12345]"), None);
+        assert_eq!(socket_inode("socket:[x]"), None);
+    }
 
     #[test]
     fn lines_of_both_families_parse() {
