@@ -66,12 +66,14 @@ fn capture_with(
         ms = ms(fr.frozen_at),
         "state and memory plan of every process read"
     );
-    if fr.opts.leave_running {
+    if fr.opts.leave_running && fr.opts.cut.is_none() {
         // Every connection's state is read: packets may flow again (the
         // tree runs on; what they change is after the checkpoint's
         // instant). A dump that kills the tree keeps them out until the
         // end: a peer outside the tree must not see data acknowledged that
-        // the image does not hold.
+        // the image does not hold. Nor may one part of a cut before every
+        // part is frozen (`Cut::frozen`): a peer on another host, not yet
+        // frozen, would see acknowledged bytes that neither image holds.
         collector.unlock_tcp();
     }
     let tree: Vec<i32> = records.iter().map(|r| r.image.pid).collect();
@@ -107,7 +109,7 @@ fn collect(
     f: &mut Frozen,
     collector: &mut fds::FdCollector,
 ) -> Result<(Vec<ProcRecord>, u64)> {
-    collector.freeze_tcp(&f.live_pids())?;
+    collector.freeze_tcp(f)?;
     let mut records = Vec::new();
     let mut seen_shm = HashSet::new();
     let mut xfeatures = 0;

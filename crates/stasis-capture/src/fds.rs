@@ -10,8 +10,9 @@ use stasis_objects::SaveCtx;
 
 pub use stasis_objects::save::unsupported_reason;
 pub use stasis_objects::socket::{transient_socket, AcceptGate};
-pub use stasis_objects::tcp::{kill_owners, leave_repair, Repaired, Repairs};
+pub use stasis_objects::tcp::{dismiss_guard, kill_owners, leave_repair, Repaired, Repairs};
 
+use crate::freeze::Frozen;
 use crate::Result;
 
 /// Lists the fd numbers of `pid`.
@@ -44,9 +45,14 @@ impl FdCollector {
         Ok(self.0.add_process(pid)?)
     }
 
-    /// See [`SaveCtx::freeze_tcp`].
-    pub fn freeze_tcp(&mut self, pids: &[i32]) -> Result<()> {
-        Ok(self.0.freeze_tcp(pids)?)
+    /// See [`SaveCtx::freeze_tcp`]; the owners of the connections are
+    /// held among the threads of `frozen` ([`Frozen::hold`]).
+    pub fn freeze_tcp(&mut self, frozen: &mut Frozen) -> Result<()> {
+        let pids = frozen.live_pids();
+        let stopped = frozen.stopped_pids();
+        Ok(self
+            .0
+            .freeze_tcp(&pids, &stopped, &mut |held| Ok(frozen.hold(held)?))?)
     }
 
     /// See [`SaveCtx::check_external_sockets`].

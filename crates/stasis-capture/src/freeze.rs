@@ -29,6 +29,8 @@ pub struct FrozenProcess {
     pub threads: Vec<FrozenThread>,
     /// Raw wait status of a zombie (its threads list is empty).
     pub zombie: Option<i32>,
+    /// Stopped (a group stop: SIGSTOP, SIGTSTP...) before it was frozen.
+    pub stopped: bool,
 }
 
 /// The frozen tree, root first, parents before children.
@@ -78,6 +80,7 @@ fn freeze_process(pid: i32) -> Result<FrozenProcess> {
         ppid: stat.ppid,
         threads: Vec::new(),
         zombie: None,
+        stopped: stat.state == 'T',
     };
     if stat.state == 'Z' || stat.state == 'X' {
         fp.zombie = Some(stat.exit_code);
@@ -160,6 +163,7 @@ fn zombie_after_exit(pid: i32) -> Option<FrozenProcess> {
                 ppid: st.ppid,
                 threads: Vec::new(),
                 zombie: Some(st.exit_code),
+                stopped: false,
             });
         }
         std::thread::sleep(std::time::Duration::from_millis(1));
@@ -296,6 +300,29 @@ impl Frozen {
             .filter(|p| p.zombie.is_none())
             .map(|p| p.pid)
             .collect()
+    }
+
+    /// The live processes that were stopped before they were frozen.
+    pub fn stopped_pids(&self) -> Vec<i32> {
+        self.procs
+            .iter()
+            .filter(|p| p.zombie.is_none() && p.stopped)
+            .map(|p| p.pid)
+            .collect()
+    }
+
+    /// Holds every thread of the processes `pids` ([`Tracee::hold`]): a
+    /// dumper that dies from now on lets them go only to stop, until the
+    /// socket guard continues them. The release takes the holds back.
+    ///
+    /// [`Tracee::hold`]: stasis_kernel::Tracee::hold
+    pub fn hold(&mut self, pids: &[i32]) -> Result<(), KernelError> {
+        for p in self.procs.iter_mut().filter(|p| pids.contains(&p.pid)) {
+            for t in &mut p.threads {
+                t.tracee.hold(p.pid)?;
+            }
+        }
+        Ok(())
     }
 
     /// Puts every thread back as it was (an interrupted syscall set up to

@@ -134,8 +134,12 @@ impl Ends<'_> {
             }
         }
         let mut frozen = self.frozen;
-        fds::leave_repair(self.repaired);
-        frozen.release()?;
+        let mut repaired = self.repaired;
+        fds::leave_repair(&mut repaired);
+        let released = frozen.release();
+        // The guard stays until every held thread is let go.
+        fds::dismiss_guard(repaired, released.is_ok());
+        released?;
         drop(self.gate);
         let frozen_us = micros(self.frozen_at);
         if strategy.concurrent() {
@@ -197,8 +201,11 @@ impl Ends<'_> {
     fn put_back_after(self, stage: &str, e: CaptureError) -> CaptureError {
         let pid = self.opts.pid;
         let mut frozen = self.frozen;
-        fds::leave_repair(self.repaired);
-        if let Err(re) = frozen.release() {
+        let mut repaired = self.repaired;
+        fds::leave_repair(&mut repaired);
+        let released = frozen.release();
+        fds::dismiss_guard(repaired, released.is_ok());
+        if let Err(re) = released {
             tracing::error!(
                 pid,
                 "could not resume the tree of {pid} after a failed {stage}: {re}"

@@ -48,6 +48,8 @@ pub struct Tracee {
     last_event_msg: Option<u64>,
     /// The escape block remote syscalls run from (see [`crate::escape`]).
     hatch: Option<Arc<EscapeHatch>>,
+    /// A SIGSTOP of ours is queued on the thread ([`Tracee::hold`]).
+    held: bool,
 }
 
 /// Calls `ptrace(op, pid, addr, data)`, mapping -1 to an error naming `name`.
@@ -181,6 +183,7 @@ impl Tracee {
             attached: true,
             last_event_msg: None,
             hatch: None,
+            held: false,
         })
     }
 
@@ -193,6 +196,7 @@ impl Tracee {
             attached: true,
             last_event_msg: None,
             hatch: None,
+            held: false,
         };
         ptrace_raw(
             libc::PTRACE_SETOPTIONS,
@@ -213,6 +217,7 @@ impl Tracee {
             attached: true,
             last_event_msg: None,
             hatch: None,
+            held: false,
         };
         match t.wait_stop("new thread start")? {
             StopKind::Signal(libc::SIGSTOP) | StopKind::EventStop => Ok(t),
@@ -527,13 +532,18 @@ impl Tracee {
                         break;
                     }
                     // Only unblockable signals can get here (we block the
-                    // rest); a SIGSTOP from outside is suppressed.
+                    // rest); a SIGSTOP from outside is suppressed, and so
+                    // is our own hold (queued on the thread, it comes
+                    // before any other SIGSTOP): it is taken.
                     StopKind::Signal(sig)
                         if sig == libc::SIGSTOP
                             || sig == libc::SIGTSTP
                             || sig == libc::SIGTTIN
                             || sig == libc::SIGTTOU =>
                     {
+                        if sig == libc::SIGSTOP {
+                            self.held = false;
+                        }
                         self.resume_raw(libc::PTRACE_SYSCALL, 0)?;
                     }
                     // A clone event (the tracee ran clone3 for us with
@@ -588,10 +598,67 @@ impl Tracee {
         Ok(crate::sarg(r))
     }
 
+    /// Queues a SIGSTOP on this stopped thread of process `tgid`. A traced
+    /// thread takes a signal only when it is resumed, so the SIGSTOP waits;
+    /// but should the tracer die, the kernel lets the thread go and it
+    /// stops before it runs a single instruction of its own (what
+    /// `sock::SocketGuard` needs while connections are in repair mode).
+    /// [`Tracee::detach`] takes it back unseen; a remote syscall consumes
+    /// it.
+    pub fn hold(&mut self, tgid: i32) -> Result<()> {
+        // SAFETY: tgkill takes three integers; the thread is ours (traced).
+        let r = unsafe { libc::syscall(libc::SYS_tgkill, tgid, self.pid, libc::SIGSTOP) };
+        if r != 0 {
+            return Err(KernelError::Ptrace {
+                op: "tgkill(SIGSTOP) to hold",
+                pid: self.pid,
+                source: io::Error::last_os_error(),
+            });
+        }
+        self.held = true;
+        Ok(())
+    }
+
+    /// Whether a SIGSTOP of [`Tracee::hold`] is still queued.
+    pub fn is_held(&self) -> bool {
+        self.held
+    }
+
     /// Detaches, letting the thread run on.
     pub fn detach(&mut self) -> Result<()> {
         if !self.attached {
             return Ok(());
+        }
+        if self.held {
+            return self.detach_held();
+        }
+        self.attached = false;
+        ptrace_raw(libc::PTRACE_DETACH, self.pid, 0, 0, "DETACH").map(|_| ())
+    }
+
+    /// Detaches a held thread: resumed, it takes its queued SIGSTOP in a
+    /// signal-delivery stop before it returns to its own code, and is
+    /// detached from that stop with the signal suppressed. A signal of its
+    /// own met first is delivered, as it would have been on a plain
+    /// release (a handler's frame is set up, the handler runs after).
+    fn detach_held(&mut self) -> Result<()> {
+        self.held = false;
+        self.resume_raw(libc::PTRACE_CONT, 0)?;
+        loop {
+            match self.wait_stop("release of a held thread") {
+                // Killed by a signal of its own, or by someone else.
+                Err(KernelError::Died { .. }) => return Ok(()),
+                Err(e) => return Err(e),
+                Ok(StopKind::Signal(libc::SIGSTOP)) => break,
+                Ok(StopKind::Signal(sig)) => self.resume_raw(libc::PTRACE_CONT, sig)?,
+                // A group stop (a stop signal of someone else's, delivered
+                // first): detached, it stays stopped; the SIGCONT that
+                // ends it also cancels our SIGSTOP.
+                Ok(StopKind::EventStop) => break,
+                Ok(StopKind::Syscall | StopKind::Event(_)) => {
+                    self.resume_raw(libc::PTRACE_CONT, 0)?;
+                }
+            }
         }
         self.attached = false;
         ptrace_raw(libc::PTRACE_DETACH, self.pid, 0, 0, "DETACH").map(|_| ())
@@ -600,12 +667,16 @@ impl Tracee {
     /// Forgets the thread without detaching (it was killed or reaped).
     pub fn forget(&mut self) {
         self.attached = false;
+        self.held = false;
     }
 }
 
 impl Drop for Tracee {
     fn drop(&mut self) {
-        if self.attached {
+        if self.attached && self.held {
+            // Best effort, as below.
+            let _ = self.detach_held();
+        } else if self.attached {
             // Best effort: an error here means the thread is already gone.
             let _ = ptrace_raw(libc::PTRACE_DETACH, self.pid, 0, 0, "DETACH");
         }
@@ -699,5 +770,94 @@ mod tests {
         };
         assert!(!normalize_interrupted_syscall(&mut r, false));
         assert_eq!(r.rip, 7);
+    }
+}
+
+#[cfg(test)]
+mod hold_tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    fn state_of(pid: i32) -> char {
+        let st = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        st[st.rfind(')').unwrap() + 2..].chars().next().unwrap()
+    }
+
+    fn tracer_of(pid: i32) -> i32 {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("TracerPid:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap()
+    }
+
+    /// Waits (up to a minute) until `pid` is untraced and its state
+    /// satisfies `ok`; returns the state.
+    fn settle(pid: i32, ok: impl Fn(char) -> bool) -> char {
+        let t0 = Instant::now();
+        loop {
+            let s = state_of(pid);
+            if (tracer_of(pid) == 0 && ok(s)) || t0.elapsed() > Duration::from_secs(60) {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Seizes and stops `pid` on a thread of its own and holds it; then
+    /// that thread either detaches or just ends, as a killed tracer does.
+    fn hold_then(pid: i32, detach: bool) {
+        std::thread::spawn(move || {
+            let mut t = Tracee::seize(pid, 0).unwrap();
+            t.interrupt().unwrap();
+            t.hold(pid).unwrap();
+            assert!(t.is_held());
+            if detach {
+                t.detach().unwrap();
+            } else {
+                // The tracer "dies": the kernel lets the thread go.
+                t.forget();
+            }
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_held_thread_stops_when_its_tracer_dies_and_runs_on_when_detached() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .unwrap();
+        let pid = i32::try_from(child.id()).unwrap();
+        hold_then(pid, false);
+        assert_eq!(
+            settle(pid, |s| s == 'T'),
+            'T',
+            "not stopped after its tracer died"
+        );
+        // SAFETY: signalling our own child.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+        assert_eq!(settle(pid, |s| s == 'S'), 'S');
+        hold_then(pid, true);
+        assert_eq!(
+            settle(pid, |s| s != 'T'),
+            'S',
+            "a detached held thread stopped"
+        );
+        // Nothing is left to stop it later: no SIGSTOP pending.
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        for key in ["SigPnd:", "ShdPnd:"] {
+            let v = status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+                .unwrap();
+            assert_eq!(v & (1 << (libc::SIGSTOP - 1)), 0, "{key} {v:#x}");
+        }
+        assert_eq!(state_of(pid), 'S');
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 }

@@ -618,6 +618,7 @@ mod gate_tests {
                 reuseaddr: 1,
             }],
             owners,
+            owners,
         )
         .unwrap();
         attach_drop_all(a.as_fd()).unwrap();
@@ -657,17 +658,24 @@ mod gate_tests {
         assert_eq!(&b, b"pong");
     }
 
-    /// After the hand-over of the kill, the owner dies and the sockets
-    /// stay in repair mode behind their filter: closed, they say nothing
-    /// to their peer.
+    /// After the hand-over of the kill, the connections are in repair mode
+    /// (the dump took them out of it once they were read) behind their
+    /// filter, and the owner dies: closed, they say nothing to their peer.
     #[test]
-    fn a_guard_told_to_kill_kills_the_owners_and_touches_no_socket() {
+    fn a_guard_told_to_kill_repairs_the_sockets_and_kills_the_owners() {
         let mut owner = std::process::Command::new("sleep")
             .arg("600")
             .spawn()
             .unwrap();
         let pid = i32::try_from(owner.id()).unwrap();
         let (a, mut c, guard) = repaired_connection(&[pid]);
+        set_int(
+            a.as_fd(),
+            libc::IPPROTO_TCP,
+            TCP_REPAIR,
+            TCP_REPAIR_OFF_NO_WP,
+        )
+        .unwrap();
         guard.kill_owners();
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(owner.wait().unwrap().signal(), Some(libc::SIGKILL));
@@ -687,6 +695,62 @@ mod gate_tests {
             Err(std::io::ErrorKind::WouldBlock),
             "the peer saw the connection end"
         );
+    }
+
+    fn state_of(pid: i32) -> char {
+        let st = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        st[st.rfind(')').unwrap() + 2..].chars().next().unwrap()
+    }
+
+    /// Waits (up to a minute) until `pid`'s state satisfies `ok`.
+    fn wait_state(pid: i32, ok: impl Fn(char) -> bool) -> char {
+        let t0 = std::time::Instant::now();
+        loop {
+            let s = state_of(pid);
+            if ok(s) || t0.elapsed() > std::time::Duration::from_secs(60) {
+                return s;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+
+    /// A held owner stopped when its dumper died is continued, once the
+    /// sockets are back; one never held is left alone.
+    #[test]
+    fn a_guard_continues_held_owners_after_the_sockets_are_back() {
+        for told in [true, false] {
+            let mut owner = std::process::Command::new("sleep")
+                .arg("600")
+                .spawn()
+                .unwrap();
+            let pid = i32::try_from(owner.id()).unwrap();
+            let (a, _c, mut guard) = repaired_connection(&[pid]);
+            if told {
+                guard.hold().unwrap();
+            }
+            // SAFETY: signalling our own child.
+            assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+            assert_eq!(wait_state(pid, |s| s == 'T'), 'T');
+            drop(guard.tx.take());
+            let mut st = 0;
+            // SAFETY: waiting for the guard, our child.
+            assert_eq!(unsafe { libc::waitpid(guard.pid, &mut st, 0) }, guard.pid);
+            assert_eq!(
+                get_int(a.as_fd(), libc::IPPROTO_TCP, TCP_REPAIR).unwrap(),
+                0
+            );
+            if told {
+                assert_ne!(
+                    wait_state(pid, |s| s != 'T'),
+                    'T',
+                    "the held owner stayed stopped"
+                );
+            } else {
+                assert_eq!(state_of(pid), 'T', "an owner never held was continued");
+            }
+            owner.kill().unwrap();
+            owner.wait().unwrap();
+        }
     }
 
     #[test]

@@ -46,8 +46,8 @@ impl Object for Inet {
 
 fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<FdKind, SaveError> {
     let (b, n, domain, ty) = (s.sock.as_fd(), fd.fd, s.domain, s.sock_type);
-    // A connection in repair mode (`freeze`) reads SO_REUSEADDR as
-    // forced (2): the program's own value was read before.
+    // The program's own SO_REUSEADDR, as read before repair mode (which
+    // forces it to 2 while it lasts).
     let mut options = save_options(b, cx.repaired.reuseaddr_of(fd.meta.ino()));
     let protocol = sock::get_int(b, libc::SOL_SOCKET, libc::SO_PROTOCOL)?;
     if domain == libc::AF_INET6 {
@@ -73,12 +73,10 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
                 }
             }
             TCP_ESTABLISHED => {
-                // Already in repair mode (`tcp::freeze`); the copy
-                // kept there keeps it so until the dump ends.
-                let r = tcp::save(b, &info).map_err(|e| {
-                    fd.unsupported(format!(
-                        "fd {n}: saving an established TCP connection failed: {e}"
-                    ))
+                // Read in repair mode by `SaveCtx::freeze_tcp`, with every other
+                // connection of the tree.
+                let r = cx.repaired.saved(fd.meta.ino()).cloned().ok_or_else(|| {
+                    fd.unsupported(format!("fd {n} is a TCP connection established while the tree was frozen (it was opening when the dump began); dump again"))
                 })?;
                 InetState::Established(r)
             }

@@ -140,7 +140,7 @@ impl AcceptGate {
                 reuseaddr: -1,
             })
             .collect();
-        match sock::SocketGuard::spawn(&guarded, &[]) {
+        match sock::SocketGuard::spawn(&guarded, &[], &[]) {
             Ok(guard) => g.guard = Some(guard),
             Err(e) => {
                 tracing::warn!(

@@ -3,13 +3,20 @@
 //! numbers, queues, negotiated options and window can be read, and a new
 //! socket can be given them and "connected" without a handshake.
 //!
-//! At dump, every connection of the tree is first locked (a drop-all
-//! filter) and put in repair mode ([`freeze`]), all before any is read;
-//! after the dump they are unlocked and, when the tree runs on, taken out
-//! of repair mode ([`leave_repair`]). At restore, each connection is
-//! rebuilt in repair mode ([`restore`]) and made live once every socket of
-//! the tree exists ([`RestoreCtx::finish_tcp`]).
+//! At dump ([`SaveCtx::freeze_tcp`]), every connection of the tree is
+//! first locked (a drop-all filter), then its owners are *held* (a SIGSTOP
+//! queued on each thread, see `sock::SocketGuard`), then every connection
+//! is put in repair mode, read, and taken out of it again, in one short
+//! step with nothing else in it: the network lock alone keeps the state
+//! still for the rest of the dump (no packet reaches the connections; the
+//! program, frozen, sends nothing). After the dump the lock comes off
+//! ([`leave_repair`]); a dump that kills the tree has the guard put the
+//! connections back in repair mode and kill their owners
+//! ([`kill_owners`]), so they close silently. At restore, each connection
+//! is rebuilt in repair mode ([`restore`]) and made live once every
+//! socket of the tree exists ([`RestoreCtx::finish_tcp`]).
 
+use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use stasis_image::manifest::{InetSocket, TcpRepair};
@@ -22,11 +29,13 @@ use crate::save::{list_fds, read_link, socket_inode};
 use crate::socket::{is_inet, set_options};
 use crate::{RestoreCtx, RestoreError, SaveCtx, SaveError};
 
-/// The connections a dump put in repair mode, and the guard that puts them
-/// back if the dumper dies before [`leave_repair`] or the kill.
+/// The connections a dump locked and read, and the guard that puts them
+/// back (and continues their held owners) if the dumper dies first.
 #[derive(Debug, Default)]
 pub struct Repairs {
     socks: Vec<Repaired>,
+    /// What repair mode read of each connection, by socket inode.
+    saved: HashMap<u64, TcpRepair>,
     guard: Option<sock::SocketGuard>,
 }
 
@@ -39,10 +48,16 @@ impl Repairs {
             .find(|r| r.ino == ino)
             .map(|r| r.reuseaddr)
     }
+
+    /// What [`SaveCtx::freeze_tcp`] read of the connection with inode
+    /// `ino`.
+    pub(crate) fn saved(&self, ino: u64) -> Option<&TcpRepair> {
+        self.saved.get(&ino)
+    }
 }
 
-/// An established TCP connection of the tree put in repair mode by the
-/// dump, through a copy of its fd, with what repair mode changes on it.
+/// An established TCP connection of the tree locked by the dump, through
+/// a copy of its fd, with what the dump changes on it.
 ///
 /// Entering repair mode forces address reuse on the socket (`sk_reuse =
 /// SK_FORCE_REUSE`), and leaving it clears reuse (`SK_NO_REUSE`) whatever
@@ -56,28 +71,27 @@ impl Repairs {
 #[derive(Debug)]
 pub struct Repaired {
     sock: OwnedFd,
+    /// The owner and its fd (for messages).
+    pid: i32,
+    fd: i32,
     ino: u64,
     /// `SO_REUSEADDR` as the program had it (`None`: could not be read).
     reuseaddr: Option<i32>,
     /// Whether this dump attached the drop-everything filter.
     locked: bool,
-    /// Whether entering repair mode succeeded.
+    /// Whether the connection is in repair mode.
     in_repair: bool,
 }
 
 impl Repaired {
     /// Takes the connection out of repair mode (no window probe: the peer
-    /// has its state already) and puts back what repair mode changed.
-    fn leave(mut self) {
-        let b = self.sock.as_fd();
-        if self.locked && sock::has_drop_all_filter(b) {
-            // The filter `freeze` attached: packets flow again.
-            let _ = sock::detach_filter(b);
-            self.locked = false;
-        }
+    /// has its state already) and puts back the `SO_REUSEADDR` repair mode
+    /// changed.
+    fn leave_repair(&mut self) {
         if !self.in_repair {
             return;
         }
+        let b = self.sock.as_fd();
         if let Err(e) = sock::set_int(
             b,
             libc::IPPROTO_TCP,
@@ -87,6 +101,7 @@ impl Repaired {
             tracing::error!("could not take a TCP socket out of repair mode: {e}");
             return;
         }
+        self.in_repair = false;
         if let Some(v) = self.reuseaddr {
             if let Err(e) = sock::set_int(b, libc::SOL_SOCKET, libc::SO_REUSEADDR, v) {
                 tracing::error!(
@@ -95,24 +110,45 @@ impl Repaired {
             }
         }
     }
+
+    /// Out of repair mode, and packets flow again if this dump stopped them.
+    fn put_back(&mut self) {
+        self.leave_repair();
+        let b = self.sock.as_fd();
+        if self.locked && sock::has_drop_all_filter(b) {
+            // The filter `freeze_tcp` attached: packets flow again.
+            let _ = sock::detach_filter(b);
+        }
+        self.locked = false;
+    }
 }
 
-/// Takes the connections [`freeze`] put in repair mode out of it, as the
-/// program had them (the tree runs on, or a failed dump releases it).
-/// (Dropping the [`Repairs`] instead closes them in repair mode, silently:
-/// for a tree that is killed.)
-pub fn leave_repair(mut r: Repairs) {
-    for s in std::mem::take(&mut r.socks) {
-        s.leave();
+/// Puts back what [`SaveCtx::freeze_tcp`] changed on the connections, as
+/// the program had them (the tree runs on, or a failed dump releases it).
+/// The guard stays: it is told by [`dismiss_guard`], once the tree is let
+/// go. (Dropping the [`Repairs`] instead dismisses it.)
+pub fn leave_repair(r: &mut Repairs) {
+    for s in &mut r.socks {
+        s.put_back();
     }
+}
+
+/// The tree is let go (`released`), or could not be: the guard is
+/// dismissed, or left to put the sockets back and continue any held
+/// process as if the dumper had died.
+pub fn dismiss_guard(mut r: Repairs, released: bool) {
     if let Some(g) = r.guard.take() {
-        g.dismiss();
+        if released {
+            g.dismiss();
+        } else {
+            g.abandon();
+        }
     }
 }
 
 /// After a committed dump that kills the tree: hands the kill to the
-/// guard, which SIGKILLs the processes that own the connections and leaves
-/// every connection in repair mode, so it closes silently (see
+/// guard, which puts the connections in repair mode and SIGKILLs the
+/// processes that own them, so they close silently (see
 /// [`sock::SocketGuard::kill_owners`]); returns once they are signalled.
 /// The caller kills the rest of the tree and waits for it.
 pub fn kill_owners(mut r: Repairs) {
@@ -148,11 +184,23 @@ fn established(pids: &[i32]) -> Result<Vec<(i32, i32, u64, OwnedFd)>, SaveError>
 }
 
 impl SaveCtx {
-    /// Puts every established TCP connection of the tree in repair mode
-    /// before any of them is read: two ends of a connection inside the tree
-    /// must be frozen at the same instant, or bytes sent by the second
-    /// after the first was read would be lost to both images.
-    pub fn freeze_tcp(&mut self, pids: &[i32]) -> Result<(), SaveError> {
+    /// Locks every established TCP connection of the tree `pids`, holds
+    /// their owners (`hold` is given those not in `stopped`, the processes
+    /// already stopped before the dump, which stay so anyway), then puts
+    /// every connection in repair mode, reads it and takes it out again.
+    ///
+    /// Every connection is locked and in repair mode before any of them is
+    /// read: two ends of a connection inside the tree must be frozen at the
+    /// same instant, or bytes sent by the second after the first was read
+    /// would be lost to both images. Holding before repair mode means that
+    /// a dumper killed at any instant never lets the program run with a
+    /// connection in repair mode (see `sock::SocketGuard`).
+    pub fn freeze_tcp(
+        &mut self,
+        pids: &[i32],
+        stopped: &[i32],
+        hold: &mut dyn FnMut(&[i32]) -> Result<(), SaveError>,
+    ) -> Result<(), SaveError> {
         let found = established(pids)?;
         // Nothing may move between two connections' snapshots: a segment
         // processed after the receiver's queue was read but before the
@@ -188,30 +236,70 @@ impl SaveCtx {
         let mut owners: Vec<i32> = found.iter().map(|(pid, ..)| *pid).collect();
         owners.sort_unstable();
         owners.dedup();
-        let guard = sock::SocketGuard::spawn(&guarded, &owners).map_err(|e| SaveError::Unsupported {
+        let held: Vec<i32> = owners
+            .iter()
+            .copied()
+            .filter(|p| !stopped.contains(p))
+            .collect();
+        let guard = sock::SocketGuard::spawn(&guarded, &owners, &held).map_err(|e| SaveError::Unsupported {
             pid: found[0].0,
             what: format!("cannot start the process that would put the TCP connections back if the dump died: {e}"),
         })?;
+        let told = guard.hold();
         self.repaired.guard = Some(guard);
-        let mut locked = Vec::with_capacity(found.len());
-        for ((_, _, _, s), (_, lock)) in found.iter().zip(&before) {
-            locked.push(*lock && sock::attach_drop_all(s.as_fd()).is_ok());
-        }
-        std::thread::sleep(std::time::Duration::from_millis(2));
-        for (((pid, fd, ino, s), locked), (reuseaddr, _)) in
-            found.into_iter().zip(locked).zip(before)
-        {
-            let r = sock::set_int(s.as_fd(), libc::IPPROTO_TCP, sock::TCP_REPAIR, 1);
-            // Recorded even if it failed: the filter comes off all the same.
+        told.map_err(|e| SaveError::Unsupported {
+            pid: found[0].0,
+            what: format!(
+                "the process that would put the TCP connections back if the dump died is gone: {e}"
+            ),
+        })?;
+        hold(&held)?;
+        let die = || stasis_sys::fault::die_at(stasis_sys::fault::Point::DieInTcpRepair);
+        for ((pid, fd, ino, s), (reuseaddr, lock)) in found.into_iter().zip(before) {
+            let locked = lock && sock::attach_drop_all(s.as_fd()).is_ok();
             self.repaired.socks.push(Repaired {
                 sock: s,
+                pid,
+                fd,
                 ino,
                 reuseaddr,
                 locked,
-                in_repair: r.is_ok(),
+                in_repair: false,
             });
-            r.map_err(|e| SaveError::Unsupported { pid, what: format!("fd {fd}: cannot put a TCP connection in repair mode (needs CAP_NET_ADMIN): {e}") })?;
         }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        die();
+        let read = self.read_in_repair(die);
+        // Out of repair mode whatever happened: the lock keeps them still.
+        for r in &mut self.repaired.socks {
+            r.leave_repair();
+        }
+        die();
+        read
+    }
+
+    /// Puts every locked connection in repair mode, then reads each.
+    /// (`die`: the test hook of `STASIS_FAULT=die-in-tcp-repair`.)
+    fn read_in_repair(&mut self, die: impl Fn()) -> Result<(), SaveError> {
+        for r in &mut self.repaired.socks {
+            sock::set_int(r.sock.as_fd(), libc::IPPROTO_TCP, sock::TCP_REPAIR, 1).map_err(|e| SaveError::Unsupported { pid: r.pid, what: format!("fd {}: cannot put a TCP connection in repair mode (needs CAP_NET_ADMIN): {e}", r.fd) })?;
+            r.in_repair = true;
+        }
+        die();
+        for r in &self.repaired.socks {
+            let b = r.sock.as_fd();
+            let state = sock::tcp_info(b)
+                .and_then(|info| save(b, &info))
+                .map_err(|e| SaveError::Unsupported {
+                    pid: r.pid,
+                    what: format!(
+                        "fd {}: saving an established TCP connection failed: {e}",
+                        r.fd
+                    ),
+                })?;
+            self.repaired.saved.insert(r.ino, state);
+        }
+        die();
         Ok(())
     }
 
@@ -226,8 +314,8 @@ impl SaveCtx {
     }
 }
 
-/// Saves an established TCP connection; leaves the socket in repair mode.
-pub(crate) fn save(b: BorrowedFd<'_>, info: &sock::TcpInfo) -> Result<TcpRepair, KernelError> {
+/// Reads an established TCP connection in repair mode (it stays so).
+fn save(b: BorrowedFd<'_>, info: &sock::TcpInfo) -> Result<TcpRepair, KernelError> {
     let tcp = libc::IPPROTO_TCP;
     sock::set_int(b, tcp, sock::TCP_REPAIR, 1)?;
     let (outq, unsent) = sock::outq(b)?;

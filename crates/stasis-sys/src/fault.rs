@@ -13,7 +13,8 @@
 //! commit and its kill, and halfway through the kill;
 //! `die-in-cluster-round`, the cluster coordinator after the Nth message it
 //! sends every agent in a round; `die-after-decision`, a cluster agent
-//! between recording a round's decision and committing. Unset, a check is one
+//! between recording a round's decision and committing; `die-in-tcp-repair`,
+//! a dump at each step of reading its TCP connections. Unset, a check is one
 //! `OnceLock` read.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,6 +41,10 @@ pub enum Point {
     /// A cluster agent, right after recording a round's decision, before
     /// any commit.
     DieAfterDecision,
+    /// A dump reading its TCP connections: 1 their owners held, none in
+    /// repair mode yet; 2 all in repair mode; 3 all read; 4 all out of
+    /// repair mode again, still locked.
+    DieInTcpRepair,
 }
 
 impl Point {
@@ -52,6 +57,7 @@ impl Point {
             Point::DieAfterKill => "die-after-kill",
             Point::DieInClusterRound => "die-in-cluster-round",
             Point::DieAfterDecision => "die-after-decision",
+            Point::DieInTcpRepair => "die-in-tcp-repair",
         }
     }
 }
@@ -80,7 +86,7 @@ pub fn check(point: Point) -> std::io::Result<()> {
 
 /// True on the pass through `point` that `STASIS_FAULT` names.
 fn hit(point: Point) -> bool {
-    static SEEN: [AtomicU64; 7] = [const { AtomicU64::new(0) }; 7];
+    static SEEN: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
     let Some((name, n)) = plan() else {
         return false;
     };
@@ -95,6 +101,7 @@ fn hit(point: Point) -> bool {
         Point::DieAfterKill => 4,
         Point::DieInClusterRound => 5,
         Point::DieAfterDecision => 6,
+        Point::DieInTcpRepair => 7,
     };
     SEEN[i].fetch_add(1, Ordering::Relaxed) + 1 == *n
 }

@@ -333,18 +333,12 @@ fn twenty_cuts_while_the_mesh_runs_each_restorable() {
 /// checks (every byte, every sequence number exactly once).
 /// `STASIS_TEST_VICTIM=2` kills a job process instead (then the job is
 /// killed and restored from the newest complete round each time), and
-/// `agent-node` alternates agents and job processes: each passed 20 runs
-/// out of 20; one run of the three-way mix (coordinator, agent, process)
-/// left a restored link retransmitting for ever (the other end received
-/// nothing), so that mix is not the default yet. The default itself
-/// fails about once in six runs: a link the application stopped using
-/// (a full receive queue, nothing sent), most likely because a killed
-/// agent let its tree go an instant before the socket guard took the
-/// connections out of repair mode, and a node's `send` in that instant got
-/// `EINVAL` (repair mode) and gave the link up. Ignored until the tree
-/// stays stopped until its sockets are back.
+/// `agent-node` alternates agents and job processes. (Until the owners of
+/// the connections were held while they are in repair mode, about one run
+/// in six failed: a killed agent let its tree go an instant before the
+/// socket guard took the connections out of repair mode, and a node's
+/// `send` in that instant got `EINVAL` and gave the link up.)
 #[test]
-#[ignore = "flaky (about 1 run in 6): a killed agent lets the tree go an instant before its socket guard takes the connections out of repair mode; a mesh node that sends in that instant gets EINVAL/EPERM and drops the link (open bug, issue 12); run with --ignored"]
 fn rounds_killed_at_random_leave_the_job_running_or_restorable() {
     let mut job = Job::start("r");
     job.dump(&["--leave-running"]); // a first cut to fall back on

@@ -517,92 +517,72 @@ fn run_restarts_a_crashed_redis_at_once() {
     );
 }
 
-/// A dumper SIGKILLed while redis' connections are in repair mode behind
-/// the network lock, and its listener behind the accept gate: the guard
-/// process puts every socket back as it was, and redis serves its clients
-/// on their old connections and new ones.
+/// A dumper SIGKILLed at each step of reading redis' connections (its
+/// owners held, then every connection in repair mode, read, out of repair
+/// mode again; behind the network lock, and its listener behind the accept
+/// gate), in a dump that leaves the tree running and in one that would
+/// kill it: the kernel lets redis go at once, but it runs no instruction
+/// until the guard process has put every socket back as it was and
+/// continued it (it never runs with a connection in repair mode, where a
+/// read fails and a write goes to its own receive queue); then redis
+/// serves its clients on their old connections and new ones.
 #[test]
 fn a_killed_dumper_leaves_redis_connections_as_they_were() {
-    workloads();
-    let d = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let mut c = redis_cmd(port, d.path());
-    c.stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    close_inherited_fds(&mut c);
-    let mut child = c
-        .spawn()
-        .expect("starting redis-server (run scripts/setup.sh)");
-    let pid = i32::try_from(child.id()).unwrap();
-    let _guard = KillOnDrop(pid);
-    let mut admin = Redis::wait_connect(port, Some(pid));
-    fill_keys(&mut admin);
-    // 768 MiB of memory (zeroed by redis, so resident): a stop-the-world
-    // dump copies it while the connections are in repair mode.
-    // (Two strings: one may not pass 512 MiB.)
-    for k in [&b"big1"[..], b"big2"] {
-        assert_eq!(
-            admin.call(&[b"SETRANGE", k, b"402653184", b"x"]),
-            b":402653185"
-        );
-    }
-    let mut clients: Vec<Redis> = (0..3)
-        .map(|_| Redis::wait_connect(port, Some(pid)))
-        .collect();
-    let before = tcp_reuse(pid);
-    let mut dump = stasis()
-        .args(["dump", "--leave-running", "-t", &pid.to_string(), "-D"])
-        .arg(d.path().join("images"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("stasis dump");
-    // Killed once a connection is in repair mode.
-    let t0 = Instant::now();
-    loop {
-        if tcp_reuse(pid).values().any(|s| s.repair == 1) {
-            break;
+    for step in 1..=4 {
+        for leave_running in [true, false] {
+            let ctx = format!("die-in-tcp-repair:{step}, leave running: {leave_running}");
+            let d = tempfile::tempdir().unwrap();
+            let (mut child, pid, port, mut admin, mut clients) = redis_with_clients(d.path(), 3);
+            let _guard = KillOnDrop(pid);
+            let before = tcp_reuse(pid);
+            assert!(before.values().all(|s| s.repair == 0), "{ctx}: {before:?}");
+            let mut dump = stasis();
+            dump.args(["dump", "-t", &pid.to_string(), "-D"])
+                .arg(d.path().join("images"))
+                .env("STASIS_FAULT", format!("die-in-tcp-repair:{step}"));
+            if leave_running {
+                dump.arg("--leave-running");
+            }
+            let o = dump.output().expect("stasis dump");
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(
+                o.status.signal(),
+                Some(libc::SIGKILL),
+                "{ctx}: the dump should have died: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            // The guard puts the sockets back, then continues redis.
+            let t0 = Instant::now();
+            loop {
+                if let Some(st) = child.try_wait().unwrap() {
+                    panic!("{ctx}: redis died when the dumper was killed: {st}");
+                }
+                let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+                let running = status.contains("TracerPid:\t0\n") && !status.contains("State:\tT");
+                let now = tcp_reuse(pid);
+                if running && now == before {
+                    break;
+                }
+                assert!(
+                    t0.elapsed() < Duration::from_secs(30),
+                    "{ctx}: after the dumper was killed, redis stays traced or stopped, or its sockets changed: {now:?}, before {before:?}\n{status}"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            for c in &mut clients {
+                assert_eq!(
+                    c.call(&[b"PING"]),
+                    b"+PONG",
+                    "{ctx}: an old connection after the killed dump"
+                );
+            }
+            check_keys(&mut admin);
+            let mut fresh = Redis::wait_connect(port, Some(pid));
+            check_keys(&mut fresh);
+            assert_eq!(fresh.call(&[b"SHUTDOWN", b"NOSAVE"]), b"-read failed");
+            assert_eq!(child.wait().unwrap().code(), Some(0), "{ctx}");
         }
-        assert!(
-            dump.try_wait().unwrap().is_none(),
-            "the dump ended before any connection went into repair mode"
-        );
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "no connection in repair mode"
-        );
-        std::thread::sleep(Duration::from_millis(1));
     }
-    dump.kill().unwrap();
-    dump.wait().unwrap();
-    // The guard puts the sockets back.
-    let t0 = Instant::now();
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            panic!("redis died when the dumper was killed: {st}");
-        }
-        let now = tcp_reuse(pid);
-        if now == before {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "after the dumper was killed, redis' sockets stay changed: {now:?}, before {before:?}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    for c in &mut clients {
-        assert_eq!(
-            c.call(&[b"PING"]),
-            b"+PONG",
-            "an old connection after the killed dump"
-        );
-    }
-    let mut fresh = Redis::wait_connect(port, Some(pid));
-    check_keys(&mut fresh);
-    assert_eq!(fresh.call(&[b"SHUTDOWN", b"NOSAVE"]), b"-read failed");
-    assert_eq!(child.wait().unwrap().code(), Some(0));
 }
 
 /// A redis on a free port of its own, with the test keys and `n` extra

@@ -92,7 +92,9 @@ pub struct Guarded {
     pub fd: i32,
     /// Remove a drop-everything filter ([`attach_drop_all`]) if it has one.
     pub detach_filter: bool,
-    /// Take it out of `TCP_REPAIR` (without a window probe).
+    /// A TCP connection: taken out of `TCP_REPAIR` (without a window
+    /// probe) if the dumper dies, put in it before the guard kills its
+    /// owners ([`SocketGuard::kill_owners`]).
     pub leave_repair: bool,
     /// `SO_REUSEADDR` to set after that (negative: leave it).
     pub reuseaddr: i32,
@@ -108,17 +110,31 @@ pub struct Guarded {
 /// of the pipe without one means the dumper died, and it puts every socket
 /// back. Between the fork and its exit it makes raw system calls only.
 ///
+/// A dying tracer lets its tracees go at once (the kernel detaches them as
+/// it exits), an instant before the guard, woken by the end of the pipe,
+/// can put a socket back: a program let go while its connections are in
+/// repair mode would see `recv` fail, or its `send` go to its own receive
+/// queue. So the dumper *holds* the owners of the connections before it
+/// puts any in repair mode ([`hold`]: it tells the guard, then queues a
+/// SIGSTOP on each of their threads, which a traced thread only takes when
+/// it is resumed): if it dies, every thread stops before it runs a single
+/// instruction of the program, and the guard, once the sockets are back,
+/// sends the `held` processes SIGCONT (which also cancels a SIGSTOP not
+/// yet taken). The dumper takes its SIGSTOPs back itself when it lets the
+/// threads go (`Tracee::detach`).
+///
 /// A dump that kills the tree once its checkpoint is committed hands the
-/// kill to the guard ([`kill_owners`]): the guard SIGKILLs the sockets'
-/// owners and exits without touching the sockets, which close in repair
-/// mode, silently, as the checkpoint needs. There is no instant at which a
-/// dying dumper leaves either a live program with its connections in repair
-/// mode (before the hand-over the guard puts them back) or a dead one whose
-/// connections the guard takes out of repair mode, so that their peers see
-/// them end (after it, the guard kills and touches nothing).
+/// kill to the guard ([`kill_owners`]): the guard puts the connections in
+/// repair mode, SIGKILLs the owners through pidfds opened before its fork
+/// and exits; the connections close in repair mode, silently, as the
+/// checkpoint needs. There is no instant at which a dying dumper leaves
+/// either a live program running with its connections in repair mode, or
+/// a dead one whose connections the guard took out of repair mode, so
+/// that their peers see them end.
 ///
 /// [`dismiss`]: SocketGuard::dismiss
 /// [`kill_owners`]: SocketGuard::kill_owners
+/// [`hold`]: SocketGuard::hold
 #[derive(Debug)]
 pub struct SocketGuard {
     pub(super) pid: i32,
@@ -127,8 +143,12 @@ pub struct SocketGuard {
 
 /// The dumper's word to its guard: done, touch nothing.
 const DISMISS: u8 = b'q';
-/// The dumper's word to its guard: kill the owners, touch nothing.
+/// The dumper's word to its guard: kill the owners, their connections in
+/// repair mode.
 const KILL: u8 = b'k';
+/// The dumper's word to its guard: the held processes may be stopped by
+/// now; if I die, continue them once the sockets are back.
+const HOLD: u8 = b'h';
 
 /// Whether `fd` has exactly the filter [`attach_drop_all`] attaches (raw
 /// system calls only: used after a fork).
@@ -172,8 +192,9 @@ fn raw_put_back(g: &Guarded) {
 impl SocketGuard {
     /// Forks the guard of `socks` (their fds stay open in this process),
     /// which belong to the processes `owners` (killed by
-    /// [`SocketGuard::kill_owners`]).
-    pub fn spawn(socks: &[Guarded], owners: &[i32]) -> Result<SocketGuard> {
+    /// [`SocketGuard::kill_owners`]); those of them in `held` are the ones
+    /// [`SocketGuard::hold`] may stop.
+    pub fn spawn(socks: &[Guarded], owners: &[i32], held: &[i32]) -> Result<SocketGuard> {
         // Pidfds of the owners, so the guard signals them and nothing that
         // may reuse their PIDs later.
         let owner_fds = owners
@@ -181,6 +202,12 @@ impl SocketGuard {
             .map(|&p| crate::pidfd::pidfd_open(p))
             .collect::<Result<Vec<OwnedFd>>>()?;
         let owner_raw: Vec<i32> = owner_fds.iter().map(AsRawFd::as_raw_fd).collect();
+        let held_raw: Vec<i32> = owners
+            .iter()
+            .zip(&owner_raw)
+            .filter(|(p, _)| held.contains(p))
+            .map(|(_, &fd)| fd)
+            .collect();
         let mut p = [0i32; 2];
         // SAFETY: pipe2 writes two fds into the array.
         if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
@@ -224,9 +251,24 @@ impl SocketGuard {
                 }
                 libc::setsid();
                 let mut b = 0u8;
+                let mut holding = false;
                 loop {
                     let n = libc::read(rx_fd, (&mut b as *mut u8).cast(), 1);
+                    if n == 1 && b == HOLD {
+                        holding = true;
+                        continue;
+                    }
                     if n == 1 && b == KILL {
+                        for g in socks.iter().filter(|g| g.leave_repair) {
+                            let on: i32 = 1;
+                            libc::setsockopt(
+                                g.fd,
+                                libc::IPPROTO_TCP,
+                                TCP_REPAIR,
+                                (&on as *const i32).cast(),
+                                4,
+                            );
+                        }
                         for &pfd in &owner_raw {
                             libc::syscall(
                                 libc::SYS_pidfd_send_signal,
@@ -251,6 +293,19 @@ impl SocketGuard {
                 for g in socks {
                     raw_put_back(g);
                 }
+                if holding {
+                    // After the sockets: a thread still on its way to its
+                    // SIGSTOP has it cancelled, a stopped one goes on.
+                    for &pfd in &held_raw {
+                        libc::syscall(
+                            libc::SYS_pidfd_send_signal,
+                            pfd,
+                            libc::SIGCONT,
+                            std::ptr::null::<libc::siginfo_t>(),
+                            0u32,
+                        );
+                    }
+                }
                 libc::_exit(0);
             }
         }
@@ -259,23 +314,49 @@ impl SocketGuard {
         Ok(SocketGuard { pid, tx: Some(tx) })
     }
 
+    /// Tells the guard that the `held` processes are about to be stopped
+    /// (a SIGSTOP queued on each of their threads, see the type's docs):
+    /// if the dumper dies from now on, the guard continues them once the
+    /// sockets are back. Fails if the guard is gone.
+    pub fn hold(&self) -> Result<()> {
+        let Some(tx) = &self.tx else {
+            return Err(err("the socket guard was already stopped".into()));
+        };
+        // SAFETY: writing one byte from our buffer to our pipe.
+        if unsafe { libc::write(tx.as_raw_fd(), [HOLD].as_ptr().cast(), 1) } != 1 {
+            return Err(err(
+                "telling the socket guard to continue held processes".into()
+            ));
+        }
+        Ok(())
+    }
+
     /// The dumper is done with the sockets: the guard exits without
     /// touching them, and is reaped.
     pub fn dismiss(mut self) {
         self.stop(DISMISS);
     }
 
-    /// The checkpoint is committed and the tree is to die: the guard
-    /// SIGKILLs the owners and exits without touching the sockets (they
-    /// close in repair mode, silently); returns once it has.
+    /// The checkpoint is committed and the tree is to die: the guard puts
+    /// the connections in repair mode and SIGKILLs the owners (the
+    /// connections close in repair mode, silently); returns once it has.
     pub fn kill_owners(mut self) {
         self.stop(KILL);
     }
 
+    /// Lets the guard act as if the dumper had died (it puts the sockets
+    /// back and continues held processes): for a dumper that could not
+    /// let every held thread go. Returns once it has.
+    pub fn abandon(mut self) {
+        self.stop(0);
+    }
+
     fn stop(&mut self, word: u8) {
         let Some(tx) = self.tx.take() else { return };
-        // SAFETY: writing one byte from our buffer to our pipe.
-        unsafe { libc::write(tx.as_raw_fd(), [word].as_ptr().cast(), 1) };
+        if word != 0 {
+            // SAFETY: writing one byte from our buffer to our pipe.
+            unsafe { libc::write(tx.as_raw_fd(), [word].as_ptr().cast(), 1) };
+        }
         drop(tx);
         let mut st = 0;
         // SAFETY: waiting for our own child.
