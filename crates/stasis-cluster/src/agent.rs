@@ -17,6 +17,7 @@ use stasis_image::ImageDir;
 
 use crate::jobs::{self, Decision};
 use crate::protocol::{Conn, DumpOrder, Msg, RestoreOrder};
+use crate::trackers;
 use crate::ClusterError;
 
 /// How long an agent waits for the coordinator's word in a round before
@@ -88,12 +89,28 @@ fn session(s: TcpStream, peer: String, cfg: &AgentConfig) -> Result<(), ClusterE
                     })?,
                 }
             }
+            Msg::Status { job, pids } => match jobs::check_job(&job) {
+                Ok(()) => c.send(&Msg::Alive {
+                    pids: pids
+                        .into_iter()
+                        .filter(|&p| !stasis_kernel::procfs::gone_or_zombie(p))
+                        .collect(),
+                })?,
+                Err(e) => c.send(&Msg::Error {
+                    message: e.to_string(),
+                })?,
+            },
             Msg::Dump(order) => {
                 let _one = one_round_at_a_time();
                 dump_round(&mut c, cfg, &order)?;
+                if !order.leave_running {
+                    trackers::drop_job(&order.job);
+                }
             }
             Msg::Restore(order) => {
                 let _one = one_round_at_a_time();
+                // The restored trees start a new chain.
+                trackers::drop_job(&order.job);
                 restore_round(&mut c, cfg, &order)?;
             }
             other => c.send(&Msg::Error {
@@ -347,6 +364,7 @@ fn spawn_dumps(
         });
         let dir = jobs::tree_dir(&cfg.dir, &o.job, pid);
         let (leave_running, concurrent) = (o.leave_running, o.concurrent);
+        let track = (o.track && leave_running).then(|| o.job.clone());
         let r2 = round.clone();
         threads.push(std::thread::spawn(move || {
             let res = ImageDir::create_or_open(&dir)
@@ -359,7 +377,10 @@ fn spawn_dumps(
                         cut: Some(part),
                         ..Default::default()
                     };
-                    Ok(stasis_capture::dump(&store, &opts)?)
+                    match track {
+                        Some(job) => trackers::dump_tracked(&job, &store, &opts),
+                        None => Ok(stasis_capture::dump(&store, &opts)?),
+                    }
                 });
             let out = res.map_err(|e| Why(format!("tree {pid}: {e}")));
             r2.end(out.as_ref().err().cloned());
@@ -433,17 +454,11 @@ fn restore_round(c: &mut Conn, cfg: &AgentConfig, o: &RestoreOrder) -> Result<()
             round: round.clone(),
         });
         let r2 = round.clone();
+        let lazy = o.lazy.then(|| jobs::filler_log(&cfg.dir, &o.job, pid));
         threads.push(std::thread::spawn(move || {
             let res = ImageDir::open(&dir)
                 .map_err(ClusterError::from)
-                .and_then(|store| {
-                    let opts = stasis_restore::RestoreOptions {
-                        checkpoint: Some(checkpoint),
-                        cut: Some(part),
-                        ..Default::default()
-                    };
-                    Ok(stasis_restore::restore(&store, &opts)?)
-                });
+                .and_then(|store| restore_tree(&store, checkpoint, part, lazy));
             let out = res.map_err(|e| Why(format!("tree {pid}: {e}")));
             r2.end(out.as_ref().err().cloned());
             out
@@ -482,6 +497,57 @@ fn restore_round(c: &mut Conn, cfg: &AgentConfig, o: &RestoreOrder) -> Result<()
         }
     }
     c.send(&Msg::Running { pids })
+}
+
+/// Restores checkpoint `n` of `store` as one part of a cut; `lazy`: with a
+/// page filler of its own, which fills its memory in while it runs and
+/// logs to the file given.
+fn restore_tree(
+    store: &ImageDir,
+    n: u32,
+    part: Arc<RestorePart>,
+    lazy: Option<PathBuf>,
+) -> Result<stasis_restore::Restored, ClusterError> {
+    let filler = if let Some(log) = lazy {
+        let exe = std::env::current_exe().map_err(|source| ClusterError::Io {
+            what: "finding the stasis executable (for the page filler) at",
+            path: "/proc/self/exe".into(),
+            source,
+        })?;
+        let args = stasis_lazy::FillerArgs {
+            dir: store.path().to_path_buf(),
+            checkpoint: n,
+            record_faults: true,
+            threads: 2,
+            log: Some(Some(log)),
+            ..Default::default()
+        };
+        Some(stasis_lazy::Filler::spawn(&exe, &args).map_err(|e| {
+            ClusterError::Refused(format!("starting the page filler of a lazy restore: {e}"))
+        })?)
+    } else {
+        None
+    };
+    let opts = stasis_restore::RestoreOptions {
+        checkpoint: Some(n),
+        cut: Some(part),
+        lazy: filler
+            .clone()
+            .map(|f| Box::new(stasis_lazy::FillerSink(f)) as Box<dyn stasis_restore::LazySink>),
+        ..Default::default()
+    };
+    let r = stasis_restore::restore(store, &opts);
+    if let Some(f) = &filler {
+        match &r {
+            Ok(_) => {
+                let _ = f.done();
+            }
+            Err(_) => f.abort(),
+        }
+        // Our child: reaped once it has filled everything in.
+        reap_later(f.pid);
+    }
+    Ok(r?)
 }
 
 /// The (tree root, checkpoint) pairs of a restore: the checkpoint of the

@@ -72,6 +72,38 @@ pub fn inspect(agents: &mut [Agent], job: &str) -> Result<Vec<AgentRounds>, Clus
     Ok(out)
 }
 
+/// Which of `targets` (agent `HOST:PORT`, tree root) still run: one
+/// `Status` request per agent.
+pub fn alive(
+    job: &str,
+    targets: &[(String, i32)],
+    token: &[u8],
+) -> Result<Vec<(String, i32)>, ClusterError> {
+    let mut out = Vec::new();
+    for (addr, pids) in by_agent(targets) {
+        let mut a = connect(&addr, token)?;
+        a.conn.send(&Msg::Status {
+            job: job.into(),
+            pids: pids.clone(),
+        })?;
+        match a.conn.expect()? {
+            Msg::Alive { pids: live } => out.extend(
+                pids.into_iter()
+                    .filter(|p| live.contains(p))
+                    .map(|p| (addr.clone(), p)),
+            ),
+            Msg::Error { message } => {
+                return Err(ClusterError::Peer {
+                    peer: addr,
+                    message,
+                })
+            }
+            other => return Err(a.conn.unexpected(&other, "which trees run")),
+        }
+    }
+    Ok(out)
+}
+
 /// The rounds every tree of every agent holds (complete cuts), oldest
 /// first.
 pub fn complete_rounds(rounds: &[AgentRounds]) -> Vec<u64> {
@@ -123,6 +155,9 @@ pub struct DumpRequest {
     pub targets: Vec<(String, i32)>,
     pub leave_running: bool,
     pub concurrent: bool,
+    /// Incremental: each agent keeps a dirty tracker per tree between
+    /// rounds (with `leave_running`).
+    pub track: bool,
 }
 
 /// Parses `AGENT=PID` (a `--target` of `cluster dump`).
@@ -222,6 +257,7 @@ pub fn dump(req: &DumpRequest, token: &[u8]) -> Result<CutReport, ClusterError> 
             pids: pids.clone(),
             leave_running: req.leave_running,
             concurrent: req.concurrent,
+            track: req.track,
             hosts: hosts.clone(),
         }))?;
     }
@@ -288,12 +324,13 @@ pub struct RestoreReport {
 }
 
 /// Restores the job on every agent of `agents` (`HOST:PORT`), from `round`
-/// or the newest complete one: every tree built before any runs, or none
-/// left.
+/// or the newest complete one (`lazy`: memory filled in while it runs):
+/// every tree built before any runs, or none left.
 pub fn restore(
     job: &str,
     agent_addrs: &[String],
     round: Option<u64>,
+    lazy: bool,
     token: &[u8],
 ) -> Result<RestoreReport, ClusterError> {
     crate::jobs::check_job(job)?;
@@ -329,6 +366,7 @@ pub fn restore(
             job: job.into(),
             round,
             pids: Vec::new(),
+            lazy,
         }),
     )?;
     let built = gather(&mut agents, "built", |m| {

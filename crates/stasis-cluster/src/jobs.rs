@@ -5,6 +5,8 @@
 //!                              checkpoints marked with the job and round
 //! DIR/jobs/JOB/decision.json   the last commit decision of the job: round and
 //!                              the checkpoint of each tree (atomic, synced)
+//! DIR/jobs/JOB/lazy-PID.log    the page filler's messages of the last lazy
+//!                              restore of the tree
 //! ```
 //!
 //! A checkpoint is *tentative* (a temporary name, prepared: complete and
@@ -52,6 +54,12 @@ pub fn job_dir(root: &Path, job: &str) -> PathBuf {
 /// The image directory of the tree rooted at `pid` in job `job`.
 pub fn tree_dir(root: &Path, job: &str, pid: i32) -> PathBuf {
     job_dir(root, job).join(pid.to_string())
+}
+
+/// Where the page filler of a lazy restore of the tree `pid` of `job`
+/// logs.
+pub fn filler_log(root: &Path, job: &str, pid: i32) -> PathBuf {
+    job_dir(root, job).join(format!("lazy-{pid}.log"))
 }
 
 /// Records the decision of a round, atomically and synced.

@@ -10,5 +10,6 @@ mod error;
 pub mod jobs;
 pub mod peers;
 pub mod protocol;
+mod trackers;
 
 pub use error::ClusterError;

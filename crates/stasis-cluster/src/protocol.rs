@@ -39,10 +39,10 @@
 //! (`Inspect` → `Jobs`) and numbers the new round one past the highest. Then:
 //!
 //! ```text
-//! coordinator -> agent   Dump { job, round, pids, leave_running, concurrent, hosts }
+//! coordinator -> agent   Dump { job, round, pids, leave_running, concurrent, track, hosts }
 //! agent -> coordinator   Frozen { frozen_us }      every tree of the agent frozen,
-//!                                                  its TCP connections locked and in
-//!                                                  repair mode, its state read
+//!                                                  its TCP connections locked (and
+//!                                                  read in repair mode), its state read
 //! coordinator -> agent   Release                   (once every agent is Frozen)
 //! agent -> coordinator   Written { checkpoints }   every tentative checkpoint
 //!                                                  written and synced, not visible
@@ -67,7 +67,12 @@
 //!    retransmitted copy: delivered once, never lost.
 //! 2. **Release.** With `leave_running`, each tree runs on while its pages are
 //!    copied (write-protection or fork snapshot with `concurrent`); a dump
-//!    that kills keeps its trees frozen until the commit.
+//!    that kills keeps its trees frozen until the commit. With `track`, the
+//!    agent keeps a dirty-page tracker per tree (job, root PID) from one
+//!    round to the next, armed again at each release: a tree's checkpoint is
+//!    incremental against its checkpoint of the previous round when that
+//!    round committed and the tracker has been armed since (else full, with
+//!    a note in its report). A restore of the job drops its trackers.
 //! 3. **Commit.** Each agent writes and syncs its checkpoints under temporary
 //!    names (tentative: invisible to restores) and says `Written`. When all
 //!    have, the coordinator sends `Commit`; each agent first records the
@@ -91,13 +96,18 @@
 //! # A cluster restore
 //!
 //! ```text
-//! coordinator -> agent   Restore { job, round, pids }
+//! coordinator -> agent   Restore { job, round, pids, lazy }
 //! agent -> coordinator   Built                     every tree built and stopped, its
 //!                                                  connections in repair mode (which
 //!                                                  drops what reaches them)
 //! coordinator -> agent   Go                        (once every agent is Built)
 //! agent -> coordinator   Running { pids }
 //! ```
+//!
+//! With `lazy`, each agent builds its trees without their private memory
+//! and starts a page filler (`stasis __lazy-filler`, one per tree) that
+//! fills it in as it is touched and in the background: `Built` comes
+//! sooner, and the job runs while its memory arrives.
 //!
 //! Nothing of the job runs, and no restored connection sends, before every
 //! host has built its trees: a segment sent to a host whose socket does not
@@ -108,8 +118,13 @@
 //! # Other requests
 //!
 //! `Inspect { job }` → `Jobs { rounds }`: for each target tree the agent
-//! holds under the job, the rounds it has committed. `Error { message }`
-//! answers any request the agent cannot serve.
+//! holds under the job, the rounds it has committed.
+//!
+//! `Status { job, pids }` → `Alive { pids }`: which of the trees (root
+//! PIDs) still run on the agent's host (a process that exists and is not a
+//! zombie); `stasis cluster run` checkpoints a job until none does.
+//!
+//! `Error { message }` answers any request the agent cannot serve.
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
@@ -138,6 +153,8 @@ pub enum Msg {
 
     Inspect { job: String },
     Jobs { trees: Vec<TreeRounds> },
+    Status { job: String, pids: Vec<i32> },
+    Alive { pids: Vec<i32> },
 
     Dump(DumpOrder),
     Frozen { frozen_us: u64 },
@@ -165,6 +182,10 @@ pub struct DumpOrder {
     pub pids: Vec<i32>,
     pub leave_running: bool,
     pub concurrent: bool,
+    /// Incremental checkpoints: a dirty tracker per tree, kept by the agent
+    /// from round to round.
+    #[serde(default)]
+    pub track: bool,
     /// The addresses of every host of the job: a connection to a peer
     /// elsewhere is refused before anything is touched.
     #[serde(default)]
@@ -178,6 +199,10 @@ pub struct RestoreOrder {
     pub round: u64,
     /// Roots of the trees to restore (empty: every tree of the job here).
     pub pids: Vec<i32>,
+    /// Lazy: each tree runs as soon as it is built, its memory filled in
+    /// on demand and in the background by a page filler of the agent's.
+    #[serde(default)]
+    pub lazy: bool,
 }
 
 /// The committed rounds of one tree of a job on an agent.
@@ -446,6 +471,7 @@ mod tests {
             pids: vec![10, 20],
             leave_running: true,
             concurrent: false,
+            track: true,
             hosts: vec!["10.0.0.1".parse().unwrap()],
         });
         c.send(&m).unwrap();

@@ -65,7 +65,7 @@ pub use store::{
 pub use summary::{summarize, verify_checkpoint, CheckpointSummary, ProcessSummary};
 
 /// Version of the image format written by this crate, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Page size of the images: the kernel's base page ([`stasis_sys::PAGE_SIZE`]).
 pub const PAGE_SIZE: u64 = stasis_sys::PAGE_SIZE;
 /// Largest run (index entry) in a page pack: 256 pages = 1 MiB.

@@ -70,7 +70,7 @@ pub struct SysvShm {
     pub gid: u32,
     /// The whole content, in images written before sparse content
     /// (`size` 0 and no `extents`); empty otherwise.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty", with = "serde_bytes")]
     pub data: Vec<u8>,
     /// Size of the segment in bytes.
     #[serde(default)]
@@ -87,6 +87,7 @@ pub struct SysvShm {
 pub struct Extent {
     /// Byte offset in the object.
     pub offset: u64,
+    #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
 }
 
@@ -182,7 +183,7 @@ pub struct GhostFile {
     pub mode: u32,
     /// The whole content, in images written before sparse content
     /// (`size` 0 and no `extents`); empty otherwise.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty", with = "serde_bytes")]
     pub data: Vec<u8>,
     /// memfd seals (`F_GET_SEALS`), 0 for a deleted file.
     #[serde(default)]
@@ -203,6 +204,7 @@ pub struct PipeImage {
     /// Capacity in bytes (`F_GETPIPE_SZ`).
     pub capacity: u32,
     /// Unread data, in order.
+    #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
 }
 
@@ -510,8 +512,10 @@ pub struct PtyPair {
     pub input_lines: Vec<Vec<u8>>,
     /// The rest of what the slave reads next: in canonical mode the line
     /// still being typed, otherwise everything.
+    #[serde(with = "serde_bytes")]
     pub input: Vec<u8>,
     /// What the master reads next (the slave's output, processed).
+    #[serde(with = "serde_bytes")]
     pub output: Vec<u8>,
     /// The session whose controlling terminal the slave is, if one of the
     /// image's.
@@ -616,10 +620,12 @@ pub struct TcpRepair {
     /// `TCP_QUEUE_SEQ` of the receive queue (next sequence expected).
     pub rcv_seq: u32,
     /// Bytes sent but not acknowledged, then bytes not yet sent.
+    #[serde(with = "serde_bytes")]
     pub send_queue: Vec<u8>,
     /// How many bytes at the end of `send_queue` were never sent.
     pub unsent: u32,
     /// Bytes received, not yet read by the process.
+    #[serde(with = "serde_bytes")]
     pub recv_queue: Vec<u8>,
     /// The peer's MSS (`TCP_MAXSEG` in repair mode: `mss_clamp`).
     pub mss: u32,
@@ -667,6 +673,7 @@ pub struct SigAction {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SigInfo {
     pub signo: u32,
+    #[serde(with = "serde_bytes")]
     pub raw: Vec<u8>,
 }
 
@@ -686,6 +693,7 @@ pub struct ThreadImage {
     /// already adjusted so that an interrupted syscall restarts.
     pub regs: Vec<u64>,
     /// Raw `NT_X86_XSTATE` regset (XSAVE area).
+    #[serde(with = "serde_bytes")]
     pub xstate: Vec<u8>,
     /// Blocked signal mask.
     pub sigmask: u64,

@@ -104,7 +104,7 @@ fn newer_version_is_refused_with_specific_error() {
             e,
             ImageError::NewerFormat {
                 found: 7,
-                supported: 1,
+                supported: stasis_image::FORMAT_VERSION,
                 ..
             }
         ),
@@ -112,7 +112,7 @@ fn newer_version_is_refused_with_specific_error() {
     );
     assert!(
         e.to_string().starts_with(
-            "image format version 7 is newer than this stasis supports (1): upgrade stasis"
+            "image format version 7 is newer than this stasis supports (2): upgrade stasis"
         ),
         "{e}"
     );
@@ -306,4 +306,32 @@ fn manifest_with_unsorted_data_ranges_is_refused() {
         assert!(e.to_string().contains("data ranges"), "{bad:x?}: {e}");
         assert_style(&e);
     }
+}
+
+/// Version 2 writes bulk bytes as CBOR byte strings; version 1 wrote them
+/// as arrays of integers, which still decode.
+#[test]
+fn version_1_byte_arrays_still_decode_and_version_2_writes_byte_strings() {
+    use ciborium::Value;
+    use stasis_image::manifest::Extent;
+    let key = |k: &str| Value::Text(k.into());
+    let old = Value::Map(vec![
+        (key("offset"), Value::Integer(4096.into())),
+        (
+            key("data"),
+            Value::Array(vec![Value::Integer(1.into()), Value::Integer(200.into())]),
+        ),
+    ]);
+    let mut buf = Vec::new();
+    ciborium::into_writer(&old, &mut buf).unwrap();
+    let e: Extent = ciborium::from_reader(&buf[..]).unwrap();
+    assert_eq!((e.offset, e.data.clone()), (4096, vec![1, 200]));
+    let mut buf = Vec::new();
+    ciborium::into_writer(&e, &mut buf).unwrap();
+    let v: Value = ciborium::from_reader(&buf[..]).unwrap();
+    let data = v
+        .as_map()
+        .and_then(|m| m.iter().find(|(k, _)| *k == key("data")))
+        .map(|(_, v)| v.clone());
+    assert_eq!(data, Some(Value::Bytes(vec![1, 200])));
 }

@@ -288,3 +288,32 @@ impl Filler {
         }
     }
 }
+
+/// A running filler as a restore's lazy sink: each process's userfaultfd
+/// goes to it.
+#[derive(Debug, Clone)]
+pub struct FillerSink(pub Filler);
+
+impl stasis_restore::LazySink for FillerSink {
+    fn features(&self) -> u64 {
+        crate::FEATURES
+    }
+    fn hand(
+        &self,
+        image_pid: i32,
+        pid: i32,
+        areas: &[(u64, u64)],
+        uffd: &OwnedFd,
+    ) -> Result<(), stasis_restore::LazyHandError> {
+        self.0
+            .hand(
+                Hand {
+                    image_pid,
+                    pid,
+                    areas: areas.to_vec(),
+                },
+                uffd,
+            )
+            .map_err(Into::into)
+    }
+}

@@ -28,7 +28,7 @@ mod kill;
 pub mod source;
 pub mod state;
 
-pub use control::{Filler, FillerArgs, Hand};
+pub use control::{Filler, FillerArgs, FillerSink, Hand};
 pub use eager::fill_eager;
 pub use filler::{serve, Config, Stats};
 pub use source::{open_source, Catalog, LocalPacks, PageServerRuns, ReadError, RunSource};

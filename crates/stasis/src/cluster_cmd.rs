@@ -133,6 +133,33 @@ pub enum ClusterCmd {
         /// Copy memory while the job runs (with --leave-running).
         #[arg(long, requires = "leave_running")]
         concurrent: bool,
+        /// Incremental: each agent keeps a dirty tracker per tree from this
+        /// round to the next (with --leave-running).
+        #[arg(long, requires = "leave_running")]
+        track: bool,
+    },
+    /// Checkpoint a running job periodically (concurrent, incremental after
+    /// the first round) until every tree of it has exited.
+    Run {
+        #[command(flatten)]
+        j: JobArgs,
+        /// AGENT=PID: a tree of the job (root PID) on the host whose agent
+        /// listens at AGENT (HOST:PORT). Repeat for every tree.
+        #[arg(long = "target", required = true, value_parser = coordinator::parse_target)]
+        targets: Vec<(String, i32)>,
+        /// Seconds between rounds (90, 90s, 15m...), or `auto` for Young's
+        /// interval over the measured round time (needs --mtbf).
+        #[arg(long, value_name = "SECS|auto")]
+        every: String,
+        /// Mean time between failures, for --every auto (e.g. 6h, 30m).
+        #[arg(long, value_parser = stasis_supervise::parse_duration)]
+        mtbf: Option<std::time::Duration>,
+        /// Keep the job frozen while its memory is copied (default: it runs).
+        #[arg(long)]
+        stop_the_world: bool,
+        /// Full checkpoints every round (default: incremental after the first).
+        #[arg(long)]
+        no_track: bool,
     },
     /// Restore a job on all its hosts from its newest complete checkpoint.
     Restore {
@@ -144,6 +171,10 @@ pub enum ClusterCmd {
         /// The round to restore (default: the newest that every tree holds).
         #[arg(long)]
         checkpoint: Option<u64>,
+        /// Run each tree as soon as it is built, its memory filled in on
+        /// demand and in the background (a page filler per tree).
+        #[arg(long)]
+        lazy: bool,
     },
     /// List the rounds of a job each agent holds, and the complete ones.
     Inspect {
@@ -167,6 +198,7 @@ pub fn cmd_cluster(c: ClusterCmd) -> Result<ExitCode> {
             targets,
             leave_running,
             concurrent,
+            track,
         } => {
             let token = read_token_file(&token_file)?;
             let req = coordinator::DumpRequest {
@@ -174,6 +206,7 @@ pub fn cmd_cluster(c: ClusterCmd) -> Result<ExitCode> {
                 targets,
                 leave_running,
                 concurrent,
+                track,
             };
             let r = coordinator::dump(&req, &token)
                 .with_context(|| format!("cluster checkpoint of job {job}"))?;
@@ -192,6 +225,31 @@ pub fn cmd_cluster(c: ClusterCmd) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        ClusterCmd::Run {
+            j:
+                JobArgs {
+                    token_file,
+                    job,
+                    json,
+                },
+            targets,
+            every,
+            mtbf,
+            stop_the_world,
+            no_track,
+        } => {
+            let token = read_token_file(&token_file)?;
+            let req = crate::cluster_run::RunRequest {
+                every: crate::cluster_run::parse_every(&every, mtbf)?,
+                job: job.clone(),
+                targets,
+                concurrent: !stop_the_world,
+                track: !no_track,
+                json,
+            };
+            crate::cluster_run::run(&req, &token)
+                .with_context(|| format!("periodic cluster checkpoints of job {job}"))
+        }
         ClusterCmd::Restore {
             j:
                 JobArgs {
@@ -201,9 +259,10 @@ pub fn cmd_cluster(c: ClusterCmd) -> Result<ExitCode> {
                 },
             targets,
             checkpoint,
+            lazy,
         } => {
             let token = read_token_file(&token_file)?;
-            let r = coordinator::restore(&job, &targets, checkpoint, &token)
+            let r = coordinator::restore(&job, &targets, checkpoint, lazy, &token)
                 .with_context(|| format!("cluster restore of job {job}"))?;
             if json {
                 println!("{}", serde_json::to_string(&r)?);

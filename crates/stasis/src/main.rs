@@ -5,6 +5,7 @@
 
 mod abort;
 mod cluster_cmd;
+mod cluster_run;
 mod demo;
 mod gc;
 mod page_server;

@@ -2,13 +2,13 @@
 //! lazy restore's filler process (`__lazy-filler`).
 
 use std::io::Write;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use stasis_lazy::{Catalog, Filler, FillerArgs, Hand, RunSource};
+use stasis_lazy::{Catalog, Filler, FillerArgs, RunSource};
 use stasis_pageserver::MirrorData;
 
 use crate::ui;
@@ -68,33 +68,6 @@ pub struct RestoreArgs {
     json: bool,
 }
 
-/// The filler as the restorer's lazy sink.
-struct Sink(Filler);
-
-impl stasis_restore::LazySink for Sink {
-    fn features(&self) -> u64 {
-        stasis_lazy::FEATURES
-    }
-    fn hand(
-        &self,
-        image_pid: i32,
-        pid: i32,
-        areas: &[(u64, u64)],
-        uffd: &OwnedFd,
-    ) -> Result<(), stasis_restore::LazyHandError> {
-        self.0
-            .hand(
-                Hand {
-                    image_pid,
-                    pid,
-                    areas: areas.to_vec(),
-                },
-                uffd,
-            )
-            .map_err(Into::into)
-    }
-}
-
 /// Starts the page filler of a lazy restore of checkpoint `n` of the image
 /// at `dir` (pages from the page server `from` if given, else from `dir`).
 pub fn start_filler(
@@ -121,7 +94,7 @@ pub fn start_filler(
 
 /// The restorer's lazy sink for `filler`.
 pub fn sink(filler: &Filler) -> Box<dyn stasis_restore::LazySink> {
-    Box::new(Sink(filler.clone()))
+    Box::new(stasis_lazy::FillerSink(filler.clone()))
 }
 
 /// Copies the page server's image into a temporary directory, with a

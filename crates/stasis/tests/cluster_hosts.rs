@@ -71,6 +71,12 @@ impl Job {
         loop {
             if let Some(now) = rx_bytes(&self.nodes) {
                 let b = base.get_or_insert_with(|| now.clone());
+                // Fewer bytes than the base: the base was the last record
+                // of a killed node, read before its restored self (from an
+                // older round) wrote its own.
+                if now.iter().zip(b.iter()).any(|(n, b)| n < b) {
+                    *b = now.clone();
+                }
                 if now.iter().zip(b.iter()).all(|(n, b)| n - b >= more) {
                     break;
                 }
@@ -188,9 +194,17 @@ impl Job {
     }
 
     fn restore(&self, round: Option<u64>) -> serde_json::Value {
+        self.restore_with(round, false)
+    }
+
+    /// A restore, lazy or not.
+    fn restore_with(&self, round: Option<u64>, lazy: bool) -> serde_json::Value {
         let mut args = vec!["restore".to_string(), "--job".into(), "mesh".into()];
         if let Some(r) = round {
             args.extend(["--checkpoint".into(), r.to_string()]);
+        }
+        if lazy {
+            args.push("--lazy".into());
         }
         args.extend(self.agent_targets());
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -285,8 +299,9 @@ fn mesh_over_three_hosts_dumped_killed_and_restored() {
 /// Twenty rounds taken while the mesh runs (alternately concurrent and
 /// stop-the-world, left running), each complete on every host; then the
 /// mesh is killed and restored from four of them in turn (a later restore
-/// from an older round, too): each cut is consistent, and the mesh passes
-/// its checks after the last.
+/// from an older round, too; two of the restores lazy, each tree's memory
+/// filled in by a page filler while it runs): each cut is consistent, and
+/// the mesh passes its checks after the last.
 #[test]
 fn twenty_cuts_while_the_mesh_runs_each_restorable() {
     let mut job = Job::start("c");
@@ -315,10 +330,25 @@ fn twenty_cuts_while_the_mesh_runs_each_restorable() {
     assert_ok(&o, "cluster inspect");
     let all: Vec<u64> = (1..=rounds).collect();
     assert_eq!(json(&o)["complete"], serde_json::json!(all));
-    for round in [10, 5, 15, rounds] {
+    for (i, round) in [10, 5, 15, rounds].into_iter().enumerate() {
         job.kill_all();
-        let r = job.restore(Some(round));
+        let lazy = i % 2 == 1;
+        let r = job.restore_with(Some(round), lazy);
         assert_eq!(r["round"], round, "{r}");
+        if lazy {
+            // Each tree's filler started (and logs beside its image).
+            for (a, n) in job.nodes.iter().enumerate() {
+                let log = job
+                    .d
+                    .path()
+                    .join(format!("agent{a}/jobs/mesh/lazy-{}.log", n.pid));
+                assert!(
+                    log.exists(),
+                    "no page filler for node {a}: {}",
+                    log.display()
+                );
+            }
+        }
         job.wait_traffic(2 << 20);
     }
     job.finish();
@@ -397,5 +427,98 @@ fn rounds_killed_at_random_leave_the_job_running_or_restorable() {
     let r = job.restore(None);
     assert_eq!(r["round"], last, "{r}");
     job.wait_traffic(4 << 20);
+    job.finish();
+}
+
+/// `stasis cluster run --every 1` while the mesh runs: a round a second,
+/// the second and later ones incremental on every tree (and smaller than
+/// the first); once every node is killed the command says it is done and
+/// exits 0; the mesh restored from the newest round (an incremental one)
+/// passes its checks of every byte.
+#[test]
+fn periodic_incremental_rounds_until_the_job_ends() {
+    use std::io::BufRead;
+    let mut job = Job::start("p");
+    let mut c = std::process::Command::new("ip");
+    c.args(["netns", "exec", &job.hosts.hosts[0]])
+        .arg(env!("CARGO_BIN_EXE_stasis"))
+        .args(["cluster", "run", "--job", "mesh", "--every", "1", "--json"])
+        .args(job.targets())
+        .arg("--token-file")
+        .arg(&job.tf)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(job.d.path().join("run.err")).unwrap());
+    close_inherited_fds(&mut c);
+    let mut run = c.spawn().expect("stasis cluster run");
+    let _kill_run = KillOnDrop(i32::try_from(run.id()).unwrap());
+    let (tx, rx) = std::sync::mpsc::channel::<serde_json::Value>();
+    let out = run.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(serde_json::from_str(&l).unwrap_or(serde_json::json!({"line": l})));
+        }
+    });
+    let err_file = job.d.path().join("run.err");
+    let next = |what: &str| {
+        rx.recv_timeout(Duration::from_secs(180))
+            .unwrap_or_else(|_| {
+                let err = std::fs::read_to_string(&err_file).unwrap_or_default();
+                panic!("no {what} from cluster run:\n{err}")
+            })
+    };
+    let mut rounds = Vec::new();
+    while rounds.len() < 3 {
+        let e = next("checkpoint");
+        assert_eq!(e["event"], "checkpoint", "{e}");
+        let reports: Vec<&serde_json::Value> = e["hosts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|h| h["reports"].as_array().unwrap().iter())
+            .collect();
+        assert_eq!(reports.len(), HOSTS, "{e}");
+        let incremental = reports.iter().all(|r| r["parent"].is_u64());
+        assert_eq!(e["incremental"], incremental, "{e}");
+        eprintln!(
+            "round {}: {} bytes, incremental {incremental}, froze within {} us; trees: {}",
+            e["round"],
+            e["bytes"],
+            e["freeze_us"],
+            reports
+                .iter()
+                .map(|r| format!(
+                    "frozen {} us, total {} us, note {}, concurrent {}",
+                    r["frozen_us"], r["total_us"], r["note"], r["concurrent"]
+                ))
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+        if !rounds.is_empty() {
+            assert!(incremental, "round {} is not incremental: {e}", e["round"]);
+        }
+        rounds.push((e["round"].as_u64().unwrap(), e["bytes"].as_u64().unwrap()));
+    }
+    assert_eq!(
+        rounds.iter().map(|r| r.0).collect::<Vec<_>>(),
+        vec![1, 2, 3],
+        "{rounds:?}"
+    );
+    assert!(
+        rounds[1].1 < rounds[0].1 && rounds[2].1 < rounds[0].1,
+        "incremental rounds no smaller than the first: {rounds:?}"
+    );
+    job.kill_all();
+    let done = loop {
+        let e = next("end");
+        if e["event"] == "done" {
+            break e;
+        }
+    };
+    assert_eq!(run.wait().unwrap().code(), Some(0), "{done}");
+    let last = done["committed"].as_u64().unwrap();
+    assert!(last >= 3, "{done}");
+    let r = job.restore(None);
+    assert_eq!(r["round"], last, "{r}");
+    job.wait_traffic(2 << 20);
     job.finish();
 }
