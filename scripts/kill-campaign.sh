@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The long dumper-kill campaign of issue 12: every dump mode and `stasis run`
-# SIGKILLed at seeded random instants, TRIALS times each (default 75: 7
-# campaigns x 75 = 525 kills), plus the deterministic deaths at every step of
-# the remote syscalls. Each kill checks that the dumped tree runs on
+# SIGKILLed at seeded random instants, TRIALS times each, and dumps of a TCP
+# node (two `mesh` nodes streaming to each other) likewise (default 75: 8
+# campaigns x 75 = 600 kills), plus the deterministic deaths at every step
+# of the remote syscalls. Each kill checks that the dumped tree runs on
 # untouched; see crates/stasis/tests/dump_kill.rs.
 #
 #   sudo scripts/kill-campaign.sh [TRIALS] [SEED]

@@ -467,7 +467,7 @@ fn newer_pack_version_is_refused() {
     let e = PackReader::open(&path, Some(&r)).unwrap_err();
     assert!(
         e.to_string().starts_with(
-            "image format version 7 is newer than this stasis supports (1): upgrade stasis"
+            "image format version 7 is newer than this stasis supports (2): upgrade stasis"
         ),
         "{e}"
     );
@@ -521,13 +521,13 @@ fn documented_test_vector() {
     };
     assert_eq!(
         v[..24],
-        hex("535441534953504b 0100000000100000 9210000000000000")[..]
+        hex("535441534953504b 0200000000100000 9210000000000000")[..]
     );
     let tail = hex(
         "00000000007f0000 0200000000000000 0010000000000000 74edb791513dd1da 0000000000000000
          00000100007f0000 0100000000000000 0030000000000000 ba89c648e16fd793 0000000000000000
          5354415349534958 0040000000000000 0200000000000000 996397b0fd8a15ba 0040000000000000
-         0100000000000000",
+         0200000000000000",
     );
     assert_eq!(v[16384..], tail[..]);
     drop(b);

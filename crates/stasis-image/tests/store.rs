@@ -34,7 +34,7 @@ fn commit_two_checkpoints_and_load_them() {
     );
     assert_eq!(
         fs::read_to_string(image.path().join("STASIS-IMAGE")).unwrap(),
-        "stasis image directory\nformat 1\n"
+        "stasis image directory\nformat 2\n"
     );
     assert_eq!(write_checkpoint(&image, &[(0x1000, 3, 2)]), 2);
     assert_eq!(
@@ -329,7 +329,7 @@ fn open_errors_are_clean() {
     let e = ImageDir::open(&newer).unwrap_err();
     assert!(
         e.to_string().starts_with(
-            "image format version 7 is newer than this stasis supports (1): upgrade stasis"
+            "image format version 7 is newer than this stasis supports (2): upgrade stasis"
         ),
         "{e}"
     );
