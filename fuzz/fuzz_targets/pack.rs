@@ -8,8 +8,8 @@ use std::path::Path;
 
 use libfuzzer_sys::fuzz_target;
 use stasis_image::{
-    encode_tail, pack_header, PackIndex, PackRef, MAX_RUN_PAGES, PACK_ENTRY_LEN, PACK_HEADER_LEN,
-    PACK_TRAILER_LEN, PAGE_SIZE,
+    encode_tail, pack_header, PackIndex, PackRef, FORMAT_VERSION, MAX_RUN_PAGES, PACK_ENTRY_LEN,
+    PACK_HEADER_LEN, PACK_TRAILER_LEN, PAGE_SIZE,
 };
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -20,6 +20,16 @@ fn check(bytes: &[u8]) {
         return;
     };
     assert_eq!(ix.size, bytes.len() as u64);
+    // An older format version is accepted too: compare with the version
+    // fields (header, trailer) set to what a writer puts.
+    let mut norm = bytes.to_vec();
+    let n = norm.len();
+    for at in [8, n - 8] {
+        let v = u32::from_le_bytes(norm[at..at + 4].try_into().unwrap());
+        assert!((1..=FORMAT_VERSION).contains(&v), "version {v} accepted");
+        norm[at..at + 4].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    }
+    let bytes = &norm[..];
     assert_eq!(&pack_header(ix.pid)[..], &bytes[..4096], "header");
     let data_end = usize::try_from(ix.data_end).expect("data_end in the file");
     let (tail, sum) = encode_tail(&ix.runs, ix.data_end);
