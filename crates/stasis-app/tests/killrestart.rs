@@ -16,13 +16,16 @@ const K: &str = "5";
 const KILLS: usize = 6;
 const LIMIT: Duration = Duration::from_secs(120);
 
+/// `mode` is a monitoring mode, optionally `+pmem` for that target.
 fn cmd(exe: &Path, dir: &Path, out: &Path, mode: &str) -> Command {
     let mut c = Command::new(exe);
+    let (monitor, target) = mode.split_once('+').unwrap_or((mode, "dir"));
     c.arg(dir)
         .arg(ITERS)
         .arg(K)
         .arg(out)
-        .env("STASIS_MONITOR", mode)
+        .env("STASIS_MONITOR", monitor)
+        .env("STASIS_TARGET", target)
         .env_remove("LD_LIBRARY_PATH");
     c
 }
@@ -50,13 +53,13 @@ fn killed_run(exe: &Path, root: &Path, mode: &str, seed: u64) -> (Vec<u8>, Strin
     let mut rng = Rng(seed);
     let mut kills = 0;
     loop {
-        let before = versions(&dir, "run").last().copied();
+        let before = progress(&dir);
         let mut child = spawn(&mut cmd(exe, &dir, &out, mode));
         if kills < KILLS {
             let mut exited = false;
             wait_for("a new checkpoint", LIMIT, || {
                 exited = matches!(child.0.try_wait(), Ok(Some(_)));
-                exited || versions(&dir, "run").last().copied() > before
+                exited || progress(&dir) != before
             });
             assert!(!exited, "{mode}: the program finished before kill {kills}");
             std::thread::sleep(Duration::from_micros(rng.below(30_000)));
@@ -130,6 +133,50 @@ fn acck_mode_survives_kills() {
 #[test]
 fn uffd_mode_survives_kills() {
     check_mode("uffd", 4);
+}
+
+#[test]
+fn pmem_full_mode_survives_kills() {
+    check_mode("full+pmem", 5);
+}
+
+#[test]
+fn pmem_page_mode_survives_kills() {
+    check_mode("page+pmem", 6);
+}
+
+#[test]
+fn pmem_acck_mode_survives_kills() {
+    check_mode("acck+pmem", 7);
+}
+
+#[test]
+fn pmem_uffd_mode_survives_kills() {
+    check_mode("uffd+pmem", 8);
+}
+
+#[test]
+fn pmem_a_kill_during_a_checkpoint_leaves_the_previous_version() {
+    let (tmp, exe, reference) = setup("pmemhold");
+    let (dir, out, marker) = (
+        tmp.path().join("d"),
+        tmp.path().join("o"),
+        tmp.path().join("held"),
+    );
+    let mut c = cmd(&exe, &dir, &out, "acck+pmem");
+    c.env(
+        "STASIS_APP_TEST_HOLD_COMMIT",
+        format!("{}:3", marker.display()),
+    );
+    let mut child = spawn(&mut c);
+    wait_for("the third commit to be held", LIMIT, || marker.exists());
+    child.0.kill().expect("kill");
+    let _ = child.0.wait();
+    // Slot of version 5 was invalidated and rewritten with 15, not published.
+    let o = run_ok(&mut cmd(&exe, &dir, &out, "acck+pmem"));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("restarted 10"), "{stdout}");
+    assert!(std::fs::read(&out).expect("out") == reference);
 }
 
 #[test]

@@ -136,3 +136,27 @@ impl Rng {
         self.next() % n.max(1)
     }
 }
+
+/// What changes in `dir` when a checkpoint commits, for either target: the
+/// names of the checkpoint files, and the slot descriptors of pmem files.
+pub fn progress(dir: &Path) -> Vec<u8> {
+    let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| rd.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    names.sort();
+    let mut out = Vec::new();
+    for p in names {
+        let n = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if n.ends_with(".ckpt") && !n.starts_with('.') {
+            out.extend_from_slice(n.as_bytes());
+        } else if n.ends_with(".pmem") {
+            if let Ok(b) = std::fs::read(&p) {
+                out.extend_from_slice(&b[64.min(b.len())..192.min(b.len())]);
+            }
+        }
+    }
+    out
+}
