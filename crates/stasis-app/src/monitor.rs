@@ -405,15 +405,24 @@ impl Monitor {
     /// then monitors everything again.
     pub fn snapshot(&mut self) -> Result<Snapshot> {
         let t0 = Instant::now();
-        let mut snap = Snapshot::default();
+        let mut all = Vec::with_capacity(self.regions.len());
         for i in 0..self.regions.len() {
-            let runs = match self.dirty_runs(i) {
-                Ok(r) => r,
+            match self.dirty_runs(i) {
+                Ok(r) => all.push(r),
                 Err(e) => {
                     self.mark_all_whole();
                     return Err(e);
                 }
-            };
+            }
+        }
+        // One allocation of the right size: growing it run by run would
+        // copy everything again at each doubling.
+        let total: usize = all.iter().flatten().map(|(s, e)| (e - s) * PAGE_SIZE).sum();
+        let mut snap = Snapshot {
+            regions: Vec::with_capacity(self.regions.len()),
+            data: Vec::with_capacity(total),
+        };
+        for (i, runs) in all.into_iter().enumerate() {
             let r = &self.regions[i];
             let (addr, len) = (r.mem.addr(), r.mem.len());
             let mut rd = RegionData {

@@ -29,7 +29,13 @@ fn py(dir: &Path, out: &Path, mode: &str) -> Command {
 
 #[test]
 fn python_program_survives_kills_in_every_mode() {
-    if Command::new("python3").arg("-c").arg("pass").status().map(|s| !s.success()).unwrap_or(true) {
+    if Command::new("python3")
+        .arg("-c")
+        .arg("pass")
+        .status()
+        .map(|s| !s.success())
+        .unwrap_or(true)
+    {
         eprintln!("SKIPPED: python3 is not installed");
         return;
     }
@@ -39,7 +45,10 @@ fn python_program_survives_kills_in_every_mode() {
     let reference = std::fs::read(&refout).expect("reference");
     let mut rng = Rng(15);
     for mode in ["page", "acck", "uffd"] {
-        let (dir, out) = (tmp.path().join(mode), tmp.path().join(format!("{mode}.out")));
+        let (dir, out) = (
+            tmp.path().join(mode),
+            tmp.path().join(format!("{mode}.out")),
+        );
         for kill in 0..3 {
             let before = progress(&dir);
             let mut child = spawn(&mut py(&dir, &out, mode));
@@ -56,7 +65,14 @@ fn python_program_survives_kills_in_every_mode() {
         let o = run_ok(&mut py(&dir, &out, mode));
         let s = String::from_utf8_lossy(&o.stdout);
         assert!(s.contains("restarted"), "{mode}: {s}");
-        assert!(std::fs::read(&out).expect("out") == reference, "{mode}: differs after 3 kills");
-        eprintln!("{mode}: {} bytes equal after 3 kills; {}", reference.len(), s.trim());
+        assert!(
+            std::fs::read(&out).expect("out") == reference,
+            "{mode}: differs after 3 kills"
+        );
+        eprintln!(
+            "{mode}: {} bytes equal after 3 kills; {}",
+            reference.len(),
+            s.trim()
+        );
     }
 }
