@@ -12,7 +12,7 @@ use common::*;
 fn every_error_is_a_code_and_foreign_faults_reach_the_programs_handler() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let exe = build_c("errors.c", tmp.path());
-    for mode in ["page", "acck", "uffd", "full"] {
+    for mode in ["page", "acck", "uffd", "full", "auto"] {
         let dir = tmp.path().join(mode);
         let o = run_ok(
             Command::new(&exe)

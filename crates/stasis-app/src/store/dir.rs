@@ -46,31 +46,12 @@ impl DirTarget {
             max_versions,
             commits: 0,
         };
-        t.remove_stale_temporaries();
+        super::remove_stale_temporaries(dir);
         Ok(t)
     }
 
     fn path(&self, name: &str, version: i32) -> PathBuf {
         self.dir.join(format!("{name}.{version}.ckpt"))
-    }
-
-    /// Removes the temporary files of writers that are dead.
-    fn remove_stale_temporaries(&self) {
-        let Ok(rd) = fs::read_dir(&self.dir) else {
-            return;
-        };
-        for e in rd.flatten() {
-            let n = e.file_name().to_string_lossy().into_owned();
-            let Some((_, pid)) = n.rsplit_once(".tmp.") else {
-                continue;
-            };
-            let alive = pid
-                .parse::<u32>()
-                .is_ok_and(|p| Path::new(&format!("/proc/{p}")).exists());
-            if n.starts_with('.') && !alive {
-                let _ = fs::remove_file(e.path());
-            }
-        }
     }
 
     /// The versions of `name` present, newest first.

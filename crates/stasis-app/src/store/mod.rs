@@ -41,6 +41,26 @@ pub fn check_name(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Removes the temporary files (`.NAME....tmp.PID`) of writers that are
+/// dead: what a checkpoint killed before its rename left behind.
+pub fn remove_stale_temporaries(dir: &std::path::Path) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        let Some((_, pid)) = n.rsplit_once(".tmp.") else {
+            continue;
+        };
+        let alive = pid
+            .parse::<u32>()
+            .is_ok_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists());
+        if n.starts_with('.') && !alive {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 /// Holds a commit forever before it becomes visible, when the environment
 /// asks for it (`STASIS_APP_TEST_HOLD_COMMIT=PATH:N`: at the Nth commit of
 /// this process, create PATH and wait to be killed). For the tests that

@@ -166,6 +166,7 @@ impl PmemTarget {
     /// Opens the target in `dir` (created if missing).
     pub fn open(dir: &Path, latency_ns: u64) -> Result<Self> {
         fs::create_dir_all(dir).map_err(AppError::io("create directory", dir))?;
+        super::remove_stale_temporaries(dir);
         Ok(Self {
             dir: dir.to_path_buf(),
             latency_ns,
