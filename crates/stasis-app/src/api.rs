@@ -278,7 +278,14 @@ pub fn restart(name: &str, version: i32) -> Result<()> {
             }
             m.rescan()?;
             m.rearm_all()?;
-            // Regions protected now but not in the checkpoint are copied whole next time.
+            // Regions protected now but not in the checkpoint have no base
+            // in it: the next checkpoint copies them whole.
+            for (id, _) in have
+                .iter()
+                .filter(|(id, _)| !want.iter().any(|w| w.id == *id))
+            {
+                m.mark_whole(*id);
+            }
             Ok(())
         })?;
         l.last = Some(Last {

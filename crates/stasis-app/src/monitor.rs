@@ -512,6 +512,14 @@ impl Monitor {
         }
     }
 
+    /// The next checkpoint copies every byte of region `id`.
+    pub fn mark_whole(&mut self, id: i32) {
+        self.regions
+            .iter_mut()
+            .filter(|r| r.id == id)
+            .for_each(|r| r.whole = true);
+    }
+
     /// The next checkpoint copies every byte (after a failed one).
     pub fn mark_all_whole(&mut self) {
         self.regions.iter_mut().for_each(|r| r.whole = true);
