@@ -125,6 +125,9 @@ struct stasis_stats {
   uint64_t copy_ns;
   // Time spent writing the target (background for `checkpoint_begin`).
   uint64_t write_ns;
+  // Pages of a background checkpoint copied early because the program
+  // wrote them (copy-on-write, `page` and `acck` modes).
+  uint64_t cow_copies;
 };
 
 #ifdef __cplusplus

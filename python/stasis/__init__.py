@@ -46,7 +46,8 @@ class _Stats(ctypes.Structure):
     _fields_ = [("monitor", ctypes.c_int)] + [
         (n, ctypes.c_uint64) for n in (
             "checkpoints", "faults", "pieces_released", "pages_released", "huge_collapsed",
-            "huge_failed", "bytes_copied", "bytes_written", "monitor_ns", "copy_ns", "write_ns")
+            "huge_failed", "bytes_copied", "bytes_written", "monitor_ns", "copy_ns", "write_ns",
+            "cow_copies")
     ]
 
 

@@ -102,8 +102,8 @@ pub fn init(dir: &Path, cfg: Option<&stasis_config>) -> Result<()> {
 /// `stasis_protect`.
 pub fn protect(id: i32, mem: AppRegion) -> Result<()> {
     let g = lib();
-    if g.is_none() {
-        return Err(AppError::NotInit);
+    if g.as_ref().ok_or(AppError::NotInit)?.pending.is_some() {
+        return Err(AppError::Busy);
     }
     if mem.is_empty() {
         return Err(AppError::Invalid(format!("region {id} is empty")));
@@ -114,8 +114,8 @@ pub fn protect(id: i32, mem: AppRegion) -> Result<()> {
 /// `stasis_unprotect`.
 pub fn unprotect(id: i32) -> Result<()> {
     let g = lib();
-    if g.is_none() {
-        return Err(AppError::NotInit);
+    if g.as_ref().ok_or(AppError::NotInit)?.pending.is_some() {
+        return Err(AppError::Busy);
     }
     with_mon(|m| m.remove(id))
 }
@@ -178,11 +178,11 @@ pub fn checkpoint_begin(name: &str, version: i32) -> Result<()> {
         version,
         parent_version: parent.as_ref().map_or(-1, |p| p.version),
     };
-    let snap: Snapshot = with_mon(|m| {
+    with_mon(|m| {
         if parent.is_none() {
             m.mark_all_whole();
         }
-        m.snapshot()
+        m.snapshot_begin(true)
     })?;
     l.last = Some(Last {
         name: name.to_string(),
@@ -192,6 +192,7 @@ pub fn checkpoint_begin(name: &str, version: i32) -> Result<()> {
     });
     let (target, w, name) = (l.target.clone(), l.w.clone(), name.to_string());
     l.pending = Some(std::thread::spawn(move || {
+        let snap = copy_out()?;
         let t0 = Instant::now();
         let n = target
             .lock()
@@ -206,6 +207,19 @@ pub fn checkpoint_begin(name: &str, version: i32) -> Result<()> {
         Ok(())
     }));
     Ok(())
+}
+
+/// Copies the pages of the checkpoint in progress that the program has
+/// not written yet, a megabyte at a time (the program's first write to a
+/// page copies it first), and returns the snapshot.
+fn copy_out() -> Result<Snapshot> {
+    loop {
+        let mut g = monitor::lock();
+        let m = g.as_mut().ok_or(AppError::NotInit)?;
+        if let Some(s) = m.snapshot_step(256) {
+            return Ok(s);
+        }
+    }
 }
 
 /// `stasis_checkpoint_wait`.

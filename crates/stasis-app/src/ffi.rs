@@ -48,6 +48,9 @@ pub struct stasis_stats {
     pub copy_ns: u64,
     /// Time spent writing the target (background for `checkpoint_begin`).
     pub write_ns: u64,
+    /// Pages of a background checkpoint copied early because the program
+    /// wrote them (copy-on-write, `page` and `acck` modes).
+    pub cow_copies: u64,
 }
 
 thread_local! {
@@ -221,6 +224,7 @@ pub unsafe extern "C" fn stasis_stats(out: *mut stasis_stats) -> c_int {
             monitor_ns: s.c.monitor_ns,
             copy_ns: s.c.copy_ns,
             write_ns: s.write_ns,
+            cow_copies: s.c.cow_copies,
         };
         // SAFETY: non-null and writable by the caller's contract.
         unsafe { out.write(v) };

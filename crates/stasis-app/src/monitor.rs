@@ -43,6 +43,54 @@ pub struct Counters {
     pub monitor_ns: u64,
     pub bytes_copied: u64,
     pub copy_ns: u64,
+    /// Pages of a checkpoint in progress copied by the program's first
+    /// write to them (before the background copy reached them).
+    pub cow_copies: u64,
+}
+
+/// One page of a region (clipped to it) to copy into a snapshot at `at`.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    addr: usize,
+    len: usize,
+    region: usize,
+    off: usize,
+    at: usize,
+}
+
+/// A checkpoint whose pages are being copied out while the program runs.
+#[derive(Debug)]
+struct Pending {
+    /// Sorted by address.
+    pieces: Vec<Piece>,
+    copied: Bits,
+    next: usize,
+    snap: Snapshot,
+}
+
+impl Pending {
+    fn copy(&mut self, regions: &[Tracked], i: usize) {
+        let p = self.pieces[i];
+        regions[p.region]
+            .mem
+            .copy_out(p.off, &mut self.snap.data[p.at..p.at + p.len]);
+        self.copied.set_range(i, i + 1, true);
+    }
+
+    /// Copies the pieces of `[start, end)` not copied yet (signal context:
+    /// no allocation).
+    fn copy_range(&mut self, regions: &[Tracked], start: usize, end: usize) -> u64 {
+        let mut i = self.pieces.partition_point(|p| p.addr + p.len <= start);
+        let mut n = 0;
+        while i < self.pieces.len() && self.pieces[i].addr < end {
+            if !self.copied.get(i) {
+                self.copy(regions, i);
+                n += 1;
+            }
+            i += 1;
+        }
+        n
+    }
 }
 
 /// One protected region and its monitoring state.
@@ -80,6 +128,8 @@ pub struct Monitor {
     huge: bool,
     /// Why the last huge-page collapse failed, if one did.
     pub huge_note: Option<std::io::Error>,
+    /// A checkpoint being copied out (copy-on-write).
+    pending: Option<Pending>,
     pub c: Counters,
 }
 
@@ -185,6 +235,7 @@ impl Monitor {
             acck,
             huge: huge && mode == Mode::Acck,
             huge_note: None,
+            pending: None,
             c: Counters::default(),
         })
     }
@@ -344,6 +395,9 @@ impl Monitor {
             ),
             _ => (page, 1, 0),
         };
+        if let Some(p) = self.pending.as_mut() {
+            self.c.cow_copies += p.copy_range(&self.regions, start, start + pages * PAGE_SIZE);
+        }
         if set_writable(start, pages, true).is_err() {
             return false;
         }
@@ -401,10 +455,9 @@ impl Monitor {
         })
     }
 
-    /// Copies what changed since the last checkpoint out of every region,
-    /// then monitors everything again.
-    pub fn snapshot(&mut self) -> Result<Snapshot> {
-        let t0 = Instant::now();
+    /// What to copy at this checkpoint: the snapshot's table with its data
+    /// zeroed at full size, and one piece per page (clipped to its region).
+    fn plan(&mut self) -> Result<(Snapshot, Vec<Piece>)> {
         let mut all = Vec::with_capacity(self.regions.len());
         for i in 0..self.regions.len() {
             match self.dirty_runs(i) {
@@ -415,13 +468,12 @@ impl Monitor {
                 }
             }
         }
-        // One allocation of the right size: growing it run by run would
-        // copy everything again at each doubling.
-        let total: usize = all.iter().flatten().map(|(s, e)| (e - s) * PAGE_SIZE).sum();
         let mut snap = Snapshot {
             regions: Vec::with_capacity(self.regions.len()),
-            data: Vec::with_capacity(total),
+            data: Vec::new(),
         };
+        let mut pieces = Vec::new();
+        let mut at = 0usize;
         for (i, runs) in all.into_iter().enumerate() {
             let r = &self.regions[i];
             let (addr, len) = (r.mem.addr(), r.mem.len());
@@ -437,20 +489,95 @@ impl Monitor {
                 if b <= a {
                     continue;
                 }
-                let at = snap.data.len();
-                snap.data.resize(at + (b - a), 0);
-                r.mem.copy_out(a - addr, &mut snap.data[at..]);
                 rd.chunks.push(((a - addr) as u64, (b - a) as u64));
+                let mut p = a;
+                while p < b {
+                    let q = (page_floor(p) + PAGE_SIZE).min(b);
+                    pieces.push(Piece {
+                        addr: p,
+                        len: q - p,
+                        region: i,
+                        off: p - addr,
+                        at,
+                    });
+                    at += q - p;
+                    p = q;
+                }
             }
             snap.regions.push(rd);
         }
+        snap.data = vec![0; at];
+        Ok((snap, pieces))
+    }
+
+    /// Copies what changed since the last checkpoint out of every region,
+    /// then monitors everything again.
+    pub fn snapshot(&mut self) -> Result<Snapshot> {
+        self.snapshot_begin(false)?;
+        loop {
+            if let Some(s) = self.snapshot_step(usize::MAX) {
+                return Ok(s);
+            }
+        }
+    }
+
+    /// Starts a checkpoint. With `cow` in `page` and `acck` modes nothing
+    /// is copied yet: every region is protected again at once, and each
+    /// page still to copy is copied before its first write lets the
+    /// program change it ([`Monitor::fault`]) or by [`Monitor::snapshot_step`],
+    /// whichever comes first. Otherwise everything is copied now.
+    pub fn snapshot_begin(&mut self, cow: bool) -> Result<()> {
+        if self.pending.is_some() {
+            return Err(AppError::Busy);
+        }
+        let (snap, pieces) = self.plan()?;
         self.c.bytes_copied += snap.data.len() as u64;
-        self.c.copy_ns += u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let copied = Bits::new(pieces.len());
+        self.pending = Some(Pending {
+            pieces,
+            copied,
+            next: 0,
+            snap,
+        });
+        if !(cow && matches!(self.mode, Mode::Page | Mode::Acck)) {
+            self.copy_pending(usize::MAX);
+        }
         let t1 = Instant::now();
         let armed = self.rearm_all();
         self.c.monitor_ns += u64::try_from(t1.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        armed?;
-        Ok(snap)
+        if let Err(e) = armed {
+            self.pending = None;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Copies up to `max` more pages of the checkpoint in progress; returns
+    /// its snapshot once every page is copied.
+    pub fn snapshot_step(&mut self, max: usize) -> Option<Snapshot> {
+        if self.copy_pending(max) {
+            return self.pending.take().map(|p| p.snap);
+        }
+        None
+    }
+
+    /// Copies up to `max` pages not copied yet; whether all are.
+    fn copy_pending(&mut self, max: usize) -> bool {
+        let t0 = Instant::now();
+        let Some(p) = self.pending.as_mut() else {
+            return true;
+        };
+        let mut n = 0;
+        while p.next < p.pieces.len() && n < max {
+            let i = p.next;
+            if !p.copied.get(i) {
+                p.copy(&self.regions, i);
+                n += 1;
+            }
+            p.next += 1;
+        }
+        self.c.copy_ns += u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        p.next >= p.pieces.len()
     }
 
     /// Monitors every region again from a clean state. In `uffd` mode the

@@ -61,8 +61,11 @@ int main(int argc, char **argv) {
     CHECK("restart_test", stasis_restart_test("ok"), 1);
     CHECK("begin", stasis_checkpoint_begin("ok", 2), STASIS_SUCCESS);
     CHECK("begin while busy", stasis_checkpoint_begin("ok", 3), STASIS_ERR_BUSY);
-    CHECK("wait", stasis_checkpoint_wait(), STASIS_SUCCESS);
+    CHECK("protect while busy", stasis_protect(6, buf + n, 0), STASIS_ERR_BUSY);
+    /* Written while the checkpoint is being copied out: version 2 must
+     * still hold the bytes of the instant it began (copy-on-write). */
     memset(buf, 9, n);
+    CHECK("wait", stasis_checkpoint_wait(), STASIS_SUCCESS);
     CHECK("restart", stasis_restart("ok", 2), STASIS_SUCCESS);
     if (buf[0] != 7 || buf[n - 1] != 7) { printf("FAIL restart did not refill\n"); failures++; }
     /* Regression: a region protected but absent from the version restarted
