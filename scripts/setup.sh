@@ -66,3 +66,8 @@ if ! { cargo fmt --version >/dev/null 2>&1 && cargo clippy --version >/dev/null 
     fi
 fi
 stasis_log "$(cargo --version), $(cc --version | head -n1)"
+# libstasis's Python test protects a NumPy array when NumPy is there
+# (it still runs with plain buffers when it is not).
+if command -v python3 >/dev/null 2>&1 && ! python3 -c "import numpy" >/dev/null 2>&1; then
+    python3 -m pip install -q numpy >/dev/null 2>&1 || stasis_log "numpy not installed: the Python test of libstasis runs without it"
+fi

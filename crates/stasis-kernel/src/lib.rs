@@ -31,6 +31,7 @@ pub mod remote;
 pub mod robust_list;
 pub mod scm;
 pub mod seam;
+pub mod selfmon;
 pub mod sock;
 pub mod sockdiag;
 pub mod sysvshm;
