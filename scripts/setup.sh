@@ -66,3 +66,7 @@ if ! { cargo fmt --version >/dev/null 2>&1 && cargo clippy --version >/dev/null 
     fi
 fi
 stasis_log "$(cargo --version), $(cc --version | head -n1)"
+
+# versitygw: the S3-compatible server of the object-store tests
+# (crates/stasis/tests/s3.rs, crates/stasis-store).
+"$(dirname "${BASH_SOURCE[0]}")/versitygw.sh" install >/dev/null

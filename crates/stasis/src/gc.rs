@@ -8,12 +8,23 @@ use anyhow::{Context, Result};
 use stasis_image::{GcReport, ImageDir};
 
 /// `stasis gc -D DIR --keep N [--json]`.
-pub fn cmd_gc(dir: &Path, keep: usize, json: bool) -> Result<ExitCode> {
-    let store = ImageDir::open(dir)
-        .with_context(|| format!("opening image directory {}", dir.display()))?;
-    let report = store
-        .gc(keep)
-        .with_context(|| format!("deleting old checkpoints of {}", dir.display()))?;
+pub fn cmd_gc(
+    dir: &Path,
+    keep: usize,
+    json: bool,
+    seal: stasis_store::seal::SealOptions,
+) -> Result<ExitCode> {
+    let report = match crate::store::s3(dir, seal)? {
+        Some(image) => {
+            anyhow::ensure!(keep >= 1, "--keep must be at least 1");
+            stasis_store::gc(&image, keep)
+                .with_context(|| format!("deleting old checkpoints of {}", image.url))?
+        }
+        None => ImageDir::open(dir)
+            .with_context(|| format!("opening image directory {}", dir.display()))?
+            .gc(keep)
+            .with_context(|| format!("deleting old checkpoints of {}", dir.display()))?,
+    };
     if json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
