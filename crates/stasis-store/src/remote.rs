@@ -40,13 +40,34 @@ pub struct Listed {
     pub modified_unix: i64,
 }
 
+/// Explicit settings that override the environment's (tests, tools).
+#[derive(Debug, Clone, Default)]
+pub struct S3Config {
+    pub endpoint: Option<String>,
+    pub access_key: Option<String>,
+    pub secret_key: Option<String>,
+    pub region: Option<String>,
+    pub allow_http: Option<bool>,
+}
+
 impl Bucket {
     /// A client of `bucket`, configured from the environment.
     pub fn from_env(bucket: &str) -> Result<Bucket, StoreError> {
+        Bucket::with_config(bucket, &S3Config::default())
+    }
+
+    /// A client of `bucket`: the environment, overridden by `cfg`.
+    pub fn with_config(bucket: &str, cfg: &S3Config) -> Result<Bucket, StoreError> {
         let url = format!("s3://{bucket}");
-        let endpoint = std::env::var("AWS_ENDPOINT_URL")
-            .or_else(|_| std::env::var("AWS_ENDPOINT"))
-            .unwrap_or_else(|_| "https://s3.amazonaws.com (AWS_ENDPOINT_URL unset)".into());
+        let endpoint = cfg
+            .endpoint
+            .clone()
+            .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
+            .or_else(|| std::env::var("AWS_ENDPOINT").ok())
+            .unwrap_or_else(|| "https://s3.amazonaws.com (AWS_ENDPOINT_URL unset)".into());
+        let allow_http = cfg.allow_http.unwrap_or_else(|| {
+            std::env::var("AWS_ALLOW_HTTP").is_ok_and(|v| v == "true" || v == "1")
+        });
         let mut b = AmazonS3Builder::from_env()
             .with_bucket_name(bucket)
             .with_retry(RetryConfig {
@@ -62,11 +83,24 @@ impl Bucket {
                 ClientOptions::new()
                     .with_connect_timeout(Duration::from_secs(5))
                     .with_timeout(Duration::from_secs(120))
-                    .with_allow_http(
-                        std::env::var("AWS_ALLOW_HTTP").is_ok_and(|v| v == "true" || v == "1"),
-                    ),
+                    .with_allow_http(allow_http),
             );
-        if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err() {
+        if let Some(e) = &cfg.endpoint {
+            b = b.with_endpoint(e);
+        }
+        if let Some(k) = &cfg.access_key {
+            b = b.with_access_key_id(k);
+        }
+        if let Some(k) = &cfg.secret_key {
+            b = b.with_secret_access_key(k);
+        }
+        if let Some(r) = &cfg.region {
+            b = b.with_region(r);
+        }
+        if cfg.region.is_none()
+            && std::env::var("AWS_REGION").is_err()
+            && std::env::var("AWS_DEFAULT_REGION").is_err()
+        {
             b = b.with_region("us-east-1");
         }
         let store = b.build().map_err(|source| StoreError::Config {

@@ -47,8 +47,18 @@ pub struct Downloaded {
 }
 
 impl S3Image {
-    /// Opens `s3://BUCKET/PREFIX` (nothing is read yet).
+    /// Opens `s3://BUCKET/PREFIX` (nothing is read yet), configured by
+    /// the environment.
     pub fn open(loc: &Location, seal: SealOptions) -> Result<S3Image, StoreError> {
+        S3Image::open_with(loc, seal, &crate::remote::S3Config::default())
+    }
+
+    /// [`open`](Self::open) with settings overriding the environment's.
+    pub fn open_with(
+        loc: &Location,
+        seal: SealOptions,
+        cfg: &crate::remote::S3Config,
+    ) -> Result<S3Image, StoreError> {
         let Location::S3 { bucket, prefix } = loc else {
             return Err(StoreError::BadUrl {
                 url: loc.display(),
@@ -56,7 +66,7 @@ impl S3Image {
             });
         };
         Ok(S3Image {
-            bucket: Bucket::from_env(bucket)?,
+            bucket: Bucket::with_config(bucket, cfg)?,
             prefix: prefix.clone(),
             url: loc.display(),
             seal,
