@@ -21,7 +21,7 @@ pub mod seal;
 mod staging;
 
 pub use error::StoreError;
-pub use gc::{gc, GcReport};
+pub use gc::{gc, GcReport, Swept, SWEEP_AGE_S};
 pub use key::{parse_key, Key};
 pub use location::Location;
 pub use s3image::{Downloaded, S3Image, Uploaded};

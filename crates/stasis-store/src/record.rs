@@ -1,5 +1,6 @@
 //! The commit record of a checkpoint in an object store: the object whose
-//! conditional creation commits it (format in docs/storage.md).
+//! conditional creation commits it, listing the chunks of its files
+//! (format in docs/storage.md).
 
 use serde::{Deserialize, Serialize};
 
@@ -9,8 +10,10 @@ use crate::Key;
 pub const RECORD_FORMAT: u32 = 1;
 /// Largest commit record read.
 pub const MAX_RECORD_BYTES: usize = 64 << 20;
-/// Plain bytes per stored part of a file.
-pub const PART_BYTES: u64 = 8 << 20;
+/// Plain bytes per chunk of a file (the last one of a file is shorter).
+pub const CHUNK_BYTES: u64 = 1 << 20;
+/// The id of a chunk of zeros: nothing is stored for it.
+pub const ZERO_CHUNK: &str = "0";
 
 /// `commits/NNNNNNNN`: JSON.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -18,11 +21,8 @@ pub struct Record {
     pub format: u32,
     pub checkpoint: u32,
     pub parent: Option<u32>,
-    /// Key of the upload's data directory, relative to the prefix
-    /// (`data/NNNNNNNN-RANDOM/`).
-    pub data: String,
     pub created_unix: u64,
-    /// `Key::id` of the key the objects are sealed with; `None`: not encrypted.
+    /// `Key::id` of the key the chunks are sealed with; `None`: not encrypted.
     pub key_id: Option<String>,
     pub files: Vec<FileRecord>,
     /// With a key: BLAKE3 keyed hash of this record with `mac` empty (hex).
@@ -30,38 +30,33 @@ pub struct Record {
     pub mac: String,
 }
 
-/// One file of the checkpoint directory, stored as parts of
-/// [`PART_BYTES`] plain bytes (`NAME.00000`, `NAME.00001`, ...).
+/// One file of the checkpoint directory, as the ids of its chunks of
+/// [`CHUNK_BYTES`] plain bytes (`chunks/ID` in the store).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileRecord {
     pub name: String,
     /// Plain size of the whole file.
     pub size: u64,
-    pub parts: Vec<PartRecord>,
+    pub chunks: Vec<String>,
 }
 
-/// One stored part: its stored size and BLAKE3 hash (hex).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PartRecord {
-    pub stored: u64,
-    pub blake3: String,
-}
-
-impl FileRecord {
-    /// Object key of part `i`, relative to the prefix.
-    pub fn part_key(&self, data: &str, i: usize) -> String {
-        format!("{data}{}.{i:05}", self.name)
-    }
+/// Whether `id` is a chunk id: [`ZERO_CHUNK`] or 64 lowercase hex digits.
+pub fn valid_chunk_id(id: &str) -> bool {
+    id == ZERO_CHUNK
+        || (id.len() == 64
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
 }
 
 impl Record {
-    /// Stored bytes of every part.
-    pub fn stored_bytes(&self) -> u64 {
+    /// Every chunk id the record refers to (zero chunks excluded).
+    pub fn chunk_ids(&self) -> impl Iterator<Item = &str> {
         self.files
             .iter()
-            .flat_map(|f| &f.parts)
-            .map(|p| p.stored)
-            .sum()
+            .flat_map(|f| &f.chunks)
+            .map(String::as_str)
+            .filter(|c| *c != ZERO_CHUNK)
     }
 
     fn mac_of(&self, key: &Key) -> String {
@@ -95,24 +90,20 @@ impl Record {
         if r.parent.is_some_and(|p| p >= checkpoint) {
             return Err("its parent is not older than it".into());
         }
-        let plain_data = r.data.starts_with("data/")
-            && r.data.ends_with('/')
-            && !r.data.contains("..")
-            && r.data.matches('/').count() == 2;
-        if !plain_data {
-            return Err(format!("bad data directory {:?}", r.data));
-        }
         for f in &r.files {
             if !stasis_image::is_plain_name(&f.name) {
                 return Err(format!("bad file name {:?}", f.name));
             }
-            if f.parts.len() as u64 != f.size.div_ceil(PART_BYTES) {
+            if f.chunks.len() as u64 != f.size.div_ceil(CHUNK_BYTES) {
                 return Err(format!(
-                    "{} has {} parts for {} bytes",
+                    "{} has {} chunks for {} bytes",
                     f.name,
-                    f.parts.len(),
+                    f.chunks.len(),
                     f.size
                 ));
+            }
+            if let Some(c) = f.chunks.iter().find(|c| !valid_chunk_id(c)) {
+                return Err(format!("bad chunk id {c:?}"));
             }
         }
         Ok(r)

@@ -1,13 +1,17 @@
 //! A repository of checkpoints in an S3 bucket under a prefix:
 //!
 //! ```text
-//! PREFIX/commits/NNNNNNNN              commit record (JSON), created with If-None-Match: *
-//! PREFIX/data/NNNNNNNN-RANDOM/FILE.PPPPP   the parts of each file of one upload
+//! PREFIX/commits/NNNNNNNN   commit record (JSON), created with If-None-Match: *
+//! PREFIX/chunks/ID          a chunk of up to 1 MiB of some file, named by the
+//!                           (keyed) BLAKE3 of its plain bytes: shared by every
+//!                           checkpoint, process and job of the store that holds
+//!                           the same bytes; chunks of zeros are stored as nothing
 //! ```
-//! A checkpoint exists once its commit record does; data with no record
-//! naming it (an upload that died) is never read, and gc removes it.
+//! A checkpoint exists once its commit record does. A chunk no record
+//! names (an upload that died, a deleted checkpoint's) is never read, and
+//! gc removes it once it is old enough (see `gc.rs`).
 
-use std::collections::BTreeMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::Read;
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
@@ -16,7 +20,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use stasis_image::{checkpoint_dir_name, CHECKPOINTS_DIR, LATEST_NAME, MARKER_NAME};
 
-use crate::record::{FileRecord, PartRecord, Record, PART_BYTES, RECORD_FORMAT};
+use crate::record::{FileRecord, Record, CHUNK_BYTES, RECORD_FORMAT, ZERO_CHUNK};
 use crate::remote::Bucket;
 use crate::seal::{self, OpenError, SealOptions};
 use crate::{Key, Location, StoreError};
@@ -33,10 +37,22 @@ pub struct S3Image {
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Uploaded {
     pub checkpoint: u32,
+    /// Plain bytes of the checkpoint's files.
     pub plain_bytes: u64,
+    /// Bytes of the chunks written (new ones, and old ones refreshed).
     pub stored_bytes: u64,
+    /// Chunks written.
     pub objects: u64,
+    /// Chunks already in the store, not written again.
+    pub reused: u64,
+    /// Chunks of zeros (nothing stored).
+    pub zero: u64,
 }
+
+/// A chunk already in the store younger than this is trusted to stay
+/// until the commit (gc removes unnamed chunks only after `gc::SWEEP_AGE_S`);
+/// an older one is written again, which renews its age.
+pub const REFRESH_AGE_S: i64 = 1800;
 
 /// What a download fetched.
 #[derive(Debug, Clone, Default)]
@@ -170,7 +186,7 @@ impl S3Image {
             .filter(|n| n != stasis_image::MANIFEST_NAME && !skip.contains(&n.as_str()))
             .collect();
         names.sort();
-        let data = format!("data/{}-{}/", checkpoint_dir_name(n), random_hex());
+        let mut known = self.chunks()?;
         let mut files = Vec::new();
         let mut up = Uploaded {
             checkpoint: n,
@@ -186,14 +202,13 @@ impl S3Image {
             sources.push((name, Source::File(path)));
         }
         for (name, source) in sources {
-            let f = self.upload_file(&data, &name, source, &mut up)?;
+            let f = self.upload_file(&name, source, &mut known, &mut up)?;
             files.push(f);
         }
         let record = Record {
             format: RECORD_FORMAT,
             checkpoint: n,
             parent,
-            data,
             created_unix: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())
@@ -207,67 +222,73 @@ impl S3Image {
 
     fn upload_file(
         &self,
-        data: &str,
         name: &str,
         source: Source,
+        known: &mut HashMap<String, i64>,
         up: &mut Uploaded,
     ) -> Result<FileRecord, StoreError> {
-        let (size, mut reader): (u64, ReadPart) = match source {
-            Source::Bytes(b) => (
-                b.len() as u64,
-                Box::new(move |off, buf: &mut Vec<u8>| {
-                    let s = usize::try_from(off).unwrap_or(usize::MAX).min(b.len());
-                    let e = s.saturating_add(buf.len()).min(b.len());
-                    buf.truncate(e - s);
-                    buf.copy_from_slice(&b[s..e]);
-                    Ok(())
-                }),
-            ),
-            Source::File(path) => {
-                let f = File::open(&path).map_err(StoreError::local("open", &path))?;
-                let len = f
-                    .metadata()
-                    .map_err(StoreError::local("stat", &path))?
-                    .len();
-                (
-                    len,
-                    Box::new(move |off, buf: &mut Vec<u8>| {
-                        f.read_exact_at(buf, off)
-                            .map_err(StoreError::local("read", &path))
-                    }),
-                )
-            }
-        };
-        let mut f = FileRecord {
-            name: name.to_string(),
-            size,
-            parts: Vec::new(),
-        };
-        let count = size.div_ceil(PART_BYTES);
+        let (size, mut reader) = source.open()?;
+        let count = size.div_ceil(CHUNK_BYTES);
+        let now = now_unix();
         let mut i = 0u64;
-        let mut parts = Vec::new();
-        self.bucket.put_many(|| {
+        let mut chunks = Vec::new();
+        self.bucket.put_many(|| loop {
             if i >= count {
                 return Ok(None);
             }
-            let off = i * PART_BYTES;
-            let len = usize::try_from(PART_BYTES.min(size - off)).unwrap_or(0);
+            let off = i * CHUNK_BYTES;
+            i += 1;
+            let len = usize::try_from(CHUNK_BYTES.min(size - off)).unwrap_or(0);
             let mut buf = vec![0u8; len];
             reader(off, &mut buf)?;
-            let key = f.part_key(data, usize::try_from(i).unwrap_or(0));
-            let stored = seal::seal(&buf, &key, &self.seal);
-            parts.push(PartRecord {
-                stored: stored.len() as u64,
-                blake3: blake3::hash(&stored).to_hex().to_string(),
-            });
             up.plain_bytes += len as u64;
+            if buf.iter().all(|b| *b == 0) {
+                chunks.push(ZERO_CHUNK.to_string());
+                up.zero += 1;
+                continue;
+            }
+            let id = self.chunk_id(&buf, self.seal.key.is_some());
+            chunks.push(id.clone());
+            if known.get(&id).is_some_and(|t| now - t < REFRESH_AGE_S) {
+                up.reused += 1;
+                continue;
+            }
+            known.insert(id.clone(), now);
+            let key = format!("chunks/{id}");
+            let stored = seal::seal(&buf, &key, &self.seal);
             up.stored_bytes += stored.len() as u64;
             up.objects += 1;
-            i += 1;
-            Ok(Some((format!("{}{key}", self.prefix), stored)))
+            return Ok(Some((format!("{}{key}", self.prefix), stored)));
         })?;
-        f.parts = parts;
-        Ok(f)
+        Ok(FileRecord {
+            name: name.to_string(),
+            size,
+            chunks,
+        })
+    }
+
+    /// The id of a chunk: BLAKE3 of its bytes, keyed by a key derived from
+    /// the encryption key when `sealed` (so equal bytes under different
+    /// keys, or in a checkpoint without one, give unrelated ids).
+    pub fn chunk_id(&self, plain: &[u8], sealed: bool) -> String {
+        let material: &[u8] = match (&self.seal.key, sealed) {
+            (Some(k), true) => k.bytes(),
+            _ => b"",
+        };
+        let key = blake3::derive_key("stasis chunk id v1", material);
+        blake3::keyed_hash(&key, plain).to_hex().to_string()
+    }
+
+    /// The chunks in the store: id -> last modified (Unix seconds).
+    pub fn chunks(&self) -> Result<HashMap<String, i64>, StoreError> {
+        let dir = format!("{}chunks/", self.prefix);
+        Ok(self
+            .bucket
+            .list(&dir)?
+            .into_iter()
+            .filter_map(|o| Some((o.key.strip_prefix(&dir)?.to_string(), o.modified_unix)))
+            .filter(|(id, _)| crate::record::valid_chunk_id(id))
+            .collect())
     }
 
     /// Downloads checkpoint `n` (default: the latest) and its ancestors
@@ -336,37 +357,48 @@ impl S3Image {
                 .custom_flags(libc::O_NOFOLLOW)
                 .open(&path)
                 .map_err(StoreError::local("create", &path))?;
-            let keys: Vec<String> = (0..f.parts.len()).map(|i| f.part_key(&r.data, i)).collect();
-            let full: Vec<String> = keys.iter().map(|k| format!("{}{k}", self.prefix)).collect();
-            self.bucket.get_many(full, |i, bytes| {
-                let p = &f.parts[i];
+            // Chunks of zeros stay holes.
+            file.set_len(f.size)
+                .map_err(StoreError::local("size", &path))?;
+            let wanted: Vec<(usize, &String)> = f
+                .chunks
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.as_str() != ZERO_CHUNK)
+                .collect();
+            let keys: Vec<String> = wanted
+                .iter()
+                .map(|(_, id)| format!("{}chunks/{id}", self.prefix))
+                .collect();
+            self.bucket.get_many(keys, |k, bytes| {
+                let (i, id) = wanted[k];
+                let off = i as u64 * CHUNK_BYTES;
+                let want = usize::try_from(CHUNK_BYTES.min(f.size - off)).unwrap_or(0);
                 let damaged = |reason: String| StoreError::Damaged {
                     url: self.url.clone(),
-                    key: format!("{}{}", self.prefix, keys[i]),
+                    key: format!("{}chunks/{id}", self.prefix),
                     reason,
                 };
-                if bytes.len() as u64 != p.stored
-                    || blake3::hash(&bytes).to_hex().as_str() != p.blake3
-                {
-                    return Err(damaged(format!(
-                        "{} bytes that do not match its commit record (checkpoint {})",
-                        bytes.len(),
-                        r.checkpoint
-                    )));
-                }
-                let off = i as u64 * PART_BYTES;
-                let want = usize::try_from(PART_BYTES.min(f.size - off)).unwrap_or(0);
-                let plain = seal::open(&bytes, &keys[i], self.seal.key.as_ref(), want).map_err(
-                    |e| match e {
-                        OpenError::NeedKey => StoreError::NeedKey {
-                            url: self.url.clone(),
-                            checkpoint: r.checkpoint,
-                        },
-                        e => damaged(e.to_string()),
+                let plain = seal::open(
+                    &bytes,
+                    &format!("chunks/{id}"),
+                    self.seal.key.as_ref(),
+                    want,
+                )
+                .map_err(|e| match e {
+                    OpenError::NeedKey => StoreError::NeedKey {
+                        url: self.url.clone(),
+                        checkpoint: r.checkpoint,
                     },
-                )?;
-                if plain.len() != want {
-                    return Err(damaged(format!("{} bytes, {want} expected", plain.len())));
+                    e => damaged(e.to_string()),
+                })?;
+                if plain.len() != want || self.chunk_id(&plain, r.key_id.is_some()) != *id {
+                    return Err(damaged(format!(
+                        "its {} bytes do not hash to its name (checkpoint {}, {})",
+                        plain.len(),
+                        r.checkpoint,
+                        f.name
+                    )));
                 }
                 stored += bytes.len() as u64;
                 file.write_all_at(&plain, off)
@@ -377,56 +409,51 @@ impl S3Image {
         Ok(stored)
     }
 
-    /// Deletes checkpoint `n`: its commit record first (it no longer
-    /// exists from then on), then its data.
+    /// Deletes checkpoint `n`'s commit record (its chunks go when gc
+    /// finds them unnamed).
     pub fn delete(&self, n: u32) -> Result<(), StoreError> {
-        let r = match self.record(n) {
-            Ok(r) => Some(r),
-            Err(StoreError::NoSuchCheckpoint { .. }) => None,
-            Err(e) => return Err(e),
-        };
-        self.bucket.delete(&self.commit_key(n))?;
-        if let Some(r) = r {
-            self.delete_data(&r.data)?;
-        }
-        Ok(())
+        self.bucket.delete(&self.commit_key(n))
     }
 
-    /// Deletes every object of an upload's data directory.
-    pub fn delete_data(&self, data: &str) -> Result<(), StoreError> {
-        for o in self.bucket.list(&format!("{}{data}", self.prefix))? {
-            self.bucket.delete(&o.key)?;
+    /// Every chunk id named by a commit record (read without checking
+    /// keys: only for keeping chunks).
+    pub fn named_chunks(&self) -> Result<HashSet<String>, StoreError> {
+        let mut out = HashSet::new();
+        for n in self.committed()? {
+            let key = self.commit_key(n);
+            let bytes = match self.bucket.get(&key) {
+                Err(StoreError::Missing { .. }) => continue,
+                r => r?,
+            };
+            let r = Record::decode(&bytes, n).map_err(|reason| StoreError::BadRecord {
+                url: self.url.clone(),
+                key,
+                reason,
+            })?;
+            out.extend(r.chunk_ids().map(str::to_string));
         }
-        Ok(())
+        Ok(out)
     }
 
-    /// Data directories that no commit record names and older than
-    /// `min_age_s` (an upload still running is younger): (dir, bytes).
-    pub fn orphans(&self, min_age_s: i64) -> Result<Vec<(String, u64)>, StoreError> {
-        let named: Vec<String> = self
-            .committed()?
-            .into_iter()
-            .map(|n| self.record(n).map(|r| r.data))
-            .collect::<Result<_, _>>()?;
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs() as i64)
-            .unwrap_or(0);
-        let mut dirs: BTreeMap<String, (u64, i64)> = BTreeMap::new();
-        for o in self.bucket.list(&format!("{}data/", self.prefix))? {
-            let rel = o.key.strip_prefix(&self.prefix).unwrap_or(&o.key);
-            let Some(dir) = rel.split('/').nth(1) else {
+    /// Deletes the chunks no record names that are older than
+    /// `min_age_s`; returns (chunks, stored bytes) deleted.
+    pub fn sweep(&self, min_age_s: i64) -> Result<(u64, u64), StoreError> {
+        let dir = format!("{}chunks/", self.prefix);
+        let listed = self.bucket.list(&dir)?;
+        let named = self.named_chunks()?;
+        let now = now_unix();
+        let (mut n, mut bytes) = (0, 0);
+        for o in listed {
+            let Some(id) = o.key.strip_prefix(&dir) else {
                 continue;
             };
-            let e = dirs.entry(format!("data/{dir}/")).or_insert((0, 0));
-            e.0 += o.size;
-            e.1 = e.1.max(o.modified_unix);
+            if !named.contains(id) && now - o.modified_unix >= min_age_s {
+                self.bucket.delete(&o.key)?;
+                n += 1;
+                bytes += o.size;
+            }
         }
-        Ok(dirs
-            .into_iter()
-            .filter(|(d, (_, t))| !named.contains(d) && now - t >= min_age_s)
-            .map(|(d, (b, _))| (d, b))
-            .collect())
+        Ok((n, bytes))
     }
 
     /// Replaces the record of checkpoint `n` (gc's merge): an atomic
@@ -442,20 +469,48 @@ enum Source {
     File(PathBuf),
 }
 
-fn random_hex() -> String {
-    let mut b = [0u8; 8];
-    if getrandom::fill(&mut b).is_err() {
-        let t = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        b = ((u64::from(t) << 32) | u64::from(std::process::id())).to_le_bytes();
-    }
-    hex::encode(b)
-}
-
 /// Reads `buf.len()` bytes at an offset of one file's content.
 type ReadPart = Box<dyn FnMut(u64, &mut Vec<u8>) -> Result<(), StoreError>>;
+
+impl Source {
+    /// The size and a reader.
+    fn open(self) -> Result<(u64, ReadPart), StoreError> {
+        Ok(match self {
+            Source::Bytes(b) => (
+                b.len() as u64,
+                Box::new(move |off, buf: &mut Vec<u8>| {
+                    let s = usize::try_from(off).unwrap_or(usize::MAX).min(b.len());
+                    let e = s.saturating_add(buf.len()).min(b.len());
+                    buf.truncate(e - s);
+                    buf.copy_from_slice(&b[s..e]);
+                    Ok(())
+                }),
+            ),
+            Source::File(path) => {
+                let f = File::open(&path).map_err(StoreError::local("open", &path))?;
+                let len = f
+                    .metadata()
+                    .map_err(StoreError::local("stat", &path))?
+                    .len();
+                (
+                    len,
+                    Box::new(move |off, buf: &mut Vec<u8>| {
+                        f.read_exact_at(buf, off)
+                            .map_err(StoreError::local("read", &path))
+                    }),
+                )
+            }
+        })
+    }
+}
+
+fn now_unix() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .ok()
+        .and_then(|d| i64::try_from(d.as_secs()).ok())
+        .unwrap_or(0)
+}
 
 fn make_dir(p: &Path) -> Result<(), StoreError> {
     DirBuilder::new()

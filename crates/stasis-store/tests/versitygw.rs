@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use stasis_store::record::PART_BYTES;
+use stasis_store::record::CHUNK_BYTES;
 use stasis_store::remote::S3Config;
 use stasis_store::seal::SealOptions;
 use stasis_store::{Key, Location, S3Image, StoreError};
@@ -84,7 +84,8 @@ impl Drop for Server {
 }
 
 /// A checkpoint directory: an empty file, a one-byte file, a compressible
-/// one of more than two parts and an incompressible one of one part.
+/// one of 17 chunks (16 of them equal), an incompressible one of 3 chunks
+/// and 2 MiB + 1 of zeros.
 fn sample_dir() -> (tempfile::TempDir, Vec<(String, Vec<u8>)>) {
     let d = tempfile::tempdir().unwrap();
     let mut rnd = vec![0u8; 3 << 20];
@@ -92,7 +93,7 @@ fn sample_dir() -> (tempfile::TempDir, Vec<(String, Vec<u8>)>) {
         .unwrap()
         .read_exact(&mut rnd)
         .unwrap();
-    let text: Vec<u8> = (0..(2 * PART_BYTES + 12345))
+    let text: Vec<u8> = (0..(16 * CHUNK_BYTES + 12345))
         .map(|i| b"abcdefgh"[usize::try_from(i % 8).unwrap()] ^ u8::from(i % 4096 == 0))
         .collect();
     let files = vec![
@@ -100,6 +101,7 @@ fn sample_dir() -> (tempfile::TempDir, Vec<(String, Vec<u8>)>) {
         ("one".to_string(), vec![42u8]),
         ("pages-1.pack".to_string(), text),
         ("pages-2.pack".to_string(), rnd),
+        ("zeros".to_string(), vec![0u8; 2 << 20 | 1]),
     ];
     for (n, b) in &files {
         std::fs::write(d.path().join(n), b).unwrap();
@@ -122,17 +124,18 @@ fn files_round_trip_through_parts() {
     let up = img
         .upload(src.path(), (1, None), b"manifest!".to_vec(), &[])
         .unwrap();
-    // 1 manifest + 1 + 1 (empty: no part) ... parts: 0 + 1 + 3 + 1, + manifest 1.
-    assert_eq!(up.objects, 6, "{up:?}");
-    assert!(up.stored_bytes < up.plain_bytes / 2, "{up:?}");
+    // Stored: the manifest, "one", 2 distinct chunks of the text, 3 random.
+    assert_eq!((up.objects, up.reused, up.zero), (7, 15, 3), "{up:?}");
+    assert!(up.stored_bytes < (3 << 20) + (1 << 20), "{up:?}");
+    // The same files again: only the new manifest is stored.
     let up2 = img
         .upload(src.path(), (2, Some(1)), b"second".to_vec(), &[])
         .unwrap();
+    assert_eq!((up2.objects, up2.reused), (1, 21), "{up2:?}");
     assert_eq!(img.committed().unwrap(), vec![1, 2]);
     let dest = tempfile::tempdir().unwrap();
     let got = img.download_chain(None, &dest.path().join("img")).unwrap();
     assert_eq!(got.chain, vec![2, 1]);
-    assert_eq!(got.stored_bytes, up.stored_bytes + up2.stored_bytes);
     for n in ["00000001", "00000002"] {
         let d = dest.path().join("img/checkpoints").join(n);
         for (name, bytes) in &files {
@@ -169,30 +172,24 @@ fn a_commit_is_conditional_and_uncommitted_data_is_invisible() {
         matches!(r, Err(StoreError::CommitRace { checkpoint: 1, .. })),
         "{r:?}"
     );
-    // The winner's record stands; both losers' data are orphans.
-    let rec = img.record(1).unwrap();
-    let orphans = img.orphans(0).unwrap();
-    assert_eq!(orphans.len(), 2, "{orphans:?}");
-    assert!(orphans.iter().all(|(d, _)| *d != rec.data));
-    assert!(
-        img.orphans(3600).unwrap().is_empty(),
-        "young uploads are spared"
-    );
-    for (d, _) in orphans {
-        img.delete_data(&d).unwrap();
-    }
+    // The winner's record stands; the losers' manifests are unnamed chunks,
+    // swept only once old enough.
+    let named = img.named_chunks().unwrap();
+    let all = img.chunks().unwrap();
+    assert_eq!(all.len(), named.len() + 2, "{all:?}");
+    assert_eq!(img.sweep(3600).unwrap().0, 0, "young chunks are spared");
+    assert_eq!(img.sweep(0).unwrap().0, 2);
     let d2 = tempfile::tempdir().unwrap();
     img.download_chain(Some(1), &d2.path().join("x")).unwrap();
     assert_eq!(
         std::fs::read(d2.path().join("x/checkpoints/00000001/manifest.bin")).unwrap(),
         b"first"
     );
-    // A deleted checkpoint goes with its data.
+    // A deleted checkpoint's chunks go at the next sweep.
     img.delete(1).unwrap();
     assert!(img.committed().unwrap().is_empty());
-    assert!(std::fs::read_dir(srv.root.path().join("bkt/race/data"))
-        .map(|mut d| d.next().is_none())
-        .unwrap_or(true));
+    assert_eq!(img.sweep(0).unwrap().0, u64::try_from(named.len()).unwrap());
+    assert!(img.chunks().unwrap().is_empty());
 }
 
 #[test]

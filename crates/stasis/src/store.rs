@@ -96,10 +96,12 @@ pub fn dump(
         (Err(e), _) => Err(e),
         (Ok(code), Some(Ok(u))) => {
             println!(
-                "stored as checkpoint {} of {url}: {} in {} objects ({} before compression{})",
+                "stored as checkpoint {} of {url}: {} in {} new chunk(s), {} already stored, {} of zeros ({} in all before compression{})",
                 u.checkpoint,
                 crate::ui::bytes(u.stored_bytes),
                 u.objects,
+                u.reused,
+                u.zero,
                 crate::ui::bytes(u.plain_bytes),
                 if up.image.seal.key.is_some() {
                     ", encrypted"
