@@ -92,6 +92,15 @@ pub enum StoreError {
         checkpoint: u32,
         parent: u32,
     },
+    #[error(
+        "checkpoint not committed to {url}: {held} replica(s) hold it, {needed} needed ({detail})"
+    )]
+    Replicas {
+        url: String,
+        held: usize,
+        needed: usize,
+        detail: String,
+    },
     #[error(transparent)]
     Image(#[from] stasis_image::ImageError),
 }

@@ -81,3 +81,27 @@ pub fn fetch_all_to_temp(image: &S3Image) -> Result<TempImage, StoreError> {
     }
     Ok(TempImage { dir, fetched })
 }
+
+/// Downloads checkpoint `n` (default: the latest) and its chain from the
+/// first of `images` that has it whole; returns the copy, the index of
+/// the store it came from, and why the ones before it failed.
+pub fn fetch_first(
+    images: &[S3Image],
+    n: Option<u32>,
+) -> Result<(TempImage, usize, Vec<String>), StoreError> {
+    let mut failed = Vec::new();
+    let mut last = None;
+    for (i, image) in images.iter().enumerate() {
+        match fetch_to_temp(image, n) {
+            Ok(t) => return Ok((t, i, failed)),
+            Err(e) => {
+                failed.push(format!("{}: {e}", image.url));
+                last = Some(e);
+            }
+        }
+    }
+    Err(last.unwrap_or(StoreError::BadUrl {
+        url: String::new(),
+        reason: "no store given".into(),
+    }))
+}

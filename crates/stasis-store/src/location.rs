@@ -1,4 +1,7 @@
-//! Where a store is: a local image directory or `s3://BUCKET/PREFIX`.
+//! Where a store is: a local image directory, `s3://BUCKET/PREFIX` (the
+//! server from `AWS_ENDPOINT_URL`), or `s3+http://HOST:PORT/BUCKET/PREFIX`
+//! (`s3+https://...`): a server named in the URL, for replicas on servers
+//! of their own.
 
 use std::path::PathBuf;
 
@@ -9,19 +12,38 @@ use crate::StoreError;
 pub enum Location {
     /// A local image directory (docs/image-format.md).
     Dir(PathBuf),
-    /// An S3 bucket and a key prefix (empty, or ending in `/`).
-    S3 { bucket: String, prefix: String },
+    /// An S3 bucket and a key prefix (empty, or ending in `/`), on the
+    /// server `endpoint` (`None`: the environment's).
+    S3 {
+        bucket: String,
+        prefix: String,
+        endpoint: Option<String>,
+    },
 }
 
 impl Location {
     /// Parses `s3://BUCKET[/PREFIX]`; anything else is a directory path.
     pub fn parse(arg: &str) -> Result<Location, StoreError> {
-        let Some(rest) = arg.strip_prefix("s3://") else {
-            return Ok(Location::Dir(PathBuf::from(arg)));
-        };
         let bad = |reason: &str| StoreError::BadUrl {
             url: arg.into(),
             reason: reason.into(),
+        };
+        let (endpoint, rest) = if let Some(r) = arg.strip_prefix("s3://") {
+            (None, r)
+        } else if let Some((scheme, r)) = arg
+            .strip_prefix("s3+http://")
+            .map(|r| ("http", r))
+            .or_else(|| arg.strip_prefix("s3+https://").map(|r| ("https", r)))
+        {
+            let (host, r) = r
+                .split_once('/')
+                .ok_or_else(|| bad("no bucket after the server"))?;
+            if host.is_empty() {
+                return Err(bad("no server"));
+            }
+            (Some(format!("{scheme}://{host}")), r)
+        } else {
+            return Ok(Location::Dir(PathBuf::from(arg)));
         };
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
         let bucket_ok = (3..=63).contains(&bucket.len())
@@ -45,6 +67,7 @@ impl Location {
         Ok(Location::S3 {
             bucket: bucket.into(),
             prefix,
+            endpoint,
         })
     }
 
@@ -52,9 +75,17 @@ impl Location {
     pub fn display(&self) -> String {
         match self {
             Location::Dir(p) => p.display().to_string(),
-            Location::S3 { bucket, prefix } => {
-                format!("s3://{bucket}/{}", prefix.trim_end_matches('/'))
-            }
+            Location::S3 {
+                bucket,
+                prefix,
+                endpoint,
+            } => match endpoint.as_deref().and_then(|e| e.split_once("://")) {
+                Some((scheme, host)) => format!(
+                    "s3+{scheme}://{host}/{bucket}/{}",
+                    prefix.trim_end_matches('/')
+                ),
+                None => format!("s3://{bucket}/{}", prefix.trim_end_matches('/')),
+            },
         }
     }
 }
@@ -69,14 +100,16 @@ mod tests {
             Location::parse("s3://bkt/a//b/").unwrap(),
             Location::S3 {
                 bucket: "bkt".into(),
-                prefix: "a/b/".into()
+                prefix: "a/b/".into(),
+                endpoint: None,
             }
         );
         assert_eq!(
             Location::parse("s3://bkt").unwrap(),
             Location::S3 {
                 bucket: "bkt".into(),
-                prefix: String::new()
+                prefix: String::new(),
+                endpoint: None,
             }
         );
         assert_eq!(

@@ -75,14 +75,19 @@ impl S3Image {
         seal: SealOptions,
         cfg: &crate::remote::S3Config,
     ) -> Result<S3Image, StoreError> {
-        let Location::S3 { bucket, prefix } = loc else {
+        let Location::S3 {
+            bucket,
+            prefix,
+            endpoint,
+        } = loc
+        else {
             return Err(StoreError::BadUrl {
                 url: loc.display(),
                 reason: "not an s3:// URL".into(),
             });
         };
         Ok(S3Image {
-            bucket: Bucket::with_config(bucket, cfg)?,
+            bucket: Bucket::with_config(bucket, &with_endpoint(cfg, endpoint.as_deref()))?,
             prefix: prefix.clone(),
             url: loc.display(),
             seal,
@@ -502,6 +507,16 @@ impl Source {
             }
         })
     }
+}
+
+/// `cfg` with the URL's server, if it names one.
+fn with_endpoint(cfg: &crate::remote::S3Config, endpoint: Option<&str>) -> crate::remote::S3Config {
+    let mut c = cfg.clone();
+    if let Some(e) = endpoint {
+        c.endpoint = Some(e.to_string());
+        c.allow_http = Some(c.allow_http.unwrap_or(false) || e.starts_with("http://"));
+    }
+    c
 }
 
 fn now_unix() -> i64 {

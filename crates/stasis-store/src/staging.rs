@@ -34,6 +34,15 @@ struct RemoteMap {
     map: BTreeMap<u32, u32>,
 }
 
+/// A manifest renumbered for a store.
+struct Renumbered {
+    bytes: Vec<u8>,
+    /// The parent, in the store's numbers.
+    parent: Option<u32>,
+    /// The parent, in the staging directory's numbers.
+    local_parent: Option<u32>,
+}
+
 /// The staging directory of one store.
 pub struct Staging {
     /// The staging image directory (`BASE/image`).
@@ -111,15 +120,66 @@ impl Staging {
     }
 
     /// Uploads the prepared (not yet committed) local checkpoint `n` as the
-    /// store's next checkpoint and commits it there.
-    pub fn upload_prepared(&self, image: &S3Image, n: u32) -> Result<Uploaded, StoreError> {
+    /// store's next checkpoint and commits it there: first to each replica
+    /// (with the ancestors it lacks, from this staging directory), then,
+    /// if at least `min_replicas` of them hold it, to the primary, whose
+    /// commit record is the commit point. Returns the primary's report
+    /// and one line per replica.
+    pub fn upload_prepared(
+        &self,
+        image: &S3Image,
+        (replicas, min_replicas): (&[S3Image], usize),
+        n: u32,
+    ) -> Result<(Uploaded, Vec<String>), StoreError> {
+        let temp = self.prepared_dir(n)?;
+        let mut m = self.load_map();
+        let remote_n = image.committed()?.last().copied().unwrap_or(0) + 1;
+        let Renumbered {
+            bytes,
+            parent,
+            local_parent,
+        } = self.renumbered(&temp, n, remote_n, &m)?;
+        let mut lines = Vec::new();
+        let mut held = 0;
+        for r in replicas {
+            match self.replicate(
+                r,
+                &temp,
+                (bytes.clone(), remote_n, parent),
+                local_parent,
+                &m,
+            ) {
+                Ok(()) => {
+                    held += 1;
+                    lines.push(format!("replica {}: holds checkpoint {remote_n}", r.url));
+                }
+                Err(e) => lines.push(format!("replica {}: failed: {e}", r.url)),
+            }
+        }
+        if held < min_replicas {
+            return Err(StoreError::Replicas {
+                url: self.url.clone(),
+                held,
+                needed: min_replicas,
+                detail: lines.join("; "),
+            });
+        }
+        let up = image.upload(&temp, (remote_n, parent), bytes, &[stasis_image::CUT_NAME])?;
+        m.url = self.url.clone();
+        m.map.insert(n, remote_n);
+        self.save_map(&m)?;
+        Ok((up, lines))
+    }
+
+    /// The temporary directory of the prepared local checkpoint `n`.
+    fn prepared_dir(&self, n: u32) -> Result<PathBuf, StoreError> {
         let cps = self.dir.join(CHECKPOINTS_DIR);
         let want = format!(
             "{TEMP_PREFIX}{}-{}-",
             checkpoint_dir_name(n),
             std::process::id()
         );
-        let temp = fs::read_dir(&cps)
+        fs::read_dir(&cps)
             .map_err(StoreError::local("list", &cps))?
             .filter_map(|e| e.ok())
             .find(|e| e.file_name().to_string_lossy().starts_with(&want))
@@ -128,12 +188,22 @@ impl Staging {
                 action: "find the prepared checkpoint",
                 path: cps.join(&want),
                 source: std::io::ErrorKind::NotFound.into(),
-            })?;
-        let mpath = temp.join(stasis_image::MANIFEST_NAME);
+            })
+    }
+
+    /// The manifest of local checkpoint `n` in `dir` renumbered as the
+    /// store's `remote_n`.
+    fn renumbered(
+        &self,
+        dir: &Path,
+        n: u32,
+        remote_n: u32,
+        m: &RemoteMap,
+    ) -> Result<Renumbered, StoreError> {
+        let mpath = dir.join(stasis_image::MANIFEST_NAME);
         let mut manifest = stasis_image::decode_manifest(&read_file(&mpath)?, n, &mpath)?;
-        let mut m = self.load_map();
-        let remote_n = image.committed()?.last().copied().unwrap_or(0) + 1;
-        let parent = match manifest.parent {
+        let local_parent = manifest.parent;
+        let parent = match local_parent {
             Some(p) => Some(*m.map.get(&p).ok_or(StoreError::BrokenChain {
                 url: self.url.clone(),
                 checkpoint: remote_n,
@@ -145,12 +215,44 @@ impl Staging {
         manifest.parent = parent;
         // The cut mark was only the hook that brought us here.
         manifest.cut = None;
-        let bytes = stasis_image::encode_manifest(&manifest)?;
-        let up = image.upload(&temp, (remote_n, parent), bytes, &[stasis_image::CUT_NAME])?;
-        m.url = self.url.clone();
-        m.map.insert(n, remote_n);
-        self.save_map(&m)?;
-        Ok(up)
+        Ok(Renumbered {
+            bytes: stasis_image::encode_manifest(&manifest)?,
+            parent,
+            local_parent,
+        })
+    }
+
+    /// Uploads a checkpoint to a replica, after the ancestors it lacks.
+    fn replicate(
+        &self,
+        r: &S3Image,
+        temp: &Path,
+        (bytes, remote_n, parent): (Vec<u8>, u32, Option<u32>),
+        mut local_parent: Option<u32>,
+        m: &RemoteMap,
+    ) -> Result<(), StoreError> {
+        let committed = r.committed()?;
+        let local = ImageDir::open(&self.dir)?;
+        let mut missing = Vec::new();
+        while let Some(lp) = local_parent {
+            let rp = *m.map.get(&lp).ok_or(StoreError::BrokenChain {
+                url: r.url.clone(),
+                checkpoint: remote_n,
+                parent: lp,
+            })?;
+            if committed.contains(&rp) {
+                break;
+            }
+            missing.push((lp, rp));
+            local_parent = local.load(Some(lp))?.manifest.parent;
+        }
+        for (lp, rp) in missing.into_iter().rev() {
+            let dir = self.dir.join(CHECKPOINTS_DIR).join(checkpoint_dir_name(lp));
+            let x = self.renumbered(&dir, lp, rp, m)?;
+            r.upload(&dir, (rp, x.parent), x.bytes, &[stasis_image::CUT_NAME])?;
+        }
+        r.upload(temp, (remote_n, parent), bytes, &[stasis_image::CUT_NAME])?;
+        Ok(())
     }
 
     /// After a dump: drops the local checkpoints outside the chain of the

@@ -35,6 +35,15 @@ struct Cli {
     /// FILE (raw, 64 hex digits or base64); restore needs the same key.
     #[arg(long, global = true, value_name = "FILE")]
     encrypt_key_file: Option<PathBuf>,
+    /// With -D s3://...: a replica store (repeatable). A dump commits only
+    /// once every replica (or --min-replicas of them) holds the checkpoint;
+    /// restore and inspect read from the first store that has it.
+    #[arg(long, global = true, value_name = "s3://BUCKET/PREFIX")]
+    replica: Vec<String>,
+    /// With --replica: how many replicas must hold a checkpoint for a dump
+    /// to commit it (default: all).
+    #[arg(long, global = true, value_name = "K")]
+    min_replicas: Option<usize>,
     /// With -D s3://...: zstd level of stored objects (0: no compression).
     #[arg(long, global = true, default_value_t = stasis_store::seal::DEFAULT_LEVEL, value_name = "N")]
     compress_level: i32,
@@ -187,6 +196,8 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     let seal = store::seal_options(cli.encrypt_key_file.as_deref(), cli.compress_level)?;
+    let replicas = store::replicas(&cli.replica, &seal)?;
+    let min_replicas = cli.min_replicas.unwrap_or(replicas.len());
     match cli.cmd {
         Cmd::Check { json } => cmd_check(json),
         Cmd::Dump {
@@ -207,7 +218,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 (track.as_deref(), touch_window.as_deref()),
                 (json, None),
             ),
-            Some(image) => store::dump(image, |dir, cut| {
+            Some(image) => store::dump(image, (replicas, min_replicas), |dir, cut| {
                 if touch_window.is_some() {
                     bail!("--touch-window is not supported with an s3:// store yet");
                 }
@@ -220,7 +231,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 )
             }),
         },
-        Cmd::Restore(a) => restore_cmd::cmd_restore(a, seal),
+        Cmd::Restore(a) => restore_cmd::cmd_restore(a, seal, replicas),
         Cmd::PageServer(a) => page_server::cmd_page_server(a),
         Cmd::Agent(a) => cluster_cmd::cmd_agent(a),
         Cmd::Cluster(c) => cluster_cmd::cmd_cluster(c),
@@ -240,7 +251,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         } => match store::s3(&dir, seal)? {
             None => ui::inspect(&dir, checkpoint, json),
             Some(image) => {
-                let tmp = store::fetch_for_inspect(&image, checkpoint)?;
+                let tmp = store::fetch_for_inspect(image, replicas, checkpoint)?;
                 ui::inspect(&tmp.image(), checkpoint, json)
             }
         },

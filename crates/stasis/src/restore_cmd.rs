@@ -114,7 +114,11 @@ fn fetch_mirror(
     Ok(m)
 }
 
-pub fn cmd_restore(a: RestoreArgs, seal: stasis_store::seal::SealOptions) -> Result<ExitCode> {
+pub fn cmd_restore(
+    a: RestoreArgs,
+    seal: stasis_store::seal::SealOptions,
+    replicas: Vec<stasis_store::S3Image>,
+) -> Result<ExitCode> {
     // Where the image is: local, a private copy of an object store's
     // checkpoints, or a local mirror of the page server's.
     let fetched = match a
@@ -127,9 +131,7 @@ pub fn cmd_restore(a: RestoreArgs, seal: stasis_store::seal::SealOptions) -> Res
             if a.lazy {
                 bail!("restore --lazy from an s3:// store is not supported yet: restore it whole");
             }
-            let t = stasis_store::fetch_to_temp(&image, a.checkpoint)
-                .with_context(|| format!("fetching the checkpoints of {}", image.url))?;
-            Some(t)
+            Some(crate::store::fetch(image, replicas, a.checkpoint)?)
         }
         _ => None,
     };

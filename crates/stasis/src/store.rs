@@ -21,6 +21,16 @@ pub fn seal_options(
     })
 }
 
+/// The replica stores of `--replica`.
+pub fn replicas(urls: &[String], seal: &stasis_store::seal::SealOptions) -> Result<Vec<S3Image>> {
+    urls.iter()
+        .map(|u| match Location::parse(u)? {
+            loc @ Location::S3 { .. } => Ok(S3Image::open(&loc, seal.clone())?),
+            Location::Dir(_) => anyhow::bail!("--replica {u}: a replica is an s3:// URL"),
+        })
+        .collect()
+}
+
 /// The store named by `-D`, if it is an s3:// URL.
 pub fn s3(dir: &Path, seal: stasis_store::seal::SealOptions) -> Result<Option<S3Image>> {
     let Some(arg) = dir.to_str() else {
@@ -37,9 +47,15 @@ pub fn s3(dir: &Path, seal: stasis_store::seal::SealOptions) -> Result<Option<S3
 /// local commit and before a dumped tree is killed).
 struct Upload {
     image: S3Image,
+    replicas: Vec<S3Image>,
+    min_replicas: usize,
     staging: Staging,
-    result: Mutex<Option<Result<stasis_store::Uploaded, String>>>,
+    result: Mutex<Option<UploadResult>>,
 }
+
+/// What the upload hook did: the primary's report and a line per replica,
+/// or why it failed.
+type UploadResult = Result<(stasis_store::Uploaded, Vec<String>), String>;
 
 impl stasis_capture::Cut for Upload {
     fn mark(&self) -> stasis_image::manifest::CutMark {
@@ -56,7 +72,7 @@ impl stasis_capture::Cut for Upload {
     fn written(&self, checkpoint: u32) -> std::result::Result<(), stasis_capture::CutAbort> {
         let r = self
             .staging
-            .upload_prepared(&self.image, checkpoint)
+            .upload_prepared(&self.image, (&self.replicas, self.min_replicas), checkpoint)
             .map_err(|e| e.to_string());
         let out = r.clone().map(|_| ()).map_err(stasis_capture::CutAbort);
         if let Ok(mut g) = self.result.lock() {
@@ -70,6 +86,7 @@ impl stasis_capture::Cut for Upload {
 /// the upload hook.
 pub fn dump(
     image: S3Image,
+    (replicas, min_replicas): (Vec<S3Image>, usize),
     dump_into: impl FnOnce(&Path, Arc<dyn stasis_capture::Cut>) -> Result<ExitCode>,
 ) -> Result<ExitCode> {
     let staging = Staging::for_image(&image)?;
@@ -84,6 +101,8 @@ pub fn dump(
     let url = image.url.clone();
     let up = Arc::new(Upload {
         image,
+        replicas,
+        min_replicas,
         staging,
         result: Mutex::new(None),
     });
@@ -94,7 +113,7 @@ pub fn dump(
             Err(e.context(format!("storing the checkpoint in {url} failed: {why}")))
         }
         (Err(e), _) => Err(e),
-        (Ok(code), Some(Ok(u))) => {
+        (Ok(code), Some(Ok((u, lines)))) => {
             println!(
                 "stored as checkpoint {} of {url}: {} in {} new chunk(s), {} already stored, {} of zeros ({} in all before compression{})",
                 u.checkpoint,
@@ -109,6 +128,9 @@ pub fn dump(
                     ""
                 }
             );
+            for l in lines {
+                println!("{l}");
+            }
             if let Err(e) = up.staging.trim() {
                 eprintln!("stasis: warning: tidying the staging directory: {e}");
             }
@@ -119,11 +141,38 @@ pub fn dump(
 }
 
 /// A private copy of what `inspect` shows: checkpoint `n` and its chain,
-/// or every checkpoint.
-pub fn fetch_for_inspect(image: &S3Image, n: Option<u32>) -> Result<stasis_store::TempImage> {
-    let r = match n {
-        Some(_) => stasis_store::fetch_to_temp(image, n),
-        None => stasis_store::fetch_all_to_temp(image),
-    };
-    r.with_context(|| format!("fetching the checkpoints of {}", image.url))
+/// or every checkpoint (from the primary, or the first replica that has
+/// them).
+pub fn fetch_for_inspect(
+    image: S3Image,
+    replicas: Vec<S3Image>,
+    n: Option<u32>,
+) -> Result<stasis_store::TempImage> {
+    if n.is_none() && replicas.is_empty() {
+        return stasis_store::fetch_all_to_temp(&image)
+            .with_context(|| format!("fetching the checkpoints of {}", image.url));
+    }
+    fetch(image, replicas, n)
+}
+
+/// Checkpoint `n` (default: the latest) and its chain, from the primary
+/// or the first replica that has them whole; says which when not the
+/// primary.
+pub fn fetch(
+    image: S3Image,
+    replicas: Vec<S3Image>,
+    n: Option<u32>,
+) -> Result<stasis_store::TempImage> {
+    let mut all = vec![image];
+    all.extend(replicas);
+    let (t, i, failed) = stasis_store::fetch_first(&all, n)
+        .with_context(|| format!("fetching the checkpoints of {}", all[0].url))?;
+    if i > 0 {
+        eprintln!(
+            "stasis: read from replica {} ({})",
+            all[i].url,
+            failed.join("; ")
+        );
+    }
+    Ok(t)
 }

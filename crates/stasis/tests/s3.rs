@@ -452,3 +452,75 @@ fn a_second_full_dump_of_an_unchanged_process_adds_little() {
     ok(&srv.restore(&url, &["--checkpoint", "2"]), "restore");
     w.finish_pass();
 }
+
+/// Replicas: a dump commits once the primary and the replica (a second
+/// server, named in its URL) hold the checkpoint. With the replica's
+/// server down it fails (the process runs on, the primary gets nothing),
+/// or commits with `--min-replicas 0`; the next dump brings the replica
+/// the ancestor it missed. With the primary's server down, restore reads
+/// the replica, says so, and the process passes.
+#[test]
+fn replicas() {
+    let mut a = S3Server::start();
+    let mut b = S3Server::start();
+    let url = a.url("prim");
+    let rurl = format!("s3+http://127.0.0.1:{}/{BUCKET}/repl", b.port);
+    let mut w = Workload::start("chain_writer", &["16"]);
+    let dump = |w: &Workload, extra: &[&str]| {
+        a.stasis()
+            .args([
+                "dump",
+                "-t",
+                &w.pid.to_string(),
+                "-D",
+                &url,
+                "--replica",
+                &rurl,
+            ])
+            .args(["--leave-running", "--track", "uffd"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let text = ok(&dump(&w, &[]), "dump 1");
+    assert!(
+        text.contains(&format!("replica {rurl}: holds checkpoint 1")),
+        "{text}"
+    );
+    b.kill();
+    let o = dump(&w, &[]);
+    assert_fails_with(&o, "0 replica(s) hold it, 1 needed");
+    assert!(alive(w.pid));
+    assert!(!a.bucket_dir().join("prim/commits/00000002").exists());
+    let text = ok(
+        &dump(&w, &["--min-replicas", "0"]),
+        "dump 2 without the replica",
+    );
+    assert!(
+        text.contains("replica") && text.contains("failed"),
+        "{text}"
+    );
+    b.restart();
+    // Checkpoint 3 is incremental over 2, which the replica lacks: it gets both.
+    let o = dump(&w, &["--json"]);
+    let text = ok(&o, "dump 3");
+    assert!(text.contains("\"parent\":2"), "{text}");
+    assert!(
+        text.contains(&format!("replica {rurl}: holds checkpoint 3")),
+        "{text}"
+    );
+    for n in ["00000001", "00000002", "00000003"] {
+        assert!(b.bucket_dir().join("repl/commits").join(n).exists(), "{n}");
+    }
+    kill_and_reap(&mut w);
+    a.kill();
+    let o = a
+        .stasis()
+        .args(["restore", "--detach", "-D", &url, "--replica", &rurl])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    ok(&o, "restore from the replica");
+    assert!(err.contains(&format!("read from replica {rurl}")), "{err}");
+    w.finish_pass();
+}
