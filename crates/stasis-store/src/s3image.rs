@@ -106,9 +106,12 @@ impl S3Image {
             .list(&dir)?
             .iter()
             .filter_map(|o| o.key.strip_prefix(&dir))
-            .filter(|n| n.len() >= 8 && n.bytes().all(|b| b.is_ascii_digit()))
-            .filter_map(|n| n.parse().ok())
-            .filter(|n| *n >= 1 && checkpoint_dir_name(*n).len() == 8.max(n.to_string().len()))
+            .filter(|n| n.len() >= 8 && n.len() <= 10 && n.bytes().all(|b| b.is_ascii_digit()))
+            .filter_map(|name| {
+                // Only the canonical name of a checkpoint number counts.
+                let n: u32 = name.parse().ok()?;
+                (n >= 1 && checkpoint_dir_name(n) == name).then_some(n)
+            })
             .collect();
         v.sort_unstable();
         Ok(v)
