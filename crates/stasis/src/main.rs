@@ -210,14 +210,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
             cow_method,
             touch_window,
             json,
-        } => match store::s3(&dir, seal)? {
-            None => cmd_dump(
-                pid,
-                &dir,
-                (leave_running, concurrent, cow_buffer, cow_method),
-                (track.as_deref(), touch_window.as_deref()),
-                (json, None),
-            ),
+        } => match store::s3(&dir, seal.clone())? {
+            None => {
+                store::refuse_for_local(&dir, &seal, &replicas)?;
+                cmd_dump(
+                    pid,
+                    &dir,
+                    (leave_running, concurrent, cow_buffer, cow_method),
+                    (track.as_deref(), touch_window.as_deref()),
+                    (json, None),
+                )
+            }
             Some(image) => store::dump(image, (replicas, min_replicas), |dir, cut| {
                 if touch_window.is_some() {
                     bail!("--touch-window is not supported with an s3:// store yet");
@@ -248,8 +251,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             dir,
             checkpoint,
             json,
-        } => match store::s3(&dir, seal)? {
-            None => ui::inspect(&dir, checkpoint, json),
+        } => match store::s3(&dir, seal.clone())? {
+            None => {
+                store::refuse_for_local(&dir, &seal, &replicas)?;
+                ui::inspect(&dir, checkpoint, json)
+            }
             Some(image) => {
                 let tmp = store::fetch_for_inspect(image, replicas, checkpoint)?;
                 ui::inspect(&tmp.image(), checkpoint, json)

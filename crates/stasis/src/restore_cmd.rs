@@ -124,7 +124,7 @@ pub fn cmd_restore(
     let fetched = match a
         .dir
         .as_deref()
-        .map(|d| crate::store::s3(d, seal))
+        .map(|d| crate::store::s3(d, seal.clone()))
         .transpose()?
     {
         Some(Some(image)) => {
@@ -133,7 +133,12 @@ pub fn cmd_restore(
             }
             Some(crate::store::fetch(image, replicas, a.checkpoint)?)
         }
-        _ => None,
+        Some(None) => {
+            let dir = a.dir.as_deref().unwrap_or(Path::new(""));
+            crate::store::refuse_for_local(dir, &seal, &replicas)?;
+            None
+        }
+        None => None,
     };
     let (dir, checkpoint, _mirror) = match &fetched {
         Some(t) => (t.image(), t.fetched.chain.first().copied(), None),

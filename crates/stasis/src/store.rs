@@ -21,6 +21,28 @@ pub fn seal_options(
     })
 }
 
+/// Refuses the object-store flags for a local image directory (an image
+/// the user believes encrypted must not be written in the clear).
+pub fn refuse_for_local(
+    dir: &Path,
+    seal: &stasis_store::seal::SealOptions,
+    replicas: &[S3Image],
+) -> Result<()> {
+    if seal.key.is_some() {
+        anyhow::bail!(
+            "--encrypt-key-file applies to s3:// stores; {} is a local image directory, which is not encrypted",
+            dir.display()
+        );
+    }
+    if !replicas.is_empty() {
+        anyhow::bail!(
+            "--replica applies to s3:// stores; {} is a local image directory",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
 /// The replica stores of `--replica`.
 pub fn replicas(urls: &[String], seal: &stasis_store::seal::SealOptions) -> Result<Vec<S3Image>> {
     urls.iter()

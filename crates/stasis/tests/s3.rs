@@ -292,6 +292,19 @@ fn clear_errors() {
     assert!(alive(w.pid));
     let o = srv.restore(&url, &[]);
     assert_fails_with(&o, "cannot reach the object store");
+    // A key for a local image directory is refused, not ignored: that
+    // image would be written in the clear.
+    let keys = tempfile::tempdir().unwrap();
+    let key = key_file(keys.path(), "key", 1);
+    let o = stasis()
+        .args(["dump", "-t", &w.pid.to_string(), "-D"])
+        .arg(keys.path().join("img"))
+        .arg("--encrypt-key-file")
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert_fails_with(&o, "--encrypt-key-file applies to s3:// stores");
+    assert!(alive(w.pid) && !keys.path().join("img").exists());
 }
 
 /// A 32-byte key as 64 hex digits in a file.
