@@ -71,3 +71,7 @@ stasis_log "$(cargo --version), $(cc --version | head -n1)"
 if command -v python3 >/dev/null 2>&1 && ! python3 -c "import numpy" >/dev/null 2>&1; then
     python3 -m pip install -q numpy >/dev/null 2>&1 || stasis_log "numpy not installed: the Python test of libstasis runs without it"
 fi
+
+# versitygw: the S3-compatible server of the object-store tests
+# (crates/stasis/tests/s3.rs, crates/stasis-store).
+"$(dirname "${BASH_SOURCE[0]}")/versitygw.sh" install >/dev/null

@@ -8,16 +8,47 @@ use anyhow::{Context, Result};
 use stasis_image::{GcReport, ImageDir};
 
 /// `stasis gc -D DIR --keep N [--json]`.
-pub fn cmd_gc(dir: &Path, keep: usize, json: bool) -> Result<ExitCode> {
-    let store = ImageDir::open(dir)
-        .with_context(|| format!("opening image directory {}", dir.display()))?;
-    let report = store
-        .gc(keep)
-        .with_context(|| format!("deleting old checkpoints of {}", dir.display()))?;
+pub fn cmd_gc(
+    dir: &Path,
+    keep: usize,
+    json: bool,
+    seal: stasis_store::seal::SealOptions,
+) -> Result<ExitCode> {
+    let (report, swept) = match crate::store::s3(dir, seal)? {
+        Some(image) => {
+            anyhow::ensure!(keep >= 1, "--keep must be at least 1");
+            let age = std::env::var("STASIS_S3_SWEEP_AGE")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(stasis_store::SWEEP_AGE_S);
+            let (r, s) = stasis_store::gc(&image, keep, age)
+                .with_context(|| format!("deleting old checkpoints of {}", image.url))?;
+            (r, Some(s))
+        }
+        None => (
+            ImageDir::open(dir)
+                .with_context(|| format!("opening image directory {}", dir.display()))?
+                .gc(keep)
+                .with_context(|| format!("deleting old checkpoints of {}", dir.display()))?,
+            None,
+        ),
+    };
     if json {
-        println!("{}", serde_json::to_string(&report)?);
+        let mut v = serde_json::to_value(&report)?;
+        if let Some(s) = swept {
+            v["swept"] = serde_json::to_value(s)?;
+        }
+        println!("{v}");
     } else {
-        println!("{}", summary(&report));
+        let mut line = summary(&report);
+        if let Some(s) = swept {
+            line.push_str(&format!(
+                "; swept {} unneeded chunk(s), {}",
+                s.chunks,
+                crate::ui::bytes(s.bytes)
+            ));
+        }
+        println!("{line}");
     }
     let _ = std::io::stdout().flush();
     Ok(ExitCode::SUCCESS)

@@ -11,6 +11,7 @@ mod gc;
 mod page_server;
 mod restore_cmd;
 mod run;
+mod store;
 mod ui;
 
 use std::io::Write;
@@ -30,6 +31,22 @@ struct Cli {
     /// More log output (-v: info, -vv: debug). STASIS_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
+    /// With -D s3://...: seal every stored object with the 32-byte key in
+    /// FILE (raw, 64 hex digits or base64); restore needs the same key.
+    #[arg(long, global = true, value_name = "FILE")]
+    encrypt_key_file: Option<PathBuf>,
+    /// With -D s3://...: a replica store (repeatable). A dump commits only
+    /// once every replica (or --min-replicas of them) holds the checkpoint;
+    /// restore and inspect read from the first store that has it.
+    #[arg(long, global = true, value_name = "s3://BUCKET/PREFIX")]
+    replica: Vec<String>,
+    /// With --replica: how many replicas must hold a checkpoint for a dump
+    /// to commit it (default: all).
+    #[arg(long, global = true, value_name = "K")]
+    min_replicas: Option<usize>,
+    /// With -D s3://...: zstd level of stored objects (0: no compression).
+    #[arg(long, global = true, default_value_t = stasis_store::seal::DEFAULT_LEVEL, value_name = "N")]
+    compress_level: i32,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -46,7 +63,9 @@ enum Cmd {
         /// PID of the process to checkpoint.
         #[arg(short = 't', long = "tree")]
         pid: i32,
-        /// Image directory (created if missing).
+        /// Image directory (created if missing), or s3://BUCKET/PREFIX
+        /// (configured by AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,
+        /// AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ALLOW_HTTP).
         #[arg(short = 'D', long = "images-dir")]
         dir: PathBuf,
         /// Let the process run on after the checkpoint (default: kill it).
@@ -176,6 +195,9 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<ExitCode> {
+    let seal = store::seal_options(cli.encrypt_key_file.as_deref(), cli.compress_level)?;
+    let replicas = store::replicas(&cli.replica, &seal)?;
+    let min_replicas = cli.min_replicas.unwrap_or(replicas.len());
     match cli.cmd {
         Cmd::Check { json } => cmd_check(json),
         Cmd::Dump {
@@ -188,14 +210,31 @@ fn run(cli: Cli) -> Result<ExitCode> {
             cow_method,
             touch_window,
             json,
-        } => cmd_dump(
-            pid,
-            &dir,
-            (leave_running, concurrent, cow_buffer, cow_method),
-            (track.as_deref(), touch_window.as_deref()),
-            json,
-        ),
-        Cmd::Restore(a) => restore_cmd::cmd_restore(a),
+        } => match store::s3(&dir, seal.clone())? {
+            None => {
+                store::refuse_for_local(&dir, &seal, &replicas)?;
+                cmd_dump(
+                    pid,
+                    &dir,
+                    (leave_running, concurrent, cow_buffer, cow_method),
+                    (track.as_deref(), touch_window.as_deref()),
+                    (json, None),
+                )
+            }
+            Some(image) => store::dump(image, (replicas, min_replicas), |dir, cut| {
+                if touch_window.is_some() {
+                    bail!("--touch-window is not supported with an s3:// store yet");
+                }
+                cmd_dump(
+                    pid,
+                    dir,
+                    (leave_running, concurrent, cow_buffer, cow_method),
+                    (track.as_deref(), None),
+                    (json, Some(cut)),
+                )
+            }),
+        },
+        Cmd::Restore(a) => restore_cmd::cmd_restore(a, seal, replicas),
         Cmd::PageServer(a) => page_server::cmd_page_server(a),
         Cmd::Agent(a) => cluster_cmd::cmd_agent(a),
         Cmd::Cluster(c) => cluster_cmd::cmd_cluster(c),
@@ -212,8 +251,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
             dir,
             checkpoint,
             json,
-        } => ui::inspect(&dir, checkpoint, json),
-        Cmd::Gc { dir, keep, json } => gc::cmd_gc(&dir, keep, json),
+        } => match store::s3(&dir, seal.clone())? {
+            None => {
+                store::refuse_for_local(&dir, &seal, &replicas)?;
+                ui::inspect(&dir, checkpoint, json)
+            }
+            Some(image) => {
+                let tmp = store::fetch_for_inspect(image, replicas, checkpoint)?;
+                ui::inspect(&tmp.image(), checkpoint, json)
+            }
+        },
+        Cmd::Gc { dir, keep, json } => gc::cmd_gc(&dir, keep, json, seal),
         Cmd::Demo { dir, before, after } => demo::run(dir, before, after),
         Cmd::DemoWorkload { pidfile } => demo::workload(&pidfile),
         Cmd::Run(o) => run::cmd_run(o),
@@ -268,7 +316,7 @@ fn cmd_dump(
     dir: &Path,
     (leave_running, concurrent, cow_cap, cow_method): (bool, bool, u64, stasis_capture::CowMethod),
     (track, touch_window): (Option<&str>, Option<&str>),
-    json: bool,
+    (json, cut): (bool, Option<std::sync::Arc<dyn stasis_capture::Cut>>),
 ) -> Result<ExitCode> {
     abort::remove_temps_on_signal(dir)?;
     // A touch window reads the uffd write tracking.
@@ -303,7 +351,7 @@ fn cmd_dump(
         concurrent,
         cow_cap,
         cow_method,
-        cut: None,
+        cut,
     };
     let r = stasis_capture::dump_tracked(&store, &opts, tracker.as_deref_mut())
         .with_context(|| format!("dumping process {pid}"))?;

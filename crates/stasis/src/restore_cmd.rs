@@ -16,7 +16,8 @@ use crate::ui;
 /// Options of `stasis restore`.
 #[derive(clap::Args, Debug)]
 pub struct RestoreArgs {
-    /// Image directory (or, with --from, nothing: the server has the image).
+    /// Image directory or s3://BUCKET/PREFIX (or, with --from, nothing:
+    /// the server has the image).
     #[arg(short = 'D', long = "images-dir", required_unless_present = "from")]
     dir: Option<PathBuf>,
     /// Checkpoint number (default: the latest).
@@ -113,9 +114,36 @@ fn fetch_mirror(
     Ok(m)
 }
 
-pub fn cmd_restore(a: RestoreArgs) -> Result<ExitCode> {
-    // Where the image is: local, or a local mirror of the server's.
-    let (dir, checkpoint, _mirror) = locate_image(&a)?;
+pub fn cmd_restore(
+    a: RestoreArgs,
+    seal: stasis_store::seal::SealOptions,
+    replicas: Vec<stasis_store::S3Image>,
+) -> Result<ExitCode> {
+    // Where the image is: local, a private copy of an object store's
+    // checkpoints, or a local mirror of the page server's.
+    let fetched = match a
+        .dir
+        .as_deref()
+        .map(|d| crate::store::s3(d, seal.clone()))
+        .transpose()?
+    {
+        Some(Some(image)) => {
+            if a.lazy {
+                bail!("restore --lazy from an s3:// store is not supported yet: restore it whole");
+            }
+            Some(crate::store::fetch(image, replicas, a.checkpoint)?)
+        }
+        Some(None) => {
+            let dir = a.dir.as_deref().unwrap_or(Path::new(""));
+            crate::store::refuse_for_local(dir, &seal, &replicas)?;
+            None
+        }
+        None => None,
+    };
+    let (dir, checkpoint, _mirror) = match &fetched {
+        Some(t) => (t.image(), t.fetched.chain.first().copied(), None),
+        None => locate_image(&a)?,
+    };
     let store = stasis_image::ImageDir::open(&dir)
         .with_context(|| format!("opening image directory {}", dir.display()))?;
     let filler = if a.lazy {
@@ -162,6 +190,7 @@ pub fn cmd_restore(a: RestoreArgs) -> Result<ExitCode> {
     // A lazy restore from a page server: the filler has the indexes it
     // needs in memory, and the eager pages are in the process.
     drop(_mirror);
+    drop(fetched);
     if a.detach {
         return Ok(ExitCode::SUCCESS);
     }

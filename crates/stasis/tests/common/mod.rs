@@ -7,6 +7,7 @@
 
 pub mod cluster;
 pub mod net;
+pub mod s3;
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};

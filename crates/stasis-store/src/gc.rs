@@ -1,0 +1,74 @@
+//! `stasis gc -D s3://...`: keep the newest N checkpoints of a store, and
+//! delete the chunks no checkpoint needs (reachability).
+//!
+//! 1. A kept checkpoint whose parent is not kept is merged, as a local gc
+//!    does: its chain is downloaded into a private temporary directory,
+//!    merged there into a full checkpoint (`ImageDir::gc`), its chunks are
+//!    uploaded (most exist already) and its commit record is replaced (one
+//!    atomic overwrite: the name holds the old chain or the equivalent
+//!    full checkpoint, never neither).
+//! 2. Older checkpoints are deleted newest first (their commit records),
+//!    so every checkpoint still listed keeps its whole chain.
+//! 3. Sweep: the chunks no commit record names and older than
+//!    [`SWEEP_AGE_S`] are deleted. A dump running meanwhile is safe: it
+//!    writes every chunk it needs unless the store has it younger than
+//!    `REFRESH_AGE_S` (half of `SWEEP_AGE_S`), so a chunk it relies on
+//!    cannot be swept before its commit unless that commit comes more
+//!    than half an hour after the dump listed the chunks.
+//!
+//! A crash at any step leaves every listed checkpoint restorable, and a
+//! second gc finishes the job.
+
+pub use stasis_image::GcReport;
+use stasis_image::ImageDir;
+
+use crate::s3image::S3Image;
+use crate::StoreError;
+
+/// Unnamed chunks younger than this may belong to a running dump.
+pub const SWEEP_AGE_S: i64 = 2 * crate::s3image::REFRESH_AGE_S;
+
+/// Chunks deleted by a gc's sweep.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct Swept {
+    pub chunks: u64,
+    pub bytes: u64,
+}
+
+/// Keeps the newest `keep` checkpoints (`keep >= 1`), then sweeps the
+/// chunks unnamed for at least `sweep_age_s` ([`SWEEP_AGE_S`] unless a
+/// caller knows no dump runs).
+pub fn gc(image: &S3Image, keep: usize, sweep_age_s: i64) -> Result<(GcReport, Swept), StoreError> {
+    let keep = keep.max(1);
+    let all = image.committed()?;
+    let split = all.len().saturating_sub(keep);
+    let (old, kept) = all.split_at(split);
+    let mut report = GcReport {
+        kept: kept.to_vec(),
+        deleted: Vec::new(),
+        merged: Vec::new(),
+        stale_temps_removed: 0,
+    };
+    for &k in kept {
+        let r = image.record(k)?;
+        match r.parent {
+            Some(p) if !kept.contains(&p) => {}
+            _ => continue,
+        }
+        let tmp = crate::fetch_to_temp(image, Some(k))?;
+        let local = ImageDir::open(&tmp.image())?;
+        let merged = local.gc(1)?;
+        let dir = local.load(Some(k))?.dir().to_path_buf();
+        let manifest = crate::s3image::read_file(&dir.join(stasis_image::MANIFEST_NAME))?;
+        let (new, _) = image.upload_data(&dir, (k, None), manifest, &[stasis_image::CUT_NAME])?;
+        image.replace_record(new)?;
+        report.merged.extend(merged.merged);
+    }
+    for &n in old.iter().rev() {
+        image.delete(n)?;
+        report.deleted.push(n);
+    }
+    report.deleted.sort_unstable();
+    let (chunks, bytes) = image.sweep(sweep_age_s)?;
+    Ok((report, Swept { chunks, bytes }))
+}

@@ -1,0 +1,116 @@
+//! The commit record of a checkpoint in an object store: the object whose
+//! conditional creation commits it, listing the chunks of its files
+//! (format in docs/storage.md).
+
+use serde::{Deserialize, Serialize};
+
+use crate::Key;
+
+/// Version of the record format.
+pub const RECORD_FORMAT: u32 = 1;
+/// Largest commit record read.
+pub const MAX_RECORD_BYTES: usize = 64 << 20;
+/// Plain bytes per chunk of a file (the last one of a file is shorter).
+pub const CHUNK_BYTES: u64 = 1 << 20;
+/// The id of a chunk of zeros: nothing is stored for it.
+pub const ZERO_CHUNK: &str = "0";
+
+/// `commits/NNNNNNNN`: JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub format: u32,
+    pub checkpoint: u32,
+    pub parent: Option<u32>,
+    pub created_unix: u64,
+    /// `Key::id` of the key the chunks are sealed with; `None`: not encrypted.
+    pub key_id: Option<String>,
+    pub files: Vec<FileRecord>,
+    /// With a key: BLAKE3 keyed hash of this record with `mac` empty (hex).
+    #[serde(default)]
+    pub mac: String,
+}
+
+/// One file of the checkpoint directory, as the ids of its chunks of
+/// [`CHUNK_BYTES`] plain bytes (`chunks/ID` in the store).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRecord {
+    pub name: String,
+    /// Plain size of the whole file.
+    pub size: u64,
+    pub chunks: Vec<String>,
+}
+
+/// Whether `id` is a chunk id: [`ZERO_CHUNK`] or 64 lowercase hex digits.
+pub fn valid_chunk_id(id: &str) -> bool {
+    id == ZERO_CHUNK
+        || (id.len() == 64
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+}
+
+impl Record {
+    /// Every chunk id the record refers to (zero chunks excluded).
+    pub fn chunk_ids(&self) -> impl Iterator<Item = &str> {
+        self.files
+            .iter()
+            .flat_map(|f| &f.chunks)
+            .map(String::as_str)
+            .filter(|c| *c != ZERO_CHUNK)
+    }
+
+    fn mac_of(&self, key: &Key) -> String {
+        let mut r = self.clone();
+        r.mac = String::new();
+        let bytes = serde_json::to_vec(&r).unwrap_or_default();
+        hex::encode(blake3::keyed_hash(key.bytes(), &bytes).as_bytes())
+    }
+
+    /// Sets the MAC (with a key) and encodes.
+    pub fn encode(&mut self, key: Option<&Key>) -> Vec<u8> {
+        self.mac = key.map(|k| self.mac_of(k)).unwrap_or_default();
+        serde_json::to_vec_pretty(self).unwrap_or_default()
+    }
+
+    /// Decodes; `Err` says why.
+    pub fn decode(bytes: &[u8], checkpoint: u32) -> Result<Record, String> {
+        if bytes.len() > MAX_RECORD_BYTES {
+            return Err(format!("{} bytes, more than the limit", bytes.len()));
+        }
+        let r: Record = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+        if r.format == 0 || r.format > RECORD_FORMAT {
+            return Err(format!(
+                "format {} (this stasis reads up to {RECORD_FORMAT}: upgrade it)",
+                r.format
+            ));
+        }
+        if r.checkpoint != checkpoint {
+            return Err(format!("it describes checkpoint {}", r.checkpoint));
+        }
+        if r.parent.is_some_and(|p| p >= checkpoint) {
+            return Err("its parent is not older than it".into());
+        }
+        for f in &r.files {
+            if !stasis_image::is_plain_name(&f.name) {
+                return Err(format!("bad file name {:?}", f.name));
+            }
+            if f.chunks.len() as u64 != f.size.div_ceil(CHUNK_BYTES) {
+                return Err(format!(
+                    "{} has {} chunks for {} bytes",
+                    f.name,
+                    f.chunks.len(),
+                    f.size
+                ));
+            }
+            if let Some(c) = f.chunks.iter().find(|c| !valid_chunk_id(c)) {
+                return Err(format!("bad chunk id {c:?}"));
+            }
+        }
+        Ok(r)
+    }
+
+    /// Checks the MAC with `key`.
+    pub fn verify(&self, key: &Key) -> bool {
+        !self.mac.is_empty() && self.mac_of(key) == self.mac
+    }
+}

@@ -1,0 +1,558 @@
+//! A repository of checkpoints in an S3 bucket under a prefix:
+//!
+//! ```text
+//! PREFIX/commits/NNNNNNNN   commit record (JSON), created with If-None-Match: *
+//! PREFIX/chunks/ID          a chunk of up to 1 MiB of some file, named by the
+//!                           (keyed) BLAKE3 of its plain bytes: shared by every
+//!                           checkpoint, process and job of the store that holds
+//!                           the same bytes; chunks of zeros are stored as nothing
+//! ```
+//! A checkpoint exists once its commit record does. A chunk no record
+//! names (an upload that died, a deleted checkpoint's) is never read, and
+//! gc removes it once it is old enough (see `gc.rs`).
+
+use std::collections::{HashMap, HashSet};
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::Read;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use stasis_image::{checkpoint_dir_name, CHECKPOINTS_DIR, LATEST_NAME, MARKER_NAME};
+
+use crate::record::{FileRecord, Record, CHUNK_BYTES, RECORD_FORMAT, ZERO_CHUNK};
+use crate::remote::Bucket;
+use crate::seal::{self, OpenError, SealOptions};
+use crate::{Key, Location, StoreError};
+
+/// A checkpoint repository in a bucket.
+pub struct S3Image {
+    pub bucket: Bucket,
+    prefix: String,
+    pub url: String,
+    pub seal: SealOptions,
+}
+
+/// What an upload stored.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Uploaded {
+    pub checkpoint: u32,
+    /// Plain bytes of the checkpoint's files.
+    pub plain_bytes: u64,
+    /// Bytes of the chunks written (new ones, and old ones refreshed).
+    pub stored_bytes: u64,
+    /// Chunks written.
+    pub objects: u64,
+    /// Chunks already in the store, not written again.
+    pub reused: u64,
+    /// Chunks of zeros (nothing stored).
+    pub zero: u64,
+}
+
+/// A chunk already in the store younger than this is trusted to stay
+/// until the commit (gc removes unnamed chunks only after `gc::SWEEP_AGE_S`);
+/// an older one is written again, which renews its age.
+pub const REFRESH_AGE_S: i64 = 1800;
+
+/// What a download fetched.
+#[derive(Debug, Clone, Default)]
+pub struct Downloaded {
+    /// The checkpoint asked for (or the latest), then its ancestors.
+    pub chain: Vec<u32>,
+    pub stored_bytes: u64,
+}
+
+impl S3Image {
+    /// Opens `s3://BUCKET/PREFIX` (nothing is read yet), configured by
+    /// the environment.
+    pub fn open(loc: &Location, seal: SealOptions) -> Result<S3Image, StoreError> {
+        S3Image::open_with(loc, seal, &crate::remote::S3Config::default())
+    }
+
+    /// [`open`](Self::open) with settings overriding the environment's.
+    pub fn open_with(
+        loc: &Location,
+        seal: SealOptions,
+        cfg: &crate::remote::S3Config,
+    ) -> Result<S3Image, StoreError> {
+        let Location::S3 {
+            bucket,
+            prefix,
+            endpoint,
+        } = loc
+        else {
+            return Err(StoreError::BadUrl {
+                url: loc.display(),
+                reason: "not an s3:// URL".into(),
+            });
+        };
+        Ok(S3Image {
+            bucket: Bucket::with_config(bucket, &with_endpoint(cfg, endpoint.as_deref()))?,
+            prefix: prefix.clone(),
+            url: loc.display(),
+            seal,
+        })
+    }
+
+    fn commit_key(&self, n: u32) -> String {
+        format!("{}commits/{}", self.prefix, checkpoint_dir_name(n))
+    }
+
+    /// Committed checkpoints, ascending.
+    pub fn committed(&self) -> Result<Vec<u32>, StoreError> {
+        let dir = format!("{}commits/", self.prefix);
+        let mut v: Vec<u32> = self
+            .bucket
+            .list(&dir)?
+            .iter()
+            .filter_map(|o| o.key.strip_prefix(&dir))
+            .filter(|n| n.len() >= 8 && n.len() <= 10 && n.bytes().all(|b| b.is_ascii_digit()))
+            .filter_map(|name| {
+                // Only the canonical name of a checkpoint number counts.
+                let n: u32 = name.parse().ok()?;
+                (n >= 1 && checkpoint_dir_name(n) == name).then_some(n)
+            })
+            .collect();
+        v.sort_unstable();
+        Ok(v)
+    }
+
+    /// The commit record of checkpoint `n`, checked (and its MAC, with a key).
+    pub fn record(&self, n: u32) -> Result<Record, StoreError> {
+        let key = self.commit_key(n);
+        let bytes = match self.bucket.get(&key) {
+            Err(StoreError::Missing { .. }) => {
+                return Err(StoreError::NoSuchCheckpoint {
+                    url: self.url.clone(),
+                    checkpoint: n,
+                    available: self.committed().unwrap_or_default(),
+                })
+            }
+            r => r?,
+        };
+        let r = Record::decode(&bytes, n).map_err(|reason| StoreError::BadRecord {
+            url: self.url.clone(),
+            key: key.clone(),
+            reason,
+        })?;
+        match (&r.key_id, &self.seal.key) {
+            (None, _) => Ok(r),
+            (Some(_), None) => Err(StoreError::NeedKey {
+                url: self.url.clone(),
+                checkpoint: n,
+            }),
+            (Some(id), Some(k)) if *id != k.id() => Err(StoreError::WrongKey {
+                url: self.url.clone(),
+                key_file: k.file.clone(),
+                checkpoint: n,
+            }),
+            (Some(_), Some(k)) if !r.verify(k) => Err(StoreError::Damaged {
+                url: self.url.clone(),
+                key,
+                reason: "its authentication code does not match".into(),
+            }),
+            _ => Ok(r),
+        }
+    }
+
+    /// Uploads the files of the checkpoint directory `src` as checkpoint
+    /// `n` over `parent`, then commits it. `manifest` replaces the
+    /// directory's `manifest.bin`; `skip` names files left out. Fails with
+    /// [`StoreError::CommitRace`] if `n` was committed meanwhile.
+    pub fn upload(
+        &self,
+        src: &Path,
+        (n, parent): (u32, Option<u32>),
+        manifest: Vec<u8>,
+        skip: &[&str],
+    ) -> Result<Uploaded, StoreError> {
+        let (mut record, up) = self.upload_data(src, (n, parent), manifest, skip)?;
+        let bytes = record.encode(self.seal.key.as_ref());
+        if !self.bucket.put_new(&self.commit_key(n), bytes)? {
+            return Err(StoreError::CommitRace {
+                url: self.url.clone(),
+                checkpoint: n,
+            });
+        }
+        Ok(up)
+    }
+
+    /// The objects of [`upload`](Self::upload), and the record that would
+    /// commit them (not written).
+    pub fn upload_data(
+        &self,
+        src: &Path,
+        (n, parent): (u32, Option<u32>),
+        manifest: Vec<u8>,
+        skip: &[&str],
+    ) -> Result<(Record, Uploaded), StoreError> {
+        let mut names: Vec<String> = fs::read_dir(src)
+            .map_err(StoreError::local("list", src))?
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| n != stasis_image::MANIFEST_NAME && !skip.contains(&n.as_str()))
+            .collect();
+        names.sort();
+        let mut known = self.chunks()?;
+        let mut files = Vec::new();
+        let mut up = Uploaded {
+            checkpoint: n,
+            ..Default::default()
+        };
+        // The manifest first, from memory; then each file part by part.
+        let mut sources: Vec<(String, Source)> = vec![(
+            stasis_image::MANIFEST_NAME.to_string(),
+            Source::Bytes(manifest),
+        )];
+        for name in names {
+            let path = src.join(&name);
+            sources.push((name, Source::File(path)));
+        }
+        for (name, source) in sources {
+            let f = self.upload_file(&name, source, &mut known, &mut up)?;
+            files.push(f);
+        }
+        let record = Record {
+            format: RECORD_FORMAT,
+            checkpoint: n,
+            parent,
+            created_unix: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            key_id: self.seal.key.as_ref().map(Key::id),
+            files,
+            mac: String::new(),
+        };
+        Ok((record, up))
+    }
+
+    fn upload_file(
+        &self,
+        name: &str,
+        source: Source,
+        known: &mut HashMap<String, i64>,
+        up: &mut Uploaded,
+    ) -> Result<FileRecord, StoreError> {
+        let (size, mut reader) = source.open()?;
+        let count = size.div_ceil(CHUNK_BYTES);
+        let now = now_unix();
+        let mut i = 0u64;
+        let mut chunks = Vec::new();
+        self.bucket.put_many(|| loop {
+            if i >= count {
+                return Ok(None);
+            }
+            let off = i * CHUNK_BYTES;
+            i += 1;
+            let len = usize::try_from(CHUNK_BYTES.min(size - off)).unwrap_or(0);
+            let mut buf = vec![0u8; len];
+            reader(off, &mut buf)?;
+            up.plain_bytes += len as u64;
+            if buf.iter().all(|b| *b == 0) {
+                chunks.push(ZERO_CHUNK.to_string());
+                up.zero += 1;
+                continue;
+            }
+            let id = self.chunk_id(&buf, self.seal.key.is_some());
+            chunks.push(id.clone());
+            if known.get(&id).is_some_and(|t| now - t < REFRESH_AGE_S) {
+                up.reused += 1;
+                continue;
+            }
+            known.insert(id.clone(), now);
+            let key = format!("chunks/{id}");
+            let stored = seal::seal(&buf, &key, &self.seal);
+            up.stored_bytes += stored.len() as u64;
+            up.objects += 1;
+            return Ok(Some((format!("{}{key}", self.prefix), stored)));
+        })?;
+        Ok(FileRecord {
+            name: name.to_string(),
+            size,
+            chunks,
+        })
+    }
+
+    /// The id of a chunk: BLAKE3 of its bytes, keyed by a key derived from
+    /// the encryption key when `sealed` (so equal bytes under different
+    /// keys, or in a checkpoint without one, give unrelated ids).
+    pub fn chunk_id(&self, plain: &[u8], sealed: bool) -> String {
+        let material: &[u8] = match (&self.seal.key, sealed) {
+            (Some(k), true) => k.bytes(),
+            _ => b"",
+        };
+        let key = blake3::derive_key("stasis chunk id v1", material);
+        blake3::keyed_hash(&key, plain).to_hex().to_string()
+    }
+
+    /// The chunks in the store: id -> last modified (Unix seconds).
+    pub fn chunks(&self) -> Result<HashMap<String, i64>, StoreError> {
+        let dir = format!("{}chunks/", self.prefix);
+        Ok(self
+            .bucket
+            .list(&dir)?
+            .into_iter()
+            .filter_map(|o| Some((o.key.strip_prefix(&dir)?.to_string(), o.modified_unix)))
+            .filter(|(id, _)| crate::record::valid_chunk_id(id))
+            .collect())
+    }
+
+    /// Downloads checkpoint `n` (default: the latest) and its ancestors
+    /// into the local image directory `dest` (created if missing;
+    /// checkpoints already in it are not fetched again).
+    pub fn download_chain(&self, n: Option<u32>, dest: &Path) -> Result<Downloaded, StoreError> {
+        let committed = self.committed()?;
+        let first = match n {
+            Some(n) => n,
+            None => *committed.last().ok_or_else(|| StoreError::Empty {
+                url: self.url.clone(),
+            })?,
+        };
+        for d in [dest.to_path_buf(), dest.join(CHECKPOINTS_DIR)] {
+            if !d.exists() {
+                make_dir(&d)?;
+            }
+        }
+        let mut out = Downloaded::default();
+        let mut next = Some(first);
+        while let Some(c) = next {
+            let cdir = dest.join(CHECKPOINTS_DIR).join(checkpoint_dir_name(c));
+            if cdir.exists() {
+                // Fetched with a newer checkpoint's chain: so are its ancestors.
+                out.chain.push(c);
+                break;
+            }
+            let r = match self.record(c) {
+                Err(StoreError::NoSuchCheckpoint { .. }) if c != first => {
+                    return Err(StoreError::BrokenChain {
+                        url: self.url.clone(),
+                        checkpoint: out.chain.last().copied().unwrap_or(first),
+                        parent: c,
+                    })
+                }
+                r => r?,
+            };
+            out.stored_bytes += self.fetch(&r, &cdir)?;
+            out.chain.push(c);
+            next = r.parent;
+        }
+        if !dest.join(MARKER_NAME).exists() {
+            write_new(
+                &dest.join(MARKER_NAME),
+                format!(
+                    "stasis image directory\nformat {}\n",
+                    stasis_image::FORMAT_VERSION
+                )
+                .as_bytes(),
+            )?;
+            write_new(&dest.join(LATEST_NAME), format!("{first}\n").as_bytes())?;
+        }
+        Ok(out)
+    }
+
+    /// Fetches the files of one record into the new directory `dir`.
+    fn fetch(&self, r: &Record, dir: &Path) -> Result<u64, StoreError> {
+        make_dir(dir)?;
+        let mut stored = 0;
+        for f in &r.files {
+            let path = dir.join(&f.name);
+            let file = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&path)
+                .map_err(StoreError::local("create", &path))?;
+            // Chunks of zeros stay holes.
+            file.set_len(f.size)
+                .map_err(StoreError::local("size", &path))?;
+            let wanted: Vec<(usize, &String)> = f
+                .chunks
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.as_str() != ZERO_CHUNK)
+                .collect();
+            let keys: Vec<String> = wanted
+                .iter()
+                .map(|(_, id)| format!("{}chunks/{id}", self.prefix))
+                .collect();
+            self.bucket.get_many(keys, |k, bytes| {
+                let (i, id) = wanted[k];
+                let off = i as u64 * CHUNK_BYTES;
+                let want = usize::try_from(CHUNK_BYTES.min(f.size - off)).unwrap_or(0);
+                let damaged = |reason: String| StoreError::Damaged {
+                    url: self.url.clone(),
+                    key: format!("{}chunks/{id}", self.prefix),
+                    reason,
+                };
+                let plain = seal::open(
+                    &bytes,
+                    &format!("chunks/{id}"),
+                    self.seal.key.as_ref(),
+                    want,
+                )
+                .map_err(|e| match e {
+                    OpenError::NeedKey => StoreError::NeedKey {
+                        url: self.url.clone(),
+                        checkpoint: r.checkpoint,
+                    },
+                    e => damaged(e.to_string()),
+                })?;
+                if plain.len() != want || self.chunk_id(&plain, r.key_id.is_some()) != *id {
+                    return Err(damaged(format!(
+                        "its {} bytes do not hash to its name (checkpoint {}, {})",
+                        plain.len(),
+                        r.checkpoint,
+                        f.name
+                    )));
+                }
+                stored += bytes.len() as u64;
+                file.write_all_at(&plain, off)
+                    .map_err(StoreError::local("write", &path))
+            })?;
+            file.sync_all().map_err(StoreError::local("sync", &path))?;
+        }
+        Ok(stored)
+    }
+
+    /// Deletes checkpoint `n`'s commit record (its chunks go when gc
+    /// finds them unnamed).
+    pub fn delete(&self, n: u32) -> Result<(), StoreError> {
+        self.bucket.delete(&self.commit_key(n))
+    }
+
+    /// Every chunk id named by a commit record (read without checking
+    /// keys: only for keeping chunks).
+    pub fn named_chunks(&self) -> Result<HashSet<String>, StoreError> {
+        let mut out = HashSet::new();
+        for n in self.committed()? {
+            let key = self.commit_key(n);
+            let bytes = match self.bucket.get(&key) {
+                Err(StoreError::Missing { .. }) => continue,
+                r => r?,
+            };
+            let r = Record::decode(&bytes, n).map_err(|reason| StoreError::BadRecord {
+                url: self.url.clone(),
+                key,
+                reason,
+            })?;
+            out.extend(r.chunk_ids().map(str::to_string));
+        }
+        Ok(out)
+    }
+
+    /// Deletes the chunks no record names that are older than
+    /// `min_age_s`; returns (chunks, stored bytes) deleted.
+    pub fn sweep(&self, min_age_s: i64) -> Result<(u64, u64), StoreError> {
+        let dir = format!("{}chunks/", self.prefix);
+        let listed = self.bucket.list(&dir)?;
+        let named = self.named_chunks()?;
+        let now = now_unix();
+        let (mut n, mut bytes) = (0, 0);
+        for o in listed {
+            let Some(id) = o.key.strip_prefix(&dir) else {
+                continue;
+            };
+            if !named.contains(id) && now - o.modified_unix >= min_age_s {
+                self.bucket.delete(&o.key)?;
+                n += 1;
+                bytes += o.size;
+            }
+        }
+        Ok((n, bytes))
+    }
+
+    /// Replaces the record of checkpoint `n` (gc's merge): an atomic
+    /// overwrite of one object.
+    pub fn replace_record(&self, mut r: Record) -> Result<(), StoreError> {
+        let bytes = r.encode(self.seal.key.as_ref());
+        self.bucket.put(&self.commit_key(r.checkpoint), bytes)
+    }
+}
+
+enum Source {
+    Bytes(Vec<u8>),
+    File(PathBuf),
+}
+
+/// Reads `buf.len()` bytes at an offset of one file's content.
+type ReadPart = Box<dyn FnMut(u64, &mut Vec<u8>) -> Result<(), StoreError>>;
+
+impl Source {
+    /// The size and a reader.
+    fn open(self) -> Result<(u64, ReadPart), StoreError> {
+        Ok(match self {
+            Source::Bytes(b) => (
+                b.len() as u64,
+                Box::new(move |off, buf: &mut Vec<u8>| {
+                    let s = usize::try_from(off).unwrap_or(usize::MAX).min(b.len());
+                    let e = s.saturating_add(buf.len()).min(b.len());
+                    buf.truncate(e - s);
+                    buf.copy_from_slice(&b[s..e]);
+                    Ok(())
+                }),
+            ),
+            Source::File(path) => {
+                let f = File::open(&path).map_err(StoreError::local("open", &path))?;
+                let len = f
+                    .metadata()
+                    .map_err(StoreError::local("stat", &path))?
+                    .len();
+                (
+                    len,
+                    Box::new(move |off, buf: &mut Vec<u8>| {
+                        f.read_exact_at(buf, off)
+                            .map_err(StoreError::local("read", &path))
+                    }),
+                )
+            }
+        })
+    }
+}
+
+/// `cfg` with the URL's server, if it names one.
+fn with_endpoint(cfg: &crate::remote::S3Config, endpoint: Option<&str>) -> crate::remote::S3Config {
+    let mut c = cfg.clone();
+    if let Some(e) = endpoint {
+        c.endpoint = Some(e.to_string());
+        c.allow_http = Some(c.allow_http.unwrap_or(false) || e.starts_with("http://"));
+    }
+    c
+}
+
+fn now_unix() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .ok()
+        .and_then(|d| i64::try_from(d.as_secs()).ok())
+        .unwrap_or(0)
+}
+
+fn make_dir(p: &Path) -> Result<(), StoreError> {
+    DirBuilder::new()
+        .mode(0o700)
+        .create(p)
+        .map_err(StoreError::local("create directory", p))
+}
+
+fn write_new(p: &Path, data: &[u8]) -> Result<(), StoreError> {
+    let f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(p)
+        .map_err(StoreError::local("create", p))?;
+    f.write_all_at(data, 0)
+        .map_err(StoreError::local("write", p))
+}
+
+/// Reads a whole small local file.
+pub(crate) fn read_file(p: &Path) -> Result<Vec<u8>, StoreError> {
+    let mut v = Vec::new();
+    File::open(p)
+        .and_then(|mut f| f.read_to_end(&mut v))
+        .map_err(StoreError::local("read", p))?;
+    Ok(v)
+}

@@ -1,0 +1,281 @@
+//! A dump into an object store is written into a local *staging* image
+//! directory by the ordinary capture code, and uploaded from there
+//! between its `prepare` and its local commit (the `Cut::written` hook):
+//! a dump whose upload fails fails, so a dump that kills its tree kills it
+//! only once the checkpoint is committed in the store.
+//!
+//! The staging directory persists per store (`$STASIS_S3_STAGING`, else
+//! `/var/tmp/stasis-s3`, then a hash of endpoint, bucket and prefix): it
+//! keeps the chain of the latest checkpoint (an incremental dump is
+//! planned against its manifests and reads its parent's packs) and the
+//! dirty-tracking state; older local checkpoints are deleted once
+//! uploaded. Local checkpoint numbers
+//! are mapped to the store's in `remote.json`; if the store's latest
+//! checkpoint is not the one this staging directory uploaded last (another
+//! host dumped, or the staging directory was lost), the staging directory
+//! is emptied and the next dump is full.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use stasis_image::{checkpoint_dir_name, ImageDir, CHECKPOINTS_DIR, LATEST_NAME, TEMP_PREFIX};
+
+use crate::s3image::{read_file, S3Image, Uploaded};
+use crate::StoreError;
+
+const MAP_NAME: &str = "remote.json";
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct RemoteMap {
+    url: String,
+    /// Local checkpoint number -> the store's.
+    map: BTreeMap<u32, u32>,
+}
+
+/// A manifest renumbered for a store.
+struct Renumbered {
+    bytes: Vec<u8>,
+    /// The parent, in the store's numbers.
+    parent: Option<u32>,
+    /// The parent, in the staging directory's numbers.
+    local_parent: Option<u32>,
+}
+
+/// The staging directory of one store.
+pub struct Staging {
+    /// The staging image directory (`BASE/image`).
+    dir: PathBuf,
+    /// `BASE`: holds `remote.json` and `image/`.
+    base: PathBuf,
+    url: String,
+}
+
+impl Staging {
+    /// The staging directory for `image`, created 0700 if missing.
+    pub fn for_image(image: &S3Image) -> Result<Staging, StoreError> {
+        let root = std::env::var_os("STASIS_S3_STAGING")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/var/tmp/stasis-s3"));
+        let id = blake3::hash(format!("{}\n{}", image.bucket.endpoint, image.url).as_bytes());
+        let base = root.join(&id.to_hex()[..24]);
+        let dir = base.join("image");
+        fs::create_dir_all(&dir).map_err(StoreError::local("create directory", &dir))?;
+        use std::os::unix::fs::PermissionsExt;
+        for d in [&root, &base, &dir] {
+            fs::set_permissions(d, fs::Permissions::from_mode(0o700))
+                .map_err(StoreError::local("chmod 700", d))?;
+        }
+        Ok(Staging {
+            dir,
+            base,
+            url: image.url.clone(),
+        })
+    }
+
+    /// The local image directory the capture writes into.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn load_map(&self) -> RemoteMap {
+        read_file(&self.base.join(MAP_NAME))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    }
+
+    fn save_map(&self, m: &RemoteMap) -> Result<(), StoreError> {
+        let bytes = serde_json::to_vec_pretty(m).unwrap_or_default();
+        stasis_image::write_atomic_file(&self.base.join(MAP_NAME), &bytes)?;
+        Ok(())
+    }
+
+    /// Before a dump: empties the staging directory unless its latest
+    /// checkpoint is the store's latest. Returns whether it was emptied
+    /// (the caller then drops the tracking state).
+    pub fn sync(&self, image: &S3Image) -> Result<bool, StoreError> {
+        let remote_latest = image.committed()?.last().copied();
+        let m = self.load_map();
+        let local_latest = ImageDir::open(&self.dir)
+            .ok()
+            .and_then(|d| d.latest().ok().flatten());
+        let same = m.url == self.url
+            && local_latest.and_then(|l| m.map.get(&l).copied()) == remote_latest
+            && remote_latest.is_some();
+        if same {
+            return Ok(false);
+        }
+        let cps = self.dir.join(CHECKPOINTS_DIR);
+        if cps.exists() {
+            fs::remove_dir_all(&cps).map_err(StoreError::local("remove", &cps))?;
+        }
+        let _ = fs::remove_file(self.dir.join(LATEST_NAME));
+        self.save_map(&RemoteMap {
+            url: self.url.clone(),
+            map: BTreeMap::new(),
+        })?;
+        Ok(true)
+    }
+
+    /// Uploads the prepared (not yet committed) local checkpoint `n` as the
+    /// store's next checkpoint and commits it there: first to each replica
+    /// (with the ancestors it lacks, from this staging directory), then,
+    /// if at least `min_replicas` of them hold it, to the primary, whose
+    /// commit record is the commit point. Returns the primary's report
+    /// and one line per replica.
+    pub fn upload_prepared(
+        &self,
+        image: &S3Image,
+        (replicas, min_replicas): (&[S3Image], usize),
+        n: u32,
+    ) -> Result<(Uploaded, Vec<String>), StoreError> {
+        let temp = self.prepared_dir(n)?;
+        let mut m = self.load_map();
+        let remote_n = image.committed()?.last().copied().unwrap_or(0) + 1;
+        let Renumbered {
+            bytes,
+            parent,
+            local_parent,
+        } = self.renumbered(&temp, n, remote_n, &m)?;
+        let mut lines = Vec::new();
+        let mut held = 0;
+        for r in replicas {
+            match self.replicate(
+                r,
+                &temp,
+                (bytes.clone(), remote_n, parent),
+                local_parent,
+                &m,
+            ) {
+                Ok(()) => {
+                    held += 1;
+                    lines.push(format!("replica {}: holds checkpoint {remote_n}", r.url));
+                }
+                Err(e) => lines.push(format!("replica {}: failed: {e}", r.url)),
+            }
+        }
+        if held < min_replicas {
+            return Err(StoreError::Replicas {
+                url: self.url.clone(),
+                held,
+                needed: min_replicas,
+                detail: lines.join("; "),
+            });
+        }
+        let up = image.upload(&temp, (remote_n, parent), bytes, &[stasis_image::CUT_NAME])?;
+        m.url = self.url.clone();
+        m.map.insert(n, remote_n);
+        self.save_map(&m)?;
+        Ok((up, lines))
+    }
+
+    /// The temporary directory of the prepared local checkpoint `n`.
+    fn prepared_dir(&self, n: u32) -> Result<PathBuf, StoreError> {
+        let cps = self.dir.join(CHECKPOINTS_DIR);
+        let want = format!(
+            "{TEMP_PREFIX}{}-{}-",
+            checkpoint_dir_name(n),
+            std::process::id()
+        );
+        fs::read_dir(&cps)
+            .map_err(StoreError::local("list", &cps))?
+            .filter_map(|e| e.ok())
+            .find(|e| e.file_name().to_string_lossy().starts_with(&want))
+            .map(|e| e.path())
+            .ok_or_else(|| StoreError::Local {
+                action: "find the prepared checkpoint",
+                path: cps.join(&want),
+                source: std::io::ErrorKind::NotFound.into(),
+            })
+    }
+
+    /// The manifest of local checkpoint `n` in `dir` renumbered as the
+    /// store's `remote_n`.
+    fn renumbered(
+        &self,
+        dir: &Path,
+        n: u32,
+        remote_n: u32,
+        m: &RemoteMap,
+    ) -> Result<Renumbered, StoreError> {
+        let mpath = dir.join(stasis_image::MANIFEST_NAME);
+        let mut manifest = stasis_image::decode_manifest(&read_file(&mpath)?, n, &mpath)?;
+        let local_parent = manifest.parent;
+        let parent = match local_parent {
+            Some(p) => Some(*m.map.get(&p).ok_or(StoreError::BrokenChain {
+                url: self.url.clone(),
+                checkpoint: remote_n,
+                parent: p,
+            })?),
+            None => None,
+        };
+        manifest.checkpoint = remote_n;
+        manifest.parent = parent;
+        // The cut mark was only the hook that brought us here.
+        manifest.cut = None;
+        Ok(Renumbered {
+            bytes: stasis_image::encode_manifest(&manifest)?,
+            parent,
+            local_parent,
+        })
+    }
+
+    /// Uploads a checkpoint to a replica, after the ancestors it lacks.
+    fn replicate(
+        &self,
+        r: &S3Image,
+        temp: &Path,
+        (bytes, remote_n, parent): (Vec<u8>, u32, Option<u32>),
+        mut local_parent: Option<u32>,
+        m: &RemoteMap,
+    ) -> Result<(), StoreError> {
+        let committed = r.committed()?;
+        let local = ImageDir::open(&self.dir)?;
+        let mut missing = Vec::new();
+        while let Some(lp) = local_parent {
+            let rp = *m.map.get(&lp).ok_or(StoreError::BrokenChain {
+                url: r.url.clone(),
+                checkpoint: remote_n,
+                parent: lp,
+            })?;
+            if committed.contains(&rp) {
+                break;
+            }
+            missing.push((lp, rp));
+            local_parent = local.load(Some(lp))?.manifest.parent;
+        }
+        for (lp, rp) in missing.into_iter().rev() {
+            let dir = self.dir.join(CHECKPOINTS_DIR).join(checkpoint_dir_name(lp));
+            let x = self.renumbered(&dir, lp, rp, m)?;
+            r.upload(&dir, (rp, x.parent), x.bytes, &[stasis_image::CUT_NAME])?;
+        }
+        r.upload(temp, (remote_n, parent), bytes, &[stasis_image::CUT_NAME])?;
+        Ok(())
+    }
+
+    /// After a dump: drops the local checkpoints outside the chain of the
+    /// latest one (an incremental dump reads its parent's packs, so the
+    /// chain stays whole).
+    pub fn trim(&self) -> Result<(), StoreError> {
+        let image = ImageDir::open(&self.dir)?;
+        let chain: Vec<u32> = match image.latest()? {
+            Some(n) => stasis_image::load_chain(&image, Some(n))?
+                .iter()
+                .map(|c| c.number)
+                .collect(),
+            None => Vec::new(),
+        };
+        let cps = self.dir.join(CHECKPOINTS_DIR);
+        for n in image.checkpoints()? {
+            let d = cps.join(checkpoint_dir_name(n));
+            if !chain.contains(&n) {
+                fs::remove_dir_all(&d).map_err(StoreError::local("remove", &d))?;
+            }
+        }
+        let mut m = self.load_map();
+        m.map.retain(|k, _| chain.contains(k));
+        self.save_map(&m)
+    }
+}

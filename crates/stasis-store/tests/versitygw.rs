@@ -1,0 +1,226 @@
+//! The object-store layer against a real S3 server (versitygw, installed
+//! by scripts/setup.sh): parts round-trip byte for byte, a commit is
+//! conditional, an uncommitted upload is invisible (and an orphan for gc),
+//! records and objects are authenticated under a key.
+
+use std::io::Read;
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use stasis_store::record::CHUNK_BYTES;
+use stasis_store::remote::S3Config;
+use stasis_store::seal::SealOptions;
+use stasis_store::{Key, Location, S3Image, StoreError};
+
+/// versitygw on a free loopback port over a temporary directory with one
+/// bucket, `b`; killed when dropped.
+struct Server {
+    root: tempfile::TempDir,
+    port: u16,
+    child: Child,
+}
+
+impl Server {
+    fn start() -> Server {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/versitygw.sh");
+        let o = Command::new("bash")
+            .arg(&script)
+            .arg("path")
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "versitygw is not installed: run scripts/setup.sh"
+        );
+        let bin = PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("bkt")).unwrap();
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new(bin)
+            .args(["--port", &format!("127.0.0.1:{port}"), "posix"])
+            .arg(root.path())
+            .env("ROOT_ACCESS_KEY", "k")
+            .env("ROOT_SECRET_KEY", "s")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let t0 = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "versitygw did not start"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Server { root, port, child }
+    }
+
+    fn image(&self, prefix: &str, seal: SealOptions) -> S3Image {
+        let cfg = S3Config {
+            endpoint: Some(format!("http://127.0.0.1:{}", self.port)),
+            access_key: Some("k".into()),
+            secret_key: Some("s".into()),
+            region: Some("us-east-1".into()),
+            allow_http: Some(true),
+        };
+        let loc = Location::parse(&format!("s3://bkt/{prefix}")).unwrap();
+        S3Image::open_with(&loc, seal, &cfg).unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A checkpoint directory: an empty file, a one-byte file, a compressible
+/// one of 17 chunks (16 of them equal), an incompressible one of 3 chunks
+/// and 2 MiB + 1 of zeros.
+fn sample_dir() -> (tempfile::TempDir, Vec<(String, Vec<u8>)>) {
+    let d = tempfile::tempdir().unwrap();
+    let mut rnd = vec![0u8; 3 << 20];
+    std::fs::File::open("/dev/urandom")
+        .unwrap()
+        .read_exact(&mut rnd)
+        .unwrap();
+    let text: Vec<u8> = (0..(16 * CHUNK_BYTES + 12345))
+        .map(|i| b"abcdefgh"[usize::try_from(i % 8).unwrap()] ^ u8::from(i % 4096 == 0))
+        .collect();
+    let files = vec![
+        ("empty".to_string(), Vec::new()),
+        ("one".to_string(), vec![42u8]),
+        ("pages-1.pack".to_string(), text),
+        ("pages-2.pack".to_string(), rnd),
+        ("zeros".to_string(), vec![0u8; 2 << 20 | 1]),
+    ];
+    for (n, b) in &files {
+        std::fs::write(d.path().join(n), b).unwrap();
+    }
+    (d, files)
+}
+
+fn zstd() -> SealOptions {
+    SealOptions {
+        zstd: Some(1),
+        key: None,
+    }
+}
+
+#[test]
+fn files_round_trip_through_parts() {
+    let srv = Server::start();
+    let img = srv.image("rt", zstd());
+    let (src, files) = sample_dir();
+    let up = img
+        .upload(src.path(), (1, None), b"manifest!".to_vec(), &[])
+        .unwrap();
+    // Stored: the manifest, "one", 2 distinct chunks of the text, 3 random.
+    assert_eq!((up.objects, up.reused, up.zero), (7, 15, 3), "{up:?}");
+    assert!(up.stored_bytes < (3 << 20) + (1 << 20), "{up:?}");
+    // The same files again: only the new manifest is stored.
+    let up2 = img
+        .upload(src.path(), (2, Some(1)), b"second".to_vec(), &[])
+        .unwrap();
+    assert_eq!((up2.objects, up2.reused), (1, 21), "{up2:?}");
+    assert_eq!(img.committed().unwrap(), vec![1, 2]);
+    let dest = tempfile::tempdir().unwrap();
+    let got = img.download_chain(None, &dest.path().join("img")).unwrap();
+    assert_eq!(got.chain, vec![2, 1]);
+    for n in ["00000001", "00000002"] {
+        let d = dest.path().join("img/checkpoints").join(n);
+        for (name, bytes) in &files {
+            assert_eq!(&std::fs::read(d.join(name)).unwrap(), bytes, "{n}/{name}");
+        }
+    }
+    let m = std::fs::read(dest.path().join("img/checkpoints/00000002/manifest.bin")).unwrap();
+    assert_eq!(m, b"second");
+    assert_eq!(
+        std::fs::read_to_string(dest.path().join("img/latest")).unwrap(),
+        "2\n"
+    );
+}
+
+#[test]
+fn a_commit_is_conditional_and_uncommitted_data_is_invisible() {
+    let srv = Server::start();
+    let img = srv.image("race", zstd());
+    let (src, _) = sample_dir();
+    // An upload that never committed: nothing to list or fetch.
+    let (_, _) = img
+        .upload_data(src.path(), (1, None), b"m".to_vec(), &[])
+        .unwrap();
+    assert!(img.committed().unwrap().is_empty());
+    let dest = tempfile::tempdir().unwrap();
+    assert!(matches!(
+        img.download_chain(None, &dest.path().join("x")),
+        Err(StoreError::Empty { .. })
+    ));
+    img.upload(src.path(), (1, None), b"first".to_vec(), &[])
+        .unwrap();
+    let r = img.upload(src.path(), (1, None), b"second".to_vec(), &[]);
+    assert!(
+        matches!(r, Err(StoreError::CommitRace { checkpoint: 1, .. })),
+        "{r:?}"
+    );
+    // The winner's record stands; the losers' manifests are unnamed chunks,
+    // swept only once old enough.
+    let named = img.named_chunks().unwrap();
+    let all = img.chunks().unwrap();
+    assert_eq!(all.len(), named.len() + 2, "{all:?}");
+    assert_eq!(img.sweep(3600).unwrap().0, 0, "young chunks are spared");
+    assert_eq!(img.sweep(0).unwrap().0, 2);
+    let d2 = tempfile::tempdir().unwrap();
+    img.download_chain(Some(1), &d2.path().join("x")).unwrap();
+    assert_eq!(
+        std::fs::read(d2.path().join("x/checkpoints/00000001/manifest.bin")).unwrap(),
+        b"first"
+    );
+    // A deleted checkpoint's chunks go at the next sweep.
+    img.delete(1).unwrap();
+    assert!(img.committed().unwrap().is_empty());
+    assert_eq!(img.sweep(0).unwrap().0, u64::try_from(named.len()).unwrap());
+    assert!(img.chunks().unwrap().is_empty());
+}
+
+#[test]
+fn keys_guard_records_and_objects() {
+    let srv = Server::start();
+    let key = Key::from_bytes([5; 32]);
+    let sealed = SealOptions {
+        zstd: Some(1),
+        key: Some(key.clone()),
+    };
+    let img = srv.image("enc", sealed.clone());
+    let (src, _) = sample_dir();
+    img.upload(src.path(), (1, None), b"m".to_vec(), &[])
+        .unwrap();
+    img.record(1).unwrap();
+    let no_key = srv.image("enc", zstd());
+    assert!(matches!(no_key.record(1), Err(StoreError::NeedKey { .. })));
+    let wrong = srv.image(
+        "enc",
+        SealOptions {
+            zstd: Some(1),
+            key: Some(Key::from_bytes([6; 32])),
+        },
+    );
+    assert!(matches!(wrong.record(1), Err(StoreError::WrongKey { .. })));
+    // A record changed in the store no longer authenticates.
+    let rec_path = srv.root.path().join("bkt/enc/commits/00000001");
+    let text = std::fs::read_to_string(&rec_path).unwrap();
+    let changed = text.replacen("\"created_unix\": ", "\"created_unix\": 1", 1);
+    assert_ne!(text, changed);
+    std::fs::write(&rec_path, changed).unwrap();
+    let e = img.record(1).unwrap_err();
+    assert!(e.to_string().contains("authentication code"), "{e}");
+}

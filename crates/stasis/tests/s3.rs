@@ -1,0 +1,539 @@
+//! Checkpoints in an S3-compatible object store (`-D s3://BUCKET/PREFIX`),
+//! against a real server (versitygw, `common::s3`): every workload dumped
+//! and restored through it, incremental chains and gc, a server killed
+//! mid-upload, clear errors, and encryption at rest.
+
+mod common;
+use common::s3::*;
+use common::*;
+
+use std::time::{Duration, Instant};
+
+fn ok(o: &std::process::Output, what: &str) -> String {
+    assert_ok(o, what);
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Committed checkpoints listed by `inspect --json` (which also verifies
+/// every checksum of what it fetched).
+fn listed(srv: &S3Server, url: &str, extra: &[&str]) -> Vec<u64> {
+    let o = srv
+        .stasis()
+        .args(["inspect", "--json", "-D", url])
+        .args(extra)
+        .output()
+        .unwrap();
+    let text = ok(&o, "inspect");
+    let v: serde_json::Value =
+        serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let arr = v.as_array().cloned().unwrap_or_default();
+    assert!(arr.iter().all(|c| c["verified"] == true), "{text}");
+    arr.iter().map(|c| c["number"].as_u64().unwrap()).collect()
+}
+
+/// Dump (killing it) and restore twice through the store; both
+/// checkpoints are listed; the workload then checks itself.
+fn twice(name: &str, args: &[&str]) {
+    let srv = S3Server::start();
+    let url = srv.url(name);
+    let mut w = Workload::start(name, args);
+    std::thread::sleep(Duration::from_millis(300));
+    for round in 1..=2 {
+        let tree = descendants(w.pid);
+        ok(&srv.dump(&w, &url, &[]), &format!("dump {round} of {name}"));
+        assert_eq!(w.reap(), (None, Some(libc::SIGKILL)), "{name}");
+        for p in tree {
+            reap_if_ours(p);
+        }
+        ok(
+            &srv.restore(&url, &[]),
+            &format!("restore {round} of {name}"),
+        );
+        assert!(alive(w.pid), "{name}: not restored");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(listed(&srv, &url, &[]), vec![1, 2]);
+    w.finish_pass();
+}
+
+macro_rules! matrix {
+    ($($name:ident: $bin:literal $(, $arg:literal)*;)*) => {
+        mod twice { use super::*; $( #[test] fn $name() { twice($bin, &[$($arg),*]); } )* }
+    };
+}
+
+matrix! {
+    heap: "heap", "64";
+    stack_globals: "stack_globals";
+    mappings: "mappings";
+    fpu: "fpu";
+    signals: "signals";
+    files: "files";
+    counter: "counter";
+    restart_syscalls: "restart_syscalls";
+    threads: "threads";
+    tree: "tree";
+    pipes: "pipes";
+    anonfds: "anonfds";
+    sockets: "sockets";
+    notify_locks_timers: "notify_locks_timers";
+    udp_queue: "udp_queue";
+    sparse_shm: "sparse_shm";
+    shm: "shm";
+}
+
+/// `--leave-running --concurrent` into the store: the process runs on and
+/// passes, and then its image (restored from the store) passes too.
+#[test]
+fn concurrent_dump_restores_from_the_store() {
+    let srv = S3Server::start();
+    let url = srv.url("conc");
+    let mut w = Workload::start("heap", &["64"]);
+    std::thread::sleep(Duration::from_millis(300));
+    ok(
+        &srv.dump(&w, &url, &["--leave-running", "--concurrent"]),
+        "dump",
+    );
+    assert!(alive(w.pid));
+    w.finish_pass();
+    ok(&srv.restore(&url, &[]), "restore");
+    w.finish_pass();
+}
+
+/// A chain of five incremental checkpoints of the self-verifying writer
+/// in the store, each restored; then gc keeps two (merging the older ones
+/// into the oldest kept), deletes the others' records, sweeps the chunks
+/// no longer needed (the store shrinks), and both still restore.
+#[test]
+fn incremental_chain_and_gc() {
+    let srv = S3Server::start();
+    let url = srv.url("chain/a");
+    let mut w = Workload::start("chain_writer", &["32"]);
+    for k in 1..=5u64 {
+        std::thread::sleep(Duration::from_millis(120));
+        let o = srv.dump(&w, &url, &["--leave-running", "--track", "uffd", "--json"]);
+        assert_ok(&o, "dump");
+        let text = String::from_utf8_lossy(&o.stdout);
+        let r: serde_json::Value = text
+            .lines()
+            .find_map(|l| serde_json::from_str(l).ok())
+            .unwrap_or_else(|| panic!("no JSON: {text}"));
+        assert_eq!(r["checkpoint"], k, "{r}");
+        if k > 1 {
+            assert_eq!(r["parent"], k - 1, "dump {k} must be incremental: {r}");
+        }
+        assert!(
+            text.contains(&format!("stored as checkpoint {k} of {url}")),
+            "{text}"
+        );
+    }
+    kill_and_reap(&mut w);
+    for k in 1..=5u32 {
+        ok(
+            &srv.restore(&url, &["--checkpoint", &k.to_string()]),
+            "restore",
+        );
+        w.finish_pass();
+    }
+    let bytes = |srv: &S3Server| -> usize { srv.stored_files().iter().map(|(_, b)| b.len()).sum() };
+    let before = bytes(&srv);
+    // No dump runs: the unneeded chunks may go at once.
+    let o = srv
+        .stasis()
+        .env("STASIS_S3_SWEEP_AGE", "0")
+        .args(["gc", "-D", &url, "--keep", "2", "--json"])
+        .output()
+        .unwrap();
+    let r = json(&o);
+    assert_eq!(r["deleted"], serde_json::json!([1, 2, 3]), "{r}");
+    assert_eq!(r["merged"][0]["checkpoint"], 4, "{r}");
+    assert!(r["swept"]["chunks"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(listed(&srv, &url, &[]), vec![4, 5]);
+    let names: Vec<String> = srv
+        .stored_files()
+        .iter()
+        .map(|(p, _)| p.display().to_string())
+        .collect();
+    for gone in ["commits/00000001", "commits/00000002", "commits/00000003"] {
+        assert!(
+            !names.iter().any(|n| n.ends_with(gone)),
+            "{gone} left: {names:?}"
+        );
+    }
+    let after = bytes(&srv);
+    assert!(
+        after < before,
+        "{before} bytes stored before gc, {after} after"
+    );
+    for k in [4, 5] {
+        ok(
+            &srv.restore(&url, &["--checkpoint", &k.to_string()]),
+            "restore after gc",
+        );
+        w.finish_pass();
+    }
+}
+
+/// The server is killed while a dump (one that kills its process) uploads:
+/// the dump fails, the process runs on, no checkpoint appears; once the
+/// server is back the next dump succeeds, and both checkpoints restore.
+#[test]
+fn server_killed_mid_upload() {
+    let mut srv = S3Server::start();
+    let url = srv.url("killed");
+    let mut w = Workload::start("heap", &["96"]);
+    std::thread::sleep(Duration::from_millis(200));
+    ok(&srv.dump(&w, &url, &["--leave-running"]), "dump 1");
+    // The next dumps are encrypted: their chunks (keyed ids) are all new,
+    // so the upload is long. Through a relay at 16 MB/s it takes seconds.
+    let keys = tempfile::tempdir().unwrap();
+    let key = key_file(keys.path(), "key", 3);
+    let k = key.to_str().unwrap();
+    let chunks = srv.bucket_dir().join("killed/chunks");
+    let count = || std::fs::read_dir(&chunks).map(|d| d.count()).unwrap_or(0);
+    let first = count();
+    let relay = SlowUpload::start(srv.port, 16 << 20);
+    let mut cmd = srv.stasis();
+    cmd.env("AWS_ENDPOINT_URL", &relay.endpoint)
+        .args([
+            "dump",
+            "-t",
+            &w.pid.to_string(),
+            "-D",
+            &url,
+            "--encrypt-key-file",
+            k,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let dumper = cmd.spawn().unwrap();
+    let _dumper_guard = KillOnDrop(dumper.id() as i32);
+    // Kill the server once the new upload has stored a few chunks.
+    let t0 = Instant::now();
+    while count() < first + 3 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "the upload never started"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    srv.kill();
+    let out = dumper.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "the dump succeeded without its server"
+    );
+    assert!(
+        err.contains("cannot reach the object store") || err.contains("storing the checkpoint"),
+        "{err}"
+    );
+    assert!(
+        alive(w.pid),
+        "a dump that failed to store its checkpoint killed the process"
+    );
+    assert!(
+        !srv.bucket_dir().join("killed/commits/00000002").exists(),
+        "a checkpoint was committed"
+    );
+    drop(relay);
+    srv.restart();
+    assert_eq!(listed(&srv, &url, &[]), vec![1]);
+    // The next dump (killing the process) succeeds.
+    ok(
+        &srv.dump(&w, &url, &["--encrypt-key-file", k]),
+        "dump after the restart",
+    );
+    assert_eq!(w.reap(), (None, Some(libc::SIGKILL)));
+    assert_eq!(listed(&srv, &url, &["--encrypt-key-file", k]), vec![1, 2]);
+    for n in ["1", "2"] {
+        ok(
+            &srv.restore(&url, &["--checkpoint", n, "--encrypt-key-file", k]),
+            "restore",
+        );
+        w.finish_pass();
+    }
+}
+
+/// Wrong credentials, a missing bucket, a server that is down: each fails
+/// at once with a message that says what to check, and a dump that cannot
+/// store its checkpoint leaves its process running.
+#[test]
+fn clear_errors() {
+    let mut srv = S3Server::start();
+    let url = srv.url("errs");
+    let w = Workload::start("counter", &[]);
+    let o = srv
+        .stasis()
+        .env("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+        .args(["dump", "-t", &w.pid.to_string(), "-D", &url])
+        .output()
+        .unwrap();
+    assert_fails_with(&o, "refused the credentials");
+    assert_fails_with(&o, "AWS_SECRET_ACCESS_KEY");
+    assert!(alive(w.pid));
+    let o = srv.dump(&w, "s3://no-such-bucket/x", &[]);
+    assert_fails_with(&o, "bucket no-such-bucket does not exist");
+    let o = srv.restore(&url, &[]);
+    assert_fails_with(&o, "has no committed checkpoint");
+    srv.kill();
+    let t0 = Instant::now();
+    let o = srv.dump(&w, &url, &[]);
+    assert_fails_with(
+        &o,
+        &format!("cannot reach the object store at {}", srv.endpoint),
+    );
+    assert_fails_with(&o, "is the server running");
+    assert!(
+        t0.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        t0.elapsed()
+    );
+    assert!(alive(w.pid));
+    let o = srv.restore(&url, &[]);
+    assert_fails_with(&o, "cannot reach the object store");
+    // A key for a local image directory is refused, not ignored: that
+    // image would be written in the clear.
+    let keys = tempfile::tempdir().unwrap();
+    let key = key_file(keys.path(), "key", 1);
+    let o = stasis()
+        .args(["dump", "-t", &w.pid.to_string(), "-D"])
+        .arg(keys.path().join("img"))
+        .arg("--encrypt-key-file")
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert_fails_with(&o, "--encrypt-key-file applies to s3:// stores");
+    assert!(alive(w.pid) && !keys.path().join("img").exists());
+}
+
+/// A 32-byte key as 64 hex digits in a file.
+fn key_file(dir: &std::path::Path, name: &str, byte: u8) -> std::path::PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, format!("{}\n", hex_of(&[byte; 32]))).unwrap();
+    p
+}
+
+fn hex_of(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// 32-byte samples of the process's memory: the start of 64 pages spread
+/// over its largest private writable mapping (read through /proc/PID/mem),
+/// all distinct and not all zero.
+fn memory_samples(pid: i32) -> std::collections::HashSet<[u8; 32]> {
+    use std::os::unix::fs::FileExt;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let (start, end) = maps
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1) == Some("rw-p"))
+        .filter_map(|l| {
+            let (a, b) = l.split_whitespace().next()?.split_once('-')?;
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            ))
+        })
+        .max_by_key(|(a, b)| b - a)
+        .unwrap();
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let pages = (end - start) / 4096;
+    let mut out = std::collections::HashSet::new();
+    for i in 0..64 {
+        let mut b = [0u8; 32];
+        mem.read_exact_at(&mut b, start + (i * pages / 64) * 4096)
+            .unwrap();
+        if b != [0; 32] {
+            out.insert(b);
+        }
+    }
+    assert!(out.len() >= 32, "too few distinct samples: {}", out.len());
+    out
+}
+
+/// Whether any file under the bucket's `prefix` holds one of `samples`.
+fn holds_any(srv: &S3Server, prefix: &str, samples: &std::collections::HashSet<[u8; 32]>) -> bool {
+    srv.stored_files()
+        .iter()
+        .filter(|(p, _)| p.starts_with(format!("{BUCKET}/{prefix}")))
+        .any(|(_, b)| {
+            b.windows(32)
+                .any(|w| samples.contains(<&[u8; 32]>::try_from(w).unwrap()))
+        })
+}
+
+/// Encryption at rest: 32-byte samples of the workload's memory (the
+/// start of 64 of its heap pages). Stored plainly (no compression), they
+/// are in the server's files (so the check can fail); stored encrypted,
+/// none is. Restores without the key, with a wrong key, or of a tampered
+/// object fail with a clear message and start nothing; with the key the
+/// process comes back and passes.
+#[test]
+fn encryption_at_rest() {
+    let srv = S3Server::start();
+    let keys = tempfile::tempdir().unwrap();
+    let key = key_file(keys.path(), "key", 7);
+    let wrong = key_file(keys.path(), "wrong", 8);
+    let mut w = Workload::start("heap", &["16"]);
+    std::thread::sleep(Duration::from_millis(200));
+    let samples = memory_samples(w.pid);
+    // The control: stored plainly, the pages are there to find.
+    ok(
+        &srv.dump(
+            &w,
+            &srv.url("plain"),
+            &["--leave-running", "--compress-level", "0"],
+        ),
+        "plain dump",
+    );
+    assert!(
+        holds_any(&srv, "plain", &samples),
+        "no memory sample in the plain store: the check cannot work"
+    );
+    // Encrypted (and compressed, as by default).
+    let url = srv.url("sealed");
+    let k = key.to_str().unwrap();
+    ok(
+        &srv.dump(&w, &url, &["--encrypt-key-file", k]),
+        "encrypted dump",
+    );
+    assert_eq!(w.reap(), (None, Some(libc::SIGKILL)));
+    assert!(
+        !holds_any(&srv, "sealed", &samples),
+        "process memory in the encrypted store"
+    );
+    let o = srv.restore(&url, &[]);
+    assert_fails_with(&o, "is encrypted: give the key with --encrypt-key-file");
+    assert!(!alive(w.pid));
+    let o = srv.restore(&url, &["--encrypt-key-file", wrong.to_str().unwrap()]);
+    assert_fails_with(&o, "is not the key checkpoint 1");
+    assert!(!alive(w.pid));
+    // Tamper with one byte of the largest stored object (a chunk of the pack).
+    let (path, mut bytes) = srv
+        .stored_files()
+        .into_iter()
+        .filter(|(p, _)| p.starts_with(format!("{BUCKET}/sealed/chunks")))
+        .max_by_key(|(_, b)| b.len())
+        .unwrap();
+    let full = srv.root.path().join(&path);
+    let original = bytes.clone();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x01;
+    std::fs::write(&full, &bytes).unwrap();
+    let o = srv.restore(&url, &["--encrypt-key-file", k]);
+    assert_fails_with(&o, "is damaged or was tampered with");
+    assert!(!alive(w.pid));
+    std::fs::write(&full, &original).unwrap();
+    ok(
+        &srv.restore(&url, &["--encrypt-key-file", k]),
+        "restore with the key",
+    );
+    w.finish_pass();
+}
+
+/// Shared chunks: a second full dump of a process whose 512 MiB heap is
+/// unchanged (it rewrites only a 4 MiB region) adds less than 2% to the
+/// store, and restores.
+#[test]
+fn a_second_full_dump_of_an_unchanged_process_adds_little() {
+    let srv = S3Server::start();
+    let url = srv.url("dedup");
+    let mut w = Workload::start("heap", &["512"]);
+    std::thread::sleep(Duration::from_millis(200));
+    let stored = || -> u64 {
+        srv.stored_files()
+            .iter()
+            .filter(|(p, _)| p.starts_with(format!("{BUCKET}/dedup")))
+            .map(|(_, b)| b.len() as u64)
+            .sum()
+    };
+    ok(&srv.dump(&w, &url, &["--leave-running"]), "dump 1");
+    let one = stored();
+    let text = ok(&srv.dump(&w, &url, &["--leave-running"]), "dump 2");
+    let two = stored();
+    eprintln!(
+        "first dump: {one} bytes stored; the second added {}",
+        two - one
+    );
+    assert!(one > 512 << 20, "{one}");
+    assert!(
+        (two - one) * 50 < one,
+        "the second dump added {} bytes to {one}: {text}",
+        two - one
+    );
+    kill_and_reap(&mut w);
+    ok(&srv.restore(&url, &["--checkpoint", "2"]), "restore");
+    w.finish_pass();
+}
+
+/// Replicas: a dump commits once the primary and the replica (a second
+/// server, named in its URL) hold the checkpoint. With the replica's
+/// server down it fails (the process runs on, the primary gets nothing),
+/// or commits with `--min-replicas 0`; the next dump brings the replica
+/// the ancestor it missed. With the primary's server down, restore reads
+/// the replica, says so, and the process passes.
+#[test]
+fn replicas() {
+    let mut a = S3Server::start();
+    let mut b = S3Server::start();
+    let url = a.url("prim");
+    let rurl = format!("s3+http://127.0.0.1:{}/{BUCKET}/repl", b.port);
+    let mut w = Workload::start("chain_writer", &["16"]);
+    let dump = |w: &Workload, extra: &[&str]| {
+        a.stasis()
+            .args([
+                "dump",
+                "-t",
+                &w.pid.to_string(),
+                "-D",
+                &url,
+                "--replica",
+                &rurl,
+            ])
+            .args(["--leave-running", "--track", "uffd"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let text = ok(&dump(&w, &[]), "dump 1");
+    assert!(
+        text.contains(&format!("replica {rurl}: holds checkpoint 1")),
+        "{text}"
+    );
+    b.kill();
+    let o = dump(&w, &[]);
+    assert_fails_with(&o, "0 replica(s) hold it, 1 needed");
+    assert!(alive(w.pid));
+    assert!(!a.bucket_dir().join("prim/commits/00000002").exists());
+    let text = ok(
+        &dump(&w, &["--min-replicas", "0"]),
+        "dump 2 without the replica",
+    );
+    assert!(
+        text.contains("replica") && text.contains("failed"),
+        "{text}"
+    );
+    b.restart();
+    // Checkpoint 3 is incremental over 2, which the replica lacks: it gets both.
+    let o = dump(&w, &["--json"]);
+    let text = ok(&o, "dump 3");
+    assert!(text.contains("\"parent\":2"), "{text}");
+    assert!(
+        text.contains(&format!("replica {rurl}: holds checkpoint 3")),
+        "{text}"
+    );
+    for n in ["00000001", "00000002", "00000003"] {
+        assert!(b.bucket_dir().join("repl/commits").join(n).exists(), "{n}");
+    }
+    kill_and_reap(&mut w);
+    a.kill();
+    let o = a
+        .stasis()
+        .args(["restore", "--detach", "-D", &url, "--replica", &rurl])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    ok(&o, "restore from the replica");
+    assert!(err.contains(&format!("read from replica {rurl}")), "{err}");
+    w.finish_pass();
+}
