@@ -105,7 +105,9 @@ pub struct Guarded {
 /// were if the dumper dies before it does so itself: a SIGKILLed dumper
 /// must not leave the program's connections frozen in repair mode, or its
 /// listener deaf behind a filter. Forked from the dumper, in a session of
-/// its own, it only waits for the end of a pipe: a byte ([`dismiss`],
+/// its own (`spawn` returns only once it has left the dumper's: a kill of
+/// the dumper's process group, as a timeout or ^C sends, must not take the
+/// guard too), it only waits for the end of a pipe: a byte ([`dismiss`],
 /// `Drop`) means the dumper is done and it exits touching nothing; the end
 /// of the pipe without one means the dumper died, and it puts every socket
 /// back. Between the fork and its exit it makes raw system calls only.
@@ -208,18 +210,26 @@ impl SocketGuard {
             .filter(|(p, _)| held.contains(p))
             .map(|(_, &fd)| fd)
             .collect();
-        let mut p = [0i32; 2];
-        // SAFETY: pipe2 writes two fds into the array.
-        if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
-            return Err(err("pipe2 for the socket guard".into()));
-        }
-        // SAFETY: pipe2 returned two new fds that we own.
-        let (rx, tx) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
+        let pipe = || -> Result<(OwnedFd, OwnedFd)> {
+            let mut p = [0i32; 2];
+            // SAFETY: pipe2 writes two fds into the array.
+            if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+                return Err(err("pipe2 for the socket guard".into()));
+            }
+            // SAFETY: pipe2 returned two new fds that we own.
+            Ok(unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) })
+        };
+        let (rx, tx) = pipe()?;
+        // The guard says it has left our session (and process group) on
+        // this one: until then a kill of our process group (a timeout, ^C)
+        // would take it with us.
+        let (ready_rx, ready_tx) = pipe()?;
         // Everything the child needs is made before the fork: the fds it
         // keeps, sorted, and the ranges between them that it closes.
         let mut keep: Vec<i32> = socks.iter().map(|g| g.fd).collect();
         keep.extend_from_slice(&owner_raw);
         keep.push(rx.as_raw_fd());
+        keep.push(ready_tx.as_raw_fd());
         keep.sort_unstable();
         keep.dedup();
         let mut gaps: Vec<(u32, u32)> = Vec::with_capacity(keep.len() + 1);
@@ -233,6 +243,7 @@ impl SocketGuard {
         }
         gaps.push((next, u32::MAX));
         let rx_fd = rx.as_raw_fd();
+        let ready_fd = ready_tx.as_raw_fd();
         // SAFETY: fork; the child runs only raw system calls on data made
         // above (no allocation, no lock: the dumper may have threads) and
         // ends with _exit.
@@ -250,6 +261,8 @@ impl SocketGuard {
                     libc::syscall(libc::SYS_close_range, a, b, 0u32);
                 }
                 libc::setsid();
+                libc::write(ready_fd, [b'r'].as_ptr().cast(), 1);
+                libc::close(ready_fd);
                 let mut b = 0u8;
                 let mut holding = false;
                 loop {
@@ -311,7 +324,21 @@ impl SocketGuard {
         }
         drop(rx);
         drop(owner_fds);
-        Ok(SocketGuard { pid, tx: Some(tx) })
+        drop(ready_tx);
+        let mut guard = SocketGuard { pid, tx: Some(tx) };
+        let mut b = 0u8;
+        let ready = loop {
+            // SAFETY: reading one byte into our buffer from our pipe.
+            let n = unsafe { libc::read(ready_rx.as_raw_fd(), (&mut b as *mut u8).cast(), 1) };
+            if n >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                break n == 1;
+            }
+        };
+        if !ready {
+            guard.stop(DISMISS);
+            return Err(err("the socket guard died as it started".into()));
+        }
+        Ok(guard)
     }
 
     /// Tells the guard that the `held` processes are about to be stopped
