@@ -36,6 +36,7 @@ pub struct AgentArgs {
 
 /// Serves until SIGTERM or SIGINT, then exits 0.
 pub fn cmd_agent(a: AgentArgs) -> Result<ExitCode> {
+    crate::store::local_only(&a.dir, "agent")?;
     let token = read_token_file(&a.token_file)?;
     std::fs::create_dir_all(&a.dir)
         .with_context(|| format!("creating the agent's directory {}", a.dir.display()))?;

@@ -33,6 +33,7 @@ pub struct PageServerArgs {
 
 /// Binds, prints where it listens, then serves until killed.
 pub fn cmd_page_server(a: PageServerArgs) -> Result<ExitCode> {
+    crate::store::local_only(&a.dir, "page-server")?;
     let token = read_token_file(&a.token_file)?;
     let server = Server::bind(ServerConfig {
         dir: a.dir.clone(),

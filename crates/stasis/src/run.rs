@@ -488,6 +488,7 @@ impl Host for Cli<'_> {
 
 /// Runs `stasis run`.
 pub fn cmd_run(o: RunOptions) -> Result<ExitCode> {
+    crate::store::local_only(&o.dir, "run")?;
     if o.cmd.is_empty() {
         bail!("no command given: stasis run -D DIR --every SECS -- COMMAND [ARGS...]");
     }
