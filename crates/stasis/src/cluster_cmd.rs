@@ -279,44 +279,41 @@ pub fn cmd_cluster(c: ClusterCmd) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        ClusterCmd::Inspect {
-            j:
-                JobArgs {
-                    token_file,
-                    job,
-                    json,
-                },
-            targets,
-        } => {
-            let token = read_token_file(&token_file)?;
-            let mut agents = targets
-                .iter()
-                .map(|a| coordinator::connect(a, &token))
-                .collect::<Result<Vec<_>, _>>()?;
-            let held = coordinator::inspect(&mut agents, &job)?;
-            let complete = coordinator::complete_rounds(&held);
-            if json {
-                let v = serde_json::json!({"job": job, "agents": held, "complete": complete});
-                println!("{v}");
-            } else {
-                for a in &held {
-                    for t in &a.trees {
-                        let rounds: Vec<u64> = t.rounds.iter().map(|r| r.0).collect();
-                        println!(
-                            "{} ({}): tree {}: rounds {rounds:?}",
-                            a.agent, a.host, t.pid
-                        );
-                    }
-                    if a.trees.is_empty() {
-                        println!("{} ({}): no tree of job {job}", a.agent, a.host);
-                    }
-                }
-                println!("complete rounds (restorable): {complete:?}");
-            }
-            if held.iter().all(|a| a.trees.is_empty()) {
-                bail!("no agent holds a checkpoint of job {job}");
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        ClusterCmd::Inspect { j, targets } => inspect(&j, &targets),
     }
+}
+
+/// `stasis cluster inspect`: the rounds each agent holds, and the complete
+/// ones.
+fn inspect(j: &JobArgs, targets: &[String]) -> Result<ExitCode> {
+    let (token_file, job, json) = (&j.token_file, &j.job, j.json);
+    let token = read_token_file(token_file)?;
+    let mut agents = targets
+        .iter()
+        .map(|a| coordinator::connect(a, &token))
+        .collect::<Result<Vec<_>, _>>()?;
+    let held = coordinator::inspect(&mut agents, job)?;
+    let complete = coordinator::complete_rounds(&held);
+    if json {
+        let v = serde_json::json!({"job": job, "agents": held, "complete": complete});
+        println!("{v}");
+    } else {
+        for a in &held {
+            for t in &a.trees {
+                let rounds: Vec<u64> = t.rounds.iter().map(|r| r.0).collect();
+                println!(
+                    "{} ({}): tree {}: rounds {rounds:?}",
+                    a.agent, a.host, t.pid
+                );
+            }
+            if a.trees.is_empty() {
+                println!("{} ({}): no tree of job {job}", a.agent, a.host);
+            }
+        }
+        println!("complete rounds (restorable): {complete:?}");
+    }
+    if held.iter().all(|a| a.trees.is_empty()) {
+        bail!("no agent holds a checkpoint of job {job}");
+    }
+    Ok(ExitCode::SUCCESS)
 }

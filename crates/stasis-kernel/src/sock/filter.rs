@@ -191,6 +191,99 @@ fn raw_put_back(g: &Guarded) {
     }
 }
 
+/// What the forked guard works with (made before the fork).
+struct GuardChild<'a> {
+    socks: &'a [Guarded],
+    /// Pidfds of the owners (killed on `KILL`), and of those held.
+    owners: &'a [i32],
+    held: &'a [i32],
+    /// The fd ranges to close (everything but the above and the pipes).
+    gaps: &'a [(u32, u32)],
+    /// The dumper's word, and where to say the guard has left its session.
+    rx: i32,
+    ready: i32,
+}
+
+/// Signals every pidfd of `fds` with `sig` (raw system calls only).
+fn raw_signal_all(fds: &[i32], sig: i32) {
+    for &pfd in fds {
+        // SAFETY: pidfd_send_signal with integer arguments and no siginfo.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                pfd,
+                sig,
+                std::ptr::null::<libc::siginfo_t>(),
+                0u32,
+            );
+        }
+    }
+}
+
+/// The forked guard: raw system calls only (no allocation, no lock: the
+/// dumper may have threads); never returns.
+fn guard_main(c: &GuardChild<'_>) -> ! {
+    // SAFETY: close every fd but the sockets, the pidfds and the pipes,
+    // leave the dumper's session, say so: raw system calls on our own fds.
+    unsafe {
+        for &(a, b) in c.gaps {
+            libc::syscall(libc::SYS_close_range, a, b, 0u32);
+        }
+        libc::setsid();
+        libc::write(c.ready, [b'r'].as_ptr().cast(), 1);
+        libc::close(c.ready);
+    }
+    let mut b = 0u8;
+    let mut holding = false;
+    loop {
+        // SAFETY: reading one byte into our buffer from our pipe.
+        let n = unsafe { libc::read(c.rx, (&mut b as *mut u8).cast(), 1) };
+        if n == 1 && b == HOLD {
+            holding = true;
+            continue;
+        }
+        if n == 1 && b == KILL {
+            for g in c.socks.iter().filter(|g| g.leave_repair) {
+                let on: i32 = 1;
+                // SAFETY: setsockopt reads an int from `on`; best effort.
+                unsafe {
+                    libc::setsockopt(
+                        g.fd,
+                        libc::IPPROTO_TCP,
+                        TCP_REPAIR,
+                        (&on as *const i32).cast(),
+                        4,
+                    );
+                }
+            }
+            raw_signal_all(c.owners, libc::SIGKILL);
+            // SAFETY: _exit ends this forked child.
+            unsafe { libc::_exit(0) };
+        }
+        if n == 1 {
+            // SAFETY: as above.
+            unsafe { libc::_exit(0) };
+        }
+        if n == 0 {
+            break;
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            // SAFETY: as above.
+            unsafe { libc::_exit(1) };
+        }
+    }
+    for g in c.socks {
+        raw_put_back(g);
+    }
+    if holding {
+        // After the sockets: a thread still on its way to its SIGSTOP has
+        // it cancelled, a stopped one goes on.
+        raw_signal_all(c.held, libc::SIGCONT);
+    }
+    // SAFETY: as above.
+    unsafe { libc::_exit(0) }
+}
+
 impl SocketGuard {
     /// Forks the guard of `socks` (their fds stay open in this process),
     /// which belong to the processes `owners` (killed by
@@ -252,75 +345,14 @@ impl SocketGuard {
             return Err(err("fork of the socket guard".into()));
         }
         if pid == 0 {
-            // SAFETY: raw system calls in the forked child (see above):
-            // close every fd but the sockets, the owners' pidfds and the
-            // pipe, leave the dumper's session, wait for the pipe, act,
-            // exit.
-            unsafe {
-                for &(a, b) in &gaps {
-                    libc::syscall(libc::SYS_close_range, a, b, 0u32);
-                }
-                libc::setsid();
-                libc::write(ready_fd, [b'r'].as_ptr().cast(), 1);
-                libc::close(ready_fd);
-                let mut b = 0u8;
-                let mut holding = false;
-                loop {
-                    let n = libc::read(rx_fd, (&mut b as *mut u8).cast(), 1);
-                    if n == 1 && b == HOLD {
-                        holding = true;
-                        continue;
-                    }
-                    if n == 1 && b == KILL {
-                        for g in socks.iter().filter(|g| g.leave_repair) {
-                            let on: i32 = 1;
-                            libc::setsockopt(
-                                g.fd,
-                                libc::IPPROTO_TCP,
-                                TCP_REPAIR,
-                                (&on as *const i32).cast(),
-                                4,
-                            );
-                        }
-                        for &pfd in &owner_raw {
-                            libc::syscall(
-                                libc::SYS_pidfd_send_signal,
-                                pfd,
-                                libc::SIGKILL,
-                                std::ptr::null::<libc::siginfo_t>(),
-                                0u32,
-                            );
-                        }
-                        libc::_exit(0);
-                    }
-                    if n == 1 {
-                        libc::_exit(0);
-                    }
-                    if n == 0 {
-                        break;
-                    }
-                    if *libc::__errno_location() != libc::EINTR {
-                        libc::_exit(1);
-                    }
-                }
-                for g in socks {
-                    raw_put_back(g);
-                }
-                if holding {
-                    // After the sockets: a thread still on its way to its
-                    // SIGSTOP has it cancelled, a stopped one goes on.
-                    for &pfd in &held_raw {
-                        libc::syscall(
-                            libc::SYS_pidfd_send_signal,
-                            pfd,
-                            libc::SIGCONT,
-                            std::ptr::null::<libc::siginfo_t>(),
-                            0u32,
-                        );
-                    }
-                }
-                libc::_exit(0);
-            }
+            guard_main(&GuardChild {
+                socks,
+                owners: &owner_raw,
+                held: &held_raw,
+                gaps: &gaps,
+                rx: rx_fd,
+                ready: ready_fd,
+            });
         }
         drop(rx);
         drop(owner_fds);
