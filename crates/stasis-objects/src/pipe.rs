@@ -251,15 +251,19 @@ pub fn check_external(cx: &SaveCtx, tree: &[i32]) -> Result<(), SaveError> {
     })
 }
 
-/// The first process outside `tree` (and not stasis) holding one of the
-/// pipes `ids`: (its pid, the pipe).
+/// The first process outside `tree` (and not stasis, nor a fork snapshot of
+/// this dump, which holds its process's pipes) holding one of the pipes
+/// `ids`: (its pid, the pipe).
 fn outside_holder(ids: &[u64], tree: &[i32]) -> Option<(i32, u64)> {
     let procs = std::fs::read_dir("/proc").ok()?;
     for p in procs.flatten() {
         let Some(pid) = p.file_name().to_str().and_then(|x| x.parse::<i32>().ok()) else {
             continue;
         };
-        if tree.contains(&pid) || pid == i32::try_from(std::process::id()).unwrap_or(0) {
+        if tree.contains(&pid)
+            || pid == i32::try_from(std::process::id()).unwrap_or(0)
+            || crate::pty::is_snapshot(pid)
+        {
             continue;
         }
         let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {

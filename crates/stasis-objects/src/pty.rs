@@ -402,7 +402,7 @@ fn encode_dev(rdev: u64) -> u64 {
 /// Whether process `pid` is a fork snapshot of this dump (traced by one of
 /// our threads, made with exit signal 0). It shares its process's fd
 /// table and session: it is no holder of its own.
-fn is_snapshot(pid: i32) -> bool {
+pub(crate) fn is_snapshot(pid: i32) -> bool {
     traced_by_us(pid) && exits_silently(pid)
 }
 

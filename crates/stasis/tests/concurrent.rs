@@ -603,3 +603,47 @@ fn run_concurrent_protection_tracks_only_the_written_pages() {
     let (code, _) = waitpid_timeout(pid, Duration::from_secs(30));
     assert_eq!(code, Some(0), "the restored job failed its check");
 }
+
+/// A process whose stdin is the read end of a pipe nobody writes any more
+/// (the other end closed): a fork snapshot of a concurrent dump holds that
+/// end too, and must not count as a process outside the tree holding the
+/// pipe (an MPI rank's stdin, say, in every `cluster run` round).
+#[test]
+fn a_fork_snapshot_is_no_outside_holder_of_a_pipe() {
+    workloads();
+    let d = tempfile::tempdir().unwrap();
+    let (rx, tx) = nix::unistd::pipe().unwrap();
+    let mut c = std::process::Command::new("sleep");
+    c.arg("600")
+        .stdin(std::process::Stdio::from(rx))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    close_inherited_fds(&mut c);
+    let mut child = c.spawn().unwrap();
+    // Neither end stays here: the command holds the read end until dropped.
+    drop(c);
+    drop(tx);
+    let pid = i32::try_from(child.id()).unwrap();
+    let _kill = KillOnDrop(pid);
+    for n in 1..=2 {
+        let o = stasis()
+            .args([
+                "dump",
+                "--leave-running",
+                "--concurrent",
+                "--cow-method",
+                "fork",
+                "-t",
+            ])
+            .arg(pid.to_string())
+            .arg("-D")
+            .arg(d.path())
+            .output()
+            .unwrap();
+        assert_ok(
+            &o,
+            &format!("concurrent fork dump {n} of a process reading a pipe"),
+        );
+    }
+    assert!(child.try_wait().unwrap().is_none(), "the process died");
+}
