@@ -256,8 +256,8 @@ def main():
             cells.append(f"{med(s):6.1f} ±{(max(s) - min(s)) / 2:4.1f} ({over:+5.1f}%)")
             for y in r["runs"][str(x)]:
                 frozen += [f for f, _, _ in y["rounds"]]
-                first += [b for b, _, inc in y["rounds"] if not inc]
-                incr += [b for b, _, inc in y["rounds"] if inc]
+                first += [b for _, b, inc in y["rounds"] if not inc]
+                incr += [b for _, b, inc in y["rounds"] if inc]
         print(f"{prog:9} {cells[0]:>14} " + " ".join(f"{c:>24}" for c in cells[1:])
               + f"   {med(frozen):7.1f} {max(frozen, default=0):7.1f}"
               + f"   {med(first) / 2**20:7.2f}; {med(incr) / 2**20:7.2f}")
