@@ -46,9 +46,9 @@ impl Object for Inet {
 
 fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<FdKind, SaveError> {
     let (b, n, domain, ty) = (s.sock.as_fd(), fd.fd, s.domain, s.sock_type);
-    // The program's own SO_REUSEADDR, as read before repair mode (which
-    // forces it to 2 while it lasts).
-    let mut options = save_options(b, cx.repaired.reuseaddr_of(fd.meta.ino()));
+    // (Repair mode, which forces SO_REUSEADDR, is over: `freeze_tcp` put
+    // the program's own value back.)
+    let mut options = save_options(b);
     let protocol = sock::get_int(b, libc::SOL_SOCKET, libc::SO_PROTOCOL)?;
     if domain == libc::AF_INET6 {
         if let Ok(v) = sock::get_int(b, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) {

@@ -262,7 +262,7 @@ fn outside_holder(ids: &[u64], tree: &[i32]) -> Option<(i32, u64)> {
         };
         if tree.contains(&pid)
             || pid == i32::try_from(std::process::id()).unwrap_or(0)
-            || crate::pty::is_snapshot(pid)
+            || crate::save::is_snapshot(pid)
         {
             continue;
         }

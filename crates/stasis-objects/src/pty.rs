@@ -399,38 +399,6 @@ fn encode_dev(rdev: u64) -> u64 {
     (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12)
 }
 
-/// Whether process `pid` is a fork snapshot of this dump (traced by one of
-/// our threads, made with exit signal 0). It shares its process's fd
-/// table and session: it is no holder of its own.
-pub(crate) fn is_snapshot(pid: i32) -> bool {
-    traced_by_us(pid) && exits_silently(pid)
-}
-
-/// A fork snapshot's exit signal is 0 (`/proc/PID/stat` field 38), which
-/// no process of a tree has (they are made by `fork`, `SIGCHLD`).
-fn exits_silently(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            let rest = &s[s.rfind(')')? + 1..];
-            rest.split_whitespace().nth(35)?.parse::<i32>().ok()
-        })
-        == Some(0)
-}
-
-/// Whether process `pid` is traced by one of our threads.
-fn traced_by_us(pid: i32) -> bool {
-    let tracer = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("TracerPid:"))
-                .and_then(|v| v.trim().parse::<i32>().ok())
-        })
-        .unwrap_or(0);
-    tracer != 0 && std::path::Path::new(&format!("/proc/self/task/{tracer}")).exists()
-}
-
 /// Every process (pid, session, foreground group) whose controlling
 /// terminal is the device `rdev`, fork snapshots of the dump aside.
 fn ctty_holders(rdev: u64) -> Vec<(i32, i32, i32)> {
@@ -444,7 +412,7 @@ fn ctty_holders(rdev: u64) -> Vec<(i32, i32, i32)> {
             let pid: i32 = p.file_name().to_str()?.parse().ok()?;
             let stat = std::fs::read_to_string(p.path().join("stat")).ok()?;
             let (sid, nr, fg) = ctty_fields(&stat)?;
-            (nr == want && !is_snapshot(pid)).then_some((pid, sid, fg))
+            (nr == want && !crate::save::is_snapshot(pid)).then_some((pid, sid, fg))
         })
         .collect()
 }
@@ -463,7 +431,7 @@ fn holders(index: u32, skip: &[i32]) -> Vec<(i32, i32, End)> {
         let Some(pid) = p.file_name().to_str().and_then(|x| x.parse::<i32>().ok()) else {
             continue;
         };
-        if pid == me || skip.contains(&pid) || is_snapshot(pid) {
+        if pid == me || skip.contains(&pid) || crate::save::is_snapshot(pid) {
             continue;
         }
         let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {

@@ -335,3 +335,35 @@ impl SaveCtx {
         crate::pty::check_external(self, tree)
     }
 }
+
+/// Whether process `pid` is a fork snapshot of this dump (traced by one of
+/// our threads, made with exit signal 0). It shares its process's fd
+/// table and session: it is no holder of its own.
+pub(crate) fn is_snapshot(pid: i32) -> bool {
+    traced_by_us(pid) && exits_silently(pid)
+}
+
+/// A fork snapshot's exit signal is 0 (`/proc/PID/stat` field 38), which
+/// no process of a tree has (they are made by `fork`, `SIGCHLD`).
+fn exits_silently(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let rest = &s[s.rfind(')')? + 1..];
+            rest.split_whitespace().nth(35)?.parse::<i32>().ok()
+        })
+        == Some(0)
+}
+
+/// Whether process `pid` is traced by one of our threads.
+fn traced_by_us(pid: i32) -> bool {
+    let tracer = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("TracerPid:"))
+                .and_then(|v| v.trim().parse::<i32>().ok())
+        })
+        .unwrap_or(0);
+    tracer != 0 && std::path::Path::new(&format!("/proc/self/task/{tracer}")).exists()
+}

@@ -25,21 +25,11 @@ const SOCK_OPTS: [(i32, i32); 7] = [
 /// The values of [`SOCK_OPTS`] on `b` (those it has). `reuseaddr`, when
 /// known, replaces what the socket reports (a connection in repair mode
 /// reads `SO_REUSEADDR` as forced).
-pub(crate) fn save_options(
-    b: BorrowedFd<'_>,
-    reuseaddr: Option<Option<i32>>,
-) -> Vec<(i32, i32, i32)> {
-    let mut options = Vec::new();
-    for (level, opt) in SOCK_OPTS {
-        let v = match reuseaddr {
-            Some(saved) if (level, opt) == (libc::SOL_SOCKET, libc::SO_REUSEADDR) => saved,
-            _ => sock::get_int(b, level, opt).ok(),
-        };
-        if let Some(v) = v {
-            options.push((level, opt, v));
-        }
-    }
-    options
+pub(crate) fn save_options(b: BorrowedFd<'_>) -> Vec<(i32, i32, i32)> {
+    SOCK_OPTS
+        .iter()
+        .filter_map(|&(level, opt)| Some((level, opt, sock::get_int(b, level, opt).ok()?)))
+        .collect()
 }
 
 /// Applies saved socket options (best effort: a value the kernel clamps or

@@ -40,15 +40,6 @@ pub struct Repairs {
 }
 
 impl Repairs {
-    /// `SO_REUSEADDR` as the program had it on the connection with inode
-    /// `ino`, if this dump put it in repair mode (`Some(None)`: unknown).
-    pub(crate) fn reuseaddr_of(&self, ino: u64) -> Option<Option<i32>> {
-        self.socks
-            .iter()
-            .find(|r| r.ino == ino)
-            .map(|r| r.reuseaddr)
-    }
-
     /// What [`SaveCtx::freeze_tcp`] read of the connection with inode
     /// `ino`.
     pub(crate) fn saved(&self, ino: u64) -> Option<&TcpRepair> {

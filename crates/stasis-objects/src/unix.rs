@@ -47,7 +47,7 @@ impl Object for Unix {
 
 fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<FdKind, SaveError> {
     let (b, n, ino) = (s.sock.as_fd(), fd.fd, fd.meta.ino());
-    let options = save_options(b, None);
+    let options = save_options(b);
     if cx.unix.is_none() {
         cx.unix = Some(sockdiag::unix_sockets()?);
     }

@@ -536,21 +536,7 @@ fn killed_dumps_of_a_tcp_node_never_break_its_connections() {
     }
     // The links still carry traffic, and every byte was right.
     flowing(&nodes, 1 << 20);
-    for n in &nodes {
-        // SAFETY: signalling a node this test started.
-        unsafe { libc::kill(n.pid, libc::SIGTERM) };
-    }
-    let mut sums = Vec::new();
-    for (i, n) in nodes.iter_mut().enumerate() {
-        let st = n.wait(Duration::from_secs(120));
-        let out = n.out();
-        assert_eq!(st, (Some(0), None), "node {i} did not exit 0:\n{out}");
-        assert_eq!(out.lines().last(), Some("PASS"), "node {i}:\n{out}");
-        sums.push(summary(&out, i));
-    }
-    let (a, b) = (sums[0][0], sums[1][0]);
-    assert_eq!((a.1, a.2), (b.3, b.4), "0 -> 1: {sums:?}");
-    assert_eq!((a.3, a.4), (b.1, b.2), "1 -> 0: {sums:?}");
+    let sums = finish_nodes(&mut nodes);
     eprintln!("{n} kills of dumps of a TCP node: {sums:?}");
 }
 

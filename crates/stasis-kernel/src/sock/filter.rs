@@ -171,23 +171,25 @@ fn raw_has_drop_all(fd: i32) -> bool {
     r == 0 && len == 1 && insn == [0x06, 0, 0, 0, 0, 0, 0, 0]
 }
 
+/// Sets an int socket option (raw system calls only; best effort, errors
+/// are ignored: nothing to report to).
+fn raw_set(fd: i32, level: i32, opt: i32, v: i32) {
+    // SAFETY: setsockopt reads an int from `v`.
+    unsafe {
+        libc::setsockopt(fd, level, opt, (&v as *const i32).cast(), 4);
+    }
+}
+
 /// Puts one guarded socket back (raw system calls only).
 fn raw_put_back(g: &Guarded) {
-    let set = |level: i32, opt: i32, v: i32| {
-        // SAFETY: setsockopt reads an int from `v`; errors are ignored
-        // (best effort, nothing to report to).
-        unsafe {
-            libc::setsockopt(g.fd, level, opt, (&v as *const i32).cast(), 4);
-        }
-    };
     if g.detach_filter && raw_has_drop_all(g.fd) {
-        set(libc::SOL_SOCKET, libc::SO_DETACH_FILTER, 0);
+        raw_set(g.fd, libc::SOL_SOCKET, libc::SO_DETACH_FILTER, 0);
     }
     if g.leave_repair {
-        set(libc::IPPROTO_TCP, TCP_REPAIR, TCP_REPAIR_OFF_NO_WP);
+        raw_set(g.fd, libc::IPPROTO_TCP, TCP_REPAIR, TCP_REPAIR_OFF_NO_WP);
     }
     if g.reuseaddr >= 0 {
-        set(libc::SOL_SOCKET, libc::SO_REUSEADDR, g.reuseaddr);
+        raw_set(g.fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, g.reuseaddr);
     }
 }
 
@@ -244,17 +246,7 @@ fn guard_main(c: &GuardChild<'_>) -> ! {
         }
         if n == 1 && b == KILL {
             for g in c.socks.iter().filter(|g| g.leave_repair) {
-                let on: i32 = 1;
-                // SAFETY: setsockopt reads an int from `on`; best effort.
-                unsafe {
-                    libc::setsockopt(
-                        g.fd,
-                        libc::IPPROTO_TCP,
-                        TCP_REPAIR,
-                        (&on as *const i32).cast(),
-                        4,
-                    );
-                }
+                raw_set(g.fd, libc::IPPROTO_TCP, TCP_REPAIR, 1);
             }
             raw_signal_all(c.owners, libc::SIGKILL);
             // SAFETY: _exit ends this forked child.

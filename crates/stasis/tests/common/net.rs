@@ -164,9 +164,12 @@ pub fn rx_bytes(nodes: &[Node]) -> Option<Vec<u64>> {
     Some(all)
 }
 
+/// One link of a node's summary: (peer, tx msgs, tx bytes, rx msgs, rx bytes).
+pub type Link = (usize, u64, u64, u64, u64);
+
 /// "summary: node I; peer J: tx M msgs B B, rx M msgs B B; ..." as
 /// (peer, tx msgs, tx bytes, rx msgs, rx bytes).
-pub fn summary(out: &str, i: usize) -> Vec<(usize, u64, u64, u64, u64)> {
+pub fn summary(out: &str, i: usize) -> Vec<Link> {
     let prefix = format!("summary: node {i}; ");
     let line = out
         .lines()
@@ -184,4 +187,31 @@ pub fn summary(out: &str, i: usize) -> Vec<(usize, u64, u64, u64, u64)> {
             (w[1].parse().expect("a peer id"), n(3), n(5), n(8), n(10))
         })
         .collect()
+}
+
+/// SIGTERMs every node (children of this test) and waits for each: every
+/// one must exit 0 with PASS, and both ends of each link must agree on
+/// what crossed it. Returns each node's summary.
+pub fn finish_nodes(nodes: &mut [Node]) -> Vec<Vec<Link>> {
+    for n in nodes.iter() {
+        // SAFETY: signalling a node this test started.
+        unsafe { libc::kill(n.pid, libc::SIGTERM) };
+    }
+    let mut sums = Vec::new();
+    for (i, n) in nodes.iter_mut().enumerate() {
+        let st = n.wait(Duration::from_secs(120));
+        let out = n.out();
+        assert_eq!(st, (Some(0), None), "node {i} did not exit 0:\n{out}");
+        assert_eq!(out.lines().last(), Some("PASS"), "node {i}:\n{out}");
+        sums.push(summary(&out, i));
+    }
+    for (i, s) in sums.iter().enumerate() {
+        assert_eq!(s.len(), nodes.len() - 1, "node {i}: {s:?}");
+        for &(j, tx_m, tx_b, rx_m, rx_b) in s {
+            let back = sums[j].iter().find(|l| l.0 == i).expect("the reverse link");
+            assert_eq!((tx_m, tx_b), (back.3, back.4), "{i} -> {j}");
+            assert_eq!((rx_m, rx_b), (back.1, back.2), "{j} -> {i}");
+        }
+    }
+    sums
 }
