@@ -102,15 +102,20 @@ impl Repaired {
         }
     }
 
-    /// Out of repair mode, and packets flow again if this dump stopped them.
-    fn put_back(&mut self) {
-        self.leave_repair();
+    /// Packets flow again, if this dump stopped them (the filter
+    /// `freeze_tcp` attached comes off).
+    fn unlock(&mut self) {
         let b = self.sock.as_fd();
         if self.locked && sock::has_drop_all_filter(b) {
-            // The filter `freeze_tcp` attached: packets flow again.
             let _ = sock::detach_filter(b);
         }
         self.locked = false;
+    }
+
+    /// Out of repair mode, and unlocked.
+    fn put_back(&mut self) {
+        self.leave_repair();
+        self.unlock();
     }
 }
 
@@ -297,10 +302,7 @@ impl SaveCtx {
     /// Lets packets reach the connections `freeze_tcp` locked again.
     pub fn unlock_tcp(&mut self) {
         for r in &mut self.repaired.socks {
-            if r.locked && sock::has_drop_all_filter(r.sock.as_fd()) {
-                let _ = sock::detach_filter(r.sock.as_fd());
-            }
-            r.locked = false;
+            r.unlock();
         }
     }
 }

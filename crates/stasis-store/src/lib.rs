@@ -43,16 +43,21 @@ impl TempImage {
     }
 }
 
-/// Downloads checkpoint `n` (default: the latest) and its chain into a new
-/// private temporary directory.
-pub fn fetch_to_temp(image: &S3Image, n: Option<u32>) -> Result<TempImage, StoreError> {
-    let dir = tempfile::Builder::new()
+/// A new private (0700) temporary directory for downloaded checkpoints.
+fn private_temp() -> Result<tempfile::TempDir, StoreError> {
+    tempfile::Builder::new()
         .prefix("stasis-s3-")
         .tempdir()
         .map_err(StoreError::local(
             "create a temporary directory in",
             std::env::temp_dir(),
-        ))?;
+        ))
+}
+
+/// Downloads checkpoint `n` (default: the latest) and its chain into a new
+/// private temporary directory.
+pub fn fetch_to_temp(image: &S3Image, n: Option<u32>) -> Result<TempImage, StoreError> {
+    let dir = private_temp()?;
     let fetched = image.download_chain(n, &dir.path().join("image"))?;
     Ok(TempImage { dir, fetched })
 }
@@ -66,13 +71,7 @@ pub fn fetch_all_to_temp(image: &S3Image) -> Result<TempImage, StoreError> {
             url: image.url.clone(),
         });
     }
-    let dir = tempfile::Builder::new()
-        .prefix("stasis-s3-")
-        .tempdir()
-        .map_err(StoreError::local(
-            "create a temporary directory in",
-            std::env::temp_dir(),
-        ))?;
+    let dir = private_temp()?;
     let mut fetched = Downloaded::default();
     for n in committed.iter().rev() {
         let d = image.download_chain(Some(*n), &dir.path().join("image"))?;

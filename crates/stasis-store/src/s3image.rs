@@ -303,10 +303,10 @@ impl S3Image {
     /// into the local image directory `dest` (created if missing;
     /// checkpoints already in it are not fetched again).
     pub fn download_chain(&self, n: Option<u32>, dest: &Path) -> Result<Downloaded, StoreError> {
-        let committed = self.committed()?;
+        // (Listing the records is only needed to find the latest.)
         let first = match n {
             Some(n) => n,
-            None => *committed.last().ok_or_else(|| StoreError::Empty {
+            None => *self.committed()?.last().ok_or_else(|| StoreError::Empty {
                 url: self.url.clone(),
             })?,
         };
