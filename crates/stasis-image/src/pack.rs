@@ -35,7 +35,7 @@ pub const PACK_TRAILER_LEN: u64 = 48;
 /// Largest number of index entries a reader accepts (2^26: 64 Mi runs).
 pub const MAX_PACK_RUNS: u64 = 1 << 26;
 /// Entry flag reserved for a future "zero run" (no data stored). Writers of
-/// format 1 never set it and readers of format 1 refuse it.
+/// formats 1 and 2 never set it and their readers refuse it.
 pub const RUN_FLAG_ZERO: u32 = 1;
 
 /// Size of the write buffer and of the verification buffer.
