@@ -44,6 +44,7 @@ pub mod inotify;
 pub mod locks;
 pub mod pipe;
 pub mod pty;
+pub mod pty_census;
 pub mod restore;
 pub mod save;
 pub mod signalfd;

@@ -61,6 +61,7 @@ use stasis_sys::tty::{
 };
 
 use crate::error::{io_step, step};
+use crate::pty_census::Census;
 use crate::restore::{not_mine, reopen_flags, setfl_flags};
 use crate::{Object, OpenFd, RestoreCtx, RestoreError, SaveCtx, SaveError, Scratch};
 
@@ -99,6 +100,18 @@ pub struct Saved {
     slaves: Vec<(i32, i32, u32)>,
     /// Processes whose controlling terminal is a saved pair's slave, by index.
     ctty_of: HashMap<u32, Vec<i32>>,
+    /// Who else holds ptys: given by the dump ([`Saved::use_census`]), or
+    /// taken with the first master saved.
+    census: Option<Census>,
+}
+
+impl Saved {
+    /// A census taken before the freeze, brought up to date for the
+    /// frozen processes `tree`.
+    pub fn use_census(&mut self, mut census: Census, tree: &[i32]) {
+        census.refresh(tree);
+        self.census = Some(census);
+    }
 }
 
 impl Object for Pty {
@@ -381,88 +394,6 @@ fn put_back(
     tty::inject(m, output)
 }
 
-/// The controlling-terminal fields of a `/proc/PID/stat` text: (session,
-/// `tty_nr`, foreground group `tpgid`).
-pub fn ctty_fields(stat: &str) -> Option<(i32, u64, i32)> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let session = f.get(3)?.parse().ok()?;
-    let tty_nr: i64 = f.get(4)?.parse().ok()?;
-    let tpgid = f.get(5)?.parse().ok()?;
-    Some((session, u64::try_from(tty_nr).ok()?, tpgid))
-}
-
-/// `tty_nr` of `/proc/PID/stat` encodes the device as the kernel's
-/// `new_encode_dev`; this is that of `rdev`.
-fn encode_dev(rdev: u64) -> u64 {
-    let (major, minor) = (u64::from(libc::major(rdev)), u64::from(libc::minor(rdev)));
-    (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12)
-}
-
-/// Every process (pid, session, foreground group) whose controlling
-/// terminal is the device `rdev`, fork snapshots of the dump aside.
-fn ctty_holders(rdev: u64) -> Vec<(i32, i32, i32)> {
-    let want = encode_dev(rdev);
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    procs
-        .flatten()
-        .filter_map(|p| {
-            let pid: i32 = p.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(p.path().join("stat")).ok()?;
-            let (sid, nr, fg) = ctty_fields(&stat)?;
-            (nr == want && !crate::save::is_snapshot(pid)).then_some((pid, sid, fg))
-        })
-        .collect()
-}
-
-/// Every (pid, fd, end) outside `skip` (and stasis) holding an end of pair
-/// `index`: a slave (by device number) or its master (`tty-index` of the
-/// fdinfo).
-fn holders(index: u32, skip: &[i32]) -> Vec<(i32, i32, End)> {
-    let me = i32::try_from(std::process::id()).unwrap_or(0);
-    let rdev = slave_rdev(index);
-    let mut found = Vec::new();
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return found;
-    };
-    for p in procs.flatten() {
-        let Some(pid) = p.file_name().to_str().and_then(|x| x.parse::<i32>().ok()) else {
-            continue;
-        };
-        if pid == me || skip.contains(&pid) || crate::save::is_snapshot(pid) {
-            continue;
-        }
-        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
-            continue;
-        };
-        for f in fds.flatten() {
-            let Some(fd) = f.file_name().to_str().and_then(|x| x.parse::<i32>().ok()) else {
-                continue;
-            };
-            let Ok(m) = std::fs::metadata(f.path()) else {
-                continue;
-            };
-            let end = end_of(m.rdev()).filter(|_| m.file_type().is_char_device());
-            let mine = match end {
-                Some(End::Slave(_)) => m.rdev() == rdev,
-                Some(End::Master) => {
-                    std::fs::read_to_string(p.path().join(format!("fdinfo/{fd}")))
-                        .ok()
-                        .and_then(|i| master_index(&i))
-                        == Some(index)
-                }
-                None => false,
-            };
-            if let (true, Some(end)) = (mine, end) {
-                found.push((pid, fd, end));
-            }
-        }
-    }
-    found
-}
-
 /// The `tty-index:` line of a master's fdinfo.
 pub fn master_index(info: &str) -> Option<u32> {
     info.lines()
@@ -512,7 +443,9 @@ fn save_master(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<PtyPair, SaveError> 
             "a packet-mode control status waits to be read; read it and dump again".into(),
         ));
     }
-    let slave_held = holders(index, &[])
+    let census = cx.ptys.census.get_or_insert_with(Census::take);
+    let slave_held = census
+        .holders(index, &[])
         .iter()
         .any(|h| matches!(h.2, End::Slave(_)));
     if !state.hangup && !slave_held {
@@ -544,7 +477,11 @@ fn save_master(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<PtyPair, SaveError> 
     if held >= N_TTY_BUF_SIZE - 1 || output.len() >= N_TTY_BUF_SIZE - 1 {
         return Err(refuse(format!("{held} bytes are queued to the slave and {} to the master; a line discipline holds at most {} (more may wait in the kernel): let the program read them, then dump", output.len(), N_TTY_BUF_SIZE - 1)));
     }
-    let holders = ctty_holders(slave_rdev(index));
+    let holders = cx
+        .ptys
+        .census
+        .get_or_insert_with(Census::take)
+        .ctty_holders(slave_rdev(index));
     let session = holders.first().map(|&(_, sid, fg)| PtySession {
         sid,
         foreground: fg,
@@ -662,8 +599,10 @@ pub fn check_external(cx: &SaveCtx, tree: &[i32]) -> Result<(), SaveError> {
             .find(|s| s.2 == index)
             .map_or(tree[0], |s| s.0)
     };
+    let census = p.census.as_ref();
     for (index, pair) in &p.pairs {
-        if let Some(&(pid, fd, _)) = holders(*index, tree).first() {
+        let outsiders = census.map(|c| c.holders(*index, tree)).unwrap_or_default();
+        if let Some(&(pid, fd, _)) = outsiders.first() {
             return Err(SaveError::Unsupported {
                 pid: holder_of(*index),
                 what: format!("pty {index} is also held by process {pid} (fd {fd}), which is outside the dumped tree (dump their common ancestor)"),
@@ -767,6 +706,7 @@ fn set_ctty<R: Remote>(
 
 #[cfg(test)]
 mod tests {
+    use crate::pty_census::{ctty_fields, encode_dev};
     use stasis_kernel::remote::Recorder;
 
     use super::*;

@@ -330,6 +330,13 @@ impl SaveCtx {
         crate::pipe::check_external(self, tree)
     }
 
+    /// A census of pty holders taken before the freeze
+    /// ([`crate::pty_census::Census::for_tree`]), read again for the frozen
+    /// processes `tree`.
+    pub fn use_pty_census(&mut self, census: crate::pty_census::Census, tree: &[i32]) {
+        self.ptys.use_census(census, tree);
+    }
+
     /// Refuses ptys shared with a process outside the tree ([`crate::pty::check_external`]).
     pub fn check_external_ptys(&self, tree: &[i32]) -> Result<(), SaveError> {
         crate::pty::check_external(self, tree)

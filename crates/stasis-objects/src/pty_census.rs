@@ -1,0 +1,199 @@
+//! Who holds the ends of which pseudo-terminal, and whose controlling
+//! terminal each one is, over every process of the machine: read once per
+//! dump, when the first pty master of the tree is saved.
+//!
+//! A pty pair can be held outside the dumped tree (a terminal the tree
+//! shares with a process it does not contain), which a restore could not
+//! rebuild: the save refuses it ([`crate::pty::check_external`]). Finding
+//! out means walking the fds of every process in `/proc`; one walk per
+//! dump, not one per pair and question, and that walk taken *before* the
+//! tree is frozen ([`Census::for_tree`]; the tree's own processes are read
+//! again once frozen, [`Census::refresh`]) keep it out of the frozen time
+//! of a tree with terminals (Open MPI's daemon gives each of its ranks
+//! one). Processes outside the tree run on either way: a census taken
+//! during the freeze would be no more exact for them.
+
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+
+use crate::pty::{end_of, master_index, End};
+
+/// An end of a pair open somewhere: (pid, fd, end, pair index).
+type Held = (i32, i32, End, u32);
+
+/// The pty ends and controlling terminals of every process, this dumper
+/// and its fork snapshots aside.
+#[derive(Debug, Default)]
+pub struct Census {
+    ends: Vec<Held>,
+    /// (pid, session, `tty_nr`, foreground group) of every process.
+    ctty: Vec<(i32, i32, u64, i32)>,
+    /// The tree as it was when the census was taken ([`Census::for_tree`]).
+    tree: Vec<i32>,
+}
+
+impl Census {
+    /// The census, if one of the processes `tree` holds a pty master
+    /// (`None`: the dump will not need one, or will take it itself).
+    pub fn for_tree(tree: &[i32]) -> Option<Census> {
+        let mut mine = Census::default();
+        for &pid in tree {
+            mine.ends_of(pid, &std::path::Path::new("/proc").join(pid.to_string()));
+        }
+        let mut c = mine
+            .ends
+            .iter()
+            .any(|e| e.2 == End::Master)
+            .then(Census::take)?;
+        c.tree = tree.to_vec();
+        Some(c)
+    }
+
+    /// Reads the processes `pids` again (frozen now: what they hold is
+    /// what the dump saves). Processes of the tree seen before the freeze
+    /// that are no longer in it (they exited) hold nothing.
+    pub fn refresh(&mut self, pids: &[i32]) {
+        let old = std::mem::take(&mut self.tree);
+        let gone = |pid: i32| pids.contains(&pid) || old.contains(&pid);
+        self.ends.retain(|e| !gone(e.0));
+        self.ctty.retain(|c| !gone(c.0));
+        for &pid in pids {
+            let dir = std::path::Path::new("/proc").join(pid.to_string());
+            self.process(pid, &dir);
+        }
+        self.tree = pids.to_vec();
+    }
+
+    /// Walks `/proc` once.
+    pub fn take() -> Census {
+        let me = i32::try_from(std::process::id()).unwrap_or(0);
+        let mut c = Census::default();
+        let Ok(procs) = std::fs::read_dir("/proc") else {
+            return c;
+        };
+        for p in procs.flatten() {
+            let Some(pid) = p.file_name().to_str().and_then(|x| x.parse::<i32>().ok()) else {
+                continue;
+            };
+            if pid == me || crate::save::is_snapshot(pid) {
+                continue;
+            }
+            c.process(pid, &p.path());
+        }
+        c
+    }
+
+    fn process(&mut self, pid: i32, dir: &std::path::Path) {
+        if let Some((sid, nr, fg)) = std::fs::read_to_string(dir.join("stat"))
+            .ok()
+            .and_then(|s| ctty_fields(&s))
+        {
+            self.ctty.push((pid, sid, nr, fg));
+        }
+        self.ends_of(pid, dir);
+    }
+
+    fn ends_of(&mut self, pid: i32, dir: &std::path::Path) {
+        let Ok(fds) = std::fs::read_dir(dir.join("fd")) else {
+            return;
+        };
+        for f in fds.flatten() {
+            let Some(fd) = f.file_name().to_str().and_then(|x| x.parse::<i32>().ok()) else {
+                continue;
+            };
+            let Ok(m) = std::fs::metadata(f.path()) else {
+                continue;
+            };
+            let index = match end_of(m.rdev()).filter(|_| m.file_type().is_char_device()) {
+                Some(End::Slave(i)) => Some((End::Slave(i), i)),
+                Some(End::Master) => std::fs::read_to_string(dir.join(format!("fdinfo/{fd}")))
+                    .ok()
+                    .and_then(|i| master_index(&i))
+                    .map(|i| (End::Master, i)),
+                None => None,
+            };
+            if let Some((end, i)) = index {
+                self.ends.push((pid, fd, end, i));
+            }
+        }
+    }
+
+    /// Every (pid, fd, end) outside `skip` holding an end of pair `index`.
+    pub fn holders(&self, index: u32, skip: &[i32]) -> Vec<(i32, i32, End)> {
+        self.ends
+            .iter()
+            .filter(|h| h.3 == index && !skip.contains(&h.0))
+            .map(|&(pid, fd, end, _)| (pid, fd, end))
+            .collect()
+    }
+
+    /// Every process (pid, session, foreground group) whose controlling
+    /// terminal is the device `rdev`.
+    pub fn ctty_holders(&self, rdev: u64) -> Vec<(i32, i32, i32)> {
+        let want = encode_dev(rdev);
+        self.ctty
+            .iter()
+            .filter(|c| c.2 == want)
+            .map(|&(pid, sid, _, fg)| (pid, sid, fg))
+            .collect()
+    }
+}
+
+/// The controlling-terminal fields of a `/proc/PID/stat` text: (session,
+/// `tty_nr`, foreground group `tpgid`).
+pub fn ctty_fields(stat: &str) -> Option<(i32, u64, i32)> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let session = f.get(3)?.parse().ok()?;
+    let tty_nr: i64 = f.get(4)?.parse().ok()?;
+    let tpgid = f.get(5)?.parse().ok()?;
+    Some((session, u64::try_from(tty_nr).ok()?, tpgid))
+}
+
+/// `tty_nr` of `/proc/PID/stat` encodes the device as the kernel's
+/// `new_encode_dev`; this is that of `rdev`.
+pub fn encode_dev(rdev: u64) -> u64 {
+    let (major, minor) = (u64::from(libc::major(rdev)), u64::from(libc::minor(rdev)));
+    (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn census() -> Census {
+        Census {
+            ends: vec![
+                (10, 3, End::Master, 4),
+                (11, 0, End::Slave(4), 4),
+                (50, 7, End::Slave(4), 4),
+                (12, 1, End::Slave(5), 5),
+            ],
+            ctty: vec![(11, 11, encode_dev(crate::pty::slave_rdev(4)), 11)],
+            tree: vec![10, 11, 12, 13],
+        }
+    }
+
+    #[test]
+    fn holders_outside_a_tree_are_the_others() {
+        let c = census();
+        assert_eq!(c.holders(4, &[10, 11, 12]), vec![(50, 7, End::Slave(4))]);
+        assert_eq!(c.holders(4, &[]).len(), 3);
+        assert!(c.holders(5, &[12]).is_empty());
+        assert_eq!(
+            c.ctty_holders(crate::pty::slave_rdev(4)),
+            vec![(11, 11, 11)]
+        );
+        assert!(c.ctty_holders(crate::pty::slave_rdev(5)).is_empty());
+    }
+
+    #[test]
+    fn a_refresh_forgets_tree_processes_that_exited() {
+        // None of these pids exists: the tree before the freeze (10-13)
+        // is gone, and the frozen tree (999999990) holds nothing.
+        let mut c = census();
+        c.refresh(&[999_999_990]);
+        assert_eq!(c.holders(4, &[]), vec![(50, 7, End::Slave(4))]);
+        assert!(c.ctty.is_empty());
+        assert_eq!(c.tree, vec![999_999_990]);
+    }
+}
