@@ -72,83 +72,163 @@ fn stat_of(pid: i32) -> Result<proc::Stat> {
     proc::read_parsed(pid, "stat", proc::parse_stat)
 }
 
-/// Seizes and stops every thread of `pid`.
-fn freeze_process(pid: i32) -> Result<FrozenProcess> {
+/// A process whose threads were asked to stop, not yet all waited for.
+struct Stopping {
+    fp: FrozenProcess,
+    asked: Vec<Tracee>,
+    failed: Option<CaptureError>,
+}
+
+/// Seizes every thread of `pid` and asks each to stop; [`Stopping::finish`]
+/// waits for them. The processes of a tree are all asked before any is
+/// waited for, so that they stop together.
+fn begin_freeze(pid: i32) -> Result<Stopping> {
     let stat = stat_of(pid)?;
-    let mut fp = FrozenProcess {
-        pid,
-        ppid: stat.ppid,
-        threads: Vec::new(),
-        zombie: None,
-        stopped: stat.state == 'T',
+    let mut s = Stopping {
+        fp: FrozenProcess {
+            pid,
+            ppid: stat.ppid,
+            threads: Vec::new(),
+            zombie: None,
+            stopped: stat.state == 'T',
+        },
+        asked: Vec::new(),
+        failed: None,
     };
     if stat.state == 'Z' || stat.state == 'X' {
-        fp.zombie = Some(stat.exit_code);
-        return Ok(fp);
+        s.fp.zombie = Some(stat.exit_code);
+        return Ok(s);
     }
-    loop {
-        let mut new = 0;
-        for tid in list_dir_numbers(pid, "task")? {
-            if fp.threads.iter().any(|t| t.tracee.pid() == tid) {
+    s.ask_new();
+    Ok(s)
+}
+
+impl Stopping {
+    /// Asks every thread not yet traced to stop.
+    fn ask_new(&mut self) {
+        let pid = self.fp.pid;
+        let tids = match list_dir_numbers(pid, "task") {
+            Ok(t) => t,
+            Err(e) => {
+                self.failed = Some(e);
+                return;
+            }
+        };
+        for tid in tids {
+            let known = |t: &Tracee| t.pid() == tid;
+            if self.fp.threads.iter().any(|t| known(&t.tracee)) || self.asked.iter().any(known) {
                 continue;
             }
-            let mut tracee = match Tracee::seize(tid, stasis_sys::PTRACE_O_SUSPEND_SECCOMP) {
-                Ok(t) => t,
-                // A thread that exited meanwhile is simply not part of the image.
-                Err(KernelError::NoSuchProcess { .. }) if tid != pid => continue,
-                Err(e) if tid == pid && fp.threads.is_empty() => {
-                    // The process may have just exited: then it is a zombie.
-                    let st = stat_of(pid)?;
-                    if st.state == 'Z' {
-                        fp.zombie = Some(st.exit_code);
-                        return Ok(fp);
-                    }
-                    return Err(match e {
-                        KernelError::NoSuchProcess { pid } => CaptureError::NoSuchProcess { pid },
-                        e => e.into(),
-                    });
+            let first = self.fp.threads.is_empty() && self.asked.is_empty();
+            match ask_thread(pid, tid, first) {
+                Ok(Asked::Thread(t)) => self.asked.push(t),
+                Ok(Asked::Gone) => {}
+                Ok(Asked::Zombie(code)) => {
+                    self.fp.zombie = Some(code);
+                    return;
                 }
-                Err(e) => return Err(e.into()),
-            };
-            let frozen = (|| -> Result<FrozenThread, KernelError> {
-                tracee.interrupt()?;
-                // The mask stays as it is: a thread is blocked only while it
-                // runs remote syscalls (see `FrozenProcess::arm_remote`), so
-                // a dumper that dies leaves every other thread untouched.
-                let orig_mask = tracee.sigmask()?;
-                let orig_regs = tracee.regs()?;
-                Ok(FrozenThread {
-                    tracee,
-                    orig_regs,
-                    orig_mask,
-                })
-            })();
-            // A thread may exit between seize and interrupt: not part of the image.
-            match frozen {
-                Ok(t) => fp.threads.push(t),
-                Err(KernelError::Died { .. }) if tid != pid => continue,
                 Err(e) => {
-                    release_process(&mut fp);
-                    return Err(e.into());
+                    self.failed = Some(e);
+                    return;
                 }
             }
-            new += 1;
-        }
-        if new == 0 {
-            break;
         }
     }
-    fp.threads
-        .sort_by_key(|t| (t.tracee.pid() != pid, t.tracee.pid()));
-    if fp.threads.first().map(|t| t.tracee.pid()) != Some(pid) {
-        release_process(&mut fp);
-        return Err(SaveError::Unsupported {
-            pid,
-            what: "its main thread has exited while other threads run".into(),
+
+    /// Waits for every thread asked; asks the threads started meanwhile,
+    /// until there is none.
+    fn finish(mut self) -> Result<FrozenProcess> {
+        let pid = self.fp.pid;
+        while !self.asked.is_empty() || self.failed.is_some() {
+            for tracee in std::mem::take(&mut self.asked) {
+                let tid = tracee.pid();
+                match settle(tracee) {
+                    Ok(t) => self.fp.threads.push(t),
+                    // A thread may exit between seize and interrupt: not part of the image.
+                    Err(KernelError::Died { .. }) if tid != pid => {}
+                    Err(e) => {
+                        self.failed.get_or_insert(e.into());
+                    }
+                }
+            }
+            if let Some(e) = self.failed.take() {
+                release_process(&mut self.fp);
+                return Err(e);
+            }
+            if self.fp.zombie.is_some() {
+                // Its threads, if any were asked, go back: a zombie has none.
+                release_process(&mut self.fp);
+                self.fp.threads.clear();
+                return Ok(self.fp);
+            }
+            self.ask_new();
         }
-        .into());
+        let mut fp = self.fp;
+        if fp.zombie.is_some() {
+            return Ok(fp);
+        }
+        fp.threads
+            .sort_by_key(|t| (t.tracee.pid() != pid, t.tracee.pid()));
+        if fp.threads.first().map(|t| t.tracee.pid()) != Some(pid) {
+            release_process(&mut fp);
+            return Err(SaveError::Unsupported {
+                pid,
+                what: "its main thread has exited while other threads run".into(),
+            }
+            .into());
+        }
+        Ok(fp)
     }
-    Ok(fp)
+}
+
+/// What asking one thread to stop found.
+enum Asked {
+    Thread(Tracee),
+    /// A thread that exited meanwhile: not part of the image.
+    Gone,
+    /// The process itself had just exited (asked of its first thread).
+    Zombie(i32),
+}
+
+/// Seizes `tid` of process `pid` and asks it to stop (`first`: no thread
+/// of the process is traced yet).
+fn ask_thread(pid: i32, tid: i32, first: bool) -> Result<Asked> {
+    let mut tracee = match Tracee::seize(tid, stasis_sys::PTRACE_O_SUSPEND_SECCOMP) {
+        Ok(t) => t,
+        Err(KernelError::NoSuchProcess { .. }) if tid != pid => return Ok(Asked::Gone),
+        Err(e) if tid == pid && first => {
+            // The process may have just exited: then it is a zombie.
+            let st = stat_of(pid)?;
+            if st.state == 'Z' {
+                return Ok(Asked::Zombie(st.exit_code));
+            }
+            return Err(match e {
+                KernelError::NoSuchProcess { pid } => CaptureError::NoSuchProcess { pid },
+                e => e.into(),
+            });
+        }
+        Err(e) => return Err(e.into()),
+    };
+    match tracee.ask_stop() {
+        Ok(()) => Ok(Asked::Thread(tracee)),
+        Err(KernelError::Died { .. }) if tid != pid => Ok(Asked::Gone),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Waits for a thread asked to stop, and reads what its release needs.
+fn settle(mut tracee: Tracee) -> Result<FrozenThread, KernelError> {
+    tracee.wait_interrupted()?;
+    // The mask stays as it is: a thread is blocked only while it runs
+    // remote syscalls (see `FrozenProcess::arm_remote`), so a dumper that
+    // dies leaves every other thread untouched.
+    let orig_mask = tracee.sigmask()?;
+    let orig_regs = tracee.regs()?;
+    Ok(FrozenThread {
+        tracee,
+        orig_regs,
+        orig_mask,
+    })
 }
 
 /// A process that exited while it was being frozen, as the zombie it
@@ -185,14 +265,29 @@ pub fn freeze_tree_except(root: i32, except: &[i32]) -> Result<Frozen> {
     };
     let mut queue = vec![root];
     while !queue.is_empty() {
-        let mut next = Vec::new();
+        // One generation at a time: every process of it asked to stop,
+        // then each waited for (a parent stopped forks no more children).
+        let mut begun = Vec::new();
+        let mut failed = None;
         for pid in queue {
             if f.procs.iter().any(|p| p.pid == pid) || except.contains(&pid) {
                 continue;
             }
-            let fp = match freeze_process(pid) {
-                Ok(fp) => fp,
+            match begin_freeze(pid) {
+                Ok(s) => begun.push(s),
                 // A child that vanished (reaped meanwhile) is not part of the tree.
+                Err(CaptureError::NoSuchProcess { .. }) if pid != root => {}
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        let mut next = Vec::new();
+        for s in begun {
+            let pid = s.fp.pid;
+            let fp = match s.finish() {
+                Ok(fp) => fp,
                 Err(CaptureError::NoSuchProcess { .. }) if pid != root => continue,
                 // A child that was exiting while it was frozen: it is a
                 // zombie now (its parent has not reaped it), or gone.
@@ -202,12 +297,22 @@ pub fn freeze_tree_except(root: i32, except: &[i32]) -> Result<Frozen> {
                         None => continue,
                     }
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    failed.get_or_insert(e);
+                    continue;
+                }
             };
-            if fp.zombie.is_none() {
-                next.extend(children(pid)?);
+            if fp.zombie.is_none() && failed.is_none() {
+                match children(pid) {
+                    Ok(c) => next.extend(c),
+                    Err(e) => failed = Some(e),
+                }
             }
             f.procs.push(fp);
+        }
+        if let Some(e) = failed {
+            // Everything frozen so far goes back (`Frozen`'s drop).
+            return Err(e);
         }
         queue = next;
     }

@@ -258,7 +258,20 @@ impl Tracee {
     /// Signal-delivery stops met on the way are recorded as pending again by
     /// re-queuing nothing: they are simply suppressed only if `keep` says so.
     pub fn interrupt(&mut self) -> Result<()> {
-        ptrace_raw(sys::PTRACE_INTERRUPT, self.pid, 0, 0, "INTERRUPT")?;
+        self.ask_stop()?;
+        self.wait_interrupted()
+    }
+
+    /// `PTRACE_INTERRUPT` alone: the thread stops on its own time, which
+    /// [`Tracee::wait_interrupted`] waits for. Asking every thread of a
+    /// process first and waiting after lets them stop together: a busy
+    /// machine then makes the freeze wait once, not once per thread.
+    pub fn ask_stop(&mut self) -> Result<()> {
+        ptrace_raw(sys::PTRACE_INTERRUPT, self.pid, 0, 0, "INTERRUPT").map(|_| ())
+    }
+
+    /// Waits for the stop [`Tracee::ask_stop`] asked for.
+    pub fn wait_interrupted(&mut self) -> Result<()> {
         loop {
             match self.wait_stop("interrupt")? {
                 StopKind::EventStop => return Ok(()),
