@@ -17,7 +17,7 @@ use crate::incremental::Base;
 use crate::strategy::{CopyStrategy, PlanCx, Planned};
 use crate::{
     fds, micros, ms, process, remote, CaptureError, DirtyTracker, DumpOptions, DumpReport, Result,
-    TrackerRef,
+    Stages, TrackerRef,
 };
 
 /// The state of a dump while the tree is frozen.
@@ -32,6 +32,10 @@ pub struct Frame<'a, 't> {
     /// Why tracking was asked for but the dump is full, or re-arming failed.
     pub note: Option<String>,
     pub tracker: TrackerRef<'t>,
+    /// Where the frozen time goes.
+    pub stages: &'a mut Stages,
+    /// Who holds ptys, read before the freeze (when the tree has one).
+    pub pty_census: Option<stasis_objects::pty_census::Census>,
 }
 
 /// One process of the dump: its image, and for a live one its memory
@@ -62,10 +66,7 @@ fn capture_with(
     collector: &mut fds::FdCollector,
 ) -> Result<Pending> {
     let (records, xfeatures) = collect(fr, f, collector)?;
-    tracing::debug!(
-        ms = ms(fr.frozen_at),
-        "state and memory plan of every process read"
-    );
+    fr.stages.mark("processes");
     if fr.opts.leave_running && fr.opts.cut.is_none() {
         // Every connection's state is read: packets may flow again (the
         // tree runs on; what they change is after the checkpoint's
@@ -90,14 +91,15 @@ fn capture_with(
         })
         .collect();
     let mut pending = write_manifest(fr, records, collector, xfeatures)?;
+    fr.stages.mark("manifest");
     // Re-arm tracking while still frozen. It is recorded as armed only
     // once the checkpoint is committed (`Pending::finish`), so a failed
     // commit leaves no state claiming a parent that does not exist.
     rearm(fr, f, &mut pending, &areas_of);
-    tracing::debug!(ms = ms(fr.frozen_at), "tracking re-armed");
+    fr.stages.mark("rearm");
     fr.strategy
         .before_release(&mut pending.copies, &pending.manifest, f)?;
-    tracing::debug!(ms = ms(fr.frozen_at), "ready to release");
+    fr.stages.mark("protect");
     Ok(pending)
 }
 
@@ -110,6 +112,10 @@ fn collect(
     collector: &mut fds::FdCollector,
 ) -> Result<(Vec<ProcRecord>, u64)> {
     collector.freeze_tcp(f)?;
+    fr.stages.mark("tcp");
+    if let Some(c) = fr.pty_census.take() {
+        collector.use_pty_census(c, &f.live_pids());
+    }
     let mut records = Vec::new();
     let mut seen_shm = HashSet::new();
     let mut xfeatures = 0;
@@ -291,6 +297,7 @@ fn write_manifest(
         armed: None,
         note: None,
         concurrent: None,
+        frozen_stages: Vec::new(),
     };
     Ok(Pending {
         ck,

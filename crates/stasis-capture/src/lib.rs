@@ -215,6 +215,46 @@ pub struct DumpReport {
     pub note: Option<String>,
     /// Figures of a concurrent dump.
     pub concurrent: Option<ConcurrentStats>,
+    /// Where the frozen time went: when each stage ended.
+    pub frozen_stages: Vec<StageMark>,
+}
+
+/// The end of one stage of the frozen part of a dump, in microseconds
+/// from the moment the tree's first thread was stopped.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StageMark {
+    pub stage: &'static str,
+    pub end_us: u64,
+}
+
+/// The clock of the frozen part of a dump: started as the first thread
+/// is stopped, marked as each stage ends (logged, and reported in
+/// [`DumpReport::frozen_stages`]).
+#[derive(Debug, Clone)]
+pub struct Stages {
+    pub since: std::time::Instant,
+    pub marks: Vec<StageMark>,
+}
+
+impl Stages {
+    pub fn new(since: std::time::Instant) -> Stages {
+        Stages {
+            since,
+            marks: Vec::new(),
+        }
+    }
+
+    /// `stage` has just ended.
+    pub fn mark(&mut self, stage: &'static str) {
+        let end_us = micros(self.since);
+        tracing::debug!(stage, ms = end_us as f64 / 1e3, "frozen stage ended");
+        self.marks.push(StageMark { stage, end_us });
+    }
+
+    /// Microseconds since the first thread was stopped.
+    pub fn elapsed_us(&self) -> u64 {
+        micros(self.since)
+    }
 }
 
 /// Dumps the process tree rooted at `opts.pid` into `store` as a new checkpoint.

@@ -14,8 +14,8 @@ use crate::incremental::{self, Base, FullDump};
 use crate::strategy::{self, CopyCx, CopyStrategy};
 use crate::SaveError;
 use crate::{
-    cow, fds, freeze, memory, micros, ms, proc, CaptureError, CowMethod, DumpOptions, DumpReport,
-    Result, TrackerRef,
+    cow, fds, freeze, memory, micros, proc, CaptureError, CowMethod, DumpOptions, DumpReport,
+    Result, Stages, TrackerRef,
 };
 
 /// One attempt of a dump; `method` (`Uffd` or `Fork`) is how a concurrent
@@ -35,9 +35,15 @@ pub fn dump_once(
     // TCP listeners take no new connection until the dump is over (the
     // queue drains meanwhile): a connection waiting to be accepted cannot
     // be checkpointed.
-    let gate = fds::AcceptGate::close(&proc::tree_pids(opts.pid));
+    let tree = proc::tree_pids(opts.pid);
+    let gate = fds::AcceptGate::close(&tree);
     gate.drain(BACKLOG_PATIENCE);
+    // Who else holds the tree's ptys: a walk of every process, taken while
+    // nothing is frozen.
+    let pty_census = stasis_objects::pty_census::Census::for_tree(&tree);
     let (mut frozen, frozen_at) = freeze_without_backlog(opts.pid)?;
+    let mut stages = Stages::new(frozen_at);
+    stages.mark("seize");
     strategy.on_frozen(&mut frozen);
     if frozen.procs.first().is_none_or(|p| p.zombie.is_some()) {
         // It exited between the checks and the freeze: nothing to save.
@@ -68,6 +74,8 @@ pub fn dump_once(
         base,
         note,
         tracker: tracker.as_deref_mut(),
+        stages: &mut stages,
+        pty_census,
     };
     let result = capture_frozen(&mut frame, &mut frozen, &mut repaired);
     drop(frame);
@@ -82,7 +90,7 @@ pub fn dump_once(
                 cow_cap: 0,
             };
             strategy.copy(&mut p, cx)?;
-            tracing::debug!(ms = ms(frozen_at), "pages copied");
+            stages.mark("copy");
         }
         Ok(p)
     });
@@ -90,7 +98,7 @@ pub fn dump_once(
         store,
         opts,
         t0,
-        frozen_at,
+        stages,
         frozen,
         repaired,
         gate,
@@ -109,7 +117,7 @@ struct Ends<'a> {
     store: &'a ImageDir,
     opts: &'a DumpOptions,
     t0: Instant,
-    frozen_at: Instant,
+    stages: Stages,
     frozen: freeze::Frozen,
     repaired: fds::Repairs,
     gate: fds::AcceptGate,
@@ -120,7 +128,7 @@ impl Ends<'_> {
     /// synced and committed: if that fails, it runs on as if nothing
     /// happened. Its listeners take connections again at once.
     fn release_then_commit(
-        self,
+        mut self,
         mut pending: Pending,
         strategy: &mut dyn CopyStrategy,
         tracker: TrackerRef<'_>,
@@ -132,6 +140,7 @@ impl Ends<'_> {
             if let Err(e) = c.frozen() {
                 return Err(self.put_back_after("cut", e.into()));
             }
+            self.stages.mark("cut");
         }
         let mut frozen = self.frozen;
         let mut repaired = self.repaired;
@@ -141,7 +150,9 @@ impl Ends<'_> {
         fds::dismiss_guard(repaired, released.is_ok());
         released?;
         drop(self.gate);
-        let frozen_us = micros(self.frozen_at);
+        let mut stages = self.stages;
+        stages.mark("release");
+        let frozen_us = stages.elapsed_us();
         if strategy.concurrent() {
             let cx = CopyCx {
                 root: opts.pid,
@@ -159,6 +170,7 @@ impl Ends<'_> {
         }
         let mut report = pending.finish(store, opts.cut.as_deref())?;
         report.frozen_us = frozen_us;
+        report.frozen_stages = stages.marks;
         report.total_us = micros(t0);
         if let (Some(t), Some((cow, procs))) = (tracking, strategy.take_kept()) {
             // Committed: writes from this freeze on are tracked.
@@ -171,11 +183,12 @@ impl Ends<'_> {
     }
 
     /// Killed only once the checkpoint is committed.
-    fn commit_then_kill(self, pending: Pending) -> Result<DumpReport> {
+    fn commit_then_kill(mut self, pending: Pending) -> Result<DumpReport> {
         if let Some(c) = &self.opts.cut {
             if let Err(e) = c.frozen() {
                 return Err(self.put_back_after("cut", e.into()));
             }
+            self.stages.mark("cut");
         }
         let mut report = match pending.finish(self.store, self.opts.cut.as_deref()) {
             Ok(r) => r,
@@ -191,7 +204,9 @@ impl Ends<'_> {
         frozen.kill();
         drop(self.gate);
         report.killed = true;
-        report.frozen_us = micros(self.frozen_at);
+        self.stages.mark("commit");
+        report.frozen_us = self.stages.elapsed_us();
+        report.frozen_stages = self.stages.marks;
         report.total_us = micros(self.t0);
         Ok(report)
     }
@@ -252,8 +267,10 @@ fn freeze_without_backlog(pid: i32) -> Result<(freeze::Frozen, Instant)> {
     let t0 = Instant::now();
     let mut pause = Duration::from_millis(1);
     loop {
-        let mut frozen = freeze::freeze_tree(pid)?;
+        // The frozen time counts from here: the first thread stops in
+        // `freeze_tree`.
         let frozen_at = Instant::now();
+        let mut frozen = freeze::freeze_tree(pid)?;
         let pids = frozen.live_pids();
         match fds::transient_socket(&pids) {
             Some((p, fd, what)) if t0.elapsed() < BACKLOG_PATIENCE => {
