@@ -180,14 +180,35 @@ DEFAULT_ARGS = {
 QUICK_ARGS = {"sor": ["512", "4000"], "nqueens": ["15", "10"]}
 
 
+def stopped_us(r):
+    """Every stop of a host's tree in one round: the cut's freeze, plus the
+    brief stop that gives a `uffd` dump its userfaultfds and the stops of a
+    `fork` dump (reaping its snapshots, pauses at the copy-on-write cap)."""
+    c = r.get("concurrent") or {}
+    return (r["frozen_us"] + c.get("prepare_stop_us", 0) + c.get("reap_stop_us", 0)
+            + c.get("paused_us", 0))
+
+
+def stage_lengths(r):
+    """{stage: ms} of one report's frozen time (`frozen_stages` marks)."""
+    out, prev = {}, 0
+    for m in r.get("frozen_stages", []):
+        out[m["stage"]] = (m["end_us"] - prev) / 1e3
+        prev = m["end_us"]
+    return out
+
+
 def rounds_figures(events):
-    """Per committed round: (max frozen ms of a host, bytes, incremental)."""
+    """Per committed round: (max frozen ms of a host, max stopped ms of a
+    host, bytes, incremental, [stage lengths of every host])."""
     out = []
     for e in events:
         if e.get("event") != "checkpoint":
             continue
-        frozen = [r["frozen_us"] for h in e["hosts"] for r in h["reports"]]
-        out.append((max(frozen) / 1e3, e["bytes"], e["incremental"]))
+        reps = [r for h in e["hosts"] for r in h["reports"]]
+        out.append((max(r["frozen_us"] for r in reps) / 1e3,
+                    max(stopped_us(r) for r in reps) / 1e3,
+                    e["bytes"], e["incremental"], [stage_lengths(r) for r in reps]))
     return out
 
 
@@ -238,29 +259,39 @@ def main():
                     runs[str(cfg)].append({"secs": secs, "rounds": rf,
                                            "failed": sum(e.get("event") == "failed" for e in events)})
                     print(f"{prog} rep {rep} every {cfg}: {secs:.1f} s, {len(rf)} rounds "
-                          f"(frozen max {max((r[0] for r in rf), default=0):.1f} ms)", flush=True)
+                          f"(frozen max {max((r[0] for r in rf), default=0):.1f} ms, "
+                          f"stopped max {max((r[1] for r in rf), default=0):.1f} ms)", flush=True)
             results[prog] = {"args": args, "result": want, "runs": runs}
     finally:
         c.close()
     print()
     print(f"{'program':9} {'none s':>14} " + " ".join(
         f"{'every ' + format(x, 'g') + ' s':>24}" for x in every)
-        + "   frozen ms/host/round (median, max)   MiB/round (first; incr. median)")
+        + "   frozen ms/host/round (median, max)   stopped (median, max)"
+        + "   MiB/round (first; incr. median)")
     for prog, r in results.items():
         base = [x["secs"] for x in r["runs"]["None"]]
         cells = [f"{med(base):7.1f} ±{(max(base) - min(base)) / 2:4.1f}"]
-        frozen, first, incr = [], [], []
+        frozen, stopped, first, incr, stages = [], [], [], [], {}
         for x in every:
             s = [y["secs"] for y in r["runs"][str(x)]]
             over = (med(s) / med(base) - 1) * 100
             cells.append(f"{med(s):6.1f} ±{(max(s) - min(s)) / 2:4.1f} ({over:+5.1f}%)")
             for y in r["runs"][str(x)]:
-                frozen += [f for f, _, _ in y["rounds"]]
-                first += [b for _, b, inc in y["rounds"] if not inc]
-                incr += [b for _, b, inc in y["rounds"] if inc]
+                frozen += [f for f, *_ in y["rounds"]]
+                stopped += [st for _, st, *_ in y["rounds"]]
+                first += [b for _, _, b, inc, _ in y["rounds"] if not inc]
+                incr += [b for _, _, b, inc, _ in y["rounds"] if inc]
+                for *_, hosts in y["rounds"]:
+                    for h in hosts:
+                        for k, v in h.items():
+                            stages.setdefault(k, []).append(v)
         print(f"{prog:9} {cells[0]:>14} " + " ".join(f"{c:>24}" for c in cells[1:])
               + f"   {med(frozen):7.1f} {max(frozen, default=0):7.1f}"
+              + f"   {med(stopped):7.1f} {max(stopped, default=0):7.1f}"
               + f"   {med(first) / 2**20:7.2f}; {med(incr) / 2**20:7.2f}")
+        print(f"{'':9} frozen stages, median ms per host: "
+              + ", ".join(f"{k} {med(v):.1f}" for k, v in stages.items()))
         r["overhead_pct"] = {str(x): (med([y["secs"] for y in r["runs"][str(x)]]) / med(base) - 1) * 100
                              for x in every}
     os.makedirs(os.path.dirname(a.json_out), exist_ok=True)
