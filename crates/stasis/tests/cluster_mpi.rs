@@ -1,4 +1,4 @@
-//! A real Open MPI job (pml ob1, TCP between hosts) over three namespace
+//! A real Open MPI job (pml ob1, TCP between hosts) over three or four namespace
 //! hosts (`scripts/hosts.sh`), launched as on a cluster: an `rshd` on hosts
 //! 2 and 3 (`tests/workloads/mpi/rshd.c`, in the host's network namespace
 //! and a UTS namespace named after it) and `rsh` as mpirun's launcher, so
@@ -6,7 +6,8 @@
 //! mpirun, its rsh clients and ranks; host i: rshd's child `sh` -> orted ->
 //! ranks). A `stasis agent` runs on each host the same way.
 //!
-//! The job (the seed's `sor`, 6 ranks) is checkpointed with `stasis
+//! The job (the seed's `sor` or `nqueens`, 6 ranks over 3 hosts; `sor`
+//! also in the seed's shape, 16 ranks over 4 hosts) is checkpointed with `stasis
 //! cluster dump` while it runs, every process of it dies, `stasis cluster
 //! restore` brings it back on every host, and it must finish with PASS and
 //! the very result line (checksum included) of a run never interrupted,
@@ -25,8 +26,20 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const HOSTS: usize = 3;
-const RANKS: usize = 6;
+/// How many hosts, and ranks over them.
+#[derive(Clone, Copy)]
+struct Shape {
+    hosts: usize,
+    ranks: usize,
+}
+
+/// The shape of most tests: 6 ranks over 3 hosts.
+const SMALL: Shape = Shape { hosts: 3, ranks: 6 };
+/// The seed's: 16 ranks over 4 hosts.
+const SEED: Shape = Shape {
+    hosts: 4,
+    ranks: 16,
+};
 const SUBNET: &str = "10.216.0";
 const AGENT_PORT: u16 = 7700;
 const RSH_PORT: u16 = 7222;
@@ -90,6 +103,7 @@ fn comm_and_cpu(pid: i32) -> Option<(String, u64)> {
 /// Three hosts, an agent on each, an rshd on hosts 2 and 3; all of it
 /// (and whatever runs in the hosts) is killed and removed on drop.
 struct Cluster {
+    shape: Shape,
     prefix: String,
     prog: &'static str,
     args: &'static [&'static str],
@@ -102,7 +116,12 @@ struct Cluster {
 
 impl Cluster {
     /// `tag` keeps the hosts of the tests of this binary apart.
-    fn start(tag: &str, prog: &'static str, args: &'static [&'static str]) -> Cluster {
+    fn start(
+        tag: &str,
+        shape: Shape,
+        prog: &'static str,
+        args: &'static [&'static str],
+    ) -> Cluster {
         let bin = build(prog);
         // Orphans of the killed job come to this process, which reaps them
         // so that their PIDs are free for the restore.
@@ -115,6 +134,7 @@ impl Cluster {
             .unwrap();
         let tf = token_file(dir.path(), TOKEN);
         let mut c = Cluster {
+            shape,
             prefix,
             prog,
             args,
@@ -125,12 +145,13 @@ impl Cluster {
             rshds: Vec::new(),
         };
         let o = hosts_sh()
-            .args(["up", &HOSTS.to_string(), "--prefix", &c.prefix, "--subnet"])
+            .args(["up", &shape.hosts.to_string(), "--prefix", &c.prefix])
+            .arg("--subnet")
             .arg(format!("{SUBNET}.0/24"))
             .output()
             .expect("running scripts/hosts.sh");
         assert_ok(&o, "hosts.sh up");
-        for i in 0..HOSTS {
+        for i in 0..shape.hosts {
             let mut a = c.on_host(i, Path::new(env!("CARGO_BIN_EXE_stasis")));
             a.args(["agent", "--json", "--listen"])
                 .arg(format!("{}:{AGENT_PORT}", addr(i)))
@@ -147,7 +168,7 @@ impl Cluster {
             c.agents
                 .push((child, v["listening"].as_str().unwrap().to_string()));
         }
-        for i in 1..HOSTS {
+        for i in 1..shape.hosts {
             let mut r = c.on_host(i, &c.bin.join("rshd"));
             r.arg(format!("{}:{RSH_PORT}", addr(i)))
                 .stdout(Stdio::piped());
@@ -181,8 +202,9 @@ impl Cluster {
     fn run(&mut self, name: &str) -> Run {
         let out = self.dir.path().join(format!("{name}.out"));
         let hostfile = self.dir.path().join("hostfile");
-        let slots = RANKS.div_ceil(HOSTS);
-        let hf: String = (0..HOSTS)
+        let Shape { hosts, ranks } = self.shape;
+        let slots = ranks.div_ceil(hosts);
+        let hf: String = (0..hosts)
             .map(|i| format!("{} slots={slots}\n", self.host(i)))
             .collect();
         std::fs::write(&hostfile, hf).unwrap();
@@ -192,7 +214,7 @@ impl Cluster {
         let mut c = self.on_host(0, Path::new("mpirun"));
         c.args(["--allow-run-as-root", "--oversubscribe", "--hostfile"])
             .arg(&hostfile)
-            .args(["-np", &RANKS.to_string()])
+            .args(["-np", &ranks.to_string()])
             .args(["--mca", "plm_rsh_agent", &rsh])
             .args(["--mca", "pml", "ob1", "--mca", "btl", "tcp,self"])
             .args(["--mca", "btl_tcp_if_include", &subnet])
@@ -223,6 +245,7 @@ impl Cluster {
             roots.push(pid);
         }
         Run {
+            ranks,
             prog: self.prog,
             out,
             child: Some(child),
@@ -292,6 +315,7 @@ impl Drop for Cluster {
 
 /// One run of the job.
 struct Run {
+    ranks: usize,
     prog: &'static str,
     out: PathBuf,
     child: Option<Child>,
@@ -333,7 +357,7 @@ impl Run {
     fn wait_cpu(&self, ticks: u64) {
         wait_until(Duration::from_secs(120), "the job well under way", || {
             let (n, cpu) = self.ranks_cpu();
-            n == RANKS && cpu >= ticks
+            n == self.ranks && cpu >= ticks
         });
         assert!(!self.output().contains("PASS"), "{}", self.output());
     }
@@ -409,13 +433,14 @@ fn kill_all(run: &mut Run) -> Vec<i32> {
 /// Runs `prog args` undisturbed, then checkpointed (kill), then
 /// checkpointed (concurrent, left running) and killed: each restored job
 /// must end with the undisturbed run's result line.
-fn checkpoint_restore(tag: &str, prog: &'static str, args: &'static [&'static str]) {
+fn checkpoint_restore(tag: &str, shape: Shape, prog: &'static str, args: &'static [&'static str]) {
     if !mpi_available() {
         eprintln!("SKIPPED cluster_mpi: mpirun/mpicc not found; run scripts/setup.sh as root");
         return;
     }
-    let mut c = Cluster::start(tag, prog, args);
-    for i in 0..HOSTS {
+    let mut c = Cluster::start(tag, shape, prog, args);
+    let Shape { hosts, ranks } = shape;
+    for i in 0..hosts {
         let host_net = ns_inode(&format!("/run/netns/{}", c.host(i)));
         assert_eq!(
             ns_inode(&format!("/proc/{}/ns/net", c.agents[i].0.id())),
@@ -435,12 +460,12 @@ fn checkpoint_restore(tag: &str, prog: &'static str, args: &'static [&'static st
         },
     );
     let expected = plain.finish();
-    let want_hosts: Vec<String> = (0..HOSTS)
-        .flat_map(|i| vec![c.host(i); RANKS / HOSTS])
+    let want_hosts: Vec<String> = (0..hosts)
+        .flat_map(|i| vec![c.host(i); ranks / hosts])
         .collect();
     assert!(
         plain.output().contains(&format!(
-            "hosts: {HOSTS} distinct: {}",
+            "hosts: {hosts} distinct: {}",
             want_hosts.join(" ")
         )),
         "{}",
@@ -456,7 +481,7 @@ fn checkpoint_restore(tag: &str, prog: &'static str, args: &'static [&'static st
     let mut run = c.run("kill");
     run.wait_cpu(total / 3);
     let all = run.processes();
-    assert!(all.len() >= RANKS + 5, "{all:?}");
+    assert!(all.len() >= ranks + 5, "{all:?}");
     let r = c.cluster(&["dump", "--job", "mpi-kill"], c.targets(Some(&run.roots)));
     assert_eq!(r["round"], 1, "{r}");
     eprintln!(
@@ -493,7 +518,7 @@ fn checkpoint_restore(tag: &str, prog: &'static str, args: &'static [&'static st
         r["freeze_us"], r["total_us"]
     );
     let (n, cpu) = run.ranks_cpu();
-    assert_eq!(n, RANKS, "the job runs on after the dump");
+    assert_eq!(n, ranks, "the job runs on after the dump");
     run.wait_cpu(cpu + total / 10);
     let killed = kill_all(&mut run);
     eprintln!("killed {} processes of the job", killed.len());
@@ -517,11 +542,18 @@ fn checkpoint_restore(tag: &str, prog: &'static str, args: &'static [&'static st
 /// Red-black SOR: two halo exchanges with both neighbours per iteration.
 #[test]
 fn sor_over_three_hosts_is_checkpointed_killed_and_restored() {
-    checkpoint_restore("s", "sor", &["512", "5000"]);
+    checkpoint_restore("s", SMALL, "sor", &["512", "5000"]);
 }
 
 /// N-queens: every phase ends in an `MPI_Iallreduce` of its counts.
 #[test]
 fn nqueens_over_three_hosts_is_checkpointed_killed_and_restored() {
-    checkpoint_restore("q", "nqueens", &["15", "10"]);
+    checkpoint_restore("q", SMALL, "nqueens", &["15", "10"]);
+}
+
+/// The seed's shape: 16 ranks of SOR over 4 hosts (4 ranks, an orted and
+/// an rshd child per host; mpirun and its rsh clients on host 1).
+#[test]
+fn sor_16_ranks_over_four_hosts_is_checkpointed_killed_and_restored() {
+    checkpoint_restore("x", SEED, "sor", &["512", "2000"]);
 }
