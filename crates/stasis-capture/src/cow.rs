@@ -261,6 +261,7 @@ impl Cow {
         let probe = Pagemap::open(std::process::id() as i32)?;
         let here = std::ptr::addr_of!(probe) as u64 & !(sys::PAGE_SIZE - 1);
         probe.scan(here, here + sys::PAGE_SIZE, ScanQuery::wp_protected())?;
+        let boost = stasis_kernel::priority::Boost::raise(stasis_kernel::priority::FROZEN_NICE);
         let stop0 = Instant::now();
         let mut f = crate::freeze::freeze_tree(root)?;
         let mut registered: Vec<(usize, Vec<(u64, u64)>)> = Vec::new();
@@ -286,6 +287,7 @@ impl Cow {
             Ok(())
         })();
         let released = f.release();
+        drop(boost);
         self.prepare_stop_us = u64::try_from(stop0.elapsed().as_micros()).unwrap_or(u64::MAX);
         r?;
         released?;

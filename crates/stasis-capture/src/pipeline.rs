@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use stasis_image::ImageDir;
+use stasis_kernel::priority::{Boost, FROZEN_NICE};
 
 use crate::collect::{capture_frozen, Frame};
 use crate::copy::Pending;
@@ -41,6 +42,9 @@ pub fn dump_once(
     // Who else holds the tree's ptys: a walk of every process, taken while
     // nothing is frozen.
     let pty_census = stasis_objects::pty_census::Census::for_tree(&tree);
+    // The tree's downtime is our working time: on a busy host, get the
+    // CPU first (undone at the release, before a concurrent copy).
+    let boost = Boost::raise(FROZEN_NICE);
     let (mut frozen, frozen_at) = freeze_without_backlog(opts.pid)?;
     let mut stages = Stages::new(frozen_at);
     stages.mark("seize");
@@ -102,6 +106,7 @@ pub fn dump_once(
         frozen,
         repaired,
         gate,
+        boost,
     };
     match result {
         Ok(pending) if opts.leave_running => {
@@ -121,6 +126,8 @@ struct Ends<'a> {
     frozen: freeze::Frozen,
     repaired: fds::Repairs,
     gate: fds::AcceptGate,
+    /// This thread's raised priority while the tree is frozen.
+    boost: Option<Boost>,
 }
 
 impl Ends<'_> {
@@ -150,6 +157,7 @@ impl Ends<'_> {
         fds::dismiss_guard(repaired, released.is_ok());
         released?;
         drop(self.gate);
+        drop(self.boost);
         let mut stages = self.stages;
         stages.mark("release");
         let frozen_us = stages.elapsed_us();

@@ -24,6 +24,7 @@ pub mod launch;
 pub mod mem;
 pub mod pagemap;
 pub mod pidfd;
+pub mod priority;
 pub mod probe;
 pub mod procfs;
 pub mod ptrace;

@@ -168,6 +168,7 @@ pub const CAP_SETUID: u32 = 7;
 pub const CAP_NET_ADMIN: u32 = 12;
 pub const CAP_SYS_PTRACE: u32 = 19;
 pub const CAP_SYS_ADMIN: u32 = 21;
+pub const CAP_SYS_NICE: u32 = 23;
 pub const CAP_SYS_RESOURCE: u32 = 24;
 pub const CAP_CHECKPOINT_RESTORE: u32 = 40;
 /// ELF section type of a section without file contents (`.bss`).
