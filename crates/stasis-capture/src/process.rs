@@ -1,6 +1,6 @@
 //! The state of one frozen process: threads, signal state, /proc facts.
 
-use stasis_image::manifest::{ProcessImage, RseqConfig, SigInfo, ThreadImage};
+use stasis_image::manifest::{ProcessImage, RseqConfig, SchedImage, SigInfo, ThreadImage};
 use stasis_kernel::mem::ProcessMemory;
 use stasis_kernel::ptrace::normalize_interrupted_syscall;
 use stasis_kernel::robust_list::get_robust_list;
@@ -48,6 +48,7 @@ pub fn zombie_image(pid: i32, status: i32) -> Result<ProcessImage> {
         child_subreaper: false,
         start_time: stat.start_time,
         data_ranges: None,
+        oom_score_adj: None,
     })
 }
 
@@ -102,6 +103,7 @@ pub fn capture(
             clear_child_tid: *clear_child_tid,
             robust_list,
             robust_list_len,
+            sched: Some(sched_of(pid, tid)?),
         });
     }
     let stat = proc::read_parsed(pid, "stat", proc::parse_stat)?;
@@ -161,6 +163,38 @@ pub fn capture(
         child_subreaper: remote.child_subreaper,
         start_time: stat.start_time,
         data_ranges: None,
+        oom_score_adj: Some(oom_score_adj(pid)?),
     };
     Ok((image, maps, xfeatures))
+}
+
+/// Thread `tid`'s scheduling policy and parameters.
+fn sched_of(pid: i32, tid: i32) -> Result<SchedImage> {
+    let a = stasis_kernel::sched::get(tid).map_err(|source| SaveError::Proc {
+        pid,
+        file: format!("task/{tid} (sched_getattr)"),
+        source,
+    })?;
+    Ok(SchedImage {
+        policy: a.sched_policy,
+        flags: a.sched_flags & sys::SCHED_FLAGS_KEPT,
+        nice: a.sched_nice,
+        priority: a.sched_priority,
+        runtime: a.sched_runtime,
+        deadline: a.sched_deadline,
+        period: a.sched_period,
+    })
+}
+
+/// `/proc/PID/oom_score_adj`.
+fn oom_score_adj(pid: i32) -> Result<i32> {
+    let text = proc::read(pid, "oom_score_adj")?;
+    text.trim().parse().map_err(|_| {
+        SaveError::ProcFormat {
+            pid,
+            file: "oom_score_adj".into(),
+            what: format!("not a number: {text:?}"),
+        }
+        .into()
+    })
 }

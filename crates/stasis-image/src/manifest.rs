@@ -284,6 +284,9 @@ pub struct ProcessImage {
     /// reused its pid, across the checkpoints of a chain. 0: unknown.
     #[serde(default)]
     pub start_time: u64,
+    /// `/proc/PID/oom_score_adj`; `None` in images older than this field.
+    #[serde(default)]
+    pub oom_score_adj: Option<i32>,
     /// Incremental checkpoints only: every page range (`[start, end)`,
     /// page-aligned, sorted, disjoint) of this process that holds saved
     /// data. Pages of these ranges that are not in this checkpoint's pack
@@ -716,6 +719,24 @@ pub struct ThreadImage {
     pub robust_list: u64,
     #[serde(default)]
     pub robust_list_len: u64,
+    /// Scheduling policy and parameters (`sched_getattr`); `None` in
+    /// images older than this field (the thread keeps the restorer's).
+    #[serde(default)]
+    pub sched: Option<SchedImage>,
+}
+
+/// A thread's scheduling policy (`SCHED_*`), its flags (reset-on-fork,
+/// deadline reclaim and overrun), nice value, real-time priority and
+/// deadline parameters (ns).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchedImage {
+    pub policy: u32,
+    pub flags: u64,
+    pub nice: i32,
+    pub priority: u32,
+    pub runtime: u64,
+    pub deadline: u64,
+    pub period: u64,
 }
 
 /// An rseq area registration (`PTRACE_GET_RSEQ_CONFIGURATION`).

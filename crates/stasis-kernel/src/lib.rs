@@ -30,6 +30,7 @@ pub mod procfs;
 pub mod ptrace;
 pub mod remote;
 pub mod robust_list;
+pub mod sched;
 pub mod scm;
 pub mod seam;
 pub mod selfmon;

@@ -238,6 +238,7 @@ fn thread_state_sets_everything_in_order() {
         clear_child_tid: 0x5000,
         robust_list: 0x6000,
         robust_list_len: 24,
+        sched: None,
     };
     thread_state(&mut r, &th).unwrap();
     assert_eq!(

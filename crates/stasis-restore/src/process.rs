@@ -99,6 +99,34 @@ pub(crate) fn restore_attributes<R: Remote>(s: &mut R, p: &ProcessImage) -> Resu
         &[u64::from(p.personality)],
     )
     .map_err(step("personality"))?;
+    if let Some(adj) = p.oom_score_adj {
+        restore_oom_score_adj(s, adj)?;
+    }
+    Ok(())
+}
+
+/// Writes `adj` to the process's own `/proc/self/oom_score_adj` (before
+/// its credentials are restored: lowering it takes root's privilege).
+fn restore_oom_score_adj<R: Remote>(s: &mut R, adj: i32) -> Result<()> {
+    let what = || format!("setting oom_score_adj to {adj}");
+    let path = s
+        .put_cstr(build::SCRATCH_PATH, "/proc/self/oom_score_adj")
+        .map_err(step(what()))?;
+    let flags = (libc::O_WRONLY | libc::O_CLOEXEC) as u64;
+    let fd = s
+        .sys(
+            "openat",
+            libc::SYS_openat,
+            &[stasis_kernel::sarg(i64::from(libc::AT_FDCWD)), path, flags],
+        )
+        .map_err(step(what()))?;
+    let text = adj.to_string();
+    let wrote = s
+        .put(build::SCRATCH_STRUCT, text.as_bytes())
+        .and_then(|a| s.sys("write", libc::SYS_write, &[fd, a, text.len() as u64]));
+    let closed = s.sys("close", libc::SYS_close, &[fd]);
+    wrote.map_err(step(what()))?;
+    closed.map_err(step(what()))?;
     Ok(())
 }
 
@@ -156,6 +184,29 @@ pub(crate) fn restore_rlimits<R: Remote>(s: &mut R, pid: i32, rlimits: &[Rlimit]
 mod tests {
     use super::*;
     use crate::remote::Recorder;
+
+    #[test]
+    fn oom_score_adj_is_written_to_proc_self_and_closed() {
+        let mut img = crate::testutil::image(100, 1, 100, 100);
+        img.oom_score_adj = Some(-321);
+        let mut r = Recorder::default();
+        restore_attributes(&mut r, &img).unwrap();
+        assert_eq!(
+            r.names(),
+            ["chdir", "umask", "personality", "openat", "write", "close"]
+        );
+        assert!(r.writes().contains(&b"/proc/self/oom_score_adj\0".to_vec()));
+        assert!(r.writes().contains(&b"-321".to_vec()));
+        assert_eq!(r.args_of("write")[0][2], 4);
+        // A failed write still closes the fd, and names the value.
+        let mut r = Recorder {
+            fail_on: Some(("write", libc::EACCES)),
+            ..Recorder::default()
+        };
+        let e = restore_attributes(&mut r, &img).unwrap_err();
+        assert!(r.names().contains(&"close"));
+        assert!(e.to_string().contains("oom_score_adj to -321"), "{e}");
+    }
 
     #[test]
     fn attributes_are_cwd_umask_personality() {

@@ -31,6 +31,7 @@ pub fn image(pid: i32, ppid: i32, pgid: i32, sid: i32) -> ProcessImage {
         child_subreaper: false,
         start_time: 0,
         data_ranges: None,
+        oom_score_adj: None,
     }
 }
 
@@ -49,6 +50,7 @@ pub fn thread(tid: i32) -> ThreadImage {
         clear_child_tid: 0,
         robust_list: 0,
         robust_list_len: 0,
+        sched: None,
     }
 }
 

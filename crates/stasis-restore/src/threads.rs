@@ -2,7 +2,7 @@
 //! prctls, per-thread state, credentials and pending signals; then the
 //! final jump and release.
 
-use stasis_image::manifest::{ProcessImage, ThreadImage};
+use stasis_image::manifest::{ProcessImage, SchedImage, ThreadImage};
 use stasis_kernel::{sarg, Tracee, UserRegs};
 
 use crate::build::{self, step};
@@ -86,6 +86,8 @@ pub(crate) fn thread_attributes<R: Remote>(
     th: &ThreadImage,
 ) -> Result<()> {
     build::thread_state(s, th)?;
+    // Before the credentials: raising a priority takes root's privilege.
+    restore_sched(s, th)?;
     restore_creds(s, p)?;
     if p.no_new_privs {
         s.sys(
@@ -131,6 +133,56 @@ pub(crate) fn shared_signals<R: Remote>(s: &mut R, pid: i32, p: &ProcessImage) -
         .map_err(step(format!("queueing pending signal {}", si.signo)))?;
     }
     Ok(())
+}
+
+/// The calling thread's scheduling policy and parameters
+/// (`sched_setattr(0, ...)`); nothing for an image without them.
+pub(crate) fn restore_sched<R: Remote>(s: &mut R, th: &ThreadImage) -> Result<()> {
+    let Some(sc) = &th.sched else {
+        return Ok(());
+    };
+    let attr = sched_attr_bytes(sc);
+    let a = s
+        .put(build::SCRATCH_STRUCT, &attr)
+        .map_err(step("sched_attr"))?;
+    s.sys("sched_setattr", libc::SYS_sched_setattr, &[0, a, 0])
+        .map_err(step(format!(
+            "giving thread {} its scheduling policy {} (nice {}, priority {})",
+            th.tid, sc.policy, sc.nice, sc.priority
+        )))?;
+    let fair = [libc::SCHED_OTHER, libc::SCHED_BATCH].map(|p| p.unsigned_abs());
+    if sc.nice != 0 && !fair.contains(&sc.policy) {
+        // sched_setattr applies the nice value of the fair policies only;
+        // the others keep theirs (it counts again once reset to normal).
+        let prio = libc::PRIO_PROCESS as u64;
+        s.sys(
+            "setpriority",
+            libc::SYS_setpriority,
+            &[prio, 0, sarg(i64::from(sc.nice))],
+        )
+        .map_err(step(format!(
+            "giving thread {} its nice value {}",
+            th.tid, sc.nice
+        )))?;
+    }
+    Ok(())
+}
+
+/// `struct sched_attr` (`stasis_sys::SchedAttr`, 56 bytes) as the kernel
+/// reads it; the utilization clamps are left alone.
+fn sched_attr_bytes(sc: &SchedImage) -> Vec<u8> {
+    let mut b = Vec::with_capacity(56);
+    b.extend_from_slice(&56u32.to_le_bytes());
+    b.extend_from_slice(&sc.policy.to_le_bytes());
+    b.extend_from_slice(&(sc.flags & stasis_sys::SCHED_FLAGS_KEPT).to_le_bytes());
+    b.extend_from_slice(&sc.nice.to_le_bytes());
+    b.extend_from_slice(&sc.priority.to_le_bytes());
+    b.extend_from_slice(&sc.runtime.to_le_bytes());
+    b.extend_from_slice(&sc.deadline.to_le_bytes());
+    b.extend_from_slice(&sc.period.to_le_bytes());
+    b.extend_from_slice(&[0; 8]);
+    debug_assert_eq!(b.len(), std::mem::size_of::<stasis_sys::SchedAttr>());
+    b
 }
 
 /// Groups, then gids, then uids (once the uids are dropped, the gids could
@@ -272,6 +324,58 @@ mod tests {
         let mut r = Recorder::default();
         process_prctls(&mut r, &p, false).unwrap();
         assert!(r.names().is_empty());
+    }
+
+    #[test]
+    fn a_thread_gets_its_policy_back_before_its_credentials() {
+        let mut p = img();
+        p.creds.uid = [1000; 4];
+        let mut th = crate::testutil::thread(101);
+        let mut r = Recorder::default();
+        thread_attributes(&mut r, 100, &p, &th).unwrap();
+        assert!(
+            r.args_of("sched_setattr").is_empty(),
+            "an old image: nothing"
+        );
+        th.sched = Some(SchedImage {
+            policy: libc::SCHED_FIFO as u32,
+            flags: 0x01 | 0x20,
+            nice: 0,
+            priority: 10,
+            ..SchedImage::default()
+        });
+        let mut r = Recorder::default();
+        thread_attributes(&mut r, 100, &p, &th).unwrap();
+        let names = r.names();
+        let at = |n: &str| names.iter().position(|x| *x == n).unwrap();
+        assert!(at("sched_setattr") < at("setresuid"), "{names:?}");
+        assert_eq!(r.args_of("sched_setattr")[0][0], 0, "the calling thread");
+        let written = r
+            .calls
+            .iter()
+            .find_map(|c| match c {
+                crate::remote::Call::Write { data, .. } if data.len() == 56 => Some(data.clone()),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(&written[0..4], &56u32.to_le_bytes());
+        assert_eq!(&written[4..8], &(libc::SCHED_FIFO as u32).to_le_bytes());
+        // Reset-on-fork kept, a utilization-clamp flag dropped.
+        assert_eq!(&written[8..16], &1u64.to_le_bytes());
+        assert_eq!(&written[20..24], &10u32.to_le_bytes());
+        assert!(r.args_of("setpriority").is_empty(), "nice 0");
+        // A nice value kept under SCHED_IDLE is set on its own.
+        th.sched = Some(SchedImage {
+            policy: libc::SCHED_IDLE as u32,
+            nice: 3,
+            ..SchedImage::default()
+        });
+        let mut r = Recorder::default();
+        thread_attributes(&mut r, 100, &p, &th).unwrap();
+        assert_eq!(
+            r.args_of("setpriority"),
+            [vec![libc::PRIO_PROCESS as u64, 0, 3]]
+        );
     }
 
     #[test]

@@ -568,3 +568,27 @@ pub const SYS_PIDFD_SEND_SIGNAL: i64 = 424;
 pub const SYS_CLOSE_RANGE: i64 = 436;
 pub const SYS_USERFAULTFD: i64 = 323;
 pub const SYS_RESTART_SYSCALL: i64 = 219;
+
+/// `struct sched_attr` (include/uapi/linux/sched/types.h), the 56-byte
+/// version 1 (with utilization clamps) of `sched_getattr`/`sched_setattr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SchedAttr {
+    pub size: u32,
+    pub sched_policy: u32,
+    pub sched_flags: u64,
+    pub sched_nice: i32,
+    pub sched_priority: u32,
+    pub sched_runtime: u64,
+    pub sched_deadline: u64,
+    pub sched_period: u64,
+    pub sched_util_min: u32,
+    pub sched_util_max: u32,
+}
+/// `sizeof(struct sched_attr)`, version 1.
+pub const SCHED_ATTR_SIZE: u32 = 56;
+const _: () = assert!(std::mem::size_of::<SchedAttr>() == SCHED_ATTR_SIZE as usize);
+/// `SCHED_FLAG_RESET_ON_FORK`, `SCHED_FLAG_RECLAIM`, `SCHED_FLAG_DL_OVERRUN`:
+/// the flags that are part of a thread's policy (the utilization-clamp
+/// flags only say which clamp fields a call sets).
+pub const SCHED_FLAGS_KEPT: u64 = 0x01 | 0x02 | 0x04;

@@ -152,6 +152,7 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
             clear_child_tid: 0x7f00_0000_2000,
             robust_list: 0x7f00_0000_3000,
             robust_list_len: 24,
+            sched: None,
         }],
         pack,
         zombie: None,
@@ -170,6 +171,7 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
         child_subreaper: true,
         start_time: 0,
         data_ranges: None,
+        oom_score_adj: None,
     }
 }
 

@@ -52,6 +52,7 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
         child_subreaper: false,
         start_time: 0,
         data_ranges: None,
+        oom_score_adj: None,
     }
 }
 
