@@ -49,6 +49,8 @@ pub fn zombie_image(pid: i32, status: i32) -> Result<ProcessImage> {
         start_time: stat.start_time,
         data_ranges: None,
         oom_score_adj: None,
+        thp_disabled: false,
+        loginuid: None,
     })
 }
 
@@ -164,6 +166,10 @@ pub fn capture(
         start_time: stat.start_time,
         data_ranges: None,
         oom_score_adj: Some(oom_score_adj(pid)?),
+        thp_disabled: status
+            .lines()
+            .any(|l| l.starts_with("THP_enabled:") && l.trim_end().ends_with('0')),
+        loginuid: loginuid(pid)?,
     };
     Ok((image, maps, xfeatures))
 }
@@ -193,6 +199,25 @@ fn oom_score_adj(pid: i32) -> Result<i32> {
         SaveError::ProcFormat {
             pid,
             file: "oom_score_adj".into(),
+            what: format!("not a number: {text:?}"),
+        }
+        .into()
+    })
+}
+
+/// `/proc/PID/loginuid` (`None` on a kernel without audit).
+fn loginuid(pid: i32) -> Result<Option<u32>> {
+    let text = match std::fs::read_to_string(format!("/proc/{pid}/loginuid")) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && proc::read(pid, "stat").is_ok() => {
+            return Ok(None)
+        }
+        Err(e) => return Err(crate::CaptureError::from_proc(pid, "loginuid", e)),
+    };
+    text.trim().parse().map(Some).map_err(|_| {
+        SaveError::ProcFormat {
+            pid,
+            file: "loginuid".into(),
             what: format!("not a number: {text:?}"),
         }
         .into()

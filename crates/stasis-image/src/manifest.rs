@@ -287,6 +287,13 @@ pub struct ProcessImage {
     /// `/proc/PID/oom_score_adj`; `None` in images older than this field.
     #[serde(default)]
     pub oom_score_adj: Option<i32>,
+    /// `PR_SET_THP_DISABLE` (`THP_enabled: 0` in `/proc/PID/status`).
+    #[serde(default)]
+    pub thp_disabled: bool,
+    /// `/proc/PID/loginuid` (the audit login uid; `u32::MAX`: unset);
+    /// `None` in images older than this field.
+    #[serde(default)]
+    pub loginuid: Option<u32>,
     /// Incremental checkpoints only: every page range (`[start, end)`,
     /// page-aligned, sorted, disjoint) of this process that holds saved
     /// data. Pages of these ranges that are not in this checkpoint's pack

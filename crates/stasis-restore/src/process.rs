@@ -100,17 +100,38 @@ pub(crate) fn restore_attributes<R: Remote>(s: &mut R, p: &ProcessImage) -> Resu
     )
     .map_err(step("personality"))?;
     if let Some(adj) = p.oom_score_adj {
-        restore_oom_score_adj(s, adj)?;
+        write_proc_self(s, "oom_score_adj", &adj.to_string())?;
+    }
+    if let Some(uid) = p.loginuid.filter(|&u| Some(u) != own_loginuid()) {
+        write_proc_self(s, "loginuid", &uid.to_string())?;
+    }
+    if p.thp_disabled {
+        s.sys(
+            "prctl(PR_SET_THP_DISABLE)",
+            libc::SYS_prctl,
+            &[libc::PR_SET_THP_DISABLE as u64, 1, 0, 0, 0],
+        )
+        .map_err(step("disabling transparent huge pages again"))?;
     }
     Ok(())
 }
 
-/// Writes `adj` to the process's own `/proc/self/oom_score_adj` (before
-/// its credentials are restored: lowering it takes root's privilege).
-fn restore_oom_score_adj<R: Remote>(s: &mut R, adj: i32) -> Result<()> {
-    let what = || format!("setting oom_score_adj to {adj}");
+/// The restorer's own login uid, which the restored processes inherit
+/// (it can be set only once without `CAP_AUDIT_CONTROL`: written only
+/// when it differs).
+fn own_loginuid() -> Option<u32> {
+    std::fs::read_to_string("/proc/self/loginuid")
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+}
+
+/// Writes `value` to the process's own `/proc/self/<file>` (before its
+/// credentials are restored: lowering `oom_score_adj` or setting
+/// `loginuid` takes root's privileges).
+fn write_proc_self<R: Remote>(s: &mut R, file: &str, value: &str) -> Result<()> {
+    let what = || format!("setting {file} to {value}");
     let path = s
-        .put_cstr(build::SCRATCH_PATH, "/proc/self/oom_score_adj")
+        .put_cstr(build::SCRATCH_PATH, &format!("/proc/self/{file}"))
         .map_err(step(what()))?;
     let flags = (libc::O_WRONLY | libc::O_CLOEXEC) as u64;
     let fd = s
@@ -120,10 +141,9 @@ fn restore_oom_score_adj<R: Remote>(s: &mut R, adj: i32) -> Result<()> {
             &[stasis_kernel::sarg(i64::from(libc::AT_FDCWD)), path, flags],
         )
         .map_err(step(what()))?;
-    let text = adj.to_string();
     let wrote = s
-        .put(build::SCRATCH_STRUCT, text.as_bytes())
-        .and_then(|a| s.sys("write", libc::SYS_write, &[fd, a, text.len() as u64]));
+        .put(build::SCRATCH_STRUCT, value.as_bytes())
+        .and_then(|a| s.sys("write", libc::SYS_write, &[fd, a, value.len() as u64]));
     let closed = s.sys("close", libc::SYS_close, &[fd]);
     wrote.map_err(step(what()))?;
     closed.map_err(step(what()))?;
@@ -206,6 +226,27 @@ mod tests {
         let e = restore_attributes(&mut r, &img).unwrap_err();
         assert!(r.names().contains(&"close"));
         assert!(e.to_string().contains("oom_score_adj to -321"), "{e}");
+    }
+
+    #[test]
+    fn thp_disable_and_a_login_uid_come_back() {
+        let mut img = crate::testutil::image(100, 1, 100, 100);
+        img.thp_disabled = true;
+        img.loginuid = own_loginuid();
+        let mut r = Recorder::default();
+        restore_attributes(&mut r, &img).unwrap();
+        assert_eq!(
+            r.names(),
+            ["chdir", "umask", "personality", "prctl(PR_SET_THP_DISABLE)"],
+            "the restorer's own login uid is inherited: not written"
+        );
+        img.loginuid = Some(own_loginuid().unwrap_or(0).wrapping_add(1));
+        let mut r = Recorder::default();
+        restore_attributes(&mut r, &img).unwrap();
+        assert!(r.writes().contains(&b"/proc/self/loginuid\0".to_vec()));
+        assert!(r
+            .writes()
+            .contains(&img.loginuid.unwrap().to_string().into_bytes()));
     }
 
     #[test]

@@ -32,6 +32,8 @@ pub fn image(pid: i32, ppid: i32, pgid: i32, sid: i32) -> ProcessImage {
         start_time: 0,
         data_ranges: None,
         oom_score_adj: None,
+        thp_disabled: false,
+        loginuid: None,
     }
 }
 

@@ -158,7 +158,7 @@ workload_tests! {
     notify_locks_timers: "notify_locks_timers";
     udp_queue: "udp_queue";
     sparse_shm: "sparse_shm";
-    sched: "sched";
+    attrs: "attrs";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so

@@ -172,6 +172,8 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
         start_time: 0,
         data_ranges: None,
         oom_score_adj: None,
+        thp_disabled: false,
+        loginuid: None,
     }
 }
 

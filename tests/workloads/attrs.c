@@ -1,9 +1,10 @@
 /*
- * sched.c - scheduling policies, nice values and the OOM score adjustment
- * must survive checkpoint/restore (zdtm's sched_prio00, sched_policy00,
- * oom_score_adj).
+ * attrs.c - process and thread attributes that must survive
+ * checkpoint/restore: scheduling policies and nice values, the OOM score
+ * adjustment, PR_SET_THP_DISABLE and the audit login uid (zdtm's
+ * sched_prio00, sched_policy00, oom_score_adj, thp_disable, loginuid).
  *
- *   sched PIDFILE
+ *   attrs PIDFILE
  *
  * Set up before "ready" (needs root for the real-time policies):
  *   main      SCHED_OTHER, nice 3
@@ -11,17 +12,20 @@
  *   worker 1  SCHED_IDLE
  *   worker 2  SCHED_FIFO, priority 10, SCHED_FLAG_RESET_ON_FORK
  *   worker 3  SCHED_RR, priority 5
- *   process   oom_score_adj 321
+ *   process   oom_score_adj 321, PR_SET_THP_DISABLE, loginuid 4242 (where
+ *             the kernel has audit: /proc/self/loginuid exists)
  * Each thread sets its own attributes with sched_setattr(0, ...) and records
  * what sched_getattr(0) then reports.  While waiting, every thread sleeps in
  * 5 ms steps (a real-time thread must not spin).  After SIGTERM, every
  * thread reads sched_getattr(0) again, and main compares each with what was
  * recorded (policy, flags, nice, priority; zdtm.h is not thread-safe, so
- * main alone reports) and reads /proc/self/oom_score_adj back.
+ * main alone reports) and reads back /proc/self/oom_score_adj,
+ * PR_GET_THP_DISABLE and /proc/self/loginuid.
  */
 #include "zdtm.h"
 
 #include <pthread.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 
@@ -127,52 +131,65 @@ static void *worker(void *arg)
 	return NULL;
 }
 
-static int read_oom(void)
+static long read_proc(const char *path)
 {
-	FILE *f = fopen("/proc/self/oom_score_adj", "r");
-	int v = -9999;
+	FILE *f = fopen(path, "r");
+	long v = -9999;
 
 	if (!f)
 		return v;
-	if (fscanf(f, "%d", &v) != 1)
+	if (fscanf(f, "%ld", &v) != 1)
 		v = -9999;
 	fclose(f);
 	return v;
 }
 
-static void write_oom(int v)
+static void write_proc(const char *path, long v)
 {
-	FILE *f = fopen("/proc/self/oom_score_adj", "w");
+	FILE *f = fopen(path, "w");
 
-	if (!f || fprintf(f, "%d", v) < 0) {
-		zdtm_fail("setup", "oom_score_adj: %s", strerror(errno));
+	if (!f || fprintf(f, "%ld", v) < 0 || fclose(f) != 0) {
+		fprintf(stderr, "%s: %s\n", path, strerror(errno));
 		exit(2);
 	}
-	fclose(f);
 }
+
+#define OOM "/proc/self/oom_score_adj"
+#define LOGINUID "/proc/self/loginuid"
 
 int main(int argc, char **argv)
 {
 	pthread_t t[NWORKERS];
 	int i;
 
+	int audit = access(LOGINUID, F_OK) == 0;
+
 	zdtm_init(argc, argv, 0, "");
-	write_oom(321);
+	write_proc(OOM, 321);
+	if (audit)
+		write_proc(LOGINUID, 4242);
+	if (prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0) {
+		fprintf(stderr, "PR_SET_THP_DISABLE: %s\n", strerror(errno));
+		return 2;
+	}
 	if (set_own(0) != 0) {
-		zdtm_fail("setup", "main: sched_setattr: %s", strerror(errno));
+		fprintf(stderr, "main: sched_setattr: %s\n", strerror(errno));
 		return 2;
 	}
 	pthread_barrier_init(&set_up, NULL, NWORKERS + 1);
 	for (i = 0; i < NWORKERS; i++)
 		if (pthread_create(&t[i], NULL, worker, (void *)(intptr_t)i) != 0) {
-			zdtm_fail("setup", "pthread_create");
+			fprintf(stderr, "pthread_create failed\n");
 			return 2;
 		}
 	pthread_barrier_wait(&set_up);
 	zdtm_ready();
 	while (!zdtm_stop)
 		nap();
-	ZDTM_CORRUPT("oom", write_oom(100));
+	ZDTM_CORRUPT("oom", write_proc(OOM, 100));
+	ZDTM_CORRUPT("thp", prctl(PR_SET_THP_DISABLE, 0, 0, 0, 0));
+	if (audit)
+		ZDTM_CORRUPT("loginuid", write_proc(LOGINUID, 4343));
 	ZDTM_CORRUPT("main", setpriority(PRIO_PROCESS, 0, 4));
 	finish = 1;
 	for (i = 0; i < NWORKERS; i++)
@@ -180,6 +197,10 @@ int main(int argc, char **argv)
 	after_rc[0] = get_attr(&after[0]);
 	for (i = 0; i <= NWORKERS; i++)
 		check(i);
-	zdtm_check(read_oom() == 321, "oom", "oom_score_adj %d, want 321", read_oom());
+	zdtm_check(read_proc(OOM) == 321, "oom", "oom_score_adj %ld, want 321", read_proc(OOM));
+	zdtm_check(prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) == 1, "thp", "THP not disabled");
+	if (audit)
+		zdtm_check(read_proc(LOGINUID) == 4242, "loginuid", "loginuid %ld, want 4242",
+			   read_proc(LOGINUID));
 	zdtm_finish();
 }
