@@ -370,9 +370,11 @@ pub fn stats() -> Result<Stats> {
     })
 }
 
-/// `stasis_request_checkpoint`: not wired to `stasis run` yet.
-pub fn request_checkpoint() -> Result<()> {
-    with_lib(|_| Err(AppError::NotUnderRun))
+/// `stasis_request_checkpoint`: asks the surrounding `stasis run` for a
+/// transparent checkpoint now and waits until it is committed (see
+/// [`crate::request`]). Needs no `stasis_init`.
+pub fn request_checkpoint() -> Result<crate::request::Requested> {
+    crate::request::request_checkpoint()
 }
 
 /// `stasis_finalize`: waits for a background checkpoint, lifts all
