@@ -198,6 +198,9 @@ pub fn checkpoint_begin(name: &str, version: i32) -> Result<()> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .commit(&name, &meta, &snap)?;
+        if let Some(m) = monitor::lock().as_mut() {
+            m.give_back(snap.data);
+        }
         w.bytes_written.fetch_add(n, Ordering::Relaxed);
         w.write_ns.fetch_add(
             u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX),
