@@ -511,8 +511,10 @@ impl Monitor {
             }
             snap.regions.push(rd);
         }
+        // Every byte of [0, at) is a piece's and is copied before the
+        // snapshot is handed out: a reused buffer is not cleared first.
         snap.data = std::mem::take(&mut self.spare);
-        snap.data.clear();
+        snap.data.truncate(at);
         snap.data.resize(at, 0);
         Ok((snap, pieces))
     }
