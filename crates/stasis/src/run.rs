@@ -102,7 +102,11 @@ pub fn parse_cow_method(s: &str) -> Result<stasis_capture::CowMethod, ParseError
 /// checkpoint on `channel`, whichever is first. `stasis run` is a child
 /// subreaper: processes the job leaves behind (its orphans, a snapshot
 /// whose process died mid-dump) are reaped here too.
-fn wait_until(pid: i32, deadline: Instant, channel: Option<&Channel>) -> Result<Wake<Requester>> {
+fn wait_until(
+    pid: i32,
+    deadline: Instant,
+    mut channel: Option<&mut Channel>,
+) -> Result<Wake<Requester>> {
     loop {
         loop {
             let flags = WaitPidFlag::WNOHANG | WaitPidFlag::__WALL;
@@ -126,7 +130,7 @@ fn wait_until(pid: i32, deadline: Instant, channel: Option<&Channel>) -> Result<
             return Ok(Wake::Due);
         }
         let slice = (deadline - now).min(Duration::from_millis(10));
-        match channel {
+        match channel.as_deref_mut() {
             Some(c) => {
                 let asked = c.wait(slice).context("reading the request channel")?;
                 if !asked.is_empty() {
@@ -355,7 +359,7 @@ impl Host for Cli<'_> {
     }
 
     fn wait(&mut self, pid: i32, deadline: Instant) -> Result<Wake<Requester>, HostError> {
-        Ok(wait_until(pid, deadline, Some(&self.channel))?)
+        Ok(wait_until(pid, deadline, Some(&mut self.channel))?)
     }
 
     fn answer(&mut self, to: &Requester, answer: &Answer) {
@@ -432,6 +436,7 @@ impl Host for Cli<'_> {
 
     fn restore(&mut self, checkpoint: u32) -> Result<(i32, Self::Restored), HostError> {
         let r = self.restore_now(checkpoint)?;
+        self.channel.restored();
         Ok((r.pid, r))
     }
 
