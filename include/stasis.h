@@ -38,6 +38,10 @@
 // Success.
 #define STASIS_SUCCESS 0
 
+// `stasis_request_checkpoint`: the program was restored from the
+// checkpoint this call asked for (and goes on from there), a success.
+#define STASIS_RESTORED 1
+
 // `stasis_restart_test`: no complete version of that name.
 #define STASIS_NONE -1
 
@@ -79,6 +83,10 @@
 
 // An internal error (a bug): the call failed, the program goes on.
 #define STASIS_ERR_INTERNAL -14
+
+// `stasis_request_checkpoint`: `stasis run` could not take the checkpoint
+// (the program goes on; the message says why).
+#define STASIS_ERR_CHECKPOINT_FAILED -15
 
 // Options of `stasis_init`; zeroed fields take the defaults.
 struct stasis_config {
@@ -186,8 +194,12 @@ int stasis_restart(const char *name, int version);
 // `out` points to a writable `struct stasis_stats`.
 int stasis_stats(struct stasis_stats *out);
 
-// Asks a surrounding `stasis run` for a transparent checkpoint now. Not
-// wired yet: returns `STASIS_ERR_NOT_UNDER_RUN`.
+// Asks a surrounding `stasis run` for a transparent checkpoint now, at
+// this safe point, and blocks until it is committed: returns
+// `STASIS_SUCCESS`, or `STASIS_RESTORED` (1) when the program was later
+// restored from that checkpoint and goes on from this call, or
+// `STASIS_ERR_CHECKPOINT_FAILED`; `STASIS_ERR_NOT_UNDER_RUN` outside
+// `stasis run`. Needs no `stasis_init`; any thread may call it.
 int stasis_request_checkpoint(void);
 
 // Waits for a background checkpoint, lifts all protection, forgets state.

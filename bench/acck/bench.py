@@ -7,8 +7,10 @@ median of each figure with its spread (min-max), and ratios against `page`
 measured in the same run:
 
   monitor overhead = total - compute-only ("none" run) - checkpoint time
-  (what faults, protection and scans cost the program), faults, bytes
-  copied out of the region, total time.
+  (what faults, protection and scans cost the program), faults, the cost
+  per fault (seen by the program, and the library's own monitor_ns),
+  bytes copied out of the region, total time; and the bound: the speed-up
+  over page a mode would have if checkpoints cost nothing.
 
 usage: bench.py [--mb 64] [--steps 30] [--every 5] [--rounds 3]
                 [--target pmem|dir] [--dir /dev/shm/stasis-acck-bench]
@@ -76,9 +78,9 @@ def main():
                 res.setdefault((k, m), []).append(run(exe, k, m, a))
     print(f"# {a.mb} MiB region, {a.steps} steps, checkpoint every {a.every} steps, "
           f"target {a.target}, {a.rounds} rounds (median [min-max])")
-    print("| kernel | mode | total s | monitor overhead s | faults | MB copied | x faster than page | "
-          "x less monitoring than page | copied vs page |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| kernel | mode | total s | checkpoint s | monitor overhead s | faults | us per fault (program / library) "
+          "| MB copied | x faster than page | x less monitoring than page | copied vs page |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     geo = {}
     for k in kernels:
         none = statistics.median(float(x["total_s"]) for x in res[(k, "none")]) if "none" in modes else 0.0
@@ -88,14 +90,17 @@ def main():
             tot = [float(x["total_s"]) for x in xs]
             mon = [max(0.0, float(x["total_s"]) - none - float(x["ckpt_s"])) for x in xs]
             return med(tot), med(mon), statistics.median(int(x["faults"]) for x in xs), \
-                statistics.median(int(x["copied"]) for x in xs)
+                statistics.median(int(x["copied"]) for x in xs), \
+                statistics.median(float(x["ckpt_s"]) for x in xs), \
+                statistics.median(float(x["monitor_s"]) for x in xs)
         base = fig("page") if "page" in modes else None
         for m in modes:
             if m == "none":
                 t = med([float(x["total_s"]) for x in res[(k, m)]])
-                print(f"| {k} | none (compute only) | {t[0]:.3f} [{t[1]:.3f}-{t[2]:.3f}] | | | | | | |")
+                print(f"| {k} | none (compute only) | {t[0]:.3f} [{t[1]:.3f}-{t[2]:.3f}] | | | | | | | | |")
                 continue
-            (t, mon, faults, copied) = fig(m)
+            (t, mon, faults, copied, ck, lib_mon) = fig(m)
+            per = f"{mon[0] / faults * 1e6:.1f} / {lib_mon / faults * 1e6:.1f}" if faults else ""
             cells = ["", "", ""]
             if base:
                 sp = base[0][0] / t[0]
@@ -103,8 +108,23 @@ def main():
                 cp = copied / base[3] if base[3] else float("nan")
                 cells = [f"{sp:.2f}", f"{ml:.2f}", f"{cp:.3f}"]
                 geo.setdefault(m, []).append((sp, ml, cp))
-            print(f"| {k} | {m} | {t[0]:.3f} [{t[1]:.3f}-{t[2]:.3f}] | {mon[0]:.3f} [{mon[1]:.3f}-{mon[2]:.3f}] "
-                  f"| {faults} | {copied / 2**20:.1f} | {' | '.join(cells)} |")
+            print(f"| {k} | {m} | {t[0]:.3f} [{t[1]:.3f}-{t[2]:.3f}] | {ck:.3f} | {mon[0]:.3f} [{mon[1]:.3f}-{mon[2]:.3f}] "
+                  f"| {faults} | {per} | {copied / 2**20:.1f} | {' | '.join(cells)} |")
+    print()
+    print("Bound: x faster than page if checkpoints cost nothing, (compute + page's monitoring) / "
+          "(compute + this mode's), per kernel and geometric mean:")
+    print()
+    for m in modes:
+        if m in ("none", "page", "full") or "none" not in modes or "page" not in modes:
+            continue
+        b = []
+        for k in kernels:
+            none = statistics.median(float(x["total_s"]) for x in res[(k, "none")])
+            mon = {mm: statistics.median(max(0.0, float(x["total_s"]) - none - float(x["ckpt_s"]))
+                                         for x in res[(k, mm)]) for mm in ("page", m)}
+            b.append((none + mon["page"]) / max(1e-9, none + mon[m]))
+        print(f"- {m}: " + ", ".join(f"{k} {x:.2f}" for k, x in zip(kernels, b))
+              + f"; geometric mean {statistics.geometric_mean(b):.2f}")
     print()
     print("| mode | geometric mean: x faster than page | x less monitoring | data copied vs page |")
     print("|---|---|---|---|")

@@ -25,7 +25,8 @@ import os
 __all__ = [
     "StasisError", "init", "protect", "unprotect", "checkpoint", "checkpoint_begin",
     "checkpoint_wait", "restart_test", "restart", "stats", "request_checkpoint",
-    "finalize", "session", "MONITORS",
+    "finalize", "session", "MONITORS", "RESTORED", "ERR_NOT_UNDER_RUN",
+    "ERR_CHECKPOINT_FAILED",
 ]
 
 MONITORS = {"auto": 1, "full": 2, "page": 3, "acck": 4, "uffd": 5}
@@ -177,8 +178,18 @@ def stats():
     return out
 
 
+RESTORED = 1
+ERR_NOT_UNDER_RUN = -13
+ERR_CHECKPOINT_FAILED = -15
+
+
 def request_checkpoint():
-    _check(_l().stasis_request_checkpoint())
+    """Ask the surrounding ``stasis run`` for a transparent checkpoint now
+    and wait until it is committed. Returns False, or True when the program
+    was restored from that very checkpoint and goes on from here. Raises
+    StasisError (code ERR_NOT_UNDER_RUN outside ``stasis run``,
+    ERR_CHECKPOINT_FAILED when the checkpoint failed)."""
+    return _check(_l().stasis_request_checkpoint()) == RESTORED
 
 
 def finalize():

@@ -198,6 +198,9 @@ pub fn checkpoint_begin(name: &str, version: i32) -> Result<()> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .commit(&name, &meta, &snap)?;
+        if let Some(m) = monitor::lock().as_mut() {
+            m.give_back(snap.data);
+        }
         w.bytes_written.fetch_add(n, Ordering::Relaxed);
         w.write_ns.fetch_add(
             u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX),
@@ -370,9 +373,11 @@ pub fn stats() -> Result<Stats> {
     })
 }
 
-/// `stasis_request_checkpoint`: not wired to `stasis run` yet.
-pub fn request_checkpoint() -> Result<()> {
-    with_lib(|_| Err(AppError::NotUnderRun))
+/// `stasis_request_checkpoint`: asks the surrounding `stasis run` for a
+/// transparent checkpoint now and waits until it is committed (see
+/// [`crate::request`]). Needs no `stasis_init`.
+pub fn request_checkpoint() -> Result<crate::request::Requested> {
+    crate::request::request_checkpoint()
 }
 
 /// `stasis_finalize`: waits for a background checkpoint, lifts all

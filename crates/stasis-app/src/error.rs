@@ -7,6 +7,9 @@ use stasis_kernel::KernelError;
 
 /// Success.
 pub const STASIS_SUCCESS: i32 = 0;
+/// `stasis_request_checkpoint`: the program was restored from the
+/// checkpoint this call asked for (and goes on from there), a success.
+pub const STASIS_RESTORED: i32 = 1;
 /// `stasis_restart_test`: no complete version of that name.
 pub const STASIS_NONE: i32 = -1;
 /// The library is not initialised (`stasis_init` first).
@@ -35,6 +38,9 @@ pub const STASIS_ERR_BUSY: i32 = -12;
 pub const STASIS_ERR_NOT_UNDER_RUN: i32 = -13;
 /// An internal error (a bug): the call failed, the program goes on.
 pub const STASIS_ERR_INTERNAL: i32 = -14;
+/// `stasis_request_checkpoint`: `stasis run` could not take the checkpoint
+/// (the program goes on; the message says why).
+pub const STASIS_ERR_CHECKPOINT_FAILED: i32 = -15;
 
 /// Everything that can fail in the library.
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +89,8 @@ pub enum AppError {
     NotUnderRun,
     #[error("internal error: {0}")]
     Internal(String),
+    #[error("the requested checkpoint failed: {0}")]
+    RequestFailed(String),
 }
 
 impl AppError {
@@ -102,6 +110,7 @@ impl AppError {
             AppError::Busy => STASIS_ERR_BUSY,
             AppError::NotUnderRun => STASIS_ERR_NOT_UNDER_RUN,
             AppError::Internal(_) => STASIS_ERR_INTERNAL,
+            AppError::RequestFailed(_) => STASIS_ERR_CHECKPOINT_FAILED,
         }
     }
 
@@ -136,6 +145,7 @@ impl AppError {
 pub fn code_message(code: i32) -> &'static std::ffi::CStr {
     match code {
         STASIS_SUCCESS => c"success",
+        STASIS_RESTORED => c"restored from the requested checkpoint",
         STASIS_NONE => c"no complete checkpoint of that name",
         STASIS_ERR_NOT_INIT => c"stasis is not initialised",
         STASIS_ERR_ALREADY_INIT => c"stasis is already initialised",
@@ -150,6 +160,7 @@ pub fn code_message(code: i32) -> &'static std::ffi::CStr {
         STASIS_ERR_BUSY => c"a background checkpoint is still running",
         STASIS_ERR_NOT_UNDER_RUN => c"not running under `stasis run`",
         STASIS_ERR_INTERNAL => c"internal error",
+        STASIS_ERR_CHECKPOINT_FAILED => c"the requested checkpoint failed",
         _ => c"unknown error code",
     }
 }

@@ -17,7 +17,8 @@ use stasis_kernel::selfmon::AppRegion;
 use crate::api;
 use crate::config::stasis_config;
 use crate::error::{
-    code_message, AppError, Result, STASIS_ERR_INTERNAL, STASIS_NONE, STASIS_SUCCESS,
+    code_message, AppError, Result, STASIS_ERR_INTERNAL, STASIS_NONE, STASIS_RESTORED,
+    STASIS_SUCCESS,
 };
 
 /// What `stasis_stats` fills in.
@@ -232,11 +233,20 @@ pub unsafe extern "C" fn stasis_stats(out: *mut stasis_stats) -> c_int {
     })
 }
 
-/// Asks a surrounding `stasis run` for a transparent checkpoint now. Not
-/// wired yet: returns `STASIS_ERR_NOT_UNDER_RUN`.
+/// Asks a surrounding `stasis run` for a transparent checkpoint now, at
+/// this safe point, and blocks until it is committed: returns
+/// `STASIS_SUCCESS`, or `STASIS_RESTORED` (1) when the program was later
+/// restored from that checkpoint and goes on from this call, or
+/// `STASIS_ERR_CHECKPOINT_FAILED`; `STASIS_ERR_NOT_UNDER_RUN` outside
+/// `stasis run`. Needs no `stasis_init`; any thread may call it.
 #[no_mangle]
 pub extern "C" fn stasis_request_checkpoint() -> c_int {
-    guard(|| ok(api::request_checkpoint()))
+    guard(|| {
+        api::request_checkpoint().map(|r| match r {
+            crate::request::Requested::Committed(_) => STASIS_SUCCESS,
+            crate::request::Requested::Restored(_) => STASIS_RESTORED,
+        })
+    })
 }
 
 /// Waits for a background checkpoint, lifts all protection, forgets state.

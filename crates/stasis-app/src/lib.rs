@@ -13,6 +13,7 @@
 //! * [`api`]: the same operations in Rust, over one process-wide state.
 //! * [`monitor`], [`policy`], [`selfuffd`]: write monitoring.
 //! * [`format`], [`store`]: checkpoint files and targets.
+//! * [`request`]: `stasis_request_checkpoint`, the client of `stasis run`.
 
 #![cfg(all(target_os = "linux", target_arch = "x86_64"))]
 #![deny(unsafe_code)]
@@ -26,6 +27,7 @@ pub mod ffi;
 pub mod format;
 pub mod monitor;
 pub mod policy;
+pub mod request;
 pub mod selfuffd;
 pub mod store;
 

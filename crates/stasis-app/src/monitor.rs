@@ -130,6 +130,10 @@ pub struct Monitor {
     pub huge_note: Option<std::io::Error>,
     /// A checkpoint being copied out (copy-on-write).
     pending: Option<Pending>,
+    /// The data buffer of the last checkpoint, given back once written:
+    /// the next one copies into it (its pages are already mapped, where a
+    /// new buffer takes a page fault per 4 KiB).
+    spare: Vec<u8>,
     pub c: Counters,
 }
 
@@ -236,6 +240,7 @@ impl Monitor {
             huge: huge && mode == Mode::Acck,
             huge_note: None,
             pending: None,
+            spare: Vec::new(),
             c: Counters::default(),
         })
     }
@@ -506,8 +511,26 @@ impl Monitor {
             }
             snap.regions.push(rd);
         }
-        snap.data = vec![0; at];
+        // Every byte of [0, at) is a piece's and is copied before the
+        // snapshot is handed out: a reused buffer is not cleared first.
+        snap.data = std::mem::take(&mut self.spare);
+        snap.data.truncate(at);
+        snap.data.resize(at, 0);
         Ok((snap, pieces))
+    }
+
+    /// Takes back a written checkpoint's data buffer for the next one.
+    /// A buffer more than twice as large as this one's data is dropped (a
+    /// checkpoint that copied much less does not keep the memory of one
+    /// that copied everything forever).
+    pub fn give_back(&mut self, data: Vec<u8>) {
+        let used = data.len();
+        if self.spare.capacity() < data.capacity() {
+            self.spare = data;
+        }
+        if self.spare.capacity() > 2 * used.max(1 << 20) {
+            self.spare = Vec::new();
+        }
     }
 
     /// Copies what changed since the last checkpoint out of every region,

@@ -19,7 +19,8 @@ fn every_error_is_a_code_and_foreign_faults_reach_the_programs_handler() {
                 .arg(&dir)
                 .arg("/etc/hostname/not-a-dir")
                 .env("STASIS_MONITOR", mode)
-                .env_remove("LD_LIBRARY_PATH"),
+                .env_remove("LD_LIBRARY_PATH")
+                .env_remove("STASIS_RUN_REQUEST"),
         );
         let s = String::from_utf8_lossy(&o.stdout);
         assert!(s.contains("PASS") && !s.contains("FAIL"), "{mode}: {s}");
@@ -37,6 +38,7 @@ fn a_foreign_fault_without_a_handler_kills_with_sigsegv() {
             .arg("crash")
             .env("STASIS_MONITOR", mode)
             .env_remove("LD_LIBRARY_PATH")
+            .env_remove("STASIS_RUN_REQUEST")
             .output()
             .expect("run");
         assert_eq!(

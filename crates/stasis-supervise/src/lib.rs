@@ -1,7 +1,9 @@
 //! The supervisor of `stasis run`: runs a job, checkpoints it periodically
 //! (a fixed interval, or Young's formula over the measured cost), records
 //! a touch window after each checkpoint if asked, and when the job fails
-//! restores the latest checkpoint (up to `--max-restarts` times).
+//! restores the latest checkpoint (up to `--max-restarts` times). The job
+//! may also ask for a checkpoint now ([`request`]): it is answered once the
+//! checkpoint is committed, and again after a restore from it.
 //!
 //! The loop ([`supervise`]) makes every decision; what it acts on (the
 //! process, the checkpoints, the printing) sits behind [`Host`], which the
@@ -11,6 +13,7 @@
 
 pub mod parse;
 pub mod policy;
+pub mod request;
 
 use std::time::{Duration, Instant};
 
@@ -21,6 +24,7 @@ pub use policy::{
     describe, exit_code, touch_window, young_interval, Every, Leave, OnExit, RestartPolicy,
     Schedule, Young,
 };
+pub use request::Answer;
 
 /// An error of the host, with its causes.
 pub type HostError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -42,12 +46,14 @@ pub enum SuperviseError {
 }
 
 /// What [`Host::wait`] saw.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Wake {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wake<Q> {
     /// The job ended.
     Exited(WaitStatus),
     /// The deadline passed.
     Due,
+    /// The job asked for a checkpoint now (one or more requesters).
+    Requested(Vec<Q>),
 }
 
 /// What a checkpoint gives the loop.
@@ -109,10 +115,15 @@ pub trait Host {
     type Dump: Dumped;
     type Touch;
     type Restored;
+    /// Who asked for a checkpoint (to answer to).
+    type Request;
     /// Starts the job; returns its pid.
     fn start(&mut self) -> Result<i32, HostError>;
-    /// Waits until `deadline` or until job `pid` ends, whichever is first.
-    fn wait(&mut self, pid: i32, deadline: Instant) -> Result<Wake, HostError>;
+    /// Waits until `deadline`, until job `pid` ends or until it asks for a
+    /// checkpoint, whichever is first.
+    fn wait(&mut self, pid: i32, deadline: Instant) -> Result<Wake<Self::Request>, HostError>;
+    /// Tells a requester what became of its checkpoint.
+    fn answer(&mut self, to: &Self::Request, answer: &Answer);
     /// Checkpoints job `pid` (which keeps running).
     fn checkpoint(&mut self, pid: i32) -> Checkpointed<Self::Dump>;
     /// Bytes a restore of `checkpoint` brings back.
@@ -147,6 +158,9 @@ struct Supervisor<'h, H: Host> {
     schedule: Schedule,
     pid: i32,
     restarts: u32,
+    /// The latest checkpoint taken at the job's request, and who asked:
+    /// they are told `restored` whenever it is restored.
+    asked: Option<(u32, Vec<H::Request>)>,
 }
 
 /// Runs the job under `config` until it ends for good; returns the exit
@@ -161,6 +175,7 @@ pub fn supervise<H: Host>(host: &mut H, config: Config) -> Result<u8, SuperviseE
         schedule,
         pid,
         restarts: 0,
+        asked: None,
     };
     s.run()
 }
@@ -186,25 +201,16 @@ impl<H: Host> Supervisor<'_, H> {
                         });
                     }
                 }
-                Wake::Due => match self.host.checkpoint(self.pid) {
-                    Checkpointed::Done(d) => {
-                        if let Some(t) = self.checkpointed(d)? {
-                            touch_due = Some(t);
-                        }
-                        next = Instant::now() + self.schedule.interval();
+                Wake::Due => {
+                    if let Some(code) = self.round(Vec::new(), &mut next, &mut touch_due)? {
+                        return Ok(code);
                     }
-                    Checkpointed::JobExited(status) => {
-                        if let Some(code) = self.ended(status)? {
-                            return Ok(code);
-                        }
-                        // Restored: checkpoint it right away.
-                        next = Instant::now();
+                }
+                Wake::Requested(asked) => {
+                    if let Some(code) = self.round(asked, &mut next, &mut touch_due)? {
+                        return Ok(code);
                     }
-                    Checkpointed::Failed(e) => {
-                        self.host.report(Event::CheckpointFailed(e));
-                        next = Instant::now() + self.schedule.interval();
-                    }
-                },
+                }
                 Wake::Exited(status) => {
                     if let Some(code) = self.ended(status)? {
                         return Ok(code);
@@ -213,6 +219,49 @@ impl<H: Host> Supervisor<'_, H> {
                 }
             }
         }
+    }
+
+    /// One checkpoint, periodic or asked for by `asked`: they are answered
+    /// once it is committed (or failed). Returns the exit code to leave
+    /// with if the job ended for good meanwhile.
+    fn round(
+        &mut self,
+        asked: Vec<H::Request>,
+        next: &mut Instant,
+        touch_due: &mut Option<(u32, Instant, Duration)>,
+    ) -> Result<Option<u8>, SuperviseError> {
+        match self.host.checkpoint(self.pid) {
+            Checkpointed::Done(d) => {
+                let n = d.checkpoint();
+                for r in &asked {
+                    self.host.answer(r, &Answer::Committed(n));
+                }
+                if !asked.is_empty() {
+                    self.asked = Some((n, asked));
+                }
+                if let Some(t) = self.checkpointed(d)? {
+                    *touch_due = Some(t);
+                }
+                *next = Instant::now() + self.schedule.interval();
+            }
+            Checkpointed::JobExited(status) => {
+                // Whoever asked is gone with the job.
+                if let Some(code) = self.ended(status)? {
+                    return Ok(Some(code));
+                }
+                // Restored: checkpoint it right away.
+                *next = Instant::now();
+            }
+            Checkpointed::Failed(e) => {
+                let why = e.to_string();
+                for r in &asked {
+                    self.host.answer(r, &Answer::Failed(why.clone()));
+                }
+                self.host.report(Event::CheckpointFailed(e));
+                *next = Instant::now() + self.schedule.interval();
+            }
+        }
+        Ok(None)
     }
 
     /// Accounts and reports a checkpoint; returns its touch window, if
@@ -273,6 +322,14 @@ impl<H: Host> Supervisor<'_, H> {
             restart: self.restarts,
         });
         self.host.reset_tracking();
+        // The job is back inside the request that took this checkpoint.
+        if let Some((n, asked)) = &self.asked {
+            if *n == checkpoint {
+                for r in asked {
+                    self.host.answer(r, &Answer::Restored(*n));
+                }
+            }
+        }
         Ok(None)
     }
 }

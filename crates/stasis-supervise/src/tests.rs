@@ -32,7 +32,7 @@ enum Cp {
 #[derive(Default)]
 struct Fake {
     /// What each wait returns, in order (the test fails when it runs out).
-    waits: VecDeque<Wake>,
+    waits: VecDeque<Wake<u32>>,
     checkpoints: VecDeque<Cp>,
     restore_fails: bool,
     /// (deadline - the time of the call) of each wait.
@@ -44,7 +44,7 @@ struct Fake {
 }
 
 impl Fake {
-    fn new(waits: Vec<Wake>, checkpoints: Vec<Cp>) -> Fake {
+    fn new(waits: Vec<Wake<u32>>, checkpoints: Vec<Cp>) -> Fake {
         Fake {
             waits: waits.into(),
             checkpoints: checkpoints.into(),
@@ -58,12 +58,16 @@ impl Host for Fake {
     type Dump = Dump;
     type Touch = u32;
     type Restored = ();
+    type Request = u32;
 
     fn start(&mut self) -> Result<i32, HostError> {
         self.log.push(format!("start {}", self.pid));
         Ok(self.pid)
     }
-    fn wait(&mut self, pid: i32, deadline: Instant) -> Result<Wake, HostError> {
+    fn answer(&mut self, to: &u32, a: &Answer) {
+        self.log.push(format!("answer {to} {a:?}"));
+    }
+    fn wait(&mut self, pid: i32, deadline: Instant) -> Result<Wake<u32>, HostError> {
         assert_eq!(pid, self.pid, "waits for the current job");
         let now = Instant::now();
         self.waited.push(deadline.saturating_duration_since(now));
@@ -115,7 +119,7 @@ impl Host for Fake {
     }
 }
 
-fn exited(code: i32) -> Wake {
+fn exited(code: i32) -> Wake<u32> {
     Wake::Exited(WaitStatus::Exited(Pid::from_raw(1), code))
 }
 
@@ -321,4 +325,71 @@ fn bad_touch_window_is_an_error() {
     let mut h = Fake::new(vec![Wake::Due], vec![Cp::Ok(10)]);
     let e = supervise(&mut h, c).unwrap_err();
     assert!(matches!(e, SuperviseError::TouchWindow(_)), "{e}");
+}
+
+#[test]
+fn a_requested_checkpoint_is_answered_once_committed_and_again_when_restored() {
+    let mut h = Fake::new(
+        vec![
+            Wake::Requested(vec![7, 8]),
+            Wake::Due,
+            Wake::Exited(killed()),
+            Wake::Requested(vec![9]),
+            Wake::Exited(killed()),
+            exited(0),
+        ],
+        vec![Cp::Ok(10), Cp::Ok(10), Cp::Ok(10)],
+    );
+    let cfg = Config {
+        every: Every::Fixed(Duration::from_secs(3600)),
+        restart: RestartPolicy {
+            on_failure: true,
+            max_restarts: 3,
+        },
+        touch_window: None,
+    };
+    assert_eq!(supervise(&mut h, cfg).unwrap(), 0);
+    let log: Vec<&str> = h.log.iter().map(String::as_str).collect();
+    assert_eq!(
+        log,
+        [
+            "start 100",
+            "checkpoint 100",
+            "answer 7 Committed(1)",
+            "answer 8 Committed(1)",
+            // A periodic checkpoint answers nobody; restoring it neither.
+            "checkpoint 100",
+            "reap",
+            "restore 2",
+            "reset",
+            "checkpoint 101",
+            "answer 9 Committed(3)",
+            "reap",
+            "restore 3",
+            "reset",
+            "answer 9 Restored(3)",
+            "reap",
+        ]
+    );
+}
+
+#[test]
+fn a_failed_requested_checkpoint_is_answered_failed() {
+    let mut h = Fake::new(vec![Wake::Requested(vec![5]), exited(0)], vec![Cp::Fail]);
+    let cfg = Config {
+        every: Every::Fixed(Duration::from_secs(3600)),
+        restart: RestartPolicy {
+            on_failure: false,
+            max_restarts: 0,
+        },
+        touch_window: None,
+    };
+    assert_eq!(supervise(&mut h, cfg).unwrap(), 0);
+    assert!(
+        h.log
+            .contains(&"answer 5 Failed(\"dump failed\")".to_string()),
+        "{:?}",
+        h.log
+    );
+    assert!(matches!(h.events[1], Event::CheckpointFailed(_)));
 }

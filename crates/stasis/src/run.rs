@@ -5,7 +5,9 @@
 //!
 //! The loop and its decisions are `stasis_supervise`; this file is the
 //! command line and the [`Host`] it runs on: the job, `stasis-capture`,
-//! `stasis-restore`, `stasis-track`'s touch windows, and the printing.
+//! `stasis-restore`, `stasis-track`'s touch windows, the request channel
+//! (`stasis_supervise::request`: the job's `stasis_request_checkpoint()`),
+//! and the printing.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -15,8 +17,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
+use stasis_supervise::request::{Channel, Requester};
 use stasis_supervise::{
-    describe, Checkpointed, Dumped, Event, Every, Host, HostError, Leave, ParseError, Wake,
+    describe, Answer, Checkpointed, Dumped, Event, Every, Host, HostError, Leave, ParseError, Wake,
 };
 
 pub use stasis_supervise::{parse_duration, parse_size};
@@ -95,10 +98,15 @@ pub fn parse_cow_method(s: &str) -> Result<stasis_capture::CowMethod, ParseError
     }
 }
 
-/// Waits until `deadline` or until the job exits, whichever is first.
-/// `stasis run` is a child subreaper: processes the job leaves behind (its
-/// orphans, a snapshot whose process died mid-dump) are reaped here too.
-fn wait_until(pid: i32, deadline: Instant) -> Result<Wake> {
+/// Waits until `deadline`, until the job exits or until it asks for a
+/// checkpoint on `channel`, whichever is first. `stasis run` is a child
+/// subreaper: processes the job leaves behind (its orphans, a snapshot
+/// whose process died mid-dump) are reaped here too.
+fn wait_until(
+    pid: i32,
+    deadline: Instant,
+    mut channel: Option<&mut Channel>,
+) -> Result<Wake<Requester>> {
     loop {
         loop {
             let flags = WaitPidFlag::WNOHANG | WaitPidFlag::__WALL;
@@ -121,7 +129,16 @@ fn wait_until(pid: i32, deadline: Instant) -> Result<Wake> {
         if now >= deadline {
             return Ok(Wake::Due);
         }
-        std::thread::sleep((deadline - now).min(Duration::from_millis(10)));
+        let slice = (deadline - now).min(Duration::from_millis(10));
+        match channel.as_deref_mut() {
+            Some(c) => {
+                let asked = c.wait(slice).context("reading the request channel")?;
+                if !asked.is_empty() {
+                    return Ok(Wake::Requested(asked));
+                }
+            }
+            None => std::thread::sleep(slice),
+        }
     }
 }
 
@@ -131,7 +148,7 @@ fn wait_status(pid: i32, status: i32) -> WaitStatus {
         .unwrap_or(WaitStatus::Exited(Pid::from_raw(pid), 1))
 }
 
-fn start_job(cmd: &[String], log: &Path) -> Result<i32> {
+fn start_job(cmd: &[String], log: &Path, channel: &Path) -> Result<i32> {
     let out = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -140,6 +157,7 @@ fn start_job(cmd: &[String], log: &Path) -> Result<i32> {
     let err = out.try_clone().context("duplicating the job log")?;
     let mut c = std::process::Command::new(&cmd[0]);
     c.args(&cmd[1..])
+        .env(stasis_supervise::request::ENV, channel)
         .stdin(std::process::Stdio::null())
         .stdout(out)
         .stderr(err);
@@ -187,6 +205,8 @@ struct Cli<'o> {
     /// are protected again and copied at each checkpoint).
     protect_tracks: bool,
     protection: stasis_capture::cow::CowTracking,
+    /// Where the job asks for checkpoints.
+    channel: Channel,
 }
 
 impl Cli<'_> {
@@ -327,18 +347,25 @@ impl Host for Cli<'_> {
     type Dump = Dump;
     type Touch = stasis_image::touch::TouchSet;
     type Restored = stasis_restore::Restored;
+    type Request = Requester;
 
     fn start(&mut self) -> Result<i32, HostError> {
         // Orphans of the job come to us (and are reaped by `wait_until`).
         nix::sys::prctl::set_child_subreaper(true).context("becoming a child subreaper")?;
-        let pid = start_job(&self.o.cmd, &self.log)?;
+        let pid = start_job(&self.o.cmd, &self.log, self.channel.path())?;
         // Ctrl-C, SIGTERM and SIGHUP go to the job (which then exits).
         ui::forward_signals_to(pid);
         Ok(pid)
     }
 
-    fn wait(&mut self, pid: i32, deadline: Instant) -> Result<Wake, HostError> {
-        Ok(wait_until(pid, deadline)?)
+    fn wait(&mut self, pid: i32, deadline: Instant) -> Result<Wake<Requester>, HostError> {
+        Ok(wait_until(pid, deadline, Some(&mut self.channel))?)
+    }
+
+    fn answer(&mut self, to: &Requester, answer: &Answer) {
+        if let Err(e) = self.channel.answer(to, answer) {
+            eprintln!("stasis: warning: answering the job's checkpoint request: {e}");
+        }
     }
 
     fn checkpoint(&mut self, pid: i32) -> Checkpointed<Self::Dump> {
@@ -369,7 +396,7 @@ impl Host for Cli<'_> {
                 status,
                 ..
             }) if *p == pid => Some(wait_status(pid, *status)),
-            _ => match wait_until(pid, Instant::now()) {
+            _ => match wait_until(pid, Instant::now(), None) {
                 Ok(Wake::Exited(s)) => Some(s),
                 _ => None,
             },
@@ -409,6 +436,7 @@ impl Host for Cli<'_> {
 
     fn restore(&mut self, checkpoint: u32) -> Result<(i32, Self::Restored), HostError> {
         let r = self.restore_now(checkpoint)?;
+        self.channel.restored();
         Ok((r.pid, r))
     }
 
@@ -527,6 +555,7 @@ pub fn cmd_run(o: RunOptions) -> Result<ExitCode> {
         backend,
         protect_tracks,
         protection: Default::default(),
+        channel: Channel::open().context("making the request channel of the job")?,
     };
     let code = stasis_supervise::supervise(&mut host, config)?;
     Ok(ExitCode::from(code))

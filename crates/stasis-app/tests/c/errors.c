@@ -87,7 +87,7 @@ int main(int argc, char **argv) {
     CHECK("restart mismatched", stasis_restart("ok", 3), STASIS_ERR_MISMATCH);
     CHECK("request", stasis_request_checkpoint(), STASIS_ERR_NOT_UNDER_RUN);
     if (!strstr(stasis_last_error(), "stasis run")) { printf("FAIL last_error: %s\n", stasis_last_error()); failures++; }
-    for (int c = 0; c >= -14; c--)
+    for (int c = 1; c >= -15; c--)
         if (!strcmp(stasis_strerror(c), "unknown error code")) { printf("FAIL strerror(%d)\n", c); failures++; }
     /* A fault that is not ours reaches the program's handler. */
     if (!sigsetjmp(jb, 1)) *(volatile char *)ro = 1;

@@ -67,6 +67,50 @@ fn fill(
     changed
 }
 
+/// The slot ranges the chunks of `snap` land on, in order.
+fn chunk_ranges(places: &[Place], snap: &Snapshot) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    for (r, p) in snap.regions.iter().zip(places) {
+        for &(off, len) in &r.chunks {
+            let (off, len) = (
+                usize::try_from(off).unwrap_or(0),
+                usize::try_from(len).unwrap_or(0),
+            );
+            out.push((p.off + off, len));
+        }
+    }
+    out
+}
+
+/// The parts of `ranges` (offset, length) that `cover` does not cover:
+/// what the new chunks overwrite anyway need not be brought up to date.
+fn uncovered(ranges: &[(usize, usize)], cover: &[(usize, usize)]) -> Vec<(usize, usize)> {
+    let mut cover: Vec<(usize, usize)> = cover.iter().map(|&(o, l)| (o, o + l)).collect();
+    cover.sort_unstable();
+    let mut out = Vec::new();
+    for &(o, l) in ranges {
+        let (mut a, b) = (o, o + l);
+        // The first cover range that ends after `a`.
+        let mut i = cover.partition_point(|&(_, e)| e <= a);
+        while a < b {
+            match cover.get(i) {
+                Some(&(cs, ce)) if cs < b => {
+                    if cs > a {
+                        out.push((a, cs - a));
+                    }
+                    a = a.max(ce);
+                    i += 1;
+                }
+                _ => {
+                    out.push((a, b - a));
+                    break;
+                }
+            }
+        }
+    }
+    out
+}
+
 fn publish(map: &mut PmemMap, i: usize, d: &Desc, latency: u64) {
     map.bytes_mut()[DESC[i]..DESC[i] + 64].copy_from_slice(&d.encode());
     PmemTarget::persist(latency, map, DESC[i], 64);
@@ -174,7 +218,7 @@ impl Target for PmemTarget {
                         if *pid == bd.id && old_s.is_some_and(|o| o.id == *on) && same_table =>
                     {
                         let (src0, dst0) = (slot_range(cap, bi).start, slot_range(cap, s).start);
-                        for &(o, l) in ranges {
+                        for (o, l) in uncovered(ranges, &chunk_ranges(&places, snap)) {
                             pool.map
                                 .bytes_mut()
                                 .copy_within(src0 + o..src0 + o + l, dst0 + o);
@@ -301,5 +345,22 @@ impl Target for PmemTarget {
             parent_version: -1,
         };
         Ok((meta, vec![snap]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::uncovered;
+
+    #[test]
+    fn catch_up_skips_what_the_new_chunks_overwrite() {
+        // Ranges [0,100) [200,300) [400,410); chunks cover [50,250) and [400,410).
+        let got = uncovered(&[(0, 100), (200, 100), (400, 10)], &[(400, 10), (50, 200)]);
+        assert_eq!(got, [(0, 50), (250, 50)]);
+        assert_eq!(uncovered(&[(10, 5)], &[]), [(10, 5)]);
+        assert_eq!(
+            uncovered(&[(10, 20)], &[(12, 2), (20, 3)]),
+            [(10, 2), (14, 6), (23, 7)]
+        );
     }
 }
