@@ -67,6 +67,8 @@ pub struct RestoreArgs {
     lazy_stats: Option<PathBuf>,
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    transport: crate::page_server::TransportArgs,
 }
 
 /// Starts the page filler of a lazy restore of checkpoint `n` of the image
@@ -79,8 +81,27 @@ pub fn start_filler(
     log: Option<Option<PathBuf>>,
     stats_file: Option<PathBuf>,
 ) -> Result<Filler> {
+    let args = filler_args(dir, n, from, (threads, bandwidth), log, stats_file);
+    spawn_filler(&args)
+}
+
+fn spawn_filler(args: &FillerArgs) -> Result<Filler> {
     let exe = std::env::current_exe().context("finding the stasis executable")?;
-    let args = FillerArgs {
+    Filler::spawn(&exe, args).context("starting the lazy restore's page filler")
+}
+
+/// The filler's options (its transport is this process's).
+fn filler_args(
+    dir: &Path,
+    n: u32,
+    from: Option<(String, PathBuf)>,
+    (threads, bandwidth): (usize, u64),
+    log: Option<Option<PathBuf>>,
+    stats_file: Option<PathBuf>,
+) -> FillerArgs {
+    let plaintext = stasis_pageserver::tls::Transport::process_default()
+        == stasis_pageserver::tls::Transport::InsecurePlaintext;
+    FillerArgs {
         dir: dir.to_path_buf(),
         checkpoint: n,
         record_faults: from.is_none(),
@@ -89,8 +110,12 @@ pub fn start_filler(
         stats_file,
         bandwidth,
         log,
-    };
-    Filler::spawn(&exe, &args).context("starting the lazy restore's page filler")
+        extra: if plaintext {
+            vec!["--insecure-plaintext".into()]
+        } else {
+            Vec::new()
+        },
+    }
 }
 
 /// The restorer's lazy sink for `filler`.
@@ -119,6 +144,7 @@ pub fn cmd_restore(
     seal: stasis_store::seal::SealOptions,
     replicas: Vec<stasis_store::S3Image>,
 ) -> Result<ExitCode> {
+    a.transport.apply();
     // Where the image is: local, a private copy of an object store's
     // checkpoints, or a local mirror of the page server's.
     let fetched = match a
@@ -334,9 +360,12 @@ pub struct FillerCli {
     record_faults: bool,
     #[arg(long, default_value_t = 0)]
     bandwidth: u64,
+    #[command(flatten)]
+    transport: crate::page_server::TransportArgs,
 }
 
 pub fn cmd_lazy_filler(a: FillerCli) -> Result<ExitCode> {
+    a.transport.apply();
     let control = std::io::stdin()
         .as_fd()
         .try_clone_to_owned()
