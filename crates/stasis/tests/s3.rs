@@ -537,3 +537,72 @@ fn replicas() {
     assert!(err.contains(&format!("read from replica {rurl}")), "{err}");
     w.finish_pass();
 }
+
+/// The whole largest private writable mapping of `pid` (its heap).
+fn heap_bytes(pid: i32) -> (u64, Vec<u8>) {
+    use std::os::unix::fs::FileExt;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let (start, end) = maps
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1) == Some("rw-p"))
+        .filter_map(|l| {
+            let (a, b) = l.split_whitespace().next()?.split_once('-')?;
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            ))
+        })
+        .max_by_key(|(a, b)| b - a)
+        .unwrap();
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut buf = vec![0u8; usize::try_from(end - start).unwrap()];
+    mem.read_exact_at(&mut buf, start).unwrap();
+    (start, buf)
+}
+
+/// Lazy restore from the store (`restore --lazy -D s3://...`), plain and
+/// encrypted: the process runs before its memory has arrived, the filler
+/// fetches the rest from the store by chunk (ranged reads), and once it is
+/// done the heap holds exactly the bytes it held at the dump; the process
+/// then checks itself.
+#[test]
+fn lazy_restore_from_the_store() {
+    let srv = S3Server::start();
+    let keys = tempfile::tempdir().unwrap();
+    let key = key_file(keys.path(), "key", 9);
+    let k = key.to_str().unwrap();
+    for (name, extra) in [
+        ("lazy-plain", &[][..]),
+        ("lazy-sealed", &["--encrypt-key-file", k][..]),
+    ] {
+        let url = srv.url(name);
+        let mut w = Workload::start("heap", &["48"]);
+        std::thread::sleep(Duration::from_millis(200));
+        let mut dump_args = vec!["--leave-running"];
+        dump_args.extend(extra);
+        ok(&srv.dump(&w, &url, &dump_args), "dump");
+        let (start, before) = heap_bytes(w.pid);
+        assert!(before.len() >= 48 << 20, "{}", before.len());
+        kill_and_reap(&mut w);
+        let stats = keys.path().join(format!("{name}.json"));
+        let mut args = vec!["--lazy", "--json", "--lazy-stats", stats.to_str().unwrap()];
+        args.extend(extra);
+        let text = ok(&srv.restore(&url, &args), "restore --lazy");
+        let r: serde_json::Value = text
+            .lines()
+            .find_map(|l| serde_json::from_str(l).ok())
+            .unwrap_or_else(|| panic!("no JSON: {text}"));
+        assert_eq!(r["pid"], w.pid, "{r}");
+        assert!(r["lazy_bytes"].as_u64().unwrap() >= 48 << 20, "{r}");
+        let st = wait_json_file(&stats, Duration::from_secs(120));
+        assert!(st.get("error").is_none(), "{name}: {st}");
+        assert!(st["pages_streamed"].as_u64().unwrap() > 0, "{name}: {st}");
+        let (start2, after) = heap_bytes(w.pid);
+        assert_eq!(start2, start);
+        assert!(
+            after == before,
+            "{name}: the heap differs after the lazy restore"
+        );
+        w.finish_pass();
+    }
+}
