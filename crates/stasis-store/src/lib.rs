@@ -10,6 +10,7 @@
 //! downloads the chain it needs into a private temporary directory
 //! ([`fetch_to_temp`]). The formats are in docs/storage.md.
 
+mod chunking;
 mod error;
 mod gc;
 mod key;

@@ -235,18 +235,20 @@ impl S3Image {
         known: &mut HashMap<String, i64>,
         up: &mut Uploaded,
     ) -> Result<FileRecord, StoreError> {
+        let path = match &source {
+            Source::File(p) => Some(p.clone()),
+            Source::Bytes(_) => None,
+        };
         let (size, mut reader) = source.open()?;
-        let count = size.div_ceil(CHUNK_BYTES);
+        let spans = crate::chunking::plan(name, path.as_deref(), size);
         let now = now_unix();
-        let mut i = 0u64;
+        let mut next = spans.iter();
         let mut chunks = Vec::new();
         self.bucket.put_many(|| loop {
-            if i >= count {
+            let Some(&(off, len)) = next.next() else {
                 return Ok(None);
-            }
-            let off = i * CHUNK_BYTES;
-            i += 1;
-            let len = usize::try_from(CHUNK_BYTES.min(size - off)).unwrap_or(0);
+            };
+            let len = usize::try_from(len).unwrap_or(0);
             let mut buf = vec![0u8; len];
             reader(off, &mut buf)?;
             up.plain_bytes += len as u64;
@@ -268,10 +270,16 @@ impl S3Image {
             up.objects += 1;
             return Ok(Some((format!("{}{key}", self.prefix), stored)));
         })?;
+        let lens = if crate::chunking::is_fixed(&spans, size) {
+            Vec::new()
+        } else {
+            spans.iter().map(|s| s.1).collect()
+        };
         Ok(FileRecord {
             name: name.to_string(),
             size,
             chunks,
+            lens,
         })
     }
 
@@ -412,12 +420,13 @@ impl S3Image {
             .iter()
             .map(|&i| format!("{}chunks/{}", self.prefix, f.chunks[i]))
             .collect();
+        let spans = f.spans();
         let mut stored = 0;
         self.bucket.get_many(keys, |k, bytes| {
             let i = wanted[k];
             let plain = self.open_chunk(r, f, i, &bytes)?;
             stored += bytes.len() as u64;
-            file.write_all_at(&plain, i as u64 * CHUNK_BYTES)
+            file.write_all_at(&plain, spans[i].0)
                 .map_err(StoreError::local("write", Path::new(&f.name)))
         })?;
         Ok(stored)
@@ -585,8 +594,11 @@ fn with_endpoint(cfg: &crate::remote::S3Config, endpoint: Option<&str>) -> crate
 
 /// Plain bytes of chunk `i` of file `f`.
 fn chunk_len(f: &FileRecord, i: usize) -> usize {
-    let off = i as u64 * CHUNK_BYTES;
-    usize::try_from(CHUNK_BYTES.min(f.size.saturating_sub(off))).unwrap_or(0)
+    let len = match f.lens.get(i) {
+        Some(&l) => l,
+        None => CHUNK_BYTES.min(f.size.saturating_sub(i as u64 * CHUNK_BYTES)),
+    };
+    usize::try_from(len).unwrap_or(0)
 }
 
 fn now_unix() -> i64 {

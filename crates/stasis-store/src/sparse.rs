@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use stasis_image::{PACK_TRAILER_LEN, PACK_TRAILER_MAGIC};
 
-use crate::record::{FileRecord, Record, CHUNK_BYTES};
+use crate::record::{FileRecord, Record};
 use crate::{Downloaded, S3Image, StoreError};
 
 /// Chunks kept in memory by a [`LazyChain`].
@@ -54,16 +54,23 @@ pub(crate) fn skeleton_chunks(
         return Ok(all);
     }
     let index_off = u64::from_le_bytes(t[8..16].try_into().unwrap_or_default());
-    file.write_all_at(&tail, last as u64 * CHUNK_BYTES)
+    let spans = f.spans();
+    file.write_all_at(&tail, spans[last].0)
         .map_err(StoreError::local("write", Path::new(&f.name)))?;
     *stored += tail.len() as u64; // (plain bytes: close enough for a report)
     if last == 0 {
         return Ok(Vec::new());
     }
-    let first_tail = usize::try_from(index_off.min(f.size) / CHUNK_BYTES).unwrap_or(last);
+    let first_tail = chunk_at(&spans, index_off.min(f.size)).unwrap_or(last);
     let mut wanted = vec![0];
     wanted.extend(first_tail.max(1)..last);
     Ok(wanted)
+}
+
+/// The chunk holding byte `off`, among `spans` (in order, contiguous).
+fn chunk_at(spans: &[(u64, u64)], off: u64) -> Option<usize> {
+    let i = spans.partition_point(|s| s.0 + s.1 <= off);
+    spans.get(i).filter(|s| s.0 <= off).map(|_| i)
 }
 
 impl S3Image {
@@ -166,11 +173,12 @@ impl LazyChain {
                 reason: format!("{name} has {} bytes, not {end}", f.size),
             });
         }
+        let spans = f.spans();
         let mut pos = off;
         while pos < end {
-            let i = usize::try_from(pos / CHUNK_BYTES).unwrap_or(usize::MAX);
+            let i = chunk_at(&spans, pos).unwrap_or(usize::MAX);
             let chunk = self.chunk(r, f, i)?;
-            let from = usize::try_from(pos % CHUNK_BYTES).unwrap_or(0);
+            let from = usize::try_from(pos - spans.get(i).map_or(pos, |s| s.0)).unwrap_or(0);
             let n = (chunk.len().saturating_sub(from)).min(usize::try_from(end - pos).unwrap_or(0));
             if n == 0 {
                 return Err(StoreError::Damaged {
@@ -224,14 +232,14 @@ impl LazyChain {
         ranges: &[(u64, u64)],
     ) -> Result<u64, StoreError> {
         let (r, f) = self.file(cp, name)?;
+        let spans = f.spans();
         let mut wanted: Vec<usize> = ranges
             .iter()
             .filter(|(_, len)| *len > 0)
-            .flat_map(|&(off, len)| {
-                let a = off / CHUNK_BYTES;
-                let b = (off + len - 1) / CHUNK_BYTES;
-                (a..=b).filter_map(|i| usize::try_from(i).ok())
+            .filter_map(|&(off, len)| {
+                Some(chunk_at(&spans, off)?..=chunk_at(&spans, off + len - 1)?)
             })
+            .flatten()
             .collect();
         wanted.sort_unstable();
         wanted.dedup();
