@@ -261,7 +261,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 ui::inspect(&tmp.image(), checkpoint, json)
             }
         },
-        Cmd::Gc { dir, keep, json } => gc::cmd_gc(&dir, keep, json, seal),
+        Cmd::Gc { dir, keep, json } => gc::cmd_gc(&dir, keep, json, seal, replicas),
         Cmd::Demo { dir, before, after } => demo::run(dir, before, after),
         Cmd::DemoWorkload { pidfile } => demo::workload(&pidfile),
         Cmd::Run(o) => run::cmd_run(o),

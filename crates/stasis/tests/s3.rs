@@ -538,6 +538,90 @@ fn replicas() {
     w.finish_pass();
 }
 
+/// gc of replicas: three checkpoints of a chain in a primary and a
+/// replica; `gc --keep 1 --replica URL` keeps the newest (merged into a
+/// full checkpoint) in both, both stores shrink, and the replica alone then
+/// restores it.
+#[test]
+fn gc_collects_the_replicas_too() {
+    let mut a = S3Server::start();
+    let b = S3Server::start();
+    let url = a.url("prim");
+    let rurl = format!("s3+http://127.0.0.1:{}/{BUCKET}/repl", b.port);
+    let mut w = Workload::start("chain_writer", &["16"]);
+    for k in 1..=3 {
+        std::thread::sleep(Duration::from_millis(100));
+        let o = a
+            .stasis()
+            .args(["dump", "-t", &w.pid.to_string(), "-D", &url])
+            .args(["--replica", &rurl, "--leave-running", "--track", "uffd"])
+            .output()
+            .unwrap();
+        ok(&o, &format!("dump {k}"));
+    }
+    let size = |srv: &S3Server, prefix: &str| -> u64 {
+        srv.stored_files()
+            .iter()
+            .filter(|(p, _)| p.starts_with(format!("{BUCKET}/{prefix}")))
+            .map(|(_, b)| b.len() as u64)
+            .sum()
+    };
+    let before = (size(&a, "prim"), size(&b, "repl"));
+    let o = a
+        .stasis()
+        .args([
+            "gc",
+            "-D",
+            &url,
+            "--keep",
+            "1",
+            "--replica",
+            &rurl,
+            "--json",
+        ])
+        .env("STASIS_S3_SWEEP_AGE", "0")
+        .output()
+        .unwrap();
+    let text = ok(&o, "gc");
+    let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    assert_eq!(v["kept"], serde_json::json!([3]), "{v}");
+    assert_eq!(v["replicas"][0]["url"], rurl, "{v}");
+    assert_eq!(
+        v["replicas"][0]["report"]["kept"],
+        serde_json::json!([3]),
+        "{v}"
+    );
+    assert_eq!(
+        v["replicas"][0]["report"]["deleted"],
+        serde_json::json!([1, 2]),
+        "{v}"
+    );
+    for (srv, prefix) in [(&a, "prim"), (&b, "repl")] {
+        let commits: Vec<_> = std::fs::read_dir(srv.bucket_dir().join(prefix).join("commits"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(commits, vec!["00000003".to_string()], "{prefix}");
+    }
+    let after = (size(&a, "prim"), size(&b, "repl"));
+    eprintln!("stored before gc {before:?}, after {after:?}");
+    assert!(
+        after.0 < before.0 && after.1 < before.1,
+        "{before:?} -> {after:?}"
+    );
+    kill_and_reap(&mut w);
+    a.kill();
+    let o = a
+        .stasis()
+        .args(["restore", "--detach", "-D", &url, "--replica", &rurl])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    ok(&o, "restore from the replica after gc");
+    assert!(err.contains(&format!("read from replica {rurl}")), "{err}");
+    w.finish_pass();
+}
+
 /// The buffer of a `shared_tree` (its address and size are in its
 /// `out.log`), read from its memory.
 fn buffer_of(pid: i32, dir: &std::path::Path) -> (u64, Vec<u8>) {
