@@ -167,7 +167,16 @@ pub fn dump(
             for l in lines {
                 println!("{l}");
             }
-            if let Err(e) = up.staging.trim() {
+            // An encrypted store's plaintext does not stay on local disk.
+            let tidied: Result<()> = if up.image.seal.key.is_some() {
+                up.staging
+                    .clear()
+                    .map_err(anyhow::Error::from)
+                    .and_then(|()| Ok(stasis_track::state::clear(up.staging.dir())?))
+            } else {
+                Ok(up.staging.trim()?)
+            };
+            if let Err(e) = tidied {
                 eprintln!("stasis: warning: tidying the staging directory: {e}");
             }
             Ok(code)

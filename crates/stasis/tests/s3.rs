@@ -402,6 +402,31 @@ fn encryption_at_rest() {
         !holds_any(&srv, "sealed", &samples),
         "process memory in the encrypted store"
     );
+    // Nor on local disk: the staging directories hold the plain store's
+    // chain (the control), and nothing of the encrypted one's.
+    // (Each store's staging directory says its store in remote.json.)
+    let staged = |suffix: &str| -> bool {
+        std::fs::read_dir(srv.staging.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|d| {
+                std::fs::read_to_string(d.join("remote.json"))
+                    .is_ok_and(|t| t.contains(&format!("{suffix}\"")))
+            })
+            .flat_map(|d| files_under(&d).into_values())
+            .any(|b| {
+                b.windows(32)
+                    .any(|w| samples.contains(<&[u8; 32]>::try_from(w).unwrap()))
+            })
+    };
+    assert!(
+        staged("/plain"),
+        "no memory sample staged for the plain store: the check cannot work"
+    );
+    assert!(
+        !staged("/sealed"),
+        "process memory left in the staging directory of the encrypted store"
+    );
     let o = srv.restore(&url, &[]);
     assert_fails_with(&o, "is encrypted: give the key with --encrypt-key-file");
     assert!(!alive(w.pid));
