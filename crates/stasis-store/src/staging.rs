@@ -111,15 +111,7 @@ impl Staging {
         if same {
             return Ok(false);
         }
-        let cps = self.dir.join(CHECKPOINTS_DIR);
-        if cps.exists() {
-            fs::remove_dir_all(&cps).map_err(StoreError::local("remove", &cps))?;
-        }
-        let _ = fs::remove_file(self.dir.join(LATEST_NAME));
-        self.save_map(&RemoteMap {
-            url: self.url.clone(),
-            map: BTreeMap::new(),
-        })?;
+        self.clear()?;
         Ok(true)
     }
 
@@ -259,8 +251,8 @@ impl Staging {
         Ok(())
     }
 
-    /// After a dump into an encrypted store: deletes every local
-    /// checkpoint (the next dump starts over, full).
+    /// Deletes every local checkpoint (the next dump starts over, full):
+    /// after a dump into an encrypted store, or when the store moved on.
     pub fn clear(&self) -> Result<(), StoreError> {
         let cps = self.dir.join(CHECKPOINTS_DIR);
         if cps.exists() {
