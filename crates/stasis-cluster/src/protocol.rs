@@ -8,7 +8,15 @@
 //! # Transport, greeting, frames
 //!
 //! One TCP connection from the coordinator to each agent carries one
-//! session (one operation). The first 12 bytes in each direction are the
+//! session (one operation), encrypted with TLS 1.3 keyed by the token
+//! (`stasis_pageserver::tls`, purpose "stasis cluster": the coordinator is
+//! the TLS client, the agent the server, each proves it holds the token's
+//! key); with `--insecure-plaintext` on both ends it runs on bare TCP. An
+//! agent answers a plaintext coordinator's `Hello` with an `Error` naming
+//! the flag; a plaintext agent answers a TLS hello with its greeting, which
+//! the coordinator reports as no TLS. A peer with another token fails the
+//! TLS handshake (an authentication error naming `--token-file`). Inside
+//! the session, the first 12 bytes in each direction are the
 //! greeting, `b"STASISCL"` and the version (`u32` little-endian); the
 //! coordinator sends first, the agent answers with its own and closes if
 //! they differ (both sides report both versions; no downgrade). Then every
@@ -131,6 +139,8 @@ use std::net::TcpStream;
 
 use serde::{Deserialize, Serialize};
 use stasis_pageserver::protocol::{check_proof, nonce, proof, NONCE_LEN};
+use stasis_pageserver::tls::Transport;
+use stasis_pageserver::tls::{self, ClientTls, Hello, Purpose, ServerTls, Stream, TlsError};
 
 use crate::ClusterError;
 
@@ -213,21 +223,92 @@ pub struct TreeRounds {
     pub rounds: Vec<(u64, u32)>,
 }
 
-/// One end of a session: frames over a TCP stream.
+/// One end of a session: frames over a TCP stream (TLS once
+/// authenticated, unless the process runs with `--insecure-plaintext`).
 pub struct Conn {
-    s: TcpStream,
+    s: Stream,
     /// Who is at the other end (`host:port`), for messages.
     pub peer: String,
+    /// TLS or not, from the process's `--insecure-plaintext`.
+    transport: Transport,
 }
 
 impl Conn {
     pub fn new(s: TcpStream, peer: String) -> Conn {
-        Conn { s, peer }
+        Conn {
+            s: Stream::plain(s),
+            peer,
+            transport: Transport::process_default(),
+        }
     }
 
-    /// The stream (to set timeouts).
+    /// The same, over `transport` rather than the process's.
+    pub fn with_transport(mut self, transport: Transport) -> Conn {
+        self.transport = transport;
+        self
+    }
+
+    /// The TCP socket (to set timeouts).
     pub fn stream(&self) -> &TcpStream {
-        &self.s
+        self.s.tcp()
+    }
+
+    /// The coordinator's side of the transport: TLS as the client.
+    fn secure_to_agent(&mut self, token: &[u8]) -> Result<(), ClusterError> {
+        if self.transport == Transport::InsecurePlaintext {
+            return Ok(());
+        }
+        let tcp = self.s.tcp().try_clone();
+        let tcp = tcp.map_err(|e| self.net("setting up TLS", e))?;
+        let config = ClientTls::new(token, Purpose::Cluster);
+        match config.and_then(|c| tls::connect(tcp, &c)) {
+            Ok(s) => {
+                self.s = s;
+                Ok(())
+            }
+            Err(TlsError::Io(e)) => Err(self.net("setting up TLS", e)),
+            Err(e) => Err(self.tls_failed(&e)),
+        }
+    }
+
+    /// The agent's side of the transport: TLS as the server. `Ok(false)`:
+    /// the coordinator holds another token.
+    fn secure_from_coordinator(&mut self, token: &[u8]) -> Result<bool, ClusterError> {
+        let tcp = self.s.tcp().try_clone();
+        let tcp = tcp.map_err(|e| self.net("setting up TLS", e))?;
+        if self.transport == Transport::InsecurePlaintext {
+            if tls::sniff(&tcp).map_err(|e| self.net("greeting", e))? == Hello::Tls {
+                let _ = tls::refuse_tls_client(&tcp, &greeting());
+                return Err(self.tls_failed(&TlsError::NotTls));
+            }
+            return Ok(true);
+        }
+        let config = ServerTls::new(token, Purpose::Cluster);
+        match config.and_then(|c| tls::accept(tcp, &c)) {
+            Ok(s) => {
+                self.s = s;
+                Ok(true)
+            }
+            Err(TlsError::PlaintextPeer) => {
+                self.greet()?;
+                let _ = self.expect()?;
+                let message = "this agent requires TLS but the coordinator runs with --insecure-plaintext: give the flag on both ends or on neither";
+                self.send(&Msg::Error {
+                    message: message.into(),
+                })?;
+                Err(self.tls_failed(&TlsError::PlaintextPeer))
+            }
+            Err(TlsError::Io(e)) => Err(self.net("setting up TLS", e)),
+            Err(e) if e.is_other_token() => Ok(false),
+            Err(e) => Err(self.tls_failed(&e)),
+        }
+    }
+
+    fn tls_failed(&self, e: &TlsError) -> ClusterError {
+        ClusterError::Auth {
+            peer: self.peer.clone(),
+            why: e.to_string(),
+        }
     }
 
     fn net(&self, during: &'static str, source: io::Error) -> ClusterError {
@@ -290,9 +371,7 @@ impl Conn {
     }
 
     fn greet(&mut self) -> Result<(), ClusterError> {
-        let mut g = [0u8; 12];
-        g[..8].copy_from_slice(MAGIC);
-        g[8..].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        let g = greeting();
         self.s.write_all(&g).map_err(|e| self.net("greeting", e))?;
         let mut theirs = [0u8; 12];
         self.s
@@ -318,6 +397,7 @@ impl Conn {
     /// The coordinator's side of the greeting and authentication; returns
     /// the agent's host name.
     pub fn authenticate_to_agent(&mut self, token: &[u8]) -> Result<String, ClusterError> {
+        self.secure_to_agent(token)?;
         self.greet()?;
         let ours = nonce().map_err(|e| self.net("authenticating", e))?;
         self.send(&Msg::Hello { nonce: hex(&ours) })?;
@@ -355,6 +435,9 @@ impl Conn {
         token: &[u8],
         host: &str,
     ) -> Result<bool, ClusterError> {
+        if !self.secure_from_coordinator(token)? {
+            return Ok(false);
+        }
         self.greet()?;
         let theirs = match self.expect()? {
             Msg::Hello { nonce } => nonce,
@@ -401,6 +484,14 @@ impl Conn {
             reason: reason.into(),
         }
     }
+}
+
+/// The greeting: magic and version.
+fn greeting() -> [u8; 12] {
+    let mut g = [0u8; 12];
+    g[..8].copy_from_slice(MAGIC);
+    g[8..].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+    g
 }
 
 const ROLE_AGENT: &str = "cluster-agent";
@@ -460,6 +551,35 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A plaintext coordinator and a TLS agent refuse each other, and so do
+    /// a TLS coordinator and a plaintext agent, each naming the flag.
+    #[test]
+    fn tls_and_plaintext_ends_refuse_each_other_naming_the_flag() {
+        for coordinator in [Transport::InsecurePlaintext, Transport::Tls] {
+            let (c, a) = pair();
+            let agent_side = match coordinator {
+                Transport::Tls => Transport::InsecurePlaintext,
+                Transport::InsecurePlaintext => Transport::Tls,
+            };
+            let (mut c, mut a) = (c.with_transport(coordinator), a.with_transport(agent_side));
+            let agent = std::thread::spawn(move || a.authenticate_coordinator(b"tok", "h1"));
+            let e = c.authenticate_to_agent(b"tok").unwrap_err().to_string();
+            drop(c);
+            let a = agent.join().unwrap().unwrap_err().to_string();
+            assert!(e.contains("--insecure-plaintext"), "{coordinator:?}: {e}");
+            assert!(a.contains("--insecure-plaintext"), "{coordinator:?}: {a}");
+        }
+        // Both plaintext: authenticated as before.
+        let (c, a) = pair();
+        let (mut c, mut a) = (
+            c.with_transport(Transport::InsecurePlaintext),
+            a.with_transport(Transport::InsecurePlaintext),
+        );
+        let agent = std::thread::spawn(move || a.authenticate_coordinator(b"tok", "h1").unwrap());
+        assert_eq!(c.authenticate_to_agent(b"tok").unwrap(), "h1");
+        assert!(agent.join().unwrap());
     }
 
     #[test]

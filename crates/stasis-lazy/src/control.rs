@@ -159,6 +159,8 @@ pub struct FillerArgs {
     /// restore must not leave its caller's pipes open, so they go to a file
     /// (or nowhere).
     pub log: Option<Option<std::path::PathBuf>>,
+    /// Further arguments, given as they are (the transport, a store).
+    pub extra: Vec<String>,
 }
 
 impl FillerArgs {
@@ -190,6 +192,7 @@ impl FillerArgs {
         if self.bandwidth > 0 {
             a.extend(["--bandwidth".into(), self.bandwidth.to_string()]);
         }
+        a.extend(self.extra.iter().cloned());
         a
     }
 }

@@ -10,6 +10,7 @@ use xxhash_rust::xxh3::{xxh3_64, Xxh3Default};
 
 use crate::protocol::{self, kind, Request, MAX_NAME_BYTES, MAX_REPLY_BYTES};
 pub use crate::protocol::{FileInfo, Skeleton};
+use crate::tls::{self, ClientTls, Purpose, Stream, TlsError, Transport};
 use crate::PageServerError;
 
 /// Time to establish a TCP connection.
@@ -24,24 +25,36 @@ const WINDOW: usize = 32;
 #[derive(Debug)]
 pub struct Client {
     addr: String,
-    reader: BufReader<TcpStream>,
-    writer: BufWriter<TcpStream>,
+    reader: BufReader<Stream>,
+    writer: BufWriter<Stream>,
     /// Set when an error left the stream at an unknown position.
     broken: bool,
 }
 
 impl Client {
-    /// Connects to `addr` (`host:port`) and authenticates with `token`.
+    /// Connects to `addr` (`host:port`) over the process's transport
+    /// ([`Transport::process_default`]: TLS unless the command was given
+    /// `--insecure-plaintext`) and authenticates with `token`.
     /// A peer that does not answer is an error naming it after
     /// [`CONNECT_TIMEOUT`] (connecting) or [`IO_TIMEOUT`] (any read or
     /// write), never a hang.
     pub fn connect(addr: &str, token: &[u8]) -> Result<Client, PageServerError> {
-        Self::connect_within(addr, token, IO_TIMEOUT)
+        Self::connect_with(addr, token, Transport::process_default())
+    }
+
+    /// As [`connect`](Self::connect), over the given transport.
+    pub fn connect_with(
+        addr: &str,
+        token: &[u8],
+        transport: Transport,
+    ) -> Result<Client, PageServerError> {
+        Self::connect_within(addr, token, transport, IO_TIMEOUT)
     }
 
     fn connect_within(
         addr: &str,
         token: &[u8],
+        transport: Transport,
         io_timeout: Duration,
     ) -> Result<Client, PageServerError> {
         if token.is_empty() {
@@ -63,13 +76,17 @@ impl Client {
             }
         }
         let stream = stream.ok_or_else(|| connect_err(last))?;
-        let setup = |s: &TcpStream| -> io::Result<(TcpStream, TcpStream)> {
+        let setup = |s: &TcpStream| -> io::Result<()> {
             s.set_nodelay(true)?;
             s.set_read_timeout(Some(io_timeout))?;
-            s.set_write_timeout(Some(io_timeout))?;
-            Ok((s.try_clone()?, s.try_clone()?))
+            s.set_write_timeout(Some(io_timeout))
         };
-        let (r, w) = setup(&stream).map_err(connect_err)?;
+        setup(&stream).map_err(connect_err)?;
+        let stream = secure(addr, token, transport, stream)?;
+        let clones = stream
+            .try_clone()
+            .and_then(|r| Ok((r, stream.try_clone()?)));
+        let (r, w) = clones.map_err(connect_err)?;
         let mut client = Client {
             addr: addr.to_string(),
             reader: BufReader::with_capacity(256 << 10, r),
@@ -480,6 +497,30 @@ impl Client {
     }
 }
 
+/// Sets up the transport on a connected socket.
+fn secure(
+    addr: &str,
+    token: &[u8],
+    transport: Transport,
+    tcp: TcpStream,
+) -> Result<Stream, PageServerError> {
+    if transport == Transport::InsecurePlaintext {
+        return Ok(Stream::plain(tcp));
+    }
+    let config = ClientTls::new(token, Purpose::PageServer);
+    match config.and_then(|c| tls::connect(tcp, &c)) {
+        Ok(s) => Ok(s),
+        Err(TlsError::Io(e)) => Err(PageServerError::net(addr, "setting up TLS", e)),
+        Err(TlsError::KeyMismatch) => Err(PageServerError::TokenRefused {
+            addr: addr.to_string(),
+        }),
+        Err(error) => Err(PageServerError::Tls {
+            addr: addr.to_string(),
+            error,
+        }),
+    }
+}
+
 fn run_during(n: u32, pack: &str, run: &RunEntry) -> String {
     format!(
         "reading pages {:#x}..{:#x} of page pack {pack} of checkpoint {n}",
@@ -498,8 +539,13 @@ mod tests {
         let addr = l.local_addr().unwrap().to_string();
         let held = std::thread::spawn(move || l.accept().map(|(s, _)| s));
         let t0 = std::time::Instant::now();
-        let e = super::Client::connect_within(&addr, b"token", super::Duration::from_millis(300))
-            .unwrap_err();
+        let e = super::Client::connect_within(
+            &addr,
+            b"token",
+            super::Transport::Tls,
+            super::Duration::from_millis(300),
+        )
+        .unwrap_err();
         assert!(t0.elapsed() < super::Duration::from_secs(5));
         assert!(matches!(e, crate::PageServerError::Timeout { .. }), "{e:?}");
         assert!(e.to_string().contains(&addr), "{e}");

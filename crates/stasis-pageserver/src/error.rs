@@ -143,6 +143,14 @@ pub enum PageServerError {
         error: io::Error,
     },
 
+    /// TLS could not be set up with the server (another token is
+    /// [`PageServerError::TokenRefused`] instead).
+    #[error("cannot set up TLS with the page server at {addr}: {error}")]
+    Tls {
+        addr: String,
+        error: crate::tls::TlsError,
+    },
+
     /// The mirror destination already holds something.
     #[error("{} already exists and is not an empty directory: pass a new or empty directory to mirror into", .path.display())]
     DestNotEmpty { path: PathBuf },

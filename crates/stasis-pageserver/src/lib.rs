@@ -22,6 +22,7 @@ mod mirror;
 pub mod protocol;
 mod server;
 mod tempmirror;
+pub mod tls;
 
 pub use client::{Client, FileInfo, Skeleton, CONNECT_TIMEOUT, IO_TIMEOUT};
 pub use error::PageServerError;

@@ -7,7 +7,14 @@
 //!
 //! # Transport and encoding
 //!
-//! One TCP connection carries one session. All integers are little-endian;
+//! One TCP connection carries one session, encrypted with TLS 1.3 keyed by
+//! the token (see [`crate::tls`]: raw Ed25519 public keys derived from the
+//! token, purpose "stasis page server", mutual); everything below runs inside
+//! it. With `--insecure-plaintext` on both ends it runs on the bare TCP
+//! stream instead. A TLS server answers a plaintext client's greeting with
+//! its greeting and an `Error` (code `Refused`, [`PLAINTEXT_REFUSED`]); a
+//! plaintext server answers a TLS hello with its greeting, which the TLS
+//! client reports as no TLS. Both name the flag. All integers are little-endian;
 //! `u32`/`u64` are unsigned. A *string* is a `u16` byte length followed by
 //! that many bytes of UTF-8. A *run entry* is 32 bytes: `vaddr u64`,
 //! `npages u32`, `flags u32`, `file_off u64`, `checksum u64` (the fields of
@@ -253,7 +260,9 @@ impl fmt::Display for ErrorCode {
     }
 }
 
-/// The message the server sends with a refused token.
+/// The message a TLS server sends a plaintext client.
+pub const PLAINTEXT_REFUSED: &str = "this page server requires TLS but the client runs with --insecure-plaintext: give the flag on both ends or on neither";
+/// The message a server sends a client whose token is wrong.
 pub const TOKEN_REFUSED: &str = "the page server refused the token: check --token-file";
 
 /// A request, as sent by a client after authentication.

@@ -17,6 +17,7 @@ use tracing::{debug, info, warn};
 use xxhash_rust::xxh3::Xxh3Default;
 
 use crate::protocol::{self, kind, ErrorCode, Request, MAX_REPLY_BYTES, MAX_REQUEST_BYTES};
+use crate::tls::{self, Hello, Purpose, ServerTls, Stream, TlsError, Transport};
 use crate::PageServerError;
 
 /// Time a client has for the whole handshake.
@@ -43,6 +44,8 @@ pub struct ServerConfig {
     pub listen: String,
     /// The shared secret clients must prove they know.
     pub token: Vec<u8>,
+    /// TLS keyed by the token, or plaintext (`--insecure-plaintext`).
+    pub transport: Transport,
 }
 
 /// A bound page server. [`serve`](Self::serve) runs it.
@@ -56,6 +59,8 @@ pub struct Server {
 struct Shared {
     image: ImageDir,
     token: Vec<u8>,
+    /// `None`: plaintext.
+    tls: Option<ServerTls>,
     /// Connections being served.
     active: AtomicUsize,
     /// Threads telling a client the server is busy.
@@ -84,6 +89,15 @@ impl Server {
         };
         let image = ImageDir::open(&config.dir).map_err(bad)?;
         image.checkpoints().map_err(bad)?;
+        let tls = match config.transport {
+            Transport::Tls => Some(ServerTls::new(&config.token, Purpose::PageServer).map_err(
+                |error| PageServerError::Tls {
+                    addr: config.listen.clone(),
+                    error,
+                },
+            )?),
+            Transport::InsecurePlaintext => None,
+        };
         let listener =
             TcpListener::bind(&config.listen).map_err(|error| PageServerError::Bind {
                 listen: config.listen.clone(),
@@ -94,6 +108,7 @@ impl Server {
             shared: Arc::new(Shared {
                 image,
                 token: config.token,
+                tls,
                 active: AtomicUsize::new(0),
                 refusing: AtomicUsize::new(0),
             }),
@@ -110,7 +125,8 @@ impl Server {
     /// Accepts connections until the process ends, each in its own thread.
     /// A failing connection is logged and closed; it never stops the server.
     pub fn serve(self) -> Result<(), PageServerError> {
-        info!(dir = %self.shared.image.path().display(), addr = %self.local_addr(), "page server listening");
+        let tls = self.shared.tls.is_some();
+        info!(dir = %self.shared.image.path().display(), addr = %self.local_addr(), tls, "page server listening");
         for stream in self.listener.incoming() {
             let stream = match stream {
                 Ok(s) => s,
@@ -136,7 +152,7 @@ impl Server {
                 let spawned = std::thread::Builder::new()
                     .name(format!("page-server busy {peer}"))
                     .spawn(move || {
-                        if let Err(e) = refuse_busy(stream, peer) {
+                        if let Err(e) = refuse_busy(&shared, stream, peer) {
                             debug!(%peer, "page server: cannot tell a client it is busy: {e}");
                         }
                         shared.refusing.fetch_sub(1, Ordering::AcqRel);
@@ -168,28 +184,73 @@ impl Server {
 /// Tells a client the server is full: reads its greeting, answers with
 /// ours and a `Busy` error, and waits (briefly) for it to close, so that the
 /// answer is not lost to a reset. Bounded by [`MAX_REFUSING`] threads.
-fn refuse_busy(mut stream: TcpStream, peer: SocketAddr) -> io::Result<()> {
-    stream.set_read_timeout(Some(REFUSE_TIMEOUT))?;
-    stream.set_write_timeout(Some(REFUSE_TIMEOUT))?;
-    let mut greeting = [0u8; protocol::GREETING_LEN];
-    stream.read_exact(&mut greeting)?;
+fn refuse_busy(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> io::Result<()> {
+    tcp.set_read_timeout(Some(REFUSE_TIMEOUT))?;
+    tcp.set_write_timeout(Some(REFUSE_TIMEOUT))?;
+    let Some(stream) = open(shared, tcp, peer)? else {
+        return Ok(());
+    };
     let msg = format!(
         "the page server is busy ({} connections): try again later",
         protocol::MAX_CONNECTIONS
     );
+    refuse_early(stream, ErrorCode::Busy, &msg)?;
+    debug!(%peer, "page server: told a client it is busy");
+    Ok(())
+}
+
+/// Reads a client's greeting, answers with ours and an error, and waits
+/// (briefly) for the client to close.
+fn refuse_early(mut stream: Stream, code: ErrorCode, msg: &str) -> io::Result<()> {
+    let mut greeting = [0u8; protocol::GREETING_LEN];
+    stream.read_exact(&mut greeting)?;
     let mut out = Vec::new();
     protocol::write_greeting(&mut out, protocol::PROTOCOL_VERSION)?;
-    protocol::write_frame(
-        &mut out,
-        kind::ERROR,
-        &protocol::encode_error(ErrorCode::Busy, &msg),
-    )?;
+    protocol::write_frame(&mut out, kind::ERROR, &protocol::encode_error(code, msg))?;
     stream.write_all(&out)?;
-    stream.shutdown(Shutdown::Write)?;
-    debug!(%peer, "page server: told a client it is busy");
+    stream.flush()?;
+    let tcp = stream.tcp().try_clone()?;
+    tcp.shutdown(Shutdown::Write)?;
     // Drain until the client closes (it may have sent its hello already).
-    io::copy(&mut stream.take(1 << 16), &mut io::sink())?;
+    io::copy(&mut (&tcp).take(1 << 16), &mut io::sink())?;
     Ok(())
+}
+
+/// Sets up the connection's transport. `Ok(None)`: the client was refused
+/// (it speaks the other transport, or holds another token), and logged.
+fn open(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> io::Result<Option<Stream>> {
+    let Some(config) = &shared.tls else {
+        if tls::sniff(&tcp)? == Hello::Tls {
+            warn!(%peer, "page server: refused a TLS client: this server runs with --insecure-plaintext (give it on both ends or on neither)");
+            // Our plaintext greeting tells its TLS library this is no TLS.
+            let mut greeting = Vec::new();
+            protocol::write_greeting(&mut greeting, protocol::PROTOCOL_VERSION)?;
+            tls::refuse_tls_client(&tcp, &greeting)?;
+            return Ok(None);
+        }
+        return Ok(Some(Stream::plain(tcp)));
+    };
+    match tls::accept(tcp.try_clone()?, config) {
+        Ok(s) => Ok(Some(s)),
+        Err(TlsError::PlaintextPeer) => {
+            warn!(%peer, "page server: refused a plaintext client: this server requires TLS (the client runs with --insecure-plaintext)");
+            refuse_early(
+                Stream::plain(tcp),
+                ErrorCode::Refused,
+                protocol::PLAINTEXT_REFUSED,
+            )?;
+            Ok(None)
+        }
+        Err(TlsError::Io(e)) => Err(e),
+        Err(e) if e.is_other_token() => {
+            warn!(%peer, "page server: refused a client with a wrong token ({e}); closing the connection");
+            Ok(None)
+        }
+        Err(e) => {
+            info!(%peer, "page server: TLS with a client failed: {e}");
+            Ok(None)
+        }
+    }
 }
 
 /// Why a request failed: answered with an `Error` reply, or fatal for the
@@ -234,16 +295,19 @@ fn refuse(code: ErrorCode, message: impl Into<String>) -> Fail {
 struct Conn<'a> {
     shared: &'a Shared,
     peer: SocketAddr,
-    reader: BufReader<TcpStream>,
-    writer: BufWriter<TcpStream>,
+    reader: BufReader<Stream>,
+    writer: BufWriter<Stream>,
     packs: HashMap<(u32, String), PackReader>,
     buf: Vec<u8>,
 }
 
-fn session(shared: &Shared, stream: TcpStream, peer: SocketAddr) -> io::Result<()> {
-    stream.set_nodelay(true)?;
-    stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-    stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
+fn session(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> io::Result<()> {
+    tcp.set_nodelay(true)?;
+    tcp.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    tcp.set_write_timeout(Some(WRITE_TIMEOUT))?;
+    let Some(stream) = open(shared, tcp, peer)? else {
+        return Ok(());
+    };
     let mut conn = Conn {
         shared,
         peer,
@@ -255,7 +319,7 @@ fn session(shared: &Shared, stream: TcpStream, peer: SocketAddr) -> io::Result<(
     if !conn.handshake()? {
         return Ok(());
     }
-    stream.set_read_timeout(Some(IDLE_TIMEOUT))?;
+    stream.tcp().set_read_timeout(Some(IDLE_TIMEOUT))?;
     conn.serve_requests()
 }
 

@@ -12,9 +12,16 @@ use std::sync::Mutex;
 use common::*;
 use stasis_image::{load_chain, ImageDir, PackReader, RunEntry};
 use stasis_pageserver::protocol::{self, kind, ErrorCode};
+use stasis_pageserver::tls::Transport;
 use stasis_pageserver::{
     fill_runs, mirror, Client, MirrorData, PageServerError, Server, ServerConfig,
 };
+
+/// A plaintext client (`--insecure-plaintext`), for the tests that look at
+/// or meddle with the protocol's own bytes.
+fn plain(addr: &str, token: &[u8]) -> Result<Client, PageServerError> {
+    Client::connect_with(addr, token, Transport::InsecurePlaintext)
+}
 
 fn remote_code(e: &PageServerError) -> Option<ErrorCode> {
     match e {
@@ -307,7 +314,7 @@ fn a_wrong_token_is_refused_both_ways() {
         let _ = s.read_to_end(&mut rest);
         rest
     });
-    let e = Client::connect(&fake_addr, TOKEN).unwrap_err();
+    let e = plain(&fake_addr, TOKEN).unwrap_err();
     assert!(
         matches!(e, PageServerError::ServerNotAuthenticated { .. }),
         "{e:?}"
@@ -325,7 +332,7 @@ fn a_wrong_token_is_refused_both_ways() {
 fn a_client_that_skips_authentication_gets_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = image(tmp.path());
-    let addr = serve(&dir, TOKEN);
+    let addr = serve_with(&dir, TOKEN, Transport::InsecurePlaintext);
 
     // Hand-made: greeting, then a request without the handshake.
     let mut s = TcpStream::connect(&addr).unwrap();
@@ -385,19 +392,20 @@ fn a_client_that_skips_authentication_gets_nothing() {
         dir: dir.clone(),
         listen: "127.0.0.1:0".into(),
         token: vec![],
+        transport: Transport::Tls,
     })
     .unwrap_err();
     assert!(matches!(e, PageServerError::EmptyToken), "{e}");
 
     // The server still serves honest clients.
-    assert_eq!(Client::connect(&addr, TOKEN).unwrap().latest().unwrap(), 2);
+    assert_eq!(plain(&addr, TOKEN).unwrap().latest().unwrap(), 2);
 }
 
 #[test]
 fn another_protocol_version_is_refused_naming_both() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = image(tmp.path());
-    let addr = serve(&dir, TOKEN);
+    let addr = serve_with(&dir, TOKEN, Transport::InsecurePlaintext);
 
     // A client speaking version 99: the server answers with its version and closes.
     let mut s = TcpStream::connect(&addr).unwrap();
@@ -428,7 +436,7 @@ fn another_protocol_version_is_refused_naming_both() {
             protocol::write_greeting(&mut s, 2).unwrap();
         }
     });
-    let e = Client::connect(&fake_addr, TOKEN).unwrap_err();
+    let e = plain(&fake_addr, TOKEN).unwrap_err();
     assert!(
         matches!(
             e,
@@ -453,10 +461,10 @@ fn another_protocol_version_is_refused_naming_both() {
         let (mut s, _) = http.accept().unwrap();
         let _ = s.write_all(b"HTTP/1.0 400 Bad Request\r\n\r\n");
     });
-    let e = Client::connect(&http_addr, TOKEN).unwrap_err();
+    let e = plain(&http_addr, TOKEN).unwrap_err();
     assert!(matches!(e, PageServerError::NotAPageServer { .. }), "{e:?}");
 
-    assert_eq!(Client::connect(&addr, TOKEN).unwrap().latest().unwrap(), 2);
+    assert_eq!(plain(&addr, TOKEN).unwrap().latest().unwrap(), 2);
 }
 
 /// What a test proxy does to the bytes coming from the server.
@@ -518,7 +526,7 @@ const HANDSHAKE: usize = 12 + (8 + 64) + 8;
 fn the_client_checks_what_it_receives() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = image(tmp.path());
-    let addr = serve(&dir, TOKEN);
+    let addr = serve_with(&dir, TOKEN, Transport::InsecurePlaintext);
     let runs = packs(&dir, 1)
         .into_iter()
         .find(|p| p.0 == "pages-100.pack")
@@ -527,7 +535,7 @@ fn the_client_checks_what_it_receives() {
 
     // A bit flipped in transit, inside the page data of a run.
     let p = proxy(addr.clone(), Meddle::Flip(HANDSHAKE + 16 + 5000));
-    let mut c = Client::connect(&p, TOKEN).unwrap();
+    let mut c = plain(&p, TOKEN).unwrap();
     let mut buf = vec![0u8; runs[0].len() as usize];
     let e = c
         .read_run(1, "pages-100.pack", &runs[0], &mut buf)
@@ -547,13 +555,13 @@ fn the_client_checks_what_it_receives() {
 
     // ... inside a file.
     let p = proxy(addr.clone(), Meddle::Flip(HANDSHAKE + 8 + 3));
-    let mut c = Client::connect(&p, TOKEN).unwrap();
+    let mut c = plain(&p, TOKEN).unwrap();
     let e = c.file(1, "touch-set").unwrap_err();
     assert!(matches!(e, PageServerError::FileChecksum { .. }), "{e:?}");
 
     // ... in the server's proof: the client refuses the server.
     let p = proxy(addr.clone(), Meddle::Flip(12 + 8 + 32 + 1));
-    let e = Client::connect(&p, TOKEN).unwrap_err();
+    let e = plain(&p, TOKEN).unwrap_err();
     assert!(
         matches!(e, PageServerError::ServerNotAuthenticated { .. }),
         "{e:?}"
@@ -564,7 +572,7 @@ fn the_client_checks_what_it_receives() {
 fn a_connection_cut_in_the_middle_of_a_reply_is_an_error() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = image(tmp.path());
-    let addr = serve(&dir, TOKEN);
+    let addr = serve_with(&dir, TOKEN, Transport::InsecurePlaintext);
     let runs = packs(&dir, 1)
         .into_iter()
         .find(|p| p.0 == "pages-100.pack")
@@ -574,7 +582,7 @@ fn a_connection_cut_in_the_middle_of_a_reply_is_an_error() {
 
     // Cut inside the data of the first run.
     let p = proxy(addr.clone(), Meddle::CutAfter(handshake + 16 + 1000));
-    let mut c = Client::connect(&p, TOKEN).unwrap();
+    let mut c = plain(&p, TOKEN).unwrap();
     let mut buf = vec![0xEEu8; runs[0].len() as usize];
     let e = c
         .read_run(1, "pages-100.pack", &runs[0], &mut buf)
@@ -590,7 +598,7 @@ fn a_connection_cut_in_the_middle_of_a_reply_is_an_error() {
     // Pipelined: the first run arrives whole, the second is cut.
     let first = 16 + runs[0].len() as usize;
     let p = proxy(addr.clone(), Meddle::CutAfter(handshake + first + 100));
-    let mut c = Client::connect(&p, TOKEN).unwrap();
+    let mut c = plain(&p, TOKEN).unwrap();
     let mut got = Vec::new();
     let e = c
         .read_runs(1, "pages-100.pack", &runs, |e, data| {
@@ -604,15 +612,16 @@ fn a_connection_cut_in_the_middle_of_a_reply_is_an_error() {
 
     // Cut in a file reply (after its header).
     let p = proxy(addr.clone(), Meddle::CutAfter(handshake + 8 + 10));
-    let mut c = Client::connect(&p, TOKEN).unwrap();
+    let mut c = plain(&p, TOKEN).unwrap();
     let e = c.file(1, "manifest.bin").unwrap_err();
     assert!(matches!(e, PageServerError::Disconnected { .. }), "{e:?}");
 
     // A sparse fill through a cut connection fails; a mirror too.
     let dest = tmp.path().join("m");
-    mirror(&addr, TOKEN, Some(1), &dest, MirrorData::Sparse, None).unwrap();
+    let tls_addr = serve(&dir, TOKEN);
+    mirror(&tls_addr, TOKEN, Some(1), &dest, MirrorData::Sparse, None).unwrap();
     let p = proxy(addr.clone(), Meddle::CutAfter(handshake + first + 100));
-    let mut c = Client::connect(&p, TOKEN).unwrap();
+    let mut c = plain(&p, TOKEN).unwrap();
     let pack = cp_dir(&dest, 1).join("pages-100.pack");
     let e = fill_runs(&mut c, 1, "pages-100.pack", &pack, &runs).unwrap_err();
     assert!(matches!(e, PageServerError::Disconnected { .. }), "{e:?}");
@@ -766,6 +775,7 @@ fn bind_refuses_a_directory_that_is_not_an_image() {
         dir: tmp.path().to_path_buf(),
         listen: "127.0.0.1:0".into(),
         token: TOKEN.to_vec(),
+        transport: Transport::Tls,
     })
     .unwrap_err();
     assert!(matches!(e, PageServerError::BadImage { .. }), "{e}");
@@ -825,4 +835,113 @@ fn a_full_server_says_it_is_busy_and_recovers() {
             Err(e) => panic!("still refused: {e}"),
         }
     }
+}
+
+/// A proxy for one connection that forwards both ways and records what the
+/// server sends.
+fn recording_proxy(upstream: String) -> (String, std::sync::Arc<Mutex<Vec<u8>>>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let seen = std::sync::Arc::new(Mutex::new(Vec::new()));
+    let rec = std::sync::Arc::clone(&seen);
+    std::thread::spawn(move || {
+        let (client, _) = l.accept().unwrap();
+        let server = TcpStream::connect(upstream).unwrap();
+        let (mut c_in, mut s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut c_in, &mut s_out);
+            let _ = s_out.shutdown(Shutdown::Write);
+        });
+        let (mut s_in, mut c_out) = (server, client);
+        let mut buf = [0u8; 65536];
+        loop {
+            let n = match s_in.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            rec.lock().unwrap().extend_from_slice(&buf[..n]);
+            if c_out.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = c_out.shutdown(Shutdown::Both);
+    });
+    (addr, seen)
+}
+
+/// Whether any 32-byte window at a multiple of 512 bytes of `data` occurs
+/// in `wire`.
+fn leaks(data: &[u8], wire: &[u8]) -> bool {
+    data.chunks(512)
+        .map(|c| &c[..32.min(c.len())])
+        .any(|needle| wire.windows(needle.len()).any(|w| w == needle))
+}
+
+/// Under TLS the pages never cross the wire as they are (the same read in
+/// plaintext shows them, so the check can fail), and a bit flipped in
+/// transit is refused by TLS before any byte reaches the caller.
+#[test]
+fn tls_keeps_the_pages_off_the_wire_and_refuses_tampering() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = image(tmp.path());
+    let runs = packs(&dir, 1)
+        .into_iter()
+        .find(|p| p.0 == "pages-100.pack")
+        .unwrap()
+        .2;
+    let data = pages(1, 300);
+    for transport in [Transport::Tls, Transport::InsecurePlaintext] {
+        let addr = serve_with(&dir, TOKEN, transport);
+        let (p, seen) = recording_proxy(addr);
+        let mut c = Client::connect_with(&p, TOKEN, transport).unwrap();
+        let mut buf = vec![0u8; runs[0].len() as usize];
+        c.read_run(1, "pages-100.pack", &runs[0], &mut buf).unwrap();
+        assert_eq!(buf, data[..buf.len()]);
+        drop(c);
+        let wire = seen.lock().unwrap().clone();
+        assert!(wire.len() > buf.len(), "{} bytes seen", wire.len());
+        assert_eq!(
+            leaks(&buf, &wire),
+            transport == Transport::InsecurePlaintext,
+            "{transport:?}"
+        );
+    }
+
+    let addr = serve(&dir, TOKEN);
+    let p = proxy(addr, Meddle::Flip(20_000));
+    let mut c = Client::connect(&p, TOKEN).unwrap();
+    let mut buf = vec![0xEEu8; runs[0].len() as usize];
+    let e = c
+        .read_run(1, "pages-100.pack", &runs[0], &mut buf)
+        .unwrap_err();
+    assert!(
+        !matches!(e, PageServerError::RunChecksum { .. }),
+        "TLS let a flipped bit through: {e:?}"
+    );
+    assert!(
+        buf.iter().all(|&b| b == 0xEE),
+        "a tampered run reached the caller"
+    );
+}
+
+/// A plaintext client of a TLS server, and a TLS client of a plaintext
+/// server, are refused with a message naming --insecure-plaintext; the
+/// servers go on serving clients of their own kind.
+#[test]
+fn tls_and_plaintext_ends_refuse_each_other_naming_the_flag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = image(tmp.path());
+    let tls = serve(&dir, TOKEN);
+    let e = plain(&tls, TOKEN).unwrap_err();
+    assert_eq!(remote_code(&e), Some(ErrorCode::Refused), "{e:?}");
+    assert!(e.to_string().contains("--insecure-plaintext"), "{e}");
+    assert!(e.to_string().contains("requires TLS"), "{e}");
+
+    let clear = serve_with(&dir, TOKEN, Transport::InsecurePlaintext);
+    let e = Client::connect(&clear, TOKEN).unwrap_err();
+    assert!(matches!(e, PageServerError::Tls { .. }), "{e:?}");
+    assert!(e.to_string().contains("--insecure-plaintext"), "{e}");
+
+    assert_eq!(Client::connect(&tls, TOKEN).unwrap().latest().unwrap(), 2);
+    assert_eq!(plain(&clear, TOKEN).unwrap().latest().unwrap(), 2);
 }

@@ -10,6 +10,7 @@
 //! downloads the chain it needs into a private temporary directory
 //! ([`fetch_to_temp`]). The formats are in docs/storage.md.
 
+mod chunking;
 mod error;
 mod gc;
 mod key;
@@ -18,6 +19,7 @@ pub mod record;
 pub mod remote;
 mod s3image;
 pub mod seal;
+mod sparse;
 mod staging;
 
 pub use error::StoreError;
@@ -25,6 +27,7 @@ pub use gc::{gc, GcReport, Swept, SWEEP_AGE_S};
 pub use key::{parse_key, Key};
 pub use location::Location;
 pub use s3image::{Downloaded, S3Image, Uploaded};
+pub use sparse::LazyChain;
 pub use staging::Staging;
 
 use std::path::PathBuf;
@@ -59,6 +62,15 @@ fn private_temp() -> Result<tempfile::TempDir, StoreError> {
 pub fn fetch_to_temp(image: &S3Image, n: Option<u32>) -> Result<TempImage, StoreError> {
     let dir = private_temp()?;
     let fetched = image.download_chain(n, &dir.path().join("image"))?;
+    Ok(TempImage { dir, fetched })
+}
+
+/// Downloads checkpoint `n` (default: the latest) and its chain into a new
+/// private temporary directory, with sparse page packs (for a lazy
+/// restore: [`LazyChain`] reads the rest).
+pub fn fetch_sparse_to_temp(image: &S3Image, n: Option<u32>) -> Result<TempImage, StoreError> {
+    let dir = private_temp()?;
+    let fetched = image.download_chain_sparse(n, &dir.path().join("image"))?;
     Ok(TempImage { dir, fetched })
 }
 

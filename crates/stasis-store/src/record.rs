@@ -6,8 +6,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::Key;
 
-/// Version of the record format.
-pub const RECORD_FORMAT: u32 = 1;
+/// Version of the record format: 1, chunks of [`CHUNK_BYTES`]; 2, a
+/// file may list the lengths of its chunks (`lens`). A record is written
+/// as version 1 when no file lists them, so older readers still read it.
+pub const RECORD_FORMAT: u32 = 2;
 /// Largest commit record read.
 pub const MAX_RECORD_BYTES: usize = 64 << 20;
 /// Plain bytes per chunk of a file (the last one of a file is shorter).
@@ -38,6 +40,62 @@ pub struct FileRecord {
     /// Plain size of the whole file.
     pub size: u64,
     pub chunks: Vec<String>,
+    /// Plain length of each chunk (format 2); empty: every chunk is
+    /// [`CHUNK_BYTES`] but the last.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lens: Vec<u64>,
+}
+
+impl FileRecord {
+    /// `(offset, length)` of each chunk, in order.
+    pub fn spans(&self) -> Vec<(u64, u64)> {
+        if self.lens.is_empty() {
+            return (0..self.chunks.len() as u64)
+                .map(|i| {
+                    let off = i * CHUNK_BYTES;
+                    (off, CHUNK_BYTES.min(self.size.saturating_sub(off)))
+                })
+                .collect();
+        }
+        let mut off = 0;
+        self.lens
+            .iter()
+            .map(|&l| {
+                let s = (off, l);
+                off += l;
+                s
+            })
+            .collect()
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.lens.is_empty() {
+            if self.chunks.len() as u64 != self.size.div_ceil(CHUNK_BYTES) {
+                return Err(format!(
+                    "{} has {} chunks for {} bytes",
+                    self.name,
+                    self.chunks.len(),
+                    self.size
+                ));
+            }
+            return Ok(());
+        }
+        let sum = self.lens.iter().try_fold(0u64, |a, &l| {
+            (l > 0 && l <= CHUNK_BYTES)
+                .then(|| a.checked_add(l))
+                .flatten()
+        });
+        if self.lens.len() != self.chunks.len() || sum != Some(self.size) {
+            return Err(format!(
+                "{} has {} chunks of {} lengths that do not add up to {} bytes",
+                self.name,
+                self.chunks.len(),
+                self.lens.len(),
+                self.size
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Whether `id` is a chunk id: [`ZERO_CHUNK`] or 64 lowercase hex digits.
@@ -68,6 +126,11 @@ impl Record {
 
     /// Sets the MAC (with a key) and encodes.
     pub fn encode(&mut self, key: Option<&Key>) -> Vec<u8> {
+        self.format = if self.files.iter().any(|f| !f.lens.is_empty()) {
+            RECORD_FORMAT
+        } else {
+            1
+        };
         self.mac = key.map(|k| self.mac_of(k)).unwrap_or_default();
         serde_json::to_vec_pretty(self).unwrap_or_default()
     }
@@ -94,14 +157,7 @@ impl Record {
             if !stasis_image::is_plain_name(&f.name) {
                 return Err(format!("bad file name {:?}", f.name));
             }
-            if f.chunks.len() as u64 != f.size.div_ceil(CHUNK_BYTES) {
-                return Err(format!(
-                    "{} has {} chunks for {} bytes",
-                    f.name,
-                    f.chunks.len(),
-                    f.size
-                ));
-            }
+            f.check()?;
             if let Some(c) = f.chunks.iter().find(|c| !valid_chunk_id(c)) {
                 return Err(format!("bad chunk id {c:?}"));
             }

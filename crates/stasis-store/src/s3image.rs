@@ -235,18 +235,20 @@ impl S3Image {
         known: &mut HashMap<String, i64>,
         up: &mut Uploaded,
     ) -> Result<FileRecord, StoreError> {
+        let path = match &source {
+            Source::File(p) => Some(p.clone()),
+            Source::Bytes(_) => None,
+        };
         let (size, mut reader) = source.open()?;
-        let count = size.div_ceil(CHUNK_BYTES);
+        let spans = crate::chunking::plan(name, path.as_deref(), size);
         let now = now_unix();
-        let mut i = 0u64;
+        let mut next = spans.iter();
         let mut chunks = Vec::new();
         self.bucket.put_many(|| loop {
-            if i >= count {
+            let Some(&(off, len)) = next.next() else {
                 return Ok(None);
-            }
-            let off = i * CHUNK_BYTES;
-            i += 1;
-            let len = usize::try_from(CHUNK_BYTES.min(size - off)).unwrap_or(0);
+            };
+            let len = usize::try_from(len).unwrap_or(0);
             let mut buf = vec![0u8; len];
             reader(off, &mut buf)?;
             up.plain_bytes += len as u64;
@@ -268,10 +270,16 @@ impl S3Image {
             up.objects += 1;
             return Ok(Some((format!("{}{key}", self.prefix), stored)));
         })?;
+        let lens = if crate::chunking::is_fixed(&spans, size) {
+            Vec::new()
+        } else {
+            spans.iter().map(|s| s.1).collect()
+        };
         Ok(FileRecord {
             name: name.to_string(),
             size,
             chunks,
+            lens,
         })
     }
 
@@ -303,6 +311,17 @@ impl S3Image {
     /// into the local image directory `dest` (created if missing;
     /// checkpoints already in it are not fetched again).
     pub fn download_chain(&self, n: Option<u32>, dest: &Path) -> Result<Downloaded, StoreError> {
+        self.download_chain_with(n, dest, false)
+    }
+
+    /// [`download_chain`](Self::download_chain), with page packs sparse
+    /// when `sparse` (their header, index and trailer only).
+    pub(crate) fn download_chain_with(
+        &self,
+        n: Option<u32>,
+        dest: &Path,
+        sparse: bool,
+    ) -> Result<Downloaded, StoreError> {
         // (Listing the records is only needed to find the latest.)
         let first = match n {
             Some(n) => n,
@@ -334,7 +353,7 @@ impl S3Image {
                 }
                 r => r?,
             };
-            out.stored_bytes += self.fetch(&r, &cdir)?;
+            out.stored_bytes += self.fetch(&r, &cdir, sparse)?;
             out.chain.push(c);
             next = r.parent;
         }
@@ -352,8 +371,10 @@ impl S3Image {
         Ok(out)
     }
 
-    /// Fetches the files of one record into the new directory `dir`.
-    fn fetch(&self, r: &Record, dir: &Path) -> Result<u64, StoreError> {
+    /// Fetches the files of one record into the new directory `dir`; with
+    /// `sparse`, of a page pack only what holds its header, index and
+    /// trailer (see [`crate::sparse`]).
+    fn fetch(&self, r: &Record, dir: &Path, sparse: bool) -> Result<u64, StoreError> {
         make_dir(dir)?;
         let mut stored = 0;
         for f in &r.files {
@@ -368,53 +389,102 @@ impl S3Image {
             // Chunks of zeros stay holes.
             file.set_len(f.size)
                 .map_err(StoreError::local("size", &path))?;
-            let wanted: Vec<(usize, &String)> = f
-                .chunks
-                .iter()
-                .enumerate()
-                .filter(|(_, c)| c.as_str() != ZERO_CHUNK)
-                .collect();
-            let keys: Vec<String> = wanted
-                .iter()
-                .map(|(_, id)| format!("{}chunks/{id}", self.prefix))
-                .collect();
-            self.bucket.get_many(keys, |k, bytes| {
-                let (i, id) = wanted[k];
-                let off = i as u64 * CHUNK_BYTES;
-                let want = usize::try_from(CHUNK_BYTES.min(f.size - off)).unwrap_or(0);
-                let damaged = |reason: String| StoreError::Damaged {
-                    url: self.url.clone(),
-                    key: format!("{}chunks/{id}", self.prefix),
-                    reason,
-                };
-                let plain = seal::open(
-                    &bytes,
-                    &format!("chunks/{id}"),
-                    self.seal.key.as_ref(),
-                    want,
-                )
-                .map_err(|e| match e {
-                    OpenError::NeedKey => StoreError::NeedKey {
-                        url: self.url.clone(),
-                        checkpoint: r.checkpoint,
-                    },
-                    e => damaged(e.to_string()),
-                })?;
-                if plain.len() != want || self.chunk_id(&plain, r.key_id.is_some()) != *id {
-                    return Err(damaged(format!(
-                        "its {} bytes do not hash to its name (checkpoint {}, {})",
-                        plain.len(),
-                        r.checkpoint,
-                        f.name
-                    )));
-                }
-                stored += bytes.len() as u64;
-                file.write_all_at(&plain, off)
-                    .map_err(StoreError::local("write", &path))
-            })?;
+            let all: Vec<usize> = (0..f.chunks.len()).collect();
+            let wanted = if sparse && crate::sparse::is_pack(&f.name) {
+                crate::sparse::skeleton_chunks(self, r, f, &file, &mut stored)?
+            } else {
+                all
+            };
+            stored += self.fetch_chunks(r, f, &file, &wanted)?;
             file.sync_all().map_err(StoreError::local("sync", &path))?;
         }
         Ok(stored)
+    }
+
+    /// Fetches chunks `wanted` (indexes) of file `f` of record `r` into
+    /// `file` at their offsets (chunks of zeros are skipped: they are
+    /// holes); returns the stored bytes read.
+    pub(crate) fn fetch_chunks(
+        &self,
+        r: &Record,
+        f: &FileRecord,
+        file: &File,
+        wanted: &[usize],
+    ) -> Result<u64, StoreError> {
+        let wanted: Vec<usize> = wanted
+            .iter()
+            .copied()
+            .filter(|&i| f.chunks.get(i).is_some_and(|c| c.as_str() != ZERO_CHUNK))
+            .collect();
+        let keys: Vec<String> = wanted
+            .iter()
+            .map(|&i| format!("{}chunks/{}", self.prefix, f.chunks[i]))
+            .collect();
+        let spans = f.spans();
+        let mut stored = 0;
+        self.bucket.get_many(keys, |k, bytes| {
+            let i = wanted[k];
+            let plain = self.open_chunk(r, f, i, &bytes)?;
+            stored += bytes.len() as u64;
+            file.write_all_at(&plain, spans[i].0)
+                .map_err(StoreError::local("write", Path::new(&f.name)))
+        })?;
+        Ok(stored)
+    }
+
+    /// Chunk `i` of file `f` of record `r` (zeros for a zero chunk), read
+    /// from the store and checked against its id.
+    pub(crate) fn read_chunk(
+        &self,
+        r: &Record,
+        f: &FileRecord,
+        i: usize,
+    ) -> Result<Vec<u8>, StoreError> {
+        let id = f.chunks.get(i).ok_or_else(|| StoreError::Damaged {
+            url: self.url.clone(),
+            key: self.commit_key(r.checkpoint),
+            reason: format!("{} has no chunk {i}", f.name),
+        })?;
+        if id.as_str() == ZERO_CHUNK {
+            return Ok(vec![0; chunk_len(f, i)]);
+        }
+        let bytes = self.bucket.get(&format!("{}chunks/{id}", self.prefix))?;
+        self.open_chunk(r, f, i, &bytes)
+    }
+
+    /// The plain bytes of chunk `i` of file `f` of record `r`, stored as
+    /// `bytes`: opened (with the key) and checked against its id.
+    fn open_chunk(
+        &self,
+        r: &Record,
+        f: &FileRecord,
+        i: usize,
+        bytes: &[u8],
+    ) -> Result<Vec<u8>, StoreError> {
+        let id = &f.chunks[i];
+        let want = chunk_len(f, i);
+        let damaged = |reason: String| StoreError::Damaged {
+            url: self.url.clone(),
+            key: format!("{}chunks/{id}", self.prefix),
+            reason,
+        };
+        let plain = seal::open(bytes, &format!("chunks/{id}"), self.seal.key.as_ref(), want)
+            .map_err(|e| match e {
+                OpenError::NeedKey => StoreError::NeedKey {
+                    url: self.url.clone(),
+                    checkpoint: r.checkpoint,
+                },
+                e => damaged(e.to_string()),
+            })?;
+        if plain.len() != want || self.chunk_id(&plain, r.key_id.is_some()) != *id {
+            return Err(damaged(format!(
+                "its {} bytes do not hash to its name (checkpoint {}, {})",
+                plain.len(),
+                r.checkpoint,
+                f.name
+            )));
+        }
+        Ok(plain)
     }
 
     /// Deletes checkpoint `n`'s commit record (its chunks go when gc
@@ -520,6 +590,15 @@ fn with_endpoint(cfg: &crate::remote::S3Config, endpoint: Option<&str>) -> crate
         c.allow_http = Some(c.allow_http.unwrap_or(false) || e.starts_with("http://"));
     }
     c
+}
+
+/// Plain bytes of chunk `i` of file `f`.
+fn chunk_len(f: &FileRecord, i: usize) -> usize {
+    let len = match f.lens.get(i) {
+        Some(&l) => l,
+        None => CHUNK_BYTES.min(f.size.saturating_sub(i as u64 * CHUNK_BYTES)),
+    };
+    usize::try_from(len).unwrap_or(0)
 }
 
 fn now_unix() -> i64 {

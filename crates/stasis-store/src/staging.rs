@@ -9,7 +9,11 @@
 //! keeps the chain of the latest checkpoint (an incremental dump is
 //! planned against its manifests and reads its parent's packs) and the
 //! dirty-tracking state; older local checkpoints are deleted once
-//! uploaded. Local checkpoint numbers
+//! uploaded. With an encryption key nothing stays: every local checkpoint
+//! is deleted once uploaded ([`Staging::clear`]), so the plaintext of an
+//! encrypted store's checkpoints is on local disk only while its dump
+//! runs, and the next dump is full (the store's shared chunks keep it from
+//! storing unchanged data again). Local checkpoint numbers
 //! are mapped to the store's in `remote.json`; if the store's latest
 //! checkpoint is not the one this staging directory uploaded last (another
 //! host dumped, or the staging directory was lost), the staging directory
@@ -107,15 +111,7 @@ impl Staging {
         if same {
             return Ok(false);
         }
-        let cps = self.dir.join(CHECKPOINTS_DIR);
-        if cps.exists() {
-            fs::remove_dir_all(&cps).map_err(StoreError::local("remove", &cps))?;
-        }
-        let _ = fs::remove_file(self.dir.join(LATEST_NAME));
-        self.save_map(&RemoteMap {
-            url: self.url.clone(),
-            map: BTreeMap::new(),
-        })?;
+        self.clear()?;
         Ok(true)
     }
 
@@ -253,6 +249,20 @@ impl Staging {
         }
         r.upload(temp, (remote_n, parent), bytes, &[stasis_image::CUT_NAME])?;
         Ok(())
+    }
+
+    /// Deletes every local checkpoint (the next dump starts over, full):
+    /// after a dump into an encrypted store, or when the store moved on.
+    pub fn clear(&self) -> Result<(), StoreError> {
+        let cps = self.dir.join(CHECKPOINTS_DIR);
+        if cps.exists() {
+            fs::remove_dir_all(&cps).map_err(StoreError::local("remove", &cps))?;
+        }
+        let _ = fs::remove_file(self.dir.join(LATEST_NAME));
+        self.save_map(&RemoteMap {
+            url: self.url.clone(),
+            map: BTreeMap::new(),
+        })
     }
 
     /// After a dump: drops the local checkpoints outside the chain of the

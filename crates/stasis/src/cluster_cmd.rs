@@ -11,7 +11,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use stasis_cluster::{agent, coordinator};
 
-use crate::page_server::read_token_file;
+use crate::page_server::{read_token_file, TransportArgs};
 
 /// `stasis agent --listen ADDR --token-file F -D DIR`.
 #[derive(clap::Args, Debug)]
@@ -32,11 +32,14 @@ pub struct AgentArgs {
     /// Print the listening address as one JSON object.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub transport: TransportArgs,
 }
 
 /// Serves until SIGTERM or SIGINT, then exits 0.
 pub fn cmd_agent(a: AgentArgs) -> Result<ExitCode> {
     crate::store::local_only(&a.dir, "agent")?;
+    a.transport.apply();
     let token = read_token_file(&a.token_file)?;
     std::fs::create_dir_all(&a.dir)
         .with_context(|| format!("creating the agent's directory {}", a.dir.display()))?;
@@ -114,6 +117,8 @@ pub struct JobArgs {
     /// Print the result as one JSON object.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub transport: TransportArgs,
 }
 
 /// `stasis cluster ...`.
@@ -188,6 +193,11 @@ pub enum ClusterCmd {
 }
 
 pub fn cmd_cluster(c: ClusterCmd) -> Result<ExitCode> {
+    let (ClusterCmd::Dump { j, .. }
+    | ClusterCmd::Run { j, .. }
+    | ClusterCmd::Restore { j, .. }
+    | ClusterCmd::Inspect { j, .. }) = &c;
+    j.transport.apply();
     match c {
         ClusterCmd::Dump {
             j:
@@ -195,6 +205,7 @@ pub fn cmd_cluster(c: ClusterCmd) -> Result<ExitCode> {
                     token_file,
                     job,
                     json,
+                    ..
                 },
             targets,
             leave_running,
@@ -232,6 +243,7 @@ pub fn cmd_cluster(c: ClusterCmd) -> Result<ExitCode> {
                     token_file,
                     job,
                     json,
+                    ..
                 },
             targets,
             every,
@@ -257,6 +269,7 @@ pub fn cmd_cluster(c: ClusterCmd) -> Result<ExitCode> {
                     token_file,
                     job,
                     json,
+                    ..
                 },
             targets,
             checkpoint,

@@ -7,51 +7,80 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use stasis_image::{GcReport, ImageDir};
 
-/// `stasis gc -D DIR --keep N [--json]`.
+/// `stasis gc -D DIR --keep N [--json]`; with `-D s3://...`, each
+/// `--replica` store is collected the same way after the primary.
 pub fn cmd_gc(
     dir: &Path,
     keep: usize,
     json: bool,
     seal: stasis_store::seal::SealOptions,
+    replicas: Vec<stasis_store::S3Image>,
 ) -> Result<ExitCode> {
-    let (report, swept) = match crate::store::s3(dir, seal)? {
+    let mut replicated = Vec::new();
+    let (report, swept) = match crate::store::s3(dir, seal.clone())? {
         Some(image) => {
             anyhow::ensure!(keep >= 1, "--keep must be at least 1");
-            let age = std::env::var("STASIS_S3_SWEEP_AGE")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(stasis_store::SWEEP_AGE_S);
-            let (r, s) = stasis_store::gc(&image, keep, age)
-                .with_context(|| format!("deleting old checkpoints of {}", image.url))?;
+            let (r, s) = gc_store(&image, keep)?;
+            for replica in &replicas {
+                replicated.push((replica.url.clone(), gc_store(replica, keep)?));
+            }
             (r, Some(s))
         }
-        None => (
-            ImageDir::open(dir)
-                .with_context(|| format!("opening image directory {}", dir.display()))?
-                .gc(keep)
-                .with_context(|| format!("deleting old checkpoints of {}", dir.display()))?,
-            None,
-        ),
+        None => {
+            crate::store::refuse_for_local(dir, &seal, &replicas)?;
+            (
+                ImageDir::open(dir)
+                    .with_context(|| format!("opening image directory {}", dir.display()))?
+                    .gc(keep)
+                    .with_context(|| format!("deleting old checkpoints of {}", dir.display()))?,
+                None,
+            )
+        }
     };
     if json {
         let mut v = serde_json::to_value(&report)?;
         if let Some(s) = swept {
             v["swept"] = serde_json::to_value(s)?;
         }
+        if !replicated.is_empty() {
+            let r: Vec<_> = replicated
+                .iter()
+                .map(|(url, (r, s))| serde_json::json!({"url": url, "report": r, "swept": s}))
+                .collect();
+            v["replicas"] = serde_json::Value::Array(r);
+        }
         println!("{v}");
     } else {
-        let mut line = summary(&report);
-        if let Some(s) = swept {
-            line.push_str(&format!(
-                "; swept {} unneeded chunk(s), {}",
-                s.chunks,
-                crate::ui::bytes(s.bytes)
-            ));
+        println!("{}", line(&report, swept));
+        for (url, (r, s)) in &replicated {
+            println!("replica {url}: {}", line(r, Some(*s)));
         }
-        println!("{line}");
     }
     let _ = std::io::stdout().flush();
     Ok(ExitCode::SUCCESS)
+}
+
+/// The gc of one store (primary or replica).
+fn gc_store(image: &stasis_store::S3Image, keep: usize) -> Result<(GcReport, stasis_store::Swept)> {
+    let age = std::env::var("STASIS_S3_SWEEP_AGE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(stasis_store::SWEEP_AGE_S);
+    stasis_store::gc(image, keep, age)
+        .with_context(|| format!("deleting old checkpoints of {}", image.url))
+}
+
+/// The summary line, with what was swept.
+fn line(report: &GcReport, swept: Option<stasis_store::Swept>) -> String {
+    let mut line = summary(report);
+    if let Some(s) = swept {
+        line.push_str(&format!(
+            "; swept {} unneeded chunk(s), {}",
+            s.chunks,
+            crate::ui::bytes(s.bytes)
+        ));
+    }
+    line
 }
 
 /// "kept 4..6; merged 1..3 into 4 (12345 pages); deleted 1, 2, 3".

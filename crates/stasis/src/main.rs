@@ -238,7 +238,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::PageServer(a) => page_server::cmd_page_server(a),
         Cmd::Agent(a) => cluster_cmd::cmd_agent(a),
         Cmd::Cluster(c) => cluster_cmd::cmd_cluster(c),
-        Cmd::LazyFiller(a) => restore_cmd::cmd_lazy_filler(a),
+        Cmd::LazyFiller(a) => restore_cmd::cmd_lazy_filler(a, seal),
         Cmd::LazyGuard => restore_cmd::cmd_lazy_guard(),
         Cmd::DumpGuard => {
             stasis_capture::guard::run(std::io::stdin().lock())?;
@@ -261,7 +261,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 ui::inspect(&tmp.image(), checkpoint, json)
             }
         },
-        Cmd::Gc { dir, keep, json } => gc::cmd_gc(&dir, keep, json, seal),
+        Cmd::Gc { dir, keep, json } => gc::cmd_gc(&dir, keep, json, seal, replicas),
         Cmd::Demo { dir, before, after } => demo::run(dir, before, after),
         Cmd::DemoWorkload { pidfile } => demo::workload(&pidfile),
         Cmd::Run(o) => run::cmd_run(o),

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
+use stasis_pageserver::tls::Transport;
 use stasis_pageserver::{Server, ServerConfig};
 
 /// Largest token file read.
@@ -29,16 +30,42 @@ pub struct PageServerArgs {
     /// Print the listening address as one JSON object.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub transport: TransportArgs,
+}
+
+/// The transport flag of every command that has a token.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct TransportArgs {
+    /// Talk without TLS (the other end must be given it too): the token
+    /// still authenticates both ends, but everything sent, pages included,
+    /// crosses the network readable by anyone on the path.
+    #[arg(long)]
+    pub insecure_plaintext: bool,
+}
+
+impl TransportArgs {
+    /// The transport asked for.
+    pub fn transport(self) -> Transport {
+        Transport::from_flag(self.insecure_plaintext)
+    }
+
+    /// Makes it this process's transport (every connection it opens).
+    pub fn apply(self) {
+        Transport::set_process_default(self.transport());
+    }
 }
 
 /// Binds, prints where it listens, then serves until killed.
 pub fn cmd_page_server(a: PageServerArgs) -> Result<ExitCode> {
     crate::store::local_only(&a.dir, "page-server")?;
+    a.transport.apply();
     let token = read_token_file(&a.token_file)?;
     let server = Server::bind(ServerConfig {
         dir: a.dir.clone(),
         listen: a.listen.clone(),
         token,
+        transport: a.transport.transport(),
     })
     .with_context(|| format!("starting the page server for {}", a.dir.display()))?;
     let addr = server.local_addr();
@@ -48,10 +75,20 @@ pub fn cmd_page_server(a: PageServerArgs) -> Result<ExitCode> {
             let v = serde_json::json!({
                 "listening": addr.to_string(),
                 "dir": a.dir.display().to_string(),
+                "tls": !a.transport.insecure_plaintext,
             });
             writeln!(out, "{v}")?;
         } else {
-            writeln!(out, "page server: serving {} on {addr}", a.dir.display())?;
+            let how = if a.transport.insecure_plaintext {
+                " (plaintext)"
+            } else {
+                " (TLS)"
+            };
+            writeln!(
+                out,
+                "page server: serving {} on {addr}{how}",
+                a.dir.display()
+            )?;
         }
         out.flush()?;
     }

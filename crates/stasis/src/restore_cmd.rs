@@ -67,6 +67,8 @@ pub struct RestoreArgs {
     lazy_stats: Option<PathBuf>,
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    transport: crate::page_server::TransportArgs,
 }
 
 /// Starts the page filler of a lazy restore of checkpoint `n` of the image
@@ -79,8 +81,27 @@ pub fn start_filler(
     log: Option<Option<PathBuf>>,
     stats_file: Option<PathBuf>,
 ) -> Result<Filler> {
+    let args = filler_args(dir, n, from, (threads, bandwidth), log, stats_file);
+    spawn_filler(&args)
+}
+
+fn spawn_filler(args: &FillerArgs) -> Result<Filler> {
     let exe = std::env::current_exe().context("finding the stasis executable")?;
-    let args = FillerArgs {
+    Filler::spawn(&exe, args).context("starting the lazy restore's page filler")
+}
+
+/// The filler's options (its transport is this process's).
+fn filler_args(
+    dir: &Path,
+    n: u32,
+    from: Option<(String, PathBuf)>,
+    (threads, bandwidth): (usize, u64),
+    log: Option<Option<PathBuf>>,
+    stats_file: Option<PathBuf>,
+) -> FillerArgs {
+    let plaintext = stasis_pageserver::tls::Transport::process_default()
+        == stasis_pageserver::tls::Transport::InsecurePlaintext;
+    FillerArgs {
         dir: dir.to_path_buf(),
         checkpoint: n,
         record_faults: from.is_none(),
@@ -89,8 +110,12 @@ pub fn start_filler(
         stats_file,
         bandwidth,
         log,
-    };
-    Filler::spawn(&exe, &args).context("starting the lazy restore's page filler")
+        extra: if plaintext {
+            vec!["--insecure-plaintext".into()]
+        } else {
+            Vec::new()
+        },
+    }
 }
 
 /// The restorer's lazy sink for `filler`.
@@ -119,8 +144,11 @@ pub fn cmd_restore(
     seal: stasis_store::seal::SealOptions,
     replicas: Vec<stasis_store::S3Image>,
 ) -> Result<ExitCode> {
+    a.transport.apply();
     // Where the image is: local, a private copy of an object store's
-    // checkpoints, or a local mirror of the page server's.
+    // checkpoints (sparse for a lazy restore: the filler reads the rest
+    // from `lazy_store`), or a local mirror of the page server's.
+    let mut lazy_store = None;
     let fetched = match a
         .dir
         .as_deref()
@@ -129,9 +157,12 @@ pub fn cmd_restore(
     {
         Some(Some(image)) => {
             if a.lazy {
-                bail!("restore --lazy from an s3:// store is not supported yet: restore it whole");
+                let (t, url) = crate::store::fetch_lazy(image, replicas, a.checkpoint)?;
+                lazy_store = Some(url);
+                Some(t)
+            } else {
+                Some(crate::store::fetch(image, replicas, a.checkpoint)?)
             }
-            Some(crate::store::fetch(image, replicas, a.checkpoint)?)
         }
         Some(None) => {
             let dir = a.dir.as_deref().unwrap_or(Path::new(""));
@@ -153,14 +184,24 @@ pub fn cmd_restore(
                 .latest()?
                 .context("the image directory has no checkpoint")?,
         };
-        Some(start_filler(
+        let mut args = filler_args(
             &dir,
             n,
             a.from.clone().zip(a.token_file.clone()),
             (a.lazy_threads, a.lazy_bandwidth.unwrap_or(0)),
             a.detach.then(|| a.lazy_log.clone()),
             a.lazy_stats.clone(),
-        )?)
+        );
+        if let Some(url) = &lazy_store {
+            // The local copy is temporary: nothing to record faults into.
+            args.record_faults = false;
+            args.extra.extend(["--store".into(), url.clone()]);
+            if let Some(k) = &seal.key {
+                args.extra.push("--encrypt-key-file".into());
+                args.extra.push(k.file.to_string_lossy().into_owned());
+            }
+        }
+        Some(spawn_filler(&args)?)
     } else {
         None
     };
@@ -334,9 +375,16 @@ pub struct FillerCli {
     record_faults: bool,
     #[arg(long, default_value_t = 0)]
     bandwidth: u64,
+    /// Read the pages from this object store (s3://...) rather than from
+    /// the packs of --dir (a sparse copy of its chain).
+    #[arg(long, conflicts_with = "from")]
+    store: Option<String>,
+    #[command(flatten)]
+    transport: crate::page_server::TransportArgs,
 }
 
-pub fn cmd_lazy_filler(a: FillerCli) -> Result<ExitCode> {
+pub fn cmd_lazy_filler(a: FillerCli, seal: stasis_store::seal::SealOptions) -> Result<ExitCode> {
+    a.transport.apply();
     let control = std::io::stdin()
         .as_fd()
         .try_clone_to_owned()
@@ -350,8 +398,13 @@ pub fn cmd_lazy_filler(a: FillerCli) -> Result<ExitCode> {
             }
             _ => None,
         };
-        // A page server that is not there fails now, not at the first fault.
-        Ok((catalog, stasis_lazy::open_source(&a.dir, remote)?))
+        // A page server or store that is not there fails now, not at the
+        // first fault.
+        let source: Box<dyn RunSource> = match &a.store {
+            Some(url) => Box::new(crate::store::S3Runs::open(url, seal, a.checkpoint)?),
+            None => stasis_lazy::open_source(&a.dir, remote)?,
+        };
+        Ok((catalog, source))
     };
     let (catalog, source) = match setup() {
         Ok(x) => x,

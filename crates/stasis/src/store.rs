@@ -167,7 +167,16 @@ pub fn dump(
             for l in lines {
                 println!("{l}");
             }
-            if let Err(e) = up.staging.trim() {
+            // An encrypted store's plaintext does not stay on local disk.
+            let tidied: Result<()> = if up.image.seal.key.is_some() {
+                up.staging
+                    .clear()
+                    .map_err(anyhow::Error::from)
+                    .and_then(|()| Ok(stasis_track::state::clear(up.staging.dir())?))
+            } else {
+                Ok(up.staging.trim()?)
+            };
+            if let Err(e) = tidied {
                 eprintln!("stasis: warning: tidying the staging directory: {e}");
             }
             Ok(code)
@@ -211,4 +220,118 @@ pub fn fetch(
         );
     }
     Ok(t)
+}
+
+/// `restore --lazy -D s3://...`: checkpoint `n` (default: the latest) and
+/// its chain with sparse page packs, from the primary or the first replica
+/// that has them, with the pages of the areas a lazy restore fills before
+/// the tree runs fetched in; and the URL of the store it came from (the
+/// filler reads the rest there).
+pub fn fetch_lazy(
+    image: S3Image,
+    replicas: Vec<S3Image>,
+    n: Option<u32>,
+) -> Result<(stasis_store::TempImage, String)> {
+    let mut all = vec![image];
+    all.extend(replicas);
+    let mut failed = Vec::new();
+    for (i, image) in all.into_iter().enumerate() {
+        let url = image.url.clone();
+        match fetch_lazy_from(image, n) {
+            Ok(t) => {
+                if i > 0 {
+                    eprintln!("stasis: read from replica {url} ({})", failed.join("; "));
+                }
+                return Ok((t, url));
+            }
+            Err(e) if i == 0 && failed.is_empty() => failed.push(format!("{url}: {e:#}")),
+            Err(e) => failed.push(format!("{url}: {e:#}")),
+        }
+    }
+    anyhow::bail!(
+        "fetching the checkpoints for a lazy restore: {}",
+        failed.join("; ")
+    )
+}
+
+fn fetch_lazy_from(image: S3Image, n: Option<u32>) -> Result<stasis_store::TempImage> {
+    let t = stasis_store::fetch_sparse_to_temp(&image, n)?;
+    let head = *t.fetched.chain.first().context("an empty chain")?;
+    let chain = stasis_store::LazyChain::open(image, head)?;
+    fill_eager(&chain, &t.image(), head)?;
+    Ok(t)
+}
+
+/// Fetches into the sparse packs at `dir` the runs of the areas a lazy
+/// restore fills before the tree runs (as `stasis_lazy::fill_eager` does
+/// from a page server).
+fn fill_eager(chain: &stasis_store::LazyChain, dir: &Path, n: u32) -> Result<()> {
+    let store = stasis_image::ImageDir::open(dir)?;
+    let cps = stasis_image::load_chain(&store, Some(n))?;
+    let head = cps.first().context("an empty chain")?;
+    for p in head
+        .manifest
+        .processes
+        .iter()
+        .filter(|p| p.zombie.is_none())
+    {
+        for src in stasis_image::page_sources(&cps, p)? {
+            let runs = stasis_lazy::eager::eager_runs(src.pack.runs(), &p.vmas);
+            if runs.is_empty() {
+                continue;
+            }
+            let ranges: Vec<(u64, u64)> = runs.iter().map(|r| (r.file_off, r.len())).collect();
+            let path = src.pack.path();
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .with_context(|| format!("opening {}", path.display()))?;
+            chain
+                .fill(src.checkpoint, &src.pack.file_name(), &file, &ranges)
+                .with_context(|| format!("fetching the eager pages of process {}", p.pid))?;
+        }
+    }
+    Ok(())
+}
+
+/// The pages of a lazy restore read from an object store (ranged reads of
+/// the packs' chunks), each run checked against its checksum.
+pub struct S3Runs(stasis_store::LazyChain);
+
+impl S3Runs {
+    /// The chain of checkpoint `n` in the store at `url`.
+    pub fn open(url: &str, seal: stasis_store::seal::SealOptions, n: u32) -> Result<S3Runs> {
+        let image = match Location::parse(url)? {
+            loc @ Location::S3 { .. } => S3Image::open(&loc, seal)?,
+            Location::Dir(_) => anyhow::bail!("--store {url} is not an s3:// URL"),
+        };
+        Ok(S3Runs(stasis_store::LazyChain::open(image, n)?))
+    }
+}
+
+impl stasis_lazy::RunSource for S3Runs {
+    fn read_run(
+        &self,
+        catalog: &stasis_lazy::Catalog,
+        pack: usize,
+        e: &stasis_image::RunEntry,
+        buf: &mut [u8],
+    ) -> Result<(), stasis_lazy::ReadError> {
+        let p = catalog.pack(pack)?;
+        self.0
+            .read_run(p.checkpoint, &p.name, e, buf)
+            .map_err(|err| match err {
+                stasis_store::StoreError::Image(i) => i,
+                err => stasis_image::ImageError::Io {
+                    action: "fetch pages from",
+                    path: format!("{}: {}", self.0.url(), p.name).into(),
+                    source: std::io::Error::other(err),
+                },
+            })?;
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        format!("the object store at {}", self.0.url())
+    }
 }

@@ -230,3 +230,225 @@ fn lazy_restore_across_network_namespaces() {
     assert_ne!(ns_of(w.pid), ns_of(std::process::id() as i32));
     w.finish_pass();
 }
+
+/// `stasis page-server` with extra flags (e.g. `--insecure-plaintext`),
+/// killed when dropped.
+struct Served {
+    child: std::process::Child,
+    addr: String,
+}
+
+impl Served {
+    fn start(dir: &std::path::Path, token_file: &std::path::Path, extra: &[&str]) -> Served {
+        use std::io::BufRead;
+        let mut child = stasis()
+            .args([
+                "page-server",
+                "--json",
+                "--listen",
+                "127.0.0.1:0",
+                "--token-file",
+            ])
+            .arg(token_file)
+            .arg("-D")
+            .arg(dir)
+            .args(extra)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["tls"], extra.is_empty(), "{v}");
+        Served {
+            child,
+            addr: v["listening"].as_str().unwrap().to_string(),
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A relay in front of a server that records every byte, both ways, of
+/// every connection through it.
+struct Relay {
+    addr: String,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Relay {
+    fn start(upstream: &str) -> Relay {
+        use std::io::{Read, Write};
+        use std::net::{Shutdown, TcpListener, TcpStream};
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Mutex};
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (st, rec, up) = (stop.clone(), seen.clone(), upstream.to_string());
+        std::thread::spawn(move || {
+            while !st.load(Ordering::Relaxed) {
+                let Ok((client, _)) = l.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                client.set_nonblocking(false).unwrap();
+                let Ok(server) = TcpStream::connect(&up) else {
+                    continue;
+                };
+                let pipe = |mut from: TcpStream, mut to: TcpStream, rec: Arc<Mutex<Vec<u8>>>| {
+                    std::thread::spawn(move || {
+                        let mut buf = [0u8; 65536];
+                        while let Ok(n) = from.read(&mut buf) {
+                            rec.lock().unwrap().extend_from_slice(&buf[..n]);
+                            if n == 0 || to.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        let _ = to.shutdown(Shutdown::Write);
+                    });
+                };
+                pipe(
+                    client.try_clone().unwrap(),
+                    server.try_clone().unwrap(),
+                    rec.clone(),
+                );
+                pipe(server, client, rec.clone());
+            }
+        });
+        Relay { addr, seen, stop }
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// 32-byte samples of the process's memory: the start of 64 pages spread
+/// over its largest private writable mapping, all distinct and not zero.
+fn memory_samples(pid: i32) -> std::collections::HashSet<[u8; 32]> {
+    use std::os::unix::fs::FileExt;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let (start, end) = maps
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1) == Some("rw-p"))
+        .filter_map(|l| {
+            let (a, b) = l.split_whitespace().next()?.split_once('-')?;
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            ))
+        })
+        .max_by_key(|(a, b)| b - a)
+        .unwrap();
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let pages = (end - start) / 4096;
+    let mut out = std::collections::HashSet::new();
+    for i in 0..64 {
+        let mut b = [0u8; 32];
+        mem.read_exact_at(&mut b, start + (i * pages / 64) * 4096)
+            .unwrap();
+        if b != [0; 32] {
+            out.insert(b);
+        }
+    }
+    assert!(out.len() >= 32, "too few distinct samples: {}", out.len());
+    out
+}
+
+fn token_file_in(dir: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join("token");
+    std::fs::write(&p, TOKEN).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    p
+}
+
+/// Encryption in transit: a whole and a lazy restore through a relay that
+/// records every byte. Over TLS (the default) no sample of the process's
+/// memory crosses it; with `--insecure-plaintext` on both ends (the
+/// control, so the check can fail) they do. The process passes after each.
+#[test]
+fn tls_keeps_process_memory_off_the_wire() {
+    let mut w = Workload::start("heap", &["16"]);
+    std::thread::sleep(Duration::from_millis(200));
+    let samples = memory_samples(w.pid);
+    w.dump_and_reap();
+    let token = token_file_in(w.dir.path());
+    for (flags, lazy) in [
+        (&["--insecure-plaintext"][..], false),
+        (&[][..], false),
+        (&[][..], true),
+    ] {
+        let s = Served::start(&w.images(), &token, flags);
+        let relay = Relay::start(&s.addr);
+        let stats = w.dir.path().join(format!("stats-{lazy}.json"));
+        let mut extra = flags.to_vec();
+        if lazy {
+            extra.extend(["--lazy", "--lazy-stats", stats.to_str().unwrap()]);
+        }
+        let o = restore_from(&relay.addr, &token, &extra);
+        assert_ok(&o, &format!("restore --from {extra:?}"));
+        assert!(alive(w.pid));
+        if lazy {
+            // The filler streams the rest in the background: wait for it.
+            let st = wait_json_file(&stats, Duration::from_secs(60));
+            assert!(st.get("error").is_none(), "{st}");
+        }
+        let wire = relay.bytes();
+        let leaked = wire
+            .windows(32)
+            .filter(|x| samples.contains(<&[u8; 32]>::try_from(*x).unwrap()))
+            .count();
+        eprintln!(
+            "{extra:?}: {} bytes crossed, {leaked} samples seen",
+            wire.len()
+        );
+        assert!(wire.len() > 8 << 20, "{extra:?}: {} bytes", wire.len());
+        assert_eq!(
+            leaked > 0,
+            !flags.is_empty(),
+            "{extra:?}: {leaked} samples on the wire"
+        );
+        if lazy {
+            w.finish_pass();
+        } else {
+            kill_and_reap(&mut w);
+        }
+    }
+}
+
+/// A plaintext restore from a TLS server, and a TLS restore from a
+/// plaintext server, are refused with a message naming the flag, and
+/// nothing runs.
+#[test]
+fn tls_and_plaintext_ends_refuse_each_other() {
+    let mut w = Workload::start("heap", &["16"]);
+    w.dump_and_reap();
+    let token = token_file_in(w.dir.path());
+    let plain = &["--insecure-plaintext"][..];
+    for (server, client) in [(&[][..], plain), (plain, &[][..])] {
+        let s = Served::start(&w.images(), &token, server);
+        let o = restore_from(&s.addr, &token, client);
+        assert_fails_with(&o, "--insecure-plaintext");
+        assert!(!alive(w.pid), "a process runs after a refused restore");
+    }
+}

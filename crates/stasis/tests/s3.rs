@@ -402,6 +402,31 @@ fn encryption_at_rest() {
         !holds_any(&srv, "sealed", &samples),
         "process memory in the encrypted store"
     );
+    // Nor on local disk: the staging directories hold the plain store's
+    // chain (the control), and nothing of the encrypted one's.
+    // (Each store's staging directory says its store in remote.json.)
+    let staged = |suffix: &str| -> bool {
+        std::fs::read_dir(srv.staging.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|d| {
+                std::fs::read_to_string(d.join("remote.json"))
+                    .is_ok_and(|t| t.contains(&format!("{suffix}\"")))
+            })
+            .flat_map(|d| files_under(&d).into_values())
+            .any(|b| {
+                b.windows(32)
+                    .any(|w| samples.contains(<&[u8; 32]>::try_from(w).unwrap()))
+            })
+    };
+    assert!(
+        staged("/plain"),
+        "no memory sample staged for the plain store: the check cannot work"
+    );
+    assert!(
+        !staged("/sealed"),
+        "process memory left in the staging directory of the encrypted store"
+    );
     let o = srv.restore(&url, &[]);
     assert_fails_with(&o, "is encrypted: give the key with --encrypt-key-file");
     assert!(!alive(w.pid));
@@ -536,4 +561,376 @@ fn replicas() {
     ok(&o, "restore from the replica");
     assert!(err.contains(&format!("read from replica {rurl}")), "{err}");
     w.finish_pass();
+}
+
+/// gc of replicas: three checkpoints of a chain in a primary and a
+/// replica; `gc --keep 1 --replica URL` keeps the newest (merged into a
+/// full checkpoint) in both, both stores shrink, and the replica alone then
+/// restores it.
+#[test]
+fn gc_collects_the_replicas_too() {
+    let mut a = S3Server::start();
+    let b = S3Server::start();
+    let url = a.url("prim");
+    let rurl = format!("s3+http://127.0.0.1:{}/{BUCKET}/repl", b.port);
+    let mut w = Workload::start("chain_writer", &["16"]);
+    for k in 1..=3 {
+        std::thread::sleep(Duration::from_millis(100));
+        let o = a
+            .stasis()
+            .args(["dump", "-t", &w.pid.to_string(), "-D", &url])
+            .args(["--replica", &rurl, "--leave-running", "--track", "uffd"])
+            .output()
+            .unwrap();
+        ok(&o, &format!("dump {k}"));
+    }
+    let size = |srv: &S3Server, prefix: &str| -> u64 {
+        srv.stored_files()
+            .iter()
+            .filter(|(p, _)| p.starts_with(format!("{BUCKET}/{prefix}")))
+            .map(|(_, b)| b.len() as u64)
+            .sum()
+    };
+    let before = (size(&a, "prim"), size(&b, "repl"));
+    let o = a
+        .stasis()
+        .args([
+            "gc",
+            "-D",
+            &url,
+            "--keep",
+            "1",
+            "--replica",
+            &rurl,
+            "--json",
+        ])
+        .env("STASIS_S3_SWEEP_AGE", "0")
+        .output()
+        .unwrap();
+    let text = ok(&o, "gc");
+    let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    assert_eq!(v["kept"], serde_json::json!([3]), "{v}");
+    assert_eq!(v["replicas"][0]["url"], rurl, "{v}");
+    assert_eq!(
+        v["replicas"][0]["report"]["kept"],
+        serde_json::json!([3]),
+        "{v}"
+    );
+    assert_eq!(
+        v["replicas"][0]["report"]["deleted"],
+        serde_json::json!([1, 2]),
+        "{v}"
+    );
+    for (srv, prefix) in [(&a, "prim"), (&b, "repl")] {
+        let commits: Vec<_> = std::fs::read_dir(srv.bucket_dir().join(prefix).join("commits"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(commits, vec!["00000003".to_string()], "{prefix}");
+    }
+    let after = (size(&a, "prim"), size(&b, "repl"));
+    eprintln!("stored before gc {before:?}, after {after:?}");
+    assert!(
+        after.0 < before.0 && after.1 < before.1,
+        "{before:?} -> {after:?}"
+    );
+    kill_and_reap(&mut w);
+    a.kill();
+    let o = a
+        .stasis()
+        .args(["restore", "--detach", "-D", &url, "--replica", &rurl])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    ok(&o, "restore from the replica after gc");
+    assert!(err.contains(&format!("read from replica {rurl}")), "{err}");
+    w.finish_pass();
+}
+
+/// The buffer of a `shared_tree` (its address and size are in its
+/// `out.log`), read from its memory.
+fn buffer_of(pid: i32, dir: &std::path::Path) -> (u64, Vec<u8>) {
+    use std::os::unix::fs::FileExt;
+    let log = std::fs::read_to_string(dir.join("out.log")).unwrap();
+    let line = log.lines().find(|l| l.starts_with("buf ")).unwrap();
+    let mut f = line.split_whitespace().skip(1);
+    let start = u64::from_str_radix(f.next().unwrap(), 16).unwrap();
+    let len: usize = f.next().unwrap().parse().unwrap();
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut buf = vec![0u8; len];
+    mem.read_exact_at(&mut buf, start).unwrap();
+    (start, buf)
+}
+
+/// Lazy restore from the store (`restore --lazy -D s3://...`), plain and
+/// encrypted: the process (a `shared_tree` without children: a 48 MiB
+/// buffer, never written after the fill) runs before its memory has
+/// arrived, the filler fetches the rest from the store by chunk (ranged
+/// reads), and once it is done the buffer holds exactly the bytes it held
+/// at the dump; the process then checks itself.
+#[test]
+fn lazy_restore_from_the_store() {
+    let srv = S3Server::start();
+    let keys = tempfile::tempdir().unwrap();
+    let bin = build_shared_tree(keys.path());
+    let key = key_file(keys.path(), "key", 9);
+    let k = key.to_str().unwrap();
+    for (name, extra) in [
+        ("lazy-plain", &[][..]),
+        ("lazy-sealed", &["--encrypt-key-file", k][..]),
+    ] {
+        let url = srv.url(name);
+        let dir = keys.path().join(name);
+        std::fs::create_dir(&dir).unwrap();
+        let (mut child, pid, _guard) = start_shared_tree(&bin, &dir, 48, 0);
+        let (start, before) = buffer_of(pid, &dir);
+        assert!(before.len() >= 48 << 20, "{}", before.len());
+        let o = srv
+            .stasis()
+            .args(["dump", "-t", &pid.to_string(), "-D", &url])
+            .args(extra)
+            .output()
+            .unwrap();
+        ok(&o, "dump");
+        let _ = child.wait();
+        let stats = keys.path().join(format!("{name}.json"));
+        let mut args = vec!["--lazy", "--json", "--lazy-stats", stats.to_str().unwrap()];
+        args.extend(extra);
+        let text = ok(&srv.restore(&url, &args), "restore --lazy");
+        let r: serde_json::Value = text
+            .lines()
+            .find_map(|l| serde_json::from_str(l).ok())
+            .unwrap_or_else(|| panic!("no JSON: {text}"));
+        assert_eq!(r["pid"], pid, "{r}");
+        assert!(r["lazy_bytes"].as_u64().unwrap() >= 48 << 20, "{r}");
+        let st = wait_json_file(&stats, Duration::from_secs(120));
+        assert!(st.get("error").is_none(), "{name}: {st}");
+        assert!(st["pages_streamed"].as_u64().unwrap() > 0, "{name}: {st}");
+        let (start2, after) = buffer_of(pid, &dir);
+        assert_eq!(start2, start);
+        let differ: Vec<usize> = (0..before.len() / 4096)
+            .filter(|&i| before[i * 4096..(i + 1) * 4096] != after[i * 4096..(i + 1) * 4096])
+            .collect();
+        assert!(
+            differ.is_empty() && after.len() == before.len(),
+            "{name}: {} of {} pages differ after the lazy restore (first: {:?}; {} vs {} bytes)",
+            differ.len(),
+            before.len() / 4096,
+            differ.iter().take(8).collect::<Vec<_>>(),
+            before.len(),
+            after.len()
+        );
+        finish_shared_tree(pid, &dir);
+    }
+}
+
+/// `shared_tree PIDFILE MIB KIDS`: a root fills MIB MiB (incompressible,
+/// in one mapping of its own) and forks KIDS children (at most 15), so
+/// every process holds the same pages (copy-on-write); each waits for
+/// SIGTERM, then checks its buffer and its PID; the root reaps the others
+/// and prints PASS only if all passed.
+const SHARED_TREE_C: &str = r#"
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static uint64_t word(uint64_t i) {
+	uint64_t x = i * 0x9E3779B97F4A7C15ull + 0x5348415245445452ull;
+	x ^= x >> 31; x *= 0xBF58476D1CE4E5B9ull; x ^= x >> 29;
+	return x;
+}
+
+static int check(const uint64_t *b, size_t n) {
+	for (size_t i = 0; i < n; i++)
+		if (b[i] != word(i))
+			return 1;
+	return 0;
+}
+
+int main(int argc, char **argv) {
+	size_t n = (size_t)atoi(argv[2]) << 17; /* MiB -> words */
+	int nkids = atoi(argv[3]), ready[2], i;
+	uint64_t *buf = malloc(n * 8);
+	pid_t kids[15];
+	if (nkids < 0 || nkids > 15 || !buf)
+		return 2;
+	sigset_t set;
+	for (size_t k = 0; k < n; k++)
+		buf[k] = word(k);
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigprocmask(SIG_BLOCK, &set, NULL);
+	if (pipe(ready))
+		return 2;
+	for (i = 0; i < nkids; i++) {
+		kids[i] = fork();
+		if (kids[i] == 0) {
+			pid_t me = getpid();
+			int sig;
+			close(ready[0]);
+			close(ready[1]);
+			sigwait(&set, &sig);
+			_exit(check(buf, n) | (getpid() != me) << 1);
+		}
+	}
+	close(ready[1]);
+	printf("buf %lx %zu\n", (unsigned long)buf, n * 8);
+	fflush(stdout);
+	FILE *f = fopen(argv[1], "w");
+	fprintf(f, "%d\n", getpid());
+	fclose(f);
+	int sig, bad = check(buf, n);
+	sigwait(&set, &sig);
+	for (i = 0; i < nkids; i++) {
+		int st;
+		kill(kids[i], SIGTERM);
+		if (waitpid(kids[i], &st, 0) != kids[i] || !WIFEXITED(st) || WEXITSTATUS(st))
+			bad = 1;
+	}
+	bad |= check(buf, n);
+	printf("%s\n", bad ? "FAIL" : "PASS");
+	return bad;
+}
+"#;
+
+/// Builds `shared_tree` into `dir`.
+fn build_shared_tree(dir: &std::path::Path) -> std::path::PathBuf {
+    // (Makes this process the subreaper that restored trees are reaped by.)
+    workloads();
+    let src = dir.join("shared_tree.c");
+    std::fs::write(&src, SHARED_TREE_C).unwrap();
+    let bin = dir.join("shared_tree");
+    let o = std::process::Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert_ok(&o, "cc shared_tree.c");
+    bin
+}
+
+/// Starts `shared_tree` (output in `dir/out.log`); returns it, its PID
+/// and a guard killing the tree, once its KIDS children are there.
+fn start_shared_tree(
+    bin: &std::path::Path,
+    dir: &std::path::Path,
+    mib: u32,
+    kids: usize,
+) -> (std::process::Child, i32, TreeGuard) {
+    let pidfile = dir.join("pid");
+    let out = std::fs::File::create(dir.join("out.log")).unwrap();
+    let mut c = std::process::Command::new(bin);
+    c.arg(&pidfile)
+        .arg(mib.to_string())
+        .arg(kids.to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out);
+    close_inherited_fds(&mut c);
+    let child = c.spawn().unwrap();
+    let root = wait_pidfile(&pidfile, Duration::from_secs(30));
+    let guard = TreeGuard(root);
+    wait_until(Duration::from_secs(10), "the children", || {
+        descendants(root).len() == kids
+    });
+    (child, root, guard)
+}
+
+/// Ends a restored `shared_tree` (SIGTERM) and requires its PASS.
+fn finish_shared_tree(root: i32, dir: &std::path::Path) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(root),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let (code, sig) = waitpid_timeout(root, Duration::from_secs(30));
+    let log = std::fs::read_to_string(dir.join("out.log")).unwrap();
+    assert_eq!((code, sig), (Some(0), None), "{log}");
+    assert!(log.contains("PASS"), "{log}");
+}
+
+/// Kills a tree (root and every descendant) when dropped.
+struct TreeGuard(i32);
+
+impl Drop for TreeGuard {
+    fn drop(&mut self) {
+        use nix::sys::signal::{kill, Signal};
+        use nix::unistd::Pid;
+        for p in descendants(self.0).into_iter().chain([self.0]) {
+            let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+            reap_if_ours(p);
+        }
+    }
+}
+
+/// Shared chunks across the processes of a tree: an 8-process tree forked
+/// from a root that filled 64 MiB (incompressible) before forking is
+/// dumped to the store: its packs hold the buffer 8 times, the store (the
+/// server's backing directory) grows by about one copy. Restored, all 8
+/// processes check their buffer and the root says PASS.
+#[test]
+fn an_8_process_tree_stores_its_shared_pages_once() {
+    let srv = S3Server::start();
+    let url = srv.url("tree8");
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = build_shared_tree(tmp.path());
+    let (mut child, root, _guard) = start_shared_tree(&bin, tmp.path(), 64, 7);
+    let stored = || -> u64 {
+        srv.stored_files()
+            .iter()
+            .filter(|(p, _)| p.starts_with(format!("{BUCKET}/tree8")))
+            .map(|(_, b)| b.len() as u64)
+            .sum()
+    };
+    let tree = descendants(root);
+    let text = ok(
+        &srv.stasis()
+            .args(["dump", "-t", &root.to_string(), "-D", &url])
+            .output()
+            .unwrap(),
+        "dump of the tree",
+    );
+    let _ = child.wait();
+    for p in tree {
+        reap_if_ours(p);
+    }
+    let grown = stored();
+    eprintln!("{text}the store grew by {grown} bytes for 8 x 64 MiB of shared pages");
+    // The packs held the buffer 8 times ("... in all before compression").
+    let plain: f64 = text
+        .split(" in all before compression")
+        .next()
+        .and_then(|s| s.rsplit('(').next())
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no plain size: {text}"));
+    assert!(
+        text.contains("MiB in all") || text.contains("GiB in all"),
+        "{text}"
+    );
+    let plain_mib = if text.contains("GiB in all") {
+        plain * 1024.0
+    } else {
+        plain
+    };
+    assert!(
+        plain_mib >= 8.0 * 64.0,
+        "{plain_mib} MiB in the packs: {text}"
+    );
+    assert!(grown > 64 << 20, "{grown}");
+    assert!(
+        grown < (64 << 20) * 5 / 4,
+        "the store grew by {grown} bytes: the shared pages were not stored once"
+    );
+    ok(&srv.restore(&url, &[]), "restore of the tree");
+    assert!(alive(root));
+    wait_until(Duration::from_secs(10), "7 restored children", || {
+        descendants(root).len() == 7
+    });
+    finish_shared_tree(root, tmp.path());
 }

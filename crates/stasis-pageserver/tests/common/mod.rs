@@ -7,6 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use stasis_image::*;
+use stasis_pageserver::tls::Transport;
 use stasis_pageserver::{Server, ServerConfig};
 
 pub const TOKEN: &[u8] = b"correct horse battery staple";
@@ -129,12 +130,19 @@ pub fn cp_dir(dir: &Path, n: u32) -> PathBuf {
     dir.join("checkpoints").join(checkpoint_dir_name(n))
 }
 
-/// Starts a server for `dir` on a free loopback port; returns its address.
+/// Starts a server (TLS) for `dir` on a free loopback port; returns its
+/// address.
 pub fn serve(dir: &Path, token: &[u8]) -> String {
+    serve_with(dir, token, Transport::Tls)
+}
+
+/// Starts a server for `dir` with `transport`; returns its address.
+pub fn serve_with(dir: &Path, token: &[u8], transport: Transport) -> String {
     let server = Server::bind(ServerConfig {
         dir: dir.to_path_buf(),
         listen: "127.0.0.1:0".into(),
         token: token.to_vec(),
+        transport,
     })
     .expect("bind");
     let addr = server.local_addr().to_string();
