@@ -424,6 +424,20 @@ pub struct FdImage {
     /// File locks held through this fd.
     #[serde(default)]
     pub locks: Vec<FileLock>,
+    /// Who gets the description's SIGIO, and which signal (`F_SETOWN_EX`,
+    /// `F_SETSIG`); `None` when nobody was set.
+    #[serde(default)]
+    pub owner: Option<FileOwner>,
+}
+
+/// The signal owner of an open file description: `kind` as in
+/// `f_owner_ex` (0 thread, 1 process, 2 process group), the id, and the
+/// signal sent (0: SIGIO).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileOwner {
+    pub kind: i32,
+    pub pid: i32,
+    pub signal: i32,
 }
 
 /// A file lock.

@@ -7,6 +7,7 @@ use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
+use stasis_sys as sys;
 use stasis_sys::net::{FLOCK_LEN, KCMP_FILE, TFD_IOC_SET_TICKS};
 
 /// A new descriptor from a syscall's return value (`-1`: the error).
@@ -60,6 +61,19 @@ pub fn status_flags(fd: BorrowedFd<'_>) -> io::Result<i32> {
 pub fn set_status_flags(fd: BorrowedFd<'_>, flags: i32) -> io::Result<()> {
     // SAFETY: F_SETFL takes an int.
     check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags) }.into()).map(drop)
+}
+
+/// Who gets the description's SIGIO (`F_GETOWN_EX`), and which signal
+/// (`F_GETSIG`; 0 is SIGIO).
+pub fn owner(fd: BorrowedFd<'_>) -> io::Result<(sys::FOwnerEx, i32)> {
+    let mut o = sys::FOwnerEx::default();
+    let p = &mut o as *mut sys::FOwnerEx;
+    // SAFETY: F_GETOWN_EX writes one f_owner_ex, which `p` points to.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), sys::F_GETOWN_EX, p) };
+    check(r.into())?;
+    // SAFETY: F_GETSIG takes no argument.
+    let sig = check(unsafe { libc::fcntl(fd.as_raw_fd(), sys::F_GETSIG) }.into())?;
+    Ok((o, i32::try_from(sig).unwrap_or(0)))
 }
 
 /// `fcntl(F_GET_SEALS)` (an error for files that are not memfds).

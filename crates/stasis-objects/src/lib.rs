@@ -38,6 +38,7 @@ pub mod epoll;
 pub mod error;
 pub mod eventfd;
 pub mod file;
+pub mod fown;
 pub mod ghost;
 pub mod inet;
 pub mod inotify;
@@ -284,6 +285,7 @@ mod tests {
             cloexec: false,
             shared_id,
             locks: vec![],
+            owner: None,
             kind,
         }
     }

@@ -838,6 +838,7 @@ mod tests {
             cloexec: false,
             shared_id: None,
             locks: vec![],
+            owner: None,
             kind: FdKind::PtySlave { index: 9 },
         };
         let s = made.open_slave(&img).unwrap();
@@ -885,6 +886,7 @@ mod tests {
             cloexec: false,
             shared_id: None,
             locks: vec![],
+            owner: None,
             kind,
         };
         let fds = [

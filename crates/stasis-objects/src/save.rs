@@ -237,6 +237,7 @@ impl SaveCtx {
         };
         let kind = self.save_kind(&open)?;
         let locks = crate::locks::save(&open)?;
+        let owner = crate::fown::save(&open)?;
         let img = FdImage {
             fd,
             flags: flags & !libc::O_CLOEXEC.unsigned_abs(),
@@ -244,6 +245,7 @@ impl SaveCtx {
             kind,
             shared_id: None,
             locks,
+            owner,
         };
         Ok((img, meta))
     }

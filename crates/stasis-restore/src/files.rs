@@ -125,6 +125,60 @@ pub fn restore_posix_locks<R: Remote>(r: &mut R, img: &FdImage) -> Result<(), Re
     Ok(objects::locks::restore_posix_locks(r, AT, img)?)
 }
 
+/// The signal owner of `img`'s description (`F_SETOWN_EX`, `F_SETSIG`),
+/// set by the process itself: its ids are those of its PID namespace. And
+/// for an `O_ASYNC` file, `O_ASYNC` set again by the process: the kernel
+/// records the fd number its signals carry (`si_fd`) when the flag is
+/// set, which the restorer did on an fd of its own.
+pub fn restore_owner<R: Remote>(s: &mut R, img: &FdImage) -> Result<(), RestoreError> {
+    let fd = u64::from(img.fd.unsigned_abs());
+    let step = |what: String| crate::build::step(what);
+    if let Some(o) = img.owner {
+        let mut ex = o.kind.to_le_bytes().to_vec();
+        ex.extend_from_slice(&o.pid.to_le_bytes());
+        let what = || {
+            format!(
+                "giving fd {} its signal owner {} (signal {})",
+                img.fd, o.pid, o.signal
+            )
+        };
+        let a = s.put(SCRATCH_STRUCT, &ex).map_err(step(what()))?;
+        s.sys(
+            "fcntl(F_SETOWN_EX)",
+            libc::SYS_fcntl,
+            &[fd, stasis_sys::F_SETOWN_EX as u64, a],
+        )
+        .map_err(step(what()))?;
+        s.sys(
+            "fcntl(F_SETSIG)",
+            libc::SYS_fcntl,
+            &[
+                fd,
+                stasis_sys::F_SETSIG as u64,
+                u64::from(o.signal.unsigned_abs()),
+            ],
+        )
+        .map_err(step(what()))?;
+    }
+    let async_flag = libc::O_ASYNC.unsigned_abs();
+    if img.flags & async_flag != 0 {
+        let settable =
+            (libc::O_APPEND | libc::O_NONBLOCK | libc::O_DIRECT | libc::O_NOATIME).unsigned_abs();
+        let without = u64::from(img.flags & settable);
+        let what = || format!("setting O_ASYNC again on fd {}", img.fd);
+        let setfl = libc::F_SETFL as u64;
+        s.sys("fcntl(F_SETFL)", libc::SYS_fcntl, &[fd, setfl, without])
+            .map_err(step(what()))?;
+        s.sys(
+            "fcntl(F_SETFL)",
+            libc::SYS_fcntl,
+            &[fd, setfl, without | u64::from(async_flag)],
+        )
+        .map_err(step(what()))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,6 +247,43 @@ mod tests {
     }
 
     #[test]
+    fn the_owner_then_o_async_again_by_the_process() {
+        let mut img = FdImage {
+            fd: 5,
+            flags: (libc::O_RDONLY | libc::O_NONBLOCK | libc::O_ASYNC).unsigned_abs(),
+            cloexec: false,
+            shared_id: None,
+            owner: None,
+            locks: vec![],
+            kind: stasis_image::manifest::FdKind::Pipe {
+                id: 1,
+                write_end: false,
+            },
+        };
+        let mut r = Recorder::default();
+        restore_owner(&mut r, &img).unwrap();
+        let nb = libc::O_NONBLOCK as u64;
+        assert_eq!(
+            r.args_of("fcntl(F_SETFL)"),
+            [
+                vec![5, libc::F_SETFL as u64, nb],
+                vec![5, libc::F_SETFL as u64, nb | libc::O_ASYNC as u64]
+            ]
+        );
+        img.flags = 0;
+        img.owner = Some(stasis_image::manifest::FileOwner {
+            kind: 2,
+            pid: 77,
+            signal: 40,
+        });
+        let mut r = Recorder::default();
+        restore_owner(&mut r, &img).unwrap();
+        assert_eq!(r.names(), ["fcntl(F_SETOWN_EX)", "fcntl(F_SETSIG)"]);
+        assert!(r.writes().contains(&[2, 0, 0, 0, 77, 0, 0, 0].to_vec()));
+        assert_eq!(r.args_of("fcntl(F_SETSIG)")[0][2], 40);
+    }
+
+    #[test]
     fn posix_locks_are_taken_by_the_process() {
         let mut r = Recorder::default();
         let img = FdImage {
@@ -200,6 +291,7 @@ mod tests {
             flags: 0,
             cloexec: false,
             shared_id: None,
+            owner: None,
             locks: vec![
                 FileLock {
                     kind: LockKind::Posix,
@@ -253,6 +345,7 @@ mod tests {
             cloexec: true,
             shared_id: None,
             locks: vec![],
+            owner: None,
             kind: FdKind::Epoll {
                 targets: vec![
                     EpollTarget {

@@ -169,6 +169,7 @@ fn restore_files(s: &mut Proc, p: &ProcessImage, cx: &mut TreeCtx<'_, '_>) -> Re
             files::restore_flock(s, fd)?;
         }
         files::restore_posix_locks(s, fd)?;
+        files::restore_owner(s, fd)?;
     }
     // A session leader takes its pty back as controlling terminal.
     factory.restore_ctty(s, p)?;

@@ -592,3 +592,19 @@ const _: () = assert!(std::mem::size_of::<SchedAttr>() == SCHED_ATTR_SIZE as usi
 /// the flags that are part of a thread's policy (the utilization-clamp
 /// flags only say which clamp fields a call sets).
 pub const SCHED_FLAGS_KEPT: u64 = 0x01 | 0x02 | 0x04;
+
+/// `fcntl` commands for a file's signal owner (include/uapi/asm-generic/fcntl.h).
+pub const F_SETSIG: i32 = 10;
+pub const F_GETSIG: i32 = 11;
+pub const F_SETOWN_EX: i32 = 15;
+pub const F_GETOWN_EX: i32 = 16;
+
+/// `struct f_owner_ex`: who gets a file's SIGIO (`F_OWNER_TID` 0,
+/// `F_OWNER_PID` 1, `F_OWNER_PGRP` 2) and its id.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FOwnerEx {
+    pub kind: i32,
+    pub pid: i32,
+}
+const _: () = assert!(std::mem::size_of::<FOwnerEx>() == 8);

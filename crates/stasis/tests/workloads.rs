@@ -159,6 +159,7 @@ workload_tests! {
     udp_queue: "udp_queue";
     sparse_shm: "sparse_shm";
     attrs: "attrs";
+    fown: "fown";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so

@@ -112,6 +112,7 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
                 size: 0,
             },
             shared_id: Some(3),
+            owner: None,
             locks: vec![stasis_image::manifest::FileLock {
                 kind: stasis_image::manifest::LockKind::Posix,
                 write: true,
