@@ -342,38 +342,6 @@ impl Drop for Relay {
     }
 }
 
-/// 32-byte samples of the process's memory: the start of 64 pages spread
-/// over its largest private writable mapping, all distinct and not zero.
-fn memory_samples(pid: i32) -> std::collections::HashSet<[u8; 32]> {
-    use std::os::unix::fs::FileExt;
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let (start, end) = maps
-        .lines()
-        .filter(|l| l.split_whitespace().nth(1) == Some("rw-p"))
-        .filter_map(|l| {
-            let (a, b) = l.split_whitespace().next()?.split_once('-')?;
-            Some((
-                u64::from_str_radix(a, 16).ok()?,
-                u64::from_str_radix(b, 16).ok()?,
-            ))
-        })
-        .max_by_key(|(a, b)| b - a)
-        .unwrap();
-    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
-    let pages = (end - start) / 4096;
-    let mut out = std::collections::HashSet::new();
-    for i in 0..64 {
-        let mut b = [0u8; 32];
-        mem.read_exact_at(&mut b, start + (i * pages / 64) * 4096)
-            .unwrap();
-        if b != [0; 32] {
-            out.insert(b);
-        }
-    }
-    assert!(out.len() >= 32, "too few distinct samples: {}", out.len());
-    out
-}
-
 fn token_file_in(dir: &std::path::Path) -> std::path::PathBuf {
     use std::os::unix::fs::PermissionsExt;
     let p = dir.join("token");

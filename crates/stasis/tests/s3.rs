@@ -318,39 +318,6 @@ fn hex_of(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// 32-byte samples of the process's memory: the start of 64 pages spread
-/// over its largest private writable mapping (read through /proc/PID/mem),
-/// all distinct and not all zero.
-fn memory_samples(pid: i32) -> std::collections::HashSet<[u8; 32]> {
-    use std::os::unix::fs::FileExt;
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let (start, end) = maps
-        .lines()
-        .filter(|l| l.split_whitespace().nth(1) == Some("rw-p"))
-        .filter_map(|l| {
-            let (a, b) = l.split_whitespace().next()?.split_once('-')?;
-            Some((
-                u64::from_str_radix(a, 16).ok()?,
-                u64::from_str_radix(b, 16).ok()?,
-            ))
-        })
-        .max_by_key(|(a, b)| b - a)
-        .unwrap();
-    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
-    let pages = (end - start) / 4096;
-    let mut out = std::collections::HashSet::new();
-    for i in 0..64 {
-        let mut b = [0u8; 32];
-        mem.read_exact_at(&mut b, start + (i * pages / 64) * 4096)
-            .unwrap();
-        if b != [0; 32] {
-            out.insert(b);
-        }
-    }
-    assert!(out.len() >= 32, "too few distinct samples: {}", out.len());
-    out
-}
-
 /// Whether any file under the bucket's `prefix` holds one of `samples`.
 fn holds_any(srv: &S3Server, prefix: &str, samples: &std::collections::HashSet<[u8; 32]>) -> bool {
     srv.stored_files()
