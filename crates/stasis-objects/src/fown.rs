@@ -26,8 +26,7 @@ pub(crate) fn save(fd: &OpenFd<'_>) -> Result<Option<FileOwner>, SaveError> {
     let (o, signal) = match &fd.socket {
         Some(s) => read(s.sock.as_fd())?,
         None => {
-            let pfd = pidfd::pidfd_open(fd.pid)?;
-            let copy = pidfd::pidfd_getfd(&pfd, fd.fd)?;
+            let copy = pidfd::pidfd_getfd(fd.pidfd, fd.fd)?;
             read(copy.as_fd())?
         }
     };

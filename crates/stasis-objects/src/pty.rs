@@ -409,8 +409,7 @@ fn save_master(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<PtyPair, SaveError> 
     if fd.flags & libc::O_ACCMODE.unsigned_abs() != libc::O_RDWR.unsigned_abs() {
         return Err(refuse("it is not open read-write".into()));
     }
-    let pfd = pidfd::pidfd_open(fd.pid)?;
-    let master = pidfd::pidfd_getfd(&pfd, n)?;
+    let master = pidfd::pidfd_getfd(fd.pidfd, n)?;
     let m = master.as_fd();
     let io = |what: &'static str| {
         let pid = fd.pid;

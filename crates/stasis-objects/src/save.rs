@@ -45,6 +45,8 @@ pub struct OpenFd<'a> {
     pub meta: &'a std::fs::Metadata,
     /// The socket itself, for a socket.
     pub socket: Option<SocketFd>,
+    /// A pidfd of the process (to copy its fds with `pidfd_getfd`).
+    pub pidfd: &'a OwnedFd,
 }
 
 impl OpenFd<'_> {
@@ -182,8 +184,10 @@ impl SaveCtx {
     pub fn add_process(&mut self, pid: i32) -> Result<()> {
         let index = self.tables.len();
         let mut table: Vec<FdImage> = Vec::new();
+        // One pidfd for every fd of the process (copies of its fds).
+        let pfd = pidfd::pidfd_open(pid)?;
         for fd in list_fds(pid)? {
-            let (img, meta) = self.save_fd(pid, fd)?;
+            let (img, meta) = self.save_fd(&pfd, pid, fd)?;
             let mut img = img;
             self.find_twin(&mut table, &mut img, index, (pid, fd), &meta);
             self.seen
@@ -196,7 +200,12 @@ impl SaveCtx {
 
     /// Saves `pid`'s `fd`: the first kind of the registry that recognises
     /// it says what it is; then its locks.
-    fn save_fd(&mut self, pid: i32, fd: i32) -> Result<(FdImage, std::fs::Metadata)> {
+    fn save_fd(
+        &mut self,
+        pfd: &OwnedFd,
+        pid: i32,
+        fd: i32,
+    ) -> Result<(FdImage, std::fs::Metadata)> {
         let link = read_link(pid, &format!("fd/{fd}"))?;
         if let Some(what) = unsupported_reason(pid, fd, &link) {
             return Err(SaveError::Unsupported { pid, what });
@@ -213,8 +222,7 @@ impl SaveCtx {
         let fd_name = format!("fd/{fd}");
         let meta = std::fs::metadata(proc_path(pid, &fd_name)).map_err(proc_err(pid, &fd_name))?;
         let socket = if link.starts_with("socket:") {
-            let pfd = pidfd::pidfd_open(pid)?;
-            let s = pidfd::pidfd_getfd(&pfd, fd)?;
+            let s = pidfd::pidfd_getfd(pfd, fd)?;
             let domain = sock::get_int(s.as_fd(), libc::SOL_SOCKET, libc::SO_DOMAIN)?;
             let sock_type = sock::get_int(s.as_fd(), libc::SOL_SOCKET, libc::SO_TYPE)?;
             Some(SocketFd {
@@ -234,6 +242,7 @@ impl SaveCtx {
             flags,
             meta: &meta,
             socket,
+            pidfd: pfd,
         };
         let kind = self.save_kind(&open)?;
         let locks = crate::locks::save(&open)?;
