@@ -145,7 +145,26 @@ impl Job {
                 .output()
                 .unwrap();
             eprintln!("{ns}:\n{}", String::from_utf8_lossy(&o.stdout));
+            // The host's TCP counters that moved (PAWS rejects, segments
+            // out of window, acks of unsent data...).
+            let o = std::process::Command::new("ip")
+                .args(["netns", "exec", ns, "nstat", "-az", "TcpExt*"])
+                .output()
+                .unwrap();
+            let moved: Vec<String> = String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter(|l| l.split_whitespace().nth(1).is_some_and(|v| v != "0"))
+                .map(str::to_string)
+                .collect();
+            eprintln!("{ns} TcpExt: {moved:?}");
         }
+        // Why the kernel drops the segments it drops (2 s of the skb
+        // drop tracepoint, counted by place and reason).
+        let o = std::process::Command::new("sh")
+            .args(["-c", TRACE_DROPS])
+            .output()
+            .unwrap();
+        eprintln!("drops:\n{}", String::from_utf8_lossy(&o.stdout));
     }
 
     /// Starts agent `i` again (same directory, same address).
@@ -353,6 +372,14 @@ fn twenty_cuts_while_the_mesh_runs_each_restorable() {
     }
     job.finish();
 }
+
+/// Counts the kernel's packet drops for 2 s by place and reason (the
+/// `skb:kfree_skb` tracepoint, on a tracefs mounted for it).
+const TRACE_DROPS: &str = r#"t=$(mktemp -d) && mount -t tracefs nodev "$t" || exit 0
+echo 1 > "$t/events/skb/kfree_skb/enable"; : > "$t/trace"; sleep 2
+echo 0 > "$t/events/skb/kfree_skb/enable"
+sed -n 's/.*location=\([a-z_0-9]*\).*reason: \([A-Z_0-9]*\).*/\1 \2/p' "$t/trace" | sort | uniq -c | sort -rn | head -20
+: > "$t/trace"; umount "$t"; rmdir "$t""#;
 
 /// SIGKILL the coordinator or an agent (in turn) at a random instant of a
 /// round, twenty times: the job runs on (every link carries traffic
