@@ -46,15 +46,13 @@ fn say(l: &mut Line, what: &str) -> bool {
 pub fn snapshot_made(parent: i32, child: i32) {
     let mut g = GUARD.lock().unwrap_or_else(|e| e.into_inner());
     if g.is_none() {
-        let spawned = std::env::current_exe().and_then(|exe| {
-            Command::new(exe)
-                .arg("__dump-guard")
-                .stdin(Stdio::piped())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .process_group(0)
-                .spawn()
-        });
+        let spawned = Command::new(stasis_kernel::launch::own_exe())
+            .arg("__dump-guard")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn();
         match spawned {
             Ok(mut child) => match child.stdin.take() {
                 Some(stdin) => {

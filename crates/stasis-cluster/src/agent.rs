@@ -509,11 +509,7 @@ fn restore_tree(
     lazy: Option<PathBuf>,
 ) -> Result<stasis_restore::Restored, ClusterError> {
     let filler = if let Some(log) = lazy {
-        let exe = std::env::current_exe().map_err(|source| ClusterError::Io {
-            what: "finding the stasis executable (for the page filler) at",
-            path: "/proc/self/exe".into(),
-            source,
-        })?;
+        let exe = stasis_kernel::launch::own_exe();
         let args = stasis_lazy::FillerArgs {
             dir: store.path().to_path_buf(),
             checkpoint: n,

@@ -74,3 +74,11 @@ pub fn catch_sigterm() {
 pub fn sigterm_seen() -> bool {
     SIGTERM_SEEN.load(Ordering::SeqCst)
 }
+
+/// The running stasis binary, to start a helper of the very same version
+/// (a guard, a page filler, a tracker's keeper): `/proc/self/exe`, which
+/// still starts it after its file was replaced or deleted (an upgrade
+/// while an agent runs), where the path `current_exe` names would not.
+pub fn own_exe() -> std::path::PathBuf {
+    std::path::PathBuf::from("/proc/self/exe")
+}

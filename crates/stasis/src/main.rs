@@ -360,7 +360,7 @@ fn cmd_dump(
     if let Some(t) = tracker.as_mut() {
         let held = t.take_held();
         if !held.is_empty() {
-            let exe = std::env::current_exe().context("finding the stasis binary")?;
+            let exe = stasis_kernel::launch::own_exe();
             if let Err(e) = stasis_track::keeper::hand_over(dir, held, &exe) {
                 // Without a holder the areas just registered are untracked
                 // again: the next dump saves them whole.

@@ -86,7 +86,7 @@ pub fn start_filler(
 }
 
 fn spawn_filler(args: &FillerArgs) -> Result<Filler> {
-    let exe = std::env::current_exe().context("finding the stasis executable")?;
+    let exe = stasis_kernel::launch::own_exe();
     Filler::spawn(&exe, args).context("starting the lazy restore's page filler")
 }
 
@@ -421,7 +421,7 @@ pub fn cmd_lazy_filler(a: FillerCli, seal: stasis_store::seal::SealOptions) -> R
         .load(Some(a.checkpoint))?
         .dir()
         .to_path_buf();
-    let exe = std::env::current_exe().context("finding the stasis executable")?;
+    let exe = stasis_kernel::launch::own_exe();
     let cfg = stasis_lazy::Config {
         threads: a.threads,
         order: stasis_image::touch::priority_order(&cp_dir),
