@@ -6,8 +6,9 @@
 //! userfaultfds) takes a `&mut dyn Remote`, so its decisions are
 //! unit-tested with [`stasis_kernel::remote::Recorder`].
 
+use stasis_kernel::escape::BATCH_ENTRY;
 use stasis_kernel::mem::ProcessMemory;
-use stasis_kernel::remote::Remote;
+use stasis_kernel::remote::{Remote, Syscall, BATCH_TABLE};
 use stasis_kernel::{KernelError, Tracee, UserRegs};
 
 use crate::freeze::FrozenThread;
@@ -24,6 +25,22 @@ pub struct ThreadRemote<'a> {
     base: &'a UserRegs,
     mem: Option<&'a ProcessMemory>,
     scratch: u64,
+    /// The signal a batch ends with (`None`: no batches, one stop per
+    /// syscall). See [`batch_signal`].
+    batch_sig: Option<i32>,
+}
+
+/// A signal the batch code can end with: one the process does not catch
+/// whose default action is to ignore it (SIGURG, else SIGWINCH), from
+/// `SigCgt` of its `status`. `None` if it catches both.
+pub fn batch_signal(status: &str) -> Option<i32> {
+    let caught = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())?;
+    [libc::SIGURG, libc::SIGWINCH]
+        .into_iter()
+        .find(|&s| caught & (1u64 << (s - 1)) == 0)
 }
 
 impl<'a> ThreadRemote<'a> {
@@ -34,6 +51,7 @@ impl<'a> ThreadRemote<'a> {
             base: &t.orig_regs,
             mem: None,
             scratch: 0,
+            batch_sig: None,
         }
     }
 
@@ -44,7 +62,15 @@ impl<'a> ThreadRemote<'a> {
             base: &t.orig_regs,
             mem: Some(mem),
             scratch,
+            batch_sig: None,
         }
+    }
+
+    /// Runs batches in one stop of the thread, ending them with `sig`
+    /// (from [`batch_signal`]; `None` keeps one stop per syscall).
+    pub fn batching(mut self, sig: Option<i32>) -> Self {
+        self.batch_sig = sig;
+        self
     }
 
     fn mem(&self) -> Result<&'a ProcessMemory, KernelError> {
@@ -69,6 +95,50 @@ impl Remote for ThreadRemote<'_> {
 
     fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), KernelError> {
         self.mem()?.read(addr, buf)
+    }
+
+    fn batch(&mut self, calls: &[Syscall]) -> Result<Vec<u64>, KernelError> {
+        let (Some(sig), Some(mem), true) = (
+            self.batch_sig,
+            self.mem,
+            self.tracee.hatch().is_some() && self.scratch != 0,
+        ) else {
+            return calls
+                .iter()
+                .map(|c| self.sys(c.name, c.nr, &c.args))
+                .collect();
+        };
+        let per = (SCRATCH_LEN - BATCH_TABLE) / BATCH_ENTRY;
+        let table = self.scratch + BATCH_TABLE as u64;
+        let mut out = Vec::with_capacity(calls.len());
+        for chunk in calls.chunks(per) {
+            let mut t = Vec::with_capacity(chunk.len() * BATCH_ENTRY);
+            for c in chunk {
+                t.extend_from_slice(&c.nr.to_le_bytes());
+                for a in c.args {
+                    t.extend_from_slice(&a.to_le_bytes());
+                }
+                t.extend_from_slice(&(-1i64).to_le_bytes());
+            }
+            mem.write(table, &t)?;
+            self.tracee
+                .syscall_batch(self.base, table, chunk.len(), sig)?;
+            mem.read(table, &mut t)?;
+            for (c, e) in chunk.iter().zip(t.chunks_exact(BATCH_ENTRY)) {
+                let r = i64::from_le_bytes(e[56..64].try_into().unwrap_or([0; 8]));
+                if (-4095..0).contains(&r) {
+                    return Err(KernelError::RemoteSyscall {
+                        name: c.name,
+                        pid: self.tracee.pid(),
+                        source: std::io::Error::from_raw_os_error(
+                            i32::try_from(-r).unwrap_or(libc::EIO),
+                        ),
+                    });
+                }
+                out.push(stasis_kernel::sarg(r));
+            }
+        }
+        Ok(out)
     }
 
     fn scratch(&self) -> u64 {

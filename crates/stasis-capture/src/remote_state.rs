@@ -12,11 +12,11 @@
 use stasis_image::manifest::{AltStack, ITimer, PosixTimer, SigAction};
 use stasis_kernel::escape::EscapeHatch;
 use stasis_kernel::mem::ProcessMemory;
-use stasis_kernel::remote::Remote;
+use stasis_kernel::remote::{Remote, Syscall, BATCH_TABLE};
 use stasis_sys as sys;
 
 use crate::freeze::{FrozenProcess, FrozenThread};
-use crate::remote::{read_u64s, ThreadRemote, SCRATCH_LEN};
+use crate::remote::{batch_signal, read_u64s, ThreadRemote, SCRATCH_LEN};
 use crate::{proc, CaptureError, Result};
 
 /// What the remote syscalls reported.
@@ -103,18 +103,17 @@ fn unmap_scratch(main: &mut FrozenThread, hatch: Option<&EscapeHatch>, scratch: 
 fn read_with(f: &mut FrozenProcess, mem: &ProcessMemory, scratch: u64) -> Result<RemoteState> {
     let pid = f.pid;
     let status = proc::read(pid, "status")?;
-    let mut r = ThreadRemote::with_memory(&mut f.threads[0], mem, scratch);
+    let sig = batch_signal(&status);
+    let mut r = ThreadRemote::with_memory(&mut f.threads[0], mem, scratch).batching(sig);
     let sigactions = sigactions(&mut r, asked_signals(&status))?;
-    let itimers = itimers(&mut r)?;
-    let brk = r.sys("brk", libc::SYS_brk, &[0])?;
-    let (pdeath_signal, child_subreaper) = prctls(&mut r)?;
     let timers = proc::read_parsed(pid, "timers", proc::parse_timers)?;
+    let (itimers, brk, (pdeath_signal, child_subreaper)) = process_wide(&mut r)?;
     let posix_timers = posix_timers(&mut r, &timers)?;
     let mut threads = Vec::new();
     for th in &mut f.threads {
-        threads.push(thread_state(&mut ThreadRemote::with_memory(
-            th, mem, scratch,
-        ))?);
+        threads.push(thread_state(
+            &mut ThreadRemote::with_memory(th, mem, scratch).batching(sig),
+        )?);
     }
     Ok(RemoteState {
         sigactions,
@@ -127,11 +126,10 @@ fn read_with(f: &mut FrozenProcess, mem: &ProcessMemory, scratch: u64) -> Result
     })
 }
 
-/// The signals whose action is asked of the process: a remote syscall
-/// costs two ptrace stops (~0.1 ms), so only those caught or ignored
-/// (`SigCgt`, `SigIgn` of `status`) and SIGCHLD (whose flags matter even at
-/// SIG_DFL); the rest are at SIG_DFL, and saved so. All if `status` lacks
-/// the masks.
+/// The signals whose action is asked of the process: only those caught or
+/// ignored (`SigCgt`, `SigIgn` of `status`) and SIGCHLD (whose flags matter
+/// even at SIG_DFL); the rest are at SIG_DFL, and saved so. All if `status`
+/// lacks the masks.
 pub fn asked_signals(status: &str) -> u64 {
     let mask_of = |key: &str| {
         status
@@ -145,138 +143,155 @@ pub fn asked_signals(status: &str) -> u64 {
     }
 }
 
+/// Bytes of the scratch page each batched syscall below reports in.
+const OUT: usize = 32;
+
 /// The action of every signal but SIGKILL and SIGSTOP (those in `asked`
-/// by `rt_sigaction`, the others SIG_DFL).
+/// by `rt_sigaction`, in one batch; the others SIG_DFL).
 pub fn sigactions(r: &mut dyn Remote, asked: u64) -> Result<Vec<SigAction>> {
     let scratch = r.scratch();
+    let sigs: Vec<u32> = (1..=64u32)
+        .filter(|&s| s != libc::SIGKILL.unsigned_abs() && s != libc::SIGSTOP.unsigned_abs())
+        .collect();
+    let wanted: Vec<u32> = sigs
+        .iter()
+        .copied()
+        .filter(|s| asked & (1u64 << (s - 1)) != 0)
+        .collect();
+    // (62 signals of 32 bytes fit below the batch table.)
+    let calls: Vec<Syscall> = wanted
+        .iter()
+        .enumerate()
+        .map(|(i, &sig)| {
+            let out = scratch + (i * OUT) as u64;
+            Syscall::new(
+                "rt_sigaction",
+                libc::SYS_rt_sigaction,
+                &[u64::from(sig), 0, out, 8],
+            )
+        })
+        .collect();
+    r.batch(&calls)?;
+    let w = read_u64s(r, scratch, 4 * wanted.len())?;
     let mut out = Vec::new();
-    for sig in 1..=64u32 {
-        if sig == libc::SIGKILL.unsigned_abs() || sig == libc::SIGSTOP.unsigned_abs() {
-            continue;
-        }
-        if asked & (1u64 << (sig - 1)) == 0 {
-            out.push(SigAction {
-                signo: sig,
-                handler: 0,
-                flags: 0,
-                restorer: 0,
-                mask: 0,
-            });
-            continue;
-        }
-        r.sys(
-            "rt_sigaction",
-            libc::SYS_rt_sigaction,
-            &[u64::from(sig), 0, scratch, 8],
-        )?;
-        let w = read_u64s(r, scratch, 4)?;
+    for sig in sigs {
+        let at = wanted.iter().position(|&s| s == sig);
+        let word = |k: usize| at.map_or(0, |i| w[i * 4 + k]);
         out.push(SigAction {
             signo: sig,
-            handler: w[0],
-            flags: w[1],
-            restorer: w[2],
-            mask: w[3],
+            handler: word(0),
+            flags: word(1),
+            restorer: word(2),
+            mask: word(3),
         });
     }
     Ok(out)
 }
 
-/// `getitimer` of the three interval timers.
-fn itimers(r: &mut dyn Remote) -> Result<Vec<ITimer>> {
-    let scratch = r.scratch();
-    let mut out = Vec::new();
-    for which in 0..3u32 {
-        let args = [u64::from(which), scratch];
-        let (interval_us, value_us) =
-            interval_and_value(r, ("getitimer", libc::SYS_getitimer), &args, 1_000_000)?;
-        out.push(ITimer {
-            which,
-            interval_us,
-            value_us,
-        });
-    }
-    Ok(out)
-}
-
-/// Runs a syscall that writes an interval and a value (two pairs of
-/// seconds and sub-seconds, `per_sec` of them a second) to the scratch
-/// page; returns both in sub-second units.
-fn interval_and_value(
-    r: &mut dyn Remote,
-    (name, nr): (&'static str, i64),
-    args: &[u64],
-    per_sec: u64,
-) -> Result<(u64, u64)> {
-    r.sys(name, nr, args)?;
-    let scratch = r.scratch();
-    let w = read_u64s(r, scratch, 4)?;
-    Ok((w[0] * per_sec + w[1], w[2] * per_sec + w[3]))
-}
-
-/// The parent-death signal and the child-subreaper flag.
-fn prctls(r: &mut dyn Remote) -> Result<(i32, bool)> {
-    let scratch = r.scratch();
-    r.sys(
+/// In one batch: `getitimer` of the three interval timers, `brk`, the
+/// parent-death signal and the child-subreaper flag.
+fn process_wide(r: &mut dyn Remote) -> Result<(Vec<ITimer>, u64, (i32, bool))> {
+    let s = r.scratch();
+    let at = |i: usize| s + (i * OUT) as u64;
+    let mut calls: Vec<Syscall> = (0..3u8)
+        .map(|which| {
+            Syscall::new(
+                "getitimer",
+                libc::SYS_getitimer,
+                &[u64::from(which), at(usize::from(which))],
+            )
+        })
+        .collect();
+    calls.push(Syscall::new("brk", libc::SYS_brk, &[0]));
+    calls.push(Syscall::new(
         "prctl(PR_GET_PDEATHSIG)",
         libc::SYS_prctl,
-        &[libc::PR_GET_PDEATHSIG as u64, scratch],
-    )?;
-    let pdeath_signal = i32::try_from(read_u64s(r, scratch, 1)?[0] & 0xffff_ffff).unwrap_or(0);
-    r.sys(
+        &[libc::PR_GET_PDEATHSIG as u64, at(3)],
+    ));
+    calls.push(Syscall::new(
         "prctl(PR_GET_CHILD_SUBREAPER)",
         libc::SYS_prctl,
-        &[libc::PR_GET_CHILD_SUBREAPER as u64, scratch],
-    )?;
-    let child_subreaper = read_u64s(r, scratch, 1)?[0] & 0xffff_ffff != 0;
-    Ok((pdeath_signal, child_subreaper))
+        &[libc::PR_GET_CHILD_SUBREAPER as u64, at(4)],
+    ));
+    let res = r.batch(&calls)?;
+    let w = read_u64s(r, s, 5 * OUT / 8)?;
+    let itimers = (0..3u32)
+        .map(|which| {
+            let (interval_us, value_us) = interval_and_value(&w[which as usize * 4..], 1_000_000);
+            ITimer {
+                which,
+                interval_us,
+                value_us,
+            }
+        })
+        .collect();
+    let pdeath_signal = i32::try_from(w[12] & 0xffff_ffff).unwrap_or(0);
+    let child_subreaper = w[16] & 0xffff_ffff != 0;
+    Ok((itimers, res[3], (pdeath_signal, child_subreaper)))
 }
 
-/// `timer_gettime` of every POSIX timer `/proc/PID/timers` lists.
+/// An interval and a value (two pairs of seconds and sub-seconds,
+/// `per_sec` of them a second) in sub-second units.
+fn interval_and_value(w: &[u64], per_sec: u64) -> (u64, u64) {
+    (w[0] * per_sec + w[1], w[2] * per_sec + w[3])
+}
+
+/// `timer_gettime` of every POSIX timer `/proc/PID/timers` lists (in
+/// batches that fit below the batch table).
 fn posix_timers(r: &mut dyn Remote, timers: &[proc::TimerLine]) -> Result<Vec<PosixTimer>> {
     let scratch = r.scratch();
     let mut out = Vec::new();
-    for &(id, signo, value, notify, tid, clockid) in timers {
-        let args = [u64::from(id.unsigned_abs()), scratch];
-        let (interval_ns, value_ns) = interval_and_value(
-            r,
-            ("timer_gettime", libc::SYS_timer_gettime),
-            &args,
-            1_000_000_000,
-        )?;
-        out.push(PosixTimer {
-            id,
-            clockid,
-            notify,
-            signo,
-            tid,
-            value,
-            interval_ns,
-            value_ns,
-        });
+    for group in timers.chunks(BATCH_TABLE / OUT) {
+        let calls: Vec<Syscall> = group
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let out = scratch + (i * OUT) as u64;
+                Syscall::new(
+                    "timer_gettime",
+                    libc::SYS_timer_gettime,
+                    &[u64::from(t.0.unsigned_abs()), out],
+                )
+            })
+            .collect();
+        r.batch(&calls)?;
+        let w = read_u64s(r, scratch, 4 * group.len())?;
+        for (i, &(id, signo, value, notify, tid, clockid)) in group.iter().enumerate() {
+            let (interval_ns, value_ns) = interval_and_value(&w[i * 4..], 1_000_000_000);
+            out.push(PosixTimer {
+                id,
+                clockid,
+                notify,
+                signo,
+                tid,
+                value,
+                interval_ns,
+                value_ns,
+            });
+        }
     }
     Ok(out)
 }
 
-/// One thread's alternate signal stack and `clear_child_tid`.
+/// One thread's alternate signal stack and `clear_child_tid`, in one batch.
 fn thread_state(r: &mut dyn Remote) -> Result<(AltStack, u64)> {
     let scratch = r.scratch();
-    r.sys("sigaltstack", libc::SYS_sigaltstack, &[0, scratch])?;
-    let w = read_u64s(r, scratch, 3)?;
+    let tid_at = scratch + OUT as u64;
+    r.batch(&[
+        Syscall::new("sigaltstack", libc::SYS_sigaltstack, &[0, scratch]),
+        Syscall::new(
+            "prctl(PR_GET_TID_ADDRESS)",
+            libc::SYS_prctl,
+            &[sys::prctl::PR_GET_TID_ADDRESS.unsigned_abs().into(), tid_at],
+        ),
+    ])?;
+    let w = read_u64s(r, scratch, 5)?;
     let altstack = AltStack {
         sp: w[0],
         flags: i32::try_from(w[1] & 0x7fff_ffff).unwrap_or(0),
         size: w[2],
     };
-    r.sys(
-        "prctl(PR_GET_TID_ADDRESS)",
-        libc::SYS_prctl,
-        &[
-            sys::prctl::PR_GET_TID_ADDRESS.unsigned_abs().into(),
-            scratch,
-        ],
-    )?;
-    let tid_address = read_u64s(r, scratch, 1)?[0];
-    Ok((altstack, tid_address))
+    Ok((altstack, w[4]))
 }
 
 /// A free page of the address space with a free page on each side (so the
@@ -326,10 +341,11 @@ mod tests {
         let scratch = r.scratch();
         assert_eq!(
             r.args_of("rt_sigaction"),
+            // Each reports in its own 32 bytes (one batch).
             vec![
-                vec![1, 0, scratch, 8],
-                vec![10, 0, scratch, 8],
-                vec![17, 0, scratch, 8]
+                vec![1, 0, scratch, 8, 0, 0],
+                vec![10, 0, scratch + 32, 8, 0, 0],
+                vec![17, 0, scratch + 64, 8, 0, 0]
             ]
         );
         let mut r = Recorder::default();
@@ -343,7 +359,7 @@ mod tests {
             fail_on: Some(("getitimer", libc::EFAULT)),
             ..Default::default()
         };
-        assert!(itimers(&mut r).is_err());
+        assert!(process_wide(&mut r).is_err());
         assert_eq!(r.names(), vec!["getitimer"]);
         let mut r = Recorder::default();
         let (alt, tid_addr) = thread_state(&mut r).unwrap();

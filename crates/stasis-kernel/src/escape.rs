@@ -25,7 +25,9 @@
 //!             mov rax..r15, [saved_*]      (all general registers)
 //!             mov rsp, [saved_rsp]
 //!             jmp [saved_rip]
-//!   block+320 saved mask, rflags, tmp_rsp, registers, rsp, rip;
+//!   block+320 the batch code: a table of syscalls, then
+//!             tgkill(self, an ignored signal) at block+0 (see `batch_code`)
+//!   block+448 saved mask, rflags, tmp_rsp, registers, rsp, rip;
 //!             the scratch page's address and length; fd; fork
 //! ```
 //!
@@ -67,9 +69,11 @@ use crate::ptrace::normalize_interrupted_syscall;
 use crate::{KernelError, Result};
 
 /// Size of an escape block (code, then data at [`DATA`]).
-pub const BLOCK_LEN: usize = 512;
+pub const BLOCK_LEN: usize = 640;
+/// Offset of the batch code in the block (see [`batch_code`]).
+pub const BATCH_OFFSET: usize = 320;
 /// Offset of the data in the block.
-const DATA: usize = 320;
+const DATA: usize = 448;
 // Data layout, in 8-byte slots after DATA.
 const MASK: usize = 0;
 const RFLAGS: usize = 1;
@@ -253,8 +257,62 @@ pub fn code() -> Vec<u8> {
     }
     rel(&mut c, &[0x48, 0x8b, 0x25], RSP); // mov rsp, [rsp slot]
     rel(&mut c, &[0xff, 0x25], RIP); // jmp [rip slot]
+    debug_assert!(c.len() <= BATCH_OFFSET);
+    c.resize(BATCH_OFFSET, 0xcc); // int3 padding
+    c.extend_from_slice(&batch_code());
     debug_assert!(c.len() <= DATA);
-    c.resize(DATA, 0xcc); // int3 padding
+    c.resize(DATA, 0xcc);
+    c
+}
+
+/// Size of one entry of a batch table: the syscall number, six arguments
+/// and the result, 8 bytes each.
+pub const BATCH_ENTRY: usize = 64;
+
+/// The batch code, at [`BATCH_OFFSET`]: several remote syscalls for the
+/// price of one stop of the thread.
+///
+/// Entered with `rbx` = a table of `rbp` entries of [`BATCH_ENTRY`] bytes
+/// (nr, six arguments, result), and `r12`, `r13`, `r14` = the thread's
+/// tgid, tid and a signal whose action is to ignore it. It runs each
+/// syscall and stores its result in the entry, then jumps to the block's
+/// `syscall` with `tgkill(tgid, tid, signal)`: the thread returns at the
+/// parked position with that signal pending. Traced, it stops there (a
+/// signal-delivery stop, which the tracer suppresses); if the tracer died
+/// meanwhile, the signal is discarded (its action is to ignore it, and the
+/// tracer left it unblocked) and the thread escapes as after any injected
+/// syscall. Only syscalls that change nothing belong in a batch: a thread
+/// whose tracer died finishes the table.
+fn batch_code() -> Vec<u8> {
+    let mut c: Vec<u8> = Vec::new();
+    let top = c.len();
+    c.extend_from_slice(&[0x48, 0x85, 0xed]); // test rbp, rbp
+    c.extend_from_slice(&[0x74, 0]); // jz done
+    let done = c.len();
+    c.extend_from_slice(&[0x48, 0x8b, 0x03]); // mov rax, [rbx]
+    c.extend_from_slice(&[0x48, 0x8b, 0x7b, 0x08]); // mov rdi, [rbx + 8]
+    c.extend_from_slice(&[0x48, 0x8b, 0x73, 0x10]); // mov rsi, [rbx + 16]
+    c.extend_from_slice(&[0x48, 0x8b, 0x53, 0x18]); // mov rdx, [rbx + 24]
+    c.extend_from_slice(&[0x4c, 0x8b, 0x53, 0x20]); // mov r10, [rbx + 32]
+    c.extend_from_slice(&[0x4c, 0x8b, 0x43, 0x28]); // mov r8, [rbx + 40]
+    c.extend_from_slice(&[0x4c, 0x8b, 0x4b, 0x30]); // mov r9, [rbx + 48]
+    c.extend_from_slice(&[0x0f, 0x05]); // syscall
+    c.extend_from_slice(&[0x48, 0x89, 0x43, 0x38]); // mov [rbx + 56], rax
+    c.extend_from_slice(&[0x48, 0x83, 0xc3, 0x40]); // add rbx, 64
+    c.extend_from_slice(&[0x48, 0xff, 0xcd]); // dec rbp
+    let back =
+        i8::try_from(i64::try_from(top).unwrap_or(0) - i64::try_from(c.len() + 2).unwrap_or(0))
+            .unwrap_or(0);
+    c.extend_from_slice(&[0xeb, back.to_le_bytes()[0]]); // jmp top
+    c[done - 1] = u8::try_from(c.len() - done).unwrap_or(0);
+    c.extend_from_slice(&[0xb8, 234, 0, 0, 0]); // mov eax, SYS_tgkill
+    c.extend_from_slice(&[0x4c, 0x89, 0xe7]); // mov rdi, r12
+    c.extend_from_slice(&[0x4c, 0x89, 0xee]); // mov rsi, r13
+    c.extend_from_slice(&[0x4c, 0x89, 0xf2]); // mov rdx, r14
+                                              // jmp block + 0 (the `syscall`), from BATCH_OFFSET + here.
+    let next = i64::try_from(BATCH_OFFSET + c.len() + 5).unwrap_or(0);
+    c.push(0xe9);
+    c.extend_from_slice(&i32::try_from(-next).unwrap_or(0).to_le_bytes());
     c
 }
 
@@ -490,6 +548,16 @@ impl EscapeHatch {
         self.block
     }
 
+    /// The process the block belongs to.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Address of the batch code (see [`batch_code`]).
+    pub fn batch_addr(&self) -> u64 {
+        self.block + BATCH_OFFSET as u64
+    }
+
     /// Makes sure `tid` is the parked thread, writing its saved state into
     /// the block if it is not yet (putting back another parked thread
     /// first). `base` are the registers the thread had when frozen.
@@ -600,11 +668,28 @@ mod tests {
         let c = code();
         assert_eq!(c.len(), DATA);
         assert_eq!(&c[..2], &[0x0f, 0x05]);
-        let end = c.iter().rposition(|&b| b != 0xcc).unwrap() + 1;
+        let end = c[..BATCH_OFFSET].iter().rposition(|&b| b != 0xcc).unwrap() + 1;
         // The last instruction is `jmp [rip + disp]` to the rip slot.
         assert_eq!(&c[end - 6..end - 4], &[0xff, 0x25]);
         let disp = i32::from_le_bytes(c[end - 4..end].try_into().unwrap());
         assert_eq!(end as i64 + i64::from(disp), (DATA + RIP * 8) as i64);
+    }
+
+    #[test]
+    fn batch_code_loops_then_jumps_to_the_syscall() {
+        let c = code();
+        let b = &c[BATCH_OFFSET..];
+        let end = b.iter().rposition(|&x| x != 0xcc).unwrap() + 1;
+        // jz done lands on `mov eax, SYS_tgkill`.
+        let done = 5 + usize::from(b[4]);
+        assert_eq!(&b[done..done + 5], &[0xb8, 234, 0, 0, 0]);
+        // The loop's jmp goes back to the top.
+        assert_eq!(b[done - 2], 0xeb);
+        assert_eq!(i64::from(b[done - 1] as i8) + done as i64, 0);
+        // The last instruction jumps to the block's first byte.
+        assert_eq!(b[end - 5], 0xe9);
+        let disp = i32::from_le_bytes(b[end - 4..end].try_into().unwrap());
+        assert_eq!((BATCH_OFFSET + end) as i64 + i64::from(disp), 0);
     }
 
     #[test]

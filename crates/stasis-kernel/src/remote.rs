@@ -41,12 +41,48 @@ pub trait Remote {
         Ok(a)
     }
 
+    /// Runs `calls` in order and returns their results; the first that
+    /// fails is an error naming it. A remote that can runs them all in
+    /// one stop of the thread ([`crate::Tracee::syscall_batch`]), so only
+    /// syscalls that change nothing belong in a batch, and their outputs
+    /// must lie in the first [`BATCH_TABLE`] bytes of the scratch area
+    /// (the table goes after them). This default runs them one by one.
+    fn batch(&mut self, calls: &[Syscall]) -> Result<Vec<u64>, KernelError> {
+        calls
+            .iter()
+            .map(|c| self.sys(c.name, c.nr, &c.args))
+            .collect()
+    }
+
     /// Writes raw bytes at scratch offset `off`; returns their address.
     fn put(&mut self, off: usize, data: &[u8]) -> Result<u64, KernelError> {
         assert!(off + data.len() <= self.scratch_len(), "scratch overflow");
         let a = self.scratch() + off as u64;
         self.write(a, data)?;
         Ok(a)
+    }
+}
+
+/// Where a batch's table starts in the scratch area: outputs of the
+/// batched syscalls go below it.
+pub const BATCH_TABLE: usize = 2048;
+
+/// One syscall of a [`Remote::batch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Syscall {
+    pub name: &'static str,
+    pub nr: i64,
+    pub args: [u64; 6],
+}
+
+impl Syscall {
+    /// `nr(args...)`, the missing arguments 0.
+    pub fn new(name: &'static str, nr: i64, args: &[u64]) -> Self {
+        let mut a = [0u64; 6];
+        for (d, s) in a.iter_mut().zip(args) {
+            *d = *s;
+        }
+        Self { name, nr, args: a }
     }
 }
 

@@ -12,7 +12,8 @@
 //!
 //! Deterministic deaths: `STASIS_FAULT=die-in-remote-syscall:N` kills the
 //! dumper at the Nth step of its remote syscalls (registers set, signals
-//! blocked, entry stop, exit stop), for every N; and
+//! blocked, entry stop, exit stop; for a batch: registers set, signals
+//! blocked, the thread running its table, its stop), for every N; and
 //! `STASIS_FAULT=remote-syscall:N` / `image-write:N` make the Nth remote
 //! syscall or image write fail: the dump must fail cleanly, the process
 //! unharmed.
@@ -591,7 +592,9 @@ fn dumper_dying_at_every_step_of_its_remote_syscalls_harms_nothing() {
     // fpu checks its SSE/AVX registers byte for byte; threads has many
     // threads (each parked on the hatch in turn) and a signal-heavy life.
     let steps = die_at_every_step("fpu", &[], &["--leave-running"], 1);
-    assert!(steps > 20, "only {steps} steps");
+    // (Most of what a dump asks a process runs in batches: a few steps
+    // each, one of them with the thread running its table.)
+    assert!(steps > 15, "only {steps} steps");
     die_at_every_step("threads", &[], &["--leave-running"], 3);
     die_at_every_step(
         "chain_writer",
