@@ -272,6 +272,7 @@ const BACKLOG_PATIENCE: Duration = Duration::from_secs(2);
 /// [`BACKLOG_PATIENCE`] and returns the tree frozen anyway: the socket is
 /// then refused with a message.
 fn freeze_without_backlog(pid: i32) -> Result<(freeze::Frozen, Instant)> {
+    stasis_sys::fault::delay(stasis_sys::fault::Slow::Freeze);
     let t0 = Instant::now();
     let mut pause = Duration::from_millis(1);
     loop {

@@ -106,6 +106,33 @@ fn hit(point: Point) -> bool {
     SEEN[i].fetch_add(1, Ordering::Relaxed) + 1 == *n
 }
 
+/// Places [`delay`] can stretch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slow {
+    /// A dump, right before it stops the tree (`freeze`): one host of a
+    /// cluster cut late, its job running on while the others are frozen.
+    Freeze,
+}
+
+/// Test hook: `STASIS_TEST_DELAY=freeze:MS` makes every pass through that
+/// place sleep MS milliseconds. Unset, one `OnceLock` read.
+pub fn delay(place: Slow) {
+    static PLAN: OnceLock<Option<(String, u64)>> = OnceLock::new();
+    let plan = PLAN.get_or_init(|| {
+        let v = std::env::var("STASIS_TEST_DELAY").ok()?;
+        let (p, ms) = v.split_once(':')?;
+        Some((p.to_string(), ms.parse().ok()?))
+    });
+    let name = match place {
+        Slow::Freeze => "freeze",
+    };
+    if let Some((p, ms)) = plan {
+        if p == name {
+            std::thread::sleep(std::time::Duration::from_millis(*ms));
+        }
+    }
+}
+
 /// Dies by SIGKILL if this pass through `point` is the one `STASIS_FAULT`
 /// names.
 pub fn die_at(point: Point) {
