@@ -72,6 +72,9 @@ pub struct Repaired {
     locked: bool,
     /// Whether the connection is in repair mode.
     in_repair: bool,
+    /// The send window the program's connection had, while this dump
+    /// holds it at zero (see [`hold_sends`]); put back on release.
+    held_snd_wnd: Option<u32>,
 }
 
 impl Repaired {
@@ -103,8 +106,9 @@ impl Repaired {
     }
 
     /// Packets flow again, if this dump stopped them (the filter
-    /// `freeze_tcp` attached comes off).
+    /// `freeze_tcp` attached comes off), and new data may go again.
     fn unlock(&mut self) {
+        self.release_sends();
         let b = self.sock.as_fd();
         if self.locked && sock::has_drop_all_filter(b) {
             let _ = sock::detach_filter(b);
@@ -112,11 +116,77 @@ impl Repaired {
         self.locked = false;
     }
 
-    /// Out of repair mode, and unlocked.
+    /// Gives the connection back its send window (held at zero since it
+    /// was read), through repair mode and out again, before the lock
+    /// comes off (so no ack has updated it meanwhile). The rest of the
+    /// window stays as it is now (a segment the connection sent since may
+    /// have moved what it advertises).
+    fn release_sends(&mut self) {
+        let Some(snd_wnd) = self.held_snd_wnd.take() else {
+            return;
+        };
+        let b = self.sock.as_fd();
+        if let Err(e) = sock::set_int(b, libc::IPPROTO_TCP, sock::TCP_REPAIR, 1) {
+            tracing::error!("could not give a TCP connection its send window back (repair mode: {e}); its first window probe will");
+            return;
+        }
+        self.in_repair = true;
+        let put = read_window(b).and_then(|mut w| {
+            w[1] = snd_wnd;
+            w[2] = w[2].max(snd_wnd);
+            write_window(b, &w)
+        });
+        if let Err(e) = put {
+            tracing::error!("could not give a TCP connection its send window back ({e}); its first window probe will");
+        }
+        self.leave_repair();
+    }
+
+    /// Out of repair mode, its send window back, and unlocked.
     fn put_back(&mut self) {
         self.leave_repair();
         self.unlock();
     }
+}
+
+/// `TCP_REPAIR_WINDOW`: snd_wl1, snd_wnd, max_window, rcv_wnd, rcv_wup.
+fn read_window(b: BorrowedFd<'_>) -> Result<[u32; 5], KernelError> {
+    let w = sock::get_bytes(
+        b,
+        libc::IPPROTO_TCP,
+        sock::TCP_REPAIR_WINDOW,
+        TCP_REPAIR_WINDOW_LEN,
+    )?;
+    let mut window = [0u32; 5];
+    for (i, c) in w.chunks_exact(4).take(5).enumerate() {
+        window[i] = u32::from_ne_bytes(c.try_into().unwrap_or([0; 4]));
+    }
+    Ok(window)
+}
+
+/// Sets `TCP_REPAIR_WINDOW` (the connection is in repair mode).
+fn write_window(b: BorrowedFd<'_>, w: &[u32; 5]) -> Result<(), KernelError> {
+    let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    sock::set_bytes(b, libc::IPPROTO_TCP, sock::TCP_REPAIR_WINDOW, &bytes)
+}
+
+/// Holds back new data: the connection's send window becomes zero (in
+/// repair mode), so from now on it sends no byte past what the dump reads
+/// as sent. Without it a locked, frozen connection still sends: a tail
+/// loss probe (10 ms after its last segment, acks being dropped by the
+/// lock), pacing and small-queue timers send queued bytes the image says
+/// were never sent; a peer not yet locked (another host's agent freezes
+/// later) takes them, and after a restore it acknowledges bytes the
+/// sender never sent, which the sender drops as acks of unsent data,
+/// while the peer drops the sender's segments as old: the link stalls
+/// for good. Retransmissions (of bytes the image has as sent) and window
+/// probes (no data) still go. Returns the window as it was.
+fn hold_sends(b: BorrowedFd<'_>) -> Result<[u32; 5], KernelError> {
+    let w = read_window(b)?;
+    let mut zero = w;
+    zero[1] = 0;
+    write_window(b, &zero)?;
+    Ok(w)
 }
 
 /// Puts back what [`SaveCtx::freeze_tcp`] changed on the connections, as
@@ -261,6 +331,7 @@ impl SaveCtx {
                 reuseaddr,
                 locked,
                 in_repair: false,
+                held_snd_wnd: None,
             });
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
@@ -282,17 +353,21 @@ impl SaveCtx {
             r.in_repair = true;
         }
         die();
-        for r in &self.repaired.socks {
+        for r in &mut self.repaired.socks {
             let b = r.sock.as_fd();
+            let fail = |e: KernelError| SaveError::Unsupported {
+                pid: r.pid,
+                what: format!(
+                    "fd {}: saving an established TCP connection failed: {e}",
+                    r.fd
+                ),
+            };
+            // New data held back first, so what is read as sent stays so.
+            let window = hold_sends(b).map_err(fail)?;
+            r.held_snd_wnd = Some(window[1]);
             let state = sock::tcp_info(b)
-                .and_then(|info| save(b, &info))
-                .map_err(|e| SaveError::Unsupported {
-                    pid: r.pid,
-                    what: format!(
-                        "fd {}: saving an established TCP connection failed: {e}",
-                        r.fd
-                    ),
-                })?;
+                .and_then(|info| save(b, &info, window))
+                .map_err(fail)?;
             self.repaired.saved.insert(r.ino, state);
         }
         die();
@@ -307,8 +382,13 @@ impl SaveCtx {
     }
 }
 
-/// Reads an established TCP connection in repair mode (it stays so).
-fn save(b: BorrowedFd<'_>, info: &sock::TcpInfo) -> Result<TcpRepair, KernelError> {
+/// Reads an established TCP connection in repair mode (it stays so),
+/// whose `window` [`hold_sends`] read.
+fn save(
+    b: BorrowedFd<'_>,
+    info: &sock::TcpInfo,
+    window: [u32; 5],
+) -> Result<TcpRepair, KernelError> {
     let tcp = libc::IPPROTO_TCP;
     sock::set_int(b, tcp, sock::TCP_REPAIR, 1)?;
     let (outq, unsent) = sock::outq(b)?;
@@ -321,11 +401,6 @@ fn save(b: BorrowedFd<'_>, info: &sock::TcpInfo) -> Result<TcpRepair, KernelErro
     let recv_queue = sock::peek_repair_queue(b, inq as usize)?;
     let mss = sock::get_int(b, tcp, libc::TCP_MAXSEG)?;
     let timestamp = sock::get_int(b, tcp, sock::TCP_TIMESTAMP)?;
-    let w = sock::get_bytes(b, tcp, sock::TCP_REPAIR_WINDOW, TCP_REPAIR_WINDOW_LEN)?;
-    let mut window = [0u32; 5];
-    for (i, c) in w.chunks_exact(4).take(5).enumerate() {
-        window[i] = u32::from_ne_bytes(c.try_into().unwrap_or([0; 4]));
-    }
     Ok(TcpRepair {
         snd_seq: u32::from_ne_bytes(snd_seq.to_ne_bytes()),
         rcv_seq: u32::from_ne_bytes(rcv_seq.to_ne_bytes()),
@@ -522,9 +597,7 @@ impl PendingTcp {
         for chunk in r.send_queue[..sent(r)].chunks(64 * 1024) {
             sock::send_all(b, chunk).map_err(err("refilling the send queue"))?;
         }
-        let window: Vec<u8> = r.window.iter().flat_map(|w| w.to_ne_bytes()).collect();
-        sock::set_bytes(b, tcp, sock::TCP_REPAIR_WINDOW, &window)
-            .map_err(err("restoring the window"))
+        write_window(b, &r.window).map_err(err("restoring the window"))
     }
 
     /// Leaves repair mode. A window probe goes out, so each side learns the
