@@ -403,6 +403,7 @@ fn twenty_cuts_while_the_mesh_runs_each_restorable() {
             "round {round} {extra:?}: hosts froze within {} us, done in {} us",
             r["freeze_us"], r["total_us"]
         );
+        job.check_links(round);
         job.wait_traffic(1 << 20);
     }
     let mut args = vec!["inspect", "--job", "mesh"];
