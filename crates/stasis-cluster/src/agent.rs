@@ -382,7 +382,7 @@ fn spawn_dumps(
                         None => Ok(stasis_capture::dump(&store, &opts)?),
                     }
                 });
-            let out = res.map_err(|e| Why(format!("tree {pid}: {e}")));
+            let out = res.map_err(|e| Why(format!("tree {pid}: {}", stasis_image::one_line(&e))));
             r2.end(out.as_ref().err().cloned());
             out
         }));
@@ -459,7 +459,7 @@ fn restore_round(c: &mut Conn, cfg: &AgentConfig, o: &RestoreOrder) -> Result<()
             let res = ImageDir::open(&dir)
                 .map_err(ClusterError::from)
                 .and_then(|store| restore_tree(&store, checkpoint, part, lazy));
-            let out = res.map_err(|e| Why(format!("tree {pid}: {e}")));
+            let out = res.map_err(|e| Why(format!("tree {pid}: {}", stasis_image::one_line(&e))));
             r2.end(out.as_ref().err().cloned());
             out
         }));

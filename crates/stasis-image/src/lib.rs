@@ -44,7 +44,7 @@ mod summary;
 pub mod touch;
 
 pub use chain::{load_chain, page_sources, PageSource};
-pub use error::{FormatError, ImageError};
+pub use error::{one_line, FormatError, ImageError};
 pub use fsutil::{is_plain_name, write_atomic_file};
 pub use gc::{GcReport, MergeReport};
 pub use manifest::*;

@@ -311,7 +311,7 @@ impl Bucket {
 /// An error and its sources, on one line; an S3 error document is
 /// shortened to its code and message.
 fn error_chain(e: &dyn std::error::Error) -> String {
-    let s = full_chain(e);
+    let s = stasis_image::one_line(e);
     let tag = |t: &str| {
         let open = format!("<{t}>");
         let start = s.find(&open)? + open.len();
@@ -324,18 +324,4 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         }
         _ => s.chars().take(600).collect(),
     }
-}
-
-fn full_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let t = c.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        cur = c.source();
-    }
-    s
 }
