@@ -441,6 +441,12 @@ pub(crate) fn restore(
     };
     sock::set_int(b, tcp, sock::TCP_REPAIR, 1)
         .map_err(step_err("entering repair mode (needs CAP_NET_ADMIN)"))?;
+    // Locked (drops whatever reaches it) until every socket of the tree,
+    // and of every host of a cut, exists and is filled: a segment of the
+    // dead process's orphaned connection, still closing on the peer's
+    // host (orphans are closed there only when that host rebuilds its
+    // end), must not reach the rebuilt one (`PendingTcp::leave_repair`).
+    sock::attach_drop_all(b).map_err(step_err("locking it until the restore is done"))?;
     // (Repair mode also forces address reuse: an accepted connection binds
     // the port its listener holds. SO_REUSEADDR must not be set after it.)
     let seq = |v: u32, back: usize| v.wrapping_sub(u32::try_from(back).unwrap_or(0));
@@ -600,9 +606,17 @@ impl PendingTcp {
         write_window(b, &r.window).map_err(err("restoring the window"))
     }
 
-    /// Leaves repair mode. A window probe goes out, so each side learns the
-    /// other's current window at once (both sides exist by now).
+    /// Unlocks it and leaves repair mode. A window probe goes out, so each
+    /// side learns the other's current window at once (both sides exist
+    /// by now).
     fn leave_repair(&self) -> Result<(), RestoreError> {
+        sock::detach_filter(self.sock.as_fd()).map_err(|e| RestoreError::Step {
+            what: format!(
+                "unlocking the TCP connection of fd {} after the restore",
+                self.fd
+            ),
+            source: e,
+        })?;
         sock::set_int(self.sock.as_fd(), libc::IPPROTO_TCP, sock::TCP_REPAIR, 0).map_err(|e| {
             RestoreError::Step {
                 what: format!(
