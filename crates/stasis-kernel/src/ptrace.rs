@@ -509,13 +509,7 @@ impl Tracee {
                 false,
             ),
         };
-        sys::fault::check(sys::fault::Point::RemoteSyscall).map_err(|source| {
-            KernelError::RemoteSyscall {
-                name: "injected fault",
-                pid: self.pid,
-                source,
-            }
-        })?;
+        self.injected_fault()?;
         let mut r = *base;
         let a = |i: usize| args.get(i).copied().unwrap_or(0);
         r.rax = crate::sarg(nr);
@@ -548,16 +542,8 @@ impl Tracee {
                     // rest); a SIGSTOP from outside is suppressed, and so
                     // is our own hold (queued on the thread, it comes
                     // before any other SIGSTOP): it is taken.
-                    StopKind::Signal(sig)
-                        if sig == libc::SIGSTOP
-                            || sig == libc::SIGTSTP
-                            || sig == libc::SIGTTIN
-                            || sig == libc::SIGTTOU =>
-                    {
-                        if sig == libc::SIGSTOP {
-                            self.held = false;
-                        }
-                        self.resume_raw(libc::PTRACE_SYSCALL, 0)?;
+                    StopKind::Signal(sig) if is_stop_signal(sig) => {
+                        self.suppress_stop(sig, libc::PTRACE_SYSCALL)?;
                     }
                     // A clone event (the tracee ran clone3 for us with
                     // PTRACE_O_TRACECLONE set): the syscall goes on.
@@ -612,13 +598,7 @@ impl Tracee {
             return Err(KernelError::NoSyscallInsn { pid: self.pid });
         };
         h.park(self.pid, base)?;
-        sys::fault::check(sys::fault::Point::RemoteSyscall).map_err(|source| {
-            KernelError::RemoteSyscall {
-                name: "injected fault",
-                pid: self.pid,
-                source,
-            }
-        })?;
+        self.injected_fault()?;
         let tgid = h.pid();
         let mut r = *base;
         r.orig_rax = u64::MAX;
@@ -650,16 +630,9 @@ impl Tracee {
                     }
                     self.resume_raw(libc::PTRACE_CONT, 0)?;
                 }
-                StopKind::Signal(sig)
-                    if sig == libc::SIGSTOP
-                        || sig == libc::SIGTSTP
-                        || sig == libc::SIGTTIN
-                        || sig == libc::SIGTTOU =>
-                {
-                    if sig == libc::SIGSTOP {
-                        self.held = false;
-                    }
-                    self.resume_raw(libc::PTRACE_CONT, 0)?;
+                // As in `syscall_raw`.
+                StopKind::Signal(sig) if is_stop_signal(sig) => {
+                    self.suppress_stop(sig, libc::PTRACE_CONT)?;
                 }
                 other => {
                     return Err(KernelError::UnexpectedStop {
@@ -672,6 +645,27 @@ impl Tracee {
         }
         die();
         self.set_sigmask(!0u64)
+    }
+
+    /// The remote-syscall failure a test asked for (`STASIS_FAULT`).
+    fn injected_fault(&self) -> Result<()> {
+        sys::fault::check(sys::fault::Point::RemoteSyscall).map_err(|source| {
+            KernelError::RemoteSyscall {
+                name: "injected fault",
+                pid: self.pid,
+                source,
+            }
+        })
+    }
+
+    /// Resumes (with `op`) a thread stopped on a stop signal while it ran
+    /// a remote syscall, the signal suppressed; our own hold, if that
+    /// was it, is taken.
+    fn suppress_stop(&mut self, sig: i32, op: u32) -> Result<()> {
+        if sig == libc::SIGSTOP {
+            self.held = false;
+        }
+        self.resume_raw(op, 0)
     }
 
     /// Like [`Tracee::syscall_raw`], mapping a negative result to an error
@@ -958,4 +952,12 @@ mod hold_tests {
         child.kill().unwrap();
         child.wait().unwrap();
     }
+}
+
+/// A signal whose default action stops the process.
+fn is_stop_signal(sig: i32) -> bool {
+    matches!(
+        sig,
+        libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU
+    )
 }

@@ -207,6 +207,19 @@ impl Job {
         c.spawn().expect("stasis cluster dump")
     }
 
+    /// Round `round` of a run of cuts the job survives: with
+    /// `--leave-running`, `--concurrent` every other round.
+    fn cut(&self, round: u64) -> (&'static [&'static str], serde_json::Value) {
+        let extra: &'static [&'static str] = if round.is_multiple_of(2) {
+            &["--leave-running", "--concurrent"]
+        } else {
+            &["--leave-running"]
+        };
+        let r = self.dump(extra);
+        assert_eq!(r["round"], round, "{r}");
+        (extra, r)
+    }
+
     fn dump(&self, extra: &[&str]) -> serde_json::Value {
         let mut args = vec!["dump", "--job", "mesh"];
         args.extend_from_slice(extra);
@@ -392,13 +405,7 @@ fn twenty_cuts_while_the_mesh_runs_each_restorable() {
         .and_then(|r| r.parse().ok())
         .unwrap_or(20);
     for round in 1..=rounds {
-        let extra: &[&str] = if round % 2 == 0 {
-            &["--leave-running", "--concurrent"]
-        } else {
-            &["--leave-running"]
-        };
-        let r = job.dump(extra);
-        assert_eq!(r["round"], round, "{r}");
+        let (extra, r) = job.cut(round);
         eprintln!(
             "round {round} {extra:?}: hosts froze within {} us, done in {} us",
             r["freeze_us"], r["total_us"]
@@ -454,13 +461,7 @@ fn a_host_late_to_the_lock_still_gets_a_consistent_cut() {
     let mut job = Job::start_with("l", &[&[], late]);
     let rounds = 6;
     for round in 1..=rounds {
-        let extra: &[&str] = if round % 2 == 0 {
-            &["--leave-running", "--concurrent"]
-        } else {
-            &["--leave-running"]
-        };
-        let r = job.dump(extra);
-        assert_eq!(r["round"], round, "{r}");
+        job.cut(round);
         job.check_links(round);
         job.wait_traffic(1 << 20);
     }
