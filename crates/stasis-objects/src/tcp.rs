@@ -348,8 +348,9 @@ fn sent(r: &TcpRepair) -> usize {
 }
 
 /// Rebuilds an established TCP connection with `TCP_REPAIR`: sequence
-/// numbers, a handshake-less connect, negotiated options. The queues,
-/// window and going live come later ([`RestoreCtx::finish_tcp`]).
+/// numbers, a handshake-less connect, negotiated options, the receive
+/// queue. The send queue, window and going live come later
+/// ([`RestoreCtx::finish_tcp`]).
 pub(crate) fn restore(
     fd: i32,
     s: &OwnedFd,
@@ -422,10 +423,30 @@ pub(crate) fn restore(
         )
         .map_err(step_err("restoring the timestamp"))?;
     }
-    // The queues are refilled later (`PendingTcp::fill`): data in the send
-    // queue arms the retransmit timer, which must not fire before every
-    // socket of the tree exists, or its peer would answer with a reset.
+    // The receive queue is refilled now, before the process registers the
+    // socket in its epoll instances: refilling it in repair mode wakes no
+    // one (`tcp_send_rcvq` queues without `sk_data_ready`), so an epoll
+    // registered before would never report the bytes (a server whose
+    // client's request was queued at the dump waited for good). The send
+    // queue is refilled later (`PendingTcp::fill`): data in it arms the
+    // retransmit timer, which must not fire before every socket of the
+    // tree exists, or its peer would answer with a reset.
+    make_room(b, r);
+    sock::set_int(b, tcp, sock::TCP_REPAIR_QUEUE, sock::TCP_RECV_QUEUE)
+        .map_err(step_err("selecting the receive queue"))?;
+    for chunk in r.recv_queue.chunks(64 * 1024) {
+        sock::send_all(b, chunk).map_err(step_err("refilling the receive queue"))?;
+    }
     Ok(())
+}
+
+/// Makes room in the socket's buffers for the saved queues
+/// (`SO_*BUFFORCE` needs CAP_NET_ADMIN; without it the default stays).
+fn make_room(b: BorrowedFd<'_>, r: &TcpRepair) {
+    let room = i32::try_from((r.send_queue.len().max(r.recv_queue.len()) * 2).max(65536))
+        .unwrap_or(i32::MAX);
+    let _ = sock::set_int(b, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, room);
+    let _ = sock::set_int(b, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, room);
 }
 
 /// The handshake-less connect of a connection in repair mode. If the
@@ -499,24 +520,14 @@ pub struct PendingTcp {
 }
 
 impl PendingTcp {
-    /// Refills both queues (still in repair mode: nothing is sent) and
-    /// restores the window.
+    /// Refills the send queue (still in repair mode: nothing is sent; the
+    /// receive queue was refilled by [`restore`]) and restores the window.
     fn fill(&self) -> Result<(), RestoreError> {
         let (b, r, tcp) = (self.sock.as_fd(), &self.repair, libc::IPPROTO_TCP);
         let err = |w: &str| {
             let what = format!("{w} of the TCP connection of fd {}", self.fd);
             move |e: KernelError| RestoreError::Step { what, source: e }
         };
-        // Make room for the queues (SO_*BUFFORCE needs CAP_NET_ADMIN).
-        let room = i32::try_from((r.send_queue.len().max(r.recv_queue.len()) * 2).max(65536))
-            .unwrap_or(i32::MAX);
-        let _ = sock::set_int(b, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, room);
-        let _ = sock::set_int(b, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, room);
-        sock::set_int(b, tcp, sock::TCP_REPAIR_QUEUE, sock::TCP_RECV_QUEUE)
-            .map_err(err("selecting the receive queue"))?;
-        for chunk in r.recv_queue.chunks(64 * 1024) {
-            sock::send_all(b, chunk).map_err(err("refilling the receive queue"))?;
-        }
         sock::set_int(b, tcp, sock::TCP_REPAIR_QUEUE, sock::TCP_SEND_QUEUE)
             .map_err(err("selecting the send queue"))?;
         for chunk in r.send_queue[..sent(r)].chunks(64 * 1024) {
