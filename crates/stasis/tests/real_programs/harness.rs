@@ -414,9 +414,8 @@ impl Load {
     /// gets a reset. Seen on Node.js and Go under lazy restores, whose
     /// restore takes longer than the first retransmission timeout. (CRIU
     /// keeps such a lock in netfilter from the dump to the restore.)
-    /// redis-benchmark and pgbench are not paused: a closed-loop client
-    /// sends nothing while the frozen server answers nothing, so it rarely
-    /// has a request in flight at the lock.
+    /// redis-benchmark and pgbench are paused the same way from outside
+    /// (`pause_client`): pgbench was reset so under a lazy restore.
     pub fn pause(&self, prog: &Prog) {
         self.paused.store(true, Ordering::Release);
         let n = u64::try_from(self.done.len()).expect("small");
@@ -445,6 +444,43 @@ impl Drop for Load {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
     }
+}
+
+/// Pauses a client program (redis-benchmark, pgbench) for a dump that
+/// kills: SIGSTOP, then waits until every connection to `port` has its
+/// sent bytes acknowledged by the server (see `Load::pause` for why).
+/// `resume_client` continues it after the restore.
+pub fn pause_client(prog: &Prog, client: i32, port: u16) {
+    // SAFETY: signalling the client the test started.
+    unsafe { libc::kill(client, libc::SIGSTOP) };
+    prog.wait("the client's requests acknowledged", || {
+        unacked_to(port) == Some(0)
+    });
+}
+
+pub fn resume_client(client: i32) {
+    // SAFETY: signalling the client the test started.
+    unsafe { libc::kill(client, libc::SIGCONT) };
+}
+
+/// The bytes not yet acknowledged on the connections to 127.0.0.1:`port`
+/// (client ends, from /proc/net/tcp), or `None` if there is none.
+fn unacked_to(port: u16) -> Option<u64> {
+    let server = format!("0100007F:{port:04X}");
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let queues: Vec<u64> = table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // Established (01), to the server, not the server's own end.
+            if f.get(2) != Some(&server.as_str()) || f.get(3) != Some(&"01") {
+                return None;
+            }
+            u64::from_str_radix(f.get(4)?.split_once(':')?.0, 16).ok()
+        })
+        .collect();
+    (!queues.is_empty()).then(|| queues.iter().sum())
 }
 
 /// A deterministic value of `len` bytes for `seed` (text, no spaces).
