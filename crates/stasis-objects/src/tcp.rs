@@ -12,7 +12,8 @@
 //! program, frozen, sends nothing). After the dump the lock comes off
 //! ([`leave_repair`]); a dump that kills the tree has the guard put the
 //! connections back in repair mode and kill their owners
-//! ([`kill_owners`]), so they close silently. At restore, each connection
+//! ([`kill_owners`]), and a holder keeps them, silent, until the restore
+//! ends it ([`release_holders_of`]). At restore, each connection
 //! is rebuilt in repair mode ([`restore`]) and made live once every
 //! socket of the tree exists ([`RestoreCtx::finish_tcp`]).
 
@@ -144,7 +145,8 @@ pub fn dismiss_guard(mut r: Repairs, released: bool) {
 
 /// After a committed dump that kills the tree: hands the kill to the
 /// guard, which puts the connections in repair mode and SIGKILLs the
-/// processes that own them, so they close silently (see
+/// processes that own them; a holder keeps them, silent, until the restore
+/// ends it ([`release_holders_of`]; see
 /// [`sock::SocketGuard::kill_owners`]); returns once they are signalled.
 /// The caller kills the rest of the tree and waits for it.
 pub fn kill_owners(mut r: Repairs) {
@@ -465,6 +467,16 @@ fn reconnect(fd: i32, b: BorrowedFd<'_>, i: &InetSocket) -> Result<(), RestoreEr
     if e.raw_os_error() != Some(libc::EADDRNOTAVAIL) {
         return Err(fail(e));
     }
+    // The connection of the killed tree, kept by the dump's holder until
+    // this restore: ended, its copy closes silently.
+    if release_holders_of(fd, &i.local, Some(&i.peer))? > 0 {
+        let Err(e) = sock::connect(b, &i.peer) else {
+            return Ok(());
+        };
+        if e.raw_os_error() != Some(libc::EADDRNOTAVAIL) {
+            return Err(fail(e));
+        }
+    }
     let orphans = tcpdiag::destroy_orphans(&i.local, &i.peer).map_err(|k| RestoreError::Step {
         what: format!(
             "closing the orphaned socket (of the process that died) that holds the address pair of the TCP connection of fd {fd}"
@@ -486,6 +498,30 @@ fn reconnect(fd: i32, b: BorrowedFd<'_>, i: &InetSocket) -> Result<(), RestoreEr
         "closed the orphaned copy of a restored TCP connection"
     );
     sock::connect(b, &i.peer).map_err(fail)
+}
+
+/// Ends the holders ([`sock::release_holders`]) of the sockets with the
+/// address pair `local`/`peer` (with `peer` `None`: on the port of
+/// `local`); returns how many it ended.
+pub(crate) fn release_holders_of(
+    fd: i32,
+    local: &[u8],
+    peer: Option<&[u8]>,
+) -> Result<usize, RestoreError> {
+    let step = |k: KernelError| RestoreError::Step {
+        what: format!("ending the holder of the killed tree's connections (for fd {fd})"),
+        source: k,
+    };
+    let held = tcpdiag::held_inodes(local, peer).map_err(step)?;
+    let n = sock::release_holders(&held).map_err(step)?;
+    if n > 0 {
+        tracing::info!(
+            fd,
+            holders = n,
+            "ended the holder of the killed tree's connections"
+        );
+    }
+    Ok(n)
 }
 
 /// The `struct tcp_repair_opt` list of the negotiated options.
