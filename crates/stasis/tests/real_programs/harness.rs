@@ -63,6 +63,25 @@ pub struct DumpFigures {
     pub threads: u64,
 }
 
+/// Reaps the connection holders a restore ended (`stasis-tcphold`, left
+/// by a dump that killed its tree, reparented to this subreaper): only
+/// those, whose comm says so, since other tests wait for their own
+/// children.
+fn reap_holders() {
+    for c in my_children() {
+        if comm_of(c) == "stasis-tcphold" {
+            reap_if_ours_when_dead(c);
+        }
+    }
+}
+
+/// Reaps `pid` if it is a zombie now (a holder ended by the restore).
+fn reap_if_ours_when_dead(pid: i32) {
+    if !alive(pid) {
+        reap_if_ours(pid);
+    }
+}
+
 /// A real program under test, in its own directory: `out.log` (its stdout
 /// and stderr), `images`, and whatever the scenario puts there.
 pub struct Prog {
@@ -246,6 +265,7 @@ impl Prog {
         let t0 = Instant::now();
         let o = c.output().expect("running stasis restore");
         assert_ok(&o, &format!("{mode:?} restore of {}", self.name));
+        reap_holders();
         eprintln!("{} {mode:?}: restore took {:?}", self.name, t0.elapsed());
         assert!(
             alive(self.pid),
@@ -314,11 +334,6 @@ impl Drop for Prog {
 /// first error of any of them is kept.
 pub struct Load {
     stop: Arc<AtomicBool>,
-    /// While set, the clients start no new step (their connections stay
-    /// open and idle).
-    paused: Arc<AtomicBool>,
-    /// Clients that saw `paused` and are idle.
-    idle: Arc<AtomicU64>,
     pub done: Vec<Arc<AtomicU64>>,
     error: Arc<Mutex<Option<String>>>,
     threads: Vec<std::thread::JoinHandle<()>>,
@@ -334,27 +349,16 @@ pub type Step = Box<dyn FnMut(u64) -> Result<(), String> + Send>;
 impl Load {
     pub fn start(clients: Vec<Step>) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
-        let paused = Arc::new(AtomicBool::new(false));
-        let idle = Arc::new(AtomicU64::new(0));
         let error = Arc::new(Mutex::new(None));
         let mut done = Vec::new();
         let mut threads = Vec::new();
         for (c, mut step) in clients.into_iter().enumerate() {
             let (stop, error) = (stop.clone(), error.clone());
-            let (paused, idle) = (paused.clone(), idle.clone());
             let n = Arc::new(AtomicU64::new(0));
             done.push(n.clone());
             threads.push(std::thread::spawn(move || {
                 let mut i = 0;
                 while !stop.load(Ordering::Relaxed) {
-                    if paused.load(Ordering::Acquire) {
-                        idle.fetch_add(1, Ordering::AcqRel);
-                        while paused.load(Ordering::Acquire) && !stop.load(Ordering::Relaxed) {
-                            std::thread::sleep(Duration::from_millis(2));
-                        }
-                        idle.fetch_sub(1, Ordering::AcqRel);
-                        continue;
-                    }
                     if let Err(e) = step(i) {
                         error
                             .lock()
@@ -372,8 +376,6 @@ impl Load {
         }
         Load {
             stop,
-            paused,
-            idle,
             done,
             error,
             threads,
@@ -403,32 +405,6 @@ impl Load {
         });
     }
 
-    /// Holds the clients between two steps, every answer received, their
-    /// connections open and idle; returns when all are.
-    ///
-    /// The scenarios pause their own clients before a dump that kills
-    /// (plain, lazy), because of a gap Stasis has (not fixed yet): from the
-    /// kill to the restore no socket holds the connection, so a request a
-    /// client sent while the network lock dropped it is retransmitted
-    /// (after ~200 ms on loopback) to no socket, and the client's kernel
-    /// gets a reset. Seen on Node.js and Go under lazy restores, whose
-    /// restore takes longer than the first retransmission timeout. (CRIU
-    /// keeps such a lock in netfilter from the dump to the restore.)
-    /// redis-benchmark and pgbench are paused the same way from outside
-    /// (`pause_client`): pgbench was reset so under a lazy restore.
-    pub fn pause(&self, prog: &Prog) {
-        self.paused.store(true, Ordering::Release);
-        let n = u64::try_from(self.done.len()).expect("small");
-        prog.wait("the clients idle", || {
-            self.check();
-            self.idle.load(Ordering::Acquire) == n
-        });
-    }
-
-    pub fn resume(&self) {
-        self.paused.store(false, Ordering::Release);
-    }
-
     /// Stops the clients; returns what each had acknowledged.
     pub fn finish(mut self) -> Vec<u64> {
         self.stop.store(true, Ordering::Relaxed);
@@ -444,43 +420,6 @@ impl Drop for Load {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
     }
-}
-
-/// Pauses a client program (redis-benchmark, pgbench) for a dump that
-/// kills: SIGSTOP, then waits until every connection to `port` has its
-/// sent bytes acknowledged by the server (see `Load::pause` for why).
-/// `resume_client` continues it after the restore.
-pub fn pause_client(prog: &Prog, client: i32, port: u16) {
-    // SAFETY: signalling the client the test started.
-    unsafe { libc::kill(client, libc::SIGSTOP) };
-    prog.wait("the client's requests acknowledged", || {
-        unacked_to(port) == Some(0)
-    });
-}
-
-pub fn resume_client(client: i32) {
-    // SAFETY: signalling the client the test started.
-    unsafe { libc::kill(client, libc::SIGCONT) };
-}
-
-/// The bytes not yet acknowledged on the connections to 127.0.0.1:`port`
-/// (client ends, from /proc/net/tcp), or `None` if there is none.
-fn unacked_to(port: u16) -> Option<u64> {
-    let server = format!("0100007F:{port:04X}");
-    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
-    let queues: Vec<u64> = table
-        .lines()
-        .skip(1)
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            // Established (01), to the server, not the server's own end.
-            if f.get(2) != Some(&server.as_str()) || f.get(3) != Some(&"01") {
-                return None;
-            }
-            u64::from_str_radix(f.get(4)?.split_once(':')?.0, 16).ok()
-        })
-        .collect();
-    (!queues.is_empty()).then(|| queues.iter().sum())
 }
 
 /// A deterministic value of `len` bytes for `seed` (text, no spaces).

@@ -308,9 +308,6 @@ fn scenario(
     let load = Load::start(clients);
     let zero = vec![0; usize::try_from(CLIENTS).expect("small")];
     load.wait_beyond(prog, &zero, 200, "200 writes per client before the dump");
-    if mode != Mode::Concurrent {
-        load.pause(prog);
-    }
     let before = load.counts();
     let fig = prog.checkpoint(mode);
     let at_dump = load.counts();
@@ -336,7 +333,6 @@ fn scenario(
     } else {
         prog.restore(mode);
         // The clients go on, on their connections.
-        load.resume();
         load.wait_beyond(prog, &at_dump, 100, "writes after the restore");
         let written = load.finish();
         for c in 0..CLIENTS {

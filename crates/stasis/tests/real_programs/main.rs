@@ -11,10 +11,10 @@
 //!   before its memory has arrived).
 //!
 //! The clients keep their TCP connections across a plain or lazy
-//! checkpoint (the server's end is restored in repair mode; the clients
-//! pause, every request answered, while the program is down: see
-//! `Load::pause`), so after the restore what the clients were
-//! acknowledged is exactly what the program holds: every scenario checks that through the program's own client,
+//! checkpoint (the server's end is restored in repair mode, and held
+//! meanwhile: see `stasis-tcphold` in docs/ARCHITECTURE.md), so after the
+//! restore what the clients were acknowledged is exactly what the program
+//! holds: every scenario checks that through the program's own client,
 //! byte for byte. After a concurrent dump the program runs on and the
 //! clients with it, so the restored program is back at the dump instant:
 //! the scenarios check that it holds exactly the data set of before the

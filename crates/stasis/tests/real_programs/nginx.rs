@@ -102,15 +102,10 @@ pub fn downloads(mode: Mode) {
         50,
         "50 downloads per client before the dump",
     );
-    if mode != Mode::Concurrent {
-        // See `Load::pause`: a request in flight across a kill may be reset.
-        load.pause(&prog);
-    }
     let fig = prog.checkpoint(mode);
     let at_dump = load.counts();
     if mode != Mode::Concurrent {
         prog.restore(mode);
-        load.resume();
     }
     load.wait_beyond(&prog, &at_dump, 50, "downloads after the dump");
     let done: u64 = load.finish().iter().sum();

@@ -4,8 +4,7 @@
 //! root).
 //!
 //! Plain and lazy: pgbench's 4 clients run 600 TPC-B transactions each
-//! through the checkpoint, on their connections (pgbench is paused for the
-//! dump, see `pause_client`); pgbench must end with
+//! through the checkpoint, on their connections; pgbench must end with
 //! every transaction processed and none failed, the history table must
 //! then have exactly one row per transaction, and the balances of
 //! accounts, tellers and branches must each sum to the history's deltas.
@@ -259,11 +258,8 @@ pub fn pgbench(mode: Mode) {
         prog.wait("200 transactions before the dump", || {
             num(port, "select count(*) from pgbench_history") >= 200
         });
-        let pid = i32::try_from(b.id()).expect("pid");
-        pause_client(&prog, pid, port);
         fig = prog.checkpoint(mode);
         prog.restore(mode);
-        resume_client(pid);
         pgbench_done(b, &log, total);
         assert_eq!(
             tpcb_consistent(port, "after the restore"),

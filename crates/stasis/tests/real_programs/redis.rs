@@ -1,8 +1,7 @@
 //! Redis under `redis-benchmark`: 5000 fixed keys (0.1 to 2 KB values, in
 //! database 1) are stored first, then redis-benchmark's 8 clients run INCR
-//! and LPUSH (20 000 requests each) through the checkpoint (paused for a
-//! dump that kills, see `pause_client`). After a plain or lazy restore
-//! redis-benchmark goes on on its connections and ends
+//! and LPUSH (20 000 requests each) through the checkpoint. After a plain
+//! or lazy restore redis-benchmark goes on on its connections and ends
 //! without an error; the counter is then exactly 20 000 and the list
 //! exactly 20 000 long. After a concurrent dump the restored redis is back
 //! at the dump instant: its counter between what was seen before the dump
@@ -158,10 +157,6 @@ pub fn benchmark(mode: Mode) {
         r.int(&[b"GET", counter]) >= 2000
     });
     let before = r.int(&[b"GET", counter]);
-    let bench_pid = i32::try_from(bench.id()).expect("pid");
-    if mode != Mode::Concurrent {
-        pause_client(&prog, bench_pid, port);
-    }
     let fig = prog.checkpoint(mode);
     if mode == Mode::Concurrent {
         // redis served the benchmark on, to its end.
@@ -174,9 +169,6 @@ pub fn benchmark(mode: Mode) {
         prog.kill();
     }
     prog.restore(mode);
-    if mode != Mode::Concurrent {
-        resume_client(bench_pid);
-    }
     let mut r = Redis::connect(port);
     let n = i64::try_from(REQUESTS).expect("small");
     if mode == Mode::Concurrent {
