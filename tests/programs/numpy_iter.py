@@ -1,7 +1,6 @@
 """NumPy keeps iterating over a 32 MiB array: each step mixes every
 element (a multiply, an add and a shift over uint64, wrapping), so every
-page of the array is written at every step, by NumPy's own loops and the
-OpenBLAS threads it starts.
+page of the array is written at every step.
 
 Usage: python3 numpy_iter.py PIDFILE
 

@@ -1,6 +1,5 @@
 //! Python with NumPy: tests/programs/numpy_iter.py rewrites a 32 MiB array
-//! at every step (its OpenBLAS threads started) and prints a checksum per
-//! step; after the restore it goes on, and on SIGTERM it recomputes every
+//! at every step and prints a checksum per step; after the restore it goes on, and on SIGTERM it recomputes every
 //! step from scratch and compares the whole array element by element.
 
 use crate::harness::*;
