@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building and testing Stasis needs, if it is missing:
 # a C compiler and make (test workloads), python3, redis and a JDK (the
-# tests with real programs, crates/stasis/tests/programs.rs), Open MPI
+# tests with real programs, crates/stasis/tests/programs.rs), PostgreSQL,
+# nginx, memcached, Node.js and Go (the real-program matrix,
+# crates/stasis/tests/real_programs), Open MPI
 # (mpirun, mpicc: tests/workloads/mpi and crates/stasis/tests/mpi_env.rs),
 # iproute2 and util-linux (ip netns, unshare: scripts/hosts.sh), and a Rust
 # toolchain with rustfmt and clippy. Safe to run again: it only installs
@@ -24,6 +26,14 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
     missing+=(redis-tools)
 { command -v java >/dev/null 2>&1 && command -v javac >/dev/null 2>&1; } ||
     missing+=(default-jdk-headless)
+# The real-program matrix (crates/stasis/tests/real_programs): PostgreSQL
+# (server, psql, pgbench), nginx, memcached, Node.js and Go.
+{ ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 && command -v psql >/dev/null 2>&1 &&
+    command -v pgbench >/dev/null 2>&1; } || missing+=(postgresql)
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
+command -v memcached >/dev/null 2>&1 || missing+=(memcached)
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v go >/dev/null 2>&1 || missing+=(golang-go)
 { command -v mpirun >/dev/null 2>&1 && command -v mpicc >/dev/null 2>&1; } ||
     missing+=(openmpi-bin libopenmpi-dev)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
@@ -67,7 +77,8 @@ if ! { cargo fmt --version >/dev/null 2>&1 && cargo clippy --version >/dev/null 
 fi
 stasis_log "$(cargo --version), $(cc --version | head -n1)"
 # libstasis's Python test protects a NumPy array when NumPy is there
-# (it still runs with plain buffers when it is not).
+# (it still runs with plain buffers when it is not); the real-program
+# matrix's NumPy scenario needs it.
 if command -v python3 >/dev/null 2>&1 && ! python3 -c "import numpy" >/dev/null 2>&1; then
     python3 -m pip install -q numpy >/dev/null 2>&1 || stasis_log "numpy not installed: the Python test of libstasis runs without it"
 fi

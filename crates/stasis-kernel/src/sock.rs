@@ -17,7 +17,8 @@ use stasis_sys::net::{SIOCINQ, SIOCOUTQ, SIOCOUTQNSD};
 
 mod filter;
 pub use filter::{
-    attach_drop_all, detach_filter, has_drop_all_filter, has_filter, Guarded, SocketGuard,
+    attach_drop_all, detach_filter, has_drop_all_filter, has_filter, release_holders, Guarded,
+    SocketGuard, HOLDER_NAME, HOLD_SECS,
 };
 pub use stasis_sys::net::{
     SO_PEEK_OFF, TCPI_OPT_SACK, TCPI_OPT_TIMESTAMPS, TCPI_OPT_WSCALE, TCPOPT_MAXSEG,
@@ -695,6 +696,46 @@ mod gate_tests {
             Err(std::io::ErrorKind::WouldBlock),
             "the peer saw the connection end"
         );
+    }
+
+    /// After the kill, the connection is not closed but held (in repair
+    /// mode) by a process named `stasis-tcphold`: what the peer sends then
+    /// is dropped, not answered with a reset, until a restore ends the
+    /// holder, which closes it silently.
+    #[test]
+    fn a_killed_trees_connection_is_held_until_released() {
+        let mut owner = std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .unwrap();
+        let pid = i32::try_from(owner.id()).unwrap();
+        let (a, mut c, guard) = repaired_connection(&[pid]);
+        let ino = {
+            use std::os::unix::fs::MetadataExt;
+            let link = std::fs::read_link(format!("/proc/self/fd/{}", a.as_raw_fd())).unwrap();
+            let m = std::fs::metadata(format!("/proc/self/fd/{}", a.as_raw_fd())).unwrap();
+            assert!(link.to_string_lossy().starts_with("socket:["), "{link:?}");
+            u32::try_from(m.ino()).unwrap()
+        };
+        guard.kill_owners();
+        let _ = owner.wait();
+        drop(a);
+        // Sent now, while the tree is down: dropped, no reset comes back.
+        use std::io::{Read, Write};
+        c.write_all(b"request").unwrap();
+        c.set_read_timeout(Some(std::time::Duration::from_millis(700)))
+            .unwrap();
+        let mut b = [0u8; 1];
+        let r = c.read(&mut b).map_err(|e| e.kind());
+        assert!(
+            matches!(
+                r,
+                Err(std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+            ),
+            "the peer saw the held connection end: {r:?}"
+        );
+        assert_eq!(release_holders(&[ino]).unwrap(), 1, "one holder ended");
+        assert_eq!(release_holders(&[ino]).unwrap(), 0, "and gone");
     }
 
     fn state_of(pid: i32) -> char {

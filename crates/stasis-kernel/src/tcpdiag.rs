@@ -274,6 +274,29 @@ pub fn destroy_orphans(local: &[u8], peer: &[u8]) -> Result<Orphans> {
     Ok(o)
 }
 
+/// Inodes of the sockets some process holds with the address pair
+/// `local`/`peer` (raw `sockaddr_in`/`sockaddr_in6`), or, with `peer`
+/// `None`, of the non-listening ones bound to the port of `local` on its
+/// address: the sockets a holder of a killed tree's connections may keep
+/// (`sock::release_holders`).
+pub fn held_inodes(local: &[u8], peer: Option<&[u8]>) -> Result<Vec<u32>> {
+    let Some(l) = DiagAddr::from_raw(local) else {
+        return Ok(Vec::new());
+    };
+    let found = match peer.map(DiagAddr::from_raw) {
+        Some(Some(p)) => sockets_of(l, p)?,
+        Some(None) => return Ok(Vec::new()),
+        None => sockets_where(l.family, |m| {
+            m.id.sport == l.port && m.state != TCP_LISTEN && m.id.src == l.addr
+        })?,
+    };
+    Ok(found
+        .into_iter()
+        .filter(|s| s.inode != 0)
+        .map(|s| s.inode)
+        .collect())
+}
+
 /// Closes every orphaned TCP socket (a timewait remnant, or a connection
 /// still closing) bound to the port of `local` (a raw `sockaddr_in` or
 /// `sockaddr_in6`) on its address, or on any address if `local` is a

@@ -138,6 +138,13 @@ fn bind_listener(fd: i32, s: &OwnedFd, i: &InetSocket) -> Result<(), RestoreErro
     let what = || format!("binding a listening socket (fd {fd})");
     match bind(fd, s, i, what()) {
         Err(RestoreError::PortTaken { .. }) => {
+            // The accepted connections of the killed tree, kept by the
+            // dump's holder until this restore.
+            if tcp::release_holders_of(fd, &i.local, None)? > 0 {
+                if let r @ Ok(()) = bind(fd, s, i, what()) {
+                    return r;
+                }
+            }
             let o = tcpdiag::destroy_port_orphans(&i.local).map_err(|k| RestoreError::Step {
                 what: format!(
                     "closing the orphaned sockets (of the processes that died) on the port of the listener of fd {fd}"

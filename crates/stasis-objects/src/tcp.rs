@@ -12,7 +12,8 @@
 //! program, frozen, sends nothing). After the dump the lock comes off
 //! ([`leave_repair`]); a dump that kills the tree has the guard put the
 //! connections back in repair mode and kill their owners
-//! ([`kill_owners`]), so they close silently. At restore, each connection
+//! ([`kill_owners`]), and a holder keeps them, silent, until the restore
+//! ends it ([`release_holders_of`]). At restore, each connection
 //! is rebuilt in repair mode ([`restore`]) and made live once every
 //! socket of the tree exists ([`RestoreCtx::finish_tcp`]).
 
@@ -214,7 +215,8 @@ pub fn dismiss_guard(mut r: Repairs, released: bool) {
 
 /// After a committed dump that kills the tree: hands the kill to the
 /// guard, which puts the connections in repair mode and SIGKILLs the
-/// processes that own them, so they close silently (see
+/// processes that own them; a holder keeps them, silent, until the restore
+/// ends it ([`release_holders_of`]; see
 /// [`sock::SocketGuard::kill_owners`]); returns once they are signalled.
 /// The caller kills the rest of the tree and waits for it.
 pub fn kill_owners(mut r: Repairs) {
@@ -423,8 +425,9 @@ fn sent(r: &TcpRepair) -> usize {
 }
 
 /// Rebuilds an established TCP connection with `TCP_REPAIR`: sequence
-/// numbers, a handshake-less connect, negotiated options. The queues,
-/// window and going live come later ([`RestoreCtx::finish_tcp`]).
+/// numbers, a handshake-less connect, negotiated options, the receive
+/// queue. The send queue, window and going live come later
+/// ([`RestoreCtx::finish_tcp`]).
 pub(crate) fn restore(
     fd: i32,
     s: &OwnedFd,
@@ -503,10 +506,30 @@ pub(crate) fn restore(
         )
         .map_err(step_err("restoring the timestamp"))?;
     }
-    // The queues are refilled later (`PendingTcp::fill`): data in the send
-    // queue arms the retransmit timer, which must not fire before every
-    // socket of the tree exists, or its peer would answer with a reset.
+    // The receive queue is refilled now, before the process registers the
+    // socket in its epoll instances: refilling it in repair mode wakes no
+    // one (`tcp_send_rcvq` queues without `sk_data_ready`), so an epoll
+    // registered before would never report the bytes (a server whose
+    // client's request was queued at the dump waited for good). The send
+    // queue is refilled later (`PendingTcp::fill`): data in it arms the
+    // retransmit timer, which must not fire before every socket of the
+    // tree exists, or its peer would answer with a reset.
+    make_room(b, r);
+    sock::set_int(b, tcp, sock::TCP_REPAIR_QUEUE, sock::TCP_RECV_QUEUE)
+        .map_err(step_err("selecting the receive queue"))?;
+    for chunk in r.recv_queue.chunks(64 * 1024) {
+        sock::send_all(b, chunk).map_err(step_err("refilling the receive queue"))?;
+    }
     Ok(())
+}
+
+/// Makes room in the socket's buffers for the saved queues
+/// (`SO_*BUFFORCE` needs CAP_NET_ADMIN; without it the default stays).
+fn make_room(b: BorrowedFd<'_>, r: &TcpRepair) {
+    let room = i32::try_from((r.send_queue.len().max(r.recv_queue.len()) * 2).max(65536))
+        .unwrap_or(i32::MAX);
+    let _ = sock::set_int(b, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, room);
+    let _ = sock::set_int(b, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, room);
 }
 
 /// The handshake-less connect of a connection in repair mode. If the
@@ -524,6 +547,16 @@ fn reconnect(fd: i32, b: BorrowedFd<'_>, i: &InetSocket) -> Result<(), RestoreEr
     };
     if e.raw_os_error() != Some(libc::EADDRNOTAVAIL) {
         return Err(fail(e));
+    }
+    // The connection of the killed tree, kept by the dump's holder until
+    // this restore: ended, its copy closes silently.
+    if release_holders_of(fd, &i.local, Some(&i.peer))? > 0 {
+        let Err(e) = sock::connect(b, &i.peer) else {
+            return Ok(());
+        };
+        if e.raw_os_error() != Some(libc::EADDRNOTAVAIL) {
+            return Err(fail(e));
+        }
     }
     let orphans = tcpdiag::destroy_orphans(&i.local, &i.peer).map_err(|k| RestoreError::Step {
         what: format!(
@@ -546,6 +579,30 @@ fn reconnect(fd: i32, b: BorrowedFd<'_>, i: &InetSocket) -> Result<(), RestoreEr
         "closed the orphaned copy of a restored TCP connection"
     );
     sock::connect(b, &i.peer).map_err(fail)
+}
+
+/// Ends the holders ([`sock::release_holders`]) of the sockets with the
+/// address pair `local`/`peer` (with `peer` `None`: on the port of
+/// `local`); returns how many it ended.
+pub(crate) fn release_holders_of(
+    fd: i32,
+    local: &[u8],
+    peer: Option<&[u8]>,
+) -> Result<usize, RestoreError> {
+    let step = |k: KernelError| RestoreError::Step {
+        what: format!("ending the holder of the killed tree's connections (for fd {fd})"),
+        source: k,
+    };
+    let held = tcpdiag::held_inodes(local, peer).map_err(step)?;
+    let n = sock::release_holders(&held).map_err(step)?;
+    if n > 0 {
+        tracing::info!(
+            fd,
+            holders = n,
+            "ended the holder of the killed tree's connections"
+        );
+    }
+    Ok(n)
 }
 
 /// The `struct tcp_repair_opt` list of the negotiated options.
@@ -580,24 +637,14 @@ pub struct PendingTcp {
 }
 
 impl PendingTcp {
-    /// Refills both queues (still in repair mode: nothing is sent) and
-    /// restores the window.
+    /// Refills the send queue (still in repair mode: nothing is sent; the
+    /// receive queue was refilled by [`restore`]) and restores the window.
     fn fill(&self) -> Result<(), RestoreError> {
         let (b, r, tcp) = (self.sock.as_fd(), &self.repair, libc::IPPROTO_TCP);
         let err = |w: &str| {
             let what = format!("{w} of the TCP connection of fd {}", self.fd);
             move |e: KernelError| RestoreError::Step { what, source: e }
         };
-        // Make room for the queues (SO_*BUFFORCE needs CAP_NET_ADMIN).
-        let room = i32::try_from((r.send_queue.len().max(r.recv_queue.len()) * 2).max(65536))
-            .unwrap_or(i32::MAX);
-        let _ = sock::set_int(b, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, room);
-        let _ = sock::set_int(b, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, room);
-        sock::set_int(b, tcp, sock::TCP_REPAIR_QUEUE, sock::TCP_RECV_QUEUE)
-            .map_err(err("selecting the receive queue"))?;
-        for chunk in r.recv_queue.chunks(64 * 1024) {
-            sock::send_all(b, chunk).map_err(err("refilling the receive queue"))?;
-        }
         sock::set_int(b, tcp, sock::TCP_REPAIR_QUEUE, sock::TCP_SEND_QUEUE)
             .map_err(err("selecting the send queue"))?;
         for chunk in r.send_queue[..sent(r)].chunks(64 * 1024) {

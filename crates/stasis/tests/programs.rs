@@ -1,7 +1,8 @@
 //! Real programs survive dump/restore: a Python thread pool, a JVM with its
 //! twenty-odd threads, redis with a client connection that has replies in
-//! flight, and a Python process tree with megabytes queued in TCP sockets,
-//! a socketpair and a pipe. Each program checks its own state after the
+//! flight, a Python process tree with megabytes queued in TCP sockets,
+//! a socketpair and a pipe, and an epoll server with a request queued
+//! unread at the dump. Each program checks its own state after the
 //! restore (PASS/FAIL), and the tests check that it went on working.
 //!
 //! Needs python3, redis-server/redis-benchmark and a JDK (scripts/setup.sh
@@ -475,6 +476,51 @@ fn tcp_tree(cap: Option<usize>) {
     }
     p.finish_pass();
     assert!(p.out().contains("child ok"), "{}", p.out());
+}
+
+/// Regression: a request queued unread in a restored connection's receive
+/// queue, its socket registered in the server's level-triggered epoll. The
+/// restore refilled that queue after the process had registered the
+/// socket, and a refill in repair mode wakes no one: epoll never reported
+/// the bytes, and the server (memcached, in the real-program matrix)
+/// waited for good.
+#[test]
+fn epoll_reports_a_request_queued_at_the_dump() {
+    let port = free_port();
+    let script = programs().join("epoll_queued.py");
+    let mut p = Program::start("epoll_queued", false, |d| {
+        let mut c = Command::new("python3");
+        c.arg(&script).arg(d.join("pid")).arg(port.to_string());
+        c
+    });
+    let t0 = Instant::now();
+    let mut client = loop {
+        if let Ok(s) = TcpStream::connect(("127.0.0.1", port)) {
+            break s;
+        }
+        assert!(alive(p.pid), "the server exited:\n{}", p.out());
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no listener:\n{}",
+            p.out()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    client
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    client.write_all(b"hello\n").unwrap();
+    wait_pidfile(&p.path("pid"), Duration::from_secs(30));
+    assert!(p.out().contains("queued 6"), "{}", p.out());
+    p.dump_and_reap();
+    p.restore();
+    std::fs::write(p.path("work/GO"), b"").unwrap();
+    let mut reply = [0u8; 11];
+    client
+        .read_exact(&mut reply)
+        .unwrap_or_else(|e| panic!("no answer after the restore ({e}):\n{}", p.out()));
+    assert_eq!(&reply, b"echo hello\n");
+    p.finish_pass();
 }
 
 // ---- redis ------------------------------------------------------------

@@ -127,9 +127,10 @@ pub struct Guarded {
 ///
 /// A dump that kills the tree once its checkpoint is committed hands the
 /// kill to the guard ([`kill_owners`]): the guard puts the connections in
-/// repair mode, SIGKILLs the owners through pidfds opened before its fork
-/// and exits; the connections close in repair mode, silently, as the
-/// checkpoint needs. There is no instant at which a dying dumper leaves
+/// repair mode, SIGKILLs the owners through pidfds opened before its fork,
+/// leaves its copies to a holder ([`raw_hold_connections`]) and exits; the
+/// connections close in repair mode, silently, as the checkpoint needs,
+/// when the restore ends the holder (or after [`HOLD_SECS`]). There is no instant at which a dying dumper leaves
 /// either a live program running with its connections in repair mode, or
 /// a dead one whose connections the guard took out of repair mode, so
 /// that their peers see them end.
@@ -222,6 +223,106 @@ fn raw_signal_all(fds: &[i32], sig: i32) {
     }
 }
 
+/// The name (`comm`) of the process that holds the connections of a
+/// killed tree until its restore ([`release_holders`]).
+pub const HOLDER_NAME: &str = "stasis-tcphold";
+/// How long a holder keeps the connections of a killed tree when no
+/// restore comes for them.
+pub const HOLD_SECS: i64 = 30;
+
+/// After the kill: forks a *holder* that keeps the guard's copies of the
+/// connections (in repair mode, behind the drop-everything filter) for
+/// [`HOLD_SECS`], or until a restore of the tree ends it
+/// ([`release_holders`]). While a connection exists, what its peer sends
+/// (a request retransmitted because the network lock dropped it) is
+/// dropped, and retransmitted again later to the restored connection; with
+/// no socket at all, the peer's kernel would be answered with a reset.
+/// The guard itself exits at once, so that the dumper waiting for it goes
+/// on. Raw system calls only.
+fn raw_hold_connections() {
+    // SAFETY: fork in the single-threaded guard; the child makes raw
+    // system calls only (prctl with a NUL-terminated name of at most 16
+    // bytes, nanosleep on our own timespec) and ends with _exit.
+    unsafe {
+        if libc::fork() != 0 {
+            return;
+        }
+        libc::prctl(libc::PR_SET_NAME, c"stasis-tcphold".as_ptr(), 0, 0, 0);
+        let mut left = libc::timespec {
+            tv_sec: HOLD_SECS,
+            tv_nsec: 0,
+        };
+        let mut rem = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        while libc::nanosleep(&left, &mut rem) < 0 {
+            left = rem;
+        }
+        // The copies close in repair mode: silently.
+        libc::_exit(0);
+    }
+}
+
+/// Ends the holders ([`raw_hold_connections`]) that keep one of the TCP
+/// sockets with inode in `inodes`, and waits until each is gone (its
+/// sockets closed, silently, in repair mode); returns how many it ended.
+/// Only processes named [`HOLDER_NAME`] are considered.
+pub fn release_holders(inodes: &[u32]) -> Result<usize> {
+    if inodes.is_empty() {
+        return Ok(0);
+    }
+    let mut ended = 0;
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Ok(0);
+    };
+    for e in procs.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim_end() != HOLDER_NAME {
+            continue;
+        }
+        let holds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|f| std::fs::read_link(f.path()).ok())
+            .filter_map(|l| {
+                l.to_str()?
+                    .strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .parse::<u32>()
+                    .ok()
+            })
+            .any(|ino| inodes.contains(&ino));
+        if !holds {
+            continue;
+        }
+        let Ok(pfd) = crate::pidfd::pidfd_open(pid) else {
+            continue;
+        };
+        raw_signal_all(&[pfd.as_raw_fd()], libc::SIGKILL);
+        // The pidfd becomes readable when the process has exited (its fds,
+        // and so the sockets, closed by then).
+        let mut p = libc::pollfd {
+            fd: pfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll on one pollfd of ours, 5 s at most.
+        let r = unsafe { libc::poll(&mut p, 1, 5000) };
+        if r != 1 {
+            return Err(err(format!(
+                "the holder {pid} of a killed tree's connections did not exit"
+            )));
+        }
+        ended += 1;
+    }
+    Ok(ended)
+}
+
 /// The forked guard: raw system calls only (no allocation, no lock: the
 /// dumper may have threads); never returns.
 fn guard_main(c: &GuardChild<'_>) -> ! {
@@ -249,6 +350,7 @@ fn guard_main(c: &GuardChild<'_>) -> ! {
                 raw_set(g.fd, libc::IPPROTO_TCP, TCP_REPAIR, 1);
             }
             raw_signal_all(c.owners, libc::SIGKILL);
+            raw_hold_connections();
             // SAFETY: _exit ends this forked child.
             unsafe { libc::_exit(0) };
         }
@@ -389,8 +491,9 @@ impl SocketGuard {
     }
 
     /// The checkpoint is committed and the tree is to die: the guard puts
-    /// the connections in repair mode and SIGKILLs the owners (the
-    /// connections close in repair mode, silently); returns once it has.
+    /// the connections in repair mode, SIGKILLs the owners and leaves the
+    /// connections to a holder until the restore (they close in repair
+    /// mode, silently); returns once it has.
     pub fn kill_owners(mut self) {
         self.stop(KILL);
     }
