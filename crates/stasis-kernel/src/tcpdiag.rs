@@ -218,7 +218,8 @@ fn sockets_where(family: u8, keep: impl Fn(&InetDiagMsg) -> bool) -> Result<Vec<
     Ok(out)
 }
 
-/// Closes one socket by its identity (`SOCK_DESTROY`).
+/// Closes one socket by its identity (`SOCK_DESTROY`). One that is gone
+/// already (it finished closing since it was listed) counts as closed.
 pub fn destroy(family: u8, id: &InetDiagSockId) -> Result<()> {
     let req = InetDiagReqV2 {
         family,
@@ -231,7 +232,8 @@ pub fn destroy(family: u8, id: &InetDiagSockId) -> Result<()> {
     exchange(
         &encode(SOCK_DESTROY, NLM_F_REQUEST | NLM_F_ACK, &req),
         |r| match r.error {
-            Some(0) => Ok(true),
+            // (ENOENT: it finished closing by itself since it was listed.)
+            Some(0) | Some(libc::ENOENT) => Ok(true),
             Some(e) => {
                 res = Err(KernelError::io(
                     "sock_diag: closing an orphaned TCP socket (SOCK_DESTROY; needs CAP_NET_ADMIN and CONFIG_INET_DIAG_DESTROY)",
