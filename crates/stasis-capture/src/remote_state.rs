@@ -1,6 +1,6 @@
 //! State only the process itself can report, read by remote syscalls in a
 //! scratch page: signal actions, interval and POSIX timers, `brk`, the
-//! parent-death signal, the subreaper flag, and per thread the alternate
+//! parent-death signal, the subreaper and dumpable flags, and per thread the alternate
 //! signal stack and `clear_child_tid`.
 //!
 //! The scratch page is the one mapping a dump adds to a process. With an
@@ -25,6 +25,10 @@ pub struct RemoteState {
     pub posix_timers: Vec<PosixTimer>,
     pub pdeath_signal: i32,
     pub child_subreaper: bool,
+    /// `PR_GET_DUMPABLE`.
+    pub dumpable: u32,
+    /// `PR_GET_SECUREBITS`.
+    pub securebits: u32,
     pub itimers: Vec<ITimer>,
     pub brk: u64,
     /// Per thread, in `FrozenProcess::threads` order: altstack and clear_child_tid.
@@ -107,7 +111,12 @@ fn read_with(f: &mut FrozenProcess, mem: &ProcessMemory, scratch: u64) -> Result
     let sigactions = sigactions(&mut r, asked_signals(&status))?;
     let itimers = itimers(&mut r)?;
     let brk = r.sys("brk", libc::SYS_brk, &[0])?;
-    let (pdeath_signal, child_subreaper) = prctls(&mut r)?;
+    let (pdeath_signal, child_subreaper, dumpable) = prctls(&mut r)?;
+    let securebits = r.sys(
+        "prctl(PR_GET_SECUREBITS)",
+        libc::SYS_prctl,
+        &[libc::PR_GET_SECUREBITS as u64],
+    )?;
     let timers = proc::read_parsed(pid, "timers", proc::parse_timers)?;
     let posix_timers = posix_timers(&mut r, &timers)?;
     let mut threads = Vec::new();
@@ -121,6 +130,8 @@ fn read_with(f: &mut FrozenProcess, mem: &ProcessMemory, scratch: u64) -> Result
         posix_timers,
         pdeath_signal,
         child_subreaper,
+        dumpable,
+        securebits: u32::try_from(securebits).unwrap_or(0),
         itimers,
         brk,
         threads,
@@ -213,8 +224,8 @@ fn interval_and_value(
     Ok((w[0] * per_sec + w[1], w[2] * per_sec + w[3]))
 }
 
-/// The parent-death signal and the child-subreaper flag.
-fn prctls(r: &mut dyn Remote) -> Result<(i32, bool)> {
+/// The parent-death signal, the child-subreaper flag and the dumpable flag.
+fn prctls(r: &mut dyn Remote) -> Result<(i32, bool, u32)> {
     let scratch = r.scratch();
     r.sys(
         "prctl(PR_GET_PDEATHSIG)",
@@ -228,7 +239,16 @@ fn prctls(r: &mut dyn Remote) -> Result<(i32, bool)> {
         &[libc::PR_GET_CHILD_SUBREAPER as u64, scratch],
     )?;
     let child_subreaper = read_u64s(r, scratch, 1)?[0] & 0xffff_ffff != 0;
-    Ok((pdeath_signal, child_subreaper))
+    let dumpable = r.sys(
+        "prctl(PR_GET_DUMPABLE)",
+        libc::SYS_prctl,
+        &[libc::PR_GET_DUMPABLE as u64],
+    )?;
+    Ok((
+        pdeath_signal,
+        child_subreaper,
+        u32::try_from(dumpable).unwrap_or(1),
+    ))
 }
 
 /// `timer_gettime` of every POSIX timer `/proc/PID/timers` lists.

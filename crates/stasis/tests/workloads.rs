@@ -160,6 +160,7 @@ workload_tests! {
     sparse_shm: "sparse_shm";
     attrs: "attrs";
     fown: "fown";
+    caps: "caps";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so
