@@ -608,6 +608,9 @@ pub struct UnixSocket {
     /// Socket options as (level, option, value).
     #[serde(default)]
     pub options: Vec<(i32, i32, i32)>,
+    /// Owner, group and mode of the socket file of a path name at dump.
+    #[serde(default)]
+    pub file_owner: Option<(u32, u32, u32)>,
 }
 
 /// State of a unix socket.

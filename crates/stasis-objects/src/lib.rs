@@ -188,6 +188,7 @@ mod tests {
                 queue: vec![],
                 queue_creds: vec![],
                 options: vec![],
+                file_owner: None,
             }),
             FdKind::Inet(InetSocket {
                 family: libc::AF_INET,

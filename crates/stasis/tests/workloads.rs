@@ -161,6 +161,7 @@ workload_tests! {
     attrs: "attrs";
     fown: "fown";
     caps: "caps";
+    unix_states: "unix_states";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so
