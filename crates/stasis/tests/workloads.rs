@@ -162,6 +162,7 @@ workload_tests! {
     fown: "fown";
     caps: "caps";
     unix_states: "unix_states";
+    sockopts: "sockopts";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so
