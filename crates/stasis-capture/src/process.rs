@@ -52,6 +52,7 @@ pub fn zombie_image(pid: i32, status: i32) -> Result<ProcessImage> {
         thp_disabled: false,
         loginuid: None,
         dumpable: None,
+        stopped: false,
     })
 }
 
@@ -172,6 +173,7 @@ pub fn capture(
             .any(|l| l.starts_with("THP_enabled:") && l.trim_end().ends_with('0')),
         loginuid: loginuid(pid)?,
         dumpable: Some(remote.dumpable),
+        stopped: f.stopped,
     };
     Ok((image, maps, xfeatures))
 }

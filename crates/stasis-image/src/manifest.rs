@@ -298,6 +298,10 @@ pub struct ProcessImage {
     /// images older than this field.
     #[serde(default)]
     pub dumpable: Option<u32>,
+    /// Stopped by job control (a stop signal) when it was frozen: stopped
+    /// again once restored.
+    #[serde(default)]
+    pub stopped: bool,
     /// Incremental checkpoints only: every page range (`[start, end)`,
     /// page-aligned, sorted, disjoint) of this process that holds saved
     /// data. Pages of these ranges that are not in this checkpoint's pack

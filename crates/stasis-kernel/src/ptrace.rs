@@ -536,10 +536,18 @@ impl Tracee {
             self.set_sigmask(!0u64)?;
         }
         die();
+        // A thread of a process stopped by job control before the freeze
+        // reports its group stop again (`PTRACE_EVENT_STOP`) when resumed
+        // the first time: resumed again, it runs the syscall.
+        let mut group_stops = 0;
         for phase in ["syscall entry", "syscall exit"] {
             self.resume_raw(libc::PTRACE_SYSCALL, 0)?;
             loop {
                 match self.wait_stop(phase)? {
+                    StopKind::EventStop if group_stops < 4 => {
+                        group_stops += 1;
+                        self.resume_raw(libc::PTRACE_SYSCALL, 0)?;
+                    }
                     StopKind::Syscall => {
                         die();
                         break;

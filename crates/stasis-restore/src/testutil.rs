@@ -35,6 +35,7 @@ pub fn image(pid: i32, ppid: i32, pgid: i32, sid: i32) -> ProcessImage {
         thp_disabled: false,
         loginuid: None,
         dumpable: None,
+        stopped: false,
     }
 }
 

@@ -302,6 +302,22 @@ pub(crate) fn jump(s: &mut Proc, p: &ProcessImage) -> Result<()> {
     Ok(())
 }
 
+/// A process stopped by job control at the dump is sent SIGSTOP before it
+/// is let go: the signal waits while it is traced, and it stops before it
+/// runs an instruction of its own (its parent sees it stop, as it did).
+pub(crate) fn stop_again(s: &mut Proc) -> Result<()> {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(s.pid),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .map_err(|e| {
+        step("stopping the process again")(stasis_kernel::KernelError::Io {
+            what: "kill(SIGSTOP)".into(),
+            source: e.into(),
+        })
+    })
+}
+
 /// Lets a process that [`jump`] made ready run: detaches its threads.
 pub(crate) fn release(s: &mut Proc) -> Result<()> {
     for (t, _) in &mut s.threads {

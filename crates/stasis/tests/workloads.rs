@@ -163,6 +163,7 @@ workload_tests! {
     caps: "caps";
     unix_states: "unix_states";
     sockopts: "sockopts";
+    stopped: "stopped";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so

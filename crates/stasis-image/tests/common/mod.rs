@@ -177,6 +177,7 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
         thp_disabled: false,
         loginuid: None,
         dumpable: None,
+        stopped: false,
     }
 }
 
