@@ -164,6 +164,7 @@ workload_tests! {
     unix_states: "unix_states";
     sockopts: "sockopts";
     stopped: "stopped";
+    zombies: "zombies";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so
