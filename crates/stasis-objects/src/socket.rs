@@ -86,7 +86,11 @@ pub(crate) fn save_options(b: BorrowedFd<'_>) -> Vec<(i32, i32, i32)> {
 /// The IP-level options of an inet socket of `domain`, and TCP's of a
 /// stream one (to be restored before the `SOL_SOCKET` ones' buffer locks:
 /// put them first).
-pub(crate) fn save_inet_options(b: BorrowedFd<'_>, domain: i32, stream: bool) -> Vec<(i32, i32, i32)> {
+pub(crate) fn save_inet_options(
+    b: BorrowedFd<'_>,
+    domain: i32,
+    stream: bool,
+) -> Vec<(i32, i32, i32)> {
     let ip: &[(i32, i32)] = if domain == libc::AF_INET6 {
         &IPV6_OPTS
     } else {

@@ -108,7 +108,10 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
         queue,
         queue_creds,
         options,
-        file_owner: info.name.as_deref().and_then(|n| socket_file_owner(fd.pid, n)),
+        file_owner: info
+            .name
+            .as_deref()
+            .and_then(|n| socket_file_owner(fd.pid, n)),
     }))
 }
 
@@ -127,7 +130,11 @@ fn socket_file_owner(pid: i32, name: &[u8]) -> Option<(u32, u32, u32)> {
         "/proc/{pid}/{}",
         if first == b'/' { "root" } else { "cwd" }
     ));
-    path.push(std::path::Path::new(name).strip_prefix("/").unwrap_or(name.as_ref()));
+    path.push(
+        std::path::Path::new(name)
+            .strip_prefix("/")
+            .unwrap_or(name.as_ref()),
+    );
     let m = std::fs::symlink_metadata(path).ok()?;
     m.file_type()
         .is_socket()
@@ -187,8 +194,13 @@ fn restore(cx: &mut RestoreCtx<'_>, fd: i32, u: &UnixSocket) -> Result<OwnedFd, 
     let s = match &u.state {
         UnixState::Listening { backlog } => {
             let s = new_socket(u)?;
-            bind_unix(&s, u.name.as_deref().unwrap_or_default(), &cwd, u.file_owner)
-                .map_err(sock_err(fd, "binding"))?;
+            bind_unix(
+                &s,
+                u.name.as_deref().unwrap_or_default(),
+                &cwd,
+                u.file_owner,
+            )
+            .map_err(sock_err(fd, "binding"))?;
             fdops::listen(s.as_fd(), i32::try_from(*backlog).unwrap_or(128))
                 .map_err(sock_err(fd, "listening"))?;
             s

@@ -79,7 +79,9 @@ pub(crate) fn before_ids<R: Remote>(s: &mut R, k: &Capabilities, all: u64) -> Re
             libc::SYS_prctl,
             &[libc::PR_CAPBSET_DROP as u64, cap],
         )
-        .map_err(step(format!("dropping capability {cap} from the bounding set")))?;
+        .map_err(step(format!(
+            "dropping capability {cap} from the bounding set"
+        )))?;
     }
     let mut bits = k.securebits;
     if bits & SECBIT_KEEP_CAPS_LOCKED == 0 {
@@ -233,9 +235,6 @@ mod tests {
             .flat_map(|w| w.to_le_bytes())
             .collect();
         assert_eq!(r.writes(), [data]);
-        assert_eq!(
-            r.args_of("prctl(PR_CAP_AMBIENT)"),
-            [vec![47, 2, 10, 0, 0]]
-        );
+        assert_eq!(r.args_of("prctl(PR_CAP_AMBIENT)"), [vec![47, 2, 10, 0, 0]]);
     }
 }
