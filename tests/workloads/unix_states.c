@@ -10,12 +10,16 @@
  *   U2  SOCK_SEQPACKET, never connected nor bound
  *   L   SOCK_STREAM listener on the relative path unix_states.sock, whose
  *       file is then given to uid 4242, gid 4343, mode 0640
+ *   G   SOCK_STREAM listener on unix_states.gone, a client C connected and
+ *       accepted (A), then the file unlinked (zdtm's deleted_unix_sock)
  * After SIGTERM:
  *   U1, U2  still of their type (SO_TYPE), unconnected (getpeername fails
  *           with ENOTCONN), nothing to read (recv MSG_DONTWAIT fails), and
  *           each can still connect to L and exchange a byte (`unconnected`)
  *   L       the socket file's owner and mode as set (`owner`), and a new
  *           client connects, is accepted and its byte read (`listener`)
+ *   G       unix_states.gone still absent, and a byte from C reaches A
+ *           (`deleted`)
  */
 #include "zdtm.h"
 
@@ -24,6 +28,7 @@
 #include <sys/un.h>
 
 #define SOCK_PATH "unix_states.sock"
+#define GONE_PATH "unix_states.gone"
 #define UID 4242
 #define GID 4343
 #define MODE 0640
@@ -71,7 +76,7 @@ static void check_unconnected(const char *what, int s, int type)
 
 int main(int argc, char **argv)
 {
-	int u1, u2, l, c;
+	int u1, u2, l, c, g, gc, ga;
 	struct stat st;
 
 	zdtm_init(argc, argv, 0, "");
@@ -89,6 +94,22 @@ int main(int argc, char **argv)
 		zdtm_die("bind/listen %s", SOCK_PATH);
 	if (chown(SOCK_PATH, UID, GID) || chmod(SOCK_PATH, MODE))
 		zdtm_die("chown/chmod %s", SOCK_PATH);
+	{
+		struct sockaddr_un ga_addr = { .sun_family = AF_UNIX };
+
+		strcpy(ga_addr.sun_path, GONE_PATH);
+		unlink(GONE_PATH);
+		g = socket(AF_UNIX, SOCK_STREAM, 0);
+		gc = socket(AF_UNIX, SOCK_STREAM, 0);
+		if (g < 0 || gc < 0 ||
+		    bind(g, (struct sockaddr *)&ga_addr, sizeof(ga_addr)) ||
+		    listen(g, 4) ||
+		    connect(gc, (struct sockaddr *)&ga_addr, sizeof(ga_addr)))
+			zdtm_die("listener %s", GONE_PATH);
+		ga = accept(g, NULL, NULL);
+		if (ga < 0 || unlink(GONE_PATH))
+			zdtm_die("accept/unlink %s", GONE_PATH);
+	}
 
 	zdtm_ready();
 
@@ -96,6 +117,7 @@ int main(int argc, char **argv)
 		zdtm_msleep(100);
 
 	ZDTM_CORRUPT("owner", chmod(SOCK_PATH, 0600));
+	ZDTM_CORRUPT("deleted", close(open(GONE_PATH, O_CREAT | O_WRONLY, 0600)));
 	ZDTM_CORRUPT("unconnected", {
 		struct sockaddr_un a = { .sun_family = AF_UNIX };
 
@@ -112,6 +134,15 @@ int main(int argc, char **argv)
 		   "owner", "%s: uid %u gid %u mode %o, expected %u %u %o",
 		   SOCK_PATH, st.st_uid, st.st_gid, st.st_mode & 07777, UID,
 		   GID, MODE);
+	{
+		char x = 'g', y = 0;
+
+		zdtm_check(access(GONE_PATH, F_OK) < 0 && errno == ENOENT,
+			   "deleted", "%s exists again", GONE_PATH);
+		zdtm_check(write(gc, &x, 1) == 1 && read(ga, &y, 1) == 1 &&
+				   y == x,
+			   "deleted", "byte from C to A: got %#x", y);
+	}
 	check_unconnected("U1", u1, SOCK_STREAM);
 	check_unconnected("U2", u2, SOCK_SEQPACKET);
 	{

@@ -615,6 +615,10 @@ pub struct UnixSocket {
     /// Owner, group and mode of the socket file of a path name at dump.
     #[serde(default)]
     pub file_owner: Option<(u32, u32, u32)>,
+    /// The socket file of its path name was gone at dump (unlinked after
+    /// the bind).
+    #[serde(default)]
+    pub file_deleted: bool,
 }
 
 /// State of a unix socket.

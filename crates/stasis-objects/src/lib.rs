@@ -189,6 +189,7 @@ mod tests {
                 queue_creds: vec![],
                 options: vec![],
                 file_owner: None,
+                file_deleted: false,
             }),
             FdKind::Inet(InetSocket {
                 family: libc::AF_INET,

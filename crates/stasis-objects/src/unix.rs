@@ -94,6 +94,7 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
         })?
     };
     let (mut queue, mut queue_creds): (Vec<Vec<u8>>, Vec<_>) = peeked.into_iter().unzip();
+    let file = info.name.as_deref().and_then(|n| socket_file(fd.pid, n));
     if s.sock_type == libc::SOCK_STREAM && queue.len() > 1 {
         // A byte stream: one chunk (credentials cannot be told
         // apart per byte; the first message's are kept).
@@ -108,16 +109,16 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
         queue,
         queue_creds,
         options,
-        file_owner: info
-            .name
-            .as_deref()
-            .and_then(|n| socket_file_owner(fd.pid, n)),
+        file_owner: file.and_then(Result::ok),
+        file_deleted: matches!(file, Some(Err(()))),
     }))
 }
 
 /// Owner, group and mode of the socket file of path name `name`, as the
-/// process `pid` sees it (a relative name from its working directory).
-fn socket_file_owner(pid: i32, name: &[u8]) -> Option<(u32, u32, u32)> {
+/// process `pid` sees it (a relative name from its working directory);
+/// `Err` if there is no file there any more, `None` for an abstract name
+/// or another kind of file.
+fn socket_file(pid: i32, name: &[u8]) -> Option<Result<(u32, u32, u32), ()>> {
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let (&first, _) = name.split_first()?;
@@ -135,10 +136,14 @@ fn socket_file_owner(pid: i32, name: &[u8]) -> Option<(u32, u32, u32)> {
             .strip_prefix("/")
             .unwrap_or(name.as_ref()),
     );
-    let m = std::fs::symlink_metadata(path).ok()?;
+    let m = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some(Err(())),
+        Err(_) => return None,
+    };
     m.file_type()
         .is_socket()
-        .then(|| (m.uid(), m.gid(), m.mode() & 0o7777))
+        .then(|| Ok((m.uid(), m.gid(), m.mode() & 0o7777)))
 }
 
 /// Refuses unix sockets connected to a peer outside the tree (the peer
@@ -194,15 +199,15 @@ fn restore(cx: &mut RestoreCtx<'_>, fd: i32, u: &UnixSocket) -> Result<OwnedFd, 
     let s = match &u.state {
         UnixState::Listening { backlog } => {
             let s = new_socket(u)?;
-            bind_unix(
-                &s,
-                u.name.as_deref().unwrap_or_default(),
-                &cwd,
-                u.file_owner,
-            )
-            .map_err(sock_err(fd, "binding"))?;
+            let name = u.name.as_deref().unwrap_or_default();
+            bind_unix(&s, name, &cwd, u.file_owner).map_err(sock_err(fd, "binding"))?;
             fdops::listen(s.as_fd(), i32::try_from(*backlog).unwrap_or(128))
                 .map_err(sock_err(fd, "listening"))?;
+            if u.file_deleted {
+                // Its clients are accepted connections, restored as pairs:
+                // nothing connects to the name again.
+                unlink_name(name, &cwd).map_err(sock_err(fd, "unlinking its socket file"))?;
+            }
             s
         }
         UnixState::Connected { peer, .. } if cx.unix_images.contains_key(peer) => {
@@ -256,6 +261,8 @@ fn pair(
         if let Some(n) = name_of(img) {
             if let Err(e) = bind_unix(s, n, cwd, img.file_owner) {
                 tracing::warn!(fd, "could not give a unix socket back its name: {e}");
+            } else if img.file_deleted {
+                unlink_name(n, cwd).map_err(sock_err(fd, "unlinking its socket file"))?;
             }
         }
     }
@@ -372,6 +379,17 @@ fn bind_unix(
         }
         Ok(())
     })
+}
+
+/// Removes the socket file of path name `name` (the program had unlinked it).
+fn unlink_name(name: &[u8], cwd: &str) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    if end == 0 {
+        return Ok(());
+    }
+    let path = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(&name[..end]));
+    at_cwd(name, cwd, || std::fs::remove_file(&path))
 }
 
 fn connect_unix(s: &OwnedFd, name: &[u8], cwd: &str) -> std::io::Result<()> {
