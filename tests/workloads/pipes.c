@@ -14,6 +14,8 @@
  *   D           child, blocked in sigsuspend() (SIGTERM blocked otherwise).
  *   P2          pipe2(O_NONBLOCK), both ends held only by the root (created
  *               after fork), 1000 bytes of pattern(SEED_P2) in it.
+ *   P2 reopened its write end opened again through /proc/self/fd (zdtm's
+ *               pipe01): an open file description of its own, blocking.
  *   pipes.fifo  mkfifo, opened O_RDWR (blocking) by the root only, 5000 bytes
  *               of pattern(SEED_FIFO) in it.
  * A setup pipe (closed before "ready") tells the root when D is set up.
@@ -22,7 +24,11 @@
  * After SIGTERM (root):
  *   P1    write end: O_WRONLY, blocking, F_GETPIPE_SZ >= 256 KiB, FIONREAD =
  *         100 000 (D read nothing).
- *   P2    both ends O_NONBLOCK with the right access mode, FIONREAD 1000,
+ *   P2    both ends O_NONBLOCK with the right access mode, the reopened
+ *         write end O_WRONLY without it (so not sharing their description);
+ *         the reopened end with O_LARGEFILE (as open() sets it), the pipe's
+ *         own ends without (as pipe2() makes them),
+ *         FIONREAD 1000,
  *         reads give exactly the 1000 bytes then EAGAIN; a byte written to
  *         the write end comes out of the read end (same pipe).
  *   FIFO  fstat: a FIFO, same dev/inode as pipes.fifo; O_RDWR, blocking;
@@ -309,7 +315,7 @@ static void check_drain(const char *tag, const char *what, int fd,
 int main(int argc, char **argv)
 {
 	static uint8_t tmp[P1_DATA];
-	int p1[2], p2[2], readyp[2], fifo, st, b, code;
+	int p1[2], p2[2], p2w2, readyp[2], fifo, st, b, code;
 	sigset_t block, waitmask;
 	struct stat sf, sp;
 	pid_t d;
@@ -386,6 +392,17 @@ int main(int argc, char **argv)
 		zdtm_die("write P2");
 	}
 
+	{
+		char path[64];
+
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", p2[1]);
+		p2w2 = open(path, O_WRONLY | O_CLOEXEC);
+		if (p2w2 < 0) {
+			kill(d, SIGKILL);
+			zdtm_die("reopen P2's write end");
+		}
+	}
+
 	/* (c) the FIFO, O_RDWR */
 	unlink(F_FIFO);
 	if (mkfifo(F_FIFO, 0644)) {
@@ -424,6 +441,18 @@ int main(int argc, char **argv)
 	});
 	/* after p2-pair, which replaces the write end */
 	ZDTM_CORRUPT("p2-flags", fcntl(p2[1], F_SETFL, 0));
+	ZDTM_CORRUPT("p2-reopened", fcntl(p2w2, F_SETFL, O_NONBLOCK));
+	ZDTM_CORRUPT("p2-largefile", {
+		char path[64];
+		int x;
+
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", p2[0]);
+		x = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+		if (x >= 0) {
+			dup3(x, p2[0], O_CLOEXEC);
+			close(x);
+		}
+	});
 	ZDTM_CORRUPT("fifo-id", unlink(F_FIFO), mkfifo(F_FIFO, 0644));
 	ZDTM_CORRUPT("fifo-flags", fcntl(fifo, F_SETFL, O_NONBLOCK));
 	ZDTM_CORRUPT("fifo-data", write_all(fifo, "y", 1));
@@ -440,6 +469,14 @@ int main(int argc, char **argv)
 	/* P2 */
 	check_flags("p2-flags", "P2 read end", p2[0], O_RDONLY | O_NONBLOCK);
 	check_flags("p2-flags", "P2 write end", p2[1], O_WRONLY | O_NONBLOCK);
+	check_flags("p2-reopened", "P2 write end reopened", p2w2, O_WRONLY);
+	zdtm_check(!(fcntl(p2[0], F_GETFL) & 0100000) &&
+			   !(fcntl(p2[1], F_GETFL) & 0100000) &&
+			   (fcntl(p2w2, F_GETFL) & 0100000),
+		   "p2-largefile",
+		   "O_LARGEFILE: read end %#x, write end %#x, reopened %#x",
+		   fcntl(p2[0], F_GETFL), fcntl(p2[1], F_GETFL),
+		   fcntl(p2w2, F_GETFL));
 	check_nread("p2-data", "P2", p2[0], P2_DATA);
 	fcntl(p2[0], F_SETFL, O_NONBLOCK); /* never block below */
 	check_drain("p2-data", "P2", p2[0], P2_DATA, SEED_P2);

@@ -10,7 +10,7 @@
  *          removed (IPC_RMID: it goes away with the process).
  *   anon   128 MiB MAP_SHARED|MAP_ANONYMOUS.
  *   memfd  memfd "sparse" of 128 MiB (ftruncate), mapped MAP_SHARED; the
- *          fd stays open.
+ *          fd stays open; its mode made 0642 (fchmod; zdtm's memfd00).
  * In each, CHUNKS chunks of CHUNK bytes are written with pattern(seed +
  * chunk number) at the offsets in `offs` (spread over the object, the
  * last one ending at its end); everything else is never touched.  So each
@@ -19,13 +19,14 @@
  *
  * After SIGTERM, for each object: every chunk holds its pattern and every
  * other byte is zero (read through the mapping: the test measures the
- * objects' sizes before this).
+ * objects' sizes before this); the memfd's mode is 0642 (`memfd-mode`).
  */
 #include "zdtm.h"
 
 #include <sys/ipc.h>
 #include <sys/mman.h>
 #include <sys/shm.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 
 #define OBJ_SIZE (128ul << 20)
@@ -103,8 +104,8 @@ int main(int argc, char **argv)
 	fd = (int)syscall(SYS_memfd_create, "sparse", 0);
 	if (fd < 0)
 		zdtm_die("memfd_create");
-	if (ftruncate(fd, OBJ_SIZE))
-		zdtm_die("ftruncate");
+	if (ftruncate(fd, OBJ_SIZE) || fchmod(fd, 0642))
+		zdtm_die("ftruncate/fchmod");
 	mem = mmap(NULL, OBJ_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (mem == MAP_FAILED)
 		zdtm_die("mmap memfd");
@@ -123,6 +124,14 @@ int main(int argc, char **argv)
 	check("sysv", sysv, SEED_SYSV);
 	check("anon", anon, SEED_ANON);
 	check("memfd", mem, SEED_MEMFD);
+	ZDTM_CORRUPT("memfd-mode", fchmod(fd, 0644));
+	{
+		struct stat st;
+
+		zdtm_check(fstat(fd, &st) == 0 && (st.st_mode & 07777) == 0642,
+			   "memfd-mode", "memfd mode %o, expected 642",
+			   st.st_mode & 07777);
+	}
 	close(fd);
 	zdtm_finish();
 }

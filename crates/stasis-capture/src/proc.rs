@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use stasis_image::manifest::{Credentials, MmImage, Rlimit};
+use stasis_image::manifest::{Capabilities, Credentials, MmImage, Rlimit};
 pub use stasis_kernel::procfs::{
     parse_epoll, parse_eventfd, parse_fdinfo, parse_inotify, parse_limits, parse_locks, parse_maps,
     parse_signalfd, parse_smaps_flagged, parse_smaps_growsdown, parse_stat, parse_status,
@@ -61,11 +61,19 @@ pub fn mm_image(m: &MmLayout) -> MmImage {
 }
 
 /// The image's credentials.
-pub fn credentials(c: Creds) -> Credentials {
+pub fn credentials(c: Creds, securebits: u32) -> Credentials {
     Credentials {
         uid: c.uid,
         gid: c.gid,
         groups: c.groups,
+        caps: c.caps.map(|[inh, prm, eff, bnd, amb]| Capabilities {
+            inheritable: inh,
+            permitted: prm,
+            effective: eff,
+            bounding: bnd,
+            ambient: amb,
+            securebits,
+        }),
     }
 }
 

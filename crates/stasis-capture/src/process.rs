@@ -51,6 +51,8 @@ pub fn zombie_image(pid: i32, status: i32) -> Result<ProcessImage> {
         oom_score_adj: None,
         thp_disabled: false,
         loginuid: None,
+        dumpable: None,
+        stopped: false,
     })
 }
 
@@ -148,7 +150,7 @@ pub fn capture(
         cwd: proc::read_link(pid, "cwd")?,
         umask,
         personality,
-        creds: proc::credentials(creds),
+        creds: proc::credentials(creds, remote.securebits),
         rlimits,
         mm,
         vmas: Vec::new(),
@@ -170,6 +172,8 @@ pub fn capture(
             .lines()
             .any(|l| l.starts_with("THP_enabled:") && l.trim_end().ends_with('0')),
         loginuid: loginuid(pid)?,
+        dumpable: Some(remote.dumpable),
+        stopped: f.stopped,
     };
     Ok((image, maps, xfeatures))
 }

@@ -1,6 +1,7 @@
 //! State only the process itself can report, read by remote syscalls in a
 //! scratch page: signal actions, interval and POSIX timers, `brk`, the
-//! parent-death signal, the subreaper flag, and per thread the alternate
+//! parent-death signal, the subreaper and dumpable flags, the securebits,
+//! and per thread the alternate
 //! signal stack and `clear_child_tid`.
 //!
 //! The scratch page is the one mapping a dump adds to a process. With an
@@ -27,6 +28,10 @@ pub struct RemoteState {
     pub child_subreaper: bool,
     pub itimers: Vec<ITimer>,
     pub brk: u64,
+    /// `PR_GET_DUMPABLE`.
+    pub dumpable: u32,
+    /// `PR_GET_SECUREBITS`.
+    pub securebits: u32,
     /// Per thread, in `FrozenProcess::threads` order: altstack and clear_child_tid.
     pub threads: Vec<(AltStack, u64)>,
 }
@@ -107,7 +112,7 @@ fn read_with(f: &mut FrozenProcess, mem: &ProcessMemory, scratch: u64) -> Result
     let mut r = ThreadRemote::with_memory(&mut f.threads[0], mem, scratch).batching(sig);
     let sigactions = sigactions(&mut r, asked_signals(&status))?;
     let timers = proc::read_parsed(pid, "timers", proc::parse_timers)?;
-    let (itimers, brk, (pdeath_signal, child_subreaper)) = process_wide(&mut r)?;
+    let w = process_wide(&mut r)?;
     let posix_timers = posix_timers(&mut r, &timers)?;
     let mut threads = Vec::new();
     for th in &mut f.threads {
@@ -118,10 +123,12 @@ fn read_with(f: &mut FrozenProcess, mem: &ProcessMemory, scratch: u64) -> Result
     Ok(RemoteState {
         sigactions,
         posix_timers,
-        pdeath_signal,
-        child_subreaper,
-        itimers,
-        brk,
+        pdeath_signal: w.pdeath_signal,
+        child_subreaper: w.child_subreaper,
+        itimers: w.itimers,
+        brk: w.brk,
+        dumpable: w.dumpable,
+        securebits: w.securebits,
         threads,
     })
 }
@@ -188,9 +195,20 @@ pub fn sigactions(r: &mut dyn Remote, asked: u64) -> Result<Vec<SigAction>> {
     Ok(out)
 }
 
+/// What [`process_wide`] reads.
+struct ProcessWide {
+    itimers: Vec<ITimer>,
+    brk: u64,
+    pdeath_signal: i32,
+    child_subreaper: bool,
+    dumpable: u32,
+    securebits: u32,
+}
+
 /// In one batch: `getitimer` of the three interval timers, `brk`, the
-/// parent-death signal and the child-subreaper flag.
-fn process_wide(r: &mut dyn Remote) -> Result<(Vec<ITimer>, u64, (i32, bool))> {
+/// parent-death signal, the child-subreaper and dumpable flags and the
+/// securebits.
+fn process_wide(r: &mut dyn Remote) -> Result<ProcessWide> {
     let s = r.scratch();
     let at = |i: usize| s + (i * OUT) as u64;
     let mut calls: Vec<Syscall> = (0..3u8)
@@ -202,17 +220,22 @@ fn process_wide(r: &mut dyn Remote) -> Result<(Vec<ITimer>, u64, (i32, bool))> {
             )
         })
         .collect();
-    calls.push(Syscall::new("brk", libc::SYS_brk, &[0]));
-    calls.push(Syscall::new(
-        "prctl(PR_GET_PDEATHSIG)",
-        libc::SYS_prctl,
-        &[libc::PR_GET_PDEATHSIG as u64, at(3)],
-    ));
-    calls.push(Syscall::new(
-        "prctl(PR_GET_CHILD_SUBREAPER)",
-        libc::SYS_prctl,
-        &[libc::PR_GET_CHILD_SUBREAPER as u64, at(4)],
-    ));
+    let prctl = |name, op: i32, args: &[u64]| {
+        let mut a = vec![op.unsigned_abs().into()];
+        a.extend_from_slice(args);
+        Syscall::new(name, libc::SYS_prctl, &a)
+    };
+    calls.extend([
+        Syscall::new("brk", libc::SYS_brk, &[0]),
+        prctl("prctl(PR_GET_PDEATHSIG)", libc::PR_GET_PDEATHSIG, &[at(3)]),
+        prctl(
+            "prctl(PR_GET_CHILD_SUBREAPER)",
+            libc::PR_GET_CHILD_SUBREAPER,
+            &[at(4)],
+        ),
+        prctl("prctl(PR_GET_DUMPABLE)", libc::PR_GET_DUMPABLE, &[]),
+        prctl("prctl(PR_GET_SECUREBITS)", libc::PR_GET_SECUREBITS, &[]),
+    ]);
     let res = r.batch(&calls)?;
     let w = read_u64s(r, s, 5 * OUT / 8)?;
     let itimers = (0..3u32)
@@ -225,9 +248,14 @@ fn process_wide(r: &mut dyn Remote) -> Result<(Vec<ITimer>, u64, (i32, bool))> {
             }
         })
         .collect();
-    let pdeath_signal = i32::try_from(w[12] & 0xffff_ffff).unwrap_or(0);
-    let child_subreaper = w[16] & 0xffff_ffff != 0;
-    Ok((itimers, res[3], (pdeath_signal, child_subreaper)))
+    Ok(ProcessWide {
+        itimers,
+        brk: res[3],
+        pdeath_signal: i32::try_from(w[12] & 0xffff_ffff).unwrap_or(0),
+        child_subreaper: w[16] & 0xffff_ffff != 0,
+        dumpable: u32::try_from(res[6]).unwrap_or(1),
+        securebits: u32::try_from(res[7]).unwrap_or(0),
+    })
 }
 
 /// An interval and a value (two pairs of seconds and sub-seconds,

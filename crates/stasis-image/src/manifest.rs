@@ -294,6 +294,14 @@ pub struct ProcessImage {
     /// `None` in images older than this field.
     #[serde(default)]
     pub loginuid: Option<u32>,
+    /// `PR_GET_DUMPABLE` (0, 1, or 2 for `suid_dumpable`); `None` in
+    /// images older than this field.
+    #[serde(default)]
+    pub dumpable: Option<u32>,
+    /// Stopped by job control (a stop signal) when it was frozen: stopped
+    /// again once restored.
+    #[serde(default)]
+    pub stopped: bool,
     /// Incremental checkpoints only: every page range (`[start, end)`,
     /// page-aligned, sorted, disjoint) of this process that holds saved
     /// data. Pages of these ranges that are not in this checkpoint's pack
@@ -326,6 +334,21 @@ pub struct Credentials {
     pub uid: [u32; 4],
     pub gid: [u32; 4],
     pub groups: Vec<u32>,
+    /// Capabilities and securebits; `None` in images older than this field.
+    #[serde(default)]
+    pub caps: Option<Capabilities>,
+}
+
+/// A process's capability sets (bit N: capability N) and its securebits
+/// (`PR_GET_SECUREBITS`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capabilities {
+    pub inheritable: u64,
+    pub permitted: u64,
+    pub effective: u64,
+    pub bounding: u64,
+    pub ambient: u64,
+    pub securebits: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -589,6 +612,13 @@ pub struct UnixSocket {
     /// Socket options as (level, option, value).
     #[serde(default)]
     pub options: Vec<(i32, i32, i32)>,
+    /// Owner, group and mode of the socket file of a path name at dump.
+    #[serde(default)]
+    pub file_owner: Option<(u32, u32, u32)>,
+    /// The socket file of its path name was gone at dump (unlinked after
+    /// the bind).
+    #[serde(default)]
+    pub file_deleted: bool,
 }
 
 /// State of a unix socket.

@@ -52,6 +52,9 @@ pub struct Creds {
     pub uid: [u32; 4],
     pub gid: [u32; 4],
     pub groups: Vec<u32>,
+    /// Capability sets: inheritable, permitted, effective, bounding,
+    /// ambient (`CapInh`...`CapAmb`); `None` if a line is missing.
+    pub caps: Option<[u64; 5]>,
 }
 
 /// One resource limit of `/proc/PID/limits` (`resource`: its `RLIMIT_*`
@@ -378,12 +381,17 @@ pub fn parse_status(text: &str) -> Result<(u32, Creds), FormatError> {
         .split_whitespace()
         .filter_map(|x| x.parse().ok())
         .collect();
+    let caps: Option<Vec<u64>> = ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"]
+        .iter()
+        .map(|n| field(n).and_then(|v| u64::from_str_radix(v, 16).ok()))
+        .collect();
     Ok((
         umask,
         Creds {
             uid: four("Uid:")?,
             gid: four("Gid:")?,
             groups,
+            caps: caps.and_then(|v| v.try_into().ok()),
         },
     ))
 }
@@ -682,8 +690,17 @@ mod tests {
         .unwrap();
         assert_eq!(umask, 0o27);
         assert_eq!(
-            (c.uid, c.gid, c.groups),
-            ([1, 2, 3, 4], [5, 6, 7, 8], vec![10, 20])
+            (c.uid, c.gid, c.groups, c.caps),
+            ([1, 2, 3, 4], [5, 6, 7, 8], vec![10, 20], None)
+        );
+        let (_, c) = parse_status(
+            "Umask:\t0022\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\nGroups:\t\nCapInh:\t0000000000000000\n\
+             CapPrm:\t000001fffffffffd\nCapEff:\t000001fffffffffc\nCapBnd:\t000001ffffffff7f\nCapAmb:\t0000000000000400\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.caps,
+            Some([0, 0x1ff_ffff_fffd, 0x1ff_ffff_fffc, 0x1ff_ffff_ff7f, 0x400])
         );
         assert_eq!(
             parse_fdinfo("pos:\t1234\nflags:\t02102001\nmnt_id:\t20\n").unwrap(),

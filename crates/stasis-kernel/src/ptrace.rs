@@ -530,10 +530,18 @@ impl Tracee {
             self.set_sigmask(!0u64)?;
         }
         die();
+        // A thread of a process stopped by job control before the freeze
+        // reports its group stop again (`PTRACE_EVENT_STOP`) when resumed
+        // the first time: resumed again, it runs the syscall.
+        let mut group_stops = 0;
         for phase in ["syscall entry", "syscall exit"] {
             self.resume_raw(libc::PTRACE_SYSCALL, 0)?;
             loop {
                 match self.wait_stop(phase)? {
+                    StopKind::EventStop if group_stops < 4 => {
+                        group_stops += 1;
+                        self.resume_raw(libc::PTRACE_SYSCALL, 0)?;
+                    }
                     StopKind::Syscall => {
                         die();
                         break;
@@ -619,8 +627,15 @@ impl Tracee {
         self.resume_raw(libc::PTRACE_CONT, 0)?;
         // (A death here leaves the thread in the middle of its table.)
         die();
+        let mut group_stops = 0;
         loop {
             match self.wait_stop("a batch of syscalls")? {
+                // As in `syscall_raw`: a thread stopped by job control
+                // reports its group stop again when first resumed.
+                StopKind::EventStop if group_stops < 4 => {
+                    group_stops += 1;
+                    self.resume_raw(libc::PTRACE_CONT, 0)?;
+                }
                 // Ours: sent at the end of the table (an earlier one, from
                 // outside, stops the thread elsewhere; it is ignored by
                 // the process anyway, and suppressed).

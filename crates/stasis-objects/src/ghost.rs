@@ -224,7 +224,7 @@ fn keeper<'c>(
     Ok(&cx.ghost_keepers[&id])
 }
 
-/// A memfd named `name` with the content and seals of `g`.
+/// A memfd named `name` with the content, mode and seals of `g`.
 fn make_memfd(name: &str, g: &GhostFile) -> Result<OwnedFd, RestoreError> {
     let cname = CString::new(name)
         .map_err(|_| RestoreError::Inconsistent(format!("memfd name {name:?} has a NUL")))?;
@@ -232,6 +232,13 @@ fn make_memfd(name: &str, g: &GhostFile) -> Result<OwnedFd, RestoreError> {
     let flags = libc::MFD_CLOEXEC | if sealable { libc::MFD_ALLOW_SEALING } else { 0 };
     let k = fdops::memfd_create(&cname, flags).map_err(os_err("memfd_create"))?;
     write_sparse(&k, g)?;
+    nix::sys::stat::fchmod(
+        k.as_raw_fd(),
+        nix::sys::stat::Mode::from_bits_truncate(g.mode & 0o7777),
+    )
+    .map_err(|e| {
+        io_step(format!("giving memfd {name} its mode"), "fchmod")(std::io::Error::from(e))
+    })?;
     if g.seals != 0 && sealable {
         fdops::add_seals(k.as_fd(), i32::try_from(g.seals).unwrap_or(0))
             .map_err(io_step(format!("sealing memfd {name}"), "F_ADD_SEALS"))?;

@@ -10,7 +10,7 @@ use stasis_image::manifest::{FdImage, FdKind, InetSocket, InetState};
 use stasis_kernel::{fdops, scm, sock, tcpdiag, KernelError};
 use stasis_sys::net::{TCP_CLOSE, TCP_ESTABLISHED, TCP_LISTEN};
 
-use crate::socket::{save_options, set_options};
+use crate::socket::{save_inet_options, save_options, set_options};
 use crate::tcp::{self, PendingTcp};
 use crate::unix::QUEUE_MAX;
 use crate::{Object, OpenFd, RestoreCtx, RestoreError, SaveCtx, SaveError};
@@ -48,20 +48,13 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
     let (b, n, domain, ty) = (s.sock.as_fd(), fd.fd, s.domain, s.sock_type);
     // (Repair mode, which forces SO_REUSEADDR, is over: `freeze_tcp` put
     // the program's own value back.)
-    let mut options = save_options(b);
+    let mut options = save_inet_options(b, domain, ty == libc::SOCK_STREAM);
+    options.extend(save_options(b));
     let protocol = sock::get_int(b, libc::SOL_SOCKET, libc::SO_PROTOCOL)?;
-    if domain == libc::AF_INET6 {
-        if let Ok(v) = sock::get_int(b, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) {
-            options.push((libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, v));
-        }
-    }
     let local = sock::local_addr(b)?;
     let peer = sock::peer_addr(b)?;
     let mut datagrams = Vec::new();
     let state = if ty == libc::SOCK_STREAM {
-        if let Ok(v) = sock::get_int(b, libc::IPPROTO_TCP, libc::TCP_NODELAY) {
-            options.push((libc::IPPROTO_TCP, libc::TCP_NODELAY, v));
-        }
         let info = sock::tcp_info(b)?;
         match info.state {
             TCP_LISTEN => {
@@ -175,6 +168,15 @@ fn restore(cx: &mut RestoreCtx<'_>, fd: i32, i: &InetSocket) -> Result<OwnedFd, 
     };
     // Options that must come before bind (V6ONLY, REUSEADDR, REUSEPORT...).
     set_options(&s, &i.options);
+    // An address bound with IP_FREEBIND may not be local (yet): the bind
+    // is made with it whatever the program's value, which comes back with
+    // the options after the bind.
+    let freebind = if i.family == libc::AF_INET6 {
+        (libc::IPPROTO_IPV6, libc::IPV6_FREEBIND)
+    } else {
+        (libc::IPPROTO_IP, libc::IP_FREEBIND)
+    };
+    let _ = sock::set_int(s.as_fd(), freebind.0, freebind.1, 1);
     match &i.state {
         InetState::Listening { backlog } => {
             let _ = sock::set_int(s.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR, 1);
@@ -203,6 +205,7 @@ fn restore(cx: &mut RestoreCtx<'_>, fd: i32, i: &InetSocket) -> Result<OwnedFd, 
             if !i.datagrams.is_empty() {
                 requeue_datagrams(fd, &s, i)?;
             }
+            set_options(&s, &i.options);
         }
     }
     Ok(s)

@@ -188,6 +188,8 @@ mod tests {
                 queue: vec![],
                 queue_creds: vec![],
                 options: vec![],
+                file_owner: None,
+                file_deleted: false,
             }),
             FdKind::Inet(InetSocket {
                 family: libc::AF_INET,

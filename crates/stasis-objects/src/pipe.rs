@@ -8,7 +8,7 @@
 //! a read-write opener keeping its refilled data alive meanwhile.
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 
 use stasis_image::manifest::{FdImage, FdKind, PipeImage};
@@ -56,7 +56,14 @@ impl Object for Pipe {
         };
         let (r, w) = pipe(cx, *id)?;
         let end = if *write_end { w } else { r };
-        let made = scm::dup_at_least(end.as_fd(), 3)?;
+        // The end pipe2 made has no O_LARGEFILE, which F_SETFL cannot
+        // change; a description with it was opened (through /proc): one
+        // of its own is opened so.
+        let made = if img.flags & stasis_sys::O_LARGEFILE != 0 {
+            own_description(end, *write_end, img.fd)?
+        } else {
+            scm::dup_at_least(end.as_fd(), 3)?
+        };
         set_flags(&made, img)?;
         Ok(made)
     }
@@ -110,6 +117,25 @@ impl Object for Fifo {
         set_flags(&made, img)?;
         Ok(made)
     }
+}
+
+/// A new open file description of one end of a pipe (opening
+/// `/proc/self/fd/N` makes one, as a FIFO open does, with `O_LARGEFILE`):
+/// fds that were one description share it through their `shared_id`, and
+/// such a description gets its own, so status flags set on one (`O_NONBLOCK`
+/// on a write end reopened by its program through `/proc`) do not reach
+/// the pipe's own ends. The restorer holds both ends, so the open neither
+/// blocks nor fails for want of a peer.
+fn own_description(end: &OwnedFd, write: bool, fd: i32) -> Result<OwnedFd, RestoreError> {
+    let path = format!("/proc/self/fd/{}", end.as_raw_fd());
+    let opened: OwnedFd = std::fs::OpenOptions::new()
+        .read(!write)
+        .write(write)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(file_err(path, format!("pipe of fd {fd}"), "open"))?
+        .into();
+    Ok(scm::dup_at_least(opened.as_fd(), 3)?)
 }
 
 /// Status flags of the description (O_NONBLOCK, O_APPEND...): pipes are

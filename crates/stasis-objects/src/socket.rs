@@ -12,7 +12,7 @@ use stasis_sys::net::{TCP_CLOSE, TCP_ESTABLISHED, TCP_LISTEN};
 use crate::save::{list_fds, socket_inode};
 
 /// Options saved and restored on every socket, where they apply.
-const SOCK_OPTS: [(i32, i32); 7] = [
+const SOCK_OPTS: [(i32, i32); 14] = [
     (libc::SOL_SOCKET, libc::SO_PASSCRED),
     (libc::SOL_SOCKET, libc::SO_REUSEADDR),
     (libc::SOL_SOCKET, libc::SO_REUSEPORT),
@@ -20,28 +20,99 @@ const SOCK_OPTS: [(i32, i32); 7] = [
     (libc::SOL_SOCKET, libc::SO_BROADCAST),
     (libc::SOL_SOCKET, libc::SO_RCVBUF),
     (libc::SOL_SOCKET, libc::SO_SNDBUF),
+    (libc::SOL_SOCKET, libc::SO_PRIORITY),
+    (libc::SOL_SOCKET, libc::SO_RCVLOWAT),
+    (libc::SOL_SOCKET, libc::SO_MARK),
+    (libc::SOL_SOCKET, libc::SO_PASSSEC),
+    (libc::SOL_SOCKET, libc::SO_DONTROUTE),
+    (libc::SOL_SOCKET, libc::SO_NO_CHECK),
+    (libc::SOL_SOCKET, libc::SO_OOBINLINE),
 ];
 
-/// The values of [`SOCK_OPTS`] on `b` (those it has). `reuseaddr`, when
-/// known, replaces what the socket reports (a connection in repair mode
-/// reads `SO_REUSEADDR` as forced).
+/// Options of the IP layers and of TCP, saved where they apply.
+const IPV4_OPTS: [(i32, i32); 4] = [
+    (libc::IPPROTO_IP, libc::IP_FREEBIND),
+    (libc::IPPROTO_IP, libc::IP_PKTINFO),
+    (libc::IPPROTO_IP, libc::IP_TTL),
+    (libc::IPPROTO_IP, libc::IP_TOS),
+];
+const IPV6_OPTS: [(i32, i32); 3] = [
+    (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY),
+    (libc::IPPROTO_IPV6, libc::IPV6_FREEBIND),
+    (libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO),
+];
+const TCP_OPTS: [(i32, i32); 5] = [
+    (libc::IPPROTO_TCP, libc::TCP_NODELAY),
+    (libc::IPPROTO_TCP, libc::TCP_CORK),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPCNT),
+];
+
+fn ints<'a>(
+    b: BorrowedFd<'a>,
+    opts: &'a [(i32, i32)],
+) -> impl Iterator<Item = (i32, i32, i32)> + 'a {
+    opts.iter()
+        .filter_map(move |&(level, opt)| Some((level, opt, sock::get_int(b, level, opt).ok()?)))
+}
+
+/// The values of [`SOCK_OPTS`] on `b` (those it has), then the device it
+/// is bound to (`SO_BINDTOIFINDEX`), its `SO_LINGER` (saved as the linger
+/// time, when on) and last its `SO_BUF_LOCK`: setting a buffer size locks
+/// it, so the locks the program had are put back after the sizes.
 pub(crate) fn save_options(b: BorrowedFd<'_>) -> Vec<(i32, i32, i32)> {
-    SOCK_OPTS
-        .iter()
-        .filter_map(|&(level, opt)| Some((level, opt, sock::get_int(b, level, opt).ok()?)))
-        .collect()
+    let mut out: Vec<_> = ints(b, &SOCK_OPTS).collect();
+    let sol = libc::SOL_SOCKET;
+    if let Ok(ifindex @ 1..) = sock::get_int(b, sol, libc::SO_BINDTOIFINDEX) {
+        out.push((sol, libc::SO_BINDTOIFINDEX, ifindex));
+    }
+    if let Ok(l) = sock::get_bytes(b, sol, libc::SO_LINGER, 8) {
+        let word = |i: usize| {
+            l.get(i..i + 4)
+                .and_then(|w| w.try_into().ok())
+                .map_or(0, i32::from_ne_bytes)
+        };
+        if word(0) != 0 {
+            out.push((sol, libc::SO_LINGER, word(4)));
+        }
+    }
+    if let Ok(lock) = sock::get_int(b, sol, libc::SO_BUF_LOCK) {
+        out.push((sol, libc::SO_BUF_LOCK, lock));
+    }
+    out
+}
+
+/// The IP-level options of an inet socket of `domain`, and TCP's of a
+/// stream one (to be restored before the `SOL_SOCKET` ones' buffer locks:
+/// put them first).
+pub(crate) fn save_inet_options(
+    b: BorrowedFd<'_>,
+    domain: i32,
+    stream: bool,
+) -> Vec<(i32, i32, i32)> {
+    let ip: &[(i32, i32)] = if domain == libc::AF_INET6 {
+        &IPV6_OPTS
+    } else {
+        &IPV4_OPTS
+    };
+    let tcp: &[(i32, i32)] = if stream { &TCP_OPTS } else { &[] };
+    ints(b, ip).chain(ints(b, tcp)).collect()
 }
 
 /// Applies saved socket options (best effort: a value the kernel clamps or
 /// refuses is logged). Buffer sizes are halved: the kernel doubles them.
 pub(crate) fn set_options(s: &OwnedFd, opts: &[(i32, i32, i32)]) {
     for &(level, opt, v) in opts {
-        let v = if level == libc::SOL_SOCKET && (opt == libc::SO_RCVBUF || opt == libc::SO_SNDBUF) {
-            v / 2
+        let res = if level == libc::SOL_SOCKET && opt == libc::SO_LINGER {
+            let l: Vec<u8> = [1i32, v].iter().flat_map(|w| w.to_ne_bytes()).collect();
+            sock::set_bytes(s.as_fd(), level, opt, &l)
+        } else if level == libc::SOL_SOCKET && (opt == libc::SO_RCVBUF || opt == libc::SO_SNDBUF) {
+            sock::set_int(s.as_fd(), level, opt, v / 2)
         } else {
-            v
+            sock::set_int(s.as_fd(), level, opt, v)
         };
-        if let Err(e) = sock::set_int(s.as_fd(), level, opt, v) {
+        if let Err(e) = res {
             tracing::debug!("socket option ({level}, {opt}) = {v}: {e}");
         }
     }

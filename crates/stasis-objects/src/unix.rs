@@ -80,7 +80,12 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
         },
         _ => UnixState::Unconnected,
     };
-    let peeked = if matches!(state, UnixState::Listening { .. }) {
+    // A stream or seqpacket socket never connected (or whose connect
+    // failed) has nothing queued, and recv on it fails (EINVAL, ENOTCONN).
+    let never_connected = matches!(state, UnixState::Unconnected)
+        && s.sock_type != libc::SOCK_DGRAM
+        && info.rqueue == 0;
+    let peeked = if matches!(state, UnixState::Listening { .. }) || never_connected {
         Vec::new()
     } else {
         sock::peek_queue(b, QUEUE_MAX).map_err(|e| match e {
@@ -89,6 +94,7 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
         })?
     };
     let (mut queue, mut queue_creds): (Vec<Vec<u8>>, Vec<_>) = peeked.into_iter().unzip();
+    let file = info.name.as_deref().and_then(|n| socket_file(fd.pid, n));
     if s.sock_type == libc::SOCK_STREAM && queue.len() > 1 {
         // A byte stream: one chunk (credentials cannot be told
         // apart per byte; the first message's are kept).
@@ -103,7 +109,41 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
         queue,
         queue_creds,
         options,
+        file_owner: file.and_then(Result::ok),
+        file_deleted: matches!(file, Some(Err(()))),
     }))
+}
+
+/// Owner, group and mode of the socket file of path name `name`, as the
+/// process `pid` sees it (a relative name from its working directory);
+/// `Err` if there is no file there any more, `None` for an abstract name
+/// or another kind of file.
+fn socket_file(pid: i32, name: &[u8]) -> Option<Result<(u32, u32, u32), ()>> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let (&first, _) = name.split_first()?;
+    if first == 0 {
+        return None;
+    }
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    let name = std::ffi::OsStr::from_bytes(&name[..end]);
+    let mut path = std::path::PathBuf::from(format!(
+        "/proc/{pid}/{}",
+        if first == b'/' { "root" } else { "cwd" }
+    ));
+    path.push(
+        std::path::Path::new(name)
+            .strip_prefix("/")
+            .unwrap_or(name.as_ref()),
+    );
+    let m = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some(Err(())),
+        Err(_) => return None,
+    };
+    m.file_type()
+        .is_socket()
+        .then(|| Ok((m.uid(), m.gid(), m.mode() & 0o7777)))
 }
 
 /// Refuses unix sockets connected to a peer outside the tree (the peer
@@ -159,10 +199,15 @@ fn restore(cx: &mut RestoreCtx<'_>, fd: i32, u: &UnixSocket) -> Result<OwnedFd, 
     let s = match &u.state {
         UnixState::Listening { backlog } => {
             let s = new_socket(u)?;
-            bind_unix(&s, u.name.as_deref().unwrap_or_default(), &cwd)
-                .map_err(sock_err(fd, "binding"))?;
+            let name = u.name.as_deref().unwrap_or_default();
+            bind_unix(&s, name, &cwd, u.file_owner).map_err(sock_err(fd, "binding"))?;
             fdops::listen(s.as_fd(), i32::try_from(*backlog).unwrap_or(128))
                 .map_err(sock_err(fd, "listening"))?;
+            if u.file_deleted {
+                // Its clients are accepted connections, restored as pairs:
+                // nothing connects to the name again.
+                unlink_name(name, &cwd).map_err(sock_err(fd, "unlinking its socket file"))?;
+            }
             s
         }
         UnixState::Connected { peer, .. } if cx.unix_images.contains_key(peer) => {
@@ -176,7 +221,7 @@ fn restore(cx: &mut RestoreCtx<'_>, fd: i32, u: &UnixSocket) -> Result<OwnedFd, 
         } => {
             let s = new_socket(u)?;
             if let Some(own) = name_of(u) {
-                bind_unix(&s, own, &cwd).map_err(sock_err(fd, "binding"))?;
+                bind_unix(&s, own, &cwd, u.file_owner).map_err(sock_err(fd, "binding"))?;
             }
             connect_unix(&s, n, &cwd).map_err(sock_err(fd, "reconnecting to its peer by name"))?;
             s
@@ -214,8 +259,10 @@ fn pair(
     set_options(&b, &peer_img.options);
     for (s, img) in [(&a, u), (&b, peer_img)] {
         if let Some(n) = name_of(img) {
-            if let Err(e) = bind_unix(s, n, cwd) {
+            if let Err(e) = bind_unix(s, n, cwd, img.file_owner) {
                 tracing::warn!(fd, "could not give a unix socket back its name: {e}");
+            } else if img.file_deleted {
+                unlink_name(n, cwd).map_err(sock_err(fd, "unlinking its socket file"))?;
             }
         }
     }
@@ -231,7 +278,7 @@ fn pair(
 fn unconnected(fd: i32, u: &UnixSocket, cwd: &str) -> Result<OwnedFd, RestoreError> {
     let s = new_socket(u)?;
     if let Some(n) = name_of(u) {
-        bind_unix(&s, n, cwd).map_err(sock_err(fd, "binding"))?;
+        bind_unix(&s, n, cwd, u.file_owner).map_err(sock_err(fd, "binding"))?;
         if !u.queue.is_empty() {
             let tmp = sock::socket(libc::AF_UNIX, u.sock_type, 0)?;
             connect_unix(&tmp, n, cwd).map_err(sock_err(fd, "refilling"))?;
@@ -289,22 +336,60 @@ where
 }
 
 /// Binds a unix socket; a stale socket file left at the path by the dumped
-/// process is removed first.
-fn bind_unix(s: &OwnedFd, name: &[u8], cwd: &str) -> std::io::Result<()> {
+/// process is removed first, and the new one gets the owner and mode the
+/// file had at dump (`owner`), or else the stale one's (made by the
+/// restorer, it would be root's: another user's process could no longer
+/// connect to it).
+fn bind_unix(
+    s: &OwnedFd,
+    name: &[u8],
+    cwd: &str,
+    owner: Option<(u32, u32, u32)>,
+) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
     at_cwd(name, cwd, || {
-        if let Some(&first) = name.first() {
-            if first != 0 {
-                use std::os::unix::ffi::OsStrExt;
-                use std::os::unix::fs::FileTypeExt;
+        let path = match name.first() {
+            Some(&first) if first != 0 => {
                 let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
-                let path = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(&name[..end]));
-                if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket()) {
-                    std::fs::remove_file(&path)?;
-                }
+                Some(std::path::PathBuf::from(std::ffi::OsStr::from_bytes(
+                    &name[..end],
+                )))
             }
+            _ => None,
+        };
+        let stale = path.as_ref().and_then(|p| {
+            std::fs::symlink_metadata(p)
+                .ok()
+                .filter(|m| m.file_type().is_socket())
+                .map(|m| (p, m))
+        });
+        if let Some((p, _)) = &stale {
+            std::fs::remove_file(p)?;
         }
-        sock::bind(s.as_fd(), &sockaddr_un(name))
+        sock::bind(s.as_fd(), &sockaddr_un(name))?;
+        let owner = owner.or_else(|| {
+            stale
+                .as_ref()
+                .map(|(_, m)| (m.uid(), m.gid(), m.mode() & 0o7777))
+        });
+        if let (Some(p), Some((uid, gid, mode))) = (&path, owner) {
+            std::os::unix::fs::lchown(p, Some(uid), Some(gid))?;
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))?;
+        }
+        Ok(())
     })
+}
+
+/// Removes the socket file of path name `name` (the program had unlinked it).
+fn unlink_name(name: &[u8], cwd: &str) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    if end == 0 {
+        return Ok(());
+    }
+    let path = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(&name[..end]));
+    at_cwd(name, cwd, || std::fs::remove_file(&path))
 }
 
 fn connect_unix(s: &OwnedFd, name: &[u8], cwd: &str) -> std::io::Result<()> {

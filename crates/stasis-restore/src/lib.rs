@@ -43,6 +43,7 @@
 //!    detach loop takes the stopped tree with it (`PTRACE_O_EXITKILL`).
 
 pub mod build;
+mod caps;
 pub mod files;
 mod memory;
 mod pipeline;

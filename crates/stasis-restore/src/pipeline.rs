@@ -382,7 +382,12 @@ fn jump_all(b: &mut Build<'_>) -> Result<()> {
         }
     }
     for i in ready {
-        crate::threads::release(b.proc_mut(i)?)?;
+        let stopped = b.records[i].img.stopped;
+        let p = b.proc_mut(i)?;
+        if stopped {
+            crate::threads::stop_again(p)?;
+        }
+        crate::threads::release(p)?;
     }
     Ok(())
 }

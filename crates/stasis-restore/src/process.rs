@@ -53,6 +53,7 @@ pub(crate) fn build_process(
     threads::process_prctls(s, p, s.pid == cx.root_pid)?;
     threads::per_thread(s, p)?;
     s.cur = None;
+    threads::restore_dumpable(s, p)?;
     threads::shared_signals(s, s.pid, p)?;
     build::restore_itimers(s, &p.itimers)?;
     build::arm_posix_timers(s, &p.posix_timers)?;

@@ -233,6 +233,10 @@ pub(crate) fn prepare_signal_death<R: Remote>(r: &mut R, sig: i32) -> Result<()>
         &[0, libc::RLIMIT_CORE.into(), a, 0],
     )
     .map_err(step("disabling core dumps of a zombie"))?;
+    if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+        // Always at their default action (rt_sigaction refuses them).
+        return Ok(());
+    }
     let act = r
         .put(build::SCRATCH_STRUCT, &build::words(&[0, 0, 0, 0]))
         .map_err(step("sigaction"))?;
@@ -260,6 +264,14 @@ fn make_zombie(p: &mut Proc, status: i32) -> Result<()> {
             p.t.forget();
             Ok(())
         }
+        // The stop at the exit of `kill` comes before the signal is taken
+        // (its delivery would be one more ptrace stop): let go, the thread
+        // takes it and dies.
+        Ok(_) if libc::WIFSIGNALED(status) => {
+            p.t.detach()
+                .map_err(step(format!("letting zombie-to-be {} die", p.pid)))?;
+            wait_zombie(p.pid)
+        }
         Ok(r) => Err(ObjectError::Layout(format!(
             "{what} {}: it did not exit (result {r})",
             p.pid
@@ -270,6 +282,25 @@ fn make_zombie(p: &mut Proc, status: i32) -> Result<()> {
             source: e,
         }
         .into()),
+    }
+}
+
+/// Waits (up to 5 s) for `pid` to be a zombie.
+fn wait_zombie(pid: i32) -> Result<()> {
+    let t0 = std::time::Instant::now();
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat.rsplit_once(") ").and_then(|(_, r)| r.chars().next());
+        if state == Some('Z') {
+            return Ok(());
+        }
+        if t0.elapsed() > std::time::Duration::from_secs(5) {
+            return Err(ObjectError::Layout(format!(
+                "zombie-to-be {pid} did not die of its signal (state {state:?})"
+            ))
+            .into());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
 
@@ -379,6 +410,10 @@ mod tests {
         assert_eq!(r.args_of("prlimit64")[0][1], libc::RLIMIT_CORE as u64);
         assert_eq!(r.args_of("rt_sigaction")[0][0], libc::SIGTERM as u64);
         assert_eq!(r.writes()[0], vec![0; 16]);
+        // Killed by SIGKILL: its action cannot (and need not) be reset.
+        let mut r = Recorder::default();
+        prepare_signal_death(&mut r, libc::SIGKILL).unwrap();
+        assert_eq!(r.names(), ["prlimit64"]);
     }
 
     #[test]

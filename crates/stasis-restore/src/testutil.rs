@@ -34,6 +34,8 @@ pub fn image(pid: i32, ppid: i32, pgid: i32, sid: i32) -> ProcessImage {
         oom_score_adj: None,
         thp_disabled: false,
         loginuid: None,
+        dumpable: None,
+        stopped: false,
     }
 }
 

@@ -6,6 +6,7 @@ use stasis_image::manifest::{ProcessImage, SchedImage, ThreadImage};
 use stasis_kernel::{sarg, Tracee, UserRegs};
 
 use crate::build::{self, step};
+use crate::caps;
 use crate::proc::{Proc, CTL_SIZE};
 use crate::remote::Remote;
 use crate::ObjectError;
@@ -63,6 +64,22 @@ pub(crate) fn process_prctls<R: Remote>(s: &mut R, p: &ProcessImage, is_root: bo
         )
         .map_err(step("restoring the parent-death signal"))?;
     }
+    Ok(())
+}
+
+/// The dumpable flag, once every thread has its credentials (changing
+/// them resets it to `fs.suid_dumpable`). 2 (`suid_dumpable`'s "suidsafe")
+/// cannot be set by a process: it is left as the credentials made it.
+pub(crate) fn restore_dumpable<R: Remote>(s: &mut R, p: &ProcessImage) -> Result<()> {
+    let Some(d @ (0 | 1)) = p.dumpable else {
+        return Ok(());
+    };
+    s.sys(
+        "prctl(PR_SET_DUMPABLE)",
+        libc::SYS_prctl,
+        &[libc::PR_SET_DUMPABLE as u64, u64::from(d)],
+    )
+    .map_err(step("restoring the dumpable flag"))?;
     Ok(())
 }
 
@@ -186,8 +203,20 @@ fn sched_attr_bytes(sc: &SchedImage) -> Vec<u8> {
 }
 
 /// Groups, then gids, then uids (once the uids are dropped, the gids could
-/// no longer be set). Nothing to do for root with no groups.
+/// no longer be set), with the capabilities around them (`caps.rs`).
+/// Nothing to do for root with no groups and every capability.
 pub(crate) fn restore_creds<R: Remote>(s: &mut R, p: &ProcessImage) -> Result<()> {
+    let own = caps::Own::read();
+    let Some(k) = caps::to_set(&p.creds, &own) else {
+        return restore_ids(s, p);
+    };
+    caps::before_ids(s, &k, own.all)?;
+    restore_ids(s, p)?;
+    caps::after_ids(s, &k, own.all)
+}
+
+/// Groups, gids, uids.
+fn restore_ids<R: Remote>(s: &mut R, p: &ProcessImage) -> Result<()> {
     let c = &p.creds;
     if c.uid == [0; 4] && c.gid == [0; 4] && c.groups.is_empty() {
         return Ok(());
@@ -273,6 +302,22 @@ pub(crate) fn jump(s: &mut Proc, p: &ProcessImage) -> Result<()> {
     Ok(())
 }
 
+/// A process stopped by job control at the dump is sent SIGSTOP before it
+/// is let go: the signal waits while it is traced, and it stops before it
+/// runs an instruction of its own (its parent sees it stop, as it did).
+pub(crate) fn stop_again(s: &mut Proc) -> Result<()> {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(s.pid),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .map_err(|e| {
+        step("stopping the process again")(stasis_kernel::KernelError::Io {
+            what: "kill(SIGSTOP)".into(),
+            source: e.into(),
+        })
+    })
+}
+
 /// Lets a process that [`jump`] made ready run: detaches its threads.
 pub(crate) fn release(s: &mut Proc) -> Result<()> {
     for (t, _) in &mut s.threads {
@@ -324,6 +369,23 @@ mod tests {
         let mut r = Recorder::default();
         process_prctls(&mut r, &p, false).unwrap();
         assert!(r.names().is_empty());
+    }
+
+    #[test]
+    fn the_dumpable_flag_is_set_back_unless_unknown_or_suidsafe() {
+        let mut p = img();
+        let set = libc::PR_SET_DUMPABLE as u64;
+        for (saved, want) in [
+            (Some(0), vec![vec![set, 0]]),
+            (Some(1), vec![vec![set, 1]]),
+            (Some(2), vec![]),
+            (None, vec![]),
+        ] {
+            p.dumpable = saved;
+            let mut r = Recorder::default();
+            restore_dumpable(&mut r, &p).unwrap();
+            assert_eq!(r.args_of("prctl(PR_SET_DUMPABLE)"), want, "{saved:?}");
+        }
     }
 
     #[test]

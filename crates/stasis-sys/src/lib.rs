@@ -23,6 +23,11 @@ use core::mem::size_of;
 /// Page size of x86-64 (4 KiB). Huge pages are multiples of it.
 pub const PAGE_SIZE: u64 = 4096;
 
+/// `O_LARGEFILE` as the kernel reports it in `/proc/PID/fdinfo` flags on
+/// x86-64: `open` sets it, `pipe2` does not, `F_SETFL` cannot change it
+/// (userspace headers define it as 0 on 64-bit targets).
+pub const O_LARGEFILE: u32 = 0o100_000;
+
 // ---------------------------------------------------------------------------
 // ioctl number encoding (asm-generic/ioctl.h)
 // ---------------------------------------------------------------------------

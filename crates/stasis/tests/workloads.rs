@@ -160,6 +160,11 @@ workload_tests! {
     sparse_shm: "sparse_shm";
     attrs: "attrs";
     fown: "fown";
+    caps: "caps";
+    unix_states: "unix_states";
+    sockopts: "sockopts";
+    stopped: "stopped";
+    zombies: "zombies";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so

@@ -52,6 +52,7 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
             uid: [1000; 4],
             gid: [1000; 4],
             groups: vec![4, 27],
+            caps: None,
         },
         rlimits: vec![Rlimit {
             resource: 7,
@@ -175,6 +176,8 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
         oom_score_adj: None,
         thp_disabled: false,
         loginuid: None,
+        dumpable: None,
+        stopped: false,
     }
 }
 

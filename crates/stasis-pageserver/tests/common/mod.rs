@@ -56,6 +56,8 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
         oom_score_adj: None,
         thp_disabled: false,
         loginuid: None,
+        dumpable: None,
+        stopped: false,
     }
 }
 
