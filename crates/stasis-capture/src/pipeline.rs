@@ -153,14 +153,16 @@ impl Ends<'_> {
         let mut repaired = self.repaired;
         fds::leave_repair(&mut repaired);
         let released = frozen.release();
-        // The guard stays until every held thread is let go.
-        fds::dismiss_guard(repaired, released.is_ok());
-        released?;
-        drop(self.gate);
-        drop(self.boost);
+        // The tree runs: its frozen time ends here (what follows does not
+        // hold it; the guards' exits, say, are waited for).
         let mut stages = self.stages;
         stages.mark("release");
         let frozen_us = stages.elapsed_us();
+        drop(self.gate);
+        // The guard stays until every held thread is let go.
+        fds::dismiss_guard(repaired, released.is_ok());
+        released?;
+        drop(self.boost);
         if strategy.concurrent() {
             let cx = CopyCx {
                 root: opts.pid,
