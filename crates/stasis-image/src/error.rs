@@ -267,6 +267,23 @@ fn list_numbers(v: &[u32]) -> String {
     }
 }
 
+/// An error and its causes on one line, `: `-separated (a cause whose text
+/// the line already holds is not repeated): for what leaves the process as
+/// text, a protocol reply or a log line.
+pub fn one_line(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = c.source();
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -405,21 +422,4 @@ mod tests {
             "checkpoint 5 does not exist in /img (it has 1, 2, 3)"
         );
     }
-}
-
-/// An error and its causes on one line, `: `-separated (a cause whose text
-/// the line already holds is not repeated): for what leaves the process as
-/// text, a protocol reply or a log line.
-pub fn one_line(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let t = c.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        cur = c.source();
-    }
-    s
 }

@@ -7,6 +7,9 @@
 
 use serde::{Deserialize, Serialize};
 
+mod sockets;
+pub use sockets::*;
+
 /// Top-level manifest of one checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -590,111 +593,6 @@ pub struct PtySession {
     pub sid: i32,
     /// The foreground process group (`tcgetpgrp`).
     pub foreground: i32,
-}
-
-/// A unix domain socket.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UnixSocket {
-    /// Socket inode at dump (identifies it, and its peer, in the image).
-    pub ino: u64,
-    /// `SOCK_STREAM`, `SOCK_DGRAM` or `SOCK_SEQPACKET`.
-    pub sock_type: i32,
-    /// Bound address (`sun_path` bytes; a leading NUL means abstract).
-    pub name: Option<Vec<u8>>,
-    pub state: UnixState,
-    /// Data waiting to be read: one entry per message (datagram and
-    /// seqpacket sockets) or a single byte stream.
-    pub queue: Vec<Vec<u8>>,
-    /// Credentials (pid, uid, gid) each queued message carries, when the
-    /// socket receives them (`SO_PASSCRED`); same order as `queue`.
-    #[serde(default)]
-    pub queue_creds: Vec<Option<(i32, u32, u32)>>,
-    /// Socket options as (level, option, value).
-    #[serde(default)]
-    pub options: Vec<(i32, i32, i32)>,
-    /// Owner, group and mode of the socket file of a path name at dump.
-    #[serde(default)]
-    pub file_owner: Option<(u32, u32, u32)>,
-    /// The socket file of its path name was gone at dump (unlinked after
-    /// the bind).
-    #[serde(default)]
-    pub file_deleted: bool,
-}
-
-/// State of a unix socket.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum UnixState {
-    Unconnected,
-    Listening {
-        backlog: u32,
-    },
-    /// Connected to `peer` (a socket of the image), or, when the peer is
-    /// outside the image, to the socket bound at `peer_name`.
-    Connected {
-        peer: u64,
-        peer_name: Option<Vec<u8>>,
-    },
-}
-
-/// An IPv4/IPv6 socket.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct InetSocket {
-    pub family: i32,
-    pub sock_type: i32,
-    pub protocol: i32,
-    /// Raw `sockaddr_in`/`sockaddr_in6` of the local address (empty: unbound).
-    pub local: Vec<u8>,
-    /// Raw address of the peer (empty: not connected).
-    pub peer: Vec<u8>,
-    pub state: InetState,
-    /// Socket options as (level, option, value).
-    pub options: Vec<(i32, i32, i32)>,
-    /// A UDP socket's unread datagrams: (sender's raw address, bytes).
-    #[serde(default)]
-    pub datagrams: Vec<(Vec<u8>, Vec<u8>)>,
-}
-
-/// State of an IPv4/IPv6 socket.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum InetState {
-    /// Created, maybe bound, maybe connected (UDP), not listening.
-    Plain,
-    Listening {
-        backlog: u32,
-    },
-    /// An established TCP connection, saved with `TCP_REPAIR`.
-    Established(TcpRepair),
-}
-
-/// What `TCP_REPAIR` needs to rebuild an established connection.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TcpRepair {
-    /// `TCP_QUEUE_SEQ` of the send queue (sequence of the next byte to queue).
-    pub snd_seq: u32,
-    /// `TCP_QUEUE_SEQ` of the receive queue (next sequence expected).
-    pub rcv_seq: u32,
-    /// Bytes sent but not acknowledged, then bytes not yet sent.
-    #[serde(with = "serde_bytes")]
-    pub send_queue: Vec<u8>,
-    /// How many bytes at the end of `send_queue` were never sent.
-    pub unsent: u32,
-    /// Bytes received, not yet read by the process.
-    #[serde(with = "serde_bytes")]
-    pub recv_queue: Vec<u8>,
-    /// The peer's MSS (`TCP_MAXSEG` in repair mode: `mss_clamp`).
-    pub mss: u32,
-    /// The segment size in use at the dump (`tcpi_snd_mss`); 0 in images
-    /// made before it was saved.
-    #[serde(default)]
-    pub snd_mss: u32,
-    pub snd_wscale: u8,
-    pub rcv_wscale: u8,
-    /// `tcpi_options` (SACK, timestamps, window scaling).
-    pub tcpi_options: u8,
-    /// `TCP_TIMESTAMP`.
-    pub timestamp: u32,
-    /// `struct tcp_repair_window`: snd_wl1, snd_wnd, max_window, rcv_wnd, rcv_wup.
-    pub window: [u32; 5],
 }
 
 /// One inotify watch.
