@@ -16,28 +16,7 @@ use std::net::TcpStream;
 use std::os::fd::FromRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Once;
 use std::time::{Duration, Instant};
-
-/// The helper programs of these tests (tests/programs/ in the repo).
-fn programs() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/programs")
-        .canonicalize()
-        .expect("tests/programs")
-}
-
-/// Restored processes are orphans (`stasis restore --detach` exits): make
-/// this test process their reaper, as the shared harness does when it builds
-/// the C workloads.
-fn become_subreaper() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        // SAFETY: prctl with integer arguments.
-        let r = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-        assert_eq!(r, 0, "PR_SET_CHILD_SUBREAPER");
-    });
-}
 
 /// A real program under test, with its own directory: `out.log` (stdout
 /// and stderr), `pid` (its pidfile, when it writes one), `images`, `work`
@@ -292,7 +271,7 @@ fn rounds_with_progress(p: &mut Program, rounds: u32, step: u64) {
 
 #[test]
 fn python_thread_pool() {
-    let script = programs().join("pool.py");
+    let script = programs_dir().join("pool.py");
     let mut p = Program::start("pool", true, |d| {
         let mut c = Command::new("python3");
         c.arg(&script).arg(d.join("pid"));
@@ -308,7 +287,7 @@ fn python_thread_pool() {
 
 /// Starts `tests/programs/NAME.py PIDFILE` (it writes its pidfile when ready).
 fn python_program(name: &str) -> Program {
-    let script = programs().join(format!("{name}.py"));
+    let script = programs_dir().join(format!("{name}.py"));
     Program::start(name, true, |d| {
         let mut c = Command::new("python3");
         c.arg(&script).arg(d.join("pid"));
@@ -377,7 +356,7 @@ fn java_threads_keep_computing() {
         .arg("-nowarn")
         .arg("-d")
         .arg(classes.path())
-        .arg(programs().join("Calc.java"))
+        .arg(programs_dir().join("Calc.java"))
         .output()
         .expect("running javac (is a JDK installed? run scripts/setup.sh)");
     assert_ok(&o, "javac Calc.java");
@@ -436,7 +415,7 @@ fn tcp_tree_saturated_windows() {
 }
 
 fn tcp_tree(cap: Option<usize>) {
-    let script = programs().join("tcp_tree.py");
+    let script = programs_dir().join("tcp_tree.py");
     let mut p = Program::start("tcp_tree", true, |d| {
         let mut c = Command::new("python3");
         c.arg(&script).arg(d.join("pid"));
@@ -487,7 +466,7 @@ fn tcp_tree(cap: Option<usize>) {
 #[test]
 fn epoll_reports_a_request_queued_at_the_dump() {
     let port = free_port();
-    let script = programs().join("epoll_queued.py");
+    let script = programs_dir().join("epoll_queued.py");
     let mut p = Program::start("epoll_queued", false, |d| {
         let mut c = Command::new("python3");
         c.arg(&script).arg(d.join("pid")).arg(port.to_string());

@@ -57,6 +57,22 @@ fn repo_root() -> PathBuf {
         .expect("repo root")
 }
 
+/// The helper programs of the tests (`tests/programs/` in the repo).
+pub fn programs_dir() -> PathBuf {
+    repo_root().join("tests/programs")
+}
+
+/// Restored processes are orphans (`stasis restore --detach` exits): this
+/// test process becomes their reaper, once.
+pub fn become_subreaper() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: prctl with integer arguments.
+        let r = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+        assert_eq!(r, 0, "PR_SET_CHILD_SUBREAPER");
+    });
+}
+
 /// Builds the workloads once per test binary; returns the directory.
 pub fn workloads() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();

@@ -3,12 +3,13 @@
 //! checkpoint in one of the three modes, its restore, and client load run
 //! on threads.
 
+pub use crate::common::programs_dir;
 use crate::common::*;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How a program is checkpointed and restored.
@@ -32,25 +33,6 @@ pub fn free_port() -> u16 {
         .local_addr()
         .expect("local_addr")
         .port()
-}
-
-/// The helper programs of these tests (tests/programs/ in the repo).
-pub fn programs_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/programs")
-        .canonicalize()
-        .expect("tests/programs")
-}
-
-/// Restored processes are orphans (`restore --detach` exits): this test
-/// process becomes their reaper.
-fn become_subreaper() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        // SAFETY: prctl with integer arguments.
-        let r = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-        assert_eq!(r, 0, "PR_SET_CHILD_SUBREAPER");
-    });
 }
 
 /// What `stasis dump --json` said.
