@@ -103,10 +103,7 @@ impl Remote for ThreadRemote<'_> {
             self.mem,
             self.tracee.hatch().is_some() && self.scratch != 0,
         ) else {
-            return calls
-                .iter()
-                .map(|c| self.sys(c.name, c.nr, &c.args))
-                .collect();
+            return stasis_kernel::remote::one_by_one(self, calls);
         };
         let per = (SCRATCH_LEN - BATCH_TABLE) / BATCH_ENTRY;
         let table = self.scratch + BATCH_TABLE as u64;

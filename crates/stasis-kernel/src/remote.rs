@@ -48,10 +48,7 @@ pub trait Remote {
     /// must lie in the first [`BATCH_TABLE`] bytes of the scratch area
     /// (the table goes after them). This default runs them one by one.
     fn batch(&mut self, calls: &[Syscall]) -> Result<Vec<u64>, KernelError> {
-        calls
-            .iter()
-            .map(|c| self.sys(c.name, c.nr, &c.args))
-            .collect()
+        one_by_one(self, calls)
     }
 
     /// Writes raw bytes at scratch offset `off`; returns their address.
@@ -66,6 +63,15 @@ pub trait Remote {
 /// Where a batch's table starts in the scratch area: outputs of the
 /// batched syscalls go below it.
 pub const BATCH_TABLE: usize = 2048;
+
+/// Runs `calls` one by one with [`Remote::sys`] (the default batch, and
+/// the fallback of a remote that cannot batch).
+pub fn one_by_one<R: Remote + ?Sized>(
+    r: &mut R,
+    calls: &[Syscall],
+) -> Result<Vec<u64>, KernelError> {
+    calls.iter().map(|c| r.sys(c.name, c.nr, &c.args)).collect()
+}
 
 /// One syscall of a [`Remote::batch`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

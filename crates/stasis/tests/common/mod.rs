@@ -7,6 +7,7 @@
 
 pub mod cluster;
 pub mod net;
+pub mod resp;
 pub mod s3;
 
 use std::os::unix::process::CommandExt;

@@ -8,10 +8,11 @@
 //! and 20 000, the list empty unless the counter is complete. In every
 //! mode the fixed keys are read back byte for byte, and redis serves on.
 
+use crate::common::resp::*;
 use crate::common::*;
 use crate::harness::*;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 
@@ -24,14 +25,6 @@ struct Redis {
     w: TcpStream,
 }
 
-#[derive(Debug, PartialEq)]
-enum Reply {
-    Status(String),
-    Int(i64),
-    Bulk(Option<Vec<u8>>),
-    Other(String),
-}
-
 impl Redis {
     fn connect(port: u16) -> Redis {
         let s = TcpStream::connect(("127.0.0.1", port)).expect("connect to redis");
@@ -42,38 +35,12 @@ impl Redis {
         }
     }
 
-    fn encode(args: &[&[u8]]) -> Vec<u8> {
-        let mut v = format!("*{}\r\n", args.len()).into_bytes();
-        for a in args {
-            v.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-            v.extend_from_slice(a);
-            v.extend_from_slice(b"\r\n");
-        }
-        v
-    }
-
     fn recv(&mut self) -> Reply {
-        let mut line = String::new();
-        self.r.read_line(&mut line).expect("reply from redis");
-        let text = line.trim_end().get(1..).unwrap_or("").to_string();
-        match line.as_bytes().first() {
-            Some(b'+') => Reply::Status(text),
-            Some(b':') => Reply::Int(text.parse().expect("integer reply")),
-            Some(b'$') => match usize::try_from(text.parse::<i64>().expect("length")) {
-                Err(_) => Reply::Bulk(None),
-                Ok(n) => {
-                    let mut b = vec![0; n + 2];
-                    self.r.read_exact(&mut b).expect("bulk");
-                    b.truncate(n);
-                    Reply::Bulk(Some(b))
-                }
-            },
-            _ => Reply::Other(line),
-        }
+        read_reply(&mut self.r).expect("reply from redis")
     }
 
     fn call(&mut self, args: &[&[u8]]) -> Reply {
-        self.w.write_all(&Self::encode(args)).expect("send");
+        self.w.write_all(&encode(args)).expect("send");
         self.recv()
     }
 
@@ -105,7 +72,7 @@ fn verify_fixed(r: &mut Redis, what: &str) {
     );
     let mut buf = Vec::new();
     for i in 0..FIXED {
-        buf.extend(Redis::encode(&[b"GET", &fixed_key(i)]));
+        buf.extend(encode(&[b"GET", &fixed_key(i)]));
     }
     r.w.write_all(&buf).expect("send");
     for i in 0..FIXED {
@@ -131,7 +98,7 @@ pub fn benchmark(mode: Mode) {
     assert_eq!(r.call(&[b"SELECT", b"1"]), Reply::Status("OK".into()));
     let mut buf = Vec::new();
     for i in 0..FIXED {
-        buf.extend(Redis::encode(&[b"SET", &fixed_key(i), &fixed_value(i)]));
+        buf.extend(encode(&[b"SET", &fixed_key(i), &fixed_value(i)]));
     }
     r.w.write_all(&buf).expect("send");
     for _ in 0..FIXED {
@@ -217,7 +184,7 @@ pub fn benchmark(mode: Mode) {
         fig.frozen_us,
         fig.bytes >> 20
     );
-    r.w.write_all(&Redis::encode(&[b"SHUTDOWN", b"NOSAVE"]))
+    r.w.write_all(&encode(&[b"SHUTDOWN", b"NOSAVE"]))
         .expect("send");
     let mut rest = Vec::new();
     let _ = r.r.read_to_end(&mut rest);
