@@ -34,10 +34,15 @@ time is pass/fail.
 
 import argparse
 import ctypes
+import json
 import os
+import queue
 import shutil
 import signal
+import socket
+import subprocess
 import sys
+import threading
 import time
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
@@ -59,6 +64,16 @@ KEYS = ("checkpoint", "pages", "bytes", "frozen_us", "total_us", "parent", "trac
 def brief(d):
     out = {k: d.get(k) for k in KEYS}
     out["usage"] = d.get("usage")
+    out["frozen_stages"] = d.get("frozen_stages", [])
+    return out
+
+
+def stage_lengths(rec):
+    """{stage: ms} of one report's frozen time (its `frozen_stages` marks)."""
+    out, prev = {}, 0
+    for m in rec.get("frozen_stages") or []:
+        out[m["stage"]] = (m["end_us"] - prev) / 1e3
+        prev = m["end_us"]
     return out
 
 
@@ -164,31 +179,191 @@ def run(args, exes, workdir, result):
 
         # 5. restore the latest incremental checkpoint and check it
         if not args.no_restore:
-            pidfile = os.path.join(workdir, "restored.pid")
-            rargv = [args.stasis, "restore", "-D", img, "--detach", "--json", "--pidfile", pidfile]
-            rc, wall, usage, stdout, stderr = tc.dr.run_rusage(
-                rargv, os.path.join(workdir, "restore.out"), os.path.join(workdir, "restore.err"), timeout=600)
-            if rc != 0:
-                raise BenchError(f"`{' '.join(rargv)}` failed (exit {rc}):\n{stderr}{stdout}")
-            r = tc.dr.parse_json_line(stdout, "stasis restore")
-            rpid = r["pid"]
-            result["restore"] = {"argv": rargv, "wall_s": wall, "total_us": r.get("total_us"),
-                                 "pid_wait_us": r.get("pid_wait_us"), "pages": r.get("pages"), "pid": rpid}
-            if rpid != pid:
-                os.kill(rpid, signal.SIGKILL)
-                raise BenchError(f"restored at pid {rpid}, dumped pid was {pid}")
-            os.kill(rpid, signal.SIGTERM)
-            status = tc.dr.wait_pid(rpid, 300, "restored process")
-            out = open(logf).read().strip()
-            code = os.waitstatus_to_exitcode(status)
-            if code != 0 or not out.endswith("PASS"):
-                raise BenchError(f"the process restored from the chain failed its memory check (exit {code}): "
-                                 f"{out.splitlines()[-1] if out else ''}")
-            result["verified_restored"] = "PASS"
-            log(f"restored the chain's latest checkpoint ({r.get('pages')} pages) at pid {rpid}: PASS")
+            restore_chain(args, workdir, img, pid, logf, result)
     except BaseException:
         for p in live:
             tc.kill_quietly(p)
+        raise
+
+
+def restore_chain(args, workdir, img, pid, logf, result):
+    """`stasis restore` of the chain's latest checkpoint at the same PID, then
+    SIGTERM: the restored process checks all its memory."""
+    pidfile = os.path.join(workdir, "restored.pid")
+    rargv = [args.stasis, "restore", "-D", img, "--detach", "--json", "--pidfile", pidfile]
+    rc, wall, usage, stdout, stderr = tc.dr.run_rusage(
+        rargv, os.path.join(workdir, "restore.out"), os.path.join(workdir, "restore.err"), timeout=600)
+    if rc != 0:
+        raise BenchError(f"`{' '.join(rargv)}` failed (exit {rc}):\n{stderr}{stdout}")
+    r = tc.dr.parse_json_line(stdout, "stasis restore")
+    rpid = r["pid"]
+    result["restore"] = {"argv": rargv, "wall_s": wall, "total_us": r.get("total_us"),
+                         "pid_wait_us": r.get("pid_wait_us"), "pages": r.get("pages"), "pid": rpid}
+    if rpid != pid:
+        os.kill(rpid, signal.SIGKILL)
+        raise BenchError(f"restored at pid {rpid}, dumped pid was {pid}")
+    os.kill(rpid, signal.SIGTERM)
+    status = tc.dr.wait_pid(rpid, 300, "restored process")
+    out = open(logf).read().strip()
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0 or not out.endswith("PASS"):
+        raise BenchError(f"the process restored from the chain failed its memory check (exit {code}): "
+                         f"{out.splitlines()[-1] if out else ''}")
+    result["verified_restored"] = "PASS"
+    log(f"restored the chain's latest checkpoint ({r.get('pages')} pages) at pid {rpid}: PASS")
+
+
+class Supervisor:
+    """`stasis run --concurrent --cow-method uffd` over the workload, its
+    checkpoints asked for through the request socket it gives the job
+    (`STASIS_RUN_REQUEST`; protocol in crates/stasis-supervise/src/request.rs),
+    its JSON events read from its stdout."""
+
+    def __init__(self, stasis, argv, img, logf, cwd, extra):
+        self.argv = [stasis, "run", "-D", img, "--every", "24h", "--concurrent", "--cow-method", "uffd",
+                     "--json", "--log", logf, *extra, "--", *argv]
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=open(logf + ".run-err", "w"), cwd=cwd, close_fds=True,
+                                     start_new_session=True, text=True)
+        self.events = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.seq = 0
+        self.sock_path = None
+
+    def _read(self):
+        for line in self.proc.stdout:
+            line = line.strip()
+            if line.startswith("{"):
+                self.events.put(json.loads(line))
+        self.events.put(None)
+
+    def event(self, kind, timeout):
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BenchError(f"`stasis run` gave no {kind} event within {timeout} s")
+            try:
+                ev = self.events.get(timeout=left)
+            except queue.Empty:
+                continue
+            if ev is None:
+                raise BenchError(f"`stasis run` ended (exit {self.proc.wait()}) before a {kind} event")
+            if ev.get("event") == kind:
+                return ev
+
+    def checkpoint(self, job_pid, timeout=600):
+        """Asks for a checkpoint now; returns its event (the dump report)."""
+        if self.sock_path is None:
+            env = open(f"/proc/{job_pid}/environ", "rb").read().split(b"\0")
+            found = [e.split(b"=", 1)[1] for e in env if e.startswith(b"STASIS_RUN_REQUEST=")]
+            if not found:
+                raise BenchError(f"the job {job_pid} has no STASIS_RUN_REQUEST: not under `stasis run`?")
+            self.sock_path = found[0].decode()
+        self.seq += 1
+        ident = f"{os.getpid():x}{self.seq:04x}"
+        t0 = time.monotonic()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.bind(f"\0stasis-bench-{ident}")
+            s.connect(self.sock_path)
+            s.settimeout(1.0)
+            answer = None
+            while answer is None:
+                if time.monotonic() - t0 > timeout:
+                    raise BenchError(f"no answer to checkpoint request {ident} within {timeout} s")
+                try:
+                    # Again every second, as the library does; a full
+                    # queue (a long checkpoint) just drops this one.
+                    s.send(f"stasis-request 1 checkpoint {ident}".encode(), socket.MSG_DONTWAIT)
+                except (BlockingIOError, TimeoutError):
+                    pass
+                try:
+                    answer = s.recv(4096).decode()
+                except socket.timeout:
+                    pass
+        wall = time.monotonic() - t0
+        if not answer.startswith("ok "):
+            raise BenchError(f"`stasis run` answered the checkpoint request with: {answer}")
+        n = int(answer.split()[1])
+        while True:
+            ev = self.event("checkpoint", timeout)
+            if ev.get("checkpoint") == n:
+                return {**ev, "wall_s": wall, "argv": self.argv}
+
+    def finish(self, timeout=300):
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise BenchError(f"`stasis run` did not exit within {timeout} s of the job's end")
+
+
+def run_supervised(args, exes, workdir, result):
+    """The chain under `stasis run --concurrent --cow-method uffd`: the
+    write-protection of each concurrent copy is kept as the dirty tracking,
+    so a checkpoint's freeze only collects the written grains and protects
+    them again, and they are copied after the release."""
+    exe = exes["dirty_pages"]
+    ctl = os.path.join(workdir, "ctl")
+    os.makedirs(ctl)
+    logf = os.path.join(ctl, "log")
+    bp = int(round(args.pct * 100))
+    argv = [exe, ctl, str(args.size_mib), str(bp), args.pattern]
+    result["workload_argv"] = argv
+    img = os.path.join(workdir, "img")
+    t0 = time.monotonic()
+    sup = Supervisor(args.stasis, argv, img, logf, ctl, ["--cow-buffer", args.cow_buffer])
+    try:
+        started = sup.event("started", 60)
+        pid = started["pid"]
+        tc.wait_file(os.path.join(ctl, "pid"), sup.proc, 600, "dirty_pages", logf)
+        result["fill_s"] = time.monotonic() - t0
+        npages = (args.size_mib << 20) // 4096
+        d = sup.checkpoint(pid)
+        result["full_arm"] = brief(d)
+        log(f"full (arms write-protection): {d['pages']} pages, total {d['total_us'] / 1e3:.0f} ms, "
+            f"frozen {d['frozen_us'] / 1e3:.0f} ms")
+        incs = []
+        for k in range(1, args.reps + 1):
+            os.kill(pid, signal.SIGUSR1)
+            rf = os.path.join(ctl, f"round.{k}")
+            tc.wait_file(rf, sup.proc, 120, f"dirty_pages round {k}", logf)
+            r = tc.read_kv(rf)
+            quiet = tc.wait_quiet(args.wait_quiet)
+            busy0 = tc.dr.cpu_busy_s()
+            d = sup.checkpoint(pid)
+            rec = brief(d)
+            rec["machine_busy_cpu_s"] = tc.dr.cpu_busy_s() - busy0
+            rec["quiet_wait_s"] = quiet
+            rec["written_pages"] = r["pages"]
+            rec["write_ns"] = r["write_ns"]
+            if d.get("parent") is None:
+                raise BenchError(f"checkpoint {d.get('checkpoint')} was not incremental: {d}")
+            if d["pages"] < r["pages"]:
+                raise BenchError(f"incremental checkpoint saved {d['pages']} pages, {r['pages']} were written")
+            rec["tmpfs_baseline"] = tmpfs_baseline(exes["tmpfs_write"], workdir, d["bytes"])
+            time.sleep(3)
+            incs.append(rec)
+            log(f"incremental {k}/{args.reps}: {r['pages']} pages written in {r['write_ns'] / 1e6:.1f} ms, "
+                f"{d['pages']} saved, total {d['total_us'] / 1e3:.1f} ms, frozen {d['frozen_us'] / 1e3:.1f} ms")
+        result["incrementals"] = incs
+        result["chain_image_bytes"] = tc.dr.dir_size(img)[0]
+        os.kill(pid, signal.SIGTERM)
+        code = sup.finish()
+        out = open(logf).read().strip()
+        if code != 0 or not out.endswith("PASS"):
+            raise BenchError(f"dirty_pages failed its memory check after the checkpoints (exit {code}): {out[-300:]}")
+        result["verified_original"] = "PASS"
+        if not args.no_restore:
+            restore_chain(args, workdir, img, pid, logf, result)
+    except BaseException:
+        if sup.proc.poll() is None:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (NameError, ProcessLookupError):
+                pass
+            tc.kill_quietly(sup.proc)
         raise
 
 
@@ -196,7 +371,8 @@ def table(result, args):
     npages = (args.size_mib << 20) // 4096
     incs = result.get("incrementals", [])
     lines = [f"big incremental: {args.size_mib} MiB process ({npages} pages), {args.pct:g}% of the pages written "
-             f"({args.pattern}) before each incremental checkpoint, --track {args.track}"
+             f"({args.pattern}) before each incremental checkpoint, "
+             f"{'stasis run --concurrent --cow-method uffd' if args.supervised else '--track ' + args.track}"
              f"{', incremental dumps --concurrent' if args.concurrent else ''}, image in "
              f"{result['params']['workdir']} ({result['params']['fs_type']})", ""]
     lines.append(f"{'checkpoint':34} {'pages':>8} {'total ms':>20} {'frozen ms':>20} {'wall ms':>8}")
@@ -219,16 +395,27 @@ def table(result, args):
     if fp:
         row("full, no tracking", [fp])
     if fa:
-        row(f"full + arm {args.track} (chain's first)", [fa])
+        row("full + arm write-protection" if args.supervised else f"full + arm {args.track} (chain's first)", [fa])
     if incs:
         t, f = row(f"incremental, {args.pct:g}% written (x{len(incs)})", incs)
         lines.append("")
         wr = tc.med([r["written_pages"] for r in incs])
-        lines.append(f"incremental vs full, no tracking: total {t['median'] / (fp['total_us'] / 1e3):.3f}x "
-                     f"({fp['total_us'] / 1e3 / t['median']:.0f} times faster), frozen "
-                     f"{f['median'] / (fp['frozen_us'] / 1e3):.3f}x; pages {tc.med([r['pages'] for r in incs]) / fp['pages']:.4f}x "
-                     f"(written: {wr:.0f} a round, saved {tc.med([r['pages'] for r in incs]) - wr:.0f} more: stack, "
-                     f"generation array, libc)")
+        wn = stats([r["write_ns"] / 1e6 for r in incs])
+        lines.append(f"the workload's write of {wr:.0f} pages a round: {wn['median']:.1f} ms "
+                     f"[{wn['min']:.1f}-{wn['max']:.1f}] (under tracking; each first write to a page or grain "
+                     f"may fault)")
+        stages = [stage_lengths(r) for r in incs if r.get("frozen_stages")]
+        if stages:
+            names = list(dict.fromkeys(n for s in stages for n in s))
+            lines.append("incremental frozen time by stage, median ms: " + ", ".join(
+                f"{n} {tc.med([s.get(n, 0.0) for s in stages]):.1f}" for n in names))
+    if incs:
+        if fp:
+            lines.append(f"incremental vs full, no tracking: total {t['median'] / (fp['total_us'] / 1e3):.3f}x "
+                         f"({fp['total_us'] / 1e3 / t['median']:.0f} times faster), frozen "
+                         f"{f['median'] / (fp['frozen_us'] / 1e3):.3f}x; pages {tc.med([r['pages'] for r in incs]) / fp['pages']:.4f}x "
+                         f"(written: {wr:.0f} a round, saved {tc.med([r['pages'] for r in incs]) - wr:.0f} more: stack, "
+                         f"generation array, libc)")
         bw = stats([r["tmpfs_baseline"]["write_s"] * 1e3 for r in incs])
         ba = stats([r["tmpfs_baseline"]["write_again_s"] * 1e3 for r in incs])
         lines.append(f"baseline, right after each incremental dump: tmpfs_write of the same "
@@ -261,6 +448,11 @@ def main():
     ap.add_argument("--concurrent", action="store_true",
                     help="incremental dumps with --concurrent (memory copied from a copy-on-write snapshot while "
                          "the process runs on)")
+    ap.add_argument("--supervised", action="store_true",
+                    help="the whole chain under `stasis run --concurrent --cow-method uffd` (write-protection kept "
+                         "from one checkpoint to the next as the dirty tracking; each checkpoint asked for through "
+                         "the job's request socket); no full dump without tracking")
+    ap.add_argument("--cow-buffer", default="256M", help="with --supervised: `stasis run --cow-buffer` (default 256M)")
     ap.add_argument("--dir", default=None, help="work dir for images (default: a fresh dir under /dev/shm)")
     ap.add_argument("--json-out", default=os.path.join(tc.RESULTS, "big_incremental.json"))
     ap.add_argument("--stasis", default=tc.DEFAULT_STASIS)
@@ -285,7 +477,7 @@ def main():
     result = tc.result_header("big_incremental", args, args.stasis, workdir, fstype, REFERENCE)
     failure = None
     try:
-        run(args, exes, workdir, result)
+        (run_supervised if args.supervised else run)(args, exes, workdir, result)
     except BenchError as e:
         failure = str(e)
         log(f"big_incremental: FAILED: {e}")

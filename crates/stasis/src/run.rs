@@ -59,9 +59,10 @@ pub struct RunOptions {
     pub concurrent: bool,
     /// With --concurrent: `uffd` keeps the write-protection of each
     /// concurrent copy as the dirty tracking (each checkpoint protects
-    /// again and copies only the 64 KiB grains written since the last;
-    /// a write's first fault per grain goes through a handler, which
-    /// costs random writers more than --track uffd); `auto` or `fork`:
+    /// again and copies only the pages written since the last: a lone
+    /// write's page, or the 64 KiB grain of writes next to each other;
+    /// each such first write goes through a handler, which costs random
+    /// writers more than --track uffd); `auto` or `fork`:
     /// fork snapshots with --track.
     #[arg(long, default_value = "auto", value_parser = parse_cow_method, requires = "concurrent")]
     pub cow_method: stasis_capture::CowMethod,
