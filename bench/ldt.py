@@ -36,11 +36,12 @@ sys.dont_write_bytecode = True
 import track_common as tc  # noqa: E402
 from track_common import BenchError, log, stats  # noqa: E402
 
-VARIANTS = ("untracked", "uffd", "hash", "mprotect")
+VARIANTS = ("untracked", "uffd", "soft-dirty", "hash", "mprotect")
 LABELS = {
     "untracked": "untracked (after plain dump)",
     "nodump": "untracked, no dump at all",
     "uffd": "uffd WP_ASYNC (--track uffd)",
+    "soft-dirty": "soft-dirty (--track soft-dirty)",
     "hash": "hash (--track hash)",
     "mprotect": "mprotect + SIGSEGV, in-process",
 }
@@ -81,7 +82,7 @@ class Run:
         os.makedirs(ctl)
         logf = os.path.join(ctl, "log")
         mode = "mprotect" if v == "mprotect" else "plain"
-        argv = [self.exe, ctl, str(size_mib), mode]
+        argv = [self.exe, ctl, str(size_mib), mode] + (["huge"] if self.args.thp else [])
         proc = tc.start_workload(argv, logf, ctl)
         self.live = proc
         tc.wait_file(os.path.join(ctl, "pid"), proc, 300, "ldt_write", logf)
@@ -95,7 +96,7 @@ class Run:
             k += 1
             rec["nodump"] = self.round(proc, ctl, k, timeout)
         img = os.path.join(self.workdir, f"img-{tag}")
-        track = v if v in ("uffd", "hash") else None
+        track = v if v in ("uffd", "soft-dirty", "hash") else None
         d = self.dumper.dump(proc.pid, img, leave_running=True, track=track)
         rec["dump"] = {key: d.get(key) for key in ("checkpoint", "pages", "bytes", "frozen_us", "total_us",
                                                     "parent", "track", "armed", "note", "wall_s", "argv")}
@@ -108,9 +109,19 @@ class Run:
         if v == "uffd" and "uw" not in flags:
             raise BenchError(f"after `{' '.join(d['argv'])}` the {size_mib} MiB area is not registered for "
                              f"uffd write-protect (VmFlags {' '.join(flags)})")
+        if self.args.thp:
+            rec["anon_huge_kib"] = anon_huge_kib(proc.pid)
+            if rec["anon_huge_kib"] < (size_mib << 10) // 2:
+                raise BenchError(f"--thp: only {rec['anon_huge_kib']} KiB of the {size_mib} MiB area are in "
+                                 f"transparent huge pages (is THP enabled? /sys/kernel/mm/transparent_hugepage)")
         k += 1
         r = self.round(proc, ctl, k, timeout)
         rec["pass"] = r
+        if self.args.thp:
+            # Whether the pass split the huge pages (uffd WP_ASYNC does: the
+            # kernel splits a write-protected huge page at its first write
+            # and then faults per 4 KiB page).
+            rec["anon_huge_kib_after_pass"] = anon_huge_kib(proc.pid)
         if v == "mprotect" and r["faults"] != npages:
             raise BenchError(f"mprotect tracker took {r['faults']} faults for {npages} pages")
         if check and track:
@@ -183,9 +194,10 @@ def summarize(recs_by, sizes, variants):
     return out
 
 
-def table(summary, sizes, variants, reps):
+def table(summary, sizes, variants, reps, thp=False):
     lines = [f"LDT first-write micro-benchmark: 1 byte to every 4 KiB page of SIZE MiB of present private "
-             f"anonymous memory, timed inside the process (CLOCK_MONOTONIC); {reps} reps, median [min-max]",
+             f"anonymous memory{' in transparent huge pages (2 MiB)' if thp else ''}, timed inside the process "
+             f"(CLOCK_MONOTONIC); {reps} reps, median [min-max]",
              ""]
     lines.append(f"{'size':>8}  {'variant':31} {'first pass ms':>27} {'ns/page':>8} {'vs untracked':>13} "
                  f"{'[per-rep min-max]':>17}  {'vs own 2nd pass':>15}  {'2nd pass vs untr.':>17}")
@@ -228,15 +240,28 @@ def table(summary, sizes, variants, reps):
     return "\n".join(lines)
 
 
+def anon_huge_kib(pid):
+    """AnonHugePages of a process, KiB (its memory in transparent huge pages)."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("AnonHugePages:"):
+                return int(line.split()[1])
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="128,512,1024,2048",
                     help="MiB, comma-separated (default 128,512,1024,2048; 4096 takes about 3 more minutes)")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default="untracked,uffd,hash,mprotect",
+                    help=f"a subset of {','.join(VARIANTS)} (default: all but soft-dirty)")
     ap.add_argument("--no-check", action="store_true",
                     help="skip the incremental dump after the first rep's tracked passes (it checks that the "
                          "tracker saw every page)")
+    ap.add_argument("--thp", action="store_true",
+                    help="the buffer in transparent huge pages (MADV_HUGEPAGE, 2 MiB-aligned) instead of 4 KiB "
+                         "pages; the per-page figures stay per 4 KiB of data")
     ap.add_argument("--dir", default=None, help="work dir for images (default: a fresh dir under /dev/shm)")
     ap.add_argument("--json-out", default=os.path.join(tc.RESULTS, "ldt.json"))
     ap.add_argument("--stasis", default=tc.DEFAULT_STASIS)
@@ -291,7 +316,7 @@ def main():
     tc.kill_quietly(run.live)
 
     summary = summarize(recs_by, sizes, variants)
-    txt = table(summary, sizes, variants, args.reps)
+    txt = table(summary, sizes, variants, args.reps, args.thp)
     result.update({"records": records, "summary": {str(k): v for k, v in summary.items()},
                    "failure": failure})
     return tc.finish("ldt", args, result, txt, t0, workdir, failure)

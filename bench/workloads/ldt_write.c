@@ -1,10 +1,11 @@
 /*
  * ldt_write.c - the LDT first-write micro-benchmark, for bench/ldt.py.
  *
- *   ldt_write CTLDIR SIZE_MIB MODE        MODE: plain | mprotect
+ *   ldt_write CTLDIR SIZE_MIB MODE [huge]   MODE: plain | mprotect
  *
  * Maps SIZE_MIB MiB of private anonymous memory (MADV_NOHUGEPAGE: 4 KiB
- * pages, as in LDT), writes one byte to every page so that every page is
+ * pages, as in LDT; with "huge", 2 MiB-aligned and MADV_HUGEPAGE:
+ * transparent huge pages, as a large heap gets where THP is on), writes one byte to every page so that every page is
  * present, writable and dirty, then writes CTLDIR/pid and waits in
  * sigwaitinfo() (SIGUSR1, SIGTERM blocked).
  *
@@ -51,6 +52,7 @@
 #include "bench.h"
 
 #define PAGE 4096ul
+#define HUGE (2ul << 20)
 
 static char *buf;
 static size_t size, npages;
@@ -100,14 +102,15 @@ int main(int argc, char **argv)
 	char path[4096], text[512];
 	unsigned long mib, rounds = 0;
 	size_t i, nwords;
-	int mprot, sig, bad = 0;
+	int mprot, huge, sig, bad = 0;
 	sigset_t set;
 	char *end;
 
-	if (argc != 4) {
-		fprintf(stderr, "usage: %s CTLDIR SIZE_MIB plain|mprotect\n", argv[0]);
+	if (argc != 4 && !(argc == 5 && !strcmp(argv[4], "huge"))) {
+		fprintf(stderr, "usage: %s CTLDIR SIZE_MIB plain|mprotect [huge]\n", argv[0]);
 		return 2;
 	}
+	huge = argc == 5;
 	errno = 0;
 	mib = strtoul(argv[2], &end, 10);
 	if (errno || *end || mib == 0) {
@@ -151,12 +154,15 @@ int main(int argc, char **argv)
 		}
 	}
 
-	buf = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	buf = mmap(NULL, size + (huge ? HUGE : 0), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+		   -1, 0);
 	if (buf == MAP_FAILED) {
 		perror("ldt_write: mmap");
 		return 2;
 	}
-	if (madvise(buf, size, MADV_NOHUGEPAGE)) {
+	if (huge)
+		buf = (char *)(((uintptr_t)buf + HUGE - 1) & ~(uintptr_t)(HUGE - 1));
+	if (madvise(buf, size, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE)) {
 		perror("ldt_write: madvise");
 		return 2;
 	}
