@@ -36,11 +36,12 @@ sys.dont_write_bytecode = True
 import track_common as tc  # noqa: E402
 from track_common import BenchError, log, stats  # noqa: E402
 
-VARIANTS = ("untracked", "uffd", "soft-dirty", "hash", "mprotect")
+VARIANTS = ("untracked", "uffd", "uffd-wp", "soft-dirty", "hash", "mprotect")
 LABELS = {
     "untracked": "untracked (after plain dump)",
     "nodump": "untracked, no dump at all",
     "uffd": "uffd WP_ASYNC (--track uffd)",
+    "uffd-wp": "uffd WP, kept (run --cow-method uffd)",
     "soft-dirty": "soft-dirty (--track soft-dirty)",
     "hash": "hash (--track hash)",
     "mprotect": "mprotect + SIGSEGV, in-process",
@@ -63,21 +64,70 @@ class Run:
         self.dumper = tc.Dumper(args.stasis, workdir)
         self.live = None
 
-    def round(self, proc, ctl, k, timeout):
+    def round(self, proc, ctl, k, timeout, pid=None):
+        """Round k of the process `pid` (default: `proc`'s; `proc` is what
+        must not exit meanwhile)."""
+        pid = pid or proc.pid
         q = tc.wait_quiet(self.args.wait_quiet)
-        cpu0, busy0 = tc.dr.proc_cpu_s(proc.pid), tc.dr.cpu_busy_s()
-        os.kill(proc.pid, signal.SIGUSR1)
+        cpu0, busy0 = tc.dr.proc_cpu_s(pid), tc.dr.cpu_busy_s()
+        os.kill(pid, signal.SIGUSR1)
         path = os.path.join(ctl, f"round.{k}")
         tc.wait_file(path, proc, timeout, f"ldt_write round {k}", os.path.join(ctl, "log"))
         r = tc.read_kv(path)
         r["quiet_wait_s"] = q
         # CPU the rest of the machine used while the round ran (this script's
         # polling included, about 1 ms per 100 ms).
-        r["other_cpu_s"] = max(0.0, tc.dr.cpu_busy_s() - busy0 - (tc.dr.proc_cpu_s(proc.pid) - cpu0))
+        r["other_cpu_s"] = max(0.0, tc.dr.cpu_busy_s() - busy0 - (tc.dr.proc_cpu_s(pid) - cpu0))
         return r
+
+    def variant_kept_wp(self, size_mib, tag, check):
+        """The process under `stasis run --concurrent --cow-method uffd`:
+        a checkpoint asked for through its request socket arms the
+        write-protection that stays as the dirty tracking (synchronous
+        faults through stasis run's handler, which lifts a huge page whole),
+        then the pass."""
+        ctl = os.path.join(self.workdir, tag)
+        os.makedirs(ctl)
+        logf = os.path.join(ctl, "log")
+        argv = [self.exe, ctl, str(size_mib), "plain"] + (["huge"] if self.args.thp else [])
+        img = os.path.join(self.workdir, f"img-{tag}")
+        sup = tc.RunSupervisor(self.args.stasis, argv, img, logf, ctl, [])
+        self.live = sup.proc
+        pid = sup.event("started", 60)["pid"]
+        tc.wait_file(os.path.join(ctl, "pid"), sup.proc, 300, "ldt_write", logf)
+        rec = {"variant": "uffd-wp", "size_mib": size_mib, "pid": pid, "workload_argv": argv,
+               "run_argv": sup.argv, "syscall_ns": tc.read_kv(os.path.join(ctl, "syscall"))["syscall_ns"]}
+        npages = (size_mib << 20) // 4096
+        d = sup.checkpoint(pid)
+        rec["dump"] = {key: d.get(key) for key in ("checkpoint", "pages", "bytes", "frozen_us", "total_us",
+                                                    "parent", "track", "armed", "note", "wall_s")}
+        if self.args.thp:
+            rec["anon_huge_kib"] = anon_huge_kib(pid)
+        rec["pass"] = self.round(sup.proc, ctl, 1, 60 + npages * 20e-6, pid=pid)
+        if self.args.thp:
+            rec["anon_huge_kib_after_pass"] = anon_huge_kib(pid)
+        if check:
+            d2 = sup.checkpoint(pid)
+            rec["incremental_after_pass"] = {key: d2.get(key) for key in (
+                "checkpoint", "pages", "bytes", "frozen_us", "total_us", "parent", "track", "note")}
+            if d2.get("parent") is None or d2["pages"] < npages:
+                raise BenchError(f"incremental checkpoint after a pass over {npages} pages saved {d2['pages']} "
+                                 f"pages (parent {d2.get('parent')}) under `{' '.join(sup.argv)}`")
+        os.kill(pid, signal.SIGTERM)
+        code = sup.finish()
+        self.live = None
+        out = open(logf).read().strip()
+        if code != 0 or not out.endswith("PASS"):
+            raise BenchError(f"ldt_write (uffd-wp, {size_mib} MiB) failed its check (exit {code}): {out}")
+        rec["verified"] = "PASS"
+        shutil.rmtree(img, ignore_errors=True)
+        shutil.rmtree(ctl, ignore_errors=True)
+        return rec
 
     def variant(self, v, size_mib, tag, check):
         """One fresh process, one variant. Returns the record."""
+        if v == "uffd-wp":
+            return self.variant_kept_wp(size_mib, tag, check)
         ctl = os.path.join(self.workdir, tag)
         os.makedirs(ctl)
         logf = os.path.join(ctl, "log")

@@ -12,13 +12,16 @@ import datetime
 import hashlib
 import json
 import os
+import queue
 import shlex
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
@@ -268,3 +271,89 @@ def add_quiet_option(ap):
     ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECS",
                     help="before each measurement, wait up to SECS for a second in which the machine is idle "
                          "(other work shares this VM); 0 (default): do not wait")
+
+
+class RunSupervisor:
+    """`stasis run --concurrent --cow-method uffd` over the workload, its
+    checkpoints asked for through the request socket it gives the job
+    (`STASIS_RUN_REQUEST`; protocol in crates/stasis-supervise/src/request.rs),
+    its JSON events read from its stdout."""
+
+    def __init__(self, stasis, argv, img, logf, cwd, extra):
+        self.argv = [stasis, "run", "-D", img, "--every", "24h", "--concurrent", "--cow-method", "uffd",
+                     "--json", "--log", logf, *extra, "--", *argv]
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=open(logf + ".run-err", "w"), cwd=cwd, close_fds=True,
+                                     start_new_session=True, text=True)
+        self.events = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.seq = 0
+        self.sock_path = None
+
+    def _read(self):
+        for line in self.proc.stdout:
+            line = line.strip()
+            if line.startswith("{"):
+                self.events.put(json.loads(line))
+        self.events.put(None)
+
+    def event(self, kind, timeout):
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BenchError(f"`stasis run` gave no {kind} event within {timeout} s")
+            try:
+                ev = self.events.get(timeout=left)
+            except queue.Empty:
+                continue
+            if ev is None:
+                raise BenchError(f"`stasis run` ended (exit {self.proc.wait()}) before a {kind} event")
+            if ev.get("event") == kind:
+                return ev
+
+    def checkpoint(self, job_pid, timeout=600):
+        """Asks for a checkpoint now; returns its event (the dump report)."""
+        if self.sock_path is None:
+            env = open(f"/proc/{job_pid}/environ", "rb").read().split(b"\0")
+            found = [e.split(b"=", 1)[1] for e in env if e.startswith(b"STASIS_RUN_REQUEST=")]
+            if not found:
+                raise BenchError(f"the job {job_pid} has no STASIS_RUN_REQUEST: not under `stasis run`?")
+            self.sock_path = found[0].decode()
+        self.seq += 1
+        ident = f"{os.getpid():x}{self.seq:04x}"
+        t0 = time.monotonic()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.bind(f"\0stasis-bench-{ident}")
+            s.connect(self.sock_path)
+            s.settimeout(1.0)
+            answer = None
+            while answer is None:
+                if time.monotonic() - t0 > timeout:
+                    raise BenchError(f"no answer to checkpoint request {ident} within {timeout} s")
+                try:
+                    # Again every second, as the library does; a full
+                    # queue (a long checkpoint) just drops this one.
+                    s.send(f"stasis-request 1 checkpoint {ident}".encode(), socket.MSG_DONTWAIT)
+                except (BlockingIOError, TimeoutError):
+                    pass
+                try:
+                    answer = s.recv(4096).decode()
+                except socket.timeout:
+                    pass
+        wall = time.monotonic() - t0
+        if not answer.startswith("ok "):
+            raise BenchError(f"`stasis run` answered the checkpoint request with: {answer}")
+        n = int(answer.split()[1])
+        while True:
+            ev = self.event("checkpoint", timeout)
+            if ev.get("checkpoint") == n:
+                return {**ev, "wall_s": wall, "argv": self.argv}
+
+    def finish(self, timeout=300):
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise BenchError(f"`stasis run` did not exit within {timeout} s of the job's end")
