@@ -7,6 +7,7 @@ Image on tmpfs.
     sudo python3 bench/big_incremental.py [--size-mib 4096] [--pct 1]
                                           [--reps 5] [--pattern scattered]
                                           [--track uffd] [--concurrent]
+                                          [--supervised [--cow-buffer SIZE]]
                                           [--no-restore]
                                           [--dir DIR] [--json-out FILE]
                                           [--stasis PATH] [--wait-quiet SECS]
@@ -26,6 +27,14 @@ One `dirty_pages` process (SIZE MiB, every byte written):
   5. unless --no-restore: `stasis restore --detach` of the latest incremental
      checkpoint (which needs the whole chain), at the same PID, and SIGTERM:
      the restored process checks all its memory (PASS).
+
+With --supervised the chain is made by `stasis run --concurrent --cow-method
+uffd` instead (the write-protection of each concurrent copy kept as the
+dirty tracking; TIC-CKPT-CI): the script asks for each checkpoint through
+the job's request socket (STASIS_RUN_REQUEST, as stasis_request_checkpoint()
+does), skips step 1, and reads each checkpoint's report from `stasis run
+--json`; the freeze then only collects the written pages and protects them
+again, and they are copied after the release.
 
 Exit status: 1 if anything broke (a command failed, a memory check failed,
 an incremental checkpoint saved fewer pages than were written), else 0. No
