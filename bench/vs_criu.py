@@ -194,7 +194,10 @@ def summarize(runs, wl, size_mib):
                 continue
             m[e] = {"dump_s": tt.stats([x["dump"]["wall_s"] for x in recs]),
                     "restore_s": tt.stats([x["restore"]["wall_s"] for x in recs]),
-                    "image_bytes": tt.stats([x["image_bytes"] for x in recs])}
+                    "image_bytes": tt.stats([x["image_bytes"] for x in recs]),
+                    "dump_cpu_s": tt.stats([x["dump"]["cpu_s"] for x in recs]),
+                    "dump_other_cpu_s": tt.stats([x["dump"]["other_cpu_s"] for x in recs]),
+                    "restore_other_cpu_s": tt.stats([x["restore"]["other_cpu_s"] for x in recs])}
             if e == "stasis":
                 m[e]["dump_total_s"] = tt.stats([x["dump"]["total_s"] for x in recs])
                 m[e]["restore_total_s"] = tt.stats([x["restore"]["total_s"] for x in recs])
@@ -212,6 +215,7 @@ def summarize(runs, wl, size_mib):
                 "restore_vs_criu": c["restore_s"]["median"] / s["restore_s"]["median"],
                 "dump_vs_copy": copy_out / s["dump_s"]["median"],
                 "restore_vs_copy": copy_in / s["restore_s"]["median"],
+                "dump_cpu_vs_criu": c["dump_cpu_s"]["median"] / s["dump_cpu_s"]["median"],
                 "criu_dump_vs_copy": copy_out / c["dump_s"]["median"],
                 "criu_restore_vs_copy": copy_in / c["restore_s"]["median"],
                 "copy_out_s": copy_out, "copy_in_s": copy_in,
@@ -235,13 +239,18 @@ def table(summary, wl, nruns, workdir, load, size_mib):
              f"baseline, {size_mib} MiB: memory -> tmpfs {fmt(b['write_s'])} s, tmpfs -> fresh memory "
              f"{fmt(b['read_fresh_s'])} s",
              "",
-             f"{'workload':29} {'engine':7} {'dump s':>21} {'restore s':>21}",
+             f"{'workload':29} {'engine':7} {'dump s':>21} {'restore s':>21} {'dump CPU s':>10} "
+             f"{'others CPU s':>12}",
              ]
     for w in wl:
         m = summary["workloads"].get(w["key"], {})
         for e in ENGINES:
             if e in m:
-                lines.append(f"{w['label']:29} {e:7} {fmt(m[e]['dump_s']):>21} {fmt(m[e]['restore_s']):>21}")
+                lines.append(f"{w['label']:29} {e:7} {fmt(m[e]['dump_s']):>21} {fmt(m[e]['restore_s']):>21} "
+                             f"{m[e]['dump_cpu_s']['median']:10.3f} {m[e]['dump_other_cpu_s']['median']:6.2f}/"
+                             f"{m[e]['restore_other_cpu_s']['median']:.2f}")
+    lines += ["(dump CPU s: the dump command's own CPU time; others CPU s: CPU time the rest of the machine used "
+              "during the dump / the restore, out of 2 x wall on 2 cores: > ~0.1 means the machine was not quiet)"]
     lines += ["", f"{'workload':29} {'dump vs CRIU':>13} {'restore vs CRIU':>16} {'dump vs copy':>13} "
               f"{'restore vs copy':>16}   (targets >= {TARGET_VS_CRIU}x CRIU, >= {TARGET_VS_COPY}x copy)"]
     for w in wl:
@@ -251,7 +260,8 @@ def table(summary, wl, nruns, workdir, load, size_mib):
                          f"{mark(r['restore_vs_criu'], TARGET_VS_CRIU):>16} "
                          f"{mark(r['dump_vs_copy'], TARGET_VS_COPY):>13} "
                          f"{mark(r['restore_vs_copy'], TARGET_VS_COPY):>16}   "
-                         f"(CRIU vs copy: {r['criu_dump_vs_copy']:.2f}x / {r['criu_restore_vs_copy']:.2f}x)")
+                         f"(CRIU vs copy: {r['criu_dump_vs_copy']:.2f}x / {r['criu_restore_vs_copy']:.2f}x; "
+                         f"dump CPU vs CRIU {r['dump_cpu_vs_criu']:.2f}x)")
     lines += ["", "Stasis dump, frozen stages (median s):"]
     for w in wl:
         s = summary["workloads"].get(w["key"], {}).get("stasis")
