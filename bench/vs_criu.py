@@ -216,6 +216,12 @@ def summarize(runs, wl, size_mib):
                 "dump_vs_copy": copy_out / s["dump_s"]["median"],
                 "restore_vs_copy": copy_in / s["restore_s"]["median"],
                 "dump_cpu_vs_criu": c["dump_cpu_s"]["median"] / s["dump_cpu_s"]["median"],
+                # Per run (the two cycles back to back), then the median: less
+                # sensitive to load that changes from run to run.
+                "dump_vs_criu_paired": tt.med([r[k]["criu"]["dump"]["wall_s"] / r[k]["stasis"]["dump"]["wall_s"]
+                                               for r in runs if k in r]),
+                "restore_vs_criu_paired": tt.med([r[k]["criu"]["restore"]["wall_s"]
+                                                  / r[k]["stasis"]["restore"]["wall_s"] for r in runs if k in r]),
                 "criu_dump_vs_copy": copy_out / c["dump_s"]["median"],
                 "criu_restore_vs_copy": copy_in / c["restore_s"]["median"],
                 "copy_out_s": copy_out, "copy_in_s": copy_in,
@@ -261,7 +267,8 @@ def table(summary, wl, nruns, workdir, load, size_mib):
                          f"{mark(r['dump_vs_copy'], TARGET_VS_COPY):>13} "
                          f"{mark(r['restore_vs_copy'], TARGET_VS_COPY):>16}   "
                          f"(CRIU vs copy: {r['criu_dump_vs_copy']:.2f}x / {r['criu_restore_vs_copy']:.2f}x; "
-                         f"dump CPU vs CRIU {r['dump_cpu_vs_criu']:.2f}x)")
+                         f"dump CPU vs CRIU {r['dump_cpu_vs_criu']:.2f}x; paired per run: "
+                         f"{r['dump_vs_criu_paired']:.2f}x / {r['restore_vs_criu_paired']:.2f}x)")
     lines += ["", "Stasis dump, frozen stages (median s):"]
     for w in wl:
         s = summary["workloads"].get(w["key"], {}).get("stasis")
@@ -275,7 +282,7 @@ def table(summary, wl, nruns, workdir, load, size_mib):
 
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--criu", required=True, help="a CRIU 4.x binary")
+    ap.add_argument("--criu", help="a CRIU 4.x binary (required unless --from-json)")
     ap.add_argument("--stasis", default=dr.STASIS, help="default: target/release/stasis of this checkout")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--size-mib", type=int, default=1024, help="memory of each workload (tree: half, shared)")
@@ -283,14 +290,30 @@ def parse_args():
     ap.add_argument("--dir", default="/dev/shm", help="a tmpfs directory for the images (default /dev/shm)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON instead of the table")
     ap.add_argument("--json-out", default=None, help="also write the JSON result to this file")
+    ap.add_argument("--from-json", default=None, help="print the table of a saved --json-out result, run nothing")
     args = ap.parse_args()
+    if not args.criu and not args.from_json:
+        ap.error("--criu PATH is required")
     if args.runs <= 0 or args.size_mib < 16:
         ap.error("--runs must be positive and --size-mib at least 16")
     return args
 
 
+def retable(path):
+    """The table of a saved result (after a change to the report)."""
+    r = json.load(open(path))
+    size_mib = int(r["command"].split("--size-mib ")[1].split()[0]) if "--size-mib " in r["command"] else 1024
+    wl = [w for w in workloads(argparse.Namespace(size_mib=size_mib), {"threads_fill": "", "tree_fill": ""})
+          if w["key"] in r["workloads"]]
+    summary = summarize(r["runs"], wl, size_mib)
+    print(table(summary, wl, len(r["runs"]), r.get("dir", "?"), r["machine"]["loadavg_at_end"], size_mib))
+    return 0
+
+
 def main():
     args = parse_args()
+    if args.from_json:
+        return retable(args.from_json)
     binaries = {"stasis": os.path.abspath(args.stasis), "criu": os.path.abspath(args.criu)}
     if os.geteuid() != 0:
         log("vs_criu: needs root (ptrace, clone3 set_tid): run with sudo")
@@ -317,7 +340,7 @@ def main():
               "command": shlex.join([sys.executable] + sys.argv), "machine": dr.machine_info(),
               "stasis": dr.git_info() | {"binary": binaries["stasis"]},
               "criu": {"binary": binaries["criu"], "version": " ".join(criu_version)},
-              "workloads": {w["key"]: w["what"] for w in wl}}
+              "workloads": {w["key"]: w["what"] for w in wl}, "dir": workdir}
     b = Bench(args, exes, workdir, binaries)
     runs = []
     try:
