@@ -190,6 +190,9 @@ mod tests {
                 options: vec![],
                 file_owner: None,
                 file_deleted: false,
+                queue_fds: Vec::new(),
+                shutdown: 0,
+                pending: Vec::new(),
             }),
             FdKind::Inet(InetSocket {
                 family: libc::AF_INET,

@@ -200,7 +200,7 @@ impl SaveCtx {
 
     /// Saves `pid`'s `fd`: the first kind of the registry that recognises
     /// it says what it is; then its locks.
-    fn save_fd(
+    pub(crate) fn save_fd(
         &mut self,
         pfd: &OwnedFd,
         pid: i32,

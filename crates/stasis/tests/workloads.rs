@@ -162,6 +162,7 @@ workload_tests! {
     fown: "fown";
     caps: "caps";
     unix_states: "unix_states";
+    unix_scm: "unix_scm";
     sockopts: "sockopts";
     stopped: "stopped";
     zombies: "zombies";

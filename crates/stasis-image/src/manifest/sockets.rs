@@ -30,6 +30,19 @@ pub struct UnixSocket {
     /// the bind).
     #[serde(default)]
     pub file_deleted: bool,
+    /// Files in flight (`SCM_RIGHTS`) with each queued message, same
+    /// order as `queue` (shorter when the last messages carry none); each
+    /// is an image of its own (`fd` -1).
+    #[serde(default)]
+    pub queue_fds: Vec<Vec<super::FdImage>>,
+    /// `sk_shutdown` at dump: 1 receiving shut down, 2 sending, 3 both
+    /// (by the socket's own `shutdown` or its peer's).
+    #[serde(default)]
+    pub shutdown: u8,
+    /// A listener's connections waiting to be accepted: the inode of each
+    /// one's client (a socket of the image), in accept order.
+    #[serde(default)]
+    pub pending: Vec<u64>,
 }
 
 /// State of a unix socket.
