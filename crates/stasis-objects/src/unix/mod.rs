@@ -274,6 +274,7 @@ fn restore(cx: &mut RestoreCtx<'_>, fd: i32, u: &UnixSocket) -> Result<OwnedFd, 
     let cwd = cx.cwd.clone();
     let s = match &u.state {
         UnixState::Listening { backlog } => listener(cx, fd, u, *backlog)?,
+        UnixState::Connected { peer, .. } if *peer == u.ino => self_connected(cx, fd, u, &cwd)?,
         UnixState::Connected { peer, .. } if cx.unix_images.contains_key(peer) => {
             let peer_img = cx.unix_images[peer];
             if one_way(u, peer_img) {
@@ -351,7 +352,8 @@ fn unconnected(
 ) -> Result<OwnedFd, RestoreError> {
     let s = new_socket(u)?;
     if let Some(n) = name_of(u) {
-        let dirs = bind_unix(&s, n, cwd, u.file_owner).map_err(sock_err(fd, "binding"))?;
+        let dirs =
+            bind_unix(&s, n, cwd, u.file_owner, u.file_deleted).map_err(sock_err(fd, "binding"))?;
         if !u.queue.is_empty() {
             let tmp = sock::socket(libc::AF_UNIX, u.sock_type, 0)?;
             connect_unix(&tmp, n, cwd).map_err(sock_err(fd, "refilling"))?;
@@ -394,7 +396,8 @@ fn listener(
     let cwd = cx.cwd.clone();
     let s = new_socket(u)?;
     let name = u.name.as_deref().unwrap_or_default();
-    let dirs = bind_unix(&s, name, &cwd, u.file_owner).map_err(sock_err(fd, "binding"))?;
+    let dirs =
+        bind_unix(&s, name, &cwd, u.file_owner, u.file_deleted).map_err(sock_err(fd, "binding"))?;
     fdops::listen(s.as_fd(), i32::try_from(backlog).unwrap_or(128))
         .map_err(sock_err(fd, "listening"))?;
     for c in &u.pending {
@@ -415,6 +418,32 @@ fn listener(
     if u.file_deleted || dirs.made() {
         forget_name(name, &cwd, dirs).map_err(sock_err(fd, "unlinking its socket file"))?;
     }
+    Ok(s)
+}
+
+/// A datagram socket connected to itself (by its own name), its queue sent
+/// by itself.
+fn self_connected(
+    cx: &mut RestoreCtx<'_>,
+    fd: i32,
+    u: &UnixSocket,
+    cwd: &str,
+) -> Result<OwnedFd, RestoreError> {
+    let s = new_socket(u)?;
+    let n = name_of(u).ok_or_else(|| {
+        RestoreError::Inconsistent(format!(
+            "fd {fd}: unix socket {} is connected to itself without a name",
+            u.ino
+        ))
+    })?;
+    let dirs =
+        bind_unix(&s, n, cwd, u.file_owner, u.file_deleted).map_err(sock_err(fd, "binding"))?;
+    connect_unix(&s, n, cwd).map_err(sock_err(fd, "connecting it to itself"))?;
+    refill(cx, &s, u)?;
+    if u.file_deleted || dirs.made() {
+        forget_name(n, cwd, dirs).map_err(sock_err(fd, "unlinking its socket file"))?;
+    }
+    shut(fd, &s, u)?;
     Ok(s)
 }
 
@@ -452,7 +481,8 @@ fn give_name(fd: i32, s: &OwnedFd, img: &UnixSocket, cwd: &str) -> Result<(), Re
     let Some(n) = name_of(img) else {
         return Ok(());
     };
-    let dirs = bind_unix(s, n, cwd, img.file_owner).map_err(sock_err(fd, "binding"))?;
+    let dirs =
+        bind_unix(s, n, cwd, img.file_owner, img.file_deleted).map_err(sock_err(fd, "binding"))?;
     if img.file_deleted || dirs.made() {
         forget_name(n, cwd, dirs).map_err(sock_err(fd, "unlinking its socket file"))?;
     }

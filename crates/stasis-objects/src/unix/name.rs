@@ -9,8 +9,9 @@ use stasis_kernel::sock;
 
 /// Owner, group and mode of the socket file of path name `name`, as the
 /// process `pid` sees it (a relative name from its working directory);
-/// `Err` if there is no file there any more, `None` for an abstract name
-/// or another kind of file.
+/// `Err` if there is no socket file there any more (nothing, or another
+/// kind of file), `None` for an abstract name or a path that cannot be
+/// looked at.
 pub(super) fn socket_file(pid: i32, name: &[u8]) -> Option<Result<(u32, u32, u32), ()>> {
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -34,9 +35,12 @@ pub(super) fn socket_file(pid: i32, name: &[u8]) -> Option<Result<(u32, u32, u32
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some(Err(())),
         Err(_) => return None,
     };
-    m.file_type()
-        .is_socket()
-        .then(|| Ok((m.uid(), m.gid(), m.mode() & 0o7777)))
+    if m.file_type().is_socket() {
+        Some(Ok((m.uid(), m.gid(), m.mode() & 0o7777)))
+    } else {
+        // Another file (a FIFO...) took the name since.
+        Some(Err(()))
+    }
 }
 
 fn sockaddr_un(name: &[u8]) -> Vec<u8> {
@@ -83,6 +87,7 @@ pub(super) fn bind_unix(
     name: &[u8],
     cwd: &str,
     owner: Option<(u32, u32, u32)>,
+    deleted: bool,
 ) -> std::io::Result<Dirs> {
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
@@ -117,6 +122,20 @@ pub(super) fn bind_unix(
                 }
                 made
             }
+            (Err(e), Some(p)) if e.kind() == std::io::ErrorKind::AddrInUse && deleted => {
+                // Another file (a FIFO...) took the name the program had
+                // unlinked: moved aside for the bind, put back below.
+                let away = aside(p);
+                std::fs::rename(p, &away)?;
+                if let Err(e) = sock::bind(s.as_fd(), &sockaddr_un(name)) {
+                    std::fs::rename(&away, p)?;
+                    return Err(e);
+                }
+                return Ok(Dirs {
+                    made: Vec::new(),
+                    aside: Some((away, p.clone())),
+                });
+            }
             (r, _) => r.map(|()| Vec::new())?,
         };
         let owner = owner.or_else(|| {
@@ -128,20 +147,32 @@ pub(super) fn bind_unix(
             std::os::unix::fs::lchown(p, Some(uid), Some(gid))?;
             std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))?;
         }
-        Ok(Dirs(made))
+        Ok(Dirs { made, aside: None })
     })
 }
 
-/// Directories made to bind a socket whose directory was gone; they go
-/// again with [`forget_name`].
+/// A free name beside `p` to move a file to for a while.
+fn aside(p: &std::path::Path) -> std::path::PathBuf {
+    let mut name = p.as_os_str().to_owned();
+    name.push(format!(".stasis-aside-{}", std::process::id()));
+    std::path::PathBuf::from(name)
+}
+
+/// What was changed to bind a socket whose name was no longer free:
+/// directories made (its own was gone) or a file moved aside (another took
+/// its name); undone by [`forget_name`].
 #[must_use]
 #[derive(Debug, Default)]
-pub(super) struct Dirs(Vec<std::path::PathBuf>);
+pub(super) struct Dirs {
+    made: Vec<std::path::PathBuf>,
+    /// (where it is now, where it goes back).
+    aside: Option<(std::path::PathBuf, std::path::PathBuf)>,
+}
 
 impl Dirs {
-    /// Whether the socket file must go again: its directory was gone.
+    /// Whether the socket file must go again.
     pub(super) fn made(&self) -> bool {
-        !self.0.is_empty()
+        !self.made.is_empty() || self.aside.is_some()
     }
 }
 
@@ -156,7 +187,10 @@ pub(super) fn forget_name(name: &[u8], cwd: &str, dirs: Dirs) -> std::io::Result
     let path = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(&name[..end]));
     at_cwd(name, cwd, || {
         let r = std::fs::remove_file(&path);
-        remove_dirs(&dirs.0);
+        if let Some((now, back)) = &dirs.aside {
+            std::fs::rename(now, back)?;
+        }
+        remove_dirs(&dirs.made);
         r
     })
 }
