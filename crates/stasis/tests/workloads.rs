@@ -163,6 +163,7 @@ workload_tests! {
     caps: "caps";
     unix_states: "unix_states";
     unix_scm: "unix_scm";
+    unix_pending: "unix_pending";
     sockopts: "sockopts";
     stopped: "stopped";
     zombies: "zombies";
