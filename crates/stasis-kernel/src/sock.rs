@@ -16,6 +16,7 @@ use crate::{KernelError, Result};
 use stasis_sys::net::{SIOCINQ, SIOCOUTQ, SIOCOUTQNSD};
 
 mod filter;
+pub mod netlink;
 pub mod unixq;
 pub use filter::{
     attach_drop_all, detach_filter, has_drop_all_filter, has_filter, release_holders, Guarded,

@@ -164,6 +164,7 @@ workload_tests! {
     unix_states: "unix_states";
     unix_scm: "unix_scm";
     unix_pending: "unix_pending";
+    netlink: "netlink";
     sockopts: "sockopts";
     stopped: "stopped";
     zombies: "zombies";

@@ -60,6 +60,25 @@ pub enum UnixState {
     },
 }
 
+/// A netlink socket (its receive queue was empty).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetlinkSocket {
+    /// `SOCK_RAW` or `SOCK_DGRAM`.
+    pub sock_type: i32,
+    /// `NETLINK_ROUTE`, `NETLINK_KOBJECT_UEVENT`...
+    pub protocol: i32,
+    /// Its port id (`nl_pid` of its name; 0: never bound).
+    pub portid: u32,
+    /// The multicast groups it listens to, a bitmap in 32-bit words
+    /// (`NETLINK_LIST_MEMBERSHIPS`).
+    pub groups: Vec<u32>,
+    /// The port id and group it is connected to (0, 0: not connected).
+    pub dst_portid: u32,
+    pub dst_group: u32,
+    /// Socket options as (level, option, value).
+    pub options: Vec<(i32, i32, i32)>,
+}
+
 /// An IPv4/IPv6 socket.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InetSocket {
