@@ -246,6 +246,7 @@ mod tests {
                 | FdKind::Inotify { .. }
                 | FdKind::Unix(_)
                 | FdKind::Inet(_)
+                | FdKind::Netlink(_)
                 | FdKind::PtyMaster(_)
                 | FdKind::PtySlave { .. } => {}
             }
