@@ -371,7 +371,7 @@ fn unconnected(
             .collect();
         for c in clients {
             let cs = new_socket(c)?;
-            give_name(fd, &cs, c, cwd)?;
+            named_and_refilled(cx, fd, &cs, c, cwd)?;
             connect_unix(&cs, n, cwd).map_err(sock_err(fd, "connecting a client to it"))?;
             shut(fd, &cs, c)?;
             cx.pending_sockets.insert(c.ino, cs);
@@ -473,6 +473,38 @@ fn client(
             u.ino, server.ino
         ))
     })
+}
+
+/// A datagram socket not yet connected, bound to `img`'s name and given
+/// its queue by a throw-away socket connected to that name (what a server
+/// sent it by name; a socket without a name cannot have been sent any).
+fn named_and_refilled(
+    cx: &mut RestoreCtx<'_>,
+    fd: i32,
+    s: &OwnedFd,
+    img: &UnixSocket,
+    cwd: &str,
+) -> Result<(), RestoreError> {
+    let Some(n) = name_of(img) else {
+        if img.queue.is_empty() {
+            return Ok(());
+        }
+        return Err(RestoreError::Inconsistent(format!(
+            "fd {fd}: unix socket {} has messages queued but no name they could have been sent to",
+            img.ino
+        )));
+    };
+    let dirs =
+        bind_unix(s, n, cwd, img.file_owner, img.file_deleted).map_err(sock_err(fd, "binding"))?;
+    if !img.queue.is_empty() {
+        let tmp = sock::socket(libc::AF_UNIX, img.sock_type, 0)?;
+        connect_unix(&tmp, n, cwd).map_err(sock_err(fd, "refilling"))?;
+        refill(cx, &tmp, img)?;
+    }
+    if img.file_deleted || dirs.made() {
+        forget_name(n, cwd, dirs).map_err(sock_err(fd, "unlinking its socket file"))?;
+    }
+    Ok(())
 }
 
 /// Binds `s` to `img`'s name, if it has one; a name the program had
@@ -619,7 +651,15 @@ mod tests {
         let mut s = sock(1, libc::SOCK_DGRAM, Some(&name), UnixState::Unconnected);
         s.file_deleted = true;
         let c1 = sock(2, libc::SOCK_DGRAM, None, connected(1));
-        let c2 = sock(3, libc::SOCK_DGRAM, None, connected(1));
+        let mut c2 = sock(
+            3,
+            libc::SOCK_DGRAM,
+            Some(&format!("{d}/c2.sock")),
+            connected(1),
+        );
+        // What the server had sent it by name.
+        c2.queue = vec![b"to c2".to_vec()];
+        c2.file_deleted = true;
         let fds = [
             img(3, FdKind::Unix(c1)),
             img(4, FdKind::Unix(s)),
@@ -632,6 +672,10 @@ mod tests {
             nix::unistd::read(made[1].as_raw_fd(), &mut buf).unwrap();
             assert_eq!(&buf, m);
         }
+        let mut buf = [0u8; 8];
+        let n = nix::unistd::read(made[2].as_raw_fd(), &mut buf).unwrap();
+        assert_eq!(&buf[..n], b"to c2");
+        assert!(!std::path::Path::new(&format!("{d}/c2.sock")).exists());
         // The socket keeps its name; the directory made for it went again.
         let a: nix::sys::socket::UnixAddr =
             nix::sys::socket::getsockname(made[1].as_raw_fd()).unwrap();
