@@ -528,6 +528,8 @@ pub enum FdKind {
     Unix(UnixSocket),
     /// An IPv4/IPv6 socket (TCP or UDP).
     Inet(InetSocket),
+    /// A netlink socket.
+    Netlink(NetlinkSocket),
     /// The master end of a pseudo-terminal pair (`/dev/ptmx`), with the
     /// state of the pair (one master description per pair).
     PtyMaster(PtyPair),

@@ -16,6 +16,8 @@ use crate::{KernelError, Result};
 use stasis_sys::net::{SIOCINQ, SIOCOUTQ, SIOCOUTQNSD};
 
 mod filter;
+pub mod netlink;
+pub mod unixq;
 pub use filter::{
     attach_drop_all, detach_filter, has_drop_all_filter, has_filter, release_holders, Guarded,
     SocketGuard, HOLDER_NAME, HOLD_SECS,
@@ -240,7 +242,8 @@ fn peek_each(
             iov_base: buf.as_mut_ptr().cast(),
             iov_len: buf.len(),
         };
-        let mut cbuf = [0u64; 64];
+        // Room for SCM_MAX_FD (253) fds and credentials.
+        let mut cbuf = [0u64; 160];
         // SAFETY: sockaddr_storage is plain data; zeroes are valid.
         let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
         // SAFETY: msghdr is plain data; zeroes are a valid value.

@@ -16,8 +16,9 @@ use nix::sys::socket::{self, AddressFamily, MsgFlags, SockFlag, SockProtocol, So
 use crate::{KernelError, Result};
 
 use stasis_sys::net::{
-    NLMSG_DONE, NLMSG_ERROR, NLM_F_DUMP, NLM_F_REQUEST, SOCK_DIAG_BY_FAMILY, UDIAG_SHOW_NAME,
-    UDIAG_SHOW_PEER, UDIAG_SHOW_RQLEN, UNIX_DIAG_NAME, UNIX_DIAG_PEER, UNIX_DIAG_RQLEN,
+    NLMSG_DONE, NLMSG_ERROR, NLM_F_DUMP, NLM_F_REQUEST, SOCK_DIAG_BY_FAMILY, UDIAG_SHOW_ICONS,
+    UDIAG_SHOW_NAME, UDIAG_SHOW_PEER, UDIAG_SHOW_RQLEN, UNIX_DIAG_ICONS, UNIX_DIAG_NAME,
+    UNIX_DIAG_PEER, UNIX_DIAG_RQLEN, UNIX_DIAG_SHUTDOWN,
 };
 
 /// Socket state values used by unix sockets (the TCP state numbers).
@@ -39,6 +40,12 @@ pub struct UnixInfo {
     pub rqueue: u32,
     /// Listening: the backlog; otherwise bytes queued to send.
     pub wqueue: u32,
+    /// `sk_shutdown`: `RCV_SHUTDOWN` (1) and `SEND_SHUTDOWN` (2) bits, set
+    /// by the socket's own `shutdown` or mirrored from its peer's.
+    pub shutdown: u8,
+    /// Listening: the client inode of each connection waiting to be
+    /// accepted, in accept order (0: its client is closed).
+    pub icons: Vec<u64>,
 }
 
 /// A `sock_diag` reply that cannot be used.
@@ -103,6 +110,13 @@ pub fn parse_reply(buf: &[u8], out: &mut HashMap<u64, UnixInfo>) -> Result<bool,
                             info.wqueue =
                                 u32::from_le_bytes(data[4..8].try_into().unwrap_or([0; 4]));
                         }
+                        UNIX_DIAG_ICONS => {
+                            info.icons = data
+                                .chunks_exact(4)
+                                .map(|c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+                                .collect();
+                        }
+                        UNIX_DIAG_SHUTDOWN if !data.is_empty() => info.shutdown = data[0],
                         _ => {}
                     }
                     a += alen.div_ceil(4) * 4;
@@ -129,7 +143,9 @@ pub fn unix_sockets() -> Result<HashMap<u64, UnixInfo>> {
     req.extend_from_slice(&0u16.to_le_bytes());
     req.extend_from_slice(&u32::MAX.to_le_bytes()); // all states
     req.extend_from_slice(&0u32.to_le_bytes()); // ino
-    req.extend_from_slice(&(UDIAG_SHOW_NAME | UDIAG_SHOW_PEER | UDIAG_SHOW_RQLEN).to_le_bytes());
+    req.extend_from_slice(
+        &(UDIAG_SHOW_NAME | UDIAG_SHOW_PEER | UDIAG_SHOW_RQLEN | UDIAG_SHOW_ICONS).to_le_bytes(),
+    );
     req.extend_from_slice(&[0u8; 8]); // cookie
     let mut out = HashMap::new();
     exchange(&req, |buf| {

@@ -19,6 +19,7 @@
 //! | epoll | [`epoll`] |
 //! | inotify | [`inotify`] |
 //! | unix socket | [`unix`] |
+//! | netlink socket | [`netlink`] |
 //! | pseudo-terminal pair | [`pty`] |
 //! | TCP/UDP socket | [`inet`] (listening, UDP), [`tcp`] (established: `TCP_REPAIR`) |
 //! | socket options, the accept gate | [`socket`] |
@@ -43,6 +44,7 @@ pub mod ghost;
 pub mod inet;
 pub mod inotify;
 pub mod locks;
+pub mod netlink;
 pub mod pipe;
 pub mod pty;
 pub mod pty_census;
@@ -115,6 +117,7 @@ pub fn owner(kind: &FdKind) -> Option<&'static Entry> {
 pub const REGISTRY: &[Entry] = &[
     entry::<unix::Unix>(),
     entry::<inet::Inet>(),
+    entry::<netlink::Netlink>(),
     entry::<pipe::Pipe>(),
     entry::<eventfd::Eventfd>(),
     entry::<timerfd::Timerfd>(),
@@ -190,6 +193,9 @@ mod tests {
                 options: vec![],
                 file_owner: None,
                 file_deleted: false,
+                queue_fds: Vec::new(),
+                shutdown: 0,
+                pending: Vec::new(),
             }),
             FdKind::Inet(InetSocket {
                 family: libc::AF_INET,
@@ -200,6 +206,15 @@ mod tests {
                 state: InetState::Plain,
                 options: vec![],
                 datagrams: vec![],
+            }),
+            FdKind::Netlink(stasis_image::manifest::NetlinkSocket {
+                sock_type: libc::SOCK_RAW,
+                protocol: 0,
+                portid: 0,
+                groups: vec![],
+                dst_portid: 0,
+                dst_group: 0,
+                options: vec![],
             }),
             FdKind::PtyMaster(PtyPair {
                 index: 3,
@@ -231,6 +246,7 @@ mod tests {
                 | FdKind::Inotify { .. }
                 | FdKind::Unix(_)
                 | FdKind::Inet(_)
+                | FdKind::Netlink(_)
                 | FdKind::PtyMaster(_)
                 | FdKind::PtySlave { .. } => {}
             }

@@ -114,8 +114,10 @@ impl<'a> RestoreCtx<'a> {
     ) -> Self {
         let fds: Vec<&'a FdImage> = fds.collect();
         let ptys = crate::pty::Made::new(fds.iter().copied());
+        let flying = crate::unix::in_flight(fds.iter().copied());
         let unix_images = fds
             .into_iter()
+            .chain(flying)
             .filter_map(|f| match &f.kind {
                 FdKind::Unix(u) => Some((u.ino, u)),
                 _ => None,

@@ -200,7 +200,7 @@ impl SaveCtx {
 
     /// Saves `pid`'s `fd`: the first kind of the registry that recognises
     /// it says what it is; then its locks.
-    fn save_fd(
+    pub(crate) fn save_fd(
         &mut self,
         pfd: &OwnedFd,
         pid: i32,
@@ -268,8 +268,16 @@ impl SaveCtx {
         }
         Err(match &fd.socket {
             Some(s) => fd.unsupported(format!(
-                "fd {} is a socket of address family {} (netlink, packet...), which stasis cannot checkpoint yet",
-                fd.fd, s.domain
+                "fd {} is {} (address family {}), which stasis cannot checkpoint yet",
+                fd.fd,
+                match s.domain {
+                    libc::AF_PACKET => "a packet socket",
+                    libc::AF_ALG => "a crypto API socket",
+                    libc::AF_VSOCK => "a vsock socket",
+                    libc::AF_BLUETOOTH => "a Bluetooth socket",
+                    _ => "a socket of a kind stasis does not know",
+                },
+                s.domain
             )),
             None => fd.unsupported(format!(
                 "fd {} ({}) is of a kind stasis cannot checkpoint yet",

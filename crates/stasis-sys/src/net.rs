@@ -72,11 +72,20 @@ pub const NLMSG_DONE: u16 = 3;
 /// `udiag_show` bits.
 pub const UDIAG_SHOW_NAME: u32 = 1;
 pub const UDIAG_SHOW_PEER: u32 = 4;
+/// The peers of the connections waiting on a listener.
+pub const UDIAG_SHOW_ICONS: u32 = 8;
 pub const UDIAG_SHOW_RQLEN: u32 = 0x10;
 /// Attribute types of a `unix_diag_msg`.
 pub const UNIX_DIAG_NAME: u16 = 0;
 pub const UNIX_DIAG_PEER: u16 = 2;
+/// A listener's waiting connections: the inode of each one's client (`u32`s).
+pub const UNIX_DIAG_ICONS: u16 = 3;
 pub const UNIX_DIAG_RQLEN: u16 = 4;
+/// `sk_shutdown` of the socket (a `u8`: `RCV_SHUTDOWN` 1, `SEND_SHUTDOWN` 2).
+pub const UNIX_DIAG_SHUTDOWN: u16 = 6;
+/// The `sk_shutdown` bits.
+pub const RCV_SHUTDOWN: u8 = 1;
+pub const SEND_SHUTDOWN: u8 = 2;
 
 const _: () = assert!(NETLINK_SOCK_DIAG == libc::NETLINK_SOCK_DIAG);
 const _: () = assert!(NLM_F_REQUEST as i32 == libc::NLM_F_REQUEST);

@@ -453,6 +453,10 @@ fn fd_description(kind: &FdKind) -> String {
                 .map(|n| String::from_utf8_lossy(n).replace('\0', "@"))
                 .unwrap_or_default()
         ),
+        FdKind::Netlink(n) => format!(
+            "netlink socket protocol {} port id {}",
+            n.protocol, n.portid
+        ),
         FdKind::PtyMaster(p) => format!(
             "pty master (pts {} at dump), {} bytes queued to the slave, {} to the master",
             p.index,

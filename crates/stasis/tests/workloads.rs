@@ -162,6 +162,9 @@ workload_tests! {
     fown: "fown";
     caps: "caps";
     unix_states: "unix_states";
+    unix_scm: "unix_scm";
+    unix_pending: "unix_pending";
+    netlink: "netlink";
     sockopts: "sockopts";
     stopped: "stopped";
     zombies: "zombies";

@@ -30,6 +30,19 @@ pub struct UnixSocket {
     /// the bind).
     #[serde(default)]
     pub file_deleted: bool,
+    /// Files in flight (`SCM_RIGHTS`) with each queued message, same
+    /// order as `queue` (shorter when the last messages carry none); each
+    /// is an image of its own (`fd` -1).
+    #[serde(default)]
+    pub queue_fds: Vec<Vec<super::FdImage>>,
+    /// `sk_shutdown` at dump: 1 receiving shut down, 2 sending, 3 both
+    /// (by the socket's own `shutdown` or its peer's).
+    #[serde(default)]
+    pub shutdown: u8,
+    /// A listener's connections waiting to be accepted: the inode of each
+    /// one's client (a socket of the image), in accept order.
+    #[serde(default)]
+    pub pending: Vec<u64>,
 }
 
 /// State of a unix socket.
@@ -45,6 +58,25 @@ pub enum UnixState {
         peer: u64,
         peer_name: Option<Vec<u8>>,
     },
+}
+
+/// A netlink socket (its receive queue was empty).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetlinkSocket {
+    /// `SOCK_RAW` or `SOCK_DGRAM`.
+    pub sock_type: i32,
+    /// `NETLINK_ROUTE`, `NETLINK_KOBJECT_UEVENT`...
+    pub protocol: i32,
+    /// Its port id (`nl_pid` of its name; 0: never bound).
+    pub portid: u32,
+    /// The multicast groups it listens to, a bitmap in 32-bit words
+    /// (`NETLINK_LIST_MEMBERSHIPS`).
+    pub groups: Vec<u32>,
+    /// The port id and group it is connected to (0, 0: not connected).
+    pub dst_portid: u32,
+    pub dst_group: u32,
+    /// Socket options as (level, option, value).
+    pub options: Vec<(i32, i32, i32)>,
 }
 
 /// An IPv4/IPv6 socket.
