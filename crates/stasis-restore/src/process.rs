@@ -50,9 +50,10 @@ pub(crate) fn build_process(
     threads::create_threads(s, p)?;
     s.cur = None;
     build::create_posix_timers(s, &p.posix_timers)?;
-    threads::process_prctls(s, p, s.pid == cx.root_pid)?;
     threads::per_thread(s, p)?;
     s.cur = None;
+    // After the credentials: changing them clears the parent-death signal.
+    threads::process_prctls(s, p, s.pid == cx.root_pid)?;
     threads::restore_dumpable(s, p)?;
     threads::shared_signals(s, s.pid, p)?;
     build::restore_itimers(s, &p.itimers)?;

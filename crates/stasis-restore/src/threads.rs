@@ -31,7 +31,10 @@ pub(crate) fn create_threads(s: &mut Proc, p: &ProcessImage) -> Result<()> {
     Ok(())
 }
 
-/// Process-wide prctls: child subreaper, parent-death signal. The root's
+/// Process-wide prctls: child subreaper, parent-death signal; after the
+/// main thread's credentials (a change of credentials clears the
+/// parent-death signal, so a process restored under zdtm's uid lost it).
+/// The root's
 /// parent is the restorer now, which may exit (--detach): its parent-death
 /// signal would kill it for no reason, so only the other processes (whose
 /// parents are restored with them) get theirs back.

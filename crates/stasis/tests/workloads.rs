@@ -168,6 +168,7 @@ workload_tests! {
     sockopts: "sockopts";
     stopped: "stopped";
     zombies: "zombies";
+    pdeath: "pdeath";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so
