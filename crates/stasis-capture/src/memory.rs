@@ -63,15 +63,25 @@ pub fn vma_kind(m: &proc::MapsEntry) -> Result<Option<VmaKind>, UnsupportedArea>
     }))
 }
 
-/// Finds a `syscall` instruction (0f 05) in the vDSO of the process.
+/// Finds a `syscall` instruction (0f 05) in the process: in its vDSO, or,
+/// for a process that unmapped its vDSO, in its executable mappings (the
+/// two bytes anywhere will do: the thread runs that one instruction).
 pub fn find_syscall_insn(mem: &ProcessMemory, maps: &[proc::MapsEntry]) -> Option<u64> {
-    let vdso = maps.iter().find(|m| m.name == "[vdso]")?;
-    let len = usize::try_from(vdso.end - vdso.start).ok()?;
-    let mut buf = vec![0u8; len];
-    mem.read(vdso.start, &mut buf).ok()?;
-    buf.windows(2)
-        .position(|w| w == [0x0f, 0x05])
-        .map(|p| vdso.start + p as u64)
+    let in_area = |start: u64, end: u64| -> Option<u64> {
+        // The first 16 MiB of an area are plenty for a libc or a program.
+        let len = usize::try_from((end - start).min(16 << 20)).ok()?;
+        let mut buf = vec![0u8; len];
+        mem.read(start, &mut buf).ok()?;
+        buf.windows(2)
+            .position(|w| w == [0x0f, 0x05])
+            .map(|p| start + p as u64)
+    };
+    if let Some(v) = maps.iter().find(|m| m.name == "[vdso]") {
+        return in_area(v.start, v.end);
+    }
+    maps.iter()
+        .filter(|m| m.exec && m.read && m.name != "[vsyscall]")
+        .find_map(|m| in_area(m.start, m.end))
 }
 
 /// The areas of one process and the ranges of it to save.

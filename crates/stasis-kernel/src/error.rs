@@ -40,7 +40,7 @@ pub enum KernelError {
         what: String,
         during: &'static str,
     },
-    #[error("no `syscall` instruction found in process {pid}'s vDSO: cannot run remote syscalls")]
+    #[error("no `syscall` instruction found in process {pid}'s vDSO or code: cannot run remote syscalls")]
     NoSyscallInsn { pid: i32 },
     #[error("remote {name} in process {pid} failed")]
     RemoteSyscall {
