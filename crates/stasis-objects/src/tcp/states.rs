@@ -1,0 +1,1 @@
+//! Half-closed connections.
