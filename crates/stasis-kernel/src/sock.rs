@@ -16,6 +16,8 @@ use crate::{KernelError, Result};
 use stasis_sys::net::{SIOCINQ, SIOCOUTQ, SIOCOUTQNSD};
 
 mod filter;
+mod packet;
+pub use packet::{inject_tcp, Segment};
 pub use filter::{
     attach_drop_all, detach_filter, has_drop_all_filter, has_filter, release_holders, Guarded,
     SocketGuard, HOLDER_NAME, HOLD_SECS,
@@ -371,6 +373,15 @@ fn control_creds(mh: &libc::msghdr) -> Result<Option<Creds>> {
         });
     }
     Ok(creds)
+}
+
+/// `shutdown(2)`: `how` is `SHUT_RD`, `SHUT_WR` or `SHUT_RDWR`.
+pub fn shutdown(fd: BorrowedFd<'_>, how: i32) -> Result<()> {
+    // SAFETY: shutdown takes no pointer; an invalid fd or `how` fails.
+    if unsafe { libc::shutdown(fd.as_raw_fd(), how) } < 0 {
+        return Err(err(format!("shutdown({how})")));
+    }
+    Ok(())
 }
 
 /// Reads `len` bytes of the current repair queue without consuming them.

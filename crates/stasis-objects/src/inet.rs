@@ -8,7 +8,7 @@ use std::os::unix::fs::MetadataExt;
 
 use stasis_image::manifest::{FdImage, FdKind, InetSocket, InetState};
 use stasis_kernel::{fdops, scm, sock, tcpdiag, KernelError};
-use stasis_sys::net::{TCP_CLOSE, TCP_ESTABLISHED, TCP_LISTEN};
+use stasis_sys::net::{TCP_CLOSE, TCP_LISTEN};
 
 use crate::socket::{save_inet_options, save_options, set_options};
 use crate::tcp::{self, PendingTcp};
@@ -65,16 +65,17 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
                     backlog: info.sacked,
                 }
             }
-            TCP_ESTABLISHED => {
-                // Read in repair mode by `SaveCtx::freeze_tcp`, with every other
-                // connection of the tree.
+            st if tcp::repairable(st) => {
+                // Established or half-closed: read in repair mode by
+                // `SaveCtx::freeze_tcp`, with every other connection of
+                // the tree.
                 let r = cx.repaired.saved(fd.meta.ino()).cloned().ok_or_else(|| {
                     fd.unsupported(format!("fd {n} is a TCP connection established while the tree was frozen (it was opening when the dump began); dump again"))
                 })?;
                 InetState::Established(r)
             }
             TCP_CLOSE => InetState::Plain,
-            st => return Err(fd.unsupported(format!("fd {n} is a TCP connection in state {st} (opening or closing); this version saves listening and established ones"))),
+            st => return Err(fd.unsupported(format!("fd {n} is a TCP connection in state {st} (a connect in progress); this version saves listening, established and half-closed ones: dump again once it is connected"))),
         }
     } else {
         let q = sock::inq(b).unwrap_or(0);

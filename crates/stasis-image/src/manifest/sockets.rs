@@ -77,13 +77,23 @@ pub enum InetState {
     Established(TcpRepair),
 }
 
-/// What `TCP_REPAIR` needs to rebuild an established connection.
+/// What `TCP_REPAIR` needs to rebuild an established or half-closed
+/// connection. The sequence numbers and queues are those of the data
+/// alone: a FIN (which takes a sequence number) is in `state`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TcpRepair {
-    /// `TCP_QUEUE_SEQ` of the send queue (sequence of the next byte to queue).
+    /// `TCP_QUEUE_SEQ` of the send queue (sequence of the next byte to
+    /// queue), less the connection's own FIN if it sent one.
     pub snd_seq: u32,
-    /// `TCP_QUEUE_SEQ` of the receive queue (next sequence expected).
+    /// `TCP_QUEUE_SEQ` of the receive queue (next sequence expected), less
+    /// the peer's FIN if it came.
     pub rcv_seq: u32,
+    /// The TCP state at dump (`TCP_ESTABLISHED`, or one of the half-closed
+    /// `TCP_FIN_WAIT1`, `TCP_FIN_WAIT2`, `TCP_CLOSE_WAIT`, `TCP_LAST_ACK`,
+    /// `TCP_CLOSING`); images made before it was saved hold established
+    /// connections only.
+    #[serde(default = "tcp_established")]
+    pub state: u8,
     /// Bytes sent but not acknowledged, then bytes not yet sent.
     #[serde(with = "serde_bytes")]
     pub send_queue: Vec<u8>,
@@ -104,6 +114,12 @@ pub struct TcpRepair {
     pub tcpi_options: u8,
     /// `TCP_TIMESTAMP`.
     pub timestamp: u32,
-    /// `struct tcp_repair_window`: snd_wl1, snd_wnd, max_window, rcv_wnd, rcv_wup.
+    /// `struct tcp_repair_window`: snd_wl1, snd_wnd, max_window, rcv_wnd,
+    /// rcv_wup (`rcv_wup` without the peer's FIN, as the rebuilt
+    /// connection has it before the FIN is given to it again).
     pub window: [u32; 5],
+}
+
+fn tcp_established() -> u8 {
+    1
 }

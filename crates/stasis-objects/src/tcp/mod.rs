@@ -25,7 +25,6 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use stasis_image::manifest::TcpRepair;
 use stasis_kernel::{pidfd, sock, KernelError};
-use stasis_sys::net::TCP_ESTABLISHED;
 
 use crate::save::{list_fds, read_link, socket_inode};
 use crate::socket::is_inet;
@@ -34,6 +33,7 @@ use crate::{SaveCtx, SaveError};
 use repair::{hold_sends, read_window, save, write_window};
 pub use repair::PendingTcp;
 pub(crate) use repair::{release_holders_of, restore};
+pub(crate) use states::repairable;
 
 /// The connections a dump locked and read, and the guard that puts them
 /// back (and continues their held owners) if the dumper dies first.
@@ -193,7 +193,7 @@ pub fn kill_owners(mut r: Repairs) {
     r.socks.clear();
 }
 
-/// The established TCP connections of `pids`: (pid, fd, inode, a copy).
+/// The established and half-closed TCP connections of `pids`: (pid, fd, inode, a copy).
 fn established(pids: &[i32]) -> Result<Vec<(i32, i32, u64, OwnedFd)>, SaveError> {
     let mut found = Vec::new();
     for &pid in pids {
@@ -208,7 +208,7 @@ fn established(pids: &[i32]) -> Result<Vec<(i32, i32, u64, OwnedFd)>, SaveError>
             let s = pidfd::pidfd_getfd(&pfd, fd)?;
             let b = s.as_fd();
             if is_inet(b, libc::IPPROTO_TCP)
-                && sock::tcp_info(b).ok().map(|i| i.state) == Some(TCP_ESTABLISHED)
+                && sock::tcp_info(b).is_ok_and(|i| states::repairable(i.state))
             {
                 found.push((pid, fd, ino, s));
             }

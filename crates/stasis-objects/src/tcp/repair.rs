@@ -8,6 +8,7 @@ use stasis_sys::net::{
     MAX_TCP_WINDOW, TCPOLEN_TSTAMP_ALIGNED, TCP_REPAIR_WINDOW_LEN,
 };
 
+use super::states;
 use crate::socket::set_options;
 use crate::{RestoreCtx, RestoreError};
 
@@ -51,7 +52,7 @@ pub(super) fn hold_sends(b: BorrowedFd<'_>) -> Result<[u32; 5], KernelError> {
     Ok(w)
 }
 
-/// Reads an established TCP connection in repair mode (it stays so),
+/// Reads an established or half-closed TCP connection in repair mode (it stays so),
 /// whose `window` [`hold_sends`] read.
 pub(super) fn save(
     b: BorrowedFd<'_>,
@@ -61,6 +62,8 @@ pub(super) fn save(
     let tcp = libc::IPPROTO_TCP;
     sock::set_int(b, tcp, sock::TCP_REPAIR, 1)?;
     let (outq, unsent) = sock::outq(b)?;
+    // (Without the FINs: they are in `state`.)
+    let (outq, unsent) = states::queue_lengths(info.state, outq, unsent);
     let inq = sock::inq(b)?;
     sock::set_int(b, tcp, sock::TCP_REPAIR_QUEUE, sock::TCP_SEND_QUEUE)?;
     let snd_seq = sock::get_int(b, tcp, sock::TCP_QUEUE_SEQ)?;
@@ -70,9 +73,10 @@ pub(super) fn save(
     let recv_queue = sock::peek_repair_queue(b, inq as usize)?;
     let mss = sock::get_int(b, tcp, libc::TCP_MAXSEG)?;
     let timestamp = sock::get_int(b, tcp, sock::TCP_TIMESTAMP)?;
-    Ok(TcpRepair {
+    let mut r = TcpRepair {
         snd_seq: u32::from_ne_bytes(snd_seq.to_ne_bytes()),
         rcv_seq: u32::from_ne_bytes(rcv_seq.to_ne_bytes()),
+        state: info.state,
         send_queue,
         unsent,
         recv_queue,
@@ -83,11 +87,13 @@ pub(super) fn save(
         tcpi_options: info.options,
         timestamp: u32::from_ne_bytes(timestamp.to_ne_bytes()),
         window,
-    })
+    };
+    states::data_only(&mut r);
+    Ok(r)
 }
 
 /// Bytes of the send queue that had been sent (the rest never was).
-fn sent(r: &TcpRepair) -> usize {
+pub(super) fn sent(r: &TcpRepair) -> usize {
     r.send_queue.len() - (r.unsent as usize).min(r.send_queue.len())
 }
 
@@ -331,6 +337,7 @@ impl PendingTcp {
             ),
             source: e,
         })?;
+        self.replay_in_repair()?;
         sock::set_int(self.sock.as_fd(), libc::IPPROTO_TCP, sock::TCP_REPAIR, 0).map_err(|e| {
             RestoreError::Step {
                 what: format!(
@@ -353,6 +360,7 @@ impl PendingTcp {
                 source: e,
             }
         })?;
+        self.replay_after()?;
         set_options(&self.sock, &self.options);
         Ok(())
     }
@@ -423,6 +431,7 @@ mod tests {
         TcpRepair {
             snd_seq: 0,
             rcv_seq: 0,
+            state: 1,
             send_queue: vec![1; 10],
             unsent: 4,
             recv_queue: vec![],
