@@ -165,6 +165,7 @@ workload_tests! {
     sockopts: "sockopts";
     stopped: "stopped";
     zombies: "zombies";
+    tcp_states: "tcp_states";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so
