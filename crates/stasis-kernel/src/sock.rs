@@ -19,7 +19,7 @@ mod filter;
 mod packet;
 pub use packet::{inject_tcp, Segment};
 pub use filter::{
-    attach_drop_all, detach_filter, has_drop_all_filter, has_filter, release_holders, Guarded,
+    attach_drop_all, attach_filter, detach_filter, has_drop_all_filter, has_filter, read_filter, release_holders, Guarded,
     SocketGuard, HOLDER_NAME, HOLD_SECS,
 };
 pub use stasis_sys::net::{

@@ -10,7 +10,7 @@ use stasis_image::manifest::{FdImage, FdKind, InetSocket, InetState};
 use stasis_kernel::{fdops, scm, sock, tcpdiag, KernelError};
 use stasis_sys::net::{TCP_CLOSE, TCP_LISTEN};
 
-use crate::socket::{save_inet_options, save_options, set_options};
+use crate::socket::{restore_filter, save_filter, save_inet_options, save_options, set_options};
 use crate::tcp::{self, PendingTcp};
 use crate::unix::QUEUE_MAX;
 use crate::{Object, OpenFd, RestoreCtx, RestoreError, SaveCtx, SaveError};
@@ -53,6 +53,8 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
     let protocol = sock::get_int(b, libc::SOL_SOCKET, libc::SO_PROTOCOL)?;
     let local = sock::local_addr(b)?;
     let peer = sock::peer_addr(b)?;
+    let filter = save_filter(b)
+        .map_err(|e| fd.unsupported(format!("fd {n}: its socket filter cannot be read (an eBPF one, which stasis cannot save?): {e}")))?;
     let mut datagrams = Vec::new();
     let state = if ty == libc::SOCK_STREAM {
         let info = sock::tcp_info(b)?;
@@ -100,6 +102,7 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
         state,
         options,
         datagrams,
+        filter,
     }))
 }
 
@@ -185,6 +188,7 @@ fn restore(cx: &mut RestoreCtx<'_>, fd: i32, i: &InetSocket) -> Result<OwnedFd, 
             fdops::listen(s.as_fd(), i32::try_from(*backlog).unwrap_or(128))
                 .map_err(sock_err("listening".into()))?;
             set_options(&s, &i.options);
+            restore_filter(fd, &s, &i.filter)?;
         }
         InetState::Established(r) => {
             tcp::restore(fd, &s, i, r)?;
@@ -193,6 +197,7 @@ fn restore(cx: &mut RestoreCtx<'_>, fd: i32, i: &InetSocket) -> Result<OwnedFd, 
                 sock: scm::dup_at_least(s.as_fd(), 3)?,
                 repair: r.clone(),
                 options: i.options.clone(),
+                filter: i.filter.clone(),
             });
         }
         InetState::Plain => {
@@ -207,6 +212,7 @@ fn restore(cx: &mut RestoreCtx<'_>, fd: i32, i: &InetSocket) -> Result<OwnedFd, 
                 requeue_datagrams(fd, &s, i)?;
             }
             set_options(&s, &i.options);
+            restore_filter(fd, &s, &i.filter)?;
         }
     }
     Ok(s)

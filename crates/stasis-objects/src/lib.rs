@@ -200,6 +200,7 @@ mod tests {
                 state: InetState::Plain,
                 options: vec![],
                 datagrams: vec![],
+                filter: None,
             }),
             FdKind::PtyMaster(PtyPair {
                 index: 3,

@@ -63,6 +63,20 @@ pub struct InetSocket {
     /// A UDP socket's unread datagrams: (sender's raw address, bytes).
     #[serde(default)]
     pub datagrams: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Its classic BPF filter (`SO_ATTACH_FILTER`), if it has one.
+    #[serde(default)]
+    pub filter: Option<SocketFilter>,
+}
+
+/// A socket's classic BPF filter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SocketFilter {
+    /// `struct sock_filter` instructions as `SO_GET_FILTER` gives them (8
+    /// bytes each, native byte order).
+    #[serde(with = "serde_bytes")]
+    pub insns: Vec<u8>,
+    /// `SO_LOCK_FILTER`: the program can no longer change it.
+    pub locked: bool,
 }
 
 /// State of an IPv4/IPv6 socket.

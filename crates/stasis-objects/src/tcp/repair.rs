@@ -2,14 +2,14 @@
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-use stasis_image::manifest::{InetSocket, TcpRepair};
+use stasis_image::manifest::{InetSocket, SocketFilter, TcpRepair};
 use stasis_kernel::{fdops, sock, tcpdiag, KernelError};
 use stasis_sys::net::{
     MAX_TCP_WINDOW, TCPOLEN_TSTAMP_ALIGNED, TCP_REPAIR_WINDOW_LEN,
 };
 
 use super::states;
-use crate::socket::set_options;
+use crate::socket::{restore_filter, set_options};
 use crate::{RestoreCtx, RestoreError};
 
 /// `TCP_REPAIR_WINDOW`: snd_wl1, snd_wnd, max_window, rcv_wnd, rcv_wup.
@@ -307,6 +307,8 @@ pub struct PendingTcp {
     pub(crate) sock: OwnedFd,
     pub(crate) repair: TcpRepair,
     pub(crate) options: Vec<(i32, i32, i32)>,
+    /// The program's socket filter, attached once the restore's lock is off.
+    pub(crate) filter: Option<SocketFilter>,
 }
 
 impl PendingTcp {
@@ -362,7 +364,7 @@ impl PendingTcp {
         })?;
         self.replay_after()?;
         set_options(&self.sock, &self.options);
-        Ok(())
+        restore_filter(self.fd, &self.sock, &self.filter)
     }
 }
 
