@@ -166,6 +166,7 @@ workload_tests! {
     stopped: "stopped";
     zombies: "zombies";
     tcp_states: "tcp_states";
+    sock_filter: "sock_filter";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so
