@@ -17,11 +17,11 @@ use stasis_sys::net::{SIOCINQ, SIOCOUTQ, SIOCOUTQNSD};
 
 mod filter;
 mod packet;
-pub use packet::{inject_tcp, Segment};
 pub use filter::{
-    attach_drop_all, attach_filter, detach_filter, has_drop_all_filter, has_filter, read_filter, release_holders, Guarded,
-    SocketGuard, HOLDER_NAME, HOLD_SECS,
+    attach_drop_all, attach_filter, detach_filter, has_drop_all_filter, has_filter, read_filter,
+    release_holders, Guarded, SocketGuard, HOLDER_NAME, HOLD_SECS,
 };
+pub use packet::{inject_tcp, Segment};
 pub use stasis_sys::net::{
     SO_PEEK_OFF, TCPI_OPT_SACK, TCPI_OPT_TIMESTAMPS, TCPI_OPT_WSCALE, TCPOPT_MAXSEG,
     TCPOPT_SACK_PERM, TCPOPT_TIMESTAMP, TCPOPT_WINDOW, TCP_QUEUE_SEQ, TCP_RECV_QUEUE, TCP_REPAIR,

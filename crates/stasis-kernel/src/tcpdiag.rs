@@ -50,6 +50,38 @@ impl DiagAddr {
     }
 }
 
+impl DiagAddr {
+    /// The raw `sockaddr_in`/`sockaddr_in6` of this address.
+    pub fn to_raw(&self) -> Vec<u8> {
+        let family = u16::from(self.family).to_ne_bytes();
+        if i32::from(self.family) == libc::AF_INET {
+            let mut raw = vec![0u8; 16];
+            raw[..2].copy_from_slice(&family);
+            raw[2..4].copy_from_slice(&self.port);
+            raw[4..8].copy_from_slice(&self.addr[..4]);
+            raw
+        } else {
+            let mut raw = vec![0u8; 28];
+            raw[..2].copy_from_slice(&family);
+            raw[2..4].copy_from_slice(&self.port);
+            raw[8..24].copy_from_slice(&self.addr);
+            raw
+        }
+    }
+}
+
+/// The peer a TCP socket of family `family` (its inode `inode`) is
+/// connecting to: `getpeername` does not tell it before the connection is
+/// established.
+pub fn peer_of(family: u8, inode: u32) -> Result<Option<DiagAddr>> {
+    let found = sockets_where(family, |m| m.inode == inode)?;
+    Ok(found.first().map(|t| DiagAddr {
+        family,
+        port: t.id.dport,
+        addr: t.id.dst,
+    }))
+}
+
 /// One TCP socket the kernel reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TcpSock {

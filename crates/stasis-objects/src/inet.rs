@@ -8,7 +8,7 @@ use std::os::unix::fs::MetadataExt;
 
 use stasis_image::manifest::{FdImage, FdKind, InetSocket, InetState};
 use stasis_kernel::{fdops, scm, sock, tcpdiag, KernelError};
-use stasis_sys::net::{TCP_CLOSE, TCP_LISTEN};
+use stasis_sys::net::{TCP_CLOSE, TCP_LISTEN, TCP_SYN_SENT};
 
 use crate::socket::{restore_filter, save_filter, save_inet_options, save_options, set_options};
 use crate::tcp::{self, PendingTcp};
@@ -52,7 +52,7 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
     options.extend(save_options(b));
     let protocol = sock::get_int(b, libc::SOL_SOCKET, libc::SO_PROTOCOL)?;
     let local = sock::local_addr(b)?;
-    let peer = sock::peer_addr(b)?;
+    let mut peer = sock::peer_addr(b)?;
     let filter = save_filter(b)
         .map_err(|e| fd.unsupported(format!("fd {n}: its socket filter cannot be read (an eBPF one, which stasis cannot save?): {e}")))?;
     let mut datagrams = Vec::new();
@@ -77,7 +77,14 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
                 InetState::Established(r)
             }
             TCP_CLOSE => InetState::Plain,
-            st => return Err(fd.unsupported(format!("fd {n} is a TCP connection in state {st} (a connect in progress); this version saves listening, established and half-closed ones: dump again once it is connected"))),
+            TCP_SYN_SENT => {
+                let to = u8::try_from(domain).ok().zip(u32::try_from(fd.meta.ino()).ok())
+                    .and_then(|(f, ino)| tcpdiag::peer_of(f, ino).ok().flatten())
+                    .ok_or_else(|| fd.unsupported(format!("fd {n} is a TCP connect in progress whose peer address sock_diag does not tell; dump again once it is connected")))?;
+                peer = to.to_raw();
+                InetState::Connecting
+            }
+            st => return Err(fd.unsupported(format!("fd {n} is a TCP connection in state {st} (being accepted); this version saves listening, connecting, established and half-closed ones: dump again"))),
         }
     } else {
         let q = sock::inq(b).unwrap_or(0);
@@ -199,6 +206,26 @@ fn restore(cx: &mut RestoreCtx<'_>, fd: i32, i: &InetSocket) -> Result<OwnedFd, 
                 options: i.options.clone(),
                 filter: i.filter.clone(),
             });
+        }
+        InetState::Connecting => {
+            bind(
+                fd,
+                &s,
+                i,
+                format!("binding the connecting TCP socket of fd {fd}"),
+            )?;
+            // (Its own flags come after: blocking or not, it connects now.)
+            fdops::set_status_flags(s.as_fd(), libc::O_NONBLOCK).map_err(sock_err(
+                "making the connecting TCP socket non-blocking".into(),
+            ))?;
+            match sock::connect(s.as_fd(), &i.peer) {
+                Err(e) if e.raw_os_error() != Some(libc::EINPROGRESS) => {
+                    return Err(sock_err("connecting again".into())(e))
+                }
+                _ => {}
+            }
+            set_options(&s, &i.options);
+            restore_filter(fd, &s, &i.filter)?;
         }
         InetState::Plain => {
             if !sock::port_is_zero(&i.local) {

@@ -137,7 +137,11 @@ pub(crate) fn save_filter(b: BorrowedFd<'_>) -> Result<Option<SocketFilter>, Ker
 }
 
 /// Attaches a saved filter (and locks it if it was).
-pub(crate) fn restore_filter(fd: i32, s: &OwnedFd, f: &Option<SocketFilter>) -> Result<(), RestoreError> {
+pub(crate) fn restore_filter(
+    fd: i32,
+    s: &OwnedFd,
+    f: &Option<SocketFilter>,
+) -> Result<(), RestoreError> {
     let Some(f) = f else {
         return Ok(());
     };
@@ -317,7 +321,12 @@ fn transient(
                 )),
                 // Established or half-closed, listening, or closed (never
                 // connected).
-                Ok(i) if matches!(i.state, TCP_CLOSE | TCP_LISTEN) || crate::tcp::repairable(i.state) => None,
+                Ok(i)
+                    if matches!(i.state, TCP_CLOSE | TCP_LISTEN)
+                        || crate::tcp::repairable(i.state) =>
+                {
+                    None
+                }
                 Ok(i) => Some(format!("TCP state {}", i.state)),
                 Err(_) => None,
             }

@@ -87,8 +87,13 @@ pub enum InetState {
     Listening {
         backlog: u32,
     },
-    /// An established TCP connection, saved with `TCP_REPAIR`.
+    /// An established or half-closed TCP connection, saved with
+    /// `TCP_REPAIR`.
     Established(TcpRepair),
+    /// A TCP connect in progress (`SYN_SENT`) to `peer`: no peer has
+    /// answered it, so it is restored as a new non-blocking connect from
+    /// the same address.
+    Connecting,
 }
 
 /// What `TCP_REPAIR` needs to rebuild an established or half-closed

@@ -100,11 +100,9 @@ pub fn attach_filter(fd: BorrowedFd<'_>, insns: &[u8]) -> Result<()> {
         })
         .collect();
     let fprog = libc::sock_fprog {
-        len: u16::try_from(prog.len()).map_err(|_| {
-            KernelError::Unsupported {
-                feature: "socket filters this long",
-                why: format!("{} instructions", prog.len()),
-            }
+        len: u16::try_from(prog.len()).map_err(|_| KernelError::Unsupported {
+            feature: "socket filters this long",
+            why: format!("{} instructions", prog.len()),
         })?,
         filter: prog.as_mut_ptr(),
     };

@@ -93,7 +93,12 @@ fn build(from: &Ends, to: &Ends, seg: Segment) -> Vec<u8> {
 /// Delivers `seg` to the local TCP socket at `to` as if `from` (its
 /// peer) had sent it. Both are raw socket addresses of one family.
 pub fn inject_tcp(from: &[u8], to: &[u8], seg: Segment) -> Result<()> {
-    let bad = || KernelError::io("a TCP segment's addresses", std::io::Error::other("not an inet address pair"));
+    let bad = || {
+        KernelError::io(
+            "a TCP segment's addresses",
+            std::io::Error::other("not an inet address pair"),
+        )
+    };
     let (Some(f), Some(t)) = (ends(from), ends(to)) else {
         return Err(bad());
     };
@@ -161,7 +166,12 @@ mod tests {
             ends(&v4([127, 0, 0, 1], 1000)).unwrap(),
             ends(&v4([127, 0, 0, 2], 2000)).unwrap(),
         );
-        let seg = Segment { seq: 7, ack: 9, flags: 0x11, window: 512 };
+        let seg = Segment {
+            seq: 7,
+            ack: 9,
+            flags: 0x11,
+            window: 512,
+        };
         let p = build(&f, &t, seg);
         assert_eq!(p.len(), 40);
         assert_eq!(p[20 + 13], 0x11);

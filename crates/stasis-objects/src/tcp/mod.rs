@@ -30,8 +30,8 @@ use crate::save::{list_fds, read_link, socket_inode};
 use crate::socket::is_inet;
 use crate::{SaveCtx, SaveError};
 
-use repair::{hold_sends, read_window, save, write_window};
 pub use repair::PendingTcp;
+use repair::{hold_sends, read_window, save, write_window};
 pub(crate) use repair::{release_holders_of, restore};
 pub(crate) use states::repairable;
 
@@ -154,7 +154,6 @@ impl Repaired {
         self.unlock();
     }
 }
-
 
 /// Puts back what [`SaveCtx::freeze_tcp`] changed on the connections, as
 /// the program had them (the tree runs on, or a failed dump releases it).

@@ -4,9 +4,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use stasis_image::manifest::{InetSocket, SocketFilter, TcpRepair};
 use stasis_kernel::{fdops, sock, tcpdiag, KernelError};
-use stasis_sys::net::{
-    MAX_TCP_WINDOW, TCPOLEN_TSTAMP_ALIGNED, TCP_REPAIR_WINDOW_LEN,
-};
+use stasis_sys::net::{MAX_TCP_WINDOW, TCPOLEN_TSTAMP_ALIGNED, TCP_REPAIR_WINDOW_LEN};
 
 use super::states;
 use crate::socket::{restore_filter, set_options};

@@ -38,7 +38,12 @@ use crate::RestoreError;
 pub(crate) fn repairable(state: u8) -> bool {
     matches!(
         state,
-        TCP_ESTABLISHED | TCP_FIN_WAIT1 | TCP_FIN_WAIT2 | TCP_CLOSE_WAIT | TCP_LAST_ACK | TCP_CLOSING
+        TCP_ESTABLISHED
+            | TCP_FIN_WAIT1
+            | TCP_FIN_WAIT2
+            | TCP_CLOSE_WAIT
+            | TCP_LAST_ACK
+            | TCP_CLOSING
     )
 }
 
@@ -104,8 +109,13 @@ impl PendingTcp {
         };
         if r.state == TCP_FIN_WAIT2 {
             // Its FIN as sent, then acked.
-            sock::set_int(b, libc::IPPROTO_TCP, sock::TCP_REPAIR_QUEUE, sock::TCP_SEND_QUEUE)
-                .map_err(step("selecting the send queue"))?;
+            sock::set_int(
+                b,
+                libc::IPPROTO_TCP,
+                sock::TCP_REPAIR_QUEUE,
+                sock::TCP_SEND_QUEUE,
+            )
+            .map_err(step("selecting the send queue"))?;
             sock::shutdown(b, libc::SHUT_WR).map_err(step("queueing its FIN as sent"))?;
             sock::set_int(b, libc::IPPROTO_TCP, sock::TCP_REPAIR_QUEUE, 0)
                 .map_err(step("unselecting the send queue"))?;
