@@ -13,12 +13,15 @@
  *        and shut down: d LAST_ACK with never-sent bytes and FIN.
  *   e-f  e filled its buffer (E) and shut down (FIN_WAIT1), then f shut
  *        down: f's FIN reached e first: e CLOSING, f FIN_WAIT2.
+ *   u-w  UDP sockets connected to each other; u's send side shut down,
+ *        w's receive side (zdtm's socket_udp_shutdown).
  * After SIGTERM it checks, before reading anything: every state as above
  * (e may be LAST_ACK: a CLOSING connection with never-sent bytes is
  * rebuilt so; both wait for the ack of their FIN and end alike); then
  * every byte of X, Y, A, D and E in order, each followed by end of file
  * where the peer shut down (and not where it did not); a send on a
- * shut-down side fails with EPIPE; y can still send to x, then close.
+ * shut-down side fails with EPIPE; y can still send to x, then close;
+ * u cannot send (EPIPE), w polls POLLRDHUP and u was not (`udp`).
  */
 #include "zdtm.h"
 
@@ -217,9 +220,41 @@ static void check_half_closed(struct pair p, uint64_t seed, const char *tag)
 	expect(p.c, 100, seed + 2, 1, tag);
 }
 
+/* Two UDP sockets on 127.0.0.1 connected to each other. */
+static struct pair udp_pair(void)
+{
+	struct sockaddr_in a[2];
+	socklen_t l = sizeof(a[0]);
+	int s[2];
+	struct pair p;
+
+	for (int i = 0; i < 2; i++) {
+		s[i] = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+		memset(&a[i], 0, sizeof(a[i]));
+		a[i].sin_family = AF_INET;
+		a[i].sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+		if (s[i] < 0 || bind(s[i], (struct sockaddr *)&a[i], l) ||
+		    getsockname(s[i], (struct sockaddr *)&a[i], &l))
+			zdtm_die("udp bind");
+	}
+	if (connect(s[0], (struct sockaddr *)&a[1], l) ||
+	    connect(s[1], (struct sockaddr *)&a[0], l))
+		zdtm_die("udp connect");
+	p.c = s[0];
+	p.s = s[1];
+	return p;
+}
+
+static int rdhup(int s)
+{
+	struct pollfd p = { .fd = s, .events = POLLRDHUP };
+
+	return poll(&p, 1, 0) == 1 && (p.revents & POLLRDHUP);
+}
+
 int main(int argc, char **argv)
 {
-	struct pair xy, xy6, ab, cd, ef;
+	struct pair xy, xy6, ab, cd, ef, uw;
 	size_t na, nd, ne;
 
 	zdtm_init(argc, argv, 0, "");
@@ -244,6 +279,10 @@ int main(int argc, char **argv)
 	shutdown(ef.s, SHUT_WR);
 	wait_state(ef.c, TCP_CLOSING, "e");
 	wait_state(ef.s, TCP_FIN_WAIT2, "f");
+
+	uw = udp_pair();
+	if (shutdown(uw.c, SHUT_WR) || shutdown(uw.s, SHUT_RD))
+		zdtm_die("udp shutdown");
 
 	zdtm_ready();
 	while (!zdtm_stop)
@@ -270,6 +309,10 @@ int main(int argc, char **argv)
 		char b;
 		recv(ef.s, &b, 1, 0);
 	});
+	ZDTM_CORRUPT("udp", uw = udp_pair());
+	expect_epipe(uw.c, "udp");
+	zdtm_check(rdhup(uw.s), "udp", "w: no POLLRDHUP: its receive side is open");
+	zdtm_check(!rdhup(uw.c), "udp", "u: POLLRDHUP: its receive side is shut");
 	check_state(xy.c, TCP_FIN_WAIT2, TCP_FIN_WAIT2, "x");
 	check_state(xy.s, TCP_CLOSE_WAIT, TCP_CLOSE_WAIT, "y");
 	check_state(xy6.c, TCP_FIN_WAIT2, TCP_FIN_WAIT2, "x6");

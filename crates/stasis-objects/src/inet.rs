@@ -56,6 +56,7 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
     let filter = save_filter(b)
         .map_err(|e| fd.unsupported(format!("fd {n}: its socket filter cannot be read (an eBPF one, which stasis cannot save?): {e}")))?;
     let mut datagrams = Vec::new();
+    let mut shutdown = 0;
     let state = if ty == libc::SOCK_STREAM {
         let info = sock::tcp_info(b)?;
         match info.state {
@@ -98,6 +99,13 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
                 fd.unsupported(format!("fd {n}: reading its unread datagrams: {e}"))
             })?;
         }
+        if protocol == libc::IPPROTO_UDP {
+            shutdown = udp_shutdown(domain, fd.meta.ino()).map_err(|e| {
+                fd.unsupported(format!(
+                    "fd {n}: reading whether the UDP socket was shut down: {e}"
+                ))
+            })?;
+        }
         InetState::Plain
     };
     Ok(FdKind::Inet(InetSocket {
@@ -110,7 +118,37 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
         options,
         datagrams,
         filter,
+        shutdown,
     }))
+}
+
+/// A UDP socket's `sk_shutdown`, from `sock_diag` (nothing else tells it).
+fn udp_shutdown(domain: i32, ino: u64) -> Result<u8, KernelError> {
+    let (Ok(family), Ok(ino)) = (u8::try_from(domain), u32::try_from(ino)) else {
+        return Ok(0);
+    };
+    let udp = u8::try_from(libc::IPPROTO_UDP).unwrap_or(17);
+    Ok(tcpdiag::shutdown_of(family, udp, ino)?.unwrap_or(0))
+}
+
+/// Shuts the socket down as it was (`how`: an `sk_shutdown`). An
+/// unconnected datagram socket takes it too, with `ENOTCONN`.
+fn restore_shutdown(fd: i32, s: &OwnedFd, how: u8) -> Result<(), RestoreError> {
+    let how = match how & 3 {
+        0 => return Ok(()),
+        1 => libc::SHUT_RD,
+        2 => libc::SHUT_WR,
+        _ => libc::SHUT_RDWR,
+    };
+    match sock::shutdown(s.as_fd(), how) {
+        Err(KernelError::Io { source, .. }) if source.raw_os_error() == Some(libc::ENOTCONN) => {
+            Ok(())
+        }
+        r => r.map_err(|e| RestoreError::Step {
+            what: format!("shutting the socket of fd {fd} down as it was"),
+            source: e,
+        }),
+    }
 }
 
 /// The port of a raw inet address.
@@ -240,6 +278,7 @@ fn restore(cx: &mut RestoreCtx<'_>, fd: i32, i: &InetSocket) -> Result<OwnedFd, 
             }
             set_options(&s, &i.options);
             restore_filter(fd, &s, &i.filter)?;
+            restore_shutdown(fd, &s, i.shutdown)?;
         }
     }
     Ok(s)

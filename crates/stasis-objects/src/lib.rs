@@ -201,6 +201,7 @@ mod tests {
                 options: vec![],
                 datagrams: vec![],
                 filter: None,
+                shutdown: 0,
             }),
             FdKind::PtyMaster(PtyPair {
                 index: 3,

@@ -66,6 +66,10 @@ pub struct InetSocket {
     /// Its classic BPF filter (`SO_ATTACH_FILTER`), if it has one.
     #[serde(default)]
     pub filter: Option<SocketFilter>,
+    /// A datagram socket's `shutdown` (`sk_shutdown`: 1 receive side,
+    /// 2 send side, 3 both).
+    #[serde(default)]
+    pub shutdown: u8,
 }
 
 /// A socket's classic BPF filter.
