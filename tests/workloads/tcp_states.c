@@ -13,6 +13,8 @@
  *        and shut down: d LAST_ACK with never-sent bytes and FIN.
  *   e-f  e filled its buffer (E) and shut down (FIN_WAIT1), then f shut
  *        down: f's FIN reached e first: e CLOSING, f FIN_WAIT2.
+ *   g-h  both shut down and read to the end: the connection ended, both
+ *        ends TCP_CLOSE (zdtm's socket-tcp-close2).
  *   u-w  UDP sockets connected to each other; u's send side shut down,
  *        w's receive side (zdtm's socket_udp_shutdown).
  * After SIGTERM it checks, before reading anything: every state as above
@@ -21,7 +23,8 @@
  * every byte of X, Y, A, D and E in order, each followed by end of file
  * where the peer shut down (and not where it did not); a send on a
  * shut-down side fails with EPIPE; y can still send to x, then close;
- * u cannot send (EPIPE), w polls POLLRDHUP and u was not (`udp`).
+ * u cannot send (EPIPE), w polls POLLRDHUP and u was not (`udp`); g and
+ * h are TCP_CLOSE, read end of file and cannot send (`ended`).
  */
 #include "zdtm.h"
 
@@ -254,7 +257,7 @@ static int rdhup(int s)
 
 int main(int argc, char **argv)
 {
-	struct pair xy, xy6, ab, cd, ef, uw;
+	struct pair xy, xy6, ab, cd, ef, gh, uw;
 	size_t na, nd, ne;
 
 	zdtm_init(argc, argv, 0, "");
@@ -280,6 +283,13 @@ int main(int argc, char **argv)
 	wait_state(ef.c, TCP_CLOSING, "e");
 	wait_state(ef.s, TCP_FIN_WAIT2, "f");
 
+	gh = connect_pair(AF_INET);
+	shutdown(gh.c, SHUT_WR);
+	shutdown(gh.s, SHUT_WR);
+	expect(gh.c, 0, 0, 1, "setup");
+	expect(gh.s, 0, 0, 1, "setup");
+	wait_state(gh.c, TCP_CLOSE, "g");
+	wait_state(gh.s, TCP_CLOSE, "h");
 	uw = udp_pair();
 	if (shutdown(uw.c, SHUT_WR) || shutdown(uw.s, SHUT_RD))
 		zdtm_die("udp shutdown");
@@ -309,6 +319,13 @@ int main(int argc, char **argv)
 		char b;
 		recv(ef.s, &b, 1, 0);
 	});
+	ZDTM_CORRUPT("ended", gh = connect_pair(AF_INET));
+	check_state(gh.c, TCP_CLOSE, TCP_CLOSE, "g");
+	check_state(gh.s, TCP_CLOSE, TCP_CLOSE, "h");
+	expect(gh.c, 0, 0, 1, "ended");
+	expect(gh.s, 0, 0, 1, "ended");
+	expect_epipe(gh.c, "ended");
+	expect_epipe(gh.s, "ended");
 	ZDTM_CORRUPT("udp", uw = udp_pair());
 	expect_epipe(uw.c, "udp");
 	zdtm_check(rdhup(uw.s), "udp", "w: no POLLRDHUP: its receive side is open");

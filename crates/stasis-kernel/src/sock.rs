@@ -375,6 +375,20 @@ fn control_creds(mh: &libc::msghdr) -> Result<Option<Creds>> {
     Ok(creds)
 }
 
+/// The `poll` events (of `events`) the socket has now, without waiting.
+pub fn poll_now(fd: BorrowedFd<'_>, events: i16) -> Result<i16> {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events,
+        revents: 0,
+    };
+    // SAFETY: poll reads and writes the one live pollfd.
+    if unsafe { libc::poll(&mut p, 1, 0) } < 0 {
+        return Err(err("poll".into()));
+    }
+    Ok(p.revents)
+}
+
 /// `shutdown(2)`: `how` is `SHUT_RD`, `SHUT_WR` or `SHUT_RDWR`.
 pub fn shutdown(fd: BorrowedFd<'_>, how: i32) -> Result<()> {
     // SAFETY: shutdown takes no pointer; an invalid fd or `how` fails.

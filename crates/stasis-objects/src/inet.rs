@@ -77,6 +77,11 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
                 })?;
                 InetState::Established(r)
             }
+            TCP_CLOSE
+                if sock::poll_now(b, libc::POLLRDHUP)? & libc::POLLRDHUP != 0 =>
+            {
+                InetState::Ended
+            }
             TCP_CLOSE => InetState::Plain,
             TCP_SYN_SENT => {
                 let to = u8::try_from(domain).ok().zip(u32::try_from(fd.meta.ino()).ok())
@@ -244,6 +249,12 @@ fn restore(cx: &mut RestoreCtx<'_>, fd: i32, i: &InetSocket) -> Result<OwnedFd, 
                 options: i.options.clone(),
                 filter: i.filter.clone(),
             });
+        }
+        InetState::Ended => {
+            let s = tcp::ended(fd, i.family)?;
+            set_options(&s, &i.options);
+            restore_filter(fd, &s, &i.filter)?;
+            return Ok(s);
         }
         InetState::Connecting => {
             bind(

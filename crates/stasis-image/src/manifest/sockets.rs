@@ -94,6 +94,11 @@ pub enum InetState {
     /// An established or half-closed TCP connection, saved with
     /// `TCP_REPAIR`.
     Established(TcpRepair),
+    /// A TCP connection that ended, closed both ways (`TCP_CLOSE` with
+    /// its receive side shut down): reads give end of file, writes
+    /// `EPIPE`. Restored as a socket whose loopback connection ended so
+    /// (its addresses are not the original's).
+    Ended,
     /// A TCP connect in progress (`SYN_SENT`) to `peer`: no peer has
     /// answered it, so it is restored as a new non-blocking connect from
     /// the same address.

@@ -33,7 +33,7 @@ use crate::{SaveCtx, SaveError};
 pub use repair::PendingTcp;
 use repair::{hold_sends, read_window, save, write_window};
 pub(crate) use repair::{release_holders_of, restore};
-pub(crate) use states::repairable;
+pub(crate) use states::{ended, repairable};
 
 /// The connections a dump locked and read, and the guard that puts them
 /// back (and continues their held owners) if the dumper dies first.

@@ -20,14 +20,16 @@
 //! its FIN was acknowledged, its ack of our FIN has arrived. Each is
 //! waited for until the state it brings (a second at most).
 
-use std::os::fd::{AsFd, BorrowedFd};
+use std::io::Read;
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use stasis_image::manifest::TcpRepair;
 use stasis_kernel::{sock, KernelError};
 use stasis_sys::net::{
-    TCPI_OPT_WSCALE, TCP_CLOSE_WAIT, TCP_CLOSING, TCP_ESTABLISHED, TCP_FIN_WAIT1, TCP_FIN_WAIT2,
-    TCP_LAST_ACK, TH_ACK, TH_FIN,
+    TCPI_OPT_WSCALE, TCP_CLOSE, TCP_CLOSE_WAIT, TCP_CLOSING, TCP_ESTABLISHED, TCP_FIN_WAIT1,
+    TCP_FIN_WAIT2, TCP_LAST_ACK, TH_ACK, TH_FIN,
 };
 
 use super::repair::PendingTcp;
@@ -178,6 +180,37 @@ impl PendingTcp {
         };
         sock::inject_tcp(&peer, &local, seg)
     }
+}
+
+/// A TCP socket whose connection ended both ways (`TCP_CLOSE`, both
+/// sides shut down): one end of a loopback connection made and closed
+/// for it.
+pub(crate) fn ended(fd: i32, family: i32) -> Result<OwnedFd, RestoreError> {
+    let fail = |e: std::io::Error| RestoreError::Socket {
+        what: format!("making the ended TCP connection of fd {fd}"),
+        source: e,
+    };
+    let at = if family == libc::AF_INET6 {
+        "[::1]:0"
+    } else {
+        "127.0.0.1:0"
+    };
+    let l = TcpListener::bind(at).map_err(fail)?;
+    let mut c = TcpStream::connect(l.local_addr().map_err(fail)?).map_err(fail)?;
+    let (mut a, _) = l.accept().map_err(fail)?;
+    c.shutdown(Shutdown::Write).map_err(fail)?;
+    a.shutdown(Shutdown::Write).map_err(fail)?;
+    // Each reads the other's end of file; the accepted end's FIN is
+    // acked: it is closed.
+    let mut sink = Vec::new();
+    c.read_to_end(&mut sink).map_err(fail)?;
+    a.read_to_end(&mut sink).map_err(fail)?;
+    let s = OwnedFd::from(a);
+    wait_state(s.as_fd(), TCP_CLOSE).map_err(|e| RestoreError::Step {
+        what: format!("closing the ended TCP connection of fd {fd}"),
+        source: e,
+    })?;
+    Ok(s)
 }
 
 /// The first sequence number not acknowledged (the saved send queue
