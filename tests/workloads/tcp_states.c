@@ -15,6 +15,8 @@
  *        down: f's FIN reached e first: e CLOSING, f FIN_WAIT2.
  *   g-h  both shut down and read to the end: the connection ended, both
  *        ends TCP_CLOSE (zdtm's socket-tcp-close2).
+ *   m, n two listeners sharing a port through SO_REUSEPORT, m's then
+ *        cleared (zdtm's socket-tcp-reuseport).
  *   u-w  UDP sockets connected to each other; u's send side shut down,
  *        w's receive side (zdtm's socket_udp_shutdown).
  * After SIGTERM it checks, before reading anything: every state as above
@@ -24,7 +26,9 @@
  * where the peer shut down (and not where it did not); a send on a
  * shut-down side fails with EPIPE; y can still send to x, then close;
  * u cannot send (EPIPE), w polls POLLRDHUP and u was not (`udp`); g and
- * h are TCP_CLOSE, read end of file and cannot send (`ended`).
+ * h are TCP_CLOSE, read end of file and cannot send (`ended`); m has
+ * SO_REUSEPORT 0 and n 1, both on the same port, and a client is
+ * accepted by one of them (`reuseport`).
  */
 #include "zdtm.h"
 
@@ -255,8 +259,60 @@ static int rdhup(int s)
 	return poll(&p, 1, 0) == 1 && (p.revents & POLLRDHUP);
 }
 
+/* A listener on 127.0.0.1, port `*port` (0: any), with SO_REUSEPORT. */
+static int reuseport_listener(int *port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET };
+	socklen_t l = sizeof(a);
+	int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), one = 1;
+
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	a.sin_port = htons(*port);
+	if (s < 0 || setsockopt(s, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) ||
+	    bind(s, (struct sockaddr *)&a, l) || getsockname(s, (struct sockaddr *)&a, &l) ||
+	    listen(s, 4))
+		zdtm_die("reuseport listener");
+	*port = ntohs(a.sin_port);
+	return s;
+}
+
+static void check_reuseport(int m, int n, int port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET };
+	int vm = -1, vn = -1, c, got = -1;
+	socklen_t l = sizeof(vm);
+
+	getsockopt(m, SOL_SOCKET, SO_REUSEPORT, &vm, &l);
+	getsockopt(n, SOL_SOCKET, SO_REUSEPORT, &vn, &l);
+	zdtm_check(vm == 0 && vn == 1, "reuseport", "SO_REUSEPORT %d and %d, expected 0 and 1", vm, vn);
+	for (int i = 0; i < 2; i++) {
+		int s = i ? n : m;
+
+		l = sizeof(a);
+		getsockname(s, (struct sockaddr *)&a, &l);
+		zdtm_check(ntohs(a.sin_port) == port, "reuseport", "listener %d on port %d, expected %d",
+			   i, ntohs(a.sin_port), port);
+	}
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	a.sin_port = htons(port);
+	c = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (c < 0 || connect(c, (struct sockaddr *)&a, sizeof(a))) {
+		zdtm_fail("reuseport", "connect: %s", strerror(errno));
+		return;
+	}
+	for (int i = 0; i < 1000 && got < 0; i++) {
+		got = accept(m, NULL, NULL);
+		if (got < 0)
+			got = accept(n, NULL, NULL);
+		if (got < 0)
+			zdtm_msleep(2);
+	}
+	zdtm_check(got >= 0, "reuseport", "no listener accepted the client");
+}
+
 int main(int argc, char **argv)
 {
+	int lm, ln, lport = 0, zero = 0;
 	struct pair xy, xy6, ab, cd, ef, gh, uw;
 	size_t na, nd, ne;
 
@@ -290,6 +346,9 @@ int main(int argc, char **argv)
 	expect(gh.s, 0, 0, 1, "setup");
 	wait_state(gh.c, TCP_CLOSE, "g");
 	wait_state(gh.s, TCP_CLOSE, "h");
+	lm = reuseport_listener(&lport);
+	ln = reuseport_listener(&lport);
+	setsockopt(lm, SOL_SOCKET, SO_REUSEPORT, &zero, sizeof(zero));
 	uw = udp_pair();
 	if (shutdown(uw.c, SHUT_WR) || shutdown(uw.s, SHUT_RD))
 		zdtm_die("udp shutdown");
@@ -326,6 +385,8 @@ int main(int argc, char **argv)
 	expect(gh.s, 0, 0, 1, "ended");
 	expect_epipe(gh.c, "ended");
 	expect_epipe(gh.s, "ended");
+	ZDTM_CORRUPT("reuseport", setsockopt(ln, SOL_SOCKET, SO_REUSEPORT, &zero, sizeof(zero)));
+	check_reuseport(lm, ln, lport);
 	ZDTM_CORRUPT("udp", uw = udp_pair());
 	expect_epipe(uw.c, "udp");
 	zdtm_check(rdhup(uw.s), "udp", "w: no POLLRDHUP: its receive side is open");

@@ -82,6 +82,19 @@ pub fn peer_of(family: u8, inode: u32) -> Result<Option<DiagAddr>> {
     }))
 }
 
+/// How many TCP listeners of this network namespace are bound to the
+/// address `local` (raw socket address): more than one share it through
+/// `SO_REUSEPORT`.
+pub fn listeners_on(local: &[u8]) -> Result<usize> {
+    let Some(l) = DiagAddr::from_raw(local) else {
+        return Ok(0);
+    };
+    Ok(sockets_where(l.family, |m| {
+        m.state == TCP_LISTEN && m.id.sport == l.port && m.id.src == l.addr
+    })?
+    .len())
+}
+
 /// The `sk_shutdown` of the socket of family `family`, protocol
 /// `protocol` (TCP or UDP) and inode `inode` (1: its receive side is shut
 /// down, 2: its send side); `None`: not found.

@@ -66,6 +66,7 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
                 }
                 InetState::Listening {
                     backlog: info.sacked,
+                    shares_port: tcpdiag::listeners_on(&local).unwrap_or(0) > 1,
                 }
             }
             st if tcp::repairable(st) => {
@@ -232,8 +233,16 @@ fn restore(cx: &mut RestoreCtx<'_>, fd: i32, i: &InetSocket) -> Result<OwnedFd, 
     };
     let _ = sock::set_int(s.as_fd(), freebind.0, freebind.1, 1);
     match &i.state {
-        InetState::Listening { backlog } => {
+        InetState::Listening {
+            backlog,
+            shares_port,
+        } => {
             let _ = sock::set_int(s.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR, 1);
+            if *shares_port {
+                // The port's bind bucket remembers it was bound so: the
+                // other listeners bind with it still (`fastreuseport`).
+                let _ = sock::set_int(s.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEPORT, 1);
+            }
             bind_listener(fd, &s, i)?;
             fdops::listen(s.as_fd(), i32::try_from(*backlog).unwrap_or(128))
                 .map_err(sock_err("listening".into()))?;

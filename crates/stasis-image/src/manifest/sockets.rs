@@ -90,6 +90,11 @@ pub enum InetState {
     Plain,
     Listening {
         backlog: u32,
+        /// Other listeners shared its address at dump (`SO_REUSEPORT`):
+        /// it binds with `SO_REUSEPORT` set, whatever the program's value
+        /// now (which comes back after), as it had when it was bound.
+        #[serde(default)]
+        shares_port: bool,
     },
     /// An established or half-closed TCP connection, saved with
     /// `TCP_REPAIR`.
