@@ -1,4 +1,5 @@
-//! Established TCP connections, with `TCP_REPAIR` (Linux 3.5+, needs
+//! Established and half-closed TCP connections (the FINs: `states.rs`),
+//! with `TCP_REPAIR` (Linux 3.5+, needs
 //! CAP_NET_ADMIN): in repair mode nothing is sent on the wire, so sequence
 //! numbers, queues, negotiated options and window can be read, and a new
 //! socket can be given them and "connected" without a handshake.
