@@ -2,7 +2,7 @@
 //! an open file description, the data sitting in pipes and socket queues.
 //!
 //! Each kind of kernel object is saved by its own module of
-//! `stasis-objects` (`pipe.rs`, `unix.rs`, `tcp.rs`...; see
+//! `stasis-objects` (`pipe.rs`, `unix.rs`, `tcp/`...; see
 //! [`stasis_objects::REGISTRY`]); this module adapts them to the capture:
 //! the fd table of a dump (errors convert into `CaptureError` in lib.rs).
 

@@ -18,10 +18,12 @@ use stasis_sys::net::{SIOCINQ, SIOCOUTQ, SIOCOUTQNSD};
 mod filter;
 pub mod netlink;
 pub mod unixq;
+mod packet;
 pub use filter::{
-    attach_drop_all, detach_filter, has_drop_all_filter, has_filter, release_holders, Guarded,
-    SocketGuard, HOLDER_NAME, HOLD_SECS,
+    attach_drop_all, attach_filter, detach_filter, has_drop_all_filter, has_filter, read_filter,
+    release_holders, Guarded, SocketGuard, HOLDER_NAME, HOLD_SECS,
 };
+pub use packet::{inject_tcp, Segment};
 pub use stasis_sys::net::{
     SO_PEEK_OFF, TCPI_OPT_SACK, TCPI_OPT_TIMESTAMPS, TCPI_OPT_WSCALE, TCPOPT_MAXSEG,
     TCPOPT_SACK_PERM, TCPOPT_TIMESTAMP, TCPOPT_WINDOW, TCP_QUEUE_SEQ, TCP_RECV_QUEUE, TCP_REPAIR,
@@ -374,6 +376,29 @@ fn control_creds(mh: &libc::msghdr) -> Result<Option<Creds>> {
         });
     }
     Ok(creds)
+}
+
+/// The `poll` events (of `events`) the socket has now, without waiting.
+pub fn poll_now(fd: BorrowedFd<'_>, events: i16) -> Result<i16> {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events,
+        revents: 0,
+    };
+    // SAFETY: poll reads and writes the one live pollfd.
+    if unsafe { libc::poll(&mut p, 1, 0) } < 0 {
+        return Err(err("poll".into()));
+    }
+    Ok(p.revents)
+}
+
+/// `shutdown(2)`: `how` is `SHUT_RD`, `SHUT_WR` or `SHUT_RDWR`.
+pub fn shutdown(fd: BorrowedFd<'_>, how: i32) -> Result<()> {
+    // SAFETY: shutdown takes no pointer; an invalid fd or `how` fails.
+    if unsafe { libc::shutdown(fd.as_raw_fd(), how) } < 0 {
+        return Err(err(format!("shutdown({how})")));
+    }
+    Ok(())
 }
 
 /// Reads `len` bytes of the current repair queue without consuming them.

@@ -50,6 +50,82 @@ impl DiagAddr {
     }
 }
 
+impl DiagAddr {
+    /// The raw `sockaddr_in`/`sockaddr_in6` of this address.
+    pub fn to_raw(&self) -> Vec<u8> {
+        let family = u16::from(self.family).to_ne_bytes();
+        if i32::from(self.family) == libc::AF_INET {
+            let mut raw = vec![0u8; 16];
+            raw[..2].copy_from_slice(&family);
+            raw[2..4].copy_from_slice(&self.port);
+            raw[4..8].copy_from_slice(&self.addr[..4]);
+            raw
+        } else {
+            let mut raw = vec![0u8; 28];
+            raw[..2].copy_from_slice(&family);
+            raw[2..4].copy_from_slice(&self.port);
+            raw[8..24].copy_from_slice(&self.addr);
+            raw
+        }
+    }
+}
+
+/// The peer a TCP socket of family `family` (its inode `inode`) is
+/// connecting to: `getpeername` does not tell it before the connection is
+/// established.
+pub fn peer_of(family: u8, inode: u32) -> Result<Option<DiagAddr>> {
+    let found = sockets_where(family, |m| m.inode == inode)?;
+    Ok(found.first().map(|t| DiagAddr {
+        family,
+        port: t.id.dport,
+        addr: t.id.dst,
+    }))
+}
+
+/// How many TCP listeners of this network namespace are bound to the
+/// address `local` (raw socket address): more than one share it through
+/// `SO_REUSEPORT`.
+pub fn listeners_on(local: &[u8]) -> Result<usize> {
+    let Some(l) = DiagAddr::from_raw(local) else {
+        return Ok(0);
+    };
+    Ok(sockets_where(l.family, |m| {
+        m.state == TCP_LISTEN && m.id.sport == l.port && m.id.src == l.addr
+    })?
+    .len())
+}
+
+/// The `sk_shutdown` of the socket of family `family`, protocol
+/// `protocol` (TCP or UDP) and inode `inode` (1: its receive side is shut
+/// down, 2: its send side); `None`: not found.
+pub fn shutdown_of(family: u8, protocol: u8, inode: u32) -> Result<Option<u8>> {
+    let req = InetDiagReqV2 {
+        family,
+        protocol,
+        states: u32::MAX,
+        ..Default::default()
+    };
+    let mut found = None;
+    exchange(
+        &encode(SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, &req),
+        |r| {
+            if let Some(e) = r.error.filter(|e| *e != 0) {
+                return Err(KernelError::io(
+                    "sock_diag: listing inet sockets",
+                    std::io::Error::from_raw_os_error(e),
+                ));
+            }
+            for (m, sd) in r.msgs.iter().zip(&r.shutdowns) {
+                if m.inode == inode {
+                    found = Some(sd.unwrap_or(0));
+                }
+            }
+            Ok(r.done)
+        },
+    )?;
+    Ok(found)
+}
+
 /// One TCP socket the kernel reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TcpSock {
@@ -123,10 +199,33 @@ fn decode_msg(m: &[u8]) -> Option<InetDiagMsg> {
     })
 }
 
+/// `INET_DIAG_SHUTDOWN`: the socket's `sk_shutdown`, a `u8`.
+const INET_DIAG_SHUTDOWN: u16 = 8;
+
+/// The first byte of attribute `ty` after the `inet_diag_msg` of `m`.
+fn attribute(m: &[u8], ty: u16) -> Option<u8> {
+    let mut off = std::mem::size_of::<InetDiagMsg>();
+    while off + 4 <= m.len() {
+        let len = usize::from(u16::from_ne_bytes([m[off], m[off + 1]]));
+        let t = u16::from_ne_bytes([m[off + 2], m[off + 3]]);
+        if len < 4 {
+            return None;
+        }
+        if t == ty {
+            return m.get(off + 4).copied();
+        }
+        off += len.div_ceil(4) * 4;
+    }
+    None
+}
+
 /// What one reply buffer held.
 #[derive(Debug, Default)]
 pub struct Reply {
     pub msgs: Vec<InetDiagMsg>,
+    /// The `INET_DIAG_SHUTDOWN` attribute of each message (`sk_shutdown`:
+    /// 1 receive side, 2 send side), in the order of `msgs`.
+    pub shutdowns: Vec<Option<u8>>,
     /// `NLMSG_DONE` seen.
     pub done: bool,
     /// The errno of an `NLMSG_ERROR` (0 is an acknowledgement).
@@ -163,6 +262,7 @@ pub fn parse_reply(buf: &[u8]) -> Result<Reply> {
             SOCK_DIAG_BY_FAMILY => {
                 r.msgs
                     .push(decode_msg(body).ok_or_else(|| bad("short inet_diag_msg".into()))?);
+                r.shutdowns.push(attribute(body, INET_DIAG_SHUTDOWN));
             }
             _ => {}
         }

@@ -8,9 +8,9 @@ use std::os::unix::fs::MetadataExt;
 
 use stasis_image::manifest::{FdImage, FdKind, InetSocket, InetState};
 use stasis_kernel::{fdops, scm, sock, tcpdiag, KernelError};
-use stasis_sys::net::{TCP_CLOSE, TCP_ESTABLISHED, TCP_LISTEN};
+use stasis_sys::net::{TCP_CLOSE, TCP_LISTEN, TCP_SYN_SENT};
 
-use crate::socket::{save_inet_options, save_options, set_options};
+use crate::socket::{restore_filter, save_filter, save_inet_options, save_options, set_options};
 use crate::tcp::{self, PendingTcp};
 use crate::unix::QUEUE_MAX;
 use crate::{Object, OpenFd, RestoreCtx, RestoreError, SaveCtx, SaveError};
@@ -52,8 +52,11 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
     options.extend(save_options(b));
     let protocol = sock::get_int(b, libc::SOL_SOCKET, libc::SO_PROTOCOL)?;
     let local = sock::local_addr(b)?;
-    let peer = sock::peer_addr(b)?;
+    let mut peer = sock::peer_addr(b)?;
+    let filter = save_filter(b)
+        .map_err(|e| fd.unsupported(format!("fd {n}: its socket filter cannot be read (an eBPF one, which stasis cannot save?): {e}")))?;
     let mut datagrams = Vec::new();
+    let mut shutdown = 0;
     let state = if ty == libc::SOCK_STREAM {
         let info = sock::tcp_info(b)?;
         match info.state {
@@ -63,18 +66,32 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
                 }
                 InetState::Listening {
                     backlog: info.sacked,
+                    shares_port: tcpdiag::listeners_on(&local).unwrap_or(0) > 1,
                 }
             }
-            TCP_ESTABLISHED => {
-                // Read in repair mode by `SaveCtx::freeze_tcp`, with every other
-                // connection of the tree.
+            st if tcp::repairable(st) => {
+                // Established or half-closed: read in repair mode by
+                // `SaveCtx::freeze_tcp`, with every other connection of
+                // the tree.
                 let r = cx.repaired.saved(fd.meta.ino()).cloned().ok_or_else(|| {
                     fd.unsupported(format!("fd {n} is a TCP connection established while the tree was frozen (it was opening when the dump began); dump again"))
                 })?;
                 InetState::Established(r)
             }
+            TCP_CLOSE
+                if sock::poll_now(b, libc::POLLRDHUP)? & libc::POLLRDHUP != 0 =>
+            {
+                InetState::Ended
+            }
             TCP_CLOSE => InetState::Plain,
-            st => return Err(fd.unsupported(format!("fd {n} is a TCP connection in state {st} (opening or closing); this version saves listening and established ones"))),
+            TCP_SYN_SENT => {
+                let to = u8::try_from(domain).ok().zip(u32::try_from(fd.meta.ino()).ok())
+                    .and_then(|(f, ino)| tcpdiag::peer_of(f, ino).ok().flatten())
+                    .ok_or_else(|| fd.unsupported(format!("fd {n} is a TCP connect in progress whose peer address sock_diag does not tell; dump again once it is connected")))?;
+                peer = to.to_raw();
+                InetState::Connecting
+            }
+            st => return Err(fd.unsupported(format!("fd {n} is a TCP connection in state {st} (being accepted); this version saves listening, connecting, established and half-closed ones: dump again"))),
         }
     } else {
         let q = sock::inq(b).unwrap_or(0);
@@ -88,6 +105,13 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
                 fd.unsupported(format!("fd {n}: reading its unread datagrams: {e}"))
             })?;
         }
+        if protocol == libc::IPPROTO_UDP {
+            shutdown = udp_shutdown(domain, fd.meta.ino()).map_err(|e| {
+                fd.unsupported(format!(
+                    "fd {n}: reading whether the UDP socket was shut down: {e}"
+                ))
+            })?;
+        }
         InetState::Plain
     };
     Ok(FdKind::Inet(InetSocket {
@@ -99,7 +123,38 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
         state,
         options,
         datagrams,
+        filter,
+        shutdown,
     }))
+}
+
+/// A UDP socket's `sk_shutdown`, from `sock_diag` (nothing else tells it).
+fn udp_shutdown(domain: i32, ino: u64) -> Result<u8, KernelError> {
+    let (Ok(family), Ok(ino)) = (u8::try_from(domain), u32::try_from(ino)) else {
+        return Ok(0);
+    };
+    let udp = u8::try_from(libc::IPPROTO_UDP).unwrap_or(17);
+    Ok(tcpdiag::shutdown_of(family, udp, ino)?.unwrap_or(0))
+}
+
+/// Shuts the socket down as it was (`how`: an `sk_shutdown`). An
+/// unconnected datagram socket takes it too, with `ENOTCONN`.
+fn restore_shutdown(fd: i32, s: &OwnedFd, how: u8) -> Result<(), RestoreError> {
+    let how = match how & 3 {
+        0 => return Ok(()),
+        1 => libc::SHUT_RD,
+        2 => libc::SHUT_WR,
+        _ => libc::SHUT_RDWR,
+    };
+    match sock::shutdown(s.as_fd(), how) {
+        Err(KernelError::Io { source, .. }) if source.raw_os_error() == Some(libc::ENOTCONN) => {
+            Ok(())
+        }
+        r => r.map_err(|e| RestoreError::Step {
+            what: format!("shutting the socket of fd {fd} down as it was"),
+            source: e,
+        }),
+    }
 }
 
 /// The port of a raw inet address.
@@ -178,12 +233,21 @@ fn restore(cx: &mut RestoreCtx<'_>, fd: i32, i: &InetSocket) -> Result<OwnedFd, 
     };
     let _ = sock::set_int(s.as_fd(), freebind.0, freebind.1, 1);
     match &i.state {
-        InetState::Listening { backlog } => {
+        InetState::Listening {
+            backlog,
+            shares_port,
+        } => {
             let _ = sock::set_int(s.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR, 1);
+            if *shares_port {
+                // The port's bind bucket remembers it was bound so: the
+                // other listeners bind with it still (`fastreuseport`).
+                let _ = sock::set_int(s.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEPORT, 1);
+            }
             bind_listener(fd, &s, i)?;
             fdops::listen(s.as_fd(), i32::try_from(*backlog).unwrap_or(128))
                 .map_err(sock_err("listening".into()))?;
             set_options(&s, &i.options);
+            restore_filter(fd, &s, &i.filter)?;
         }
         InetState::Established(r) => {
             tcp::restore(fd, &s, i, r)?;
@@ -192,7 +256,34 @@ fn restore(cx: &mut RestoreCtx<'_>, fd: i32, i: &InetSocket) -> Result<OwnedFd, 
                 sock: scm::dup_at_least(s.as_fd(), 3)?,
                 repair: r.clone(),
                 options: i.options.clone(),
+                filter: i.filter.clone(),
             });
+        }
+        InetState::Ended => {
+            let s = tcp::ended(fd, i.family)?;
+            set_options(&s, &i.options);
+            restore_filter(fd, &s, &i.filter)?;
+            return Ok(s);
+        }
+        InetState::Connecting => {
+            bind(
+                fd,
+                &s,
+                i,
+                format!("binding the connecting TCP socket of fd {fd}"),
+            )?;
+            // (Its own flags come after: blocking or not, it connects now.)
+            fdops::set_status_flags(s.as_fd(), libc::O_NONBLOCK).map_err(sock_err(
+                "making the connecting TCP socket non-blocking".into(),
+            ))?;
+            match sock::connect(s.as_fd(), &i.peer) {
+                Err(e) if e.raw_os_error() != Some(libc::EINPROGRESS) => {
+                    return Err(sock_err("connecting again".into())(e))
+                }
+                _ => {}
+            }
+            set_options(&s, &i.options);
+            restore_filter(fd, &s, &i.filter)?;
         }
         InetState::Plain => {
             if !sock::port_is_zero(&i.local) {
@@ -206,6 +297,8 @@ fn restore(cx: &mut RestoreCtx<'_>, fd: i32, i: &InetSocket) -> Result<OwnedFd, 
                 requeue_datagrams(fd, &s, i)?;
             }
             set_options(&s, &i.options);
+            restore_filter(fd, &s, &i.filter)?;
+            restore_shutdown(fd, &s, i.shutdown)?;
         }
     }
     Ok(s)

@@ -206,6 +206,8 @@ mod tests {
                 state: InetState::Plain,
                 options: vec![],
                 datagrams: vec![],
+                filter: None,
+                shutdown: 0,
             }),
             FdKind::Netlink(stasis_image::manifest::NetlinkSocket {
                 sock_type: libc::SOCK_RAW,

@@ -1,15 +1,17 @@
-//! What every socket kind shares: the options saved and put back on all
-//! of them, the walk over a tree's sockets, the accept gate that keeps new
+//! What every socket kind shares: the options (and classic BPF filter)
+//! saved and put back on all of them, the walk over a tree's sockets, the accept gate that keeps new
 //! TCP connections out during a dump, and the check for sockets caught
 //! mid-change (a connection opening or closing, one waiting to be accepted).
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
-use stasis_kernel::{pidfd, sock, sockdiag};
-use stasis_sys::net::{TCP_CLOSE, TCP_ESTABLISHED, TCP_LISTEN};
+use stasis_image::manifest::SocketFilter;
+use stasis_kernel::{pidfd, sock, sockdiag, KernelError};
+use stasis_sys::net::{TCP_CLOSE, TCP_LISTEN};
 
 use crate::save::{list_fds, socket_inode};
+use crate::RestoreError;
 
 /// Options saved and restored on every socket, where they apply.
 const SOCK_OPTS: [(i32, i32); 14] = [
@@ -116,6 +118,43 @@ pub(crate) fn set_options(s: &OwnedFd, opts: &[(i32, i32, i32)]) {
             tracing::debug!("socket option ({level}, {opt}) = {v}: {e}");
         }
     }
+}
+
+/// The socket's classic BPF filter and whether it is locked; `None`:
+/// none, or only the drop-everything one a dump attaches (the network
+/// lock, the accept gate), which is not the program's. An eBPF filter,
+/// which cannot be read back, is refused.
+pub(crate) fn save_filter(b: BorrowedFd<'_>) -> Result<Option<SocketFilter>, KernelError> {
+    if !sock::has_filter(b) || sock::has_drop_all_filter(b) {
+        return Ok(None);
+    }
+    let insns = sock::read_filter(b)?;
+    if insns.is_empty() {
+        return Ok(None);
+    }
+    let locked = sock::get_int(b, libc::SOL_SOCKET, libc::SO_LOCK_FILTER)? != 0;
+    Ok(Some(SocketFilter { insns, locked }))
+}
+
+/// Attaches a saved filter (and locks it if it was).
+pub(crate) fn restore_filter(
+    fd: i32,
+    s: &OwnedFd,
+    f: &Option<SocketFilter>,
+) -> Result<(), RestoreError> {
+    let Some(f) = f else {
+        return Ok(());
+    };
+    let step = |what: &str| {
+        let what = format!("{what} of fd {fd}");
+        move |source: KernelError| RestoreError::Step { what, source }
+    };
+    sock::attach_filter(s.as_fd(), &f.insns).map_err(step("attaching the socket filter"))?;
+    if f.locked {
+        sock::set_int(s.as_fd(), libc::SOL_SOCKET, libc::SO_LOCK_FILTER, 1)
+            .map_err(step("locking the socket filter"))?;
+    }
+    Ok(())
 }
 
 /// Whether `b` is an inet (v4 or v6) socket of protocol `proto`.
@@ -280,8 +319,14 @@ fn transient(
                     "{} connection(s) waiting to be accepted",
                     i.unacked
                 )),
-                // Established, listening, or closed (never connected).
-                Ok(i) if matches!(i.state, TCP_ESTABLISHED | TCP_CLOSE | TCP_LISTEN) => None,
+                // Established or half-closed, listening, or closed (never
+                // connected).
+                Ok(i)
+                    if matches!(i.state, TCP_CLOSE | TCP_LISTEN)
+                        || crate::tcp::repairable(i.state) =>
+                {
+                    None
+                }
                 Ok(i) => Some(format!("TCP state {}", i.state)),
                 Err(_) => None,
             }
@@ -292,8 +337,7 @@ fn transient(
 
 /// The first socket of `pids` that cannot be checkpointed now but likely
 /// can in a moment: a listener with connections waiting to be accepted, or
-/// a TCP connection opening or closing (a busy server closes a connection
-/// its client closed within milliseconds). Returns `(pid, fd, what)`.
+/// a TCP connection opening. Returns `(pid, fd, what)`.
 pub fn transient_socket(pids: &[i32]) -> Option<(i32, i32, String)> {
     let mut unix = None;
     let mut found = None;

@@ -1,7 +1,7 @@
 //! Open file descriptions of the restored tree.
 //!
 //! Each kind of kernel object is made by its own module of
-//! `stasis-objects` (`pipe.rs`, `unix.rs`, `tcp.rs`...; see
+//! `stasis-objects` (`pipe.rs`, `unix.rs`, `tcp/`...; see
 //! [`stasis_objects::REGISTRY`]); this module adapts them to the
 //! restore: the layout of the stub's scratch page.
 //! Every open file description is created once, in the restorer

@@ -30,6 +30,15 @@ pub const TCPI_OPT_SACK: u8 = 2;
 pub const TCPI_OPT_WSCALE: u8 = 4;
 /// `tcpi_state` values (include/net/tcp_states.h).
 pub const TCP_ESTABLISHED: u8 = 1;
+pub const TCP_SYN_SENT: u8 = 2;
+pub const TCP_FIN_WAIT1: u8 = 4;
+pub const TCP_FIN_WAIT2: u8 = 5;
+pub const TCP_CLOSE_WAIT: u8 = 8;
+pub const TCP_LAST_ACK: u8 = 9;
+pub const TCP_CLOSING: u8 = 11;
+/// TCP header flags.
+pub const TH_FIN: u8 = 0x01;
+pub const TH_ACK: u8 = 0x10;
 pub const TCP_CLOSE: u8 = 7;
 pub const TCP_LISTEN: u8 = 10;
 /// Option bytes a timestamp adds to each segment (`TCPOLEN_TSTAMP_ALIGNED`).

@@ -170,6 +170,8 @@ workload_tests! {
     zombies: "zombies";
     pdeath: "pdeath";
     novdso: "novdso";
+    tcp_states: "tcp_states";
+    sock_filter: "sock_filter";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so

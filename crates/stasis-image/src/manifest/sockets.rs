@@ -95,6 +95,24 @@ pub struct InetSocket {
     /// A UDP socket's unread datagrams: (sender's raw address, bytes).
     #[serde(default)]
     pub datagrams: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Its classic BPF filter (`SO_ATTACH_FILTER`), if it has one.
+    #[serde(default)]
+    pub filter: Option<SocketFilter>,
+    /// A datagram socket's `shutdown` (`sk_shutdown`: 1 receive side,
+    /// 2 send side, 3 both).
+    #[serde(default)]
+    pub shutdown: u8,
+}
+
+/// A socket's classic BPF filter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SocketFilter {
+    /// `struct sock_filter` instructions as `SO_GET_FILTER` gives them (8
+    /// bytes each, native byte order).
+    #[serde(with = "serde_bytes")]
+    pub insns: Vec<u8>,
+    /// `SO_LOCK_FILTER`: the program can no longer change it.
+    pub locked: bool,
 }
 
 /// State of an IPv4/IPv6 socket.
@@ -104,18 +122,43 @@ pub enum InetState {
     Plain,
     Listening {
         backlog: u32,
+        /// Other listeners shared its address at dump (`SO_REUSEPORT`):
+        /// it binds with `SO_REUSEPORT` set, whatever the program's value
+        /// now (which comes back after), as it had when it was bound.
+        #[serde(default)]
+        shares_port: bool,
     },
-    /// An established TCP connection, saved with `TCP_REPAIR`.
+    /// An established or half-closed TCP connection, saved with
+    /// `TCP_REPAIR`.
     Established(TcpRepair),
+    /// A TCP connection that ended, closed both ways (`TCP_CLOSE` with
+    /// its receive side shut down): reads give end of file, writes
+    /// `EPIPE`. Restored as a socket whose loopback connection ended so
+    /// (its addresses are not the original's).
+    Ended,
+    /// A TCP connect in progress (`SYN_SENT`) to `peer`: no peer has
+    /// answered it, so it is restored as a new non-blocking connect from
+    /// the same address.
+    Connecting,
 }
 
-/// What `TCP_REPAIR` needs to rebuild an established connection.
+/// What `TCP_REPAIR` needs to rebuild an established or half-closed
+/// connection. The sequence numbers and queues are those of the data
+/// alone: a FIN (which takes a sequence number) is in `state`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TcpRepair {
-    /// `TCP_QUEUE_SEQ` of the send queue (sequence of the next byte to queue).
+    /// `TCP_QUEUE_SEQ` of the send queue (sequence of the next byte to
+    /// queue), less the connection's own FIN if it sent one.
     pub snd_seq: u32,
-    /// `TCP_QUEUE_SEQ` of the receive queue (next sequence expected).
+    /// `TCP_QUEUE_SEQ` of the receive queue (next sequence expected), less
+    /// the peer's FIN if it came.
     pub rcv_seq: u32,
+    /// The TCP state at dump (`TCP_ESTABLISHED`, or one of the half-closed
+    /// `TCP_FIN_WAIT1`, `TCP_FIN_WAIT2`, `TCP_CLOSE_WAIT`, `TCP_LAST_ACK`,
+    /// `TCP_CLOSING`); images made before it was saved hold established
+    /// connections only.
+    #[serde(default = "tcp_established")]
+    pub state: u8,
     /// Bytes sent but not acknowledged, then bytes not yet sent.
     #[serde(with = "serde_bytes")]
     pub send_queue: Vec<u8>,
@@ -136,6 +179,12 @@ pub struct TcpRepair {
     pub tcpi_options: u8,
     /// `TCP_TIMESTAMP`.
     pub timestamp: u32,
-    /// `struct tcp_repair_window`: snd_wl1, snd_wnd, max_window, rcv_wnd, rcv_wup.
+    /// `struct tcp_repair_window`: snd_wl1, snd_wnd, max_window, rcv_wnd,
+    /// rcv_wup (`rcv_wup` without the peer's FIN, as the rebuilt
+    /// connection has it before the FIN is given to it again).
     pub window: [u32; 5],
+}
+
+fn tcp_established() -> u8 {
+    1
 }

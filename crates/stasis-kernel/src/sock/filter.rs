@@ -5,7 +5,7 @@
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use super::{err, set_int};
-use crate::Result;
+use crate::{KernelError, Result};
 use stasis_sys::net::{TCP_REPAIR, TCP_REPAIR_OFF_NO_WP};
 
 /// Attaches a one-instruction classic BPF filter (`ret #0`) that drops
@@ -71,6 +71,57 @@ fn get_filter(fd: BorrowedFd<'_>, insns: &mut [u8]) -> Option<u32> {
         )
     };
     (r == 0).then_some(len)
+}
+
+/// The socket's classic BPF filter as `SO_GET_FILTER` gives it back (8
+/// bytes an instruction); empty: none attached. An eBPF filter
+/// (`SO_ATTACH_BPF`) cannot be read back: an error.
+pub fn read_filter(fd: BorrowedFd<'_>) -> Result<Vec<u8>> {
+    let Some(n) = get_filter(fd, &mut []) else {
+        return Err(err("getsockopt(SO_GET_FILTER) (an eBPF filter?)".into()));
+    };
+    let mut insns = vec![0u8; n as usize * 8];
+    match get_filter(fd, &mut insns) {
+        Some(m) if m == n => Ok(insns),
+        _ => Err(err("getsockopt(SO_GET_FILTER) of the instructions".into())),
+    }
+}
+
+/// Attaches the classic BPF program `insns` (8 bytes an instruction, as
+/// [`read_filter`] gives them).
+pub fn attach_filter(fd: BorrowedFd<'_>, insns: &[u8]) -> Result<()> {
+    let mut prog: Vec<libc::sock_filter> = insns
+        .chunks_exact(8)
+        .map(|c| libc::sock_filter {
+            code: u16::from_ne_bytes([c[0], c[1]]),
+            jt: c[2],
+            jf: c[3],
+            k: u32::from_ne_bytes([c[4], c[5], c[6], c[7]]),
+        })
+        .collect();
+    let fprog = libc::sock_fprog {
+        len: u16::try_from(prog.len()).map_err(|_| KernelError::Unsupported {
+            feature: "socket filters this long",
+            why: format!("{} instructions", prog.len()),
+        })?,
+        filter: prog.as_mut_ptr(),
+    };
+    let len = libc::socklen_t::try_from(std::mem::size_of::<libc::sock_fprog>()).unwrap_or(0);
+    // SAFETY: SO_ATTACH_FILTER reads a `struct sock_fprog` whose `filter`
+    // points at `len` live instructions (the kernel copies them).
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            (&fprog as *const libc::sock_fprog).cast(),
+            len,
+        )
+    };
+    if r < 0 {
+        return Err(err("setsockopt(SO_ATTACH_FILTER)".into()));
+    }
+    Ok(())
 }
 
 /// Whether the socket has a classic or eBPF filter attached already.
