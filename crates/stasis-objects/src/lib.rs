@@ -12,6 +12,7 @@
 //! |---|---|
 //! | regular file, directory, device | [`file`] |
 //! | deleted file, memfd | [`ghost`] |
+//! | deleted directory, FIFO, device node; deleted working directory | [`deleted`] |
 //! | pipe, FIFO | [`pipe`] |
 //! | eventfd | [`eventfd`] |
 //! | timerfd | [`timerfd`] |
@@ -34,6 +35,7 @@ use std::os::fd::OwnedFd;
 
 use stasis_image::manifest::{FdImage, FdKind};
 
+pub mod deleted;
 pub mod epoll;
 pub mod error;
 pub mod eventfd;
@@ -122,6 +124,7 @@ pub const REGISTRY: &[Entry] = &[
     entry::<inotify::Inotify>(),
     entry::<epoll::Epoll>(),
     entry::<ghost::Ghost>(),
+    entry::<deleted::Deleted>(),
     entry::<pipe::Fifo>(),
     entry::<pty::Pty>(),
     entry::<file::File>(),
@@ -132,7 +135,7 @@ mod tests {
     use std::os::fd::AsRawFd;
 
     use stasis_image::manifest::{
-        InetSocket, InetState, PipeImage, PtyPair, PtyTermios, UnixSocket, UnixState,
+        DeletedNode, InetSocket, InetState, PipeImage, PtyPair, PtyTermios, UnixSocket, UnixState,
     };
 
     use super::*;
@@ -180,6 +183,16 @@ mod tests {
                 pos: 0,
             },
             FdKind::Inotify { watches: vec![] },
+            FdKind::DeletedNode(DeletedNode {
+                path: path(),
+                id: 1,
+                mode: libc::S_IFIFO,
+                rdev: 0,
+                uid: 0,
+                gid: 0,
+                pos: 0,
+                target: None,
+            }),
             FdKind::Unix(UnixSocket {
                 ino: 1,
                 sock_type: libc::SOCK_STREAM,
@@ -229,6 +242,7 @@ mod tests {
                 | FdKind::Ghost { .. }
                 | FdKind::Memfd { .. }
                 | FdKind::Inotify { .. }
+                | FdKind::DeletedNode(_)
                 | FdKind::Unix(_)
                 | FdKind::Inet(_)
                 | FdKind::PtyMaster(_)
@@ -261,6 +275,7 @@ mod tests {
         // Plain files take whatever is left; deleted files before FIFOs.
         assert_eq!(names.last(), Some(&file::File::NAME));
         assert!(at(ghost::Ghost::NAME) < at(pipe::Fifo::NAME));
+        assert!(at(deleted::Deleted::NAME) < at(pipe::Fifo::NAME));
         let mut anon: Vec<_> = REGISTRY.iter().filter_map(|e| e.anon_inode).collect();
         anon.sort_unstable();
         assert_eq!(

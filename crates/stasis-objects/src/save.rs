@@ -152,7 +152,13 @@ pub fn unsupported_reason(pid: i32, fd: i32, link: &str) -> Option<String> {
         match std::fs::metadata(format!("/proc/{pid}/fd/{fd}")) {
             Ok(m) => {
                 let ft = m.file_type();
-                if !(ft.is_file() || ft.is_dir() || ft.is_char_device() || ft.is_fifo()) {
+                if !(ft.is_file()
+                    || ft.is_dir()
+                    || ft.is_char_device()
+                    || ft.is_fifo()
+                    || ft.is_symlink()
+                    || ft.is_block_device() && link.ends_with(" (deleted)"))
+                {
                     return Some(format!("fd {fd} ({link}) is a block device or special file, which this version of stasis cannot checkpoint yet"));
                 }
             }

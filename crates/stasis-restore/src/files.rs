@@ -46,6 +46,15 @@ impl<'a> FdFactory<'a> {
         self.0.set_cwd(cwd);
     }
 
+    /// See [`objects::RestoreCtx::deleted_cwd`].
+    pub fn deleted_cwd(
+        &mut self,
+        cwd: &str,
+        owner: (u32, u32),
+    ) -> Result<Option<OwnedFd>, RestoreError> {
+        Ok(self.0.deleted_cwd(cwd, owner)?)
+    }
+
     /// See [`objects::RestoreCtx::claim_epoll`].
     pub fn claim_epoll(&mut self, img: &FdImage) -> bool {
         self.0.claim_epoll(img)
