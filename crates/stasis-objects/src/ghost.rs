@@ -157,7 +157,14 @@ pub(crate) fn read_sparse(
         move |source| SaveError::Proc { pid, file, source }
     };
     let path = proc_path(pid, name);
-    let f = std::fs::File::open(&path).map_err(proc_err(name))?;
+    // O_NOATIME: reading it must not change what the program sees of it
+    // (a left-running tree, a deleted file's times).
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOATIME)
+        .open(&path)
+        .or_else(|_| std::fs::File::open(&path))
+        .map_err(proc_err(name))?;
     let size = f.metadata().map_err(proc_err(name))?.size();
     let ranges = stasis_kernel::fdops::data_extents(&f, 0, size)
         .map_err(proc_err(&format!("{name} (SEEK_DATA)")))?;
