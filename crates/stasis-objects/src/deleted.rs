@@ -303,3 +303,94 @@ fn open_node(target: &Path, node: &DeletedNode) -> Result<OwnedFd, RestoreError>
         "open",
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
+
+    use stasis_image::manifest::PipeImage;
+
+    use super::*;
+
+    fn node(path: &Path, id: u64, mode: u32) -> FdImage {
+        FdImage {
+            fd: 5,
+            flags: libc::O_NONBLOCK.unsigned_abs(),
+            cloexec: false,
+            kind: FdKind::DeletedNode(DeletedNode {
+                path: path.display().to_string(),
+                id,
+                mode,
+                rdev: 0,
+                uid: nix::unistd::getuid().as_raw(),
+                gid: nix::unistd::getgid().as_raw(),
+                pos: 0,
+                target: None,
+            }),
+            shared_id: None,
+            locks: vec![],
+            owner: None,
+        }
+    }
+
+    fn meta(fd: &FdRef<'_>) -> std::fs::Metadata {
+        std::fs::metadata(format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd())).unwrap()
+    }
+
+    use crate::FdRef;
+
+    // A deleted FIFO comes back deleted, at its path, with its bytes and
+    // mode; a deleted working directory is the node of an fd on it.
+    #[test]
+    fn a_deleted_fifo_keeps_its_bytes_and_a_deleted_cwd_is_the_fds_directory() {
+        let dir = std::env::temp_dir().join(format!("stasis-deleted-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pipes = [PipeImage {
+            id: 7,
+            capacity: 65536,
+            data: b"queued".to_vec(),
+        }];
+        let mut cx = RestoreCtx::new(&pipes, &[], std::iter::empty());
+        let fifo = cx
+            .get(&node(&dir.join("f"), 7, libc::S_IFIFO | 0o640))
+            .unwrap();
+        let link = std::fs::read_link(format!("/proc/self/fd/{}", fifo.as_fd().as_raw_fd()));
+        assert_eq!(
+            link.unwrap().display().to_string(),
+            format!("{} (deleted)", dir.join("f").display())
+        );
+        let m = meta(&fifo);
+        assert_eq!((m.mode(), m.nlink()), (libc::S_IFIFO | 0o640, 0));
+        let mut buf = [0u8; 16];
+        let n = nix::unistd::read(fifo.as_fd().as_raw_fd(), &mut buf).unwrap();
+        assert_eq!(&buf[..n], b"queued");
+        drop(fifo);
+        let d = cx
+            .get(&node(&dir.join("d"), 8, libc::S_IFDIR | 0o750))
+            .unwrap();
+        let (ino, mode) = (meta(&d).ino(), meta(&d).mode());
+        drop(d);
+        assert_eq!(mode, libc::S_IFDIR | 0o750);
+        let cwd = format!("{} (deleted)", dir.join("d").display());
+        let c = cx.deleted_cwd(&cwd, (0, 0)).unwrap().unwrap();
+        assert_eq!(
+            std::fs::metadata(format!("/proc/self/fd/{}", c.as_raw_fd()))
+                .unwrap()
+                .ino(),
+            ino
+        );
+        // Another deleted working directory is a new, empty, removed one.
+        let other = format!("{} (deleted)", dir.join("gone").display());
+        let o = cx.deleted_cwd(&other, (0, 0)).unwrap().unwrap();
+        let om = std::fs::metadata(format!("/proc/self/fd/{}", o.as_raw_fd())).unwrap();
+        assert!(om.is_dir() && om.nlink() == 0 && om.ino() != ino);
+        assert!(cx.deleted_cwd("/srv", (0, 0)).unwrap().is_none());
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            0,
+            "nothing left behind"
+        );
+        std::fs::remove_dir(&dir).unwrap();
+    }
+}
