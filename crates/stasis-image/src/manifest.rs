@@ -454,6 +454,9 @@ pub enum LockKind {
     Flock,
     /// `fcntl(F_OFD_SETLK)`: owned by the open file description.
     Ofd,
+    /// `fcntl(F_SETLEASE)`: a read or write lease, owned by the open file
+    /// description (`start` and `len` 0).
+    Lease,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -76,6 +76,19 @@ pub fn owner(fd: BorrowedFd<'_>) -> io::Result<(sys::FOwnerEx, i32)> {
     Ok((o, i32::try_from(sig).unwrap_or(0)))
 }
 
+/// `fcntl(F_GETLEASE)`: `F_RDLCK`, `F_WRLCK` or `F_UNLCK`.
+pub fn lease(fd: BorrowedFd<'_>) -> io::Result<i32> {
+    // SAFETY: F_GETLEASE takes no argument.
+    let r = check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETLEASE) }.into())?;
+    i32::try_from(r).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// `fcntl(F_SETLEASE, ty)`.
+pub fn set_lease(fd: BorrowedFd<'_>, ty: i32) -> io::Result<()> {
+    // SAFETY: F_SETLEASE takes an int.
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETLEASE, ty) }.into()).map(drop)
+}
+
 /// `fcntl(F_GET_SEALS)` (an error for files that are not memfds).
 pub fn seals(fd: BorrowedFd<'_>) -> io::Result<i32> {
     // SAFETY: F_GET_SEALS takes no argument.

@@ -169,6 +169,7 @@ workload_tests! {
     stopped: "stopped";
     zombies: "zombies";
     ghosts: "ghosts";
+    leases: "leases";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so
