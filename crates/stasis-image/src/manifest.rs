@@ -498,6 +498,8 @@ pub enum FdKind {
     /// A directory, FIFO or device node deleted while open (see
     /// [`DeletedNode`]).
     DeletedNode(DeletedNode),
+    /// A pidfd on the process `pid` of the image.
+    Pidfd { pid: i32 },
     /// An inotify instance and its watches (by path, in watch-descriptor order).
     Inotify { watches: Vec<InotifyWatch> },
     /// A unix domain socket.

@@ -18,6 +18,7 @@
 //! | timerfd | [`timerfd`] |
 //! | signalfd | [`signalfd`] |
 //! | epoll | [`epoll`] |
+//! | pidfd | [`pidfd`] |
 //! | inotify | [`inotify`] |
 //! | unix socket | [`unix`] |
 //! | pseudo-terminal pair | [`pty`] |
@@ -45,6 +46,7 @@ pub mod ghost;
 pub mod inet;
 pub mod inotify;
 pub mod locks;
+pub mod pidfd;
 pub mod pipe;
 pub mod pty;
 pub mod pty_census;
@@ -123,6 +125,7 @@ pub const REGISTRY: &[Entry] = &[
     entry::<signalfd::Signalfd>(),
     entry::<inotify::Inotify>(),
     entry::<epoll::Epoll>(),
+    entry::<pidfd::Pidfd>(),
     entry::<ghost::Ghost>(),
     entry::<deleted::Deleted>(),
     entry::<pipe::Fifo>(),
@@ -229,6 +232,7 @@ mod tests {
                 session: None,
             }),
             FdKind::PtySlave { index: 3 },
+            FdKind::Pidfd { pid: 1 },
         ];
         for k in &all {
             match k {
@@ -246,7 +250,8 @@ mod tests {
                 | FdKind::Unix(_)
                 | FdKind::Inet(_)
                 | FdKind::PtyMaster(_)
-                | FdKind::PtySlave { .. } => {}
+                | FdKind::PtySlave { .. }
+                | FdKind::Pidfd { .. } => {}
             }
         }
         all
@@ -283,6 +288,7 @@ mod tests {
             [
                 "anon_inode:[eventfd]",
                 "anon_inode:[eventpoll]",
+                "anon_inode:[pidfd]",
                 "anon_inode:[signalfd]",
                 "anon_inode:[timerfd]",
                 "anon_inode:inotify"

@@ -124,7 +124,7 @@ pub(crate) use stasis_kernel::procfs::net::socket_inode;
 pub fn unsupported_reason(pid: i32, fd: i32, link: &str) -> Option<String> {
     let known_anon = crate::REGISTRY.iter().any(|e| e.anon_inode == Some(link));
     let kind = if link.starts_with("anon_inode:") && !known_anon {
-        Some("an anonymous inode of a kind stasis does not know (userfaultfd, io_uring, pidfd, inotify...)")
+        Some("an anonymous inode of a kind stasis does not know (userfaultfd, io_uring, fanotify...)")
     } else if link.starts_with("/dev/tty") || link == "/dev/console" {
         // Pseudo-terminals (/dev/ptmx, /dev/pts/N) are `crate::pty`'s.
         Some("a terminal")
@@ -380,7 +380,7 @@ fn exits_silently(pid: i32) -> bool {
 }
 
 /// Whether process `pid` is traced by one of our threads.
-fn traced_by_us(pid: i32) -> bool {
+pub(crate) fn traced_by_us(pid: i32) -> bool {
     let tracer = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {

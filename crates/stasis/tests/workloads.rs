@@ -170,6 +170,7 @@ workload_tests! {
     zombies: "zombies";
     ghosts: "ghosts";
     leases: "leases";
+    pidfds: "pidfds";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so
