@@ -36,6 +36,15 @@ impl Object for Ghost {
             // Directories, FIFOs and device nodes: `crate::deleted`.
             return Ok(None);
         }
+        if fd.meta.nlink() > 0 && !name.starts_with("/memfd:") {
+            // Unlinked under this name, linked under another that /proc
+            // does not give: a copy would be another file.
+            return Err(fd.unsupported(format!(
+                "fd {} is a file removed from {name} that still has {} other hard link(s), which stasis cannot find to open it again; keep a name for it under its old path",
+                fd.fd,
+                fd.meta.nlink()
+            )));
+        }
         save_content(
             cx,
             fd.pid,
