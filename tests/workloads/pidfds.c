@@ -1,20 +1,23 @@
 /*
- * pidfds.c - pidfds must point at the same processes after
- * checkpoint/restore (zdtm's pidfd_self, pidfd_child, pidfd_kill,
- * fd_from_pidfd).
+ * pidfds.c - pidfds must point at the same processes, and namespace files
+ * at the same namespaces, after checkpoint/restore (zdtm's pidfd_self,
+ * pidfd_child, pidfd_kill, fd_from_pidfd, proc-self).
  *
  *   pidfds PIDFILE
  *
  * Set up before "ready": a child that sleeps until killed; a pidfd on this
- * process (PIDFD_NONBLOCK) and one on the child (blocking).
+ * process (PIDFD_NONBLOCK) and one on the child (blocking); fds on
+ * /proc/self/ns/net and /proc/self/ns/uts.
  * After SIGTERM: each pidfd's fdinfo names its process (`Pid:`), the flags
  * are what they were (`self`, `child`), signal 0 through each is accepted,
  * and SIGKILL sent through the child's pidfd kills the child, whose exit
- * waitid(P_PIDFD) then reports (`kill`).
+ * waitid(P_PIDFD) then reports (`kill`); each namespace fd is the
+ * inode of /proc/self/ns/net and /proc/self/ns/uts (`ns`).
  */
 #include "zdtm.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 
@@ -46,9 +49,20 @@ static int pid_of(int fd)
 	return atoi(p + 4);
 }
 
+/* Whether fd is the namespace file /proc/self/ns/<kind>. */
+static int same_ns(int fd, const char *kind)
+{
+	char path[64];
+	struct stat a, b;
+
+	snprintf(path, sizeof(path), "/proc/self/ns/%s", kind);
+	return fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_ino == b.st_ino &&
+	       a.st_dev == b.st_dev;
+}
+
 int main(int argc, char **argv)
 {
-	int self, child_fd, fl;
+	int self, child_fd, fl, net, uts;
 	pid_t child;
 	siginfo_t si;
 
@@ -60,7 +74,9 @@ int main(int argc, char **argv)
 	}
 	self = pidfd_open(getpid(), PIDFD_NONBLOCK);
 	child_fd = pidfd_open(child, 0);
-	if (child < 0 || self < 0 || child_fd < 0) {
+	net = open("/proc/self/ns/net", O_RDONLY);
+	uts = open("/proc/self/ns/uts", O_RDONLY);
+	if (child < 0 || self < 0 || child_fd < 0 || net < 0 || uts < 0) {
 		printf("setup error: pidfd_open: %s\nFAIL: setup\n", strerror(errno));
 		if (child > 0)
 			kill(child, SIGKILL);
@@ -71,6 +87,10 @@ int main(int argc, char **argv)
 		zdtm_msleep(20);
 	ZDTM_CORRUPT("self", fcntl(self, F_SETFL, 0));
 	ZDTM_CORRUPT("child", dup2(self, child_fd));
+	ZDTM_CORRUPT("ns", dup2(uts, net));
+
+	zdtm_check(same_ns(net, "net") && same_ns(uts, "uts"), "ns",
+		   "the namespace fds are not the process's net and uts namespaces");
 
 	zdtm_check(pid_of(self) == getpid(), "self", "self pidfd names %d, want %d", pid_of(self),
 		   getpid());

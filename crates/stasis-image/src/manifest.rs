@@ -500,6 +500,9 @@ pub enum FdKind {
     DeletedNode(DeletedNode),
     /// A pidfd on the process `pid` of the image.
     Pidfd { pid: i32 },
+    /// A namespace file (`/proc/PID/ns/KIND`) of the process's own
+    /// namespace, inode `ino` at dump.
+    NsFile { kind: String, ino: u64 },
     /// An inotify instance and its watches (by path, in watch-descriptor order).
     Inotify { watches: Vec<InotifyWatch> },
     /// A unix domain socket.

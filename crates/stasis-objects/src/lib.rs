@@ -19,6 +19,7 @@
 //! | signalfd | [`signalfd`] |
 //! | epoll | [`epoll`] |
 //! | pidfd | [`pidfd`] |
+//! | namespace file (`/proc/PID/ns/*`) | [`nsfile`] |
 //! | inotify | [`inotify`] |
 //! | unix socket | [`unix`] |
 //! | pseudo-terminal pair | [`pty`] |
@@ -46,6 +47,7 @@ pub mod ghost;
 pub mod inet;
 pub mod inotify;
 pub mod locks;
+pub mod nsfile;
 pub mod pidfd;
 pub mod pipe;
 pub mod pty;
@@ -126,6 +128,7 @@ pub const REGISTRY: &[Entry] = &[
     entry::<inotify::Inotify>(),
     entry::<epoll::Epoll>(),
     entry::<pidfd::Pidfd>(),
+    entry::<nsfile::NsFile>(),
     entry::<ghost::Ghost>(),
     entry::<deleted::Deleted>(),
     entry::<pipe::Fifo>(),
@@ -233,6 +236,10 @@ mod tests {
             }),
             FdKind::PtySlave { index: 3 },
             FdKind::Pidfd { pid: 1 },
+            FdKind::NsFile {
+                kind: "net".into(),
+                ino: 1,
+            },
         ];
         for k in &all {
             match k {
@@ -251,7 +258,8 @@ mod tests {
                 | FdKind::Inet(_)
                 | FdKind::PtyMaster(_)
                 | FdKind::PtySlave { .. }
-                | FdKind::Pidfd { .. } => {}
+                | FdKind::Pidfd { .. }
+                | FdKind::NsFile { .. } => {}
             }
         }
         all

@@ -133,7 +133,7 @@ pub fn unsupported_reason(pid: i32, fd: i32, link: &str) -> Option<String> {
         || link.starts_with("socket:")
     {
         None
-    } else if !link.starts_with('/') {
+    } else if !link.starts_with('/') && crate::nsfile::parse(link).is_none() {
         Some("a special file")
     } else {
         None
