@@ -590,6 +590,11 @@ pub struct EpollTarget {
     pub fd: i32,
     pub events: u32,
     pub data: u64,
+    /// When fd `fd` is closed (or another file) since the registration:
+    /// an fd of the process on the registered file, put at `fd` for the
+    /// time of the registration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<i32>,
 }
 
 /// One signal's disposition, as `struct kernel_sigaction`.

@@ -8,7 +8,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use stasis_sys as sys;
-use stasis_sys::net::{FLOCK_LEN, KCMP_FILE, TFD_IOC_SET_TICKS};
+use stasis_sys::net::{FLOCK_LEN, KCMP_EPOLL_TFD, KCMP_FILE, TFD_IOC_SET_TICKS};
 
 /// A new descriptor from a syscall's return value (`-1`: the error).
 fn owned(r: i64) -> io::Result<OwnedFd> {
@@ -232,6 +232,18 @@ pub fn ofd_setlk(fd: BorrowedFd<'_>, flock: &[u8; FLOCK_LEN]) -> io::Result<()> 
 pub fn kcmp_same_file(pid1: i32, fd1: i32, pid2: i32, fd2: i32) -> bool {
     // SAFETY: kcmp takes integers only.
     let r = unsafe { libc::syscall(libc::SYS_kcmp, pid1, pid2, KCMP_FILE, fd1, fd2) };
+    r == 0
+}
+
+/// `kcmp(KCMP_EPOLL_TFD)`: whether `fd` of `pid` is the file registered
+/// in `pid`'s epoll instance `efd` as its `toff`-th registration of fd
+/// number `tfd` (false when it cannot tell).
+pub fn kcmp_epoll_target(pid: i32, fd: i32, efd: i32, tfd: i32, toff: u32) -> bool {
+    // struct kcmp_epoll_slot { __u32 efd, tfd, toff; }
+    let slot: [u32; 3] = [efd.unsigned_abs(), tfd.unsigned_abs(), toff];
+    // SAFETY: kcmp reads one kcmp_epoll_slot from the pointer, which
+    // points to three u32s that live across the call.
+    let r = unsafe { libc::syscall(libc::SYS_kcmp, pid, pid, KCMP_EPOLL_TFD, fd, slot.as_ptr()) };
     r == 0
 }
 

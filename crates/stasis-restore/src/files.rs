@@ -361,11 +361,13 @@ mod tests {
                         fd: 3,
                         events: 1,
                         data: 0xabc,
+                        source: None,
                     },
                     EpollTarget {
                         fd: 4,
                         events: 4,
                         data: 9,
+                        source: None,
                     },
                 ],
             },
