@@ -171,6 +171,7 @@ workload_tests! {
     ghosts: "ghosts";
     leases: "leases";
     pidfds: "pidfds";
+    epoll_fds: "epoll_fds";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so
