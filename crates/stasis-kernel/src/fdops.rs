@@ -8,7 +8,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use stasis_sys as sys;
-use stasis_sys::net::{FLOCK_LEN, KCMP_EPOLL_TFD, KCMP_FILE, TFD_IOC_SET_TICKS};
+use stasis_sys::net::{FLOCK_LEN, KCMP_EPOLL_TFD, KCMP_FILE, KCMP_FILES, TFD_IOC_SET_TICKS};
 
 /// A new descriptor from a syscall's return value (`-1`: the error).
 fn owned(r: i64) -> io::Result<OwnedFd> {
@@ -232,6 +232,14 @@ pub fn ofd_setlk(fd: BorrowedFd<'_>, flock: &[u8; FLOCK_LEN]) -> io::Result<()> 
 pub fn kcmp_same_file(pid1: i32, fd1: i32, pid2: i32, fd2: i32) -> bool {
     // SAFETY: kcmp takes integers only.
     let r = unsafe { libc::syscall(libc::SYS_kcmp, pid1, pid2, KCMP_FILE, fd1, fd2) };
+    r == 0
+}
+
+/// `kcmp(KCMP_FILES)`: whether `pid1` and `pid2` share one file
+/// descriptor table (`clone(CLONE_FILES)`; false when it cannot tell).
+pub fn kcmp_same_fd_table(pid1: i32, pid2: i32) -> bool {
+    // SAFETY: kcmp takes integers only.
+    let r = unsafe { libc::syscall(libc::SYS_kcmp, pid1, pid2, KCMP_FILES, 0, 0) };
     r == 0
 }
 

@@ -189,6 +189,18 @@ impl SaveCtx {
     /// Records every fd of process `pid` (the next process of the dump).
     pub fn add_process(&mut self, pid: i32) -> Result<()> {
         let index = self.tables.len();
+        // Processes made with clone(CLONE_FILES) share one table: each
+        // would get a table of its own at restore, and stop seeing the
+        // other's new fds.
+        let sharer = (0..index)
+            .map(|i| self.pid_of_table(i))
+            .find(|&p| p != 0 && fdops::kcmp_same_fd_table(p, pid));
+        if let Some(other) = sharer {
+            return Err(SaveError::Unsupported {
+                pid,
+                what: format!("it shares its file descriptor table with process {other} (clone with CLONE_FILES), which stasis cannot restore yet"),
+            });
+        }
         let mut table: Vec<FdImage> = Vec::new();
         // One pidfd for every fd of the process (copies of its fds).
         let pfd = pidfd::pidfd_open(pid)?;
