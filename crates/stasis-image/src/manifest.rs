@@ -7,7 +7,9 @@
 
 use serde::{Deserialize, Serialize};
 
+mod files;
 mod sockets;
+pub use files::*;
 pub use sockets::*;
 
 /// Top-level manifest of one checkpoint.
@@ -165,38 +167,6 @@ impl SysvShm {
         check_extents(size, &ext, || format!("System V segment {}", self.shmid))?;
         Ok((size, ext))
     }
-}
-
-impl GhostFile {
-    /// Size of the file and its data extents `(offset, bytes)`, in order
-    /// (checked: inside the size, no overlap).
-    pub fn content(&self) -> Result<Content<'_>, ContentError> {
-        let (size, ext) = content(&self.data, self.size, &self.extents);
-        check_extents(size, &ext, || format!("deleted file or memfd {}", self.id))?;
-        Ok((size, ext))
-    }
-}
-
-/// A file that no longer has a name (deleted while open, or a memfd),
-/// saved with its content.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GhostFile {
-    /// Inode number at dump (identifies it within the image).
-    pub id: u64,
-    pub mode: u32,
-    /// The whole content, in images written before sparse content
-    /// (`size` 0 and no `extents`); empty otherwise.
-    #[serde(default, skip_serializing_if = "Vec::is_empty", with = "serde_bytes")]
-    pub data: Vec<u8>,
-    /// memfd seals (`F_GET_SEALS`), 0 for a deleted file.
-    #[serde(default)]
-    pub seals: u32,
-    /// Size of the file in bytes.
-    #[serde(default)]
-    pub size: u64,
-    /// The byte runs that hold data (`SEEK_DATA`); the rest is holes.
-    #[serde(default)]
-    pub extents: Vec<Extent>,
 }
 
 /// A pipe (or FIFO) and the bytes that were in it.
@@ -484,6 +454,9 @@ pub enum LockKind {
     Flock,
     /// `fcntl(F_OFD_SETLK)`: owned by the open file description.
     Ofd,
+    /// `fcntl(F_SETLEASE)`: a read or write lease, owned by the open file
+    /// description (`start` and `len` 0).
+    Lease,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -522,6 +495,14 @@ pub enum FdKind {
     Ghost { path: String, id: u64, pos: u64 },
     /// A memfd (`memfd_create`); its content is in `Manifest::ghosts`.
     Memfd { name: String, id: u64, pos: u64 },
+    /// A directory, FIFO or device node deleted while open (see
+    /// [`DeletedNode`]).
+    DeletedNode(DeletedNode),
+    /// A pidfd on the process `pid` of the image.
+    Pidfd { pid: i32 },
+    /// A namespace file (`/proc/PID/ns/KIND`) of the process's own
+    /// namespace, inode `ino` at dump.
+    NsFile { kind: String, ino: u64 },
     /// An inotify instance and its watches (by path, in watch-descriptor order).
     Inotify { watches: Vec<InotifyWatch> },
     /// A unix domain socket.
@@ -611,6 +592,11 @@ pub struct EpollTarget {
     pub fd: i32,
     pub events: u32,
     pub data: u64,
+    /// When fd `fd` is closed (or another file) since the registration:
+    /// an fd of the process on the registered file, put at `fd` for the
+    /// time of the registration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<i32>,
 }
 
 /// One signal's disposition, as `struct kernel_sigaction`.

@@ -8,7 +8,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use stasis_sys as sys;
-use stasis_sys::net::{FLOCK_LEN, KCMP_FILE, TFD_IOC_SET_TICKS};
+use stasis_sys::net::{FLOCK_LEN, KCMP_EPOLL_TFD, KCMP_FILE, KCMP_FILES, TFD_IOC_SET_TICKS};
 
 /// A new descriptor from a syscall's return value (`-1`: the error).
 fn owned(r: i64) -> io::Result<OwnedFd> {
@@ -74,6 +74,19 @@ pub fn owner(fd: BorrowedFd<'_>) -> io::Result<(sys::FOwnerEx, i32)> {
     // SAFETY: F_GETSIG takes no argument.
     let sig = check(unsafe { libc::fcntl(fd.as_raw_fd(), sys::F_GETSIG) }.into())?;
     Ok((o, i32::try_from(sig).unwrap_or(0)))
+}
+
+/// `fcntl(F_GETLEASE)`: `F_RDLCK`, `F_WRLCK` or `F_UNLCK`.
+pub fn lease(fd: BorrowedFd<'_>) -> io::Result<i32> {
+    // SAFETY: F_GETLEASE takes no argument.
+    let r = check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETLEASE) }.into())?;
+    i32::try_from(r).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// `fcntl(F_SETLEASE, ty)`.
+pub fn set_lease(fd: BorrowedFd<'_>, ty: i32) -> io::Result<()> {
+    // SAFETY: F_SETLEASE takes an int.
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETLEASE, ty) }.into()).map(drop)
 }
 
 /// `fcntl(F_GET_SEALS)` (an error for files that are not memfds).
@@ -219,6 +232,26 @@ pub fn ofd_setlk(fd: BorrowedFd<'_>, flock: &[u8; FLOCK_LEN]) -> io::Result<()> 
 pub fn kcmp_same_file(pid1: i32, fd1: i32, pid2: i32, fd2: i32) -> bool {
     // SAFETY: kcmp takes integers only.
     let r = unsafe { libc::syscall(libc::SYS_kcmp, pid1, pid2, KCMP_FILE, fd1, fd2) };
+    r == 0
+}
+
+/// `kcmp(KCMP_FILES)`: whether `pid1` and `pid2` share one file
+/// descriptor table (`clone(CLONE_FILES)`; false when it cannot tell).
+pub fn kcmp_same_fd_table(pid1: i32, pid2: i32) -> bool {
+    // SAFETY: kcmp takes integers only.
+    let r = unsafe { libc::syscall(libc::SYS_kcmp, pid1, pid2, KCMP_FILES, 0, 0) };
+    r == 0
+}
+
+/// `kcmp(KCMP_EPOLL_TFD)`: whether `fd` of `pid` is the file registered
+/// in `pid`'s epoll instance `efd` as its `toff`-th registration of fd
+/// number `tfd` (false when it cannot tell).
+pub fn kcmp_epoll_target(pid: i32, fd: i32, efd: i32, tfd: i32, toff: u32) -> bool {
+    // struct kcmp_epoll_slot { __u32 efd, tfd, toff; }
+    let slot: [u32; 3] = [efd.unsigned_abs(), tfd.unsigned_abs(), toff];
+    // SAFETY: kcmp reads one kcmp_epoll_slot from the pointer, which
+    // points to three u32s that live across the call.
+    let r = unsafe { libc::syscall(libc::SYS_kcmp, pid, pid, KCMP_EPOLL_TFD, fd, slot.as_ptr()) };
     r == 0
 }
 

@@ -17,8 +17,8 @@ use stasis_sys::net::{SIOCINQ, SIOCOUTQ, SIOCOUTQNSD};
 
 mod filter;
 pub mod netlink;
-pub mod unixq;
 mod packet;
+pub mod unixq;
 pub use filter::{
     attach_drop_all, attach_filter, detach_filter, has_drop_all_filter, has_filter, read_filter,
     release_holders, Guarded, SocketGuard, HOLDER_NAME, HOLD_SECS,

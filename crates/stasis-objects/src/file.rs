@@ -1,5 +1,7 @@
 //! Regular files, directories and character devices: reopened at their
 //! path with their access mode and status flags, seeked to their offset.
+//! An `O_PATH` fd (no offset) on a symbolic link is opened with
+//! `O_NOFOLLOW`, as it must have been.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -44,17 +46,24 @@ impl Object for File {
             return Err(crate::restore::not_mine(Self::NAME, img));
         };
         let fd = img.fd;
+        let kind = mode & libc::S_IFMT;
+        // An O_PATH fd on a symbolic link was opened with O_NOFOLLOW.
+        let nofollow = if kind == libc::S_IFLNK {
+            libc::O_NOFOLLOW
+        } else {
+            0
+        };
         let f = open_with_mode(
             std::fs::OpenOptions::new()
                 .read(true) // access mode comes from custom_flags below
-                .custom_flags(reopen_flags(img.flags)),
+                .custom_flags(reopen_flags(img.flags) | nofollow),
             path,
             img.flags,
         )
         .map_err(file_err(path.clone(), format!("fd {fd}"), "open"))?;
         let o: OwnedFd = f.into();
-        let kind = mode & libc::S_IFMT;
-        if kind == libc::S_IFREG || kind == libc::S_IFDIR {
+        let o_path = img.flags & libc::O_PATH.unsigned_abs() != 0;
+        if (kind == libc::S_IFREG || kind == libc::S_IFDIR) && !o_path {
             if kind == libc::S_IFREG && pos > size {
                 tracing::warn!(
                     fd,

@@ -16,6 +16,10 @@ use crate::{OpenFd, SaveError};
 
 /// The owner of `fd`'s description, if one was set.
 pub(crate) fn save(fd: &OpenFd<'_>) -> Result<Option<FileOwner>, SaveError> {
+    // An O_PATH fd has no owner: fcntl(F_GETOWN_EX) fails on it (EBADF).
+    if fd.flags & libc::O_PATH.unsigned_abs() != 0 {
+        return Ok(None);
+    }
     let read = |b: std::os::fd::BorrowedFd<'_>| {
         fdops::owner(b).map_err(|source| SaveError::Proc {
             pid: fd.pid,

@@ -8,7 +8,7 @@ use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 
-use stasis_image::manifest::{Extent, FdImage, FdKind, GhostFile};
+use stasis_image::manifest::{Extent, FdImage, FdKind, FileTimes, GhostFile};
 use stasis_kernel::fdops;
 
 use crate::error::{file_err, io_step, os_err};
@@ -33,15 +33,16 @@ impl Object for Ghost {
             return Ok(None);
         }
         if !fd.meta.file_type().is_file() {
+            // Directories, FIFOs and device nodes: `crate::deleted`.
+            return Ok(None);
+        }
+        if fd.meta.nlink() > 0 && !name.starts_with("/memfd:") {
+            // Unlinked under this name, linked under another that /proc
+            // does not give: a copy would be another file.
             return Err(fd.unsupported(format!(
-                "fd {} is a deleted {} ({}), which stasis cannot checkpoint yet",
+                "fd {} is a file removed from {name} that still has {} other hard link(s), which stasis cannot find to open it again; keep a name for it under its old path",
                 fd.fd,
-                if fd.meta.is_dir() {
-                    "directory"
-                } else {
-                    "special file"
-                },
-                fd.link
+                fd.meta.nlink()
             )));
         }
         save_content(
@@ -83,10 +84,13 @@ impl Object for Ghost {
             memfd.then_some(path.as_str()),
         )?;
         let reopen = format!("/proc/self/fd/{}", keeper.as_raw_fd());
+        // An O_TMPFILE file: its flags say O_DIRECTORY too, which the
+        // reopen of a regular file cannot have.
+        let flags = img.flags & !libc::O_TMPFILE.unsigned_abs();
         let o: OwnedFd = open_with_mode(
-            std::fs::OpenOptions::new().custom_flags(reopen_flags(img.flags)),
+            std::fs::OpenOptions::new().custom_flags(reopen_flags(flags)),
             &reopen,
-            img.flags,
+            flags,
         )
         .map_err(file_err(
             path.clone(),
@@ -136,6 +140,11 @@ fn save_content(cx: &mut SaveCtx, pid: i32, name: &str, what: &str) -> Result<()
             seals: u32::try_from(seals).unwrap_or(0),
             size,
             extents,
+            owner: Some((meta.uid(), meta.gid())),
+            times: Some(FileTimes {
+                atime: (meta.atime(), meta.atime_nsec()),
+                mtime: (meta.mtime(), meta.mtime_nsec()),
+            }),
         },
     );
     Ok(())
@@ -157,7 +166,14 @@ pub(crate) fn read_sparse(
         move |source| SaveError::Proc { pid, file, source }
     };
     let path = proc_path(pid, name);
-    let f = std::fs::File::open(&path).map_err(proc_err(name))?;
+    // O_NOATIME: reading it must not change what the program sees of it
+    // (a left-running tree, a deleted file's times).
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOATIME)
+        .open(&path)
+        .or_else(|_| std::fs::File::open(&path))
+        .map_err(proc_err(name))?;
     let size = f.metadata().map_err(proc_err(name))?.size();
     let ranges = stasis_kernel::fdops::data_extents(&f, 0, size)
         .map_err(proc_err(&format!("{name} (SEEK_DATA)")))?;
@@ -246,34 +262,101 @@ fn make_memfd(name: &str, g: &GhostFile) -> Result<OwnedFd, RestoreError> {
     Ok(k)
 }
 
-/// A file with the content of `g`, made at `path` (so it shows as "PATH
-/// (deleted)" again) when that name is free, else next to it; unlinked.
+/// A file with the content, owner, mode and times of `g`, made at `path`
+/// (so it shows as "PATH (deleted)" again) when that name is free, else
+/// next to it or in the temporary directory; unlinked.
 fn make_deleted(path: &str, id: u64, g: &GhostFile) -> Result<OwnedFd, RestoreError> {
-    let mut target = std::path::PathBuf::from(path);
-    if target.exists() || !target.parent().is_some_and(std::path::Path::exists) {
-        let dir = target
-            .parent()
-            .filter(|d| d.exists())
-            .map_or_else(std::env::temp_dir, std::path::Path::to_path_buf);
-        target = dir.join(format!(".stasis-ghost-{id}-{}", std::process::id()));
+    let mut last = None;
+    for target in ghost_names(path, id) {
+        let made = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+            .open(&target);
+        match made {
+            Ok(f) => {
+                let k: OwnedFd = f.into();
+                let filled = write_sparse(&k, g).and_then(|()| set_attributes(&k, g));
+                let _ = std::fs::remove_file(&target);
+                filled?;
+                return Ok(k);
+            }
+            Err(e) if name_unusable(&e) => last = Some((target, e)),
+            Err(e) => {
+                return Err(file_err(
+                    target.display().to_string(),
+                    "recreating a deleted file",
+                    "open",
+                )(e))
+            }
+        }
     }
-    let k: OwnedFd = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(g.mode & 0o7777)
-        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-        .open(&target)
-        .map_err(file_err(
-            target.display().to_string(),
-            "recreating a deleted file",
-            "open",
-        ))?
-        .into();
-    let filled = write_sparse(&k, g);
-    let _ = std::fs::remove_file(&target);
-    filled?;
-    Ok(k)
+    let (target, e) = last.unwrap_or_else(|| (path.into(), std::io::ErrorKind::NotFound.into()));
+    Err(file_err(
+        target.display().to_string(),
+        "recreating a deleted file (no usable name next to it nor in the temporary directory)",
+        "open",
+    )(e))
+}
+
+/// Whether making a file at a name failed for that name only (taken, a
+/// directory we may not write, a read-only or gone directory): the next
+/// name is tried.
+pub(crate) fn name_unusable(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::EEXIST | libc::EACCES | libc::EPERM | libc::EROFS | libc::ENOENT | libc::ENOTDIR
+        )
+    )
+}
+
+/// The names to make a deleted object at, in order: its own path, a
+/// name next to it, a name in the temporary directory.
+pub(crate) fn ghost_names(path: &str, id: u64) -> Vec<std::path::PathBuf> {
+    let own = std::path::PathBuf::from(path);
+    let tag = format!(".stasis-ghost-{id}-{}", std::process::id());
+    let mut names = Vec::with_capacity(3);
+    if own.is_absolute() {
+        if let Some(dir) = own.parent().filter(|d| d.is_dir()) {
+            names.push(own.clone());
+            names.push(dir.join(&tag));
+        }
+    }
+    names.push(std::env::temp_dir().join(tag));
+    names
+}
+
+/// Owner, mode and times of a rebuilt deleted file or memfd (what the
+/// image holds of them): its owner first, as `fchown` clears set-id bits.
+fn set_attributes(k: &OwnedFd, g: &GhostFile) -> Result<(), RestoreError> {
+    use nix::sys::stat::{fchmod, futimens, Mode};
+    use nix::sys::time::TimeSpec;
+    let err = |what: &str, op: &str| {
+        let f = io_step(format!("giving a rebuilt deleted file {what}"), op);
+        move |e: nix::errno::Errno| f(std::io::Error::from(e))
+    };
+    if let Some((uid, gid)) = g.owner {
+        nix::unistd::fchown(
+            k.as_raw_fd(),
+            Some(nix::unistd::Uid::from_raw(uid)),
+            Some(nix::unistd::Gid::from_raw(gid)),
+        )
+        .map_err(err("its owner", "fchown"))?;
+    }
+    fchmod(k.as_raw_fd(), Mode::from_bits_truncate(g.mode & 0o7777))
+        .map_err(err("its mode", "fchmod"))?;
+    if let Some(t) = g.times {
+        futimens(
+            k.as_raw_fd(),
+            &TimeSpec::new(t.atime.0, t.atime.1),
+            &TimeSpec::new(t.mtime.0, t.mtime.1),
+        )
+        .map_err(err("its times", "futimens"))?;
+    }
+    Ok(())
 }
 
 /// Writes the content of a deleted file or memfd into the new, empty file

@@ -12,11 +12,14 @@
 //! |---|---|
 //! | regular file, directory, device | [`file`] |
 //! | deleted file, memfd | [`ghost`] |
+//! | deleted directory, FIFO, device node; deleted working directory | [`deleted`] |
 //! | pipe, FIFO | [`pipe`] |
 //! | eventfd | [`eventfd`] |
 //! | timerfd | [`timerfd`] |
 //! | signalfd | [`signalfd`] |
 //! | epoll | [`epoll`] |
+//! | pidfd | [`pidfd`] |
+//! | namespace file (`/proc/PID/ns/*`) | [`nsfile`] |
 //! | inotify | [`inotify`] |
 //! | unix socket | [`unix`] |
 //! | netlink socket | [`netlink`] |
@@ -35,6 +38,7 @@ use std::os::fd::OwnedFd;
 
 use stasis_image::manifest::{FdImage, FdKind};
 
+pub mod deleted;
 pub mod epoll;
 pub mod error;
 pub mod eventfd;
@@ -45,6 +49,8 @@ pub mod inet;
 pub mod inotify;
 pub mod locks;
 pub mod netlink;
+pub mod nsfile;
+pub mod pidfd;
 pub mod pipe;
 pub mod pty;
 pub mod pty_census;
@@ -124,7 +130,10 @@ pub const REGISTRY: &[Entry] = &[
     entry::<signalfd::Signalfd>(),
     entry::<inotify::Inotify>(),
     entry::<epoll::Epoll>(),
+    entry::<pidfd::Pidfd>(),
+    entry::<nsfile::NsFile>(),
     entry::<ghost::Ghost>(),
+    entry::<deleted::Deleted>(),
     entry::<pipe::Fifo>(),
     entry::<pty::Pty>(),
     entry::<file::File>(),
@@ -135,7 +144,7 @@ mod tests {
     use std::os::fd::AsRawFd;
 
     use stasis_image::manifest::{
-        InetSocket, InetState, PipeImage, PtyPair, PtyTermios, UnixSocket, UnixState,
+        DeletedNode, InetSocket, InetState, PipeImage, PtyPair, PtyTermios, UnixSocket, UnixState,
     };
 
     use super::*;
@@ -183,6 +192,16 @@ mod tests {
                 pos: 0,
             },
             FdKind::Inotify { watches: vec![] },
+            FdKind::DeletedNode(DeletedNode {
+                path: path(),
+                id: 1,
+                mode: libc::S_IFIFO,
+                rdev: 0,
+                uid: 0,
+                gid: 0,
+                pos: 0,
+                target: None,
+            }),
             FdKind::Unix(UnixSocket {
                 ino: 1,
                 sock_type: libc::SOCK_STREAM,
@@ -233,6 +252,11 @@ mod tests {
                 session: None,
             }),
             FdKind::PtySlave { index: 3 },
+            FdKind::Pidfd { pid: 1 },
+            FdKind::NsFile {
+                kind: "net".into(),
+                ino: 1,
+            },
         ];
         for k in &all {
             match k {
@@ -246,11 +270,14 @@ mod tests {
                 | FdKind::Ghost { .. }
                 | FdKind::Memfd { .. }
                 | FdKind::Inotify { .. }
+                | FdKind::DeletedNode(_)
                 | FdKind::Unix(_)
                 | FdKind::Inet(_)
                 | FdKind::Netlink(_)
                 | FdKind::PtyMaster(_)
-                | FdKind::PtySlave { .. } => {}
+                | FdKind::PtySlave { .. }
+                | FdKind::Pidfd { .. }
+                | FdKind::NsFile { .. } => {}
             }
         }
         all
@@ -279,6 +306,7 @@ mod tests {
         // Plain files take whatever is left; deleted files before FIFOs.
         assert_eq!(names.last(), Some(&file::File::NAME));
         assert!(at(ghost::Ghost::NAME) < at(pipe::Fifo::NAME));
+        assert!(at(deleted::Deleted::NAME) < at(pipe::Fifo::NAME));
         let mut anon: Vec<_> = REGISTRY.iter().filter_map(|e| e.anon_inode).collect();
         anon.sort_unstable();
         assert_eq!(
@@ -286,6 +314,7 @@ mod tests {
             [
                 "anon_inode:[eventfd]",
                 "anon_inode:[eventpoll]",
+                "anon_inode:[pidfd]",
                 "anon_inode:[signalfd]",
                 "anon_inode:[timerfd]",
                 "anon_inode:inotify"

@@ -161,7 +161,7 @@ fn pipe<'c>(cx: &'c mut RestoreCtx<'_>, id: u64) -> Result<&'c (OwnedFd, OwnedFd
 }
 
 /// Sizes a pipe as it was and writes its saved bytes into it.
-fn fill(w: &OwnedFd, img: &PipeImage) -> Result<(), RestoreError> {
+pub(crate) fn fill(w: &OwnedFd, img: &PipeImage) -> Result<(), RestoreError> {
     fdops::set_pipe_size(w.as_fd(), i32::try_from(img.capacity).unwrap_or(65536)).map_err(
         io_step(
             format!(
@@ -192,7 +192,7 @@ pub(crate) fn write_all(f: &OwnedFd, mut data: &[u8], what: &str) -> Result<(), 
 }
 
 /// Copies the unread bytes of the pipe behind `fd` (once per pipe).
-fn save_content(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<(), SaveError> {
+pub(crate) fn save_content(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<(), SaveError> {
     let ino = fd.meta.ino();
     if cx.pipes.contains_key(&ino) {
         return Ok(());

@@ -93,6 +93,9 @@ pub struct RestoreCtx<'a> {
     /// One open fd per rebuilt deleted file or memfd (descriptions are
     /// reopened from it through /proc/self/fd).
     pub(crate) ghost_keepers: HashMap<u64, OwnedFd>,
+    /// Deleted directories made so far, by path: their keeper's id
+    /// (a deleted working directory is the same directory).
+    pub(crate) deleted_dirs: HashMap<String, u64>,
     /// TCP connections rebuilt in repair mode, made live at the end.
     pub(crate) pending_tcp: Vec<PendingTcp>,
     /// Shared epoll descriptions already given their registrations.
@@ -132,6 +135,7 @@ impl<'a> RestoreCtx<'a> {
             pending_sockets: HashMap::new(),
             ghost_data: ghosts.iter().map(|g| (g.id, g)).collect(),
             ghost_keepers: HashMap::new(),
+            deleted_dirs: HashMap::new(),
             pending_tcp: Vec::new(),
             epolls_filled: HashSet::new(),
             flocks_taken: HashSet::new(),

@@ -124,7 +124,7 @@ pub(crate) use stasis_kernel::procfs::net::socket_inode;
 pub fn unsupported_reason(pid: i32, fd: i32, link: &str) -> Option<String> {
     let known_anon = crate::REGISTRY.iter().any(|e| e.anon_inode == Some(link));
     let kind = if link.starts_with("anon_inode:") && !known_anon {
-        Some("an anonymous inode of a kind stasis does not know (userfaultfd, io_uring, pidfd, inotify...)")
+        Some("an anonymous inode of a kind stasis does not know (userfaultfd, io_uring, fanotify...)")
     } else if link.starts_with("/dev/tty") || link == "/dev/console" {
         // Pseudo-terminals (/dev/ptmx, /dev/pts/N) are `crate::pty`'s.
         Some("a terminal")
@@ -133,7 +133,7 @@ pub fn unsupported_reason(pid: i32, fd: i32, link: &str) -> Option<String> {
         || link.starts_with("socket:")
     {
         None
-    } else if !link.starts_with('/') {
+    } else if !link.starts_with('/') && crate::nsfile::parse(link).is_none() {
         Some("a special file")
     } else {
         None
@@ -152,7 +152,13 @@ pub fn unsupported_reason(pid: i32, fd: i32, link: &str) -> Option<String> {
         match std::fs::metadata(format!("/proc/{pid}/fd/{fd}")) {
             Ok(m) => {
                 let ft = m.file_type();
-                if !(ft.is_file() || ft.is_dir() || ft.is_char_device() || ft.is_fifo()) {
+                if !(ft.is_file()
+                    || ft.is_dir()
+                    || ft.is_char_device()
+                    || ft.is_fifo()
+                    || ft.is_symlink()
+                    || ft.is_block_device() && link.ends_with(" (deleted)"))
+                {
                     return Some(format!("fd {fd} ({link}) is a block device or special file, which this version of stasis cannot checkpoint yet"));
                 }
             }
@@ -183,6 +189,18 @@ impl SaveCtx {
     /// Records every fd of process `pid` (the next process of the dump).
     pub fn add_process(&mut self, pid: i32) -> Result<()> {
         let index = self.tables.len();
+        // Processes made with clone(CLONE_FILES) share one table: each
+        // would get a table of its own at restore, and stop seeing the
+        // other's new fds.
+        let sharer = (0..index)
+            .map(|i| self.pid_of_table(i))
+            .find(|&p| p != 0 && fdops::kcmp_same_fd_table(p, pid));
+        if let Some(other) = sharer {
+            return Err(SaveError::Unsupported {
+                pid,
+                what: format!("it shares its file descriptor table with process {other} (clone with CLONE_FILES), which stasis cannot restore yet"),
+            });
+        }
         let mut table: Vec<FdImage> = Vec::new();
         // One pidfd for every fd of the process (copies of its fds).
         let pfd = pidfd::pidfd_open(pid)?;
@@ -382,7 +400,7 @@ fn exits_silently(pid: i32) -> bool {
 }
 
 /// Whether process `pid` is traced by one of our threads.
-fn traced_by_us(pid: i32) -> bool {
+pub(crate) fn traced_by_us(pid: i32) -> bool {
     let tracer = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {

@@ -46,6 +46,15 @@ impl<'a> FdFactory<'a> {
         self.0.set_cwd(cwd);
     }
 
+    /// See [`objects::RestoreCtx::deleted_cwd`].
+    pub fn deleted_cwd(
+        &mut self,
+        cwd: &str,
+        owner: (u32, u32),
+    ) -> Result<Option<OwnedFd>, RestoreError> {
+        Ok(self.0.deleted_cwd(cwd, owner)?)
+    }
+
     /// See [`objects::RestoreCtx::claim_epoll`].
     pub fn claim_epoll(&mut self, img: &FdImage) -> bool {
         self.0.claim_epoll(img)
@@ -352,11 +361,13 @@ mod tests {
                         fd: 3,
                         events: 1,
                         data: 0xabc,
+                        source: None,
                     },
                     EpollTarget {
                         fd: 4,
                         events: 4,
                         data: 9,
+                        source: None,
                     },
                 ],
             },

@@ -83,16 +83,19 @@ fn restore_exe_and_mm(s: &mut Proc, p: &ProcessImage) -> Result<()> {
 }
 
 /// Working directory, umask, personality.
+/// A deleted working directory is entered with the files ([`restore_files`]).
 pub(crate) fn restore_attributes<R: Remote>(s: &mut R, p: &ProcessImage) -> Result<()> {
-    let cwd = s
-        .put_cstr(build::SCRATCH_PATH, &p.cwd)
-        .map_err(step("cwd path"))?;
-    s.sys("chdir", libc::SYS_chdir, &[cwd])
-        .map_err(|source| ObjectError::File {
-            path: p.cwd.clone(),
-            what: "working directory".into(),
-            source,
-        })?;
+    if !p.cwd.ends_with(" (deleted)") {
+        let cwd = s
+            .put_cstr(build::SCRATCH_PATH, &p.cwd)
+            .map_err(step("cwd path"))?;
+        s.sys("chdir", libc::SYS_chdir, &[cwd])
+            .map_err(|source| ObjectError::File {
+                path: p.cwd.clone(),
+                what: "working directory".into(),
+                source,
+            })?;
+    }
     s.sys("umask", libc::SYS_umask, &[u64::from(p.umask)])
         .map_err(step("umask"))?;
     s.sys(
@@ -172,6 +175,33 @@ fn restore_files(s: &mut Proc, p: &ProcessImage, cx: &mut TreeCtx<'_, '_>) -> Re
         }
         files::restore_posix_locks(s, fd)?;
         files::restore_owner(s, fd)?;
+    }
+    // A deleted working directory: made again (or the one of an fd on
+    // it), planted above every fd, entered, closed.
+    if let Some(dir) = factory.deleted_cwd(&p.cwd, (p.creds.uid[1], p.creds.gid[1]))? {
+        let top = p
+            .fds
+            .iter()
+            .map(|f| f.fd)
+            .max()
+            .unwrap_or(2)
+            .max(i32::try_from(h).unwrap_or(0));
+        files::plant(
+            s,
+            transport,
+            h,
+            std::os::fd::AsFd::as_fd(&dir),
+            top + 1,
+            true,
+        )?;
+        let at = u64::from((top + 1).unsigned_abs());
+        s.sys("fchdir", libc::SYS_fchdir, &[at])
+            .map_err(step(format!(
+                "entering the deleted working directory {}",
+                p.cwd
+            )))?;
+        s.sys("close", libc::SYS_close, &[at])
+            .map_err(step("closing the working directory's fd"))?;
     }
     // A session leader takes its pty back as controlling terminal.
     factory.restore_ctty(s, p)?;

@@ -107,6 +107,10 @@ const _: () = assert!(NLMSG_DONE as i32 == libc::NLMSG_DONE);
 
 /// `enum kcmp_type`: same open file description.
 pub const KCMP_FILE: i32 = 0;
+/// `kcmp` type comparing two processes' file descriptor tables.
+pub const KCMP_FILES: i32 = 2;
+/// `kcmp` type comparing a file with an epoll instance's target.
+pub const KCMP_EPOLL_TFD: i32 = 7;
 
 // --- timerfd (include/uapi/linux/timerfd.h) --------------------------------
 

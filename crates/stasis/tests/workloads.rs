@@ -118,7 +118,10 @@ fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
             // A socket file is not content: the restore binds it anew.
             continue;
         }
-        if ft.is_dir() {
+        if ft.is_symlink() {
+            // A link is its target, which need not exist (ghosts).
+            std::os::unix::fs::symlink(std::fs::read_link(e.path()).unwrap(), &t).unwrap();
+        } else if ft.is_dir() {
             copy_tree(&e.path(), &t);
         } else if std::os::unix::fs::FileTypeExt::is_fifo(&ft) {
             let c = std::ffi::CString::new(t.as_os_str().as_encoded_bytes()).unwrap();
@@ -172,6 +175,10 @@ workload_tests! {
     novdso: "novdso";
     tcp_states: "tcp_states";
     sock_filter: "sock_filter";
+    ghosts: "ghosts";
+    leases: "leases";
+    pidfds: "pidfds";
+    epoll_fds: "epoll_fds";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so

@@ -208,6 +208,11 @@ pub fn manifest(checkpoint: u32, processes: Vec<ProcessImage>) -> Manifest {
             seals: 0,
             size: 0,
             extents: Vec::new(),
+            owner: Some((1000, 100)),
+            times: Some(stasis_image::manifest::FileTimes {
+                atime: (0, 5),
+                mtime: (123_456, 0),
+            }),
         }],
         sysv_shm: vec![stasis_image::manifest::SysvShm {
             key: 0x5151,

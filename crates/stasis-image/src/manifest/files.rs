@@ -1,0 +1,77 @@
+//! The files of a manifest that have no name any more: deleted files and
+//! memfds (with their content), and deleted directories, FIFOs and device
+//! nodes.
+
+use serde::{Deserialize, Serialize};
+
+use super::{check_extents, content, Content, ContentError, Extent};
+
+impl GhostFile {
+    /// Size of the file and its data extents `(offset, bytes)`, in order
+    /// (checked: inside the size, no overlap).
+    pub fn content(&self) -> Result<Content<'_>, ContentError> {
+        let (size, ext) = content(&self.data, self.size, &self.extents);
+        check_extents(size, &ext, || format!("deleted file or memfd {}", self.id))?;
+        Ok((size, ext))
+    }
+}
+
+/// A file that no longer has a name (deleted while open, or a memfd),
+/// saved with its content.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GhostFile {
+    /// Inode number at dump (identifies it within the image).
+    pub id: u64,
+    pub mode: u32,
+    /// The whole content, in images written before sparse content
+    /// (`size` 0 and no `extents`); empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", with = "serde_bytes")]
+    pub data: Vec<u8>,
+    /// memfd seals (`F_GET_SEALS`), 0 for a deleted file.
+    #[serde(default)]
+    pub seals: u32,
+    /// Size of the file in bytes.
+    #[serde(default)]
+    pub size: u64,
+    /// The byte runs that hold data (`SEEK_DATA`); the rest is holes.
+    #[serde(default)]
+    pub extents: Vec<Extent>,
+    /// Owner and group (`None` in images written before they were kept:
+    /// the restorer's).
+    #[serde(default)]
+    pub owner: Option<(u32, u32)>,
+    /// Last access and modification times (`None` in older images).
+    #[serde(default)]
+    pub times: Option<FileTimes>,
+}
+
+/// A file's access and modification times, to the nanosecond.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileTimes {
+    pub atime: (i64, i64),
+    pub mtime: (i64, i64),
+}
+
+/// A directory, FIFO, character/block device node or symbolic link
+/// deleted while open
+/// (or the deleted working directory of a process). Made again at its old
+/// path (or next to it), opened and removed at once; a FIFO's queued
+/// bytes are in `Manifest::pipes` under `id`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeletedNode {
+    /// Where it lived (without the " (deleted)" of `/proc`).
+    pub path: String,
+    /// Inode number at dump: one node per id, shared by its fds.
+    pub id: u64,
+    /// Type and permission bits (`st_mode`).
+    pub mode: u32,
+    /// Device number of a device node (`st_rdev`), 0 otherwise.
+    pub rdev: u64,
+    pub uid: u32,
+    pub gid: u32,
+    /// Offset (a directory's `readdir` position is not kept).
+    pub pos: u64,
+    /// What a symbolic link (held by an `O_PATH` fd) points to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+}
