@@ -597,11 +597,18 @@ pub fn inject_udp_v4(from: &[u8], to: &[u8], data: &[u8]) -> Result<()> {
     p.extend_from_slice(&[0, 0]);
     p.extend_from_slice(data);
     // The kernel fills in the IP checksum and id for IP_HDRINCL.
-    let s = socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW)?;
     let mut dst = Vec::from(to.get(..16).unwrap_or(to));
     dst.resize(16, 0);
     dst[2..4].copy_from_slice(&[0, 0]);
     dst[4..8].copy_from_slice(&dip);
+    send_raw(libc::AF_INET, &p, &dst, "a queued datagram")
+}
+
+/// Sends the packet `p` (its IP header included: `IPPROTO_RAW`) through a
+/// raw socket of `family` to the address `dst` (a `sockaddr_in` or
+/// `sockaddr_in6`); `what` names it in errors.
+pub(crate) fn send_raw(family: i32, p: &[u8], dst: &[u8], what: &str) -> Result<()> {
+    let s = socket(family, libc::SOCK_RAW, libc::IPPROTO_RAW)?;
     let dlen = libc::socklen_t::try_from(dst.len()).unwrap_or(0);
     // SAFETY: sendto reads `p.len()` bytes from `p` and `dlen` bytes of
     // address from `dst`, both live buffers.
@@ -616,7 +623,7 @@ pub fn inject_udp_v4(from: &[u8], to: &[u8], data: &[u8]) -> Result<()> {
         )
     };
     if n < 0 {
-        return Err(err("sendto(SOCK_RAW) of a queued datagram".into()));
+        return Err(err(format!("sendto(SOCK_RAW) of {what}")));
     }
     Ok(())
 }

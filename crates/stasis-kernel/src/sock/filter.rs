@@ -19,27 +19,7 @@ pub fn attach_drop_all(fd: BorrowedFd<'_>) -> Result<()> {
         jf: 0,
         k: 0,
     }];
-    let prog = libc::sock_fprog {
-        len: 1,
-        filter: insn.as_mut_ptr(),
-    };
-    let len = libc::socklen_t::try_from(std::mem::size_of::<libc::sock_fprog>()).unwrap_or(0);
-    // SAFETY: SO_ATTACH_FILTER reads a `struct sock_fprog` whose `filter`
-    // points at `len` instructions; both live until the call returns (the
-    // kernel copies the program).
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_ATTACH_FILTER,
-            (&prog as *const libc::sock_fprog).cast(),
-            len,
-        )
-    };
-    if r < 0 {
-        return Err(err("setsockopt(SO_ATTACH_FILTER)".into()));
-    }
-    Ok(())
+    set_program(fd, &mut insn)
 }
 
 /// Removes the socket's filter (`SO_DETACH_FILTER`).
@@ -99,6 +79,11 @@ pub fn attach_filter(fd: BorrowedFd<'_>, insns: &[u8]) -> Result<()> {
             k: u32::from_ne_bytes([c[4], c[5], c[6], c[7]]),
         })
         .collect();
+    set_program(fd, &mut prog)
+}
+
+/// `SO_ATTACH_FILTER` of the classic BPF program `prog`.
+fn set_program(fd: BorrowedFd<'_>, prog: &mut [libc::sock_filter]) -> Result<()> {
     let fprog = libc::sock_fprog {
         len: u16::try_from(prog.len()).map_err(|_| KernelError::Unsupported {
             feature: "socket filters this long",

@@ -3,9 +3,6 @@
 //! given the FIN (or the ack of its own FIN) it had received before the
 //! checkpoint, which no peer will send again.
 
-use std::os::fd::AsRawFd;
-
-use super::{err, socket};
 use crate::{KernelError, Result};
 
 /// One TCP segment without payload or options.
@@ -118,24 +115,7 @@ pub fn inject_tcp(from: &[u8], to: &[u8], seg: Segment) -> Result<()> {
         (libc::AF_INET6, d)
     };
     // IPPROTO_RAW implies a header of our own, for IPv6 too.
-    let s = socket(family, libc::SOCK_RAW, libc::IPPROTO_RAW)?;
-    let dlen = libc::socklen_t::try_from(dst.len()).unwrap_or(0);
-    // SAFETY: sendto reads `p.len()` bytes from `p` and `dlen` bytes of
-    // address from `dst`, both live buffers.
-    let n = unsafe {
-        libc::sendto(
-            s.as_raw_fd(),
-            p.as_ptr().cast(),
-            p.len(),
-            0,
-            dst.as_ptr().cast(),
-            dlen,
-        )
-    };
-    if n < 0 {
-        return Err(err("sendto(SOCK_RAW) of a TCP segment".into()));
-    }
-    Ok(())
+    super::send_raw(family, &p, &dst, "a TCP segment")
 }
 
 #[cfg(test)]
