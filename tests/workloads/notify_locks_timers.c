@@ -19,7 +19,8 @@
  *   OFD       notify_locks_timers.ofd (fd of, O_RDWR): F_OFD_SETLK F_WRLCK
  *             on [0, 50) and F_RDLCK on [1000, 1100).
  *   timers    3 POSIX timers created and deleted (burnt ids), then
- *             ptimer: CLOCK_MONOTONIC, SIGEV_SIGNAL SIGRTMIN+2, sigev_value
+ *             ptimer: CLOCK_MONOTONIC, SIGEV_SIGNAL|SIGEV_THREAD_ID (the main
+ *             thread) SIGRTMIN+2, sigev_value
  *             PT_VALUE (64 bits), periodic 10 ms;
  *             otimer: CLOCK_MONOTONIC, SIGEV_NONE (signo SIGUSR2, value
  *             OT_VALUE recorded by the kernel anyway), one-shot in 1000 s.
@@ -58,7 +59,8 @@
  *             [1000, 1100) -> F_RDLCK, read query [1000, 1100) and write
  *             query [50, 1000) -> F_UNLCK;
  *   [timer-id] /proc/self/timers lists exactly the two saved ids: ptimer
- *             with signal SIGRTMIN+2 / PT_VALUE, notify signal/pid.<pid>,
+ *             with signal SIGRTMIN+2 / PT_VALUE, notify signal/tid.<pid>
+ *             (directed at the main thread, SIGEV_THREAD_ID),
  *             clock 1; otimer with SIGUSR2 / OT_VALUE, notify none/pid.<pid>,
  *             clock 1;
  *   [timer-value] every timer signal so far had SI_TIMER, PT_VALUE and
@@ -267,7 +269,8 @@ static const struct ptimer_info *find_timer(const struct ptimer_info *t,
 
 static void check_timer_info(const struct ptimer_info *t, int n, int id,
 			     const char *what, int signo,
-			     unsigned long long value, const char *notify)
+			     unsigned long long value, const char *notify,
+			     const char *target)
 {
 	const struct ptimer_info *i = find_timer(t, n, id);
 
@@ -276,11 +279,11 @@ static void check_timer_info(const struct ptimer_info *t, int n, int id,
 		return;
 	zdtm_check(i->signo == signo && i->clock == CLOCK_MONOTONIC &&
 		   strcmp(i->notify, notify) == 0 &&
-		   strcmp(i->target, "pid") == 0 && i->pid == getpid(),
+		   strcmp(i->target, target) == 0 && i->pid == getpid(),
 		   "timer-id", "%s (id %d): signal %d, notify %s/%s.%d, clock "
-		   "%d; expected signal %d, notify %s/pid.%d, clock %d", what,
+		   "%d; expected signal %d, notify %s/%s.%d, clock %d", what,
 		   id, i->signo, i->notify, i->target, i->pid, i->clock, signo,
-		   notify, (int)getpid(), CLOCK_MONOTONIC);
+		   notify, target, (int)getpid(), CLOCK_MONOTONIC);
 	zdtm_check(i->value == value, "timer-value", "%s (id %d): sigev_value "
 		   "%#llx, expected %#llx", what, id, i->value, value);
 }
@@ -546,7 +549,10 @@ static void setup_timers(void)
 	sigprocmask(SIG_BLOCK, &rt, NULL);
 	nb = read_timers(before, 16);
 	memset(&sev, 0, sizeof(sev));
-	sev.sigev_notify = SIGEV_SIGNAL;
+	/* directed at this thread (the only one: its tid is the pid), as
+	 * glibc's SIGEV_THREAD helper does (zdtm's pthread_timers) */
+	sev.sigev_notify = SIGEV_SIGNAL | SIGEV_THREAD_ID;
+	sev._sigev_un._tid = getpid(); /* sigev_notify_thread_id */
 	sev.sigev_signo = sig_pt;
 	sev.sigev_value.sival_ptr = (void *)(uintptr_t)PT_VALUE;
 	if (timer_create(CLOCK_MONOTONIC, &sev, &ptimer))
@@ -929,9 +935,9 @@ static void check_timers(void)
 	if (n > 16)
 		n = 16;
 	check_timer_info(t, n, pt_id, "periodic timer", sig_pt, PT_VALUE,
-			 "signal");
+			 "signal", "tid");
 	check_timer_info(t, n, ot_id, "one-shot timer", SIGUSR2, OT_VALUE,
-			 "none");
+			 "none", "pid");
 
 	/* the periodic timer */
 	ZDTM_CORRUPT("timer-fire", {

@@ -289,7 +289,10 @@ pub struct ProcessImage {
 pub struct PosixTimer {
     pub id: i32,
     pub clockid: i32,
-    /// `SIGEV_SIGNAL` (0), `SIGEV_NONE` (1) or `SIGEV_THREAD_ID` (4).
+    /// `sigev_notify`: `SIGEV_SIGNAL` (0), `SIGEV_NONE` (1), `SIGEV_THREAD`
+    /// (2), or `SIGEV_SIGNAL | SIGEV_THREAD_ID` (4) for a timer directed at
+    /// one thread (images before 2026-11-26 hold 0 for those: restored
+    /// process-directed).
     pub notify: i32,
     pub signo: i32,
     /// Target thread for `SIGEV_THREAD_ID`.

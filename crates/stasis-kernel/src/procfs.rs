@@ -576,19 +576,23 @@ pub fn parse_timers(text: &str) -> Result<Vec<TimerLine>, FormatError> {
                 c.2 = u64::from_str_radix(val, 16).map_err(|_| bad())?;
             }
         } else if let Some(v) = l.strip_prefix("notify: ") {
+            // "KIND/pid.N" or "KIND/tid.N": the kernel prints the notify
+            // type without SIGEV_THREAD_ID, then "tid" if it is set.
             let (kind, who) = v.trim().split_once('/').ok_or_else(bad)?;
-            let tid = who
-                .rsplit_once('.')
-                .and_then(|(_, t)| t.parse().ok())
-                .unwrap_or(0);
+            let (target, tid) = who.rsplit_once('.').ok_or_else(bad)?;
             if let Some(c) = cur.as_mut() {
-                c.3 = match kind {
-                    "signal" => 0,
-                    "none" => 1,
-                    "thread" => 4,
+                let base = match kind {
+                    "signal" => libc::SIGEV_SIGNAL,
+                    "none" => libc::SIGEV_NONE,
+                    "thread" => libc::SIGEV_THREAD,
                     _ => return Err(bad()),
                 };
-                c.4 = tid;
+                c.3 = match target {
+                    "tid" => base | libc::SIGEV_THREAD_ID,
+                    "pid" => base,
+                    _ => return Err(bad()),
+                };
+                c.4 = tid.parse().map_err(|_| bad())?;
             }
         } else if let Some(v) = l.strip_prefix("ClockID: ") {
             if let Some(c) = cur.as_mut() {
@@ -734,11 +738,18 @@ mod tests {
 
     #[test]
     fn posix_timers() {
-        let t = "ID: 0\nsignal: 10/0000000000001234\nnotify: signal/pid.77\nClockID: 1\nID: 3\nsignal: 14/0000000000000000\nnotify: thread/tid.78\nClockID: 0\n";
+        // A thread-directed timer (glibc's SIGEV_THREAD helper uses one) is
+        // "signal/tid.N": SIGEV_SIGNAL | SIGEV_THREAD_ID.
+        let t = "ID: 0\nsignal: 10/0000000000001234\nnotify: signal/pid.77\nClockID: 1\nID: 3\nsignal: 32/0000000000000000\nnotify: signal/tid.78\nClockID: 1\nID: 4\nsignal: 14/0000000000000000\nnotify: thread/pid.77\nClockID: 0\n";
         assert_eq!(
             parse_timers(t).unwrap(),
-            vec![(0, 10, 0x1234, 0, 77, 1), (3, 14, 0, 4, 78, 0)]
+            vec![
+                (0, 10, 0x1234, 0, 77, 1),
+                (3, 32, 0, 4, 78, 1),
+                (4, 14, 0, 2, 77, 0)
+            ]
         );
+        assert!(parse_timers("ID: 1\nnotify: signal/who.3\n").is_err());
         assert!(parse_timers("ID: x").is_err());
     }
 
