@@ -50,7 +50,7 @@ fn unsupported_fd_is_refused_and_process_keeps_running() {
     let mut c = std::process::Command::new("python3");
     c.args([
         "-c",
-        "import socket,time; s=socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0); time.sleep(100)",
+        "import socket,time; s=socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0); time.sleep(100)",
     ])
     .stdin(std::process::Stdio::null())
     .stdout(std::process::Stdio::null())
@@ -78,7 +78,7 @@ fn unsupported_fd_is_refused_and_process_keeps_running() {
         .arg(d.path().join("img"))
         .output()
         .unwrap();
-    assert_fails_with(&o, "address family 16");
+    assert_fails_with(&o, "a packet socket (address family 17)");
     assert!(alive(pid), "the refused process must keep running");
     let stat = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     assert!(stat.contains("TracerPid:\t0"), "left traced: {stat}");
