@@ -72,6 +72,22 @@ def brief(d):
     return out
 
 
+def incremental_record(d, r, quiet, busy0, what):
+    """The record of one incremental checkpoint `d` (a dump report) after
+    the round `r`; fails unless it is incremental and holds every page
+    written."""
+    rec = brief(d)
+    rec["machine_busy_cpu_s"] = tc.dr.cpu_busy_s() - busy0
+    rec["quiet_wait_s"] = quiet
+    rec["written_pages"] = r["pages"]
+    rec["write_ns"] = r["write_ns"]
+    if d.get("parent") is None:
+        raise BenchError(f"{what} was not incremental: {d}")
+    if d["pages"] < r["pages"]:
+        raise BenchError(f"{what} saved {d['pages']} pages, {r['pages']} were written")
+    return rec
+
+
 def stage_lengths(rec):
     """{stage: ms} of one report's frozen time (its `frozen_stages` marks)."""
     out, prev = {}, 0
@@ -150,16 +166,7 @@ def run(args, exes, workdir, result):
             quiet = tc.wait_quiet(args.wait_quiet)
             busy0 = tc.dr.cpu_busy_s()
             d = dumper.dump(pid, img, leave_running=True, extra=["--concurrent"] if args.concurrent else [])
-            rec = brief(d)
-            rec["machine_busy_cpu_s"] = tc.dr.cpu_busy_s() - busy0
-            rec["quiet_wait_s"] = quiet
-            rec["written_pages"] = r["pages"]
-            rec["write_ns"] = r["write_ns"]
-            if d.get("parent") is None:
-                raise BenchError(f"`{' '.join(d['argv'])}` was not incremental: {d}")
-            if d["pages"] < r["pages"]:
-                raise BenchError(f"incremental checkpoint saved {d['pages']} pages, {r['pages']} were written: "
-                                 f"`{' '.join(d['argv'])}`")
+            rec = incremental_record(d, r, quiet, busy0, f"`{' '.join(d['argv'])}`")
             # The baseline, then a pause: the memory it frees is handed back
             # to the host (free page reporting) before the next dump, as it
             # was before this one.
@@ -251,15 +258,7 @@ def run_supervised(args, exes, workdir, result):
             quiet = tc.wait_quiet(args.wait_quiet)
             busy0 = tc.dr.cpu_busy_s()
             d = sup.checkpoint(pid)
-            rec = brief(d)
-            rec["machine_busy_cpu_s"] = tc.dr.cpu_busy_s() - busy0
-            rec["quiet_wait_s"] = quiet
-            rec["written_pages"] = r["pages"]
-            rec["write_ns"] = r["write_ns"]
-            if d.get("parent") is None:
-                raise BenchError(f"checkpoint {d.get('checkpoint')} was not incremental: {d}")
-            if d["pages"] < r["pages"]:
-                raise BenchError(f"incremental checkpoint saved {d['pages']} pages, {r['pages']} were written")
+            rec = incremental_record(d, r, quiet, busy0, f"checkpoint {d.get('checkpoint')}")
             rec["tmpfs_baseline"] = tmpfs_baseline(exes["tmpfs_write"], workdir, d["bytes"])
             time.sleep(3)
             incs.append(rec)
