@@ -526,8 +526,11 @@ fn run_concurrent_protection_tracks_only_the_written_pages() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    let _run = KillOnDrop(child.id() as i32);
     let mut lines = Lines::new(child.stdout.take().unwrap());
     let pid = wait_pidfile(&pidfile, Duration::from_secs(60));
+    // A failed check must not leave the job (or its restored self) running.
+    let _job = KillOnDrop(pid);
     let region = std::fs::read_to_string(d.path().join("pid.region")).unwrap();
     let base = u64::from_str_radix(region.split_whitespace().next().unwrap(), 16).unwrap();
     let mut next_checkpoint = || lines.wait_event(Duration::from_secs(60), "checkpoint");
