@@ -167,6 +167,13 @@ impl Stopping {
         if fp.zombie.is_some() {
             return Ok(fp);
         }
+        // `/proc` said running, but its interrupt stop was a group stop: it
+        // was on its way back into one (released a moment ago by another
+        // freeze, e.g. a concurrent dump's preparation).
+        fp.stopped |= fp
+            .threads
+            .iter()
+            .any(|t| t.tracee.pid() == pid && t.tracee.in_group_stop());
         fp.threads
             .sort_by_key(|t| (t.tracee.pid() != pid, t.tracee.pid()));
         if fp.threads.first().map(|t| t.tracee.pid()) != Some(pid) {

@@ -52,6 +52,9 @@ pub struct Tracee {
     hatch: Option<Arc<EscapeHatch>>,
     /// A SIGSTOP of ours is queued on the thread ([`Tracee::hold`]).
     held: bool,
+    /// The signal of the last `PTRACE_EVENT_STOP`: a stop signal for a
+    /// group stop (job control), SIGTRAP for our interrupt.
+    event_stop_sig: i32,
 }
 
 /// Calls `ptrace(op, pid, addr, data)`, mapping -1 to an error naming `name`.
@@ -186,6 +189,7 @@ impl Tracee {
             last_event_msg: None,
             hatch: None,
             held: false,
+            event_stop_sig: 0,
         })
     }
 
@@ -199,6 +203,7 @@ impl Tracee {
             last_event_msg: None,
             hatch: None,
             held: false,
+            event_stop_sig: 0,
         };
         ptrace_raw(
             libc::PTRACE_SETOPTIONS,
@@ -220,6 +225,7 @@ impl Tracee {
             last_event_msg: None,
             hatch: None,
             held: false,
+            event_stop_sig: 0,
         };
         match t.wait_stop("new thread start")? {
             StopKind::Signal(libc::SIGSTOP) | StopKind::EventStop => Ok(t),
@@ -305,6 +311,9 @@ impl Tracee {
         }
         let sig = libc::WSTOPSIG(status);
         let event = status >> 16;
+        if event == sys::PTRACE_EVENT_STOP {
+            self.event_stop_sig = sig;
+        }
         Ok(if sig == libc::SIGTRAP | 0x80 {
             StopKind::Syscall
         } else if event == sys::PTRACE_EVENT_STOP {
@@ -647,6 +656,14 @@ impl Tracee {
         }
         self.held = true;
         Ok(())
+    }
+
+    /// Whether the thread's last `PTRACE_EVENT_STOP` was a group stop (its
+    /// process stopped by job control), not only our interrupt: so even a
+    /// process caught on its way back into a group stop (`/proc` still says
+    /// running) counts as stopped.
+    pub fn in_group_stop(&self) -> bool {
+        is_stop_signal(self.event_stop_sig)
     }
 
     /// Whether a SIGSTOP of [`Tracee::hold`] is still queued.
