@@ -217,6 +217,19 @@ def wait_pid(pid, timeout, what):
         time.sleep(0.002)
 
 
+def check_restored_pass(pid, logf, what, timeout=60, context=""):
+    """SIGTERM to a restored workload (it then checks its memory), wait for
+    it, and fail unless it exited 0 with "PASS" as the last line of `logf`."""
+    os.kill(pid, signal.SIGTERM)
+    status = wait_pid(pid, timeout, what)
+    with open(logf) as f:
+        out = f.read()
+    lines = out.strip().splitlines()
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0 or not lines or lines[-1] != "PASS":
+        raise BenchError(f"{what} {pid} failed its memory check (exit {code}){context}; output:\n{out}")
+
+
 def git_info():
     def git(*args):
         r = subprocess.run(["git", "-C", REPO, *args], capture_output=True, text=True)
@@ -362,15 +375,8 @@ class Bench:
         rec["restore"] = restore_record(r, wall, usage, size)
 
         # check the restored memory
-        os.kill(rpid, signal.SIGTERM)
-        status = wait_pid(rpid, 60, "restored process")
+        check_restored_pass(rpid, logf, "restored process")
         self.live.discard(rpid)
-        with open(logf) as f:
-            out = f.read()
-        lines = out.strip().splitlines()
-        code = os.waitstatus_to_exitcode(status)
-        if code != 0 or not lines or lines[-1] != "PASS":
-            raise BenchError(f"restored process {rpid} failed its memory check (exit {code}); output:\n{out}")
         rec["verified"] = "PASS"
         if rk0 is not None and rk1 is not None:
             rec["free_page_reporting_kib_during_cycle"] = rk1 - rk0

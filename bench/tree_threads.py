@@ -239,17 +239,9 @@ class Bench(dr.Bench):
         rec["restore"] = dr.restore_record(r, wall, usage, size)
 
         # check the restored memory (the root signals and reaps its children)
-        os.kill(rpid, signal.SIGTERM)
-        status = dr.wait_pid(rpid, 60, "restored process")
+        dr.check_restored_pass(rpid, logf, "restored process", context=f"; workload: {shlex.join(argv)}")
         self.live.discard(rpid)
         self.live.difference_update(children)
-        with open(logf) as f:
-            out = f.read()
-        lines = out.strip().splitlines()
-        code = os.waitstatus_to_exitcode(status)
-        if code != 0 or not lines or lines[-1] != "PASS":
-            raise BenchError(f"restored process {rpid} failed its memory check (exit {code}); "
-                             f"workload: {shlex.join(argv)}; output:\n{out}")
         rec["verified"] = "PASS"
         if rk0 is not None and rk1 is not None:
             rec["free_page_reporting_kib_during_cycle"] = rk1 - rk0

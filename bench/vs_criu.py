@@ -157,17 +157,11 @@ class Bench(tt.Bench):
             raise BenchError(f"{engine} restored at pid {rpid}, dumped pid was {pid}")
         self.check_shape(w, rpid, children, f"after the {engine} restore")
 
-        os.kill(rpid, signal.SIGTERM)  # the workload checks its memory (the root its children)
-        status = dr.wait_pid(rpid, 120, f"process restored by {engine}")
+        # the workload checks its memory (the root its children)
+        dr.check_restored_pass(rpid, logf, f"process restored by {engine}", timeout=120,
+                               context=f"; workload: {shlex.join(argv)}")
         self.live.discard(rpid)
         self.live.difference_update(children)
-        with open(logf) as f:
-            out = f.read()
-        lines = out.strip().splitlines()
-        code = os.waitstatus_to_exitcode(status)
-        if code != 0 or not lines or lines[-1] != "PASS":
-            raise BenchError(f"process restored by {engine} failed its memory check (exit {code}); "
-                             f"workload: {shlex.join(argv)}; output:\n{out}")
         rec["verified"] = "PASS"
         shutil.rmtree(img)
         for p in (logf, pidfile):
