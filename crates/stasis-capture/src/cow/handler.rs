@@ -151,10 +151,15 @@ impl Handler<'_> {
             return (g0, g1);
         }
         let next = page + sys::PAGE_SIZE;
-        match self.pagemap.scan(g0, g1, ScanQuery::written()) {
-            Ok(r) if r.iter().any(|w| w.end == page || w.start == next) => (g0, g1),
-            Ok(_) => (page, next),
-            Err(_) => (g0, g1),
+        // Only the two neighbours in the grain are looked at (the page
+        // itself is protected: it faulted).
+        let (a, b) = (
+            page.saturating_sub(sys::PAGE_SIZE).max(g0),
+            (next + sys::PAGE_SIZE).min(g1),
+        );
+        match self.pagemap.scan(a, b, ScanQuery::written()) {
+            Ok(r) if r.is_empty() => (page, next),
+            _ => (g0, g1),
         }
     }
 
