@@ -220,7 +220,8 @@ fn snd_una(r: &TcpRepair) -> u32 {
         .wrapping_sub(u32::try_from(r.send_queue.len()).unwrap_or(0))
 }
 
-/// Waits (a second at most) until the socket is in `state`.
+/// Waits (5 s at most: the kernel handles the segment at once, but a busy
+/// machine may not run us for a while) until the socket is in `state`.
 fn wait_state(b: BorrowedFd<'_>, state: u8) -> Result<(), KernelError> {
     let t0 = Instant::now();
     loop {
@@ -228,7 +229,7 @@ fn wait_state(b: BorrowedFd<'_>, state: u8) -> Result<(), KernelError> {
         if now == state {
             return Ok(());
         }
-        if t0.elapsed() > Duration::from_secs(1) {
+        if t0.elapsed() > Duration::from_secs(5) {
             return Err(KernelError::Io {
                 what: format!("the connection is in state {now}, not {state}"),
                 source: std::io::Error::from_raw_os_error(libc::ETIMEDOUT),
