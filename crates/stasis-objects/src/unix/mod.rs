@@ -352,36 +352,41 @@ fn unconnected(
 ) -> Result<OwnedFd, RestoreError> {
     let s = new_socket(u)?;
     if let Some(n) = name_of(u) {
-        let dirs =
-            bind_unix(&s, n, cwd, u.file_owner, u.file_deleted).map_err(sock_err(fd, "binding"))?;
-        if !u.queue.is_empty() {
-            let tmp = sock::socket(libc::AF_UNIX, u.sock_type, 0)?;
-            connect_unix(&tmp, n, cwd).map_err(sock_err(fd, "refilling"))?;
-            refill(cx, &tmp, u)?;
-        }
-        let clients: Vec<&UnixSocket> = cx
-            .unix_images
-            .values()
-            .copied()
-            .filter(|c| {
-                matches!(c.state, UnixState::Connected { peer, .. } if peer == u.ino)
-                    && one_way(c, u)
-                    && !cx.pending_sockets.contains_key(&c.ino)
-            })
-            .collect();
-        for c in clients {
-            let cs = new_socket(c)?;
-            named_and_refilled(cx, fd, &cs, c, cwd)?;
-            connect_unix(&cs, n, cwd).map_err(sock_err(fd, "connecting a client to it"))?;
-            shut(fd, &cs, c)?;
-            cx.pending_sockets.insert(c.ino, cs);
-        }
-        if u.file_deleted || dirs.made() {
-            forget_name(n, cwd, dirs).map_err(sock_err(fd, "unlinking its socket file"))?;
-        }
+        while_bound(fd, &s, u, n, cwd, || connect_clients(cx, fd, u, n, cwd))?;
     }
     shut(fd, &s, u)?;
     Ok(s)
+}
+
+/// While `u` has its name `n`: refills its queue through a throw-away
+/// socket, and connects again the datagram sockets of the image that were
+/// connected to it one way (they wait in `pending_sockets`).
+fn connect_clients(
+    cx: &mut RestoreCtx<'_>,
+    fd: i32,
+    u: &UnixSocket,
+    n: &[u8],
+    cwd: &str,
+) -> Result<(), RestoreError> {
+    refill_by_name(cx, fd, u, n, cwd)?;
+    let clients: Vec<&UnixSocket> = cx
+        .unix_images
+        .values()
+        .copied()
+        .filter(|c| {
+            matches!(c.state, UnixState::Connected { peer, .. } if peer == u.ino)
+                && one_way(c, u)
+                && !cx.pending_sockets.contains_key(&c.ino)
+        })
+        .collect();
+    for c in clients {
+        let cs = new_socket(c)?;
+        named_and_refilled(cx, fd, &cs, c, cwd)?;
+        connect_unix(&cs, n, cwd).map_err(sock_err(fd, "connecting a client to it"))?;
+        shut(fd, &cs, c)?;
+        cx.pending_sockets.insert(c.ino, cs);
+    }
+    Ok(())
 }
 
 /// A listener, bound to its name, with the connections that were waiting
@@ -396,10 +401,25 @@ fn listener(
     let cwd = cx.cwd.clone();
     let s = new_socket(u)?;
     let name = u.name.as_deref().unwrap_or_default();
-    let dirs =
-        bind_unix(&s, name, &cwd, u.file_owner, u.file_deleted).map_err(sock_err(fd, "binding"))?;
-    fdops::listen(s.as_fd(), i32::try_from(backlog).unwrap_or(128))
-        .map_err(sock_err(fd, "listening"))?;
+    while_bound(fd, &s, u, name, &cwd, || {
+        fdops::listen(s.as_fd(), i32::try_from(backlog).unwrap_or(128))
+            .map_err(sock_err(fd, "listening"))?;
+        connect_waiting(cx, fd, u, name, &cwd)
+    })?;
+    // Its other clients are accepted connections, restored as pairs:
+    // nothing connects to the name again.
+    Ok(s)
+}
+
+/// Connects again the clients whose connections waited on listener `u`
+/// (named `name`); they wait in `pending_sockets`.
+fn connect_waiting(
+    cx: &mut RestoreCtx<'_>,
+    fd: i32,
+    u: &UnixSocket,
+    name: &[u8],
+    cwd: &str,
+) -> Result<(), RestoreError> {
     for c in &u.pending {
         let img = cx.unix_images.get(c).copied().ok_or_else(|| {
             RestoreError::Inconsistent(format!(
@@ -408,17 +428,12 @@ fn listener(
             ))
         })?;
         let cs = new_socket(img)?;
-        give_name(fd, &cs, img, &cwd)?;
-        connect_unix(&cs, name, &cwd).map_err(sock_err(fd, "connecting a waiting client"))?;
+        give_name(fd, &cs, img, cwd)?;
+        connect_unix(&cs, name, cwd).map_err(sock_err(fd, "connecting a waiting client"))?;
         shut(fd, &cs, img)?;
         cx.pending_sockets.insert(img.ino, cs);
     }
-    // Its other clients are accepted connections, restored as pairs:
-    // nothing connects to the name again.
-    if u.file_deleted || dirs.made() {
-        forget_name(name, &cwd, dirs).map_err(sock_err(fd, "unlinking its socket file"))?;
-    }
-    Ok(s)
+    Ok(())
 }
 
 /// A datagram socket connected to itself (by its own name), its queue sent
@@ -436,13 +451,10 @@ fn self_connected(
             u.ino
         ))
     })?;
-    let dirs =
-        bind_unix(&s, n, cwd, u.file_owner, u.file_deleted).map_err(sock_err(fd, "binding"))?;
-    connect_unix(&s, n, cwd).map_err(sock_err(fd, "connecting it to itself"))?;
-    refill(cx, &s, u)?;
-    if u.file_deleted || dirs.made() {
-        forget_name(n, cwd, dirs).map_err(sock_err(fd, "unlinking its socket file"))?;
-    }
+    while_bound(fd, &s, u, n, cwd, || {
+        connect_unix(&s, n, cwd).map_err(sock_err(fd, "connecting it to itself"))?;
+        refill(cx, &s, u)
+    })?;
     shut(fd, &s, u)?;
     Ok(s)
 }
@@ -494,17 +506,7 @@ fn named_and_refilled(
             img.ino
         )));
     };
-    let dirs =
-        bind_unix(s, n, cwd, img.file_owner, img.file_deleted).map_err(sock_err(fd, "binding"))?;
-    if !img.queue.is_empty() {
-        let tmp = sock::socket(libc::AF_UNIX, img.sock_type, 0)?;
-        connect_unix(&tmp, n, cwd).map_err(sock_err(fd, "refilling"))?;
-        refill(cx, &tmp, img)?;
-    }
-    if img.file_deleted || dirs.made() {
-        forget_name(n, cwd, dirs).map_err(sock_err(fd, "unlinking its socket file"))?;
-    }
-    Ok(())
+    while_bound(fd, s, img, n, cwd, || refill_by_name(cx, fd, img, n, cwd))
 }
 
 /// Binds `s` to `img`'s name, if it has one; a name the program had
@@ -513,12 +515,45 @@ fn give_name(fd: i32, s: &OwnedFd, img: &UnixSocket, cwd: &str) -> Result<(), Re
     let Some(n) = name_of(img) else {
         return Ok(());
     };
+    while_bound(fd, s, img, n, cwd, || Ok(()))
+}
+
+/// Binds `s` to `img`'s name `n`, runs `while_named` (others connect to
+/// the name meanwhile), then takes the name away again if the program had
+/// unlinked it, or if the bind had to make its directory or move another
+/// file aside.
+fn while_bound<T>(
+    fd: i32,
+    s: &OwnedFd,
+    img: &UnixSocket,
+    n: &[u8],
+    cwd: &str,
+    while_named: impl FnOnce() -> Result<T, RestoreError>,
+) -> Result<T, RestoreError> {
     let dirs =
         bind_unix(s, n, cwd, img.file_owner, img.file_deleted).map_err(sock_err(fd, "binding"))?;
+    let r = while_named()?;
     if img.file_deleted || dirs.made() {
         forget_name(n, cwd, dirs).map_err(sock_err(fd, "unlinking its socket file"))?;
     }
-    Ok(())
+    Ok(r)
+}
+
+/// Refills `img`'s queue (if it had one) through a throw-away socket
+/// connected to its name `n`.
+fn refill_by_name(
+    cx: &mut RestoreCtx<'_>,
+    fd: i32,
+    img: &UnixSocket,
+    n: &[u8],
+    cwd: &str,
+) -> Result<(), RestoreError> {
+    if img.queue.is_empty() {
+        return Ok(());
+    }
+    let tmp = sock::socket(libc::AF_UNIX, img.sock_type, 0)?;
+    connect_unix(&tmp, n, cwd).map_err(sock_err(fd, "refilling"))?;
+    refill(cx, &tmp, img)
 }
 
 /// Sends what `img` had queued (to read) through `from`, its peer, each
