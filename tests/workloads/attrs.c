@@ -1,8 +1,9 @@
 /*
  * attrs.c - process and thread attributes that must survive
  * checkpoint/restore: scheduling policies and nice values, the OOM score
- * adjustment, PR_SET_THP_DISABLE and the audit login uid (zdtm's
- * sched_prio00, sched_policy00, oom_score_adj, thp_disable, loginuid).
+ * adjustment, PR_SET_THP_DISABLE, the audit login uid and the membarrier
+ * registrations (zdtm's sched_prio00, sched_policy00, oom_score_adj,
+ * thp_disable, loginuid, membarrier).
  *
  *   attrs PIDFILE
  *
@@ -13,14 +14,18 @@
  *   worker 2  SCHED_FIFO, priority 10, SCHED_FLAG_RESET_ON_FORK
  *   worker 3  SCHED_RR, priority 5
  *   process   oom_score_adj 321, PR_SET_THP_DISABLE, loginuid 4242 (where
- *             the kernel has audit: /proc/self/loginuid exists)
+ *             the kernel has audit: /proc/self/loginuid exists), registered
+ *             for private expedited membarriers (and sync-core ones where
+ *             the kernel has them)
  * Each thread sets its own attributes with sched_setattr(0, ...) and records
  * what sched_getattr(0) then reports.  While waiting, every thread sleeps in
  * 5 ms steps (a real-time thread must not spin).  After SIGTERM, every
  * thread reads sched_getattr(0) again, and main compares each with what was
  * recorded (policy, flags, nice, priority; zdtm.h is not thread-safe, so
  * main alone reports) and reads back /proc/self/oom_score_adj,
- * PR_GET_THP_DISABLE and /proc/self/loginuid.
+ * PR_GET_THP_DISABLE and /proc/self/loginuid; a private expedited
+ * membarrier must succeed, and MEMBARRIER_CMD_GET_REGISTRATIONS (where the
+ * kernel has it) report what it did (`membarrier`).
  */
 #include "zdtm.h"
 
@@ -157,9 +162,22 @@ static void write_proc(const char *path, long v)
 #define OOM "/proc/self/oom_score_adj"
 #define LOGINUID "/proc/self/loginuid"
 
+#define MB_QUERY 0
+#define MB_REGISTER_GLOBAL_EXPEDITED (1 << 2)
+#define MB_PRIVATE_EXPEDITED (1 << 3)
+#define MB_REGISTER_PRIVATE_EXPEDITED (1 << 4)
+#define MB_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE (1 << 6)
+#define MB_GET_REGISTRATIONS (1 << 9)
+
+static long membarrier(int cmd)
+{
+	return syscall(SYS_membarrier, cmd, 0, 0);
+}
+
 int main(int argc, char **argv)
 {
 	pthread_t t[NWORKERS];
+	long mb_supported, mb_registered = -1;
 	int i;
 
 	int audit = access(LOGINUID, F_OK) == 0;
@@ -172,6 +190,15 @@ int main(int argc, char **argv)
 		fprintf(stderr, "PR_SET_THP_DISABLE: %s\n", strerror(errno));
 		return 2;
 	}
+	mb_supported = membarrier(MB_QUERY);
+	if (mb_supported < 0 || membarrier(MB_REGISTER_PRIVATE_EXPEDITED) ||
+	    ((mb_supported & MB_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE) &&
+	     membarrier(MB_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE))) {
+		fprintf(stderr, "membarrier: %s\n", strerror(errno));
+		return 2;
+	}
+	if (mb_supported & MB_GET_REGISTRATIONS)
+		mb_registered = membarrier(MB_GET_REGISTRATIONS);
 	if (set_own(0) != 0) {
 		fprintf(stderr, "main: sched_setattr: %s\n", strerror(errno));
 		return 2;
@@ -191,6 +218,7 @@ int main(int argc, char **argv)
 	if (audit)
 		ZDTM_CORRUPT("loginuid", write_proc(LOGINUID, 4343));
 	ZDTM_CORRUPT("main", setpriority(PRIO_PROCESS, 0, 4));
+	ZDTM_CORRUPT("membarrier", membarrier(MB_REGISTER_GLOBAL_EXPEDITED));
 	finish = 1;
 	for (i = 0; i < NWORKERS; i++)
 		pthread_join(t[i], NULL);
@@ -202,5 +230,11 @@ int main(int argc, char **argv)
 	if (audit)
 		zdtm_check(read_proc(LOGINUID) == 4242, "loginuid", "loginuid %ld, want 4242",
 			   read_proc(LOGINUID));
+	zdtm_check(membarrier(MB_PRIVATE_EXPEDITED) == 0, "membarrier",
+		   "a private expedited membarrier: %s", strerror(errno));
+	if (mb_registered >= 0)
+		zdtm_check(membarrier(MB_GET_REGISTRATIONS) == mb_registered, "membarrier",
+			   "registrations %#lx, were %#lx", membarrier(MB_GET_REGISTRATIONS),
+			   mb_registered);
 	zdtm_finish();
 }

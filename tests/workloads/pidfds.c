@@ -7,16 +7,22 @@
  *
  * Set up before "ready": a child that sleeps until killed; a pidfd on this
  * process (PIDFD_NONBLOCK) and one on the child (blocking); fds on
- * /proc/self/ns/net and /proc/self/ns/uts.
+ * /proc/self/ns/net and /proc/self/ns/uts; and pidfds on two processes
+ * that have exited and been reaped: two (opened separately) on the first,
+ * one on the second (zdtm's pidfd_dead, pidfd_diffdead).
  * After SIGTERM: each pidfd's fdinfo names its process (`Pid:`), the flags
  * are what they were (`self`, `child`), signal 0 through each is accepted,
  * and SIGKILL sent through the child's pidfd kills the child, whose exit
  * waitid(P_PIDFD) then reports (`kill`); each namespace fd is the
- * inode of /proc/self/ns/net and /proc/self/ns/uts (`ns`).
+ * inode of /proc/self/ns/net and /proc/self/ns/uts (`ns`); each pidfd on
+ * an exited process says `Pid: -1`, refuses signal 0 with ESRCH and polls
+ * readable, the first process's two share an inode, and the second's
+ * differs (`dead`).
  */
 #include "zdtm.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -60,13 +66,54 @@ static int same_ns(int fd, const char *kind)
 	       a.st_dev == b.st_dev;
 }
 
+static ino_t ino_of(int fd)
+{
+	struct stat st;
+
+	return fstat(fd, &st) ? 0 : st.st_ino;
+}
+
+/* A process that has exited and been reaped, with `n` pidfds on it
+ * (opened one by one) in fds. */
+static void dead_pidfds(int *fds, int n)
+{
+	pid_t c = fork();
+
+	if (c < 0)
+		zdtm_die("fork");
+	if (c == 0) {
+		for (;;)
+			pause();
+	}
+	for (int i = 0; i < n; i++)
+		if ((fds[i] = pidfd_open(c, 0)) < 0)
+			zdtm_die("pidfd_open");
+	kill(c, SIGKILL);
+	if (waitpid(c, NULL, 0) != c)
+		zdtm_die("waitpid");
+}
+
+/* Checks one pidfd on an exited process. */
+static void check_dead(int fd, const char *name)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+
+	zdtm_check(pid_of(fd) == -1, "dead", "%s: Pid: %d, want -1", name, pid_of(fd));
+	zdtm_check(pidfd_signal(fd, 0) == -1 && errno == ESRCH, "dead",
+		   "%s: signal 0 through it: %s, want ESRCH", name, strerror(errno));
+	zdtm_check(poll(&p, 1, 0) == 1 && (p.revents & POLLIN), "dead",
+		   "%s: poll says revents %#x, want POLLIN", name, p.revents);
+}
+
 int main(int argc, char **argv)
 {
-	int self, child_fd, fl, net, uts;
+	int self, child_fd, fl, net, uts, dead_a[2], dead_b;
 	pid_t child;
 	siginfo_t si;
 
 	zdtm_init(argc, argv, 0, "");
+	dead_pidfds(dead_a, 2);
+	dead_pidfds(&dead_b, 1);
 	child = fork();
 	if (child == 0) {
 		for (;;)
@@ -88,6 +135,17 @@ int main(int argc, char **argv)
 	ZDTM_CORRUPT("self", fcntl(self, F_SETFL, 0));
 	ZDTM_CORRUPT("child", dup2(self, child_fd));
 	ZDTM_CORRUPT("ns", dup2(uts, net));
+	ZDTM_CORRUPT("dead", dup2(dead_b, dead_a[1]));
+
+	check_dead(dead_a[0], "first exited process's first pidfd");
+	check_dead(dead_a[1], "first exited process's second pidfd");
+	check_dead(dead_b, "second exited process's pidfd");
+	zdtm_check(ino_of(dead_a[0]) == ino_of(dead_a[1]), "dead",
+		   "the first exited process's pidfds have inodes %lu and %lu",
+		   (unsigned long)ino_of(dead_a[0]), (unsigned long)ino_of(dead_a[1]));
+	zdtm_check(ino_of(dead_a[0]) != ino_of(dead_b), "dead",
+		   "pidfds on two exited processes share inode %lu",
+		   (unsigned long)ino_of(dead_b));
 
 	zdtm_check(same_ns(net, "net") && same_ns(uts, "uts"), "ns",
 		   "the namespace fds are not the process's net and uts namespaces");

@@ -1,6 +1,7 @@
 /*
  * zombies.c - unreaped children that died of a signal must come back as
- * zombies with the same wait status (zdtm's zombie00).
+ * zombies with the same wait status (zdtm's zombie00), and in the same
+ * process group, even one whose leader has exited (zombie01).
  *
  *   zombies PIDFILE
  *
@@ -9,12 +10,18 @@
  *   E  _exit(5)
  *   K  killed by SIGKILL (raised by itself)
  *   S  killed by SIGSEGV (raised by itself, no core dump: RLIMIT_CORE 0)
- * After SIGTERM (root): waitpid of each gives exactly its status
- * (`status`), and there is no other child (`children`).
+ *   G  _exit(0), in the process group of L, a child that made a group of
+ *      its own, forked G as the root's child (CLONE_PARENT) and exited
+ *      (reaped): G's group has no leader any more
+ * After SIGTERM (root): getpgid(G) is still L (`group`); waitpid of each
+ * gives exactly its status (`status`), and there is no other child
+ * (`children`).
  */
 #include "zdtm.h"
 
+#include <sched.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 
 static char state_of(pid_t pid)
 {
@@ -50,16 +57,49 @@ static pid_t child(int how)
 	return pid;
 }
 
+/* G, a zombie in the group of L, which has exited; *leader: L. */
+static pid_t orphan_group_zombie(pid_t *leader)
+{
+	int p[2], i;
+	pid_t l, g = -1;
+
+	if (pipe(p))
+		zdtm_die("pipe");
+	l = fork();
+	if (l < 0)
+		zdtm_die("fork");
+	if (l == 0) {
+		signal(SIGTERM, SIG_DFL);
+		if (setpgid(0, 0))
+			_exit(1);
+		g = (pid_t)syscall(SYS_clone, CLONE_PARENT | SIGCHLD, 0, NULL, NULL, 0);
+		if (g == 0)
+			_exit(0);
+		_exit(write(p[1], &g, sizeof(g)) == sizeof(g) ? 0 : 2);
+	}
+	close(p[1]);
+	if (read(p[0], &g, sizeof(g)) != sizeof(g) || g <= 0 || waitpid(l, &i, 0) != l || i != 0)
+		zdtm_die("making a zombie in a group whose leader exited");
+	close(p[0]);
+	for (i = 0; i < 2000 && state_of(g) != 'Z'; i++)
+		zdtm_msleep(5);
+	if (state_of(g) != 'Z' || getpgid(g) != l)
+		zdtm_die("G %d: state %c, group %d", (int)g, state_of(g), (int)getpgid(g));
+	*leader = l;
+	return g;
+}
+
 int main(int argc, char **argv)
 {
 	const int how[3] = { 0, SIGKILL, SIGSEGV };
 	const char *name[3] = { "E", "K", "S" };
-	pid_t pid[3];
+	pid_t pid[3], g, l;
 	int i, st;
 
 	zdtm_init(argc, argv, 0, "");
 	for (i = 0; i < 3; i++)
 		pid[i] = child(how[i]);
+	g = orphan_group_zombie(&l);
 
 	zdtm_ready();
 
@@ -68,6 +108,12 @@ int main(int argc, char **argv)
 
 	ZDTM_CORRUPT("status", waitpid(pid[2], &st, 0), pid[2] = child(SIGBUS));
 	ZDTM_CORRUPT("children", child(0));
+	ZDTM_CORRUPT("group", l = getpgrp());
+
+	zdtm_check(getpgid(g) == l, "group", "G (pid %d) is in group %d, expected %d", (int)g,
+		   (int)getpgid(g), (int)l);
+	zdtm_check(waitpid(g, &st, WNOHANG) == g && st == 0, "status",
+		   "G (pid %d): not a zombie with status 0 (%#x)", (int)g, st);
 
 	for (i = 0; i < 3; i++) {
 		int want = how[i] ? how[i] : 5 << 8;

@@ -50,6 +50,9 @@ pub struct Deferred {
     pub collected: Option<Collected>,
     /// Shared memory objects (read in the freeze, not from the snapshot).
     pub shm_seen: HashSet<u64>,
+    /// Each area's `VmFlags` bits, when they had to be read in the freeze
+    /// (the snapshot's would miss some); else they come from the snapshot.
+    pub vmflags: Option<Vec<(u64, u32)>>,
 }
 
 /// What a tracker collected for each area, and the parent's data ranges.
@@ -75,8 +78,11 @@ impl ProcCopy {
                 ),
             }.into());
         }
-        let growsdown = proc::parse_smaps_growsdown(&smaps);
-        let plan = memory::plan(snap.pid, &d.maps, &growsdown, &mut d.shm_seen)?;
+        let vmflags = d
+            .vmflags
+            .take()
+            .unwrap_or_else(|| proc::parse_smaps_vmflags(&smaps));
+        let plan = memory::plan(snap.pid, &d.maps, &vmflags, &mut d.shm_seen)?;
         // Shared memory and areas not mapped in the snapshot
         // (MADV_DONTFORK) were read in the freeze.
         let pre = stasis_image::chain::normalize(

@@ -186,9 +186,11 @@ struct Proc {
     mem: Arc<ProcessMemory>,
     pagemap: Arc<Pagemap>,
     handler: Option<JoinHandle<()>>,
-    /// `MADV_GROWSDOWN` areas `(start, end)` and all areas, read in the
-    /// prepare step (so that the freeze need not walk `smaps`).
-    growsdown: Vec<(u64, u64)>,
+    /// The areas `(start, end)` with `VmFlags` bits, and all areas, read in
+    /// the prepare step (so that the freeze need not walk `smaps`). Advice
+    /// given to a whole area between the prepare step and the freeze is
+    /// not seen.
+    vmflags: Vec<((u64, u64), u32)>,
     layout: Vec<(u64, u64)>,
     /// Armed in the checkpoint's freeze.
     armed: bool,
@@ -218,6 +220,17 @@ pub struct Cow {
     /// `ERESTART_RESTARTBLOCK` (tid -> syscall number): released, they run
     /// `restart_syscall`, which a restored process cannot continue.
     restarts: std::collections::HashMap<i32, u64>,
+}
+
+/// Starts of the `MAP_DROPPABLE` areas of `pid` (from `smaps`: read only
+/// when a registration failed).
+fn droppable_starts(pid: i32) -> Result<Vec<u64>> {
+    let smaps = crate::proc::read(pid, "smaps")?;
+    Ok(crate::proc::parse_smaps_vmflags(&smaps)
+        .into_iter()
+        .filter(|f| f.1 & stasis_sys::vmflags::DROPPABLE != 0)
+        .map(|f| f.0)
+        .collect())
 }
 
 /// The areas of `maps` that [`private_anon`] accepts as a [`Vma`]: private
@@ -274,11 +287,28 @@ impl Cow {
         let r = (|| -> Result<()> {
             for fp in f.procs.iter_mut().filter(|p| p.zombie.is_none()) {
                 let maps = crate::proc::read_parsed(fp.pid, "maps", crate::proc::parse_maps)?;
-                let areas = protectable_maps(&maps);
+                let mut areas = protectable_maps(&maps);
                 fp.arm_remote(&ProcessMemory::open(fp.pid)?, &maps)?;
                 let uffd = create_in(fp)?;
-                for &(a, b) in &areas {
-                    uffd.register(a, b - a, sys::UFFDIO_REGISTER_MODE_WP)?;
+                let mut droppable = None;
+                let mut i = 0;
+                while i < areas.len() {
+                    let (a, b) = areas[i];
+                    match uffd.register(a, b - a, sys::UFFDIO_REGISTER_MODE_WP) {
+                        Ok(()) => i += 1,
+                        // userfaultfd refuses MAP_DROPPABLE areas, of which
+                        // nothing is saved: they need no protection.
+                        Err(e) => {
+                            let d = match &droppable {
+                                Some(d) => d,
+                                None => droppable.insert(droppable_starts(fp.pid)?),
+                            };
+                            if !d.contains(&a) {
+                                return Err(e.into());
+                            }
+                            areas.remove(i);
+                        }
+                    }
                 }
                 let idx = self.start(fp.pid, uffd)?;
                 self.procs[idx].layout = maps.iter().map(|m| (m.start, m.end)).collect();
@@ -297,14 +327,16 @@ impl Cow {
                 wp_retry(&*p.uffd, &self.shared.stop, a, b, true)?;
             }
             let smaps = crate::proc::read(p.pid, "smaps")?;
-            let starts = crate::proc::parse_smaps_growsdown(&smaps);
-            let gd: Vec<(u64, u64)> = self.procs[idx]
+            let flags = crate::proc::parse_smaps_vmflags(&smaps);
+            let with_flags: Vec<((u64, u64), u32)> = self.procs[idx]
                 .layout
                 .iter()
-                .filter(|(s, _)| starts.contains(s))
-                .copied()
+                .filter_map(|&(s, e)| {
+                    let i = flags.binary_search_by_key(&s, |f| f.0).ok()?;
+                    Some(((s, e), flags[i].1))
+                })
                 .collect();
-            self.procs[idx].growsdown = gd;
+            self.procs[idx].vmflags = with_flags;
         }
         Ok(())
     }
@@ -346,25 +378,29 @@ impl Cow {
         }
     }
 
-    /// The growsdown areas' starts of `pid` for the areas `maps` (read in
-    /// the freeze), from the prepare step; `None` if the layout changed in
-    /// a way that needs `smaps` again.
-    pub fn growsdown(&self, pid: i32, maps: &[crate::proc::MapsEntry]) -> Option<Vec<u64>> {
+    /// The `VmFlags` bits of `pid`'s areas `maps` (read in the freeze),
+    /// from the prepare step, sorted by start; `None` if the layout changed
+    /// in a way that needs `smaps` again.
+    pub fn vmflags(&self, pid: i32, maps: &[crate::proc::MapsEntry]) -> Option<Vec<(u64, u32)>> {
         let p = self.procs.iter().find(|p| p.pid == pid)?;
-        let mut starts = Vec::new();
+        let mut out = Vec::new();
         for m in maps.iter().filter(|m| m.name != "[vsyscall]") {
-            if p.layout.contains(&(m.start, m.end)) {
-                if p.growsdown.contains(&(m.start, m.end)) {
-                    starts.push(m.start);
+            if p.layout.binary_search(&(m.start, m.end)).is_ok() {
+                if let Ok(i) = p.vmflags.binary_search_by_key(&(m.start, m.end), |f| f.0) {
+                    out.push((m.start, p.vmflags[i].1));
                 }
-            } else if p.growsdown.iter().any(|g| g.1 == m.end) {
+            } else if let Some(f) = p
+                .vmflags
+                .iter()
+                .find(|f| f.1 & stasis_sys::vmflags::GROWSDOWN != 0 && f.0 .1 == m.end)
+            {
                 // A stack that grew down since.
-                starts.push(m.start);
+                out.push((m.start, f.1));
             } else {
                 return None;
             }
         }
-        Some(starts)
+        Some(out)
     }
 
     /// Step 2 for one frozen process: registers `areas` (areas mapped since
@@ -467,7 +503,7 @@ impl Cow {
             mem,
             pagemap,
             handler: Some(handler),
-            growsdown: Vec::new(),
+            vmflags: Vec::new(),
             layout: Vec::new(),
             armed: false,
         });

@@ -31,6 +31,9 @@ pub struct FrozenProcess {
     pub zombie: Option<i32>,
     /// Stopped (a group stop: SIGSTOP, SIGTSTP...) before it was frozen.
     pub stopped: bool,
+    /// The signal that stopped it, as its main thread's interrupt stop
+    /// showed it (`None`: not stopped, or not shown).
+    pub stop_signal: Option<i32>,
 }
 
 /// The frozen tree, root first, parents before children.
@@ -91,6 +94,7 @@ fn begin_freeze(pid: i32) -> Result<Stopping> {
             threads: Vec::new(),
             zombie: None,
             stopped: stat.state == 'T',
+            stop_signal: None,
         },
         asked: Vec::new(),
         failed: None,
@@ -170,10 +174,12 @@ impl Stopping {
         // `/proc` said running, but its interrupt stop was a group stop: it
         // was on its way back into one (released a moment ago by another
         // freeze, e.g. a concurrent dump's preparation).
-        fp.stopped |= fp
+        fp.stop_signal = fp
             .threads
             .iter()
-            .any(|t| t.tracee.pid() == pid && t.tracee.in_group_stop());
+            .find(|t| t.tracee.pid() == pid)
+            .and_then(|t| t.tracee.group_stop_signal());
+        fp.stopped |= fp.stop_signal.is_some();
         fp.threads
             .sort_by_key(|t| (t.tracee.pid() != pid, t.tracee.pid()));
         if fp.threads.first().map(|t| t.tracee.pid()) != Some(pid) {
@@ -251,6 +257,7 @@ fn zombie_after_exit(pid: i32) -> Option<FrozenProcess> {
                 threads: Vec::new(),
                 zombie: Some(st.exit_code),
                 stopped: false,
+                stop_signal: None,
             });
         }
         std::thread::sleep(std::time::Duration::from_millis(1));

@@ -111,13 +111,15 @@ pub fn areas(vmas: &[Vma]) -> Vec<Area> {
         .collect()
 }
 
-/// The start addresses of the growing-down areas, taken from the parent
-/// checkpoint's image of this process if the process has exactly the same
-/// areas now (same starts and ends), else `None`.
+/// Each area's `VmFlags` bits (as `proc::parse_smaps_vmflags` gives
+/// them), taken from the parent checkpoint's image of this process if the
+/// process has exactly the same areas now (same starts and ends), else
+/// `None`. (Advice given to a whole area since the parent, which changes
+/// no boundary, is not seen: reading `smaps` again walks every page table.)
 pub fn same_layout(
     parent: &stasis_image::ProcessImage,
     maps: &[crate::proc::MapsEntry],
-) -> Option<Vec<u64>> {
+) -> Option<Vec<(u64, u32)>> {
     let now = maps
         .iter()
         .filter(|m| m.name != "[vsyscall]")
@@ -130,8 +132,15 @@ pub fn same_layout(
         parent
             .vmas
             .iter()
-            .filter(|v| v.growsdown)
-            .map(|v| v.start)
+            .map(|v| {
+                let gd = if v.growsdown {
+                    stasis_sys::vmflags::GROWSDOWN
+                } else {
+                    0
+                };
+                (v.start, v.flags | gd)
+            })
+            .filter(|f| f.1 != 0)
             .collect(),
     )
 }

@@ -8,6 +8,7 @@ use stasis_image::manifest::{Vma, VmaKind};
 use stasis_kernel::mem::{read_ranges, ProcessMemory};
 use stasis_kernel::pagemap::{Pagemap, ScanQuery};
 use stasis_kernel::KernelError;
+use stasis_sys::vmflags::{DROPPABLE, GROWSDOWN, MAYWRITE};
 
 use crate::SaveError;
 use crate::{proc, CaptureError, Result};
@@ -113,17 +114,19 @@ pub use stasis_image::ranges::{lengths, spans};
 pub fn plan(
     pid: i32,
     maps: &[proc::MapsEntry],
-    growsdown: &[u64],
+    vmflags: &[(u64, u32)],
     seen_shm: &mut HashSet<u64>,
 ) -> Result<MemoryPlan> {
-    plan_with(pid, maps, growsdown, seen_shm, Scan::Data)
+    plan_with(pid, maps, vmflags, seen_shm, Scan::Data)
 }
 
-/// [`plan`], looking for `scan` in private areas.
+/// [`plan`], looking for `scan` in private areas. `vmflags`: each area's
+/// start and its `VmFlags` bits (`proc::parse_smaps_vmflags`), sorted by
+/// start.
 pub fn plan_with(
     pid: i32,
     maps: &[proc::MapsEntry],
-    growsdown: &[u64],
+    vmflags: &[(u64, u32)],
     seen_shm: &mut HashSet<u64>,
     scan: Scan,
 ) -> Result<MemoryPlan> {
@@ -137,8 +140,16 @@ pub fn plan_with(
             continue;
         };
         let shm = (matches!(kind, VmaKind::Anon) && m.shared).then_some((m.ino, m.offset));
+        let bits = vmflags
+            .binary_search_by_key(&m.start, |f| f.0)
+            .map_or(0, |i| vmflags[i].1);
+        // Guard pages (`MADV_GUARD_INSTALL`) found among the private pages.
+        let mut guards = Vec::new();
         let data: Vec<(u64, u64)> = match (&kind, m.shared) {
             (VmaKind::Vdso | VmaKind::Vvar | VmaKind::VvarVclock, _) => Vec::new(),
+            // MAP_DROPPABLE memory is a cache the kernel may empty at any
+            // time: restored empty, as CRIU does (zdtm's maps11 checks it).
+            _ if bits & DROPPABLE != 0 => Vec::new(),
             (VmaKind::File { .. }, true) | (VmaKind::SysvShm { .. }, _) => Vec::new(),
             (VmaKind::Anon, true) => {
                 if seen_shm.insert(m.ino) {
@@ -159,7 +170,7 @@ pub fn plan_with(
                 } else {
                     ScanQuery::private_data()
                 };
-                let regions = if have_scan {
+                let (regions, g) = if have_scan {
                     match pagemap
                         .scan(m.start, m.end, query)
                         .and_then(|r| pagemap.drop_markers(r))
@@ -182,18 +193,26 @@ pub fn plan_with(
                             .map(|r| (r.start, r.end)),
                     );
                 }
+                guards = g;
                 regions.iter().map(|r| (r.start, r.end)).collect()
             }
         };
         for (a, b) in data {
             ranges.push((a, usize::try_from(b - a).unwrap_or(0)));
         }
+        let kept = if m.shared {
+            !GROWSDOWN
+        } else {
+            !(GROWSDOWN | MAYWRITE)
+        };
         vmas.push(Vma {
             start: m.start,
             end: m.end,
             prot: m.prot(),
             shared: m.shared,
-            growsdown: growsdown.contains(&m.start),
+            growsdown: bits & GROWSDOWN != 0,
+            flags: bits & kept,
+            guards,
             name: if m.name.starts_with('[') {
                 m.name.clone()
             } else {

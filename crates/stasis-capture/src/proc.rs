@@ -8,9 +8,9 @@ use std::path::PathBuf;
 use stasis_image::manifest::{Capabilities, Credentials, MmImage, Rlimit};
 pub use stasis_kernel::procfs::{
     parse_epoll, parse_eventfd, parse_fdinfo, parse_inotify, parse_limits, parse_locks, parse_maps,
-    parse_signalfd, parse_smaps_flagged, parse_smaps_growsdown, parse_stat, parse_status,
-    parse_timerfd, parse_timers, task_children, Creds, FormatError, InotifyLine, Limit, MapsEntry,
-    MmLayout, Stat, TimerLine,
+    parse_signalfd, parse_smaps_flagged, parse_smaps_vmflags, parse_stat, parse_status,
+    parse_status_locked_kib, parse_timerfd, parse_timers, task_children, Creds, FormatError,
+    InotifyLine, Limit, MapsEntry, MmLayout, Stat, TimerLine,
 };
 
 use crate::SaveError;

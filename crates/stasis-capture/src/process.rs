@@ -53,6 +53,8 @@ pub fn zombie_image(pid: i32, status: i32) -> Result<ProcessImage> {
         loginuid: None,
         dumpable: None,
         stopped: false,
+        stop_signal: None,
+        membarrier: 0,
     })
 }
 
@@ -174,6 +176,8 @@ pub fn capture(
         loginuid: loginuid(pid)?,
         dumpable: Some(remote.dumpable),
         stopped: f.stopped,
+        stop_signal: f.stop_signal.filter(|_| f.stopped),
+        membarrier: remote.membarrier,
     };
     Ok((image, maps, xfeatures))
 }

@@ -32,6 +32,9 @@ pub struct RemoteState {
     pub dumpable: u32,
     /// `PR_GET_SECUREBITS`.
     pub securebits: u32,
+    /// `membarrier` registrations (a mask of its `REGISTER` commands; 0
+    /// on a kernel that cannot tell them).
+    pub membarrier: u32,
     /// Per thread, in `FrozenProcess::threads` order: altstack and clear_child_tid.
     pub threads: Vec<(AltStack, u64)>,
 }
@@ -129,6 +132,7 @@ fn read_with(f: &mut FrozenProcess, mem: &ProcessMemory, scratch: u64) -> Result
         brk: w.brk,
         dumpable: w.dumpable,
         securebits: w.securebits,
+        membarrier: w.membarrier,
         threads,
     })
 }
@@ -203,11 +207,13 @@ struct ProcessWide {
     child_subreaper: bool,
     dumpable: u32,
     securebits: u32,
+    membarrier: u32,
 }
 
 /// In one batch: `getitimer` of the three interval timers, `brk`, the
-/// parent-death signal, the child-subreaper and dumpable flags and the
-/// securebits.
+/// parent-death signal, the child-subreaper and dumpable flags, the
+/// securebits and the `membarrier` registrations (on a kernel that tells
+/// them).
 fn process_wide(r: &mut dyn Remote) -> Result<ProcessWide> {
     let s = r.scratch();
     let at = |i: usize| s + (i * OUT) as u64;
@@ -236,6 +242,13 @@ fn process_wide(r: &mut dyn Remote) -> Result<ProcessWide> {
         prctl("prctl(PR_GET_DUMPABLE)", libc::PR_GET_DUMPABLE, &[]),
         prctl("prctl(PR_GET_SECUREBITS)", libc::PR_GET_SECUREBITS, &[]),
     ]);
+    if stasis_kernel::probe::membarrier_registrations() {
+        calls.push(Syscall::new(
+            "membarrier(MEMBARRIER_CMD_GET_REGISTRATIONS)",
+            libc::SYS_membarrier,
+            &[stasis_sys::MEMBARRIER_CMD_GET_REGISTRATIONS, 0, 0],
+        ));
+    }
     let res = r.batch(&calls)?;
     let w = read_u64s(r, s, 5 * OUT / 8)?;
     let itimers = (0..3u32)
@@ -255,6 +268,7 @@ fn process_wide(r: &mut dyn Remote) -> Result<ProcessWide> {
         child_subreaper: w[16] & 0xffff_ffff != 0,
         dumpable: u32::try_from(res[6]).unwrap_or(1),
         securebits: u32::try_from(res[7]).unwrap_or(0),
+        membarrier: res.get(8).map_or(0, |&m| u32::try_from(m).unwrap_or(0)),
     })
 }
 

@@ -33,6 +33,8 @@ mod tests {
             prot,
             shared,
             growsdown: false,
+            flags: 0,
+            guards: Vec::new(),
             name: String::new(),
             kind,
             shm,

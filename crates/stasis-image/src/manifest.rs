@@ -275,6 +275,15 @@ pub struct ProcessImage {
     /// again once restored.
     #[serde(default)]
     pub stopped: bool,
+    /// The signal that stopped it (`SIGTSTP`, `SIGTTIN`, `SIGTTOU` or
+    /// `SIGSTOP`: what its parent's `waitid` reports). `None`: `SIGSTOP`
+    /// (images older than this field, or not seen).
+    #[serde(default)]
+    pub stop_signal: Option<i32>,
+    /// `membarrier` registrations of its memory (a mask of the
+    /// `MEMBARRIER_CMD_REGISTER_*` commands), registered again at restore.
+    #[serde(default)]
+    pub membarrier: u32,
     /// Incremental checkpoints only: every page range (`[start, end)`,
     /// page-aligned, sorted, disjoint) of this process that holds saved
     /// data. Pages of these ranges that are not in this checkpoint's pack
@@ -396,6 +405,15 @@ pub struct Vma {
     pub shared: bool,
     /// MAP_GROWSDOWN (a stack area).
     pub growsdown: bool,
+    /// The rest of what `VmFlags` showed (`stasis_sys::vmflags` bits:
+    /// advice, locking, `MAP_NORESERVE`...). `MAYWRITE` is kept for shared
+    /// areas only (a private area may always be made writable).
+    #[serde(default)]
+    pub flags: u32,
+    /// Guard pages (`MADV_GUARD_INSTALL`) in the area: page ranges
+    /// `[start, end)`, installed again after the area is filled.
+    #[serde(default)]
+    pub guards: Vec<(u64, u64)>,
     /// Name shown in maps for special areas (`[heap]`, `[stack]`, ...).
     #[serde(default)]
     pub name: String,
@@ -501,8 +519,14 @@ pub enum FdKind {
     /// A directory, FIFO or device node deleted while open (see
     /// [`DeletedNode`]).
     DeletedNode(DeletedNode),
-    /// A pidfd on the process `pid` of the image.
-    Pidfd { pid: i32 },
+    /// A pidfd on the process `pid` of the image; or, with `dead`, on a
+    /// process that had exited and been reaped (`pid` -1): `dead` is the
+    /// pidfs inode at dump, the same for every pidfd on one such process.
+    Pidfd {
+        pid: i32,
+        #[serde(default)]
+        dead: Option<u64>,
+    },
     /// A namespace file (`/proc/PID/ns/KIND`) of the process's own
     /// namespace, inode `ino` at dump.
     NsFile { kind: String, ino: u64 },

@@ -190,12 +190,15 @@ impl Pagemap {
 
     /// Drops from `regions` (a [`ScanQuery::private_data`] result) the
     /// pages that `PAGEMAP_SCAN` reports as swapped but that hold no data:
-    /// the userfaultfd write-protect markers that `WP_UNPOPULATED` puts in
-    /// empty page-table entries look like swap entries (of the last swap
-    /// type, `SWP_PTE_MARKER`). Only swapped regions are re-read, from the
-    /// classic pagemap, where the swap type is visible.
-    pub fn drop_markers(&self, regions: Vec<PageRegion>) -> Result<Vec<PageRegion>> {
+    /// PTE markers, which look like swap entries (of the last swap type,
+    /// `SWP_PTE_MARKER`): the userfaultfd write-protect markers that
+    /// `WP_UNPOPULATED` puts in empty page-table entries, and guard pages
+    /// (`MADV_GUARD_INSTALL`), which are returned apart, as page ranges.
+    /// Only swapped regions are re-read, from the classic pagemap, where the
+    /// swap type is visible.
+    pub fn drop_markers(&self, regions: Vec<PageRegion>) -> Result<(Vec<PageRegion>, Ranges)> {
         let mut out: Vec<PageRegion> = Vec::with_capacity(regions.len());
+        let mut guards = Ranges::new();
         let push = |out: &mut Vec<PageRegion>, r: PageRegion| match out.last_mut() {
             Some(last) if last.end == r.start && last.categories == r.categories => {
                 last.end = r.end
@@ -210,10 +213,13 @@ impl Pagemap {
             }
             let entries = self.read_entries(r.start, r.end)?;
             for (i, e) in (0u64..).zip(entries) {
+                let a = r.start + i * sys::PAGE_SIZE;
                 if e & sys::PM_SWAPPED != 0 && e & sys::PM_SWAP_TYPE_MASK == sys::SWP_PTE_MARKER {
+                    if e & sys::PM_GUARD_REGION != 0 {
+                        add_page(&mut guards, a);
+                    }
                     continue;
                 }
-                let a = r.start + i * sys::PAGE_SIZE;
                 push(
                     &mut out,
                     PageRegion {
@@ -224,7 +230,7 @@ impl Pagemap {
                 );
             }
         }
-        Ok(out)
+        Ok((out, guards))
     }
 
     /// Reads raw pagemap entries for the pages of `[start, end)`.
@@ -240,20 +246,28 @@ impl Pagemap {
     /// The fallback of [`ScanQuery::private_data`] without `PAGEMAP_SCAN`:
     /// present or swapped pages that are not page-cache pages (the zero
     /// page cannot be told apart here and is included).
-    pub fn private_data_by_entries(&self, start: u64, end: u64) -> Result<Vec<PageRegion>> {
+    pub fn private_data_by_entries(
+        &self,
+        start: u64,
+        end: u64,
+    ) -> Result<(Vec<PageRegion>, Ranges)> {
         let entries = self.read_entries(start, end)?;
         let mut out: Vec<PageRegion> = Vec::new();
+        let mut guards = Ranges::new();
         for (i, e) in entries.iter().enumerate() {
+            let a = start + i as u64 * sys::PAGE_SIZE;
             let marker = e & sys::PM_PRESENT == 0
                 && e & sys::PM_SWAPPED != 0
                 && e & sys::PM_SWAP_TYPE_MASK == sys::SWP_PTE_MARKER;
+            if marker && e & sys::PM_GUARD_REGION != 0 {
+                add_page(&mut guards, a);
+            }
             let has_data = e & (sys::PM_PRESENT | sys::PM_SWAPPED) != 0
                 && e & sys::PM_FILE_OR_SHARED_ANON == 0
                 && !marker;
             if !has_data {
                 continue;
             }
-            let a = start + i as u64 * sys::PAGE_SIZE;
             match out.last_mut() {
                 Some(last) if last.end == a => last.end += sys::PAGE_SIZE,
                 _ => out.push(PageRegion {
@@ -263,6 +277,17 @@ impl Pagemap {
                 }),
             }
         }
-        Ok(out)
+        Ok((out, guards))
+    }
+}
+
+/// Page ranges `[start, end)`, sorted and disjoint.
+pub type Ranges = Vec<(u64, u64)>;
+
+/// Appends the page at `a` to `r` (pages come in address order).
+fn add_page(r: &mut Ranges, a: u64) {
+    match r.last_mut() {
+        Some(last) if last.1 == a => last.1 += sys::PAGE_SIZE,
+        _ => r.push((a, a + sys::PAGE_SIZE)),
     }
 }

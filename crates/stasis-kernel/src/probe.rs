@@ -71,6 +71,18 @@ pub fn kernel_release() -> String {
         .unwrap_or_default()
 }
 
+/// Whether this kernel tells a process its `membarrier` registrations
+/// (`MEMBARRIER_CMD_GET_REGISTRATIONS`, Linux 6.3).
+pub fn membarrier_registrations() -> bool {
+    static KNOWN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *KNOWN.get_or_init(|| {
+        // SAFETY: membarrier(QUERY, 0, 0) takes integers and only returns
+        // the mask of supported commands (or -1).
+        let r = unsafe { libc::syscall(libc::SYS_membarrier, sys::MEMBARRIER_CMD_QUERY, 0, 0) };
+        r > 0 && r.unsigned_abs() & sys::MEMBARRIER_CMD_GET_REGISTRATIONS != 0
+    })
+}
+
 /// Effective capability mask of this process.
 pub fn effective_caps() -> u64 {
     std::fs::read_to_string("/proc/self/status")

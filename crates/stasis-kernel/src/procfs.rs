@@ -266,9 +266,27 @@ pub fn parse_maps(text: &str) -> Result<Vec<MapsEntry>, FormatError> {
     Ok(out)
 }
 
-/// Start addresses of areas whose smaps `VmFlags` include `gd` (grows down).
-pub fn parse_smaps_growsdown(text: &str) -> Vec<u64> {
-    parse_smaps_flagged(text, "gd")
+/// Each area's start and its `VmFlags` in `/proc/PID/smaps` as
+/// [`stasis_sys::vmflags`] bits, for the areas with any of them.
+pub fn parse_smaps_vmflags(text: &str) -> Vec<(u64, u32)> {
+    let mut out = Vec::new();
+    let mut cur: Option<u64> = None;
+    for line in text.lines() {
+        if let Some(flags) = line.strip_prefix("VmFlags:") {
+            let bits = flags
+                .split_whitespace()
+                .filter_map(|f| stasis_sys::vmflags::MNEMONICS.iter().find(|m| m.0 == f))
+                .fold(0, |acc, m| acc | m.1);
+            if let (Some(start), true) = (cur, bits != 0) {
+                out.push((start, bits));
+            }
+        } else if let Some(first) = line.split_whitespace().next() {
+            if !first.ends_with(':') {
+                cur = first.split_once('-').and_then(|(a, _)| hex(a));
+            }
+        }
+    }
+    out
 }
 
 /// Start addresses of the areas whose `VmFlags` in `/proc/PID/smaps` hold
@@ -355,6 +373,35 @@ pub fn parse_stat(text: &str) -> Result<Stat, FormatError> {
         },
         exit_code: to_i32(s(52)?)?,
     })
+}
+
+/// Whether process group `pgrp` is orphaned now, as the kernel judges it
+/// before a job-control stop signal (`is_current_pgrp_orphaned`): no member
+/// has a parent (other than init) in another process group of the same
+/// session. Such a group
+/// ignores SIGTSTP, SIGTTIN and SIGTTOU; only SIGSTOP stops it. Processes
+/// that vanish during the scan are skipped.
+pub fn pgrp_orphaned(pgrp: i32) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    let members: Vec<Stat> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| stat(pid).ok())
+        .filter(|s| s.pgrp == pgrp && s.state != 'Z')
+        .collect();
+    !members.iter().any(|m| {
+        m.ppid != 1 && stat(m.ppid).is_ok_and(|p| p.pgrp != pgrp && p.session == m.session)
+    })
+}
+
+/// `VmLck` of `/proc/PID/status`: the KiB of locked memory (0 if absent).
+pub fn parse_status_locked_kib(text: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix("VmLck:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
 }
 
 /// `Umask`, credentials from `/proc/PID/status`.
@@ -817,9 +864,20 @@ mod tests {
     }
 
     #[test]
-    fn smaps_growsdown() {
+    fn smaps_vmflags() {
         let t = "7ffd0000-7ffd2000 rw-p 00000000 00:00 0 [stack]\nSize: 8 kB\nVmFlags: rd wr mr mw me gd ac\n\
                  7ffe0000-7ffe1000 rw-p 00000000 00:00 0\nSize: 4 kB\nVmFlags: rd wr mr mw me ac\n";
-        assert_eq!(parse_smaps_growsdown(t), vec![0x7ffd0000]);
+        use stasis_sys::vmflags::{GROWSDOWN, LOCKED, MAYWRITE};
+        assert_eq!(
+            parse_smaps_vmflags(t),
+            vec![(0x7ffd0000, GROWSDOWN | MAYWRITE), (0x7ffe0000, MAYWRITE)]
+        );
+        assert_eq!(
+            parse_status_locked_kib("Name:\tx\nVmLck:\t     68 kB\n"),
+            68
+        );
+        assert_eq!(parse_status_locked_kib("Name:\tx\n"), 0);
+        let t = "1000-2000 r--s 00000000 08:01 12 /f\nVmFlags: rd sh mr me ms lo\n";
+        assert_eq!(parse_smaps_vmflags(t), vec![(0x1000, LOCKED)]);
     }
 }

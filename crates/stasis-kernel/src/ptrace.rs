@@ -666,6 +666,13 @@ impl Tracee {
         is_stop_signal(self.event_stop_sig)
     }
 
+    /// The signal of the group stop [`Tracee::in_group_stop`] saw
+    /// (`SIGSTOP`, `SIGTSTP`, `SIGTTIN` or `SIGTTOU`: what the parent's
+    /// `waitid` reports).
+    pub fn group_stop_signal(&self) -> Option<i32> {
+        self.in_group_stop().then_some(self.event_stop_sig)
+    }
+
     /// Whether a SIGSTOP of [`Tracee::hold`] is still queued.
     pub fn is_held(&self) -> bool {
         self.held

@@ -68,6 +68,8 @@ mod tests {
             prot: 3,
             shared,
             growsdown: false,
+            flags: 0,
+            guards: Vec::new(),
             name: String::new(),
             kind,
             shm: None,

@@ -61,6 +61,12 @@ pub enum RestoreError {
         #[source]
         source: std::io::Error,
     },
+    #[error("restore step failed: {what}")]
+    Spawn {
+        what: String,
+        #[source]
+        source: stasis_kernel::child::SpawnError,
+    },
     #[error("memory layout could not be rebuilt: {0}")]
     Layout(String),
     #[error("the image is inconsistent: {0}; the restore was abandoned and nothing was started")]

@@ -252,7 +252,7 @@ mod tests {
                 session: None,
             }),
             FdKind::PtySlave { index: 3 },
-            FdKind::Pidfd { pid: 1 },
+            FdKind::Pidfd { pid: 1, dead: None },
             FdKind::NsFile {
                 kind: "net".into(),
                 ino: 1,

@@ -107,6 +107,10 @@ pub struct RestoreCtx<'a> {
     pub(crate) cwd: String,
     /// Pseudo-terminal pairs, made when first needed.
     pub(crate) ptys: crate::pty::Made<'a>,
+    /// PIDs and TIDs of the image (helper processes must not take them).
+    pub(crate) reserved_pids: HashSet<i32>,
+    /// A helper per exited process that pidfds point at, by pidfs inode.
+    pub(crate) dead_pids: HashMap<u64, crate::pidfd::DeadPid>,
 }
 
 impl<'a> RestoreCtx<'a> {
@@ -141,6 +145,8 @@ impl<'a> RestoreCtx<'a> {
             flocks_taken: HashSet::new(),
             cwd: String::new(),
             ptys,
+            reserved_pids: HashSet::new(),
+            dead_pids: HashMap::new(),
         }
     }
 

@@ -7,7 +7,7 @@ use stasis_image::manifest::{ITimer, MmImage, PosixTimer, SigAction, ThreadImage
 use stasis_image::RunEntry;
 use stasis_kernel::sarg;
 use stasis_objects::timerfd::armed_value;
-use stasis_sys::{self as sys, PrctlMmMap};
+use stasis_sys::{self as sys, vmflags, PrctlMmMap};
 
 use crate::remote::Remote;
 use crate::ObjectError;
@@ -90,6 +90,12 @@ pub fn map_flags(vma: &Vma, needs_fill: bool) -> (u64, u64) {
     if vma.growsdown {
         flags |= libc::MAP_GROWSDOWN;
     }
+    if vma.flags & vmflags::NORESERVE != 0 {
+        flags |= libc::MAP_NORESERVE;
+    }
+    if vma.flags & vmflags::DROPPABLE != 0 && !vma.shared {
+        flags = (flags & !libc::MAP_PRIVATE) | vmflags::MAP_DROPPABLE;
+    }
     let mut prot = vma.prot as i32;
     if needs_fill {
         prot |= libc::PROT_READ | libc::PROT_WRITE;
@@ -125,8 +131,7 @@ pub fn map_vma<R: Remote>(
                 vma.start, vma.end
             )))?,
         VmaKind::File { path, offset, .. } => {
-            let writable_shared = vma.shared && vma.prot & libc::PROT_WRITE as u32 != 0;
-            let mode = if writable_shared {
+            let mode = if may_write_shared(vma) {
                 libc::O_RDWR
             } else {
                 libc::O_RDONLY
@@ -195,6 +200,7 @@ pub fn map_vma<R: Remote>(
         ))
         .into());
     }
+    advise(r, vma)?;
     let mut filled = 0;
     for (runs, pack_fd) in fills {
         filled += fill(r, runs, *pack_fd)?;
@@ -207,7 +213,75 @@ pub fn map_vma<R: Remote>(
         )
         .map_err(step(format!("protecting {:#x}-{:#x}", vma.start, vma.end)))?;
     }
+    install_guards(r, vma)?;
+    lock(r, vma)?;
     Ok(filled)
+}
+
+/// Puts the area's guard pages back (`MADV_GUARD_INSTALL`): a touch of one
+/// kills with SIGSEGV, as before.
+pub fn install_guards<R: Remote>(r: &mut R, vma: &Vma) -> Result<(), RestoreError> {
+    for &(a, b) in &vma.guards {
+        r.sys(
+            "madvise",
+            libc::SYS_madvise,
+            &[a, b - a, sarg(i64::from(sys::MADV_GUARD_INSTALL))],
+        )
+        .map_err(step(format!(
+            "installing the guard pages {a:#x}-{b:#x} again (MADV_GUARD_INSTALL, Linux 6.13)"
+        )))?;
+    }
+    Ok(())
+}
+
+/// A shared area whose file must be opened for writing: writable now, or
+/// `mw` (the program may `mprotect` it writable later).
+pub fn may_write_shared(vma: &Vma) -> bool {
+    vma.shared
+        && (vma.prot & libc::PROT_WRITE.unsigned_abs() != 0 || vma.flags & vmflags::MAYWRITE != 0)
+}
+
+/// Gives a freshly mapped area the `madvise` advice it had (before it is
+/// filled, so that `MADV_HUGEPAGE` applies to the fill).
+pub fn advise<R: Remote>(r: &mut R, vma: &Vma) -> Result<(), RestoreError> {
+    for (bit, advice) in vmflags::ADVICE {
+        if vma.flags & bit != 0 {
+            r.sys(
+                "madvise",
+                libc::SYS_madvise,
+                &[vma.start, vma.end - vma.start, sarg(i64::from(advice))],
+            )
+            .map_err(step(format!(
+                "giving {:#x}-{:#x} its advice {advice} (madvise)",
+                vma.start, vma.end
+            )))?;
+        }
+    }
+    Ok(())
+}
+
+/// Locks a filled area again if it was locked (`mlock`, or `mlock2` with
+/// `MLOCK_ONFAULT`). It fails as the program's own `mlock` would: beyond
+/// `RLIMIT_MEMLOCK` without `CAP_IPC_LOCK`.
+pub fn lock<R: Remote>(r: &mut R, vma: &Vma) -> Result<(), RestoreError> {
+    if vma.flags & vmflags::LOCKED == 0 {
+        return Ok(());
+    }
+    let onfault = if vma.flags & vmflags::LOCKONFAULT != 0 {
+        vmflags::MLOCK_ONFAULT
+    } else {
+        0
+    };
+    r.sys(
+        "mlock2",
+        libc::SYS_mlock2,
+        &[vma.start, vma.end - vma.start, onfault],
+    )
+    .map_err(step(format!(
+        "locking {:#x}-{:#x} in memory as it was (mlock2; the restoring user may lack CAP_IPC_LOCK or RLIMIT_MEMLOCK)",
+        vma.start, vma.end
+    )))?;
+    Ok(())
 }
 
 /// Runs of at least this many address-contiguous pages are populated with

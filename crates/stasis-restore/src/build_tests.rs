@@ -9,6 +9,8 @@ fn anon(start: u64, end: u64, prot: i32) -> Vma {
         prot: prot.unsigned_abs(),
         shared: false,
         growsdown: false,
+        flags: 0,
+        guards: Vec::new(),
         name: String::new(),
         kind: VmaKind::Anon,
         shm: None,
@@ -318,4 +320,80 @@ fn mm_map_struct_layout() {
     assert_eq!(u64::from_le_bytes(s[40..48].try_into().unwrap()), 6);
     assert_eq!(u32::from_le_bytes(s[96..100].try_into().unwrap()), 16);
     assert_eq!(u32::from_le_bytes(s[100..104].try_into().unwrap()), 5);
+}
+
+#[test]
+fn an_area_gets_its_advice_before_the_fill_and_its_lock_after() {
+    let mut r = Recorder::default();
+    let v = Vma {
+        flags: vmflags::HUGEPAGE | vmflags::DONTFORK | vmflags::LOCKED | vmflags::NORESERVE,
+        ..anon(0x10000, 0x12000, libc::PROT_READ)
+    };
+    let runs = [run(0x10000, 1, 0)];
+    map_vma(&mut r, &v, &[(&runs, 7)], None).unwrap();
+    assert_eq!(
+        r.names(),
+        vec!["mmap", "madvise", "madvise", "preadv", "mprotect", "mlock2"]
+    );
+    let flags = r.args_of("mmap")[0][3];
+    assert_ne!(flags & libc::MAP_NORESERVE as u64, 0);
+    let advice: Vec<u64> = r.args_of("madvise").iter().map(|a| a[2]).collect();
+    assert_eq!(
+        advice,
+        [libc::MADV_DONTFORK as u64, libc::MADV_HUGEPAGE as u64]
+    );
+    assert_eq!(r.args_of("mlock2")[0][..3], [0x10000, 0x2000, 0]);
+    // Guard pages: installed after the fill.
+    let mut r = Recorder::default();
+    let g = Vma {
+        guards: vec![(0x11000, 0x12000)],
+        ..anon(0x10000, 0x12000, libc::PROT_READ)
+    };
+    map_vma(&mut r, &g, &[(&runs, 7)], None).unwrap();
+    assert_eq!(r.names(), vec!["mmap", "preadv", "mprotect", "madvise"]);
+    assert_eq!(r.args_of("madvise")[0][..3], [0x11000, 0x1000, 102]);
+    // Locked on fault: mlock2(MLOCK_ONFAULT).
+    let mut r = Recorder::default();
+    let v = Vma {
+        flags: vmflags::LOCKED | vmflags::LOCKONFAULT,
+        ..v
+    };
+    map_vma(&mut r, &v, &[], None).unwrap();
+    assert_eq!(r.args_of("mlock2")[0][2], vmflags::MLOCK_ONFAULT);
+}
+
+#[test]
+fn a_droppable_area_is_mapped_droppable_not_private() {
+    let mut r = Recorder::default();
+    let v = Vma {
+        flags: vmflags::DROPPABLE,
+        ..anon(0x10000, 0x12000, libc::PROT_READ | libc::PROT_WRITE)
+    };
+    map_vma(&mut r, &v, &[], None).unwrap();
+    let flags = r.args_of("mmap")[0][3];
+    assert_eq!(flags & 0x0f, vmflags::MAP_DROPPABLE as u64);
+}
+
+#[test]
+fn a_read_only_shared_file_mapping_that_may_be_made_writable_opens_its_file_for_writing() {
+    let file = VmaKind::File {
+        path: "/data/f".into(),
+        offset: 0,
+        dev: 0,
+        ino: 0,
+    };
+    let open_mode = |flags: u32, shared: bool| {
+        let mut r = Recorder::default();
+        let v = Vma {
+            kind: file.clone(),
+            shared,
+            flags,
+            ..anon(0x10000, 0x12000, libc::PROT_READ)
+        };
+        map_vma(&mut r, &v, &[], None).unwrap();
+        r.args_of("open")[0][1] & libc::O_ACCMODE as u64
+    };
+    assert_eq!(open_mode(vmflags::MAYWRITE, true), libc::O_RDWR as u64);
+    assert_eq!(open_mode(0, true), libc::O_RDONLY as u64);
+    assert_eq!(open_mode(0, false), libc::O_RDONLY as u64);
 }

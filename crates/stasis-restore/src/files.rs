@@ -65,6 +65,16 @@ impl<'a> FdFactory<'a> {
         self.0.claim_flock(img)
     }
 
+    /// See [`objects::RestoreCtx::reserve_pids`].
+    pub fn reserve_pids(&mut self, pids: impl Iterator<Item = i32>) {
+        self.0.reserve_pids(pids);
+    }
+
+    /// See [`objects::RestoreCtx::finish_pidfds`].
+    pub fn finish_pidfds(&mut self) {
+        self.0.finish_pidfds();
+    }
+
     /// See [`objects::RestoreCtx::finish_tcp`].
     pub fn finish_tcp(&mut self) -> Result<(), RestoreError> {
         Ok(self.0.finish_tcp()?)

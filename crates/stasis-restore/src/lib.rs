@@ -145,17 +145,23 @@ pub trait LazySink: Send + Sync {
 }
 
 /// The eager half of a lazy restore: the ranges of `vmas` filled before the
-/// tree runs (every area but the private anonymous ones, [`private_anon`],
-/// which a lazy restore leaves to the filler: a userfaultfd in missing mode
-/// cannot serve file mappings, and shared memory is filled once for every
-/// process), sorted and merged.
+/// tree runs (every area but those [`left_to_filler`]), sorted and merged.
 pub fn eager_ranges<'a>(vmas: impl IntoIterator<Item = &'a Vma>) -> Vec<(u64, u64)> {
     stasis_image::chain::normalize(
         vmas.into_iter()
-            .filter(|v| !private_anon(v))
+            .filter(|v| !left_to_filler(v))
             .map(|v| (v.start, v.end))
             .collect(),
     )
+}
+
+/// Whether a lazy restore leaves area `v` to the filler: private anonymous
+/// memory ([`private_anon`]; a userfaultfd in missing mode cannot serve
+/// file mappings, and shared memory is filled once for every process) that
+/// is not locked (locking an area populates it, and it must stay resident
+/// anyway).
+pub fn left_to_filler(v: &Vma) -> bool {
+    private_anon(v) && v.flags & stasis_sys::vmflags::LOCKED == 0
 }
 
 /// What to restore and how.
@@ -245,13 +251,18 @@ mod tests {
             vma(0x8000, 0x9000, VmaKind::Vdso, false),
             shm,
         ];
-        let lazy: Vec<bool> = vmas.iter().map(private_anon).collect();
+        let lazy: Vec<bool> = vmas.iter().map(left_to_filler).collect();
         assert_eq!(lazy, [true, false, false, true, false, false]);
         // The eager ranges are the others, merged where they touch.
         assert_eq!(
             eager_ranges(&vmas),
             vec![(0x3000, 0x6000), (0x8000, 0xa000)]
         );
+        // A locked private area is filled before the tree runs.
+        let mut locked = vma(0xb000, 0xc000, VmaKind::Anon, false);
+        locked.flags = stasis_sys::vmflags::LOCKED;
+        assert!(!left_to_filler(&locked));
+        assert_eq!(eager_ranges([&locked]), vec![(0xb000, 0xc000)]);
         assert!(eager_ranges(&vmas[..1]).is_empty());
     }
 }

@@ -7,7 +7,6 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use stasis_image::areas::private_anon;
 use stasis_image::manifest::{ProcessImage, Vma, VmaKind};
 use stasis_image::{PageSource, RunEntry};
 use stasis_kernel::uffd_remote::{create_in, UffdRemoteError};
@@ -45,7 +44,7 @@ pub(crate) fn area_action(v: &Vma, data: u64, lazy: bool, first: Option<ShmFirst
     if let Some(f) = first {
         return AreaAction::SharedAgain(f);
     }
-    if lazy && data > 0 && private_anon(v) {
+    if lazy && data > 0 && crate::left_to_filler(v) {
         return AreaAction::Lazy;
     }
     if matches!(v.kind, VmaKind::Ghost { .. }) {
@@ -149,8 +148,9 @@ fn map_ghost(
         return build::map_vma(s, v, fills, None);
     };
     let h = cx.transport.h;
-    let writable = v.shared && v.prot & libc::PROT_WRITE.unsigned_abs() != 0;
-    let file = cx.factory.ghost_for_mapping(*id, name, writable)?;
+    let file = cx
+        .factory
+        .ghost_for_mapping(*id, name, build::may_write_shared(v))?;
     let tmp = i32::try_from(h + 1).map_err(|_| ObjectError::Layout("fd number overflow".into()))?;
     files::plant(s, &cx.transport.sock, h, file.as_fd(), tmp, true)?;
     let r = build::map_vma(s, v, fills, Some(h + 1));
@@ -205,7 +205,7 @@ fn map_shared_again(
         return Err(RestoreError::Unsupported(format!("shared memory at {:#x}-{:#x} of process {} covers pages that process {fpid} does not map", v.start, v.end, s.pid)));
     }
     let path = format!("/proc/{fpid}/map_files/{fstart:x}-{fend:x}");
-    let writable = v.prot & libc::PROT_WRITE.unsigned_abs() != 0;
+    let writable = build::may_write_shared(v);
     let file: OwnedFd = std::fs::OpenOptions::new()
         .read(true)
         .write(writable)
@@ -241,7 +241,8 @@ fn map_shared_again(
         ))
         .into());
     }
-    Ok(())
+    build::advise(s, v)?;
+    build::lock(s, v)
 }
 
 /// The vDSO (and vvar) at their saved addresses; refused if this kernel's
@@ -293,6 +294,10 @@ mod tests {
         // Private anonymous with data: the filler's, only in a lazy restore.
         assert_eq!(area_action(&anon, 4096, true, None), AreaAction::Lazy);
         assert_eq!(area_action(&anon, 4096, false, None), AreaAction::Plain);
+        // Locked: filled now (locking populates it).
+        let mut locked = anon.clone();
+        locked.flags = stasis_sys::vmflags::LOCKED;
+        assert_eq!(area_action(&locked, 4096, true, None), AreaAction::Plain);
         // No data: nothing for the filler to owe; mapped (empty) now.
         assert_eq!(area_action(&anon, 0, true, None), AreaAction::Plain);
         // Shared anonymous and ghost file areas are filled before the tree runs.

@@ -108,7 +108,7 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     let chain = stasis_image::load_chain(store, Some(cp.number))?;
     let mut records = page_sources(&chain, m)?;
     let waited = Instant::now();
-    wait_pids_free(m, opts)?;
+    wait_pids_free(m, &plan, opts)?;
     let pid_wait_us = micros(waited);
 
     let (transport, remote_end) = transport(m)?;
@@ -185,13 +185,20 @@ fn page_sources<'a>(chain: &[Checkpoint], m: &'a Manifest) -> Result<Vec<Record<
 }
 
 /// Every saved PID and TID must be free (zombies holding one are waited
-/// out); not needed in a new PID namespace.
-fn wait_pids_free(m: &Manifest, opts: &RestoreOptions) -> Result<()> {
-    for p in m.processes.iter().filter(|_| !opts.new_pidns) {
+/// out), and the PID of each group leader that had exited (its helper's);
+/// not needed in a new PID namespace.
+fn wait_pids_free(m: &Manifest, plan: &tree::Plan, opts: &RestoreOptions) -> Result<()> {
+    if opts.new_pidns {
+        return Ok(());
+    }
+    for p in &m.processes {
         wait_pid_free(p.pid, opts.pid_wait)?;
         for th in p.threads.iter().filter(|t| t.tid != p.pid) {
             wait_pid_free(th.tid, opts.pid_wait)?;
         }
+    }
+    for &(pgid, _) in &plan.helpers {
+        wait_pid_free(pgid, opts.pid_wait)?;
     }
     Ok(())
 }
@@ -335,6 +342,11 @@ fn build_processes(b: &mut Build<'_>) -> Result<u64> {
         total,
         lazy_bytes: 0,
     };
+    cx.factory.reserve_pids(
+        m.processes
+            .iter()
+            .flat_map(|p| std::iter::once(p.pid).chain(p.threads.iter().map(|t| t.tid))),
+    );
     for r in &mut b.records {
         if r.img.zombie.is_some() {
             continue;
@@ -365,6 +377,7 @@ fn build_processes(b: &mut Build<'_>) -> Result<u64> {
         c.built()?;
     }
     cx.factory.finish_tcp()?;
+    cx.factory.finish_pidfds();
     Ok(cx.filled)
 }
 
@@ -382,10 +395,10 @@ fn jump_all(b: &mut Build<'_>) -> Result<()> {
         }
     }
     for i in ready {
-        let stopped = b.records[i].img.stopped;
+        let img = b.records[i].img;
         let p = b.proc_mut(i)?;
-        if stopped {
-            crate::threads::stop_again(p)?;
+        if img.stopped {
+            crate::threads::stop_again(p, img)?;
         }
         crate::threads::release(p)?;
     }

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use stasis_image::manifest::{ProcessImage, Rlimit};
 use stasis_image::PageSource;
+use stasis_sys as sys;
 
 use crate::build::{self, step};
 use crate::memory::{self, ShmFirst};
@@ -117,6 +118,14 @@ pub(crate) fn restore_attributes<R: Remote>(s: &mut R, p: &ProcessImage) -> Resu
             &[libc::PR_SET_THP_DISABLE as u64, 1, 0, 0, 0],
         )
         .map_err(step("disabling transparent huge pages again"))?;
+    }
+    for cmd in sys::MEMBARRIER_REGISTER_CMDS {
+        if u64::from(p.membarrier) & cmd != 0 {
+            s.sys("membarrier", libc::SYS_membarrier, &[cmd, 0, 0])
+                .map_err(step(format!(
+                    "registering the process's memory for membarrier again (command {cmd:#x})"
+                )))?;
+        }
     }
     Ok(())
 }

@@ -152,8 +152,15 @@ pub(crate) fn fork_tree(b: &mut Build<'_>) -> Result<()> {
     Ok(())
 }
 
-/// Process groups, once the whole tree exists: leaders first, then members.
+/// Process groups, once the whole tree exists: leaders first (with a
+/// helper at the PID of each leader that had exited), then members; then
+/// the helpers exit and are reaped.
 pub(crate) fn set_groups(b: &mut Build<'_>) -> Result<()> {
+    let m = b.m;
+    let mut helpers = Vec::new();
+    for &(pgid, forker) in &b.plan.helpers {
+        helpers.push((group_helper(b, pgid, forker)?, forker));
+    }
     for pass in 0..2 {
         for i in 0..b.records.len() {
             let group = b.plan.group[i];
@@ -162,7 +169,32 @@ pub(crate) fn set_groups(b: &mut Build<'_>) -> Result<()> {
             group_call(p, pid, pass, group)?;
         }
     }
+    for (mut h, forker) in helpers {
+        let pgid = h.pid;
+        make_zombie(&mut h, 0)?;
+        let f = b.proc_mut(forker)?;
+        f.cur = None;
+        f.sys("wait4", libc::SYS_wait4, &[sarg(i64::from(pgid)), 0, 0, 0])
+            .map_err(step(format!("reaping the helper that led group {pgid}")))?;
+        drop_sigchld(f, &m.processes[forker])?;
+    }
     Ok(())
+}
+
+/// A helper process at PID `pgid`, forked by process `forker` (a member of
+/// group `pgid`, whose leader had exited), leading a new group `pgid`.
+fn group_helper(b: &mut Build<'_>, pgid: i32, forker: usize) -> Result<Proc> {
+    let ctl = b.root()?.ctl;
+    let f = b.proc_mut(forker)?;
+    f.cur = None;
+    build::fork_process(f, pgid)?;
+    let outer = f.t.take_new_task().unwrap_or(pgid);
+    let t = Tracee::adopt_new_thread(outer)
+        .map_err(step(format!("taking over the helper for group {pgid}")))?;
+    let mut h = Proc::adopt(t, ctl, pgid)?;
+    h.sys("setpgid", libc::SYS_setpgid, &[0, 0])
+        .map_err(step(format!("making the helper lead group {pgid}")))?;
+    Ok(h)
 }
 
 /// What process `pid` does about its group in `pass` (0: leaders, 1:

@@ -36,6 +36,8 @@ pub fn image(pid: i32, ppid: i32, pgid: i32, sid: i32) -> ProcessImage {
         loginuid: None,
         dumpable: None,
         stopped: false,
+        stop_signal: None,
+        membarrier: 0,
     }
 }
 
@@ -66,6 +68,8 @@ pub fn vma(start: u64, end: u64, kind: VmaKind, shared: bool) -> Vma {
         prot: (libc::PROT_READ | libc::PROT_WRITE).unsigned_abs(),
         shared,
         growsdown: false,
+        flags: 0,
+        guards: Vec::new(),
         name: String::new(),
         kind,
         shm: None,

@@ -305,17 +305,26 @@ pub(crate) fn jump(s: &mut Proc, p: &ProcessImage) -> Result<()> {
     Ok(())
 }
 
-/// A process stopped by job control at the dump is sent SIGSTOP before it
-/// is let go: the signal waits while it is traced, and it stops before it
-/// runs an instruction of its own (its parent sees it stop, as it did).
-pub(crate) fn stop_again(s: &mut Proc) -> Result<()> {
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(s.pid),
-        nix::sys::signal::Signal::SIGSTOP,
-    )
-    .map_err(|e| {
+/// A process stopped by job control at the dump is sent its stop signal
+/// again before it is let go: the signal waits while it is traced, and it
+/// stops before it runs an instruction of its own (its parent sees it stop,
+/// with the same signal, as it did). The whole tree exists by then, so its
+/// process group is judged as the kernel will judge it at delivery: an
+/// orphaned group ignores SIGTSTP, SIGTTIN and SIGTTOU, and is sent
+/// SIGSTOP instead (it must not run).
+pub(crate) fn stop_again(s: &mut Proc, img: &ProcessImage) -> Result<()> {
+    use nix::sys::signal::Signal;
+    let sig = match img.stop_signal.and_then(|n| Signal::try_from(n).ok()) {
+        Some(sig @ (Signal::SIGTSTP | Signal::SIGTTIN | Signal::SIGTTOU))
+            if !stasis_kernel::procfs::pgrp_orphaned(img.pgid) =>
+        {
+            sig
+        }
+        _ => Signal::SIGSTOP,
+    };
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(s.pid), sig).map_err(|e| {
         step("stopping the process again")(stasis_kernel::KernelError::Io {
-            what: "kill(SIGSTOP)".into(),
+            what: format!("kill({sig})"),
             source: e.into(),
         })
     })

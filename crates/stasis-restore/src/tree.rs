@@ -5,8 +5,12 @@
 //! `set_tid`), so a process that led its session calls `setsid()` right after
 //! it is created, before it forks its own children. Process groups are set
 //! once the whole tree exists: group leaders first, then members join.
-//! A session or group whose leader is neither in the tree nor the one the
-//! root was started in cannot be rebuilt and is refused.
+//! A group whose leader has exited (it lives on while it has members) is
+//! rebuilt around a helper process at the leader's PID, forked by the
+//! group's first member: it makes the group, the members join, and it
+//! exits and is reaped by that member before anything runs. A session
+//! whose leader is neither in the tree nor the one the root was started in
+//! cannot be rebuilt and is refused.
 
 use stasis_image::manifest::ProcessImage;
 
@@ -29,6 +33,9 @@ pub struct Plan {
     /// Whether the process calls `setsid()` right after creation.
     pub setsid: Vec<bool>,
     pub group: Vec<Group>,
+    /// Groups whose leader has exited: (the group's ID, the index of the
+    /// member that forks the helper leading it for a moment).
+    pub helpers: Vec<(i32, usize)>,
 }
 
 /// A tree stasis cannot rebuild.
@@ -108,6 +115,7 @@ pub fn plan(procs: &[ProcessImage]) -> Result<Plan, TreeError> {
         }
     }
     let mut group = vec![Group::Keep; n];
+    let mut helpers: Vec<(i32, usize)> = Vec::new();
     for (i, p) in procs.iter().enumerate() {
         let leader = index_of(p.pgid);
         group[i] = if p.pgid == p.pid {
@@ -128,22 +136,37 @@ pub fn plan(procs: &[ProcessImage]) -> Result<Plan, TreeError> {
             } else {
                 Group::Join(p.pgid)
             }
-        } else {
-            // The group's leader is outside the tree: only the group the
-            // root was started in (the restorer's) can be kept.
-            if p.pgid != root.pgid || inherited_group[i] != OUTSIDE || sess[i] != OUTSIDE {
-                return Err(TreeError::GroupLeaderOutside {
-                    pid: p.pid,
-                    pgid: p.pgid,
-                });
-            }
+        } else if p.pgid == root.pgid && inherited_group[i] == OUTSIDE && sess[i] == OUTSIDE {
+            // The group the root was started in (the restorer's): kept.
             Group::Keep
+        } else if p.pgid == root.pgid && i > 0 {
+            // The root's group led from outside, but this process is not
+            // in it as the root is.
+            return Err(TreeError::GroupLeaderOutside {
+                pid: p.pid,
+                pgid: p.pgid,
+            });
+        } else {
+            // The leader has exited: a helper at its PID leads the group
+            // while the members join, in the first member's session.
+            match helpers.iter().find(|h| h.0 == p.pgid) {
+                Some(&(_, first)) if sess[first] != sess[i] => {
+                    return Err(TreeError::GroupOtherSession {
+                        pid: p.pid,
+                        pgid: p.pgid,
+                    });
+                }
+                Some(_) => {}
+                None => helpers.push((p.pgid, i)),
+            }
+            Group::Join(p.pgid)
         };
     }
     Ok(Plan {
         parent,
         setsid,
         group,
+        helpers,
     })
 }
 
@@ -183,6 +206,41 @@ mod tests {
     }
 
     #[test]
+    fn a_group_whose_leader_exited_gets_a_helper_leader() {
+        // zdtm's zombie01: 101 made group 101, forked 102 into it (as a
+        // sibling) and exited; 102 is a zombie of 100's. And 104 and 105
+        // share group 103, whose leader exited too.
+        let mut z = p(102, 100, 101, 1);
+        z.zombie = Some(0);
+        let pl = plan(&[
+            p(100, 1, 50, 1),
+            z,
+            p(104, 100, 103, 1),
+            p(105, 100, 103, 1),
+        ])
+        .unwrap();
+        assert_eq!(
+            pl.group,
+            vec![
+                Group::Keep,
+                Group::Join(101),
+                Group::Join(103),
+                Group::Join(103)
+            ]
+        );
+        assert_eq!(pl.helpers, vec![(101, 1), (103, 2)]);
+        // Members of one such group in two sessions: refused.
+        let e = plan(&[
+            p(100, 100, 100, 100),
+            p(101, 100, 101, 101),
+            p(102, 101, 103, 101),
+            p(104, 100, 103, 100),
+        ])
+        .unwrap_err();
+        assert!(e.to_string().contains("group 103"), "{e}");
+    }
+
+    #[test]
     fn refusals() {
         assert!(plan(&[p(100, 1, 50, 1), p(102, 101, 50, 1)])
             .unwrap_err()
@@ -193,11 +251,15 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("session"));
-        // A group led from outside that is not the root's.
-        assert!(plan(&[p(100, 1, 50, 1), p(101, 100, 60, 1)])
-            .unwrap_err()
-            .to_string()
-            .contains("group 60"));
+        // The root's group, led from outside, for a child in another session.
+        assert!(plan(&[
+            p(100, 1, 50, 1),
+            p(101, 100, 101, 101),
+            p(102, 101, 50, 101)
+        ])
+        .unwrap_err()
+        .to_string()
+        .contains("group 50"));
         let mut z = p(100, 1, 50, 1);
         z.zombie = Some(0);
         let err = plan(&[z]).unwrap_err();

@@ -17,6 +17,7 @@ pub mod inet_diag;
 pub mod net;
 pub mod prctl;
 pub mod tty;
+pub mod vmflags;
 
 use core::mem::size_of;
 
@@ -556,6 +557,11 @@ pub const PM_PRESENT: u64 = 1 << 63;
 pub const PM_SWAPPED: u64 = 1 << 62;
 pub const PM_FILE_OR_SHARED_ANON: u64 = 1 << 61;
 pub const PM_SOFT_DIRTY: u64 = 1 << 55;
+/// A guard region page (`MADV_GUARD_INSTALL`, Linux 6.13; shown since
+/// 6.14), a PTE marker too.
+pub const PM_GUARD_REGION: u64 = 1 << 58;
+/// `MADV_GUARD_INSTALL` (`<asm-generic/mman-common.h>`, Linux 6.13).
+pub const MADV_GUARD_INSTALL: i32 = 102;
 /// Swap type of a swapped entry (bits 0-4, shown to CAP_SYS_ADMIN).
 pub const PM_SWAP_TYPE_MASK: u64 = 0x1f;
 /// The swap type of a PTE marker (a userfaultfd write-protect marker on an
@@ -567,6 +573,15 @@ pub const SWP_PTE_MARKER: u64 = 31;
 // ---------------------------------------------------------------------------
 
 pub const SYS_CLONE3: i64 = 435;
+
+/// `membarrier` commands (`<linux/membarrier.h>`).
+pub const MEMBARRIER_CMD_QUERY: u64 = 0;
+/// The registrations of the calling process's mm, as a mask of the
+/// `REGISTER` commands (Linux 6.3).
+pub const MEMBARRIER_CMD_GET_REGISTRATIONS: u64 = 1 << 9;
+/// Every `MEMBARRIER_CMD_REGISTER_*` command: global expedited, private
+/// expedited, private expedited sync-core, private expedited rseq.
+pub const MEMBARRIER_REGISTER_CMDS: [u64; 4] = [1 << 2, 1 << 4, 1 << 6, 1 << 8];
 pub const SYS_PIDFD_OPEN: i64 = 434;
 pub const SYS_PIDFD_GETFD: i64 = 438;
 pub const SYS_PIDFD_SEND_SIGNAL: i64 = 424;

@@ -445,7 +445,8 @@ fn fd_description(kind: &FdKind) -> String {
             format!("memfd:{name} (content saved) pos {pos}")
         }
         FdKind::Inotify { watches } => format!("inotify with {} watches", watches.len()),
-        FdKind::Pidfd { pid } => format!("pidfd on process {pid}"),
+        FdKind::Pidfd { dead: Some(_), .. } => "pidfd on a process that has exited".to_string(),
+        FdKind::Pidfd { pid, .. } => format!("pidfd on process {pid}"),
         FdKind::NsFile { kind, ino } => format!("namespace file {kind}:[{ino}]"),
         FdKind::DeletedNode(n) => format!("{} (deleted, mode {:o}) pos {}", n.path, n.mode, n.pos),
         FdKind::Unix(u) => format!(

@@ -179,6 +179,7 @@ workload_tests! {
     leases: "leases";
     pidfds: "pidfds";
     epoll_fds: "epoll_fds";
+    advice: "advice";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so

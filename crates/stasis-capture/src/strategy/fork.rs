@@ -27,6 +27,16 @@ impl CopyStrategy for ForkSnapshot {
         let snap = snapshot::take(fp)?;
         let child_maps = proc::read_parsed(snap.pid, "maps", proc::parse_maps)?;
         let no_fork = unforked_areas(maps, &child_maps);
+        // A fork copies neither locks (`lo`) nor MADV_DONTFORK areas: then
+        // the flags are read from the process itself now (a walk of its
+        // page tables, paid only by a process with such areas); else from
+        // its snapshot after the release.
+        let locked = proc::parse_status_locked_kib(&proc::read(fp.pid, "status")?) > 0;
+        let vmflags = if locked || !no_fork.is_empty() {
+            Some(proc::parse_smaps_vmflags(&proc::read(fp.pid, "smaps")?))
+        } else {
+            None
+        };
         let mut plan = memory::plan_with(fp.pid, maps, &[], cx.seen_shm, memory::Scan::None)?;
         let unforked: Vec<proc::MapsEntry> = maps
             .iter()
@@ -61,6 +71,7 @@ impl CopyStrategy for ForkSnapshot {
                 maps: maps.to_vec(),
                 collected,
                 shm_seen,
+                vmflags,
             }),
         })
     }

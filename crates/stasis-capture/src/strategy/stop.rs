@@ -40,23 +40,23 @@ pub fn plan_in_place(cx: PlanCx<'_>, cow: Option<&cow::Cow>) -> Result<Planned> 
         seen_shm,
     } = cx;
     let pid = fp.pid;
-    // VmFlags (for "grows down") come from smaps, whose page walk
-    // costs milliseconds per GiB: an incremental dump reuses the
+    // VmFlags (grows down, advice, locks) come from smaps, whose page
+    // walk costs milliseconds per GiB: an incremental dump reuses the
     // parent's when the process has exactly the same areas.
     // A write-protected concurrent dump read them before the freeze.
     let reuse = parent_proc
         .and_then(|pp| incremental::same_layout(pp, maps))
-        .or_else(|| cow.and_then(|c| c.growsdown(pid, maps)));
-    let growsdown = match reuse {
+        .or_else(|| cow.and_then(|c| c.vmflags(pid, maps)));
+    let vmflags = match reuse {
         Some(g) => g,
-        None => proc::parse_smaps_growsdown(&proc::read(pid, "smaps")?),
+        None => proc::parse_smaps_vmflags(&proc::read(pid, "smaps")?),
     };
     let scan = if cow.is_some() {
         memory::Scan::DataAndProtection
     } else {
         memory::Scan::Data
     };
-    let mut plan = memory::plan_with(pid, maps, &growsdown, seen_shm, scan)?;
+    let mut plan = memory::plan_with(pid, maps, &vmflags, seen_shm, scan)?;
     tracing::debug!(pid, ms = ms(frozen_at), "pages with data found");
     let areas = incremental::areas(&plan.vmas);
     let mut selection = None;

@@ -150,7 +150,12 @@ fn arm_one(
         manifest.processes[c.idx]
             .vmas
             .iter()
-            .filter(|v| stasis_image::areas::private_anon(v))
+            // userfaultfd refuses MAP_DROPPABLE areas (nothing of them is
+            // saved).
+            .filter(|v| {
+                stasis_image::areas::private_anon(v)
+                    && v.flags & stasis_sys::vmflags::DROPPABLE == 0
+            })
             .map(|v| (v.start, v.end))
             .collect(),
     );

@@ -72,6 +72,8 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
                 prot: 5,
                 shared: false,
                 growsdown: false,
+                flags: 0,
+                guards: Vec::new(),
                 name: String::new(),
                 kind: VmaKind::File {
                     path: "/usr/bin/sleep".into(),
@@ -87,6 +89,8 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
                 prot: 3,
                 shared: false,
                 growsdown: true,
+                flags: 0,
+                guards: Vec::new(),
                 name: "[stack]".into(),
                 kind: VmaKind::Anon,
                 shm: Some((77, 0)),
@@ -97,6 +101,8 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
                 prot: 5,
                 shared: false,
                 growsdown: false,
+                flags: 0,
+                guards: Vec::new(),
                 name: "[vdso]".into(),
                 kind: VmaKind::Vdso,
                 shm: None,
@@ -178,6 +184,8 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
         loginuid: None,
         dumpable: None,
         stopped: false,
+        stop_signal: None,
+        membarrier: 0,
     }
 }
 

@@ -58,6 +58,8 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
         loginuid: None,
         dumpable: None,
         stopped: false,
+        stop_signal: None,
+        membarrier: 0,
     }
 }
 
