@@ -21,13 +21,14 @@
  *       (TIOCEXCL), window 40x132, then locked again (TIOCSPTLCK).  3000
  *       bytes of pattern(SEED_IN) written to the master (queued for the
  *       slave) and 2000 of pattern(SEED_OUT) to the slave (queued for the
- *       master), waited for with FIONREAD.
+ *       master), waited for with FIONREAD.  Its slave's node is given owner
+ *       4242:4343 and mode 0600 (fchown, fchmod; zdtm's pty01).
  * The root waits in a nanosleep(100 ms) loop.
  *
  * After SIGTERM (root):
  *   p2-*  packet mode, exclusive mode, lock, termios (= cfmakeraw of a new
  *         pair's default), window size, pairing (the slave's rdev is the
- *         master's pts), FIONREAD and exactly the queued bytes each way
+ *         master's pts), the slave node's owner and mode, FIONREAD and exactly the queued bytes each way
  *         (each packet-mode read starts with TIOCPKT_DATA), then a fresh
  *         byte each way.
  *   p1-*  C's stdin is P1's slave (rdev); the master's flags.  It writes
@@ -414,6 +415,10 @@ static void check_p2(void)
 		   (major(st.st_rdev) - 136u) * 256 + minor(st.st_rdev) == idx,
 		   "p2-pair", "slave rdev %#lx is not pts %u",
 		   (unsigned long)st.st_rdev, idx);
+	zdtm_check(fstat(s2, &st) == 0 && st.st_uid == 4242 && st.st_gid == 4343 &&
+		   (st.st_mode & 07777) == 0600, "p2-node",
+		   "slave node %u:%u mode %o, expected 4242:4343 600",
+		   (unsigned)st.st_uid, (unsigned)st.st_gid, (unsigned)(st.st_mode & 07777));
 	/* the slave's input: exactly P2_IN bytes */
 	zdtm_check(nread(s2) == P2_IN, "p2-slave-data", "slave FIONREAD %d, "
 		   "expected %d", nread(s2), P2_IN);
@@ -569,6 +574,8 @@ int main(int argc, char **argv)
 	if (tcsetattr(m1, TCSANOW, &t) || ioctl(m1, TIOCSWINSZ, &ws))
 		zdtm_die("P1 modes");
 	setup_p2();
+	if (fchown(s2, 4242, 4343) || fchmod(s2, 0600))
+		zdtm_die("P2 slave owner");
 	if (pipe2(readyp, O_CLOEXEC))
 		zdtm_die("pipe");
 	c = fork();
@@ -591,6 +598,7 @@ int main(int argc, char **argv)
 
 	ZDTM_CORRUPT("p2-modes", ioctl(m2, TIOCPKT, &(int){ 0 }));
 	ZDTM_CORRUPT("p2-lock", ioctl(m2, TIOCSPTLCK, &(int){ 0 }));
+	ZDTM_CORRUPT("p2-node", fchmod(s2, 0620));
 	ZDTM_CORRUPT("p2-termios", {
 		tcgetattr(s2, &t);
 		t.c_lflag |= ECHO;

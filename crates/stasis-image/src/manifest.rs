@@ -580,6 +580,11 @@ pub struct PtyPair {
     /// The session whose controlling terminal the slave is, if one of the
     /// image's.
     pub session: Option<PtySession>,
+    /// The slave's `/dev/pts` node: owner and permission bits (`[uid, gid,
+    /// mode]`; a program may `fchown`/`fchmod` its slave). `None`: older
+    /// images, left as a new pair's (the restorer's, 0620).
+    #[serde(default)]
+    pub slave_node: Option<(u32, u32, u32)>,
 }
 
 /// `struct termios2`, field by field.

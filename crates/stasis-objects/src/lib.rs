@@ -250,6 +250,7 @@ mod tests {
                 input: vec![],
                 output: vec![],
                 session: None,
+                slave_node: None,
             }),
             FdKind::PtySlave { index: 3 },
             FdKind::Pidfd { pid: 1, dead: None },

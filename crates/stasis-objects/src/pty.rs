@@ -49,7 +49,7 @@
 //! `TIOCSPGRP` for another foreground group).
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
 use stasis_image::manifest::{FdImage, FdKind, ProcessImage, PtyPair, PtySession, PtyTermios};
@@ -287,6 +287,20 @@ fn make_pair(p: &PtyPair) -> Result<MadePair, RestoreError> {
         .map_err(io_step(what("exclusive mode"), "TIOCEXCL"))?;
     tty::set_packet(m, p.packet).map_err(io_step(what("packet mode"), "TIOCPKT"))?;
     tty::set_locked(m, p.locked).map_err(io_step(what("lock"), "TIOCSPTLCK"))?;
+    if let Some((uid, gid, mode)) = p.slave_node {
+        // The owner first: `fchown` clears set-id bits.
+        nix::unistd::fchown(
+            s.as_raw_fd(),
+            Some(nix::unistd::Uid::from_raw(uid)),
+            Some(nix::unistd::Gid::from_raw(gid)),
+        )
+        .map_err(|e| io_step(what("its slave's owner"), "fchown")(e.into()))?;
+        nix::sys::stat::fchmod(
+            s.as_raw_fd(),
+            nix::sys::stat::Mode::from_bits_truncate(mode),
+        )
+        .map_err(|e| io_step(what("its slave's mode"), "fchmod")(e.into()))?;
+    }
     Ok(MadePair {
         master,
         _keeper: keeper,
@@ -467,6 +481,8 @@ fn save_master(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<PtyPair, SaveError> 
     }
     let slave = slave.map_err(io("TIOCGPTPEER"))?;
     let s = slave.as_fd();
+    let node =
+        nix::sys::stat::fstat(s.as_raw_fd()).map_err(|e| io("fstat")(std::io::Error::from(e)))?;
     let ws = tty::winsize(m).map_err(io("TIOCGWINSZ"))?;
     let master_exclusive = tty::exclusive(m).map_err(io("TIOCGEXCL"))?;
     let slave_exclusive = tty::exclusive(s).map_err(io("TIOCGEXCL"))?;
@@ -501,6 +517,7 @@ fn save_master(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<PtyPair, SaveError> 
         input: rest,
         output,
         session,
+        slave_node: Some((node.st_uid, node.st_gid, node.st_mode & 0o7777)),
     };
     cx.ptys.pairs.insert(index, pair.clone());
     Ok(pair)
@@ -817,6 +834,7 @@ mod tests {
             input: b"raw\x03\x11bytes".to_vec(),
             output: b"to the master".to_vec(),
             session: None,
+            slave_node: Some((4242, 4343, 0o600)),
         }
     }
 
@@ -849,6 +867,12 @@ mod tests {
             p.winsize
         );
         assert!(tty::exclusive(s.as_fd()).unwrap() && !tty::exclusive(m).unwrap());
+        // The slave's node has its saved owner and mode (zdtm's pty01).
+        let st = nix::sys::stat::fstat(s.as_raw_fd()).unwrap();
+        assert_eq!(
+            (st.st_uid, st.st_gid, st.st_mode & 0o7777),
+            (4242, 4343, 0o600)
+        );
         // ^C and ^Q reached the input as data: no signal, no flow control.
         assert_eq!(read_all(s.as_fd()).concat(), p.input);
         let mut packet = vec![0u8];
