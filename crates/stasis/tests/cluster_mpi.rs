@@ -8,7 +8,8 @@
 //!
 //! The job (the seed's `sor` or `nqueens`, 6 ranks over 3 hosts; `sor`
 //! also in the seed's shape, 16 ranks over 4 hosts) is checkpointed with `stasis
-//! cluster dump` while it runs, every process of it dies, `stasis cluster
+//! cluster dump` when rank 0 prints `progress 2/10` (a fifth of its main
+//! loop done, `mpiw_progress`), every process of it dies, `stasis cluster
 //! restore` brings it back on every host, and it must finish with PASS and
 //! the very result line (checksum included) of a run never interrupted,
 //! which the test makes first. Once with a dump that kills, once with a
@@ -362,6 +363,27 @@ impl Run {
         assert!(!self.output().contains("PASS"), "{}", self.output());
     }
 
+    /// The highest `<prog>: progress K/10` line printed so far (0: none).
+    fn progress(&self) -> u32 {
+        let mark = format!("{}: progress ", self.prog);
+        self.output()
+            .lines()
+            .filter_map(|l| l.strip_prefix(&mark)?.strip_suffix("/10")?.parse().ok())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Waits until the job printed `progress K/10` (rank 0, as its main
+    /// loop passes that tenth), with every rank alive.
+    fn wait_progress(&self, k: u32) {
+        wait_until(
+            Duration::from_secs(300),
+            &format!("the job to print progress {k}/10"),
+            || self.progress() >= k && self.ranks_cpu().0 == self.ranks,
+        );
+        assert!(!self.output().contains("PASS"), "{}", self.output());
+    }
+
     /// Waits until each of `pids` is gone (reaped where it is ours).
     fn wait_gone(&mut self, pids: &[i32]) {
         if let Some(c) = self.child.as_mut() {
@@ -477,16 +499,20 @@ fn checkpoint_restore(tag: &str, shape: Shape, prog: &'static str, args: &'stati
     );
     assert!(total > 0);
 
-    // A dump that kills, a third of the way through.
+    // A dump that kills, a fifth of the way through the main loop.
     let mut run = c.run("kill");
-    run.wait_cpu(total / 3);
+    run.wait_progress(2);
     let all = run.processes();
     assert!(all.len() >= ranks + 5, "{all:?}");
+    let at = run.t0.elapsed();
     let r = c.cluster(&["dump", "--job", "mpi-kill"], c.targets(Some(&run.roots)));
     assert_eq!(r["round"], 1, "{r}");
     eprintln!(
-        "cluster dump (kill): freeze {} us, total {} us",
-        r["freeze_us"], r["total_us"]
+        "cluster dump (kill): called at {:.2} s, returned at {:.2} s: freeze {} us, total {} us",
+        at.as_secs_f64(),
+        run.t0.elapsed().as_secs_f64(),
+        r["freeze_us"],
+        r["total_us"]
     );
     run.wait_gone(&all);
     assert!(!run.output().contains("PASS"), "{}", run.output());
@@ -503,7 +529,7 @@ fn checkpoint_restore(tag: &str, shape: Shape, prog: &'static str, args: &'stati
     // A concurrent dump that leaves the job running; then every process
     // of the job is killed, and the job restored from that cut.
     let mut run = c.run("live");
-    run.wait_cpu(total / 3);
+    run.wait_progress(2);
     let args = [
         "dump",
         "--job",
@@ -519,7 +545,10 @@ fn checkpoint_restore(tag: &str, shape: Shape, prog: &'static str, args: &'stati
     );
     let (n, cpu) = run.ranks_cpu();
     assert_eq!(n, ranks, "the job runs on after the dump");
-    run.wait_cpu(cpu + total / 10);
+    match run.progress() {
+        k @ 0..=8 => run.wait_progress(k + 1),
+        _ => run.wait_cpu(cpu + total / 10),
+    }
     let killed = kill_all(&mut run);
     eprintln!("killed {} processes of the job", killed.len());
     assert!(!run.output().contains("PASS"), "{}", run.output());

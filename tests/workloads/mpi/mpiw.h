@@ -211,6 +211,20 @@ static inline void mpiw_init(int *argc, char ***argv, const char *prog)
     mpiw_t0 = MPI_Wtime();
 }
 
+/* Rank 0 prints "PROG: progress K/10" each time DONE of TOTAL steps
+ * crosses a tenth (K = 1..9), so that a test can act at a known point of
+ * the run, whatever the machine's load (a fraction of the CPU time is no
+ * such point: ranks that wait for others spin). */
+static inline void mpiw_progress(const char *prog, long done, long total)
+{
+    static long shown;
+    if (mpiw_rank != 0 || total <= 0)
+        return;
+    long k = done * 10 / total;
+    for (; shown < k && shown < 9; shown++)
+        printf("%s: progress %ld/10\n", prog, shown + 1);
+}
+
 /* Ends the run: rank 0 prints the time, then exactly one final line,
  * "PASS <summary> checksum=<hex>" or "FAIL: <why>", and exits 1 on FAIL.
  * FAILS is only meaningful on rank 0. */

@@ -85,6 +85,7 @@ int main(int argc, char **argv)
                 if ((t + rep) % mpiw_size == mpiw_rank)
                     mine[t] = solve(all, tasks[t].cols, tasks[t].ld, tasks[t].rd);
             mpiw_allreduce(mine + lo, counts + lo, hi - lo, MPI_LONG_LONG, MPI_SUM);
+            mpiw_progress("nqueens", (long)rep * PHASES + ph + 1, (long)reps * PHASES);
         }
         if (mpiw_rank != 0)
             continue;

@@ -84,6 +84,7 @@ int main(int argc, char **argv)
             if (mpiw_rank == 0 && it == iters - 1)
                 printf("sor: last squared change %.6g\n", total);
         }
+        mpiw_progress("sor", it + 1, iters);
     }
     /* Rank 0 gathers the interior rows 1..n-2. */
     int *counts = NULL, *displs = NULL;
