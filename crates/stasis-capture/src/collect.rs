@@ -125,7 +125,7 @@ fn collect(
                 image: process::zombie_image(fp.pid, status)?,
                 live: None,
             });
-            collector.tables.push(Vec::new());
+            collector.add_zombie(fp.pid);
             continue;
         }
         let (record, x) = collect_live(fr, fp, collector, &mut seen_shm)?;
@@ -217,8 +217,14 @@ fn write_manifest(
         }
         images.push(image);
     }
-    for (image, table) in images.iter_mut().zip(std::mem::take(&mut collector.tables)) {
+    let shared = std::mem::take(&mut collector.shared_with);
+    for ((image, table), with) in images
+        .iter_mut()
+        .zip(std::mem::take(&mut collector.tables))
+        .zip(shared)
+    {
         image.fds = table;
+        image.fds_shared_with = with;
     }
     let mut ghosts: Vec<_> = std::mem::take(&mut collector.ghosts)
         .into_values()

@@ -55,6 +55,7 @@ pub fn zombie_image(pid: i32, status: i32) -> Result<ProcessImage> {
         stopped: false,
         stop_signal: None,
         membarrier: 0,
+        fds_shared_with: None,
     })
 }
 
@@ -178,6 +179,7 @@ pub fn capture(
         stopped: f.stopped,
         stop_signal: f.stop_signal.filter(|_| f.stopped),
         membarrier: remote.membarrier,
+        fds_shared_with: None,
     };
     Ok((image, maps, xfeatures))
 }

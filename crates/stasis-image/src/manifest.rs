@@ -227,7 +227,14 @@ pub struct ProcessImage {
     pub rlimits: Vec<Rlimit>,
     pub mm: MmImage,
     pub vmas: Vec<Vma>,
+    /// Its fd table (empty when it shares another process's:
+    /// `fds_shared_with`).
     pub fds: Vec<FdImage>,
+    /// Made with `clone(CLONE_FILES)`: it shares the fd table of this
+    /// earlier process of the manifest (whose `fds` list it), as does its
+    /// parent; restored by forking it with `CLONE_FILES`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fds_shared_with: Option<i32>,
     /// Signal dispositions, one entry per signal 1..=64 except SIGKILL and SIGSTOP.
     pub sigactions: Vec<SigAction>,
     /// Process-wide (shared) pending signals.

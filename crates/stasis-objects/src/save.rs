@@ -74,6 +74,11 @@ pub struct SaveCtx {
     pub(crate) seen: Vec<(i32, i32, u64, u64, usize, usize)>,
     /// Per process, in dump order.
     pub tables: Vec<Vec<FdImage>>,
+    /// Per process, in dump order: the earlier process whose fd table it
+    /// shares (`clone(CLONE_FILES)`; its own entry of `tables` is empty).
+    pub shared_with: Vec<Option<i32>>,
+    /// Per process, in dump order: its PID.
+    table_pids: Vec<i32>,
     next_shared: u32,
     /// Pipe contents by pipe inode.
     pub pipes: HashMap<u64, PipeImage>,
@@ -174,6 +179,8 @@ impl Default for SaveCtx {
         Self {
             seen: Vec::new(),
             tables: Vec::new(),
+            shared_with: Vec::new(),
+            table_pids: Vec::new(),
             next_shared: 0,
             pipes: HashMap::new(),
             ghosts: HashMap::new(),
@@ -189,17 +196,14 @@ impl SaveCtx {
     /// Records every fd of process `pid` (the next process of the dump).
     pub fn add_process(&mut self, pid: i32) -> Result<()> {
         let index = self.tables.len();
-        // Processes made with clone(CLONE_FILES) share one table: each
-        // would get a table of its own at restore, and stop seeing the
-        // other's new fds.
-        let sharer = (0..index)
-            .map(|i| self.pid_of_table(i))
-            .find(|&p| p != 0 && fdops::kcmp_same_fd_table(p, pid));
-        if let Some(other) = sharer {
-            return Err(SaveError::Unsupported {
-                pid,
-                what: format!("it shares its file descriptor table with process {other} (clone with CLONE_FILES), which stasis cannot restore yet"),
-            });
+        // Processes made with clone(CLONE_FILES) share one table: saved
+        // once, with the first of them; the others are forked with
+        // CLONE_FILES at restore, by a parent that shares it too.
+        if let Some(owner) = self.table_owner(pid)? {
+            self.tables.push(Vec::new());
+            self.shared_with.push(Some(owner));
+            self.table_pids.push(pid);
+            return Ok(());
         }
         let mut table: Vec<FdImage> = Vec::new();
         // One pidfd for every fd of the process (copies of its fds).
@@ -213,7 +217,40 @@ impl SaveCtx {
             table.push(img);
         }
         self.tables.push(table);
+        self.shared_with.push(None);
+        self.table_pids.push(pid);
         Ok(())
+    }
+
+    /// A zombie of the dump: no fd table.
+    pub fn add_zombie(&mut self, pid: i32) {
+        self.tables.push(Vec::new());
+        self.shared_with.push(None);
+        self.table_pids.push(pid);
+    }
+
+    /// The earlier process of the dump whose fd table `pid` shares (the
+    /// first that holds it), if any. A table shared with an earlier
+    /// process but not with the parent (the parent unshared it, or the
+    /// sharers are siblings of another branch) cannot be rebuilt by
+    /// forking, and is refused.
+    fn table_owner(&self, pid: i32) -> Result<Option<i32>> {
+        let Some(i) = (0..self.tables.len()).find(|&i| {
+            self.shared_with[i].is_none() && fdops::kcmp_same_fd_table(self.table_pids[i], pid)
+        }) else {
+            return Ok(None);
+        };
+        let owner = self.table_pids[i];
+        let ppid = stasis_kernel::procfs::stat(pid)
+            .map_err(stasis_kernel::KernelError::from)?
+            .ppid;
+        if ppid != owner && !fdops::kcmp_same_fd_table(ppid, pid) {
+            return Err(SaveError::Unsupported {
+                pid,
+                what: format!("it shares its file descriptor table with process {owner} (clone with CLONE_FILES) but not with its parent {ppid}; stasis rebuilds a shared table only from parent to child"),
+            });
+        }
+        Ok(Some(owner))
     }
 
     /// Saves `pid`'s `fd`: the first kind of the registry that recognises
@@ -343,7 +380,7 @@ impl SaveCtx {
 
     /// The pid that holds fd table `index` (0 if unknown).
     pub(crate) fn pid_of_table(&self, index: usize) -> i32 {
-        self.seen.iter().find(|s| s.4 == index).map_or(0, |s| s.0)
+        self.table_pids.get(index).copied().unwrap_or(0)
     }
 
     /// Saves the content of a deleted file or memfd that `pid` maps at

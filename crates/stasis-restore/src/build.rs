@@ -688,6 +688,17 @@ pub fn fork_process<R: Remote>(r: &mut R, pid: i32) -> Result<u64, RestoreError>
     clone_task(r, pid, 0, libc::SIGCHLD.unsigned_abs().into())
 }
 
+/// [`fork_process`], the child sharing the caller's fd table
+/// (`CLONE_FILES`).
+pub fn fork_process_sharing_files<R: Remote>(r: &mut R, pid: i32) -> Result<u64, RestoreError> {
+    clone_task(
+        r,
+        pid,
+        libc::CLONE_FILES as u64,
+        libc::SIGCHLD.unsigned_abs().into(),
+    )
+}
+
 fn clone_task<R: Remote>(
     r: &mut R,
     tid: i32,

@@ -337,6 +337,7 @@ fn build_processes(b: &mut Build<'_>) -> Result<u64> {
         ),
         shm_first: HashMap::new(),
         transport: &b.transport,
+        keep_transport: keep_transport(&m.processes),
         opts: b.opts,
         filled: 0,
         total,
@@ -379,6 +380,18 @@ fn build_processes(b: &mut Build<'_>) -> Result<u64> {
     cx.factory.finish_tcp()?;
     cx.factory.finish_pidfds();
     Ok(cx.filled)
+}
+
+/// The live processes built before another that shares their fd table:
+/// they leave the transport open for it (the last one closes it).
+fn keep_transport(procs: &[ProcessImage]) -> std::collections::HashSet<i32> {
+    let live: Vec<_> = procs.iter().filter(|p| p.zombie.is_none()).collect();
+    let table = |p: &ProcessImage| p.fds_shared_with.unwrap_or(p.pid);
+    live.iter()
+        .enumerate()
+        .filter(|&(i, p)| live[i + 1..].iter().any(|q| table(q) == table(p)))
+        .map(|(_, p)| p.pid)
+        .collect()
 }
 
 /// Stage 4: every process gets its registers back while all stay stopped

@@ -25,6 +25,9 @@ pub(crate) struct TreeCtx<'a, 'm> {
     /// Shared anonymous objects (by inode) and where they were first mapped.
     pub shm_first: HashMap<u64, ShmFirst>,
     pub transport: &'a Transport,
+    /// Processes that leave the transport open: it is in an fd table that
+    /// a process built after them shares (`CLONE_FILES`).
+    pub keep_transport: std::collections::HashSet<i32>,
     pub opts: &'a RestoreOptions,
     /// Bytes filled by the processes before this one, and in all.
     pub filled: u64,
@@ -165,7 +168,8 @@ fn write_proc_self<R: Remote>(s: &mut R, file: &str, value: &str) -> Result<()> 
 }
 
 /// File descriptors, then what refers to them by number (epoll, locks);
-/// finally the transport is closed in the process.
+/// finally the transport is closed in the process (by the last process
+/// built of those that share one fd table; a sharer's own `fds` is empty).
 fn restore_files(s: &mut Proc, p: &ProcessImage, cx: &mut TreeCtx<'_, '_>) -> Result<()> {
     let (transport, h) = (&cx.transport.sock, cx.transport.h);
     let factory = &mut cx.factory;
@@ -214,8 +218,10 @@ fn restore_files(s: &mut Proc, p: &ProcessImage, cx: &mut TreeCtx<'_, '_>) -> Re
     }
     // A session leader takes its pty back as controlling terminal.
     factory.restore_ctty(s, p)?;
-    s.sys("close", libc::SYS_close, &[h])
-        .map_err(step("closing the fd transport"))?;
+    if !cx.keep_transport.contains(&p.pid) {
+        s.sys("close", libc::SYS_close, &[h])
+            .map_err(step("closing the fd transport"))?;
+    }
     Ok(())
 }
 

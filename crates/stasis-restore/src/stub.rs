@@ -128,7 +128,8 @@ pub(crate) fn clean_slate<R: Remote>(r: &mut R, ctl: u64, h: u64) -> Result<()> 
 }
 
 /// The tree, top-down: each process forked by its parent from the clean
-/// slate; a session leader calls `setsid()` at once.
+/// slate (sharing its fd table where it did: `CLONE_FILES`); a session
+/// leader calls `setsid()` at once.
 pub(crate) fn fork_tree(b: &mut Build<'_>) -> Result<()> {
     let m = b.m;
     let ctl = b.root()?.ctl;
@@ -136,9 +137,14 @@ pub(crate) fn fork_tree(b: &mut Build<'_>) -> Result<()> {
         let parent = b.plan.parent[i].ok_or_else(|| {
             ObjectError::Inconsistent(format!("process {} has no parent", img.pid))
         })?;
+        let share_files = b.plan.share_files[i];
         let parent_proc = b.proc_mut(parent)?;
         parent_proc.cur = None;
-        build::fork_process(parent_proc, img.pid)?;
+        if share_files {
+            build::fork_process_sharing_files(parent_proc, img.pid)?;
+        } else {
+            build::fork_process(parent_proc, img.pid)?;
+        }
         let outer = parent_proc.t.take_new_task().unwrap_or(img.pid);
         let t = Tracee::adopt_new_thread(outer)
             .map_err(step(format!("taking over new process {}", img.pid)))?;

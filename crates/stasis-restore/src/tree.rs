@@ -36,6 +36,9 @@ pub struct Plan {
     /// Groups whose leader has exited: (the group's ID, the index of the
     /// member that forks the helper leading it for a moment).
     pub helpers: Vec<(i32, usize)>,
+    /// Whether the process is forked with `CLONE_FILES`: it shares its
+    /// parent's fd table (`fds_shared_with`).
+    pub share_files: Vec<bool>,
 }
 
 /// A tree stasis cannot rebuild.
@@ -55,6 +58,8 @@ pub enum TreeError {
     GroupOtherSession { pid: i32, pgid: i32 },
     #[error("process {pid} is in process group {pgid} whose leader is not in the tree")]
     GroupLeaderOutside { pid: i32, pgid: i32 },
+    #[error("process {pid} shares the fd table of process {with}, which its parent does not share or which is not saved before it (a damaged image?)")]
+    FilesShared { pid: i32, with: i32 },
 }
 
 /// Session of "outside the tree" (the one the restorer runs in).
@@ -162,12 +167,37 @@ pub fn plan(procs: &[ProcessImage]) -> Result<Plan, TreeError> {
             Group::Join(p.pgid)
         };
     }
+    let share_files = share_files(procs, &parent)?;
     Ok(Plan {
         parent,
         setsid,
         group,
         helpers,
+        share_files,
     })
+}
+
+/// Which processes are forked with `CLONE_FILES`: those sharing the table
+/// of an earlier process that holds it (not itself a sharer), as their
+/// parent does (or is).
+fn share_files(procs: &[ProcessImage], parent: &[Option<usize>]) -> Result<Vec<bool>, TreeError> {
+    let mut share = vec![false; procs.len()];
+    for (i, p) in procs.iter().enumerate() {
+        let Some(with) = p.fds_shared_with else {
+            continue;
+        };
+        let bad = TreeError::FilesShared { pid: p.pid, with };
+        let owner_ok = procs[..i]
+            .iter()
+            .any(|o| o.pid == with && o.fds_shared_with.is_none() && o.zombie.is_none());
+        let parent_ok = parent[i]
+            .is_some_and(|j| procs[j].pid == with || procs[j].fds_shared_with == Some(with));
+        if !owner_ok || !parent_ok || !p.fds.is_empty() || p.zombie.is_some() {
+            return Err(bad);
+        }
+        share[i] = true;
+    }
+    Ok(share)
 }
 
 #[cfg(test)]
@@ -238,6 +268,43 @@ mod tests {
         ])
         .unwrap_err();
         assert!(e.to_string().contains("group 103"), "{e}");
+    }
+
+    #[test]
+    fn sharers_of_an_fd_table_are_forked_by_a_parent_that_shares_it() {
+        // zdtm's fdt_shared: 101 and 102 share 100's table; 103 (101's
+        // child) shares it too; 104 (101's) has a table of its own.
+        let shared = |mut q: ProcessImage, with| {
+            q.fds.clear();
+            q.fds_shared_with = Some(with);
+            q
+        };
+        let tree = [
+            p(100, 1, 50, 1),
+            shared(p(101, 100, 50, 1), 100),
+            shared(p(102, 100, 50, 1), 100),
+            shared(p(103, 101, 50, 1), 100),
+            p(104, 101, 50, 1),
+        ];
+        let pl = plan(&tree).unwrap();
+        assert_eq!(pl.share_files, vec![false, true, true, true, false]);
+        // 104's child cannot share 100's table: 104 does not.
+        let mut bad = tree.to_vec();
+        bad.push(shared(p(105, 104, 50, 1), 100));
+        assert_eq!(
+            plan(&bad).unwrap_err(),
+            TreeError::FilesShared {
+                pid: 105,
+                with: 100
+            }
+        );
+        // Sharing a table no earlier process holds, or a sharer's.
+        let mut bad = tree.to_vec();
+        bad[1].fds_shared_with = Some(103);
+        assert!(plan(&bad).is_err());
+        let mut bad = tree.to_vec();
+        bad[3].fds_shared_with = Some(101);
+        assert!(plan(&bad).is_err());
     }
 
     #[test]

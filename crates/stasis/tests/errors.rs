@@ -112,6 +112,58 @@ fn pipe_to_a_process_outside_the_tree_is_refused() {
     child.wait().unwrap();
 }
 
+/// A process sharing the fd table of its sibling, not of its parent
+/// (`clone(CLONE_FILES | CLONE_PARENT)`): no fork from parent to child
+/// rebuilds that, so the dump is refused and the tree left running.
+#[test]
+fn fd_table_shared_with_a_sibling_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    // R forks A; A clones X as R's child (CLONE_PARENT), sharing A's table.
+    let script = "import ctypes,os,time\n\
+        if os.fork() == 0:\n\
+        \x20   libc = ctypes.CDLL(None, use_errno=True)\n\
+        \x20   libc.syscall(56, 0x400 | 0x8000 | 17, 0, 0, 0, 0)\n\
+        time.sleep(100)\n";
+    let mut c = std::process::Command::new("python3");
+    c.args(["-c", script])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    close_inherited_fds(&mut c);
+    let mut child = c.spawn().unwrap();
+    let pid = child.id() as i32;
+    let children = || {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+            .collect::<Vec<_>>()
+    };
+    wait_until(
+        std::time::Duration::from_secs(20),
+        "python's two children",
+        || children().len() == 2,
+    );
+    let kids = children();
+    let o = stasis()
+        .args(["dump", "-t", &pid.to_string(), "-D"])
+        .arg(d.path().join("img"))
+        .output()
+        .unwrap();
+    assert_fails_with(&o, "but not with its parent");
+    for p in std::iter::once(pid).chain(kids.iter().copied()) {
+        assert!(alive(p), "the refused process {p} must keep running");
+        let stat = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap();
+        assert!(stat.contains("TracerPid:\t0"), "left traced: {stat}");
+    }
+    for &k in &kids {
+        // SAFETY: killing the test's own grandchildren.
+        unsafe { libc::kill(k, libc::SIGKILL) };
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
 /// A workload dumped (killed) once, for the restore error tests.
 fn dumped() -> Workload {
     let mut w = Workload::start("counter", &[]);

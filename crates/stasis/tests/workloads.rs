@@ -180,6 +180,7 @@ workload_tests! {
     pidfds: "pidfds";
     epoll_fds: "epoll_fds";
     advice: "advice";
+    fdtable: "fdtable";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so
