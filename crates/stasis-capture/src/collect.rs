@@ -3,7 +3,6 @@
 //! manifest of the checkpoint, with tracking re-armed and the strategy
 //! readied for the copy. The result is a [`Pending`] checkpoint.
 
-use std::collections::HashSet;
 use std::time::Instant;
 
 use stasis_image::manifest::{DumpStats, HostInfo, Manifest, ProcessImage, VmaKind};
@@ -117,7 +116,7 @@ fn collect(
         collector.use_pty_census(c, &f.live_pids());
     }
     let mut records = Vec::new();
-    let mut seen_shm = HashSet::new();
+    let mut seen_shm = crate::memory::SeenShm::new();
     let mut xfeatures = 0;
     for fp in &mut f.procs {
         if let Some(status) = fp.zombie {
@@ -141,7 +140,7 @@ fn collect_live(
     fr: &mut Frame<'_, '_>,
     fp: &mut FrozenProcess,
     collector: &mut fds::FdCollector,
-    seen_shm: &mut HashSet<u64>,
+    seen_shm: &mut crate::memory::SeenShm,
 ) -> Result<(ProcRecord, u64)> {
     let mem = ProcessMemory::open(fp.pid)?;
     let (mut image, maps, xfeatures) = process::capture(fp, &mem)?;

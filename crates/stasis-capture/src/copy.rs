@@ -1,7 +1,6 @@
 //! The copy stage: the pages planned for each process, where to read them,
 //! and the checkpoint being written ([`Pending`]) until it is committed.
 
-use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use stasis_image::manifest::Manifest;
@@ -49,7 +48,7 @@ pub struct Deferred {
     /// parent's data ranges of this process.
     pub collected: Option<Collected>,
     /// Shared memory objects (read in the freeze, not from the snapshot).
-    pub shm_seen: HashSet<u64>,
+    pub shm_seen: crate::memory::SeenShm,
     /// Each area's `VmFlags` bits, when they had to be read in the freeze
     /// (the snapshot's would miss some); else they come from the snapshot.
     pub vmflags: Option<Vec<(u64, u32)>>,

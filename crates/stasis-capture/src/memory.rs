@@ -1,7 +1,7 @@
 //! Memory areas of a process: what backs them, which pages to save, and the
 //! copy pipeline that streams those pages into a page pack.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::time::Instant;
 
 use stasis_image::manifest::{Vma, VmaKind};
@@ -108,14 +108,19 @@ pub enum Scan {
 
 pub use stasis_image::ranges::{lengths, spans};
 
-/// Decides what to save of each area. `seen_shm` holds the shared-memory
-/// objects already saved by an earlier process (or area) of the image: their
-/// pages are saved once.
+/// Of each shared anonymous object (by inode), the ranges of offsets in
+/// it that an earlier area of the image covers: their pages are saved once,
+/// by that area.
+pub type SeenShm = HashMap<u64, Vec<(u64, u64)>>;
+
+/// Decides what to save of each area. `seen_shm`: the parts of
+/// shared-memory objects already saved by an earlier process (or area) of
+/// the image.
 pub fn plan(
     pid: i32,
     maps: &[proc::MapsEntry],
     vmflags: &[(u64, u32)],
-    seen_shm: &mut HashSet<u64>,
+    seen_shm: &mut SeenShm,
 ) -> Result<MemoryPlan> {
     plan_with(pid, maps, vmflags, seen_shm, Scan::Data)
 }
@@ -127,7 +132,7 @@ pub fn plan_with(
     pid: i32,
     maps: &[proc::MapsEntry],
     vmflags: &[(u64, u32)],
-    seen_shm: &mut HashSet<u64>,
+    seen_shm: &mut SeenShm,
     scan: Scan,
 ) -> Result<MemoryPlan> {
     let mut vmas = Vec::new();
@@ -151,13 +156,7 @@ pub fn plan_with(
             // time: restored empty, as CRIU does (zdtm's maps11 checks it).
             _ if bits & DROPPABLE != 0 => Vec::new(),
             (VmaKind::File { .. }, true) | (VmaKind::SysvShm { .. }, _) => Vec::new(),
-            (VmaKind::Anon, true) => {
-                if seen_shm.insert(m.ino) {
-                    shmem_data(pid, m)?
-                } else {
-                    Vec::new()
-                }
-            }
+            (VmaKind::Anon, true) => shm_pages_to_save(pid, m, seen_shm)?,
             _ if scan == Scan::None => Vec::new(),
             _ => {
                 let anon = matches!(kind, VmaKind::Anon);
@@ -230,6 +229,25 @@ pub fn plan_with(
 }
 
 pub use stasis_kernel::fdops::data_extents;
+
+/// The pages of shared anonymous area `m` to save here: those that exist
+/// in its object at offsets no earlier area covered (one process may map a
+/// part of an object that another, or another area, does not).
+fn shm_pages_to_save(pid: i32, m: &proc::MapsEntry, seen: &mut SeenShm) -> Result<Vec<(u64, u64)>> {
+    let covers = [(m.offset, m.offset + (m.end - m.start))];
+    let saved = seen.entry(m.ino).or_default();
+    let todo = stasis_image::ranges::subtract(&covers, saved);
+    if todo.is_empty() {
+        return Ok(Vec::new());
+    }
+    *saved = stasis_image::ranges::normalize(saved.iter().copied().chain(covers).collect());
+    // Offsets in the object, as addresses of this area.
+    let todo: Vec<(u64, u64)> = todo
+        .iter()
+        .map(|&(a, b)| (m.start + (a - m.offset), m.start + (b - m.offset)))
+        .collect();
+    Ok(stasis_image::ranges::intersect(&shmem_data(pid, m)?, &todo))
+}
 
 /// The pages of a shared anonymous area `m` that exist in its shmem object,
 /// as address ranges. Reading a hole through the process's mapping would

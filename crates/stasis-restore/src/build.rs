@@ -120,6 +120,22 @@ pub fn map_vma<R: Remote>(
     let needs_fill = fills.iter().any(|f| !f.0.is_empty());
     let (prot, flags) = map_flags(vma, needs_fill);
     let at = match &vma.kind {
+        // Shared anonymous memory whose object the caller handed over as
+        // `file_fd` (made at its full size, or by an earlier area).
+        VmaKind::Anon if file_fd.is_some() && vma.shm.is_some() => {
+            let fd = file_fd.unwrap_or(u64::MAX);
+            let off = vma.shm.map_or(0, |(_, off)| off);
+            let flags = flags & !(libc::MAP_ANONYMOUS as u64);
+            r.sys(
+                "mmap",
+                libc::SYS_mmap,
+                &[vma.start, len, prot, flags, fd, off],
+            )
+            .map_err(step(format!(
+                "sharing memory at {:#x}-{:#x}",
+                vma.start, vma.end
+            )))?
+        }
         VmaKind::Anon => r
             .sys(
                 "mmap",

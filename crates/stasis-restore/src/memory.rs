@@ -21,15 +21,18 @@ use crate::remote::Remote;
 use crate::ObjectError;
 use crate::{files, LazySink, RestoreError, Result};
 
-/// Where an earlier process mapped a shared anonymous object: (its PID as
-/// stasis sees it, start, end, offset in the object).
-pub(crate) type ShmFirst = (i32, u64, u64, u64);
+/// An area through which a shared anonymous object is mapped, once it
+/// exists: (the PID as stasis sees it, start, end). Its
+/// `/proc/PID/map_files` entry opens the whole object.
+pub(crate) type ShmFirst = (i32, u64, u64);
 
 /// What is done with one saved area.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AreaAction {
-    /// Shared memory an earlier area created: map that one again.
-    SharedAgain(ShmFirst),
+    /// Shared anonymous memory (object inode, offset in it): its object
+    /// made by the first area, mapped again by the others; each fills
+    /// the pages saved with it.
+    Shared { ino: u64, off: u64 },
     /// Mapped empty, left to the lazy filler.
     Lazy,
     /// A deleted file rebuilt by the fd factory, mapped and filled.
@@ -39,10 +42,9 @@ pub(crate) enum AreaAction {
 }
 
 /// Decides what to do with area `v` holding `data` bytes of image pages.
-/// `first`: where its shared object was first mapped, if it was.
-pub(crate) fn area_action(v: &Vma, data: u64, lazy: bool, first: Option<ShmFirst>) -> AreaAction {
-    if let Some(f) = first {
-        return AreaAction::SharedAgain(f);
+pub(crate) fn area_action(v: &Vma, data: u64, lazy: bool) -> AreaAction {
+    if let Some((ino, off)) = v.shm {
+        return AreaAction::Shared { ino, off };
     }
     if lazy && data > 0 && crate::left_to_filler(v) {
         return AreaAction::Lazy;
@@ -69,16 +71,6 @@ pub(crate) fn restore_memory(
     let mut last = Instant::now();
     let mut lazy_areas = Vec::new();
     for v in &p.vmas {
-        let first = match v.shm {
-            Some((ino, off)) => {
-                let f = cx.shm_first.get(&ino).copied();
-                if f.is_none() {
-                    cx.shm_first.insert(ino, (s.t.pid(), v.start, v.end, off));
-                }
-                f
-            }
-            None => None,
-        };
         let runs: Vec<Vec<RunEntry>> = sources
             .iter()
             .map(|src| build::clip_runs(&src.runs, v.start, v.end))
@@ -89,11 +81,9 @@ pub(crate) fn restore_memory(
             .map(|(r, fd)| (r.as_slice(), *fd))
             .collect();
         let data: u64 = runs.iter().flatten().map(RunEntry::len).sum();
-        match area_action(v, data, cx.opts.lazy.is_some(), first) {
-            AreaAction::SharedAgain(f) => {
-                let off = v.shm.map_or(0, |(_, off)| off);
-                map_shared_again(s, v, f, off, cx.transport)?;
-                continue;
+        match area_action(v, data, cx.opts.lazy.is_some()) {
+            AreaAction::Shared { ino, off } => {
+                filled += map_shared(s, p, v, (ino, off), &fills, cx)?
             }
             AreaAction::Lazy => {
                 // Mapped with its final protection and left empty: the filler
@@ -188,30 +178,87 @@ fn arm_lazy(s: &mut Proc, image_pid: i32, areas: &[(u64, u64)], sink: &dyn LazyS
         .map_err(|source| RestoreError::LazyHand { image_pid, source })
 }
 
-/// Maps shared anonymous memory that an earlier area (`first`) already
-/// created, through that area's `/proc/PID/map_files` entry, so both share
-/// the same pages.
-fn map_shared_again(
+/// Maps shared anonymous area `v` (of object `ino`, at offset `off` in it)
+/// and fills the pages saved with it. The first area of an object makes
+/// it: an anonymous shared mapping when the area covers the whole object,
+/// else the object at its full size (the furthest any area of the tree
+/// reaches) in a free range, this area mapped from it, the range unmapped.
+/// Later areas map the same object through the first one's
+/// `/proc/PID/map_files` entry, so all share the same pages.
+fn map_shared(
+    s: &mut Proc,
+    p: &ProcessImage,
+    v: &Vma,
+    (ino, off): (u64, u64),
+    fills: &[build::Fill<'_>],
+    cx: &mut TreeCtx<'_, '_>,
+) -> Result<u64> {
+    let len = v.end - v.start;
+    let size = cx.shm_sizes.get(&ino).copied().unwrap_or(0).max(off + len);
+    if let Some((fpid, fstart, fend)) = cx.shm_first.get(&ino).copied() {
+        let path = format!("/proc/{fpid}/map_files/{fstart:x}-{fend:x}");
+        return map_from_object(s, v, &path, fills, cx.transport);
+    }
+    cx.shm_first.insert(ino, (s.t.pid(), v.start, v.end));
+    if off == 0 && len == size {
+        return build::map_vma(s, v, fills, None);
+    }
+    let mut busy: Vec<(u64, u64)> = stasis_kernel::procfs::maps(s.t.pid())
+        .map_err(KernelError::from)?
+        .iter()
+        .map(|m| (m.start, m.end))
+        .chain(p.vmas.iter().map(|v| (v.start, v.end)))
+        .collect();
+    busy.sort_unstable();
+    let at = build::find_gap(&busy, size).ok_or_else(|| {
+        ObjectError::Layout(format!(
+            "no free address range of {size} bytes to make the shared memory of {:#x}-{:#x} in",
+            v.start, v.end
+        ))
+    })?;
+    let made = s
+        .sys(
+            "mmap",
+            libc::SYS_mmap,
+            &[
+                at,
+                size,
+                (libc::PROT_READ | libc::PROT_WRITE) as u64,
+                (libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64,
+                u64::MAX,
+                0,
+            ],
+        )
+        .map_err(step(format!(
+            "making the shared memory of {:#x}-{:#x} ({size} bytes)",
+            v.start, v.end
+        )))?;
+    let path = format!("/proc/{}/map_files/{made:x}-{:x}", s.t.pid(), made + size);
+    let r = map_from_object(s, v, &path, fills, cx.transport);
+    let unmapped = s.sys("munmap", libc::SYS_munmap, &[made, size]);
+    let filled = r?;
+    unmapped.map_err(step("unmapping the whole shared object"))?;
+    Ok(filled)
+}
+
+/// Maps area `v` from the shared object at `path` (a `map_files` entry):
+/// handed over at the first number above the transport, mapped, filled,
+/// closed.
+fn map_from_object(
     s: &mut Proc,
     v: &Vma,
-    first: ShmFirst,
-    off: u64,
+    path: &str,
+    fills: &[build::Fill<'_>],
     transport: &Transport,
-) -> Result<()> {
-    let (fpid, fstart, fend, foff) = first;
+) -> Result<u64> {
     let h = transport.h;
-    let len = v.end - v.start;
-    if off < foff || off + len > foff + (fend - fstart) {
-        return Err(RestoreError::Unsupported(format!("shared memory at {:#x}-{:#x} of process {} covers pages that process {fpid} does not map", v.start, v.end, s.pid)));
-    }
-    let path = format!("/proc/{fpid}/map_files/{fstart:x}-{fend:x}");
-    let writable = build::may_write_shared(v);
+    let writable = build::may_write_shared(v) || fills.iter().any(|f| !f.0.is_empty());
     let file: OwnedFd = std::fs::OpenOptions::new()
         .read(true)
         .write(writable)
-        .open(&path)
+        .open(path)
         .map_err(|e| ObjectError::File {
-            path: path.clone(),
+            path: path.to_string(),
             what: "shared memory".into(),
             source: KernelError::Io {
                 what: "open".into(),
@@ -219,30 +266,12 @@ fn map_shared_again(
             },
         })?
         .into();
-    // Hand it over at the first number above the transport, map, close.
     let tmp = i32::try_from(h + 1).map_err(|_| ObjectError::Layout("fd number overflow".into()))?;
     files::plant(s, &transport.sock, h, file.as_fd(), tmp, true)?;
-    let flags = (libc::MAP_SHARED | libc::MAP_FIXED) as u64;
-    let at = s.sys(
-        "mmap",
-        libc::SYS_mmap,
-        &[v.start, len, u64::from(v.prot), flags, h + 1, off - foff],
-    );
+    let r = build::map_vma(s, v, fills, Some(h + 1));
     s.sys("close", libc::SYS_close, &[h + 1])
         .map_err(step("closing a shared-memory fd"))?;
-    let at = at.map_err(step(format!(
-        "sharing memory at {:#x}-{:#x}",
-        v.start, v.end
-    )))?;
-    if at != v.start {
-        return Err(ObjectError::Layout(format!(
-            "shared area {:#x}-{:#x} landed at {at:#x}",
-            v.start, v.end
-        ))
-        .into());
-    }
-    build::advise(s, v)?;
-    build::lock(s, v)
+    r
 }
 
 /// The vDSO (and vvar) at their saved addresses; refused if this kernel's
@@ -285,31 +314,35 @@ mod tests {
     #[test]
     fn each_area_is_mapped_again_left_to_the_filler_or_filled() {
         let anon = vma(0x1000, 0x2000, VmaKind::Anon, false);
-        let first = (300, 0x7000, 0x9000, 0);
-        // Shared memory mapped before: always mapped again, lazy or not.
+        // Shared anonymous memory: made or mapped again, lazy or not.
+        let mut shm = vma(0x1000, 0x2000, VmaKind::Anon, true);
+        shm.shm = Some((77, 0x3000));
         assert_eq!(
-            area_action(&anon, 4096, true, Some(first)),
-            AreaAction::SharedAgain(first)
+            area_action(&shm, 4096, true),
+            AreaAction::Shared {
+                ino: 77,
+                off: 0x3000
+            }
         );
         // Private anonymous with data: the filler's, only in a lazy restore.
-        assert_eq!(area_action(&anon, 4096, true, None), AreaAction::Lazy);
-        assert_eq!(area_action(&anon, 4096, false, None), AreaAction::Plain);
+        assert_eq!(area_action(&anon, 4096, true), AreaAction::Lazy);
+        assert_eq!(area_action(&anon, 4096, false), AreaAction::Plain);
         // Locked: filled now (locking populates it).
         let mut locked = anon.clone();
         locked.flags = stasis_sys::vmflags::LOCKED;
-        assert_eq!(area_action(&locked, 4096, true, None), AreaAction::Plain);
+        assert_eq!(area_action(&locked, 4096, true), AreaAction::Plain);
         // No data: nothing for the filler to owe; mapped (empty) now.
-        assert_eq!(area_action(&anon, 0, true, None), AreaAction::Plain);
+        assert_eq!(area_action(&anon, 0, true), AreaAction::Plain);
         // Shared anonymous and ghost file areas are filled before the tree runs.
         let shared = vma(0x1000, 0x2000, VmaKind::Anon, true);
-        assert_eq!(area_action(&shared, 4096, true, None), AreaAction::Plain);
+        assert_eq!(area_action(&shared, 4096, true), AreaAction::Plain);
         let ghost = VmaKind::Ghost {
             id: 1,
             offset: 0,
             name: "/tmp/gone (deleted)".into(),
         };
         let ghost = vma(0x1000, 0x2000, ghost, false);
-        assert_eq!(area_action(&ghost, 4096, true, None), AreaAction::Ghost);
-        assert_eq!(area_action(&ghost, 4096, false, None), AreaAction::Ghost);
+        assert_eq!(area_action(&ghost, 4096, true), AreaAction::Ghost);
+        assert_eq!(area_action(&ghost, 4096, false), AreaAction::Ghost);
     }
 }

@@ -336,6 +336,7 @@ fn build_processes(b: &mut Build<'_>) -> Result<u64> {
             m.processes.iter().flat_map(|p| p.fds.iter()),
         ),
         shm_first: HashMap::new(),
+        shm_sizes: shm_sizes(&m.processes),
         transport: &b.transport,
         keep_transport: keep_transport(&m.processes),
         opts: b.opts,
@@ -380,6 +381,23 @@ fn build_processes(b: &mut Build<'_>) -> Result<u64> {
     cx.factory.finish_tcp()?;
     cx.factory.finish_pidfds();
     Ok(cx.filled)
+}
+
+/// Of each shared anonymous object (by inode), the furthest offset an
+/// area of a live process maps.
+fn shm_sizes(procs: &[ProcessImage]) -> HashMap<u64, u64> {
+    let mut sizes = HashMap::new();
+    for v in procs
+        .iter()
+        .filter(|p| p.zombie.is_none())
+        .flat_map(|p| p.vmas.iter())
+    {
+        if let Some((ino, off)) = v.shm {
+            let end = sizes.entry(ino).or_insert(0);
+            *end = (*end).max(off + (v.end - v.start));
+        }
+    }
+    sizes
 }
 
 /// The live processes built before another that shares their fd table:

@@ -24,6 +24,9 @@ pub(crate) struct TreeCtx<'a, 'm> {
     pub factory: files::FdFactory<'m>,
     /// Shared anonymous objects (by inode) and where they were first mapped.
     pub shm_first: HashMap<u64, ShmFirst>,
+    /// Shared anonymous objects (by inode): the furthest offset any area
+    /// of the tree maps, the size each is made at.
+    pub shm_sizes: HashMap<u64, u64>,
     pub transport: &'a Transport,
     /// Processes that leave the transport open: it is in an fd table that
     /// a process built after them shares (`CLONE_FILES`).

@@ -181,6 +181,7 @@ workload_tests! {
     epoll_fds: "epoll_fds";
     advice: "advice";
     fdtable: "fdtable";
+    shm_parts: "shm_parts";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so

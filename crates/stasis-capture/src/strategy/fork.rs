@@ -2,8 +2,6 @@
 //! ([`crate::snapshot`]); the pages are planned and copied from the
 //! children after the release, and the children reaped at the end.
 
-use std::collections::HashSet;
-
 use stasis_image::manifest::Manifest;
 
 use super::{CopyCx, CopyStrategy, PlanCx, Planned};
@@ -44,7 +42,7 @@ impl CopyStrategy for ForkSnapshot {
             .cloned()
             .collect();
         plan.ranges
-            .extend(memory::plan(fp.pid, &unforked, &[], &mut HashSet::new())?.ranges);
+            .extend(memory::plan(fp.pid, &unforked, &[], &mut memory::SeenShm::new())?.ranges);
         plan.ranges.sort_unstable();
         let areas = incremental::areas(&plan.vmas);
         let mut collected = None;
@@ -60,7 +58,14 @@ impl CopyStrategy for ForkSnapshot {
                 }
             }
         }
-        let shm_seen: HashSet<u64> = maps.iter().filter(|m| m.shared).map(|m| m.ino).collect();
+        // Shared memory is planned above (read before the release): the
+        // snapshot's plan leaves every shared area out.
+        let mut shm_seen = memory::SeenShm::new();
+        for m in maps.iter().filter(|m| m.shared) {
+            let r = shm_seen.entry(m.ino).or_default();
+            r.push((m.offset, m.offset + (m.end - m.start)));
+            *r = stasis_image::ranges::normalize(std::mem::take(r));
+        }
         Ok(Planned {
             plan,
             no_fork,

@@ -15,7 +15,6 @@ pub mod fork;
 pub mod stop;
 pub mod wp;
 
-use std::collections::HashSet;
 use std::time::Instant;
 
 use stasis_image::manifest::{Manifest, ProcessImage};
@@ -40,7 +39,7 @@ pub struct PlanCx<'a> {
     /// Why the dump is full although tracking was asked for.
     pub note: &'a mut Option<String>,
     /// Shared memory objects whose pages are saved already.
-    pub seen_shm: &'a mut HashSet<u64>,
+    pub seen_shm: &'a mut crate::memory::SeenShm,
 }
 
 impl PlanCx<'_> {
