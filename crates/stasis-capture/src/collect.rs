@@ -53,6 +53,7 @@ pub fn capture_frozen(
     repaired: &mut fds::Repairs,
 ) -> Result<Pending> {
     let mut collector = fds::FdCollector::default();
+    collector.tcp_close = fr.opts.tcp_close;
     let r = capture_with(fr, f, &mut collector);
     // Sockets put in repair mode go back to the caller whatever happened.
     *repaired = std::mem::take(&mut collector.repaired);

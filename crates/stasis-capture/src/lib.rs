@@ -133,6 +133,9 @@ pub struct DumpOptions {
     /// This dump is one part of a cut across hosts: it waits at the cut's
     /// two barriers (see [`Cut`]).
     pub cut: Option<std::sync::Arc<dyn Cut>>,
+    /// Established TCP connections are saved as closed, without being
+    /// stopped or read in repair mode (CRIU's `--tcp-close`).
+    pub tcp_close: bool,
 }
 
 /// A dump that is one part of a consistent cut of an application over

@@ -69,6 +69,8 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
                     shares_port: tcpdiag::listeners_on(&local).unwrap_or(0) > 1,
                 }
             }
+            // Saved as closed at the user's request (`--tcp-close`).
+            st if tcp::repairable(st) && cx.tcp_close => InetState::Ended,
             st if tcp::repairable(st) => {
                 // Established or half-closed: read in repair mode by
                 // `SaveCtx::freeze_tcp`, with every other connection of
@@ -248,6 +250,13 @@ fn restore(cx: &mut RestoreCtx<'_>, fd: i32, i: &InetSocket) -> Result<OwnedFd, 
                 .map_err(sock_err("listening".into()))?;
             set_options(&s, &i.options);
             restore_filter(fd, &s, &i.filter)?;
+        }
+        // Restored closed at the user's request (`restore --tcp-close`).
+        InetState::Established(_) if cx.tcp_close => {
+            let s = tcp::ended(fd, i.family)?;
+            set_options(&s, &i.options);
+            restore_filter(fd, &s, &i.filter)?;
+            return Ok(s);
         }
         InetState::Established(r) => {
             tcp::restore(fd, &s, i, r)?;

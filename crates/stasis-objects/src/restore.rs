@@ -111,6 +111,9 @@ pub struct RestoreCtx<'a> {
     pub(crate) reserved_pids: HashSet<i32>,
     /// A helper per exited process that pidfds point at, by pidfs inode.
     pub(crate) dead_pids: HashMap<u64, crate::pidfd::DeadPid>,
+    /// Established TCP connections are made closed (ended), not rebuilt
+    /// (`restore --tcp-close`).
+    pub tcp_close: bool,
 }
 
 impl<'a> RestoreCtx<'a> {
@@ -147,6 +150,7 @@ impl<'a> RestoreCtx<'a> {
             ptys,
             reserved_pids: HashSet::new(),
             dead_pids: HashMap::new(),
+            tcp_close: false,
         }
     }
 

@@ -94,6 +94,9 @@ pub struct SaveCtx {
     pub repaired: Repairs,
     /// Pseudo-terminal pairs and slaves seen so far.
     pub(crate) ptys: crate::pty::Saved,
+    /// Established TCP connections are saved as closed (ended), neither
+    /// stopped nor read in repair mode.
+    pub tcp_close: bool,
 }
 
 /// `/proc/PID/<name>`.
@@ -188,6 +191,7 @@ impl Default for SaveCtx {
             unix: None,
             repaired: Repairs::default(),
             ptys: crate::pty::Saved::default(),
+            tcp_close: false,
         }
     }
 }

@@ -42,6 +42,11 @@ impl<'a> FdFactory<'a> {
     }
 
     /// See [`objects::RestoreCtx::set_cwd`].
+    /// Established TCP connections are made closed (`--tcp-close`).
+    pub fn set_tcp_close(&mut self, close: bool) {
+        self.0.tcp_close = close;
+    }
+
     pub fn set_cwd(&mut self, cwd: &str) {
         self.0.set_cwd(cwd);
     }

@@ -179,6 +179,9 @@ pub struct RestoreOptions {
     /// This restore is one part of a cut across hosts: it waits at the
     /// barrier before anything of the tree reaches the network or runs.
     pub cut: Option<std::sync::Arc<dyn RestoreCut>>,
+    /// Established TCP connections come back closed (no `TCP_REPAIR`, no
+    /// port or peer needed): for a tree moved where its peers are not.
+    pub tcp_close: bool,
 }
 
 /// A restore that is one part of a restore of a whole application over
@@ -199,6 +202,7 @@ impl Default for RestoreOptions {
             new_pidns: false,
             lazy: None,
             cut: None,
+            tcp_close: false,
         }
     }
 }

@@ -344,6 +344,7 @@ fn build_processes(b: &mut Build<'_>) -> Result<u64> {
         total,
         lazy_bytes: 0,
     };
+    cx.factory.set_tcp_close(b.opts.tcp_close);
     cx.factory.reserve_pids(
         m.processes
             .iter()

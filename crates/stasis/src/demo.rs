@@ -208,6 +208,7 @@ pub fn run(dir: Option<PathBuf>, before: f64, after: f64) -> Result<ExitCode> {
             cow_cap: 0,
             cow_method: stasis_capture::CowMethod::Auto,
             cut: None,
+            tcp_close: false,
         },
     )?;
     let status = child.wait()?;

@@ -99,6 +99,11 @@ enum Cmd {
         /// Uses the uffd write tracking of --track.
         #[arg(long, requires = "leave_running", value_name = "SECS|auto")]
         touch_window: Option<String>,
+        /// Save established TCP connections as closed: they are neither
+        /// stopped nor read (no TCP_REPAIR), and come back closed (as
+        /// with `restore --tcp-close`).
+        #[arg(long)]
+        tcp_close: bool,
         #[arg(long)]
         json: bool,
     },
@@ -209,6 +214,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             cow_buffer,
             cow_method,
             touch_window,
+            tcp_close,
             json,
         } => match store::s3(&dir, seal.clone())? {
             None => {
@@ -216,7 +222,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 cmd_dump(
                     pid,
                     &dir,
-                    (leave_running, concurrent, cow_buffer, cow_method),
+                    (leave_running, concurrent, cow_buffer, cow_method, tcp_close),
                     (track.as_deref(), touch_window.as_deref()),
                     (json, None),
                 )
@@ -228,7 +234,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 cmd_dump(
                     pid,
                     dir,
-                    (leave_running, concurrent, cow_buffer, cow_method),
+                    (leave_running, concurrent, cow_buffer, cow_method, tcp_close),
                     (track.as_deref(), None),
                     (json, Some(cut)),
                 )
@@ -314,7 +320,13 @@ fn cmd_check(json: bool) -> Result<ExitCode> {
 fn cmd_dump(
     pid: i32,
     dir: &Path,
-    (leave_running, concurrent, cow_cap, cow_method): (bool, bool, u64, stasis_capture::CowMethod),
+    (leave_running, concurrent, cow_cap, cow_method, tcp_close): (
+        bool,
+        bool,
+        u64,
+        stasis_capture::CowMethod,
+        bool,
+    ),
     (track, touch_window): (Option<&str>, Option<&str>),
     (json, cut): (bool, Option<std::sync::Arc<dyn stasis_capture::Cut>>),
 ) -> Result<ExitCode> {
@@ -352,6 +364,7 @@ fn cmd_dump(
         cow_cap,
         cow_method,
         cut,
+        tcp_close,
     };
     let r = stasis_capture::dump_tracked(&store, &opts, tracker.as_deref_mut())
         .with_context(|| format!("dumping process {pid}"))?;

@@ -36,6 +36,12 @@ pub struct RestoreArgs {
     /// even if they are taken here.
     #[arg(long)]
     new_pidns: bool,
+    /// Bring established TCP connections back closed (a read sees end of
+    /// file, a write EPIPE) instead of rebuilding them: for a process
+    /// moved where its peers are not. Needs no TCP_REPAIR, and neither
+    /// their ports nor their peers.
+    #[arg(long)]
+    tcp_close: bool,
     /// Start the process before its memory has arrived: private memory is
     /// mapped in as the process touches it (touch set first), and the rest
     /// streams in behind, by a filler process that exits when done.
@@ -213,6 +219,7 @@ pub fn cmd_restore(
         new_pidns: a.new_pidns,
         lazy: filler.as_ref().map(sink),
         cut: None,
+        tcp_close: a.tcp_close,
     };
     let r = run_restore(&store, &opts, filler.as_ref())?;
     progress.finish();

@@ -378,6 +378,7 @@ impl Host for Cli<'_> {
             cow_cap: self.o.cow_buffer,
             cow_method: stasis_capture::CowMethod::Auto,
             cut: None,
+            tcp_close: false,
         };
         let dumped = if self.protect_tracks {
             stasis_capture::dump_concurrent_tracked(&self.store, &opts, &mut self.protection)

@@ -235,6 +235,10 @@ impl SaveCtx {
         stopped: &[i32],
         hold: &mut dyn FnMut(&[i32]) -> Result<(), SaveError>,
     ) -> Result<(), SaveError> {
+        if self.tcp_close {
+            // Saved as closed: nothing to stop or read.
+            return Ok(());
+        }
         let found = established(pids)?;
         // Nothing may move between two connections' snapshots: a segment
         // processed after the receiver's queue was read but before the
