@@ -56,6 +56,7 @@ pub fn zombie_image(pid: i32, status: i32) -> Result<ProcessImage> {
         stop_signal: None,
         membarrier: 0,
         fds_shared_with: None,
+        root: None,
     })
 }
 
@@ -180,6 +181,7 @@ pub fn capture(
         stop_signal: f.stop_signal.filter(|_| f.stopped),
         membarrier: remote.membarrier,
         fds_shared_with: None,
+        root: root_dir(pid)?,
     };
     Ok((image, maps, xfeatures))
 }
@@ -213,6 +215,25 @@ fn oom_score_adj(pid: i32) -> Result<i32> {
         }
         .into()
     })
+}
+
+/// Its root directory (`/proc/PID/root`), when it is not `/` (`chroot`);
+/// a deleted one is refused: it cannot be entered again.
+fn root_dir(pid: i32) -> Result<Option<String>> {
+    let root = proc::read_link(pid, "root")?;
+    if root == "/" {
+        return Ok(None);
+    }
+    if root.ends_with(" (deleted)") {
+        return Err(SaveError::Unsupported {
+            pid,
+            what: format!(
+                "its root directory (chroot) {root} was removed, and cannot be entered again"
+            ),
+        }
+        .into());
+    }
+    Ok(Some(root))
 }
 
 /// `/proc/PID/loginuid` (`None` on a kernel without audit).

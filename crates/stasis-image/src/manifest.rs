@@ -221,6 +221,9 @@ pub struct ProcessImage {
     /// Path of the executable (`/proc/PID/exe`).
     pub exe: String,
     pub cwd: String,
+    /// Its root directory (`chroot`), when it is not `/`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root: Option<String>,
     pub umask: u32,
     pub personality: u32,
     pub creds: Credentials,

@@ -52,6 +52,9 @@ pub(crate) fn build_process(
     restore_exe_and_mm(s, p)?;
     restore_attributes(s, p)?;
     restore_files(s, p, cx)?;
+    // The last step that names a path, and before the credentials (it
+    // takes CAP_SYS_CHROOT): paths of the image are from the host's root.
+    restore_root(s, p)?;
     restore_rlimits(s, s.pid, &p.rlimits)?;
     build::restore_sigactions(s, &p.sigactions)?;
     threads::create_threads(s, p)?;
@@ -225,6 +228,23 @@ fn restore_files(s: &mut Proc, p: &ProcessImage, cx: &mut TreeCtx<'_, '_>) -> Re
         s.sys("close", libc::SYS_close, &[h])
             .map_err(step("closing the fd transport"))?;
     }
+    Ok(())
+}
+
+/// Its root directory (`chroot`), when it was not `/`.
+fn restore_root<R: Remote>(s: &mut R, p: &ProcessImage) -> Result<()> {
+    let Some(root) = &p.root else {
+        return Ok(());
+    };
+    let path = s
+        .put_cstr(build::SCRATCH_PATH, root)
+        .map_err(step("root directory path"))?;
+    s.sys("chroot", libc::SYS_chroot, &[path])
+        .map_err(|source| ObjectError::File {
+            path: root.clone(),
+            what: "root directory (chroot)".into(),
+            source,
+        })?;
     Ok(())
 }
 

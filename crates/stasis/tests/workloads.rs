@@ -182,6 +182,7 @@ workload_tests! {
     advice: "advice";
     fdtable: "fdtable";
     shm_parts: "shm_parts";
+    chroot: "chroot";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so

@@ -187,6 +187,7 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
         stop_signal: None,
         membarrier: 0,
         fds_shared_with: None,
+        root: None,
     }
 }
 
