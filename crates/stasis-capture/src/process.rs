@@ -1,6 +1,8 @@
 //! The state of one frozen process: threads, signal state, /proc facts.
 
-use stasis_image::manifest::{ProcessImage, RseqConfig, SchedImage, SigInfo, ThreadImage};
+use stasis_image::manifest::{
+    AltStack, ProcessImage, RseqConfig, SchedImage, SigInfo, ThreadImage,
+};
 use stasis_kernel::mem::ProcessMemory;
 use stasis_kernel::ptrace::normalize_interrupted_syscall;
 use stasis_kernel::robust_list::get_robust_list;
@@ -60,6 +62,65 @@ pub fn zombie_image(pid: i32, status: i32) -> Result<ProcessImage> {
     })
 }
 
+/// One thread of a frozen process: its image and its XCR0 features.
+/// `status`: the process's (its main thread's) `/proc/PID/status`.
+fn thread_image(
+    pid: i32,
+    t: &crate::freeze::FrozenThread,
+    (altstack, clear_child_tid): &(AltStack, u64),
+    status: &str,
+) -> Result<(ThreadImage, u64)> {
+    let tid = t.tracee.pid();
+    let mut regs = t.orig_regs;
+    normalize_interrupted_syscall(&mut regs, false);
+    let xstate = t.tracee.xstate()?;
+    let xfeatures = stasis_kernel::probe::xfeatures_of(&xstate);
+    let (robust_list, robust_list_len) = get_robust_list(tid)?;
+    let mut seccomp = t.tracee.seccomp_filters()?;
+    seccomp.reverse();
+    // Strict mode (`SECCOMP_MODE_STRICT`, "Seccomp: 1"): no filter to
+    // read, the thread's status says.
+    let seccomp_strict = seccomp.is_empty() && {
+        let own;
+        let st = if tid == pid {
+            status
+        } else {
+            own = proc::read(pid, &format!("task/{tid}/status"))?;
+            &own
+        };
+        st.lines()
+            .any(|l| l.starts_with("Seccomp:") && l.trim_end().ends_with('1'))
+    };
+    let th = ThreadImage {
+        tid,
+        regs: regs.to_words().to_vec(),
+        xstate,
+        sigmask: t.orig_mask,
+        pending: t
+            .tracee
+            .pending_siginfo(false)?
+            .iter()
+            .map(siginfo)
+            .collect(),
+        altstack: altstack.clone(),
+        comm: proc::read(pid, &format!("task/{tid}/comm"))?
+            .trim_end_matches('\n')
+            .to_string(),
+        rseq: t.tracee.rseq_config()?.map(|c| RseqConfig {
+            ptr: c.rseq_abi_pointer,
+            size: c.rseq_abi_size,
+            signature: c.signature,
+        }),
+        seccomp,
+        seccomp_strict,
+        clear_child_tid: *clear_child_tid,
+        robust_list,
+        robust_list_len,
+        sched: Some(sched_of(pid, tid)?),
+    };
+    Ok((th, xfeatures))
+}
+
 /// Everything of a live frozen process except its fds and page pack, plus
 /// the parsed maps (for the memory plan) and its XCR0.
 pub fn capture(
@@ -74,61 +135,18 @@ pub fn capture(
     f.arm_remote(mem, &maps)?;
     let remote = crate::remote_state::read(f, mem, &maps)?;
     let shared_pending = f.threads[0].tracee.pending_siginfo(true)?;
+    let status = proc::read(pid, "status")?;
     let mut threads = Vec::new();
     let mut xfeatures = 0;
-    for (t, (altstack, clear_child_tid)) in f.threads.iter().zip(&remote.threads) {
-        let tid = t.tracee.pid();
-        let mut regs = t.orig_regs;
-        normalize_interrupted_syscall(&mut regs, false);
-        let xstate = t.tracee.xstate()?;
-        xfeatures = stasis_kernel::probe::xfeatures_of(&xstate);
-        let (robust_list, robust_list_len) = get_robust_list(tid)?;
-        threads.push(ThreadImage {
-            tid,
-            regs: regs.to_words().to_vec(),
-            xstate,
-            sigmask: t.orig_mask,
-            pending: t
-                .tracee
-                .pending_siginfo(false)?
-                .iter()
-                .map(siginfo)
-                .collect(),
-            altstack: altstack.clone(),
-            comm: proc::read(pid, &format!("task/{tid}/comm"))?
-                .trim_end_matches('\n')
-                .to_string(),
-            rseq: t.tracee.rseq_config()?.map(|c| RseqConfig {
-                ptr: c.rseq_abi_pointer,
-                size: c.rseq_abi_size,
-                signature: c.signature,
-            }),
-            seccomp: {
-                let mut f = t.tracee.seccomp_filters()?;
-                f.reverse();
-                f
-            },
-            clear_child_tid: *clear_child_tid,
-            robust_list,
-            robust_list_len,
-            sched: Some(sched_of(pid, tid)?),
-        });
+    for (t, remote_thread) in f.threads.iter().zip(&remote.threads) {
+        let (th, x) = thread_image(pid, t, remote_thread, &status)?;
+        xfeatures = x;
+        threads.push(th);
     }
     let stat = proc::read_parsed(pid, "stat", proc::parse_stat)?;
-    let status = proc::read(pid, "status")?;
     let no_new_privs = status
         .lines()
         .any(|l| l.starts_with("NoNewPrivs:") && l.trim_end().ends_with('1'));
-    if status
-        .lines()
-        .any(|l| l.starts_with("Seccomp:") && l.trim_end().ends_with('1'))
-    {
-        return Err(SaveError::Unsupported {
-            pid,
-            what: "it runs in seccomp strict mode, which stasis cannot checkpoint".into(),
-        }
-        .into());
-    }
     let (umask, creds) =
         proc::parse_status(&status).map_err(|e| proc::format_err(pid, "status", e))?;
     let rlimits = proc::rlimits(proc::read_parsed(pid, "limits", proc::parse_limits)?);

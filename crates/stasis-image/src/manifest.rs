@@ -690,6 +690,10 @@ pub struct ThreadImage {
     /// `SECCOMP_FILTER_FLAG_*` flags.
     #[serde(default)]
     pub seccomp: Vec<(Vec<u8>, u64)>,
+    /// In seccomp strict mode (`SECCOMP_MODE_STRICT`: read, write, exit
+    /// and sigreturn only); entered again at restore.
+    #[serde(default)]
+    pub seccomp_strict: bool,
     /// `set_tid_address` value (cleared and futex-woken when the thread exits).
     #[serde(default)]
     pub clear_child_tid: u64,

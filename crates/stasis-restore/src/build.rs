@@ -675,6 +675,17 @@ pub fn thread_state<R: Remote>(r: &mut R, th: &ThreadImage) -> Result<(), Restor
         )
         .map_err(step(format!("installing a seccomp filter in thread {tid}")))?;
     }
+    if th.seccomp_strict {
+        // Suspended like filters until the tracer detaches: the remote
+        // syscalls still to come run as before.
+        const SECCOMP_MODE_STRICT: u64 = 1;
+        r.sys(
+            "prctl(PR_SET_SECCOMP)",
+            libc::SYS_prctl,
+            &[libc::PR_SET_SECCOMP as u64, SECCOMP_MODE_STRICT],
+        )
+        .map_err(step(format!("putting thread {tid} in seccomp strict mode")))?;
+    }
     let name = r
         .put_cstr(SCRATCH_PATH, &th.comm)
         .map_err(step("thread name"))?;

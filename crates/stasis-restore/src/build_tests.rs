@@ -237,6 +237,7 @@ fn thread_state_sets_everything_in_order() {
             signature: 0x53053053,
         }),
         seccomp: vec![(vec![6, 0, 0, 0, 0, 0, 0xff, 0x7f], 2)],
+        seccomp_strict: false,
         clear_child_tid: 0x5000,
         robust_list: 0x6000,
         robust_list_len: 24,
@@ -263,6 +264,22 @@ fn thread_state_sets_everything_in_order() {
     // SS_ONSTACK is a state, not a flag one can set.
     let w = r.writes();
     assert_eq!(w[0], words(&[0x7000, 0, 8192]));
+}
+
+#[test]
+fn a_thread_in_strict_mode_enters_it_again() {
+    let mut r = Recorder::default();
+    let mut th = crate::testutil::thread(43);
+    th.seccomp_strict = true;
+    thread_state(&mut r, &th).unwrap();
+    assert_eq!(
+        r.args_of("prctl(PR_SET_SECCOMP)"),
+        [vec![libc::PR_SET_SECCOMP as u64, 1]]
+    );
+    th.seccomp_strict = false;
+    let mut r = Recorder::default();
+    thread_state(&mut r, &th).unwrap();
+    assert!(r.args_of("prctl(PR_SET_SECCOMP)").is_empty());
 }
 
 #[test]

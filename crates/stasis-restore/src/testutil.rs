@@ -55,6 +55,7 @@ pub fn thread(tid: i32) -> ThreadImage {
         comm: String::new(),
         rseq: None,
         seccomp: vec![],
+        seccomp_strict: false,
         clear_child_tid: 0,
         robust_list: 0,
         robust_list_len: 0,

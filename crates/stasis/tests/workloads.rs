@@ -183,6 +183,7 @@ workload_tests! {
     fdtable: "fdtable";
     shm_parts: "shm_parts";
     chroot: "chroot";
+    strict: "strict";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so

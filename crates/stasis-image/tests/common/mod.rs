@@ -157,6 +157,7 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
                 signature: 0x5305_3053,
             }),
             seccomp: vec![(vec![6, 0, 0, 0, 0, 0, 0xff, 0x7f], 0)],
+            seccomp_strict: false,
             clear_child_tid: 0x7f00_0000_2000,
             robust_list: 0x7f00_0000_3000,
             robust_list_len: 24,
