@@ -23,6 +23,9 @@
  *       slave) and 2000 of pattern(SEED_OUT) to the slave (queued for the
  *       master), waited for with FIONREAD.  Its slave's node is given owner
  *       4242:4343 and mode 0600 (fchown, fchmod; zdtm's pty01).
+ *   P3  child D calls setsid(), opens P3's slave (its controlling terminal)
+ *       and closes it: it leads the terminal's session holding no fd of it
+ *       (zdtm's tty00). C also opens /dev/tty at fd 20 (inherited by G).
  * The root waits in a nanosleep(100 ms) loop.
  *
  * After SIGTERM (root):
@@ -40,6 +43,8 @@
  *         master to the end: it must equal what a new pair in the same
  *         state gives for the same history (C's hello, the echo of the
  *         input and of "ne\n"): the echo is the kernel's to compute.
+ *   c-devtty  C's fd 20 is still /dev/tty (link, rdev 5,0).
+ *   p3-ctty  D's tty_nr is P3's slave; D exits 0 on SIGTERM.
  * Mismatches of C go to stderr; its exit status is a bit mask of tags.
  */
 #include "zdtm.h"
@@ -72,15 +77,18 @@ static const char *const c_reads[] = {
 #define C_CTTY     0x08
 #define C_INTERNAL 0x10
 #define C_FG       0x20
-#define C_NBITS    6
+#define C_DEVTTY   0x40
+#define C_NBITS    7
 static const char *const c_tags[C_NBITS] = {
 	"c-input", "c-termios", "c-winsize", "c-ctty", "C-internal",
-	"c-foreground"
+	"c-foreground", "c-devtty"
 };
+/* C's fd on /dev/tty (its controlling terminal, whatever that is) */
+#define C_DEVTTY_FD 20
 
 #define cfail(tag, ...) zdtm_child_fail("pty child C", tag, __VA_ARGS__)
 
-static int m1 = -1, m2 = -1, s2 = -1;
+static int m1 = -1, m2 = -1, s2 = -1, m3 = -1;
 
 static int write_all(int fd, const void *p, size_t len)
 {
@@ -183,6 +191,18 @@ static int c_check_state(void)
 	}
 	if (tty >= 0)
 		close(tty);
+	{
+		/* the fd C opened on /dev/tty is still /dev/tty, not its
+		 * slave's node */
+		char l[64] = { 0 };
+		struct stat st;
+
+		if (readlink("/proc/self/fd/20", l, sizeof(l) - 1) < 0 || strcmp(l, "/dev/tty") ||
+		    fstat(C_DEVTTY_FD, &st) || st.st_rdev != makedev(5, 0)) {
+			cfail("c-devtty", "fd %d is \"%s\", not /dev/tty", C_DEVTTY_FD, l);
+			bits |= C_DEVTTY;
+		}
+	}
 	/* the expected termios: a new pair's default, as set up */
 	ref = open_pair(O_CLOEXEC, &ref_s);
 	if (ref < 0 || tcgetattr(ref_s, &want) || tcgetattr(0, &t)) {
@@ -319,6 +339,10 @@ static void run_c(int ready_w)
 	close(m1);
 	close(m2);
 	close(s2);
+	close(m3);
+	fd = open("/dev/tty", O_RDWR);
+	if (fd < 0 || dup2(fd, C_DEVTTY_FD) < 0 || close(fd))
+		_exit(SETUP_FAIL);
 	if (write_all(1, P1_HELLO, strlen(P1_HELLO)))
 		_exit(SETUP_FAIL);
 	/* G leads the terminal's foreground group; C (in the background)
@@ -352,6 +376,7 @@ static void run_c(int ready_w)
 		ioctl(0, TIOCSTI, "x");
 		ioctl(0, TIOCSTI, "\n");
 	});
+	ZDTM_CORRUPT("c-devtty", dup2(0, C_DEVTTY_FD));
 	ZDTM_CORRUPT("c-ctty", {
 		signal(SIGHUP, SIG_IGN);
 		signal(SIGCONT, SIG_IGN);
@@ -556,13 +581,70 @@ static void setup_p2(void)
 		zdtm_die("P2 queues: %d and %d bytes", nread(s2), nread(m2));
 }
 
+/* D: leads a session whose controlling terminal is P3, and holds no fd
+ * of it (zdtm's tty00): the restore must give it back all the same. */
+__attribute__((noreturn))
+static void run_d(int ready_w)
+{
+	pid_t parent = getppid();
+	sigset_t set;
+	char c = 'D';
+	int fd;
+
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigprocmask(SIG_BLOCK, &set, NULL);
+	if (setsid() < 0)
+		_exit(SETUP_FAIL);
+	fd = open(ptsname(m3), O_RDWR); /* becomes the controlling terminal */
+	if (fd < 0 || close(fd))
+		_exit(SETUP_FAIL);
+	close(m1);
+	close(m2);
+	close(s2);
+	close(m3);
+	if (write(ready_w, &c, 1) != 1)
+		_exit(SETUP_FAIL);
+	close(ready_w);
+	wait_sigterm(parent);
+	_exit(0);
+}
+
+/* D's controlling terminal is P3's slave (its tty_nr); D exits 0. */
+static void check_p3(pid_t d)
+{
+	char path[64], buf[1024], *p;
+	unsigned long long tty_nr = 0;
+	unsigned int n = 0, major, minor;
+	int st = 0;
+
+	ZDTM_CORRUPT("p3-ctty", n = 1);
+	if (ioctl(m3, TIOCGPTN, &major)) {
+		zdtm_fail("p3-ctty", "TIOCGPTN: errno %d", errno);
+		major = 0;
+	}
+	n += major;
+	major = 136 + n / 256;
+	minor = n % 256;
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)d);
+	if (zdtm_read_text(path, buf, sizeof(buf)) > 0 && (p = strrchr(buf, ')')))
+		sscanf(p + 2, "%*c %*d %*d %*d %llu", &tty_nr);
+	zdtm_check(tty_nr == ((minor & 0xff) | (major << 8) | ((minor & ~0xffu) << 12)),
+		   "p3-ctty", "D's tty_nr is %#llx, expected pts %u", tty_nr, n);
+	kill(d, SIGTERM);
+	if (zdtm_wait_deadline(d, &st, DEADLINE_MS) || !WIFEXITED(st) || WEXITSTATUS(st)) {
+		zdtm_fail("p3-ctty", "D did not exit 0 (status %#x)", st);
+		kill(d, SIGKILL);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	struct termios t;
 	struct winsize ws = { 24, 80, 640, 480 };
 	struct timespec nap = { 0, 100 * 1000000 };
 	int readyp[2];
-	pid_t c;
+	pid_t c, d;
 	char ch;
 
 	zdtm_init(argc, argv, 0, NULL);
@@ -585,9 +667,19 @@ int main(int argc, char **argv)
 		close(readyp[0]);
 		run_c(readyp[1]);
 	}
+	m3 = open_pair(O_NONBLOCK | O_CLOEXEC, NULL);
+	if (m3 < 0)
+		zdtm_die("P3");
+	d = fork();
+	if (d < 0)
+		zdtm_die("fork");
+	if (d == 0) {
+		close(readyp[0]);
+		run_d(readyp[1]);
+	}
 	close(readyp[1]);
-	if (read(readyp[0], &ch, 1) != 1)
-		zdtm_die("child C did not start");
+	if (read(readyp[0], &ch, 1) != 1 || read(readyp[0], &ch, 1) != 1)
+		zdtm_die("child C or D did not start");
 	close(readyp[0]);
 	if (write_all(m1, P1_INPUT, strlen(P1_INPUT)))
 		zdtm_die("P1 write");
@@ -614,5 +706,6 @@ int main(int argc, char **argv)
 	ZDTM_CORRUPT("p2-master-data", write_all(s2, "!", 1));
 	check_p2();
 	check_p1(c);
+	check_p3(d);
 	zdtm_finish();
 }

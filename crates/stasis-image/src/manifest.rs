@@ -554,6 +554,10 @@ pub enum FdKind {
     /// A slave end (`/dev/pts/N`) of the pair whose master, in the image,
     /// has this `index`.
     PtySlave { index: u32 },
+    /// `/dev/tty` opened by a session leader whose controlling terminal is
+    /// the slave of the pair with this `index`: opened again once that is
+    /// its terminal again.
+    CurrentTty { index: u32 },
 }
 
 /// A pseudo-terminal pair, saved with its master.

@@ -253,6 +253,7 @@ mod tests {
                 slave_node: None,
             }),
             FdKind::PtySlave { index: 3 },
+            FdKind::CurrentTty { index: 3 },
             FdKind::Pidfd { pid: 1, dead: None },
             FdKind::NsFile {
                 kind: "net".into(),
@@ -277,6 +278,7 @@ mod tests {
                 | FdKind::Netlink(_)
                 | FdKind::PtyMaster(_)
                 | FdKind::PtySlave { .. }
+                | FdKind::CurrentTty { .. }
                 | FdKind::Pidfd { .. }
                 | FdKind::NsFile { .. } => {}
             }

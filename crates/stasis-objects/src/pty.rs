@@ -98,6 +98,8 @@ pub struct Saved {
     pairs: HashMap<u32, PtyPair>,
     /// Every slave fd of the tree: (pid, fd, index).
     slaves: Vec<(i32, i32, u32)>,
+    /// Every `/dev/tty` fd of the tree: (pid, fd, index of its terminal).
+    current_ttys: Vec<(i32, i32, u32)>,
     /// Processes whose controlling terminal is a saved pair's slave, by index.
     ctty_of: HashMap<u32, Vec<i32>>,
     /// Who else holds ptys: given by the dump ([`Saved::use_census`]), or
@@ -121,6 +123,11 @@ impl Object for Pty {
         if fd.socket.is_some() || !fd.meta.file_type().is_char_device() {
             return Ok(None);
         }
+        if fd.meta.rdev() == libc::makedev(TTY_MAJOR, 0) {
+            let index = current_tty(fd)?;
+            cx.ptys.current_ttys.push((fd.pid, fd.fd, index));
+            return Ok(Some(FdKind::CurrentTty { index }));
+        }
         match end_of(fd.meta.rdev()) {
             None => Ok(None),
             Some(End::Slave(index)) => {
@@ -132,13 +139,19 @@ impl Object for Pty {
     }
 
     fn owns(kind: &FdKind) -> bool {
-        matches!(kind, FdKind::PtyMaster(_) | FdKind::PtySlave { .. })
+        matches!(
+            kind,
+            FdKind::PtyMaster(_) | FdKind::PtySlave { .. } | FdKind::CurrentTty { .. }
+        )
     }
 
+    /// A `/dev/tty` fd is made a slave of its pair here, and replaced by
+    /// `/dev/tty` itself once the process has its terminal back
+    /// ([`restore_ctty`]).
     fn restore(cx: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
         let (index, pair) = match &img.kind {
             FdKind::PtyMaster(p) => (p.index, Some(p)),
-            FdKind::PtySlave { index } => (*index, None),
+            FdKind::PtySlave { index } | FdKind::CurrentTty { index } => (*index, None),
             _ => return Err(not_mine(Self::NAME, img)),
         };
         let made = cx.ptys.pair(index, pair, img.fd)?;
@@ -155,6 +168,31 @@ impl Object for Pty {
     }
 }
 
+/// The major number of `/dev/tty` (5, 0).
+const TTY_MAJOR: u32 = 5;
+
+/// The pty index of the controlling terminal of the process holding
+/// `/dev/tty` fd `fd`: what that fd reads and writes.
+fn current_tty(fd: &OpenFd<'_>) -> Result<u32, SaveError> {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", fd.pid)).map_err(|source| {
+        SaveError::Proc {
+            pid: fd.pid,
+            file: "stat".into(),
+            source,
+        }
+    })?;
+    let ctty = crate::pty_census::ctty_fields(&stat)
+        .map(|(_, tty_nr, _)| crate::pty_census::decode_dev(tty_nr))
+        .filter(|&dev| dev != 0);
+    match ctty.and_then(end_of) {
+        Some(End::Slave(index)) => Ok(index),
+        _ => Err(fd.unsupported(format!(
+            "fd {} is /dev/tty, but the process's controlling terminal is not a pseudo-terminal slave (tty_nr {:?})",
+            fd.fd, ctty
+        ))),
+    }
+}
+
 /// A pair made again by the restore.
 pub struct MadePair {
     pub master: OwnedFd,
@@ -168,12 +206,26 @@ pub struct MadePair {
 impl MadePair {
     /// A new slave description with the saved fd's flags.
     fn open_slave(&self, img: &FdImage) -> Result<OwnedFd, RestoreError> {
+        self.open_slave_as(
+            reopen_flags(img.flags),
+            format!("opening the slave of fd {}", img.fd),
+        )
+    }
+
+    /// A new slave description with open flags `flags`.
+    fn open_slave_with(&self, flags: i32) -> Result<OwnedFd, RestoreError> {
+        self.open_slave_as(
+            flags,
+            "opening a slave to set a controlling terminal".into(),
+        )
+    }
+
+    fn open_slave_as(&self, flags: i32, what: String) -> Result<OwnedFd, RestoreError> {
         let m = self.master.as_fd();
-        let what = format!("opening the slave of fd {}", img.fd);
         if self.locked {
             tty::set_locked(m, false).map_err(io_step(what.clone(), "TIOCSPTLCK"))?;
         }
-        let s = tty::open_peer(m, reopen_flags(img.flags));
+        let s = tty::open_peer(m, flags);
         if self.locked {
             tty::set_locked(m, true).map_err(io_step(what.clone(), "TIOCSPTLCK"))?;
         }
@@ -634,20 +686,26 @@ pub fn check_external(cx: &SaveCtx, tree: &[i32]) -> Result<(), SaveError> {
                 what: format!("pty {index} is the controlling terminal of session {}, which process {out} outside the dumped tree belongs to (dump the session's leader with it)", s.sid),
             });
         }
-        if let Some(s) = &pair.session {
-            if !p
-                .slaves
-                .iter()
-                .any(|&(pid, _, i)| pid == s.sid && i == *index)
-            {
-                return Err(SaveError::Unsupported {
-                    pid: s.sid,
-                    what: format!("it leads session {} whose controlling terminal is pty {index}, but holds no fd of that terminal's slave, through which a restore would make it its terminal again", s.sid),
-                });
-            }
+    }
+    for &(pid, fd, index) in &p.current_ttys {
+        if !p.pairs.contains_key(&index) {
+            return Err(SaveError::Unsupported {
+                pid,
+                what: format!("fd {fd} is /dev/tty, whose terminal (pts {index}) has its master outside the dumped tree (an interactive terminal, say); dump the process holding the master with it"),
+            });
         }
     }
     Ok(())
+}
+
+/// Through what a session leader takes its controlling terminal back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CttyFd {
+    /// One of its own slave fds.
+    Held(i32),
+    /// None: a slave of pty `index`, opened for that moment (it had closed
+    /// its fds of the terminal, which stays its session's all the same).
+    Opened(u32),
 }
 
 /// How process `pid` (of group `pgid`, with the saved fds `fds`) takes
@@ -658,41 +716,107 @@ pub fn ctty_plan(
     cx: &RestoreCtx<'_>,
     (pid, pgid): (i32, i32),
     fds: &[FdImage],
-) -> Result<Option<(i32, Option<i32>)>, RestoreError> {
-    let Some((index, s)) = cx.ptys.images.iter().find_map(|(i, pair)| {
+) -> Option<(CttyFd, Option<i32>)> {
+    let (index, s) = cx.ptys.images.iter().find_map(|(i, pair)| {
         pair.session
             .as_ref()
             .filter(|s| s.sid == pid)
             .map(|s| (*i, s))
-    }) else {
-        return Ok(None);
-    };
+    })?;
     let fd = fds
         .iter()
         .find(|f| matches!(f.kind, FdKind::PtySlave { index: i } if i == index))
-        .ok_or_else(|| {
-            RestoreError::Inconsistent(format!(
-                "process {pid} leads the session of pty {index} but holds no slave fd of it"
-            ))
-        })?;
+        .map_or(CttyFd::Opened(index), |f| CttyFd::Held(f.fd));
     let fg = (s.foreground != pgid && s.foreground > 0).then_some(s.foreground);
-    Ok(Some((fd.fd, fg)))
+    Some((fd, fg))
 }
 
 /// Makes the saved pty the controlling terminal of the session process
 /// `p` leads (run by `p` itself, once its fds exist, [`ctty_plan`]):
 /// `TIOCSCTTY` on one of its slave fds, then `TIOCSPGRP` when another
 /// group was in the foreground.
+///
+/// A leader that holds no slave fd of it gets one for that moment, at
+/// `spare` (a free number: handed over through `transport`, whose number
+/// in the process is `remote_transport`), closed after.
 pub fn restore_ctty<R: Remote>(
-    cx: &RestoreCtx<'_>,
+    cx: &mut RestoreCtx<'_>,
+    r: &mut R,
+    at: Scratch,
+    p: &ProcessImage,
+    (transport, remote_transport, spare): (&OwnedFd, u64, i32),
+) -> Result<(), RestoreError> {
+    match ctty_plan(cx, (p.pid, p.pgid), &p.fds) {
+        Some((CttyFd::Held(fd), fg)) => {
+            set_ctty(r, at, fd, fg)?;
+            reopen_current_ttys(r, at, p)
+        }
+        Some((CttyFd::Opened(index), fg)) => {
+            let slave = cx
+                .ptys
+                .pair(index, None, spare)?
+                .open_slave_with(libc::O_RDWR | libc::O_NOCTTY)?;
+            crate::restore::plant(
+                r,
+                at,
+                transport,
+                remote_transport,
+                (slave.as_fd(), spare, true),
+            )?;
+            let set = set_ctty(r, at, spare, fg);
+            let n = u64::from(spare.unsigned_abs());
+            let closed = r.sys("close", libc::SYS_close, &[n]);
+            set?;
+            closed.map_err(step(
+                "closing the slave opened to set the controlling terminal",
+            ))?;
+            reopen_current_ttys(r, at, p)
+        }
+        None => Ok(()),
+    }
+}
+
+/// Each `/dev/tty` fd of `p` (a slave of its pair until now) opened again
+/// as `/dev/tty`, now that the process has its terminal back, at its
+/// number. (Only a session leader gets its terminal back: in another
+/// process such an fd stays a slave of the pair, which reads and writes
+/// the same terminal.)
+fn reopen_current_ttys<R: Remote>(
     r: &mut R,
     at: Scratch,
     p: &ProcessImage,
 ) -> Result<(), RestoreError> {
-    match ctty_plan(cx, (p.pid, p.pgid), &p.fds)? {
-        Some((fd, fg)) => set_ctty(r, at, fd, fg),
-        None => Ok(()),
+    for f in p
+        .fds
+        .iter()
+        .filter(|f| matches!(f.kind, FdKind::CurrentTty { .. }))
+    {
+        let what = || format!("opening /dev/tty again as fd {}", f.fd);
+        let path = r.put(at.structs, b"/dev/tty\0").map_err(step(what()))?;
+        let flags = reopen_flags(f.flags) | libc::O_NOCTTY | libc::O_CLOEXEC;
+        let n = r
+            .sys(
+                "openat",
+                libc::SYS_openat,
+                &[
+                    stasis_kernel::sarg(i64::from(libc::AT_FDCWD)),
+                    path,
+                    u64::from(flags.unsigned_abs()),
+                ],
+            )
+            .map_err(step(what()))?;
+        let cloexec = if f.cloexec { libc::O_CLOEXEC } else { 0 };
+        let target = u64::from(f.fd.unsigned_abs());
+        let duped = r.sys(
+            "dup3",
+            libc::SYS_dup3,
+            &[n, target, u64::from(cloexec.unsigned_abs())],
+        );
+        let closed = r.sys("close", libc::SYS_close, &[n]);
+        duped.map_err(step(what()))?;
+        closed.map_err(step(what()))?;
     }
+    Ok(())
 }
 
 /// `ioctl(fd, TIOCSCTTY, 0)`, then `ioctl(fd, TIOCSPGRP, &fg)`, in the
@@ -918,18 +1042,19 @@ mod tests {
         ];
         let cx = RestoreCtx::new(&[], &[], fds.iter());
         assert_eq!(
-            ctty_plan(&cx, (100, 100), &fds[1..]).unwrap(),
-            Some((0, Some(102)))
+            ctty_plan(&cx, (100, 100), &fds[1..]),
+            Some((CttyFd::Held(0), Some(102)))
         );
         assert_eq!(
-            ctty_plan(&cx, (100, 102), &fds[1..]).unwrap(),
-            Some((0, None))
+            ctty_plan(&cx, (100, 102), &fds[1..]),
+            Some((CttyFd::Held(0), None))
         );
-        assert_eq!(ctty_plan(&cx, (101, 101), &fds[1..]).unwrap(), None);
-        let e = ctty_plan(&cx, (100, 100), &fds[..1])
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("holds no slave fd"), "{e}");
+        assert_eq!(ctty_plan(&cx, (101, 101), &fds[1..]), None);
+        // A leader without a slave fd of its terminal opens one for then.
+        assert_eq!(
+            ctty_plan(&cx, (100, 100), &fds[..1]),
+            Some((CttyFd::Opened(9), Some(102)))
+        );
         let mut r = Recorder::default();
         set_ctty(&mut r, Scratch { structs: 64 }, 0, Some(102)).unwrap();
         assert_eq!(r.args_of("ioctl(TIOCSCTTY)"), [vec![0, TIOCSCTTY, 0]]);

@@ -156,6 +156,16 @@ pub fn encode_dev(rdev: u64) -> u64 {
     (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12)
 }
 
+/// The device number `tty_nr` (the kernel's `new_encode_dev`) encodes.
+pub fn decode_dev(tty_nr: u64) -> u64 {
+    let major = (tty_nr & 0xfff00) >> 8;
+    let minor = (tty_nr & 0xff) | ((tty_nr >> 12) & 0xfff00);
+    libc::makedev(
+        u32::try_from(major).unwrap_or(0),
+        u32::try_from(minor).unwrap_or(0),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

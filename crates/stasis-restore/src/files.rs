@@ -97,11 +97,18 @@ impl<'a> FdFactory<'a> {
 
     /// [`objects::pty::restore_ctty`] with the stub's scratch layout.
     pub fn restore_ctty<R: Remote>(
-        &self,
+        &mut self,
         r: &mut R,
         p: &stasis_image::manifest::ProcessImage,
+        transport: (&OwnedFd, u64, i32),
     ) -> Result<(), RestoreError> {
-        Ok(objects::pty::restore_ctty(&self.0, r, AT, p)?)
+        Ok(objects::pty::restore_ctty(
+            &mut self.0,
+            r,
+            AT,
+            p,
+            transport,
+        )?)
     }
 
     /// See [`objects::RestoreCtx::get`].

@@ -223,7 +223,15 @@ fn restore_files(s: &mut Proc, p: &ProcessImage, cx: &mut TreeCtx<'_, '_>) -> Re
             .map_err(step("closing the working directory's fd"))?;
     }
     // A session leader takes its pty back as controlling terminal.
-    factory.restore_ctty(s, p)?;
+    let spare = p
+        .fds
+        .iter()
+        .map(|f| f.fd)
+        .max()
+        .unwrap_or(2)
+        .max(i32::try_from(h).unwrap_or(0))
+        + 1;
+    factory.restore_ctty(s, p, (transport, h, spare))?;
     if !cx.keep_transport.contains(&p.pid) {
         s.sys("close", libc::SYS_close, &[h])
             .map_err(step("closing the fd transport"))?;

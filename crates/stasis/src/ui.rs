@@ -468,6 +468,7 @@ fn fd_description(kind: &FdKind) -> String {
             p.output.len()
         ),
         FdKind::PtySlave { index } => format!("pty slave (pts {index} at dump)"),
+        FdKind::CurrentTty { index } => format!("/dev/tty (pts {index} at dump)"),
         FdKind::Inet(n) => format!(
             "inet socket port {} {:?}",
             u16::from_be_bytes([

@@ -1,6 +1,8 @@
 //! Pseudo-terminal pairs (`stasis_objects::pty`): the `pty` workload (a
-//! canonical pair that is a child's controlling terminal, a raw packet-mode
-//! pair, bytes queued both ways in both) dumped and restored, left
+//! canonical pair that is a child's controlling terminal, which it also
+//! holds as `/dev/tty`, a raw packet-mode pair, bytes queued both ways in
+//! both, a third pair that is the terminal of a session leader holding no
+//! fd of it) dumped and restored, left
 //! running, dumped concurrently; and the ptys stasis refuses, with the
 //! process left running untouched.
 
@@ -13,11 +15,12 @@ use std::time::Duration;
 
 /// The `pty` workload's tree is up: the root, its child C (a session
 /// leader, its terminal P1's slave) and C's child G (the terminal's
-/// foreground group).
+/// foreground group), and its child D (a session leader whose terminal,
+/// P3's slave, it holds no fd of).
 fn start() -> Workload {
     let w = Workload::start("pty", &[]);
     let kids = descendants(w.pid);
-    assert_eq!(kids.len(), 2, "pty: root, C and G, got {kids:?}");
+    assert_eq!(kids.len(), 3, "pty: root, C, G and D, got {kids:?}");
     w
 }
 
@@ -39,11 +42,16 @@ fn pty_pairs_survive_dump_and_restore_twice() {
         w.dump_and_reap();
         assert!(!alive(w.pid), "round {round}: still alive after the dump");
         w.restore(&[]);
-        assert_eq!(descendants(w.pid).len(), 2, "round {round}: C, G restored");
+        assert_eq!(
+            descendants(w.pid).len(),
+            3,
+            "round {round}: C, G and D restored"
+        );
     }
     let text = inspect(&w);
-    assert_eq!(text.matches("pty master").count(), 2, "{text}");
+    assert_eq!(text.matches("pty master").count(), 3, "{text}");
     assert!(text.contains("pty slave"), "{text}");
+    assert!(text.contains("/dev/tty (pts"), "{text}");
     // Every byte queued at the dump: P1's three lines, its partial line
     // and its 3000 raw bytes to the slaves; C's hello with the echo of
     // P1's input, and P2's 2000 bytes to the masters.
