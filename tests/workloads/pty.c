@@ -45,6 +45,7 @@
  *         input and of "ne\n"): the echo is the kernel's to compute.
  *   c-devtty  C's fd 20 is still /dev/tty (link, rdev 5,0).
  *   p3-ctty  D's tty_nr is P3's slave; D exits 0 on SIGTERM.
+ *   g-ctty   G (a member of C's session) has P1's slave as its terminal.
  * Mismatches of C go to stderr; its exit status is a bit mask of tags.
  */
 #include "zdtm.h"
@@ -503,6 +504,26 @@ static ssize_t p1_expected(uint8_t *buf, size_t cap)
 	return n;
 }
 
+/* Field 7 of /proc/PID/stat: its controlling terminal (0: none). */
+static unsigned long long tty_nr_of(pid_t pid)
+{
+	char path[64], buf[1024], *p;
+	unsigned long long tty_nr = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	if (zdtm_read_text(path, buf, sizeof(buf)) > 0 && (p = strrchr(buf, ')')))
+		sscanf(p + 2, "%*c %*d %*d %*d %llu", &tty_nr);
+	return tty_nr;
+}
+
+/* How tty_nr encodes device RDEV (the kernel's new_encode_dev). */
+static unsigned long long encode_dev(dev_t rdev)
+{
+	unsigned long long ma = major(rdev), mi = minor(rdev);
+
+	return (mi & 0xff) | (ma << 8) | ((mi & ~0xffull) << 12);
+}
+
 static void check_p1(pid_t c)
 {
 	static uint8_t got[4096], want[4096];
@@ -518,9 +539,24 @@ static void check_p1(pid_t c)
 	zdtm_check((fcntl(m1, F_GETFL) & (O_ACCMODE | O_NONBLOCK)) ==
 		   (O_RDWR | O_NONBLOCK), "p1-flags", "master F_GETFL %#x",
 		   fcntl(m1, F_GETFL));
+	{
+		/* G, a member of C's session, has the terminal too */
+		char cp[64], buf[64] = { 0 };
+		unsigned long long want = encode_dev(b.st_rdev);
+		pid_t g = 0;
+
+		snprintf(cp, sizeof(cp), "/proc/%d/task/%d/children", (int)c, (int)c);
+		if (zdtm_read_text(cp, buf, sizeof(buf)) > 0)
+			g = atoi(buf);
+		ZDTM_CORRUPT("g-ctty", want ^= 1);
+		zdtm_check(g > 0 && tty_nr_of(g) == want, "g-ctty",
+			   "G (pid %d) has tty_nr %#llx, expected %#llx (P1's slave)", (int)g,
+			   g > 0 ? tty_nr_of(g) : 0, want);
+	}
 	if (write_all(m1, P1_MORE, strlen(P1_MORE)))
 		zdtm_fail("p1-master-data", "write: errno %d", errno);
 	/* C corrupts its own state; the tags are recorded here */
+	ZDTM_CORRUPT("c-devtty", );
 	ZDTM_CORRUPT("c-termios", );
 	ZDTM_CORRUPT("c-winsize", );
 	ZDTM_CORRUPT("c-input", );
@@ -613,24 +649,15 @@ static void run_d(int ready_w)
 /* D's controlling terminal is P3's slave (its tty_nr); D exits 0. */
 static void check_p3(pid_t d)
 {
-	char path[64], buf[1024], *p;
-	unsigned long long tty_nr = 0;
-	unsigned int n = 0, major, minor;
+	unsigned int n = 0, index = 0;
 	int st = 0;
 
 	ZDTM_CORRUPT("p3-ctty", n = 1);
-	if (ioctl(m3, TIOCGPTN, &major)) {
+	if (ioctl(m3, TIOCGPTN, &index))
 		zdtm_fail("p3-ctty", "TIOCGPTN: errno %d", errno);
-		major = 0;
-	}
-	n += major;
-	major = 136 + n / 256;
-	minor = n % 256;
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)d);
-	if (zdtm_read_text(path, buf, sizeof(buf)) > 0 && (p = strrchr(buf, ')')))
-		sscanf(p + 2, "%*c %*d %*d %*d %llu", &tty_nr);
-	zdtm_check(tty_nr == ((minor & 0xff) | (major << 8) | ((minor & ~0xffu) << 12)),
-		   "p3-ctty", "D's tty_nr is %#llx, expected pts %u", tty_nr, n);
+	n += index;
+	zdtm_check(tty_nr_of(d) == encode_dev(makedev(136 + n / 256, n % 256)), "p3-ctty",
+		   "D's tty_nr is %#llx, expected pts %u", tty_nr_of(d), n);
 	kill(d, SIGTERM);
 	if (zdtm_wait_deadline(d, &st, DEADLINE_MS) || !WIFEXITED(st) || WEXITSTATUS(st)) {
 		zdtm_fail("p3-ctty", "D did not exit 0 (status %#x)", st);

@@ -776,6 +776,48 @@ pub fn restore_ctty<R: Remote>(
     }
 }
 
+/// Makes the saved pty whose session process `sid` led its controlling
+/// terminal, right after it made its session (in the tree's creation,
+/// before it forks: the processes it forks then have the terminal as
+/// theirs too, as in a session whose members were forked after the
+/// leader took it). Through a slave opened for that moment, at `spare`.
+/// Nothing when it led no session of a saved pty.
+pub fn take_ctty<R: Remote>(
+    cx: &mut RestoreCtx<'_>,
+    r: &mut R,
+    at: Scratch,
+    sid: i32,
+    (transport, remote_transport, spare): (&OwnedFd, u64, i32),
+) -> Result<(), RestoreError> {
+    let Some(index) = cx
+        .ptys
+        .images
+        .iter()
+        .find_map(|(i, pair)| pair.session.as_ref().filter(|s| s.sid == sid).map(|_| *i))
+    else {
+        return Ok(());
+    };
+    let slave = cx
+        .ptys
+        .pair(index, None, spare)?
+        .open_slave_with(libc::O_RDWR | libc::O_NOCTTY)?;
+    crate::restore::plant(
+        r,
+        at,
+        transport,
+        remote_transport,
+        (slave.as_fd(), spare, true),
+    )?;
+    let set = set_ctty(r, at, spare, None);
+    let n = u64::from(spare.unsigned_abs());
+    let closed = r.sys("close", libc::SYS_close, &[n]);
+    set?;
+    closed.map_err(step(
+        "closing the slave opened to set the controlling terminal",
+    ))?;
+    Ok(())
+}
+
 /// Each `/dev/tty` fd of `p` (a slave of its pair until now) opened again
 /// as `/dev/tty`, now that the process has its terminal back, at its
 /// number. (Only a session leader gets its terminal back: in another

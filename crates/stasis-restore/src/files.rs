@@ -41,12 +41,12 @@ impl<'a> FdFactory<'a> {
         Self(objects::RestoreCtx::new(pipes, ghosts, fds))
     }
 
-    /// See [`objects::RestoreCtx::set_cwd`].
     /// Established TCP connections are made closed (`--tcp-close`).
     pub fn set_tcp_close(&mut self, close: bool) {
         self.0.tcp_close = close;
     }
 
+    /// See [`objects::RestoreCtx::set_cwd`].
     pub fn set_cwd(&mut self, cwd: &str) {
         self.0.set_cwd(cwd);
     }
@@ -93,6 +93,16 @@ impl<'a> FdFactory<'a> {
         writable: bool,
     ) -> Result<OwnedFd, RestoreError> {
         Ok(self.0.ghost_for_mapping(id, name, writable)?)
+    }
+
+    /// [`objects::pty::take_ctty`] with the stub's scratch layout.
+    pub fn take_ctty<R: Remote>(
+        &mut self,
+        r: &mut R,
+        sid: i32,
+        transport: (&OwnedFd, u64, i32),
+    ) -> Result<(), RestoreError> {
+        Ok(objects::pty::take_ctty(&mut self.0, r, AT, sid, transport)?)
     }
 
     /// [`objects::pty::restore_ctty`] with the stub's scratch layout.

@@ -307,20 +307,28 @@ fn start_verifier(
 /// stub's clean slate, the tree, zombies, then every live process. Returns
 /// the bytes filled.
 fn build_tree(b: &mut Build<'_>) -> Result<u64> {
+    let m = b.m;
+    // Every open file description is made by one factory; the ptys that
+    // are controlling terminals are wanted as soon as the tree is forked.
+    let mut factory = files::FdFactory::new(
+        &m.pipes,
+        &m.ghosts,
+        m.processes.iter().flat_map(|p| p.fds.iter()),
+    );
     stub::prepare_root(b)?;
-    stub::fork_tree(b)?;
+    stub::fork_tree(b, &mut factory)?;
     stub::set_groups(b)?;
     stub::make_zombies(b)?;
     // System V segments exist before anyone attaches them.
     sysv::prepare(&b.m.sysv_shm)?;
-    let filled = build_processes(b)?;
+    let filled = build_processes(b, factory)?;
     sysv::finish(&b.m.sysv_shm);
     Ok(filled)
 }
 
 /// Every live process, in manifest order (shared memory is first mapped
 /// by the earliest process that has it).
-fn build_processes(b: &mut Build<'_>) -> Result<u64> {
+fn build_processes<'m>(b: &mut Build<'m>, factory: files::FdFactory<'m>) -> Result<u64> {
     let m = b.m;
     let total: u64 = b
         .records
@@ -330,11 +338,7 @@ fn build_processes(b: &mut Build<'_>) -> Result<u64> {
         .sum();
     let mut cx = process::TreeCtx {
         root_pid: m.processes[0].pid,
-        factory: files::FdFactory::new(
-            &m.pipes,
-            &m.ghosts,
-            m.processes.iter().flat_map(|p| p.fds.iter()),
-        ),
+        factory,
         shm_first: HashMap::new(),
         shm_sizes: shm_sizes(&m.processes),
         transport: &b.transport,

@@ -11,7 +11,7 @@ use crate::pipeline::Build;
 use crate::proc::{Proc, CTL_SIZE, TASK_TOP};
 use crate::remote::Remote;
 use crate::ObjectError;
-use crate::{tree, Result};
+use crate::{files, tree, Result};
 
 /// The root stub: traced with every option, signals blocked, CPU features
 /// checked, the control page mapped, then a clean slate.
@@ -129,10 +129,23 @@ pub(crate) fn clean_slate<R: Remote>(r: &mut R, ctl: u64, h: u64) -> Result<()> 
 
 /// The tree, top-down: each process forked by its parent from the clean
 /// slate (sharing its fd table where it did: `CLONE_FILES`); a session
-/// leader calls `setsid()` at once.
-pub(crate) fn fork_tree(b: &mut Build<'_>) -> Result<()> {
+/// leader calls `setsid()` at once, and takes its controlling terminal
+/// (a saved pty) before it forks the members of its session, which so
+/// have it too.
+pub(crate) fn fork_tree(b: &mut Build<'_>, factory: &mut files::FdFactory<'_>) -> Result<()> {
     let m = b.m;
     let ctl = b.root()?.ctl;
+    let h = b.transport.h;
+    // A fresh stub holds only the transport: the next number is free.
+    let spare =
+        i32::try_from(h + 1).map_err(|_| ObjectError::Layout("fd number overflow".into()))?;
+    if b.plan.setsid[0] {
+        let root = b.records[0]
+            .proc
+            .as_mut()
+            .ok_or_else(|| ObjectError::Inconsistent("the root stub was not created".into()))?;
+        factory.take_ctty(root, m.processes[0].pid, (&b.transport.sock, h, spare))?;
+    }
     for (i, img) in m.processes.iter().enumerate().skip(1) {
         let parent = b.plan.parent[i].ok_or_else(|| {
             ObjectError::Inconsistent(format!("process {} has no parent", img.pid))
@@ -152,6 +165,8 @@ pub(crate) fn fork_tree(b: &mut Build<'_>) -> Result<()> {
         if b.plan.setsid[i] {
             p.sys("setsid", libc::SYS_setsid, &[])
                 .map_err(step(format!("making process {} a session leader", img.pid)))?;
+            // Its terminal now, before it forks the session's members.
+            factory.take_ctty(&mut p, img.pid, (&b.transport.sock, h, spare))?;
         }
         b.records[i].proc = Some(p);
     }
