@@ -23,6 +23,11 @@
  *         with its result bits.
  *   root  waits for K, turns its bits into tags, and sees K's reply
  *         through its moved area (`shared`).
+ * The root also maps the object's third MiB privately (through
+ * /proc/self/map_files; zdtm's shmemfd-priv) and writes a word to its
+ * second page before "ready": after SIGTERM the private mapping sees the
+ * root's marker (not copied on write) and keeps its word, which never
+ * reached the object (`private`).
  */
 #include "zdtm.h"
 
@@ -34,6 +39,7 @@
 #define SEED 0x5eed0fa27ULL
 #define MARK 0x6d61726b65723231ULL  /* root's marker at 2 MiB */
 #define REPLY 0x7265706c79323131ULL /* K's reply at 3.5 MiB */
+#define PRIV 0x7072697661746521ULL  /* the root's private copy's word */
 
 enum { R_FRONT = 1, R_K_MEM = 2, R_SHARED = 4, R_NBITS = 3 };
 static const char *const tags[R_NBITS] = { "front", "K-mem", "shared" };
@@ -108,7 +114,7 @@ static long long maps_offset(const void *addr)
 
 int main(int argc, char **argv)
 {
-	char *m, *mid, *last, *hole;
+	char *m, *mid, *last, *hole, *priv;
 	uint64_t w;
 	pid_t k;
 	int st = 0, i;
@@ -134,6 +140,24 @@ int main(int argc, char **argv)
 	if (munmap(m, MIB))
 		zdtm_die("munmap the first MiB");
 	mid = m + MIB;
+	{
+		/* A private mapping of the object's third MiB (zdtm's
+		 * shmemfd-priv), its second page copied on write. */
+		char path[64];
+		int fd;
+
+		snprintf(path, sizeof(path), "/proc/self/map_files/%lx-%lx", (unsigned long)mid,
+			 (unsigned long)(mid + 2 * MIB));
+		fd = open(path, O_RDWR);
+		if (fd < 0)
+			zdtm_die("open %s (needs CAP_SYS_ADMIN)", path);
+		priv = mmap(NULL, MIB, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 2 * MIB);
+		if (priv == MAP_FAILED)
+			zdtm_die("mmap the object privately");
+		close(fd);
+		w = PRIV;
+		memcpy(priv + 4096, &w, 8);
+	}
 
 	zdtm_ready();
 	while (!zdtm_stop)
@@ -151,6 +175,17 @@ int main(int argc, char **argv)
 	w = MARK;
 	ZDTM_CORRUPT("shared", w = 0);
 	memcpy(mid + MIB, &w, 8);
+	/* The private mapping reads the object where it did not copy on
+	 * write (the marker just written), and keeps its copy. */
+	ZDTM_CORRUPT("private", memcpy(priv + 4096, &w, 8));
+	memcpy(&w, priv, 8);
+	zdtm_check(w == MARK, "private", "the private mapping does not see the object's marker (%#llx)",
+		   (unsigned long long)w);
+	memcpy(&w, priv + 4096, 8);
+	zdtm_check(w == PRIV, "private", "the private copy lost its word (%#llx)",
+		   (unsigned long long)w);
+	zdtm_check(pattern_ok(mid, MIB, 2 * MIB + 4096, 4096, SIZE), "private",
+		   "the private copy's write reached the object");
 	ZDTM_CORRUPT("front", (void)0);
 	zdtm_check(kill(k, SIGTERM) == 0, "shared", "kill(K = %d): errno %d", (int)k, errno);
 	if (zdtm_wait_deadline(k, &st, 30000) != 0 || !WIFEXITED(st)) {

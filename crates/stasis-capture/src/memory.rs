@@ -1,7 +1,7 @@
 //! Memory areas of a process: what backs them, which pages to save, and the
 //! copy pipeline that streams those pages into a page pack.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use stasis_image::manifest::{Vma, VmaKind};
@@ -140,11 +140,26 @@ pub fn plan_with(
     let mut unprotected = Vec::new();
     let pagemap = Pagemap::open(pid)?;
     let mut have_scan = true;
+    // Shared anonymous objects this process maps shared: a private
+    // mapping of one of them (through `/proc/self/map_files`) reads it
+    // where it has not copied on write.
+    let shared_objects: HashSet<u64> = maps
+        .iter()
+        .filter(|m| m.shared && m.name.starts_with("/dev/zero (deleted)"))
+        .map(|m| m.ino)
+        .collect();
     for m in maps {
-        let Some(kind) = vma_kind(m).map_err(|e| SaveError::Unsupported { pid, what: e.0 })? else {
+        let Some(mut kind) = vma_kind(m).map_err(|e| SaveError::Unsupported { pid, what: e.0 })?
+        else {
             continue;
         };
-        let shm = (matches!(kind, VmaKind::Anon) && m.shared).then_some((m.ino, m.offset));
+        let private_of_shared =
+            !m.shared && m.name == "/dev/zero (deleted)" && shared_objects.contains(&m.ino);
+        if private_of_shared {
+            kind = VmaKind::Anon;
+        }
+        let shm = (matches!(kind, VmaKind::Anon) && (m.shared || private_of_shared))
+            .then_some((m.ino, m.offset));
         let bits = vmflags
             .binary_search_by_key(&m.start, |f| f.0)
             .map_or(0, |i| vmflags[i].1);
@@ -159,7 +174,9 @@ pub fn plan_with(
             (VmaKind::Anon, true) => shm_pages_to_save(pid, m, seen_shm)?,
             _ if scan == Scan::None => Vec::new(),
             _ => {
-                let anon = matches!(kind, VmaKind::Anon);
+                // A private mapping of a shared object: only the pages it
+                // copied on write are its own, as for a file.
+                let anon = matches!(kind, VmaKind::Anon) && !private_of_shared;
                 let query = if anon {
                     let mut q = ScanQuery::anon_data();
                     if scan == Scan::DataAndProtection {

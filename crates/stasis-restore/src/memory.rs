@@ -178,8 +178,9 @@ fn arm_lazy(s: &mut Proc, image_pid: i32, areas: &[(u64, u64)], sink: &dyn LazyS
         .map_err(|source| RestoreError::LazyHand { image_pid, source })
 }
 
-/// Maps shared anonymous area `v` (of object `ino`, at offset `off` in it)
-/// and fills the pages saved with it. The first area of an object makes
+/// Maps shared anonymous area `v` (of object `ino`, at offset `off` in it;
+/// or a private mapping of such an object, which reads it where it has not
+/// copied on write) and fills the pages saved with it. The first area of an object makes
 /// it: an anonymous shared mapping when the area covers the whole object,
 /// else the object at its full size (the furthest any area of the tree
 /// reaches) in a free range, this area mapped from it, the range unmapped.
@@ -200,7 +201,7 @@ fn map_shared(
         return map_from_object(s, v, &path, fills, cx.transport);
     }
     cx.shm_first.insert(ino, (s.t.pid(), v.start, v.end));
-    if off == 0 && len == size {
+    if v.shared && off == 0 && len == size {
         return build::map_vma(s, v, fills, None);
     }
     let mut busy: Vec<(u64, u64)> = stasis_kernel::procfs::maps(s.t.pid())
