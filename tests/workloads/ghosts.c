@@ -20,6 +20,9 @@
  *   link    ghosts.link -> "some/target": an O_PATH | O_NOFOLLOW fd;
  *           ghosts.link2 -> "other/target" likewise, then unlinked
  *   opath   an O_PATH fd on the directory the workload started in
+ *   memfd   a memfd (O_RDWR, as memfd_create makes it) holding a script,
+ *           "#!/bin/true", that execveat runs (zdtm's memfd04: a restored
+ *           memfd whose fd counts as a writer fails with ETXTBSY)
  * After SIGTERM every property above is checked (content byte for byte,
  * holes with SEEK_DATA, owner, mode, times, link count, offsets, flags,
  * the working directory the same inode as the dir fd, the link targets).
@@ -29,6 +32,8 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 
 #define FILE_SIZE (1 << 20)
 #define DATA1 65536
@@ -195,9 +200,25 @@ static void check_link(int fd, const char *target, int deleted)
 		   "link", "fd %d points to '%s', want '%s'", fd, got, target);
 }
 
+/* A memfd holding a script, run with execveat (zdtm's memfd04): exit 0. */
+static int exec_memfd(int fd)
+{
+	static const char *const argv[] = { "true", NULL }, *const envp[] = { NULL };
+	int st = -1;
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		syscall(SYS_execveat, fd, "", argv, envp, AT_EMPTY_PATH);
+		_exit(errno);
+	}
+	if (pid < 0 || zdtm_wait_deadline(pid, &st, 10000))
+		return -1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 int main(int argc, char **argv)
 {
-	int file, tmp, rd, wr, dir, dev = -1, link1, link2, opath, top;
+	int file, tmp, rd, wr, dir, dev = -1, link1, link2, opath, top, mfd;
 	uid_t uid;
 	gid_t gid;
 	struct stat st;
@@ -206,6 +227,9 @@ int main(int argc, char **argv)
 	zdtm_init(argc, argv, 0, "");
 	file = make_file(&uid, &gid);
 	tmp = make_tmpfile();
+	mfd = (int)syscall(SYS_memfd_create, "script", 0);
+	if (mfd < 0 || write(mfd, "#!/bin/true\n", 12) != 12 || exec_memfd(mfd) != 0)
+		die("memfd script");
 	make_fifo(&rd, &wr);
 	if (getuid() == 0) {
 		unlink("ghosts.dev");
@@ -246,6 +270,18 @@ int main(int argc, char **argv)
 	ZDTM_CORRUPT("link", dup2(link2, link1));
 	ZDTM_CORRUPT("dev", dup2(file, dev >= 0 ? dev : 200));
 	ZDTM_CORRUPT("opath", dup2(dir, opath));
+	ZDTM_CORRUPT("memfd", {
+		/* a writer of the memfd: exec fails with ETXTBSY */
+		char path[64];
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", mfd);
+		open(path, O_RDWR);
+	});
+	{
+		int r = exec_memfd(mfd);
+
+		zdtm_check(r == 0, "memfd", "exec of the memfd script: %s",
+			   r < 0 ? "no exit status" : strerror(r));
+	}
 
 	check_file(file, uid, gid);
 	check_tmpfile(tmp);

@@ -77,12 +77,28 @@ impl Object for Ghost {
             _ => return Err(crate::restore::not_mine(Self::NAME, img)),
         };
         let fd = img.fd;
+        let accmode = img.flags & libc::O_ACCMODE.unsigned_abs();
+        let first_rw =
+            memfd && accmode == libc::O_RDWR.unsigned_abs() && !cx.memfd_firsts.contains(id);
         let keeper = keeper(
             cx,
             *id,
             (!memfd).then_some(path.as_str()),
             memfd.then_some(path.as_str()),
         )?;
+        // A memfd's first read-write description is the one
+        // memfd_create made, as it was: a reopen through /proc counts as
+        // a writer of the inode, and exec of the memfd (execveat) would
+        // then fail with ETXTBSY.
+        if first_rw {
+            let o = stasis_kernel::scm::dup_at_least(keeper.as_fd(), 3)?;
+            cx.memfd_firsts.insert(*id);
+            fdops::set_status_flags(o.as_fd(), crate::restore::setfl_flags(img.flags))
+                .map_err(io_step(format!("setting the flags of fd {fd}"), "F_SETFL"))?;
+            fdops::seek_to(o.as_fd(), i64::try_from(*pos).unwrap_or(0))
+                .map_err(io_step(format!("seeking fd {fd} to {pos}"), "lseek"))?;
+            return Ok(o);
+        }
         let reopen = format!("/proc/self/fd/{}", keeper.as_raw_fd());
         // An O_TMPFILE file: its flags say O_DIRECTORY too, which the
         // reopen of a regular file cannot have.

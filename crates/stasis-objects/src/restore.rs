@@ -93,6 +93,9 @@ pub struct RestoreCtx<'a> {
     /// One open fd per rebuilt deleted file or memfd (descriptions are
     /// reopened from it through /proc/self/fd).
     pub(crate) ghost_keepers: HashMap<u64, OwnedFd>,
+    /// Memfds whose own first description (the one `memfd_create` made)
+    /// went to a restored fd already.
+    pub(crate) memfd_firsts: HashSet<u64>,
     /// Deleted directories made so far, by path: their keeper's id
     /// (a deleted working directory is the same directory).
     pub(crate) deleted_dirs: HashMap<String, u64>,
@@ -142,6 +145,7 @@ impl<'a> RestoreCtx<'a> {
             pending_sockets: HashMap::new(),
             ghost_data: ghosts.iter().map(|g| (g.id, g)).collect(),
             ghost_keepers: HashMap::new(),
+            memfd_firsts: HashSet::new(),
             deleted_dirs: HashMap::new(),
             pending_tcp: Vec::new(),
             epolls_filled: HashSet::new(),
