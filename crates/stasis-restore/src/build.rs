@@ -3,7 +3,9 @@
 //! Every function here is pure logic over the seam: it is unit-tested with
 //! the recording fake in [`crate::remote`].
 
-use stasis_image::manifest::{ITimer, MmImage, PosixTimer, SigAction, ThreadImage, Vma, VmaKind};
+use stasis_image::manifest::{
+    ITimer, MmImage, PosixTimer, ProcessImage, SigAction, ThreadImage, Vma, VmaKind,
+};
 use stasis_image::RunEntry;
 use stasis_kernel::sarg;
 use stasis_objects::timerfd::armed_value;
@@ -611,6 +613,16 @@ const ROBUST_LIST_HEAD_LEN: u64 = 24;
 /// Per-thread state, set by the thread itself: alternate signal stack,
 /// rseq registration, robust futex list, clear_child_tid and name.
 pub fn thread_state<R: Remote>(r: &mut R, th: &ThreadImage) -> Result<(), RestoreError> {
+    thread_state_inheriting(r, th, 0)
+}
+
+/// [`thread_state`] for a thread that inherited the first `inherited` of
+/// its seccomp filters from the thread that created it.
+pub fn thread_state_inheriting<R: Remote>(
+    r: &mut R,
+    th: &ThreadImage,
+    inherited: usize,
+) -> Result<(), RestoreError> {
     let tid = th.tid;
     let ss = &th.altstack;
     let a = r
@@ -654,27 +666,7 @@ pub fn thread_state<R: Remote>(r: &mut R, th: &ThreadImage) -> Result<(), Restor
         &[th.clear_child_tid],
     )
     .map_err(step(format!("restoring clear_child_tid of thread {tid}")))?;
-    // seccomp filters, oldest first. The tracer suspends them
-    // (PTRACE_O_SUSPEND_SECCOMP) until it detaches, so the remote syscalls
-    // still to come are not filtered.
-    for (prog, flags) in &th.seccomp {
-        let max = r.scratch_len() - SCRATCH_STRUCT - 64;
-        if prog.len() > max || prog.len() % 8 != 0 {
-            return Err(RestoreError::Unsupported(format!("thread {tid} has a seccomp filter of {} bytes; stasis restores filters up to {max} bytes", prog.len())));
-        }
-        let f = r
-            .put(SCRATCH_STRUCT + 64, prog)
-            .map_err(step("seccomp filter"))?;
-        let fprog = words(&[(prog.len() / 8) as u64, f]);
-        let a = r.put(SCRATCH_STRUCT, &fprog).map_err(step("sock_fprog"))?;
-        const SECCOMP_SET_MODE_FILTER: u64 = 1;
-        r.sys(
-            "seccomp",
-            libc::SYS_seccomp,
-            &[SECCOMP_SET_MODE_FILTER, *flags, a],
-        )
-        .map_err(step(format!("installing a seccomp filter in thread {tid}")))?;
-    }
+    install_seccomp(r, tid, th.seccomp.get(inherited..).unwrap_or_default())?;
     if th.seccomp_strict {
         // Suspended like filters until the tracer detaches: the remote
         // syscalls still to come run as before.
@@ -692,6 +684,55 @@ pub fn thread_state<R: Remote>(r: &mut R, th: &ThreadImage) -> Result<(), Restor
     r.sys("prctl", libc::SYS_prctl, &[libc::PR_SET_NAME as u64, name])
         .map_err(step(format!("naming thread {tid}")))?;
     Ok(())
+}
+
+/// Installs seccomp `filters` (oldest first) in the thread behind `r`
+/// (thread `tid`). The tracer suspends them (PTRACE_O_SUSPEND_SECCOMP)
+/// until it detaches, so the remote syscalls still to come are not
+/// filtered.
+pub fn install_seccomp<R: Remote>(
+    r: &mut R,
+    tid: i32,
+    filters: &[(Vec<u8>, u64)],
+) -> Result<(), RestoreError> {
+    for (prog, flags) in filters {
+        let max = r.scratch_len() - SCRATCH_STRUCT - 64;
+        if prog.len() > max || prog.len() % 8 != 0 {
+            return Err(RestoreError::Unsupported(format!("thread {tid} has a seccomp filter of {} bytes; stasis restores filters up to {max} bytes", prog.len())));
+        }
+        let f = r
+            .put(SCRATCH_STRUCT + 64, prog)
+            .map_err(step("seccomp filter"))?;
+        let fprog = words(&[(prog.len() / 8) as u64, f]);
+        let a = r.put(SCRATCH_STRUCT, &fprog).map_err(step("sock_fprog"))?;
+        const SECCOMP_SET_MODE_FILTER: u64 = 1;
+        r.sys(
+            "seccomp",
+            libc::SYS_seccomp,
+            &[SECCOMP_SET_MODE_FILTER, *flags, a],
+        )
+        .map_err(step(format!("installing a seccomp filter in thread {tid}")))?;
+    }
+    Ok(())
+}
+
+/// How many seccomp filters, oldest first, every thread of `p` has in
+/// common: installed once in the main thread before the others are
+/// created, which inherit them. The threads so share one filter tree, as
+/// they did (a later `SECCOMP_FILTER_FLAG_TSYNC` needs that).
+pub fn shared_seccomp(p: &ProcessImage) -> usize {
+    let Some((first, rest)) = p.threads.split_first() else {
+        return 0;
+    };
+    rest.iter().fold(first.seccomp.len(), |n, th| {
+        first
+            .seccomp
+            .iter()
+            .zip(&th.seccomp)
+            .take(n)
+            .take_while(|(a, b)| a == b)
+            .count()
+    })
 }
 
 /// `clone3` flags of a thread of the restored process.

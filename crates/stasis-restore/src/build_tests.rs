@@ -267,6 +267,25 @@ fn thread_state_sets_everything_in_order() {
 }
 
 #[test]
+fn the_filters_all_threads_share_are_counted_once() {
+    let f = |n: u8| (vec![6, 0, 0, 0, n, 0, 0xff, 0x7f], 0u64);
+    let mut p = crate::testutil::image(100, 1, 100, 100);
+    p.threads = (0..3).map(|i| crate::testutil::thread(100 + i)).collect();
+    assert_eq!(shared_seccomp(&p), 0);
+    for th in &mut p.threads {
+        th.seccomp = vec![f(1), f(2)];
+    }
+    p.threads[2].seccomp.push(f(3));
+    assert_eq!(shared_seccomp(&p), 2);
+    p.threads[1].seccomp[1] = f(9);
+    assert_eq!(shared_seccomp(&p), 1);
+    // The main thread installs the shared ones; each thread only the rest.
+    let mut r = Recorder::default();
+    thread_state_inheriting(&mut r, &p.threads[2], shared_seccomp(&p)).unwrap();
+    assert_eq!(r.args_of("seccomp").len(), 2);
+}
+
+#[test]
 fn a_thread_in_strict_mode_enters_it_again() {
     let mut r = Recorder::default();
     let mut th = crate::testutil::thread(43);

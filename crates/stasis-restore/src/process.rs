@@ -57,6 +57,13 @@ pub(crate) fn build_process(
     restore_root(s, p)?;
     restore_rlimits(s, s.pid, &p.rlimits)?;
     build::restore_sigactions(s, &p.sigactions)?;
+    // The seccomp filters every thread has, before the threads exist:
+    // they inherit them (one filter tree, as before).
+    let shared = build::shared_seccomp(p);
+    if let Some(main) = p.threads.first() {
+        s.cur = None;
+        build::install_seccomp(s, main.tid, &main.seccomp[..shared])?;
+    }
     threads::create_threads(s, p)?;
     s.cur = None;
     build::create_posix_timers(s, &p.posix_timers)?;

@@ -105,7 +105,7 @@ pub(crate) fn thread_attributes<R: Remote>(
     p: &ProcessImage,
     th: &ThreadImage,
 ) -> Result<()> {
-    build::thread_state(s, th)?;
+    build::thread_state_inheriting(s, th, build::shared_seccomp(p))?;
     // Before the credentials: raising a priority takes root's privilege.
     restore_sched(s, th)?;
     restore_creds(s, p)?;

@@ -184,6 +184,7 @@ workload_tests! {
     shm_parts: "shm_parts";
     chroot: "chroot";
     strict: "strict";
+    filters: "filters";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so
