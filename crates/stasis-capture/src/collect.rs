@@ -54,6 +54,7 @@ pub fn capture_frozen(
 ) -> Result<Pending> {
     let mut collector = fds::FdCollector::default();
     collector.tcp_close = fr.opts.tcp_close;
+    collector.skip_in_flight = fr.opts.skip_in_flight;
     let r = capture_with(fr, f, &mut collector);
     // Sockets put in repair mode go back to the caller whatever happened.
     *repaired = std::mem::take(&mut collector.repaired);

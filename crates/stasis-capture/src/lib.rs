@@ -136,6 +136,9 @@ pub struct DumpOptions {
     /// Established TCP connections are saved as closed, without being
     /// stopped or read in repair mode (CRIU's `--tcp-close`).
     pub tcp_close: bool,
+    /// Connections waiting in a TCP listener's accept queue are left out
+    /// (CRIU's `--skip-in-flight`) instead of refused.
+    pub skip_in_flight: bool,
 }
 
 /// A dump that is one part of a consistent cut of an application over

@@ -38,7 +38,9 @@ pub fn dump_once(
     // be checkpointed.
     let tree = proc::tree_pids(opts.pid);
     let gate = fds::AcceptGate::close(&tree);
-    gate.drain(BACKLOG_PATIENCE);
+    if !opts.skip_in_flight {
+        gate.drain(BACKLOG_PATIENCE);
+    }
     // Who else holds the tree's ptys: a walk of every process, taken while
     // nothing is frozen.
     let pty_census = stasis_objects::pty_census::Census::for_tree(&tree);

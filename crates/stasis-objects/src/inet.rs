@@ -61,8 +61,8 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
         let info = sock::tcp_info(b)?;
         match info.state {
             TCP_LISTEN => {
-                if info.unacked > 0 {
-                    return Err(fd.unsupported(format!("fd {n} is a listening TCP socket with {} connection(s) waiting to be accepted", info.unacked)));
+                if info.unacked > 0 && !cx.skip_in_flight {
+                    return Err(fd.unsupported(format!("fd {n} is a listening TCP socket with {} connection(s) waiting to be accepted (dump with --skip-in-flight to leave them out)", info.unacked)));
                 }
                 InetState::Listening {
                     backlog: info.sacked,

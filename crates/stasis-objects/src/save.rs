@@ -97,6 +97,9 @@ pub struct SaveCtx {
     /// Established TCP connections are saved as closed (ended), neither
     /// stopped nor read in repair mode.
     pub tcp_close: bool,
+    /// Connections waiting to be accepted by a TCP listener are left out,
+    /// not refused.
+    pub skip_in_flight: bool,
 }
 
 /// `/proc/PID/<name>`.
@@ -192,6 +195,7 @@ impl Default for SaveCtx {
             repaired: Repairs::default(),
             ptys: crate::pty::Saved::default(),
             tcp_close: false,
+            skip_in_flight: false,
         }
     }
 }

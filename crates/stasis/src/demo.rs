@@ -209,6 +209,7 @@ pub fn run(dir: Option<PathBuf>, before: f64, after: f64) -> Result<ExitCode> {
             cow_method: stasis_capture::CowMethod::Auto,
             cut: None,
             tcp_close: false,
+            skip_in_flight: false,
         },
     )?;
     let status = child.wait()?;

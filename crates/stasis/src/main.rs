@@ -104,6 +104,11 @@ enum Cmd {
         /// with `restore --tcp-close`).
         #[arg(long)]
         tcp_close: bool,
+        /// Leave out connections waiting in a TCP listener's queue, not yet
+        /// accepted (refused by default: they are lost; their clients see
+        /// a reset once the listener is restored).
+        #[arg(long)]
+        skip_in_flight: bool,
         #[arg(long)]
         json: bool,
     },
@@ -215,6 +220,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             cow_method,
             touch_window,
             tcp_close,
+            skip_in_flight,
             json,
         } => match store::s3(&dir, seal.clone())? {
             None => {
@@ -222,7 +228,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 cmd_dump(
                     pid,
                     &dir,
-                    (leave_running, concurrent, cow_buffer, cow_method, tcp_close),
+                    (leave_running, concurrent, cow_buffer, cow_method),
+                    (tcp_close, skip_in_flight),
                     (track.as_deref(), touch_window.as_deref()),
                     (json, None),
                 )
@@ -234,7 +241,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 cmd_dump(
                     pid,
                     dir,
-                    (leave_running, concurrent, cow_buffer, cow_method, tcp_close),
+                    (leave_running, concurrent, cow_buffer, cow_method),
+                    (tcp_close, skip_in_flight),
                     (track.as_deref(), None),
                     (json, Some(cut)),
                 )
@@ -320,13 +328,8 @@ fn cmd_check(json: bool) -> Result<ExitCode> {
 fn cmd_dump(
     pid: i32,
     dir: &Path,
-    (leave_running, concurrent, cow_cap, cow_method, tcp_close): (
-        bool,
-        bool,
-        u64,
-        stasis_capture::CowMethod,
-        bool,
-    ),
+    (leave_running, concurrent, cow_cap, cow_method): (bool, bool, u64, stasis_capture::CowMethod),
+    (tcp_close, skip_in_flight): (bool, bool),
     (track, touch_window): (Option<&str>, Option<&str>),
     (json, cut): (bool, Option<std::sync::Arc<dyn stasis_capture::Cut>>),
 ) -> Result<ExitCode> {
@@ -365,6 +368,7 @@ fn cmd_dump(
         cow_method,
         cut,
         tcp_close,
+        skip_in_flight,
     };
     let r = stasis_capture::dump_tracked(&store, &opts, tracker.as_deref_mut())
         .with_context(|| format!("dumping process {pid}"))?;

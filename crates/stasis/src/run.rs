@@ -379,6 +379,7 @@ impl Host for Cli<'_> {
             cow_method: stasis_capture::CowMethod::Auto,
             cut: None,
             tcp_close: false,
+            skip_in_flight: false,
         };
         let dumped = if self.protect_tracks {
             stasis_capture::dump_concurrent_tracked(&self.store, &opts, &mut self.protection)

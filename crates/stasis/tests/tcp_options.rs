@@ -1,4 +1,4 @@
-//! `--tcp-close` (CRIU's option of the same name): established TCP
+//! CRIU's TCP options. `--tcp-close`: established TCP
 //! connections come back closed rather than rebuilt, for a process moved
 //! where its peers are not. `restore --tcp-close` closes connections a
 //! dump saved in full; `dump --tcp-close` saves them as closed without
@@ -9,6 +9,10 @@
 //! connection (unread bytes queued) and a listener. Once restored and told
 //! to, it reports for each end the TCP state, what a read and a write
 //! give, and whether the listener still accepts.
+//!
+//! `dump --skip-in-flight`: a connection waiting in a listener's accept
+//! queue is left out rather than refused; the restored listener has
+//! nothing queued and accepts new connections.
 
 mod common;
 
@@ -158,4 +162,65 @@ fn dump_tcp_close_leaves_connections_untouched_and_saves_them_closed() {
     let restored = restore(&img, &[]);
     assert_eq!(restored, pid);
     check_closed(d.path(), pid);
+}
+
+/// A listener with one connection waiting to be accepted; once restored
+/// and told to, it reports whether anything was queued and whether a new
+/// connection is accepted.
+const IN_FLIGHT: &str = r#"
+import json, os, socket, sys, time
+d = sys.argv[1]
+def wait(name):
+    while not os.path.exists(os.path.join(d, name)):
+        time.sleep(0.02)
+l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen(4)
+c = socket.create_connection(l.getsockname())
+open(os.path.join(d, "pid.tmp"), "w").write(str(os.getpid()))
+os.rename(os.path.join(d, "pid.tmp"), os.path.join(d, "pid"))
+wait("go")
+out = {}
+l.setblocking(False)
+try:
+    l.accept()
+    out["queued"] = "a connection"
+except BlockingIOError:
+    out["queued"] = "nothing"
+l.setblocking(True)
+n = socket.create_connection(l.getsockname()); m, _ = l.accept()
+n.sendall(b"new"); out["listener"] = m.recv(3).decode()
+open(os.path.join(d, "report.tmp"), "w").write(json.dumps(out))
+os.rename(os.path.join(d, "report.tmp"), os.path.join(d, "report"))
+"#;
+
+#[test]
+fn dump_skip_in_flight_leaves_out_connections_not_yet_accepted() {
+    become_subreaper();
+    let d = tempfile::tempdir().unwrap();
+    let mut c = Command::new("python3");
+    c.args(["-c", IN_FLIGHT])
+        .arg(d.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(d.path().join("stderr")).unwrap());
+    close_inherited_fds(&mut c);
+    let mut child = c.spawn().expect("python3");
+    let pid = wait_pidfile(&d.path().join("pid"), Duration::from_secs(20));
+    let img = d.path().join("img");
+    // Refused by default, naming the option; the process runs on.
+    let o = stasis()
+        .args(["dump", "-t", &pid.to_string(), "-D"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert_fails_with(&o, "--skip-in-flight");
+    assert!(alive(pid), "a refused dump killed the process");
+    dump(pid, &img, &["--skip-in-flight"]);
+    child.wait().unwrap();
+    assert_eq!(restore(&img, &[]), pid);
+    touch(d.path(), "go");
+    let report = wait_json_file(&d.path().join("report"), Duration::from_secs(30));
+    assert_eq!(report["queued"], "nothing", "{report}");
+    assert_eq!(report["listener"], "new", "{report}");
+    let (code, _) = waitpid_timeout(pid, Duration::from_secs(30));
+    assert_eq!(code, Some(0), "{}", stderr_of(d.path()));
 }
