@@ -20,6 +20,9 @@
  *   link    ghosts.link -> "some/target": an O_PATH | O_NOFOLLOW fd;
  *           ghosts.link2 -> "other/target" likewise, then unlinked
  *   opath   an O_PATH fd on the directory the workload started in
+ *   watch   an inotify watch (IN_MODIFY) on the deleted ghosts.file: a
+ *           write to it after the checks is reported on that watch
+ *           (zdtm's inotify00)
  *   memfd   a memfd (O_RDWR, as memfd_create makes it) holding a script,
  *           "#!/bin/true", that execveat runs (zdtm's memfd04: a restored
  *           memfd whose fd counts as a writer fails with ETXTBSY)
@@ -30,6 +33,7 @@
 #include "zdtm.h"
 
 #include <fcntl.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/syscall.h>
@@ -218,7 +222,7 @@ static int exec_memfd(int fd)
 
 int main(int argc, char **argv)
 {
-	int file, tmp, rd, wr, dir, dev = -1, link1, link2, opath, top, mfd;
+	int file, tmp, rd, wr, dir, dev = -1, link1, link2, opath, top, mfd, ifd, iwd;
 	uid_t uid;
 	gid_t gid;
 	struct stat st;
@@ -226,6 +230,15 @@ int main(int argc, char **argv)
 
 	zdtm_init(argc, argv, 0, "");
 	file = make_file(&uid, &gid);
+	{
+		/* An inotify watch on the deleted file (zdtm's inotify00). */
+		char path[64];
+
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", file);
+		ifd = inotify_init1(IN_NONBLOCK);
+		if (ifd < 0 || (iwd = inotify_add_watch(ifd, path, IN_MODIFY)) < 0)
+			die("inotify watch");
+	}
 	tmp = make_tmpfile();
 	mfd = (int)syscall(SYS_memfd_create, "script", 0);
 	if (mfd < 0 || write(mfd, "#!/bin/true\n", 12) != 12 || exec_memfd(mfd) != 0)
@@ -284,6 +297,24 @@ int main(int argc, char **argv)
 	}
 
 	check_file(file, uid, gid);
+	{
+		/* The watch is still on the (rebuilt) deleted file. */
+		char ev[4096];
+		struct inotify_event *e = (struct inotify_event *)ev;
+		ssize_t n;
+
+		while (read(ifd, ev, sizeof(ev)) > 0)
+			;
+		ZDTM_CORRUPT("watch", inotify_rm_watch(ifd, iwd));
+		if (pwrite(file, "w", 1, 3) != 1)
+			zdtm_fail("watch", "pwrite: %s", strerror(errno));
+		n = read(ifd, ev, sizeof(ev));
+		while (n > 0 && (e->mask & IN_IGNORED))
+			n = read(ifd, ev, sizeof(ev));
+		zdtm_check(n > 0 && e->wd == iwd && (e->mask & IN_MODIFY), "watch",
+			   "no IN_MODIFY for watch %d (read %zd, wd %d, mask %#x)", iwd, n,
+			   n > 0 ? e->wd : -1, n > 0 ? e->mask : 0);
+	}
 	check_tmpfile(tmp);
 	check_fifo(rd, wr);
 	check_dir(dir);

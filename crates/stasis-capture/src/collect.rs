@@ -82,6 +82,7 @@ fn capture_with(
     collector.check_external_pipes(&tree)?;
     collector.check_external_ptys(&tree)?;
     collector.check_external_sockets()?;
+    collector.check_ghost_watches()?;
     let areas_of: Vec<Vec<stasis_track::Area>> = records
         .iter()
         .map(|r| {

@@ -60,6 +60,11 @@ impl FdCollector {
         Ok(self.0.check_external_sockets()?)
     }
 
+    /// See [`SaveCtx::check_ghost_watches`].
+    pub fn check_ghost_watches(&self) -> Result<()> {
+        Ok(self.0.check_ghost_watches()?)
+    }
+
     /// See [`SaveCtx::check_external_pipes`].
     pub fn check_external_pipes(&self, tree: &[i32]) -> Result<()> {
         Ok(self.0.check_external_pipes(tree)?)

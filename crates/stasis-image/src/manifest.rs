@@ -630,6 +630,10 @@ pub struct InotifyWatch {
     pub wd: i32,
     pub path: String,
     pub mask: u32,
+    /// On a deleted file the tree holds open (`path` is its old name): the
+    /// id of its `GhostFile`, whose rebuilt file the watch goes on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ghost: Option<u64>,
 }
 
 /// One registration of an epoll instance.

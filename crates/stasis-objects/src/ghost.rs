@@ -235,6 +235,16 @@ impl RestoreCtx<'_> {
     }
 }
 
+/// The keeper fd of the rebuilt deleted file `id` (named `path` at dump),
+/// made on first use.
+pub(crate) fn keeper_of_deleted<'c>(
+    cx: &'c mut RestoreCtx<'_>,
+    id: u64,
+    path: &str,
+) -> Result<&'c OwnedFd, RestoreError> {
+    keeper(cx, id, Some(path), None)
+}
+
 /// The keeper fd of a deleted file (`path`) or memfd (`memfd` name),
 /// made on first use: created, filled, sealed or unlinked.
 fn keeper<'c>(

@@ -4,6 +4,7 @@
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 
 use stasis_image::manifest::{FdImage, FdKind, InotifyWatch};
 use stasis_kernel::{fdops, KernelError};
@@ -17,11 +18,16 @@ impl Object for Inotify {
     const NAME: &'static str = "inotify";
     const ANON_INODE: Option<&'static str> = Some("anon_inode:inotify");
 
-    fn save(_cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
+    fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
         if Some(fd.link) != Self::ANON_INODE {
             return Ok(None);
         }
         let watches = watches(fd)?;
+        for w in &watches {
+            if let Some(id) = w.ghost {
+                cx.ghost_watches.push((fd.pid, fd.fd, w.wd, id));
+            }
+        }
         Ok(Some(FdKind::Inotify { watches }))
     }
 
@@ -29,11 +35,23 @@ impl Object for Inotify {
         matches!(kind, FdKind::Inotify { .. })
     }
 
-    fn restore(_: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
+    fn restore(cx: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
         let FdKind::Inotify { watches } = &img.kind else {
             return Err(crate::restore::not_mine(Self::NAME, img));
         };
-        restore(img.fd, img.flags, watches)
+        // A watch on a deleted file goes on its rebuilt file, through the
+        // restorer's own fd on it.
+        let mut paths = Vec::with_capacity(watches.len());
+        for w in watches {
+            paths.push(match w.ghost {
+                Some(id) => {
+                    let k = crate::ghost::keeper_of_deleted(cx, id, &w.path)?;
+                    format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(k))
+                }
+                None => w.path.clone(),
+            });
+        }
+        restore(img.fd, img.flags, watches, &paths)
     }
 }
 
@@ -69,10 +87,27 @@ fn watches(fd: &OpenFd<'_>) -> Result<Vec<InotifyWatch>, SaveError> {
         ))
         .map_err(|e| fd.unsupported(e.to_string()))?;
         let path = path.to_string_lossy().into_owned();
-        if path.ends_with(" (deleted)") {
-            return Err(fd.unsupported(format!("fd {n}: inotify watch {wd} is on a deleted file")));
-        }
-        out.push(InotifyWatch { wd, path, mask });
+        // A deleted file: the tree must hold it open too (checked once the
+        // tree is saved, `SaveCtx::check_ghost_watches`), so that it is
+        // rebuilt.
+        let (path, ghost) = match path.strip_suffix(" (deleted)") {
+            Some(old) => {
+                let ino = std::fs::metadata(format!(
+                    "/proc/self/fd/{}",
+                    std::os::fd::AsRawFd::as_raw_fd(&o)
+                ))
+                .map_err(|e| fd.unsupported(e.to_string()))?
+                .ino();
+                (old.to_string(), Some(ino))
+            }
+            None => (path, None),
+        };
+        out.push(InotifyWatch {
+            wd,
+            path,
+            mask,
+            ghost,
+        });
     }
     out.sort_by_key(|w| w.wd);
     Ok(out)
@@ -81,7 +116,12 @@ fn watches(fd: &OpenFd<'_>) -> Result<Vec<InotifyWatch>, SaveError> {
 /// An inotify instance with its watches at their watch descriptors
 /// (descriptors are allocated in increasing order, so gaps are skipped by
 /// adding and removing a throw-away watch).
-fn restore(fd: i32, flags: u32, watches: &[InotifyWatch]) -> Result<OwnedFd, RestoreError> {
+fn restore(
+    fd: i32,
+    flags: u32,
+    watches: &[InotifyWatch],
+    paths: &[String],
+) -> Result<OwnedFd, RestoreError> {
     let nb = if flags & libc::O_NONBLOCK.unsigned_abs() != 0 {
         libc::IN_NONBLOCK
     } else {
@@ -100,9 +140,15 @@ fn restore(fd: i32, flags: u32, watches: &[InotifyWatch]) -> Result<OwnedFd, Res
             },
         })
     };
-    for w in watches {
+    for (w, path) in watches.iter().zip(paths) {
+        // Through /proc/self/fd a watch must follow the link.
+        let mask = if w.ghost.is_some() {
+            w.mask & !libc::IN_DONT_FOLLOW
+        } else {
+            w.mask
+        };
         loop {
-            let wd = add(&w.path, w.mask)?;
+            let wd = add(path, mask)?;
             if wd == w.wd {
                 break;
             }

@@ -100,6 +100,10 @@ pub struct SaveCtx {
     /// Connections waiting to be accepted by a TCP listener are left out,
     /// not refused.
     pub skip_in_flight: bool,
+    /// inotify watches on deleted files: (pid, fd, watch, inode), each to
+    /// be on a deleted file the tree holds open
+    /// ([`SaveCtx::check_ghost_watches`]).
+    pub(crate) ghost_watches: Vec<(i32, i32, i32, u64)>,
 }
 
 /// `/proc/PID/<name>`.
@@ -196,6 +200,7 @@ impl Default for SaveCtx {
             ptys: crate::pty::Saved::default(),
             tcp_close: false,
             skip_in_flight: false,
+            ghost_watches: Vec::new(),
         }
     }
 }
@@ -384,6 +389,20 @@ impl SaveCtx {
             self.tables[pi][fi].shared_id = Some(id);
         }
         img.shared_id = Some(id);
+    }
+
+    /// Every inotify watch on a deleted file is on one the tree holds open
+    /// (and so saved, to be rebuilt): else it could not be made again.
+    pub fn check_ghost_watches(&self) -> Result<()> {
+        for &(pid, fd, wd, ino) in &self.ghost_watches {
+            if !self.ghosts.contains_key(&ino) {
+                return Err(SaveError::Unsupported {
+                    pid,
+                    what: format!("fd {fd}: inotify watch {wd} is on a deleted file that no process of the tree holds open, which stasis cannot make again"),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The pid that holds fd table `index` (0 if unknown).
