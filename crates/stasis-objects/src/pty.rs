@@ -752,24 +752,7 @@ pub fn restore_ctty<R: Remote>(
             reopen_current_ttys(r, at, p)
         }
         Some((CttyFd::Opened(index), fg)) => {
-            let slave = cx
-                .ptys
-                .pair(index, None, spare)?
-                .open_slave_with(libc::O_RDWR | libc::O_NOCTTY)?;
-            crate::restore::plant(
-                r,
-                at,
-                transport,
-                remote_transport,
-                (slave.as_fd(), spare, true),
-            )?;
-            let set = set_ctty(r, at, spare, fg);
-            let n = u64::from(spare.unsigned_abs());
-            let closed = r.sys("close", libc::SYS_close, &[n]);
-            set?;
-            closed.map_err(step(
-                "closing the slave opened to set the controlling terminal",
-            ))?;
+            ctty_through_new_slave(cx, r, at, index, fg, (transport, remote_transport, spare))?;
             reopen_current_ttys(r, at, p)
         }
         None => Ok(()),
@@ -797,6 +780,19 @@ pub fn take_ctty<R: Remote>(
     else {
         return Ok(());
     };
+    ctty_through_new_slave(cx, r, at, index, None, (transport, remote_transport, spare))
+}
+
+/// [`set_ctty`] through a slave of pair `index` opened for that moment,
+/// handed over at `spare` and closed after.
+fn ctty_through_new_slave<R: Remote>(
+    cx: &mut RestoreCtx<'_>,
+    r: &mut R,
+    at: Scratch,
+    index: u32,
+    fg: Option<i32>,
+    (transport, remote_transport, spare): (&OwnedFd, u64, i32),
+) -> Result<(), RestoreError> {
     let slave = cx
         .ptys
         .pair(index, None, spare)?
@@ -808,7 +804,7 @@ pub fn take_ctty<R: Remote>(
         remote_transport,
         (slave.as_fd(), spare, true),
     )?;
-    let set = set_ctty(r, at, spare, None);
+    let set = set_ctty(r, at, spare, fg);
     let n = u64::from(spare.unsigned_abs());
     let closed = r.sys("close", libc::SYS_close, &[n]);
     set?;

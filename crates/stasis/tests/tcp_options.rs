@@ -22,21 +22,35 @@ use std::time::Duration;
 
 use common::*;
 
-/// The program: makes the connection, writes its pid, then waits for
-/// `go`; then writes its findings to `report` as JSON. With `check_live`,
-/// it first checks the connection still carries bytes (after a dump that
-/// left it running) and writes `live` before waiting for `go2`.
-const PROGRAM: &str = r#"
+/// What both programs start with: the directory they talk through, a
+/// way to wait for a file there, a listener and a connection to it.
+macro_rules! prelude {
+    () => {
+        r#"
 import json, os, socket, struct, sys, time
 d = sys.argv[1]
 def wait(name):
     while not os.path.exists(os.path.join(d, name)):
         time.sleep(0.02)
+def publish(name, text):
+    open(os.path.join(d, name + ".tmp"), "w").write(text)
+    os.rename(os.path.join(d, name + ".tmp"), os.path.join(d, name))
 l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen(4)
-c = socket.create_connection(l.getsockname()); a, _ = l.accept()
+c = socket.create_connection(l.getsockname())
+"#
+    };
+}
+
+/// The program: makes the connection, writes its pid, then waits for
+/// `go`; then writes its findings to `report` as JSON. With `check_live`,
+/// it first checks the connection still carries bytes (after a dump that
+/// left it running) and writes `live`.
+const PROGRAM: &str = concat!(
+    prelude!(),
+    r#"
+a, _ = l.accept()
 c.sendall(b"queued")
-open(os.path.join(d, "pid.tmp"), "w").write(str(os.getpid()))
-os.rename(os.path.join(d, "pid.tmp"), os.path.join(d, "pid"))
+publish("pid", str(os.getpid()))
 wait("dumped")
 if os.path.exists(os.path.join(d, "check_live")):
     a.sendall(b"after")
@@ -58,13 +72,13 @@ for name, s in (("client", c), ("server", a)):
     out[name] = r
 n = socket.create_connection(l.getsockname()); m, _ = l.accept()
 n.sendall(b"new"); out["listener"] = m.recv(3).decode()
-open(os.path.join(d, "report.tmp"), "w").write(json.dumps(out))
-os.rename(os.path.join(d, "report.tmp"), os.path.join(d, "report"))
-"#;
+publish("report", json.dumps(out))
+"#
+);
 
-fn start(dir: &Path) -> (Child, i32) {
+fn start(dir: &Path, program: &str) -> (Child, i32) {
     let mut c = Command::new("python3");
-    c.args(["-c", PROGRAM])
+    c.args(["-c", program])
         .arg(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -131,7 +145,7 @@ fn restore(img: &Path, extra: &[&str]) -> i32 {
 fn restore_tcp_close_brings_saved_connections_back_closed() {
     become_subreaper();
     let d = tempfile::tempdir().unwrap();
-    let (mut child, pid) = start(d.path());
+    let (mut child, pid) = start(d.path(), PROGRAM);
     let img = d.path().join("img");
     dump(pid, &img, &[]);
     child.wait().unwrap();
@@ -145,7 +159,7 @@ fn restore_tcp_close_brings_saved_connections_back_closed() {
 fn dump_tcp_close_leaves_connections_untouched_and_saves_them_closed() {
     become_subreaper();
     let d = tempfile::tempdir().unwrap();
-    let (mut child, pid) = start(d.path());
+    let (mut child, pid) = start(d.path(), PROGRAM);
     let img = d.path().join("img");
     dump(pid, &img, &["--tcp-close", "--leave-running"]);
     // Not stopped, not in repair mode: the connection still carries bytes.
@@ -167,16 +181,10 @@ fn dump_tcp_close_leaves_connections_untouched_and_saves_them_closed() {
 /// A listener with one connection waiting to be accepted; once restored
 /// and told to, it reports whether anything was queued and whether a new
 /// connection is accepted.
-const IN_FLIGHT: &str = r#"
-import json, os, socket, sys, time
-d = sys.argv[1]
-def wait(name):
-    while not os.path.exists(os.path.join(d, name)):
-        time.sleep(0.02)
-l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen(4)
-c = socket.create_connection(l.getsockname())
-open(os.path.join(d, "pid.tmp"), "w").write(str(os.getpid()))
-os.rename(os.path.join(d, "pid.tmp"), os.path.join(d, "pid"))
+const IN_FLIGHT: &str = concat!(
+    prelude!(),
+    r#"
+publish("pid", str(os.getpid()))
 wait("go")
 out = {}
 l.setblocking(False)
@@ -188,23 +196,15 @@ except BlockingIOError:
 l.setblocking(True)
 n = socket.create_connection(l.getsockname()); m, _ = l.accept()
 n.sendall(b"new"); out["listener"] = m.recv(3).decode()
-open(os.path.join(d, "report.tmp"), "w").write(json.dumps(out))
-os.rename(os.path.join(d, "report.tmp"), os.path.join(d, "report"))
-"#;
+publish("report", json.dumps(out))
+"#
+);
 
 #[test]
 fn dump_skip_in_flight_leaves_out_connections_not_yet_accepted() {
     become_subreaper();
     let d = tempfile::tempdir().unwrap();
-    let mut c = Command::new("python3");
-    c.args(["-c", IN_FLIGHT])
-        .arg(d.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(d.path().join("stderr")).unwrap());
-    close_inherited_fds(&mut c);
-    let mut child = c.spawn().expect("python3");
-    let pid = wait_pidfile(&d.path().join("pid"), Duration::from_secs(20));
+    let (mut child, pid) = start(d.path(), IN_FLIGHT);
     let img = d.path().join("img");
     // Refused by default, naming the option; the process runs on.
     let o = stasis()
