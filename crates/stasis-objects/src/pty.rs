@@ -44,15 +44,17 @@
 //! until the end of the restore; queued bytes pushed back as above; then
 //! termios, window size, exclusive modes, packet mode and the lock. The pts
 //! index is whatever the kernel gives: slaves are opened from the new
-//! master (`TIOCGPTPEER`). The controlling terminal is set by the session
-//! leader itself, after its fds exist ([`restore_ctty`]: `TIOCSCTTY`, then
-//! `TIOCSPGRP` for another foreground group).
+//! master (`TIOCGPTPEER`). The controlling terminal is taken back by the
+//! session leader itself as soon as it is forked, before the members of its
+//! session ([`take_ctty`]: `TIOCSCTTY` on a slave opened for that moment);
+//! once its fds exist, `TIOCSPGRP` gives it another foreground group, and
+//! its `/dev/tty` fds are opened again ([`restore_ctty`]).
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
-use stasis_image::manifest::{FdImage, FdKind, ProcessImage, PtyPair, PtySession, PtyTermios};
+use stasis_image::manifest::{FdImage, FdKind, PtyPair, PtySession, PtyTermios};
 use stasis_kernel::remote::Remote;
 use stasis_kernel::{fdops, pidfd, tty};
 use stasis_sys::tty::{
@@ -698,65 +700,65 @@ pub fn check_external(cx: &SaveCtx, tree: &[i32]) -> Result<(), SaveError> {
     Ok(())
 }
 
-/// Through what a session leader takes its controlling terminal back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CttyFd {
-    /// One of its own slave fds.
-    Held(i32),
-    /// None: a slave of pty `index`, opened for that moment (it had closed
-    /// its fds of the terminal, which stays its session's all the same).
-    Opened(u32),
-}
-
-/// How process `pid` (of group `pgid`, with the saved fds `fds`) takes
-/// its controlling terminal back: the fd of a slave of the pty whose
-/// session it leads, and the foreground group to set when it is not its
-/// own (`None`: it leads no session with a pty of the image).
-pub fn ctty_plan(
-    cx: &RestoreCtx<'_>,
-    (pid, pgid): (i32, i32),
-    fds: &[FdImage],
-) -> Option<(CttyFd, Option<i32>)> {
-    let (index, s) = cx.ptys.images.iter().find_map(|(i, pair)| {
+/// The session of a saved pty that process `pid` leads, if any.
+fn session_led_by<'i>(cx: &'i RestoreCtx<'_>, pid: i32) -> Option<(u32, &'i PtySession)> {
+    cx.ptys.images.iter().find_map(|(i, pair)| {
         pair.session
             .as_ref()
             .filter(|s| s.sid == pid)
             .map(|s| (*i, s))
-    })?;
-    let fd = fds
-        .iter()
-        .find(|f| matches!(f.kind, FdKind::PtySlave { index: i } if i == index))
-        .map_or(CttyFd::Opened(index), |f| CttyFd::Held(f.fd));
-    let fg = (s.foreground != pgid && s.foreground > 0).then_some(s.foreground);
-    Some((fd, fg))
+    })
 }
 
-/// Makes the saved pty the controlling terminal of the session process
-/// `p` leads (run by `p` itself, once its fds exist, [`ctty_plan`]):
-/// `TIOCSCTTY` on one of its slave fds, then `TIOCSPGRP` when another
-/// group was in the foreground.
+/// The session leader `p` took its terminal back when it was forked
+/// ([`take_ctty`]); once its fds exist (and the process groups), the
+/// terminal gets back its foreground group when it was another than the
+/// leader's (`TIOCSPGRP` through `/dev/tty`), and the leader's `/dev/tty`
+/// fds (slaves of the pair until now) are opened again as `/dev/tty`.
 ///
-/// A leader that holds no slave fd of it gets one for that moment, at
-/// `spare` (a free number: handed over through `transport`, whose number
-/// in the process is `remote_transport`), closed after.
+/// `pid`, `pgid`: the process's; `fds`: its saved fds.
 pub fn restore_ctty<R: Remote>(
-    cx: &mut RestoreCtx<'_>,
+    cx: &RestoreCtx<'_>,
     r: &mut R,
     at: Scratch,
-    p: &ProcessImage,
-    (transport, remote_transport, spare): (&OwnedFd, u64, i32),
+    (pid, pgid): (i32, i32),
+    fds: &[FdImage],
 ) -> Result<(), RestoreError> {
-    match ctty_plan(cx, (p.pid, p.pgid), &p.fds) {
-        Some((CttyFd::Held(fd), fg)) => {
-            set_ctty(r, at, fd, fg)?;
-            reopen_current_ttys(r, at, p)
-        }
-        Some((CttyFd::Opened(index), fg)) => {
-            ctty_through_new_slave(cx, r, at, index, fg, (transport, remote_transport, spare))?;
-            reopen_current_ttys(r, at, p)
-        }
-        None => Ok(()),
+    let Some((_, s)) = session_led_by(cx, pid) else {
+        return Ok(());
+    };
+    if s.foreground != pgid && s.foreground > 0 {
+        let g = s.foreground;
+        let what = || format!("setting the foreground group {g} of its terminal");
+        let n = open_dev_tty(r, at, libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC)
+            .map_err(step(what()))?;
+        let set = r
+            .put(at.structs, &g.to_le_bytes())
+            .and_then(|a| r.sys("ioctl(TIOCSPGRP)", libc::SYS_ioctl, &[n, TIOCSPGRP, a]));
+        let closed = r.sys("close", libc::SYS_close, &[n]);
+        set.map_err(step(what()))?;
+        closed.map_err(step(what()))?;
     }
+    reopen_current_ttys(r, at, fds)
+}
+
+/// Opens `/dev/tty` (the process's controlling terminal) in the process
+/// behind `r`; returns the fd there.
+fn open_dev_tty<R: Remote>(
+    r: &mut R,
+    at: Scratch,
+    flags: i32,
+) -> Result<u64, stasis_kernel::KernelError> {
+    let path = r.put(at.structs, b"/dev/tty\0")?;
+    r.sys(
+        "openat",
+        libc::SYS_openat,
+        &[
+            stasis_kernel::sarg(i64::from(libc::AT_FDCWD)),
+            path,
+            u64::from(flags.unsigned_abs()),
+        ],
+    )
 }
 
 /// Makes the saved pty whose session process `sid` led its controlling
@@ -772,27 +774,9 @@ pub fn take_ctty<R: Remote>(
     sid: i32,
     (transport, remote_transport, spare): (&OwnedFd, u64, i32),
 ) -> Result<(), RestoreError> {
-    let Some(index) = cx
-        .ptys
-        .images
-        .iter()
-        .find_map(|(i, pair)| pair.session.as_ref().filter(|s| s.sid == sid).map(|_| *i))
-    else {
+    let Some((index, _)) = session_led_by(cx, sid) else {
         return Ok(());
     };
-    ctty_through_new_slave(cx, r, at, index, None, (transport, remote_transport, spare))
-}
-
-/// [`set_ctty`] through a slave of pair `index` opened for that moment,
-/// handed over at `spare` and closed after.
-fn ctty_through_new_slave<R: Remote>(
-    cx: &mut RestoreCtx<'_>,
-    r: &mut R,
-    at: Scratch,
-    index: u32,
-    fg: Option<i32>,
-    (transport, remote_transport, spare): (&OwnedFd, u64, i32),
-) -> Result<(), RestoreError> {
     let slave = cx
         .ptys
         .pair(index, None, spare)?
@@ -804,8 +788,10 @@ fn ctty_through_new_slave<R: Remote>(
         remote_transport,
         (slave.as_fd(), spare, true),
     )?;
-    let set = set_ctty(r, at, spare, fg);
     let n = u64::from(spare.unsigned_abs());
+    let set = r
+        .sys("ioctl(TIOCSCTTY)", libc::SYS_ioctl, &[n, TIOCSCTTY, 0])
+        .map_err(step("making the pty the controlling terminal"));
     let closed = r.sys("close", libc::SYS_close, &[n]);
     set?;
     closed.map_err(step(
@@ -822,27 +808,15 @@ fn ctty_through_new_slave<R: Remote>(
 fn reopen_current_ttys<R: Remote>(
     r: &mut R,
     at: Scratch,
-    p: &ProcessImage,
+    fds: &[FdImage],
 ) -> Result<(), RestoreError> {
-    for f in p
-        .fds
+    for f in fds
         .iter()
         .filter(|f| matches!(f.kind, FdKind::CurrentTty { .. }))
     {
         let what = || format!("opening /dev/tty again as fd {}", f.fd);
-        let path = r.put(at.structs, b"/dev/tty\0").map_err(step(what()))?;
         let flags = reopen_flags(f.flags) | libc::O_NOCTTY | libc::O_CLOEXEC;
-        let n = r
-            .sys(
-                "openat",
-                libc::SYS_openat,
-                &[
-                    stasis_kernel::sarg(i64::from(libc::AT_FDCWD)),
-                    path,
-                    u64::from(flags.unsigned_abs()),
-                ],
-            )
-            .map_err(step(what()))?;
+        let n = open_dev_tty(r, at, flags).map_err(step(what()))?;
         let cloexec = if f.cloexec { libc::O_CLOEXEC } else { 0 };
         let target = u64::from(f.fd.unsigned_abs());
         let duped = r.sys(
@@ -853,31 +827,6 @@ fn reopen_current_ttys<R: Remote>(
         let closed = r.sys("close", libc::SYS_close, &[n]);
         duped.map_err(step(what()))?;
         closed.map_err(step(what()))?;
-    }
-    Ok(())
-}
-
-/// `ioctl(fd, TIOCSCTTY, 0)`, then `ioctl(fd, TIOCSPGRP, &fg)`, in the
-/// process behind `r`.
-fn set_ctty<R: Remote>(
-    r: &mut R,
-    at: Scratch,
-    fd: i32,
-    fg: Option<i32>,
-) -> Result<(), RestoreError> {
-    let n = u64::from(fd.unsigned_abs());
-    r.sys("ioctl(TIOCSCTTY)", libc::SYS_ioctl, &[n, TIOCSCTTY, 0])
-        .map_err(step(format!(
-            "making the pty of fd {fd} the controlling terminal"
-        )))?;
-    if let Some(g) = fg {
-        let a = r
-            .put(at.structs, &g.to_le_bytes())
-            .map_err(step("foreground group"))?;
-        r.sys("ioctl(TIOCSPGRP)", libc::SYS_ioctl, &[n, TIOCSPGRP, a])
-            .map_err(step(format!(
-                "setting the foreground group {g} of the pty of fd {fd}"
-            )))?;
     }
     Ok(())
 }
@@ -1079,25 +1028,24 @@ mod tests {
             fd(0, FdKind::PtySlave { index: 9 }),
         ];
         let cx = RestoreCtx::new(&[], &[], fds.iter());
-        assert_eq!(
-            ctty_plan(&cx, (100, 100), &fds[1..]),
-            Some((CttyFd::Held(0), Some(102)))
-        );
-        assert_eq!(
-            ctty_plan(&cx, (100, 102), &fds[1..]),
-            Some((CttyFd::Held(0), None))
-        );
-        assert_eq!(ctty_plan(&cx, (101, 101), &fds[1..]), None);
-        // A leader without a slave fd of its terminal opens one for then.
-        assert_eq!(
-            ctty_plan(&cx, (100, 100), &fds[..1]),
-            Some((CttyFd::Opened(9), Some(102)))
-        );
-        let mut r = Recorder::default();
-        set_ctty(&mut r, Scratch { structs: 64 }, 0, Some(102)).unwrap();
-        assert_eq!(r.args_of("ioctl(TIOCSCTTY)"), [vec![0, TIOCSCTTY, 0]]);
-        let a = r.scratch() + 64;
-        assert_eq!(r.args_of("ioctl(TIOCSPGRP)"), [vec![0, TIOCSPGRP, a]]);
-        assert_eq!(r.writes()[0], 102i32.to_le_bytes());
+        let leader = |pid, pgid, fds: &[FdImage]| {
+            let mut r = Recorder::default();
+            restore_ctty(&cx, &mut r, Scratch { structs: 64 }, (pid, pgid), fds).unwrap();
+            r
+        };
+        // The leader, another group in the foreground: TIOCSPGRP through
+        // /dev/tty, with or without a slave fd of its own.
+        for held in [&fds[1..], &fds[..1]] {
+            let r = leader(100, 100, held);
+            assert_eq!(r.names(), ["openat", "ioctl(TIOCSPGRP)", "close"]);
+            assert_eq!(r.writes()[0], b"/dev/tty\0");
+            let a = r.scratch() + 64;
+            let tty = r.args_of("ioctl(TIOCSPGRP)")[0][0];
+            assert_eq!(r.args_of("ioctl(TIOCSPGRP)"), [vec![tty, TIOCSPGRP, a]]);
+            assert_eq!(r.writes()[1], 102i32.to_le_bytes());
+        }
+        // Its own group in the foreground, or not the leader: nothing.
+        assert!(leader(100, 102, &fds[1..]).names().is_empty());
+        assert!(leader(101, 101, &fds[1..]).names().is_empty());
     }
 }

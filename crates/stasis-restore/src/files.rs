@@ -107,17 +107,16 @@ impl<'a> FdFactory<'a> {
 
     /// [`objects::pty::restore_ctty`] with the stub's scratch layout.
     pub fn restore_ctty<R: Remote>(
-        &mut self,
+        &self,
         r: &mut R,
         p: &stasis_image::manifest::ProcessImage,
-        transport: (&OwnedFd, u64, i32),
     ) -> Result<(), RestoreError> {
         Ok(objects::pty::restore_ctty(
-            &mut self.0,
+            &self.0,
             r,
             AT,
-            p,
-            transport,
+            (p.pid, p.pgid),
+            &p.fds,
         )?)
     }
 

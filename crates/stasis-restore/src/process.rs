@@ -230,15 +230,7 @@ fn restore_files(s: &mut Proc, p: &ProcessImage, cx: &mut TreeCtx<'_, '_>) -> Re
             .map_err(step("closing the working directory's fd"))?;
     }
     // A session leader takes its pty back as controlling terminal.
-    let spare = p
-        .fds
-        .iter()
-        .map(|f| f.fd)
-        .max()
-        .unwrap_or(2)
-        .max(i32::try_from(h).unwrap_or(0))
-        + 1;
-    factory.restore_ctty(s, p, (transport, h, spare))?;
+    factory.restore_ctty(s, p)?;
     if !cx.keep_transport.contains(&p.pid) {
         s.sys("close", libc::SYS_close, &[h])
             .map_err(step("closing the fd transport"))?;
