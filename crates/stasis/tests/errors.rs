@@ -4,6 +4,22 @@
 mod common;
 use common::*;
 
+/// Dumps `pid` into `dir`, which must fail with `needle`, leaving each of
+/// `pids` running and untraced.
+fn dump_refused(pid: i32, dir: &std::path::Path, needle: &str, pids: &[i32]) {
+    let o = stasis()
+        .args(["dump", "-t", &pid.to_string(), "-D"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert_fails_with(&o, needle);
+    for &p in pids {
+        assert!(alive(p), "the refused process {p} must keep running");
+        let stat = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap();
+        assert!(stat.contains("TracerPid:\t0"), "left traced: {stat}");
+    }
+}
+
 #[test]
 fn dump_of_a_pid_that_does_not_exist() {
     let d = tempfile::tempdir().unwrap();
@@ -73,15 +89,12 @@ fn unsupported_fd_is_refused_and_process_keeps_running() {
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    let o = stasis()
-        .args(["dump", "-t", &pid.to_string(), "-D"])
-        .arg(d.path().join("img"))
-        .output()
-        .unwrap();
-    assert_fails_with(&o, "a packet socket (address family 17)");
-    assert!(alive(pid), "the refused process must keep running");
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    assert!(stat.contains("TracerPid:\t0"), "left traced: {stat}");
+    dump_refused(
+        pid,
+        &d.path().join("img"),
+        "a packet socket (address family 17)",
+        &[pid],
+    );
     child.kill().unwrap();
     child.wait().unwrap();
 }
@@ -99,15 +112,12 @@ fn pipe_to_a_process_outside_the_tree_is_refused() {
     let pid = child.id() as i32;
     std::thread::sleep(std::time::Duration::from_millis(100));
     // This test process holds the write end of sleep's stdin.
-    let o = stasis()
-        .args(["dump", "-t", &pid.to_string(), "-D"])
-        .arg(d.path().join("img"))
-        .output()
-        .unwrap();
-    assert_fails_with(&o, "outside the dumped tree");
-    assert!(alive(pid));
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    assert!(stat.contains("TracerPid:\t0"), "left traced: {stat}");
+    dump_refused(
+        pid,
+        &d.path().join("img"),
+        "outside the dumped tree",
+        &[pid],
+    );
     child.kill().unwrap();
     child.wait().unwrap();
 }
@@ -145,17 +155,8 @@ fn fd_table_shared_with_a_sibling_is_refused() {
         || children().len() == 2,
     );
     let kids = children();
-    let o = stasis()
-        .args(["dump", "-t", &pid.to_string(), "-D"])
-        .arg(d.path().join("img"))
-        .output()
-        .unwrap();
-    assert_fails_with(&o, "but not with its parent");
-    for p in std::iter::once(pid).chain(kids.iter().copied()) {
-        assert!(alive(p), "the refused process {p} must keep running");
-        let stat = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap();
-        assert!(stat.contains("TracerPid:\t0"), "left traced: {stat}");
-    }
+    let all: Vec<i32> = std::iter::once(pid).chain(kids.iter().copied()).collect();
+    dump_refused(pid, &d.path().join("img"), "but not with its parent", &all);
     for &k in &kids {
         // SAFETY: killing the test's own grandchildren.
         unsafe { libc::kill(k, libc::SIGKILL) };

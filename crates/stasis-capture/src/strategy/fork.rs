@@ -64,6 +64,8 @@ impl CopyStrategy for ForkSnapshot {
         for m in maps.iter().filter(|m| m.shared) {
             let r = shm_seen.entry(m.ino).or_default();
             r.push((m.offset, m.offset + (m.end - m.start)));
+        }
+        for r in shm_seen.values_mut() {
             *r = stasis_image::ranges::normalize(std::mem::take(r));
         }
         Ok(Planned {
