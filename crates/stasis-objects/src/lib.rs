@@ -330,6 +330,20 @@ mod tests {
         assert!(refused.contains("fd 3"), "{refused}");
     }
 
+    /// A running process may close a file between the preflight's listing
+    /// of its fds and the look at one of them: that is no reason to refuse
+    /// the dump (the frozen capture sees what is really there).
+    #[test]
+    fn an_fd_closed_since_it_was_listed_is_not_refused() {
+        let me = std::process::id() as i32;
+        let file = std::fs::File::open("/proc/self/status").unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+        let link = format!("/proc/{me}/status");
+        assert_eq!(save::unsupported_reason(me, fd, &link), None);
+        drop(file);
+        assert_eq!(save::unsupported_reason(me, fd, &link), None);
+    }
+
     fn image(fd: i32, flags: u32, shared_id: Option<u32>, kind: FdKind) -> FdImage {
         FdImage {
             fd,

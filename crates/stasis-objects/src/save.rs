@@ -177,6 +177,10 @@ pub fn unsupported_reason(pid: i32, fd: i32, link: &str) -> Option<String> {
                     return Some(format!("fd {fd} ({link}) is a block device or special file, which this version of stasis cannot checkpoint yet"));
                 }
             }
+            // Closed since it was listed: a running process (the
+            // preflight) may do that; a frozen one cannot, and reading
+            // its fdinfo next reports it.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Some(format!("fd {fd} ({link}): {e}")),
         }
     }
