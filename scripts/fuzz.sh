@@ -7,7 +7,8 @@
 #   scripts/fuzz.sh list             the targets
 #
 # Environment: FUZZ_TARGETS="a b" (a subset), FUZZ_JOBS=N (targets run at
-# once, default 1), FUZZ_SANITIZER=address|none (default address).
+# once; default one per CPU for smoke, 1 for long), FUZZ_SANITIZER=
+# address|none (default address).
 # Prints the executions of each target; exits non-zero if any target found
 # a crash, a hang (an input over 10 s), or an allocation over the limits.
 # The input that failed is kept under fuzz/artifacts/TARGET/.
@@ -51,7 +52,11 @@ if [ "$mode" = list ]; then
     exit 0
 fi
 san=${FUZZ_SANITIZER:-address}
-jobs=${FUZZ_JOBS:-1}
+if [ "$mode" = smoke ]; then
+    jobs=${FUZZ_JOBS:-$(nproc)}
+else
+    jobs=${FUZZ_JOBS:-1}
+fi
 
 log "building the targets (sanitizer: $san)"
 cargo fuzz build -s "$san" >&2

@@ -7,7 +7,7 @@
 #   mpi-workloads  the same for the six MPI programs (tests/workloads/mpi)
 #   test      cargo test --workspace --locked --no-fail-fast: unit tests and
 #             the end-to-end dump/restore tests (real ptrace, clone3,
-#             userfaultfd: they need root)
+#             userfaultfd: they need root), TEST_LANES binaries at a time
 #   fuzz      bash scripts/fuzz.sh smoke (when that script exists)
 # Then the status of each step, the wall time, and one closing line,
 # `total: N passed, N failed`, over every test binary. Exits non-zero if any
@@ -43,9 +43,80 @@ step() {
     fi
 }
 
+# The test binaries, heaviest first (the order lanes take them in); the
+# others follow in cargo's order.
+HEAVY="workloads concurrent cluster_mpi cluster_hosts dump_kill s3 real_programs versitygw corruption incremental"
+
+# cargo_test: cargo test --workspace --no-fail-fast, with the test binaries
+# run TEST_LANES at a time (default: the number of CPUs) rather than one
+# after the other: most end-to-end tests wait on processes, hosts and
+# servers, not on the CPU. Each binary runs from its package's directory, as
+# under cargo, with its own output kept and printed whole when it ends, with
+# cargo's `Running` line before it (the summary below reads those). The doc
+# tests run last, through cargo.
 cargo_test() {
-    cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
-    return "${PIPESTATUS[0]}"
+    local work rc=0 lanes=${TEST_LANES:-$(nproc)} n=0 i
+    work=$(mktemp -d)
+    if ! cargo test --workspace --locked --no-run --message-format=json-render-diagnostics >"$work/build.json"; then
+        rm -rf "$work"
+        echo "test: the build failed" | tee -a "$log"
+        return 1
+    fi
+    # One line per test binary: DIR <tab> SHOWN <tab> EXE <tab> PACKAGE,
+    # heaviest first.
+    HEAVY=$HEAVY python3 - "$work/build.json" >"$work/bins" <<'PY'
+import json, os, sys
+heavy = os.environ["HEAVY"].split()
+bins = []
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") != "compiler-artifact" or not m["profile"]["test"] or not m.get("executable"):
+        continue
+    t = m["target"]
+    root = os.path.dirname(m["manifest_path"])
+    src = os.path.relpath(t["src_path"], root)
+    shown = src if t["kind"][0] == "test" else "unittests " + src
+    rank = heavy.index(t["name"]) if t["kind"][0] == "test" and t["name"] in heavy else len(heavy)
+    pkg = m["package_id"].split("#")[0].rstrip("/").split("/")[-1]
+    bins.append((rank, len(bins), root, shown, m["executable"], pkg))
+for b in sorted(bins):
+    print("\t".join(b[2:]))
+PY
+    # The lanes: each takes the next binary from the list until none is left.
+    : >"$work/next"
+    lane() {
+        local dir shown exe pkg k t0 res
+        while :; do
+            k=$(flock "$work/next" bash -c 'k=$(wc -l <"$1"); echo x >>"$1"; echo "$k"' _ "$work/next")
+            IFS=$'\t' read -r dir shown exe pkg < <(sed -n "$((k + 1))p" "$work/bins") || return 0
+            [ -n "$exe" ] || return 0
+            t0=$(date +%s)
+            echo "     Running $shown ($exe)" >"$work/$k.out"
+            res=0
+            (cd "$dir" && LD_LIBRARY_PATH="$(dirname "$exe"):${LD_LIBRARY_PATH:-}" "$exe") >>"$work/$k.out" 2>&1 || res=$?
+            echo "$res" >"$work/$k.rc"
+            res=$(grep -h '^test result:' "$work/$k.out" | tail -1 | sed 's/; [0-9]* ignored.*//')
+            printf 'test: %-45s %s (%d s)\n' "$pkg $shown" "${res:-ended without a result}" $(($(date +%s) - t0))
+        done
+    }
+    for ((i = 0; i < lanes; i++)); do
+        lane &
+    done
+    wait
+    n=$(wc -l <"$work/bins")
+    for ((i = 0; i < n; i++)); do
+        cat "$work/$i.out" >>"$log"
+        [ "$(cat "$work/$i.rc" 2>/dev/null)" = 0 ] || rc=1
+    done
+    # Every binary's output, whole, in the order they were taken.
+    cat "$log"
+    cargo test --workspace --locked --no-fail-fast --doc 2>&1 | tee -a "$log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+    rm -rf "$work"
+    return "$rc"
 }
 
 step fmt cargo fmt --all -- --check

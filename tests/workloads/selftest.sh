@@ -20,7 +20,8 @@
 #   workloads: N passed, M failed
 # and exits 0 only if M == 0.  Temp dirs of failed runs are kept.
 #
-# Environment: RUN_SECONDS (default 1.5) = time between ready and SIGTERM.
+# Environment: RUN_SECONDS (default 1.5) = time between ready and SIGTERM;
+# SELFTEST_JOBS (default 2 per CPU) = workloads tested at once.
 
 set -u
 
@@ -31,7 +32,7 @@ run_seconds=${RUN_SECONDS:-1.5}
 
 WORKLOADS="heap stack_globals mappings fpu signals files counter restart_syscalls threads tree pipes shm anonfds chain_writer dirty_set sockets notify_locks_timers lazy_events udp_queue sparse_shm pty attrs fown caps unix_states sockopts stopped zombies unix_scm unix_pending netlink pdeath novdso tcp_states sock_filter ghosts leases pidfds epoll_fds advice fdtable shm_parts chroot strict filters"
 
-if ! make -s -C "$here" OUT="$out" all selftest; then
+if ! make -s -j"$(nproc)" -C "$here" OUT="$out" all selftest; then
 	echo "selftest: build failed" >&2
 	exit 2
 fi
@@ -217,42 +218,65 @@ run_mesh() {
 	return 1
 }
 
-passed=0
-failed=0
-for w in $WORKLOADS; do
-	rt=$run_seconds
+# test_workload NAME: every run of one workload; returns 0 if all behaved.
+test_workload() {
+	local w=$1 rt=$run_seconds ok=0
 	# restart_syscalls checks progress once >= 2 s have passed
 	[ "$w" = restart_syscalls ] && rt=2.5
-	ok=1
-	run_one "$w" "$out/$w" pass "$rt" || ok=0
-	run_one "$w" "$out/selftest/$w" corrupt "$rt" || ok=0
+	run_one "$w" "$out/$w" pass "$rt" || ok=1
+	run_one "$w" "$out/selftest/$w" corrupt "$rt" || ok=1
 	if [ "$w" = counter ]; then
-		run_one "$w" "$out/$w" selfexit 0 3 || ok=0
+		run_one "$w" "$out/$w" selfexit 0 3 || ok=1
 	fi
 	if [ "$w" = heap ]; then
-		run_one "$w" "$out/$w" pass "$rt" 8 || ok=0
+		run_one "$w" "$out/$w" pass "$rt" 8 || ok=1
 	fi
 	if [ "$w" = chain_writer ]; then
 		# 16 MiB, fork at iteration 100: parent and child check themselves
-		run_one "$w" "$out/$w" pass "$rt" 16 100 || ok=0
-		run_one "$w" "$out/selftest/$w" corrupt "$rt" 16 100 || ok=0
+		run_one "$w" "$out/$w" pass "$rt" 16 100 || ok=1
+		run_one "$w" "$out/selftest/$w" corrupt "$rt" 16 100 || ok=1
 	fi
-	if [ $ok = 1 ]; then
+	return $ok
+}
+
+# mesh: several processes (nodes), its own runner
+test_mesh() {
+	local ok=0
+	run_mesh pass "$out/mesh" "$run_seconds" || ok=1
+	run_mesh corrupt "$out/selftest/mesh" "$run_seconds" || ok=1
+	return $ok
+}
+
+# The workloads mostly wait (for SIGTERM), so SELFTEST_JOBS of them (default
+# 2 per CPU) run at once; each one's lines are printed together, in order.
+jobs_max=${SELFTEST_JOBS:-$((2 * $(nproc)))}
+results=$(mktemp -d "${TMPDIR:-/tmp}/stasis-wl-results.XXXXXX")
+for w in $WORKLOADS mesh; do
+	while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do
+		wait -n
+	done
+	(
+		if [ "$w" = mesh ]; then
+			test_mesh
+		else
+			test_workload "$w"
+		fi >"$results/$w.out" 2>&1
+		echo $? >"$results/$w.rc"
+	) &
+done
+wait
+
+passed=0
+failed=0
+for w in $WORKLOADS mesh; do
+	cat "$results/$w.out"
+	if [ "$(cat "$results/$w.rc" 2>/dev/null)" = 0 ]; then
 		passed=$((passed + 1))
 	else
 		failed=$((failed + 1))
 	fi
 done
-
-# mesh: several processes (nodes), its own runner
-ok=1
-run_mesh pass "$out/mesh" "$run_seconds" || ok=0
-run_mesh corrupt "$out/selftest/mesh" "$run_seconds" || ok=0
-if [ $ok = 1 ]; then
-	passed=$((passed + 1))
-else
-	failed=$((failed + 1))
-fi
+rm -rf "$results"
 
 echo "workloads: $passed passed, $failed failed"
 [ $failed = 0 ]
