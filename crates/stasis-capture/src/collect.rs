@@ -170,7 +170,9 @@ fn collect_live(
         note: &mut fr.note,
         seen_shm,
     };
+    let t_plan = Instant::now();
     let planned = fr.strategy.plan(cx)?;
+    let plan_us = t_plan.elapsed().as_micros();
     for v in planned
         .plan
         .vmas
@@ -185,6 +187,13 @@ fn collect_live(
         }
     }
     collector.add_process(fp.pid)?;
+    tracing::debug!(
+        pid = fp.pid,
+        plan_us,
+        fds_us = t_plan.elapsed().as_micros() - plan_us,
+        ms = ms(fr.frozen_at),
+        "memory planned and fds saved"
+    );
     Ok((
         ProcRecord {
             image,

@@ -128,12 +128,16 @@ pub fn capture(
     mem: &ProcessMemory,
 ) -> Result<(ProcessImage, Vec<proc::MapsEntry>, u64)> {
     let pid = f.pid;
+    let t0 = std::time::Instant::now();
     let maps = proc::read_parsed(pid, "maps", proc::parse_maps)?;
     for m in &maps {
         memory::vma_kind(m).map_err(|e| SaveError::Unsupported { pid, what: e.0 })?;
     }
+    let maps_us = t0.elapsed().as_micros();
     f.arm_remote(mem, &maps)?;
+    let arm_us = t0.elapsed().as_micros();
     let remote = crate::remote_state::read(f, mem, &maps)?;
+    let remote_us = t0.elapsed().as_micros();
     let shared_pending = f.threads[0].tracee.pending_siginfo(true)?;
     let status = proc::read(pid, "status")?;
     let mut threads = Vec::new();
@@ -143,6 +147,16 @@ pub fn capture(
         xfeatures = x;
         threads.push(th);
     }
+    tracing::debug!(
+        pid,
+        areas = maps.len(),
+        threads = threads.len(),
+        maps_us,
+        arm_us,
+        remote_us,
+        threads_us = t0.elapsed().as_micros(),
+        "process state read (cumulative µs)"
+    );
     let stat = proc::read_parsed(pid, "stat", proc::parse_stat)?;
     let no_new_privs = status
         .lines()
