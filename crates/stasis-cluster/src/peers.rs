@@ -20,13 +20,33 @@ pub fn outside_peers(roots: &[i32], job_hosts: &[IpAddr]) -> Result<Vec<String>,
     let Some(&first) = roots.first() else {
         return Ok(Vec::new());
     };
-    let ours = socket_inodes(&stasis_kernel::procfs::tree_pids(roots));
-    let table = tcp_table(first).map_err(|e| {
-        ClusterError::Refused(format!(
-            "cannot list the TCP connections of process {first}: {e}"
-        ))
-    })?;
-    Ok(judge(&table, &ours, job_hosts))
+    let pids = stasis_kernel::procfs::tree_pids(roots);
+    let ours = socket_inodes(&pids);
+    // The table is read through any process of the trees (they share the
+    // host's network namespace): one that is exiting has none left to
+    // show, and the round must not fail for that.
+    let mut failed = None;
+    for &p in roots.iter().chain(&pids) {
+        match tcp_table(p) {
+            Ok(table) => return Ok(judge(&table, &ours, job_hosts)),
+            Err(e) => {
+                failed.get_or_insert((p, e));
+            }
+        }
+    }
+    let (p, e) = failed.unwrap_or((
+        first,
+        stasis_kernel::procfs::ReadError::Io {
+            path: format!("/proc/{first}/net/tcp").into(),
+            source: std::io::ErrorKind::NotFound.into(),
+        },
+    ));
+    let cause = std::error::Error::source(&e)
+        .map(|c| format!(": {c}"))
+        .unwrap_or_default();
+    Err(ClusterError::Refused(format!(
+        "cannot list the TCP connections of process {p} (nor through any other process of the job on this host): {e}{cause}"
+    )))
 }
 
 /// The decision, over a TCP table and the tree's socket inodes (with the
@@ -103,6 +123,31 @@ fn socket_inodes(pids: &[i32]) -> HashMap<u64, (i32, i32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A process of the job that is exiting (a zombie has no network
+    /// namespace left to read the table through) does not fail the check:
+    /// another process of the job is used. With none left, the error says
+    /// why.
+    #[test]
+    fn an_exiting_root_does_not_fail_the_check() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let zombie = i32::try_from(child.id()).unwrap();
+        let net_tcp = format!("/proc/{zombie}/net/tcp");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while std::fs::read_to_string(&net_tcp).is_ok() {
+            assert!(std::time::Instant::now() < deadline, "`true` did not exit");
+            std::thread::yield_now();
+        }
+        let me = i32::try_from(std::process::id()).unwrap();
+        assert_eq!(
+            outside_peers(&[zombie, me], &[]).unwrap(),
+            Vec::<String>::new()
+        );
+        let err = outside_peers(&[zombie], &[]).unwrap_err().to_string();
+        assert!(err.contains(&format!("process {zombie}")), "{err}");
+        assert!(err.contains("No such file"), "{err}");
+        child.wait().unwrap();
+    }
 
     fn e(local: &str, remote: &str, inode: u64) -> TcpEntry {
         TcpEntry {
