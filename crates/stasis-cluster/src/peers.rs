@@ -25,27 +25,20 @@ pub fn outside_peers(roots: &[i32], job_hosts: &[IpAddr]) -> Result<Vec<String>,
     // The table is read through any process of the trees (they share the
     // host's network namespace): one that is exiting has none left to
     // show, and the round must not fail for that.
-    let mut failed = None;
-    for &p in roots.iter().chain(&pids) {
-        match tcp_table(p) {
-            Ok(table) => return Ok(judge(&table, &ours, job_hosts)),
-            Err(e) => {
-                failed.get_or_insert((p, e));
-            }
+    let e = match tcp_table(first) {
+        Ok(table) => return Ok(judge(&table, &ours, job_hosts)),
+        Err(e) => e,
+    };
+    for &other in roots.iter().chain(&pids).filter(|&&o| o != first) {
+        if let Ok(table) = tcp_table(other) {
+            return Ok(judge(&table, &ours, job_hosts));
         }
     }
-    let (p, e) = failed.unwrap_or((
-        first,
-        stasis_kernel::procfs::ReadError::Io {
-            path: format!("/proc/{first}/net/tcp").into(),
-            source: std::io::ErrorKind::NotFound.into(),
-        },
-    ));
     let cause = std::error::Error::source(&e)
         .map(|c| format!(": {c}"))
         .unwrap_or_default();
     Err(ClusterError::Refused(format!(
-        "cannot list the TCP connections of process {p} (nor through any other process of the job on this host): {e}{cause}"
+        "cannot list the TCP connections of process {first} (nor through any other process of the job on this host): {e}{cause}"
     )))
 }
 
