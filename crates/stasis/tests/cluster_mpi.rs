@@ -270,11 +270,16 @@ impl Cluster {
     }
 
     fn cluster(&self, args: &[&str], targets: Vec<String>) -> serde_json::Value {
-        let mut a: Vec<&str> = args.to_vec();
-        a.extend(targets.iter().map(String::as_str));
-        let o = cluster_in(Some(&self.host(0)), &self.tf, &a);
+        let o = self.cluster_output(args, targets);
         assert_ok(&o, &format!("stasis cluster {args:?}"));
         json(&o)
+    }
+
+    /// `stasis cluster ARGS TARGETS` from host 1, whatever its outcome.
+    fn cluster_output(&self, args: &[&str], targets: Vec<String>) -> std::process::Output {
+        let mut a: Vec<&str> = args.to_vec();
+        a.extend(targets.iter().map(String::as_str));
+        cluster_in(Some(&self.host(0)), &self.tf, &a)
     }
 
     /// Every restored root runs in its host's namespaces, with PID as saved.
@@ -505,18 +510,7 @@ fn checkpoint_restore(tag: &str, shape: Shape, prog: &'static str, args: &'stati
     let all = run.processes();
     assert!(all.len() >= ranks + 5, "{all:?}");
     let at = run.t0.elapsed();
-    let o = cluster_in(
-        Some(&c.host(0)),
-        &c.tf,
-        &[
-            &["dump", "--job", "mpi-kill"][..],
-            &c.targets(Some(&run.roots))
-                .iter()
-                .map(String::as_str)
-                .collect::<Vec<_>>(),
-        ]
-        .concat(),
-    );
+    let o = c.cluster_output(&["dump", "--job", "mpi-kill"], c.targets(Some(&run.roots)));
     if !o.status.success() {
         let states: Vec<String> = run
             .roots
