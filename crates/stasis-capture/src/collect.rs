@@ -146,12 +146,8 @@ fn collect_live(
     seen_shm: &mut crate::memory::SeenShm,
 ) -> Result<(ProcRecord, u64)> {
     let mem = ProcessMemory::open(fp.pid)?;
+    // (process::capture logs its own times.)
     let (mut image, maps, xfeatures) = process::capture(fp, &mem)?;
-    tracing::debug!(
-        pid = fp.pid,
-        ms = ms(fr.frozen_at),
-        "registers and process state read"
-    );
     // VmFlags (for "grows down") come from smaps, whose page walk costs
     // milliseconds per GiB: an incremental dump reuses the parent's
     // when the process has exactly the same areas.
