@@ -3,7 +3,11 @@
  * (zdtm's maps02, maps_file_prot, mlock_setuid): each must come back with
  * the same flags and the same data.
  *
- *   advice PIDFILE
+ *   advice PIDFILE [fork]
+ *
+ * With `fork`, no MADV_WIPEONFORK area and no MAP_DROPPABLE one (which is
+ * wipe-on-fork too): a concurrent dump by fork snapshot refuses them (the
+ * snapshot holds them zeroed).
  *
  * Areas of 8 anonymous private pages, each filled with its own pattern:
  *   MADV_DONTFORK (dc), MADV_SEQUENTIAL (sr), MADV_RANDOM (rr),
@@ -146,9 +150,9 @@ int main(int argc, char **argv)
 {
 	unsigned char *file, *p, *guard;
 	char now[64];
-	int fd, i;
+	int fd, i, fork_only;
 
-	zdtm_init(argc, argv, 0, "");
+	zdtm_init(argc, argv, 1, "[fork]");
 	pg = (size_t)sysconf(_SC_PAGESIZE);
 
 	advised("dontfork", MADV_DONTFORK);
@@ -157,7 +161,9 @@ int main(int argc, char **argv)
 	advised("dontdump", MADV_DONTDUMP);
 	advised("hugepage", MADV_HUGEPAGE);
 	advised("nohugepage", MADV_NOHUGEPAGE);
-	advised("wipeonfork", MADV_WIPEONFORK);
+	fork_only = argc > 2 && !strcmp(argv[2], "fork");
+	if (!fork_only)
+		advised("wipeonfork", MADV_WIPEONFORK);
 	advised("mergeable", MADV_MERGEABLE);
 	p = anon("locked", MAP_PRIVATE, PAGES);
 	if (mlock(p, PAGES * pg))
@@ -168,7 +174,7 @@ int main(int argc, char **argv)
 	zdtm_fill(p, PAGES / 2 * pg, SEED + (uint64_t)(nareas - 1));
 	areas[nareas - 1].checked = PAGES / 2 * pg;
 	anon("noreserve", MAP_PRIVATE | MAP_NORESERVE, PAGES);
-	if ((p = anon("droppable", MAP_DROPPABLE, 0)) != NULL)
+	if (!fork_only && (p = anon("droppable", MAP_DROPPABLE, 0)) != NULL)
 		memset(p, 0x5a, PAGES * pg);
 
 	fd = open(F_DATA, O_RDWR | O_CREAT | O_TRUNC, 0600);

@@ -194,3 +194,15 @@ workload_tests! {
 fn twice_shm() {
     twice("shm", &[]);
 }
+
+// A fork snapshot leaves MADV_DONTFORK areas out (they are read while the
+// tree is frozen instead); the default method (write-protection) does not
+// fork. (`fork`: no MADV_WIPEONFORK area, which a fork snapshot refuses.)
+#[test]
+fn concurrent_fork_snapshot_advice() {
+    leave_running_with(
+        "advice",
+        &["fork"],
+        &["--concurrent", "--cow-method", "fork"],
+    );
+}

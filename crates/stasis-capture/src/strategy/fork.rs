@@ -23,8 +23,16 @@ impl CopyStrategy for ForkSnapshot {
         let tracked = cx.tracked();
         let (fp, maps) = (&mut *cx.fp, cx.maps);
         let snap = snapshot::take(fp)?;
-        let child_maps = proc::read_parsed(snap.pid, "maps", proc::parse_maps)?;
-        let no_fork = unforked_areas(maps, &child_maps);
+        // A fork leaves out only `MADV_DONTFORK` areas, and takes their
+        // size off the child's total (`statm`): with equal totals nothing
+        // was left out, and the child's areas (hundreds in an MPI rank)
+        // need not be read while the tree is frozen.
+        let no_fork = if vm_pages(fp.pid)? == vm_pages(snap.pid)? {
+            Vec::new()
+        } else {
+            let child_maps = proc::read_parsed(snap.pid, "maps", proc::parse_maps)?;
+            unforked_areas(maps, &child_maps)
+        };
         // A fork copies neither locks (`lo`) nor MADV_DONTFORK areas: then
         // the flags are read from the process itself now (a walk of its
         // page tables, paid only by a process with such areas); else from
@@ -116,6 +124,23 @@ impl CopyStrategy for ForkSnapshot {
         }
         snapshot::reap(root, &reap)
     }
+}
+
+/// The size of process `pid`'s address space in pages (the first field
+/// of `/proc/PID/statm`: the kernel's count, no walk of the areas).
+fn vm_pages(pid: i32) -> Result<u64> {
+    let text = proc::read(pid, "statm")?;
+    text.split_whitespace()
+        .next()
+        .and_then(|w| w.parse().ok())
+        .ok_or_else(|| {
+            crate::SaveError::ProcFormat {
+                pid,
+                file: "statm".into(),
+                what: format!("no size in {text:?}"),
+            }
+            .into()
+        })
 }
 
 /// The areas (by start) of `maps` that the snapshot `child_maps` lacks
