@@ -55,6 +55,11 @@ impl FdCollector {
             .freeze_tcp(&pids, &stopped, &mut |held| Ok(frozen.hold(held)?))?)
     }
 
+    /// See [`SaveCtx::read_tcp`].
+    pub fn read_tcp(&mut self) -> Result<()> {
+        Ok(self.0.read_tcp()?)
+    }
+
     /// See [`SaveCtx::check_external_sockets`].
     pub fn check_external_sockets(&self) -> Result<()> {
         Ok(self.0.check_external_sockets()?)

@@ -212,6 +212,8 @@ impl Default for SaveCtx {
 impl SaveCtx {
     /// Records every fd of process `pid` (the next process of the dump).
     pub fn add_process(&mut self, pid: i32) -> Result<()> {
+        // The connections' state first (their fds are saved from it).
+        self.read_tcp()?;
         let index = self.tables.len();
         // Processes made with clone(CLONE_FILES) share one table: saved
         // once, with the first of them; the others are forked with

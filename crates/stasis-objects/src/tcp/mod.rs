@@ -6,9 +6,12 @@
 //!
 //! At dump ([`SaveCtx::freeze_tcp`]), every connection of the tree is
 //! first locked (a drop-all filter), then its owners are *held* (a SIGSTOP
-//! queued on each thread, see `sock::SocketGuard`), then every connection
-//! is put in repair mode, read, and taken out of it again, in one short
-//! step with nothing else in it: the network lock alone keeps the state
+//! queued on each thread, see `sock::SocketGuard`). Once packets already
+//! past the lock are through (2 ms after it, spent saving the first
+//! process's other state: [`SaveCtx::read_tcp`], called before any fd is
+//! saved), every connection is put in repair mode, read, and taken out of
+//! it again, in one short step with nothing else in it: the network lock
+//! alone keeps the state
 //! still for the rest of the dump (no packet reaches the connections; the
 //! program, frozen, sends nothing). After the dump the lock comes off
 //! ([`leave_repair`]); a dump that kills the tree has the guard put the
@@ -44,6 +47,9 @@ pub struct Repairs {
     /// What repair mode read of each connection, by socket inode.
     saved: HashMap<u64, TcpRepair>,
     guard: Option<sock::SocketGuard>,
+    /// When the connections were locked, until they are read
+    /// ([`SaveCtx::read_tcp`]).
+    locked_at: Option<std::time::Instant>,
 }
 
 impl Repairs {
@@ -220,8 +226,10 @@ fn established(pids: &[i32]) -> Result<Vec<(i32, i32, u64, OwnedFd)>, SaveError>
 impl SaveCtx {
     /// Locks every established TCP connection of the tree `pids`, holds
     /// their owners (`hold` is given those not in `stopped`, the processes
-    /// already stopped before the dump, which stay so anyway), then puts
-    /// every connection in repair mode, reads it and takes it out again.
+    /// already stopped before the dump, which stay so anyway). They are
+    /// read later, by [`SaveCtx::read_tcp`] (the first
+    /// [`SaveCtx::add_process`] calls it), at least 2 ms after the lock:
+    /// the caller saves other state of the frozen tree meanwhile.
     ///
     /// Every connection is locked and in repair mode before any of them is
     /// read: two ends of a connection inside the tree must be frozen at the
@@ -292,7 +300,6 @@ impl SaveCtx {
             ),
         })?;
         hold(&held)?;
-        let die = || stasis_sys::fault::die_at(stasis_sys::fault::Point::DieInTcpRepair);
         for ((pid, fd, ino, s), (reuseaddr, lock)) in found.into_iter().zip(before) {
             let locked = lock && sock::attach_drop_all(s.as_fd()).is_ok();
             self.repaired.socks.push(Repaired {
@@ -306,7 +313,22 @@ impl SaveCtx {
                 held_snd_wnd: None,
             });
         }
-        std::thread::sleep(std::time::Duration::from_millis(2));
+        self.repaired.locked_at = Some(std::time::Instant::now());
+        Ok(())
+    }
+
+    /// Reads the connections [`SaveCtx::freeze_tcp`] locked, once (later
+    /// calls do nothing): first waits until 2 ms have passed since the
+    /// lock, so that packets already past it (on another CPU) are through,
+    /// then puts every connection in repair mode, reads each, and takes
+    /// them all out of repair mode again, whatever happened.
+    pub fn read_tcp(&mut self) -> Result<(), SaveError> {
+        let Some(at) = self.repaired.locked_at.take() else {
+            return Ok(());
+        };
+        let quiet = std::time::Duration::from_millis(2);
+        std::thread::sleep(quiet.saturating_sub(at.elapsed()));
+        let die = || stasis_sys::fault::die_at(stasis_sys::fault::Point::DieInTcpRepair);
         die();
         let read = self.read_in_repair(die);
         // Out of repair mode whatever happened: the lock keeps them still.
