@@ -112,13 +112,16 @@ fn read_with(f: &mut FrozenProcess, mem: &ProcessMemory, scratch: u64) -> Result
     let pid = f.pid;
     let status = proc::read(pid, "status")?;
     let sig = batch_signal(&status);
-    let mut r = ThreadRemote::with_memory(&mut f.threads[0], mem, scratch).batching(sig);
-    let sigactions = sigactions(&mut r, asked_signals(&status))?;
     let timers = proc::read_parsed(pid, "timers", proc::parse_timers)?;
-    let w = process_wide(&mut r)?;
-    let posix_timers = posix_timers(&mut r, &timers)?;
-    let mut threads = Vec::new();
-    for th in &mut f.threads {
+    let (main, others) = f
+        .threads
+        .split_first_mut()
+        .ok_or(CaptureError::NoSuchProcess { pid })?;
+    let mut r = ThreadRemote::with_memory(main, mem, scratch).batching(sig);
+    let (sigactions, w, posix_timers, main_state) =
+        main_thread(&mut r, asked_signals(&status), &timers)?;
+    let mut threads = vec![main_state];
+    for th in others {
         threads.push(thread_state(
             &mut ThreadRemote::with_memory(th, mem, scratch).batching(sig),
         )?);
@@ -135,6 +138,49 @@ fn read_with(f: &mut FrozenProcess, mem: &ProcessMemory, scratch: u64) -> Result
         membarrier: w.membarrier,
         threads,
     })
+}
+
+/// Output slots of [`OUT`] bytes below the batch table.
+const SLOTS: usize = BATCH_TABLE / OUT;
+
+/// What [`main_thread`] reads.
+type MainThread = (
+    Vec<SigAction>,
+    ProcessWide,
+    Vec<PosixTimer>,
+    (AltStack, u64),
+);
+
+/// What the main thread reports: the signal actions, the process-wide
+/// state, the POSIX timers and its own thread state; in one batch (one
+/// stop of the thread) when their outputs fit below the batch table, as
+/// they do unless the process catches most signals or has many timers.
+fn main_thread(r: &mut dyn Remote, asked: u64, timers: &[proc::TimerLine]) -> Result<MainThread> {
+    let wanted = wanted_signals(asked);
+    let (k, t) = (wanted.len(), timers.len());
+    if k + WIDE_SLOTS + t + THREAD_SLOTS > SLOTS {
+        return Ok((
+            sigactions(r, asked)?,
+            process_wide(r)?,
+            posix_timers(r, timers)?,
+            thread_state(r)?,
+        ));
+    }
+    let s = r.scratch();
+    let mut calls = sigaction_calls(s, 0, &wanted);
+    calls.extend(process_wide_calls(s, k));
+    let wide_end = calls.len();
+    calls.extend(timer_calls(s, k + WIDE_SLOTS, timers));
+    calls.extend(thread_calls(s, k + WIDE_SLOTS + t));
+    let res = r.batch(&calls)?;
+    let words = read_u64s(r, s, (k + WIDE_SLOTS + t + THREAD_SLOTS) * OUT / 8)?;
+    let at = |slot: usize| &words[slot * OUT / 8..];
+    Ok((
+        sigactions_from(at(0), &wanted),
+        process_wide_from(&res[k..wide_end], at(k)),
+        timers_from(at(k + WIDE_SLOTS), timers),
+        thread_from(at(k + WIDE_SLOTS + t)),
+    ))
 }
 
 /// The signals whose action is asked of the process: only those caught or
@@ -157,46 +203,61 @@ pub fn asked_signals(status: &str) -> u64 {
 /// Bytes of the scratch page each batched syscall below reports in.
 const OUT: usize = 32;
 
-/// The action of every signal but SIGKILL and SIGSTOP (those in `asked`
-/// by `rt_sigaction`, in one batch; the others SIG_DFL).
-pub fn sigactions(r: &mut dyn Remote, asked: u64) -> Result<Vec<SigAction>> {
-    let scratch = r.scratch();
-    let sigs: Vec<u32> = (1..=64u32)
-        .filter(|&s| s != libc::SIGKILL.unsigned_abs() && s != libc::SIGSTOP.unsigned_abs())
-        .collect();
-    let wanted: Vec<u32> = sigs
-        .iter()
-        .copied()
+/// Every signal but SIGKILL and SIGSTOP.
+fn all_signals() -> impl Iterator<Item = u32> {
+    (1..=64u32).filter(|&s| s != libc::SIGKILL.unsigned_abs() && s != libc::SIGSTOP.unsigned_abs())
+}
+
+/// The signals of [`all_signals`] in `asked`.
+fn wanted_signals(asked: u64) -> Vec<u32> {
+    all_signals()
         .filter(|s| asked & (1u64 << (s - 1)) != 0)
-        .collect();
-    // (62 signals of 32 bytes fit below the batch table.)
-    let calls: Vec<Syscall> = wanted
+        .collect()
+}
+
+/// `rt_sigaction` of each of `wanted`, reporting in slots from `first`.
+fn sigaction_calls(scratch: u64, first: usize, wanted: &[u32]) -> Vec<Syscall> {
+    wanted
         .iter()
         .enumerate()
         .map(|(i, &sig)| {
-            let out = scratch + (i * OUT) as u64;
+            let out = scratch + ((first + i) * OUT) as u64;
             Syscall::new(
                 "rt_sigaction",
                 libc::SYS_rt_sigaction,
                 &[u64::from(sig), 0, out, 8],
             )
         })
-        .collect();
-    r.batch(&calls)?;
+        .collect()
+}
+
+/// Every signal's action from the slots of [`sigaction_calls`] (`w`
+/// starts at its first); the signals not in `wanted` are at SIG_DFL.
+fn sigactions_from(w: &[u64], wanted: &[u32]) -> Vec<SigAction> {
+    all_signals()
+        .map(|sig| {
+            let at = wanted.iter().position(|&s| s == sig);
+            let word = |k: usize| at.map_or(0, |i| w[i * 4 + k]);
+            SigAction {
+                signo: sig,
+                handler: word(0),
+                flags: word(1),
+                restorer: word(2),
+                mask: word(3),
+            }
+        })
+        .collect()
+}
+
+/// The action of every signal but SIGKILL and SIGSTOP (those in `asked`
+/// by `rt_sigaction`, in one batch; the others SIG_DFL).
+pub fn sigactions(r: &mut dyn Remote, asked: u64) -> Result<Vec<SigAction>> {
+    let scratch = r.scratch();
+    let wanted = wanted_signals(asked);
+    // (62 signals of 32 bytes fit below the batch table.)
+    r.batch(&sigaction_calls(scratch, 0, &wanted))?;
     let w = read_u64s(r, scratch, 4 * wanted.len())?;
-    let mut out = Vec::new();
-    for sig in sigs {
-        let at = wanted.iter().position(|&s| s == sig);
-        let word = |k: usize| at.map_or(0, |i| w[i * 4 + k]);
-        out.push(SigAction {
-            signo: sig,
-            handler: word(0),
-            flags: word(1),
-            restorer: word(2),
-            mask: word(3),
-        });
-    }
-    Ok(out)
+    Ok(sigactions_from(&w, &wanted))
 }
 
 /// What [`process_wide`] reads.
@@ -210,13 +271,15 @@ struct ProcessWide {
     membarrier: u32,
 }
 
-/// In one batch: `getitimer` of the three interval timers, `brk`, the
-/// parent-death signal, the child-subreaper and dumpable flags, the
-/// securebits and the `membarrier` registrations (on a kernel that tells
-/// them).
-fn process_wide(r: &mut dyn Remote) -> Result<ProcessWide> {
-    let s = r.scratch();
-    let at = |i: usize| s + (i * OUT) as u64;
+/// Output slots of [`process_wide_calls`].
+const WIDE_SLOTS: usize = 5;
+
+/// `getitimer` of the three interval timers, `brk`, the parent-death
+/// signal, the child-subreaper and dumpable flags, the securebits and the
+/// `membarrier` registrations (on a kernel that tells them), reporting
+/// in [`WIDE_SLOTS`] slots from `first`.
+fn process_wide_calls(scratch: u64, first: usize) -> Vec<Syscall> {
+    let at = |i: usize| scratch + ((first + i) * OUT) as u64;
     let mut calls: Vec<Syscall> = (0..3u8)
         .map(|which| {
             Syscall::new(
@@ -249,8 +312,12 @@ fn process_wide(r: &mut dyn Remote) -> Result<ProcessWide> {
             &[stasis_sys::MEMBARRIER_CMD_GET_REGISTRATIONS, 0, 0],
         ));
     }
-    let res = r.batch(&calls)?;
-    let w = read_u64s(r, s, 5 * OUT / 8)?;
+    calls
+}
+
+/// [`ProcessWide`] from the results of [`process_wide_calls`] and its
+/// slots (`w` starts at its first).
+fn process_wide_from(res: &[u64], w: &[u64]) -> ProcessWide {
     let itimers = (0..3u32)
         .map(|which| {
             let (interval_us, value_us) = interval_and_value(&w[which as usize * 4..], 1_000_000);
@@ -261,7 +328,7 @@ fn process_wide(r: &mut dyn Remote) -> Result<ProcessWide> {
             }
         })
         .collect();
-    Ok(ProcessWide {
+    ProcessWide {
         itimers,
         brk: res[3],
         pdeath_signal: i32::try_from(w[12] & 0xffff_ffff).unwrap_or(0),
@@ -269,7 +336,15 @@ fn process_wide(r: &mut dyn Remote) -> Result<ProcessWide> {
         dumpable: u32::try_from(res[6]).unwrap_or(1),
         securebits: u32::try_from(res[7]).unwrap_or(0),
         membarrier: res.get(8).map_or(0, |&m| u32::try_from(m).unwrap_or(0)),
-    })
+    }
+}
+
+/// [`process_wide_calls`] in one batch.
+fn process_wide(r: &mut dyn Remote) -> Result<ProcessWide> {
+    let s = r.scratch();
+    let res = r.batch(&process_wide_calls(s, 0))?;
+    let w = read_u64s(r, s, WIDE_SLOTS * OUT / 8)?;
+    Ok(process_wide_from(&res, &w))
 }
 
 /// An interval and a value (two pairs of seconds and sub-seconds,
@@ -278,29 +353,30 @@ fn interval_and_value(w: &[u64], per_sec: u64) -> (u64, u64) {
     (w[0] * per_sec + w[1], w[2] * per_sec + w[3])
 }
 
-/// `timer_gettime` of every POSIX timer `/proc/PID/timers` lists (in
-/// batches that fit below the batch table).
-fn posix_timers(r: &mut dyn Remote, timers: &[proc::TimerLine]) -> Result<Vec<PosixTimer>> {
-    let scratch = r.scratch();
-    let mut out = Vec::new();
-    for group in timers.chunks(BATCH_TABLE / OUT) {
-        let calls: Vec<Syscall> = group
-            .iter()
-            .enumerate()
-            .map(|(i, t)| {
-                let out = scratch + (i * OUT) as u64;
-                Syscall::new(
-                    "timer_gettime",
-                    libc::SYS_timer_gettime,
-                    &[u64::from(t.0.unsigned_abs()), out],
-                )
-            })
-            .collect();
-        r.batch(&calls)?;
-        let w = read_u64s(r, scratch, 4 * group.len())?;
-        for (i, &(id, signo, value, notify, tid, clockid)) in group.iter().enumerate() {
+/// `timer_gettime` of each of `timers`, reporting in slots from `first`.
+fn timer_calls(scratch: u64, first: usize, timers: &[proc::TimerLine]) -> Vec<Syscall> {
+    timers
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let out = scratch + ((first + i) * OUT) as u64;
+            Syscall::new(
+                "timer_gettime",
+                libc::SYS_timer_gettime,
+                &[u64::from(t.0.unsigned_abs()), out],
+            )
+        })
+        .collect()
+}
+
+/// The timers from the slots of [`timer_calls`] (`w` starts at its first).
+fn timers_from(w: &[u64], timers: &[proc::TimerLine]) -> Vec<PosixTimer> {
+    timers
+        .iter()
+        .enumerate()
+        .map(|(i, &(id, signo, value, notify, tid, clockid))| {
             let (interval_ns, value_ns) = interval_and_value(&w[i * 4..], 1_000_000_000);
-            out.push(PosixTimer {
+            PosixTimer {
                 id,
                 clockid,
                 notify,
@@ -309,31 +385,57 @@ fn posix_timers(r: &mut dyn Remote, timers: &[proc::TimerLine]) -> Result<Vec<Po
                 value,
                 interval_ns,
                 value_ns,
-            });
-        }
+            }
+        })
+        .collect()
+}
+
+/// `timer_gettime` of every POSIX timer `/proc/PID/timers` lists (in
+/// batches that fit below the batch table).
+fn posix_timers(r: &mut dyn Remote, timers: &[proc::TimerLine]) -> Result<Vec<PosixTimer>> {
+    let scratch = r.scratch();
+    let mut out = Vec::new();
+    for group in timers.chunks(SLOTS) {
+        r.batch(&timer_calls(scratch, 0, group))?;
+        let w = read_u64s(r, scratch, 4 * group.len())?;
+        out.extend(timers_from(&w, group));
     }
     Ok(out)
 }
 
-/// One thread's alternate signal stack and `clear_child_tid`, in one batch.
-fn thread_state(r: &mut dyn Remote) -> Result<(AltStack, u64)> {
-    let scratch = r.scratch();
-    let tid_at = scratch + OUT as u64;
-    r.batch(&[
-        Syscall::new("sigaltstack", libc::SYS_sigaltstack, &[0, scratch]),
+/// Output slots of [`thread_calls`].
+const THREAD_SLOTS: usize = 2;
+
+/// `sigaltstack` and `PR_GET_TID_ADDRESS`, reporting in slots from `first`.
+fn thread_calls(scratch: u64, first: usize) -> [Syscall; 2] {
+    let at = |i: usize| scratch + ((first + i) * OUT) as u64;
+    [
+        Syscall::new("sigaltstack", libc::SYS_sigaltstack, &[0, at(0)]),
         Syscall::new(
             "prctl(PR_GET_TID_ADDRESS)",
             libc::SYS_prctl,
-            &[sys::prctl::PR_GET_TID_ADDRESS.unsigned_abs().into(), tid_at],
+            &[sys::prctl::PR_GET_TID_ADDRESS.unsigned_abs().into(), at(1)],
         ),
-    ])?;
-    let w = read_u64s(r, scratch, 5)?;
+    ]
+}
+
+/// The alternate signal stack and `clear_child_tid` from the slots of
+/// [`thread_calls`] (`w` starts at its first).
+fn thread_from(w: &[u64]) -> (AltStack, u64) {
     let altstack = AltStack {
         sp: w[0],
         flags: i32::try_from(w[1] & 0x7fff_ffff).unwrap_or(0),
         size: w[2],
     };
-    Ok((altstack, w[4]))
+    (altstack, w[4])
+}
+
+/// One thread's alternate signal stack and `clear_child_tid`, in one batch.
+fn thread_state(r: &mut dyn Remote) -> Result<(AltStack, u64)> {
+    let scratch = r.scratch();
+    r.batch(&thread_calls(scratch, 0))?;
+    let w = read_u64s(r, scratch, THREAD_SLOTS * OUT / 8)?;
+    Ok(thread_from(&w))
 }
 
 /// A free page of the address space with a free page on each side (so the
@@ -408,6 +510,55 @@ mod tests {
         assert_eq!((alt.sp, tid_addr), (0, 0));
         assert_eq!(r.names(), vec!["sigaltstack", "prctl(PR_GET_TID_ADDRESS)"]);
         assert_eq!(r.args_of("prctl(PR_GET_TID_ADDRESS)")[0][0], 40);
+    }
+
+    #[test]
+    fn the_main_thread_reports_everything_in_one_batch_when_it_fits() {
+        // SIGHUP ignored, SIGUSR1 caught (+ SIGCHLD): 3 actions, 5 slots of
+        // process-wide state, 1 timer, 2 slots of thread state.
+        let asked = asked_signals("SigIgn:\t0000000000000001\nSigCgt:\t0000000000000200\n");
+        let timers: Vec<proc::TimerLine> = vec![(7, 14, 1, 0, 0, 1)];
+        let mut r = Recorder::default();
+        let s = r.scratch();
+        // What the kernel would write: SIGUSR1's handler (slot 1), the
+        // virtual itimer's interval (slot 3 + 1), the parent-death signal
+        // (slot 3 + 3), the timer's value (slot 8), the altstack (slot 9)
+        // and clear_child_tid (slot 10).
+        let mut words = vec![0u64; 11 * 4];
+        words[4] = 0x0040_1111;
+        words[4 * 4] = 2;
+        words[6 * 4] = 9;
+        words[8 * 4 + 2] = 3;
+        words[9 * 4] = 0x7000_0000;
+        words[9 * 4 + 2] = 8192;
+        words[10 * 4] = 0x7fff_1234;
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        r.write(s, &bytes).unwrap();
+        let (acts, wide, posix, (alt, tid)) = main_thread(&mut r, asked, &timers).unwrap();
+        assert_eq!(acts.len(), 62);
+        assert_eq!(
+            acts.iter().find(|a| a.signo == 10).unwrap().handler,
+            0x0040_1111
+        );
+        assert_eq!(acts.iter().find(|a| a.signo == 1).unwrap().handler, 0);
+        assert_eq!(wide.itimers[1].interval_us, 2_000_000);
+        assert_eq!(wide.pdeath_signal, 9);
+        assert_eq!(posix[0].value_ns, 3_000_000_000);
+        assert_eq!((alt.sp, alt.size, tid), (0x7000_0000, 8192, 0x7fff_1234));
+        // Each call reports in its own slot, all below the batch table.
+        let slot = |name: &str, i: usize| r.args_of(name)[0][i];
+        assert_eq!(r.args_of("rt_sigaction")[2][2], s + 2 * 32);
+        assert_eq!(r.args_of("getitimer")[0][1], s + 3 * 32);
+        assert_eq!(slot("timer_gettime", 1), s + 8 * 32);
+        assert_eq!(slot("sigaltstack", 1), s + 9 * 32);
+        assert_eq!(slot("prctl(PR_GET_TID_ADDRESS)", 1), s + 10 * 32);
+        // A process catching every signal: the actions take every slot,
+        // so each part reports from the start of the scratch page again.
+        let mut r = Recorder::default();
+        main_thread(&mut r, u64::MAX, &timers).unwrap();
+        assert_eq!(r.args_of("rt_sigaction").len(), 62);
+        assert_eq!(r.args_of("getitimer")[0][1], s);
+        assert_eq!(r.args_of("sigaltstack")[0][1], s);
     }
 
     fn area(start: u64, end: u64) -> proc::MapsEntry {
