@@ -267,7 +267,13 @@ pub fn check_external(cx: &SaveCtx, tree: &[i32]) -> Result<(), SaveError> {
     if half.is_empty() {
         return Ok(());
     }
-    let Some((pid, id)) = outside_holder(&half, tree) else {
+    // From the census when the dump took one (before the freeze), else
+    // by a walk of `/proc` now.
+    let outside = match cx.ptys.census() {
+        Some(c) => c.pipe_holder(&half, tree),
+        None => outside_holder(&half, tree),
+    };
+    let Some((pid, id)) = outside else {
         return Ok(());
     };
     let holder = cx.seen.iter().find(|s| s.3 == id).map_or(tree[0], |s| s.0);

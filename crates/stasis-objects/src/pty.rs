@@ -116,6 +116,11 @@ impl Saved {
         census.refresh(tree);
         self.census = Some(census);
     }
+
+    /// The census, if the dump gave one or a master's save took one.
+    pub(crate) fn census(&self) -> Option<&Census> {
+        self.census.as_ref()
+    }
 }
 
 impl Object for Pty {

@@ -1,6 +1,7 @@
 //! Who holds the ends of which pseudo-terminal, and whose controlling
-//! terminal each one is, over every process of the machine: read once per
-//! dump, when the first pty master of the tree is saved.
+//! terminal each one is, and who holds which pipe, over every process of
+//! the machine: read once per dump, when the first pty master of the tree
+//! is saved, or before the freeze.
 //!
 //! A pty pair can be held outside the dumped tree (a terminal the tree
 //! shares with a process it does not contain), which a restore could not
@@ -12,6 +13,16 @@
 //! of a tree with terminals (Open MPI's daemon gives each of its ranks
 //! one). Processes outside the tree run on either way: a census taken
 //! during the freeze would be no more exact for them.
+//!
+//! Pipes likewise: a pipe with an end outside the tree (a shell pipeline
+//! around it) is refused (`crate::pipe::check_external`), which takes the
+//! same walk. When the tree holds a pipe of which it has only one end
+//! before the freeze, or a pty master, the census is taken then, and the
+//! check reads it ([`Census::pipe_holder`]) instead of walking `/proc`
+//! while the tree is frozen. What that misses: a pipe end the tree passes
+//! (over a unix socket) to a process outside it between the census and
+//! the freeze; the frozen walk would see that process, if it still held
+//! the end.
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
@@ -20,6 +31,14 @@ use crate::pty::{end_of, master_index, End};
 /// An end of a pair open somewhere: (pid, fd, end, pair index).
 type Held = (i32, i32, End, u32);
 
+/// A pipe end open somewhere: (pid, pipe inode, [`READ`] | [`WRITE`]).
+type PipeEnd = (i32, u64, u8);
+
+/// A pipe end open for reading.
+const READ: u8 = 1;
+/// A pipe end open for writing.
+const WRITE: u8 = 2;
+
 /// The pty ends and controlling terminals of every process, this dumper
 /// and its fork snapshots aside.
 #[derive(Debug, Default)]
@@ -27,23 +46,23 @@ pub struct Census {
     ends: Vec<Held>,
     /// (pid, session, `tty_nr`, foreground group) of every process.
     ctty: Vec<(i32, i32, u64, i32)>,
+    /// Every pipe end of every process.
+    pipes: Vec<PipeEnd>,
     /// The tree as it was when the census was taken ([`Census::for_tree`]).
     tree: Vec<i32>,
 }
 
 impl Census {
-    /// The census, if one of the processes `tree` holds a pty master
-    /// (`None`: the dump will not need one, or will take it itself).
+    /// The census, if one of the processes `tree` holds a pty master or
+    /// a pipe of which the tree holds only one end (`None`: the dump will
+    /// not need one, or will take it itself).
     pub fn for_tree(tree: &[i32]) -> Option<Census> {
         let mut mine = Census::default();
         for &pid in tree {
             mine.ends_of(pid, &std::path::Path::new("/proc").join(pid.to_string()));
         }
-        let mut c = mine
-            .ends
-            .iter()
-            .any(|e| e.2 == End::Master)
-            .then(Census::take)?;
+        let needed = mine.ends.iter().any(|e| e.2 == End::Master) || mine.half_pipe();
+        let mut c = needed.then(Census::take)?;
         c.tree = tree.to_vec();
         Some(c)
     }
@@ -56,6 +75,7 @@ impl Census {
         let gone = |pid: i32| pids.contains(&pid) || old.contains(&pid);
         self.ends.retain(|e| !gone(e.0));
         self.ctty.retain(|c| !gone(c.0));
+        self.pipes.retain(|p| !gone(p.0));
         for &pid in pids {
             let dir = std::path::Path::new("/proc").join(pid.to_string());
             self.process(pid, &dir);
@@ -103,6 +123,14 @@ impl Census {
             let Ok(m) = std::fs::metadata(f.path()) else {
                 continue;
             };
+            if m.file_type().is_fifo() && Some(m.dev()) == pipefs_dev() {
+                // The link's own mode says how the end is open.
+                let mode = std::fs::symlink_metadata(f.path()).map_or(0, |l| l.mode());
+                let read = if mode & 0o400 != 0 { READ } else { 0 };
+                let write = if mode & 0o200 != 0 { WRITE } else { 0 };
+                self.pipes.push((pid, m.ino(), read | write));
+                continue;
+            }
             let index = match end_of(m.rdev()).filter(|_| m.file_type().is_char_device()) {
                 Some(End::Slave(i)) => Some((End::Slave(i), i)),
                 Some(End::Master) => std::fs::read_to_string(dir.join(format!("fdinfo/{fd}")))
@@ -126,6 +154,25 @@ impl Census {
             .collect()
     }
 
+    /// Whether a pipe is held with only one of its ends (by the processes
+    /// read).
+    fn half_pipe(&self) -> bool {
+        let mut ends: std::collections::HashMap<u64, u8> = std::collections::HashMap::new();
+        for &(_, ino, mode) in &self.pipes {
+            *ends.entry(ino).or_default() |= mode;
+        }
+        ends.values().any(|&m| m != READ | WRITE)
+    }
+
+    /// The first process outside `skip` holding one of the pipes `ids`
+    /// (by inode): (its pid, the pipe).
+    pub fn pipe_holder(&self, ids: &[u64], skip: &[i32]) -> Option<(i32, u64)> {
+        self.pipes
+            .iter()
+            .find(|p| ids.contains(&p.1) && !skip.contains(&p.0))
+            .map(|p| (p.0, p.1))
+    }
+
     /// Every process (pid, session, foreground group) whose controlling
     /// terminal is the device `rdev`.
     pub fn ctty_holders(&self, rdev: u64) -> Vec<(i32, i32, i32)> {
@@ -136,6 +183,15 @@ impl Census {
             .map(|&(pid, sid, _, fg)| (pid, sid, fg))
             .collect()
     }
+}
+
+/// The device of anonymous pipes (pipefs), from a pipe made once.
+fn pipefs_dev() -> Option<u64> {
+    static DEV: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *DEV.get_or_init(|| {
+        let (r, _w) = nix::unistd::pipe().ok()?;
+        std::fs::File::from(r).metadata().ok().map(|m| m.dev())
+    })
 }
 
 /// The controlling-terminal fields of a `/proc/PID/stat` text: (session,
@@ -179,6 +235,7 @@ mod tests {
                 (12, 1, End::Slave(5), 5),
             ],
             ctty: vec![(11, 11, encode_dev(crate::pty::slave_rdev(4)), 11)],
+            pipes: vec![(10, 700, READ), (11, 700, WRITE), (50, 701, READ)],
             tree: vec![10, 11, 12, 13],
         }
     }
@@ -204,6 +261,37 @@ mod tests {
         c.refresh(&[999_999_990]);
         assert_eq!(c.holders(4, &[]), vec![(50, 7, End::Slave(4))]);
         assert!(c.ctty.is_empty());
+        assert_eq!(c.pipes, vec![(50, 701, READ)]);
         assert_eq!(c.tree, vec![999_999_990]);
+    }
+
+    #[test]
+    fn pipe_holders_outside_a_tree_and_pipes_held_by_one_end() {
+        let c = census();
+        assert_eq!(c.pipe_holder(&[700, 701], &[10, 11]), Some((50, 701)));
+        assert_eq!(c.pipe_holder(&[700], &[10, 11]), None);
+        assert_eq!(c.pipe_holder(&[700], &[11]), Some((10, 700)));
+        // 701 has only a reader.
+        assert!(c.half_pipe());
+        let whole = Census {
+            pipes: vec![(10, 700, READ), (11, 700, WRITE)],
+            ..Census::default()
+        };
+        assert!(!whole.half_pipe());
+    }
+
+    #[test]
+    fn a_census_sees_the_pipes_of_a_process_and_how_they_are_open() {
+        let (r, w) = nix::unistd::pipe().unwrap();
+        let r = std::fs::File::from(r);
+        let ino = r.metadata().unwrap().ino();
+        let me = i32::try_from(std::process::id()).unwrap();
+        let mut c = Census::default();
+        c.ends_of(me, std::path::Path::new("/proc/self"));
+        let mine: Vec<u8> = c.pipes.iter().filter(|p| p.1 == ino).map(|p| p.2).collect();
+        assert_eq!(mine.len(), 2, "{:?}", c.pipes);
+        assert!(mine.contains(&READ) && mine.contains(&WRITE));
+        assert!(c.pipes.iter().all(|p| p.0 == me));
+        drop((r, w));
     }
 }
