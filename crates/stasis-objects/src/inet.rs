@@ -66,7 +66,7 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
                 }
                 InetState::Listening {
                     backlog: info.sacked,
-                    shares_port: tcpdiag::listeners_on(&local).unwrap_or(0) > 1,
+                    shares_port: cx.listeners_on(&local).unwrap_or(0) > 1,
                 }
             }
             // Saved as closed at the user's request (`--tcp-close`).

@@ -104,6 +104,9 @@ pub struct SaveCtx {
     /// be on a deleted file the tree holds open
     /// ([`SaveCtx::check_ghost_watches`]).
     pub(crate) ghost_watches: Vec<(i32, i32, i32, u64)>,
+    /// The TCP listeners of the network namespace, by family, asked once
+    /// per dump ([`SaveCtx::listeners_on`]).
+    listeners: HashMap<u8, Vec<stasis_kernel::tcpdiag::DiagAddr>>,
 }
 
 /// `/proc/PID/<name>`.
@@ -205,11 +208,28 @@ impl Default for SaveCtx {
             tcp_close: false,
             skip_in_flight: false,
             ghost_watches: Vec::new(),
+            listeners: HashMap::new(),
         }
     }
 }
 
 impl SaveCtx {
+    /// How many TCP listeners of the network namespace are bound to the
+    /// raw socket address `local` (more than one: they share it through
+    /// `SO_REUSEPORT`), from one look at the namespace's listeners per
+    /// dump and family (the tree is frozen: its listeners do not change).
+    pub(crate) fn listeners_on(&mut self, local: &[u8]) -> Result<usize> {
+        use stasis_kernel::tcpdiag::{listeners, DiagAddr};
+        let Some(l) = DiagAddr::from_raw(local) else {
+            return Ok(0);
+        };
+        let all = match self.listeners.entry(l.family) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(listeners(l.family)?),
+        };
+        Ok(all.iter().filter(|a| **a == l).count())
+    }
+
     /// Records every fd of process `pid` (the next process of the dump).
     pub fn add_process(&mut self, pid: i32) -> Result<()> {
         // The connections' state first (their fds are saved from it).
