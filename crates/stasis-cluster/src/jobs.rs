@@ -85,7 +85,10 @@ pub fn decision(root: &Path, job: &str) -> Option<Decision> {
     serde_json::from_slice(&text).ok()
 }
 
-/// The roots of the trees of `job` this agent holds.
+/// The roots of the trees of `job` this agent holds: those whose image
+/// directory holds a checkpoint or did (marked). A tree whose first dump
+/// stopped before its first checkpoint (an aborted round, an agent killed)
+/// left an empty, unmarked directory: it holds nothing.
 pub fn trees(root: &Path, job: &str) -> Vec<i32> {
     let Ok(rd) = std::fs::read_dir(job_dir(root, job)) else {
         return Vec::new();
@@ -93,6 +96,12 @@ pub fn trees(root: &Path, job: &str) -> Vec<i32> {
     let mut pids: Vec<i32> = rd
         .filter_map(Result::ok)
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter(|e| {
+            !matches!(
+                ImageDir::open(&e.path()),
+                Err(stasis_image::ImageError::NotImageDir { .. })
+            )
+        })
         .filter_map(|e| e.file_name().to_str()?.parse().ok())
         .collect();
     pids.sort_unstable();
@@ -161,6 +170,19 @@ mod tests {
         for bad in ["", ".", "..", "a/b", "x y", &"j".repeat(65)] {
             assert!(check_job(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_tree_whose_first_dump_stopped_early_is_no_tree() {
+        let d = tempfile::tempdir().unwrap();
+        // 7: a checkpoint begun (marked); 8: only its directory made.
+        let marked = ImageDir::create_or_open(&tree_dir(d.path(), "j", 7)).unwrap();
+        drop(marked.begin_checkpoint().unwrap());
+        ImageDir::create_or_open(&tree_dir(d.path(), "j", 8)).unwrap();
+        assert_eq!(trees(d.path(), "j"), vec![7]);
+        let r = rounds(d.path(), "j").unwrap();
+        assert_eq!((r.len(), r[0].pid, r[0].rounds.len()), (1, 7, 0));
+        assert!(recover(d.path()).unwrap().is_empty());
     }
 
     #[test]
