@@ -142,13 +142,21 @@ pub struct DumpOptions {
 }
 
 /// A dump that is one part of a consistent cut of an application over
-/// several hosts (`stasis-cluster`): it stops at two barriers, where the
-/// coordinator decides. An error at either aborts the dump as any failure
+/// several hosts (`stasis-cluster`): it stops at three barriers, where the
+/// coordinator decides. An error at any aborts the dump as any failure
 /// does: the tree is put back as it was (or runs on, after the release)
 /// and the checkpoint, never committed, is removed.
 pub trait Cut: Send + Sync {
     /// The job and round recorded in the checkpoint's manifest.
     fn mark(&self) -> stasis_image::manifest::CutMark;
+    /// Everything the dump does before the freeze is done (checks, the
+    /// census of who holds the tree's ptys and pipes, listeners closed):
+    /// returns once every part of the cut is, so that every part freezes
+    /// at the same instant, and none waits frozen for a part still
+    /// preparing.
+    fn ready(&self) -> std::result::Result<(), CutAbort> {
+        Ok(())
+    }
     /// The tree is frozen, its connections locked and in repair mode, its
     /// state read (and, stop-the-world, its pages): returns once every part
     /// of the cut is, to release the tree (or, for a dump that kills, to go

@@ -44,6 +44,12 @@ pub fn dump_once(
     // Who else holds the tree's ptys: a walk of every process, taken while
     // nothing is frozen.
     let pty_census = stasis_objects::pty_census::Census::for_tree(&tree);
+    // One part of a cut freezes with the others (nothing is frozen yet:
+    // an abort here leaves nothing to put back but the listeners, which
+    // the gate reopens as it goes).
+    if let Some(c) = &opts.cut {
+        c.ready().map_err(CaptureError::from)?;
+    }
     // The tree's downtime is our working time: on a busy host, get the
     // CPU first (undone at the release, before a concurrent copy).
     let boost = Boost::raise(FROZEN_NICE);

@@ -148,6 +148,10 @@ struct Round {
 
 #[derive(Default)]
 struct RoundState {
+    /// Trees ready to freeze (a dump).
+    at_ready: usize,
+    /// The coordinator's word once every host is ready (`Err`: abort).
+    freeze: Option<Result<(), Why>>,
     /// Trees at the first barrier (frozen, or built).
     at_first: usize,
     /// (tree root, checkpoint) of the trees at the second barrier.
@@ -194,9 +198,18 @@ impl Round {
         word(&st).unwrap_or(Ok(())).map_err(|w| CutAbort(w.0))
     }
 
+    /// The coordinator's word on every host being ready to freeze.
+    fn say_freeze(&self, word: Result<(), Why>) {
+        self.lock().freeze.get_or_insert(word);
+        self.cv.notify_all();
+    }
+
     fn say(&self, first: Option<Result<(), Why>>, second: Option<Result<(), Why>>) {
         {
             let mut st = self.lock();
+            if let Some(Err(why)) = &first {
+                st.freeze.get_or_insert(Err(why.clone()));
+            }
             if first.is_some() && st.first.is_none() {
                 st.first = first;
             }
@@ -229,6 +242,10 @@ struct DumpPart {
 impl stasis_capture::Cut for DumpPart {
     fn mark(&self) -> CutMark {
         self.mark.clone()
+    }
+    fn ready(&self) -> Result<(), CutAbort> {
+        self.round
+            .barrier(|st| st.at_ready += 1, |st| st.freeze.clone())
     }
     fn frozen(&self) -> Result<(), CutAbort> {
         let us = u64::try_from(self.t0.elapsed().as_micros()).unwrap_or(u64::MAX);
@@ -274,6 +291,22 @@ fn dump_round(c: &mut Conn, cfg: &AgentConfig, o: &DumpOrder) -> Result<(), Clus
     let round = Arc::new(Round::default());
     let n = o.pids.len();
     let threads = spawn_dumps(cfg, o, &round);
+    // Phase 0: every tree ready to freeze, or one failed; then every host
+    // freezes at the coordinator's word.
+    let st = round.wait_for(|s| s.at_ready >= n || s.failed.is_some());
+    let failed = st.failed.clone();
+    drop(st);
+    if let Some(why) = failed {
+        return abort_round(c, &round, threads, why);
+    }
+    let word = c
+        .send(&Msg::Ready)
+        .map_err(|e| Why(e.to_string()))
+        .and_then(|()| coordinator_word(c, Msg::Freeze));
+    match word {
+        Ok(()) => round.say_freeze(Ok(())),
+        Err(why) => return abort_round(c, &round, threads, why),
+    }
     // Phase 1: every tree frozen, or one failed.
     let failed = {
         let st = round.wait_for(|s| s.at_first == n || s.failed.is_some());

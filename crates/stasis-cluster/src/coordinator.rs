@@ -262,6 +262,13 @@ pub fn dump(req: &DumpRequest, token: &[u8]) -> Result<CutReport, ClusterError> 
         }))?;
     }
     die_point();
+    // Phase 0: all ready; then all freeze at once.
+    let ready = gather(&mut agents, "ready", |m| (m == Msg::Ready).then_some(()))
+        .and_then(|_| broadcast(&mut agents, &Msg::Freeze));
+    if let Err(e) = ready {
+        return Err(abort_all(&mut agents, e));
+    }
+    die_point();
     // Phase 1: all frozen.
     let frozen = gather(&mut agents, "frozen", |m| match m {
         Msg::Frozen { frozen_us } => Some(frozen_us),

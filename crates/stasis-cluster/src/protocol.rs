@@ -1,4 +1,4 @@
-//! The cluster protocol, version 1: a coordinator (`stasis cluster ...`)
+//! The cluster protocol, version 2: a coordinator (`stasis cluster ...`)
 //! and the agents (`stasis agent`, one per host) take and restore one
 //! consistent cut of an application spread over several hosts.
 //!
@@ -48,6 +48,9 @@
 //!
 //! ```text
 //! coordinator -> agent   Dump { job, round, pids, leave_running, concurrent, track, hosts }
+//! agent -> coordinator   Ready                     every tree checked and prepared,
+//!                                                  nothing frozen yet
+//! coordinator -> agent   Freeze                    (once every agent is Ready)
 //! agent -> coordinator   Frozen { frozen_us }      every tree of the agent frozen,
 //!                                                  its TCP connections locked (and
 //!                                                  read in repair mode), its state read
@@ -64,9 +67,15 @@
 //!    socket of these trees on this host, nor on one of the job's `hosts`
 //!    (the addresses of its agents). The error names the process, fd,
 //!    connection and peer.
-//! 1. **Freeze.** Each agent dumps its trees as `stasis dump` does, and stops
-//!    each dump when its tree is frozen and read: no process of the job runs
-//!    from the moment its host acks until every host has. Every TCP
+//! 1. **Freeze.** Each agent dumps its trees as `stasis dump` does. Each dump
+//!    first does what needs no freeze (the checks, the census of who holds
+//!    the tree's ptys and pipes, its listeners closed to new connections)
+//!    and stops before the freeze; the agent says `Ready` once every tree
+//!    is, and `Freeze` sets every host off at once: a host does not stay
+//!    frozen while another still prepares (their preparations take from a
+//!    few to tens of milliseconds, and differ). Each dump then stops again
+//!    when its tree is frozen and read: no process of the job runs from the
+//!    moment its host acks until every host has. Every TCP
 //!    connection of the job is locked (a drop-everything filter) and in repair
 //!    mode on both ends before either end's queues are read, so a byte sent
 //!    and not yet read is in the send queue of one end or the receive queue of
@@ -145,7 +154,7 @@ use stasis_pageserver::tls::{self, ClientTls, Hello, Purpose, ServerTls, Stream,
 use crate::ClusterError;
 
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// The greeting's magic.
 pub const MAGIC: &[u8; 8] = b"STASISCL";
 /// Largest frame accepted.
@@ -167,6 +176,8 @@ pub enum Msg {
     Alive { pids: Vec<i32> },
 
     Dump(DumpOrder),
+    Ready,
+    Freeze,
     Frozen { frozen_us: u64 },
     Release,
     Written { checkpoints: Vec<(i32, u32)> },

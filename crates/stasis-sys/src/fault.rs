@@ -36,7 +36,7 @@ pub enum Point {
     /// killed (by the socket guard), the rest of the tree not yet.
     DieAfterKill,
     /// The cluster coordinator, after each message of a round it sends to
-    /// every agent (1: `Dump`, 2: `Release`, 3: `Commit`).
+    /// every agent (1: `Dump`, 2: `Freeze`, 3: `Release`, 4: `Commit`).
     DieInClusterRound,
     /// A cluster agent, right after recording a round's decision, before
     /// any commit.

@@ -165,8 +165,9 @@ fn a_failing_tree_aborts_the_round_everywhere() {
 fn a_coordinator_killed_at_each_phase_leaves_the_job_running_or_committed() {
     let s = setup();
     let mut w = Workload::start("heap", &["16"]);
-    // Steps: 1 after Dump, 2 after Release, 3 after Commit (the decision).
-    for (step, committed) in [(1, false), (2, false), (3, true)] {
+    // Steps: 1 after Dump, 2 after Freeze, 3 after Release, 4 after Commit
+    // (the decision).
+    for (step, committed) in [(1, false), (2, false), (3, false), (4, true)] {
         let o = stasis()
             .args([
                 "cluster",
@@ -183,7 +184,12 @@ fn a_coordinator_killed_at_each_phase_leaves_the_job_running_or_committed() {
             .output()
             .unwrap();
         use std::os::unix::process::ExitStatusExt;
-        assert_eq!(o.status.signal(), Some(libc::SIGKILL), "step {step}");
+        assert_eq!(
+            o.status.signal(),
+            Some(libc::SIGKILL),
+            "step {step}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         // The agent notices, aborts (or commits), and the job runs on.
         let want = serde_json::json!(if committed { vec![1] } else { vec![] });
         wait_until(Duration::from_secs(30), "the agent to settle", || {
