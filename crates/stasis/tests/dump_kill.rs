@@ -593,8 +593,9 @@ fn dumper_dying_at_every_step_of_its_remote_syscalls_harms_nothing() {
     // threads (each parked on the hatch in turn) and a signal-heavy life.
     let steps = die_at_every_step("fpu", &[], &["--leave-running"], 1);
     // (Most of what a dump asks a process runs in batches: a few steps
-    // each, one of them with the thread running its table.)
-    assert!(steps > 15, "only {steps} steps");
+    // each, one of them with the thread running its table; the main
+    // thread's reads are one batch. 13 steps for fpu.)
+    assert!(steps > 10, "only {steps} steps");
     die_at_every_step("threads", &[], &["--leave-running"], 3);
     die_at_every_step(
         "chain_writer",
