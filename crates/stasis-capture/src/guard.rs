@@ -13,8 +13,11 @@
 //! escape hatch, so a guard killed meanwhile harms nothing either).
 //!
 //! It runs in a process group of its own (one signal to the dumper's group
-//! does not take both), started lazily with the first snapshot, and exits
-//! after `done`. Lines on its stdin: `snap PARENT CHILD`, `reaped PARENT
+//! does not take both), started before the freeze of a dump that will
+//! fork snapshots ([`start`]: its start, an exec of stasis, costs a few
+//! milliseconds of CPU that would otherwise compete with the frozen tree),
+//! or else with the first snapshot, and exits after `done` (or, idle, when
+//! the dumper exits). Lines on its stdin: `snap PARENT CHILD`, `reaped PARENT
 //! CHILD`, `done`.
 
 use std::io::{BufRead, Write};
@@ -40,11 +43,17 @@ fn say(l: &mut Line, what: &str) -> bool {
         .is_ok()
 }
 
-/// Tells the guard (started now if need be) of a new snapshot. Best
-/// effort: without a guard (no `stasis` binary to run, say) a killed
-/// dumper leaves the zombie, as it did before guards existed.
-pub fn snapshot_made(parent: i32, child: i32) {
+/// Starts the guard now, if none runs, for the snapshots of a dump about
+/// to freeze its tree.
+pub fn start() {
     let mut g = GUARD.lock().unwrap_or_else(|e| e.into_inner());
+    ensure(&mut g);
+}
+
+/// Starts the guard if none runs. Best effort: without a guard (no
+/// `stasis` binary to run, say) a killed dumper leaves the zombie, as it
+/// did before guards existed.
+fn ensure(g: &mut Option<Line>) {
     if g.is_none() {
         let spawned = Command::new(stasis_kernel::launch::own_exe())
             .arg("__dump-guard")
@@ -67,6 +76,12 @@ pub fn snapshot_made(parent: i32, child: i32) {
             Err(e) => tracing::warn!("cannot start the dump guard: {e}"),
         }
     }
+}
+
+/// Tells the guard (started now if need be) of a new snapshot.
+pub fn snapshot_made(parent: i32, child: i32) {
+    let mut g = GUARD.lock().unwrap_or_else(|e| e.into_inner());
+    ensure(&mut g);
     if let Some(l) = g.as_mut() {
         if say(l, &format!("snap {parent} {child}\n")) {
             l.open += 1;

@@ -33,6 +33,9 @@ pub fn dump_once(
     // Before the strategy takes the protection `tracking` holds.
     let base = incremental_base(store, opts.pid, tracker.as_deref(), tracking.as_deref());
     let mut strategy = strategy::choose(opts, method, tracking.as_deref_mut())?;
+    if strategy.method() == Some("fork") {
+        crate::guard::start();
+    }
     // TCP listeners take no new connection until the dump is over (the
     // queue drains meanwhile): a connection waiting to be accepted cannot
     // be checkpointed.
