@@ -299,10 +299,7 @@ fn dump_round(c: &mut Conn, cfg: &AgentConfig, o: &DumpOrder) -> Result<(), Clus
     if let Some(why) = failed {
         return abort_round(c, &round, threads, why);
     }
-    let word = c
-        .send(&Msg::Ready)
-        .map_err(|e| Why(e.to_string()))
-        .and_then(|()| coordinator_word(c, Msg::Freeze));
+    let word = say_then_hear(c, &Msg::Ready, Msg::Freeze);
     match word {
         Ok(()) => round.say_freeze(Ok(())),
         Err(why) => return abort_round(c, &round, threads, why),
@@ -318,10 +315,7 @@ fn dump_round(c: &mut Conn, cfg: &AgentConfig, o: &DumpOrder) -> Result<(), Clus
     let reports = match failed {
         Ok((why, _)) => return abort_round(c, &round, threads, why),
         Err(frozen_us) => {
-            let word = c
-                .send(&Msg::Frozen { frozen_us })
-                .map_err(|e| Why(e.to_string()))
-                .and_then(|()| coordinator_word(c, Msg::Release));
+            let word = say_then_hear(c, &Msg::Frozen { frozen_us }, Msg::Release);
             match word {
                 Ok(()) => round.say(Some(Ok(())), None),
                 Err(why) => return abort_round(c, &round, threads, why),
@@ -335,12 +329,13 @@ fn dump_round(c: &mut Conn, cfg: &AgentConfig, o: &DumpOrder) -> Result<(), Clus
             let mut checkpoints = st.written.clone();
             drop(st);
             checkpoints.sort_unstable();
-            let word = c
-                .send(&Msg::Written {
+            let word = say_then_hear(
+                c,
+                &Msg::Written {
                     checkpoints: checkpoints.clone(),
-                })
-                .map_err(|e| Why(e.to_string()))
-                .and_then(|()| coordinator_word(c, Msg::Commit));
+                },
+                Msg::Commit,
+            );
             if let Err(why) = word {
                 return abort_round(c, &round, threads, why);
             }
@@ -421,6 +416,14 @@ fn spawn_dumps(
         }));
     }
     threads
+}
+
+/// Sends the coordinator `said`, then waits for its `want` (see
+/// [`coordinator_word`]).
+fn say_then_hear(c: &mut Conn, said: &Msg, want: Msg) -> Result<(), Why> {
+    c.send(said)
+        .map_err(|e| Why(e.to_string()))
+        .and_then(|()| coordinator_word(c, want))
 }
 
 /// Waits for the coordinator's `want`; anything else (an `Abort`, the end
@@ -504,10 +507,7 @@ fn restore_round(c: &mut Conn, cfg: &AgentConfig, o: &RestoreOrder) -> Result<()
     if let Some(why) = failed {
         return abort_round(c, &round, threads, why);
     }
-    let word = c
-        .send(&Msg::Built)
-        .map_err(|e| Why(e.to_string()))
-        .and_then(|()| coordinator_word(c, Msg::Go));
+    let word = say_then_hear(c, &Msg::Built, Msg::Go);
     if let Err(why) = word {
         return abort_round(c, &round, threads, why);
     }
