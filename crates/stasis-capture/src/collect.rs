@@ -114,6 +114,21 @@ fn collect(
     collector: &mut fds::FdCollector,
 ) -> Result<(Vec<ProcRecord>, u64)> {
     collector.freeze_tcp(f)?;
+    // While packets already past the connections' lock settle (2 ms):
+    // every live process's areas. Nothing may run in a process before its
+    // connections are read: a remote syscall would use up the SIGSTOP
+    // that holds it, should the dumper die while a connection is in
+    // repair mode (see `SaveCtx::freeze_tcp`).
+    let mut maps = f
+        .procs
+        .iter()
+        .map(|fp| match fp.zombie {
+            Some(_) => Ok(Vec::new()),
+            None => crate::proc::read_parsed(fp.pid, "maps", crate::proc::parse_maps),
+        })
+        .collect::<Result<Vec<_>>>()?
+        .into_iter();
+    collector.read_tcp()?;
     fr.stages.mark("tcp");
     if let Some(c) = fr.pty_census.take() {
         collector.use_pty_census(c, &f.live_pids());
@@ -122,6 +137,7 @@ fn collect(
     let mut seen_shm = crate::memory::SeenShm::new();
     let mut xfeatures = 0;
     for fp in &mut f.procs {
+        let maps = maps.next().unwrap_or_default();
         if let Some(status) = fp.zombie {
             records.push(ProcRecord {
                 image: process::zombie_image(fp.pid, status)?,
@@ -130,12 +146,10 @@ fn collect(
             collector.add_zombie(fp.pid);
             continue;
         }
-        let (record, x) = collect_live(fr, fp, collector, &mut seen_shm)?;
+        let (record, x) = collect_live(fr, fp, maps, collector, &mut seen_shm)?;
         xfeatures = x;
         records.push(record);
     }
-    // (Done by the first process's fds, unless every process is a zombie.)
-    collector.read_tcp()?;
     Ok((records, xfeatures))
 }
 
@@ -144,12 +158,13 @@ fn collect(
 fn collect_live(
     fr: &mut Frame<'_, '_>,
     fp: &mut FrozenProcess,
+    maps: Vec<crate::proc::MapsEntry>,
     collector: &mut fds::FdCollector,
     seen_shm: &mut crate::memory::SeenShm,
 ) -> Result<(ProcRecord, u64)> {
     let mem = ProcessMemory::open(fp.pid)?;
     // (process::capture logs its own times.)
-    let (mut image, maps, xfeatures) = process::capture(fp, &mem)?;
+    let (mut image, maps, xfeatures) = process::capture(fp, &mem, maps)?;
     // VmFlags (for "grows down") come from smaps, whose page walk costs
     // milliseconds per GiB: an incremental dump reuses the parent's
     // when the process has exactly the same areas.

@@ -122,18 +122,19 @@ fn thread_image(
 }
 
 /// Everything of a live frozen process except its fds and page pack, plus
-/// the parsed maps (for the memory plan) and its XCR0.
+/// the parsed maps (`maps`, read since the freeze: for the memory plan)
+/// and its XCR0.
 pub fn capture(
     f: &mut FrozenProcess,
     mem: &ProcessMemory,
+    maps: Vec<proc::MapsEntry>,
 ) -> Result<(ProcessImage, Vec<proc::MapsEntry>, u64)> {
     let pid = f.pid;
     let t0 = std::time::Instant::now();
-    let maps = proc::read_parsed(pid, "maps", proc::parse_maps)?;
     for m in &maps {
         memory::vma_kind(m).map_err(|e| SaveError::Unsupported { pid, what: e.0 })?;
     }
-    let maps_us = t0.elapsed().as_micros();
+    let check_us = t0.elapsed().as_micros();
     f.arm_remote(mem, &maps)?;
     let arm_us = t0.elapsed().as_micros();
     let remote = crate::remote_state::read(f, mem, &maps)?;
@@ -151,7 +152,7 @@ pub fn capture(
         pid,
         areas = maps.len(),
         threads = threads.len(),
-        maps_us,
+        check_us,
         arm_us,
         remote_us,
         threads_us = t0.elapsed().as_micros(),

@@ -7,10 +7,10 @@
 //! At dump ([`SaveCtx::freeze_tcp`]), every connection of the tree is
 //! first locked (a drop-all filter), then its owners are *held* (a SIGSTOP
 //! queued on each thread, see `sock::SocketGuard`). Once packets already
-//! past the lock are through (2 ms after it, spent saving the first
-//! process's other state: [`SaveCtx::read_tcp`], called before any fd is
-//! saved), every connection is put in repair mode, read, and taken out of
-//! it again, in one short step with nothing else in it: the network lock
+//! past the lock are through (2 ms after it, which the dump spends reading
+//! the processes' areas: [`SaveCtx::read_tcp`]), every connection is put
+//! in repair mode, read, and taken out of it again, in one short step with
+//! nothing else in it: the network lock
 //! alone keeps the state
 //! still for the rest of the dump (no packet reaches the connections; the
 //! program, frozen, sends nothing). After the dump the lock comes off
@@ -228,8 +228,12 @@ impl SaveCtx {
     /// their owners (`hold` is given those not in `stopped`, the processes
     /// already stopped before the dump, which stay so anyway). They are
     /// read later, by [`SaveCtx::read_tcp`] (the first
-    /// [`SaveCtx::add_process`] calls it), at least 2 ms after the lock:
-    /// the caller saves other state of the frozen tree meanwhile.
+    /// [`SaveCtx::add_process`] calls it, if the caller has not), at least
+    /// 2 ms after the lock. The caller may read other state of the frozen
+    /// tree meanwhile, but must not run anything in its processes (a
+    /// remote syscall): resuming a held thread uses up its SIGSTOP, and a
+    /// dumper dying while a connection is in repair mode would then let it
+    /// run, its `send` and `recv` failing on that connection.
     ///
     /// Every connection is locked and in repair mode before any of them is
     /// read: two ends of a connection inside the tree must be frozen at the
