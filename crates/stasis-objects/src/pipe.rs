@@ -268,10 +268,10 @@ pub fn check_external(cx: &SaveCtx, tree: &[i32]) -> Result<(), SaveError> {
         return Ok(());
     }
     // From the census when the dump took one (before the freeze), else
-    // by a walk of `/proc` now.
+    // from one taken now (a walk of `/proc`).
     let outside = match cx.ptys.census() {
         Some(c) => c.pipe_holder(&half, tree),
-        None => outside_holder(&half, tree),
+        None => crate::pty_census::Census::take().pipe_holder(&half, tree),
     };
     let Some((pid, id)) = outside else {
         return Ok(());
@@ -281,35 +281,4 @@ pub fn check_external(cx: &SaveCtx, tree: &[i32]) -> Result<(), SaveError> {
         pid: holder,
         what: format!("it shares pipe:[{id}] with process {pid}, which is outside the dumped tree (dump their common ancestor, or redirect the program's input/output to files)"),
     })
-}
-
-/// The first process outside `tree` (and not stasis, nor a fork snapshot of
-/// this dump, which holds its process's pipes) holding one of the pipes
-/// `ids`: (its pid, the pipe).
-fn outside_holder(ids: &[u64], tree: &[i32]) -> Option<(i32, u64)> {
-    let procs = std::fs::read_dir("/proc").ok()?;
-    for p in procs.flatten() {
-        let Some(pid) = p.file_name().to_str().and_then(|x| x.parse::<i32>().ok()) else {
-            continue;
-        };
-        if tree.contains(&pid)
-            || pid == i32::try_from(std::process::id()).unwrap_or(0)
-            || crate::save::is_snapshot(pid)
-        {
-            continue;
-        }
-        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
-            continue;
-        };
-        for fd in fds.flatten() {
-            let Ok(link) = std::fs::read_link(fd.path()) else {
-                continue;
-            };
-            let link = link.to_string_lossy();
-            if let Some(id) = ids.iter().find(|id| link == format!("pipe:[{id}]")) {
-                return Some((pid, *id));
-            }
-        }
-    }
-    None
 }
