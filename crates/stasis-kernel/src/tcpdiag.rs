@@ -83,16 +83,6 @@ pub fn peer_of(family: u8, inode: u32) -> Result<Option<DiagAddr>> {
     }))
 }
 
-/// How many TCP listeners of this network namespace are bound to the
-/// address `local` (raw socket address): more than one share it through
-/// `SO_REUSEPORT`. (A dump asks [`listeners`] once and counts in that.)
-pub fn listeners_on(local: &[u8]) -> Result<usize> {
-    let Some(l) = DiagAddr::from_raw(local) else {
-        return Ok(0);
-    };
-    Ok(listeners(l.family)?.iter().filter(|a| **a == l).count())
-}
-
 /// The address of every TCP listener of family `family` in this network
 /// namespace (one per listener: listeners sharing a port through
 /// `SO_REUSEPORT` appear once each).
@@ -486,7 +476,13 @@ mod tests {
         s
     }
 
-    /// `listeners_on` asks the kernel for listeners only: it counts the
+    /// The listeners of the namespace bound to the raw address `local`.
+    fn listeners_on(local: &[u8]) -> Result<usize> {
+        let l = DiagAddr::from_raw(local).expect("an inet address");
+        Ok(listeners(l.family)?.iter().filter(|a| **a == l).count())
+    }
+
+    /// `listeners` asks the kernel for listeners only: it counts the
     /// listeners sharing an address, not the connections accepted on it.
     #[test]
     fn listeners_sharing_a_port_are_counted_and_connections_are_not() {
