@@ -62,16 +62,19 @@ fn killed_run(exe: &Path, root: &Path, mode: &str, seed: u64) -> (Vec<u8>, Strin
                 exited = matches!(child.0.try_wait(), Ok(Some(_)));
                 exited || progress(&dir) != before
             });
-            assert!(!exited, "{mode}: the program finished before kill {kills}");
-            std::thread::sleep(Duration::from_micros(rng.below(30_000)));
-            child.0.kill().expect("kill");
+            if !exited {
+                std::thread::sleep(Duration::from_micros(rng.below(30_000)));
+                child.0.kill().expect("kill");
+            }
             let o = std::mem::replace(&mut child.0, Command::new("true").spawn().expect("true"))
                 .wait_with_output()
                 .expect("wait");
             if o.status.success() {
-                // It finished during the delay (the sleep overshoots on a
-                // busy machine), before the kill: a restarted run that ran
-                // to its end, so the last one.
+                // It finished before the kill: during the delay (the sleep
+                // overshoots on a busy machine), or before committing a
+                // new version (restarted from the one its last run had
+                // committed after its final iteration). A restarted run
+                // that ran to its end, so the last one.
                 assert!(
                     kills > 0,
                     "{mode}: the program finished before the first kill"
@@ -80,6 +83,13 @@ fn killed_run(exe: &Path, root: &Path, mode: &str, seed: u64) -> (Vec<u8>, Strin
                 let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
                 return (std::fs::read(&out).expect("output"), stdout);
             }
+            assert!(
+                !exited,
+                "{mode}: run {} failed on its own: {}{}",
+                kills + 1,
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
             kills += 1;
             continue;
         }
