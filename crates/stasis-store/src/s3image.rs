@@ -424,7 +424,7 @@ impl S3Image {
         let mut stored = 0;
         self.bucket.get_many(keys, |k, bytes| {
             let i = wanted[k];
-            let plain = self.open_chunk(r, f, i, &bytes)?;
+            let plain = self.open_chunk(r, f, i, bytes)?;
             stored += bytes.len() as u64;
             file.write_all_at(&plain, spans[i].0)
                 .map_err(StoreError::local("write", Path::new(&f.name)))
