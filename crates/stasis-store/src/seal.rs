@@ -295,7 +295,10 @@ mod tests {
     #[test]
     fn objects_sealed_with_xchacha20_poly1305_still_open() {
         let s = seal_xchacha(b"an older page", "c/9", &key(4));
-        assert_eq!(open(&s, "c/9", Some(&key(4)), 100).unwrap(), b"an older page");
+        assert_eq!(
+            open(&s, "c/9", Some(&key(4)), 100).unwrap(),
+            b"an older page"
+        );
         assert_eq!(open(&s, "c/9", Some(&key(5)), 100), Err(OpenError::Auth));
         assert_eq!(open(&s, "c/8", Some(&key(4)), 100), Err(OpenError::Auth));
         // Marked AES-256-GCM, it does not open: the flag is authenticated.
