@@ -20,6 +20,8 @@
 //! RustCrypto did. Objects sealed with the latter (bit 1 alone: stores
 //! written before) still open.
 
+use std::cell::RefCell;
+
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
@@ -65,11 +67,7 @@ pub enum OpenError {
 
 /// Encodes `plain` as the object `name`.
 pub fn seal(plain: &[u8], name: &str, opts: &SealOptions) -> Vec<u8> {
-    let compressed = opts.zstd.and_then(|level| {
-        zstd::bulk::compress(plain, level)
-            .ok()
-            .filter(|c| c.len() + plain.len() / MIN_SAVING_DIV < plain.len())
-    });
+    let compressed = opts.zstd.and_then(|level| compress(plain, level));
     let mut flags = if compressed.is_some() { FLAG_ZSTD } else { 0 };
     if opts.key.is_some() {
         flags |= FLAG_SEALED | FLAG_AES;
@@ -99,6 +97,48 @@ pub fn seal(plain: &[u8], name: &str, opts: &SealOptions) -> Vec<u8> {
         .unwrap_or_else(|e| panic!("AES-256-GCM refused to seal {} bytes: {e}", body.len()));
     out.extend_from_slice(tag.as_ref());
     out
+}
+
+/// Pages sampled by [`compress`] before it compresses a whole object.
+const PROBE_PAGES: usize = 16;
+const PAGE: usize = 4096;
+
+thread_local! {
+    /// This thread's zstd context and its level (a context per call costs
+    /// more than compressing a page).
+    static COMPRESSOR: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> =
+        const { RefCell::new(None) };
+}
+
+/// `plain` compressed at `level`, if that saves at least 1/64 of it. An
+/// object of more than [`PROBE_PAGES`] pages is first sampled: 16 pages
+/// spread evenly over it are compressed together, and if they do not save
+/// 1/64, the object is taken as incompressible without compressing it
+/// all (memory of random or already compressed bytes, where trying cost
+/// as much as sealing).
+fn compress(plain: &[u8], level: i32) -> Option<Vec<u8>> {
+    let pays = |len: usize, of: usize| len + of / MIN_SAVING_DIV < of;
+    COMPRESSOR.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.as_ref().is_none_or(|(l, _)| *l != level) {
+            *c = Some((level, zstd::bulk::Compressor::new(level).ok()?));
+        }
+        let (_, z) = c.as_mut()?;
+        let pages = plain.len() / PAGE;
+        if pages > PROBE_PAGES {
+            let step = pages / PROBE_PAGES;
+            let mut sample = Vec::with_capacity(PROBE_PAGES * PAGE);
+            for i in 0..PROBE_PAGES {
+                sample.extend_from_slice(&plain[i * step * PAGE..(i * step + 1) * PAGE]);
+            }
+            if !pays(z.compress(&sample).ok()?.len(), sample.len()) {
+                return None;
+            }
+        }
+        z.compress(plain)
+            .ok()
+            .filter(|out| pays(out.len(), plain.len()))
+    })
 }
 
 /// The AES-256-GCM key of the object whose nonce is `nonce` (used for
@@ -231,6 +271,28 @@ mod tests {
             },
         );
         assert!(s.len() < text.len() / 10, "text compresses: {}", s.len());
+    }
+
+    #[test]
+    fn compression_samples_large_objects_first() {
+        // Text with random bytes in the pages the probe reads: taken as
+        // incompressible, stored raw.
+        let mut text = b"checkpoint ".repeat(1 << 17)[..1 << 20].to_vec();
+        let step = (text.len() / PAGE) / PROBE_PAGES;
+        for i in 0..PROBE_PAGES {
+            fill_random(&mut text[i * step * PAGE..(i * step + 1) * PAGE]);
+        }
+        assert_eq!(compress(&text, 1), None);
+        // With one sampled page left as text, the sample pays: compressed.
+        let mut one = text.clone();
+        one[..PAGE].copy_from_slice(&b"checkpoint ".repeat(400)[..PAGE]);
+        let c = compress(&one, 1).expect("compressible");
+        assert!(c.len() < one.len() / 2, "{}", c.len());
+        assert_eq!(zstd::bulk::decompress(&c, one.len()).unwrap(), one);
+        // Small objects are tried whole; a level change takes a new context.
+        let small = b"page ".repeat(1000);
+        assert!(compress(&small, 3).is_some());
+        assert!(compress(&small, 1).is_some());
     }
 
     #[test]
