@@ -166,7 +166,33 @@ impl S3Image {
         manifest: Vec<u8>,
         skip: &[&str],
     ) -> Result<Uploaded, StoreError> {
-        let (mut record, up) = self.upload_data(src, (n, parent), manifest, skip)?;
+        self.upload_with(src, (n, parent), manifest, skip, false)
+    }
+
+    /// [`upload`](Self::upload), freeing each part of `src`'s files (a
+    /// hole punched) as soon as it is read: for a staging checkpoint that
+    /// is deleted once uploaded (an encrypted store's plaintext), so the
+    /// freeing of its pages overlaps the upload instead of following it.
+    /// `src` is unusable afterwards, whatever the outcome.
+    pub fn upload_consuming(
+        &self,
+        src: &Path,
+        (n, parent): (u32, Option<u32>),
+        manifest: Vec<u8>,
+        skip: &[&str],
+    ) -> Result<Uploaded, StoreError> {
+        self.upload_with(src, (n, parent), manifest, skip, true)
+    }
+
+    fn upload_with(
+        &self,
+        src: &Path,
+        (n, parent): (u32, Option<u32>),
+        manifest: Vec<u8>,
+        skip: &[&str],
+        consume: bool,
+    ) -> Result<Uploaded, StoreError> {
+        let (mut record, up) = self.upload_data_with(src, (n, parent), manifest, skip, consume)?;
         let bytes = record.encode(self.seal.key.as_ref());
         if !self.bucket.put_new(&self.commit_key(n), bytes)? {
             return Err(StoreError::CommitRace {
@@ -185,6 +211,17 @@ impl S3Image {
         (n, parent): (u32, Option<u32>),
         manifest: Vec<u8>,
         skip: &[&str],
+    ) -> Result<(Record, Uploaded), StoreError> {
+        self.upload_data_with(src, (n, parent), manifest, skip, false)
+    }
+
+    fn upload_data_with(
+        &self,
+        src: &Path,
+        (n, parent): (u32, Option<u32>),
+        manifest: Vec<u8>,
+        skip: &[&str],
+        consume: bool,
     ) -> Result<(Record, Uploaded), StoreError> {
         let mut names: Vec<String> = fs::read_dir(src)
             .map_err(StoreError::local("list", src))?
@@ -207,7 +244,7 @@ impl S3Image {
         )];
         for name in names {
             let path = src.join(&name);
-            sources.push((name, Source::File(path)));
+            sources.push((name, Source::File(path, consume)));
         }
         for (name, source) in sources {
             let f = self.upload_file(&name, source, &mut known, &mut up)?;
@@ -236,7 +273,7 @@ impl S3Image {
         up: &mut Uploaded,
     ) -> Result<FileRecord, StoreError> {
         let path = match &source {
-            Source::File(p) => Some(p.clone()),
+            Source::File(p, _) => Some(p.clone()),
             Source::Bytes(_) => None,
         };
         let (size, mut reader) = source.open()?;
@@ -544,7 +581,9 @@ impl S3Image {
 
 enum Source {
     Bytes(Vec<u8>),
-    File(PathBuf),
+    /// A file, and whether each part read is freed (see
+    /// [`S3Image::upload_consuming`]).
+    File(PathBuf, bool),
 }
 
 /// Reads `buf.len()` bytes at an offset of one file's content.
@@ -564,8 +603,13 @@ impl Source {
                     Ok(())
                 }),
             ),
-            Source::File(path) => {
-                let f = File::open(&path).map_err(StoreError::local("open", &path))?;
+            Source::File(path, consume) => {
+                let f = OpenOptions::new()
+                    .read(true)
+                    .write(consume)
+                    .custom_flags(libc::O_NOFOLLOW)
+                    .open(&path)
+                    .map_err(StoreError::local("open", &path))?;
                 let len = f
                     .metadata()
                     .map_err(StoreError::local("stat", &path))?
@@ -574,7 +618,22 @@ impl Source {
                     len,
                     Box::new(move |off, buf: &mut Vec<u8>| {
                         f.read_exact_at(buf, off)
-                            .map_err(StoreError::local("read", &path))
+                            .map_err(StoreError::local("read", &path))?;
+                        if consume {
+                            use rustix::fs::{fallocate, FallocateFlags};
+                            fallocate(
+                                &f,
+                                FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+                                off,
+                                buf.len() as u64,
+                            )
+                            .map_err(|e| StoreError::Local {
+                                action: "free (punch a hole in)",
+                                path: path.clone(),
+                                source: e.into(),
+                            })?;
+                        }
+                        Ok(())
                     }),
                 )
             }

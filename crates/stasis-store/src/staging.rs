@@ -100,6 +100,13 @@ impl Staging {
     /// checkpoint is the store's latest. Returns whether it was emptied
     /// (the caller then drops the tracking state).
     pub fn sync(&self, image: &S3Image) -> Result<bool, StoreError> {
+        if image.seal.key.is_some() {
+            // An encrypted store's staging checkpoints are deleted after
+            // each dump (and freed as they are uploaded): whatever a dump
+            // killed before that left is never a parent.
+            self.clear()?;
+            return Ok(true);
+        }
         let remote_latest = image.committed()?.last().copied();
         let m = self.load_map();
         let local_latest = ImageDir::open(&self.dir)
@@ -160,7 +167,14 @@ impl Staging {
                 detail: lines.join("; "),
             });
         }
-        let up = image.upload(&temp, (remote_n, parent), bytes, &[stasis_image::CUT_NAME])?;
+        // With a key, the staging checkpoint is deleted once uploaded (its
+        // plaintext does not stay on local disk): freed as it is read.
+        let skip = [stasis_image::CUT_NAME];
+        let up = if image.seal.key.is_some() {
+            image.upload_consuming(&temp, (remote_n, parent), bytes, &skip)?
+        } else {
+            image.upload(&temp, (remote_n, parent), bytes, &skip)?
+        };
         m.url = self.url.clone();
         m.map.insert(n, remote_n);
         self.save_map(&m)?;

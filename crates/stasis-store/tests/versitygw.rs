@@ -224,3 +224,44 @@ fn keys_guard_records_and_objects() {
     let e = img.record(1).unwrap_err();
     assert!(e.to_string().contains("authentication code"), "{e}");
 }
+
+#[test]
+fn a_consuming_upload_frees_each_file_as_it_reads_it() {
+    use std::os::unix::fs::MetadataExt;
+    let srv = Server::start();
+    let img = srv.image(
+        "consume",
+        SealOptions {
+            zstd: Some(1),
+            key: Some(Key::from_bytes([9; 32])),
+        },
+    );
+    let (src, files) = sample_dir();
+    let blocks = |name: &str| std::fs::metadata(src.path().join(name)).unwrap().blocks();
+    assert!(blocks("pages-2.pack") > 0);
+    img.upload_consuming(src.path(), (1, None), b"m".to_vec(), &[])
+        .unwrap();
+    // Every file is now zeros of its old size, holes but for the partial
+    // file-system blocks at its ends (zeroed, not freed).
+    for (name, bytes) in &files {
+        let path = src.path().join(name);
+        let m = std::fs::metadata(&path).unwrap();
+        assert_eq!(m.len(), bytes.len() as u64, "{name}");
+        assert!(
+            m.blocks() * 512 <= 2 * m.blksize(),
+            "{name} still holds {} blocks",
+            m.blocks()
+        );
+        assert!(
+            std::fs::read(&path).unwrap().iter().all(|b| *b == 0),
+            "{name}"
+        );
+    }
+    // What was uploaded is the files as they were.
+    let dest = tempfile::tempdir().unwrap();
+    img.download_chain(None, &dest.path().join("img")).unwrap();
+    let d = dest.path().join("img/checkpoints/00000001");
+    for (name, bytes) in &files {
+        assert_eq!(&std::fs::read(d.join(name)).unwrap(), bytes, "{name}");
+    }
+}
