@@ -542,6 +542,13 @@ pub enum FdKind {
     NsFile { kind: String, ino: u64 },
     /// An inotify instance and its watches (by path, in watch-descriptor order).
     Inotify { watches: Vec<InotifyWatch> },
+    /// A fanotify group: its `fanotify_init` flags, the open flags of the
+    /// fds its events carry, and its marks.
+    Fanotify {
+        flags: u32,
+        event_flags: u32,
+        marks: Vec<FanotifyMark>,
+    },
     /// A unix domain socket.
     Unix(UnixSocket),
     /// An IPv4/IPv6 socket (TCP or UDP).
@@ -634,6 +641,29 @@ pub struct InotifyWatch {
     /// id of its `GhostFile`, whose rebuilt file the watch goes on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ghost: Option<u64>,
+}
+
+/// One mark of a fanotify group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FanotifyMark {
+    /// What the mark is on: an inode, a mount or a filesystem.
+    pub on: FanotifyTarget,
+    /// The path it is found at: the file (inodes), the mount point
+    /// (mounts) or a mount point of the filesystem.
+    pub path: String,
+    /// `FAN_MARK_IGNORED_SURV_MODIFY`, `FAN_MARK_EVICTABLE`,
+    /// `FAN_MARK_IGNORE`, as the kernel reports them.
+    pub mflags: u32,
+    pub mask: u64,
+    pub ignored_mask: u64,
+}
+
+/// What a fanotify mark is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FanotifyTarget {
+    Inode,
+    Mount,
+    Filesystem,
 }
 
 /// One registration of an epoll instance.

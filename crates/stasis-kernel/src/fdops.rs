@@ -168,6 +168,23 @@ pub fn inotify_init(flags: i32) -> io::Result<OwnedFd> {
     owned(unsafe { libc::inotify_init1(flags) }.into())
 }
 
+/// `fanotify_init(flags, event_f_flags)`.
+pub fn fanotify_init(flags: u32, event_f_flags: u32) -> io::Result<OwnedFd> {
+    // SAFETY: fanotify_init takes integers only.
+    owned(unsafe { libc::fanotify_init(flags, event_f_flags) }.into())
+}
+
+/// `fanotify_mark(fd, flags, mask, AT_FDCWD, path)`.
+pub fn fanotify_mark(fd: BorrowedFd<'_>, flags: u32, mask: u64, path: &CStr) -> io::Result<()> {
+    // SAFETY: fanotify_mark reads a NUL-terminated path relative to the
+    // working directory.
+    check(
+        unsafe { libc::fanotify_mark(fd.as_raw_fd(), flags, mask, libc::AT_FDCWD, path.as_ptr()) }
+            .into(),
+    )
+    .map(drop)
+}
+
 /// `inotify_add_watch`: the watch descriptor.
 pub fn inotify_add_watch(fd: BorrowedFd<'_>, path: &CStr, mask: u32) -> io::Result<i32> {
     // SAFETY: inotify_add_watch reads a NUL-terminated path.

@@ -583,6 +583,83 @@ pub fn parse_inotify(text: &str) -> Result<Vec<InotifyLine>, FormatError> {
     Ok(out)
 }
 
+/// What a fanotify mark is attached to, as its fdinfo line says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FanotifyObject {
+    /// An inode: its device and the file handle that finds it again.
+    Inode {
+        sdev: u32,
+        handle_type: i32,
+        handle: Vec<u8>,
+    },
+    /// A mount, by its id.
+    Mount { mnt_id: u32 },
+    /// A whole filesystem, by its device.
+    Filesystem { sdev: u32 },
+}
+
+/// One mark of a fanotify group: what it is on, its user flags
+/// (`FAN_MARK_IGNORED_SURV_MODIFY`, `FAN_MARK_EVICTABLE`,
+/// `FAN_MARK_IGNORE`), its mask and its ignored mask.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FanotifyMark {
+    pub on: FanotifyObject,
+    pub mflags: u32,
+    pub mask: u64,
+    pub ignored_mask: u64,
+}
+
+/// A fanotify fd's fdinfo: the group's `fanotify_init` flags, the flags
+/// of the fds its events carry, and its marks.
+pub fn parse_fanotify(text: &str) -> Result<(u32, u32, Vec<FanotifyMark>), FormatError> {
+    let mut group = None;
+    let mut marks = Vec::new();
+    for l in text.lines().filter_map(|l| l.strip_prefix("fanotify ")) {
+        let bad = || FormatError(format!("unexpected fanotify line {l:?}"));
+        let find = |k: &str| l.split_whitespace().find_map(|f| f.strip_prefix(k));
+        let get = |k: &str| find(k).ok_or_else(bad);
+        let hex32 = |k: &str| u32::from_str_radix(get(k)?, 16).map_err(|_| bad());
+        let hex64 = |k: &str| u64::from_str_radix(get(k)?, 16).map_err(|_| bad());
+        if find("flags:").is_some() && find("event-flags:").is_some() {
+            group = Some((hex32("flags:")?, hex32("event-flags:")?));
+            continue;
+        }
+        let on = if find("ino:").is_some() {
+            let hex = get("f_handle:")?;
+            if hex.len() % 2 != 0 {
+                return Err(bad());
+            }
+            FanotifyObject::Inode {
+                sdev: hex32("sdev:")?,
+                handle_type: get("fhandle-type:")?.parse().map_err(|_| bad())?,
+                handle: (0..hex.len() / 2)
+                    .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16))
+                    .collect::<Result<Vec<u8>, _>>()
+                    .map_err(|_| bad())?,
+            }
+        } else if find("mnt_id:").is_some() {
+            FanotifyObject::Mount {
+                mnt_id: hex32("mnt_id:")?,
+            }
+        } else if find("sdev:").is_some() {
+            FanotifyObject::Filesystem {
+                sdev: hex32("sdev:")?,
+            }
+        } else {
+            return Err(bad());
+        };
+        marks.push(FanotifyMark {
+            on,
+            mflags: hex32("mflags:")?,
+            mask: hex64("mask:")?,
+            ignored_mask: hex64("ignored_mask:")?,
+        });
+    }
+    let (flags, event_flags) =
+        group.ok_or_else(|| FormatError("no \"fanotify flags:\" line in the fdinfo".into()))?;
+    Ok((flags, event_flags, marks))
+}
+
 /// The `lock:` lines of an fdinfo: (kind, write, start, len (0 = to EOF)).
 pub fn parse_locks(text: &str) -> Result<Vec<(String, bool, u64, u64)>, FormatError> {
     let mut out = Vec::new();
@@ -758,6 +835,36 @@ mod tests {
             (1234, 0o2102001)
         );
         assert!(parse_fdinfo("flags: 0").is_err());
+    }
+
+    #[test]
+    fn fanotify_groups_and_marks() {
+        let t = "pos:\t0\nflags:\t02004002\nfanotify flags:3 event-flags:8000\n\
+fanotify sdev:1b mflags:0 mask:10 ignored_mask:0\n\
+fanotify mnt_id:1b mflags:0 mask:10 ignored_mask:0\n\
+fanotify ino:98a043 sdev:fe00000 mflags:0 mask:48000020 ignored_mask:0 fhandle-bytes:8 fhandle-type:1 f_handle:43a098008b09a052\n\
+fanotify ino:98a031 sdev:fe00000 mflags:40 mask:a ignored_mask:20 fhandle-bytes:8 fhandle-type:1 f_handle:31a098003c53b19a\n";
+        let (flags, ev, marks) = parse_fanotify(t).unwrap();
+        assert_eq!((flags, ev), (3, 0x8000));
+        assert_eq!(marks.len(), 4);
+        assert_eq!(marks[0].on, FanotifyObject::Filesystem { sdev: 0x1b });
+        assert_eq!(marks[1].on, FanotifyObject::Mount { mnt_id: 0x1b });
+        assert_eq!(
+            marks[2].on,
+            FanotifyObject::Inode {
+                sdev: 0xfe00000,
+                handle_type: 1,
+                handle: vec![0x43, 0xa0, 0x98, 0, 0x8b, 0x09, 0xa0, 0x52]
+            }
+        );
+        assert_eq!((marks[2].mask, marks[2].ignored_mask), (0x4800_0020, 0));
+        assert_eq!(
+            (marks[3].mflags, marks[3].mask, marks[3].ignored_mask),
+            (0x40, 0xa, 0x20)
+        );
+        assert!(parse_fanotify("pos:\t0\n").is_err(), "no group line");
+        assert!(parse_fanotify("fanotify flags:3 event-flags:0\nfanotify ino:1 sdev:2").is_err());
+        assert!(parse_fanotify("fanotify flags:x event-flags:0\n").is_err());
     }
 
     #[test]

@@ -42,6 +42,7 @@ pub mod deleted;
 pub mod epoll;
 pub mod error;
 pub mod eventfd;
+pub mod fanotify;
 pub mod file;
 pub mod fown;
 pub mod ghost;
@@ -129,6 +130,7 @@ pub const REGISTRY: &[Entry] = &[
     entry::<timerfd::Timerfd>(),
     entry::<signalfd::Signalfd>(),
     entry::<inotify::Inotify>(),
+    entry::<fanotify::Fanotify>(),
     entry::<epoll::Epoll>(),
     entry::<pidfd::Pidfd>(),
     entry::<nsfile::NsFile>(),
@@ -192,6 +194,11 @@ mod tests {
                 pos: 0,
             },
             FdKind::Inotify { watches: vec![] },
+            FdKind::Fanotify {
+                flags: 0,
+                event_flags: 0,
+                marks: vec![],
+            },
             FdKind::DeletedNode(DeletedNode {
                 path: path(),
                 id: 1,
@@ -272,6 +279,7 @@ mod tests {
                 | FdKind::Ghost { .. }
                 | FdKind::Memfd { .. }
                 | FdKind::Inotify { .. }
+                | FdKind::Fanotify { .. }
                 | FdKind::DeletedNode(_)
                 | FdKind::Unix(_)
                 | FdKind::Inet(_)
@@ -317,6 +325,7 @@ mod tests {
             [
                 "anon_inode:[eventfd]",
                 "anon_inode:[eventpoll]",
+                "anon_inode:[fanotify]",
                 "anon_inode:[pidfd]",
                 "anon_inode:[signalfd]",
                 "anon_inode:[timerfd]",

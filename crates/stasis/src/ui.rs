@@ -445,6 +445,7 @@ fn fd_description(kind: &FdKind) -> String {
             format!("memfd:{name} (content saved) pos {pos}")
         }
         FdKind::Inotify { watches } => format!("inotify with {} watches", watches.len()),
+        FdKind::Fanotify { marks, .. } => format!("fanotify group with {} marks", marks.len()),
         FdKind::Pidfd { dead: Some(_), .. } => "pidfd on a process that has exited".to_string(),
         FdKind::Pidfd { pid, .. } => format!("pidfd on process {pid}"),
         FdKind::NsFile { kind, ino } => format!("namespace file {kind}:[{ino}]"),

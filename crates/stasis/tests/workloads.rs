@@ -185,6 +185,7 @@ workload_tests! {
     chroot: "chroot";
     strict: "strict";
     filters: "filters";
+    fanotify: "fanotify";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so

@@ -74,6 +74,7 @@ fn check_kind(fd: &OpenFd<'_>, img: &FdImage) -> Result<(), SaveError> {
     let what = match &img.kind {
         FdKind::Epoll { .. } => "an epoll",
         FdKind::Inotify { .. } => "an inotify",
+        FdKind::Fanotify { .. } => "a fanotify group",
         FdKind::PtyMaster(_) | FdKind::PtySlave { .. } => "a terminal",
         FdKind::Inet(_) => "a TCP/UDP socket",
         _ => return Ok(()),
