@@ -17,8 +17,10 @@ and the server's own speed, in one run.
    Dumps stage on tmpfs (STASIS_S3_STAGING), restores download to tmpfs
    (TMPDIR).
 2. In each rep, the server's own put and get throughput measured with a
-   plain client (boto3, 8 threads, 8 MiB objects, SIZE MiB in all: the
-   request size and concurrency stasis uses).
+   plain client (boto3, 8 threads, SIZE MiB in all), twice: in 8 MiB
+   objects (what the server can do) and in 1 MiB objects (stasis's chunk
+   size; it keeps 8 requests in flight too), which shows what the
+   server's cost per object leaves for any client storing 1 MiB chunks.
 3. Bytes stored for a 10-checkpoint incremental chain (`--leave-running
    --track`) of a Python heap (CHAIN MiB: half random bytes, half text;
    2% of its objects replaced between checkpoints, the same sequence in
@@ -50,6 +52,7 @@ BUILD = os.path.join(BENCH, "build")
 ACCESS, SECRET, BUCKET = "bench", "bench-secret", "ckpts"
 MODES = ("local", "s3", "zstd", "sealed")
 PART = 8 << 20
+CHUNK = 1 << 20
 
 HEAP_PY = r'''
 import os, random, signal, sys, time
@@ -199,14 +202,14 @@ def dump_restore(args, mode, rep, srv, work, key):
     return {"dump_s": dump_s, "restore_s": restore_s, "stored_bytes": size}
 
 
-def plain_client(args, srv, rep):
+def plain_client(args, srv, rep, part=PART):
     import boto3
     from botocore.config import Config
     s3 = boto3.client("s3", endpoint_url=srv.endpoint, aws_access_key_id=ACCESS,
                       aws_secret_access_key=SECRET, region_name="us-east-1",
                       config=Config(max_pool_connections=16))
-    data = os.urandom(PART)
-    keys = [f"plain-{rep}/{i}" for i in range(args.size_mib * (1 << 20) // PART)]
+    data = os.urandom(part)
+    keys = [f"plain-{rep}/{i}" for i in range(args.size_mib * (1 << 20) // part)]
     with concurrent.futures.ThreadPoolExecutor(8) as ex:
         t0 = time.monotonic()
         list(ex.map(lambda k: s3.put_object(Bucket=BUCKET, Key=k, Body=data), keys))
@@ -214,7 +217,7 @@ def plain_client(args, srv, rep):
         t0 = time.monotonic()
         got = list(ex.map(lambda k: len(s3.get_object(Bucket=BUCKET, Key=k)["Body"].read()), keys))
         get_s = time.monotonic() - t0
-    if sum(got) != len(keys) * PART:
+    if sum(got) != len(keys) * part:
         raise BenchError("the plain client read back fewer bytes than it wrote")
     shutil.rmtree(os.path.join(srv.root, BUCKET, f"plain-{rep}"))
     return {"put_s": put_s, "get_s": get_s}
@@ -268,15 +271,28 @@ def report(args, reps, plain, chains):
         lines.append(f"| {mode} | {fmt(d)} | {gb / d['median']:.2f} | {fmt(dr)} | {fmt(r_)} | "
                      f"{gb / r_['median']:.2f} | {fmt(rr)} | {st['median']:.0f} |")
     put, get = med([p["put_s"] for p in plain]), med([p["get_s"] for p in plain])
-    out["plain_client"] = {"put_s": put, "get_s": get}
+    put1, get1 = med([p["put1_s"] for p in plain]), med([p["get1_s"] for p in plain])
+    out["plain_client"] = {"put_s": put, "get_s": get, "put_1mib_s": put1, "get_1mib_s": get1}
     lines += ["", f"plain client (boto3, 8 threads, 8 MiB objects): put {fmt(put, ' s')} "
-              f"({gb / put['median']:.2f} GB/s), get {fmt(get, ' s')} ({gb / get['median']:.2f} GB/s)"]
+              f"({gb / put['median']:.2f} GB/s), get {fmt(get, ' s')} ({gb / get['median']:.2f} GB/s)",
+              f"plain client, 1 MiB objects (stasis's chunk size): put {fmt(put1, ' s')} "
+              f"({gb / put1['median']:.2f} GB/s), get {fmt(get1, ' s')} ({gb / get1['median']:.2f} GB/s)"]
     for mode in ("s3", "zstd", "sealed"):
         dr = med([p["put_s"] / r["dump_s"] for p, r in zip(plain, reps[mode])])
         rr = med([p["get_s"] / r["restore_s"] for p, r in zip(plain, reps[mode])])
-        out["modes"][mode]["dump_vs_put"] = dr
-        out["modes"][mode]["restore_vs_get"] = rr
-        lines.append(f"{mode}: dump at {fmt(dr)} of the plain put throughput, restore at {fmt(rr)} of get")
+        dr1 = med([p["put1_s"] / r["dump_s"] for p, r in zip(plain, reps[mode])])
+        rr1 = med([p["get1_s"] / r["restore_s"] for p, r in zip(plain, reps[mode])])
+        out["modes"][mode].update(dump_vs_put=dr, restore_vs_get=rr, dump_vs_put_1mib=dr1,
+                                  restore_vs_get_1mib=rr1)
+        lines.append(f"{mode}: dump at {fmt(dr)} of the plain put throughput ({fmt(dr1)} of 1 MiB puts), "
+                     f"restore at {fmt(rr)} of get ({fmt(rr1)} of 1 MiB gets)")
+    # What compression and encryption add to a dump, against the local
+    # dump of the same rep (the issue's measure).
+    for mode in ("zstd", "sealed"):
+        c = med([(r["dump_s"] - b["dump_s"]) / l["dump_s"]
+                 for r, b, l in zip(reps[mode], reps["s3"], reps["local"])])
+        out["modes"][mode]["cost_vs_local_dump"] = c
+        lines.append(f"{mode} dump minus s3 dump, as a fraction of the local dump: {fmt(c)}")
     if chains:
         lines += ["", f"{args.chain}-checkpoint incremental chain of a {args.chain_mib} MiB Python heap:"]
         lines += [f"  {k}: {v / 1e6:.1f} MB" for k, v in chains.items()]
@@ -314,7 +330,10 @@ def main():
                 log(f"rep {rep} {mode}: dump {r['dump_s']:.2f} s, restore {r['restore_s']:.2f} s, "
                     f"{r['stored_bytes'] / 1e6:.0f} MB")
                 reps[mode].append(r)
-            plain.append(plain_client(args, srv, rep))
+            p = plain_client(args, srv, rep)
+            small = plain_client(args, srv, rep, CHUNK)
+            p.update(put1_s=small["put_s"], get1_s=small["get_s"])
+            plain.append(p)
             log(f"rep {rep} plain client: {plain[-1]}")
         chains = {}
         if args.chain:
