@@ -1,6 +1,6 @@
 //! TCP and UDP sockets (v4 and v6): listening sockets, unconnected and
-//! closed ones, UDP sockets with their unread datagrams (IPv4: delivered
-//! again from their original senders). Established TCP connections are
+//! closed ones, UDP sockets with their unread datagrams (delivered again
+//! from their original senders). Established TCP connections are
 //! the business of [`crate::tcp`].
 
 use std::os::fd::{AsFd, OwnedFd};
@@ -98,10 +98,10 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
     } else {
         let q = sock::inq(b).unwrap_or(0);
         if q > 0 {
-            // IPv4 UDP: the datagrams are kept with their
-            // senders and delivered again at restore.
-            if domain != libc::AF_INET || protocol != libc::IPPROTO_UDP {
-                return Err(fd.unsupported(format!("fd {n} is an IPv6 or raw datagram socket with unread datagrams, which stasis cannot checkpoint yet")));
+            // UDP: the datagrams are kept with their senders and
+            // delivered again at restore.
+            if protocol != libc::IPPROTO_UDP {
+                return Err(fd.unsupported(format!("fd {n} is a raw datagram socket with unread datagrams, which stasis cannot checkpoint yet")));
             }
             datagrams = sock::peek_datagrams(b, QUEUE_MAX).map_err(|e| {
                 fd.unsupported(format!("fd {n}: reading its unread datagrams: {e}"))
@@ -322,7 +322,11 @@ fn requeue_datagrams(fd: i32, s: &OwnedFd, i: &InetSocket) -> Result<(), Restore
     };
     let local = sock::local_addr(s.as_fd()).map_err(err)?;
     for (from, data) in &i.datagrams {
-        sock::inject_udp_v4(from, &local, data).map_err(err)?;
+        if i.family == libc::AF_INET6 {
+            sock::inject_udp_v6(from, &local, data).map_err(err)?;
+        } else {
+            sock::inject_udp_v4(from, &local, data).map_err(err)?;
+        }
     }
     // Loopback delivers from a softirq: wait (up to a second) for them all.
     let t0 = std::time::Instant::now();

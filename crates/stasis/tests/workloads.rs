@@ -160,6 +160,7 @@ workload_tests! {
     sockets: "sockets";
     notify_locks_timers: "notify_locks_timers";
     udp_queue: "udp_queue";
+    udp6_queue: "udp6_queue";
     sparse_shm: "sparse_shm";
     attrs: "attrs";
     fown: "fown";
