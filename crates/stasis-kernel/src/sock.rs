@@ -554,7 +554,7 @@ pub fn inject_udp_v6(from: &[u8], to: &[u8], data: &[u8]) -> Result<()> {
         };
         let v4 = |port: &[u8], ip: &[u8]| {
             let mut a = vec![0u8; 16];
-            a[..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+            a[..2].copy_from_slice(&AF_INET_U16.to_ne_bytes());
             a[2..4].copy_from_slice(port);
             a[4..8].copy_from_slice(ip);
             a
@@ -588,10 +588,17 @@ pub fn inject_udp_v6(from: &[u8], to: &[u8], data: &[u8]) -> Result<()> {
     p.extend_from_slice(&udp);
     // sendto wants the port 0 for a raw socket.
     let mut to6 = vec![0u8; 28];
-    to6[..2].copy_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
+    to6[..2].copy_from_slice(&AF_INET6_U16.to_ne_bytes());
     to6[8..24].copy_from_slice(&dst);
     send_raw(libc::AF_INET6, &p, &to6, "a queued datagram")
 }
+
+/// `sa_family` values, as the 16 bits a `sockaddr` holds them in (2 and
+/// 10 on Linux, asserted).
+const AF_INET_U16: u16 = 2;
+const AF_INET6_U16: u16 = 10;
+const _: () = assert!(libc::AF_INET == AF_INET_U16 as i32);
+const _: () = assert!(libc::AF_INET6 == AF_INET6_U16 as i32);
 
 /// The UDP checksum over IPv6 (RFC 8200 8.1): the pseudo-header (source,
 /// destination, length, next header) and the UDP header and data, with
@@ -605,13 +612,14 @@ fn udp6_checksum(src: &[u8], dst: &[u8], udp: &[u8]) -> u16 {
     };
     add(src);
     add(dst);
-    add(&(udp.len() as u32).to_be_bytes());
+    add(&u32::try_from(udp.len()).unwrap_or(u32::MAX).to_be_bytes());
     add(&[0, 0, 0, 17]);
     add(udp);
     while sum >> 16 != 0 {
         sum = (sum & 0xffff) + (sum >> 16);
     }
-    match !(sum as u16) {
+    // Folded: fits in 16 bits.
+    match !u16::try_from(sum).unwrap_or(u16::MAX) {
         0 => 0xffff,
         c => c,
     }
