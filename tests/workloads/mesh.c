@@ -864,6 +864,12 @@ static void check_link(struct link *l)
 		   "timed out");
 	zdtm_check(l->end_sent, "end", "END to node %d not written (%s)",
 		   l->peer, l->dead ? "link lost" : "timed out");
+	/* (Checked when END arrives too; again here, as END may arrive
+	 * before this node even saw SIGTERM.) */
+	zdtm_check(!l->end_rx || l->rx_next == l->end_count, "seq",
+		   "link from node %d: next expected seq %lu, END said %lu",
+		   l->peer, (unsigned long)l->rx_next,
+		   (unsigned long)l->end_count);
 	for (s = 0; s < l->rx_msgs; s++) {
 		len = payload_len(l->peer, me, s);
 		zdtm_fill(scratch, len, msg_seed(l->peer, me, s));
