@@ -194,6 +194,14 @@ fn collect_live(
     {
         collector.capture_mapped_ghost(fp.pid, v.start, v.end)?;
     }
+    for v in planned
+        .plan
+        .vmas
+        .iter()
+        .filter(|v| matches!(v.kind, VmaKind::Aio))
+    {
+        check_aio_ring(fp.pid, &mem, v.start)?;
+    }
     for v in &planned.plan.vmas {
         if let VmaKind::SysvShm { shmid } = v.kind {
             collector.capture_sysv(fp.pid, shmid, v.start, v.end)?;
@@ -214,6 +222,32 @@ fn collect_live(
         },
         xfeatures,
     ))
+}
+
+/// An AIO context is restored empty (a new one, of the same size, at the
+/// same address): refused while its ring holds completed events the
+/// program has not read (its `head` and `tail` differ). Requests still in
+/// flight are not visible from outside: see the README.
+fn check_aio_ring(pid: i32, mem: &ProcessMemory, start: u64) -> Result<()> {
+    let mut h = [0u8; 16];
+    mem.read(start, &mut h)?;
+    let word = |i: usize| u32::from_ne_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+    let (nr, head, tail) = (word(4), word(8), word(12));
+    if head != tail {
+        let waiting = if tail >= head {
+            tail - head
+        } else {
+            nr.saturating_sub(head) + tail
+        };
+        return Err(crate::SaveError::Unsupported {
+            pid,
+            what: format!(
+                "its AIO context {start:#x} holds {waiting} completed event(s) not yet read (io_getevents); stasis restores AIO contexts empty: dump again once the program has read them"
+            ),
+        }
+        .into());
+    }
+    Ok(())
 }
 
 /// What to copy of each process (the copy itself runs later: before the

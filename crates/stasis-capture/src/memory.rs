@@ -38,6 +38,7 @@ pub fn vma_kind(m: &proc::MapsEntry) -> Result<Option<VmaKind>, UnsupportedArea>
                 ))
             })?,
         },
+        "/[aio] (deleted)" if m.shared => VmaKind::Aio,
         _ if n.ends_with(" (deleted)") && n.starts_with('/') => VmaKind::Ghost {
             id: m.ino,
             offset: m.offset,
@@ -166,7 +167,7 @@ pub fn plan_with(
         // Guard pages (`MADV_GUARD_INSTALL`) found among the private pages.
         let mut guards = Vec::new();
         let data: Vec<(u64, u64)> = match (&kind, m.shared) {
-            (VmaKind::Vdso | VmaKind::Vvar | VmaKind::VvarVclock, _) => Vec::new(),
+            (VmaKind::Vdso | VmaKind::Vvar | VmaKind::VvarVclock | VmaKind::Aio, _) => Vec::new(),
             // MAP_DROPPABLE memory is a cache the kernel may empty at any
             // time: restored empty, as CRIU does (zdtm's maps11 checks it).
             _ if bits & DROPPABLE != 0 => Vec::new(),

@@ -402,6 +402,10 @@ pub enum VmaKind {
     Vvar,
     /// `[vvar_vclock]` (kernels 6.13 and later).
     VvarVclock,
+    /// The ring of an AIO context (`io_setup`; `/[aio]` in maps), whose
+    /// address is the context's id. Its size gives the ring's capacity;
+    /// a new context is made at restore and moved to this address.
+    Aio,
 }
 
 /// One memory area (`/proc/PID/maps` line).

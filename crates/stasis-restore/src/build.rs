@@ -210,6 +210,7 @@ pub fn map_vma<R: Remote>(
             )))?
         }
         VmaKind::Vdso | VmaKind::Vvar | VmaKind::VvarVclock => return Ok(0),
+        VmaKind::Aio => return aio_ring(r, vma).map(|()| 0),
     };
     if at != vma.start {
         return Err(ObjectError::Layout(format!(
@@ -234,6 +235,76 @@ pub fn map_vma<R: Remote>(
     install_guards(r, vma)?;
     lock(r, vma)?;
     Ok(filled)
+}
+
+/// `sizeof(struct aio_ring)` and `sizeof(struct io_event)`.
+const AIO_RING_HEADER: u64 = 32;
+const AIO_EVENT: u64 = 32;
+
+/// The events an AIO ring of `len` bytes holds (`ring->nr`: what the
+/// kernel fits in its pages after the header).
+pub fn aio_ring_events(len: u64) -> u64 {
+    len.saturating_sub(AIO_RING_HEADER) / AIO_EVENT
+}
+
+/// The `io_setup` argument whose ring is `len` bytes, as the kernel sizes
+/// it (`ioctx_alloc`, `aio_setup_ring`): `max(n, 4 * possible CPUs)`,
+/// doubled, plus 2 events, rounded up to whole pages. `n` below gives
+/// `2n + 2` events, between `nr - 1` and `nr` (the ring's capacity):
+/// the same pages, unless this machine's CPUs push the minimum higher.
+pub fn aio_setup_arg(len: u64) -> u64 {
+    (aio_ring_events(len).saturating_sub(2) / 2).max(1)
+}
+
+/// An AIO context: made with `io_setup` for a ring of the area's size and
+/// moved to its address (`mremap`: the kernel follows its ring, and the
+/// context id the program holds is that address).
+fn aio_ring<R: Remote>(r: &mut R, vma: &Vma) -> Result<(), RestoreError> {
+    let len = vma.end - vma.start;
+    let what = |w: &str| format!("{w} the AIO context at {:#x}", vma.start);
+    let ctx_p = r
+        .put(SCRATCH_STRUCT, &0u64.to_ne_bytes())
+        .map_err(step(what("making room for")))?;
+    r.sys("io_setup", libc::SYS_io_setup, &[aio_setup_arg(len), ctx_p])
+        .map_err(step(what("creating")))?;
+    let mut b = [0u8; 8];
+    r.read(ctx_p, &mut b)
+        .map_err(step(what("reading the id of")))?;
+    let ctx = u64::from_ne_bytes(b);
+    r.read(ctx + 4, &mut b[..4])
+        .map_err(step(what("reading the ring of")))?;
+    let nr = u64::from(u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+    if nr != aio_ring_events(len) {
+        return Err(ObjectError::Layout(format!(
+            "the AIO context at {:#x} held {} events; io_setup here gives {nr} (another number of CPUs?)",
+            vma.start,
+            aio_ring_events(len)
+        ))
+        .into());
+    }
+    if ctx != vma.start {
+        let at = r
+            .sys(
+                "mremap",
+                libc::SYS_mremap,
+                &[
+                    ctx,
+                    len,
+                    len,
+                    u64::from((libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED).unsigned_abs()),
+                    vma.start,
+                ],
+            )
+            .map_err(step(what("moving the ring of")))?;
+        if at != vma.start {
+            return Err(ObjectError::Layout(format!(
+                "the ring of the AIO context at {:#x} landed at {at:#x}",
+                vma.start
+            ))
+            .into());
+        }
+    }
+    Ok(())
 }
 
 /// Puts the area's guard pages back (`MADV_GUARD_INSTALL`): a touch of one

@@ -433,3 +433,27 @@ fn a_read_only_shared_file_mapping_that_may_be_made_writable_opens_its_file_for_
     assert_eq!(open_mode(0, true), libc::O_RDONLY as u64);
     assert_eq!(open_mode(0, false), libc::O_RDONLY as u64);
 }
+
+/// The ring `io_setup(n)` makes, as the kernel sizes it (`ioctx_alloc`,
+/// `aio_setup_ring`) with `cpus` possible CPUs: its length in bytes.
+fn kernel_aio_ring_len(n: u64, cpus: u64) -> u64 {
+    let events = n.max(cpus * 4) * 2 + 2;
+    (32 + events * 32).div_ceil(4096) * 4096
+}
+
+#[test]
+fn an_aio_ring_is_made_again_at_its_size() {
+    for pages in 1..=64u64 {
+        let len = pages * 4096;
+        let n = aio_setup_arg(len);
+        assert_eq!(aio_ring_events(len), (len - 32) / 32);
+        // With the CPUs of this kind of machine, the same ring.
+        if n >= 2 * 4 {
+            assert_eq!(kernel_aio_ring_len(n, 2), len, "{pages} pages");
+        }
+    }
+    // io_setup(128) on 2 CPUs: 3 pages, 383 events.
+    assert_eq!(kernel_aio_ring_len(128, 2), 3 * 4096);
+    assert_eq!(aio_ring_events(3 * 4096), 383);
+    assert_eq!(kernel_aio_ring_len(aio_setup_arg(3 * 4096), 2), 3 * 4096);
+}

@@ -409,6 +409,7 @@ fn vma_line(v: &stasis_image::manifest::Vma, pack: Option<&stasis_image::PackRea
         }
         VmaKind::Vdso => "[vdso]".into(),
         VmaKind::Vvar => "[vvar]".into(),
+        VmaKind::Aio => "[aio] (an AIO context's ring)".into(),
         VmaKind::VvarVclock => "[vvar_vclock]".into(),
     };
     format!(

@@ -402,3 +402,60 @@ fn restore_when_a_listening_port_is_taken() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+#[test]
+fn an_aio_context_with_unread_events_is_refused_and_the_process_keeps_running() {
+    let d = tempfile::tempdir().unwrap();
+    let ready = d.path().join("ready");
+    // io_setup, then a read of /dev/zero submitted (it completes at once)
+    // and its event left in the ring; then the marker.
+    let script = format!(
+        r#"
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+class Iocb(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_uint64), ("key", ctypes.c_uint32), ("rw_flags", ctypes.c_uint32),
+                ("opcode", ctypes.c_uint16), ("reqprio", ctypes.c_int16), ("fildes", ctypes.c_uint32),
+                ("buf", ctypes.c_uint64), ("nbytes", ctypes.c_uint64), ("offset", ctypes.c_int64),
+                ("reserved2", ctypes.c_uint64), ("flags", ctypes.c_uint32), ("resfd", ctypes.c_uint32)]
+assert ctypes.sizeof(Iocb) == 64
+ctx = ctypes.c_ulong(0)
+assert libc.syscall(206, 8, ctypes.byref(ctx)) == 0
+fd = os.open("/dev/zero", os.O_RDONLY)
+buf = ctypes.create_string_buffer(4096)
+cb = Iocb(data=7, opcode=0, fildes=fd, buf=ctypes.addressof(buf), nbytes=4096)
+cbs = (ctypes.POINTER(Iocb) * 1)(ctypes.pointer(cb))
+assert libc.syscall(209, ctx, 1, cbs) == 1
+ring = (ctypes.c_uint32 * 4).from_address(ctx.value)
+while ring[3] == ring[2]:
+    time.sleep(0.01)
+open("{}", "w").close()
+time.sleep(100)
+"#,
+        ready.display()
+    );
+    let mut c = std::process::Command::new("python3");
+    c.args(["-c", &script])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    close_inherited_fds(&mut c);
+    let mut child = c.spawn().unwrap();
+    let pid = child.id() as i32;
+    let t0 = std::time::Instant::now();
+    while !ready.exists() {
+        assert!(
+            t0.elapsed().as_secs() < 20 && child.try_wait().unwrap().is_none(),
+            "python did not leave an AIO event unread"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    dump_refused(
+        pid,
+        &d.path().join("img"),
+        "completed event(s) not yet read",
+        &[pid],
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

@@ -187,6 +187,7 @@ workload_tests! {
     strict: "strict";
     filters: "filters";
     fanotify: "fanotify";
+    aio: "aio";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so
