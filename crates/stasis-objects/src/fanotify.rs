@@ -6,7 +6,11 @@
 //!
 //! Events queued at dump time are not part of the image (as with
 //! inotify): the restored group starts with an empty queue. A mark on a
-//! deleted file is refused.
+//! deleted file is refused. A group of a permission class
+//! (`FAN_CLASS_CONTENT`, `FAN_CLASS_PRE_CONTENT`) comes back as it was;
+//! while its process is frozen, every access its permission marks cover
+//! waits for it, the dumper's own included (the image directory must not
+//! be under such a mark).
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
