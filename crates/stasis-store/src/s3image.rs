@@ -604,6 +604,7 @@ impl Source {
                 }),
             ),
             Source::File(path, consume) => {
+                let mut punch = consume;
                 let f = OpenOptions::new()
                     .read(true)
                     .write(consume)
@@ -619,19 +620,20 @@ impl Source {
                     Box::new(move |off, buf: &mut Vec<u8>| {
                         f.read_exact_at(buf, off)
                             .map_err(StoreError::local("read", &path))?;
-                        if consume {
+                        if punch {
                             use rustix::fs::{fallocate, FallocateFlags};
-                            fallocate(
+                            // Best effort: a filesystem that cannot punch
+                            // holes keeps the file until it is deleted
+                            // after the upload, as before.
+                            if let Err(e) = fallocate(
                                 &f,
                                 FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
                                 off,
                                 buf.len() as u64,
-                            )
-                            .map_err(|e| StoreError::Local {
-                                action: "free (punch a hole in)",
-                                path: path.clone(),
-                                source: e.into(),
-                            })?;
+                            ) {
+                                tracing::debug!(path = %path.display(), "not freed as uploaded: {e}");
+                                punch = false;
+                            }
                         }
                         Ok(())
                     }),
