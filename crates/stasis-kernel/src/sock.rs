@@ -590,6 +590,10 @@ pub fn inject_udp_v6(from: &[u8], to: &[u8], data: &[u8]) -> Result<()> {
     let mut to6 = vec![0u8; 28];
     to6[..2].copy_from_slice(&AF_INET6_U16.to_ne_bytes());
     to6[8..24].copy_from_slice(&dst);
+    // A link-local destination needs its interface (sin6_scope_id).
+    if let Some(scope) = to.get(24..28) {
+        to6[24..28].copy_from_slice(scope);
+    }
     send_raw(libc::AF_INET6, &p, &to6, "a queued datagram")
 }
 
