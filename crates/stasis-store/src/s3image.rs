@@ -166,7 +166,8 @@ impl S3Image {
         manifest: Vec<u8>,
         skip: &[&str],
     ) -> Result<Uploaded, StoreError> {
-        self.upload_with(src, (n, parent), manifest, skip, false)
+        let data = self.upload_data(src, (n, parent), manifest, skip)?;
+        self.commit(data)
     }
 
     /// [`upload`](Self::upload), freeing each part of `src`'s files (a
@@ -177,22 +178,17 @@ impl S3Image {
     pub fn upload_consuming(
         &self,
         src: &Path,
-        (n, parent): (u32, Option<u32>),
+        checkpoint: (u32, Option<u32>),
         manifest: Vec<u8>,
         skip: &[&str],
     ) -> Result<Uploaded, StoreError> {
-        self.upload_with(src, (n, parent), manifest, skip, true)
+        let data = self.upload_data_with(src, checkpoint, manifest, skip, true)?;
+        self.commit(data)
     }
 
-    fn upload_with(
-        &self,
-        src: &Path,
-        (n, parent): (u32, Option<u32>),
-        manifest: Vec<u8>,
-        skip: &[&str],
-        consume: bool,
-    ) -> Result<Uploaded, StoreError> {
-        let (mut record, up) = self.upload_data_with(src, (n, parent), manifest, skip, consume)?;
+    /// Creates the commit record of uploaded objects: the commit point.
+    fn commit(&self, (mut record, up): (Record, Uploaded)) -> Result<Uploaded, StoreError> {
+        let n = record.checkpoint;
         let bytes = record.encode(self.seal.key.as_ref());
         if !self.bucket.put_new(&self.commit_key(n), bytes)? {
             return Err(StoreError::CommitRace {

@@ -20,6 +20,17 @@ fn dump_refused(pid: i32, dir: &std::path::Path, needle: &str, pids: &[i32]) {
     }
 }
 
+/// `python3 -c script`, quiet, with no inherited fds.
+fn python(script: &str) -> std::process::Child {
+    let mut c = std::process::Command::new("python3");
+    c.args(["-c", script])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    close_inherited_fds(&mut c);
+    c.spawn().unwrap()
+}
+
 #[test]
 fn dump_of_a_pid_that_does_not_exist() {
     let d = tempfile::tempdir().unwrap();
@@ -63,16 +74,9 @@ fn dump_of_a_process_already_traced_leaves_it_untouched() {
 #[test]
 fn unsupported_fd_is_refused_and_process_keeps_running() {
     let d = tempfile::tempdir().unwrap();
-    let mut c = std::process::Command::new("python3");
-    c.args([
-        "-c",
+    let mut child = python(
         "import socket,time; s=socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0); time.sleep(100)",
-    ])
-    .stdin(std::process::Stdio::null())
-    .stdout(std::process::Stdio::null())
-    .stderr(std::process::Stdio::null());
-    close_inherited_fds(&mut c);
-    let mut child = c.spawn().unwrap();
+    );
     let pid = child.id() as i32;
     let t0 = std::time::Instant::now();
     while !std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -434,13 +438,7 @@ time.sleep(100)
 "#,
         ready.display()
     );
-    let mut c = std::process::Command::new("python3");
-    c.args(["-c", &script])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    close_inherited_fds(&mut c);
-    let mut child = c.spawn().unwrap();
+    let mut child = python(&script);
     let pid = child.id() as i32;
     let t0 = std::time::Instant::now();
     while !ready.exists() {
