@@ -20,6 +20,29 @@ fn dump_refused(pid: i32, dir: &std::path::Path, needle: &str, pids: &[i32]) {
     }
 }
 
+/// Waits (up to 20 s) until `ready` says the child (still running) has
+/// set up what the dump must refuse, then checks the refusal
+/// ([`dump_refused`]) and ends the child.
+fn refused_once_ready(
+    mut child: std::process::Child,
+    dir: &std::path::Path,
+    (waiting_for, ready): (&str, &dyn Fn(i32) -> bool),
+    needle: &str,
+) {
+    let pid = child.id() as i32;
+    let t0 = std::time::Instant::now();
+    while !ready(pid) {
+        assert!(
+            t0.elapsed().as_secs() < 20 && child.try_wait().unwrap().is_none(),
+            "waited in vain for {waiting_for}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    dump_refused(pid, dir, needle, &[pid]);
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
 /// `python3 -c script`, quiet, with no inherited fds.
 fn python(script: &str) -> std::process::Child {
     let mut c = std::process::Command::new("python3");
@@ -74,33 +97,24 @@ fn dump_of_a_process_already_traced_leaves_it_untouched() {
 #[test]
 fn unsupported_fd_is_refused_and_process_keeps_running() {
     let d = tempfile::tempdir().unwrap();
-    let mut child = python(
+    let child = python(
         "import socket,time; s=socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0); time.sleep(100)",
     );
-    let pid = child.id() as i32;
-    let t0 = std::time::Instant::now();
-    while !std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .any(|e| {
-            std::fs::read_link(e.unwrap().path())
-                .map(|l| l.to_string_lossy().starts_with("socket:"))
-                .unwrap_or(false)
-        })
-    {
-        assert!(
-            t0.elapsed().as_secs() < 10,
-            "python did not open its socket"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    dump_refused(
-        pid,
+    let has_socket = |pid: i32| {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .any(|e| {
+                std::fs::read_link(e.unwrap().path())
+                    .map(|l| l.to_string_lossy().starts_with("socket:"))
+                    .unwrap_or(false)
+            })
+    };
+    refused_once_ready(
+        child,
         &d.path().join("img"),
+        ("python to open its socket", &has_socket),
         "a packet socket (address family 17)",
-        &[pid],
     );
-    child.kill().unwrap();
-    child.wait().unwrap();
 }
 
 #[test]
@@ -438,22 +452,11 @@ time.sleep(100)
 "#,
         ready.display()
     );
-    let mut child = python(&script);
-    let pid = child.id() as i32;
-    let t0 = std::time::Instant::now();
-    while !ready.exists() {
-        assert!(
-            t0.elapsed().as_secs() < 20 && child.try_wait().unwrap().is_none(),
-            "python did not leave an AIO event unread"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    dump_refused(
-        pid,
+    let child = python(&script);
+    refused_once_ready(
+        child,
         &d.path().join("img"),
+        ("python to leave an AIO event unread", &|_| ready.exists()),
         "completed event(s) not yet read",
-        &[pid],
     );
-    child.kill().unwrap();
-    child.wait().unwrap();
 }
