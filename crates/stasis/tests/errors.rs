@@ -152,13 +152,7 @@ fn fd_table_shared_with_a_sibling_is_refused() {
         \x20   libc = ctypes.CDLL(None, use_errno=True)\n\
         \x20   libc.syscall(56, 0x400 | 0x8000 | 17, 0, 0, 0, 0)\n\
         time.sleep(100)\n";
-    let mut c = std::process::Command::new("python3");
-    c.args(["-c", script])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    close_inherited_fds(&mut c);
-    let mut child = c.spawn().unwrap();
+    let mut child = python(script);
     let pid = child.id() as i32;
     let children = || {
         std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
