@@ -38,12 +38,21 @@ impl Object for Ghost {
         }
         if fd.meta.nlink() > 0 && !name.starts_with("/memfd:") {
             // Unlinked under this name, linked under another that /proc
-            // does not give: a copy would be another file.
-            return Err(fd.unsupported(format!(
-                "fd {} is a file removed from {name} that still has {} other hard link(s), which stasis cannot find to open it again; keep a name for it under its old path",
-                fd.fd,
-                fd.meta.nlink()
-            )));
+            // does not give: a copy would be another file. A name found
+            // in the same directory is opened again, as a plain file is.
+            let Some(other) = other_link(name, fd.meta.dev(), fd.meta.ino()) else {
+                return Err(fd.unsupported(format!(
+                    "fd {} is a file removed from {name} that still has {} other hard link(s), none of them in that directory, which stasis cannot find to open it again; keep a name for it there",
+                    fd.fd,
+                    fd.meta.nlink()
+                )));
+            };
+            return Ok(Some(FdKind::Path {
+                path: other,
+                pos: fd.pos,
+                mode: fd.meta.mode(),
+                size: fd.meta.size(),
+            }));
         }
         save_content(
             cx,
@@ -69,6 +78,7 @@ impl Object for Ghost {
     fn owns(kind: &FdKind) -> bool {
         matches!(kind, FdKind::Ghost { .. } | FdKind::Memfd { .. })
     }
+
 
     fn restore(cx: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
         let (path, id, pos, memfd) = match &img.kind {
@@ -408,3 +418,17 @@ fn write_sparse(f: &OwnedFd, g: &GhostFile) -> Result<(), RestoreError> {
     }
     file.set_len(size).map_err(err)
 }
+/// Another name of the file `(dev, ino)`, removed from `old`: an entry of
+/// `old`'s directory that is that file (a hard link made next to it, as
+/// `link(2)` users do). The directory is read once; a filesystem-wide
+/// search would cost more than a dump may.
+fn other_link(old: &str, dev: u64, ino: u64) -> Option<String> {
+    let dir = std::path::Path::new(old).parent()?;
+    std::fs::read_dir(dir).ok()?.find_map(|e| {
+        let e = e.ok()?;
+        let m = std::fs::symlink_metadata(e.path()).ok()?;
+        (m.is_file() && m.dev() == dev && m.ino() == ino)
+            .then(|| e.path().to_string_lossy().into_owned())
+    })
+}
+

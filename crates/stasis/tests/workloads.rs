@@ -188,6 +188,7 @@ workload_tests! {
     filters: "filters";
     fanotify: "fanotify";
     aio: "aio";
+    unlinked_link: "unlinked_link";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so
