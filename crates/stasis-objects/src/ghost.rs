@@ -79,7 +79,6 @@ impl Object for Ghost {
         matches!(kind, FdKind::Ghost { .. } | FdKind::Memfd { .. })
     }
 
-
     fn restore(cx: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
         let (path, id, pos, memfd) = match &img.kind {
             FdKind::Ghost { path, id, pos } => (path, id, pos, false),
@@ -431,4 +430,3 @@ fn other_link(old: &str, dev: u64, ino: u64) -> Option<String> {
             .then(|| e.path().to_string_lossy().into_owned())
     })
 }
-
