@@ -128,7 +128,11 @@ fn pipe_to_a_process_outside_the_tree_is_refused() {
     close_inherited_fds(&mut c);
     let mut child = c.spawn().unwrap();
     let pid = child.id() as i32;
-    std::thread::sleep(std::time::Duration::from_millis(100));
+    // Once it is sleep (exec done), not this test's fork.
+    wait_until(std::time::Duration::from_secs(20), "sleep's exec", || {
+        std::fs::read_link(format!("/proc/{pid}/exe"))
+            .is_ok_and(|e| e.to_string_lossy().ends_with("/sleep"))
+    });
     // This test process holds the write end of sleep's stdin.
     dump_refused(
         pid,
