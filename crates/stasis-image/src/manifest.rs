@@ -492,6 +492,11 @@ pub enum LockKind {
     /// `fcntl(F_SETLEASE)`: a read or write lease, owned by the open file
     /// description (`start` and `len` 0).
     Lease,
+    /// A lease being broken (another process opened the file): `write` is
+    /// the lease held before the break, `to_read` whether the break only
+    /// downgrades it to a read lease (a reader broke a write lease) rather
+    /// than ends it.
+    BreakingLease { to_read: bool },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -76,6 +76,12 @@ pub fn owner(fd: BorrowedFd<'_>) -> io::Result<(sys::FOwnerEx, i32)> {
     Ok((o, i32::try_from(sig).unwrap_or(0)))
 }
 
+/// `fcntl(F_SETOWN, pid)` (0: no process gets the description's SIGIO).
+pub fn set_owner(fd: BorrowedFd<'_>, pid: i32) -> io::Result<()> {
+    // SAFETY: F_SETOWN takes an int.
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETOWN, pid) }.into()).map(drop)
+}
+
 /// `fcntl(F_GETLEASE)`: `F_RDLCK`, `F_WRLCK` or `F_UNLCK`.
 pub fn lease(fd: BorrowedFd<'_>) -> io::Result<i32> {
     // SAFETY: F_GETLEASE takes no argument.

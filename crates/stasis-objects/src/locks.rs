@@ -1,7 +1,8 @@
 //! File locks held through an fd (from the `lock:` lines of fdinfo). OFD
 //! locks and leases belong to the open file description: the restorer
 //! takes them when it makes it ([`take_ofd_locks`]; a lease's type is
-//! read with `F_GETLEASE`, and a lease being broken is refused). flock locks belong to it too,
+//! read with `F_GETLEASE`; a lease being broken is taken and broken again
+//! at restore, by an open of the restorer's, without a signal). flock locks belong to it too,
 //! but `/proc` names the process that took them, and POSIX locks belong
 //! to the process: both are taken by the process itself, over a
 //! [`Remote`] ([`restore_flock`], [`restore_posix_locks`]).
@@ -47,25 +48,35 @@ pub fn save(fd: &OpenFd<'_>) -> Result<Vec<FileLock>, SaveError> {
     Ok(locks)
 }
 
-/// The lease held through `fd` (not one being broken: the breaker waits
-/// on it, which an image cannot hold).
+/// The lease held through `fd`. One being broken (another process opened
+/// the file) is saved with the lease held before the break and the type
+/// it is broken to (what `F_GETLEASE` returns meanwhile): a reader breaks
+/// a write lease to a read lease; a writer breaks any lease to none, and
+/// the lease held was then a read lease if the description is read-only
+/// (a read lease needs that), else a write lease. The process waiting in
+/// its open (if it did not open with `O_NONBLOCK`) is not part of the
+/// image; the break starts again at restore, its time-out anew.
 fn save_lease(fd: &OpenFd<'_>) -> Result<FileLock, SaveError> {
     let breaking = fd
         .info
         .lines()
-        .any(|l| l.starts_with("lock:") && l.contains("LEASE") && !l.contains("ACTIVE"));
-    if breaking {
-        return Err(fd.unsupported(format!(
-            "fd {} holds a lease that is being broken (another process opened the file), which stasis cannot checkpoint; dump again once the holder has given it up",
-            fd.fd
-        )));
-    }
+        .find(|l| l.starts_with("lock:") && l.contains("LEASE") && l.contains("BREAKING"));
     let copy = pidfd::pidfd_getfd(fd.pidfd, fd.fd)?;
     let ty = fdops::lease(copy.as_fd()).map_err(|source| SaveError::Proc {
         pid: fd.pid,
         file: format!("fd/{} (F_GETLEASE)", fd.fd),
         source,
     })?;
+    if breaking.is_some() {
+        let to_read = ty == libc::F_RDLCK;
+        let read_only = fd.flags & libc::O_ACCMODE.unsigned_abs() == libc::O_RDONLY.unsigned_abs();
+        return Ok(FileLock {
+            kind: LockKind::BreakingLease { to_read },
+            write: to_read || !read_only,
+            start: 0,
+            len: 0,
+        });
+    }
     Ok(FileLock {
         kind: LockKind::Lease,
         write: ty == libc::F_WRLCK,
@@ -102,17 +113,24 @@ fn flock_op(l: &FileLock) -> i32 {
 /// (a lease makes this process the file's SIGIO owner: the owner saved
 /// with the fd is set again later, by the process).
 pub fn take_ofd_locks(made: &OwnedFd, img: &FdImage) -> Result<(), RestoreError> {
-    let mine = |l: &&FileLock| matches!(l.kind, LockKind::Ofd | LockKind::Lease);
+    let mine = |l: &&FileLock| {
+        matches!(
+            l.kind,
+            LockKind::Ofd | LockKind::Lease | LockKind::BreakingLease { .. }
+        )
+    };
     for l in img.locks.iter().filter(mine) {
-        let taken = if l.kind == LockKind::Lease {
-            let ty = if l.write {
-                libc::F_WRLCK
-            } else {
-                libc::F_RDLCK
-            };
-            fdops::set_lease(made.as_fd(), ty)
+        let ty = if l.write {
+            libc::F_WRLCK
         } else {
-            fdops::ofd_setlk(made.as_fd(), &flock_struct(l))
+            libc::F_RDLCK
+        };
+        let taken = match l.kind {
+            LockKind::Lease => fdops::set_lease(made.as_fd(), ty),
+            LockKind::BreakingLease { to_read } => {
+                fdops::set_lease(made.as_fd(), ty).and_then(|()| break_lease(made, to_read))
+            }
+            _ => fdops::ofd_setlk(made.as_fd(), &flock_struct(l)),
         };
         taken.map_err(|e| RestoreError::Locked {
             fd: img.fd,
@@ -123,6 +141,43 @@ pub fn take_ofd_locks(made: &OwnedFd, img: &FdImage) -> Result<(), RestoreError>
             ),
             source: e,
         })?;
+    }
+    Ok(())
+}
+
+/// Starts breaking the lease just taken on `made`, as a process opening
+/// the file would (for reading if `to_read`, else for writing), without
+/// waiting: the open fails with `EWOULDBLOCK` and the lease is being
+/// broken. No SIGIO is sent for it (no owner until the process's own is
+/// set again): the process had its signal before the dump.
+fn break_lease(made: &OwnedFd, to_read: bool) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    fdops::set_owner(made.as_fd(), 0)?;
+    let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(made));
+    let opened = std::fs::OpenOptions::new()
+        .read(to_read)
+        .write(!to_read)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&path);
+    match opened {
+        Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {}
+        Err(e) => return Err(e),
+        Ok(_) => {
+            return Err(std::io::Error::other(
+                "the open that should break the lease did not conflict with it",
+            ))
+        }
+    }
+    let now = fdops::lease(made.as_fd())?;
+    let want = if to_read {
+        libc::F_RDLCK
+    } else {
+        libc::F_UNLCK
+    };
+    if now != want {
+        return Err(std::io::Error::other(format!(
+            "the lease being broken reads as type {now}, not {want}"
+        )));
     }
     Ok(())
 }
@@ -207,5 +262,63 @@ mod tests {
         let e = take_ofd_locks(&other, &w).unwrap_err().to_string();
         assert!(e.contains("fd 4") && e.contains("Lease write"), "{e}");
         std::fs::remove_file(&path).unwrap();
+    }
+
+    /// The kernel's view of the lease on `fd`: its fdinfo `lock:` line.
+    fn lease_line(fd: &OwnedFd) -> String {
+        let info = std::fs::read_to_string(format!(
+            "/proc/self/fdinfo/{}",
+            std::os::fd::AsRawFd::as_raw_fd(fd)
+        ))
+        .unwrap();
+        info.lines()
+            .find(|l| l.starts_with("lock:") && l.contains("LEASE"))
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    // A lease being broken is taken and broken again: to none (a read
+    // lease, a writer), or to a read lease (a write lease, a reader).
+    #[test]
+    fn a_lease_being_broken_is_broken_again() {
+        for (to_read, write) in [(false, false), (true, true)] {
+            let path = std::env::temp_dir().join(format!(
+                "stasis-lease-break-{}-{to_read}",
+                std::process::id()
+            ));
+            std::fs::write(&path, b"x").unwrap();
+            let made: OwnedFd = std::fs::OpenOptions::new()
+                .read(true)
+                .write(write)
+                .open(&path)
+                .unwrap()
+                .into();
+            let img = FdImage {
+                fd: 5,
+                flags: 0,
+                cloexec: false,
+                kind: stasis_image::manifest::FdKind::Signalfd { mask: 0 },
+                shared_id: None,
+                locks: vec![FileLock {
+                    kind: LockKind::BreakingLease { to_read },
+                    write,
+                    start: 0,
+                    len: 0,
+                }],
+                owner: None,
+            };
+            take_ofd_locks(&made, &img).unwrap();
+            let want = if to_read {
+                libc::F_RDLCK
+            } else {
+                libc::F_UNLCK
+            };
+            assert_eq!(fdops::lease(made.as_fd()).unwrap(), want);
+            let line = lease_line(&made);
+            assert!(line.contains("BREAKING"), "{line}");
+            // No process gets the break's SIGIO.
+            assert_eq!(fdops::owner(made.as_fd()).unwrap().0.pid, 0);
+            std::fs::remove_file(&path).unwrap();
+        }
     }
 }

@@ -199,6 +199,25 @@ fn twice_shm() {
     twice("shm", &[]);
 }
 
+// lease_break holds a write lease being broken: any open of that file
+// waits for the break (up to lease-break-time, 45 s), and the
+// leave-running matrix copies the workload's files while it runs. It is
+// in the matrices that kill the workload first.
+#[test]
+fn twice_lease_break() {
+    twice("lease_break", &[]);
+}
+
+#[test]
+fn lazy_lease_break() {
+    twice_lazy("lease_break", &[], false);
+}
+
+#[test]
+fn lazy_page_server_lease_break() {
+    twice_lazy("lease_break", &[], true);
+}
+
 // A fork snapshot leaves MADV_DONTFORK areas out (they are read while the
 // tree is frozen instead); the default method (write-protection) does not
 // fork. (`fork`: no MADV_WIPEONFORK area, which a fork snapshot refuses.)
