@@ -76,7 +76,7 @@ impl FdCollector {
     }
 
     /// See [`SaveCtx::check_external_ptys`].
-    pub fn check_external_ptys(&self, tree: &[i32]) -> Result<()> {
+    pub fn check_external_ptys(&mut self, tree: &[i32]) -> Result<()> {
         Ok(self.0.check_external_ptys(tree)?)
     }
 

@@ -570,6 +570,11 @@ pub enum FdKind {
     /// A slave end (`/dev/pts/N`) of the pair whose master, in the image,
     /// has this `index`.
     PtySlave { index: u32 },
+    /// A slave of pty `index` whose master was closed (by every process:
+    /// the terminal is hung up, reads and writes fail): a slave of a new
+    /// pair whose master is closed once the restore ends. Every such fd of
+    /// one index is a slave of the same new pair.
+    PtyHungUp { index: u32 },
     /// `/dev/tty` opened by a session leader whose controlling terminal is
     /// the slave of the pair with this `index`: opened again once that is
     /// its terminal again.

@@ -51,16 +51,13 @@ impl Object for Deleted {
                 fd.fd, fd.link
             )));
         }
-        // A pty slave whose node is gone (its devpts entry went with the
-        // pty): no node can be made for it at restore (devpts takes no
-        // mknod), so it is refused here, not at restore.
+        // A pty slave whose node is gone (its devpts entry went when the
+        // master was closed): the pty module's (`crate::pty`), which
+        // restores it hung up, as a slave of a new pair.
         if ft.is_char_device()
             && (path.starts_with("/dev/pts/") || (136..=143).contains(&libc::major(fd.meta.rdev())))
         {
-            return Err(fd.unsupported(format!(
-                "fd {} is a pty slave whose device node is gone ({}), which stasis cannot checkpoint",
-                fd.fd, fd.link
-            )));
+            return Ok(None);
         }
         if ft.is_fifo() {
             crate::pipe::save_content(cx, fd)?;

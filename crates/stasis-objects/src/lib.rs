@@ -260,6 +260,7 @@ mod tests {
                 slave_node: None,
             }),
             FdKind::PtySlave { index: 3 },
+            FdKind::PtyHungUp { index: 3 },
             FdKind::CurrentTty { index: 3 },
             FdKind::Pidfd { pid: 1, dead: None },
             FdKind::NsFile {
@@ -286,6 +287,7 @@ mod tests {
                 | FdKind::Netlink(_)
                 | FdKind::PtyMaster(_)
                 | FdKind::PtySlave { .. }
+                | FdKind::PtyHungUp { .. }
                 | FdKind::CurrentTty { .. }
                 | FdKind::Pidfd { .. }
                 | FdKind::NsFile { .. } => {}

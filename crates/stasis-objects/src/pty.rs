@@ -32,6 +32,13 @@
 //! packet-mode control status not yet read, queues a line discipline
 //! cannot hold (4095 bytes), a master not opened read-write.
 //!
+//! A slave whose master no process holds any more (closed: the terminal is
+//! hung up, its `/dev/pts/N` node gone; zdtm's pty04) is saved as
+//! [`FdKind::PtyHungUp`] (the census of the system says no one holds the
+//! master) and restored as a slave of a new pair whose master is closed
+//! when the restore ends: hung up again, every such fd of one terminal on
+//! one new terminal.
+//!
 //! A slave whose master is outside the tree (an interactive program's
 //! terminal, fds 0-2 of a shell's child) is refused rather than reopened
 //! by its `/dev/pts/N` path at restore: its settings and queues belong to
@@ -148,7 +155,10 @@ impl Object for Pty {
     fn owns(kind: &FdKind) -> bool {
         matches!(
             kind,
-            FdKind::PtyMaster(_) | FdKind::PtySlave { .. } | FdKind::CurrentTty { .. }
+            FdKind::PtyMaster(_)
+                | FdKind::PtySlave { .. }
+                | FdKind::PtyHungUp { .. }
+                | FdKind::CurrentTty { .. }
         )
     }
 
@@ -157,6 +167,7 @@ impl Object for Pty {
     /// ([`restore_ctty`]).
     fn restore(cx: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
         let (index, pair) = match &img.kind {
+            FdKind::PtyHungUp { index } => return cx.ptys.hung_up_slave(*index, img),
             FdKind::PtyMaster(p) => (p.index, Some(p)),
             FdKind::PtySlave { index } | FdKind::CurrentTty { index } => (*index, None),
             _ => return Err(not_mine(Self::NAME, img)),
@@ -253,6 +264,9 @@ pub struct Made<'a> {
     /// Every saved pair, by its index at dump.
     images: HashMap<u32, &'a PtyPair>,
     made: HashMap<u32, MadePair>,
+    /// The masters of the pairs made for hung-up slaves, by index at dump:
+    /// closed when the restore ends, which hangs the slaves up.
+    hung: HashMap<u32, OwnedFd>,
 }
 
 impl<'a> Made<'a> {
@@ -267,7 +281,26 @@ impl<'a> Made<'a> {
         Self {
             images,
             made: HashMap::new(),
+            hung: HashMap::new(),
         }
+    }
+
+    /// A slave of the new pair standing for hung-up pair `index` (made on
+    /// first use; its master is closed when the restore ends).
+    fn hung_up_slave(&mut self, index: u32, img: &FdImage) -> Result<OwnedFd, RestoreError> {
+        let what = |w: &str| format!("{w} for fd {} (pty {index}, hung up)", img.fd);
+        if !self.hung.contains_key(&index) {
+            let m = tty::open_ptmx(0).map_err(io_step(what("opening /dev/ptmx"), "open"))?;
+            tty::set_locked(m.as_fd(), false).map_err(io_step(what("unlocking"), "TIOCSPTLCK"))?;
+            self.hung.insert(index, m);
+        }
+        let s = tty::open_peer(self.hung[&index].as_fd(), reopen_flags(img.flags))
+            .map_err(io_step(what("opening a slave"), "TIOCGPTPEER"))?;
+        fdops::set_status_flags(s.as_fd(), setfl_flags(img.flags)).map_err(io_step(
+            format!("setting the flags of fd {}", img.fd),
+            "F_SETFL",
+        ))?;
+        Ok(s)
     }
 
     /// Pair `index`, made on first use.
@@ -658,7 +691,8 @@ fn read_master(m: BorrowedFd<'_>, packet: bool) -> std::io::Result<Vec<u8>> {
 /// Refuses what a restore could not rebuild: a slave whose master is
 /// outside the tree, a pair or controlling terminal shared with a process
 /// outside it, a session leader without a slave fd of its terminal.
-pub fn check_external(cx: &SaveCtx, tree: &[i32]) -> Result<(), SaveError> {
+pub fn check_external(cx: &mut SaveCtx, tree: &[i32]) -> Result<(), SaveError> {
+    mark_hung_up(cx);
     let p = &cx.ptys;
     for &(pid, fd, index) in &p.slaves {
         if !p.pairs.contains_key(&index) {
@@ -703,6 +737,43 @@ pub fn check_external(cx: &SaveCtx, tree: &[i32]) -> Result<(), SaveError> {
         }
     }
     Ok(())
+}
+
+/// Slaves of pairs whose master no process holds (closed: the terminal
+/// is hung up, zdtm's pty04) become [`FdKind::PtyHungUp`]. A census of
+/// the system says who holds masters (the one the dump took, or one taken
+/// now: only when the tree holds a slave without its master).
+fn mark_hung_up(cx: &mut SaveCtx) {
+    let orphans: Vec<(i32, i32, u32)> = cx
+        .ptys
+        .slaves
+        .iter()
+        .copied()
+        .filter(|s| !cx.ptys.pairs.contains_key(&s.2))
+        .collect();
+    if orphans.is_empty() {
+        return;
+    }
+    if cx.ptys.census.is_none() {
+        cx.ptys.census = Some(Census::take());
+    }
+    let Some(census) = cx.ptys.census.as_ref() else {
+        return;
+    };
+    let closed: Vec<u32> = orphans
+        .iter()
+        .map(|s| s.2)
+        .filter(|&i| !census.holders(i, &[]).iter().any(|h| h.2 == End::Master))
+        .collect();
+    let mut marked = Vec::new();
+    for &(pid, fd, index) in orphans.iter().filter(|s| closed.contains(&s.2)) {
+        if let Some(img) = cx.fd_image_mut(pid, fd) {
+            img.kind = FdKind::PtyHungUp { index };
+            marked.push((pid, fd));
+        }
+    }
+    // (One not found stays a slave without its master: refused.)
+    cx.ptys.slaves.retain(|s| !marked.contains(&(s.0, s.1)));
 }
 
 /// The session of a saved pty that process `pid` leads, if any.

@@ -464,8 +464,15 @@ impl SaveCtx {
         self.ptys.use_census(census, tree);
     }
 
+    /// The saved image of fd `fd` of process `pid` (its own table, not one
+    /// it shares).
+    pub(crate) fn fd_image_mut(&mut self, pid: i32, fd: i32) -> Option<&mut FdImage> {
+        let i = self.table_pids.iter().position(|&p| p == pid)?;
+        self.tables.get_mut(i)?.iter_mut().find(|f| f.fd == fd)
+    }
+
     /// Refuses ptys shared with a process outside the tree ([`crate::pty::check_external`]).
-    pub fn check_external_ptys(&self, tree: &[i32]) -> Result<(), SaveError> {
+    pub fn check_external_ptys(&mut self, tree: &[i32]) -> Result<(), SaveError> {
         crate::pty::check_external(self, tree)
     }
 }

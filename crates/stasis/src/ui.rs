@@ -470,6 +470,9 @@ fn fd_description(kind: &FdKind) -> String {
             p.output.len()
         ),
         FdKind::PtySlave { index } => format!("pty slave (pts {index} at dump)"),
+        FdKind::PtyHungUp { index } => {
+            format!("pty slave hung up, its master closed (pts {index} at dump)")
+        }
         FdKind::CurrentTty { index } => format!("/dev/tty (pts {index} at dump)"),
         FdKind::Inet(n) => format!(
             "inet socket port {} {:?}",

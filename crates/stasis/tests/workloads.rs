@@ -189,6 +189,7 @@ workload_tests! {
     fanotify: "fanotify";
     aio: "aio";
     unlinked_link: "unlinked_link";
+    pty_hungup: "pty_hungup";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so

@@ -75,7 +75,7 @@ fn check_kind(fd: &OpenFd<'_>, img: &FdImage) -> Result<(), SaveError> {
         FdKind::Epoll { .. } => "an epoll",
         FdKind::Inotify { .. } => "an inotify",
         FdKind::Fanotify { .. } => "a fanotify group",
-        FdKind::PtyMaster(_) | FdKind::PtySlave { .. } => "a terminal",
+        FdKind::PtyMaster(_) | FdKind::PtySlave { .. } | FdKind::PtyHungUp { .. } => "a terminal",
         FdKind::Inet(_) => "a TCP/UDP socket",
         _ => return Ok(()),
     };
