@@ -289,12 +289,16 @@ impl<'a> Made<'a> {
     /// first use; its master is closed when the restore ends).
     fn hung_up_slave(&mut self, index: u32, img: &FdImage) -> Result<OwnedFd, RestoreError> {
         let what = |w: &str| format!("{w} for fd {} (pty {index}, hung up)", img.fd);
-        if !self.hung.contains_key(&index) {
-            let m = tty::open_ptmx(0).map_err(io_step(what("opening /dev/ptmx"), "open"))?;
-            tty::set_locked(m.as_fd(), false).map_err(io_step(what("unlocking"), "TIOCSPTLCK"))?;
-            self.hung.insert(index, m);
-        }
-        let s = tty::open_peer(self.hung[&index].as_fd(), reopen_flags(img.flags))
+        let m = match self.hung.entry(index) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let m = tty::open_ptmx(0).map_err(io_step(what("opening /dev/ptmx"), "open"))?;
+                tty::set_locked(m.as_fd(), false)
+                    .map_err(io_step(what("unlocking"), "TIOCSPTLCK"))?;
+                v.insert(m)
+            }
+        };
+        let s = tty::open_peer(m.as_fd(), reopen_flags(img.flags))
             .map_err(io_step(what("opening a slave"), "TIOCGPTPEER"))?;
         fdops::set_status_flags(s.as_fd(), setfl_flags(img.flags)).map_err(io_step(
             format!("setting the flags of fd {}", img.fd),
