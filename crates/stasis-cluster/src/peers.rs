@@ -131,11 +131,27 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "`true` did not exit");
             std::thread::yield_now();
         }
-        let me = i32::try_from(std::process::id()).unwrap();
+        // The other process of the job: one with no TCP connection (not
+        // this test process, whose other tests open and close loopback
+        // connections meanwhile).
+        let mut other = std::process::Command::new("sleep")
+            .arg("100")
+            .spawn()
+            .unwrap();
+        let alive = i32::try_from(other.id()).unwrap();
+        // (Once it is sleep: before its exec, a fork holds our sockets.)
+        while !std::fs::read_link(format!("/proc/{alive}/exe"))
+            .is_ok_and(|e| e.to_string_lossy().ends_with("/sleep"))
+        {
+            assert!(std::time::Instant::now() < deadline, "sleep did not start");
+            std::thread::yield_now();
+        }
         assert_eq!(
-            outside_peers(&[zombie, me], &[]).unwrap(),
+            outside_peers(&[zombie, alive], &[]).unwrap(),
             Vec::<String>::new()
         );
+        other.kill().unwrap();
+        other.wait().unwrap();
         let err = outside_peers(&[zombie], &[]).unwrap_err().to_string();
         assert!(err.contains(&format!("process {zombie}")), "{err}");
         assert!(err.contains("No such file"), "{err}");
