@@ -189,10 +189,22 @@ fn bind_listener(fd: i32, s: &OwnedFd, i: &InetSocket) -> Result<(), RestoreErro
     match bind(fd, s, i, what()) {
         Err(RestoreError::PortTaken { .. }) => {
             // The accepted connections of the killed tree, kept by the
-            // dump's holder until this restore.
-            if tcp::release_holders_of(fd, &i.local, None)? > 0 {
-                if let r @ Ok(()) = bind(fd, s, i, what()) {
-                    return r;
+            // dump's holder until this restore. A guard that has just
+            // killed the tree is named a holder a moment later, and forks
+            // the holder that outlives it: looked for again for up to 2 s
+            // while the port stays taken.
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+            loop {
+                let ended = tcp::release_holders_of(fd, &i.local, None)?;
+                match bind(fd, s, i, what()) {
+                    Err(RestoreError::PortTaken { .. }) => {}
+                    r => return r,
+                }
+                if ended == 0 {
+                    if std::time::Instant::now() >= until {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
                 }
             }
             let o = tcpdiag::destroy_port_orphans(&i.local).map_err(|k| RestoreError::Step {

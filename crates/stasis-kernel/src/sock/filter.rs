@@ -386,6 +386,12 @@ fn guard_main(c: &GuardChild<'_>) -> ! {
                 raw_set(g.fd, libc::IPPROTO_TCP, TCP_REPAIR, 1);
             }
             raw_signal_all(c.owners, libc::SIGKILL);
+            // Named as the holder at once (not before the kill: a restore
+            // ending holders must not end a guard that has not killed):
+            // until it exits this process holds the copies too, and a
+            // restore finds it by that name ([`release_holders`]).
+            // SAFETY: prctl with a NUL-terminated name of at most 16 bytes.
+            unsafe { libc::prctl(libc::PR_SET_NAME, c"stasis-tcphold".as_ptr(), 0, 0, 0) };
             raw_hold_connections();
             // SAFETY: _exit ends this forked child.
             unsafe { libc::_exit(0) };
