@@ -573,14 +573,20 @@ pub fn parse_inotify(text: &str) -> Result<Vec<InotifyLine>, FormatError> {
         let sdev = u32::from_str_radix(get("sdev:")?, 16).map_err(|_| bad())?;
         let mask = u32::from_str_radix(get("mask:")?, 16).map_err(|_| bad())?;
         let ty = get("fhandle-type:")?.parse().map_err(|_| bad())?;
-        let hex = get("f_handle:")?;
-        let bytes = (0..hex.len() / 2)
-            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16))
-            .collect::<Result<Vec<u8>, _>>()
-            .map_err(|_| bad())?;
+        let bytes = hex_bytes(get("f_handle:")?).ok_or_else(bad)?;
         out.push((wd, sdev, mask, ty, bytes));
     }
     Ok(out)
+}
+
+/// The bytes of an fdinfo `f_handle:` (hex digits, two per byte).
+fn hex_bytes(hex: &str) -> Option<Vec<u8>> {
+    if !hex.len().is_multiple_of(2) || !hex.is_ascii() {
+        return None;
+    }
+    (0..hex.len() / 2)
+        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok())
+        .collect()
 }
 
 /// What a fanotify mark is attached to, as its fdinfo line says.
@@ -625,17 +631,10 @@ pub fn parse_fanotify(text: &str) -> Result<(u32, u32, Vec<FanotifyMark>), Forma
             continue;
         }
         let on = if find("ino:").is_some() {
-            let hex = get("f_handle:")?;
-            if hex.len() % 2 != 0 {
-                return Err(bad());
-            }
             FanotifyObject::Inode {
                 sdev: hex32("sdev:")?,
                 handle_type: get("fhandle-type:")?.parse().map_err(|_| bad())?,
-                handle: (0..hex.len() / 2)
-                    .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16))
-                    .collect::<Result<Vec<u8>, _>>()
-                    .map_err(|_| bad())?,
+                handle: hex_bytes(get("f_handle:")?).ok_or_else(bad)?,
             }
         } else if find("mnt_id:").is_some() {
             FanotifyObject::Mount {

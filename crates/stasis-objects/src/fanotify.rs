@@ -69,8 +69,13 @@ impl Object for Fanotify {
 }
 
 /// The mount point of the filesystem with device `major:minor`, or of the
-/// mount with id `mnt_id` (`/proc/self/mountinfo` fields 3 and 1).
-fn mount_point(mounts: &str, dev: Option<(u32, u32)>, mnt_id: Option<u32>) -> Option<String> {
+/// mount with id `mnt_id` (`/proc/self/mountinfo` fields 3 and 1); inotify
+/// finds its watches' filesystems with it too.
+pub(crate) fn mount_point(
+    mounts: &str,
+    dev: Option<(u32, u32)>,
+    mnt_id: Option<u32>,
+) -> Option<String> {
     mounts.lines().find_map(|l| {
         let f: Vec<&str> = l.split_whitespace().collect();
         let hit = match (dev, mnt_id) {

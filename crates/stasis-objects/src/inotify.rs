@@ -55,17 +55,6 @@ impl Object for Inotify {
     }
 }
 
-/// The mount point of the filesystem with device `major:minor`.
-fn mount_of(mounts: &str, major: u32, minor: u32) -> Option<String> {
-    let dev = format!("{major}:{minor}");
-    mounts.lines().find_map(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        (f.get(2) == Some(&dev.as_str()))
-            .then(|| f.get(4).map(|m| m.to_string()))
-            .flatten()
-    })
-}
-
 /// The watches of an inotify fd, each resolved to a path.
 fn watches(fd: &OpenFd<'_>) -> Result<Vec<InotifyWatch>, SaveError> {
     let n = fd.fd;
@@ -76,7 +65,7 @@ fn watches(fd: &OpenFd<'_>) -> Result<Vec<InotifyWatch>, SaveError> {
     for (wd, sdev, mask, ty, handle) in lines {
         // Kernel dev_t: major in the high 12 bits, minor in the low 20.
         let (major, minor) = (sdev >> 20, sdev & 0xfffff);
-        let mount = mount_of(&mounts, major, minor).ok_or_else(|| fd.unsupported(format!("fd {n}: inotify watch {wd} is on a filesystem ({major}:{minor}) that is not mounted here")))?;
+        let mount = crate::fanotify::mount_point(&mounts, Some((major, minor)), None).ok_or_else(|| fd.unsupported(format!("fd {n}: inotify watch {wd} is on a filesystem ({major}:{minor}) that is not mounted here")))?;
         let mfd = std::fs::File::open(&mount)
             .map_err(|e| fd.unsupported(format!("fd {n}: opening mount {mount}: {e}")))?;
         let o = fdops::open_by_handle(mfd.as_fd(), ty, &handle, libc::O_PATH | libc::O_CLOEXEC)
