@@ -333,6 +333,10 @@ pub fn freeze_tree_except(root: i32, except: &[i32]) -> Result<Frozen> {
     Ok(f)
 }
 
+/// How long a process stopped by job control may take to be back in its
+/// group stop after its release.
+const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Puts every thread back (signal mask first, then registers: a thread
 /// parked on the escape hatch escapes by itself if we die in between) and
 /// detaches; then wipes the hatch, which no thread uses any more.
@@ -452,10 +456,24 @@ impl Frozen {
         }
         self.done = true;
         let mut first_err = None;
-        // Children first, so a parent never runs while its children are stopped.
-        for p in self.procs.iter_mut().rev() {
-            if let Some(e) = release_process(p) {
-                first_err.get_or_insert(e);
+        // Children first, so a parent never runs while its children are
+        // stopped; and those stopped by job control before all, each seen
+        // back in its group stop (a detached thread re-enters it only when
+        // next scheduled) before the others run and may look at it.
+        let stopped = self.stopped_pids();
+        for pass_stopped in [true, false] {
+            for p in self.procs.iter_mut().rev() {
+                if stopped.contains(&p.pid) != pass_stopped {
+                    continue;
+                }
+                if let Some(e) = release_process(p) {
+                    first_err.get_or_insert(e);
+                }
+            }
+            if pass_stopped && first_err.is_none() {
+                for pid in stasis_kernel::procfs::wait_group_stopped(&stopped, STOP_WAIT) {
+                    tracing::warn!(pid, "not seen back in its group stop after the release");
+                }
             }
         }
         first_err.map_or(Ok(()), |e| Err(e.into()))

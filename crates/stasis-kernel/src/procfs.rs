@@ -141,6 +141,43 @@ pub fn task_state(pid: i32, tid: i32) -> Option<char> {
         .and_then(|s| state_of(&s))
 }
 
+/// Whether every thread of `pid` is in a job-control stop (`T`): its
+/// group stop is complete, so its parent's `waitpid(WUNTRACED)` reports
+/// it. `false` while one still runs towards it, and for a process gone.
+pub fn group_stopped(pid: i32) -> bool {
+    let Ok(dir) = std::fs::read_dir(path(pid, "task")) else {
+        return false;
+    };
+    let mut any = false;
+    for e in dir.flatten() {
+        let Some(tid) = e.file_name().to_str().and_then(|s| s.parse().ok()) else {
+            continue;
+        };
+        match task_state(pid, tid) {
+            Some('T') => any = true,
+            // Exited meanwhile.
+            None => {}
+            Some(_) => return false,
+        }
+    }
+    any
+}
+
+/// Waits until every process of `pids` is in its group stop
+/// ([`group_stopped`]), gone or a zombie; returns those that were not by
+/// `timeout` (sent SIGCONT by someone else meanwhile, say).
+pub fn wait_group_stopped(pids: &[i32], timeout: std::time::Duration) -> Vec<i32> {
+    let deadline = std::time::Instant::now() + timeout;
+    let mut left: Vec<i32> = pids.to_vec();
+    loop {
+        left.retain(|&pid| !group_stopped(pid) && !gone_or_zombie(pid));
+        if left.is_empty() || std::time::Instant::now() >= deadline {
+            return left;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// Whether `pid` is gone or a zombie (`Z`, or `X` while being reaped).
 pub fn gone_or_zombie(pid: i32) -> bool {
     match std::fs::read_to_string(path(pid, "stat")) {
@@ -730,6 +767,27 @@ pub fn parse_timers(text: &str) -> Result<Vec<TimerLine>, FormatError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_group_stop_is_waited_for_and_a_running_process_is_reported() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let short = std::time::Duration::from_millis(50);
+        assert_eq!(wait_group_stopped(&[pid], short), [pid], "running");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGSTOP).unwrap();
+        assert!(wait_group_stopped(&[pid], std::time::Duration::from_secs(30)).is_empty());
+        assert!(group_stopped(pid));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!group_stopped(pid), "gone");
+        assert!(
+            wait_group_stopped(&[pid], short).is_empty(),
+            "gone counts as done"
+        );
+    }
 
     #[test]
     fn maps_lines_with_spaces_and_specials() {

@@ -417,6 +417,9 @@ fn keep_transport(procs: &[ProcessImage]) -> std::collections::HashSet<i32> {
         .collect()
 }
 
+/// How long a process sent its stop signal again may take to stop.
+const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Stage 4: every process gets its registers back while all stay stopped
 /// (children first); only then are they let go, all in one short loop, the
 /// root last. A restorer killed before that loop takes the whole stopped
@@ -430,13 +433,25 @@ fn jump_all(b: &mut Build<'_>) -> Result<()> {
             ready.push(i);
         }
     }
-    for i in ready {
+    // The processes stopped by job control go first, and the others only
+    // once each of those is seen stopped again: the signal is taken only
+    // when the process is next scheduled, and a parent (or the user) that
+    // looks right after the restore must find it stopped, as at the dump.
+    let (stopped, running): (Vec<usize>, Vec<usize>) =
+        ready.into_iter().partition(|&i| b.records[i].img.stopped);
+    let mut pids = Vec::new();
+    for i in stopped {
         let img = b.records[i].img;
         let p = b.proc_mut(i)?;
-        if img.stopped {
-            crate::threads::stop_again(p, img)?;
-        }
+        crate::threads::stop_again(p, img)?;
         crate::threads::release(p)?;
+        pids.push(p.pid);
+    }
+    for pid in stasis_kernel::procfs::wait_group_stopped(&pids, STOP_WAIT) {
+        tracing::warn!(pid, "not seen stopped again after the restore");
+    }
+    for i in running {
+        crate::threads::release(b.proc_mut(i)?)?;
     }
     Ok(())
 }
