@@ -20,8 +20,8 @@ pub mod netlink;
 mod packet;
 pub mod unixq;
 pub use filter::{
-    attach_drop_all, attach_filter, detach_filter, has_drop_all_filter, has_filter, read_filter,
-    release_holders, Guarded, SocketGuard, HOLDER_NAME, HOLD_SECS,
+    attach_drop_all, attach_filter, detach_filter, end_holders, has_drop_all_filter, has_filter,
+    read_filter, release_holders, take_held, Guarded, SocketGuard, HOLDER_NAME, HOLD_SECS,
 };
 pub use packet::{inject_tcp, Segment};
 pub use stasis_sys::net::{
@@ -165,6 +165,13 @@ pub fn bind(fd: BorrowedFd<'_>, addr: &[u8]) -> Result<(), std::io::Error> {
 /// `connect` to a raw address.
 pub fn connect(fd: BorrowedFd<'_>, addr: &[u8]) -> Result<(), std::io::Error> {
     sockaddr_call(fd, addr, true)
+}
+
+/// `connect` to `AF_UNSPEC`: disconnects the socket (for a TCP
+/// connection in repair mode, silently: its address pair is freed, and
+/// nothing is sent to its peer).
+pub fn disconnect(fd: BorrowedFd<'_>) -> Result<(), std::io::Error> {
+    sockaddr_call(fd, &[0u8; 16], true)
 }
 
 /// A new socket (close-on-exec).

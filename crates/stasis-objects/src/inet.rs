@@ -271,13 +271,14 @@ fn restore(cx: &mut RestoreCtx<'_>, fd: i32, i: &InetSocket) -> Result<OwnedFd, 
             return Ok(s);
         }
         InetState::Established(r) => {
-            tcp::restore(fd, &s, i, r)?;
+            let holders = tcp::restore(fd, &s, i, r)?;
             cx.pending_tcp.push(PendingTcp {
                 fd,
                 sock: scm::dup_at_least(s.as_fd(), 3)?,
                 repair: r.clone(),
                 options: i.options.clone(),
                 filter: i.filter.clone(),
+                holders,
             });
         }
         InetState::Ended => {

@@ -112,10 +112,13 @@ pub enum Slow {
     /// A dump, right before it stops the tree (`freeze`): one host of a
     /// cluster cut late, its job running on while the others are frozen.
     Freeze,
+    /// A restore, right after each TCP connection is reconnected in repair
+    /// mode: the tree's other connections wait longer for theirs.
+    TcpReconnect,
 }
 
-/// Test hook: `STASIS_TEST_DELAY=freeze:MS` makes every pass through that
-/// place sleep MS milliseconds. Unset, one `OnceLock` read.
+/// Test hook: `STASIS_TEST_DELAY=PLACE:MS` (`freeze`, `tcp-reconnect`)
+/// makes every pass through that place sleep MS milliseconds. Unset, one `OnceLock` read.
 pub fn delay(place: Slow) {
     static PLAN: OnceLock<Option<(String, u64)>> = OnceLock::new();
     let plan = PLAN.get_or_init(|| {
@@ -125,6 +128,7 @@ pub fn delay(place: Slow) {
     });
     let name = match place {
         Slow::Freeze => "freeze",
+        Slow::TcpReconnect => "tcp-reconnect",
     };
     if let Some((p, ms)) = plan {
         if p == name {

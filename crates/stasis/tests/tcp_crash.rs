@@ -274,15 +274,25 @@ impl Redis {
     /// Sends a command and returns the reply: a status/error/int line as
     /// is (with its type byte), a bulk string as its content.
     fn call(&mut self, args: &[&[u8]]) -> Vec<u8> {
+        if !self.send(args) {
+            return b"-write failed".to_vec();
+        }
+        self.reply()
+    }
+
+    /// Sends a command without waiting for its reply.
+    fn send(&mut self, args: &[&[u8]]) -> bool {
         let mut v = format!("*{}\r\n", args.len()).into_bytes();
         for a in args {
             v.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
             v.extend_from_slice(a);
             v.extend_from_slice(b"\r\n");
         }
-        if self.w.write_all(&v).is_err() {
-            return b"-write failed".to_vec();
-        }
+        self.w.write_all(&v).is_ok()
+    }
+
+    /// The next reply, as [`Redis::call`] returns it.
+    fn reply(&mut self) -> Vec<u8> {
         let mut line = Vec::new();
         if self.r.read_until(b'\n', &mut line).is_err() || !line.ends_with(b"\r\n") {
             return b"-read failed".to_vec();
@@ -660,6 +670,48 @@ fn a_dumper_killed_after_the_kill_leaves_redis_restorable_with_its_clients() {
             b"+PONG",
             "an old connection of the restored redis"
         );
+    }
+    drop(admin);
+    check_and_shut_down_restored(port, pid);
+}
+
+/// A restore takes the killed tree's connections over from their holder
+/// one at a time, as it rebuilds each: clients whose requests were sent
+/// while redis was down, and are retransmitted while the restore is still
+/// rebuilding other connections, get their answers, not a reset. (Ending
+/// the holder at the first connection left the others with no socket
+/// until their turn; `STASIS_TEST_DELAY` stretches each turn past the
+/// clients' retransmissions. Seen as a rare "backend died" of pgbench.)
+#[test]
+fn clients_sending_during_a_slow_restore_keep_their_connections() {
+    let d = tempfile::tempdir().unwrap();
+    let images = d.path().join("images");
+    let (mut child, pid, port, admin, mut clients) = redis_with_clients(d.path(), 3);
+    let _guard = KillOnDrop(pid);
+    let o = stasis()
+        .args(["dump", "-t", &pid.to_string(), "-D"])
+        .arg(&images)
+        .output()
+        .expect("stasis dump");
+    assert_ok(&o, "dump");
+    let _ = child.wait();
+    for c in &mut clients {
+        assert!(c.send(&[b"PING"]), "a request while redis is down");
+    }
+    let o = stasis()
+        .args(["restore", "--detach", "-D"])
+        .arg(&images)
+        .env("STASIS_TEST_DELAY", "tcp-reconnect:700")
+        .output()
+        .expect("stasis restore");
+    assert_ok(&o, "restore, 0.7 s per connection");
+    for (i, c) in clients.iter_mut().enumerate() {
+        assert_eq!(
+            c.reply(),
+            b"+PONG",
+            "client {i}: the reply to a request sent while redis was down"
+        );
+        assert_eq!(c.call(&[b"PING"]), b"+PONG", "client {i} after the restore");
     }
     drop(admin);
     check_and_shut_down_restored(port, pid);

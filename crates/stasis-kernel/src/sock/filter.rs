@@ -2,7 +2,7 @@
 //! (the network lock, the accept gate), and the guard process that takes
 //! them (and repair mode) off again if the dumper dies.
 
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use super::{err, set_int};
 use crate::{KernelError, Result};
@@ -300,17 +300,16 @@ fn raw_hold_connections() {
     }
 }
 
-/// Ends the holders ([`raw_hold_connections`]) that keep one of the TCP
-/// sockets with inode in `inodes`, and waits until each is gone (its
-/// sockets closed, silently, in repair mode); returns how many it ended.
-/// Only processes named [`HOLDER_NAME`] are considered.
-pub fn release_holders(inodes: &[u32]) -> Result<usize> {
+/// The holders ([`raw_hold_connections`], processes named
+/// [`HOLDER_NAME`]) that keep one of the TCP sockets with inode in
+/// `inodes`: each with a pidfd and its fds of those sockets.
+fn holders_of(inodes: &[u32]) -> Vec<(i32, OwnedFd, Vec<i32>)> {
+    let mut found = Vec::new();
     if inodes.is_empty() {
-        return Ok(0);
+        return found;
     }
-    let mut ended = 0;
     let Ok(procs) = std::fs::read_dir("/proc") else {
-        return Ok(0);
+        return found;
     };
     for e in procs.flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else {
@@ -320,43 +319,114 @@ pub fn release_holders(inodes: &[u32]) -> Result<usize> {
         if comm.trim_end() != HOLDER_NAME {
             continue;
         }
-        let holds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        let fds: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/fd"))
             .into_iter()
             .flatten()
             .flatten()
-            .filter_map(|f| std::fs::read_link(f.path()).ok())
-            .filter_map(|l| {
-                l.to_str()?
+            .filter_map(|f| {
+                let fd = f.file_name().to_str()?.parse::<i32>().ok()?;
+                let l = std::fs::read_link(f.path()).ok()?;
+                let ino = l
+                    .to_str()?
                     .strip_prefix("socket:[")?
                     .strip_suffix(']')?
                     .parse::<u32>()
-                    .ok()
+                    .ok()?;
+                inodes.contains(&ino).then_some(fd)
             })
-            .any(|ino| inodes.contains(&ino));
-        if !holds {
+            .collect();
+        if fds.is_empty() {
             continue;
         }
+        // (Gone meanwhile: it held nothing more.)
+        if let Ok(pfd) = crate::pidfd::pidfd_open(pid) {
+            found.push((pid, pfd, fds));
+        }
+    }
+    found
+}
+
+/// SIGKILLs the holder behind `pfd` and waits until it has exited (its
+/// copies closed by then, silently: in repair mode).
+fn end_holder(pid: i32, pfd: &OwnedFd) -> Result<()> {
+    raw_signal_all(&[pfd.as_raw_fd()], libc::SIGKILL);
+    // The pidfd becomes readable when the process has exited (its fds,
+    // and so the sockets, closed by then).
+    let mut p = libc::pollfd {
+        fd: pfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: poll on one pollfd of ours, 5 s at most.
+    let r = unsafe { libc::poll(&mut p, 1, 5000) };
+    if r != 1 {
+        return Err(err(format!(
+            "the holder {pid} of a killed tree's connections did not exit"
+        )));
+    }
+    Ok(())
+}
+
+/// Ends the holders ([`raw_hold_connections`]) that keep one of the TCP
+/// sockets with inode in `inodes`, and waits until each is gone (its
+/// sockets closed, silently, in repair mode); returns how many it ended.
+/// Only processes named [`HOLDER_NAME`] are considered. This drops every
+/// connection a holder keeps: a restore rebuilding connections one at a
+/// time takes each over instead ([`take_held`]).
+pub fn release_holders(inodes: &[u32]) -> Result<usize> {
+    let holders = holders_of(inodes);
+    for (pid, pfd, _) in &holders {
+        end_holder(*pid, pfd)?;
+    }
+    Ok(holders.len())
+}
+
+/// Frees the address pair of the TCP sockets with inode in `inodes` that a
+/// holder keeps, and only theirs: each is copied out of its holder
+/// (`pidfd_getfd`) and disconnected, still in repair mode (silently: no
+/// reset, no FIN), so that the restored connection can take the pair at
+/// once. The holder's other connections stay held: ending it would leave
+/// their pairs with no socket until their own restored ones exist, and a
+/// peer's retransmission meanwhile would be answered with a reset. Returns
+/// the pids of the holders, to end with [`end_holders`] once every
+/// connection of the tree is rebuilt.
+pub fn take_held(inodes: &[u32]) -> Result<Vec<i32>> {
+    let mut pids = Vec::new();
+    for (pid, pfd, fds) in holders_of(inodes) {
+        for fd in fds {
+            // (Gone meanwhile: the holder ended on its own.)
+            let Ok(copy) = crate::pidfd::pidfd_getfd(&pfd, fd) else {
+                continue;
+            };
+            // Already in repair mode (the guard put it there); made sure
+            // of, as the disconnect is silent only in it.
+            set_int(copy.as_fd(), libc::IPPROTO_TCP, TCP_REPAIR, 1)?;
+            super::disconnect(copy.as_fd()).map_err(|e| KernelError::Io {
+                what: format!(
+                    "disconnecting the held copy of a connection (holder {pid}, fd {fd})"
+                ),
+                source: e,
+            })?;
+        }
+        pids.push(pid);
+    }
+    Ok(pids)
+}
+
+/// Ends the holders `pids` of [`take_held`] that are still there (a pid
+/// reused meanwhile by another process is left alone: only processes
+/// named [`HOLDER_NAME`] are ended).
+pub fn end_holders(pids: &[i32]) -> Result<()> {
+    for &pid in pids {
         let Ok(pfd) = crate::pidfd::pidfd_open(pid) else {
             continue;
         };
-        raw_signal_all(&[pfd.as_raw_fd()], libc::SIGKILL);
-        // The pidfd becomes readable when the process has exited (its fds,
-        // and so the sockets, closed by then).
-        let mut p = libc::pollfd {
-            fd: pfd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: poll on one pollfd of ours, 5 s at most.
-        let r = unsafe { libc::poll(&mut p, 1, 5000) };
-        if r != 1 {
-            return Err(err(format!(
-                "the holder {pid} of a killed tree's connections did not exit"
-            )));
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim_end() == HOLDER_NAME {
+            end_holder(pid, &pfd)?;
         }
-        ended += 1;
     }
-    Ok(ended)
+    Ok(())
 }
 
 /// The forked guard: raw system calls only (no allocation, no lock: the

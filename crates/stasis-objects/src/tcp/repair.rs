@@ -98,13 +98,15 @@ pub(super) fn sent(r: &TcpRepair) -> usize {
 /// Rebuilds an established TCP connection with `TCP_REPAIR`: sequence
 /// numbers, a handshake-less connect, negotiated options, the receive
 /// queue. The send queue, window and going live come later
-/// ([`RestoreCtx::finish_tcp`]).
+/// ([`RestoreCtx::finish_tcp`]). Returns the pids of the holders the
+/// connection was taken from ([`sock::take_held`]), to end once every
+/// connection is rebuilt.
 pub(crate) fn restore(
     fd: i32,
     s: &OwnedFd,
     i: &InetSocket,
     r: &TcpRepair,
-) -> Result<(), RestoreError> {
+) -> Result<Vec<i32>, RestoreError> {
     let b = s.as_fd();
     let tcp = libc::IPPROTO_TCP;
     let step_err = |w: &'static str| {
@@ -161,7 +163,9 @@ pub(crate) fn restore(
             .map_err(step_err("setting the segment size"))?;
     }
     crate::inet::bind(fd, s, i, format!("binding the TCP connection of fd {fd}"))?;
-    reconnect(fd, b, i)?;
+    let mut holders = Vec::new();
+    reconnect(fd, b, i, &mut holders)?;
+    stasis_sys::fault::delay(stasis_sys::fault::Slow::TcpReconnect);
     sock::set_bytes(b, tcp, sock::TCP_REPAIR_OPTIONS, &repair_options(r))
         .map_err(step_err("restoring negotiated options"))?;
     if r.snd_mss > 0 {
@@ -191,7 +195,7 @@ pub(crate) fn restore(
     for chunk in r.recv_queue.chunks(64 * 1024) {
         sock::send_all(b, chunk).map_err(step_err("refilling the receive queue"))?;
     }
-    Ok(())
+    Ok(holders)
 }
 
 /// Makes room in the socket's buffers for the saved queues
@@ -208,7 +212,12 @@ fn make_room(b: BorrowedFd<'_>, r: &TcpRepair) {
 /// process that died since the checkpoint, still closing: `EADDRNOTAVAIL`),
 /// the orphan is closed and the connect tried again; a socket some process
 /// holds is never touched.
-fn reconnect(fd: i32, b: BorrowedFd<'_>, i: &InetSocket) -> Result<(), RestoreError> {
+fn reconnect(
+    fd: i32,
+    b: BorrowedFd<'_>,
+    i: &InetSocket,
+    holders: &mut Vec<i32>,
+) -> Result<(), RestoreError> {
     let fail = |e: std::io::Error| RestoreError::Socket {
         what: format!("reconnecting the TCP connection of fd {fd} in repair mode"),
         source: e,
@@ -220,8 +229,19 @@ fn reconnect(fd: i32, b: BorrowedFd<'_>, i: &InetSocket) -> Result<(), RestoreEr
         return Err(fail(e));
     }
     // The connection of the killed tree, kept by the dump's holder until
-    // this restore: ended, its copy closes silently.
-    if release_holders_of(fd, &i.local, Some(&i.peer))? > 0 {
+    // this restore: taken over and disconnected, silently, in repair mode
+    // (the holder keeps the tree's other connections until they too are
+    // rebuilt; it is ended by `finish_tcp`).
+    let held = tcpdiag::held_inodes(&i.local, Some(&i.peer))
+        .and_then(|inodes| sock::take_held(&inodes))
+        .map_err(|k| RestoreError::Step {
+            what: format!(
+                "taking the TCP connection of fd {fd} over from the holder of the killed tree's connections"
+            ),
+            source: k,
+        })?;
+    if !held.is_empty() {
+        holders.extend_from_slice(&held);
         let Err(e) = sock::connect(b, &i.peer) else {
             return Ok(());
         };
@@ -307,6 +327,8 @@ pub struct PendingTcp {
     pub(crate) options: Vec<(i32, i32, i32)>,
     /// The program's socket filter, attached once the restore's lock is off.
     pub(crate) filter: Option<SocketFilter>,
+    /// The holders it was taken from ([`restore`]).
+    pub(crate) holders: Vec<i32>,
 }
 
 impl PendingTcp {
@@ -380,8 +402,17 @@ impl RestoreCtx<'_> {
         for p in &pending {
             p.leave_repair()?;
         }
+        let mut holders: Vec<i32> = pending.iter().flat_map(|p| p.holders.clone()).collect();
         for p in pending {
             p.send_unsent()?;
+        }
+        // The holders whose connections were taken over keep nothing of
+        // use now (the killed tree's other connections, if this is an
+        // older checkpoint, close silently with them).
+        holders.sort_unstable();
+        holders.dedup();
+        if let Err(e) = sock::end_holders(&holders) {
+            tracing::warn!(%e, "ending the holder of the killed tree's connections");
         }
         Ok(())
     }

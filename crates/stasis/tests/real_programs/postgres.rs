@@ -125,16 +125,21 @@ fn run_pgbench(port: u16, args: &[&str], log: &Path) -> std::process::Child {
 }
 
 /// Waits for pgbench; it must have processed `n` transactions, none failed.
-fn pgbench_done(mut b: std::process::Child, log: &Path, n: u64) {
+/// A failure shows the server's last lines too (a backend's end is there).
+fn pgbench_done(prog: &Prog, mut b: std::process::Child, log: &Path, n: u64) {
     let st = b.wait().expect("wait pgbench");
     let out = std::fs::read_to_string(log).unwrap_or_default();
     let err = std::fs::read_to_string(log.with_extension("err")).unwrap_or_default();
-    assert!(st.success(), "pgbench: {st}\n{out}\n{err}");
+    let server = prog.tail();
+    assert!(
+        st.success(),
+        "pgbench: {st}\n{out}\n{err}\nserver:\n{server}"
+    );
     assert!(
         out.contains(&format!(
             "number of transactions actually processed: {n}/{n}"
         )),
-        "pgbench:\n{out}\n{err}"
+        "pgbench:\n{out}\n{err}\nserver:\n{server}"
     );
     if let Some(l) = out
         .lines()
@@ -247,7 +252,7 @@ pub fn pgbench(mode: Mode) {
         prog.restore(mode);
         assert_eq!(tpcb_consistent(port, "after the restore"), history);
         let b = run_pgbench(port, &["-n", "-c", &c, "-j", "2", "-t", &t], &log);
-        pgbench_done(b, &log, total);
+        pgbench_done(&prog, b, &log, total);
         assert_eq!(
             tpcb_consistent(port, "after a load on the restored server"),
             history + i64::try_from(total).expect("small")
@@ -260,7 +265,7 @@ pub fn pgbench(mode: Mode) {
         });
         fig = prog.checkpoint(mode);
         prog.restore(mode);
-        pgbench_done(b, &log, total);
+        pgbench_done(&prog, b, &log, total);
         assert_eq!(
             tpcb_consistent(port, "after the restore"),
             i64::try_from(total).expect("small"),
