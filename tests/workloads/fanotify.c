@@ -7,8 +7,9 @@
  *
  * Needs CAP_SYS_ADMIN (fanotify_init without FAN_REPORT_FID). Set up before
  * "ready" (files in the cwd, recreated):
- *   g = fanotify_init(FAN_CLASS_NOTIF|FAN_NONBLOCK|FAN_CLOEXEC,
- *                     O_RDONLY|O_LARGEFILE), with marks added in this order:
+ *   g = fanotify_init(FAN_CLASS_NOTIF|FAN_NONBLOCK, O_RDONLY|O_LARGEFILE),
+ *   then FD_CLOEXEC set with fcntl (the fd's flag, not the group's), with
+ *   marks added in this order:
  *     fanotify.w      FAN_MODIFY|FAN_CLOSE_WRITE, and FAN_OPEN in its
  *                     ignored mask (FAN_MARK_IGNORED_SURV_MODIFY);
  *     fanotify.d      FAN_OPEN|FAN_EVENT_ON_CHILD (a directory);
@@ -19,8 +20,8 @@
  *
  * After SIGTERM (tags in brackets):
  *   [fanotify-info]   the "fanotify" lines of g's fdinfo are the kept ones,
- *                     in the same order (the group's flags compared without
- *                     FAN_CLOEXEC and FAN_NONBLOCK, which are the fd's);
+ *                     in the same order (the group's flags too: its
+ *                     fanotify_init flags, without FAN_CLOEXEC);
  *   [fanotify-flags]  g keeps FD_CLOEXEC and O_NONBLOCK;
  *   [fanotify-events] after draining what is queued: appending to
  *                     fanotify.w, reading it, and opening fanotify.d/child
@@ -74,8 +75,7 @@ static int fan_lines(int fd, char *out, size_t size)
 		char *rest, *fh;
 
 		if (sscanf(line, "fanotify flags:%x event-flags:%x", &flags, &ev) == 2)
-			len += (size_t)snprintf(out + len, size - len, "group %x %x\n",
-						flags & ~(unsigned)(FAN_CLOEXEC | FAN_NONBLOCK), ev);
+			len += (size_t)snprintf(out + len, size - len, "group %x %x\n", flags, ev);
 		else if (sscanf(line, "fanotify ino:%lx", &ino) == 1 && (rest = strchr(line, ' ')) &&
 			 (rest = strchr(rest + 1, ' '))) {
 			if ((fh = strstr(rest, " fhandle-bytes:")))
@@ -168,8 +168,8 @@ int main(int argc, char **argv)
 		printf("FAIL: realpath: %s\n", strerror(errno));
 		return 1;
 	}
-	g = fanotify_init(FAN_CLASS_NOTIF | FAN_NONBLOCK | FAN_CLOEXEC, O_RDONLY | O_LARGEFILE);
-	if (g < 0) {
+	g = fanotify_init(FAN_CLASS_NOTIF | FAN_NONBLOCK, O_RDONLY | O_LARGEFILE);
+	if (g < 0 || fcntl(g, F_SETFD, FD_CLOEXEC)) {
 		printf("FAIL: fanotify_init: %s\n", strerror(errno));
 		return 1;
 	}

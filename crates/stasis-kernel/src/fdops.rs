@@ -63,6 +63,13 @@ pub fn set_status_flags(fd: BorrowedFd<'_>, flags: i32) -> io::Result<()> {
     check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags) }.into()).map(drop)
 }
 
+/// Sets `FD_CLOEXEC` on `fd` (`fcntl(F_SETFD)`; the fd's own flag, not
+/// the description's).
+pub fn set_cloexec(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: F_SETFD takes an int.
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) }.into()).map(drop)
+}
+
 /// Who gets the description's SIGIO (`F_GETOWN_EX`), and which signal
 /// (`F_GETSIG`; 0 is SIGIO).
 pub fn owner(fd: BorrowedFd<'_>) -> io::Result<(sys::FOwnerEx, i32)> {

@@ -177,15 +177,23 @@ fn restore(
     (flags, event_flags): (u32, u32),
     marks: &[FanotifyMark],
 ) -> Result<OwnedFd, RestoreError> {
-    // Non-blocking as the fd is now (fcntl may have changed it since
-    // fanotify_init); close-on-exec set here, the fd's own flag later.
-    let nonblock = if status & libc::O_NONBLOCK.unsigned_abs() != 0 {
-        libc::FAN_NONBLOCK
+    // The group's flags exactly as `fanotify_init` was given them: its
+    // fdinfo shows them, FAN_CLOEXEC and FAN_NONBLOCK included (zdtm's
+    // fanotify00 compares them). The fd's own flags are set apart: the
+    // description's O_NONBLOCK as it is now (fcntl may have changed it
+    // since), and close-on-exec here at once, the process's flag later.
+    let g = fdops::fanotify_init(flags, event_flags).map_err(os_err("fanotify_init"))?;
+    fdops::set_cloexec(g.as_fd()).map_err(os_err("setting close-on-exec"))?;
+    let now = fdops::status_flags(g.as_fd()).map_err(os_err("reading the status flags"))?;
+    let nonblock = libc::O_NONBLOCK;
+    let want = if status & nonblock.unsigned_abs() != 0 {
+        now | nonblock
     } else {
-        0
+        now & !nonblock
     };
-    let init = (flags & !libc::FAN_NONBLOCK) | nonblock | libc::FAN_CLOEXEC;
-    let g = fdops::fanotify_init(init, event_flags).map_err(os_err("fanotify_init"))?;
+    if want != now {
+        fdops::set_status_flags(g.as_fd(), want).map_err(os_err("setting O_NONBLOCK"))?;
+    }
     // The kernel lists a group's marks newest first: added oldest first,
     // they are listed as they were.
     for m in marks.iter().rev() {
