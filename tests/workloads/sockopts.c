@@ -18,9 +18,17 @@
  *      TCP_KEEPIDLE 77, TCP_KEEPINTVL 11, TCP_KEEPCNT 4, SO_LINGER on for 3 s
  *   V  UDP over IPv6 (if the host has it): IPV6_V6ONLY, IPV6_RECVPKTINFO,
  *      IPV6_FREEBIND
+ *   R  raw IPv4, IPPROTO_UDP, with IP_HDRINCL (zdtm's socket-raw)
+ *   I  raw IPv4 ICMP with an ICMP_FILTER (echo request and timestamp
+ *      blocked)
+ *   J  raw ICMPv6 (if the host has IPv6) with an ICMPV6_FILTER that
+ *      passes echo replies only
+ *   D  UDP bound to 127.0.0.1 (ephemeral port), R's destination
  * After SIGTERM every option above is read back and compared (the tag of
  * each group in brackets below), and F's address and port are as bound
- * (`freebind`).
+ * (`freebind`); R sends D a datagram whose IP and UDP headers it wrote
+ * itself, which D must receive as sent (`raw`: without IP_HDRINCL the
+ * kernel would put its own header in front, and D would get nothing).
  */
 #include "zdtm.h"
 
@@ -29,13 +37,17 @@
 #include <netinet/in.h>
 #include <netinet/ip.h>
 #include <netinet/tcp.h>
+#include <netinet/udp.h>
+#include <netinet/icmp6.h>
+#include <linux/icmp.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #ifndef SO_BUF_LOCK
 #define SO_BUF_LOCK 72
 #endif
 
-static int u, b, f, t, v = -1;
+static int u, b, f, t, v = -1, r, ic, j = -1, d;
 
 struct opt {
 	int *fd;
@@ -63,6 +75,8 @@ static struct opt opts[] = {
 	{ &v, IPPROTO_IPV6, IPV6_V6ONLY, 1, "ipv6" },
 	{ &v, IPPROTO_IPV6, IPV6_RECVPKTINFO, 1, "ipv6" },
 	{ &v, IPPROTO_IPV6, IPV6_FREEBIND, 1, "ipv6" },
+	{ &r, IPPROTO_IP, IP_HDRINCL, 1, "raw" },
+	{ &ic, SOL_RAW, ICMP_FILTER, (1 << ICMP_ECHO) | (1 << ICMP_TIMESTAMP), "raw" },
 };
 #define NOPTS (sizeof(opts) / sizeof(opts[0]))
 
@@ -93,11 +107,45 @@ static void check_linger(int fd, int secs, const char *what)
 		   l.l_onoff, l.l_linger, secs);
 }
 
+/* R sends D a datagram with headers of its own; D must get it. */
+static void check_raw(int dport)
+{
+	char pkt[sizeof(struct iphdr) + sizeof(struct udphdr) + 4] = { 0 }, got[64];
+	struct iphdr *ip = (struct iphdr *)pkt;
+	struct udphdr *uh = (struct udphdr *)(pkt + sizeof(*ip));
+	struct sockaddr_in to = { .sin_family = AF_INET };
+	struct pollfd p = { .fd = d, .events = POLLIN };
+	ssize_t n = -1;
+
+	to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	ip->version = 4;
+	ip->ihl = 5;
+	ip->ttl = 64;
+	ip->protocol = IPPROTO_UDP;
+	ip->saddr = to.sin_addr.s_addr;
+	ip->daddr = to.sin_addr.s_addr;
+	/* (tot_len, id and the IP checksum are the kernel's; UDP's 0: none) */
+	uh->source = htons(1234);
+	uh->dest = htons(dport);
+	uh->len = htons(sizeof(*uh) + 4);
+	memcpy(pkt + sizeof(*ip) + sizeof(*uh), "raw!", 4);
+	if (sendto(r, pkt, sizeof(pkt), 0, (struct sockaddr *)&to, sizeof(to)) !=
+	    (ssize_t)sizeof(pkt)) {
+		zdtm_fail("raw", "R: sendto: %s", strerror(errno));
+		return;
+	}
+	if (poll(&p, 1, 5000) == 1)
+		n = recv(d, got, sizeof(got), MSG_DONTWAIT);
+	zdtm_check(n == 4 && !memcmp(got, "raw!", 4), "raw",
+		   "D got %zd bytes of R's hand-made datagram, expected \"raw!\"", n);
+}
+
 int main(int argc, char **argv)
 {
 	struct sockaddr_in a = { .sin_family = AF_INET };
 	struct linger l9 = { 1, 9 }, l3 = { 1, 3 };
-	int lo = if_nametoindex("lo"), sndbuf, rcvbuf, fport;
+	int lo = if_nametoindex("lo"), sndbuf, rcvbuf, fport, dport;
+	struct icmp6_filter j6, j6now;
 	socklen_t len;
 	size_t i;
 
@@ -111,6 +159,16 @@ int main(int argc, char **argv)
 	if (u < 0 || b < 0 || f < 0 || t < 0)
 		zdtm_die("socket");
 	v = socket(AF_INET6, SOCK_DGRAM, 0);
+	r = socket(AF_INET, SOCK_RAW, IPPROTO_UDP);
+	ic = socket(AF_INET, SOCK_RAW, IPPROTO_ICMP);
+	d = socket(AF_INET, SOCK_DGRAM, 0);
+	if (r < 0 || ic < 0 || d < 0)
+		zdtm_die("raw sockets (needs CAP_NET_RAW)");
+	j = socket(AF_INET6, SOCK_RAW, IPPROTO_ICMPV6);
+	ICMP6_FILTER_SETBLOCKALL(&j6);
+	ICMP6_FILTER_SETPASS(ICMP6_ECHO_REPLY, &j6);
+	if (j >= 0 && setsockopt(j, IPPROTO_ICMPV6, ICMP6_FILTER, &j6, sizeof(j6)))
+		zdtm_die("ICMP6_FILTER");
 	for (i = 0; i < NOPTS; i++)
 		if (*opts[i].fd >= 0)
 			set(*opts[i].fd, opts[i].level, opts[i].opt,
@@ -136,6 +194,13 @@ int main(int argc, char **argv)
 		zdtm_die("getsockname F");
 	fport = ntohs(a.sin_port);
 	set(f, IPPROTO_IP, IP_FREEBIND, 0, "IP_FREEBIND");
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	a.sin_port = 0;
+	len = sizeof(a);
+	if (bind(d, (struct sockaddr *)&a, sizeof(a)) ||
+	    getsockname(d, (struct sockaddr *)&a, &len))
+		zdtm_die("bind D");
+	dport = ntohs(a.sin_port);
 
 	zdtm_ready();
 
@@ -152,6 +217,12 @@ int main(int argc, char **argv)
 	ZDTM_CORRUPT("device", set(u, SOL_SOCKET, SO_BINDTOIFINDEX, 0, "x"));
 	ZDTM_CORRUPT("buffers", set(u, SOL_SOCKET, SO_BUF_LOCK, 1, "x"));
 	ZDTM_CORRUPT("freebind", set(f, IPPROTO_IP, IP_FREEBIND, 1, "x"));
+	ZDTM_CORRUPT("raw", set(r, IPPROTO_IP, IP_HDRINCL, 0, "x"));
+	ZDTM_CORRUPT("raw6", if (j >= 0) {
+		j6now = j6;
+		ICMP6_FILTER_SETPASS(ICMP6_ECHO_REQUEST, &j6now);
+		setsockopt(j, IPPROTO_ICMPV6, ICMP6_FILTER, &j6now, sizeof(j6now));
+	});
 
 	for (i = 0; i < NOPTS; i++) {
 		int got;
@@ -187,5 +258,13 @@ int main(int argc, char **argv)
 		   "freebind", "F: bound to %s:%d (port %d), IP_FREEBIND %d",
 		   inet_ntoa(a.sin_addr), ntohs(a.sin_port), fport,
 		   get(f, IPPROTO_IP, IP_FREEBIND));
+	check_raw(dport);
+	if (j >= 0) {
+		len = sizeof(j6now);
+		memset(&j6now, 0, sizeof(j6now));
+		zdtm_check(getsockopt(j, IPPROTO_ICMPV6, ICMP6_FILTER, &j6now, &len) == 0 &&
+				   len == sizeof(j6now) && !memcmp(&j6now, &j6, sizeof(j6)),
+			   "raw6", "J: ICMP6_FILTER differs (len %u)", (unsigned)len);
+	}
 	zdtm_finish();
 }

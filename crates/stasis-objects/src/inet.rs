@@ -10,7 +10,10 @@ use stasis_image::manifest::{FdImage, FdKind, InetSocket, InetState};
 use stasis_kernel::{fdops, scm, sock, tcpdiag, KernelError};
 use stasis_sys::net::{TCP_CLOSE, TCP_LISTEN, TCP_SYN_SENT};
 
-use crate::socket::{restore_filter, save_filter, save_inet_options, save_options, set_options};
+use crate::socket::{
+    restore_filter, save_filter, save_inet_byte_options, save_inet_options, save_options,
+    set_byte_options, set_options,
+};
 use crate::tcp::{self, PendingTcp};
 use crate::unix::QUEUE_MAX;
 use crate::{Object, OpenFd, RestoreCtx, RestoreError, SaveCtx, SaveError};
@@ -48,7 +51,8 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
     let (b, n, domain, ty) = (s.sock.as_fd(), fd.fd, s.domain, s.sock_type);
     // (Repair mode, which forces SO_REUSEADDR, is over: `freeze_tcp` put
     // the program's own value back.)
-    let mut options = save_inet_options(b, domain, ty == libc::SOCK_STREAM);
+    let mut options = save_inet_options(b, domain, ty);
+    let byte_options = save_inet_byte_options(b, domain, ty);
     options.extend(save_options(b));
     let protocol = sock::get_int(b, libc::SOL_SOCKET, libc::SO_PROTOCOL)?;
     let local = sock::local_addr(b)?;
@@ -97,17 +101,28 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
         }
     } else {
         let q = sock::inq(b).unwrap_or(0);
-        if q > 0 {
+        let udp = ty == libc::SOCK_DGRAM && protocol == libc::IPPROTO_UDP;
+        if q > 0 && udp {
             // UDP: the datagrams are kept with their senders and
             // delivered again at restore.
-            if protocol != libc::IPPROTO_UDP {
-                return Err(fd.unsupported(format!("fd {n} is a raw datagram socket with unread datagrams, which stasis cannot checkpoint yet")));
-            }
             datagrams = sock::peek_datagrams(b, QUEUE_MAX).map_err(|e| {
                 fd.unsupported(format!("fd {n}: reading its unread datagrams: {e}"))
             })?;
+        } else if q > 0 {
+            // A raw socket's packets (copies of whatever the host got of
+            // its protocol, for whoever it was meant), or a ping socket's
+            // replies: they cannot be read without being taken from the
+            // program, nor given back to this socket alone. The restored
+            // socket starts empty, as if the network had lost them (what
+            // IP allows, and what CRIU does).
+            tracing::warn!(
+                pid = fd.pid,
+                fd = n,
+                bytes = q,
+                "the unread packets of a raw or ping socket are not saved: lost, as on a network"
+            );
         }
-        if protocol == libc::IPPROTO_UDP {
+        if udp {
             shutdown = udp_shutdown(domain, fd.meta.ino()).map_err(|e| {
                 fd.unsupported(format!(
                     "fd {n}: reading whether the UDP socket was shut down: {e}"
@@ -127,6 +142,7 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
         datagrams,
         filter,
         shutdown,
+        byte_options,
     }))
 }
 
@@ -237,6 +253,7 @@ fn restore(cx: &mut RestoreCtx<'_>, fd: i32, i: &InetSocket) -> Result<OwnedFd, 
     };
     // Options that must come before bind (V6ONLY, REUSEADDR, REUSEPORT...).
     set_options(&s, &i.options);
+    set_byte_options(&s, &i.byte_options);
     // An address bound with IP_FREEBIND may not be local (yet): the bind
     // is made with it whatever the program's value, which comes back with
     // the options after the bind.

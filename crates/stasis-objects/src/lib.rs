@@ -234,6 +234,7 @@ mod tests {
                 datagrams: vec![],
                 filter: None,
                 shutdown: 0,
+                byte_options: vec![],
             }),
             FdKind::Netlink(stasis_image::manifest::NetlinkSocket {
                 sock_type: libc::SOCK_RAW,

@@ -43,6 +43,13 @@ const IPV6_OPTS: [(i32, i32); 3] = [
     (libc::IPPROTO_IPV6, libc::IPV6_FREEBIND),
     (libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO),
 ];
+/// A raw socket's: its own IP header (`IP_HDRINCL`, always on for
+/// IPPROTO_RAW), and an ICMP one's type filter (a 32-bit mask).
+const RAW4_OPTS: [(i32, i32); 2] = [
+    (libc::IPPROTO_IP, libc::IP_HDRINCL),
+    (libc::SOL_RAW, stasis_sys::net::ICMP_FILTER),
+];
+const RAW6_OPTS: [(i32, i32); 1] = [(libc::IPPROTO_IPV6, libc::IPV6_HDRINCL)];
 const TCP_OPTS: [(i32, i32); 5] = [
     (libc::IPPROTO_TCP, libc::TCP_NODELAY),
     (libc::IPPROTO_TCP, libc::TCP_CORK),
@@ -85,21 +92,46 @@ pub(crate) fn save_options(b: BorrowedFd<'_>) -> Vec<(i32, i32, i32)> {
     out
 }
 
-/// The IP-level options of an inet socket of `domain`, and TCP's of a
-/// stream one (to be restored before the `SOL_SOCKET` ones' buffer locks:
-/// put them first).
-pub(crate) fn save_inet_options(
+/// The IP-level options of an inet socket of `domain` and type `ty`, with
+/// TCP's of a stream one and a raw one's (to be restored before the
+/// `SOL_SOCKET` ones' buffer locks: put them first).
+pub(crate) fn save_inet_options(b: BorrowedFd<'_>, domain: i32, ty: i32) -> Vec<(i32, i32, i32)> {
+    let v6 = domain == libc::AF_INET6;
+    let ip: &[(i32, i32)] = if v6 { &IPV6_OPTS } else { &IPV4_OPTS };
+    let more: &[(i32, i32)] = match ty {
+        libc::SOCK_STREAM => &TCP_OPTS,
+        libc::SOCK_RAW if v6 => &RAW6_OPTS,
+        libc::SOCK_RAW => &RAW4_OPTS,
+        _ => &[],
+    };
+    ints(b, ip).chain(ints(b, more)).collect()
+}
+
+/// The options of an inet socket whose value is not an int: a raw ICMPv6
+/// socket's type filter (`ICMPV6_FILTER`; other sockets have none).
+pub(crate) fn save_inet_byte_options(
     b: BorrowedFd<'_>,
     domain: i32,
-    stream: bool,
-) -> Vec<(i32, i32, i32)> {
-    let ip: &[(i32, i32)] = if domain == libc::AF_INET6 {
-        &IPV6_OPTS
-    } else {
-        &IPV4_OPTS
-    };
-    let tcp: &[(i32, i32)] = if stream { &TCP_OPTS } else { &[] };
-    ints(b, ip).chain(ints(b, tcp)).collect()
+    ty: i32,
+) -> Vec<(i32, i32, Vec<u8>)> {
+    let (level, opt) = (libc::IPPROTO_ICMPV6, stasis_sys::net::ICMPV6_FILTER);
+    if domain != libc::AF_INET6 || ty != libc::SOCK_RAW {
+        return Vec::new();
+    }
+    match sock::get_bytes(b, level, opt, stasis_sys::net::ICMP6_FILTER_LEN) {
+        Ok(v) if v.len() == stasis_sys::net::ICMP6_FILTER_LEN => vec![(level, opt, v)],
+        _ => Vec::new(),
+    }
+}
+
+/// Applies saved options whose value is not an int (best effort, as
+/// [`set_options`]).
+pub(crate) fn set_byte_options(s: &OwnedFd, opts: &[(i32, i32, Vec<u8>)]) {
+    for (level, opt, v) in opts {
+        if let Err(e) = sock::set_bytes(s.as_fd(), *level, *opt, v) {
+            tracing::warn!(level, opt, %e, "socket option not restored");
+        }
+    }
 }
 
 /// Applies saved socket options (best effort: a value the kernel clamps or

@@ -6,6 +6,16 @@
 
 use core::mem::size_of;
 
+// --- Raw sockets (include/uapi/linux/icmp.h, icmpv6.h) ---------------------
+
+/// `SOL_RAW` option of an IPPROTO_ICMP raw socket: `struct icmp_filter`
+/// (one 32-bit mask of the ICMP types it does not receive).
+pub const ICMP_FILTER: i32 = 1;
+/// `IPPROTO_ICMPV6` option of an IPPROTO_ICMPV6 raw socket:
+/// `struct icmp6_filter` (256 bits, one per ICMPv6 type, set: blocked).
+pub const ICMPV6_FILTER: i32 = 1;
+pub const ICMP6_FILTER_LEN: usize = 32;
+
 // --- TCP repair (include/uapi/linux/tcp.h) ---------------------------------
 
 pub const TCP_REPAIR: i32 = 19;

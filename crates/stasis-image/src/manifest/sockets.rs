@@ -102,6 +102,10 @@ pub struct InetSocket {
     /// 2 send side, 3 both).
     #[serde(default)]
     pub shutdown: u8,
+    /// Options whose value is not an int, as (level, option, bytes): a raw
+    /// ICMPv6 socket's `ICMPV6_FILTER`.
+    #[serde(default)]
+    pub byte_options: Vec<(i32, i32, Vec<u8>)>,
 }
 
 /// A socket's classic BPF filter.
