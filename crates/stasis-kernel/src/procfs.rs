@@ -178,12 +178,26 @@ pub fn wait_group_stopped(pids: &[i32], timeout: std::time::Duration) -> Vec<i32
     }
 }
 
-/// Whether `pid` is gone or a zombie (`Z`, or `X` while being reaped).
+/// Whether `pid` is gone or a zombie (`Z`, or `X` while being reaped)
+/// whose other threads are gone too. A thread-group leader shows `Z` as
+/// soon as it exits, while its other threads may still be exiting: until
+/// they are, its parent cannot reap it, and its PID stays taken.
 pub fn gone_or_zombie(pid: i32) -> bool {
     match std::fs::read_to_string(path(pid, "stat")) {
         Err(_) => true,
-        Ok(s) => matches!(state_of(&s), Some('Z' | 'X')),
+        Ok(s) => matches!(state_of(&s), Some('Z' | 'X')) && only_leader_left(pid),
     }
+}
+
+/// Whether no thread but the leader is left in `pid`'s task list (or the
+/// process is gone).
+fn only_leader_left(pid: i32) -> bool {
+    let Ok(dir) = std::fs::read_dir(path(pid, "task")) else {
+        return true;
+    };
+    let leader = pid.to_string();
+    dir.flatten()
+        .all(|e| e.file_name().to_str() == Some(leader.as_str()))
 }
 
 /// `Private_Clean + Private_Dirty` of a `smaps`/`smaps_rollup` text, in
@@ -767,6 +781,34 @@ pub fn parse_timers(text: &str) -> Result<Vec<TimerLine>, FormatError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_zombie_leader_with_a_live_thread_is_not_dead_yet() {
+        // The main thread exits alone (SYS_exit, not exit_group); a thread
+        // sleeps on.
+        let mut child = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import threading, time, ctypes\n\
+                 threading.Thread(target=time.sleep, args=(60,)).start()\n\
+                 ctypes.CDLL(None).syscall(60, 0)",
+            ])
+            .spawn()
+            .expect("python3");
+        let pid = child.id() as i32;
+        let t0 = std::time::Instant::now();
+        while stat(pid).map(|s| s.state).ok() != Some('Z') {
+            assert!(t0.elapsed().as_secs() < 30, "the leader never exited");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(!gone_or_zombie(pid), "its thread still runs");
+        child.kill().unwrap();
+        while !gone_or_zombie(pid) {
+            assert!(t0.elapsed().as_secs() < 30, "not dead after SIGKILL");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        child.wait().unwrap();
+    }
 
     #[test]
     fn a_group_stop_is_waited_for_and_a_running_process_is_reported() {
