@@ -497,6 +497,20 @@ impl Frozen {
             }
         }
         let t0 = std::time::Instant::now();
+        // Our traced threads' zombies wait for us: reaped here, the other
+        // threads before their leader, whose exit then goes on to its
+        // parent (unless that is us, the caller, which reaps it).
+        let deadline = t0 + std::time::Duration::from_secs(10);
+        let me = std::process::id();
+        for p in self.procs.iter().filter(|p| p.zombie.is_none()) {
+            let ours = stasis_kernel::procfs::stat(p.pid)
+                .is_ok_and(|s| u32::try_from(s.ppid).ok() == Some(me));
+            for t in p.threads.iter().rev() {
+                if t.tracee.pid() != p.pid || !ours {
+                    stasis_kernel::ptrace::reap_killed(t.tracee.pid(), deadline);
+                }
+            }
+        }
         for p in self.procs.iter().filter(|p| p.zombie.is_none()) {
             while t0.elapsed() < std::time::Duration::from_secs(10) {
                 if stasis_kernel::procfs::gone_or_zombie(p.pid) {

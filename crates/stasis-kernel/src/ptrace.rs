@@ -156,6 +156,31 @@ pub fn wait_raw(pid: i32) -> Result<i32> {
     }
 }
 
+/// Reaps `tid`, a thread of ours (traced) that was SIGKILLed: waits for
+/// its exit and takes it, so that a traced thread's zombie does not keep
+/// its thread group from being reaped by its parent (a leader's exit goes
+/// on to its real parent then). Gives up at `deadline` (a thread stuck in
+/// the kernel) or when it is not ours to wait for any more.
+pub fn reap_killed(tid: i32, deadline: std::time::Instant) {
+    loop {
+        let mut status = 0i32;
+        // SAFETY: `status` is a valid out-pointer for the duration of the call.
+        let r = unsafe { libc::waitpid(tid, &mut status, libc::__WALL | libc::WNOHANG) };
+        if r == tid && (libc::WIFEXITED(status) || libc::WIFSIGNALED(status)) {
+            return;
+        }
+        if r < 0 && last_err().raw_os_error() != Some(libc::EINTR) {
+            return;
+        }
+        if std::time::Instant::now() >= deadline {
+            return;
+        }
+        if r == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}
+
 /// Describes a wait status that is not a stop, for error messages.
 pub fn describe_exit(status: i32) -> String {
     if libc::WIFEXITED(status) {
