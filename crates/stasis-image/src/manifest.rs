@@ -527,6 +527,8 @@ pub enum FdKind {
     },
     /// A signalfd and the signals it reads.
     Signalfd { mask: u64 },
+    /// A BPF map (hash, LRU hash or array) with its elements.
+    BpfMap(BpfMap),
     /// An epoll instance and what is registered in it (fd numbers of this
     /// process).
     Epoll { targets: Vec<EpollTarget> },

@@ -16,6 +16,7 @@
 
 #![cfg(all(target_os = "linux", target_arch = "x86_64"))]
 
+pub mod bpf;
 pub mod child;
 pub mod error;
 pub mod escape;

@@ -17,6 +17,7 @@
 //! | eventfd | [`eventfd`] |
 //! | timerfd | [`timerfd`] |
 //! | signalfd | [`signalfd`] |
+//! | BPF map | [`bpfmap`] |
 //! | epoll | [`epoll`] |
 //! | pidfd | [`pidfd`] |
 //! | namespace file (`/proc/PID/ns/*`) | [`nsfile`] |
@@ -38,6 +39,7 @@ use std::os::fd::OwnedFd;
 
 use stasis_image::manifest::{FdImage, FdKind};
 
+pub mod bpfmap;
 pub mod deleted;
 pub mod epoll;
 pub mod error;
@@ -129,6 +131,7 @@ pub const REGISTRY: &[Entry] = &[
     entry::<eventfd::Eventfd>(),
     entry::<timerfd::Timerfd>(),
     entry::<signalfd::Signalfd>(),
+    entry::<bpfmap::BpfMapFd>(),
     entry::<inotify::Inotify>(),
     entry::<fanotify::Fanotify>(),
     entry::<epoll::Epoll>(),
@@ -182,6 +185,17 @@ mod tests {
                 ticks: 0,
             },
             FdKind::Signalfd { mask: 0 },
+            FdKind::BpfMap(stasis_image::manifest::BpfMap {
+                map_type: 1,
+                key_size: 4,
+                value_size: 4,
+                max_entries: 1,
+                map_flags: 0,
+                map_extra: 0,
+                name: String::new(),
+                frozen: false,
+                elements: vec![],
+            }),
             FdKind::Epoll { targets: vec![] },
             FdKind::Ghost {
                 path: path(),
@@ -277,6 +291,7 @@ mod tests {
                 | FdKind::Eventfd { .. }
                 | FdKind::Timerfd { .. }
                 | FdKind::Signalfd { .. }
+                | FdKind::BpfMap(_)
                 | FdKind::Epoll { .. }
                 | FdKind::Ghost { .. }
                 | FdKind::Memfd { .. }
@@ -332,6 +347,7 @@ mod tests {
                 "anon_inode:[pidfd]",
                 "anon_inode:[signalfd]",
                 "anon_inode:[timerfd]",
+                "anon_inode:bpf-map",
                 "anon_inode:inotify"
             ]
         );

@@ -438,6 +438,16 @@ fn fd_description(kind: &FdKind) -> String {
             ..
         } => format!("timerfd clock {clockid} next {value_ns} ns every {interval_ns} ns"),
         FdKind::Signalfd { mask } => format!("signalfd mask {mask:#x}"),
+        FdKind::BpfMap(m) => format!(
+            "BPF map {:?} type {} ({} elements of {}+{} bytes, at most {}){}",
+            m.name,
+            m.map_type,
+            m.elements.len(),
+            m.key_size,
+            m.value_size,
+            m.max_entries,
+            if m.frozen { " frozen" } else { "" }
+        ),
         FdKind::Epoll { targets } => format!("epoll with {} fds", targets.len()),
         FdKind::Ghost { path, pos, .. } => {
             format!("{path} (deleted, content saved) pos {pos}")

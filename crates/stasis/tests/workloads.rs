@@ -190,6 +190,7 @@ workload_tests! {
     aio: "aio";
     unlinked_link: "unlinked_link";
     pty_hungup: "pty_hungup";
+    bpf_map: "bpf_map";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so

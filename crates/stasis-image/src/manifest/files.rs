@@ -1,6 +1,6 @@
 //! The files of a manifest that have no name any more: deleted files and
 //! memfds (with their content), and deleted directories, FIFOs and device
-//! nodes.
+//! nodes; and BPF maps (anonymous, with their elements).
 
 use serde::{Deserialize, Serialize};
 
@@ -74,4 +74,22 @@ pub struct DeletedNode {
     /// What a symbolic link (held by an `O_PATH` fd) points to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
+}
+
+/// A BPF map: what `BPF_MAP_CREATE` was given (no BTF) and its elements.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BpfMap {
+    /// `enum bpf_map_type` (`BPF_MAP_TYPE_HASH`, `_ARRAY`, `_LRU_HASH`).
+    pub map_type: u32,
+    pub key_size: u32,
+    pub value_size: u32,
+    pub max_entries: u32,
+    pub map_flags: u32,
+    pub map_extra: u64,
+    /// Its name (up to 15 bytes).
+    pub name: String,
+    /// Frozen (`BPF_MAP_FREEZE`): the syscall side can no longer change it.
+    pub frozen: bool,
+    /// (key, value) of every element, in the kernel's key order.
+    pub elements: Vec<(Vec<u8>, Vec<u8>)>,
 }
