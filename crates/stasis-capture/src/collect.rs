@@ -200,7 +200,9 @@ fn collect_live(
         .iter()
         .filter(|v| matches!(v.kind, VmaKind::Aio))
     {
-        check_aio_ring(fp.pid, &mem, v.start)?;
+        if let Some(ring) = waiting_aio_events(fp.pid, &mem, v.start, v.end)? {
+            image.aio_rings.push(ring);
+        }
     }
     for v in &planned.plan.vmas {
         if let VmaKind::SysvShm { shmid } = v.kind {
@@ -224,31 +226,52 @@ fn collect_live(
     ))
 }
 
-/// An AIO context is restored empty (a new one, of the same size, at the
-/// same address): refused while its ring holds completed events the
-/// program has not read (its `head` and `tail` differ). Requests still in
-/// flight are not visible from outside: see the README.
-fn check_aio_ring(pid: i32, mem: &ProcessMemory, start: u64) -> Result<()> {
+/// The ring of the AIO context at `start` if it holds completed events the
+/// program has not read (its `head` and `tail` differ): they are restored
+/// in place (`stasis_restore::build::aio_refill`); an empty ring needs
+/// nothing but a new context of the same size at the same address.
+/// Requests still in flight are not visible from outside: see the README.
+fn waiting_aio_events(
+    pid: i32,
+    mem: &ProcessMemory,
+    start: u64,
+    end: u64,
+) -> Result<Option<stasis_image::manifest::AioRing>> {
     let mut h = [0u8; 16];
     mem.read(start, &mut h)?;
     let word = |i: usize| u32::from_ne_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
-    let (nr, head, tail) = (word(4), word(8), word(12));
-    if head != tail {
-        let waiting = if tail >= head {
-            tail - head
-        } else {
-            nr.saturating_sub(head) + tail
-        };
+    let (nr, head, tail) = (
+        word(stasis_sys::aio::AIO_RING_NR),
+        word(stasis_sys::aio::AIO_RING_HEAD),
+        word(stasis_sys::aio::AIO_RING_TAIL),
+    );
+    if head == tail {
+        return Ok(None);
+    }
+    // The kernel's own header (`nr`) must agree with the area's size.
+    let len = u64::from(nr) * AIO_EVENT;
+    if head >= nr || tail >= nr || AIO_RING_HEADER + len > end - start {
         return Err(crate::SaveError::Unsupported {
             pid,
             what: format!(
-                "its AIO context {start:#x} holds {waiting} completed event(s) not yet read (io_getevents); stasis restores AIO contexts empty: dump again once the program has read them"
+                "its AIO context {start:#x} has a ring header that does not fit its area (nr {nr}, head {head}, tail {tail})"
             ),
         }
         .into());
     }
-    Ok(())
+    let mut events = vec![0u8; usize::try_from(len).unwrap_or(0)];
+    mem.read(start + AIO_RING_HEADER, &mut events)?;
+    Ok(Some(stasis_image::manifest::AioRing {
+        start,
+        head,
+        tail,
+        events,
+    }))
 }
+
+/// `struct aio_ring`'s header, and one `struct io_event`.
+const AIO_RING_HEADER: u64 = stasis_sys::aio::AIO_RING_HEADER_LEN as u64;
+const AIO_EVENT: u64 = stasis_sys::aio::IO_EVENT_LEN as u64;
 
 /// What to copy of each process (the copy itself runs later: before the
 /// release, or after it), and the manifest.

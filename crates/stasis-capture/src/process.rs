@@ -57,6 +57,7 @@ pub fn zombie_image(pid: i32, status: i32) -> Result<ProcessImage> {
         stopped: false,
         stop_signal: None,
         membarrier: 0,
+        aio_rings: Vec::new(),
         fds_shared_with: None,
         root: None,
     })
@@ -213,6 +214,7 @@ pub fn capture(
         stopped: f.stopped,
         stop_signal: f.stop_signal.filter(|_| f.stopped),
         membarrier: remote.membarrier,
+        aio_rings: Vec::new(),
         fds_shared_with: None,
         root: root_dir(pid)?,
     };

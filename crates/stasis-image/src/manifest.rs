@@ -294,6 +294,10 @@ pub struct ProcessImage {
     /// `MEMBARRIER_CMD_REGISTER_*` commands), registered again at restore.
     #[serde(default)]
     pub membarrier: u32,
+    /// The AIO contexts whose ring held completed events not yet read
+    /// (the others come back empty, as made by `io_setup`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aio_rings: Vec<AioRing>,
     /// Incremental checkpoints only: every page range (`[start, end)`,
     /// page-aligned, sorted, disjoint) of this process that holds saved
     /// data. Pages of these ranges that are not in this checkpoint's pack
@@ -406,6 +410,22 @@ pub enum VmaKind {
     /// address is the context's id. Its size gives the ring's capacity;
     /// a new context is made at restore and moved to this address.
     Aio,
+}
+
+/// The ring of an AIO context with completed events not yet read: its
+/// `head` and `tail` and its event slots, so that the same events wait at
+/// the same places after the restore (and the next completion lands at
+/// `tail`, as before).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AioRing {
+    /// The area's start: the context's id.
+    pub start: u64,
+    pub head: u32,
+    pub tail: u32,
+    /// Every event slot (`struct io_event`, 32 bytes each), the ring's
+    /// capacity of them.
+    #[serde(with = "serde_bytes")]
+    pub events: Vec<u8>,
 }
 
 /// One memory area (`/proc/PID/maps` line).

@@ -4,7 +4,7 @@
 //! the recording fake in [`crate::remote`].
 
 use stasis_image::manifest::{
-    ITimer, MmImage, PosixTimer, ProcessImage, SigAction, ThreadImage, Vma, VmaKind,
+    AioRing, ITimer, MmImage, PosixTimer, ProcessImage, SigAction, ThreadImage, Vma, VmaKind,
 };
 use stasis_image::RunEntry;
 use stasis_kernel::sarg;
@@ -238,8 +238,8 @@ pub fn map_vma<R: Remote>(
 }
 
 /// `sizeof(struct aio_ring)` and `sizeof(struct io_event)`.
-const AIO_RING_HEADER: u64 = 32;
-const AIO_EVENT: u64 = 32;
+const AIO_RING_HEADER: u64 = sys::aio::AIO_RING_HEADER_LEN as u64;
+const AIO_EVENT: u64 = sys::aio::IO_EVENT_LEN as u64;
 
 /// The events an AIO ring of `len` bytes holds (`ring->nr`: what the
 /// kernel fits in its pages after the header).
@@ -271,7 +271,7 @@ fn aio_ring<R: Remote>(r: &mut R, vma: &Vma) -> Result<(), RestoreError> {
     r.read(ctx_p, &mut b)
         .map_err(step(what("reading the id of")))?;
     let ctx = u64::from_ne_bytes(b);
-    r.read(ctx + 4, &mut b[..4])
+    r.read(ctx + sys::aio::AIO_RING_NR as u64, &mut b[..4])
         .map_err(step(what("reading the ring of")))?;
     let nr = u64::from(u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
     if nr != aio_ring_events(len) {
@@ -305,6 +305,119 @@ fn aio_ring<R: Remote>(r: &mut R, vma: &Vma) -> Result<(), RestoreError> {
         }
     }
     Ok(())
+}
+
+/// Puts back the completed events an AIO context's ring held unread (the
+/// context made again empty by [`aio_ring`] at the ring's address): the
+/// kernel's own tail, which the next completion uses, is not writable, so
+/// real requests get it there. Reads of `/dev/null` (complete at once)
+/// are submitted and reaped until head and tail are at the saved head,
+/// then as many more as were waiting are submitted and left unread: head
+/// and tail are the saved ones. Last the saved event slots are written
+/// over the ring's, so the waiting events are the saved ones, in place.
+pub fn aio_refill<R: Remote>(r: &mut R, ring: &AioRing) -> Result<(), RestoreError> {
+    const BATCH: u64 = 32;
+    const IOCB: u64 = sys::aio::IOCB_LEN as u64;
+    let what = |w: &str| {
+        format!(
+            "{w} the completed events of the AIO context at {:#x}",
+            ring.start
+        )
+    };
+    let nr = ring.events.len() as u64 / AIO_EVENT;
+    let mut b = [0u8; 16];
+    r.read(ring.start, &mut b)
+        .map_err(step(what("reading the ring of")))?;
+    let word = |b: &[u8; 16], i: usize| {
+        u64::from(u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]))
+    };
+    let (now_nr, head0, tail0) = (
+        word(&b, sys::aio::AIO_RING_NR),
+        word(&b, sys::aio::AIO_RING_HEAD),
+        word(&b, sys::aio::AIO_RING_TAIL),
+    );
+    let (head, tail) = (u64::from(ring.head), u64::from(ring.tail));
+    if now_nr != nr || head >= nr || tail >= nr || head0 != tail0 {
+        return Err(ObjectError::Layout(format!(
+            "the AIO context at {:#x}: a ring of {now_nr} events (head {head0}, tail {tail0}) to hold {nr} with head {head}, tail {tail}",
+            ring.start
+        ))
+        .into());
+    }
+    let waiting = (tail + nr - head) % nr;
+    let to_skip = (head + nr - tail0) % nr;
+    // The scratch page: BATCH iocbs, their pointers, BATCH events.
+    let base = r.scratch() + SCRATCH_STRUCT as u64;
+    let (ptrs, evs) = (base + BATCH * IOCB, base + BATCH * IOCB + BATCH * 8);
+    let fd = open_in(r, "/dev/null", "an AIO request's file")?;
+    let mut iocbs = Vec::new();
+    let mut pointers = Vec::new();
+    for i in 0..BATCH {
+        // A read of nothing: it completes at once.
+        let c = sys::aio::Iocb {
+            aio_lio_opcode: sys::aio::IOCB_CMD_PREAD,
+            aio_fildes: u32::try_from(fd).unwrap_or(0),
+            aio_buf: evs,
+            ..Default::default()
+        };
+        iocbs.extend_from_slice(&c.to_bytes());
+        pointers.extend_from_slice(&(base + i * IOCB).to_ne_bytes());
+    }
+    r.write(base, &iocbs)
+        .and_then(|()| r.write(ptrs, &pointers))
+        .map_err(step(what("preparing the requests that put back")))?;
+    let submit = |r: &mut R, n: u64, reap: bool| -> Result<(), RestoreError> {
+        let got = r
+            .sys("io_submit", libc::SYS_io_submit, &[ring.start, n, ptrs])
+            .map_err(step(what("submitting requests to put back")))?;
+        if got != n {
+            return Err(ObjectError::Layout(format!(
+                "the AIO context at {:#x} took {got} of {n} requests",
+                ring.start
+            ))
+            .into());
+        }
+        if reap {
+            r.sys(
+                "io_getevents",
+                libc::SYS_io_getevents,
+                &[ring.start, n, n, evs, 0],
+            )
+            .map_err(step(what("reaping requests made to put back")))?;
+        }
+        Ok(())
+    };
+    let mut left = to_skip;
+    while left > 0 {
+        let n = left.min(BATCH);
+        submit(r, n, true)?;
+        left -= n;
+    }
+    let mut left = waiting;
+    while left > 0 {
+        let n = left.min(BATCH);
+        submit(r, n, false)?;
+        left -= n;
+    }
+    r.sys("close", libc::SYS_close, &[fd])
+        .map_err(step("closing /dev/null"))?;
+    r.read(ring.start, &mut b)
+        .map_err(step(what("reading the ring of")))?;
+    if (
+        word(&b, sys::aio::AIO_RING_HEAD),
+        word(&b, sys::aio::AIO_RING_TAIL),
+    ) != (head, tail)
+    {
+        return Err(ObjectError::Layout(format!(
+            "the AIO context at {:#x} has head {} and tail {} after the refill, not {head} and {tail}",
+            ring.start,
+            word(&b, sys::aio::AIO_RING_HEAD),
+            word(&b, sys::aio::AIO_RING_TAIL)
+        ))
+        .into());
+    }
+    r.write(ring.start + AIO_RING_HEADER, &ring.events)
+        .map_err(step(what("writing")))
 }
 
 /// Puts the area's guard pages back (`MADV_GUARD_INSTALL`): a touch of one

@@ -108,6 +108,9 @@ pub(crate) fn restore_memory(
         s.sys("close", libc::SYS_close, &[fd])
             .map_err(step("closing a pack"))?;
     }
+    for ring in &p.aio_rings {
+        build::aio_refill(s, ring)?;
+    }
     if let Some(sink) = &cx.opts.lazy {
         if !lazy_areas.is_empty() {
             arm_lazy(s, p.pid, &lazy_areas, sink.as_ref())?;

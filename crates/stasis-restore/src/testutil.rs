@@ -38,6 +38,7 @@ pub fn image(pid: i32, ppid: i32, pgid: i32, sid: i32) -> ProcessImage {
         stopped: false,
         stop_signal: None,
         membarrier: 0,
+        aio_rings: Vec::new(),
         fds_shared_with: None,
         root: None,
     }

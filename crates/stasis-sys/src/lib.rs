@@ -12,6 +12,7 @@
 
 #![cfg(all(target_os = "linux", target_arch = "x86_64"))]
 
+pub mod aio;
 pub mod bpf;
 pub mod fault;
 pub mod inet_diag;

@@ -187,6 +187,7 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
         stopped: false,
         stop_signal: None,
         membarrier: 0,
+        aio_rings: Vec::new(),
         fds_shared_with: None,
         root: None,
     }
