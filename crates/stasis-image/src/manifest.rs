@@ -549,6 +549,8 @@ pub enum FdKind {
     Signalfd { mask: u64 },
     /// A BPF map (hash, LRU hash or array) with its elements.
     BpfMap(BpfMap),
+    /// A packet socket (`AF_PACKET`).
+    Packet(PacketSocket),
     /// An epoll instance and what is registered in it (fd numbers of this
     /// process).
     Epoll { targets: Vec<EpollTarget> },

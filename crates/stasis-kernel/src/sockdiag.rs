@@ -155,6 +155,123 @@ pub fn unix_sockets() -> Result<HashMap<u64, UnixInfo>> {
     Ok(out)
 }
 
+/// What `sock_diag` says of one packet socket that `getsockopt` cannot:
+/// its multicast and promiscuous memberships and its rings.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PacketDiag {
+    /// (ifindex, count, type, address) of each membership.
+    pub mclist: Vec<(i32, u32, u16, Vec<u8>)>,
+    /// The receive and transmit rings (`struct packet_diag_ring`: block
+    /// size and count, frame size and count, retire timeout, private
+    /// size, features), if set up.
+    pub rx_ring: Option<[u32; 7]>,
+    pub tx_ring: Option<[u32; 7]>,
+}
+
+/// Parses one reply buffer of a packet `sock_diag` dump into `out` (by
+/// inode); `true` once `NLMSG_DONE` is seen.
+pub fn parse_packet_reply(
+    buf: &[u8],
+    out: &mut HashMap<u64, PacketDiag>,
+) -> Result<bool, ReplyError> {
+    use stasis_sys::net::{
+        PACKET_DIAG_MCLIST, PACKET_DIAG_MCLIST_LEN, PACKET_DIAG_MSG_LEN, PACKET_DIAG_RING_LEN,
+        PACKET_DIAG_RX_RING, PACKET_DIAG_TX_RING,
+    };
+    let u32_of = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap_or([0; 4]));
+    let u16_of = |b: &[u8], o: usize| u16::from_le_bytes(b[o..o + 2].try_into().unwrap_or([0; 2]));
+    let mut off = 0;
+    while off + 16 <= buf.len() {
+        let len = u32_of(buf, off) as usize;
+        let ty = u16_of(buf, off + 4);
+        if len < 16 || off + len > buf.len() {
+            return Err(ReplyError::Length(len));
+        }
+        match ty {
+            NLMSG_DONE => return Ok(true),
+            NLMSG_ERROR => {
+                let errno =
+                    i32::from_le_bytes(buf[off + 16..off + 20].try_into().unwrap_or([0; 4]));
+                return Err(ReplyError::Kernel(-errno));
+            }
+            SOCK_DIAG_BY_FAMILY => {
+                let m = off + 16;
+                if len < 16 + PACKET_DIAG_MSG_LEN {
+                    return Err(ReplyError::Short);
+                }
+                let ino = u64::from(u32_of(buf, m + 4));
+                let mut d = PacketDiag::default();
+                let mut a = m + PACKET_DIAG_MSG_LEN;
+                while a + 4 <= off + len {
+                    let alen = usize::from(u16_of(buf, a));
+                    let aty = u16_of(buf, a + 2);
+                    if alen < 4 || a + alen > off + len {
+                        break;
+                    }
+                    let data = &buf[a + 4..a + alen];
+                    let ring = |data: &[u8]| {
+                        let mut r = [0u32; 7];
+                        for (i, w) in r.iter_mut().enumerate() {
+                            *w = u32_of(data, i * 4);
+                        }
+                        r
+                    };
+                    match aty {
+                        PACKET_DIAG_MCLIST => {
+                            for c in data.chunks_exact(PACKET_DIAG_MCLIST_LEN) {
+                                let alen = usize::from(u16_of(c, 10)).min(32);
+                                d.mclist.push((
+                                    i32::from_le_bytes(c[0..4].try_into().unwrap_or([0; 4])),
+                                    u32_of(c, 4),
+                                    u16_of(c, 8),
+                                    c[12..12 + alen].to_vec(),
+                                ));
+                            }
+                        }
+                        PACKET_DIAG_RX_RING if data.len() >= PACKET_DIAG_RING_LEN => {
+                            d.rx_ring = Some(ring(data));
+                        }
+                        PACKET_DIAG_TX_RING if data.len() >= PACKET_DIAG_RING_LEN => {
+                            d.tx_ring = Some(ring(data));
+                        }
+                        _ => {}
+                    }
+                    a += alen.div_ceil(4) * 4;
+                }
+                out.insert(ino, d);
+            }
+            _ => {}
+        }
+        off += len.div_ceil(4) * 4;
+    }
+    Ok(false)
+}
+
+/// Every packet socket of this network namespace, by inode: memberships
+/// and rings.
+pub fn packet_sockets() -> Result<HashMap<u64, PacketDiag>> {
+    use stasis_sys::net::{PACKET_DIAG_REQ_LEN, PACKET_SHOW_MCLIST, PACKET_SHOW_RING_CFG};
+    let total = 16 + PACKET_DIAG_REQ_LEN;
+    let mut req = Vec::with_capacity(total);
+    req.extend_from_slice(&u32::try_from(total).unwrap_or(0).to_le_bytes());
+    req.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_le_bytes());
+    req.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_le_bytes());
+    req.extend_from_slice(&1u32.to_le_bytes()); // seq
+    req.extend_from_slice(&0u32.to_le_bytes()); // pid
+    req.push(u8::try_from(libc::AF_PACKET).unwrap_or(17));
+    req.push(0); // protocol
+    req.extend_from_slice(&0u16.to_le_bytes());
+    req.extend_from_slice(&0u32.to_le_bytes()); // ino
+    req.extend_from_slice(&(PACKET_SHOW_MCLIST | PACKET_SHOW_RING_CFG).to_le_bytes());
+    req.extend_from_slice(&[0u8; 8]); // cookie
+    let mut out = HashMap::new();
+    exchange(&req, |buf| {
+        parse_packet_reply(buf, &mut out)
+            .map_err(|e| KernelError::io("sock_diag (packet)", std::io::Error::other(e)))
+    })?;
+    Ok(out)
+}
+
 /// Sends one `sock_diag` request on a new netlink socket and hands each
 /// reply buffer to `each` until it returns `true` (done) or the kernel
 /// sends nothing more. Shared by the unix and the TCP queries.

@@ -24,6 +24,7 @@
 //! | inotify | [`inotify`] |
 //! | unix socket | [`unix`] |
 //! | netlink socket | [`netlink`] |
+//! | packet socket | [`packet`] |
 //! | pseudo-terminal pair | [`pty`] |
 //! | TCP/UDP socket | [`inet`] (listening, UDP), [`tcp`] (established: `TCP_REPAIR`) |
 //! | socket options, the accept gate | [`socket`] |
@@ -53,6 +54,7 @@ pub mod inotify;
 pub mod locks;
 pub mod netlink;
 pub mod nsfile;
+pub mod packet;
 pub mod pidfd;
 pub mod pipe;
 pub mod pty;
@@ -127,6 +129,7 @@ pub const REGISTRY: &[Entry] = &[
     entry::<unix::Unix>(),
     entry::<inet::Inet>(),
     entry::<netlink::Netlink>(),
+    entry::<packet::Packet>(),
     entry::<pipe::Pipe>(),
     entry::<eventfd::Eventfd>(),
     entry::<timerfd::Timerfd>(),
@@ -259,6 +262,17 @@ mod tests {
                 dst_group: 0,
                 options: vec![],
             }),
+            FdKind::Packet(stasis_image::manifest::PacketSocket {
+                sock_type: libc::SOCK_RAW,
+                protocol: 0,
+                bound: vec![],
+                packet_options: vec![],
+                fanout: None,
+                memberships: vec![],
+                rx_ring: None,
+                tx_ring: None,
+                options: vec![],
+            }),
             FdKind::PtyMaster(PtyPair {
                 index: 3,
                 termios: PtyTermios::default(),
@@ -301,6 +315,7 @@ mod tests {
                 | FdKind::Unix(_)
                 | FdKind::Inet(_)
                 | FdKind::Netlink(_)
+                | FdKind::Packet(_)
                 | FdKind::PtyMaster(_)
                 | FdKind::PtySlave { .. }
                 | FdKind::PtyHungUp { .. }

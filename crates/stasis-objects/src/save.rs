@@ -365,7 +365,6 @@ impl SaveCtx {
                 "fd {} is {} (address family {}), which stasis cannot checkpoint yet",
                 fd.fd,
                 match s.domain {
-                    libc::AF_PACKET => "a packet socket",
                     libc::AF_ALG => "a crypto API socket",
                     libc::AF_VSOCK => "a vsock socket",
                     libc::AF_BLUETOOTH => "a Bluetooth socket",

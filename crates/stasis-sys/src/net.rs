@@ -16,6 +16,28 @@ pub const ICMP_FILTER: i32 = 1;
 pub const ICMPV6_FILTER: i32 = 1;
 pub const ICMP6_FILTER_LEN: usize = 32;
 
+// --- Packet sockets' sock_diag (include/uapi/linux/packet_diag.h) ----------
+
+/// `pdiag_show` bits.
+pub const PACKET_SHOW_MCLIST: u32 = 0x2;
+pub const PACKET_SHOW_RING_CFG: u32 = 0x4;
+/// Attribute types of a `packet_diag_msg`.
+pub const PACKET_DIAG_MCLIST: u16 = 1;
+pub const PACKET_DIAG_RX_RING: u16 = 2;
+pub const PACKET_DIAG_TX_RING: u16 = 3;
+/// `struct packet_diag_req`: family, protocol, pad, ino, show, cookie[2].
+pub const PACKET_DIAG_REQ_LEN: usize = 20;
+/// `struct packet_diag_msg`: family, type, num, ino, cookie[2].
+pub const PACKET_DIAG_MSG_LEN: usize = 16;
+/// `struct packet_diag_mclist`: index, count, type, alen, addr[32].
+pub const PACKET_DIAG_MCLIST_LEN: usize = 44;
+/// `struct packet_diag_ring`: seven u32 (block size and count, frame size
+/// and count, retire timeout, private size, features).
+pub const PACKET_DIAG_RING_LEN: usize = 28;
+/// `struct packet_mreq`: ifindex (i32), type (u16), alen (u16), address[8].
+pub const PACKET_MREQ_LEN: usize = 16;
+const _: () = assert!(size_of::<libc::packet_mreq>() == PACKET_MREQ_LEN);
+
 // --- TCP repair (include/uapi/linux/tcp.h) ---------------------------------
 
 pub const TCP_REPAIR: i32 = 19;

@@ -438,6 +438,12 @@ fn fd_description(kind: &FdKind) -> String {
             ..
         } => format!("timerfd clock {clockid} next {value_ns} ns every {interval_ns} ns"),
         FdKind::Signalfd { mask } => format!("signalfd mask {mask:#x}"),
+        FdKind::Packet(p) => format!(
+            "packet socket type {} protocol {:#06x}{}",
+            p.sock_type,
+            u16::from_be(u16::try_from(p.protocol & 0xffff).unwrap_or(0)),
+            if p.bound.is_empty() { "" } else { " bound" }
+        ),
         FdKind::BpfMap(m) => format!(
             "BPF map {:?} type {} ({} elements of {}+{} bytes, at most {}){}",
             m.name,

@@ -191,6 +191,7 @@ workload_tests! {
     unlinked_link: "unlinked_link";
     pty_hungup: "pty_hungup";
     bpf_map: "bpf_map";
+    packet: "packet";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so

@@ -192,3 +192,30 @@ pub struct TcpRepair {
 fn tcp_established() -> u8 {
     1
 }
+
+/// A packet socket (`AF_PACKET`: `SOCK_RAW`, `SOCK_DGRAM`, or the old
+/// `SOCK_PACKET`). Frames it had not read are not saved (lost, as on a
+/// network).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PacketSocket {
+    pub sock_type: i32,
+    /// Its protocol (`SO_PROTOCOL`: an ethertype in network byte order).
+    pub protocol: i32,
+    /// The raw address it is bound to (`getsockname`: a `sockaddr_ll`, or a
+    /// `SOCK_PACKET` socket's `sockaddr` with a device name); empty: not
+    /// bound.
+    pub bound: Vec<u8>,
+    /// `SOL_PACKET` options as (option, value): version, reserve, aux
+    /// data, original device, vnet header, loss, timestamps...
+    pub packet_options: Vec<(i32, i32)>,
+    /// Its fanout group (`PACKET_FANOUT`: id | type << 16), if it joined one.
+    pub fanout: Option<u32>,
+    /// Memberships (`PACKET_ADD_MEMBERSHIP`), each (ifindex, count, type,
+    /// address): added `count` times.
+    pub memberships: Vec<(i32, u32, u16, Vec<u8>)>,
+    /// Receive and transmit rings (`struct packet_diag_ring`), if set up.
+    pub rx_ring: Option<[u32; 7]>,
+    pub tx_ring: Option<[u32; 7]>,
+    /// `SOL_SOCKET` options as (level, option, value).
+    pub options: Vec<(i32, i32, i32)>,
+}
