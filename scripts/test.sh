@@ -19,6 +19,11 @@ if [ "$(id -u)" -ne 0 ]; then
     echo "test: the end-to-end tests need root (ptrace, clone3 set_tid); run: sudo $0" >&2
     exit 1
 fi
+# The hugetlb workload needs huge pages: keep a pool of at least 64
+# (128 MiB with 2 MiB pages; a host that has more keeps them).
+if [ -w /proc/sys/vm/nr_hugepages ] && [ "$(cat /proc/sys/vm/nr_hugepages)" -lt 64 ]; then
+    echo 64 > /proc/sys/vm/nr_hugepages
+fi
 start=$(date +%s)
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

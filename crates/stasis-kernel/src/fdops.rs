@@ -127,6 +127,53 @@ pub fn memfd_create(name: &CStr, flags: u32) -> io::Result<OwnedFd> {
     owned(unsafe { libc::memfd_create(name.as_ptr(), flags) }.into())
 }
 
+/// Writes `extents` (offset, bytes) into the file `fd` of `size` bytes
+/// through a shared mapping of it: for files that take no `write`
+/// (hugetlbfs). The file is sized first (`ftruncate`).
+pub fn write_by_mapping(fd: BorrowedFd<'_>, size: u64, extents: &[(u64, &[u8])]) -> io::Result<()> {
+    let len = usize::try_from(size).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
+    let off_len =
+        libc::off_t::try_from(size).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
+    // SAFETY: ftruncate takes an fd and a length.
+    check(unsafe { libc::ftruncate(fd.as_raw_fd(), off_len) }.into())?;
+    if len == 0 {
+        return Ok(());
+    }
+    for &(off, data) in extents {
+        if off.checked_add(data.len() as u64).is_none_or(|e| e > size) {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+    }
+    // SAFETY: a new shared mapping of `len` bytes of our own fd, at an
+    // address the kernel picks; checked for MAP_FAILED below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    for &(off, data) in extents {
+        // SAFETY: `off + data.len() <= len` (checked above): the copy stays
+        // inside the mapping, which nothing else aliases.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                p.cast::<u8>().add(off as usize),
+                data.len(),
+            );
+        }
+    }
+    // SAFETY: the mapping made above, unmapped once.
+    check(unsafe { libc::munmap(p, len) }.into()).map(drop)
+}
+
 /// `eventfd(init, flags)`.
 pub fn eventfd(init: u32, flags: i32) -> io::Result<OwnedFd> {
     // SAFETY: eventfd takes integers only.

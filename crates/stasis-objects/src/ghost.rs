@@ -156,6 +156,8 @@ fn save_content(cx: &mut SaveCtx, pid: i32, name: &str, what: &str) -> Result<()
     let f = std::fs::File::open(&path).map_err(proc_err)?;
     // Not a memfd (an error): no seals.
     let seals = fdops::seals(f.as_fd()).unwrap_or(0);
+    let hugetlb = nix::sys::statfs::fstatfs(&f)
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::HUGETLBFS_MAGIC);
     cx.ghosts.insert(
         meta.ino(),
         GhostFile {
@@ -170,6 +172,7 @@ fn save_content(cx: &mut SaveCtx, pid: i32, name: &str, what: &str) -> Result<()
                 atime: (meta.atime(), meta.atime_nsec()),
                 mtime: (meta.mtime(), meta.mtime_nsec()),
             }),
+            hugetlb,
         },
     );
     Ok(())
@@ -268,11 +271,32 @@ fn keeper<'c>(
         })?;
         let keeper = match memfd {
             Some(name) => make_memfd(name, g)?,
+            // A MAP_HUGETLB area's hidden file ("/anon_hugepage").
+            None if g.hugetlb => make_hugetlb(c"anon_hugepage", g, 0)?,
             None => make_deleted(path.unwrap_or("/tmp/stasis-ghost"), id, g)?,
         };
         cx.ghost_keepers.insert(id, keeper);
     }
     Ok(&cx.ghost_keepers[&id])
+}
+
+/// A huge-page file named `name` (`memfd_create(MFD_HUGETLB)`, on the
+/// same internal hugetlbfs as `MAP_HUGETLB`: its mappings are huge-page
+/// ones, on the same device) with the content of `g`, written through a
+/// mapping (hugetlbfs takes no `write`). Needs huge pages free in the
+/// pool. Used for `MAP_HUGETLB` areas (their hidden file, saved as the
+/// deleted file "/anon_hugepage") and `MFD_HUGETLB` memfds.
+fn make_hugetlb(name: &std::ffi::CStr, g: &GhostFile, flags: u32) -> Result<OwnedFd, RestoreError> {
+    let k = fdops::memfd_create(name, flags | libc::MFD_CLOEXEC | libc::MFD_HUGETLB)
+        .map_err(os_err("memfd_create(MFD_HUGETLB)"))?;
+    let (size, extents) = g
+        .content()
+        .map_err(|e| RestoreError::Inconsistent(e.to_string()))?;
+    fdops::write_by_mapping(k.as_fd(), size, &extents).map_err(io_step(
+        "filling a huge-page mapping again (are enough huge pages free? /proc/sys/vm/nr_hugepages)",
+        "mmap",
+    ))?;
+    Ok(k)
 }
 
 /// A memfd named `name` with the content, mode and seals of `g`.
@@ -281,8 +305,13 @@ fn make_memfd(name: &str, g: &GhostFile) -> Result<OwnedFd, RestoreError> {
         .map_err(|_| RestoreError::Inconsistent(format!("memfd name {name:?} has a NUL")))?;
     let sealable = g.seals & !libc::F_SEAL_SEAL.unsigned_abs() != 0 || g.seals == 0;
     let flags = libc::MFD_CLOEXEC | if sealable { libc::MFD_ALLOW_SEALING } else { 0 };
-    let k = fdops::memfd_create(&cname, flags).map_err(os_err("memfd_create"))?;
-    write_sparse(&k, g)?;
+    let k = if g.hugetlb {
+        make_hugetlb(&cname, g, flags)?
+    } else {
+        let k = fdops::memfd_create(&cname, flags).map_err(os_err("memfd_create"))?;
+        write_sparse(&k, g)?;
+        k
+    };
     nix::sys::stat::fchmod(
         k.as_raw_fd(),
         nix::sys::stat::Mode::from_bits_truncate(g.mode & 0o7777),

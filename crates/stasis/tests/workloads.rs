@@ -192,6 +192,7 @@ workload_tests! {
     pty_hungup: "pty_hungup";
     bpf_map: "bpf_map";
     packet: "packet";
+    hugetlb: "hugetlb";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so

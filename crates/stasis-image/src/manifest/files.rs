@@ -43,6 +43,10 @@ pub struct GhostFile {
     /// Last access and modification times (`None` in older images).
     #[serde(default)]
     pub times: Option<FileTimes>,
+    /// On hugetlbfs: a memfd made with `MFD_HUGETLB`, or the hidden file
+    /// of `MAP_HUGETLB` anonymous memory (made again on huge pages).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hugetlb: bool,
 }
 
 /// A file's access and modification times, to the nanosecond.

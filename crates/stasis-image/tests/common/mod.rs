@@ -225,6 +225,7 @@ pub fn manifest(checkpoint: u32, processes: Vec<ProcessImage>) -> Manifest {
                 atime: (0, 5),
                 mtime: (123_456, 0),
             }),
+            hugetlb: false,
         }],
         sysv_shm: vec![stasis_image::manifest::SysvShm {
             key: 0x5151,
