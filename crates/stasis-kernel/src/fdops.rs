@@ -139,9 +139,11 @@ pub fn write_by_mapping(fd: BorrowedFd<'_>, size: u64, extents: &[(u64, &[u8])])
     if len == 0 {
         return Ok(());
     }
+    let mut at = Vec::with_capacity(extents.len());
     for &(off, data) in extents {
-        if off.checked_add(data.len() as u64).is_none_or(|e| e > size) {
-            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        match usize::try_from(off) {
+            Ok(o) if o.checked_add(data.len()).is_some_and(|e| e <= len) => at.push((o, data)),
+            _ => return Err(io::Error::from_raw_os_error(libc::EINVAL)),
         }
     }
     // SAFETY: a new shared mapping of `len` bytes of our own fd, at an
@@ -159,15 +161,11 @@ pub fn write_by_mapping(fd: BorrowedFd<'_>, size: u64, extents: &[(u64, &[u8])])
     if p == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }
-    for &(off, data) in extents {
+    for (off, data) in at {
         // SAFETY: `off + data.len() <= len` (checked above): the copy stays
         // inside the mapping, which nothing else aliases.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                data.as_ptr(),
-                p.cast::<u8>().add(off as usize),
-                data.len(),
-            );
+            std::ptr::copy_nonoverlapping(data.as_ptr(), p.cast::<u8>().add(off), data.len());
         }
     }
     // SAFETY: the mapping made above, unmapped once.
