@@ -59,75 +59,91 @@ pub enum ReplyError {
     Short,
 }
 
-/// Parses the messages of one netlink reply buffer into `out`; returns
-/// `true` once `NLMSG_DONE` is seen.
-pub fn parse_reply(buf: &[u8], out: &mut HashMap<u64, UnixInfo>) -> Result<bool, ReplyError> {
+/// Hands the payload (after the `nlmsghdr`) of each `SOCK_DIAG_BY_FAMILY`
+/// message of one netlink reply buffer to `each`; `true` once
+/// `NLMSG_DONE` is seen. Shared by the unix and packet queries.
+fn for_each_message(
+    buf: &[u8],
+    mut each: impl FnMut(&[u8]) -> Result<(), ReplyError>,
+) -> Result<bool, ReplyError> {
     let mut off = 0;
     while off + 16 <= buf.len() {
-        let u32_at = |o: usize| u32::from_le_bytes(buf[o..o + 4].try_into().unwrap_or([0; 4]));
-        let u16_at = |o: usize| u16::from_le_bytes(buf[o..o + 2].try_into().unwrap_or([0; 2]));
-        let len = u32_at(off) as usize;
-        let ty = u16_at(off + 4);
+        let len = le32(buf, off) as usize;
+        let ty = le16(buf, off + 4);
         if len < 16 || off + len > buf.len() {
             return Err(ReplyError::Length(len));
         }
         match ty {
             NLMSG_DONE => return Ok(true),
             NLMSG_ERROR => {
-                let errno =
-                    i32::from_le_bytes(buf[off + 16..off + 20].try_into().unwrap_or([0; 4]));
+                let errno = i32::from_le_bytes(le32(buf, off + 16).to_le_bytes());
                 return Err(ReplyError::Kernel(-errno));
             }
-            SOCK_DIAG_BY_FAMILY => {
-                let m = off + 16;
-                if len < 16 + 16 {
-                    return Err(ReplyError::Short);
-                }
-                let mut info = UnixInfo {
-                    sock_type: buf[m + 1],
-                    state: buf[m + 2],
-                    ino: u64::from(u32_at(m + 4)),
-                    ..Default::default()
-                };
-                let mut a = m + 16;
-                while a + 4 <= off + len {
-                    let alen = usize::from(u16_at(a));
-                    let aty = u16_at(a + 2);
-                    if alen < 4 || a + alen > off + len {
-                        break;
-                    }
-                    let data = &buf[a + 4..a + alen];
-                    match aty {
-                        UNIX_DIAG_NAME => info.name = Some(data.to_vec()),
-                        UNIX_DIAG_PEER if data.len() >= 4 => {
-                            info.peer = Some(u64::from(u32::from_le_bytes(
-                                data[0..4].try_into().unwrap_or([0; 4]),
-                            )))
-                        }
-                        UNIX_DIAG_RQLEN if data.len() >= 8 => {
-                            info.rqueue =
-                                u32::from_le_bytes(data[0..4].try_into().unwrap_or([0; 4]));
-                            info.wqueue =
-                                u32::from_le_bytes(data[4..8].try_into().unwrap_or([0; 4]));
-                        }
-                        UNIX_DIAG_ICONS => {
-                            info.icons = data
-                                .chunks_exact(4)
-                                .map(|c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
-                                .collect();
-                        }
-                        UNIX_DIAG_SHUTDOWN if !data.is_empty() => info.shutdown = data[0],
-                        _ => {}
-                    }
-                    a += alen.div_ceil(4) * 4;
-                }
-                out.insert(info.ino, info);
-            }
+            SOCK_DIAG_BY_FAMILY => each(&buf[off + 16..off + len])?,
             _ => {}
         }
         off += len.div_ceil(4) * 4;
     }
     Ok(false)
+}
+
+/// Hands each `rtattr` (type, data) of `buf` to `each`.
+fn for_each_attr(buf: &[u8], mut each: impl FnMut(u16, &[u8])) {
+    let mut a = 0;
+    while a + 4 <= buf.len() {
+        let alen = usize::from(le16(buf, a));
+        if alen < 4 || a + alen > buf.len() {
+            break;
+        }
+        each(le16(buf, a + 2), &buf[a + 4..a + alen]);
+        a += alen.div_ceil(4) * 4;
+    }
+}
+
+/// The little-endian u32 / u16 at `o` of `b` (0 past its end).
+fn le32(b: &[u8], o: usize) -> u32 {
+    b.get(o..o + 4)
+        .and_then(|w| w.try_into().ok())
+        .map_or(0, u32::from_le_bytes)
+}
+fn le16(b: &[u8], o: usize) -> u16 {
+    b.get(o..o + 2)
+        .and_then(|w| w.try_into().ok())
+        .map_or(0, u16::from_le_bytes)
+}
+
+/// Parses the messages of one netlink reply buffer into `out`; returns
+/// `true` once `NLMSG_DONE` is seen.
+pub fn parse_reply(buf: &[u8], out: &mut HashMap<u64, UnixInfo>) -> Result<bool, ReplyError> {
+    for_each_message(buf, |m| {
+        if m.len() < 16 {
+            return Err(ReplyError::Short);
+        }
+        let mut info = UnixInfo {
+            sock_type: m[1],
+            state: m[2],
+            ino: u64::from(le32(m, 4)),
+            ..Default::default()
+        };
+        for_each_attr(&m[16..], |aty, data| match aty {
+            UNIX_DIAG_NAME => info.name = Some(data.to_vec()),
+            UNIX_DIAG_PEER if data.len() >= 4 => info.peer = Some(u64::from(le32(data, 0))),
+            UNIX_DIAG_RQLEN if data.len() >= 8 => {
+                info.rqueue = le32(data, 0);
+                info.wqueue = le32(data, 4);
+            }
+            UNIX_DIAG_ICONS => {
+                info.icons = data
+                    .chunks_exact(4)
+                    .map(|c| u64::from(le32(c, 0)))
+                    .collect();
+            }
+            UNIX_DIAG_SHUTDOWN if !data.is_empty() => info.shutdown = data[0],
+            _ => {}
+        });
+        out.insert(info.ino, info);
+        Ok(())
+    })
 }
 
 /// Every unix socket of this network namespace, by inode.
@@ -178,73 +194,41 @@ pub fn parse_packet_reply(
         PACKET_DIAG_MCLIST, PACKET_DIAG_MCLIST_LEN, PACKET_DIAG_MSG_LEN, PACKET_DIAG_RING_LEN,
         PACKET_DIAG_RX_RING, PACKET_DIAG_TX_RING,
     };
-    let u32_of = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap_or([0; 4]));
-    let u16_of = |b: &[u8], o: usize| u16::from_le_bytes(b[o..o + 2].try_into().unwrap_or([0; 2]));
-    let mut off = 0;
-    while off + 16 <= buf.len() {
-        let len = u32_of(buf, off) as usize;
-        let ty = u16_of(buf, off + 4);
-        if len < 16 || off + len > buf.len() {
-            return Err(ReplyError::Length(len));
+    let ring = |data: &[u8]| {
+        let mut r = [0u32; 7];
+        for (i, w) in r.iter_mut().enumerate() {
+            *w = le32(data, i * 4);
         }
-        match ty {
-            NLMSG_DONE => return Ok(true),
-            NLMSG_ERROR => {
-                let errno =
-                    i32::from_le_bytes(buf[off + 16..off + 20].try_into().unwrap_or([0; 4]));
-                return Err(ReplyError::Kernel(-errno));
+        r
+    };
+    for_each_message(buf, |m| {
+        if m.len() < PACKET_DIAG_MSG_LEN {
+            return Err(ReplyError::Short);
+        }
+        let mut d = PacketDiag::default();
+        for_each_attr(&m[PACKET_DIAG_MSG_LEN..], |aty, data| match aty {
+            PACKET_DIAG_MCLIST => {
+                for c in data.chunks_exact(PACKET_DIAG_MCLIST_LEN) {
+                    let alen = usize::from(le16(c, 10)).min(32);
+                    d.mclist.push((
+                        i32::from_le_bytes(le32(c, 0).to_le_bytes()),
+                        le32(c, 4),
+                        le16(c, 8),
+                        c[12..12 + alen].to_vec(),
+                    ));
+                }
             }
-            SOCK_DIAG_BY_FAMILY => {
-                let m = off + 16;
-                if len < 16 + PACKET_DIAG_MSG_LEN {
-                    return Err(ReplyError::Short);
-                }
-                let ino = u64::from(u32_of(buf, m + 4));
-                let mut d = PacketDiag::default();
-                let mut a = m + PACKET_DIAG_MSG_LEN;
-                while a + 4 <= off + len {
-                    let alen = usize::from(u16_of(buf, a));
-                    let aty = u16_of(buf, a + 2);
-                    if alen < 4 || a + alen > off + len {
-                        break;
-                    }
-                    let data = &buf[a + 4..a + alen];
-                    let ring = |data: &[u8]| {
-                        let mut r = [0u32; 7];
-                        for (i, w) in r.iter_mut().enumerate() {
-                            *w = u32_of(data, i * 4);
-                        }
-                        r
-                    };
-                    match aty {
-                        PACKET_DIAG_MCLIST => {
-                            for c in data.chunks_exact(PACKET_DIAG_MCLIST_LEN) {
-                                let alen = usize::from(u16_of(c, 10)).min(32);
-                                d.mclist.push((
-                                    i32::from_le_bytes(c[0..4].try_into().unwrap_or([0; 4])),
-                                    u32_of(c, 4),
-                                    u16_of(c, 8),
-                                    c[12..12 + alen].to_vec(),
-                                ));
-                            }
-                        }
-                        PACKET_DIAG_RX_RING if data.len() >= PACKET_DIAG_RING_LEN => {
-                            d.rx_ring = Some(ring(data));
-                        }
-                        PACKET_DIAG_TX_RING if data.len() >= PACKET_DIAG_RING_LEN => {
-                            d.tx_ring = Some(ring(data));
-                        }
-                        _ => {}
-                    }
-                    a += alen.div_ceil(4) * 4;
-                }
-                out.insert(ino, d);
+            PACKET_DIAG_RX_RING if data.len() >= PACKET_DIAG_RING_LEN => {
+                d.rx_ring = Some(ring(data))
+            }
+            PACKET_DIAG_TX_RING if data.len() >= PACKET_DIAG_RING_LEN => {
+                d.tx_ring = Some(ring(data))
             }
             _ => {}
-        }
-        off += len.div_ceil(4) * 4;
-    }
-    Ok(false)
+        });
+        out.insert(u64::from(le32(m, 4)), d);
+        Ok(())
+    })
 }
 
 /// Every packet socket of this network namespace, by inode: memberships
