@@ -50,6 +50,12 @@ pub fn vma_kind(m: &proc::MapsEntry) -> Result<Option<VmaKind>, UnsupportedArea>
             dev: (u64::from(m.dev.0) << 32) | u64::from(m.dev.1),
             ino: m.ino,
         },
+        _ if n.starts_with("socket:[") => {
+            return Err(UnsupportedArea(format!(
+                "area {:#x}-{:#x} is a socket's ring mapped in memory ({n}: a packet socket's PACKET_RX_RING/TX_RING, say), which stasis cannot checkpoint yet",
+                m.start, m.end
+            )))
+        }
         _ if n.starts_with('[') => {
             return Err(UnsupportedArea(format!(
                 "area {:#x}-{:#x} is a special mapping {n} that stasis does not know",
@@ -410,4 +416,19 @@ pub fn copy_pages(
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod kind_tests {
+    use super::*;
+
+    #[test]
+    fn a_mapped_socket_ring_is_refused_by_name() {
+        let m = stasis_kernel::procfs::parse_maps(
+            "7f0000000000-7f0000002000 rw-s 00000000 00:08 6444194                    socket:[6444194]\n",
+        )
+        .unwrap();
+        let e = vma_kind(&m[0]).unwrap_err().0;
+        assert!(e.contains("socket's ring mapped in memory"), "{e}");
+    }
 }
