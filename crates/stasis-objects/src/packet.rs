@@ -7,8 +7,8 @@
 //! `sockaddr_ll`, or a `SOCK_PACKET` socket's device name), the
 //! `SOL_PACKET` options `getsockopt` gives, `PACKET_FANOUT`; from
 //! `sock_diag` (`packet_diag`), the memberships and ring settings, which
-//! nothing else shows. A ring mapped in the process is refused (its area,
-//! `socket:[N]` in maps, is not restored). Frames not yet read are not
+//! nothing else shows. A ring mapped in the process is refused, by the
+//! memory plan (its area is `socket:[N]` in maps). Frames not yet read are not
 //! saved: they are lost, as a network may lose them (CRIU does the same).
 //! **Restore.** A socket of the type with protocol 0 (it receives nothing
 //! yet), the options (the version and reserve before the rings), the
@@ -101,15 +101,6 @@ fn save(fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<FdKind, SaveError>
             .unwrap_or_default();
         (opts, fanout, diag)
     };
-    if diag.rx_ring.is_some() || diag.tx_ring.is_some() {
-        let maps =
-            std::fs::read_to_string(crate::save::proc_path(fd.pid, "maps")).unwrap_or_default();
-        if maps.contains(&format!("socket:[{}]", fd.meta.ino())) {
-            return Err(fd.unsupported(format!(
-                "fd {n} is a packet socket whose ring is mapped in the process, which stasis cannot checkpoint yet"
-            )));
-        }
-    }
     let q = sock::inq(b).unwrap_or(0);
     if q > 0 {
         tracing::warn!(
