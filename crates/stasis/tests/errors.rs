@@ -98,7 +98,7 @@ fn dump_of_a_process_already_traced_leaves_it_untouched() {
 fn unsupported_fd_is_refused_and_process_keeps_running() {
     let d = tempfile::tempdir().unwrap();
     let child = python(
-        "import socket,time; s=socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0); time.sleep(100)",
+        "import socket,time; s=socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM, 0); time.sleep(100)",
     );
     let has_socket = |pid: i32| {
         std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -113,7 +113,7 @@ fn unsupported_fd_is_refused_and_process_keeps_running() {
         child,
         &d.path().join("img"),
         ("python to open its socket", &has_socket),
-        "a packet socket (address family 17)",
+        "a vsock socket (address family 40)",
     );
 }
 
