@@ -24,7 +24,7 @@
  *   (The memberships cannot be seen from here: dropping one that is not
  *   there succeeds. stasis-objects' packet tests check them through
  *   sock_diag.)
- *   [packet-traffic]  a UDP datagram sent on lo reaches D (5 s).
+ *   [packet-traffic]  a UDP datagram sent on lo reaches D and S (5 s).
  */
 #include "zdtm.h"
 
@@ -175,25 +175,30 @@ int main(int argc, char **argv)
 
 	{
 		struct sockaddr_in to = { .sin_family = AF_INET };
-		int o = socket(AF_INET, SOCK_DGRAM, 0), seen = 0;
+		int o = socket(AF_INET, SOCK_DGRAM, 0), seen = 0, seen_s = 0;
 		int64_t end = zdtm_now_ns() + 5000000000LL;
 		char buf[2048];
 
 		to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
 		to.sin_port = htons(9); /* discard: nobody listens, D sees it */
-		while (!seen && zdtm_now_ns() < end) {
-			struct pollfd p = { .fd = d, .events = POLLIN };
+		while ((!seen || !seen_s) && zdtm_now_ns() < end) {
+			struct pollfd p[2] = { { .fd = d, .events = POLLIN },
+					       { .fd = s, .events = POLLIN } };
 			ssize_t n;
 
 			sendto(o, "packet-wl", 9, 0, (struct sockaddr *)&to, sizeof(to));
-			if (poll(&p, 1, 200) != 1)
+			if (poll(p, 2, 200) < 1)
 				continue;
 			while ((n = recv(d, buf, sizeof(buf), MSG_DONTWAIT)) > 0)
 				if (memmem(buf, (size_t)n, "packet-wl", 9))
 					seen = 1;
+			while ((n = recv(s, buf, sizeof(buf), MSG_DONTWAIT)) > 0)
+				if (memmem(buf, (size_t)n, "packet-wl", 9))
+					seen_s = 1;
 		}
 		close(o);
 		zdtm_check(seen, "packet-traffic", "D received nothing of a datagram sent on lo");
+		zdtm_check(seen_s, "packet-traffic", "S received nothing of a datagram sent on lo");
 	}
 	zdtm_finish();
 }

@@ -172,9 +172,13 @@ pub fn unix_sockets() -> Result<HashMap<u64, UnixInfo>> {
 }
 
 /// What `sock_diag` says of one packet socket that `getsockopt` cannot:
-/// its multicast and promiscuous memberships and its rings.
+/// its protocol, its multicast and promiscuous memberships and its rings.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PacketDiag {
+    /// Its protocol (an ethertype, in host byte order: `socket(2)` takes
+    /// it in network order), which `SO_PROTOCOL` does not tell for packet
+    /// sockets.
+    pub num: u16,
     /// (ifindex, count, type, address) of each membership.
     pub mclist: Vec<(i32, u32, u16, Vec<u8>)>,
     /// The receive and transmit rings (`struct packet_diag_ring`: block
@@ -205,7 +209,10 @@ pub fn parse_packet_reply(
         if m.len() < PACKET_DIAG_MSG_LEN {
             return Err(ReplyError::Short);
         }
-        let mut d = PacketDiag::default();
+        let mut d = PacketDiag {
+            num: le16(m, 2),
+            ..Default::default()
+        };
         for_each_attr(&m[PACKET_DIAG_MSG_LEN..], |aty, data| match aty {
             PACKET_DIAG_MCLIST => {
                 for c in data.chunks_exact(PACKET_DIAG_MCLIST_LEN) {

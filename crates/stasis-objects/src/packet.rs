@@ -3,15 +3,17 @@
 //! `SOL_PACKET` options, fanout group, memberships and rings (zdtm's
 //! packet_sock, packet_sock_spkt).
 //!
-//! **Save.** From the socket itself: `SO_PROTOCOL`, `getsockname` (a
+//! **Save.** From the socket itself: `getsockname` (a
 //! `sockaddr_ll`, or a `SOCK_PACKET` socket's device name), the
 //! `SOL_PACKET` options `getsockopt` gives, `PACKET_FANOUT`; from
-//! `sock_diag` (`packet_diag`), the memberships and ring settings, which
-//! nothing else shows. A ring mapped in the process is refused, by the
+//! `sock_diag` (`packet_diag`), the protocol (`SO_PROTOCOL` says 0 for
+//! packet sockets), the memberships and the ring settings, which nothing
+//! else shows. A ring mapped in the process is refused, by the
 //! memory plan (its area is `socket:[N]` in maps). Frames not yet read are not
 //! saved: they are lost, as a network may lose them (CRIU does the same).
 //! **Restore.** A socket of the type with protocol 0 (it receives nothing
-//! yet), the options (the version and reserve before the rings), the
+//! yet; a `SOCK_PACKET` one, whose bind keeps the protocol it was made
+//! with, with its own), the options (the version and reserve before the rings), the
 //! rings, the bind (device and protocol), the fanout group, and each
 //! membership as many times as it was added. Needs CAP_NET_RAW.
 
@@ -76,9 +78,18 @@ impl Object for Packet {
 
 fn save(fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<FdKind, SaveError> {
     let (b, n, ty) = (s.sock.as_fd(), fd.fd, s.sock_type);
-    let protocol = sock::get_int(b, libc::SOL_SOCKET, libc::SO_PROTOCOL)?;
     let mut bound = sock::local_addr(b)?;
-    let (packet_options, fanout, diag) = if ty == SOCK_PACKET {
+    let diag = sockdiag::packet_sockets()?
+        .remove(&fd.meta.ino())
+        .ok_or_else(|| {
+            fd.unsupported(format!(
+                "fd {n}: sock_diag does not list this packet socket"
+            ))
+        })?;
+    // (SO_PROTOCOL says 0 for packet sockets: the protocol is sock_diag's,
+    // which gives it in host order; socket(2) takes it in network order.)
+    let protocol = i32::from(diag.num.to_be());
+    let (packet_options, fanout) = if ty == SOCK_PACKET {
         // A device name of all NULs: not bound.
         if bound
             .get(2..)
@@ -86,7 +97,7 @@ fn save(fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<FdKind, SaveError>
         {
             bound.clear();
         }
-        (Vec::new(), None, sockdiag::PacketDiag::default())
+        (Vec::new(), None)
     } else {
         let opts = PACKET_OPTS
             .iter()
@@ -96,10 +107,7 @@ fn save(fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<FdKind, SaveError>
             .ok()
             .filter(|&v| v != 0)
             .map(i32::unsigned_abs);
-        let diag = sockdiag::packet_sockets()?
-            .remove(&fd.meta.ino())
-            .unwrap_or_default();
-        (opts, fanout, diag)
+        (opts, fanout)
     };
     let q = sock::inq(b).unwrap_or(0);
     if q > 0 {
@@ -129,7 +137,15 @@ fn restore(fd: i32, p: &PacketSocket) -> Result<OwnedFd, RestoreError> {
             source: e,
         }
     };
-    let s = sock::socket(libc::AF_PACKET, p.sock_type, 0).map_err(step("creating it".into()))?;
+    // A SOCK_PACKET socket has no options to set first, and its bind
+    // keeps the protocol it was made with: made with it.
+    let proto = if p.sock_type == SOCK_PACKET {
+        p.protocol
+    } else {
+        0
+    };
+    let s =
+        sock::socket(libc::AF_PACKET, p.sock_type, proto).map_err(step("creating it".into()))?;
     let b = s.as_fd();
     set_options(&s, &p.options);
     // (All default to 0: only the others are set; some are refused on

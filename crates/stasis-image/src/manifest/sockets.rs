@@ -199,7 +199,8 @@ fn tcp_established() -> u8 {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PacketSocket {
     pub sock_type: i32,
-    /// Its protocol (`SO_PROTOCOL`: an ethertype in network byte order).
+    /// Its protocol (an ethertype in network byte order, as `socket(2)`
+    /// was given it; from `sock_diag`).
     pub protocol: i32,
     /// The raw address it is bound to (`getsockname`: a `sockaddr_ll`, or a
     /// `SOCK_PACKET` socket's `sockaddr` with a device name); empty: not
