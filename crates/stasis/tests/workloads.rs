@@ -94,7 +94,13 @@ fn twice_lazy(name: &str, args: &[&str], via_server: bool) {
                 .arg(&s.token_file)
                 .output()
                 .unwrap();
-            assert_ok(&o, &format!("restore --lazy --from of {name}"));
+            assert_ok(
+                &o,
+                &format!(
+                    "restore --lazy --from of {name} (round {round}; the page server logged:\n{})",
+                    s.log_text()
+                ),
+            );
             assert!(alive(w.pid), "{name}: not running after restore --from");
         } else {
             w.restore(&["--lazy", "--lazy-stats", &stats_arg]);

@@ -417,6 +417,8 @@ pub struct PageServer {
     child: std::process::Child,
     pub addr: String,
     pub token_file: PathBuf,
+    /// Its stderr (warnings, refusals), for failure messages.
+    pub log: PathBuf,
 }
 
 impl PageServer {
@@ -426,6 +428,7 @@ impl PageServer {
         use std::io::BufRead;
         use std::os::unix::fs::PermissionsExt;
         let token_file = dir.with_extension(format!("token-{}", std::process::id()));
+        let log = dir.with_extension(format!("page-server-{}.log", std::process::id()));
         std::fs::write(&token_file, token).unwrap();
         std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
         let mut c = stasis_in(netns);
@@ -435,7 +438,9 @@ impl PageServer {
             .arg(dir)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null());
+            // Each connection's end, not only warnings.
+            .env("STASIS_LOG", "info")
+            .stderr(std::fs::File::create(&log).expect("page server log"));
         let mut child = c.spawn().expect("starting the page server");
         let mut line = String::new();
         std::io::BufReader::new(child.stdout.take().unwrap())
@@ -447,11 +452,17 @@ impl PageServer {
             child,
             addr: v["listening"].as_str().unwrap().to_string(),
             token_file,
+            log,
         }
     }
 
     pub fn start(dir: &Path, token: &str) -> PageServer {
         Self::start_on(dir, token, "127.0.0.1:0", None)
+    }
+
+    /// What the server logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     pub fn kill(&mut self) {
