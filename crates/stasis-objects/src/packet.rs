@@ -54,9 +54,9 @@ pub struct Packet;
 impl Object for Packet {
     const NAME: &'static str = "packet socket";
 
-    fn save(_cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
+    fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
         match &fd.socket {
-            Some(s) if s.domain == libc::AF_PACKET => save(fd, s).map(Some),
+            Some(s) if s.domain == libc::AF_PACKET => save(cx, fd, s).map(Some),
             _ => Ok(None),
         }
     }
@@ -76,11 +76,16 @@ impl Object for Packet {
     }
 }
 
-fn save(fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<FdKind, SaveError> {
+fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<FdKind, SaveError> {
     let (b, n, ty) = (s.sock.as_fd(), fd.fd, s.sock_type);
     let mut bound = sock::local_addr(b)?;
-    let diag = sockdiag::packet_sockets()?
-        .remove(&fd.meta.ino())
+    if cx.packet.is_none() {
+        cx.packet = Some(sockdiag::packet_sockets()?);
+    }
+    let diag = cx
+        .packet
+        .as_ref()
+        .and_then(|all| all.get(&fd.meta.ino()).cloned())
         .ok_or_else(|| {
             fd.unsupported(format!(
                 "fd {n}: sock_diag does not list this packet socket"

@@ -88,6 +88,9 @@ pub struct SaveCtx {
     pub sysv: Vec<SysvShm>,
     /// Unix sockets of the namespace (queried on first need).
     pub(crate) unix: Option<HashMap<u64, UnixInfo>>,
+    /// Packet sockets of the namespace, as `sock_diag` sees them (queried
+    /// on first need).
+    pub(crate) packet: Option<HashMap<u64, stasis_kernel::sockdiag::PacketDiag>>,
     /// TCP sockets put in repair mode: kept open until the dump ends, then
     /// closed silently (process killed) or taken out of repair (left
     /// running, [`crate::tcp::leave_repair`]).
@@ -203,6 +206,7 @@ impl Default for SaveCtx {
             ghosts: HashMap::new(),
             sysv: Vec::new(),
             unix: None,
+            packet: None,
             repaired: Repairs::default(),
             ptys: crate::pty::Saved::default(),
             tcp_close: false,
