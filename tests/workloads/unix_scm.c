@@ -19,6 +19,10 @@
  *   R   SOCK_STREAM pair r0/r1, r1 shut for reading (sockets03)
  *   Q   SOCK_SEQPACKET pair q0/q1: "last" queued to q1, q0 shut for
  *       writing (sockets01-seqpacket)
+ *   E   SOCK_DGRAM pair g0/g1: g0 sends "ep" twice with the same epoll,
+ *       which has the read end of a third pipe (at fd 101, data 0xA1)
+ *       and an eventfd of count 1 (data 0xB2) registered; the epoll is
+ *       closed here (scm05)
  * After SIGTERM:
  *   `dgram`     d1 gives "pipe-r", "pipe-w", "sock" in order, one fd each;
  *               the pipe reads "inpipe", then what is written to the
@@ -33,10 +37,17 @@
  *   `shutdown`  h1 reads end of file, h0 cannot write (EPIPE), h1 still
  *               writes to h0; r0 cannot write to r1 (EPIPE), r1 still
  *               writes to r0; q1 reads "last" then end of file (0)
+ *   `epoll`     g1 gives "ep" twice, one fd each, both the same epoll
+ *               (kcmp); it reports the eventfd (0xB2) ready, and the pipe
+ *               (0xA1) too once a byte is written to it; its registration
+ *               of fd 101 can be deleted by that number here, and is then
+ *               gone from the second copy too
  */
 #include "zdtm.h"
 
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -204,9 +215,47 @@ static void check_shutdown(int h0, int h1, int r0, int r1, int q1)
 		   "q1 does not read end of file");
 }
 
+/* The data of the ready events of epoll `ep`, as a bit set: 1 for 0xA1,
+ * 2 for 0xB2, 4 for anything else; -1 if epoll_wait fails. */
+static int ready(int ep)
+{
+	struct epoll_event ev[4];
+	int n = epoll_wait(ep, ev, 4, 0), i, set = 0;
+
+	if (n < 0)
+		return -1;
+	for (i = 0; i < n; i++)
+		set |= ev[i].data.u64 == 0xA1 ? 1 : ev[i].data.u64 == 0xB2 ? 2 : 4;
+	return set;
+}
+
+static void check_epoll(int g1, int p3w)
+{
+	char buf[8];
+	int fds[4], n, a = -1, b = -1;
+
+	if (recv_fds(g1, buf, sizeof(buf), fds, &n) == 2 && n == 1)
+		a = fds[0];
+	if (recv_fds(g1, buf, sizeof(buf), fds, &n) == 2 && n == 1)
+		b = fds[0];
+	if (!zdtm_check(a >= 0 && b >= 0, "epoll",
+			"the two epolls in flight did not both arrive (%d, %d)", a, b))
+		return;
+	zdtm_check(syscall(SYS_kcmp, getpid(), getpid(), 0 /* KCMP_FILE */, a, b) == 0,
+		   "epoll", "the epoll sent twice came back as two epolls");
+	zdtm_check(ready(a) == 2, "epoll", "ready set %d, expected the eventfd (2)", ready(a));
+	zdtm_check(write(p3w, "x", 1) == 1, "epoll", "write to the third pipe");
+	zdtm_check(ready(a) == 3, "epoll", "ready set %d after a write to the pipe, expected 3",
+		   ready(a));
+	zdtm_check(epoll_ctl(a, EPOLL_CTL_DEL, 101, NULL) == 0, "epoll",
+		   "deleting the registration of fd 101: %s", strerror(errno));
+	zdtm_check(ready(b) == 2, "epoll", "ready set %d of the second copy, expected 2", ready(b));
+}
+
 int main(int argc, char **argv)
 {
 	int d[2], x[2], s[2], t[2], h[2], r[2], q[2], p[2], p2[2], f, e;
+	int g[2], p3[2], ep, e3;
 
 	zdtm_init(argc, argv, 0, "");
 	if (socketpair(AF_UNIX, SOCK_DGRAM, 0, d) ||
@@ -255,6 +304,26 @@ int main(int argc, char **argv)
 	    write(q[0], "last", 4) != 4 || shutdown(q[0], SHUT_WR))
 		zdtm_die("shutdown");
 
+	if (socketpair(AF_UNIX, SOCK_DGRAM, 0, g) || pipe(p3) || dup2(p3[0], 101) != 101)
+		zdtm_die("socketpair/pipe for E");
+	close(p3[0]);
+	ep = epoll_create1(0);
+	e3 = eventfd(1, 0);
+	if (ep < 0 || e3 < 0)
+		zdtm_die("epoll/eventfd for E");
+	{
+		struct epoll_event ev = { .events = EPOLLIN, .data.u64 = 0xA1 };
+
+		if (epoll_ctl(ep, EPOLL_CTL_ADD, 101, &ev))
+			zdtm_die("epoll_ctl pipe");
+		ev.data.u64 = 0xB2;
+		if (epoll_ctl(ep, EPOLL_CTL_ADD, e3, &ev))
+			zdtm_die("epoll_ctl eventfd");
+	}
+	if (send_fds(g[0], "ep", 2, &ep, 1) || send_fds(g[0], "ep", 2, &ep, 1))
+		zdtm_die("send on E");
+	close(ep);
+
 	zdtm_ready();
 
 	while (!zdtm_stop)
@@ -270,10 +339,17 @@ int main(int argc, char **argv)
 	ZDTM_CORRUPT("seqpacket", send(s[0], "x", 1, 0), close(s[1]), s[1] = s[0]);
 	ZDTM_CORRUPT("stream", close(t[1]), t[1] = t[0]);
 	ZDTM_CORRUPT("shutdown", close(h[0]), close(h[1]), socketpair(AF_UNIX, SOCK_STREAM, 0, h));
+	ZDTM_CORRUPT("epoll", {
+		char b[8];
+		int fd[4], n;
+
+		recv_fds(g[1], b, sizeof(b), fd, &n);
+	});
 
 	check_dgram(d[1], x[0]);
 	check_seqpacket(s[1]);
 	check_stream(t[1]);
 	check_shutdown(h[0], h[1], r[0], r[1], q[1]);
+	check_epoll(g[1], p3[1]);
 	zdtm_finish();
 }

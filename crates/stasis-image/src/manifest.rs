@@ -553,7 +553,14 @@ pub enum FdKind {
     Packet(PacketSocket),
     /// An epoll instance and what is registered in it (fd numbers of this
     /// process).
-    Epoll { targets: Vec<EpollTarget> },
+    Epoll {
+        targets: Vec<EpollTarget>,
+        /// For an epoll in flight (`SCM_RIGHTS`, held by no process): the
+        /// process whose fd numbers its registrations name, the holder of
+        /// the socket whose queue carries it. It registers them at restore.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        registrar: Option<i32>,
+    },
     /// A regular file deleted while open; its content is in
     /// `Manifest::ghosts`. `path` is where it lived.
     Ghost { path: String, id: u64, pos: u64 },

@@ -322,11 +322,33 @@ pub fn kcmp_same_fd_table(pid1: i32, pid2: i32) -> bool {
 /// in `pid`'s epoll instance `efd` as its `toff`-th registration of fd
 /// number `tfd` (false when it cannot tell).
 pub fn kcmp_epoll_target(pid: i32, fd: i32, efd: i32, tfd: i32, toff: u32) -> bool {
+    kcmp_epoll_target_of(pid, fd, (pid, efd), tfd, toff)
+}
+
+/// As [`kcmp_epoll_target`], with the epoll instance held by another
+/// process: fd `efd` of `epoll_pid` (an epoll in flight, say, held by the
+/// dumper while the registrations name fds of `pid`).
+pub fn kcmp_epoll_target_of(
+    pid: i32,
+    fd: i32,
+    (epoll_pid, efd): (i32, i32),
+    tfd: i32,
+    toff: u32,
+) -> bool {
     // struct kcmp_epoll_slot { __u32 efd, tfd, toff; }
     let slot: [u32; 3] = [efd.unsigned_abs(), tfd.unsigned_abs(), toff];
     // SAFETY: kcmp reads one kcmp_epoll_slot from the pointer, which
     // points to three u32s that live across the call.
-    let r = unsafe { libc::syscall(libc::SYS_kcmp, pid, pid, KCMP_EPOLL_TFD, fd, slot.as_ptr()) };
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            pid,
+            epoll_pid,
+            KCMP_EPOLL_TFD,
+            fd,
+            slot.as_ptr(),
+        )
+    };
     r == 0
 }
 

@@ -11,6 +11,15 @@
 //! so) is saved as its `source`, and the restore puts it at the number
 //! for the time of the registration (what held the number is moved
 //! aside and put back).
+//!
+//! An epoll in flight (sent with `SCM_RIGHTS`, in a unix socket's queue,
+//! held by no process) is saved from the dumper's copy of it; its
+//! registrations name fds of the process that holds that socket (its
+//! `registrar`, the one that will receive it), matched there by
+//! `kcmp(KCMP_EPOLL_TFD)` across the two processes. The restore makes it
+//! with the queue, and the registrar registers the targets once its own
+//! fds exist, through a copy planted for that moment
+//! ([`crate::RestoreCtx::take_in_flight_epolls`]).
 
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
@@ -29,17 +38,19 @@ impl Object for Epoll {
     const NAME: &'static str = "epoll";
     const ANON_INODE: Option<&'static str> = Some("anon_inode:[eventpoll]");
 
-    fn save(_cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
+    fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
         if Some(fd.link) != Self::ANON_INODE {
             return Ok(None);
         }
+        let registrar = cx.epoll_registrar;
         let parsed = stasis_kernel::procfs::parse_epoll(fd.info).map_err(|e| fd.bad_info(e))?;
         let inos = target_inodes(fd.info);
         let mut targets: Vec<EpollTarget> = Vec::with_capacity(parsed.len());
         for (i, (tfd, events, data)) in parsed.into_iter().enumerate() {
             let toff = targets.iter().filter(|t| t.fd == tfd).count();
             let toff = u32::try_from(toff).unwrap_or(u32::MAX);
-            let source = find_source(fd, (tfd, toff), inos.get(i).copied().flatten())?;
+            let ino = inos.get(i).copied().flatten();
+            let source = find_source(fd, registrar, (tfd, toff), ino)?;
             targets.push(EpollTarget {
                 fd: tfd,
                 events,
@@ -47,18 +58,22 @@ impl Object for Epoll {
                 source,
             });
         }
-        Ok(Some(FdKind::Epoll { targets }))
+        Ok(Some(FdKind::Epoll { targets, registrar }))
     }
 
     fn owns(kind: &FdKind) -> bool {
         matches!(kind, FdKind::Epoll { .. })
     }
 
-    fn restore(_: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
-        if !matches!(img.kind, FdKind::Epoll { .. }) {
+    fn restore(cx: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
+        let FdKind::Epoll { registrar, .. } = img.kind else {
             return Err(crate::restore::not_mine(Self::NAME, img));
-        }
+        };
         let e = fdops::epoll_create(libc::EPOLL_CLOEXEC).map_err(os_err("epoll_create1"))?;
+        if let Some(pid) = registrar {
+            let copy = e.try_clone().map_err(os_err("dup of an epoll in flight"))?;
+            cx.add_in_flight_epoll(pid, copy, img.clone());
+        }
         Ok(e)
     }
 }
@@ -75,36 +90,46 @@ fn target_inodes(info: &str) -> Vec<Option<u64>> {
         .collect()
 }
 
-/// `None` when fd `tfd` of the process is the file of the `toff`-th
-/// registration of `tfd` (or the kernel cannot tell); else another fd of
-/// the process on that file (inode `ino`). None at all is refused.
+/// `None` when fd `tfd` of the process whose numbers the registrations
+/// name (the epoll's holder, or `registrar` for one in flight) is the file
+/// of the `toff`-th registration of `tfd` (or the kernel cannot tell);
+/// else another fd of that process on that file (inode `ino`). None at
+/// all is refused.
 fn find_source(
     fd: &OpenFd<'_>,
+    registrar: Option<i32>,
     (tfd, toff): (i32, u32),
     ino: Option<u64>,
 ) -> Result<Option<i32>, SaveError> {
-    let is_target = |cand: i32| fdops::kcmp_epoll_target(fd.pid, cand, fd.fd, tfd, toff);
+    let pid = registrar.unwrap_or(fd.pid);
+    let is_target = |cand: i32| fdops::kcmp_epoll_target_of(pid, cand, (fd.pid, fd.fd), tfd, toff);
     if is_target(tfd) {
         return Ok(None);
     }
     let same_inode = |cand: i32| {
-        std::fs::metadata(crate::save::proc_path(fd.pid, &format!("fd/{cand}")))
+        std::fs::metadata(crate::save::proc_path(pid, &format!("fd/{cand}")))
             .is_ok_and(|m| Some(m.ino()) == ino)
     };
-    let fds = crate::save::list_fds(fd.pid)?;
+    let fds = crate::save::list_fds(pid)?;
     if let Some(s) = fds.into_iter().find(|&c| same_inode(c) && is_target(c)) {
         return Ok(Some(s));
     }
     // kcmp cannot tell (CONFIG_CHECKPOINT_RESTORE off): as before.
-    if std::fs::metadata(crate::save::proc_path(fd.pid, &format!("fd/{tfd}")))
+    if std::fs::metadata(crate::save::proc_path(pid, &format!("fd/{tfd}")))
         .is_ok_and(|m| Some(m.ino()) == ino)
     {
         return Ok(None);
     }
-    Err(fd.unsupported(format!(
-        "epoll fd {} has a registration of fd {tfd}, which was closed since and whose file no fd of the process holds, which stasis cannot checkpoint",
-        fd.fd
-    )))
+    Err(match registrar {
+        None => fd.unsupported(format!(
+            "epoll fd {} has a registration of fd {tfd}, which was closed since and whose file no fd of the process holds, which stasis cannot checkpoint",
+            fd.fd
+        )),
+        Some(pid) => SaveError::Unsupported {
+            pid,
+            what: format!("an epoll in flight (SCM_RIGHTS) in the queue of one of its sockets has a registration of fd {tfd}, whose file no fd of this process holds, which stasis cannot checkpoint"),
+        },
+    })
 }
 
 /// Registers the saved targets of the epoll instance `img` (run by the
@@ -114,7 +139,7 @@ pub fn restore_targets<R: Remote>(
     at: Scratch,
     img: &FdImage,
 ) -> Result<(), RestoreError> {
-    let FdKind::Epoll { targets } = &img.kind else {
+    let FdKind::Epoll { targets, .. } = &img.kind else {
         return Ok(());
     };
     for t in targets {
@@ -190,7 +215,10 @@ mod tests {
             fd: 5,
             flags: 0,
             cloexec: false,
-            kind: FdKind::Epoll { targets },
+            kind: FdKind::Epoll {
+                targets,
+                registrar: None,
+            },
             shared_id: None,
             locks: vec![],
             owner: None,

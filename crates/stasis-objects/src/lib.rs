@@ -199,7 +199,10 @@ mod tests {
                 frozen: false,
                 elements: vec![],
             }),
-            FdKind::Epoll { targets: vec![] },
+            FdKind::Epoll {
+                targets: vec![],
+                registrar: None,
+            },
             FdKind::Ghost {
                 path: path(),
                 id: 1,

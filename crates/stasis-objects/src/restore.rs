@@ -117,6 +117,10 @@ pub struct RestoreCtx<'a> {
     /// Established TCP connections are made closed (ended), not rebuilt
     /// (`restore --tcp-close`).
     pub tcp_close: bool,
+    /// Epolls in flight made with their queue, each waiting for its
+    /// registrar (a PID of the image) to register its targets: (registrar,
+    /// a copy of the epoll, its image).
+    in_flight_epolls: Vec<(i32, OwnedFd, FdImage)>,
 }
 
 impl<'a> RestoreCtx<'a> {
@@ -155,7 +159,31 @@ impl<'a> RestoreCtx<'a> {
             reserved_pids: HashSet::new(),
             dead_pids: HashMap::new(),
             tcp_close: false,
+            in_flight_epolls: Vec::new(),
         }
+    }
+
+    /// Keeps a copy of an epoll in flight just made, for `registrar` to
+    /// register its targets once its fds exist.
+    pub(crate) fn add_in_flight_epoll(&mut self, registrar: i32, epoll: OwnedFd, img: FdImage) {
+        self.in_flight_epolls.push((registrar, epoll, img));
+    }
+
+    /// The epolls in flight whose registrations `pid` makes (each planted
+    /// in it for that moment, then closed there: the queue holds the
+    /// epoll itself).
+    pub fn take_in_flight_epolls(&mut self, pid: i32) -> Vec<(OwnedFd, FdImage)> {
+        let (mine, rest) = std::mem::take(&mut self.in_flight_epolls)
+            .into_iter()
+            .partition(|(p, _, _)| *p == pid);
+        self.in_flight_epolls = rest;
+        mine.into_iter().map(|(_, fd, img)| (fd, img)).collect()
+    }
+
+    /// A registrar whose epolls in flight were made after its fds were
+    /// restored (so their registrations were never made), if any.
+    pub fn epolls_left_unregistered(&self) -> Option<i32> {
+        self.in_flight_epolls.first().map(|(p, _, _)| *p)
     }
 
     /// Sets the working directory of the process whose fds come next.

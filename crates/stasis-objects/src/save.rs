@@ -107,6 +107,14 @@ pub struct SaveCtx {
     /// be on a deleted file the tree holds open
     /// ([`SaveCtx::check_ghost_watches`]).
     pub(crate) ghost_watches: Vec<(i32, i32, i32, u64)>,
+    /// While a unix socket's files in flight are saved: the process that
+    /// holds that socket, whose fd numbers the registrations of an epoll
+    /// in flight name (see [`crate::epoll`]).
+    pub(crate) epoll_registrar: Option<i32>,
+    /// Files in flight saved so far (other than pipe ends), kept open to
+    /// recognise one sent again (in another message, or another queue):
+    /// each is one description at restore, through its `shared_id`.
+    pub(crate) in_flight: Vec<(OwnedFd, FdImage)>,
     /// The TCP listeners of the network namespace, by family, asked once
     /// per dump ([`SaveCtx::listeners_on`]).
     listeners: HashMap<u8, Vec<stasis_kernel::tcpdiag::DiagAddr>>,
@@ -212,6 +220,8 @@ impl Default for SaveCtx {
             tcp_close: false,
             skip_in_flight: false,
             ghost_watches: Vec::new(),
+            epoll_registrar: None,
+            in_flight: Vec::new(),
             listeners: HashMap::new(),
         }
     }
@@ -381,6 +391,12 @@ impl SaveCtx {
                 fd.fd, fd.link
             )),
         })
+    }
+
+    /// A new `shared_id`, of no fd yet.
+    pub(crate) fn new_shared_id(&mut self) -> u32 {
+        self.next_shared += 1;
+        self.next_shared
     }
 
     /// Gives `img` and an earlier fd the same `shared_id` when they are

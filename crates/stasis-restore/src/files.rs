@@ -65,6 +65,23 @@ impl<'a> FdFactory<'a> {
         self.0.claim_epoll(img)
     }
 
+    /// See [`objects::RestoreCtx::take_in_flight_epolls`].
+    pub fn take_in_flight_epolls(&mut self, pid: i32) -> Vec<(OwnedFd, FdImage)> {
+        self.0.take_in_flight_epolls(pid)
+    }
+
+    /// Refuses epolls in flight left without their registrations (their
+    /// registrar was built before their queue was made, which the order of
+    /// the build rules out: it holds that queue's socket).
+    pub fn check_in_flight_epolls(&self) -> Result<(), RestoreError> {
+        match self.0.epolls_left_unregistered() {
+            None => Ok(()),
+            Some(pid) => Err(RestoreError::from(crate::ObjectError::Inconsistent(format!(
+                "an epoll in flight whose registrations process {pid} makes was made after that process's files"
+            )))),
+        }
+    }
+
     /// See [`objects::RestoreCtx::claim_flock`].
     pub fn claim_flock(&mut self, img: &FdImage) -> bool {
         self.0.claim_flock(img)
@@ -401,6 +418,7 @@ mod tests {
                         source: None,
                     },
                 ],
+                registrar: None,
             },
         };
         restore_epoll(&mut r, &img).unwrap();

@@ -383,6 +383,7 @@ fn build_processes<'m>(b: &mut Build<'m>, factory: files::FdFactory<'m>) -> Resu
         // does not exist yet would reset the connection).
         c.built()?;
     }
+    cx.factory.check_in_flight_epolls()?;
     cx.factory.finish_tcp()?;
     cx.factory.finish_pidfds();
     Ok(cx.filled)

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use stasis_image::manifest::{ProcessImage, Rlimit};
+use stasis_image::manifest::{FdImage, ProcessImage, Rlimit};
 use stasis_image::PageSource;
 use stasis_sys as sys;
 
@@ -201,6 +201,29 @@ fn restore_files(s: &mut Proc, p: &ProcessImage, cx: &mut TreeCtx<'_, '_>) -> Re
         }
         files::restore_posix_locks(s, fd)?;
         files::restore_owner(s, fd)?;
+    }
+    // Epolls in flight in its sockets' queues: registered by it, through
+    // a copy planted above its fds for the moment (their numbers are its).
+    let top = p
+        .fds
+        .iter()
+        .map(|f| f.fd)
+        .max()
+        .unwrap_or(2)
+        .max(i32::try_from(h).unwrap_or(0));
+    for (epoll, img) in factory.take_in_flight_epolls(p.pid) {
+        files::plant(
+            s,
+            transport,
+            h,
+            std::os::fd::AsFd::as_fd(&epoll),
+            top + 1,
+            true,
+        )?;
+        files::restore_epoll(s, &FdImage { fd: top + 1, ..img })?;
+        let at = u64::from((top + 1).unsigned_abs());
+        s.sys("close", libc::SYS_close, &[at])
+            .map_err(step("closing the copy of an epoll in flight"))?;
     }
     // A deleted working directory: made again (or the one of an fd on
     // it), planted above every fd, entered, closed.

@@ -454,7 +454,7 @@ fn fd_description(kind: &FdKind) -> String {
             m.max_entries,
             if m.frozen { " frozen" } else { "" }
         ),
-        FdKind::Epoll { targets } => format!("epoll with {} fds", targets.len()),
+        FdKind::Epoll { targets, .. } => format!("epoll with {} fds", targets.len()),
         FdKind::Ghost { path, pos, .. } => {
             format!("{path} (deleted, content saved) pos {pos}")
         }

@@ -117,6 +117,36 @@ fn unsupported_fd_is_refused_and_process_keeps_running() {
     );
 }
 
+// An epoll in flight is saved with its registrations matched against the
+// fds of the socket's holder. Here the registered pipe end is itself in
+// flight, held by no process: the registration could not be made again,
+// so the dump is refused by name and the process left running.
+#[test]
+fn epoll_in_flight_registering_a_file_no_process_holds_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let ready = d.path().join("ready");
+    let child = python(&format!(
+        "import os,socket,select,array,time\n\
+         a,b=socket.socketpair(socket.AF_UNIX,socket.SOCK_DGRAM)\n\
+         r,w=os.pipe()\n\
+         e=select.epoll()\n\
+         e.register(r, select.EPOLLIN)\n\
+         a.sendmsg([b'e'],[(socket.SOL_SOCKET,socket.SCM_RIGHTS,array.array('i',[e.fileno(),r]))])\n\
+         e.close()\n\
+         os.close(r)\n\
+         open('{}','w').close()\n\
+         time.sleep(100)",
+        ready.display()
+    ));
+    let is_ready = |_: i32| ready.exists();
+    refused_once_ready(
+        child,
+        &d.path().join("img"),
+        ("python to send its epoll", &is_ready),
+        "an epoll in flight (SCM_RIGHTS) in the queue of one of its sockets has a registration of fd",
+    );
+}
+
 #[test]
 fn pipe_to_a_process_outside_the_tree_is_refused() {
     let d = tempfile::tempdir().unwrap();

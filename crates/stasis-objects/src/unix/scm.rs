@@ -7,10 +7,13 @@
 //! Restore: each message is sent again by the socket's peer with the files
 //! made anew attached, in order, one `sendmsg` per message.
 //!
+//! An epoll in flight keeps its registrations: they name fds of the
+//! socket's holder (see [`crate::epoll`]).
+//!
 //! Refused by name: a description in flight that is also open in a process
 //! of the tree (except a pipe end, whose pipe is one object either way:
 //! sharing of the description itself, its offset or flags, would be lost),
-//! and kinds that only mean something inside a process (epoll, inotify,
+//! and kinds that only mean something inside a process (inotify,
 //! terminals, TCP/UDP sockets).
 
 use std::cell::Cell;
@@ -43,36 +46,62 @@ pub(super) fn save(
     let me = i32::try_from(std::process::id()).unwrap_or(0);
     let pfd = pidfd::pidfd_open(me)?;
     let mut out = Vec::with_capacity(fds.len());
-    for f in &fds {
+    for f in fds {
+        // Sent before (in this message, another one, another queue): the
+        // same description, made once at restore.
+        if let Some(img) = sent_before(cx, me, &f) {
+            out.push(img);
+            continue;
+        }
         let raw = f.as_raw_fd();
         let (img, _) = NESTING.with(|d| {
             if d.get() >= MAX_NESTING {
                 return Err(fd.unsupported(format!("fd {}: unix sockets in flight carry unix sockets in flight {MAX_NESTING} deep (a socket sent into its own queue?), which stasis cannot checkpoint", fd.fd)));
             }
             d.set(d.get() + 1);
+            // An epoll in flight names fds of the socket's holder (for
+            // one nested in a socket in flight: of the outermost's).
+            let outer = cx.epoll_registrar;
+            cx.epoll_registrar = Some(outer.unwrap_or(fd.pid));
             let r = cx.save_fd(&pfd, me, raw);
+            cx.epoll_registrar = outer;
             d.set(d.get() - 1);
             r
         })?;
         check_kind(fd, &img)?;
-        if !matches!(img.kind, FdKind::Pipe { .. }) {
-            if let Some((p, n)) = twin(cx, fd.pid, f) {
-                return Err(fd.unsupported(format!("fd {}: a unix socket's queue carries a file descriptor (SCM_RIGHTS) whose open file is also fd {n} of process {p}, which stasis cannot checkpoint yet", fd.fd)));
-            }
-        }
-        out.push(FdImage {
+        let mut img = FdImage {
             fd: -1,
             shared_id: None,
             ..img
-        });
+        };
+        if !matches!(img.kind, FdKind::Pipe { .. }) {
+            if let Some((p, n)) = twin(cx, fd.pid, &f) {
+                return Err(fd.unsupported(format!("fd {}: a unix socket's queue carries a file descriptor (SCM_RIGHTS) whose open file is also fd {n} of process {p}, which stasis cannot checkpoint yet", fd.fd)));
+            }
+            img.shared_id = Some(cx.new_shared_id());
+            cx.in_flight.push((f, img.clone()));
+        }
+        out.push(img);
     }
     Ok(out)
+}
+
+/// The image of a file in flight saved before that `f` (a copy in this
+/// process) is the same open file as, if any.
+fn sent_before(cx: &SaveCtx, me: i32, f: &OwnedFd) -> Option<FdImage> {
+    let m = std::fs::metadata(format!("/proc/self/fd/{}", f.as_raw_fd())).ok()?;
+    cx.in_flight.iter().find_map(|(g, img)| {
+        let gm = std::fs::metadata(format!("/proc/self/fd/{}", g.as_raw_fd())).ok()?;
+        (gm.dev() == m.dev()
+            && gm.ino() == m.ino()
+            && fdops::kcmp_same_file(me, f.as_raw_fd(), me, g.as_raw_fd()))
+        .then(|| img.clone())
+    })
 }
 
 /// Refuses the kinds that cannot travel as an image of their own.
 fn check_kind(fd: &OpenFd<'_>, img: &FdImage) -> Result<(), SaveError> {
     let what = match &img.kind {
-        FdKind::Epoll { .. } => "an epoll",
         FdKind::Inotify { .. } => "an inotify",
         FdKind::Fanotify { .. } => "a fanotify group",
         FdKind::PtyMaster(_) | FdKind::PtySlave { .. } | FdKind::PtyHungUp { .. } => "a terminal",
