@@ -83,6 +83,18 @@ fn capture_with(
     collector.check_external_ptys(&tree)?;
     collector.check_external_sockets()?;
     collector.check_ghost_watches()?;
+    // Objects in /dev/shm the job names: read while it cannot change them.
+    let shm_files = if fr.opts.shm_files.is_empty() {
+        Vec::new()
+    } else {
+        stasis_objects::posix_shm::save(&fr.opts.shm_files, &held_paths(&records, collector))?
+    };
+    if shm_files.is_empty() && !fr.opts.shm_files.is_empty() {
+        tracing::warn!(
+            patterns = ?fr.opts.shm_files,
+            "no object in /dev/shm matches --shm-file"
+        );
+    }
     let areas_of: Vec<Vec<stasis_track::Area>> = records
         .iter()
         .map(|r| {
@@ -92,7 +104,7 @@ fn capture_with(
                 .unwrap_or_default()
         })
         .collect();
-    let mut pending = write_manifest(fr, records, collector, xfeatures)?;
+    let mut pending = write_manifest(fr, records, collector, (xfeatures, shm_files))?;
     fr.stages.mark("manifest");
     // Re-arm tracking while still frozen. It is recorded as armed only
     // once the checkpoint is committed (`Pending::finish`), so a failed
@@ -103,6 +115,30 @@ fn capture_with(
         .before_release(&mut pending.copies, &pending.manifest, f)?;
     fr.stages.mark("protect");
     Ok(pending)
+}
+
+/// The paths of the files the tree maps or holds open.
+fn held_paths(
+    records: &[ProcRecord],
+    collector: &fds::FdCollector,
+) -> std::collections::HashSet<String> {
+    let mapped = records
+        .iter()
+        .filter_map(|r| r.live.as_ref())
+        .flat_map(|(_, p)| p.plan.vmas.iter())
+        .filter_map(|v| match &v.kind {
+            VmaKind::File { path, .. } => Some(path.clone()),
+            _ => None,
+        });
+    let open = collector
+        .tables
+        .iter()
+        .flatten()
+        .filter_map(|f| match &f.kind {
+            stasis_image::manifest::FdKind::Path { path, .. } => Some(path.clone()),
+            _ => None,
+        });
+    mapped.chain(open).collect()
 }
 
 /// Reads every process of the tree: registers and state, its memory plan
@@ -279,7 +315,7 @@ fn write_manifest(
     fr: &mut Frame<'_, '_>,
     records: Vec<ProcRecord>,
     collector: &mut fds::FdCollector,
-    xfeatures: u64,
+    (xfeatures, shm_files): (u64, Vec<stasis_image::manifest::ShmFile>),
 ) -> Result<Pending> {
     let ck = fr.store.begin_checkpoint()?;
     let incremental = fr.base.is_some()
@@ -367,6 +403,7 @@ fn write_manifest(
         pipes,
         ghosts,
         sysv_shm: std::mem::take(&mut collector.sysv),
+        shm_files,
         cut: fr.opts.cut.as_ref().map(|c| c.mark()),
     };
     let report = DumpReport {

@@ -139,6 +139,10 @@ pub struct DumpOptions {
     /// Connections waiting in a TCP listener's accept queue are left out
     /// (CRIU's `--skip-in-flight`) instead of refused.
     pub skip_in_flight: bool,
+    /// Shell patterns of POSIX shared memory objects (names in
+    /// `/dev/shm`) saved whole with the checkpoint and put back at restore
+    /// (`stasis_objects::posix_shm`).
+    pub shm_files: Vec<String>,
 }
 
 /// A dump that is one part of a consistent cut of an application over

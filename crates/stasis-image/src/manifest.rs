@@ -43,6 +43,10 @@ pub struct Manifest {
     /// System V shared memory segments attached by the processes.
     #[serde(default)]
     pub sysv_shm: Vec<SysvShm>,
+    /// POSIX shared memory objects (files in `/dev/shm`) saved whole, as
+    /// the dump was asked to (`--shm-file`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shm_files: Vec<ShmFile>,
     /// The cut across hosts this checkpoint is part of (`stasis cluster`),
     /// if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -94,6 +98,24 @@ pub struct Extent {
     pub offset: u64,
     #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
+}
+
+/// A POSIX shared memory object (`/dev/shm/NAME`, from `shm_open`) saved
+/// with its content, holes left out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShmFile {
+    /// Its name in `/dev/shm` (no `/`).
+    pub name: String,
+    /// Permission bits.
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub extents: Vec<Extent>,
+    /// Mapped or held open by the tree at the dump: its own, put back
+    /// over whatever holds the name at restore (else only if missing).
+    #[serde(default)]
+    pub held: bool,
 }
 
 /// The content of a sparse object: its size and its data extents

@@ -437,3 +437,17 @@ pub fn data_extents(f: &std::fs::File, from: u64, to: u64) -> std::io::Result<Ve
     }
     Ok(out)
 }
+
+/// `fnmatch(pattern, name, 0)`: whether `name` matches the shell pattern
+/// (`*`, `?`, `[...]`) `pattern`. False for strings holding a NUL.
+pub fn fnmatch(pattern: &str, name: &str) -> bool {
+    let (Ok(p), Ok(n)) = (
+        std::ffi::CString::new(pattern),
+        std::ffi::CString::new(name),
+    ) else {
+        return false;
+    };
+    // SAFETY: both are NUL-terminated strings that live across the call;
+    // fnmatch only reads them.
+    unsafe { libc::fnmatch(p.as_ptr(), n.as_ptr(), 0) == 0 }
+}

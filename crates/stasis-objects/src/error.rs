@@ -24,6 +24,12 @@ pub enum SaveError {
         file: String,
         what: String,
     },
+    #[error("reading the POSIX shared memory object {path} (--shm-file) failed")]
+    ShmFile {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Kernel(#[from] KernelError),
 }

@@ -57,6 +57,7 @@ pub mod nsfile;
 pub mod packet;
 pub mod pidfd;
 pub mod pipe;
+pub mod posix_shm;
 pub mod pty;
 pub mod pty_census;
 pub mod restore;

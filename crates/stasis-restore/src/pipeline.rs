@@ -319,8 +319,12 @@ fn build_tree(b: &mut Build<'_>) -> Result<u64> {
     stub::fork_tree(b, &mut factory)?;
     stub::set_groups(b)?;
     stub::make_zombies(b)?;
-    // System V segments exist before anyone attaches them.
+    // System V segments exist before anyone attaches them; so do the
+    // POSIX ones saved with `--shm-file`, before anyone maps them.
     sysv::prepare(&b.m.sysv_shm)?;
+    for p in stasis_objects::posix_shm::restore(&b.m.shm_files)? {
+        tracing::debug!(path = %p.display(), "POSIX shared memory object put back");
+    }
     let filled = build_processes(b, factory)?;
     sysv::finish(&b.m.sysv_shm);
     Ok(filled)

@@ -210,6 +210,7 @@ pub fn run(dir: Option<PathBuf>, before: f64, after: f64) -> Result<ExitCode> {
             cut: None,
             tcp_close: false,
             skip_in_flight: false,
+            shm_files: Vec::new(),
         },
     )?;
     let status = child.wait()?;

@@ -109,6 +109,13 @@ enum Cmd {
         /// a reset once the listener is restored).
         #[arg(long)]
         skip_in_flight: bool,
+        /// Also save the POSIX shared memory objects (files in /dev/shm)
+        /// whose names match GLOB (a shell pattern, e.g. 'PostgreSQL.*'),
+        /// whole; a restore puts back those that are missing then
+        /// (objects a program names in its memory but may free while it
+        /// runs on after the dump). Repeatable.
+        #[arg(long = "shm-file", value_name = "GLOB")]
+        shm_files: Vec<String>,
         #[arg(long)]
         json: bool,
     },
@@ -221,6 +228,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             touch_window,
             tcp_close,
             skip_in_flight,
+            shm_files,
             json,
         } => match store::s3(&dir, seal.clone())? {
             None => {
@@ -229,7 +237,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     pid,
                     &dir,
                     (leave_running, concurrent, cow_buffer, cow_method),
-                    (tcp_close, skip_in_flight),
+                    (tcp_close, skip_in_flight, shm_files),
                     (track.as_deref(), touch_window.as_deref()),
                     (json, None),
                 )
@@ -242,7 +250,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     pid,
                     dir,
                     (leave_running, concurrent, cow_buffer, cow_method),
-                    (tcp_close, skip_in_flight),
+                    (tcp_close, skip_in_flight, shm_files.clone()),
                     (track.as_deref(), None),
                     (json, Some(cut)),
                 )
@@ -329,7 +337,7 @@ fn cmd_dump(
     pid: i32,
     dir: &Path,
     (leave_running, concurrent, cow_cap, cow_method): (bool, bool, u64, stasis_capture::CowMethod),
-    (tcp_close, skip_in_flight): (bool, bool),
+    (tcp_close, skip_in_flight, shm_files): (bool, bool, Vec<String>),
     (track, touch_window): (Option<&str>, Option<&str>),
     (json, cut): (bool, Option<std::sync::Arc<dyn stasis_capture::Cut>>),
 ) -> Result<ExitCode> {
@@ -369,6 +377,7 @@ fn cmd_dump(
         cut,
         tcp_close,
         skip_in_flight,
+        shm_files,
     };
     let r = stasis_capture::dump_tracked(&store, &opts, tracker.as_deref_mut())
         .with_context(|| format!("dumping process {pid}"))?;

@@ -380,6 +380,7 @@ impl Host for Cli<'_> {
             cut: None,
             tcp_close: false,
             skip_in_flight: false,
+            shm_files: Vec::new(),
         };
         let dumped = if self.protect_tracks {
             stasis_capture::dump_concurrent_tracked(&self.store, &opts, &mut self.protection)

@@ -227,6 +227,7 @@ pub fn manifest(checkpoint: u32, processes: Vec<ProcessImage>) -> Manifest {
             }),
             hugetlb: false,
         }],
+        shm_files: vec![],
         sysv_shm: vec![stasis_image::manifest::SysvShm {
             key: 0x5151,
             shmid: 3,

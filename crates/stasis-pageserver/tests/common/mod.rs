@@ -78,6 +78,7 @@ pub fn manifest(checkpoint: u32, parent: Option<u32>, processes: Vec<ProcessImag
         stats: DumpStats::default(),
         pipes: vec![],
         ghosts: vec![],
+        shm_files: vec![],
         sysv_shm: vec![],
         cut: None,
     }

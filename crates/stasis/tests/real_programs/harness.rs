@@ -73,6 +73,8 @@ pub struct Prog {
     child: Option<Child>,
     /// The lazy filler's statistics file, after a lazy restore.
     lazy_stats: Option<PathBuf>,
+    /// More arguments for `stasis dump`.
+    pub dump_args: Vec<String>,
 }
 
 impl Prog {
@@ -105,6 +107,7 @@ impl Prog {
             pid,
             child: Some(child),
             lazy_stats: None,
+            dump_args: Vec::new(),
         }
     }
 
@@ -171,6 +174,7 @@ impl Prog {
         if mode == Mode::Concurrent {
             c.args(["--leave-running", "--concurrent"]);
         }
+        c.args(&self.dump_args);
         let o = c.output().expect("running stasis dump");
         assert_ok(&o, &format!("{mode:?} dump of {}", self.name));
         let v = json(&o);

@@ -60,14 +60,13 @@ fn postgres_plain() {
     postgres::pgbench(Mode::Plain);
 }
 
-/// Out of CI until PostgreSQL's dynamic shared memory is in the image:
-/// its segments are files in /dev/shm that the image holds by name only,
-/// and the server, running on after the concurrent dump, can free one
-/// that the restored server's shared state still names ("could not open
-/// shared memory segment" at the first connection; 2 runs in 6 beside a
-/// 2-core CPU hog, about 1 in 8 idle). Run it with `--ignored`.
+// Was out of CI: PostgreSQL's dynamic shared memory segments are files in
+// /dev/shm named in its shared memory, and the server, running on after
+// the concurrent dump, could free one that the restored server still
+// named ("could not open shared memory segment", "dsa_area could not
+// attach to segment" at shutdown; about 1 run in 8). `dump --shm-file`
+// now saves them, and the restore puts back the missing ones.
 #[test]
-#[ignore = "flaky: PostgreSQL's /dev/shm segments are outside the image (see its doc)"]
 fn postgres_concurrent() {
     postgres::pgbench(Mode::Concurrent);
 }
