@@ -80,6 +80,11 @@ pub struct RunOptions {
     /// job runs again before its memory has arrived, touch set first.
     #[arg(long, requires = "restart_on_failure")]
     pub lazy_restart: bool,
+    /// Also save the POSIX shared memory objects (files in /dev/shm)
+    /// whose names match GLOB with each checkpoint (as `dump --shm-file`).
+    /// Repeatable.
+    #[arg(long = "shm-file", value_name = "GLOB")]
+    pub shm_files: Vec<String>,
     /// One JSON object per event instead of text lines.
     #[arg(long)]
     pub json: bool,
@@ -380,7 +385,7 @@ impl Host for Cli<'_> {
             cut: None,
             tcp_close: false,
             skip_in_flight: false,
-            shm_files: Vec::new(),
+            shm_files: self.o.shm_files.clone(),
         };
         let dumped = if self.protect_tracks {
             stasis_capture::dump_concurrent_tracked(&self.store, &opts, &mut self.protection)

@@ -342,6 +342,60 @@ fn run_restarts(lazy: bool) {
     assert_eq!(log.lines().last(), Some("PASS"), "{log}");
 }
 
+// `--shm-file`: an object in /dev/shm that the job names but neither maps
+// nor holds (as PostgreSQL's dynamic shared memory segments) is saved
+// with each checkpoint; the job frees it and crashes, and the restart puts
+// it back, byte for byte, before the job runs again.
+#[test]
+fn run_puts_back_a_shm_object_the_job_freed() {
+    workloads();
+    let d = tempfile::tempdir().unwrap();
+    let img = d.path().join("img");
+    let pidfile = d.path().join("pid");
+    let name = format!("stasis-test-run-{}", std::process::id());
+    let shm = Path::new("/dev/shm").join(&name);
+    let content: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&shm, &content).unwrap();
+    let stop = d.path().join("stop");
+    let script = format!(
+        "import os,time\nopen('{}','w').write(str(os.getpid()))\n\
+         while not os.path.exists('{}'): time.sleep(0.05)",
+        pidfile.display(),
+        stop.display()
+    );
+    let mut child = run_cmd(
+        &img,
+        &[
+            "--every",
+            "0.3",
+            "--restart-on-failure",
+            "--json",
+            "--shm-file",
+            "stasis-test-run-*",
+        ],
+        &["python3", "-c", &script],
+    );
+    let mut lines = Lines::new(child.stdout.take().unwrap());
+    let pid = wait_pidfile(&pidfile, Duration::from_secs(60));
+    lines.wait_event(Duration::from_secs(60), "checkpoint");
+    std::fs::remove_file(&shm).unwrap();
+    // SAFETY: killing the job under test.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    lines.wait_event(Duration::from_secs(60), "restored");
+    let back = std::fs::read(&shm);
+    std::fs::write(&stop, b"").unwrap();
+    let out = lines.rest(Duration::from_secs(60));
+    let o = child.wait_with_output().unwrap();
+    let _ = std::fs::remove_file(&shm);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    let back = back.expect("the object the job freed is back");
+    assert!(
+        back == content,
+        "{} bytes back, not the saved ones",
+        back.len()
+    );
+}
+
 #[test]
 fn run_every_auto_uses_youngs_formula() {
     workloads();
