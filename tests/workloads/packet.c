@@ -12,7 +12,10 @@
  *   D  SOCK_DGRAM, ETH_P_IP, bound to lo, PACKET_RESERVE 64,
  *      PACKET_ORIGDEV, fanout group 77 (hash), a unicast membership on lo
  *      (address 02:00:00:00:00:07), a TX ring of 2 blocks of 4 KiB;
- *   S  SOCK_PACKET bound to "lo"; U  SOCK_PACKET, not bound.
+ *   S  SOCK_PACKET bound to "lo"; U  SOCK_PACKET, not bound;
+ *   M  SOCK_DGRAM, ETH_P_IP, TPACKET_V2, bound to lo, an RX ring of 2
+ *      blocks of 4 KiB (4 frames of 2 KiB) mapped shared (zdtm's
+ *      packet_sock_mmap).
  * After SIGTERM (tags in brackets):
  *   [packet-bind]     D is bound to lo, protocol ETH_P_IP; S to "lo", U
  *                     to nothing;
@@ -25,6 +28,9 @@
  *   there succeeds. stasis-objects' packet tests check them through
  *   sock_diag.)
  *   [packet-traffic]  a UDP datagram sent on lo reaches D and S (5 s).
+ *   [packet-mmap]     M's ring is still mapped at its address, from M's
+ *                     socket (/proc/self/maps), and a UDP datagram sent
+ *                     on lo shows up in one of its frames (5 s).
  */
 #include "zdtm.h"
 
@@ -35,6 +41,7 @@
 #include <netinet/in.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <poll.h>
 
 static int lo;
@@ -82,6 +89,58 @@ static int ring_maps(int fd, size_t size)
 	return 1;
 }
 
+/* Whether /proc/self/maps has an area at `at` backed by fd's inode. */
+static int mapped_from(void *at, int fd)
+{
+	char line[512];
+	struct stat st;
+	int found = 0;
+	FILE *f = fopen("/proc/self/maps", "r");
+
+	if (!f || fstat(fd, &st))
+		return 0;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long start;
+		unsigned long long ino;
+
+		if (sscanf(line, "%lx-%*x %*s %*s %*s %llu", &start, &ino) == 2 &&
+		    start == (unsigned long)at && ino == (unsigned long long)st.st_ino)
+			found = 1;
+	}
+	fclose(f);
+	return found;
+}
+
+/* Whether a datagram sent on lo shows up in a frame of M's RX ring
+ * (frames handed back to the kernel as they are read). */
+static int ring_receives(int m, char *ring, int frames)
+{
+	struct sockaddr_in to = { .sin_family = AF_INET };
+	int o = socket(AF_INET, SOCK_DGRAM, 0), seen = 0, i;
+	int64_t end = zdtm_now_ns() + 5000000000LL;
+
+	to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	to.sin_port = htons(9);
+	while (!seen && zdtm_now_ns() < end) {
+		struct pollfd p = { .fd = m, .events = POLLIN };
+
+		sendto(o, "packet-mm", 9, 0, (struct sockaddr *)&to, sizeof(to));
+		poll(&p, 1, 200);
+		for (i = 0; i < frames; i++) {
+			struct tpacket2_hdr *h = (void *)(ring + i * 2048);
+
+			if (!(__atomic_load_n(&h->tp_status, __ATOMIC_ACQUIRE) & TP_STATUS_USER))
+				continue;
+			if (h->tp_net < 2048 && h->tp_snaplen <= 2048u - h->tp_net &&
+			    memmem((char *)h + h->tp_net, h->tp_snaplen, "packet-mm", 9))
+				seen = 1;
+			__atomic_store_n(&h->tp_status, TP_STATUS_KERNEL, __ATOMIC_RELEASE);
+		}
+	}
+	close(o);
+	return seen;
+}
+
 static void check_spkt(int fd, const char *dev, const char *what)
 {
 	struct sockaddr a;
@@ -96,6 +155,9 @@ static void check_spkt(int fd, const char *dev, const char *what)
 int main(int argc, char **argv)
 {
 	struct tpacket_req rx = { 4096, 4, 2048, 8 }, tx = { 4096, 2, 2048, 4 };
+	struct tpacket_req mrx = { 4096, 2, 2048, 4 };
+	char *ring;
+	int mm;
 	struct sockaddr_ll ll;
 	struct sockaddr sa;
 	struct packet_mreq m;
@@ -136,12 +198,32 @@ int main(int argc, char **argv)
 	strcpy(sa.sa_data, "lo");
 	if (bind(s, &sa, sizeof(sa)))
 		zdtm_die("bind S");
+	mm = socket(AF_PACKET, SOCK_DGRAM, htons(ETH_P_IP));
+	if (mm < 0)
+		zdtm_die("socket M");
+	set(mm, PACKET_VERSION, TPACKET_V2, "PACKET_VERSION M");
+	if (setsockopt(mm, SOL_PACKET, PACKET_RX_RING, &mrx, sizeof(mrx)))
+		zdtm_die("PACKET_RX_RING M");
+	memset(&ll, 0, sizeof(ll));
+	ll.sll_family = AF_PACKET;
+	ll.sll_protocol = htons(ETH_P_IP);
+	ll.sll_ifindex = lo;
+	if (bind(mm, (struct sockaddr *)&ll, sizeof(ll)))
+		zdtm_die("bind M");
+	ring = mmap(NULL, 2 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED, mm, 0);
+	if (ring == MAP_FAILED)
+		zdtm_die("mmap M's ring");
 
 	zdtm_ready();
 	while (!zdtm_stop)
 		zdtm_msleep(100);
 
 	ZDTM_CORRUPT("packet-opts", set(r, PACKET_AUXDATA, 0, "x"));
+	ZDTM_CORRUPT("packet-mmap", {
+		munmap(ring, 2 * 4096);
+		mmap(ring, 2 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
+		     -1, 0);
+	});
 	ZDTM_CORRUPT("packet-ring", {
 		struct tpacket_req none = { 0, 0, 0, 0 };
 
@@ -198,6 +280,10 @@ int main(int argc, char **argv)
 		}
 		close(o);
 		zdtm_check(seen, "packet-traffic", "D received nothing of a datagram sent on lo");
+		zdtm_check(mapped_from(ring, mm), "packet-mmap",
+			   "M's ring is not mapped from M's socket at %p any more", (void *)ring);
+		zdtm_check(ring_receives(mm, ring, 4), "packet-mmap",
+			   "no frame of M's mapped ring got a datagram sent on lo");
 		zdtm_check(seen_s, "packet-traffic", "S received nothing of a datagram sent on lo");
 	}
 	zdtm_finish();

@@ -220,7 +220,8 @@ fn collect_live(
         seen_shm,
     };
     let t_plan = Instant::now();
-    let planned = fr.strategy.plan(cx)?;
+    let mut planned = fr.strategy.plan(cx)?;
+    socket_ring_fds(fp.pid, &mut planned.plan.vmas)?;
     let plan_us = t_plan.elapsed().as_micros();
     for v in planned
         .plan
@@ -260,6 +261,39 @@ fn collect_live(
         },
         xfeatures,
     ))
+}
+
+/// Finds, for each area mapping a socket's rings, an fd of the process on
+/// that socket (it is mapped again from it at restore). None is refused.
+fn socket_ring_fds(pid: i32, vmas: &mut [stasis_image::manifest::Vma]) -> Result<()> {
+    let mut rings = vmas
+        .iter_mut()
+        .filter_map(|v| match &mut v.kind {
+            VmaKind::SocketRing { ino, fd, .. } => Some((v.start, v.end, *ino, fd)),
+            _ => None,
+        })
+        .peekable();
+    if rings.peek().is_none() {
+        return Ok(());
+    }
+    let fds = stasis_objects::save::list_fds(pid)?;
+    for (start, end, ino, fd) in rings {
+        let link = format!("socket:[{ino}]");
+        *fd = fds
+            .iter()
+            .copied()
+            .find(|n| {
+                std::fs::read_link(format!("/proc/{pid}/fd/{n}"))
+                    .is_ok_and(|l| l.as_os_str() == link.as_str())
+            })
+            .ok_or_else(|| crate::SaveError::Unsupported {
+                pid,
+                what: format!(
+                    "area {start:#x}-{end:#x} maps the rings of {link}, which no fd of the process holds any more, which stasis cannot checkpoint"
+                ),
+            })?;
+    }
+    Ok(())
 }
 
 /// The ring of the AIO context at `start` if it holds completed events the

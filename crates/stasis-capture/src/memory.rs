@@ -50,12 +50,12 @@ pub fn vma_kind(m: &proc::MapsEntry) -> Result<Option<VmaKind>, UnsupportedArea>
             dev: (u64::from(m.dev.0) << 32) | u64::from(m.dev.1),
             ino: m.ino,
         },
-        _ if n.starts_with("socket:[") => {
-            return Err(UnsupportedArea(format!(
-                "area {:#x}-{:#x} is a socket's ring mapped in memory ({n}: a packet socket's PACKET_RX_RING/TX_RING, say), which stasis cannot checkpoint yet",
-                m.start, m.end
-            )))
-        }
+        // Its fd is found once the process's fds are known (`collect`).
+        _ if n.starts_with("socket:[") => VmaKind::SocketRing {
+            ino: m.ino,
+            fd: -1,
+            offset: m.offset,
+        },
         _ if n.starts_with('[') => {
             return Err(UnsupportedArea(format!(
                 "area {:#x}-{:#x} is a special mapping {n} that stasis does not know",
@@ -173,7 +173,14 @@ pub fn plan_with(
         // Guard pages (`MADV_GUARD_INSTALL`) found among the private pages.
         let mut guards = Vec::new();
         let data: Vec<(u64, u64)> = match (&kind, m.shared) {
-            (VmaKind::Vdso | VmaKind::Vvar | VmaKind::VvarVclock | VmaKind::Aio, _) => Vec::new(),
+            (
+                VmaKind::Vdso
+                | VmaKind::Vvar
+                | VmaKind::VvarVclock
+                | VmaKind::Aio
+                | VmaKind::SocketRing { .. },
+                _,
+            ) => Vec::new(),
             // MAP_DROPPABLE memory is a cache the kernel may empty at any
             // time: restored empty, as CRIU does (zdtm's maps11 checks it).
             _ if bits & DROPPABLE != 0 => Vec::new(),
@@ -423,12 +430,18 @@ mod kind_tests {
     use super::*;
 
     #[test]
-    fn a_mapped_socket_ring_is_refused_by_name() {
+    fn a_mapped_socket_ring_is_known_by_its_socket() {
         let m = stasis_kernel::procfs::parse_maps(
             "7f0000000000-7f0000002000 rw-s 00000000 00:08 6444194                    socket:[6444194]\n",
         )
         .unwrap();
-        let e = vma_kind(&m[0]).unwrap_err().0;
-        assert!(e.contains("socket's ring mapped in memory"), "{e}");
+        assert_eq!(
+            vma_kind(&m[0]).unwrap(),
+            Some(VmaKind::SocketRing {
+                ino: 6444194,
+                fd: -1,
+                offset: 0
+            })
+        );
     }
 }

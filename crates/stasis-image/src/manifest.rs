@@ -432,6 +432,13 @@ pub enum VmaKind {
     /// address is the context's id. Its size gives the ring's capacity;
     /// a new context is made at restore and moved to this address.
     Aio,
+    /// An area mapping the rings of a packet socket (`PACKET_RX_RING`,
+    /// `PACKET_TX_RING`; `socket:[ino]` in maps), which is fd `fd` of the
+    /// process: mapped again from that fd at offset `offset` once the
+    /// process's fds exist (the socket's rings are set up again with it).
+    /// The frames are not saved: the rings come back empty, as the
+    /// socket's queue does.
+    SocketRing { ino: u64, fd: i32, offset: u64 },
 }
 
 /// The ring of an AIO context with completed events not yet read: its

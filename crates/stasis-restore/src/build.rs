@@ -211,6 +211,8 @@ pub fn map_vma<R: Remote>(
         }
         VmaKind::Vdso | VmaKind::Vvar | VmaKind::VvarVclock => return Ok(0),
         VmaKind::Aio => return aio_ring(r, vma).map(|()| 0),
+        // Mapped from its socket once the fds exist (`map_socket_rings`).
+        VmaKind::SocketRing { .. } => return Ok(0),
     };
     if at != vma.start {
         return Err(ObjectError::Layout(format!(
@@ -235,6 +237,47 @@ pub fn map_vma<R: Remote>(
     install_guards(r, vma)?;
     lock(r, vma)?;
     Ok(filled)
+}
+
+/// Maps the areas of `vmas` that map a socket's rings from the socket's
+/// fd (planted already), at their addresses.
+pub fn map_socket_rings<R: Remote>(r: &mut R, vmas: &[Vma]) -> Result<(), RestoreError> {
+    for vma in vmas {
+        let VmaKind::SocketRing { fd, offset, .. } = vma.kind else {
+            continue;
+        };
+        let share = if vma.shared {
+            libc::MAP_SHARED
+        } else {
+            libc::MAP_PRIVATE
+        };
+        let flags = u64::from((share | libc::MAP_FIXED).unsigned_abs());
+        let at = r
+            .sys(
+                "mmap",
+                libc::SYS_mmap,
+                &[
+                    vma.start,
+                    vma.end - vma.start,
+                    u64::from(vma.prot),
+                    flags,
+                    u64::from(fd.unsigned_abs()),
+                    offset,
+                ],
+            )
+            .map_err(step(format!(
+                "mapping the rings of the socket of fd {fd} at {:#x}-{:#x}",
+                vma.start, vma.end
+            )))?;
+        if at != vma.start {
+            return Err(ObjectError::Layout(format!(
+                "the rings of fd {fd} landed at {at:#x}, not {:#x}",
+                vma.start
+            ))
+            .into());
+        }
+    }
+    Ok(())
 }
 
 /// `sizeof(struct aio_ring)` and `sizeof(struct io_event)`.

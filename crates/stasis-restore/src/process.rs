@@ -252,6 +252,8 @@ fn restore_files(s: &mut Proc, p: &ProcessImage, cx: &mut TreeCtx<'_, '_>) -> Re
         s.sys("close", libc::SYS_close, &[at])
             .map_err(step("closing the working directory's fd"))?;
     }
+    // Sockets' rings mapped in memory, from their fds.
+    build::map_socket_rings(s, &p.vmas)?;
     // A session leader takes its pty back as controlling terminal.
     factory.restore_ctty(s, p)?;
     if !cx.keep_transport.contains(&p.pid) {

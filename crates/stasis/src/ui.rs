@@ -410,6 +410,7 @@ fn vma_line(v: &stasis_image::manifest::Vma, pack: Option<&stasis_image::PackRea
         VmaKind::Vdso => "[vdso]".into(),
         VmaKind::Vvar => "[vvar]".into(),
         VmaKind::Aio => "[aio] (an AIO context's ring)".into(),
+        VmaKind::SocketRing { fd, .. } => format!("the rings of the packet socket of fd {fd}"),
         VmaKind::VvarVclock => "[vvar_vclock]".into(),
     };
     format!(
