@@ -8,9 +8,11 @@
 //! `SOL_PACKET` options `getsockopt` gives, `PACKET_FANOUT`; from
 //! `sock_diag` (`packet_diag`), the protocol (`SO_PROTOCOL` says 0 for
 //! packet sockets), the memberships and the ring settings, which nothing
-//! else shows. A ring mapped in the process is refused, by the
-//! memory plan (its area is `socket:[N]` in maps). Frames not yet read are not
-//! saved: they are lost, as a network may lose them (CRIU does the same).
+//! else shows. A ring mapped in the process (`socket:[N]` in maps) is an
+//! area of its own kind (`VmaKind::SocketRing`), mapped again from the
+//! socket's fd once the fds exist (`stasis_restore::build::map_socket_rings`).
+//! Frames not yet read are not saved: they are lost, as a network may lose
+//! them (CRIU does the same); the rings come back empty.
 //! **Restore.** A socket of the type with protocol 0 (it receives nothing
 //! yet; a `SOCK_PACKET` one, whose bind keeps the protocol it was made
 //! with, with its own), the options (the version and reserve before the rings), the
