@@ -45,6 +45,7 @@
 pub mod build;
 mod caps;
 pub mod files;
+mod inherit;
 mod memory;
 mod pipeline;
 mod proc;
