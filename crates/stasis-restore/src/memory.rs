@@ -204,8 +204,9 @@ fn patch_inherited(
     let child = inherit::pieces(mine, v.start, v.end);
     let plan = inherit::patch(&child, &inherit::pieces(theirs, v.start, v.end));
     let mut writes = plan.write;
+    let mut bufs = (Vec::new(), Vec::new());
     for (c, p) in &plan.compare {
-        writes.extend(differing_pages(c, p, mine, theirs)?);
+        writes.extend(differing_pages(c, p, (mine, theirs), &mut bufs)?);
     }
     writes.sort_unstable_by_key(|p| p.vaddr);
     let what = |w: &str| format!("{w} {:#x}-{:#x} inherited from the parent", v.start, v.end);
@@ -258,16 +259,16 @@ fn patch_inherited(
 const COMPARE_CHUNK: u64 = 1 << 20;
 
 /// The parts of the child's pages `c` that differ from the parent's pages
-/// `p` at the same addresses (both read from their packs).
+/// `p` at the same addresses (both read from their packs, `(mine,
+/// theirs)`, into `bufs`, kept from one call to the next: a fresh buffer
+/// of a MiB costs more in page faults than the reads).
 fn differing_pages(
     c: &Piece,
     p: &Piece,
-    mine: &[PageSource],
-    theirs: &[PageSource],
+    (mine, theirs): (&[PageSource], &[PageSource]),
+    (a, b): &mut (Vec<u8>, Vec<u8>),
 ) -> Result<Vec<Piece>> {
     let mut out = Vec::new();
-    let mut a = vec![0u8; 0];
-    let mut b = vec![0u8; 0];
     let mut at = c.vaddr;
     while at < c.end() {
         let end = (at + COMPARE_CHUNK).min(c.end());
@@ -275,9 +276,9 @@ fn differing_pages(
         let n = usize::try_from(end - at).unwrap_or(0);
         a.resize(n, 0);
         b.resize(n, 0);
-        read_piece(&cs, mine, &mut a)?;
-        read_piece(&ps, theirs, &mut b)?;
-        out.extend(inherit::differing(&cs, &a, &b));
+        read_piece(&cs, mine, a)?;
+        read_piece(&ps, theirs, b)?;
+        out.extend(inherit::differing(&cs, a, b));
         at = end;
     }
     Ok(out)
