@@ -172,6 +172,7 @@ fn collect(
     let mut records = Vec::new();
     let mut seen_shm = crate::memory::SeenShm::new();
     let mut xfeatures = 0;
+    let forked = forked_pairs(&f.procs);
     for fp in &mut f.procs {
         let maps = maps.next().unwrap_or_default();
         if let Some(status) = fp.zombie {
@@ -182,23 +183,49 @@ fn collect(
             collector.add_zombie(fp.pid);
             continue;
         }
-        let (record, x) = collect_live(fr, fp, maps, collector, &mut seen_shm)?;
+        let shares = forked.contains(&fp.pid);
+        let (record, x) = collect_live(fr, fp, maps, collector, &mut seen_shm, shares)?;
         xfeatures = x;
         records.push(record);
     }
     Ok((records, xfeatures))
 }
 
+/// The live processes of the tree that have a live parent or child in it:
+/// those whose private pages may be shared copy-on-write with another.
+fn forked_pairs(procs: &[FrozenProcess]) -> std::collections::HashSet<i32> {
+    let live: std::collections::HashSet<i32> = procs
+        .iter()
+        .filter(|p| p.zombie.is_none())
+        .map(|p| p.pid)
+        .collect();
+    procs
+        .iter()
+        .filter(|p| p.zombie.is_none() && live.contains(&p.ppid))
+        .flat_map(|p| [p.pid, p.ppid])
+        .collect()
+}
+
 /// One live process: its state, its memory plan, the kernel objects its
-/// areas and fds hold.
+/// areas and fds hold. The memory of one that `shares` pages copy-on-write
+/// with another process of the tree is read through `/proc/PID/mem` only:
+/// `process_vm_readv` pins the pages it reads, and the kernel gives the
+/// process its own copy of a shared page before it is pinned (a tree left
+/// running would come out of the dump with the memory its processes shared
+/// copied for each; see [`ProcessMemory::open_for_snapshot`]).
 fn collect_live(
     fr: &mut Frame<'_, '_>,
     fp: &mut FrozenProcess,
     maps: Vec<crate::proc::MapsEntry>,
     collector: &mut fds::FdCollector,
     seen_shm: &mut crate::memory::SeenShm,
+    shares: bool,
 ) -> Result<(ProcRecord, u64)> {
-    let mem = ProcessMemory::open(fp.pid)?;
+    let mem = if shares {
+        ProcessMemory::open_for_snapshot(fp.pid)?
+    } else {
+        ProcessMemory::open(fp.pid)?
+    };
     // (process::capture logs its own times.)
     let (mut image, maps, xfeatures) = process::capture(fp, &mem, maps)?;
     // VmFlags (for "grows down") come from smaps, whose page walk costs

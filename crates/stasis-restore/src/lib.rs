@@ -19,14 +19,20 @@
 //!    scratch space. Every remote syscall runs there.
 //! 4. **Clean slate**: the stub's rseq area is unregistered, everything but
 //!    the control page is unmapped, every fd but the transport is closed.
-//! 5. **The tree**: each process is forked by its parent (`clone3` with
-//!    `set_tid`, auto-attached by `PTRACE_O_TRACEFORK`) from that clean
-//!    slate; session leaders call `setsid()` at once; process groups are set
-//!    once all exist ([`tree`]).
-//! 6. **Per process**: vDSO at its address (`ARCH_MAP_VDSO_64`); memory
-//!    mapped and filled by `preadv` *inside the process* straight from the
-//!    page pack (shared anonymous memory is mapped by later processes through
-//!    `/proc/PID/map_files` of the first, so it stays shared); mm fields;
+//! 5. **The tree and the memory**, top-down: the root's memory is built on
+//!    its clean slate, then each process is forked by its parent (`clone3`
+//!    with `set_tid`, auto-attached by `PTRACE_O_TRACEFORK`) once the
+//!    parent's memory is built, so that it starts with the parent's pages
+//!    shared copy-on-write; session leaders call `setsid()` at once. A
+//!    child keeps the private areas it inherited that are the same in both
+//!    images, patched where its pages differ (`inherit`), and has the
+//!    rest unmapped; then its memory is built: vDSO at its address
+//!    (`ARCH_MAP_VDSO_64`), every other area mapped and filled by `preadv`
+//!    *inside the process* straight from the page pack (shared anonymous
+//!    memory is mapped by later processes through `/proc/PID/map_files` of
+//!    the first, so it stays shared). Process groups are set once all
+//!    exist ([`tree`]).
+//! 6. **Per process**: the lazy filler's areas handed over; mm fields;
 //!    cwd, umask, personality; fds handed over from the restorer's
 //!    [`files::FdFactory`]; epoll registrations; rlimits; signal handlers;
 //!    threads (`clone3` with `set_tid`); per-thread state; credentials;
@@ -45,6 +51,7 @@
 pub mod build;
 mod caps;
 pub mod files;
+mod inherit;
 mod memory;
 mod pipeline;
 mod proc;

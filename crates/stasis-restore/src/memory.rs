@@ -2,9 +2,14 @@
 //! mapped and filled by `preadv` inside the process straight from the page
 //! packs; shared anonymous memory mapped again through the first mapper's
 //! `/proc/PID/map_files`; for a lazy restore, private anonymous memory
-//! mapped empty and registered with a userfaultfd handed to the filler.
+//! mapped empty and registered with a userfaultfd handed to the filler
+//! (once the process's children are forked). A child keeps the private
+//! areas it inherited from its parent, patched where its pages differ
+//! ([`crate::inherit`]).
 
+use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
 use stasis_image::manifest::{ProcessImage, Vma, VmaKind};
@@ -14,12 +19,52 @@ use stasis_kernel::KernelError;
 use stasis_sys as sys;
 
 use crate::build::{self, step};
+use crate::inherit::{self, Piece};
 use crate::pipeline::Transport;
 use crate::proc::Proc;
 use crate::process::TreeCtx;
 use crate::remote::Remote;
 use crate::ObjectError;
 use crate::{files, LazySink, RestoreError, Result};
+
+/// What a child forked from its built parent keeps of the parent's memory.
+pub(crate) struct Inherit<'a> {
+    /// The parent and where its pages are.
+    pub parent: &'a ProcessImage,
+    pub sources: &'a [PageSource],
+    /// Each area of the child it keeps (index into its `vmas`), with the
+    /// parent's area it is (index into the parent's `vmas`).
+    pub areas: HashMap<usize, usize>,
+}
+
+impl<'a> Inherit<'a> {
+    /// What `child` keeps of the memory of `parent` (`sources`: the
+    /// parent's pages).
+    pub fn new(
+        parent: &'a ProcessImage,
+        sources: &'a [PageSource],
+        child: &ProcessImage,
+        lazy: bool,
+    ) -> Self {
+        Inherit {
+            parent,
+            sources,
+            areas: inherit::inherited(parent, child, lazy),
+        }
+    }
+
+    /// The address ranges of `child` that stay mapped, sorted.
+    pub fn kept(&self, child: &ProcessImage) -> Vec<(u64, u64)> {
+        let mut r: Vec<(u64, u64)> = self
+            .areas
+            .keys()
+            .filter_map(|&i| child.vmas.get(i))
+            .map(|v| (v.start, v.end))
+            .collect();
+        r.sort_unstable();
+        r
+    }
+}
 
 /// An area through which a shared anonymous object is mapped, once it
 /// exists: (the PID as stasis sees it, start, end). Its
@@ -62,6 +107,7 @@ pub(crate) fn restore_memory(
     s: &mut Proc,
     p: &ProcessImage,
     sources: &[PageSource],
+    inherit: Option<&Inherit<'_>>,
     cx: &mut TreeCtx<'_, '_>,
 ) -> Result<u64> {
     // Every pack holding pages of this process is opened inside it (one
@@ -70,7 +116,14 @@ pub(crate) fn restore_memory(
     let mut filled = 0u64;
     let mut last = Instant::now();
     let mut lazy_areas = Vec::new();
-    for v in &p.vmas {
+    for (i, v) in p.vmas.iter().enumerate() {
+        if let Some((h, from)) = inherit.and_then(|h| {
+            let pi = *h.areas.get(&i)?;
+            Some((h, h.parent.vmas.get(pi)?))
+        }) {
+            filled += patch_inherited(s, v, from, (sources, h.sources), &pack_fds)?;
+            continue;
+        }
         let runs: Vec<Vec<RunEntry>> = sources
             .iter()
             .map(|src| build::clip_runs(&src.runs, v.start, v.end))
@@ -111,12 +164,143 @@ pub(crate) fn restore_memory(
     for ring in &p.aio_rings {
         build::aio_refill(s, ring)?;
     }
-    if let Some(sink) = &cx.opts.lazy {
-        if !lazy_areas.is_empty() {
-            arm_lazy(s, p.pid, &lazy_areas, sink.as_ref())?;
-        }
+    if !lazy_areas.is_empty() {
+        cx.lazy_areas.insert(p.pid, lazy_areas);
     }
     Ok(filled)
+}
+
+/// Hands the areas of process `p` left to the lazy filler over (after its
+/// children are forked: a fork of a process registered with a userfaultfd
+/// would wait for the filler).
+pub(crate) fn arm_lazy_areas(
+    s: &mut Proc,
+    p: &ProcessImage,
+    cx: &mut TreeCtx<'_, '_>,
+) -> Result<()> {
+    let Some(areas) = cx.lazy_areas.remove(&p.pid) else {
+        return Ok(());
+    };
+    match &cx.opts.lazy {
+        Some(sink) => arm_lazy(s, p.pid, &areas, sink.as_ref()),
+        None => Ok(()),
+    }
+}
+
+/// Makes area `v` of a child, inherited from its parent's area `from`
+/// (mapped, with the parent's pages), the child's: its pages that differ
+/// from the parent's, or that the parent has not, are written from its
+/// packs (`fds`: their fds in the process, one per source); the pages only
+/// the parent has are dropped; equal pages stay shared. `(mine, theirs)`:
+/// the child's and the parent's sources. Returns the bytes of the child's
+/// pages in the area.
+fn patch_inherited(
+    s: &mut Proc,
+    v: &Vma,
+    from: &Vma,
+    (mine, theirs): (&[PageSource], &[PageSource]),
+    fds: &[u64],
+) -> Result<u64> {
+    let child = inherit::pieces(mine, v.start, v.end);
+    let plan = inherit::patch(&child, &inherit::pieces(theirs, v.start, v.end));
+    let mut writes = plan.write;
+    let mut bufs = (Vec::new(), Vec::new());
+    for (c, p) in &plan.compare {
+        writes.extend(differing_pages(c, p, (mine, theirs), &mut bufs)?);
+    }
+    writes.sort_unstable_by_key(|p| p.vaddr);
+    let what = |w: &str| format!("{w} {:#x}-{:#x} inherited from the parent", v.start, v.end);
+    for &(a, b) in &plan.drop {
+        s.sys(
+            "madvise",
+            libc::SYS_madvise,
+            &[
+                a,
+                b - a,
+                stasis_kernel::sarg(i64::from(libc::MADV_DONTNEED)),
+            ],
+        )
+        .map_err(step(what("dropping the parent's pages of")))?;
+    }
+    let len = v.end - v.start;
+    let rw = (libc::PROT_READ | libc::PROT_WRITE).unsigned_abs();
+    let opened = !writes.is_empty() && from.prot & rw != rw;
+    if opened {
+        s.sys(
+            "mprotect",
+            libc::SYS_mprotect,
+            &[v.start, len, u64::from(from.prot | rw)],
+        )
+        .map_err(step(what("making writable")))?;
+    }
+    for (src, fd) in fds.iter().enumerate() {
+        let runs: Vec<RunEntry> = writes
+            .iter()
+            .filter(|p| p.src == src)
+            .map(Piece::run)
+            .collect();
+        if !runs.is_empty() {
+            build::fill(s, &runs, *fd)?;
+        }
+    }
+    if opened || v.prot != from.prot {
+        s.sys(
+            "mprotect",
+            libc::SYS_mprotect,
+            &[v.start, len, u64::from(v.prot)],
+        )
+        .map_err(step(what("protecting")))?;
+    }
+    build::lock(s, v)?;
+    Ok(child.iter().map(|p| p.len).sum())
+}
+
+/// Bytes compared at once.
+const COMPARE_CHUNK: u64 = 1 << 20;
+
+/// The parts of the child's pages `c` that differ from the parent's pages
+/// `p` at the same addresses (both read from their packs, `(mine,
+/// theirs)`, into `bufs`, kept from one call to the next: a fresh buffer
+/// of a MiB costs more in page faults than the reads).
+fn differing_pages(
+    c: &Piece,
+    p: &Piece,
+    (mine, theirs): (&[PageSource], &[PageSource]),
+    (a, b): &mut (Vec<u8>, Vec<u8>),
+) -> Result<Vec<Piece>> {
+    let mut out = Vec::new();
+    let mut at = c.vaddr;
+    while at < c.end() {
+        let end = (at + COMPARE_CHUNK).min(c.end());
+        let (cs, ps) = (c.sub(at, end), p.sub(at, end));
+        let n = usize::try_from(end - at).unwrap_or(0);
+        a.resize(n, 0);
+        b.resize(n, 0);
+        read_piece(&cs, mine, a)?;
+        read_piece(&ps, theirs, b)?;
+        out.extend(inherit::differing(&cs, a, b));
+        at = end;
+    }
+    Ok(out)
+}
+
+/// Reads the bytes of piece `p` from its pack (checked by the verifier
+/// that runs alongside the restore).
+fn read_piece(p: &Piece, sources: &[PageSource], buf: &mut [u8]) -> Result<()> {
+    let src = sources.get(p.src).ok_or_else(|| {
+        ObjectError::Inconsistent(format!("no page source {} for {:#x}", p.src, p.vaddr))
+    })?;
+    src.pack
+        .file()
+        .read_exact_at(buf, p.file_off)
+        .map_err(|source| {
+            stasis_image::ImageError::Io {
+                action: "read",
+                path: src.pack.path().to_path_buf(),
+                source,
+            }
+            .into()
+        })
 }
 
 /// Opens every pack of `sources` inside the process; returns its fds there.

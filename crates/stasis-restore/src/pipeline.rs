@@ -19,7 +19,7 @@ use stasis_sys as sys;
 use crate::proc::Proc;
 use crate::reap::{kill_stub, kill_tree, wait_pid_free, Watchdog};
 use crate::ObjectError;
-use crate::{files, process, stub, sysv, tree};
+use crate::{files, memory, process, stub, sysv, tree};
 use crate::{RestoreError, RestoreOptions, Restored, Result};
 
 /// One process of the image on its way through the pipeline.
@@ -44,7 +44,7 @@ pub(crate) struct Build<'a> {
     pub m: &'a Manifest,
     pub plan: &'a tree::Plan,
     pub records: Vec<Record<'a>>,
-    pub transport: Transport,
+    pub transport: &'a Transport,
     pub opts: &'a RestoreOptions,
     /// Of the bytes restored, those left to the lazy filler.
     pub lazy_bytes: u64,
@@ -118,7 +118,7 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
         m,
         plan: &plan,
         records,
-        transport,
+        transport: &transport,
         opts,
         lazy_bytes: 0,
     };
@@ -304,54 +304,126 @@ fn start_verifier(
 }
 
 /// Stage 3: everything up to (not including) the final jumps: the root
-/// stub's clean slate, the tree, zombies, then every live process. Returns
-/// the bytes filled.
+/// stub's clean slate, System V segments, the root's memory, the tree
+/// (each process forked from its parent once the parent's memory is
+/// built, then its own memory built, keeping what it inherited: see
+/// [`crate::inherit`]), groups, zombies, then the rest of every live
+/// process. Returns the bytes filled.
 fn build_tree(b: &mut Build<'_>) -> Result<u64> {
     let m = b.m;
     // Every open file description is made by one factory; the ptys that
     // are controlling terminals are wanted as soon as the tree is forked.
-    let mut factory = files::FdFactory::new(
+    let factory = files::FdFactory::new(
         &m.pipes,
         &m.ghosts,
         m.processes.iter().flat_map(|p| p.fds.iter()),
     );
     stub::prepare_root(b)?;
-    stub::fork_tree(b, &mut factory)?;
-    stub::set_groups(b)?;
-    stub::make_zombies(b)?;
     // System V segments exist before anyone attaches them; so do the
     // POSIX ones saved with `--shm-file`, before anyone maps them.
     sysv::prepare(&b.m.sysv_shm)?;
     for p in stasis_objects::posix_shm::restore(&b.m.shm_files)? {
         tracing::debug!(path = %p.display(), "POSIX shared memory object put back");
     }
-    let filled = build_processes(b, factory)?;
-    sysv::finish(&b.m.sysv_shm);
-    Ok(filled)
-}
-
-/// Every live process, in manifest order (shared memory is first mapped
-/// by the earliest process that has it).
-fn build_processes<'m>(b: &mut Build<'m>, factory: files::FdFactory<'m>) -> Result<u64> {
-    let m = b.m;
-    let total: u64 = b
-        .records
-        .iter()
-        .flat_map(|r| r.sources.iter())
-        .map(PageSource::bytes)
-        .sum();
     let mut cx = process::TreeCtx {
         root_pid: m.processes[0].pid,
         factory,
         shm_first: HashMap::new(),
         shm_sizes: shm_sizes(&m.processes),
-        transport: &b.transport,
+        transport: b.transport,
         keep_transport: keep_transport(&m.processes),
         opts: b.opts,
         filled: 0,
-        total,
+        total: b
+            .records
+            .iter()
+            .flat_map(|r| r.sources.iter())
+            .map(PageSource::bytes)
+            .sum(),
         lazy_bytes: 0,
+        lazy_areas: HashMap::new(),
     };
+    let built = build_memories(&mut b.records, b.plan, &mut cx);
+    b.lazy_bytes = cx.lazy_bytes;
+    built?;
+    if cx.filled != cx.total {
+        return Err(ObjectError::Inconsistent(format!(
+            "{} pack bytes lie outside every saved area",
+            cx.total - cx.filled
+        ))
+        .into());
+    }
+    stub::set_groups(b)?;
+    stub::make_zombies(b)?;
+    let filled = cx.filled;
+    build_processes(b, cx)?;
+    sysv::finish(&b.m.sysv_shm);
+    Ok(filled)
+}
+
+/// The tree, top-down (parents come before their children in the
+/// manifest): the root's memory, then each process forked by its parent
+/// and, if it lives on, its memory built.
+fn build_memories(
+    records: &mut [Record<'_>],
+    plan: &tree::Plan,
+    cx: &mut process::TreeCtx<'_, '_>,
+) -> Result<()> {
+    if plan.setsid[0] {
+        // The root's terminal, before it forks its session's members.
+        let pid = records[0].img.pid;
+        let root = records[0]
+            .proc
+            .as_mut()
+            .ok_or_else(|| ObjectError::Inconsistent("the root stub was not created".into()))?;
+        let spare = stub::spare_fd(cx.transport.h)?;
+        cx.factory
+            .take_ctty(root, pid, (&cx.transport.sock, cx.transport.h, spare))?;
+    }
+    build_memory(records, plan, 0, cx)?;
+    for i in 1..records.len() {
+        stub::fork_one(records, plan, cx.transport, i, &mut cx.factory)?;
+        if records[i].img.zombie.is_none() {
+            build_memory(records, plan, i, cx)?;
+        }
+    }
+    Ok(())
+}
+
+/// The memory of live process `i`; a child keeps what it can of what it
+/// inherited from its parent (not in a lazy restore's areas of the filler).
+fn build_memory(
+    records: &mut [Record<'_>],
+    plan: &tree::Plan,
+    i: usize,
+    cx: &mut process::TreeCtx<'_, '_>,
+) -> Result<()> {
+    let (before, rest) = records.split_at_mut(i);
+    let r = &mut rest[0];
+    let lazy = cx.opts.lazy.is_some();
+    let inherit = plan
+        .parent
+        .get(i)
+        .copied()
+        .flatten()
+        .and_then(|pi| before.get(pi))
+        .map(|pr| memory::Inherit::new(pr.img, &pr.sources, r.img, lazy));
+    let pid = r.img.pid;
+    let p = r
+        .proc
+        .as_mut()
+        .ok_or_else(|| ObjectError::Inconsistent(format!("process {pid} was not created")))?;
+    let done = process::build_memory(p, r.img, &r.sources, inherit.as_ref(), cx)?;
+    cx.filled += done;
+    if let Some(cb) = &cx.opts.progress {
+        cb(cx.filled, cx.total);
+    }
+    Ok(())
+}
+
+/// The rest of every live process, in manifest order.
+fn build_processes<'m>(b: &mut Build<'m>, mut cx: process::TreeCtx<'_, 'm>) -> Result<()> {
+    let m = b.m;
     cx.factory.set_tcp_close(b.opts.tcp_close);
     cx.factory.reserve_pids(
         m.processes
@@ -367,19 +439,7 @@ fn build_processes<'m>(b: &mut Build<'m>, factory: files::FdFactory<'m>) -> Resu
             .proc
             .as_mut()
             .ok_or_else(|| ObjectError::Inconsistent(format!("process {pid} was not created")))?;
-        let done = process::build_process(p, r.img, &r.sources, &mut cx);
-        b.lazy_bytes = cx.lazy_bytes;
-        cx.filled += done?;
-        if let Some(cb) = &b.opts.progress {
-            cb(cx.filled, total);
-        }
-    }
-    if cx.filled != total {
-        return Err(ObjectError::Inconsistent(format!(
-            "{} pack bytes lie outside every saved area",
-            total - cx.filled
-        ))
-        .into());
+        process::build_process(p, r.img, &mut cx)?;
     }
     if let Some(c) = &b.opts.cut {
         // Every host's tree built, its connections in repair mode, before
@@ -390,7 +450,7 @@ fn build_processes<'m>(b: &mut Build<'m>, factory: files::FdFactory<'m>) -> Resu
     cx.factory.check_in_flight_epolls()?;
     cx.factory.finish_tcp()?;
     cx.factory.finish_pidfds();
-    Ok(cx.filled)
+    Ok(())
 }
 
 /// Of each shared anonymous object (by inode), the furthest offset an

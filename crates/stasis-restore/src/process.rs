@@ -1,6 +1,7 @@
-//! Per process: memory ([`crate::memory`]), then the exe link and mm
-//! fields, attributes, files, rlimits, signal handlers, then its threads
-//! and what belongs to them ([`crate::threads`]).
+//! Per process, once the whole tree is forked and every process's memory
+//! built ([`crate::memory`]): the lazy filler's areas handed over, then the
+//! exe link and mm fields, attributes, files, rlimits, signal handlers,
+//! then its threads and what belongs to them ([`crate::threads`]).
 
 use std::collections::HashMap;
 
@@ -37,18 +38,39 @@ pub(crate) struct TreeCtx<'a, 'm> {
     pub total: u64,
     /// Bytes left to the lazy filler so far.
     pub lazy_bytes: u64,
+    /// Of each process (by image PID), the areas left to the lazy filler,
+    /// handed over when the rest of the process is built.
+    pub lazy_areas: HashMap<i32, Vec<(u64, u64)>>,
 }
 
-/// Rebuilds one live process (not its final jump). Returns bytes filled.
-pub(crate) fn build_process(
+/// Builds the memory of one live process: vDSO and every area (a child
+/// forked from its built parent keeps what `inherit` says and has the
+/// rest unmapped first). Returns bytes filled.
+pub(crate) fn build_memory(
     s: &mut Proc,
     p: &ProcessImage,
     sources: &[PageSource],
+    inherit: Option<&memory::Inherit<'_>>,
     cx: &mut TreeCtx<'_, '_>,
 ) -> Result<u64> {
     s.cur = None;
+    if let Some(h) = inherit {
+        let ctl = s.ctl;
+        crate::stub::keep_only(s, ctl, &h.kept(p))?;
+    }
     memory::restore_vdso(s, p)?;
-    let filled = memory::restore_memory(s, p, sources, cx)?;
+    memory::restore_memory(s, p, sources, inherit, cx)
+}
+
+/// Rebuilds the rest of one live process (not its final jump), its memory
+/// built.
+pub(crate) fn build_process(
+    s: &mut Proc,
+    p: &ProcessImage,
+    cx: &mut TreeCtx<'_, '_>,
+) -> Result<()> {
+    s.cur = None;
+    memory::arm_lazy_areas(s, p, cx)?;
     restore_exe_and_mm(s, p)?;
     restore_attributes(s, p)?;
     restore_files(s, p, cx)?;
@@ -75,7 +97,7 @@ pub(crate) fn build_process(
     threads::shared_signals(s, s.pid, p)?;
     build::restore_itimers(s, &p.itimers)?;
     build::arm_posix_timers(s, &p.posix_timers)?;
-    Ok(filled)
+    Ok(())
 }
 
 /// mm fields, with the exe file. The kernel refuses to switch the exe link

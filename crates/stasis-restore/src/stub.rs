@@ -7,7 +7,7 @@ use stasis_kernel::{sarg, KernelError, Tracee};
 use stasis_sys as sys;
 
 use crate::build::{self, step};
-use crate::pipeline::Build;
+use crate::pipeline::{Build, Record, Transport};
 use crate::proc::{Proc, CTL_SIZE, TASK_TOP};
 use crate::remote::Remote;
 use crate::ObjectError;
@@ -127,48 +127,73 @@ pub(crate) fn clean_slate<R: Remote>(r: &mut R, ctl: u64, h: u64) -> Result<()> 
     Ok(())
 }
 
-/// The tree, top-down: each process forked by its parent from the clean
-/// slate (sharing its fd table where it did: `CLONE_FILES`); a session
-/// leader calls `setsid()` at once, and takes its controlling terminal
-/// (a saved pty) before it forks the members of its session, which so
-/// have it too.
-pub(crate) fn fork_tree(b: &mut Build<'_>, factory: &mut files::FdFactory<'_>) -> Result<()> {
-    let m = b.m;
-    let ctl = b.root()?.ctl;
-    let h = b.transport.h;
-    // A fresh stub holds only the transport: the next number is free.
-    let spare =
-        i32::try_from(h + 1).map_err(|_| ObjectError::Layout("fd number overflow".into()))?;
-    if b.plan.setsid[0] {
-        let root = b.records[0]
-            .proc
-            .as_mut()
-            .ok_or_else(|| ObjectError::Inconsistent("the root stub was not created".into()))?;
-        factory.take_ctty(root, m.processes[0].pid, (&b.transport.sock, h, spare))?;
-    }
-    for (i, img) in m.processes.iter().enumerate().skip(1) {
-        let parent = b.plan.parent[i].ok_or_else(|| {
+/// A fresh stub holds only the transport at `h`: the next number is free.
+pub(crate) fn spare_fd(h: u64) -> Result<i32> {
+    Ok(i32::try_from(h + 1).map_err(|_| ObjectError::Layout("fd number overflow".into()))?)
+}
+
+/// Process `i` of the tree (not the root), forked by its parent (sharing
+/// its fd table where it did: `CLONE_FILES`) once the parent's memory is
+/// built, so that it starts with the parent's pages (see
+/// [`crate::inherit`]). A session leader calls `setsid()` at once, and
+/// takes its controlling terminal (a saved pty) before it forks the
+/// members of its session, which so have it too.
+pub(crate) fn fork_one(
+    records: &mut [Record<'_>],
+    plan: &tree::Plan,
+    transport: &Transport,
+    i: usize,
+    factory: &mut files::FdFactory<'_>,
+) -> Result<()> {
+    let img = records[i].img;
+    let h = transport.h;
+    let spare = spare_fd(h)?;
+    let parent =
+        plan.parent.get(i).copied().flatten().ok_or_else(|| {
             ObjectError::Inconsistent(format!("process {} has no parent", img.pid))
         })?;
-        let share_files = b.plan.share_files[i];
-        let parent_proc = b.proc_mut(parent)?;
-        parent_proc.cur = None;
-        if share_files {
-            build::fork_process_sharing_files(parent_proc, img.pid)?;
-        } else {
-            build::fork_process(parent_proc, img.pid)?;
+    let ppid = records[parent].img.pid;
+    let parent_proc = records[parent]
+        .proc
+        .as_mut()
+        .ok_or_else(|| ObjectError::Inconsistent(format!("process {ppid} was not created")))?;
+    let ctl = parent_proc.ctl;
+    parent_proc.cur = None;
+    if plan.share_files[i] {
+        build::fork_process_sharing_files(parent_proc, img.pid)?;
+    } else {
+        build::fork_process(parent_proc, img.pid)?;
+    }
+    let outer = parent_proc.t.take_new_task().unwrap_or(img.pid);
+    let t = Tracee::adopt_new_thread(outer)
+        .map_err(step(format!("taking over new process {}", img.pid)))?;
+    // Recorded at once: a failure from here on kills it with the tree.
+    let p = records[i].proc.insert(Proc::adopt(t, ctl, img.pid)?);
+    if plan.setsid[i] {
+        p.sys("setsid", libc::SYS_setsid, &[])
+            .map_err(step(format!("making process {} a session leader", img.pid)))?;
+        // Its terminal now, before it forks the session's members.
+        factory.take_ctty(p, img.pid, (&transport.sock, h, spare))?;
+    }
+    Ok(())
+}
+
+/// A process forked from its built parent: everything unmapped but the
+/// control area at `ctl` and the areas it keeps (`keep`, sorted).
+pub(crate) fn keep_only<R: Remote>(r: &mut R, ctl: u64, keep: &[(u64, u64)]) -> Result<()> {
+    let mut kept = keep.to_vec();
+    kept.push((ctl, ctl + CTL_SIZE));
+    kept.sort_unstable();
+    kept.push((TASK_TOP, TASK_TOP));
+    let mut at = 0;
+    for (a, b) in kept {
+        if a > at {
+            r.sys("munmap", libc::SYS_munmap, &[at, a - at])
+                .map_err(step(format!(
+                    "unmapping {at:#x}-{a:#x} of what the process inherited"
+                )))?;
         }
-        let outer = parent_proc.t.take_new_task().unwrap_or(img.pid);
-        let t = Tracee::adopt_new_thread(outer)
-            .map_err(step(format!("taking over new process {}", img.pid)))?;
-        let mut p = Proc::adopt(t, ctl, img.pid)?;
-        if b.plan.setsid[i] {
-            p.sys("setsid", libc::SYS_setsid, &[])
-                .map_err(step(format!("making process {} a session leader", img.pid)))?;
-            // Its terminal now, before it forks the session's members.
-            factory.take_ctty(&mut p, img.pid, (&b.transport.sock, h, spare))?;
-        }
-        b.records[i].proc = Some(p);
+        at = at.max(b);
     }
     Ok(())
 }
@@ -414,6 +439,43 @@ mod tests {
             r.args_of("close_range"),
             [vec![0, 39, 0], vec![41, u64::from(u32::MAX), 0]]
         );
+    }
+
+    #[test]
+    fn a_forked_child_keeps_only_its_inherited_areas_and_the_control_area() {
+        let mut r = Recorder::default();
+        let ctl = 0x5000_0000_0000;
+        keep_only(
+            &mut r,
+            ctl,
+            &[(0x1000, 0x3000), (0x3000, 0x4000), (0x7000, 0x9000)],
+        )
+        .unwrap();
+        assert_eq!(
+            r.args_of("munmap"),
+            [
+                vec![0, 0x1000],
+                vec![0x4000, 0x3000],
+                vec![0x9000, ctl - 0x9000],
+                vec![ctl + CTL_SIZE, TASK_TOP - ctl - CTL_SIZE]
+            ]
+        );
+        // Nothing kept: the clean slate of the root.
+        let mut r = Recorder::default();
+        keep_only(&mut r, ctl, &[]).unwrap();
+        assert_eq!(
+            r.args_of("munmap"),
+            [
+                vec![0, ctl],
+                vec![ctl + CTL_SIZE, TASK_TOP - ctl - CTL_SIZE]
+            ]
+        );
+        let mut r = Recorder {
+            fail_on: Some(("munmap", libc::EINVAL)),
+            ..Recorder::default()
+        };
+        let e = keep_only(&mut r, ctl, &[]).unwrap_err();
+        assert!(e.to_string().contains("what the process inherited"), "{e}");
     }
 
     #[test]

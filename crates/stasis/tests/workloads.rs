@@ -239,3 +239,32 @@ fn concurrent_fork_snapshot_advice() {
         &["--concurrent", "--cow-method", "fork"],
     );
 }
+
+// cow checks that the pages a parent and its children share copy-on-write
+// are shared again after a restore. A lazy restore gives each process its
+// own pages (the filler serves each one's faults from its own image): there
+// it checks the content only.
+#[test]
+fn twice_cow() {
+    twice("cow", &[]);
+}
+
+#[test]
+fn leave_running_cow() {
+    leave_running("cow", &[]);
+}
+
+#[test]
+fn concurrent_cow() {
+    leave_running_with("cow", &[], &["--concurrent"]);
+}
+
+#[test]
+fn lazy_cow() {
+    twice_lazy("cow", &["noshare"], false);
+}
+
+#[test]
+fn lazy_page_server_cow() {
+    twice_lazy("cow", &["noshare"], true);
+}
