@@ -227,7 +227,7 @@ fn open(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> io::Result<Option<
         let hello = match tls::sniff(&tcp) {
             Ok(h) => h,
             Err(e) => {
-                log_handshake_failure(peer, "greeting", &e);
+                log_handshake_failure(peer, &tcp, "greeting", &e);
                 return Ok(None);
             }
         };
@@ -253,7 +253,7 @@ fn open(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> io::Result<Option<
             Ok(None)
         }
         Err(TlsError::Io(e)) => {
-            log_handshake_failure(peer, "TLS handshake", &e);
+            log_handshake_failure(peer, &tcp, "TLS handshake", &e);
             Ok(None)
         }
         Err(TlsError::ClosedInHandshake) => {
@@ -271,21 +271,24 @@ fn open(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> io::Result<Option<
     }
 }
 
-/// Logs why a connection ends before its handshake (`stage`: TLS, the
-/// greeting, authentication) did, on network error `e`: at `info` if the
-/// client left, at `warn` if the server gives up on it (the client then
-/// sees its connection closed without an answer).
-fn log_handshake_failure(peer: SocketAddr, stage: &str, e: &io::Error) {
+/// Logs why a connection on `tcp` ends before its handshake (`stage`: TLS,
+/// the greeting, authentication) did, on network error `e`: at `info` if
+/// the client left, at `warn` if the server gives up on it (the client
+/// then sees its connection closed without an answer).
+fn log_handshake_failure(peer: SocketAddr, tcp: &TcpStream, stage: &str, e: &io::Error) {
     use io::ErrorKind as K;
     match e.kind() {
         K::UnexpectedEof | K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe => {
             info!(%peer, "page server: a client left before its {stage} ended ({e})")
         }
-        K::WouldBlock | K::TimedOut => warn!(
-            %peer,
-            "page server: closing a connection before its {stage} ended: the client sent nothing for {} s",
-            HANDSHAKE_TIMEOUT.as_secs()
-        ),
+        K::WouldBlock | K::TimedOut => {
+            let wait = tcp
+                .read_timeout()
+                .ok()
+                .flatten()
+                .unwrap_or(HANDSHAKE_TIMEOUT);
+            warn!(%peer, "page server: closing a connection before its {stage} ended: the client sent nothing for {wait:?}")
+        }
         _ => warn!(%peer, "page server: closing a connection before its {stage} ended: {e}"),
     }
 }
@@ -357,7 +360,7 @@ fn session(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> io::Result<()> 
         Ok(true) => {}
         Ok(false) => return Ok(()),
         Err(e) => {
-            log_handshake_failure(peer, "authentication", &e);
+            log_handshake_failure(peer, stream.tcp(), "authentication", &e);
             return Ok(());
         }
     }
