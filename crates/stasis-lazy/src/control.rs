@@ -121,8 +121,16 @@ pub fn send(sock: BorrowedFd<'_>, msg: &Msg, fd: Option<BorrowedFd<'_>>) -> Resu
 /// end of stream.
 pub fn recv(sock: BorrowedFd<'_>) -> Result<Option<(Msg, Option<OwnedFd>)>, LazyError> {
     let mut hdr = [0u8; 4];
-    let (n, fd) =
-        scm::recv_with_fd(sock, &mut hdr).map_err(|e| LazyError::Control(e.to_string()))?;
+    // A wait cut short by a signal (the socket has a read timeout, so the
+    // kernel does not restart it, not even after a stop and continue of
+    // this process) is waited again.
+    let (n, fd) = loop {
+        match scm::recv_with_fd(sock, &mut hdr) {
+            Err(stasis_kernel::KernelError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::Interrupted => {}
+            r => break r.map_err(|e| LazyError::Control(e.to_string()))?,
+        }
+    };
     if n == 0 {
         return Ok(None);
     }
@@ -318,5 +326,49 @@ impl stasis_restore::LazySink for FillerSink {
                 uffd,
             )
             .map_err(Into::into)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A restorer (or filler) stopped and continued while it waits for a
+    /// frame, on a socket with a read timeout (where the kernel does not
+    /// restart the wait: `EINTR`), still gets the frame: `restore --lazy`
+    /// failed with "recvmsg(SCM_RIGHTS) failed" when stopped and continued
+    /// (job control, a debugger) while it waited for its filler.
+    #[test]
+    fn a_frame_waited_for_across_a_stop_and_continue_arrives() {
+        let (mine, theirs) = UnixStream::pair().unwrap();
+        mine.set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        // This thread, as /proc names it: the helper stops this process once
+        // the thread waits in recvmsg, continues it, then sends the frame.
+        let me = std::fs::read_link("/proc/thread-self").unwrap();
+        let tid = me.file_name().unwrap().to_str().unwrap().to_string();
+        let pid = std::process::id();
+        let frame = encode_frame(&Msg::Done(true)).unwrap();
+        let octal: String = frame.iter().map(|b| format!("\\{b:03o}")).collect();
+        let script = format!(
+            "while [ \"$(cut -d' ' -f1 /proc/{pid}/task/{tid}/syscall)\" != {nr} ]; do sleep 0.01; done
+             kill -STOP {pid}
+             while [ \"$(sed 's/.*) //' /proc/{pid}/stat | cut -c1)\" != T ]; do sleep 0.01; done
+             kill -CONT {pid}
+             printf '{octal}'",
+            nr = libc::SYS_recvmsg,
+        );
+        let mut helper = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .stdout(std::process::Stdio::from(OwnedFd::from(theirs)))
+            .spawn()
+            .unwrap();
+        let got = recv(mine.as_fd());
+        let status = helper.wait().unwrap();
+        assert!(status.success(), "the helper failed: {status}");
+        match got {
+            Ok(Some((Msg::Done(true), None))) => {}
+            other => panic!("after a stop and continue: {other:?}"),
+        }
     }
 }

@@ -130,6 +130,8 @@ impl Server {
         for stream in self.listener.incoming() {
             let stream = match stream {
                 Ok(s) => s,
+                // A signal (the server stopped and continued): no error.
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
                     warn!("page server: accept failed: {e}");
@@ -146,6 +148,7 @@ impl Server {
                 if self.shared.refusing.fetch_add(1, Ordering::AcqRel) >= MAX_REFUSING {
                     // Under a flood: just close.
                     self.shared.refusing.fetch_sub(1, Ordering::AcqRel);
+                    warn!(%peer, "page server: closing a connection without an answer: {MAX_REFUSING} other clients are being told the server is busy (the client sees the connection closed during its TLS handshake)");
                     continue;
                 }
                 let shared = Arc::clone(&self.shared);
@@ -157,8 +160,9 @@ impl Server {
                         }
                         shared.refusing.fetch_sub(1, Ordering::AcqRel);
                     });
-                if spawned.is_err() {
+                if let Err(e) = spawned {
                     self.shared.refusing.fetch_sub(1, Ordering::AcqRel);
+                    warn!(%peer, "page server: closing a connection without an answer: cannot start a thread to tell it the server is busy: {e}");
                 }
                 continue;
             }
@@ -174,7 +178,7 @@ impl Server {
                     drop(slot);
                 });
             if let Err(e) = spawned {
-                warn!(%peer, "page server: cannot start a thread for a connection: {e}");
+                warn!(%peer, "page server: closing a connection without an answer: cannot start a thread for it: {e}");
             }
         }
         Ok(())
@@ -220,7 +224,14 @@ fn refuse_early(mut stream: Stream, code: ErrorCode, msg: &str) -> io::Result<()
 /// (it speaks the other transport, or holds another token), and logged.
 fn open(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> io::Result<Option<Stream>> {
     let Some(config) = &shared.tls else {
-        if tls::sniff(&tcp)? == Hello::Tls {
+        let hello = match tls::sniff(&tcp) {
+            Ok(h) => h,
+            Err(e) => {
+                log_handshake_failure(peer, &tcp, "greeting", &e);
+                return Ok(None);
+            }
+        };
+        if hello == Hello::Tls {
             warn!(%peer, "page server: refused a TLS client: this server runs with --insecure-plaintext (give it on both ends or on neither)");
             // Our plaintext greeting tells its TLS library this is no TLS.
             let mut greeting = Vec::new();
@@ -241,15 +252,44 @@ fn open(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> io::Result<Option<
             )?;
             Ok(None)
         }
-        Err(TlsError::Io(e)) => Err(e),
+        Err(TlsError::Io(e)) => {
+            log_handshake_failure(peer, &tcp, "TLS handshake", &e);
+            Ok(None)
+        }
+        Err(TlsError::ClosedInHandshake) => {
+            info!(%peer, "page server: a client closed its connection before its TLS handshake ended");
+            Ok(None)
+        }
         Err(e) if e.is_other_token() => {
             warn!(%peer, "page server: refused a client with a wrong token ({e}); closing the connection");
             Ok(None)
         }
         Err(e) => {
-            info!(%peer, "page server: TLS with a client failed: {e}");
+            warn!(%peer, "page server: TLS with a client failed: {e}; closing the connection");
             Ok(None)
         }
+    }
+}
+
+/// Logs why a connection on `tcp` ends before its handshake (`stage`: TLS,
+/// the greeting, authentication) did, on network error `e`: at `info` if
+/// the client left, at `warn` if the server gives up on it (the client
+/// then sees its connection closed without an answer).
+fn log_handshake_failure(peer: SocketAddr, tcp: &TcpStream, stage: &str, e: &io::Error) {
+    use io::ErrorKind as K;
+    match e.kind() {
+        K::UnexpectedEof | K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe => {
+            info!(%peer, "page server: a client left before its {stage} ended ({e})")
+        }
+        K::WouldBlock | K::TimedOut => {
+            let wait = tcp
+                .read_timeout()
+                .ok()
+                .flatten()
+                .unwrap_or(HANDSHAKE_TIMEOUT);
+            warn!(%peer, "page server: closing a connection before its {stage} ended: the client sent nothing for {wait:?}")
+        }
+        _ => warn!(%peer, "page server: closing a connection before its {stage} ended: {e}"),
     }
 }
 
@@ -316,8 +356,13 @@ fn session(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> io::Result<()> 
         packs: HashMap::new(),
         buf: Vec::new(),
     };
-    if !conn.handshake()? {
-        return Ok(());
+    match conn.handshake() {
+        Ok(true) => {}
+        Ok(false) => return Ok(()),
+        Err(e) => {
+            log_handshake_failure(peer, stream.tcp(), "authentication", &e);
+            return Ok(());
+        }
     }
     stream.tcp().set_read_timeout(Some(IDLE_TIMEOUT))?;
     conn.serve_requests()

@@ -139,8 +139,10 @@ pub enum TlsError {
     /// The client refused our key, or presented another one.
     #[error("the peer refused this end's TLS key ({0}): it holds another token (check --token-file on both sides)")]
     PeerRefusedKey(String),
-    /// The peer closed the connection during the handshake.
-    #[error("the peer closed the connection during the TLS handshake: it may run with --insecure-plaintext (give it on both ends or on neither), hold another token, or be overloaded")]
+    /// The peer closed the connection during the handshake, without a
+    /// word of TLS (an answer in plaintext is [`TlsError::NotTls`], another
+    /// token [`TlsError::KeyMismatch`]).
+    #[error("the peer closed the connection before the TLS handshake ended, without an answer: a stasis server does so when it is overloaded, when it cannot start a thread for the connection, or when this end sent nothing within its handshake time (30 s), and its log says which; try again, and if it persists, check that the address is the server's")]
     ClosedInHandshake,
     /// A network error (timeouts included).
     #[error("{0}")]
@@ -409,20 +411,22 @@ enum Session {
 }
 
 impl Session {
+    /// Runs the handshake to its end. A read or write interrupted by a
+    /// signal (`EINTR`: sockets with a timeout are not restarted, even
+    /// after a mere stop and continue of the process) is tried again.
     fn handshake(&mut self) -> io::Result<()> {
-        match self {
-            Session::Client(s) => {
-                while s.conn.is_handshaking() {
-                    s.conn.complete_io(&mut s.sock)?;
-                }
-            }
-            Session::Server(s) => {
-                while s.conn.is_handshaking() {
-                    s.conn.complete_io(&mut s.sock)?;
-                }
+        loop {
+            let step = match self {
+                Session::Client(s) if s.conn.is_handshaking() => s.conn.complete_io(&mut s.sock),
+                Session::Server(s) if s.conn.is_handshaking() => s.conn.complete_io(&mut s.sock),
+                _ => return Ok(()),
+            };
+            match step {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+                Ok(_) => {}
             }
         }
-        Ok(())
     }
 }
 
@@ -559,10 +563,24 @@ pub enum Hello {
     Closed,
 }
 
-/// Looks at the first byte a client sent, without consuming it.
+/// Looks at the first byte a client sent, without consuming it (waiting
+/// for it up to the socket's read timeout).
+///
+/// The wait is not cut short by a signal: with a read timeout set, the
+/// kernel does not restart an interrupted `recv` (`EINTR`), not even after
+/// the process was merely stopped and continued (`SIGSTOP`/`SIGCONT`, a
+/// debugger attaching, a freezer). A server that gave up then closed the
+/// connection of a client that had connected but not yet sent its hello,
+/// which saw only the end of the stream ([`TlsError::ClosedInHandshake`]).
 pub fn sniff(tcp: &TcpStream) -> io::Result<Hello> {
     let mut b = [0u8; 1];
-    Ok(match tcp.peek(&mut b)? {
+    let n = loop {
+        match tcp.peek(&mut b) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => break r?,
+        }
+    };
+    Ok(match n {
         0 => Hello::Closed,
         _ if b[0] == TLS_HANDSHAKE_RECORD => Hello::Tls,
         _ => Hello::Plain,
@@ -579,7 +597,12 @@ pub fn refuse_tls_client(tcp: &TcpStream, greeting: &[u8]) -> io::Result<()> {
     tcp.set_write_timeout(Some(REFUSE_WAIT))?;
     let mut t = tcp;
     let mut hello = [0u8; 4096];
-    let _ = t.read(&mut hello)?;
+    loop {
+        match t.read(&mut hello) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            r => break r.map(|_| ())?,
+        }
+    }
     t.write_all(greeting)?;
     tcp.shutdown(std::net::Shutdown::Write)?;
     io::copy(&mut t.take(1 << 16), &mut io::sink())?;

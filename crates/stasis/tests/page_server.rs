@@ -420,3 +420,83 @@ fn tls_and_plaintext_ends_refuse_each_other() {
         assert!(!alive(w.pid), "a process runs after a refused restore");
     }
 }
+
+/// Whether a thread of process `pid` is blocked in system call `nr`
+/// (`/proc/PID/task/TID/syscall` starts with its number).
+fn a_thread_in_syscall(pid: i32, nr: i64) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|t| {
+        std::fs::read_to_string(t.path().join("syscall"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<i64>().ok())
+            == Some(nr)
+    })
+}
+
+/// The state letter of `/proc/PID/stat` (`T`: stopped), or `?`.
+fn state_of(pid: i32) -> char {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit(')').next()?.trim_start().chars().next())
+        .unwrap_or('?')
+}
+
+/// A page server stopped and continued (SIGSTOP/SIGCONT: job control, a
+/// debugger attaching, a freezer) while a client has connected but not
+/// yet sent its TLS hello still serves that client. Its wait for the
+/// hello (a `recv` with a timeout, which the kernel does not restart after
+/// a stop) ended in EINTR and it closed the connection: the client saw
+/// "the peer closed the connection during the TLS handshake", as the lazy
+/// restore of the unix_scm workload did in an idle CI run.
+#[test]
+fn a_page_server_stopped_and_continued_keeps_a_client_that_has_not_said_hello() {
+    use stasis_pageserver::protocol;
+    use stasis_pageserver::tls::{self, ClientTls, Purpose};
+    use std::io::Write;
+    let mut w = Workload::start("counter", &[]);
+    w.dump_and_reap();
+    let s = PageServer::start(&w.images(), TOKEN);
+    let pid = i32::try_from(s.pid()).unwrap();
+    let tcp = std::net::TcpStream::connect(&s.addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    tcp.set_write_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    // The server has accepted the connection and waits for the hello.
+    wait_until(
+        Duration::from_secs(30),
+        "a page server thread waiting in recvfrom",
+        || a_thread_in_syscall(pid, libc::SYS_recvfrom),
+    );
+    // SAFETY: stopping and continuing the page server this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    wait_until(Duration::from_secs(30), "the page server stopped", || {
+        state_of(pid) == 'T'
+    });
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    wait_until(Duration::from_secs(30), "the page server continued", || {
+        state_of(pid) != 'T'
+    });
+    let config = ClientTls::new(TOKEN.as_bytes(), Purpose::PageServer).unwrap();
+    let mut stream = tls::connect(tcp, &config).unwrap_or_else(|e| {
+        panic!(
+            "TLS with the page server after its stop: {e}; it logged:\n{}",
+            s.log_text()
+        )
+    });
+    // And the protocol goes on: the server answers the greeting.
+    protocol::write_greeting(&mut stream, protocol::PROTOCOL_VERSION).unwrap();
+    stream.flush().unwrap();
+    let theirs = protocol::read_greeting(&mut stream).unwrap();
+    assert_eq!(theirs, Some(protocol::PROTOCOL_VERSION));
+    // A whole restore from it works as well.
+    drop(stream);
+    let o = restore_from(&s.addr, &s.token_file, &[]);
+    assert_ok(
+        &o,
+        &format!("restore --from; the server logged:\n{}", s.log_text()),
+    );
+    w.finish_pass();
+}

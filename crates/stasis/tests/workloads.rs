@@ -97,7 +97,8 @@ fn twice_lazy(name: &str, args: &[&str], via_server: bool) {
             assert_ok(
                 &o,
                 &format!(
-                    "restore --lazy --from of {name} (round {round}; the page server logged:\n{})",
+                    "restore --lazy --from of {name} (round {round}; the page server ({}) logged:\n{})",
+                    s.describe(),
                     s.log_text()
                 ),
             );

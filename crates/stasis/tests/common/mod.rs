@@ -460,6 +460,28 @@ impl PageServer {
         Self::start_on(dir, token, "127.0.0.1:0", None)
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Its pid and `/proc` state letter (`S` waiting, `T` stopped, `Z`
+    /// dead), for failure messages.
+    pub fn describe(&self) -> String {
+        let pid = self.child.id();
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit(')')
+                    .next()?
+                    .split_whitespace()
+                    .next()
+                    .map(str::to_string)
+            })
+            .unwrap_or_else(|| "gone".into());
+        format!("pid {pid}, state {state}")
+    }
+
     /// What the server logged so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
