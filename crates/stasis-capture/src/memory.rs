@@ -39,6 +39,18 @@ pub fn vma_kind(m: &proc::MapsEntry) -> Result<Option<VmaKind>, UnsupportedArea>
             })?,
         },
         "/[aio] (deleted)" if m.shared => VmaKind::Aio,
+        // Saved with the instance's fd (`stasis_objects::io_uring`).
+        stasis_objects::io_uring::LINK if m.shared => VmaKind::IoUring {
+            ino: m.ino,
+            offset: m.offset,
+        },
+        // The memory of a ring stasis restored (`IORING_SETUP_NO_MMAP`).
+        _ if m.shared && stasis_objects::io_uring::restored_area(n).is_some() => {
+            VmaKind::IoUring {
+                ino: m.ino,
+                offset: stasis_objects::io_uring::restored_area(n).map_or(0, |a| a.1),
+            }
+        }
         _ if n.ends_with(" (deleted)") && n.starts_with('/') => VmaKind::Ghost {
             id: m.ino,
             offset: m.offset,
@@ -173,7 +185,14 @@ pub fn plan_with(
         // Guard pages (`MADV_GUARD_INSTALL`) found among the private pages.
         let mut guards = Vec::new();
         let data: Vec<(u64, u64)> = match (&kind, m.shared) {
-            (VmaKind::Vdso | VmaKind::Vvar | VmaKind::VvarVclock | VmaKind::Aio, _) => Vec::new(),
+            (
+                VmaKind::Vdso
+                | VmaKind::Vvar
+                | VmaKind::VvarVclock
+                | VmaKind::Aio
+                | VmaKind::IoUring { .. },
+                _,
+            ) => Vec::new(),
             // MAP_DROPPABLE memory is a cache the kernel may empty at any
             // time: restored empty, as CRIU does (zdtm's maps11 checks it).
             _ if bits & DROPPABLE != 0 => Vec::new(),

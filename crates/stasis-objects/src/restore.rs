@@ -117,6 +117,8 @@ pub struct RestoreCtx<'a> {
     /// Established TCP connections are made closed (ended), not rebuilt
     /// (`restore --tcp-close`).
     pub tcp_close: bool,
+    /// io_uring instances made, by `shared_id`: (process, fd).
+    pub(crate) io_urings: HashMap<u32, (i32, i32)>,
 }
 
 impl<'a> RestoreCtx<'a> {
@@ -155,6 +157,7 @@ impl<'a> RestoreCtx<'a> {
             reserved_pids: HashSet::new(),
             dead_pids: HashMap::new(),
             tcp_close: false,
+            io_urings: HashMap::new(),
         }
     }
 
