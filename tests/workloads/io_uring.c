@@ -31,6 +31,14 @@
  *            through file 2 lands in out after the 100 bytes written
  *            before; slot 1 is still empty (-EBADF);
  *   [nop]    20 more NOPs complete with their user_data.
+ *
+ *   io_uring PIDFILE inflight
+ *
+ * A ring with a request in flight, which a dump must refuse (errors.rs):
+ * a READ of 16 bytes on an empty pipe (waiting on a poll), tagged 0xc1.
+ * After SIGTERM: [inflight] it has not completed; once 16 bytes are
+ * written to the pipe it completes with them (the refused dump left the
+ * ring untouched).
  */
 #include "zdtm.h"
 
@@ -91,6 +99,7 @@ static int reap(unsigned long long *ud)
 	unsigned head = *CQ_U32(p.cq_off.head);
 	struct io_uring_cqe *c;
 
+	*ud = 0;
 	if (__atomic_load_n(CQ_U32(p.cq_off.tail), __ATOMIC_ACQUIRE) == head && enter(0, 1) < 0)
 		return -100000;
 	if (*CQ_U32(p.cq_off.tail) == head)
@@ -123,27 +132,11 @@ static int run(unsigned n, unsigned long long ud0, int res, const char *tag)
 	return ok ? 0 : -1;
 }
 
-int main(int argc, char **argv)
+/* Makes the ring (8 entries) and maps its rings and SQE array. */
+static void setup_ring(void)
 {
-	unsigned sq_head, sq_tail, cq_head, cq_tail, i;
-	unsigned char *file;
-	int fd, out, files[3];
-	struct iovec iov[2] = { { fixed, 4096 }, { fixed + 4096, 4096 } };
-	unsigned long long ud;
 	size_t ring_len;
-	int r;
 
-	zdtm_init(argc, argv, 0, "");
-	file = malloc(FLEN);
-	if (!file)
-		zdtm_die("malloc");
-	zdtm_fill(file, FLEN, SEED_F);
-	fd = open("io_uring.data", O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (fd < 0 || write(fd, file, FLEN) != FLEN)
-		zdtm_die("io_uring.data");
-	out = open("io_uring.out", O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (out < 0)
-		zdtm_die("io_uring.out");
 	ring_fd = syscall(SYS_io_uring_setup, ENTRIES, &p);
 	if (ring_fd < 0)
 		zdtm_die("io_uring_setup");
@@ -159,6 +152,60 @@ int main(int argc, char **argv)
 	if (sq_ring == MAP_FAILED || sqes == MAP_FAILED)
 		zdtm_die("mapping the rings");
 	cq_ring = sq_ring;
+}
+
+/* The "inflight" mode (see the top). */
+static int in_flight(void)
+{
+	static const char msg[16] = "sixteen bytes!!";
+	unsigned long long ud = 0;
+	int pfd[2], r;
+
+	if (pipe2(pfd, O_CLOEXEC))
+		zdtm_die("pipe");
+	setup_ring();
+	queue(IORING_OP_READ, 0, pfd[0], (unsigned long)rbuf, 16, 0, 0, 0xc1);
+	if (enter(1, 0) != 1)
+		zdtm_die("submitting the READ");
+	zdtm_ready();
+	while (!zdtm_stop)
+		zdtm_msleep(50);
+	zdtm_check(*CQ_U32(p.cq_off.tail) == 0, "inflight", "a completion before the write");
+	if (write(pfd[1], msg, sizeof(msg)) != (ssize_t)sizeof(msg))
+		zdtm_die("write");
+	r = reap(&ud);
+	zdtm_check(r == 16 && ud == 0xc1 && !memcmp(rbuf, msg, 16), "inflight",
+		   "the READ: user_data %#llx res %d", ud, r);
+	zdtm_finish();
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	unsigned sq_head, sq_tail, cq_head, cq_tail, i;
+	unsigned char *file;
+	int fd, out, files[3];
+	struct iovec iov[2] = { { fixed, 4096 }, { fixed + 4096, 4096 } };
+	unsigned long long ud;
+	int r;
+
+	zdtm_init(argc, argv, 1, "[inflight]");
+	if (argc > 2) {
+		if (strcmp(argv[2], "inflight"))
+			zdtm_die("unknown mode %s", argv[2]);
+		return in_flight();
+	}
+	file = malloc(FLEN);
+	if (!file)
+		zdtm_die("malloc");
+	zdtm_fill(file, FLEN, SEED_F);
+	fd = open("io_uring.data", O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0 || write(fd, file, FLEN) != FLEN)
+		zdtm_die("io_uring.data");
+	out = open("io_uring.out", O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (out < 0)
+		zdtm_die("io_uring.out");
+	setup_ring();
 	files[0] = fd;
 	files[1] = -1;
 	files[2] = out;
