@@ -31,6 +31,13 @@
  *            through file 2 lands in out after the 100 bytes written
  *            before; slot 1 is still empty (-EBADF);
  *   [nop]    20 more NOPs complete with their user_data.
+ * Rings B (8 entries) and C (1024: its rings take fewer pages than with
+ * an index array) are made with IORING_SETUP_NO_SQARRAY (liburing's
+ * default): on each, 5 NOPs reaped, a NOP (0xd1) completed and left
+ * unreaped, a NOP (0xd2) written at SQE 6 and not submitted.
+ *   [noarray] after SIGTERM, on B and C: the unreaped completion is
+ *            there, the waiting entry submits and completes, and 10 more
+ *            NOPs do (at SQE i & mask, with no index array).
  *
  *   io_uring PIDFILE inflight
  *
@@ -132,6 +139,99 @@ static int run(unsigned n, unsigned long long ud0, int res, const char *tag)
 	return ok ? 0 : -1;
 }
 
+#define SETUP_NO_SQARRAY (1U << 16)
+
+/* A ring without an SQ index array (rings B and C). */
+struct nring {
+	int fd;
+	struct io_uring_params p;
+	unsigned char *ring;
+	struct io_uring_sqe *sqes;
+};
+
+#define NR_U32(n, off) ((volatile unsigned *)((n)->ring + (off)))
+
+static void nring_setup(struct nring *n, unsigned entries)
+{
+	size_t len;
+
+	memset(&n->p, 0, sizeof(n->p));
+	n->p.flags = SETUP_NO_SQARRAY;
+	n->fd = syscall(SYS_io_uring_setup, entries, &n->p);
+	if (n->fd < 0)
+		zdtm_die("io_uring_setup(NO_SQARRAY)");
+	len = n->p.cq_off.cqes + n->p.cq_entries * sizeof(struct io_uring_cqe);
+	n->ring = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, n->fd,
+		       IORING_OFF_SQ_RING);
+	n->sqes = mmap(NULL, entries * sizeof(struct io_uring_sqe), PROT_READ | PROT_WRITE,
+		       MAP_SHARED | MAP_POPULATE, n->fd, IORING_OFF_SQES);
+	if (n->ring == MAP_FAILED || n->sqes == MAP_FAILED)
+		zdtm_die("mapping a NO_SQARRAY ring");
+}
+
+/* A NOP at the SQ tail (SQE tail & mask), not submitted. */
+static void nring_nop(struct nring *n, unsigned long long ud)
+{
+	unsigned tail = *NR_U32(n, n->p.sq_off.tail);
+	struct io_uring_sqe *s = &n->sqes[tail & (n->p.sq_entries - 1)];
+
+	memset(s, 0, sizeof(*s));
+	s->opcode = IORING_OP_NOP;
+	s->user_data = ud;
+	__atomic_store_n(NR_U32(n, n->p.sq_off.tail), tail + 1, __ATOMIC_RELEASE);
+}
+
+/* Submits `submit` and waits for one completion (with nothing to submit:
+ * takes one if there is one); reaps it: its user_data, or 0. */
+static unsigned long long nring_one(struct nring *n, unsigned submit)
+{
+	unsigned head = *NR_U32(n, n->p.cq_off.head);
+	struct io_uring_cqe *c;
+
+	if ((submit && syscall(SYS_io_uring_enter, n->fd, submit, 1, IORING_ENTER_GETEVENTS, NULL,
+			       0) < 0) ||
+	    __atomic_load_n(NR_U32(n, n->p.cq_off.tail), __ATOMIC_ACQUIRE) == head)
+		return 0;
+	c = (struct io_uring_cqe *)(n->ring + n->p.cq_off.cqes) + (head & (n->p.cq_entries - 1));
+	__atomic_store_n(NR_U32(n, n->p.cq_off.head), head + 1, __ATOMIC_RELEASE);
+	return c->res ? 0 : c->user_data;
+}
+
+/* Before "ready" (see the top). */
+static void nring_prepare(struct nring *n, unsigned entries)
+{
+	unsigned i;
+
+	nring_setup(n, entries);
+	for (i = 0; i < 5; i++) {
+		nring_nop(n, 0xd00 + i);
+		if (nring_one(n, 1) != 0xd00 + i)
+			zdtm_die("NOP %u on a NO_SQARRAY ring", i);
+	}
+	nring_nop(n, 0xd1);
+	if (syscall(SYS_io_uring_enter, n->fd, 1, 1, IORING_ENTER_GETEVENTS, NULL, 0) != 1)
+		zdtm_die("the NOP left unreaped");
+	nring_nop(n, 0xd2);
+}
+
+/* After SIGTERM (see the top). */
+static void nring_check(struct nring *n, const char *name)
+{
+	unsigned long long ud;
+	unsigned i;
+
+	ud = nring_one(n, 0);
+	zdtm_check(ud == 0xd1, "noarray", "ring %s: unreaped completion %#llx", name, ud);
+	ud = nring_one(n, 1);
+	zdtm_check(ud == 0xd2, "noarray", "ring %s: the waiting entry gave %#llx", name, ud);
+	for (i = 0; i < 10; i++) {
+		nring_nop(n, 0xe00 + i);
+		ud = nring_one(n, 1);
+		if (!zdtm_check(ud == 0xe00 + i, "noarray", "ring %s: NOP %u gave %#llx", name, i, ud))
+			break;
+	}
+}
+
 /* Makes the ring (8 entries) and maps its rings and SQE array. */
 static void setup_ring(void)
 {
@@ -185,6 +285,7 @@ int main(int argc, char **argv)
 	unsigned sq_head, sq_tail, cq_head, cq_tail, i;
 	unsigned char *file;
 	int fd, out, files[3];
+	static struct nring rb, rc;
 	struct iovec iov[2] = { { fixed, 4096 }, { fixed + 4096, 4096 } };
 	unsigned long long ud;
 	int r;
@@ -227,6 +328,9 @@ int main(int argc, char **argv)
 	if (run(1, 0x300, sizeof(wbuf), "setup"))
 		zdtm_die("the WRITE to io_uring.out");
 
+	nring_prepare(&rb, 8);
+	nring_prepare(&rc, 1024);
+
 	/* Completed, not reaped. */
 	queue(IORING_OP_NOP, 0, -1, 0, 0, 0, 0, 0xa1);
 	queue(IORING_OP_READ, 0, fd, (unsigned long)rbuf, sizeof(rbuf), 4096, 0, 0xa2);
@@ -252,6 +356,7 @@ int main(int argc, char **argv)
 	ZDTM_CORRUPT("sq", {
 		enter(1, 0);
 	});
+	ZDTM_CORRUPT("noarray", nring_one(&rc, 0));
 	ZDTM_CORRUPT("fixed", syscall(SYS_io_uring_register, ring_fd, IORING_UNREGISTER_BUFFERS,
 				      NULL, 0));
 	zdtm_check(*SQ_U32(p.sq_off.head) == sq_head && *SQ_U32(p.sq_off.tail) == sq_tail &&
@@ -303,6 +408,8 @@ int main(int argc, char **argv)
 		if (run(1, 0x700 + i, 0, "nop"))
 			break;
 	}
+	nring_check(&rb, "B");
+	nring_check(&rc, "C");
 	zdtm_finish();
 	return 0;
 }

@@ -245,11 +245,17 @@ pub fn refusal(fd: i32, i: &Info) -> Option<String> {
     ))
 }
 
+/// Where the kernel puts the SQ index array in `struct io_rings` for
+/// `cq_entries` 16-byte CQEs: after them, cache-line aligned.
+pub fn sq_array_offset(cq_entries: u64) -> u64 {
+    (64 + cq_entries * sys::CQE_LEN as u64).div_ceil(64) * 64
+}
+
 /// The bytes of the kernel's `struct io_rings` for these sizes with
-/// 16-byte CQEs, SQ index array included (`rings_size`).
-pub fn rings_len(sq_entries: u64, cq_entries: u64) -> u64 {
-    let cqes_end = 64 + cq_entries * sys::CQE_LEN as u64;
-    cqes_end.div_ceil(64) * 64 + sq_entries * 4
+/// 16-byte CQEs, with the SQ index array or without it
+/// (`IORING_SETUP_NO_SQARRAY`) (`rings_size`).
+pub fn rings_len(sq_entries: u64, cq_entries: u64, array: bool) -> u64 {
+    sq_array_offset(cq_entries) + if array { sq_entries * 4 } else { 0 }
 }
 
 fn page_up(n: u64) -> u64 {
@@ -286,7 +292,9 @@ fn save_ring(fd: &OpenFd<'_>, i: &Info) -> Result<IoUringRing, SaveError> {
     let ino = fd.meta.ino();
     let maps = stasis_kernel::procfs::maps(fd.pid).map_err(stasis_kernel::KernelError::from)?;
     let mem = stasis_kernel::mem::ProcessMemory::open(fd.pid)?;
-    let rings_limit = page_up(rings_len(sq_entries.into(), cq_entries.into()));
+    let with_array = page_up(rings_len(sq_entries.into(), cq_entries.into(), true));
+    let without_array = page_up(rings_len(sq_entries.into(), cq_entries.into(), false));
+    let mut no_sqarray = false;
     let sqes_limit = page_up(u64::from(sq_entries) * sys::SQE_LEN as u64);
     let mut areas: Vec<IoUringArea> = Vec::new();
     for m in &maps {
@@ -301,7 +309,15 @@ fn save_ring(fd: &OpenFd<'_>, i: &Info) -> Result<IoUringRing, SaveError> {
             continue;
         };
         let (kind, want) = match offset {
-            sys::IORING_OFF_SQ_RING | sys::IORING_OFF_CQ_RING => ("rings", rings_limit),
+            sys::IORING_OFF_SQ_RING | sys::IORING_OFF_CQ_RING => {
+                // Only the size without the index array: NO_SQARRAY.
+                if m.end - m.start == without_array && without_array != with_array {
+                    no_sqarray = true;
+                    ("rings", without_array)
+                } else {
+                    ("rings", with_array)
+                }
+            }
             sys::IORING_OFF_SQES => ("SQE array", sqes_limit),
             o => {
                 return Err(refuse(format!(
@@ -337,6 +353,13 @@ fn save_ring(fd: &OpenFd<'_>, i: &Info) -> Result<IoUringRing, SaveError> {
                 m.start
             )));
         }
+        if is_rings && !no_sqarray {
+            // An index array never written: a ring without one (the
+            // kernel does not fill it; a program using it writes it).
+            let at = usize::try_from(sq_array_offset(cq_entries.into())).unwrap_or(usize::MAX);
+            let end = at.saturating_add(sq_entries as usize * 4);
+            no_sqarray = data.get(at..end).is_some_and(|a| a.iter().all(|&b| b == 0));
+        }
         areas.push(IoUringArea {
             start: m.start,
             end: m.end,
@@ -370,6 +393,10 @@ fn save_ring(fd: &OpenFd<'_>, i: &Info) -> Result<IoUringRing, SaveError> {
             0
         } else {
             sys::IORING_SETUP_CQSIZE
+        } | if no_sqarray {
+            sys::IORING_SETUP_NO_SQARRAY
+        } else {
+            0
         },
         sq_head: i.sq_head,
         cq_tail: i.cq_tail,
@@ -691,9 +718,11 @@ fn drive<R: Remote>(
         return Ok(());
     }
     let n = u64::from(u.sq_entries);
-    let index: Vec<u8> = (0..u.sq_entries).flat_map(u32::to_ne_bytes).collect();
-    r.write(sq + u64::from(p.sq_off.array), &index)
-        .map_err(step("writing the SQ index array"))?;
+    if u.setup_flags & sys::IORING_SETUP_NO_SQARRAY == 0 {
+        let index: Vec<u8> = (0..u.sq_entries).flat_map(u32::to_ne_bytes).collect();
+        r.write(sq + u64::from(p.sq_off.array), &index)
+            .map_err(step("writing the SQ index array"))?;
+    }
     let zeros = vec![0u8; usize::try_from(n).unwrap_or(0) * sys::SQE_LEN];
     r.write(sqes, &zeros).map_err(step("writing NOP entries"))?;
     let mut cur = 0u32;
@@ -891,8 +920,9 @@ mod tests {
     #[test]
     fn rings_len_is_the_kernels() {
         // 8 SQ / 16 CQ entries: CQEs at 64, the index array at 320.
-        assert_eq!(rings_len(8, 16), 320 + 32);
-        assert_eq!(rings_len(4096, 8192), 64 + 8192 * 16 + 4096 * 4);
+        assert_eq!(rings_len(8, 16, true), 320 + 32);
+        assert_eq!(rings_len(8, 16, false), 320);
+        assert_eq!(rings_len(4096, 8192, true), 64 + 8192 * 16 + 4096 * 4);
     }
 
     fn ring(sq_head: u32, files: Vec<Option<i32>>) -> FdImage {

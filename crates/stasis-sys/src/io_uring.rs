@@ -151,6 +151,10 @@ pub const IORING_SETUP_SINGLE_ISSUER: u32 = 1 << 12;
 /// the SQE array, `cq_off.user_addr`: the rings).
 pub const IORING_SETUP_NO_MMAP: u32 = 1 << 14;
 
+/// No SQ index array: entry `i` of the SQ ring is SQE `i & mask`
+/// (liburing's default when the kernel has it).
+pub const IORING_SETUP_NO_SQARRAY: u32 = 1 << 16;
+
 /// `IORING_FEAT_SINGLE_MMAP`: the SQ and CQ rings are one area.
 pub const IORING_FEAT_SINGLE_MMAP: u32 = 1 << 0;
 
