@@ -46,11 +46,18 @@
  * After SIGTERM: [inflight] it has not completed; once 16 bytes are
  * written to the pipe it completes with them (the refused dump left the
  * ring untouched).
+ *
+ *   io_uring PIDFILE single_issuer | shared
+ *
+ * Rings a dump must refuse too: one made with IORING_SETUP_SINGLE_ISSUER;
+ * one a child inherited (it holds it until its parent ends). After
+ * SIGTERM: [ring] a NOP on it completes.
  */
 #include "zdtm.h"
 
 #include <linux/io_uring.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 
@@ -280,6 +287,40 @@ static int in_flight(void)
 	return 0;
 }
 
+/* The "single_issuer" and "shared" modes (see the top). */
+static int refused_ring(const char *mode)
+{
+	unsigned long long ud = 0;
+	int r;
+
+	if (!strcmp(mode, "single_issuer"))
+		p.flags = 1U << 12;
+	setup_ring();
+	if (!strcmp(mode, "shared")) {
+		pid_t c = fork();
+
+		if (c < 0)
+			zdtm_die("fork");
+		if (c == 0) {
+			prctl(PR_SET_PDEATHSIG, SIGKILL);
+			if (getppid() == 1)
+				_exit(0);
+			for (;;)
+				pause();
+		}
+	}
+	zdtm_ready();
+	while (!zdtm_stop)
+		zdtm_msleep(50);
+	queue(IORING_OP_NOP, 0, -1, 0, 0, 0, 0, 0xf1);
+	r = (int)enter(1, 1);
+	zdtm_check(r == 1, "ring", "submitting a NOP: %d (%s)", r, r < 0 ? strerror(errno) : "");
+	r = reap(&ud);
+	zdtm_check(r == 0 && ud == 0xf1, "ring", "the NOP: user_data %#llx res %d", ud, r);
+	zdtm_finish();
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	unsigned sq_head, sq_tail, cq_head, cq_tail, i;
@@ -290,11 +331,13 @@ int main(int argc, char **argv)
 	unsigned long long ud;
 	int r;
 
-	zdtm_init(argc, argv, 1, "[inflight]");
+	zdtm_init(argc, argv, 1, "[inflight|single_issuer|shared]");
 	if (argc > 2) {
-		if (strcmp(argv[2], "inflight"))
-			zdtm_die("unknown mode %s", argv[2]);
-		return in_flight();
+		if (!strcmp(argv[2], "inflight"))
+			return in_flight();
+		if (!strcmp(argv[2], "single_issuer") || !strcmp(argv[2], "shared"))
+			return refused_ring(argv[2]);
+		zdtm_die("unknown mode %s", argv[2]);
 	}
 	file = malloc(FLEN);
 	if (!file)

@@ -10,9 +10,11 @@
 //! The areas mapping the rings are `anon_inode:[io_uring]` in maps, with
 //! the instance's inode and the mmap offset of what they map. The setup
 //! flags are not shown: those that change what the caller may do are
-//! found by asking the kernel (`io_uring_enter` of nothing, on a copy of
-//! the fd: `EBADFD` for a ring still disabled, `EEXIST` for a single
-//! issuer), the others are not seen (see the README).
+//! found by asking the kernel, on a copy of the fd (`io_uring_enter` of
+//! nothing: `EBADFD` for a ring still disabled; a register request
+//! turned down: `EEXIST` for a single issuer); `IORING_SETUP_NO_SQARRAY`
+//! by the rings' size or their never-written index array; the others
+//! are not seen (see the README).
 //!
 //! **What is refused**, with the fd number: an SQ poll thread, a disabled
 //! ring, a single-issuer ring, personalities, NAPI, requests in flight
@@ -20,7 +22,8 @@
 //! than completions posted), overflowed completions, rings not mapped
 //! (`IORING_SETUP_NO_MMAP`) or mapped at another offset (a provided-buffer
 //! ring), 128-byte SQEs or 32-byte CQEs (seen by the areas' sizes), a
-//! registered file that no fd of the process is.
+//! registered file that no fd of the process is, an instance several
+//! processes hold.
 //!
 //! **Restore**, by the process itself ([`restore_in`], after all its fds
 //! exist): `io_uring_setup` with the same sizes; its areas mapped at
@@ -55,9 +58,22 @@ impl Object for IoUring {
     const NAME: &'static str = "io_uring";
     const ANON_INODE: Option<&'static str> = Some(LINK);
 
-    fn save(_cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
+    fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
         if fd.link != LINK {
             return Ok(None);
+        }
+        // Made by one process at restore, inside it: an instance an
+        // earlier process of the tree holds too (inherited) cannot be.
+        let ino = fd.meta.ino();
+        if let Some(&(p, f, ..)) = cx
+            .seen
+            .iter()
+            .find(|s| s.0 != fd.pid && s.3 == ino && fdops_same(s.0, s.1, fd))
+        {
+            return Err(fd.unsupported(format!(
+                "io_uring fd {} is the instance of fd {f} of process {p} (inherited): an io_uring instance shared by several processes cannot be checkpointed yet",
+                fd.fd
+            )));
         }
         let info = parse(fd.info).map_err(|e| fd.bad_info(crate::save::BadFormat(e)))?;
         let ring = save_ring(fd, &info)?;
@@ -74,6 +90,11 @@ impl Object for IoUring {
             img.fd
         )))
     }
+}
+
+/// Whether fd `f` of `pid` is the open file of `fd` (`kcmp`).
+fn fdops_same(pid: i32, f: i32, fd: &OpenFd<'_>) -> bool {
+    stasis_kernel::fdops::kcmp_same_file(pid, f, fd.pid, fd.fd)
 }
 
 /// Whether `img` is made by its process with [`restore_in`] rather than
@@ -277,15 +298,19 @@ fn save_ring(fd: &OpenFd<'_>, i: &Info) -> Result<IoUringRing, SaveError> {
     match stasis_kernel::fdops::io_uring_enter_nothing(copy.as_fd()) {
         Ok(()) => {}
         Err(e) if e.raw_os_error() == Some(libc::EBADFD) => {
-            return Err(refuse("is disabled (IORING_SETUP_R_DISABLED, not enabled yet)".into()))
-        }
-        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
             return Err(refuse(
-                "has a single issuer (IORING_SETUP_SINGLE_ISSUER, DEFER_TASKRUN), a thread stasis cannot tell"
-                    .into(),
+                "is disabled (IORING_SETUP_R_DISABLED, not enabled yet)".into(),
             ))
         }
         Err(e) => return Err(refuse(format!("could not be examined ({e})"))),
+    }
+    if stasis_kernel::fdops::io_uring_register_nothing(copy.as_fd()).raw_os_error()
+        == Some(libc::EEXIST)
+    {
+        return Err(refuse(
+            "has a single issuer (IORING_SETUP_SINGLE_ISSUER, DEFER_TASKRUN), a thread stasis cannot tell"
+                .into(),
+        ));
     }
     drop(copy);
     let (sq_entries, cq_entries) = (i.sq_mask + 1, i.cq_mask + 1);

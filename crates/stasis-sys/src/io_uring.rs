@@ -174,6 +174,7 @@ pub const CQE_LEN: usize = 16;
 pub const IORING_ENTER_GETEVENTS: u32 = 1 << 0;
 
 /// `io_uring_register` operations.
+pub const IORING_REGISTER_PROBE: u32 = 8;
 pub const IORING_REGISTER_FILES2: u32 = 13;
 pub const IORING_REGISTER_FILES_UPDATE2: u32 = 14;
 pub const IORING_REGISTER_BUFFERS2: u32 = 15;

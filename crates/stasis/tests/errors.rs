@@ -168,6 +168,26 @@ fn io_uring_with_a_request_in_flight_is_refused_and_left_untouched() {
     w.finish_pass();
 }
 
+/// Rings stasis cannot make again as they were are refused by name, and
+/// left working: one bound to its single issuer (a thread the kernel
+/// does not show), one a child inherited (an instance is made inside one
+/// process).
+#[test]
+fn io_uring_single_issuer_or_shared_is_refused_and_left_untouched() {
+    for (mode, needle) in [
+        (
+            "single_issuer",
+            "has a single issuer (IORING_SETUP_SINGLE_ISSUER",
+        ),
+        ("shared", "shared by several processes"),
+    ] {
+        let mut w = Workload::start("io_uring", &[mode]);
+        let tree = descendants(w.pid);
+        dump_refused(w.pid, &w.images(), needle, &tree);
+        w.finish_pass();
+    }
+}
+
 /// A process sharing the fd table of its sibling, not of its parent
 /// (`clone(CLONE_FILES | CLONE_PARENT)`): no fork from parent to child
 /// rebuilds that, so the dump is refused and the tree left running.
