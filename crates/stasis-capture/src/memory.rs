@@ -450,4 +450,33 @@ mod kind_tests {
         let e = vma_kind(&m[0]).unwrap_err().0;
         assert!(e.contains("socket's ring mapped in memory"), "{e}");
     }
+
+    // An io_uring instance's rings, mapped from its fd or (restored) in a
+    // memfd stasis named, are saved with the fd: not as memory.
+    #[test]
+    fn io_uring_rings_are_the_instances() {
+        let m = stasis_kernel::procfs::parse_maps(
+            "7f0000000000-7f0000001000 rw-s 10000000 00:10 8801481                    anon_inode:[io_uring]
+             7f0000001000-7f0000002000 rw-s 00000000 00:01 21609                      /memfd:stasis-io_uring:fd7:rings (deleted)
+             7f0000002000-7f0000003000 rw-s 00000000 00:01 21610                      /memfd:other (deleted)
+",
+        )
+        .unwrap();
+        let kinds: Vec<_> = m.iter().map(|e| vma_kind(e).unwrap().unwrap()).collect();
+        assert_eq!(
+            kinds[0],
+            VmaKind::IoUring {
+                ino: 8_801_481,
+                offset: 0x1000_0000
+            }
+        );
+        assert_eq!(
+            kinds[1],
+            VmaKind::IoUring {
+                ino: 21609,
+                offset: 0
+            }
+        );
+        assert!(matches!(kinds[2], VmaKind::Ghost { .. }));
+    }
 }
