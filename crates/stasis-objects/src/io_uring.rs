@@ -68,7 +68,7 @@ impl Object for IoUring {
         if let Some(&(p, f, ..)) = cx
             .seen
             .iter()
-            .find(|s| s.0 != fd.pid && s.3 == ino && fdops_same(s.0, s.1, fd))
+            .find(|s| s.0 != fd.pid && s.3 == ino && same_open_file(s.0, s.1, fd))
         {
             return Err(fd.unsupported(format!(
                 "io_uring fd {} is the instance of fd {f} of process {p} (inherited): an io_uring instance shared by several processes cannot be checkpointed yet",
@@ -93,7 +93,7 @@ impl Object for IoUring {
 }
 
 /// Whether fd `f` of `pid` is the open file of `fd` (`kcmp`).
-fn fdops_same(pid: i32, f: i32, fd: &OpenFd<'_>) -> bool {
+fn same_open_file(pid: i32, f: i32, fd: &OpenFd<'_>) -> bool {
     stasis_kernel::fdops::kcmp_same_file(pid, f, fd.pid, fd.fd)
 }
 
