@@ -441,7 +441,8 @@ pub fn io_uring_enter_nothing(fd: BorrowedFd<'_>) -> io::Result<()> {
 /// `io_uring_register(fd, IORING_REGISTER_PROBE, NULL, 1)`: a request the
 /// kernel turns down (no buffer) after checking who may register: it
 /// fails with `EEXIST` when the ring's single issuer
-/// (`IORING_SETUP_SINGLE_ISSUER`) is another task, with another error
+/// (`IORING_SETUP_SINGLE_ISSUER`) is another task, `EACCES` when the
+/// ring's restrictions do not allow probes, with another error
 /// otherwise; it changes nothing in the ring.
 pub fn io_uring_register_nothing(fd: BorrowedFd<'_>) -> io::Error {
     let null: *const libc::c_void = std::ptr::null();

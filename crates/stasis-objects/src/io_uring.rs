@@ -12,7 +12,8 @@
 //! flags are not shown: those that change what the caller may do are
 //! found by asking the kernel, on a copy of the fd (`io_uring_enter` of
 //! nothing: `EBADFD` for a ring still disabled; a register request
-//! turned down: `EEXIST` for a single issuer); `IORING_SETUP_NO_SQARRAY`
+//! turned down: `EEXIST` for a single issuer, `EACCES` for restrictions
+//! that do not allow it); `IORING_SETUP_NO_SQARRAY`
 //! by the rings' size or their never-written index array; the others
 //! are not seen (see the README).
 //!
@@ -304,13 +305,20 @@ fn save_ring(fd: &OpenFd<'_>, i: &Info) -> Result<IoUringRing, SaveError> {
         }
         Err(e) => return Err(refuse(format!("could not be examined ({e})"))),
     }
-    if stasis_kernel::fdops::io_uring_register_nothing(copy.as_fd()).raw_os_error()
-        == Some(libc::EEXIST)
-    {
-        return Err(refuse(
-            "has a single issuer (IORING_SETUP_SINGLE_ISSUER, DEFER_TASKRUN), a thread stasis cannot tell"
-                .into(),
-        ));
+    match stasis_kernel::fdops::io_uring_register_nothing(copy.as_fd()).raw_os_error() {
+        Some(libc::EEXIST) => {
+            return Err(refuse(
+                "has a single issuer (IORING_SETUP_SINGLE_ISSUER, DEFER_TASKRUN), a thread stasis cannot tell"
+                    .into(),
+            ))
+        }
+        // Register operations it does not allow, probes included.
+        Some(libc::EACCES) => {
+            return Err(refuse(
+                "has restrictions (IORING_REGISTER_RESTRICTIONS) the kernel does not show".into(),
+            ))
+        }
+        _ => {}
     }
     drop(copy);
     let (sq_entries, cq_entries) = (i.sq_mask + 1, i.cq_mask + 1);
