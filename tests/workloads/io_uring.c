@@ -31,9 +31,9 @@
  *            through file 2 lands in out after the 100 bytes written
  *            before; slot 1 is still empty (-EBADF);
  *   [nop]    20 more NOPs complete with their user_data.
- * Rings B (8 entries) and C (1024: its rings take fewer pages than with
- * an index array) are made with IORING_SETUP_NO_SQARRAY (liburing's
- * default): on each, 5 NOPs reaped, a NOP (0xd1) completed and left
+ * Rings B (8 entries) and C (1024, and 4096 CQEs: IORING_SETUP_CQSIZE;
+ * its rings take fewer pages than with an index array) are made with
+ * IORING_SETUP_NO_SQARRAY (liburing's default): on each, 5 NOPs reaped, a NOP (0xd1) completed and left
  * unreaped, a NOP (0xd2) written at SQE 6 and not submitted.
  *   [noarray] after SIGTERM, on B and C: the unreaped completion is
  *            there, the waiting entry submits and completes, and 10 more
@@ -158,14 +158,18 @@ struct nring {
 
 #define NR_U32(n, off) ((volatile unsigned *)((n)->ring + (off)))
 
-static void nring_setup(struct nring *n, unsigned entries)
+static void nring_setup(struct nring *n, unsigned entries, unsigned cq_entries)
 {
 	size_t len;
 
 	memset(&n->p, 0, sizeof(n->p));
 	n->p.flags = SETUP_NO_SQARRAY;
+	if (cq_entries) {
+		n->p.flags |= IORING_SETUP_CQSIZE;
+		n->p.cq_entries = cq_entries;
+	}
 	n->fd = syscall(SYS_io_uring_setup, entries, &n->p);
-	if (n->fd < 0)
+	if (n->fd < 0 || (cq_entries && n->p.cq_entries != cq_entries))
 		zdtm_die("io_uring_setup(NO_SQARRAY)");
 	len = n->p.cq_off.cqes + n->p.cq_entries * sizeof(struct io_uring_cqe);
 	n->ring = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, n->fd,
@@ -205,11 +209,11 @@ static unsigned long long nring_one(struct nring *n, unsigned submit)
 }
 
 /* Before "ready" (see the top). */
-static void nring_prepare(struct nring *n, unsigned entries)
+static void nring_prepare(struct nring *n, unsigned entries, unsigned cq_entries)
 {
 	unsigned i;
 
-	nring_setup(n, entries);
+	nring_setup(n, entries, cq_entries);
 	for (i = 0; i < 5; i++) {
 		nring_nop(n, 0xd00 + i);
 		if (nring_one(n, 1) != 0xd00 + i)
@@ -371,8 +375,8 @@ int main(int argc, char **argv)
 	if (run(1, 0x300, sizeof(wbuf), "setup"))
 		zdtm_die("the WRITE to io_uring.out");
 
-	nring_prepare(&rb, 8);
-	nring_prepare(&rc, 1024);
+	nring_prepare(&rb, 8, 0);
+	nring_prepare(&rc, 1024, 4096);
 
 	/* Completed, not reaped. */
 	queue(IORING_OP_NOP, 0, -1, 0, 0, 0, 0, 0xa1);
