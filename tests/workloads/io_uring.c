@@ -7,7 +7,9 @@
  *   io_uring PIDFILE
  *
  * Set up before "ready" (raw syscalls, no liburing):
- *   a ring of 8 entries (16 CQEs), its SQ/CQ ring and SQE array mapped;
+ *   a ring of 8 entries (16 CQEs), its rings mapped twice (at the SQ
+ *   ring's offset, used for the SQ, and at the CQ ring's, used for the
+ *   CQ: the same pages) and its SQE array mapped;
  *   io_uring.data (a pattern file in the cwd) and io_uring.out (empty);
  *   registered files [data, (empty), out]; registered buffers
  *   [fixed, fixed+4096]; 19 NOPs submitted and reaped (the positions wrap
@@ -31,6 +33,8 @@
  *            through file 2 lands in out after the 100 bytes written
  *            before; slot 1 is still empty (-EBADF);
  *   [nop]    20 more NOPs complete with their user_data.
+ *   [alias]  after all that, the two mappings of the rings still show
+ *            the same CQ tail (one memory).
  * Rings B (8 entries) and C (1024, and 4096 CQEs: IORING_SETUP_CQSIZE;
  * its rings take fewer pages than with an index array) are made with
  * IORING_SETUP_NO_SQARRAY (liburing's default): on each, 5 NOPs reaped, a NOP (0xd1) completed and left
@@ -260,9 +264,12 @@ static void setup_ring(void)
 		       IORING_OFF_SQ_RING);
 	sqes = mmap(NULL, ENTRIES * sizeof(*sqes), PROT_READ | PROT_WRITE,
 		    MAP_SHARED | MAP_POPULATE, ring_fd, IORING_OFF_SQES);
-	if (sq_ring == MAP_FAILED || sqes == MAP_FAILED)
+	/* The CQ ring mapped apart too, as programs written for kernels
+	 * without IORING_FEAT_SINGLE_MMAP do: the same pages (aliases). */
+	cq_ring = mmap(NULL, p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe),
+		       PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, ring_fd, IORING_OFF_CQ_RING);
+	if (sq_ring == MAP_FAILED || sqes == MAP_FAILED || cq_ring == MAP_FAILED)
 		zdtm_die("mapping the rings");
-	cq_ring = sq_ring;
 }
 
 /* The "inflight" mode (see the top). */
@@ -455,6 +462,10 @@ int main(int argc, char **argv)
 		if (run(1, 0x700 + i, 0, "nop"))
 			break;
 	}
+	zdtm_check(*(volatile unsigned *)(sq_ring + p.cq_off.tail) == *CQ_U32(p.cq_off.tail) &&
+			   (void *)cq_ring != (void *)sq_ring,
+		   "alias", "the CQ tail reads %u through the SQ ring's mapping, %u through the CQ's",
+		   *(volatile unsigned *)(sq_ring + p.cq_off.tail), *CQ_U32(p.cq_off.tail));
 	nring_check(&rb, "B");
 	nring_check(&rc, "C");
 	zdtm_finish();

@@ -20,16 +20,22 @@
 //! **What is refused**, with the fd number: an SQ poll thread, a disabled
 //! ring, a single-issuer ring, personalities, NAPI, requests in flight
 //! (the kernel cannot give them back: a poll list, or more entries taken
-//! than completions posted), overflowed completions, rings not mapped
-//! (`IORING_SETUP_NO_MMAP`) or mapped at another offset (a provided-buffer
-//! ring), 128-byte SQEs or 32-byte CQEs (seen by the areas' sizes), a
+//! than completions posted), overflowed completions, rings or SQEs not
+//! mapped whole (`IORING_SETUP_NO_MMAP`), an area at another offset (a
+//! provided-buffer ring), 128-byte SQEs or 32-byte CQEs (seen by the areas' sizes), a
 //! registered file that no fd of the process is, an instance several
 //! processes hold.
 //!
 //! **Restore**, by the process itself ([`restore_in`], after all its fds
-//! exist): `io_uring_setup` with the same sizes; its areas mapped at
-//! their addresses over the placeholders the memory restore left there
-//! (`stasis_restore::build`); the kernel-owned positions (SQ head, CQ
+//! exist). The kernel maps a ring's own memory only where it chooses
+//! (its `get_unmapped_area` refuses any address, `MAP_FIXED` and
+//! `mremap` included), so the ring is made with `IORING_SETUP_NO_MMAP`
+//! in memory of the process at the saved addresses: a memfd for the
+//! rings and one for the SQEs ([`memfd_name`], which a later dump
+//! recognises), each mapped shared at every area that mapped them
+//! (aliases stay aliases), over the placeholders the memory restore left
+//! there (`stasis_restore::build`); `io_uring_setup` with the same sizes
+//! and flags; the kernel-owned positions (SQ head, CQ
 //! tail) brought to the saved ones by submitting and reaping NOPs, as
 //! `stasis_restore::build::aio_refill` does for AIO; then the saved
 //! bytes written over the areas: unsubmitted entries and unreaped
@@ -327,8 +333,7 @@ fn save_ring(fd: &OpenFd<'_>, i: &Info) -> Result<IoUringRing, SaveError> {
     let mem = stasis_kernel::mem::ProcessMemory::open(fd.pid)?;
     let with_array = page_up(rings_len(sq_entries.into(), cq_entries.into(), true));
     let without_array = page_up(rings_len(sq_entries.into(), cq_entries.into(), false));
-    let mut no_sqarray = false;
-    let sqes_limit = page_up(u64::from(sq_entries) * sys::SQE_LEN as u64);
+    let sqes_len = page_up(u64::from(sq_entries) * sys::SQE_LEN as u64);
     let mut areas: Vec<IoUringArea> = Vec::new();
     for m in &maps {
         let (offset, restored) = if m.name == LINK && m.ino == ino {
@@ -341,17 +346,13 @@ fn save_ring(fd: &OpenFd<'_>, i: &Info) -> Result<IoUringRing, SaveError> {
         } else {
             continue;
         };
-        let (kind, want) = match offset {
+        let (kind, most, offset) = match offset {
+            // The SQ and CQ rings are one area (IORING_FEAT_SINGLE_MMAP):
+            // mapped at either offset, or at both (aliases).
             sys::IORING_OFF_SQ_RING | sys::IORING_OFF_CQ_RING => {
-                // Only the size without the index array: NO_SQARRAY.
-                if m.end - m.start == without_array && without_array != with_array {
-                    no_sqarray = true;
-                    ("rings", without_array)
-                } else {
-                    ("rings", with_array)
-                }
+                ("rings", with_array, sys::IORING_OFF_SQ_RING)
             }
-            sys::IORING_OFF_SQES => ("SQE array", sqes_limit),
+            sys::IORING_OFF_SQES => ("SQE array", sqes_len, sys::IORING_OFF_SQES),
             o => {
                 return Err(refuse(format!(
                     "is mapped at {:#x}-{:#x} at offset {o:#x} (a provided-buffer ring, say)",
@@ -359,58 +360,63 @@ fn save_ring(fd: &OpenFd<'_>, i: &Info) -> Result<IoUringRing, SaveError> {
                 )))
             }
         };
-        // Another size than the kernel's for these entries: 128-byte SQEs
-        // or 32-byte CQEs (IORING_SETUP_SQE128 / CQE32, not shown in
-        // fdinfo), or a part of the area.
-        if m.end - m.start != want {
+        // Larger than the kernel's area for these entries: 128-byte SQEs
+        // or 32-byte CQEs (IORING_SETUP_SQE128 / CQE32, not in fdinfo).
+        if m.end - m.start > most {
             return Err(refuse(format!(
-                "maps {:#x}-{:#x} as its {kind}, {} bytes where its {sq_entries}/{cq_entries} entries take {want} (IORING_SETUP_SQE128 or CQE32, or a partial mapping)",
+                "maps {:#x}-{:#x} as its {kind}, {} bytes where its {sq_entries}/{cq_entries} entries take {most} (IORING_SETUP_SQE128 or CQE32)",
                 m.start,
                 m.end,
                 m.end - m.start
             )));
         }
-        let is_rings = offset != sys::IORING_OFF_SQES;
-        if areas
-            .iter()
-            .any(|a| (a.offset != sys::IORING_OFF_SQES) == is_rings)
-        {
-            return Err(refuse(format!("maps its {kind} more than once")));
-        }
         let len = usize::try_from(m.end - m.start).unwrap_or(0);
         let mut data = vec![0u8; len];
         mem.read(m.start, &mut data)?;
-        if restored && is_rings && !header_matches(&data, i) {
+        if restored && offset == sys::IORING_OFF_SQ_RING && !header_matches(&data, i) {
             return Err(refuse(format!(
                 "has rings at {:#x} (restored by stasis) whose positions are not the kernel's",
                 m.start
             )));
         }
-        if is_rings && !no_sqarray {
-            // An index array never written: a ring without one (the
-            // kernel does not fill it; a program using it writes it).
-            let at = usize::try_from(sq_array_offset(cq_entries.into())).unwrap_or(usize::MAX);
-            let end = at.saturating_add(sq_entries as usize * 4);
-            no_sqarray = data.get(at..end).is_some_and(|a| a.iter().all(|&b| b == 0));
-        }
         areas.push(IoUringArea {
             start: m.start,
             end: m.end,
-            offset: if is_rings {
-                sys::IORING_OFF_SQ_RING
-            } else {
-                sys::IORING_OFF_SQES
-            },
+            offset,
             prot: m.prot(),
             data,
         });
     }
-    if areas.len() != 2 {
+    // The whole of each area mapped somewhere (the restore gives the
+    // kernel that place as the ring's memory).
+    let (Some(rings), Some(_)) = (
+        largest(&areas, sys::IORING_OFF_SQ_RING),
+        largest(&areas, sys::IORING_OFF_SQES).filter(|a| a.end - a.start == sqes_len),
+    ) else {
         return Err(refuse(
-            "does not have its rings and SQE array mapped (IORING_SETUP_NO_MMAP, or unmapped)"
+            "does not have its rings and SQE array mapped whole (IORING_SETUP_NO_MMAP, or unmapped)"
                 .into(),
         ));
-    }
+    };
+    let rings_len = rings.end - rings.start;
+    // Only the size without the index array: IORING_SETUP_NO_SQARRAY;
+    // with its size, an index array never written: the same (the
+    // kernel does not fill it; a program using it writes it).
+    let no_sqarray = if rings_len == with_array {
+        let at = usize::try_from(sq_array_offset(cq_entries.into())).unwrap_or(usize::MAX);
+        let end = at.saturating_add(sq_entries as usize * 4);
+        rings
+            .data
+            .get(at..end)
+            .is_some_and(|a| a.iter().all(|&b| b == 0))
+    } else if rings_len == without_array {
+        true
+    } else {
+        return Err(refuse(format!(
+            "maps its rings at {:#x} with {rings_len} bytes, a part of them",
+            rings.start
+        )));
+    };
     let files = registered_files(fd, i)?;
     let mut buffers = vec![None; usize::try_from(i.nr_buffers).unwrap_or(0)];
     for &(slot, addr, len) in &i.buffers {
@@ -509,6 +515,18 @@ pub fn restored_area(maps_name: &str) -> Option<(i32, u64)> {
     Some((fd.parse().ok()?, off))
 }
 
+/// The largest of the areas mapping `offset` (the rings, or the SQEs):
+/// the first of them if several are that large.
+fn largest(areas: &[IoUringArea], offset: u64) -> Option<&IoUringArea> {
+    areas
+        .iter()
+        .filter(|a| a.offset == offset)
+        .fold(None, |best: Option<&IoUringArea>, a| match best {
+            Some(b) if b.end - b.start >= a.end - a.start => Some(b),
+            _ => Some(a),
+        })
+}
+
 /// Whether the `struct io_rings` header in `rings` has the positions and
 /// masks fdinfo shows (sq head/tail, cq head/tail, sq/cq ring masks).
 fn header_matches(rings: &[u8], i: &Info) -> bool {
@@ -588,15 +606,17 @@ pub fn restore_in<R: Remote>(r: &mut R, at: Scratch, img: &FdImage) -> Result<()
         return Err(crate::restore::not_mine(IoUring::NAME, img));
     };
     let what = |w: &str| format!("{w} io_uring fd {}", img.fd);
-    let area = |off: u64| u.areas.iter().find(|a| a.offset == off);
-    let (Some(sq), Some(sqes)) = (area(sys::IORING_OFF_SQ_RING), area(sys::IORING_OFF_SQES)) else {
+    let (Some(sq), Some(sqes)) = (
+        largest(&u.areas, sys::IORING_OFF_SQ_RING),
+        largest(&u.areas, sys::IORING_OFF_SQES),
+    ) else {
         return Err(RestoreError::Inconsistent(what(
             "no rings or SQE array for",
         )));
     };
     let rw = u64::from((libc::PROT_READ | libc::PROT_WRITE).unsigned_abs());
-    for a in &u.areas {
-        memory_at(r, at, img.fd, a)?;
+    for whole in [sq, sqes] {
+        memory_at(r, at, img.fd, whole, &u.areas)?;
     }
     let mut req = sys::IoUringParams {
         sq_entries: u.sq_entries,
@@ -692,47 +712,60 @@ pub fn restore_in<R: Remote>(r: &mut R, at: Scratch, img: &FdImage) -> Result<()
     Ok(())
 }
 
-/// Shared memory for area `a` of io_uring fd `fd`, at its place (over
-/// the placeholder the memory restore left): a memfd named
-/// [`memfd_name`], mapped and closed.
+/// Shared memory for the rings or the SQEs of io_uring fd `fd` (`whole`,
+/// the largest of `areas` mapping them), at each of their places (over
+/// the placeholders the memory restore left): one memfd named
+/// [`memfd_name`], mapped at every such area (aliases, as the kernel's
+/// own memory was), and closed.
 fn memory_at<R: Remote>(
     r: &mut R,
     at: Scratch,
     fd: i32,
-    a: &IoUringArea,
+    whole: &IoUringArea,
+    areas: &[IoUringArea],
 ) -> Result<(), RestoreError> {
-    let what = || {
+    let what = |a: &IoUringArea| {
         format!(
             "making memory for the rings of io_uring fd {fd} at {:#x}-{:#x}",
             a.start, a.end
         )
     };
-    let len = a.end - a.start;
     let name = r
-        .put_cstr(at.structs, &memfd_name(fd, a.offset))
-        .map_err(step(what()))?;
+        .put_cstr(at.structs, &memfd_name(fd, whole.offset))
+        .map_err(step(what(whole)))?;
     let m = r
         .sys(
             "memfd_create",
             libc::SYS_memfd_create,
             &[name, libc::MFD_CLOEXEC.into()],
         )
-        .map_err(step(what()))?;
+        .map_err(step(what(whole)))?;
     let rw = u64::from((libc::PROT_READ | libc::PROT_WRITE).unsigned_abs());
     let flags = u64::from((libc::MAP_SHARED | libc::MAP_FIXED).unsigned_abs());
-    let res = r
-        .sys("ftruncate", libc::SYS_ftruncate, &[m, len])
-        .and_then(|_| r.sys("mmap", libc::SYS_mmap, &[a.start, len, rw, flags, m, 0]));
-    r.sys("close", libc::SYS_close, &[m])
-        .map_err(step(what()))?;
-    let got = res.map_err(step(what()))?;
-    if got != a.start {
-        return Err(RestoreError::Layout(format!(
-            "the rings of io_uring fd {fd} landed at {got:#x}, not {:#x}",
-            a.start
-        )));
+    let mut res = r
+        .sys(
+            "ftruncate",
+            libc::SYS_ftruncate,
+            &[m, whole.end - whole.start],
+        )
+        .map_err(step(what(whole)));
+    for a in areas.iter().filter(|a| a.offset == whole.offset) {
+        if res.is_err() {
+            break;
+        }
+        let len = a.end - a.start;
+        res = match r.sys("mmap", libc::SYS_mmap, &[a.start, len, rw, flags, m, 0]) {
+            Ok(got) if got == a.start => Ok(got),
+            Ok(got) => Err(RestoreError::Layout(format!(
+                "the rings of io_uring fd {fd} landed at {got:#x}, not {:#x}",
+                a.start
+            ))),
+            Err(e) => Err(step(what(a))(e)),
+        };
     }
-    Ok(())
+    r.sys("close", libc::SYS_close, &[m])
+        .map_err(step(what(whole)))?;
+    res.map(drop)
 }
 
 /// Brings a new ring's SQ head and CQ tail (which only the kernel moves)
@@ -990,6 +1023,14 @@ mod tests {
                         prot: (libc::PROT_READ | libc::PROT_WRITE).unsigned_abs(),
                         data: vec![2; 4096],
                     },
+                    // The CQ ring mapped apart: an alias of the rings.
+                    IoUringArea {
+                        start: 0x7000_4000,
+                        end: 0x7000_5000,
+                        offset: sys::IORING_OFF_SQ_RING,
+                        prot: (libc::PROT_READ | libc::PROT_WRITE).unsigned_abs(),
+                        data: vec![1; 4096],
+                    },
                 ],
                 files,
                 buffers: vec![None, Some((0x5000, 4096))],
@@ -1004,14 +1045,16 @@ mod tests {
         // The recorder answers 0 to io_uring_setup and echoes the
         // parameters written: the sizes asked for.
         restore_in(&mut r, Scratch { structs: 4096 }, &img).unwrap();
-        let memory = ["memfd_create", "ftruncate", "mmap", "close"];
-        let mut want: Vec<&str> = [memory, memory].concat();
+        let mut want = vec!["memfd_create", "ftruncate", "mmap", "mmap", "close"];
+        want.extend(["memfd_create", "ftruncate", "mmap", "close"]);
         want.extend(["io_uring_setup"]);
         want.extend(["io_uring_register"; 4]);
         want.extend(["dup3", "close"]);
         assert_eq!(r.names(), want);
+        // One memfd for the rings, mapped at both their places; one for
+        // the SQEs.
         let mm: Vec<u64> = r.args_of("mmap").iter().map(|a| a[0]).collect();
-        assert_eq!(mm, [0x7000_0000, 0x7000_2000]);
+        assert_eq!(mm, [0x7000_0000, 0x7000_4000, 0x7000_2000]);
         let w = r.writes();
         let params = w
             .iter()
