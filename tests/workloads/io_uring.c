@@ -35,6 +35,11 @@
  *   [nop]    20 more NOPs complete with their user_data.
  *   [alias]  after all that, the two mappings of the rings still show
  *            the same CQ tail (one memory).
+ *   [wait]   until SIGTERM the program waits in io_uring_enter for a
+ *            completion on an idle ring W (4 entries, 50 ms timeouts):
+ *            no wait ended with EINTR but the one SIGTERM ended (a dump
+ *            interrupts the wait; the restored or released program must
+ *            wait on, as the kernel restarts other syscalls).
  * Rings B (8 entries) and C (1024, and 4096 CQEs: IORING_SETUP_CQSIZE;
  * its rings take fewer pages than with an index array) are made with
  * IORING_SETUP_NO_SQARRAY (liburing's default): on each, 5 NOPs reaped, a NOP (0xd1) completed and left
@@ -151,6 +156,7 @@ static int run(unsigned n, unsigned long long ud0, int res, const char *tag)
 }
 
 #define SETUP_NO_SQARRAY (1U << 16)
+#define ENTER_EXT_ARG (1U << 3)
 
 /* A ring without an SQ index array (rings B and C). */
 struct nring {
@@ -336,8 +342,9 @@ int main(int argc, char **argv)
 {
 	unsigned sq_head, sq_tail, cq_head, cq_tail, i;
 	unsigned char *file;
-	int fd, out, files[3];
-	static struct nring rb, rc;
+	int fd, out, files[3], wait_err = 0;
+	static struct nring rb, rc, rw;
+	unsigned long wait_eintr = 0;
 	struct iovec iov[2] = { { fixed, 4096 }, { fixed + 4096, 4096 } };
 	unsigned long long ud;
 	int r;
@@ -402,9 +409,27 @@ int main(int argc, char **argv)
 	if (sq_head != 24 || sq_tail != 26 || cq_head != 21 || cq_tail != 24)
 		zdtm_die("positions %u %u %u %u", sq_head, sq_tail, cq_head, cq_tail);
 
+	nring_setup(&rw, 4, 0);
+
 	zdtm_ready();
-	while (!zdtm_stop)
-		zdtm_msleep(50);
+	while (!zdtm_stop) {
+		struct timespec ts = { 0, 50 * 1000 * 1000 };
+		struct {
+			uint64_t sigmask;
+			uint32_t sigmask_sz, min_wait_usec;
+			uint64_t ts;
+		} arg = { 0, 0, 0, (uintptr_t)&ts };
+		long w = syscall(SYS_io_uring_enter, rw.fd, 0, 1,
+				 IORING_ENTER_GETEVENTS | ENTER_EXT_ARG, &arg, sizeof(arg));
+
+		if (w < 0 && errno == EINTR && !zdtm_stop)
+			wait_eintr++;
+		else if (w < 0 && errno != EINTR && errno != ETIME && !wait_err)
+			wait_err = errno;
+	}
+	zdtm_check(!wait_eintr && !wait_err, "wait",
+		   "waiting on ring W: %lu EINTR before SIGTERM, error %s", wait_eintr,
+		   wait_err ? strerror(wait_err) : "none");
 
 	ZDTM_CORRUPT("cqe", __atomic_store_n(CQ_U32(p.cq_off.head), cq_head + 1, __ATOMIC_RELEASE));
 	ZDTM_CORRUPT("sq", {
