@@ -268,6 +268,14 @@ fn collect_live(
             image.aio_rings.push(ring);
         }
     }
+    if planned
+        .plan
+        .vmas
+        .iter()
+        .any(|v| matches!(v.kind, VmaKind::IoUring { .. }))
+    {
+        stasis_objects::io_uring::check_areas(fp.pid)?;
+    }
     for v in &planned.plan.vmas {
         if let VmaKind::SysvShm { shmid } = v.kind {
             collector.capture_sysv(fp.pid, shmid, v.start, v.end)?;

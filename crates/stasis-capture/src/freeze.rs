@@ -123,6 +123,9 @@ impl Stopping {
             if self.fp.threads.iter().any(|t| known(&t.tracee)) || self.asked.iter().any(known) {
                 continue;
             }
+            if tid != pid && stasis_kernel::procfs::is_io_worker(pid, tid) {
+                continue;
+            }
             let first = self.fp.threads.is_empty() && self.asked.is_empty();
             match ask_thread(pid, tid, first) {
                 Ok(Asked::Thread(t)) => self.asked.push(t),

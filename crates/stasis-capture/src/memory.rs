@@ -39,6 +39,16 @@ pub fn vma_kind(m: &proc::MapsEntry) -> Result<Option<VmaKind>, UnsupportedArea>
             })?,
         },
         "/[aio] (deleted)" if m.shared => VmaKind::Aio,
+        // Saved with the instance's fd (`stasis_objects::io_uring`).
+        stasis_objects::io_uring::LINK if m.shared => VmaKind::IoUring {
+            ino: m.ino,
+            offset: m.offset,
+        },
+        // The memory of a ring stasis restored (`IORING_SETUP_NO_MMAP`).
+        _ if m.shared && stasis_objects::io_uring::restored_area(n).is_some() => VmaKind::IoUring {
+            ino: m.ino,
+            offset: stasis_objects::io_uring::restored_area(n).map_or(0, |a| a.1),
+        },
         _ if n.ends_with(" (deleted)") && n.starts_with('/') => VmaKind::Ghost {
             id: m.ino,
             offset: m.offset,
@@ -178,7 +188,8 @@ pub fn plan_with(
                 | VmaKind::Vvar
                 | VmaKind::VvarVclock
                 | VmaKind::Aio
-                | VmaKind::SocketRing { .. },
+                | VmaKind::SocketRing { .. }
+                | VmaKind::IoUring { .. },
                 _,
             ) => Vec::new(),
             // MAP_DROPPABLE memory is a cache the kernel may empty at any
@@ -443,5 +454,34 @@ mod kind_tests {
                 offset: 0
             })
         );
+    }
+
+    // An io_uring instance's rings, mapped from its fd or (restored) in a
+    // memfd stasis named, are saved with the fd: not as memory.
+    #[test]
+    fn io_uring_rings_are_the_instances() {
+        let m = stasis_kernel::procfs::parse_maps(
+            "7f0000000000-7f0000001000 rw-s 10000000 00:10 8801481                    anon_inode:[io_uring]
+             7f0000001000-7f0000002000 rw-s 00000000 00:01 21609                      /memfd:stasis-io_uring:fd7:rings (deleted)
+             7f0000002000-7f0000003000 rw-s 00000000 00:01 21610                      /memfd:other (deleted)
+",
+        )
+        .unwrap();
+        let kinds: Vec<_> = m.iter().map(|e| vma_kind(e).unwrap().unwrap()).collect();
+        assert_eq!(
+            kinds[0],
+            VmaKind::IoUring {
+                ino: 8_801_481,
+                offset: 0x1000_0000
+            }
+        );
+        assert_eq!(
+            kinds[1],
+            VmaKind::IoUring {
+                ino: 21609,
+                offset: 0
+            }
+        );
+        assert!(matches!(kinds[2], VmaKind::Ghost { .. }));
     }
 }

@@ -439,6 +439,10 @@ pub enum VmaKind {
     /// The frames are not saved: the rings come back empty, as the
     /// socket's queue does.
     SocketRing { ino: u64, fd: i32, offset: u64 },
+    /// An area mapping the rings of the io_uring instance with anonymous
+    /// inode `ino` at mmap offset `offset`: mapped again, with its
+    /// content, when the instance is made (its fd's `FdKind::IoUring`).
+    IoUring { ino: u64, offset: u64 },
 }
 
 /// The ring of an AIO context with completed events not yet read: its
@@ -639,6 +643,49 @@ pub enum FdKind {
     /// the slave of the pair with this `index`: opened again once that is
     /// its terminal again.
     CurrentTty { index: u32 },
+    /// An io_uring instance with no request in flight (`crate` docs of
+    /// `stasis_objects::io_uring`).
+    IoUring(IoUringRing),
+}
+
+/// An idle io_uring instance: what `io_uring_setup` needs to make it
+/// again, the positions only the kernel can move, the areas of the
+/// process that map its rings (with their content), and its registered
+/// files and buffers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IoUringRing {
+    /// Its anonymous inode at dump (the areas of `VmaKind::IoUring` name it).
+    pub ino: u64,
+    pub sq_entries: u32,
+    pub cq_entries: u32,
+    /// `IORING_SETUP_*` flags to make it with (`IORING_SETUP_CQSIZE`).
+    pub setup_flags: u32,
+    /// The kernel's SQ head (entries it has taken) and CQ tail
+    /// (completions it has posted): equal, as nothing is in flight.
+    pub sq_head: u32,
+    pub cq_tail: u32,
+    /// The program's SQ tail and CQ head (also in `areas`), for messages.
+    pub sq_tail: u32,
+    pub cq_head: u32,
+    /// Every area of the process mapping the ring, with its bytes.
+    pub areas: Vec<IoUringArea>,
+    /// Registered files: per slot, the fd of the process that is the
+    /// file (`None`: an empty slot).
+    pub files: Vec<Option<i32>>,
+    /// Registered buffers: per slot, (address, length) (`None`: empty).
+    pub buffers: Vec<Option<(u64, u64)>>,
+}
+
+/// One area mapping an io_uring instance's rings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IoUringArea {
+    pub start: u64,
+    pub end: u64,
+    /// The mmap offset: `IORING_OFF_SQ_RING`, `_CQ_RING` or `_SQES`.
+    pub offset: u64,
+    pub prot: u32,
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
 }
 
 /// A pseudo-terminal pair, saved with its master.

@@ -451,3 +451,51 @@ pub fn fnmatch(pattern: &str, name: &str) -> bool {
     // fnmatch only reads them.
     unsafe { libc::fnmatch(p.as_ptr(), n.as_ptr(), 0) == 0 }
 }
+
+/// `io_uring_enter(fd, 0, 0, 0, NULL, 0)`: submits nothing and waits for
+/// nothing. It tells whether the ring is disabled (`EBADFD`: made with
+/// `IORING_SETUP_R_DISABLED` and not enabled yet); it changes nothing in
+/// the ring.
+pub fn io_uring_enter_nothing(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let null: *const libc::c_void = std::ptr::null();
+    // SAFETY: integers and a null argument pointer with size 0: the kernel
+    // reads no memory of ours.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_io_uring_enter,
+            fd.as_raw_fd(),
+            0u32,
+            0u32,
+            0u32,
+            null,
+            0usize,
+        )
+    })
+    .map(drop)
+}
+
+/// `io_uring_register(fd, IORING_REGISTER_PROBE, NULL, 1)`: a request the
+/// kernel turns down (no buffer) after checking who may register: it
+/// fails with `EEXIST` when the ring's single issuer
+/// (`IORING_SETUP_SINGLE_ISSUER`) is another task, `EACCES` when the
+/// ring's restrictions do not allow probes, with another error
+/// otherwise; it changes nothing in the ring.
+pub fn io_uring_register_nothing(fd: BorrowedFd<'_>) -> io::Error {
+    let null: *const libc::c_void = std::ptr::null();
+    // SAFETY: a null argument pointer: the kernel copies nothing from it
+    // (it fails with EFAULT or EINVAL) and writes nothing.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_io_uring_register,
+            fd.as_raw_fd(),
+            sys::io_uring::IORING_REGISTER_PROBE,
+            null,
+            1u32,
+        )
+    };
+    if r < 0 {
+        io::Error::last_os_error()
+    } else {
+        io::Error::from_raw_os_error(0)
+    }
+}

@@ -141,6 +141,21 @@ pub fn task_state(pid: i32, tid: i32) -> Option<char> {
         .and_then(|s| state_of(&s))
 }
 
+/// `PF_IO_WORKER` in a task's `stat` flags (field 9).
+const PF_IO_WORKER: u64 = 0x10;
+
+/// Whether task `tid` of `pid` is an io_uring worker (`iou-wrk-*`,
+/// `iou-sqp-*`): a thread of the kernel's in the process, which cannot be
+/// traced, is not the program's and is not saved (the kernel starts
+/// workers again when requests need them).
+pub fn is_io_worker(pid: i32, tid: i32) -> bool {
+    std::fs::read_to_string(path(pid, &format!("task/{tid}/stat"))).is_ok_and(|s| {
+        s.rfind(')')
+            .and_then(|i| s[i + 1..].split_whitespace().nth(6)?.parse::<u64>().ok())
+            .is_some_and(|f| f & PF_IO_WORKER != 0)
+    })
+}
+
 /// Whether every thread of `pid` is in a job-control stop (`T`): its
 /// group stop is complete, so its parent's `waitpid(WUNTRACED)` reports
 /// it. `false` while one still runs towards it, and for a process gone.
@@ -153,6 +168,9 @@ pub fn group_stopped(pid: i32) -> bool {
         let Some(tid) = e.file_name().to_str().and_then(|s| s.parse().ok()) else {
             continue;
         };
+        if is_io_worker(pid, tid) {
+            continue;
+        }
         match task_state(pid, tid) {
             Some('T') => any = true,
             // Exited meanwhile.

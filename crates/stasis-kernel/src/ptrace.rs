@@ -773,6 +773,11 @@ impl Drop for Tracee {
 ///   `same_task == false` the original syscall is re-executed with its
 ///   original arguments (a relative timeout starts over, never shorter); with
 ///   `same_task == true` (`--leave-running`) `restart_syscall` resumes it exactly.
+/// * `-EINTR` from `io_uring_enter`: it turns an interruption into `-EINTR`
+///   itself, and only when it took no entry (else it returns how many it
+///   took), so it was waiting: it is re-executed, as the others are. (A
+///   real signal arriving at the same instant then restarts it too, as
+///   with `SA_RESTART`.)
 ///
 /// `orig_rax` is then set to -1 so the kernel does not adjust them again.
 pub fn normalize_interrupted_syscall(regs: &mut UserRegs, same_task: bool) -> bool {
@@ -791,6 +796,12 @@ pub fn normalize_interrupted_syscall(regs: &mut UserRegs, same_task: bool) -> bo
             } else {
                 regs.orig_rax
             };
+            true
+        }
+        e if e == i64::from(libc::EINTR)
+            && regs.orig_rax == libc::SYS_io_uring_enter.unsigned_abs() =>
+        {
+            regs.rax = regs.orig_rax;
             true
         }
         _ => false,
@@ -832,6 +843,20 @@ mod tests {
         let mut r = in_syscall(230, -sys::ERESTART_RESTARTBLOCK);
         normalize_interrupted_syscall(&mut r, false);
         assert_eq!((r.rax, r.rip), (230, 0x1000));
+    }
+
+    // A program waiting for completions in io_uring_enter saw -EINTR
+    // after every dump (and after a restore): the freeze interrupted it.
+    #[test]
+    fn an_interrupted_io_uring_wait_is_restarted() {
+        let nr = libc::SYS_io_uring_enter.unsigned_abs();
+        let mut r = in_syscall(nr, -i64::from(libc::EINTR));
+        assert!(normalize_interrupted_syscall(&mut r, true));
+        assert_eq!((r.rax, r.rip, r.orig_rax), (nr, 0x1000, u64::MAX));
+        // Another syscall's -EINTR is its answer.
+        let mut r = in_syscall(0, -i64::from(libc::EINTR));
+        assert!(!normalize_interrupted_syscall(&mut r, true));
+        assert_eq!(r.rip, 0x1002);
     }
 
     #[test]

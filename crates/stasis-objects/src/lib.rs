@@ -19,6 +19,7 @@
 //! | signalfd | [`signalfd`] |
 //! | BPF map | [`bpfmap`] |
 //! | epoll | [`epoll`] |
+//! | io_uring (idle) | [`io_uring`] |
 //! | pidfd | [`pidfd`] |
 //! | namespace file (`/proc/PID/ns/*`) | [`nsfile`] |
 //! | inotify | [`inotify`] |
@@ -51,6 +52,7 @@ pub mod fown;
 pub mod ghost;
 pub mod inet;
 pub mod inotify;
+pub mod io_uring;
 pub mod locks;
 pub mod netlink;
 pub mod nsfile;
@@ -139,6 +141,7 @@ pub const REGISTRY: &[Entry] = &[
     entry::<inotify::Inotify>(),
     entry::<fanotify::Fanotify>(),
     entry::<epoll::Epoll>(),
+    entry::<io_uring::IoUring>(),
     entry::<pidfd::Pidfd>(),
     entry::<nsfile::NsFile>(),
     entry::<ghost::Ghost>(),
@@ -300,6 +303,19 @@ mod tests {
                 kind: "net".into(),
                 ino: 1,
             },
+            FdKind::IoUring(stasis_image::manifest::IoUringRing {
+                ino: 1,
+                sq_entries: 1,
+                cq_entries: 2,
+                setup_flags: 0,
+                sq_head: 0,
+                cq_tail: 0,
+                sq_tail: 0,
+                cq_head: 0,
+                areas: vec![],
+                files: vec![],
+                buffers: vec![],
+            }),
         ];
         for k in &all {
             match k {
@@ -325,7 +341,8 @@ mod tests {
                 | FdKind::PtyHungUp { .. }
                 | FdKind::CurrentTty { .. }
                 | FdKind::Pidfd { .. }
-                | FdKind::NsFile { .. } => {}
+                | FdKind::NsFile { .. }
+                | FdKind::IoUring(_) => {}
             }
         }
         all
@@ -363,6 +380,7 @@ mod tests {
                 "anon_inode:[eventfd]",
                 "anon_inode:[eventpoll]",
                 "anon_inode:[fanotify]",
+                "anon_inode:[io_uring]",
                 "anon_inode:[pidfd]",
                 "anon_inode:[signalfd]",
                 "anon_inode:[timerfd]",

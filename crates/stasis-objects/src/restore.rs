@@ -121,6 +121,8 @@ pub struct RestoreCtx<'a> {
     /// registrar (a PID of the image) to register its targets: (registrar,
     /// a copy of the epoll, its image).
     in_flight_epolls: Vec<(i32, OwnedFd, FdImage)>,
+    /// io_uring instances made, by `shared_id`: (process, fd).
+    pub(crate) io_urings: HashMap<u32, (i32, i32)>,
 }
 
 impl<'a> RestoreCtx<'a> {
@@ -160,6 +162,7 @@ impl<'a> RestoreCtx<'a> {
             dead_pids: HashMap::new(),
             tcp_close: false,
             in_flight_epolls: Vec::new(),
+            io_urings: HashMap::new(),
         }
     }
 

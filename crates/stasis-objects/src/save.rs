@@ -153,7 +153,7 @@ pub(crate) use stasis_kernel::procfs::net::socket_inode;
 pub fn unsupported_reason(pid: i32, fd: i32, link: &str) -> Option<String> {
     let known_anon = crate::REGISTRY.iter().any(|e| e.anon_inode == Some(link));
     let kind = if link.starts_with("anon_inode:") && !known_anon {
-        Some("an anonymous inode of a kind stasis does not know (userfaultfd, io_uring...)")
+        Some("an anonymous inode of a kind stasis does not know (userfaultfd...)")
     } else if (link.starts_with("/dev/tty") && link != "/dev/tty") || link == "/dev/console" {
         // Pseudo-terminals (/dev/ptmx, /dev/pts/N) are `crate::pty`'s.
         Some("a terminal")

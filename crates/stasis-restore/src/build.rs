@@ -211,8 +211,12 @@ pub fn map_vma<R: Remote>(
         }
         VmaKind::Vdso | VmaKind::Vvar | VmaKind::VvarVclock => return Ok(0),
         VmaKind::Aio => return aio_ring(r, vma).map(|()| 0),
-        // Mapped from its socket once the fds exist (`map_socket_rings`).
-        VmaKind::SocketRing { .. } => return Ok(0),
+        // Held empty until mapped from its socket once the fds exist
+        // (`map_socket_rings`).
+        VmaKind::SocketRing { .. } => return reserve(r, vma).map(|()| 0),
+        // Held empty until the instance is made with the files (its
+        // restore maps its rings over this).
+        VmaKind::IoUring { .. } => return reserve(r, vma).map(|()| 0),
     };
     if at != vma.start {
         return Err(ObjectError::Layout(format!(
@@ -276,6 +280,37 @@ pub fn map_socket_rings<R: Remote>(r: &mut R, vmas: &[Vma]) -> Result<(), Restor
             ))
             .into());
         }
+    }
+    Ok(())
+}
+
+/// An inaccessible placeholder at the area's place, so that nothing else
+/// lands there before what belongs there is mapped over it.
+fn reserve<R: Remote>(r: &mut R, vma: &Vma) -> Result<(), RestoreError> {
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE;
+    let at = r
+        .sys(
+            "mmap",
+            libc::SYS_mmap,
+            &[
+                vma.start,
+                vma.end - vma.start,
+                u64::from(libc::PROT_NONE.unsigned_abs()),
+                sarg(i64::from(flags)),
+                u64::MAX,
+                0,
+            ],
+        )
+        .map_err(step(format!(
+            "reserving {:#x}-{:#x} for the rings mapped there (io_uring, packet socket)",
+            vma.start, vma.end
+        )))?;
+    if at != vma.start {
+        return Err(ObjectError::Layout(format!(
+            "area {:#x}-{:#x} landed at {at:#x}",
+            vma.start, vma.end
+        ))
+        .into());
     }
     Ok(())
 }

@@ -112,6 +112,24 @@ fn empty_area_is_mapped_with_final_protection_and_not_filled() {
     assert_eq!(r.args_of("mmap")[0][2], 0);
 }
 
+// The rings of an io_uring instance are made with its fd, later: the
+// area is only held, inaccessible, so that nothing else lands there.
+#[test]
+fn an_io_uring_area_is_held_empty_for_its_fd() {
+    let mut r = Recorder::default();
+    let mut v = anon(0x10000, 0x12000, libc::PROT_READ | libc::PROT_WRITE);
+    v.shared = true;
+    v.kind = VmaKind::IoUring { ino: 7, offset: 0 };
+    assert_eq!(map_vma(&mut r, &v, &[], None).unwrap(), 0);
+    assert_eq!(r.names(), vec!["mmap"]);
+    let a = &r.args_of("mmap")[0];
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE;
+    assert_eq!(
+        (a[0], a[1], a[2], a[3]),
+        (0x10000, 0x2000, 0, u64::from(flags.unsigned_abs()))
+    );
+}
+
 #[test]
 fn runs_are_clipped_to_areas() {
     let all = [run(0x10000, 4, 4096), run(0x20000, 2, 5 * 4096)];

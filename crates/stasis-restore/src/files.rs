@@ -137,6 +137,37 @@ impl<'a> FdFactory<'a> {
         )?)
     }
 
+    /// Makes io_uring fd `img` in process `pid` (behind `r`), by the
+    /// process itself ([`objects::io_uring::restore_in`]); another fd of
+    /// an instance it made already is a `dup3` of it.
+    pub fn io_uring<R: Remote>(
+        &mut self,
+        r: &mut R,
+        pid: i32,
+        img: &FdImage,
+    ) -> Result<(), RestoreError> {
+        match self.0.claim_io_uring(pid, img)? {
+            None => Ok(objects::io_uring::restore_in(r, AT, img)?),
+            Some(src) => {
+                let cl = if img.cloexec { libc::O_CLOEXEC } else { 0 };
+                let (s, t) = (
+                    u64::from(src.unsigned_abs()),
+                    u64::from(img.fd.unsigned_abs()),
+                );
+                r.sys(
+                    "dup3",
+                    libc::SYS_dup3,
+                    &[s, t, u64::from(cl.unsigned_abs())],
+                )
+                .map_err(crate::build::step(format!(
+                    "io_uring fd {}: a dup of fd {src}",
+                    img.fd
+                )))?;
+                Ok(())
+            }
+        }
+    }
+
     /// See [`objects::RestoreCtx::get`].
     pub fn get(&mut self, img: &FdImage) -> Result<FdRef<'_>, RestoreError> {
         Ok(self.0.get(img)?)

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 
 use stasis_image::manifest::{FdImage, ProcessImage, Rlimit};
 use stasis_image::PageSource;
+use stasis_objects as objects;
 use stasis_sys as sys;
 
 use crate::build::{self, step};
@@ -209,9 +210,22 @@ fn restore_files(s: &mut Proc, p: &ProcessImage, cx: &mut TreeCtx<'_, '_>) -> Re
     let (transport, h) = (&cx.transport.sock, cx.transport.h);
     let factory = &mut cx.factory;
     factory.set_cwd(&p.cwd);
-    for fd in &p.fds {
+    for fd in p
+        .fds
+        .iter()
+        .filter(|f| !objects::io_uring::made_in_process(f))
+    {
         let desc = factory.get(fd)?;
         files::plant(s, transport, h, desc.as_fd(), fd.fd, fd.cloexec)?;
+    }
+    // io_uring instances are made by the process, once its other fds
+    // exist (their registered files), before what refers to fds by number.
+    for fd in p
+        .fds
+        .iter()
+        .filter(|f| objects::io_uring::made_in_process(f))
+    {
+        factory.io_uring(s, p.pid, fd)?;
     }
     for fd in &p.fds {
         // An epoll description shared by several fds is filled once.

@@ -16,6 +16,7 @@ pub mod aio;
 pub mod bpf;
 pub mod fault;
 pub mod inet_diag;
+pub mod io_uring;
 pub mod net;
 pub mod prctl;
 pub mod tty;

@@ -412,6 +412,9 @@ fn vma_line(v: &stasis_image::manifest::Vma, pack: Option<&stasis_image::PackRea
         VmaKind::Aio => "[aio] (an AIO context's ring)".into(),
         VmaKind::SocketRing { fd, .. } => format!("the rings of the packet socket of fd {fd}"),
         VmaKind::VvarVclock => "[vvar_vclock]".into(),
+        VmaKind::IoUring { offset, .. } => {
+            format!("anon_inode:[io_uring] @{offset:#x} (a ring, saved with its fd)")
+        }
     };
     format!(
         "    {:012x}-{:012x} {prot} {:>8} pages saved  {what}",
@@ -456,6 +459,15 @@ fn fd_description(kind: &FdKind) -> String {
             if m.frozen { " frozen" } else { "" }
         ),
         FdKind::Epoll { targets, .. } => format!("epoll with {} fds", targets.len()),
+                FdKind::IoUring(u) => format!(
+            "io_uring {} SQ / {} CQ entries, {} unreaped completions, {} unsubmitted entries, {} registered files, {} registered buffers",
+            u.sq_entries,
+            u.cq_entries,
+            u.cq_tail.wrapping_sub(u.cq_head),
+            u.sq_tail.wrapping_sub(u.sq_head),
+            u.files.iter().flatten().count(),
+            u.buffers.iter().flatten().count()
+        ),
         FdKind::Ghost { path, pos, .. } => {
             format!("{path} (deleted, content saved) pos {pos}")
         }

@@ -174,6 +174,50 @@ fn pipe_to_a_process_outside_the_tree_is_refused() {
     child.wait().unwrap();
 }
 
+/// An io_uring instance with a READ waiting on an empty pipe: the kernel
+/// cannot give a request back, so the dump is refused, naming the ring's
+/// fd, and the process runs on untouched (the workload's READ completes
+/// with the bytes written to the pipe after the refusal).
+#[test]
+fn io_uring_with_a_request_in_flight_is_refused_and_left_untouched() {
+    let mut w = Workload::start("io_uring", &["inflight"]);
+    let ring = std::fs::read_dir(format!("/proc/{}/fd", w.pid))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            std::fs::read_link(p).is_ok_and(|l| l.to_string_lossy() == "anon_inode:[io_uring]")
+        })
+        .and_then(|p| p.file_name()?.to_str()?.parse::<i32>().ok())
+        .expect("the workload's io_uring fd");
+    dump_refused(
+        w.pid,
+        &w.images(),
+        &format!("io_uring fd {ring} has 1 request(s) in flight"),
+        &[w.pid],
+    );
+    w.finish_pass();
+}
+
+/// Rings stasis cannot make again as they were are refused by name, and
+/// left working: one bound to its single issuer (a thread the kernel
+/// does not show), one a child inherited (an instance is made inside one
+/// process).
+#[test]
+fn io_uring_single_issuer_or_shared_is_refused_and_left_untouched() {
+    for (mode, needle) in [
+        (
+            "single_issuer",
+            "has a single issuer (IORING_SETUP_SINGLE_ISSUER",
+        ),
+        ("shared", "shared by several processes"),
+    ] {
+        let mut w = Workload::start("io_uring", &[mode]);
+        let tree = descendants(w.pid);
+        dump_refused(w.pid, &w.images(), needle, &tree);
+        w.finish_pass();
+    }
+}
+
 /// A process sharing the fd table of its sibling, not of its parent
 /// (`clone(CLONE_FILES | CLONE_PARENT)`): no fork from parent to child
 /// rebuilds that, so the dump is refused and the tree left running.

@@ -200,6 +200,7 @@ workload_tests! {
     bpf_map: "bpf_map";
     packet: "packet";
     hugetlb: "hugetlb";
+    io_uring: "io_uring";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so

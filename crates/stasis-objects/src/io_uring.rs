@@ -1,0 +1,1111 @@
+//! io_uring: an idle instance (no request in flight), with its rings'
+//! content, its positions, and its registered files and buffers.
+//!
+//! **What the kernel shows.** `/proc/PID/fdinfo` gives the rings' sizes
+//! (`SqMask`, `CqMask`), the positions (`SqHead`/`CachedSqHead`: entries
+//! the kernel took; `CqTail`/`CachedCqTail`: completions it posted;
+//! `SqTail`, `CqHead`: the program's), an SQ poll thread, the registered
+//! files (by name) and buffers (address/length), personalities, the
+//! requests waiting on a poll (`PollList`) and the overflowed completions.
+//! The areas mapping the rings are `anon_inode:[io_uring]` in maps, with
+//! the instance's inode and the mmap offset of what they map. The setup
+//! flags are not shown: those that change what the caller may do are
+//! found by asking the kernel, on a copy of the fd (`io_uring_enter` of
+//! nothing: `EBADFD` for a ring still disabled; a register request
+//! turned down: `EEXIST` for a single issuer, `EACCES` for restrictions
+//! that do not allow it); `IORING_SETUP_NO_SQARRAY`
+//! by the rings' size or their never-written index array; the others
+//! are not seen (see the README).
+//!
+//! **What is refused**, with the fd number: an SQ poll thread, a disabled
+//! ring, a single-issuer ring, personalities, NAPI, requests in flight
+//! (the kernel cannot give them back: a poll list, or more entries taken
+//! than completions posted), overflowed completions, rings or SQEs not
+//! mapped whole (`IORING_SETUP_NO_MMAP`), an area at another offset (a
+//! provided-buffer ring), 128-byte SQEs or 32-byte CQEs (seen by the areas' sizes), a
+//! registered file that no fd of the process is, an instance several
+//! processes hold.
+//!
+//! **Restore**, by the process itself ([`restore_in`], after all its fds
+//! exist). The kernel maps a ring's own memory only where it chooses
+//! (its `get_unmapped_area` refuses any address, `MAP_FIXED` and
+//! `mremap` included), so the ring is made with `IORING_SETUP_NO_MMAP`
+//! in memory of the process at the saved addresses: a memfd for the
+//! rings and one for the SQEs ([`memfd_name`], which a later dump
+//! recognises), each mapped shared at every area that mapped them
+//! (aliases stay aliases), over the placeholders the memory restore left
+//! there (`stasis_restore::build`); `io_uring_setup` with the same sizes
+//! and flags; the kernel-owned positions (SQ head, CQ
+//! tail) brought to the saved ones by submitting and reaping NOPs, as
+//! `stasis_restore::build::aio_refill` does for AIO; then the saved
+//! bytes written over the areas: unsubmitted entries and unreaped
+//! completions are back where they were. Files and buffers are registered
+//! again (a sparse table, then its slots), and the fd is moved to its
+//! number.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+
+use stasis_image::manifest::{FdImage, FdKind, IoUringArea, IoUringRing};
+use stasis_kernel::remote::Remote;
+use stasis_sys::io_uring as sys;
+
+use crate::error::step;
+use crate::{Object, OpenFd, RestoreCtx, RestoreError, SaveCtx, SaveError, Scratch};
+
+/// The `/proc/PID/fd` link and maps name of an instance.
+pub const LINK: &str = "anon_inode:[io_uring]";
+
+/// Registered files or buffers registered again per update call.
+const CHUNK: usize = 128;
+
+pub struct IoUring;
+
+impl Object for IoUring {
+    const NAME: &'static str = "io_uring";
+    const ANON_INODE: Option<&'static str> = Some(LINK);
+
+    fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
+        if fd.link != LINK {
+            return Ok(None);
+        }
+        // Made by one process at restore, inside it: an instance an
+        // earlier process of the tree holds too (inherited) cannot be.
+        let ino = fd.meta.ino();
+        if let Some(&(p, f, ..)) = cx
+            .seen
+            .iter()
+            .find(|s| s.0 != fd.pid && s.3 == ino && same_open_file(s.0, s.1, fd))
+        {
+            return Err(fd.unsupported(format!(
+                "io_uring fd {} is the instance of fd {f} of process {p} (inherited): an io_uring instance shared by several processes cannot be checkpointed yet",
+                fd.fd
+            )));
+        }
+        let info = parse(fd.info).map_err(|e| fd.bad_info(crate::save::BadFormat(e)))?;
+        let ring = save_ring(fd, &info)?;
+        Ok(Some(FdKind::IoUring(ring)))
+    }
+
+    fn owns(kind: &FdKind) -> bool {
+        matches!(kind, FdKind::IoUring(_))
+    }
+
+    fn restore(_: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
+        Err(RestoreError::Inconsistent(format!(
+            "fd {}: an io_uring instance is made by its process (io_uring::restore_in), not handed over",
+            img.fd
+        )))
+    }
+}
+
+/// Whether fd `f` of `pid` is the open file of `fd` (`kcmp`).
+fn same_open_file(pid: i32, f: i32, fd: &OpenFd<'_>) -> bool {
+    stasis_kernel::fdops::kcmp_same_file(pid, f, fd.pid, fd.fd)
+}
+
+/// Whether `img` is made by its process with [`restore_in`] rather than
+/// handed over.
+pub fn made_in_process(img: &FdImage) -> bool {
+    matches!(img.kind, FdKind::IoUring(_))
+}
+
+/// What `/proc/PID/fdinfo` says of an instance.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Info {
+    pub sq_mask: u32,
+    pub sq_head: u32,
+    pub sq_tail: u32,
+    pub cached_sq_head: u32,
+    pub cq_mask: u32,
+    pub cq_head: u32,
+    pub cq_tail: u32,
+    pub cached_cq_tail: u32,
+    pub sq_thread: i32,
+    /// (slot, name) of each registered file.
+    pub files: Vec<(u32, String)>,
+    pub nr_files: u32,
+    /// (slot, address, length) of each registered buffer.
+    pub buffers: Vec<(u32, u64, u64)>,
+    pub nr_buffers: u32,
+    pub personalities: bool,
+    /// Lines of `PollList` and `CqOverflowList`.
+    pub polls: usize,
+    pub overflowed: usize,
+    pub napi: bool,
+}
+
+/// Parses an io_uring fdinfo.
+pub fn parse(text: &str) -> Result<Info, String> {
+    #[derive(PartialEq)]
+    enum Section {
+        None,
+        Files,
+        Buffers,
+        Polls,
+        Overflow,
+    }
+    let mut i = Info {
+        sq_thread: -1,
+        ..Info::default()
+    };
+    let mut seen = 0u32;
+    let mut section = Section::None;
+    let num = |v: &str, key: &str| -> Result<u32, String> {
+        let v = v.trim();
+        let r = match v.strip_prefix("0x") {
+            Some(h) => u32::from_str_radix(h, 16),
+            None => v.parse(),
+        };
+        r.map_err(|_| format!("{key}: {v:?} is not a number"))
+    };
+    for line in text.lines() {
+        if line.starts_with(' ') || line.starts_with('\t') {
+            let l = line.trim();
+            match section {
+                Section::Files => {
+                    let (slot, name) = l
+                        .split_once(": ")
+                        .ok_or_else(|| format!("registered file line {l:?}"))?;
+                    i.files.push((num(slot, "file slot")?, name.to_string()));
+                }
+                Section::Buffers => {
+                    let (slot, rest) = l
+                        .split_once(": ")
+                        .ok_or_else(|| format!("registered buffer line {l:?}"))?;
+                    let (addr, len) = rest
+                        .split_once('/')
+                        .ok_or_else(|| format!("registered buffer line {l:?}"))?;
+                    let addr = u64::from_str_radix(addr.trim_start_matches("0x"), 16)
+                        .map_err(|_| format!("registered buffer address {addr:?}"))?;
+                    let len: u64 = len
+                        .trim()
+                        .parse()
+                        .map_err(|_| format!("registered buffer length {len:?}"))?;
+                    i.buffers.push((num(slot, "buffer slot")?, addr, len));
+                }
+                Section::Polls => i.polls += 1,
+                Section::Overflow => i.overflowed += 1,
+                Section::None => {}
+            }
+            continue;
+        }
+        section = Section::None;
+        let Some((key, v)) = line.split_once(':') else {
+            continue;
+        };
+        match key {
+            "SqMask" => (i.sq_mask, seen) = (num(v, key)?, seen | 1),
+            "SqHead" => (i.sq_head, seen) = (num(v, key)?, seen | 2),
+            "SqTail" => (i.sq_tail, seen) = (num(v, key)?, seen | 4),
+            "CachedSqHead" => (i.cached_sq_head, seen) = (num(v, key)?, seen | 8),
+            "CqMask" => (i.cq_mask, seen) = (num(v, key)?, seen | 16),
+            "CqHead" => (i.cq_head, seen) = (num(v, key)?, seen | 32),
+            "CqTail" => (i.cq_tail, seen) = (num(v, key)?, seen | 64),
+            "CachedCqTail" => (i.cached_cq_tail, seen) = (num(v, key)?, seen | 128),
+            "SqThread" => {
+                i.sq_thread = v
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("SqThread: {v:?} is not a number"))?;
+            }
+            "UserFiles" => {
+                i.nr_files = num(v, key)?;
+                section = Section::Files;
+            }
+            "UserBufs" => {
+                i.nr_buffers = num(v, key)?;
+                section = Section::Buffers;
+            }
+            "Personalities" => i.personalities = true,
+            "PollList" => section = Section::Polls,
+            "CqOverflowList" => section = Section::Overflow,
+            "NAPI" => i.napi = v.trim() != "disabled",
+            _ => {}
+        }
+    }
+    if seen != 255 {
+        return Err("no ring positions (SqMask..CachedCqTail)".into());
+    }
+    Ok(i)
+}
+
+/// Why a ring cannot be saved as it is, by what `fdinfo` says.
+pub fn refusal(fd: i32, i: &Info) -> Option<String> {
+    let why = if i.sq_thread >= 0 {
+        format!(
+            "has an SQ poll thread (IORING_SETUP_SQPOLL, thread {})",
+            i.sq_thread
+        )
+    } else if i.personalities {
+        "has registered personalities (IORING_REGISTER_PERSONALITY)".into()
+    } else if i.napi {
+        "has NAPI busy polling registered".into()
+    } else if i.polls > 0 {
+        format!(
+            "has {} request(s) in flight waiting on a poll (the kernel cannot give them back); checkpoint it when its requests have completed",
+            i.polls
+        )
+    } else if i.overflowed > 0 {
+        format!(
+            "has {} overflowed completion(s) (CqOverflowList) the kernel holds outside the ring",
+            i.overflowed
+        )
+    } else if i.cached_sq_head != i.cached_cq_tail {
+        format!(
+            "has requests in flight: the kernel took {} entries and posted {} completions (the kernel cannot give requests back; requests that post no completion or several, IOSQE_CQE_SKIP_SUCCESS or multishot, cannot be told apart from them); checkpoint it when its requests have completed",
+            i.cached_sq_head, i.cached_cq_tail
+        )
+    } else if i.sq_head != i.cached_sq_head || i.cq_tail != i.cached_cq_tail {
+        "has positions the kernel is still moving".into()
+    } else if !(i.sq_mask.wrapping_add(1)).is_power_of_two()
+        || !(i.cq_mask.wrapping_add(1)).is_power_of_two()
+    {
+        format!(
+            "has ring sizes {:#x}/{:#x} that are not powers of two",
+            i.sq_mask, i.cq_mask
+        )
+    } else {
+        return None;
+    };
+    Some(format!(
+        "io_uring fd {fd} {why}, which stasis cannot checkpoint"
+    ))
+}
+
+/// Where the kernel puts the SQ index array in `struct io_rings` for
+/// `cq_entries` 16-byte CQEs: after them, cache-line aligned.
+pub fn sq_array_offset(cq_entries: u64) -> u64 {
+    (64 + cq_entries * sys::CQE_LEN as u64).div_ceil(64) * 64
+}
+
+/// The bytes of the kernel's `struct io_rings` for these sizes with
+/// 16-byte CQEs, with the SQ index array or without it
+/// (`IORING_SETUP_NO_SQARRAY`) (`rings_size`).
+pub fn rings_len(sq_entries: u64, cq_entries: u64, array: bool) -> u64 {
+    sq_array_offset(cq_entries) + if array { sq_entries * 4 } else { 0 }
+}
+
+fn page_up(n: u64) -> u64 {
+    n.div_ceil(stasis_sys::PAGE_SIZE) * stasis_sys::PAGE_SIZE
+}
+
+fn save_ring(fd: &OpenFd<'_>, i: &Info) -> Result<IoUringRing, SaveError> {
+    if let Some(why) = refusal(fd.fd, i) {
+        return Err(fd.unsupported(why));
+    }
+    let refuse = |what: String| {
+        fd.unsupported(format!(
+            "io_uring fd {} {what}, which stasis cannot checkpoint",
+            fd.fd
+        ))
+    };
+    // Setup flags that bind the ring to a task or keep it disabled.
+    let copy = stasis_kernel::pidfd::pidfd_getfd(fd.pidfd, fd.fd)?;
+    match stasis_kernel::fdops::io_uring_enter_nothing(copy.as_fd()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EBADFD) => {
+            return Err(refuse(
+                "is disabled (IORING_SETUP_R_DISABLED, not enabled yet)".into(),
+            ))
+        }
+        Err(e) => return Err(refuse(format!("could not be examined ({e})"))),
+    }
+    match stasis_kernel::fdops::io_uring_register_nothing(copy.as_fd()).raw_os_error() {
+        Some(libc::EEXIST) => {
+            return Err(refuse(
+                "has a single issuer (IORING_SETUP_SINGLE_ISSUER, DEFER_TASKRUN), a thread stasis cannot tell"
+                    .into(),
+            ))
+        }
+        // Register operations it does not allow, probes included.
+        Some(libc::EACCES) => {
+            return Err(refuse(
+                "has restrictions (IORING_REGISTER_RESTRICTIONS) the kernel does not show".into(),
+            ))
+        }
+        _ => {}
+    }
+    drop(copy);
+    let (sq_entries, cq_entries) = (i.sq_mask + 1, i.cq_mask + 1);
+    let ino = fd.meta.ino();
+    let maps = stasis_kernel::procfs::maps(fd.pid).map_err(stasis_kernel::KernelError::from)?;
+    let mem = stasis_kernel::mem::ProcessMemory::open(fd.pid)?;
+    let with_array = page_up(rings_len(sq_entries.into(), cq_entries.into(), true));
+    let without_array = page_up(rings_len(sq_entries.into(), cq_entries.into(), false));
+    let sqes_len = page_up(u64::from(sq_entries) * sys::SQE_LEN as u64);
+    let mut areas: Vec<IoUringArea> = Vec::new();
+    for m in &maps {
+        let (offset, restored) = if m.name == LINK && m.ino == ino {
+            (m.offset, false)
+        } else if let Some((n, off)) = restored_area(&m.name) {
+            if n != fd.fd {
+                continue;
+            }
+            (off, true)
+        } else {
+            continue;
+        };
+        let (kind, most, offset) = match offset {
+            // The SQ and CQ rings are one area (IORING_FEAT_SINGLE_MMAP):
+            // mapped at either offset, or at both (aliases).
+            sys::IORING_OFF_SQ_RING | sys::IORING_OFF_CQ_RING => {
+                ("rings", with_array, sys::IORING_OFF_SQ_RING)
+            }
+            sys::IORING_OFF_SQES => ("SQE array", sqes_len, sys::IORING_OFF_SQES),
+            o => {
+                return Err(refuse(format!(
+                    "is mapped at {:#x}-{:#x} at offset {o:#x} (a provided-buffer ring, say)",
+                    m.start, m.end
+                )))
+            }
+        };
+        // Larger than the kernel's area for these entries: 128-byte SQEs
+        // or 32-byte CQEs (IORING_SETUP_SQE128 / CQE32, not in fdinfo).
+        if m.end - m.start > most {
+            return Err(refuse(format!(
+                "maps {:#x}-{:#x} as its {kind}, {} bytes where its {sq_entries}/{cq_entries} entries take {most} (IORING_SETUP_SQE128 or CQE32)",
+                m.start,
+                m.end,
+                m.end - m.start
+            )));
+        }
+        let len = usize::try_from(m.end - m.start).unwrap_or(0);
+        let mut data = vec![0u8; len];
+        mem.read(m.start, &mut data)?;
+        if restored && offset == sys::IORING_OFF_SQ_RING && !header_matches(&data, i) {
+            return Err(refuse(format!(
+                "has rings at {:#x} (restored by stasis) whose positions are not the kernel's",
+                m.start
+            )));
+        }
+        areas.push(IoUringArea {
+            start: m.start,
+            end: m.end,
+            offset,
+            prot: m.prot(),
+            data,
+        });
+    }
+    // The whole of each area mapped somewhere (the restore gives the
+    // kernel that place as the ring's memory).
+    let (Some(rings), Some(_)) = (
+        largest(&areas, sys::IORING_OFF_SQ_RING),
+        largest(&areas, sys::IORING_OFF_SQES).filter(|a| a.end - a.start == sqes_len),
+    ) else {
+        return Err(refuse(
+            "does not have its rings and SQE array mapped whole (IORING_SETUP_NO_MMAP, or unmapped)"
+                .into(),
+        ));
+    };
+    let rings_len = rings.end - rings.start;
+    // Only the size without the index array: IORING_SETUP_NO_SQARRAY;
+    // with its size, an index array never written: the same (the
+    // kernel does not fill it; a program using it writes it).
+    let no_sqarray = if rings_len == with_array {
+        let at = usize::try_from(sq_array_offset(cq_entries.into())).unwrap_or(usize::MAX);
+        let end = at.saturating_add(sq_entries as usize * 4);
+        rings
+            .data
+            .get(at..end)
+            .is_some_and(|a| a.iter().all(|&b| b == 0))
+    } else if rings_len == without_array {
+        true
+    } else {
+        return Err(refuse(format!(
+            "maps its rings at {:#x} with {rings_len} bytes, a part of them",
+            rings.start
+        )));
+    };
+    let files = registered_files(fd, i)?;
+    let mut buffers = vec![None; usize::try_from(i.nr_buffers).unwrap_or(0)];
+    for &(slot, addr, len) in &i.buffers {
+        if let Some(b) = buffers.get_mut(slot as usize) {
+            *b = Some((addr, len));
+        }
+    }
+    Ok(IoUringRing {
+        ino,
+        sq_entries,
+        cq_entries,
+        setup_flags: if cq_entries == 2 * sq_entries {
+            0
+        } else {
+            sys::IORING_SETUP_CQSIZE
+        } | if no_sqarray {
+            sys::IORING_SETUP_NO_SQARRAY
+        } else {
+            0
+        },
+        sq_head: i.sq_head,
+        cq_tail: i.cq_tail,
+        sq_tail: i.sq_tail,
+        cq_head: i.cq_head,
+        areas,
+        files,
+        buffers,
+    })
+}
+
+/// Per slot, the fd of the process that is the registered file: one
+/// whose link is the file's name (several with that name: they must be
+/// one open file description).
+fn registered_files(fd: &OpenFd<'_>, i: &Info) -> Result<Vec<Option<i32>>, SaveError> {
+    let mut files = vec![None; usize::try_from(i.nr_files).unwrap_or(0)];
+    if i.files.is_empty() {
+        return Ok(files);
+    }
+    let links: Vec<(i32, String)> = crate::save::list_fds(fd.pid)?
+        .into_iter()
+        .filter_map(|n| Some((n, crate::save::read_link(fd.pid, &format!("fd/{n}")).ok()?)))
+        .collect();
+    for (slot, name) in &i.files {
+        let same: Vec<i32> = links
+            .iter()
+            .filter(|(_, l)| l == name)
+            .map(|(n, _)| *n)
+            .collect();
+        let Some(&first) = same.first() else {
+            return Err(fd.unsupported(format!(
+                "io_uring fd {}: registered file {slot} ({name}) is not open as an fd of the process, which stasis cannot checkpoint",
+                fd.fd
+            )));
+        };
+        if same
+            .iter()
+            .any(|&o| !stasis_kernel::fdops::kcmp_same_file(fd.pid, first, fd.pid, o))
+        {
+            return Err(fd.unsupported(format!(
+                "io_uring fd {}: registered file {slot} ({name}) may be any of fds {same:?}, which are different open files; stasis cannot tell which",
+                fd.fd
+            )));
+        }
+        if let Some(f) = files.get_mut(*slot as usize) {
+            *f = Some(first);
+        }
+    }
+    Ok(files)
+}
+
+/// The memfd name of the memory a restored instance's rings (`rings`) or
+/// SQE array (`sqes`) are in: the instance is made with
+/// `IORING_SETUP_NO_MMAP` in memory of the process (the kernel maps a
+/// ring's own memory only where it chooses, never at a given address),
+/// and a later dump finds that memory by this name.
+pub fn memfd_name(fd: i32, offset: u64) -> String {
+    let part = if offset == sys::IORING_OFF_SQES {
+        "sqes"
+    } else {
+        "rings"
+    };
+    format!("stasis-io_uring:fd{fd}:{part}")
+}
+
+/// The fd and mmap offset a maps name of [`memfd_name`] stands for.
+pub fn restored_area(maps_name: &str) -> Option<(i32, u64)> {
+    let rest = maps_name
+        .strip_prefix("/memfd:stasis-io_uring:fd")?
+        .strip_suffix(" (deleted)")?;
+    let (fd, part) = rest.split_once(':')?;
+    let off = match part {
+        "rings" => sys::IORING_OFF_SQ_RING,
+        "sqes" => sys::IORING_OFF_SQES,
+        _ => return None,
+    };
+    Some((fd.parse().ok()?, off))
+}
+
+/// The largest of the areas mapping `offset` (the rings, or the SQEs):
+/// the first of them if several are that large.
+fn largest(areas: &[IoUringArea], offset: u64) -> Option<&IoUringArea> {
+    areas
+        .iter()
+        .filter(|a| a.offset == offset)
+        .fold(None, |best: Option<&IoUringArea>, a| match best {
+            Some(b) if b.end - b.start >= a.end - a.start => Some(b),
+            _ => Some(a),
+        })
+}
+
+/// Whether the `struct io_rings` header in `rings` has the positions and
+/// masks fdinfo shows (sq head/tail, cq head/tail, sq/cq ring masks).
+fn header_matches(rings: &[u8], i: &Info) -> bool {
+    rings.len() >= 24
+        && [
+            i.sq_head, i.sq_tail, i.cq_head, i.cq_tail, i.sq_mask, i.cq_mask,
+        ]
+        .iter()
+        .enumerate()
+        .all(|(k, v)| u32_at(&rings[k * 4..]) == *v)
+}
+
+/// Refuses areas of process `pid` mapping an io_uring instance that no fd
+/// of the process is (by inode; by fd number for a restored one): they
+/// could not be made again.
+pub fn check_areas(pid: i32) -> Result<(), SaveError> {
+    let mut rings = Vec::new();
+    for n in crate::save::list_fds(pid)? {
+        let name = format!("fd/{n}");
+        if crate::save::read_link(pid, &name).is_ok_and(|l| l == LINK) {
+            if let Ok(m) = std::fs::metadata(crate::save::proc_path(pid, &name)) {
+                rings.push((n, m.ino()));
+            }
+        }
+    }
+    let maps = stasis_kernel::procfs::maps(pid).map_err(stasis_kernel::KernelError::from)?;
+    for m in maps {
+        let held = if m.name == LINK {
+            rings.iter().any(|r| r.1 == m.ino)
+        } else if let Some((n, _)) = restored_area(&m.name) {
+            rings.iter().any(|r| r.0 == n)
+        } else {
+            continue;
+        };
+        if !held {
+            return Err(SaveError::Unsupported {
+                pid,
+                what: format!("it maps the rings of an io_uring instance at {:#x}-{:#x} whose fd it closed (or moved), which stasis cannot checkpoint", m.start, m.end),
+            });
+        }
+    }
+    Ok(())
+}
+
+impl RestoreCtx<'_> {
+    /// For io_uring fd `img` of process `pid`: `None` when it is to be
+    /// made ([`restore_in`]), `Some(fd)` when it is another fd of an
+    /// instance this process made already as `fd` (dup'd). An instance
+    /// that several processes hold (inherited) is refused: it is made by
+    /// one process, inside it.
+    pub fn claim_io_uring(&mut self, pid: i32, img: &FdImage) -> Result<Option<i32>, RestoreError> {
+        let Some(id) = img.shared_id else {
+            return Ok(None);
+        };
+        match self.io_urings.get(&id) {
+            None => {
+                self.io_urings.insert(id, (pid, img.fd));
+                Ok(None)
+            }
+            Some(&(p, fd)) if p == pid => Ok(Some(fd)),
+            Some(&(p, fd)) => Err(RestoreError::Incompatible(format!(
+                "io_uring fd {} of process {pid} is the instance of fd {fd} of process {p}: an io_uring instance shared by several processes cannot be restored yet",
+                img.fd
+            ))),
+        }
+    }
+}
+
+fn u32_at(b: &[u8]) -> u32 {
+    u32::from_ne_bytes([b[0], b[1], b[2], b[3]])
+}
+
+/// Makes the instance `img` in the process behind `r` (all its other fds
+/// made already), as the module docs say.
+pub fn restore_in<R: Remote>(r: &mut R, at: Scratch, img: &FdImage) -> Result<(), RestoreError> {
+    let FdKind::IoUring(u) = &img.kind else {
+        return Err(crate::restore::not_mine(IoUring::NAME, img));
+    };
+    let what = |w: &str| format!("{w} io_uring fd {}", img.fd);
+    let (Some(sq), Some(sqes)) = (
+        largest(&u.areas, sys::IORING_OFF_SQ_RING),
+        largest(&u.areas, sys::IORING_OFF_SQES),
+    ) else {
+        return Err(RestoreError::Inconsistent(what(
+            "no rings or SQE array for",
+        )));
+    };
+    let rw = u64::from((libc::PROT_READ | libc::PROT_WRITE).unsigned_abs());
+    for whole in [sq, sqes] {
+        memory_at(r, at, img.fd, whole, &u.areas)?;
+    }
+    let mut req = sys::IoUringParams {
+        sq_entries: u.sq_entries,
+        cq_entries: u.cq_entries,
+        flags: u.setup_flags | sys::IORING_SETUP_NO_MMAP,
+        ..Default::default()
+    };
+    req.sq_off.user_addr = sqes.start;
+    req.cq_off.user_addr = sq.start;
+    let pa = r
+        .put(at.structs, &req.to_bytes())
+        .map_err(step(what("setting up")))?;
+    let tmp = r
+        .sys(
+            "io_uring_setup",
+            libc::SYS_io_uring_setup,
+            &[u.sq_entries.into(), pa],
+        )
+        .map_err(step(what("making")))?;
+    let mut b = [0u8; sys::IO_URING_PARAMS_LEN];
+    r.read(pa, &mut b)
+        .map_err(step(what("reading the parameters of")))?;
+    let p = sys::IoUringParams::from_bytes(&b);
+    if (p.sq_entries, p.cq_entries) != (u.sq_entries, u.cq_entries) {
+        return Err(RestoreError::Incompatible(format!(
+            "io_uring fd {} had {}/{} entries; io_uring_setup here gives {}/{}",
+            img.fd, u.sq_entries, u.cq_entries, p.sq_entries, p.cq_entries
+        )));
+    }
+    drive(r, u, (sq.start, sqes.start, sq.start), &p, tmp).map_err(|e| match e {
+        RestoreError::Step { what: w, source } => RestoreError::Step {
+            what: format!("{w} (io_uring fd {})", img.fd),
+            source,
+        },
+        e => e,
+    })?;
+    for a in &u.areas {
+        r.write(a.start, &a.data)
+            .map_err(step(what("writing the rings of")))?;
+        if u64::from(a.prot) != rw {
+            r.sys(
+                "mprotect",
+                libc::SYS_mprotect,
+                &[a.start, a.end - a.start, a.prot.into()],
+            )
+            .map_err(step(what("protecting the rings of")))?;
+        }
+    }
+    register(r, at, tmp, u).map_err(|e| match e {
+        RestoreError::Step { what: w, source } => RestoreError::Step {
+            what: format!("{w} of io_uring fd {}", img.fd),
+            source,
+        },
+        e => e,
+    })?;
+    let target = u64::from(img.fd.unsigned_abs());
+    if tmp == target {
+        let cloexec = if img.cloexec { libc::FD_CLOEXEC } else { 0 };
+        r.sys(
+            "fcntl",
+            libc::SYS_fcntl,
+            &[
+                tmp,
+                libc::F_SETFD.unsigned_abs().into(),
+                cloexec.unsigned_abs().into(),
+            ],
+        )
+        .map_err(step(what("setting the close-on-exec flag of")))?;
+    } else {
+        let cl = if img.cloexec { libc::O_CLOEXEC } else { 0 };
+        r.sys(
+            "dup3",
+            libc::SYS_dup3,
+            &[tmp, target, cl.unsigned_abs().into()],
+        )
+        .map_err(step(what("moving")))?;
+        r.sys("close", libc::SYS_close, &[tmp])
+            .map_err(step(what("closing the first fd of")))?;
+    }
+    let fl = crate::restore::setfl_flags(img.flags);
+    if fl != 0 {
+        r.sys(
+            "fcntl",
+            libc::SYS_fcntl,
+            &[
+                target,
+                libc::F_SETFL.unsigned_abs().into(),
+                fl.unsigned_abs().into(),
+            ],
+        )
+        .map_err(step(what("setting the status flags of")))?;
+    }
+    Ok(())
+}
+
+/// Shared memory for the rings or the SQEs of io_uring fd `fd` (`whole`,
+/// the largest of `areas` mapping them), at each of their places (over
+/// the placeholders the memory restore left): one memfd named
+/// [`memfd_name`], mapped at every such area (aliases, as the kernel's
+/// own memory was), and closed.
+fn memory_at<R: Remote>(
+    r: &mut R,
+    at: Scratch,
+    fd: i32,
+    whole: &IoUringArea,
+    areas: &[IoUringArea],
+) -> Result<(), RestoreError> {
+    let what = |a: &IoUringArea| {
+        format!(
+            "making memory for the rings of io_uring fd {fd} at {:#x}-{:#x}",
+            a.start, a.end
+        )
+    };
+    let name = r
+        .put_cstr(at.structs, &memfd_name(fd, whole.offset))
+        .map_err(step(what(whole)))?;
+    let m = r
+        .sys(
+            "memfd_create",
+            libc::SYS_memfd_create,
+            &[name, libc::MFD_CLOEXEC.into()],
+        )
+        .map_err(step(what(whole)))?;
+    let rw = u64::from((libc::PROT_READ | libc::PROT_WRITE).unsigned_abs());
+    let flags = u64::from((libc::MAP_SHARED | libc::MAP_FIXED).unsigned_abs());
+    let mut res = r
+        .sys(
+            "ftruncate",
+            libc::SYS_ftruncate,
+            &[m, whole.end - whole.start],
+        )
+        .map_err(step(what(whole)));
+    for a in areas.iter().filter(|a| a.offset == whole.offset) {
+        if res.is_err() {
+            break;
+        }
+        let len = a.end - a.start;
+        res = match r.sys("mmap", libc::SYS_mmap, &[a.start, len, rw, flags, m, 0]) {
+            Ok(got) if got == a.start => Ok(got),
+            Ok(got) => Err(RestoreError::Layout(format!(
+                "the rings of io_uring fd {fd} landed at {got:#x}, not {:#x}",
+                a.start
+            ))),
+            Err(e) => Err(step(what(a))(e)),
+        };
+    }
+    r.sys("close", libc::SYS_close, &[m])
+        .map_err(step(what(whole)))?;
+    res.map(drop)
+}
+
+/// Brings a new ring's SQ head and CQ tail (which only the kernel moves)
+/// to the saved ones: batches of NOPs (zeroed entries) submitted and
+/// reaped. `(sq, sqes, cq)`: where its areas are mapped; `p`: what
+/// `io_uring_setup` answered.
+fn drive<R: Remote>(
+    r: &mut R,
+    u: &IoUringRing,
+    (sq, sqes, cq): (u64, u64, u64),
+    p: &sys::IoUringParams,
+    fd: u64,
+) -> Result<(), RestoreError> {
+    let target = u.sq_head;
+    if target == 0 {
+        return Ok(());
+    }
+    let n = u64::from(u.sq_entries);
+    if u.setup_flags & sys::IORING_SETUP_NO_SQARRAY == 0 {
+        let index: Vec<u8> = (0..u.sq_entries).flat_map(u32::to_ne_bytes).collect();
+        r.write(sq + u64::from(p.sq_off.array), &index)
+            .map_err(step("writing the SQ index array"))?;
+    }
+    let zeros = vec![0u8; usize::try_from(n).unwrap_or(0) * sys::SQE_LEN];
+    r.write(sqes, &zeros).map_err(step("writing NOP entries"))?;
+    let mut cur = 0u32;
+    while cur != target {
+        let batch = u64::from(target.wrapping_sub(cur)).min(n);
+        let next = cur.wrapping_add(u32::try_from(batch).unwrap_or(0));
+        r.write(sq + u64::from(p.sq_off.tail), &next.to_ne_bytes())
+            .map_err(step("moving the SQ tail"))?;
+        let got = r
+            .sys(
+                "io_uring_enter",
+                libc::SYS_io_uring_enter,
+                &[fd, batch, batch, sys::IORING_ENTER_GETEVENTS.into(), 0, 0],
+            )
+            .map_err(step("submitting NOPs to bring its positions back"))?;
+        if got != batch {
+            return Err(RestoreError::Layout(format!(
+                "io_uring took {got} of {batch} NOPs bringing its positions back"
+            )));
+        }
+        cur = next;
+        r.write(cq + u64::from(p.cq_off.head), &cur.to_ne_bytes())
+            .map_err(step("reaping NOPs"))?;
+    }
+    let mut h = [0u8; 4];
+    r.read(sq + u64::from(p.sq_off.head), &mut h)
+        .map_err(step("reading the SQ head"))?;
+    let mut t = [0u8; 4];
+    r.read(cq + u64::from(p.cq_off.tail), &mut t)
+        .map_err(step("reading the CQ tail"))?;
+    if (u32_at(&h), u32_at(&t)) != (u.sq_head, u.cq_tail) {
+        return Err(RestoreError::Layout(format!(
+            "io_uring has SQ head {} and CQ tail {} after the NOPs, not {} and {}",
+            u32_at(&h),
+            u32_at(&t),
+            u.sq_head,
+            u.cq_tail
+        )));
+    }
+    Ok(())
+}
+
+/// Registers the saved files and buffers again: a sparse table of each,
+/// then its slots in chunks.
+fn register<R: Remote>(
+    r: &mut R,
+    at: Scratch,
+    fd: u64,
+    u: &IoUringRing,
+) -> Result<(), RestoreError> {
+    let files: Vec<Vec<u8>> = u
+        .files
+        .iter()
+        .map(|f| f.unwrap_or(-1).to_ne_bytes().to_vec())
+        .collect();
+    let bufs: Vec<Vec<u8>> = u
+        .buffers
+        .iter()
+        .map(|b| {
+            let (a, l) = b.unwrap_or((0, 0));
+            [a.to_ne_bytes(), l.to_ne_bytes()].concat()
+        })
+        .collect();
+    for (slots, any, ops, what) in [
+        (
+            &files,
+            u.files.iter().any(Option::is_some),
+            (
+                sys::IORING_REGISTER_FILES2,
+                sys::IORING_REGISTER_FILES_UPDATE2,
+            ),
+            "registering the files",
+        ),
+        (
+            &bufs,
+            u.buffers.iter().any(Option::is_some),
+            (
+                sys::IORING_REGISTER_BUFFERS2,
+                sys::IORING_REGISTER_BUFFERS_UPDATE,
+            ),
+            "registering the buffers",
+        ),
+    ] {
+        if slots.is_empty() {
+            continue;
+        }
+        let nr = u32::try_from(slots.len()).unwrap_or(u32::MAX);
+        let reg = sys::RsrcRegister {
+            nr,
+            flags: sys::IORING_RSRC_REGISTER_SPARSE,
+            ..Default::default()
+        };
+        let a = r.put(at.structs, &reg.to_bytes()).map_err(step(what))?;
+        r.sys(
+            "io_uring_register",
+            libc::SYS_io_uring_register,
+            &[fd, ops.0.into(), a, sys::RSRC_REGISTER_LEN as u64],
+        )
+        .map_err(step(what))?;
+        if !any {
+            continue;
+        }
+        for (k, chunk) in slots.chunks(CHUNK).enumerate() {
+            let data = r
+                .put(at.structs + 64, &chunk.concat())
+                .map_err(step(what))?;
+            let up = sys::RsrcUpdate2 {
+                offset: u32::try_from(k * CHUNK).unwrap_or(u32::MAX),
+                data,
+                nr: u32::try_from(chunk.len()).unwrap_or(0),
+                ..Default::default()
+            };
+            let a = r.put(at.structs, &up.to_bytes()).map_err(step(what))?;
+            r.sys(
+                "io_uring_register",
+                libc::SYS_io_uring_register,
+                &[fd, ops.1.into(), a, sys::RSRC_UPDATE2_LEN as u64],
+            )
+            .map_err(step(what))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use stasis_kernel::remote::Recorder;
+
+    use super::*;
+
+    const INFO: &str = "pos:\t0\nflags:\t02000002\nmnt_id:\t17\nino:\t8801541\nSqMask:\t0x7\nSqHead:\t24\nSqTail:\t26\nCachedSqHead:\t24\nCqMask:\t0xf\nCqHead:\t21\nCqTail:\t24\nCachedCqTail:\t24\nSQEs:\t2\n    0: opcode:NOP, fd:-1, flags:0, off:0, addr:0x0, rw_flags:0x0, buf_index:0 user_data:177\nCQEs:\t3\n    5: user_data:161, res:0, flag:0\nSqThread:\t-1\nSqThreadCpu:\t-1\nSqTotalTime:\t0\nSqWorkTime:\t0\nUserFiles:\t3\n    0: /tmp/ur/w/io_uring.data\n    2: pipe:[8801540]\nUserBufs:\t2\n    0: 0x559ac112f000/4096\n    1: 0x559ac1130000/4096\nPollList:\nCqOverflowList:\nNAPI:\tdisabled\n";
+
+    #[test]
+    fn fdinfo_gives_positions_files_and_buffers() {
+        let i = parse(INFO).unwrap();
+        assert_eq!(
+            (i.sq_mask, i.sq_head, i.sq_tail, i.cached_sq_head),
+            (7, 24, 26, 24)
+        );
+        assert_eq!(
+            (i.cq_mask, i.cq_head, i.cq_tail, i.cached_cq_tail),
+            (15, 21, 24, 24)
+        );
+        assert_eq!(i.sq_thread, -1);
+        assert_eq!(i.nr_files, 3);
+        assert_eq!(
+            i.files,
+            [
+                (0, "/tmp/ur/w/io_uring.data".to_string()),
+                (2, "pipe:[8801540]".to_string())
+            ]
+        );
+        assert_eq!(
+            i.buffers,
+            [(0, 0x559a_c112_f000, 4096), (1, 0x559a_c113_0000, 4096)]
+        );
+        assert_eq!(
+            (i.polls, i.overflowed, i.personalities, i.napi),
+            (0, 0, false, false)
+        );
+        assert_eq!(refusal(6, &i), None);
+        assert!(parse("pos:\t0\n").is_err());
+    }
+
+    #[test]
+    fn requests_in_flight_and_other_state_are_refused_by_name() {
+        let idle = parse(INFO).unwrap();
+        let poll = INFO.replace("PollList:\n", "PollList:\n  op=22, task_works=0\n");
+        let r = refusal(6, &parse(&poll).unwrap()).unwrap();
+        assert!(
+            r.contains("io_uring fd 6") && r.contains("in flight"),
+            "{r}"
+        );
+        let taken = Info {
+            cached_sq_head: 25,
+            sq_head: 25,
+            ..idle.clone()
+        };
+        let r = refusal(6, &taken).unwrap();
+        assert!(r.contains("took 25 entries and posted 24"), "{r}");
+        let over = INFO.replace(
+            "CqOverflowList:\n",
+            "CqOverflowList:\n  user_data=1, res=0, flags=0\n",
+        );
+        assert!(refusal(6, &parse(&over).unwrap())
+            .unwrap()
+            .contains("overflowed"));
+        let sqpoll = Info {
+            sq_thread: 77,
+            ..idle
+        };
+        assert!(refusal(6, &sqpoll).unwrap().contains("SQPOLL"));
+    }
+
+    #[test]
+    fn rings_len_is_the_kernels() {
+        // 8 SQ / 16 CQ entries: CQEs at 64, the index array at 320.
+        assert_eq!(rings_len(8, 16, true), 320 + 32);
+        assert_eq!(rings_len(8, 16, false), 320);
+        assert_eq!(rings_len(4096, 8192, true), 64 + 8192 * 16 + 4096 * 4);
+    }
+
+    fn ring(sq_head: u32, files: Vec<Option<i32>>) -> FdImage {
+        FdImage {
+            fd: 9,
+            flags: 0,
+            cloexec: true,
+            shared_id: None,
+            locks: vec![],
+            owner: None,
+            kind: FdKind::IoUring(IoUringRing {
+                ino: 1,
+                sq_entries: 8,
+                cq_entries: 16,
+                setup_flags: 0,
+                sq_head,
+                cq_tail: sq_head,
+                sq_tail: sq_head,
+                cq_head: sq_head,
+                areas: vec![
+                    IoUringArea {
+                        start: 0x7000_0000,
+                        end: 0x7000_1000,
+                        offset: sys::IORING_OFF_SQ_RING,
+                        prot: (libc::PROT_READ | libc::PROT_WRITE).unsigned_abs(),
+                        data: vec![1; 4096],
+                    },
+                    IoUringArea {
+                        start: 0x7000_2000,
+                        end: 0x7000_3000,
+                        offset: sys::IORING_OFF_SQES,
+                        prot: (libc::PROT_READ | libc::PROT_WRITE).unsigned_abs(),
+                        data: vec![2; 4096],
+                    },
+                    // The CQ ring mapped apart: an alias of the rings.
+                    IoUringArea {
+                        start: 0x7000_4000,
+                        end: 0x7000_5000,
+                        offset: sys::IORING_OFF_SQ_RING,
+                        prot: (libc::PROT_READ | libc::PROT_WRITE).unsigned_abs(),
+                        data: vec![1; 4096],
+                    },
+                ],
+                files,
+                buffers: vec![None, Some((0x5000, 4096))],
+            }),
+        }
+    }
+
+    #[test]
+    fn an_idle_ring_is_made_mapped_filled_registered_and_moved() {
+        let mut r = Recorder::default();
+        let img = ring(0, vec![Some(3), None]);
+        // The recorder answers 0 to io_uring_setup and echoes the
+        // parameters written: the sizes asked for.
+        restore_in(&mut r, Scratch { structs: 4096 }, &img).unwrap();
+        let mut want = vec!["memfd_create", "ftruncate", "mmap", "mmap", "close"];
+        want.extend(["memfd_create", "ftruncate", "mmap", "close"]);
+        want.extend(["io_uring_setup"]);
+        want.extend(["io_uring_register"; 4]);
+        want.extend(["dup3", "close"]);
+        assert_eq!(r.names(), want);
+        // One memfd for the rings, mapped at both their places; one for
+        // the SQEs.
+        let mm: Vec<u64> = r.args_of("mmap").iter().map(|a| a[0]).collect();
+        assert_eq!(mm, [0x7000_0000, 0x7000_4000, 0x7000_2000]);
+        let w = r.writes();
+        let params = w
+            .iter()
+            .find(|w| w.len() == sys::IO_URING_PARAMS_LEN)
+            .unwrap();
+        let p = sys::IoUringParams::from_bytes(params.as_slice().try_into().unwrap());
+        assert_eq!(p.flags, sys::IORING_SETUP_NO_MMAP);
+        assert_eq!(
+            (p.sq_off.user_addr, p.cq_off.user_addr),
+            (0x7000_2000, 0x7000_0000)
+        );
+        assert!(r
+            .writes()
+            .contains(&b"stasis-io_uring:fd9:rings\0".to_vec()));
+        assert_eq!(
+            restored_area("/memfd:stasis-io_uring:fd9:sqes (deleted)"),
+            Some((9, sys::IORING_OFF_SQES))
+        );
+        assert_eq!(restored_area("/memfd:other (deleted)"), None);
+        let regs: Vec<u64> = r
+            .args_of("io_uring_register")
+            .iter()
+            .map(|a| a[1])
+            .collect();
+        assert_eq!(
+            regs,
+            [
+                u64::from(sys::IORING_REGISTER_FILES2),
+                u64::from(sys::IORING_REGISTER_FILES_UPDATE2),
+                u64::from(sys::IORING_REGISTER_BUFFERS2),
+                u64::from(sys::IORING_REGISTER_BUFFERS_UPDATE)
+            ]
+        );
+        // The file table: fd 3, then an empty slot.
+        assert!(r
+            .writes()
+            .contains(&[3i32.to_ne_bytes(), (-1i32).to_ne_bytes()].concat()));
+        assert!(r.writes().contains(&vec![1; 4096]) && r.writes().contains(&vec![2; 4096]));
+        assert_eq!(
+            r.args_of("dup3"),
+            [vec![0, 9, libc::O_CLOEXEC.unsigned_abs().into()]]
+        );
+    }
+
+    #[test]
+    fn positions_are_brought_back_with_nops() {
+        // The recorder's io_uring_enter takes nothing: the refill stops
+        // there, saying so.
+        let mut r = Recorder::default();
+        let e = restore_in(&mut r, Scratch { structs: 4096 }, &ring(20, vec![])).unwrap_err();
+        assert!(e.to_string().contains("took 0 of 8 NOPs"), "{e}");
+        assert_eq!(r.args_of("io_uring_enter")[0][1..4], [8, 8, 1]);
+    }
+}

@@ -1,0 +1,498 @@
+/*
+ * io_uring.c - an idle io_uring instance (no request in flight) must come
+ * back with its rings at their addresses, its positions, the completions
+ * not reaped yet, the entries written but not submitted yet, and its
+ * registered files and buffers.
+ *
+ *   io_uring PIDFILE
+ *
+ * Set up before "ready" (raw syscalls, no liburing):
+ *   a ring of 8 entries (16 CQEs), its rings mapped twice (at the SQ
+ *   ring's offset, used for the SQ, and at the CQ ring's, used for the
+ *   CQ: the same pages) and its SQE array mapped;
+ *   io_uring.data (a pattern file in the cwd) and io_uring.out (empty);
+ *   registered files [data, (empty), out]; registered buffers
+ *   [fixed, fixed+4096]; 19 NOPs submitted and reaped (the positions wrap
+ *   the ring), a READ_FIXED of 4 KiB through file 0 and buffer 0
+ *   (checked), a WRITE of 100 bytes at 0 of out through file 2;
+ *   3 requests completed and left unreaped: NOP (0xa1), READ of 512 bytes
+ *   at 4096 into rbuf (0xa2), READ_FIXED of 256 bytes at 0 into buffer 1
+ *   through file 0 (0xa3);
+ *   2 entries written and the SQ tail moved, not submitted: NOP (0xb1),
+ *   READ of 512 bytes at 8192 into rbuf2 (0xb2).
+ * After SIGTERM (tags in brackets):
+ *   [pos]    the rings are mapped where they were, with the SQ head/tail
+ *            and CQ head/tail of before;
+ *   [cqe]    the 3 unreaped completions are there, in order, with their
+ *            user_data and results; rbuf and buffer 1 hold the bytes read;
+ *   [sq]     io_uring_enter submits the 2 waiting entries: their
+ *            completions come with their user_data and results, and rbuf2
+ *            holds the file's bytes at 8192;
+ *   [fixed]  a READ_FIXED of 4 KiB at 12288 through file 0 into buffer 1
+ *            gives the file's bytes; a WRITE_FIXED of buffer 0 at 100
+ *            through file 2 lands in out after the 100 bytes written
+ *            before; slot 1 is still empty (-EBADF);
+ *   [nop]    20 more NOPs complete with their user_data.
+ *   [alias]  after all that, the two mappings of the rings still show
+ *            the same CQ tail (one memory).
+ *   [wait]   until SIGTERM the program waits in io_uring_enter for a
+ *            completion on an idle ring W (4 entries, 50 ms timeouts):
+ *            no wait ended with EINTR but the one SIGTERM ended (a dump
+ *            interrupts the wait; the restored or released program must
+ *            wait on, as the kernel restarts other syscalls).
+ * Rings B (8 entries) and C (1024, and 4096 CQEs: IORING_SETUP_CQSIZE;
+ * its rings take fewer pages than with an index array) are made with
+ * IORING_SETUP_NO_SQARRAY (liburing's default): on each, 5 NOPs reaped, a NOP (0xd1) completed and left
+ * unreaped, a NOP (0xd2) written at SQE 6 and not submitted.
+ *   [noarray] after SIGTERM, on B and C: the unreaped completion is
+ *            there, the waiting entry submits and completes, and 10 more
+ *            NOPs do (at SQE i & mask, with no index array).
+ *
+ *   io_uring PIDFILE inflight
+ *
+ * A ring with a request in flight, which a dump must refuse (errors.rs):
+ * a READ of 16 bytes on an empty pipe (waiting on a poll), tagged 0xc1.
+ * After SIGTERM: [inflight] it has not completed; once 16 bytes are
+ * written to the pipe it completes with them (the refused dump left the
+ * ring untouched).
+ *
+ *   io_uring PIDFILE single_issuer | shared
+ *
+ * Rings a dump must refuse too: one made with IORING_SETUP_SINGLE_ISSUER;
+ * one a child inherited (it holds it until its parent ends). After
+ * SIGTERM: [ring] a NOP on it completes.
+ */
+#include "zdtm.h"
+
+#include <linux/io_uring.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+
+#define SEED_F 0x75726e67ull
+#define FLEN (64 * 1024)
+#define ENTRIES 8
+
+static char fixed[8192] __attribute__((aligned(4096)));
+static char rbuf[512], rbuf2[512], wbuf[100], outbuf[4096 + 100];
+
+static int ring_fd;
+static struct io_uring_params p;
+static unsigned char *sq_ring, *cq_ring;
+static struct io_uring_sqe *sqes;
+
+#define SQ_U32(off) ((volatile unsigned *)(sq_ring + (off)))
+#define CQ_U32(off) ((volatile unsigned *)(cq_ring + (off)))
+
+static struct io_uring_cqe *cqe_at(unsigned pos)
+{
+	return (struct io_uring_cqe *)(cq_ring + p.cq_off.cqes) + (pos & *CQ_U32(p.cq_off.ring_mask));
+}
+
+/* Writes one SQE at the SQ tail and moves the tail (not submitted). */
+static void queue(unsigned char op, unsigned char flags, int fd, unsigned long addr, unsigned len,
+		  unsigned long long off, unsigned buf_index, unsigned long long user_data)
+{
+	unsigned tail = *SQ_U32(p.sq_off.tail), idx = tail & (ENTRIES - 1);
+	struct io_uring_sqe *s = &sqes[idx];
+
+	memset(s, 0, sizeof(*s));
+	s->opcode = op;
+	s->flags = flags;
+	s->fd = fd;
+	s->addr = addr;
+	s->len = len;
+	s->off = off;
+	s->buf_index = buf_index;
+	s->user_data = user_data;
+	((unsigned *)(sq_ring + p.sq_off.array))[idx] = idx;
+	__atomic_store_n(SQ_U32(p.sq_off.tail), tail + 1, __ATOMIC_RELEASE);
+}
+
+static long enter(unsigned submit, unsigned wait)
+{
+	return syscall(SYS_io_uring_enter, ring_fd, submit, wait, wait ? IORING_ENTER_GETEVENTS : 0,
+		       NULL, 0);
+}
+
+/* Reaps one completion: its result, and its user_data in *ud. */
+static int reap(unsigned long long *ud)
+{
+	unsigned head = *CQ_U32(p.cq_off.head);
+	struct io_uring_cqe *c;
+
+	*ud = 0;
+	if (__atomic_load_n(CQ_U32(p.cq_off.tail), __ATOMIC_ACQUIRE) == head && enter(0, 1) < 0)
+		return -100000;
+	if (*CQ_U32(p.cq_off.tail) == head)
+		return -100001;
+	c = cqe_at(head);
+	*ud = c->user_data;
+	__atomic_store_n(CQ_U32(p.cq_off.head), head + 1, __ATOMIC_RELEASE);
+	return c->res;
+}
+
+/* Submits what is queued (n entries) and reaps n completions, checking
+ * each has user_data ud0 + i and result res; 0 if all did. */
+static int run(unsigned n, unsigned long long ud0, int res, const char *tag)
+{
+	unsigned long long ud;
+	long r = enter(n, n);
+	unsigned i;
+	int ok = 1;
+
+	if (!zdtm_check(r == (long)n, tag, "io_uring_enter(%u): %ld (%s)", n, r,
+			r < 0 ? strerror(errno) : ""))
+		return -1;
+	for (i = 0; i < n; i++) {
+		int got = reap(&ud);
+
+		ok &= zdtm_check(got == res && ud == ud0 + i, tag,
+				 "completion %u: user_data %#llx res %d, expected %#llx %d", i, ud,
+				 got, ud0 + i, res);
+	}
+	return ok ? 0 : -1;
+}
+
+#define SETUP_NO_SQARRAY (1U << 16)
+#define ENTER_EXT_ARG (1U << 3)
+
+/* A ring without an SQ index array (rings B and C). */
+struct nring {
+	int fd;
+	struct io_uring_params p;
+	unsigned char *ring;
+	struct io_uring_sqe *sqes;
+};
+
+#define NR_U32(n, off) ((volatile unsigned *)((n)->ring + (off)))
+
+static void nring_setup(struct nring *n, unsigned entries, unsigned cq_entries)
+{
+	size_t len;
+
+	memset(&n->p, 0, sizeof(n->p));
+	n->p.flags = SETUP_NO_SQARRAY;
+	if (cq_entries) {
+		n->p.flags |= IORING_SETUP_CQSIZE;
+		n->p.cq_entries = cq_entries;
+	}
+	n->fd = syscall(SYS_io_uring_setup, entries, &n->p);
+	if (n->fd < 0 || (cq_entries && n->p.cq_entries != cq_entries))
+		zdtm_die("io_uring_setup(NO_SQARRAY)");
+	len = n->p.cq_off.cqes + n->p.cq_entries * sizeof(struct io_uring_cqe);
+	n->ring = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, n->fd,
+		       IORING_OFF_SQ_RING);
+	n->sqes = mmap(NULL, entries * sizeof(struct io_uring_sqe), PROT_READ | PROT_WRITE,
+		       MAP_SHARED | MAP_POPULATE, n->fd, IORING_OFF_SQES);
+	if (n->ring == MAP_FAILED || n->sqes == MAP_FAILED)
+		zdtm_die("mapping a NO_SQARRAY ring");
+}
+
+/* A NOP at the SQ tail (SQE tail & mask), not submitted. */
+static void nring_nop(struct nring *n, unsigned long long ud)
+{
+	unsigned tail = *NR_U32(n, n->p.sq_off.tail);
+	struct io_uring_sqe *s = &n->sqes[tail & (n->p.sq_entries - 1)];
+
+	memset(s, 0, sizeof(*s));
+	s->opcode = IORING_OP_NOP;
+	s->user_data = ud;
+	__atomic_store_n(NR_U32(n, n->p.sq_off.tail), tail + 1, __ATOMIC_RELEASE);
+}
+
+/* Submits `submit` and waits for one completion (with nothing to submit:
+ * takes one if there is one); reaps it: its user_data, or 0. */
+static unsigned long long nring_one(struct nring *n, unsigned submit)
+{
+	unsigned head = *NR_U32(n, n->p.cq_off.head);
+	struct io_uring_cqe *c;
+
+	if ((submit && syscall(SYS_io_uring_enter, n->fd, submit, 1, IORING_ENTER_GETEVENTS, NULL,
+			       0) < 0) ||
+	    __atomic_load_n(NR_U32(n, n->p.cq_off.tail), __ATOMIC_ACQUIRE) == head)
+		return 0;
+	c = (struct io_uring_cqe *)(n->ring + n->p.cq_off.cqes) + (head & (n->p.cq_entries - 1));
+	__atomic_store_n(NR_U32(n, n->p.cq_off.head), head + 1, __ATOMIC_RELEASE);
+	return c->res ? 0 : c->user_data;
+}
+
+/* Before "ready" (see the top). */
+static void nring_prepare(struct nring *n, unsigned entries, unsigned cq_entries)
+{
+	unsigned i;
+
+	nring_setup(n, entries, cq_entries);
+	for (i = 0; i < 5; i++) {
+		nring_nop(n, 0xd00 + i);
+		if (nring_one(n, 1) != 0xd00 + i)
+			zdtm_die("NOP %u on a NO_SQARRAY ring", i);
+	}
+	nring_nop(n, 0xd1);
+	if (syscall(SYS_io_uring_enter, n->fd, 1, 1, IORING_ENTER_GETEVENTS, NULL, 0) != 1)
+		zdtm_die("the NOP left unreaped");
+	nring_nop(n, 0xd2);
+}
+
+/* After SIGTERM (see the top). */
+static void nring_check(struct nring *n, const char *name)
+{
+	unsigned long long ud;
+	unsigned i;
+
+	ud = nring_one(n, 0);
+	zdtm_check(ud == 0xd1, "noarray", "ring %s: unreaped completion %#llx", name, ud);
+	ud = nring_one(n, 1);
+	zdtm_check(ud == 0xd2, "noarray", "ring %s: the waiting entry gave %#llx", name, ud);
+	for (i = 0; i < 10; i++) {
+		nring_nop(n, 0xe00 + i);
+		ud = nring_one(n, 1);
+		if (!zdtm_check(ud == 0xe00 + i, "noarray", "ring %s: NOP %u gave %#llx", name, i, ud))
+			break;
+	}
+}
+
+/* Makes the ring (8 entries) and maps its rings and SQE array. */
+static void setup_ring(void)
+{
+	size_t ring_len;
+
+	ring_fd = syscall(SYS_io_uring_setup, ENTRIES, &p);
+	if (ring_fd < 0)
+		zdtm_die("io_uring_setup");
+	if (!(p.features & IORING_FEAT_SINGLE_MMAP))
+		zdtm_die("no IORING_FEAT_SINGLE_MMAP");
+	ring_len = p.sq_off.array + ENTRIES * sizeof(unsigned);
+	if (p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe) > ring_len)
+		ring_len = p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe);
+	sq_ring = mmap(NULL, ring_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, ring_fd,
+		       IORING_OFF_SQ_RING);
+	sqes = mmap(NULL, ENTRIES * sizeof(*sqes), PROT_READ | PROT_WRITE,
+		    MAP_SHARED | MAP_POPULATE, ring_fd, IORING_OFF_SQES);
+	/* The CQ ring mapped apart too, as programs written for kernels
+	 * without IORING_FEAT_SINGLE_MMAP do: the same pages (aliases). */
+	cq_ring = mmap(NULL, p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe),
+		       PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, ring_fd, IORING_OFF_CQ_RING);
+	if (sq_ring == MAP_FAILED || sqes == MAP_FAILED || cq_ring == MAP_FAILED)
+		zdtm_die("mapping the rings");
+}
+
+/* The "inflight" mode (see the top). */
+static int in_flight(void)
+{
+	static const char msg[16] = "sixteen bytes!!";
+	unsigned long long ud = 0;
+	int pfd[2], r;
+
+	if (pipe2(pfd, O_CLOEXEC))
+		zdtm_die("pipe");
+	setup_ring();
+	queue(IORING_OP_READ, 0, pfd[0], (unsigned long)rbuf, 16, 0, 0, 0xc1);
+	if (enter(1, 0) != 1)
+		zdtm_die("submitting the READ");
+	zdtm_ready();
+	while (!zdtm_stop)
+		zdtm_msleep(50);
+	zdtm_check(*CQ_U32(p.cq_off.tail) == 0, "inflight", "a completion before the write");
+	if (write(pfd[1], msg, sizeof(msg)) != (ssize_t)sizeof(msg))
+		zdtm_die("write");
+	r = reap(&ud);
+	zdtm_check(r == 16 && ud == 0xc1 && !memcmp(rbuf, msg, 16), "inflight",
+		   "the READ: user_data %#llx res %d", ud, r);
+	zdtm_finish();
+	return 0;
+}
+
+/* The "single_issuer" and "shared" modes (see the top). */
+static int refused_ring(const char *mode)
+{
+	unsigned long long ud = 0;
+	int r;
+
+	if (!strcmp(mode, "single_issuer"))
+		p.flags = 1U << 12;
+	setup_ring();
+	if (!strcmp(mode, "shared")) {
+		pid_t c = fork();
+
+		if (c < 0)
+			zdtm_die("fork");
+		if (c == 0) {
+			prctl(PR_SET_PDEATHSIG, SIGKILL);
+			if (getppid() == 1)
+				_exit(0);
+			for (;;)
+				pause();
+		}
+	}
+	zdtm_ready();
+	while (!zdtm_stop)
+		zdtm_msleep(50);
+	queue(IORING_OP_NOP, 0, -1, 0, 0, 0, 0, 0xf1);
+	r = (int)enter(1, 1);
+	zdtm_check(r == 1, "ring", "submitting a NOP: %d (%s)", r, r < 0 ? strerror(errno) : "");
+	r = reap(&ud);
+	zdtm_check(r == 0 && ud == 0xf1, "ring", "the NOP: user_data %#llx res %d", ud, r);
+	zdtm_finish();
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	unsigned sq_head, sq_tail, cq_head, cq_tail, i;
+	unsigned char *file;
+	int fd, out, files[3], wait_err = 0;
+	static struct nring rb, rc, rw;
+	unsigned long wait_eintr = 0;
+	struct iovec iov[2] = { { fixed, 4096 }, { fixed + 4096, 4096 } };
+	unsigned long long ud;
+	int r;
+
+	zdtm_init(argc, argv, 1, "[inflight|single_issuer|shared]");
+	if (argc > 2) {
+		if (!strcmp(argv[2], "inflight"))
+			return in_flight();
+		if (!strcmp(argv[2], "single_issuer") || !strcmp(argv[2], "shared"))
+			return refused_ring(argv[2]);
+		zdtm_die("unknown mode %s", argv[2]);
+	}
+	file = malloc(FLEN);
+	if (!file)
+		zdtm_die("malloc");
+	zdtm_fill(file, FLEN, SEED_F);
+	fd = open("io_uring.data", O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0 || write(fd, file, FLEN) != FLEN)
+		zdtm_die("io_uring.data");
+	out = open("io_uring.out", O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (out < 0)
+		zdtm_die("io_uring.out");
+	setup_ring();
+	files[0] = fd;
+	files[1] = -1;
+	files[2] = out;
+	if (syscall(SYS_io_uring_register, ring_fd, IORING_REGISTER_FILES, files, 3))
+		zdtm_die("registering files");
+	if (syscall(SYS_io_uring_register, ring_fd, IORING_REGISTER_BUFFERS, iov, 2))
+		zdtm_die("registering buffers");
+
+	for (i = 0; i < 19; i++) {
+		queue(IORING_OP_NOP, 0, -1, 0, 0, 0, 0, 0x100 + i);
+		if (run(1, 0x100 + i, 0, "setup"))
+			zdtm_die("NOP %u", i);
+	}
+	queue(IORING_OP_READ_FIXED, IOSQE_FIXED_FILE, 0, (unsigned long)fixed, 4096, 0, 0, 0x200);
+	if (run(1, 0x200, 4096, "setup") || memcmp(fixed, file, 4096))
+		zdtm_die("the first READ_FIXED");
+	zdtm_fill(wbuf, sizeof(wbuf), SEED_F + 1);
+	queue(IORING_OP_WRITE, IOSQE_FIXED_FILE, 2, (unsigned long)wbuf, sizeof(wbuf), 0, 0, 0x300);
+	if (run(1, 0x300, sizeof(wbuf), "setup"))
+		zdtm_die("the WRITE to io_uring.out");
+
+	nring_prepare(&rb, 8, 0);
+	nring_prepare(&rc, 1024, 4096);
+
+	/* Completed, not reaped. */
+	queue(IORING_OP_NOP, 0, -1, 0, 0, 0, 0, 0xa1);
+	queue(IORING_OP_READ, 0, fd, (unsigned long)rbuf, sizeof(rbuf), 4096, 0, 0xa2);
+	queue(IORING_OP_READ_FIXED, IOSQE_FIXED_FILE, 0, (unsigned long)(fixed + 4096), 256, 0, 1,
+	      0xa3);
+	if (enter(3, 3) != 3)
+		zdtm_die("submitting the 3 requests left unreaped");
+	/* Written, not submitted. */
+	queue(IORING_OP_NOP, 0, -1, 0, 0, 0, 0, 0xb1);
+	queue(IORING_OP_READ, 0, fd, (unsigned long)rbuf2, sizeof(rbuf2), 8192, 0, 0xb2);
+	sq_head = *SQ_U32(p.sq_off.head);
+	sq_tail = *SQ_U32(p.sq_off.tail);
+	cq_head = *CQ_U32(p.cq_off.head);
+	cq_tail = *CQ_U32(p.cq_off.tail);
+	if (sq_head != 24 || sq_tail != 26 || cq_head != 21 || cq_tail != 24)
+		zdtm_die("positions %u %u %u %u", sq_head, sq_tail, cq_head, cq_tail);
+
+	nring_setup(&rw, 4, 0);
+
+	zdtm_ready();
+	while (!zdtm_stop) {
+		struct timespec ts = { 0, 50 * 1000 * 1000 };
+		struct {
+			uint64_t sigmask;
+			uint32_t sigmask_sz, min_wait_usec;
+			uint64_t ts;
+		} arg = { 0, 0, 0, (uintptr_t)&ts };
+		long w = syscall(SYS_io_uring_enter, rw.fd, 0, 1,
+				 IORING_ENTER_GETEVENTS | ENTER_EXT_ARG, &arg, sizeof(arg));
+
+		if (w < 0 && errno == EINTR && !zdtm_stop)
+			wait_eintr++;
+		else if (w < 0 && errno != EINTR && errno != ETIME && !wait_err)
+			wait_err = errno;
+	}
+	zdtm_check(!wait_eintr && !wait_err, "wait",
+		   "waiting on ring W: %lu EINTR before SIGTERM, error %s", wait_eintr,
+		   wait_err ? strerror(wait_err) : "none");
+
+	ZDTM_CORRUPT("cqe", __atomic_store_n(CQ_U32(p.cq_off.head), cq_head + 1, __ATOMIC_RELEASE));
+	ZDTM_CORRUPT("sq", {
+		enter(1, 0);
+	});
+	ZDTM_CORRUPT("noarray", nring_one(&rc, 0));
+	ZDTM_CORRUPT("fixed", syscall(SYS_io_uring_register, ring_fd, IORING_UNREGISTER_BUFFERS,
+				      NULL, 0));
+	zdtm_check(*SQ_U32(p.sq_off.head) == sq_head && *SQ_U32(p.sq_off.tail) == sq_tail &&
+			   *CQ_U32(p.cq_off.head) == cq_head && *CQ_U32(p.cq_off.tail) == cq_tail,
+		   "pos", "positions sq %u/%u cq %u/%u, were %u/%u %u/%u", *SQ_U32(p.sq_off.head),
+		   *SQ_U32(p.sq_off.tail), *CQ_U32(p.cq_off.head), *CQ_U32(p.cq_off.tail), sq_head,
+		   sq_tail, cq_head, cq_tail);
+	{
+		static const unsigned long long uds[3] = { 0xa1, 0xa2, 0xa3 };
+		static const int res[3] = { 0, 512, 256 };
+
+		for (i = 0; i < 3; i++) {
+			r = reap(&ud);
+			zdtm_check(r == res[i] && ud == uds[i], "cqe",
+				   "unreaped completion %u: user_data %#llx res %d, expected %#llx %d",
+				   i, ud, r, uds[i], res[i]);
+		}
+		zdtm_check(!memcmp(rbuf, file + 4096, sizeof(rbuf)), "cqe", "rbuf: other bytes");
+		zdtm_check(!memcmp(fixed + 4096, file, 256), "cqe", "buffer 1: other bytes");
+	}
+	r = (int)enter(2, 2);
+	if (zdtm_check(r == 2, "sq", "submitting the 2 waiting entries: %d (%s)", r,
+		       r < 0 ? strerror(errno) : "")) {
+		r = reap(&ud);
+		zdtm_check(r == 0 && ud == 0xb1, "sq", "NOP: user_data %#llx res %d", ud, r);
+		r = reap(&ud);
+		zdtm_check(r == 512 && ud == 0xb2, "sq", "READ: user_data %#llx res %d", ud, r);
+	}
+	zdtm_check(!memcmp(rbuf2, file + 8192, sizeof(rbuf2)), "sq", "rbuf2: other bytes");
+	memset(fixed + 4096, 0, 4096);
+	queue(IORING_OP_READ_FIXED, IOSQE_FIXED_FILE, 0, (unsigned long)(fixed + 4096), 4096, 12288,
+	      1, 0x400);
+	if (!run(1, 0x400, 4096, "fixed"))
+		zdtm_check(!memcmp(fixed + 4096, file + 12288, 4096), "fixed",
+			   "READ_FIXED into buffer 1: other bytes");
+	queue(IORING_OP_WRITE_FIXED, IOSQE_FIXED_FILE, 2, (unsigned long)fixed, 4096, sizeof(wbuf),
+	      0, 0x500);
+	if (!run(1, 0x500, 4096, "fixed")) {
+		ssize_t got = pread(out, outbuf, sizeof(outbuf), 0);
+
+		zdtm_check(got == (ssize_t)sizeof(outbuf) && !memcmp(outbuf, wbuf, sizeof(wbuf)) &&
+				   !memcmp(outbuf + sizeof(wbuf), fixed, 4096),
+			   "fixed", "io_uring.out gave %zd bytes, or other bytes", got);
+	}
+	queue(IORING_OP_READ, IOSQE_FIXED_FILE, 1, (unsigned long)rbuf, 16, 0, 0, 0x600);
+	run(1, 0x600, -EBADF, "fixed");
+	for (i = 0; i < 20; i++) {
+		queue(IORING_OP_NOP, 0, -1, 0, 0, 0, 0, 0x700 + i);
+		if (run(1, 0x700 + i, 0, "nop"))
+			break;
+	}
+	zdtm_check(*(volatile unsigned *)(sq_ring + p.cq_off.tail) == *CQ_U32(p.cq_off.tail) &&
+			   (void *)cq_ring != (void *)sq_ring,
+		   "alias", "the CQ tail reads %u through the SQ ring's mapping, %u through the CQ's",
+		   *(volatile unsigned *)(sq_ring + p.cq_off.tail), *CQ_U32(p.cq_off.tail));
+	nring_check(&rb, "B");
+	nring_check(&rc, "C");
+	zdtm_finish();
+	return 0;
+}
