@@ -368,6 +368,7 @@ fn write_manifest(
         ghosts,
         sysv_shm: std::mem::take(&mut collector.sysv),
         cut: fr.opts.cut.as_ref().map(|c| c.mark()),
+        namespaces: None,
     };
     let report = DumpReport {
         checkpoint: ck.number(),

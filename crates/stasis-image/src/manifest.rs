@@ -47,6 +47,62 @@ pub struct Manifest {
     /// if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cut: Option<CutMark>,
+    /// The namespaces the tree had of its own (not the dumper's), and what
+    /// of them is restored. `None`: the dumper's namespaces, as for every
+    /// image written before this field (their manifests say format
+    /// version 2; one with this field says [`NAMESPACES_MANIFEST_VERSION`]).
+    /// With a PID namespace, every PID in the manifest is the one inside it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespaces: Option<Namespaces>,
+}
+
+/// Manifest format version written when [`Manifest::namespaces`] is set, so
+/// that a reader that predates it refuses the manifest instead of restoring
+/// the tree in its own namespaces (with the in-namespace PIDs).
+pub const NAMESPACES_MANIFEST_VERSION: u32 = 3;
+
+/// The namespaces of a dumped tree that differ from the dumper's (every
+/// process of the tree shares the root's). A kind absent here was the
+/// dumper's.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Namespaces {
+    /// A PID namespace whose init is the root: the root is PID 1 again.
+    #[serde(default)]
+    pub pid: bool,
+    /// A UTS namespace: its host and domain names.
+    #[serde(default)]
+    pub uts: Option<UtsNamespace>,
+    /// An IPC namespace (its System V segments are in `sysv_shm`).
+    #[serde(default)]
+    pub ipc: bool,
+    /// A network namespace (its loopback only).
+    #[serde(default)]
+    pub net: Option<NetNamespace>,
+    /// A mount namespace: the mounts it has that the dumper's has not.
+    #[serde(default)]
+    pub mnt: Option<MountNamespace>,
+}
+
+/// What a UTS namespace holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UtsNamespace {
+    pub hostname: String,
+    pub domainname: String,
+}
+
+/// What a network namespace holds: only a loopback interface.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetNamespace {
+    /// Whether `lo` was up.
+    pub lo_up: bool,
+}
+
+/// The mounts of a mount namespace that the dumper's lacks.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountNamespace {
+    /// A proc file system of the tree's PID namespace mounted on `/proc`
+    /// (as `unshare --mount-proc` does).
+    pub proc: bool,
 }
 
 /// Where a checkpoint stands in a distributed application's history: the

@@ -80,6 +80,7 @@ pub fn manifest(checkpoint: u32, parent: Option<u32>, processes: Vec<ProcessImag
         ghosts: vec![],
         sysv_shm: vec![],
         cut: None,
+        namespaces: None,
     }
 }
 
