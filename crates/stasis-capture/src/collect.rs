@@ -281,7 +281,7 @@ fn write_manifest(
     collector: &mut fds::FdCollector,
     xfeatures: u64,
 ) -> Result<Pending> {
-    let ck = fr.store.begin_checkpoint()?;
+    let mut ck = fr.store.begin_checkpoint()?;
     let incremental = fr.base.is_some()
         && records
             .iter()
@@ -314,6 +314,7 @@ fn write_manifest(
     let mut pipes: Vec<_> = std::mem::take(&mut collector.pipes).into_values().collect();
     pipes.sort_by_key(|p| p.id);
     let threads = images.iter().map(|p| p.threads.len()).sum();
+    let ns = crate::ns::describe(fr.opts.pid, &images)?;
     if !incremental {
         for image in &mut images {
             image.data_ranges = None;
@@ -368,8 +369,12 @@ fn write_manifest(
         ghosts,
         sysv_shm: std::mem::take(&mut collector.sysv),
         cut: fr.opts.cut.as_ref().map(|c| c.mark()),
-        namespaces: None,
+        namespaces: ns.as_ref().map(|n| n.namespaces.clone()),
     };
+    let ns_pids = ns.map(|n| {
+        ck.set_pack_pids(n.pids.clone());
+        n.pids
+    });
     let report = DumpReport {
         checkpoint: ck.number(),
         pid: fr.opts.pid,
@@ -397,6 +402,7 @@ fn write_manifest(
             .as_ref()
             .is_some_and(|t| t.backend() == stasis_track::Backend::Hash),
         report,
+        ns_pids,
     })
 }
 

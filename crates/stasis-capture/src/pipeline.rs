@@ -369,7 +369,9 @@ fn preflight(pid: i32) -> Result<()> {
         .into());
     }
     let mut queue = vec![pid];
+    let mut tree = Vec::new();
     while let Some(p) = queue.pop() {
+        tree.push(p);
         wait_lazy_fill(p)?;
         let Ok(maps) = proc::read(p, "maps") else {
             continue;
@@ -387,7 +389,7 @@ fn preflight(pid: i32) -> Result<()> {
         preflight_process(p, &maps)?;
         queue.extend(proc::task_children(p));
     }
-    Ok(())
+    crate::ns::check(pid, &tree)
 }
 
 /// The fds and areas of one running process are of supported kinds.

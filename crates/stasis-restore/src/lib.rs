@@ -46,6 +46,7 @@ pub mod build;
 mod caps;
 pub mod files;
 mod memory;
+mod ns;
 mod pipeline;
 mod proc;
 mod process;
