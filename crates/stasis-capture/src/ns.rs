@@ -315,7 +315,10 @@ mod tests {
                     30 22 0:40 / /proc rw - proc proc rw\n";
         let m = mounts(info);
         assert_eq!(m.len(), 2);
-        assert_eq!(m[1], ("0:40".into(), "/".into(), "/proc".into(), "proc".into()));
+        assert_eq!(
+            m[1],
+            ("0:40".into(), "/".into(), "/proc".into(), "proc".into())
+        );
         assert_ne!(m[0], m[1]);
     }
 }

@@ -109,7 +109,8 @@ pub fn in_namespaces_of<T: Send>(
     std::thread::scope(|s| {
         s.spawn(move || -> Result<T> {
             for (fd, k) in &fds {
-                let flag = CloneFlags::from_bits_truncate(i32::try_from(k.clone_flag()).unwrap_or(0));
+                let flag =
+                    CloneFlags::from_bits_truncate(i32::try_from(k.clone_flag()).unwrap_or(0));
                 nix::sched::setns(fd, flag).map_err(|e| {
                     KernelError::io(
                         "setns",

@@ -57,7 +57,10 @@ pub(crate) fn setup(ns: &Namespaces) -> Result<NsSetup> {
         .into());
     }
     Ok(NsSetup {
-        flags: kinds(ns).iter().map(|k| k.clone_flag()).fold(0, |a, f| a | f),
+        flags: kinds(ns)
+            .iter()
+            .map(|k| k.clone_flag())
+            .fold(0, |a, f| a | f),
         hostname,
         domainname,
         mount_proc: ns.mnt.as_ref().is_some_and(|m| m.proc),

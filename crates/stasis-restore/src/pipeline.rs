@@ -116,7 +116,13 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     let root_outer = root.t.pid();
     records[0].proc = Some(root);
     if let Err(e) = crate::ns::after_spawn(m, root_outer) {
-        kill_tree(records.into_iter().filter_map(|r| r.proc).collect::<Vec<_>>(), init);
+        kill_tree(
+            records
+                .into_iter()
+                .filter_map(|r| r.proc)
+                .collect::<Vec<_>>(),
+            init,
+        );
         return Err(e);
     }
     let mut b = Build {
