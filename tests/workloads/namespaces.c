@@ -16,14 +16,23 @@
  *   kids   two children A and B, each asleep in a nanosleep loop until
  *          SIGTERM; the root keeps their PIDs (2 and 3: the first PIDs of
  *          the namespace after 1).
+ *   net    a TCP listener of the root on 127.0.0.1:PORT; A connects to it
+ *          (the root accepts) and sends IN_LEN bytes of pattern(SEED_IN)
+ *          that the root leaves unread; a unix socketpair between the root
+ *          and B.
  *
  * After SIGTERM:
  *   1. root: getpid() == 1; host and domain names; lo up; the segment's
  *      content and that it is the only one of the IPC namespace (shmctl
  *      SHM_INFO); /proc (the namespace's) lists exactly 1, A and B.
- *   2. root SIGTERMs A and B; each checks getpid() == its saved PID,
- *      getppid() == 1 and the host name, and exits 0 (1 on a mismatch,
- *      reported on stderr); the root checks both exit statuses.
+ *      The bytes A sent are still queued on the root's end of the TCP
+ *      connection; a new connection to the listener is accepted.
+ *   2. root sends MSG_LEN bytes of pattern(SEED_TCP) to A and of
+ *      pattern(SEED_UNIX) to B, SIGTERMs A and B; each checks getpid() ==
+ *      its saved PID, getppid() == 1, the host name and what it received,
+ *      A sends MSG_LEN bytes of pattern(SEED_BACK) back, and each exits 0
+ *      (1 on a mismatch, reported on stderr); the root checks A's bytes
+ *      and both exit statuses.
  */
 #include "zdtm.h"
 
@@ -33,11 +42,75 @@
 #include <sys/ipc.h>
 #include <sys/shm.h>
 #include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 
 #define HOST     "stasis-ns-box"
 #define DOMAIN   "stasis-ns-domain"
 #define SHM_SIZE (64u << 10)
 #define SEED_SHM 0x6e7373686d000000ull
+#define SEED_IN   0x6e73696e00000000ull
+#define SEED_TCP  0x6e73746370000000ull
+#define SEED_UNIX 0x6e73756e78000000ull
+#define SEED_BACK 0x6e736261636b0000ull
+#define PORT     47123
+#define IN_LEN   3000
+#define MSG_LEN  8192
+
+static int tcp_a = -1, unix_b = -1;
+
+static int read_full(int fd, void *buf, size_t len)
+{
+	size_t got = 0;
+
+	while (got < len) {
+		ssize_t n = read(fd, (char *)buf + got, len - got);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return -1;
+		got += n;
+	}
+	return 0;
+}
+
+static int write_full(int fd, const void *buf, size_t len)
+{
+	size_t done = 0;
+
+	while (done < len) {
+		ssize_t n = write(fd, (const char *)buf + done, len - done);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return -1;
+		done += n;
+	}
+	return 0;
+}
+
+static int pattern_ok(const uint8_t *b, size_t len, uint64_t seed)
+{
+	size_t i;
+
+	for (i = 0; i < len; i++)
+		if (b[i] != zdtm_pat_byte(seed, i))
+			return 0;
+	return 1;
+}
+
+static struct sockaddr_in lo_addr(void)
+{
+	struct sockaddr_in a;
+
+	memset(&a, 0, sizeof(a));
+	a.sin_family = AF_INET;
+	a.sin_port = htons(PORT);
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	return a;
+}
 
 static int lo_flags(short *flags)
 {
@@ -97,6 +170,24 @@ static void kid(const char *who, pid_t want)
 		zdtm_child_fail(who, "kid_uts", "host name '%s'", host);
 		bad = 1;
 	}
+	if (tcp_a >= 0 || unix_b >= 0) {
+		static uint8_t buf[MSG_LEN];
+		int fd = tcp_a >= 0 ? tcp_a : unix_b;
+		uint64_t seed = tcp_a >= 0 ? SEED_TCP : SEED_UNIX;
+
+		if (read_full(fd, buf, MSG_LEN) != 0 || !pattern_ok(buf, MSG_LEN, seed)) {
+			zdtm_child_fail(who, "kid_sock", "the root's %d bytes did not arrive intact",
+					MSG_LEN);
+			bad = 1;
+		}
+		if (tcp_a >= 0) {
+			zdtm_fill(buf, MSG_LEN, SEED_BACK);
+			if (write_full(tcp_a, buf, MSG_LEN) != 0) {
+				zdtm_child_fail(who, "kid_sock", "send back: %s", strerror(errno));
+				bad = 1;
+			}
+		}
+	}
 	_exit(bad);
 }
 
@@ -144,8 +235,10 @@ int main(int argc, char **argv)
 {
 	char host[64] = "", dom[64] = "";
 	struct shm_info info;
+	struct sockaddr_in addr;
+	static uint8_t buf[MSG_LEN];
 	pid_t a, b, extra = 0;
-	int shmid, pids[16], n, st;
+	int shmid, pids[16], n, st, lsn, conn, pair[2], one = 1, c2, c3;
 	short flags = 0;
 	uint8_t *seg;
 
@@ -164,8 +257,43 @@ int main(int argc, char **argv)
 	if (seg == (void *)-1)
 		zdtm_die("shmat: %s", strerror(errno));
 	zdtm_fill(seg, SHM_SIZE, SEED_SHM);
+
+	/* the listener, A's connection with IN_LEN bytes queued, B's pair */
+	addr = lo_addr();
+	lsn = socket(AF_INET, SOCK_STREAM, 0);
+	if (lsn < 0 || setsockopt(lsn, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) ||
+	    bind(lsn, (struct sockaddr *)&addr, sizeof(addr)) || listen(lsn, 8))
+		zdtm_die("listener: %s", strerror(errno));
+	tcp_a = socket(AF_INET, SOCK_STREAM, 0);
+	if (tcp_a < 0 || connect(tcp_a, (struct sockaddr *)&addr, sizeof(addr)))
+		zdtm_die("connect: %s", strerror(errno));
+	conn = accept(lsn, NULL, NULL);
+	if (conn < 0)
+		zdtm_die("accept: %s", strerror(errno));
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, pair))
+		zdtm_die("socketpair: %s", strerror(errno));
+	{
+		uint8_t in[IN_LEN];
+
+		zdtm_fill(in, IN_LEN, SEED_IN);
+		if (write_full(tcp_a, in, IN_LEN))
+			zdtm_die("send: %s", strerror(errno));
+	}
 	a = spawn("A", 2);
+	close(tcp_a);
+	tcp_a = -1;
+	unix_b = pair[1];
 	b = spawn("B", 3);
+	close(pair[1]);
+	unix_b = -1;
+	/* the bytes must be queued at the root's end before the dump */
+	for (;;) {
+		int queued = 0;
+
+		if (ioctl(conn, FIONREAD, &queued) == 0 && queued == IN_LEN)
+			break;
+		zdtm_msleep(5);
+	}
 	zdtm_ready();
 
 	while (!zdtm_stop)
@@ -176,6 +304,8 @@ int main(int argc, char **argv)
 	ZDTM_CORRUPT("shm", seg[100] ^= 1);
 	ZDTM_CORRUPT("proc", extra = spawn("X", 4));
 	ZDTM_CORRUPT("pid", a = 7);
+	ZDTM_CORRUPT("tcp", (void)!read(conn, buf, 1));
+	ZDTM_CORRUPT("kids", (void)!write(pair[0], "x", 1));
 
 	zdtm_check(getpid() == 1, "pid", "getpid() %d, expected 1", (int)getpid());
 	zdtm_check(a == 2 && b == 3, "pid", "children %d and %d, expected 2 and 3",
@@ -186,6 +316,8 @@ int main(int argc, char **argv)
 	zdtm_check(strcmp(dom, DOMAIN) == 0, "uts", "domain name '%s'", dom);
 	zdtm_check(lo_flags(&flags) == 0 && (flags & IFF_UP), "lo",
 		   "lo flags %#x (not up)", (unsigned)flags);
+	/* up for the TCP checks below, even if the self-test took it down */
+	lo_set(1);
 	zdtm_verify_pattern("shm", "System V segment", seg, SHM_SIZE, SEED_SHM);
 	if (shmctl(0, SHM_INFO, (struct shmid_ds *)&info) < 0)
 		zdtm_fail("shm", "shmctl(SHM_INFO): %s", strerror(errno));
@@ -197,6 +329,38 @@ int main(int argc, char **argv)
 	zdtm_check(n == 3 && pids[0] == 1 && pids[1] == 2 && pids[2] == 3, "proc",
 		   "/proc lists %d processes (%d %d %d...), expected 1 2 3", n,
 		   n > 0 ? pids[0] : -1, n > 1 ? pids[1] : -1, n > 2 ? pids[2] : -1);
+
+	/* TCP: A's queued bytes, then a new connection to the listener */
+	memset(buf, 0, sizeof(buf));
+	if (ioctl(conn, FIONREAD, &n) != 0 || n != IN_LEN)
+		zdtm_fail("tcp", "%d bytes queued from A, expected %d", n, IN_LEN);
+	else if (read_full(conn, buf, IN_LEN) != 0)
+		zdtm_fail("tcp", "reading A's %d queued bytes: %s", IN_LEN, strerror(errno));
+	else
+		zdtm_verify_pattern("tcp", "bytes queued from A", buf, IN_LEN, SEED_IN);
+	addr = lo_addr();
+	c2 = socket(AF_INET, SOCK_STREAM, 0);
+	{
+		/* connect gives up after 3 s (lo down: the SYN is lost) */
+		struct timeval tv = { .tv_sec = 3 };
+
+		if (c2 >= 0)
+			setsockopt(c2, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	}
+	if (c2 < 0 || connect(c2, (struct sockaddr *)&addr, sizeof(addr)) != 0)
+		zdtm_fail("tcp", "connecting to the listener: %s", strerror(errno));
+	else if ((c3 = accept(lsn, NULL, NULL)) < 0)
+		zdtm_fail("tcp", "accept: %s", strerror(errno));
+	else
+		close(c3);
+	if (c2 >= 0)
+		close(c2);
+	zdtm_fill(buf, MSG_LEN, SEED_TCP);
+	if (write_full(conn, buf, MSG_LEN))
+		zdtm_fail("tcp", "sending to A: %s", strerror(errno));
+	zdtm_fill(buf, MSG_LEN, SEED_UNIX);
+	if (write_full(pair[0], buf, MSG_LEN))
+		zdtm_fail("unix", "sending to B: %s", strerror(errno));
 
 	if (extra > 0) {
 		kill(extra, SIGKILL);
@@ -211,6 +375,11 @@ int main(int argc, char **argv)
 			zdtm_check(WIFEXITED(st) && WEXITSTATUS(st) == 0, "kids",
 				   "child %d: status %#x", n, st);
 	}
+	memset(buf, 0, sizeof(buf));
+	if (read_full(conn, buf, MSG_LEN) != 0)
+		zdtm_fail("tcp", "A's reply did not arrive: %s", strerror(errno));
+	else
+		zdtm_verify_pattern("tcp", "A's reply", buf, MSG_LEN, SEED_BACK);
 	shmdt(seg);
 	shmctl(shmid, IPC_RMID, NULL);
 	zdtm_finish();

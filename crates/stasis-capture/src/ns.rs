@@ -4,7 +4,7 @@
 //! not all share the root's namespaces, and the namespaces of its own that
 //! stasis cannot restore: user, cgroup and time namespaces; a PID namespace
 //! whose init is not the root; a network namespace with another interface
-//! than `lo`, or with sockets; System V message queues and semaphores of an
+//! than `lo`; System V message queues and semaphores of an
 //! IPC namespace; and mounts of a mount namespace other than a proc on
 //! `/proc`. [`describe`] (frozen) records what the restore needs: the host
 //! and domain names, whether `lo` is up, the proc mount, and the PID (and
@@ -81,7 +81,7 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
         ));
     }
     if own.contains(&NsKind::Net) {
-        check_net(root, tree)?;
+        check_net(root)?;
     }
     if own.contains(&NsKind::Ipc) {
         check_ipc(root)?;
@@ -98,8 +98,9 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
     Ok(())
 }
 
-/// A network namespace of the tree's own: only `lo`, and no socket.
-fn check_net(root: i32, tree: &[i32]) -> Result<()> {
+/// A network namespace of the tree's own: only `lo` (its sockets are
+/// saved as in the dumper's, from inside it: [`enter_net`]).
+fn check_net(root: i32) -> Result<()> {
     let dev = proc::read(root, "net/dev")?;
     for name in dev
         .lines()
@@ -114,20 +115,17 @@ fn check_net(root: i32, tree: &[i32]) -> Result<()> {
             ));
         }
     }
-    for &p in tree {
-        for fd in crate::fds::list_fds(p).unwrap_or_default() {
-            let Ok(link) = proc::read_link(p, &format!("fd/{fd}")) else {
-                continue;
-            };
-            if link.starts_with("socket:") {
-                return Err(refuse(
-                    p,
-                    format!("fd {fd} is a socket of a network namespace of the tree's own; sockets there are not supported yet"),
-                ));
-            }
-        }
-    }
     Ok(())
+}
+
+/// With a network namespace of the tree's own: the calling thread in it
+/// until the guard is dropped, so that its sockets are read there
+/// (sock_diag answers about the namespace of the socket asking).
+pub fn enter_net(root: i32) -> Result<Option<kns::NetnsGuard>> {
+    if !own_kinds(root).contains(&NsKind::Net) {
+        return Ok(None);
+    }
+    Ok(Some(kns::NetnsGuard::enter(root)?))
 }
 
 /// An IPC namespace of the tree's own: System V shared memory only (its

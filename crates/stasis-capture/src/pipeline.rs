@@ -30,6 +30,8 @@ pub fn dump_once(
 ) -> Result<DumpReport> {
     let t0 = Instant::now();
     preflight(opts.pid)?;
+    // The tree's sockets are read from inside its network namespace.
+    let _netns = crate::ns::enter_net(opts.pid)?;
     // Before the strategy takes the protection `tracking` holds.
     let base = incremental_base(store, opts.pid, tracker.as_deref(), tracking.as_deref());
     let mut strategy = strategy::choose(opts, method, tracking.as_deref_mut())?;

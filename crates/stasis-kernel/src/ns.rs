@@ -75,12 +75,65 @@ pub fn ns_id(pid: i32, kind: NsKind) -> Option<u64> {
         .map(|m| m.ino())
 }
 
-/// This process's namespace of kind `kind`.
+/// This process's namespace of kind `kind`, as it was the first time this
+/// was asked (a thread of it may since have entered another one with
+/// [`NetnsGuard`]).
 pub fn own_ns_id(kind: NsKind) -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(format!("/proc/self/ns/{}", kind.name()))
-        .ok()
-        .map(|m| m.ino())
+    static OWN: std::sync::OnceLock<Vec<Option<u64>>> = std::sync::OnceLock::new();
+    let own = OWN.get_or_init(|| {
+        NsKind::ALL
+            .iter()
+            .map(|k| {
+                std::fs::metadata(format!("/proc/self/ns/{}", k.name()))
+                    .ok()
+                    .map(|m| m.ino())
+            })
+            .collect()
+    });
+    NsKind::ALL
+        .iter()
+        .position(|&k| k == kind)
+        .and_then(|i| own.get(i).copied().flatten())
+}
+
+/// The calling thread moved into the network namespace of another
+/// process, until dropped (it then goes back to the one it had): sockets
+/// it creates meanwhile, sock_diag queries included, are of that
+/// namespace.
+#[derive(Debug)]
+pub struct NetnsGuard {
+    back: OwnedFd,
+}
+
+impl NetnsGuard {
+    /// Moves the calling thread into the network namespace of `pid`.
+    pub fn enter(pid: i32) -> Result<NetnsGuard> {
+        let open = |p: String| {
+            std::fs::File::open(&p)
+                .map(OwnedFd::from)
+                .map_err(|e| KernelError::io("open", e))
+        };
+        let back = open("/proc/thread-self/ns/net".into())?;
+        let target = open(format!("/proc/{pid}/ns/net"))?;
+        nix::sched::setns(&target, CloneFlags::CLONE_NEWNET).map_err(|e| {
+            KernelError::io(
+                "setns",
+                std::io::Error::other(format!(
+                    "entering the network namespace of process {pid}: {e}"
+                )),
+            )
+        })?;
+        Ok(NetnsGuard { back })
+    }
+}
+
+impl Drop for NetnsGuard {
+    fn drop(&mut self) {
+        // Going back to a namespace this thread was in, by an fd held on
+        // it, needs nothing that can have changed since.
+        let _ = nix::sched::setns(&self.back, CloneFlags::CLONE_NEWNET);
+    }
 }
 
 /// Runs `f` on a thread of its own moved into the namespaces of `kinds` of

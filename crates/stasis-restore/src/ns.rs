@@ -68,14 +68,17 @@ pub(crate) fn setup(ns: &Namespaces) -> Result<NsSetup> {
 }
 
 /// Once the root stub (`root`, as stasis sees it) exists in its new
-/// namespaces: brings their loopback up if it was.
-pub(crate) fn after_spawn(m: &Manifest, root: i32) -> Result<()> {
-    if let Some(net) = m.namespaces.as_ref().and_then(|n| n.net.as_ref()) {
-        if net.lo_up {
-            kns::in_namespaces_of(root, &[NsKind::Net], kns::set_loopback_up)??;
-        }
+/// namespaces: brings their loopback up if it was, and moves the calling
+/// thread into the new network namespace (until the guard is dropped), so
+/// that the sockets it makes for the tree are there.
+pub(crate) fn after_spawn(m: &Manifest, root: i32) -> Result<Option<kns::NetnsGuard>> {
+    let Some(net) = m.namespaces.as_ref().and_then(|n| n.net.as_ref()) else {
+        return Ok(None);
+    };
+    if net.lo_up {
+        kns::in_namespaces_of(root, &[NsKind::Net], kns::set_loopback_up)??;
     }
-    Ok(())
+    Ok(Some(kns::NetnsGuard::enter(root)?))
 }
 
 /// Runs `f` in the IPC namespace of the tree (whose root is `root` as

@@ -115,16 +115,16 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     let (root, init) = spawn_root(m, remote_end, opts.new_pidns)?;
     let root_outer = root.t.pid();
     records[0].proc = Some(root);
-    if let Err(e) = crate::ns::after_spawn(m, root_outer) {
-        kill_tree(
-            records
-                .into_iter()
-                .filter_map(|r| r.proc)
-                .collect::<Vec<_>>(),
-            init,
-        );
-        return Err(e);
-    }
+    // The tree's sockets are made in its network namespace: this thread
+    // works there until the restore is over.
+    let _netns = match crate::ns::after_spawn(m, root_outer) {
+        Ok(n) => n,
+        Err(e) => {
+            let procs = records.into_iter().filter_map(|r| r.proc);
+            kill_tree(procs.collect::<Vec<_>>(), init);
+            return Err(e);
+        }
+    };
     let mut b = Build {
         m,
         plan: &plan,
