@@ -16,6 +16,9 @@
  *   kids   two children A and B, each asleep in a nanosleep loop until
  *          SIGTERM; the root keeps their PIDs (2 and 3: the first PIDs of
  *          the namespace after 1).
+ *   tmpfs  a tmpfs (size=4m, mode=0755) mounted on /mnt, holding a directory
+ *          stasis-ns with a file data (TMPFS_LEN bytes of pattern(SEED_FILE),
+ *          mode 0640, closed) and a symbolic link to it.
  *   net    a TCP listener of the root on 127.0.0.1:PORT; A connects to it
  *          (the root accepts) and sends IN_LEN bytes of pattern(SEED_IN)
  *          that the root leaves unread; a unix socketpair between the root
@@ -25,6 +28,8 @@
  *   1. root: getpid() == 1; host and domain names; lo up; the segment's
  *      content and that it is the only one of the IPC namespace (shmctl
  *      SHM_INFO); /proc (the namespace's) lists exactly 1, A and B.
+ *      /mnt is a tmpfs with the directory, the file (content and mode)
+ *      and the link.
  *      The bytes A sent are still queued on the root's end of the TCP
  *      connection; a new connection to the listener is accepted.
  *   2. root sends MSG_LEN bytes of pattern(SEED_TCP) to A and of
@@ -42,6 +47,10 @@
 #include <sys/ipc.h>
 #include <sys/shm.h>
 #include <sys/socket.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <linux/magic.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
 
@@ -53,6 +62,11 @@
 #define SEED_TCP  0x6e73746370000000ull
 #define SEED_UNIX 0x6e73756e78000000ull
 #define SEED_BACK 0x6e736261636b0000ull
+#define SEED_FILE 0x6e7366696c650000ull
+#define TMPFS_LEN (100u << 10)
+#define TDIR     "/mnt/stasis-ns"
+#define TFILE    TDIR "/data"
+#define TLINK    TDIR "/link"
 #define PORT     47123
 #define IN_LEN   3000
 #define MSG_LEN  8192
@@ -258,6 +272,20 @@ int main(int argc, char **argv)
 		zdtm_die("shmat: %s", strerror(errno));
 	zdtm_fill(seg, SHM_SIZE, SEED_SHM);
 
+	/* a tmpfs of our own mount namespace, with a closed file */
+	if (mount("stasis-ns", "/mnt", "tmpfs", MS_NOSUID, "size=4m,mode=0755"))
+		zdtm_die("mounting a tmpfs on /mnt: %s", strerror(errno));
+	if (mkdir(TDIR, 0750) || symlink("data", TLINK))
+		zdtm_die("%s: %s", TDIR, strerror(errno));
+	{
+		static uint8_t f[TMPFS_LEN];
+		int fd = open(TFILE, O_WRONLY | O_CREAT | O_EXCL, 0640);
+
+		zdtm_fill(f, TMPFS_LEN, SEED_FILE);
+		if (fd < 0 || write_full(fd, f, TMPFS_LEN) || close(fd))
+			zdtm_die("%s: %s", TFILE, strerror(errno));
+	}
+
 	/* the listener, A's connection with IN_LEN bytes queued, B's pair */
 	addr = lo_addr();
 	lsn = socket(AF_INET, SOCK_STREAM, 0);
@@ -305,6 +333,11 @@ int main(int argc, char **argv)
 	ZDTM_CORRUPT("proc", extra = spawn("X", 4));
 	ZDTM_CORRUPT("pid", a = 7);
 	ZDTM_CORRUPT("tcp", (void)!read(conn, buf, 1));
+	ZDTM_CORRUPT("tmpfs", {
+		int fd = open(TFILE, O_WRONLY);
+		(void)!pwrite(fd, "x", 1, 5000);
+		close(fd);
+	});
 	ZDTM_CORRUPT("kids", (void)!write(pair[0], "x", 1));
 
 	zdtm_check(getpid() == 1, "pid", "getpid() %d, expected 1", (int)getpid());
@@ -329,6 +362,38 @@ int main(int argc, char **argv)
 	zdtm_check(n == 3 && pids[0] == 1 && pids[1] == 2 && pids[2] == 3, "proc",
 		   "/proc lists %d processes (%d %d %d...), expected 1 2 3", n,
 		   n > 0 ? pids[0] : -1, n > 1 ? pids[1] : -1, n > 2 ? pids[2] : -1);
+
+	/* the tmpfs and its content */
+	{
+		struct statfs sf;
+		struct stat st_f, st_d;
+		char target[16] = "";
+		int fd;
+
+		zdtm_check(statfs("/mnt", &sf) == 0 && sf.f_type == TMPFS_MAGIC, "tmpfs",
+			   "/mnt is not a tmpfs");
+		zdtm_check(stat(TDIR, &st_d) == 0 && S_ISDIR(st_d.st_mode) &&
+				   (st_d.st_mode & 07777) == 0750,
+			   "tmpfs", "%s: missing or mode %o", TDIR, (unsigned)st_d.st_mode);
+		zdtm_check(stat(TFILE, &st_f) == 0 && (st_f.st_mode & 07777) == 0640 &&
+				   st_f.st_size == TMPFS_LEN,
+			   "tmpfs", "%s: missing, mode %o or size %lld", TFILE,
+			   (unsigned)st_f.st_mode, (long long)st_f.st_size);
+		zdtm_check(readlink(TLINK, target, sizeof(target) - 1) == 4 &&
+				   strcmp(target, "data") == 0,
+			   "tmpfs", "%s: link to '%s'", TLINK, target);
+		fd = open(TFILE, O_RDONLY);
+		{
+			static uint8_t f[TMPFS_LEN];
+
+			if (fd < 0 || read_full(fd, f, TMPFS_LEN))
+				zdtm_fail("tmpfs", "reading %s: %s", TFILE, strerror(errno));
+			else
+				zdtm_verify_pattern("tmpfs", TFILE, f, TMPFS_LEN, SEED_FILE);
+		}
+		if (fd >= 0)
+			close(fd);
+	}
 
 	/* TCP: A's queued bytes, then a new connection to the listener */
 	memset(buf, 0, sizeof(buf));

@@ -15,7 +15,8 @@
 use std::collections::{HashMap, HashSet};
 
 use stasis_image::manifest::{
-    FdKind, Manifest, MountNamespace, Namespaces, NetNamespace, ProcessImage, UtsNamespace,
+    FdKind, Manifest, MountNamespace, Namespaces, NetNamespace, ProcessImage, TmpfsEntry,
+    TmpfsMount, UtsNamespace,
 };
 use stasis_kernel::ns::{self as kns, NsKind};
 
@@ -87,13 +88,8 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
         check_ipc(root)?;
     }
     if own.contains(&NsKind::Mnt) {
-        let proc = extra_mounts(root, own.contains(&NsKind::Pid))?;
-        if proc && !own.contains(&NsKind::Pid) {
-            return Err(refuse(
-                root,
-                "its mount namespace has a proc file system on /proc of its own but the tree shares the dumper's PID namespace".into(),
-            ));
-        }
+        let mnt = extra_mounts(root, own.contains(&NsKind::Pid), false)?;
+        check_tmpfs_fds(tree, &mnt)?;
     }
     Ok(())
 }
@@ -152,46 +148,214 @@ fn check_ipc(root: i32) -> Result<()> {
     Ok(())
 }
 
-/// `(device, root, mount point, type)` of each line of a `mountinfo`.
-fn mounts(info: &str) -> Vec<(String, String, String, String)> {
+/// One line of a `mountinfo`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct MountLine {
+    dev: String,
+    root: String,
+    at: String,
+    kind: String,
+    /// Per-mount options (`rw,nosuid,...`).
+    mount_opts: String,
+    /// The file system's options.
+    super_opts: String,
+}
+
+impl MountLine {
+    /// What tells one mount from another across namespaces (a copied
+    /// mount namespace has the same).
+    fn key(&self) -> (String, String, String) {
+        (self.dev.clone(), self.root.clone(), self.at.clone())
+    }
+}
+
+/// The lines of a `mountinfo`.
+fn mounts(info: &str) -> Vec<MountLine> {
     info.lines()
         .filter_map(|l| {
             let (a, b) = l.split_once(" - ")?;
             let f: Vec<&str> = a.split_whitespace().collect();
-            let t = b.split_whitespace().next()?;
-            Some((
-                f.get(2)?.to_string(),
-                f.get(3)?.to_string(),
-                f.get(4)?.to_string(),
-                t.to_string(),
-            ))
+            let g: Vec<&str> = b.split_whitespace().collect();
+            Some(MountLine {
+                dev: f.get(2)?.to_string(),
+                root: f.get(3)?.to_string(),
+                at: f.get(4)?.to_string(),
+                kind: g.first()?.to_string(),
+                mount_opts: f.get(5)?.to_string(),
+                super_opts: g.get(2).map_or(String::new(), |s| s.to_string()),
+            })
         })
         .collect()
 }
 
+/// Most bytes of content of the tmpfs mounts of one tree.
+const TMPFS_MAX_BYTES: u64 = 64 << 20;
+
 /// The mounts of the root's mount namespace that the dumper's has not
-/// (mounts it lacks are left as the restorer has them): refuses every one
-/// but a proc on `/proc`; returns whether there is one.
-fn extra_mounts(root: i32, own_pid: bool) -> Result<bool> {
+/// (mounts it lacks are left as the restorer has them): a proc on `/proc`
+/// (with `own_pid`) and tmpfs mounts (their content read when `content`);
+/// refuses every other.
+fn extra_mounts(root: i32, own_pid: bool, content: bool) -> Result<MountNamespace> {
     let mine: HashSet<_> = mounts(&proc::read(std::process::id() as i32, "mountinfo")?)
-        .into_iter()
+        .iter()
+        .map(MountLine::key)
         .collect();
-    let mut proc_mount = false;
+    let mut ns = MountNamespace::default();
+    let mut total = 0u64;
     for m in mounts(&proc::read(root, "mountinfo")?) {
-        if mine.contains(&m) {
+        if mine.contains(&m.key()) {
             continue;
         }
-        let (_, _, at, kind) = &m;
+        let (at, kind) = (&m.at, &m.kind);
         if kind == "proc" && at == "/proc" && own_pid {
-            proc_mount = true;
+            ns.proc = true;
+            continue;
+        }
+        if kind == "tmpfs" && m.root == "/" {
+            if let Some(t) = ns
+                .tmpfs
+                .iter()
+                .find(|t| at.starts_with(&format!("{}/", t.target)) || *at == t.target)
+            {
+                return Err(refuse(
+                    root,
+                    format!("its tmpfs mount on {at} is on (or over) its tmpfs mount on {}; nested tmpfs mounts are not supported", t.target),
+                ));
+            }
+            let entries = if content {
+                tmpfs_entries(root, at, &mut total)?
+            } else {
+                Vec::new()
+            };
+            ns.tmpfs.push(TmpfsMount {
+                target: at.clone(),
+                flags: mount_flags(&m.mount_opts),
+                options: m
+                    .super_opts
+                    .split(',')
+                    .filter(|o| *o != "rw" && *o != "ro")
+                    .collect::<Vec<_>>()
+                    .join(","),
+                entries,
+            });
             continue;
         }
         return Err(refuse(
             root,
-            format!("its mount namespace has a {kind} mount on {at} that the dumper's has not; only a proc on /proc is supported there yet"),
+            format!("its mount namespace has a {kind} mount on {at} that the dumper's has not; only a proc on /proc and tmpfs mounts are supported there yet"),
         ));
     }
-    Ok(proc_mount)
+    Ok(ns)
+}
+
+/// `MS_*` flags of per-mount options.
+fn mount_flags(opts: &str) -> u64 {
+    opts.split(',')
+        .map(|o| match o {
+            "ro" => libc::MS_RDONLY,
+            "nosuid" => libc::MS_NOSUID,
+            "nodev" => libc::MS_NODEV,
+            "noexec" => libc::MS_NOEXEC,
+            "noatime" => libc::MS_NOATIME,
+            "nodiratime" => libc::MS_NODIRATIME,
+            "relatime" => libc::MS_RELATIME,
+            "strictatime" => libc::MS_STRICTATIME,
+            _ => 0,
+        })
+        .fold(0, |a, f| a | f)
+}
+
+/// Everything in the tmpfs mounted on `at` in the mount namespace of
+/// `root` (read through `/proc/ROOT/root`), directories before what they
+/// hold; `total` counts the bytes of content of the tree's tmpfs mounts.
+fn tmpfs_entries(root: i32, at: &str, total: &mut u64) -> Result<Vec<TmpfsEntry>> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let base = std::path::PathBuf::from(format!("/proc/{root}/root{at}"));
+    let io = |e: std::io::Error| CaptureError::from_proc(root, &format!("root{at}"), e);
+    let mut out = Vec::new();
+    let mut queue = vec![String::new()];
+    while let Some(rel) = queue.pop() {
+        let path = if rel.is_empty() {
+            base.clone()
+        } else {
+            base.join(&rel)
+        };
+        let md = std::fs::symlink_metadata(&path).map_err(io)?;
+        let ft = md.file_type();
+        let data = if ft.is_file() {
+            *total += md.len();
+            if *total > TMPFS_MAX_BYTES {
+                return Err(refuse(
+                    root,
+                    format!("its tmpfs mounts hold more than {} MiB (at {at}/{rel}); stasis saves at most that much", TMPFS_MAX_BYTES >> 20),
+                ));
+            }
+            std::fs::read(&path).map_err(io)?
+        } else if ft.is_symlink() {
+            std::fs::read_link(&path)
+                .map_err(io)?
+                .into_os_string()
+                .into_encoded_bytes()
+        } else if ft.is_dir() {
+            let mut names: Vec<String> = std::fs::read_dir(&path)
+                .map_err(io)?
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            for n in names.into_iter().rev() {
+                queue.push(if rel.is_empty() {
+                    n
+                } else {
+                    format!("{rel}/{n}")
+                });
+            }
+            Vec::new()
+        } else {
+            let what = if ft.is_fifo() {
+                "a FIFO"
+            } else if ft.is_socket() {
+                "a unix socket file"
+            } else {
+                "a device node"
+            };
+            return Err(refuse(
+                root,
+                format!("{at}/{rel} in its tmpfs mount is {what}; only directories, regular files and symbolic links are saved there"),
+            ));
+        };
+        out.push(TmpfsEntry {
+            path: rel,
+            mode: md.mode(),
+            uid: md.uid(),
+            gid: md.gid(),
+            data,
+        });
+    }
+    Ok(out)
+}
+
+/// No process of the tree has an fd on a file of one of its tmpfs mounts
+/// (the restorer opens files in its own mount namespace).
+fn check_tmpfs_fds(tree: &[i32], ns: &MountNamespace) -> Result<()> {
+    for &p in tree {
+        for fd in crate::fds::list_fds(p).unwrap_or_default() {
+            let Ok(link) = proc::read_link(p, &format!("fd/{fd}")) else {
+                continue;
+            };
+            if let Some(t) = ns
+                .tmpfs
+                .iter()
+                .find(|t| link == t.target || link.starts_with(&format!("{}/", t.target)))
+            {
+                return Err(refuse(
+                    p,
+                    format!("fd {fd} is open on {link}, in its tmpfs mount on {}; open files there are not supported yet (their content is saved when they are closed)", t.target),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// What the restore needs of the tree's namespaces, and its PIDs there.
@@ -233,9 +397,7 @@ pub fn describe(root: i32, images: &[ProcessImage]) -> Result<Option<NsCapture>>
         ns.net = Some(NetNamespace { lo_up });
     }
     if own.contains(&NsKind::Mnt) {
-        ns.mnt = Some(MountNamespace {
-            proc: extra_mounts(root, ns.pid)?,
-        });
+        ns.mnt = Some(extra_mounts(root, ns.pid, true)?);
     }
     let mut pids = HashMap::new();
     if ns.pid {
@@ -308,15 +470,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn mountinfo_lines_give_device_root_point_and_type() {
+    fn mountinfo_lines_give_device_root_point_type_and_options() {
         let info = "22 1 0:5 / /proc rw,nosuid - proc proc rw\n\
-                    30 22 0:40 / /proc rw - proc proc rw\n";
+                    30 22 0:40 / /mnt rw,nosuid,nodev - tmpfs t rw,size=1024k,mode=755\n";
         let m = mounts(info);
         assert_eq!(m.len(), 2);
+        assert_eq!(m[1].key(), ("0:40".into(), "/".into(), "/mnt".into()));
+        assert_eq!(m[1].kind, "tmpfs");
+        assert_eq!(m[1].super_opts, "rw,size=1024k,mode=755");
         assert_eq!(
-            m[1],
-            ("0:40".into(), "/".into(), "/proc".into(), "proc".into())
+            mount_flags(&m[1].mount_opts),
+            libc::MS_NOSUID | libc::MS_NODEV
         );
-        assert_ne!(m[0], m[1]);
+        assert_ne!(m[0].key(), m[1].key());
     }
 }

@@ -103,6 +103,38 @@ pub struct MountNamespace {
     /// A proc file system of the tree's PID namespace mounted on `/proc`
     /// (as `unshare --mount-proc` does).
     pub proc: bool,
+    /// tmpfs mounts, in the order they were mounted, with their content.
+    #[serde(default)]
+    pub tmpfs: Vec<TmpfsMount>,
+}
+
+/// A tmpfs mount of the tree's mount namespace and everything in it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TmpfsMount {
+    /// Where it is mounted (absolute).
+    pub target: String,
+    /// `MS_*` flags of the mount (`MS_RDONLY`, `MS_NOSUID`...).
+    pub flags: u64,
+    /// The file system's options (`size=`, `mode=`...), as `mount` takes them.
+    pub options: String,
+    /// Its directory, files and symbolic links, each after its directory;
+    /// the first, with an empty path, is the mount's root.
+    pub entries: Vec<TmpfsEntry>,
+}
+
+/// One inode of a [`TmpfsMount`] (a file with several links is saved once
+/// per link).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TmpfsEntry {
+    /// Path under the mount, without a leading `/` (empty: its root).
+    pub path: String,
+    /// `st_mode` (type and permission bits).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// A regular file's content, or a symbolic link's target.
+    #[serde(default, with = "serde_bytes")]
+    pub data: Vec<u8>,
 }
 
 /// Where a checkpoint stands in a distributed application's history: the

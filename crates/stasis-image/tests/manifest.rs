@@ -352,7 +352,21 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
         }),
         ipc: true,
         net: Some(manifest::NetNamespace { lo_up: true }),
-        mnt: Some(manifest::MountNamespace { proc: true }),
+        mnt: Some(manifest::MountNamespace {
+            proc: true,
+            tmpfs: vec![manifest::TmpfsMount {
+                target: "/mnt".into(),
+                flags: 2,
+                options: "size=1024k".into(),
+                entries: vec![manifest::TmpfsEntry {
+                    path: "f".into(),
+                    mode: 0o100644,
+                    uid: 0,
+                    gid: 0,
+                    data: b"content".to_vec(),
+                }],
+            }],
+        }),
     });
     let bytes = encode_manifest(&m).unwrap();
     assert_eq!(

@@ -66,6 +66,9 @@ pub struct NsSetup {
     /// In a new mount namespace: make every mount private, and mount a
     /// proc file system of the new PID namespace on `/proc`.
     pub mount_proc: bool,
+    /// In a new mount namespace: tmpfs mounts to make, in order (where,
+    /// `MS_*` flags, options), after every mount is made private.
+    pub tmpfs: Vec<(std::ffi::CString, u64, std::ffi::CString)>,
 }
 
 /// Like [`spawn_stopped`], but the child is created in the new namespaces
@@ -78,7 +81,7 @@ pub fn spawn_stopped_in(set_tid: Option<i32>, ns: &NsSetup) -> Result<Tracee, Sp
 fn spawn_stopped_with(set_tid: Option<i32>, ns: Option<&NsSetup>) -> Result<Tracee, SpawnError> {
     let tid_arr = [set_tid.unwrap_or(0)];
     let new_pidns = ns.is_some_and(|n| n.flags & u64::from(libc::CLONE_NEWPID.unsigned_abs()) != 0);
-    let (proc_src, proc_dir, root_dir) = (c"proc", c"/proc", c"/");
+    let (proc_src, proc_dir, root_dir, tmpfs) = (c"proc", c"/proc", c"/", c"tmpfs");
     let args = CloneArgs {
         flags: ns.map_or(0, |n| n.flags),
         exit_signal: libc::SIGCHLD as u64,
@@ -120,23 +123,39 @@ fn spawn_stopped_with(set_tid: Option<i32>, ns: Option<&NsSetup>) -> Result<Trac
                         libc::_exit(125);
                     }
                 }
-                if n.mount_proc
-                    && (libc::mount(
+                if (n.mount_proc || !n.tmpfs.is_empty())
+                    && libc::mount(
                         std::ptr::null(),
                         root_dir.as_ptr(),
                         std::ptr::null(),
                         libc::MS_REC | libc::MS_PRIVATE,
                         std::ptr::null(),
                     ) != 0
-                        || libc::mount(
-                            proc_src.as_ptr(),
-                            proc_dir.as_ptr(),
-                            proc_src.as_ptr(),
-                            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                            std::ptr::null(),
-                        ) != 0)
                 {
                     libc::_exit(124);
+                }
+                if n.mount_proc
+                    && libc::mount(
+                        proc_src.as_ptr(),
+                        proc_dir.as_ptr(),
+                        proc_src.as_ptr(),
+                        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                        std::ptr::null(),
+                    ) != 0
+                {
+                    libc::_exit(124);
+                }
+                for (at, flags, opts) in &n.tmpfs {
+                    if libc::mount(
+                        tmpfs.as_ptr(),
+                        at.as_ptr(),
+                        tmpfs.as_ptr(),
+                        *flags,
+                        opts.as_ptr().cast(),
+                    ) != 0
+                    {
+                        libc::_exit(123);
+                    }
                 }
             }
             libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0);

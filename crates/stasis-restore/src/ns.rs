@@ -56,6 +56,14 @@ pub(crate) fn setup(ns: &Namespaces) -> Result<NsSetup> {
         )
         .into());
     }
+    let mut tmpfs = Vec::new();
+    for t in ns.mnt.iter().flat_map(|m| m.tmpfs.iter()) {
+        tmpfs.push((
+            cstr("tmpfs mount point", &t.target)?,
+            t.flags,
+            cstr("tmpfs options", &t.options)?,
+        ));
+    }
     Ok(NsSetup {
         flags: kinds(ns)
             .iter()
@@ -64,14 +72,95 @@ pub(crate) fn setup(ns: &Namespaces) -> Result<NsSetup> {
         hostname,
         domainname,
         mount_proc: ns.mnt.as_ref().is_some_and(|m| m.proc),
+        tmpfs,
     })
 }
 
+/// What the root stub's exit code says went wrong in setting up its
+/// namespaces ([`stasis_kernel::child::spawn_stopped_in`]).
+pub(crate) fn setup_failure(code: i32) -> Option<&'static str> {
+    match code {
+        125 => Some("setting the saved host or domain name failed"),
+        124 => Some("making the mounts private or mounting a proc on /proc failed"),
+        123 => Some("mounting a saved tmpfs failed (does its mount point exist here?)"),
+        _ => None,
+    }
+}
+
+/// Puts back the content of the tree's tmpfs mounts, through
+/// `/proc/ROOT/root` (`root` as stasis sees it: its mount namespace).
+fn fill_tmpfs(m: &Manifest, root: i32) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::PermissionsExt;
+    let Some(mnt) = m.namespaces.as_ref().and_then(|n| n.mnt.as_ref()) else {
+        return Ok(());
+    };
+    for t in &mnt.tmpfs {
+        let base = std::path::PathBuf::from(format!("/proc/{root}/root{}", t.target));
+        let mut dirs = std::collections::HashSet::new();
+        for e in &t.entries {
+            let rel = std::path::Path::new(&e.path);
+            // Only plain names, each under a directory made before.
+            let plain = rel
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+            let parent_ok = rel
+                .parent()
+                .is_none_or(|p| p.as_os_str().is_empty() || dirs.contains(p));
+            let first = e.path.is_empty();
+            if !plain || !parent_ok || first != dirs.is_empty() {
+                return Err(ObjectError::Inconsistent(format!(
+                    "tmpfs entry {:?} under {} is not under a saved directory",
+                    e.path, t.target
+                ))
+                .into());
+            }
+            let path = if first { base.clone() } else { base.join(rel) };
+            let step = |what: &'static str| {
+                let p = format!("{}/{}", t.target, e.path);
+                move |err: std::io::Error| {
+                    RestoreError::from(ObjectError::Inconsistent(format!(
+                        "{what} {p} in the restored tmpfs: {err}"
+                    )))
+                }
+            };
+            match e.mode & libc::S_IFMT {
+                libc::S_IFDIR => {
+                    if !first {
+                        std::fs::create_dir(&path).map_err(step("making"))?;
+                    }
+                    dirs.insert(rel.to_path_buf());
+                }
+                libc::S_IFREG => std::fs::write(&path, &e.data).map_err(step("writing"))?,
+                libc::S_IFLNK => {
+                    let target = std::ffi::OsStr::from_bytes(&e.data);
+                    std::os::unix::fs::symlink(target, &path).map_err(step("linking"))?;
+                }
+                _ => {
+                    return Err(ObjectError::Inconsistent(format!(
+                        "tmpfs entry {}/{} of mode {:o}",
+                        t.target, e.path, e.mode
+                    ))
+                    .into())
+                }
+            }
+            std::os::unix::fs::lchown(&path, Some(e.uid), Some(e.gid)).map_err(step("chown of"))?;
+            if e.mode & libc::S_IFMT != libc::S_IFLNK {
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(e.mode & 0o7777))
+                    .map_err(step("chmod of"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Once the root stub (`root`, as stasis sees it) exists in its new
-/// namespaces: brings their loopback up if it was, and moves the calling
+/// namespaces: puts back the content of its tmpfs mounts, brings their
+/// loopback up if it was, and moves the calling
 /// thread into the new network namespace (until the guard is dropped), so
 /// that the sockets it makes for the tree are there.
 pub(crate) fn after_spawn(m: &Manifest, root: i32) -> Result<Option<kns::NetnsGuard>> {
+    fill_tmpfs(m, root)?;
     let Some(net) = m.namespaces.as_ref().and_then(|n| n.net.as_ref()) else {
         return Ok(None);
     };

@@ -257,7 +257,23 @@ fn spawn_root(m: &Manifest, remote_end: OwnedFd, new_pidns: bool) -> Result<(Pro
         }
         let setup = crate::ns::setup(ns)?;
         let set_tid = (!ns.pid).then_some(root.pid);
-        let t = stasis_kernel::child::spawn_stopped_in(set_tid, &setup).map_err(spawn_err)?;
+        let t = stasis_kernel::child::spawn_stopped_in(set_tid, &setup).map_err(|e| {
+            let why = match &e {
+                SpawnError::Kernel(stasis_kernel::KernelError::Died { status, .. })
+                    if libc::WIFEXITED(*status) =>
+                {
+                    crate::ns::setup_failure(libc::WEXITSTATUS(*status))
+                }
+                _ => None,
+            };
+            match why {
+                Some(w) => ObjectError::Incompatible(format!(
+                    "the tree's new namespaces could not be set up: {w}"
+                ))
+                .into(),
+                None => spawn_err(e),
+            }
+        })?;
         (t, None)
     } else if new_pidns {
         // The namespace's init is stasis exec'd anew: keep the transport

@@ -4,7 +4,8 @@
 //! checks itself (PID 1, its children's PIDs, the host name, lo up, a
 //! System V segment of its IPC namespace, /proc listing only its
 //! processes, a TCP listener and a loopback connection between two of its
-//! processes with bytes queued, a unix socket pair). And the shapes stasis cannot restore are refused before
+//! processes with bytes queued, a unix socket pair, a tmpfs on /mnt with a
+//! directory, a file and a link). And the shapes stasis cannot restore are refused before
 //! anything is stopped: the tree runs on untouched.
 
 mod common;
@@ -333,7 +334,7 @@ fn refuses_a_process_that_is_not_the_namespace_init() {
 }
 
 #[test]
-fn refuses_a_tmpfs_mount() {
+fn refuses_a_ramfs_mount() {
     refused(
         &[
             "--pid",
@@ -342,10 +343,27 @@ fn refuses_a_tmpfs_mount() {
             "--mount",
             "sh",
             "-c",
-            "mount -t tmpfs stasis-test /mnt && exec sleep 1000",
+            "mount -t ramfs stasis-test /mnt && exec sleep 1000",
         ],
         |up| child_running(up, "sleep 1000"),
-        "has a tmpfs mount on /mnt",
+        "has a ramfs mount on /mnt",
+    );
+}
+
+#[test]
+fn refuses_a_file_open_in_a_tmpfs_mount() {
+    refused(
+        &[
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--mount",
+            "sh",
+            "-c",
+            "mount -t tmpfs stasis-test /mnt && exec sleep 1000 3>/mnt/f",
+        ],
+        |up| child_running(up, "sleep 1000"),
+        "fd 3 is open on /mnt/f, in its tmpfs mount on /mnt",
     );
 }
 
