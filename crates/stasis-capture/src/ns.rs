@@ -66,6 +66,22 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
         }
     }
     let own = own_kinds(root);
+    if !own.is_empty() {
+        let want = cgroup_of(root);
+        for &p in tree.iter().filter(|&&p| p != root) {
+            let theirs = cgroup_of(p);
+            if theirs.is_some() && theirs != want {
+                return Err(refuse(
+                    p,
+                    format!(
+                        "it is in cgroup {}, the root ({root}) in {}; stasis restores a tree in namespaces of its own into one cgroup",
+                        theirs.unwrap_or_default(),
+                        want.unwrap_or_default()
+                    ),
+                ));
+            }
+        }
+    }
     if let Some(k) = own.iter().find(|k| !RESTORABLE.contains(k)) {
         return Err(refuse(
             root,
@@ -112,6 +128,16 @@ fn check_net(root: i32) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The cgroup (v2) of process `pid`: the path after `0::` in its
+/// `/proc/PID/cgroup` (`None` if it is gone).
+pub fn cgroup_of(pid: i32) -> Option<String> {
+    proc::read(pid, "cgroup").ok().and_then(|t| {
+        t.lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .map(str::to_string)
+    })
 }
 
 /// With a network namespace of the tree's own: the calling thread in it
@@ -375,6 +401,7 @@ pub fn describe(root: i32, images: &[ProcessImage]) -> Result<Option<NsCapture>>
     let mut ns = Namespaces {
         pid: own.contains(&NsKind::Pid),
         ipc: own.contains(&NsKind::Ipc),
+        cgroup: cgroup_of(root),
         ..Default::default()
     };
     if own.contains(&NsKind::Uts) {

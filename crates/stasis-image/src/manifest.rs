@@ -81,6 +81,10 @@ pub struct Namespaces {
     /// A mount namespace: the mounts it has that the dumper's has not.
     #[serde(default)]
     pub mnt: Option<MountNamespace>,
+    /// The tree's cgroup (v2: the path after `0::` in `/proc/PID/cgroup`),
+    /// where the restored tree is put (the directory is made if missing).
+    #[serde(default)]
+    pub cgroup: Option<String>,
 }
 
 /// What a UTS namespace holds.

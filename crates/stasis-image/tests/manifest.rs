@@ -352,6 +352,7 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
         }),
         ipc: true,
         net: Some(manifest::NetNamespace { lo_up: true }),
+        cgroup: Some("/box".into()),
         mnt: Some(manifest::MountNamespace {
             proc: true,
             tmpfs: vec![manifest::TmpfsMount {

@@ -87,6 +87,43 @@ pub(crate) fn setup_failure(code: i32) -> Option<&'static str> {
     }
 }
 
+/// Puts process `pid` (the root stub, before it forks anyone) into the
+/// cgroup (v2) at `path`, made if missing; nothing if that is the
+/// restorer's own.
+fn join_cgroup(path: &str, pid: i32) -> Result<()> {
+    let mine = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    if mine.lines().any(|l| l.strip_prefix("0::") == Some(path)) {
+        return Ok(());
+    }
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let Some(mount) = info.lines().find_map(|l| {
+        let (a, b) = l.split_once(" - ")?;
+        (b.split_whitespace().next() == Some("cgroup2"))
+            .then(|| a.split_whitespace().nth(4).map(str::to_string))
+            .flatten()
+    }) else {
+        return Err(ObjectError::Incompatible(format!(
+            "the tree was in cgroup {path}, but no cgroup2 file system is mounted here"
+        ))
+        .into());
+    };
+    let rel = path.trim_start_matches('/');
+    if rel.split('/').any(|c| c == "..") {
+        return Err(ObjectError::Inconsistent(format!("cgroup path {path}")).into());
+    }
+    let dir = std::path::Path::new(&mount).join(rel);
+    let fail = |what: &str, e: std::io::Error| {
+        RestoreError::from(ObjectError::Incompatible(format!(
+            "putting the tree into its cgroup {}: {what}: {e}",
+            dir.display()
+        )))
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| fail("mkdir", e))?;
+    std::fs::write(dir.join("cgroup.procs"), pid.to_string())
+        .map_err(|e| fail("writing cgroup.procs", e))?;
+    Ok(())
+}
+
 /// Puts back the content of the tree's tmpfs mounts, through
 /// `/proc/ROOT/root` (`root` as stasis sees it: its mount namespace).
 fn fill_tmpfs(m: &Manifest, root: i32) -> Result<()> {
@@ -161,6 +198,9 @@ fn fill_tmpfs(m: &Manifest, root: i32) -> Result<()> {
 /// that the sockets it makes for the tree are there.
 pub(crate) fn after_spawn(m: &Manifest, root: i32) -> Result<Option<kns::NetnsGuard>> {
     fill_tmpfs(m, root)?;
+    if let Some(cg) = m.namespaces.as_ref().and_then(|n| n.cgroup.as_deref()) {
+        join_cgroup(cg, root)?;
+    }
     let Some(net) = m.namespaces.as_ref().and_then(|n| n.net.as_ref()) else {
         return Ok(None);
     };

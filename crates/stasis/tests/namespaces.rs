@@ -36,6 +36,11 @@ struct NsTree {
 
 impl NsTree {
     fn start() -> NsTree {
+        Self::start_in(None)
+    }
+
+    /// Started in the cgroup (v2) directory `cgroup`, if given.
+    fn start_in(cgroup: Option<&std::path::Path>) -> NsTree {
         let bin = workloads().join("namespaces");
         let dir = tempfile::Builder::new()
             .prefix("stasis-namespaces-")
@@ -45,7 +50,16 @@ impl NsTree {
         let pidfile = dir.path().join("pid");
         // The workload's output goes to out.log, unshare's (it complains
         // when its child is killed) elsewhere.
-        let mut c = Command::new("unshare");
+        let mut c = match cgroup {
+            Some(cg) => {
+                let mut c = Command::new("sh");
+                c.arg("-c")
+                    .arg("echo $$ >\"$0/cgroup.procs\" && exec unshare \"$@\"")
+                    .arg(cg);
+                c
+            }
+            None => Command::new("unshare"),
+        };
         c.args(UNSHARE)
             .args(["sh", "-c", "exec \"$0\" \"$1\" >\"$2\" 2>&1"])
             .arg(&bin)
@@ -61,6 +75,7 @@ impl NsTree {
         assert_eq!(inside, 1, "the workload's PID in its namespace");
         let up = child.id() as i32;
         let mut pid = 0;
+        // (`sh` exec'd unshare: same process.)
         wait_until(Duration::from_secs(10), "unshare's child", || {
             pid = my_children_of(up).first().copied().unwrap_or(0);
             pid > 0
@@ -178,6 +193,51 @@ fn twice(extra: &[&str]) {
 #[test]
 fn twice_plain() {
     twice(&[]);
+}
+
+/// The cgroup (v2) path of `pid`.
+fn cgroup_of(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// A tree in a cgroup of its own comes back in it (not in the
+/// restorer's), every process of it.
+#[test]
+fn twice_keeps_the_cgroup() {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let Some(mount) = info.lines().find_map(|l| {
+        let (a, b) = l.split_once(" - ")?;
+        (b.split_whitespace().next() == Some("cgroup2"))
+            .then(|| a.split_whitespace().nth(4).map(str::to_string))
+            .flatten()
+    }) else {
+        eprintln!("skipped: no cgroup2 file system mounted");
+        return;
+    };
+    let name = format!("stasis-ns-test-{}", std::process::id());
+    let dir = std::path::Path::new(&mount).join(&name);
+    std::fs::create_dir(&dir).expect("making a test cgroup");
+    let want = format!("/{name}");
+    assert_ne!(cgroup_of(std::process::id() as i32), want);
+    {
+        let mut t = NsTree::start_in(Some(&dir));
+        assert_eq!(cgroup_of(t.pid), want);
+        for round in 1..=2 {
+            assert_ok(&t.dump(&[]), &format!("dump round {round}"));
+            t.reap();
+            t.restore(&[]);
+            for p in std::iter::once(t.pid).chain(descendants(t.pid)) {
+                assert_eq!(cgroup_of(p), want, "round {round}: process {p}");
+            }
+        }
+        t.finish_pass();
+    }
+    let _ = std::fs::remove_dir(&dir);
 }
 
 #[test]
