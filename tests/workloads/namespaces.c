@@ -19,6 +19,8 @@
  *   tmpfs  a tmpfs (size=4m, mode=0755) mounted on /mnt, holding a directory
  *          stasis-ns with a file data (TMPFS_LEN bytes of pattern(SEED_FILE),
  *          mode 0640, closed) and a symbolic link to it.
+ *   thread a second thread T of the root (TID 4 in the namespace), asleep
+ *          until SIGTERM.
  *   net    a TCP listener of the root on 127.0.0.1:PORT; A connects to it
  *          (the root accepts) and sends IN_LEN bytes of pattern(SEED_IN)
  *          that the root leaves unread; a unix socketpair between the root
@@ -28,6 +30,7 @@
  *   1. root: getpid() == 1; host and domain names; lo up; the segment's
  *      content and that it is the only one of the IPC namespace (shmctl
  *      SHM_INFO); /proc (the namespace's) lists exactly 1, A and B.
+ *      T's gettid() is still the TID it had (4), and getpid() 1 in it.
  *      /mnt is a tmpfs with the directory, the file (content and mode)
  *      and the link.
  *      The bytes A sent are still queued on the root's end of the TCP
@@ -47,6 +50,8 @@
 #include <sys/ipc.h>
 #include <sys/shm.h>
 #include <sys/socket.h>
+#include <pthread.h>
+#include <sys/syscall.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
@@ -72,6 +77,19 @@
 #define MSG_LEN  8192
 
 static int tcp_a = -1, unix_b = -1;
+static volatile pid_t t_tid, t_tid_after, t_pid_after;
+
+/* T: its TID before and after */
+static void *thread_main(void *arg)
+{
+	(void)arg;
+	t_tid = (pid_t)syscall(SYS_gettid);
+	while (!zdtm_stop)
+		zdtm_msleep(20);
+	t_tid_after = (pid_t)syscall(SYS_gettid);
+	t_pid_after = getpid();
+	return NULL;
+}
 
 static int read_full(int fd, void *buf, size_t len)
 {
@@ -252,6 +270,7 @@ int main(int argc, char **argv)
 	struct sockaddr_in addr;
 	static uint8_t buf[MSG_LEN];
 	pid_t a, b, extra = 0;
+	pthread_t thr;
 	int shmid, pids[16], n, st, lsn, conn, pair[2], one = 1, c2, c3;
 	short flags = 0;
 	uint8_t *seg;
@@ -313,6 +332,10 @@ int main(int argc, char **argv)
 	unix_b = pair[1];
 	b = spawn("B", 3);
 	close(pair[1]);
+	if (pthread_create(&thr, NULL, thread_main, NULL))
+		zdtm_die("pthread_create");
+	while (!t_tid)
+		zdtm_msleep(1);
 	unix_b = -1;
 	/* the bytes must be queued at the root's end before the dump */
 	for (;;) {
@@ -340,7 +363,12 @@ int main(int argc, char **argv)
 	});
 	ZDTM_CORRUPT("kids", (void)!write(pair[0], "x", 1));
 
+	ZDTM_CORRUPT("tid", t_tid = 9);
 	zdtm_check(getpid() == 1, "pid", "getpid() %d, expected 1", (int)getpid());
+	pthread_join(thr, NULL);
+	zdtm_check(t_tid == 4 && t_tid_after == t_tid && t_pid_after == 1, "tid",
+		   "thread: TID %d before, %d after (expected 4), getpid() %d",
+		   (int)t_tid, (int)t_tid_after, (int)t_pid_after);
 	zdtm_check(a == 2 && b == 3, "pid", "children %d and %d, expected 2 and 3",
 		   (int)a, (int)b);
 	if (gethostname(host, sizeof(host)) != 0 || getdomainname(dom, sizeof(dom)) != 0)
