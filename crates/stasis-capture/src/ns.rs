@@ -15,8 +15,8 @@
 use std::collections::{HashMap, HashSet};
 
 use stasis_image::manifest::{
-    FdKind, Manifest, MountNamespace, Namespaces, NetNamespace, ProcessImage, TmpfsEntry,
-    TmpfsMount, UtsNamespace,
+    BindMount, FdKind, Manifest, MountNamespace, Namespaces, NetNamespace, ProcessImage,
+    TmpfsEntry, TmpfsMount, UtsNamespace,
 };
 use stasis_kernel::ns::{self as kns, NsKind};
 
@@ -222,10 +222,8 @@ const TMPFS_MAX_BYTES: u64 = 64 << 20;
 /// (with `own_pid`) and tmpfs mounts (their content read when `content`);
 /// refuses every other.
 fn extra_mounts(root: i32, own_pid: bool, content: bool) -> Result<MountNamespace> {
-    let mine: HashSet<_> = mounts(&proc::read(std::process::id() as i32, "mountinfo")?)
-        .iter()
-        .map(MountLine::key)
-        .collect();
+    let my_mounts = mounts(&proc::read(std::process::id() as i32, "mountinfo")?);
+    let mine: HashSet<_> = my_mounts.iter().map(MountLine::key).collect();
     let mut ns = MountNamespace::default();
     let mut total = 0u64;
     for m in mounts(&proc::read(root, "mountinfo")?) {
@@ -266,9 +264,32 @@ fn extra_mounts(root: i32, own_pid: bool, content: bool) -> Result<MountNamespac
             });
             continue;
         }
+        // A bind mount of something the dumper sees: a mount of the same
+        // file system whose root holds this one's.
+        let source = my_mounts
+            .iter()
+            .filter(|h| h.dev == m.dev && h.kind == m.kind)
+            .find_map(|h| {
+                let rest = if h.root == "/" {
+                    Some(m.root.as_str())
+                } else {
+                    m.root
+                        .strip_prefix(h.root.as_str())
+                        .filter(|r| r.is_empty() || r.starts_with('/'))
+                }?;
+                Some(format!("{}{}", h.at.trim_end_matches('/'), rest))
+            });
+        if let Some(source) = source.filter(|s| s.starts_with('/') && !s.contains(" (deleted)")) {
+            ns.binds.push(BindMount {
+                source,
+                target: at.clone(),
+                flags: mount_flags(&m.mount_opts),
+            });
+            continue;
+        }
         return Err(refuse(
             root,
-            format!("its mount namespace has a {kind} mount on {at} that the dumper's has not; only a proc on /proc and tmpfs mounts are supported there yet"),
+            format!("its mount namespace has a {kind} mount on {at} that the dumper's has not; only a proc on /proc, tmpfs mounts and bind mounts of what the dumper sees are supported there yet"),
         ));
     }
     Ok(ns)
@@ -369,15 +390,18 @@ fn check_tmpfs_fds(tree: &[i32], ns: &MountNamespace) -> Result<()> {
             let Ok(link) = proc::read_link(p, &format!("fd/{fd}")) else {
                 continue;
             };
-            if let Some(t) = ns
+            let targets = ns
                 .tmpfs
                 .iter()
-                .find(|t| link == t.target || link.starts_with(&format!("{}/", t.target)))
-            {
-                return Err(refuse(
-                    p,
-                    format!("fd {fd} is open on {link}, in its tmpfs mount on {}; open files there are not supported yet (their content is saved when they are closed)", t.target),
-                ));
+                .map(|t| ("tmpfs", &t.target))
+                .chain(ns.binds.iter().map(|b| ("bind", &b.target)));
+            for (what, t) in targets {
+                if link == *t || link.starts_with(&format!("{t}/")) {
+                    return Err(refuse(
+                        p,
+                        format!("fd {fd} is open on {link}, in its {what} mount on {t}; open files in mounts of its own mount namespace are not supported yet"),
+                    ));
+                }
             }
         }
     }

@@ -110,6 +110,19 @@ pub struct MountNamespace {
     /// tmpfs mounts, in the order they were mounted, with their content.
     #[serde(default)]
     pub tmpfs: Vec<TmpfsMount>,
+    /// Bind mounts of paths of the dumper's mount namespace, in the order
+    /// they were mounted (after the tmpfs mounts at restore).
+    #[serde(default)]
+    pub binds: Vec<BindMount>,
+}
+
+/// A bind mount of a path the dumper sees (`source`) on `target`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BindMount {
+    pub source: String,
+    pub target: String,
+    /// `MS_*` flags of the mount (`MS_RDONLY`, `MS_NOSUID`...).
+    pub flags: u64,
 }
 
 /// A tmpfs mount of the tree's mount namespace and everything in it.

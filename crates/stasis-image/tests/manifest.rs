@@ -367,6 +367,11 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
                     data: b"content".to_vec(),
                 }],
             }],
+            binds: vec![manifest::BindMount {
+                source: "/srv/data".into(),
+                target: "/data".into(),
+                flags: 1,
+            }],
         }),
     });
     let bytes = encode_manifest(&m).unwrap();

@@ -69,6 +69,9 @@ pub struct NsSetup {
     /// In a new mount namespace: tmpfs mounts to make, in order (where,
     /// `MS_*` flags, options), after every mount is made private.
     pub tmpfs: Vec<(std::ffi::CString, u64, std::ffi::CString)>,
+    /// In a new mount namespace: bind mounts to make after those (source,
+    /// target, `MS_*` flags applied by a remount).
+    pub binds: Vec<(std::ffi::CString, std::ffi::CString, u64)>,
 }
 
 /// Like [`spawn_stopped`], but the child is created in the new namespaces
@@ -123,7 +126,7 @@ fn spawn_stopped_with(set_tid: Option<i32>, ns: Option<&NsSetup>) -> Result<Trac
                         libc::_exit(125);
                     }
                 }
-                if (n.mount_proc || !n.tmpfs.is_empty())
+                if (n.mount_proc || !n.tmpfs.is_empty() || !n.binds.is_empty())
                     && libc::mount(
                         std::ptr::null(),
                         root_dir.as_ptr(),
@@ -155,6 +158,29 @@ fn spawn_stopped_with(set_tid: Option<i32>, ns: Option<&NsSetup>) -> Result<Trac
                     ) != 0
                     {
                         libc::_exit(123);
+                    }
+                }
+                for (from, at, flags) in &n.binds {
+                    if libc::mount(
+                        from.as_ptr(),
+                        at.as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_BIND,
+                        std::ptr::null(),
+                    ) != 0
+                    {
+                        libc::_exit(122);
+                    }
+                    if *flags != 0
+                        && libc::mount(
+                            std::ptr::null(),
+                            at.as_ptr(),
+                            std::ptr::null(),
+                            libc::MS_REMOUNT | libc::MS_BIND | *flags,
+                            std::ptr::null(),
+                        ) != 0
+                    {
+                        libc::_exit(122);
                     }
                 }
             }

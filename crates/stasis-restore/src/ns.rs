@@ -64,6 +64,14 @@ pub(crate) fn setup(ns: &Namespaces) -> Result<NsSetup> {
             cstr("tmpfs options", &t.options)?,
         ));
     }
+    let mut binds = Vec::new();
+    for b in ns.mnt.iter().flat_map(|m| m.binds.iter()) {
+        binds.push((
+            cstr("bind mount source", &b.source)?,
+            cstr("bind mount point", &b.target)?,
+            b.flags,
+        ));
+    }
     Ok(NsSetup {
         flags: kinds(ns)
             .iter()
@@ -73,6 +81,7 @@ pub(crate) fn setup(ns: &Namespaces) -> Result<NsSetup> {
         domainname,
         mount_proc: ns.mnt.as_ref().is_some_and(|m| m.proc),
         tmpfs,
+        binds,
     })
 }
 
@@ -83,6 +92,7 @@ pub(crate) fn setup_failure(code: i32) -> Option<&'static str> {
         125 => Some("setting the saved host or domain name failed"),
         124 => Some("making the mounts private or mounting a proc on /proc failed"),
         123 => Some("mounting a saved tmpfs failed (does its mount point exist here?)"),
+        122 => Some("a saved bind mount failed (do its source and mount point exist here?)"),
         _ => None,
     }
 }

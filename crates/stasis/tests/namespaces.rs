@@ -460,3 +460,60 @@ fn refuses_a_message_queue_in_an_ipc_namespace_of_its_own() {
         "System V message queue(s)",
     );
 }
+
+/// A bind mount of a host directory in the tree's mount namespace is made
+/// again in the new one (a plain `sleep` tree: what it sees is checked
+/// from outside, through its root).
+#[test]
+fn twice_keeps_a_bind_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("marker"), b"bound here").unwrap();
+    let mut c = Command::new("unshare");
+    c.args(["--pid", "--fork", "--mount-proc", "--mount", "sh", "-c"])
+        .arg("mount --bind \"$0\" /srv && exec sleep 1000")
+        .arg(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    close_inherited_fds(&mut c);
+    let _r = Refused {
+        unshare: c.spawn().expect("starting unshare"),
+    };
+    let up = _r.unshare.id() as i32;
+    let mut pid = 0;
+    wait_until(Duration::from_secs(10), "the tree to be set up", || {
+        pid = child_running(up, "sleep 1000").unwrap_or(0);
+        pid > 0
+    });
+    let seen = |pid: i32| std::fs::read(format!("/proc/{pid}/root/srv/marker")).unwrap_or_default();
+    assert_eq!(seen(pid), b"bound here");
+    let img = tempfile::tempdir().unwrap();
+    for round in 1..=2 {
+        let o = stasis()
+            .args(["dump", "-t", &pid.to_string(), "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("dump round {round}"));
+        if round > 1 {
+            waitpid_timeout(pid, Duration::from_secs(30));
+        }
+        let o = stasis()
+            .args(["restore", "--detach", "--json", "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("restore round {round}"));
+        pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
+        assert_eq!(seen(pid), b"bound here", "round {round}");
+        let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+        assert!(
+            info.lines()
+                .any(|l| l.split_whitespace().nth(4) == Some("/srv")),
+            "round {round}: no mount on /srv:\n{info}"
+        );
+    }
+    // SAFETY: killing the restored tree (PID 1 of its namespace).
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    waitpid_timeout(pid, Duration::from_secs(30));
+}
