@@ -168,10 +168,22 @@ fn collect_live(
     // VmFlags (for "grows down") come from smaps, whose page walk costs
     // milliseconds per GiB: an incremental dump reuses the parent's
     // when the process has exactly the same areas.
-    let parent_proc = fr
-        .base
-        .as_ref()
-        .and_then(|b| stasis_image::chain::same_process(&b.parent, &image));
+    let parent_proc = fr.base.as_ref().and_then(|b| {
+        if b.parent.manifest.namespaces.as_ref().is_some_and(|n| n.pid) {
+            // The parent names the tree's processes by their PIDs in its
+            // PID namespace.
+            let inner = stasis_kernel::ns::pid_in_own_ns(fp.pid, fp.pid)?;
+            b.parent.manifest.processes.iter().find(|q| {
+                q.pid == inner
+                    && q.zombie.is_none()
+                    && (q.start_time == 0
+                        || image.start_time == 0
+                        || q.start_time == image.start_time)
+            })
+        } else {
+            stasis_image::chain::same_process(&b.parent, &image)
+        }
+    });
     let cx = PlanCx {
         fp: &mut *fp,
         image: &mut image,

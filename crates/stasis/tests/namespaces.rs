@@ -517,3 +517,23 @@ fn twice_keeps_a_bind_mount() {
     unsafe { libc::kill(pid, libc::SIGKILL) };
     waitpid_timeout(pid, Duration::from_secs(30));
 }
+
+/// Tracked dumps of the tree are incremental (the parent's processes are
+/// found by their PIDs in the namespace), and the chain restores.
+#[test]
+fn incremental_chain() {
+    let mut t = NsTree::start();
+    let o = t.dump(&["--leave-running", "--track", "--json"]);
+    assert_ok(&o, "dump 1");
+    let o = t.dump(&["--leave-running", "--track", "--json"]);
+    assert_ok(&o, "dump 2");
+    let j = json(&o);
+    assert_eq!(
+        j["parent"], 1,
+        "the second tracked dump is not incremental: {j}"
+    );
+    assert_ok(&t.dump(&[]), "dump 3");
+    t.reap();
+    t.restore(&[]);
+    t.finish_pass();
+}
