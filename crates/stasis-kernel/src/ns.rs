@@ -186,19 +186,9 @@ pub fn in_namespaces_of<T: Send>(
     })
 }
 
-/// `struct ifreq` with the flags member (`ifr_flags`, a short).
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct IfreqFlags {
-    name: [u8; libc::IFNAMSIZ],
-    flags: i16,
-    _pad: [u8; 22],
-}
-const _: () = assert!(std::mem::size_of::<IfreqFlags>() == 40);
-
 /// A datagram socket of the calling thread's network namespace, and the
 /// request for `lo`.
-fn lo_request() -> Result<(OwnedFd, IfreqFlags)> {
+fn lo_request() -> Result<(OwnedFd, stasis_sys::net::IfreqFlags)> {
     let sock = nix::sys::socket::socket(
         nix::sys::socket::AddressFamily::Inet,
         nix::sys::socket::SockType::Datagram,
@@ -206,11 +196,7 @@ fn lo_request() -> Result<(OwnedFd, IfreqFlags)> {
         None,
     )
     .map_err(|e| KernelError::io("socket", e.into()))?;
-    let mut req = IfreqFlags {
-        name: [0; libc::IFNAMSIZ],
-        flags: 0,
-        _pad: [0; 22],
-    };
+    let mut req = stasis_sys::net::IfreqFlags::default();
     req.name[..2].copy_from_slice(b"lo");
     Ok((sock, req))
 }
@@ -220,7 +206,7 @@ fn lo_request() -> Result<(OwnedFd, IfreqFlags)> {
 pub fn loopback_up() -> Result<bool> {
     let (sock, mut req) = lo_request()?;
     // SAFETY: SIOCGIFFLAGS reads the name and writes the flags of a
-    // `struct ifreq`, which `req` is (40 bytes, checked above), valid for
+    // `struct ifreq`, which `req` is (its layout checked in stasis-sys), valid for
     // the call.
     let r = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) };
     if r < 0 {
