@@ -16,6 +16,8 @@
 # chain_writer is additionally run (normal and corrupt) with SIZE_MIB=16 and
 # FORK_AT=100 (a parent and a child).
 # mesh runs as 3 processes (nodes) on 127.0.0.1 (run_mesh, below).
+# namespaces runs under unshare (PID 1 of its own PID, mount, UTS, IPC and
+# network namespaces): its pidfile says 1, and SIGTERM goes to unshare's child.
 # A workload passes if all its runs behave.  Prints
 #   workloads: N passed, M failed
 # and exits 0 only if M == 0.  Temp dirs of failed runs are kept.
@@ -30,7 +32,7 @@ out=${1:-$here/build}
 case $out in /*) ;; *) out=$PWD/$out ;; esac
 run_seconds=${RUN_SECONDS:-1.5}
 
-WORKLOADS="heap stack_globals mappings fpu signals files counter restart_syscalls threads tree pipes shm anonfds chain_writer dirty_set sockets notify_locks_timers lazy_events udp_queue udp6_queue sparse_shm pty attrs fown caps unix_states sockopts stopped zombies unix_scm unix_pending netlink pdeath novdso tcp_states sock_filter ghosts leases pidfds epoll_fds advice fdtable shm_parts chroot strict filters fanotify aio unlinked_link lease_break pty_hungup bpf_map packet hugetlb cow io_uring"
+WORKLOADS="heap stack_globals mappings fpu signals files counter restart_syscalls threads tree pipes shm anonfds chain_writer dirty_set sockets notify_locks_timers lazy_events udp_queue udp6_queue sparse_shm pty attrs fown caps unix_states sockopts stopped zombies unix_scm unix_pending netlink pdeath novdso tcp_states sock_filter ghosts leases pidfds epoll_fds advice fdtable shm_parts chroot strict filters fanotify aio unlinked_link lease_break pty_hungup bpf_map packet hugetlb cow io_uring namespaces"
 
 if ! make -s -j"$(nproc)" -C "$here" OUT="$out" all selftest; then
 	echo "selftest: build failed" >&2
@@ -43,7 +45,10 @@ fi
 run_one() {
 	local name=$1 bin=$2 mode=$3 runtime=$4
 	shift 4
-	local wd pid rc i last why=""
+	local wd pid rc i last why="" target want
+	local -a wrap=()
+	[ "$name" = namespaces ] &&
+		wrap=(unshare --pid --fork --mount-proc --mount --uts --ipc --net)
 	wd=$(mktemp -d "${TMPDIR:-/tmp}/stasis-wl-$name.XXXXXX")
 
 	(
@@ -53,9 +58,10 @@ run_one() {
 			fd=${fd##*/}
 			[ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-"
 		done
-		exec "$bin" "$wd/pidfile" "$@" >"$wd/out" 2>"$wd/err" </dev/null
+		exec "${wrap[@]}" "$bin" "$wd/pidfile" "$@" >"$wd/out" 2>"$wd/err" </dev/null
 	) &
 	pid=$!
+	target=$pid want=$pid
 
 	for ((i = 0; i < 200; i++)); do
 		[ -s "$wd/pidfile" ] && break
@@ -66,13 +72,20 @@ run_one() {
 		if [ "$mode" != selfexit ]; then
 			why="no pidfile"
 		fi
-	elif [ "$(cat "$wd/pidfile")" != "$pid" ]; then
-		why="pidfile says $(cat "$wd/pidfile"), pid is $pid"
+	else
+		if [ ${#wrap[@]} -gt 0 ]; then
+			want=1
+			target=$(cat "/proc/$pid/task/$pid/children" 2>/dev/null)
+			target=${target%% *}
+		fi
+		if [ "$(cat "$wd/pidfile")" != "$want" ]; then
+			why="pidfile says $(cat "$wd/pidfile"), pid is $want"
+		fi
 	fi
 
 	if [ "$mode" != selfexit ]; then
 		sleep "$runtime"
-		kill -TERM "$pid" 2>/dev/null
+		kill -TERM "${target:-$pid}" 2>/dev/null
 	fi
 	# watchdog: 60 s for verification
 	( sleep 60; kill -KILL "$pid" 2>/dev/null ) &

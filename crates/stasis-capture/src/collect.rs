@@ -231,10 +231,22 @@ fn collect_live(
     // VmFlags (for "grows down") come from smaps, whose page walk costs
     // milliseconds per GiB: an incremental dump reuses the parent's
     // when the process has exactly the same areas.
-    let parent_proc = fr
-        .base
-        .as_ref()
-        .and_then(|b| stasis_image::chain::same_process(&b.parent, &image));
+    let parent_proc = fr.base.as_ref().and_then(|b| {
+        if b.parent.manifest.namespaces.as_ref().is_some_and(|n| n.pid) {
+            // The parent names the tree's processes by their PIDs in its
+            // PID namespace.
+            let inner = stasis_kernel::ns::pid_in_own_ns(fp.pid, fp.pid)?;
+            b.parent.manifest.processes.iter().find(|q| {
+                q.pid == inner
+                    && q.zombie.is_none()
+                    && (q.start_time == 0
+                        || image.start_time == 0
+                        || q.start_time == image.start_time)
+            })
+        } else {
+            stasis_image::chain::same_process(&b.parent, &image)
+        }
+    });
     let cx = PlanCx {
         fp: &mut *fp,
         image: &mut image,
@@ -386,7 +398,7 @@ fn write_manifest(
     collector: &mut fds::FdCollector,
     (xfeatures, shm_files): (u64, Vec<stasis_image::manifest::ShmFile>),
 ) -> Result<Pending> {
-    let ck = fr.store.begin_checkpoint()?;
+    let mut ck = fr.store.begin_checkpoint()?;
     let incremental = fr.base.is_some()
         && records
             .iter()
@@ -419,6 +431,7 @@ fn write_manifest(
     let mut pipes: Vec<_> = std::mem::take(&mut collector.pipes).into_values().collect();
     pipes.sort_by_key(|p| p.id);
     let threads = images.iter().map(|p| p.threads.len()).sum();
+    let ns = crate::ns::describe(fr.opts.pid, &images)?;
     if !incremental {
         for image in &mut images {
             image.data_ranges = None;
@@ -474,7 +487,12 @@ fn write_manifest(
         sysv_shm: std::mem::take(&mut collector.sysv),
         shm_files,
         cut: fr.opts.cut.as_ref().map(|c| c.mark()),
+        namespaces: ns.as_ref().map(|n| n.namespaces.clone()),
     };
+    let ns_pids = ns.map(|n| {
+        ck.set_pack_pids(n.pids.clone());
+        n.pids
+    });
     let report = DumpReport {
         checkpoint: ck.number(),
         pid: fr.opts.pid,
@@ -502,6 +520,7 @@ fn write_manifest(
             .as_ref()
             .is_some_and(|t| t.backend() == stasis_track::Backend::Hash),
         report,
+        ns_pids,
     })
 }
 

@@ -159,6 +159,10 @@ pub struct Pending {
     pub copies: Vec<ProcCopy>,
     pub by_content: bool,
     pub report: DumpReport,
+    /// A tree in a PID namespace of its own: each PID (and TID) there, by
+    /// the one stasis uses; the manifest is given the former at the commit
+    /// (everything before it works with the latter).
+    pub ns_pids: Option<std::collections::HashMap<i32, i32>>,
 }
 
 /// Fork snapshots: the copy-on-write memory they hold, watched against
@@ -422,11 +426,15 @@ impl Pending {
     pub fn finish(self, store: &ImageDir, cut: Option<&dyn crate::Cut>) -> Result<DumpReport> {
         let Pending {
             mut ck,
-            manifest,
+            mut manifest,
             state,
             mut report,
+            ns_pids,
             ..
         } = self;
+        if let Some(pids) = &ns_pids {
+            crate::ns::translate_pids(&mut manifest, pids);
+        }
         let committed = match cut {
             None => ck.commit(&manifest).map_err(crate::CaptureError::from),
             Some(c) => ck

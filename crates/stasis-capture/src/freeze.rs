@@ -505,7 +505,10 @@ impl Frozen {
         // parent (unless that is us, the caller, which reaps it).
         let deadline = t0 + std::time::Duration::from_secs(10);
         let me = std::process::id();
-        for p in self.procs.iter().filter(|p| p.zombie.is_none()) {
+        // Descendants first: the init of a PID namespace (a root in one of
+        // its own) finishes exiting only once every process in it is
+        // reaped, and ours are reaped by us.
+        for p in self.procs.iter().rev().filter(|p| p.zombie.is_none()) {
             let ours = stasis_kernel::procfs::stat(p.pid)
                 .is_ok_and(|s| u32::try_from(s.ppid).ok() == Some(me));
             for t in p.threads.iter().rev() {

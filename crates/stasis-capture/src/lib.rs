@@ -34,6 +34,7 @@ pub mod freeze;
 pub mod guard;
 pub mod incremental;
 pub mod memory;
+pub mod ns;
 pub mod pipeline;
 pub mod proc;
 pub mod process;

@@ -30,6 +30,8 @@ pub fn dump_once(
 ) -> Result<DumpReport> {
     let t0 = Instant::now();
     preflight(opts.pid)?;
+    // The tree's sockets are read from inside its network namespace.
+    let _netns = crate::ns::enter_net(opts.pid)?;
     // Before the strategy takes the protection `tracking` holds.
     let base = incremental_base(store, opts.pid, tracker.as_deref(), tracking.as_deref());
     let mut strategy = strategy::choose(opts, method, tracking.as_deref_mut())?;
@@ -369,7 +371,9 @@ fn preflight(pid: i32) -> Result<()> {
         .into());
     }
     let mut queue = vec![pid];
+    let mut tree = Vec::new();
     while let Some(p) = queue.pop() {
+        tree.push(p);
         wait_lazy_fill(p)?;
         let Ok(maps) = proc::read(p, "maps") else {
             continue;
@@ -387,7 +391,7 @@ fn preflight(pid: i32) -> Result<()> {
         preflight_process(p, &maps)?;
         queue.extend(proc::task_children(p));
     }
-    Ok(())
+    crate::ns::check(pid, &tree)
 }
 
 /// The fds and areas of one running process are of supported kinds.

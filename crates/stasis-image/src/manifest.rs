@@ -51,6 +51,111 @@ pub struct Manifest {
     /// if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cut: Option<CutMark>,
+    /// The namespaces the tree had of its own (not the dumper's), and what
+    /// of them is restored. `None`: the dumper's namespaces, as for every
+    /// image written before this field (their manifests say format
+    /// version 2; one with this field says [`NAMESPACES_MANIFEST_VERSION`]).
+    /// With a PID namespace, every PID in the manifest is the one inside it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespaces: Option<Namespaces>,
+}
+
+/// Manifest format version written when [`Manifest::namespaces`] is set, so
+/// that a reader that predates it refuses the manifest instead of restoring
+/// the tree in its own namespaces (with the in-namespace PIDs).
+pub const NAMESPACES_MANIFEST_VERSION: u32 = 3;
+
+/// The namespaces of a dumped tree that differ from the dumper's (every
+/// process of the tree shares the root's). A kind absent here was the
+/// dumper's.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Namespaces {
+    /// A PID namespace whose init is the root: the root is PID 1 again.
+    #[serde(default)]
+    pub pid: bool,
+    /// A UTS namespace: its host and domain names.
+    #[serde(default)]
+    pub uts: Option<UtsNamespace>,
+    /// An IPC namespace (its System V segments are in `sysv_shm`).
+    #[serde(default)]
+    pub ipc: bool,
+    /// A network namespace (its loopback only).
+    #[serde(default)]
+    pub net: Option<NetNamespace>,
+    /// A mount namespace: the mounts it has that the dumper's has not.
+    #[serde(default)]
+    pub mnt: Option<MountNamespace>,
+    /// The tree's cgroup (v2: the path after `0::` in `/proc/PID/cgroup`),
+    /// where the restored tree is put (the directory is made if missing).
+    #[serde(default)]
+    pub cgroup: Option<String>,
+}
+
+/// What a UTS namespace holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UtsNamespace {
+    pub hostname: String,
+    pub domainname: String,
+}
+
+/// What a network namespace holds: only a loopback interface.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetNamespace {
+    /// Whether `lo` was up.
+    pub lo_up: bool,
+}
+
+/// The mounts of a mount namespace that the dumper's lacks.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountNamespace {
+    /// A proc file system of the tree's PID namespace mounted on `/proc`
+    /// (as `unshare --mount-proc` does).
+    pub proc: bool,
+    /// tmpfs mounts, in the order they were mounted, with their content.
+    #[serde(default)]
+    pub tmpfs: Vec<TmpfsMount>,
+    /// Bind mounts of paths of the dumper's mount namespace, in the order
+    /// they were mounted (after the tmpfs mounts at restore).
+    #[serde(default)]
+    pub binds: Vec<BindMount>,
+}
+
+/// A bind mount of a path the dumper sees (`source`) on `target`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BindMount {
+    pub source: String,
+    pub target: String,
+    /// `MS_*` flags of the mount (`MS_RDONLY`, `MS_NOSUID`...).
+    pub flags: u64,
+}
+
+/// A tmpfs mount of the tree's mount namespace and everything in it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TmpfsMount {
+    /// Where it is mounted (absolute).
+    pub target: String,
+    /// `MS_*` flags of the mount (`MS_RDONLY`, `MS_NOSUID`...).
+    pub flags: u64,
+    /// The file system's options (`size=`, `mode=`...), as `mount` takes them.
+    pub options: String,
+    /// Its directory, files and symbolic links, each after its directory;
+    /// the first, with an empty path, is the mount's root.
+    pub entries: Vec<TmpfsEntry>,
+}
+
+/// One inode of a [`TmpfsMount`] (a file with several links is saved once
+/// per link).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TmpfsEntry {
+    /// Path under the mount, without a leading `/` (empty: its root).
+    pub path: String,
+    /// `st_mode` (type and permission bits).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// A regular file's content, or a symbolic link's target.
+    #[serde(default, with = "serde_bytes")]
+    pub data: Vec<u8>,
 }
 
 /// Where a checkpoint stands in a distributed application's history: the

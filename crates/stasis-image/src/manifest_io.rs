@@ -62,8 +62,8 @@ fn le_u64(b: &[u8; 32], off: usize) -> u64 {
 }
 
 /// Validates the header against the total file length; returns
-/// `(payload_len, payload_checksum)`.
-fn parse_header(h: &[u8; 32], file_len: u64) -> Result<(u64, u64), Problem> {
+/// `(payload_len, (payload_checksum, format_version))`.
+fn parse_header(h: &[u8; 32], file_len: u64) -> Result<(u64, (u64, u32)), Problem> {
     if h[0..8] != MANIFEST_MAGIC {
         return Err(Problem::Corrupt("bad magic: not a stasis manifest".into()));
     }
@@ -71,7 +71,7 @@ fn parse_header(h: &[u8; 32], file_len: u64) -> Result<(u64, u64), Problem> {
     if version == 0 {
         return Err(Problem::Corrupt("format version 0".into()));
     }
-    if version > FORMAT_VERSION {
+    if version > FORMAT_VERSION.max(crate::manifest::NAMESPACES_MANIFEST_VERSION) {
         return Err(Problem::Newer(version));
     }
     let header_len = le_u32(h, 12);
@@ -98,10 +98,10 @@ fn parse_header(h: &[u8; 32], file_len: u64) -> Result<(u64, u64), Problem> {
             have - payload_len
         )));
     }
-    Ok((payload_len, le_u64(h, 24)))
+    Ok((payload_len, (le_u64(h, 24), version)))
 }
 
-fn decode_payload(payload: &[u8], checksum: u64) -> Result<Manifest, Problem> {
+fn decode_payload(payload: &[u8], (checksum, version): (u64, u32)) -> Result<Manifest, Problem> {
     if xxh3_64(payload) != checksum {
         return Err(Problem::Corrupt("checksum mismatch".into()));
     }
@@ -112,6 +112,18 @@ fn decode_payload(payload: &[u8], checksum: u64) -> Result<Manifest, Problem> {
         return Err(Problem::Corrupt(format!(
             "{} trailing bytes inside the payload",
             rest.len()
+        )));
+    }
+    // The version is outside the checksum: it must be the one the content
+    // calls for (namespaces raise it).
+    let want = if m.namespaces.is_some() {
+        crate::manifest::NAMESPACES_MANIFEST_VERSION
+    } else {
+        FORMAT_VERSION
+    };
+    if version != want && !(version < FORMAT_VERSION && m.namespaces.is_none()) {
+        return Err(Problem::Corrupt(format!(
+            "format version {version} where the content is of version {want}"
         )));
     }
     // The chain code relies on what `data_ranges` promises.
@@ -154,7 +166,12 @@ pub fn encode_manifest(m: &Manifest) -> Result<Vec<u8>, ImageError> {
     }
     let sum = xxh3_64(&out[32..]);
     out[0..8].copy_from_slice(&MANIFEST_MAGIC);
-    out[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    let version = if m.namespaces.is_some() {
+        crate::manifest::NAMESPACES_MANIFEST_VERSION
+    } else {
+        FORMAT_VERSION
+    };
+    out[8..12].copy_from_slice(&version.to_le_bytes());
     out[12..16].copy_from_slice(&MANIFEST_HEADER_LEN.to_le_bytes());
     out[16..24].copy_from_slice(&payload_len.to_le_bytes());
     out[24..32].copy_from_slice(&sum.to_le_bytes());

@@ -463,6 +463,7 @@ impl ImageDir {
             number,
             temp_dir,
             committed: false,
+            pack_pids: std::collections::HashMap::new(),
             _lock: lock,
         })
     }
@@ -630,6 +631,10 @@ pub struct CheckpointBuilder {
     number: u32,
     temp_dir: PathBuf,
     committed: bool,
+    /// For a tree in a PID namespace of its own: each process's PID there,
+    /// by its PID as the dumper sees it (the packs are named and marked
+    /// with the former, as the manifest's processes are).
+    pack_pids: std::collections::HashMap<i32, i32>,
     _lock: Flock<File>,
 }
 
@@ -644,9 +649,17 @@ impl CheckpointBuilder {
         &self.temp_dir
     }
 
-    /// Creates the page pack of process `pid` (`pages-<pid>.pack`).
+    /// Creates the page pack of process `pid` (`pages-<pid>.pack`; for a
+    /// PID given to [`Self::set_pack_pids`], under its PID there).
     pub fn create_pack(&mut self, pid: i32) -> Result<PackWriter, ImageError> {
+        let pid = self.pack_pids.get(&pid).copied().unwrap_or(pid);
         PackWriter::create(&self.temp_dir, pack_file_name(pid), pid)
+    }
+
+    /// The tree is in a PID namespace of its own: `pids` maps the PIDs the
+    /// dumper uses to the ones in that namespace, which the packs carry.
+    pub fn set_pack_pids(&mut self, pids: std::collections::HashMap<i32, i32>) {
+        self.pack_pids = pids;
     }
 
     /// Writes the manifest and commits the checkpoint atomically (see

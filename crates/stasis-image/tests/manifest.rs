@@ -335,3 +335,58 @@ fn version_1_byte_arrays_still_decode_and_version_2_writes_byte_strings() {
         .map(|(_, v)| v.clone());
     assert_eq!(data, Some(Value::Bytes(vec![1, 200])));
 }
+
+/// A manifest with namespaces says format version 3 (an older reader
+/// refuses it), round-trips, and one of version 2 (none) still loads as
+/// the dumper's namespaces.
+#[test]
+fn namespaces_raise_the_manifest_version_and_round_trip() {
+    let mut m = small_manifest();
+    let old = encode_manifest(&m).unwrap();
+    assert_eq!(decode_manifest(&old, 3, p()).unwrap().namespaces, None);
+    m.namespaces = Some(manifest::Namespaces {
+        pid: true,
+        uts: Some(manifest::UtsNamespace {
+            hostname: "box".into(),
+            domainname: "(none)".into(),
+        }),
+        ipc: true,
+        net: Some(manifest::NetNamespace { lo_up: true }),
+        cgroup: Some("/box".into()),
+        mnt: Some(manifest::MountNamespace {
+            proc: true,
+            tmpfs: vec![manifest::TmpfsMount {
+                target: "/mnt".into(),
+                flags: 2,
+                options: "size=1024k".into(),
+                entries: vec![manifest::TmpfsEntry {
+                    path: "f".into(),
+                    mode: 0o100644,
+                    uid: 0,
+                    gid: 0,
+                    data: b"content".to_vec(),
+                }],
+            }],
+            binds: vec![manifest::BindMount {
+                source: "/srv/data".into(),
+                target: "/data".into(),
+                flags: 1,
+            }],
+        }),
+    });
+    let bytes = encode_manifest(&m).unwrap();
+    assert_eq!(
+        u32::from_le_bytes(bytes[8..12].try_into().unwrap()),
+        manifest::NAMESPACES_MANIFEST_VERSION
+    );
+    let back = decode_manifest(&bytes, 3, p()).unwrap();
+    assert_eq!(back, m);
+    assert_eq!(encode_manifest(&back).unwrap(), bytes);
+    // Version 4 is newer than this reader.
+    let mut newer = bytes.clone();
+    newer[8..12].copy_from_slice(&4u32.to_le_bytes());
+    assert!(matches!(
+        decode_manifest(&newer, 3, p()),
+        Err(ImageError::NewerFormat { found: 4, .. })
+    ));
+}

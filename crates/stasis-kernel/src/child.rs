@@ -51,8 +51,42 @@ pub(crate) unsafe fn clone3(args: &CloneArgs) -> i64 {
 /// address of the `syscall` instruction it stopped after recorded for remote
 /// syscalls.
 pub fn spawn_stopped(set_tid: Option<i32>) -> Result<Tracee, SpawnError> {
+    spawn_stopped_with(set_tid, None)
+}
+
+/// What the root of a tree restored in new namespaces sets up in them
+/// before it stops (it is created in them, PID 1 of a new PID namespace).
+#[derive(Debug, Default)]
+pub struct NsSetup {
+    /// The `CLONE_NEW*` flags of the namespaces to create.
+    pub flags: u64,
+    /// The host and domain names of a new UTS namespace.
+    pub hostname: Option<std::ffi::CString>,
+    pub domainname: Option<std::ffi::CString>,
+    /// In a new mount namespace: make every mount private, and mount a
+    /// proc file system of the new PID namespace on `/proc`.
+    pub mount_proc: bool,
+    /// In a new mount namespace: tmpfs mounts to make, in order (where,
+    /// `MS_*` flags, options), after every mount is made private.
+    pub tmpfs: Vec<(std::ffi::CString, u64, std::ffi::CString)>,
+    /// In a new mount namespace: bind mounts to make after those (source,
+    /// target, `MS_*` flags applied by a remount).
+    pub binds: Vec<(std::ffi::CString, std::ffi::CString, u64)>,
+}
+
+/// Like [`spawn_stopped`], but the child is created in the new namespaces
+/// of `ns` (PID 1 of its PID namespace, if it makes one: then `set_tid`
+/// must be `None`), and sets them up before it stops.
+pub fn spawn_stopped_in(set_tid: Option<i32>, ns: &NsSetup) -> Result<Tracee, SpawnError> {
+    spawn_stopped_with(set_tid, Some(ns))
+}
+
+fn spawn_stopped_with(set_tid: Option<i32>, ns: Option<&NsSetup>) -> Result<Tracee, SpawnError> {
     let tid_arr = [set_tid.unwrap_or(0)];
+    let new_pidns = ns.is_some_and(|n| n.flags & u64::from(libc::CLONE_NEWPID.unsigned_abs()) != 0);
+    let (proc_src, proc_dir, root_dir, tmpfs) = (c"proc", c"/proc", c"/", c"tmpfs");
     let args = CloneArgs {
+        flags: ns.map_or(0, |n| n.flags),
         exit_signal: libc::SIGCHLD as u64,
         set_tid: if set_tid.is_some() {
             tid_arr.as_ptr() as u64
@@ -77,8 +111,78 @@ pub fn spawn_stopped(set_tid: Option<i32>) -> Result<Tracee, SpawnError> {
             // would leave it stopped for ever (holding copies of all the
             // parent's fds). The restorer clears this once EXITKILL holds.
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
-            if libc::getppid() != parent {
+            // In a new PID namespace the parent is outside: PID 0.
+            if libc::getppid() != if new_pidns { 0 } else { parent } {
                 libc::_exit(127);
+            }
+            if let Some(n) = ns {
+                if let Some(h) = &n.hostname {
+                    if libc::sethostname(h.as_ptr(), h.as_bytes().len()) != 0 {
+                        libc::_exit(125);
+                    }
+                }
+                if let Some(d) = &n.domainname {
+                    if libc::setdomainname(d.as_ptr(), d.as_bytes().len()) != 0 {
+                        libc::_exit(125);
+                    }
+                }
+                if (n.mount_proc || !n.tmpfs.is_empty() || !n.binds.is_empty())
+                    && libc::mount(
+                        std::ptr::null(),
+                        root_dir.as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_REC | libc::MS_PRIVATE,
+                        std::ptr::null(),
+                    ) != 0
+                {
+                    libc::_exit(124);
+                }
+                if n.mount_proc
+                    && libc::mount(
+                        proc_src.as_ptr(),
+                        proc_dir.as_ptr(),
+                        proc_src.as_ptr(),
+                        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                        std::ptr::null(),
+                    ) != 0
+                {
+                    libc::_exit(124);
+                }
+                for (at, flags, opts) in &n.tmpfs {
+                    if libc::mount(
+                        tmpfs.as_ptr(),
+                        at.as_ptr(),
+                        tmpfs.as_ptr(),
+                        *flags,
+                        opts.as_ptr().cast(),
+                    ) != 0
+                    {
+                        libc::_exit(123);
+                    }
+                }
+                for (from, at, flags) in &n.binds {
+                    if libc::mount(
+                        from.as_ptr(),
+                        at.as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_BIND,
+                        std::ptr::null(),
+                    ) != 0
+                    {
+                        libc::_exit(122);
+                    }
+                    if *flags != 0
+                        && libc::mount(
+                            std::ptr::null(),
+                            at.as_ptr(),
+                            std::ptr::null(),
+                            libc::MS_REMOUNT | libc::MS_BIND | *flags,
+                            std::ptr::null(),
+                        ) != 0
+                    {
+                        libc::_exit(122);
+                    }
+                }
             }
             libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0);
             libc::kill(libc::getpid(), libc::SIGSTOP);

@@ -50,7 +50,16 @@ impl SaveCtx {
         if self.sysv.iter().any(|s| s.shmid == shmid) {
             return Ok(());
         }
-        let table = std::fs::read_to_string("/proc/sysvipc/shm").map_err(|e| SaveError::Proc {
+        // The table of the process's IPC namespace (read from inside it,
+        // if it is not ours).
+        let read = || std::fs::read_to_string("/proc/sysvipc/shm");
+        let ipc = stasis_kernel::ns::NsKind::Ipc;
+        let table = if stasis_kernel::ns::ns_id(pid, ipc) == stasis_kernel::ns::own_ns_id(ipc) {
+            read()
+        } else {
+            stasis_kernel::ns::in_namespaces_of(pid, &[ipc], read)?
+        }
+        .map_err(|e| SaveError::Proc {
             pid,
             file: "../sysvipc/shm".into(),
             source: e,

@@ -53,6 +53,7 @@ mod caps;
 pub mod files;
 mod inherit;
 mod memory;
+mod ns;
 mod pipeline;
 mod proc;
 mod process;

@@ -113,7 +113,18 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
 
     let (transport, remote_end) = transport(m)?;
     let (root, init) = spawn_root(m, remote_end, opts.new_pidns)?;
+    let root_outer = root.t.pid();
     records[0].proc = Some(root);
+    // The tree's sockets are made in its network namespace: this thread
+    // works there until the restore is over.
+    let _netns = match crate::ns::after_spawn(m, root_outer) {
+        Ok(n) => n,
+        Err(e) => {
+            let procs = records.into_iter().filter_map(|r| r.proc);
+            kill_tree(procs.collect::<Vec<_>>(), init);
+            return Err(e);
+        }
+    };
     let mut b = Build {
         m,
         plan: &plan,
@@ -144,7 +155,7 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
         Ok(bytes) => Ok(Restored {
             checkpoint: cp.number,
             pid: b.root()?.t.pid(),
-            pid_in_namespace: init.map(|_| m.processes[0].pid),
+            pid_in_namespace: (init.is_some() || own_pidns(m)).then(|| m.processes[0].pid),
             init_pid: init,
             processes: m.processes.len(),
             threads: m.processes.iter().map(|p| p.threads.len()).sum(),
@@ -159,6 +170,12 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
             Err(e)
         }
     }
+}
+
+/// Whether the tree had a PID namespace of its own (its root is PID 1 of
+/// a new one).
+fn own_pidns(m: &Manifest) -> bool {
+    m.namespaces.as_ref().is_some_and(|n| n.pid)
 }
 
 fn micros(since: Instant) -> u64 {
@@ -188,7 +205,7 @@ fn page_sources<'a>(chain: &[Checkpoint], m: &'a Manifest) -> Result<Vec<Record<
 /// out), and the PID of each group leader that had exited (its helper's);
 /// not needed in a new PID namespace.
 fn wait_pids_free(m: &Manifest, plan: &tree::Plan, opts: &RestoreOptions) -> Result<()> {
-    if opts.new_pidns {
+    if opts.new_pidns || own_pidns(m) {
         return Ok(());
     }
     for p in &m.processes {
@@ -230,7 +247,35 @@ fn spawn_root(m: &Manifest, remote_end: OwnedFd, new_pidns: bool) -> Result<(Pro
         SpawnError::NoPermission { pid, source } => RestoreError::NoPermission { pid, source },
         SpawnError::Kernel(k) => RestoreError::Kernel(k),
     };
-    let (t, init): (Tracee, Option<i32>) = if new_pidns {
+    let (t, init): (Tracee, Option<i32>) = if let Some(ns) = &m.namespaces {
+        // The tree had namespaces of its own: the root is created in new
+        // ones (PID 1 of a new PID namespace, or at its PID).
+        if new_pidns && !ns.pid {
+            return Err(RestoreError::Unsupported(
+                "--new-pidns with an image of a tree that had namespaces of its own but shared the dumper's PID namespace".into(),
+            ));
+        }
+        let setup = crate::ns::setup(ns)?;
+        let set_tid = (!ns.pid).then_some(root.pid);
+        let t = stasis_kernel::child::spawn_stopped_in(set_tid, &setup).map_err(|e| {
+            let why = match &e {
+                SpawnError::Kernel(stasis_kernel::KernelError::Died { status, .. })
+                    if libc::WIFEXITED(*status) =>
+                {
+                    crate::ns::setup_failure(libc::WEXITSTATUS(*status))
+                }
+                _ => None,
+            };
+            match why {
+                Some(w) => ObjectError::Incompatible(format!(
+                    "the tree's new namespaces could not be set up: {w}"
+                ))
+                .into(),
+                None => spawn_err(e),
+            }
+        })?;
+        (t, None)
+    } else if new_pidns {
         // The namespace's init is stasis exec'd anew: keep the transport
         // across that exec, so the root stub (forked by init) has it.
         let _ = nix::fcntl::fcntl(
@@ -319,10 +364,12 @@ fn build_tree(b: &mut Build<'_>) -> Result<u64> {
         m.processes.iter().flat_map(|p| p.fds.iter()),
     );
     stub::prepare_root(b)?;
-    // System V segments exist before anyone attaches them; so do the
-    // POSIX ones saved with `--shm-file`, before anyone maps them.
-    sysv::prepare(&b.m.sysv_shm)?;
-    for p in stasis_objects::posix_shm::restore(&b.m.shm_files)? {
+    // System V segments exist before anyone attaches them (in the tree's
+    // IPC namespace); so do the POSIX ones saved with `--shm-file`, before
+    // anyone maps them.
+    let root_outer = b.root()?.t.pid();
+    crate::ns::in_ipc(m, root_outer, || sysv::prepare(&m.sysv_shm))??;
+    for p in stasis_objects::posix_shm::restore(&m.shm_files)? {
         tracing::debug!(path = %p.display(), "POSIX shared memory object put back");
     }
     let mut cx = process::TreeCtx {
@@ -357,7 +404,7 @@ fn build_tree(b: &mut Build<'_>) -> Result<u64> {
     stub::make_zombies(b)?;
     let filled = cx.filled;
     build_processes(b, cx)?;
-    sysv::finish(&b.m.sysv_shm);
+    crate::ns::in_ipc(m, root_outer, || sysv::finish(&m.sysv_shm))?;
     Ok(filled)
 }
 

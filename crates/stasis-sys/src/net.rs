@@ -175,3 +175,18 @@ const _: () = assert!(size_of::<libc::msghdr>() == MSGHDR_LEN);
 pub const CMSG_SPACE_ONE_FD: u64 = 24;
 /// `CMSG_LEN(sizeof(int))`.
 pub const CMSG_LEN_ONE_FD: u64 = 20;
+
+// --- Interface flags (include/uapi/linux/if.h) -------------------------------
+
+/// `struct ifreq` as `SIOCGIFFLAGS`/`SIOCSIFFLAGS` use it: the interface
+/// name, then the flags member of the union (`ifr_flags`, a short), the
+/// rest of the union unused.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IfreqFlags {
+    pub name: [u8; 16],
+    pub flags: i16,
+    pub _pad: [u8; 22],
+}
+const _: () = assert!(size_of::<IfreqFlags>() == 40);
+const _: () = assert!(size_of::<IfreqFlags>() == size_of::<libc::ifreq>());

@@ -251,6 +251,7 @@ pub fn manifest(checkpoint: u32, processes: Vec<ProcessImage>) -> Manifest {
             job: "job".into(),
             round: 7,
         }),
+        namespaces: None,
     }
 }
 

@@ -29,14 +29,16 @@ impl Tracee {
         };
         h.park(self.pid, base)?;
         self.injected_fault()?;
-        let tgid = h.pid();
+        // The thread signals itself: by its IDs in its own PID namespace.
+        let tgid = crate::ns::pid_in_own_ns(h.pid(), h.pid()).unwrap_or(h.pid());
+        let tid = crate::ns::pid_in_own_ns(h.pid(), self.pid).unwrap_or(self.pid);
         let mut r = *base;
         r.orig_rax = u64::MAX;
         r.rip = h.batch_addr();
         r.rbx = table;
         r.rbp = n as u64;
         r.r12 = crate::sarg(i64::from(tgid));
-        r.r13 = crate::sarg(i64::from(self.pid));
+        r.r13 = crate::sarg(i64::from(tid));
         r.r14 = crate::sarg(i64::from(stop_sig));
         let die = || sys::fault::die_at(sys::fault::Point::DieInRemoteSyscall);
         self.set_regs(&r)?;

@@ -81,6 +81,7 @@ pub fn manifest(checkpoint: u32, parent: Option<u32>, processes: Vec<ProcessImag
         shm_files: vec![],
         sysv_shm: vec![],
         cut: None,
+        namespaces: None,
     }
 }
 

@@ -1,0 +1,538 @@
+//! The namespaces of the dumped tree, against the dumper's.
+//!
+//! [`check`] (preflight, nothing stopped) refuses a tree whose processes do
+//! not all share the root's namespaces, and the namespaces of its own that
+//! stasis cannot restore: user, cgroup and time namespaces; a PID namespace
+//! whose init is not the root; a network namespace with another interface
+//! than `lo`; System V message queues and semaphores of an
+//! IPC namespace; and mounts of a mount namespace other than a proc on
+//! `/proc`. [`describe`] (frozen) records what the restore needs: the host
+//! and domain names, whether `lo` is up, the proc mount, and the PID (and
+//! TID) of every process in its namespace. The dump itself works with the
+//! PIDs stasis sees (ptrace, `/proc`); [`translate_pids`] gives the
+//! manifest the in-namespace ones at the commit.
+
+use std::collections::{HashMap, HashSet};
+
+use stasis_image::manifest::{
+    BindMount, FdKind, Manifest, MountNamespace, Namespaces, NetNamespace, ProcessImage,
+    TmpfsEntry, TmpfsMount, UtsNamespace,
+};
+use stasis_kernel::ns::{self as kns, NsKind};
+
+use crate::{proc, CaptureError, Result, SaveError};
+
+/// The kinds a tree may have of its own.
+const RESTORABLE: [NsKind; 5] = [
+    NsKind::Pid,
+    NsKind::Mnt,
+    NsKind::Net,
+    NsKind::Uts,
+    NsKind::Ipc,
+];
+
+fn refuse(pid: i32, what: String) -> CaptureError {
+    SaveError::Unsupported { pid, what }.into()
+}
+
+/// The kinds of namespace process `root` has that differ from the dumper's.
+pub fn own_kinds(root: i32) -> Vec<NsKind> {
+    NsKind::ALL
+        .into_iter()
+        .filter(|&k| match (kns::ns_id(root, k), kns::own_ns_id(k)) {
+            (Some(a), Some(b)) => a != b,
+            _ => false,
+        })
+        .collect()
+}
+
+/// Refuses, before anything is stopped, a tree whose namespaces stasis
+/// cannot restore (`tree`: the root first, then its descendants).
+pub fn check(root: i32, tree: &[i32]) -> Result<()> {
+    for &p in tree.iter().filter(|&&p| p != root) {
+        for k in NsKind::ALL {
+            match (kns::ns_id(p, k), kns::ns_id(root, k)) {
+                (Some(a), Some(b)) if a != b => {
+                    return Err(refuse(
+                        p,
+                        format!(
+                            "it is in a {} namespace other than the root's ({root}); stasis restores a tree whose processes all share the root's namespaces",
+                            k.name()
+                        ),
+                    ))
+                }
+                _ => {}
+            }
+        }
+    }
+    let own = own_kinds(root);
+    if !own.is_empty() {
+        let want = cgroup_of(root);
+        for &p in tree.iter().filter(|&&p| p != root) {
+            let theirs = cgroup_of(p);
+            if theirs.is_some() && theirs != want {
+                return Err(refuse(
+                    p,
+                    format!(
+                        "it is in cgroup {}, the root ({root}) in {}; stasis restores a tree in namespaces of its own into one cgroup",
+                        theirs.unwrap_or_default(),
+                        want.unwrap_or_default()
+                    ),
+                ));
+            }
+        }
+    }
+    if let Some(k) = own.iter().find(|k| !RESTORABLE.contains(k)) {
+        return Err(refuse(
+            root,
+            format!(
+                "it is in a {} namespace of its own; stasis restores only pid, uts, ipc, net and mnt namespaces",
+                k.name()
+            ),
+        ));
+    }
+    if own.contains(&NsKind::Pid) && kns::pid_in_own_ns(root, root) != Some(1) {
+        return Err(refuse(
+            root,
+            "it is in a PID namespace of its own but is not its init (PID 1 there); dump the namespace's init".into(),
+        ));
+    }
+    if own.contains(&NsKind::Net) {
+        check_net(root)?;
+    }
+    if own.contains(&NsKind::Ipc) {
+        check_ipc(root)?;
+    }
+    if own.contains(&NsKind::Mnt) {
+        let mnt = extra_mounts(root, own.contains(&NsKind::Pid), false)?;
+        check_tmpfs_fds(tree, &mnt)?;
+    }
+    Ok(())
+}
+
+/// A network namespace of the tree's own: only `lo` (its sockets are
+/// saved as in the dumper's, from inside it: [`enter_net`]).
+fn check_net(root: i32) -> Result<()> {
+    let dev = proc::read(root, "net/dev")?;
+    for name in dev
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split(':').next())
+        .map(str::trim)
+    {
+        if name != "lo" {
+            return Err(refuse(
+                root,
+                format!("its network namespace has the interface {name}; stasis restores a network namespace with only lo"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The cgroup (v2) of process `pid`: the path after `0::` in its
+/// `/proc/PID/cgroup` (`None` if it is gone).
+pub fn cgroup_of(pid: i32) -> Option<String> {
+    proc::read(pid, "cgroup").ok().and_then(|t| {
+        t.lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .map(str::to_string)
+    })
+}
+
+/// With a network namespace of the tree's own: the calling thread in it
+/// until the guard is dropped, so that its sockets are read there
+/// (sock_diag answers about the namespace of the socket asking).
+pub fn enter_net(root: i32) -> Result<Option<kns::NetnsGuard>> {
+    if !own_kinds(root).contains(&NsKind::Net) {
+        return Ok(None);
+    }
+    Ok(Some(kns::NetnsGuard::enter(root)?))
+}
+
+/// An IPC namespace of the tree's own: System V shared memory only (its
+/// segments are saved as in the dumper's namespace, read from inside).
+fn check_ipc(root: i32) -> Result<()> {
+    let read = || -> Vec<(&'static str, usize)> {
+        [("message queue", "msg"), ("semaphore set", "sem")]
+            .into_iter()
+            .map(|(what, f)| {
+                let rows = std::fs::read_to_string(format!("/proc/sysvipc/{f}"))
+                    .map(|t| t.lines().skip(1).filter(|l| !l.trim().is_empty()).count())
+                    .unwrap_or(0);
+                (what, rows)
+            })
+            .collect()
+    };
+    let counts = kns::in_namespaces_of(root, &[NsKind::Ipc], read)?;
+    if let Some((what, n)) = counts.into_iter().find(|&(_, n)| n > 0) {
+        return Err(refuse(
+            root,
+            format!("its IPC namespace holds {n} System V {what}(s); only System V shared memory is supported there"),
+        ));
+    }
+    Ok(())
+}
+
+/// One line of a `mountinfo`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct MountLine {
+    dev: String,
+    root: String,
+    at: String,
+    kind: String,
+    /// Per-mount options (`rw,nosuid,...`).
+    mount_opts: String,
+    /// The file system's options.
+    super_opts: String,
+}
+
+impl MountLine {
+    /// What tells one mount from another across namespaces (a copied
+    /// mount namespace has the same).
+    fn key(&self) -> (String, String, String) {
+        (self.dev.clone(), self.root.clone(), self.at.clone())
+    }
+}
+
+/// The lines of a `mountinfo`.
+fn mounts(info: &str) -> Vec<MountLine> {
+    info.lines()
+        .filter_map(|l| {
+            let (a, b) = l.split_once(" - ")?;
+            let f: Vec<&str> = a.split_whitespace().collect();
+            let g: Vec<&str> = b.split_whitespace().collect();
+            Some(MountLine {
+                dev: f.get(2)?.to_string(),
+                root: f.get(3)?.to_string(),
+                at: f.get(4)?.to_string(),
+                kind: g.first()?.to_string(),
+                mount_opts: f.get(5)?.to_string(),
+                super_opts: g.get(2).map_or(String::new(), |s| s.to_string()),
+            })
+        })
+        .collect()
+}
+
+/// Most bytes of content of the tmpfs mounts of one tree.
+const TMPFS_MAX_BYTES: u64 = 64 << 20;
+
+/// The mounts of the root's mount namespace that the dumper's has not
+/// (mounts it lacks are left as the restorer has them): a proc on `/proc`
+/// (with `own_pid`) and tmpfs mounts (their content read when `content`);
+/// refuses every other.
+fn extra_mounts(root: i32, own_pid: bool, content: bool) -> Result<MountNamespace> {
+    let my_mounts = mounts(&proc::read(std::process::id() as i32, "mountinfo")?);
+    let mine: HashSet<_> = my_mounts.iter().map(MountLine::key).collect();
+    let mut ns = MountNamespace::default();
+    let mut total = 0u64;
+    for m in mounts(&proc::read(root, "mountinfo")?) {
+        if mine.contains(&m.key()) {
+            continue;
+        }
+        let (at, kind) = (&m.at, &m.kind);
+        if kind == "proc" && at == "/proc" && own_pid {
+            ns.proc = true;
+            continue;
+        }
+        if kind == "tmpfs" && m.root == "/" {
+            if let Some(t) = ns
+                .tmpfs
+                .iter()
+                .find(|t| at.starts_with(&format!("{}/", t.target)) || *at == t.target)
+            {
+                return Err(refuse(
+                    root,
+                    format!("its tmpfs mount on {at} is on (or over) its tmpfs mount on {}; nested tmpfs mounts are not supported", t.target),
+                ));
+            }
+            let entries = if content {
+                tmpfs_entries(root, at, &mut total)?
+            } else {
+                Vec::new()
+            };
+            ns.tmpfs.push(TmpfsMount {
+                target: at.clone(),
+                flags: mount_flags(&m.mount_opts),
+                options: m
+                    .super_opts
+                    .split(',')
+                    .filter(|o| *o != "rw" && *o != "ro")
+                    .collect::<Vec<_>>()
+                    .join(","),
+                entries,
+            });
+            continue;
+        }
+        // A bind mount of something the dumper sees: a mount of the same
+        // file system whose root holds this one's.
+        let source = my_mounts
+            .iter()
+            .filter(|h| h.dev == m.dev && h.kind == m.kind)
+            .find_map(|h| {
+                let rest = if h.root == "/" {
+                    Some(m.root.as_str())
+                } else {
+                    m.root
+                        .strip_prefix(h.root.as_str())
+                        .filter(|r| r.is_empty() || r.starts_with('/'))
+                }?;
+                Some(format!("{}{}", h.at.trim_end_matches('/'), rest))
+            });
+        if let Some(source) = source.filter(|s| s.starts_with('/') && !s.contains(" (deleted)")) {
+            ns.binds.push(BindMount {
+                source,
+                target: at.clone(),
+                flags: mount_flags(&m.mount_opts),
+            });
+            continue;
+        }
+        return Err(refuse(
+            root,
+            format!("its mount namespace has a {kind} mount on {at} that the dumper's has not; only a proc on /proc, tmpfs mounts and bind mounts of what the dumper sees are supported there yet"),
+        ));
+    }
+    Ok(ns)
+}
+
+/// `MS_*` flags of per-mount options.
+fn mount_flags(opts: &str) -> u64 {
+    opts.split(',')
+        .map(|o| match o {
+            "ro" => libc::MS_RDONLY,
+            "nosuid" => libc::MS_NOSUID,
+            "nodev" => libc::MS_NODEV,
+            "noexec" => libc::MS_NOEXEC,
+            "noatime" => libc::MS_NOATIME,
+            "nodiratime" => libc::MS_NODIRATIME,
+            "relatime" => libc::MS_RELATIME,
+            "strictatime" => libc::MS_STRICTATIME,
+            _ => 0,
+        })
+        .fold(0, |a, f| a | f)
+}
+
+/// Everything in the tmpfs mounted on `at` in the mount namespace of
+/// `root` (read through `/proc/ROOT/root`), directories before what they
+/// hold; `total` counts the bytes of content of the tree's tmpfs mounts.
+fn tmpfs_entries(root: i32, at: &str, total: &mut u64) -> Result<Vec<TmpfsEntry>> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let base = std::path::PathBuf::from(format!("/proc/{root}/root{at}"));
+    let io = |e: std::io::Error| CaptureError::from_proc(root, &format!("root{at}"), e);
+    let mut out = Vec::new();
+    let mut queue = vec![String::new()];
+    while let Some(rel) = queue.pop() {
+        let path = if rel.is_empty() {
+            base.clone()
+        } else {
+            base.join(&rel)
+        };
+        let md = std::fs::symlink_metadata(&path).map_err(io)?;
+        let ft = md.file_type();
+        let data = if ft.is_file() {
+            *total += md.len();
+            if *total > TMPFS_MAX_BYTES {
+                return Err(refuse(
+                    root,
+                    format!("its tmpfs mounts hold more than {} MiB (at {at}/{rel}); stasis saves at most that much", TMPFS_MAX_BYTES >> 20),
+                ));
+            }
+            std::fs::read(&path).map_err(io)?
+        } else if ft.is_symlink() {
+            std::fs::read_link(&path)
+                .map_err(io)?
+                .into_os_string()
+                .into_encoded_bytes()
+        } else if ft.is_dir() {
+            let mut names: Vec<String> = std::fs::read_dir(&path)
+                .map_err(io)?
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            for n in names.into_iter().rev() {
+                queue.push(if rel.is_empty() {
+                    n
+                } else {
+                    format!("{rel}/{n}")
+                });
+            }
+            Vec::new()
+        } else {
+            let what = if ft.is_fifo() {
+                "a FIFO"
+            } else if ft.is_socket() {
+                "a unix socket file"
+            } else {
+                "a device node"
+            };
+            return Err(refuse(
+                root,
+                format!("{at}/{rel} in its tmpfs mount is {what}; only directories, regular files and symbolic links are saved there"),
+            ));
+        };
+        out.push(TmpfsEntry {
+            path: rel,
+            mode: md.mode(),
+            uid: md.uid(),
+            gid: md.gid(),
+            data,
+        });
+    }
+    Ok(out)
+}
+
+/// No process of the tree has an fd on a file of one of its tmpfs mounts
+/// (the restorer opens files in its own mount namespace).
+fn check_tmpfs_fds(tree: &[i32], ns: &MountNamespace) -> Result<()> {
+    for &p in tree {
+        for fd in crate::fds::list_fds(p).unwrap_or_default() {
+            let Ok(link) = proc::read_link(p, &format!("fd/{fd}")) else {
+                continue;
+            };
+            let targets = ns
+                .tmpfs
+                .iter()
+                .map(|t| ("tmpfs", &t.target))
+                .chain(ns.binds.iter().map(|b| ("bind", &b.target)));
+            for (what, t) in targets {
+                if link == *t || link.starts_with(&format!("{t}/")) {
+                    return Err(refuse(
+                        p,
+                        format!("fd {fd} is open on {link}, in its {what} mount on {t}; open files in mounts of its own mount namespace are not supported yet"),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What the restore needs of the tree's namespaces, and its PIDs there.
+pub struct NsCapture {
+    pub namespaces: Namespaces,
+    /// In-namespace PID (and TID) by the one stasis sees; empty without a
+    /// PID namespace.
+    pub pids: HashMap<i32, i32>,
+}
+
+/// Reads the namespaces of the frozen tree (`None`: the dumper's).
+pub fn describe(root: i32, images: &[ProcessImage]) -> Result<Option<NsCapture>> {
+    let own = own_kinds(root);
+    if own.is_empty() {
+        return Ok(None);
+    }
+    let mut ns = Namespaces {
+        pid: own.contains(&NsKind::Pid),
+        ipc: own.contains(&NsKind::Ipc),
+        cgroup: cgroup_of(root),
+        ..Default::default()
+    };
+    if own.contains(&NsKind::Uts) {
+        let (h, d) = kns::in_namespaces_of(root, &[NsKind::Uts], || {
+            nix::sys::utsname::uname().map(|u| {
+                (
+                    u.nodename().to_string_lossy().into_owned(),
+                    u.domainname().to_string_lossy().into_owned(),
+                )
+            })
+        })?
+        .map_err(|e| CaptureError::from_proc(root, "ns/uts", e.into()))?;
+        ns.uts = Some(UtsNamespace {
+            hostname: h,
+            domainname: d,
+        });
+    }
+    if own.contains(&NsKind::Net) {
+        let lo_up = kns::in_namespaces_of(root, &[NsKind::Net], kns::loopback_up)??;
+        ns.net = Some(NetNamespace { lo_up });
+    }
+    if own.contains(&NsKind::Mnt) {
+        ns.mnt = Some(extra_mounts(root, ns.pid, true)?);
+    }
+    let mut pids = HashMap::new();
+    if ns.pid {
+        for p in images {
+            let tids = std::iter::once(p.pid).chain(p.threads.iter().map(|t| t.tid));
+            for tid in tids {
+                let inner = kns::pid_in_own_ns(p.pid, tid).ok_or_else(|| {
+                    refuse(
+                        p.pid,
+                        format!("the PID of its thread {tid} in its PID namespace is unknown (no NSpid in its status)"),
+                    )
+                })?;
+                pids.insert(tid, inner);
+            }
+        }
+    }
+    Ok(Some(NsCapture {
+        namespaces: ns,
+        pids,
+    }))
+}
+
+/// Gives every PID of the manifest as the tree's PID namespace has it
+/// (`pids`); one outside the tree (a parent, session or group outside the
+/// namespace) becomes 0, as the namespace sees it.
+pub fn translate_pids(m: &mut Manifest, pids: &HashMap<i32, i32>) {
+    let map = |p: &mut i32| {
+        if *p > 0 {
+            *p = pids.get(p).copied().unwrap_or(0);
+        }
+    };
+    map(&mut m.root_pid);
+    for p in &mut m.processes {
+        map(&mut p.pid);
+        map(&mut p.ppid);
+        map(&mut p.pgid);
+        map(&mut p.sid);
+        if let Some(w) = &mut p.fds_shared_with {
+            map(w);
+        }
+        for t in &mut p.threads {
+            map(&mut t.tid);
+        }
+        for t in &mut p.posix_timers {
+            map(&mut t.tid);
+        }
+        for f in &mut p.fds {
+            if let Some(o) = &mut f.owner {
+                // A negative owner is a process group.
+                let mut g = o.pid.abs();
+                map(&mut g);
+                o.pid = if o.pid < 0 { -g } else { g };
+            }
+            match &mut f.kind {
+                FdKind::Pidfd { pid, .. } => map(pid),
+                FdKind::PtyMaster(pair) => {
+                    if let Some(s) = &mut pair.session {
+                        map(&mut s.sid);
+                        map(&mut s.foreground);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_lines_give_device_root_point_type_and_options() {
+        let info = "22 1 0:5 / /proc rw,nosuid - proc proc rw\n\
+                    30 22 0:40 / /mnt rw,nosuid,nodev - tmpfs t rw,size=1024k,mode=755\n";
+        let m = mounts(info);
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[1].key(), ("0:40".into(), "/".into(), "/mnt".into()));
+        assert_eq!(m[1].kind, "tmpfs");
+        assert_eq!(m[1].super_opts, "rw,size=1024k,mode=755");
+        assert_eq!(
+            mount_flags(&m[1].mount_opts),
+            libc::MS_NOSUID | libc::MS_NODEV
+        );
+        assert_ne!(m[0].key(), m[1].key());
+    }
+}

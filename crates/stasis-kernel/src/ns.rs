@@ -1,0 +1,272 @@
+//! Namespaces: which ones a process has (by kind, against this process's),
+//! running a piece of work inside another process's namespace (on a
+//! thread of its own, which `setns` moves), and the loopback interface of
+//! a network namespace.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use nix::sched::CloneFlags;
+
+use crate::{KernelError, Result};
+
+/// The kinds of namespace, by their name under `/proc/PID/ns/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NsKind {
+    Pid,
+    Mnt,
+    Net,
+    Uts,
+    Ipc,
+    User,
+    Cgroup,
+    Time,
+}
+
+impl NsKind {
+    /// Every kind, in the order the checks report them.
+    pub const ALL: [NsKind; 8] = [
+        NsKind::Pid,
+        NsKind::Mnt,
+        NsKind::Net,
+        NsKind::Uts,
+        NsKind::Ipc,
+        NsKind::User,
+        NsKind::Cgroup,
+        NsKind::Time,
+    ];
+
+    /// Its name under `/proc/PID/ns/` (and in messages).
+    pub fn name(self) -> &'static str {
+        match self {
+            NsKind::Pid => "pid",
+            NsKind::Mnt => "mnt",
+            NsKind::Net => "net",
+            NsKind::Uts => "uts",
+            NsKind::Ipc => "ipc",
+            NsKind::User => "user",
+            NsKind::Cgroup => "cgroup",
+            NsKind::Time => "time",
+        }
+    }
+
+    /// Its `CLONE_NEW*` flag.
+    pub fn clone_flag(self) -> u64 {
+        let f = match self {
+            NsKind::Pid => libc::CLONE_NEWPID,
+            NsKind::Mnt => libc::CLONE_NEWNS,
+            NsKind::Net => libc::CLONE_NEWNET,
+            NsKind::Uts => libc::CLONE_NEWUTS,
+            NsKind::Ipc => libc::CLONE_NEWIPC,
+            NsKind::User => libc::CLONE_NEWUSER,
+            NsKind::Cgroup => libc::CLONE_NEWCGROUP,
+            NsKind::Time => 0x80,
+        };
+        u64::from(f.unsigned_abs())
+    }
+}
+
+/// The namespace of kind `kind` process `pid` is in, as the inode of
+/// `/proc/PID/ns/KIND` (`None` if the process is gone, or the kernel lacks
+/// the kind).
+pub fn ns_id(pid: i32, kind: NsKind) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}/ns/{}", kind.name()))
+        .ok()
+        .map(|m| m.ino())
+}
+
+/// This process's namespace of kind `kind`, as it was the first time this
+/// was asked (a thread of it may since have entered another one with
+/// [`NetnsGuard`]).
+pub fn own_ns_id(kind: NsKind) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    static OWN: std::sync::OnceLock<Vec<Option<u64>>> = std::sync::OnceLock::new();
+    let own = OWN.get_or_init(|| {
+        NsKind::ALL
+            .iter()
+            .map(|k| {
+                std::fs::metadata(format!("/proc/self/ns/{}", k.name()))
+                    .ok()
+                    .map(|m| m.ino())
+            })
+            .collect()
+    });
+    NsKind::ALL
+        .iter()
+        .position(|&k| k == kind)
+        .and_then(|i| own.get(i).copied().flatten())
+}
+
+/// The calling thread moved into the network namespace of another
+/// process, until dropped (it then goes back to the one it had): sockets
+/// it creates meanwhile, sock_diag queries included, are of that
+/// namespace.
+#[derive(Debug)]
+pub struct NetnsGuard {
+    back: OwnedFd,
+}
+
+impl NetnsGuard {
+    /// Moves the calling thread into the network namespace of `pid`.
+    pub fn enter(pid: i32) -> Result<NetnsGuard> {
+        let open = |p: String| {
+            std::fs::File::open(&p)
+                .map(OwnedFd::from)
+                .map_err(|e| KernelError::io("open", e))
+        };
+        let back = open("/proc/thread-self/ns/net".into())?;
+        let target = open(format!("/proc/{pid}/ns/net"))?;
+        nix::sched::setns(&target, CloneFlags::CLONE_NEWNET).map_err(|e| {
+            KernelError::io(
+                "setns",
+                std::io::Error::other(format!(
+                    "entering the network namespace of process {pid}: {e}"
+                )),
+            )
+        })?;
+        Ok(NetnsGuard { back })
+    }
+}
+
+impl Drop for NetnsGuard {
+    fn drop(&mut self) {
+        // Going back to a namespace this thread was in, by an fd held on
+        // it, needs nothing that can have changed since.
+        let _ = nix::sched::setns(&self.back, CloneFlags::CLONE_NEWNET);
+    }
+}
+
+/// Runs `f` on a thread of its own moved into the namespaces of `kinds` of
+/// process `pid` (neither `Mnt` nor `User`: a multithreaded process cannot
+/// enter those), and returns what it returns.
+pub fn in_namespaces_of<T: Send>(
+    pid: i32,
+    kinds: &[NsKind],
+    f: impl FnOnce() -> T + Send,
+) -> Result<T> {
+    let mut fds: Vec<(OwnedFd, NsKind)> = Vec::new();
+    for &k in kinds {
+        if matches!(k, NsKind::Mnt | NsKind::User) {
+            return Err(KernelError::io(
+                "setns",
+                std::io::Error::other(format!(
+                    "a thread cannot enter a {} namespace alone",
+                    k.name()
+                )),
+            ));
+        }
+        let path = format!("/proc/{pid}/ns/{}", k.name());
+        let file = std::fs::File::open(&path).map_err(|e| KernelError::io("open", e))?;
+        fds.push((file.into(), k));
+    }
+    std::thread::scope(|s| {
+        s.spawn(move || -> Result<T> {
+            for (fd, k) in &fds {
+                let flag =
+                    CloneFlags::from_bits_truncate(i32::try_from(k.clone_flag()).unwrap_or(0));
+                nix::sched::setns(fd, flag).map_err(|e| {
+                    KernelError::io(
+                        "setns",
+                        std::io::Error::other(format!(
+                            "entering the {} namespace of process {pid}: {e}",
+                            k.name()
+                        )),
+                    )
+                })?;
+            }
+            Ok(f())
+        })
+        .join()
+        .unwrap_or_else(|_| {
+            Err(KernelError::io(
+                "setns",
+                std::io::Error::other("the thread working in another namespace panicked"),
+            ))
+        })
+    })
+}
+
+/// A datagram socket of the calling thread's network namespace, and the
+/// request for `lo`.
+fn lo_request() -> Result<(OwnedFd, stasis_sys::net::IfreqFlags)> {
+    let sock = nix::sys::socket::socket(
+        nix::sys::socket::AddressFamily::Inet,
+        nix::sys::socket::SockType::Datagram,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(|e| KernelError::io("socket", e.into()))?;
+    let mut req = stasis_sys::net::IfreqFlags::default();
+    req.name[..2].copy_from_slice(b"lo");
+    Ok((sock, req))
+}
+
+/// Whether the loopback interface of the calling thread's network
+/// namespace is up.
+pub fn loopback_up() -> Result<bool> {
+    let (sock, mut req) = lo_request()?;
+    // SAFETY: SIOCGIFFLAGS reads the name and writes the flags of a
+    // `struct ifreq`, which `req` is (its layout checked in stasis-sys), valid for
+    // the call.
+    let r = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) };
+    if r < 0 {
+        return Err(KernelError::io("SIOCGIFFLAGS lo", crate::last_err()));
+    }
+    Ok(req.flags & i16::try_from(libc::IFF_UP).unwrap_or(1) != 0)
+}
+
+/// Brings the loopback interface of the calling thread's network
+/// namespace up.
+pub fn set_loopback_up() -> Result<()> {
+    let (sock, mut req) = lo_request()?;
+    // SAFETY: as in `loopback_up`.
+    let r = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) };
+    if r < 0 {
+        return Err(KernelError::io("SIOCGIFFLAGS lo", crate::last_err()));
+    }
+    req.flags |= i16::try_from(libc::IFF_UP | libc::IFF_RUNNING).unwrap_or(1);
+    // SAFETY: SIOCSIFFLAGS reads the name and flags of `req`, a valid
+    // `struct ifreq` for the call.
+    let r = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) };
+    if r < 0 {
+        return Err(KernelError::io("SIOCSIFFLAGS lo", crate::last_err()));
+    }
+    Ok(())
+}
+
+/// The PID of process (or thread) `tid` in its own PID namespace: the last
+/// field of `NSpid` in its `status` (`None` if it is gone).
+pub fn pid_in_own_ns(pid: i32, tid: i32) -> Option<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
+    parse_nspid(&status)
+}
+
+/// The last field of the `NSpid:` line of a `status` file.
+pub fn parse_nspid(status: &str) -> Option<i32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|v| v.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nspid_is_the_innermost() {
+        assert_eq!(parse_nspid("Name:\tx\nNSpid:\t1589\t1\nX: 2\n"), Some(1));
+        assert_eq!(parse_nspid("NSpid:\t42\n"), Some(42));
+        assert_eq!(parse_nspid("Pid:\t42\n"), None);
+    }
+
+    #[test]
+    fn this_process_is_in_its_own_namespaces() {
+        let me = i32::try_from(std::process::id()).unwrap_or(0);
+        for k in NsKind::ALL {
+            assert_eq!(ns_id(me, k), own_ns_id(k), "{}", k.name());
+        }
+        assert_eq!(pid_in_own_ns(me, me), Some(me));
+    }
+}

@@ -1,0 +1,231 @@
+//! The namespaces of a tree that lived in namespaces of its own
+//! ([`Manifest::namespaces`]): the root stub is created in new ones of the
+//! same kinds (PID 1 of a new PID namespace, with the saved host and domain
+//! names and a proc of that namespace on `/proc`), and what the restorer
+//! does inside them runs on a thread moved there
+//! ([`stasis_kernel::ns::in_namespaces_of`]).
+
+use std::ffi::CString;
+
+use stasis_image::manifest::{Manifest, Namespaces};
+use stasis_kernel::child::NsSetup;
+use stasis_kernel::ns::{self as kns, NsKind};
+
+use crate::{ObjectError, RestoreError, Result};
+
+/// The kinds of `ns`.
+pub(crate) fn kinds(ns: &Namespaces) -> Vec<NsKind> {
+    let mut k = Vec::new();
+    if ns.pid {
+        k.push(NsKind::Pid);
+    }
+    if ns.mnt.is_some() {
+        k.push(NsKind::Mnt);
+    }
+    if ns.net.is_some() {
+        k.push(NsKind::Net);
+    }
+    if ns.uts.is_some() {
+        k.push(NsKind::Uts);
+    }
+    if ns.ipc {
+        k.push(NsKind::Ipc);
+    }
+    k
+}
+
+/// What the root stub sets up as it is created.
+pub(crate) fn setup(ns: &Namespaces) -> Result<NsSetup> {
+    let cstr = |what: &str, s: &str| {
+        CString::new(s).map_err(|_| {
+            RestoreError::from(ObjectError::Inconsistent(format!(
+                "the saved {what} holds a NUL byte"
+            )))
+        })
+    };
+    let (hostname, domainname) = match &ns.uts {
+        Some(u) => (
+            Some(cstr("host name", &u.hostname)?),
+            Some(cstr("domain name", &u.domainname)?),
+        ),
+        None => (None, None),
+    };
+    if ns.mnt.as_ref().is_some_and(|m| m.proc) && !ns.pid {
+        return Err(ObjectError::Inconsistent(
+            "a proc mount of the tree's own without a PID namespace of its own".into(),
+        )
+        .into());
+    }
+    let mut tmpfs = Vec::new();
+    for t in ns.mnt.iter().flat_map(|m| m.tmpfs.iter()) {
+        tmpfs.push((
+            cstr("tmpfs mount point", &t.target)?,
+            t.flags,
+            cstr("tmpfs options", &t.options)?,
+        ));
+    }
+    let mut binds = Vec::new();
+    for b in ns.mnt.iter().flat_map(|m| m.binds.iter()) {
+        binds.push((
+            cstr("bind mount source", &b.source)?,
+            cstr("bind mount point", &b.target)?,
+            b.flags,
+        ));
+    }
+    Ok(NsSetup {
+        flags: kinds(ns)
+            .iter()
+            .map(|k| k.clone_flag())
+            .fold(0, |a, f| a | f),
+        hostname,
+        domainname,
+        mount_proc: ns.mnt.as_ref().is_some_and(|m| m.proc),
+        tmpfs,
+        binds,
+    })
+}
+
+/// What the root stub's exit code says went wrong in setting up its
+/// namespaces ([`stasis_kernel::child::spawn_stopped_in`]).
+pub(crate) fn setup_failure(code: i32) -> Option<&'static str> {
+    match code {
+        125 => Some("setting the saved host or domain name failed"),
+        124 => Some("making the mounts private or mounting a proc on /proc failed"),
+        123 => Some("mounting a saved tmpfs failed (does its mount point exist here?)"),
+        122 => Some("a saved bind mount failed (do its source and mount point exist here?)"),
+        _ => None,
+    }
+}
+
+/// Puts process `pid` (the root stub, before it forks anyone) into the
+/// cgroup (v2) at `path`, made if missing; nothing if that is the
+/// restorer's own.
+fn join_cgroup(path: &str, pid: i32) -> Result<()> {
+    let mine = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    if mine.lines().any(|l| l.strip_prefix("0::") == Some(path)) {
+        return Ok(());
+    }
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let Some(mount) = info.lines().find_map(|l| {
+        let (a, b) = l.split_once(" - ")?;
+        (b.split_whitespace().next() == Some("cgroup2"))
+            .then(|| a.split_whitespace().nth(4).map(str::to_string))
+            .flatten()
+    }) else {
+        return Err(ObjectError::Incompatible(format!(
+            "the tree was in cgroup {path}, but no cgroup2 file system is mounted here"
+        ))
+        .into());
+    };
+    let rel = path.trim_start_matches('/');
+    if rel.split('/').any(|c| c == "..") {
+        return Err(ObjectError::Inconsistent(format!("cgroup path {path}")).into());
+    }
+    let dir = std::path::Path::new(&mount).join(rel);
+    let fail = |what: &str, e: std::io::Error| {
+        RestoreError::from(ObjectError::Incompatible(format!(
+            "putting the tree into its cgroup {}: {what}: {e}",
+            dir.display()
+        )))
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| fail("mkdir", e))?;
+    std::fs::write(dir.join("cgroup.procs"), pid.to_string())
+        .map_err(|e| fail("writing cgroup.procs", e))?;
+    Ok(())
+}
+
+/// Puts back the content of the tree's tmpfs mounts, through
+/// `/proc/ROOT/root` (`root` as stasis sees it: its mount namespace).
+fn fill_tmpfs(m: &Manifest, root: i32) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::PermissionsExt;
+    let Some(mnt) = m.namespaces.as_ref().and_then(|n| n.mnt.as_ref()) else {
+        return Ok(());
+    };
+    for t in &mnt.tmpfs {
+        let base = std::path::PathBuf::from(format!("/proc/{root}/root{}", t.target));
+        let mut dirs = std::collections::HashSet::new();
+        for e in &t.entries {
+            let rel = std::path::Path::new(&e.path);
+            // Only plain names, each under a directory made before.
+            let plain = rel
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+            let parent_ok = rel
+                .parent()
+                .is_none_or(|p| p.as_os_str().is_empty() || dirs.contains(p));
+            let first = e.path.is_empty();
+            if !plain || !parent_ok || first != dirs.is_empty() {
+                return Err(ObjectError::Inconsistent(format!(
+                    "tmpfs entry {:?} under {} is not under a saved directory",
+                    e.path, t.target
+                ))
+                .into());
+            }
+            let path = if first { base.clone() } else { base.join(rel) };
+            let step = |what: &'static str| {
+                let p = format!("{}/{}", t.target, e.path);
+                move |err: std::io::Error| {
+                    RestoreError::from(ObjectError::Inconsistent(format!(
+                        "{what} {p} in the restored tmpfs: {err}"
+                    )))
+                }
+            };
+            match e.mode & libc::S_IFMT {
+                libc::S_IFDIR => {
+                    if !first {
+                        std::fs::create_dir(&path).map_err(step("making"))?;
+                    }
+                    dirs.insert(rel.to_path_buf());
+                }
+                libc::S_IFREG => std::fs::write(&path, &e.data).map_err(step("writing"))?,
+                libc::S_IFLNK => {
+                    let target = std::ffi::OsStr::from_bytes(&e.data);
+                    std::os::unix::fs::symlink(target, &path).map_err(step("linking"))?;
+                }
+                _ => {
+                    return Err(ObjectError::Inconsistent(format!(
+                        "tmpfs entry {}/{} of mode {:o}",
+                        t.target, e.path, e.mode
+                    ))
+                    .into())
+                }
+            }
+            std::os::unix::fs::lchown(&path, Some(e.uid), Some(e.gid)).map_err(step("chown of"))?;
+            if e.mode & libc::S_IFMT != libc::S_IFLNK {
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(e.mode & 0o7777))
+                    .map_err(step("chmod of"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Once the root stub (`root`, as stasis sees it) exists in its new
+/// namespaces: puts back the content of its tmpfs mounts, brings their
+/// loopback up if it was, and moves the calling
+/// thread into the new network namespace (until the guard is dropped), so
+/// that the sockets it makes for the tree are there.
+pub(crate) fn after_spawn(m: &Manifest, root: i32) -> Result<Option<kns::NetnsGuard>> {
+    fill_tmpfs(m, root)?;
+    if let Some(cg) = m.namespaces.as_ref().and_then(|n| n.cgroup.as_deref()) {
+        join_cgroup(cg, root)?;
+    }
+    let Some(net) = m.namespaces.as_ref().and_then(|n| n.net.as_ref()) else {
+        return Ok(None);
+    };
+    if net.lo_up {
+        kns::in_namespaces_of(root, &[NsKind::Net], kns::set_loopback_up)??;
+    }
+    Ok(Some(kns::NetnsGuard::enter(root)?))
+}
+
+/// Runs `f` in the IPC namespace of the tree (whose root is `root` as
+/// stasis sees it) if it has one of its own, else here.
+pub(crate) fn in_ipc<T: Send>(m: &Manifest, root: i32, f: impl FnOnce() -> T + Send) -> Result<T> {
+    if m.namespaces.as_ref().is_some_and(|n| n.ipc) {
+        Ok(kns::in_namespaces_of(root, &[NsKind::Ipc], f)?)
+    } else {
+        Ok(f())
+    }
+}

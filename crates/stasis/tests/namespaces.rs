@@ -1,0 +1,539 @@
+//! A tree in PID, mount, UTS, IPC and network namespaces of its own (as
+//! `unshare --pid --fork --mount-proc --mount --uts --ipc --net` starts
+//! it) comes back in new ones of the same shape: the `namespaces` workload
+//! checks itself (PID 1, its children's PIDs, the host name, lo up, a
+//! System V segment of its IPC namespace, /proc listing only its
+//! processes, a TCP listener and a loopback connection between two of its
+//! processes with bytes queued, a unix socket pair, a tmpfs on /mnt with a
+//! directory, a file and a link). And the shapes stasis cannot restore are refused before
+//! anything is stopped: the tree runs on untouched.
+
+mod common;
+use common::*;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const UNSHARE: [&str; 7] = [
+    "--pid",
+    "--fork",
+    "--mount-proc",
+    "--mount",
+    "--uts",
+    "--ipc",
+    "--net",
+];
+
+/// The workload, PID 1 of its namespaces; `pid` is its PID as seen here.
+struct NsTree {
+    dir: tempfile::TempDir,
+    /// `unshare`, the parent of the first instance (later ones are
+    /// restored, reparented to this subreaper test process).
+    unshare: Option<Child>,
+    pid: i32,
+}
+
+impl NsTree {
+    fn start() -> NsTree {
+        Self::start_in(None)
+    }
+
+    /// Started in the cgroup (v2) directory `cgroup`, if given.
+    fn start_in(cgroup: Option<&std::path::Path>) -> NsTree {
+        let bin = workloads().join("namespaces");
+        let dir = tempfile::Builder::new()
+            .prefix("stasis-namespaces-")
+            .tempdir()
+            .expect("tempdir");
+        std::fs::create_dir(dir.path().join("work")).expect("work dir");
+        let pidfile = dir.path().join("pid");
+        // The workload's output goes to out.log, unshare's (it complains
+        // when its child is killed) elsewhere.
+        let mut c = match cgroup {
+            Some(cg) => {
+                let mut c = Command::new("sh");
+                c.arg("-c")
+                    .arg("echo $$ >\"$0/cgroup.procs\" && exec unshare \"$@\"")
+                    .arg(cg);
+                c
+            }
+            None => Command::new("unshare"),
+        };
+        c.args(UNSHARE)
+            .args(["sh", "-c", "exec \"$0\" \"$1\" >\"$2\" 2>&1"])
+            .arg(&bin)
+            .arg(&pidfile)
+            .arg(dir.path().join("out.log"))
+            .current_dir(dir.path().join("work"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        close_inherited_fds(&mut c);
+        let child = c.spawn().expect("starting unshare");
+        let inside = wait_pidfile(&pidfile, Duration::from_secs(30));
+        assert_eq!(inside, 1, "the workload's PID in its namespace");
+        let up = child.id() as i32;
+        let mut pid = 0;
+        // (`sh` exec'd unshare: same process.)
+        wait_until(Duration::from_secs(10), "unshare's child", || {
+            pid = my_children_of(up).first().copied().unwrap_or(0);
+            pid > 0
+        });
+        NsTree {
+            dir,
+            unshare: Some(child),
+            pid,
+        }
+    }
+
+    fn images(&self) -> PathBuf {
+        self.dir.path().join("images")
+    }
+
+    fn out(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("out.log")).unwrap_or_default()
+    }
+
+    fn dump(&self, extra: &[&str]) -> std::process::Output {
+        stasis()
+            .args(["dump", "-t", &self.pid.to_string(), "-D"])
+            .arg(self.images())
+            .args(extra)
+            .output()
+            .expect("running stasis dump")
+    }
+
+    /// Waits for the root: (exit code, signal). The first one's status
+    /// comes through unshare (which exits with it, or 128+signal).
+    fn reap(&mut self) -> (Option<i32>, Option<i32>) {
+        if let Some(mut c) = self.unshare.take() {
+            let st = c.wait().expect("wait unshare");
+            return match st.code() {
+                Some(c) if c > 128 => (None, Some(c - 128)),
+                c => (c, None),
+            };
+        }
+        waitpid_timeout(self.pid, Duration::from_secs(60))
+    }
+
+    /// `restore --detach`: the new root, PID 1 of new namespaces.
+    fn restore(&mut self, extra: &[&str]) {
+        let o = stasis()
+            .args(["restore", "--detach", "--json", "-D"])
+            .arg(self.images())
+            .args(extra)
+            .output()
+            .expect("running stasis restore");
+        assert_ok(&o, "restore of the namespaces workload");
+        let j = json(&o);
+        assert_eq!(j["pid_in_namespace"], 1, "{j}");
+        assert_eq!(j["init_pid"], serde_json::Value::Null, "{j}");
+        self.pid = i32::try_from(j["pid"].as_i64().expect("pid")).expect("pid");
+        assert!(alive(self.pid), "restored root {} is not running", self.pid);
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap();
+        let nspid = status.lines().find(|l| l.starts_with("NSpid:")).unwrap();
+        assert!(nspid.ends_with("\t1"), "{nspid}");
+        // In namespaces other than ours.
+        for k in ["pid", "mnt", "uts", "ipc", "net"] {
+            let theirs = std::fs::read_link(format!("/proc/{}/ns/{k}", self.pid)).unwrap();
+            let ours = std::fs::read_link(format!("/proc/self/ns/{k}")).unwrap();
+            assert_ne!(theirs, ours, "the restored tree is in our {k} namespace");
+        }
+    }
+
+    fn finish_pass(&mut self) {
+        // SAFETY: signalling our workload.
+        unsafe { libc::kill(self.pid, libc::SIGTERM) };
+        let (code, sig) = self.reap();
+        let out = self.out();
+        assert_eq!((code, sig), (Some(0), None), "output:\n{out}");
+        assert_eq!(out.lines().last(), Some("PASS"), "output:\n{out}");
+    }
+}
+
+impl Drop for NsTree {
+    fn drop(&mut self) {
+        if alive(self.pid) {
+            // SAFETY: killing our own workload after a failed test (PID 1
+            // of its namespace: the others die with it).
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+            let _ = self.reap();
+        }
+    }
+}
+
+/// The children of `pid` (one of ours).
+fn my_children_of(pid: i32) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|s| s.parse().ok())
+        .collect()
+}
+
+/// Dump (kill) and restore twice, `extra` given to each restore.
+fn twice(extra: &[&str]) {
+    let mut t = NsTree::start();
+    for round in 1..=2 {
+        let o = t.dump(&[]);
+        assert_ok(&o, &format!("dump round {round}"));
+        let first = t.unshare.is_some();
+        let st = t.reap();
+        // unshare says 1 when its child is killed.
+        if !first {
+            assert_eq!(st, (None, Some(libc::SIGKILL)), "round {round}");
+        }
+        assert!(!alive(t.pid), "round {round}: the dumped root lives on");
+        t.restore(extra);
+    }
+    t.finish_pass();
+}
+
+#[test]
+fn twice_plain() {
+    twice(&[]);
+}
+
+/// The cgroup (v2) path of `pid`.
+fn cgroup_of(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// A tree in a cgroup of its own comes back in it (not in the
+/// restorer's), every process of it.
+#[test]
+fn twice_keeps_the_cgroup() {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let Some(mount) = info.lines().find_map(|l| {
+        let (a, b) = l.split_once(" - ")?;
+        (b.split_whitespace().next() == Some("cgroup2"))
+            .then(|| a.split_whitespace().nth(4).map(str::to_string))
+            .flatten()
+    }) else {
+        eprintln!("skipped: no cgroup2 file system mounted");
+        return;
+    };
+    let name = format!("stasis-ns-test-{}", std::process::id());
+    let dir = std::path::Path::new(&mount).join(&name);
+    std::fs::create_dir(&dir).expect("making a test cgroup");
+    let want = format!("/{name}");
+    assert_ne!(cgroup_of(std::process::id() as i32), want);
+    {
+        let mut t = NsTree::start_in(Some(&dir));
+        assert_eq!(cgroup_of(t.pid), want);
+        for round in 1..=2 {
+            assert_ok(&t.dump(&[]), &format!("dump round {round}"));
+            t.reap();
+            t.restore(&[]);
+            for p in std::iter::once(t.pid).chain(descendants(t.pid)) {
+                assert_eq!(cgroup_of(p), want, "round {round}: process {p}");
+            }
+        }
+        t.finish_pass();
+    }
+    let _ = std::fs::remove_dir(&dir);
+}
+
+#[test]
+fn twice_lazy() {
+    let stats = tempfile::NamedTempFile::new().unwrap();
+    let path = stats.path().to_str().unwrap().to_string();
+    twice(&["--lazy", "--lazy-stats", &path]);
+    let s = wait_json_file(stats.path(), Duration::from_secs(60));
+    assert!(s.get("error").is_none(), "filler failed: {s}");
+}
+
+/// `--leave-running` (with `flags`): the tree carries on and passes; the
+/// image restores into new namespaces and passes too.
+fn leave_running(flags: &[&str]) {
+    let mut t = NsTree::start();
+    let mut args = vec!["--leave-running"];
+    args.extend_from_slice(flags);
+    assert_ok(&t.dump(&args), "dump --leave-running");
+    assert!(alive(t.pid), "--leave-running killed the tree");
+    t.finish_pass();
+    // The workload printed nothing before the dump: its output file is
+    // put back as it was then.
+    std::fs::write(t.dir.path().join("out.log"), b"").unwrap();
+    t.restore(&[]);
+    t.finish_pass();
+}
+
+#[test]
+fn leave_running_plain() {
+    leave_running(&[]);
+}
+
+#[test]
+fn leave_running_concurrent() {
+    leave_running(&["--concurrent"]);
+}
+
+// ---- refusals: the tree runs on untouched ----
+
+/// A tree started by `cmd`; its root is `unshare`'s child (`fork`), or
+/// `unshare` itself, or found by `pick` among the descendants.
+struct Refused {
+    unshare: Child,
+}
+
+impl Drop for Refused {
+    fn drop(&mut self) {
+        let pid = self.unshare.id() as i32;
+        for p in descendants(pid) {
+            // SAFETY: killing the processes this test started.
+            unsafe { libc::kill(p, libc::SIGKILL) };
+        }
+        let _ = self.unshare.kill();
+        let _ = self.unshare.wait();
+    }
+}
+
+/// Starts `unshare ARGS`, waits until `ready` names the process to dump,
+/// and checks that the dump fails with `needle` and leaves every process
+/// of the tree running, untraced and unstopped.
+fn refused(args: &[&str], ready: impl Fn(i32) -> Option<i32>, needle: &str) {
+    let mut c = Command::new("unshare");
+    c.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    close_inherited_fds(&mut c);
+    let r = Refused {
+        unshare: c.spawn().expect("starting unshare"),
+    };
+    let up = r.unshare.id() as i32;
+    let mut target = 0;
+    wait_until(Duration::from_secs(20), "the tree to be set up", || {
+        target = ready(up).unwrap_or(0);
+        target > 0
+    });
+    let before = descendants(up);
+    let img = tempfile::tempdir().unwrap();
+    let o = stasis()
+        .args(["dump", "-t", &target.to_string(), "-D"])
+        .arg(img.path())
+        .output()
+        .unwrap();
+    assert_fails_with(&o, needle);
+    for p in std::iter::once(up).chain(before) {
+        let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+        let field = |k: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(k))
+                .map(|v| v.trim().to_string())
+                .unwrap_or_default()
+        };
+        assert!(alive(p), "process {p} died after a refused dump");
+        assert_eq!(field("TracerPid:"), "0", "process {p} left traced");
+        assert!(
+            !field("State:").starts_with('T') && !field("State:").starts_with('t'),
+            "process {p} left stopped: {}",
+            field("State:")
+        );
+    }
+}
+
+/// The first child of `pid` whose command line is `cmd` (its arguments
+/// joined by spaces).
+fn child_running(pid: i32, cmd: &str) -> Option<i32> {
+    descendants(pid)
+        .into_iter()
+        .find(|&p| cmdline_of(p).trim() == cmd)
+}
+
+#[test]
+fn refuses_a_user_namespace() {
+    refused(
+        &["--user", "--map-root-user", "sleep", "1000"],
+        |up| (cmdline_of(up).trim() == "sleep 1000").then_some(up),
+        "it is in a user namespace of its own",
+    );
+}
+
+#[test]
+fn refuses_a_child_in_another_network_namespace() {
+    refused(
+        &[
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "sh",
+            "-c",
+            "unshare --net sleep 1001 & exec sleep 1000",
+        ],
+        |up| {
+            let root = child_running(up, "sleep 1000")?;
+            child_running(root, "sleep 1001").map(|_| root)
+        },
+        "is in a net namespace other than the root's",
+    );
+}
+
+#[test]
+fn refuses_a_process_that_is_not_the_namespace_init() {
+    refused(
+        &[
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "sh",
+            "-c",
+            "sleep 1000 & wait",
+        ],
+        |up| child_running(up, "sleep 1000"),
+        "is not its init (PID 1 there)",
+    );
+}
+
+#[test]
+fn refuses_a_ramfs_mount() {
+    refused(
+        &[
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--mount",
+            "sh",
+            "-c",
+            "mount -t ramfs stasis-test /mnt && exec sleep 1000",
+        ],
+        |up| child_running(up, "sleep 1000"),
+        "has a ramfs mount on /mnt",
+    );
+}
+
+#[test]
+fn refuses_a_file_open_in_a_tmpfs_mount() {
+    refused(
+        &[
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--mount",
+            "sh",
+            "-c",
+            "mount -t tmpfs stasis-test /mnt && exec sleep 1000 3>/mnt/f",
+        ],
+        |up| child_running(up, "sleep 1000"),
+        "fd 3 is open on /mnt/f, in its tmpfs mount on /mnt",
+    );
+}
+
+#[test]
+fn refuses_an_interface_other_than_loopback() {
+    refused(
+        &[
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--net",
+            "sh",
+            "-c",
+            "ip link add stasis-b0 type bridge && exec sleep 1000",
+        ],
+        |up| child_running(up, "sleep 1000"),
+        "its network namespace has the interface stasis-b0",
+    );
+}
+
+#[test]
+fn refuses_a_message_queue_in_an_ipc_namespace_of_its_own() {
+    refused(
+        &[
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--ipc",
+            "sh",
+            "-c",
+            "ipcmk -Q >/dev/null && exec sleep 1000",
+        ],
+        |up| child_running(up, "sleep 1000"),
+        "System V message queue(s)",
+    );
+}
+
+/// A bind mount of a host directory in the tree's mount namespace is made
+/// again in the new one (a plain `sleep` tree: what it sees is checked
+/// from outside, through its root).
+#[test]
+fn twice_keeps_a_bind_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("marker"), b"bound here").unwrap();
+    let mut c = Command::new("unshare");
+    c.args(["--pid", "--fork", "--mount-proc", "--mount", "sh", "-c"])
+        .arg("mount --bind \"$0\" /srv && exec sleep 1000")
+        .arg(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    close_inherited_fds(&mut c);
+    let _r = Refused {
+        unshare: c.spawn().expect("starting unshare"),
+    };
+    let up = _r.unshare.id() as i32;
+    let mut pid = 0;
+    wait_until(Duration::from_secs(10), "the tree to be set up", || {
+        pid = child_running(up, "sleep 1000").unwrap_or(0);
+        pid > 0
+    });
+    let seen = |pid: i32| std::fs::read(format!("/proc/{pid}/root/srv/marker")).unwrap_or_default();
+    assert_eq!(seen(pid), b"bound here");
+    let img = tempfile::tempdir().unwrap();
+    for round in 1..=2 {
+        let o = stasis()
+            .args(["dump", "-t", &pid.to_string(), "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("dump round {round}"));
+        if round > 1 {
+            waitpid_timeout(pid, Duration::from_secs(30));
+        }
+        let o = stasis()
+            .args(["restore", "--detach", "--json", "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("restore round {round}"));
+        pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
+        assert_eq!(seen(pid), b"bound here", "round {round}");
+        let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+        assert!(
+            info.lines()
+                .any(|l| l.split_whitespace().nth(4) == Some("/srv")),
+            "round {round}: no mount on /srv:\n{info}"
+        );
+    }
+    // SAFETY: killing the restored tree (PID 1 of its namespace).
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    waitpid_timeout(pid, Duration::from_secs(30));
+}
+
+/// Tracked dumps of the tree are incremental (the parent's processes are
+/// found by their PIDs in the namespace), and the chain restores.
+#[test]
+fn incremental_chain() {
+    let mut t = NsTree::start();
+    let o = t.dump(&["--leave-running", "--track", "--json"]);
+    assert_ok(&o, "dump 1");
+    let o = t.dump(&["--leave-running", "--track", "--json"]);
+    assert_ok(&o, "dump 2");
+    let j = json(&o);
+    assert_eq!(
+        j["parent"], 1,
+        "the second tracked dump is not incremental: {j}"
+    );
+    assert_ok(&t.dump(&[]), "dump 3");
+    t.reap();
+    t.restore(&[]);
+    t.finish_pass();
+}
