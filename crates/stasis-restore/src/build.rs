@@ -218,13 +218,7 @@ pub fn map_vma<R: Remote>(
         // restore maps its rings over this).
         VmaKind::IoUring { .. } => return reserve(r, vma).map(|()| 0),
     };
-    if at != vma.start {
-        return Err(ObjectError::Layout(format!(
-            "area {:#x}-{:#x} landed at {at:#x}",
-            vma.start, vma.end
-        ))
-        .into());
-    }
+    landed(vma, at)?;
     advise(r, vma)?;
     let mut filled = 0;
     for (runs, pack_fd) in fills {
@@ -273,15 +267,22 @@ pub fn map_socket_rings<R: Remote>(r: &mut R, vmas: &[Vma]) -> Result<(), Restor
                 "mapping the rings of the socket of fd {fd} at {:#x}-{:#x}",
                 vma.start, vma.end
             )))?;
-        if at != vma.start {
-            return Err(ObjectError::Layout(format!(
-                "the rings of fd {fd} landed at {at:#x}, not {:#x}",
-                vma.start
-            ))
-            .into());
-        }
+        landed(vma, at)?;
     }
     Ok(())
+}
+
+/// Refuses a mapping of `vma` that the kernel put at `at`, not at its
+/// address.
+fn landed(vma: &Vma, at: u64) -> Result<(), RestoreError> {
+    if at == vma.start {
+        return Ok(());
+    }
+    Err(ObjectError::Layout(format!(
+        "area {:#x}-{:#x} landed at {at:#x}",
+        vma.start, vma.end
+    ))
+    .into())
 }
 
 /// An inaccessible placeholder at the area's place, so that nothing else
@@ -305,13 +306,7 @@ fn reserve<R: Remote>(r: &mut R, vma: &Vma) -> Result<(), RestoreError> {
             "reserving {:#x}-{:#x} for the rings mapped there (io_uring, packet socket)",
             vma.start, vma.end
         )))?;
-    if at != vma.start {
-        return Err(ObjectError::Layout(format!(
-            "area {:#x}-{:#x} landed at {at:#x}",
-            vma.start, vma.end
-        ))
-        .into());
-    }
+    landed(vma, at)?;
     Ok(())
 }
 

@@ -238,8 +238,8 @@ fn restore_files(s: &mut Proc, p: &ProcessImage, cx: &mut TreeCtx<'_, '_>) -> Re
         files::restore_posix_locks(s, fd)?;
         files::restore_owner(s, fd)?;
     }
-    // Epolls in flight in its sockets' queues: registered by it, through
-    // a copy planted above its fds for the moment (their numbers are its).
+    // Above every fd (and the transport): where a file is planted for a
+    // moment.
     let top = p
         .fds
         .iter()
@@ -247,6 +247,8 @@ fn restore_files(s: &mut Proc, p: &ProcessImage, cx: &mut TreeCtx<'_, '_>) -> Re
         .max()
         .unwrap_or(2)
         .max(i32::try_from(h).unwrap_or(0));
+    // Epolls in flight in its sockets' queues: registered by it, through
+    // a copy planted above its fds for the moment (their numbers are its).
     for (epoll, img) in factory.take_in_flight_epolls(p.pid) {
         files::plant(
             s,
@@ -264,13 +266,6 @@ fn restore_files(s: &mut Proc, p: &ProcessImage, cx: &mut TreeCtx<'_, '_>) -> Re
     // A deleted working directory: made again (or the one of an fd on
     // it), planted above every fd, entered, closed.
     if let Some(dir) = factory.deleted_cwd(&p.cwd, (p.creds.uid[1], p.creds.gid[1]))? {
-        let top = p
-            .fds
-            .iter()
-            .map(|f| f.fd)
-            .max()
-            .unwrap_or(2)
-            .max(i32::try_from(h).unwrap_or(0));
         files::plant(
             s,
             transport,
