@@ -489,7 +489,10 @@ fn write_manifest(
         cut: fr.opts.cut.as_ref().map(|c| c.mark()),
         namespaces: ns.as_ref().map(|n| n.namespaces.clone()),
     };
-    let ns_pids = ns.map(|n| {
+    // PIDs are the namespace's only with a PID namespace of its own (a tree
+    // whose other namespaces differ keeps the dumper's PIDs: one started by
+    // `ip netns exec` has a mount namespace of its own, say).
+    let ns_pids = ns.filter(|n| n.namespaces.pid).map(|n| {
         ck.set_pack_pids(n.pids.clone());
         n.pids
     });

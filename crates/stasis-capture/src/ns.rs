@@ -438,17 +438,38 @@ pub fn describe(root: i32, images: &[ProcessImage]) -> Result<Option<NsCapture>>
             })
         })?
         .map_err(|e| CaptureError::from_proc(root, "ns/uts", e.into()))?;
-        ns.uts = Some(UtsNamespace {
-            hostname: h,
-            domainname: d,
+        // The same names as the dumper's: nothing of its own to restore
+        // (the namespace hosts of `scripts/hosts.sh` give each command one
+        // named as the host), so it is restored in the dumper's, as before
+        // namespaces were saved.
+        let mine = nix::sys::utsname::uname().map(|u| {
+            (
+                u.nodename().to_string_lossy().into_owned(),
+                u.domainname().to_string_lossy().into_owned(),
+            )
         });
+        if mine.ok().as_ref() != Some(&(h.clone(), d.clone())) {
+            ns.uts = Some(UtsNamespace {
+                hostname: h,
+                domainname: d,
+            });
+        }
     }
     if own.contains(&NsKind::Net) {
         let lo_up = kns::in_namespaces_of(root, &[NsKind::Net], kns::loopback_up)??;
         ns.net = Some(NetNamespace { lo_up });
     }
     if own.contains(&NsKind::Mnt) {
-        ns.mnt = Some(extra_mounts(root, ns.pid, true)?);
+        let m = extra_mounts(root, ns.pid, true)?;
+        // A copy of the dumper's with nothing of its own (`ip netns exec`
+        // gives each command one, with its own /sys): the dumper's, as
+        // before namespaces were saved; its restore needs no new one.
+        if m.proc || !m.tmpfs.is_empty() || !m.binds.is_empty() {
+            ns.mnt = Some(m);
+        }
+    }
+    if !ns.pid && !ns.ipc && ns.uts.is_none() && ns.net.is_none() && ns.mnt.is_none() {
+        return Ok(None);
     }
     let mut pids = HashMap::new();
     if ns.pid {
