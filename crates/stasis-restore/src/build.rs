@@ -250,26 +250,38 @@ pub fn map_socket_rings<R: Remote>(r: &mut R, vmas: &[Vma]) -> Result<(), Restor
             libc::MAP_PRIVATE
         };
         let flags = u64::from((share | libc::MAP_FIXED).unsigned_abs());
-        let at = r
-            .sys(
-                "mmap",
-                libc::SYS_mmap,
-                &[
-                    vma.start,
-                    vma.end - vma.start,
-                    u64::from(vma.prot),
-                    flags,
-                    u64::from(fd.unsigned_abs()),
-                    offset,
-                ],
-            )
-            .map_err(step(format!(
-                "mapping the rings of the socket of fd {fd} at {:#x}-{:#x}",
-                vma.start, vma.end
-            )))?;
-        landed(vma, at)?;
+        map_fixed(
+            r,
+            vma,
+            [
+                u64::from(vma.prot),
+                flags,
+                u64::from(fd.unsigned_abs()),
+                offset,
+            ],
+            &format!("mapping the rings of the socket of fd {fd}"),
+        )?;
     }
     Ok(())
+}
+
+/// `mmap(vma.start, its length, prot, flags, fd, offset)` in the
+/// process (`args`: the last four); refused if it lands elsewhere.
+fn map_fixed<R: Remote>(
+    r: &mut R,
+    vma: &Vma,
+    [prot, flags, fd, offset]: [u64; 4],
+    what: &str,
+) -> Result<(), RestoreError> {
+    let len = vma.end - vma.start;
+    let at = r
+        .sys(
+            "mmap",
+            libc::SYS_mmap,
+            &[vma.start, len, prot, flags, fd, offset],
+        )
+        .map_err(step(format!("{what} at {:#x}-{:#x}", vma.start, vma.end)))?;
+    landed(vma, at)
 }
 
 /// Refuses a mapping of `vma` that the kernel put at `at`, not at its
@@ -289,25 +301,17 @@ fn landed(vma: &Vma, at: u64) -> Result<(), RestoreError> {
 /// lands there before what belongs there is mapped over it.
 fn reserve<R: Remote>(r: &mut R, vma: &Vma) -> Result<(), RestoreError> {
     let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE;
-    let at = r
-        .sys(
-            "mmap",
-            libc::SYS_mmap,
-            &[
-                vma.start,
-                vma.end - vma.start,
-                u64::from(libc::PROT_NONE.unsigned_abs()),
-                sarg(i64::from(flags)),
-                u64::MAX,
-                0,
-            ],
-        )
-        .map_err(step(format!(
-            "reserving {:#x}-{:#x} for the rings mapped there (io_uring, packet socket)",
-            vma.start, vma.end
-        )))?;
-    landed(vma, at)?;
-    Ok(())
+    map_fixed(
+        r,
+        vma,
+        [
+            u64::from(libc::PROT_NONE.unsigned_abs()),
+            sarg(i64::from(flags)),
+            u64::MAX,
+            0,
+        ],
+        "reserving the place of the rings mapped there (io_uring, packet socket)",
+    )
 }
 
 /// `sizeof(struct aio_ring)` and `sizeof(struct io_event)`.
