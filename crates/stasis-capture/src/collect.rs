@@ -81,6 +81,7 @@ fn capture_with(
     let tree: Vec<i32> = records.iter().map(|r| r.image.pid).collect();
     collector.check_external_pipes(&tree)?;
     collector.check_external_ptys(&tree)?;
+    collector.link_in_flight();
     collector.check_external_sockets()?;
     collector.check_ghost_watches()?;
     // Objects in /dev/shm the job names: read while it cannot change them.

@@ -65,6 +65,11 @@ impl FdCollector {
         Ok(self.0.check_external_sockets()?)
     }
 
+    /// See [`SaveCtx::link_in_flight`].
+    pub fn link_in_flight(&mut self) {
+        self.0.link_in_flight();
+    }
+
     /// See [`SaveCtx::check_ghost_watches`].
     pub fn check_ghost_watches(&self) -> Result<()> {
         Ok(self.0.check_ghost_watches()?)

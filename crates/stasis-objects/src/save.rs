@@ -88,6 +88,9 @@ pub struct SaveCtx {
     pub sysv: Vec<SysvShm>,
     /// Unix sockets of the namespace (queried on first need).
     pub(crate) unix: Option<HashMap<u64, UnixInfo>>,
+    /// Unix socket queues already peeked at during this dump, by socket
+    /// inode ([`crate::unix::peek`]).
+    pub(crate) unix_queues: HashMap<u64, Vec<stasis_kernel::sock::unixq::UnixMsg>>,
     /// Packet sockets of the namespace, as `sock_diag` sees them (queried
     /// on first need).
     pub(crate) packet: Option<HashMap<u64, stasis_kernel::sockdiag::PacketDiag>>,
@@ -214,6 +217,7 @@ impl Default for SaveCtx {
             ghosts: HashMap::new(),
             sysv: Vec::new(),
             unix: None,
+            unix_queues: HashMap::new(),
             packet: None,
             repaired: Repairs::default(),
             ptys: crate::pty::Saved::default(),
@@ -464,6 +468,12 @@ impl SaveCtx {
         end: u64,
     ) -> Result<(), SaveError> {
         crate::ghost::save_mapped(self, pid, start, end)
+    }
+
+    /// Links the files in flight that a process of the tree holds too to
+    /// that fd, once every process is saved ([`crate::unix::link_in_flight`]).
+    pub fn link_in_flight(&mut self) {
+        crate::unix::link_in_flight(self);
     }
 
     /// Refuses unix sockets connected outside the tree ([`crate::unix::check_external`]).

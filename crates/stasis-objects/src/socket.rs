@@ -197,6 +197,11 @@ pub(crate) fn is_inet(b: BorrowedFd<'_>, proto: i32) -> bool {
     ) && sock::get_int(b, libc::SOL_SOCKET, libc::SO_PROTOCOL).is_ok_and(|p| p == proto)
 }
 
+/// The inode number of the socket (or any file) `b`.
+pub(crate) fn inode_of(b: BorrowedFd<'_>) -> Option<u64> {
+    nix::sys::stat::fstat(b.as_raw_fd()).ok().map(|s| s.st_ino)
+}
+
 /// Calls `f(pid, fd, inode, socket)` with a copy of every socket fd of
 /// `pids` (taken with `pidfd_getfd`; fds that vanish meanwhile are skipped).
 pub(crate) fn for_each_socket(pids: &[i32], mut f: impl FnMut(i32, i32, u64, OwnedFd)) {

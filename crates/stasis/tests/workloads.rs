@@ -174,6 +174,7 @@ workload_tests! {
     caps: "caps";
     unix_states: "unix_states";
     unix_scm: "unix_scm";
+    scm_kinds: "scm_kinds";
     unix_pending: "unix_pending";
     netlink: "netlink";
     sockopts: "sockopts";

@@ -201,7 +201,7 @@ pub fn kill_owners(mut r: Repairs) {
 
 /// The established and half-closed TCP connections of `pids`: (pid, fd, inode, a copy).
 fn established(pids: &[i32]) -> Result<Vec<(i32, i32, u64, OwnedFd)>, SaveError> {
-    let mut found = Vec::new();
+    let mut found: Vec<(i32, i32, u64, OwnedFd)> = Vec::new();
     for &pid in pids {
         let pfd = pidfd::pidfd_open(pid)?;
         for fd in list_fds(pid)? {
@@ -216,7 +216,10 @@ fn established(pids: &[i32]) -> Result<Vec<(i32, i32, u64, OwnedFd)>, SaveError>
             if is_inet(b, libc::IPPROTO_TCP)
                 && sock::tcp_info(b).is_ok_and(|i| states::repairable(i.state))
             {
-                found.push((pid, fd, ino, s));
+                // (Also in flight in a queue read before: once.)
+                if !found.iter().any(|x| x.2 == ino) {
+                    found.push((pid, fd, ino, s));
+                }
             }
         }
     }
@@ -251,7 +254,25 @@ impl SaveCtx {
             // Saved as closed: nothing to stop or read.
             return Ok(());
         }
-        let found = established(pids)?;
+        let mut found = established(pids)?;
+        // Connections in flight (`SCM_RIGHTS`) in the queues of the
+        // tree's unix sockets are the tree's too: locked and read with
+        // the others, in the name of the socket's holder.
+        crate::socket::for_each_socket(pids, |pid, fd, _, s| {
+            for f in crate::unix::files_in_flight(self, s.as_fd(), 4) {
+                let c = f.as_fd();
+                if !is_inet(c, libc::IPPROTO_TCP)
+                    || !sock::tcp_info(c).is_ok_and(|i| states::repairable(i.state))
+                {
+                    continue;
+                }
+                if let Some(ino) = crate::socket::inode_of(c) {
+                    if !found.iter().any(|x| x.2 == ino) {
+                        found.push((pid, fd, ino, f));
+                    }
+                }
+            }
+        });
         // Nothing may move between two connections' snapshots: a segment
         // processed after the receiver's queue was read but before the
         // sender's was (the sender then drops the bytes it sees acked)

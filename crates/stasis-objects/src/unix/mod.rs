@@ -6,7 +6,7 @@
 //! names from the process's working directory.
 
 use std::collections::{HashMap, HashSet};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 
 use stasis_image::manifest::{FdImage, FdKind, UnixSocket, UnixState};
@@ -17,7 +17,7 @@ mod name;
 mod scm;
 
 use name::{bind_unix, connect_unix, forget_name, socket_file};
-pub(crate) use scm::in_flight;
+pub(crate) use scm::{in_flight, link as link_in_flight};
 
 use crate::socket::{save_options, set_options};
 use crate::{Object, OpenFd, RestoreCtx, RestoreError, SaveCtx, SaveError};
@@ -50,6 +50,67 @@ impl Object for Unix {
         let _ = fdops::set_status_flags(s.as_fd(), crate::restore::setfl_flags(img.flags));
         Ok(s)
     }
+}
+
+/// Reads the queue of unix socket `b` without consuming it. Once per dump
+/// and socket: a zero-length datagram peeked once is skipped by every
+/// later peek at an offset (the kernel marks it peeked), so a second
+/// reading would lose it. A seqpacket socket shut for reading says end of
+/// file with an empty read once its queue is read.
+fn peek_queue(
+    b: BorrowedFd<'_>,
+    sock_type: i32,
+    info: &sockdiag::UnixInfo,
+) -> Result<Vec<UnixMsg>, KernelError> {
+    let eof_after = (sock_type == libc::SOCK_SEQPACKET
+        && info.shutdown & stasis_sys::net::RCV_SHUTDOWN != 0)
+        .then(|| usize::try_from(info.rqueue).unwrap_or(usize::MAX));
+    unixq::peek_queue(b, QUEUE_MAX, eof_after)
+}
+
+/// The files in flight in the queue of unix socket `b` (inode `ino`), if it
+/// has a queue: copies of them, the queue peeked at and kept for the save
+/// of the socket (see [`peek_queue`]). Sockets in flight among them are
+/// peeked at too, `depth` levels down. Errors are left for the save to
+/// report with its context.
+pub(crate) fn files_in_flight(cx: &mut SaveCtx, b: BorrowedFd<'_>, depth: u32) -> Vec<OwnedFd> {
+    let mut out = Vec::new();
+    let Some(ino) = crate::socket::inode_of(b) else {
+        return out;
+    };
+    let unix =
+        sock::get_int(b, libc::SOL_SOCKET, libc::SO_DOMAIN).is_ok_and(|d| d == libc::AF_UNIX);
+    if !unix || cx.unix_queues.contains_key(&ino) || sock::inq(b).unwrap_or(0) == 0 {
+        return out;
+    }
+    if cx.unix.is_none() {
+        let Ok(all) = sockdiag::unix_sockets() else {
+            return out;
+        };
+        cx.unix = Some(all);
+    }
+    let Some(info) = cx.unix.as_ref().and_then(|all| all.get(&ino)) else {
+        return out;
+    };
+    if info.state == sockdiag::STATE_LISTEN {
+        return out;
+    }
+    let Ok(ty) = sock::get_int(b, libc::SOL_SOCKET, libc::SO_TYPE) else {
+        return out;
+    };
+    let Ok(queue) = peek_queue(b, ty, info) else {
+        return out;
+    };
+    for f in queue.iter().flat_map(|m| &m.fds) {
+        if let Ok(c) = f.try_clone() {
+            if depth > 0 {
+                out.extend(files_in_flight(cx, c.as_fd(), depth - 1));
+            }
+            out.push(c);
+        }
+    }
+    cx.unix_queues.insert(ino, queue);
+    out
 }
 
 fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<FdKind, SaveError> {
@@ -97,10 +158,11 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
     } else {
         // A seqpacket socket shut for reading says end of file with an
         // empty read once its queue is read.
-        let eof_after = (s.sock_type == libc::SOCK_SEQPACKET
-            && info.shutdown & stasis_sys::net::RCV_SHUTDOWN != 0)
-            .then(|| usize::try_from(info.rqueue).unwrap_or(usize::MAX));
-        unixq::peek_queue(b, QUEUE_MAX, eof_after).map_err(|e| match e {
+        let peeked = match cx.unix_queues.remove(&ino) {
+            Some(q) => Ok(q),
+            None => peek_queue(b, s.sock_type, info),
+        };
+        peeked.map_err(|e| match e {
             KernelError::Unsupported { feature, why } => fd.unsupported(format!(
                 "fd {n} is a unix socket whose queue holds {feature} ({why}), which stasis cannot checkpoint"
             )),

@@ -10,11 +10,11 @@
 //! An epoll in flight keeps its registrations: they name fds of the
 //! socket's holder (see [`crate::epoll`]).
 //!
-//! Refused by name: a description in flight that is also open in a process
-//! of the tree (except a pipe end, whose pipe is one object either way:
-//! sharing of the description itself, its offset or flags, would be lost),
-//! and kinds that only mean something inside a process (inotify,
-//! terminals, TCP/UDP sockets).
+//! A description in flight that a process of the tree holds too is made
+//! once, for both ([`link`]); so is one sent several times. A TCP
+//! connection in flight is locked and read with the tree's others
+//! ([`super::files_in_flight`], called by `SaveCtx::freeze_tcp`). Refused
+//! by name: terminals in flight.
 
 use std::cell::Cell;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -68,16 +68,20 @@ pub(super) fn save(
             d.set(d.get() - 1);
             r
         })?;
-        check_kind(fd, &img)?;
+        if matches!(
+            img.kind,
+            FdKind::PtyMaster(_) | FdKind::PtySlave { .. } | FdKind::PtyHungUp { .. }
+        ) {
+            return Err(fd.unsupported(format!("fd {}: a unix socket's queue carries a terminal in flight (SCM_RIGHTS), which stasis cannot checkpoint yet", fd.fd)));
+        }
         let mut img = FdImage {
             fd: -1,
             shared_id: None,
             ..img
         };
         if !matches!(img.kind, FdKind::Pipe { .. }) {
-            if let Some((p, n)) = twin(cx, fd.pid, &f) {
-                return Err(fd.unsupported(format!("fd {}: a unix socket's queue carries a file descriptor (SCM_RIGHTS) whose open file is also fd {n} of process {p}, which stasis cannot checkpoint yet", fd.fd)));
-            }
+            // One description with any fd of the tree that is this open
+            // file too: linked once the whole tree is saved ([`link`]).
             img.shared_id = Some(cx.new_shared_id());
             cx.in_flight.push((f, img.clone()));
         }
@@ -99,36 +103,55 @@ fn sent_before(cx: &SaveCtx, me: i32, f: &OwnedFd) -> Option<FdImage> {
     })
 }
 
-/// Refuses the kinds that cannot travel as an image of their own.
-fn check_kind(fd: &OpenFd<'_>, img: &FdImage) -> Result<(), SaveError> {
-    let what = match &img.kind {
-        FdKind::Inotify { .. } => "an inotify",
-        FdKind::Fanotify { .. } => "a fanotify group",
-        FdKind::PtyMaster(_) | FdKind::PtySlave { .. } | FdKind::PtyHungUp { .. } => "a terminal",
-        FdKind::Inet(_) => "a TCP/UDP socket",
-        _ => return Ok(()),
-    };
-    Err(fd.unsupported(format!(
-        "fd {}: a unix socket's queue carries {what} in flight (SCM_RIGHTS), which stasis cannot checkpoint yet",
-        fd.fd
-    )))
+/// Gives each file in flight that a process of the tree holds too (the
+/// same open file description, by `kcmp`) that fd's `shared_id`, so that
+/// the restore makes it once: its offset, flags and locks stay one. Called
+/// once every process is saved.
+pub(crate) fn link(cx: &mut SaveCtx) {
+    let me = i32::try_from(std::process::id()).unwrap_or(0);
+    let mut renames: Vec<(u32, u32)> = Vec::new();
+    for (f, img) in &cx.in_flight {
+        let Some(mine) = img.shared_id else { continue };
+        let Ok(m) = std::fs::metadata(format!("/proc/self/fd/{}", f.as_raw_fd())) else {
+            continue;
+        };
+        let twin = cx.seen.iter().find(|s| {
+            s.2 == m.dev() && s.3 == m.ino() && fdops::kcmp_same_file(me, f.as_raw_fd(), s.0, s.1)
+        });
+        let Some(&(_, _, _, _, ti, tf)) = twin else {
+            continue;
+        };
+        let held = &mut cx.tables[ti][tf];
+        match held.shared_id {
+            Some(theirs) => renames.push((mine, theirs)),
+            None => held.shared_id = Some(mine),
+        }
+    }
+    for (from, to) in renames {
+        for table in &mut cx.tables {
+            for img in table.iter_mut() {
+                rename_in_flight(img, from, to);
+            }
+        }
+        for (_, img) in &mut cx.in_flight {
+            if img.shared_id == Some(from) {
+                img.shared_id = Some(to);
+            }
+        }
+    }
 }
 
-/// An fd of process `pid` (or of a process saved before) that is the same
-/// open file as `f`, by `kcmp`.
-fn twin(cx: &SaveCtx, pid: i32, f: &OwnedFd) -> Option<(i32, i32)> {
-    let me = i32::try_from(std::process::id()).ok()?;
-    let m = std::fs::metadata(format!("/proc/self/fd/{}", f.as_raw_fd())).ok()?;
-    let own = crate::save::list_fds(pid)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|n| (pid, n));
-    let earlier = cx.seen.iter().map(|s| (s.0, s.1));
-    own.chain(earlier).find(|&(p, n)| {
-        std::fs::metadata(format!("/proc/{p}/fd/{n}"))
-            .is_ok_and(|o| o.dev() == m.dev() && o.ino() == m.ino())
-            && fdops::kcmp_same_file(me, f.as_raw_fd(), p, n)
-    })
+/// Renames `shared_id` `from` to `to` in every file in flight inside
+/// `img`'s queue, nested ones included.
+fn rename_in_flight(img: &mut FdImage, from: u32, to: u32) {
+    if let FdKind::Unix(u) = &mut img.kind {
+        for inner in u.queue_fds.iter_mut().flatten() {
+            if inner.shared_id == Some(from) {
+                inner.shared_id = Some(to);
+            }
+            rename_in_flight(inner, from, to);
+        }
+    }
 }
 
 /// Makes the files in flight of one message, in order.
