@@ -10,15 +10,20 @@
  *   A     with CLONE_FILES (shares the root's table); A clones
  *   C     with CLONE_FILES (A's child, shares the same table), and forks
  *   B     (A's child, a table of its own: a copy of the shared one, fd 50
- *         included)
- * While waiting: A, B and C sleep in 50 ms steps until SIGTERM.
+ *         included); B clones
+ *   S     with CLONE_FILES | CLONE_PARENT: A's child sharing B's table,
+ *         which A does not share
+ * While waiting: A, B, C and S sleep in 50 ms steps until SIGTERM.
  *
  * After SIGTERM (root):
  *   root  fd 50 reads "f0" (`files`); opens file "f1" at fd 61 (content
  *         "f1"), then sends SIGTERM to A.
  *   A, C  fd 61 is there and reads "f1": they see the root's new fd
  *         (`A-sees`, `C-sees`); C then closes fd 50.
- *   B     fd 50 reads "f0" (`B-inherit`); fd 61 does not exist (`B-own`).
+ *   B     fd 50 reads "f0" (`B-inherit`); fd 61 does not exist (`B-own`);
+ *         it shares its table with S (kcmp KCMP_FILES: `S-shares`); it
+ *         opens "f3" at fd 62 and sends SIGTERM to S.
+ *   S     fd 62 reads "f3", and its parent is A (`S`).
  *   A sends SIGTERM to C and B, waits for both and exits with their
  *   result bits and its own; the root waits for A, turns the bits into
  *   tags, and checks that fd 50 is gone (C closed it in the shared table:
@@ -41,10 +46,14 @@ enum {
 	R_B_INHERIT = 8,
 	R_C_CLOSE = 16,
 	R_INTERNAL = 32,
-	R_NBITS = 6,
+	R_S_SHARES = 64,
+	R_S = 128,
+	R_NBITS = 8,
 };
-static const char *const tags[R_NBITS] = { "A-sees", "C-sees", "B-own",
-					   "B-inherit", "C-close", "A-internal" };
+static const char *const tags[R_NBITS] = { "A-sees",	"C-sees",  "B-own",	 "B-inherit",
+					   "C-close",	"A-internal", "S-shares", "S" };
+
+#define FD_S 62
 
 /* Whether FD reads exactly WANT (from offset 0). */
 static int reads(int fd, const char *want)
@@ -99,11 +108,36 @@ static void run_c(void)
 	_exit(bits);
 }
 
-/* B: a table of its own. */
-static void run_b(void)
+/* S: shares B's table, A's child. */
+static void run_s(pid_t a)
 {
 	int bits = 0;
 
+	wait_stop();
+	if (ZDTM_SELFTEST)
+		close(FD_S); /* S */
+	if (!reads(FD_S, "f3")) {
+		zdtm_child_fail("S", "S", "fd %d does not read \"f3\" (errno %d)", FD_S, errno);
+		bits = 1;
+	}
+	if (getppid() != a) {
+		zdtm_child_fail("S", "S", "parent %d, expected A (%d)", (int)getppid(), (int)a);
+		bits = 1;
+	}
+	_exit(bits);
+}
+
+/* B: a table of its own, shared with S. */
+static void run_b(void)
+{
+	int bits = 0;
+	pid_t a = getppid();
+	pid_t s = (pid_t)syscall(SYS_clone, CLONE_FILES | CLONE_PARENT | SIGCHLD, 0, NULL, NULL, 0);
+
+	if (s == 0)
+		run_s(a);
+	if (s < 0)
+		_exit(R_INTERNAL);
 	wait_stop();
 	if (ZDTM_SELFTEST)
 		dup2(FD_OLD, FD_NEW); /* B-own */
@@ -116,6 +150,15 @@ static void run_b(void)
 				FD_OLD, errno);
 		bits |= R_B_INHERIT;
 	}
+	if (ZDTM_SELFTEST)
+		unshare(CLONE_FILES); /* S-shares (and S) */
+	if (syscall(SYS_kcmp, getpid(), s, 2 /* KCMP_FILES */, 0, 0) != 0) {
+		zdtm_child_fail("B", "S-shares", "B and S (%d) have two fd tables", (int)s);
+		bits |= R_S_SHARES;
+	}
+	make_file("f3", "f3", FD_S);
+	if (kill(s, SIGTERM))
+		bits |= R_INTERNAL;
 	_exit(bits);
 }
 
@@ -161,6 +204,21 @@ static void run_a(int ready)
 	if (kill(c, SIGTERM) || kill(b, SIGTERM))
 		bits |= R_INTERNAL;
 	bits |= wait_bits(c, "C") | wait_bits(b, "B");
+	/* S, B's sibling-made child of A. */
+	{
+		int st = 0;
+		int64_t end = zdtm_now_ns() + 20000000000ll;
+		pid_t r;
+
+		while ((r = waitpid(-1, &st, WNOHANG)) == 0 && zdtm_now_ns() < end)
+			zdtm_msleep(5);
+		if (r <= 0 || !WIFEXITED(st)) {
+			zdtm_child_fail("A", "A-internal", "S did not exit (status %#x)", st);
+			bits |= R_INTERNAL;
+		} else {
+			bits |= WEXITSTATUS(st) ? R_S : 0;
+		}
+	}
 	_exit(bits);
 }
 
@@ -193,6 +251,8 @@ int main(int argc, char **argv)
 	ZDTM_CORRUPT("A-sees", (void)0);
 	ZDTM_CORRUPT("C-sees", (void)0);
 	ZDTM_CORRUPT("B-own", (void)0);
+	ZDTM_CORRUPT("S-shares", (void)0);
+	ZDTM_CORRUPT("S", (void)0);
 	zdtm_check(kill(a, SIGTERM) == 0, "A-internal", "kill(A = %d): errno %d", (int)a, errno);
 	if (zdtm_wait_deadline(a, &st, 30000) != 0 || !WIFEXITED(st)) {
 		zdtm_fail("A-internal", "A (pid %d) did not exit (status %#x)", (int)a, st);

@@ -287,10 +287,12 @@ impl SaveCtx {
     }
 
     /// The earlier process of the dump whose fd table `pid` shares (the
-    /// first that holds it), if any. A table shared with an earlier
-    /// process but not with the parent (the parent unshared it, or the
-    /// sharers are siblings of another branch) cannot be rebuilt by
-    /// forking, and is refused.
+    /// first that holds it), if any. The restore forks `pid` from its
+    /// parent sharing it (`CLONE_FILES`), or, if the parent does not share
+    /// it (it unshared it since, or `pid` was made with `CLONE_PARENT`),
+    /// from that first holder when it is a sibling of `pid`, with
+    /// `CLONE_PARENT`. Other shapes (sharers in different branches) cannot
+    /// be rebuilt by forking, and are refused.
     fn table_owner(&self, pid: i32) -> Result<Option<i32>> {
         let Some(i) = (0..self.tables.len()).find(|&i| {
             self.shared_with[i].is_none() && fdops::kcmp_same_fd_table(self.table_pids[i], pid)
@@ -301,10 +303,11 @@ impl SaveCtx {
         let ppid = stasis_kernel::procfs::stat(pid)
             .map_err(stasis_kernel::KernelError::from)?
             .ppid;
-        if ppid != owner && !fdops::kcmp_same_fd_table(ppid, pid) {
+        let sibling = || stasis_kernel::procfs::stat(owner).is_ok_and(|o| o.ppid == ppid);
+        if ppid != owner && !fdops::kcmp_same_fd_table(ppid, pid) && !sibling() {
             return Err(SaveError::Unsupported {
                 pid,
-                what: format!("it shares its file descriptor table with process {owner} (clone with CLONE_FILES) but not with its parent {ppid}; stasis rebuilds a shared table only from parent to child"),
+                what: format!("it shares its file descriptor table with process {owner} (clone with CLONE_FILES), which is neither its parent {ppid} nor a sibling, and not with its parent; stasis rebuilds a shared table only from a parent or a sibling"),
             });
         }
         Ok(Some(owner))

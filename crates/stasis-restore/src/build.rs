@@ -1028,6 +1028,13 @@ pub fn fork_process_sharing_files<R: Remote>(r: &mut R, pid: i32) -> Result<u64,
     )
 }
 
+/// [`fork_process_sharing_files`], the child a sibling of the caller
+/// (`CLONE_PARENT`): the caller's parent is its parent, and its exit
+/// signal the caller's (`clone3` takes none with `CLONE_PARENT`).
+pub fn fork_sibling_sharing_files<R: Remote>(r: &mut R, pid: i32) -> Result<u64, RestoreError> {
+    clone_task(r, pid, (libc::CLONE_FILES | libc::CLONE_PARENT) as u64, 0)
+}
+
 fn clone_task<R: Remote>(
     r: &mut R,
     tid: i32,

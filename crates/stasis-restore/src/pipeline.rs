@@ -438,7 +438,8 @@ fn build_memories(
 }
 
 /// The memory of live process `i`; a child keeps what it can of what it
-/// inherited from its parent (not in a lazy restore's areas of the filler).
+/// inherited from its parent, or the sibling that forked it (not in a lazy
+/// restore's areas of the filler).
 fn build_memory(
     records: &mut [Record<'_>],
     plan: &tree::Plan,
@@ -449,7 +450,7 @@ fn build_memory(
     let r = &mut rest[0];
     let lazy = cx.opts.lazy.is_some();
     let inherit = plan
-        .parent
+        .forker
         .get(i)
         .copied()
         .flatten()

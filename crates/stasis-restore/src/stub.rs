@@ -148,8 +148,9 @@ pub(crate) fn fork_one(
     let img = records[i].img;
     let h = transport.h;
     let spare = spare_fd(h)?;
+    // Its parent, or the sibling whose fd table it shares (CLONE_PARENT).
     let parent =
-        plan.parent.get(i).copied().flatten().ok_or_else(|| {
+        plan.forker.get(i).copied().flatten().ok_or_else(|| {
             ObjectError::Inconsistent(format!("process {} has no parent", img.pid))
         })?;
     let ppid = records[parent].img.pid;
@@ -159,7 +160,9 @@ pub(crate) fn fork_one(
         .ok_or_else(|| ObjectError::Inconsistent(format!("process {ppid} was not created")))?;
     let ctl = parent_proc.ctl;
     parent_proc.cur = None;
-    if plan.share_files[i] {
+    if plan.by_sibling(i) {
+        build::fork_sibling_sharing_files(parent_proc, img.pid)?;
+    } else if plan.share_files[i] {
         build::fork_process_sharing_files(parent_proc, img.pid)?;
     } else {
         build::fork_process(parent_proc, img.pid)?;

@@ -37,8 +37,21 @@ pub struct Plan {
     /// member that forks the helper leading it for a moment).
     pub helpers: Vec<(i32, usize)>,
     /// Whether the process is forked with `CLONE_FILES`: it shares its
-    /// parent's fd table (`fds_shared_with`).
+    /// parent's fd table (`fds_shared_with`), or its forker's.
     pub share_files: Vec<bool>,
+    /// Index of the process that forks it: its parent, or, for a process
+    /// sharing the fd table of a sibling that its parent does not share
+    /// (made by `clone(CLONE_PARENT | CLONE_FILES)`, or by a parent that
+    /// unshared its table since), that sibling, with `CLONE_PARENT`. It
+    /// inherits the forker's memory, session and group.
+    pub forker: Vec<Option<usize>>,
+}
+
+impl Plan {
+    /// Whether process `i` is forked by a sibling (`CLONE_PARENT`).
+    pub fn by_sibling(&self, i: usize) -> bool {
+        self.forker.get(i) != self.parent.get(i)
+    }
 }
 
 /// A tree stasis cannot rebuild.
@@ -74,6 +87,7 @@ pub fn plan(procs: &[ProcessImage]) -> Result<Plan, TreeError> {
     let index_of = |pid: i32| procs.iter().position(|p| p.pid == pid);
     let n = procs.len();
     let mut parent = vec![None; n];
+    let mut forker = vec![None; n];
     let mut setsid = vec![false; n];
     let mut sess = vec![OUTSIDE; n];
     // Group each process has right after creation (before the group pass).
@@ -87,8 +101,9 @@ pub fn plan(procs: &[ProcessImage]) -> Result<Plan, TreeError> {
                     ppid: p.ppid,
                 })?;
             parent[i] = Some(j);
+            forker[i] = Some(sibling_sharer(procs, i, j).unwrap_or(j));
         }
-        let (parent_sess, parent_group) = match parent[i] {
+        let (parent_sess, parent_group) = match forker[i] {
             Some(j) => (sess[j], inherited_group[j]),
             None => (OUTSIDE, OUTSIDE),
         };
@@ -106,7 +121,7 @@ pub fn plan(procs: &[ProcessImage]) -> Result<Plan, TreeError> {
                 return Err(TreeError::SessionOfParent {
                     pid: p.pid,
                     sid: p.sid,
-                    parent_sid: procs[parent[i].unwrap_or(0)].sid,
+                    parent_sid: procs[forker[i].unwrap_or(0)].sid,
                 });
             }
             if i == 0 && want != OUTSIDE {
@@ -167,20 +182,34 @@ pub fn plan(procs: &[ProcessImage]) -> Result<Plan, TreeError> {
             Group::Join(p.pgid)
         };
     }
-    let share_files = share_files(procs, &parent)?;
+    let share_files = share_files(procs, &forker)?;
     Ok(Plan {
         parent,
         setsid,
         group,
         helpers,
         share_files,
+        forker,
     })
+}
+
+/// The sibling that forks process `i` (child of `parent`), if `i` shares
+/// the fd table of an earlier sibling and its parent does not share it.
+fn sibling_sharer(procs: &[ProcessImage], i: usize, parent: usize) -> Option<usize> {
+    let with = procs[i].fds_shared_with?;
+    let pp = &procs[parent];
+    if pp.pid == with || pp.fds_shared_with == Some(with) {
+        return None;
+    }
+    procs[..i]
+        .iter()
+        .position(|o| o.pid == with && o.ppid == procs[i].ppid && o.zombie.is_none())
 }
 
 /// Which processes are forked with `CLONE_FILES`: those sharing the table
 /// of an earlier process that holds it (not itself a sharer), as their
-/// parent does (or is).
-fn share_files(procs: &[ProcessImage], parent: &[Option<usize>]) -> Result<Vec<bool>, TreeError> {
+/// forker does (or is).
+fn share_files(procs: &[ProcessImage], forker: &[Option<usize>]) -> Result<Vec<bool>, TreeError> {
     let mut share = vec![false; procs.len()];
     for (i, p) in procs.iter().enumerate() {
         let Some(with) = p.fds_shared_with else {
@@ -190,7 +219,7 @@ fn share_files(procs: &[ProcessImage], parent: &[Option<usize>]) -> Result<Vec<b
         let owner_ok = procs[..i]
             .iter()
             .any(|o| o.pid == with && o.fds_shared_with.is_none() && o.zombie.is_none());
-        let parent_ok = parent[i]
+        let parent_ok = forker[i]
             .is_some_and(|j| procs[j].pid == with || procs[j].fds_shared_with == Some(with));
         if !owner_ok || !parent_ok || !p.fds.is_empty() || p.zombie.is_some() {
             return Err(bad);
@@ -288,6 +317,7 @@ mod tests {
         ];
         let pl = plan(&tree).unwrap();
         assert_eq!(pl.share_files, vec![false, true, true, true, false]);
+        assert_eq!(pl.forker, pl.parent);
         // 104's child cannot share 100's table: 104 does not.
         let mut bad = tree.to_vec();
         bad.push(shared(p(105, 104, 50, 1), 100));
@@ -332,5 +362,30 @@ mod tests {
         let err = plan(&[z]).unwrap_err();
         assert_eq!(err, TreeError::ZombieRoot(100));
         assert!(err.to_string().contains("zombie"));
+    }
+
+    #[test]
+    fn a_sibling_sharing_a_table_its_parent_does_not_is_forked_by_that_sibling() {
+        // 101 and 102 are 100's children sharing one table (101's); 100
+        // has its own. 102 is forked by 101 with CLONE_PARENT. 103 shares
+        // 101's table but is 102's child, which shares it: forked by 102.
+        let mut b = p(102, 100, 50, 1);
+        b.fds.clear();
+        b.fds_shared_with = Some(101);
+        let mut c = p(103, 102, 50, 1);
+        c.fds.clear();
+        c.fds_shared_with = Some(101);
+        let pl = plan(&[p(100, 1, 50, 1), p(101, 100, 50, 1), b.clone(), c]).unwrap();
+        assert_eq!(pl.parent, vec![None, Some(0), Some(0), Some(2)]);
+        assert_eq!(pl.forker, vec![None, Some(0), Some(1), Some(2)]);
+        assert_eq!(pl.share_files, vec![false, false, true, true]);
+        assert!(pl.by_sibling(2) && !pl.by_sibling(3));
+        // 101 leading a session of its own: 102, in 100's, cannot come
+        // from it.
+        let e = plan(&[p(100, 1, 50, 1), p(101, 100, 101, 101), b]).unwrap_err();
+        assert!(
+            matches!(e, TreeError::SessionOfParent { pid: 102, .. }),
+            "{e}"
+        );
     }
 }

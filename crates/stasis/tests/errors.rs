@@ -218,37 +218,40 @@ fn io_uring_single_issuer_or_shared_is_refused_and_left_untouched() {
     }
 }
 
-/// A process sharing the fd table of its sibling, not of its parent
-/// (`clone(CLONE_FILES | CLONE_PARENT)`): no fork from parent to child
-/// rebuilds that, so the dump is refused and the tree left running.
+/// A process sharing the fd table of its grandparent, not of its parent
+/// (the parent unshared it after forking it with `CLONE_FILES`): neither
+/// a parent nor a sibling can fork it so, and the dump is refused with the
+/// tree left running. (A table shared with a sibling is restored: the
+/// `fdtable` workload.)
 #[test]
-fn fd_table_shared_with_a_sibling_is_refused() {
+fn fd_table_shared_with_a_grandparent_only_is_refused() {
     let d = tempfile::tempdir().unwrap();
-    // R forks A; A clones X as R's child (CLONE_PARENT), sharing A's table.
-    let script = "import ctypes,os,time\n\
+    let marker = d.path().join("unshared");
+    // R forks A; A clones X sharing its table; X clones Y sharing it too,
+    // then unshares its own: A and Y share one table.
+    let script = format!(
+        "import ctypes,os,time\n\
+        libc = ctypes.CDLL(None, use_errno=True)\n\
         if os.fork() == 0:\n\
-        \x20   libc = ctypes.CDLL(None, use_errno=True)\n\
-        \x20   libc.syscall(56, 0x400 | 0x8000 | 17, 0, 0, 0, 0)\n\
-        time.sleep(100)\n";
-    let mut child = python(script);
+        \x20   if libc.syscall(56, 0x400 | 17, 0, 0, 0, 0) == 0:\n\
+        \x20       if libc.syscall(56, 0x400 | 17, 0, 0, 0, 0) != 0:\n\
+        \x20           libc.unshare(0x400)\n\
+        \x20           open('{}', 'w').close()\n\
+        time.sleep(100)\n",
+        marker.display()
+    );
+    let mut child = python(&script);
     let pid = child.id() as i32;
-    let children = || {
-        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-            .unwrap_or_default()
-            .split_whitespace()
-            .filter_map(|p| p.parse::<i32>().ok())
-            .collect::<Vec<_>>()
-    };
     wait_until(
         std::time::Duration::from_secs(20),
-        "python's two children",
-        || children().len() == 2,
+        "the unshared table",
+        || marker.exists(),
     );
-    let kids = children();
-    let all: Vec<i32> = std::iter::once(pid).chain(kids.iter().copied()).collect();
-    dump_refused(pid, &d.path().join("img"), "but not with its parent", &all);
-    for &k in &kids {
-        // SAFETY: killing the test's own grandchildren.
+    let all: Vec<i32> = std::iter::once(pid).chain(descendants(pid)).collect();
+    assert_eq!(all.len(), 4, "R, A, X and Y: {all:?}");
+    dump_refused(pid, &d.path().join("img"), "neither its parent", &all);
+    for &k in &all[1..] {
+        // SAFETY: killing the test's own descendants.
         unsafe { libc::kill(k, libc::SIGKILL) };
     }
     child.kill().unwrap();
