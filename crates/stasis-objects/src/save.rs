@@ -77,6 +77,9 @@ pub struct SaveCtx {
     /// Per process, in dump order: the earlier process whose fd table it
     /// shares (`clone(CLONE_FILES)`; its own entry of `tables` is empty).
     pub shared_with: Vec<Option<i32>>,
+    /// Processes that pass on a table they do not share (see
+    /// `table_owner`), with its first holder.
+    relays: HashMap<i32, i32>,
     /// Per process, in dump order: its PID.
     table_pids: Vec<i32>,
     next_shared: u32,
@@ -211,6 +214,7 @@ impl Default for SaveCtx {
             seen: Vec::new(),
             tables: Vec::new(),
             shared_with: Vec::new(),
+            relays: HashMap::new(),
             table_pids: Vec::new(),
             next_shared: 0,
             pipes: HashMap::new(),
@@ -288,27 +292,65 @@ impl SaveCtx {
 
     /// The earlier process of the dump whose fd table `pid` shares (the
     /// first that holds it), if any. The restore forks `pid` from its
-    /// parent sharing it (`CLONE_FILES`), or, if the parent does not share
-    /// it (it unshared it since, or `pid` was made with `CLONE_PARENT`),
-    /// from that first holder when it is a sibling of `pid`, with
-    /// `CLONE_PARENT`. Other shapes (sharers in different branches) cannot
-    /// be rebuilt by forking, and are refused.
-    fn table_owner(&self, pid: i32) -> Result<Option<i32>> {
+    /// parent sharing it (`CLONE_FILES`); if the parent does not share it
+    /// (it unshared it since, or `pid` was made with `CLONE_PARENT`), from
+    /// that first holder when it is a sibling of `pid` (`CLONE_PARENT`),
+    /// or else through its ancestors up to one that holds it: each is
+    /// forked sharing it, to pass it on, and unshares it before its own
+    /// fds are made (a relay: it must have a table of its own that nobody
+    /// shares). Other shapes are refused.
+    fn table_owner(&mut self, pid: i32) -> Result<Option<i32>> {
         let Some(i) = (0..self.tables.len()).find(|&i| {
             self.shared_with[i].is_none() && fdops::kcmp_same_fd_table(self.table_pids[i], pid)
         }) else {
             return Ok(None);
         };
         let owner = self.table_pids[i];
-        let ppid = stasis_kernel::procfs::stat(pid)
-            .map_err(stasis_kernel::KernelError::from)?
-            .ppid;
-        let sibling = || stasis_kernel::procfs::stat(owner).is_ok_and(|o| o.ppid == ppid);
-        if ppid != owner && !fdops::kcmp_same_fd_table(ppid, pid) && !sibling() {
-            return Err(SaveError::Unsupported {
-                pid,
-                what: format!("it shares its file descriptor table with process {owner} (clone with CLONE_FILES), which is neither its parent {ppid} nor a sibling, and not with its parent; stasis rebuilds a shared table only from a parent or a sibling"),
-            });
+        let refuse = |why: String| {
+            SaveError::Unsupported {
+            pid,
+            what: format!("it shares its file descriptor table with process {owner} (clone with CLONE_FILES), {why}; stasis rebuilds a shared table only through the processes' parents or a sibling"),
+        }
+        };
+        if let Some(other) = self.relays.get(&owner) {
+            return Err(refuse(format!(
+                "whose own table it rebuilds by passing on process {other}'s"
+            )));
+        }
+        let ppid_of = |p: i32| {
+            stasis_kernel::procfs::stat(p)
+                .map(|s| s.ppid)
+                .map_err(stasis_kernel::KernelError::from)
+        };
+        let ppid = ppid_of(pid)?;
+        let sibling = || ppid_of(owner).is_ok_and(|o| o == ppid);
+        if ppid == owner || fdops::kcmp_same_fd_table(ppid, pid) || sibling() {
+            return Ok(Some(owner));
+        }
+        let mut chain = Vec::new();
+        let mut k = ppid;
+        while !(k == owner
+            || fdops::kcmp_same_fd_table(k, pid)
+            || self.relays.get(&k) == Some(&owner))
+        {
+            let Some(at) = self.table_pids.iter().position(|&p| p == k) else {
+                return Err(refuse(
+                    "and no ancestor of it in the tree holds that table".into(),
+                ));
+            };
+            if self.shared_with[at].is_some()
+                || self.relays.contains_key(&k)
+                || self.shared_with.contains(&Some(k))
+            {
+                return Err(refuse(format!(
+                    "which its ancestor {k} does not hold, and {k}'s own table is shared too"
+                )));
+            }
+            chain.push(k);
+            k = ppid_of(k)?;
+        }
+        for k in chain {
+            self.relays.insert(k, owner);
         }
         Ok(Some(owner))
     }

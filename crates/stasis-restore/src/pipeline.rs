@@ -434,7 +434,7 @@ fn build_memories(
             build_memory(records, plan, i, cx)?;
         }
     }
-    Ok(())
+    stub::unshare_relays(records, plan)
 }
 
 /// The memory of live process `i`; a child keeps what it can of what it

@@ -163,6 +163,7 @@ pub(crate) fn fork_one(
     if plan.by_sibling(i) {
         build::fork_sibling_sharing_files(parent_proc, img.pid)?;
     } else if plan.share_files[i] {
+        // (A relay too: it unshares once every process is forked.)
         build::fork_process_sharing_files(parent_proc, img.pid)?;
     } else {
         build::fork_process(parent_proc, img.pid)?;
@@ -177,6 +178,24 @@ pub(crate) fn fork_one(
             .map_err(step(format!("making process {} a session leader", img.pid)))?;
         // Its terminal now, before it forks the session's members.
         factory.take_ctty(p, img.pid, (&transport.sock, h, spare))?;
+    }
+    Ok(())
+}
+
+/// Relays ([`tree::Plan::relay`]) take their own fd tables back, once
+/// every process is forked (copies: no fd is made yet).
+pub(crate) fn unshare_relays(records: &mut [Record<'_>], plan: &tree::Plan) -> Result<()> {
+    for (i, r) in records.iter_mut().enumerate() {
+        if !plan.relay[i] {
+            continue;
+        }
+        let pid = r.img.pid;
+        let p = r
+            .proc
+            .as_mut()
+            .ok_or_else(|| ObjectError::Inconsistent(format!("process {pid} was not created")))?;
+        p.sys("unshare", libc::SYS_unshare, &[libc::CLONE_FILES as u64])
+            .map_err(step(format!("giving process {pid} its own fd table back")))?;
     }
     Ok(())
 }

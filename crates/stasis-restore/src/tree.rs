@@ -45,6 +45,12 @@ pub struct Plan {
     /// unshared its table since), that sibling, with `CLONE_PARENT`. It
     /// inherits the forker's memory, session and group.
     pub forker: Vec<Option<usize>>,
+    /// Processes with a table of their own forked sharing their parent's
+    /// (`CLONE_FILES`) only to pass it on to a descendant that shares it
+    /// while they do not (they unshared it after forking it): each
+    /// unshares it again once every process is forked, before any fd is
+    /// made.
+    pub relay: Vec<bool>,
 }
 
 impl Plan {
@@ -182,7 +188,8 @@ pub fn plan(procs: &[ProcessImage]) -> Result<Plan, TreeError> {
             Group::Join(p.pgid)
         };
     }
-    let share_files = share_files(procs, &forker)?;
+    let relay = relays(procs, &parent, &forker);
+    let share_files = share_files(procs, &forker, &relay)?;
     Ok(Plan {
         parent,
         setsid,
@@ -190,7 +197,53 @@ pub fn plan(procs: &[ProcessImage]) -> Result<Plan, TreeError> {
         helpers,
         share_files,
         forker,
+        relay: relay.iter().map(Option::is_some).collect(),
     })
+}
+
+/// For each process, the table (by its first holder's PID) it relays, if
+/// any: the ancestors of a process sharing a table that neither its
+/// forker nor they share, up to one that does (or holds it). Each must be
+/// live with a table of its own that nobody shares, and relay one table.
+fn relays(
+    procs: &[ProcessImage],
+    parent: &[Option<usize>],
+    forker: &[Option<usize>],
+) -> Vec<Option<i32>> {
+    let mut relay: Vec<Option<i32>> = vec![None; procs.len()];
+    let holds =
+        |k: usize, with: i32| procs[k].pid == with || procs[k].fds_shared_with == Some(with);
+    for (i, p) in procs.iter().enumerate() {
+        let (Some(with), Some(f)) = (p.fds_shared_with, forker[i]) else {
+            continue;
+        };
+        let mut chain = Vec::new();
+        let mut k = f;
+        let found = loop {
+            if holds(k, with) || relay[k] == Some(with) {
+                break true;
+            }
+            let own = procs[k].fds_shared_with.is_none()
+                && procs[k].zombie.is_none()
+                && relay[k].is_none()
+                && !procs
+                    .iter()
+                    .any(|q| q.fds_shared_with == Some(procs[k].pid));
+            match parent[k] {
+                Some(up) if own => {
+                    chain.push(k);
+                    k = up;
+                }
+                _ => break false,
+            }
+        };
+        if found {
+            for k in chain {
+                relay[k] = Some(with);
+            }
+        }
+    }
+    relay
 }
 
 /// The sibling that forks process `i` (child of `parent`), if `i` shares
@@ -209,7 +262,11 @@ fn sibling_sharer(procs: &[ProcessImage], i: usize, parent: usize) -> Option<usi
 /// Which processes are forked with `CLONE_FILES`: those sharing the table
 /// of an earlier process that holds it (not itself a sharer), as their
 /// forker does (or is).
-fn share_files(procs: &[ProcessImage], forker: &[Option<usize>]) -> Result<Vec<bool>, TreeError> {
+fn share_files(
+    procs: &[ProcessImage],
+    forker: &[Option<usize>],
+    relay: &[Option<i32>],
+) -> Result<Vec<bool>, TreeError> {
     let mut share = vec![false; procs.len()];
     for (i, p) in procs.iter().enumerate() {
         let Some(with) = p.fds_shared_with else {
@@ -219,12 +276,16 @@ fn share_files(procs: &[ProcessImage], forker: &[Option<usize>]) -> Result<Vec<b
         let owner_ok = procs[..i]
             .iter()
             .any(|o| o.pid == with && o.fds_shared_with.is_none() && o.zombie.is_none());
-        let parent_ok = forker[i]
-            .is_some_and(|j| procs[j].pid == with || procs[j].fds_shared_with == Some(with));
+        let parent_ok = forker[i].is_some_and(|j| {
+            procs[j].pid == with || procs[j].fds_shared_with == Some(with) || relay[j] == Some(with)
+        });
         if !owner_ok || !parent_ok || !p.fds.is_empty() || p.zombie.is_some() {
             return Err(bad);
         }
         share[i] = true;
+    }
+    for (i, r) in relay.iter().enumerate() {
+        share[i] |= r.is_some();
     }
     Ok(share)
 }
@@ -318,14 +379,27 @@ mod tests {
         let pl = plan(&tree).unwrap();
         assert_eq!(pl.share_files, vec![false, true, true, true, false]);
         assert_eq!(pl.forker, pl.parent);
-        // 104's child cannot share 100's table: 104 does not.
+        // 104's child sharing 100's table, which 104 does not: 104
+        // relays it.
+        let mut relayed = tree.to_vec();
+        relayed.push(shared(p(105, 104, 50, 1), 100));
+        assert_eq!(
+            plan(&relayed).unwrap().relay,
+            vec![false; 4]
+                .into_iter()
+                .chain([true, false])
+                .collect::<Vec<_>>()
+        );
+        // 104's child sharing the table of 106, a cousin of its: no
+        // ancestor holds it.
         let mut bad = tree.to_vec();
-        bad.push(shared(p(105, 104, 50, 1), 100));
+        bad.push(p(106, 100, 50, 1));
+        bad.push(shared(p(105, 104, 50, 1), 106));
         assert_eq!(
             plan(&bad).unwrap_err(),
             TreeError::FilesShared {
                 pid: 105,
-                with: 100
+                with: 106
             }
         );
         // Sharing a table no earlier process holds, or a sharer's.
@@ -386,6 +460,35 @@ mod tests {
         assert!(
             matches!(e, TreeError::SessionOfParent { pid: 102, .. }),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn a_table_shared_with_a_grandparent_is_relayed_by_the_parent() {
+        // 101 (100's child) made 102 sharing its table, then unshared:
+        // 100 and 102 share one table, 101 has its own. 101 is forked
+        // sharing 100's, forks 102, and unshares. 103, 101's child with
+        // a table of its own, is forked as usual.
+        let mut g = p(102, 101, 50, 1);
+        g.fds.clear();
+        g.fds_shared_with = Some(100);
+        let tree = [p(100, 1, 50, 1), p(101, 100, 50, 1), g, p(103, 101, 50, 1)];
+        let pl = plan(&tree).unwrap();
+        assert_eq!(pl.relay, vec![false, true, false, false]);
+        assert_eq!(pl.share_files, vec![false, true, true, false]);
+        assert_eq!(pl.forker, pl.parent);
+        // 101's table shared by another process: it cannot relay 100's.
+        let mut bad = tree.to_vec();
+        let mut h = p(104, 101, 50, 1);
+        h.fds.clear();
+        h.fds_shared_with = Some(101);
+        bad.push(h);
+        assert_eq!(
+            plan(&bad).unwrap_err(),
+            TreeError::FilesShared {
+                pid: 102,
+                with: 100
+            }
         );
     }
 }

@@ -218,22 +218,24 @@ fn io_uring_single_issuer_or_shared_is_refused_and_left_untouched() {
     }
 }
 
-/// A process sharing the fd table of its grandparent, not of its parent
-/// (the parent unshared it after forking it with `CLONE_FILES`): neither
-/// a parent nor a sibling can fork it so, and the dump is refused with the
-/// tree left running. (A table shared with a sibling is restored: the
-/// `fdtable` workload.)
+/// A process sharing the fd table of its uncle, which no ancestor of it
+/// holds (its parent passed it on, then unshared it): no fork from a
+/// parent, an ancestor or a sibling rebuilds that, so the dump is refused
+/// with the tree left running. (Tables shared with a sibling, or passed on
+/// by ancestors, are restored: the `fdtable` and `fdtable_relay`
+/// workloads.)
 #[test]
-fn fd_table_shared_with_a_grandparent_only_is_refused() {
+fn fd_table_shared_with_an_uncle_only_is_refused() {
     let d = tempfile::tempdir().unwrap();
     let marker = d.path().join("unshared");
-    // R forks A; A clones X sharing its table; X clones Y sharing it too,
-    // then unshares its own: A and Y share one table.
+    // R forks A; A clones B as R's child sharing its table (CLONE_PARENT),
+    // then Y as its own child sharing it too, then unshares: B and Y share
+    // one table that neither A nor R holds.
     let script = format!(
         "import ctypes,os,time\n\
         libc = ctypes.CDLL(None, use_errno=True)\n\
         if os.fork() == 0:\n\
-        \x20   if libc.syscall(56, 0x400 | 17, 0, 0, 0, 0) == 0:\n\
+        \x20   if libc.syscall(56, 0x400 | 0x8000 | 17, 0, 0, 0, 0) != 0:\n\
         \x20       if libc.syscall(56, 0x400 | 17, 0, 0, 0, 0) != 0:\n\
         \x20           libc.unshare(0x400)\n\
         \x20           open('{}', 'w').close()\n\
@@ -248,8 +250,13 @@ fn fd_table_shared_with_a_grandparent_only_is_refused() {
         || marker.exists(),
     );
     let all: Vec<i32> = std::iter::once(pid).chain(descendants(pid)).collect();
-    assert_eq!(all.len(), 4, "R, A, X and Y: {all:?}");
-    dump_refused(pid, &d.path().join("img"), "neither its parent", &all);
+    assert_eq!(all.len(), 4, "R, A, B and Y: {all:?}");
+    dump_refused(
+        pid,
+        &d.path().join("img"),
+        "no ancestor of it in the tree holds that table",
+        &all,
+    );
     for &k in &all[1..] {
         // SAFETY: killing the test's own descendants.
         unsafe { libc::kill(k, libc::SIGKILL) };

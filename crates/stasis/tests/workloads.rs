@@ -175,6 +175,7 @@ workload_tests! {
     unix_states: "unix_states";
     unix_scm: "unix_scm";
     scm_kinds: "scm_kinds";
+    fdtable_relay: "fdtable_relay";
     unix_pending: "unix_pending";
     netlink: "netlink";
     sockopts: "sockopts";
