@@ -18,6 +18,7 @@
  *   "lis"   a second TCP listener on 127.0.0.1:Q
  *   "file"  scm_kinds.data open read-write at offset 5, the fd kept: one
  *           open file in flight and in the table
+ *   "pair"  q1 of a unix stream pair q0/q1, both kept, "q" queued to q1
  * After SIGTERM, a1 gives each message in order with one fd, and:
  *   `inotify`  the inotify reports a file created in scm_kinds.d, with
  *              the watch descriptor it had
@@ -28,6 +29,8 @@
  *   `listen`   the listener is on port Q and accepts a new connection
  *   `file`     the fd that arrived and the kept one are one open file
  *              (kcmp; a seek on one moves the other)
+ *   `pair`     the socket that arrived is q1 (kcmp); it reads "q", then
+ *              what q0 writes
  */
 #include "zdtm.h"
 
@@ -139,7 +142,7 @@ static int read_is(int fd, const char *want)
 
 int main(int argc, char **argv)
 {
-	int a[2], ino, wd, fan = -1, u, u2, lis, c, s, lis2, k, f;
+	int a[2], ino, wd, fan = -1, u, u2, lis, c, s, lis2, k, f, q[2];
 	int root = geteuid() == 0, udp_port, lis2_port;
 	struct sockaddr_in ua = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
 	socklen_t ul = sizeof(ua);
@@ -219,6 +222,9 @@ int main(int argc, char **argv)
 	if (f < 0 || write(f, "0123456789", 10) != 10 || lseek(f, 5, SEEK_SET) != 5 ||
 	    send_fd(a[0], "file", f))
 		zdtm_die("file");
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, q) || write(q[0], "q", 1) != 1 ||
+	    send_fd(a[0], "pair", q[1]))
+		zdtm_die("pair");
 	close(a[0]);
 
 	zdtm_ready();
@@ -347,6 +353,18 @@ int main(int argc, char **argv)
 			lseek(g, 2, SEEK_SET);
 			zdtm_check(lseek(f, 0, SEEK_CUR) == 2, "file",
 				   "a seek on the fd in flight did not move the kept one");
+		}
+	}
+	{
+		int r = recv_fd(a[1], "pair", "pair");
+
+		ZDTM_CORRUPT("pair", close(q[1]), socketpair(AF_UNIX, SOCK_STREAM, 0, q));
+		if (r >= 0) {
+			zdtm_check(syscall(SYS_kcmp, getpid(), getpid(), 0 /* KCMP_FILE */, q[1], r) == 0,
+				   "pair", "the socket in flight and the kept q1 are two open files");
+			zdtm_check(read_is(r, "q"), "pair", "the queued byte did not arrive");
+			zdtm_check(write(q[0], "more", 4) == 4 && read_is(r, "more"), "pair",
+				   "q0 to the socket in flight");
 		}
 	}
 	zdtm_finish();
