@@ -55,6 +55,7 @@ pub fn capture_frozen(
     let mut collector = fds::FdCollector::default();
     collector.tcp_close = fr.opts.tcp_close;
     collector.skip_in_flight = fr.opts.skip_in_flight;
+    collector.shell_job = fr.opts.shell_job;
     let r = capture_with(fr, f, &mut collector);
     // Sockets put in repair mode go back to the caller whatever happened.
     *repaired = std::mem::take(&mut collector.repaired);
@@ -489,6 +490,7 @@ fn write_manifest(
         shm_files,
         cut: fr.opts.cut.as_ref().map(|c| c.mark()),
         namespaces: ns.as_ref().map(|n| n.namespaces.clone()),
+        shell_job: collector.take_shell_job(),
     };
     // PIDs are the namespace's only with a PID namespace of its own (a tree
     // whose other namespaces differ keeps the dumper's PIDs: one started by

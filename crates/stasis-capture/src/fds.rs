@@ -70,6 +70,11 @@ impl FdCollector {
         self.0.link_in_flight();
     }
 
+    /// See [`SaveCtx::take_shell_job`].
+    pub fn take_shell_job(&mut self) -> Option<stasis_image::manifest::ShellJob> {
+        self.0.take_shell_job()
+    }
+
     /// See [`SaveCtx::check_ghost_watches`].
     pub fn check_ghost_watches(&self) -> Result<()> {
         Ok(self.0.check_ghost_watches()?)

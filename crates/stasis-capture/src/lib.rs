@@ -144,6 +144,10 @@ pub struct DumpOptions {
     /// `/dev/shm`) saved whole with the checkpoint and put back at restore
     /// (`stasis_objects::posix_shm`).
     pub shm_files: Vec<String>,
+    /// The tree is a job of a shell on a terminal the tree does not hold
+    /// (`--shell-job`): its fds on that terminal are saved as the shell
+    /// job's terminal, to be reopened on the terminal of the restore.
+    pub shell_job: bool,
 }
 
 /// A dump that is one part of a consistent cut of an application over

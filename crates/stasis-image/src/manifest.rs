@@ -58,12 +58,37 @@ pub struct Manifest {
     /// With a PID namespace, every PID in the manifest is the one inside it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespaces: Option<Namespaces>,
+    /// The terminal of a shell job (`dump --shell-job`), if the tree is
+    /// one: such a manifest says [`SHELL_JOB_MANIFEST_VERSION`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shell_job: Option<ShellJob>,
 }
 
 /// Manifest format version written when [`Manifest::namespaces`] is set, so
 /// that a reader that predates it refuses the manifest instead of restoring
 /// the tree in its own namespaces (with the in-namespace PIDs).
 pub const NAMESPACES_MANIFEST_VERSION: u32 = 3;
+
+/// Manifest format version written when [`Manifest::shell_job`] is set (a
+/// reader that predates it would not know its fds' kind).
+pub const SHELL_JOB_MANIFEST_VERSION: u32 = 4;
+
+/// The newest manifest format version this reader knows.
+pub const LATEST_MANIFEST_VERSION: u32 = SHELL_JOB_MANIFEST_VERSION;
+
+impl Manifest {
+    /// The format version this manifest's content calls for: the oldest
+    /// whose readers know everything it holds.
+    pub fn format_version(&self) -> u32 {
+        if self.shell_job.is_some() {
+            SHELL_JOB_MANIFEST_VERSION
+        } else if self.namespaces.is_some() {
+            NAMESPACES_MANIFEST_VERSION
+        } else {
+            crate::FORMAT_VERSION
+        }
+    }
+}
 
 /// The namespaces of a dumped tree that differ from the dumper's (every
 /// process of the tree shares the root's). A kind absent here was the
@@ -751,6 +776,28 @@ pub enum FdKind {
     /// An io_uring instance with no request in flight (`crate` docs of
     /// `stasis_objects::io_uring`).
     IoUring(IoUringRing),
+    /// An fd on the terminal of a shell job ([`Manifest::shell_job`]):
+    /// the controlling terminal of the tree's session, whose master and
+    /// session leader are outside the tree. Opened again on the terminal
+    /// of `stasis restore --shell-job`: its device (`current`: `/dev/tty`).
+    ExternalTty { current: bool },
+}
+
+/// The terminal of a shell job (`dump --shell-job`): the tree runs in a
+/// session led from outside it (a shell) whose controlling terminal is not
+/// the tree's (a pts whose master a terminal emulator, sshd or tmux holds).
+/// Its fds on that terminal are [`FdKind::ExternalTty`]; a restore puts the
+/// tree on its own terminal with these settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShellJob {
+    /// The terminal's termios at dump (set again on the new terminal).
+    pub termios: PtyTermios,
+    /// Its window size at dump: rows, columns, x pixels, y pixels (the new
+    /// terminal keeps its own; the tree gets a `SIGWINCH` if they differ).
+    pub winsize: [u16; 4],
+    /// The tree's process group that was the terminal's foreground group,
+    /// if one was: made the new terminal's foreground group again.
+    pub foreground: Option<i32>,
 }
 
 /// An idle io_uring instance: what `io_uring_setup` needs to make it

@@ -382,11 +382,46 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
     let back = decode_manifest(&bytes, 3, p()).unwrap();
     assert_eq!(back, m);
     assert_eq!(encode_manifest(&back).unwrap(), bytes);
-    // Version 4 is newer than this reader.
+    // A version after the newest is newer than this reader.
+    let next = manifest::LATEST_MANIFEST_VERSION + 1;
     let mut newer = bytes.clone();
-    newer[8..12].copy_from_slice(&4u32.to_le_bytes());
+    newer[8..12].copy_from_slice(&next.to_le_bytes());
     assert!(matches!(
         decode_manifest(&newer, 3, p()),
-        Err(ImageError::NewerFormat { found: 4, .. })
+        Err(ImageError::NewerFormat { found, .. }) if found == next
     ));
+    // Content of version 3 under another version: refused as damaged.
+    let mut other = bytes.clone();
+    other[8..12].copy_from_slice(&manifest::SHELL_JOB_MANIFEST_VERSION.to_le_bytes());
+    assert!(decode_manifest(&other, 3, p()).is_err());
+}
+
+#[test]
+fn a_shell_job_raises_the_manifest_version_and_round_trips() {
+    let mut m = small_manifest();
+    m.processes[0].fds.push(manifest::FdImage {
+        fd: 0,
+        flags: 2,
+        cloexec: false,
+        kind: manifest::FdKind::ExternalTty { current: false },
+        shared_id: None,
+        locks: vec![],
+        owner: None,
+    });
+    m.shell_job = Some(manifest::ShellJob {
+        termios: manifest::PtyTermios {
+            lflag: 0o1,
+            cc: vec![3; 19],
+            ..Default::default()
+        },
+        winsize: [24, 80, 0, 0],
+        foreground: Some(m.root_pid),
+    });
+    let bytes = encode_manifest(&m).unwrap();
+    assert_eq!(
+        u32::from_le_bytes(bytes[8..12].try_into().unwrap()),
+        manifest::SHELL_JOB_MANIFEST_VERSION
+    );
+    let back = decode_manifest(&bytes, 3, p()).unwrap();
+    assert_eq!(back, m);
 }

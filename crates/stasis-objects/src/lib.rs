@@ -27,6 +27,7 @@
 //! | netlink socket | [`netlink`] |
 //! | packet socket | [`packet`] |
 //! | pseudo-terminal pair | [`pty`] |
+//! | the terminal of a shell job (`--shell-job`) | [`shell_job`] |
 //! | TCP/UDP socket | [`inet`] (listening, UDP), [`tcp`] (established: `TCP_REPAIR`) |
 //! | socket options, the accept gate | [`socket`] |
 //! | flock/POSIX/OFD locks | [`locks`] |
@@ -64,6 +65,7 @@ pub mod pty;
 pub mod pty_census;
 pub mod restore;
 pub mod save;
+pub mod shell_job;
 pub mod signalfd;
 pub mod socket;
 pub mod sysv;
@@ -148,6 +150,7 @@ pub const REGISTRY: &[Entry] = &[
     entry::<deleted::Deleted>(),
     entry::<pipe::Fifo>(),
     entry::<pty::Pty>(),
+    entry::<shell_job::ShellJobTty>(),
     entry::<file::File>(),
 ];
 
@@ -316,6 +319,7 @@ mod tests {
                 files: vec![],
                 buffers: vec![],
             }),
+            FdKind::ExternalTty { current: false },
         ];
         for k in &all {
             match k {
@@ -342,7 +346,8 @@ mod tests {
                 | FdKind::CurrentTty { .. }
                 | FdKind::Pidfd { .. }
                 | FdKind::NsFile { .. }
-                | FdKind::IoUring(_) => {}
+                | FdKind::IoUring(_)
+                | FdKind::ExternalTty { .. } => {}
             }
         }
         all

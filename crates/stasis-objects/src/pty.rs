@@ -128,6 +128,31 @@ impl Saved {
     pub(crate) fn census(&self) -> Option<&Census> {
         self.census.as_ref()
     }
+
+    /// Takes out of the dump's slave and `/dev/tty` fds those on terminal
+    /// `index` when no saved pair is it (a shell job's terminal, see
+    /// [`crate::shell_job`]): (pid, fd, whether a `/dev/tty` fd).
+    pub(crate) fn take_external(&mut self, index: u32) -> Vec<(i32, i32, bool)> {
+        if self.pairs.contains_key(&index) {
+            return Vec::new();
+        }
+        let mut out: Vec<(i32, i32, bool)> = Vec::new();
+        self.slaves.retain(|&(pid, fd, i)| {
+            let mine = i == index;
+            if mine {
+                out.push((pid, fd, false));
+            }
+            !mine
+        });
+        self.current_ttys.retain(|&(pid, fd, i)| {
+            let mine = i == index;
+            if mine {
+                out.push((pid, fd, true));
+            }
+            !mine
+        });
+        out
+    }
 }
 
 impl Object for Pty {
@@ -329,7 +354,8 @@ impl<'a> Made<'a> {
     }
 }
 
-fn termios2(t: &PtyTermios) -> Termios2 {
+/// The kernel's `struct termios2` of a saved termios.
+pub fn termios2(t: &PtyTermios) -> Termios2 {
     let mut c_cc = [0u8; stasis_sys::tty::KERNEL_NCCS];
     c_cc.iter_mut().zip(&t.cc).for_each(|(d, s)| *d = *s);
     Termios2 {
@@ -344,7 +370,7 @@ fn termios2(t: &PtyTermios) -> Termios2 {
     }
 }
 
-fn image_termios(t: &Termios2) -> PtyTermios {
+pub(crate) fn image_termios(t: &Termios2) -> PtyTermios {
     PtyTermios {
         iflag: t.c_iflag,
         oflag: t.c_oflag,
@@ -697,12 +723,13 @@ fn read_master(m: BorrowedFd<'_>, packet: bool) -> std::io::Result<Vec<u8>> {
 /// outside it, a session leader without a slave fd of its terminal.
 pub fn check_external(cx: &mut SaveCtx, tree: &[i32]) -> Result<(), SaveError> {
     mark_hung_up(cx);
+    crate::shell_job::mark_external(cx, tree)?;
     let p = &cx.ptys;
     for &(pid, fd, index) in &p.slaves {
         if !p.pairs.contains_key(&index) {
             return Err(SaveError::Unsupported {
                 pid,
-                what: format!("fd {fd} is /dev/pts/{index}, a terminal whose master is not held by the dumped tree (an interactive terminal, say); redirect the program's stdin/stdout/stderr to files (or /dev/null), or dump the process holding the master (/dev/ptmx) with it"),
+                what: format!("fd {fd} is /dev/pts/{index}, a terminal whose master is not held by the dumped tree (an interactive terminal, say); dump it with --shell-job if it is its shell's job on that terminal (the restore then puts it on its own terminal), redirect the program's stdin/stdout/stderr to files (or /dev/null), or dump the process holding the master (/dev/ptmx) with it"),
             });
         }
     }
@@ -736,7 +763,7 @@ pub fn check_external(cx: &mut SaveCtx, tree: &[i32]) -> Result<(), SaveError> {
         if !p.pairs.contains_key(&index) {
             return Err(SaveError::Unsupported {
                 pid,
-                what: format!("fd {fd} is /dev/tty, whose terminal (pts {index}) has its master outside the dumped tree (an interactive terminal, say); dump the process holding the master with it"),
+                what: format!("fd {fd} is /dev/tty, whose terminal (pts {index}) has its master outside the dumped tree (an interactive terminal, say); dump it with --shell-job if it is its shell's job on that terminal, or dump the process holding the master with it"),
             });
         }
     }

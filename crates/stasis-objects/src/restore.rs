@@ -123,6 +123,9 @@ pub struct RestoreCtx<'a> {
     in_flight_epolls: Vec<(i32, OwnedFd, FdImage)>,
     /// io_uring instances made, by `shared_id`: (process, fd).
     pub(crate) io_urings: HashMap<u32, (i32, i32)>,
+    /// The terminal a shell job is restored on (`restore --shell-job`):
+    /// the restorer's own, by its device path.
+    pub terminal: Option<std::path::PathBuf>,
 }
 
 impl<'a> RestoreCtx<'a> {
@@ -163,6 +166,7 @@ impl<'a> RestoreCtx<'a> {
             tcp_close: false,
             in_flight_epolls: Vec::new(),
             io_urings: HashMap::new(),
+            terminal: None,
         }
     }
 

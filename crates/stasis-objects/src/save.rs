@@ -109,6 +109,12 @@ pub struct SaveCtx {
     /// Connections waiting to be accepted by a TCP listener are left out,
     /// not refused.
     pub skip_in_flight: bool,
+    /// The tree is a shell job (`--shell-job`): its fds on its session's
+    /// terminal, held from outside, are saved as that terminal
+    /// ([`crate::shell_job`]).
+    pub shell_job: bool,
+    /// What [`crate::shell_job::mark_external`] found of that terminal.
+    pub(crate) shell_job_terminal: Option<stasis_image::manifest::ShellJob>,
     /// inotify watches on deleted files: (pid, fd, watch, inode), each to
     /// be on a deleted file the tree holds open
     /// ([`SaveCtx::check_ghost_watches`]).
@@ -227,6 +233,8 @@ impl Default for SaveCtx {
             ptys: crate::pty::Saved::default(),
             tcp_close: false,
             skip_in_flight: false,
+            shell_job: false,
+            shell_job_terminal: None,
             ghost_watches: Vec::new(),
             epoll_registrar: None,
             in_flight: Vec::new(),
@@ -519,6 +527,12 @@ impl SaveCtx {
     /// that fd, once every process is saved ([`crate::unix::link_in_flight`]).
     pub fn link_in_flight(&mut self) {
         crate::unix::link_in_flight(self);
+    }
+
+    /// The terminal of the shell job, if the tree is one (see
+    /// [`SaveCtx::shell_job`]).
+    pub fn take_shell_job(&mut self) -> Option<stasis_image::manifest::ShellJob> {
+        self.shell_job_terminal.take()
     }
 
     /// Refuses unix sockets connected outside the tree ([`crate::unix::check_external`]).

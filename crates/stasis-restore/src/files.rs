@@ -46,6 +46,11 @@ impl<'a> FdFactory<'a> {
         self.0.tcp_close = close;
     }
 
+    /// The terminal a shell job's fds are opened on (`--shell-job`).
+    pub fn set_terminal(&mut self, path: Option<std::path::PathBuf>) {
+        self.0.terminal = path;
+    }
+
     /// See [`objects::RestoreCtx::set_cwd`].
     pub fn set_cwd(&mut self, cwd: &str) {
         self.0.set_cwd(cwd);

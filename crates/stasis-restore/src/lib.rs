@@ -58,6 +58,7 @@ mod pipeline;
 mod proc;
 mod process;
 mod reap;
+pub mod shell_job;
 /// The kernel seam restore decides over (moved to `stasis_kernel::remote`).
 pub use stasis_kernel::remote;
 mod stub;
@@ -98,6 +99,8 @@ pub enum RestoreError {
     },
     #[error("this version of stasis cannot restore the image: {0}")]
     Unsupported(String),
+    #[error("{0}")]
+    ShellJob(String),
     /// A restore step failed (one definition of those messages, in
     /// `stasis-objects`: incompatible image, missing file, failed step,
     /// ports taken, locks, memory layout, inconsistent image...).
@@ -190,6 +193,9 @@ pub struct RestoreOptions {
     /// Established TCP connections come back closed (no `TCP_REPAIR`, no
     /// port or peer needed): for a tree moved where its peers are not.
     pub tcp_close: bool,
+    /// A shell job's fds on its terminal are reopened on the restorer's
+    /// controlling terminal (`--shell-job`, see [`shell_job`]).
+    pub shell_job: bool,
 }
 
 /// A restore that is one part of a restore of a whole application over
@@ -211,6 +217,7 @@ impl Default for RestoreOptions {
             lazy: None,
             cut: None,
             tcp_close: false,
+            shell_job: false,
         }
     }
 }

@@ -48,6 +48,8 @@ pub(crate) struct Build<'a> {
     pub opts: &'a RestoreOptions,
     /// Of the bytes restored, those left to the lazy filler.
     pub lazy_bytes: u64,
+    /// The terminal a shell job goes on (`--shell-job`).
+    pub terminal: Option<&'a crate::shell_job::Terminal>,
 }
 
 impl Build<'_> {
@@ -105,6 +107,8 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     let _reaper = stasis_kernel::child::Subreaper::enable();
     let (cp, plan) = load(store, opts.checkpoint)?;
     let m = &cp.manifest;
+    // A shell job's terminal, before anything is built.
+    let terminal = crate::shell_job::open(m, opts)?;
     let chain = stasis_image::load_chain(store, Some(cp.number))?;
     let mut records = page_sources(&chain, m)?;
     let waited = Instant::now();
@@ -132,6 +136,7 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
         transport: &transport,
         opts,
         lazy_bytes: 0,
+        terminal: terminal.as_ref(),
     };
 
     // Stage 2, verify: pack checksums, in parallel with the rebuild.
@@ -148,6 +153,9 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     let result = verified.and(built).and_then(|bytes| {
         // Stage 4, jump.
         jump_all(&mut b)?;
+        if let (Some(t), Some(job)) = (&terminal, &m.shell_job) {
+            t.after_release(job, root_outer);
+        }
         Ok(bytes)
     });
     drop(watchdog);
@@ -358,11 +366,12 @@ fn build_tree(b: &mut Build<'_>) -> Result<u64> {
     let m = b.m;
     // Every open file description is made by one factory; the ptys that
     // are controlling terminals are wanted as soon as the tree is forked.
-    let factory = files::FdFactory::new(
+    let mut factory = files::FdFactory::new(
         &m.pipes,
         &m.ghosts,
         m.processes.iter().flat_map(|p| p.fds.iter()),
     );
+    factory.set_terminal(b.terminal.map(|t| t.path.clone()));
     stub::prepare_root(b)?;
     // System V segments exist before anyone attaches them (in the tree's
     // IPC namespace); so do the POSIX ones saved with `--shm-file`, before
@@ -405,6 +414,9 @@ fn build_tree(b: &mut Build<'_>) -> Result<u64> {
     let filled = cx.filled;
     build_processes(b, cx)?;
     crate::ns::in_ipc(m, root_outer, || sysv::finish(&m.sysv_shm))?;
+    if let (Some(t), Some(job)) = (b.terminal, &m.shell_job) {
+        t.attach(job)?;
+    }
     Ok(filled)
 }
 

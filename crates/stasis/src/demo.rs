@@ -211,6 +211,7 @@ pub fn run(dir: Option<PathBuf>, before: f64, after: f64) -> Result<ExitCode> {
             tcp_close: false,
             skip_in_flight: false,
             shm_files: Vec::new(),
+            shell_job: false,
         },
     )?;
     let status = child.wait()?;

@@ -116,6 +116,13 @@ enum Cmd {
         /// runs on after the dump). Repeatable.
         #[arg(long = "shm-file", value_name = "GLOB")]
         shm_files: Vec<String>,
+        /// The process is a job of an interactive shell: its fds on the
+        /// shell's terminal (held from outside the tree) are saved as that
+        /// terminal, with its settings; `restore --shell-job`, run from a
+        /// shell, puts the job on its own terminal, in the foreground if it
+        /// was.
+        #[arg(long)]
+        shell_job: bool,
         #[arg(long)]
         json: bool,
     },
@@ -229,6 +236,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             tcp_close,
             skip_in_flight,
             shm_files,
+            shell_job,
             json,
         } => match store::s3(&dir, seal.clone())? {
             None => {
@@ -237,7 +245,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     pid,
                     &dir,
                     (leave_running, concurrent, cow_buffer, cow_method),
-                    (tcp_close, skip_in_flight, shm_files),
+                    (tcp_close, skip_in_flight, shm_files, shell_job),
                     (track.as_deref(), touch_window.as_deref()),
                     (json, None),
                 )
@@ -250,7 +258,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     pid,
                     dir,
                     (leave_running, concurrent, cow_buffer, cow_method),
-                    (tcp_close, skip_in_flight, shm_files.clone()),
+                    (tcp_close, skip_in_flight, shm_files.clone(), shell_job),
                     (track.as_deref(), None),
                     (json, Some(cut)),
                 )
@@ -337,7 +345,7 @@ fn cmd_dump(
     pid: i32,
     dir: &Path,
     (leave_running, concurrent, cow_cap, cow_method): (bool, bool, u64, stasis_capture::CowMethod),
-    (tcp_close, skip_in_flight, shm_files): (bool, bool, Vec<String>),
+    (tcp_close, skip_in_flight, shm_files, shell_job): (bool, bool, Vec<String>, bool),
     (track, touch_window): (Option<&str>, Option<&str>),
     (json, cut): (bool, Option<std::sync::Arc<dyn stasis_capture::Cut>>),
 ) -> Result<ExitCode> {
@@ -378,6 +386,7 @@ fn cmd_dump(
         tcp_close,
         skip_in_flight,
         shm_files,
+        shell_job,
     };
     let r = stasis_capture::dump_tracked(&store, &opts, tracker.as_deref_mut())
         .with_context(|| format!("dumping process {pid}"))?;

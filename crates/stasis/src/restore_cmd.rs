@@ -42,6 +42,13 @@ pub struct RestoreArgs {
     /// their ports nor their peers.
     #[arg(long)]
     tcp_close: bool,
+    /// Restore a shell job (dumped with --shell-job) on the terminal of
+    /// this command: its fds on its old terminal are opened on this one,
+    /// which gets its terminal settings, and its process group is put in
+    /// the foreground if it was. Run it from an interactive shell, without
+    /// --detach so the shell waits while the job has the terminal.
+    #[arg(long)]
+    shell_job: bool,
     /// Start the process before its memory has arrived: private memory is
     /// mapped in as the process touches it (touch set first), and the rest
     /// streams in behind, by a filler process that exits when done.
@@ -220,6 +227,7 @@ pub fn cmd_restore(
         lazy: filler.as_ref().map(sink),
         cut: None,
         tcp_close: a.tcp_close,
+        shell_job: a.shell_job,
     };
     let r = run_restore(&store, &opts, filler.as_ref())?;
     progress.finish();

@@ -386,6 +386,7 @@ impl Host for Cli<'_> {
             tcp_close: false,
             skip_in_flight: false,
             shm_files: self.o.shm_files.clone(),
+            shell_job: false,
         };
         let dumped = if self.protect_tracks {
             stasis_capture::dump_concurrent_tracked(&self.store, &opts, &mut self.protection)

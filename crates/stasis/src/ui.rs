@@ -503,6 +503,8 @@ fn fd_description(kind: &FdKind) -> String {
             format!("pty slave hung up, its master closed (pts {index} at dump)")
         }
         FdKind::CurrentTty { index } => format!("/dev/tty (pts {index} at dump)"),
+        FdKind::ExternalTty { current: false } => "the shell job's terminal".into(),
+        FdKind::ExternalTty { current: true } => "/dev/tty (the shell job's terminal)".into(),
         FdKind::Inet(n) => format!(
             "inet socket port {} {:?}",
             u16::from_be_bytes([

@@ -252,6 +252,7 @@ pub fn manifest(checkpoint: u32, processes: Vec<ProcessImage>) -> Manifest {
             round: 7,
         }),
         namespaces: None,
+        shell_job: None,
     }
 }
 
