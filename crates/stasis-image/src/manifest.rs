@@ -69,8 +69,9 @@ pub struct Manifest {
 /// the tree in its own namespaces (with the in-namespace PIDs).
 pub const NAMESPACES_MANIFEST_VERSION: u32 = 3;
 
-/// Manifest format version written when [`Manifest::shell_job`] is set (a
-/// reader that predates it would not know its fds' kind).
+/// Manifest format version written when [`Manifest::shell_job`] is set, or
+/// a TCP socket is [`InetState::Unaccepted`] (a reader that predates them
+/// would not know those fds' kind).
 pub const SHELL_JOB_MANIFEST_VERSION: u32 = 4;
 
 /// The newest manifest format version this reader knows.
@@ -80,7 +81,18 @@ impl Manifest {
     /// The format version this manifest's content calls for: the oldest
     /// whose readers know everything it holds.
     pub fn format_version(&self) -> u32 {
-        if self.shell_job.is_some() {
+        let unaccepted = || {
+            self.processes.iter().flat_map(|p| &p.fds).any(|f| {
+                matches!(
+                    &f.kind,
+                    FdKind::Inet(InetSocket {
+                        state: InetState::Unaccepted { .. },
+                        ..
+                    })
+                )
+            })
+        };
+        if self.shell_job.is_some() || unaccepted() {
             SHELL_JOB_MANIFEST_VERSION
         } else if self.namespaces.is_some() {
             NAMESPACES_MANIFEST_VERSION

@@ -432,6 +432,9 @@ pub struct TcpInfo {
     pub unacked: u32,
     /// For a listener: its backlog.
     pub sacked: u32,
+    /// Bytes the peer acknowledged (`tcpi_bytes_acked`; `u64::MAX` on a
+    /// kernel whose `tcp_info` is too short to say).
+    pub bytes_acked: u64,
 }
 
 /// `TCP_INFO`.
@@ -452,6 +455,10 @@ pub fn tcp_info(fd: BorrowedFd<'_>) -> Result<TcpInfo> {
         snd_mss: u32_at(16),
         unacked: u32_at(24),
         sacked: u32_at(28),
+        bytes_acked: b
+            .get(120..128)
+            .and_then(|x| x.try_into().ok())
+            .map_or(u64::MAX, u64::from_ne_bytes),
     })
 }
 

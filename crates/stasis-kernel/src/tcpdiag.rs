@@ -17,8 +17,8 @@
 use stasis_sys::inet_diag::SOCK_DESTROY;
 use stasis_sys::inet_diag::{InetDiagMsg, InetDiagReqV2, InetDiagSockId};
 use stasis_sys::net::{
-    NLMSG_DONE, NLMSG_ERROR, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, SOCK_DIAG_BY_FAMILY, TCP_LISTEN,
-    TCP_SYN_SENT,
+    NLMSG_DONE, NLMSG_ERROR, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, SOCK_DIAG_BY_FAMILY,
+    TCP_ESTABLISHED, TCP_LISTEN, TCP_SYN_SENT,
 };
 
 use crate::{KernelError, Result};
@@ -293,6 +293,35 @@ pub fn sockets_of(local: DiagAddr, peer: DiagAddr) -> Result<Vec<TcpSock>> {
             && m.id.src == local.addr
             && m.id.dst == peer.addr
     })
+}
+
+/// Whether the peer of the connection from `client` to `server` is a
+/// connection waiting in a listener's accept queue: an established socket
+/// no file refers to yet (accepted, it would have an inode).
+pub fn waits_to_be_accepted(server: DiagAddr, client: DiagAddr) -> Result<bool> {
+    Ok(sockets_of(server, client)?
+        .iter()
+        .any(|t| t.inode == 0 && t.state == TCP_ESTABLISHED))
+}
+
+/// The clients of the connections waiting in the accept queue of a
+/// listener bound to `listener` (an unspecified address matches every
+/// local one): the peer addresses of the established sockets on its port
+/// that no file refers to yet.
+pub fn waiting_clients(listener: DiagAddr) -> Result<Vec<DiagAddr>> {
+    let any = listener.addr == [0u8; 16]
+        || (i32::from(listener.family) == libc::AF_INET && listener.addr[..4] == [0; 4]);
+    let found = sockets_where(listener.family, state_bit(TCP_ESTABLISHED), |m| {
+        m.inode == 0 && m.id.sport == listener.port && (any || m.id.src == listener.addr)
+    })?;
+    Ok(found
+        .iter()
+        .map(|t| DiagAddr {
+            family: listener.family,
+            port: t.id.dport,
+            addr: t.id.dst,
+        })
+        .collect())
 }
 
 /// The `idiag_states` bit of TCP state `state` (`TCPF_*`).

@@ -65,8 +65,16 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
         let info = sock::tcp_info(b)?;
         match info.state {
             TCP_LISTEN => {
-                if info.unacked > 0 && !cx.skip_in_flight {
-                    return Err(fd.unsupported(format!("fd {n} is a listening TCP socket with {} connection(s) waiting to be accepted (dump with --skip-in-flight to leave them out)", info.unacked)));
+                // (Those from the tree's own quiet clients come back with
+                // them: `tcp::unaccepted`.)
+                let waiting = if info.unacked > 0 {
+                    let from_tree = tcp::unaccepted::waiting_from(&local, cx.quiet_clients());
+                    info.unacked.saturating_sub(u32::try_from(from_tree).unwrap_or(u32::MAX))
+                } else {
+                    0
+                };
+                if waiting > 0 && !cx.skip_in_flight {
+                    return Err(fd.unsupported(format!("fd {n} is a listening TCP socket with {waiting} connection(s) waiting to be accepted that do not come from a process of the tree with nothing sent yet (dump with --skip-in-flight to leave them out)")));
                 }
                 InetState::Listening {
                     backlog: info.sacked,
@@ -82,7 +90,17 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
                 let r = cx.repaired.saved(fd.meta.ino()).cloned().ok_or_else(|| {
                     fd.unsupported(format!("fd {n} is a TCP connection established while the tree was frozen (it was opening when the dump began); dump again"))
                 })?;
-                InetState::Established(r)
+                if st == stasis_sys::net::TCP_ESTABLISHED
+                    && tcp::unaccepted::nothing_acked(info.bytes_acked)
+                    && r.recv_queue.is_empty()
+                    && tcp::unaccepted::waits(&local, &peer)
+                {
+                    InetState::Unaccepted {
+                        queued: r.send_queue,
+                    }
+                } else {
+                    InetState::Established(r)
+                }
             }
             TCP_CLOSE
                 if sock::poll_now(b, libc::POLLRDHUP)? & libc::POLLRDHUP != 0 =>
@@ -296,6 +314,35 @@ fn restore(cx: &mut RestoreCtx<'_>, fd: i32, i: &InetSocket) -> Result<OwnedFd, 
                 options: i.options.clone(),
                 filter: i.filter.clone(),
                 holders,
+            });
+        }
+        InetState::Unaccepted { .. } if cx.tcp_close => {
+            let s = tcp::ended(fd, i.family)?;
+            set_options(&s, &i.options);
+            restore_filter(fd, &s, &i.filter)?;
+            return Ok(s);
+        }
+        InetState::Unaccepted { queued } => {
+            // Bound now (its address may still be the killed client's,
+            // whose socket is held in repair mode: reuse lets both bind;
+            // the program's own value comes back with the options),
+            // connected once the listener exists.
+            let _ = sock::set_int(s.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR, 1);
+            bind(
+                fd,
+                &s,
+                i,
+                format!(
+                    "binding the TCP socket of fd {fd} (its connection was waiting to be accepted)"
+                ),
+            )?;
+            set_options(&s, &i.options);
+            restore_filter(fd, &s, &i.filter)?;
+            cx.pending_connects.push(tcp::PendingConnect {
+                fd,
+                sock: scm::dup_at_least(s.as_fd(), 3)?,
+                socket: i.clone(),
+                queued: queued.clone(),
             });
         }
         InetState::Ended => {

@@ -101,6 +101,9 @@ pub struct RestoreCtx<'a> {
     pub(crate) deleted_dirs: HashMap<String, u64>,
     /// TCP connections rebuilt in repair mode, made live at the end.
     pub(crate) pending_tcp: Vec<PendingTcp>,
+    /// Clients whose connections were waiting to be accepted, connected
+    /// again at the end.
+    pub(crate) pending_connects: Vec<crate::tcp::PendingConnect>,
     /// Shared epoll descriptions already given their registrations.
     epolls_filled: HashSet<u32>,
     flocks_taken: HashSet<u32>,
@@ -157,6 +160,7 @@ impl<'a> RestoreCtx<'a> {
             memfd_firsts: HashSet::new(),
             deleted_dirs: HashMap::new(),
             pending_tcp: Vec::new(),
+            pending_connects: Vec::new(),
             epolls_filled: HashSet::new(),
             flocks_taken: HashSet::new(),
             cwd: String::new(),

@@ -91,6 +91,16 @@ pub struct SaveCtx {
     pub sysv: Vec<SysvShm>,
     /// Unix sockets of the namespace (queried on first need).
     pub(crate) unix: Option<HashMap<u64, UnixInfo>>,
+    /// The live processes of the tree (given to `freeze_tcp`).
+    pub(crate) tree_pids: Vec<i32>,
+    /// Its TCP clients with nothing acknowledged
+    /// ([`crate::tcp::unaccepted`]), once asked for.
+    pub(crate) quiet_clients: Option<
+        Vec<(
+            stasis_kernel::tcpdiag::DiagAddr,
+            stasis_kernel::tcpdiag::DiagAddr,
+        )>,
+    >,
     /// Unix socket queues already peeked at during this dump, by socket
     /// inode ([`crate::unix::peek`]).
     pub(crate) unix_queues: HashMap<u64, Vec<stasis_kernel::sock::unixq::UnixMsg>>,
@@ -228,6 +238,8 @@ impl Default for SaveCtx {
             sysv: Vec::new(),
             unix: None,
             unix_queues: HashMap::new(),
+            tree_pids: Vec::new(),
+            quiet_clients: None,
             packet: None,
             repaired: Repairs::default(),
             ptys: crate::pty::Saved::default(),

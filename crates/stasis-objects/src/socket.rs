@@ -378,12 +378,43 @@ fn transient(
 pub fn transient_socket(pids: &[i32]) -> Option<(i32, i32, String)> {
     let mut unix = None;
     let mut found = None;
+    let mut quiet = None;
     for_each_socket(pids, |pid, fd, ino, s| {
         if found.is_none() {
             if let Some(w) = transient(s.as_fd(), ino, &mut unix) {
-                found = Some((pid, fd, w));
+                if !waits_for_the_tree(s.as_fd(), pids, &mut quiet) {
+                    found = Some((pid, fd, w));
+                }
             }
         }
     });
     found
+}
+
+/// Whether `s` is a TCP listener whose every waiting connection comes from
+/// a quiet client of the tree `pids` (they are saved with their clients:
+/// [`crate::tcp::unaccepted`]). `quiet` caches those clients.
+fn waits_for_the_tree(
+    s: BorrowedFd<'_>,
+    pids: &[i32],
+    quiet: &mut Option<
+        Vec<(
+            stasis_kernel::tcpdiag::DiagAddr,
+            stasis_kernel::tcpdiag::DiagAddr,
+        )>,
+    >,
+) -> bool {
+    let listening = sock::get_int(s, libc::SOL_SOCKET, libc::SO_ACCEPTCONN).unwrap_or(0) == 1;
+    let Ok(info) = sock::tcp_info(s) else {
+        return false;
+    };
+    if !listening || !is_inet(s, libc::IPPROTO_TCP) || info.unacked == 0 {
+        return false;
+    }
+    let Ok(local) = sock::local_addr(s) else {
+        return false;
+    };
+    let clients = quiet.get_or_insert_with(|| crate::tcp::unaccepted::quiet_clients(pids));
+    crate::tcp::unaccepted::waiting_from(&local, clients)
+        >= usize::try_from(info.unacked).unwrap_or(usize::MAX)
 }

@@ -178,12 +178,15 @@ fn dump_tcp_close_leaves_connections_untouched_and_saves_them_closed() {
     check_closed(d.path(), pid);
 }
 
-/// A listener with one connection waiting to be accepted; once restored
-/// and told to, it reports whether anything was queued and whether a new
-/// connection is accepted.
+/// A listener with one connection waiting to be accepted, whose client
+/// sent bytes already (only an accept can read them: a connection from a
+/// client of the tree that sent nothing comes back, the `tcp_pending`
+/// workload); once restored and told to, it reports whether anything was
+/// queued and whether a new connection is accepted.
 const IN_FLIGHT: &str = concat!(
     prelude!(),
     r#"
+c.sendall(b"unread")
 publish("pid", str(os.getpid()))
 wait("go")
 out = {}

@@ -176,6 +176,7 @@ workload_tests! {
     unix_scm: "unix_scm";
     scm_kinds: "scm_kinds";
     fdtable_relay: "fdtable_relay";
+    tcp_pending: "tcp_pending";
     unix_pending: "unix_pending";
     netlink: "netlink";
     sockopts: "sockopts";

@@ -144,6 +144,15 @@ pub enum InetState {
     /// answered it, so it is restored as a new non-blocking connect from
     /// the same address.
     Connecting,
+    /// An established connection to `peer` whose server side still waits
+    /// in its listener's accept queue, nothing of it acknowledged: made
+    /// again by a real connect from the same address once the listener is
+    /// restored, then `queued` (the bytes it had sent or queued, none of
+    /// them acknowledged) sent again. Manifest version 4.
+    Unaccepted {
+        #[serde(with = "serde_bytes")]
+        queued: Vec<u8>,
+    },
 }
 
 /// What `TCP_REPAIR` needs to rebuild an established or half-closed

@@ -23,6 +23,7 @@
 
 mod repair;
 mod states;
+pub(crate) mod unaccepted;
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -38,6 +39,7 @@ pub use repair::PendingTcp;
 use repair::{hold_sends, read_window, save, write_window};
 pub(crate) use repair::{release_holders_of, restore};
 pub(crate) use states::{ended, repairable};
+pub use unaccepted::PendingConnect;
 
 /// The connections a dump locked and read, and the guard that puts them
 /// back (and continues their held owners) if the dumper dies first.
@@ -250,6 +252,7 @@ impl SaveCtx {
         stopped: &[i32],
         hold: &mut dyn FnMut(&[i32]) -> Result<(), SaveError>,
     ) -> Result<(), SaveError> {
+        self.tree_pids = pids.to_vec();
         if self.tcp_close {
             // Saved as closed: nothing to stop or read.
             return Ok(());

@@ -212,7 +212,7 @@ fn make_room(b: BorrowedFd<'_>, r: &TcpRepair) {
 /// process that died since the checkpoint, still closing: `EADDRNOTAVAIL`),
 /// the orphan is closed and the connect tried again; a socket some process
 /// holds is never touched.
-fn reconnect(
+pub(crate) fn reconnect(
     fd: i32,
     b: BorrowedFd<'_>,
     i: &InetSocket,
@@ -406,6 +406,11 @@ impl RestoreCtx<'_> {
         for p in pending {
             p.send_unsent()?;
         }
+        // Connections that were waiting to be accepted: their listeners
+        // exist now.
+        for c in std::mem::take(&mut self.pending_connects) {
+            holders.extend(c.connect()?);
+        }
         // The holders whose connections were taken over keep nothing of
         // use now (the killed tree's other connections, if this is an
         // older checkpoint, close silently with them).
@@ -420,7 +425,7 @@ impl RestoreCtx<'_> {
 
 /// Sends everything, waiting (up to 10 s per stall) when the socket is
 /// non-blocking and its buffer is full.
-fn send_waiting(s: &OwnedFd, data: &[u8]) -> Result<(), KernelError> {
+pub(crate) fn send_waiting(s: &OwnedFd, data: &[u8]) -> Result<(), KernelError> {
     let mut off = 0;
     while off < data.len() {
         let e = match fdops::send_nonblocking(s.as_fd(), &data[off..]) {
