@@ -202,6 +202,10 @@ mod tests {
                 name: String::new(),
                 frozen: false,
                 elements: vec![],
+                id: 0,
+                cpus: 0,
+                btf: None,
+                inner: vec![],
             }),
             FdKind::Epoll {
                 targets: vec![],

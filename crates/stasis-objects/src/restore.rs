@@ -123,6 +123,10 @@ pub struct RestoreCtx<'a> {
     in_flight_epolls: Vec<(i32, OwnedFd, FdImage)>,
     /// io_uring instances made, by `shared_id`: (process, fd).
     pub(crate) io_urings: HashMap<u32, (i32, i32)>,
+    /// BPF maps made, by their id at the dump (fds and maps of maps that
+    /// held one map hold one again); those of older images, without id.
+    pub(crate) bpf_maps: HashMap<u32, OwnedFd>,
+    pub(crate) bpf_maps_unnamed: Vec<OwnedFd>,
 }
 
 impl<'a> RestoreCtx<'a> {
@@ -163,6 +167,8 @@ impl<'a> RestoreCtx<'a> {
             tcp_close: false,
             in_flight_epolls: Vec::new(),
             io_urings: HashMap::new(),
+            bpf_maps: HashMap::new(),
+            bpf_maps_unnamed: Vec::new(),
         }
     }
 
