@@ -20,6 +20,10 @@
  *      set again (TIOCPKT_IOCTL pending); "abc\ndef" written to the master
  *      (taken as it comes: no echo, no lines), "xyz" to the slave.
  *   N  the slave's line discipline set to N_NULL (TIOCSETD).
+ *   R  raw (cfmakeraw) with more queued each way than a line discipline
+ *      holds (4095): 6000 bytes of pattern(SEED_RIN) written to the master,
+ *      7000 of pattern(SEED_ROUT) to the slave (the rest waits in the
+ *      kernel's flip buffers).
  * After SIGTERM (tags in brackets):
  *   [pkt-status]  F's master reads the status 0x27 alone, then the echo as
  *                 data; G's reads 0x04; E's 0x40 (TIOCPKT_IOCTL), then "xyz";
@@ -31,7 +35,9 @@
  *                 read (EXTPROC: no line structure);
  *   [extproc]     E's termios has EXTPROC and ICANON;
  *   [ldisc]       N's slave has line discipline 27 (TIOCGETD), its master
- *                 N_TTY.
+ *                 N_TTY;
+ *   [big-queue]   R's slave reads exactly its 6000 bytes and its master its
+ *                 7000, in order, then nothing; a fresh byte each way.
  */
 #include "zdtm.h"
 
@@ -42,6 +48,11 @@
 #ifndef N_NULL
 #define N_NULL 27
 #endif
+
+#define R_IN 6000
+#define R_OUT 7000
+#define SEED_RIN 0x7274792d696e0000ull
+#define SEED_ROUT 0x7274792d6f750000ull
 
 struct pair {
 	int m, s;
@@ -66,6 +77,15 @@ static void packet_on(int m)
 
 	if (ioctl(m, TIOCPKT, &one))
 		zdtm_die("TIOCPKT");
+}
+
+static size_t mismatch_at(const unsigned char *a, const unsigned char *b, size_t n)
+{
+	size_t i = 0;
+
+	while (i < n && a[i] == b[i])
+		i++;
+	return i;
 }
 
 static short poll_of(int fd, short events)
@@ -125,9 +145,32 @@ static void check_status(int m, unsigned want, const char *what)
 		   want);
 }
 
+/* Everything fd reads until it has nothing (non-blocking), up to size. */
+static size_t read_all(int fd, unsigned char *buf, size_t size)
+{
+	size_t got = 0;
+	ssize_t k;
+
+	while (got < size && (k = read(fd, buf + got, size - got)) > 0)
+		got += (size_t)k;
+	return got;
+}
+
+static void check_big(int fd, size_t want, uint64_t seed, const char *what)
+{
+	static unsigned char buf[3 * R_OUT], pat[R_OUT];
+	size_t got = read_all(fd, buf, sizeof(buf));
+
+	zdtm_fill(pat, want, seed);
+	zdtm_check(got == want && !memcmp(buf, pat, want), "big-queue",
+		   "%s: read %zu bytes, want %zu (first difference at %zd)", what, got, want,
+		   got ? (ssize_t)(mismatch_at(buf, pat, got < want ? got : want)) : -1);
+}
+
 int main(int argc, char **argv)
 {
-	struct pair f, g, e, n;
+	struct pair f, g, e, n, r;
+	static unsigned char big[R_OUT];
 	struct termios t, t2;
 	unsigned char st;
 	char data[256];
@@ -182,6 +225,20 @@ int main(int argc, char **argv)
 	if (ioctl(n.s, TIOCSETD, &disc))
 		zdtm_die("TIOCSETD N_NULL");
 
+	/* R */
+	r = new_pair();
+	if (tcgetattr(r.s, &t))
+		zdtm_die("tcgetattr");
+	cfmakeraw(&t);
+	if (tcsetattr(r.s, TCSANOW, &t))
+		zdtm_die("tcsetattr raw");
+	zdtm_fill(big, R_IN, SEED_RIN);
+	if (write(r.m, big, R_IN) != R_IN)
+		zdtm_die("writing %d bytes to R's master", R_IN);
+	zdtm_fill(big, R_OUT, SEED_ROUT);
+	if (write(r.s, big, R_OUT) != R_OUT)
+		zdtm_die("writing %d bytes to R's slave", R_OUT);
+
 	zdtm_ready();
 	while (!zdtm_stop)
 		zdtm_msleep(50);
@@ -194,6 +251,7 @@ int main(int argc, char **argv)
 		t.c_lflag &= ~(tcflag_t)EXTPROC;
 		tcsetattr(e.s, TCSANOW, &t);
 	});
+	ZDTM_CORRUPT("big-queue", put(r.m, "!"));
 	ZDTM_CORRUPT("ldisc", {
 		disc = N_TTY;
 		ioctl(n.s, TIOCSETD, &disc);
@@ -230,6 +288,18 @@ int main(int argc, char **argv)
 	k = read(e.s, data, sizeof(data) - 1);
 	zdtm_check(k == 7 && !memcmp(data, "abc\ndef", 7), "pty-input",
 		   "E's slave read %zd bytes", k);
+
+	/* R */
+	check_big(r.s, R_IN, SEED_RIN, "R's slave");
+	check_big(r.m, R_OUT, SEED_ROUT, "R's master");
+	zdtm_check(write(r.m, "a", 1) == 1 && write(r.s, "b", 1) == 1, "big-queue",
+		   "R: a fresh byte each way: %s", strerror(errno));
+	/* (A non-blocking read waits for bytes on their way to the line
+	 * discipline: n_tty_read flushes the flip buffer work first.) */
+	k = read(r.s, data, sizeof(data));
+	zdtm_check(k == 1 && data[0] == 'a', "big-queue", "R's slave: fresh read %zd", k);
+	k = read(r.m, data, sizeof(data));
+	zdtm_check(k == 1 && data[0] == 'b', "big-queue", "R's master: fresh read %zd", k);
 
 	/* N */
 	disc = -1;

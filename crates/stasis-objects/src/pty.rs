@@ -23,9 +23,15 @@
 //!   as terminators; the master's bytes are pushed into its raw input.
 //!   Flow control bits are kept as they were, so a packet-mode master gets
 //!   no control status from these termios changes.
-//! - In `EXTPROC` mode the slave's line discipline takes input as it comes
-//!   (no lines, no echo): its bytes are read whole and pushed back raw,
-//!   without a termios change (which would raise `TIOCPKT_IOCTL`).
+//! - In `EXTPROC` or raw mode the slave's line discipline takes input as
+//!   it comes (no lines, no echo): its bytes are read whole and pushed back
+//!   raw, without a termios change (which would raise `TIOCPKT_IOCTL`).
+//! - More than a line discipline holds (4095 bytes; the kernel keeps the
+//!   rest in the pair's flip buffers, which each read moves on): the
+//!   master's input (its line discipline is always raw) is read whole, the
+//!   first 4095 bytes pushed back, the rest written through the slave with
+//!   output processing off for that moment; the slave's in raw or
+//!   `EXTPROC` mode the same way through the master.
 //! - A slave with line discipline N_NULL holds nothing; it gets N_NULL
 //!   again (`TIOCSETD`) once its pair is made.
 //! - A control status waiting on a packet-mode master (`POLLPRI`) cannot be
@@ -47,9 +53,11 @@
 //! line discipline other than N_TTY and N_NULL (SLIP, PPP, HDLC, GSM...:
 //! state of their own the kernel does not give back), a control status on
 //! an N_NULL pair (no flush, flow or termios ioctl to raise it again),
-//! queues a line discipline cannot hold (4095 bytes: the rest waits in
-//! flip buffers that `TIOCSTI` cannot refill), a master not opened
-//! read-write.
+//! more input than the slave's line discipline holds (4095 bytes) in a
+//! mode that processes input (canonical, echo, signals...: the rest waits
+//! unprocessed in the flip buffers and cannot be read without processing
+//! it), more than the master's while the slave's output is stopped, a
+//! master not opened read-write.
 //!
 //! A slave whose master no process holds any more (closed: the terminal is
 //! hung up, its `/dev/pts/N` node gone; zdtm's pty04) is saved as
@@ -527,30 +535,116 @@ fn put_back(
     (lines, rest): (&[Vec<u8>], &[u8]),
     output: &[u8],
 ) -> std::io::Result<()> {
+    put_back_output(m, s, t, output)?;
     if lines.is_empty() && rest.is_empty() {
         // The termios is the saved one already (and N_NULL, which takes
         // no termios ioctl, holds nothing).
-        return tty::inject(m, output);
+        return Ok(());
     }
-    if t.c_lflag & libc::EXTPROC != 0 {
+    if as_it_comes(t) {
         // The line discipline takes input as it comes (`n_tty`'s
-        // `__receive_buf`: `L_EXTPROC && !preops`; stripping and lower
-        // case, the "preops", give the same bytes twice): no line
+        // `__receive_buf`: raw, or `L_EXTPROC && !preops`; stripping and
+        // lower case, the "preops", give the same bytes twice): no line
         // structure, no echo, and no termios change, which on a
-        // packet-mode master would raise `TIOCPKT_IOCTL`.
+        // packet-mode master would raise `TIOCPKT_IOCTL`. What the line
+        // discipline cannot hold goes on through the master, into the
+        // flip buffers, as it came.
         if !same_termios(&tty::termios(s)?, t) {
             tty::set_termios(s, t)?;
         }
         let all: Vec<u8> = lines.iter().flatten().chain(rest).copied().collect();
-        tty::inject(s, &all)?;
-        return tty::inject(m, output);
+        let (held, more) = all.split_at(all.len().min(LDISC_HOLDS));
+        tty::inject(s, held)?;
+        return write_nonblocking(m, more);
     }
     let (inj, lnext) = inject_termios(t);
     tty::set_termios(s, &inj)?;
     let pushed = tty::inject(s, &input_plan(t, lnext, lines, rest));
     tty::set_termios(s, t)?;
-    pushed?;
-    tty::inject(m, output)
+    pushed
+}
+
+/// Puts the master's saved input back: what its line discipline holds
+/// pushed in (`TIOCSTI`: the master's is always raw), the rest written
+/// through the slave with output processing off for that moment, into
+/// the master's flip buffers behind it.
+fn put_back_output(
+    m: BorrowedFd<'_>,
+    s: BorrowedFd<'_>,
+    t: &Termios2,
+    output: &[u8],
+) -> std::io::Result<()> {
+    let (held, more) = output.split_at(output.len().min(LDISC_HOLDS));
+    tty::inject(m, held)?;
+    if more.is_empty() {
+        return Ok(());
+    }
+    if t.c_oflag & libc::OPOST == 0 {
+        return write_nonblocking(s, more);
+    }
+    let mut raw = *t;
+    raw.c_oflag &= !libc::OPOST;
+    tty::set_termios(s, &raw)?;
+    let written = write_nonblocking(s, more);
+    tty::set_termios(s, t)?;
+    written
+}
+
+/// Writes all of `data` to `fd` without blocking (its description made
+/// non-blocking for that moment if it was not): the bytes must fit in the
+/// pair's flip buffers, as they did at the dump.
+fn write_nonblocking(fd: BorrowedFd<'_>, data: &[u8]) -> std::io::Result<()> {
+    if data.is_empty() {
+        return Ok(());
+    }
+    let flags = fdops::status_flags(fd)?;
+    if flags & libc::O_NONBLOCK == 0 {
+        fdops::set_status_flags(fd, flags | libc::O_NONBLOCK)?;
+    }
+    let mut rest = data;
+    let written = loop {
+        if rest.is_empty() {
+            break Ok(());
+        }
+        match nix::unistd::write(fd, rest) {
+            Ok(0) | Err(nix::errno::Errno::EAGAIN) => {
+                break Err(std::io::Error::other(format!(
+                    "no room for {} more queued bytes in the pair's buffers",
+                    rest.len()
+                )))
+            }
+            Ok(k) => rest = &rest[k..],
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => break Err(e.into()),
+        }
+    };
+    if flags & libc::O_NONBLOCK == 0 {
+        fdops::set_status_flags(fd, flags)?;
+    }
+    written
+}
+
+/// Most bytes a line discipline holds (`N_TTY_BUF_SIZE - 1`).
+const LDISC_HOLDS: usize = N_TTY_BUF_SIZE - 1;
+
+/// Most bytes saved each way (the line discipline's and the flip
+/// buffers').
+const QUEUE_MAX: usize = 1 << 20;
+
+/// Whether the slave's line discipline takes input as it comes, each byte
+/// as itself (`n_tty`: `EXTPROC`, or raw: no input processing, no
+/// canonical mode, signals, echo or flow control), so that what waits
+/// beyond what it holds can be read and written back unchanged.
+fn as_it_comes(t: &Termios2) -> bool {
+    let processed_i = libc::ISTRIP
+        | libc::IUCLC
+        | libc::IGNCR
+        | libc::ICRNL
+        | libc::INLCR
+        | libc::IXON
+        | libc::PARMRK;
+    let processed_l = libc::ICANON | libc::ISIG | libc::ECHO;
+    t.c_lflag & libc::EXTPROC != 0 || (t.c_iflag & processed_i == 0 && t.c_lflag & processed_l == 0)
 }
 
 fn same_termios(a: &Termios2, b: &Termios2) -> bool {
@@ -568,13 +662,18 @@ fn flow_on(t: &Termios2) -> bool {
 }
 
 /// Raises the control statuses of `status` that must come while the
-/// slave's input is empty (a packet-mode master; termios `t` in force):
-/// `TIOCPKT_FLUSHREAD` by flushing that input, `TIOCPKT_IOCTL` by a
+/// queues are empty (a packet-mode master; termios `t` in force):
+/// `TIOCPKT_FLUSHREAD` by flushing the slave's input, `TIOCPKT_FLUSHWRITE`
+/// its output (the master's flip buffers), `TIOCPKT_IOCTL` by a
 /// termios change in `EXTPROC` mode (turned on and off again if off: that
 /// resets the line state of the empty input only).
 fn raise_before(s: BorrowedFd<'_>, t: &Termios2, status: u8) -> std::io::Result<()> {
     if status & TIOCPKT_FLUSHREAD != 0 {
         tty::flush(s, TCIFLUSH)?;
+    }
+    if status & TIOCPKT_FLUSHWRITE != 0 {
+        // Drops what waits in the master's flip buffers: empty now.
+        tty::flush(s, TCOFLUSH)?;
     }
     if status & TIOCPKT_IOCTL != 0 {
         if t.c_lflag & libc::EXTPROC != 0 {
@@ -589,8 +688,7 @@ fn raise_before(s: BorrowedFd<'_>, t: &Termios2, status: u8) -> std::io::Result<
     Ok(())
 }
 
-/// Raises the rest of `status` (its queues put back): `TIOCPKT_FLUSHWRITE`
-/// by flushing the slave's output, `TIOCPKT_DOSTOP`/`NOSTOP` by a flow
+/// Raises the rest of `status` (its queues put back): `TIOCPKT_DOSTOP`/`NOSTOP` by a flow
 /// control change and back, `TIOCPKT_START` by stopping and restarting
 /// output, `TIOCPKT_STOP` by restarting and stopping it: with the START
 /// and STOP characters (`IXON`), or with `TCOON`/`TCOOFF` (`by_ioctl`:
@@ -602,9 +700,6 @@ fn raise_after(
     status: u8,
     by_ioctl: Option<bool>,
 ) -> std::io::Result<bool> {
-    if status & TIOCPKT_FLUSHWRITE != 0 {
-        tty::flush(s, TCOFLUSH)?;
-    }
     if status & (TIOCPKT_DOSTOP | TIOCPKT_NOSTOP) != 0 {
         // The status says the flow control the termios has now.
         let mut x = *t;
@@ -750,6 +845,15 @@ fn save_master(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<PtyPair, SaveError> 
         && (wanted_flow == TIOCPKT_DOSTOP | TIOCPKT_NOSTOP
             || (wanted_flow == TIOCPKT_DOSTOP) != flow_on(&t));
     let stop_start = pkt_status & (TIOCPKT_STOP | TIOCPKT_START) == TIOCPKT_STOP | TIOCPKT_START;
+    // More than the master's line discipline holds goes back through the
+    // slave: refused before anything is read if it cannot.
+    let out_full = tty::queued(m).map_err(io("FIONREAD"))? >= LDISC_HOLDS;
+    if out_full && !writable(s).map_err(io("poll"))? {
+        return Err(refuse(format!("{LDISC_HOLDS} bytes or more are queued to the master while its slave's output is stopped (or the pair's buffers are full), so what its line discipline cannot hold could not be written back: let the program read them, then dump")));
+    }
+    if out_full && packet && t.c_lflag & libc::EXTPROC != 0 && t.c_oflag & libc::OPOST != 0 {
+        return Err(refuse(format!("{LDISC_HOLDS} bytes or more are queued to a packet-mode master in EXTPROC mode: writing back what its line discipline cannot hold needs a termios change, which would raise TIOCPKT_IOCTL; let the program read them, then dump")));
+    }
     let queues = take_queues(m, s, &t, packet, ldisc, pkt_status);
     let raised = queues
         .as_ref()
@@ -764,8 +868,11 @@ fn save_master(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<PtyPair, SaveError> 
         return Err(refuse(format!("its control status {pkt_status:#x} does not match its termios (flow control on: {}), so it cannot be raised again the same way", flow_on(&t))));
     }
     let held = lines.iter().map(Vec::len).sum::<usize>() + rest.len();
-    if held >= N_TTY_BUF_SIZE - 1 || output.len() >= N_TTY_BUF_SIZE - 1 {
-        return Err(refuse(format!("{held} bytes are queued to the slave and {} to the master; a line discipline holds at most {} and the kernel keeps the rest in the pair's flip buffers, which TIOCSTI cannot refill and a read drains only as a kernel worker moves them on: let the program read them, then dump", output.len(), N_TTY_BUF_SIZE - 1)));
+    if held >= LDISC_HOLDS && !as_it_comes(&t) {
+        return Err(refuse(format!("{held} bytes are queued to the slave, in a mode that processes input (canonical, echo, signals, flow control or input mapping); its line discipline holds at most {LDISC_HOLDS} and the kernel keeps the rest unprocessed in the pair's flip buffers, which cannot be read without processing (echoing, signalling) them: let the program read them, then dump")));
+    }
+    if held > QUEUE_MAX || output.len() > QUEUE_MAX {
+        return Err(refuse(format!("{held} bytes are queued to the slave and {} to the master; stasis saves at most {QUEUE_MAX} each way", output.len())));
     }
     let holders = cx
         .ptys
@@ -812,13 +919,14 @@ fn take_queues(
     ldisc: u8,
     pkt_status: u8,
 ) -> std::io::Result<(Vec<Vec<u8>>, Vec<u8>, Vec<u8>)> {
-    if ldisc == N_NULL || t.c_lflag & libc::EXTPROC != 0 {
-        // N_NULL holds nothing (its reads fail). In EXTPROC mode input is
-        // taken as it comes and read whole without a termios change.
+    if ldisc == N_NULL || as_it_comes(t) {
+        // N_NULL holds nothing (its reads fail). In EXTPROC or raw mode
+        // input is taken as it comes and read whole without a termios
+        // change; each read moves on what waits in the flip buffers.
         let mut rest = Vec::new();
         if ldisc != N_NULL {
             while let Some(b) = read_some(s, N_TTY_BUF_SIZE)? {
-                if b.is_empty() || rest.len() > N_TTY_BUF_SIZE {
+                if b.is_empty() || rest.len() > QUEUE_MAX {
                     break;
                 }
                 rest.extend_from_slice(&b);
@@ -884,7 +992,7 @@ fn read_master(m: BorrowedFd<'_>, packet: bool) -> std::io::Result<Vec<u8>> {
     let mut out = Vec::new();
     while tty::poll_now(m)?.readable {
         let n = tty::queued(m)?;
-        if n == 0 || out.len() > N_TTY_BUF_SIZE {
+        if n == 0 || out.len() > QUEUE_MAX {
             break;
         }
         let Some(b) = read_some(m, n + usize::from(packet))? else {
