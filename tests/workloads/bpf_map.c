@@ -20,6 +20,7 @@
  *   B  a hash "wl_btf" with BTF (one INT type, id 1, for key and value);
  *   R  a hash "wl_rdonly" held only by a read-only fd (BPF_F_RDONLY),
  *      filled through another fd closed since.
+ *   X  an array "wl_mmapable" made BPF_F_MMAPABLE (not mapped), 4 values.
  *   Each one's bpf_map_info is kept.
  * After SIGTERM (tags in brackets):
  *   [bpf-info]      type, key and value sizes, max entries, flags and name
@@ -37,7 +38,8 @@
  *   [bpf-btf]       B has a BTF object with the same bytes and type ids,
  *                   and its elements;
  *   [bpf-access]    R's fd is read-only (an update fails with EPERM) and
- *                   R has its elements.
+ *                   R has its elements;
+ *   [bpf-elements]  X has its 4 values (and its flags: [bpf-info]).
  */
 #include "zdtm.h"
 
@@ -333,8 +335,8 @@ static __u32 slot_id(int outer, __u32 key)
 
 int main(int argc, char **argv)
 {
-	struct bpf_map_info ih, ia, ip, ipa, ilp, iq, is, io, im, ib, ir;
-	int h, am, k, n, p, pa, lp, q, st, i1, i2, i3, o, mm, b, r, btf, w;
+	struct bpf_map_info ih, ia, ip, ipa, ilp, iq, is, io, im, ib, ir, ix;
+	int h, am, k, n, p, pa, lp, q, st, i1, i2, i3, o, mm, b, r, btf, w, x;
 	__u32 key, nk, id1, id2;
 	__u64 v;
 	unsigned char av[16], got[16];
@@ -472,6 +474,14 @@ int main(int argc, char **argv)
 			zdtm_die("update R");
 	}
 	close(w);
+	x = create(BPF_MAP_TYPE_ARRAY, 4, 8, 4, BPF_F_MMAPABLE, "wl_mmapable");
+	for (k = 0; k < 4; k++) {
+		key = k;
+		v = zdtm_pat_word(SEED_I + 5, k);
+		if (update(x, &key, &v))
+			zdtm_die("update X");
+	}
+	info_of(x, &ix);
 	info_of(p, &ip);
 	info_of(pa, &ipa);
 	info_of(lp, &ilp);
@@ -561,6 +571,13 @@ int main(int argc, char **argv)
 	check_info(mm, &im, "M");
 	check_info(b, &ib, "B");
 	check_info(r, &ir, "R");
+	check_info(x, &ix, "X");
+	for (k = 0; k < 4; k++) {
+		key = k;
+		v = 0;
+		zdtm_check(lookup(x, &key, &v) == 0 && v == zdtm_pat_word(SEED_I + 5, k),
+			   "bpf-elements", "X: entry %d: %#llx", k, (unsigned long long)v);
+	}
 
 	/* [bpf-percpu] */
 	for (k = 0; k < NP; k++)

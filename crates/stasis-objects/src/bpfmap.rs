@@ -25,12 +25,15 @@
 //!   kernel objects (timers, work queues, kptrs, lists, trees, refcounts)
 //!   cannot be read back and are refused, as are struct_ops maps.
 //!
+//! - An array made mappable (`BPF_F_MMAPABLE`) is read and written through
+//!   the syscall side like any other; one the process has mapped is refused
+//!   with its memory area (`stasis_capture::memory::vma_kind`).
+//!
 //! Refused by name: bloom filters (the kernel gives no way to read their
 //! bits: a lookup only tests one value), ring buffers (records are read
 //! only through the mapped pages, only a BPF program writes them, and
 //! their producer and consumer positions cannot be set), program arrays
-//! and other maps of kernel objects, maps bound to a device or mapped in
-//! memory.
+//! and other maps of kernel objects, maps bound to a device.
 //!
 //! **Restore.** `BPF_BTF_LOAD` of its BTF, `BPF_MAP_CREATE` with the same
 //! description, every element written again (pushed, in order, for a
@@ -194,8 +197,7 @@ fn save_map(
             (info.btf_vmlinux_value_type_id != 0)
                 .then(|| "of kernel structure operations (struct_ops)".to_string())
         })
-        .or_else(|| (info.ifindex != 0).then(|| "bound to a network device".to_string()))
-        .or_else(|| (flags & sys::BPF_F_MMAPABLE != 0).then(|| "mapped in memory".to_string()));
+        .or_else(|| (info.ifindex != 0).then(|| "bound to a network device".to_string()));
     if let Some(why) = why {
         return Err(why);
     }

@@ -157,6 +157,27 @@ fn bpf_bloom_filter_is_refused_saying_why() {
     );
 }
 
+// A BPF array mapped in the process's memory: refused with its area.
+#[test]
+fn bpf_map_mapped_in_memory_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    // BPF_MAP_CREATE: an array of one 4096-byte value, BPF_F_MMAPABLE
+    // (1 << 10), mapped shared.
+    let child = python_bpf(
+        "m=bpf(0,struct.pack('IIIII',2,4,4096,1,1<<10))\n\
+         import mmap\n\
+         a=mmap.mmap(m,4096,mmap.MAP_SHARED,mmap.PROT_READ|mmap.PROT_WRITE)\n\
+         a[0:5]=b'hello'\n\
+         open('/proc/self/comm','w').write('mapped')",
+    );
+    refused_once_ready(
+        child,
+        &d.path().join("img"),
+        ("python to map its BPF map", &|pid| comm_of(pid) == "mapped"),
+        "maps a BPF map",
+    );
+}
+
 // An eBPF socket filter: the kernel keeps only the instructions its
 // verifier rewrote, not a loadable program.
 #[test]
