@@ -114,9 +114,17 @@ impl Object for BpfMapFd {
             a if a == libc::O_WRONLY.unsigned_abs() => sys::BPF_F_WRONLY,
             _ => 0,
         };
-        let map = bpf::map_info(made)
-            .and_then(|i| bpf::map_by_id(i.id, access))
-            .map_err(step(fd, "opening it by id"))?;
+        let by_id = bpf::map_info(made).and_then(|i| bpf::map_by_id(i.id, access));
+        let map = match by_id {
+            Ok(m) => m,
+            // Without CAP_SYS_ADMIN: a read-write fd shares the made one's
+            // description.
+            Err(_) if access == 0 => made.try_clone_to_owned().map_err(crate::error::io_step(
+                format!("holding the BPF map of fd {fd}"),
+                "dup",
+            ))?,
+            Err(e) => return Err(step(fd, "opening it by id, read-only or write-only")(e)),
+        };
         // Best effort, as for sockets.
         let _ = stasis_kernel::fdops::set_status_flags(
             map.as_fd(),
