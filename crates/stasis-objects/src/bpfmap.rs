@@ -40,8 +40,8 @@
 //! queue or stack), then `BPF_MAP_FREEZE` if it was frozen; a fd that was
 //! read-only or write-only is opened so by id. Every fd and map of maps
 //! that held one map holds one again. An LRU map's recency order and the
-//! NUMA node a map was on are not visible, so not kept. Needs CAP_BPF and
-//! CAP_SYS_ADMIN (root).
+//! NUMA node a map was on are not visible, so not kept. Needs CAP_BPF, and
+//! CAP_SYS_ADMIN for a read-only or write-only fd (saving needs root).
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
