@@ -36,9 +36,9 @@
 //!   again (`TIOCSETD`) once its pair is made.
 //! - A control status waiting on a packet-mode master (`POLLPRI`) cannot be
 //!   peeked: it is read, then raised again by the events that raise it
-//!   ([`raise_before`] while the slave's input is empty: a flush for
-//!   `FLUSHREAD`, an `EXTPROC` termios change for `IOCTL`; [`raise_after`]
-//!   once the bytes are back: an output flush for `FLUSHWRITE`, a flow
+//!   ([`raise_before`] while the queues are empty: an input flush for
+//!   `FLUSHREAD`, an output flush for `FLUSHWRITE`, an `EXTPROC` termios
+//!   change for `IOCTL`; [`raise_after`] once the bytes are back: a flow
 //!   control change and back for `DOSTOP`/`NOSTOP`, output stopped and
 //!   restarted for `START`, restarted and stopped for `STOP`, by the
 //!   START/STOP characters or by `TCOON`/`TCOOFF` as it had been), on the
@@ -688,8 +688,8 @@ fn raise_before(s: BorrowedFd<'_>, t: &Termios2, status: u8) -> std::io::Result<
     Ok(())
 }
 
-/// Raises the rest of `status` (its queues put back): `TIOCPKT_DOSTOP`/`NOSTOP` by a flow
-/// control change and back, `TIOCPKT_START` by stopping and restarting
+/// Raises the rest of `status` (its queues put back):
+/// `TIOCPKT_DOSTOP`/`NOSTOP` by a flow control change and back, `TIOCPKT_START` by stopping and restarting
 /// output, `TIOCPKT_STOP` by restarting and stopping it: with the START
 /// and STOP characters (`IXON`), or with `TCOON`/`TCOOFF` (`by_ioctl`:
 /// which one; `None`: on the dumped pair, stopped one way or the other,
