@@ -36,9 +36,9 @@
 //!   again (`TIOCSETD`) once its pair is made.
 //! - A control status waiting on a packet-mode master (`POLLPRI`) cannot be
 //!   peeked: it is read, then raised again by the events that raise it
-//!   ([`raise_before`] while the queues are empty: an input flush for
+//!   (`raise_before` while the queues are empty: an input flush for
 //!   `FLUSHREAD`, an output flush for `FLUSHWRITE`, an `EXTPROC` termios
-//!   change for `IOCTL`; [`raise_after`] once the bytes are back: a flow
+//!   change for `IOCTL`; `raise_after` once the bytes are back: a flow
 //!   control change and back for `DOSTOP`/`NOSTOP`, output stopped and
 //!   restarted for `START`, restarted and stopped for `STOP`, by the
 //!   START/STOP characters or by `TCOON`/`TCOOFF` as it had been), on the
