@@ -200,7 +200,7 @@ fn ebpf_socket_filter_is_refused_saying_why() {
         ("python to attach its filter", &|pid| {
             holds(pid, "socket:") && !holds(pid, "anon_inode:bpf-prog")
         }),
-        "the kernel keeps no loadable copy",
+        "keeps no loadable copy of a program",
     );
 }
 
