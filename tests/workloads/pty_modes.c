@@ -16,6 +16,8 @@
  *      (TIOCPKT_STOP). Status pending: 0x27.
  *   G  packet mode, default termios; ^S written to the master: output
  *      stopped by the STOP character (TIOCPKT_STOP pending).
+ *   H  packet mode; IXON turned off (TIOCPKT_NOSTOP), output stopped and
+ *      restarted with TCOOFF, TCOON (TIOCPKT_START). Status pending: 0x18.
  *   E  EXTPROC and ICANON, packet mode turned on, then the same termios
  *      set again (TIOCPKT_IOCTL pending); "abc\ndef" written to the master
  *      (taken as it comes: no echo, no lines), "xyz" to the slave.
@@ -26,7 +28,8 @@
  *      kernel's flip buffers).
  * After SIGTERM (tags in brackets):
  *   [pkt-status]  F's master reads the status 0x27 alone, then the echo as
- *                 data; G's reads 0x04; E's 0x40 (TIOCPKT_IOCTL), then "xyz";
+ *                 data; G's reads 0x04; H's 0x18 (and its slave is
+ *                 writable); E's 0x40 (TIOCPKT_IOCTL), then "xyz";
  *   [pkt-flow]    F's and G's slaves are stopped (not writable); TCOON
  *                 restarts F (the master then reads TIOCPKT_START), ^S's
  *                 counterpart ^Q written to G's master restarts G (so G
@@ -169,7 +172,7 @@ static void check_big(int fd, size_t want, uint64_t seed, const char *what)
 
 int main(int argc, char **argv)
 {
-	struct pair f, g, e, n, r;
+	struct pair f, g, h, e, n, r;
 	static unsigned char big[R_OUT];
 	struct termios t, t2;
 	unsigned char st;
@@ -203,6 +206,15 @@ int main(int argc, char **argv)
 	put(g.m, "\023");
 	for (int i = 0; i < 500 && (poll_of(g.s, POLLOUT) & POLLOUT); i++)
 		zdtm_msleep(10);
+
+	/* H */
+	h = new_pair();
+	packet_on(h.m);
+	if (tcgetattr(h.s, &t))
+		zdtm_die("tcgetattr");
+	t.c_iflag &= ~(tcflag_t)IXON;
+	if (tcsetattr(h.s, TCSANOW, &t) || tcflow(h.s, TCOOFF) || tcflow(h.s, TCOON))
+		zdtm_die("H's flow");
 
 	/* E */
 	e = new_pair();
@@ -277,6 +289,10 @@ int main(int argc, char **argv)
 	for (int i = 0; i < 500 && !(poll_of(g.s, POLLOUT) & POLLOUT); i++)
 		zdtm_msleep(10);
 	zdtm_check(poll_of(g.s, POLLOUT) & POLLOUT, "pkt-flow", "G: ^Q does not restart it");
+
+	/* H */
+	check_status(h.m, TIOCPKT_NOSTOP | TIOCPKT_START, "H");
+	zdtm_check(poll_of(h.s, POLLOUT) & POLLOUT, "pkt-flow", "H's slave is stopped");
 
 	/* E */
 	zdtm_check(tcgetattr(e.s, &t) == 0 && (t.c_lflag & (EXTPROC | ICANON)) == (EXTPROC | ICANON),
