@@ -21,6 +21,8 @@
  *   R  a hash "wl_rdonly" held only by a read-only fd (BPF_F_RDONLY),
  *      filled through another fd closed since.
  *   X  an array "wl_mmapable" made BPF_F_MMAPABLE (not mapped), 4 values.
+ *   K  an empty ring buffer "wl_ringbuf" (16 KiB), U an empty user ring
+ *      buffer "wl_user_ring" (8 KiB), neither mapped.
  *   Each one's bpf_map_info is kept.
  * After SIGTERM (tags in brackets):
  *   [bpf-info]      type, key and value sizes, max entries, flags and name
@@ -39,11 +41,14 @@
  *                   and its elements;
  *   [bpf-access]    R's fd is read-only (an update fails with EPERM) and
  *                   R has its elements;
- *   [bpf-elements]  X has its 4 values (and its flags: [bpf-info]).
+ *   [bpf-elements]  X has its 4 values (and its flags: [bpf-info]);
+ *   [bpf-ring]      K and U, mapped now, have equal consumer and producer
+ *                   positions (empty).
  */
 #include "zdtm.h"
 
 #include <linux/bpf.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 
 #define SEED_H 0x6270666800ull
@@ -326,6 +331,24 @@ static int inner_map(__u32 type, const char *name, __u64 seed, int keys_step)
 	return fd;
 }
 
+/* A ring buffer's consumer and producer positions (its first two pages)
+ * are equal. `user`: a user ring buffer, whose consumer page is the
+ * kernel's. */
+static void check_ring_empty(int fd, const char *what, int user)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	volatile __u64 *c = mmap(NULL, (size_t)page, PROT_READ, MAP_SHARED, fd, 0);
+	volatile __u64 *pr = mmap(NULL, (size_t)page, PROT_READ, MAP_SHARED, fd, page);
+
+	if (!zdtm_check(c != MAP_FAILED && pr != MAP_FAILED, "bpf-ring", "%s: mmap: %s", what,
+			strerror(errno)))
+		return;
+	zdtm_check(*c == *pr, "bpf-ring", "%s%s: consumer %llu, producer %llu", what,
+		   user ? " (user)" : "", (unsigned long long)*c, (unsigned long long)*pr);
+	munmap((void *)c, (size_t)page);
+	munmap((void *)pr, (size_t)page);
+}
+
 static __u32 slot_id(int outer, __u32 key)
 {
 	__u32 id = 0;
@@ -335,8 +358,8 @@ static __u32 slot_id(int outer, __u32 key)
 
 int main(int argc, char **argv)
 {
-	struct bpf_map_info ih, ia, ip, ipa, ilp, iq, is, io, im, ib, ir, ix;
-	int h, am, k, n, p, pa, lp, q, st, i1, i2, i3, o, mm, b, r, btf, w, x;
+	struct bpf_map_info ih, ia, ip, ipa, ilp, iq, is, io, im, ib, ir, ix, ik, iu;
+	int h, am, k, n, p, pa, lp, q, st, i1, i2, i3, o, mm, b, r, btf, w, x, kr, ur;
 	__u32 key, nk, id1, id2;
 	__u64 v;
 	unsigned char av[16], got[16];
@@ -482,6 +505,10 @@ int main(int argc, char **argv)
 			zdtm_die("update X");
 	}
 	info_of(x, &ix);
+	kr = create(BPF_MAP_TYPE_RINGBUF, 0, 0, 16384, 0, "wl_ringbuf");
+	ur = create(BPF_MAP_TYPE_USER_RINGBUF, 0, 0, 8192, 0, "wl_user_ring");
+	info_of(kr, &ik);
+	info_of(ur, &iu);
 	info_of(p, &ip);
 	info_of(pa, &ipa);
 	info_of(lp, &ilp);
@@ -572,6 +599,18 @@ int main(int argc, char **argv)
 	check_info(b, &ib, "B");
 	check_info(r, &ir, "R");
 	check_info(x, &ix, "X");
+	check_info(kr, &ik, "K");
+	check_info(ur, &iu, "U");
+	ZDTM_CORRUPT("bpf-ring", {
+		/* A user ring buffer's producer page is the program's to write. */
+		long pg = sysconf(_SC_PAGESIZE);
+		__u64 *prod = mmap(NULL, (size_t)pg, PROT_READ | PROT_WRITE, MAP_SHARED, ur, pg);
+
+		if (prod != MAP_FAILED)
+			*prod += 8;
+	});
+	check_ring_empty(kr, "K", 0);
+	check_ring_empty(ur, "U", 1);
 	for (k = 0; k < 4; k++) {
 		key = k;
 		v = 0;

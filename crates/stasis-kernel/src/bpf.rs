@@ -206,6 +206,41 @@ pub fn btf_load(data: &[u8]) -> Result<OwnedFd> {
     bpf_fd(sys::BPF_BTF_LOAD, &mut attr, "BPF_BTF_LOAD")
 }
 
+/// The consumer and producer positions of the ring buffer map behind `fd`
+/// (`BPF_MAP_TYPE_RINGBUF` or `_USER_RINGBUF`): the first word of its first
+/// and second pages, each mapped read-only for that moment. The ring holds
+/// records while they differ.
+pub fn ringbuf_positions(fd: BorrowedFd<'_>) -> Result<(u64, u64)> {
+    let page = usize::try_from(stasis_sys::PAGE_SIZE).unwrap_or(4096);
+    let word_at = |index: usize| -> Result<u64> {
+        let offset = libc::off_t::try_from(index * page).unwrap_or(0);
+        // SAFETY: a new read-only shared mapping of one page of the map,
+        // placed by the kernel (no address given), so it replaces nothing.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                page,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                offset,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(KernelError::io("mmap of a BPF ring buffer", last_err()));
+        }
+        // SAFETY: `p` is the start of the page just mapped, readable and
+        // 8-byte aligned; the kernel writes the position with release
+        // semantics, a volatile read takes one value of it.
+        let v = unsafe { std::ptr::read_volatile(p.cast::<u64>()) };
+        // SAFETY: unmaps exactly the page mapped above, which nothing else
+        // refers to.
+        unsafe { libc::munmap(p, page) };
+        Ok(v)
+    };
+    Ok((word_at(0)?, word_at(1)?))
+}
+
 /// How many CPUs the system may ever have (`/sys/devices/system/cpu/possible`,
 /// such as `0-3`): the number of values of a per-CPU map's element.
 pub fn possible_cpus() -> Result<u32> {
@@ -256,6 +291,22 @@ pub fn map_freeze(fd: BorrowedFd<'_>) -> Result<()> {
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+
+    #[test]
+    fn an_empty_ring_buffer_has_equal_positions() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: BPF_MAP_CREATE needs CAP_BPF (root)");
+            return;
+        }
+        let attr = sys::BpfMapCreateAttr {
+            map_type: sys::BPF_MAP_TYPE_RINGBUF,
+            max_entries: 4096,
+            ..Default::default()
+        };
+        let rb = map_create(&attr).unwrap();
+        let (c, p) = ringbuf_positions(rb.as_fd()).unwrap();
+        assert_eq!((c, p), (0, 0));
+    }
 
     #[test]
     fn cpu_lists_are_counted() {

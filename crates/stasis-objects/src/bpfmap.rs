@@ -29,11 +29,16 @@
 //!   the syscall side like any other; one the process has mapped is refused
 //!   with its memory area (`stasis_capture::memory::vma_kind`).
 //!
+//! - A ring buffer (kernel or user) that holds no record (its consumer
+//!   and producer positions, read from its first two pages mapped
+//!   read-only, are equal) is made again empty: a consumer that maps it
+//!   reads the positions there, new ones, equal again.
+//!
 //! Refused by name: bloom filters (the kernel gives no way to read their
-//! bits: a lookup only tests one value), ring buffers (records are read
-//! only through the mapped pages, only a BPF program writes them, and
-//! their producer and consumer positions cannot be set), program arrays
-//! and other maps of kernel objects, maps bound to a device.
+//! bits: a lookup only tests one value), ring buffers holding records
+//! (only a BPF program writes records, and the positions cannot be set),
+//! program arrays and other maps of kernel objects, maps bound to a
+//! device.
 //!
 //! **Restore.** `BPF_BTF_LOAD` of its BTF, `BPF_MAP_CREATE` with the same
 //! description, every element written again (pushed, in order, for a
@@ -153,9 +158,10 @@ fn refused_type(t: u32) -> Option<String> {
         | sys::BPF_MAP_TYPE_QUEUE
         | sys::BPF_MAP_TYPE_STACK
         | sys::BPF_MAP_TYPE_ARRAY_OF_MAPS
-        | sys::BPF_MAP_TYPE_HASH_OF_MAPS => return None,
+        | sys::BPF_MAP_TYPE_HASH_OF_MAPS
+        | sys::BPF_MAP_TYPE_RINGBUF
+        | sys::BPF_MAP_TYPE_USER_RINGBUF => return None,
         sys::BPF_MAP_TYPE_BLOOM_FILTER => "that is a bloom filter: the kernel gives no way to read its bits (a lookup only tests one value)".into(),
-        sys::BPF_MAP_TYPE_RINGBUF | sys::BPF_MAP_TYPE_USER_RINGBUF => "that is a ring buffer: its records are read only through its mapped pages, the kernel gives no way to set its producer and consumer positions, and only a BPF program writes records into one".into(),
         sys::BPF_MAP_TYPE_PROG_ARRAY => "that holds BPF programs, which the kernel gives back only as its verifier rewrote them (not loadable again)".into(),
         t => format!("of type {t} (one of kernel objects: perf events, sockets, cgroups, devices, storage...)"),
     })
@@ -172,6 +178,13 @@ fn per_cpu(t: u32) -> bool {
 
 fn queue(t: u32) -> bool {
     matches!(t, sys::BPF_MAP_TYPE_QUEUE | sys::BPF_MAP_TYPE_STACK)
+}
+
+fn ring(t: u32) -> bool {
+    matches!(
+        t,
+        sys::BPF_MAP_TYPE_RINGBUF | sys::BPF_MAP_TYPE_USER_RINGBUF
+    )
 }
 
 fn of_maps(t: u32) -> bool {
@@ -233,6 +246,13 @@ fn save_map(
     let vlen = value_len(t, info.value_size, cpus);
     let mut elements = if queue(t) {
         take_queue(fd, t, vlen, frozen)?
+    } else if ring(t) {
+        let (consumer, producer) = bpf::ringbuf_positions(fd)
+            .map_err(|e| format!("that is a ring buffer whose positions cannot be read: {e}"))?;
+        if consumer != producer {
+            return Err(format!("that is a ring buffer holding {} bytes of records: the kernel gives no way to set its producer and consumer positions, and only a BPF program writes records into one (an empty one, its records consumed, is saved)", producer.wrapping_sub(consumer)));
+        }
+        Vec::new()
     } else {
         bpf::map_elements(fd, info.key_size as usize, vlen, ELEMENTS_MAX).map_err(read)?
     };

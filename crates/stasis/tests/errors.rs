@@ -178,6 +178,32 @@ fn bpf_map_mapped_in_memory_is_refused() {
     );
 }
 
+// A ring buffer holding records: they cannot be written back (only a BPF
+// program writes records, the positions cannot be set).
+#[test]
+fn bpf_ring_buffer_holding_records_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    // A user ring buffer (BPF_MAP_TYPE_USER_RINGBUF, 8 KiB) whose producer
+    // position the program moved on (its producer page is the program's
+    // to write), then unmapped.
+    let child = python_bpf(
+        "m=bpf(0,struct.pack('IIIII',31,0,0,8192,0))\n\
+         import mmap\n\
+         a=mmap.mmap(m,4096,mmap.MAP_SHARED,mmap.PROT_READ|mmap.PROT_WRITE,offset=4096)\n\
+         a[0:8]=struct.pack('Q',8)\n\
+         a.close()\n\
+         open('/proc/self/comm','w').write('filled')",
+    );
+    refused_once_ready(
+        child,
+        &d.path().join("img"),
+        ("python to fill its ring buffer", &|pid| {
+            comm_of(pid) == "filled"
+        }),
+        "ring buffer holding 8 bytes of records",
+    );
+}
+
 // An eBPF socket filter: the kernel keeps only the instructions its
 // verifier rewrote, not a loadable program.
 #[test]
