@@ -66,6 +66,12 @@ pub fn vma_kind(m: &proc::MapsEntry) -> Result<Option<VmaKind>, UnsupportedArea>
             fd: -1,
             offset: m.offset,
         },
+        "anon_inode:bpf-map" => {
+            return Err(UnsupportedArea(format!(
+                "area {:#x}-{:#x} maps a BPF map (a BPF_F_MMAPABLE array or a ring buffer) in memory, which stasis does not map again; unmap it (stasis saves the array itself through its fd)",
+                m.start, m.end
+            )))
+        }
         _ if n.starts_with('[') => {
             return Err(UnsupportedArea(format!(
                 "area {:#x}-{:#x} is a special mapping {n} that stasis does not know",

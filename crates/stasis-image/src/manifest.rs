@@ -891,6 +891,21 @@ pub struct PtyPair {
     /// images, left as a new pair's (the restorer's, 0620).
     #[serde(default)]
     pub slave_node: Option<(u32, u32, u32)>,
+    /// The control status a packet-mode master had not read yet
+    /// (`TIOCPKT_*` bits; 0: none), raised again by the same events.
+    #[serde(default, skip_serializing_if = "is_zero_u8")]
+    pub pkt_status: u8,
+    /// With `TIOCPKT_STOP` pending: output was stopped by `TCOOFF`, not by
+    /// the STOP character (`IXON`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stopped_by_ioctl: bool,
+    /// The slave's line discipline (`TIOCGETD`): N_TTY (0) or N_NULL (27).
+    #[serde(default, skip_serializing_if = "is_zero_u8")]
+    pub ldisc: u8,
+}
+
+fn is_zero_u8(v: &u8) -> bool {
+    *v == 0
 }
 
 /// `struct termios2`, field by field.

@@ -13,8 +13,9 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 
 use stasis_sys::tty::{
-    Termios2, Winsize, FIONREAD, TCGETS2, TCSETS2, TIOCEXCL, TIOCGEXCL, TIOCGPKT, TIOCGPTLCK,
-    TIOCGPTN, TIOCGPTPEER, TIOCGWINSZ, TIOCNXCL, TIOCPKT, TIOCSPTLCK, TIOCSTI, TIOCSWINSZ,
+    Termios2, Winsize, FIONREAD, TCFLSH, TCGETS2, TCSETS2, TCXONC, TIOCEXCL, TIOCGETD, TIOCGEXCL,
+    TIOCGPKT, TIOCGPTLCK, TIOCGPTN, TIOCGPTPEER, TIOCGWINSZ, TIOCNXCL, TIOCPKT, TIOCSETD,
+    TIOCSPTLCK, TIOCSTI, TIOCSWINSZ,
 };
 
 fn check(r: i32) -> io::Result<i32> {
@@ -152,6 +153,36 @@ pub fn inject(fd: BorrowedFd<'_>, data: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// An ioctl whose argument is an int value, not a pointer.
+fn value_arg(fd: BorrowedFd<'_>, req: u64, v: i32) -> io::Result<()> {
+    // SAFETY: `req` (TCFLSH, TCXONC) takes its int argument by value and
+    // dereferences nothing.
+    check(unsafe { libc::ioctl(fd.as_raw_fd(), req, libc::c_long::from(v)) }).map(drop)
+}
+
+/// `TCFLSH`: flushes the terminal's input (`TCIFLUSH`) or output
+/// (`TCOFLUSH`); on a slave whose master is in packet mode, the master gets
+/// a `TIOCPKT_FLUSHREAD` / `TIOCPKT_FLUSHWRITE` status.
+pub fn flush(fd: BorrowedFd<'_>, queue: i32) -> io::Result<()> {
+    value_arg(fd, TCFLSH, queue)
+}
+
+/// `TCXONC`: stops (`TCOOFF`) or restarts (`TCOON`) the terminal's output.
+pub fn flow(fd: BorrowedFd<'_>, action: i32) -> io::Result<()> {
+    value_arg(fd, TCXONC, action)
+}
+
+/// `TIOCGETD`: the line discipline of this side of the pair.
+pub fn ldisc(fd: BorrowedFd<'_>) -> io::Result<u8> {
+    u8::try_from(get_int(fd, TIOCGETD)?).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// `TIOCSETD`: gives this side of the pair line discipline `disc` (its
+/// input queue is dropped).
+pub fn set_ldisc(fd: BorrowedFd<'_>, disc: u8) -> io::Result<()> {
+    set_int(fd, TIOCSETD, i32::from(disc))
+}
+
 /// What a zero-timeout `poll` says of a terminal.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PollState {
@@ -237,5 +268,30 @@ mod tests {
         assert_eq!(queued(m.as_fd()).unwrap(), 13, "no echo");
         drop(s);
         assert!(poll_now(m.as_fd()).unwrap().hangup);
+    }
+
+    #[test]
+    fn flushes_and_flow_raise_control_statuses_and_ldiscs_change() {
+        let (m, s) = pair();
+        set_packet(m.as_fd(), true).unwrap();
+        assert!(!poll_now(m.as_fd()).unwrap().priority);
+        flush(s.as_fd(), stasis_sys::tty::TCIFLUSH).unwrap();
+        flush(s.as_fd(), stasis_sys::tty::TCOFLUSH).unwrap();
+        flow(s.as_fd(), stasis_sys::tty::TCOOFF).unwrap();
+        assert!(poll_now(m.as_fd()).unwrap().priority);
+        let mut b = [0u8; 8];
+        let n = nix::unistd::read(m.as_raw_fd(), &mut b).unwrap();
+        use stasis_sys::tty::{TIOCPKT_FLUSHREAD, TIOCPKT_FLUSHWRITE, TIOCPKT_STOP};
+        assert_eq!(
+            &b[..n],
+            &[TIOCPKT_FLUSHREAD | TIOCPKT_FLUSHWRITE | TIOCPKT_STOP]
+        );
+        flow(s.as_fd(), stasis_sys::tty::TCOON).unwrap();
+        assert!(poll_now(m.as_fd()).unwrap().priority, "START");
+        assert_eq!(ldisc(s.as_fd()).unwrap(), stasis_sys::tty::N_TTY);
+        if set_ldisc(s.as_fd(), stasis_sys::tty::N_NULL).is_ok() {
+            assert_eq!(ldisc(s.as_fd()).unwrap(), stasis_sys::tty::N_NULL);
+            assert_eq!(ldisc(m.as_fd()).unwrap(), stasis_sys::tty::N_TTY);
+        }
     }
 }

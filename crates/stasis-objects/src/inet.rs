@@ -58,7 +58,7 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
     let local = sock::local_addr(b)?;
     let mut peer = sock::peer_addr(b)?;
     let filter = save_filter(b)
-        .map_err(|e| fd.unsupported(format!("fd {n}: its socket filter cannot be read (an eBPF one, which stasis cannot save?): {e}")))?;
+        .map_err(|e| fd.unsupported(format!("fd {n}: its socket filter cannot be read back ({e}): it is an eBPF program (SO_ATTACH_BPF): the kernel gives no way to find which program a socket holds (SO_GET_FILTER refuses an eBPF one, no socket diagnostic names it), and keeps no loadable copy of a program: BPF_OBJ_GET_INFO_BY_FD gives only the instructions its verifier rewrote (context reads turned into struct sk_buff offsets, helper calls into kernel addresses, map lookups inlined), which it would not load again; detach the filter before the dump, or attach a classic BPF one (SO_ATTACH_FILTER), which stasis saves")))?;
     let mut datagrams = Vec::new();
     let mut shutdown = 0;
     let state = if ty == libc::SOCK_STREAM {

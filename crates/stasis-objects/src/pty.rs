@@ -23,14 +23,41 @@
 //!   as terminators; the master's bytes are pushed into its raw input.
 //!   Flow control bits are kept as they were, so a packet-mode master gets
 //!   no control status from these termios changes.
+//! - In `EXTPROC` or raw mode the slave's line discipline takes input as
+//!   it comes (no lines, no echo): its bytes are read whole and pushed back
+//!   raw, without a termios change (which would raise `TIOCPKT_IOCTL`).
+//! - More than a line discipline holds (4095 bytes; the kernel keeps the
+//!   rest in the pair's flip buffers, which each read moves on): the
+//!   master's input (its line discipline is always raw) is read whole, the
+//!   first 4095 bytes pushed back, the rest written through the slave with
+//!   output processing off for that moment; the slave's in raw or
+//!   `EXTPROC` mode the same way through the master.
+//! - A slave with line discipline N_NULL holds nothing; it gets N_NULL
+//!   again (`TIOCSETD`) once its pair is made.
+//! - A control status waiting on a packet-mode master (`POLLPRI`) cannot be
+//!   peeked: it is read, then raised again by the events that raise it
+//!   (`raise_before` while the queues are empty: an input flush for
+//!   `FLUSHREAD`, an output flush for `FLUSHWRITE`, an `EXTPROC` termios
+//!   change for `IOCTL`; `raise_after` once the bytes are back: a flow
+//!   control change and back for `DOSTOP`/`NOSTOP`, output stopped and
+//!   restarted for `START`, restarted and stopped for `STOP`, by the
+//!   START/STOP characters or by `TCOON`/`TCOOFF` as it had been), on the
+//!   dumped pair at once and on the new pair after its packet mode.
 //!
 //! **Refused**, naming the process and fd: a slave whose master is outside
 //! the tree (an interactive terminal, say), a pair or a controlling
 //! terminal shared with a process outside the tree, a session leader that
-//! holds no slave fd of its controlling terminal, a slave never opened (it
-//! cannot be left so), `EXTPROC`, a line discipline other than N_TTY, a
-//! packet-mode control status not yet read, queues a line discipline
-//! cannot hold (4095 bytes), a master not opened read-write.
+//! holds no slave fd of its controlling terminal, a slave never opened (its
+//! queue can only be read through a slave, and the last slave's close
+//! hangs the master up: `TTY_OTHER_CLOSED`, undone only by a new open), a
+//! line discipline other than N_TTY and N_NULL (SLIP, PPP, HDLC, GSM...:
+//! state of their own the kernel does not give back), a control status on
+//! an N_NULL pair (no flush, flow or termios ioctl to raise it again),
+//! more input than the slave's line discipline holds (4095 bytes) in a
+//! mode that processes input (canonical, echo, signals...: the rest waits
+//! unprocessed in the flip buffers and cannot be read without processing
+//! it), more than the master's while the slave's output is stopped, a
+//! master not opened read-write.
 //!
 //! A slave whose master no process holds any more (closed: the terminal is
 //! hung up, its `/dev/pts/N` node gone; zdtm's pty04) is saved as
@@ -65,8 +92,10 @@ use stasis_image::manifest::{FdImage, FdKind, PtyPair, PtySession, PtyTermios};
 use stasis_kernel::remote::Remote;
 use stasis_kernel::{fdops, pidfd, tty};
 use stasis_sys::tty::{
-    Termios2, Winsize, N_TTY_BUF_SIZE, PTMX_MAJOR, PTMX_MINOR, PTY_SLAVE_MAJOR,
-    PTY_SLAVE_MAJOR_COUNT, TIOCSCTTY, TIOCSPGRP,
+    Termios2, Winsize, N_NULL, N_TTY, N_TTY_BUF_SIZE, PTMX_MAJOR, PTMX_MINOR, PTY_SLAVE_MAJOR,
+    PTY_SLAVE_MAJOR_COUNT, TCIFLUSH, TCOFLUSH, TCOOFF, TCOON, TIOCPKT_DOSTOP, TIOCPKT_FLUSHREAD,
+    TIOCPKT_FLUSHWRITE, TIOCPKT_IOCTL, TIOCPKT_NOSTOP, TIOCPKT_START, TIOCPKT_STOP, TIOCSCTTY,
+    TIOCSPGRP,
 };
 
 use crate::error::{io_step, step};
@@ -393,8 +422,17 @@ fn make_pair(p: &PtyPair) -> Result<MadePair, RestoreError> {
         .map_err(io_step(what("opening the slave"), "TIOCGPTPEER"))?;
     let s = keeper.as_fd();
     let t = termios2(&p.termios);
+    // The termios, then packet mode, before anything that raises a
+    // control status: only the saved one is raised again.
+    tty::set_termios(s, &t).map_err(io_step(what("termios"), "TCSETS2"))?;
+    tty::set_packet(m, p.packet).map_err(io_step(what("packet mode"), "TIOCPKT"))?;
+    raise_before(s, &t, p.pkt_status)
+        .map_err(io_step(what("raising its control status"), "ioctl"))?;
     put_back(m, s, &t, (&p.input_lines, &p.input), &p.output)
         .map_err(|e| io_step(what("queueing the saved bytes"), "TIOCSTI")(e))?;
+    if p.ldisc != N_TTY {
+        tty::set_ldisc(s, p.ldisc).map_err(io_step(what("line discipline"), "TIOCSETD"))?;
+    }
     let [ws_row, ws_col, ws_xpixel, ws_ypixel] = p.winsize;
     let ws = Winsize {
         ws_row,
@@ -407,7 +445,8 @@ fn make_pair(p: &PtyPair) -> Result<MadePair, RestoreError> {
         .map_err(io_step(what("exclusive mode"), "TIOCEXCL"))?;
     tty::set_exclusive(m, p.master_exclusive)
         .map_err(io_step(what("exclusive mode"), "TIOCEXCL"))?;
-    tty::set_packet(m, p.packet).map_err(io_step(what("packet mode"), "TIOCPKT"))?;
+    raise_after(s, &t, p.pkt_status, Some(p.stopped_by_ioctl))
+        .map_err(io_step(what("raising its control status"), "ioctl"))?;
     tty::set_locked(m, p.locked).map_err(io_step(what("lock"), "TIOCSPTLCK"))?;
     if let Some((uid, gid, mode)) = p.slave_node {
         // The owner first: `fchown` clears set-id bits.
@@ -522,12 +561,227 @@ fn put_back(
     (lines, rest): (&[Vec<u8>], &[u8]),
     output: &[u8],
 ) -> std::io::Result<()> {
+    put_back_output(m, s, t, output)?;
+    if lines.is_empty() && rest.is_empty() {
+        // The termios is the saved one already (and N_NULL, which takes
+        // no termios ioctl, holds nothing).
+        return Ok(());
+    }
+    if as_it_comes(t) {
+        // The line discipline takes input as it comes (`n_tty`'s
+        // `__receive_buf`: raw, or `L_EXTPROC && !preops`; stripping and
+        // lower case, the "preops", give the same bytes twice): no line
+        // structure, no echo, and no termios change, which on a
+        // packet-mode master would raise `TIOCPKT_IOCTL`. What the line
+        // discipline cannot hold goes on through the master, into the
+        // flip buffers, as it came.
+        if !same_termios(&tty::termios(s)?, t) {
+            tty::set_termios(s, t)?;
+        }
+        let all: Vec<u8> = lines.iter().flatten().chain(rest).copied().collect();
+        let (held, more) = all.split_at(all.len().min(LDISC_HOLDS));
+        tty::inject(s, held)?;
+        return write_nonblocking(m, more);
+    }
     let (inj, lnext) = inject_termios(t);
     tty::set_termios(s, &inj)?;
     let pushed = tty::inject(s, &input_plan(t, lnext, lines, rest));
     tty::set_termios(s, t)?;
-    pushed?;
-    tty::inject(m, output)
+    pushed
+}
+
+/// Puts the master's saved input back: what its line discipline holds
+/// pushed in (`TIOCSTI`: the master's is always raw), the rest written
+/// through the slave with output processing off for that moment, into
+/// the master's flip buffers behind it.
+fn put_back_output(
+    m: BorrowedFd<'_>,
+    s: BorrowedFd<'_>,
+    t: &Termios2,
+    output: &[u8],
+) -> std::io::Result<()> {
+    let (held, more) = output.split_at(output.len().min(LDISC_HOLDS));
+    tty::inject(m, held)?;
+    if more.is_empty() {
+        return Ok(());
+    }
+    if t.c_oflag & libc::OPOST == 0 {
+        return write_nonblocking(s, more);
+    }
+    let mut raw = *t;
+    raw.c_oflag &= !libc::OPOST;
+    tty::set_termios(s, &raw)?;
+    let written = write_nonblocking(s, more);
+    tty::set_termios(s, t)?;
+    written
+}
+
+/// Writes all of `data` to `fd` without blocking (its description made
+/// non-blocking for that moment if it was not): the bytes must fit in the
+/// pair's flip buffers, as they did at the dump.
+fn write_nonblocking(fd: BorrowedFd<'_>, data: &[u8]) -> std::io::Result<()> {
+    if data.is_empty() {
+        return Ok(());
+    }
+    let flags = fdops::status_flags(fd)?;
+    if flags & libc::O_NONBLOCK == 0 {
+        fdops::set_status_flags(fd, flags | libc::O_NONBLOCK)?;
+    }
+    let mut rest = data;
+    let written = loop {
+        if rest.is_empty() {
+            break Ok(());
+        }
+        match nix::unistd::write(fd, rest) {
+            Ok(0) | Err(nix::errno::Errno::EAGAIN) => {
+                break Err(std::io::Error::other(format!(
+                    "no room for {} more queued bytes in the pair's buffers",
+                    rest.len()
+                )))
+            }
+            Ok(k) => rest = &rest[k..],
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => break Err(e.into()),
+        }
+    };
+    if flags & libc::O_NONBLOCK == 0 {
+        fdops::set_status_flags(fd, flags)?;
+    }
+    written
+}
+
+/// Most bytes a line discipline holds (`N_TTY_BUF_SIZE - 1`).
+const LDISC_HOLDS: usize = N_TTY_BUF_SIZE - 1;
+
+/// Most bytes saved each way (the line discipline's and the flip
+/// buffers').
+const QUEUE_MAX: usize = 1 << 20;
+
+/// Whether the slave's line discipline takes input as it comes, each byte
+/// as itself (`n_tty`: `EXTPROC`, or raw: no input processing, no
+/// canonical mode, signals, echo or flow control), so that what waits
+/// beyond what it holds can be read and written back unchanged.
+fn as_it_comes(t: &Termios2) -> bool {
+    let processed_i = libc::ISTRIP
+        | libc::IUCLC
+        | libc::IGNCR
+        | libc::ICRNL
+        | libc::INLCR
+        | libc::IXON
+        | libc::PARMRK;
+    let processed_l = libc::ICANON | libc::ISIG | libc::ECHO;
+    t.c_lflag & libc::EXTPROC != 0 || (t.c_iflag & processed_i == 0 && t.c_lflag & processed_l == 0)
+}
+
+fn same_termios(a: &Termios2, b: &Termios2) -> bool {
+    (
+        a.c_iflag, a.c_oflag, a.c_cflag, a.c_lflag, a.c_line, a.c_cc, a.c_ispeed, a.c_ospeed,
+    ) == (
+        b.c_iflag, b.c_oflag, b.c_cflag, b.c_lflag, b.c_line, b.c_cc, b.c_ispeed, b.c_ospeed,
+    )
+}
+
+/// Whether the kernel counts `t` as flow control for packet mode
+/// (`pty_set_termios`: `IXON` with ^S and ^Q).
+fn flow_on(t: &Termios2) -> bool {
+    t.c_iflag & libc::IXON != 0 && t.c_cc[libc::VSTOP] == 0o23 && t.c_cc[libc::VSTART] == 0o21
+}
+
+/// Raises the control statuses of `status` that must come while the
+/// queues are empty (a packet-mode master; termios `t` in force):
+/// `TIOCPKT_FLUSHREAD` by flushing the slave's input, `TIOCPKT_FLUSHWRITE`
+/// its output (the master's flip buffers), `TIOCPKT_IOCTL` by a
+/// termios change in `EXTPROC` mode (turned on and off again if off: that
+/// resets the line state of the empty input only).
+fn raise_before(s: BorrowedFd<'_>, t: &Termios2, status: u8) -> std::io::Result<()> {
+    if status & TIOCPKT_FLUSHREAD != 0 {
+        tty::flush(s, TCIFLUSH)?;
+    }
+    if status & TIOCPKT_FLUSHWRITE != 0 {
+        // Drops what waits in the master's flip buffers: empty now.
+        tty::flush(s, TCOFLUSH)?;
+    }
+    if status & TIOCPKT_IOCTL != 0 {
+        if t.c_lflag & libc::EXTPROC != 0 {
+            tty::set_termios(s, t)?;
+        } else {
+            let mut x = *t;
+            x.c_lflag |= libc::EXTPROC;
+            tty::set_termios(s, &x)?;
+            tty::set_termios(s, t)?;
+        }
+    }
+    Ok(())
+}
+
+/// Raises the rest of `status` (its queues put back):
+/// `TIOCPKT_DOSTOP`/`NOSTOP` by a flow control change and back, `TIOCPKT_START` by stopping and restarting
+/// output, `TIOCPKT_STOP` by restarting and stopping it: with the START
+/// and STOP characters (`IXON`), or with `TCOON`/`TCOOFF` (`by_ioctl`:
+/// which one; `None`: on the dumped pair, stopped one way or the other,
+/// whichever restarts it). Returns whether `TCOOFF` stopped it.
+fn raise_after(
+    s: BorrowedFd<'_>,
+    t: &Termios2,
+    status: u8,
+    by_ioctl: Option<bool>,
+) -> std::io::Result<bool> {
+    if status & (TIOCPKT_DOSTOP | TIOCPKT_NOSTOP) != 0 {
+        // The status says the flow control the termios has now.
+        let mut x = *t;
+        if flow_on(t) {
+            x.c_cc[libc::VSTOP] = 0;
+        } else {
+            x.c_iflag |= libc::IXON;
+            x.c_cc[libc::VSTART] = 0o21;
+            x.c_cc[libc::VSTOP] = 0o23;
+        }
+        tty::set_termios(s, &x)?;
+        tty::set_termios(s, t)?;
+    }
+    if status & TIOCPKT_START != 0 {
+        tty::flow(s, TCOOFF)?;
+        tty::flow(s, TCOON)?;
+    }
+    let mut stopped_by_ioctl = false;
+    if status & TIOCPKT_STOP != 0 {
+        let (start, stop) = (t.c_cc[libc::VSTART], t.c_cc[libc::VSTOP]);
+        let chars = t.c_iflag & libc::IXON != 0
+            && t.c_lflag & libc::EXTPROC == 0
+            && start != 0
+            && stop != 0
+            && start != stop;
+        let mut done = false;
+        if chars && by_ioctl != Some(true) {
+            // Restarted by the START character unless `TCOOFF` stopped it.
+            tty::inject(s, &[start])?;
+            if by_ioctl == Some(false) || writable(s)? {
+                tty::inject(s, &[stop])?;
+                done = true;
+            }
+        }
+        if !done {
+            // Stopped the other way: TCOOFF (a no-op if it was), TCOON
+            // restarts it (START), TCOOFF stops it (STOP).
+            tty::flow(s, TCOOFF)?;
+            tty::flow(s, TCOON)?;
+            tty::flow(s, TCOOFF)?;
+            stopped_by_ioctl = true;
+        }
+    }
+    Ok(stopped_by_ioctl)
+}
+
+/// Whether the slave's output is not stopped (`POLLOUT`: a stopped pty has
+/// no room).
+fn writable(s: BorrowedFd<'_>) -> std::io::Result<bool> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut fds = [PollFd::new(s, PollFlags::POLLOUT)];
+    poll(&mut fds, PollTimeout::ZERO).map_err(std::io::Error::from)?;
+    Ok(fds[0]
+        .revents()
+        .unwrap_or(PollFlags::empty())
+        .contains(PollFlags::POLLOUT))
 }
 
 /// The `tty-index:` line of a master's fdinfo.
@@ -562,21 +816,9 @@ fn save_master(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<PtyPair, SaveError> 
     let t = tty::termios(m).map_err(io("TCGETS2"))?;
     let state = tty::poll_now(m).map_err(io("poll"))?;
     let packet = tty::packet(m).map_err(io("TIOCGPKT"))?;
-    if t.c_lflag & libc::EXTPROC != 0 {
-        return Err(refuse(
-            "its slave is in EXTPROC mode, which stasis cannot checkpoint".into(),
-        ));
-    }
-    if t.c_line != 0 {
-        return Err(refuse(format!(
-            "its slave uses line discipline {}, stasis knows only N_TTY (0)",
-            t.c_line
-        )));
-    }
-    if packet && state.priority {
-        return Err(refuse(
-            "a packet-mode control status waits to be read; read it and dump again".into(),
-        ));
+    let master_ldisc = tty::ldisc(m).map_err(io("TIOCGETD"))?;
+    if master_ldisc != N_TTY {
+        return Err(refuse(format!("it uses line discipline {master_ldisc}; a master stasis restores uses N_TTY (0), the only one a master's reads and writes go through")));
     }
     let census = cx.ptys.census.get_or_insert_with(Census::take);
     let slave_held = census
@@ -584,7 +826,7 @@ fn save_master(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<PtyPair, SaveError> 
         .iter()
         .any(|h| matches!(h.2, End::Slave(_)));
     if !state.hangup && !slave_held {
-        return Err(refuse(format!("its slave /dev/pts/{index} has never been opened, a state stasis cannot restore; dump once the slave is open")));
+        return Err(refuse(format!("its slave /dev/pts/{index} has never been opened: the bytes queued to it can only be read through a slave, and the kernel hangs the master up when the last slave closes (TTY_OTHER_CLOSED, undone only by opening a slave again), so the dump would change the pair; dump once the slave is open")));
     }
     if stasis_kernel::probe::effective_caps() & (1 << stasis_sys::CAP_SYS_ADMIN) == 0 {
         // Without it TIOCSTI fails, and bytes read could not be put back.
@@ -605,14 +847,58 @@ fn save_master(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<PtyPair, SaveError> 
     let s = slave.as_fd();
     let node =
         nix::sys::stat::fstat(s.as_raw_fd()).map_err(|e| io("fstat")(std::io::Error::from(e)))?;
+    let ldisc = tty::ldisc(s).map_err(io("TIOCGETD"))?;
+    if ldisc != N_TTY && ldisc != N_NULL {
+        return Err(refuse(format!("its slave uses line discipline {ldisc}; stasis restores N_TTY (0) and N_NULL (27): the others (SLIP, PPP, HDLC, GSM...) hold state of their own (network devices, channels, frames) that the kernel does not give back")));
+    }
     let ws = tty::winsize(m).map_err(io("TIOCGWINSZ"))?;
     let master_exclusive = tty::exclusive(m).map_err(io("TIOCGEXCL"))?;
     let slave_exclusive = tty::exclusive(s).map_err(io("TIOCGEXCL"))?;
-    let (lines, rest, output) =
-        take_queues(m, s, &t, packet).map_err(io("reading queued bytes"))?;
+    if ldisc == N_NULL && packet && state.priority {
+        return Err(refuse("a packet-mode control status waits to be read, and its slave uses N_NULL, which takes none of the flush, flow and termios ioctls that would raise it again; read it and dump again".into()));
+    }
+    // A control status waiting on a packet-mode master is read first (it
+    // cannot be peeked, and it comes before any data), then raised again
+    // by the same events once the queues are back.
+    let pkt_status = if packet && state.priority {
+        let b = read_some(m, 1).map_err(io("reading the control status"))?;
+        b.and_then(|b| b.first().copied()).unwrap_or(0)
+    } else {
+        0
+    };
+    let wanted_flow = pkt_status & (TIOCPKT_DOSTOP | TIOCPKT_NOSTOP);
+    let flow_mismatch = wanted_flow != 0
+        && (wanted_flow == TIOCPKT_DOSTOP | TIOCPKT_NOSTOP
+            || (wanted_flow == TIOCPKT_DOSTOP) != flow_on(&t));
+    let stop_start = pkt_status & (TIOCPKT_STOP | TIOCPKT_START) == TIOCPKT_STOP | TIOCPKT_START;
+    // More than the master's line discipline holds goes back through the
+    // slave: refused before anything is read if it cannot.
+    let out_full = tty::queued(m).map_err(io("FIONREAD"))? >= LDISC_HOLDS;
+    if out_full && !writable(s).map_err(io("poll"))? {
+        return Err(refuse(format!("{LDISC_HOLDS} bytes or more are queued to the master while its slave's output is stopped (or the pair's buffers are full), so what its line discipline cannot hold could not be written back: let the program read them, then dump")));
+    }
+    if out_full && packet && t.c_lflag & libc::EXTPROC != 0 && t.c_oflag & libc::OPOST != 0 {
+        return Err(refuse(format!("{LDISC_HOLDS} bytes or more are queued to a packet-mode master in EXTPROC mode: writing back what its line discipline cannot hold needs a termios change, which would raise TIOCPKT_IOCTL; let the program read them, then dump")));
+    }
+    let queues = take_queues(m, s, &t, packet, ldisc, pkt_status);
+    let raised = queues
+        .as_ref()
+        .ok()
+        .map(|_| raise_after(s, &t, pkt_status, None));
+    let (lines, rest, output) = queues.map_err(io("reading queued bytes"))?;
+    let stopped_by_ioctl = raised
+        .transpose()
+        .map_err(io("raising the control status again"))?
+        .unwrap_or(false);
+    if flow_mismatch || stop_start {
+        return Err(refuse(format!("its control status {pkt_status:#x} does not match its termios (flow control on: {}), so it cannot be raised again the same way", flow_on(&t))));
+    }
     let held = lines.iter().map(Vec::len).sum::<usize>() + rest.len();
-    if held >= N_TTY_BUF_SIZE - 1 || output.len() >= N_TTY_BUF_SIZE - 1 {
-        return Err(refuse(format!("{held} bytes are queued to the slave and {} to the master; a line discipline holds at most {} (more may wait in the kernel): let the program read them, then dump", output.len(), N_TTY_BUF_SIZE - 1)));
+    if held >= LDISC_HOLDS && !as_it_comes(&t) {
+        return Err(refuse(format!("{held} bytes are queued to the slave, in a mode that processes input (canonical, echo, signals, flow control or input mapping); its line discipline holds at most {LDISC_HOLDS} and the kernel keeps the rest unprocessed in the pair's flip buffers, which cannot be read without processing (echoing, signalling) them: let the program read them, then dump")));
+    }
+    if held > QUEUE_MAX || output.len() > QUEUE_MAX {
+        return Err(refuse(format!("{held} bytes are queued to the slave and {} to the master; stasis saves at most {QUEUE_MAX} each way", output.len())));
     }
     let holders = cx
         .ptys
@@ -640,6 +926,9 @@ fn save_master(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<PtyPair, SaveError> 
         output,
         session,
         slave_node: Some((node.st_uid, node.st_gid, node.st_mode & 0o7777)),
+        pkt_status,
+        stopped_by_ioctl,
+        ldisc,
     };
     cx.ptys.pairs.insert(index, pair.clone());
     Ok(pair)
@@ -653,7 +942,29 @@ fn take_queues(
     s: BorrowedFd<'_>,
     t: &Termios2,
     packet: bool,
+    ldisc: u8,
+    pkt_status: u8,
 ) -> std::io::Result<(Vec<Vec<u8>>, Vec<u8>, Vec<u8>)> {
+    if ldisc == N_NULL || as_it_comes(t) {
+        // N_NULL holds nothing (its reads fail). In EXTPROC or raw mode
+        // input is taken as it comes and read whole without a termios
+        // change; each read moves on what waits in the flip buffers.
+        let mut rest = Vec::new();
+        if ldisc != N_NULL {
+            while let Some(b) = read_some(s, N_TTY_BUF_SIZE)? {
+                if b.is_empty() || rest.len() > QUEUE_MAX {
+                    break;
+                }
+                rest.extend_from_slice(&b);
+            }
+        }
+        let output = read_master(m, packet);
+        raise_before(s, t, pkt_status)?;
+        let back = put_back(m, s, t, (&[], &rest), output.as_deref().unwrap_or(&[]));
+        let output = output?;
+        back?;
+        return Ok((Vec::new(), rest, output));
+    }
     let mut lines = Vec::new();
     if t.c_lflag & libc::ICANON != 0 {
         // One line per read; an empty one is an end-of-file.
@@ -674,6 +985,10 @@ fn take_queues(
         rest.extend_from_slice(&b);
     }
     let output = read_master(m, packet);
+    // Back under the saved termios for the statuses that need the input
+    // empty (a flush, an EXTPROC change), then the bytes.
+    tty::set_termios(s, t)?;
+    raise_before(s, t, pkt_status)?;
     let back = put_back(m, s, t, (&lines, &rest), output.as_deref().unwrap_or(&[]));
     let output = output?;
     back?;
@@ -703,7 +1018,7 @@ fn read_master(m: BorrowedFd<'_>, packet: bool) -> std::io::Result<Vec<u8>> {
     let mut out = Vec::new();
     while tty::poll_now(m)?.readable {
         let n = tty::queued(m)?;
-        if n == 0 || out.len() > N_TTY_BUF_SIZE {
+        if n == 0 || out.len() > QUEUE_MAX {
             break;
         }
         let Some(b) = read_some(m, n + usize::from(packet))? else {
@@ -1025,7 +1340,7 @@ mod tests {
         assert!(queued.starts_with(b"one\r\n"), "{queued:?}");
         queued.extend_from_slice(b"from the slave");
         tty::inject(m.as_fd(), &queued).unwrap();
-        let (lines, rest, output) = take_queues(m.as_fd(), s.as_fd(), &t, false).unwrap();
+        let (lines, rest, output) = take_queues(m.as_fd(), s.as_fd(), &t, false, N_TTY, 0).unwrap();
         let want: Vec<&[u8]> = vec![b"one\n", b"two", b"", b"three#", b"esc\naped\n"];
         assert_eq!(lines, want);
         assert_eq!(rest, b"half");
@@ -1053,6 +1368,9 @@ mod tests {
             output: b"to the master".to_vec(),
             session: None,
             slave_node: Some((4242, 4343, 0o600)),
+            pkt_status: 0,
+            stopped_by_ioctl: false,
+            ldisc: 0,
         }
     }
 

@@ -129,6 +129,10 @@ pub struct RestoreCtx<'a> {
     /// The terminal a shell job is restored on (`restore --shell-job`):
     /// the restorer's own, by its device path.
     pub terminal: Option<std::path::PathBuf>,
+    /// BPF maps made, by their id at the dump (fds and maps of maps that
+    /// held one map hold one again); those of older images, without id.
+    pub(crate) bpf_maps: HashMap<u32, OwnedFd>,
+    pub(crate) bpf_maps_unnamed: Vec<OwnedFd>,
 }
 
 impl<'a> RestoreCtx<'a> {
@@ -171,6 +175,8 @@ impl<'a> RestoreCtx<'a> {
             in_flight_epolls: Vec::new(),
             io_urings: HashMap::new(),
             terminal: None,
+            bpf_maps: HashMap::new(),
+            bpf_maps_unnamed: Vec::new(),
         }
     }
 

@@ -1,6 +1,7 @@
 //! The `bpf(2)` system call's commands and attribute layouts for BPF maps
 //! (include/uapi/linux/bpf.h): creating one, reading and writing its
-//! elements, its `bpf_map_info`, freezing it.
+//! elements, its `bpf_map_info`, freezing it, opening one by id; BTF
+//! objects (`bpf_btf_info`, loading one).
 //!
 //! Each layout is the prefix of the kernel's `union bpf_attr` member (or of
 //! `struct bpf_map_info`) that Stasis uses: the kernel takes the size
@@ -12,14 +13,34 @@ pub const BPF_MAP_CREATE: i32 = 0;
 pub const BPF_MAP_LOOKUP_ELEM: i32 = 1;
 pub const BPF_MAP_UPDATE_ELEM: i32 = 2;
 pub const BPF_MAP_GET_NEXT_KEY: i32 = 4;
+pub const BPF_PROG_GET_FD_BY_ID: i32 = 13;
+pub const BPF_MAP_GET_FD_BY_ID: i32 = 14;
 pub const BPF_OBJ_GET_INFO_BY_FD: i32 = 15;
+pub const BPF_BTF_LOAD: i32 = 18;
+pub const BPF_BTF_GET_FD_BY_ID: i32 = 19;
+/// Pops a queue's or stack's next value (key NULL).
+pub const BPF_MAP_LOOKUP_AND_DELETE_ELEM: i32 = 21;
 pub const BPF_MAP_FREEZE: i32 = 22;
 
-/// `enum bpf_map_type` values Stasis saves (their values are one plain
-/// buffer per key, not one per CPU).
+/// `enum bpf_map_type`: the types Stasis saves, and those it names when
+/// it refuses one.
 pub const BPF_MAP_TYPE_HASH: u32 = 1;
 pub const BPF_MAP_TYPE_ARRAY: u32 = 2;
+pub const BPF_MAP_TYPE_PROG_ARRAY: u32 = 3;
+pub const BPF_MAP_TYPE_PERF_EVENT_ARRAY: u32 = 4;
+/// Per-CPU maps: a value per possible CPU, each rounded up to 8 bytes.
+pub const BPF_MAP_TYPE_PERCPU_HASH: u32 = 5;
+pub const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
 pub const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
+pub const BPF_MAP_TYPE_LRU_PERCPU_HASH: u32 = 10;
+/// Maps of maps: values are inner map fds when written, ids when read.
+pub const BPF_MAP_TYPE_ARRAY_OF_MAPS: u32 = 12;
+pub const BPF_MAP_TYPE_HASH_OF_MAPS: u32 = 13;
+pub const BPF_MAP_TYPE_QUEUE: u32 = 22;
+pub const BPF_MAP_TYPE_STACK: u32 = 23;
+pub const BPF_MAP_TYPE_RINGBUF: u32 = 27;
+pub const BPF_MAP_TYPE_BLOOM_FILTER: u32 = 30;
+pub const BPF_MAP_TYPE_USER_RINGBUF: u32 = 31;
 
 /// `map_flags` bits.
 pub const BPF_F_NO_PREALLOC: u32 = 1 << 0;
@@ -28,8 +49,13 @@ pub const BPF_F_NUMA_NODE: u32 = 1 << 2;
 /// (`BPF_F_WRONLY`) the map.
 pub const BPF_F_RDONLY: u32 = 1 << 3;
 pub const BPF_F_WRONLY: u32 = 1 << 4;
+/// Programs may only read (or only write) the map.
+pub const BPF_F_RDONLY_PROG: u32 = 1 << 7;
+pub const BPF_F_WRONLY_PROG: u32 = 1 << 8;
 /// Its memory is mapped in the process (an array).
 pub const BPF_F_MMAPABLE: u32 = 1 << 10;
+/// An inner map whose max_entries may differ from its template's.
+pub const BPF_F_INNER_MAP: u32 = 1 << 12;
 /// `BPF_MAP_UPDATE_ELEM` flag: create or update.
 pub const BPF_ANY: u64 = 0;
 
@@ -104,3 +130,41 @@ pub struct BpfMapInfo {
     pub map_extra: u64,
 }
 const _: () = assert!(size_of::<BpfMapInfo>() == 88);
+
+/// `union bpf_attr` for the `*_GET_FD_BY_ID` commands.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct BpfGetIdAttr {
+    pub id: u32,
+    pub next_id: u32,
+    /// `BPF_F_RDONLY` / `BPF_F_WRONLY`: the access of the new fd.
+    pub open_flags: u32,
+}
+const _: () = assert!(size_of::<BpfGetIdAttr>() == 12);
+
+/// `union bpf_attr` for `BPF_BTF_LOAD`, up to `btf_log_level`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct BpfBtfLoadAttr {
+    pub btf: u64,
+    pub btf_log_buf: u64,
+    pub btf_size: u32,
+    pub btf_log_size: u32,
+    pub btf_log_level: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<BpfBtfLoadAttr>() == 32);
+
+/// `struct bpf_btf_info`, up to `kernel_btf`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct BpfBtfInfo {
+    /// User address the raw BTF data is copied to.
+    pub btf: u64,
+    pub btf_size: u32,
+    pub id: u32,
+    pub name: u64,
+    pub name_len: u32,
+    pub kernel_btf: u32,
+}
+const _: () = assert!(size_of::<BpfBtfInfo>() == 32);

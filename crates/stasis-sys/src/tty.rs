@@ -44,6 +44,32 @@ pub const FIONREAD: u64 = 0x541B;
 pub const TCGETS2: u64 = 0x802C_542A;
 pub const TCSETS2: u64 = 0x402C_542B;
 
+/// Flush a queue (`TCIFLUSH`, `TCOFLUSH`, `TCIOFLUSH`: the int argument
+/// itself, not a pointer).
+pub const TCFLSH: u64 = 0x540B;
+pub const TCIFLUSH: i32 = 0;
+pub const TCOFLUSH: i32 = 1;
+/// Stop or restart output (`TCOOFF`, `TCOON`: the int argument itself).
+pub const TCXONC: u64 = 0x540A;
+pub const TCOOFF: i32 = 0;
+pub const TCOON: i32 = 1;
+/// Get / set the line discipline (`int *`).
+pub const TIOCGETD: u64 = 0x5424;
+pub const TIOCSETD: u64 = 0x5423;
+/// Line disciplines: the terminal one, and the one that discards
+/// everything.
+pub const N_TTY: u8 = 0;
+pub const N_NULL: u8 = 27;
+
+/// The control status bits a packet-mode master reads (`TIOCPKT_*`).
+pub const TIOCPKT_FLUSHREAD: u8 = 1;
+pub const TIOCPKT_FLUSHWRITE: u8 = 2;
+pub const TIOCPKT_STOP: u8 = 4;
+pub const TIOCPKT_START: u8 = 8;
+pub const TIOCPKT_NOSTOP: u8 = 16;
+pub const TIOCPKT_DOSTOP: u8 = 32;
+pub const TIOCPKT_IOCTL: u8 = 64;
+
 /// Major and minor of `/dev/ptmx` (and of devpts' own `ptmx`).
 pub const PTMX_MAJOR: u32 = 5;
 pub const PTMX_MINOR: u32 = 2;
@@ -116,3 +142,11 @@ const _: () = assert!(TIOCSPGRP == libc::TIOCSPGRP);
 const _: () = assert!(FIONREAD == libc::FIONREAD);
 const _: () = assert!(TCGETS2 == libc::TCGETS2);
 const _: () = assert!(TCSETS2 == libc::TCSETS2);
+const _: () = assert!(TCFLSH == libc::TCFLSH);
+const _: () = assert!(TCIFLUSH == libc::TCIFLUSH);
+const _: () = assert!(TCOFLUSH == libc::TCOFLUSH);
+const _: () = assert!(TCXONC == libc::TCXONC);
+const _: () = assert!(TCOOFF == libc::TCOOFF);
+const _: () = assert!(TCOON == libc::TCOON);
+const _: () = assert!(TIOCGETD == libc::TIOCGETD);
+const _: () = assert!(TIOCSETD == libc::TIOCSETD);

@@ -449,14 +449,25 @@ fn fd_description(kind: &FdKind) -> String {
             if p.bound.is_empty() { "" } else { " bound" }
         ),
         FdKind::BpfMap(m) => format!(
-            "BPF map {:?} type {} ({} elements of {}+{} bytes, at most {}){}",
+            "BPF map {:?} type {} ({} elements of {}+{} bytes, at most {}){}{}{}{}",
             m.name,
             m.map_type,
             m.elements.len(),
             m.key_size,
             m.value_size,
             m.max_entries,
-            if m.frozen { " frozen" } else { "" }
+            if m.frozen { " frozen" } else { "" },
+            if m.cpus > 0 {
+                format!(", a value per CPU ({})", m.cpus)
+            } else {
+                String::new()
+            },
+            if m.btf.is_some() { ", with BTF" } else { "" },
+            if m.inner.is_empty() {
+                String::new()
+            } else {
+                format!(", holding {} maps", m.inner.len())
+            }
         ),
         FdKind::Epoll { targets, .. } => format!("epoll with {} fds", targets.len()),
                 FdKind::IoUring(u) => format!(

@@ -117,6 +117,119 @@ fn unsupported_fd_is_refused_and_process_keeps_running() {
     );
 }
 
+/// `python3` holding what `setup` (Python, with `bpf(cmd, attr)` and
+/// `ctypes`/`struct`/`socket` at hand) makes, then sleeping.
+fn python_bpf(setup: &str) -> std::process::Child {
+    python(&format!(
+        "import ctypes,struct,socket,time\n\
+         libc=ctypes.CDLL(None,use_errno=True)\n\
+         libc.syscall.restype=ctypes.c_long\n\
+         def bpf(cmd,attr):\n    b=ctypes.create_string_buffer(attr,128)\n    r=libc.syscall(321,cmd,b,128)\n    assert r>=0\n    return r\n\
+         {setup}\n\
+         time.sleep(100)\n"
+    ))
+}
+
+/// Whether `pid` holds a fd whose link starts with `prefix`.
+fn holds(pid: i32, prefix: &str) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .any(|l| l.to_string_lossy().starts_with(prefix))
+        })
+        .unwrap_or(false)
+}
+
+// A bloom filter's bits cannot be read back (a lookup only tests a value):
+// refused by name, saying so.
+#[test]
+fn bpf_bloom_filter_is_refused_saying_why() {
+    let d = tempfile::tempdir().unwrap();
+    // BPF_MAP_CREATE: BPF_MAP_TYPE_BLOOM_FILTER, no key, 4-byte values.
+    let child = python_bpf("m=bpf(0,struct.pack('IIIII',30,0,4,16,0))");
+    refused_once_ready(
+        child,
+        &d.path().join("img"),
+        ("python to make its map", &|pid| {
+            holds(pid, "anon_inode:bpf-map")
+        }),
+        "no way to read its bits",
+    );
+}
+
+// A BPF array mapped in the process's memory: refused with its area.
+#[test]
+fn bpf_map_mapped_in_memory_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    // BPF_MAP_CREATE: an array of one 4096-byte value, BPF_F_MMAPABLE
+    // (1 << 10), mapped shared.
+    let child = python_bpf(
+        "m=bpf(0,struct.pack('IIIII',2,4,4096,1,1<<10))\n\
+         import mmap\n\
+         a=mmap.mmap(m,4096,mmap.MAP_SHARED,mmap.PROT_READ|mmap.PROT_WRITE)\n\
+         a[0:5]=b'hello'\n\
+         open('/proc/self/comm','w').write('mapped')",
+    );
+    refused_once_ready(
+        child,
+        &d.path().join("img"),
+        ("python to map its BPF map", &|pid| comm_of(pid) == "mapped"),
+        "maps a BPF map",
+    );
+}
+
+// A ring buffer holding records: they cannot be written back (only a BPF
+// program writes records, the positions cannot be set).
+#[test]
+fn bpf_ring_buffer_holding_records_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    // A user ring buffer (BPF_MAP_TYPE_USER_RINGBUF, 8 KiB) whose producer
+    // position the program moved on (its producer page is the program's
+    // to write), then unmapped.
+    let child = python_bpf(
+        "m=bpf(0,struct.pack('IIIII',31,0,0,8192,0))\n\
+         import mmap\n\
+         a=mmap.mmap(m,4096,mmap.MAP_SHARED,mmap.PROT_READ|mmap.PROT_WRITE,offset=4096)\n\
+         a[0:8]=struct.pack('Q',8)\n\
+         a.close()\n\
+         open('/proc/self/comm','w').write('filled')",
+    );
+    refused_once_ready(
+        child,
+        &d.path().join("img"),
+        ("python to fill its ring buffer", &|pid| {
+            comm_of(pid) == "filled"
+        }),
+        "ring buffer holding 8 bytes of records",
+    );
+}
+
+// An eBPF socket filter: the kernel keeps only the instructions its
+// verifier rewrote, not a loadable program.
+#[test]
+fn ebpf_socket_filter_is_refused_saying_why() {
+    let d = tempfile::tempdir().unwrap();
+    // BPF_PROG_LOAD of a socket filter "r0 = 0; exit", attached with
+    // SO_ATTACH_BPF to a UDP socket.
+    let child = python_bpf(
+        "ib=ctypes.create_string_buffer(struct.pack('BBhi',0xb7,0,0,0)+struct.pack('BBhi',0x95,0,0,0))\n\
+         lic=ctypes.create_string_buffer(b'GPL')\n\
+         p=bpf(5,struct.pack('IIQQ',1,2,ctypes.addressof(ib),ctypes.addressof(lic)))\n\
+         s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n\
+         s.setsockopt(socket.SOL_SOCKET,50,p)\n\
+         import os\n\
+         os.close(p)",
+    );
+    refused_once_ready(
+        child,
+        &d.path().join("img"),
+        ("python to attach its filter", &|pid| {
+            holds(pid, "socket:") && !holds(pid, "anon_inode:bpf-prog")
+        }),
+        "keeps no loadable copy of a program",
+    );
+}
+
 // An epoll in flight is saved with its registrations matched against the
 // fds of the socket's holder. Here the registered pipe end is itself in
 // flight, held by no process: the registration could not be made again,

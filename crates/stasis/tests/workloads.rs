@@ -200,6 +200,7 @@ workload_tests! {
     aio: "aio";
     unlinked_link: "unlinked_link";
     pty_hungup: "pty_hungup";
+    pty_modes: "pty_modes";
     bpf_map: "bpf_map";
     packet: "packet";
     hugetlb: "hugetlb";

@@ -80,10 +80,11 @@ pub struct DeletedNode {
     pub target: Option<String>,
 }
 
-/// A BPF map: what `BPF_MAP_CREATE` was given (no BTF) and its elements.
+/// A BPF map: what `BPF_MAP_CREATE` was given and its elements.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BpfMap {
-    /// `enum bpf_map_type` (`BPF_MAP_TYPE_HASH`, `_ARRAY`, `_LRU_HASH`).
+    /// `enum bpf_map_type` (hash, array, LRU hash, their per-CPU kinds,
+    /// queue, stack, array or hash of maps).
     pub map_type: u32,
     pub key_size: u32,
     pub value_size: u32,
@@ -94,6 +95,33 @@ pub struct BpfMap {
     pub name: String,
     /// Frozen (`BPF_MAP_FREEZE`): the syscall side can no longer change it.
     pub frozen: bool,
-    /// (key, value) of every element, in the kernel's key order.
+    /// (key, value) of every element, in the kernel's key order. A
+    /// per-CPU map's value is one `value_size` rounded up to 8 bytes per
+    /// possible CPU; a queue's or stack's keys are empty and its values in
+    /// the order they are popped; a map of maps' value is the index in
+    /// `inner` of the map it holds (u32, native endian).
     pub elements: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The map's id at the dump (0 in older images): fds and maps of maps
+    /// holding one map share it again.
+    #[serde(default)]
+    pub id: u32,
+    /// Possible CPUs of the dumping host, for a per-CPU map (0 otherwise).
+    #[serde(default)]
+    pub cpus: u32,
+    /// Its BTF object and the key and value type ids in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub btf: Option<BpfBtf>,
+    /// The maps a map of maps holds, each once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inner: Vec<BpfMap>,
+}
+
+/// The BTF object of a BPF map: its raw data (`BPF_BTF_LOAD` loads it
+/// again) and the type ids of the map's keys and values.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BpfBtf {
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+    pub key_type_id: u32,
+    pub value_type_id: u32,
 }
