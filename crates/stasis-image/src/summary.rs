@@ -122,6 +122,7 @@ pub fn verify_checkpoint(cp: &Checkpoint) -> Result<(), ImageError> {
             pack.verify()?;
         }
     }
+    cp.open_content()?;
     if cp.manifest.parent.is_some() {
         let chain = load_chain(&cp.image(), Some(cp.number))?;
         for p in cp.manifest.processes.iter().filter(|p| p.zombie.is_none()) {

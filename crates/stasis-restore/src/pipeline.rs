@@ -46,6 +46,8 @@ pub(crate) struct Build<'a> {
     pub records: Vec<Record<'a>>,
     pub transport: &'a Transport,
     pub opts: &'a RestoreOptions,
+    /// The checkpoint's saved file content (its content pack, verified).
+    pub content: &'a stasis_image::ContentSource,
     /// Of the bytes restored, those left to the lazy filler.
     pub lazy_bytes: u64,
 }
@@ -107,6 +109,9 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     let m = &cp.manifest;
     let chain = stasis_image::load_chain(store, Some(cp.number))?;
     let mut records = page_sources(&chain, m)?;
+    // The content of the files saved whole, checked before anything is
+    // made (a damaged run is refused here, as a damaged page run is).
+    let content = cp.open_content().map_err(RestoreError::Corrupt)?;
     let waited = Instant::now();
     wait_pids_free(m, &plan, opts)?;
     let pid_wait_us = micros(waited);
@@ -131,6 +136,7 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
         records,
         transport: &transport,
         opts,
+        content: &content,
         lazy_bytes: 0,
     };
 
@@ -358,18 +364,19 @@ fn build_tree(b: &mut Build<'_>) -> Result<u64> {
     let m = b.m;
     // Every open file description is made by one factory; the ptys that
     // are controlling terminals are wanted as soon as the tree is forked.
-    let factory = files::FdFactory::new(
+    let mut factory = files::FdFactory::new(
         &m.pipes,
         &m.ghosts,
         m.processes.iter().flat_map(|p| p.fds.iter()),
     );
+    factory.set_content(b.content);
     stub::prepare_root(b)?;
     // System V segments exist before anyone attaches them (in the tree's
     // IPC namespace); so do the POSIX ones saved with `--shm-file`, before
     // anyone maps them.
     let root_outer = b.root()?.t.pid();
-    crate::ns::in_ipc(m, root_outer, || sysv::prepare(&m.sysv_shm))??;
-    for p in stasis_objects::posix_shm::restore(&m.shm_files)? {
+    crate::ns::in_ipc(m, root_outer, || sysv::prepare(&m.sysv_shm, b.content))??;
+    for p in stasis_objects::posix_shm::restore(&m.shm_files, Some(b.content))? {
         tracing::debug!(path = %p.display(), "POSIX shared memory object put back");
     }
     let mut cx = process::TreeCtx {

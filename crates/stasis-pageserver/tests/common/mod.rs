@@ -82,6 +82,7 @@ pub fn manifest(checkpoint: u32, parent: Option<u32>, processes: Vec<ProcessImag
         sysv_shm: vec![],
         cut: None,
         namespaces: None,
+        content: None,
     }
 }
 
