@@ -318,6 +318,7 @@ impl From<ImageError> for Fail {
             E::CorruptManifest { .. }
             | E::CorruptPack { .. }
             | E::PageChecksum { .. }
+            | E::ContentChecksum { .. }
             | E::BrokenChain { .. }
             | E::NewerFormat { .. }
             | E::CorruptLatest { .. } => ErrorCode::Corrupt,
