@@ -256,7 +256,12 @@ mod tests {
 
     fn pattern(len: usize, seed: u8) -> Vec<u8> {
         (0..len)
-            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .map(|i| {
+                u8::try_from(i % 251)
+                    .unwrap()
+                    .wrapping_mul(31)
+                    .wrapping_add(seed)
+            })
             .collect()
     }
 

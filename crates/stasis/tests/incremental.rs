@@ -363,7 +363,7 @@ fn run_puts_back_a_shm_object_of_80_mib_the_job_freed() {
         for (r, at) in [(0u64, 4u64 << 20), (1, (150 << 20) + 12345)] {
             for i in 0..40u64 {
                 for (j, b) in piece.iter_mut().enumerate() {
-                    *b = (j as u64 ^ (r << 7) ^ (i * 13)) as u8;
+                    *b = (j as u64 ^ (r << 7) ^ (i * 13)).to_le_bytes()[0];
                 }
                 f.write_all_at(&piece, at + (i << 20)).unwrap();
             }
