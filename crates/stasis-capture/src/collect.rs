@@ -453,11 +453,12 @@ fn write_manifest(
         f.extents = c.write(&mut cw)?;
         shm.push(f);
     }
-    let content = cw.finish()?;
+
     let mut pipes: Vec<_> = std::mem::take(&mut collector.pipes).into_values().collect();
     pipes.sort_by_key(|p| p.id);
     let threads = images.iter().map(|p| p.threads.len()).sum();
-    let ns = crate::ns::describe(fr.opts.pid, &images)?;
+    let ns = crate::ns::describe(fr.opts.pid, &images, &mut cw)?;
+    let content = cw.finish()?;
     if !incremental {
         for image in &mut images {
             image.data_ranges = None;

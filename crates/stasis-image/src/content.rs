@@ -1,6 +1,6 @@
 //! The content pack: the bytes of the files a checkpoint saves whole
 //! (deleted files and memfds, System V segments, POSIX shared memory
-//! objects), stored outside the manifest so that their size is not
+//! objects, the files of a namespaced tree's tmpfs mounts), stored outside the manifest so that their size is not
 //! bounded by it and neither a dump nor a restore holds them in memory.
 //!
 //! It is a page pack (`content.pack`, header pid 0) like a process's,

@@ -59,7 +59,8 @@ pub struct Manifest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespaces: Option<Namespaces>,
     /// The content pack (`content.pack`): the bytes of the data extents of
-    /// `ghosts`, `sysv_shm` and `shm_files` (see [`Extent::at`]). `None`
+    /// `ghosts`, `sysv_shm`, `shm_files` and tmpfs files (see
+    /// [`Extent::at`]). `None`
     /// when no object has data, and in images written before it, whose
     /// extents carry their bytes inline. A manifest with it says
     /// [`CONTENT_MANIFEST_VERSION`].
@@ -74,9 +75,19 @@ pub const CONTENT_MANIFEST_VERSION: u32 = 4;
 
 impl Manifest {
     /// The format version this manifest's content calls for: 4 with a
-    /// content pack, 3 with namespaces, else [`crate::FORMAT_VERSION`].
+    /// content pack (or a tmpfs file described by its size), 3 with
+    /// namespaces, else [`crate::FORMAT_VERSION`].
     pub fn format_version(&self) -> u32 {
-        if self.content.is_some() {
+        // A tmpfs file described by `size` (even one all holes) is one an
+        // older reader would make empty.
+        let sized_tmpfs = self
+            .namespaces
+            .iter()
+            .filter_map(|n| n.mnt.as_ref())
+            .flat_map(|m| m.tmpfs.iter())
+            .flat_map(|t| t.entries.iter())
+            .any(|e| e.size != 0);
+        if self.content.is_some() || sized_tmpfs {
             CONTENT_MANIFEST_VERSION
         } else if self.namespaces.is_some() {
             NAMESPACES_MANIFEST_VERSION
@@ -179,9 +190,26 @@ pub struct TmpfsEntry {
     pub mode: u32,
     pub uid: u32,
     pub gid: u32,
-    /// A regular file's content, or a symbolic link's target.
+    /// A symbolic link's target; a regular file's content in images
+    /// written before content packs (`size` 0, no `extents`).
     #[serde(default, with = "serde_bytes")]
     pub data: Vec<u8>,
+    /// A regular file's size (its data is in `extents`; the rest is
+    /// holes). 0 in older images.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub size: u64,
+    /// A regular file's data extents, in the content pack.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extents: Vec<Extent>,
+}
+
+impl TmpfsEntry {
+    /// A regular file's size and data extents, in order (checked).
+    pub fn content(&self) -> Result<Content<'_>, ContentError> {
+        let (size, ext) = content(&self.data, self.size, &self.extents);
+        check_extents(size, &ext, || format!("tmpfs file {}", self.path))?;
+        Ok((size, ext))
+    }
 }
 
 /// Where a checkpoint stands in a distributed application's history: the

@@ -365,6 +365,7 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
                     uid: 0,
                     gid: 0,
                     data: b"content".to_vec(),
+                    ..Default::default()
                 }],
             }],
             binds: vec![manifest::BindMount {
@@ -382,6 +383,15 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
     let back = decode_manifest(&bytes, 3, p()).unwrap();
     assert_eq!(back, m);
     assert_eq!(encode_manifest(&back).unwrap(), bytes);
+    // A tmpfs file described by its size (data in the content pack, or
+    // all holes) is one a reader of version 3 would make empty: 4.
+    let mut sized = m.clone();
+    let mnt = sized.namespaces.as_mut().unwrap().mnt.as_mut().unwrap();
+    mnt.tmpfs[0].entries[0].data.clear();
+    mnt.tmpfs[0].entries[0].size = 1 << 30;
+    assert_eq!(sized.format_version(), manifest::CONTENT_MANIFEST_VERSION);
+    let b = encode_manifest(&sized).unwrap();
+    assert_eq!(decode_manifest(&b, 3, p()).unwrap(), sized);
     // Version 5 is newer than this reader.
     let mut newer = bytes.clone();
     newer[8..12].copy_from_slice(&5u32.to_le_bytes());

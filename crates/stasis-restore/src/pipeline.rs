@@ -122,7 +122,7 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     records[0].proc = Some(root);
     // The tree's sockets are made in its network namespace: this thread
     // works there until the restore is over.
-    let _netns = match crate::ns::after_spawn(m, root_outer) {
+    let _netns = match crate::ns::after_spawn(m, root_outer, &content) {
         Ok(n) => n,
         Err(e) => {
             let procs = records.into_iter().filter_map(|r| r.proc);
