@@ -34,6 +34,9 @@ pub struct CheckpointSummary {
     /// Sum of `memory_pages` over all processes: pages a restore of this
     /// checkpoint fills (equal to `total_pages` for a full checkpoint).
     pub memory_pages: u64,
+    /// Size in bytes of the content pack (the saved bytes of deleted files,
+    /// memfds, shared memory objects and tmpfs files); 0 without one.
+    pub content_bytes: u64,
 }
 
 /// One process of a [`CheckpointSummary`].
@@ -108,6 +111,7 @@ pub fn summarize(cp: &Checkpoint) -> CheckpointSummary {
             .iter()
             .map(|p| p.memory_pages)
             .fold(0, u64::saturating_add),
+        content_bytes: m.content.as_ref().map_or(0, |r| r.size),
         processes,
     }
 }
