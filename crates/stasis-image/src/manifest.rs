@@ -71,10 +71,14 @@ pub struct Manifest {
 /// Manifest format version written when [`Manifest::content`] is set, so
 /// that a reader that predates content packs refuses the manifest instead
 /// of restoring every saved file as holes (its extents carry no bytes).
-pub const CONTENT_MANIFEST_VERSION: u32 = 4;
+/// (Version 4 is a shell job's: `SHELL_JOB_MANIFEST_VERSION` on main.)
+pub const CONTENT_MANIFEST_VERSION: u32 = 5;
+
+/// The newest manifest format version this reader knows.
+pub const LATEST_MANIFEST_VERSION: u32 = CONTENT_MANIFEST_VERSION;
 
 impl Manifest {
-    /// The format version this manifest's content calls for: 4 with a
+    /// The format version this manifest's content calls for: 5 with a
     /// content pack (or a tmpfs file described by its size), 3 with
     /// namespaces, else [`crate::FORMAT_VERSION`].
     pub fn format_version(&self) -> u32 {

@@ -384,7 +384,7 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
     assert_eq!(back, m);
     assert_eq!(encode_manifest(&back).unwrap(), bytes);
     // A tmpfs file described by its size (data in the content pack, or
-    // all holes) is one a reader of version 3 would make empty: 4.
+    // all holes) is one an older reader would make empty: 5.
     let mut sized = m.clone();
     let mnt = sized.namespaces.as_mut().unwrap().mnt.as_mut().unwrap();
     mnt.tmpfs[0].entries[0].data.clear();
@@ -392,18 +392,19 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
     assert_eq!(sized.format_version(), manifest::CONTENT_MANIFEST_VERSION);
     let b = encode_manifest(&sized).unwrap();
     assert_eq!(decode_manifest(&b, 3, p()).unwrap(), sized);
-    // Version 5 is newer than this reader.
+    // A version after the latest is newer than this reader.
+    let next = manifest::LATEST_MANIFEST_VERSION + 1;
     let mut newer = bytes.clone();
-    newer[8..12].copy_from_slice(&5u32.to_le_bytes());
+    newer[8..12].copy_from_slice(&next.to_le_bytes());
     assert!(matches!(
         decode_manifest(&newer, 3, p()),
-        Err(ImageError::NewerFormat { found: 5, .. })
+        Err(ImageError::NewerFormat { found, .. }) if found == next
     ));
 }
 
-/// A manifest whose saved files are in a content pack says version 4 (a
-/// reader of version 3 refuses it as newer, rather than restoring them as
-/// holes), round-trips, and must say 4: a version 2 or 3 header on it is
+/// A manifest whose saved files are in a content pack says version 5 (an
+/// older reader refuses it as newer, rather than restoring them as
+/// holes), round-trips, and must say 5: an older version in its header is
 /// corruption.
 #[test]
 fn a_content_pack_raises_the_manifest_version_and_round_trips() {
@@ -430,7 +431,7 @@ fn a_content_pack_raises_the_manifest_version_and_round_trips() {
     let back = decode_manifest(&bytes, 3, p()).unwrap();
     assert_eq!(back, m);
     assert_eq!(encode_manifest(&back).unwrap(), bytes);
-    for older in [2u32, 3] {
+    for older in [2u32, 3, 4] {
         let mut b = bytes.clone();
         b[8..12].copy_from_slice(&older.to_le_bytes());
         assert!(
