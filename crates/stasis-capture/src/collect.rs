@@ -398,7 +398,13 @@ fn write_manifest(
     fr: &mut Frame<'_, '_>,
     records: Vec<ProcRecord>,
     collector: &mut fds::FdCollector,
-    (xfeatures, shm_files): (u64, Vec<stasis_image::manifest::ShmFile>),
+    (xfeatures, shm_files): (
+        u64,
+        Vec<(
+            stasis_image::manifest::ShmFile,
+            stasis_objects::content::PendingContent,
+        )>,
+    ),
 ) -> Result<Pending> {
     let mut ck = fr.store.begin_checkpoint()?;
     let incremental = fr.base.is_some()
@@ -430,10 +436,31 @@ fn write_manifest(
         .into_values()
         .collect();
     ghosts.sort_by_key(|g| g.id);
+    // The data of the files saved whole, read while the tree is frozen,
+    // a buffer at a time, into the content pack.
+    let mut cw = ck.content_writer();
+    for g in &mut ghosts {
+        if let Some(c) = collector.ghost_content.remove(&g.id) {
+            g.extents = c.write(&mut cw)?;
+        }
+    }
+    let mut sysv_shm = std::mem::take(&mut collector.sysv);
+    for s in &mut sysv_shm {
+        if let Some(c) = collector.sysv_content.remove(&s.shmid) {
+            s.extents = c.write(&mut cw)?;
+        }
+    }
+    let mut shm = Vec::with_capacity(shm_files.len());
+    for (mut f, c) in shm_files {
+        f.extents = c.write(&mut cw)?;
+        shm.push(f);
+    }
+
     let mut pipes: Vec<_> = std::mem::take(&mut collector.pipes).into_values().collect();
     pipes.sort_by_key(|p| p.id);
     let threads = images.iter().map(|p| p.threads.len()).sum();
-    let ns = crate::ns::describe(fr.opts.pid, &images)?;
+    let ns = crate::ns::describe(fr.opts.pid, &images, &mut cw)?;
+    let content = cw.finish()?;
     if !incremental {
         for image in &mut images {
             image.data_ranges = None;
@@ -486,11 +513,12 @@ fn write_manifest(
         },
         pipes,
         ghosts,
-        sysv_shm: std::mem::take(&mut collector.sysv),
-        shm_files,
+        sysv_shm,
+        shm_files: shm,
         cut: fr.opts.cut.as_ref().map(|c| c.mark()),
         namespaces: ns.as_ref().map(|n| n.namespaces.clone()),
         shell_job: collector.take_shell_job(),
+        content,
     };
     // PIDs are the namespace's only with a PID namespace of its own (a tree
     // whose other namespaces differ keeps the dumper's PIDs: one started by

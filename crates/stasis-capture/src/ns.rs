@@ -18,6 +18,8 @@ use stasis_image::manifest::{
     BindMount, FdKind, Manifest, MountNamespace, Namespaces, NetNamespace, ProcessImage,
     TmpfsEntry, TmpfsMount, UtsNamespace,
 };
+use stasis_image::ContentWriter;
+use stasis_kernel::fdops as kns_fdops;
 use stasis_kernel::ns::{self as kns, NsKind};
 
 use crate::{proc, CaptureError, Result, SaveError};
@@ -104,7 +106,7 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
         check_ipc(root)?;
     }
     if own.contains(&NsKind::Mnt) {
-        let mnt = extra_mounts(root, own.contains(&NsKind::Pid), false)?;
+        let mnt = extra_mounts(root, own.contains(&NsKind::Pid), None)?;
         check_tmpfs_fds(tree, &mnt)?;
     }
     Ok(())
@@ -214,18 +216,18 @@ fn mounts(info: &str) -> Vec<MountLine> {
         .collect()
 }
 
-/// Most bytes of content of the tmpfs mounts of one tree.
-const TMPFS_MAX_BYTES: u64 = 64 << 20;
-
 /// The mounts of the root's mount namespace that the dumper's has not
 /// (mounts it lacks are left as the restorer has them): a proc on `/proc`
-/// (with `own_pid`) and tmpfs mounts (their content read when `content`);
-/// refuses every other.
-fn extra_mounts(root: i32, own_pid: bool, content: bool) -> Result<MountNamespace> {
+/// (with `own_pid`) and tmpfs mounts (their files' data copied into the
+/// content pack when `content` is given); refuses every other.
+fn extra_mounts(
+    root: i32,
+    own_pid: bool,
+    mut content: Option<&mut ContentWriter>,
+) -> Result<MountNamespace> {
     let my_mounts = mounts(&proc::read(std::process::id() as i32, "mountinfo")?);
     let mine: HashSet<_> = my_mounts.iter().map(MountLine::key).collect();
     let mut ns = MountNamespace::default();
-    let mut total = 0u64;
     for m in mounts(&proc::read(root, "mountinfo")?) {
         if mine.contains(&m.key()) {
             continue;
@@ -246,8 +248,8 @@ fn extra_mounts(root: i32, own_pid: bool, content: bool) -> Result<MountNamespac
                     format!("its tmpfs mount on {at} is on (or over) its tmpfs mount on {}; nested tmpfs mounts are not supported", t.target),
                 ));
             }
-            let entries = if content {
-                tmpfs_entries(root, at, &mut total)?
+            let entries = if let Some(w) = content.as_deref_mut() {
+                tmpfs_entries(root, at, w)?
             } else {
                 Vec::new()
             };
@@ -314,9 +316,10 @@ fn mount_flags(opts: &str) -> u64 {
 
 /// Everything in the tmpfs mounted on `at` in the mount namespace of
 /// `root` (read through `/proc/ROOT/root`), directories before what they
-/// hold; `total` counts the bytes of content of the tree's tmpfs mounts.
-fn tmpfs_entries(root: i32, at: &str, total: &mut u64) -> Result<Vec<TmpfsEntry>> {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+/// hold; a regular file's data goes into the content pack (`w`), extent
+/// by extent (holes stay holes), a buffer at a time.
+fn tmpfs_entries(root: i32, at: &str, w: &mut ContentWriter) -> Result<Vec<TmpfsEntry>> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
     let base = std::path::PathBuf::from(format!("/proc/{root}/root{at}"));
     let io = |e: std::io::Error| CaptureError::from_proc(root, &format!("root{at}"), e);
     let mut out = Vec::new();
@@ -329,15 +332,24 @@ fn tmpfs_entries(root: i32, at: &str, total: &mut u64) -> Result<Vec<TmpfsEntry>
         };
         let md = std::fs::symlink_metadata(&path).map_err(io)?;
         let ft = md.file_type();
+        let (mut size, mut extents) = (0, Vec::new());
         let data = if ft.is_file() {
-            *total += md.len();
-            if *total > TMPFS_MAX_BYTES {
-                return Err(refuse(
-                    root,
-                    format!("its tmpfs mounts hold more than {} MiB (at {at}/{rel}); stasis saves at most that much", TMPFS_MAX_BYTES >> 20),
-                ));
+            // O_NOATIME (where allowed): reading changes nothing the tree
+            // sees.
+            let open = |flags| {
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(flags)
+                    .open(&path)
+            };
+            let f = open(libc::O_NOATIME | libc::O_NOFOLLOW)
+                .or_else(|_| open(libc::O_NOFOLLOW))
+                .map_err(io)?;
+            size = md.len();
+            for (a, b) in kns_fdops::data_extents(&f, 0, size).map_err(io)? {
+                extents.push(w.copy_extent(&f, &path, a, b - a)?);
             }
-            std::fs::read(&path).map_err(io)?
+            Vec::new()
         } else if ft.is_symlink() {
             std::fs::read_link(&path)
                 .map_err(io)?
@@ -377,6 +389,8 @@ fn tmpfs_entries(root: i32, at: &str, total: &mut u64) -> Result<Vec<TmpfsEntry>
             uid: md.uid(),
             gid: md.gid(),
             data,
+            size,
+            extents,
         });
     }
     Ok(out)
@@ -417,7 +431,13 @@ pub struct NsCapture {
 }
 
 /// Reads the namespaces of the frozen tree (`None`: the dumper's).
-pub fn describe(root: i32, images: &[ProcessImage]) -> Result<Option<NsCapture>> {
+/// The data of the files of its tmpfs mounts goes into the content pack
+/// (`content`).
+pub fn describe(
+    root: i32,
+    images: &[ProcessImage],
+    content: &mut ContentWriter,
+) -> Result<Option<NsCapture>> {
     let own = own_kinds(root);
     if own.is_empty() {
         return Ok(None);
@@ -460,7 +480,7 @@ pub fn describe(root: i32, images: &[ProcessImage]) -> Result<Option<NsCapture>>
         ns.net = Some(NetNamespace { lo_up });
     }
     if own.contains(&NsKind::Mnt) {
-        let m = extra_mounts(root, ns.pid, true)?;
+        let m = extra_mounts(root, ns.pid, Some(content))?;
         // A copy of the dumper's with nothing of its own (`ip netns exec`
         // gives each command one, with its own /sys): the dumper's, as
         // before namespaces were saved; its restore needs no new one.

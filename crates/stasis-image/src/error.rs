@@ -90,6 +90,16 @@ pub enum ImageError {
         reason: String,
     },
 
+    /// A run of the content pack (the saved bytes of deleted files, memfds,
+    /// shared memory) does not match its checksum.
+    #[error("saved file content (bytes {at:#x}..{:#x} of {}{}) fails its checksum: the image is corrupt; restore an earlier checkpoint with --checkpoint N", .at.saturating_add(u64::from(*.npages).saturating_mul(crate::PAGE_SIZE)), .path.display(), of_cp(.checkpoint))]
+    ContentChecksum {
+        checkpoint: Option<u32>,
+        path: PathBuf,
+        at: u64,
+        npages: u32,
+    },
+
     /// The data of one run does not match its checksum.
     #[error("pages {vaddr:#x}..{:#x} in page pack {}{} fail their checksum: the memory image is corrupt; restore an earlier checkpoint with --checkpoint N", .vaddr.saturating_add(u64::from(*.npages).saturating_mul(crate::PAGE_SIZE)), .path.display(), of_cp(.checkpoint))]
     PageChecksum {

@@ -242,6 +242,17 @@ impl Run<'_> {
             q.pack = pack;
             self.step(&format!("packed {n} pid {}", p.pid))?;
         }
+        // The content pack is the checkpoint's own (never shared along a
+        // chain): copied as it is, checked against its reference.
+        if let Some(r) = &manifest.content {
+            let from = head.pack_path(r)?;
+            let to = temp.join(&r.name);
+            let mut src = fsutil::open_read(&from)?;
+            let mut dst = fsutil::create_file(&to)?;
+            std::io::copy(&mut src, &mut dst).map_err(ImageError::io("copy", &to))?;
+            PackReader::open_inner(&to, Some(r), Some(n))?;
+            bytes += r.size;
+        }
         write_manifest(&temp, &manifest)?;
         sync_tree(&temp)?;
         self.step(&format!("built {n}"))?;

@@ -30,6 +30,7 @@
 
 pub mod areas;
 pub mod chain;
+mod content;
 mod error;
 mod fsutil;
 mod gc;
@@ -44,6 +45,7 @@ mod summary;
 pub mod touch;
 
 pub use chain::{load_chain, page_sources, PageSource};
+pub use content::{pack_refs, ContentSource, ContentWriter, CONTENT_PACK_NAME};
 pub use error::{one_line, FormatError, ImageError};
 pub use fsutil::{is_plain_name, write_atomic_file};
 pub use gc::{GcReport, MergeReport};

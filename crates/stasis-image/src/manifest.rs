@@ -62,6 +62,14 @@ pub struct Manifest {
     /// one: such a manifest says [`SHELL_JOB_MANIFEST_VERSION`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shell_job: Option<ShellJob>,
+    /// The content pack (`content.pack`): the bytes of the data extents of
+    /// `ghosts`, `sysv_shm`, `shm_files` and tmpfs files (see
+    /// [`Extent::at`]). `None`
+    /// when no object has data, and in images written before it, whose
+    /// extents carry their bytes inline. A manifest with it says
+    /// [`CONTENT_MANIFEST_VERSION`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<PackRef>,
 }
 
 /// Manifest format version written when [`Manifest::namespaces`] is set, so
@@ -74,8 +82,15 @@ pub const NAMESPACES_MANIFEST_VERSION: u32 = 3;
 /// would not know those fds' kind).
 pub const SHELL_JOB_MANIFEST_VERSION: u32 = 4;
 
+/// Manifest format version written when [`Manifest::content`] is set, so
+/// that a reader that predates content packs refuses the manifest instead
+/// of restoring every saved file as holes (its extents carry no bytes), and
+/// when a tmpfs file is described by its size (an older reader would make
+/// it empty).
+pub const CONTENT_MANIFEST_VERSION: u32 = 5;
+
 /// The newest manifest format version this reader knows.
-pub const LATEST_MANIFEST_VERSION: u32 = SHELL_JOB_MANIFEST_VERSION;
+pub const LATEST_MANIFEST_VERSION: u32 = CONTENT_MANIFEST_VERSION;
 
 impl Manifest {
     /// The format version this manifest's content calls for: the oldest
@@ -92,7 +107,19 @@ impl Manifest {
                 )
             })
         };
-        if self.shell_job.is_some() || unaccepted() {
+        // A tmpfs file described by `size` (even one all holes) is one an
+        // older reader would make empty.
+        let sized_tmpfs = || {
+            self.namespaces
+                .iter()
+                .filter_map(|n| n.mnt.as_ref())
+                .flat_map(|m| m.tmpfs.iter())
+                .flat_map(|t| t.entries.iter())
+                .any(|e| e.size != 0)
+        };
+        if self.content.is_some() || sized_tmpfs() {
+            CONTENT_MANIFEST_VERSION
+        } else if self.shell_job.is_some() || unaccepted() {
             SHELL_JOB_MANIFEST_VERSION
         } else if self.namespaces.is_some() {
             NAMESPACES_MANIFEST_VERSION
@@ -190,9 +217,26 @@ pub struct TmpfsEntry {
     pub mode: u32,
     pub uid: u32,
     pub gid: u32,
-    /// A regular file's content, or a symbolic link's target.
+    /// A symbolic link's target; a regular file's content in images
+    /// written before content packs (`size` 0, no `extents`).
     #[serde(default, with = "serde_bytes")]
     pub data: Vec<u8>,
+    /// A regular file's size (its data is in `extents`; the rest is
+    /// holes). 0 in older images.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub size: u64,
+    /// A regular file's data extents, in the content pack.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extents: Vec<Extent>,
+}
+
+impl TmpfsEntry {
+    /// A regular file's size and data extents, in order (checked).
+    pub fn content(&self) -> Result<Content<'_>, ContentError> {
+        let (size, ext) = content(&self.data, self.size, &self.extents);
+        check_extents(size, &ext, || format!("tmpfs file {}", self.path))?;
+        Ok((size, ext))
+    }
 }
 
 /// Where a checkpoint stands in a distributed application's history: the
@@ -238,8 +282,44 @@ pub struct SysvShm {
 pub struct Extent {
     /// Byte offset in the object.
     pub offset: u64,
-    #[serde(with = "serde_bytes")]
+    /// The bytes, in images written before content packs (`len` 0);
+    /// empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", with = "serde_bytes")]
     pub data: Vec<u8>,
+    /// Length in bytes of an extent stored in the content pack
+    /// ([`Manifest::content`]); 0 for inline `data`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub len: u64,
+    /// Pack address of the extent's first byte (page aligned); its bytes
+    /// are the `len` bytes from there.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub at: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl Extent {
+    /// An extent with its bytes inline (images before content packs, and
+    /// tests).
+    pub fn inline(offset: u64, data: Vec<u8>) -> Extent {
+        Extent {
+            offset,
+            data,
+            len: 0,
+            at: 0,
+        }
+    }
+
+    /// Length of the extent in bytes, wherever they are.
+    pub fn bytes(&self) -> u64 {
+        if self.len != 0 {
+            self.len
+        } else {
+            self.data.len() as u64
+        }
+    }
 }
 
 /// A POSIX shared memory object (`/dev/shm/NAME`, from `shm_open`) saved
@@ -260,9 +340,9 @@ pub struct ShmFile {
     pub held: bool,
 }
 
-/// The content of a sparse object: its size and its data extents
-/// `(offset, bytes)`, in order.
-pub type Content<'a> = (u64, Vec<(u64, &'a [u8])>);
+/// The content of a sparse object: its size and its data extents, in
+/// order. Their bytes are read with [`crate::ContentSource::read_extent`].
+pub type Content<'a> = (u64, std::borrow::Cow<'a, [Extent]>);
 
 /// The content of a sparse object from the sparse fields, or from `data`
 /// in an image written before them.
@@ -271,50 +351,49 @@ fn content<'a>(data: &'a [u8], size: u64, extents: &'a [Extent]) -> Content<'a> 
         let all = if data.is_empty() {
             Vec::new()
         } else {
-            vec![(0, data)]
+            vec![Extent::inline(0, data.to_vec())]
         };
-        (data.len() as u64, all)
+        (data.len() as u64, std::borrow::Cow::Owned(all))
     } else {
-        (
-            size,
-            extents
-                .iter()
-                .map(|e| (e.offset, e.data.as_slice()))
-                .collect(),
-        )
+        (size, std::borrow::Cow::Borrowed(extents))
     }
 }
 
 /// The content of a sparse object does not hold together: an extent out
-/// of order, overlapping another, or past the object's size.
+/// of order, overlapping another, past the object's size, or both inline
+/// and in the content pack.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{object}: extent {offset}+{len} out of order or past the size {size}")]
+#[error("{object}: extent {offset}+{len} out of order, past the size {size}, or malformed")]
 pub struct ContentError {
     /// The object ("System V segment N", "deleted file or memfd N").
     pub object: String,
     pub offset: u64,
-    pub len: usize,
+    pub len: u64,
     pub size: u64,
 }
 
-/// Checks that extents lie inside `size`, in order, without overlap.
+/// Checks that extents lie inside `size`, in order, without overlap, each
+/// either inline or in the pack at a page-aligned address.
 fn check_extents(
     size: u64,
-    extents: &[(u64, &[u8])],
+    extents: &[Extent],
     object: impl FnOnce() -> String,
 ) -> Result<(), ContentError> {
     let mut end = 0u64;
-    for &(off, d) in extents {
-        match off
-            .checked_add(d.len() as u64)
-            .filter(|&e| off >= end && e <= size)
+    for e in extents {
+        let len = e.bytes();
+        let well_formed = (e.len == 0 || e.data.is_empty()) && e.at % crate::PAGE_SIZE == 0;
+        match e
+            .offset
+            .checked_add(len)
+            .filter(|&x| well_formed && e.offset >= end && x <= size)
         {
-            Some(e) => end = e,
+            Some(x) => end = x,
             None => {
                 return Err(ContentError {
                     object: object(),
-                    offset: off,
-                    len: d.len(),
+                    offset: e.offset,
+                    len,
                     size,
                 })
             }
@@ -324,12 +403,22 @@ fn check_extents(
 }
 
 impl SysvShm {
-    /// Size of the segment and its data extents `(offset, bytes)`, in
-    /// order (checked: inside the size, no overlap).
+    /// Size of the segment and its data extents, in order (checked:
+    /// inside the size, no overlap).
     pub fn content(&self) -> Result<Content<'_>, ContentError> {
         let (size, ext) = content(&self.data, self.size, &self.extents);
         check_extents(size, &ext, || format!("System V segment {}", self.shmid))?;
         Ok((size, ext))
+    }
+}
+
+impl ShmFile {
+    /// Size of the object and its data extents, in order (checked).
+    pub fn content(&self) -> Result<Content<'_>, ContentError> {
+        check_extents(self.size, &self.extents, || {
+            format!("POSIX shared memory object {}", self.name)
+        })?;
+        Ok((self.size, std::borrow::Cow::Borrowed(&self.extents)))
     }
 }
 
@@ -1104,7 +1193,7 @@ mod tests {
             size,
             extents: extents
                 .into_iter()
-                .map(|(offset, data)| Extent { offset, data })
+                .map(|(offset, data)| Extent::inline(offset, data))
                 .collect(),
         }
     }
@@ -1113,7 +1202,11 @@ mod tests {
     fn content_of_old_and_sparse_images() {
         // Written before sparse content: the whole segment in `data`.
         let old = seg(vec![7; 4096], 0, vec![]);
-        assert_eq!(old.content().unwrap(), (4096, vec![(0, &[7u8; 4096][..])]));
+        let (size, ext) = old.content().unwrap();
+        assert_eq!(
+            (size, &ext[..]),
+            (4096, &[Extent::inline(0, vec![7; 4096])][..])
+        );
         // Sparse: holes between extents, an object with no data at all.
         let s = seg(
             vec![],
@@ -1122,11 +1215,25 @@ mod tests {
         );
         let (size, ext) = s.content().unwrap();
         assert_eq!(size, 3 << 20);
-        assert_eq!(ext, vec![(0, &[1u8; 10][..]), (1 << 20, &[2u8; 4096][..])]);
         assert_eq!(
-            seg(vec![], 1 << 30, vec![]).content().unwrap(),
-            (1 << 30, vec![])
+            &ext[..],
+            &[
+                Extent::inline(0, vec![1; 10]),
+                Extent::inline(1 << 20, vec![2; 4096])
+            ][..]
         );
+        let empty = seg(vec![], 1 << 30, vec![]);
+        let (size, ext) = empty.content().unwrap();
+        assert_eq!((size, ext.len()), (1 << 30, 0));
+        // In the content pack: `len` bytes at page-aligned `at`.
+        let mut packed = seg(vec![], 1 << 20, vec![]);
+        packed.extents = vec![Extent {
+            offset: 8192,
+            data: vec![],
+            len: 5000,
+            at: 4096,
+        }];
+        assert_eq!(packed.content().unwrap().1[0].bytes(), 5000);
     }
 
     #[test]
@@ -1138,6 +1245,18 @@ mod tests {
             vec![(u64::MAX - 2, vec![1; 10])],
         ] {
             assert!(seg(vec![], 8192, bad.clone()).content().is_err(), "{bad:?}");
+        }
+        // Both inline and in the pack; in the pack at an unaligned address
+        // or past the size.
+        for (data, len, at) in [(vec![1], 10, 0), (vec![], 10, 100), (vec![], 8193, 0)] {
+            let mut s = seg(vec![], 8192, vec![]);
+            s.extents = vec![Extent {
+                offset: 0,
+                data,
+                len,
+                at,
+            }];
+            assert!(s.content().is_err(), "{:?}", s.extents);
         }
     }
 }

@@ -26,7 +26,7 @@ pub const CUT_NAME: &str = "cut.json";
 /// index and trailer against its `PackRef`), before a commit.
 pub(crate) fn check_packs(dir: &Path, manifest: &Manifest, number: u32) -> Result<(), ImageError> {
     check_pack_names(manifest, number)?;
-    for r in manifest.processes.iter().filter_map(|p| p.pack.as_ref()) {
+    for r in crate::pack_refs(manifest) {
         PackReader::open_inner(&dir.join(&r.name), Some(r), Some(number))?;
     }
     Ok(())
@@ -35,7 +35,7 @@ pub(crate) fn check_packs(dir: &Path, manifest: &Manifest, number: u32) -> Resul
 /// Every pack `manifest` names is a plain file name (never a path out of
 /// its checkpoint directory).
 pub(crate) fn check_pack_names(manifest: &Manifest, number: u32) -> Result<(), ImageError> {
-    for r in manifest.processes.iter().filter_map(|p| p.pack.as_ref()) {
+    for r in crate::pack_refs(manifest) {
         if !is_plain_name(&r.name) {
             return Err(ImageError::UnsafeName {
                 checkpoint: Some(number),

@@ -656,6 +656,12 @@ impl CheckpointBuilder {
         PackWriter::create(&self.temp_dir, pack_file_name(pid), pid)
     }
 
+    /// The writer of the checkpoint's content pack (`content.pack`, made
+    /// on its first extent with data).
+    pub fn content_writer(&self) -> crate::ContentWriter {
+        crate::ContentWriter::new(&self.temp_dir)
+    }
+
     /// The tree is in a PID namespace of its own: `pids` maps the PIDs the
     /// dumper uses to the ones in that namespace, which the packs carry.
     pub fn set_pack_pids(&mut self, pids: std::collections::HashMap<i32, i32>) {

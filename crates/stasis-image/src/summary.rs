@@ -34,6 +34,9 @@ pub struct CheckpointSummary {
     /// Sum of `memory_pages` over all processes: pages a restore of this
     /// checkpoint fills (equal to `total_pages` for a full checkpoint).
     pub memory_pages: u64,
+    /// Size in bytes of the content pack (the saved bytes of deleted files,
+    /// memfds, shared memory objects and tmpfs files); 0 without one.
+    pub content_bytes: u64,
 }
 
 /// One process of a [`CheckpointSummary`].
@@ -108,6 +111,7 @@ pub fn summarize(cp: &Checkpoint) -> CheckpointSummary {
             .iter()
             .map(|p| p.memory_pages)
             .fold(0, u64::saturating_add),
+        content_bytes: m.content.as_ref().map_or(0, |r| r.size),
         processes,
     }
 }
@@ -122,6 +126,7 @@ pub fn verify_checkpoint(cp: &Checkpoint) -> Result<(), ImageError> {
             pack.verify()?;
         }
     }
+    cp.open_content()?;
     if cp.manifest.parent.is_some() {
         let chain = load_chain(&cp.image(), Some(cp.number))?;
         for p in cp.manifest.processes.iter().filter(|p| p.zombie.is_none()) {

@@ -73,6 +73,17 @@ impl Proc {
 
 /// Writes a checkpoint; returns its number and the memory it should restore.
 fn write_cp(image: &ImageDir, parent: Option<u32>, procs: &[Proc]) -> (u32, Image) {
+    write_cp_with(image, parent, procs, None)
+}
+
+/// [`write_cp`], with a deleted file holding `content` (in the content
+/// pack) when given.
+fn write_cp_with(
+    image: &ImageDir,
+    parent: Option<u32>,
+    procs: &[Proc],
+    content: Option<&[u8]>,
+) -> (u32, Image) {
     let mut b = image.begin_checkpoint().expect("begin");
     let mut images = Vec::new();
     let mut expected = Image::new();
@@ -104,6 +115,19 @@ fn write_cp(image: &ImageDir, parent: Option<u32>, procs: &[Proc]) -> (u32, Imag
     m.parent = parent;
     if parent.is_some() {
         m.stats.track = "hash".into();
+    }
+    if let Some(bytes) = content {
+        let src = tempfile::NamedTempFile::new().unwrap();
+        fs::write(src.path(), bytes).unwrap();
+        let mut w = b.content_writer();
+        let f = fs::File::open(src.path()).unwrap();
+        let e = w
+            .copy_extent(&f, src.path(), 0, bytes.len() as u64)
+            .unwrap();
+        m.ghosts[0].data.clear();
+        m.ghosts[0].size = bytes.len() as u64;
+        m.ghosts[0].extents = vec![e];
+        m.content = w.finish().unwrap();
     }
     let n = b.commit(&m).expect("commit");
     (n, expected)
@@ -432,6 +456,42 @@ fn gc_merges_the_oldest_kept_and_deletes_the_rest() {
         (r.kept, r.deleted, r.merged.len()),
         (vec![4, 5, 6], vec![], 0)
     );
+}
+
+/// A merged checkpoint keeps its own content pack (saved file content is
+/// never shared along a chain): gc copies it into the rebuilt checkpoint,
+/// which then verifies and reads the same bytes.
+#[test]
+fn gc_merging_a_checkpoint_keeps_its_content_pack() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = new_image(dir.path());
+    let mut pg = Pages(0);
+    let mut mem = Mem::new();
+    pg.region(&mut mem, A, 4);
+    let (n1, _) = write_cp(&image, None, &[Proc::full(100, 1, &mem, false)]);
+    let dirty = pg.dirty(&mut mem, A, &[1]);
+    let bytes: Vec<u8> = (0..(3u32 << 20) + 5).map(|i| (i % 253) as u8).collect();
+    let (n2, expected) = write_cp_with(
+        &image,
+        Some(n1),
+        &[Proc::dirty(100, 1, &mem, &dirty)],
+        Some(&bytes),
+    );
+    let r = image.gc(1).unwrap();
+    assert_eq!((r.kept, r.deleted), (vec![n2], vec![n1]));
+    assert_resolves(&image, n2, &expected, "after gc");
+    let cp = image.load(Some(n2)).unwrap();
+    assert_eq!(cp.manifest.parent, None);
+    verify_checkpoint(&cp).unwrap();
+    let src = cp.open_content().unwrap();
+    let mut back = vec![0u8; bytes.len()];
+    let e = &cp.manifest.ghosts[0].extents[0];
+    src.read_extent::<ImageError>(e, |off, b| {
+        back[off as usize..off as usize + b.len()].copy_from_slice(b);
+        Ok(())
+    })
+    .unwrap();
+    assert!(back == bytes, "content differs after gc");
 }
 
 #[test]

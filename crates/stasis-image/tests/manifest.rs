@@ -365,6 +365,7 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
                     uid: 0,
                     gid: 0,
                     data: b"content".to_vec(),
+                    ..Default::default()
                 }],
             }],
             binds: vec![manifest::BindMount {
@@ -382,6 +383,15 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
     let back = decode_manifest(&bytes, 3, p()).unwrap();
     assert_eq!(back, m);
     assert_eq!(encode_manifest(&back).unwrap(), bytes);
+    // A tmpfs file described by its size (data in the content pack, or
+    // all holes) is one an older reader would make empty: 5.
+    let mut sized = m.clone();
+    let mnt = sized.namespaces.as_mut().unwrap().mnt.as_mut().unwrap();
+    mnt.tmpfs[0].entries[0].data.clear();
+    mnt.tmpfs[0].entries[0].size = 1 << 30;
+    assert_eq!(sized.format_version(), manifest::CONTENT_MANIFEST_VERSION);
+    let b = encode_manifest(&sized).unwrap();
+    assert_eq!(decode_manifest(&b, 3, p()).unwrap(), sized);
     // A version after the newest is newer than this reader.
     let next = manifest::LATEST_MANIFEST_VERSION + 1;
     let mut newer = bytes.clone();
@@ -424,4 +434,46 @@ fn a_shell_job_raises_the_manifest_version_and_round_trips() {
     );
     let back = decode_manifest(&bytes, 3, p()).unwrap();
     assert_eq!(back, m);
+}
+
+/// A manifest whose saved files are in a content pack says version 5 (an
+/// older reader refuses it as newer, rather than restoring them as
+/// holes), round-trips, and must say 5: an older version in its header is
+/// corruption.
+#[test]
+fn a_content_pack_raises_the_manifest_version_and_round_trips() {
+    let mut m = small_manifest();
+    m.ghosts[0].data = Vec::new();
+    m.ghosts[0].size = 10 << 20;
+    m.ghosts[0].extents = vec![manifest::Extent {
+        offset: 4096,
+        data: Vec::new(),
+        len: (9 << 20) + 5,
+        at: 0,
+    }];
+    m.content = Some(manifest::PackRef {
+        name: stasis_image::CONTENT_PACK_NAME.into(),
+        size: 12 << 20,
+        pages: 2305,
+        index_checksum: 7,
+    });
+    let bytes = encode_manifest(&m).unwrap();
+    assert_eq!(
+        u32::from_le_bytes(bytes[8..12].try_into().unwrap()),
+        manifest::CONTENT_MANIFEST_VERSION
+    );
+    let back = decode_manifest(&bytes, 3, p()).unwrap();
+    assert_eq!(back, m);
+    assert_eq!(encode_manifest(&back).unwrap(), bytes);
+    for older in [2u32, 3, 4] {
+        let mut b = bytes.clone();
+        b[8..12].copy_from_slice(&older.to_le_bytes());
+        assert!(
+            matches!(
+                decode_manifest(&b, 3, p()),
+                Err(ImageError::CorruptManifest { .. })
+            ),
+            "version {older}"
+        );
+    }
 }

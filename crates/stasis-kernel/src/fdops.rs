@@ -127,49 +127,75 @@ pub fn memfd_create(name: &CStr, flags: u32) -> io::Result<OwnedFd> {
     owned(unsafe { libc::memfd_create(name.as_ptr(), flags) }.into())
 }
 
-/// Writes `extents` (offset, bytes) into the file `fd` of `size` bytes
-/// through a shared mapping of it: for files that take no `write`
-/// (hugetlbfs). The file is sized first (`ftruncate`).
-pub fn write_by_mapping(fd: BorrowedFd<'_>, size: u64, extents: &[(u64, &[u8])]) -> io::Result<()> {
-    let len = usize::try_from(size).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
-    let off_len =
-        libc::off_t::try_from(size).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
-    // SAFETY: ftruncate takes an fd and a length.
-    check(unsafe { libc::ftruncate(fd.as_raw_fd(), off_len) }.into())?;
-    if len == 0 {
-        return Ok(());
-    }
-    let mut at = Vec::with_capacity(extents.len());
-    for &(off, data) in extents {
-        match usize::try_from(off) {
-            Ok(o) if o.checked_add(data.len()).is_some_and(|e| e <= len) => at.push((o, data)),
-            _ => return Err(io::Error::from_raw_os_error(libc::EINVAL)),
+/// A shared mapping of a whole file, to write its content through it a
+/// piece at a time ([`SharedMap::write_at`]): for files that take no
+/// `write` (hugetlbfs). Unmapped on drop.
+#[derive(Debug)]
+pub struct SharedMap {
+    p: *mut libc::c_void,
+    len: usize,
+}
+
+impl SharedMap {
+    /// Sizes the file `fd` to `size` bytes (`ftruncate`) and maps it
+    /// shared, read-write (nothing is mapped for an empty file).
+    pub fn open(fd: BorrowedFd<'_>, size: u64) -> io::Result<SharedMap> {
+        let len = usize::try_from(size).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
+        let off_len =
+            libc::off_t::try_from(size).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
+        // SAFETY: ftruncate takes an fd and a length.
+        check(unsafe { libc::ftruncate(fd.as_raw_fd(), off_len) }.into())?;
+        if len == 0 {
+            return Ok(SharedMap {
+                p: std::ptr::null_mut(),
+                len,
+            });
         }
+        // SAFETY: a new shared mapping of `len` bytes of our own fd, at an
+        // address the kernel picks; checked for MAP_FAILED below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(SharedMap { p, len })
     }
-    // SAFETY: a new shared mapping of `len` bytes of our own fd, at an
-    // address the kernel picks; checked for MAP_FAILED below.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd.as_raw_fd(),
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    for (off, data) in at {
-        // SAFETY: `off + data.len() <= len` (checked above): the copy stays
-        // inside the mapping, which nothing else aliases.
+
+    /// Copies `data` to offset `off` of the file (`EINVAL` if it does not
+    /// fit in it).
+    pub fn write_at(&mut self, off: u64, data: &[u8]) -> io::Result<()> {
+        let at = usize::try_from(off)
+            .ok()
+            .filter(|o| o.checked_add(data.len()).is_some_and(|e| e <= self.len))
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `at + data.len() <= len` (checked above), and len > 0 so
+        // the mapping exists: the copy stays inside it, which nothing else
+        // aliases.
         unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), p.cast::<u8>().add(off), data.len());
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.p.cast::<u8>().add(at), data.len());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SharedMap {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: the mapping made by `open`, unmapped once.
+            unsafe { libc::munmap(self.p, self.len) };
         }
     }
-    // SAFETY: the mapping made above, unmapped once.
-    check(unsafe { libc::munmap(p, len) }.into()).map(drop)
 }
 
 /// `eventfd(init, flags)`.

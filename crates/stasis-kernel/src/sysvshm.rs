@@ -43,7 +43,7 @@ pub fn set_owner(shmid: i32, uid: u32, gid: u32) {
     }
 }
 
-/// Why [`refill`] failed.
+/// Why [`Attached::open`] or [`Attached::write_at`] failed.
 #[derive(Debug)]
 pub enum RefillError {
     /// `shmat` failed.
@@ -54,45 +54,51 @@ pub enum RefillError {
     OutOfBounds { offset: u64, len: usize },
 }
 
-/// Puts content back into segment `shmid` of `size` bytes: attached in
-/// this process, emptied first when `empty` (`MADV_REMOVE` punches holes
-/// in shmem), each extent `(offset, bytes)` copied to its offset, detached.
-pub fn refill(
-    shmid: i32,
+/// Segment `shmid` of `size` bytes attached in this process to put content
+/// back into it, a piece at a time ([`Attached::write_at`]); detached on
+/// drop.
+#[derive(Debug)]
+pub struct Attached {
+    p: *mut libc::c_void,
     size: usize,
-    empty: bool,
-    extents: &[(u64, &[u8])],
-) -> Result<(), RefillError> {
-    for &(off, d) in extents {
-        let end = usize::try_from(off)
+}
+
+impl Attached {
+    /// Attaches segment `shmid` of `size` bytes, emptied first when
+    /// `empty` (`MADV_REMOVE` punches holes in shmem).
+    pub fn open(shmid: i32, size: usize, empty: bool) -> Result<Attached, RefillError> {
+        // SAFETY: attaching anywhere in this process (the kernel picks a free range).
+        let p = unsafe { libc::shmat(shmid, std::ptr::null(), 0) };
+        if p as isize == -1 {
+            return Err(RefillError::Attach(io::Error::last_os_error()));
+        }
+        let a = Attached { p, size };
+        // SAFETY: `p` is a fresh attachment of `size` bytes.
+        if empty && size > 0 && unsafe { libc::madvise(p, size, libc::MADV_REMOVE) } != 0 {
+            return Err(RefillError::Empty(io::Error::last_os_error()));
+        }
+        Ok(a)
+    }
+
+    /// Copies `d` to offset `off` of the segment.
+    pub fn write_at(&mut self, off: u64, d: &[u8]) -> Result<(), RefillError> {
+        let at = usize::try_from(off)
             .ok()
-            .and_then(|o| o.checked_add(d.len()));
-        if end.is_none_or(|e| e > size) {
-            return Err(RefillError::OutOfBounds {
+            .filter(|o| o.checked_add(d.len()).is_some_and(|e| e <= self.size))
+            .ok_or(RefillError::OutOfBounds {
                 offset: off,
                 len: d.len(),
-            });
-        }
-    }
-    // SAFETY: attaching anywhere in this process (the kernel picks a free range).
-    let p = unsafe { libc::shmat(shmid, std::ptr::null(), 0) };
-    if p as isize == -1 {
-        return Err(RefillError::Attach(io::Error::last_os_error()));
-    }
-    // SAFETY: `p` is a fresh attachment of `size` bytes.
-    if empty && size > 0 && unsafe { libc::madvise(p, size, libc::MADV_REMOVE) } != 0 {
-        let e = io::Error::last_os_error();
-        // SAFETY: detaching the attachment made above.
-        unsafe { libc::shmdt(p) };
-        return Err(RefillError::Empty(e));
-    }
-    for &(off, d) in extents {
-        let off = usize::try_from(off).unwrap_or(0);
-        // SAFETY: off + d.len() <= size (checked above): inside the
+            })?;
+        // SAFETY: at + d.len() <= size (checked above): inside the
         // attachment; the source is our own slice, not overlapping it.
-        unsafe { std::ptr::copy_nonoverlapping(d.as_ptr(), p.cast::<u8>().add(off), d.len()) };
+        unsafe { std::ptr::copy_nonoverlapping(d.as_ptr(), self.p.cast::<u8>().add(at), d.len()) };
+        Ok(())
     }
-    // SAFETY: detaching the attachment made above.
-    unsafe { libc::shmdt(p) };
-    Ok(())
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        // SAFETY: detaching the attachment made by `open`, once.
+        unsafe { libc::shmdt(self.p) };
+    }
 }

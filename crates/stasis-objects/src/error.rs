@@ -79,6 +79,10 @@ pub enum RestoreError {
     Inconsistent(String),
     #[error(transparent)]
     Kernel(#[from] KernelError),
+    /// Saved content (of a deleted file, memfd or shared memory object)
+    /// could not be read from the image.
+    #[error("reading the saved content of a file: {0}")]
+    Content(#[from] stasis_image::ImageError),
 }
 
 /// A failed step whose cause is an `io::Error` from `op` (a syscall name).

@@ -8,16 +8,14 @@ use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 
-use stasis_image::manifest::{Extent, FdImage, FdKind, FileTimes, GhostFile};
+use stasis_image::manifest::{FdImage, FdKind, FileTimes, GhostFile};
+use stasis_image::ContentSource;
 use stasis_kernel::fdops;
 
 use crate::error::{file_err, io_step, os_err};
 use crate::restore::{open_with_mode, reopen_flags};
 use crate::save::proc_path;
 use crate::{Object, OpenFd, RestoreCtx, RestoreError, SaveCtx, SaveError};
-
-/// Largest deleted file or memfd stasis saves (its content goes into the manifest).
-const GHOST_MAX: u64 = 64 << 20;
 
 /// A deleted file or a memfd.
 pub struct Ghost;
@@ -54,12 +52,7 @@ impl Object for Ghost {
                 size: fd.meta.size(),
             }));
         }
-        save_content(
-            cx,
-            fd.pid,
-            &format!("fd/{}", fd.fd),
-            &format!("fd {} is", fd.fd),
-        )?;
+        save_content(cx, fd.pid, &format!("fd/{}", fd.fd))?;
         let (id, pos) = (fd.meta.ino(), fd.pos);
         Ok(Some(match name.strip_prefix("/memfd:") {
             Some(n) => FdKind::Memfd {
@@ -132,16 +125,11 @@ impl Object for Ghost {
 /// Saves the content of a deleted file or memfd that `pid` maps at
 /// `start..end` (once per inode), through `/proc/PID/map_files`.
 pub fn save_mapped(cx: &mut SaveCtx, pid: i32, start: u64, end: u64) -> Result<(), SaveError> {
-    save_content(
-        cx,
-        pid,
-        &format!("map_files/{start:x}-{end:x}"),
-        &format!("area {start:#x}-{end:#x} maps"),
-    )
+    save_content(cx, pid, &format!("map_files/{start:x}-{end:x}"))
 }
 
 /// Reads the file behind `/proc/PID/<name>` into the ghost table.
-fn save_content(cx: &mut SaveCtx, pid: i32, name: &str, what: &str) -> Result<(), SaveError> {
+fn save_content(cx: &mut SaveCtx, pid: i32, name: &str) -> Result<(), SaveError> {
     let path = proc_path(pid, name);
     let proc_err = |source| SaveError::Proc {
         pid,
@@ -152,11 +140,11 @@ fn save_content(cx: &mut SaveCtx, pid: i32, name: &str, what: &str) -> Result<()
     if cx.ghosts.contains_key(&meta.ino()) {
         return Ok(());
     }
-    let (size, extents) = read_sparse(pid, name, &format!("{what} a deleted file or memfd that"))?;
-    let f = std::fs::File::open(&path).map_err(proc_err)?;
+    let (size, content) = read_sparse(pid, name)?;
+    let f = &content.file;
     // Not a memfd (an error): no seals.
     let seals = fdops::seals(f.as_fd()).unwrap_or(0);
-    let hugetlb = nix::sys::statfs::fstatfs(&f)
+    let hugetlb = nix::sys::statfs::fstatfs(f)
         .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::HUGETLBFS_MAGIC);
     cx.ghosts.insert(
         meta.ino(),
@@ -166,7 +154,7 @@ fn save_content(cx: &mut SaveCtx, pid: i32, name: &str, what: &str) -> Result<()
             data: Vec::new(),
             seals: u32::try_from(seals).unwrap_or(0),
             size,
-            extents,
+            extents: Vec::new(),
             owner: Some((meta.uid(), meta.gid())),
             times: Some(FileTimes {
                 atime: (meta.atime(), meta.atime_nsec()),
@@ -175,20 +163,19 @@ fn save_content(cx: &mut SaveCtx, pid: i32, name: &str, what: &str) -> Result<()
             hugetlb,
         },
     );
+    cx.ghost_content.insert(meta.ino(), content);
     Ok(())
 }
 
-/// Reads the data of the file behind `/proc/PID/<name>`, extent by extent
+/// Opens the file behind `/proc/PID/<name>` and finds its data ranges
 /// (`SEEK_DATA`/`SEEK_HOLE`): holes are neither read nor saved, so a large
 /// shared memory segment with little in use costs what it uses, and its
-/// holes stay holes after a restore. At most [`GHOST_MAX`] bytes of data.
-/// Returns the file's size and its extents.
+/// holes stay holes after a restore. The data is read later, into the
+/// content pack ([`crate::content`]). Returns the file's size.
 pub(crate) fn read_sparse(
     pid: i32,
     name: &str,
-    what: &str,
-) -> Result<(u64, Vec<Extent>), SaveError> {
-    use std::os::unix::fs::FileExt;
+) -> Result<(u64, crate::content::PendingContent), SaveError> {
     let proc_err = |file: &str| {
         let file = file.to_string();
         move |source| SaveError::Proc { pid, file, source }
@@ -205,20 +192,14 @@ pub(crate) fn read_sparse(
     let size = f.metadata().map_err(proc_err(name))?.size();
     let ranges = stasis_kernel::fdops::data_extents(&f, 0, size)
         .map_err(proc_err(&format!("{name} (SEEK_DATA)")))?;
-    let data: u64 = ranges.iter().map(|(a, b)| b - a).sum();
-    if data > GHOST_MAX {
-        return Err(SaveError::Unsupported { pid, what: format!("{what} holds {data} bytes of data ({size} bytes in all); stasis saves up to {GHOST_MAX} bytes of such content") });
-    }
-    let mut extents = Vec::with_capacity(ranges.len());
-    for (a, b) in ranges {
-        let mut buf = vec![0u8; usize::try_from(b - a).unwrap_or(0)];
-        f.read_exact_at(&mut buf, a).map_err(proc_err(name))?;
-        extents.push(Extent {
-            offset: a,
-            data: buf,
-        });
-    }
-    Ok((size, extents))
+    Ok((
+        size,
+        crate::content::PendingContent {
+            file: f,
+            path,
+            ranges,
+        },
+    ))
 }
 
 impl RestoreCtx<'_> {
@@ -269,11 +250,12 @@ fn keeper<'c>(
         let g = *cx.ghost_data.get(&id).ok_or_else(|| {
             RestoreError::Inconsistent(format!("no saved content for deleted file or memfd {id}"))
         })?;
+        let src = cx.content;
         let keeper = match memfd {
-            Some(name) => make_memfd(name, g)?,
+            Some(name) => make_memfd(name, g, src)?,
             // A MAP_HUGETLB area's hidden file ("/anon_hugepage").
-            None if g.hugetlb => make_hugetlb(c"anon_hugepage", g, 0)?,
-            None => make_deleted(path.unwrap_or("/tmp/stasis-ghost"), id, g)?,
+            None if g.hugetlb => make_hugetlb(c"anon_hugepage", g, 0, src)?,
+            None => make_deleted(path.unwrap_or("/tmp/stasis-ghost"), id, g, src)?,
         };
         cx.ghost_keepers.insert(id, keeper);
     }
@@ -286,30 +268,45 @@ fn keeper<'c>(
 /// mapping (hugetlbfs takes no `write`). Needs huge pages free in the
 /// pool. Used for `MAP_HUGETLB` areas (their hidden file, saved as the
 /// deleted file "/anon_hugepage") and `MFD_HUGETLB` memfds.
-fn make_hugetlb(name: &std::ffi::CStr, g: &GhostFile, flags: u32) -> Result<OwnedFd, RestoreError> {
+fn make_hugetlb(
+    name: &std::ffi::CStr,
+    g: &GhostFile,
+    flags: u32,
+    src: Option<&ContentSource>,
+) -> Result<OwnedFd, RestoreError> {
     let k = fdops::memfd_create(name, flags | libc::MFD_CLOEXEC | libc::MFD_HUGETLB)
         .map_err(os_err("memfd_create(MFD_HUGETLB)"))?;
     let (size, extents) = g
         .content()
         .map_err(|e| RestoreError::Inconsistent(e.to_string()))?;
-    fdops::write_by_mapping(k.as_fd(), size, &extents).map_err(io_step(
-        "filling a huge-page mapping again (are enough huge pages free? /proc/sys/vm/nr_hugepages)",
-        "mmap",
-    ))?;
+    let err = || {
+        io_step(
+            "filling a huge-page mapping again (are enough huge pages free? /proc/sys/vm/nr_hugepages)",
+            "mmap",
+        )
+    };
+    let mut map = fdops::SharedMap::open(k.as_fd(), size).map_err(err())?;
+    crate::content::put_back(src, &extents, |off, data| {
+        map.write_at(off, data).map_err(err())
+    })?;
     Ok(k)
 }
 
 /// A memfd named `name` with the content, mode and seals of `g`.
-fn make_memfd(name: &str, g: &GhostFile) -> Result<OwnedFd, RestoreError> {
+fn make_memfd(
+    name: &str,
+    g: &GhostFile,
+    src: Option<&ContentSource>,
+) -> Result<OwnedFd, RestoreError> {
     let cname = CString::new(name)
         .map_err(|_| RestoreError::Inconsistent(format!("memfd name {name:?} has a NUL")))?;
     let sealable = g.seals & !libc::F_SEAL_SEAL.unsigned_abs() != 0 || g.seals == 0;
     let flags = libc::MFD_CLOEXEC | if sealable { libc::MFD_ALLOW_SEALING } else { 0 };
     let k = if g.hugetlb {
-        make_hugetlb(&cname, g, flags)?
+        make_hugetlb(&cname, g, flags, src)?
     } else {
         let k = fdops::memfd_create(&cname, flags).map_err(os_err("memfd_create"))?;
-        write_sparse(&k, g)?;
+        write_sparse(&k, g, src)?;
         k
     };
     nix::sys::stat::fchmod(
@@ -329,7 +326,12 @@ fn make_memfd(name: &str, g: &GhostFile) -> Result<OwnedFd, RestoreError> {
 /// A file with the content, owner, mode and times of `g`, made at `path`
 /// (so it shows as "PATH (deleted)" again) when that name is free, else
 /// next to it or in the temporary directory; unlinked.
-fn make_deleted(path: &str, id: u64, g: &GhostFile) -> Result<OwnedFd, RestoreError> {
+fn make_deleted(
+    path: &str,
+    id: u64,
+    g: &GhostFile,
+    src: Option<&ContentSource>,
+) -> Result<OwnedFd, RestoreError> {
     let mut last = None;
     for target in ghost_names(path, id) {
         let made = std::fs::OpenOptions::new()
@@ -342,7 +344,7 @@ fn make_deleted(path: &str, id: u64, g: &GhostFile) -> Result<OwnedFd, RestoreEr
         match made {
             Ok(f) => {
                 let k: OwnedFd = f.into();
-                let filled = write_sparse(&k, g).and_then(|()| set_attributes(&k, g));
+                let filled = write_sparse(&k, g, src).and_then(|()| set_attributes(&k, g));
                 let _ = std::fs::remove_file(&target);
                 filled?;
                 return Ok(k);
@@ -426,25 +428,21 @@ fn set_attributes(k: &OwnedFd, g: &GhostFile) -> Result<(), RestoreError> {
 /// Writes the content of a deleted file or memfd into the new, empty file
 /// `f`: each data extent at its offset, then the size; the rest stays
 /// holes, as it was.
-fn write_sparse(f: &OwnedFd, g: &GhostFile) -> Result<(), RestoreError> {
+fn write_sparse(
+    f: &OwnedFd,
+    g: &GhostFile,
+    src: Option<&ContentSource>,
+) -> Result<(), RestoreError> {
     use std::os::unix::fs::FileExt;
-    let err = io_step("writing the content of a deleted file or memfd", "pwrite");
+    let err = || io_step("writing the content of a deleted file or memfd", "pwrite");
     let (size, extents) = g
         .content()
         .map_err(|e| RestoreError::Inconsistent(e.to_string()))?;
-    let file = match f.try_clone() {
-        Ok(c) => std::fs::File::from(c),
-        Err(e) => return Err(err(e)),
-    };
-    for (off, data) in extents {
-        if let Err(e) = file.write_all_at(data, off) {
-            return Err(io_step(
-                "writing the content of a deleted file or memfd",
-                "pwrite",
-            )(e));
-        }
-    }
-    file.set_len(size).map_err(err)
+    let file = std::fs::File::from(f.try_clone().map_err(err())?);
+    crate::content::put_back(src, &extents, |off, data| {
+        file.write_all_at(data, off).map_err(err())
+    })?;
+    file.set_len(size).map_err(err())
 }
 /// Another name of the file `(dev, ino)`, removed from `old`: an entry of
 /// `old`'s directory that is that file (a hard link made next to it, as

@@ -43,6 +43,7 @@ use std::os::fd::OwnedFd;
 use stasis_image::manifest::{FdImage, FdKind};
 
 pub mod bpfmap;
+pub mod content;
 pub mod deleted;
 pub mod epoll;
 pub mod error;

@@ -8,8 +8,8 @@
 //! `/dev/shm/PostgreSQL.N`), and, left running after a `--leave-running`
 //! dump, free one that the checkpoint still names. The objects whose
 //! names match one of the patterns are then saved whole while the tree is
-//! frozen (their data extents, holes left out, at most 64 MiB of data
-//! each), and put back at restore before any process is built. Each is
+//! frozen (their data extents, holes left out, into the checkpoint's
+//! content pack: see [`crate::content`]), and put back at restore before any process is built. Each is
 //! written under a temporary name with its mode and owner, then moved
 //! under its own, so a reader never sees it half-written:
 //! - one the tree maps or holds open at the dump is the tree's own: it
@@ -25,25 +25,26 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use stasis_image::manifest::{Extent, ShmFile};
+use stasis_image::manifest::ShmFile;
+use stasis_image::ContentSource;
 use stasis_kernel::fdops;
 
+use crate::content::PendingContent;
 use crate::error::io_step;
 use crate::{RestoreError, SaveError};
 
 /// Where POSIX shared memory objects live.
 pub const SHM_DIR: &str = "/dev/shm";
 
-/// Largest amount of data saved of one object.
-const SHM_FILE_MAX: u64 = 64 << 20;
-
 /// Reads every regular file of [`SHM_DIR`] whose name matches one of
 /// `patterns` (shell patterns, `fnmatch`), in name order; `held`: the
-/// paths the tree maps or holds open. No pattern, no read at all.
+/// paths the tree maps or holds open. No pattern, no read at all. Each
+/// object comes with its data, to be written into the content pack (its
+/// `extents` are filled then).
 pub fn save(
     patterns: &[String],
     held: &std::collections::HashSet<String>,
-) -> Result<Vec<ShmFile>, SaveError> {
+) -> Result<Vec<(ShmFile, PendingContent)>, SaveError> {
     save_from(Path::new(SHM_DIR), patterns, held)
 }
 
@@ -51,7 +52,7 @@ fn save_from(
     dir: &Path,
     patterns: &[String],
     held: &std::collections::HashSet<String>,
-) -> Result<Vec<ShmFile>, SaveError> {
+) -> Result<Vec<(ShmFile, PendingContent)>, SaveError> {
     if patterns.is_empty() {
         return Ok(Vec::new());
     }
@@ -94,42 +95,41 @@ fn save_from(
         }
         let size = meta.size();
         let ranges = fdops::data_extents(&f, 0, size).map_err(err(&path))?;
-        let data: u64 = ranges.iter().map(|(a, b)| b - a).sum();
-        if data > SHM_FILE_MAX {
-            return Err(err(&path)(std::io::Error::other(format!(
-                "it holds {data} bytes of data; stasis saves up to {SHM_FILE_MAX} bytes of such an object"
-            ))));
-        }
-        let mut extents = Vec::with_capacity(ranges.len());
-        for (a, b) in ranges {
-            use std::os::unix::fs::FileExt;
-            let mut buf = vec![0u8; usize::try_from(b - a).unwrap_or(0)];
-            f.read_exact_at(&mut buf, a).map_err(err(&path))?;
-            extents.push(Extent {
-                offset: a,
-                data: buf,
-            });
-        }
-        out.push(ShmFile {
+        let file = ShmFile {
             held: held.contains(&path.display().to_string()),
             name,
             mode: meta.mode() & 0o7777,
             uid: meta.uid(),
             gid: meta.gid(),
             size,
-            extents,
-        });
+            extents: Vec::new(),
+        };
+        out.push((
+            file,
+            PendingContent {
+                file: f,
+                path,
+                ranges,
+            },
+        ));
     }
     Ok(out)
 }
 
 /// Puts back in [`SHM_DIR`] every saved object the tree held, and every
 /// other one that is missing there. Returns the paths written.
-pub fn restore(files: &[ShmFile]) -> Result<Vec<PathBuf>, RestoreError> {
-    restore_into(Path::new(SHM_DIR), files)
+pub fn restore(
+    files: &[ShmFile],
+    src: Option<&ContentSource>,
+) -> Result<Vec<PathBuf>, RestoreError> {
+    restore_into(Path::new(SHM_DIR), files, src)
 }
 
-fn restore_into(dir: &Path, files: &[ShmFile]) -> Result<Vec<PathBuf>, RestoreError> {
+fn restore_into(
+    dir: &Path,
+    files: &[ShmFile],
+    src: Option<&ContentSource>,
+) -> Result<Vec<PathBuf>, RestoreError> {
     let mut done = Vec::with_capacity(files.len());
     for f in files {
         // An image names objects of the directory only (a damaged or
@@ -149,7 +149,7 @@ fn restore_into(dir: &Path, files: &[ShmFile]) -> Result<Vec<PathBuf>, RestoreEr
                 op,
             )
         };
-        let written = write_object(&tmp, f).map_err(step("writing", "write"));
+        let written = write_object(&tmp, f, src, |e| step("writing", "write")(e));
         // The tree's own replaces (rename); another only takes a free
         // name (link(2) makes it only then, atomically).
         let linked = written.and_then(|()| {
@@ -174,29 +174,65 @@ fn restore_into(dir: &Path, files: &[ShmFile]) -> Result<Vec<PathBuf>, RestoreEr
     Ok(done)
 }
 
-/// Writes `f`'s content, size, owner and mode into a new file at `tmp`.
-fn write_object(tmp: &Path, f: &ShmFile) -> std::io::Result<()> {
+/// Writes `f`'s content (from `src`), size, owner and mode into a new
+/// file at `tmp`.
+fn write_object(
+    tmp: &Path,
+    f: &ShmFile,
+    src: Option<&ContentSource>,
+    err: impl Fn(std::io::Error) -> RestoreError,
+) -> Result<(), RestoreError> {
     use std::os::unix::fs::FileExt;
+    let (size, extents) = f
+        .content()
+        .map_err(|e| RestoreError::Inconsistent(e.to_string()))?;
     let file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(tmp)?;
-    for e in &f.extents {
-        file.write_all_at(&e.data, e.offset)?;
-    }
-    file.set_len(f.size)?;
-    std::os::unix::fs::fchown(file.as_fd(), Some(f.uid), Some(f.gid))?;
-    file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(f.mode))?;
-    (&file).flush()
+        .open(tmp)
+        .map_err(&err)?;
+    crate::content::put_back(src, &extents, |off, data| {
+        file.write_all_at(data, off).map_err(&err)
+    })?;
+    file.set_len(size).map_err(&err)?;
+    std::os::unix::fs::fchown(file.as_fd(), Some(f.uid), Some(f.gid)).map_err(&err)?;
+    file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(f.mode))
+        .map_err(&err)?;
+    (&file).flush().map_err(&err)
 }
 
 #[cfg(test)]
 mod tests {
     use std::collections::HashSet;
 
+    use stasis_image::manifest::Extent;
+
     use super::*;
+
+    /// Saves the matching objects of `dir` as a dump does: their data
+    /// into a content pack (in a temporary image), read back from it.
+    fn save_packed(
+        dir: &Path,
+        patterns: &[String],
+        held: &HashSet<String>,
+    ) -> (Vec<ShmFile>, ContentSource) {
+        let img = tempfile::tempdir().unwrap();
+        let image = stasis_image::ImageDir::create_or_open(img.path()).unwrap();
+        let ck = image.begin_checkpoint().unwrap();
+        let mut w = ck.content_writer();
+        let mut out = Vec::new();
+        for (mut f, c) in save_from(dir, patterns, held).unwrap() {
+            f.extents = c.write(&mut w).unwrap();
+            out.push(f);
+        }
+        let src = match w.finish().unwrap() {
+            Some(r) => ContentSource::open(&ck.temp_dir().join(&r.name), &r).unwrap(),
+            None => ContentSource::inline_only(),
+        };
+        (out, src)
+    }
 
     // Only matching regular files are saved, whole and with their holes;
     // a missing one comes back byte for byte, with its mode; one that
@@ -215,7 +251,7 @@ mod tests {
         .unwrap();
         std::fs::write(d.path().join("other"), b"not saved").unwrap();
         std::os::unix::fs::symlink("PostgreSQL.1", d.path().join("PostgreSQL.link")).unwrap();
-        let saved = save_from(d.path(), &["PostgreSQL.*".to_string()], &HashSet::new()).unwrap();
+        let (saved, src) = save_packed(d.path(), &["PostgreSQL.*".to_string()], &HashSet::new());
         assert_eq!(saved.len(), 1, "{saved:?}");
         assert!(!saved[0].held);
         let s = &saved[0];
@@ -228,16 +264,18 @@ mod tests {
             "holes left out: {:?}",
             s.extents.len()
         );
-        let data: usize = s.extents.iter().map(|e| e.data.len()).sum();
+        let data: u64 = s.extents.iter().map(Extent::bytes).sum();
         assert!(data < 1 << 20, "{data} bytes saved of a sparse file");
 
         let out = tempfile::tempdir().unwrap();
         std::fs::write(out.path().join("PostgreSQL.1"), b"made since").unwrap();
-        assert!(restore_into(out.path(), &saved).unwrap().is_empty());
+        assert!(restore_into(out.path(), &saved, Some(&src))
+            .unwrap()
+            .is_empty());
         let kept = std::fs::read(out.path().join("PostgreSQL.1")).unwrap();
         assert_eq!(kept, b"made since");
         std::fs::remove_file(out.path().join("PostgreSQL.1")).unwrap();
-        let done = restore_into(out.path(), &saved).unwrap();
+        let done = restore_into(out.path(), &saved, Some(&src)).unwrap();
         assert_eq!(done, [out.path().join("PostgreSQL.1")]);
         let back = std::fs::read(out.path().join("PostgreSQL.1")).unwrap();
         let orig = std::fs::read(d.path().join("PostgreSQL.1")).unwrap();
@@ -252,10 +290,10 @@ mod tests {
 
         // Held by the tree: it replaces what holds its name.
         let held = HashSet::from([d.path().join("PostgreSQL.1").display().to_string()]);
-        let saved = save_from(d.path(), &["PostgreSQL.*".to_string()], &held).unwrap();
+        let (saved, src) = save_packed(d.path(), &["PostgreSQL.*".to_string()], &held);
         assert!(saved[0].held);
         std::fs::write(out.path().join("PostgreSQL.1"), b"changed since").unwrap();
-        let done = restore_into(out.path(), &saved).unwrap();
+        let done = restore_into(out.path(), &saved, Some(&src)).unwrap();
         assert_eq!(done, [out.path().join("PostgreSQL.1")]);
         assert!(std::fs::read(out.path().join("PostgreSQL.1")).unwrap() == orig);
     }
@@ -281,7 +319,7 @@ mod tests {
                 size: 0,
                 extents: vec![],
             };
-            let e = restore_into(out.path(), &[f]).unwrap_err();
+            let e = restore_into(out.path(), &[f], None).unwrap_err();
             assert!(e.to_string().contains("not a name in"), "{name}: {e}");
         }
         assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 0);

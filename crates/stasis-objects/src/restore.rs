@@ -90,6 +90,9 @@ pub struct RestoreCtx<'a> {
     /// Sockets created as the peer of an earlier one, waiting for their fd.
     pub(crate) pending_sockets: HashMap<u64, OwnedFd>,
     pub(crate) ghost_data: HashMap<u64, &'a GhostFile>,
+    /// Where the content of `ghost_data` is read from (`None`: inline
+    /// only, see [`RestoreCtx::set_content`]).
+    pub(crate) content: Option<&'a stasis_image::ContentSource>,
     /// One open fd per rebuilt deleted file or memfd (descriptions are
     /// reopened from it through /proc/self/fd).
     pub(crate) ghost_keepers: HashMap<u64, OwnedFd>,
@@ -136,6 +139,12 @@ pub struct RestoreCtx<'a> {
 }
 
 impl<'a> RestoreCtx<'a> {
+    /// The checkpoint's content pack, opened and verified, from which the
+    /// content of deleted files and memfds is read.
+    pub fn set_content(&mut self, content: &'a stasis_image::ContentSource) {
+        self.content = Some(content);
+    }
+
     pub fn new(
         pipes: &'a [PipeImage],
         ghosts: &'a [GhostFile],
@@ -160,6 +169,7 @@ impl<'a> RestoreCtx<'a> {
             unix_images,
             pending_sockets: HashMap::new(),
             ghost_data: ghosts.iter().map(|g| (g.id, g)).collect(),
+            content: None,
             ghost_keepers: HashMap::new(),
             memfd_firsts: HashSet::new(),
             deleted_dirs: HashMap::new(),

@@ -89,6 +89,11 @@ pub struct SaveCtx {
     pub ghosts: HashMap<u64, GhostFile>,
     /// System V segments.
     pub sysv: Vec<SysvShm>,
+    /// The data of the deleted files and memfds of `ghosts`, by inode, and
+    /// of the System V segments of `sysv`, by id: written into the content
+    /// pack with the manifest (their `extents` are filled then).
+    pub ghost_content: HashMap<u64, crate::content::PendingContent>,
+    pub sysv_content: HashMap<i32, crate::content::PendingContent>,
     /// Unix sockets of the namespace (queried on first need).
     pub(crate) unix: Option<HashMap<u64, UnixInfo>>,
     /// The live processes of the tree (given to `freeze_tcp`).
@@ -236,6 +241,8 @@ impl Default for SaveCtx {
             pipes: HashMap::new(),
             ghosts: HashMap::new(),
             sysv: Vec::new(),
+            ghost_content: HashMap::new(),
+            sysv_content: HashMap::new(),
             unix: None,
             unix_queues: HashMap::new(),
             tree_pids: Vec::new(),

@@ -10,6 +10,7 @@
 //! has attached it ([`finish`]).
 
 use stasis_image::manifest::SysvShm;
+use stasis_image::ContentSource;
 use stasis_kernel::{sysvshm, KernelError};
 use stasis_sys::net::{SHM_DEST, SHM_NEXT_ID};
 
@@ -70,7 +71,8 @@ impl SaveCtx {
             return Err(SaveError::Unsupported { pid, what: format!("area {start:#x}-{end:#x} maps part of System V segment {shmid} ({size} bytes); stasis restores whole attachments only") });
         }
         let name = format!("map_files/{start:x}-{end:x}");
-        let (_, extents) = read_sparse(pid, &name, &format!("System V segment {shmid}"))?;
+        let (_, content) = read_sparse(pid, &name)?;
+        self.sysv_content.insert(shmid, content);
         let to32 = |v: u64| u32::try_from(v).unwrap_or(0);
         self.sysv.push(SysvShm {
             key: i32::from_ne_bytes(to32(key).to_ne_bytes()),
@@ -80,7 +82,7 @@ impl SaveCtx {
             gid: to32(gid),
             data: Vec::new(),
             size,
-            extents,
+            extents: Vec::new(),
         });
         Ok(())
     }
@@ -98,7 +100,7 @@ fn os_err(what: String) -> impl FnOnce(std::io::Error) -> RestoreError {
 
 /// Makes every segment exist at its id with the image's content: its data
 /// extents, and holes (no page) everywhere else.
-pub fn prepare(segs: &[SysvShm]) -> Result<(), RestoreError> {
+pub fn prepare(segs: &[SysvShm], src: Option<&ContentSource>) -> Result<(), RestoreError> {
     for s in segs {
         let (size, extents) = s
             .content()
@@ -120,7 +122,7 @@ pub fn prepare(segs: &[SysvShm]) -> Result<(), RestoreError> {
             }
         };
         // Put the content back (a reused segment is emptied first).
-        sysvshm::refill(s.shmid, size, reused, &extents).map_err(|e| match e {
+        let refill_err = |e| match e {
             sysvshm::RefillError::Attach(e) => os_err(format!(
                 "attaching System V segment {} to refill it",
                 s.shmid
@@ -135,6 +137,10 @@ pub fn prepare(segs: &[SysvShm]) -> Result<(), RestoreError> {
                     s.shmid
                 ))
             }
+        };
+        let mut seg = sysvshm::Attached::open(s.shmid, size, reused).map_err(refill_err)?;
+        crate::content::put_back(src, &extents, |off, data| {
+            seg.write_at(off, data).map_err(refill_err)
         })?;
     }
     Ok(())

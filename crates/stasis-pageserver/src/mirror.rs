@@ -149,7 +149,9 @@ fn build(
     if let Some(p) = progress {
         p(done, total);
     }
-    if data == MirrorData::Full {
+    // A sparse mirror still holds the content packs whole (a restore reads
+    // them before it builds anything): their units are the only ones.
+    if !units.is_empty() {
         fetch_units(addr, token, client, &units, progress, done, total)?;
     }
 
@@ -177,7 +179,7 @@ fn build(
     let image = ImageDir::open(dest).map_err(bad)?;
     let loaded = load_chain(&image, Some(n)).map_err(bad)?;
     for cp in &loaded {
-        for r in cp.manifest.processes.iter().filter_map(|p| p.pack.as_ref()) {
+        for r in stasis_image::pack_refs(&cp.manifest) {
             cp.open_pack(r).map_err(bad)?;
         }
     }
@@ -213,10 +215,7 @@ fn stage_checkpoint(
     f.write_all(&manifest_bytes)
         .map_err(PageServerError::local("write", &mpath))?;
     let mut done = manifest_bytes.len() as u64;
-    let packs: HashMap<&str, _> = manifest
-        .processes
-        .iter()
-        .filter_map(|p| p.pack.as_ref())
+    let packs: HashMap<&str, _> = stasis_image::pack_refs(&manifest)
         .map(|r| (r.name.as_str(), r))
         .collect();
     for r in packs.values() {
@@ -236,7 +235,8 @@ fn stage_checkpoint(
             .and_then(|()| file.write_all_at(&sk.tail, sk.tail_off));
         write.map_err(PageServerError::local("write", &path))?;
         done += (sk.header.len() + sk.tail.len()) as u64;
-        if data == MirrorData::Full {
+        let content = manifest.content.as_ref().is_some_and(|x| x.name == r.name);
+        if data == MirrorData::Full || content {
             let reader =
                 PackReader::open(&path, Some(r)).map_err(|error| PageServerError::BadMirror {
                     dir: tmp.to_path_buf(),

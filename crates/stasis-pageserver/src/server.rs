@@ -318,6 +318,7 @@ impl From<ImageError> for Fail {
             E::CorruptManifest { .. }
             | E::CorruptPack { .. }
             | E::PageChecksum { .. }
+            | E::ContentChecksum { .. }
             | E::BrokenChain { .. }
             | E::NewerFormat { .. }
             | E::CorruptLatest { .. } => ErrorCode::Corrupt,
@@ -624,11 +625,7 @@ impl Conn<'_> {
                 return Err(refused_name(n, name));
             }
             let cp = self.shared.image.load(Some(n))?;
-            let r = cp
-                .manifest
-                .processes
-                .iter()
-                .filter_map(|p| p.pack.as_ref())
+            let r = stasis_image::pack_refs(&cp.manifest)
                 .find(|r| r.name == name)
                 .ok_or_else(|| {
                     refuse(

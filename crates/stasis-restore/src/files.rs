@@ -41,6 +41,11 @@ impl<'a> FdFactory<'a> {
         Self(objects::RestoreCtx::new(pipes, ghosts, fds))
     }
 
+    /// See [`objects::RestoreCtx::set_content`].
+    pub fn set_content(&mut self, content: &'a stasis_image::ContentSource) {
+        self.0.set_content(content);
+    }
+
     /// Established TCP connections are made closed (`--tcp-close`).
     pub fn set_tcp_close(&mut self, close: bool) {
         self.0.tcp_close = close;

@@ -136,7 +136,9 @@ fn join_cgroup(path: &str, pid: i32) -> Result<()> {
 
 /// Puts back the content of the tree's tmpfs mounts, through
 /// `/proc/ROOT/root` (`root` as stasis sees it: its mount namespace).
-fn fill_tmpfs(m: &Manifest, root: i32) -> Result<()> {
+/// Files' data comes from `content` (the checkpoint's content pack) or,
+/// in older images, the manifest.
+fn fill_tmpfs(m: &Manifest, root: i32, content: &stasis_image::ContentSource) -> Result<()> {
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::PermissionsExt;
     let Some(mnt) = m.namespaces.as_ref().and_then(|n| n.mnt.as_ref()) else {
@@ -178,7 +180,28 @@ fn fill_tmpfs(m: &Manifest, root: i32) -> Result<()> {
                     }
                     dirs.insert(rel.to_path_buf());
                 }
-                libc::S_IFREG => std::fs::write(&path, &e.data).map_err(step("writing"))?,
+                libc::S_IFREG => {
+                    use std::os::unix::fs::FileExt;
+                    let (size, extents) = e
+                        .content()
+                        .map_err(|err| ObjectError::Inconsistent(err.to_string()))?;
+                    let f = std::fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .open(&path)
+                        .map_err(step("making"))?;
+                    let put =
+                        stasis_objects::content::put_back(Some(content), &extents, |off, data| {
+                            f.write_all_at(data, off).map_err(|err| {
+                                ObjectError::Inconsistent(format!(
+                                    "writing {}/{} in the restored tmpfs: {err}",
+                                    t.target, e.path
+                                ))
+                            })
+                        });
+                    put?;
+                    f.set_len(size).map_err(step("sizing"))?;
+                }
                 libc::S_IFLNK => {
                     let target = std::ffi::OsStr::from_bytes(&e.data);
                     std::os::unix::fs::symlink(target, &path).map_err(step("linking"))?;
@@ -206,8 +229,12 @@ fn fill_tmpfs(m: &Manifest, root: i32) -> Result<()> {
 /// loopback up if it was, and moves the calling
 /// thread into the new network namespace (until the guard is dropped), so
 /// that the sockets it makes for the tree are there.
-pub(crate) fn after_spawn(m: &Manifest, root: i32) -> Result<Option<kns::NetnsGuard>> {
-    fill_tmpfs(m, root)?;
+pub(crate) fn after_spawn(
+    m: &Manifest,
+    root: i32,
+    content: &stasis_image::ContentSource,
+) -> Result<Option<kns::NetnsGuard>> {
+    fill_tmpfs(m, root, content)?;
     if let Some(cg) = m.namespaces.as_ref().and_then(|n| n.cgroup.as_deref()) {
         join_cgroup(cg, root)?;
     }

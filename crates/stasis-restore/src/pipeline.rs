@@ -46,6 +46,8 @@ pub(crate) struct Build<'a> {
     pub records: Vec<Record<'a>>,
     pub transport: &'a Transport,
     pub opts: &'a RestoreOptions,
+    /// The checkpoint's saved file content (its content pack, verified).
+    pub content: &'a stasis_image::ContentSource,
     /// Of the bytes restored, those left to the lazy filler.
     pub lazy_bytes: u64,
     /// The terminal a shell job goes on (`--shell-job`).
@@ -111,6 +113,9 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     let terminal = crate::shell_job::open(m, opts)?;
     let chain = stasis_image::load_chain(store, Some(cp.number))?;
     let mut records = page_sources(&chain, m)?;
+    // The content of the files saved whole, checked before anything is
+    // made (a damaged run is refused here, as a damaged page run is).
+    let content = cp.open_content().map_err(RestoreError::Corrupt)?;
     let waited = Instant::now();
     wait_pids_free(m, &plan, opts)?;
     let pid_wait_us = micros(waited);
@@ -121,7 +126,7 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     records[0].proc = Some(root);
     // The tree's sockets are made in its network namespace: this thread
     // works there until the restore is over.
-    let _netns = match crate::ns::after_spawn(m, root_outer) {
+    let _netns = match crate::ns::after_spawn(m, root_outer, &content) {
         Ok(n) => n,
         Err(e) => {
             let procs = records.into_iter().filter_map(|r| r.proc);
@@ -135,6 +140,7 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
         records,
         transport: &transport,
         opts,
+        content: &content,
         lazy_bytes: 0,
         terminal: terminal.as_ref(),
     };
@@ -372,13 +378,14 @@ fn build_tree(b: &mut Build<'_>) -> Result<u64> {
         m.processes.iter().flat_map(|p| p.fds.iter()),
     );
     factory.set_terminal(b.terminal.map(|t| t.path.clone()));
+    factory.set_content(b.content);
     stub::prepare_root(b)?;
     // System V segments exist before anyone attaches them (in the tree's
     // IPC namespace); so do the POSIX ones saved with `--shm-file`, before
     // anyone maps them.
     let root_outer = b.root()?.t.pid();
-    crate::ns::in_ipc(m, root_outer, || sysv::prepare(&m.sysv_shm))??;
-    for p in stasis_objects::posix_shm::restore(&m.shm_files)? {
+    crate::ns::in_ipc(m, root_outer, || sysv::prepare(&m.sysv_shm, b.content))??;
+    for p in stasis_objects::posix_shm::restore(&m.shm_files, Some(b.content))? {
         tracing::debug!(path = %p.display(), "POSIX shared memory object put back");
     }
     let mut cx = process::TreeCtx {

@@ -256,6 +256,13 @@ pub fn inspect(dir: &Path, checkpoint: Option<u32>, json: bool) -> Result<ExitCo
                 stored_pages(summary.incremental, p.pack_pages, p.memory_pages)
             );
         }
+        if summary.content_bytes > 0 {
+            println!(
+                "  saved file content: {} ({})",
+                bytes(summary.content_bytes),
+                stasis_image::CONTENT_PACK_NAME
+            );
+        }
         for (src, t) in &touch {
             match (src, t) {
                 (TouchSource::Window, Ok(Some(ts))) => println!(

@@ -455,6 +455,43 @@ fn restore_with_a_flipped_page_byte() {
     restore_fails(&w, "corrupt");
 }
 
+/// The saved content of deleted files and memfds (the content pack) is
+/// checked before anything is built: a flipped byte there is refused with
+/// a message naming it, and no process is left behind. `inspect` lists
+/// the content pack, and finds the damage too.
+#[test]
+fn restore_with_a_flipped_content_byte() {
+    let mut w = Workload::start("ghosts", &[]);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    w.dump_and_reap();
+    let inspect = || {
+        let o = stasis()
+            .args(["inspect", "-D"])
+            .arg(w.images())
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+        )
+    };
+    let (ok, text) = inspect();
+    assert!(
+        ok && text.contains("saved file content: ") && text.contains("checksums ok"),
+        "{text}"
+    );
+    let p = ckpt_file(&w, "content.pack");
+    let mut b = std::fs::read(&p).unwrap();
+    b[4096 + 100] ^= 1;
+    std::fs::write(&p, b).unwrap();
+    let (ok, text) = inspect();
+    assert!(
+        !ok && text.contains("checksums BAD: saved file content"),
+        "{text}"
+    );
+    restore_fails(&w, "saved file content");
+}
+
 #[test]
 fn restore_of_a_newer_format_version() {
     let w = dumped();

@@ -6,6 +6,7 @@ mod common;
 use common::*;
 
 use std::collections::BTreeSet;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -348,14 +349,46 @@ fn run_restarts(lazy: bool) {
 // it back, byte for byte, before the job runs again.
 #[test]
 fn run_puts_back_a_shm_object_the_job_freed() {
+    let content: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+    run_puts_back_shm("small", |f| f.write_all_at(&content, 0).unwrap());
+}
+
+// The same with an object of 200 MiB holding 80 MiB of data in two runs
+// (issue 17: more than 64 MiB was refused, the content went into the
+// manifest): back byte for byte, its holes still holes.
+#[test]
+fn run_puts_back_a_shm_object_of_80_mib_the_job_freed() {
+    let back = run_puts_back_shm("big", |f| {
+        let mut piece = vec![0u8; 1 << 20];
+        for (r, at) in [(0u64, 4u64 << 20), (1, (150 << 20) + 12345)] {
+            for i in 0..40u64 {
+                for (j, b) in piece.iter_mut().enumerate() {
+                    *b = (j as u64 ^ (r << 7) ^ (i * 13)).to_le_bytes()[0];
+                }
+                f.write_all_at(&piece, at + (i << 20)).unwrap();
+            }
+        }
+        f.set_len(200 << 20).unwrap();
+    });
+    assert!(
+        back.blocks() * 512 < 82 << 20,
+        "{} bytes allocated: the holes were filled",
+        back.blocks() * 512
+    );
+}
+
+/// `run --shm-file` of a job that names an object in /dev/shm, made by
+/// `fill`; the job frees it and crashes; the restart must put it back
+/// byte for byte. Returns the metadata of the object put back.
+fn run_puts_back_shm(tag: &str, fill: impl Fn(&std::fs::File)) -> std::fs::Metadata {
     workloads();
     let d = tempfile::tempdir().unwrap();
     let img = d.path().join("img");
     let pidfile = d.path().join("pid");
-    let name = format!("stasis-test-run-{}", std::process::id());
+    let name = format!("stasis-test-run-{tag}-{}", std::process::id());
     let shm = Path::new("/dev/shm").join(&name);
-    let content: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
-    std::fs::write(&shm, &content).unwrap();
+    fill(&std::fs::File::create_new(&shm).unwrap());
+    let content = std::fs::read(&shm).unwrap();
     let stop = d.path().join("stop");
     let script = format!(
         "import os,time\nopen('{}','w').write(str(os.getpid()))\n\
@@ -363,6 +396,7 @@ fn run_puts_back_a_shm_object_the_job_freed() {
         pidfile.display(),
         stop.display()
     );
+    let pattern = format!("stasis-test-run-{tag}-*");
     let mut child = run_cmd(
         &img,
         &[
@@ -371,7 +405,7 @@ fn run_puts_back_a_shm_object_the_job_freed() {
             "--restart-on-failure",
             "--json",
             "--shm-file",
-            "stasis-test-run-*",
+            &pattern,
         ],
         &["python3", "-c", &script],
     );
@@ -383,6 +417,7 @@ fn run_puts_back_a_shm_object_the_job_freed() {
     unsafe { libc::kill(pid, libc::SIGKILL) };
     lines.wait_event(Duration::from_secs(60), "restored");
     let back = std::fs::read(&shm);
+    let meta = std::fs::metadata(&shm);
     std::fs::write(&stop, b"").unwrap();
     let out = lines.rest(Duration::from_secs(60));
     let o = child.wait_with_output().unwrap();
@@ -391,9 +426,11 @@ fn run_puts_back_a_shm_object_the_job_freed() {
     let back = back.expect("the object the job freed is back");
     assert!(
         back == content,
-        "{} bytes back, not the saved ones",
-        back.len()
+        "{} bytes back, not the {} saved ones",
+        back.len(),
+        content.len()
     );
+    meta.unwrap()
 }
 
 #[test]

@@ -518,6 +518,75 @@ fn twice_keeps_a_bind_mount() {
     waitpid_timeout(pid, Duration::from_secs(30));
 }
 
+/// A file of 200 MiB with 80 MiB of data in the tree's tmpfs (issue 17:
+/// more than 64 MiB of tmpfs content was refused, it went into the
+/// manifest; it is in the content pack now) comes back byte for byte,
+/// its holes still holes.
+#[test]
+fn a_tmpfs_file_of_80_mib_comes_back() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("big");
+    {
+        let f = std::fs::File::create_new(&src).unwrap();
+        let mut piece = vec![0u8; 1 << 20];
+        for (r, at) in [(0u64, 3u64 << 20), (1, (130 << 20) + 777)] {
+            for i in 0..40u64 {
+                for (j, b) in piece.iter_mut().enumerate() {
+                    *b = (j as u64 ^ (r << 6) ^ (i * 7)).to_le_bytes()[0];
+                }
+                f.write_all_at(&piece, at + (i << 20)).unwrap();
+            }
+        }
+        f.set_len(200 << 20).unwrap();
+    }
+    let want = std::fs::read(&src).unwrap();
+    let mut c = Command::new("unshare");
+    c.args(["--pid", "--fork", "--mount-proc", "--mount", "sh", "-c"])
+        .arg("mount -t tmpfs -o size=300m stasis-test /mnt && cp --sparse=always \"$0\" /mnt/big && exec sleep 1000")
+        .arg(&src)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    close_inherited_fds(&mut c);
+    let _r = Refused {
+        unshare: c.spawn().expect("starting unshare"),
+    };
+    let up = _r.unshare.id() as i32;
+    let mut pid = 0;
+    wait_until(Duration::from_secs(20), "the tree to be set up", || {
+        pid = child_running(up, "sleep 1000").unwrap_or(0);
+        pid > 0
+    });
+    let img = tempfile::tempdir().unwrap();
+    let o = stasis()
+        .args(["dump", "-t", &pid.to_string(), "-D"])
+        .arg(img.path())
+        .output()
+        .unwrap();
+    assert_ok(&o, "dump");
+    let o = stasis()
+        .args(["restore", "--detach", "--json", "-D"])
+        .arg(img.path())
+        .output()
+        .unwrap();
+    assert_ok(&o, "restore");
+    pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
+    let path = format!("/proc/{pid}/root/mnt/big");
+    let back = std::fs::read(&path).unwrap();
+    let blocks = std::fs::metadata(&path).unwrap().blocks() * 512;
+    // SAFETY: killing the restored tree (PID 1 of its namespace).
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    waitpid_timeout(pid, Duration::from_secs(30));
+    assert!(
+        back == want,
+        "{} bytes back, not the {} saved",
+        back.len(),
+        want.len()
+    );
+    assert!(blocks < 82 << 20, "{blocks} bytes allocated: holes filled");
+}
+
 /// Tracked dumps of the tree are incremental (the parent's processes are
 /// found by their PIDs in the namespace), and the chain restores.
 #[test]

@@ -46,6 +46,22 @@ fn whole_restore_from_a_page_server() {
     w.finish_pass();
 }
 
+/// A whole restore from a page server of files with 80 MiB of data each
+/// (`big_content`: a deleted file, a memfd, a System V segment): the
+/// content pack is mirrored as a pack, run by run (a `File` reply is
+/// bounded), and the workload finds its content byte for byte.
+#[test]
+fn whole_restore_from_a_page_server_of_big_files() {
+    let mut w = Workload::start("big_content", &[]);
+    w.dump_and_reap();
+    let s = PageServer::start(&w.images(), TOKEN);
+    let o = restore_from(&s.addr, &s.token_file, &["--json"]);
+    assert_ok(&o, "restore --from");
+    assert_eq!(json(&o)["pid"], w.pid);
+    std::thread::sleep(Duration::from_millis(200));
+    w.finish_pass();
+}
+
 #[test]
 fn wrong_or_missing_token_is_refused_and_nothing_runs() {
     let mut w = Workload::start("heap", &["16"]);

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::{check_extents, content, Content, ContentError, Extent};
 
 impl GhostFile {
-    /// Size of the file and its data extents `(offset, bytes)`, in order
+    /// Size of the file and its data extents, in order
     /// (checked: inside the size, no overlap).
     pub fn content(&self) -> Result<Content<'_>, ContentError> {
         let (size, ext) = content(&self.data, self.size, &self.extents);

@@ -237,14 +237,8 @@ pub fn manifest(checkpoint: u32, processes: Vec<ProcessImage>) -> Manifest {
             data: Vec::new(),
             size: 3 * 4096,
             extents: vec![
-                stasis_image::manifest::Extent {
-                    offset: 0,
-                    data: vec![1, 2, 3],
-                },
-                stasis_image::manifest::Extent {
-                    offset: 8192,
-                    data: vec![4; 4096],
-                },
+                stasis_image::manifest::Extent::inline(0, vec![1, 2, 3]),
+                stasis_image::manifest::Extent::inline(8192, vec![4; 4096]),
             ],
         }],
         cut: Some(stasis_image::manifest::CutMark {
@@ -253,6 +247,7 @@ pub fn manifest(checkpoint: u32, processes: Vec<ProcessImage>) -> Manifest {
         }),
         namespaces: None,
         shell_job: None,
+        content: None,
     }
 }
 

@@ -83,6 +83,7 @@ pub fn manifest(checkpoint: u32, parent: Option<u32>, processes: Vec<ProcessImag
         cut: None,
         namespaces: None,
         shell_job: None,
+        content: None,
     }
 }
 
