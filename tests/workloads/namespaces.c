@@ -13,6 +13,11 @@
  *   lo     the loopback brought up (a new network namespace has it down).
  *   shm    a System V segment (IPC_PRIVATE, 64 KiB) attached and filled
  *          with pattern(SEED_SHM); the IPC namespace has no other segment.
+ *   msg    a System V message queue (key MSGQ_KEY, mode 0640, msg_qbytes
+ *          QBYTES) holding three messages: type 5 with MSGQ_LEN bytes of
+ *          pattern(SEED_MSGQ), type 2 with "two", type 5 empty.
+ *   sem    a System V semaphore set (key SEM_KEY, mode 0604) of three
+ *          semaphores valued 1, 5 and 32767.
  *   kids   two children A and B, each asleep in a nanosleep loop until
  *          SIGTERM; the root keeps their PIDs (2 and 3: the first PIDs of
  *          the namespace after 1).
@@ -30,6 +35,10 @@
  *   1. root: getpid() == 1; host and domain names; lo up; the segment's
  *      content and that it is the only one of the IPC namespace (shmctl
  *      SHM_INFO); /proc (the namespace's) lists exactly 1, A and B.
+ *      The queue has its id (msgget of its key), mode, size and three
+ *      messages, taken by type 2 first then in order, byte for byte; the
+ *      set its id, mode and values; each is the only one of its kind in
+ *      the namespace (MSG_INFO, SEM_INFO).
  *      T's gettid() is still the TID it had (4), and getpid() 1 in it.
  *      /mnt is a tmpfs with the directory, the file (content and mode)
  *      and the link.
@@ -49,6 +58,8 @@
 #include <sys/ioctl.h>
 #include <sys/ipc.h>
 #include <sys/shm.h>
+#include <sys/msg.h>
+#include <sys/sem.h>
 #include <sys/socket.h>
 #include <pthread.h>
 #include <sys/syscall.h>
@@ -75,6 +86,107 @@
 #define PORT     47123
 #define IN_LEN   3000
 #define MSG_LEN  8192
+#define MSGQ_KEY 0x57a5150
+#define SEM_KEY  0x57a5151
+#define MSGQ_LEN 1000
+#define QBYTES   9000
+#define SEED_MSGQ 0x6e736d7367000000ull
+
+union semun {
+	int val;
+	struct semid_ds *buf;
+	unsigned short *array;
+};
+
+struct qmsg {
+	long mtype;
+	uint8_t text[MSGQ_LEN];
+};
+
+/* Sets up the queue and the semaphore set; their ids. */
+static void ipc_setup(int *msq, int *sem)
+{
+	static struct qmsg m;
+	struct msqid_ds ds;
+	unsigned short vals[3] = { 1, 5, 32767 };
+	union semun arg = { .array = vals };
+
+	*msq = msgget(MSGQ_KEY, IPC_CREAT | IPC_EXCL | 0640);
+	if (*msq < 0 || msgctl(*msq, IPC_STAT, &ds))
+		zdtm_die("msgget: %s", strerror(errno));
+	ds.msg_qbytes = QBYTES;
+	if (msgctl(*msq, IPC_SET, &ds))
+		zdtm_die("msgctl(IPC_SET): %s", strerror(errno));
+	m.mtype = 5;
+	zdtm_fill(m.text, MSGQ_LEN, SEED_MSGQ);
+	if (msgsnd(*msq, &m, MSGQ_LEN, 0))
+		zdtm_die("msgsnd: %s", strerror(errno));
+	m.mtype = 2;
+	memcpy(m.text, "two", 3);
+	if (msgsnd(*msq, &m, 3, 0))
+		zdtm_die("msgsnd: %s", strerror(errno));
+	m.mtype = 5;
+	if (msgsnd(*msq, &m, 0, 0))
+		zdtm_die("msgsnd: %s", strerror(errno));
+	*sem = semget(SEM_KEY, 3, IPC_CREAT | IPC_EXCL | 0604);
+	if (*sem < 0 || semctl(*sem, 0, SETALL, arg))
+		zdtm_die("semget: %s", strerror(errno));
+}
+
+/* Checks the queue and the set (ids msq and sem before the dump). */
+static void ipc_check(int msq, int sem)
+{
+	static struct qmsg m;
+	struct msqid_ds ds;
+	struct semid_ds sds;
+	struct msginfo mi;
+	struct seminfo si;
+	unsigned short vals[3] = { 0, 0, 0 };
+	union semun arg;
+	ssize_t n;
+
+	zdtm_check(msgget(MSGQ_KEY, 0) == msq, "msg", "queue of key %#x: id %d, expected %d",
+		   MSGQ_KEY, msgget(MSGQ_KEY, 0), msq);
+	if (msgctl(msq, IPC_STAT, &ds))
+		zdtm_fail("msg", "msgctl(IPC_STAT): %s", strerror(errno));
+	else
+		zdtm_check((ds.msg_perm.mode & 0777) == 0640 && ds.msg_qbytes == QBYTES &&
+				   ds.msg_qnum == 3 && ds.msg_perm.__key == MSGQ_KEY,
+			   "msg", "queue: mode %o, qbytes %lu, %lu messages",
+			   (unsigned)ds.msg_perm.mode, (unsigned long)ds.msg_qbytes,
+			   (unsigned long)ds.msg_qnum);
+	n = msgrcv(msq, &m, MSGQ_LEN, 2, IPC_NOWAIT);
+	zdtm_check(n == 3 && m.mtype == 2 && memcmp(m.text, "two", 3) == 0, "msg",
+		   "message of type 2: %zd bytes, type %ld", n, m.mtype);
+	memset(&m, 0, sizeof(m));
+	n = msgrcv(msq, &m, MSGQ_LEN, 0, IPC_NOWAIT);
+	if (n != MSGQ_LEN || m.mtype != 5)
+		zdtm_fail("msg", "first message: %zd bytes, type %ld", n, m.mtype);
+	else
+		zdtm_verify_pattern("msg", "first message", m.text, MSGQ_LEN, SEED_MSGQ);
+	n = msgrcv(msq, &m, MSGQ_LEN, 0, IPC_NOWAIT);
+	zdtm_check(n == 0 && m.mtype == 5, "msg", "third message: %zd bytes, type %ld", n,
+		   m.mtype);
+	zdtm_check(msgrcv(msq, &m, MSGQ_LEN, 0, IPC_NOWAIT) < 0 && errno == ENOMSG, "msg",
+		   "a fourth message");
+	zdtm_check(msgctl(0, MSG_INFO, (struct msqid_ds *)&mi) >= 0 && mi.msgpool == 1, "msg",
+		   "%d queues in the IPC namespace, expected 1", mi.msgpool);
+
+	zdtm_check(semget(SEM_KEY, 0, 0) == sem, "sem", "set of key %#x: id %d, expected %d",
+		   SEM_KEY, semget(SEM_KEY, 0, 0), sem);
+	arg.buf = &sds;
+	zdtm_check(semctl(sem, 0, IPC_STAT, arg) == 0 && (sds.sem_perm.mode & 0777) == 0604 &&
+			   sds.sem_nsems == 3,
+		   "sem", "set: mode %o, %lu semaphores", (unsigned)sds.sem_perm.mode,
+		   (unsigned long)sds.sem_nsems);
+	arg.array = vals;
+	zdtm_check(semctl(sem, 0, GETALL, arg) == 0 && vals[0] == 1 && vals[1] == 5 &&
+			   vals[2] == 32767,
+		   "sem", "values %u %u %u, expected 1 5 32767", vals[0], vals[1], vals[2]);
+	arg.buf = (struct semid_ds *)&si;
+	zdtm_check(semctl(0, 0, SEM_INFO, arg) >= 0 && si.semusz == 1, "sem",
+		   "%d sets in the IPC namespace, expected 1", si.semusz);
+}
 
 static int tcp_a = -1, unix_b = -1;
 static volatile pid_t t_tid, t_tid_after, t_pid_after;
@@ -271,7 +383,7 @@ int main(int argc, char **argv)
 	static uint8_t buf[MSG_LEN];
 	pid_t a, b, extra = 0;
 	pthread_t thr;
-	int shmid, pids[16], n, st, lsn, conn, pair[2], one = 1, c2, c3;
+	int msq, sem, shmid, pids[16], n, st, lsn, conn, pair[2], one = 1, c2, c3;
 	short flags = 0;
 	uint8_t *seg;
 
@@ -290,6 +402,7 @@ int main(int argc, char **argv)
 	if (seg == (void *)-1)
 		zdtm_die("shmat: %s", strerror(errno));
 	zdtm_fill(seg, SHM_SIZE, SEED_SHM);
+	ipc_setup(&msq, &sem);
 
 	/* a tmpfs of our own mount namespace, with a closed file */
 	if (mount("stasis-ns", "/mnt", "tmpfs", MS_NOSUID, "size=4m,mode=0755"))
@@ -353,6 +466,16 @@ int main(int argc, char **argv)
 	ZDTM_CORRUPT("uts", sethostname("x", 1));
 	ZDTM_CORRUPT("lo", lo_set(0));
 	ZDTM_CORRUPT("shm", seg[100] ^= 1);
+	ZDTM_CORRUPT("msg", {
+		static struct qmsg m;
+
+		(void)!msgrcv(msq, &m, MSGQ_LEN, 2, IPC_NOWAIT);
+	});
+	ZDTM_CORRUPT("sem", {
+		union semun v = { .val = 6 };
+
+		semctl(sem, 1, SETVAL, v);
+	});
 	ZDTM_CORRUPT("proc", extra = spawn("X", 4));
 	ZDTM_CORRUPT("pid", a = 7);
 	ZDTM_CORRUPT("tcp", (void)!read(conn, buf, 1));
@@ -386,6 +509,7 @@ int main(int argc, char **argv)
 		zdtm_check(info.used_ids == 1, "shm",
 			   "%d segments in the IPC namespace, expected 1",
 			   (int)info.used_ids);
+	ipc_check(msq, sem);
 	n = proc_pids(pids, 16);
 	zdtm_check(n == 3 && pids[0] == 1 && pids[1] == 2 && pids[2] == 3, "proc",
 		   "/proc lists %d processes (%d %d %d...), expected 1 2 3", n,
@@ -475,6 +599,8 @@ int main(int argc, char **argv)
 		zdtm_verify_pattern("tcp", "A's reply", buf, MSG_LEN, SEED_BACK);
 	shmdt(seg);
 	shmctl(shmid, IPC_RMID, NULL);
+	msgctl(msq, IPC_RMID, NULL);
+	semctl(sem, 0, IPC_RMID);
 	zdtm_finish();
 	return 0;
 }

@@ -4,10 +4,10 @@
 //! not all share the root's namespaces, and the namespaces of its own that
 //! stasis cannot restore: user, cgroup and time namespaces; a PID namespace
 //! whose init is not the root; a network namespace with another interface
-//! than `lo`; System V message queues and semaphores of an
-//! IPC namespace; and mounts of a mount namespace other than a proc on
+//! than `lo`; and mounts of a mount namespace other than a proc on
 //! `/proc`. [`describe`] (frozen) records what the restore needs: the host
-//! and domain names, whether `lo` is up, the proc mount, and the PID (and
+//! and domain names, the System V message queues and semaphore sets of an
+//! IPC namespace, whether `lo` is up, the proc mount, and the PID (and
 //! TID) of every process in its namespace. The dump itself works with the
 //! PIDs stasis sees (ptrace, `/proc`); [`translate_pids`] gives the
 //! manifest the in-namespace ones at the commit.
@@ -100,9 +100,6 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
     if own.contains(&NsKind::Net) {
         check_net(root)?;
     }
-    if own.contains(&NsKind::Ipc) {
-        check_ipc(root)?;
-    }
     if own.contains(&NsKind::Mnt) {
         let mnt = extra_mounts(root, own.contains(&NsKind::Pid), false)?;
         check_tmpfs_fds(tree, &mnt)?;
@@ -148,30 +145,6 @@ pub fn enter_net(root: i32) -> Result<Option<kns::NetnsGuard>> {
         return Ok(None);
     }
     Ok(Some(kns::NetnsGuard::enter(root)?))
-}
-
-/// An IPC namespace of the tree's own: System V shared memory only (its
-/// segments are saved as in the dumper's namespace, read from inside).
-fn check_ipc(root: i32) -> Result<()> {
-    let read = || -> Vec<(&'static str, usize)> {
-        [("message queue", "msg"), ("semaphore set", "sem")]
-            .into_iter()
-            .map(|(what, f)| {
-                let rows = std::fs::read_to_string(format!("/proc/sysvipc/{f}"))
-                    .map(|t| t.lines().skip(1).filter(|l| !l.trim().is_empty()).count())
-                    .unwrap_or(0);
-                (what, rows)
-            })
-            .collect()
-    };
-    let counts = kns::in_namespaces_of(root, &[NsKind::Ipc], read)?;
-    if let Some((what, n)) = counts.into_iter().find(|&(_, n)| n > 0) {
-        return Err(refuse(
-            root,
-            format!("its IPC namespace holds {n} System V {what}(s); only System V shared memory is supported there"),
-        ));
-    }
-    Ok(())
 }
 
 /// One line of a `mountinfo`.
@@ -454,6 +427,15 @@ pub fn describe(root: i32, images: &[ProcessImage]) -> Result<Option<NsCapture>>
                 domainname: d,
             });
         }
+    }
+    if ns.ipc {
+        // Every message queue and semaphore set of the namespace is the
+        // tree's (its segments are saved as the processes attach them).
+        let (queues, sets) = kns::in_namespaces_of(root, &[NsKind::Ipc], || {
+            stasis_objects::sysv_ipc::save(root)
+        })??;
+        ns.msg_queues = queues;
+        ns.sem_sets = sets;
     }
     if own.contains(&NsKind::Net) {
         let lo_up = kns::in_namespaces_of(root, &[NsKind::Net], kns::loopback_up)??;

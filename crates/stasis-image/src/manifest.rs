@@ -65,6 +65,26 @@ pub struct Manifest {
 /// the tree in its own namespaces (with the in-namespace PIDs).
 pub const NAMESPACES_MANIFEST_VERSION: u32 = 3;
 
+/// Manifest format version written when the tree's IPC namespace has
+/// message queues or semaphore sets ([`Namespaces::msg_queues`],
+/// [`Namespaces::sem_sets`]), so that a reader of version 3 refuses it
+/// instead of restoring the namespace without them.
+pub const IPC_OBJECTS_MANIFEST_VERSION: u32 = 4;
+
+impl Manifest {
+    /// The format version its content calls for (`base`: the one of a
+    /// manifest without namespaces).
+    pub fn content_version(&self, base: u32) -> u32 {
+        match &self.namespaces {
+            None => base,
+            Some(n) if n.msg_queues.is_empty() && n.sem_sets.is_empty() => {
+                NAMESPACES_MANIFEST_VERSION
+            }
+            Some(_) => IPC_OBJECTS_MANIFEST_VERSION,
+        }
+    }
+}
+
 /// The namespaces of a dumped tree that differ from the dumper's (every
 /// process of the tree shares the root's). A kind absent here was the
 /// dumper's.
@@ -79,6 +99,12 @@ pub struct Namespaces {
     /// An IPC namespace (its System V segments are in `sysv_shm`).
     #[serde(default)]
     pub ipc: bool,
+    /// The System V message queues of that IPC namespace, by id.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub msg_queues: Vec<SysvMsgQueue>,
+    /// The System V semaphore sets of that IPC namespace, by id.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sem_sets: Vec<SysvSemSet>,
     /// A network namespace (its loopback only).
     #[serde(default)]
     pub net: Option<NetNamespace>,
@@ -89,6 +115,42 @@ pub struct Namespaces {
     /// where the restored tree is put (the directory is made if missing).
     #[serde(default)]
     pub cgroup: Option<String>,
+}
+
+/// Who a System V IPC object is: its id, key, owner and mode.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SysvIpcPerm {
+    pub id: i32,
+    pub key: i32,
+    pub uid: u32,
+    pub gid: u32,
+    /// Permission bits (`0o777`).
+    pub mode: u32,
+}
+
+/// A System V message queue and the messages queued in it, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SysvMsgQueue {
+    pub perm: SysvIpcPerm,
+    /// Most bytes the queue holds (`msg_qbytes`).
+    pub qbytes: u64,
+    pub messages: Vec<SysvMessage>,
+}
+
+/// One message of a System V queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SysvMessage {
+    /// Its type (`mtype`, positive).
+    pub mtype: i64,
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+}
+
+/// A System V semaphore set and the value of each semaphore.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SysvSemSet {
+    pub perm: SysvIpcPerm,
+    pub values: Vec<u16>,
 }
 
 /// What a UTS namespace holds.

@@ -71,7 +71,7 @@ fn parse_header(h: &[u8; 32], file_len: u64) -> Result<(u64, (u64, u32)), Proble
     if version == 0 {
         return Err(Problem::Corrupt("format version 0".into()));
     }
-    if version > FORMAT_VERSION.max(crate::manifest::NAMESPACES_MANIFEST_VERSION) {
+    if version > FORMAT_VERSION.max(crate::manifest::IPC_OBJECTS_MANIFEST_VERSION) {
         return Err(Problem::Newer(version));
     }
     let header_len = le_u32(h, 12);
@@ -116,11 +116,7 @@ fn decode_payload(payload: &[u8], (checksum, version): (u64, u32)) -> Result<Man
     }
     // The version is outside the checksum: it must be the one the content
     // calls for (namespaces raise it).
-    let want = if m.namespaces.is_some() {
-        crate::manifest::NAMESPACES_MANIFEST_VERSION
-    } else {
-        FORMAT_VERSION
-    };
+    let want = m.content_version(FORMAT_VERSION);
     if version != want && !(version < FORMAT_VERSION && m.namespaces.is_none()) {
         return Err(Problem::Corrupt(format!(
             "format version {version} where the content is of version {want}"
@@ -166,11 +162,7 @@ pub fn encode_manifest(m: &Manifest) -> Result<Vec<u8>, ImageError> {
     }
     let sum = xxh3_64(&out[32..]);
     out[0..8].copy_from_slice(&MANIFEST_MAGIC);
-    let version = if m.namespaces.is_some() {
-        crate::manifest::NAMESPACES_MANIFEST_VERSION
-    } else {
-        FORMAT_VERSION
-    };
+    let version = m.content_version(FORMAT_VERSION);
     out[8..12].copy_from_slice(&version.to_le_bytes());
     out[12..16].copy_from_slice(&MANIFEST_HEADER_LEN.to_le_bytes());
     out[16..24].copy_from_slice(&payload_len.to_le_bytes());

@@ -351,6 +351,8 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
             domainname: "(none)".into(),
         }),
         ipc: true,
+        msg_queues: Vec::new(),
+        sem_sets: Vec::new(),
         net: Some(manifest::NetNamespace { lo_up: true }),
         cgroup: Some("/box".into()),
         mnt: Some(manifest::MountNamespace {
@@ -382,11 +384,45 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
     let back = decode_manifest(&bytes, 3, p()).unwrap();
     assert_eq!(back, m);
     assert_eq!(encode_manifest(&back).unwrap(), bytes);
-    // Version 4 is newer than this reader.
+    // Message queues and semaphore sets raise it to 4 (a reader of 3
+    // would restore the IPC namespace without them).
+    let mut with_ipc = m.clone();
+    if let Some(n) = &mut with_ipc.namespaces {
+        let perm = |id| manifest::SysvIpcPerm {
+            id,
+            key: 0x1234,
+            uid: 1,
+            gid: 2,
+            mode: 0o640,
+        };
+        n.msg_queues = vec![manifest::SysvMsgQueue {
+            perm: perm(32768),
+            qbytes: 16384,
+            messages: vec![manifest::SysvMessage {
+                mtype: 7,
+                data: b"hello".to_vec(),
+            }],
+        }];
+        n.sem_sets = vec![manifest::SysvSemSet {
+            perm: perm(0),
+            values: vec![1, 5],
+        }];
+    }
+    let ipc_bytes = encode_manifest(&with_ipc).unwrap();
+    assert_eq!(
+        u32::from_le_bytes(ipc_bytes[8..12].try_into().unwrap()),
+        manifest::IPC_OBJECTS_MANIFEST_VERSION
+    );
+    assert_eq!(decode_manifest(&ipc_bytes, 3, p()).unwrap(), with_ipc);
+    // The version must be the one the content calls for.
+    let mut lower = ipc_bytes.clone();
+    lower[8..12].copy_from_slice(&3u32.to_le_bytes());
+    assert!(decode_manifest(&lower, 3, p()).is_err());
+    // Version 5 is newer than this reader.
     let mut newer = bytes.clone();
-    newer[8..12].copy_from_slice(&4u32.to_le_bytes());
+    newer[8..12].copy_from_slice(&5u32.to_le_bytes());
     assert!(matches!(
         decode_manifest(&newer, 3, p()),
-        Err(ImageError::NewerFormat { found: 4, .. })
+        Err(ImageError::NewerFormat { found: 5, .. })
     ));
 }

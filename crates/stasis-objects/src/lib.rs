@@ -67,6 +67,7 @@ pub mod save;
 pub mod signalfd;
 pub mod socket;
 pub mod sysv;
+pub mod sysv_ipc;
 pub mod tcp;
 pub mod timerfd;
 pub mod unix;

@@ -365,10 +365,15 @@ fn build_tree(b: &mut Build<'_>) -> Result<u64> {
     );
     stub::prepare_root(b)?;
     // System V segments exist before anyone attaches them (in the tree's
-    // IPC namespace); so do the POSIX ones saved with `--shm-file`, before
+    // IPC namespace, with its message queues and semaphore sets); so do the POSIX ones saved with `--shm-file`, before
     // anyone maps them.
     let root_outer = b.root()?.t.pid();
     crate::ns::in_ipc(m, root_outer, || sysv::prepare(&m.sysv_shm))??;
+    if let Some(ns) = m.namespaces.as_ref().filter(|n| n.ipc) {
+        crate::ns::in_ipc(m, root_outer, || {
+            stasis_objects::sysv_ipc::restore(&ns.msg_queues, &ns.sem_sets)
+        })??;
+    }
     for p in stasis_objects::posix_shm::restore(&m.shm_files)? {
         tracing::debug!(path = %p.display(), "POSIX shared memory object put back");
     }
