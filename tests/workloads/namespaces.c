@@ -23,7 +23,8 @@
  *          the namespace after 1).
  *   tmpfs  a tmpfs (size=4m, mode=0755) mounted on /mnt, holding a directory
  *          stasis-ns with a file data (TMPFS_LEN bytes of pattern(SEED_FILE),
- *          mode 0640, closed) and a symbolic link to it.
+ *          mode 0640) and a symbolic link to it; the root keeps the file
+ *          open read-write at offset FILE_POS and the directory open.
  *   thread a second thread T of the root (TID 4 in the namespace), asleep
  *          until SIGTERM.
  *   net    a TCP listener of the root on 127.0.0.1:PORT; A connects to it
@@ -41,7 +42,8 @@
  *      the namespace (MSG_INFO, SEM_INFO).
  *      T's gettid() is still the TID it had (4), and getpid() 1 in it.
  *      /mnt is a tmpfs with the directory, the file (content and mode)
- *      and the link.
+ *      and the link; the open file is that file (device and inode) at
+ *      FILE_POS, the open directory that directory (fstatat of data).
  *      The bytes A sent are still queued on the root's end of the TCP
  *      connection; a new connection to the listener is accepted.
  *   2. root sends MSG_LEN bytes of pattern(SEED_TCP) to A and of
@@ -80,6 +82,7 @@
 #define SEED_BACK 0x6e736261636b0000ull
 #define SEED_FILE 0x6e7366696c650000ull
 #define TMPFS_LEN (100u << 10)
+#define FILE_POS 4321
 #define TDIR     "/mnt/stasis-ns"
 #define TFILE    TDIR "/data"
 #define TLINK    TDIR "/link"
@@ -383,7 +386,7 @@ int main(int argc, char **argv)
 	static uint8_t buf[MSG_LEN];
 	pid_t a, b, extra = 0;
 	pthread_t thr;
-	int msq, sem, shmid, pids[16], n, st, lsn, conn, pair[2], one = 1, c2, c3;
+	int ffd, dfd, msq, sem, shmid, pids[16], n, st, lsn, conn, pair[2], one = 1, c2, c3;
 	short flags = 0;
 	uint8_t *seg;
 
@@ -417,6 +420,10 @@ int main(int argc, char **argv)
 		if (fd < 0 || write_full(fd, f, TMPFS_LEN) || close(fd))
 			zdtm_die("%s: %s", TFILE, strerror(errno));
 	}
+	ffd = open(TFILE, O_RDWR);
+	dfd = open(TDIR, O_RDONLY | O_DIRECTORY);
+	if (ffd < 0 || dfd < 0 || lseek(ffd, FILE_POS, SEEK_SET) != FILE_POS)
+		zdtm_die("opening %s: %s", TFILE, strerror(errno));
 
 	/* the listener, A's connection with IN_LEN bytes queued, B's pair */
 	addr = lo_addr();
@@ -484,6 +491,8 @@ int main(int argc, char **argv)
 		(void)!pwrite(fd, "x", 1, 5000);
 		close(fd);
 	});
+	ZDTM_CORRUPT("tmpfs_fd", lseek(ffd, 1, SEEK_SET));
+	ZDTM_CORRUPT("tmpfs_dir", dup2(ffd, dfd));
 	ZDTM_CORRUPT("kids", (void)!write(pair[0], "x", 1));
 
 	ZDTM_CORRUPT("tid", t_tid = 9);
@@ -545,6 +554,15 @@ int main(int argc, char **argv)
 		}
 		if (fd >= 0)
 			close(fd);
+		zdtm_check(fstat(ffd, &st_d) == 0 && st_d.st_dev == st_f.st_dev &&
+				   st_d.st_ino == st_f.st_ino,
+			   "tmpfs_fd", "the open fd is not on %s", TFILE);
+		zdtm_check(lseek(ffd, 0, SEEK_CUR) == FILE_POS, "tmpfs_fd",
+			   "the open fd is at %lld, expected %d",
+			   (long long)lseek(ffd, 0, SEEK_CUR), FILE_POS);
+		zdtm_check(fstatat(dfd, "data", &st_d, 0) == 0 && st_d.st_dev == st_f.st_dev &&
+				   st_d.st_ino == st_f.st_ino,
+			   "tmpfs_dir", "the open directory does not hold %s", TFILE);
 	}
 
 	/* TCP: A's queued bytes, then a new connection to the listener */

@@ -355,8 +355,10 @@ fn tmpfs_entries(root: i32, at: &str, total: &mut u64) -> Result<Vec<TmpfsEntry>
     Ok(out)
 }
 
-/// No process of the tree has an fd on a file of one of its tmpfs mounts
-/// (the restorer opens files in its own mount namespace).
+/// The fds of the tree on files of its tmpfs and bind mounts are on
+/// regular files and directories still linked (reopened by path in the
+/// restored mount namespace); refuses the others (deleted files, FIFOs,
+/// devices there are rebuilt in the restorer's namespace).
 fn check_tmpfs_fds(tree: &[i32], ns: &MountNamespace) -> Result<()> {
     for &p in tree {
         for fd in crate::fds::list_fds(p).unwrap_or_default() {
@@ -369,10 +371,18 @@ fn check_tmpfs_fds(tree: &[i32], ns: &MountNamespace) -> Result<()> {
                 .map(|t| ("tmpfs", &t.target))
                 .chain(ns.binds.iter().map(|b| ("bind", &b.target)));
             for (what, t) in targets {
-                if link == *t || link.starts_with(&format!("{t}/")) {
+                let under = link == *t || link.starts_with(&format!("{t}/"));
+                if !under {
+                    continue;
+                }
+                let kind = std::fs::metadata(format!("/proc/{p}/fd/{fd}"))
+                    .map(|m| m.file_type())
+                    .ok();
+                let plain = kind.is_some_and(|k| k.is_file() || k.is_dir());
+                if !plain || link.ends_with(" (deleted)") {
                     return Err(refuse(
                         p,
-                        format!("fd {fd} is open on {link}, in its {what} mount on {t}; open files in mounts of its own mount namespace are not supported yet"),
+                        format!("fd {fd} is open on {link}, in its {what} mount on {t}; of the files of mounts of its own mount namespace, only regular files and directories still linked are reopened"),
                     ));
                 }
             }

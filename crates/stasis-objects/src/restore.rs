@@ -123,6 +123,10 @@ pub struct RestoreCtx<'a> {
     in_flight_epolls: Vec<(i32, OwnedFd, FdImage)>,
     /// io_uring instances made, by `shared_id`: (process, fd).
     pub(crate) io_urings: HashMap<u32, (i32, i32)>,
+    /// A process of the tree (as the restorer sees it) whose mount
+    /// namespace, the tree's own, files are opened in by path; `None`: the
+    /// restorer's.
+    pub mount_ns_of: Option<i32>,
 }
 
 impl<'a> RestoreCtx<'a> {
@@ -163,6 +167,23 @@ impl<'a> RestoreCtx<'a> {
             tcp_close: false,
             in_flight_epolls: Vec::new(),
             io_urings: HashMap::new(),
+            mount_ns_of: None,
+        }
+    }
+
+    /// Runs `f` where the tree's paths are: on a thread in its mount
+    /// namespace (see [`Self::mount_ns_of`]), or here.
+    pub(crate) fn in_tree_mounts<T: Send>(
+        &self,
+        f: impl FnOnce() -> T + Send,
+    ) -> Result<T, RestoreError> {
+        match self.mount_ns_of {
+            None => Ok(f()),
+            Some(pid) => Ok(stasis_kernel::ns::in_namespaces_of(
+                pid,
+                &[stasis_kernel::ns::NsKind::Mnt],
+                f,
+            )?),
         }
     }
 

@@ -358,16 +358,20 @@ fn build_tree(b: &mut Build<'_>) -> Result<u64> {
     let m = b.m;
     // Every open file description is made by one factory; the ptys that
     // are controlling terminals are wanted as soon as the tree is forked.
-    let factory = files::FdFactory::new(
+    let mut factory = files::FdFactory::new(
         &m.pipes,
         &m.ghosts,
         m.processes.iter().flat_map(|p| p.fds.iter()),
     );
     stub::prepare_root(b)?;
+    let root_outer = b.root()?.t.pid();
+    // Files of a tree with a mount namespace of its own are opened there.
+    if m.namespaces.as_ref().is_some_and(|n| n.mnt.is_some()) {
+        factory.set_mount_ns_of(root_outer);
+    }
     // System V segments exist before anyone attaches them (in the tree's
     // IPC namespace, with its message queues and semaphore sets); so do the POSIX ones saved with `--shm-file`, before
     // anyone maps them.
-    let root_outer = b.root()?.t.pid();
     crate::ns::in_ipc(m, root_outer, || sysv::prepare(&m.sysv_shm))??;
     if let Some(ns) = m.namespaces.as_ref().filter(|n| n.ipc) {
         crate::ns::in_ipc(m, root_outer, || {

@@ -411,8 +411,10 @@ fn refuses_a_ramfs_mount() {
     );
 }
 
+/// A deleted file of a tmpfs of its own, still open (deleted files are
+/// made again in the restorer's mount namespace).
 #[test]
-fn refuses_a_file_open_in_a_tmpfs_mount() {
+fn refuses_a_deleted_file_open_in_a_tmpfs_mount() {
     refused(
         &[
             "--pid",
@@ -421,10 +423,10 @@ fn refuses_a_file_open_in_a_tmpfs_mount() {
             "--mount",
             "sh",
             "-c",
-            "mount -t tmpfs stasis-test /mnt && exec sleep 1000 3>/mnt/f",
+            "mount -t tmpfs stasis-test /mnt && exec 3>/mnt/f && rm /mnt/f && exec sleep 1000",
         ],
         |up| child_running(up, "sleep 1000"),
-        "fd 3 is open on /mnt/f, in its tmpfs mount on /mnt",
+        "fd 3 is open on /mnt/f (deleted), in its tmpfs mount on /mnt",
     );
 }
 
@@ -446,15 +448,16 @@ fn refuses_an_interface_other_than_loopback() {
 }
 
 /// A bind mount of a host directory in the tree's mount namespace is made
-/// again in the new one (a plain `sleep` tree: what it sees is checked
-/// from outside, through its root).
+/// again in the new one, and a file open there is reopened in it (a plain
+/// `sleep` tree: what it sees is checked from outside, through its root
+/// and its fd).
 #[test]
 fn twice_keeps_a_bind_mount() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("marker"), b"bound here").unwrap();
     let mut c = Command::new("unshare");
     c.args(["--pid", "--fork", "--mount-proc", "--mount", "sh", "-c"])
-        .arg("mount --bind \"$0\" /srv && exec sleep 1000")
+        .arg("mount --bind \"$0\" /srv && exec sleep 1000 3</srv/marker")
         .arg(dir.path())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -490,6 +493,12 @@ fn twice_keeps_a_bind_mount() {
         assert_ok(&o, &format!("restore round {round}"));
         pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
         assert_eq!(seen(pid), b"bound here", "round {round}");
+        // Its fd 3 is on the file under the bind mount (reopened in the
+        // restored mount namespace: /srv/marker is not the restorer's).
+        let link = std::fs::read_link(format!("/proc/{pid}/fd/3")).unwrap_or_default();
+        assert_eq!(link, PathBuf::from("/srv/marker"), "round {round}");
+        let through_fd = std::fs::read(format!("/proc/{pid}/fd/3")).unwrap_or_default();
+        assert_eq!(through_fd, b"bound here", "round {round}");
         let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
         assert!(
             info.lines()
