@@ -15,8 +15,8 @@
 use std::collections::{HashMap, HashSet};
 
 use stasis_image::manifest::{
-    BindMount, FdKind, Manifest, MountNamespace, Namespaces, NetNamespace, ProcessImage,
-    TmpfsEntry, TmpfsMount, UtsNamespace,
+    BindMount, FdKind, LaterKind, LaterMount, Manifest, MountNamespace, Namespaces, NetNamespace,
+    ProcessImage, TmpfsEntry, TmpfsMount, UtsNamespace,
 };
 use stasis_kernel::ns::{self as kns, NsKind};
 
@@ -192,13 +192,19 @@ const TMPFS_MAX_BYTES: u64 = 64 << 20;
 
 /// The mounts of the root's mount namespace that the dumper's has not
 /// (mounts it lacks are left as the restorer has them): a proc on `/proc`
-/// (with `own_pid`) and tmpfs mounts (their content read when `content`);
-/// refuses every other.
+/// (with `own_pid`), tmpfs mounts (their content read when `content`),
+/// bind mounts of what the dumper sees, and file systems with nothing to
+/// save (sysfs, an empty mqueue, a devpts instance without terminals);
+/// refuses every other. From the first mount the root stub cannot make
+/// (nested in an earlier one, a read-only tmpfs, a fresh file system) on,
+/// every mount is made later, by the restorer, in order.
 fn extra_mounts(root: i32, own_pid: bool, content: bool) -> Result<MountNamespace> {
     let my_mounts = mounts(&proc::read(std::process::id() as i32, "mountinfo")?);
     let mine: HashSet<_> = my_mounts.iter().map(MountLine::key).collect();
     let mut ns = MountNamespace::default();
     let mut total = 0u64;
+    let mut later = false;
+    let mut made: Vec<String> = Vec::new();
     for m in mounts(&proc::read(root, "mountinfo")?) {
         if mine.contains(&m.key()) {
             continue;
@@ -208,32 +214,52 @@ fn extra_mounts(root: i32, own_pid: bool, content: bool) -> Result<MountNamespac
             ns.proc = true;
             continue;
         }
+        let flags = mount_flags(&m.mount_opts);
+        let options = m
+            .super_opts
+            .split(',')
+            .filter(|o| *o != "rw" && *o != "ro")
+            .collect::<Vec<_>>()
+            .join(",");
+        let nested = made
+            .iter()
+            .any(|t| at == t || t == "/" || at.starts_with(&format!("{t}/")));
+        later |= nested;
+        made.push(at.clone());
         if kind == "tmpfs" && m.root == "/" {
-            if let Some(t) = ns
-                .tmpfs
-                .iter()
-                .find(|t| at.starts_with(&format!("{}/", t.target)) || *at == t.target)
-            {
-                return Err(refuse(
-                    root,
-                    format!("its tmpfs mount on {at} is on (or over) its tmpfs mount on {}; nested tmpfs mounts are not supported", t.target),
-                ));
-            }
             let entries = if content {
                 tmpfs_entries(root, at, &mut total)?
             } else {
                 Vec::new()
             };
-            ns.tmpfs.push(TmpfsMount {
+            later |= flags & libc::MS_RDONLY != 0;
+            if later {
+                ns.later.push(LaterMount {
+                    target: at.clone(),
+                    flags,
+                    what: LaterKind::Tmpfs { options, entries },
+                });
+            } else {
+                ns.tmpfs.push(TmpfsMount {
+                    target: at.clone(),
+                    flags,
+                    options,
+                    entries,
+                });
+            }
+            continue;
+        }
+        if matches!(kind.as_str(), "sysfs" | "mqueue" | "devpts") && m.root == "/" {
+            check_fresh(root, kind, at)?;
+            later = true;
+            ns.later.push(LaterMount {
                 target: at.clone(),
-                flags: mount_flags(&m.mount_opts),
-                options: m
-                    .super_opts
-                    .split(',')
-                    .filter(|o| *o != "rw" && *o != "ro")
-                    .collect::<Vec<_>>()
-                    .join(","),
-                entries,
+                flags,
+                what: LaterKind::Fresh {
+                    fstype: kind.clone(),
+                    source: kind.clone(),
+                    options,
+                },
             });
             continue;
         }
@@ -253,19 +279,56 @@ fn extra_mounts(root: i32, own_pid: bool, content: bool) -> Result<MountNamespac
                 Some(format!("{}{}", h.at.trim_end_matches('/'), rest))
             });
         if let Some(source) = source.filter(|s| s.starts_with('/') && !s.contains(" (deleted)")) {
-            ns.binds.push(BindMount {
-                source,
-                target: at.clone(),
-                flags: mount_flags(&m.mount_opts),
-            });
+            if later {
+                ns.later.push(LaterMount {
+                    target: at.clone(),
+                    flags,
+                    what: LaterKind::Bind { source },
+                });
+            } else {
+                ns.binds.push(BindMount {
+                    source,
+                    target: at.clone(),
+                    flags,
+                });
+            }
             continue;
         }
         return Err(refuse(
             root,
-            format!("its mount namespace has a {kind} mount on {at} that the dumper's has not; only a proc on /proc, tmpfs mounts and bind mounts of what the dumper sees are supported there yet"),
+            format!("its mount namespace has a {kind} mount on {at} that the dumper's has not; only a proc on /proc, tmpfs, sysfs, mqueue and devpts mounts and bind mounts of what the dumper sees are supported there yet"),
         ));
     }
     Ok(ns)
+}
+
+/// A file system mounted anew at restore holds nothing: no message queue
+/// in an mqueue, no terminal in a devpts instance (only `ptmx`).
+fn check_fresh(root: i32, kind: &str, at: &str) -> Result<()> {
+    if kind == "sysfs" {
+        return Ok(());
+    }
+    let dir = format!("/proc/{root}/root{at}");
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .map_err(|e| CaptureError::from_proc(root, &format!("root{at}"), e))?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !(kind == "devpts" && n == "ptmx"))
+        .collect();
+    if let Some(n) = names.first() {
+        let what = if kind == "devpts" {
+            "terminal"
+        } else {
+            "POSIX message queue"
+        };
+        return Err(refuse(
+            root,
+            format!(
+                "its {kind} mount on {at} holds the {what} {n}; stasis mounts an empty one again"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// `MS_*` flags of per-mount options.
@@ -294,6 +357,7 @@ fn tmpfs_entries(root: i32, at: &str, total: &mut u64) -> Result<Vec<TmpfsEntry>
     let io = |e: std::io::Error| CaptureError::from_proc(root, &format!("root{at}"), e);
     let mut out = Vec::new();
     let mut queue = vec![String::new()];
+    let dev = std::fs::symlink_metadata(&base).map_err(io)?.dev();
     while let Some(rel) = queue.pop() {
         let path = if rel.is_empty() {
             base.clone()
@@ -302,6 +366,22 @@ fn tmpfs_entries(root: i32, at: &str, total: &mut u64) -> Result<Vec<TmpfsEntry>
         };
         let md = std::fs::symlink_metadata(&path).map_err(io)?;
         let ft = md.file_type();
+        if md.dev() != dev {
+            // Another mount's root: only its mount point is this tmpfs's
+            // (a directory, or an empty file a file is bound on).
+            let mode = if ft.is_dir() {
+                libc::S_IFDIR | 0o755
+            } else {
+                libc::S_IFREG | 0o644
+            };
+            out.push(TmpfsEntry {
+                path: rel,
+                mode,
+                ..Default::default()
+            });
+            continue;
+        }
+        let mut rdev = 0;
         let data = if ft.is_file() {
             *total += md.len();
             if *total > TMPFS_MAX_BYTES {
@@ -331,17 +411,13 @@ fn tmpfs_entries(root: i32, at: &str, total: &mut u64) -> Result<Vec<TmpfsEntry>
                 });
             }
             Vec::new()
+        } else if ft.is_fifo() || ft.is_char_device() || ft.is_block_device() {
+            rdev = md.rdev();
+            Vec::new()
         } else {
-            let what = if ft.is_fifo() {
-                "a FIFO"
-            } else if ft.is_socket() {
-                "a unix socket file"
-            } else {
-                "a device node"
-            };
             return Err(refuse(
                 root,
-                format!("{at}/{rel} in its tmpfs mount is {what}; only directories, regular files and symbolic links are saved there"),
+                format!("{at}/{rel} in its tmpfs mount is a unix socket file; only directories, regular files, symbolic links, FIFOs and device nodes are saved there"),
             ));
         };
         out.push(TmpfsEntry {
@@ -350,6 +426,7 @@ fn tmpfs_entries(root: i32, at: &str, total: &mut u64) -> Result<Vec<TmpfsEntry>
             uid: md.uid(),
             gid: md.gid(),
             data,
+            rdev,
         });
     }
     Ok(out)
@@ -369,7 +446,15 @@ fn check_tmpfs_fds(tree: &[i32], ns: &MountNamespace) -> Result<()> {
                 .tmpfs
                 .iter()
                 .map(|t| ("tmpfs", &t.target))
-                .chain(ns.binds.iter().map(|b| ("bind", &b.target)));
+                .chain(ns.binds.iter().map(|b| ("bind", &b.target)))
+                .chain(ns.later.iter().map(|l| {
+                    let what = match &l.what {
+                        LaterKind::Tmpfs { .. } => "tmpfs",
+                        LaterKind::Bind { .. } => "bind",
+                        LaterKind::Fresh { fstype, .. } => fstype.as_str(),
+                    };
+                    (what, &l.target)
+                }));
             for (what, t) in targets {
                 let under = link == *t || link.starts_with(&format!("{t}/"));
                 if !under {
@@ -456,7 +541,7 @@ pub fn describe(root: i32, images: &[ProcessImage]) -> Result<Option<NsCapture>>
         // A copy of the dumper's with nothing of its own (`ip netns exec`
         // gives each command one, with its own /sys): the dumper's, as
         // before namespaces were saved; its restore needs no new one.
-        if m.proc || !m.tmpfs.is_empty() || !m.binds.is_empty() {
+        if m.proc || !m.tmpfs.is_empty() || !m.binds.is_empty() || !m.later.is_empty() {
             ns.mnt = Some(m);
         }
     }

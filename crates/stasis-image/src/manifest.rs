@@ -67,9 +67,22 @@ pub const NAMESPACES_MANIFEST_VERSION: u32 = 3;
 
 /// Manifest format version written when the tree's IPC namespace has
 /// message queues or semaphore sets ([`Namespaces::msg_queues`],
-/// [`Namespaces::sem_sets`]), so that a reader of version 3 refuses it
-/// instead of restoring the namespace without them.
-pub const IPC_OBJECTS_MANIFEST_VERSION: u32 = 4;
+/// [`Namespaces::sem_sets`]), or its mount namespace mounts made later
+/// ([`MountNamespace::later`]) or special files in a tmpfs, so that a
+/// reader of version 3 refuses it instead of restoring the namespaces
+/// without them.
+pub const NAMESPACE_OBJECTS_MANIFEST_VERSION: u32 = 4;
+
+/// Whether `n` has what a reader of version 3 would drop or refuse:
+/// mounts made later, special files in a tmpfs.
+fn later_mounts(n: &Namespaces) -> bool {
+    n.mnt.as_ref().is_some_and(|m| {
+        !m.later.is_empty()
+            || m.tmpfs.iter().flat_map(|t| t.entries.iter()).any(|e| {
+                e.rdev != 0 || !matches!(e.mode & 0o170000, 0o040000 | 0o100000 | 0o120000)
+            })
+    })
+}
 
 impl Manifest {
     /// The format version its content calls for (`base`: the one of a
@@ -77,10 +90,10 @@ impl Manifest {
     pub fn content_version(&self, base: u32) -> u32 {
         match &self.namespaces {
             None => base,
-            Some(n) if n.msg_queues.is_empty() && n.sem_sets.is_empty() => {
+            Some(n) if n.msg_queues.is_empty() && n.sem_sets.is_empty() && !later_mounts(n) => {
                 NAMESPACES_MANIFEST_VERSION
             }
-            Some(_) => IPC_OBJECTS_MANIFEST_VERSION,
+            Some(_) => NAMESPACE_OBJECTS_MANIFEST_VERSION,
         }
     }
 }
@@ -180,6 +193,12 @@ pub struct MountNamespace {
     /// they were mounted (after the tmpfs mounts at restore).
     #[serde(default)]
     pub binds: Vec<BindMount>,
+    /// Mounts made by the restorer inside the new namespace once the
+    /// `tmpfs` mounts are filled and the `binds` made, in the order they
+    /// were mounted: from the first mount the stub cannot make (one nested
+    /// in another, read-only, or not tmpfs nor bind) on, every mount.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub later: Vec<LaterMount>,
 }
 
 /// A bind mount of a path the dumper sees (`source`) on `target`.
@@ -205,6 +224,47 @@ pub struct TmpfsMount {
     pub entries: Vec<TmpfsEntry>,
 }
 
+/// A mount made by the restorer in the tree's new mount namespace (its
+/// mount point is made first if missing, as a directory).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaterMount {
+    /// Where it is mounted (absolute).
+    pub target: String,
+    /// `MS_*` flags of the mount (`MS_RDONLY`, `MS_NOSUID`...); a
+    /// read-only tmpfs is made read-only once filled.
+    pub flags: u64,
+    pub what: LaterKind,
+}
+
+/// What a [`LaterMount`] is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LaterKind {
+    /// A tmpfs and its content.
+    Tmpfs {
+        /// The file system's options, as `mount` takes them.
+        options: String,
+        entries: Vec<TmpfsEntry>,
+    },
+    /// A bind mount of a path of the dumper's mount namespace.
+    Bind { source: String },
+    /// A file system that holds nothing to save, mounted anew: `sysfs`,
+    /// `mqueue` without queues, a `devpts` instance without terminals.
+    Fresh {
+        fstype: String,
+        source: String,
+        /// The file system's options, as `mount` takes them.
+        options: String,
+    },
+}
+
+impl Default for LaterKind {
+    fn default() -> Self {
+        LaterKind::Bind {
+            source: String::new(),
+        }
+    }
+}
+
 /// One inode of a [`TmpfsMount`] (a file with several links is saved once
 /// per link).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -218,6 +278,13 @@ pub struct TmpfsEntry {
     /// A regular file's content, or a symbolic link's target.
     #[serde(default, with = "serde_bytes")]
     pub data: Vec<u8>,
+    /// A device node's device number (`st_rdev`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rdev: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// Where a checkpoint stands in a distributed application's history: the

@@ -71,7 +71,7 @@ fn parse_header(h: &[u8; 32], file_len: u64) -> Result<(u64, (u64, u32)), Proble
     if version == 0 {
         return Err(Problem::Corrupt("format version 0".into()));
     }
-    if version > FORMAT_VERSION.max(crate::manifest::IPC_OBJECTS_MANIFEST_VERSION) {
+    if version > FORMAT_VERSION.max(crate::manifest::NAMESPACE_OBJECTS_MANIFEST_VERSION) {
         return Err(Problem::Newer(version));
     }
     let header_len = le_u32(h, 12);

@@ -367,6 +367,7 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
                     uid: 0,
                     gid: 0,
                     data: b"content".to_vec(),
+                    rdev: 0,
                 }],
             }],
             binds: vec![manifest::BindMount {
@@ -374,6 +375,7 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
                 target: "/data".into(),
                 flags: 1,
             }],
+            later: Vec::new(),
         }),
     });
     let bytes = encode_manifest(&m).unwrap();
@@ -411,13 +413,32 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
     let ipc_bytes = encode_manifest(&with_ipc).unwrap();
     assert_eq!(
         u32::from_le_bytes(ipc_bytes[8..12].try_into().unwrap()),
-        manifest::IPC_OBJECTS_MANIFEST_VERSION
+        manifest::NAMESPACE_OBJECTS_MANIFEST_VERSION
     );
     assert_eq!(decode_manifest(&ipc_bytes, 3, p()).unwrap(), with_ipc);
     // The version must be the one the content calls for.
     let mut lower = ipc_bytes.clone();
     lower[8..12].copy_from_slice(&3u32.to_le_bytes());
     assert!(decode_manifest(&lower, 3, p()).is_err());
+    // So do mounts made later (here a fresh sysfs).
+    let mut with_later = m.clone();
+    if let Some(mnt) = with_later.namespaces.as_mut().and_then(|n| n.mnt.as_mut()) {
+        mnt.later = vec![manifest::LaterMount {
+            target: "/sys".into(),
+            flags: 1,
+            what: manifest::LaterKind::Fresh {
+                fstype: "sysfs".into(),
+                source: "sysfs".into(),
+                options: String::new(),
+            },
+        }];
+    }
+    let later_bytes = encode_manifest(&with_later).unwrap();
+    assert_eq!(
+        u32::from_le_bytes(later_bytes[8..12].try_into().unwrap()),
+        manifest::NAMESPACE_OBJECTS_MANIFEST_VERSION
+    );
+    assert_eq!(decode_manifest(&later_bytes, 3, p()).unwrap(), with_later);
     // Version 5 is newer than this reader.
     let mut newer = bytes.clone();
     newer[8..12].copy_from_slice(&5u32.to_le_bytes());

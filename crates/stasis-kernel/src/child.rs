@@ -126,7 +126,9 @@ fn spawn_stopped_with(set_tid: Option<i32>, ns: Option<&NsSetup>) -> Result<Trac
                         libc::_exit(125);
                     }
                 }
-                if (n.mount_proc || !n.tmpfs.is_empty() || !n.binds.is_empty())
+                // A new mount namespace: its mounts private, so that none
+                // made in it (here or by the restorer later) is seen out.
+                if n.flags & u64::from(libc::CLONE_NEWNS.unsigned_abs()) != 0
                     && libc::mount(
                         std::ptr::null(),
                         root_dir.as_ptr(),

@@ -196,6 +196,38 @@ pub fn in_namespaces_of<T: Send>(
     })
 }
 
+/// `mount(2)` in the calling thread's mount namespace (`fstype` and
+/// `data` may be absent, as for a bind or a remount).
+pub fn mount(
+    source: &str,
+    target: &str,
+    fstype: Option<&str>,
+    flags: u64,
+    data: Option<&str>,
+) -> std::io::Result<()> {
+    use std::ffi::CString;
+    let c = |s: &str| CString::new(s).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL));
+    let (src, dst) = (c(source)?, c(target)?);
+    let fstype = fstype.map(c).transpose()?;
+    let data = data.map(c).transpose()?;
+    // SAFETY: every pointer is null or a NUL-terminated string alive for
+    // the call.
+    let r = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            dst.as_ptr(),
+            fstype.as_ref().map_or(std::ptr::null(), |f| f.as_ptr()),
+            flags,
+            data.as_ref()
+                .map_or(std::ptr::null(), |d| d.as_ptr().cast()),
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// A datagram socket of the calling thread's network namespace, and the
 /// request for `lo`.
 fn lo_request() -> Result<(OwnedFd, stasis_sys::net::IfreqFlags)> {

@@ -7,7 +7,7 @@
 
 use std::ffi::CString;
 
-use stasis_image::manifest::{Manifest, Namespaces};
+use stasis_image::manifest::{LaterKind, Manifest, Namespaces, TmpfsEntry};
 use stasis_kernel::child::NsSetup;
 use stasis_kernel::ns::{self as kns, NsKind};
 
@@ -137,68 +137,173 @@ fn join_cgroup(path: &str, pid: i32) -> Result<()> {
 /// Puts back the content of the tree's tmpfs mounts, through
 /// `/proc/ROOT/root` (`root` as stasis sees it: its mount namespace).
 fn fill_tmpfs(m: &Manifest, root: i32) -> Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    use std::os::unix::fs::PermissionsExt;
     let Some(mnt) = m.namespaces.as_ref().and_then(|n| n.mnt.as_ref()) else {
         return Ok(());
     };
     for t in &mnt.tmpfs {
         let base = std::path::PathBuf::from(format!("/proc/{root}/root{}", t.target));
-        let mut dirs = std::collections::HashSet::new();
-        for e in &t.entries {
-            let rel = std::path::Path::new(&e.path);
-            // Only plain names, each under a directory made before.
-            let plain = rel
-                .components()
-                .all(|c| matches!(c, std::path::Component::Normal(_)));
-            let parent_ok = rel
-                .parent()
-                .is_none_or(|p| p.as_os_str().is_empty() || dirs.contains(p));
-            let first = e.path.is_empty();
-            if !plain || !parent_ok || first != dirs.is_empty() {
+        fill_entries(&base, &t.target, &t.entries)?;
+    }
+    Ok(())
+}
+
+/// Makes `entries` (of the tmpfs mounted on `target`) under `base`, its
+/// root as this thread sees it.
+fn fill_entries(base: &std::path::Path, target: &str, entries: &[TmpfsEntry]) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::PermissionsExt;
+    let mut dirs = std::collections::HashSet::new();
+    for e in entries {
+        let rel = std::path::Path::new(&e.path);
+        // Only plain names, each under a directory made before.
+        let plain = rel
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
+        let parent_ok = rel
+            .parent()
+            .is_none_or(|p| p.as_os_str().is_empty() || dirs.contains(p));
+        let first = e.path.is_empty();
+        if !plain || !parent_ok || first != dirs.is_empty() {
+            return Err(ObjectError::Inconsistent(format!(
+                "tmpfs entry {:?} under {target} is not under a saved directory",
+                e.path
+            ))
+            .into());
+        }
+        let path = if first {
+            base.to_path_buf()
+        } else {
+            base.join(rel)
+        };
+        let step = |what: &'static str| {
+            let p = format!("{target}/{}", e.path);
+            move |err: std::io::Error| {
+                RestoreError::from(ObjectError::Inconsistent(format!(
+                    "{what} {p} in the restored tmpfs: {err}"
+                )))
+            }
+        };
+        let node = |kind: nix::sys::stat::SFlag| {
+            nix::sys::stat::mknod(
+                &path,
+                kind,
+                nix::sys::stat::Mode::from_bits_truncate(0o600),
+                e.rdev,
+            )
+            .map_err(|err| step("making")(err.into()))
+        };
+        match e.mode & libc::S_IFMT {
+            libc::S_IFDIR => {
+                if !first {
+                    std::fs::create_dir(&path).map_err(step("making"))?;
+                }
+                dirs.insert(rel.to_path_buf());
+            }
+            libc::S_IFREG => std::fs::write(&path, &e.data).map_err(step("writing"))?,
+            libc::S_IFLNK => {
+                let target = std::ffi::OsStr::from_bytes(&e.data);
+                std::os::unix::fs::symlink(target, &path).map_err(step("linking"))?;
+            }
+            libc::S_IFIFO => node(nix::sys::stat::SFlag::S_IFIFO)?,
+            libc::S_IFCHR => node(nix::sys::stat::SFlag::S_IFCHR)?,
+            libc::S_IFBLK => node(nix::sys::stat::SFlag::S_IFBLK)?,
+            _ => {
                 return Err(ObjectError::Inconsistent(format!(
-                    "tmpfs entry {:?} under {} is not under a saved directory",
-                    e.path, t.target
+                    "tmpfs entry {target}/{} of mode {:o}",
+                    e.path, e.mode
                 ))
-                .into());
+                .into())
             }
-            let path = if first { base.clone() } else { base.join(rel) };
-            let step = |what: &'static str| {
-                let p = format!("{}/{}", t.target, e.path);
-                move |err: std::io::Error| {
-                    RestoreError::from(ObjectError::Inconsistent(format!(
-                        "{what} {p} in the restored tmpfs: {err}"
-                    )))
-                }
-            };
-            match e.mode & libc::S_IFMT {
-                libc::S_IFDIR => {
-                    if !first {
-                        std::fs::create_dir(&path).map_err(step("making"))?;
-                    }
-                    dirs.insert(rel.to_path_buf());
-                }
-                libc::S_IFREG => std::fs::write(&path, &e.data).map_err(step("writing"))?,
-                libc::S_IFLNK => {
-                    let target = std::ffi::OsStr::from_bytes(&e.data);
-                    std::os::unix::fs::symlink(target, &path).map_err(step("linking"))?;
-                }
-                _ => {
-                    return Err(ObjectError::Inconsistent(format!(
-                        "tmpfs entry {}/{} of mode {:o}",
-                        t.target, e.path, e.mode
-                    ))
-                    .into())
-                }
-            }
-            std::os::unix::fs::lchown(&path, Some(e.uid), Some(e.gid)).map_err(step("chown of"))?;
-            if e.mode & libc::S_IFMT != libc::S_IFLNK {
-                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(e.mode & 0o7777))
-                    .map_err(step("chmod of"))?;
-            }
+        }
+        std::os::unix::fs::lchown(&path, Some(e.uid), Some(e.gid)).map_err(step("chown of"))?;
+        if e.mode & libc::S_IFMT != libc::S_IFLNK {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(e.mode & 0o7777))
+                .map_err(step("chmod of"))?;
         }
     }
     Ok(())
+}
+
+/// Makes the mounts saved as made later, in order, from a thread in the
+/// tree's new mount namespace (`root` as stasis sees it): each mount
+/// point made if missing; a tmpfs filled, then made read-only if it was;
+/// a bind remounted with its flags.
+fn later_mounts(m: &Manifest, root: i32) -> Result<()> {
+    let Some(mnt) = m.namespaces.as_ref().and_then(|n| n.mnt.as_ref()) else {
+        return Ok(());
+    };
+    if mnt.later.is_empty() {
+        return Ok(());
+    }
+    // A sysfs shows the devices of the mounting thread's network
+    // namespace, an mqueue the queues of its IPC namespace: the tree's.
+    let ns = m.namespaces.as_ref();
+    let mut kinds = vec![NsKind::Mnt];
+    if ns.is_some_and(|n| n.net.is_some()) {
+        kinds.push(NsKind::Net);
+    }
+    if ns.is_some_and(|n| n.ipc) {
+        kinds.push(NsKind::Ipc);
+    }
+    kns::in_namespaces_of(root, &kinds, || -> Result<()> {
+        for l in &mnt.later {
+            let fail = |what: &str| {
+                let what = format!("{what} on {}", l.target);
+                move |e: std::io::Error| {
+                    RestoreError::from(ObjectError::Incompatible(format!(
+                        "making the tree's mount: {what}: {e}"
+                    )))
+                }
+            };
+            if !l.target.starts_with('/') || l.target.split('/').any(|c| c == "..") {
+                return Err(ObjectError::Inconsistent(format!("mount point {}", l.target)).into());
+            }
+            if std::fs::symlink_metadata(&l.target).is_err() {
+                std::fs::create_dir_all(&l.target).map_err(fail("making the mount point"))?;
+            }
+            let remount = |flags: u64| {
+                kns::mount(
+                    "none",
+                    &l.target,
+                    None,
+                    libc::MS_REMOUNT | libc::MS_BIND | flags,
+                    None,
+                )
+            };
+            match &l.what {
+                LaterKind::Tmpfs { options, entries } => {
+                    kns::mount(
+                        "tmpfs",
+                        &l.target,
+                        Some("tmpfs"),
+                        l.flags & !libc::MS_RDONLY,
+                        Some(options),
+                    )
+                    .map_err(fail("mounting a tmpfs"))?;
+                    fill_entries(std::path::Path::new(&l.target), &l.target, entries)?;
+                    if l.flags & libc::MS_RDONLY != 0 {
+                        remount(l.flags).map_err(fail("making a tmpfs read-only"))?;
+                    }
+                }
+                LaterKind::Bind { source } => {
+                    kns::mount(source, &l.target, None, libc::MS_BIND, None)
+                        .map_err(fail(&format!("bind mount of {source}")))?;
+                    if l.flags != 0 {
+                        remount(l.flags).map_err(fail("remounting a bind mount"))?;
+                    }
+                }
+                LaterKind::Fresh {
+                    fstype,
+                    source,
+                    options,
+                } => {
+                    kns::mount(source, &l.target, Some(fstype), l.flags, Some(options))
+                        .map_err(fail(&format!("mounting a {fstype}")))?;
+                }
+            }
+        }
+        Ok(())
+    })?
 }
 
 /// Once the root stub (`root`, as stasis sees it) exists in its new
@@ -208,6 +313,7 @@ fn fill_tmpfs(m: &Manifest, root: i32) -> Result<()> {
 /// that the sockets it makes for the tree are there.
 pub(crate) fn after_spawn(m: &Manifest, root: i32) -> Result<Option<kns::NetnsGuard>> {
     fill_tmpfs(m, root)?;
+    later_mounts(m, root)?;
     if let Some(cg) = m.namespaces.as_ref().and_then(|n| n.cgroup.as_deref()) {
         join_cgroup(cg, root)?;
     }

@@ -453,6 +453,8 @@ fn refuses_an_interface_other_than_loopback() {
 /// and its fd).
 #[test]
 fn twice_keeps_a_bind_mount() {
+    // Restored trees (detached) are reparented to this process.
+    workloads();
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("marker"), b"bound here").unwrap();
     let mut c = Command::new("unshare");
@@ -509,6 +511,157 @@ fn twice_keeps_a_bind_mount() {
     // SAFETY: killing the restored tree (PID 1 of its namespace).
     unsafe { libc::kill(pid, libc::SIGKILL) };
     waitpid_timeout(pid, Duration::from_secs(30));
+}
+
+/// The mounts a container runtime makes, in the tree's mount namespace:
+/// a tmpfs (as /dev) holding a device node, a FIFO, a link, a private
+/// directory and a file a device is bound on; nested in it a devpts
+/// instance, an mqueue and a read-only tmpfs with a file; a sysfs of the
+/// tree's network namespace, read-only. Made again in the new namespace,
+/// in order, twice (checked from outside, through the tree's root).
+#[test]
+fn twice_keeps_container_mounts() {
+    // Restored trees (detached) are reparented to this process.
+    workloads();
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let script = "mount -t tmpfs -o mode=755,size=1m stasis-dev /mnt && \
+        mkdir /mnt/pts /mnt/mqueue /mnt/shm /mnt/priv && chmod 0700 /mnt/priv && \
+        chown 1:2 /mnt/priv && mknod -m 0666 /mnt/null c 1 3 && \
+        mkfifo -m 0640 /mnt/fifo && ln -s /proc/self/fd /mnt/fd && touch /mnt/bound && \
+        mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts /mnt/pts && \
+        mount -t mqueue mqueue /mnt/mqueue && \
+        mount -t tmpfs -o size=64k shm /mnt/shm && echo hi >/mnt/shm/x && \
+        mount -o remount,bind,ro /mnt/shm && mount --bind /dev/null /mnt/bound && \
+        mount -t sysfs -o ro,nosuid sysfs /sys && exec sleep 1000";
+    let mut c = Command::new("unshare");
+    c.args([
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "--mount",
+        "--ipc",
+        "--net",
+        "sh",
+        "-c",
+        script,
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    close_inherited_fds(&mut c);
+    let _r = Refused {
+        unshare: c.spawn().expect("starting unshare"),
+    };
+    let up = _r.unshare.id() as i32;
+    let mut pid = 0;
+    wait_until(Duration::from_secs(10), "the tree to be set up", || {
+        pid = child_running(up, "sleep 1000").unwrap_or(0);
+        pid > 0
+    });
+    let check = |pid: i32, round: &str| {
+        let root = format!("/proc/{pid}/root");
+        let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+        // (type, per-mount options) of the last mount on `at`.
+        let mount = |at: &str| {
+            info.lines()
+                .rfind(|l| l.split_whitespace().nth(4) == Some(at))
+                .map(|l| {
+                    let (a, b) = l.split_once(" - ").unwrap();
+                    let kind = b.split_whitespace().next().unwrap().to_string();
+                    (kind, a.split_whitespace().nth(5).unwrap().to_string())
+                })
+                .unwrap_or_default()
+        };
+        assert_eq!(mount("/mnt").0, "tmpfs", "{round}: {info}");
+        assert_eq!(mount("/mnt/pts").0, "devpts", "{round}: {info}");
+        assert_eq!(mount("/mnt/mqueue").0, "mqueue", "{round}: {info}");
+        let shm = mount("/mnt/shm");
+        assert_eq!(shm.0, "tmpfs", "{round}: {info}");
+        assert!(shm.1.split(',').any(|o| o == "ro"), "{round}: {info}");
+        let sys = mount("/sys");
+        assert_eq!(sys.0, "sysfs", "{round}: {info}");
+        assert!(sys.1.split(',').any(|o| o == "ro"), "{round}: {info}");
+        assert!(sys.1.split(',').any(|o| o == "nosuid"), "{round}: {info}");
+        assert_eq!(mount("/mnt/bound").0, "devtmpfs", "{round}: {info}");
+        let md = |p: &str| std::fs::symlink_metadata(format!("{root}{p}")).unwrap();
+        let null = md("/mnt/null");
+        assert!(null.file_type().is_char_device(), "{round}");
+        assert_eq!(
+            (null.rdev(), null.mode() & 0o7777),
+            (libc::makedev(1, 3), 0o666),
+            "{round}"
+        );
+        let fifo = md("/mnt/fifo");
+        assert!(fifo.file_type().is_fifo(), "{round}");
+        assert_eq!(fifo.mode() & 0o7777, 0o640, "{round}");
+        let privd = md("/mnt/priv");
+        assert_eq!(
+            (privd.mode() & 0o7777, privd.uid(), privd.gid()),
+            (0o700, 1, 2),
+            "{round}"
+        );
+        assert_eq!(
+            std::fs::read_link(format!("{root}/mnt/fd")).unwrap(),
+            PathBuf::from("/proc/self/fd"),
+            "{round}"
+        );
+        assert_eq!(
+            std::fs::read(format!("{root}/mnt/shm/x")).unwrap(),
+            b"hi\n",
+            "{round}"
+        );
+        assert!(md("/mnt/pts/ptmx").file_type().is_char_device(), "{round}");
+        // The sysfs is of the tree's network namespace: only lo.
+        let nets: Vec<String> = std::fs::read_dir(format!("{root}/sys/class/net"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(nets, vec!["lo".to_string()], "{round}");
+    };
+    check(pid, "before");
+    let img = tempfile::tempdir().unwrap();
+    for round in 1..=2 {
+        let o = stasis()
+            .args(["dump", "-t", &pid.to_string(), "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("dump round {round}"));
+        if round > 1 {
+            waitpid_timeout(pid, Duration::from_secs(30));
+        }
+        let o = stasis()
+            .args(["restore", "--detach", "--json", "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("restore round {round}"));
+        pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
+        check(pid, &format!("round {round}"));
+    }
+    // SAFETY: killing the restored tree (PID 1 of its namespace).
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    waitpid_timeout(pid, Duration::from_secs(30));
+}
+
+/// A devpts instance of its own with a terminal open in it (ptys are made
+/// again from the restorer's /dev/ptmx).
+#[test]
+fn refuses_a_terminal_of_its_own_devpts() {
+    refused(
+        &[
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--mount",
+            "sh",
+            "-c",
+            "mount -t devpts -o newinstance,ptmxmode=0666 devpts /mnt && exec 3<>/mnt/ptmx && exec sleep 1000",
+        ],
+        |up| child_running(up, "sleep 1000"),
+        "holds the terminal 0",
+    );
 }
 
 /// Tracked dumps of the tree are incremental (the parent's processes are
