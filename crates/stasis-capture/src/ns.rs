@@ -16,14 +16,15 @@ use std::collections::{HashMap, HashSet};
 
 use stasis_image::manifest::{
     BindMount, FdKind, LaterKind, LaterMount, Manifest, MountNamespace, Namespaces, NetNamespace,
-    ProcessImage, TmpfsEntry, TmpfsMount, UtsNamespace,
+    ProcessImage, TmpfsEntry, TmpfsMount, UserNamespace, UtsNamespace,
 };
 use stasis_kernel::ns::{self as kns, NsKind};
 
 use crate::{proc, CaptureError, Result, SaveError};
 
 /// The kinds a tree may have of its own.
-const RESTORABLE: [NsKind; 5] = [
+const RESTORABLE: [NsKind; 6] = [
+    NsKind::User,
     NsKind::Pid,
     NsKind::Mnt,
     NsKind::Net,
@@ -86,10 +87,13 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
         return Err(refuse(
             root,
             format!(
-                "it is in a {} namespace of its own; stasis restores only pid, uts, ipc, net and mnt namespaces",
+                "it is in a {} namespace of its own; stasis restores only user, pid, uts, ipc, net and mnt namespaces",
                 k.name()
             ),
         ));
+    }
+    if own.contains(&NsKind::User) {
+        user_namespace(root)?;
     }
     if own.contains(&NsKind::Pid) && kns::pid_in_own_ns(root, root) != Some(1) {
         return Err(refuse(
@@ -125,6 +129,41 @@ fn check_net(root: i32) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The id maps of the user namespace of `root`, as this process sees
+/// them; refuses one with no map (nothing could be restored in it).
+fn user_namespace(root: i32) -> Result<UserNamespace> {
+    let map = |f: &str| -> Result<Vec<[u32; 3]>> {
+        let t = proc::read(root, f)?;
+        let mut out = Vec::new();
+        for l in t.lines().filter(|l| !l.trim().is_empty()) {
+            let v: Vec<u32> = l
+                .split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            match v.as_slice() {
+                &[i, o, n] => out.push([i, o, n]),
+                _ => {
+                    return Err(refuse(root, format!("its {f} has the line {l:?}")));
+                }
+            }
+        }
+        if out.is_empty() {
+            return Err(refuse(
+                root,
+                format!(
+                    "its user namespace has an empty {f}; stasis restores one with its ids mapped"
+                ),
+            ));
+        }
+        Ok(out)
+    };
+    Ok(UserNamespace {
+        uid_map: map("uid_map")?,
+        gid_map: map("gid_map")?,
+        setgroups_deny: proc::read(root, "setgroups")?.trim() == "deny",
+    })
 }
 
 /// The cgroup (v2) of process `pid`: the path after `0::` in its
@@ -491,6 +530,11 @@ pub fn describe(root: i32, images: &[ProcessImage]) -> Result<Option<NsCapture>>
         return Ok(None);
     }
     let mut ns = Namespaces {
+        user: if own.contains(&NsKind::User) {
+            Some(user_namespace(root)?)
+        } else {
+            None
+        },
         pid: own.contains(&NsKind::Pid),
         ipc: own.contains(&NsKind::Ipc),
         cgroup: cgroup_of(root),
@@ -545,7 +589,13 @@ pub fn describe(root: i32, images: &[ProcessImage]) -> Result<Option<NsCapture>>
             ns.mnt = Some(m);
         }
     }
-    if !ns.pid && !ns.ipc && ns.uts.is_none() && ns.net.is_none() && ns.mnt.is_none() {
+    if !ns.pid
+        && !ns.ipc
+        && ns.user.is_none()
+        && ns.uts.is_none()
+        && ns.net.is_none()
+        && ns.mnt.is_none()
+    {
         return Ok(None);
     }
     let mut pids = HashMap::new();

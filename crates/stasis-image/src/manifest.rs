@@ -90,7 +90,12 @@ impl Manifest {
     pub fn content_version(&self, base: u32) -> u32 {
         match &self.namespaces {
             None => base,
-            Some(n) if n.msg_queues.is_empty() && n.sem_sets.is_empty() && !later_mounts(n) => {
+            Some(n)
+                if n.msg_queues.is_empty()
+                    && n.sem_sets.is_empty()
+                    && n.user.is_none()
+                    && !later_mounts(n) =>
+            {
                 NAMESPACES_MANIFEST_VERSION
             }
             Some(_) => NAMESPACE_OBJECTS_MANIFEST_VERSION,
@@ -124,6 +129,10 @@ pub struct Namespaces {
     /// A mount namespace: the mounts it has that the dumper's has not.
     #[serde(default)]
     pub mnt: Option<MountNamespace>,
+    /// A user namespace, owner of the others: its id maps. Every id in
+    /// the manifest (credentials, owners) is as the dumper sees it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<UserNamespace>,
     /// The tree's cgroup (v2: the path after `0::` in `/proc/PID/cgroup`),
     /// where the restored tree is put (the directory is made if missing).
     #[serde(default)]
@@ -164,6 +173,26 @@ pub struct SysvMessage {
 pub struct SysvSemSet {
     pub perm: SysvIpcPerm,
     pub values: Vec<u16>,
+}
+
+/// The id maps of a user namespace, as the dumper's sees them: lines
+/// `[first id inside, first id outside, count]` of `uid_map`, `gid_map`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserNamespace {
+    pub uid_map: Vec<[u32; 3]>,
+    pub gid_map: Vec<[u32; 3]>,
+    /// `setgroups` denied in it (`/proc/PID/setgroups` says `deny`).
+    pub setgroups_deny: bool,
+}
+
+impl UserNamespace {
+    /// The id inside for `outside` by `map` (`None`: not mapped).
+    pub fn inside(map: &[[u32; 3]], outside: u32) -> Option<u32> {
+        map.iter().find_map(|&[i, o, n]| {
+            let off = outside.checked_sub(o)?;
+            (off < n).then(|| i.checked_add(off)).flatten()
+        })
+    }
 }
 
 /// What a UTS namespace holds.
@@ -592,6 +621,14 @@ pub struct Credentials {
     /// Capabilities and securebits; `None` in images older than this field.
     #[serde(default)]
     pub caps: Option<Capabilities>,
+    /// The groups cannot be set (`setgroups` is denied in the process's
+    /// user namespace): they are those it inherited, not restored.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub groups_fixed: bool,
+}
+
+fn is_false(v: &bool) -> bool {
+    !*v
 }
 
 /// A process's capability sets (bit N: capability N) and its securebits

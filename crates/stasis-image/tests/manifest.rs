@@ -353,6 +353,7 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
         ipc: true,
         msg_queues: Vec::new(),
         sem_sets: Vec::new(),
+        user: None,
         net: Some(manifest::NetNamespace { lo_up: true }),
         cgroup: Some("/box".into()),
         mnt: Some(manifest::MountNamespace {
@@ -439,6 +440,21 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
         manifest::NAMESPACE_OBJECTS_MANIFEST_VERSION
     );
     assert_eq!(decode_manifest(&later_bytes, 3, p()).unwrap(), with_later);
+    // So does a user namespace.
+    let mut with_user = m.clone();
+    if let Some(n) = &mut with_user.namespaces {
+        n.user = Some(manifest::UserNamespace {
+            uid_map: vec![[0, 100_000, 65536]],
+            gid_map: vec![[0, 100_000, 65536]],
+            setgroups_deny: true,
+        });
+    }
+    let user_bytes = encode_manifest(&with_user).unwrap();
+    assert_eq!(
+        u32::from_le_bytes(user_bytes[8..12].try_into().unwrap()),
+        manifest::NAMESPACE_OBJECTS_MANIFEST_VERSION
+    );
+    assert_eq!(decode_manifest(&user_bytes, 3, p()).unwrap(), with_user);
     // Version 5 is newer than this reader.
     let mut newer = bytes.clone();
     newer[8..12].copy_from_slice(&5u32.to_le_bytes());

@@ -196,6 +196,46 @@ pub fn in_namespaces_of<T: Send>(
     })
 }
 
+/// Runs `f` on a thread of its own whose file system ids are `uid` and
+/// `gid` (files it creates are theirs: a tmpfs of a user namespace takes
+/// only ids mapped there), its effective capabilities raised back to its
+/// permitted ones (a change of fsuid away from 0 drops the file ones).
+pub fn as_fs_ids<T: Send>(uid: u32, gid: u32, f: impl FnOnce() -> T + Send) -> Result<T> {
+    std::thread::scope(|s| {
+        s.spawn(move || -> Result<T> {
+            // SAFETY: setfsgid/setfsuid take integers and change only this
+            // thread's ids (the raw syscalls; glibc does not broadcast them).
+            unsafe {
+                libc::syscall(libc::SYS_setfsgid, gid);
+                libc::syscall(libc::SYS_setfsuid, uid);
+            }
+            let mut hdr = [stasis_sys::prctl::LINUX_CAPABILITY_VERSION_3, 0u32];
+            let mut data = [0u32; 6];
+            // SAFETY: capget writes two `__user_cap_data_struct` (3 words
+            // each) into `data`, for the calling thread (pid 0 in `hdr`).
+            if unsafe { libc::syscall(libc::SYS_capget, hdr.as_mut_ptr(), data.as_mut_ptr()) } != 0
+            {
+                return Err(KernelError::io("capget", crate::last_err()));
+            }
+            // effective = permitted, word by word.
+            data[0] = data[1];
+            data[3] = data[4];
+            // SAFETY: capset reads the header and two data structs, as above.
+            if unsafe { libc::syscall(libc::SYS_capset, hdr.as_mut_ptr(), data.as_ptr()) } != 0 {
+                return Err(KernelError::io("capset", crate::last_err()));
+            }
+            Ok(f())
+        })
+        .join()
+        .unwrap_or_else(|_| {
+            Err(KernelError::io(
+                "setfsuid",
+                std::io::Error::other("the thread working with other file system ids panicked"),
+            ))
+        })
+    })
+}
+
 /// `mount(2)` in the calling thread's mount namespace (`fstype` and
 /// `data` may be absent, as for a bind or a remount).
 pub fn mount(

@@ -7,7 +7,7 @@
 
 use std::ffi::CString;
 
-use stasis_image::manifest::{LaterKind, Manifest, Namespaces, TmpfsEntry};
+use stasis_image::manifest::{LaterKind, Manifest, Namespaces, TmpfsEntry, UserNamespace};
 use stasis_kernel::child::NsSetup;
 use stasis_kernel::ns::{self as kns, NsKind};
 
@@ -16,6 +16,10 @@ use crate::{ObjectError, RestoreError, Result};
 /// The kinds of `ns`.
 pub(crate) fn kinds(ns: &Namespaces) -> Vec<NsKind> {
     let mut k = Vec::new();
+    // First: the others are made owned by it.
+    if ns.user.is_some() {
+        k.push(NsKind::User);
+    }
     if ns.pid {
         k.push(NsKind::Pid);
     }
@@ -61,7 +65,10 @@ pub(crate) fn setup(ns: &Namespaces) -> Result<NsSetup> {
         tmpfs.push((
             cstr("tmpfs mount point", &t.target)?,
             t.flags,
-            cstr("tmpfs options", &t.options)?,
+            cstr(
+                "tmpfs options",
+                &options_inside(&t.options, ns.user.as_ref())?,
+            )?,
         ));
     }
     let mut binds = Vec::new();
@@ -72,7 +79,17 @@ pub(crate) fn setup(ns: &Namespaces) -> Result<NsSetup> {
             b.flags,
         ));
     }
+    let lines = |map: &[[u32; 3]]| {
+        map.iter()
+            .map(|[i, o, n]| format!("{i} {o} {n}\n"))
+            .collect::<String>()
+    };
+    let id_maps = ns
+        .user
+        .as_ref()
+        .map(|u| (lines(&u.uid_map), lines(&u.gid_map), u.setgroups_deny));
     Ok(NsSetup {
+        id_maps,
         flags: kinds(ns)
             .iter()
             .map(|k| k.clone_flag())
@@ -85,6 +102,34 @@ pub(crate) fn setup(ns: &Namespaces) -> Result<NsSetup> {
     })
 }
 
+/// Mount options with their `uid=`/`gid=` as the tree's user namespace
+/// has them (the stub mounts from inside it; the image has them as the
+/// dumper saw them).
+fn options_inside(opts: &str, user: Option<&UserNamespace>) -> Result<String> {
+    let Some(u) = user else {
+        return Ok(opts.to_string());
+    };
+    opts.split(',')
+        .map(|o| {
+            let (key, table) = match o.split_once('=') {
+                Some(("uid", _)) => ("uid", &u.uid_map),
+                Some(("gid", _)) => ("gid", &u.gid_map),
+                _ => return Ok(o.to_string()),
+            };
+            let v = o[key.len() + 1..].parse::<u32>().ok();
+            v.and_then(|v| UserNamespace::inside(table, v))
+                .map(|i| format!("{key}={i}"))
+                .ok_or_else(|| {
+                    ObjectError::Inconsistent(format!(
+                        "mount option {o} is not mapped in the tree's user namespace"
+                    ))
+                    .into()
+                })
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(|v| v.join(","))
+}
+
 /// What the root stub's exit code says went wrong in setting up its
 /// namespaces ([`stasis_kernel::child::spawn_stopped_in`]).
 pub(crate) fn setup_failure(code: i32) -> Option<&'static str> {
@@ -93,6 +138,7 @@ pub(crate) fn setup_failure(code: i32) -> Option<&'static str> {
         124 => Some("making the mounts private or mounting a proc on /proc failed"),
         123 => Some("mounting a saved tmpfs failed (does its mount point exist here?)"),
         122 => Some("a saved bind mount failed (do its source and mount point exist here?)"),
+        121 => Some("the id maps of the new user namespace were not written"),
         _ => None,
     }
 }
@@ -140,11 +186,33 @@ fn fill_tmpfs(m: &Manifest, root: i32) -> Result<()> {
     let Some(mnt) = m.namespaces.as_ref().and_then(|n| n.mnt.as_ref()) else {
         return Ok(());
     };
-    for t in &mnt.tmpfs {
-        let base = std::path::PathBuf::from(format!("/proc/{root}/root{}", t.target));
-        fill_entries(&base, &t.target, &t.entries)?;
+    // A tmpfs the stub mounted in a user namespace of the tree's takes
+    // only files of ids mapped there: they are made as its root.
+    let ids = m
+        .namespaces
+        .as_ref()
+        .and_then(|n| n.user.as_ref())
+        .map(|u| {
+            // The host id of its root (0 there), else of its first mapped id.
+            let outside = |map: &[[u32; 3]]| {
+                map.iter()
+                    .find(|[i, _, n]| *i == 0 && *n > 0)
+                    .or(map.first())
+                    .map_or(0, |[_, o, _]| *o)
+            };
+            (outside(&u.uid_map), outside(&u.gid_map))
+        });
+    let fill = || -> Result<()> {
+        for t in &mnt.tmpfs {
+            let base = std::path::PathBuf::from(format!("/proc/{root}/root{}", t.target));
+            fill_entries(&base, &t.target, &t.entries)?;
+        }
+        Ok(())
+    };
+    match ids {
+        Some((uid, gid)) => kns::as_fs_ids(uid, gid, fill)?,
+        None => fill(),
     }
-    Ok(())
 }
 
 /// Makes `entries` (of the tmpfs mounted on `target`) under `base`, its
@@ -306,6 +374,35 @@ fn later_mounts(m: &Manifest, root: i32) -> Result<()> {
     })?
 }
 
+/// Gives the credentials of every process of a tree in a user namespace
+/// of its own as that namespace has them (the image has them as the
+/// dumper saw them; the processes set them from inside).
+pub(crate) fn creds_inside(m: &mut Manifest) -> Result<()> {
+    let Some(u) = m.namespaces.as_ref().and_then(|n| n.user.clone()) else {
+        return Ok(());
+    };
+    for p in &mut m.processes {
+        let pid = p.pid;
+        let map = |ids: &mut [u32], table: &[[u32; 3]], what: &str| -> Result<()> {
+            for id in ids {
+                *id = UserNamespace::inside(table, *id).ok_or_else(|| {
+                    RestoreError::from(ObjectError::Inconsistent(format!(
+                        "process {pid} has the {what} {id}, not mapped in its user namespace"
+                    )))
+                })?;
+            }
+            Ok(())
+        };
+        let c = &mut p.creds;
+        map(&mut c.uid, &u.uid_map, "uid")?;
+        map(&mut c.gid, &u.gid_map, "gid")?;
+        if !c.groups_fixed {
+            map(&mut c.groups, &u.gid_map, "group")?;
+        }
+    }
+    Ok(())
+}
+
 /// Once the root stub (`root`, as stasis sees it) exists in its new
 /// namespaces: puts back the content of its tmpfs mounts, brings their
 /// loopback up if it was, and moves the calling
@@ -333,5 +430,74 @@ pub(crate) fn in_ipc<T: Send>(m: &Manifest, root: i32, f: impl FnOnce() -> T + S
         Ok(kns::in_namespaces_of(root, &[NsKind::Ipc], f)?)
     } else {
         Ok(f())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn userns() -> UserNamespace {
+        UserNamespace {
+            uid_map: vec![[0, 100_000, 1000], [1000, 5000, 10]],
+            gid_map: vec![[0, 200_000, 65536]],
+            setgroups_deny: true,
+        }
+    }
+
+    #[test]
+    fn ids_are_mapped_inside_by_their_line() {
+        let u = userns();
+        assert_eq!(UserNamespace::inside(&u.uid_map, 100_000), Some(0));
+        assert_eq!(UserNamespace::inside(&u.uid_map, 100_999), Some(999));
+        assert_eq!(UserNamespace::inside(&u.uid_map, 101_000), None);
+        assert_eq!(UserNamespace::inside(&u.uid_map, 5003), Some(1003));
+        assert_eq!(UserNamespace::inside(&u.uid_map, 0), None);
+    }
+
+    #[test]
+    fn mount_options_get_the_ids_inside() {
+        let u = userns();
+        assert_eq!(
+            options_inside("size=4k,uid=100005,gid=200006,mode=755", Some(&u)).unwrap(),
+            "size=4k,uid=5,gid=6,mode=755"
+        );
+        assert!(options_inside("uid=7", Some(&u)).is_err());
+        assert_eq!(options_inside("uid=7", None).unwrap(), "uid=7");
+    }
+
+    #[test]
+    fn credentials_are_given_as_inside_fixed_groups_left() {
+        let mut m = Manifest {
+            checkpoint: 1,
+            parent: None,
+            tool_version: String::new(),
+            created_unix: 0,
+            host: Default::default(),
+            root_pid: 1,
+            processes: vec![crate::testutil::image(1, 0, 1, 1)],
+            stats: Default::default(),
+            pipes: Vec::new(),
+            ghosts: Vec::new(),
+            sysv_shm: Vec::new(),
+            shm_files: Vec::new(),
+            cut: None,
+            namespaces: Some(Namespaces {
+                user: Some(userns()),
+                ..Default::default()
+            }),
+        };
+        let c = &mut m.processes[0].creds;
+        c.uid = [100_001, 100_001, 5000, 100_000];
+        c.gid = [200_000; 4];
+        c.groups = vec![12345];
+        c.groups_fixed = true;
+        creds_inside(&mut m).unwrap();
+        let c = &m.processes[0].creds;
+        assert_eq!(c.uid, [1, 1, 1000, 0]);
+        assert_eq!(c.gid, [0; 4]);
+        assert_eq!(c.groups, vec![12345]);
+        m.processes[0].creds.uid[0] = 7;
+        assert!(creds_inside(&mut m).is_err());
     }
 }

@@ -103,7 +103,8 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     // Processes of a tree abandoned half-built come back to us to be
     // reaped at once (not to an init that reaps late, keeping their PIDs).
     let _reaper = stasis_kernel::child::Subreaper::enable();
-    let (cp, plan) = load(store, opts.checkpoint)?;
+    let (mut cp, plan) = load(store, opts.checkpoint)?;
+    crate::ns::creds_inside(&mut cp.manifest)?;
     let m = &cp.manifest;
     let chain = stasis_image::load_chain(store, Some(cp.number))?;
     let mut records = page_sources(&chain, m)?;

@@ -350,12 +350,132 @@ fn child_running(pid: i32, cmd: &str) -> Option<i32> {
         .find(|&p| cmdline_of(p).trim() == cmd)
 }
 
+/// A tree in a user namespace of its own (ids 0-65535 mapped to
+/// 100000-165535, setgroups denied) owning its PID, mount and UTS
+/// namespaces, running as uid and gid 1000 there, with a tmpfs file
+/// owned by 5:6 there: restored in a new user namespace with the same maps,
+/// the same credentials and owners, twice (checked from outside).
 #[test]
-fn refuses_a_user_namespace() {
+fn twice_keeps_a_user_namespace() {
+    use std::os::unix::fs::MetadataExt;
+    workloads();
+    // PID 1 of the new namespaces (root there) mounts its proc and a
+    // tmpfs, then runs as 1000.
+    let inner = "mount --make-rprivate / && mount -t proc proc /proc && \
+        hostname stasis-userns && mount -t tmpfs -o mode=755 u /mnt && \
+        echo hi >/mnt/f && chown 5:6 /mnt/f && \
+        exec setpriv --reuid=1000 --regid=1000 --keep-groups sleep 1000";
+    // unshare(1) would exec before the maps are written (and so lose
+    // every capability there): a process that waits for them first.
+    let creator = "import ctypes, os, sys, time\n\
+        libc = ctypes.CDLL(None, use_errno=True)\n\
+        if libc.unshare(0x10000000 | 0x20000000 | 0x00020000 | 0x04000000):\n    \
+            sys.exit('unshare: ' + os.strerror(ctypes.get_errno()))\n\
+        while '100000' not in open('/proc/self/uid_map').read():\n    time.sleep(0.02)\n\
+        os.setresgid(0, 0, 0)\nos.setresuid(0, 0, 0)\n\
+        pid = os.fork()\n\
+        if pid == 0:\n    os.execvp('sh', ['sh', '-c', sys.argv[1]])\n\
+        os.waitpid(pid, 0)\n";
+    let mut c = Command::new("python3");
+    c.args(["-c", creator, inner])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    close_inherited_fds(&mut c);
+    let _r = Refused {
+        unshare: c.spawn().expect("starting python3"),
+    };
+    let up = _r.unshare.id() as i32;
+    wait_until(
+        Duration::from_secs(10),
+        "the creator's user namespace",
+        || {
+            std::fs::read_link(format!("/proc/{up}/ns/user")).ok()
+                != std::fs::read_link("/proc/self/ns/user").ok()
+        },
+    );
+    std::fs::write(format!("/proc/{up}/setgroups"), "deny").unwrap();
+    std::fs::write(format!("/proc/{up}/uid_map"), "0 100000 65536").unwrap();
+    std::fs::write(format!("/proc/{up}/gid_map"), "0 100000 65536").unwrap();
+    let mut pid = 0;
+    wait_until(Duration::from_secs(10), "the tree to be set up", || {
+        pid = child_running(up, "sleep 1000").unwrap_or(0);
+        pid > 0
+    });
+    let words = |f: String| {
+        std::fs::read_to_string(f)
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let check = |pid: i32, round: &str| {
+        assert_eq!(
+            words(format!("/proc/{pid}/uid_map")),
+            "0 100000 65536",
+            "{round}"
+        );
+        assert_eq!(
+            words(format!("/proc/{pid}/gid_map")),
+            "0 100000 65536",
+            "{round}"
+        );
+        assert_eq!(words(format!("/proc/{pid}/setgroups")), "deny", "{round}");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        for f in ["Uid:", "Gid:"] {
+            let line = status.lines().find(|l| l.starts_with(f)).unwrap();
+            assert_eq!(
+                line.split_whitespace().skip(1).collect::<Vec<_>>(),
+                ["101000"; 4],
+                "{round}: {line}"
+            );
+        }
+        assert_ne!(
+            std::fs::read_link(format!("/proc/{pid}/ns/user")).unwrap(),
+            std::fs::read_link("/proc/self/ns/user").unwrap(),
+            "{round}"
+        );
+        let f = std::fs::metadata(format!("/proc/{pid}/root/mnt/f")).unwrap();
+        assert_eq!((f.uid(), f.gid()), (100005, 100006), "{round}");
+        assert_eq!(
+            std::fs::read(format!("/proc/{pid}/root/mnt/f")).unwrap(),
+            b"hi\n"
+        );
+    };
+    check(pid, "before");
+    let img = tempfile::tempdir().unwrap();
+    for round in 1..=2 {
+        let o = stasis()
+            .args(["dump", "-t", &pid.to_string(), "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("dump round {round}"));
+        if round > 1 {
+            waitpid_timeout(pid, Duration::from_secs(30));
+        }
+        let o = stasis()
+            .args(["restore", "--detach", "--json", "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("restore round {round}"));
+        pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
+        check(pid, &format!("round {round}"));
+    }
+    // SAFETY: killing the restored tree (PID 1 of its namespace).
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    waitpid_timeout(pid, Duration::from_secs(30));
+}
+
+/// A user namespace without maps (nothing could be restored in it).
+#[test]
+fn refuses_a_user_namespace_without_maps() {
     refused(
-        &["--user", "--map-root-user", "sleep", "1000"],
+        &["--user", "sleep", "1000"],
         |up| (cmdline_of(up).trim() == "sleep 1000").then_some(up),
-        "it is in a user namespace of its own",
+        "its user namespace has an empty uid_map",
     );
 }
 
