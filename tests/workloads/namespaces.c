@@ -24,7 +24,8 @@
  *   tmpfs  a tmpfs (size=4m, mode=0755) mounted on /mnt, holding a directory
  *          stasis-ns with a file data (TMPFS_LEN bytes of pattern(SEED_FILE),
  *          mode 0640) and a symbolic link to it; the root keeps the file
- *          open read-write at offset FILE_POS and the directory open.
+ *          open read-write at offset FILE_POS and the directory open; a
+ *          unix stream listener of the root bound to TSOCK there.
  *   thread a second thread T of the root (TID 4 in the namespace), asleep
  *          until SIGTERM.
  *   net    a TCP listener of the root on 127.0.0.1:PORT; A connects to it
@@ -43,7 +44,8 @@
  *      T's gettid() is still the TID it had (4), and getpid() 1 in it.
  *      /mnt is a tmpfs with the directory, the file (content and mode)
  *      and the link; the open file is that file (device and inode) at
- *      FILE_POS, the open directory that directory (fstatat of data).
+ *      FILE_POS, the open directory that directory (fstatat of data);
+ *      TSOCK is a socket a new client connects to and the listener accepts.
  *      The bytes A sent are still queued on the root's end of the TCP
  *      connection; a new connection to the listener is accepted.
  *   2. root sends MSG_LEN bytes of pattern(SEED_TCP) to A and of
@@ -63,6 +65,7 @@
 #include <sys/msg.h>
 #include <sys/sem.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <pthread.h>
 #include <sys/syscall.h>
 #include <sys/mount.h>
@@ -86,6 +89,7 @@
 #define TDIR     "/mnt/stasis-ns"
 #define TFILE    TDIR "/data"
 #define TLINK    TDIR "/link"
+#define TSOCK    TDIR "/sock"
 #define PORT     47123
 #define IN_LEN   3000
 #define MSG_LEN  8192
@@ -386,7 +390,7 @@ int main(int argc, char **argv)
 	static uint8_t buf[MSG_LEN];
 	pid_t a, b, extra = 0;
 	pthread_t thr;
-	int ffd, dfd, msq, sem, shmid, pids[16], n, st, lsn, conn, pair[2], one = 1, c2, c3;
+	int ulsn, ffd, dfd, msq, sem, shmid, pids[16], n, st, lsn, conn, pair[2], one = 1, c2, c3;
 	short flags = 0;
 	uint8_t *seg;
 
@@ -419,6 +423,14 @@ int main(int argc, char **argv)
 		zdtm_fill(f, TMPFS_LEN, SEED_FILE);
 		if (fd < 0 || write_full(fd, f, TMPFS_LEN) || close(fd))
 			zdtm_die("%s: %s", TFILE, strerror(errno));
+	}
+	{
+		struct sockaddr_un un = { .sun_family = AF_UNIX };
+
+		strcpy(un.sun_path, TSOCK);
+		ulsn = socket(AF_UNIX, SOCK_STREAM, 0);
+		if (ulsn < 0 || bind(ulsn, (struct sockaddr *)&un, sizeof(un)) || listen(ulsn, 4))
+			zdtm_die("unix listener on %s: %s", TSOCK, strerror(errno));
 	}
 	ffd = open(TFILE, O_RDWR);
 	dfd = open(TDIR, O_RDONLY | O_DIRECTORY);
@@ -492,6 +504,7 @@ int main(int argc, char **argv)
 		close(fd);
 	});
 	ZDTM_CORRUPT("tmpfs_fd", lseek(ffd, 1, SEEK_SET));
+	ZDTM_CORRUPT("tmpfs_sock", close(ulsn));
 	ZDTM_CORRUPT("tmpfs_dir", dup2(ffd, dfd));
 	ZDTM_CORRUPT("kids", (void)!write(pair[0], "x", 1));
 
@@ -563,6 +576,22 @@ int main(int argc, char **argv)
 		zdtm_check(fstatat(dfd, "data", &st_d, 0) == 0 && st_d.st_dev == st_f.st_dev &&
 				   st_d.st_ino == st_f.st_ino,
 			   "tmpfs_dir", "the open directory does not hold %s", TFILE);
+		{
+			struct sockaddr_un un = { .sun_family = AF_UNIX };
+			int cl = socket(AF_UNIX, SOCK_STREAM, 0), sv = -1;
+
+			strcpy(un.sun_path, TSOCK);
+			zdtm_check(stat(TSOCK, &st_d) == 0 && S_ISSOCK(st_d.st_mode), "tmpfs_sock",
+				   "%s is not a socket", TSOCK);
+			if (cl < 0 || connect(cl, (struct sockaddr *)&un, sizeof(un)) != 0)
+				zdtm_fail("tmpfs_sock", "connecting to %s: %s", TSOCK, strerror(errno));
+			else if ((sv = accept(ulsn, NULL, NULL)) < 0)
+				zdtm_fail("tmpfs_sock", "accept on %s: %s", TSOCK, strerror(errno));
+			if (sv >= 0)
+				close(sv);
+			if (cl >= 0)
+				close(cl);
+		}
 	}
 
 	/* TCP: A's queued bytes, then a new connection to the listener */

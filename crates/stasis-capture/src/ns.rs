@@ -391,7 +391,7 @@ fn mount_flags(opts: &str) -> u64 {
 /// `root` (read through `/proc/ROOT/root`), directories before what they
 /// hold; `total` counts the bytes of content of the tree's tmpfs mounts.
 fn tmpfs_entries(root: i32, at: &str, total: &mut u64) -> Result<Vec<TmpfsEntry>> {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    use std::os::unix::fs::MetadataExt;
     let base = std::path::PathBuf::from(format!("/proc/{root}/root{at}"));
     let io = |e: std::io::Error| CaptureError::from_proc(root, &format!("root{at}"), e);
     let mut out = Vec::new();
@@ -450,14 +450,11 @@ fn tmpfs_entries(root: i32, at: &str, total: &mut u64) -> Result<Vec<TmpfsEntry>
                 });
             }
             Vec::new()
-        } else if ft.is_fifo() || ft.is_char_device() || ft.is_block_device() {
+        } else {
+            // A FIFO, a device node, or a socket file (a socket of the
+            // tree bound there is bound again over it).
             rdev = md.rdev();
             Vec::new()
-        } else {
-            return Err(refuse(
-                root,
-                format!("{at}/{rel} in its tmpfs mount is a unix socket file; only directories, regular files, symbolic links, FIFOs and device nodes are saved there"),
-            ));
         };
         out.push(TmpfsEntry {
             path: rel,

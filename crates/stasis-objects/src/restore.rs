@@ -210,6 +210,14 @@ impl<'a> RestoreCtx<'a> {
         self.in_flight_epolls.first().map(|(p, _, _)| *p)
     }
 
+    /// Where the names of the current process's unix sockets resolve.
+    pub(crate) fn place(&self) -> crate::unix::name::Place {
+        crate::unix::name::Place {
+            cwd: self.cwd.clone(),
+            mnt: self.mount_ns_of,
+        }
+    }
+
     /// Sets the working directory of the process whose fds come next.
     pub fn set_cwd(&mut self, cwd: &str) {
         self.cwd = cwd.to_string();

@@ -275,6 +275,7 @@ fn fill_entries(base: &std::path::Path, target: &str, entries: &[TmpfsEntry]) ->
             libc::S_IFIFO => node(nix::sys::stat::SFlag::S_IFIFO)?,
             libc::S_IFCHR => node(nix::sys::stat::SFlag::S_IFCHR)?,
             libc::S_IFBLK => node(nix::sys::stat::SFlag::S_IFBLK)?,
+            libc::S_IFSOCK => node(nix::sys::stat::SFlag::S_IFSOCK)?,
             _ => {
                 return Err(ObjectError::Inconsistent(format!(
                     "tmpfs entry {target}/{} of mode {:o}",

@@ -6,7 +6,8 @@
 //! semaphore set of its IPC namespace, /proc listing only its
 //! processes, a TCP listener and a loopback connection between two of its
 //! processes with bytes queued, a unix socket pair, a tmpfs on /mnt with a
-//! directory, a file and a link). And the shapes stasis cannot restore are refused before
+//! directory, a file and a link, the file and directory open, a unix
+//! listener bound there). And the shapes stasis cannot restore are refused before
 //! anything is stopped: the tree runs on untouched.
 
 mod common;
