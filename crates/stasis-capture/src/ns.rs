@@ -253,6 +253,12 @@ fn extra_mounts(root: i32, own_pid: bool, content: bool) -> Result<MountNamespac
             ns.proc = true;
             continue;
         }
+        if at == "/" {
+            return Err(refuse(
+                root,
+                format!("its mount namespace has a root of its own (a {kind} mount on /, as pivot_root makes); stasis restores trees whose root is the restorer's"),
+            ));
+        }
         let flags = mount_flags(&m.mount_opts);
         let options = m
             .super_opts

@@ -766,6 +766,24 @@ fn twice_keeps_container_mounts() {
     waitpid_timeout(pid, Duration::from_secs(30));
 }
 
+/// A mount on / of its own (what pivot_root leaves): its root is not
+/// the restorer's.
+#[test]
+fn refuses_a_root_of_its_own() {
+    refused(
+        &[
+            "--mount",
+            "sh",
+            "-c",
+            // /usr as the new root (the old one put on its empty /usr/src).
+            "mount --make-rprivate / && mount --bind /usr /mnt && cd /mnt && \
+             pivot_root . src && exec /bin/sleep 1000",
+        ],
+        |up| (cmdline_of(up).trim() == "/bin/sleep 1000").then_some(up),
+        "its mount namespace has a root of its own",
+    );
+}
+
 /// A devpts instance of its own with a terminal open in it (ptys are made
 /// again from the restorer's /dev/ptmx).
 #[test]
