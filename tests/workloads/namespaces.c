@@ -13,12 +13,19 @@
  *   lo     the loopback brought up (a new network namespace has it down).
  *   shm    a System V segment (IPC_PRIVATE, 64 KiB) attached and filled
  *          with pattern(SEED_SHM); the IPC namespace has no other segment.
+ *   msg    a System V message queue (key MSGQ_KEY, mode 0640, msg_qbytes
+ *          QBYTES) holding three messages: type 5 with MSGQ_LEN bytes of
+ *          pattern(SEED_MSGQ), type 2 with "two", type 5 empty.
+ *   sem    a System V semaphore set (key SEM_KEY, mode 0604) of three
+ *          semaphores valued 1, 5 and 32767.
  *   kids   two children A and B, each asleep in a nanosleep loop until
  *          SIGTERM; the root keeps their PIDs (2 and 3: the first PIDs of
  *          the namespace after 1).
  *   tmpfs  a tmpfs (size=4m, mode=0755) mounted on /mnt, holding a directory
  *          stasis-ns with a file data (TMPFS_LEN bytes of pattern(SEED_FILE),
- *          mode 0640, closed) and a symbolic link to it.
+ *          mode 0640) and a symbolic link to it; the root keeps the file
+ *          open read-write at offset FILE_POS and the directory open; a
+ *          unix stream listener of the root bound to TSOCK there.
  *   thread a second thread T of the root (TID 4 in the namespace), asleep
  *          until SIGTERM.
  *   net    a TCP listener of the root on 127.0.0.1:PORT; A connects to it
@@ -30,9 +37,15 @@
  *   1. root: getpid() == 1; host and domain names; lo up; the segment's
  *      content and that it is the only one of the IPC namespace (shmctl
  *      SHM_INFO); /proc (the namespace's) lists exactly 1, A and B.
+ *      The queue has its id (msgget of its key), mode, size and three
+ *      messages, taken by type 2 first then in order, byte for byte; the
+ *      set its id, mode and values; each is the only one of its kind in
+ *      the namespace (MSG_INFO, SEM_INFO).
  *      T's gettid() is still the TID it had (4), and getpid() 1 in it.
  *      /mnt is a tmpfs with the directory, the file (content and mode)
- *      and the link.
+ *      and the link; the open file is that file (device and inode) at
+ *      FILE_POS, the open directory that directory (fstatat of data);
+ *      TSOCK is a socket a new client connects to and the listener accepts.
  *      The bytes A sent are still queued on the root's end of the TCP
  *      connection; a new connection to the listener is accepted.
  *   2. root sends MSG_LEN bytes of pattern(SEED_TCP) to A and of
@@ -49,7 +62,10 @@
 #include <sys/ioctl.h>
 #include <sys/ipc.h>
 #include <sys/shm.h>
+#include <sys/msg.h>
+#include <sys/sem.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <pthread.h>
 #include <sys/syscall.h>
 #include <sys/mount.h>
@@ -69,12 +85,115 @@
 #define SEED_BACK 0x6e736261636b0000ull
 #define SEED_FILE 0x6e7366696c650000ull
 #define TMPFS_LEN (100u << 10)
+#define FILE_POS 4321
 #define TDIR     "/mnt/stasis-ns"
 #define TFILE    TDIR "/data"
 #define TLINK    TDIR "/link"
+#define TSOCK    TDIR "/sock"
 #define PORT     47123
 #define IN_LEN   3000
 #define MSG_LEN  8192
+#define MSGQ_KEY 0x57a5150
+#define SEM_KEY  0x57a5151
+#define MSGQ_LEN 1000
+#define QBYTES   9000
+#define SEED_MSGQ 0x6e736d7367000000ull
+
+union semun {
+	int val;
+	struct semid_ds *buf;
+	unsigned short *array;
+};
+
+struct qmsg {
+	long mtype;
+	uint8_t text[MSGQ_LEN];
+};
+
+/* Sets up the queue and the semaphore set; their ids. */
+static void ipc_setup(int *msq, int *sem)
+{
+	static struct qmsg m;
+	struct msqid_ds ds;
+	unsigned short vals[3] = { 1, 5, 32767 };
+	union semun arg = { .array = vals };
+
+	*msq = msgget(MSGQ_KEY, IPC_CREAT | IPC_EXCL | 0640);
+	if (*msq < 0 || msgctl(*msq, IPC_STAT, &ds))
+		zdtm_die("msgget: %s", strerror(errno));
+	ds.msg_qbytes = QBYTES;
+	if (msgctl(*msq, IPC_SET, &ds))
+		zdtm_die("msgctl(IPC_SET): %s", strerror(errno));
+	m.mtype = 5;
+	zdtm_fill(m.text, MSGQ_LEN, SEED_MSGQ);
+	if (msgsnd(*msq, &m, MSGQ_LEN, 0))
+		zdtm_die("msgsnd: %s", strerror(errno));
+	m.mtype = 2;
+	memcpy(m.text, "two", 3);
+	if (msgsnd(*msq, &m, 3, 0))
+		zdtm_die("msgsnd: %s", strerror(errno));
+	m.mtype = 5;
+	if (msgsnd(*msq, &m, 0, 0))
+		zdtm_die("msgsnd: %s", strerror(errno));
+	*sem = semget(SEM_KEY, 3, IPC_CREAT | IPC_EXCL | 0604);
+	if (*sem < 0 || semctl(*sem, 0, SETALL, arg))
+		zdtm_die("semget: %s", strerror(errno));
+}
+
+/* Checks the queue and the set (ids msq and sem before the dump). */
+static void ipc_check(int msq, int sem)
+{
+	static struct qmsg m;
+	struct msqid_ds ds;
+	struct semid_ds sds;
+	struct msginfo mi;
+	struct seminfo si;
+	unsigned short vals[3] = { 0, 0, 0 };
+	union semun arg;
+	ssize_t n;
+
+	zdtm_check(msgget(MSGQ_KEY, 0) == msq, "msg", "queue of key %#x: id %d, expected %d",
+		   MSGQ_KEY, msgget(MSGQ_KEY, 0), msq);
+	if (msgctl(msq, IPC_STAT, &ds))
+		zdtm_fail("msg", "msgctl(IPC_STAT): %s", strerror(errno));
+	else
+		zdtm_check((ds.msg_perm.mode & 0777) == 0640 && ds.msg_qbytes == QBYTES &&
+				   ds.msg_qnum == 3 && ds.msg_perm.__key == MSGQ_KEY,
+			   "msg", "queue: mode %o, qbytes %lu, %lu messages",
+			   (unsigned)ds.msg_perm.mode, (unsigned long)ds.msg_qbytes,
+			   (unsigned long)ds.msg_qnum);
+	n = msgrcv(msq, &m, MSGQ_LEN, 2, IPC_NOWAIT);
+	zdtm_check(n == 3 && m.mtype == 2 && memcmp(m.text, "two", 3) == 0, "msg",
+		   "message of type 2: %zd bytes, type %ld", n, m.mtype);
+	memset(&m, 0, sizeof(m));
+	n = msgrcv(msq, &m, MSGQ_LEN, 0, IPC_NOWAIT);
+	if (n != MSGQ_LEN || m.mtype != 5)
+		zdtm_fail("msg", "first message: %zd bytes, type %ld", n, m.mtype);
+	else
+		zdtm_verify_pattern("msg", "first message", m.text, MSGQ_LEN, SEED_MSGQ);
+	n = msgrcv(msq, &m, MSGQ_LEN, 0, IPC_NOWAIT);
+	zdtm_check(n == 0 && m.mtype == 5, "msg", "third message: %zd bytes, type %ld", n,
+		   m.mtype);
+	zdtm_check(msgrcv(msq, &m, MSGQ_LEN, 0, IPC_NOWAIT) < 0 && errno == ENOMSG, "msg",
+		   "a fourth message");
+	zdtm_check(msgctl(0, MSG_INFO, (struct msqid_ds *)&mi) >= 0 && mi.msgpool == 1, "msg",
+		   "%d queues in the IPC namespace, expected 1", mi.msgpool);
+
+	zdtm_check(semget(SEM_KEY, 0, 0) == sem, "sem", "set of key %#x: id %d, expected %d",
+		   SEM_KEY, semget(SEM_KEY, 0, 0), sem);
+	arg.buf = &sds;
+	zdtm_check(semctl(sem, 0, IPC_STAT, arg) == 0 && (sds.sem_perm.mode & 0777) == 0604 &&
+			   sds.sem_nsems == 3,
+		   "sem", "set: mode %o, %lu semaphores", (unsigned)sds.sem_perm.mode,
+		   (unsigned long)sds.sem_nsems);
+	arg.array = vals;
+	zdtm_check(semctl(sem, 0, GETALL, arg) == 0 && vals[0] == 1 && vals[1] == 5 &&
+			   vals[2] == 32767,
+		   "sem", "values %u %u %u, expected 1 5 32767", vals[0], vals[1], vals[2]);
+	arg.buf = (struct semid_ds *)&si;
+	zdtm_check(semctl(0, 0, SEM_INFO, arg) >= 0 && si.semusz == 1, "sem",
+		   "%d sets in the IPC namespace, expected 1", si.semusz);
+}
 
 static int tcp_a = -1, unix_b = -1;
 static volatile pid_t t_tid, t_tid_after, t_pid_after;
@@ -271,7 +390,7 @@ int main(int argc, char **argv)
 	static uint8_t buf[MSG_LEN];
 	pid_t a, b, extra = 0;
 	pthread_t thr;
-	int shmid, pids[16], n, st, lsn, conn, pair[2], one = 1, c2, c3;
+	int ulsn, ffd, dfd, msq, sem, shmid, pids[16], n, st, lsn, conn, pair[2], one = 1, c2, c3;
 	short flags = 0;
 	uint8_t *seg;
 
@@ -290,6 +409,7 @@ int main(int argc, char **argv)
 	if (seg == (void *)-1)
 		zdtm_die("shmat: %s", strerror(errno));
 	zdtm_fill(seg, SHM_SIZE, SEED_SHM);
+	ipc_setup(&msq, &sem);
 
 	/* a tmpfs of our own mount namespace, with a closed file */
 	if (mount("stasis-ns", "/mnt", "tmpfs", MS_NOSUID, "size=4m,mode=0755"))
@@ -304,6 +424,18 @@ int main(int argc, char **argv)
 		if (fd < 0 || write_full(fd, f, TMPFS_LEN) || close(fd))
 			zdtm_die("%s: %s", TFILE, strerror(errno));
 	}
+	{
+		struct sockaddr_un un = { .sun_family = AF_UNIX };
+
+		strcpy(un.sun_path, TSOCK);
+		ulsn = socket(AF_UNIX, SOCK_STREAM, 0);
+		if (ulsn < 0 || bind(ulsn, (struct sockaddr *)&un, sizeof(un)) || listen(ulsn, 4))
+			zdtm_die("unix listener on %s: %s", TSOCK, strerror(errno));
+	}
+	ffd = open(TFILE, O_RDWR);
+	dfd = open(TDIR, O_RDONLY | O_DIRECTORY);
+	if (ffd < 0 || dfd < 0 || lseek(ffd, FILE_POS, SEEK_SET) != FILE_POS)
+		zdtm_die("opening %s: %s", TFILE, strerror(errno));
 
 	/* the listener, A's connection with IN_LEN bytes queued, B's pair */
 	addr = lo_addr();
@@ -353,6 +485,16 @@ int main(int argc, char **argv)
 	ZDTM_CORRUPT("uts", sethostname("x", 1));
 	ZDTM_CORRUPT("lo", lo_set(0));
 	ZDTM_CORRUPT("shm", seg[100] ^= 1);
+	ZDTM_CORRUPT("msg", {
+		static struct qmsg m;
+
+		(void)!msgrcv(msq, &m, MSGQ_LEN, 2, IPC_NOWAIT);
+	});
+	ZDTM_CORRUPT("sem", {
+		union semun v = { .val = 6 };
+
+		semctl(sem, 1, SETVAL, v);
+	});
 	ZDTM_CORRUPT("proc", extra = spawn("X", 4));
 	ZDTM_CORRUPT("pid", a = 7);
 	ZDTM_CORRUPT("tcp", (void)!read(conn, buf, 1));
@@ -361,6 +503,9 @@ int main(int argc, char **argv)
 		(void)!pwrite(fd, "x", 1, 5000);
 		close(fd);
 	});
+	ZDTM_CORRUPT("tmpfs_fd", lseek(ffd, 1, SEEK_SET));
+	ZDTM_CORRUPT("tmpfs_sock", close(ulsn));
+	ZDTM_CORRUPT("tmpfs_dir", dup2(ffd, dfd));
 	ZDTM_CORRUPT("kids", (void)!write(pair[0], "x", 1));
 
 	ZDTM_CORRUPT("tid", t_tid = 9);
@@ -386,6 +531,7 @@ int main(int argc, char **argv)
 		zdtm_check(info.used_ids == 1, "shm",
 			   "%d segments in the IPC namespace, expected 1",
 			   (int)info.used_ids);
+	ipc_check(msq, sem);
 	n = proc_pids(pids, 16);
 	zdtm_check(n == 3 && pids[0] == 1 && pids[1] == 2 && pids[2] == 3, "proc",
 		   "/proc lists %d processes (%d %d %d...), expected 1 2 3", n,
@@ -421,6 +567,31 @@ int main(int argc, char **argv)
 		}
 		if (fd >= 0)
 			close(fd);
+		zdtm_check(fstat(ffd, &st_d) == 0 && st_d.st_dev == st_f.st_dev &&
+				   st_d.st_ino == st_f.st_ino,
+			   "tmpfs_fd", "the open fd is not on %s", TFILE);
+		zdtm_check(lseek(ffd, 0, SEEK_CUR) == FILE_POS, "tmpfs_fd",
+			   "the open fd is at %lld, expected %d",
+			   (long long)lseek(ffd, 0, SEEK_CUR), FILE_POS);
+		zdtm_check(fstatat(dfd, "data", &st_d, 0) == 0 && st_d.st_dev == st_f.st_dev &&
+				   st_d.st_ino == st_f.st_ino,
+			   "tmpfs_dir", "the open directory does not hold %s", TFILE);
+		{
+			struct sockaddr_un un = { .sun_family = AF_UNIX };
+			int cl = socket(AF_UNIX, SOCK_STREAM, 0), sv = -1;
+
+			strcpy(un.sun_path, TSOCK);
+			zdtm_check(stat(TSOCK, &st_d) == 0 && S_ISSOCK(st_d.st_mode), "tmpfs_sock",
+				   "%s is not a socket", TSOCK);
+			if (cl < 0 || connect(cl, (struct sockaddr *)&un, sizeof(un)) != 0)
+				zdtm_fail("tmpfs_sock", "connecting to %s: %s", TSOCK, strerror(errno));
+			else if ((sv = accept(ulsn, NULL, NULL)) < 0)
+				zdtm_fail("tmpfs_sock", "accept on %s: %s", TSOCK, strerror(errno));
+			if (sv >= 0)
+				close(sv);
+			if (cl >= 0)
+				close(cl);
+		}
 	}
 
 	/* TCP: A's queued bytes, then a new connection to the listener */
@@ -475,6 +646,8 @@ int main(int argc, char **argv)
 		zdtm_verify_pattern("tcp", "A's reply", buf, MSG_LEN, SEED_BACK);
 	shmdt(seg);
 	shmctl(shmid, IPC_RMID, NULL);
+	msgctl(msq, IPC_RMID, NULL);
+	semctl(sem, 0, IPC_RMID);
 	zdtm_finish();
 	return 0;
 }

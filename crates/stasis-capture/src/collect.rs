@@ -461,6 +461,16 @@ fn write_manifest(
     let threads = images.iter().map(|p| p.threads.len()).sum();
     let ns = crate::ns::describe(fr.opts.pid, &images, &mut cw)?;
     let content = cw.finish()?;
+    // A user namespace that denies setgroups: the groups are inherited.
+    if ns
+        .as_ref()
+        .and_then(|n| n.namespaces.user.as_ref())
+        .is_some_and(|u| u.setgroups_deny)
+    {
+        for image in &mut images {
+            image.creds.groups_fixed = true;
+        }
+    }
     if !incremental {
         for image in &mut images {
             image.data_ranges = None;

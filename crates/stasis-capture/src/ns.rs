@@ -4,10 +4,10 @@
 //! not all share the root's namespaces, and the namespaces of its own that
 //! stasis cannot restore: user, cgroup and time namespaces; a PID namespace
 //! whose init is not the root; a network namespace with another interface
-//! than `lo`; System V message queues and semaphores of an
-//! IPC namespace; and mounts of a mount namespace other than a proc on
+//! than `lo`; and mounts of a mount namespace other than a proc on
 //! `/proc`. [`describe`] (frozen) records what the restore needs: the host
-//! and domain names, whether `lo` is up, the proc mount, and the PID (and
+//! and domain names, the System V message queues and semaphore sets of an
+//! IPC namespace, whether `lo` is up, the proc mount, and the PID (and
 //! TID) of every process in its namespace. The dump itself works with the
 //! PIDs stasis sees (ptrace, `/proc`); [`translate_pids`] gives the
 //! manifest the in-namespace ones at the commit.
@@ -15,8 +15,8 @@
 use std::collections::{HashMap, HashSet};
 
 use stasis_image::manifest::{
-    BindMount, FdKind, Manifest, MountNamespace, Namespaces, NetNamespace, ProcessImage,
-    TmpfsEntry, TmpfsMount, UtsNamespace,
+    BindMount, FdKind, LaterKind, LaterMount, Manifest, MountNamespace, Namespaces, NetNamespace,
+    ProcessImage, TmpfsEntry, TmpfsMount, UserNamespace, UtsNamespace,
 };
 use stasis_image::ContentWriter;
 use stasis_kernel::fdops as kns_fdops;
@@ -25,7 +25,8 @@ use stasis_kernel::ns::{self as kns, NsKind};
 use crate::{proc, CaptureError, Result, SaveError};
 
 /// The kinds a tree may have of its own.
-const RESTORABLE: [NsKind; 5] = [
+const RESTORABLE: [NsKind; 6] = [
+    NsKind::User,
     NsKind::Pid,
     NsKind::Mnt,
     NsKind::Net,
@@ -88,10 +89,13 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
         return Err(refuse(
             root,
             format!(
-                "it is in a {} namespace of its own; stasis restores only pid, uts, ipc, net and mnt namespaces",
+                "it is in a {} namespace of its own; stasis restores only user, pid, uts, ipc, net and mnt namespaces",
                 k.name()
             ),
         ));
+    }
+    if own.contains(&NsKind::User) {
+        user_namespace(root)?;
     }
     if own.contains(&NsKind::Pid) && kns::pid_in_own_ns(root, root) != Some(1) {
         return Err(refuse(
@@ -101,9 +105,6 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
     }
     if own.contains(&NsKind::Net) {
         check_net(root)?;
-    }
-    if own.contains(&NsKind::Ipc) {
-        check_ipc(root)?;
     }
     if own.contains(&NsKind::Mnt) {
         let mnt = extra_mounts(root, own.contains(&NsKind::Pid), None)?;
@@ -132,6 +133,41 @@ fn check_net(root: i32) -> Result<()> {
     Ok(())
 }
 
+/// The id maps of the user namespace of `root`, as this process sees
+/// them; refuses one with no map (nothing could be restored in it).
+fn user_namespace(root: i32) -> Result<UserNamespace> {
+    let map = |f: &str| -> Result<Vec<[u32; 3]>> {
+        let t = proc::read(root, f)?;
+        let mut out = Vec::new();
+        for l in t.lines().filter(|l| !l.trim().is_empty()) {
+            let v: Vec<u32> = l
+                .split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            match v.as_slice() {
+                &[i, o, n] => out.push([i, o, n]),
+                _ => {
+                    return Err(refuse(root, format!("its {f} has the line {l:?}")));
+                }
+            }
+        }
+        if out.is_empty() {
+            return Err(refuse(
+                root,
+                format!(
+                    "its user namespace has an empty {f}; stasis restores one with its ids mapped"
+                ),
+            ));
+        }
+        Ok(out)
+    };
+    Ok(UserNamespace {
+        uid_map: map("uid_map")?,
+        gid_map: map("gid_map")?,
+        setgroups_deny: proc::read(root, "setgroups")?.trim() == "deny",
+    })
+}
+
 /// The cgroup (v2) of process `pid`: the path after `0::` in its
 /// `/proc/PID/cgroup` (`None` if it is gone).
 pub fn cgroup_of(pid: i32) -> Option<String> {
@@ -150,30 +186,6 @@ pub fn enter_net(root: i32) -> Result<Option<kns::NetnsGuard>> {
         return Ok(None);
     }
     Ok(Some(kns::NetnsGuard::enter(root)?))
-}
-
-/// An IPC namespace of the tree's own: System V shared memory only (its
-/// segments are saved as in the dumper's namespace, read from inside).
-fn check_ipc(root: i32) -> Result<()> {
-    let read = || -> Vec<(&'static str, usize)> {
-        [("message queue", "msg"), ("semaphore set", "sem")]
-            .into_iter()
-            .map(|(what, f)| {
-                let rows = std::fs::read_to_string(format!("/proc/sysvipc/{f}"))
-                    .map(|t| t.lines().skip(1).filter(|l| !l.trim().is_empty()).count())
-                    .unwrap_or(0);
-                (what, rows)
-            })
-            .collect()
-    };
-    let counts = kns::in_namespaces_of(root, &[NsKind::Ipc], read)?;
-    if let Some((what, n)) = counts.into_iter().find(|&(_, n)| n > 0) {
-        return Err(refuse(
-            root,
-            format!("its IPC namespace holds {n} System V {what}(s); only System V shared memory is supported there"),
-        ));
-    }
-    Ok(())
 }
 
 /// One line of a `mountinfo`.
@@ -218,8 +230,13 @@ fn mounts(info: &str) -> Vec<MountLine> {
 
 /// The mounts of the root's mount namespace that the dumper's has not
 /// (mounts it lacks are left as the restorer has them): a proc on `/proc`
-/// (with `own_pid`) and tmpfs mounts (their files' data copied into the
-/// content pack when `content` is given); refuses every other.
+/// (with `own_pid`), tmpfs mounts (their files' data copied into the
+/// content pack when `content` is given), bind mounts of what the dumper
+/// sees, and file systems with nothing to save (sysfs, an empty mqueue, a
+/// devpts instance without terminals); refuses every other. From the first
+/// mount the root stub cannot make (nested in an earlier one, a read-only
+/// tmpfs, a fresh file system) on, every mount is made later, by the
+/// restorer, in order.
 fn extra_mounts(
     root: i32,
     own_pid: bool,
@@ -228,6 +245,8 @@ fn extra_mounts(
     let my_mounts = mounts(&proc::read(std::process::id() as i32, "mountinfo")?);
     let mine: HashSet<_> = my_mounts.iter().map(MountLine::key).collect();
     let mut ns = MountNamespace::default();
+    let mut later = false;
+    let mut made: Vec<String> = Vec::new();
     for m in mounts(&proc::read(root, "mountinfo")?) {
         if mine.contains(&m.key()) {
             continue;
@@ -237,32 +256,58 @@ fn extra_mounts(
             ns.proc = true;
             continue;
         }
+        if at == "/" {
+            return Err(refuse(
+                root,
+                format!("its mount namespace has a root of its own (a {kind} mount on /, as pivot_root makes); stasis restores trees whose root is the restorer's"),
+            ));
+        }
+        let flags = mount_flags(&m.mount_opts);
+        let options = m
+            .super_opts
+            .split(',')
+            .filter(|o| *o != "rw" && *o != "ro")
+            .collect::<Vec<_>>()
+            .join(",");
+        let nested = made
+            .iter()
+            .any(|t| at == t || t == "/" || at.starts_with(&format!("{t}/")));
+        later |= nested;
+        made.push(at.clone());
         if kind == "tmpfs" && m.root == "/" {
-            if let Some(t) = ns
-                .tmpfs
-                .iter()
-                .find(|t| at.starts_with(&format!("{}/", t.target)) || *at == t.target)
-            {
-                return Err(refuse(
-                    root,
-                    format!("its tmpfs mount on {at} is on (or over) its tmpfs mount on {}; nested tmpfs mounts are not supported", t.target),
-                ));
-            }
             let entries = if let Some(w) = content.as_deref_mut() {
                 tmpfs_entries(root, at, w)?
             } else {
                 Vec::new()
             };
-            ns.tmpfs.push(TmpfsMount {
+            later |= flags & libc::MS_RDONLY != 0;
+            if later {
+                ns.later.push(LaterMount {
+                    target: at.clone(),
+                    flags,
+                    what: LaterKind::Tmpfs { options, entries },
+                });
+            } else {
+                ns.tmpfs.push(TmpfsMount {
+                    target: at.clone(),
+                    flags,
+                    options,
+                    entries,
+                });
+            }
+            continue;
+        }
+        if matches!(kind.as_str(), "sysfs" | "mqueue" | "devpts") && m.root == "/" {
+            check_fresh(root, kind, at)?;
+            later = true;
+            ns.later.push(LaterMount {
                 target: at.clone(),
-                flags: mount_flags(&m.mount_opts),
-                options: m
-                    .super_opts
-                    .split(',')
-                    .filter(|o| *o != "rw" && *o != "ro")
-                    .collect::<Vec<_>>()
-                    .join(","),
-                entries,
+                flags,
+                what: LaterKind::Fresh {
+                    fstype: kind.clone(),
+                    source: kind.clone(),
+                    options,
+                },
             });
             continue;
         }
@@ -282,19 +327,56 @@ fn extra_mounts(
                 Some(format!("{}{}", h.at.trim_end_matches('/'), rest))
             });
         if let Some(source) = source.filter(|s| s.starts_with('/') && !s.contains(" (deleted)")) {
-            ns.binds.push(BindMount {
-                source,
-                target: at.clone(),
-                flags: mount_flags(&m.mount_opts),
-            });
+            if later {
+                ns.later.push(LaterMount {
+                    target: at.clone(),
+                    flags,
+                    what: LaterKind::Bind { source },
+                });
+            } else {
+                ns.binds.push(BindMount {
+                    source,
+                    target: at.clone(),
+                    flags,
+                });
+            }
             continue;
         }
         return Err(refuse(
             root,
-            format!("its mount namespace has a {kind} mount on {at} that the dumper's has not; only a proc on /proc, tmpfs mounts and bind mounts of what the dumper sees are supported there yet"),
+            format!("its mount namespace has a {kind} mount on {at} that the dumper's has not; only a proc on /proc, tmpfs, sysfs, mqueue and devpts mounts and bind mounts of what the dumper sees are supported there yet"),
         ));
     }
     Ok(ns)
+}
+
+/// A file system mounted anew at restore holds nothing: no message queue
+/// in an mqueue, no terminal in a devpts instance (only `ptmx`).
+fn check_fresh(root: i32, kind: &str, at: &str) -> Result<()> {
+    if kind == "sysfs" {
+        return Ok(());
+    }
+    let dir = format!("/proc/{root}/root{at}");
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .map_err(|e| CaptureError::from_proc(root, &format!("root{at}"), e))?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !(kind == "devpts" && n == "ptmx"))
+        .collect();
+    if let Some(n) = names.first() {
+        let what = if kind == "devpts" {
+            "terminal"
+        } else {
+            "POSIX message queue"
+        };
+        return Err(refuse(
+            root,
+            format!(
+                "its {kind} mount on {at} holds the {what} {n}; stasis mounts an empty one again"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// `MS_*` flags of per-mount options.
@@ -319,11 +401,12 @@ fn mount_flags(opts: &str) -> u64 {
 /// hold; a regular file's data goes into the content pack (`w`), extent
 /// by extent (holes stay holes), a buffer at a time.
 fn tmpfs_entries(root: i32, at: &str, w: &mut ContentWriter) -> Result<Vec<TmpfsEntry>> {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let base = std::path::PathBuf::from(format!("/proc/{root}/root{at}"));
     let io = |e: std::io::Error| CaptureError::from_proc(root, &format!("root{at}"), e);
     let mut out = Vec::new();
     let mut queue = vec![String::new()];
+    let dev = std::fs::symlink_metadata(&base).map_err(io)?.dev();
     while let Some(rel) = queue.pop() {
         let path = if rel.is_empty() {
             base.clone()
@@ -332,6 +415,22 @@ fn tmpfs_entries(root: i32, at: &str, w: &mut ContentWriter) -> Result<Vec<Tmpfs
         };
         let md = std::fs::symlink_metadata(&path).map_err(io)?;
         let ft = md.file_type();
+        if md.dev() != dev {
+            // Another mount's root: only its mount point is this tmpfs's
+            // (a directory, or an empty file a file is bound on).
+            let mode = if ft.is_dir() {
+                libc::S_IFDIR | 0o755
+            } else {
+                libc::S_IFREG | 0o644
+            };
+            out.push(TmpfsEntry {
+                path: rel,
+                mode,
+                ..Default::default()
+            });
+            continue;
+        }
+        let mut rdev = 0;
         let (mut size, mut extents) = (0, Vec::new());
         let data = if ft.is_file() {
             // O_NOATIME (where allowed): reading changes nothing the tree
@@ -371,17 +470,10 @@ fn tmpfs_entries(root: i32, at: &str, w: &mut ContentWriter) -> Result<Vec<Tmpfs
             }
             Vec::new()
         } else {
-            let what = if ft.is_fifo() {
-                "a FIFO"
-            } else if ft.is_socket() {
-                "a unix socket file"
-            } else {
-                "a device node"
-            };
-            return Err(refuse(
-                root,
-                format!("{at}/{rel} in its tmpfs mount is {what}; only directories, regular files and symbolic links are saved there"),
-            ));
+            // A FIFO, a device node, or a socket file (a socket of the
+            // tree bound there is bound again over it).
+            rdev = md.rdev();
+            Vec::new()
         };
         out.push(TmpfsEntry {
             path: rel,
@@ -391,13 +483,16 @@ fn tmpfs_entries(root: i32, at: &str, w: &mut ContentWriter) -> Result<Vec<Tmpfs
             data,
             size,
             extents,
+            rdev,
         });
     }
     Ok(out)
 }
 
-/// No process of the tree has an fd on a file of one of its tmpfs mounts
-/// (the restorer opens files in its own mount namespace).
+/// The fds of the tree on files of its tmpfs and bind mounts are on
+/// regular files and directories still linked (reopened by path in the
+/// restored mount namespace); refuses the others (deleted files, FIFOs,
+/// devices there are rebuilt in the restorer's namespace).
 fn check_tmpfs_fds(tree: &[i32], ns: &MountNamespace) -> Result<()> {
     for &p in tree {
         for fd in crate::fds::list_fds(p).unwrap_or_default() {
@@ -408,12 +503,28 @@ fn check_tmpfs_fds(tree: &[i32], ns: &MountNamespace) -> Result<()> {
                 .tmpfs
                 .iter()
                 .map(|t| ("tmpfs", &t.target))
-                .chain(ns.binds.iter().map(|b| ("bind", &b.target)));
+                .chain(ns.binds.iter().map(|b| ("bind", &b.target)))
+                .chain(ns.later.iter().map(|l| {
+                    let what = match &l.what {
+                        LaterKind::Tmpfs { .. } => "tmpfs",
+                        LaterKind::Bind { .. } => "bind",
+                        LaterKind::Fresh { fstype, .. } => fstype.as_str(),
+                    };
+                    (what, &l.target)
+                }));
             for (what, t) in targets {
-                if link == *t || link.starts_with(&format!("{t}/")) {
+                let under = link == *t || link.starts_with(&format!("{t}/"));
+                if !under {
+                    continue;
+                }
+                let kind = std::fs::metadata(format!("/proc/{p}/fd/{fd}"))
+                    .map(|m| m.file_type())
+                    .ok();
+                let plain = kind.is_some_and(|k| k.is_file() || k.is_dir());
+                if !plain || link.ends_with(" (deleted)") {
                     return Err(refuse(
                         p,
-                        format!("fd {fd} is open on {link}, in its {what} mount on {t}; open files in mounts of its own mount namespace are not supported yet"),
+                        format!("fd {fd} is open on {link}, in its {what} mount on {t}; of the files of mounts of its own mount namespace, only regular files and directories still linked are reopened"),
                     ));
                 }
             }
@@ -443,6 +554,11 @@ pub fn describe(
         return Ok(None);
     }
     let mut ns = Namespaces {
+        user: if own.contains(&NsKind::User) {
+            Some(user_namespace(root)?)
+        } else {
+            None
+        },
         pid: own.contains(&NsKind::Pid),
         ipc: own.contains(&NsKind::Ipc),
         cgroup: cgroup_of(root),
@@ -475,6 +591,15 @@ pub fn describe(
             });
         }
     }
+    if ns.ipc {
+        // Every message queue and semaphore set of the namespace is the
+        // tree's (its segments are saved as the processes attach them).
+        let (queues, sets) = kns::in_namespaces_of(root, &[NsKind::Ipc], || {
+            stasis_objects::sysv_ipc::save(root)
+        })??;
+        ns.msg_queues = queues;
+        ns.sem_sets = sets;
+    }
     if own.contains(&NsKind::Net) {
         let lo_up = kns::in_namespaces_of(root, &[NsKind::Net], kns::loopback_up)??;
         ns.net = Some(NetNamespace { lo_up });
@@ -484,11 +609,17 @@ pub fn describe(
         // A copy of the dumper's with nothing of its own (`ip netns exec`
         // gives each command one, with its own /sys): the dumper's, as
         // before namespaces were saved; its restore needs no new one.
-        if m.proc || !m.tmpfs.is_empty() || !m.binds.is_empty() {
+        if m.proc || !m.tmpfs.is_empty() || !m.binds.is_empty() || !m.later.is_empty() {
             ns.mnt = Some(m);
         }
     }
-    if !ns.pid && !ns.ipc && ns.uts.is_none() && ns.net.is_none() && ns.mnt.is_none() {
+    if !ns.pid
+        && !ns.ipc
+        && ns.user.is_none()
+        && ns.uts.is_none()
+        && ns.net.is_none()
+        && ns.mnt.is_none()
+    {
         return Ok(None);
     }
     let mut pids = HashMap::new();

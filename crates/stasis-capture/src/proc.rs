@@ -66,6 +66,7 @@ pub fn credentials(c: Creds, securebits: u32) -> Credentials {
         uid: c.uid,
         gid: c.gid,
         groups: c.groups,
+        groups_fixed: false,
         caps: c.caps.map(|[inh, prm, eff, bnd, amb]| Capabilities {
             inheritable: inh,
             permitted: prm,

@@ -77,9 +77,29 @@ pub struct Manifest {
 /// the tree in its own namespaces (with the in-namespace PIDs).
 pub const NAMESPACES_MANIFEST_VERSION: u32 = 3;
 
+/// Manifest format version written when the tree's IPC namespace has
+/// message queues or semaphore sets ([`Namespaces::msg_queues`],
+/// [`Namespaces::sem_sets`]), or its mount namespace mounts made later
+/// ([`MountNamespace::later`]) or special files in a tmpfs, so that a
+/// reader of version 3 refuses it instead of restoring the namespaces
+/// without them.
+pub const NAMESPACE_OBJECTS_MANIFEST_VERSION: u32 = 4;
+
+/// Whether `n` has what a reader of version 3 would drop or refuse:
+/// mounts made later, special files in a tmpfs.
+fn later_mounts(n: &Namespaces) -> bool {
+    n.mnt.as_ref().is_some_and(|m| {
+        !m.later.is_empty()
+            || m.tmpfs.iter().flat_map(|t| t.entries.iter()).any(|e| {
+                e.rdev != 0 || !matches!(e.mode & 0o170000, 0o040000 | 0o100000 | 0o120000)
+            })
+    })
+}
+
 /// Manifest format version written when [`Manifest::shell_job`] is set, or
 /// a TCP socket is [`InetState::Unaccepted`] (a reader that predates them
-/// would not know those fds' kind).
+/// would not know those fds' kind): the same as
+/// [`NAMESPACE_OBJECTS_MANIFEST_VERSION`], both new in one release.
 pub const SHELL_JOB_MANIFEST_VERSION: u32 = 4;
 
 /// Manifest format version written when [`Manifest::content`] is set, so
@@ -121,6 +141,13 @@ impl Manifest {
             CONTENT_MANIFEST_VERSION
         } else if self.shell_job.is_some() || unaccepted() {
             SHELL_JOB_MANIFEST_VERSION
+        } else if self.namespaces.as_ref().is_some_and(|n| {
+            !n.msg_queues.is_empty()
+                || !n.sem_sets.is_empty()
+                || n.user.is_some()
+                || later_mounts(n)
+        }) {
+            NAMESPACE_OBJECTS_MANIFEST_VERSION
         } else if self.namespaces.is_some() {
             NAMESPACES_MANIFEST_VERSION
         } else {
@@ -143,16 +170,82 @@ pub struct Namespaces {
     /// An IPC namespace (its System V segments are in `sysv_shm`).
     #[serde(default)]
     pub ipc: bool,
+    /// The System V message queues of that IPC namespace, by id.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub msg_queues: Vec<SysvMsgQueue>,
+    /// The System V semaphore sets of that IPC namespace, by id.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sem_sets: Vec<SysvSemSet>,
     /// A network namespace (its loopback only).
     #[serde(default)]
     pub net: Option<NetNamespace>,
     /// A mount namespace: the mounts it has that the dumper's has not.
     #[serde(default)]
     pub mnt: Option<MountNamespace>,
+    /// A user namespace, owner of the others: its id maps. Every id in
+    /// the manifest (credentials, owners) is as the dumper sees it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<UserNamespace>,
     /// The tree's cgroup (v2: the path after `0::` in `/proc/PID/cgroup`),
     /// where the restored tree is put (the directory is made if missing).
     #[serde(default)]
     pub cgroup: Option<String>,
+}
+
+/// Who a System V IPC object is: its id, key, owner and mode.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SysvIpcPerm {
+    pub id: i32,
+    pub key: i32,
+    pub uid: u32,
+    pub gid: u32,
+    /// Permission bits (`0o777`).
+    pub mode: u32,
+}
+
+/// A System V message queue and the messages queued in it, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SysvMsgQueue {
+    pub perm: SysvIpcPerm,
+    /// Most bytes the queue holds (`msg_qbytes`).
+    pub qbytes: u64,
+    pub messages: Vec<SysvMessage>,
+}
+
+/// One message of a System V queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SysvMessage {
+    /// Its type (`mtype`, positive).
+    pub mtype: i64,
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+}
+
+/// A System V semaphore set and the value of each semaphore.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SysvSemSet {
+    pub perm: SysvIpcPerm,
+    pub values: Vec<u16>,
+}
+
+/// The id maps of a user namespace, as the dumper's sees them: lines
+/// `[first id inside, first id outside, count]` of `uid_map`, `gid_map`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserNamespace {
+    pub uid_map: Vec<[u32; 3]>,
+    pub gid_map: Vec<[u32; 3]>,
+    /// `setgroups` denied in it (`/proc/PID/setgroups` says `deny`).
+    pub setgroups_deny: bool,
+}
+
+impl UserNamespace {
+    /// The id inside for `outside` by `map` (`None`: not mapped).
+    pub fn inside(map: &[[u32; 3]], outside: u32) -> Option<u32> {
+        map.iter().find_map(|&[i, o, n]| {
+            let off = outside.checked_sub(o)?;
+            (off < n).then(|| i.checked_add(off)).flatten()
+        })
+    }
 }
 
 /// What a UTS namespace holds.
@@ -182,6 +275,12 @@ pub struct MountNamespace {
     /// they were mounted (after the tmpfs mounts at restore).
     #[serde(default)]
     pub binds: Vec<BindMount>,
+    /// Mounts made by the restorer inside the new namespace once the
+    /// `tmpfs` mounts are filled and the `binds` made, in the order they
+    /// were mounted: from the first mount the stub cannot make (one nested
+    /// in another, read-only, or not tmpfs nor bind) on, every mount.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub later: Vec<LaterMount>,
 }
 
 /// A bind mount of a path the dumper sees (`source`) on `target`.
@@ -207,6 +306,47 @@ pub struct TmpfsMount {
     pub entries: Vec<TmpfsEntry>,
 }
 
+/// A mount made by the restorer in the tree's new mount namespace (its
+/// mount point is made first if missing, as a directory).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaterMount {
+    /// Where it is mounted (absolute).
+    pub target: String,
+    /// `MS_*` flags of the mount (`MS_RDONLY`, `MS_NOSUID`...); a
+    /// read-only tmpfs is made read-only once filled.
+    pub flags: u64,
+    pub what: LaterKind,
+}
+
+/// What a [`LaterMount`] is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LaterKind {
+    /// A tmpfs and its content.
+    Tmpfs {
+        /// The file system's options, as `mount` takes them.
+        options: String,
+        entries: Vec<TmpfsEntry>,
+    },
+    /// A bind mount of a path of the dumper's mount namespace.
+    Bind { source: String },
+    /// A file system that holds nothing to save, mounted anew: `sysfs`,
+    /// `mqueue` without queues, a `devpts` instance without terminals.
+    Fresh {
+        fstype: String,
+        source: String,
+        /// The file system's options, as `mount` takes them.
+        options: String,
+    },
+}
+
+impl Default for LaterKind {
+    fn default() -> Self {
+        LaterKind::Bind {
+            source: String::new(),
+        }
+    }
+}
+
 /// One inode of a [`TmpfsMount`] (a file with several links is saved once
 /// per link).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -228,6 +368,9 @@ pub struct TmpfsEntry {
     /// A regular file's data extents, in the content pack.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extents: Vec<Extent>,
+    /// A device node's device number (`st_rdev`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rdev: u64,
 }
 
 impl TmpfsEntry {
@@ -589,6 +732,14 @@ pub struct Credentials {
     /// Capabilities and securebits; `None` in images older than this field.
     #[serde(default)]
     pub caps: Option<Capabilities>,
+    /// The groups cannot be set (`setgroups` is denied in the process's
+    /// user namespace): they are those it inherited, not restored.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub groups_fixed: bool,
+}
+
+fn is_false(v: &bool) -> bool {
+    !*v
 }
 
 /// A process's capability sets (bit N: capability N) and its securebits

@@ -351,6 +351,9 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
             domainname: "(none)".into(),
         }),
         ipc: true,
+        msg_queues: Vec::new(),
+        sem_sets: Vec::new(),
+        user: None,
         net: Some(manifest::NetNamespace { lo_up: true }),
         cgroup: Some("/box".into()),
         mnt: Some(manifest::MountNamespace {
@@ -373,6 +376,7 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
                 target: "/data".into(),
                 flags: 1,
             }],
+            later: Vec::new(),
         }),
     });
     let bytes = encode_manifest(&m).unwrap();
@@ -383,6 +387,74 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
     let back = decode_manifest(&bytes, 3, p()).unwrap();
     assert_eq!(back, m);
     assert_eq!(encode_manifest(&back).unwrap(), bytes);
+    // Message queues and semaphore sets raise it to 4 (a reader of 3
+    // would restore the IPC namespace without them).
+    let mut with_ipc = m.clone();
+    if let Some(n) = &mut with_ipc.namespaces {
+        let perm = |id| manifest::SysvIpcPerm {
+            id,
+            key: 0x1234,
+            uid: 1,
+            gid: 2,
+            mode: 0o640,
+        };
+        n.msg_queues = vec![manifest::SysvMsgQueue {
+            perm: perm(32768),
+            qbytes: 16384,
+            messages: vec![manifest::SysvMessage {
+                mtype: 7,
+                data: b"hello".to_vec(),
+            }],
+        }];
+        n.sem_sets = vec![manifest::SysvSemSet {
+            perm: perm(0),
+            values: vec![1, 5],
+        }];
+    }
+    let ipc_bytes = encode_manifest(&with_ipc).unwrap();
+    assert_eq!(
+        u32::from_le_bytes(ipc_bytes[8..12].try_into().unwrap()),
+        manifest::NAMESPACE_OBJECTS_MANIFEST_VERSION
+    );
+    assert_eq!(decode_manifest(&ipc_bytes, 3, p()).unwrap(), with_ipc);
+    // The version must be the one the content calls for.
+    let mut lower = ipc_bytes.clone();
+    lower[8..12].copy_from_slice(&3u32.to_le_bytes());
+    assert!(decode_manifest(&lower, 3, p()).is_err());
+    // So do mounts made later (here a fresh sysfs).
+    let mut with_later = m.clone();
+    if let Some(mnt) = with_later.namespaces.as_mut().and_then(|n| n.mnt.as_mut()) {
+        mnt.later = vec![manifest::LaterMount {
+            target: "/sys".into(),
+            flags: 1,
+            what: manifest::LaterKind::Fresh {
+                fstype: "sysfs".into(),
+                source: "sysfs".into(),
+                options: String::new(),
+            },
+        }];
+    }
+    let later_bytes = encode_manifest(&with_later).unwrap();
+    assert_eq!(
+        u32::from_le_bytes(later_bytes[8..12].try_into().unwrap()),
+        manifest::NAMESPACE_OBJECTS_MANIFEST_VERSION
+    );
+    assert_eq!(decode_manifest(&later_bytes, 3, p()).unwrap(), with_later);
+    // So does a user namespace.
+    let mut with_user = m.clone();
+    if let Some(n) = &mut with_user.namespaces {
+        n.user = Some(manifest::UserNamespace {
+            uid_map: vec![[0, 100_000, 65536]],
+            gid_map: vec![[0, 100_000, 65536]],
+            setgroups_deny: true,
+        });
+    }
+    let user_bytes = encode_manifest(&with_user).unwrap();
+    assert_eq!(
+        u32::from_le_bytes(user_bytes[8..12].try_into().unwrap()),
+        manifest::NAMESPACE_OBJECTS_MANIFEST_VERSION
+    );
+    assert_eq!(decode_manifest(&user_bytes, 3, p()).unwrap(), with_user);
     // A tmpfs file described by its size (data in the content pack, or
     // all holes) is one an older reader would make empty: 5.
     let mut sized = m.clone();

@@ -5,6 +5,8 @@
 //! running any Rust code. The parent then owns it as a [`Tracee`] with
 //! `PTRACE_O_EXITKILL`, so if stasis dies the half-built child dies too.
 
+use std::os::fd::FromRawFd;
+
 use stasis_sys::{self as sys, CloneArgs};
 
 use crate::ptrace::{describe_exit, wait_raw, StopKind};
@@ -72,6 +74,23 @@ pub struct NsSetup {
     /// In a new mount namespace: bind mounts to make after those (source,
     /// target, `MS_*` flags applied by a remount).
     pub binds: Vec<(std::ffi::CString, std::ffi::CString, u64)>,
+    /// With a new user namespace: its `uid_map` and `gid_map` text, and
+    /// whether `setgroups` is denied first. Written by the parent before
+    /// the child sets anything up (it waits for them: ids in mount options
+    /// and files mean nothing in a namespace without maps).
+    pub id_maps: Option<(String, String, bool)>,
+}
+
+/// Writes the id maps of the user namespace of `pid`.
+fn write_id_maps(
+    pid: i32,
+    (uid_map, gid_map, deny): &(String, String, bool),
+) -> std::io::Result<()> {
+    if *deny {
+        std::fs::write(format!("/proc/{pid}/setgroups"), "deny")?;
+    }
+    std::fs::write(format!("/proc/{pid}/uid_map"), uid_map)?;
+    std::fs::write(format!("/proc/{pid}/gid_map"), gid_map)
 }
 
 /// Like [`spawn_stopped`], but the child is created in the new namespaces
@@ -98,6 +117,20 @@ fn spawn_stopped_with(set_tid: Option<i32>, ns: Option<&NsSetup>) -> Result<Trac
     };
     // SAFETY: getpid has no preconditions.
     let parent = unsafe { libc::getpid() };
+    // With id maps to write: the child waits on this pipe for them.
+    let maps = ns.and_then(|n| n.id_maps.as_ref());
+    let mut gate = [-1i32; 2];
+    // SAFETY: pipe2 writes two fds into `gate`.
+    if maps.is_some() && unsafe { libc::pipe2(gate.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(KernelError::io("pipe2", last_err()).into());
+    }
+    // SAFETY: the fds were just made by pipe2 and are ours alone.
+    let gate_fds = maps.map(|_| unsafe {
+        (
+            std::os::fd::OwnedFd::from_raw_fd(gate[0]),
+            std::os::fd::OwnedFd::from_raw_fd(gate[1]),
+        )
+    });
     // SAFETY: clone3 with a valid `clone_args` and no CLONE_VM duplicates
     // this process like fork. In the child only async-signal-safe raw
     // syscalls run before it stops and is taken over by the parent (it never
@@ -116,6 +149,15 @@ fn spawn_stopped_with(set_tid: Option<i32>, ns: Option<&NsSetup>) -> Result<Trac
                 libc::_exit(127);
             }
             if let Some(n) = ns {
+                if gate[0] >= 0 {
+                    // Wait for the parent to write the id maps (EOF: it
+                    // failed to; our copy of the write end closed first).
+                    libc::close(gate[1]);
+                    let mut b = 0u8;
+                    if libc::read(gate[0], (&mut b as *mut u8).cast(), 1) != 1 {
+                        libc::_exit(121);
+                    }
+                }
                 if let Some(h) = &n.hostname {
                     if libc::sethostname(h.as_ptr(), h.as_bytes().len()) != 0 {
                         libc::_exit(125);
@@ -126,7 +168,9 @@ fn spawn_stopped_with(set_tid: Option<i32>, ns: Option<&NsSetup>) -> Result<Trac
                         libc::_exit(125);
                     }
                 }
-                if (n.mount_proc || !n.tmpfs.is_empty() || !n.binds.is_empty())
+                // A new mount namespace: its mounts private, so that none
+                // made in it (here or by the restorer later) is seen out.
+                if n.flags & u64::from(libc::CLONE_NEWNS.unsigned_abs()) != 0
                     && libc::mount(
                         std::ptr::null(),
                         root_dir.as_ptr(),
@@ -203,6 +247,17 @@ fn spawn_stopped_with(set_tid: Option<i32>, ns: Option<&NsSetup>) -> Result<Trac
     }
     let pid = i32::try_from(pid)
         .map_err(|_| KernelError::io("clone3", std::io::Error::other("pid out of range")))?;
+    if let (Some(m), Some((r, w))) = (maps, gate_fds) {
+        drop(r);
+        // On failure the child reads EOF and exits (status 121).
+        if let Err(e) = write_id_maps(pid, m) {
+            drop(w);
+            let _ = wait_raw(pid);
+            return Err(KernelError::io("writing the id maps of the new user namespace", e).into());
+        }
+        let mut f = std::fs::File::from(w);
+        let _ = std::io::Write::write_all(&mut f, b"1");
+    }
     let status = wait_raw(pid)?;
     if !libc::WIFSTOPPED(status) || libc::WSTOPSIG(status) != libc::SIGSTOP {
         return Err(KernelError::Died {

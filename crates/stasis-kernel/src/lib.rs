@@ -38,6 +38,7 @@ pub mod seam;
 pub mod selfmon;
 pub mod sock;
 pub mod sockdiag;
+pub mod sysvipc;
 pub mod sysvshm;
 pub mod tcpdiag;
 pub mod tty;

@@ -137,8 +137,11 @@ impl Drop for NetnsGuard {
 }
 
 /// Runs `f` on a thread of its own moved into the namespaces of `kinds` of
-/// process `pid` (neither `Mnt` nor `User`: a multithreaded process cannot
-/// enter those), and returns what it returns.
+/// process `pid`, and returns what it returns. Not `User` (a
+/// multithreaded process cannot enter one); `Mnt` is entered after the
+/// thread has unshared its file system attributes (`CLONE_FS`: root and
+/// working directory, which `setns` resets to the namespace's root), as
+/// the kernel wants them to be the thread's alone.
 pub fn in_namespaces_of<T: Send>(
     pid: i32,
     kinds: &[NsKind],
@@ -146,13 +149,10 @@ pub fn in_namespaces_of<T: Send>(
 ) -> Result<T> {
     let mut fds: Vec<(OwnedFd, NsKind)> = Vec::new();
     for &k in kinds {
-        if matches!(k, NsKind::Mnt | NsKind::User) {
+        if k == NsKind::User {
             return Err(KernelError::io(
                 "setns",
-                std::io::Error::other(format!(
-                    "a thread cannot enter a {} namespace alone",
-                    k.name()
-                )),
+                std::io::Error::other("a thread cannot enter a user namespace alone"),
             ));
         }
         let path = format!("/proc/{pid}/ns/{}", k.name());
@@ -161,6 +161,16 @@ pub fn in_namespaces_of<T: Send>(
     }
     std::thread::scope(|s| {
         s.spawn(move || -> Result<T> {
+            if fds.iter().any(|(_, k)| *k == NsKind::Mnt) {
+                nix::sched::unshare(CloneFlags::CLONE_FS).map_err(|e| {
+                    KernelError::io(
+                        "unshare",
+                        std::io::Error::other(format!(
+                            "unsharing the file system attributes of a thread to enter a mount namespace: {e}"
+                        )),
+                    )
+                })?;
+            }
             for (fd, k) in &fds {
                 let flag =
                     CloneFlags::from_bits_truncate(i32::try_from(k.clone_flag()).unwrap_or(0));
@@ -184,6 +194,78 @@ pub fn in_namespaces_of<T: Send>(
             ))
         })
     })
+}
+
+/// Runs `f` on a thread of its own whose file system ids are `uid` and
+/// `gid` (files it creates are theirs: a tmpfs of a user namespace takes
+/// only ids mapped there), its effective capabilities raised back to its
+/// permitted ones (a change of fsuid away from 0 drops the file ones).
+pub fn as_fs_ids<T: Send>(uid: u32, gid: u32, f: impl FnOnce() -> T + Send) -> Result<T> {
+    std::thread::scope(|s| {
+        s.spawn(move || -> Result<T> {
+            // SAFETY: setfsgid/setfsuid take integers and change only this
+            // thread's ids (the raw syscalls; glibc does not broadcast them).
+            unsafe {
+                libc::syscall(libc::SYS_setfsgid, gid);
+                libc::syscall(libc::SYS_setfsuid, uid);
+            }
+            let mut hdr = [stasis_sys::prctl::LINUX_CAPABILITY_VERSION_3, 0u32];
+            let mut data = [0u32; 6];
+            // SAFETY: capget writes two `__user_cap_data_struct` (3 words
+            // each) into `data`, for the calling thread (pid 0 in `hdr`).
+            if unsafe { libc::syscall(libc::SYS_capget, hdr.as_mut_ptr(), data.as_mut_ptr()) } != 0
+            {
+                return Err(KernelError::io("capget", crate::last_err()));
+            }
+            // effective = permitted, word by word.
+            data[0] = data[1];
+            data[3] = data[4];
+            // SAFETY: capset reads the header and two data structs, as above.
+            if unsafe { libc::syscall(libc::SYS_capset, hdr.as_mut_ptr(), data.as_ptr()) } != 0 {
+                return Err(KernelError::io("capset", crate::last_err()));
+            }
+            Ok(f())
+        })
+        .join()
+        .unwrap_or_else(|_| {
+            Err(KernelError::io(
+                "setfsuid",
+                std::io::Error::other("the thread working with other file system ids panicked"),
+            ))
+        })
+    })
+}
+
+/// `mount(2)` in the calling thread's mount namespace (`fstype` and
+/// `data` may be absent, as for a bind or a remount).
+pub fn mount(
+    source: &str,
+    target: &str,
+    fstype: Option<&str>,
+    flags: u64,
+    data: Option<&str>,
+) -> std::io::Result<()> {
+    use std::ffi::CString;
+    let c = |s: &str| CString::new(s).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL));
+    let (src, dst) = (c(source)?, c(target)?);
+    let fstype = fstype.map(c).transpose()?;
+    let data = data.map(c).transpose()?;
+    // SAFETY: every pointer is null or a NUL-terminated string alive for
+    // the call.
+    let r = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            dst.as_ptr(),
+            fstype.as_ref().map_or(std::ptr::null(), |f| f.as_ptr()),
+            flags,
+            data.as_ref()
+                .map_or(std::ptr::null(), |d| d.as_ptr().cast()),
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// A datagram socket of the calling thread's network namespace, and the
@@ -259,6 +341,34 @@ mod tests {
         assert_eq!(parse_nspid("Name:\tx\nNSpid:\t1589\t1\nX: 2\n"), Some(1));
         assert_eq!(parse_nspid("NSpid:\t42\n"), Some(42));
         assert_eq!(parse_nspid("Pid:\t42\n"), None);
+    }
+
+    #[test]
+    fn a_thread_enters_another_mount_namespace() {
+        // A child in a mount namespace of its own, with a tmpfs on /mnt
+        // holding a file; seen only from inside it.
+        let mut child = std::process::Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg("mount -t tmpfs stasis-k /mnt && touch /mnt/stasis-ns-k && exec sleep 100")
+            .spawn()
+            .unwrap();
+        let pid = i32::try_from(child.id()).unwrap();
+        let found = (0..500).any(|_| {
+            let sleeping = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "sleep");
+            if !sleeping {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            sleeping
+        });
+        let inside = in_namespaces_of(pid, &[NsKind::Mnt], || {
+            std::path::Path::new("/mnt/stasis-ns-k").exists()
+        });
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(found, "the child did not set up its mount");
+        assert!(inside.unwrap());
+        assert!(!std::path::Path::new("/mnt/stasis-ns-k").exists());
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Regular files, directories and character devices: reopened at their
 //! path with their access mode and status flags, seeked to their offset.
 //! An `O_PATH` fd (no offset) on a symbolic link is opened with
-//! `O_NOFOLLOW`, as it must have been.
+//! `O_NOFOLLOW`, as it must have been. A tree with a mount namespace of
+//! its own has its files opened there (its tmpfs and bind mounts).
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -35,7 +36,7 @@ impl Object for File {
         matches!(kind, FdKind::Path { .. })
     }
 
-    fn restore(_: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
+    fn restore(ctx: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
         let FdKind::Path {
             path,
             pos,
@@ -53,14 +54,18 @@ impl Object for File {
         } else {
             0
         };
-        let f = open_with_mode(
-            std::fs::OpenOptions::new()
-                .read(true) // access mode comes from custom_flags below
-                .custom_flags(reopen_flags(img.flags) | nofollow),
-            path,
-            img.flags,
-        )
-        .map_err(file_err(path.clone(), format!("fd {fd}"), "open"))?;
+        // In the tree's mount namespace, where its own mounts are.
+        let f = ctx
+            .in_tree_mounts(|| {
+                open_with_mode(
+                    std::fs::OpenOptions::new()
+                        .read(true) // access mode comes from custom_flags below
+                        .custom_flags(reopen_flags(img.flags) | nofollow),
+                    path,
+                    img.flags,
+                )
+            })?
+            .map_err(file_err(path.clone(), format!("fd {fd}"), "open"))?;
         let o: OwnedFd = f.into();
         let o_path = img.flags & libc::O_PATH.unsigned_abs() != 0;
         if (kind == libc::S_IFREG || kind == libc::S_IFDIR) && !o_path {

@@ -70,6 +70,7 @@ pub mod shell_job;
 pub mod signalfd;
 pub mod socket;
 pub mod sysv;
+pub mod sysv_ipc;
 pub mod tcp;
 pub mod timerfd;
 pub mod unix;

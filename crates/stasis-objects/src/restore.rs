@@ -136,6 +136,10 @@ pub struct RestoreCtx<'a> {
     /// held one map hold one again); those of older images, without id.
     pub(crate) bpf_maps: HashMap<u32, OwnedFd>,
     pub(crate) bpf_maps_unnamed: Vec<OwnedFd>,
+    /// A process of the tree (as the restorer sees it) whose mount
+    /// namespace, the tree's own, files are opened in by path; `None`: the
+    /// restorer's.
+    pub mount_ns_of: Option<i32>,
 }
 
 impl<'a> RestoreCtx<'a> {
@@ -187,6 +191,23 @@ impl<'a> RestoreCtx<'a> {
             terminal: None,
             bpf_maps: HashMap::new(),
             bpf_maps_unnamed: Vec::new(),
+            mount_ns_of: None,
+        }
+    }
+
+    /// Runs `f` where the tree's paths are: on a thread in its mount
+    /// namespace (see [`Self::mount_ns_of`]), or here.
+    pub(crate) fn in_tree_mounts<T: Send>(
+        &self,
+        f: impl FnOnce() -> T + Send,
+    ) -> Result<T, RestoreError> {
+        match self.mount_ns_of {
+            None => Ok(f()),
+            Some(pid) => Ok(stasis_kernel::ns::in_namespaces_of(
+                pid,
+                &[stasis_kernel::ns::NsKind::Mnt],
+                f,
+            )?),
         }
     }
 
@@ -211,6 +232,14 @@ impl<'a> RestoreCtx<'a> {
     /// restored (so their registrations were never made), if any.
     pub fn epolls_left_unregistered(&self) -> Option<i32> {
         self.in_flight_epolls.first().map(|(p, _, _)| *p)
+    }
+
+    /// Where the names of the current process's unix sockets resolve.
+    pub(crate) fn place(&self) -> crate::unix::name::Place {
+        crate::unix::name::Place {
+            cwd: self.cwd.clone(),
+            mnt: self.mount_ns_of,
+        }
     }
 
     /// Sets the working directory of the process whose fds come next.

@@ -158,6 +158,7 @@ mod tests {
             gid: [uid; 4],
             groups: Vec::new(),
             caps: Some(k),
+            groups_fixed: false,
         }
     }
 

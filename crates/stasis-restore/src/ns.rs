@@ -7,7 +7,7 @@
 
 use std::ffi::CString;
 
-use stasis_image::manifest::{Manifest, Namespaces};
+use stasis_image::manifest::{LaterKind, Manifest, Namespaces, TmpfsEntry, UserNamespace};
 use stasis_kernel::child::NsSetup;
 use stasis_kernel::ns::{self as kns, NsKind};
 
@@ -16,6 +16,10 @@ use crate::{ObjectError, RestoreError, Result};
 /// The kinds of `ns`.
 pub(crate) fn kinds(ns: &Namespaces) -> Vec<NsKind> {
     let mut k = Vec::new();
+    // First: the others are made owned by it.
+    if ns.user.is_some() {
+        k.push(NsKind::User);
+    }
     if ns.pid {
         k.push(NsKind::Pid);
     }
@@ -61,7 +65,10 @@ pub(crate) fn setup(ns: &Namespaces) -> Result<NsSetup> {
         tmpfs.push((
             cstr("tmpfs mount point", &t.target)?,
             t.flags,
-            cstr("tmpfs options", &t.options)?,
+            cstr(
+                "tmpfs options",
+                &options_inside(&t.options, ns.user.as_ref())?,
+            )?,
         ));
     }
     let mut binds = Vec::new();
@@ -72,7 +79,17 @@ pub(crate) fn setup(ns: &Namespaces) -> Result<NsSetup> {
             b.flags,
         ));
     }
+    let lines = |map: &[[u32; 3]]| {
+        map.iter()
+            .map(|[i, o, n]| format!("{i} {o} {n}\n"))
+            .collect::<String>()
+    };
+    let id_maps = ns
+        .user
+        .as_ref()
+        .map(|u| (lines(&u.uid_map), lines(&u.gid_map), u.setgroups_deny));
     Ok(NsSetup {
+        id_maps,
         flags: kinds(ns)
             .iter()
             .map(|k| k.clone_flag())
@@ -85,6 +102,34 @@ pub(crate) fn setup(ns: &Namespaces) -> Result<NsSetup> {
     })
 }
 
+/// Mount options with their `uid=`/`gid=` as the tree's user namespace
+/// has them (the stub mounts from inside it; the image has them as the
+/// dumper saw them).
+fn options_inside(opts: &str, user: Option<&UserNamespace>) -> Result<String> {
+    let Some(u) = user else {
+        return Ok(opts.to_string());
+    };
+    opts.split(',')
+        .map(|o| {
+            let (key, table) = match o.split_once('=') {
+                Some(("uid", _)) => ("uid", &u.uid_map),
+                Some(("gid", _)) => ("gid", &u.gid_map),
+                _ => return Ok(o.to_string()),
+            };
+            let v = o[key.len() + 1..].parse::<u32>().ok();
+            v.and_then(|v| UserNamespace::inside(table, v))
+                .map(|i| format!("{key}={i}"))
+                .ok_or_else(|| {
+                    ObjectError::Inconsistent(format!(
+                        "mount option {o} is not mapped in the tree's user namespace"
+                    ))
+                    .into()
+                })
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(|v| v.join(","))
+}
+
 /// What the root stub's exit code says went wrong in setting up its
 /// namespaces ([`stasis_kernel::child::spawn_stopped_in`]).
 pub(crate) fn setup_failure(code: i32) -> Option<&'static str> {
@@ -93,6 +138,7 @@ pub(crate) fn setup_failure(code: i32) -> Option<&'static str> {
         124 => Some("making the mounts private or mounting a proc on /proc failed"),
         123 => Some("mounting a saved tmpfs failed (does its mount point exist here?)"),
         122 => Some("a saved bind mount failed (do its source and mount point exist here?)"),
+        121 => Some("the id maps of the new user namespace were not written"),
         _ => None,
     }
 }
@@ -139,86 +185,246 @@ fn join_cgroup(path: &str, pid: i32) -> Result<()> {
 /// Files' data comes from `content` (the checkpoint's content pack) or,
 /// in older images, the manifest.
 fn fill_tmpfs(m: &Manifest, root: i32, content: &stasis_image::ContentSource) -> Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    use std::os::unix::fs::PermissionsExt;
     let Some(mnt) = m.namespaces.as_ref().and_then(|n| n.mnt.as_ref()) else {
         return Ok(());
     };
-    for t in &mnt.tmpfs {
-        let base = std::path::PathBuf::from(format!("/proc/{root}/root{}", t.target));
-        let mut dirs = std::collections::HashSet::new();
-        for e in &t.entries {
-            let rel = std::path::Path::new(&e.path);
-            // Only plain names, each under a directory made before.
-            let plain = rel
-                .components()
-                .all(|c| matches!(c, std::path::Component::Normal(_)));
-            let parent_ok = rel
-                .parent()
-                .is_none_or(|p| p.as_os_str().is_empty() || dirs.contains(p));
-            let first = e.path.is_empty();
-            if !plain || !parent_ok || first != dirs.is_empty() {
-                return Err(ObjectError::Inconsistent(format!(
-                    "tmpfs entry {:?} under {} is not under a saved directory",
-                    e.path, t.target
-                ))
-                .into());
+    // A tmpfs the stub mounted in a user namespace of the tree's takes
+    // only files of ids mapped there: they are made as its root.
+    let ids = m
+        .namespaces
+        .as_ref()
+        .and_then(|n| n.user.as_ref())
+        .map(|u| {
+            // The host id of its root (0 there), else of its first mapped id.
+            let outside = |map: &[[u32; 3]]| {
+                map.iter()
+                    .find(|[i, _, n]| *i == 0 && *n > 0)
+                    .or(map.first())
+                    .map_or(0, |[_, o, _]| *o)
+            };
+            (outside(&u.uid_map), outside(&u.gid_map))
+        });
+    let fill = || -> Result<()> {
+        for t in &mnt.tmpfs {
+            let base = std::path::PathBuf::from(format!("/proc/{root}/root{}", t.target));
+            fill_entries(&base, &t.target, &t.entries, content)?;
+        }
+        Ok(())
+    };
+    match ids {
+        Some((uid, gid)) => kns::as_fs_ids(uid, gid, fill)?,
+        None => fill(),
+    }
+}
+
+/// Makes `entries` (of the tmpfs mounted on `target`) under `base`, its
+/// root as this thread sees it.
+fn fill_entries(
+    base: &std::path::Path,
+    target: &str,
+    entries: &[TmpfsEntry],
+    content: &stasis_image::ContentSource,
+) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::PermissionsExt;
+    let mut dirs = std::collections::HashSet::new();
+    for e in entries {
+        let rel = std::path::Path::new(&e.path);
+        // Only plain names, each under a directory made before.
+        let plain = rel
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
+        let parent_ok = rel
+            .parent()
+            .is_none_or(|p| p.as_os_str().is_empty() || dirs.contains(p));
+        let first = e.path.is_empty();
+        if !plain || !parent_ok || first != dirs.is_empty() {
+            return Err(ObjectError::Inconsistent(format!(
+                "tmpfs entry {:?} under {target} is not under a saved directory",
+                e.path
+            ))
+            .into());
+        }
+        let path = if first {
+            base.to_path_buf()
+        } else {
+            base.join(rel)
+        };
+        let step = |what: &'static str| {
+            let p = format!("{target}/{}", e.path);
+            move |err: std::io::Error| {
+                RestoreError::from(ObjectError::Inconsistent(format!(
+                    "{what} {p} in the restored tmpfs: {err}"
+                )))
             }
-            let path = if first { base.clone() } else { base.join(rel) };
-            let step = |what: &'static str| {
-                let p = format!("{}/{}", t.target, e.path);
-                move |err: std::io::Error| {
-                    RestoreError::from(ObjectError::Inconsistent(format!(
-                        "{what} {p} in the restored tmpfs: {err}"
+        };
+        let node = |kind: nix::sys::stat::SFlag| {
+            nix::sys::stat::mknod(
+                &path,
+                kind,
+                nix::sys::stat::Mode::from_bits_truncate(0o600),
+                e.rdev,
+            )
+            .map_err(|err| step("making")(err.into()))
+        };
+        match e.mode & libc::S_IFMT {
+            libc::S_IFDIR => {
+                if !first {
+                    std::fs::create_dir(&path).map_err(step("making"))?;
+                }
+                dirs.insert(rel.to_path_buf());
+            }
+            libc::S_IFREG => {
+                use std::os::unix::fs::FileExt;
+                let (size, extents) = e
+                    .content()
+                    .map_err(|err| ObjectError::Inconsistent(err.to_string()))?;
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&path)
+                    .map_err(step("making"))?;
+                stasis_objects::content::put_back(Some(content), &extents, |off, data| {
+                    f.write_all_at(data, off).map_err(|err| {
+                        ObjectError::Inconsistent(format!(
+                            "writing {target}/{} in the restored tmpfs: {err}",
+                            e.path
+                        ))
+                    })
+                })?;
+                f.set_len(size).map_err(step("sizing"))?;
+            }
+            libc::S_IFLNK => {
+                let target = std::ffi::OsStr::from_bytes(&e.data);
+                std::os::unix::fs::symlink(target, &path).map_err(step("linking"))?;
+            }
+            libc::S_IFIFO => node(nix::sys::stat::SFlag::S_IFIFO)?,
+            libc::S_IFCHR => node(nix::sys::stat::SFlag::S_IFCHR)?,
+            libc::S_IFBLK => node(nix::sys::stat::SFlag::S_IFBLK)?,
+            libc::S_IFSOCK => node(nix::sys::stat::SFlag::S_IFSOCK)?,
+            _ => {
+                return Err(ObjectError::Inconsistent(format!(
+                    "tmpfs entry {target}/{} of mode {:o}",
+                    e.path, e.mode
+                ))
+                .into())
+            }
+        }
+        std::os::unix::fs::lchown(&path, Some(e.uid), Some(e.gid)).map_err(step("chown of"))?;
+        if e.mode & libc::S_IFMT != libc::S_IFLNK {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(e.mode & 0o7777))
+                .map_err(step("chmod of"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Makes the mounts saved as made later, in order, from a thread in the
+/// tree's new mount namespace (`root` as stasis sees it): each mount
+/// point made if missing; a tmpfs filled, then made read-only if it was;
+/// a bind remounted with its flags.
+fn later_mounts(m: &Manifest, root: i32, content: &stasis_image::ContentSource) -> Result<()> {
+    let Some(mnt) = m.namespaces.as_ref().and_then(|n| n.mnt.as_ref()) else {
+        return Ok(());
+    };
+    if mnt.later.is_empty() {
+        return Ok(());
+    }
+    // A sysfs shows the devices of the mounting thread's network
+    // namespace, an mqueue the queues of its IPC namespace: the tree's.
+    let ns = m.namespaces.as_ref();
+    let mut kinds = vec![NsKind::Mnt];
+    if ns.is_some_and(|n| n.net.is_some()) {
+        kinds.push(NsKind::Net);
+    }
+    if ns.is_some_and(|n| n.ipc) {
+        kinds.push(NsKind::Ipc);
+    }
+    kns::in_namespaces_of(root, &kinds, || -> Result<()> {
+        for l in &mnt.later {
+            let fail = |what: &str| {
+                let what = format!("{what} on {}", l.target);
+                move |e: std::io::Error| {
+                    RestoreError::from(ObjectError::Incompatible(format!(
+                        "making the tree's mount: {what}: {e}"
                     )))
                 }
             };
-            match e.mode & libc::S_IFMT {
-                libc::S_IFDIR => {
-                    if !first {
-                        std::fs::create_dir(&path).map_err(step("making"))?;
+            if !l.target.starts_with('/') || l.target.split('/').any(|c| c == "..") {
+                return Err(ObjectError::Inconsistent(format!("mount point {}", l.target)).into());
+            }
+            if std::fs::symlink_metadata(&l.target).is_err() {
+                std::fs::create_dir_all(&l.target).map_err(fail("making the mount point"))?;
+            }
+            let remount = |flags: u64| {
+                kns::mount(
+                    "none",
+                    &l.target,
+                    None,
+                    libc::MS_REMOUNT | libc::MS_BIND | flags,
+                    None,
+                )
+            };
+            match &l.what {
+                LaterKind::Tmpfs { options, entries } => {
+                    kns::mount(
+                        "tmpfs",
+                        &l.target,
+                        Some("tmpfs"),
+                        l.flags & !libc::MS_RDONLY,
+                        Some(options),
+                    )
+                    .map_err(fail("mounting a tmpfs"))?;
+                    fill_entries(std::path::Path::new(&l.target), &l.target, entries, content)?;
+                    if l.flags & libc::MS_RDONLY != 0 {
+                        remount(l.flags).map_err(fail("making a tmpfs read-only"))?;
                     }
-                    dirs.insert(rel.to_path_buf());
                 }
-                libc::S_IFREG => {
-                    use std::os::unix::fs::FileExt;
-                    let (size, extents) = e
-                        .content()
-                        .map_err(|err| ObjectError::Inconsistent(err.to_string()))?;
-                    let f = std::fs::OpenOptions::new()
-                        .write(true)
-                        .create_new(true)
-                        .open(&path)
-                        .map_err(step("making"))?;
-                    let put =
-                        stasis_objects::content::put_back(Some(content), &extents, |off, data| {
-                            f.write_all_at(data, off).map_err(|err| {
-                                ObjectError::Inconsistent(format!(
-                                    "writing {}/{} in the restored tmpfs: {err}",
-                                    t.target, e.path
-                                ))
-                            })
-                        });
-                    put?;
-                    f.set_len(size).map_err(step("sizing"))?;
+                LaterKind::Bind { source } => {
+                    kns::mount(source, &l.target, None, libc::MS_BIND, None)
+                        .map_err(fail(&format!("bind mount of {source}")))?;
+                    if l.flags != 0 {
+                        remount(l.flags).map_err(fail("remounting a bind mount"))?;
+                    }
                 }
-                libc::S_IFLNK => {
-                    let target = std::ffi::OsStr::from_bytes(&e.data);
-                    std::os::unix::fs::symlink(target, &path).map_err(step("linking"))?;
-                }
-                _ => {
-                    return Err(ObjectError::Inconsistent(format!(
-                        "tmpfs entry {}/{} of mode {:o}",
-                        t.target, e.path, e.mode
-                    ))
-                    .into())
+                LaterKind::Fresh {
+                    fstype,
+                    source,
+                    options,
+                } => {
+                    kns::mount(source, &l.target, Some(fstype), l.flags, Some(options))
+                        .map_err(fail(&format!("mounting a {fstype}")))?;
                 }
             }
-            std::os::unix::fs::lchown(&path, Some(e.uid), Some(e.gid)).map_err(step("chown of"))?;
-            if e.mode & libc::S_IFMT != libc::S_IFLNK {
-                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(e.mode & 0o7777))
-                    .map_err(step("chmod of"))?;
+        }
+        Ok(())
+    })?
+}
+
+/// Gives the credentials of every process of a tree in a user namespace
+/// of its own as that namespace has them (the image has them as the
+/// dumper saw them; the processes set them from inside).
+pub(crate) fn creds_inside(m: &mut Manifest) -> Result<()> {
+    let Some(u) = m.namespaces.as_ref().and_then(|n| n.user.clone()) else {
+        return Ok(());
+    };
+    for p in &mut m.processes {
+        let pid = p.pid;
+        let map = |ids: &mut [u32], table: &[[u32; 3]], what: &str| -> Result<()> {
+            for id in ids {
+                *id = UserNamespace::inside(table, *id).ok_or_else(|| {
+                    RestoreError::from(ObjectError::Inconsistent(format!(
+                        "process {pid} has the {what} {id}, not mapped in its user namespace"
+                    )))
+                })?;
             }
+            Ok(())
+        };
+        let c = &mut p.creds;
+        map(&mut c.uid, &u.uid_map, "uid")?;
+        map(&mut c.gid, &u.gid_map, "gid")?;
+        if !c.groups_fixed {
+            map(&mut c.groups, &u.gid_map, "group")?;
         }
     }
     Ok(())
@@ -235,6 +441,7 @@ pub(crate) fn after_spawn(
     content: &stasis_image::ContentSource,
 ) -> Result<Option<kns::NetnsGuard>> {
     fill_tmpfs(m, root, content)?;
+    later_mounts(m, root, content)?;
     if let Some(cg) = m.namespaces.as_ref().and_then(|n| n.cgroup.as_deref()) {
         join_cgroup(cg, root)?;
     }
@@ -254,5 +461,76 @@ pub(crate) fn in_ipc<T: Send>(m: &Manifest, root: i32, f: impl FnOnce() -> T + S
         Ok(kns::in_namespaces_of(root, &[NsKind::Ipc], f)?)
     } else {
         Ok(f())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn userns() -> UserNamespace {
+        UserNamespace {
+            uid_map: vec![[0, 100_000, 1000], [1000, 5000, 10]],
+            gid_map: vec![[0, 200_000, 65536]],
+            setgroups_deny: true,
+        }
+    }
+
+    #[test]
+    fn ids_are_mapped_inside_by_their_line() {
+        let u = userns();
+        assert_eq!(UserNamespace::inside(&u.uid_map, 100_000), Some(0));
+        assert_eq!(UserNamespace::inside(&u.uid_map, 100_999), Some(999));
+        assert_eq!(UserNamespace::inside(&u.uid_map, 101_000), None);
+        assert_eq!(UserNamespace::inside(&u.uid_map, 5003), Some(1003));
+        assert_eq!(UserNamespace::inside(&u.uid_map, 0), None);
+    }
+
+    #[test]
+    fn mount_options_get_the_ids_inside() {
+        let u = userns();
+        assert_eq!(
+            options_inside("size=4k,uid=100005,gid=200006,mode=755", Some(&u)).unwrap(),
+            "size=4k,uid=5,gid=6,mode=755"
+        );
+        assert!(options_inside("uid=7", Some(&u)).is_err());
+        assert_eq!(options_inside("uid=7", None).unwrap(), "uid=7");
+    }
+
+    #[test]
+    fn credentials_are_given_as_inside_fixed_groups_left() {
+        let mut m = Manifest {
+            checkpoint: 1,
+            parent: None,
+            tool_version: String::new(),
+            created_unix: 0,
+            host: Default::default(),
+            root_pid: 1,
+            processes: vec![crate::testutil::image(1, 0, 1, 1)],
+            stats: Default::default(),
+            pipes: Vec::new(),
+            ghosts: Vec::new(),
+            sysv_shm: Vec::new(),
+            shm_files: Vec::new(),
+            cut: None,
+            namespaces: Some(Namespaces {
+                user: Some(userns()),
+                ..Default::default()
+            }),
+            shell_job: None,
+            content: None,
+        };
+        let c = &mut m.processes[0].creds;
+        c.uid = [100_001, 100_001, 5000, 100_000];
+        c.gid = [200_000; 4];
+        c.groups = vec![12345];
+        c.groups_fixed = true;
+        creds_inside(&mut m).unwrap();
+        let c = &m.processes[0].creds;
+        assert_eq!(c.uid, [1, 1, 1000, 0]);
+        assert_eq!(c.gid, [0; 4]);
+        assert_eq!(c.groups, vec![12345]);
+        m.processes[0].creds.uid[0] = 7;
+        assert!(creds_inside(&mut m).is_err());
     }
 }

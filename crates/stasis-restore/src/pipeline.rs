@@ -107,7 +107,8 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     // Processes of a tree abandoned half-built come back to us to be
     // reaped at once (not to an init that reaps late, keeping their PIDs).
     let _reaper = stasis_kernel::child::Subreaper::enable();
-    let (cp, plan) = load(store, opts.checkpoint)?;
+    let (mut cp, plan) = load(store, opts.checkpoint)?;
+    crate::ns::creds_inside(&mut cp.manifest)?;
     let m = &cp.manifest;
     // A shell job's terminal, before anything is built.
     let terminal = crate::shell_job::open(m, opts)?;
@@ -380,11 +381,18 @@ fn build_tree(b: &mut Build<'_>) -> Result<u64> {
     factory.set_terminal(b.terminal.map(|t| t.path.clone()));
     factory.set_content(b.content);
     stub::prepare_root(b)?;
-    // System V segments exist before anyone attaches them (in the tree's
-    // IPC namespace); so do the POSIX ones saved with `--shm-file`, before
-    // anyone maps them.
     let root_outer = b.root()?.t.pid();
+    // Files of a tree with a mount namespace of its own are opened there.
+    if m.namespaces.as_ref().is_some_and(|n| n.mnt.is_some()) {
+        factory.set_mount_ns_of(root_outer);
+    }
     crate::ns::in_ipc(m, root_outer, || sysv::prepare(&m.sysv_shm, b.content))??;
+    // (With its message queues and semaphore sets.)
+    if let Some(ns) = m.namespaces.as_ref().filter(|n| n.ipc) {
+        crate::ns::in_ipc(m, root_outer, || {
+            stasis_objects::sysv_ipc::restore(&ns.msg_queues, &ns.sem_sets)
+        })??;
+    }
     for p in stasis_objects::posix_shm::restore(&m.shm_files, Some(b.content))? {
         tracing::debug!(path = %p.display(), "POSIX shared memory object put back");
     }

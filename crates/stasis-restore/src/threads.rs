@@ -221,19 +221,22 @@ pub(crate) fn restore_creds<R: Remote>(s: &mut R, p: &ProcessImage) -> Result<()
 /// Groups, gids, uids.
 fn restore_ids<R: Remote>(s: &mut R, p: &ProcessImage) -> Result<()> {
     let c = &p.creds;
-    if c.uid == [0; 4] && c.gid == [0; 4] && c.groups.is_empty() {
+    if c.uid == [0; 4] && c.gid == [0; 4] && (c.groups.is_empty() || c.groups_fixed) {
         return Ok(());
     }
-    let groups: Vec<u8> = c.groups.iter().flat_map(|g| g.to_le_bytes()).collect();
-    let a = s
-        .put(build::SCRATCH_STRUCT, &groups)
-        .map_err(step("groups"))?;
-    s.sys(
-        "setgroups",
-        libc::SYS_setgroups,
-        &[c.groups.len() as u64, a],
-    )
-    .map_err(step("setgroups"))?;
+    // Fixed groups (setgroups denied in its user namespace) are inherited.
+    if !c.groups_fixed {
+        let groups: Vec<u8> = c.groups.iter().flat_map(|g| g.to_le_bytes()).collect();
+        let a = s
+            .put(build::SCRATCH_STRUCT, &groups)
+            .map_err(step("groups"))?;
+        s.sys(
+            "setgroups",
+            libc::SYS_setgroups,
+            &[c.groups.len() as u64, a],
+        )
+        .map_err(step("setgroups"))?;
+    }
     s.sys(
         "setresgid",
         libc::SYS_setresgid,

@@ -160,6 +160,16 @@ pub const SHM_DEST: u32 = 0o1000;
 /// Where the next System V segment's id is chosen (checkpoint/restore).
 pub const SHM_NEXT_ID: &str = "/proc/sys/kernel/shm_next_id";
 
+// --- System V message queues and semaphores (include/uapi/linux/msg.h) -----
+
+/// `msgrcv` flag: copy the message at index `msgtyp` without taking it
+/// off the queue (with `IPC_NOWAIT`; kernels with CHECKPOINT_RESTORE).
+pub const MSG_COPY: i32 = 0o40000;
+/// Where the next System V message queue's id is chosen.
+pub const MSG_NEXT_ID: &str = "/proc/sys/kernel/msg_next_id";
+/// Where the next System V semaphore set's id is chosen.
+pub const SEM_NEXT_ID: &str = "/proc/sys/kernel/sem_next_id";
+
 // --- structures passed by bytes ---------------------------------------------
 
 /// `struct flock` on x86-64.

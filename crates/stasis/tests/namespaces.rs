@@ -2,10 +2,12 @@
 //! `unshare --pid --fork --mount-proc --mount --uts --ipc --net` starts
 //! it) comes back in new ones of the same shape: the `namespaces` workload
 //! checks itself (PID 1, its children's PIDs, the host name, lo up, a
-//! System V segment of its IPC namespace, /proc listing only its
+//! System V segment, message queue (messages with their types) and
+//! semaphore set of its IPC namespace, /proc listing only its
 //! processes, a TCP listener and a loopback connection between two of its
 //! processes with bytes queued, a unix socket pair, a tmpfs on /mnt with a
-//! directory, a file and a link). And the shapes stasis cannot restore are refused before
+//! directory, a file and a link, the file and directory open, a unix
+//! listener bound there). And the shapes stasis cannot restore are refused before
 //! anything is stopped: the tree runs on untouched.
 
 mod common;
@@ -349,12 +351,132 @@ fn child_running(pid: i32, cmd: &str) -> Option<i32> {
         .find(|&p| cmdline_of(p).trim() == cmd)
 }
 
+/// A tree in a user namespace of its own (ids 0-65535 mapped to
+/// 100000-165535, setgroups denied) owning its PID, mount and UTS
+/// namespaces, running as uid and gid 1000 there, with a tmpfs file
+/// owned by 5:6 there: restored in a new user namespace with the same maps,
+/// the same credentials and owners, twice (checked from outside).
 #[test]
-fn refuses_a_user_namespace() {
+fn twice_keeps_a_user_namespace() {
+    use std::os::unix::fs::MetadataExt;
+    workloads();
+    // PID 1 of the new namespaces (root there) mounts its proc and a
+    // tmpfs, then runs as 1000.
+    let inner = "mount --make-rprivate / && mount -t proc proc /proc && \
+        hostname stasis-userns && mount -t tmpfs -o mode=755 u /mnt && \
+        echo hi >/mnt/f && chown 5:6 /mnt/f && \
+        exec setpriv --reuid=1000 --regid=1000 --keep-groups sleep 1000";
+    // unshare(1) would exec before the maps are written (and so lose
+    // every capability there): a process that waits for them first.
+    let creator = "import ctypes, os, sys, time\n\
+        libc = ctypes.CDLL(None, use_errno=True)\n\
+        if libc.unshare(0x10000000 | 0x20000000 | 0x00020000 | 0x04000000):\n    \
+            sys.exit('unshare: ' + os.strerror(ctypes.get_errno()))\n\
+        while '100000' not in open('/proc/self/uid_map').read():\n    time.sleep(0.02)\n\
+        os.setresgid(0, 0, 0)\nos.setresuid(0, 0, 0)\n\
+        pid = os.fork()\n\
+        if pid == 0:\n    os.execvp('sh', ['sh', '-c', sys.argv[1]])\n\
+        os.waitpid(pid, 0)\n";
+    let mut c = Command::new("python3");
+    c.args(["-c", creator, inner])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    close_inherited_fds(&mut c);
+    let _r = Refused {
+        unshare: c.spawn().expect("starting python3"),
+    };
+    let up = _r.unshare.id() as i32;
+    wait_until(
+        Duration::from_secs(10),
+        "the creator's user namespace",
+        || {
+            std::fs::read_link(format!("/proc/{up}/ns/user")).ok()
+                != std::fs::read_link("/proc/self/ns/user").ok()
+        },
+    );
+    std::fs::write(format!("/proc/{up}/setgroups"), "deny").unwrap();
+    std::fs::write(format!("/proc/{up}/uid_map"), "0 100000 65536").unwrap();
+    std::fs::write(format!("/proc/{up}/gid_map"), "0 100000 65536").unwrap();
+    let mut pid = 0;
+    wait_until(Duration::from_secs(10), "the tree to be set up", || {
+        pid = child_running(up, "sleep 1000").unwrap_or(0);
+        pid > 0
+    });
+    let words = |f: String| {
+        std::fs::read_to_string(f)
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let check = |pid: i32, round: &str| {
+        assert_eq!(
+            words(format!("/proc/{pid}/uid_map")),
+            "0 100000 65536",
+            "{round}"
+        );
+        assert_eq!(
+            words(format!("/proc/{pid}/gid_map")),
+            "0 100000 65536",
+            "{round}"
+        );
+        assert_eq!(words(format!("/proc/{pid}/setgroups")), "deny", "{round}");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        for f in ["Uid:", "Gid:"] {
+            let line = status.lines().find(|l| l.starts_with(f)).unwrap();
+            assert_eq!(
+                line.split_whitespace().skip(1).collect::<Vec<_>>(),
+                ["101000"; 4],
+                "{round}: {line}"
+            );
+        }
+        assert_ne!(
+            std::fs::read_link(format!("/proc/{pid}/ns/user")).unwrap(),
+            std::fs::read_link("/proc/self/ns/user").unwrap(),
+            "{round}"
+        );
+        let f = std::fs::metadata(format!("/proc/{pid}/root/mnt/f")).unwrap();
+        assert_eq!((f.uid(), f.gid()), (100005, 100006), "{round}");
+        assert_eq!(
+            std::fs::read(format!("/proc/{pid}/root/mnt/f")).unwrap(),
+            b"hi\n"
+        );
+    };
+    check(pid, "before");
+    let img = tempfile::tempdir().unwrap();
+    for round in 1..=2 {
+        let o = stasis()
+            .args(["dump", "-t", &pid.to_string(), "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("dump round {round}"));
+        if round > 1 {
+            waitpid_timeout(pid, Duration::from_secs(30));
+        }
+        let o = stasis()
+            .args(["restore", "--detach", "--json", "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("restore round {round}"));
+        pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
+        check(pid, &format!("round {round}"));
+    }
+    // SAFETY: killing the restored tree (PID 1 of its namespace).
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    waitpid_timeout(pid, Duration::from_secs(30));
+}
+
+/// A user namespace without maps (nothing could be restored in it).
+#[test]
+fn refuses_a_user_namespace_without_maps() {
     refused(
-        &["--user", "--map-root-user", "sleep", "1000"],
+        &["--user", "sleep", "1000"],
         |up| (cmdline_of(up).trim() == "sleep 1000").then_some(up),
-        "it is in a user namespace of its own",
+        "its user namespace has an empty uid_map",
     );
 }
 
@@ -410,8 +532,10 @@ fn refuses_a_ramfs_mount() {
     );
 }
 
+/// A deleted file of a tmpfs of its own, still open (deleted files are
+/// made again in the restorer's mount namespace).
 #[test]
-fn refuses_a_file_open_in_a_tmpfs_mount() {
+fn refuses_a_deleted_file_open_in_a_tmpfs_mount() {
     refused(
         &[
             "--pid",
@@ -420,10 +544,10 @@ fn refuses_a_file_open_in_a_tmpfs_mount() {
             "--mount",
             "sh",
             "-c",
-            "mount -t tmpfs stasis-test /mnt && exec sleep 1000 3>/mnt/f",
+            "mount -t tmpfs stasis-test /mnt && exec 3>/mnt/f && rm /mnt/f && exec sleep 1000",
         ],
         |up| child_running(up, "sleep 1000"),
-        "fd 3 is open on /mnt/f, in its tmpfs mount on /mnt",
+        "fd 3 is open on /mnt/f (deleted), in its tmpfs mount on /mnt",
     );
 }
 
@@ -444,33 +568,19 @@ fn refuses_an_interface_other_than_loopback() {
     );
 }
 
-#[test]
-fn refuses_a_message_queue_in_an_ipc_namespace_of_its_own() {
-    refused(
-        &[
-            "--pid",
-            "--fork",
-            "--mount-proc",
-            "--ipc",
-            "sh",
-            "-c",
-            "ipcmk -Q >/dev/null && exec sleep 1000",
-        ],
-        |up| child_running(up, "sleep 1000"),
-        "System V message queue(s)",
-    );
-}
-
 /// A bind mount of a host directory in the tree's mount namespace is made
-/// again in the new one (a plain `sleep` tree: what it sees is checked
-/// from outside, through its root).
+/// again in the new one, and a file open there is reopened in it (a plain
+/// `sleep` tree: what it sees is checked from outside, through its root
+/// and its fd).
 #[test]
 fn twice_keeps_a_bind_mount() {
+    // Restored trees (detached) are reparented to this process.
+    workloads();
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("marker"), b"bound here").unwrap();
     let mut c = Command::new("unshare");
     c.args(["--pid", "--fork", "--mount-proc", "--mount", "sh", "-c"])
-        .arg("mount --bind \"$0\" /srv && exec sleep 1000")
+        .arg("mount --bind \"$0\" /srv && exec sleep 1000 3</srv/marker")
         .arg(dir.path())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -506,6 +616,12 @@ fn twice_keeps_a_bind_mount() {
         assert_ok(&o, &format!("restore round {round}"));
         pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
         assert_eq!(seen(pid), b"bound here", "round {round}");
+        // Its fd 3 is on the file under the bind mount (reopened in the
+        // restored mount namespace: /srv/marker is not the restorer's).
+        let link = std::fs::read_link(format!("/proc/{pid}/fd/3")).unwrap_or_default();
+        assert_eq!(link, PathBuf::from("/srv/marker"), "round {round}");
+        let through_fd = std::fs::read(format!("/proc/{pid}/fd/3")).unwrap_or_default();
+        assert_eq!(through_fd, b"bound here", "round {round}");
         let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
         assert!(
             info.lines()
@@ -585,6 +701,175 @@ fn a_tmpfs_file_of_80_mib_comes_back() {
         want.len()
     );
     assert!(blocks < 82 << 20, "{blocks} bytes allocated: holes filled");
+}
+
+/// The mounts a container runtime makes, in the tree's mount namespace:
+/// a tmpfs (as /dev) holding a device node, a FIFO, a link, a private
+/// directory and a file a device is bound on; nested in it a devpts
+/// instance, an mqueue and a read-only tmpfs with a file; a sysfs of the
+/// tree's network namespace, read-only. Made again in the new namespace,
+/// in order, twice (checked from outside, through the tree's root).
+#[test]
+fn twice_keeps_container_mounts() {
+    // Restored trees (detached) are reparented to this process.
+    workloads();
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let script = "mount -t tmpfs -o mode=755,size=1m stasis-dev /mnt && \
+        mkdir /mnt/pts /mnt/mqueue /mnt/shm /mnt/priv && chmod 0700 /mnt/priv && \
+        chown 1:2 /mnt/priv && mknod -m 0666 /mnt/null c 1 3 && \
+        mkfifo -m 0640 /mnt/fifo && ln -s /proc/self/fd /mnt/fd && touch /mnt/bound && \
+        mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts /mnt/pts && \
+        mount -t mqueue mqueue /mnt/mqueue && \
+        mount -t tmpfs -o size=64k shm /mnt/shm && echo hi >/mnt/shm/x && \
+        mount -o remount,bind,ro /mnt/shm && mount --bind /dev/null /mnt/bound && \
+        mount -t sysfs -o ro,nosuid sysfs /sys && exec sleep 1000";
+    let mut c = Command::new("unshare");
+    c.args([
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "--mount",
+        "--ipc",
+        "--net",
+        "sh",
+        "-c",
+        script,
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    close_inherited_fds(&mut c);
+    let _r = Refused {
+        unshare: c.spawn().expect("starting unshare"),
+    };
+    let up = _r.unshare.id() as i32;
+    let mut pid = 0;
+    wait_until(Duration::from_secs(10), "the tree to be set up", || {
+        pid = child_running(up, "sleep 1000").unwrap_or(0);
+        pid > 0
+    });
+    let check = |pid: i32, round: &str| {
+        let root = format!("/proc/{pid}/root");
+        let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+        // (type, per-mount options) of the last mount on `at`.
+        let mount = |at: &str| {
+            info.lines()
+                .rfind(|l| l.split_whitespace().nth(4) == Some(at))
+                .map(|l| {
+                    let (a, b) = l.split_once(" - ").unwrap();
+                    let kind = b.split_whitespace().next().unwrap().to_string();
+                    (kind, a.split_whitespace().nth(5).unwrap().to_string())
+                })
+                .unwrap_or_default()
+        };
+        assert_eq!(mount("/mnt").0, "tmpfs", "{round}: {info}");
+        assert_eq!(mount("/mnt/pts").0, "devpts", "{round}: {info}");
+        assert_eq!(mount("/mnt/mqueue").0, "mqueue", "{round}: {info}");
+        let shm = mount("/mnt/shm");
+        assert_eq!(shm.0, "tmpfs", "{round}: {info}");
+        assert!(shm.1.split(',').any(|o| o == "ro"), "{round}: {info}");
+        let sys = mount("/sys");
+        assert_eq!(sys.0, "sysfs", "{round}: {info}");
+        assert!(sys.1.split(',').any(|o| o == "ro"), "{round}: {info}");
+        assert!(sys.1.split(',').any(|o| o == "nosuid"), "{round}: {info}");
+        assert_eq!(mount("/mnt/bound").0, "devtmpfs", "{round}: {info}");
+        let md = |p: &str| std::fs::symlink_metadata(format!("{root}{p}")).unwrap();
+        let null = md("/mnt/null");
+        assert!(null.file_type().is_char_device(), "{round}");
+        assert_eq!(
+            (null.rdev(), null.mode() & 0o7777),
+            (libc::makedev(1, 3), 0o666),
+            "{round}"
+        );
+        let fifo = md("/mnt/fifo");
+        assert!(fifo.file_type().is_fifo(), "{round}");
+        assert_eq!(fifo.mode() & 0o7777, 0o640, "{round}");
+        let privd = md("/mnt/priv");
+        assert_eq!(
+            (privd.mode() & 0o7777, privd.uid(), privd.gid()),
+            (0o700, 1, 2),
+            "{round}"
+        );
+        assert_eq!(
+            std::fs::read_link(format!("{root}/mnt/fd")).unwrap(),
+            PathBuf::from("/proc/self/fd"),
+            "{round}"
+        );
+        assert_eq!(
+            std::fs::read(format!("{root}/mnt/shm/x")).unwrap(),
+            b"hi\n",
+            "{round}"
+        );
+        assert!(md("/mnt/pts/ptmx").file_type().is_char_device(), "{round}");
+        // The sysfs is of the tree's network namespace: only lo.
+        let nets: Vec<String> = std::fs::read_dir(format!("{root}/sys/class/net"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(nets, vec!["lo".to_string()], "{round}");
+    };
+    check(pid, "before");
+    let img = tempfile::tempdir().unwrap();
+    for round in 1..=2 {
+        let o = stasis()
+            .args(["dump", "-t", &pid.to_string(), "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("dump round {round}"));
+        if round > 1 {
+            waitpid_timeout(pid, Duration::from_secs(30));
+        }
+        let o = stasis()
+            .args(["restore", "--detach", "--json", "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("restore round {round}"));
+        pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
+        check(pid, &format!("round {round}"));
+    }
+    // SAFETY: killing the restored tree (PID 1 of its namespace).
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    waitpid_timeout(pid, Duration::from_secs(30));
+}
+
+/// A mount on / of its own (what pivot_root leaves): its root is not
+/// the restorer's.
+#[test]
+fn refuses_a_root_of_its_own() {
+    refused(
+        &[
+            "--mount",
+            "sh",
+            "-c",
+            // /usr as the new root (the old one put on its empty /usr/src).
+            "mount --make-rprivate / && mount --bind /usr /mnt && cd /mnt && \
+             pivot_root . src && exec /bin/sleep 1000",
+        ],
+        |up| (cmdline_of(up).trim() == "/bin/sleep 1000").then_some(up),
+        "its mount namespace has a root of its own",
+    );
+}
+
+/// A devpts instance of its own with a terminal open in it (ptys are made
+/// again from the restorer's /dev/ptmx).
+#[test]
+fn refuses_a_terminal_of_its_own_devpts() {
+    refused(
+        &[
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--mount",
+            "sh",
+            "-c",
+            "mount -t devpts -o newinstance,ptmxmode=0666 devpts /mnt && exec 3<>/mnt/ptmx && exec sleep 1000",
+        ],
+        |up| child_running(up, "sleep 1000"),
+        "holds the terminal 0",
+    );
 }
 
 /// Tracked dumps of the tree are incremental (the parent's processes are

@@ -53,6 +53,7 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
             gid: [1000; 4],
             groups: vec![4, 27],
             caps: None,
+            groups_fixed: false,
         },
         rlimits: vec![Rlimit {
             resource: 7,

@@ -13,10 +13,10 @@ use stasis_image::manifest::{FdImage, FdKind, UnixSocket, UnixState};
 use stasis_kernel::sock::unixq::{self, UnixMsg};
 use stasis_kernel::{fdops, sock, sockdiag, KernelError};
 
-mod name;
+pub(crate) mod name;
 mod scm;
 
-use name::{bind_unix, connect_unix, forget_name, socket_file};
+use name::{bind_unix, connect_unix, forget_name, socket_file, Place};
 pub(crate) use scm::{in_flight, link as link_in_flight};
 
 use crate::socket::{save_options, set_options};
@@ -333,7 +333,7 @@ fn restore(cx: &mut RestoreCtx<'_>, fd: i32, u: &UnixSocket) -> Result<OwnedFd, 
         // A connection waiting on a listener: made with the listener.
         return client(cx, fd, u, l);
     }
-    let cwd = cx.cwd.clone();
+    let cwd = cx.place();
     let s = match &u.state {
         UnixState::Listening { backlog } => listener(cx, fd, u, *backlog)?,
         UnixState::Connected { peer, .. } if *peer == u.ino => self_connected(cx, fd, u, &cwd)?,
@@ -384,7 +384,7 @@ fn pair(
     u: &UnixSocket,
     peer_img: &UnixSocket,
 ) -> Result<(OwnedFd, OwnedFd), RestoreError> {
-    let cwd = &cx.cwd.clone();
+    let cwd = &cx.place();
     let (a, b) = sock::unix_pair(u.sock_type)?;
     set_options(&a, &u.options);
     set_options(&b, &peer_img.options);
@@ -410,7 +410,7 @@ fn unconnected(
     cx: &mut RestoreCtx<'_>,
     fd: i32,
     u: &UnixSocket,
-    cwd: &str,
+    cwd: &Place,
 ) -> Result<OwnedFd, RestoreError> {
     let s = new_socket(u)?;
     if let Some(n) = name_of(u) {
@@ -428,7 +428,7 @@ fn connect_clients(
     fd: i32,
     u: &UnixSocket,
     n: &[u8],
-    cwd: &str,
+    cwd: &Place,
 ) -> Result<(), RestoreError> {
     refill_by_name(cx, fd, u, n, cwd)?;
     let clients: Vec<&UnixSocket> = cx
@@ -460,7 +460,7 @@ fn listener(
     u: &UnixSocket,
     backlog: u32,
 ) -> Result<OwnedFd, RestoreError> {
-    let cwd = cx.cwd.clone();
+    let cwd = cx.place();
     let s = new_socket(u)?;
     let name = u.name.as_deref().unwrap_or_default();
     while_bound(fd, &s, u, name, &cwd, || {
@@ -480,7 +480,7 @@ fn connect_waiting(
     fd: i32,
     u: &UnixSocket,
     name: &[u8],
-    cwd: &str,
+    cwd: &Place,
 ) -> Result<(), RestoreError> {
     for c in &u.pending {
         let img = cx.unix_images.get(c).copied().ok_or_else(|| {
@@ -504,7 +504,7 @@ fn self_connected(
     cx: &mut RestoreCtx<'_>,
     fd: i32,
     u: &UnixSocket,
-    cwd: &str,
+    cwd: &Place,
 ) -> Result<OwnedFd, RestoreError> {
     let s = new_socket(u)?;
     let n = name_of(u).ok_or_else(|| {
@@ -557,7 +557,7 @@ fn named_and_refilled(
     fd: i32,
     s: &OwnedFd,
     img: &UnixSocket,
-    cwd: &str,
+    cwd: &Place,
 ) -> Result<(), RestoreError> {
     let Some(n) = name_of(img) else {
         if img.queue.is_empty() {
@@ -573,7 +573,7 @@ fn named_and_refilled(
 
 /// Binds `s` to `img`'s name, if it has one; a name the program had
 /// unlinked (or whose directory is gone) is unlinked again at once.
-fn give_name(fd: i32, s: &OwnedFd, img: &UnixSocket, cwd: &str) -> Result<(), RestoreError> {
+fn give_name(fd: i32, s: &OwnedFd, img: &UnixSocket, cwd: &Place) -> Result<(), RestoreError> {
     let Some(n) = name_of(img) else {
         return Ok(());
     };
@@ -589,7 +589,7 @@ fn while_bound<T>(
     s: &OwnedFd,
     img: &UnixSocket,
     n: &[u8],
-    cwd: &str,
+    cwd: &Place,
     while_named: impl FnOnce() -> Result<T, RestoreError>,
 ) -> Result<T, RestoreError> {
     let dirs =
@@ -608,7 +608,7 @@ fn refill_by_name(
     fd: i32,
     img: &UnixSocket,
     n: &[u8],
-    cwd: &str,
+    cwd: &Place,
 ) -> Result<(), RestoreError> {
     if img.queue.is_empty() {
         return Ok(());

@@ -50,31 +50,52 @@ fn sockaddr_un(name: &[u8]) -> Vec<u8> {
     a
 }
 
+/// Where the names of a process's sockets resolve: its working directory,
+/// in the mount namespace of process `mnt` (the restored tree's own) if
+/// set, else the restorer's.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Place {
+    pub(crate) cwd: String,
+    pub(crate) mnt: Option<i32>,
+}
+
 /// Runs `f` with `name` resolvable: a relative path name is used from
-/// `cwd` (the process's working directory), in a thread with its own
-/// working directory (`unshare(CLONE_FS)`), so the socket keeps the very
-/// name the process gave it.
+/// the working directory of `at`, in a thread with its own working
+/// directory (`unshare(CLONE_FS)`), so the socket keeps the very name the
+/// process gave it; a path name in the tree's mount namespace from a
+/// thread moved into it.
 fn at_cwd<T>(
     name: &[u8],
-    cwd: &str,
+    at: &Place,
     f: impl FnOnce() -> std::io::Result<T> + Send,
 ) -> std::io::Result<T>
 where
     T: Send,
 {
-    let relative = matches!(name.first(), Some(&c) if c != 0 && c != b'/');
-    if !relative || cwd.is_empty() {
-        return f();
+    let path = matches!(name.first(), Some(&c) if c != 0);
+    let relative = path && name.first() != Some(&b'/') && !at.cwd.is_empty();
+    match at.mnt {
+        Some(pid) if path => {
+            let cwd = &at.cwd;
+            stasis_kernel::ns::in_namespaces_of(pid, &[stasis_kernel::ns::NsKind::Mnt], || {
+                if relative {
+                    nix::unistd::chdir(cwd.as_str())?;
+                }
+                f()
+            })
+            .map_err(|e| std::io::Error::other(e.to_string()))?
+        }
+        _ if relative => std::thread::scope(|sc| {
+            sc.spawn(|| {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS)?;
+                nix::unistd::chdir(at.cwd.as_str())?;
+                f()
+            })
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("socket thread panicked")))
+        }),
+        _ => f(),
     }
-    std::thread::scope(|sc| {
-        sc.spawn(|| {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS)?;
-            nix::unistd::chdir(cwd)?;
-            f()
-        })
-        .join()
-        .unwrap_or_else(|_| Err(std::io::Error::other("socket thread panicked")))
-    })
 }
 
 /// Binds a unix socket; a stale socket file left at the path by the dumped
@@ -85,7 +106,7 @@ where
 pub(super) fn bind_unix(
     s: &OwnedFd,
     name: &[u8],
-    cwd: &str,
+    cwd: &Place,
     owner: Option<(u32, u32, u32)>,
     deleted: bool,
 ) -> std::io::Result<Dirs> {
@@ -178,7 +199,7 @@ impl Dirs {
 
 /// Removes the socket file of path name `name` (the program had unlinked
 /// it), then the directories made to bind it.
-pub(super) fn forget_name(name: &[u8], cwd: &str, dirs: Dirs) -> std::io::Result<()> {
+pub(super) fn forget_name(name: &[u8], cwd: &Place, dirs: Dirs) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
     if end == 0 {
@@ -226,6 +247,6 @@ fn remove_dirs(made: &[std::path::PathBuf]) {
     }
 }
 
-pub(super) fn connect_unix(s: &OwnedFd, name: &[u8], cwd: &str) -> std::io::Result<()> {
+pub(super) fn connect_unix(s: &OwnedFd, name: &[u8], cwd: &Place) -> std::io::Result<()> {
     at_cwd(name, cwd, || sock::connect(s.as_fd(), &sockaddr_un(name)))
 }
