@@ -290,9 +290,14 @@ fn collect_live(
     {
         stasis_objects::io_uring::check_areas(fp.pid)?;
     }
-    for v in &planned.plan.vmas {
-        if let VmaKind::SysvShm { shmid } = v.kind {
-            collector.capture_sysv(fp.pid, shmid, v.start, v.end)?;
+    for v in &mut planned.plan.vmas {
+        if let VmaKind::SysvShm {
+            shmid,
+            offset,
+            ref mut partial,
+        } = v.kind
+        {
+            *partial = collector.capture_sysv(fp.pid, shmid, (v.start, v.end), offset)?;
         }
     }
     collector.add_process(fp.pid)?;

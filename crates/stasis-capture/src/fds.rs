@@ -91,8 +91,14 @@ impl FdCollector {
     }
 
     /// See [`SaveCtx::capture_sysv`].
-    pub fn capture_sysv(&mut self, pid: i32, shmid: i32, start: u64, end: u64) -> Result<()> {
-        Ok(self.0.capture_sysv(pid, shmid, start, end)?)
+    pub fn capture_sysv(
+        &mut self,
+        pid: i32,
+        shmid: i32,
+        area: (u64, u64),
+        offset: u64,
+    ) -> Result<bool> {
+        Ok(self.0.capture_sysv(pid, shmid, area, offset)?)
     }
 
     /// See [`SaveCtx::capture_mapped_ghost`].

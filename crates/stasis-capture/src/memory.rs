@@ -37,6 +37,9 @@ pub fn vma_kind(m: &proc::MapsEntry) -> Result<Option<VmaKind>, UnsupportedArea>
                     m.start, m.end, m.ino
                 ))
             })?,
+            offset: m.offset,
+            // (Known once the segment's size is: `SaveCtx::capture_sysv`.)
+            partial: false,
         },
         "/[aio] (deleted)" if m.shared => VmaKind::Aio,
         // Saved with the instance's fd (`stasis_objects::io_uring`).

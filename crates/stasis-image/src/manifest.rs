@@ -96,9 +96,10 @@ fn later_mounts(n: &Namespaces) -> bool {
     })
 }
 
-/// Manifest format version written when [`Manifest::shell_job`] is set, or
-/// a TCP socket is [`InetState::Unaccepted`] (a reader that predates them
-/// would not know those fds' kind): the same as
+/// Manifest format version written when [`Manifest::shell_job`] is set, a
+/// TCP socket is [`InetState::Unaccepted`], or a System V attachment is
+/// partial (a reader that predates them would not know those fds' kind,
+/// or attach the whole segment): the same as
 /// [`NAMESPACE_OBJECTS_MANIFEST_VERSION`], both new in one release.
 pub const SHELL_JOB_MANIFEST_VERSION: u32 = 4;
 
@@ -116,6 +117,12 @@ impl Manifest {
     /// The format version this manifest's content calls for: the oldest
     /// whose readers know everything it holds.
     pub fn format_version(&self) -> u32 {
+        let partial_sysv = || {
+            self.processes
+                .iter()
+                .flat_map(|p| &p.vmas)
+                .any(|v| matches!(v.kind, VmaKind::SysvShm { partial: true, .. }))
+        };
         let unaccepted = || {
             self.processes.iter().flat_map(|p| &p.fds).any(|f| {
                 matches!(
@@ -139,7 +146,7 @@ impl Manifest {
         };
         if self.content.is_some() || sized_tmpfs() {
             CONTENT_MANIFEST_VERSION
-        } else if self.shell_job.is_some() || unaccepted() {
+        } else if self.shell_job.is_some() || unaccepted() || partial_sysv() {
             SHELL_JOB_MANIFEST_VERSION
         } else if self.namespaces.as_ref().is_some_and(|n| {
             !n.msg_queues.is_empty()
@@ -792,9 +799,18 @@ pub enum VmaKind {
         dev: u64,
         ino: u64,
     },
-    /// A System V shared memory segment attached whole (`shmat`); the
-    /// segment is in `Manifest::sysv_shm`.
-    SysvShm { shmid: i32 },
+    /// A System V shared memory segment attached (`shmat`); the segment is
+    /// in `Manifest::sysv_shm`. `partial`: the area maps only part of it,
+    /// from byte `offset` (what is left of an attachment the program
+    /// unmapped in part, or moved): attached whole elsewhere, that part
+    /// moved to the area, the rest detached. Manifest version 4.
+    SysvShm {
+        shmid: i32,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        offset: u64,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        partial: bool,
+    },
     /// A mapping of a file without a name (deleted while mapped, or a
     /// memfd); its content is in `Manifest::ghosts` under `id`.
     Ghost {

@@ -40,16 +40,20 @@ fn row(table: &str, shmid: i32) -> Option<Vec<u64>> {
 }
 
 impl SaveCtx {
-    /// Saves a System V segment `pid` attaches at `start..end` (once).
+    /// Saves a System V segment `pid` attaches at `start..end` from byte
+    /// `offset` (once; whole, whatever part is attached: the mapping's
+    /// file is the segment). Returns whether the area maps only part of
+    /// it.
     pub fn capture_sysv(
         &mut self,
         pid: i32,
         shmid: i32,
-        start: u64,
-        end: u64,
-    ) -> Result<(), SaveError> {
-        if self.sysv.iter().any(|s| s.shmid == shmid) {
-            return Ok(());
+        (start, end): (u64, u64),
+        offset: u64,
+    ) -> Result<bool, SaveError> {
+        let partial = |size: u64| offset != 0 || end - start != size.div_ceil(4096) * 4096;
+        if let Some(s) = self.sysv.iter().find(|s| s.shmid == shmid) {
+            return Ok(partial(s.size));
         }
         // The table of the process's IPC namespace (read from inside it,
         // if it is not ours).
@@ -67,8 +71,8 @@ impl SaveCtx {
         })?;
         let row = row(&table, shmid).ok_or_else(|| SaveError::Unsupported { pid, what: format!("System V segment {shmid} is not listed in /proc/sysvipc/shm (another IPC namespace?)") })?;
         let (key, mode, size, uid, gid) = (row[0], row[2], row[3], row[7], row[8]);
-        if end - start != size.div_ceil(4096) * 4096 {
-            return Err(SaveError::Unsupported { pid, what: format!("area {start:#x}-{end:#x} maps part of System V segment {shmid} ({size} bytes); stasis restores whole attachments only") });
+        if offset + (end - start) > size.div_ceil(4096) * 4096 {
+            return Err(SaveError::Unsupported { pid, what: format!("area {start:#x}-{end:#x} maps System V segment {shmid} ({size} bytes) from byte {offset}, beyond its end") });
         }
         let name = format!("map_files/{start:x}-{end:x}");
         let (_, content) = read_sparse(pid, &name)?;
@@ -84,7 +88,7 @@ impl SaveCtx {
             size,
             extents: Vec::new(),
         });
-        Ok(())
+        Ok(partial(size))
     }
 }
 

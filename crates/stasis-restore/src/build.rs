@@ -176,7 +176,11 @@ pub fn map_vma<R: Remote>(
                 vma.start, vma.end
             )))?
         }
-        VmaKind::SysvShm { shmid } => {
+        VmaKind::SysvShm {
+            shmid,
+            offset,
+            partial,
+        } => {
             let mut flags = 0u64;
             if vma.prot & libc::PROT_WRITE.unsigned_abs() == 0 {
                 flags |= u64::from(libc::SHM_RDONLY.unsigned_abs());
@@ -184,15 +188,19 @@ pub fn map_vma<R: Remote>(
             if vma.prot & libc::PROT_EXEC.unsigned_abs() != 0 {
                 flags |= u64::from(libc::SHM_EXEC.unsigned_abs());
             }
-            r.sys(
-                "shmat",
-                libc::SYS_shmat,
-                &[sarg(i64::from(*shmid)), vma.start, flags],
-            )
-            .map_err(step(format!(
-                "attaching System V segment {shmid} at {:#x}",
-                vma.start
-            )))?
+            if *partial {
+                attach_part(r, vma, (*shmid, *offset), flags)?
+            } else {
+                r.sys(
+                    "shmat",
+                    libc::SYS_shmat,
+                    &[sarg(i64::from(*shmid)), vma.start, flags],
+                )
+                .map_err(step(format!(
+                    "attaching System V segment {shmid} at {:#x}",
+                    vma.start
+                )))?
+            }
         }
         VmaKind::Ghost { name, offset, .. } => {
             // The caller handed the rebuilt file over as `file_fd`.
@@ -235,6 +243,48 @@ pub fn map_vma<R: Remote>(
     install_guards(r, vma)?;
     lock(r, vma)?;
     Ok(filled)
+}
+
+/// Part of System V segment `shmid`, from byte `offset`, at the area of
+/// `vma`: the segment attached whole where the kernel finds room, that
+/// part moved to the area (`mremap`), the rest detached (`shmdt` at the
+/// attachment's address takes what is left of it there). Returns the
+/// area's address.
+fn attach_part<R: Remote>(
+    r: &mut R,
+    vma: &Vma,
+    (shmid, offset): (i32, u64),
+    flags: u64,
+) -> Result<u64, RestoreError> {
+    let what = || {
+        format!(
+            "attaching bytes {offset}.. of System V segment {shmid} at {:#x}-{:#x}",
+            vma.start, vma.end
+        )
+    };
+    let len = vma.end - vma.start;
+    let at = r
+        .sys(
+            "shmat",
+            libc::SYS_shmat,
+            &[sarg(i64::from(shmid)), 0, flags],
+        )
+        .map_err(step(what()))?;
+    let moved = r.sys(
+        "mremap",
+        libc::SYS_mremap,
+        &[
+            at + offset,
+            len,
+            len,
+            u64::from((libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED).unsigned_abs()),
+            vma.start,
+        ],
+    );
+    // What is left of the attachment at `at` (nothing if the part was all
+    // of its start and end: then `shmdt` finds none, which is fine).
+    let _ = r.sys("shmdt", libc::SYS_shmdt, &[at]);
+    moved.map_err(step(what()))
 }
 
 /// Maps the areas of `vmas` that map a socket's rings from the socket's

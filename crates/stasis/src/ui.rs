@@ -410,7 +410,14 @@ fn vma_line(v: &stasis_image::manifest::Vma, pack: Option<&stasis_image::PackRea
             }
         }
         VmaKind::File { path, offset, .. } => format!("{path} @{offset:#x}"),
-        VmaKind::SysvShm { shmid } => format!("System V segment {shmid}"),
+        VmaKind::SysvShm {
+            shmid,
+            partial: false,
+            ..
+        } => format!("System V segment {shmid}"),
+        VmaKind::SysvShm { shmid, offset, .. } => {
+            format!("System V segment {shmid} from byte {offset}")
+        }
         VmaKind::Ghost { name, offset, .. } => {
             format!("{name} (deleted, content saved) @{offset:#x}")
         }

@@ -177,6 +177,7 @@ workload_tests! {
     scm_kinds: "scm_kinds";
     fdtable_relay: "fdtable_relay";
     tcp_pending: "tcp_pending";
+    sysv_parts: "sysv_parts";
     unix_pending: "unix_pending";
     netlink: "netlink";
     sockopts: "sockopts";
