@@ -301,6 +301,30 @@ fn collect_live(
         }
     }
     collector.add_process(fp.pid)?;
+    // A userfaultfd of the program: its areas are filled by the restore
+    // itself (no lazy filler), and Stasis's own userfaultfd (tracking,
+    // write-protected copies) cannot share them.
+    let uffd = collector.uffd_ranges(fp.pid);
+    if !uffd.is_empty() {
+        let ours = fr
+            .tracker
+            .as_ref()
+            .is_some_and(|t| t.backend().name() == "uffd")
+            || fr.strategy.method() == Some("uffd")
+            || fr.strategy.track_name() == Some("uffd");
+        if ours {
+            return Err(stasis_objects::SaveError::Unsupported {
+                pid: fp.pid,
+                what: "it has a userfaultfd of its own over its memory, which stasis's userfaultfd write tracking or write-protected copy cannot share: dump it with --track hash (or soft-dirty, where the kernel keeps it) and --cow-method fork".into(),
+            }
+            .into());
+        }
+        for v in &mut planned.plan.vmas {
+            if uffd.iter().any(|&(s, e)| s < v.end && v.start < e) {
+                v.flags |= stasis_sys::vmflags::USERFAULTFD;
+            }
+        }
+    }
     tracing::debug!(
         pid = fp.pid,
         plan_us,

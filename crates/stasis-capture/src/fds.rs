@@ -75,6 +75,11 @@ impl FdCollector {
         self.0.take_shell_job()
     }
 
+    /// See [`SaveCtx::uffd_ranges`].
+    pub fn uffd_ranges(&self, pid: i32) -> Vec<(u64, u64)> {
+        self.0.uffd_ranges(pid)
+    }
+
     /// See [`SaveCtx::check_ghost_watches`].
     pub fn check_ghost_watches(&self) -> Result<()> {
         Ok(self.0.check_ghost_watches()?)

@@ -117,6 +117,12 @@ impl Manifest {
     /// The format version this manifest's content calls for: the oldest
     /// whose readers know everything it holds.
     pub fn format_version(&self) -> u32 {
+        let uffd = || {
+            self.processes
+                .iter()
+                .flat_map(|p| &p.fds)
+                .any(|f| matches!(f.kind, FdKind::Userfaultfd(_)))
+        };
         let partial_sysv = || {
             self.processes
                 .iter()
@@ -146,7 +152,7 @@ impl Manifest {
         };
         if self.content.is_some() || sized_tmpfs() {
             CONTENT_MANIFEST_VERSION
-        } else if self.shell_job.is_some() || unaccepted() || partial_sysv() {
+        } else if self.shell_job.is_some() || unaccepted() || partial_sysv() || uffd() {
             SHELL_JOB_MANIFEST_VERSION
         } else if self.namespaces.as_ref().is_some_and(|n| {
             !n.msg_queues.is_empty()
@@ -1044,11 +1050,29 @@ pub enum FdKind {
     /// An io_uring instance with no request in flight (`crate` docs of
     /// `stasis_objects::io_uring`).
     IoUring(IoUringRing),
+    /// A userfaultfd of the program, with the areas it registers and the
+    /// pages it write-protects (`stasis_objects::userfaultfd`). Manifest
+    /// version 4.
+    Userfaultfd(UffdImage),
     /// An fd on the terminal of a shell job ([`Manifest::shell_job`]):
     /// the controlling terminal of the tree's session, whose master and
     /// session leader are outside the tree. Opened again on the terminal
     /// of `stasis restore --shell-job`: its device (`current`: `/dev/tty`).
     ExternalTty { current: bool },
+}
+
+/// A userfaultfd: what `UFFDIO_API` was given, the areas registered with
+/// it and the pages write-protected.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UffdImage {
+    /// The features the program asked for (`UFFDIO_API`); `None`: it never
+    /// made the handshake.
+    pub features: Option<u64>,
+    /// The areas registered: `(start, end, UFFDIO_REGISTER_MODE_* bits)`.
+    pub ranges: Vec<(u64, u64, u64)>,
+    /// The pages of its write-protect areas that were write-protected at
+    /// the dump (`(start, end)`, page-aligned, sorted).
+    pub protected: Vec<(u64, u64)>,
 }
 
 /// The terminal of a shell job (`dump --shell-job`): the tree runs in a

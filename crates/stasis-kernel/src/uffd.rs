@@ -103,6 +103,11 @@ impl Userfaultfd {
         self.features
     }
 
+    /// The descriptor, given up.
+    pub fn into_fd(self) -> OwnedFd {
+        self.fd
+    }
+
     /// The descriptor.
     pub fn fd(&self) -> &OwnedFd {
         &self.fd

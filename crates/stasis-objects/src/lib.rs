@@ -28,6 +28,7 @@
 //! | packet socket | [`packet`] |
 //! | pseudo-terminal pair | [`pty`] |
 //! | the terminal of a shell job (`--shell-job`) | [`shell_job`] |
+//! | userfaultfd | [`userfaultfd`] |
 //! | TCP/UDP socket | [`inet`] (listening, UDP), [`tcp`] (established: `TCP_REPAIR`) |
 //! | socket options, the accept gate | [`socket`] |
 //! | flock/POSIX/OFD locks | [`locks`] |
@@ -74,6 +75,7 @@ pub mod sysv_ipc;
 pub mod tcp;
 pub mod timerfd;
 pub mod unix;
+pub mod userfaultfd;
 
 pub use error::{RestoreError, SaveError};
 pub use restore::{plant, FdRef, RestoreCtx, Scratch};
@@ -153,6 +155,7 @@ pub const REGISTRY: &[Entry] = &[
     entry::<pipe::Fifo>(),
     entry::<pty::Pty>(),
     entry::<shell_job::ShellJobTty>(),
+    entry::<userfaultfd::Userfaultfd>(),
     entry::<file::File>(),
 ];
 
@@ -329,6 +332,11 @@ mod tests {
                 buffers: vec![],
             }),
             FdKind::ExternalTty { current: false },
+            FdKind::Userfaultfd(stasis_image::manifest::UffdImage {
+                features: None,
+                ranges: vec![],
+                protected: vec![],
+            }),
         ];
         for k in &all {
             match k {
@@ -356,7 +364,8 @@ mod tests {
                 | FdKind::Pidfd { .. }
                 | FdKind::NsFile { .. }
                 | FdKind::IoUring(_)
-                | FdKind::ExternalTty { .. } => {}
+                | FdKind::ExternalTty { .. }
+                | FdKind::Userfaultfd(_) => {}
             }
         }
         all

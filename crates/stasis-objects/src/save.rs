@@ -469,6 +469,35 @@ impl SaveCtx {
         })
     }
 
+    /// A process saved before `fd`'s (or before it in its own table) that
+    /// holds `fd`'s open file, if any other than `fd`'s own process.
+    pub(crate) fn holder_of_file(&self, fd: &OpenFd<'_>) -> Option<i32> {
+        self.seen
+            .iter()
+            .find(|(p, f, dev, ino, _, _)| {
+                *p != fd.pid
+                    && *dev == fd.meta.dev()
+                    && *ino == fd.meta.ino()
+                    && fdops::kcmp_same_file(*p, *f, fd.pid, fd.fd)
+            })
+            .map(|s| s.0)
+    }
+
+    /// The areas that the userfaultfd of process `pid` (saved) registers.
+    pub fn uffd_ranges(&self, pid: i32) -> Vec<(u64, u64)> {
+        let Some(i) = self.table_pids.iter().position(|&p| p == pid) else {
+            return Vec::new();
+        };
+        self.tables[i]
+            .iter()
+            .filter_map(|f| match &f.kind {
+                FdKind::Userfaultfd(u) => Some(u.ranges.iter().map(|r| (r.0, r.1))),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+
     /// A new `shared_id`, of no fd yet.
     pub(crate) fn new_shared_id(&mut self) -> u32 {
         self.next_shared += 1;

@@ -170,9 +170,11 @@ pub fn eager_ranges<'a>(vmas: impl IntoIterator<Item = &'a Vma>) -> Vec<(u64, u6
 /// memory ([`private_anon`]; a userfaultfd in missing mode cannot serve
 /// file mappings, and shared memory is filled once for every process) that
 /// is not locked (locking an area populates it, and it must stay resident
-/// anyway).
+/// anyway), nor registered with a userfaultfd of the program (which it
+/// gets back: an area has one userfaultfd).
 pub fn left_to_filler(v: &Vma) -> bool {
-    private_anon(v) && v.flags & stasis_sys::vmflags::LOCKED == 0
+    private_anon(v)
+        && v.flags & (stasis_sys::vmflags::LOCKED | stasis_sys::vmflags::USERFAULTFD) == 0
 }
 
 /// What to restore and how.

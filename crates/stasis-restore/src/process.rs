@@ -210,13 +210,29 @@ fn restore_files(s: &mut Proc, p: &ProcessImage, cx: &mut TreeCtx<'_, '_>) -> Re
     let (transport, h) = (&cx.transport.sock, cx.transport.h);
     let factory = &mut cx.factory;
     factory.set_cwd(&p.cwd);
+    for fd in p.fds.iter().filter(|f| {
+        !objects::io_uring::made_in_process(f) && !objects::userfaultfd::made_in_process(f)
+    }) {
+        let desc = factory.get(fd)?;
+        files::plant(s, transport, h, desc.as_fd(), fd.fd, fd.cloexec)?;
+    }
+    // A userfaultfd is the process's: made inside it, registered over its
+    // memory (filled by now), then planted at its number.
     for fd in p
         .fds
         .iter()
-        .filter(|f| !objects::io_uring::made_in_process(f))
+        .filter(|f| objects::userfaultfd::made_in_process(f))
     {
-        let desc = factory.get(fd)?;
-        files::plant(s, transport, h, desc.as_fd(), fd.fd, fd.cloexec)?;
+        let outer = s.t.pid();
+        let made = objects::userfaultfd::restore_in(s, outer, fd)?;
+        files::plant(
+            s,
+            transport,
+            h,
+            std::os::fd::AsFd::as_fd(&made),
+            fd.fd,
+            fd.cloexec,
+        )?;
     }
     // io_uring instances are made by the process, once its other fds
     // exist (their registered files), before what refers to fds by number.

@@ -33,6 +33,11 @@ pub const HUGEPAGE: u32 = 1 << 11;
 pub const NOHUGEPAGE: u32 = 1 << 12;
 /// `wf`: `MADV_WIPEONFORK`.
 pub const WIPEONFORK: u32 = 1 << 13;
+/// Registered with a userfaultfd of the program (`um`, `uw` or `ui`, with
+/// the program holding one): set by the dump from the userfaultfd's image,
+/// not from `VmFlags` (Stasis's own tracking registers areas too). A lazy
+/// restore fills such an area itself (the program's userfaultfd takes it).
+pub const USERFAULTFD: u32 = 1 << 14;
 
 /// `MAP_DROPPABLE` (`<linux/mman.h>`, Linux 6.11): a mapping type, in place
 /// of `MAP_PRIVATE`.

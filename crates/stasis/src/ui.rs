@@ -529,6 +529,11 @@ fn fd_description(kind: &FdKind) -> String {
         }
         FdKind::CurrentTty { index } => format!("/dev/tty (pts {index} at dump)"),
         FdKind::ExternalTty { current: false } => "the shell job's terminal".into(),
+        FdKind::Userfaultfd(u) => format!(
+            "userfaultfd: {} area(s) registered, {} page range(s) write-protected",
+            u.ranges.len(),
+            u.protected.len()
+        ),
         FdKind::ExternalTty { current: true } => "/dev/tty (the shell job's terminal)".into(),
         FdKind::Inet(n) => format!(
             "inet socket port {} {:?}",

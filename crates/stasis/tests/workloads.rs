@@ -178,6 +178,7 @@ workload_tests! {
     fdtable_relay: "fdtable_relay";
     tcp_pending: "tcp_pending";
     sysv_parts: "sysv_parts";
+    uffd: "uffd";
     unix_pending: "unix_pending";
     netlink: "netlink";
     sockopts: "sockopts";
