@@ -117,6 +117,11 @@ impl Manifest {
     /// The format version this manifest's content calls for: the oldest
     /// whose readers know everything it holds.
     pub fn format_version(&self) -> u32 {
+        let ghost_marks = || {
+            self.processes.iter().flat_map(|p| &p.fds).any(|f| {
+                matches!(&f.kind, FdKind::Fanotify { marks, .. } if marks.iter().any(|m| m.ghost.is_some()))
+            })
+        };
         let uffd = || {
             self.processes
                 .iter()
@@ -152,7 +157,12 @@ impl Manifest {
         };
         if self.content.is_some() || sized_tmpfs() {
             CONTENT_MANIFEST_VERSION
-        } else if self.shell_job.is_some() || unaccepted() || partial_sysv() || uffd() {
+        } else if self.shell_job.is_some()
+            || unaccepted()
+            || partial_sysv()
+            || uffd()
+            || ghost_marks()
+        {
             SHELL_JOB_MANIFEST_VERSION
         } else if self.namespaces.as_ref().is_some_and(|n| {
             !n.msg_queues.is_empty()
@@ -1236,6 +1246,11 @@ pub struct FanotifyMark {
     pub mflags: u32,
     pub mask: u64,
     pub ignored_mask: u64,
+    /// An inode mark on a deleted file (its inode number at dump), which a
+    /// process of the tree holds open: marked again on the rebuilt file
+    /// (`path` is the name it had). Manifest version 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ghost: Option<u64>,
 }
 
 /// What a fanotify mark is on.

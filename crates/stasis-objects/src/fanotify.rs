@@ -32,7 +32,7 @@ impl Object for Fanotify {
     const NAME: &'static str = "fanotify";
     const ANON_INODE: Option<&'static str> = Some("anon_inode:[fanotify]");
 
-    fn save(_cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
+    fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
         if Some(fd.link) != Self::ANON_INODE {
             return Ok(None);
         }
@@ -44,6 +44,13 @@ impl Object for Fanotify {
             .into_iter()
             .map(|m| mark(fd, &mounts, m))
             .collect::<Result<Vec<_>, _>>()?;
+        // A mark on a deleted file: the tree must hold it open too (checked
+        // once the tree is saved, as inotify's: `SaveCtx::check_ghost_watches`).
+        for m in &marks {
+            if let Some(id) = m.ghost {
+                cx.ghost_watches.push((fd.pid, fd.fd, -1, id));
+            }
+        }
         Ok(Some(FdKind::Fanotify {
             flags,
             event_flags,
@@ -55,7 +62,7 @@ impl Object for Fanotify {
         matches!(kind, FdKind::Fanotify { .. })
     }
 
-    fn restore(_cx: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
+    fn restore(cx: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
         let FdKind::Fanotify {
             flags,
             event_flags,
@@ -64,7 +71,17 @@ impl Object for Fanotify {
         else {
             return Err(crate::restore::not_mine(Self::NAME, img));
         };
-        restore(img.fd, img.flags, (*flags, *event_flags), marks)
+        // A mark on a deleted file goes on its rebuilt file, through the
+        // restorer's own fd on it (followed: it is a magic link).
+        let mut marks = marks.clone();
+        for m in &mut marks {
+            if let Some(id) = m.ghost {
+                let k = crate::ghost::keeper_of_deleted(cx, id, &m.path)?;
+                m.path = format!("/proc/self/fd/{}", k.as_raw_fd());
+                m.mflags &= !ON_SYMLINK;
+            }
+        }
+        restore(img.fd, img.flags, (*flags, *event_flags), &marks)
     }
 }
 
@@ -146,10 +163,18 @@ fn mark(
                 .map_err(|e| fd.unsupported(e.to_string()))?
                 .to_string_lossy()
                 .into_owned();
-            if path.ends_with(" (deleted)") {
-                return Err(fd.unsupported(format!(
-                    "fd {n}: a fanotify mark is on a deleted file ({path}), which stasis cannot mark again"
-                )));
+            if let Some(old) = path.strip_suffix(" (deleted)") {
+                let ino = std::os::unix::fs::MetadataExt::ino(
+                    &std::fs::metadata(&link).map_err(|e| fd.unsupported(e.to_string()))?,
+                );
+                return Ok(FanotifyMark {
+                    on: FanotifyTarget::Inode,
+                    path: old.to_string(),
+                    mflags: m.mflags,
+                    mask: m.mask,
+                    ignored_mask: m.ignored_mask,
+                    ghost: Some(ino),
+                });
             }
             // The fd's own inode (the magic link resolves to it, a
             // symbolic link included).
@@ -167,6 +192,7 @@ fn mark(
         mflags: m.mflags | extra,
         mask: m.mask,
         ignored_mask: m.ignored_mask,
+        ghost: None,
     })
 }
 

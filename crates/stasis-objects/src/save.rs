@@ -541,14 +541,20 @@ impl SaveCtx {
         img.shared_id = Some(id);
     }
 
-    /// Every inotify watch on a deleted file is on one the tree holds open
+    /// Every inotify watch (and fanotify mark, `wd` -1) on a deleted file
+    /// is on one the tree holds open
     /// (and so saved, to be rebuilt): else it could not be made again.
     pub fn check_ghost_watches(&self) -> Result<()> {
         for &(pid, fd, wd, ino) in &self.ghost_watches {
             if !self.ghosts.contains_key(&ino) {
+                let what = if wd < 0 {
+                    "a fanotify mark".to_string()
+                } else {
+                    format!("inotify watch {wd}")
+                };
                 return Err(SaveError::Unsupported {
                     pid,
-                    what: format!("fd {fd}: inotify watch {wd} is on a deleted file that no process of the tree holds open, which stasis cannot make again"),
+                    what: format!("fd {fd}: {what} is on a deleted file that no process of the tree holds open, which stasis cannot make again"),
                 });
             }
         }

@@ -179,6 +179,7 @@ workload_tests! {
     tcp_pending: "tcp_pending";
     sysv_parts: "sysv_parts";
     uffd: "uffd";
+    fanotify_ghost: "fanotify_ghost";
     unix_pending: "unix_pending";
     netlink: "netlink";
     sockopts: "sockopts";
