@@ -293,6 +293,7 @@ fn collect_live(
             collector.capture_sysv(fp.pid, shmid, v.start, v.end)?;
         }
     }
+    io_uring_issuers(fp, &image, collector)?;
     collector.add_process(fp.pid)?;
     tracing::debug!(
         pid = fp.pid,
@@ -602,6 +603,29 @@ fn rearm(
             ));
         }
     }
+}
+
+/// The single issuer of each io_uring instance of the process that has
+/// one (`IORING_SETUP_SINGLE_ISSUER`): the thread in which a register
+/// probe is not turned down ([`stasis_objects::io_uring::is_issuer`]),
+/// by its TID in the image; `None` when no thread is. The fds are saved
+/// next, with it ([`stasis_objects::SaveCtx::io_uring_issuers`]).
+fn io_uring_issuers(
+    fp: &mut FrozenProcess,
+    image: &ProcessImage,
+    collector: &mut fds::FdCollector,
+) -> Result<()> {
+    for fd in stasis_objects::io_uring::single_issuer_rings(fp.pid)? {
+        let mut issuer = None;
+        for (t, th) in fp.threads.iter_mut().zip(&image.threads) {
+            if stasis_objects::io_uring::is_issuer(&mut remote::ThreadRemote::new(t), fd)? {
+                issuer = Some(th.tid);
+                break;
+            }
+        }
+        collector.io_uring_issuers.insert((fp.pid, fd), issuer);
+    }
+    Ok(())
 }
 
 /// Arms the tracker on every live process of the frozen tree; returns the

@@ -779,6 +779,11 @@ pub struct IoUringRing {
     pub files: Vec<Option<i32>>,
     /// Registered buffers: per slot, (address, length) (`None`: empty).
     pub buffers: Vec<Option<(u64, u64)>>,
+    /// The thread (TID) that is the ring's single issuer
+    /// (`IORING_SETUP_SINGLE_ISSUER` in `setup_flags`): it is made, or
+    /// enabled, by that thread.
+    #[serde(default)]
+    pub issuer: Option<i32>,
 }
 
 /// One area mapping an io_uring instance's rings.

@@ -11,14 +11,18 @@
 //! the instance's inode and the mmap offset of what they map. The setup
 //! flags are not shown: those that change what the caller may do are
 //! found by asking the kernel, on a copy of the fd (`io_uring_enter` of
-//! nothing: `EBADFD` for a ring still disabled; a register request
+//! nothing: `EBADFD` for a ring still disabled, then a restrictions
+//! request without any: `EBUSY` if it has some; a register request
 //! turned down: `EEXIST` for a single issuer, `EACCES` for restrictions
-//! that do not allow it); `IORING_SETUP_NO_SQARRAY`
-//! by the rings' size or their never-written index array; the others
-//! are not seen (see the README).
+//! that do not allow it; a wait for no completion turned down: `EEXIST`
+//! for `DEFER_TASKRUN`), and the single issuer by the capture, the thread
+//! in which the register request is not turned down ([`is_issuer`]);
+//! `IORING_SETUP_NO_SQARRAY` by the rings' size or their never-written
+//! index array; the others are not seen (see the README).
 //!
-//! **What is refused**, with the fd number: an SQ poll thread, a disabled
-//! ring, a single-issuer ring, personalities, NAPI, requests in flight
+//! **What is refused**, with the fd number: an SQ poll thread, restrictions
+//! (any on a disabled ring), a single issuer no thread of the process is,
+//! personalities, NAPI, requests in flight
 //! (the kernel cannot give them back: a poll list, or more entries taken
 //! than completions posted), overflowed completions, rings or SQEs not
 //! mapped whole (`IORING_SETUP_NO_MMAP`), an area at another offset (a
@@ -41,7 +45,9 @@
 //! bytes written over the areas: unsubmitted entries and unreaped
 //! completions are back where they were. Files and buffers are registered
 //! again (a sparse table, then its slots), and the fd is moved to its
-//! number.
+//! number. A ring whose single issuer is another thread than the main one
+//! is made disabled and left empty, and enabled, driven and filled by
+//! that thread once it exists ([`finish_in`]).
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
@@ -83,7 +89,8 @@ impl Object for IoUring {
             )));
         }
         let info = parse(fd.info).map_err(|e| fd.bad_info(crate::save::BadFormat(e)))?;
-        let ring = save_ring(fd, &info)?;
+        let issuer = cx.io_uring_issuers.get(&(fd.pid, fd.fd)).copied();
+        let ring = save_ring(fd, &info, issuer)?;
         Ok(Some(FdKind::IoUring(ring)))
     }
 
@@ -290,7 +297,133 @@ fn page_up(n: u64) -> u64 {
     n.div_ceil(stasis_sys::PAGE_SIZE) * stasis_sys::PAGE_SIZE
 }
 
-fn save_ring(fd: &OpenFd<'_>, i: &Info) -> Result<IoUringRing, SaveError> {
+/// The setup flags that bind a ring to a task or keep it disabled, found
+/// by asking the kernel on a copy of the fd (the module docs), and its
+/// single issuer: `issuer` is what the capture found
+/// ([`SaveCtx::io_uring_issuers`]: `None` if it did not look).
+fn task_flags(
+    fd: &OpenFd<'_>,
+    issuer: Option<Option<i32>>,
+) -> Result<(u32, Option<i32>), SaveError> {
+    use stasis_kernel::fdops::{io_uring_enter_nothing, io_uring_register_nothing};
+    let refuse = |what: &str| {
+        fd.unsupported(format!(
+            "io_uring fd {} {what}, which stasis cannot checkpoint",
+            fd.fd
+        ))
+    };
+    let copy = stasis_kernel::pidfd::pidfd_getfd(fd.pidfd, fd.fd)?;
+    let errno = |e: std::io::Error| e.raw_os_error();
+    match io_uring_enter_nothing(copy.as_fd(), false).map_err(errno) {
+        Ok(()) => {}
+        // Made disabled and never enabled: made disabled again. Its
+        // single issuer, if it has one, is the thread that enables it.
+        Err(Some(libc::EBADFD)) => {
+            return match errno(io_uring_register_nothing(
+                copy.as_fd(),
+                sys::IORING_REGISTER_RESTRICTIONS,
+            )) {
+                Some(libc::EBUSY) => Err(refuse(
+                    "is disabled with restrictions (IORING_REGISTER_RESTRICTIONS) the kernel does not show",
+                )),
+                _ => Ok((sys::IORING_SETUP_R_DISABLED, None)),
+            };
+        }
+        Err(e) => {
+            return Err(refuse(&format!(
+                "could not be examined ({})",
+                std::io::Error::from_raw_os_error(e.unwrap_or(libc::EIO))
+            )))
+        }
+    }
+    match errno(io_uring_register_nothing(
+        copy.as_fd(),
+        sys::IORING_REGISTER_PROBE,
+    )) {
+        Some(libc::EEXIST) => {}
+        // Register operations it does not allow, probes included.
+        Some(libc::EACCES) => {
+            return Err(refuse(
+                "has restrictions (IORING_REGISTER_RESTRICTIONS) the kernel does not show",
+            ))
+        }
+        _ => return Ok((0, None)),
+    }
+    // A single issuer: which thread, as the capture found it.
+    let tid = match issuer {
+        Some(Some(tid)) => tid,
+        Some(None) => return Err(refuse(
+            "has a single issuer (IORING_SETUP_SINGLE_ISSUER) that is no thread of the process (it exited, or the ring was passed from another process)",
+        )),
+        None => return Err(refuse(
+            "has a single issuer (IORING_SETUP_SINGLE_ISSUER, DEFER_TASKRUN), a thread stasis could not tell",
+        )),
+    };
+    // Completions posted to the issuer only: asking for them is turned
+    // down too.
+    let defer = match io_uring_enter_nothing(copy.as_fd(), true).map_err(errno) {
+        Err(Some(libc::EEXIST)) => sys::IORING_SETUP_DEFER_TASKRUN,
+        _ => 0,
+    };
+    Ok((sys::IORING_SETUP_SINGLE_ISSUER | defer, Some(tid)))
+}
+
+/// Whether the thread behind `r` (a frozen thread of the process) may
+/// register on io_uring fd `fd` of its process: for a ring with a single
+/// issuer (`IORING_SETUP_SINGLE_ISSUER`), whether it is that thread (a
+/// register request from any other is turned down with `EEXIST`). The
+/// request is a probe with no buffer, which changes nothing.
+pub fn is_issuer<R: Remote>(r: &mut R, fd: i32) -> Result<bool, stasis_kernel::KernelError> {
+    let probe = r.sys(
+        "io_uring_register",
+        libc::SYS_io_uring_register,
+        &[
+            u64::from(fd.unsigned_abs()),
+            sys::IORING_REGISTER_PROBE.into(),
+            0,
+            1,
+        ],
+    );
+    match probe {
+        Err(stasis_kernel::KernelError::RemoteSyscall { ref source, .. }) => {
+            Ok(source.raw_os_error() != Some(libc::EEXIST))
+        }
+        Err(e) => Err(e),
+        Ok(_) => Ok(true),
+    }
+}
+
+/// The io_uring fds of process `pid` whose single issuer is another task
+/// than the caller's (a register request is turned down with `EEXIST`):
+/// the rings whose issuer [`is_issuer`] is to find among its threads.
+pub fn single_issuer_rings(pid: i32) -> Result<Vec<i32>, SaveError> {
+    let mut rings = Vec::new();
+    let mut pidfd = None;
+    for n in crate::save::list_fds(pid)? {
+        if !crate::save::read_link(pid, &format!("fd/{n}")).is_ok_and(|l| l == LINK) {
+            continue;
+        }
+        let pfd = match &pidfd {
+            Some(p) => p,
+            None => pidfd.insert(stasis_kernel::pidfd::pidfd_open(pid)?),
+        };
+        let copy = stasis_kernel::pidfd::pidfd_getfd(pfd, n)?;
+        let e = stasis_kernel::fdops::io_uring_register_nothing(
+            copy.as_fd(),
+            sys::IORING_REGISTER_PROBE,
+        );
+        if e.raw_os_error() == Some(libc::EEXIST) {
+            rings.push(n);
+        }
+    }
+    Ok(rings)
+}
+
+fn save_ring(
+    fd: &OpenFd<'_>,
+    i: &Info,
+    issuer: Option<Option<i32>>,
+) -> Result<IoUringRing, SaveError> {
     if let Some(why) = refusal(fd.fd, i) {
         return Err(fd.unsupported(why));
     }
@@ -300,33 +433,7 @@ fn save_ring(fd: &OpenFd<'_>, i: &Info) -> Result<IoUringRing, SaveError> {
             fd.fd
         ))
     };
-    // Setup flags that bind the ring to a task or keep it disabled.
-    let copy = stasis_kernel::pidfd::pidfd_getfd(fd.pidfd, fd.fd)?;
-    match stasis_kernel::fdops::io_uring_enter_nothing(copy.as_fd()) {
-        Ok(()) => {}
-        Err(e) if e.raw_os_error() == Some(libc::EBADFD) => {
-            return Err(refuse(
-                "is disabled (IORING_SETUP_R_DISABLED, not enabled yet)".into(),
-            ))
-        }
-        Err(e) => return Err(refuse(format!("could not be examined ({e})"))),
-    }
-    match stasis_kernel::fdops::io_uring_register_nothing(copy.as_fd()).raw_os_error() {
-        Some(libc::EEXIST) => {
-            return Err(refuse(
-                "has a single issuer (IORING_SETUP_SINGLE_ISSUER, DEFER_TASKRUN), a thread stasis cannot tell"
-                    .into(),
-            ))
-        }
-        // Register operations it does not allow, probes included.
-        Some(libc::EACCES) => {
-            return Err(refuse(
-                "has restrictions (IORING_REGISTER_RESTRICTIONS) the kernel does not show".into(),
-            ))
-        }
-        _ => {}
-    }
-    drop(copy);
+    let (task_flags, issuer) = task_flags(fd, issuer)?;
     let (sq_entries, cq_entries) = (i.sq_mask + 1, i.cq_mask + 1);
     let ino = fd.meta.ino();
     let maps = stasis_kernel::procfs::maps(fd.pid).map_err(stasis_kernel::KernelError::from)?;
@@ -428,15 +535,17 @@ fn save_ring(fd: &OpenFd<'_>, i: &Info) -> Result<IoUringRing, SaveError> {
         ino,
         sq_entries,
         cq_entries,
-        setup_flags: if cq_entries == 2 * sq_entries {
-            0
-        } else {
-            sys::IORING_SETUP_CQSIZE
-        } | if no_sqarray {
-            sys::IORING_SETUP_NO_SQARRAY
-        } else {
-            0
-        },
+        setup_flags: task_flags
+            | if cq_entries == 2 * sq_entries {
+                0
+            } else {
+                sys::IORING_SETUP_CQSIZE
+            }
+            | if no_sqarray {
+                sys::IORING_SETUP_NO_SQARRAY
+            } else {
+                0
+            },
         sq_head: i.sq_head,
         cq_tail: i.cq_tail,
         sq_tail: i.sq_tail,
@@ -444,6 +553,7 @@ fn save_ring(fd: &OpenFd<'_>, i: &Info) -> Result<IoUringRing, SaveError> {
         areas,
         files,
         buffers,
+        issuer,
     })
 }
 
@@ -599,29 +709,61 @@ fn u32_at(b: &[u8]) -> u32 {
     u32::from_ne_bytes([b[0], b[1], b[2], b[3]])
 }
 
+/// The thread (TID) other than the main one (`main`) that is the single
+/// issuer of ring `img`: the ring is made disabled by the main thread
+/// ([`restore_in`] with `later`) and enabled, then filled, by that thread
+/// ([`finish_in`]) once it exists.
+pub fn enabled_by(img: &FdImage, main: i32) -> Option<i32> {
+    match &img.kind {
+        FdKind::IoUring(u) => u.issuer.filter(|&t| t != main),
+        _ => None,
+    }
+}
+
+/// Where the kernel puts the positions of `struct io_rings` (the SQ
+/// and CQ head and tail first, as `header_matches` reads them) and the
+/// SQ index array, for ring `u`: what `io_uring_setup` answers.
+fn layout(u: &IoUringRing) -> sys::IoUringParams {
+    let mut p = sys::IoUringParams::default();
+    (p.sq_off.head, p.sq_off.tail, p.cq_off.head, p.cq_off.tail) = (0, 4, 8, 12);
+    if u.setup_flags & sys::IORING_SETUP_NO_SQARRAY == 0 {
+        p.sq_off.array = u32::try_from(sq_array_offset(u.cq_entries.into())).unwrap_or(0);
+    }
+    p
+}
+
 /// Makes the instance `img` in the process behind `r` (all its other fds
-/// made already), as the module docs say.
-pub fn restore_in<R: Remote>(r: &mut R, at: Scratch, img: &FdImage) -> Result<(), RestoreError> {
+/// made already), as the module docs say. With `later` (its single
+/// issuer is another thread, [`enabled_by`]) it is made disabled and
+/// left empty: [`finish_in`], in that thread, enables and fills it.
+pub fn restore_in<R: Remote>(
+    r: &mut R,
+    at: Scratch,
+    img: &FdImage,
+    later: bool,
+) -> Result<(), RestoreError> {
     let FdKind::IoUring(u) = &img.kind else {
         return Err(crate::restore::not_mine(IoUring::NAME, img));
     };
     let what = |w: &str| format!("{w} io_uring fd {}", img.fd);
-    let (Some(sq), Some(sqes)) = (
-        largest(&u.areas, sys::IORING_OFF_SQ_RING),
-        largest(&u.areas, sys::IORING_OFF_SQES),
-    ) else {
-        return Err(RestoreError::Inconsistent(what(
-            "no rings or SQE array for",
-        )));
-    };
-    let rw = u64::from((libc::PROT_READ | libc::PROT_WRITE).unsigned_abs());
+    let (sq, sqes) = areas(img, u)?;
     for whole in [sq, sqes] {
         memory_at(r, at, img.fd, whole, &u.areas)?;
     }
+    // The offsets it should answer (the kernel writes its own over them).
+    let want = layout(u);
     let mut req = sys::IoUringParams {
         sq_entries: u.sq_entries,
         cq_entries: u.cq_entries,
-        flags: u.setup_flags | sys::IORING_SETUP_NO_MMAP,
+        sq_off: want.sq_off,
+        cq_off: want.cq_off,
+        flags: u.setup_flags
+            | sys::IORING_SETUP_NO_MMAP
+            | if later {
+                sys::IORING_SETUP_R_DISABLED
+            } else {
+                0
+            },
         ..Default::default()
     };
     req.sq_off.user_addr = sqes.start;
@@ -646,24 +788,26 @@ pub fn restore_in<R: Remote>(r: &mut R, at: Scratch, img: &FdImage) -> Result<()
             img.fd, u.sq_entries, u.cq_entries, p.sq_entries, p.cq_entries
         )));
     }
-    drive(r, u, (sq.start, sqes.start, sq.start), &p, tmp).map_err(|e| match e {
-        RestoreError::Step { what: w, source } => RestoreError::Step {
-            what: format!("{w} (io_uring fd {})", img.fd),
-            source,
-        },
-        e => e,
-    })?;
-    for a in &u.areas {
-        r.write(a.start, &a.data)
-            .map_err(step(what("writing the rings of")))?;
-        if u64::from(a.prot) != rw {
-            r.sys(
-                "mprotect",
-                libc::SYS_mprotect,
-                &[a.start, a.end - a.start, a.prot.into()],
-            )
-            .map_err(step(what("protecting the rings of")))?;
-        }
+    if (
+        p.sq_off.head,
+        p.sq_off.tail,
+        p.cq_off.head,
+        p.cq_off.tail,
+        p.sq_off.array,
+    ) != (
+        want.sq_off.head,
+        want.sq_off.tail,
+        want.cq_off.head,
+        want.cq_off.tail,
+        want.sq_off.array,
+    ) {
+        return Err(RestoreError::Incompatible(format!(
+            "io_uring fd {}: io_uring_setup here lays its rings out otherwise ({:?} / {:?})",
+            img.fd, p.sq_off, p.cq_off
+        )));
+    }
+    if !later {
+        fill(r, img, tmp)?;
     }
     register(r, at, tmp, u).map_err(|e| match e {
         RestoreError::Step { what: w, source } => RestoreError::Step {
@@ -710,6 +854,74 @@ pub fn restore_in<R: Remote>(r: &mut R, at: Scratch, img: &FdImage) -> Result<()
         .map_err(step(what("setting the status flags of")))?;
     }
     Ok(())
+}
+
+/// The largest areas mapping the rings and the SQE array of ring `u`:
+/// the memory the ring is made in.
+fn areas<'a>(
+    img: &FdImage,
+    u: &'a IoUringRing,
+) -> Result<(&'a IoUringArea, &'a IoUringArea), RestoreError> {
+    match (
+        largest(&u.areas, sys::IORING_OFF_SQ_RING),
+        largest(&u.areas, sys::IORING_OFF_SQES),
+    ) {
+        (Some(sq), Some(sqes)) => Ok((sq, sqes)),
+        _ => Err(RestoreError::Inconsistent(format!(
+            "no rings or SQE array for io_uring fd {}",
+            img.fd
+        ))),
+    }
+}
+
+/// Brings a made ring (`fd` in the process) to its saved positions
+/// ([`drive`]), then writes the saved bytes over its areas and gives
+/// them their protection.
+fn fill<R: Remote>(r: &mut R, img: &FdImage, fd: u64) -> Result<(), RestoreError> {
+    let FdKind::IoUring(u) = &img.kind else {
+        return Err(crate::restore::not_mine(IoUring::NAME, img));
+    };
+    let what = |w: &str| format!("{w} io_uring fd {}", img.fd);
+    let (sq, sqes) = areas(img, u)?;
+    drive(r, u, (sq.start, sqes.start, sq.start), &layout(u), fd).map_err(|e| match e {
+        RestoreError::Step { what: w, source } => RestoreError::Step {
+            what: format!("{w} (io_uring fd {})", img.fd),
+            source,
+        },
+        e => e,
+    })?;
+    let rw = u64::from((libc::PROT_READ | libc::PROT_WRITE).unsigned_abs());
+    for a in &u.areas {
+        r.write(a.start, &a.data)
+            .map_err(step(what("writing the rings of")))?;
+        if u64::from(a.prot) != rw {
+            r.sys(
+                "mprotect",
+                libc::SYS_mprotect,
+                &[a.start, a.end - a.start, a.prot.into()],
+            )
+            .map_err(step(what("protecting the rings of")))?;
+        }
+    }
+    Ok(())
+}
+
+/// Run by the thread that is the single issuer of ring `img` ([`enabled_by`]),
+/// which [`restore_in`] made disabled: enables it
+/// (`IORING_REGISTER_ENABLE_RINGS`, which makes the caller its issuer),
+/// then brings it to its positions and content.
+pub fn finish_in<R: Remote>(r: &mut R, img: &FdImage) -> Result<(), RestoreError> {
+    let fd = u64::from(img.fd.unsigned_abs());
+    r.sys(
+        "io_uring_register",
+        libc::SYS_io_uring_register,
+        &[fd, sys::IORING_REGISTER_ENABLE_RINGS.into(), 0, 0],
+    )
+    .map_err(step(format!(
+        "enabling io_uring fd {} in its single issuer",
+        img.fd
+    )))?;
+    fill(r, img, fd)
 }
 
 /// Shared memory for the rings or the SQEs of io_uring fd `fd` (`whole`,
@@ -770,8 +982,8 @@ fn memory_at<R: Remote>(
 
 /// Brings a new ring's SQ head and CQ tail (which only the kernel moves)
 /// to the saved ones: batches of NOPs (zeroed entries) submitted and
-/// reaped. `(sq, sqes, cq)`: where its areas are mapped; `p`: what
-/// `io_uring_setup` answered.
+/// reaped. `(sq, sqes, cq)`: where its areas are mapped; `p`: where its
+/// positions are in them (what `io_uring_setup` answered, [`layout`]).
 fn drive<R: Remote>(
     r: &mut R,
     u: &IoUringRing,
@@ -1034,6 +1246,7 @@ mod tests {
                 ],
                 files,
                 buffers: vec![None, Some((0x5000, 4096))],
+                issuer: None,
             }),
         }
     }
@@ -1044,7 +1257,7 @@ mod tests {
         let img = ring(0, vec![Some(3), None]);
         // The recorder answers 0 to io_uring_setup and echoes the
         // parameters written: the sizes asked for.
-        restore_in(&mut r, Scratch { structs: 4096 }, &img).unwrap();
+        restore_in(&mut r, Scratch { structs: 4096 }, &img, false).unwrap();
         let mut want = vec!["memfd_create", "ftruncate", "mmap", "mmap", "close"];
         want.extend(["memfd_create", "ftruncate", "mmap", "close"]);
         want.extend(["io_uring_setup"]);
@@ -1100,11 +1313,48 @@ mod tests {
     }
 
     #[test]
+    fn a_ring_of_another_issuer_is_made_disabled_then_enabled_and_filled_by_it() {
+        let mut img = ring(0, vec![]);
+        let FdKind::IoUring(u) = &mut img.kind else {
+            unreachable!()
+        };
+        u.setup_flags = sys::IORING_SETUP_SINGLE_ISSUER | sys::IORING_SETUP_DEFER_TASKRUN;
+        u.issuer = Some(101);
+        assert_eq!(enabled_by(&img, 100), Some(101));
+        assert_eq!(enabled_by(&img, 101), None, "the main thread's: made by it");
+        let mut r = Recorder::default();
+        restore_in(&mut r, Scratch { structs: 4096 }, &img, true).unwrap();
+        let params = r
+            .writes()
+            .into_iter()
+            .find(|w| w.len() == sys::IO_URING_PARAMS_LEN)
+            .unwrap();
+        let p = sys::IoUringParams::from_bytes(params.as_slice().try_into().unwrap());
+        assert_eq!(
+            p.flags,
+            sys::IORING_SETUP_SINGLE_ISSUER
+                | sys::IORING_SETUP_DEFER_TASKRUN
+                | sys::IORING_SETUP_NO_MMAP
+                | sys::IORING_SETUP_R_DISABLED
+        );
+        // Left empty: nothing written over its areas yet.
+        assert!(!r.writes().contains(&vec![1; 4096]));
+        let mut r = Recorder::default();
+        finish_in(&mut r, &img).unwrap();
+        assert_eq!(
+            r.args_of("io_uring_register"),
+            [vec![9, u64::from(sys::IORING_REGISTER_ENABLE_RINGS), 0, 0]]
+        );
+        assert!(r.writes().contains(&vec![1; 4096]) && r.writes().contains(&vec![2; 4096]));
+    }
+
+    #[test]
     fn positions_are_brought_back_with_nops() {
         // The recorder's io_uring_enter takes nothing: the refill stops
         // there, saying so.
         let mut r = Recorder::default();
-        let e = restore_in(&mut r, Scratch { structs: 4096 }, &ring(20, vec![])).unwrap_err();
+        let e =
+            restore_in(&mut r, Scratch { structs: 4096 }, &ring(20, vec![]), false).unwrap_err();
         assert!(e.to_string().contains("took 0 of 8 NOPs"), "{e}");
         assert_eq!(r.args_of("io_uring_enter")[0][1..4], [8, 8, 1]);
     }

@@ -315,6 +315,7 @@ mod tests {
                 areas: vec![],
                 files: vec![],
                 buffers: vec![],
+                issuer: None,
             }),
         ];
         for k in &all {

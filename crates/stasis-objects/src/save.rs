@@ -118,6 +118,11 @@ pub struct SaveCtx {
     /// The TCP listeners of the network namespace, by family, asked once
     /// per dump ([`SaveCtx::listeners_on`]).
     listeners: HashMap<u8, Vec<stasis_kernel::tcpdiag::DiagAddr>>,
+    /// The single issuer of io_uring instances, by (pid, fd): the TID of
+    /// the thread of the process that is (`None`: none is), found by the
+    /// capture, which can run syscalls in each thread
+    /// ([`crate::io_uring::issuer_of`]).
+    pub io_uring_issuers: HashMap<(i32, i32), Option<i32>>,
 }
 
 /// `/proc/PID/<name>`.
@@ -223,6 +228,7 @@ impl Default for SaveCtx {
             epoll_registrar: None,
             in_flight: Vec::new(),
             listeners: HashMap::new(),
+            io_uring_issuers: HashMap::new(),
         }
     }
 }

@@ -138,16 +138,18 @@ impl<'a> FdFactory<'a> {
     }
 
     /// Makes io_uring fd `img` in process `pid` (behind `r`), by the
-    /// process itself ([`objects::io_uring::restore_in`]); another fd of
-    /// an instance it made already is a `dup3` of it.
+    /// process itself ([`objects::io_uring::restore_in`]; disabled, to be
+    /// enabled by its single issuer, with `later`); another fd of an
+    /// instance it made already is a `dup3` of it.
     pub fn io_uring<R: Remote>(
         &mut self,
         r: &mut R,
         pid: i32,
         img: &FdImage,
+        later: bool,
     ) -> Result<(), RestoreError> {
         match self.0.claim_io_uring(pid, img)? {
-            None => Ok(objects::io_uring::restore_in(r, AT, img)?),
+            None => Ok(objects::io_uring::restore_in(r, AT, img, later)?),
             Some(src) => {
                 let cl = if img.cloexec { libc::O_CLOEXEC } else { 0 };
                 let (s, t) = (

@@ -219,13 +219,17 @@ fn restore_files(s: &mut Proc, p: &ProcessImage, cx: &mut TreeCtx<'_, '_>) -> Re
         files::plant(s, transport, h, desc.as_fd(), fd.fd, fd.cloexec)?;
     }
     // io_uring instances are made by the process, once its other fds
-    // exist (their registered files), before what refers to fds by number.
+    // exist (their registered files), before what refers to fds by number;
+    // one whose single issuer is another thread is enabled by that
+    // thread once it exists (`threads::per_thread`).
+    let main = p.threads.first().map_or(p.pid, |t| t.tid);
     for fd in p
         .fds
         .iter()
         .filter(|f| objects::io_uring::made_in_process(f))
     {
-        factory.io_uring(s, p.pid, fd)?;
+        let later = objects::io_uring::enabled_by(fd, main).is_some();
+        factory.io_uring(s, p.pid, fd, later)?;
     }
     for fd in &p.fds {
         // An epoll description shared by several fds is filled once.

@@ -88,14 +88,40 @@ pub(crate) fn restore_dumpable<R: Remote>(s: &mut R, p: &ProcessImage) -> Result
 
 /// Per-thread state, credentials (per thread in the kernel) and
 /// thread-directed pending signals, each run by the thread itself (a
-/// thread may queue kernel-style siginfo only to itself).
+/// thread may queue kernel-style siginfo only to itself). First, the
+/// io_uring instances a thread other than the main one is the single
+/// issuer of, which the main thread made disabled, are enabled and
+/// filled by it ([`io_urings_of`]).
 pub(crate) fn per_thread(s: &mut Proc, p: &ProcessImage) -> Result<()> {
     let pid = s.pid;
     for (i, th) in p.threads.iter().enumerate() {
         s.cur = i.checked_sub(1);
+        for img in io_urings_of(p, th.tid) {
+            stasis_objects::io_uring::finish_in(s, img)?;
+        }
         thread_attributes(s, pid, p, th)?;
     }
     Ok(())
+}
+
+/// The io_uring instances of `p` that thread `tid`, not its main thread,
+/// is the single issuer of: the first fd of each (the one
+/// `restore_files` made; the others are dups of it).
+fn io_urings_of(p: &ProcessImage, tid: i32) -> Vec<&stasis_image::manifest::FdImage> {
+    let main = p.threads.first().map_or(p.pid, |t| t.tid);
+    let mut seen = Vec::new();
+    p.fds
+        .iter()
+        .filter(|f| stasis_objects::io_uring::enabled_by(f, main) == Some(tid))
+        .filter(|f| match f.shared_id {
+            Some(id) if seen.contains(&id) => false,
+            Some(id) => {
+                seen.push(id);
+                true
+            }
+            None => true,
+        })
+        .collect()
 }
 
 /// What one thread (the one running the remote syscalls) gets back.

@@ -147,6 +147,8 @@ pub const IORING_SETUP_SQPOLL: u32 = 1 << 1;
 pub const IORING_SETUP_CQSIZE: u32 = 1 << 3;
 pub const IORING_SETUP_R_DISABLED: u32 = 1 << 6;
 pub const IORING_SETUP_SINGLE_ISSUER: u32 = 1 << 12;
+/// Completions are posted when the single issuer waits for them.
+pub const IORING_SETUP_DEFER_TASKRUN: u32 = 1 << 13;
 /// The rings are in memory the caller gives (`sq_off.user_addr`:
 /// the SQE array, `cq_off.user_addr`: the rings).
 pub const IORING_SETUP_NO_MMAP: u32 = 1 << 14;
@@ -175,6 +177,8 @@ pub const IORING_ENTER_GETEVENTS: u32 = 1 << 0;
 
 /// `io_uring_register` operations.
 pub const IORING_REGISTER_PROBE: u32 = 8;
+pub const IORING_REGISTER_RESTRICTIONS: u32 = 11;
+pub const IORING_REGISTER_ENABLE_RINGS: u32 = 12;
 pub const IORING_REGISTER_FILES2: u32 = 13;
 pub const IORING_REGISTER_FILES_UPDATE2: u32 = 14;
 pub const IORING_REGISTER_BUFFERS2: u32 = 15;

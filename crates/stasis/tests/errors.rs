@@ -199,15 +199,15 @@ fn io_uring_with_a_request_in_flight_is_refused_and_left_untouched() {
 }
 
 /// Rings stasis cannot make again as they were are refused by name, and
-/// left working: one bound to its single issuer (a thread the kernel
-/// does not show), one a child inherited (an instance is made inside one
-/// process).
+/// left working: one bound to a single issuer that has exited (no thread
+/// can make it again), one a child inherited (an instance is made inside
+/// one process).
 #[test]
-fn io_uring_single_issuer_or_shared_is_refused_and_left_untouched() {
+fn io_uring_issuer_gone_or_shared_is_refused_and_left_untouched() {
     for (mode, needle) in [
         (
-            "single_issuer",
-            "has a single issuer (IORING_SETUP_SINGLE_ISSUER",
+            "issuer_gone",
+            "has a single issuer (IORING_SETUP_SINGLE_ISSUER) that is no thread of the process",
         ),
         ("shared", "shared by several processes"),
     ] {

@@ -201,6 +201,7 @@ workload_tests! {
     packet: "packet";
     hugetlb: "hugetlb";
     io_uring: "io_uring";
+    io_uring_issuer: "io_uring", "issuer";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so
