@@ -74,6 +74,18 @@
  *   [disabled] io_uring_enter on D fails with EBADFD; once enabled, the
  *            NOP written completes.
  *
+ *   io_uring PIDFILE sqpoll
+ *
+ * A ring Q (8 entries, NO_SQARRAY) with an SQ poll thread
+ * (IORING_SETUP_SQPOLL, 50 ms idle) bound to CPU 1 (0 on one CPU:
+ * IORING_SETUP_SQ_AFF): 5 NOPs served, one (0xd1) completed and left
+ * unreaped, one (0xd2) written once the thread sleeps, not taken.
+ * After SIGTERM, with no io_uring_enter but to wake the thread when it
+ * sleeps (IORING_SQ_NEED_WAKEUP):
+ *   [sqpoll] the unreaped completion is there, the waiting entry
+ *            completes, and 10 more NOPs do;
+ *   [sqaff]  the iou-sqp thread may run on that CPU only.
+ *
  *   io_uring PIDFILE shared | issuer_gone
  *
  * Rings a dump must refuse: one a child inherited (it holds it until its
@@ -84,6 +96,7 @@
 #include "zdtm.h"
 
 #include <linux/io_uring.h>
+#include <dirent.h>
 #include <pthread.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -188,12 +201,17 @@ struct nring {
 
 #define NR_U32(n, off) ((volatile unsigned *)((n)->ring + (off)))
 
+/* The CPU of an SQ poll thread (IORING_SETUP_SQ_AFF; sqpoll mode). */
+static unsigned sq_cpu_want;
+
 static void nring_setup(struct nring *n, unsigned entries, unsigned cq_entries, unsigned flags)
 {
 	size_t len;
 
 	memset(&n->p, 0, sizeof(n->p));
 	n->p.flags = SETUP_NO_SQARRAY | flags;
+	n->p.sq_thread_cpu = sq_cpu_want;
+	n->p.sq_thread_idle = 50;
 	if (cq_entries) {
 		n->p.flags |= IORING_SETUP_CQSIZE;
 		n->p.cq_entries = cq_entries;
@@ -483,6 +501,123 @@ static int issuer_mode(void)
 	return 0;
 }
 
+/* The "sqpoll" mode (see the top). */
+static struct nring ring_q;
+
+/* A NOP at the SQ tail of Q, served by its poll thread: woken if it
+ * sleeps (IORING_SQ_NEED_WAKEUP), never asked to submit; its completion
+ * waited for (2 s at most) and reaped: its user_data, or 0. */
+static unsigned long long sq_served(int nop, unsigned long long ud)
+{
+	struct nring *n = &ring_q;
+	unsigned head = *NR_U32(n, n->p.cq_off.head);
+	struct io_uring_cqe *c;
+	int i;
+
+	if (nop)
+		nring_nop(n, ud);
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	if (*NR_U32(n, n->p.sq_off.flags) & IORING_SQ_NEED_WAKEUP)
+		syscall(SYS_io_uring_enter, n->fd, 0, 0, IORING_ENTER_SQ_WAKEUP, NULL, 0);
+	for (i = 0; i < 2000 && __atomic_load_n(NR_U32(n, n->p.cq_off.tail), __ATOMIC_ACQUIRE) == head;
+	     i++)
+		zdtm_msleep(1);
+	if (*NR_U32(n, n->p.cq_off.tail) == head)
+		return 0;
+	c = (struct io_uring_cqe *)(n->ring + n->p.cq_off.cqes) + (head & (n->p.cq_entries - 1));
+	__atomic_store_n(NR_U32(n, n->p.cq_off.head), head + 1, __ATOMIC_RELEASE);
+	return c->res ? 0 : c->user_data;
+}
+
+/* The CPUs the SQ poll thread may run on ("0-1", "1"), or "". */
+static void sqp_cpus(char *out, size_t len)
+{
+	DIR *d = opendir("/proc/self/task");
+	struct dirent *e;
+	char path[300], buf[4096];
+
+	*out = 0;
+	while (d && (e = readdir(d))) {
+		FILE *f;
+		char *l;
+
+		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+		f = fopen(path, "r");
+		if (!f)
+			continue;
+		l = fgets(buf, sizeof(buf), f);
+		fclose(f);
+		if (!l || strncmp(buf, "iou-sqp-", 8))
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/task/%s/status", e->d_name);
+		f = fopen(path, "r");
+		while (f && fgets(buf, sizeof(buf), f))
+			if (!strncmp(buf, "Cpus_allowed_list:", 18))
+				snprintf(out, len, "%s", buf + 18 + strspn(buf + 18, " \t"));
+		if (f)
+			fclose(f);
+	}
+	if (d)
+		closedir(d);
+	out[strcspn(out, "\n")] = 0;
+}
+
+static int sqpoll_mode(void)
+{
+	char want[16], got[64];
+	unsigned long long ud;
+	unsigned i;
+
+	sq_cpu_want = sysconf(_SC_NPROCESSORS_ONLN) > 1 ? 1 : 0;
+	nring_setup(&ring_q, 8, 0, IORING_SETUP_SQPOLL | IORING_SETUP_SQ_AFF);
+	for (i = 0; i < 5; i++)
+		if (sq_served(1, 0xd00 + i) != 0xd00 + i)
+			zdtm_die("NOP %u on the SQPOLL ring", i);
+	/* Completed, not reaped. */
+	nring_nop(&ring_q, 0xd1);
+	{
+		unsigned tail = *NR_U32(&ring_q, ring_q.p.cq_off.tail);
+
+		syscall(SYS_io_uring_enter, ring_q.fd, 0, 0, IORING_ENTER_SQ_WAKEUP, NULL, 0);
+		for (i = 0; i < 2000 && *NR_U32(&ring_q, ring_q.p.cq_off.tail) == tail; i++)
+			zdtm_msleep(1);
+		if (*NR_U32(&ring_q, ring_q.p.cq_off.tail) == tail)
+			zdtm_die("the NOP left unreaped");
+	}
+	/* Written once the poll thread sleeps, not taken. */
+	for (i = 0; i < 2000 && !(*NR_U32(&ring_q, ring_q.p.sq_off.flags) & IORING_SQ_NEED_WAKEUP); i++)
+		zdtm_msleep(1);
+	if (!(*NR_U32(&ring_q, ring_q.p.sq_off.flags) & IORING_SQ_NEED_WAKEUP))
+		zdtm_die("the SQ poll thread does not sleep");
+	nring_nop(&ring_q, 0xd2);
+	zdtm_ready();
+	while (!zdtm_stop)
+		zdtm_msleep(50);
+	ZDTM_CORRUPT("sqpoll", {
+		unsigned h = *NR_U32(&ring_q, ring_q.p.cq_off.head);
+
+		__atomic_store_n(NR_U32(&ring_q, ring_q.p.cq_off.head), h + 1, __ATOMIC_RELEASE);
+	});
+	ZDTM_CORRUPT("sqaff", sq_cpu_want ^= 1);
+	/* [sqpoll] */
+	ud = sq_served(0, 0);
+	zdtm_check(ud == 0xd1, "sqpoll", "unreaped completion %#llx", ud);
+	ud = sq_served(0, 0);
+	zdtm_check(ud == 0xd2, "sqpoll", "the waiting entry gave %#llx", ud);
+	for (i = 0; i < 10; i++) {
+		ud = sq_served(1, 0xe00 + i);
+		if (!zdtm_check(ud == 0xe00 + i, "sqpoll", "NOP %u gave %#llx", i, ud))
+			break;
+	}
+	/* [sqaff] */
+	snprintf(want, sizeof(want), "%u", sq_cpu_want);
+	sqp_cpus(got, sizeof(got));
+	zdtm_check(!strcmp(got, want), "sqaff", "the SQ poll thread runs on CPUs '%s', not %s", got,
+		   want);
+	zdtm_finish();
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	unsigned sq_head, sq_tail, cq_head, cq_tail, i;
@@ -494,12 +629,14 @@ int main(int argc, char **argv)
 	unsigned long long ud;
 	int r;
 
-	zdtm_init(argc, argv, 1, "[inflight|issuer|issuer_gone|shared]");
+	zdtm_init(argc, argv, 1, "[inflight|issuer|sqpoll|issuer_gone|shared]");
 	if (argc > 2) {
 		if (!strcmp(argv[2], "inflight"))
 			return in_flight();
 		if (!strcmp(argv[2], "issuer"))
 			return issuer_mode();
+		if (!strcmp(argv[2], "sqpoll"))
+			return sqpoll_mode();
 		if (!strcmp(argv[2], "issuer_gone") || !strcmp(argv[2], "shared"))
 			return refused_ring(argv[2]);
 		zdtm_die("unknown mode %s", argv[2]);

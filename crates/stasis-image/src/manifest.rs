@@ -784,6 +784,10 @@ pub struct IoUringRing {
     /// enabled, by that thread.
     #[serde(default)]
     pub issuer: Option<i32>,
+    /// The CPU its SQ poll thread (`IORING_SETUP_SQPOLL` in
+    /// `setup_flags`) is bound to (`IORING_SETUP_SQ_AFF`), if it is.
+    #[serde(default)]
+    pub sq_thread_cpu: Option<u32>,
 }
 
 /// One area mapping an io_uring instance's rings.

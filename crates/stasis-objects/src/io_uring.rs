@@ -20,7 +20,9 @@
 //! `IORING_SETUP_NO_SQARRAY` by the rings' size or their never-written
 //! index array; the others are not seen (see the README).
 //!
-//! **What is refused**, with the fd number: an SQ poll thread, restrictions
+//! **What is refused**, with the fd number: entries an SQ poll thread
+//! took while the ring was read (it runs on while the process is
+//! frozen), restrictions
 //! (any on a disabled ring), a single issuer no thread of the process is,
 //! personalities, NAPI, requests in flight
 //! (the kernel cannot give them back: a poll list, or more entries taken
@@ -47,7 +49,11 @@
 //! again (a sparse table, then its slots), and the fd is moved to its
 //! number. A ring whose single issuer is another thread than the main one
 //! is made disabled and left empty, and enabled, driven and filled by
-//! that thread once it exists ([`finish_in`]).
+//! that thread once it exists ([`finish_in`]). A ring with an SQ poll
+//! thread (`SqThread` in fdinfo) is made with one, bound to the CPU the
+//! old one was bound to ([`sq_thread_cpu`]); that thread takes the NOPs
+//! and, once written back, the entries the program left unsubmitted (the
+//! files are registered before), and is woken once more at the end.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
@@ -239,12 +245,7 @@ pub fn parse(text: &str) -> Result<Info, String> {
 
 /// Why a ring cannot be saved as it is, by what `fdinfo` says.
 pub fn refusal(fd: i32, i: &Info) -> Option<String> {
-    let why = if i.sq_thread >= 0 {
-        format!(
-            "has an SQ poll thread (IORING_SETUP_SQPOLL, thread {})",
-            i.sq_thread
-        )
-    } else if i.personalities {
+    let why = if i.personalities {
         "has registered personalities (IORING_REGISTER_PERSONALITY)".into()
     } else if i.napi {
         "has NAPI busy polling registered".into()
@@ -434,6 +435,13 @@ fn save_ring(
         ))
     };
     let (task_flags, issuer) = task_flags(fd, issuer)?;
+    // An SQ poll thread (`iou-sqp-N`, N the task that made it, which
+    // fdinfo shows), and the CPU it is bound to if it is.
+    let (sqpoll, sq_thread_cpu) = if i.sq_thread >= 0 {
+        (sys::IORING_SETUP_SQPOLL, sq_thread_cpu(fd.pid, i.sq_thread))
+    } else {
+        (0, None)
+    };
     let (sq_entries, cq_entries) = (i.sq_mask + 1, i.cq_mask + 1);
     let ino = fd.meta.ino();
     let maps = stasis_kernel::procfs::maps(fd.pid).map_err(stasis_kernel::KernelError::from)?;
@@ -494,6 +502,22 @@ fn save_ring(
             data,
         });
     }
+    // An SQ poll thread runs on while the process is frozen: it must not
+    // have taken entries while they were read.
+    if sqpoll != 0 {
+        let again =
+            std::fs::read_to_string(crate::save::proc_path(fd.pid, &format!("fdinfo/{}", fd.fd)))
+                .ok()
+                .and_then(|t| parse(&t).ok());
+        if again.is_none_or(|a| {
+            (a.sq_head, a.cached_sq_head, a.cq_tail) != (i.sq_head, i.cached_sq_head, i.cq_tail)
+        }) {
+            return Err(refuse(
+                "had entries taken by its SQ poll thread while it was being saved (requests in flight); checkpoint it when its poll thread is idle"
+                    .into(),
+            ));
+        }
+    }
     // The whole of each area mapped somewhere (the restore gives the
     // kernel that place as the ring's memory).
     let (Some(rings), Some(_)) = (
@@ -536,6 +560,7 @@ fn save_ring(
         sq_entries,
         cq_entries,
         setup_flags: task_flags
+            | sqpoll
             | if cq_entries == 2 * sq_entries {
                 0
             } else {
@@ -554,7 +579,30 @@ fn save_ring(
         files,
         buffers,
         issuer,
+        sq_thread_cpu,
     })
+}
+
+/// The CPU the SQ poll thread of a ring is bound to
+/// (`IORING_SETUP_SQ_AFF`): the one CPU its affinity allows, when it
+/// allows one only (a thread not bound is allowed every CPU online).
+/// `task` is what fdinfo's `SqThread` says: the task that made the
+/// thread, whose number its name carries (`iou-sqp-N`), or the thread.
+fn sq_thread_cpu(pid: i32, task: i32) -> Option<u32> {
+    let name = format!("iou-sqp-{task}");
+    let tasks = std::fs::read_dir(crate::save::proc_path(pid, "task")).ok()?;
+    let sqp = tasks.flatten().find_map(|e| {
+        let tid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+        (comm.trim_end() == name || tid == task && stasis_kernel::procfs::is_io_worker(pid, tid))
+            .then_some(e.path())
+    })?;
+    let status = std::fs::read_to_string(sqp.join("status")).ok()?;
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?
+        .trim();
+    list.parse().ok()
 }
 
 /// Per slot, the fd of the process that is the registered file: one
@@ -763,7 +811,13 @@ pub fn restore_in<R: Remote>(
                 sys::IORING_SETUP_R_DISABLED
             } else {
                 0
+            }
+            | if u.sq_thread_cpu.is_some() {
+                sys::IORING_SETUP_SQ_AFF
+            } else {
+                0
             },
+        sq_thread_cpu: u.sq_thread_cpu.unwrap_or(0),
         ..Default::default()
     };
     req.sq_off.user_addr = sqes.start;
@@ -806,9 +860,8 @@ pub fn restore_in<R: Remote>(
             img.fd, p.sq_off, p.cq_off
         )));
     }
-    if !later {
-        fill(r, img, tmp)?;
-    }
+    // Files and buffers first: an SQ poll thread takes the entries the
+    // program left unsubmitted as soon as they are written back.
     register(r, at, tmp, u).map_err(|e| match e {
         RestoreError::Step { what: w, source } => RestoreError::Step {
             what: format!("{w} of io_uring fd {}", img.fd),
@@ -816,6 +869,9 @@ pub fn restore_in<R: Remote>(
         },
         e => e,
     })?;
+    if !later {
+        fill(r, img, tmp)?;
+    }
     let target = u64::from(img.fd.unsigned_abs());
     if tmp == target {
         let cloexec = if img.cloexec { libc::FD_CLOEXEC } else { 0 };
@@ -902,6 +958,18 @@ fn fill<R: Remote>(r: &mut R, img: &FdImage, fd: u64) -> Result<(), RestoreError
             )
             .map_err(step(what("protecting the rings of")))?;
         }
+    }
+    // The saved flags of the SQ ring were written too: if they say its
+    // poll thread is awake (no IORING_SQ_NEED_WAKEUP) while it sleeps,
+    // the program would never wake it. Woken, it sets the flag itself
+    // when it sleeps again.
+    if u.setup_flags & sys::IORING_SETUP_SQPOLL != 0 {
+        r.sys(
+            "io_uring_enter",
+            libc::SYS_io_uring_enter,
+            &[fd, 0, 0, sys::IORING_ENTER_SQ_WAKEUP.into(), 0, 0],
+        )
+        .map_err(step(what("waking the SQ poll thread of")))?;
     }
     Ok(())
 }
@@ -1003,6 +1071,15 @@ fn drive<R: Remote>(
     }
     let zeros = vec![0u8; usize::try_from(n).unwrap_or(0) * sys::SQE_LEN];
     r.write(sqes, &zeros).map_err(step("writing NOP entries"))?;
+    // With an SQ poll thread, io_uring_enter only wakes it (it takes the
+    // entries itself) and waits for their completions.
+    let sqpoll = u.setup_flags & sys::IORING_SETUP_SQPOLL != 0;
+    let flags = sys::IORING_ENTER_GETEVENTS
+        | if sqpoll {
+            sys::IORING_ENTER_SQ_WAKEUP
+        } else {
+            0
+        };
     let mut cur = 0u32;
     while cur != target {
         let batch = u64::from(target.wrapping_sub(cur)).min(n);
@@ -1013,7 +1090,7 @@ fn drive<R: Remote>(
             .sys(
                 "io_uring_enter",
                 libc::SYS_io_uring_enter,
-                &[fd, batch, batch, sys::IORING_ENTER_GETEVENTS.into(), 0, 0],
+                &[fd, batch, batch, flags.into(), 0, 0],
             )
             .map_err(step("submitting NOPs to bring its positions back"))?;
         if got != batch {
@@ -1025,9 +1102,18 @@ fn drive<R: Remote>(
         r.write(cq + u64::from(p.cq_off.head), &cur.to_ne_bytes())
             .map_err(step("reaping NOPs"))?;
     }
+    // An SQ poll thread posts the completions of a batch a moment before
+    // it moves the SQ head past it.
     let mut h = [0u8; 4];
-    r.read(sq + u64::from(p.sq_off.head), &mut h)
-        .map_err(step("reading the SQ head"))?;
+    let since = std::time::Instant::now();
+    loop {
+        r.read(sq + u64::from(p.sq_off.head), &mut h)
+            .map_err(step("reading the SQ head"))?;
+        if !sqpoll || u32_at(&h) == target || since.elapsed().as_secs() >= 1 {
+            break;
+        }
+        std::thread::yield_now();
+    }
     let mut t = [0u8; 4];
     r.read(cq + u64::from(p.cq_off.tail), &mut t)
         .map_err(step("reading the CQ tail"))?;
@@ -1188,11 +1274,6 @@ mod tests {
         assert!(refusal(6, &parse(&over).unwrap())
             .unwrap()
             .contains("overflowed"));
-        let sqpoll = Info {
-            sq_thread: 77,
-            ..idle
-        };
-        assert!(refusal(6, &sqpoll).unwrap().contains("SQPOLL"));
     }
 
     #[test]
@@ -1247,6 +1328,7 @@ mod tests {
                 files,
                 buffers: vec![None, Some((0x5000, 4096))],
                 issuer: None,
+                sq_thread_cpu: None,
             }),
         }
     }
@@ -1346,6 +1428,40 @@ mod tests {
             [vec![9, u64::from(sys::IORING_REGISTER_ENABLE_RINGS), 0, 0]]
         );
         assert!(r.writes().contains(&vec![1; 4096]) && r.writes().contains(&vec![2; 4096]));
+    }
+
+    #[test]
+    fn a_ring_with_an_sq_poll_thread_gets_one_on_its_cpu_and_woken() {
+        let mut img = ring(0, vec![Some(3)]);
+        let FdKind::IoUring(u) = &mut img.kind else {
+            unreachable!()
+        };
+        u.setup_flags = sys::IORING_SETUP_SQPOLL;
+        u.sq_thread_cpu = Some(1);
+        let mut r = Recorder::default();
+        restore_in(&mut r, Scratch { structs: 4096 }, &img, false).unwrap();
+        let params = r
+            .writes()
+            .into_iter()
+            .find(|w| w.len() == sys::IO_URING_PARAMS_LEN)
+            .unwrap();
+        let p = sys::IoUringParams::from_bytes(params.as_slice().try_into().unwrap());
+        assert_eq!(
+            (p.flags, p.sq_thread_cpu),
+            (
+                sys::IORING_SETUP_SQPOLL | sys::IORING_SETUP_SQ_AFF | sys::IORING_SETUP_NO_MMAP,
+                1
+            )
+        );
+        // Files registered before the saved entries are written back
+        // (the thread takes them at once), then the thread woken.
+        let names = r.names();
+        let at = |n: &str| names.iter().position(|x| *x == n).unwrap();
+        assert!(at("io_uring_register") < at("io_uring_enter"), "{names:?}");
+        assert_eq!(
+            r.args_of("io_uring_enter"),
+            [vec![0, 0, 0, u64::from(sys::IORING_ENTER_SQ_WAKEUP), 0, 0]]
+        );
     }
 
     #[test]

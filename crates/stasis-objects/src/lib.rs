@@ -316,6 +316,7 @@ mod tests {
                 files: vec![],
                 buffers: vec![],
                 issuer: None,
+                sq_thread_cpu: None,
             }),
         ];
         for k in &all {

@@ -144,6 +144,8 @@ impl IoUringParams {
 
 /// `IORING_SETUP_*` flags Stasis names or uses.
 pub const IORING_SETUP_SQPOLL: u32 = 1 << 1;
+/// The SQ poll thread bound to CPU `sq_thread_cpu`.
+pub const IORING_SETUP_SQ_AFF: u32 = 1 << 2;
 pub const IORING_SETUP_CQSIZE: u32 = 1 << 3;
 pub const IORING_SETUP_R_DISABLED: u32 = 1 << 6;
 pub const IORING_SETUP_SINGLE_ISSUER: u32 = 1 << 12;
@@ -172,8 +174,10 @@ pub const IORING_OFF_PBUF_RING: u64 = 0x8000_0000;
 pub const SQE_LEN: usize = 64;
 pub const CQE_LEN: usize = 16;
 
-/// `IORING_ENTER_GETEVENTS`.
+/// `IORING_ENTER_GETEVENTS`: waits for completions.
 pub const IORING_ENTER_GETEVENTS: u32 = 1 << 0;
+/// `IORING_ENTER_SQ_WAKEUP`: wakes the SQ poll thread.
+pub const IORING_ENTER_SQ_WAKEUP: u32 = 1 << 1;
 
 /// `io_uring_register` operations.
 pub const IORING_REGISTER_PROBE: u32 = 8;

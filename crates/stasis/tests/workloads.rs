@@ -202,6 +202,7 @@ workload_tests! {
     hugetlb: "hugetlb";
     io_uring: "io_uring";
     io_uring_issuer: "io_uring", "issuer";
+    io_uring_sqpoll: "io_uring", "sqpoll";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so
