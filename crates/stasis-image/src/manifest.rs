@@ -788,6 +788,11 @@ pub struct IoUringRing {
     /// `setup_flags`) is bound to (`IORING_SETUP_SQ_AFF`), if it is.
     #[serde(default)]
     pub sq_thread_cpu: Option<u32>,
+    /// The ids of its registered personalities, each holding the
+    /// process's credentials: registered again by the process once its
+    /// credentials are back.
+    #[serde(default)]
+    pub personalities: Vec<u16>,
 }
 
 /// One area mapping an io_uring instance's rings.

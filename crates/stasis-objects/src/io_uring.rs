@@ -5,7 +5,8 @@
 //! (`SqMask`, `CqMask`), the positions (`SqHead`/`CachedSqHead`: entries
 //! the kernel took; `CqTail`/`CachedCqTail`: completions it posted;
 //! `SqTail`, `CqHead`: the program's), an SQ poll thread, the registered
-//! files (by name) and buffers (address/length), personalities, the
+//! files (by name) and buffers (address/length), personalities (older
+//! kernels only: 6.18 does not show them), the
 //! requests waiting on a poll (`PollList`) and the overflowed completions.
 //! The areas mapping the rings are `anon_inode:[io_uring]` in maps, with
 //! the instance's inode and the mmap offset of what they map. The setup
@@ -24,7 +25,8 @@
 //! took while the ring was read (it runs on while the process is
 //! frozen), restrictions
 //! (any on a disabled ring), a single issuer no thread of the process is,
-//! personalities, NAPI, requests in flight
+//! personalities holding other credentials than the process's, NAPI,
+//! requests in flight
 //! (the kernel cannot give them back: a poll list, or more entries taken
 //! than completions posted), overflowed completions, rings or SQEs not
 //! mapped whole (`IORING_SETUP_NO_MMAP`), an area at another offset (a
@@ -54,6 +56,9 @@
 //! old one was bound to ([`sq_thread_cpu`]); that thread takes the NOPs
 //! and, once written back, the entries the program left unsubmitted (the
 //! files are registered before), and is woken once more at the end.
+//! Personalities are registered again by the thread that registers on
+//! the ring (its issuer, or the main one) once its credentials are back
+//! ([`register_personalities`]), at their ids.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
@@ -141,11 +146,70 @@ pub struct Info {
     /// (slot, address, length) of each registered buffer.
     pub buffers: Vec<(u32, u64, u64)>,
     pub nr_buffers: u32,
-    pub personalities: bool,
+    /// Registered personalities (`IORING_REGISTER_PERSONALITY`).
+    pub personalities: Vec<Personality>,
     /// Lines of `PollList` and `CqOverflowList`.
     pub polls: usize,
     pub overflowed: usize,
     pub napi: bool,
+}
+
+/// A registered personality: its id and the credentials it holds, as
+/// fdinfo shows them (and `/proc/PID/status` a task's).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Personality {
+    pub id: u16,
+    pub uid: Vec<u32>,
+    pub gid: Vec<u32>,
+    pub groups: Vec<u32>,
+    pub cap_eff: u64,
+}
+
+impl Personality {
+    /// Fills the field a `Uid:`/`Gid:`/`Groups:`/`CapEff:` line gives
+    /// (others are left alone).
+    fn take(&mut self, line: &str) -> Result<(), String> {
+        let Some((key, v)) = line.trim().split_once(':') else {
+            return Ok(());
+        };
+        let nums = |v: &str| -> Result<Vec<u32>, String> {
+            v.split_whitespace()
+                .map(|n| {
+                    n.parse()
+                        .map_err(|_| format!("{key}: {n:?} is not a number"))
+                })
+                .collect()
+        };
+        match key {
+            "Uid" => self.uid = nums(v)?,
+            "Gid" => self.gid = nums(v)?,
+            "Groups" => self.groups = nums(v)?,
+            "CapEff" => {
+                self.cap_eff = u64::from_str_radix(v.trim(), 16)
+                    .map_err(|_| format!("CapEff: {v:?} is not a number"))?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The credentials of a task, from its `status`.
+    pub fn of_status(status: &str) -> Result<Self, String> {
+        let mut p = Self::default();
+        for l in status.lines() {
+            p.take(l)?;
+        }
+        Ok(p)
+    }
+
+    /// Whether it holds the same credentials as `other` (ids aside).
+    pub fn same_creds(&self, other: &Self) -> bool {
+        let mut a = self.groups.clone();
+        let mut b = other.groups.clone();
+        a.sort_unstable();
+        b.sort_unstable();
+        (&self.uid, &self.gid, a, self.cap_eff) == (&other.uid, &other.gid, b, other.cap_eff)
+    }
 }
 
 /// Parses an io_uring fdinfo.
@@ -157,6 +221,7 @@ pub fn parse(text: &str) -> Result<Info, String> {
         Buffers,
         Polls,
         Overflow,
+        Personalities,
     }
     let mut i = Info {
         sq_thread: -1,
@@ -197,6 +262,16 @@ pub fn parse(text: &str) -> Result<Info, String> {
                         .map_err(|_| format!("registered buffer length {len:?}"))?;
                     i.buffers.push((num(slot, "buffer slot")?, addr, len));
                 }
+                Section::Personalities => {
+                    if let Ok(id) = l.parse::<u16>() {
+                        i.personalities.push(Personality {
+                            id,
+                            ..Personality::default()
+                        });
+                    } else if let Some(p) = i.personalities.last_mut() {
+                        p.take(l)?;
+                    }
+                }
                 Section::Polls => i.polls += 1,
                 Section::Overflow => i.overflowed += 1,
                 Section::None => {}
@@ -230,7 +305,7 @@ pub fn parse(text: &str) -> Result<Info, String> {
                 i.nr_buffers = num(v, key)?;
                 section = Section::Buffers;
             }
-            "Personalities" => i.personalities = true,
+            "Personalities" => section = Section::Personalities,
             "PollList" => section = Section::Polls,
             "CqOverflowList" => section = Section::Overflow,
             "NAPI" => i.napi = v.trim() != "disabled",
@@ -245,9 +320,7 @@ pub fn parse(text: &str) -> Result<Info, String> {
 
 /// Why a ring cannot be saved as it is, by what `fdinfo` says.
 pub fn refusal(fd: i32, i: &Info) -> Option<String> {
-    let why = if i.personalities {
-        "has registered personalities (IORING_REGISTER_PERSONALITY)".into()
-    } else if i.napi {
+    let why = if i.napi {
         "has NAPI busy polling registered".into()
     } else if i.polls > 0 {
         format!(
@@ -549,6 +622,7 @@ fn save_ring(
         )));
     };
     let files = registered_files(fd, i)?;
+    let personalities = personalities(fd, i)?;
     let mut buffers = vec![None; usize::try_from(i.nr_buffers).unwrap_or(0)];
     for &(slot, addr, len) in &i.buffers {
         if let Some(b) = buffers.get_mut(slot as usize) {
@@ -580,7 +654,35 @@ fn save_ring(
         buffers,
         issuer,
         sq_thread_cpu,
+        personalities,
     })
+}
+
+/// The ids of the ring's personalities, each to hold the credentials
+/// of the process (they are registered again by it, with its own, once
+/// they are restored): others are refused. (6.18 does not show them:
+/// see the README.)
+fn personalities(fd: &OpenFd<'_>, i: &Info) -> Result<Vec<u16>, SaveError> {
+    if i.personalities.is_empty() {
+        return Ok(Vec::new());
+    }
+    let status =
+        std::fs::read_to_string(crate::save::proc_path(fd.pid, "status")).map_err(|source| {
+            SaveError::Proc {
+                pid: fd.pid,
+                file: "status".into(),
+                source,
+            }
+        })?;
+    let own =
+        Personality::of_status(&status).map_err(|e| fd.bad_info(crate::save::BadFormat(e)))?;
+    if let Some(p) = i.personalities.iter().find(|p| !p.same_creds(&own)) {
+        return Err(fd.unsupported(format!(
+            "io_uring fd {}: personality {} holds other credentials (uid {:?}, gid {:?}) than the process's (uid {:?}, gid {:?}), which stasis cannot checkpoint",
+            fd.fd, p.id, p.uid, p.gid, own.uid, own.gid
+        )));
+    }
+    Ok(i.personalities.iter().map(|p| p.id).collect())
 }
 
 /// The CPU the SQ poll thread of a ring is bound to
@@ -992,6 +1094,56 @@ pub fn finish_in<R: Remote>(r: &mut R, img: &FdImage) -> Result<(), RestoreError
     fill(r, img, fd)
 }
 
+/// The thread (TID) that registers the personalities of ring `img`
+/// again, once its credentials are back ([`register_personalities`]):
+/// its single issuer, else the main thread (`main`); `None` when it has
+/// none.
+pub fn personalities_by(img: &FdImage, main: i32) -> Option<i32> {
+    match &img.kind {
+        FdKind::IoUring(u) if !u.personalities.is_empty() => Some(u.issuer.unwrap_or(main)),
+        _ => None,
+    }
+}
+
+/// Registers the personalities of ring `img` again, with the credentials
+/// of the thread behind `r` (the process's): the kernel gives ids in
+/// turn from 1, so as many are registered as the largest saved id, and
+/// those not saved are unregistered.
+pub fn register_personalities<R: Remote>(r: &mut R, img: &FdImage) -> Result<(), RestoreError> {
+    let FdKind::IoUring(u) = &img.kind else {
+        return Err(crate::restore::not_mine(IoUring::NAME, img));
+    };
+    let Some(&last) = u.personalities.iter().max() else {
+        return Ok(());
+    };
+    let fd = u64::from(img.fd.unsigned_abs());
+    let what = || format!("registering the personalities of io_uring fd {}", img.fd);
+    for want in 1..=last {
+        let got = r
+            .sys(
+                "io_uring_register",
+                libc::SYS_io_uring_register,
+                &[fd, sys::IORING_REGISTER_PERSONALITY.into(), 0, 0],
+            )
+            .map_err(step(what()))?;
+        if got != u64::from(want) {
+            return Err(RestoreError::Incompatible(format!(
+                "io_uring fd {}: the kernel gave personality id {got}, not {want}",
+                img.fd
+            )));
+        }
+    }
+    for id in (1..last).filter(|id| !u.personalities.contains(id)) {
+        r.sys(
+            "io_uring_register",
+            libc::SYS_io_uring_register,
+            &[fd, sys::IORING_UNREGISTER_PERSONALITY.into(), 0, id.into()],
+        )
+        .map_err(step(what()))?;
+    }
+    Ok(())
+}
+
 /// Shared memory for the rings or the SQEs of io_uring fd `fd` (`whole`,
 /// the largest of `areas` mapping them), at each of their places (over
 /// the placeholders the memory restore left): one memfd named
@@ -1244,8 +1396,8 @@ mod tests {
             [(0, 0x559a_c112_f000, 4096), (1, 0x559a_c113_0000, 4096)]
         );
         assert_eq!(
-            (i.polls, i.overflowed, i.personalities, i.napi),
-            (0, 0, false, false)
+            (i.polls, i.overflowed, i.personalities.len(), i.napi),
+            (0, 0, 0, false)
         );
         assert_eq!(refusal(6, &i), None);
         assert!(parse("pos:\t0\n").is_err());
@@ -1329,6 +1481,7 @@ mod tests {
                 buffers: vec![None, Some((0x5000, 4096))],
                 issuer: None,
                 sq_thread_cpu: None,
+                personalities: vec![],
             }),
         }
     }
@@ -1461,6 +1614,99 @@ mod tests {
         assert_eq!(
             r.args_of("io_uring_enter"),
             [vec![0, 0, 0, u64::from(sys::IORING_ENTER_SQ_WAKEUP), 0, 0]]
+        );
+    }
+
+    // Older kernels show personalities (6.18 does not).
+    const PERSONALITIES: &str = "Personalities:\n    2\n\tUid:\t1000\t\t1000\t\t1000\t\t1000\n\tGid:\t100\t\t100\t\t100\t\t100\n\tGroups:\t27 100\n\tCapEff:\t0000000000000000\nPollList:\n";
+
+    #[test]
+    fn personalities_are_read_and_compared_with_the_process() {
+        let i = parse(&INFO.replace("PollList:\n", PERSONALITIES)).unwrap();
+        assert_eq!(
+            i.personalities,
+            [Personality {
+                id: 2,
+                uid: vec![1000; 4],
+                gid: vec![100; 4],
+                groups: vec![27, 100],
+                cap_eff: 0
+            }]
+        );
+        let status = "Name:\tx\nUid:\t1000\t1000\t1000\t1000\nGid:\t100\t100\t100\t100\nGroups:\t100 27 \nCapEff:\t0000000000000000\n";
+        let own = Personality::of_status(status).unwrap();
+        assert!(i.personalities[0].same_creds(&own));
+        let root = Personality::of_status(&status.replace("1000", "0")).unwrap();
+        assert!(!i.personalities[0].same_creds(&root));
+    }
+
+    /// A remote whose `IORING_REGISTER_PERSONALITY` answers ids in turn.
+    struct Ids(Recorder, u64);
+
+    impl Remote for Ids {
+        fn sys(
+            &mut self,
+            name: &'static str,
+            nr: i64,
+            args: &[u64],
+        ) -> Result<u64, stasis_kernel::KernelError> {
+            self.0.sys(name, nr, args)?;
+            if args.get(1) == Some(&u64::from(sys::IORING_REGISTER_PERSONALITY)) {
+                self.1 += 1;
+                return Ok(self.1);
+            }
+            Ok(0)
+        }
+        fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), stasis_kernel::KernelError> {
+            self.0.write(addr, data)
+        }
+        fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), stasis_kernel::KernelError> {
+            self.0.read(addr, buf)
+        }
+        fn scratch(&self) -> u64 {
+            self.0.scratch()
+        }
+        fn scratch_len(&self) -> usize {
+            self.0.scratch_len()
+        }
+    }
+
+    #[test]
+    fn personalities_get_their_ids_back() {
+        let mut img = ring(0, vec![]);
+        let FdKind::IoUring(u) = &mut img.kind else {
+            unreachable!()
+        };
+        u.personalities = vec![2, 4];
+        assert_eq!(personalities_by(&img, 100), Some(100), "the main thread");
+        let mut r = Ids(Recorder::default(), 0);
+        register_personalities(&mut r, &img).unwrap();
+        let ops: Vec<(u64, u64)> =
+            r.0.args_of("io_uring_register")
+                .iter()
+                .map(|a| (a[1], a[3]))
+                .collect();
+        let (reg, unreg) = (
+            u64::from(sys::IORING_REGISTER_PERSONALITY),
+            u64::from(sys::IORING_UNREGISTER_PERSONALITY),
+        );
+        // 1 to 4 registered, 1 and 3 (not saved) unregistered.
+        assert_eq!(
+            ops,
+            [
+                (reg, 0),
+                (reg, 0),
+                (reg, 0),
+                (reg, 0),
+                (unreg, 1),
+                (unreg, 3)
+            ]
+        );
+        // A kernel giving other ids: said so.
+        let e = register_personalities(&mut Recorder::default(), &img).unwrap_err();
+        assert!(
+            e.to_string().contains("gave personality id 0, not 1"),
+            "{e}"
         );
     }
 

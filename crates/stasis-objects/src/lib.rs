@@ -317,6 +317,7 @@ mod tests {
                 buffers: vec![],
                 issuer: None,
                 sq_thread_cpu: None,
+                personalities: vec![],
             }),
         ];
         for k in &all {

@@ -181,6 +181,9 @@ pub const IORING_ENTER_SQ_WAKEUP: u32 = 1 << 1;
 
 /// `io_uring_register` operations.
 pub const IORING_REGISTER_PROBE: u32 = 8;
+/// Registers the caller's credentials; answers their id.
+pub const IORING_REGISTER_PERSONALITY: u32 = 9;
+pub const IORING_UNREGISTER_PERSONALITY: u32 = 10;
 pub const IORING_REGISTER_RESTRICTIONS: u32 = 11;
 pub const IORING_REGISTER_ENABLE_RINGS: u32 = 12;
 pub const IORING_REGISTER_FILES2: u32 = 13;
