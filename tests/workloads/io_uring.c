@@ -86,12 +86,18 @@
  *            completes, and 10 more NOPs do;
  *   [sqaff]  the iou-sqp thread may run on that CPU only.
  *
- *   io_uring PIDFILE shared | issuer_gone
+ *   io_uring PIDFILE shared
  *
- * Rings a dump must refuse: one a child inherited (it holds it until its
- * parent ends); one made with IORING_SETUP_SINGLE_ISSUER by a thread that
- * has exited (its issuer is gone). After SIGTERM: [ring] a NOP on the
- * first completes; on the second, submitting fails with EEXIST.
+ * The ring, inherited by a child (it holds it until its parent ends).
+ * After SIGTERM: [shared] told to (SIGUSR1), the child submits a NOP
+ * (0xc5) through its own mappings and exits; the parent reaps its
+ * completion; [ring] a NOP of the parent completes.
+ *
+ *   io_uring PIDFILE issuer_gone
+ *
+ * A ring a dump must refuse: made with IORING_SETUP_SINGLE_ISSUER by a
+ * thread that has exited (its issuer is gone). After SIGTERM: [ring]
+ * submitting on it fails with EEXIST.
  */
 #include "zdtm.h"
 
@@ -355,10 +361,19 @@ static void *make_ring_and_exit(void *arg)
 	return NULL;
 }
 
+static volatile sig_atomic_t child_go;
+
+static void on_usr1(int sig)
+{
+	(void)sig;
+	child_go = 1;
+}
+
 static int refused_ring(const char *mode)
 {
 	unsigned long long ud = 0;
-	int r;
+	pid_t c = -1;
+	int r, st = 0;
 
 	if (!strcmp(mode, "issuer_gone")) {
 		pthread_t t;
@@ -370,16 +385,19 @@ static int refused_ring(const char *mode)
 		setup_ring();
 	}
 	if (!strcmp(mode, "shared")) {
-		pid_t c = fork();
-
+		signal(SIGUSR1, on_usr1);
+		c = fork();
 		if (c < 0)
 			zdtm_die("fork");
 		if (c == 0) {
 			prctl(PR_SET_PDEATHSIG, SIGKILL);
 			if (getppid() == 1)
 				_exit(0);
-			for (;;)
+			while (!child_go)
 				pause();
+			/* Through the child's own mappings of the ring. */
+			queue(IORING_OP_NOP, 0, -1, 0, 0, 0, 0, 0xc5);
+			_exit(enter(1, 0) == 1 ? 0 : 1);
 		}
 	}
 	zdtm_ready();
@@ -393,6 +411,19 @@ static int refused_ring(const char *mode)
 			   r < 0 ? strerror(errno) : "");
 		zdtm_finish();
 		return 0;
+	}
+	if (c > 0) {
+		/* [shared] the child submits a NOP on the ring; the parent
+		 * reaps its completion. */
+		ZDTM_CORRUPT("shared", kill(c, SIGKILL));
+		kill(c, SIGUSR1);
+		zdtm_check(waitpid(c, &st, 0) == c && WIFEXITED(st) && !WEXITSTATUS(st), "shared",
+			   "the child's NOP: wait status %#x", st);
+		r = -1;
+		if (*CQ_U32(p.cq_off.tail) != *CQ_U32(p.cq_off.head))
+			r = reap(&ud);
+		zdtm_check(r == 0 && ud == 0xc5, "shared", "the child's NOP: user_data %#llx res %d",
+			   ud, r);
 	}
 	queue(IORING_OP_NOP, 0, -1, 0, 0, 0, 0, 0xf1);
 	r = (int)enter(1, 1);

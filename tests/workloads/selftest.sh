@@ -251,6 +251,9 @@ test_workload() {
 		# a ring with an SQ poll thread
 		run_one "$w" "$out/$w" pass "$rt" sqpoll || ok=1
 		run_one "$w" "$out/selftest/$w" corrupt "$rt" sqpoll || ok=1
+		# a ring a child inherited
+		run_one "$w" "$out/$w" pass "$rt" shared || ok=1
+		run_one "$w" "$out/selftest/$w" corrupt "$rt" shared || ok=1
 	fi
 	if [ "$w" = chain_writer ]; then
 		# 16 MiB, fork at iteration 100: parent and child check themselves

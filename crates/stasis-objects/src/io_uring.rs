@@ -31,8 +31,7 @@
 //! than completions posted), overflowed completions, rings or SQEs not
 //! mapped whole (`IORING_SETUP_NO_MMAP`), an area at another offset (a
 //! provided-buffer ring), 128-byte SQEs or 32-byte CQEs (seen by the areas' sizes), a
-//! registered file that no fd of the process is, an instance several
-//! processes hold.
+//! registered file that no fd of the process is.
 //!
 //! **Restore**, by the process itself ([`restore_in`], after all its fds
 //! exist). The kernel maps a ring's own memory only where it chooses
@@ -58,7 +57,9 @@
 //! files are registered before), and is woken once more at the end.
 //! Personalities are registered again by the thread that registers on
 //! the ring (its issuer, or the main one) once its credentials are back
-//! ([`register_personalities`]), at their ids.
+//! ([`register_personalities`]), at their ids. A ring several processes
+//! hold is made by the first restored; the others take it from that one
+//! and map their areas from its memory ([`share_in`]).
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
@@ -86,20 +87,18 @@ impl Object for IoUring {
         if fd.link != LINK {
             return Ok(None);
         }
-        // Made by one process at restore, inside it: an instance an
-        // earlier process of the tree holds too (inherited) cannot be.
+        let info = parse(fd.info).map_err(|e| fd.bad_info(crate::save::BadFormat(e)))?;
+        // An instance an earlier process of the tree holds too (inherited,
+        // or passed): made by that one, handed over to this one, whose
+        // own areas mapping it are mapped again from its memory.
         let ino = fd.meta.ino();
-        if let Some(&(p, f, ..)) = cx
+        if cx
             .seen
             .iter()
-            .find(|s| s.0 != fd.pid && s.3 == ino && same_open_file(s.0, s.1, fd))
+            .any(|s| s.0 != fd.pid && s.3 == ino && same_open_file(s.0, s.1, fd))
         {
-            return Err(fd.unsupported(format!(
-                "io_uring fd {} is the instance of fd {f} of process {p} (inherited): an io_uring instance shared by several processes cannot be checkpointed yet",
-                fd.fd
-            )));
+            return Ok(Some(FdKind::IoUring(sharer_ring(fd, &info)?)));
         }
-        let info = parse(fd.info).map_err(|e| fd.bad_info(crate::save::BadFormat(e)))?;
         let issuer = cx.io_uring_issuers.get(&(fd.pid, fd.fd)).copied();
         let ring = save_ring(fd, &info, issuer)?;
         Ok(Some(FdKind::IoUring(ring)))
@@ -707,6 +706,57 @@ fn sq_thread_cpu(pid: i32, task: i32) -> Option<u32> {
     list.parse().ok()
 }
 
+/// Ring `fd` as a process that is not the first of the tree to hold it
+/// sees it: its sizes and the areas of this process mapping it (their
+/// bytes are the first holder's, not saved again).
+fn sharer_ring(fd: &OpenFd<'_>, i: &Info) -> Result<IoUringRing, SaveError> {
+    let ino = fd.meta.ino();
+    let maps = stasis_kernel::procfs::maps(fd.pid).map_err(stasis_kernel::KernelError::from)?;
+    let mut areas = Vec::new();
+    for m in &maps {
+        let offset = if m.name == LINK && m.ino == ino {
+            m.offset
+        } else if let Some((_, off)) = restored_area(&m.name).filter(|a| a.0 == fd.fd) {
+            off
+        } else {
+            continue;
+        };
+        let offset = match offset {
+            sys::IORING_OFF_SQ_RING | sys::IORING_OFF_CQ_RING => sys::IORING_OFF_SQ_RING,
+            sys::IORING_OFF_SQES => sys::IORING_OFF_SQES,
+            o => {
+                return Err(fd.unsupported(format!(
+                    "io_uring fd {} is mapped at {:#x}-{:#x} at offset {o:#x} (a provided-buffer ring, say), which stasis cannot checkpoint",
+                    fd.fd, m.start, m.end
+                )))
+            }
+        };
+        areas.push(IoUringArea {
+            start: m.start,
+            end: m.end,
+            offset,
+            prot: m.prot(),
+            data: Vec::new(),
+        });
+    }
+    Ok(IoUringRing {
+        ino,
+        sq_entries: i.sq_mask.wrapping_add(1),
+        cq_entries: i.cq_mask.wrapping_add(1),
+        setup_flags: 0,
+        sq_head: i.sq_head,
+        cq_tail: i.cq_tail,
+        sq_tail: i.sq_tail,
+        cq_head: i.cq_head,
+        areas,
+        files: Vec::new(),
+        buffers: Vec::new(),
+        issuer: None,
+        sq_thread_cpu: None,
+        personalities: Vec::new(),
+    })
+}
+
 /// Per slot, the fd of the process that is the registered file: one
 /// whose link is the file's name (several with that name: they must be
 /// one open file description).
@@ -831,28 +881,150 @@ pub fn check_areas(pid: i32) -> Result<(), SaveError> {
     Ok(())
 }
 
+/// What a process does for one of its io_uring fds ([`RestoreCtx::claim_io_uring`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// Makes the instance ([`restore_in`]).
+    Make,
+    /// Dups its own fd `0`, of the instance it made already.
+    Dup(i32),
+    /// Is handed the instance another process made: fd `fd` of the
+    /// process that is `pid` in the image and `host` to the restorer
+    /// ([`share_in`]).
+    Share { pid: i32, host: i32, fd: i32 },
+}
+
 impl RestoreCtx<'_> {
-    /// For io_uring fd `img` of process `pid`: `None` when it is to be
-    /// made ([`restore_in`]), `Some(fd)` when it is another fd of an
-    /// instance this process made already as `fd` (dup'd). An instance
-    /// that several processes hold (inherited) is refused: it is made by
-    /// one process, inside it.
-    pub fn claim_io_uring(&mut self, pid: i32, img: &FdImage) -> Result<Option<i32>, RestoreError> {
+    /// For io_uring fd `img` of process `pid` (`host` to the restorer):
+    /// whether it makes the instance, or it is another fd of one it or an
+    /// earlier process made (inherited, or passed).
+    pub fn claim_io_uring(
+        &mut self,
+        pid: i32,
+        host: i32,
+        img: &FdImage,
+    ) -> Result<Claim, RestoreError> {
         let Some(id) = img.shared_id else {
-            return Ok(None);
+            return Ok(Claim::Make);
         };
-        match self.io_urings.get(&id) {
+        Ok(match self.io_urings.get(&id) {
             None => {
-                self.io_urings.insert(id, (pid, img.fd));
-                Ok(None)
+                self.io_urings.insert(id, (pid, img.fd, host));
+                Claim::Make
             }
-            Some(&(p, fd)) if p == pid => Ok(Some(fd)),
-            Some(&(p, fd)) => Err(RestoreError::Incompatible(format!(
-                "io_uring fd {} of process {pid} is the instance of fd {fd} of process {p}: an io_uring instance shared by several processes cannot be restored yet",
-                img.fd
-            ))),
-        }
+            Some(&(p, fd, _)) if p == pid => Claim::Dup(fd),
+            Some(&(pid, fd, host)) => Claim::Share { pid, host, fd },
+        })
     }
+}
+
+/// Process `r` is handed io_uring fd `img` that fd `fd` of process `pid`
+/// (`host` to the restorer) made ([`Claim::Share`]): it takes the fd
+/// itself (`pidfd_getfd`: the kernel does not pass io_uring fds in
+/// `SCM_RIGHTS`), and the areas of `img` mapping its rings are mapped
+/// from the same memory, the
+/// memfds of `host` ([`memfd_name`], opened through its `map_files`),
+/// each planted in the process for the moment by `plant` (which answers
+/// its number there).
+pub fn share_in<R: Remote>(
+    r: &mut R,
+    img: &FdImage,
+    (pid, host, fd): (i32, i32, i32),
+    plant: &mut dyn FnMut(&mut R, std::os::fd::BorrowedFd<'_>) -> Result<u64, RestoreError>,
+) -> Result<(), RestoreError> {
+    let FdKind::IoUring(u) = &img.kind else {
+        return Err(crate::restore::not_mine(IoUring::NAME, img));
+    };
+    let what = || {
+        format!(
+            "taking io_uring fd {} from fd {fd} of process {pid}",
+            img.fd
+        )
+    };
+    let pidfd = r
+        .sys(
+            "pidfd_open",
+            libc::SYS_pidfd_open,
+            &[u64::from(pid.unsigned_abs()), 0],
+        )
+        .map_err(step(what()))?;
+    let got = r.sys(
+        "pidfd_getfd",
+        libc::SYS_pidfd_getfd,
+        &[pidfd, u64::from(fd.unsigned_abs()), 0],
+    );
+    r.sys("close", libc::SYS_close, &[pidfd])
+        .map_err(step(what()))?;
+    let got = got.map_err(step(what()))?;
+    let target = u64::from(img.fd.unsigned_abs());
+    let cl = if img.cloexec { libc::O_CLOEXEC } else { 0 };
+    r.sys(
+        "dup3",
+        libc::SYS_dup3,
+        &[got, target, u64::from(cl.unsigned_abs())],
+    )
+    .map_err(step(what()))?;
+    r.sys("close", libc::SYS_close, &[got])
+        .map_err(step(what()))?;
+    let maps = stasis_kernel::procfs::maps(host).map_err(stasis_kernel::KernelError::from)?;
+    for offset in [sys::IORING_OFF_SQ_RING, sys::IORING_OFF_SQES] {
+        let mine: Vec<&IoUringArea> = u.areas.iter().filter(|a| a.offset == offset).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let name = format!("/memfd:{} (deleted)", memfd_name(fd, offset));
+        let Some(m) = maps.iter().find(|m| m.name == name) else {
+            return Err(RestoreError::Inconsistent(format!(
+                "io_uring fd {}: process {host} has no memory {name} for it",
+                img.fd
+            )));
+        };
+        let path = format!("/proc/{host}/map_files/{:x}-{:x}", m.start, m.end);
+        let memfd = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|source| RestoreError::Step {
+                what: format!("opening {path} for io_uring fd {}", img.fd),
+                source: stasis_kernel::KernelError::Io {
+                    what: format!("open {path}"),
+                    source,
+                },
+            })?;
+        let at = plant(r, std::os::fd::AsFd::as_fd(&memfd))?;
+        let flags = u64::from((libc::MAP_SHARED | libc::MAP_FIXED).unsigned_abs());
+        let mut res = Ok(());
+        for a in &mine {
+            let len = a.end - a.start;
+            res = r
+                .sys(
+                    "mmap",
+                    libc::SYS_mmap,
+                    &[a.start, len, u64::from(a.prot), flags, at, 0],
+                )
+                .map_err(step(format!(
+                    "mapping the rings of io_uring fd {} at {:#x}",
+                    img.fd, a.start
+                )))
+                .and_then(|got| {
+                    if got == a.start {
+                        Ok(())
+                    } else {
+                        Err(RestoreError::Layout(format!(
+                            "the rings of io_uring fd {} landed at {got:#x}, not {:#x}",
+                            img.fd, a.start
+                        )))
+                    }
+                });
+            if res.is_err() {
+                break;
+            }
+        }
+        r.sys("close", libc::SYS_close, &[at])
+            .map_err(step("closing a ring's memory"))?;
+        res?;
+    }
+    Ok(())
 }
 
 fn u32_at(b: &[u8]) -> u32 {

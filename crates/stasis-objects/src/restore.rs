@@ -121,8 +121,9 @@ pub struct RestoreCtx<'a> {
     /// registrar (a PID of the image) to register its targets: (registrar,
     /// a copy of the epoll, its image).
     in_flight_epolls: Vec<(i32, OwnedFd, FdImage)>,
-    /// io_uring instances made, by `shared_id`: (process, fd).
-    pub(crate) io_urings: HashMap<u32, (i32, i32)>,
+    /// io_uring instances made, by `shared_id`: (process, fd, the
+    /// process's PID to the restorer).
+    pub(crate) io_urings: HashMap<u32, (i32, i32, i32)>,
 }
 
 impl<'a> RestoreCtx<'a> {
