@@ -93,17 +93,19 @@
  * (0xc5) through its own mappings and exits; the parent reaps its
  * completion; [ring] a NOP of the parent completes.
  *
- *   io_uring PIDFILE issuer_gone
+ *   io_uring PIDFILE issuer_gone | eventfd
  *
- * A ring a dump must refuse: made with IORING_SETUP_SINGLE_ISSUER by a
- * thread that has exited (its issuer is gone). After SIGTERM: [ring]
- * submitting on it fails with EEXIST.
+ * Rings a dump must refuse: one made with IORING_SETUP_SINGLE_ISSUER by
+ * a thread that has exited (its issuer is gone); one with an eventfd
+ * registered. After SIGTERM: [ring] submitting on the first fails with
+ * EEXIST; on the second, a NOP completes and the eventfd counts 1.
  */
 #include "zdtm.h"
 
 #include <linux/io_uring.h>
 #include <dirent.h>
 #include <pthread.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -373,7 +375,7 @@ static int refused_ring(const char *mode)
 {
 	unsigned long long ud = 0;
 	pid_t c = -1;
-	int r, st = 0;
+	int r, st = 0, efd = -1;
 
 	if (!strcmp(mode, "issuer_gone")) {
 		pthread_t t;
@@ -383,6 +385,11 @@ static int refused_ring(const char *mode)
 			zdtm_die("the thread making the ring");
 	} else {
 		setup_ring();
+	}
+	if (!strcmp(mode, "eventfd")) {
+		efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+		if (efd < 0 || syscall(SYS_io_uring_register, ring_fd, IORING_REGISTER_EVENTFD, &efd, 1))
+			zdtm_die("registering an eventfd");
 	}
 	if (!strcmp(mode, "shared")) {
 		signal(SIGUSR1, on_usr1);
@@ -430,6 +437,12 @@ static int refused_ring(const char *mode)
 	zdtm_check(r == 1, "ring", "submitting a NOP: %d (%s)", r, r < 0 ? strerror(errno) : "");
 	r = reap(&ud);
 	zdtm_check(r == 0 && ud == 0xf1, "ring", "the NOP: user_data %#llx res %d", ud, r);
+	if (efd >= 0) {
+		uint64_t n = 0;
+
+		zdtm_check(read(efd, &n, sizeof(n)) == sizeof(n) && n == 1, "ring",
+			   "the registered eventfd counts %llu", (unsigned long long)n);
+	}
 	zdtm_finish();
 	return 0;
 }
@@ -660,7 +673,7 @@ int main(int argc, char **argv)
 	unsigned long long ud;
 	int r;
 
-	zdtm_init(argc, argv, 1, "[inflight|issuer|sqpoll|issuer_gone|shared]");
+	zdtm_init(argc, argv, 1, "[inflight|issuer|sqpoll|shared|issuer_gone|eventfd]");
 	if (argc > 2) {
 		if (!strcmp(argv[2], "inflight"))
 			return in_flight();
@@ -668,7 +681,8 @@ int main(int argc, char **argv)
 			return issuer_mode();
 		if (!strcmp(argv[2], "sqpoll"))
 			return sqpoll_mode();
-		if (!strcmp(argv[2], "issuer_gone") || !strcmp(argv[2], "shared"))
+		if (!strcmp(argv[2], "issuer_gone") || !strcmp(argv[2], "shared") ||
+		    !strcmp(argv[2], "eventfd"))
 			return refused_ring(argv[2]);
 		zdtm_die("unknown mode %s", argv[2]);
 	}

@@ -608,8 +608,10 @@ fn rearm(
 /// The single issuer of each io_uring instance of the process that has
 /// one (`IORING_SETUP_SINGLE_ISSUER`): the thread in which a register
 /// probe is not turned down ([`stasis_objects::io_uring::is_issuer`]),
-/// by its TID in the image; `None` when no thread is. The fds are saved
-/// next, with it ([`stasis_objects::SaveCtx::io_uring_issuers`]).
+/// by its TID in the image; `None` when no thread is. That thread also
+/// tells whether the ring has an eventfd registered (no other may ask).
+/// The fds are saved next, with them
+/// ([`stasis_objects::SaveCtx::io_uring_issuers`]).
 fn io_uring_issuers(
     fp: &mut FrozenProcess,
     image: &ProcessImage,
@@ -618,8 +620,12 @@ fn io_uring_issuers(
     for fd in stasis_objects::io_uring::single_issuer_rings(fp.pid)? {
         let mut issuer = None;
         for (t, th) in fp.threads.iter_mut().zip(&image.threads) {
-            if stasis_objects::io_uring::is_issuer(&mut remote::ThreadRemote::new(t), fd)? {
+            let mut r = remote::ThreadRemote::new(t);
+            if stasis_objects::io_uring::is_issuer(&mut r, fd)? {
                 issuer = Some(th.tid);
+                if stasis_objects::io_uring::has_eventfd_in(&mut r, fd)? {
+                    collector.io_uring_eventfds.insert((fp.pid, fd));
+                }
                 break;
             }
         }

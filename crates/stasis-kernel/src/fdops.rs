@@ -482,17 +482,23 @@ pub fn io_uring_enter_nothing(fd: BorrowedFd<'_>, getevents: bool) -> io::Result
     .map(drop)
 }
 
-/// `io_uring_register(fd, op, NULL, 1)` for `IORING_REGISTER_PROBE`
-/// or `IORING_REGISTER_RESTRICTIONS`: a request the kernel turns down
-/// (no buffer) after checking who may register: it fails with `EEXIST`
-/// when the ring's single issuer (`IORING_SETUP_SINGLE_ISSUER`) is
-/// another task, `EACCES` when the ring's restrictions do not allow the
-/// operation, `EBUSY` (restrictions, on a ring still disabled) when it
-/// has restrictions already, with another error otherwise; it changes
-/// nothing in the ring.
+/// `io_uring_register(fd, op, NULL, 1)` for `IORING_REGISTER_PROBE`,
+/// `IORING_REGISTER_RESTRICTIONS` or `IORING_REGISTER_EVENTFD`: a
+/// request the kernel turns down (no buffer) after checking who may
+/// register: it fails with `EEXIST` when the ring's single issuer
+/// (`IORING_SETUP_SINGLE_ISSUER`) is another task, `EACCES` when the
+/// ring's restrictions do not allow the operation, `EBUSY` when it has
+/// restrictions already (on a ring still disabled) or an eventfd
+/// registered, with another error otherwise; it changes nothing in the
+/// ring.
 pub fn io_uring_register_nothing(fd: BorrowedFd<'_>, op: u32) -> io::Error {
-    use sys::io_uring::{IORING_REGISTER_PROBE, IORING_REGISTER_RESTRICTIONS};
-    if !matches!(op, IORING_REGISTER_PROBE | IORING_REGISTER_RESTRICTIONS) {
+    use sys::io_uring::{
+        IORING_REGISTER_EVENTFD, IORING_REGISTER_PROBE, IORING_REGISTER_RESTRICTIONS,
+    };
+    if !matches!(
+        op,
+        IORING_REGISTER_PROBE | IORING_REGISTER_RESTRICTIONS | IORING_REGISTER_EVENTFD
+    ) {
         return io::Error::from_raw_os_error(libc::EINVAL);
     }
     let null: *const libc::c_void = std::ptr::null();

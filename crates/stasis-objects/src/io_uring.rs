@@ -31,7 +31,9 @@
 //! than completions posted), overflowed completions, rings or SQEs not
 //! mapped whole (`IORING_SETUP_NO_MMAP`), an area at another offset (a
 //! provided-buffer ring), 128-byte SQEs or 32-byte CQEs (seen by the areas' sizes), a
-//! registered file that no fd of the process is.
+//! registered file that no fd of the process is, a registered eventfd
+//! (a registration with no fd is turned down with `EBUSY`; which file it
+//! is, nothing shows).
 //!
 //! **Restore**, by the process itself ([`restore_in`], after all its fds
 //! exist). The kernel maps a ring's own memory only where it chooses
@@ -100,7 +102,8 @@ impl Object for IoUring {
             return Ok(Some(FdKind::IoUring(sharer_ring(fd, &info)?)));
         }
         let issuer = cx.io_uring_issuers.get(&(fd.pid, fd.fd)).copied();
-        let ring = save_ring(fd, &info, issuer)?;
+        let eventfd = cx.io_uring_eventfds.contains(&(fd.pid, fd.fd));
+        let ring = save_ring(fd, &info, issuer, eventfd)?;
         Ok(Some(FdKind::IoUring(ring)))
     }
 
@@ -466,6 +469,29 @@ pub fn is_issuer<R: Remote>(r: &mut R, fd: i32) -> Result<bool, stasis_kernel::K
     }
 }
 
+/// Whether io_uring fd `fd` has an eventfd registered, asked in the thread
+/// behind `r` (its single issuer: no other may register): a second
+/// registration with no fd is turned down with `EBUSY`, and changes
+/// nothing otherwise.
+pub fn has_eventfd_in<R: Remote>(r: &mut R, fd: i32) -> Result<bool, stasis_kernel::KernelError> {
+    match r.sys(
+        "io_uring_register",
+        libc::SYS_io_uring_register,
+        &[
+            u64::from(fd.unsigned_abs()),
+            sys::IORING_REGISTER_EVENTFD.into(),
+            0,
+            1,
+        ],
+    ) {
+        Err(stasis_kernel::KernelError::RemoteSyscall { ref source, .. }) => {
+            Ok(source.raw_os_error() == Some(libc::EBUSY))
+        }
+        Err(e) => Err(e),
+        Ok(_) => Ok(false),
+    }
+}
+
 /// The io_uring fds of process `pid` whose single issuer is another task
 /// than the caller's (a register request is turned down with `EEXIST`):
 /// the rings whose issuer [`is_issuer`] is to find among its threads.
@@ -496,6 +522,7 @@ fn save_ring(
     fd: &OpenFd<'_>,
     i: &Info,
     issuer: Option<Option<i32>>,
+    eventfd: bool,
 ) -> Result<IoUringRing, SaveError> {
     if let Some(why) = refusal(fd.fd, i) {
         return Err(fd.unsupported(why));
@@ -507,6 +534,25 @@ fn save_ring(
         ))
     };
     let (task_flags, issuer) = task_flags(fd, issuer)?;
+    // A registered eventfd, which the kernel does not show (nor which
+    // file it is): a second registration is turned down (`EBUSY`). Asked
+    // here, or by the issuer of a ring that has one (`eventfd`).
+    let busy = eventfd
+        || issuer.is_none() && {
+            let copy = stasis_kernel::pidfd::pidfd_getfd(fd.pidfd, fd.fd)?;
+            stasis_kernel::fdops::io_uring_register_nothing(
+                copy.as_fd(),
+                sys::IORING_REGISTER_EVENTFD,
+            )
+            .raw_os_error()
+                == Some(libc::EBUSY)
+        };
+    if busy {
+        return Err(refuse(
+            "has an eventfd registered (IORING_REGISTER_EVENTFD), which the kernel does not show"
+                .into(),
+        ));
+    }
     // An SQ poll thread (`iou-sqp-N`, N the task that made it, which
     // fdinfo shows), and the CPU it is bound to if it is.
     let (sqpoll, sq_thread_cpu) = if i.sq_thread >= 0 {

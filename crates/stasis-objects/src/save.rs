@@ -123,6 +123,9 @@ pub struct SaveCtx {
     /// capture, which can run syscalls in each thread
     /// ([`crate::io_uring::issuer_of`]).
     pub io_uring_issuers: HashMap<(i32, i32), Option<i32>>,
+    /// Of those, the ones with an eventfd registered, as their issuer
+    /// found ([`crate::io_uring::has_eventfd_in`]: no other may ask).
+    pub io_uring_eventfds: std::collections::HashSet<(i32, i32)>,
 }
 
 /// `/proc/PID/<name>`.
@@ -229,6 +232,7 @@ impl Default for SaveCtx {
             in_flight: Vec::new(),
             listeners: HashMap::new(),
             io_uring_issuers: HashMap::new(),
+            io_uring_eventfds: std::collections::HashSet::new(),
         }
     }
 }

@@ -180,6 +180,8 @@ pub const IORING_ENTER_GETEVENTS: u32 = 1 << 0;
 pub const IORING_ENTER_SQ_WAKEUP: u32 = 1 << 1;
 
 /// `io_uring_register` operations.
+/// An eventfd signalled on completions (`_ASYNC`: 7, the same slot).
+pub const IORING_REGISTER_EVENTFD: u32 = 4;
 pub const IORING_REGISTER_PROBE: u32 = 8;
 /// Registers the caller's credentials; answers their id.
 pub const IORING_REGISTER_PERSONALITY: u32 = 9;
