@@ -145,7 +145,6 @@ impl<'a> FdFactory<'a> {
     /// it, and its areas mapped from that one's memory (planted through
     /// `transport` at `spare`, a free fd number:
     /// [`objects::io_uring::share_in`]).
-    #[allow(clippy::too_many_arguments)]
     pub fn io_uring<R: Remote>(
         &mut self,
         r: &mut R,
