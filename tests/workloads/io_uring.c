@@ -93,12 +93,15 @@
  * (0xc5) through its own mappings and exits; the parent reaps its
  * completion; [ring] a NOP of the parent completes.
  *
- *   io_uring PIDFILE issuer_gone | eventfd
+ *   io_uring PIDFILE issuer_gone | eventfd | ring_fds
  *
  * Rings a dump must refuse: one made with IORING_SETUP_SINGLE_ISSUER by
  * a thread that has exited (its issuer is gone); one with an eventfd
- * registered. After SIGTERM: [ring] submitting on the first fails with
- * EEXIST; on the second, a NOP completes and the eventfd counts 1.
+ * registered; one whose fd the main thread registered
+ * (IORING_REGISTER_RING_FDS). After SIGTERM: [ring] submitting on the
+ * first fails with EEXIST; on the second, a NOP completes and the eventfd
+ * counts 1; on the third, a NOP submitted through its registered slot
+ * completes.
  */
 #include "zdtm.h"
 
@@ -375,7 +378,7 @@ static int refused_ring(const char *mode)
 {
 	unsigned long long ud = 0;
 	pid_t c = -1;
-	int r, st = 0, efd = -1;
+	int r, st = 0, efd = -1, slot = -1;
 
 	if (!strcmp(mode, "issuer_gone")) {
 		pthread_t t;
@@ -385,6 +388,13 @@ static int refused_ring(const char *mode)
 			zdtm_die("the thread making the ring");
 	} else {
 		setup_ring();
+	}
+	if (!strcmp(mode, "ring_fds")) {
+		struct io_uring_rsrc_update up = { .offset = -1U, .data = ring_fd };
+
+		if (syscall(SYS_io_uring_register, ring_fd, IORING_REGISTER_RING_FDS, &up, 1) != 1)
+			zdtm_die("registering the ring's fd");
+		slot = up.offset;
 	}
 	if (!strcmp(mode, "eventfd")) {
 		efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -433,7 +443,11 @@ static int refused_ring(const char *mode)
 			   ud, r);
 	}
 	queue(IORING_OP_NOP, 0, -1, 0, 0, 0, 0, 0xf1);
-	r = (int)enter(1, 1);
+	if (slot >= 0)
+		r = (int)syscall(SYS_io_uring_enter, slot, 1, 1,
+				 IORING_ENTER_GETEVENTS | IORING_ENTER_REGISTERED_RING, NULL, 0);
+	else
+		r = (int)enter(1, 1);
 	zdtm_check(r == 1, "ring", "submitting a NOP: %d (%s)", r, r < 0 ? strerror(errno) : "");
 	r = reap(&ud);
 	zdtm_check(r == 0 && ud == 0xf1, "ring", "the NOP: user_data %#llx res %d", ud, r);
@@ -673,7 +687,7 @@ int main(int argc, char **argv)
 	unsigned long long ud;
 	int r;
 
-	zdtm_init(argc, argv, 1, "[inflight|issuer|sqpoll|shared|issuer_gone|eventfd]");
+	zdtm_init(argc, argv, 1, "[inflight|issuer|sqpoll|shared|issuer_gone|eventfd|ring_fds]");
 	if (argc > 2) {
 		if (!strcmp(argv[2], "inflight"))
 			return in_flight();
@@ -682,7 +696,7 @@ int main(int argc, char **argv)
 		if (!strcmp(argv[2], "sqpoll"))
 			return sqpoll_mode();
 		if (!strcmp(argv[2], "issuer_gone") || !strcmp(argv[2], "shared") ||
-		    !strcmp(argv[2], "eventfd"))
+		    !strcmp(argv[2], "eventfd") || !strcmp(argv[2], "ring_fds"))
 			return refused_ring(argv[2]);
 		zdtm_die("unknown mode %s", argv[2]);
 	}

@@ -610,6 +610,8 @@ fn rearm(
 /// probe is not turned down ([`stasis_objects::io_uring::is_issuer`]),
 /// by its TID in the image; `None` when no thread is. That thread also
 /// tells whether the ring has an eventfd registered (no other may ask).
+/// A process using io_uring whose threads have rings registered
+/// (`IORING_REGISTER_RING_FDS`) is refused first.
 /// The fds are saved next, with them
 /// ([`stasis_objects::SaveCtx::io_uring_issuers`]).
 fn io_uring_issuers(
@@ -617,6 +619,16 @@ fn io_uring_issuers(
     image: &ProcessImage,
     collector: &mut fds::FdCollector,
 ) -> Result<()> {
+    if !stasis_objects::io_uring::uses_io_uring(fp.pid) {
+        return Ok(());
+    }
+    for (t, th) in fp.threads.iter_mut().zip(&image.threads) {
+        stasis_objects::io_uring::check_ring_fds(
+            &mut remote::ThreadRemote::new(t),
+            fp.pid,
+            th.tid,
+        )?;
+    }
     for fd in stasis_objects::io_uring::single_issuer_rings(fp.pid)? {
         let mut issuer = None;
         for (t, th) in fp.threads.iter_mut().zip(&image.threads) {

@@ -492,6 +492,55 @@ pub fn has_eventfd_in<R: Remote>(r: &mut R, fd: i32) -> Result<bool, stasis_kern
     }
 }
 
+/// Refuses a thread (`tid` of `pid`, behind `r`) that has rings
+/// registered (`IORING_REGISTER_RING_FDS`): the kernel does not show
+/// them, and they would be lost. An `io_uring_enter` of nothing on each
+/// slot tells: `EBADF` for an empty slot, `EINVAL` for a thread that
+/// never used a ring; it changes nothing.
+pub fn check_ring_fds<R: Remote>(r: &mut R, pid: i32, tid: i32) -> Result<(), SaveError> {
+    for slot in 0..sys::IO_RINGFD_REG_MAX {
+        match r.sys(
+            "io_uring_enter",
+            libc::SYS_io_uring_enter,
+            &[
+                slot.into(),
+                0,
+                0,
+                sys::IORING_ENTER_REGISTERED_RING.into(),
+                0,
+                0,
+            ],
+        ) {
+            Err(stasis_kernel::KernelError::RemoteSyscall { ref source, .. })
+                if source.raw_os_error() == Some(libc::EINVAL) =>
+            {
+                return Ok(())
+            }
+            Err(stasis_kernel::KernelError::RemoteSyscall { ref source, .. })
+                if source.raw_os_error() == Some(libc::EBADF) => {}
+            Err(stasis_kernel::KernelError::RemoteSyscall { .. }) | Ok(_) => {
+                return Err(SaveError::Unsupported {
+                    pid,
+                    what: format!("its thread {tid} has an io_uring ring registered in slot {slot} (IORING_REGISTER_RING_FDS), which the kernel does not show, so stasis cannot checkpoint it"),
+                })
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Whether process `pid` has an io_uring fd or maps a ring.
+pub fn uses_io_uring(pid: i32) -> bool {
+    crate::save::list_fds(pid).is_ok_and(|fds| {
+        fds.iter()
+            .any(|n| crate::save::read_link(pid, &format!("fd/{n}")).is_ok_and(|l| l == LINK))
+    }) || stasis_kernel::procfs::maps(pid).is_ok_and(|m| {
+        m.iter()
+            .any(|m| m.name == LINK || restored_area(&m.name).is_some())
+    })
+}
+
 /// The io_uring fds of process `pid` whose single issuer is another task
 /// than the caller's (a register request is turned down with `EEXIST`):
 /// the rings whose issuer [`is_issuer`] is to find among its threads.

@@ -176,6 +176,11 @@ pub const CQE_LEN: usize = 16;
 
 /// `IORING_ENTER_GETEVENTS`: waits for completions.
 pub const IORING_ENTER_GETEVENTS: u32 = 1 << 0;
+/// `IORING_ENTER_REGISTERED_RING`: `fd` is a slot of the caller's
+/// registered rings (`IORING_REGISTER_RING_FDS`), of which a task has
+/// `IO_RINGFD_REG_MAX`.
+pub const IORING_ENTER_REGISTERED_RING: u32 = 1 << 4;
+pub const IO_RINGFD_REG_MAX: u32 = 16;
 /// `IORING_ENTER_SQ_WAKEUP`: wakes the SQ poll thread.
 pub const IORING_ENTER_SQ_WAKEUP: u32 = 1 << 1;
 

@@ -201,9 +201,12 @@ fn io_uring_with_a_request_in_flight_is_refused_and_left_untouched() {
 /// Rings stasis cannot make again as they were are refused by name, and
 /// left as they were: one bound to a single issuer that has exited (no
 /// thread can make it again: nobody may submit), one with an eventfd
-/// registered (the kernel does not show which: it still counts).
+/// registered (the kernel does not show which: it still counts), one
+/// whose fd a thread registered (`IORING_REGISTER_RING_FDS`, not shown:
+/// it still submits through it).
 #[test]
-fn io_uring_whose_issuer_is_gone_or_with_an_eventfd_is_refused_and_left_untouched() {
+fn io_uring_whose_issuer_is_gone_or_with_an_eventfd_or_registered_fd_is_refused_and_left_untouched()
+{
     for (mode, needle) in [
         (
             "issuer_gone",
@@ -212,6 +215,10 @@ fn io_uring_whose_issuer_is_gone_or_with_an_eventfd_is_refused_and_left_untouche
         (
             "eventfd",
             "has an eventfd registered (IORING_REGISTER_EVENTFD)",
+        ),
+        (
+            "ring_fds",
+            "has an io_uring ring registered in slot 0 (IORING_REGISTER_RING_FDS)",
         ),
     ] {
         let mut w = Workload::start("io_uring", &[mode]);
