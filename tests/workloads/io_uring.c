@@ -56,15 +56,59 @@
  * written to the pipe it completes with them (the refused dump left the
  * ring untouched).
  *
- *   io_uring PIDFILE single_issuer | shared
+ *   io_uring PIDFILE issuer
  *
- * Rings a dump must refuse too: one made with IORING_SETUP_SINGLE_ISSUER;
- * one a child inherited (it holds it until its parent ends). After
- * SIGTERM: [ring] a NOP on it completes.
+ * Rings bound to a thread, or disabled (IORING_SETUP_NO_SQARRAY, each
+ * prepared as B and C are):
+ *   S (8 entries): IORING_SETUP_SINGLE_ISSUER, made by the main thread;
+ *   T (8): SINGLE_ISSUER | DEFER_TASKRUN, made by thread X, which waits
+ *          on a pipe until the main thread lets it check;
+ *   D (4): IORING_SETUP_R_DISABLED, never enabled, a NOP (0xd3) written.
+ * After SIGTERM:
+ *   [issuer] in the main thread, a register probe on T is turned down
+ *            (EEXIST) and so is a wait for completions (DEFER_TASKRUN);
+ *            S works as B does; in thread X, a probe on T is not turned
+ *            down for that (it fails for want of a buffer), one on S is,
+ *            a wait on S is not
+ *            (no DEFER_TASKRUN), and T works as B does.
+ *   [disabled] io_uring_enter on D fails with EBADFD; once enabled, the
+ *            NOP written completes.
+ *
+ *   io_uring PIDFILE sqpoll
+ *
+ * A ring Q (8 entries, NO_SQARRAY) with an SQ poll thread
+ * (IORING_SETUP_SQPOLL, 50 ms idle) bound to CPU 1 (0 on one CPU:
+ * IORING_SETUP_SQ_AFF): 5 NOPs served, one (0xd1) completed and left
+ * unreaped, one (0xd2) written once the thread sleeps, not taken.
+ * After SIGTERM, with no io_uring_enter but to wake the thread when it
+ * sleeps (IORING_SQ_NEED_WAKEUP):
+ *   [sqpoll] the unreaped completion is there, the waiting entry
+ *            completes, and 10 more NOPs do;
+ *   [sqaff]  the iou-sqp thread may run on that CPU only.
+ *
+ *   io_uring PIDFILE shared
+ *
+ * The ring, inherited by a child (it holds it until its parent ends).
+ * After SIGTERM: [shared] told to (SIGUSR1), the child submits a NOP
+ * (0xc5) through its own mappings and exits; the parent reaps its
+ * completion; [ring] a NOP of the parent completes.
+ *
+ *   io_uring PIDFILE issuer_gone | eventfd | ring_fds
+ *
+ * Rings a dump must refuse: one made with IORING_SETUP_SINGLE_ISSUER by
+ * a thread that has exited (its issuer is gone); one with an eventfd
+ * registered; one whose fd the main thread registered
+ * (IORING_REGISTER_RING_FDS). After SIGTERM: [ring] submitting on the
+ * first fails with EEXIST; on the second, a NOP completes and the eventfd
+ * counts 1; on the third, a NOP submitted through its registered slot
+ * completes.
  */
 #include "zdtm.h"
 
 #include <linux/io_uring.h>
+#include <dirent.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -168,12 +212,17 @@ struct nring {
 
 #define NR_U32(n, off) ((volatile unsigned *)((n)->ring + (off)))
 
-static void nring_setup(struct nring *n, unsigned entries, unsigned cq_entries)
+/* The CPU of an SQ poll thread (IORING_SETUP_SQ_AFF; sqpoll mode). */
+static unsigned sq_cpu_want;
+
+static void nring_setup(struct nring *n, unsigned entries, unsigned cq_entries, unsigned flags)
 {
 	size_t len;
 
 	memset(&n->p, 0, sizeof(n->p));
-	n->p.flags = SETUP_NO_SQARRAY;
+	n->p.flags = SETUP_NO_SQARRAY | flags;
+	n->p.sq_thread_cpu = sq_cpu_want;
+	n->p.sq_thread_idle = 50;
 	if (cq_entries) {
 		n->p.flags |= IORING_SETUP_CQSIZE;
 		n->p.cq_entries = cq_entries;
@@ -219,11 +268,11 @@ static unsigned long long nring_one(struct nring *n, unsigned submit)
 }
 
 /* Before "ready" (see the top). */
-static void nring_prepare(struct nring *n, unsigned entries, unsigned cq_entries)
+static void nring_prepare(struct nring *n, unsigned entries, unsigned cq_entries, unsigned flags)
 {
 	unsigned i;
 
-	nring_setup(n, entries, cq_entries);
+	nring_setup(n, entries, cq_entries, flags);
 	for (i = 0; i < 5; i++) {
 		nring_nop(n, 0xd00 + i);
 		if (nring_one(n, 1) != 0xd00 + i)
@@ -235,22 +284,27 @@ static void nring_prepare(struct nring *n, unsigned entries, unsigned cq_entries
 	nring_nop(n, 0xd2);
 }
 
-/* After SIGTERM (see the top). */
-static void nring_check(struct nring *n, const char *name)
+/* After SIGTERM (see the top), reporting under `tag`. */
+static void nring_check_tag(struct nring *n, const char *name, const char *tag)
 {
 	unsigned long long ud;
 	unsigned i;
 
 	ud = nring_one(n, 0);
-	zdtm_check(ud == 0xd1, "noarray", "ring %s: unreaped completion %#llx", name, ud);
+	zdtm_check(ud == 0xd1, tag, "ring %s: unreaped completion %#llx", name, ud);
 	ud = nring_one(n, 1);
-	zdtm_check(ud == 0xd2, "noarray", "ring %s: the waiting entry gave %#llx", name, ud);
+	zdtm_check(ud == 0xd2, tag, "ring %s: the waiting entry gave %#llx", name, ud);
 	for (i = 0; i < 10; i++) {
 		nring_nop(n, 0xe00 + i);
 		ud = nring_one(n, 1);
-		if (!zdtm_check(ud == 0xe00 + i, "noarray", "ring %s: NOP %u gave %#llx", name, i, ud))
+		if (!zdtm_check(ud == 0xe00 + i, tag, "ring %s: NOP %u gave %#llx", name, i, ud))
 			break;
 	}
+}
+
+static void nring_check(struct nring *n, const char *name)
+{
+	nring_check_tag(n, name, "noarray");
 }
 
 /* Makes the ring (8 entries) and maps its rings and SQE array. */
@@ -304,36 +358,320 @@ static int in_flight(void)
 	return 0;
 }
 
-/* The "single_issuer" and "shared" modes (see the top). */
+/* The "shared" and "issuer_gone" modes (see the top). */
+static void *make_ring_and_exit(void *arg)
+{
+	(void)arg;
+	setup_ring();
+	return NULL;
+}
+
+static volatile sig_atomic_t child_go;
+
+static void on_usr1(int sig)
+{
+	(void)sig;
+	child_go = 1;
+}
+
 static int refused_ring(const char *mode)
 {
 	unsigned long long ud = 0;
-	int r;
+	pid_t c = -1;
+	int r, st = 0, efd = -1, slot = -1;
 
-	if (!strcmp(mode, "single_issuer"))
-		p.flags = 1U << 12;
-	setup_ring();
+	if (!strcmp(mode, "issuer_gone")) {
+		pthread_t t;
+
+		p.flags = IORING_SETUP_SINGLE_ISSUER;
+		if (pthread_create(&t, NULL, make_ring_and_exit, NULL) || pthread_join(t, NULL))
+			zdtm_die("the thread making the ring");
+	} else {
+		setup_ring();
+	}
+	if (!strcmp(mode, "ring_fds")) {
+		struct io_uring_rsrc_update up = { .offset = -1U, .data = ring_fd };
+
+		if (syscall(SYS_io_uring_register, ring_fd, IORING_REGISTER_RING_FDS, &up, 1) != 1)
+			zdtm_die("registering the ring's fd");
+		slot = up.offset;
+	}
+	if (!strcmp(mode, "eventfd")) {
+		efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+		if (efd < 0 || syscall(SYS_io_uring_register, ring_fd, IORING_REGISTER_EVENTFD, &efd, 1))
+			zdtm_die("registering an eventfd");
+	}
 	if (!strcmp(mode, "shared")) {
-		pid_t c = fork();
-
+		signal(SIGUSR1, on_usr1);
+		c = fork();
 		if (c < 0)
 			zdtm_die("fork");
 		if (c == 0) {
 			prctl(PR_SET_PDEATHSIG, SIGKILL);
 			if (getppid() == 1)
 				_exit(0);
-			for (;;)
+			while (!child_go)
 				pause();
+			/* Through the child's own mappings of the ring. */
+			queue(IORING_OP_NOP, 0, -1, 0, 0, 0, 0, 0xc5);
+			_exit(enter(1, 0) == 1 ? 0 : 1);
 		}
 	}
 	zdtm_ready();
 	while (!zdtm_stop)
 		zdtm_msleep(50);
+	if (!strcmp(mode, "issuer_gone")) {
+		/* Nobody may submit any more: still so. */
+		queue(IORING_OP_NOP, 0, -1, 0, 0, 0, 0, 0xf1);
+		r = (int)enter(1, 0);
+		zdtm_check(r < 0 && errno == EEXIST, "ring", "submitting a NOP: %d (%s)", r,
+			   r < 0 ? strerror(errno) : "");
+		zdtm_finish();
+		return 0;
+	}
+	if (c > 0) {
+		/* [shared] the child submits a NOP on the ring; the parent
+		 * reaps its completion. */
+		ZDTM_CORRUPT("shared", kill(c, SIGKILL));
+		kill(c, SIGUSR1);
+		zdtm_check(waitpid(c, &st, 0) == c && WIFEXITED(st) && !WEXITSTATUS(st), "shared",
+			   "the child's NOP: wait status %#x", st);
+		r = -1;
+		if (*CQ_U32(p.cq_off.tail) != *CQ_U32(p.cq_off.head))
+			r = reap(&ud);
+		zdtm_check(r == 0 && ud == 0xc5, "shared", "the child's NOP: user_data %#llx res %d",
+			   ud, r);
+	}
 	queue(IORING_OP_NOP, 0, -1, 0, 0, 0, 0, 0xf1);
-	r = (int)enter(1, 1);
+	if (slot >= 0)
+		r = (int)syscall(SYS_io_uring_enter, slot, 1, 1,
+				 IORING_ENTER_GETEVENTS | IORING_ENTER_REGISTERED_RING, NULL, 0);
+	else
+		r = (int)enter(1, 1);
 	zdtm_check(r == 1, "ring", "submitting a NOP: %d (%s)", r, r < 0 ? strerror(errno) : "");
 	r = reap(&ud);
 	zdtm_check(r == 0 && ud == 0xf1, "ring", "the NOP: user_data %#llx res %d", ud, r);
+	if (efd >= 0) {
+		uint64_t n = 0;
+
+		zdtm_check(read(efd, &n, sizeof(n)) == sizeof(n) && n == 1, "ring",
+			   "the registered eventfd counts %llu", (unsigned long long)n);
+	}
+	zdtm_finish();
+	return 0;
+}
+
+/* The "issuer" mode (see the top). */
+#define REGISTER_ENABLE_RINGS 12
+static struct nring ring_s, ring_t, ring_d;
+static int go[2], ready[2];
+/* What thread X saw after SIGTERM: the errno of a register probe on T
+ * and on S, of a wait for completions on S. */
+static int x_probe_t, x_probe_s, x_wait_s;
+
+/* errno of a call, 0 for success. */
+static int err_of(long r)
+{
+	return r < 0 ? errno : 0;
+}
+
+static int probe(int fd)
+{
+	return err_of(syscall(SYS_io_uring_register, fd, IORING_REGISTER_PROBE, NULL, 1));
+}
+
+static int wait_none(int fd)
+{
+	return err_of(syscall(SYS_io_uring_enter, fd, 0, 0, IORING_ENTER_GETEVENTS, NULL, 0));
+}
+
+static void *issuer_x(void *arg)
+{
+	char c;
+
+	(void)arg;
+	nring_prepare(&ring_t, 8, 0, IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN);
+	if (write(ready[1], "r", 1) != 1)
+		zdtm_die("thread X: ready");
+	while (read(go[0], &c, 1) != 1 || c != 'g')
+		;
+	x_probe_t = probe(ring_t.fd);
+	x_probe_s = probe(ring_s.fd);
+	x_wait_s = wait_none(ring_s.fd);
+	nring_check_tag(&ring_t, "T", "issuer");
+	return NULL;
+}
+
+static int issuer_mode(void)
+{
+	pthread_t x;
+	char c;
+	int r;
+
+	if (pipe2(go, O_CLOEXEC) || pipe2(ready, O_CLOEXEC))
+		zdtm_die("pipe");
+	nring_prepare(&ring_s, 8, 0, IORING_SETUP_SINGLE_ISSUER);
+	nring_setup(&ring_d, 4, 0, IORING_SETUP_R_DISABLED);
+	nring_nop(&ring_d, 0xd3);
+	if (pthread_create(&x, NULL, issuer_x, NULL) || read(ready[0], &c, 1) != 1 || c != 'r')
+		zdtm_die("thread X");
+	zdtm_ready();
+	while (!zdtm_stop)
+		zdtm_msleep(50);
+	ZDTM_CORRUPT("issuer", {
+		/* T made again by the main thread, at its number. */
+		struct io_uring_params q = { .flags = IORING_SETUP_SINGLE_ISSUER };
+		int f = syscall(SYS_io_uring_setup, 4, &q);
+
+		dup2(f, ring_t.fd);
+	});
+	ZDTM_CORRUPT("disabled", syscall(SYS_io_uring_register, ring_d.fd, REGISTER_ENABLE_RINGS,
+					 NULL, 0));
+	/* [issuer] S: the main thread's, without DEFER_TASKRUN; T: thread X's,
+	 * with DEFER_TASKRUN. */
+	r = probe(ring_t.fd);
+	zdtm_check(r == EEXIST, "issuer", "a register probe on T in the main thread: %s",
+		   strerror(r));
+	r = wait_none(ring_t.fd);
+	zdtm_check(r == EEXIST, "issuer",
+		   "waiting for completions of T in the main thread: %s (DEFER_TASKRUN lost?)",
+		   strerror(r));
+	nring_check_tag(&ring_s, "S", "issuer");
+	if (write(go[1], "g", 1) != 1 || pthread_join(x, NULL))
+		zdtm_die("thread X");
+	zdtm_check(x_probe_t != EEXIST, "issuer", "a register probe on T in thread X: %s",
+		   strerror(x_probe_t));
+	zdtm_check(x_probe_s == EEXIST, "issuer", "a register probe on S in thread X: %s",
+		   strerror(x_probe_s));
+	zdtm_check(x_wait_s == 0, "issuer",
+		   "waiting for no completion of S in thread X: %s (DEFER_TASKRUN gained?)",
+		   strerror(x_wait_s));
+	/* [disabled] D is still disabled; enabled, its waiting NOP completes. */
+	r = err_of(syscall(SYS_io_uring_enter, ring_d.fd, 0, 0, 0, NULL, 0));
+	zdtm_check(r == EBADFD, "disabled", "io_uring_enter on D: %s", strerror(r));
+	r = err_of(syscall(SYS_io_uring_register, ring_d.fd, REGISTER_ENABLE_RINGS, NULL, 0));
+	if (zdtm_check(r == 0, "disabled", "enabling D: %s", strerror(r))) {
+		unsigned long long ud = nring_one(&ring_d, 1);
+
+		zdtm_check(ud == 0xd3, "disabled", "the NOP written on D gave %#llx", ud);
+	}
+	zdtm_finish();
+	return 0;
+}
+
+/* The "sqpoll" mode (see the top). */
+static struct nring ring_q;
+
+/* A NOP at the SQ tail of Q, served by its poll thread: woken if it
+ * sleeps (IORING_SQ_NEED_WAKEUP), never asked to submit; its completion
+ * waited for (2 s at most) and reaped: its user_data, or 0. */
+static unsigned long long sq_served(int nop, unsigned long long ud)
+{
+	struct nring *n = &ring_q;
+	unsigned head = *NR_U32(n, n->p.cq_off.head);
+	struct io_uring_cqe *c;
+	int i;
+
+	if (nop)
+		nring_nop(n, ud);
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	if (*NR_U32(n, n->p.sq_off.flags) & IORING_SQ_NEED_WAKEUP)
+		syscall(SYS_io_uring_enter, n->fd, 0, 0, IORING_ENTER_SQ_WAKEUP, NULL, 0);
+	for (i = 0; i < 2000 && __atomic_load_n(NR_U32(n, n->p.cq_off.tail), __ATOMIC_ACQUIRE) == head;
+	     i++)
+		zdtm_msleep(1);
+	if (*NR_U32(n, n->p.cq_off.tail) == head)
+		return 0;
+	c = (struct io_uring_cqe *)(n->ring + n->p.cq_off.cqes) + (head & (n->p.cq_entries - 1));
+	__atomic_store_n(NR_U32(n, n->p.cq_off.head), head + 1, __ATOMIC_RELEASE);
+	return c->res ? 0 : c->user_data;
+}
+
+/* The CPUs the SQ poll thread may run on ("0-1", "1"), or "". */
+static void sqp_cpus(char *out, size_t len)
+{
+	DIR *d = opendir("/proc/self/task");
+	struct dirent *e;
+	char path[300], buf[4096];
+
+	*out = 0;
+	while (d && (e = readdir(d))) {
+		FILE *f;
+		char *l;
+
+		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+		f = fopen(path, "r");
+		if (!f)
+			continue;
+		l = fgets(buf, sizeof(buf), f);
+		fclose(f);
+		if (!l || strncmp(buf, "iou-sqp-", 8))
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/task/%s/status", e->d_name);
+		f = fopen(path, "r");
+		while (f && fgets(buf, sizeof(buf), f))
+			if (!strncmp(buf, "Cpus_allowed_list:", 18))
+				snprintf(out, len, "%s", buf + 18 + strspn(buf + 18, " \t"));
+		if (f)
+			fclose(f);
+	}
+	if (d)
+		closedir(d);
+	out[strcspn(out, "\n")] = 0;
+}
+
+static int sqpoll_mode(void)
+{
+	char want[16], got[64];
+	unsigned long long ud;
+	unsigned i;
+
+	sq_cpu_want = sysconf(_SC_NPROCESSORS_ONLN) > 1 ? 1 : 0;
+	nring_setup(&ring_q, 8, 0, IORING_SETUP_SQPOLL | IORING_SETUP_SQ_AFF);
+	for (i = 0; i < 5; i++)
+		if (sq_served(1, 0xd00 + i) != 0xd00 + i)
+			zdtm_die("NOP %u on the SQPOLL ring", i);
+	/* Completed, not reaped. */
+	nring_nop(&ring_q, 0xd1);
+	{
+		unsigned tail = *NR_U32(&ring_q, ring_q.p.cq_off.tail);
+
+		syscall(SYS_io_uring_enter, ring_q.fd, 0, 0, IORING_ENTER_SQ_WAKEUP, NULL, 0);
+		for (i = 0; i < 2000 && *NR_U32(&ring_q, ring_q.p.cq_off.tail) == tail; i++)
+			zdtm_msleep(1);
+		if (*NR_U32(&ring_q, ring_q.p.cq_off.tail) == tail)
+			zdtm_die("the NOP left unreaped");
+	}
+	/* Written once the poll thread sleeps, not taken. */
+	for (i = 0; i < 2000 && !(*NR_U32(&ring_q, ring_q.p.sq_off.flags) & IORING_SQ_NEED_WAKEUP); i++)
+		zdtm_msleep(1);
+	if (!(*NR_U32(&ring_q, ring_q.p.sq_off.flags) & IORING_SQ_NEED_WAKEUP))
+		zdtm_die("the SQ poll thread does not sleep");
+	nring_nop(&ring_q, 0xd2);
+	zdtm_ready();
+	while (!zdtm_stop)
+		zdtm_msleep(50);
+	ZDTM_CORRUPT("sqpoll", {
+		unsigned h = *NR_U32(&ring_q, ring_q.p.cq_off.head);
+
+		__atomic_store_n(NR_U32(&ring_q, ring_q.p.cq_off.head), h + 1, __ATOMIC_RELEASE);
+	});
+	ZDTM_CORRUPT("sqaff", sq_cpu_want ^= 1);
+	/* [sqpoll] */
+	ud = sq_served(0, 0);
+	zdtm_check(ud == 0xd1, "sqpoll", "unreaped completion %#llx", ud);
+	ud = sq_served(0, 0);
+	zdtm_check(ud == 0xd2, "sqpoll", "the waiting entry gave %#llx", ud);
+	for (i = 0; i < 10; i++) {
+		ud = sq_served(1, 0xe00 + i);
+		if (!zdtm_check(ud == 0xe00 + i, "sqpoll", "NOP %u gave %#llx", i, ud))
+			break;
+	}
+	/* [sqaff] */
+	snprintf(want, sizeof(want), "%u", sq_cpu_want);
+	sqp_cpus(got, sizeof(got));
+	zdtm_check(!strcmp(got, want), "sqaff", "the SQ poll thread runs on CPUs '%s', not %s", got,
+		   want);
 	zdtm_finish();
 	return 0;
 }
@@ -349,11 +687,16 @@ int main(int argc, char **argv)
 	unsigned long long ud;
 	int r;
 
-	zdtm_init(argc, argv, 1, "[inflight|single_issuer|shared]");
+	zdtm_init(argc, argv, 1, "[inflight|issuer|sqpoll|shared|issuer_gone|eventfd|ring_fds]");
 	if (argc > 2) {
 		if (!strcmp(argv[2], "inflight"))
 			return in_flight();
-		if (!strcmp(argv[2], "single_issuer") || !strcmp(argv[2], "shared"))
+		if (!strcmp(argv[2], "issuer"))
+			return issuer_mode();
+		if (!strcmp(argv[2], "sqpoll"))
+			return sqpoll_mode();
+		if (!strcmp(argv[2], "issuer_gone") || !strcmp(argv[2], "shared") ||
+		    !strcmp(argv[2], "eventfd") || !strcmp(argv[2], "ring_fds"))
 			return refused_ring(argv[2]);
 		zdtm_die("unknown mode %s", argv[2]);
 	}
@@ -389,8 +732,8 @@ int main(int argc, char **argv)
 	if (run(1, 0x300, sizeof(wbuf), "setup"))
 		zdtm_die("the WRITE to io_uring.out");
 
-	nring_prepare(&rb, 8, 0);
-	nring_prepare(&rc, 1024, 4096);
+	nring_prepare(&rb, 8, 0, 0);
+	nring_prepare(&rc, 1024, 4096, 0);
 
 	/* Completed, not reaped. */
 	queue(IORING_OP_NOP, 0, -1, 0, 0, 0, 0, 0xa1);
@@ -409,7 +752,7 @@ int main(int argc, char **argv)
 	if (sq_head != 24 || sq_tail != 26 || cq_head != 21 || cq_tail != 24)
 		zdtm_die("positions %u %u %u %u", sq_head, sq_tail, cq_head, cq_tail);
 
-	nring_setup(&rw, 4, 0);
+	nring_setup(&rw, 4, 0, 0);
 
 	zdtm_ready();
 	while (!zdtm_stop) {

@@ -244,6 +244,17 @@ test_workload() {
 	if [ "$w" = heap ]; then
 		run_one "$w" "$out/$w" pass "$rt" 8 || ok=1
 	fi
+	if [ "$w" = io_uring ]; then
+		# rings bound to a thread (single issuer), or disabled
+		run_one "$w" "$out/$w" pass "$rt" issuer || ok=1
+		run_one "$w" "$out/selftest/$w" corrupt "$rt" issuer || ok=1
+		# a ring with an SQ poll thread
+		run_one "$w" "$out/$w" pass "$rt" sqpoll || ok=1
+		run_one "$w" "$out/selftest/$w" corrupt "$rt" sqpoll || ok=1
+		# a ring a child inherited
+		run_one "$w" "$out/$w" pass "$rt" shared || ok=1
+		run_one "$w" "$out/selftest/$w" corrupt "$rt" shared || ok=1
+	fi
 	if [ "$w" = chain_writer ]; then
 		# 16 MiB, fork at iteration 100: parent and child check themselves
 		run_one "$w" "$out/$w" pass "$rt" 16 100 || ok=1

@@ -300,6 +300,7 @@ fn collect_live(
             *partial = collector.capture_sysv(fp.pid, shmid, (v.start, v.end), offset)?;
         }
     }
+    io_uring_issuers(fp, &image, collector)?;
     collector.add_process(fp.pid)?;
     // A userfaultfd of the program: its areas are filled by the restore
     // itself (no lazy filler), and Stasis's own userfaultfd (tracking,
@@ -672,6 +673,47 @@ fn rearm(
             ));
         }
     }
+}
+
+/// The single issuer of each io_uring instance of the process that has
+/// one (`IORING_SETUP_SINGLE_ISSUER`): the thread in which a register
+/// probe is not turned down ([`stasis_objects::io_uring::is_issuer`]),
+/// by its TID in the image; `None` when no thread is. That thread also
+/// tells whether the ring has an eventfd registered (no other may ask).
+/// A process using io_uring whose threads have rings registered
+/// (`IORING_REGISTER_RING_FDS`) is refused first.
+/// The fds are saved next, with them
+/// ([`stasis_objects::SaveCtx::io_uring_issuers`]).
+fn io_uring_issuers(
+    fp: &mut FrozenProcess,
+    image: &ProcessImage,
+    collector: &mut fds::FdCollector,
+) -> Result<()> {
+    if !stasis_objects::io_uring::uses_io_uring(fp.pid) {
+        return Ok(());
+    }
+    for (t, th) in fp.threads.iter_mut().zip(&image.threads) {
+        stasis_objects::io_uring::check_ring_fds(
+            &mut remote::ThreadRemote::new(t),
+            fp.pid,
+            th.tid,
+        )?;
+    }
+    for fd in stasis_objects::io_uring::single_issuer_rings(fp.pid)? {
+        let mut issuer = None;
+        for (t, th) in fp.threads.iter_mut().zip(&image.threads) {
+            let mut r = remote::ThreadRemote::new(t);
+            if stasis_objects::io_uring::is_issuer(&mut r, fd)? {
+                issuer = Some(th.tid);
+                if stasis_objects::io_uring::has_eventfd_in(&mut r, fd)? {
+                    collector.io_uring_eventfds.insert((fp.pid, fd));
+                }
+                break;
+            }
+        }
+        collector.io_uring_issuers.insert((fp.pid, fd), issuer);
+    }
+    Ok(())
 }
 
 /// Arms the tracker on every live process of the frozen tree; returns the

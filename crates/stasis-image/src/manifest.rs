@@ -1128,6 +1128,20 @@ pub struct IoUringRing {
     pub files: Vec<Option<i32>>,
     /// Registered buffers: per slot, (address, length) (`None`: empty).
     pub buffers: Vec<Option<(u64, u64)>>,
+    /// The thread (TID) that is the ring's single issuer
+    /// (`IORING_SETUP_SINGLE_ISSUER` in `setup_flags`): it is made, or
+    /// enabled, by that thread.
+    #[serde(default)]
+    pub issuer: Option<i32>,
+    /// The CPU its SQ poll thread (`IORING_SETUP_SQPOLL` in
+    /// `setup_flags`) is bound to (`IORING_SETUP_SQ_AFF`), if it is.
+    #[serde(default)]
+    pub sq_thread_cpu: Option<u32>,
+    /// The ids of its registered personalities, each holding the
+    /// process's credentials: registered again by the process once its
+    /// credentials are back.
+    #[serde(default)]
+    pub personalities: Vec<u16>,
 }
 
 /// One area mapping an io_uring instance's rings.

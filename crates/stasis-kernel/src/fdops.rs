@@ -478,12 +478,20 @@ pub fn fnmatch(pattern: &str, name: &str) -> bool {
     unsafe { libc::fnmatch(p.as_ptr(), n.as_ptr(), 0) == 0 }
 }
 
-/// `io_uring_enter(fd, 0, 0, 0, NULL, 0)`: submits nothing and waits for
-/// nothing. It tells whether the ring is disabled (`EBADFD`: made with
-/// `IORING_SETUP_R_DISABLED` and not enabled yet); it changes nothing in
-/// the ring.
-pub fn io_uring_enter_nothing(fd: BorrowedFd<'_>) -> io::Result<()> {
+/// `io_uring_enter(fd, 0, 0, flags, NULL, 0)` with `flags` 0 or
+/// `IORING_ENTER_GETEVENTS`: submits nothing and waits for nothing (no
+/// completion asked for). It tells whether the ring is disabled
+/// (`EBADFD`: made with `IORING_SETUP_R_DISABLED` and not enabled yet)
+/// and, asked for completions, whether they are posted only to another
+/// task (`EEXIST`: `IORING_SETUP_DEFER_TASKRUN`, whose single issuer the
+/// caller is not); it changes nothing in the ring.
+pub fn io_uring_enter_nothing(fd: BorrowedFd<'_>, getevents: bool) -> io::Result<()> {
     let null: *const libc::c_void = std::ptr::null();
+    let flags = if getevents {
+        sys::io_uring::IORING_ENTER_GETEVENTS
+    } else {
+        0
+    };
     // SAFETY: integers and a null argument pointer with size 0: the kernel
     // reads no memory of ours.
     check(unsafe {
@@ -492,7 +500,7 @@ pub fn io_uring_enter_nothing(fd: BorrowedFd<'_>) -> io::Result<()> {
             fd.as_raw_fd(),
             0u32,
             0u32,
-            0u32,
+            flags,
             null,
             0usize,
         )
@@ -500,25 +508,29 @@ pub fn io_uring_enter_nothing(fd: BorrowedFd<'_>) -> io::Result<()> {
     .map(drop)
 }
 
-/// `io_uring_register(fd, IORING_REGISTER_PROBE, NULL, 1)`: a request the
-/// kernel turns down (no buffer) after checking who may register: it
-/// fails with `EEXIST` when the ring's single issuer
+/// `io_uring_register(fd, op, NULL, 1)` for `IORING_REGISTER_PROBE`,
+/// `IORING_REGISTER_RESTRICTIONS` or `IORING_REGISTER_EVENTFD`: a
+/// request the kernel turns down (no buffer) after checking who may
+/// register: it fails with `EEXIST` when the ring's single issuer
 /// (`IORING_SETUP_SINGLE_ISSUER`) is another task, `EACCES` when the
-/// ring's restrictions do not allow probes, with another error
-/// otherwise; it changes nothing in the ring.
-pub fn io_uring_register_nothing(fd: BorrowedFd<'_>) -> io::Error {
+/// ring's restrictions do not allow the operation, `EBUSY` when it has
+/// restrictions already (on a ring still disabled) or an eventfd
+/// registered, with another error otherwise; it changes nothing in the
+/// ring.
+pub fn io_uring_register_nothing(fd: BorrowedFd<'_>, op: u32) -> io::Error {
+    use sys::io_uring::{
+        IORING_REGISTER_EVENTFD, IORING_REGISTER_PROBE, IORING_REGISTER_RESTRICTIONS,
+    };
+    if !matches!(
+        op,
+        IORING_REGISTER_PROBE | IORING_REGISTER_RESTRICTIONS | IORING_REGISTER_EVENTFD
+    ) {
+        return io::Error::from_raw_os_error(libc::EINVAL);
+    }
     let null: *const libc::c_void = std::ptr::null();
     // SAFETY: a null argument pointer: the kernel copies nothing from it
     // (it fails with EFAULT or EINVAL) and writes nothing.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_io_uring_register,
-            fd.as_raw_fd(),
-            sys::io_uring::IORING_REGISTER_PROBE,
-            null,
-            1u32,
-        )
-    };
+    let r = unsafe { libc::syscall(libc::SYS_io_uring_register, fd.as_raw_fd(), op, null, 1u32) };
     if r < 0 {
         io::Error::last_os_error()
     } else {

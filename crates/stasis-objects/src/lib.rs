@@ -330,6 +330,9 @@ mod tests {
                 areas: vec![],
                 files: vec![],
                 buffers: vec![],
+                issuer: None,
+                sq_thread_cpu: None,
+                personalities: vec![],
             }),
             FdKind::ExternalTty { current: false },
             FdKind::Userfaultfd(stasis_image::manifest::UffdImage {
@@ -407,6 +410,7 @@ mod tests {
                 "anon_inode:[pidfd]",
                 "anon_inode:[signalfd]",
                 "anon_inode:[timerfd]",
+                "anon_inode:[userfaultfd]",
                 "anon_inode:bpf-map",
                 "anon_inode:inotify"
             ]
@@ -414,7 +418,7 @@ mod tests {
         for a in anon {
             assert_eq!(save::unsupported_reason(1, 3, a), None, "{a}");
         }
-        let refused = save::unsupported_reason(1, 3, "anon_inode:[userfaultfd]").unwrap();
+        let refused = save::unsupported_reason(1, 3, "anon_inode:[perf_event]").unwrap();
         assert!(refused.contains("fd 3"), "{refused}");
     }
 

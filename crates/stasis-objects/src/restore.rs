@@ -127,8 +127,9 @@ pub struct RestoreCtx<'a> {
     /// registrar (a PID of the image) to register its targets: (registrar,
     /// a copy of the epoll, its image).
     in_flight_epolls: Vec<(i32, OwnedFd, FdImage)>,
-    /// io_uring instances made, by `shared_id`: (process, fd).
-    pub(crate) io_urings: HashMap<u32, (i32, i32)>,
+    /// io_uring instances made, by `shared_id`: (process, fd, the
+    /// process's PID to the restorer).
+    pub(crate) io_urings: HashMap<u32, (i32, i32, i32)>,
     /// The terminal a shell job is restored on (`restore --shell-job`):
     /// the restorer's own, by its device path.
     pub terminal: Option<std::path::PathBuf>,

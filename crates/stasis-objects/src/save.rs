@@ -145,6 +145,14 @@ pub struct SaveCtx {
     /// The TCP listeners of the network namespace, by family, asked once
     /// per dump ([`SaveCtx::listeners_on`]).
     listeners: HashMap<u8, Vec<stasis_kernel::tcpdiag::DiagAddr>>,
+    /// The single issuer of io_uring instances, by (pid, fd): the TID of
+    /// the thread of the process that is (`None`: none is), found by the
+    /// capture, which can run syscalls in each thread
+    /// ([`crate::io_uring::issuer_of`]).
+    pub io_uring_issuers: HashMap<(i32, i32), Option<i32>>,
+    /// Of those, the ones with an eventfd registered, as their issuer
+    /// found ([`crate::io_uring::has_eventfd_in`]: no other may ask).
+    pub io_uring_eventfds: std::collections::HashSet<(i32, i32)>,
 }
 
 /// `/proc/PID/<name>`.
@@ -180,7 +188,7 @@ pub(crate) use stasis_kernel::procfs::net::socket_inode;
 pub fn unsupported_reason(pid: i32, fd: i32, link: &str) -> Option<String> {
     let known_anon = crate::REGISTRY.iter().any(|e| e.anon_inode == Some(link));
     let kind = if link.starts_with("anon_inode:") && !known_anon {
-        Some("an anonymous inode of a kind stasis does not know (userfaultfd...)")
+        Some("an anonymous inode of a kind stasis does not know (perf_event, a KVM vm...)")
     } else if (link.starts_with("/dev/tty") && link != "/dev/tty") || link == "/dev/console" {
         // Pseudo-terminals (/dev/ptmx, /dev/pts/N) are `crate::pty`'s.
         Some("a terminal")
@@ -258,6 +266,8 @@ impl Default for SaveCtx {
             epoll_registrar: None,
             in_flight: Vec::new(),
             listeners: HashMap::new(),
+            io_uring_issuers: HashMap::new(),
+            io_uring_eventfds: std::collections::HashSet::new(),
         }
     }
 }

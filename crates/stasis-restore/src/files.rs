@@ -153,18 +153,26 @@ impl<'a> FdFactory<'a> {
         )?)
     }
 
-    /// Makes io_uring fd `img` in process `pid` (behind `r`), by the
-    /// process itself ([`objects::io_uring::restore_in`]); another fd of
-    /// an instance it made already is a `dup3` of it.
+    /// Makes io_uring fd `img` in process `pid` (behind `r`; `host` to
+    /// the restorer), by the process itself
+    /// ([`objects::io_uring::restore_in`]; disabled, to be enabled by its
+    /// single issuer, with `later`); another fd of an instance it made
+    /// already is a `dup3` of it; one another process made is taken from
+    /// it, and its areas mapped from that one's memory (planted through
+    /// `transport` at `spare`, a free fd number:
+    /// [`objects::io_uring::share_in`]).
     pub fn io_uring<R: Remote>(
         &mut self,
         r: &mut R,
-        pid: i32,
+        (pid, host): (i32, i32),
         img: &FdImage,
+        later: bool,
+        transport: (&OwnedFd, u64),
+        spare: i32,
     ) -> Result<(), RestoreError> {
-        match self.0.claim_io_uring(pid, img)? {
-            None => Ok(objects::io_uring::restore_in(r, AT, img)?),
-            Some(src) => {
+        match self.0.claim_io_uring(pid, host, img)? {
+            objects::io_uring::Claim::Make => Ok(objects::io_uring::restore_in(r, AT, img, later)?),
+            objects::io_uring::Claim::Dup(src) => {
                 let cl = if img.cloexec { libc::O_CLOEXEC } else { 0 };
                 let (s, t) = (
                     u64::from(src.unsigned_abs()),
@@ -179,6 +187,17 @@ impl<'a> FdFactory<'a> {
                     "io_uring fd {}: a dup of fd {src}",
                     img.fd
                 )))?;
+                Ok(())
+            }
+            objects::io_uring::Claim::Share {
+                pid: from,
+                host,
+                fd,
+            } => {
+                objects::io_uring::share_in(r, img, (from, host, fd), &mut |r, m| {
+                    objects::plant(r, AT, transport.0, transport.1, (m, spare, true))?;
+                    Ok(u64::from(spare.unsigned_abs()))
+                })?;
                 Ok(())
             }
         }

@@ -235,13 +235,26 @@ fn restore_files(s: &mut Proc, p: &ProcessImage, cx: &mut TreeCtx<'_, '_>) -> Re
         )?;
     }
     // io_uring instances are made by the process, once its other fds
-    // exist (their registered files), before what refers to fds by number.
+    // exist (their registered files), before what refers to fds by number;
+    // one whose single issuer is another thread is enabled by that
+    // thread once it exists (`threads::per_thread`).
+    let main = p.threads.first().map_or(p.pid, |t| t.tid);
+    let spare = p
+        .fds
+        .iter()
+        .map(|f| f.fd)
+        .max()
+        .unwrap_or(2)
+        .max(i32::try_from(h).unwrap_or(0))
+        + 1;
+    let host = s.t.pid();
     for fd in p
         .fds
         .iter()
         .filter(|f| objects::io_uring::made_in_process(f))
     {
-        factory.io_uring(s, p.pid, fd)?;
+        let later = objects::io_uring::enabled_by(fd, main).is_some();
+        factory.io_uring(s, (p.pid, host), fd, later, (transport, h), spare)?;
     }
     for fd in &p.fds {
         // An epoll description shared by several fds is filled once.

@@ -88,14 +88,52 @@ pub(crate) fn restore_dumpable<R: Remote>(s: &mut R, p: &ProcessImage) -> Result
 
 /// Per-thread state, credentials (per thread in the kernel) and
 /// thread-directed pending signals, each run by the thread itself (a
-/// thread may queue kernel-style siginfo only to itself).
+/// thread may queue kernel-style siginfo only to itself). First, the
+/// io_uring instances a thread other than the main one is the single
+/// issuer of, which the main thread made disabled, are enabled and
+/// filled by it ([`io_urings_of`]); last, it registers the personalities
+/// of those it is to (their issuer, or the main thread).
 pub(crate) fn per_thread(s: &mut Proc, p: &ProcessImage) -> Result<()> {
     let pid = s.pid;
     for (i, th) in p.threads.iter().enumerate() {
         s.cur = i.checked_sub(1);
+        let main = p.threads.first().map_or(p.pid, |t| t.tid);
+        for img in io_urings_of(p, |f| {
+            stasis_objects::io_uring::enabled_by(f, main) == Some(th.tid)
+        }) {
+            stasis_objects::io_uring::finish_in(s, img)?;
+        }
         thread_attributes(s, pid, p, th)?;
+        // With the process's credentials back.
+        for img in io_urings_of(p, |f| {
+            stasis_objects::io_uring::personalities_by(f, main) == Some(th.tid)
+        }) {
+            stasis_objects::io_uring::register_personalities(s, img)?;
+        }
     }
     Ok(())
+}
+
+/// The io_uring instances of `p` that `which` picks (by the fds of the
+/// thread that finishes them): the first fd of each (the one
+/// `restore_files` made; the others are dups of it).
+fn io_urings_of(
+    p: &ProcessImage,
+    which: impl Fn(&stasis_image::manifest::FdImage) -> bool,
+) -> Vec<&stasis_image::manifest::FdImage> {
+    let mut seen = Vec::new();
+    p.fds
+        .iter()
+        .filter(|f| which(f))
+        .filter(|f| match f.shared_id {
+            Some(id) if seen.contains(&id) => false,
+            Some(id) => {
+                seen.push(id);
+                true
+            }
+            None => true,
+        })
+        .collect()
 }
 
 /// What one thread (the one running the remote syscalls) gets back.

@@ -144,9 +144,13 @@ impl IoUringParams {
 
 /// `IORING_SETUP_*` flags Stasis names or uses.
 pub const IORING_SETUP_SQPOLL: u32 = 1 << 1;
+/// The SQ poll thread bound to CPU `sq_thread_cpu`.
+pub const IORING_SETUP_SQ_AFF: u32 = 1 << 2;
 pub const IORING_SETUP_CQSIZE: u32 = 1 << 3;
 pub const IORING_SETUP_R_DISABLED: u32 = 1 << 6;
 pub const IORING_SETUP_SINGLE_ISSUER: u32 = 1 << 12;
+/// Completions are posted when the single issuer waits for them.
+pub const IORING_SETUP_DEFER_TASKRUN: u32 = 1 << 13;
 /// The rings are in memory the caller gives (`sq_off.user_addr`:
 /// the SQE array, `cq_off.user_addr`: the rings).
 pub const IORING_SETUP_NO_MMAP: u32 = 1 << 14;
@@ -170,11 +174,25 @@ pub const IORING_OFF_PBUF_RING: u64 = 0x8000_0000;
 pub const SQE_LEN: usize = 64;
 pub const CQE_LEN: usize = 16;
 
-/// `IORING_ENTER_GETEVENTS`.
+/// `IORING_ENTER_GETEVENTS`: waits for completions.
 pub const IORING_ENTER_GETEVENTS: u32 = 1 << 0;
+/// `IORING_ENTER_REGISTERED_RING`: `fd` is a slot of the caller's
+/// registered rings (`IORING_REGISTER_RING_FDS`), of which a task has
+/// `IO_RINGFD_REG_MAX`.
+pub const IORING_ENTER_REGISTERED_RING: u32 = 1 << 4;
+pub const IO_RINGFD_REG_MAX: u32 = 16;
+/// `IORING_ENTER_SQ_WAKEUP`: wakes the SQ poll thread.
+pub const IORING_ENTER_SQ_WAKEUP: u32 = 1 << 1;
 
 /// `io_uring_register` operations.
+/// An eventfd signalled on completions (`_ASYNC`: 7, the same slot).
+pub const IORING_REGISTER_EVENTFD: u32 = 4;
 pub const IORING_REGISTER_PROBE: u32 = 8;
+/// Registers the caller's credentials; answers their id.
+pub const IORING_REGISTER_PERSONALITY: u32 = 9;
+pub const IORING_UNREGISTER_PERSONALITY: u32 = 10;
+pub const IORING_REGISTER_RESTRICTIONS: u32 = 11;
+pub const IORING_REGISTER_ENABLE_RINGS: u32 = 12;
 pub const IORING_REGISTER_FILES2: u32 = 13;
 pub const IORING_REGISTER_FILES_UPDATE2: u32 = 14;
 pub const IORING_REGISTER_BUFFERS2: u32 = 15;

@@ -208,6 +208,9 @@ workload_tests! {
     packet: "packet";
     hugetlb: "hugetlb";
     io_uring: "io_uring";
+    io_uring_issuer: "io_uring", "issuer";
+    io_uring_sqpoll: "io_uring", "sqpoll";
+    io_uring_shared: "io_uring", "shared";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so
