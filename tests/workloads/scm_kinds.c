@@ -1,8 +1,8 @@
 /*
  * scm_kinds.c - files in flight (SCM_RIGHTS) of the kinds that hold state
  * of their own outside any fd table: an inotify, a fanotify group, a UDP
- * socket, an established TCP connection, a TCP listener, and an open file
- * that a process of the tree holds too.
+ * socket, an established TCP connection, a TCP listener, a pseudo-terminal
+ * slave, and an open file that a process of the tree holds too.
  *
  *   scm_kinds PIDFILE
  *
@@ -16,6 +16,8 @@
  *   "tcp"   the accepted end s of a loopback TCP connection, "to-s"
  *           queued to it by the client c (c and the listener kept)
  *   "lis"   a second TCP listener on 127.0.0.1:Q
+ *   "tty"   the slave of a pty (no echo), "line\n" typed on the master
+ *           (kept)
  *   "file"  scm_kinds.data open read-write at offset 5, the fd kept: one
  *           open file in flight and in the table
  *   "pair"  q1 of a unix stream pair q0/q1, both kept, "q" queued to q1
@@ -27,6 +29,7 @@
  *              sends
  *   `tcp`      s reads "to-s", then bytes go both ways between c and s
  *   `listen`   the listener is on port Q and accepts a new connection
+ *   `tty`      the slave reads "line\n", the master reads what it writes
  *   `file`     the fd that arrived and the kept one are one open file
  *              (kcmp; a seek on one moves the other)
  *   `pair`     the socket that arrived is q1 (kcmp); it reads "q", then
@@ -42,6 +45,7 @@
 #include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <termios.h>
 
 #define DIR_ "scm_kinds.d"
 #define FAN "scm_kinds.f"
@@ -142,7 +146,7 @@ static int read_is(int fd, const char *want)
 
 int main(int argc, char **argv)
 {
-	int a[2], ino, wd, fan = -1, u, u2, lis, c, s, lis2, k, f, q[2];
+	int a[2], ino, wd, fan = -1, u, u2, lis, c, s, lis2, k, f, q[2], mt, sl;
 	int root = geteuid() == 0, udp_port, lis2_port;
 	struct sockaddr_in ua = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
 	socklen_t ul = sizeof(ua);
@@ -216,6 +220,25 @@ int main(int argc, char **argv)
 	if (send_fd(a[0], "lis", lis2))
 		zdtm_die("send lis");
 	close(lis2);
+
+	/* tty */
+	mt = posix_openpt(O_RDWR | O_NOCTTY);
+	if (mt < 0 || grantpt(mt) || unlockpt(mt))
+		zdtm_die("posix_openpt");
+	sl = open(ptsname(mt), O_RDWR | O_NOCTTY);
+	{
+		struct termios tio;
+
+		/* No echo: the master reads only what the slave writes. */
+		if (sl < 0 || tcgetattr(sl, &tio))
+			zdtm_die("tcgetattr");
+		tio.c_lflag &= ~ECHO;
+		if (tcsetattr(sl, TCSANOW, &tio))
+			zdtm_die("tcsetattr");
+	}
+	if (write(mt, "line\n", 5) != 5 || send_fd(a[0], "tty", sl))
+		zdtm_die("tty");
+	close(sl);
 
 	/* file */
 	f = open(DATA, O_RDWR | O_CREAT | O_TRUNC, 0600);
@@ -338,6 +361,19 @@ int main(int argc, char **argv)
 				zdtm_check(write(k, "hi", 2) == 2 && read_is(n, "hi"), "listen",
 					   "bytes over the accepted connection");
 			}
+		}
+	}
+
+	{
+		int t = recv_fd(a[1], "tty", "tty");
+
+		ZDTM_CORRUPT("tty", tcflush(mt, TCIOFLUSH));
+		if (t >= 0) {
+			fcntl(t, F_SETFL, O_NONBLOCK);
+			fcntl(mt, F_SETFL, O_NONBLOCK);
+			zdtm_check(read_is(t, "line\n"), "tty", "the slave did not read the typed line");
+			zdtm_check(write(t, "out", 3) == 3 && read_is(mt, "out"), "tty",
+				   "the master did not read what the slave wrote");
 		}
 	}
 

@@ -143,6 +143,9 @@ pub struct Saved {
     /// Who else holds ptys: given by the dump ([`Saved::use_census`]), or
     /// taken with the first master saved.
     census: Option<Census>,
+    /// Slaves in flight in the tree's unix sockets (`SCM_RIGHTS`), by
+    /// index: open, though no process holds them.
+    pub(crate) in_flight_slaves: std::collections::HashSet<u32>,
 }
 
 impl Saved {
@@ -821,10 +824,11 @@ fn save_master(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<PtyPair, SaveError> 
         return Err(refuse(format!("it uses line discipline {master_ldisc}; a master stasis restores uses N_TTY (0), the only one a master's reads and writes go through")));
     }
     let census = cx.ptys.census.get_or_insert_with(Census::take);
-    let slave_held = census
-        .holders(index, &[])
-        .iter()
-        .any(|h| matches!(h.2, End::Slave(_)));
+    let slave_held = cx.ptys.in_flight_slaves.contains(&index)
+        || census
+            .holders(index, &[])
+            .iter()
+            .any(|h| matches!(h.2, End::Slave(_)));
     if !state.hangup && !slave_held {
         return Err(refuse(format!("its slave /dev/pts/{index} has never been opened: the bytes queued to it can only be read through a slave, and the kernel hangs the master up when the last slave closes (TTY_OTHER_CLOSED, undone only by opening a slave again), so the dump would change the pair; dump once the slave is open")));
     }

@@ -253,29 +253,41 @@ impl SaveCtx {
         hold: &mut dyn FnMut(&[i32]) -> Result<(), SaveError>,
     ) -> Result<(), SaveError> {
         self.tree_pids = pids.to_vec();
+        // The files in flight (`SCM_RIGHTS`) in the queues of the tree's
+        // unix sockets, peeked at once (`crate::unix::files_in_flight`).
+        let mut flying = Vec::new();
+        crate::socket::for_each_socket(pids, |pid, fd, _, s| {
+            for f in crate::unix::files_in_flight(self, s.as_fd(), 4) {
+                flying.push((pid, fd, f));
+            }
+        });
+        // A pty slave in flight is open though no process holds it.
+        for (_, _, f) in &flying {
+            let rdev = nix::sys::stat::fstat(f.as_raw_fd()).map_or(0, |s| s.st_rdev);
+            if let Some(crate::pty::End::Slave(i)) = crate::pty::end_of(rdev) {
+                self.ptys.in_flight_slaves.insert(i);
+            }
+        }
         if self.tcp_close {
             // Saved as closed: nothing to stop or read.
             return Ok(());
         }
         let mut found = established(pids)?;
-        // Connections in flight (`SCM_RIGHTS`) in the queues of the
-        // tree's unix sockets are the tree's too: locked and read with
+        // Connections in flight are the tree's too: locked and read with
         // the others, in the name of the socket's holder.
-        crate::socket::for_each_socket(pids, |pid, fd, _, s| {
-            for f in crate::unix::files_in_flight(self, s.as_fd(), 4) {
-                let c = f.as_fd();
-                if !is_inet(c, libc::IPPROTO_TCP)
-                    || !sock::tcp_info(c).is_ok_and(|i| states::repairable(i.state))
-                {
-                    continue;
-                }
-                if let Some(ino) = crate::socket::inode_of(c) {
-                    if !found.iter().any(|x| x.2 == ino) {
-                        found.push((pid, fd, ino, f));
-                    }
+        for (pid, fd, f) in flying {
+            let c = f.as_fd();
+            if !is_inet(c, libc::IPPROTO_TCP)
+                || !sock::tcp_info(c).is_ok_and(|i| states::repairable(i.state))
+            {
+                continue;
+            }
+            if let Some(ino) = crate::socket::inode_of(c) {
+                if !found.iter().any(|x| x.2 == ino) {
+                    found.push((pid, fd, ino, f));
                 }
             }
-        });
+        }
         // Nothing may move between two connections' snapshots: a segment
         // processed after the receiver's queue was read but before the
         // sender's was (the sender then drops the bytes it sees acked)

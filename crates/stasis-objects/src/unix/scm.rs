@@ -13,8 +13,8 @@
 //! A description in flight that a process of the tree holds too is made
 //! once, for both ([`link`]); so is one sent several times. A TCP
 //! connection in flight is locked and read with the tree's others
-//! ([`super::files_in_flight`], called by `SaveCtx::freeze_tcp`). Refused
-//! by name: terminals in flight.
+//! ([`super::files_in_flight`], called by `SaveCtx::freeze_tcp`), and a
+//! pty slave in flight counts as open (`crate::pty`).
 
 use std::cell::Cell;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -68,12 +68,6 @@ pub(super) fn save(
             d.set(d.get() - 1);
             r
         })?;
-        if matches!(
-            img.kind,
-            FdKind::PtyMaster(_) | FdKind::PtySlave { .. } | FdKind::PtyHungUp { .. }
-        ) {
-            return Err(fd.unsupported(format!("fd {}: a unix socket's queue carries a terminal in flight (SCM_RIGHTS), which stasis cannot checkpoint yet", fd.fd)));
-        }
         let mut img = FdImage {
             fd: -1,
             shared_id: None,
