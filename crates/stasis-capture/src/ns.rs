@@ -247,7 +247,16 @@ fn extra_mounts(
     let mut ns = MountNamespace::default();
     let mut later = false;
     let mut made: Vec<String> = Vec::new();
-    for m in mounts(&proc::read(root, "mountinfo")?) {
+    let theirs = mounts(&proc::read(root, "mountinfo")?);
+    // A root of its own first: everything else is seen under the old root
+    // then (its pts, its proc...), and would be refused for less.
+    if let Some(m) = theirs.iter().find(|m| m.at == "/" && !mine.contains(&m.key())) {
+        return Err(refuse(
+            root,
+            format!("its mount namespace has a root of its own (a {} mount on /, as pivot_root makes); stasis restores trees whose root is the restorer's", m.kind),
+        ));
+    }
+    for m in theirs {
         if mine.contains(&m.key()) {
             continue;
         }
