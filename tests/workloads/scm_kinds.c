@@ -367,7 +367,7 @@ int main(int argc, char **argv)
 	{
 		int t = recv_fd(a[1], "tty", "tty");
 
-		ZDTM_CORRUPT("tty", tcflush(mt, TCIOFLUSH));
+		ZDTM_CORRUPT("tty", tcflush(t, TCIFLUSH));
 		if (t >= 0) {
 			fcntl(t, F_SETFL, O_NONBLOCK);
 			fcntl(mt, F_SETFL, O_NONBLOCK);
