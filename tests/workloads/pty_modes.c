@@ -257,7 +257,16 @@ int main(int argc, char **argv)
 
 	ZDTM_CORRUPT("pkt-status", want_f ^= TIOCPKT_FLUSHWRITE);
 	ZDTM_CORRUPT("pkt-flow", tcflow(f.s, TCOON));
-	ZDTM_CORRUPT("pty-input", put(e.m, "!"));
+	/* (A master's write reaches the slave through the kernel's flip
+	 * buffer, pushed by a worker: waited for, as under load it can lag
+	 * behind the read below.) */
+	ZDTM_CORRUPT("pty-input", {
+		int q = 0;
+
+		put(e.m, "!");
+		for (int i = 0; i < 500 && !(ioctl(e.s, FIONREAD, &q) == 0 && q >= 8); i++)
+			zdtm_msleep(10);
+	});
 	ZDTM_CORRUPT("extproc", {
 		tcgetattr(e.s, &t);
 		t.c_lflag &= ~(tcflag_t)EXTPROC;
