@@ -2,7 +2,7 @@
 //!
 //! [`check`] (preflight, nothing stopped) refuses a tree whose processes do
 //! not all share the root's namespaces, and the namespaces of its own that
-//! stasis cannot restore: user, cgroup and time namespaces; a PID namespace
+//! stasis cannot restore: time namespaces; a PID namespace
 //! whose init is not the root; a network namespace with another interface
 //! than `lo`; and mounts of a mount namespace other than a proc on
 //! `/proc`. [`describe`] (frozen) records what the restore needs: the host
@@ -25,8 +25,9 @@ use stasis_kernel::ns::{self as kns, NsKind};
 use crate::{proc, CaptureError, Result, SaveError};
 
 /// The kinds a tree may have of its own.
-const RESTORABLE: [NsKind; 6] = [
+const RESTORABLE: [NsKind; 7] = [
     NsKind::User,
+    NsKind::Cgroup,
     NsKind::Pid,
     NsKind::Mnt,
     NsKind::Net,
@@ -168,6 +169,28 @@ fn user_namespace(root: i32) -> Result<UserNamespace> {
     })
 }
 
+/// The root of the cgroup namespace of `root`, as the dumper sees it: its
+/// cgroup seen from here less the same seen from inside the namespace.
+fn cgroup_ns_root(root: i32) -> Result<String> {
+    let outside = cgroup_of(root).unwrap_or_default();
+    let inside =
+        kns::in_namespaces_of(root, &[NsKind::Cgroup], || cgroup_of(root))?.unwrap_or_default();
+    let base = if inside == "/" {
+        Some(outside.as_str())
+    } else {
+        outside.strip_suffix(inside.as_str())
+    };
+    match base {
+        Some(b) if outside.starts_with('/') && inside.starts_with('/') => {
+            Ok(if b.is_empty() { "/".into() } else { b.to_string() })
+        }
+        _ => Err(refuse(
+            root,
+            format!("its cgroup namespace's root cannot be told: it is in cgroup {outside:?}, {inside:?} from inside"),
+        )),
+    }
+}
+
 /// The cgroup (v2) of process `pid`: the path after `0::` in its
 /// `/proc/PID/cgroup` (`None` if it is gone).
 pub fn cgroup_of(pid: i32) -> Option<String> {
@@ -250,7 +273,10 @@ fn extra_mounts(
     let theirs = mounts(&proc::read(root, "mountinfo")?);
     // A root of its own first: everything else is seen under the old root
     // then (its pts, its proc...), and would be refused for less.
-    if let Some(m) = theirs.iter().find(|m| m.at == "/" && !mine.contains(&m.key())) {
+    if let Some(m) = theirs
+        .iter()
+        .find(|m| m.at == "/" && !mine.contains(&m.key()))
+    {
         return Err(refuse(
             root,
             format!("its mount namespace has a root of its own (a {} mount on /, as pivot_root makes); stasis restores trees whose root is the restorer's", m.kind),
@@ -571,6 +597,11 @@ pub fn describe(
         pid: own.contains(&NsKind::Pid),
         ipc: own.contains(&NsKind::Ipc),
         cgroup: cgroup_of(root),
+        cgroup_ns: if own.contains(&NsKind::Cgroup) {
+            Some(cgroup_ns_root(root)?)
+        } else {
+            None
+        },
         ..Default::default()
     };
     if own.contains(&NsKind::Uts) {

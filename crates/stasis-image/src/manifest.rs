@@ -213,6 +213,11 @@ pub struct Namespaces {
     /// where the restored tree is put (the directory is made if missing).
     #[serde(default)]
     pub cgroup: Option<String>,
+    /// A cgroup namespace of its own: the cgroup (as the dumper sees it) at
+    /// its root, which the restored root enters to make its new one (then
+    /// goes on to `cgroup`). Manifest version 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup_ns: Option<String>,
 }
 
 /// Who a System V IPC object is: its id, key, owner and mode.

@@ -143,10 +143,40 @@ pub(crate) fn setup_failure(code: i32) -> Option<&'static str> {
     }
 }
 
+/// A tree with a cgroup namespace of its own: the root stub (`r`, `pid` as
+/// stasis sees it) enters the cgroup at the namespace's root, makes its new
+/// cgroup namespace there (rooted at its cgroup), then goes on to the
+/// tree's cgroup. Its children inherit both.
+pub(crate) fn enter_cgroup_ns<R: stasis_kernel::remote::Remote>(
+    m: &Manifest,
+    r: &mut R,
+    pid: i32,
+) -> Result<()> {
+    let Some(n) = m.namespaces.as_ref() else {
+        return Ok(());
+    };
+    let Some(ns_root) = n.cgroup_ns.as_deref() else {
+        return Ok(());
+    };
+    join_cgroup(ns_root, pid)?;
+    r.sys(
+        "unshare",
+        libc::SYS_unshare,
+        &[libc::CLONE_NEWCGROUP as u64],
+    )
+    .map_err(crate::build::step(format!(
+        "making the tree's cgroup namespace (rooted at {ns_root})"
+    )))?;
+    if let Some(cg) = n.cgroup.as_deref() {
+        join_cgroup(cg, pid)?;
+    }
+    Ok(())
+}
+
 /// Puts process `pid` (the root stub, before it forks anyone) into the
 /// cgroup (v2) at `path`, made if missing; nothing if that is the
 /// restorer's own.
-fn join_cgroup(path: &str, pid: i32) -> Result<()> {
+pub(crate) fn join_cgroup(path: &str, pid: i32) -> Result<()> {
     let mine = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
     if mine.lines().any(|l| l.strip_prefix("0::") == Some(path)) {
         return Ok(());

@@ -43,6 +43,11 @@ impl NsTree {
 
     /// Started in the cgroup (v2) directory `cgroup`, if given.
     fn start_in(cgroup: Option<&std::path::Path>) -> NsTree {
+        Self::start_with(cgroup, &[])
+    }
+
+    /// [`NsTree::start_in`] with more `unshare` flags.
+    fn start_with(cgroup: Option<&std::path::Path>, more: &[&str]) -> NsTree {
         let bin = workloads().join("namespaces");
         let dir = tempfile::Builder::new()
             .prefix("stasis-namespaces-")
@@ -63,6 +68,7 @@ impl NsTree {
             None => Command::new("unshare"),
         };
         c.args(UNSHARE)
+            .args(more)
             .args(["sh", "-c", "exec \"$0\" \"$1\" >\"$2\" 2>&1"])
             .arg(&bin)
             .arg(&pidfile)
@@ -209,6 +215,63 @@ fn cgroup_of(pid: i32) -> String {
 
 /// A tree in a cgroup of its own comes back in it (not in the
 /// restorer's), every process of it.
+/// A tree in a cgroup namespace of its own (rooted at its cgroup, as a
+/// container runtime makes it): restored in its cgroup, in a new cgroup
+/// namespace rooted there (it sees itself at `/`), twice.
+#[test]
+fn twice_keeps_a_cgroup_namespace() {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let Some(mount) = info.lines().find_map(|l| {
+        let (a, b) = l.split_once(" - ")?;
+        (b.split_whitespace().next() == Some("cgroup2"))
+            .then(|| a.split_whitespace().nth(4).map(str::to_string))
+            .flatten()
+    }) else {
+        eprintln!("skipped: no cgroup2 file system mounted");
+        return;
+    };
+    let name = format!("stasis-cgns-test-{}", std::process::id());
+    let dir = std::path::Path::new(&mount).join(&name);
+    std::fs::create_dir(&dir).expect("making a test cgroup");
+    let want = format!("/{name}");
+    let ns_of = |p: i32| std::fs::read_link(format!("/proc/{p}/ns/cgroup")).unwrap();
+    // Its cgroup (v2) as seen from inside its cgroup namespace.
+    let inside = |p: i32| {
+        let o = Command::new("nsenter")
+            .args(["-t", &p.to_string(), "--cgroup", "cat"])
+            .arg(format!("/proc/{p}/cgroup"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .find(|l| l.starts_with("0::"))
+            .unwrap_or_default()
+            .to_string()
+    };
+    {
+        let mut t = NsTree::start_with(Some(&dir), &["--cgroup"]);
+        assert_eq!(cgroup_of(t.pid), want);
+        assert_eq!(inside(t.pid), "0::/");
+        let mine = ns_of(std::process::id() as i32);
+        for round in 1..=2 {
+            assert_ok(&t.dump(&[]), &format!("dump round {round}"));
+            t.reap();
+            t.restore(&[]);
+            for p in std::iter::once(t.pid).chain(descendants(t.pid)) {
+                assert_eq!(cgroup_of(p), want, "round {round}: process {p}");
+                assert_ne!(
+                    ns_of(p),
+                    mine,
+                    "round {round}: process {p} in our cgroup namespace"
+                );
+                assert_eq!(inside(p), "0::/", "round {round}: process {p}");
+            }
+        }
+        t.finish_pass();
+    }
+    let _ = std::fs::remove_dir(&dir);
+}
+
 #[test]
 fn twice_keeps_the_cgroup() {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
