@@ -356,6 +356,7 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
         user: None,
         net: Some(manifest::NetNamespace { lo_up: true }),
         cgroup: Some("/box".into()),
+        cgroup_ns: None,
         mnt: Some(manifest::MountNamespace {
             proc: true,
             tmpfs: vec![manifest::TmpfsMount {
