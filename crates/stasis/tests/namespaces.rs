@@ -198,6 +198,33 @@ fn twice(extra: &[&str]) {
     t.finish_pass();
 }
 
+/// Dumps the tree of `pid` (killed: a dump is the default) and restores it
+/// detached, `rounds` times, calling `check(pid, round)` on each restored
+/// tree; returns the last one's PID.
+fn dump_and_restore_detached(mut pid: i32, rounds: u32, check: impl Fn(i32, u32)) -> i32 {
+    let img = tempfile::tempdir().unwrap();
+    for round in 1..=rounds {
+        let o = stasis()
+            .args(["dump", "-t", &pid.to_string(), "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("dump round {round}"));
+        if round > 1 {
+            waitpid_timeout(pid, Duration::from_secs(30));
+        }
+        let o = stasis()
+            .args(["restore", "--detach", "--json", "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("restore round {round}"));
+        pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
+        check(pid, round);
+    }
+    pid
+}
+
 #[test]
 fn twice_plain() {
     twice(&[]);
@@ -508,26 +535,9 @@ fn twice_keeps_a_user_namespace() {
         );
     };
     check(pid, "before");
-    let img = tempfile::tempdir().unwrap();
-    for round in 1..=2 {
-        let o = stasis()
-            .args(["dump", "-t", &pid.to_string(), "-D"])
-            .arg(img.path())
-            .output()
-            .unwrap();
-        assert_ok(&o, &format!("dump round {round}"));
-        if round > 1 {
-            waitpid_timeout(pid, Duration::from_secs(30));
-        }
-        let o = stasis()
-            .args(["restore", "--detach", "--json", "-D"])
-            .arg(img.path())
-            .output()
-            .unwrap();
-        assert_ok(&o, &format!("restore round {round}"));
-        pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
+    let pid = dump_and_restore_detached(pid, 2, |pid, round| {
         check(pid, &format!("round {round}"));
-    }
+    });
     // SAFETY: killing the restored tree (PID 1 of its namespace).
     unsafe { libc::kill(pid, libc::SIGKILL) };
     waitpid_timeout(pid, Duration::from_secs(30));
@@ -660,24 +670,7 @@ fn twice_keeps_a_bind_mount() {
     });
     let seen = |pid: i32| std::fs::read(format!("/proc/{pid}/root/srv/marker")).unwrap_or_default();
     assert_eq!(seen(pid), b"bound here");
-    let img = tempfile::tempdir().unwrap();
-    for round in 1..=2 {
-        let o = stasis()
-            .args(["dump", "-t", &pid.to_string(), "-D"])
-            .arg(img.path())
-            .output()
-            .unwrap();
-        assert_ok(&o, &format!("dump round {round}"));
-        if round > 1 {
-            waitpid_timeout(pid, Duration::from_secs(30));
-        }
-        let o = stasis()
-            .args(["restore", "--detach", "--json", "-D"])
-            .arg(img.path())
-            .output()
-            .unwrap();
-        assert_ok(&o, &format!("restore round {round}"));
-        pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
+    let pid = dump_and_restore_detached(pid, 2, |pid, round| {
         assert_eq!(seen(pid), b"bound here", "round {round}");
         // Its fd 3 is on the file under the bind mount (reopened in the
         // restored mount namespace: /srv/marker is not the restorer's).
@@ -691,7 +684,7 @@ fn twice_keeps_a_bind_mount() {
                 .any(|l| l.split_whitespace().nth(4) == Some("/srv")),
             "round {round}: no mount on /srv:\n{info}"
         );
-    }
+    });
     // SAFETY: killing the restored tree (PID 1 of its namespace).
     unsafe { libc::kill(pid, libc::SIGKILL) };
     waitpid_timeout(pid, Duration::from_secs(30));
@@ -873,26 +866,9 @@ fn twice_keeps_container_mounts() {
         assert_eq!(nets, vec!["lo".to_string()], "{round}");
     };
     check(pid, "before");
-    let img = tempfile::tempdir().unwrap();
-    for round in 1..=2 {
-        let o = stasis()
-            .args(["dump", "-t", &pid.to_string(), "-D"])
-            .arg(img.path())
-            .output()
-            .unwrap();
-        assert_ok(&o, &format!("dump round {round}"));
-        if round > 1 {
-            waitpid_timeout(pid, Duration::from_secs(30));
-        }
-        let o = stasis()
-            .args(["restore", "--detach", "--json", "-D"])
-            .arg(img.path())
-            .output()
-            .unwrap();
-        assert_ok(&o, &format!("restore round {round}"));
-        pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
+    let pid = dump_and_restore_detached(pid, 2, |pid, round| {
         check(pid, &format!("round {round}"));
-    }
+    });
     // SAFETY: killing the restored tree (PID 1 of its namespace).
     unsafe { libc::kill(pid, libc::SIGKILL) };
     waitpid_timeout(pid, Duration::from_secs(30));
