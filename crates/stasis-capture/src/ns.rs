@@ -4,10 +4,13 @@
 //! not all share the root's namespaces, and the namespaces of its own that
 //! stasis cannot restore: time namespaces; a PID namespace
 //! whose init is not the root; a network namespace with another interface
-//! than `lo`; and mounts of a mount namespace other than a proc on
-//! `/proc`. [`describe`] (frozen) records what the restore needs: the host
-//! and domain names, the System V message queues and semaphore sets of an
-//! IPC namespace, whether `lo` is up, the proc mount, and the PID (and
+//! than `lo` and veths whose peer is in the dumper's namespace (as a
+//! container runtime makes them); and mounts of a mount namespace other
+//! than a proc on `/proc`. [`describe`] (frozen) records what the restore
+//! needs: the host and domain names, the System V message queues and
+//! semaphore sets of an IPC namespace, whether `lo` is up, the veths
+//! (both ends: names, hardware addresses, MTUs, up states, addresses, the
+//! peer's bridge) and routes, the proc mount, and the PID (and
 //! TID) of every process in its namespace. The dump itself works with the
 //! PIDs stasis sees (ptrace, `/proc`); [`translate_pids`] gives the
 //! manifest the in-namespace ones at the commit.
@@ -15,12 +18,14 @@
 use std::collections::{HashMap, HashSet};
 
 use stasis_image::manifest::{
-    BindMount, FdKind, LaterKind, LaterMount, Manifest, MountNamespace, Namespaces, NetNamespace,
-    ProcessImage, TmpfsEntry, TmpfsMount, UserNamespace, UtsNamespace,
+    BindMount, FdKind, LaterKind, LaterMount, Manifest, MountNamespace, Namespaces, NetAddress,
+    NetInterface, NetNamespace, NetRoute, ProcessImage, TmpfsEntry, TmpfsMount, UserNamespace,
+    UtsNamespace, Veth,
 };
 use stasis_image::ContentWriter;
 use stasis_kernel::fdops as kns_fdops;
 use stasis_kernel::ns::{self as kns, NsKind};
+use stasis_kernel::rtnl::{self, Rtnl};
 
 use crate::{proc, CaptureError, Result, SaveError};
 
@@ -114,24 +119,201 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
     Ok(())
 }
 
-/// A network namespace of the tree's own: only `lo` (its sockets are
-/// saved as in the dumper's, from inside it: [`enter_net`]).
+/// A network namespace of the tree's own: `lo` and veth interfaces whose
+/// peer is in the dumper's namespace (its sockets are saved as in the
+/// dumper's, from inside it: [`enter_net`]).
 fn check_net(root: i32) -> Result<()> {
-    let dev = proc::read(root, "net/dev")?;
-    for name in dev
-        .lines()
-        .skip(2)
-        .filter_map(|l| l.split(':').next())
-        .map(str::trim)
-    {
-        if name != "lo" {
+    net_namespace(root).map(|_| ())
+}
+
+/// What the network namespace of `root` holds, read by rtnetlink from
+/// inside it (its interfaces, addresses, routes) and from the dumper's
+/// (the veths' peers); refuses an interface other than `lo` and veths
+/// whose peer is in the dumper's namespace, and routes stasis does not
+/// make again.
+fn net_namespace(root: i32) -> Result<NetNamespace> {
+    let (links, addrs, routes) = kns::in_namespaces_of(root, &[NsKind::Net], || {
+        let mut nl = Rtnl::open()?;
+        Ok::<_, stasis_kernel::KernelError>((nl.links()?, nl.addrs()?, nl.routes()?))
+    })??;
+    let lo_up = links.iter().any(|l| l.name == "lo" && l.up);
+    let mut net = NetNamespace {
+        lo_up,
+        ..Default::default()
+    };
+    // Only with a veth is the dumper's side looked at.
+    let mut home = None;
+    for l in &links {
+        if l.name == "lo" && l.kind.is_none() {
+            continue;
+        }
+        if l.kind.as_deref() != Some("veth") {
             return Err(refuse(
                 root,
-                format!("its network namespace has the interface {name}; stasis restores a network namespace with only lo"),
+                format!(
+                    "its network namespace has the interface {} (a {} device); stasis restores a network namespace with lo and veth interfaces whose peer is in the dumper's namespace",
+                    l.name,
+                    l.kind.as_deref().unwrap_or("physical or unknown")
+                ),
             ));
         }
+        if l.link_netnsid.is_none() {
+            return Err(refuse(
+                root,
+                format!(
+                    "its network namespace has the veth {} whose peer is in that namespace too; stasis restores veths whose peer is in the dumper's namespace",
+                    l.name
+                ),
+            ));
+        }
+        if home.is_none() {
+            home = Some(kns::in_home_net(|| {
+                let mut nl = Rtnl::open()?;
+                // Listing the links first gives the tree's namespace an
+                // id here, if it had none.
+                let links = nl.links()?;
+                let nsid = nl.nsid_of_pid(root)?;
+                Ok::<_, stasis_kernel::KernelError>((links, nsid, nl.addrs()?))
+            })??);
+        }
+        let Some((home_links, nsid, home_addrs)) = home.as_ref() else {
+            continue;
+        };
+        let peer = home_links.iter().find(|h| {
+            Some(h.index) == l.link
+                && h.kind.as_deref() == Some("veth")
+                && h.link == Some(l.index)
+                && nsid.is_some()
+                && h.link_netnsid == *nsid
+        });
+        let Some(peer) = peer else {
+            return Err(refuse(
+                root,
+                format!(
+                    "its network namespace has the veth {} whose peer is in a third network namespace (neither the tree's nor the dumper's); stasis restores veths whose peer is in the dumper's namespace",
+                    l.name
+                ),
+            ));
+        };
+        let master = match peer.master {
+            None => None,
+            Some(m) => {
+                let b = home_links.iter().find(|h| h.index == m);
+                match b {
+                    Some(b) if b.kind.as_deref() == Some("bridge") => Some(b.name.clone()),
+                    _ => {
+                        return Err(refuse(
+                            root,
+                            format!(
+                                "the peer {} of its veth {} is a port of {}, not a bridge; stasis attaches a veth's peer only to a bridge",
+                                peer.name,
+                                l.name,
+                                b.map_or("an unknown device", |b| b.name.as_str())
+                            ),
+                        ))
+                    }
+                }
+            }
+        };
+        net.veths.push(Veth {
+            inside: interface(l, &addrs),
+            peer: interface(peer, home_addrs),
+            master,
+        });
     }
-    Ok(())
+    for r in &routes {
+        // The local table and the routes made from addresses are the
+        // kernel's (made again with the addresses).
+        if r.table == rtnl::RT_TABLE_LOCAL || r.protocol == rtnl::RTPROT_KERNEL {
+            continue;
+        }
+        let dst = r
+            .dst
+            .map_or("default".to_string(), |d| format!("{d}/{}", r.dst_len));
+        let dev = r
+            .oif
+            .map(|o| links.iter().find(|l| l.index == o).map(|l| l.name.clone()));
+        if r.table != rtnl::RT_TABLE_MAIN || r.unusual || dev == Some(None) {
+            return Err(refuse(
+                root,
+                format!(
+                    "its network namespace has the route to {dst} in table {} ({}); stasis restores the routes of the main table with one next hop",
+                    r.table,
+                    if r.unusual { "several next hops or an encapsulation" } else { "an unknown device" }
+                ),
+            ));
+        }
+        net.routes.push(NetRoute {
+            family: r.family,
+            dst: r.dst,
+            dst_len: r.dst_len,
+            gateway: r.gateway,
+            dev: dev.flatten(),
+            metric: r.priority,
+            prefsrc: r.prefsrc,
+            protocol: r.protocol,
+            scope: r.scope,
+            kind: r.kind,
+        });
+    }
+    Ok(net)
+}
+
+/// Interface `l` and its addresses (of `addrs`), but IPv6 link-local
+/// ones and those not set by hand (the kernel makes them itself).
+fn interface(l: &rtnl::Link, addrs: &[rtnl::Addr]) -> NetInterface {
+    let addrs = addrs
+        .iter()
+        .filter(|a| a.index == l.index)
+        .filter(|a| match a.addr {
+            std::net::IpAddr::V6(v6) => {
+                (v6.segments()[0] & 0xffc0) != 0xfe80 && a.flags & rtnl::IFA_F_PERMANENT != 0
+            }
+            std::net::IpAddr::V4(_) => true,
+        })
+        .map(|a| NetAddress {
+            addr: a.addr,
+            prefix: a.prefix,
+            broadcast: a.broadcast,
+            flags: a.flags & (rtnl::IFA_F_NODAD | rtnl::IFA_F_NOPREFIXROUTE),
+            scope: a.scope,
+        })
+        .collect();
+    NetInterface {
+        name: l.name.clone(),
+        mac: l.mac.clone(),
+        mtu: l.mtu,
+        up: l.up,
+        addrs,
+    }
+}
+
+/// After a dump that killed the tree: removes the veths of its network
+/// namespace (`ns`, opened before the kill), and with them their peers
+/// in the dumper's namespace, so that their names are free for the
+/// restore at once (the namespace itself may live on a while, held by
+/// the killed tree's connections until the restore takes them over).
+pub fn remove_veths(ns: &std::os::fd::OwnedFd) {
+    let removed = kns::in_net(ns, || -> stasis_kernel::Result<Vec<String>> {
+        let mut nl = Rtnl::open()?;
+        let mut gone = Vec::new();
+        for l in nl.links()? {
+            if l.kind.as_deref() == Some("veth") {
+                nl.del_link(l.index)?;
+                gone.push(l.name);
+            }
+        }
+        Ok(gone)
+    });
+    match removed {
+        Ok(Ok(gone)) if !gone.is_empty() => {
+            tracing::info!(?gone, "removed the killed tree's veth interfaces")
+        }
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) | Err(e) => {
+            tracing::warn!("removing the killed tree's veth interfaces: {e}")
+        }
+    }
 }
 
 /// The id maps of the user namespace of `root`, as this process sees
@@ -641,8 +823,7 @@ pub fn describe(
         ns.sem_sets = sets;
     }
     if own.contains(&NsKind::Net) {
-        let lo_up = kns::in_namespaces_of(root, &[NsKind::Net], kns::loopback_up)??;
-        ns.net = Some(NetNamespace { lo_up });
+        ns.net = Some(net_namespace(root)?);
     }
     if own.contains(&NsKind::Mnt) {
         let m = extra_mounts(root, ns.pid, Some(content))?;

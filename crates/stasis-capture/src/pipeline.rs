@@ -32,6 +32,12 @@ pub fn dump_once(
     preflight(opts.pid)?;
     // The tree's sockets are read from inside its network namespace.
     let _netns = crate::ns::enter_net(opts.pid)?;
+    // Its network namespace, if its own: its veths are removed once the
+    // tree is killed.
+    let tree_net = match &_netns {
+        Some(_) => Some(stasis_kernel::ns::open_net_of(opts.pid)?),
+        None => None,
+    };
     // Before the strategy takes the protection `tracking` holds.
     let base = incremental_base(store, opts.pid, tracker.as_deref(), tracking.as_deref());
     let mut strategy = strategy::choose(opts, method, tracking.as_deref_mut())?;
@@ -120,6 +126,7 @@ pub fn dump_once(
         repaired,
         gate,
         boost,
+        tree_net,
     };
     match result {
         Ok(pending) if opts.leave_running => {
@@ -141,6 +148,8 @@ struct Ends<'a> {
     gate: fds::AcceptGate,
     /// This thread's raised priority while the tree is frozen.
     boost: Option<Boost>,
+    /// The tree's network namespace, if its own.
+    tree_net: Option<std::os::fd::OwnedFd>,
 }
 
 impl Ends<'_> {
@@ -226,6 +235,9 @@ impl Ends<'_> {
         let mut frozen = self.frozen;
         frozen.kill();
         drop(self.gate);
+        if let Some(ns) = &self.tree_net {
+            crate::ns::remove_veths(ns);
+        }
         report.killed = true;
         self.stages.mark("commit");
         report.frozen_us = self.stages.elapsed_us();

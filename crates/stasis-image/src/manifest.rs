@@ -110,8 +110,14 @@ pub const SHELL_JOB_MANIFEST_VERSION: u32 = 4;
 /// it empty).
 pub const CONTENT_MANIFEST_VERSION: u32 = 5;
 
+/// Manifest format version written when the tree's network namespace has
+/// veth interfaces or routes ([`NetNamespace::veths`],
+/// [`NetNamespace::routes`]), so that a reader that predates them refuses
+/// the manifest instead of restoring the namespace with only `lo`.
+pub const NET_DEVICES_MANIFEST_VERSION: u32 = 6;
+
 /// The newest manifest format version this reader knows.
-pub const LATEST_MANIFEST_VERSION: u32 = CONTENT_MANIFEST_VERSION;
+pub const LATEST_MANIFEST_VERSION: u32 = NET_DEVICES_MANIFEST_VERSION;
 
 impl Manifest {
     /// The format version this manifest's content calls for: the oldest
@@ -155,7 +161,14 @@ impl Manifest {
                 .flat_map(|t| t.entries.iter())
                 .any(|e| e.size != 0)
         };
-        if self.content.is_some() || sized_tmpfs() {
+        let net_devices = self
+            .namespaces
+            .as_ref()
+            .and_then(|n| n.net.as_ref())
+            .is_some_and(|n| !n.veths.is_empty() || !n.routes.is_empty());
+        if net_devices {
+            NET_DEVICES_MANIFEST_VERSION
+        } else if self.content.is_some() || sized_tmpfs() {
             CONTENT_MANIFEST_VERSION
         } else if self.shell_job.is_some()
             || unaccepted()
@@ -168,6 +181,7 @@ impl Manifest {
             !n.msg_queues.is_empty()
                 || !n.sem_sets.is_empty()
                 || n.user.is_some()
+                || n.cgroup_ns.is_some()
                 || later_mounts(n)
         }) {
             NAMESPACE_OBJECTS_MANIFEST_VERSION
@@ -199,7 +213,7 @@ pub struct Namespaces {
     /// The System V semaphore sets of that IPC namespace, by id.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sem_sets: Vec<SysvSemSet>,
-    /// A network namespace (its loopback only).
+    /// A network namespace: its loopback, veth interfaces and routes.
     #[serde(default)]
     pub net: Option<NetNamespace>,
     /// A mount namespace: the mounts it has that the dumper's has not.
@@ -283,11 +297,83 @@ pub struct UtsNamespace {
     pub domainname: String,
 }
 
-/// What a network namespace holds: only a loopback interface.
+/// What a network namespace holds: a loopback interface, veth interfaces
+/// (as a container runtime gives one), and routes.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetNamespace {
     /// Whether `lo` was up.
     pub lo_up: bool,
+    /// Its veth interfaces, each with its peer in the dumper's namespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub veths: Vec<Veth>,
+    /// The routes of its main table, but those the kernel makes itself
+    /// from an address (protocol `kernel`), in the order the kernel listed
+    /// them (IPv4 first).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<NetRoute>,
+}
+
+/// A veth pair: its end in the tree's network namespace, and its peer in
+/// the dumper's.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Veth {
+    pub inside: NetInterface,
+    pub peer: NetInterface,
+    /// The bridge the peer was a port of (by name, in the dumper's
+    /// namespace).
+    #[serde(default)]
+    pub master: Option<String>,
+}
+
+/// An interface: its name, hardware address, MTU, up state and addresses.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetInterface {
+    pub name: String,
+    #[serde(with = "serde_bytes")]
+    pub mac: Vec<u8>,
+    pub mtu: u32,
+    pub up: bool,
+    /// Its addresses, but IPv6 link-local ones and those of
+    /// autoconfiguration (the kernel makes those itself).
+    #[serde(default)]
+    pub addrs: Vec<NetAddress>,
+}
+
+/// An address of an interface.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetAddress {
+    pub addr: std::net::IpAddr,
+    pub prefix: u8,
+    /// Its IPv4 broadcast address, if it has one.
+    #[serde(default)]
+    pub broadcast: Option<std::net::IpAddr>,
+    /// `IFA_F_NODAD` and `IFA_F_NOPREFIXROUTE`, the flags a user gives.
+    #[serde(default)]
+    pub flags: u32,
+    /// `RT_SCOPE_*`.
+    #[serde(default)]
+    pub scope: u8,
+}
+
+/// A route of the main table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetRoute {
+    /// `AF_INET` (2) or `AF_INET6` (10).
+    pub family: u8,
+    /// `None`: the default route.
+    pub dst: Option<std::net::IpAddr>,
+    pub dst_len: u8,
+    pub gateway: Option<std::net::IpAddr>,
+    /// The interface it goes out of, by name.
+    pub dev: Option<String>,
+    pub metric: Option<u32>,
+    /// Its preferred source address.
+    #[serde(default)]
+    pub prefsrc: Option<std::net::IpAddr>,
+    /// `RTPROT_*`, `RT_SCOPE_*` and `RTN_*` (unicast, blackhole, ...).
+    pub protocol: u8,
+    pub scope: u8,
+    pub kind: u8,
 }
 
 /// The mounts of a mount namespace that the dumper's lacks.

@@ -354,7 +354,10 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
         msg_queues: Vec::new(),
         sem_sets: Vec::new(),
         user: None,
-        net: Some(manifest::NetNamespace { lo_up: true }),
+        net: Some(manifest::NetNamespace {
+            lo_up: true,
+            ..Default::default()
+        }),
         cgroup: Some("/box".into()),
         cgroup_ns: None,
         mnt: Some(manifest::MountNamespace {
@@ -465,6 +468,56 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
     assert_eq!(sized.format_version(), manifest::CONTENT_MANIFEST_VERSION);
     let b = encode_manifest(&sized).unwrap();
     assert_eq!(decode_manifest(&b, 3, p()).unwrap(), sized);
+    // A veth and routes in the network namespace: 6 (a reader of 5
+    // would restore the namespace with only lo).
+    let mut veth = m.clone();
+    let net = veth.namespaces.as_mut().unwrap().net.as_mut().unwrap();
+    let addr = |a: [u8; 4], prefix| manifest::NetAddress {
+        addr: std::net::IpAddr::from(a),
+        prefix,
+        broadcast: None,
+        flags: 0,
+        scope: 0,
+    };
+    net.veths = vec![manifest::Veth {
+        inside: manifest::NetInterface {
+            name: "eth0".into(),
+            mac: vec![2, 0, 0, 0, 0, 1],
+            mtu: 1500,
+            up: true,
+            addrs: vec![addr([10, 0, 0, 2], 24)],
+        },
+        peer: manifest::NetInterface {
+            name: "veth0".into(),
+            mac: vec![2, 0, 0, 0, 0, 2],
+            mtu: 1500,
+            up: true,
+            addrs: Vec::new(),
+        },
+        master: Some("br0".into()),
+    }];
+    net.routes = vec![manifest::NetRoute {
+        family: 2,
+        dst: None,
+        dst_len: 0,
+        gateway: Some(std::net::IpAddr::from([10, 0, 0, 1])),
+        dev: Some("eth0".into()),
+        metric: None,
+        prefsrc: None,
+        protocol: 3,
+        scope: 0,
+        kind: 1,
+    }];
+    let b = encode_manifest(&veth).unwrap();
+    assert_eq!(
+        u32::from_le_bytes(b[8..12].try_into().unwrap()),
+        manifest::NET_DEVICES_MANIFEST_VERSION
+    );
+    assert_eq!(decode_manifest(&b, 3, p()).unwrap(), veth);
+    assert_eq!(encode_manifest(&veth).unwrap(), b);
+    let mut lower = b.clone();
+    lower[8..12].copy_from_slice(&manifest::CONTENT_MANIFEST_VERSION.to_le_bytes());
+    assert!(decode_manifest(&lower, 3, p()).is_err());
     // A version after the newest is newer than this reader.
     let next = manifest::LATEST_MANIFEST_VERSION + 1;
     let mut newer = bytes.clone();

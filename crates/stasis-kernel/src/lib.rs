@@ -32,6 +32,7 @@ pub mod procfs;
 pub mod ptrace;
 pub mod remote;
 pub mod robust_list;
+pub mod rtnl;
 pub mod sched;
 pub mod scm;
 pub mod seam;

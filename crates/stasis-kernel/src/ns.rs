@@ -106,9 +106,67 @@ pub struct NetnsGuard {
     back: OwnedFd,
 }
 
+/// The network namespace this process works in: the one of the first
+/// thread that asked (every thread starts in it; only a [`NetnsGuard`]
+/// moves one elsewhere, and it asks first).
+fn home_net() -> Result<&'static OwnedFd> {
+    static HOME: std::sync::OnceLock<Option<OwnedFd>> = std::sync::OnceLock::new();
+    HOME.get_or_init(|| {
+        std::fs::File::open("/proc/thread-self/ns/net")
+            .ok()
+            .map(OwnedFd::from)
+    })
+    .as_ref()
+    .ok_or_else(|| {
+        KernelError::io(
+            "open /proc/thread-self/ns/net",
+            std::io::Error::other("this process's own network namespace cannot be opened"),
+        )
+    })
+}
+
+/// Runs `f` on a thread of its own in this process's own network
+/// namespace (the dumper's or restorer's), whichever namespace the calling
+/// thread is in.
+pub fn in_home_net<T: Send>(f: impl FnOnce() -> T + Send) -> Result<T> {
+    in_net(home_net()?, f)
+}
+
+/// Runs `f` on a thread of its own in the network namespace `ns` (an fd
+/// on one: [`open_net_of`]).
+pub fn in_net<T: Send>(ns: &OwnedFd, f: impl FnOnce() -> T + Send) -> Result<T> {
+    std::thread::scope(|s| {
+        s.spawn(move || -> Result<T> {
+            nix::sched::setns(ns, CloneFlags::CLONE_NEWNET).map_err(|e| {
+                KernelError::io(
+                    "setns",
+                    std::io::Error::other(format!("entering a network namespace: {e}")),
+                )
+            })?;
+            Ok(f())
+        })
+        .join()
+        .unwrap_or_else(|_| {
+            Err(KernelError::io(
+                "setns",
+                std::io::Error::other("the thread working in another network namespace panicked"),
+            ))
+        })
+    })
+}
+
+/// An fd on the network namespace of process `pid`.
+pub fn open_net_of(pid: i32) -> Result<OwnedFd> {
+    std::fs::File::open(format!("/proc/{pid}/ns/net"))
+        .map(OwnedFd::from)
+        .map_err(|e| KernelError::io(format!("open /proc/{pid}/ns/net"), e))
+}
+
 impl NetnsGuard {
     /// Moves the calling thread into the network namespace of `pid`.
     pub fn enter(pid: i32) -> Result<NetnsGuard> {
+        // Known before any thread leaves it.
+        home_net()?;
         let open = |p: String| {
             std::fs::File::open(&p)
                 .map(OwnedFd::from)

@@ -7,9 +7,15 @@
 
 use std::ffi::CString;
 
-use stasis_image::manifest::{LaterKind, Manifest, Namespaces, TmpfsEntry, UserNamespace};
+use std::os::fd::AsFd;
+
+use stasis_image::manifest::{
+    LaterKind, Manifest, Namespaces, NetAddress, NetInterface, NetNamespace, NetRoute, TmpfsEntry,
+    UserNamespace,
+};
 use stasis_kernel::child::NsSetup;
 use stasis_kernel::ns::{self as kns, NsKind};
+use stasis_kernel::rtnl::{self, Rtnl};
 
 use crate::{ObjectError, RestoreError, Result};
 
@@ -462,7 +468,7 @@ pub(crate) fn creds_inside(m: &mut Manifest) -> Result<()> {
 
 /// Once the root stub (`root`, as stasis sees it) exists in its new
 /// namespaces: puts back the content of its tmpfs mounts, brings their
-/// loopback up if it was, and moves the calling
+/// loopback up if it was, makes its veths and routes again, and moves the calling
 /// thread into the new network namespace (until the guard is dropped), so
 /// that the sockets it makes for the tree are there.
 pub(crate) fn after_spawn(
@@ -481,7 +487,167 @@ pub(crate) fn after_spawn(
     if net.lo_up {
         kns::in_namespaces_of(root, &[NsKind::Net], kns::set_loopback_up)??;
     }
+    net_devices(net, root)?;
     Ok(Some(kns::NetnsGuard::enter(root)?))
+}
+
+fn step(what: impl Into<String>) -> impl FnOnce(stasis_kernel::KernelError) -> RestoreError {
+    let what = what.into();
+    move |source| RestoreError::from(ObjectError::Step { what, source })
+}
+
+/// Before anything is made: the host end of each saved veth must be free
+/// here (in the restorer's network namespace, where it is made again under
+/// its old name), and the bridge it was a port of must exist.
+pub(crate) fn check_net(m: &Manifest) -> Result<()> {
+    let Some(net) = m.namespaces.as_ref().and_then(|n| n.net.as_ref()) else {
+        return Ok(());
+    };
+    if net.veths.is_empty() {
+        return Ok(());
+    }
+    let links = Rtnl::open().and_then(|mut nl| nl.links()).map_err(step(
+        "listing the interfaces of the restorer's network namespace",
+    ))?;
+    for v in &net.veths {
+        if let Some(l) = links.iter().find(|l| l.name == v.peer.name) {
+            return Err(ObjectError::Incompatible(format!(
+                "the tree's veth {} had its peer {} in the dumper's network namespace, and an interface named {} (a {} device) exists here: remove it (ip link del {}) or restore where the name is free",
+                v.inside.name,
+                v.peer.name,
+                l.name,
+                l.kind.as_deref().unwrap_or("physical"),
+                l.name
+            ))
+            .into());
+        }
+        if let Some(b) = &v.master {
+            let bridge = links.iter().find(|l| &l.name == b);
+            if bridge.is_none_or(|l| l.kind.as_deref() != Some("bridge")) {
+                return Err(ObjectError::Incompatible(format!(
+                    "the peer {} of the tree's veth {} was a port of the bridge {b}, and there is no bridge {b} here: make it (ip link add {b} type bridge) before the restore",
+                    v.peer.name, v.inside.name
+                ))
+                .into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `a` as rtnetlink takes it, on interface `index`; an IPv6 address is
+/// given without duplicate address detection (it was the tree's: left
+/// tentative, it could not be bound at once).
+fn addr_of(a: &NetAddress, index: u32) -> rtnl::Addr {
+    let mut flags = a.flags & (rtnl::IFA_F_NODAD | rtnl::IFA_F_NOPREFIXROUTE);
+    if a.addr.is_ipv6() {
+        flags |= rtnl::IFA_F_NODAD;
+    }
+    rtnl::Addr {
+        index,
+        addr: a.addr,
+        prefix: a.prefix,
+        broadcast: a.broadcast.filter(std::net::IpAddr::is_ipv4),
+        flags,
+        scope: a.scope,
+    }
+}
+
+/// Makes the tree's veths again, before its sockets (a connection bound
+/// to an address of one needs that address): each pair from the
+/// restorer's namespace, its peer under its old name there (on its bridge,
+/// with its addresses, up if it was), its other end in the tree's new
+/// namespace (`root`'s) with its name, hardware address, MTU, addresses
+/// and up state; then the namespace's routes.
+fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
+    if net.veths.is_empty() && net.routes.is_empty() {
+        return Ok(());
+    }
+    let spec = |i: &NetInterface| rtnl::LinkSpec {
+        name: i.name.clone(),
+        mac: i.mac.clone(),
+        mtu: i.mtu,
+    };
+    let tree_ns = kns::open_net_of(root)?;
+    let mut nl = Rtnl::open().map_err(step("opening a route netlink socket"))?;
+    for v in &net.veths {
+        nl.add_veth(&spec(&v.peer), &spec(&v.inside), tree_ns.as_fd())
+            .map_err(step(format!(
+                "making the tree's veth {} and its peer {}",
+                v.inside.name, v.peer.name
+            )))?;
+    }
+    let links = nl
+        .links()
+        .map_err(step("listing the restorer's interfaces"))?;
+    let index = |links: &[rtnl::Link], name: &str| {
+        links
+            .iter()
+            .find(|l| l.name == name)
+            .map(|l| l.index)
+            .ok_or_else(|| {
+                RestoreError::from(ObjectError::Incompatible(format!(
+                    "the interface {name} is missing right after it was made"
+                )))
+            })
+    };
+    for v in &net.veths {
+        let peer = index(&links, &v.peer.name)?;
+        for a in &v.peer.addrs {
+            nl.add_addr(&addr_of(a, peer))
+                .map_err(step(format!("giving {} its address", v.peer.name)))?;
+        }
+        let master = match &v.master {
+            Some(b) => Some(index(&links, b)?),
+            None => None,
+        };
+        nl.set_link(peer, master, v.peer.up).map_err(step(format!(
+            "attaching {} to its bridge and bringing it up",
+            v.peer.name
+        )))?;
+    }
+    kns::in_namespaces_of(root, &[NsKind::Net], || -> Result<()> {
+        let mut nl = Rtnl::open().map_err(step("opening a route netlink socket"))?;
+        let links = nl
+            .links()
+            .map_err(step("listing the interfaces of the tree's namespace"))?;
+        for v in &net.veths {
+            let i = index(&links, &v.inside.name)?;
+            for a in &v.inside.addrs {
+                nl.add_addr(&addr_of(a, i))
+                    .map_err(step(format!("giving {} its address", v.inside.name)))?;
+            }
+            nl.set_link(i, None, v.inside.up)
+                .map_err(step(format!("bringing {} up", v.inside.name)))?;
+        }
+        // Routes through a gateway after those that make it reachable.
+        let mut routes: Vec<&NetRoute> = net.routes.iter().collect();
+        routes.sort_by_key(|r| r.gateway.is_some());
+        for r in routes {
+            let oif = match &r.dev {
+                Some(d) => Some(index(&links, d)?),
+                None => None,
+            };
+            let route = rtnl::Route {
+                family: r.family,
+                table: rtnl::RT_TABLE_MAIN,
+                dst: r.dst,
+                dst_len: r.dst_len,
+                gateway: r.gateway,
+                oif,
+                priority: r.metric,
+                prefsrc: r.prefsrc,
+                protocol: r.protocol,
+                scope: r.scope,
+                kind: r.kind,
+                unusual: false,
+            };
+            nl.add_route(&route)
+                .map_err(step("adding a route of the tree's network namespace"))?;
+        }
+        Ok(())
+    })??;
+    Ok(())
 }
 
 /// Runs `f` in the IPC namespace of the tree (whose root is `root` as

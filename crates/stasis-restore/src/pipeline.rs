@@ -121,6 +121,8 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     wait_pids_free(m, &plan, opts)?;
     let pid_wait_us = micros(waited);
 
+    // The names the tree's veths need here are free, their bridges there.
+    crate::ns::check_net(m)?;
     let (transport, remote_end) = transport(m)?;
     let (root, init) = spawn_root(m, remote_end, opts.new_pidns)?;
     let root_outer = root.t.pid();

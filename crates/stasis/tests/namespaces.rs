@@ -634,11 +634,261 @@ fn refuses_an_interface_other_than_loopback() {
             "--net",
             "sh",
             "-c",
-            "ip link add stasis-b0 type bridge && exec sleep 1000",
+            "ip tuntap add stasis-t0 mode tap && exec sleep 1000",
         ],
         |up| child_running(up, "sleep 1000"),
-        "its network namespace has the interface stasis-b0",
+        "its network namespace has the interface stasis-t0 (a tun device)",
     );
+}
+
+/// A veth pair with both ends in the tree's namespace (not a container's:
+/// its peer is not in the dumper's).
+#[test]
+fn refuses_a_veth_whose_peer_is_not_in_the_dumpers_namespace() {
+    refused(
+        &[
+            "--net",
+            "--fork",
+            "sh",
+            "-c",
+            "ip link add stasis-v1 type veth peer name stasis-v2 && exec sleep 1000",
+        ],
+        |up| child_running(up, "sleep 1000"),
+        "its network namespace has the veth stasis-v",
+    );
+}
+
+/// The interfaces a container test makes in this namespace, removed
+/// whatever happens (with the processes it started).
+struct ContainerNet {
+    names: Vec<&'static str>,
+    pids: Vec<i32>,
+}
+
+impl Drop for ContainerNet {
+    fn drop(&mut self) {
+        for &p in &self.pids {
+            if alive(p) {
+                // SAFETY: killing a process this test started or restored.
+                unsafe { libc::kill(p, libc::SIGKILL) };
+                let _ = waitpid_timeout(p, Duration::from_secs(10));
+            }
+        }
+        for n in &self.names {
+            let _ = Command::new("ip")
+                .args(["link", "del", n])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// Runs `ip ARGS` (in the network namespace of `pid`, if given) and
+/// returns its output; fails the test if it fails.
+fn ip(pid: Option<i32>, args: &str) -> String {
+    let mut c = match pid {
+        Some(p) => {
+            let mut c = Command::new("nsenter");
+            c.args(["-t", &p.to_string(), "-n", "ip"]);
+            c
+        }
+        None => Command::new("ip"),
+    };
+    let o = c
+        .args(args.split_whitespace())
+        .output()
+        .expect("running ip");
+    assert!(
+        o.status.success(),
+        "ip {args} (in the namespace of {pid:?}): {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The receive queue of the TCP socket bound to `local` (`ADDR:PORT` as
+/// /proc/net/tcp writes it) in the network namespace of `pid`.
+fn rx_queue(pid: i32, local: &str) -> Option<u64> {
+    let t = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).ok()?;
+    t.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        // An established connection (01) from that address.
+        (f.get(1) == Some(&local) && f.get(3) == Some(&"01"))
+            .then(|| f.get(4)?.split(':').nth(1))
+            .flatten()
+            .and_then(|q| u64::from_str_radix(q, 16).ok())
+    })
+}
+
+/// A tree started the container way (issue 17): its network namespace has
+/// a veth `eth0` (its hardware address, an MTU of 1400, IPv4 and IPv6
+/// addresses, a default route and another through the gateway) whose peer
+/// is in this namespace, a port of the bridge `stasisbr0` with the
+/// gateway's address. Inside, a TCP server on eth0's address with a
+/// connection from this process (this namespace) and bytes queued. Dumped
+/// (killed) and restored: the interfaces, addresses and routes are back
+/// on both sides, and the connection carries bytes both ways.
+#[test]
+fn a_container_veth_on_a_bridge_comes_back_with_its_connection() {
+    use std::io::{Read, Write};
+    workloads();
+    let mut net = ContainerNet {
+        names: vec!["stasisv0h", "stasisbr0"],
+        pids: Vec::new(),
+    };
+    // Left by an earlier run killed half-way.
+    for n in &net.names {
+        let _ = Command::new("ip")
+            .args(["link", "del", n])
+            .stderr(Stdio::null())
+            .status();
+    }
+    ip(None, "link add stasisbr0 type bridge");
+    ip(None, "addr add 10.77.0.1/24 dev stasisbr0");
+    ip(None, "link set stasisbr0 up");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Listens once eth0 has its address; after the connection, says
+    // hello, then reads (once told to go) until "after\n" and echoes it
+    // all, then waits for the end.
+    let server = "import os, socket, sys, time\n\
+        d = sys.argv[1]\n\
+        while True:\n    \
+            s = socket.socket()\n    \
+            try:\n        s.bind(('10.77.0.2', 7777))\n        break\n    \
+            except OSError:\n        s.close()\n        time.sleep(0.02)\n\
+        s.listen(1)\n\
+        open(d + '/listening', 'w').close()\n\
+        c, _ = s.accept()\n\
+        c.sendall(b'hello\\n')\n\
+        while not os.path.exists(d + '/go'):\n    time.sleep(0.02)\n\
+        buf = b''\n\
+        while not buf.endswith(b'after\\n'):\n    \
+            b = c.recv(4096)\n    \
+            if not b:\n        sys.exit('eof before after')\n    \
+            buf += b\n\
+        c.sendall(b'echo ' + buf)\n\
+        while c.recv(4096):\n    pass\n";
+    let mut c = Command::new("unshare");
+    c.args(["--net", "python3", "-c", server])
+        .arg(d)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    close_inherited_fds(&mut c);
+    let mut child = c.spawn().expect("starting unshare");
+    let pid = child.id() as i32;
+    net.pids.push(pid);
+    wait_until(
+        Duration::from_secs(10),
+        "the tree's network namespace",
+        || {
+            std::fs::read_link(format!("/proc/{pid}/ns/net")).ok()
+                != std::fs::read_link("/proc/self/ns/net").ok()
+        },
+    );
+    ip(
+        None,
+        &format!("link add stasisv0h type veth peer name eth0 netns {pid}"),
+    );
+    ip(None, "link set stasisv0h master stasisbr0 up");
+    ip(Some(pid), "link set lo up");
+    ip(
+        Some(pid),
+        "link set eth0 address 02:77:00:00:00:02 mtu 1400 up",
+    );
+    ip(Some(pid), "addr add 10.77.0.2/24 dev eth0");
+    ip(Some(pid), "-6 addr add fd77::2/64 dev eth0 nodad");
+    ip(Some(pid), "route add default via 10.77.0.1");
+    ip(Some(pid), "route add 10.78.0.0/24 via 10.77.0.1 metric 50");
+    let host_mac = ip(None, "-o link show stasisv0h");
+    let host_mac = host_mac
+        .split_whitespace()
+        .skip_while(|w| *w != "link/ether")
+        .nth(1)
+        .expect("the host end's address")
+        .to_string();
+    wait_until(Duration::from_secs(20), "the server to listen", || {
+        d.join("listening").exists()
+    });
+    let mut client = std::net::TcpStream::connect(("10.77.0.2", 7777)).expect("connecting");
+    client
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut hello = [0u8; 6];
+    client.read_exact(&mut hello).unwrap();
+    assert_eq!(&hello, b"hello\n");
+    client.write_all(b"before\n").unwrap();
+    // 10.77.0.2:7777, as /proc/net/tcp writes it.
+    let local = "02004D0A:1E61";
+    wait_until(
+        Duration::from_secs(10),
+        "the bytes queued in the server",
+        || rx_queue(pid, local) == Some(7),
+    );
+    let img = d.join("images");
+    let o = stasis()
+        .args(["dump", "-t", &pid.to_string(), "-D"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert_ok(&o, "dump of the container tree");
+    let _ = child.wait();
+    // The pair went with the tree.
+    let gone = Command::new("ip")
+        .args(["link", "show", "stasisv0h"])
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!gone.success(), "the host end outlived the dump");
+    let o = stasis()
+        .args(["restore", "--detach", "--json", "-D"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert_ok(&o, "restore of the container tree");
+    let pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
+    net.pids.push(pid);
+    assert_ne!(
+        std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap(),
+        std::fs::read_link("/proc/self/ns/net").unwrap(),
+        "the restored tree is in our network namespace"
+    );
+    let link = ip(Some(pid), "-o link show eth0");
+    for want in ["link/ether 02:77:00:00:00:02", "mtu 1400", ",UP"] {
+        assert!(link.contains(want), "{want} in {link}");
+    }
+    let addrs = ip(Some(pid), "-o addr show dev eth0");
+    for want in ["inet 10.77.0.2/24", "inet6 fd77::2/64"] {
+        assert!(addrs.contains(want), "{want} in {addrs}");
+    }
+    let routes = ip(Some(pid), "route show");
+    for want in [
+        "default via 10.77.0.1 dev eth0",
+        "10.78.0.0/24 via 10.77.0.1 dev eth0 metric 50",
+        "10.77.0.0/24 dev eth0",
+    ] {
+        assert!(routes.contains(want), "{want} in {routes}");
+    }
+    let host = ip(None, "-o link show stasisv0h");
+    for want in [
+        "master stasisbr0".to_string(),
+        format!("link/ether {host_mac}"),
+        ",UP".to_string(),
+    ] {
+        assert!(host.contains(&want), "{want} in {host}");
+    }
+    // The connection, both ways: the bytes queued at the dump, then more.
+    std::fs::write(d.join("go"), b"").unwrap();
+    client.write_all(b"after\n").unwrap();
+    let mut reply = [0u8; 18];
+    client
+        .read_exact(&mut reply)
+        .unwrap_or_else(|e| panic!("no answer over the restored connection: {e}"));
+    assert_eq!(&reply, b"echo before\nafter\n");
+    drop(client);
+    let st = waitpid_timeout(pid, Duration::from_secs(30));
+    assert_eq!(st, (Some(0), None), "the restored server's exit");
 }
 
 /// A bind mount of a host directory in the tree's mount namespace is made

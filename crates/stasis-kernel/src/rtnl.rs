@@ -1,0 +1,628 @@
+//! Route netlink (rtnetlink) of the calling thread's network namespace:
+//! its interfaces, addresses and routes as plain values, and the few
+//! changes a restore makes (a veth pair, an address, a route, an
+//! interface's master and up state). Messages are packed and parsed by
+//! the `netlink-packet-route` crate; the socket is `netlink-sys`, used
+//! synchronously (one request at a time, its answers read to the end).
+
+use std::net::IpAddr;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+use netlink_packet_core::{
+    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
+    NLM_F_REQUEST,
+};
+use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
+use netlink_packet_route::link::{
+    InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+};
+use netlink_packet_route::nsid::{NsidAttribute, NsidMessage};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
+};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
+
+use crate::{KernelError, Result};
+
+/// An interface, as `RTM_GETLINK` tells it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Link {
+    pub index: u32,
+    pub name: String,
+    /// Its kind (`veth`, `bridge`, ...; `None` for `lo` and physical
+    /// devices).
+    pub kind: Option<String>,
+    /// Its hardware address.
+    pub mac: Vec<u8>,
+    pub mtu: u32,
+    /// `IFF_UP`.
+    pub up: bool,
+    /// The index of the device it is linked to (a veth: its peer), in the
+    /// namespace `link_netnsid` names, else in this one.
+    pub link: Option<u32>,
+    /// The id (in this namespace) of the namespace of its `link`.
+    pub link_netnsid: Option<i32>,
+    /// The index of its master (a bridge it is a port of).
+    pub master: Option<u32>,
+}
+
+/// An address of an interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Addr {
+    /// The interface's index.
+    pub index: u32,
+    pub addr: IpAddr,
+    pub prefix: u8,
+    /// The IPv4 broadcast address.
+    pub broadcast: Option<IpAddr>,
+    /// `IFA_F_*`.
+    pub flags: u32,
+    /// `RT_SCOPE_*`.
+    pub scope: u8,
+}
+
+/// `IFA_F_PERMANENT`: an address set by hand, not by autoconfiguration.
+pub const IFA_F_PERMANENT: u32 = 0x80;
+/// `IFA_F_NODAD`: no duplicate address detection.
+pub const IFA_F_NODAD: u32 = 0x02;
+/// `IFA_F_NOPREFIXROUTE`: no prefix route made with it.
+pub const IFA_F_NOPREFIXROUTE: u32 = 0x200;
+/// `RT_TABLE_MAIN`.
+pub const RT_TABLE_MAIN: u32 = 254;
+/// `RT_TABLE_LOCAL`.
+pub const RT_TABLE_LOCAL: u32 = 255;
+/// `RTPROT_KERNEL`: a route the kernel made (from an address).
+pub const RTPROT_KERNEL: u8 = 2;
+/// `RTN_UNICAST`.
+pub const RTN_UNICAST: u8 = 1;
+
+/// A route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// `AF_INET` or `AF_INET6`.
+    pub family: u8,
+    pub table: u32,
+    /// `None`: the default route.
+    pub dst: Option<IpAddr>,
+    pub dst_len: u8,
+    pub gateway: Option<IpAddr>,
+    /// The output interface's index.
+    pub oif: Option<u32>,
+    /// The metric.
+    pub priority: Option<u32>,
+    /// The preferred source address.
+    pub prefsrc: Option<IpAddr>,
+    /// `RTPROT_*`.
+    pub protocol: u8,
+    /// `RT_SCOPE_*`.
+    pub scope: u8,
+    /// `RTN_*`.
+    pub kind: u8,
+    /// Several next hops (`RTA_MULTIPATH`), or attributes this reader does
+    /// not rebuild (encapsulation, a next-hop object, a source prefix).
+    pub unusual: bool,
+}
+
+/// A route netlink socket of the calling thread's network namespace.
+pub struct Rtnl {
+    sock: Socket,
+    seq: u32,
+}
+
+fn nl_err(what: impl Into<String>, e: std::io::Error) -> KernelError {
+    KernelError::io(what, e)
+}
+
+impl Rtnl {
+    /// Opens one (in the calling thread's network namespace).
+    pub fn open() -> Result<Rtnl> {
+        let mut sock =
+            Socket::new(NETLINK_ROUTE).map_err(|e| nl_err("socket(NETLINK_ROUTE)", e))?;
+        sock.bind_auto()
+            .map_err(|e| nl_err("binding a route netlink socket", e))?;
+        sock.connect(&SocketAddr::new(0, 0))
+            .map_err(|e| nl_err("connecting a route netlink socket", e))?;
+        Ok(Rtnl { sock, seq: 0 })
+    }
+
+    /// Sends `msg` with `flags`, and reads every answer to it: the
+    /// messages of a dump (until its end), or the acknowledgement.
+    fn request(
+        &mut self,
+        what: &str,
+        msg: RouteNetlinkMessage,
+        flags: u16,
+    ) -> Result<Vec<RouteNetlinkMessage>> {
+        self.seq = self.seq.wrapping_add(1);
+        let mut packet = NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::from(msg));
+        packet.header.flags = NLM_F_REQUEST | flags;
+        packet.header.sequence_number = self.seq;
+        packet.finalize();
+        let mut buf = vec![0; packet.buffer_len()];
+        packet.serialize(&mut buf[..]);
+        self.sock
+            .send(&buf, 0)
+            .map_err(|e| nl_err(format!("sending {what}"), e))?;
+        // (NLM_F_EXCL, of a new object, is one of NLM_F_DUMP's bits.)
+        let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
+        let mut out = Vec::new();
+        let mut rx = vec![0u8; 1 << 16];
+        loop {
+            let n = self
+                .sock
+                .recv(&mut &mut rx[..], 0)
+                .map_err(|e| nl_err(format!("reading the answer to {what}"), e))?;
+            let mut off = 0;
+            while off < n {
+                let m: NetlinkMessage<RouteNetlinkMessage> =
+                    NetlinkMessage::deserialize(&rx[off..n]).map_err(|e| {
+                        nl_err(
+                            format!("parsing the answer to {what}"),
+                            std::io::Error::other(e.to_string()),
+                        )
+                    })?;
+                let len = usize::try_from(m.header.length).unwrap_or(0);
+                if m.header.sequence_number == self.seq {
+                    match m.payload {
+                        NetlinkPayload::Done(_) => return Ok(out),
+                        NetlinkPayload::Error(e) => match e.code {
+                            None => {
+                                if !dump {
+                                    return Ok(out);
+                                }
+                            }
+                            Some(c) => {
+                                return Err(nl_err(
+                                    what.to_string(),
+                                    std::io::Error::from_raw_os_error(-c.get()),
+                                ))
+                            }
+                        },
+                        NetlinkPayload::InnerMessage(i) => {
+                            out.push(i);
+                            if !dump && flags & NLM_F_ACK == 0 {
+                                return Ok(out);
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                if len == 0 {
+                    break;
+                }
+                off += len;
+            }
+        }
+    }
+
+    /// Every interface.
+    pub fn links(&mut self) -> Result<Vec<Link>> {
+        let answers = self.request(
+            "RTM_GETLINK",
+            RouteNetlinkMessage::GetLink(LinkMessage::default()),
+            NLM_F_DUMP,
+        )?;
+        Ok(answers
+            .into_iter()
+            .filter_map(|a| match a {
+                RouteNetlinkMessage::NewLink(l) => Some(link_of(&l)),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Every address (IPv4 and IPv6).
+    pub fn addrs(&mut self) -> Result<Vec<Addr>> {
+        let answers = self.request(
+            "RTM_GETADDR",
+            RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+            NLM_F_DUMP,
+        )?;
+        let mut out = Vec::new();
+        for a in answers {
+            let RouteNetlinkMessage::NewAddress(m) = a else {
+                continue;
+            };
+            let (mut addr, mut local, mut broadcast) = (None, None, None);
+            let mut flags = u32::from(m.header.flags.bits());
+            for at in &m.attributes {
+                match at {
+                    AddressAttribute::Address(a) => addr = Some(*a),
+                    AddressAttribute::Local(a) => local = Some(*a),
+                    AddressAttribute::Broadcast(b) => broadcast = Some(IpAddr::V4(*b)),
+                    AddressAttribute::Flags(f) => flags = f.bits(),
+                    _ => {}
+                }
+            }
+            // IFA_LOCAL is the interface's own address where both are
+            // given (the other is then a point-to-point peer's).
+            if let Some(a) = local.or(addr) {
+                out.push(Addr {
+                    index: m.header.index,
+                    addr: a,
+                    prefix: m.header.prefix_len,
+                    broadcast,
+                    flags,
+                    scope: u8::from(m.header.scope),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every route (IPv4 and IPv6) of every table.
+    pub fn routes(&mut self) -> Result<Vec<Route>> {
+        let mut out = Vec::new();
+        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+            let mut req = RouteMessage::default();
+            req.header.address_family = family;
+            let answers = self.request(
+                "RTM_GETROUTE",
+                RouteNetlinkMessage::GetRoute(req),
+                NLM_F_DUMP,
+            )?;
+            for a in answers {
+                if let RouteNetlinkMessage::NewRoute(m) = a {
+                    out.push(route_of(&m));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The id this namespace gives the network namespace of process `pid`
+    /// (`None`: none assigned).
+    pub fn nsid_of_pid(&mut self, pid: i32) -> Result<Option<i32>> {
+        let mut req = NsidMessage::default();
+        req.attributes.push(NsidAttribute::Pid(pid.unsigned_abs()));
+        let answers = self.request("RTM_GETNSID", RouteNetlinkMessage::GetNsId(req), 0)?;
+        Ok(answers.into_iter().find_map(|a| match a {
+            RouteNetlinkMessage::NewNsId(m) => m.attributes.iter().find_map(|at| match at {
+                NsidAttribute::Id(id) if *id >= 0 => Some(*id),
+                _ => None,
+            }),
+            _ => None,
+        }))
+    }
+
+    /// Makes the veth pair `here` (in this namespace) and `peer` (in the
+    /// network namespace `peer_ns`), each with its name, hardware address
+    /// and MTU, both down.
+    pub fn add_veth(
+        &mut self,
+        here: &LinkSpec,
+        peer: &LinkSpec,
+        peer_ns: BorrowedFd<'_>,
+    ) -> Result<()> {
+        let mut p = LinkMessage::default();
+        p.attributes = spec_attrs(peer);
+        p.attributes
+            .push(LinkAttribute::NetNsFd(peer_ns.as_raw_fd()));
+        let mut m = LinkMessage::default();
+        m.attributes = spec_attrs(here);
+        m.attributes.push(LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::Veth),
+            LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(p))),
+        ]));
+        self.request(
+            &format!("making the veth pair {} / {}", here.name, peer.name),
+            RouteNetlinkMessage::NewLink(m),
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+        )?;
+        Ok(())
+    }
+
+    /// Sets the master of interface `index` (`Some`: a bridge's index)
+    /// and brings it up or down.
+    pub fn set_link(&mut self, index: u32, master: Option<u32>, up: bool) -> Result<()> {
+        let mut m = LinkMessage::default();
+        m.header.index = index;
+        m.header.change_mask = LinkFlags::Up;
+        if up {
+            m.header.flags = LinkFlags::Up;
+        }
+        if let Some(b) = master {
+            m.attributes.push(LinkAttribute::Controller(b));
+        }
+        self.request(
+            &format!("setting interface {index} up ({up}) with master {master:?}"),
+            RouteNetlinkMessage::SetLink(m),
+            NLM_F_ACK,
+        )?;
+        Ok(())
+    }
+
+    /// Deletes interface `index` (a veth: both ends).
+    pub fn del_link(&mut self, index: u32) -> Result<()> {
+        let mut m = LinkMessage::default();
+        m.header.index = index;
+        self.request(
+            &format!("deleting interface {index}"),
+            RouteNetlinkMessage::DelLink(m),
+            NLM_F_ACK,
+        )?;
+        Ok(())
+    }
+
+    /// Adds address `a` (its `index`, prefix, broadcast and `flags`).
+    pub fn add_addr(&mut self, a: &Addr) -> Result<()> {
+        let mut m = AddressMessage::default();
+        m.header.family = family_of(&a.addr);
+        m.header.prefix_len = a.prefix;
+        m.header.index = a.index;
+        m.header.scope = a.scope.into();
+        m.attributes.push(AddressAttribute::Local(a.addr));
+        if a.addr.is_ipv4() {
+            m.attributes.push(AddressAttribute::Address(a.addr));
+        }
+        if let Some(IpAddr::V4(b)) = a.broadcast {
+            m.attributes.push(AddressAttribute::Broadcast(b));
+        }
+        m.attributes
+            .push(AddressAttribute::Flags(AddressFlags::from_bits_retain(
+                a.flags,
+            )));
+        self.request(
+            &format!(
+                "adding address {}/{} to interface {}",
+                a.addr, a.prefix, a.index
+            ),
+            RouteNetlinkMessage::NewAddress(m),
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+        )?;
+        Ok(())
+    }
+
+    /// Adds route `r` (not several next hops).
+    pub fn add_route(&mut self, r: &Route) -> Result<()> {
+        let mut m = RouteMessage::default();
+        let family = if r.family == AF_INET6 {
+            AddressFamily::Inet6
+        } else {
+            AddressFamily::Inet
+        };
+        m.header = RouteHeader {
+            address_family: family,
+            destination_prefix_length: r.dst_len,
+            table: u8::try_from(r.table).unwrap_or(0),
+            protocol: RouteProtocol::from(r.protocol),
+            scope: RouteScope::from(r.scope),
+            kind: RouteType::from(r.kind),
+            ..Default::default()
+        };
+        m.attributes.push(RouteAttribute::Table(r.table));
+        if let Some(d) = r.dst {
+            m.attributes
+                .push(RouteAttribute::Destination(RouteAddress::from(d)));
+        }
+        if let Some(g) = r.gateway {
+            m.attributes
+                .push(RouteAttribute::Gateway(RouteAddress::from(g)));
+        }
+        if let Some(o) = r.oif {
+            m.attributes.push(RouteAttribute::Oif(o));
+        }
+        if let Some(p) = r.priority {
+            m.attributes.push(RouteAttribute::Priority(p));
+        }
+        if let Some(s) = r.prefsrc {
+            m.attributes
+                .push(RouteAttribute::PrefSource(RouteAddress::from(s)));
+        }
+        let dst = r
+            .dst
+            .map_or("default".to_string(), |d| format!("{d}/{}", r.dst_len));
+        self.request(
+            &format!("adding the route to {dst}"),
+            RouteNetlinkMessage::NewRoute(m),
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+        )?;
+        Ok(())
+    }
+}
+
+/// What a new interface is given.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LinkSpec {
+    pub name: String,
+    pub mac: Vec<u8>,
+    pub mtu: u32,
+}
+
+fn spec_attrs(s: &LinkSpec) -> Vec<LinkAttribute> {
+    let mut v = vec![LinkAttribute::IfName(s.name.clone())];
+    if !s.mac.is_empty() {
+        v.push(LinkAttribute::Address(s.mac.clone()));
+    }
+    if s.mtu != 0 {
+        v.push(LinkAttribute::Mtu(s.mtu));
+    }
+    v
+}
+
+/// `AF_INET`.
+pub const AF_INET: u8 = 2;
+/// `AF_INET6`.
+pub const AF_INET6: u8 = 10;
+
+fn family_of(a: &IpAddr) -> AddressFamily {
+    if a.is_ipv6() {
+        AddressFamily::Inet6
+    } else {
+        AddressFamily::Inet
+    }
+}
+
+fn ip_of(a: &RouteAddress) -> Option<IpAddr> {
+    match a {
+        RouteAddress::Inet(v) => Some(IpAddr::V4(*v)),
+        RouteAddress::Inet6(v) => Some(IpAddr::V6(*v)),
+        _ => None,
+    }
+}
+
+fn link_of(l: &LinkMessage) -> Link {
+    let mut out = Link {
+        index: l.header.index,
+        up: l.header.flags.contains(LinkFlags::Up),
+        ..Default::default()
+    };
+    for a in &l.attributes {
+        match a {
+            LinkAttribute::IfName(n) => out.name = n.clone(),
+            LinkAttribute::Address(m) => out.mac = m.clone(),
+            LinkAttribute::Mtu(m) => out.mtu = *m,
+            LinkAttribute::Link(i) => out.link = Some(*i),
+            LinkAttribute::LinkNetNsId(i) => out.link_netnsid = Some(*i),
+            LinkAttribute::Controller(i) => out.master = Some(*i),
+            LinkAttribute::LinkInfo(infos) => {
+                for i in infos {
+                    if let LinkInfo::Kind(k) = i {
+                        out.kind = Some(k.to_string());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+fn route_of(m: &RouteMessage) -> Route {
+    let h = &m.header;
+    let mut r = Route {
+        family: if h.address_family == AddressFamily::Inet6 {
+            AF_INET6
+        } else {
+            AF_INET
+        },
+        table: u32::from(h.table),
+        dst: None,
+        dst_len: h.destination_prefix_length,
+        gateway: None,
+        oif: None,
+        priority: None,
+        prefsrc: None,
+        protocol: u8::from(h.protocol),
+        scope: u8::from(h.scope),
+        kind: u8::from(h.kind),
+        unusual: h.source_prefix_length != 0,
+    };
+    for a in &m.attributes {
+        match a {
+            RouteAttribute::Table(t) => r.table = *t,
+            RouteAttribute::Destination(d) => r.dst = ip_of(d),
+            RouteAttribute::Gateway(g) => r.gateway = ip_of(g),
+            RouteAttribute::Oif(o) => r.oif = Some(*o),
+            RouteAttribute::Priority(p) => r.priority = Some(*p),
+            RouteAttribute::PrefSource(s) => r.prefsrc = ip_of(s),
+            RouteAttribute::MultiPath(_)
+            | RouteAttribute::Encap(_)
+            | RouteAttribute::EncapType(_)
+            | RouteAttribute::NhId(_)
+            | RouteAttribute::Via(_) => r.unusual = true,
+            _ => {}
+        }
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_veth_pair_is_made_addressed_routed_and_removed() {
+        // On a thread of its own in a new network namespace.
+        std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let me = std::fs::File::open("/proc/thread-self/ns/net").unwrap();
+            let mut nl = Rtnl::open().unwrap();
+            let spec = |n: &str, last| LinkSpec {
+                name: n.into(),
+                mac: vec![2, 0, 0, 0, 0, last],
+                mtu: 1400,
+            };
+            nl.add_veth(
+                &spec("stasis-a", 1),
+                &spec("stasis-b", 2),
+                std::os::fd::AsFd::as_fd(&me),
+            )
+            .unwrap();
+            let links = nl.links().unwrap();
+            let a = links.iter().find(|l| l.name == "stasis-a").unwrap().clone();
+            let b = links.iter().find(|l| l.name == "stasis-b").unwrap().clone();
+            assert_eq!(
+                (a.kind.as_deref(), a.mtu, &a.mac[..]),
+                (Some("veth"), 1400, &[2, 0, 0, 0, 0, 1][..])
+            );
+            assert_eq!((a.link, b.link), (Some(b.index), Some(a.index)));
+            nl.set_link(b.index, None, true).unwrap();
+            nl.set_link(a.index, None, true).unwrap();
+            nl.add_addr(&Addr {
+                index: a.index,
+                addr: IpAddr::from([10, 79, 0, 2]),
+                prefix: 24,
+                broadcast: None,
+                flags: 0,
+                scope: 0,
+            })
+            .unwrap();
+            nl.add_route(&Route {
+                family: AF_INET,
+                table: RT_TABLE_MAIN,
+                dst: None,
+                dst_len: 0,
+                gateway: Some(IpAddr::from([10, 79, 0, 1])),
+                oif: Some(a.index),
+                priority: Some(7),
+                prefsrc: None,
+                protocol: 4,
+                scope: 0,
+                kind: RTN_UNICAST,
+                unusual: false,
+            })
+            .unwrap();
+            let routes = nl.routes().unwrap();
+            assert!(routes.iter().any(|r| r.dst.is_none()
+                && r.gateway == Some(IpAddr::from([10, 79, 0, 1]))
+                && r.priority == Some(7)));
+            assert!(nl
+                .addrs()
+                .unwrap()
+                .iter()
+                .any(|x| x.index == a.index && x.prefix == 24));
+            nl.del_link(a.index).unwrap();
+            assert!(!nl
+                .links()
+                .unwrap()
+                .iter()
+                .any(|l| l.name.starts_with("stasis-")));
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn this_namespace_has_a_loopback_with_its_address() {
+        let mut nl = Rtnl::open().unwrap();
+        let links = nl.links().unwrap();
+        let lo = links.iter().find(|l| l.name == "lo").expect("lo");
+        assert_eq!(lo.kind, None);
+        assert_eq!(lo.mac, vec![0; 6]);
+        let addrs = nl.addrs().unwrap();
+        if lo.up {
+            assert!(addrs
+                .iter()
+                .any(|a| a.index == lo.index && a.addr == IpAddr::from([127, 0, 0, 1])));
+        }
+        // The kernel's routes for 127.0.0.1 (table local).
+        if lo.up {
+            let routes = nl.routes().unwrap();
+            assert!(routes.iter().any(|r| r.table == RT_TABLE_LOCAL
+                && r.protocol == RTPROT_KERNEL
+                && r.oif == Some(lo.index)));
+        }
+    }
+}
