@@ -294,6 +294,12 @@ fn interface(l: &rtnl::Link, addrs: &[rtnl::Addr]) -> NetInterface {
 /// restore at once (the namespace itself may live on a while, held by
 /// the killed tree's connections until the restore takes them over).
 pub fn remove_veths(ns: &std::os::fd::OwnedFd) {
+    // A namespace kept by a name (`ip netns add`: an nsfs mount) outlives
+    // the tree: its interfaces are not the tree's to remove.
+    if let Some(name) = persistent_netns(ns) {
+        tracing::info!(%name, "the killed tree's network namespace is kept by a mount: its veths are left");
+        return;
+    }
     let removed = kns::in_net(ns, || -> stasis_kernel::Result<Vec<String>> {
         let mut nl = Rtnl::open()?;
         let mut gone = Vec::new();
@@ -314,6 +320,25 @@ pub fn remove_veths(ns: &std::os::fd::OwnedFd) {
             tracing::warn!("removing the killed tree's veth interfaces: {e}")
         }
     }
+}
+
+/// The nsfs mount that keeps network namespace `ns` alive, if one does
+/// (`ip netns add` mounts it on /run/netns/NAME).
+fn persistent_netns(ns: &std::os::fd::OwnedFd) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let ino = std::fs::File::from(ns.try_clone().ok()?)
+        .metadata()
+        .ok()?
+        .ino();
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|l| {
+        let (a, b) = l.split_once(" - ")?;
+        let f: Vec<&str> = a.split_whitespace().collect();
+        (b.split_whitespace().next() == Some("nsfs")
+            && f.get(3) == Some(&format!("net:[{ino}]").as_str()))
+        .then(|| f.get(4).map(|s| (*s).to_string()))
+        .flatten()
+    })
 }
 
 /// The id maps of the user namespace of `root`, as this process sees
