@@ -198,6 +198,17 @@ fn twice(extra: &[&str]) {
     t.finish_pass();
 }
 
+/// Where the cgroup2 file system is mounted here, if it is.
+fn cgroup2_mount() -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|l| {
+        let (a, b) = l.split_once(" - ")?;
+        (b.split_whitespace().next() == Some("cgroup2"))
+            .then(|| a.split_whitespace().nth(4).map(str::to_string))
+            .flatten()
+    })
+}
+
 /// Dumps the tree of `pid` (killed: a dump is the default) and restores it
 /// detached, `rounds` times, calling `check(pid, round)` on each restored
 /// tree; returns the last one's PID.
@@ -247,13 +258,7 @@ fn cgroup_of(pid: i32) -> String {
 /// namespace rooted there (it sees itself at `/`), twice.
 #[test]
 fn twice_keeps_a_cgroup_namespace() {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let Some(mount) = info.lines().find_map(|l| {
-        let (a, b) = l.split_once(" - ")?;
-        (b.split_whitespace().next() == Some("cgroup2"))
-            .then(|| a.split_whitespace().nth(4).map(str::to_string))
-            .flatten()
-    }) else {
+    let Some(mount) = cgroup2_mount() else {
         eprintln!("skipped: no cgroup2 file system mounted");
         return;
     };
@@ -301,13 +306,7 @@ fn twice_keeps_a_cgroup_namespace() {
 
 #[test]
 fn twice_keeps_the_cgroup() {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let Some(mount) = info.lines().find_map(|l| {
-        let (a, b) = l.split_once(" - ")?;
-        (b.split_whitespace().next() == Some("cgroup2"))
-            .then(|| a.split_whitespace().nth(4).map(str::to_string))
-            .flatten()
-    }) else {
+    let Some(mount) = cgroup2_mount() else {
         eprintln!("skipped: no cgroup2 file system mounted");
         return;
     };
