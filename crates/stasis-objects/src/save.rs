@@ -482,15 +482,24 @@ impl SaveCtx {
     /// A process saved before `fd`'s (or before it in its own table) that
     /// holds `fd`'s open file, if any other than `fd`'s own process.
     pub(crate) fn holder_of_file(&self, fd: &OpenFd<'_>) -> Option<i32> {
-        self.seen
-            .iter()
-            .find(|(p, f, dev, ino, _, _)| {
-                *p != fd.pid
-                    && *dev == fd.meta.dev()
-                    && *ino == fd.meta.ino()
-                    && fdops::kcmp_same_file(*p, *f, fd.pid, fd.fd)
-            })
+        self.seen_holder((fd.pid, fd.fd), fd.meta, |p| p != fd.pid)
             .map(|s| s.0)
+    }
+
+    /// The first fd saved so far (of a process `keep` accepts) that is the
+    /// same open file as `fd` of `pid` (same inode, then `kcmp`).
+    fn seen_holder(
+        &self,
+        (pid, fd): (i32, i32),
+        meta: &std::fs::Metadata,
+        keep: impl Fn(i32) -> bool,
+    ) -> Option<&(i32, i32, u64, u64, usize, usize)> {
+        self.seen.iter().find(|(p, f, dev, ino, _, _)| {
+            keep(*p)
+                && *dev == meta.dev()
+                && *ino == meta.ino()
+                && fdops::kcmp_same_file(*p, *f, pid, fd)
+        })
     }
 
     /// The areas that the userfaultfd of process `pid` (saved) registers.
@@ -525,11 +534,7 @@ impl SaveCtx {
         meta: &std::fs::Metadata,
     ) {
         let twin = self
-            .seen
-            .iter()
-            .find(|(p, f, dev, ino, _, _)| {
-                *dev == meta.dev() && *ino == meta.ino() && fdops::kcmp_same_file(*p, *f, pid, fd)
-            })
+            .seen_holder((pid, fd), meta, |_| true)
             .map(|&(_, _, _, _, pi, fi)| (pi, fi));
         let Some((pi, fi)) = twin else {
             return;

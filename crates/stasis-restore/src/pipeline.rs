@@ -32,6 +32,16 @@ pub(crate) struct Record<'a> {
     pub proc: Option<Proc>,
 }
 
+impl Record<'_> {
+    /// Its stub (an error if it was never created).
+    pub fn proc_mut(&mut self) -> Result<&mut Proc> {
+        let pid = self.img.pid;
+        self.proc.as_mut().ok_or_else(|| {
+            ObjectError::Inconsistent(format!("process {pid} was not created")).into()
+        })
+    }
+}
+
 /// The fd transport: the restorer's end, and the number of the stubs' end
 /// (above every fd of the image).
 pub(crate) struct Transport {
@@ -511,12 +521,8 @@ fn build_processes<'m>(b: &mut Build<'m>, mut cx: process::TreeCtx<'_, 'm>) -> R
         if r.img.zombie.is_some() {
             continue;
         }
-        let pid = r.img.pid;
-        let p = r
-            .proc
-            .as_mut()
-            .ok_or_else(|| ObjectError::Inconsistent(format!("process {pid} was not created")))?;
-        process::build_process(p, r.img, &mut cx)?;
+        let img = r.img;
+        process::build_process(r.proc_mut()?, img, &mut cx)?;
     }
     if let Some(c) = &b.opts.cut {
         // Every host's tree built, its connections in repair mode, before

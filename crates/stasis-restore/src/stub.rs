@@ -194,11 +194,8 @@ pub(crate) fn unshare_relays(records: &mut [Record<'_>], plan: &tree::Plan) -> R
             continue;
         }
         let pid = r.img.pid;
-        let p = r
-            .proc
-            .as_mut()
-            .ok_or_else(|| ObjectError::Inconsistent(format!("process {pid} was not created")))?;
-        p.sys("unshare", libc::SYS_unshare, &[libc::CLONE_FILES as u64])
+        r.proc_mut()?
+            .sys("unshare", libc::SYS_unshare, &[libc::CLONE_FILES as u64])
             .map_err(step(format!("giving process {pid} its own fd table back")))?;
     }
     Ok(())
