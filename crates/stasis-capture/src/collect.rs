@@ -282,12 +282,12 @@ fn collect_live(
             image.aio_rings.push(ring);
         }
     }
-    if planned
+    let maps_ring = planned
         .plan
         .vmas
         .iter()
-        .any(|v| matches!(v.kind, VmaKind::IoUring { .. }))
-    {
+        .any(|v| matches!(v.kind, VmaKind::IoUring { .. }));
+    if maps_ring {
         stasis_objects::io_uring::check_areas(fp.pid)?;
     }
     for v in &mut planned.plan.vmas {
@@ -300,7 +300,7 @@ fn collect_live(
             *partial = collector.capture_sysv(fp.pid, shmid, (v.start, v.end), offset)?;
         }
     }
-    io_uring_issuers(fp, &image, collector)?;
+    io_uring_issuers(fp, &image, collector, maps_ring)?;
     collector.add_process(fp.pid)?;
     // A userfaultfd of the program: its areas are filled by the restore
     // itself (no lazy filler), and Stasis's own userfaultfd (tracking,
@@ -688,8 +688,9 @@ fn io_uring_issuers(
     fp: &mut FrozenProcess,
     image: &ProcessImage,
     collector: &mut fds::FdCollector,
+    maps_ring: bool,
 ) -> Result<()> {
-    if !stasis_objects::io_uring::uses_io_uring(fp.pid) {
+    if !stasis_objects::io_uring::uses_io_uring(fp.pid, maps_ring) {
         return Ok(());
     }
     for (t, th) in fp.threads.iter_mut().zip(&image.threads) {

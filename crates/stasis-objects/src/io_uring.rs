@@ -530,15 +530,15 @@ pub fn check_ring_fds<R: Remote>(r: &mut R, pid: i32, tid: i32) -> Result<(), Sa
     Ok(())
 }
 
-/// Whether process `pid` has an io_uring fd or maps a ring.
-pub fn uses_io_uring(pid: i32) -> bool {
-    crate::save::list_fds(pid).is_ok_and(|fds| {
-        fds.iter()
-            .any(|n| crate::save::read_link(pid, &format!("fd/{n}")).is_ok_and(|l| l == LINK))
-    }) || stasis_kernel::procfs::maps(pid).is_ok_and(|m| {
-        m.iter()
-            .any(|m| m.name == LINK || restored_area(&m.name).is_some())
-    })
+/// Whether process `pid`, whose memory plan says whether it `maps_ring`
+/// (an area of kind `IoUring`: its maps were read once, already), has an
+/// io_uring fd or maps a ring.
+pub fn uses_io_uring(pid: i32, maps_ring: bool) -> bool {
+    maps_ring
+        || crate::save::list_fds(pid).is_ok_and(|fds| {
+            fds.iter()
+                .any(|n| crate::save::read_link(pid, &format!("fd/{n}")).is_ok_and(|l| l == LINK))
+        })
 }
 
 /// The io_uring fds of process `pid` whose single issuer is another task
