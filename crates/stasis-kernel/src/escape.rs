@@ -409,6 +409,9 @@ pub struct EscapeHatch {
     block: u64,
     mem: File,
     parked: Mutex<Option<Parked>>,
+    /// The process's ID in its own PID namespace when that is not ours
+    /// (`None`: IDs as we see them), read once.
+    own_pid: std::sync::OnceLock<Option<i32>>,
 }
 
 impl EscapeHatch {
@@ -458,7 +461,29 @@ impl EscapeHatch {
             block,
             mem,
             parked: Mutex::new(None),
+            own_pid: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// The thread group's and thread `tid`'s IDs in the process's own PID
+    /// namespace (a thread signals itself by them). The status file that
+    /// says is costly (the kernel sums the process's memory for it): read
+    /// only when the process is in another PID namespace than ours, once
+    /// for the process and once for each thread.
+    pub fn ids_in_own_ns(&self, tid: i32) -> (i32, i32) {
+        use crate::ns::{ns_id, own_ns_id, pid_in_own_ns, NsKind};
+        let own = *self.own_pid.get_or_init(|| {
+            let ours = own_ns_id(NsKind::Pid);
+            if ours.is_some() && ns_id(self.pid, NsKind::Pid) == ours {
+                None
+            } else {
+                pid_in_own_ns(self.pid, self.pid)
+            }
+        });
+        match own {
+            None => (self.pid, tid),
+            Some(tgid) => (tgid, pid_in_own_ns(self.pid, tid).unwrap_or(tid)),
+        }
     }
 
     /// Records the scratch page `[addr, addr + len)` (before it is

@@ -30,8 +30,7 @@ impl Tracee {
         h.park(self.pid, base)?;
         self.injected_fault()?;
         // The thread signals itself: by its IDs in its own PID namespace.
-        let tgid = crate::ns::pid_in_own_ns(h.pid(), h.pid()).unwrap_or(h.pid());
-        let tid = crate::ns::pid_in_own_ns(h.pid(), self.pid).unwrap_or(self.pid);
+        let (tgid, tid) = h.ids_in_own_ns(self.pid);
         let mut r = *base;
         r.orig_rax = u64::MAX;
         r.rip = h.batch_addr();
