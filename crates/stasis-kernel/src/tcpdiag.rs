@@ -295,13 +295,19 @@ pub fn sockets_of(local: DiagAddr, peer: DiagAddr) -> Result<Vec<TcpSock>> {
     })
 }
 
-/// Whether the peer of the connection from `client` to `server` is a
-/// connection waiting in a listener's accept queue: an established socket
-/// no file refers to yet (accepted, it would have an inode).
-pub fn waits_to_be_accepted(server: DiagAddr, client: DiagAddr) -> Result<bool> {
-    Ok(sockets_of(server, client)?
+/// Every connection of family `family` waiting in a listener's accept
+/// queue in this network namespace (established, no file refers to it
+/// yet): its (local, peer) addresses, in one walk of the established
+/// table (which the kernel walks whole, whatever the filter).
+pub fn waiting_to_be_accepted(family: u8) -> Result<Vec<(DiagAddr, DiagAddr)>> {
+    let found = sockets_where(family, state_bit(TCP_ESTABLISHED), |m| m.inode == 0)?;
+    Ok(found
         .iter()
-        .any(|t| t.inode == 0 && t.state == TCP_ESTABLISHED))
+        .map(|t| {
+            let at = |port, addr| DiagAddr { family, port, addr };
+            (at(t.id.sport, t.id.src), at(t.id.dport, t.id.dst))
+        })
+        .collect())
 }
 
 /// The clients of the connections waiting in the accept queue of a

@@ -93,7 +93,7 @@ fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>, s: &crate::save::SocketFd) -> Result<
                 if st == stasis_sys::net::TCP_ESTABLISHED
                     && tcp::unaccepted::nothing_acked(info.bytes_acked)
                     && r.recv_queue.is_empty()
-                    && tcp::unaccepted::waits(&local, &peer)
+                    && cx.waits(&local, &peer)
                 {
                     InetState::Unaccepted {
                         queued: r.send_queue,

@@ -100,6 +100,15 @@ pub struct SaveCtx {
     pub(crate) tree_pids: Vec<i32>,
     /// Its TCP clients with nothing acknowledged
     /// ([`crate::tcp::unaccepted`]), once asked for.
+    /// The connections waiting in accept queues of its network namespace,
+    /// by family, once asked for ([`SaveCtx::waits`]).
+    pub(crate) waiting_accept: HashMap<
+        u8,
+        Vec<(
+            stasis_kernel::tcpdiag::DiagAddr,
+            stasis_kernel::tcpdiag::DiagAddr,
+        )>,
+    >,
     pub(crate) quiet_clients: Option<
         Vec<(
             stasis_kernel::tcpdiag::DiagAddr,
@@ -255,6 +264,7 @@ impl Default for SaveCtx {
             unix_queues: HashMap::new(),
             tree_pids: Vec::new(),
             quiet_clients: None,
+            waiting_accept: HashMap::new(),
             packet: None,
             repaired: Repairs::default(),
             ptys: crate::pty::Saved::default(),

@@ -70,16 +70,23 @@ pub(crate) fn waiting_from(local: &[u8], clients: &[(DiagAddr, DiagAddr)]) -> us
     })
 }
 
-/// Whether the tree's connection from `local` to `peer` (raw addresses),
-/// with nothing acknowledged, waits at its peer to be accepted.
-pub(crate) fn waits(local: &[u8], peer: &[u8]) -> bool {
-    match (DiagAddr::from_raw(local), DiagAddr::from_raw(peer)) {
-        (Some(l), Some(p)) => tcpdiag::waits_to_be_accepted(p, l).unwrap_or(false),
-        _ => false,
-    }
-}
-
 impl SaveCtx {
+    /// Whether the tree's connection from `local` to `peer` (raw
+    /// addresses), with nothing acknowledged, waits at its peer to be
+    /// accepted. The connections waiting in accept queues are listed once
+    /// per dump and family (each listing walks the kernel's whole
+    /// established table).
+    pub(crate) fn waits(&mut self, local: &[u8], peer: &[u8]) -> bool {
+        let (Some(l), Some(p)) = (DiagAddr::from_raw(local), DiagAddr::from_raw(peer)) else {
+            return false;
+        };
+        let waiting = self
+            .waiting_accept
+            .entry(l.family)
+            .or_insert_with(|| tcpdiag::waiting_to_be_accepted(l.family).unwrap_or_default());
+        waiting.iter().any(|(server, client)| *server == p && *client == l)
+    }
+
     /// The tree's quiet clients ([`quiet_clients`]), once per dump.
     pub(crate) fn quiet_clients(&mut self) -> &[(DiagAddr, DiagAddr)] {
         if self.quiet_clients.is_none() {
