@@ -209,9 +209,17 @@ def stage_lengths(r):
     return out
 
 
+def frozen_cpu_ms(r):
+    """The CPU time the agent spent while its tree was frozen (the last
+    stage mark's `cpu_us`), in ms."""
+    marks = r.get("frozen_stages", [])
+    return marks[-1].get("cpu_us", 0) / 1e3 if marks else 0.0
+
+
 def rounds_figures(events):
     """Per committed round: (max frozen ms of a host, max stopped ms of a
-    host, bytes, incremental, [stage lengths of every host])."""
+    host, bytes, incremental, [stage lengths of every host], [agent CPU ms
+    while frozen, every host])."""
     out = []
     for e in events:
         if e.get("event") != "checkpoint":
@@ -219,7 +227,8 @@ def rounds_figures(events):
         reps = [r for h in e["hosts"] for r in h["reports"]]
         out.append((max(r["frozen_us"] for r in reps) / 1e3,
                     max(stopped_us(r) for r in reps) / 1e3,
-                    e["bytes"], e["incremental"], [stage_lengths(r) for r in reps]))
+                    e["bytes"], e["incremental"], [stage_lengths(r) for r in reps],
+                    [frozen_cpu_ms(r) for r in reps]))
     return out
 
 
@@ -286,26 +295,34 @@ def main():
     for prog, r in results.items():
         base = [x["secs"] for x in r["runs"]["None"]]
         cells = [f"{med(base):7.1f} ±{(max(base) - min(base)) / 2:4.1f}"]
-        frozen, stopped, first, incr, stages = [], [], [], [], {}
+        frozen, stopped, first, incr, stages, cpu, bound = [], [], [], [], {}, [], []
         for x in every:
             s = [y["secs"] for y in r["runs"][str(x)]]
             over = (med(s) / med(base) - 1) * 100
             cells.append(f"{med(s):6.1f} ±{(max(s) - min(s)) / 2:4.1f} ({over:+5.1f}%)")
             for y in r["runs"][str(x)]:
-                frozen += [f for f, *_ in y["rounds"]]
-                stopped += [st for _, st, *_ in y["rounds"]]
-                first += [b for _, _, b, inc, _ in y["rounds"] if not inc]
-                incr += [b for _, _, b, inc, _ in y["rounds"] if inc]
-                for *_, hosts in y["rounds"]:
-                    for h in hosts:
+                frozen += [rd[0] for rd in y["rounds"]]
+                stopped += [rd[1] for rd in y["rounds"]]
+                first += [rd[2] for rd in y["rounds"] if not rd[3]]
+                incr += [rd[2] for rd in y["rounds"] if rd[3]]
+                for rd in y["rounds"]:
+                    for h in rd[4]:
                         for k, v in h.items():
                             stages.setdefault(k, []).append(v)
+                    cpu += rd[5]
+                    # No schedule of the round's frozen work (every
+                    # host's agent CPU) on the machine's cores can end
+                    # sooner than this.
+                    bound.append(sum(rd[5]) / (os.cpu_count() or 1))
         print(f"{prog:9} {cells[0]:>14} " + " ".join(f"{c:>24}" for c in cells[1:])
               + f"   {med(frozen):7.1f} {max(frozen, default=0):7.1f}"
               + f"   {med(stopped):7.1f} {max(stopped, default=0):7.1f}"
               + f"   {med(first) / 2**20:7.2f}; {med(incr) / 2**20:7.2f}")
         print(f"{'':9} frozen stages, median ms per host: "
               + ", ".join(f"{k} {med(v):.1f}" for k, v in stages.items()))
+        print(f"{'':9} agent CPU while frozen, ms per host: median {med(cpu):.1f}, "
+              f"max {max(cpu, default=0):.1f}; all hosts' CPU / {os.cpu_count()} cores "
+              f"per round: median {med(bound):.1f} ms")
         r["overhead_pct"] = {str(x): (med([y["secs"] for y in r["runs"][str(x)]]) / med(base) - 1) * 100
                              for x in every}
     os.makedirs(os.path.dirname(a.json_out), exist_ok=True)

@@ -248,6 +248,11 @@ pub struct DumpReport {
 pub struct StageMark {
     pub stage: &'static str,
     pub end_us: u64,
+    /// CPU time (user and system, every thread) the dumping process had
+    /// spent since the first thread was stopped: with several dumps
+    /// frozen at once on few cores (a cluster round), what each host's
+    /// freeze costs whatever the others take.
+    pub cpu_us: u64,
 }
 
 /// The clock of the frozen part of a dump: started as the first thread
@@ -257,6 +262,18 @@ pub struct StageMark {
 pub struct Stages {
     pub since: std::time::Instant,
     pub marks: Vec<StageMark>,
+    cpu_since: u64,
+}
+
+/// CPU time (user and system) of this process, in microseconds.
+fn own_cpu_us() -> u64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    getrusage(UsageWho::RUSAGE_SELF)
+        .map(|u| {
+            let t = |v: nix::sys::time::TimeVal| v.tv_sec() as u64 * 1_000_000 + v.tv_usec() as u64;
+            t(u.user_time()) + t(u.system_time())
+        })
+        .unwrap_or(0)
 }
 
 impl Stages {
@@ -264,14 +281,25 @@ impl Stages {
         Stages {
             since,
             marks: Vec::new(),
+            cpu_since: own_cpu_us(),
         }
     }
 
     /// `stage` has just ended.
     pub fn mark(&mut self, stage: &'static str) {
         let end_us = micros(self.since);
-        tracing::debug!(stage, ms = end_us as f64 / 1e3, "frozen stage ended");
-        self.marks.push(StageMark { stage, end_us });
+        let cpu_us = own_cpu_us().saturating_sub(self.cpu_since);
+        tracing::debug!(
+            stage,
+            ms = end_us as f64 / 1e3,
+            cpu_ms = cpu_us as f64 / 1e3,
+            "frozen stage ended"
+        );
+        self.marks.push(StageMark {
+            stage,
+            end_us,
+            cpu_us,
+        });
     }
 
     /// Microseconds since the first thread was stopped.
