@@ -35,6 +35,8 @@ pub struct Frame<'a, 't> {
     pub stages: &'a mut Stages,
     /// Who holds ptys, read before the freeze (when the tree has one).
     pub pty_census: Option<stasis_objects::pty_census::Census>,
+    /// The frozen tree's fds, listed once ([`stasis_objects::fd_census`]).
+    pub fd_census: Option<stasis_objects::fd_census::FdCensus>,
 }
 
 /// One process of the dump: its image, and for a live one its memory
@@ -56,6 +58,7 @@ pub fn capture_frozen(
     collector.tcp_close = fr.opts.tcp_close;
     collector.skip_in_flight = fr.opts.skip_in_flight;
     collector.shell_job = fr.opts.shell_job;
+    collector.fd_census = fr.fd_census.take();
     let r = capture_with(fr, f, &mut collector);
     // Sockets put in repair mode go back to the caller whatever happened.
     *repaired = std::mem::take(&mut collector.repaired);
@@ -690,7 +693,7 @@ fn io_uring_issuers(
     collector: &mut fds::FdCollector,
     maps_ring: bool,
 ) -> Result<()> {
-    if !stasis_objects::io_uring::uses_io_uring(fp.pid, maps_ring) {
+    if !stasis_objects::io_uring::uses_io_uring(fp.pid, maps_ring, collector.fd_census.as_ref()) {
         return Ok(());
     }
     for (t, th) in fp.threads.iter_mut().zip(&image.threads) {

@@ -64,7 +64,7 @@ pub fn dump_once(
     // The tree's downtime is our working time: on a busy host, get the
     // CPU first (undone at the release, before a concurrent copy).
     let boost = Boost::raise(FROZEN_NICE);
-    let (mut frozen, frozen_at) = freeze_without_backlog(opts.pid)?;
+    let (mut frozen, frozen_at, fd_census) = freeze_without_backlog(opts.pid)?;
     let mut stages = Stages::new(frozen_at);
     stages.mark("seize");
     strategy.on_frozen(&mut frozen);
@@ -99,6 +99,7 @@ pub fn dump_once(
         tracker: tracker.as_deref_mut(),
         stages: &mut stages,
         pty_census,
+        fd_census,
     };
     let result = capture_frozen(&mut frame, &mut frozen, &mut repaired);
     drop(frame);
@@ -297,8 +298,16 @@ const BACKLOG_PATIENCE: Duration = Duration::from_secs(2);
 /// connection closing: a busy server deals with both within milliseconds),
 /// lets it run a little and freezes it again. Gives up after
 /// [`BACKLOG_PATIENCE`] and returns the tree frozen anyway: the socket is
-/// then refused with a message.
-fn freeze_without_backlog(pid: i32) -> Result<(freeze::Frozen, Instant)> {
+/// then refused with a message. With the frozen tree's fds, listed once
+/// for every pass of the dump (`None` if they could not be: each pass
+/// then walks `/proc` itself, and meets the error if it lasts).
+fn freeze_without_backlog(
+    pid: i32,
+) -> Result<(
+    freeze::Frozen,
+    Instant,
+    Option<stasis_objects::fd_census::FdCensus>,
+)> {
     stasis_sys::fault::delay(stasis_sys::fault::Slow::Freeze);
     let t0 = Instant::now();
     let mut pause = Duration::from_millis(1);
@@ -308,7 +317,8 @@ fn freeze_without_backlog(pid: i32) -> Result<(freeze::Frozen, Instant)> {
         let frozen_at = Instant::now();
         let mut frozen = freeze::freeze_tree(pid)?;
         let pids = frozen.live_pids();
-        match fds::transient_socket(&pids) {
+        let census = stasis_objects::fd_census::FdCensus::take(&pids).ok();
+        match fds::transient_socket(census.as_ref(), &pids) {
             Some((p, fd, what)) if t0.elapsed() < BACKLOG_PATIENCE => {
                 tracing::debug!(
                     pid = p,
@@ -320,7 +330,7 @@ fn freeze_without_backlog(pid: i32) -> Result<(freeze::Frozen, Instant)> {
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_millis(50));
             }
-            _ => return Ok((frozen, frozen_at)),
+            _ => return Ok((frozen, frozen_at, census)),
         }
     }
 }

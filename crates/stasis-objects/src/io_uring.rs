@@ -532,13 +532,22 @@ pub fn check_ring_fds<R: Remote>(r: &mut R, pid: i32, tid: i32) -> Result<(), Sa
 
 /// Whether process `pid`, whose memory plan says whether it `maps_ring`
 /// (an area of kind `IoUring`: its maps were read once, already), has an
-/// io_uring fd or maps a ring.
-pub fn uses_io_uring(pid: i32, maps_ring: bool) -> bool {
-    maps_ring
-        || crate::save::list_fds(pid).is_ok_and(|fds| {
+/// io_uring fd or maps a ring. Its fds from `census` when it lists them.
+pub fn uses_io_uring(
+    pid: i32,
+    maps_ring: bool,
+    census: Option<&crate::fd_census::FdCensus>,
+) -> bool {
+    if maps_ring {
+        return true;
+    }
+    match census.and_then(|c| c.fds_of(pid)) {
+        Some(entries) => entries.iter().any(|e| e.link == LINK),
+        None => crate::save::list_fds(pid).is_ok_and(|fds| {
             fds.iter()
                 .any(|n| crate::save::read_link(pid, &format!("fd/{n}")).is_ok_and(|l| l == LINK))
-        })
+        }),
+    }
 }
 
 /// The io_uring fds of process `pid` whose single issuer is another task

@@ -50,6 +50,7 @@ pub mod epoll;
 pub mod error;
 pub mod eventfd;
 pub mod fanotify;
+pub mod fd_census;
 pub mod file;
 pub mod fown;
 pub mod ghost;

@@ -100,6 +100,9 @@ pub struct SaveCtx {
     pub(crate) tree_pids: Vec<i32>,
     /// Its TCP clients with nothing acknowledged
     /// ([`crate::tcp::unaccepted`]), once asked for.
+    /// The fds of the frozen tree, listed once after the freeze (when the
+    /// dump took them: [`crate::fd_census`]).
+    pub fd_census: Option<crate::fd_census::FdCensus>,
     /// The connections waiting in accept queues of its network namespace,
     /// by family, once asked for ([`SaveCtx::waits`]).
     pub(crate) waiting_accept: HashMap<
@@ -265,6 +268,7 @@ impl Default for SaveCtx {
             tree_pids: Vec::new(),
             quiet_clients: None,
             waiting_accept: HashMap::new(),
+            fd_census: None,
             packet: None,
             repaired: Repairs::default(),
             ptys: crate::pty::Saved::default(),
@@ -316,8 +320,16 @@ impl SaveCtx {
         let mut table: Vec<FdImage> = Vec::new();
         // One pidfd for every fd of the process (copies of its fds).
         let pfd = pidfd::pidfd_open(pid)?;
-        for fd in list_fds(pid)? {
-            let (img, meta) = self.save_fd(&pfd, pid, fd)?;
+        let listed: Vec<(i32, Option<String>)> =
+            match self.fd_census.as_ref().and_then(|c| c.fds_of(pid)) {
+                Some(entries) => entries
+                    .iter()
+                    .map(|e| (e.fd, Some(e.link.clone())))
+                    .collect(),
+                None => list_fds(pid)?.into_iter().map(|fd| (fd, None)).collect(),
+            };
+        for (fd, link) in listed {
+            let (img, meta) = self.save_fd(&pfd, pid, fd, link)?;
             let mut img = img;
             self.find_twin(&mut table, &mut img, index, (pid, fd), &meta);
             self.seen
@@ -409,8 +421,12 @@ impl SaveCtx {
         pfd: &OwnedFd,
         pid: i32,
         fd: i32,
+        link: Option<String>,
     ) -> Result<(FdImage, std::fs::Metadata)> {
-        let link = read_link(pid, &format!("fd/{fd}"))?;
+        let link = match link {
+            Some(l) => l,
+            None => read_link(pid, &format!("fd/{fd}"))?,
+        };
         if let Some(what) = unsupported_reason(pid, fd, &link) {
             return Err(SaveError::Unsupported { pid, what });
         }

@@ -202,6 +202,20 @@ pub(crate) fn inode_of(b: BorrowedFd<'_>) -> Option<u64> {
     nix::sys::stat::fstat(b.as_raw_fd()).ok().map(|s| s.st_ino)
 }
 
+/// Calls `f(pid, fd, inode, socket)` with every socket of `pids`: from
+/// `census` when it lists them (a frozen tree), else walking `/proc` as
+/// [`for_each_socket`] does.
+pub(crate) fn each_socket(
+    census: Option<&crate::fd_census::FdCensus>,
+    pids: &[i32],
+    mut f: impl FnMut(i32, i32, u64, BorrowedFd<'_>),
+) {
+    match census.filter(|c| c.covers(pids)) {
+        Some(c) => c.sockets().for_each(|(p, fd, ino, s)| f(p, fd, ino, s)),
+        None => for_each_socket(pids, |p, fd, ino, s| f(p, fd, ino, s.as_fd())),
+    }
+}
+
 /// Calls `f(pid, fd, inode, socket)` with a copy of every socket fd of
 /// `pids` (taken with `pidfd_getfd`; fds that vanish meanwhile are skipped).
 pub(crate) fn for_each_socket(pids: &[i32], mut f: impl FnMut(i32, i32, u64, OwnedFd)) {
@@ -299,7 +313,7 @@ impl AcceptGate {
     /// connections closed.
     pub fn drain(&self, patience: std::time::Duration) {
         let t0 = std::time::Instant::now();
-        while t0.elapsed() < patience && transient_socket(&self.pids).is_some() {
+        while t0.elapsed() < patience && transient_socket(None, &self.pids).is_some() {
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
     }
@@ -375,14 +389,18 @@ fn transient(
 /// The first socket of `pids` that cannot be checkpointed now but likely
 /// can in a moment: a listener with connections waiting to be accepted, or
 /// a TCP connection opening. Returns `(pid, fd, what)`.
-pub fn transient_socket(pids: &[i32]) -> Option<(i32, i32, String)> {
+/// `census`: the tree's fds, if they were listed (frozen).
+pub fn transient_socket(
+    census: Option<&crate::fd_census::FdCensus>,
+    pids: &[i32],
+) -> Option<(i32, i32, String)> {
     let mut unix = None;
     let mut found = None;
     let mut quiet = None;
-    for_each_socket(pids, |pid, fd, ino, s| {
+    each_socket(census, pids, |pid, fd, ino, s| {
         if found.is_none() {
-            if let Some(w) = transient(s.as_fd(), ino, &mut unix) {
-                if !waits_for_the_tree(s.as_fd(), pids, &mut quiet) {
+            if let Some(w) = transient(s, ino, &mut unix) {
+                if !waits_for_the_tree(s, census, pids, &mut quiet) {
                     found = Some((pid, fd, w));
                 }
             }
@@ -396,6 +414,7 @@ pub fn transient_socket(pids: &[i32]) -> Option<(i32, i32, String)> {
 /// [`crate::tcp::unaccepted`]). `quiet` caches those clients.
 fn waits_for_the_tree(
     s: BorrowedFd<'_>,
+    census: Option<&crate::fd_census::FdCensus>,
     pids: &[i32],
     quiet: &mut Option<
         Vec<(
@@ -414,7 +433,7 @@ fn waits_for_the_tree(
     let Ok(local) = sock::local_addr(s) else {
         return false;
     };
-    let clients = quiet.get_or_insert_with(|| crate::tcp::unaccepted::quiet_clients(pids));
+    let clients = quiet.get_or_insert_with(|| crate::tcp::unaccepted::quiet_clients(census, pids));
     crate::tcp::unaccepted::waiting_from(&local, clients)
         >= usize::try_from(info.unacked).unwrap_or(usize::MAX)
 }

@@ -202,8 +202,27 @@ pub fn kill_owners(mut r: Repairs) {
 }
 
 /// The established and half-closed TCP connections of `pids`: (pid, fd, inode, a copy).
-fn established(pids: &[i32]) -> Result<Vec<(i32, i32, u64, OwnedFd)>, SaveError> {
+fn established(
+    census: Option<&crate::fd_census::FdCensus>,
+    pids: &[i32],
+) -> Result<Vec<(i32, i32, u64, OwnedFd)>, SaveError> {
     let mut found: Vec<(i32, i32, u64, OwnedFd)> = Vec::new();
+    if let Some(c) = census.filter(|c| c.covers(pids)) {
+        for (pid, fd, ino, b) in c.sockets() {
+            if is_inet(b, libc::IPPROTO_TCP)
+                && sock::tcp_info(b).is_ok_and(|i| states::repairable(i.state))
+                && !found.iter().any(|x| x.2 == ino)
+            {
+                let s = b.try_clone_to_owned().map_err(|source| SaveError::Proc {
+                    pid,
+                    file: format!("fd/{fd} (a copy)"),
+                    source,
+                })?;
+                found.push((pid, fd, ino, s));
+            }
+        }
+        return Ok(found);
+    }
     for &pid in pids {
         let pfd = pidfd::pidfd_open(pid)?;
         for fd in list_fds(pid)? {
@@ -256,11 +275,13 @@ impl SaveCtx {
         // The files in flight (`SCM_RIGHTS`) in the queues of the tree's
         // unix sockets, peeked at once (`crate::unix::files_in_flight`).
         let mut flying = Vec::new();
-        crate::socket::for_each_socket(pids, |pid, fd, _, s| {
-            for f in crate::unix::files_in_flight(self, s.as_fd(), 4) {
+        let census = self.fd_census.take();
+        crate::socket::each_socket(census.as_ref(), pids, |pid, fd, _, s| {
+            for f in crate::unix::files_in_flight(self, s, 4) {
                 flying.push((pid, fd, f));
             }
         });
+        self.fd_census = census;
         // A pty slave in flight is open though no process holds it.
         for (_, _, f) in &flying {
             let rdev = nix::sys::stat::fstat(f.as_raw_fd()).map_or(0, |s| s.st_rdev);
@@ -272,7 +293,7 @@ impl SaveCtx {
             // Saved as closed: nothing to stop or read.
             return Ok(());
         }
-        let mut found = established(pids)?;
+        let mut found = established(self.fd_census.as_ref(), pids)?;
         // Connections in flight are the tree's too: locked and read with
         // the others, in the name of the socket's holder.
         for (pid, fd, f) in flying {

@@ -24,15 +24,17 @@ use stasis_kernel::sock;
 use stasis_kernel::tcpdiag::{self, DiagAddr};
 use stasis_sys::net::TCP_ESTABLISHED;
 
-use crate::socket::{for_each_socket, is_inet};
+use crate::socket::{each_socket, is_inet};
 use crate::{RestoreError, SaveCtx};
 
 /// The tree's established TCP connections that have had nothing
 /// acknowledged: (local, peer).
-pub(crate) fn quiet_clients(pids: &[i32]) -> Vec<(DiagAddr, DiagAddr)> {
+pub(crate) fn quiet_clients(
+    census: Option<&crate::fd_census::FdCensus>,
+    pids: &[i32],
+) -> Vec<(DiagAddr, DiagAddr)> {
     let mut out = Vec::new();
-    for_each_socket(pids, |_, _, _, s| {
-        let b = s.as_fd();
+    each_socket(census, pids, |_, _, _, b| {
         if !is_inet(b, libc::IPPROTO_TCP)
             || !sock::tcp_info(b)
                 .is_ok_and(|i| i.state == TCP_ESTABLISHED && nothing_acked(i.bytes_acked))
@@ -84,13 +86,15 @@ impl SaveCtx {
             .waiting_accept
             .entry(l.family)
             .or_insert_with(|| tcpdiag::waiting_to_be_accepted(l.family).unwrap_or_default());
-        waiting.iter().any(|(server, client)| *server == p && *client == l)
+        waiting
+            .iter()
+            .any(|(server, client)| *server == p && *client == l)
     }
 
     /// The tree's quiet clients ([`quiet_clients`]), once per dump.
     pub(crate) fn quiet_clients(&mut self) -> &[(DiagAddr, DiagAddr)] {
         if self.quiet_clients.is_none() {
-            self.quiet_clients = Some(quiet_clients(&self.tree_pids));
+            self.quiet_clients = Some(quiet_clients(self.fd_census.as_ref(), &self.tree_pids));
         }
         self.quiet_clients.as_deref().unwrap_or(&[])
     }

@@ -63,7 +63,7 @@ pub(super) fn save(
             // one nested in a socket in flight: of the outermost's).
             let outer = cx.epoll_registrar;
             cx.epoll_registrar = Some(outer.unwrap_or(fd.pid));
-            let r = cx.save_fd(&pfd, me, raw);
+            let r = cx.save_fd(&pfd, me, raw, None);
             cx.epoll_registrar = outer;
             d.set(d.get() - 1);
             r
