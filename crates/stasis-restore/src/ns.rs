@@ -128,10 +128,17 @@ fn time_offsets(t: &TimeNamespace) -> Result<String> {
         .into());
     }
     let host = kns::host_clocks()?;
-    Ok(kns::timens_offsets_text(kns::ClockOffsets {
+    let offsets = kns::ClockOffsets {
         monotonic: t.monotonic - host.monotonic,
         boottime: t.boottime - host.boottime,
-    }))
+    };
+    tracing::debug!(
+        saved = ?t,
+        ?host,
+        ?offsets,
+        "the clock offsets of the tree's new time namespace"
+    );
+    Ok(kns::timens_offsets_text(offsets))
 }
 
 /// Mount options with their `uid=`/`gid=` as the tree's user namespace
