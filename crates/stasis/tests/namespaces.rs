@@ -7,8 +7,10 @@
 //! processes, a TCP listener and a loopback connection between two of its
 //! processes with bytes queued, a unix socket pair, a tmpfs on /mnt with a
 //! directory, a file and a link, the file and directory open, a unix
-//! listener bound there). And the shapes stasis cannot restore are refused before
-//! anything is stopped: the tree runs on untouched.
+//! listener bound there). A tree in a time namespace of its own comes back
+//! in a new one whose clocks go on from the dump. And the shapes stasis
+//! cannot restore are refused before anything is stopped: the tree runs on
+//! untouched.
 
 mod common;
 use common::*;
@@ -1393,6 +1395,32 @@ fn twice_keeps_a_time_namespace_with_the_others() {
         time_went_on(t.pid, before, unseen, 1000, round);
     }
     t.finish_pass();
+}
+
+/// The `timens` workload (a root and its child in a time namespace the
+/// root made, its monotonic clock 1000 days ahead): tracked dumps of it
+/// are incremental, each saves the namespace's clocks (manifest format
+/// version 7), and the chain restores into a new one, where the workload
+/// finds its clocks went on (it checks every 10 ms that they neither went
+/// backwards nor jumped).
+#[test]
+fn incremental_chain_in_a_time_namespace() {
+    let mut w = Workload::start("timens", &[]);
+    assert_ok(&w.dump(&["--leave-running", "--track"]), "dump 1");
+    let o = w.dump(&["--leave-running", "--track", "--json"]);
+    assert_ok(&o, "dump 2");
+    assert_eq!(json(&o)["parent"], 1, "dump 2 is not incremental");
+    w.dump_and_reap();
+    for n in 1..=3 {
+        let m = std::fs::read(w.images().join(format!("checkpoints/{n:08}/manifest.bin"))).unwrap();
+        assert_eq!(
+            u32::from_le_bytes(m[8..12].try_into().unwrap()),
+            7,
+            "checkpoint {n}"
+        );
+    }
+    w.restore(&[]);
+    w.finish_pass();
 }
 
 /// A process that unshared a time namespace and made no child in it yet
