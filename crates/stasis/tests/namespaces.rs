@@ -1286,20 +1286,37 @@ fn time_went_on(root: i32, before: Clocks, unseen: i64, days: i64, round: u32) {
 /// from outside: the host's clocks plus the namespace's offsets).
 #[test]
 fn twice_keeps_a_time_namespace() {
+    time_namespace_twice(&[]);
+}
+
+/// The same in a user namespace of its own (which owns the time one: the
+/// root stub, in the new user namespace, writes the offsets) and a PID
+/// namespace whose init is the shell.
+#[test]
+fn twice_keeps_a_time_namespace_in_a_user_namespace() {
+    time_namespace_twice(&["--user", "--map-root-user", "--pid", "--mount-proc"]);
+}
+
+/// [`twice_keeps_a_time_namespace`] with more `unshare` flags (`--pid`:
+/// the shell is the init of a PID namespace, which reaps its child as it
+/// dies).
+fn time_namespace_twice(more: &[&str]) {
     workloads();
+    let pidns = more.contains(&"--pid");
     let mut c = Command::new("unshare");
-    c.args([
-        "--time",
-        "--fork",
-        "--monotonic",
-        "86400000",
-        "--boottime",
-        "100",
-    ])
-    .args(["sh", "-c", "sleep 1000 & wait"])
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::null());
+    c.args(more)
+        .args([
+            "--time",
+            "--fork",
+            "--monotonic",
+            "86400000",
+            "--boottime",
+            "100",
+        ])
+        .args(["sh", "-c", "sleep 1000 & wait"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
     close_inherited_fds(&mut c);
     let r = Refused {
         unshare: c.spawn().expect("starting unshare"),
@@ -1317,6 +1334,9 @@ fn twice_keeps_a_time_namespace() {
         ["monotonic", "86400000", "0", "boottime", "100", "0"],
         "{text}"
     );
+    let user = |p: i32| std::fs::read_link(format!("/proc/{p}/ns/user")).unwrap();
+    let own_user = user(root) != user(std::process::id() as i32);
+    assert_eq!(own_user, more.contains(&"--user"));
     let img = tempfile::tempdir().unwrap();
     let mut pid = root;
     for round in 1..=2 {
@@ -1329,11 +1349,14 @@ fn twice_keeps_a_time_namespace() {
             .unwrap();
         assert_ok(&o, &format!("dump round {round}"));
         // The killed tree is ours to reap (its first root is unshare's),
-        // its child once it is reparented to us (a subreaper).
+        // its child once it is reparented to us (a subreaper), unless the
+        // root is the init of a PID namespace.
         if round > 1 {
             waitpid_timeout(pid, Duration::from_secs(30));
         }
-        reap_orphans(&kids);
+        if !pidns {
+            reap_orphans(&kids);
+        }
         // Time passes while the tree is dumped: its clocks must not see it.
         let dumped = clocks_inside(std::process::id() as i32).real;
         let mut unseen = 0;
@@ -1348,7 +1371,14 @@ fn twice_keeps_a_time_namespace() {
             .unwrap();
         assert_ok(&o, &format!("restore round {round}"));
         pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
-        assert_eq!(pid, root);
+        if !pidns {
+            assert_eq!(pid, root);
+        }
+        assert_eq!(
+            user(pid) != user(std::process::id() as i32),
+            own_user,
+            "round {round}"
+        );
         time_went_on(pid, before, unseen, 1000, round);
     }
     let kids = descendants(pid);
@@ -1357,7 +1387,9 @@ fn twice_keeps_a_time_namespace() {
         unsafe { libc::kill(p, libc::SIGKILL) };
     }
     waitpid_timeout(pid, Duration::from_secs(30));
-    reap_orphans(&kids);
+    if !pidns {
+        reap_orphans(&kids);
+    }
 }
 
 /// Reaps `pids`, killed descendants of a killed process, once they are
