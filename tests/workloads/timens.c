@@ -19,7 +19,8 @@
  * Both then sample CLOCK_MONOTONIC, CLOCK_BOOTTIME and CLOCK_REALTIME every
  * 10 ms, and check each sample against the one before (a checkpoint falls
  * between two of them): neither clock went backwards (`backwards`), nor
- * moved on more than CLOCK_REALTIME did plus MARGIN_NS (`jump`).  A lost
+ * moved on more than CLOCK_REALTIME did plus MARGIN_NS (`jump`: real time
+ * from a read before the last sample's clocks to one after this one's).  A lost
  * +MONO_DAYS days offset is a jump of 1000 days backwards; offsets given
  * twice, one of as much forwards.
  *
@@ -57,8 +58,12 @@
 #define DAY_NS    (86400ll * NSEC)
 #define MARGIN_NS (NSEC)
 
+/* The clocks inside, read between two reads of CLOCK_REALTIME: the
+ * process may be frozen (or dumped and restored) between any two of them,
+ * so a step's real time is counted from the first read of the sample
+ * before to the last of this one, which surround both samples' clocks. */
 struct sample {
-	int64_t mono, boot, real;
+	int64_t real_a, mono, boot, real_b;
 };
 
 /* What one process found over its samples. */
@@ -87,9 +92,10 @@ static struct sample take(void)
 {
 	struct sample s;
 
+	s.real_a = clock_ns(CLOCK_REALTIME);
 	s.mono = clock_ns(CLOCK_MONOTONIC);
 	s.boot = clock_ns(CLOCK_BOOTTIME);
-	s.real = clock_ns(CLOCK_REALTIME);
+	s.real_b = clock_ns(CLOCK_REALTIME);
 	return s;
 }
 
@@ -98,7 +104,7 @@ static void step(struct record *r)
 {
 	struct sample s = take();
 	const struct sample *p = &r->last;
-	int64_t real = s.real - p->real;
+	int64_t real = s.real_b - p->real_a;
 	int back = s.mono < p->mono || s.boot < p->boot;
 	int jump = s.mono - p->mono > real + MARGIN_NS ||
 		   s.boot - p->boot > real + MARGIN_NS;
@@ -175,10 +181,10 @@ static void report(const struct record *r)
 				  r->backwards, r->samples, r->jumps,
 				  (long long)r->bad_from.mono,
 				  (long long)r->bad_from.boot,
-				  (long long)r->bad_from.real,
+				  (long long)r->bad_from.real_a,
 				  (long long)r->bad_to.mono,
 				  (long long)r->bad_to.boot,
-				  (long long)r->bad_to.real);
+				  (long long)r->bad_to.real_b);
 }
 
 static void child(int q, int a, pid_t parent)
