@@ -1339,6 +1339,7 @@ fn time_namespace_twice(more: &[&str]) {
     assert_eq!(own_user, more.contains(&"--user"));
     let img = tempfile::tempdir().unwrap();
     let mut pid = root;
+    let mut restored = KillOnDrop(0);
     for round in 1..=2 {
         let before = clocks_inside(pid);
         let kids = descendants(pid);
@@ -1371,6 +1372,7 @@ fn time_namespace_twice(more: &[&str]) {
             .unwrap();
         assert_ok(&o, &format!("restore round {round}"));
         pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
+        restored.0 = pid;
         if !pidns {
             assert_eq!(pid, root);
         }
@@ -1389,6 +1391,21 @@ fn time_namespace_twice(more: &[&str]) {
     waitpid_timeout(pid, Duration::from_secs(30));
     if !pidns {
         reap_orphans(&kids);
+    }
+}
+
+/// A restored tree (its root's PID), killed if a test fails before it
+/// does.
+struct KillOnDrop(i32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if self.0 > 0 && alive(self.0) {
+            for p in std::iter::once(self.0).chain(descendants(self.0)) {
+                // SAFETY: killing the tree this test restored.
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
+        }
     }
 }
 
