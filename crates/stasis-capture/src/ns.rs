@@ -1,17 +1,20 @@
 //! The namespaces of the dumped tree, against the dumper's.
 //!
 //! [`check`] (preflight, nothing stopped) refuses a tree whose processes do
-//! not all share the root's namespaces, and the namespaces of its own that
-//! stasis cannot restore: time namespaces; a PID namespace
-//! whose init is not the root; a network namespace with another interface
-//! than `lo` and veths whose peer is in the dumper's namespace (as a
-//! container runtime makes them); and mounts of a mount namespace other
-//! than a proc on `/proc`. [`describe`] (frozen) records what the restore
-//! needs: the host and domain names, the System V message queues and
-//! semaphore sets of an IPC namespace, whether `lo` is up, the veths
-//! (both ends: names, hardware addresses, MTUs, up states, addresses, the
-//! peer's bridge) and routes, the proc mount, and the PID (and
-//! TID) of every process in its namespace. The dump itself works with the
+//! not all share the root's namespaces, a process that has unshared a
+//! time namespace no process is in yet (`time_for_children` not its
+//! `time`), and the namespaces of its own that stasis cannot restore: a
+//! PID namespace whose init is not the root; a network namespace with
+//! another interface than `lo` and veths whose peer is in the dumper's
+//! namespace (as a container runtime makes them); and mounts of a mount
+//! namespace other than a proc on `/proc`. [`describe`] (frozen) records
+//! what the restore needs: the host and domain names, the System V message
+//! queues and semaphore sets of an IPC namespace, whether `lo` is up, the
+//! veths (both ends: names, hardware addresses, MTUs, up states,
+//! addresses, the peer's bridge) and routes, the proc mount, the
+//! `CLOCK_MONOTONIC` and `CLOCK_BOOTTIME` of a time namespace as seen
+//! inside it (and its offsets), and the PID (and TID) of every process in
+//! its namespace. The dump itself works with the
 //! PIDs stasis sees (ptrace, `/proc`); [`translate_pids`] gives the
 //! manifest the in-namespace ones at the commit.
 
@@ -19,8 +22,8 @@ use std::collections::{HashMap, HashSet};
 
 use stasis_image::manifest::{
     BindMount, FdKind, LaterKind, LaterMount, Manifest, MountNamespace, Namespaces, NetAddress,
-    NetInterface, NetNamespace, NetRoute, ProcessImage, TmpfsEntry, TmpfsMount, UserNamespace,
-    UtsNamespace, Veth,
+    NetInterface, NetNamespace, NetRoute, ProcessImage, TimeNamespace, TmpfsEntry, TmpfsMount,
+    UserNamespace, UtsNamespace, Veth,
 };
 use stasis_image::ContentWriter;
 use stasis_kernel::fdops as kns_fdops;
@@ -30,7 +33,7 @@ use stasis_kernel::rtnl::{self, Rtnl};
 use crate::{proc, CaptureError, Result, SaveError};
 
 /// The kinds a tree may have of its own.
-const RESTORABLE: [NsKind; 7] = [
+const RESTORABLE: [NsKind; 8] = [
     NsKind::User,
     NsKind::Cgroup,
     NsKind::Pid,
@@ -38,6 +41,7 @@ const RESTORABLE: [NsKind; 7] = [
     NsKind::Net,
     NsKind::Uts,
     NsKind::Ipc,
+    NsKind::Time,
 ];
 
 fn refuse(pid: i32, what: String) -> CaptureError {
@@ -58,6 +62,9 @@ pub fn own_kinds(root: i32) -> Vec<NsKind> {
 /// Refuses, before anything is stopped, a tree whose namespaces stasis
 /// cannot restore (`tree`: the root first, then its descendants).
 pub fn check(root: i32, tree: &[i32]) -> Result<()> {
+    for &p in tree {
+        check_time_for_children(p)?;
+    }
     for &p in tree.iter().filter(|&&p| p != root) {
         for k in NsKind::ALL {
             match (kns::ns_id(p, k), kns::ns_id(root, k)) {
@@ -95,7 +102,7 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
         return Err(refuse(
             root,
             format!(
-                "it is in a {} namespace of its own; stasis restores only user, pid, uts, ipc, net and mnt namespaces",
+                "it is in a {} namespace of its own; stasis restores only user, pid, mnt, net, uts, ipc, cgroup and time namespaces",
                 k.name()
             ),
         ));
@@ -117,6 +124,39 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
         check_tmpfs_fds(tree, &mnt)?;
     }
     Ok(())
+}
+
+/// Refuses process `p` if it makes its children in another time namespace
+/// than its own: one it unshared (`CLONE_NEWTIME`) that no process has
+/// entered yet (stasis restores every process in the tree's namespace).
+fn check_time_for_children(p: i32) -> Result<()> {
+    match (kns::ns_id(p, NsKind::Time), kns::time_for_children_id(p)) {
+        (Some(own), Some(kids)) if own != kids => Err(refuse(
+            p,
+            "it has unshared a time namespace (CLONE_NEWTIME) that no process is in yet: its children would be made there; stasis restores a tree whose processes are all in its root's time namespace and make their children there".into(),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The time namespace of `root` (the tree frozen): its clocks now, as
+/// seen inside it (the host's plus its offsets), and its offsets.
+fn time_namespace(root: i32) -> Result<TimeNamespace> {
+    check_time_for_children(root)?;
+    let clocks = |e: stasis_kernel::KernelError| {
+        refuse(
+            root,
+            format!("the clocks of its time namespace cannot be read: {e}"),
+        )
+    };
+    let off = kns::timens_offsets(Some(root)).map_err(clocks)?;
+    let host = kns::host_clocks().map_err(clocks)?;
+    Ok(TimeNamespace {
+        monotonic: host.monotonic + off.monotonic,
+        boottime: host.boottime + off.boottime,
+        monotonic_offset: off.monotonic,
+        boottime_offset: off.boottime,
+    })
 }
 
 /// A network namespace of the tree's own: `lo` and veth interfaces whose
@@ -859,8 +899,12 @@ pub fn describe(
             ns.mnt = Some(m);
         }
     }
+    if own.contains(&NsKind::Time) {
+        ns.time = Some(time_namespace(root)?);
+    }
     if !ns.pid
         && !ns.ipc
+        && ns.time.is_none()
         && ns.user.is_none()
         && ns.uts.is_none()
         && ns.net.is_none()

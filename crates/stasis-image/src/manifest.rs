@@ -116,8 +116,14 @@ pub const CONTENT_MANIFEST_VERSION: u32 = 5;
 /// the manifest instead of restoring the namespace with only `lo`.
 pub const NET_DEVICES_MANIFEST_VERSION: u32 = 6;
 
+/// Manifest format version written when the tree had a time namespace
+/// of its own ([`Namespaces::time`]), so that a reader that predates it
+/// refuses the manifest instead of restoring the tree with the host's
+/// clocks (a jump of its monotonic and boot-time clocks, backwards too).
+pub const TIME_NAMESPACE_MANIFEST_VERSION: u32 = 7;
+
 /// The newest manifest format version this reader knows.
-pub const LATEST_MANIFEST_VERSION: u32 = NET_DEVICES_MANIFEST_VERSION;
+pub const LATEST_MANIFEST_VERSION: u32 = TIME_NAMESPACE_MANIFEST_VERSION;
 
 impl Manifest {
     /// The format version this manifest's content calls for: the oldest
@@ -166,7 +172,9 @@ impl Manifest {
             .as_ref()
             .and_then(|n| n.net.as_ref())
             .is_some_and(|n| !n.veths.is_empty() || !n.routes.is_empty());
-        if net_devices {
+        if self.namespaces.as_ref().is_some_and(|n| n.time.is_some()) {
+            TIME_NAMESPACE_MANIFEST_VERSION
+        } else if net_devices {
             NET_DEVICES_MANIFEST_VERSION
         } else if self.content.is_some() || sized_tmpfs() {
             CONTENT_MANIFEST_VERSION
@@ -232,6 +240,28 @@ pub struct Namespaces {
     /// goes on to `cgroup`). Manifest version 4.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup_ns: Option<String>,
+    /// A time namespace of its own: its clocks at the dump, which the
+    /// restored tree's new one continues from. Manifest version 7.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<TimeNamespace>,
+}
+
+/// A time namespace of the tree's own. Its `CLOCK_MONOTONIC` and
+/// `CLOCK_BOOTTIME` read, inside it, the host's plus its offsets; the
+/// restore gives the new one the offsets that make them read, when it is
+/// made, what they read at the dump (the time the tree spent dumped is
+/// not seen: they never go backwards, nor jump). Nanoseconds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimeNamespace {
+    /// `CLOCK_MONOTONIC` inside the namespace at the dump (tree frozen).
+    pub monotonic: i64,
+    /// `CLOCK_BOOTTIME` inside it, read at the same instant.
+    pub boottime: i64,
+    /// Its offsets at the dump (`/proc/PID/timens_offsets`), for the
+    /// record: the restored namespace has others, as the host's clocks
+    /// have moved on.
+    pub monotonic_offset: i64,
+    pub boottime_offset: i64,
 }
 
 /// Who a System V IPC object is: its id, key, owner and mode.

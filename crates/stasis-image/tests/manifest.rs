@@ -97,23 +97,24 @@ fn checksum_error_message() {
 #[test]
 fn newer_version_is_refused_with_specific_error() {
     let mut bytes = encode_manifest(&small_manifest()).unwrap();
-    bytes[8..12].copy_from_slice(&7u32.to_le_bytes());
+    let next = manifest::LATEST_MANIFEST_VERSION + 1;
+    bytes[8..12].copy_from_slice(&next.to_le_bytes());
     let e = decode_manifest(&bytes, 3, p()).unwrap_err();
     assert!(
         matches!(
             e,
             ImageError::NewerFormat {
-                found: 7,
+                found,
                 supported: stasis_image::FORMAT_VERSION,
                 ..
-            }
+            } if found == next
         ),
         "{e}"
     );
     assert!(
-        e.to_string().starts_with(
-            "image format version 7 is newer than this stasis supports (2): upgrade stasis"
-        ),
+        e.to_string().starts_with(&format!(
+            "image format version {next} is newer than this stasis supports (2): upgrade stasis"
+        )),
         "{e}"
     );
     bytes[8..12].copy_from_slice(&0u32.to_le_bytes());
@@ -360,6 +361,7 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
         }),
         cgroup: Some("/box".into()),
         cgroup_ns: None,
+        time: None,
         mnt: Some(manifest::MountNamespace {
             proc: true,
             tmpfs: vec![manifest::TmpfsMount {
@@ -518,6 +520,28 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
     let mut lower = b.clone();
     lower[8..12].copy_from_slice(&manifest::CONTENT_MANIFEST_VERSION.to_le_bytes());
     assert!(decode_manifest(&lower, 3, p()).is_err());
+    // A time namespace: 7, whatever else the namespaces hold (a reader of
+    // 6 would restore the tree with the host's clocks).
+    for base in [&m, &veth] {
+        let mut timens = base.clone();
+        timens.namespaces.as_mut().unwrap().time = Some(manifest::TimeNamespace {
+            monotonic: 86_400_000 * 1_000_000_000 + 123,
+            boottime: 5_000_000_001,
+            monotonic_offset: 86_400_000 * 1_000_000_000,
+            boottime_offset: -7_000_000_000,
+        });
+        assert_eq!(
+            timens.format_version(),
+            manifest::TIME_NAMESPACE_MANIFEST_VERSION
+        );
+        let b = encode_manifest(&timens).unwrap();
+        assert_eq!(u32::from_le_bytes(b[8..12].try_into().unwrap()), 7);
+        assert_eq!(decode_manifest(&b, 3, p()).unwrap(), timens);
+        let mut lower = b.clone();
+        lower[8..12].copy_from_slice(&manifest::NET_DEVICES_MANIFEST_VERSION.to_le_bytes());
+        assert!(decode_manifest(&lower, 3, p()).is_err());
+    }
+    assert_eq!(manifest::LATEST_MANIFEST_VERSION, 7);
     // A version after the newest is newer than this reader.
     let next = manifest::LATEST_MANIFEST_VERSION + 1;
     let mut newer = bytes.clone();

@@ -79,6 +79,13 @@ pub struct NsSetup {
     /// the child sets anything up (it waits for them: ids in mount options
     /// and files mean nothing in a namespace without maps).
     pub id_maps: Option<(String, String, bool)>,
+    /// A new time namespace, made last: the child unshares it, writes
+    /// this text (its clock offsets, [`crate::ns::timens_offsets_text`])
+    /// to its `timens_offsets` before anyone is in it, then enters it
+    /// (`setns` on its `ns/time_for_children`), and its children are
+    /// made in it. Not in `flags`: a namespace made by `clone3` is entered
+    /// at once, its offsets fixed at the host's.
+    pub time_offsets: Option<std::ffi::CString>,
 }
 
 /// Writes the id maps of the user namespace of `pid`.
@@ -104,6 +111,10 @@ fn spawn_stopped_with(set_tid: Option<i32>, ns: Option<&NsSetup>) -> Result<Trac
     let tid_arr = [set_tid.unwrap_or(0)];
     let new_pidns = ns.is_some_and(|n| n.flags & u64::from(libc::CLONE_NEWPID.unsigned_abs()) != 0);
     let (proc_src, proc_dir, root_dir, tmpfs) = (c"proc", c"/proc", c"/", c"tmpfs");
+    let (offsets_file, time_ns) = (
+        c"/proc/self/timens_offsets",
+        c"/proc/self/ns/time_for_children",
+    );
     let args = CloneArgs {
         flags: ns.map_or(0, |n| n.flags),
         exit_signal: libc::SIGCHLD as u64,
@@ -226,6 +237,24 @@ fn spawn_stopped_with(set_tid: Option<i32>, ns: Option<&NsSetup>) -> Result<Trac
                     {
                         libc::_exit(122);
                     }
+                }
+                if let Some(text) = &n.time_offsets {
+                    if libc::unshare(libc::CLONE_NEWTIME) != 0 {
+                        libc::_exit(120);
+                    }
+                    let fd = libc::open(offsets_file.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    let len = text.as_bytes().len();
+                    if fd < 0
+                        || usize::try_from(libc::write(fd, text.as_ptr().cast(), len)) != Ok(len)
+                        || libc::close(fd) != 0
+                    {
+                        libc::_exit(119);
+                    }
+                    let fd = libc::open(time_ns.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+                    if fd < 0 || libc::setns(fd, libc::CLONE_NEWTIME) != 0 {
+                        libc::_exit(120);
+                    }
+                    libc::close(fd);
                 }
             }
             libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0);

@@ -374,6 +374,110 @@ pub fn set_loopback_up() -> Result<()> {
     Ok(())
 }
 
+/// The time namespace the children process `pid` makes from now on will
+/// be in (`/proc/PID/ns/time_for_children`, as an inode): another than its
+/// own once it has unshared one (`CLONE_NEWTIME`) that no process has
+/// entered yet.
+pub fn time_for_children_id(pid: i32) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}/ns/time_for_children"))
+        .ok()
+        .map(|m| m.ino())
+}
+
+/// The `CLOCK_MONOTONIC` and `CLOCK_BOOTTIME` offsets of a time namespace
+/// against the host's clocks, in nanoseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClockOffsets {
+    pub monotonic: i64,
+    pub boottime: i64,
+}
+
+const NSEC: i64 = 1_000_000_000;
+
+/// Parses a `timens_offsets` file (`monotonic SEC NSEC` and `boottime SEC
+/// NSEC` lines; a clock not listed has no offset).
+pub fn parse_timens_offsets(text: &str) -> Option<ClockOffsets> {
+    let mut o = ClockOffsets::default();
+    for l in text.lines().filter(|l| !l.trim().is_empty()) {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let [name, sec, nsec] = f.as_slice() else {
+            return None;
+        };
+        let v = sec
+            .parse::<i64>()
+            .ok()?
+            .checked_mul(NSEC)?
+            .checked_add(nsec.parse::<i64>().ok().filter(|n| (0..NSEC).contains(n))?)?;
+        match *name {
+            "monotonic" | "1" => o.monotonic = v,
+            "boottime" | "7" => o.boottime = v,
+            _ => return None,
+        }
+    }
+    Some(o)
+}
+
+/// The clock offsets of the time namespace process `pid` makes its
+/// children in (`/proc/PID/timens_offsets`; `None`: `/proc/self`'s).
+pub fn timens_offsets(pid: Option<i32>) -> Result<ClockOffsets> {
+    let path = match pid {
+        Some(p) => format!("/proc/{p}/timens_offsets"),
+        None => "/proc/self/timens_offsets".into(),
+    };
+    let text = std::fs::read_to_string(&path).map_err(|e| KernelError::io(&path, e))?;
+    parse_timens_offsets(&text).ok_or_else(|| {
+        KernelError::io(
+            &path,
+            std::io::Error::other(format!("unexpected content {text:?}")),
+        )
+    })
+}
+
+/// Clock `id` of the calling thread, in nanoseconds.
+fn clock_ns(id: libc::clockid_t) -> Result<i64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one `struct timespec` through the
+    // pointer, valid for the call.
+    if unsafe { libc::clock_gettime(id, &mut ts) } != 0 {
+        return Err(KernelError::io("clock_gettime", crate::last_err()));
+    }
+    Ok(ts.tv_sec * NSEC + ts.tv_nsec)
+}
+
+/// The host's `CLOCK_MONOTONIC` and `CLOCK_BOOTTIME` now: this process's
+/// clocks less the offsets of its own time namespace (none in the
+/// initial one). Refused if this process has unshared a time namespace it
+/// is not in (its `timens_offsets` are not its own clocks').
+pub fn host_clocks() -> Result<ClockOffsets> {
+    let me = i32::try_from(std::process::id()).unwrap_or(0);
+    if ns_id(me, NsKind::Time) != time_for_children_id(me) {
+        return Err(KernelError::io(
+            "/proc/self/ns/time_for_children",
+            std::io::Error::other(
+                "this process makes its children in another time namespace than its own: its clock offsets cannot be read",
+            ),
+        ));
+    }
+    let own = timens_offsets(None)?;
+    let monotonic = clock_ns(libc::CLOCK_MONOTONIC)?;
+    let boottime = clock_ns(libc::CLOCK_BOOTTIME)?;
+    Ok(ClockOffsets {
+        monotonic: monotonic - own.monotonic,
+        boottime: boottime - own.boottime,
+    })
+}
+
+/// The text written to `timens_offsets` to set `o` (clock ids 1 and 7:
+/// every kernel with time namespaces takes them; nanoseconds in 0..1e9).
+pub fn timens_offsets_text(o: ClockOffsets) -> String {
+    let line = |id: i32, v: i64| format!("{id} {} {}\n", v.div_euclid(NSEC), v.rem_euclid(NSEC));
+    line(libc::CLOCK_MONOTONIC, o.monotonic) + &line(libc::CLOCK_BOOTTIME, o.boottime)
+}
+
 /// The PID of process (or thread) `tid` in its own PID namespace: the last
 /// field of `NSpid` in its `status` (`None` if it is gone).
 pub fn pid_in_own_ns(pid: i32, tid: i32) -> Option<i32> {
@@ -399,6 +503,45 @@ mod tests {
         assert_eq!(parse_nspid("Name:\tx\nNSpid:\t1589\t1\nX: 2\n"), Some(1));
         assert_eq!(parse_nspid("NSpid:\t42\n"), Some(42));
         assert_eq!(parse_nspid("Pid:\t42\n"), None);
+    }
+
+    #[test]
+    fn timens_offsets_parse_and_print_back() {
+        let o = parse_timens_offsets(
+            "monotonic    86400000         0\nboottime          -7 999999999\n",
+        )
+        .unwrap();
+        assert_eq!(o.monotonic, 86_400_000 * NSEC);
+        assert_eq!(o.boottime, -7 * NSEC + 999_999_999);
+        assert_eq!(timens_offsets_text(o), "1 86400000 0\n7 -7 999999999\n");
+        // A negative offset that is not whole seconds: the nanoseconds stay
+        // in 0..1e9, the seconds below.
+        let t = timens_offsets_text(ClockOffsets {
+            monotonic: -1,
+            boottime: -NSEC,
+        });
+        assert_eq!(t, "1 -1 999999999\n7 -1 0\n");
+        assert_eq!(
+            parse_timens_offsets(&t),
+            Some(ClockOffsets {
+                monotonic: -1,
+                boottime: -NSEC
+            })
+        );
+        assert_eq!(parse_timens_offsets("monotonic 1 1000000000\n"), None);
+        assert_eq!(parse_timens_offsets("realtime 1 0\n"), None);
+        assert_eq!(parse_timens_offsets(""), Some(ClockOffsets::default()));
+    }
+
+    #[test]
+    fn the_host_clocks_are_this_process_s_less_its_offsets() {
+        let own = timens_offsets(None).unwrap();
+        let before = clock_ns(libc::CLOCK_MONOTONIC).unwrap();
+        let host = host_clocks().unwrap();
+        let after = clock_ns(libc::CLOCK_MONOTONIC).unwrap();
+        assert!(host.monotonic + own.monotonic >= before);
+        assert!(host.monotonic + own.monotonic <= after);
+        assert!(host.boottime >= host.monotonic);
     }
 
     #[test]

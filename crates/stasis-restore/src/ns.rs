@@ -1,8 +1,9 @@
 //! The namespaces of a tree that lived in namespaces of its own
 //! ([`Manifest::namespaces`]): the root stub is created in new ones of the
 //! same kinds (PID 1 of a new PID namespace, with the saved host and domain
-//! names and a proc of that namespace on `/proc`), and what the restorer
-//! does inside them runs on a thread moved there
+//! names and a proc of that namespace on `/proc`; in a new time namespace
+//! whose clocks go on from where they were at the dump), and what the
+//! restorer does inside them runs on a thread moved there
 //! ([`stasis_kernel::ns::in_namespaces_of`]).
 
 use std::ffi::CString;
@@ -10,8 +11,8 @@ use std::ffi::CString;
 use std::os::fd::AsFd;
 
 use stasis_image::manifest::{
-    LaterKind, Manifest, Namespaces, NetAddress, NetInterface, NetNamespace, NetRoute, TmpfsEntry,
-    UserNamespace,
+    LaterKind, Manifest, Namespaces, NetAddress, NetInterface, NetNamespace, NetRoute,
+    TimeNamespace, TmpfsEntry, UserNamespace,
 };
 use stasis_kernel::child::NsSetup;
 use stasis_kernel::ns::{self as kns, NsKind};
@@ -94,7 +95,12 @@ pub(crate) fn setup(ns: &Namespaces) -> Result<NsSetup> {
         .user
         .as_ref()
         .map(|u| (lines(&u.uid_map), lines(&u.gid_map), u.setgroups_deny));
+    let time_offsets = match &ns.time {
+        Some(t) => Some(cstr("clock offsets", &time_offsets(t)?)?),
+        None => None,
+    };
     Ok(NsSetup {
+        time_offsets,
         id_maps,
         flags: kinds(ns)
             .iter()
@@ -106,6 +112,33 @@ pub(crate) fn setup(ns: &Namespaces) -> Result<NsSetup> {
         tmpfs,
         binds,
     })
+}
+
+/// The offsets of the tree's new time namespace, as `timens_offsets`
+/// takes them: those that make its clocks read now what they read at the
+/// dump (the saved ones, less the host's now). Its clocks go on from
+/// there: the tree sees no time pass while it was dumped, and they never
+/// go backwards.
+fn time_offsets(t: &TimeNamespace) -> Result<String> {
+    if t.monotonic < 0 || t.boottime < 0 {
+        return Err(ObjectError::Inconsistent(format!(
+            "the saved clocks of the tree's time namespace are negative (monotonic {} ns, boot time {} ns)",
+            t.monotonic, t.boottime
+        ))
+        .into());
+    }
+    let host = kns::host_clocks()?;
+    let offsets = kns::ClockOffsets {
+        monotonic: t.monotonic - host.monotonic,
+        boottime: t.boottime - host.boottime,
+    };
+    tracing::debug!(
+        saved = ?t,
+        ?host,
+        ?offsets,
+        "the clock offsets of the tree's new time namespace"
+    );
+    Ok(kns::timens_offsets_text(offsets))
 }
 
 /// Mount options with their `uid=`/`gid=` as the tree's user namespace
@@ -145,6 +178,8 @@ pub(crate) fn setup_failure(code: i32) -> Option<&'static str> {
         123 => Some("mounting a saved tmpfs failed (does its mount point exist here?)"),
         122 => Some("a saved bind mount failed (do its source and mount point exist here?)"),
         121 => Some("the id maps of the new user namespace were not written"),
+        120 => Some("making or entering a new time namespace failed"),
+        119 => Some("writing the clock offsets of the new time namespace failed"),
         _ => None,
     }
 }

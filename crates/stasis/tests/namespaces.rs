@@ -7,8 +7,10 @@
 //! processes, a TCP listener and a loopback connection between two of its
 //! processes with bytes queued, a unix socket pair, a tmpfs on /mnt with a
 //! directory, a file and a link, the file and directory open, a unix
-//! listener bound there). And the shapes stasis cannot restore are refused before
-//! anything is stopped: the tree runs on untouched.
+//! listener bound there). A tree in a time namespace of its own comes back
+//! in a new one whose clocks go on from the dump. And the shapes stasis
+//! cannot restore are refused before anything is stopped: the tree runs on
+//! untouched.
 
 mod common;
 use common::*;
@@ -1178,4 +1180,311 @@ fn incremental_chain() {
     t.reap();
     t.restore(&[]);
     t.finish_pass();
+}
+
+// ---- time namespaces ----
+
+/// The `CLOCK_MONOTONIC` and `CLOCK_BOOTTIME` of the time namespace of a
+/// process, as seen inside it (ours plus its offsets: this test process
+/// is in the host's), and the real time, all in nanoseconds.
+#[derive(Debug, Clone, Copy)]
+struct Clocks {
+    mono: i64,
+    boot: i64,
+    real: i64,
+}
+
+fn clocks_inside(pid: i32) -> Clocks {
+    const NSEC: i64 = 1_000_000_000;
+    let read = |id: libc::clockid_t| {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes one timespec through a valid pointer.
+        assert_eq!(unsafe { libc::clock_gettime(id, &mut ts) }, 0);
+        ts.tv_sec * NSEC + ts.tv_nsec
+    };
+    // Offsets of `timens_offsets` (of the namespace the process makes its
+    // children in: the one it is in, here), in nanoseconds.
+    let offsets = |of: &str| {
+        let text = std::fs::read_to_string(format!("/proc/{of}/timens_offsets")).unwrap();
+        let offset = |name: &str| {
+            let f: Vec<i64> = text
+                .lines()
+                .find(|l| l.split_whitespace().next() == Some(name))
+                .unwrap_or_else(|| panic!("no {name} in {text:?}"))
+                .split_whitespace()
+                .skip(1)
+                .map(|v| v.parse().unwrap())
+                .collect();
+            f[0] * NSEC + f[1]
+        };
+        (offset("monotonic"), offset("boottime"))
+    };
+    // The host's clocks: ours less our own offsets.
+    let (my_mono, my_boot) = offsets("self");
+    let (mono, boot) = offsets(&pid.to_string());
+    Clocks {
+        mono: read(libc::CLOCK_MONOTONIC) - my_mono + mono,
+        boot: read(libc::CLOCK_BOOTTIME) - my_boot + boot,
+        real: read(libc::CLOCK_REALTIME),
+    }
+}
+
+/// The restored tree of `root` is in one time namespace, not ours (each
+/// of its processes makes its children there), whose clocks went on
+/// from `before` (read before the dump): not backwards, not ahead of the
+/// real time that passed less `unseen` (real time between the end of the
+/// dump and the start of the restore: they stood still while the tree was
+/// dumped), and still `days` ahead of the host's monotonic clock at least.
+fn time_went_on(root: i32, before: Clocks, unseen: i64, days: i64, round: u32) {
+    let ns = |p: i32, f: &str| std::fs::read_link(format!("/proc/{p}/ns/{f}")).unwrap();
+    let theirs = ns(root, "time");
+    assert_ne!(
+        theirs,
+        ns(std::process::id() as i32, "time"),
+        "round {round}"
+    );
+    let tree: Vec<i32> = std::iter::once(root).chain(descendants(root)).collect();
+    assert!(tree.len() >= 2, "round {round}: the tree is {tree:?}");
+    for &p in &tree {
+        assert_eq!(ns(p, "time"), theirs, "round {round}: process {p}");
+        assert_eq!(
+            ns(p, "time_for_children"),
+            theirs,
+            "round {round}: process {p}"
+        );
+    }
+    let now = clocks_inside(root);
+    let real = now.real - before.real;
+    for (what, a, b) in [
+        ("monotonic", before.mono, now.mono),
+        ("boottime", before.boot, now.boot),
+    ] {
+        assert!(
+            b >= a && b - a <= real - unseen + 1_000_000_000,
+            "round {round}: the {what} clock inside went from {a} to {b} ns in {real} ns of real time, {unseen} ns of it between the dump and the restore"
+        );
+    }
+    assert!(
+        now.mono >= days * 86_400 * 1_000_000_000,
+        "round {round}: {now:?}"
+    );
+    // The boot-time clock less the monotonic one is what it was (only a
+    // suspend of the host changes it).
+    assert!(
+        ((now.boot - now.mono) - (before.boot - before.mono)).abs() < 1_000_000_000,
+        "round {round}: {before:?} then {now:?}"
+    );
+}
+
+/// A shell and its child in a time namespace of their own (made by
+/// `unshare --time --fork`: its monotonic clock 1000 days ahead of the
+/// host's, its boot-time clock 100 s), dumped and restored twice: each
+/// time in a new time namespace whose clocks go on from the dump (read
+/// from outside: the host's clocks plus the namespace's offsets).
+#[test]
+fn twice_keeps_a_time_namespace() {
+    time_namespace_twice(&[]);
+}
+
+/// The same in a user namespace of its own (which owns the time one: the
+/// root stub, in the new user namespace, writes the offsets) and a PID
+/// namespace whose init is the shell.
+#[test]
+fn twice_keeps_a_time_namespace_in_a_user_namespace() {
+    time_namespace_twice(&["--user", "--map-root-user", "--pid", "--mount-proc"]);
+}
+
+/// [`twice_keeps_a_time_namespace`] with more `unshare` flags (`--pid`:
+/// the shell is the init of a PID namespace, which reaps its child as it
+/// dies).
+fn time_namespace_twice(more: &[&str]) {
+    workloads();
+    let pidns = more.contains(&"--pid");
+    let mut c = Command::new("unshare");
+    c.args(more)
+        .args([
+            "--time",
+            "--fork",
+            "--monotonic",
+            "86400000",
+            "--boottime",
+            "100",
+        ])
+        .args(["sh", "-c", "sleep 1000 & wait"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    close_inherited_fds(&mut c);
+    let r = Refused {
+        unshare: c.spawn().expect("starting unshare"),
+    };
+    let up = r.unshare.id() as i32;
+    let mut root = 0;
+    wait_until(Duration::from_secs(10), "the shell and its child", || {
+        root = child_running(up, "sh -c sleep 1000 & wait").unwrap_or(0);
+        root > 0 && child_running(root, "sleep 1000").is_some()
+    });
+    let text = std::fs::read_to_string(format!("/proc/{root}/timens_offsets")).unwrap();
+    let words: Vec<&str> = text.split_whitespace().collect();
+    assert_eq!(
+        words,
+        ["monotonic", "86400000", "0", "boottime", "100", "0"],
+        "{text}"
+    );
+    let user = |p: i32| std::fs::read_link(format!("/proc/{p}/ns/user")).unwrap();
+    let own_user = user(root) != user(std::process::id() as i32);
+    assert_eq!(own_user, more.contains(&"--user"));
+    let img = tempfile::tempdir().unwrap();
+    let mut pid = root;
+    let mut restored = KillOnDrop(0);
+    for round in 1..=2 {
+        let before = clocks_inside(pid);
+        let kids = descendants(pid);
+        let o = stasis()
+            .args(["dump", "-t", &pid.to_string(), "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("dump round {round}"));
+        // The killed tree is ours to reap (its first root is unshare's),
+        // its child once it is reparented to us (a subreaper), unless the
+        // root is the init of a PID namespace.
+        if round > 1 {
+            waitpid_timeout(pid, Duration::from_secs(30));
+        }
+        if !pidns {
+            reap_orphans(&kids);
+        }
+        // Time passes while the tree is dumped: its clocks must not see it.
+        let dumped = clocks_inside(std::process::id() as i32).real;
+        let mut unseen = 0;
+        wait_until(Duration::from_secs(10), "two seconds to pass", || {
+            unseen = clocks_inside(std::process::id() as i32).real - dumped;
+            unseen > 2_000_000_000
+        });
+        let o = stasis()
+            .args(["restore", "--detach", "--json", "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("restore round {round}"));
+        pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
+        restored.0 = pid;
+        if !pidns {
+            assert_eq!(pid, root);
+        }
+        assert_eq!(
+            user(pid) != user(std::process::id() as i32),
+            own_user,
+            "round {round}"
+        );
+        time_went_on(pid, before, unseen, 1000, round);
+    }
+    let kids = descendants(pid);
+    for p in std::iter::once(pid).chain(kids.iter().copied()) {
+        // SAFETY: killing the restored tree.
+        unsafe { libc::kill(p, libc::SIGKILL) };
+    }
+    waitpid_timeout(pid, Duration::from_secs(30));
+    if !pidns {
+        reap_orphans(&kids);
+    }
+}
+
+/// A restored tree (its root's PID), killed if a test fails before it
+/// does.
+struct KillOnDrop(i32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if self.0 > 0 && alive(self.0) {
+            for p in std::iter::once(self.0).chain(descendants(self.0)) {
+                // SAFETY: killing the tree this test restored.
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
+/// Reaps `pids`, killed descendants of a killed process, once they are
+/// reparented to this test process (a subreaper).
+fn reap_orphans(pids: &[i32]) {
+    let me = std::process::id().to_string();
+    for &k in pids {
+        wait_until(
+            Duration::from_secs(10),
+            "a killed orphan to be ours",
+            || {
+                std::fs::read_to_string(format!("/proc/{k}/status"))
+                    .is_ok_and(|s| s.lines().any(|l| l.split_whitespace().eq(["PPid:", &me])))
+            },
+        );
+        waitpid_timeout(k, Duration::from_secs(30));
+    }
+}
+
+/// The namespaces workload in a time namespace of its own too: restored
+/// twice in new namespaces of every kind, the time one's clocks going on.
+#[test]
+fn twice_keeps_a_time_namespace_with_the_others() {
+    let mut t = NsTree::start_with(
+        None,
+        &["--time", "--monotonic", "86400000", "--boottime", "100"],
+    );
+    for round in 1..=2 {
+        let before = clocks_inside(t.pid);
+        assert_ok(&t.dump(&[]), &format!("dump round {round}"));
+        let dumped = clocks_inside(std::process::id() as i32).real;
+        t.reap();
+        let unseen = clocks_inside(std::process::id() as i32).real - dumped;
+        t.restore(&[]);
+        time_went_on(t.pid, before, unseen, 1000, round);
+    }
+    t.finish_pass();
+}
+
+/// The `timens` workload (a root and its child in a time namespace the
+/// root made, its monotonic clock 1000 days ahead): tracked dumps of it
+/// are incremental, each saves the namespace's clocks (manifest format
+/// version 7), and the chain restores into a new one, where the workload
+/// finds its clocks went on (it checks every 10 ms that they neither went
+/// backwards nor jumped).
+#[test]
+fn incremental_chain_in_a_time_namespace() {
+    let mut w = Workload::start("timens", &[]);
+    assert_ok(&w.dump(&["--leave-running", "--track"]), "dump 1");
+    let o = w.dump(&["--leave-running", "--track", "--json"]);
+    assert_ok(&o, "dump 2");
+    assert_eq!(json(&o)["parent"], 1, "dump 2 is not incremental");
+    w.dump_and_reap();
+    for n in 1..=3 {
+        let m = std::fs::read(w.images().join(format!("checkpoints/{n:08}/manifest.bin"))).unwrap();
+        assert_eq!(
+            u32::from_le_bytes(m[8..12].try_into().unwrap()),
+            7,
+            "checkpoint {n}"
+        );
+    }
+    w.restore(&[]);
+    w.finish_pass();
+}
+
+/// A process that unshared a time namespace and made no child in it yet
+/// (it runs on in the host's, its children would be made in the new one;
+/// an exec would move it there).
+#[test]
+fn refuses_a_pending_time_namespace() {
+    let script = "import ctypes, os, sys, time\n\
+        if ctypes.CDLL(None, use_errno=True).unshare(0x80):\n    \
+            sys.exit('unshare: ' + os.strerror(ctypes.get_errno()))\n\
+        time.sleep(1000)\n";
+    let ns = |p: i32, f: &str| std::fs::read_link(format!("/proc/{p}/ns/{f}")).ok();
+    refused(
+        &["--uts", "python3", "-c", script],
+        |up| (ns(up, "time_for_children") != ns(up, "time")).then_some(up),
+        "has unshared a time namespace (CLONE_NEWTIME) that no process is in yet",
+    );
 }

@@ -211,6 +211,7 @@ workload_tests! {
     io_uring_issuer: "io_uring", "issuer";
     io_uring_sqpoll: "io_uring", "sqpoll";
     io_uring_shared: "io_uring", "shared";
+    timens: "timens";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so
