@@ -75,22 +75,7 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
         }
     }
     let own = own_kinds(root);
-    if !own.is_empty() {
-        let want = cgroup_of(root);
-        for &p in tree.iter().filter(|&&p| p != root) {
-            let theirs = cgroup_of(p);
-            if theirs.is_some() && theirs != want {
-                return Err(refuse(
-                    p,
-                    format!(
-                        "it is in cgroup {}, the root ({root}) in {}; stasis restores a tree in namespaces of its own into one cgroup",
-                        theirs.unwrap_or_default(),
-                        want.unwrap_or_default()
-                    ),
-                ));
-            }
-        }
-    }
+    crate::cgroup::check(tree, !own.is_empty())?;
     if let Some(k) = own.iter().find(|k| !RESTORABLE.contains(k)) {
         return Err(refuse(
             root,
@@ -401,11 +386,7 @@ fn cgroup_ns_root(root: i32) -> Result<String> {
 /// The cgroup (v2) of process `pid`: the path after `0::` in its
 /// `/proc/PID/cgroup` (`None` if it is gone).
 pub fn cgroup_of(pid: i32) -> Option<String> {
-    proc::read(pid, "cgroup").ok().and_then(|t| {
-        t.lines()
-            .find_map(|l| l.strip_prefix("0::"))
-            .map(str::to_string)
-    })
+    stasis_kernel::procfs::cgroup_of(&pid.to_string())
 }
 
 /// With a network namespace of the tree's own: the calling thread in it
@@ -899,6 +880,9 @@ pub fn translate_pids(m: &mut Manifest, pids: &HashMap<i32, i32>) {
         }
     };
     map(&mut m.root_pid);
+    for c in m.cgroups.iter_mut().flat_map(|c| c.procs.iter_mut()) {
+        map(&mut c.pid);
+    }
     for p in &mut m.processes {
         map(&mut p.pid);
         map(&mut p.ppid);

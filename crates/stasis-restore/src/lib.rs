@@ -50,6 +50,7 @@
 
 pub mod build;
 mod caps;
+mod cgroup;
 pub mod files;
 mod inherit;
 mod memory;

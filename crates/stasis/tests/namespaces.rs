@@ -304,6 +304,224 @@ fn twice_keeps_a_cgroup_namespace() {
     let _ = std::fs::remove_dir(&dir);
 }
 
+/// Cgroups (v2) made by a test under a unique one of its own, removed
+/// (children first) when it ends, also when it fails midway.
+struct TestCgroups {
+    top: PathBuf,
+    /// Relative to `top`, parents first.
+    made: Vec<String>,
+}
+
+impl TestCgroups {
+    fn new(mount: &str, name: &str) -> TestCgroups {
+        let top = std::path::Path::new(mount).join(name);
+        std::fs::create_dir(&top).expect("making a test cgroup");
+        TestCgroups {
+            top,
+            made: Vec::new(),
+        }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        if rel.is_empty() {
+            self.top.clone()
+        } else {
+            self.top.join(rel)
+        }
+    }
+
+    fn make(&mut self, rel: &str) {
+        std::fs::create_dir(self.path(rel)).expect("making a test cgroup");
+        self.made.push(rel.into());
+    }
+
+    fn read(&self, rel: &str, file: &str) -> String {
+        std::fs::read_to_string(self.path(rel).join(file))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    }
+
+    fn write(&self, rel: &str, file: &str, value: &str) {
+        std::fs::write(self.path(rel).join(file), value)
+            .unwrap_or_else(|e| panic!("writing {value} to {rel}/{file}: {e}"));
+    }
+
+    fn exists(&self, rel: &str) -> bool {
+        self.path(rel).exists()
+    }
+
+    /// Removes the cgroups below the top one (children first).
+    fn remove_below(&self) {
+        for rel in self.made.iter().rev() {
+            let p = self.path(rel);
+            if p.exists() {
+                std::fs::remove_dir(&p).unwrap_or_else(|e| panic!("removing {rel}: {e}"));
+            }
+        }
+    }
+}
+
+impl Drop for TestCgroups {
+    fn drop(&mut self) {
+        for rel in self.made.iter().rev() {
+            let _ = std::fs::remove_dir(self.path(rel));
+        }
+        let _ = std::fs::remove_dir(&self.top);
+    }
+}
+
+/// A limit the cgroup2 here can set on a child cgroup: a controller of
+/// its root and one of its files (pids where it is, else hugetlb, as on a
+/// host whose other controllers are cgroup v1's).
+fn a_cgroup_limit(mount: &str) -> Option<(&'static str, &'static str, &'static str)> {
+    let root = std::fs::read_to_string(std::path::Path::new(mount).join("cgroup.controllers"))
+        .unwrap_or_default();
+    let has = |c: &str| root.split_whitespace().any(|x| x == c);
+    if has("pids") {
+        Some(("pids", "pids.max", "7"))
+    } else if has("hugetlb") {
+        Some(("hugetlb", "hugetlb.2MB.max", "4194304"))
+    } else {
+        None
+    }
+}
+
+/// Controller `ctrl` enabled at the root of the cgroup2 at `mount` while
+/// it lives, disabled again if it was not.
+struct RootController(Option<(PathBuf, String)>);
+
+impl RootController {
+    fn enable(mount: &str, ctrl: &str) -> RootController {
+        let file = std::path::Path::new(mount).join("cgroup.subtree_control");
+        let on = std::fs::read_to_string(&file).unwrap_or_default();
+        if on.split_whitespace().any(|c| c == ctrl) {
+            return RootController(None);
+        }
+        std::fs::write(&file, format!("+{ctrl}"))
+            .unwrap_or_else(|e| panic!("enabling {ctrl} at the cgroup2 root: {e}"));
+        RootController(Some((file, ctrl.to_string())))
+    }
+}
+
+impl Drop for RootController {
+    fn drop(&mut self) {
+        if let Some((file, ctrl)) = &self.0 {
+            let _ = std::fs::write(file, format!("-{ctrl}"));
+        }
+    }
+}
+
+/// A tree (the `tree` workload: a root, its children A and B, A's child
+/// C, a zombie) whose processes are in three cgroups of a test cgroup T:
+/// the root in T/r, A and C in T/r/a (a child cgroup of the root's), B in
+/// T/b with a limit (`pids.max`, or `hugetlb.2MB.max` where pids is not a
+/// cgroup2 controller). Dumped (killed), its cgroups removed, restored:
+/// every process in its cgroup again, the cgroups made again with the
+/// controller enabled in T and the limit; dumped and restored again with
+/// the cgroups still there, B's limit changed meanwhile: kept as it is. A
+/// restore that fails (the root's cgroup has a controller enabled for
+/// its children: no process may join it) removes the cgroups it made.
+/// The workload checks itself at the end.
+#[test]
+fn processes_in_several_cgroups_come_back_in_theirs() {
+    let Some(mount) = cgroup2_mount() else {
+        eprintln!("skipped: no cgroup2 file system mounted");
+        return;
+    };
+    let Some((ctrl, limit, value)) = a_cgroup_limit(&mount) else {
+        eprintln!("skipped: no pids nor hugetlb controller in the cgroup2 here");
+        return;
+    };
+    let _root_ctrl = RootController::enable(&mount, ctrl);
+    let name = format!("stasis-cgroups-test-{}", std::process::id());
+    let mut cg = TestCgroups::new(&mount, &name);
+    cg.write("", "cgroup.subtree_control", &format!("+{ctrl}"));
+    for rel in ["r", "r/a", "b"] {
+        cg.make(rel);
+    }
+    cg.write("b", limit, value);
+    let mut w = Workload::start("tree", &[]);
+    let root = w.pid;
+    let kids = my_children_of(root);
+    let state = |p: i32| {
+        std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.to_string()))
+            .unwrap_or_default()
+    };
+    let live: Vec<i32> = kids
+        .into_iter()
+        .filter(|&p| !state(p).starts_with('Z'))
+        .collect();
+    // A leads its own group; B joined it.
+    let pgid = |p: i32| state(p).split_whitespace().nth(2).unwrap_or("").to_string();
+    let a = *live
+        .iter()
+        .find(|&&p| pgid(p) == p.to_string())
+        .expect("A");
+    let b = *live.iter().find(|&&p| p != a).expect("B");
+    let c = *my_children_of(a).first().expect("C");
+    let rel = |p: i32| {
+        if p == root {
+            "r"
+        } else if p == b {
+            "b"
+        } else {
+            "r/a"
+        }
+    };
+    let want = |p: i32| format!("/{name}/{}", rel(p));
+    for p in [root, a, c, b] {
+        cg.write(rel(p), "cgroup.procs", &p.to_string());
+    }
+    let check = |round: &str| {
+        for p in [root, a, c, b] {
+            assert_eq!(cgroup_of(p), want(p), "{round}: process {p}");
+        }
+    };
+    check("before the dump");
+
+    // 1: the cgroups are gone (T's controller too): made again.
+    w.dump_and_reap();
+    cg.remove_below();
+    cg.write("", "cgroup.subtree_control", &format!("-{ctrl}"));
+    w.restore(&[]);
+    check("restored into removed cgroups");
+    assert_eq!(cg.read("b", limit), value, "the made cgroup's {limit}");
+    let on = cg.read("", "cgroup.subtree_control");
+    assert!(on.split_whitespace().any(|c| c == ctrl), "T enables {on:?}");
+
+    // 2: they exist, B's limit changed: kept.
+    w.dump_and_reap();
+    let other = if ctrl == "pids" { "9" } else { "6291456" };
+    cg.write("b", limit, other);
+    w.restore(&[]);
+    check("restored into existing cgroups");
+    assert_eq!(cg.read("b", limit), other, "an existing cgroup's {limit}");
+
+    // 3: a restore that fails removes what it made (T/r/a, T/b), not
+    // what was there (T/r).
+    w.dump_and_reap();
+    for rel in ["r/a", "b"] {
+        std::fs::remove_dir(cg.path(rel)).unwrap();
+    }
+    cg.write("r", "cgroup.subtree_control", &format!("+{ctrl}"));
+    let o = stasis()
+        .args(["restore", "--detach", "-D"])
+        .arg(w.images())
+        .output()
+        .unwrap();
+    assert_fails_with(&o, "cgroup");
+    assert!(!alive(root), "the failed restore left the root running");
+    assert!(!cg.exists("r/a") && !cg.exists("b"), "cgroups left by the failed restore");
+    assert!(cg.exists("r"));
+    cg.write("r", "cgroup.subtree_control", &format!("-{ctrl}"));
+    w.restore(&[]);
+    check("restored after a failed restore");
+    w.finish_pass();
+}
+
 #[test]
 fn twice_keeps_the_cgroup() {
     let Some(mount) = cgroup2_mount() else {
