@@ -12,8 +12,7 @@
 use std::collections::BTreeSet;
 
 use stasis_image::manifest::{
-    is_cgroup_limit, CgroupDir, CgroupLimit, Cgroups, ProcessCgroup, ProcessImage,
-    CGROUP_LIMITS,
+    is_cgroup_limit, CgroupDir, CgroupLimit, Cgroups, ProcessCgroup, ProcessImage, CGROUP_LIMITS,
 };
 use stasis_kernel::procfs;
 
@@ -28,7 +27,12 @@ pub fn check(tree: &[i32], own_ns: bool) -> Result<()> {
         .filter(|&&p| procfs::task_state(p, p) != Some('Z'))
         .filter_map(|&p| procfs::cgroup_of(&p.to_string()).map(|c| (p, c)))
         .collect();
-    let several = cgroups.iter().map(|(_, c)| c).collect::<BTreeSet<_>>().len() > 1;
+    let several = cgroups
+        .iter()
+        .map(|(_, c)| c)
+        .collect::<BTreeSet<_>>()
+        .len()
+        > 1;
     if !own_ns && !several {
         return Ok(());
     }
@@ -116,7 +120,10 @@ fn settings(path: &str) -> CgroupDir {
         ..Default::default()
     };
     let Some(dir) = procfs::cgroup2_dir(path) else {
-        tracing::warn!(cgroup = path, "no cgroup2 mount here shows it: its settings are not saved");
+        tracing::warn!(
+            cgroup = path,
+            "no cgroup2 mount here shows it: its settings are not saved"
+        );
         return d;
     };
     d.subtree_control = std::fs::read_to_string(dir.join("cgroup.subtree_control"))

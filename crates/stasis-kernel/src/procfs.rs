@@ -859,15 +859,27 @@ mod tests {
         let (root, point) = super::parse_cgroup2_mount(info).unwrap();
         assert_eq!((root.as_str(), point.as_str()), ("/box", "/sys/fs/cgroup"));
         let dir = |r, p| super::cgroup2_dir_in(r, "/sys/fs/cgroup", p);
-        assert_eq!(dir("/box", "/box/a").unwrap().to_str(), Some("/sys/fs/cgroup/a"));
-        assert_eq!(dir("/box", "/box").unwrap().to_str(), Some("/sys/fs/cgroup"));
+        assert_eq!(
+            dir("/box", "/box/a").unwrap().to_str(),
+            Some("/sys/fs/cgroup/a")
+        );
+        assert_eq!(
+            dir("/box", "/box").unwrap().to_str(),
+            Some("/sys/fs/cgroup")
+        );
         assert_eq!(dir("/box", "/boxer"), None);
         assert_eq!(dir("/box", "/other"), None);
-        assert_eq!(dir("/", "/a/b").unwrap().to_str(), Some("/sys/fs/cgroup/a/b"));
+        assert_eq!(
+            dir("/", "/a/b").unwrap().to_str(),
+            Some("/sys/fs/cgroup/a/b")
+        );
         assert_eq!(dir("/", "/").unwrap().to_str(), Some("/sys/fs/cgroup"));
         assert_eq!(dir("/", "/a/../b"), None);
         assert_eq!(dir("/", "a"), None);
-        assert_eq!(super::parse_cgroup2_mount("22 1 0:5 / /proc rw - proc proc rw\n"), None);
+        assert_eq!(
+            super::parse_cgroup2_mount("22 1 0:5 / /proc rw - proc proc rw\n"),
+            None
+        );
     }
 
     use super::*;

@@ -456,10 +456,7 @@ fn processes_in_several_cgroups_come_back_in_theirs() {
         .collect();
     // A leads its own group; B joined it.
     let pgid = |p: i32| state(p).split_whitespace().nth(2).unwrap_or("").to_string();
-    let a = *live
-        .iter()
-        .find(|&&p| pgid(p) == p.to_string())
-        .expect("A");
+    let a = *live.iter().find(|&&p| pgid(p) == p.to_string()).expect("A");
     let b = *live.iter().find(|&&p| p != a).expect("B");
     let c = *my_children_of(a).first().expect("C");
     let rel = |p: i32| {
@@ -514,12 +511,86 @@ fn processes_in_several_cgroups_come_back_in_theirs() {
         .unwrap();
     assert_fails_with(&o, "cgroup");
     assert!(!alive(root), "the failed restore left the root running");
-    assert!(!cg.exists("r/a") && !cg.exists("b"), "cgroups left by the failed restore");
+    assert!(
+        !cg.exists("r/a") && !cg.exists("b"),
+        "cgroups left by the failed restore"
+    );
     assert!(cg.exists("r"));
     cg.write("r", "cgroup.subtree_control", &format!("-{ctrl}"));
     w.restore(&[]);
     check("restored after a failed restore");
     w.finish_pass();
+}
+
+/// A container-like tree (PID, mount, UTS, IPC, network and cgroup
+/// namespaces of its own, rooted at its cgroup D) with one of its
+/// processes in a child cgroup D/sub: restored twice, each process in its
+/// cgroup, D/sub made again when it was removed, and the tree sees the
+/// same from inside (`/` and `/sub`).
+#[test]
+fn a_cgroup_namespace_with_a_child_cgroup() {
+    let Some(mount) = cgroup2_mount() else {
+        eprintln!("skipped: no cgroup2 file system mounted");
+        return;
+    };
+    let name = format!("stasis-cgns-sub-test-{}", std::process::id());
+    let mut cg = TestCgroups::new(&mount, &name);
+    let inside = |p: i32| {
+        let o = Command::new("nsenter")
+            .args(["-t", &p.to_string(), "--cgroup", "cat"])
+            .arg(format!("/proc/{p}/cgroup"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .find(|l| l.starts_with("0::"))
+            .unwrap_or_default()
+            .to_string()
+    };
+    let mut t = NsTree::start_with(Some(&cg.path("")), &["--cgroup"]);
+    // Its PID in the namespace (the same after a restore).
+    let nspid = |p: i32| {
+        std::fs::read_to_string(format!("/proc/{p}/status"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .and_then(|v| v.split_whitespace().last().map(str::to_string))
+            .unwrap_or_default()
+    };
+    let child = *descendants(t.pid)
+        .last()
+        .expect("a child of the namespaces workload");
+    let moved = nspid(child);
+    assert_ne!(moved, "1");
+    cg.make("sub");
+    cg.write("sub", "cgroup.procs", &child.to_string());
+    let check = |root: i32, round: u32| {
+        let all: Vec<i32> = std::iter::once(root).chain(descendants(root)).collect();
+        assert!(
+            all.iter().any(|&p| nspid(p) == moved),
+            "round {round}: {moved} is gone"
+        );
+        for p in all {
+            let (out, ins) = if nspid(p) == moved {
+                (format!("/{name}/sub"), "0::/sub")
+            } else {
+                (format!("/{name}"), "0::/")
+            };
+            assert_eq!(cgroup_of(p), out, "round {round}: process {p}");
+            assert_eq!(inside(p), ins, "round {round}: process {p} from inside");
+        }
+    };
+    check(t.pid, 0);
+    for round in 1..=2 {
+        assert_ok(&t.dump(&[]), &format!("dump round {round}"));
+        t.reap();
+        if round == 1 {
+            std::fs::remove_dir(cg.path("sub")).unwrap();
+        }
+        t.restore(&[]);
+        check(t.pid, round);
+    }
+    t.finish_pass();
 }
 
 #[test]
