@@ -876,6 +876,48 @@ fn refuses_a_process_that_is_not_the_namespace_init() {
     );
 }
 
+/// A thread in another cgroup than its process (a threaded cgroup below
+/// the process's) of a tree in namespaces of its own: refused by name.
+#[test]
+fn refuses_a_thread_in_a_threaded_cgroup() {
+    let Some(mount) = cgroup2_mount() else {
+        eprintln!("skipped: no cgroup2 file system mounted");
+        return;
+    };
+    let name = format!("stasis-threaded-test-{}", std::process::id());
+    let mut cg = TestCgroups::new(&mount, &name);
+    cg.make("t");
+    cg.write("t", "cgroup.type", "threaded");
+    let script = "import threading, time\n\
+        threading.Thread(target=time.sleep, args=(1000,)).start()\n\
+        time.sleep(1000)\n";
+    let placed = std::cell::Cell::new(0);
+    refused(
+        &["--pid", "--fork", "--mount-proc", "python3", "-c", script],
+        |up| {
+            if placed.get() == 0 {
+                let p = *descendants(up).first()?;
+                let tids = tasks_of(p);
+                if tids.len() < 2 {
+                    return None;
+                }
+                cg.write("", "cgroup.procs", &p.to_string());
+                let thread = tids.into_iter().find(|&t| t != p)?;
+                cg.write("t", "cgroup.threads", &thread.to_string());
+                placed.set(p);
+            }
+            Some(placed.get())
+        },
+        "(a threaded cgroup)",
+    );
+    // (Killed, it leaves the cgroups once it is gone.)
+    wait_until(
+        Duration::from_secs(10),
+        "the tree to leave its cgroups",
+        || cg.read("", "cgroup.threads").is_empty() && cg.read("t", "cgroup.threads").is_empty(),
+    );
+}
+
 #[test]
 fn refuses_a_ramfs_mount() {
     refused(
