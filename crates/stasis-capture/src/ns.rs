@@ -98,7 +98,12 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
         check_net(root)?;
     }
     if own.contains(&NsKind::Mnt) {
-        let mnt = extra_mounts(root, own.contains(&NsKind::Pid), None)?;
+        let cgns = if own.contains(&NsKind::Cgroup) {
+            Some(cgroup_ns_root(root)?)
+        } else {
+            None
+        };
+        let mnt = extra_mounts(root, own.contains(&NsKind::Pid), cgns.as_deref(), None)?;
         check_tmpfs_fds(tree, &mnt)?;
     }
     Ok(())
@@ -410,6 +415,8 @@ struct MountLine {
     mount_opts: String,
     /// The file system's options.
     super_opts: String,
+    /// Its source (`none`, a device...).
+    source: String,
 }
 
 impl MountLine {
@@ -434,6 +441,7 @@ fn mounts(info: &str) -> Vec<MountLine> {
                 kind: g.first()?.to_string(),
                 mount_opts: f.get(5)?.to_string(),
                 super_opts: g.get(2).map_or(String::new(), |s| s.to_string()),
+                source: g.get(1).map_or(String::new(), |s| s.to_string()),
             })
         })
         .collect()
@@ -444,13 +452,16 @@ fn mounts(info: &str) -> Vec<MountLine> {
 /// (with `own_pid`), tmpfs mounts (their files' data copied into the
 /// content pack when `content` is given), bind mounts of what the dumper
 /// sees, and file systems with nothing to save (sysfs, an empty mqueue, a
-/// devpts instance without terminals); refuses every other. From the first
+/// devpts instance without terminals, a cgroup2 rooted at the root of the
+/// tree's cgroup namespace: `cgns_root`, as the dumper sees it, or the
+/// dumper's); refuses every other. From the first
 /// mount the root stub cannot make (nested in an earlier one, a read-only
 /// tmpfs, a fresh file system) on, every mount is made later, by the
 /// restorer, in order.
 fn extra_mounts(
     root: i32,
     own_pid: bool,
+    cgns_root: Option<&str>,
     mut content: Option<&mut ContentWriter>,
 ) -> Result<MountNamespace> {
     let my_mounts = mounts(&proc::read(std::process::id() as i32, "mountinfo")?);
@@ -529,6 +540,22 @@ fn extra_mounts(
                 what: LaterKind::Fresh {
                     fstype: kind.clone(),
                     source: kind.clone(),
+                    options,
+                },
+            });
+            continue;
+        }
+        // A cgroup2 mounted from inside the tree's cgroup namespace (a
+        // container's, on /sys/fs/cgroup): mounted again from inside the
+        // restored one.
+        if kind == "cgroup2" && m.root == cgns_root.unwrap_or("/") {
+            later = true;
+            ns.later.push(LaterMount {
+                target: at.clone(),
+                flags,
+                what: LaterKind::Fresh {
+                    fstype: kind.clone(),
+                    source: m.source.clone(),
                     options,
                 },
             });
@@ -832,7 +859,7 @@ pub fn describe(
         ns.net = Some(net_namespace(root)?);
     }
     if own.contains(&NsKind::Mnt) {
-        let m = extra_mounts(root, ns.pid, Some(content))?;
+        let m = extra_mounts(root, ns.pid, ns.cgroup_ns.as_deref(), Some(content))?;
         // A copy of the dumper's with nothing of its own (`ip netns exec`
         // gives each command one, with its own /sys): the dumper's, as
         // before namespaces were saved; its restore needs no new one.

@@ -338,6 +338,11 @@ fn later_mounts(m: &Manifest, root: i32, content: &stasis_image::ContentSource) 
     if ns.is_some_and(|n| n.ipc) {
         kinds.push(NsKind::Ipc);
     }
+    // A cgroup2 is rooted at the mounting thread's cgroup namespace's
+    // root: the tree's.
+    if ns.is_some_and(|n| n.cgroup_ns.is_some()) {
+        kinds.push(NsKind::Cgroup);
+    }
     kns::in_namespaces_of(root, &kinds, || -> Result<()> {
         for l in &mnt.later {
             let fail = |what: &str| {

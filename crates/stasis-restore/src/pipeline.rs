@@ -144,8 +144,15 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     records[0].proc = Some(root);
     // The tree's sockets are made in its network namespace: this thread
     // works there until the restore is over.
+    // Its cgroup, and a cgroup namespace of its own before its mounts
+    // (a cgroup2 among them is mounted from inside it) and before anyone
+    // is forked into it.
     let spawned = cgroups
         .join_root(root_outer)
+        .and_then(|()| match records[0].proc.as_mut() {
+            Some(r) => crate::ns::enter_cgroup_ns(m, &cgroups, r, root_outer),
+            None => Ok(()),
+        })
         .and_then(|()| crate::ns::after_spawn(m, root_outer, &content));
     let _netns = match spawned {
         Ok(n) => n,

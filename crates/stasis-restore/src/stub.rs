@@ -19,7 +19,6 @@ pub(crate) fn prepare_root(b: &mut Build<'_>) -> Result<()> {
     let m = b.m;
     let h = b.transport.h;
     let setsid = b.plan.setsid[0];
-    let cgroups = b.cgroups;
     let root = b.root()?;
     root.t
         .set_options(
@@ -32,10 +31,6 @@ pub(crate) fn prepare_root(b: &mut Build<'_>) -> Result<()> {
     root.t
         .set_sigmask(!0)
         .map_err(step("blocking signals in the stub"))?;
-
-    // A cgroup namespace of its own, before anyone is forked into it.
-    let outer = root.t.pid();
-    crate::ns::enter_cgroup_ns(m, cgroups, root, outer)?;
 
     // CPU features: the image may only use what this CPU has.
     let cpu_x = stasis_kernel::probe::xfeatures_of(&root.t.xstate()?);

@@ -593,6 +593,94 @@ fn a_cgroup_namespace_with_a_child_cgroup() {
     t.finish_pass();
 }
 
+/// A container's cgroup2: a tree in a cgroup namespace of its own (rooted
+/// at its cgroup D) with cgroup2 mounted read-only on /sys/fs/cgroup from
+/// inside it (and its mount namespace), as Docker makes it: restored twice (D removed before the
+/// first restore), the mount made again rooted at D with its flags, and
+/// the tree reads the same there (its own PIDs in `cgroup.procs`).
+#[test]
+fn a_container_cgroup2_mount_comes_back() {
+    let Some(mount) = cgroup2_mount() else {
+        eprintln!("skipped: no cgroup2 file system mounted");
+        return;
+    };
+    let name = format!("stasis-cg2mount-test-{}", std::process::id());
+    let cg = TestCgroups::new(&mount, &name);
+    let mut t = NsTree::start_with(Some(&cg.path("")), &["--cgroup"]);
+    // (From outside its PID namespace: the workload counts its PIDs.)
+    let o = Command::new("nsenter")
+        .args(["-t", &t.pid.to_string(), "--mount", "--cgroup"])
+        .args(["mount", "-t", "cgroup2", "-o", "ro,nosuid,nodev"])
+        .args(["none", "/sys/fs/cgroup"])
+        .output()
+        .unwrap();
+    assert_ok(&o, "mounting a cgroup2 in the tree's namespaces");
+    // The mount as we see it (its root, flags, type) and what the tree
+    // reads there.
+    let seen = |p: i32| {
+        let info = std::fs::read_to_string(format!("/proc/{p}/mountinfo")).unwrap();
+        let line = info
+            .lines()
+            .rfind(|l| l.split_whitespace().nth(4) == Some("/sys/fs/cgroup"))
+            .map(str::to_string);
+        let o = Command::new("nsenter")
+            .args(["-t", &p.to_string(), "--mount", "--cgroup", "--pid", "cat"])
+            .args(["/sys/fs/cgroup/cgroup.procs", "/proc/self/cgroup"])
+            .output()
+            .unwrap();
+        (line, String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    let check = |p: i32, round: u32| {
+        let (line, read) = seen(p);
+        let line = line.unwrap_or_else(|| panic!("round {round}: no mount on /sys/fs/cgroup"));
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(f[3], format!("/{name}"), "round {round}: {line}");
+        for flag in ["ro", "nosuid", "nodev"] {
+            assert!(
+                f[5].split(',').any(|o| o == flag),
+                "round {round}: {flag} lost: {line}"
+            );
+        }
+        // Mounted anew (source `none`), not bound from the restorer's.
+        assert!(line.contains(" - cgroup2 none "), "round {round}: {line}");
+        // Its processes (in-namespace PIDs: the workload and its
+        // children; 0 for the first one's unshare, outside its PID
+        // namespace), then nsenter's cat's cgroup, outside its cgroup
+        // namespace.
+        let mut lines: Vec<&str> = read.lines().collect();
+        let me = lines.pop().unwrap_or_default().to_string();
+        assert!(me.starts_with("0::/.."), "round {round}: {read}");
+        let mut pids: Vec<i32> = lines
+            .iter()
+            .filter_map(|l| l.parse().ok())
+            .filter(|&p| p > 0)
+            .collect();
+        pids.sort_unstable();
+        assert!(pids.contains(&1), "round {round}: {read}");
+        assert_eq!(
+            pids.len(),
+            1 + descendants(p).len(),
+            "round {round}: {read}"
+        );
+        pids
+    };
+    let before = check(t.pid, 0);
+    for round in 1..=2 {
+        assert_ok(&t.dump(&[]), &format!("dump round {round}"));
+        t.reap();
+        if round == 1 {
+            std::fs::remove_dir(cg.path("")).unwrap();
+        }
+        t.restore(&[]);
+        assert_eq!(
+            check(t.pid, round),
+            before,
+            "round {round}: cgroup.procs inside"
+        );
+    }
+    t.finish_pass();
+}
+
 #[test]
 fn twice_keeps_the_cgroup() {
     let Some(mount) = cgroup2_mount() else {
