@@ -873,6 +873,7 @@ pub fn describe(
         && ns.uts.is_none()
         && ns.net.is_none()
         && ns.mnt.is_none()
+        && ns.cgroup_ns.is_none()
     {
         return Ok(None);
     }

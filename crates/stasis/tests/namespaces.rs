@@ -681,6 +681,75 @@ fn a_container_cgroup2_mount_comes_back() {
     t.finish_pass();
 }
 
+/// A tree whose only namespace of its own is a cgroup namespace (rooted
+/// at its cgroup): restored in it, in a new cgroup namespace rooted there,
+/// twice (it was restored in the restorer's cgroup and namespace).
+#[test]
+fn twice_keeps_a_lone_cgroup_namespace() {
+    let Some(mount) = cgroup2_mount() else {
+        eprintln!("skipped: no cgroup2 file system mounted");
+        return;
+    };
+    // The restored sleep comes back to us.
+    become_subreaper();
+    let name = format!("stasis-lone-cgns-test-{}", std::process::id());
+    let cg = TestCgroups::new(&mount, &name);
+    let mut c = Command::new("sh");
+    c.arg("-c")
+        .arg("echo $$ >\"$0/cgroup.procs\" && exec unshare --cgroup sleep 1000")
+        .arg(cg.path(""))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    close_inherited_fds(&mut c);
+    let mut child = Some(c.spawn().expect("starting unshare"));
+    let pid = child.as_ref().map_or(0, |c| c.id() as i32);
+    let _kill = KillOnDrop(pid);
+    wait_until(
+        Duration::from_secs(10),
+        "sleep in its cgroup namespace",
+        || cmdline_of(pid).trim() == "sleep 1000",
+    );
+    let mine = std::fs::read_link("/proc/self/ns/cgroup").unwrap();
+    let check = |round: u32| {
+        assert_eq!(cgroup_of(pid), format!("/{name}"), "round {round}");
+        let theirs = std::fs::read_link(format!("/proc/{pid}/ns/cgroup")).unwrap();
+        assert_ne!(theirs, mine, "round {round}: in our cgroup namespace");
+        let o = Command::new("nsenter")
+            .args(["-t", &pid.to_string(), "--cgroup", "cat"])
+            .arg(format!("/proc/{pid}/cgroup"))
+            .output()
+            .unwrap();
+        let inside = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(
+            inside.lines().any(|l| l == "0::/"),
+            "round {round}: {inside}"
+        );
+    };
+    check(0);
+    let img = tempfile::tempdir().unwrap();
+    for round in 1..=2 {
+        let o = stasis()
+            .args(["dump", "-t", &pid.to_string(), "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("dump round {round}"));
+        // The first is our child, the next one a restored orphan.
+        match child.take() {
+            Some(mut c) => drop(c.wait()),
+            None => drop(waitpid_timeout(pid, Duration::from_secs(30))),
+        }
+        let o = stasis()
+            .args(["restore", "--detach", "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("restore round {round}"));
+        check(round);
+    }
+}
+
 #[test]
 fn twice_keeps_the_cgroup() {
     let Some(mount) = cgroup2_mount() else {
