@@ -493,6 +493,7 @@ fn write_manifest(
     pipes.sort_by_key(|p| p.id);
     let threads = images.iter().map(|p| p.threads.len()).sum();
     let ns = crate::ns::describe(fr.opts.pid, &images, &mut cw)?;
+    let cgroups = crate::cgroup::describe(&images)?;
     let content = cw.finish()?;
     // A user namespace that denies setgroups: the groups are inherited.
     if ns
@@ -562,6 +563,7 @@ fn write_manifest(
         namespaces: ns.as_ref().map(|n| n.namespaces.clone()),
         shell_job: collector.take_shell_job(),
         content,
+        cgroups,
     };
     // PIDs are the namespace's only with a PID namespace of its own (a tree
     // whose other namespaces differ keeps the dumper's PIDs: one started by

@@ -26,6 +26,7 @@
 //! Any failure before the commit puts the process back exactly as it was
 //! and leaves no checkpoint behind.
 
+pub mod cgroup;
 pub mod collect;
 pub mod copy;
 pub mod cow;

@@ -82,22 +82,7 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
         }
     }
     let own = own_kinds(root);
-    if !own.is_empty() {
-        let want = cgroup_of(root);
-        for &p in tree.iter().filter(|&&p| p != root) {
-            let theirs = cgroup_of(p);
-            if theirs.is_some() && theirs != want {
-                return Err(refuse(
-                    p,
-                    format!(
-                        "it is in cgroup {}, the root ({root}) in {}; stasis restores a tree in namespaces of its own into one cgroup",
-                        theirs.unwrap_or_default(),
-                        want.unwrap_or_default()
-                    ),
-                ));
-            }
-        }
-    }
+    crate::cgroup::check(tree, !own.is_empty())?;
     if let Some(k) = own.iter().find(|k| !RESTORABLE.contains(k)) {
         return Err(refuse(
             root,
@@ -120,7 +105,12 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
         check_net(root)?;
     }
     if own.contains(&NsKind::Mnt) {
-        let mnt = extra_mounts(root, own.contains(&NsKind::Pid), None)?;
+        let cgns = if own.contains(&NsKind::Cgroup) {
+            Some(cgroup_ns_root(root)?)
+        } else {
+            None
+        };
+        let mnt = extra_mounts(root, own.contains(&NsKind::Pid), cgns.as_deref(), None)?;
         check_tmpfs_fds(tree, &mnt)?;
     }
     Ok(())
@@ -441,11 +431,7 @@ fn cgroup_ns_root(root: i32) -> Result<String> {
 /// The cgroup (v2) of process `pid`: the path after `0::` in its
 /// `/proc/PID/cgroup` (`None` if it is gone).
 pub fn cgroup_of(pid: i32) -> Option<String> {
-    proc::read(pid, "cgroup").ok().and_then(|t| {
-        t.lines()
-            .find_map(|l| l.strip_prefix("0::"))
-            .map(str::to_string)
-    })
+    stasis_kernel::procfs::cgroup_of(&pid.to_string())
 }
 
 /// With a network namespace of the tree's own: the calling thread in it
@@ -469,6 +455,8 @@ struct MountLine {
     mount_opts: String,
     /// The file system's options.
     super_opts: String,
+    /// Its source (`none`, a device...).
+    source: String,
 }
 
 impl MountLine {
@@ -493,6 +481,7 @@ fn mounts(info: &str) -> Vec<MountLine> {
                 kind: g.first()?.to_string(),
                 mount_opts: f.get(5)?.to_string(),
                 super_opts: g.get(2).map_or(String::new(), |s| s.to_string()),
+                source: g.get(1).map_or(String::new(), |s| s.to_string()),
             })
         })
         .collect()
@@ -503,13 +492,16 @@ fn mounts(info: &str) -> Vec<MountLine> {
 /// (with `own_pid`), tmpfs mounts (their files' data copied into the
 /// content pack when `content` is given), bind mounts of what the dumper
 /// sees, and file systems with nothing to save (sysfs, an empty mqueue, a
-/// devpts instance without terminals); refuses every other. From the first
+/// devpts instance without terminals, a cgroup2 rooted at the root of the
+/// tree's cgroup namespace: `cgns_root`, as the dumper sees it, or the
+/// dumper's); refuses every other. From the first
 /// mount the root stub cannot make (nested in an earlier one, a read-only
 /// tmpfs, a fresh file system) on, every mount is made later, by the
 /// restorer, in order.
 fn extra_mounts(
     root: i32,
     own_pid: bool,
+    cgns_root: Option<&str>,
     mut content: Option<&mut ContentWriter>,
 ) -> Result<MountNamespace> {
     let my_mounts = mounts(&proc::read(std::process::id() as i32, "mountinfo")?);
@@ -588,6 +580,22 @@ fn extra_mounts(
                 what: LaterKind::Fresh {
                     fstype: kind.clone(),
                     source: kind.clone(),
+                    options,
+                },
+            });
+            continue;
+        }
+        // A cgroup2 mounted from inside the tree's cgroup namespace (a
+        // container's, on /sys/fs/cgroup): mounted again from inside the
+        // restored one.
+        if kind == "cgroup2" && m.root == cgns_root.unwrap_or("/") {
+            later = true;
+            ns.later.push(LaterMount {
+                target: at.clone(),
+                flags,
+                what: LaterKind::Fresh {
+                    fstype: kind.clone(),
+                    source: m.source.clone(),
                     options,
                 },
             });
@@ -891,7 +899,7 @@ pub fn describe(
         ns.net = Some(net_namespace(root)?);
     }
     if own.contains(&NsKind::Mnt) {
-        let m = extra_mounts(root, ns.pid, Some(content))?;
+        let m = extra_mounts(root, ns.pid, ns.cgroup_ns.as_deref(), Some(content))?;
         // A copy of the dumper's with nothing of its own (`ip netns exec`
         // gives each command one, with its own /sys): the dumper's, as
         // before namespaces were saved; its restore needs no new one.
@@ -909,6 +917,7 @@ pub fn describe(
         && ns.uts.is_none()
         && ns.net.is_none()
         && ns.mnt.is_none()
+        && ns.cgroup_ns.is_none()
     {
         return Ok(None);
     }
@@ -943,6 +952,9 @@ pub fn translate_pids(m: &mut Manifest, pids: &HashMap<i32, i32>) {
         }
     };
     map(&mut m.root_pid);
+    for c in m.cgroups.iter_mut().flat_map(|c| c.procs.iter_mut()) {
+        map(&mut c.pid);
+    }
     for p in &mut m.processes {
         map(&mut p.pid);
         map(&mut p.ppid);

@@ -70,6 +70,13 @@ pub struct Manifest {
     /// [`CONTENT_MANIFEST_VERSION`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<PackRef>,
+    /// The cgroups (v2) of a tree whose live processes were in several:
+    /// each process's, and what the restore gives those it has to make.
+    /// `None`: one cgroup for the whole tree (that of
+    /// [`Namespaces::cgroup`] with namespaces of its own, else the
+    /// restorer's). A manifest with it says [`CGROUPS_MANIFEST_VERSION`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroups: Option<Cgroups>,
 }
 
 /// Manifest format version written when [`Manifest::namespaces`] is set, so
@@ -122,8 +129,13 @@ pub const NET_DEVICES_MANIFEST_VERSION: u32 = 6;
 /// clocks (a jump of its monotonic and boot-time clocks, backwards too).
 pub const TIME_NAMESPACE_MANIFEST_VERSION: u32 = 7;
 
+/// Manifest format version written when [`Manifest::cgroups`] is set, so
+/// that a reader that predates it refuses the manifest instead of putting
+/// every process in the root's cgroup.
+pub const CGROUPS_MANIFEST_VERSION: u32 = 8;
+
 /// The newest manifest format version this reader knows.
-pub const LATEST_MANIFEST_VERSION: u32 = TIME_NAMESPACE_MANIFEST_VERSION;
+pub const LATEST_MANIFEST_VERSION: u32 = CGROUPS_MANIFEST_VERSION;
 
 impl Manifest {
     /// The format version this manifest's content calls for: the oldest
@@ -172,7 +184,9 @@ impl Manifest {
             .as_ref()
             .and_then(|n| n.net.as_ref())
             .is_some_and(|n| !n.veths.is_empty() || !n.routes.is_empty());
-        if self.namespaces.as_ref().is_some_and(|n| n.time.is_some()) {
+        if self.cgroups.is_some() {
+            CGROUPS_MANIFEST_VERSION
+        } else if self.namespaces.as_ref().is_some_and(|n| n.time.is_some()) {
             TIME_NAMESPACE_MANIFEST_VERSION
         } else if net_devices {
             NET_DEVICES_MANIFEST_VERSION
@@ -262,6 +276,82 @@ pub struct TimeNamespace {
     /// have moved on.
     pub monotonic_offset: i64,
     pub boottime_offset: i64,
+}
+
+/// The cgroups (v2) of a tree whose processes were in several, their
+/// paths as the dumper saw them (after `0::` in `/proc/PID/cgroup`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cgroups {
+    /// The cgroup of each live process (zombies are left in their
+    /// parent's), by PID.
+    pub procs: Vec<ProcessCgroup>,
+    /// The cgroups below the deepest one that holds all of `procs`' (that
+    /// one excluded), down to each process's, parents first: what a
+    /// restore that has to make one of them gives it.
+    #[serde(default)]
+    pub dirs: Vec<CgroupDir>,
+}
+
+/// The limits saved of a cgroup (those of its controllers that are
+/// enabled in it), with the `hugetlb.<size>.max` ones: the only files a
+/// restore writes of one it makes ([`is_cgroup_limit`]).
+pub const CGROUP_LIMITS: [&str; 8] = [
+    "cpu.max",
+    "cpu.weight",
+    "memory.min",
+    "memory.low",
+    "memory.high",
+    "memory.max",
+    "memory.swap.max",
+    "pids.max",
+];
+
+/// Whether `file` is a cgroup interface file of a limit saved and
+/// restored: one of [`CGROUP_LIMITS`], or `hugetlb.<size>.max` (`<size>`
+/// as `2MB`, `1GB`).
+pub fn is_cgroup_limit(file: &str) -> bool {
+    if CGROUP_LIMITS.contains(&file) {
+        return true;
+    }
+    let Some(size) = file
+        .strip_prefix("hugetlb.")
+        .and_then(|f| f.strip_suffix(".max"))
+    else {
+        return false;
+    };
+    let digits = size.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit = &size[digits.len()..];
+    !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && matches!(unit, "KB" | "MB" | "GB")
+}
+
+/// The cgroup of a process.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessCgroup {
+    pub pid: i32,
+    pub path: String,
+}
+
+/// A cgroup below the tree's common one, with its settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CgroupDir {
+    pub path: String,
+    /// The controllers it enabled for its children
+    /// (`cgroup.subtree_control`).
+    #[serde(default)]
+    pub subtree_control: Vec<String>,
+    /// Its limits (`memory.max`, `pids.max`, `cpu.max`, `cpu.weight`...),
+    /// those of the controllers enabled in it.
+    #[serde(default)]
+    pub limits: Vec<CgroupLimit>,
+}
+
+/// One interface file of a cgroup and its content (trimmed).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CgroupLimit {
+    pub file: String,
+    pub value: String,
 }
 
 /// Who a System V IPC object is: its id, key, owner and mode.

@@ -627,3 +627,64 @@ fn a_content_pack_raises_the_manifest_version_and_round_trips() {
         );
     }
 }
+
+/// Processes in several cgroups: version 8 (a reader of 6 would put them
+/// all in the root's), round-trips, and is refused under a lower version.
+#[test]
+fn cgroups_raise_the_manifest_version_and_round_trip() {
+    let mut m = small_manifest();
+    assert!(m.format_version() < manifest::CGROUPS_MANIFEST_VERSION);
+    m.cgroups = Some(manifest::Cgroups {
+        procs: vec![
+            manifest::ProcessCgroup {
+                pid: 100,
+                path: "/box/a".into(),
+            },
+            manifest::ProcessCgroup {
+                pid: 101,
+                path: "/box/b".into(),
+            },
+        ],
+        dirs: vec![manifest::CgroupDir {
+            path: "/box/b".into(),
+            subtree_control: vec![],
+            limits: vec![manifest::CgroupLimit {
+                file: "pids.max".into(),
+                value: "16".into(),
+            }],
+        }],
+    });
+    assert_eq!(m.format_version(), 8);
+    assert_eq!(manifest::LATEST_MANIFEST_VERSION, 8);
+    let bytes = encode_manifest(&m).unwrap();
+    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 8);
+    assert_eq!(decode_manifest(&bytes, 3, p()).unwrap(), m);
+    assert_eq!(encode_manifest(&m).unwrap(), bytes);
+    let mut lower = bytes.clone();
+    lower[8..12].copy_from_slice(&manifest::NET_DEVICES_MANIFEST_VERSION.to_le_bytes());
+    assert!(decode_manifest(&lower, 3, p()).is_err());
+}
+
+#[test]
+fn cgroup_limits_are_named_files_only() {
+    for f in [
+        "pids.max",
+        "memory.max",
+        "cpu.weight",
+        "hugetlb.2MB.max",
+        "hugetlb.1GB.max",
+    ] {
+        assert!(manifest::is_cgroup_limit(f), "{f}");
+    }
+    for f in [
+        "cgroup.procs",
+        "cgroup.subtree_control",
+        "../x",
+        "hugetlb.MB.max",
+        "hugetlb.2MB.rsvd.max",
+        "hugetlb.2/MB.max",
+        "memory.current",
+    ] {
+        assert!(!manifest::is_cgroup_limit(f), "{f}");
+    }
+}

@@ -117,6 +117,60 @@ pub fn read_parsed<T>(
     parse(&text).map_err(|source| ReadError::Format { path, source })
 }
 
+/// The cgroup (v2) of `task` (`PID` or `PID/task/TID`): the path after
+/// `0::` in its `cgroup` file (`None` if it is gone, or on a host without
+/// cgroup v2).
+pub fn cgroup_of(task: &str) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{task}/cgroup")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::to_string)
+}
+
+/// Of a `mountinfo` text, the first cgroup2 mount: its root in the file
+/// system and where it is mounted.
+pub fn parse_cgroup2_mount(mountinfo: &str) -> Option<(String, String)> {
+    mountinfo.lines().find_map(|l| {
+        let (a, b) = l.split_once(" - ")?;
+        if b.split_whitespace().next() != Some("cgroup2") {
+            return None;
+        }
+        let mut f = a.split_whitespace().skip(3);
+        Some((f.next()?.to_string(), f.next()?.to_string()))
+    })
+}
+
+/// Where this process reaches the cgroup (v2) at `path` (as
+/// [`cgroup_of`] gives it): under the cgroup2 mount of its mount
+/// namespace. `None`: no cgroup2 is mounted, `path` is not absolute, has
+/// a `..`, or lies outside that mount's root.
+pub fn cgroup2_dir(path: &str) -> Option<std::path::PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let (root, point) = parse_cgroup2_mount(&info)?;
+    cgroup2_dir_in(&root, &point, path)
+}
+
+/// [`cgroup2_dir`] with the mount's `root` and mount point given.
+pub fn cgroup2_dir_in(root: &str, point: &str, path: &str) -> Option<std::path::PathBuf> {
+    if !path.starts_with('/') || path.split('/').any(|c| c == "..") {
+        return None;
+    }
+    let rel = if root == "/" {
+        path
+    } else if path == root {
+        ""
+    } else {
+        path.strip_prefix(root).filter(|r| r.starts_with('/'))?
+    };
+    let rel = rel.trim_start_matches('/');
+    let base = std::path::Path::new(point);
+    Some(if rel.is_empty() {
+        base.to_path_buf()
+    } else {
+        base.join(rel)
+    })
+}
+
 /// The memory map of `pid` (`/proc/PID/maps`).
 pub fn maps(pid: i32) -> Result<Vec<MapsEntry>, ReadError> {
     read_parsed(pid, "maps", parse_maps)
@@ -798,6 +852,36 @@ pub fn parse_timers(text: &str) -> Result<Vec<TimerLine>, FormatError> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn cgroup2_mount_and_dirs() {
+        let info = "22 1 0:5 / /proc rw - proc proc rw\n\
+                    30 22 0:26 /box /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n";
+        let (root, point) = super::parse_cgroup2_mount(info).unwrap();
+        assert_eq!((root.as_str(), point.as_str()), ("/box", "/sys/fs/cgroup"));
+        let dir = |r, p| super::cgroup2_dir_in(r, "/sys/fs/cgroup", p);
+        assert_eq!(
+            dir("/box", "/box/a").unwrap().to_str(),
+            Some("/sys/fs/cgroup/a")
+        );
+        assert_eq!(
+            dir("/box", "/box").unwrap().to_str(),
+            Some("/sys/fs/cgroup")
+        );
+        assert_eq!(dir("/box", "/boxer"), None);
+        assert_eq!(dir("/box", "/other"), None);
+        assert_eq!(
+            dir("/", "/a/b").unwrap().to_str(),
+            Some("/sys/fs/cgroup/a/b")
+        );
+        assert_eq!(dir("/", "/").unwrap().to_str(), Some("/sys/fs/cgroup"));
+        assert_eq!(dir("/", "/a/../b"), None);
+        assert_eq!(dir("/", "a"), None);
+        assert_eq!(
+            super::parse_cgroup2_mount("22 1 0:5 / /proc rw - proc proc rw\n"),
+            None
+        );
+    }
+
     use super::*;
 
     #[test]

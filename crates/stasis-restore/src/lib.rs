@@ -14,6 +14,9 @@
 //!    root's PID; it stops itself under our trace (`PTRACE_O_EXITKILL`: if
 //!    stasis dies, so does the half-built tree). Every signal is blocked. It
 //!    inherits one end of a datagram socket (the fd transport of [`files`]).
+//!    It is moved into the tree's cgroup (v2), made first if missing
+//!    (`cgroup`); a tree whose processes were in several has each child
+//!    moved into its own as soon as it is forked.
 //! 3. **Control page**: a small RWX area at an address free in the stub's
 //!    and in every image process's layout holds a `syscall` instruction and
 //!    scratch space. Every remote syscall runs there.
@@ -50,6 +53,7 @@
 
 pub mod build;
 mod caps;
+mod cgroup;
 pub mod files;
 mod inherit;
 mod memory;

@@ -186,10 +186,12 @@ pub(crate) fn setup_failure(code: i32) -> Option<&'static str> {
 
 /// A tree with a cgroup namespace of its own: the root stub (`r`, `pid` as
 /// stasis sees it) enters the cgroup at the namespace's root, makes its new
-/// cgroup namespace there (rooted at its cgroup), then goes on to the
-/// tree's cgroup. Its children inherit both.
+/// cgroup namespace there (rooted at its cgroup), then goes on to its own
+/// cgroup (`cgroups`, made by the restore). Its children inherit the
+/// namespace.
 pub(crate) fn enter_cgroup_ns<R: stasis_kernel::remote::Remote>(
     m: &Manifest,
+    cgroups: &crate::cgroup::Placer,
     r: &mut R,
     pid: i32,
 ) -> Result<()> {
@@ -199,7 +201,7 @@ pub(crate) fn enter_cgroup_ns<R: stasis_kernel::remote::Remote>(
     let Some(ns_root) = n.cgroup_ns.as_deref() else {
         return Ok(());
     };
-    join_cgroup(ns_root, pid)?;
+    cgroups.join(ns_root, pid)?;
     r.sys(
         "unshare",
         libc::SYS_unshare,
@@ -208,47 +210,7 @@ pub(crate) fn enter_cgroup_ns<R: stasis_kernel::remote::Remote>(
     .map_err(crate::build::step(format!(
         "making the tree's cgroup namespace (rooted at {ns_root})"
     )))?;
-    if let Some(cg) = n.cgroup.as_deref() {
-        join_cgroup(cg, pid)?;
-    }
-    Ok(())
-}
-
-/// Puts process `pid` (the root stub, before it forks anyone) into the
-/// cgroup (v2) at `path`, made if missing; nothing if that is the
-/// restorer's own.
-pub(crate) fn join_cgroup(path: &str, pid: i32) -> Result<()> {
-    let mine = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-    if mine.lines().any(|l| l.strip_prefix("0::") == Some(path)) {
-        return Ok(());
-    }
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let Some(mount) = info.lines().find_map(|l| {
-        let (a, b) = l.split_once(" - ")?;
-        (b.split_whitespace().next() == Some("cgroup2"))
-            .then(|| a.split_whitespace().nth(4).map(str::to_string))
-            .flatten()
-    }) else {
-        return Err(ObjectError::Incompatible(format!(
-            "the tree was in cgroup {path}, but no cgroup2 file system is mounted here"
-        ))
-        .into());
-    };
-    let rel = path.trim_start_matches('/');
-    if rel.split('/').any(|c| c == "..") {
-        return Err(ObjectError::Inconsistent(format!("cgroup path {path}")).into());
-    }
-    let dir = std::path::Path::new(&mount).join(rel);
-    let fail = |what: &str, e: std::io::Error| {
-        RestoreError::from(ObjectError::Incompatible(format!(
-            "putting the tree into its cgroup {}: {what}: {e}",
-            dir.display()
-        )))
-    };
-    std::fs::create_dir_all(&dir).map_err(|e| fail("mkdir", e))?;
-    std::fs::write(dir.join("cgroup.procs"), pid.to_string())
-        .map_err(|e| fail("writing cgroup.procs", e))?;
-    Ok(())
+    cgroups.join_root(pid)
 }
 
 /// Puts back the content of the tree's tmpfs mounts, through
@@ -411,6 +373,11 @@ fn later_mounts(m: &Manifest, root: i32, content: &stasis_image::ContentSource) 
     if ns.is_some_and(|n| n.ipc) {
         kinds.push(NsKind::Ipc);
     }
+    // A cgroup2 is rooted at the mounting thread's cgroup namespace's
+    // root: the tree's.
+    if ns.is_some_and(|n| n.cgroup_ns.is_some()) {
+        kinds.push(NsKind::Cgroup);
+    }
     kns::in_namespaces_of(root, &kinds, || -> Result<()> {
         for l in &mnt.later {
             let fail = |what: &str| {
@@ -513,9 +480,6 @@ pub(crate) fn after_spawn(
 ) -> Result<Option<kns::NetnsGuard>> {
     fill_tmpfs(m, root, content)?;
     later_mounts(m, root, content)?;
-    if let Some(cg) = m.namespaces.as_ref().and_then(|n| n.cgroup.as_deref()) {
-        join_cgroup(cg, root)?;
-    }
     let Some(net) = m.namespaces.as_ref().and_then(|n| n.net.as_ref()) else {
         return Ok(None);
     };
@@ -750,6 +714,7 @@ mod tests {
             }),
             shell_job: None,
             content: None,
+            cgroups: None,
         };
         let c = &mut m.processes[0].creds;
         c.uid = [100_001, 100_001, 5000, 100_000];

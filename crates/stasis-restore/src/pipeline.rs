@@ -62,6 +62,8 @@ pub(crate) struct Build<'a> {
     pub lazy_bytes: u64,
     /// The terminal a shell job goes on (`--shell-job`).
     pub terminal: Option<&'a crate::shell_job::Terminal>,
+    /// The cgroups each process is put in.
+    pub cgroups: &'a crate::cgroup::Placer,
 }
 
 impl Build<'_> {
@@ -133,13 +135,26 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
 
     // The names the tree's veths need here are free, their bridges there.
     crate::ns::check_net(m)?;
+    // The tree's cgroups, made where missing (removed again when this
+    // restore fails: it is dropped after the tree is killed).
+    let cgroups = crate::cgroup::Placer::prepare(m)?;
     let (transport, remote_end) = transport(m)?;
     let (root, init) = spawn_root(m, remote_end, opts.new_pidns)?;
     let root_outer = root.t.pid();
     records[0].proc = Some(root);
     // The tree's sockets are made in its network namespace: this thread
     // works there until the restore is over.
-    let _netns = match crate::ns::after_spawn(m, root_outer, &content) {
+    // Its cgroup, and a cgroup namespace of its own before its mounts
+    // (a cgroup2 among them is mounted from inside it) and before anyone
+    // is forked into it.
+    let spawned = cgroups
+        .join_root(root_outer)
+        .and_then(|()| match records[0].proc.as_mut() {
+            Some(r) => crate::ns::enter_cgroup_ns(m, &cgroups, r, root_outer),
+            None => Ok(()),
+        })
+        .and_then(|()| crate::ns::after_spawn(m, root_outer, &content));
+    let _netns = match spawned {
         Ok(n) => n,
         Err(e) => {
             let procs = records.into_iter().filter_map(|r| r.proc);
@@ -156,6 +171,7 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
         content: &content,
         lazy_bytes: 0,
         terminal: terminal.as_ref(),
+        cgroups: &cgroups,
     };
 
     // Stage 2, verify: pack checksums, in parallel with the rebuild.
@@ -178,6 +194,9 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
         Ok(bytes)
     });
     drop(watchdog);
+    if result.is_ok() {
+        cgroups.keep();
+    }
     match result {
         Ok(bytes) => Ok(Restored {
             checkpoint: cp.number,
@@ -414,6 +433,7 @@ fn build_tree(b: &mut Build<'_>) -> Result<u64> {
         shm_first: HashMap::new(),
         shm_sizes: shm_sizes(&m.processes),
         transport: b.transport,
+        cgroups: b.cgroups,
         keep_transport: keep_transport(&m.processes),
         opts: b.opts,
         filled: 0,
@@ -469,6 +489,10 @@ fn build_memories(
     build_memory(records, plan, 0, cx)?;
     for i in 1..records.len() {
         stub::fork_one(records, plan, cx.transport, i, &mut cx.factory)?;
+        // Into its cgroup before it runs any code of its own.
+        if let Some(p) = records[i].proc.as_ref() {
+            cx.cgroups.join_child(records[i].img.pid, p.t.pid())?;
+        }
         if records[i].img.zombie.is_none() {
             build_memory(records, plan, i, cx)?;
         }

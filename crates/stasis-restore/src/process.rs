@@ -30,6 +30,8 @@ pub(crate) struct TreeCtx<'a, 'm> {
     /// of the tree maps, the size each is made at.
     pub shm_sizes: HashMap<u64, u64>,
     pub transport: &'a Transport,
+    /// The cgroups each process is put in.
+    pub cgroups: &'a crate::cgroup::Placer,
     /// Processes that leave the transport open: it is in an fd table that
     /// a process built after them shares (`CLONE_FILES`).
     pub keep_transport: std::collections::HashSet<i32>,

@@ -32,10 +32,6 @@ pub(crate) fn prepare_root(b: &mut Build<'_>) -> Result<()> {
         .set_sigmask(!0)
         .map_err(step("blocking signals in the stub"))?;
 
-    // A cgroup namespace of its own, before anyone is forked into it.
-    let outer = root.t.pid();
-    crate::ns::enter_cgroup_ns(m, root, outer)?;
-
     // CPU features: the image may only use what this CPU has.
     let cpu_x = stasis_kernel::probe::xfeatures_of(&root.t.xstate()?);
     let img_x = m.host.xfeatures;

@@ -306,6 +306,452 @@ fn twice_keeps_a_cgroup_namespace() {
     let _ = std::fs::remove_dir(&dir);
 }
 
+/// Cgroups (v2) made by a test under a unique one of its own, removed
+/// (children first) when it ends, also when it fails midway.
+struct TestCgroups {
+    top: PathBuf,
+    /// Relative to `top`, parents first.
+    made: Vec<String>,
+}
+
+impl TestCgroups {
+    fn new(mount: &str, name: &str) -> TestCgroups {
+        let top = std::path::Path::new(mount).join(name);
+        std::fs::create_dir(&top).expect("making a test cgroup");
+        TestCgroups {
+            top,
+            made: Vec::new(),
+        }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        if rel.is_empty() {
+            self.top.clone()
+        } else {
+            self.top.join(rel)
+        }
+    }
+
+    fn make(&mut self, rel: &str) {
+        std::fs::create_dir(self.path(rel)).expect("making a test cgroup");
+        self.made.push(rel.into());
+    }
+
+    fn read(&self, rel: &str, file: &str) -> String {
+        std::fs::read_to_string(self.path(rel).join(file))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    }
+
+    fn write(&self, rel: &str, file: &str, value: &str) {
+        std::fs::write(self.path(rel).join(file), value)
+            .unwrap_or_else(|e| panic!("writing {value} to {rel}/{file}: {e}"));
+    }
+
+    fn exists(&self, rel: &str) -> bool {
+        self.path(rel).exists()
+    }
+
+    /// Removes the cgroups below the top one (children first).
+    fn remove_below(&self) {
+        for rel in self.made.iter().rev() {
+            let p = self.path(rel);
+            if p.exists() {
+                std::fs::remove_dir(&p).unwrap_or_else(|e| panic!("removing {rel}: {e}"));
+            }
+        }
+    }
+}
+
+impl Drop for TestCgroups {
+    fn drop(&mut self) {
+        for rel in self.made.iter().rev() {
+            let _ = std::fs::remove_dir(self.path(rel));
+        }
+        let _ = std::fs::remove_dir(&self.top);
+    }
+}
+
+/// A limit the cgroup2 here can set on a child cgroup: a controller of
+/// its root and one of its files (pids where it is, else hugetlb, as on a
+/// host whose other controllers are cgroup v1's).
+fn a_cgroup_limit(mount: &str) -> Option<(&'static str, &'static str, &'static str)> {
+    let root = std::fs::read_to_string(std::path::Path::new(mount).join("cgroup.controllers"))
+        .unwrap_or_default();
+    let has = |c: &str| root.split_whitespace().any(|x| x == c);
+    if has("pids") {
+        Some(("pids", "pids.max", "7"))
+    } else if has("hugetlb") {
+        Some(("hugetlb", "hugetlb.2MB.max", "4194304"))
+    } else {
+        None
+    }
+}
+
+/// Controller `ctrl` enabled at the root of the cgroup2 at `mount` while
+/// it lives, disabled again if it was not.
+struct RootController(Option<(PathBuf, String)>);
+
+impl RootController {
+    fn enable(mount: &str, ctrl: &str) -> RootController {
+        let file = std::path::Path::new(mount).join("cgroup.subtree_control");
+        let on = std::fs::read_to_string(&file).unwrap_or_default();
+        if on.split_whitespace().any(|c| c == ctrl) {
+            return RootController(None);
+        }
+        std::fs::write(&file, format!("+{ctrl}"))
+            .unwrap_or_else(|e| panic!("enabling {ctrl} at the cgroup2 root: {e}"));
+        RootController(Some((file, ctrl.to_string())))
+    }
+}
+
+impl Drop for RootController {
+    fn drop(&mut self) {
+        if let Some((file, ctrl)) = &self.0 {
+            let _ = std::fs::write(file, format!("-{ctrl}"));
+        }
+    }
+}
+
+/// A tree (the `tree` workload: a root, its children A and B, A's child
+/// C, a zombie) whose processes are in three cgroups of a test cgroup T:
+/// the root in T/r, A and C in T/r/a (a child cgroup of the root's), B in
+/// T/b with a limit (`pids.max`, or `hugetlb.2MB.max` where pids is not a
+/// cgroup2 controller). Dumped (killed), its cgroups removed, restored:
+/// every process in its cgroup again, the cgroups made again with the
+/// controller enabled in T and the limit; dumped and restored again with
+/// the cgroups still there, B's limit changed meanwhile: kept as it is. A
+/// restore that fails (the root's cgroup has a controller enabled for
+/// its children: no process may join it) removes the cgroups it made.
+/// The workload checks itself at the end.
+#[test]
+fn processes_in_several_cgroups_come_back_in_theirs() {
+    let Some(mount) = cgroup2_mount() else {
+        eprintln!("skipped: no cgroup2 file system mounted");
+        return;
+    };
+    let Some((ctrl, limit, value)) = a_cgroup_limit(&mount) else {
+        eprintln!("skipped: no pids nor hugetlb controller in the cgroup2 here");
+        return;
+    };
+    let _root_ctrl = RootController::enable(&mount, ctrl);
+    let name = format!("stasis-cgroups-test-{}", std::process::id());
+    let mut cg = TestCgroups::new(&mount, &name);
+    cg.write("", "cgroup.subtree_control", &format!("+{ctrl}"));
+    for rel in ["r", "r/a", "b"] {
+        cg.make(rel);
+    }
+    cg.write("b", limit, value);
+    let mut w = Workload::start("tree", &[]);
+    let root = w.pid;
+    let kids = my_children_of(root);
+    let state = |p: i32| {
+        std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.to_string()))
+            .unwrap_or_default()
+    };
+    let live: Vec<i32> = kids
+        .into_iter()
+        .filter(|&p| !state(p).starts_with('Z'))
+        .collect();
+    // A leads its own group; B joined it.
+    let pgid = |p: i32| state(p).split_whitespace().nth(2).unwrap_or("").to_string();
+    let a = *live.iter().find(|&&p| pgid(p) == p.to_string()).expect("A");
+    let b = *live.iter().find(|&&p| p != a).expect("B");
+    let c = *my_children_of(a).first().expect("C");
+    let rel = |p: i32| {
+        if p == root {
+            "r"
+        } else if p == b {
+            "b"
+        } else {
+            "r/a"
+        }
+    };
+    let want = |p: i32| format!("/{name}/{}", rel(p));
+    for p in [root, a, c, b] {
+        cg.write(rel(p), "cgroup.procs", &p.to_string());
+    }
+    let check = |round: &str| {
+        for p in [root, a, c, b] {
+            assert_eq!(cgroup_of(p), want(p), "{round}: process {p}");
+        }
+    };
+    check("before the dump");
+
+    // 1: the cgroups are gone (T's controller too): made again.
+    w.dump_and_reap();
+    cg.remove_below();
+    cg.write("", "cgroup.subtree_control", &format!("-{ctrl}"));
+    w.restore(&[]);
+    check("restored into removed cgroups");
+    assert_eq!(cg.read("b", limit), value, "the made cgroup's {limit}");
+    let on = cg.read("", "cgroup.subtree_control");
+    assert!(on.split_whitespace().any(|c| c == ctrl), "T enables {on:?}");
+
+    // 2: they exist, B's limit changed: kept.
+    w.dump_and_reap();
+    let other = if ctrl == "pids" { "9" } else { "6291456" };
+    cg.write("b", limit, other);
+    w.restore(&[]);
+    check("restored into existing cgroups");
+    assert_eq!(cg.read("b", limit), other, "an existing cgroup's {limit}");
+
+    // 3: a restore that fails removes what it made (T/r/a, T/b), not
+    // what was there (T/r).
+    w.dump_and_reap();
+    for rel in ["r/a", "b"] {
+        std::fs::remove_dir(cg.path(rel)).unwrap();
+    }
+    cg.write("r", "cgroup.subtree_control", &format!("+{ctrl}"));
+    let o = stasis()
+        .args(["restore", "--detach", "-D"])
+        .arg(w.images())
+        .output()
+        .unwrap();
+    assert_fails_with(&o, "cgroup");
+    assert!(!alive(root), "the failed restore left the root running");
+    assert!(
+        !cg.exists("r/a") && !cg.exists("b"),
+        "cgroups left by the failed restore"
+    );
+    assert!(cg.exists("r"));
+    cg.write("r", "cgroup.subtree_control", &format!("-{ctrl}"));
+    w.restore(&[]);
+    check("restored after a failed restore");
+    w.finish_pass();
+}
+
+/// A container-like tree (PID, mount, UTS, IPC, network and cgroup
+/// namespaces of its own, rooted at its cgroup D) with one of its
+/// processes in a child cgroup D/sub: restored twice, each process in its
+/// cgroup, D/sub made again when it was removed, and the tree sees the
+/// same from inside (`/` and `/sub`).
+#[test]
+fn a_cgroup_namespace_with_a_child_cgroup() {
+    let Some(mount) = cgroup2_mount() else {
+        eprintln!("skipped: no cgroup2 file system mounted");
+        return;
+    };
+    let name = format!("stasis-cgns-sub-test-{}", std::process::id());
+    let mut cg = TestCgroups::new(&mount, &name);
+    let inside = |p: i32| {
+        let o = Command::new("nsenter")
+            .args(["-t", &p.to_string(), "--cgroup", "cat"])
+            .arg(format!("/proc/{p}/cgroup"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .find(|l| l.starts_with("0::"))
+            .unwrap_or_default()
+            .to_string()
+    };
+    let mut t = NsTree::start_with(Some(&cg.path("")), &["--cgroup"]);
+    // Its PID in the namespace (the same after a restore).
+    let nspid = |p: i32| {
+        std::fs::read_to_string(format!("/proc/{p}/status"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .and_then(|v| v.split_whitespace().last().map(str::to_string))
+            .unwrap_or_default()
+    };
+    let child = *descendants(t.pid)
+        .last()
+        .expect("a child of the namespaces workload");
+    let moved = nspid(child);
+    assert_ne!(moved, "1");
+    cg.make("sub");
+    cg.write("sub", "cgroup.procs", &child.to_string());
+    let check = |root: i32, round: u32| {
+        let all: Vec<i32> = std::iter::once(root).chain(descendants(root)).collect();
+        assert!(
+            all.iter().any(|&p| nspid(p) == moved),
+            "round {round}: {moved} is gone"
+        );
+        for p in all {
+            let (out, ins) = if nspid(p) == moved {
+                (format!("/{name}/sub"), "0::/sub")
+            } else {
+                (format!("/{name}"), "0::/")
+            };
+            assert_eq!(cgroup_of(p), out, "round {round}: process {p}");
+            assert_eq!(inside(p), ins, "round {round}: process {p} from inside");
+        }
+    };
+    check(t.pid, 0);
+    for round in 1..=2 {
+        assert_ok(&t.dump(&[]), &format!("dump round {round}"));
+        t.reap();
+        if round == 1 {
+            std::fs::remove_dir(cg.path("sub")).unwrap();
+        }
+        t.restore(&[]);
+        check(t.pid, round);
+    }
+    t.finish_pass();
+}
+
+/// A container's cgroup2: a tree in a cgroup namespace of its own (rooted
+/// at its cgroup D) with cgroup2 mounted read-only on /sys/fs/cgroup from
+/// inside it (and its mount namespace), as Docker makes it: restored twice (D removed before the
+/// first restore), the mount made again rooted at D with its flags, and
+/// the tree reads the same there (its own PIDs in `cgroup.procs`).
+#[test]
+fn a_container_cgroup2_mount_comes_back() {
+    let Some(mount) = cgroup2_mount() else {
+        eprintln!("skipped: no cgroup2 file system mounted");
+        return;
+    };
+    let name = format!("stasis-cg2mount-test-{}", std::process::id());
+    let cg = TestCgroups::new(&mount, &name);
+    let mut t = NsTree::start_with(Some(&cg.path("")), &["--cgroup"]);
+    // (From outside its PID namespace: the workload counts its PIDs.)
+    let o = Command::new("nsenter")
+        .args(["-t", &t.pid.to_string(), "--mount", "--cgroup"])
+        .args(["mount", "-t", "cgroup2", "-o", "ro,nosuid,nodev"])
+        .args(["none", "/sys/fs/cgroup"])
+        .output()
+        .unwrap();
+    assert_ok(&o, "mounting a cgroup2 in the tree's namespaces");
+    // The mount as we see it (its root, flags, type) and what the tree
+    // reads there.
+    let seen = |p: i32| {
+        let info = std::fs::read_to_string(format!("/proc/{p}/mountinfo")).unwrap();
+        let line = info
+            .lines()
+            .rfind(|l| l.split_whitespace().nth(4) == Some("/sys/fs/cgroup"))
+            .map(str::to_string);
+        let o = Command::new("nsenter")
+            .args(["-t", &p.to_string(), "--mount", "--cgroup", "--pid", "cat"])
+            .args(["/sys/fs/cgroup/cgroup.procs", "/proc/self/cgroup"])
+            .output()
+            .unwrap();
+        (line, String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    let check = |p: i32, round: u32| {
+        let (line, read) = seen(p);
+        let line = line.unwrap_or_else(|| panic!("round {round}: no mount on /sys/fs/cgroup"));
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(f[3], format!("/{name}"), "round {round}: {line}");
+        for flag in ["ro", "nosuid", "nodev"] {
+            assert!(
+                f[5].split(',').any(|o| o == flag),
+                "round {round}: {flag} lost: {line}"
+            );
+        }
+        // Mounted anew (source `none`), not bound from the restorer's.
+        assert!(line.contains(" - cgroup2 none "), "round {round}: {line}");
+        // Its processes (in-namespace PIDs: the workload and its
+        // children; 0 for the first one's unshare, outside its PID
+        // namespace), then nsenter's cat's cgroup, outside its cgroup
+        // namespace.
+        let mut lines: Vec<&str> = read.lines().collect();
+        let me = lines.pop().unwrap_or_default().to_string();
+        assert!(me.starts_with("0::/.."), "round {round}: {read}");
+        let mut pids: Vec<i32> = lines
+            .iter()
+            .filter_map(|l| l.parse().ok())
+            .filter(|&p| p > 0)
+            .collect();
+        pids.sort_unstable();
+        assert!(pids.contains(&1), "round {round}: {read}");
+        assert_eq!(
+            pids.len(),
+            1 + descendants(p).len(),
+            "round {round}: {read}"
+        );
+        pids
+    };
+    let before = check(t.pid, 0);
+    for round in 1..=2 {
+        assert_ok(&t.dump(&[]), &format!("dump round {round}"));
+        t.reap();
+        if round == 1 {
+            std::fs::remove_dir(cg.path("")).unwrap();
+        }
+        t.restore(&[]);
+        assert_eq!(
+            check(t.pid, round),
+            before,
+            "round {round}: cgroup.procs inside"
+        );
+    }
+    t.finish_pass();
+}
+
+/// A tree whose only namespace of its own is a cgroup namespace (rooted
+/// at its cgroup): restored in it, in a new cgroup namespace rooted there,
+/// twice (it was restored in the restorer's cgroup and namespace).
+#[test]
+fn twice_keeps_a_lone_cgroup_namespace() {
+    let Some(mount) = cgroup2_mount() else {
+        eprintln!("skipped: no cgroup2 file system mounted");
+        return;
+    };
+    // The restored sleep comes back to us.
+    become_subreaper();
+    let name = format!("stasis-lone-cgns-test-{}", std::process::id());
+    let cg = TestCgroups::new(&mount, &name);
+    let mut c = Command::new("sh");
+    c.arg("-c")
+        .arg("echo $$ >\"$0/cgroup.procs\" && exec unshare --cgroup sleep 1000")
+        .arg(cg.path(""))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    close_inherited_fds(&mut c);
+    let mut child = Some(c.spawn().expect("starting unshare"));
+    let pid = child.as_ref().map_or(0, |c| c.id() as i32);
+    let _kill = KillOnDrop(pid);
+    wait_until(
+        Duration::from_secs(10),
+        "sleep in its cgroup namespace",
+        || cmdline_of(pid).trim() == "sleep 1000",
+    );
+    let mine = std::fs::read_link("/proc/self/ns/cgroup").unwrap();
+    let check = |round: u32| {
+        assert_eq!(cgroup_of(pid), format!("/{name}"), "round {round}");
+        let theirs = std::fs::read_link(format!("/proc/{pid}/ns/cgroup")).unwrap();
+        assert_ne!(theirs, mine, "round {round}: in our cgroup namespace");
+        let o = Command::new("nsenter")
+            .args(["-t", &pid.to_string(), "--cgroup", "cat"])
+            .arg(format!("/proc/{pid}/cgroup"))
+            .output()
+            .unwrap();
+        let inside = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(
+            inside.lines().any(|l| l == "0::/"),
+            "round {round}: {inside}"
+        );
+    };
+    check(0);
+    let img = tempfile::tempdir().unwrap();
+    for round in 1..=2 {
+        let o = stasis()
+            .args(["dump", "-t", &pid.to_string(), "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("dump round {round}"));
+        // The first is our child, the next one a restored orphan.
+        match child.take() {
+            Some(mut c) => drop(c.wait()),
+            None => drop(waitpid_timeout(pid, Duration::from_secs(30))),
+        }
+        let o = stasis()
+            .args(["restore", "--detach", "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("restore round {round}"));
+        check(round);
+    }
+}
+
 #[test]
 fn twice_keeps_the_cgroup() {
     let Some(mount) = cgroup2_mount() else {
@@ -586,6 +1032,48 @@ fn refuses_a_process_that_is_not_the_namespace_init() {
         ],
         |up| child_running(up, "sleep 1000"),
         "is not its init (PID 1 there)",
+    );
+}
+
+/// A thread in another cgroup than its process (a threaded cgroup below
+/// the process's) of a tree in namespaces of its own: refused by name.
+#[test]
+fn refuses_a_thread_in_a_threaded_cgroup() {
+    let Some(mount) = cgroup2_mount() else {
+        eprintln!("skipped: no cgroup2 file system mounted");
+        return;
+    };
+    let name = format!("stasis-threaded-test-{}", std::process::id());
+    let mut cg = TestCgroups::new(&mount, &name);
+    cg.make("t");
+    cg.write("t", "cgroup.type", "threaded");
+    let script = "import threading, time\n\
+        threading.Thread(target=time.sleep, args=(1000,)).start()\n\
+        time.sleep(1000)\n";
+    let placed = std::cell::Cell::new(0);
+    refused(
+        &["--pid", "--fork", "--mount-proc", "python3", "-c", script],
+        |up| {
+            if placed.get() == 0 {
+                let p = *descendants(up).first()?;
+                let tids = tasks_of(p);
+                if tids.len() < 2 {
+                    return None;
+                }
+                cg.write("", "cgroup.procs", &p.to_string());
+                let thread = tids.into_iter().find(|&t| t != p)?;
+                cg.write("t", "cgroup.threads", &thread.to_string());
+                placed.set(p);
+            }
+            Some(placed.get())
+        },
+        "(a threaded cgroup)",
+    );
+    // (Killed, it leaves the cgroups once it is gone.)
+    wait_until(
+        Duration::from_secs(10),
+        "the tree to leave its cgroups",
+        || cg.read("", "cgroup.threads").is_empty() && cg.read("t", "cgroup.threads").is_empty(),
     );
 }
 

@@ -249,6 +249,7 @@ pub fn manifest(checkpoint: u32, processes: Vec<ProcessImage>) -> Manifest {
         namespaces: None,
         shell_job: None,
         content: None,
+        cgroups: None,
     }
 }
 

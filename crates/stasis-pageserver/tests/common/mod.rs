@@ -84,6 +84,7 @@ pub fn manifest(checkpoint: u32, parent: Option<u32>, processes: Vec<ProcessImag
         namespaces: None,
         shell_job: None,
         content: None,
+        cgroups: None,
     }
 }
 
