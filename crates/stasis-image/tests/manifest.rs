@@ -541,7 +541,10 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
         lower[8..12].copy_from_slice(&manifest::NET_DEVICES_MANIFEST_VERSION.to_le_bytes());
         assert!(decode_manifest(&lower, 3, p()).is_err());
     }
-    assert_eq!(manifest::LATEST_MANIFEST_VERSION, 7);
+    assert_eq!(
+        manifest::LATEST_MANIFEST_VERSION,
+        manifest::CGROUPS_MANIFEST_VERSION
+    );
     // A version after the newest is newer than this reader.
     let next = manifest::LATEST_MANIFEST_VERSION + 1;
     let mut newer = bytes.clone();
