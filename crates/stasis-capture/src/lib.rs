@@ -267,7 +267,7 @@ pub struct Stages {
 }
 
 /// CPU time (user and system) of this process, in microseconds.
-fn own_cpu_us() -> u64 {
+pub(crate) fn own_cpu_us() -> u64 {
     use nix::sys::resource::{getrusage, UsageWho};
     getrusage(UsageWho::RUSAGE_SELF)
         .map(|u| {
@@ -278,11 +278,13 @@ fn own_cpu_us() -> u64 {
 }
 
 impl Stages {
-    pub fn new(since: std::time::Instant) -> Stages {
+    /// A clock started at `since`, when this process's CPU time was
+    /// `cpu_since` ([`own_cpu_us`]).
+    pub fn new(since: std::time::Instant, cpu_since: u64) -> Stages {
         Stages {
             since,
             marks: Vec::new(),
-            cpu_since: own_cpu_us(),
+            cpu_since,
         }
     }
 

@@ -64,8 +64,8 @@ pub fn dump_once(
     // The tree's downtime is our working time: on a busy host, get the
     // CPU first (undone at the release, before a concurrent copy).
     let boost = Boost::raise(FROZEN_NICE);
-    let (mut frozen, frozen_at, fd_census) = freeze_without_backlog(opts.pid)?;
-    let mut stages = Stages::new(frozen_at);
+    let (mut frozen, (frozen_at, cpu_at), fd_census) = freeze_without_backlog(opts.pid)?;
+    let mut stages = Stages::new(frozen_at, cpu_at);
     stages.mark("seize");
     strategy.on_frozen(&mut frozen);
     if frozen.procs.first().is_none_or(|p| p.zombie.is_some()) {
@@ -298,14 +298,16 @@ const BACKLOG_PATIENCE: Duration = Duration::from_secs(2);
 /// connection closing: a busy server deals with both within milliseconds),
 /// lets it run a little and freezes it again. Gives up after
 /// [`BACKLOG_PATIENCE`] and returns the tree frozen anyway: the socket is
-/// then refused with a message. With the frozen tree's fds, listed once
+/// then refused with a message. Returns the tree, the instant its first
+/// thread was stopped and this process's CPU time then, and the frozen
+/// tree's fds, listed once
 /// for every pass of the dump (`None` if they could not be: each pass
 /// then walks `/proc` itself, and meets the error if it lasts).
 fn freeze_without_backlog(
     pid: i32,
 ) -> Result<(
     freeze::Frozen,
-    Instant,
+    (Instant, u64),
     Option<stasis_objects::fd_census::FdCensus>,
 )> {
     stasis_sys::fault::delay(stasis_sys::fault::Slow::Freeze);
@@ -315,6 +317,7 @@ fn freeze_without_backlog(
         // The frozen time counts from here: the first thread stops in
         // `freeze_tree`.
         let frozen_at = Instant::now();
+        let cpu_at = crate::own_cpu_us();
         let mut frozen = freeze::freeze_tree(pid)?;
         let pids = frozen.live_pids();
         let census = stasis_objects::fd_census::FdCensus::take(&pids).ok();
@@ -330,7 +333,7 @@ fn freeze_without_backlog(
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_millis(50));
             }
-            _ => return Ok((frozen, frozen_at, census)),
+            _ => return Ok((frozen, (frozen_at, cpu_at), census)),
         }
     }
 }
