@@ -14,6 +14,45 @@ use crate::{CaptureError, Result};
 pub struct Base {
     pub parent: Checkpoint,
     pub state: TrackState,
+    /// The ranges with data of each process of the parent (by PID and
+    /// start time), read when the base is loaded, before the freeze: a
+    /// full parent's come from its packs' indexes, which are not read
+    /// while the tree is frozen.
+    parent_data: std::collections::HashMap<(i32, u64), stasis_image::ranges::Ranges>,
+}
+
+impl Base {
+    /// The base of a dump whose parent is `parent`; reads the ranges with
+    /// data of the parent's processes now (before the freeze). One that
+    /// cannot be read is read again, and its error met, where it is needed.
+    pub fn new(parent: Checkpoint, state: TrackState) -> Base {
+        let parent_data = parent
+            .manifest
+            .processes
+            .iter()
+            .filter(|p| p.zombie.is_none())
+            .filter_map(|p| {
+                let r = chain::data_ranges(&parent, p).ok()?;
+                Some(((p.pid, p.start_time), r))
+            })
+            .collect();
+        Base {
+            parent,
+            state,
+            parent_data,
+        }
+    }
+
+    /// The ranges of the parent's process `pp` that hold data.
+    pub fn parent_data(
+        &self,
+        pp: &stasis_image::manifest::ProcessImage,
+    ) -> std::result::Result<stasis_image::ranges::Ranges, stasis_image::ImageError> {
+        match self.parent_data.get(&(pp.pid, pp.start_time)) {
+            Some(r) => Ok(r.clone()),
+            None => chain::data_ranges(&self.parent, pp),
+        }
+    }
 }
 
 /// Why a dump is full although tracking may have been asked for.
@@ -85,10 +124,7 @@ pub fn base(
         )));
     }
     match chain::load_chain(store, Some(latest)) {
-        Ok(mut c) if !c.is_empty() => Ok(Base {
-            parent: c.swap_remove(0),
-            state,
-        }),
+        Ok(mut c) if !c.is_empty() => Ok(Base::new(c.swap_remove(0), state)),
         Ok(_) => Err(FullDump::Because(
             "the latest checkpoint cannot be loaded".into(),
         )),

@@ -55,15 +55,15 @@ impl CowTracking {
             return Err(FullDump::Because(format!("process {root} was not tracked")));
         }
         match stasis_image::chain::load_chain(store, Some(latest)) {
-            Ok(mut c) if !c.is_empty() => Ok(crate::incremental::Base {
-                parent: c.swap_remove(0),
-                state: stasis_track::state::TrackState {
+            Ok(mut c) if !c.is_empty() => Ok(crate::incremental::Base::new(
+                c.swap_remove(0),
+                stasis_track::state::TrackState {
                     backend: stasis_track::Backend::Uffd,
                     armed_at,
                     root_pid: root,
                     procs: self.procs.clone(),
                 },
-            }),
+            )),
             Ok(_) => Err(FullDump::Because(
                 "the latest checkpoint cannot be loaded".into(),
             )),

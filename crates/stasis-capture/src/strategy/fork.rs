@@ -61,7 +61,7 @@ impl CopyStrategy for ForkSnapshot {
                     cx.note
                         .get_or_insert_with(|| incremental::lost_note(cx.image.pid));
                 } else {
-                    let parent_data = stasis_image::chain::data_ranges(&b.parent, pp)?;
+                    let parent_data = b.parent_data(pp)?;
                     collected = Some((c, parent_data));
                 }
             }

@@ -62,7 +62,7 @@ pub fn plan_in_place(cx: PlanCx<'_>, cow: Option<&cow::Cow>) -> Result<Planned> 
     let mut selection = None;
     if let (Some(b), Some(t), Some(pp)) = (base, tracker.as_mut(), parent_proc) {
         if tracked {
-            let parent_data = stasis_image::chain::data_ranges(&b.parent, pp)?;
+            let parent_data = b.parent_data(pp)?;
             let data = memory::spans(&plan.ranges);
             let collected = incremental::collect(&mut **t, image.pid, &areas)?;
             tracing::debug!(pid, ms = ms(frozen_at), "dirty pages found");
@@ -79,7 +79,7 @@ pub fn plan_in_place(cx: PlanCx<'_>, cow: Option<&cow::Cow>) -> Result<Planned> 
         // Write-protection kept since the parent: the pages with
         // data that lost their protection are those written since.
         if tracked {
-            let parent_data = stasis_image::chain::data_ranges(&b.parent, pp)?;
+            let parent_data = b.parent_data(pp)?;
             let data = memory::spans(&plan.ranges);
             let collected = incremental::unprotected_as_dirty(&areas, &plan.unprotected);
             let sel = incremental::select_collected(&collected, &data, &parent_data);
