@@ -151,8 +151,14 @@ pub struct Saved {
 impl Saved {
     /// A census taken before the freeze, brought up to date for the
     /// frozen processes `tree`.
-    pub fn use_census(&mut self, mut census: Census, tree: &[i32]) {
-        census.refresh(tree);
+    /// `fds`: the frozen tree's, if they were listed.
+    pub fn use_census(
+        &mut self,
+        mut census: Census,
+        tree: &[i32],
+        fds: Option<&crate::fd_census::FdCensus>,
+    ) {
+        census.refresh(tree, fds);
         self.census = Some(census);
     }
 

@@ -70,7 +70,10 @@ impl Census {
     /// Reads the processes `pids` again (frozen now: what they hold is
     /// what the dump saves). Processes of the tree seen before the freeze
     /// that are no longer in it (they exited) hold nothing.
-    pub fn refresh(&mut self, pids: &[i32]) {
+    /// With the frozen tree's `fds` when they were listed: the sockets and
+    /// anonymous inodes among them, neither a pipe nor a terminal, are not
+    /// looked at again.
+    pub fn refresh(&mut self, pids: &[i32], fds: Option<&crate::fd_census::FdCensus>) {
         let old = std::mem::take(&mut self.tree);
         let gone = |pid: i32| pids.contains(&pid) || old.contains(&pid);
         self.ends.retain(|e| !gone(e.0));
@@ -78,7 +81,19 @@ impl Census {
         self.pipes.retain(|p| !gone(p.0));
         for &pid in pids {
             let dir = std::path::Path::new("/proc").join(pid.to_string());
-            self.process(pid, &dir);
+            match fds.and_then(|c| c.fds_of(pid)) {
+                Some(entries) => {
+                    self.ctty_of(pid, &dir);
+                    let maybe = entries
+                        .iter()
+                        .filter(|e| {
+                            !e.link.starts_with("socket:[") && !e.link.starts_with("anon_inode:")
+                        })
+                        .map(|e| e.fd);
+                    self.ends_in(pid, &dir, maybe);
+                }
+                None => self.process(pid, &dir),
+            }
         }
         self.tree = pids.to_vec();
     }
@@ -103,29 +118,40 @@ impl Census {
     }
 
     fn process(&mut self, pid: i32, dir: &std::path::Path) {
+        self.ctty_of(pid, dir);
+        self.ends_of(pid, dir);
+    }
+
+    /// The pipe and pty ends among the fds of process `pid`.
+    fn ends_of(&mut self, pid: i32, dir: &std::path::Path) {
+        let Ok(fds) = std::fs::read_dir(dir.join("fd")) else {
+            return;
+        };
+        let fds = fds
+            .flatten()
+            .filter_map(|f| f.file_name().to_str().and_then(|x| x.parse::<i32>().ok()));
+        self.ends_in(pid, dir, fds);
+    }
+
+    fn ctty_of(&mut self, pid: i32, dir: &std::path::Path) {
         if let Some((sid, nr, fg)) = std::fs::read_to_string(dir.join("stat"))
             .ok()
             .and_then(|s| ctty_fields(&s))
         {
             self.ctty.push((pid, sid, nr, fg));
         }
-        self.ends_of(pid, dir);
     }
 
-    fn ends_of(&mut self, pid: i32, dir: &std::path::Path) {
-        let Ok(fds) = std::fs::read_dir(dir.join("fd")) else {
-            return;
-        };
-        for f in fds.flatten() {
-            let Some(fd) = f.file_name().to_str().and_then(|x| x.parse::<i32>().ok()) else {
-                continue;
-            };
-            let Ok(m) = std::fs::metadata(f.path()) else {
+    /// The pipe and pty ends among fds `fds` of process `pid`.
+    fn ends_in(&mut self, pid: i32, dir: &std::path::Path, fds: impl Iterator<Item = i32>) {
+        for fd in fds {
+            let path = dir.join(format!("fd/{fd}"));
+            let Ok(m) = std::fs::metadata(&path) else {
                 continue;
             };
             if m.file_type().is_fifo() && Some(m.dev()) == pipefs_dev() {
                 // The link's own mode says how the end is open.
-                let mode = std::fs::symlink_metadata(f.path()).map_or(0, |l| l.mode());
+                let mode = std::fs::symlink_metadata(&path).map_or(0, |l| l.mode());
                 let read = if mode & 0o400 != 0 { READ } else { 0 };
                 let write = if mode & 0o200 != 0 { WRITE } else { 0 };
                 self.pipes.push((pid, m.ino(), read | write));
@@ -258,7 +284,7 @@ mod tests {
         // None of these pids exists: the tree before the freeze (10-13)
         // is gone, and the frozen tree (999999990) holds nothing.
         let mut c = census();
-        c.refresh(&[999_999_990]);
+        c.refresh(&[999_999_990], None);
         assert_eq!(c.holders(4, &[]), vec![(50, 7, End::Slave(4))]);
         assert!(c.ctty.is_empty());
         assert_eq!(c.pipes, vec![(50, 701, READ)]);

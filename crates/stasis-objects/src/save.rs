@@ -644,7 +644,7 @@ impl SaveCtx {
     /// ([`crate::pty_census::Census::for_tree`]), read again for the frozen
     /// processes `tree`.
     pub fn use_pty_census(&mut self, census: crate::pty_census::Census, tree: &[i32]) {
-        self.ptys.use_census(census, tree);
+        self.ptys.use_census(census, tree, self.fd_census.as_ref());
     }
 
     /// The saved image of fd `fd` of process `pid` (its own table, not one
