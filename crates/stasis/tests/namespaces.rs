@@ -315,6 +315,25 @@ struct TestCgroups {
 }
 
 impl TestCgroups {
+    /// A test cgroup `stasis-TAG-test-PID` under the cgroup2 mount here;
+    /// `None` (the test is skipped, and says so) without one.
+    fn here(tag: &str) -> Option<TestCgroups> {
+        let Some(mount) = cgroup2_mount() else {
+            eprintln!("skipped: no cgroup2 file system mounted");
+            return None;
+        };
+        let name = format!("stasis-{tag}-test-{}", std::process::id());
+        Some(TestCgroups::new(&mount, &name))
+    }
+
+    /// Its name (under the cgroup2 root).
+    fn name(&self) -> String {
+        self.top
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
     fn new(mount: &str, name: &str) -> TestCgroups {
         let top = std::path::Path::new(mount).join(name);
         std::fs::create_dir(&top).expect("making a test cgroup");
@@ -531,12 +550,10 @@ fn processes_in_several_cgroups_come_back_in_theirs() {
 /// same from inside (`/` and `/sub`).
 #[test]
 fn a_cgroup_namespace_with_a_child_cgroup() {
-    let Some(mount) = cgroup2_mount() else {
-        eprintln!("skipped: no cgroup2 file system mounted");
+    let Some(mut cg) = TestCgroups::here("cgns-sub") else {
         return;
     };
-    let name = format!("stasis-cgns-sub-test-{}", std::process::id());
-    let mut cg = TestCgroups::new(&mount, &name);
+    let name = cg.name();
     let inside = |p: i32| {
         let o = Command::new("nsenter")
             .args(["-t", &p.to_string(), "--cgroup", "cat"])
@@ -602,12 +619,10 @@ fn a_cgroup_namespace_with_a_child_cgroup() {
 /// the tree reads the same there (its own PIDs in `cgroup.procs`).
 #[test]
 fn a_container_cgroup2_mount_comes_back() {
-    let Some(mount) = cgroup2_mount() else {
-        eprintln!("skipped: no cgroup2 file system mounted");
+    let Some(cg) = TestCgroups::here("cg2mount") else {
         return;
     };
-    let name = format!("stasis-cg2mount-test-{}", std::process::id());
-    let cg = TestCgroups::new(&mount, &name);
+    let name = cg.name();
     let mut t = NsTree::start_with(Some(&cg.path("")), &["--cgroup"]);
     // (From outside its PID namespace: the workload counts its PIDs.)
     let o = Command::new("nsenter")
@@ -1039,12 +1054,9 @@ fn refuses_a_process_that_is_not_the_namespace_init() {
 /// the process's) of a tree in namespaces of its own: refused by name.
 #[test]
 fn refuses_a_thread_in_a_threaded_cgroup() {
-    let Some(mount) = cgroup2_mount() else {
-        eprintln!("skipped: no cgroup2 file system mounted");
+    let Some(mut cg) = TestCgroups::here("threaded") else {
         return;
     };
-    let name = format!("stasis-threaded-test-{}", std::process::id());
-    let mut cg = TestCgroups::new(&mount, &name);
     cg.make("t");
     cg.write("t", "cgroup.type", "threaded");
     let script = "import threading, time\n\
