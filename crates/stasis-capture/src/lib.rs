@@ -271,7 +271,10 @@ pub(crate) fn own_cpu_us() -> u64 {
     use nix::sys::resource::{getrusage, UsageWho};
     getrusage(UsageWho::RUSAGE_SELF)
         .map(|u| {
-            let t = |v: nix::sys::time::TimeVal| v.tv_sec() as u64 * 1_000_000 + v.tv_usec() as u64;
+            let t = |v: nix::sys::time::TimeVal| {
+                u64::try_from(v.tv_sec()).unwrap_or(0) * 1_000_000
+                    + u64::try_from(v.tv_usec()).unwrap_or(0)
+            };
             t(u.user_time()) + t(u.system_time())
         })
         .unwrap_or(0)

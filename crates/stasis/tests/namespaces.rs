@@ -270,18 +270,7 @@ fn twice_keeps_a_cgroup_namespace() {
     let want = format!("/{name}");
     let ns_of = |p: i32| std::fs::read_link(format!("/proc/{p}/ns/cgroup")).unwrap();
     // Its cgroup (v2) as seen from inside its cgroup namespace.
-    let inside = |p: i32| {
-        let o = Command::new("nsenter")
-            .args(["-t", &p.to_string(), "--cgroup", "cat"])
-            .arg(format!("/proc/{p}/cgroup"))
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&o.stdout)
-            .lines()
-            .find(|l| l.starts_with("0::"))
-            .unwrap_or_default()
-            .to_string()
-    };
+    let inside = cgroup_inside;
     {
         let mut t = NsTree::start_with(Some(&dir), &["--cgroup"]);
         assert_eq!(cgroup_of(t.pid), want);
@@ -312,6 +301,21 @@ struct TestCgroups {
     top: PathBuf,
     /// Relative to `top`, parents first.
     made: Vec<String>,
+}
+
+/// Process `p`'s cgroup (v2) line as seen from inside its cgroup
+/// namespace.
+fn cgroup_inside(p: i32) -> String {
+    let o = Command::new("nsenter")
+        .args(["-t", &p.to_string(), "--cgroup", "cat"])
+        .arg(format!("/proc/{p}/cgroup"))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .find(|l| l.starts_with("0::"))
+        .unwrap_or_default()
+        .to_string()
 }
 
 impl TestCgroups {
@@ -554,18 +558,7 @@ fn a_cgroup_namespace_with_a_child_cgroup() {
         return;
     };
     let name = cg.name();
-    let inside = |p: i32| {
-        let o = Command::new("nsenter")
-            .args(["-t", &p.to_string(), "--cgroup", "cat"])
-            .arg(format!("/proc/{p}/cgroup"))
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&o.stdout)
-            .lines()
-            .find(|l| l.starts_with("0::"))
-            .unwrap_or_default()
-            .to_string()
-    };
+    let inside = cgroup_inside;
     let mut t = NsTree::start_with(Some(&cg.path("")), &["--cgroup"]);
     // Its PID in the namespace (the same after a restore).
     let nspid = |p: i32| {
