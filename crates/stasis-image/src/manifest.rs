@@ -116,8 +116,15 @@ pub const CONTENT_MANIFEST_VERSION: u32 = 5;
 /// the manifest instead of restoring the namespace with only `lo`.
 pub const NET_DEVICES_MANIFEST_VERSION: u32 = 6;
 
+/// Manifest format version written when the tree's IPC namespace has
+/// POSIX message queues ([`Namespaces::posix_queues`]) or a process has
+/// an fd on one ([`FdKind::Mqueue`]), so that a reader that predates them
+/// refuses the manifest instead of restoring the namespace without its
+/// queues. (Versions 7 and 8 belong to other additions of this release.)
+pub const POSIX_QUEUES_MANIFEST_VERSION: u32 = 9;
+
 /// The newest manifest format version this reader knows.
-pub const LATEST_MANIFEST_VERSION: u32 = NET_DEVICES_MANIFEST_VERSION;
+pub const LATEST_MANIFEST_VERSION: u32 = POSIX_QUEUES_MANIFEST_VERSION;
 
 impl Manifest {
     /// The format version this manifest's content calls for: the oldest
@@ -166,7 +173,19 @@ impl Manifest {
             .as_ref()
             .and_then(|n| n.net.as_ref())
             .is_some_and(|n| !n.veths.is_empty() || !n.routes.is_empty());
-        if net_devices {
+        let posix_queues = || {
+            self.namespaces
+                .as_ref()
+                .is_some_and(|n| n.posix_queues.is_some())
+                || self
+                    .processes
+                    .iter()
+                    .flat_map(|p| &p.fds)
+                    .any(|f| matches!(f.kind, FdKind::Mqueue { .. }))
+        };
+        if posix_queues() {
+            POSIX_QUEUES_MANIFEST_VERSION
+        } else if net_devices {
             NET_DEVICES_MANIFEST_VERSION
         } else if self.content.is_some() || sized_tmpfs() {
             CONTENT_MANIFEST_VERSION
@@ -232,6 +251,48 @@ pub struct Namespaces {
     /// goes on to `cgroup`). Manifest version 4.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup_ns: Option<String>,
+    /// The POSIX message queues of that IPC namespace (when it has any),
+    /// with its queue limits. Manifest version 9.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub posix_queues: Option<PosixQueues>,
+}
+
+/// The POSIX message queues of an IPC namespace and its limits
+/// (`/proc/sys/fs/mqueue`, as a thread in it reads them).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PosixQueues {
+    pub msg_max: u64,
+    pub msgsize_max: u64,
+    pub queues_max: u64,
+    pub msg_default: u64,
+    pub msgsize_default: u64,
+    /// By name.
+    pub queues: Vec<PosixQueue>,
+}
+
+/// A POSIX message queue and the messages queued in it, in the order
+/// they are received (highest priority first, oldest first within one).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PosixQueue {
+    /// Its name, without the leading `/`.
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    /// Permission bits (`0o777`).
+    pub mode: u32,
+    /// Most messages it holds (`mq_maxmsg`).
+    pub maxmsg: i64,
+    /// Largest message it takes (`mq_msgsize`).
+    pub msgsize: i64,
+    pub messages: Vec<PosixMessage>,
+}
+
+/// One message of a POSIX queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PosixMessage {
+    pub prio: u32,
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
 }
 
 /// Who a System V IPC object is: its id, key, owner and mode.
@@ -1160,6 +1221,11 @@ pub enum FdKind {
     /// session leader are outside the tree. Opened again on the terminal
     /// of `stasis restore --shell-job`: its device (`current`: `/dev/tty`).
     ExternalTty { current: bool },
+    /// A POSIX message queue, opened again by `name` (without its leading
+    /// `/`) in the restored tree's IPC namespace (where its queues are made
+    /// again, [`Namespaces::posix_queues`]), or in the restorer's when the
+    /// tree had the dumper's. Manifest version 9.
+    Mqueue { name: String },
 }
 
 /// A userfaultfd: what `UFFDIO_API` was given, the areas registered with

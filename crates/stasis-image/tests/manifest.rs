@@ -97,23 +97,24 @@ fn checksum_error_message() {
 #[test]
 fn newer_version_is_refused_with_specific_error() {
     let mut bytes = encode_manifest(&small_manifest()).unwrap();
-    bytes[8..12].copy_from_slice(&7u32.to_le_bytes());
+    let next = stasis_image::manifest::LATEST_MANIFEST_VERSION + 1;
+    bytes[8..12].copy_from_slice(&next.to_le_bytes());
     let e = decode_manifest(&bytes, 3, p()).unwrap_err();
     assert!(
         matches!(
             e,
             ImageError::NewerFormat {
-                found: 7,
+                found,
                 supported: stasis_image::FORMAT_VERSION,
                 ..
-            }
+            } if found == next
         ),
         "{e}"
     );
     assert!(
-        e.to_string().starts_with(
-            "image format version 7 is newer than this stasis supports (2): upgrade stasis"
-        ),
+        e.to_string().starts_with(&format!(
+            "image format version {next} is newer than this stasis supports (2): upgrade stasis"
+        )),
         "{e}"
     );
     bytes[8..12].copy_from_slice(&0u32.to_le_bytes());
@@ -360,6 +361,7 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
         }),
         cgroup: Some("/box".into()),
         cgroup_ns: None,
+        posix_queues: None,
         mnt: Some(manifest::MountNamespace {
             proc: true,
             tmpfs: vec![manifest::TmpfsMount {
@@ -602,4 +604,58 @@ fn a_content_pack_raises_the_manifest_version_and_round_trips() {
             "version {older}"
         );
     }
+}
+
+#[test]
+fn posix_queues_or_an_fd_on_one_raise_the_manifest_version_to_9() {
+    let base = small_manifest();
+    assert!(base.format_version() < manifest::POSIX_QUEUES_MANIFEST_VERSION);
+    // The queues of the tree's IPC namespace, with their messages.
+    let mut queues = base.clone();
+    queues.namespaces = Some(manifest::Namespaces {
+        ipc: true,
+        posix_queues: Some(manifest::PosixQueues {
+            msg_max: 10,
+            msgsize_max: 8192,
+            queues_max: 256,
+            msg_default: 10,
+            msgsize_default: 8192,
+            queues: vec![manifest::PosixQueue {
+                name: "q".into(),
+                uid: 0,
+                gid: 0,
+                mode: 0o640,
+                maxmsg: 4,
+                msgsize: 32,
+                messages: vec![manifest::PosixMessage {
+                    prio: 7,
+                    data: b"high".to_vec(),
+                }],
+            }],
+        }),
+        ..Default::default()
+    });
+    assert_eq!(queues.format_version(), 9);
+    let b = encode_manifest(&queues).unwrap();
+    assert_eq!(u32::from_le_bytes(b[8..12].try_into().unwrap()), 9);
+    assert_eq!(decode_manifest(&b, 3, p()).unwrap(), queues);
+    // A reader of 8 would restore the namespace without them: the bytes
+    // under an older version are refused.
+    let mut older = b.clone();
+    older[8..12].copy_from_slice(&8u32.to_le_bytes());
+    assert!(decode_manifest(&older, 3, p()).is_err());
+    // An fd on a queue alone (of the dumper's IPC namespace) raises it too.
+    let mut fd = base.clone();
+    fd.processes[0].fds.push(manifest::FdImage {
+        fd: 3,
+        flags: 2,
+        cloexec: true,
+        kind: manifest::FdKind::Mqueue { name: "q".into() },
+        shared_id: None,
+        locks: Vec::new(),
+        owner: None,
+    });
+    assert_eq!(fd.format_version(), 9);
+    let b = encode_manifest(&fd).unwrap();
+    assert_eq!(decode_manifest(&b, 3, p()).unwrap(), fd);
 }
