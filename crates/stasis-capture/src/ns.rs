@@ -113,7 +113,12 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
         check_net(root)?;
     }
     if own.contains(&NsKind::Mnt) {
-        let mnt = extra_mounts(root, own.contains(&NsKind::Pid), None)?;
+        let mnt = extra_mounts(
+            root,
+            own.contains(&NsKind::Pid),
+            own.contains(&NsKind::Ipc),
+            None,
+        )?;
         check_tmpfs_fds(tree, &mnt)?;
     }
     Ok(())
@@ -462,14 +467,17 @@ fn mounts(info: &str) -> Vec<MountLine> {
 /// (mounts it lacks are left as the restorer has them): a proc on `/proc`
 /// (with `own_pid`), tmpfs mounts (their files' data copied into the
 /// content pack when `content` is given), bind mounts of what the dumper
-/// sees, and file systems with nothing to save (sysfs, an empty mqueue, a
-/// devpts instance without terminals); refuses every other. From the first
+/// sees, and file systems with nothing to save (sysfs, an mqueue, empty or
+/// of the tree's own IPC namespace (`own_ipc`: its queues are saved with
+/// the namespace), a devpts instance without terminals); refuses every
+/// other. From the first
 /// mount the root stub cannot make (nested in an earlier one, a read-only
 /// tmpfs, a fresh file system) on, every mount is made later, by the
 /// restorer, in order.
 fn extra_mounts(
     root: i32,
     own_pid: bool,
+    own_ipc: bool,
     mut content: Option<&mut ContentWriter>,
 ) -> Result<MountNamespace> {
     let my_mounts = mounts(&proc::read(std::process::id() as i32, "mountinfo")?);
@@ -540,7 +548,7 @@ fn extra_mounts(
             continue;
         }
         if matches!(kind.as_str(), "sysfs" | "mqueue" | "devpts") && m.root == "/" {
-            check_fresh(root, kind, at)?;
+            check_fresh(root, kind, at, own_ipc)?;
             later = true;
             ns.later.push(LaterMount {
                 target: at.clone(),
@@ -592,10 +600,12 @@ fn extra_mounts(
     Ok(ns)
 }
 
-/// A file system mounted anew at restore holds nothing: no message queue
-/// in an mqueue, no terminal in a devpts instance (only `ptmx`).
-fn check_fresh(root: i32, kind: &str, at: &str) -> Result<()> {
-    if kind == "sysfs" {
+/// A file system mounted anew at restore holds nothing: no terminal in a
+/// devpts instance (only `ptmx`), no message queue in an mqueue unless
+/// the tree has an IPC namespace of its own (`own_ipc`), whose queues are
+/// saved and made again with it (those of the dumper's are not).
+fn check_fresh(root: i32, kind: &str, at: &str, own_ipc: bool) -> Result<()> {
+    if kind == "sysfs" || (kind == "mqueue" && own_ipc) {
         return Ok(());
     }
     let dir = format!("/proc/{root}/root{at}");
@@ -614,7 +624,12 @@ fn check_fresh(root: i32, kind: &str, at: &str) -> Result<()> {
         return Err(refuse(
             root,
             format!(
-                "its {kind} mount on {at} holds the {what} {n}; stasis mounts an empty one again"
+                "its {kind} mount on {at} holds the {what} {n}; stasis mounts an empty one again{}",
+                if kind == "mqueue" {
+                    " (the queues of an IPC namespace of the tree's own are saved: start it with one, unshare --ipc)"
+                } else {
+                    ""
+                }
             ),
         ));
     }
@@ -846,12 +861,16 @@ pub fn describe(
         })??;
         ns.msg_queues = queues;
         ns.sem_sets = sets;
+        // And its POSIX message queues (each read and queued again).
+        ns.posix_queues = kns::in_namespaces_of(root, &[NsKind::Ipc], || {
+            stasis_objects::mqueue::save_namespace(root)
+        })??;
     }
     if own.contains(&NsKind::Net) {
         ns.net = Some(net_namespace(root)?);
     }
     if own.contains(&NsKind::Mnt) {
-        let m = extra_mounts(root, ns.pid, Some(content))?;
+        let m = extra_mounts(root, ns.pid, ns.ipc, Some(content))?;
         // A copy of the dumper's with nothing of its own (`ip netns exec`
         // gives each command one, with its own /sys): the dumper's, as
         // before namespaces were saved; its restore needs no new one.

@@ -26,6 +26,7 @@
 //! | unix socket | [`unix`] |
 //! | netlink socket | [`netlink`] |
 //! | packet socket | [`packet`] |
+//! | POSIX message queue (fds; the queues of an IPC namespace) | [`mqueue`] |
 //! | pseudo-terminal pair | [`pty`] |
 //! | the terminal of a shell job (`--shell-job`) | [`shell_job`] |
 //! | userfaultfd | [`userfaultfd`] |
@@ -57,6 +58,7 @@ pub mod inet;
 pub mod inotify;
 pub mod io_uring;
 pub mod locks;
+pub mod mqueue;
 pub mod netlink;
 pub mod nsfile;
 pub mod packet;
@@ -150,6 +152,7 @@ pub const REGISTRY: &[Entry] = &[
     entry::<io_uring::IoUring>(),
     entry::<pidfd::Pidfd>(),
     entry::<nsfile::NsFile>(),
+    entry::<mqueue::Mqueue>(),
     entry::<ghost::Ghost>(),
     entry::<deleted::Deleted>(),
     entry::<pipe::Fifo>(),
@@ -335,6 +338,7 @@ mod tests {
                 personalities: vec![],
             }),
             FdKind::ExternalTty { current: false },
+            FdKind::Mqueue { name: "q".into() },
             FdKind::Userfaultfd(stasis_image::manifest::UffdImage {
                 features: None,
                 ranges: vec![],
@@ -368,6 +372,7 @@ mod tests {
                 | FdKind::NsFile { .. }
                 | FdKind::IoUring(_)
                 | FdKind::ExternalTty { .. }
+                | FdKind::Mqueue { .. }
                 | FdKind::Userfaultfd(_) => {}
             }
         }
@@ -398,6 +403,9 @@ mod tests {
         assert_eq!(names.last(), Some(&file::File::NAME));
         assert!(at(ghost::Ghost::NAME) < at(pipe::Fifo::NAME));
         assert!(at(deleted::Deleted::NAME) < at(pipe::Fifo::NAME));
+        // A queue whose name was unlinked is refused, not saved as a
+        // deleted file.
+        assert!(at(mqueue::Mqueue::NAME) < at(ghost::Ghost::NAME));
         let mut anon: Vec<_> = REGISTRY.iter().filter_map(|e| e.anon_inode).collect();
         anon.sort_unstable();
         assert_eq!(
