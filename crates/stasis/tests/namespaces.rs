@@ -3,7 +3,10 @@
 //! it) comes back in new ones of the same shape: the `namespaces` workload
 //! checks itself (PID 1, its children's PIDs, the host name, lo up, a
 //! System V segment, message queue (messages with their types) and
-//! semaphore set of its IPC namespace, /proc listing only its
+//! semaphore set of its IPC namespace, its POSIX message queues (messages
+//! byte for byte in priority order, attributes, owners, the fds on them,
+//! in its own mqueue mount, left as they were by a `--leave-running`
+//! dump), /proc listing only its
 //! processes, a TCP listener and a loopback connection between two of its
 //! processes with bytes queued, a unix socket pair, a tmpfs on /mnt with a
 //! directory, a file and a link, the file and directory open, a unix
