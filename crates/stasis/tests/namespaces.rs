@@ -1163,6 +1163,32 @@ fn refuses_a_terminal_of_its_own_devpts() {
     );
 }
 
+/// An mqueue of its own mount namespace holding a queue of the dumper's
+/// IPC namespace (the tree has none of its own, so its queues are not
+/// saved; an empty mqueue would be mounted again).
+#[test]
+fn refuses_a_queue_of_the_dumpers_ipc_namespace_in_its_mqueue() {
+    let name = format!("stasis-test-q{}", std::process::id());
+    refused(
+        &[
+            "--mount",
+            "sh",
+            "-c",
+            // (touch makes a queue: mqueue files are queues.)
+            &format!("mount -t mqueue mqueue /mnt && touch /mnt/{name} && exec sleep 1000"),
+        ],
+        |up| (cmdline_of(up).trim() == "sleep 1000").then_some(up),
+        &format!("holds the POSIX message queue {name}"),
+    );
+    // The queue is the host's: removed through a mount of our own.
+    let o = Command::new("unshare")
+        .args(["--mount", "sh", "-c"])
+        .arg(format!("mount -t mqueue mqueue /mnt && rm /mnt/{name}"))
+        .output()
+        .unwrap();
+    assert_ok(&o, "removing the test's queue");
+}
+
 /// Tracked dumps of the tree are incremental (the parent's processes are
 /// found by their PIDs in the namespace), and the chain restores.
 #[test]
