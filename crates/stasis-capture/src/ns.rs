@@ -600,12 +600,15 @@ fn extra_mounts(
     Ok(ns)
 }
 
-/// A file system mounted anew at restore holds nothing: no terminal in a
-/// devpts instance (only `ptmx`), no message queue in an mqueue unless
-/// the tree has an IPC namespace of its own (`own_ipc`), whose queues are
-/// saved and made again with it (those of the dumper's are not).
+/// A file system mounted anew at restore holds nothing of its own: a
+/// devpts instance's terminals are the pairs the tree holds (saved with
+/// their masters, made again from its `ptmx` at their index; one no
+/// process of the tree holds is not), and an mqueue holds no message
+/// queue unless the tree has an IPC namespace of its own (`own_ipc`),
+/// whose queues are saved and made again with it (those of the dumper's
+/// are not).
 fn check_fresh(root: i32, kind: &str, at: &str, own_ipc: bool) -> Result<()> {
-    if kind == "sysfs" || (kind == "mqueue" && own_ipc) {
+    if kind == "sysfs" || kind == "devpts" || (kind == "mqueue" && own_ipc) {
         return Ok(());
     }
     let dir = format!("/proc/{root}/root{at}");
@@ -613,23 +616,12 @@ fn check_fresh(root: i32, kind: &str, at: &str, own_ipc: bool) -> Result<()> {
         .map_err(|e| CaptureError::from_proc(root, &format!("root{at}"), e))?
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| !(kind == "devpts" && n == "ptmx"))
         .collect();
     if let Some(n) = names.first() {
-        let what = if kind == "devpts" {
-            "terminal"
-        } else {
-            "POSIX message queue"
-        };
         return Err(refuse(
             root,
             format!(
-                "its {kind} mount on {at} holds the {what} {n}; stasis mounts an empty one again{}",
-                if kind == "mqueue" {
-                    " (the queues of an IPC namespace of the tree's own are saved: start it with one, unshare --ipc)"
-                } else {
-                    ""
-                }
+                "its {kind} mount on {at} holds the POSIX message queue {n}, of the dumper's IPC namespace; stasis mounts an empty one again (the queues of an IPC namespace of the tree's own are saved: start it with one, unshare --ipc)"
             ),
         ));
     }
@@ -769,11 +761,17 @@ fn check_tmpfs_fds(tree: &[i32], ns: &MountNamespace) -> Result<()> {
                     };
                     (what, &l.target)
                 }));
-            for (what, t) in targets {
-                let under = link == *t || link.starts_with(&format!("{t}/"));
-                if !under {
-                    continue;
-                }
+            // The innermost mount the file is under (the last mounted of
+            // the deepest point) is the one it is on.
+            let on = targets
+                .filter(|(_, t)| link == **t || link.starts_with(&format!("{t}/")))
+                .fold(None, |best: Option<(&str, &String)>, c| match best {
+                    Some(b) if b.1.len() > c.1.len() => Some(b),
+                    _ => Some(c),
+                });
+            // (The terminals of a devpts of its own are saved as pty
+            // pairs, made again there from its ptmx.)
+            if let Some((what, t)) = on.filter(|(what, _)| *what != "devpts") {
                 let kind = std::fs::metadata(format!("/proc/{p}/fd/{fd}"))
                     .map(|m| m.file_type())
                     .ok();

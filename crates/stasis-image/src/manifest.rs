@@ -117,8 +117,9 @@ pub const CONTENT_MANIFEST_VERSION: u32 = 5;
 pub const NET_DEVICES_MANIFEST_VERSION: u32 = 6;
 
 /// Manifest format version written when the tree's IPC namespace has
-/// POSIX message queues ([`Namespaces::posix_queues`]) or a process has
-/// an fd on one ([`FdKind::Mqueue`]), so that a reader that predates them
+/// POSIX message queues ([`Namespaces::posix_queues`]), a process has
+/// an fd on one ([`FdKind::Mqueue`]) or a pty pair is of a devpts instance
+/// of the tree's own ([`PtyPair::devpts`]), so that a reader that predates them
 /// refuses the manifest instead of restoring the namespace without its
 /// queues. (Versions 7 and 8 belong to other additions of this release.)
 pub const POSIX_QUEUES_MANIFEST_VERSION: u32 = 9;
@@ -177,11 +178,10 @@ impl Manifest {
             self.namespaces
                 .as_ref()
                 .is_some_and(|n| n.posix_queues.is_some())
-                || self
-                    .processes
-                    .iter()
-                    .flat_map(|p| &p.fds)
-                    .any(|f| matches!(f.kind, FdKind::Mqueue { .. }))
+                || self.processes.iter().flat_map(|p| &p.fds).any(|f| {
+                    matches!(f.kind, FdKind::Mqueue { .. })
+                        || matches!(&f.kind, FdKind::PtyMaster(p) if p.devpts.is_some())
+                })
         };
         if posix_queues() {
             POSIX_QUEUES_MANIFEST_VERSION
@@ -1363,6 +1363,12 @@ pub struct PtyPair {
     /// The slave's line discipline (`TIOCGETD`): N_TTY (0) or N_NULL (27).
     #[serde(default, skip_serializing_if = "is_zero_u8")]
     pub ldisc: u8,
+    /// A pair of a devpts instance of the tree's own mount namespace: where
+    /// that instance is mounted there (its `ptmx` makes the pair again, at
+    /// the same index). `None`: the dumper's (`/dev/ptmx`, any index).
+    /// Manifest version 9.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devpts: Option<String>,
 }
 
 fn is_zero_u8(v: &u8) -> bool {

@@ -607,7 +607,7 @@ fn a_content_pack_raises_the_manifest_version_and_round_trips() {
 }
 
 #[test]
-fn posix_queues_or_an_fd_on_one_raise_the_manifest_version_to_9() {
+fn posix_queues_an_fd_on_one_or_a_pty_of_its_own_devpts_raise_the_manifest_version_to_9() {
     let base = small_manifest();
     assert!(base.format_version() < manifest::POSIX_QUEUES_MANIFEST_VERSION);
     // The queues of the tree's IPC namespace, with their messages.
@@ -658,4 +658,43 @@ fn posix_queues_or_an_fd_on_one_raise_the_manifest_version_to_9() {
     assert_eq!(fd.format_version(), 9);
     let b = encode_manifest(&fd).unwrap();
     assert_eq!(decode_manifest(&b, 3, p()).unwrap(), fd);
+    // So does a pty pair of a devpts instance of the tree's own (an
+    // older reader would make it on /dev/ptmx, at any index); one of the
+    // dumper's does not.
+    let pair = |devpts: Option<&str>| {
+        let mut m = base.clone();
+        m.processes[0].fds.push(manifest::FdImage {
+            fd: 4,
+            flags: 2,
+            cloexec: false,
+            kind: manifest::FdKind::PtyMaster(manifest::PtyPair {
+                index: 1,
+                termios: manifest::PtyTermios::default(),
+                winsize: [24, 80, 0, 0],
+                locked: false,
+                packet: false,
+                master_exclusive: false,
+                slave_exclusive: false,
+                slave_closed: false,
+                input_lines: Vec::new(),
+                input: Vec::new(),
+                output: Vec::new(),
+                session: None,
+                slave_node: None,
+                pkt_status: 0,
+                stopped_by_ioctl: false,
+                ldisc: 0,
+                devpts: devpts.map(str::to_string),
+            }),
+            shared_id: None,
+            locks: Vec::new(),
+            owner: None,
+        });
+        m
+    };
+    assert!(pair(None).format_version() < 9);
+    let own = pair(Some("/dev/pts"));
+    assert_eq!(own.format_version(), 9);
+    let b = encode_manifest(&own).unwrap();
+    assert_eq!(decode_manifest(&b, 3, p()).unwrap(), own);
 }

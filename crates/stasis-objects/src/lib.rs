@@ -312,6 +312,7 @@ mod tests {
                 pkt_status: 0,
                 stopped_by_ioctl: false,
                 ldisc: 0,
+                devpts: None,
             }),
             FdKind::PtySlave { index: 3 },
             FdKind::PtyHungUp { index: 3 },

@@ -1144,23 +1144,138 @@ fn refuses_a_root_of_its_own() {
     );
 }
 
-/// A devpts instance of its own with a terminal open in it (ptys are made
-/// again from the restorer's /dev/ptmx).
+/// The program of [`twice_keeps_a_terminal_of_its_own_devpts`]: in a
+/// devpts instance of its own on /dev/pts, it opens two pty pairs through
+/// /dev/ptmx (that instance's: indexes 0 and 1), closes the first, gives
+/// the second's slave its own termios (no echo, VINTR ^G) and queues a
+/// line to it, says its slave's name and index in DIR/ready, waits for
+/// DIR/go, then checks the slave's name, the master's index (TIOCGPTN),
+/// that /dev/pts/0 is gone, the termios, the queued line, and bytes both
+/// ways; DIR/result says PASS or FAIL and why.
+const PTY_PROGRAM: &str = r#"
+import os, sys, termios, fcntl, struct
+d = sys.argv[1]
+m0, s0 = os.openpty()
+m1, s1 = os.openpty()
+os.close(m0); os.close(s0)
+def index(m):
+    return struct.unpack("I", fcntl.ioctl(m, 0x80045430, b"\0" * 4))[0]  # TIOCGPTN
+a = termios.tcgetattr(s1)
+a[3] &= ~termios.ECHO
+a[6][termios.VINTR] = b"\x07"
+termios.tcsetattr(s1, termios.TCSANOW, a)
+a = termios.tcgetattr(s1)
+os.write(m1, b"queued\n")
+name, idx = os.ttyname(s1), index(m1)
+with open(d + "/ready.tmp", "w") as f:
+    f.write("%s %d\n" % (name, idx))
+os.rename(d + "/ready.tmp", d + "/ready")
+import select
+while not os.path.exists(d + "/go"):
+    select.select([], [], [], 0.02)
+bad = []
+if os.ttyname(s1) != name or index(m1) != idx:
+    bad.append("slave %s index %d, were %s %d" % (os.ttyname(s1), index(m1), name, idx))
+if os.path.exists("/dev/pts/0"):
+    bad.append("/dev/pts/0 exists")
+if termios.tcgetattr(s1) != a:
+    bad.append("termios %r, was %r" % (termios.tcgetattr(s1), a))
+os.set_blocking(s1, False); os.set_blocking(m1, False)
+try:
+    got = os.read(s1, 100)
+except BlockingIOError:
+    got = b""
+if got != b"queued\n":
+    bad.append("the slave read %r" % got)
+os.write(s1, b"up\n")
+select.select([m1], [], [], 5)
+got = os.read(m1, 100)
+if got != b"up\r\n":
+    bad.append("the master read %r" % got)
+os.write(m1, b"down\n")
+select.select([s1], [], [], 5)
+got = os.read(s1, 100)
+if got != b"down\n":
+    bad.append("the slave then read %r" % got)
+with open(d + "/result", "w") as f:
+    f.write("FAIL: " + "; ".join(bad) if bad else "PASS")
+"#;
+
+/// A pty pair of a devpts instance of its own (a container's /dev/pts,
+/// opened through /dev/ptmx), with termios and a queued line, at index 1
+/// (index 0 free): made again from the new instance's ptmx at index 1
+/// (and /dev/pts/0 left free), twice; the program checks the rest
+/// itself.
 #[test]
-fn refuses_a_terminal_of_its_own_devpts() {
-    refused(
-        &[
-            "--pid",
-            "--fork",
-            "--mount-proc",
-            "--mount",
-            "sh",
-            "-c",
-            "mount -t devpts -o newinstance,ptmxmode=0666 devpts /mnt && exec 3<>/mnt/ptmx && exec sleep 1000",
-        ],
-        |up| child_running(up, "sleep 1000"),
-        "holds the terminal 0",
+fn twice_keeps_a_terminal_of_its_own_devpts() {
+    // Restored trees (detached) are reparented to this process.
+    workloads();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap().to_string();
+    let mut c = Command::new("unshare");
+    c.args([
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "--mount",
+        "sh",
+        "-c",
+        "mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts /dev/pts && exec python3 -c \"$0\" \"$1\"",
+        PTY_PROGRAM,
+        &d,
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    close_inherited_fds(&mut c);
+    let _r = Refused {
+        unshare: c.spawn().expect("starting unshare"),
+    };
+    let up = _r.unshare.id() as i32;
+    let ready = dir.path().join("ready");
+    wait_until(
+        Duration::from_secs(20),
+        "the pty program to be ready",
+        || ready.exists(),
     );
+    assert_eq!(
+        std::fs::read_to_string(&ready).unwrap().trim(),
+        "/dev/pts/1 1"
+    );
+    let pid = my_children_of(up)
+        .first()
+        .copied()
+        .expect("unshare's child");
+    // The restored tree (a child of this process, not of unshare) is
+    // killed if the test fails.
+    struct Restored(std::cell::Cell<i32>);
+    impl Drop for Restored {
+        fn drop(&mut self) {
+            let pid = self.0.get();
+            if pid > 0 && alive(pid) {
+                // SAFETY: killing the tree this test restored.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                waitpid_timeout(pid, Duration::from_secs(30));
+            }
+        }
+    }
+    let restored = Restored(std::cell::Cell::new(0));
+    let pid = dump_and_restore_detached(pid, 2, |pid, round| {
+        restored.0.set(pid);
+        let pts = |n: u32| std::path::Path::new(&format!("/proc/{pid}/root/dev/pts/{n}")).exists();
+        assert!(
+            pts(1) && !pts(0),
+            "round {round}: /dev/pts/1 and no /dev/pts/0"
+        );
+    });
+    std::fs::write(dir.path().join("go"), b"").unwrap();
+    let result = dir.path().join("result");
+    wait_until(Duration::from_secs(20), "the pty program's result", || {
+        result.exists()
+    });
+    let r = std::fs::read_to_string(&result).unwrap();
+    waitpid_timeout(pid, Duration::from_secs(30));
+    assert_eq!(r, "PASS");
 }
 
 /// An mqueue of its own mount namespace holding a queue of the dumper's
