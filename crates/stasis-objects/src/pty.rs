@@ -84,11 +84,12 @@
 //! that instance's `ptmx` in the restored mount namespace, at its index:
 //! a new instance gives the lowest free one, so masters are opened until
 //! one has it, those below kept as spares until the restore ends (as
-//! CRIU's `tty.c` does); its `/dev/pts/N` inside is the same. Pairs are
-//! known by index alone (so is a controlling terminal in
-//! `/proc/PID/stat`): a pty of such an instance whose index is also held
-//! in the dumper's devpts by a process outside the tree is refused as
-//! shared with it. The controlling terminal is taken back by the
+//! CRIU's `tty.c` does); its `/dev/pts/N` inside is the same. An index
+//! names a pair of one instance only: the census that finds holders
+//! outside the tree tells instances apart ([`crate::pty_census`]: a
+//! slave's device, the instance a master was opened from, the one a
+//! process sees on `/dev/pts` for its controlling terminal, which
+//! `/proc/PID/stat` gives by index alone). The controlling terminal is taken back by the
 //! session leader itself as soon as it is forked, before the members of its
 //! session ([`take_ctty`]: `TIOCSCTTY` on a slave opened for that moment);
 //! once its fds exist, `TIOCSPGRP` gives it another foreground group, and
@@ -144,6 +145,9 @@ pub fn slave_rdev(index: u32) -> u64 {
 pub struct Saved {
     /// Pairs saved with their master, by index.
     pairs: HashMap<u32, PtyPair>,
+    /// The devpts instance of each (its device; see
+    /// [`crate::pty_census::instance_of_end`]), by index.
+    instances: HashMap<u32, u64>,
     /// Every slave fd of the tree: (pid, fd, index).
     slaves: Vec<(i32, i32, u32)>,
     /// Every `/dev/tty` fd of the tree: (pid, fd, index of its terminal).
@@ -892,10 +896,17 @@ fn save_master(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<PtyPair, SaveError> 
     if master_ldisc != N_TTY {
         return Err(refuse(format!("it uses line discipline {master_ldisc}; a master stasis restores uses N_TTY (0), the only one a master's reads and writes go through")));
     }
+    // The devpts instance of the pair: its index means a pair of it only.
+    let inst = crate::pty_census::instance_of_end(
+        fd.pid,
+        &crate::save::proc_path(fd.pid, &format!("fd/{n}")),
+        fd.link,
+        fd.meta,
+    );
     let census = cx.ptys.census.get_or_insert_with(Census::take);
     let slave_held = cx.ptys.in_flight_slaves.contains(&index)
         || census
-            .holders(index, &[])
+            .holders_in(index, inst, &[])
             .iter()
             .any(|h| matches!(h.2, End::Slave(_)));
     if !state.hangup && !slave_held {
@@ -978,7 +989,7 @@ fn save_master(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<PtyPair, SaveError> 
         .ptys
         .census
         .get_or_insert_with(Census::take)
-        .ctty_holders(slave_rdev(index));
+        .ctty_holders_in(slave_rdev(index), inst);
     let session = holders.first().map(|&(_, sid, fg)| PtySession {
         sid,
         foreground: fg,
@@ -1006,6 +1017,7 @@ fn save_master(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<PtyPair, SaveError> 
         devpts,
     };
     cx.ptys.pairs.insert(index, pair.clone());
+    cx.ptys.instances.insert(index, inst);
     Ok(pair)
 }
 
@@ -1159,7 +1171,10 @@ pub fn check_external(cx: &mut SaveCtx, tree: &[i32]) -> Result<(), SaveError> {
     };
     let census = p.census.as_ref();
     for (index, pair) in &p.pairs {
-        let outsiders = census.map(|c| c.holders(*index, tree)).unwrap_or_default();
+        let inst = p.instances.get(index).copied().unwrap_or(0);
+        let outsiders = census
+            .map(|c| c.holders_in(*index, inst, tree))
+            .unwrap_or_default();
         if let Some(&(pid, fd, _)) = outsiders.first() {
             return Err(SaveError::Unsupported {
                 pid: holder_of(*index),
