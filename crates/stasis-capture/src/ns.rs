@@ -743,6 +743,7 @@ fn tmpfs_entries(root: i32, at: &str, w: &mut ContentWriter) -> Result<Vec<Tmpfs
 /// restored mount namespace); refuses the others (deleted files, FIFOs,
 /// devices there are rebuilt in the restorer's namespace).
 fn check_tmpfs_fds(tree: &[i32], ns: &MountNamespace) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
     for &p in tree {
         for fd in crate::fds::list_fds(p).unwrap_or_default() {
             let Ok(link) = proc::read_link(p, &format!("fd/{fd}")) else {
@@ -775,11 +776,18 @@ fn check_tmpfs_fds(tree: &[i32], ns: &MountNamespace) -> Result<()> {
                 let kind = std::fs::metadata(format!("/proc/{p}/fd/{fd}"))
                     .map(|m| m.file_type())
                     .ok();
-                let plain = kind.is_some_and(|k| k.is_file() || k.is_dir());
-                if !plain || link.ends_with(" (deleted)") {
+                // Regular files (a deleted one is made again there, and
+                // unlinked), and directories, FIFOs and device nodes still
+                // linked (reopened by path there); not a deleted directory,
+                // FIFO or device node (made again in the restorer's).
+                let deleted = link.ends_with(" (deleted)");
+                let reopened = kind.is_some_and(|k| {
+                    k.is_file() || (!deleted && (k.is_dir() || k.is_fifo() || k.is_char_device()))
+                });
+                if !reopened {
                     return Err(refuse(
                         p,
-                        format!("fd {fd} is open on {link}, in its {what} mount on {t}; of the files of mounts of its own mount namespace, only regular files and directories still linked are reopened"),
+                        format!("fd {fd} is open on {link}, in its {what} mount on {t}; of the files of mounts of its own mount namespace, only regular files (deleted or not) and directories, FIFOs and character devices still linked are reopened"),
                     ));
                 }
             }

@@ -607,10 +607,116 @@ fn refuses_a_ramfs_mount() {
     );
 }
 
-/// A deleted file of a tmpfs of its own, still open (deleted files are
-/// made again in the restorer's mount namespace).
+/// The last tree a test restored (detached: a child of the test process,
+/// not of unshare), killed when the test ends, failed or not.
+struct Restored(std::cell::Cell<i32>);
+
+impl Drop for Restored {
+    fn drop(&mut self) {
+        let pid = self.0.get();
+        if pid > 0 && alive(pid) {
+            // SAFETY: killing the tree this test restored (PID 1 of its
+            // namespace: the others die with it).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            waitpid_timeout(pid, Duration::from_secs(30));
+        }
+    }
+}
+
+/// Files of a tmpfs of its own that are not plain linked files, open: a
+/// deleted file (made again on the new tmpfs, and unlinked), a FIFO with
+/// bytes queued and a device node (reopened there by path), twice.
 #[test]
-fn refuses_a_deleted_file_open_in_a_tmpfs_mount() {
+fn twice_keeps_a_deleted_file_a_fifo_and_a_device_of_its_tmpfs_open() {
+    // Restored trees (detached) are reparented to this process.
+    workloads();
+    use std::io::Read;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+    let script = "mount -t tmpfs stasis-test /mnt && printf hello-ghost >/mnt/f && \
+        exec 3</mnt/f && rm /mnt/f && mkfifo /mnt/fifo && exec 4<>/mnt/fifo && \
+        printf queued >&4 && mknod /mnt/null c 1 3 && exec 5>/mnt/null && exec sleep 1000";
+    let mut c = Command::new("unshare");
+    c.args([
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "--mount",
+        "sh",
+        "-c",
+        script,
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    close_inherited_fds(&mut c);
+    let _r = Refused {
+        unshare: c.spawn().expect("starting unshare"),
+    };
+    let up = _r.unshare.id() as i32;
+    let mut pid = 0;
+    wait_until(Duration::from_secs(10), "the tree to be set up", || {
+        pid = child_running(up, "sleep 1000").unwrap_or(0);
+        pid > 0
+    });
+    let check = |pid: i32, round: u32| {
+        let fd = |n: u32| format!("/proc/{pid}/fd/{n}");
+        let link = |n: u32| std::fs::read_link(fd(n)).unwrap().display().to_string();
+        let tmpfs = std::fs::metadata(format!("/proc/{pid}/root/mnt"))
+            .unwrap()
+            .dev();
+        assert_eq!(link(3), "/mnt/f (deleted)", "round {round}");
+        assert_eq!(
+            std::fs::read(fd(3)).unwrap(),
+            b"hello-ghost",
+            "round {round}"
+        );
+        let f = std::fs::metadata(fd(3)).unwrap();
+        assert_eq!(
+            f.dev(),
+            tmpfs,
+            "round {round}: the deleted file is not on the tree's tmpfs"
+        );
+        assert_eq!(f.nlink(), 0, "round {round}");
+        assert_eq!(link(4), "/mnt/fifo", "round {round}");
+        let fifo = std::fs::metadata(fd(4)).unwrap();
+        let node = std::fs::metadata(format!("/proc/{pid}/root/mnt/fifo")).unwrap();
+        assert!(fifo.file_type().is_fifo(), "round {round}");
+        assert_eq!(
+            (fifo.dev(), fifo.ino()),
+            (node.dev(), node.ino()),
+            "round {round}"
+        );
+        let null = std::fs::metadata(fd(5)).unwrap();
+        assert!(null.file_type().is_char_device(), "round {round}");
+        assert_eq!(
+            (null.rdev(), null.dev()),
+            (libc::makedev(1, 3), tmpfs),
+            "round {round}"
+        );
+        if round == 2 {
+            let mut got = Vec::new();
+            let _ = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(fd(4))
+                .unwrap()
+                .read_to_end(&mut got);
+            assert_eq!(got, b"queued", "the FIFO's bytes");
+        }
+    };
+    check(pid, 0);
+    let restored = Restored(std::cell::Cell::new(0));
+    dump_and_restore_detached(pid, 2, |pid, round| {
+        restored.0.set(pid);
+        check(pid, round);
+    });
+}
+
+/// A deleted FIFO of a tmpfs of its own, still open (deleted FIFOs,
+/// directories and device nodes are made again in the restorer's mount
+/// namespace).
+#[test]
+fn refuses_a_deleted_fifo_open_in_a_tmpfs_mount() {
     refused(
         &[
             "--pid",
@@ -619,10 +725,10 @@ fn refuses_a_deleted_file_open_in_a_tmpfs_mount() {
             "--mount",
             "sh",
             "-c",
-            "mount -t tmpfs stasis-test /mnt && exec 3>/mnt/f && rm /mnt/f && exec sleep 1000",
+            "mount -t tmpfs stasis-test /mnt && mkfifo /mnt/p && exec 3<>/mnt/p && rm /mnt/p && exec sleep 1000",
         ],
         |up| child_running(up, "sleep 1000"),
-        "fd 3 is open on /mnt/f (deleted), in its tmpfs mount on /mnt",
+        "fd 3 is open on /mnt/p (deleted), in its tmpfs mount on /mnt",
     );
 }
 
@@ -1188,8 +1294,9 @@ except BlockingIOError:
 if got != b"queued\n":
     bad.append("the slave read %r" % got)
 os.write(s1, b"up\n")
-select.select([m1], [], [], 5)
-got = os.read(m1, 100)
+got = b""
+while len(got) < 4 and select.select([m1], [], [], 5)[0]:
+    got += os.read(m1, 100)
 if got != b"up\r\n":
     bad.append("the master read %r" % got)
 os.write(m1, b"down\n")
@@ -1246,17 +1353,25 @@ fn twice_keeps_a_terminal_of_its_own_devpts() {
         .first()
         .copied()
         .expect("unshare's child");
-    // The restored tree (a child of this process, not of unshare) is
-    // killed if the test fails.
-    struct Restored(std::cell::Cell<i32>);
-    impl Drop for Restored {
-        fn drop(&mut self) {
-            let pid = self.0.get();
-            if pid > 0 && alive(pid) {
-                // SAFETY: killing the tree this test restored.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-                waitpid_timeout(pid, Duration::from_secs(30));
-            }
+    // Regression: pty 1 of the dumper's devpts held here too (outside the
+    // tree) was taken for the tree's pty 1, shared with this process.
+    let mut host = Vec::new();
+    for _ in 0..8 {
+        use std::os::fd::AsRawFd;
+        let m = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/ptmx")
+            .unwrap();
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", m.as_raw_fd())).unwrap();
+        let index: u32 = info
+            .lines()
+            .find_map(|l| l.strip_prefix("tty-index:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        host.push(m);
+        if index >= 1 {
+            break;
         }
     }
     let restored = Restored(std::cell::Cell::new(0));
@@ -1268,6 +1383,7 @@ fn twice_keeps_a_terminal_of_its_own_devpts() {
             "round {round}: /dev/pts/1 and no /dev/pts/0"
         );
     });
+    drop(host);
     std::fs::write(dir.path().join("go"), b"").unwrap();
     let result = dir.path().join("result");
     wait_until(Duration::from_secs(20), "the pty program's result", || {
