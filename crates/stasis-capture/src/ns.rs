@@ -112,6 +112,11 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
     if own.contains(&NsKind::Net) {
         check_net(root)?;
     }
+    if own.contains(&NsKind::Ipc) {
+        kns::in_namespaces_of(root, &[NsKind::Ipc], || {
+            stasis_objects::mqueue::check_namespace(root)
+        })??;
+    }
     if own.contains(&NsKind::Mnt) {
         let mnt = extra_mounts(
             root,

@@ -73,10 +73,9 @@ fn kernel(what: String) -> impl FnOnce(std::io::Error) -> SaveError {
     move |source| SaveError::Kernel(KernelError::Io { what, source })
 }
 
-/// The POSIX message queues of the calling thread's IPC namespace (the
-/// tree's, whose root is `pid`), each left as it was; `None` if it has
-/// none.
-pub fn save_namespace(pid: i32) -> Result<Option<PosixQueues>, SaveError> {
+/// A mount of the calling thread's IPC namespace's mqueue attached
+/// nowhere, and the names of its queues, sorted.
+fn queues_here() -> Result<(OwnedFd, Vec<String>), SaveError> {
     let mnt = kmq::detached_mount().map_err(kernel(
         "mounting the mqueue file system of the tree's IPC namespace (fsopen, fsmount)".into(),
     ))?;
@@ -88,10 +87,54 @@ pub fn save_namespace(pid: i32) -> Result<Option<PosixQueues>, SaveError> {
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
+    names.sort();
+    Ok((mnt, names))
+}
+
+/// Refuses, before anything is stopped, what [`save_namespace`] would
+/// refuse of the queues of the calling thread's IPC namespace (the
+/// tree's, whose root is `pid`): a notification registered. Nothing is
+/// read off them.
+pub fn check_namespace(pid: i32) -> Result<(), SaveError> {
+    let (mnt, names) = queues_here()?;
+    let dir = format!("/proc/self/fd/{}", mnt.as_raw_fd());
+    for name in &names {
+        let mut f = std::fs::File::open(format!("{dir}/{name}"))
+            .map_err(kernel(format!("opening POSIX message queue /{name}")))?;
+        check_notify(pid, name, &mut f)?;
+    }
+    Ok(())
+}
+
+/// Refuses queue `name` (open on `f`) if a notification is registered.
+fn check_notify(pid: i32, name: &str, f: &mut std::fs::File) -> Result<(), SaveError> {
+    let mut text = String::new();
+    f.read_to_string(&mut text).map_err(kernel(format!(
+        "reading the state of POSIX message queue /{name}"
+    )))?;
+    match notify_pid(&text) {
+        Some(0) => Ok(()),
+        Some(p) => Err(SaveError::Unsupported {
+            pid,
+            what: format!("its POSIX message queue /{name} has a notification registered (mq_notify, by process {p}); stasis cannot register it again at restore: remove it (mq_notify(q, NULL)) before the dump"),
+        }),
+        None => Err(SaveError::ProcFormat {
+            pid,
+            file: format!("(mqueue)/{name}"),
+            what: format!("no NOTIFY_PID in {text:?}"),
+        }),
+    }
+}
+
+/// The POSIX message queues of the calling thread's IPC namespace (the
+/// tree's, whose root is `pid`), each left as it was; `None` if it has
+/// none.
+pub fn save_namespace(pid: i32) -> Result<Option<PosixQueues>, SaveError> {
+    let (mnt, names) = queues_here()?;
+    let dir = format!("/proc/self/fd/{}", mnt.as_raw_fd());
     if names.is_empty() {
         return Ok(None);
     }
-    names.sort();
     let mut limits = [0u64; 5];
     for (v, f) in limits.iter_mut().zip(LIMITS) {
         let path = format!("{MQUEUE_SYSCTL_DIR}/{f}");
@@ -129,26 +172,7 @@ fn save_queue(pid: i32, dir: &str, name: &str) -> Result<PosixQueue, SaveError> 
     let md = f
         .metadata()
         .map_err(kernel(format!("stat of POSIX message queue /{name}")))?;
-    let mut text = String::new();
-    f.read_to_string(&mut text).map_err(kernel(format!(
-        "reading the state of POSIX message queue /{name}"
-    )))?;
-    match notify_pid(&text) {
-        Some(0) => {}
-        Some(p) => {
-            return Err(SaveError::Unsupported {
-                pid,
-                what: format!("its POSIX message queue /{name} has a notification registered (mq_notify, by process {p}); stasis cannot register it again at restore: remove it (mq_notify(q, NULL)) before the dump"),
-            })
-        }
-        None => {
-            return Err(SaveError::ProcFormat {
-                pid,
-                file: format!("(mqueue)/{name}"),
-                what: format!("no NOTIFY_PID in {text:?}"),
-            })
-        }
-    }
+    check_notify(pid, name, &mut f)?;
     let attr = kmq::getattr(f.as_fd())
         .map_err(kernel(format!("mq_getattr of POSIX message queue /{name}")))?;
     let size = usize::try_from(attr.msgsize).unwrap_or(0);

@@ -1394,6 +1394,43 @@ fn twice_keeps_a_terminal_of_its_own_devpts() {
     assert_eq!(r, "PASS");
 }
 
+/// A POSIX message queue of its own IPC namespace with a notification
+/// registered (`mq_notify`: refilling the queue at the dump would send
+/// it, and a restore cannot register it again), refused before anything
+/// is stopped.
+#[test]
+fn refuses_a_queue_with_a_notification_registered() {
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let program = "import ctypes, os, signal, struct, sys\n\
+        lib = ctypes.CDLL(None, use_errno=True)\n\
+        q = lib.mq_open(b'/stasis-notified', os.O_CREAT | os.O_RDWR, 0o600, None)\n\
+        ev = ctypes.create_string_buffer(struct.pack('QiI', 0, signal.SIGUSR1, 0), 64)\n\
+        assert q >= 0 and lib.mq_notify(q, ev) == 0, ctypes.get_errno()\n\
+        open(sys.argv[1], 'w').close()\n\
+        signal.pause()\n";
+    let path = ready.to_str().unwrap();
+    refused(
+        &[
+            "--ipc",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "python3",
+            "-c",
+            program,
+            path,
+        ],
+        |up| {
+            ready
+                .exists()
+                .then(|| my_children_of(up).first().copied())
+                .flatten()
+        },
+        "its POSIX message queue /stasis-notified has a notification registered",
+    );
+}
+
 /// An mqueue of its own mount namespace holding a queue of the dumper's
 /// IPC namespace (the tree has none of its own, so its queues are not
 /// saved; an empty mqueue would be mounted again).
