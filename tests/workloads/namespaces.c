@@ -26,6 +26,16 @@
  *          mode 0640) and a symbolic link to it; the root keeps the file
  *          open read-write at offset FILE_POS and the directory open; a
  *          unix stream listener of the root bound to TSOCK there.
+ *   pmq    POSIX message queues of the IPC namespace, its msg_max raised to
+ *          PMQ_MSG_MAX (/proc/sys/fs/mqueue), its mqueue mounted on PMQ_DIR
+ *          (in the tmpfs): PMQ_A (mode 0640, 40 messages of 200 bytes at
+ *          most) holding five messages sent as (3, 200 bytes of
+ *          pattern(SEED_PMQ)), (9, "nine"), (3, "three-2"), (0, empty),
+ *          (9, "nine-2"); the root keeps it open read-write non-blocking
+ *          (mq_open) and write-only, blocking, through the mount (open);
+ *          PMQ_B (owner 1:2, mode 0604, 2 messages of 16 bytes at most)
+ *          holding (32767, "last"), and PMQ_C (mode 0600, default
+ *          attributes) empty, with no fd open on either.
  *   thread a second thread T of the root (TID 4 in the namespace), asleep
  *          until SIGTERM.
  *   net    a TCP listener of the root on 127.0.0.1:PORT; A connects to it
@@ -41,6 +51,12 @@
  *      messages, taken by type 2 first then in order, byte for byte; the
  *      set its id, mode and values; each is the only one of its kind in
  *      the namespace (MSG_INFO, SEM_INFO).
+ *      The POSIX queues: PMQ_DIR lists exactly the three; msg_max; each
+ *      queue's attributes, owner and mode; the fds' access modes and
+ *      flags; PMQ_A's messages taken through the read-write fd in priority
+ *      order (nine, nine-2, the pattern, three-2, empty), byte for byte
+ *      with their priorities, then a message sent through the write-only
+ *      fd comes out of the read-write one; PMQ_B's message.
  *      T's gettid() is still the TID it had (4), and getpid() 1 in it.
  *      /mnt is a tmpfs with the directory, the file (content and mode)
  *      and the link; the open file is that file (device and inode) at
@@ -74,6 +90,7 @@
 #include <linux/magic.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
+#include <mqueue.h>
 
 #define HOST     "stasis-ns-box"
 #define DOMAIN   "stasis-ns-domain"
@@ -97,6 +114,13 @@
 #define SEM_KEY  0x57a5151
 #define MSGQ_LEN 1000
 #define QBYTES   9000
+#define PMQ_DIR  "/mnt/mq"
+#define PMQ_A    "/stasis-pmq-a"
+#define PMQ_B    "/stasis-pmq-b"
+#define PMQ_C    "/stasis-pmq-c"
+#define PMQ_LEN  200
+#define PMQ_MSG_MAX 64
+#define SEED_PMQ 0x6e73706d71000000ull
 #define SEED_MSGQ 0x6e736d7367000000ull
 
 union semun {
@@ -193,6 +217,137 @@ static void ipc_check(int msq, int sem)
 	arg.buf = (struct semid_ds *)&si;
 	zdtm_check(semctl(0, 0, SEM_INFO, arg) >= 0 && si.semusz == 1, "sem",
 		   "%d sets in the IPC namespace, expected 1", si.semusz);
+}
+
+/* Sets up the POSIX queues (the mqueue mount on PMQ_DIR first); the
+ * read-write and write-only fds on PMQ_A. */
+static void pmq_setup(mqd_t *rw, int *wo)
+{
+	static uint8_t big[PMQ_LEN];
+	struct mq_attr a = { .mq_maxmsg = 40, .mq_msgsize = PMQ_LEN };
+	struct mq_attr b = { .mq_maxmsg = 2, .mq_msgsize = 16 };
+	mqd_t q;
+	int fd;
+
+	if (mkdir(PMQ_DIR, 0755) || mount("mqueue", PMQ_DIR, "mqueue", 0, NULL))
+		zdtm_die("mounting an mqueue on %s: %s", PMQ_DIR, strerror(errno));
+	fd = open("/proc/sys/fs/mqueue/msg_max", O_WRONLY);
+	if (fd < 0 || dprintf(fd, "%d\n", PMQ_MSG_MAX) < 0 || close(fd))
+		zdtm_die("raising msg_max: %s", strerror(errno));
+	umask(0);
+	*rw = mq_open(PMQ_A, O_CREAT | O_EXCL | O_RDWR | O_NONBLOCK, 0640, &a);
+	if (*rw < 0)
+		zdtm_die("mq_open %s: %s", PMQ_A, strerror(errno));
+	zdtm_fill(big, PMQ_LEN, SEED_PMQ);
+	if (mq_send(*rw, (char *)big, PMQ_LEN, 3) || mq_send(*rw, "nine", 4, 9) ||
+	    mq_send(*rw, "three-2", 7, 3) || mq_send(*rw, "", 0, 0) ||
+	    mq_send(*rw, "nine-2", 6, 9))
+		zdtm_die("mq_send: %s", strerror(errno));
+	*wo = open(PMQ_DIR PMQ_A, O_WRONLY);
+	if (*wo < 0)
+		zdtm_die("opening %s: %s", PMQ_DIR PMQ_A, strerror(errno));
+	q = mq_open(PMQ_B, O_CREAT | O_EXCL | O_RDWR, 0604, &b);
+	if (q < 0 || mq_send(q, "last", 4, 32767) || fchown(q, 1, 2) || mq_close(q))
+		zdtm_die("%s: %s", PMQ_B, strerror(errno));
+	q = mq_open(PMQ_C, O_CREAT | O_EXCL | O_RDWR, 0600, NULL);
+	if (q < 0 || mq_close(q))
+		zdtm_die("%s: %s", PMQ_C, strerror(errno));
+	umask(022);
+}
+
+/* Checks one queue's attributes, owner and mode. */
+static void pmq_check_attrs(mqd_t q, const char *name, long maxmsg, long msgsize, long cur,
+			    unsigned mode, uid_t uid, gid_t gid)
+{
+	struct mq_attr a;
+	struct stat st;
+
+	if (mq_getattr(q, &a) || fstat(q, &st)) {
+		zdtm_fail("pmq", "%s: mq_getattr: %s", name, strerror(errno));
+		return;
+	}
+	zdtm_check(a.mq_maxmsg == maxmsg && a.mq_msgsize == msgsize && a.mq_curmsgs == cur,
+		   "pmq", "%s: maxmsg %ld, msgsize %ld, %ld messages; expected %ld, %ld, %ld",
+		   name, a.mq_maxmsg, a.mq_msgsize, a.mq_curmsgs, maxmsg, msgsize, cur);
+	zdtm_check((st.st_mode & 07777) == mode && st.st_uid == uid && st.st_gid == gid,
+		   "pmq_owner", "%s: mode %o, owner %d:%d; expected %o, %d:%d", name,
+		   (unsigned)(st.st_mode & 07777), (int)st.st_uid, (int)st.st_gid, mode,
+		   (int)uid, (int)gid);
+}
+
+/* Checks the POSIX queues (rw, wo: the fds on PMQ_A). */
+static void pmq_check(mqd_t rw, int wo)
+{
+	static const struct {
+		unsigned prio;
+		const char *text;
+	} want[] = { { 9, "nine" }, { 9, "nine-2" }, { 3, NULL }, { 3, "three-2" }, { 0, "" } };
+	static char m[PMQ_LEN];
+	char text[32] = "";
+	unsigned prio, i;
+	ssize_t n;
+	int names = 0;
+	mqd_t q;
+	DIR *d;
+	struct dirent *e;
+
+	d = opendir(PMQ_DIR);
+	while (d && (e = readdir(d)))
+		names += e->d_name[0] != '.';
+	if (d)
+		closedir(d);
+	zdtm_check(names == 3, "pmq", "%s lists %d queues, expected 3", PMQ_DIR, names);
+	zdtm_check(zdtm_read_text("/proc/sys/fs/mqueue/msg_max", text, sizeof(text)) > 0 &&
+			   atoi(text) == PMQ_MSG_MAX,
+		   "pmq", "msg_max %s, expected %d", text, PMQ_MSG_MAX);
+	pmq_check_attrs(rw, PMQ_A, 40, PMQ_LEN, 5, 0640, 0, 0);
+	zdtm_check((fcntl(rw, F_GETFL) & (O_ACCMODE | O_NONBLOCK)) == (O_RDWR | O_NONBLOCK),
+		   "pmq", "the read-write fd's flags %#x", fcntl(rw, F_GETFL));
+	zdtm_check((fcntl(wo, F_GETFL) & (O_ACCMODE | O_NONBLOCK)) == O_WRONLY, "pmq",
+		   "the write-only fd's flags %#x", fcntl(wo, F_GETFL));
+	for (i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+		memset(m, 0, sizeof(m));
+		n = mq_receive(rw, m, PMQ_LEN, &prio);
+		if (n < 0) {
+			zdtm_fail("pmq", "message %u: %s", i, strerror(errno));
+			continue;
+		}
+		if (!want[i].text) {
+			if (n != PMQ_LEN || prio != 3)
+				zdtm_fail("pmq", "message %u: %zd bytes, priority %u", i, n, prio);
+			else
+				zdtm_verify_pattern("pmq", "the long message", m, PMQ_LEN, SEED_PMQ);
+		} else {
+			zdtm_check(n == (ssize_t)strlen(want[i].text) &&
+					   memcmp(m, want[i].text, n) == 0 && prio == want[i].prio,
+				   "pmq", "message %u: '%.*s' (priority %u), expected '%s' (%u)", i,
+				   (int)(n > 0 ? n : 0), m, prio, want[i].text, want[i].prio);
+		}
+	}
+	zdtm_check(mq_receive(rw, m, PMQ_LEN, &prio) < 0 && errno == EAGAIN, "pmq",
+		   "a sixth message");
+	n = -1;
+	if (mq_send(wo, "via-wo", 6, 5) == 0)
+		n = mq_receive(rw, m, PMQ_LEN, &prio);
+	zdtm_check(n == 6 && memcmp(m, "via-wo", 6) == 0 && prio == 5, "pmq",
+		   "the write-only fd is not on %s", PMQ_A);
+	q = mq_open(PMQ_B, O_RDONLY | O_NONBLOCK);
+	if (q < 0) {
+		zdtm_fail("pmq", "%s: %s", PMQ_B, strerror(errno));
+	} else {
+		pmq_check_attrs(q, PMQ_B, 2, 16, 1, 0604, 1, 2);
+		n = mq_receive(q, m, 16, &prio);
+		zdtm_check(n == 4 && memcmp(m, "last", 4) == 0 && prio == 32767, "pmq",
+			   "%s: message of %zd bytes, priority %u", PMQ_B, n, prio);
+		mq_close(q);
+	}
+	q = mq_open(PMQ_C, O_RDONLY | O_NONBLOCK);
+	if (q < 0) {
+		zdtm_fail("pmq", "%s: %s", PMQ_C, strerror(errno));
+	} else {
+		pmq_check_attrs(q, PMQ_C, 10, 8192, 0, 0600, 0, 0);
+		mq_close(q);
+	}
 }
 
 static int tcp_a = -1, unix_b = -1;
@@ -391,6 +546,8 @@ int main(int argc, char **argv)
 	pid_t a, b, extra = 0;
 	pthread_t thr;
 	int ulsn, ffd, dfd, msq, sem, shmid, pids[16], n, st, lsn, conn, pair[2], one = 1, c2, c3;
+	int pmq_wo;
+	mqd_t pmq_rw;
 	short flags = 0;
 	uint8_t *seg;
 
@@ -432,6 +589,7 @@ int main(int argc, char **argv)
 		if (ulsn < 0 || bind(ulsn, (struct sockaddr *)&un, sizeof(un)) || listen(ulsn, 4))
 			zdtm_die("unix listener on %s: %s", TSOCK, strerror(errno));
 	}
+	pmq_setup(&pmq_rw, &pmq_wo);
 	ffd = open(TFILE, O_RDWR);
 	dfd = open(TDIR, O_RDONLY | O_DIRECTORY);
 	if (ffd < 0 || dfd < 0 || lseek(ffd, FILE_POS, SEEK_SET) != FILE_POS)
@@ -490,6 +648,17 @@ int main(int argc, char **argv)
 
 		(void)!msgrcv(msq, &m, MSGQ_LEN, 2, IPC_NOWAIT);
 	});
+	ZDTM_CORRUPT("pmq", {
+		static char m[PMQ_LEN];
+
+		(void)!mq_receive(pmq_rw, m, PMQ_LEN, NULL);
+	});
+	ZDTM_CORRUPT("pmq_owner", {
+		mqd_t q = mq_open(PMQ_B, O_RDONLY);
+
+		(void)!fchmod(q, 0600);
+		mq_close(q);
+	});
 	ZDTM_CORRUPT("sem", {
 		union semun v = { .val = 6 };
 
@@ -532,6 +701,7 @@ int main(int argc, char **argv)
 			   "%d segments in the IPC namespace, expected 1",
 			   (int)info.used_ids);
 	ipc_check(msq, sem);
+	pmq_check(pmq_rw, pmq_wo);
 	n = proc_pids(pids, 16);
 	zdtm_check(n == 3 && pids[0] == 1 && pids[1] == 2 && pids[2] == 3, "proc",
 		   "/proc lists %d processes (%d %d %d...), expected 1 2 3", n,
@@ -648,6 +818,9 @@ int main(int argc, char **argv)
 	shmctl(shmid, IPC_RMID, NULL);
 	msgctl(msq, IPC_RMID, NULL);
 	semctl(sem, 0, IPC_RMID);
+	mq_unlink(PMQ_A);
+	mq_unlink(PMQ_B);
+	mq_unlink(PMQ_C);
 	zdtm_finish();
 	return 0;
 }

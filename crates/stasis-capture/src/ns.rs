@@ -104,13 +104,24 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
     if own.contains(&NsKind::Net) {
         check_net(root)?;
     }
+    if own.contains(&NsKind::Ipc) {
+        kns::in_namespaces_of(root, &[NsKind::Ipc], || {
+            stasis_objects::mqueue::check_namespace(root)
+        })??;
+    }
     if own.contains(&NsKind::Mnt) {
         let cgns = if own.contains(&NsKind::Cgroup) {
             Some(cgroup_ns_root(root)?)
         } else {
             None
         };
-        let mnt = extra_mounts(root, own.contains(&NsKind::Pid), cgns.as_deref(), None)?;
+        let mnt = extra_mounts(
+            root,
+            own.contains(&NsKind::Pid),
+            own.contains(&NsKind::Ipc),
+            cgns.as_deref(),
+            None,
+        )?;
         check_tmpfs_fds(tree, &mnt)?;
     }
     Ok(())
@@ -491,16 +502,18 @@ fn mounts(info: &str) -> Vec<MountLine> {
 /// (mounts it lacks are left as the restorer has them): a proc on `/proc`
 /// (with `own_pid`), tmpfs mounts (their files' data copied into the
 /// content pack when `content` is given), bind mounts of what the dumper
-/// sees, and file systems with nothing to save (sysfs, an empty mqueue, a
-/// devpts instance without terminals, a cgroup2 rooted at the root of the
-/// tree's cgroup namespace: `cgns_root`, as the dumper sees it, or the
-/// dumper's); refuses every other. From the first
+/// sees, and file systems with nothing to save (sysfs, an mqueue, empty or
+/// of the tree's own IPC namespace (`own_ipc`: its queues are saved with
+/// the namespace), a devpts instance without terminals, a cgroup2 rooted
+/// at the root of the tree's cgroup namespace: `cgns_root`, as the dumper
+/// sees it, or the dumper's); refuses every other. From the first
 /// mount the root stub cannot make (nested in an earlier one, a read-only
 /// tmpfs, a fresh file system) on, every mount is made later, by the
 /// restorer, in order.
 fn extra_mounts(
     root: i32,
     own_pid: bool,
+    own_ipc: bool,
     cgns_root: Option<&str>,
     mut content: Option<&mut ContentWriter>,
 ) -> Result<MountNamespace> {
@@ -572,7 +585,7 @@ fn extra_mounts(
             continue;
         }
         if matches!(kind.as_str(), "sysfs" | "mqueue" | "devpts") && m.root == "/" {
-            check_fresh(root, kind, at)?;
+            check_fresh(root, kind, at, own_ipc)?;
             later = true;
             ns.later.push(LaterMount {
                 target: at.clone(),
@@ -640,10 +653,15 @@ fn extra_mounts(
     Ok(ns)
 }
 
-/// A file system mounted anew at restore holds nothing: no message queue
-/// in an mqueue, no terminal in a devpts instance (only `ptmx`).
-fn check_fresh(root: i32, kind: &str, at: &str) -> Result<()> {
-    if kind == "sysfs" {
+/// A file system mounted anew at restore holds nothing of its own: a
+/// devpts instance's terminals are the pairs the tree holds (saved with
+/// their masters, made again from its `ptmx` at their index; one no
+/// process of the tree holds is not), and an mqueue holds no message
+/// queue unless the tree has an IPC namespace of its own (`own_ipc`),
+/// whose queues are saved and made again with it (those of the dumper's
+/// are not).
+fn check_fresh(root: i32, kind: &str, at: &str, own_ipc: bool) -> Result<()> {
+    if kind == "sysfs" || kind == "devpts" || (kind == "mqueue" && own_ipc) {
         return Ok(());
     }
     let dir = format!("/proc/{root}/root{at}");
@@ -651,18 +669,12 @@ fn check_fresh(root: i32, kind: &str, at: &str) -> Result<()> {
         .map_err(|e| CaptureError::from_proc(root, &format!("root{at}"), e))?
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| !(kind == "devpts" && n == "ptmx"))
         .collect();
     if let Some(n) = names.first() {
-        let what = if kind == "devpts" {
-            "terminal"
-        } else {
-            "POSIX message queue"
-        };
         return Err(refuse(
             root,
             format!(
-                "its {kind} mount on {at} holds the {what} {n}; stasis mounts an empty one again"
+                "its {kind} mount on {at} holds the POSIX message queue {n}, of the dumper's IPC namespace; stasis mounts an empty one again (the queues of an IPC namespace of the tree's own are saved: start it with one, unshare --ipc)"
             ),
         ));
     }
@@ -784,6 +796,7 @@ fn tmpfs_entries(root: i32, at: &str, w: &mut ContentWriter) -> Result<Vec<Tmpfs
 /// restored mount namespace); refuses the others (deleted files, FIFOs,
 /// devices there are rebuilt in the restorer's namespace).
 fn check_tmpfs_fds(tree: &[i32], ns: &MountNamespace) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
     for &p in tree {
         for fd in crate::fds::list_fds(p).unwrap_or_default() {
             let Ok(link) = proc::read_link(p, &format!("fd/{fd}")) else {
@@ -802,19 +815,32 @@ fn check_tmpfs_fds(tree: &[i32], ns: &MountNamespace) -> Result<()> {
                     };
                     (what, &l.target)
                 }));
-            for (what, t) in targets {
-                let under = link == *t || link.starts_with(&format!("{t}/"));
-                if !under {
-                    continue;
-                }
+            // The innermost mount the file is under (the last mounted of
+            // the deepest point) is the one it is on.
+            let on = targets
+                .filter(|(_, t)| link == **t || link.starts_with(&format!("{t}/")))
+                .fold(None, |best: Option<(&str, &String)>, c| match best {
+                    Some(b) if b.1.len() > c.1.len() => Some(b),
+                    _ => Some(c),
+                });
+            // (The terminals of a devpts of its own are saved as pty
+            // pairs, made again there from its ptmx.)
+            if let Some((what, t)) = on.filter(|(what, _)| *what != "devpts") {
                 let kind = std::fs::metadata(format!("/proc/{p}/fd/{fd}"))
                     .map(|m| m.file_type())
                     .ok();
-                let plain = kind.is_some_and(|k| k.is_file() || k.is_dir());
-                if !plain || link.ends_with(" (deleted)") {
+                // Regular files (a deleted one is made again there, and
+                // unlinked), and directories, FIFOs and device nodes still
+                // linked (reopened by path there); not a deleted directory,
+                // FIFO or device node (made again in the restorer's).
+                let deleted = link.ends_with(" (deleted)");
+                let reopened = kind.is_some_and(|k| {
+                    k.is_file() || (!deleted && (k.is_dir() || k.is_fifo() || k.is_char_device()))
+                });
+                if !reopened {
                     return Err(refuse(
                         p,
-                        format!("fd {fd} is open on {link}, in its {what} mount on {t}; of the files of mounts of its own mount namespace, only regular files and directories still linked are reopened"),
+                        format!("fd {fd} is open on {link}, in its {what} mount on {t}; of the files of mounts of its own mount namespace, only regular files (deleted or not) and directories, FIFOs and character devices still linked are reopened"),
                     ));
                 }
             }
@@ -894,12 +920,16 @@ pub fn describe(
         })??;
         ns.msg_queues = queues;
         ns.sem_sets = sets;
+        // And its POSIX message queues (each read and queued again).
+        ns.posix_queues = kns::in_namespaces_of(root, &[NsKind::Ipc], || {
+            stasis_objects::mqueue::save_namespace(root)
+        })??;
     }
     if own.contains(&NsKind::Net) {
         ns.net = Some(net_namespace(root)?);
     }
     if own.contains(&NsKind::Mnt) {
-        let m = extra_mounts(root, ns.pid, ns.cgroup_ns.as_deref(), Some(content))?;
+        let m = extra_mounts(root, ns.pid, ns.ipc, ns.cgroup_ns.as_deref(), Some(content))?;
         // A copy of the dumper's with nothing of its own (`ip netns exec`
         // gives each command one, with its own /sys): the dumper's, as
         // before namespaces were saved; its restore needs no new one.

@@ -134,8 +134,16 @@ pub const TIME_NAMESPACE_MANIFEST_VERSION: u32 = 7;
 /// every process in the root's cgroup.
 pub const CGROUPS_MANIFEST_VERSION: u32 = 8;
 
+/// Manifest format version written when the tree's IPC namespace has
+/// POSIX message queues ([`Namespaces::posix_queues`]), a process has
+/// an fd on one ([`FdKind::Mqueue`]) or a pty pair is of a devpts instance
+/// of the tree's own ([`PtyPair::devpts`]), so that a reader that predates them
+/// refuses the manifest instead of restoring the namespace without its
+/// queues.
+pub const POSIX_QUEUES_MANIFEST_VERSION: u32 = 9;
+
 /// The newest manifest format version this reader knows.
-pub const LATEST_MANIFEST_VERSION: u32 = CGROUPS_MANIFEST_VERSION;
+pub const LATEST_MANIFEST_VERSION: u32 = POSIX_QUEUES_MANIFEST_VERSION;
 
 impl Manifest {
     /// The format version this manifest's content calls for: the oldest
@@ -184,7 +192,18 @@ impl Manifest {
             .as_ref()
             .and_then(|n| n.net.as_ref())
             .is_some_and(|n| !n.veths.is_empty() || !n.routes.is_empty());
-        if self.cgroups.is_some() {
+        let posix_queues = || {
+            self.namespaces
+                .as_ref()
+                .is_some_and(|n| n.posix_queues.is_some())
+                || self.processes.iter().flat_map(|p| &p.fds).any(|f| {
+                    matches!(f.kind, FdKind::Mqueue { .. })
+                        || matches!(&f.kind, FdKind::PtyMaster(p) if p.devpts.is_some())
+                })
+        };
+        if posix_queues() {
+            POSIX_QUEUES_MANIFEST_VERSION
+        } else if self.cgroups.is_some() {
             CGROUPS_MANIFEST_VERSION
         } else if self.namespaces.as_ref().is_some_and(|n| n.time.is_some()) {
             TIME_NAMESPACE_MANIFEST_VERSION
@@ -254,6 +273,10 @@ pub struct Namespaces {
     /// goes on to `cgroup`). Manifest version 4.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup_ns: Option<String>,
+    /// The POSIX message queues of that IPC namespace (when it has any),
+    /// with its queue limits. Manifest version 9.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub posix_queues: Option<PosixQueues>,
     /// A time namespace of its own: its clocks at the dump, which the
     /// restored tree's new one continues from. Manifest version 7.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -352,6 +375,44 @@ pub struct CgroupDir {
 pub struct CgroupLimit {
     pub file: String,
     pub value: String,
+}
+
+/// The POSIX message queues of an IPC namespace and its limits
+/// (`/proc/sys/fs/mqueue`, as a thread in it reads them).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PosixQueues {
+    pub msg_max: u64,
+    pub msgsize_max: u64,
+    pub queues_max: u64,
+    pub msg_default: u64,
+    pub msgsize_default: u64,
+    /// By name.
+    pub queues: Vec<PosixQueue>,
+}
+
+/// A POSIX message queue and the messages queued in it, in the order
+/// they are received (highest priority first, oldest first within one).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PosixQueue {
+    /// Its name, without the leading `/`.
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    /// Permission bits (`0o777`).
+    pub mode: u32,
+    /// Most messages it holds (`mq_maxmsg`).
+    pub maxmsg: i64,
+    /// Largest message it takes (`mq_msgsize`).
+    pub msgsize: i64,
+    pub messages: Vec<PosixMessage>,
+}
+
+/// One message of a POSIX queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PosixMessage {
+    pub prio: u32,
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
 }
 
 /// Who a System V IPC object is: its id, key, owner and mode.
@@ -1280,6 +1341,11 @@ pub enum FdKind {
     /// session leader are outside the tree. Opened again on the terminal
     /// of `stasis restore --shell-job`: its device (`current`: `/dev/tty`).
     ExternalTty { current: bool },
+    /// A POSIX message queue, opened again by `name` (without its leading
+    /// `/`) in the restored tree's IPC namespace (where its queues are made
+    /// again, [`Namespaces::posix_queues`]), or in the restorer's when the
+    /// tree had the dumper's. Manifest version 9.
+    Mqueue { name: String },
 }
 
 /// A userfaultfd: what `UFFDIO_API` was given, the areas registered with
@@ -1417,6 +1483,12 @@ pub struct PtyPair {
     /// The slave's line discipline (`TIOCGETD`): N_TTY (0) or N_NULL (27).
     #[serde(default, skip_serializing_if = "is_zero_u8")]
     pub ldisc: u8,
+    /// A pair of a devpts instance of the tree's own mount namespace: where
+    /// that instance is mounted there (its `ptmx` makes the pair again, at
+    /// the same index). `None`: the dumper's (`/dev/ptmx`, any index).
+    /// Manifest version 9.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devpts: Option<String>,
 }
 
 fn is_zero_u8(v: &u8) -> bool {

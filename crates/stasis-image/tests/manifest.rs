@@ -362,6 +362,7 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
         cgroup: Some("/box".into()),
         cgroup_ns: None,
         time: None,
+        posix_queues: None,
         mnt: Some(manifest::MountNamespace {
             proc: true,
             tmpfs: vec![manifest::TmpfsMount {
@@ -543,7 +544,7 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
     }
     assert_eq!(
         manifest::LATEST_MANIFEST_VERSION,
-        manifest::CGROUPS_MANIFEST_VERSION
+        manifest::POSIX_QUEUES_MANIFEST_VERSION
     );
     // A version after the newest is newer than this reader.
     let next = manifest::LATEST_MANIFEST_VERSION + 1;
@@ -658,7 +659,6 @@ fn cgroups_raise_the_manifest_version_and_round_trip() {
         }],
     });
     assert_eq!(m.format_version(), 8);
-    assert_eq!(manifest::LATEST_MANIFEST_VERSION, 8);
     let bytes = encode_manifest(&m).unwrap();
     assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 8);
     assert_eq!(decode_manifest(&bytes, 3, p()).unwrap(), m);
@@ -690,4 +690,97 @@ fn cgroup_limits_are_named_files_only() {
     ] {
         assert!(!manifest::is_cgroup_limit(f), "{f}");
     }
+}
+
+#[test]
+fn posix_queues_an_fd_on_one_or_a_pty_of_its_own_devpts_raise_the_manifest_version_to_9() {
+    let base = small_manifest();
+    assert!(base.format_version() < manifest::POSIX_QUEUES_MANIFEST_VERSION);
+    // The queues of the tree's IPC namespace, with their messages.
+    let mut queues = base.clone();
+    queues.namespaces = Some(manifest::Namespaces {
+        ipc: true,
+        posix_queues: Some(manifest::PosixQueues {
+            msg_max: 10,
+            msgsize_max: 8192,
+            queues_max: 256,
+            msg_default: 10,
+            msgsize_default: 8192,
+            queues: vec![manifest::PosixQueue {
+                name: "q".into(),
+                uid: 0,
+                gid: 0,
+                mode: 0o640,
+                maxmsg: 4,
+                msgsize: 32,
+                messages: vec![manifest::PosixMessage {
+                    prio: 7,
+                    data: b"high".to_vec(),
+                }],
+            }],
+        }),
+        ..Default::default()
+    });
+    assert_eq!(queues.format_version(), 9);
+    let b = encode_manifest(&queues).unwrap();
+    assert_eq!(u32::from_le_bytes(b[8..12].try_into().unwrap()), 9);
+    assert_eq!(decode_manifest(&b, 3, p()).unwrap(), queues);
+    // A reader of 8 would restore the namespace without them: the bytes
+    // under an older version are refused.
+    let mut older = b.clone();
+    older[8..12].copy_from_slice(&8u32.to_le_bytes());
+    assert!(decode_manifest(&older, 3, p()).is_err());
+    // An fd on a queue alone (of the dumper's IPC namespace) raises it too.
+    let mut fd = base.clone();
+    fd.processes[0].fds.push(manifest::FdImage {
+        fd: 3,
+        flags: 2,
+        cloexec: true,
+        kind: manifest::FdKind::Mqueue { name: "q".into() },
+        shared_id: None,
+        locks: Vec::new(),
+        owner: None,
+    });
+    assert_eq!(fd.format_version(), 9);
+    let b = encode_manifest(&fd).unwrap();
+    assert_eq!(decode_manifest(&b, 3, p()).unwrap(), fd);
+    // So does a pty pair of a devpts instance of the tree's own (an
+    // older reader would make it on /dev/ptmx, at any index); one of the
+    // dumper's does not.
+    let pair = |devpts: Option<&str>| {
+        let mut m = base.clone();
+        m.processes[0].fds.push(manifest::FdImage {
+            fd: 4,
+            flags: 2,
+            cloexec: false,
+            kind: manifest::FdKind::PtyMaster(manifest::PtyPair {
+                index: 1,
+                termios: manifest::PtyTermios::default(),
+                winsize: [24, 80, 0, 0],
+                locked: false,
+                packet: false,
+                master_exclusive: false,
+                slave_exclusive: false,
+                slave_closed: false,
+                input_lines: Vec::new(),
+                input: Vec::new(),
+                output: Vec::new(),
+                session: None,
+                slave_node: None,
+                pkt_status: 0,
+                stopped_by_ioctl: false,
+                ldisc: 0,
+                devpts: devpts.map(str::to_string),
+            }),
+            shared_id: None,
+            locks: Vec::new(),
+            owner: None,
+        });
+        m
+    };
+    assert!(pair(None).format_version() < 9);
+    let own = pair(Some("/dev/pts"));
+    assert_eq!(own.format_version(), 9);
+    let b = encode_manifest(&own).unwrap();
+    assert_eq!(decode_manifest(&b, 3, p()).unwrap(), own);
 }

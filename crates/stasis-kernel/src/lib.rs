@@ -23,6 +23,7 @@ pub mod escape;
 pub mod fdops;
 pub mod launch;
 pub mod mem;
+pub mod mqueue;
 pub mod ns;
 pub mod pagemap;
 pub mod pidfd;

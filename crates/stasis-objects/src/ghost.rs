@@ -255,7 +255,11 @@ fn keeper<'c>(
             Some(name) => make_memfd(name, g, src)?,
             // A MAP_HUGETLB area's hidden file ("/anon_hugepage").
             None if g.hugetlb => make_hugetlb(c"anon_hugepage", g, 0, src)?,
-            None => make_deleted(path.unwrap_or("/tmp/stasis-ghost"), id, g, src)?,
+            // Made where the tree's paths are: a deleted file of a tmpfs
+            // of its own mount namespace is made again on that tmpfs.
+            None => cx.in_tree_mounts(|| {
+                make_deleted(path.unwrap_or("/tmp/stasis-ghost"), id, g, src)
+            })??,
         };
         cx.ghost_keepers.insert(id, keeper);
     }

@@ -26,6 +26,7 @@
 //! | unix socket | [`unix`] |
 //! | netlink socket | [`netlink`] |
 //! | packet socket | [`packet`] |
+//! | POSIX message queue (fds; the queues of an IPC namespace) | [`mqueue`] |
 //! | pseudo-terminal pair | [`pty`] |
 //! | the terminal of a shell job (`--shell-job`) | [`shell_job`] |
 //! | userfaultfd | [`userfaultfd`] |
@@ -58,6 +59,7 @@ pub mod inet;
 pub mod inotify;
 pub mod io_uring;
 pub mod locks;
+pub mod mqueue;
 pub mod netlink;
 pub mod nsfile;
 pub mod packet;
@@ -151,6 +153,7 @@ pub const REGISTRY: &[Entry] = &[
     entry::<io_uring::IoUring>(),
     entry::<pidfd::Pidfd>(),
     entry::<nsfile::NsFile>(),
+    entry::<mqueue::Mqueue>(),
     entry::<ghost::Ghost>(),
     entry::<deleted::Deleted>(),
     entry::<pipe::Fifo>(),
@@ -310,6 +313,7 @@ mod tests {
                 pkt_status: 0,
                 stopped_by_ioctl: false,
                 ldisc: 0,
+                devpts: None,
             }),
             FdKind::PtySlave { index: 3 },
             FdKind::PtyHungUp { index: 3 },
@@ -336,6 +340,7 @@ mod tests {
                 personalities: vec![],
             }),
             FdKind::ExternalTty { current: false },
+            FdKind::Mqueue { name: "q".into() },
             FdKind::Userfaultfd(stasis_image::manifest::UffdImage {
                 features: None,
                 ranges: vec![],
@@ -369,6 +374,7 @@ mod tests {
                 | FdKind::NsFile { .. }
                 | FdKind::IoUring(_)
                 | FdKind::ExternalTty { .. }
+                | FdKind::Mqueue { .. }
                 | FdKind::Userfaultfd(_) => {}
             }
         }
@@ -399,6 +405,9 @@ mod tests {
         assert_eq!(names.last(), Some(&file::File::NAME));
         assert!(at(ghost::Ghost::NAME) < at(pipe::Fifo::NAME));
         assert!(at(deleted::Deleted::NAME) < at(pipe::Fifo::NAME));
+        // A queue whose name was unlinked is refused, not saved as a
+        // deleted file.
+        assert!(at(mqueue::Mqueue::NAME) < at(ghost::Ghost::NAME));
         let mut anon: Vec<_> = REGISTRY.iter().filter_map(|e| e.anon_inode).collect();
         anon.sort_unstable();
         assert_eq!(

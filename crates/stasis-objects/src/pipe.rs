@@ -92,12 +92,17 @@ impl Object for Fifo {
             return Err(crate::restore::not_mine(Self::NAME, img));
         };
         let fd = img.fd;
+        // Opened where the tree's paths are (a FIFO of a tmpfs of its own
+        // mount namespace is there).
         if !cx.fifo_keepers.contains_key(id) {
-            let keeper: OwnedFd = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-                .open(path)
+            let keeper: OwnedFd = cx
+                .in_tree_mounts(|| {
+                    std::fs::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+                        .open(path)
+                })?
                 .map_err(file_err(path.clone(), format!("FIFO of fd {fd}"), "open"))?
                 .into();
             if let Some(img) = cx.pipe_data.get(id) {
@@ -105,15 +110,18 @@ impl Object for Fifo {
             }
             cx.fifo_keepers.insert(*id, keeper);
         }
-        let made: OwnedFd = open_with_mode(
-            std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(reopen_flags(img.flags) | libc::O_NONBLOCK),
-            path,
-            img.flags,
-        )
-        .map_err(file_err(path.clone(), format!("fd {fd}"), "open"))?
-        .into();
+        let made: OwnedFd = cx
+            .in_tree_mounts(|| {
+                open_with_mode(
+                    std::fs::OpenOptions::new()
+                        .read(true)
+                        .custom_flags(reopen_flags(img.flags) | libc::O_NONBLOCK),
+                    path,
+                    img.flags,
+                )
+            })?
+            .map_err(file_err(path.clone(), format!("fd {fd}"), "open"))?
+            .into();
         set_flags(&made, img)?;
         Ok(made)
     }

@@ -78,7 +78,18 @@
 //! until the end of the restore; queued bytes pushed back as above; then
 //! termios, window size, exclusive modes, packet mode and the lock. The pts
 //! index is whatever the kernel gives: slaves are opened from the new
-//! master (`TIOCGPTPEER`). The controlling terminal is taken back by the
+//! master (`TIOCGPTPEER`). A pair of a devpts instance of the tree's own
+//! mount namespace (a container's `/dev/pts`: the slave's device is that
+//! instance's, [`PtyPair::devpts`] its mount point there) is made from
+//! that instance's `ptmx` in the restored mount namespace, at its index:
+//! a new instance gives the lowest free one, so masters are opened until
+//! one has it, those below kept as spares until the restore ends (as
+//! CRIU's `tty.c` does); its `/dev/pts/N` inside is the same. An index
+//! names a pair of one instance only: the census that finds holders
+//! outside the tree tells instances apart ([`crate::pty_census`]: a
+//! slave's device, the instance a master was opened from, the one a
+//! process sees on `/dev/pts` for its controlling terminal, which
+//! `/proc/PID/stat` gives by index alone). The controlling terminal is taken back by the
 //! session leader itself as soon as it is forked, before the members of its
 //! session ([`take_ctty`]: `TIOCSCTTY` on a slave opened for that moment);
 //! once its fds exist, `TIOCSPGRP` gives it another foreground group, and
@@ -86,7 +97,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 
 use stasis_image::manifest::{FdImage, FdKind, PtyPair, PtySession, PtyTermios};
 use stasis_kernel::remote::Remote;
@@ -134,6 +145,9 @@ pub fn slave_rdev(index: u32) -> u64 {
 pub struct Saved {
     /// Pairs saved with their master, by index.
     pairs: HashMap<u32, PtyPair>,
+    /// The devpts instance of each (its device; see
+    /// [`crate::pty_census::instance_of_end`]), by index.
+    instances: HashMap<u32, u64>,
     /// Every slave fd of the tree: (pid, fd, index).
     slaves: Vec<(i32, i32, u32)>,
     /// Every `/dev/tty` fd of the tree: (pid, fd, index of its terminal).
@@ -235,7 +249,8 @@ impl Object for Pty {
             FdKind::PtySlave { index } | FdKind::CurrentTty { index } => (*index, None),
             _ => return Err(not_mine(Self::NAME, img)),
         };
-        let made = cx.ptys.pair(index, pair, img.fd)?;
+        let mnt = cx.mount_ns_of;
+        let made = cx.ptys.pair(index, pair, img.fd, mnt)?;
         let fd = if pair.is_some() {
             stasis_kernel::scm::dup_at_least(made.master.as_fd(), 3)?
         } else {
@@ -330,6 +345,10 @@ pub struct Made<'a> {
     /// The masters of the pairs made for hung-up slaves, by index at dump:
     /// closed when the restore ends, which hangs the slaves up.
     hung: HashMap<u32, OwnedFd>,
+    /// Masters opened in a devpts instance of the tree's own only to take
+    /// the indexes below a pair's (by `ptmx` path and index), closed when
+    /// the restore ends (or when a pair wants their index).
+    spares: Vec<(String, u32, OwnedFd)>,
 }
 
 impl<'a> Made<'a> {
@@ -345,6 +364,7 @@ impl<'a> Made<'a> {
             images,
             made: HashMap::new(),
             hung: HashMap::new(),
+            spares: Vec::new(),
         }
     }
 
@@ -376,6 +396,7 @@ impl<'a> Made<'a> {
         index: u32,
         img: Option<&PtyPair>,
         fd: i32,
+        mnt: Option<i32>,
     ) -> Result<&MadePair, RestoreError> {
         if !self.made.contains_key(&index) {
             let pair = img
@@ -385,7 +406,14 @@ impl<'a> Made<'a> {
                         "fd {fd} is the slave of pty {index}, whose master is not in the image"
                     ))
                 })?;
-            let made = make_pair(pair)?;
+            let master = match &pair.devpts {
+                None => tty::open_ptmx(0).map_err(io_step(
+                    format!("opening /dev/ptmx for pty {index} (new pair)"),
+                    "open",
+                ))?,
+                Some(at) => self.open_at_index(&format!("{at}/ptmx"), index, mnt)?,
+            };
+            let made = make_pair(pair, master)?;
             self.made.insert(index, made);
         }
         Ok(&self.made[&index])
@@ -421,10 +449,55 @@ pub(crate) fn image_termios(t: &Termios2) -> PtyTermios {
     }
 }
 
-/// Makes a new pair in the state of `p`.
-fn make_pair(p: &PtyPair) -> Result<MadePair, RestoreError> {
+impl Made<'_> {
+    /// A new master of index `index` from `ptmx`, the `ptmx` of a devpts
+    /// instance of the tree's own (in the mount namespace of `mnt`): a new
+    /// instance gives the lowest free index, so masters are opened, and
+    /// those below `index` kept as spares, until one has it (as CRIU
+    /// does); a spare of ours holding it gives it up first.
+    fn open_at_index(
+        &mut self,
+        ptmx: &str,
+        index: u32,
+        mnt: Option<i32>,
+    ) -> Result<OwnedFd, RestoreError> {
+        let what = format!("opening {ptmx} for pty {index} (new pair, at its index)");
+        self.spares.retain(|(p, i, _)| !(p == ptmx && *i == index));
+        let open = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_NOCTTY | libc::O_CLOEXEC)
+                .open(ptmx)
+                .map(OwnedFd::from)
+        };
+        loop {
+            let m = match mnt {
+                None => open(),
+                Some(pid) => stasis_kernel::ns::in_namespaces_of(
+                    pid,
+                    &[stasis_kernel::ns::NsKind::Mnt],
+                    open,
+                )?,
+            }
+            .map_err(io_step(what.clone(), "open"))?;
+            let got = tty::index(m.as_fd()).map_err(io_step(what.clone(), "TIOCGPTN"))?;
+            if got == index {
+                return Ok(m);
+            }
+            if got > index {
+                return Err(RestoreError::Incompatible(format!(
+                    "pty {index} of the devpts instance on {ptmx} is taken (the new master got {got})"
+                )));
+            }
+            self.spares.push((ptmx.to_string(), got, m));
+        }
+    }
+}
+
+/// Makes a new pair in the state of `p` from its new master.
+fn make_pair(p: &PtyPair, master: OwnedFd) -> Result<MadePair, RestoreError> {
     let what = |w: &str| format!("{w} of pty {} (new pair)", p.index);
-    let master = tty::open_ptmx(0).map_err(io_step(what("opening /dev/ptmx"), "open"))?;
     let m = master.as_fd();
     tty::set_locked(m, false).map_err(io_step(what("unlocking"), "TIOCSPTLCK"))?;
     let keeper = tty::open_peer(m, libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC)
@@ -829,10 +902,17 @@ fn save_master(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<PtyPair, SaveError> 
     if master_ldisc != N_TTY {
         return Err(refuse(format!("it uses line discipline {master_ldisc}; a master stasis restores uses N_TTY (0), the only one a master's reads and writes go through")));
     }
+    // The devpts instance of the pair: its index means a pair of it only.
+    let inst = crate::pty_census::instance_of_end(
+        fd.pid,
+        &crate::save::proc_path(fd.pid, &format!("fd/{n}")),
+        fd.link,
+        fd.meta,
+    );
     let census = cx.ptys.census.get_or_insert_with(Census::take);
     let slave_held = cx.ptys.in_flight_slaves.contains(&index)
         || census
-            .holders(index, &[])
+            .holders_in(index, inst, &[])
             .iter()
             .any(|h| matches!(h.2, End::Slave(_)));
     if !state.hangup && !slave_held {
@@ -857,6 +937,7 @@ fn save_master(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<PtyPair, SaveError> 
     let s = slave.as_fd();
     let node =
         nix::sys::stat::fstat(s.as_raw_fd()).map_err(|e| io("fstat")(std::io::Error::from(e)))?;
+    let devpts = instance_of(fd.pid, node.st_dev).map_err(&refuse)?;
     let ldisc = tty::ldisc(s).map_err(io("TIOCGETD"))?;
     if ldisc != N_TTY && ldisc != N_NULL {
         return Err(refuse(format!("its slave uses line discipline {ldisc}; stasis restores N_TTY (0) and N_NULL (27): the others (SLIP, PPP, HDLC, GSM...) hold state of their own (network devices, channels, frames) that the kernel does not give back")));
@@ -914,7 +995,7 @@ fn save_master(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<PtyPair, SaveError> 
         .ptys
         .census
         .get_or_insert_with(Census::take)
-        .ctty_holders(slave_rdev(index));
+        .ctty_holders_in(slave_rdev(index), inst);
     let session = holders.first().map(|&(_, sid, fg)| PtySession {
         sid,
         foreground: fg,
@@ -939,9 +1020,39 @@ fn save_master(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<PtyPair, SaveError> 
         pkt_status,
         stopped_by_ioctl,
         ldisc,
+        devpts,
     };
     cx.ptys.pairs.insert(index, pair.clone());
+    cx.ptys.instances.insert(index, inst);
     Ok(pair)
+}
+
+/// The devpts instance whose device is `dev` (a slave's `st_dev`): `None`
+/// if it is the dumper's, else where it is mounted in the mount namespace
+/// of `pid` (a devpts of the tree's own, made again there at restore); an
+/// instance mounted in neither is refused (why).
+fn instance_of(pid: i32, dev: u64) -> Result<Option<String>, String> {
+    let want = format!("{}:{}", libc::major(dev), libc::minor(dev));
+    let point = |info: &str| {
+        info.lines().find_map(|l| {
+            let (a, b) = l.split_once(" - ")?;
+            let f: Vec<&str> = a.split_whitespace().collect();
+            (b.split_whitespace().next() == Some("devpts")
+                && f.get(2) == Some(&want.as_str())
+                && f.get(3) == Some(&"/"))
+            .then(|| f.get(4).map(|s| s.to_string()))
+            .flatten()
+        })
+    };
+    let mine = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    if point(&mine).is_some() {
+        return Ok(None);
+    }
+    let theirs = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default();
+    match point(&theirs) {
+        Some(at) => Ok(Some(at)),
+        None => Err(format!("its devpts instance (device {want}) is mounted neither in the dumper's mount namespace nor in the tree's; stasis makes a pair again from the ptmx of one of those")),
+    }
 }
 
 /// Reads the bytes queued each way (the slave's input: canonical lines and
@@ -1066,7 +1177,10 @@ pub fn check_external(cx: &mut SaveCtx, tree: &[i32]) -> Result<(), SaveError> {
     };
     let census = p.census.as_ref();
     for (index, pair) in &p.pairs {
-        let outsiders = census.map(|c| c.holders(*index, tree)).unwrap_or_default();
+        let inst = p.instances.get(index).copied().unwrap_or(0);
+        let outsiders = census
+            .map(|c| c.holders_in(*index, inst, tree))
+            .unwrap_or_default();
         if let Some(&(pid, fd, _)) = outsiders.first() {
             return Err(SaveError::Unsupported {
                 pid: holder_of(*index),
@@ -1211,7 +1325,7 @@ pub fn take_ctty<R: Remote>(
     };
     let slave = cx
         .ptys
-        .pair(index, None, spare)?
+        .pair(index, None, spare, cx.mount_ns_of)?
         .open_slave_with(libc::O_RDWR | libc::O_NOCTTY)?;
     crate::restore::plant(
         r,
@@ -1381,6 +1495,7 @@ mod tests {
             pkt_status: 0,
             stopped_by_ioctl: false,
             ldisc: 0,
+            devpts: None,
         }
     }
 
@@ -1391,7 +1506,7 @@ mod tests {
         t.c_lflag &= !(libc::ICANON | libc::ECHO);
         t.c_cc[libc::VMIN] = 1;
         let p = image(&t);
-        let made = make_pair(&p).unwrap();
+        let made = make_pair(&p, tty::open_ptmx(0).unwrap()).unwrap();
         let m = made.master.as_fd();
         fdops::set_status_flags(m, libc::O_NONBLOCK).unwrap();
         assert!(tty::locked(m).unwrap() && tty::packet(m).unwrap());
@@ -1434,7 +1549,7 @@ mod tests {
         (p.locked, p.packet) = (false, false);
         p.input_lines = vec![b"a\n".to_vec(), vec![], b"b".to_vec()];
         p.input = b"c".to_vec();
-        let made = make_pair(&p).unwrap();
+        let made = make_pair(&p, tty::open_ptmx(0).unwrap()).unwrap();
         let s = made.keeper_for_tests();
         assert_eq!(read_all(s), [&b"a\n"[..], b"", b"b"]);
         tty::inject(s, b"\n").unwrap();

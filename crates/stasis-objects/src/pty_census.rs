@@ -44,8 +44,15 @@ const WRITE: u8 = 2;
 #[derive(Debug, Default)]
 pub struct Census {
     ends: Vec<Held>,
+    /// The devpts instance (its device; see [`instance_of_end`]) of each
+    /// end of `ends`, by (pid, fd).
+    instances: std::collections::HashMap<(i32, i32), u64>,
     /// (pid, session, `tty_nr`, foreground group) of every process.
     ctty: Vec<(i32, i32, u64, i32)>,
+    /// The devpts instance each process sees on `/dev/pts` (its device),
+    /// by pid: `tty_nr` names a slave by index alone, the same in every
+    /// instance.
+    seen: std::collections::HashMap<i32, u64>,
     /// Every pipe end of every process.
     pipes: Vec<PipeEnd>,
     /// The tree as it was when the census was taken ([`Census::for_tree`]).
@@ -77,7 +84,9 @@ impl Census {
         let old = std::mem::take(&mut self.tree);
         let gone = |pid: i32| pids.contains(&pid) || old.contains(&pid);
         self.ends.retain(|e| !gone(e.0));
+        self.instances.retain(|k, _| !gone(k.0));
         self.ctty.retain(|c| !gone(c.0));
+        self.seen.retain(|k, _| !gone(*k));
         self.pipes.retain(|p| !gone(p.0));
         for &pid in pids {
             let dir = std::path::Path::new("/proc").join(pid.to_string());
@@ -139,6 +148,9 @@ impl Census {
             .and_then(|s| ctty_fields(&s))
         {
             self.ctty.push((pid, sid, nr, fg));
+            if nr != 0 {
+                self.seen.insert(pid, seen_instance(pid));
+            }
         }
     }
 
@@ -167,6 +179,9 @@ impl Census {
             };
             if let Some((end, i)) = index {
                 self.ends.push((pid, fd, end, i));
+                let link = std::fs::read_link(&path).unwrap_or_default();
+                let inst = instance_of_end(pid, &path, &link.to_string_lossy(), &m);
+                self.instances.insert((pid, fd), inst);
             }
         }
     }
@@ -177,6 +192,31 @@ impl Census {
             .iter()
             .filter(|h| h.3 == index && !skip.contains(&h.0))
             .map(|&(pid, fd, end, _)| (pid, fd, end))
+            .collect()
+    }
+
+    /// [`Census::holders`] of pair `index` of the devpts instance `inst`
+    /// (0, or an end's instance unknown: any).
+    pub fn holders_in(&self, index: u32, inst: u64, skip: &[i32]) -> Vec<(i32, i32, End)> {
+        self.holders(index, skip)
+            .into_iter()
+            .filter(|h| {
+                let theirs = self.instances.get(&(h.0, h.1)).copied().unwrap_or(0);
+                inst == 0 || theirs == 0 || theirs == inst
+            })
+            .collect()
+    }
+
+    /// [`Census::ctty_holders`] of the slave `rdev` of the devpts instance
+    /// `inst`: those that see that instance on `/dev/pts` (0, or unknown:
+    /// any).
+    pub fn ctty_holders_in(&self, rdev: u64, inst: u64) -> Vec<(i32, i32, i32)> {
+        self.ctty_holders(rdev)
+            .into_iter()
+            .filter(|h| {
+                let theirs = self.seen.get(&h.0).copied().unwrap_or(0);
+                inst == 0 || theirs == 0 || theirs == inst
+            })
             .collect()
     }
 
@@ -209,6 +249,34 @@ impl Census {
             .map(|&(pid, sid, _, fg)| (pid, sid, fg))
             .collect()
     }
+}
+
+/// The devpts instance (its device; 0: unknown) of a pty end `pid` holds
+/// open on `fd_path` (`/proc/PID/fd/N`, whose target is `link`): a slave's
+/// node, or a master opened through an instance's own `ptmx`, is on it; a
+/// master opened through another `ptmx` node (`/dev/ptmx`) is of the
+/// instance mounted on `pts` next to that node in the process's mount
+/// namespace, where the kernel looked it up.
+pub fn instance_of_end(
+    pid: i32,
+    fd_path: &std::path::Path,
+    link: &str,
+    meta: &std::fs::Metadata,
+) -> u64 {
+    let on_devpts = nix::sys::statfs::statfs(fd_path)
+        .is_ok_and(|s| s.filesystem_type().0 == stasis_sys::tty::DEVPTS_SUPER_MAGIC);
+    if on_devpts {
+        return meta.dev();
+    }
+    let dir = std::path::Path::new(link)
+        .parent()
+        .map_or(String::from("/dev"), |d| d.display().to_string());
+    std::fs::metadata(format!("/proc/{pid}/root{dir}/pts")).map_or(0, |m| m.dev())
+}
+
+/// The devpts instance `pid` sees on `/dev/pts` (its device; 0: none).
+fn seen_instance(pid: i32) -> u64 {
+    std::fs::metadata(format!("/proc/{pid}/root/dev/pts")).map_or(0, |m| m.dev())
 }
 
 /// The device of anonymous pipes (pipefs), from a pipe made once.
@@ -261,6 +329,10 @@ mod tests {
                 (12, 1, End::Slave(5), 5),
             ],
             ctty: vec![(11, 11, encode_dev(crate::pty::slave_rdev(4)), 11)],
+            instances: [((10, 3), 7), ((11, 0), 7), ((50, 7), 8)]
+                .into_iter()
+                .collect(),
+            seen: [(11, 7)].into_iter().collect(),
             pipes: vec![(10, 700, READ), (11, 700, WRITE), (50, 701, READ)],
             tree: vec![10, 11, 12, 13],
         }
@@ -277,6 +349,14 @@ mod tests {
             vec![(11, 11, 11)]
         );
         assert!(c.ctty_holders(crate::pty::slave_rdev(5)).is_empty());
+        // Pair 4 of instance 7 (a container's devpts, say): process 50
+        // holds pair 4 of instance 8; pid 12's end is of no known one.
+        assert!(c.holders_in(4, 7, &[10, 11, 12]).is_empty());
+        assert_eq!(c.holders_in(4, 8, &[10, 11]), vec![(50, 7, End::Slave(4))]);
+        assert_eq!(c.holders_in(5, 8, &[]), vec![(12, 1, End::Slave(5))]);
+        let rdev = crate::pty::slave_rdev(4);
+        assert_eq!(c.ctty_holders_in(rdev, 7), vec![(11, 11, 11)]);
+        assert!(c.ctty_holders_in(rdev, 8).is_empty());
     }
 
     #[test]

@@ -141,6 +141,10 @@ pub struct RestoreCtx<'a> {
     /// namespace, the tree's own, files are opened in by path; `None`: the
     /// restorer's.
     pub mount_ns_of: Option<i32>,
+    /// A process of the tree (as the restorer sees it) whose IPC
+    /// namespace, the tree's own, POSIX message queues are opened in by
+    /// name; `None`: the restorer's.
+    pub ipc_ns_of: Option<i32>,
 }
 
 impl<'a> RestoreCtx<'a> {
@@ -193,6 +197,7 @@ impl<'a> RestoreCtx<'a> {
             bpf_maps: HashMap::new(),
             bpf_maps_unnamed: Vec::new(),
             mount_ns_of: None,
+            ipc_ns_of: None,
         }
     }
 
@@ -207,6 +212,22 @@ impl<'a> RestoreCtx<'a> {
             Some(pid) => Ok(stasis_kernel::ns::in_namespaces_of(
                 pid,
                 &[stasis_kernel::ns::NsKind::Mnt],
+                f,
+            )?),
+        }
+    }
+
+    /// Runs `f` in the tree's IPC namespace (see [`Self::ipc_ns_of`]), or
+    /// here.
+    pub(crate) fn in_tree_ipc<T: Send>(
+        &self,
+        f: impl FnOnce() -> T + Send,
+    ) -> Result<T, RestoreError> {
+        match self.ipc_ns_of {
+            None => Ok(f()),
+            Some(pid) => Ok(stasis_kernel::ns::in_namespaces_of(
+                pid,
+                &[stasis_kernel::ns::NsKind::Ipc],
                 f,
             )?),
         }

@@ -52,6 +52,12 @@ impl<'a> FdFactory<'a> {
         self.0.mount_ns_of = Some(pid);
     }
 
+    /// POSIX message queues are opened by name in the IPC namespace of
+    /// process `pid` (the restored tree's own).
+    pub fn set_ipc_ns_of(&mut self, pid: i32) {
+        self.0.ipc_ns_of = Some(pid);
+    }
+
     /// Established TCP connections are made closed (`--tcp-close`).
     pub fn set_tcp_close(&mut self, close: bool) {
         self.0.tcp_close = close;

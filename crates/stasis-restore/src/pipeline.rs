@@ -418,11 +418,18 @@ fn build_tree(b: &mut Build<'_>) -> Result<u64> {
         factory.set_mount_ns_of(root_outer);
     }
     crate::ns::in_ipc(m, root_outer, || sysv::prepare(&m.sysv_shm, b.content))??;
-    // (With its message queues and semaphore sets.)
+    // (With its message queues and semaphore sets, and its POSIX message
+    // queues, before any fd is opened on one.)
     if let Some(ns) = m.namespaces.as_ref().filter(|n| n.ipc) {
         crate::ns::in_ipc(m, root_outer, || {
             stasis_objects::sysv_ipc::restore(&ns.msg_queues, &ns.sem_sets)
         })??;
+        if let Some(q) = &ns.posix_queues {
+            crate::ns::in_ipc(m, root_outer, || {
+                stasis_objects::mqueue::restore_namespace(q)
+            })??;
+        }
+        factory.set_ipc_ns_of(root_outer);
     }
     for p in stasis_objects::posix_shm::restore(&m.shm_files, Some(b.content))? {
         tracing::debug!(path = %p.display(), "POSIX shared memory object put back");

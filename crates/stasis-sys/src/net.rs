@@ -170,6 +170,25 @@ pub const MSG_NEXT_ID: &str = "/proc/sys/kernel/msg_next_id";
 /// Where the next System V semaphore set's id is chosen.
 pub const SEM_NEXT_ID: &str = "/proc/sys/kernel/sem_next_id";
 
+// --- POSIX message queues (include/uapi/linux/mqueue.h, magic.h) ------------
+
+/// `f_type` of the mqueue file system (`statfs`): an fd on a POSIX
+/// message queue.
+pub const MQUEUE_MAGIC: i64 = 0x1980_0202;
+/// `struct mq_attr` (flags, maxmsg, msgsize, curmsgs, 4 reserved longs).
+pub const MQ_ATTR_LEN: usize = 64;
+const _: () = assert!(size_of::<libc::mq_attr>() == MQ_ATTR_LEN);
+/// `fsopen` flag: the context fd is close-on-exec.
+pub const FSOPEN_CLOEXEC: u32 = 1;
+/// `fsconfig` command: create the superblock.
+pub const FSCONFIG_CMD_CREATE: u32 = 6;
+/// `fsmount` flag: the mount fd is close-on-exec.
+pub const FSMOUNT_CLOEXEC: u32 = 1;
+/// Where an IPC namespace's POSIX message queue limits are (read and
+/// written by a thread in it): `msg_max`, `msgsize_max`, `queues_max`,
+/// `msg_default`, `msgsize_default`.
+pub const MQUEUE_SYSCTL_DIR: &str = "/proc/sys/fs/mqueue";
+
 // --- structures passed by bytes ---------------------------------------------
 
 /// `struct flock` on x86-64.

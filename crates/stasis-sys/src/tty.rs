@@ -70,6 +70,10 @@ pub const TIOCPKT_NOSTOP: u8 = 16;
 pub const TIOCPKT_DOSTOP: u8 = 32;
 pub const TIOCPKT_IOCTL: u8 = 64;
 
+/// `f_type` of a devpts file system (`statfs`): a slave's node, or an
+/// instance's own `ptmx`.
+pub const DEVPTS_SUPER_MAGIC: i64 = 0x1cd1;
+
 /// Major and minor of `/dev/ptmx` (and of devpts' own `ptmx`).
 pub const PTMX_MAJOR: u32 = 5;
 pub const PTMX_MINOR: u32 = 2;

@@ -504,6 +504,7 @@ fn fd_description(kind: &FdKind) -> String {
         FdKind::Pidfd { dead: Some(_), .. } => "pidfd on a process that has exited".to_string(),
         FdKind::Pidfd { pid, .. } => format!("pidfd on process {pid}"),
         FdKind::NsFile { kind, ino } => format!("namespace file {kind}:[{ino}]"),
+        FdKind::Mqueue { name } => format!("POSIX message queue /{name}"),
         FdKind::DeletedNode(n) => format!("{} (deleted, mode {:o}) pos {}", n.path, n.mode, n.pos),
         FdKind::Unix(u) => format!(
             "unix socket {:?} {}",

@@ -3,7 +3,10 @@
 //! it) comes back in new ones of the same shape: the `namespaces` workload
 //! checks itself (PID 1, its children's PIDs, the host name, lo up, a
 //! System V segment, message queue (messages with their types) and
-//! semaphore set of its IPC namespace, /proc listing only its
+//! semaphore set of its IPC namespace, its POSIX message queues (messages
+//! byte for byte in priority order, attributes, owners, the fds on them,
+//! in its own mqueue mount, left as they were by a `--leave-running`
+//! dump), /proc listing only its
 //! processes, a TCP listener and a loopback connection between two of its
 //! processes with bytes queued, a unix socket pair, a tmpfs on /mnt with a
 //! directory, a file and a link, the file and directory open, a unix
@@ -1099,10 +1102,116 @@ fn refuses_a_ramfs_mount() {
     );
 }
 
-/// A deleted file of a tmpfs of its own, still open (deleted files are
-/// made again in the restorer's mount namespace).
+/// The last tree a test restored (detached: a child of the test process,
+/// not of unshare), killed when the test ends, failed or not.
+struct Restored(std::cell::Cell<i32>);
+
+impl Drop for Restored {
+    fn drop(&mut self) {
+        let pid = self.0.get();
+        if pid > 0 && alive(pid) {
+            // SAFETY: killing the tree this test restored (PID 1 of its
+            // namespace: the others die with it).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            waitpid_timeout(pid, Duration::from_secs(30));
+        }
+    }
+}
+
+/// Files of a tmpfs of its own that are not plain linked files, open: a
+/// deleted file (made again on the new tmpfs, and unlinked), a FIFO with
+/// bytes queued and a device node (reopened there by path), twice.
 #[test]
-fn refuses_a_deleted_file_open_in_a_tmpfs_mount() {
+fn twice_keeps_a_deleted_file_a_fifo_and_a_device_of_its_tmpfs_open() {
+    // Restored trees (detached) are reparented to this process.
+    workloads();
+    use std::io::Read;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+    let script = "mount -t tmpfs stasis-test /mnt && printf hello-ghost >/mnt/f && \
+        exec 3</mnt/f && rm /mnt/f && mkfifo /mnt/fifo && exec 4<>/mnt/fifo && \
+        printf queued >&4 && mknod /mnt/null c 1 3 && exec 5>/mnt/null && exec sleep 1000";
+    let mut c = Command::new("unshare");
+    c.args([
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "--mount",
+        "sh",
+        "-c",
+        script,
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    close_inherited_fds(&mut c);
+    let _r = Refused {
+        unshare: c.spawn().expect("starting unshare"),
+    };
+    let up = _r.unshare.id() as i32;
+    let mut pid = 0;
+    wait_until(Duration::from_secs(10), "the tree to be set up", || {
+        pid = child_running(up, "sleep 1000").unwrap_or(0);
+        pid > 0
+    });
+    let check = |pid: i32, round: u32| {
+        let fd = |n: u32| format!("/proc/{pid}/fd/{n}");
+        let link = |n: u32| std::fs::read_link(fd(n)).unwrap().display().to_string();
+        let tmpfs = std::fs::metadata(format!("/proc/{pid}/root/mnt"))
+            .unwrap()
+            .dev();
+        assert_eq!(link(3), "/mnt/f (deleted)", "round {round}");
+        assert_eq!(
+            std::fs::read(fd(3)).unwrap(),
+            b"hello-ghost",
+            "round {round}"
+        );
+        let f = std::fs::metadata(fd(3)).unwrap();
+        assert_eq!(
+            f.dev(),
+            tmpfs,
+            "round {round}: the deleted file is not on the tree's tmpfs"
+        );
+        assert_eq!(f.nlink(), 0, "round {round}");
+        assert_eq!(link(4), "/mnt/fifo", "round {round}");
+        let fifo = std::fs::metadata(fd(4)).unwrap();
+        let node = std::fs::metadata(format!("/proc/{pid}/root/mnt/fifo")).unwrap();
+        assert!(fifo.file_type().is_fifo(), "round {round}");
+        assert_eq!(
+            (fifo.dev(), fifo.ino()),
+            (node.dev(), node.ino()),
+            "round {round}"
+        );
+        let null = std::fs::metadata(fd(5)).unwrap();
+        assert!(null.file_type().is_char_device(), "round {round}");
+        assert_eq!(
+            (null.rdev(), null.dev()),
+            (libc::makedev(1, 3), tmpfs),
+            "round {round}"
+        );
+        if round == 2 {
+            let mut got = Vec::new();
+            let _ = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(fd(4))
+                .unwrap()
+                .read_to_end(&mut got);
+            assert_eq!(got, b"queued", "the FIFO's bytes");
+        }
+    };
+    check(pid, 0);
+    let restored = Restored(std::cell::Cell::new(0));
+    dump_and_restore_detached(pid, 2, |pid, round| {
+        restored.0.set(pid);
+        check(pid, round);
+    });
+}
+
+/// A deleted FIFO of a tmpfs of its own, still open (deleted FIFOs,
+/// directories and device nodes are made again in the restorer's mount
+/// namespace).
+#[test]
+fn refuses_a_deleted_fifo_open_in_a_tmpfs_mount() {
     refused(
         &[
             "--pid",
@@ -1111,10 +1220,10 @@ fn refuses_a_deleted_file_open_in_a_tmpfs_mount() {
             "--mount",
             "sh",
             "-c",
-            "mount -t tmpfs stasis-test /mnt && exec 3>/mnt/f && rm /mnt/f && exec sleep 1000",
+            "mount -t tmpfs stasis-test /mnt && mkfifo /mnt/p && exec 3<>/mnt/p && rm /mnt/p && exec sleep 1000",
         ],
         |up| child_running(up, "sleep 1000"),
-        "fd 3 is open on /mnt/f (deleted), in its tmpfs mount on /mnt",
+        "fd 3 is open on /mnt/p (deleted), in its tmpfs mount on /mnt",
     );
 }
 
@@ -1636,23 +1745,211 @@ fn refuses_a_root_of_its_own() {
     );
 }
 
-/// A devpts instance of its own with a terminal open in it (ptys are made
-/// again from the restorer's /dev/ptmx).
+/// The program of [`twice_keeps_a_terminal_of_its_own_devpts`]: in a
+/// devpts instance of its own on /dev/pts, it opens two pty pairs through
+/// /dev/ptmx (that instance's: indexes 0 and 1), closes the first, gives
+/// the second's slave its own termios (no echo, VINTR ^G) and queues a
+/// line to it, says its slave's name and index in DIR/ready, waits for
+/// DIR/go, then checks the slave's name, the master's index (TIOCGPTN),
+/// that /dev/pts/0 is gone, the termios, the queued line, and bytes both
+/// ways; DIR/result says PASS or FAIL and why.
+const PTY_PROGRAM: &str = r#"
+import os, sys, termios, fcntl, struct
+d = sys.argv[1]
+m0, s0 = os.openpty()
+m1, s1 = os.openpty()
+os.close(m0); os.close(s0)
+def index(m):
+    return struct.unpack("I", fcntl.ioctl(m, 0x80045430, b"\0" * 4))[0]  # TIOCGPTN
+a = termios.tcgetattr(s1)
+a[3] &= ~termios.ECHO
+a[6][termios.VINTR] = b"\x07"
+termios.tcsetattr(s1, termios.TCSANOW, a)
+a = termios.tcgetattr(s1)
+os.write(m1, b"queued\n")
+name, idx = os.ttyname(s1), index(m1)
+with open(d + "/ready.tmp", "w") as f:
+    f.write("%s %d\n" % (name, idx))
+os.rename(d + "/ready.tmp", d + "/ready")
+import select
+while not os.path.exists(d + "/go"):
+    select.select([], [], [], 0.02)
+bad = []
+if os.ttyname(s1) != name or index(m1) != idx:
+    bad.append("slave %s index %d, were %s %d" % (os.ttyname(s1), index(m1), name, idx))
+if os.path.exists("/dev/pts/0"):
+    bad.append("/dev/pts/0 exists")
+if termios.tcgetattr(s1) != a:
+    bad.append("termios %r, was %r" % (termios.tcgetattr(s1), a))
+os.set_blocking(s1, False); os.set_blocking(m1, False)
+try:
+    got = os.read(s1, 100)
+except BlockingIOError:
+    got = b""
+if got != b"queued\n":
+    bad.append("the slave read %r" % got)
+os.write(s1, b"up\n")
+got = b""
+while len(got) < 4 and select.select([m1], [], [], 5)[0]:
+    got += os.read(m1, 100)
+if got != b"up\r\n":
+    bad.append("the master read %r" % got)
+os.write(m1, b"down\n")
+select.select([s1], [], [], 5)
+got = os.read(s1, 100)
+if got != b"down\n":
+    bad.append("the slave then read %r" % got)
+with open(d + "/result", "w") as f:
+    f.write("FAIL: " + "; ".join(bad) if bad else "PASS")
+"#;
+
+/// A pty pair of a devpts instance of its own (a container's /dev/pts,
+/// opened through /dev/ptmx), with termios and a queued line, at index 1
+/// (index 0 free): made again from the new instance's ptmx at index 1
+/// (and /dev/pts/0 left free), twice; the program checks the rest
+/// itself.
 #[test]
-fn refuses_a_terminal_of_its_own_devpts() {
+fn twice_keeps_a_terminal_of_its_own_devpts() {
+    // Restored trees (detached) are reparented to this process.
+    workloads();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap().to_string();
+    let mut c = Command::new("unshare");
+    c.args([
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "--mount",
+        "sh",
+        "-c",
+        "mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts /dev/pts && exec python3 -c \"$0\" \"$1\"",
+        PTY_PROGRAM,
+        &d,
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    close_inherited_fds(&mut c);
+    let _r = Refused {
+        unshare: c.spawn().expect("starting unshare"),
+    };
+    let up = _r.unshare.id() as i32;
+    let ready = dir.path().join("ready");
+    wait_until(
+        Duration::from_secs(20),
+        "the pty program to be ready",
+        || ready.exists(),
+    );
+    assert_eq!(
+        std::fs::read_to_string(&ready).unwrap().trim(),
+        "/dev/pts/1 1"
+    );
+    let pid = my_children_of(up)
+        .first()
+        .copied()
+        .expect("unshare's child");
+    // Regression: pty 1 of the dumper's devpts held here too (outside the
+    // tree) was taken for the tree's pty 1, shared with this process.
+    let mut host = Vec::new();
+    for _ in 0..8 {
+        use std::os::fd::AsRawFd;
+        let m = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/ptmx")
+            .unwrap();
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", m.as_raw_fd())).unwrap();
+        let index: u32 = info
+            .lines()
+            .find_map(|l| l.strip_prefix("tty-index:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        host.push(m);
+        if index >= 1 {
+            break;
+        }
+    }
+    let restored = Restored(std::cell::Cell::new(0));
+    let pid = dump_and_restore_detached(pid, 2, |pid, round| {
+        restored.0.set(pid);
+        let pts = |n: u32| std::path::Path::new(&format!("/proc/{pid}/root/dev/pts/{n}")).exists();
+        assert!(
+            pts(1) && !pts(0),
+            "round {round}: /dev/pts/1 and no /dev/pts/0"
+        );
+    });
+    drop(host);
+    std::fs::write(dir.path().join("go"), b"").unwrap();
+    let result = dir.path().join("result");
+    wait_until(Duration::from_secs(20), "the pty program's result", || {
+        result.exists()
+    });
+    let r = std::fs::read_to_string(&result).unwrap();
+    waitpid_timeout(pid, Duration::from_secs(30));
+    assert_eq!(r, "PASS");
+}
+
+/// A POSIX message queue of its own IPC namespace with a notification
+/// registered (`mq_notify`: refilling the queue at the dump would send
+/// it, and a restore cannot register it again), refused before anything
+/// is stopped.
+#[test]
+fn refuses_a_queue_with_a_notification_registered() {
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let program = "import ctypes, os, signal, struct, sys\n\
+        lib = ctypes.CDLL(None, use_errno=True)\n\
+        q = lib.mq_open(b'/stasis-notified', os.O_CREAT | os.O_RDWR, 0o600, None)\n\
+        ev = ctypes.create_string_buffer(struct.pack('QiI', 0, signal.SIGUSR1, 0), 64)\n\
+        assert q >= 0 and lib.mq_notify(q, ev) == 0, ctypes.get_errno()\n\
+        open(sys.argv[1], 'w').close()\n\
+        signal.pause()\n";
+    let path = ready.to_str().unwrap();
     refused(
         &[
+            "--ipc",
             "--pid",
             "--fork",
             "--mount-proc",
+            "python3",
+            "-c",
+            program,
+            path,
+        ],
+        |up| {
+            ready
+                .exists()
+                .then(|| my_children_of(up).first().copied())
+                .flatten()
+        },
+        "its POSIX message queue /stasis-notified has a notification registered",
+    );
+}
+
+/// An mqueue of its own mount namespace holding a queue of the dumper's
+/// IPC namespace (the tree has none of its own, so its queues are not
+/// saved; an empty mqueue would be mounted again).
+#[test]
+fn refuses_a_queue_of_the_dumpers_ipc_namespace_in_its_mqueue() {
+    let name = format!("stasis-test-q{}", std::process::id());
+    refused(
+        &[
             "--mount",
             "sh",
             "-c",
-            "mount -t devpts -o newinstance,ptmxmode=0666 devpts /mnt && exec 3<>/mnt/ptmx && exec sleep 1000",
+            // (touch makes a queue: mqueue files are queues.)
+            &format!("mount -t mqueue mqueue /mnt && touch /mnt/{name} && exec sleep 1000"),
         ],
-        |up| child_running(up, "sleep 1000"),
-        "holds the terminal 0",
+        |up| (cmdline_of(up).trim() == "sleep 1000").then_some(up),
+        &format!("holds the POSIX message queue {name}"),
     );
+    // The queue is the host's: removed through a mount of our own.
+    let o = Command::new("unshare")
+        .args(["--mount", "sh", "-c"])
+        .arg(format!("mount -t mqueue mqueue /mnt && rm /mnt/{name}"))
+        .output()
+        .unwrap();
+    assert_ok(&o, "removing the test's queue");
 }
 
 /// Tracked dumps of the tree are incremental (the parent's processes are
