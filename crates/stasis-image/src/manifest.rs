@@ -134,8 +134,15 @@ pub const TIME_NAMESPACE_MANIFEST_VERSION: u32 = 7;
 /// every process in the root's cgroup.
 pub const CGROUPS_MANIFEST_VERSION: u32 = 8;
 
+/// Manifest format version written when the tree's network namespace has
+/// tun or tap devices ([`NetNamespace::tuns`]) or the tree has fds on
+/// `/dev/net/tun` attached to one ([`FdKind::Tun`]), so that a reader that
+/// predates them refuses the manifest instead of restoring the namespace
+/// without them and those fds unattached. (9 is another release's.)
+pub const TUN_MANIFEST_VERSION: u32 = 10;
+
 /// The newest manifest format version this reader knows.
-pub const LATEST_MANIFEST_VERSION: u32 = CGROUPS_MANIFEST_VERSION;
+pub const LATEST_MANIFEST_VERSION: u32 = TUN_MANIFEST_VERSION;
 
 impl Manifest {
     /// The format version this manifest's content calls for: the oldest
@@ -184,7 +191,20 @@ impl Manifest {
             .as_ref()
             .and_then(|n| n.net.as_ref())
             .is_some_and(|n| !n.veths.is_empty() || !n.routes.is_empty());
-        if self.cgroups.is_some() {
+        let tun = || {
+            self.namespaces
+                .as_ref()
+                .and_then(|n| n.net.as_ref())
+                .is_some_and(|n| !n.tuns.is_empty())
+                || self
+                    .processes
+                    .iter()
+                    .flat_map(|p| &p.fds)
+                    .any(|f| matches!(f.kind, FdKind::Tun(_)))
+        };
+        if tun() {
+            TUN_MANIFEST_VERSION
+        } else if self.cgroups.is_some() {
             CGROUPS_MANIFEST_VERSION
         } else if self.namespaces.as_ref().is_some_and(|n| n.time.is_some()) {
             TIME_NAMESPACE_MANIFEST_VERSION
@@ -431,6 +451,26 @@ pub struct NetNamespace {
     /// them (IPv4 first).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<NetRoute>,
+    /// Its tun and tap devices. Manifest version 10.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tuns: Vec<TunDevice>,
+}
+
+/// A tun or tap device of the tree's network namespace.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TunDevice {
+    /// Its name, MTU, hardware address (a tap's), up state and addresses.
+    pub iface: NetInterface,
+    /// `IFF_TUN` or `IFF_TAP`, with `IFF_NO_PI`, `IFF_VNET_HDR`,
+    /// `IFF_MULTI_QUEUE` as it had them (`TUNSETIFF`'s flags).
+    pub flags: u32,
+    /// It outlived its fds (`TUNSETPERSIST`).
+    pub persist: bool,
+    /// The uid and gid allowed to attach to it (`None`: anyone).
+    #[serde(default)]
+    pub owner: Option<u32>,
+    #[serde(default)]
+    pub group: Option<u32>,
 }
 
 /// A veth pair: its end in the tree's network namespace, and its peer in
@@ -1280,6 +1320,24 @@ pub enum FdKind {
     /// session leader are outside the tree. Opened again on the terminal
     /// of `stasis restore --shell-job`: its device (`current`: `/dev/tty`).
     ExternalTty { current: bool },
+    /// An fd on `/dev/net/tun` attached to a tun or tap device of the
+    /// tree's network namespace (`stasis_objects::tun`). Manifest
+    /// version 10. (One attached to none is a [`FdKind::Path`].)
+    Tun(TunFile),
+}
+
+/// An fd on `/dev/net/tun` attached to a device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TunFile {
+    /// The device's name.
+    pub iff: String,
+    /// `TUNGETIFF`'s flags: the device's kind and the features this fd
+    /// attached with (`IFF_NO_PI`, `IFF_VNET_HDR`, `IFF_MULTI_QUEUE`...),
+    /// and `IFF_DETACH_QUEUE` for a detached queue of a multi-queue device.
+    pub flags: u32,
+    /// The device was persistent at the dump: if not, it is made so again
+    /// once this fd is attached (it then lives as long as its fds).
+    pub persist: bool,
 }
 
 /// A userfaultfd: what `UFFDIO_API` was given, the areas registered with
