@@ -76,7 +76,9 @@ impl Object for Tun {
         }
         let copy = pidfd::pidfd_getfd(fd.pidfd, n)?;
         let Some((name, got)) = tun::get_iff(copy.as_fd()).map_err(|e| {
-            fd.unsupported(format!("fd {n}: reading what its tun device is (TUNGETIFF): {e}"))
+            fd.unsupported(format!(
+                "fd {n}: reading what its tun device is (TUNGETIFF): {e}"
+            ))
         })?
         else {
             return Ok(None);
@@ -145,7 +147,10 @@ mod tests {
         let got = t::IFF_TAP | t::IFF_VNET_HDR | t::IFF_PERSIST | t::IFF_NOFILTER;
         assert_eq!(attach_flags(got, t::IFF_TAP), t::IFF_TAP | t::IFF_VNET_HDR);
         assert_eq!(
-            attach_flags(t::IFF_TUN | t::IFF_DETACH_QUEUE | t::IFF_MULTI_QUEUE, t::IFF_TUN | t::IFF_NO_PI),
+            attach_flags(
+                t::IFF_TUN | t::IFF_DETACH_QUEUE | t::IFF_MULTI_QUEUE,
+                t::IFF_TUN | t::IFF_NO_PI
+            ),
             t::IFF_TUN | t::IFF_NO_PI | t::IFF_DETACH_QUEUE | t::IFF_MULTI_QUEUE
         );
     }

@@ -15,10 +15,10 @@ use stasis_image::manifest::{
     TimeNamespace, TmpfsEntry, TunDevice, UserNamespace,
 };
 use stasis_kernel::child::NsSetup;
-use stasis_kernel::tun;
-use stasis_sys::tun as tun_abi;
 use stasis_kernel::ns::{self as kns, NsKind};
 use stasis_kernel::rtnl::{self, Rtnl};
+use stasis_kernel::tun;
+use stasis_sys::tun as tun_abi;
 
 use crate::{ObjectError, RestoreError, Result};
 
@@ -694,8 +694,7 @@ fn make_tun(t: &TunDevice) -> Result<()> {
     let fd = tun::open(0).map_err(io(what("opening /dev/net/tun to make"), "open"))?;
     let flags = u16::try_from(t.flags).unwrap_or(0) & tun_abi::TUN_SET_FLAGS;
     tun::set_iff(fd.as_fd(), name, flags).map_err(io(what("making"), "TUNSETIFF"))?;
-    tun::set_persist(fd.as_fd(), true)
-        .map_err(io(what("making persistent"), "TUNSETPERSIST"))?;
+    tun::set_persist(fd.as_fd(), true).map_err(io(what("making persistent"), "TUNSETPERSIST"))?;
     if let Some(uid) = t.owner {
         tun::set_owner(fd.as_fd(), uid).map_err(io(what("giving its owner to"), "TUNSETOWNER"))?;
     }
