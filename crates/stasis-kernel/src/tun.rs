@@ -5,12 +5,12 @@
 //! device's persistence, owner and group, and a queue's detached state.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 
 use stasis_sys::tun::{
-    IfreqFlags, IFF_DETACH_QUEUE, IFNAMSIZ, TUNGETIFF, TUNSETGROUP, TUNSETIFF, TUNSETOWNER,
-    TUNSETPERSIST, TUNSETQUEUE,
+    IfreqFlags, IFF_DETACH_QUEUE, IFNAMSIZ, SIOCGSKNS, TUNGETIFF, TUNSETGROUP, TUNSETIFF,
+    TUNSETOWNER, TUNSETPERSIST, TUNSETQUEUE,
 };
 
 fn check(r: i32) -> io::Result<()> {
@@ -73,6 +73,19 @@ pub fn get_iff(fd: BorrowedFd<'_>) -> io::Result<Option<(String, u16)>> {
     Ok(Some((name, r.flags)))
 }
 
+/// `SIOCGSKNS`: the network namespace of `fd` (the one it was opened in,
+/// where its device is), as a new fd.
+pub fn netns_of(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    // SAFETY: SIOCGSKNS takes no argument and returns a new fd, or -1.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), SIOCGSKNS) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `r` is a new fd the kernel just opened for this process,
+    // owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(r) })
+}
+
 /// An ioctl of an attached fd whose argument is the integer itself.
 fn set_value(fd: BorrowedFd<'_>, req: u64, v: libc::c_ulong) -> io::Result<()> {
     // SAFETY: `req` (TUNSETPERSIST, TUNSETOWNER, TUNSETGROUP) takes its
@@ -128,6 +141,10 @@ mod tests {
             assert_eq!(name, "stasis-t0");
             assert_eq!(flags & (IFF_TUN | IFF_TAP | IFF_NO_PI), IFF_TUN | IFF_NO_PI);
             assert_eq!(flags & IFF_PERSIST, 0);
+            use std::os::unix::fs::MetadataExt;
+            let ns = std::fs::File::from(netns_of(t.as_fd()).unwrap());
+            let me = std::fs::metadata("/proc/thread-self/ns/net").unwrap();
+            assert_eq!(ns.metadata().unwrap().ino(), me.ino());
             set_persist(t.as_fd(), true).unwrap();
             set_owner(t.as_fd(), 1234).unwrap();
             drop(t);

@@ -69,12 +69,25 @@ impl Object for Tun {
             return Ok(None);
         };
         let n = fd.fd;
-        if kns::ns_id(fd.pid, NsKind::Net) == kns::own_ns_id(NsKind::Net) {
+        let copy = pidfd::pidfd_getfd(fd.pidfd, n)?;
+        let dev_ns = tun::netns_of(copy.as_fd())
+            .and_then(|ns| std::fs::File::from(ns).metadata())
+            .map(|m| m.ino())
+            .map_err(|e| {
+                fd.unsupported(format!(
+                    "fd {n}: finding the network namespace of its tun device {iff} (SIOCGSKNS): {e}"
+                ))
+            })?;
+        if Some(dev_ns) == kns::own_ns_id(NsKind::Net) {
             return Err(fd.unsupported(format!(
                 "fd {n} is attached to the tun device {iff} of the dumper's network namespace; stasis restores tun and tap devices of a network namespace of the tree's own (unshare --net)"
             )));
         }
-        let copy = pidfd::pidfd_getfd(fd.pidfd, n)?;
+        if Some(dev_ns) != kns::ns_id(fd.pid, NsKind::Net) {
+            return Err(fd.unsupported(format!(
+                "fd {n} is attached to the tun device {iff} of another network namespace than its process's; stasis restores tun and tap devices of the tree's network namespace"
+            )));
+        }
         let Some((name, got)) = tun::get_iff(copy.as_fd()).map_err(|e| {
             fd.unsupported(format!(
                 "fd {n}: reading what its tun device is (TUNGETIFF): {e}"

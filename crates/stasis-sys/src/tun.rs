@@ -20,6 +20,10 @@ pub const TUNSETGROUP: u64 = 0x4004_54ce;
 /// device (`IFF_ATTACH_QUEUE`, `IFF_DETACH_QUEUE` in an `ifreq`).
 pub const TUNSETQUEUE: u64 = 0x4004_54d9;
 
+/// `SIOCGSKNS` (linux/sockios.h): a new fd on the network namespace of
+/// the tun fd (of its device), as its return value.
+pub const SIOCGSKNS: u64 = 0x894C;
+
 /// The device's kind: layer 3 (`tun`) or Ethernet (`tap`).
 pub const IFF_TUN: u16 = 0x0001;
 pub const IFF_TAP: u16 = 0x0002;

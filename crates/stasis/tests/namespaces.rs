@@ -1130,6 +1130,25 @@ fn refuses_an_interface_other_than_loopback() {
     );
 }
 
+/// An fd attached to a tun device of the dumper's network namespace (the
+/// tree has none of its own): refused, not reopened unattached.
+#[test]
+fn refuses_a_tun_of_the_dumpers_namespace() {
+    let prog = "import fcntl, os, struct, time\n\
+        fd = os.open('/dev/net/tun', os.O_RDWR)\n\
+        fcntl.ioctl(fd, 0x400454ca, struct.pack('16sH22x', b'stasis-tunh', 0x1001))\n\
+        time.sleep(1000)\n";
+    refused(
+        &["python3", "-c", prog],
+        |up| {
+            std::path::Path::new("/sys/class/net/stasis-tunh")
+                .exists()
+                .then_some(up)
+        },
+        "is attached to the tun device stasis-tunh of the dumper's network namespace",
+    );
+}
+
 /// Starts `unshare --net` with `args` in a directory of its own, waits
 /// for the file `ready` there; returns the tree's PID (`unshare` execs
 /// its command: reaped by a thread of its own once the dump kills it, so
