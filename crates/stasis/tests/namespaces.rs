@@ -1130,6 +1130,53 @@ fn refuses_an_interface_other_than_loopback() {
     );
 }
 
+/// A multi-queue tun with two fds, one queue detached (`TUNSETQUEUE`):
+/// after a dump and restore both are attached to it again, the second
+/// still detached (it can be attached again), and the device goes with
+/// them.
+#[test]
+fn a_multi_queue_tun_keeps_its_detached_queue() {
+    let prog = "import fcntl, os, socket, struct, sys, time\n\
+        d = sys.argv[1]\n\
+        def fail(why):\n    open(d + '/result', 'w').write('FAIL ' + why)\n    sys.exit(1)\n\
+        ifr = lambda flags: struct.pack('16sH22x', b'stasis-mq0', flags)\n\
+        a = os.open('/dev/net/tun', os.O_RDWR)\n\
+        b = os.open('/dev/net/tun', os.O_RDWR)\n\
+        fcntl.ioctl(a, 0x400454ca, ifr(0x1101))\n\
+        fcntl.ioctl(b, 0x400454ca, ifr(0x1101))\n\
+        fcntl.ioctl(b, 0x400454d9, ifr(0x0400))\n\
+        open(d + '/ready', 'w').close()\n\
+        while not os.path.exists(d + '/go'):\n    time.sleep(0.02)\n\
+        for fd, want in ((a, 0x0101), (b, 0x0501)):\n    \
+            name, flags = struct.unpack('16sH22x', fcntl.ioctl(fd, 0x800454d2, bytes(40)))\n    \
+            if name.rstrip(b'\\0') != b'stasis-mq0' or flags & 0x0f0f != want:\n        \
+                fail('TUNGETIFF says %r %#x, not %#x' % (name, flags, want))\n\
+        fcntl.ioctl(b, 0x400454d9, ifr(0x0200))\n\
+        os.close(a)\n\
+        os.close(b)\n\
+        try:\n    socket.if_nametoindex('stasis-mq0')\n    fail('stasis-mq0 outlived its fds')\n\
+        except OSError:\n    pass\n\
+        open(d + '/result', 'w').write('PASS')\n";
+    let (pid, dir) = start_in_netns(&["python3", "-c", prog]);
+    let mut net = ContainerNet {
+        names: Vec::new(),
+        pids: vec![pid],
+    };
+    let last = dump_and_restore_detached(pid, 1, |pid, _| {
+        let link = ip(Some(pid), "-d -o link show stasis-mq0");
+        assert!(
+            link.contains("tun type tun pi off vnet_hdr off multi_queue numqueues 1 numdisabled 1 persist off"),
+            "{link}"
+        );
+    });
+    net.pids.push(last);
+    std::fs::write(dir.path().join("go"), b"").unwrap();
+    let st = waitpid_timeout(last, Duration::from_secs(60));
+    let result = std::fs::read_to_string(dir.path().join("result")).unwrap_or_default();
+    assert_eq!(result, "PASS");
+    assert_eq!(st, (Some(0), None), "the restored program's exit");
+}
+
 /// An fd attached to a tun device of the dumper's network namespace (the
 /// tree has none of its own): refused, not reopened unattached.
 #[test]
