@@ -5,13 +5,14 @@
 //! time namespace no process is in yet (`time_for_children` not its
 //! `time`), and the namespaces of its own that stasis cannot restore: a
 //! PID namespace whose init is not the root; a network namespace with
-//! another interface than `lo` and veths whose peer is in the dumper's
-//! namespace (as a container runtime makes them); and mounts of a mount
+//! another interface than `lo`, tun and tap devices, and veths whose peer
+//! is in the dumper's namespace (as a container runtime makes them); and mounts of a mount
 //! namespace other than a proc on `/proc`. [`describe`] (frozen) records
 //! what the restore needs: the host and domain names, the System V message
 //! queues and semaphore sets of an IPC namespace, whether `lo` is up, the
 //! veths (both ends: names, hardware addresses, MTUs, up states,
-//! addresses, the peer's bridge) and routes, the proc mount, the
+//! addresses, the peer's bridge), the tun and tap devices (their flags,
+//! persistence, owner and group, and the same of their link) and routes, the proc mount, the
 //! `CLOCK_MONOTONIC` and `CLOCK_BOOTTIME` of a time namespace as seen
 //! inside it (and its offsets), and the PID (and TID) of every process in
 //! its namespace. The dump itself works with the
@@ -23,7 +24,7 @@ use std::collections::{HashMap, HashSet};
 use stasis_image::manifest::{
     BindMount, FdKind, LaterKind, LaterMount, Manifest, MountNamespace, Namespaces, NetAddress,
     NetInterface, NetNamespace, NetRoute, ProcessImage, TimeNamespace, TmpfsEntry, TmpfsMount,
-    UserNamespace, UtsNamespace, Veth,
+    TunDevice, UserNamespace, UtsNamespace, Veth,
 };
 use stasis_image::ContentWriter;
 use stasis_kernel::fdops as kns_fdops;
@@ -169,9 +170,9 @@ fn check_net(root: i32) -> Result<()> {
 
 /// What the network namespace of `root` holds, read by rtnetlink from
 /// inside it (its interfaces, addresses, routes) and from the dumper's
-/// (the veths' peers); refuses an interface other than `lo` and veths
-/// whose peer is in the dumper's namespace, and routes stasis does not
-/// make again.
+/// (the veths' peers); refuses an interface other than `lo`, tun and tap
+/// devices and veths whose peer is in the dumper's namespace, and routes
+/// stasis does not make again.
 fn net_namespace(root: i32) -> Result<NetNamespace> {
     let (links, addrs, routes) = kns::in_namespaces_of(root, &[NsKind::Net], || {
         let mut nl = Rtnl::open()?;
@@ -188,11 +189,21 @@ fn net_namespace(root: i32) -> Result<NetNamespace> {
         if l.name == "lo" && l.kind.is_none() {
             continue;
         }
+        if let (Some("tun"), Some(t)) = (l.kind.as_deref(), l.tun.as_ref()) {
+            net.tuns.push(TunDevice {
+                iface: interface(l, &addrs),
+                flags: u32::from(t.flags),
+                persist: t.persist,
+                owner: t.owner,
+                group: t.group,
+            });
+            continue;
+        }
         if l.kind.as_deref() != Some("veth") {
             return Err(refuse(
                 root,
                 format!(
-                    "its network namespace has the interface {} (a {} device); stasis restores a network namespace with lo and veth interfaces whose peer is in the dumper's namespace",
+                    "its network namespace has the interface {} (a {} device); stasis restores a network namespace with lo, tun and tap interfaces, and veth interfaces whose peer is in the dumper's namespace",
                     l.name,
                     l.kind.as_deref().unwrap_or("physical or unknown")
                 ),

@@ -142,8 +142,15 @@ pub const CGROUPS_MANIFEST_VERSION: u32 = 8;
 /// queues.
 pub const POSIX_QUEUES_MANIFEST_VERSION: u32 = 9;
 
+/// Manifest format version written when the tree's network namespace has
+/// tun or tap devices ([`NetNamespace::tuns`]) or the tree has fds on
+/// `/dev/net/tun` attached to one ([`FdKind::Tun`]), so that a reader that
+/// predates them refuses the manifest instead of restoring the namespace
+/// without them and those fds unattached.
+pub const TUN_MANIFEST_VERSION: u32 = 10;
+
 /// The newest manifest format version this reader knows.
-pub const LATEST_MANIFEST_VERSION: u32 = POSIX_QUEUES_MANIFEST_VERSION;
+pub const LATEST_MANIFEST_VERSION: u32 = TUN_MANIFEST_VERSION;
 
 impl Manifest {
     /// The format version this manifest's content calls for: the oldest
@@ -192,6 +199,17 @@ impl Manifest {
             .as_ref()
             .and_then(|n| n.net.as_ref())
             .is_some_and(|n| !n.veths.is_empty() || !n.routes.is_empty());
+        let tun = || {
+            self.namespaces
+                .as_ref()
+                .and_then(|n| n.net.as_ref())
+                .is_some_and(|n| !n.tuns.is_empty())
+                || self
+                    .processes
+                    .iter()
+                    .flat_map(|p| &p.fds)
+                    .any(|f| matches!(f.kind, FdKind::Tun(_)))
+        };
         let posix_queues = || {
             self.namespaces
                 .as_ref()
@@ -201,7 +219,9 @@ impl Manifest {
                         || matches!(&f.kind, FdKind::PtyMaster(p) if p.devpts.is_some())
                 })
         };
-        if posix_queues() {
+        if tun() {
+            TUN_MANIFEST_VERSION
+        } else if posix_queues() {
             POSIX_QUEUES_MANIFEST_VERSION
         } else if self.cgroups.is_some() {
             CGROUPS_MANIFEST_VERSION
@@ -492,6 +512,26 @@ pub struct NetNamespace {
     /// them (IPv4 first).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<NetRoute>,
+    /// Its tun and tap devices. Manifest version 10.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tuns: Vec<TunDevice>,
+}
+
+/// A tun or tap device of the tree's network namespace.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TunDevice {
+    /// Its name, MTU, hardware address (a tap's), up state and addresses.
+    pub iface: NetInterface,
+    /// `IFF_TUN` or `IFF_TAP`, with `IFF_NO_PI`, `IFF_VNET_HDR`,
+    /// `IFF_MULTI_QUEUE` as it had them (`TUNSETIFF`'s flags).
+    pub flags: u32,
+    /// It outlived its fds (`TUNSETPERSIST`).
+    pub persist: bool,
+    /// The uid and gid allowed to attach to it (`None`: anyone).
+    #[serde(default)]
+    pub owner: Option<u32>,
+    #[serde(default)]
+    pub group: Option<u32>,
 }
 
 /// A veth pair: its end in the tree's network namespace, and its peer in
@@ -1346,6 +1386,24 @@ pub enum FdKind {
     /// again, [`Namespaces::posix_queues`]), or in the restorer's when the
     /// tree had the dumper's. Manifest version 9.
     Mqueue { name: String },
+    /// An fd on `/dev/net/tun` attached to a tun or tap device of the
+    /// tree's network namespace (`stasis_objects::tun`). Manifest
+    /// version 10. (One attached to none is a [`FdKind::Path`].)
+    Tun(TunFile),
+}
+
+/// An fd on `/dev/net/tun` attached to a device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TunFile {
+    /// The device's name.
+    pub iff: String,
+    /// `TUNGETIFF`'s flags: the device's kind and the features this fd
+    /// attached with (`IFF_NO_PI`, `IFF_VNET_HDR`, `IFF_MULTI_QUEUE`...),
+    /// and `IFF_DETACH_QUEUE` for a detached queue of a multi-queue device.
+    pub flags: u32,
+    /// The device was persistent at the dump: if not, it is made so again
+    /// once this fd is attached (it then lives as long as its fds).
+    pub persist: bool,
 }
 
 /// A userfaultfd: what `UFFDIO_API` was given, the areas registered with

@@ -542,10 +542,6 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
         lower[8..12].copy_from_slice(&manifest::NET_DEVICES_MANIFEST_VERSION.to_le_bytes());
         assert!(decode_manifest(&lower, 3, p()).is_err());
     }
-    assert_eq!(
-        manifest::LATEST_MANIFEST_VERSION,
-        manifest::POSIX_QUEUES_MANIFEST_VERSION
-    );
     // A version after the newest is newer than this reader.
     let next = manifest::LATEST_MANIFEST_VERSION + 1;
     let mut newer = bytes.clone();
@@ -783,4 +779,69 @@ fn posix_queues_an_fd_on_one_or_a_pty_of_its_own_devpts_raise_the_manifest_versi
     assert_eq!(own.format_version(), 9);
     let b = encode_manifest(&own).unwrap();
     assert_eq!(decode_manifest(&b, 3, p()).unwrap(), own);
+}
+
+/// A tun device of the network namespace, or an fd attached to one:
+/// version 10 (a reader of 8 would restore the namespace without the
+/// device and the fd unattached), round-trips, and is refused under a
+/// lower version.
+#[test]
+fn tun_devices_and_fds_raise_the_manifest_version_and_round_trip() {
+    let base = small_manifest();
+    assert!(base.format_version() < manifest::TUN_MANIFEST_VERSION);
+    let mut dev = base.clone();
+    dev.namespaces = Some(manifest::Namespaces {
+        net: Some(manifest::NetNamespace {
+            lo_up: true,
+            tuns: vec![manifest::TunDevice {
+                iface: manifest::NetInterface {
+                    name: "tap0".into(),
+                    mac: vec![2, 0, 0, 0, 0, 9],
+                    mtu: 1400,
+                    up: true,
+                    addrs: vec![manifest::NetAddress {
+                        addr: std::net::IpAddr::from([10, 9, 0, 1]),
+                        prefix: 24,
+                        broadcast: None,
+                        flags: 0,
+                        scope: 0,
+                    }],
+                },
+                flags: 0x1002,
+                persist: true,
+                owner: Some(1000),
+                group: None,
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let mut fd = base.clone();
+    fd.processes[0].fds.push(manifest::FdImage {
+        fd: 5,
+        flags: 2,
+        cloexec: false,
+        kind: manifest::FdKind::Tun(manifest::TunFile {
+            iff: "tun0".into(),
+            flags: 0x1001,
+            persist: false,
+        }),
+        shared_id: None,
+        locks: vec![],
+        owner: None,
+    });
+    for m in [dev, fd] {
+        assert_eq!(m.format_version(), 10);
+        let bytes = encode_manifest(&m).unwrap();
+        assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 10);
+        assert_eq!(decode_manifest(&bytes, 3, p()).unwrap(), m);
+        assert_eq!(encode_manifest(&m).unwrap(), bytes);
+        let mut lower = bytes.clone();
+        lower[8..12].copy_from_slice(&manifest::CGROUPS_MANIFEST_VERSION.to_le_bytes());
+        assert!(decode_manifest(&lower, 3, p()).is_err());
+    }
+    assert_eq!(
+        manifest::LATEST_MANIFEST_VERSION,
+        manifest::TUN_MANIFEST_VERSION
+    );
 }

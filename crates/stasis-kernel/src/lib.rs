@@ -44,6 +44,7 @@ pub mod sysvipc;
 pub mod sysvshm;
 pub mod tcpdiag;
 pub mod tty;
+pub mod tun;
 pub mod uffd;
 pub mod uffd_remote;
 

@@ -14,7 +14,7 @@ use netlink_packet_core::{
 };
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
 use netlink_packet_route::link::{
-    InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+    InfoData, InfoKind, InfoTun, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
 };
 use netlink_packet_route::nsid::{NsidAttribute, NsidMessage};
 use netlink_packet_route::route::{
@@ -45,6 +45,20 @@ pub struct Link {
     pub link_netnsid: Option<i32>,
     /// The index of its master (a bridge it is a port of).
     pub master: Option<u32>,
+    /// A tun or tap device (kind `tun`): what its `IFLA_INFO_DATA` says.
+    pub tun: Option<TunInfo>,
+}
+
+/// What rtnetlink says of a tun or tap device (`IFLA_TUN_*`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TunInfo {
+    /// `IFF_TUN` or `IFF_TAP`, with `IFF_NO_PI`, `IFF_VNET_HDR` and
+    /// `IFF_MULTI_QUEUE` as the device has them.
+    pub flags: u16,
+    pub persist: bool,
+    /// The uid and gid allowed to attach (`None`: anyone).
+    pub owner: Option<u32>,
+    pub group: Option<u32>,
 }
 
 /// An address of an interface.
@@ -333,6 +347,24 @@ impl Rtnl {
         Ok(())
     }
 
+    /// Gives interface `index` its MTU and (if not empty) hardware address.
+    pub fn set_mtu_mac(&mut self, index: u32, mtu: u32, mac: &[u8]) -> Result<()> {
+        let mut m = LinkMessage::default();
+        m.header.index = index;
+        if mtu != 0 {
+            m.attributes.push(LinkAttribute::Mtu(mtu));
+        }
+        if !mac.is_empty() {
+            m.attributes.push(LinkAttribute::Address(mac.to_vec()));
+        }
+        self.request(
+            &format!("setting the MTU ({mtu}) and hardware address of interface {index}"),
+            RouteNetlinkMessage::SetLink(m),
+            NLM_F_ACK,
+        )?;
+        Ok(())
+    }
+
     /// Deletes interface `index` (a veth: both ends).
     pub fn del_link(&mut self, index: u32) -> Result<()> {
         let mut m = LinkMessage::default();
@@ -478,8 +510,10 @@ fn link_of(l: &LinkMessage) -> Link {
             LinkAttribute::Controller(i) => out.master = Some(*i),
             LinkAttribute::LinkInfo(infos) => {
                 for i in infos {
-                    if let LinkInfo::Kind(k) = i {
-                        out.kind = Some(k.to_string());
+                    match i {
+                        LinkInfo::Kind(k) => out.kind = Some(k.to_string()),
+                        LinkInfo::Data(InfoData::Tun(nlas)) => out.tun = Some(tun_info_of(nlas)),
+                        _ => {}
                     }
                 }
             }
@@ -487,6 +521,38 @@ fn link_of(l: &LinkMessage) -> Link {
         }
     }
     out
+}
+
+/// The `IFLA_TUN_*` attributes of a tun link (the crate keeps them raw).
+fn tun_info_of(nlas: &[InfoTun]) -> TunInfo {
+    use netlink_packet_core::Nla;
+    use stasis_sys::tun as t;
+    let mut info = TunInfo::default();
+    // Packets carry the information header unless told otherwise.
+    let mut pi = true;
+    for nla in nlas {
+        let mut v = vec![0u8; nla.value_len()];
+        nla.emit_value(&mut v);
+        let byte = v.first().copied().unwrap_or(0);
+        let word = v
+            .get(..4)
+            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            .map(u32::from_ne_bytes);
+        match nla.kind() & 0x3fff {
+            t::IFLA_TUN_OWNER => info.owner = word,
+            t::IFLA_TUN_GROUP => info.group = word,
+            t::IFLA_TUN_TYPE => info.flags |= u16::from(byte) & t::TUN_TYPE_MASK,
+            t::IFLA_TUN_PI => pi = byte != 0,
+            t::IFLA_TUN_VNET_HDR if byte != 0 => info.flags |= t::IFF_VNET_HDR,
+            t::IFLA_TUN_PERSIST => info.persist = byte != 0,
+            t::IFLA_TUN_MULTI_QUEUE if byte != 0 => info.flags |= t::IFF_MULTI_QUEUE,
+            _ => {}
+        }
+    }
+    if !pi {
+        info.flags |= t::IFF_NO_PI;
+    }
+    info
 }
 
 fn route_of(m: &RouteMessage) -> Route {

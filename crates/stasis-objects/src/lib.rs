@@ -30,6 +30,7 @@
 //! | pseudo-terminal pair | [`pty`] |
 //! | the terminal of a shell job (`--shell-job`) | [`shell_job`] |
 //! | userfaultfd | [`userfaultfd`] |
+//! | fd attached to a tun/tap device | [`tun`] |
 //! | TCP/UDP socket | [`inet`] (listening, UDP), [`tcp`] (established: `TCP_REPAIR`) |
 //! | socket options, the accept gate | [`socket`] |
 //! | flock/POSIX/OFD locks | [`locks`] |
@@ -77,6 +78,7 @@ pub mod sysv;
 pub mod sysv_ipc;
 pub mod tcp;
 pub mod timerfd;
+pub mod tun;
 pub mod unix;
 pub mod userfaultfd;
 
@@ -160,6 +162,7 @@ pub const REGISTRY: &[Entry] = &[
     entry::<pty::Pty>(),
     entry::<shell_job::ShellJobTty>(),
     entry::<userfaultfd::Userfaultfd>(),
+    entry::<tun::Tun>(),
     entry::<file::File>(),
 ];
 
@@ -346,6 +349,11 @@ mod tests {
                 ranges: vec![],
                 protected: vec![],
             }),
+            FdKind::Tun(stasis_image::manifest::TunFile {
+                iff: "tun0".into(),
+                flags: 1,
+                persist: false,
+            }),
         ];
         for k in &all {
             match k {
@@ -375,7 +383,8 @@ mod tests {
                 | FdKind::IoUring(_)
                 | FdKind::ExternalTty { .. }
                 | FdKind::Mqueue { .. }
-                | FdKind::Userfaultfd(_) => {}
+                | FdKind::Userfaultfd(_)
+                | FdKind::Tun(_) => {}
             }
         }
         all

@@ -12,11 +12,13 @@ use std::os::fd::AsFd;
 
 use stasis_image::manifest::{
     LaterKind, Manifest, Namespaces, NetAddress, NetInterface, NetNamespace, NetRoute,
-    TimeNamespace, TmpfsEntry, UserNamespace,
+    TimeNamespace, TmpfsEntry, TunDevice, UserNamespace,
 };
 use stasis_kernel::child::NsSetup;
 use stasis_kernel::ns::{self as kns, NsKind};
 use stasis_kernel::rtnl::{self, Rtnl};
+use stasis_kernel::tun;
+use stasis_sys::tun as tun_abi;
 
 use crate::{ObjectError, RestoreError, Result};
 
@@ -557,9 +559,10 @@ fn addr_of(a: &NetAddress, index: u32) -> rtnl::Addr {
 /// restorer's namespace, its peer under its old name there (on its bridge,
 /// with its addresses, up if it was), its other end in the tree's new
 /// namespace (`root`'s) with its name, hardware address, MTU, addresses
-/// and up state; then the namespace's routes.
+/// and up state; its tun and tap devices ([`make_tun`]) with the same;
+/// then the namespace's routes.
 fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
-    if net.veths.is_empty() && net.routes.is_empty() {
+    if net.veths.is_empty() && net.routes.is_empty() && net.tuns.is_empty() {
         return Ok(());
     }
     let spec = |i: &NetInterface| rtnl::LinkSpec {
@@ -606,6 +609,9 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
         )))?;
     }
     kns::in_namespaces_of(root, &[NsKind::Net], || -> Result<()> {
+        for t in &net.tuns {
+            make_tun(t)?;
+        }
         let mut nl = Rtnl::open().map_err(step("opening a route netlink socket"))?;
         let links = nl
             .links()
@@ -618,6 +624,26 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
             }
             nl.set_link(i, None, v.inside.up)
                 .map_err(step(format!("bringing {} up", v.inside.name)))?;
+        }
+        for t in &net.tuns {
+            let d = &t.iface;
+            let i = index(&links, &d.name)?;
+            // A tun (layer 3) has no hardware address.
+            let mac = if t.flags & u32::from(tun_abi::IFF_TAP) != 0 {
+                &d.mac[..]
+            } else {
+                &[]
+            };
+            nl.set_mtu_mac(i, d.mtu, mac).map_err(step(format!(
+                "giving the tun device {} its MTU and hardware address",
+                d.name
+            )))?;
+            for a in &d.addrs {
+                nl.add_addr(&addr_of(a, i))
+                    .map_err(step(format!("giving {} its address", d.name)))?;
+            }
+            nl.set_link(i, None, d.up)
+                .map_err(step(format!("bringing {} up", d.name)))?;
         }
         // Routes through a gateway after those that make it reachable.
         let mut routes: Vec<&NetRoute> = net.routes.iter().collect();
@@ -646,6 +672,35 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
         }
         Ok(())
     })??;
+    Ok(())
+}
+
+/// Makes tun or tap device `t` in the calling thread's network namespace
+/// (the tree's): `TUNSETIFF` with its name and flags from a new fd on
+/// `/dev/net/tun`, persistent (so that it outlives that fd until the
+/// tree's fds attach to it: `stasis_objects::tun` makes a device that was
+/// not persistent so again), with its owner and group.
+fn make_tun(t: &TunDevice) -> Result<()> {
+    let name = &t.iface.name;
+    let what = |s: &str| format!("{s} the tun device {name}");
+    let io = |w: String, op: &'static str| {
+        move |source: std::io::Error| {
+            step(w)(stasis_kernel::KernelError::Io {
+                what: op.into(),
+                source,
+            })
+        }
+    };
+    let fd = tun::open(0).map_err(io(what("opening /dev/net/tun to make"), "open"))?;
+    let flags = u16::try_from(t.flags).unwrap_or(0) & tun_abi::TUN_SET_FLAGS;
+    tun::set_iff(fd.as_fd(), name, flags).map_err(io(what("making"), "TUNSETIFF"))?;
+    tun::set_persist(fd.as_fd(), true).map_err(io(what("making persistent"), "TUNSETPERSIST"))?;
+    if let Some(uid) = t.owner {
+        tun::set_owner(fd.as_fd(), uid).map_err(io(what("giving its owner to"), "TUNSETOWNER"))?;
+    }
+    if let Some(gid) = t.group {
+        tun::set_group(fd.as_fd(), gid).map_err(io(what("giving its group to"), "TUNSETGROUP"))?;
+    }
     Ok(())
 }
 

@@ -20,6 +20,7 @@ pub mod io_uring;
 pub mod net;
 pub mod prctl;
 pub mod tty;
+pub mod tun;
 pub mod vmflags;
 
 use core::mem::size_of;

@@ -536,6 +536,12 @@ fn fd_description(kind: &FdKind) -> String {
             u.protected.len()
         ),
         FdKind::ExternalTty { current: true } => "/dev/tty (the shell job's terminal)".into(),
+        FdKind::Tun(t) => format!(
+            "/dev/net/tun attached to {} (flags {:#x}{})",
+            t.iff,
+            t.flags,
+            if t.persist { ", persistent" } else { "" }
+        ),
         FdKind::Inet(n) => format!(
             "inet socket port {} {:?}",
             u16::from_be_bytes([

@@ -1237,11 +1237,223 @@ fn refuses_an_interface_other_than_loopback() {
             "--net",
             "sh",
             "-c",
-            "ip tuntap add stasis-t0 mode tap && exec sleep 1000",
+            "ip link add stasis-b0 type bridge && exec sleep 1000",
         ],
         |up| child_running(up, "sleep 1000"),
-        "its network namespace has the interface stasis-t0 (a tun device)",
+        "its network namespace has the interface stasis-b0 (a bridge device)",
     );
+}
+
+/// A multi-queue tun with two fds, one queue detached (`TUNSETQUEUE`):
+/// after a dump and restore both are attached to it again, the second
+/// still detached (it can be attached again), and the device goes with
+/// them.
+#[test]
+fn a_multi_queue_tun_keeps_its_detached_queue() {
+    let prog = "import fcntl, os, socket, struct, sys, time\n\
+        d = sys.argv[1]\n\
+        def fail(why):\n    open(d + '/result', 'w').write('FAIL ' + why)\n    sys.exit(1)\n\
+        ifr = lambda flags: struct.pack('16sH22x', b'stasis-mq0', flags)\n\
+        a = os.open('/dev/net/tun', os.O_RDWR)\n\
+        b = os.open('/dev/net/tun', os.O_RDWR)\n\
+        fcntl.ioctl(a, 0x400454ca, ifr(0x1101))\n\
+        fcntl.ioctl(b, 0x400454ca, ifr(0x1101))\n\
+        fcntl.ioctl(b, 0x400454d9, ifr(0x0400))\n\
+        open(d + '/ready', 'w').close()\n\
+        while not os.path.exists(d + '/go'):\n    time.sleep(0.02)\n\
+        for fd, want in ((a, 0x0101), (b, 0x0501)):\n    \
+            name, flags = struct.unpack('16sH22x', fcntl.ioctl(fd, 0x800454d2, bytes(40)))\n    \
+            if name.rstrip(b'\\0') != b'stasis-mq0' or flags & 0x0f0f != want:\n        \
+                fail('TUNGETIFF says %r %#x, not %#x' % (name, flags, want))\n\
+        fcntl.ioctl(b, 0x400454d9, ifr(0x0200))\n\
+        os.close(a)\n\
+        os.close(b)\n\
+        try:\n    socket.if_nametoindex('stasis-mq0')\n    fail('stasis-mq0 outlived its fds')\n\
+        except OSError:\n    pass\n\
+        open(d + '/result', 'w').write('PASS')\n";
+    let (pid, dir) = start_in_netns(&["python3", "-c", prog]);
+    let mut net = ContainerNet {
+        names: Vec::new(),
+        pids: vec![pid],
+    };
+    let last = dump_and_restore_detached(pid, 1, |pid, _| {
+        let link = ip(Some(pid), "-d -o link show stasis-mq0");
+        assert!(
+            link.contains("tun type tun pi off vnet_hdr off multi_queue numqueues 1 numdisabled 1 persist off"),
+            "{link}"
+        );
+    });
+    net.pids.push(last);
+    std::fs::write(dir.path().join("go"), b"").unwrap();
+    let st = waitpid_timeout(last, Duration::from_secs(60));
+    let result = std::fs::read_to_string(dir.path().join("result")).unwrap_or_default();
+    assert_eq!(result, "PASS");
+    assert_eq!(st, (Some(0), None), "the restored program's exit");
+}
+
+/// An fd attached to a tun device of the dumper's network namespace (the
+/// tree has none of its own): refused, not reopened unattached.
+#[test]
+fn refuses_a_tun_of_the_dumpers_namespace() {
+    let prog = "import fcntl, os, struct, time\n\
+        fd = os.open('/dev/net/tun', os.O_RDWR)\n\
+        fcntl.ioctl(fd, 0x400454ca, struct.pack('16sH22x', b'stasis-tunh', 0x1001))\n\
+        time.sleep(1000)\n";
+    refused(
+        &["python3", "-c", prog],
+        |up| {
+            std::path::Path::new("/sys/class/net/stasis-tunh")
+                .exists()
+                .then_some(up)
+        },
+        "is attached to the tun device stasis-tunh of the dumper's network namespace",
+    );
+}
+
+/// Starts `unshare --net` with `args` in a directory of its own, waits
+/// for the file `ready` there; returns the tree's PID (`unshare` execs
+/// its command: reaped by a thread of its own once the dump kills it, so
+/// that its PID is free for the restore) and the directory.
+fn start_in_netns(args: &[&str]) -> (i32, tempfile::TempDir) {
+    become_subreaper();
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Command::new("unshare");
+    c.arg("--net")
+        .args(args)
+        .arg(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    close_inherited_fds(&mut c);
+    let mut child = c.spawn().expect("starting unshare");
+    let pid = child.id() as i32;
+    std::thread::spawn(move || child.wait());
+    wait_until(Duration::from_secs(20), "the tree to be set up", || {
+        dir.path().join("ready").exists()
+    });
+    (pid, dir)
+}
+
+/// Issue 17: a persistent tap of the tree's network namespace (as `ip
+/// tuntap add` makes it: no fd attached) with a vnet header, an owner, a
+/// hardware address, an MTU, an address and up, is made again with all of
+/// them, twice.
+#[test]
+fn twice_keeps_a_persistent_tap() {
+    let sh = "ip tuntap add stasis-tap0 mode tap vnet_hdr user 1234 \
+        && ip link set stasis-tap0 address 02:55:00:00:00:07 mtu 1300 up \
+        && ip addr add 10.55.0.1/24 dev stasis-tap0 \
+        && touch \"$0/ready\" && exec sleep 1000";
+    let (pid, _dir) = start_in_netns(&["sh", "-c", sh]);
+    let mut net = ContainerNet {
+        names: Vec::new(),
+        pids: vec![pid],
+    };
+    let check = |pid: i32, round: u32| {
+        let link = ip(Some(pid), "-d -o link show stasis-tap0");
+        for want in [
+            "link/ether 02:55:00:00:00:07",
+            "mtu 1300",
+            ",UP>",
+            "tun type tap pi off vnet_hdr on persist on user 1234",
+        ] {
+            assert!(link.contains(want), "round {round}: {want} in {link}");
+        }
+        let addrs = ip(Some(pid), "-o addr show dev stasis-tap0");
+        assert!(
+            addrs.contains("inet 10.55.0.1/24"),
+            "round {round}: {addrs}"
+        );
+        let routes = ip(Some(pid), "route show");
+        assert!(
+            routes.contains("10.55.0.0/24 dev stasis-tap0"),
+            "round {round}: {routes}"
+        );
+    };
+    check(pid, 0);
+    let last = dump_and_restore_detached(pid, 2, check);
+    net.pids.push(last);
+}
+
+/// Issue 17: a program (as a VPN is) that opened /dev/net/tun and attached
+/// a tun device (not persistent, no packet information) brought up with
+/// an address and a route: after two dumps and restores, its fd is
+/// attached to the device again (`TUNGETIFF`), a datagram sent through
+/// the route is read from it, an echo request written into it is answered
+/// through it, and the device goes with the fd (not left persistent).
+#[test]
+fn a_tun_held_by_a_program_carries_packets_after_restore() {
+    let prog = "import fcntl, os, select, socket, struct, subprocess, sys, time\n\
+        d = sys.argv[1]\n\
+        def fail(why):\n    open(d + '/result', 'w').write('FAIL ' + why)\n    sys.exit(1)\n\
+        fd = os.open('/dev/net/tun', os.O_RDWR)\n\
+        fcntl.ioctl(fd, 0x400454ca, struct.pack('16sH22x', b'stasis-tun0', 0x1001))\n\
+        for a in ['addr add 10.56.0.1/24 dev stasis-tun0', 'link set stasis-tun0 mtu 1280 up',\n          \
+            'route add 10.57.0.0/24 dev stasis-tun0']:\n    \
+            subprocess.run(['ip'] + a.split(), check=True)\n\
+        open(d + '/ready', 'w').close()\n\
+        while not os.path.exists(d + '/go'):\n    time.sleep(0.02)\n\
+        name, flags = struct.unpack('16sH22x', fcntl.ioctl(fd, 0x800454d2, bytes(40)))\n\
+        if name.rstrip(b'\\0') != b'stasis-tun0' or flags & 0x0803 != 0x0001:\n    \
+            fail('TUNGETIFF says %r %#x' % (name, flags))\n\
+        def packet(want):\n    \
+            end = time.time() + 20\n    \
+            while time.time() < end:\n        \
+                if select.select([fd], [], [], 1)[0]:\n            \
+                    p = os.read(fd, 65536)\n            \
+                    if len(p) > 20 and p[0] >> 4 == 4 and want(p):\n                return\n    \
+            fail('no packet')\n\
+        def csum(b):\n    \
+            s = sum(struct.unpack('!%dH' % (len(b) // 2), b))\n    \
+            while s >> 16:\n        s = (s & 0xffff) + (s >> 16)\n    \
+            return ~s & 0xffff\n\
+        u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+        u.sendto(b'stasis-out', ('10.57.0.5', 9))\n\
+        packet(lambda p: p[9] == 17 and p[16:20] == bytes([10, 57, 0, 5]) and p.endswith(b'stasis-out'))\n\
+        icmp = struct.pack('!BBHHH', 8, 0, 0, 0x5354, 1) + b'stasis-in!'\n\
+        icmp = icmp[:2] + struct.pack('!H', csum(icmp)) + icmp[4:]\n\
+        h = struct.pack('!BBHHHBBH4s4s', 0x45, 0, 20 + len(icmp), 1, 0, 64, 1, 0,\n                \
+            bytes([10, 57, 0, 5]), bytes([10, 56, 0, 1]))\n\
+        h = h[:10] + struct.pack('!H', csum(h)) + h[12:]\n\
+        os.write(fd, h + icmp)\n\
+        packet(lambda p: p[9] == 1 and p[12:16] == bytes([10, 56, 0, 1]) and p[20] == 0 and p.endswith(b'stasis-in!'))\n\
+        os.close(fd)\n\
+        try:\n    socket.if_nametoindex('stasis-tun0')\n    fail('stasis-tun0 outlived its fd')\n\
+        except OSError:\n    pass\n\
+        open(d + '/result', 'w').write('PASS')\n";
+    let (pid, dir) = start_in_netns(&["python3", "-c", prog]);
+    let mut net = ContainerNet {
+        names: Vec::new(),
+        pids: vec![pid],
+    };
+    let check = |pid: i32, round: u32| {
+        let link = ip(Some(pid), "-d -o link show stasis-tun0");
+        for want in [
+            "mtu 1280",
+            ",UP,",
+            "tun type tun pi off vnet_hdr off persist off",
+        ] {
+            assert!(link.contains(want), "round {round}: {want} in {link}");
+        }
+        let addrs = ip(Some(pid), "-o addr show dev stasis-tun0");
+        assert!(
+            addrs.contains("inet 10.56.0.1/24"),
+            "round {round}: {addrs}"
+        );
+        let routes = ip(Some(pid), "route show");
+        assert!(
+            routes.contains("10.57.0.0/24 dev stasis-tun0"),
+            "round {round}: {routes}"
+        );
+    };
+    check(pid, 0);
+    let last = dump_and_restore_detached(pid, 2, check);
+    net.pids.push(last);
+    std::fs::write(dir.path().join("go"), b"").unwrap();
+    let st = waitpid_timeout(last, Duration::from_secs(60));
+    let result = std::fs::read_to_string(dir.path().join("result")).unwrap_or_default();
+    assert_eq!(result, "PASS");
+    assert_eq!(st, (Some(0), None), "the restored program's exit");
 }
 
 /// A veth pair with both ends in the tree's namespace (not a container's:
