@@ -1334,6 +1334,20 @@ fn start_in_netns(args: &[&str]) -> (i32, tempfile::TempDir) {
     (pid, dir)
 }
 
+/// In the network namespace of process `pid` (round `round` of a test):
+/// link `dev` shows each of `wants` (`ip -d link`), has the address
+/// `addr` (`inet A/N`), and the namespace has the route `route`.
+fn assert_link(pid: i32, round: u32, dev: &str, wants: &[&str], addr: &str, route: &str) {
+    let link = ip(Some(pid), &format!("-d -o link show {dev}"));
+    for want in wants {
+        assert!(link.contains(want), "round {round}: {want} in {link}");
+    }
+    let addrs = ip(Some(pid), &format!("-o addr show dev {dev}"));
+    assert!(addrs.contains(addr), "round {round}: {addrs}");
+    let routes = ip(Some(pid), "route show");
+    assert!(routes.contains(route), "round {round}: {routes}");
+}
+
 /// Issue 17: a persistent tap of the tree's network namespace (as `ip
 /// tuntap add` makes it: no fd attached) with a vnet header, an owner, a
 /// hardware address, an MTU, an address and up, is made again with all of
@@ -1350,24 +1364,18 @@ fn twice_keeps_a_persistent_tap() {
         pids: vec![pid],
     };
     let check = |pid: i32, round: u32| {
-        let link = ip(Some(pid), "-d -o link show stasis-tap0");
-        for want in [
-            "link/ether 02:55:00:00:00:07",
-            "mtu 1300",
-            ",UP>",
-            "tun type tap pi off vnet_hdr on persist on user 1234",
-        ] {
-            assert!(link.contains(want), "round {round}: {want} in {link}");
-        }
-        let addrs = ip(Some(pid), "-o addr show dev stasis-tap0");
-        assert!(
-            addrs.contains("inet 10.55.0.1/24"),
-            "round {round}: {addrs}"
-        );
-        let routes = ip(Some(pid), "route show");
-        assert!(
-            routes.contains("10.55.0.0/24 dev stasis-tap0"),
-            "round {round}: {routes}"
+        assert_link(
+            pid,
+            round,
+            "stasis-tap0",
+            &[
+                "link/ether 02:55:00:00:00:07",
+                "mtu 1300",
+                ",UP>",
+                "tun type tap pi off vnet_hdr on persist on user 1234",
+            ],
+            "inet 10.55.0.1/24",
+            "10.55.0.0/24 dev stasis-tap0",
         );
     };
     check(pid, 0);
@@ -1427,23 +1435,17 @@ fn a_tun_held_by_a_program_carries_packets_after_restore() {
         pids: vec![pid],
     };
     let check = |pid: i32, round: u32| {
-        let link = ip(Some(pid), "-d -o link show stasis-tun0");
-        for want in [
-            "mtu 1280",
-            ",UP,",
-            "tun type tun pi off vnet_hdr off persist off",
-        ] {
-            assert!(link.contains(want), "round {round}: {want} in {link}");
-        }
-        let addrs = ip(Some(pid), "-o addr show dev stasis-tun0");
-        assert!(
-            addrs.contains("inet 10.56.0.1/24"),
-            "round {round}: {addrs}"
-        );
-        let routes = ip(Some(pid), "route show");
-        assert!(
-            routes.contains("10.57.0.0/24 dev stasis-tun0"),
-            "round {round}: {routes}"
+        assert_link(
+            pid,
+            round,
+            "stasis-tun0",
+            &[
+                "mtu 1280",
+                ",UP,",
+                "tun type tun pi off vnet_hdr off persist off",
+            ],
+            "inet 10.56.0.1/24",
+            "10.57.0.0/24 dev stasis-tun0",
         );
     };
     check(pid, 0);
