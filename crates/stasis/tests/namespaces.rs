@@ -1284,11 +1284,7 @@ fn a_multi_queue_tun_keeps_its_detached_queue() {
         );
     });
     net.pids.push(last);
-    std::fs::write(dir.path().join("go"), b"").unwrap();
-    let st = waitpid_timeout(last, Duration::from_secs(60));
-    let result = std::fs::read_to_string(dir.path().join("result")).unwrap_or_default();
-    assert_eq!(result, "PASS");
-    assert_eq!(st, (Some(0), None), "the restored program's exit");
+    finish_program(dir.path(), last);
 }
 
 /// An fd attached to a tun device of the dumper's network namespace (the
@@ -1332,6 +1328,16 @@ fn start_in_netns(args: &[&str]) -> (i32, tempfile::TempDir) {
         dir.path().join("ready").exists()
     });
     (pid, dir)
+}
+
+/// Tells a restored test program (`last`) to go on (`DIR/go`) and checks
+/// that it wrote PASS in `DIR/result` and exited with 0.
+fn finish_program(dir: &std::path::Path, last: i32) {
+    std::fs::write(dir.join("go"), b"").unwrap();
+    let st = waitpid_timeout(last, Duration::from_secs(60));
+    let result = std::fs::read_to_string(dir.join("result")).unwrap_or_default();
+    assert_eq!(result, "PASS");
+    assert_eq!(st, (Some(0), None), "the restored program's exit");
 }
 
 /// In the network namespace of process `pid` (round `round` of a test):
@@ -1451,11 +1457,7 @@ fn a_tun_held_by_a_program_carries_packets_after_restore() {
     check(pid, 0);
     let last = dump_and_restore_detached(pid, 2, check);
     net.pids.push(last);
-    std::fs::write(dir.path().join("go"), b"").unwrap();
-    let st = waitpid_timeout(last, Duration::from_secs(60));
-    let result = std::fs::read_to_string(dir.path().join("result")).unwrap_or_default();
-    assert_eq!(result, "PASS");
-    assert_eq!(st, (Some(0), None), "the restored program's exit");
+    finish_program(dir.path(), last);
 }
 
 /// A veth pair with both ends in the tree's namespace (not a container's:
