@@ -595,31 +595,26 @@ fn extra_mounts(
             }
             continue;
         }
-        if matches!(kind.as_str(), "sysfs" | "mqueue" | "devpts") && m.root == "/" {
-            check_fresh(root, kind, at, own_ipc)?;
-            later = true;
-            ns.later.push(LaterMount {
-                target: at.clone(),
-                flags,
-                what: LaterKind::Fresh {
-                    fstype: kind.clone(),
-                    source: kind.clone(),
-                    options,
-                },
-            });
-            continue;
-        }
+        let fresh = matches!(kind.as_str(), "sysfs" | "mqueue" | "devpts") && m.root == "/";
         // A cgroup2 mounted from inside the tree's cgroup namespace (a
         // container's, on /sys/fs/cgroup): mounted again from inside the
         // restored one.
-        if kind == "cgroup2" && m.root == cgns_root.unwrap_or("/") {
+        let cgroup2 = kind == "cgroup2" && m.root == cgns_root.unwrap_or("/");
+        if fresh || cgroup2 {
+            if fresh {
+                check_fresh(root, kind, at, own_ipc)?;
+            }
             later = true;
             ns.later.push(LaterMount {
                 target: at.clone(),
                 flags,
                 what: LaterKind::Fresh {
                     fstype: kind.clone(),
-                    source: m.source.clone(),
+                    source: if cgroup2 {
+                        m.source.clone()
+                    } else {
+                        kind.clone()
+                    },
                     options,
                 },
             });
