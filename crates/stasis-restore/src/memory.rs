@@ -110,9 +110,9 @@ pub(crate) fn restore_memory(
     inherit: Option<&Inherit<'_>>,
     cx: &mut TreeCtx<'_, '_>,
 ) -> Result<u64> {
-    // Every pack holding pages of this process is opened inside it (one
-    // for a full checkpoint, several along an incremental chain).
-    let pack_fds = open_packs(s, sources)?;
+    // Every pack holding pages of this process is handed to it (one for a
+    // full checkpoint, several along an incremental chain).
+    let pack_fds = open_packs(s, sources, cx.transport)?;
     let mut filled = 0u64;
     let mut last = Instant::now();
     let mut lazy_areas = Vec::new();
@@ -303,12 +303,30 @@ fn read_piece(p: &Piece, sources: &[PageSource], buf: &mut [u8]) -> Result<()> {
         })
 }
 
-/// Opens every pack of `sources` inside the process; returns its fds there.
-pub(crate) fn open_packs<R: Remote>(s: &mut R, sources: &[PageSource]) -> Result<Vec<u64>> {
+/// Hands every pack of `sources` (as the restorer opened it) to the
+/// process, each at its lowest free fd (close-on-exec), as an `open`
+/// there would: the process may not see the image directory (under a root
+/// of its own, pivoted into before its memory is made). Returns its fds
+/// there.
+pub(crate) fn open_packs<R: Remote>(
+    s: &mut R,
+    sources: &[PageSource],
+    transport: &Transport,
+) -> Result<Vec<u64>> {
+    let h = transport.h;
+    let tmp = i32::try_from(h + 1).map_err(|_| ObjectError::Layout("fd number overflow".into()))?;
     let mut pack_fds = Vec::with_capacity(sources.len());
     for src in sources {
-        let path = src.pack.path().to_string_lossy();
-        pack_fds.push(build::open_in(s, &path, "page pack")?);
+        let path = src.pack.path().display().to_string();
+        files::plant(s, &transport.sock, h, src.pack.file().as_fd(), tmp, true)?;
+        let fd = s.sys(
+            "fcntl",
+            libc::SYS_fcntl,
+            &[h + 1, libc::F_DUPFD_CLOEXEC as u64, 0],
+        );
+        s.sys("close", libc::SYS_close, &[h + 1])
+            .map_err(step(format!("closing the handed-over page pack {path}")))?;
+        pack_fds.push(fd.map_err(step(format!("giving the page pack {path} a low fd")))?);
     }
     Ok(pack_fds)
 }
