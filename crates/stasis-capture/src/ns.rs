@@ -517,7 +517,9 @@ fn mounts(info: &str) -> Vec<MountLine> {
 /// of the tree's own IPC namespace (`own_ipc`: its queues are saved with
 /// the namespace), a devpts instance without terminals, a cgroup2 rooted
 /// at the root of the tree's cgroup namespace: `cgns_root`, as the dumper
-/// sees it, or the dumper's); refuses every other. From the first
+/// sees it, or the dumper's); refuses every other. A root of its own
+/// (pivot_root) is saved as where the dumper sees it (refused if it does
+/// not), every other mount then as the tree sees it from there. From the first
 /// mount the root stub cannot make (nested in an earlier one, a read-only
 /// tmpfs, a fresh file system) on, every mount is made later, by the
 /// restorer, in order.
@@ -534,31 +536,37 @@ fn extra_mounts(
     let mut later = false;
     let mut made: Vec<String> = Vec::new();
     let theirs = mounts(&proc::read(root, "mountinfo")?);
-    // A root of its own first: everything else is seen under the old root
-    // then (its pts, its proc...), and would be refused for less.
+    // A root of its own (as pivot_root makes): where the dumper sees its
+    // file system, a mount of the same device whose root holds it; every
+    // other mount, seen from that root, is then the tree's own.
     if let Some(m) = theirs
         .iter()
-        .find(|m| m.at == "/" && !mine.contains(&m.key()))
+        .rfind(|m| m.at == "/")
+        .filter(|m| !mine.contains(&m.key()))
     {
-        return Err(refuse(
-            root,
-            format!("its mount namespace has a root of its own (a {} mount on /, as pivot_root makes); stasis restores trees whose root is the restorer's", m.kind),
-        ));
+        let Some(source) = seen_by_dumper(&my_mounts, m) else {
+            return Err(refuse(
+                root,
+                format!("its mount namespace has a root of its own (a {} mount on /, as pivot_root makes) that no mount of the dumper's mount namespace holds; stasis restores a root the dumper sees (dump it from a mount namespace where its root file system is mounted)", m.kind),
+            ));
+        };
+        ns.root = Some(BindMount {
+            source,
+            target: "/".into(),
+            flags: mount_flags(&m.mount_opts),
+        });
     }
     for m in theirs {
-        if mine.contains(&m.key()) {
+        if ns.root.is_none() && mine.contains(&m.key()) {
             continue;
         }
         let (at, kind) = (&m.at, &m.kind);
+        if at == "/" {
+            continue;
+        }
         if kind == "proc" && at == "/proc" && own_pid {
             ns.proc = true;
             continue;
-        }
-        if at == "/" {
-            return Err(refuse(
-                root,
-                format!("its mount namespace has a root of its own (a {kind} mount on /, as pivot_root makes); stasis restores trees whose root is the restorer's"),
-            ));
         }
         let flags = mount_flags(&m.mount_opts);
         let options = m
@@ -620,22 +628,8 @@ fn extra_mounts(
             });
             continue;
         }
-        // A bind mount of something the dumper sees: a mount of the same
-        // file system whose root holds this one's.
-        let source = my_mounts
-            .iter()
-            .filter(|h| h.dev == m.dev && h.kind == m.kind)
-            .find_map(|h| {
-                let rest = if h.root == "/" {
-                    Some(m.root.as_str())
-                } else {
-                    m.root
-                        .strip_prefix(h.root.as_str())
-                        .filter(|r| r.is_empty() || r.starts_with('/'))
-                }?;
-                Some(format!("{}{}", h.at.trim_end_matches('/'), rest))
-            });
-        if let Some(source) = source.filter(|s| s.starts_with('/') && !s.contains(" (deleted)")) {
+        // A bind mount of something the dumper sees.
+        if let Some(source) = seen_by_dumper(&my_mounts, &m) {
             if later {
                 ns.later.push(LaterMount {
                     target: at.clone(),
@@ -657,6 +651,26 @@ fn extra_mounts(
         ));
     }
     Ok(ns)
+}
+
+/// Where the dumper sees the root of mount `m` (of another mount
+/// namespace): under a mount of its own of the same file system whose root
+/// holds `m`'s root (`None`: no such mount, or a deleted directory).
+fn seen_by_dumper(my_mounts: &[MountLine], m: &MountLine) -> Option<String> {
+    my_mounts
+        .iter()
+        .filter(|h| h.dev == m.dev && h.kind == m.kind)
+        .find_map(|h| {
+            let rest = if h.root == "/" {
+                Some(m.root.as_str())
+            } else {
+                m.root
+                    .strip_prefix(h.root.as_str())
+                    .filter(|r| r.is_empty() || r.starts_with('/'))
+            }?;
+            Some(format!("{}{}", h.at.trim_end_matches('/'), rest))
+        })
+        .filter(|s| s.starts_with('/') && !s.contains(" (deleted)"))
 }
 
 /// A file system mounted anew at restore holds nothing of its own: a
@@ -939,7 +953,12 @@ pub fn describe(
         // A copy of the dumper's with nothing of its own (`ip netns exec`
         // gives each command one, with its own /sys): the dumper's, as
         // before namespaces were saved; its restore needs no new one.
-        if m.proc || !m.tmpfs.is_empty() || !m.binds.is_empty() || !m.later.is_empty() {
+        if m.proc
+            || !m.tmpfs.is_empty()
+            || !m.binds.is_empty()
+            || !m.later.is_empty()
+            || m.root.is_some()
+        {
             ns.mnt = Some(m);
         }
     }

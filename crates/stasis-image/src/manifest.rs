@@ -149,8 +149,14 @@ pub const POSIX_QUEUES_MANIFEST_VERSION: u32 = 9;
 /// without them and those fds unattached.
 pub const TUN_MANIFEST_VERSION: u32 = 10;
 
+/// Manifest format version written when the tree's mount namespace has a
+/// root of its own ([`MountNamespace::root`], as `pivot_root` makes), so
+/// that a reader that predates it refuses the manifest instead of
+/// restoring the tree under the restorer's root.
+pub const OWN_ROOT_MANIFEST_VERSION: u32 = 11;
+
 /// The newest manifest format version this reader knows.
-pub const LATEST_MANIFEST_VERSION: u32 = TUN_MANIFEST_VERSION;
+pub const LATEST_MANIFEST_VERSION: u32 = OWN_ROOT_MANIFEST_VERSION;
 
 impl Manifest {
     /// The format version this manifest's content calls for: the oldest
@@ -219,7 +225,14 @@ impl Manifest {
                         || matches!(&f.kind, FdKind::PtyMaster(p) if p.devpts.is_some())
                 })
         };
-        if tun() {
+        let own_root = self
+            .namespaces
+            .iter()
+            .filter_map(|n| n.mnt.as_ref())
+            .any(|m| m.root.is_some());
+        if own_root {
+            OWN_ROOT_MANIFEST_VERSION
+        } else if tun() {
             TUN_MANIFEST_VERSION
         } else if posix_queues() {
             POSIX_QUEUES_MANIFEST_VERSION
@@ -616,6 +629,13 @@ pub struct MountNamespace {
     /// in another, read-only, or not tmpfs nor bind) on, every mount.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub later: Vec<LaterMount>,
+    /// A root of its own (as `pivot_root` makes): the directory where the
+    /// dumper sees the tree's root file system (`source`, a mount of the
+    /// dumper's namespace holds it) and the flags of the mount on `/`
+    /// (`target` is `/`). Every `target` above is then under that root: the
+    /// restorer makes the mounts under `source`, then pivots into it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root: Option<BindMount>,
 }
 
 /// A bind mount of a path the dumper sees (`source`) on `target`.

@@ -384,6 +384,7 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
                 flags: 1,
             }],
             later: Vec::new(),
+            root: None,
         }),
     });
     let bytes = encode_manifest(&m).unwrap();
@@ -840,8 +841,45 @@ fn tun_devices_and_fds_raise_the_manifest_version_and_round_trip() {
         lower[8..12].copy_from_slice(&manifest::CGROUPS_MANIFEST_VERSION.to_le_bytes());
         assert!(decode_manifest(&lower, 3, p()).is_err());
     }
+    const { assert!(manifest::TUN_MANIFEST_VERSION < manifest::LATEST_MANIFEST_VERSION) };
+}
+
+/// A mount namespace with a root of its own (pivot_root): version 11 (a
+/// reader of 10 would restore the tree under the restorer's root),
+/// round-trips, and is refused under a lower version.
+#[test]
+fn a_root_of_its_own_raises_the_manifest_version_and_round_trips() {
+    let base = small_manifest();
+    assert!(base.format_version() < manifest::OWN_ROOT_MANIFEST_VERSION);
+    let mut m = base.clone();
+    m.namespaces = Some(manifest::Namespaces {
+        pid: true,
+        mnt: Some(manifest::MountNamespace {
+            proc: true,
+            root: Some(manifest::BindMount {
+                source: "/var/lib/containers/c1/merged".into(),
+                target: "/".into(),
+                flags: libc::MS_NOSUID,
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    assert_eq!(m.format_version(), 11);
+    let bytes = encode_manifest(&m).unwrap();
+    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 11);
+    assert_eq!(decode_manifest(&bytes, 3, p()).unwrap(), m);
+    let mut lower = bytes.clone();
+    lower[8..12].copy_from_slice(&manifest::TUN_MANIFEST_VERSION.to_le_bytes());
+    assert!(decode_manifest(&lower, 3, p()).is_err());
+    // Without it, the same namespace is not raised to 11.
+    let mut without = m.clone();
+    if let Some(mnt) = without.namespaces.as_mut().and_then(|n| n.mnt.as_mut()) {
+        mnt.root = None;
+    }
+    assert!(without.format_version() < manifest::OWN_ROOT_MANIFEST_VERSION);
     assert_eq!(
         manifest::LATEST_MANIFEST_VERSION,
-        manifest::TUN_MANIFEST_VERSION
+        manifest::OWN_ROOT_MANIFEST_VERSION
     );
 }

@@ -326,6 +326,27 @@ pub fn mount(
     Ok(())
 }
 
+/// Makes directory `dir` (a mount point) the root of the calling thread's
+/// mount namespace, as runc does: `pivot_root(".", ".")` from it, then the
+/// old root, left on top, detached. Every process whose root or working
+/// directory was the old root has it there (the calling thread, with its
+/// file system attributes unshared, too); the thread ends in `/`.
+pub fn pivot_root_into(dir: &str) -> std::io::Result<()> {
+    std::env::set_current_dir(dir)?;
+    let dot = c".";
+    // SAFETY: both pointers are a NUL-terminated string alive for the call.
+    let r = unsafe { libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the pointer is a NUL-terminated string alive for the call.
+    let r = unsafe { libc::umount2(dot.as_ptr(), libc::MNT_DETACH) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    std::env::set_current_dir("/")
+}
+
 /// A datagram socket of the calling thread's network namespace, and the
 /// request for `lo`.
 fn lo_request() -> Result<(OwnedFd, stasis_sys::net::IfreqFlags)> {

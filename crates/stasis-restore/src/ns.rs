@@ -11,8 +11,8 @@ use std::ffi::CString;
 use std::os::fd::AsFd;
 
 use stasis_image::manifest::{
-    LaterKind, Manifest, Namespaces, NetAddress, NetInterface, NetNamespace, NetRoute,
-    TimeNamespace, TmpfsEntry, TunDevice, UserNamespace,
+    BindMount, LaterKind, Manifest, MountNamespace, Namespaces, NetAddress, NetInterface,
+    NetNamespace, NetRoute, TimeNamespace, TmpfsEntry, TunDevice, UserNamespace,
 };
 use stasis_kernel::child::NsSetup;
 use stasis_kernel::ns::{self as kns, NsKind};
@@ -72,7 +72,10 @@ pub(crate) fn setup(ns: &Namespaces) -> Result<NsSetup> {
     let mut tmpfs = Vec::new();
     for t in ns.mnt.iter().flat_map(|m| m.tmpfs.iter()) {
         tmpfs.push((
-            cstr("tmpfs mount point", &t.target)?,
+            cstr(
+                "tmpfs mount point",
+                &before_pivot(ns.mnt.as_ref(), &t.target),
+            )?,
             t.flags,
             cstr(
                 "tmpfs options",
@@ -84,7 +87,10 @@ pub(crate) fn setup(ns: &Namespaces) -> Result<NsSetup> {
     for b in ns.mnt.iter().flat_map(|m| m.binds.iter()) {
         binds.push((
             cstr("bind mount source", &b.source)?,
-            cstr("bind mount point", &b.target)?,
+            cstr(
+                "bind mount point",
+                &before_pivot(ns.mnt.as_ref(), &b.target),
+            )?,
             b.flags,
         ));
     }
@@ -241,7 +247,10 @@ fn fill_tmpfs(m: &Manifest, root: i32, content: &stasis_image::ContentSource) ->
         });
     let fill = || -> Result<()> {
         for t in &mnt.tmpfs {
-            let base = std::path::PathBuf::from(format!("/proc/{root}/root{}", t.target));
+            let base = std::path::PathBuf::from(format!(
+                "/proc/{root}/root{}",
+                before_pivot(Some(mnt), &t.target)
+            ));
             fill_entries(&base, &t.target, &t.entries, content)?;
         }
         Ok(())
@@ -362,7 +371,7 @@ fn later_mounts(m: &Manifest, root: i32, content: &stasis_image::ContentSource) 
     let Some(mnt) = m.namespaces.as_ref().and_then(|n| n.mnt.as_ref()) else {
         return Ok(());
     };
-    if mnt.later.is_empty() {
+    if mnt.later.is_empty() && mnt.root.is_none() {
         return Ok(());
     }
     // A sysfs shows the devices of the mounting thread's network
@@ -381,6 +390,16 @@ fn later_mounts(m: &Manifest, root: i32, content: &stasis_image::ContentSource) 
         kinds.push(NsKind::Cgroup);
     }
     kns::in_namespaces_of(root, &kinds, || -> Result<()> {
+        // Under a root of its own, the proc the stub mounted on /proc.
+        if let Some(r) = mnt.root.as_ref().filter(|_| mnt.proc) {
+            let at = before_pivot(Some(mnt), "/proc");
+            kns::mount("/proc", &at, None, libc::MS_BIND, None).map_err(|e| {
+                RestoreError::from(ObjectError::Incompatible(format!(
+                    "making the tree's mount: binding its proc on /proc under its root {}: {e}",
+                    r.source
+                )))
+            })?;
+        }
         for l in &mnt.later {
             let fail = |what: &str| {
                 let what = format!("{what} on {}", l.target);
@@ -393,13 +412,14 @@ fn later_mounts(m: &Manifest, root: i32, content: &stasis_image::ContentSource) 
             if !l.target.starts_with('/') || l.target.split('/').any(|c| c == "..") {
                 return Err(ObjectError::Inconsistent(format!("mount point {}", l.target)).into());
             }
-            if std::fs::symlink_metadata(&l.target).is_err() {
-                std::fs::create_dir_all(&l.target).map_err(fail("making the mount point"))?;
+            let target = before_pivot(Some(mnt), &l.target);
+            if std::fs::symlink_metadata(&target).is_err() {
+                std::fs::create_dir_all(&target).map_err(fail("making the mount point"))?;
             }
             let remount = |flags: u64| {
                 kns::mount(
                     "none",
-                    &l.target,
+                    &target,
                     None,
                     libc::MS_REMOUNT | libc::MS_BIND | flags,
                     None,
@@ -409,19 +429,19 @@ fn later_mounts(m: &Manifest, root: i32, content: &stasis_image::ContentSource) 
                 LaterKind::Tmpfs { options, entries } => {
                     kns::mount(
                         "tmpfs",
-                        &l.target,
+                        &target,
                         Some("tmpfs"),
                         l.flags & !libc::MS_RDONLY,
                         Some(options),
                     )
                     .map_err(fail("mounting a tmpfs"))?;
-                    fill_entries(std::path::Path::new(&l.target), &l.target, entries, content)?;
+                    fill_entries(std::path::Path::new(&target), &l.target, entries, content)?;
                     if l.flags & libc::MS_RDONLY != 0 {
                         remount(l.flags).map_err(fail("making a tmpfs read-only"))?;
                     }
                 }
                 LaterKind::Bind { source } => {
-                    kns::mount(source, &l.target, None, libc::MS_BIND, None)
+                    kns::mount(source, &target, None, libc::MS_BIND, None)
                         .map_err(fail(&format!("bind mount of {source}")))?;
                     if l.flags != 0 {
                         remount(l.flags).map_err(fail("remounting a bind mount"))?;
@@ -432,13 +452,67 @@ fn later_mounts(m: &Manifest, root: i32, content: &stasis_image::ContentSource) 
                     source,
                     options,
                 } => {
-                    kns::mount(source, &l.target, Some(fstype), l.flags, Some(options))
+                    kns::mount(source, &target, Some(fstype), l.flags, Some(options))
                         .map_err(fail(&format!("mounting a {fstype}")))?;
                 }
             }
         }
+        if let Some(r) = &mnt.root {
+            pivot(r)?;
+        }
         Ok(())
     })?
+}
+
+/// Where the tree's mount on `target` is made before the tree pivots
+/// into a root of its own (`mnt.root`): under the saved root's path;
+/// else on `target`.
+fn before_pivot(mnt: Option<&MountNamespace>, target: &str) -> String {
+    match mnt.and_then(|m| m.root.as_ref()) {
+        Some(r) if target == "/" => r.source.clone(),
+        Some(r) => format!("{}{target}", r.source.trim_end_matches('/')),
+        None => target.to_string(),
+    }
+}
+
+/// From a thread in the tree's new mount namespace whose mounts are made
+/// under the saved root (`r.source`): the root bound on itself with every
+/// mount under it, pivoted into (the old root detached, as runc does), then
+/// given its saved flags. Every process of the namespace (the root stub)
+/// then has it as its `/`.
+fn pivot(r: &BindMount) -> Result<()> {
+    let fail = |what: &str| {
+        let what = what.to_string();
+        let at = r.source.clone();
+        move |e: std::io::Error| {
+            RestoreError::from(ObjectError::Incompatible(format!(
+                "making the tree's root of its own, {at}: {what}: {e} (its root file system must be mounted there, as at the dump)"
+            )))
+        }
+    };
+    if !r.source.starts_with('/') || r.source.split('/').any(|c| c == "..") {
+        return Err(ObjectError::Inconsistent(format!("root directory {}", r.source)).into());
+    }
+    kns::mount(
+        &r.source,
+        &r.source,
+        None,
+        libc::MS_BIND | libc::MS_REC,
+        None,
+    )
+    .map_err(fail("binding it on itself"))?;
+    kns::pivot_root_into(&r.source).map_err(fail("pivot_root into it"))?;
+    if r.flags != 0 {
+        kns::mount(
+            "none",
+            "/",
+            None,
+            libc::MS_REMOUNT | libc::MS_BIND | r.flags,
+            None,
+        )
+        .map_err(fail("remounting it with its flags"))?;
+    }
+    Ok(())
 }
 
 /// Gives the credentials of every process of a tree in a user namespace

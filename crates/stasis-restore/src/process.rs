@@ -111,7 +111,8 @@ fn restore_exe_and_mm(s: &mut Proc, p: &ProcessImage) -> Result<()> {
     let same_exe = {
         use std::os::unix::fs::MetadataExt;
         let cur = std::fs::metadata(format!("/proc/{}/exe", s.t.pid())).ok();
-        let want = std::fs::metadata(&p.exe).ok();
+        // (As the stub sees it: under the tree's root of its own, if any.)
+        let want = std::fs::metadata(format!("/proc/{}/root{}", s.t.pid(), p.exe)).ok();
         matches!((cur, want), (Some(a), Some(b)) if a.dev() == b.dev() && a.ino() == b.ino())
     };
     if same_exe {

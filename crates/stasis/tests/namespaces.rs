@@ -1943,22 +1943,200 @@ fn twice_keeps_container_mounts() {
     waitpid_timeout(pid, Duration::from_secs(30));
 }
 
-/// A mount on / of its own (what pivot_root leaves): its root is not
-/// the restorer's.
+/// A root of its own that the dumper cannot see (a tmpfs mounted in the
+/// tree's namespace only, pivoted into): refused by name.
 #[test]
-fn refuses_a_root_of_its_own() {
+fn refuses_a_root_the_dumper_cannot_see() {
     refused(
         &[
             "--mount",
             "sh",
             "-c",
-            // /usr as the new root (the old one put on its empty /usr/src).
-            "mount --make-rprivate / && mount --bind /usr /mnt && cd /mnt && \
-             pivot_root . src && exec /bin/sleep 1000",
+            // A fresh tmpfs as the new root (the old one put on its /old).
+            // (/lib64 and the like: links into /usr, or /usr/lib64 itself.)
+            "mount --make-rprivate / && mount -t tmpfs tmpfs /mnt && \
+             mkdir /mnt/usr /mnt/old && mount --bind /usr /mnt/usr && \
+             for d in bin lib lib64; do ln -s usr/$d /mnt/$d; done && cd /mnt && \
+             pivot_root . old && exec /usr/bin/sleep 1000",
         ],
-        |up| (cmdline_of(up).trim() == "/bin/sleep 1000").then_some(up),
-        "its mount namespace has a root of its own",
+        |up| (cmdline_of(up).trim() == "/usr/bin/sleep 1000").then_some(up),
+        "that no mount of the dumper's mount namespace holds",
     );
+}
+
+/// The program of [`twice_keeps_a_root_of_its_own`], run in its new root:
+/// its cwd in /data/sub, fd 3 on /data/file; says so in /data/ready,
+/// waits for /data/go, then checks its cwd, its root (no /data/host
+/// marker of the host's: argv[1] is a file only the host's root has), fd
+/// 3's content and a file under /tmp (its tmpfs); /data/result says PASS
+/// or FAIL and why.
+const OWN_ROOT_PROGRAM: &str = r#"
+import os, sys, time
+os.chdir("/data/sub")
+fd = os.open("/data/file", os.O_RDONLY)
+if fd != 3:
+    os.dup2(fd, 3)
+    os.close(fd)
+with open("/tmp/note", "w") as f:
+    f.write("in its tmpfs")
+open("/data/ready", "w").close()
+while not os.path.exists("/data/go"):
+    time.sleep(0.05)
+bad = []
+if os.getcwd() != "/data/sub":
+    bad.append("cwd " + os.getcwd())
+if os.path.exists(sys.argv[1]):
+    bad.append("the host's root is seen: " + sys.argv[1])
+if os.pread(3, 100, 0) != b"of its rootfs":
+    bad.append("fd 3 reads %r" % os.pread(3, 100, 0))
+if open("/tmp/note").read() != "in its tmpfs":
+    bad.append("/tmp/note")
+with open("/data/result", "w") as f:
+    f.write("FAIL " + "; ".join(bad) if bad else "PASS")
+"#;
+
+/// The mounts of `pid` as (root, mount point, type, rw/ro), sorted.
+fn mount_list(pid: i32) -> Vec<(String, String, String, String)> {
+    let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default();
+    let mut v: Vec<_> = info
+        .lines()
+        .filter_map(|l| {
+            let (a, b) = l.split_once(" - ")?;
+            let f: Vec<&str> = a.split_whitespace().collect();
+            let rw = f.get(5)?.split(',').next()?.to_string();
+            Some((
+                f.get(3)?.to_string(),
+                f.get(4)?.to_string(),
+                b.split_whitespace().next()?.to_string(),
+                rw,
+            ))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// A container-like tree (issue 17): a mount and PID namespace of its own
+/// whose root is a directory of the host (bound on itself, with /usr bound
+/// read-only, a tmpfs on /tmp and its proc on /proc) it pivoted into
+/// (`pivot_root . .`, the old root detached, as runc does). Dumped and
+/// restored twice, it has the same directory as its root, the same cwd,
+/// fd paths and mounts, and reads its files.
+#[test]
+fn twice_keeps_a_root_of_its_own() {
+    use std::os::unix::fs::MetadataExt;
+    // Restored trees (detached) are reparented to this process.
+    workloads();
+    let dir = tempfile::tempdir().unwrap();
+    let rootfs = dir.path().join("rootfs");
+    for d in ["usr", "tmp", "proc", "data/sub"] {
+        std::fs::create_dir_all(rootfs.join(d)).unwrap();
+    }
+    // /bin, /lib... as the host has them: directories bound, or links.
+    let mut binds = String::new();
+    for d in ["bin", "lib", "lib64", "sbin"] {
+        let host = std::path::Path::new("/").join(d);
+        match std::fs::symlink_metadata(&host) {
+            Ok(m) if m.file_type().is_symlink() => {
+                std::os::unix::fs::symlink(std::fs::read_link(&host).unwrap(), rootfs.join(d))
+                    .unwrap();
+            }
+            Ok(m) if m.is_dir() => {
+                std::fs::create_dir(rootfs.join(d)).unwrap();
+                binds.push_str(&format!(
+                    "mount --bind -o ro /{d} \"$r/{d}\" && mount -o remount,bind,ro \"$r/{d}\" && "
+                ));
+            }
+            _ => {}
+        }
+    }
+    std::fs::write(rootfs.join("data/file"), b"of its rootfs").unwrap();
+    std::fs::write(rootfs.join("data/in"), b"").unwrap();
+    // A file only the host's root has.
+    let host_marker = dir.path().join("host-only");
+    std::fs::write(&host_marker, b"").unwrap();
+    let script = format!(
+        "r=\"$0\" && mount --make-rprivate / && mount --bind \"$r\" \"$r\" && \
+         mount --bind /usr \"$r/usr\" && mount -o remount,bind,ro \"$r/usr\" && {binds}\
+         mount -t tmpfs -o size=1m tmpfs \"$r/tmp\" && mount -t proc proc \"$r/proc\" && \
+         cd \"$r\" && pivot_root . . && umount -l . && cd / && \
+         exec python3 -c \"$1\" \"$2\" </data/in >/data/out.log 2>&1"
+    );
+    let mut c = Command::new("unshare");
+    c.args(["--mount", "--pid", "--fork", "sh", "-c"])
+        .arg(&script)
+        .arg(&rootfs)
+        .arg(OWN_ROOT_PROGRAM)
+        .arg(&host_marker)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    close_inherited_fds(&mut c);
+    let _r = Refused {
+        unshare: c.spawn().expect("starting unshare"),
+    };
+    let up = _r.unshare.id() as i32;
+    let ready = rootfs.join("data/ready");
+    wait_until(Duration::from_secs(20), "the tree in its new root", || {
+        ready.exists()
+    });
+    let pid = descendants(up).first().copied().expect("the tree's root");
+    let want_root = std::fs::metadata(&rootfs).unwrap();
+    let check = |pid: i32, round: &str| {
+        let root = std::fs::metadata(format!("/proc/{pid}/root/.")).unwrap();
+        assert_eq!(
+            (root.dev(), root.ino()),
+            (want_root.dev(), want_root.ino()),
+            "{round}: its root is not the rootfs directory"
+        );
+        assert_eq!(
+            std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap(),
+            PathBuf::from("/data/sub"),
+            "{round}"
+        );
+        for (fd, path) in [(0, "/data/in"), (1, "/data/out.log"), (3, "/data/file")] {
+            assert_eq!(
+                std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).unwrap(),
+                PathBuf::from(path),
+                "{round}: fd {fd}"
+            );
+        }
+        assert_eq!(
+            std::fs::read(format!("/proc/{pid}/fd/3")).unwrap(),
+            b"of its rootfs",
+            "{round}"
+        );
+        assert_eq!(
+            std::fs::read(format!("/proc/{pid}/root/tmp/note")).unwrap(),
+            b"in its tmpfs",
+            "{round}"
+        );
+    };
+    check(pid, "before");
+    let mounts = mount_list(pid);
+    assert!(
+        mounts.iter().any(|m| m.1 == "/tmp" && m.2 == "tmpfs")
+            && mounts.iter().any(|m| m.1 == "/proc" && m.2 == "proc")
+            && mounts.iter().any(|m| m.1 == "/usr" && m.3 == "ro"),
+        "{mounts:?}"
+    );
+    let pid = dump_and_restore_detached(pid, 2, |pid, round| {
+        let round = format!("round {round}");
+        check(pid, &round);
+        assert_eq!(mount_list(pid), mounts, "{round}");
+    });
+    std::fs::write(rootfs.join("data/go"), b"").unwrap();
+    let result = rootfs.join("data/result");
+    wait_until(Duration::from_secs(20), "the program's result", || {
+        result.exists()
+    });
+    let out = std::fs::read_to_string(rootfs.join("data/out.log")).unwrap_or_default();
+    assert_eq!(
+        std::fs::read_to_string(&result).unwrap(),
+        "PASS",
+        "output:\n{out}"
+    );
+    waitpid_timeout(pid, Duration::from_secs(30));
 }
 
 /// The program of [`twice_keeps_a_terminal_of_its_own_devpts`]: in a
