@@ -1966,10 +1966,9 @@ fn refuses_a_root_the_dumper_cannot_see() {
 
 /// The program of [`twice_keeps_a_root_of_its_own`], run in its new root:
 /// its cwd in /data/sub, fd 3 on /data/file; says so in /data/ready,
-/// waits for /data/go, then checks its cwd, its root (no /data/host
-/// marker of the host's: argv[1] is a file only the host's root has), fd
-/// 3's content and a file under /tmp (its tmpfs); /data/result says PASS
-/// or FAIL and why.
+/// waits for /data/go, then checks its cwd, its root (argv[1], a file
+/// only the host's root has, is not seen), fd 3's content and a file under
+/// /tmp (its tmpfs); /data/result says PASS or FAIL and why.
 const OWN_ROOT_PROGRAM: &str = r#"
 import os, sys, time
 os.chdir("/data/sub")
