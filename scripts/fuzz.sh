@@ -2,7 +2,7 @@
 # Fuzzes every decoder of untrusted bytes with cargo-fuzz (libFuzzer): the
 # targets and their seed corpora are in fuzz/ (see fuzz/README.md).
 #
-#   scripts/fuzz.sh smoke            each target for 20 s (what CI runs)
+#   scripts/fuzz.sh smoke            each target for 10 s (what CI runs)
 #   scripts/fuzz.sh long [SECONDS]   each target for SECONDS (default 600)
 #   scripts/fuzz.sh list             the targets
 #
@@ -22,7 +22,7 @@ log() { printf 'fuzz: %s\n' "$*" >&2; }
 
 mode=${1:-smoke}
 case "$mode" in
-smoke) secs=20 ;;
+smoke) secs=10 ;;
 long) secs=${2:-600} ;;
 list) ;;
 *)
