@@ -833,6 +833,31 @@ struct Refused {
     unshare: Child,
 }
 
+impl Refused {
+    /// Spawns `c` (an `unshare` command with its arguments) with no stdio
+    /// and no inherited fds.
+    fn spawn(c: &mut Command) -> Refused {
+        c.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        close_inherited_fds(c);
+        Refused {
+            unshare: c.spawn().expect("starting unshare"),
+        }
+    }
+
+    /// The tree's `sleep 1000` (its set-up done), waited for up to `secs`.
+    fn sleeper(&self, secs: u64) -> i32 {
+        let up = self.unshare.id() as i32;
+        let mut pid = 0;
+        wait_until(Duration::from_secs(secs), "the tree to be set up", || {
+            pid = child_running(up, "sleep 1000").unwrap_or(0);
+            pid > 0
+        });
+        pid
+    }
+}
+
 impl Drop for Refused {
     fn drop(&mut self) {
         let pid = self.unshare.id() as i32;
@@ -849,15 +874,7 @@ impl Drop for Refused {
 /// and checks that the dump fails with `needle` and leaves every process
 /// of the tree running, untraced and unstopped.
 fn refused(args: &[&str], ready: impl Fn(i32) -> Option<i32>, needle: &str) {
-    let mut c = Command::new("unshare");
-    c.args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    close_inherited_fds(&mut c);
-    let r = Refused {
-        unshare: c.spawn().expect("starting unshare"),
-    };
+    let r = Refused::spawn(Command::new("unshare").args(args));
     let up = r.unshare.id() as i32;
     let mut target = 0;
     wait_until(Duration::from_secs(20), "the tree to be set up", || {
@@ -1130,8 +1147,7 @@ fn twice_keeps_a_deleted_file_a_fifo_and_a_device_of_its_tmpfs_open() {
     let script = "mount -t tmpfs stasis-test /mnt && printf hello-ghost >/mnt/f && \
         exec 3</mnt/f && rm /mnt/f && mkfifo /mnt/fifo && exec 4<>/mnt/fifo && \
         printf queued >&4 && mknod /mnt/null c 1 3 && exec 5>/mnt/null && exec sleep 1000";
-    let mut c = Command::new("unshare");
-    c.args([
+    let _r = Refused::spawn(Command::new("unshare").args([
         "--pid",
         "--fork",
         "--mount-proc",
@@ -1139,20 +1155,8 @@ fn twice_keeps_a_deleted_file_a_fifo_and_a_device_of_its_tmpfs_open() {
         "sh",
         "-c",
         script,
-    ])
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::null());
-    close_inherited_fds(&mut c);
-    let _r = Refused {
-        unshare: c.spawn().expect("starting unshare"),
-    };
-    let up = _r.unshare.id() as i32;
-    let mut pid = 0;
-    wait_until(Duration::from_secs(10), "the tree to be set up", || {
-        pid = child_running(up, "sleep 1000").unwrap_or(0);
-        pid > 0
-    });
+    ]));
+    let pid = _r.sleeper(10);
     let check = |pid: i32, round: u32| {
         let fd = |n: u32| format!("/proc/{pid}/fd/{n}");
         let link = |n: u32| std::fs::read_link(fd(n)).unwrap().display().to_string();
@@ -1720,23 +1724,13 @@ fn twice_keeps_a_bind_mount() {
     workloads();
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("marker"), b"bound here").unwrap();
-    let mut c = Command::new("unshare");
-    c.args(["--pid", "--fork", "--mount-proc", "--mount", "sh", "-c"])
-        .arg("mount --bind \"$0\" /srv && exec sleep 1000 3</srv/marker")
-        .arg(dir.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    close_inherited_fds(&mut c);
-    let _r = Refused {
-        unshare: c.spawn().expect("starting unshare"),
-    };
-    let up = _r.unshare.id() as i32;
-    let mut pid = 0;
-    wait_until(Duration::from_secs(10), "the tree to be set up", || {
-        pid = child_running(up, "sleep 1000").unwrap_or(0);
-        pid > 0
-    });
+    let _r = Refused::spawn(
+        Command::new("unshare")
+            .args(["--pid", "--fork", "--mount-proc", "--mount", "sh", "-c"])
+            .arg("mount --bind \"$0\" /srv && exec sleep 1000 3</srv/marker")
+            .arg(dir.path()),
+    );
+    let pid = _r.sleeper(10);
     let seen = |pid: i32| std::fs::read(format!("/proc/{pid}/root/srv/marker")).unwrap_or_default();
     assert_eq!(seen(pid), b"bound here");
     let pid = dump_and_restore_detached(pid, 2, |pid, round| {
@@ -1782,23 +1776,10 @@ fn a_tmpfs_file_of_80_mib_comes_back() {
         f.set_len(200 << 20).unwrap();
     }
     let want = std::fs::read(&src).unwrap();
-    let mut c = Command::new("unshare");
-    c.args(["--pid", "--fork", "--mount-proc", "--mount", "sh", "-c"])
+    let _r = Refused::spawn(Command::new("unshare").args(["--pid", "--fork", "--mount-proc", "--mount", "sh", "-c"])
         .arg("mount -t tmpfs -o size=300m stasis-test /mnt && cp --sparse=always \"$0\" /mnt/big && exec sleep 1000")
-        .arg(&src)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    close_inherited_fds(&mut c);
-    let _r = Refused {
-        unshare: c.spawn().expect("starting unshare"),
-    };
-    let up = _r.unshare.id() as i32;
-    let mut pid = 0;
-    wait_until(Duration::from_secs(20), "the tree to be set up", || {
-        pid = child_running(up, "sleep 1000").unwrap_or(0);
-        pid > 0
-    });
+        .arg(&src));
+    let mut pid = _r.sleeper(20);
     let img = tempfile::tempdir().unwrap();
     let o = stasis()
         .args(["dump", "-t", &pid.to_string(), "-D"])
@@ -1848,8 +1829,7 @@ fn twice_keeps_container_mounts() {
         mount -t tmpfs -o size=64k shm /mnt/shm && echo hi >/mnt/shm/x && \
         mount -o remount,bind,ro /mnt/shm && mount --bind /dev/null /mnt/bound && \
         mount -t sysfs -o ro,nosuid sysfs /sys && exec sleep 1000";
-    let mut c = Command::new("unshare");
-    c.args([
+    let _r = Refused::spawn(Command::new("unshare").args([
         "--pid",
         "--fork",
         "--mount-proc",
@@ -1859,20 +1839,8 @@ fn twice_keeps_container_mounts() {
         "sh",
         "-c",
         script,
-    ])
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::null());
-    close_inherited_fds(&mut c);
-    let _r = Refused {
-        unshare: c.spawn().expect("starting unshare"),
-    };
-    let up = _r.unshare.id() as i32;
-    let mut pid = 0;
-    wait_until(Duration::from_secs(10), "the tree to be set up", || {
-        pid = child_running(up, "sleep 1000").unwrap_or(0);
-        pid > 0
-    });
+    ]));
+    let pid = _r.sleeper(10);
     let check = |pid: i32, round: &str| {
         let root = format!("/proc/{pid}/root");
         let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
@@ -2061,19 +2029,14 @@ fn twice_keeps_a_root_of_its_own() {
          cd \"$r\" && pivot_root . . && umount -l . && cd / && \
          exec python3 -c \"$1\" \"$2\" </data/in >/data/out.log 2>&1"
     );
-    let mut c = Command::new("unshare");
-    c.args(["--mount", "--pid", "--fork", "sh", "-c"])
-        .arg(&script)
-        .arg(&rootfs)
-        .arg(OWN_ROOT_PROGRAM)
-        .arg(&host_marker)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    close_inherited_fds(&mut c);
-    let _r = Refused {
-        unshare: c.spawn().expect("starting unshare"),
-    };
+    let _r = Refused::spawn(
+        Command::new("unshare")
+            .args(["--mount", "--pid", "--fork", "sh", "-c"])
+            .arg(&script)
+            .arg(&rootfs)
+            .arg(OWN_ROOT_PROGRAM)
+            .arg(&host_marker),
+    );
     let up = _r.unshare.id() as i32;
     let ready = rootfs.join("data/ready");
     wait_until(Duration::from_secs(20), "the tree in its new root", || {
@@ -2207,8 +2170,7 @@ fn twice_keeps_a_terminal_of_its_own_devpts() {
     workloads();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap().to_string();
-    let mut c = Command::new("unshare");
-    c.args([
+    let _r = Refused::spawn(Command::new("unshare").args([
         "--pid",
         "--fork",
         "--mount-proc",
@@ -2218,14 +2180,7 @@ fn twice_keeps_a_terminal_of_its_own_devpts() {
         "mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts /dev/pts && exec python3 -c \"$0\" \"$1\"",
         PTY_PROGRAM,
         &d,
-    ])
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::null());
-    close_inherited_fds(&mut c);
-    let _r = Refused {
-        unshare: c.spawn().expect("starting unshare"),
-    };
+    ]));
     let up = _r.unshare.id() as i32;
     let ready = dir.path().join("ready");
     wait_until(
@@ -2486,24 +2441,19 @@ fn twice_keeps_a_time_namespace_in_a_user_namespace() {
 fn time_namespace_twice(more: &[&str]) {
     workloads();
     let pidns = more.contains(&"--pid");
-    let mut c = Command::new("unshare");
-    c.args(more)
-        .args([
-            "--time",
-            "--fork",
-            "--monotonic",
-            "86400000",
-            "--boottime",
-            "100",
-        ])
-        .args(["sh", "-c", "sleep 1000 & wait"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    close_inherited_fds(&mut c);
-    let r = Refused {
-        unshare: c.spawn().expect("starting unshare"),
-    };
+    let r = Refused::spawn(
+        Command::new("unshare")
+            .args(more)
+            .args([
+                "--time",
+                "--fork",
+                "--monotonic",
+                "86400000",
+                "--boottime",
+                "100",
+            ])
+            .args(["sh", "-c", "sleep 1000 & wait"]),
+    );
     let up = r.unshare.id() as i32;
     let mut root = 0;
     wait_until(Duration::from_secs(10), "the shell and its child", || {
