@@ -207,14 +207,7 @@ impl<'a> RestoreCtx<'a> {
         &self,
         f: impl FnOnce() -> T + Send,
     ) -> Result<T, RestoreError> {
-        match self.mount_ns_of {
-            None => Ok(f()),
-            Some(pid) => Ok(stasis_kernel::ns::in_namespaces_of(
-                pid,
-                &[stasis_kernel::ns::NsKind::Mnt],
-                f,
-            )?),
-        }
+        in_ns_of(self.mount_ns_of, stasis_kernel::ns::NsKind::Mnt, f)
     }
 
     /// Runs `f` in the tree's IPC namespace (see [`Self::ipc_ns_of`]), or
@@ -223,14 +216,7 @@ impl<'a> RestoreCtx<'a> {
         &self,
         f: impl FnOnce() -> T + Send,
     ) -> Result<T, RestoreError> {
-        match self.ipc_ns_of {
-            None => Ok(f()),
-            Some(pid) => Ok(stasis_kernel::ns::in_namespaces_of(
-                pid,
-                &[stasis_kernel::ns::NsKind::Ipc],
-                f,
-            )?),
-        }
+        in_ns_of(self.ipc_ns_of, stasis_kernel::ns::NsKind::Ipc, f)
     }
 
     /// Keeps a copy of an epoll in flight just made, for `registrar` to
@@ -429,6 +415,19 @@ pub fn plant<R: Remote>(
             .map_err(step("closing a temporary fd"))?;
     }
     Ok(())
+}
+
+/// Runs `f` on a thread in namespace `kind` of process `of`, or here
+/// (`None`: the tree has the restorer's).
+fn in_ns_of<T: Send>(
+    of: Option<i32>,
+    kind: stasis_kernel::ns::NsKind,
+    f: impl FnOnce() -> T + Send,
+) -> Result<T, RestoreError> {
+    match of {
+        None => Ok(f()),
+        Some(pid) => Ok(stasis_kernel::ns::in_namespaces_of(pid, &[kind], f)?),
+    }
 }
 
 #[cfg(test)]
