@@ -256,7 +256,7 @@ fn open(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> io::Result<Option<
             log_handshake_failure(peer, &tcp, "TLS handshake", &e);
             Ok(None)
         }
-        Err(TlsError::ClosedInHandshake) => {
+        Err(TlsError::ClosedInHandshake { .. }) => {
             info!(%peer, "page server: a client closed its connection before its TLS handshake ended");
             Ok(None)
         }

@@ -142,8 +142,11 @@ pub enum TlsError {
     /// The peer closed the connection during the handshake, without a
     /// word of TLS (an answer in plaintext is [`TlsError::NotTls`], another
     /// token [`TlsError::KeyMismatch`]).
-    #[error("the peer closed the connection before the TLS handshake ended, without an answer: a stasis server does so when it is overloaded, when it cannot start a thread for the connection, or when this end sent nothing within its handshake time (30 s), and its log says which; try again, and if it persists, check that the address is the server's")]
-    ClosedInHandshake,
+    /// `after`: how long after this end began the handshake (a close
+    /// right away after a long wait means this end began late; one after
+    /// the server's handshake time, that its hello never reached it).
+    #[error("the peer closed the connection before the TLS handshake ended, without an answer, {} ms after this end began it: a stasis server does so when it is overloaded, when it cannot start a thread for the connection, or when this end sent nothing within its handshake time (30 s), and its log says which; try again, and if it persists, check that the address is the server's", .after.as_millis())]
+    ClosedInHandshake { after: std::time::Duration },
     /// A network error (timeouts included).
     #[error("{0}")]
     Io(#[source] io::Error),
@@ -153,9 +156,11 @@ pub enum TlsError {
 }
 
 impl TlsError {
-    fn from_io(e: io::Error, client: bool) -> TlsError {
+    fn from_io(e: io::Error, client: bool, began: std::time::Instant) -> TlsError {
         if e.kind() == io::ErrorKind::UnexpectedEof {
-            return TlsError::ClosedInHandshake;
+            return TlsError::ClosedInHandshake {
+                after: began.elapsed(),
+            };
         }
         let Some(tls) = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) else {
             return TlsError::Io(e);
@@ -538,6 +543,7 @@ impl Write for Stream {
 /// Runs the client side of the handshake on `tcp` (whose timeouts bound
 /// it) and returns the encrypted stream.
 pub fn connect(tcp: TcpStream, tls: &ClientTls) -> Result<Stream, TlsError> {
+    let began = std::time::Instant::now();
     let name = ServerName::try_from(SERVER_NAME)
         .map_err(|e| TlsError::Tls(rustls::Error::General(format!("server name: {e}"))))?;
     let conn = ClientConnection::new(Arc::clone(&tls.0), name).map_err(TlsError::Tls)?;
@@ -545,7 +551,7 @@ pub fn connect(tcp: TcpStream, tls: &ClientTls) -> Result<Stream, TlsError> {
     let mut session = Session::Client(StreamOwned::new(conn, tcp2));
     session
         .handshake()
-        .map_err(|e| TlsError::from_io(e, true))?;
+        .map_err(|e| TlsError::from_io(e, true, began))?;
     Ok(Stream {
         tcp,
         tls: Some(Arc::new(Mutex::new(session))),
@@ -613,17 +619,22 @@ pub fn refuse_tls_client(tcp: &TcpStream, greeting: &[u8]) -> io::Result<()> {
 /// it). A client that speaks plaintext is [`TlsError::PlaintextPeer`] and
 /// nothing of what it sent is consumed, so the protocol can answer it.
 pub fn accept(tcp: TcpStream, tls: &ServerTls) -> Result<Stream, TlsError> {
+    let began = std::time::Instant::now();
     match sniff(&tcp).map_err(TlsError::Io)? {
         Hello::Tls => {}
         Hello::Plain => return Err(TlsError::PlaintextPeer),
-        Hello::Closed => return Err(TlsError::ClosedInHandshake),
+        Hello::Closed => {
+            return Err(TlsError::ClosedInHandshake {
+                after: began.elapsed(),
+            })
+        }
     }
     let conn = ServerConnection::new(Arc::clone(&tls.0)).map_err(TlsError::Tls)?;
     let tcp2 = tcp.try_clone().map_err(TlsError::Io)?;
     let mut session = Session::Server(StreamOwned::new(conn, tcp2));
     session
         .handshake()
-        .map_err(|e| TlsError::from_io(e, false))?;
+        .map_err(|e| TlsError::from_io(e, false, began))?;
     Ok(Stream {
         tcp,
         tls: Some(Arc::new(Mutex::new(session))),
@@ -684,6 +695,37 @@ mod tests {
         let s = s.unwrap_err();
         assert!(s.is_other_token(), "{s:?}");
         assert!(s.to_string().contains("--token-file"), "{s}");
+    }
+
+    /// A server that closes a connection once it has read the hello is
+    /// reported as a close during the handshake, with how long after the
+    /// client began it (which tells a client that began late from a hello
+    /// the server never saw).
+    #[test]
+    fn a_close_during_the_handshake_says_when() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            // The whole hello (one write of a few hundred bytes): a close
+            // with bytes unread would be a reset, not an end of stream.
+            let mut b = [0u8; 16 << 10];
+            assert!(s.read(&mut b).unwrap() > 0);
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        });
+        let tcp = TcpStream::connect(addr).unwrap();
+        let tls = ClientTls::new(b"tok", Purpose::PageServer).unwrap();
+        let e = connect(tcp, &tls).unwrap_err();
+        server.join().unwrap();
+        let TlsError::ClosedInHandshake { after } = e else {
+            panic!("{e:?}");
+        };
+        assert!(after >= std::time::Duration::from_millis(300), "{after:?}");
+        assert!(
+            e.to_string()
+                .contains(&format!("{} ms after", after.as_millis())),
+            "{e}"
+        );
     }
 
     /// The keys of one protocol are not accepted by the other.
