@@ -93,7 +93,7 @@ fn session(s: TcpStream, peer: String, cfg: &AgentConfig) -> Result<(), ClusterE
                 Ok(()) => c.send(&Msg::Alive {
                     pids: pids
                         .into_iter()
-                        .filter(|&p| !stasis_kernel::procfs::gone_or_zombie(p))
+                        .filter(|&p| crate::identity::runs_as_seen(&job, p))
                         .collect(),
                 })?,
                 Err(e) => c.send(&Msg::Error {
@@ -105,6 +105,7 @@ fn session(s: TcpStream, peer: String, cfg: &AgentConfig) -> Result<(), ClusterE
                 dump_round(&mut c, cfg, &order)?;
                 if !order.leave_running {
                     trackers::drop_job(&order.job);
+                    crate::identity::forget_job(&order.job);
                 }
             }
             Msg::Restore(order) => {
@@ -272,6 +273,13 @@ fn dump_round(c: &mut Conn, cfg: &AgentConfig, o: &DumpOrder) -> Result<(), Clus
         return c.send(&Msg::Failed {
             error: e.to_string(),
         });
+    }
+    if let Some(why) = o
+        .pids
+        .iter()
+        .find_map(|&pid| crate::identity::check_or_learn(&o.job, pid))
+    {
+        return c.send(&Msg::Failed { error: why });
     }
     match crate::peers::outside_peers(&o.pids, &o.hosts) {
         Ok(bad) if bad.is_empty() => {}
@@ -519,6 +527,7 @@ fn restore_round(c: &mut Conn, cfg: &AgentConfig, o: &RestoreOrder) -> Result<()
             .unwrap_or_else(|_| Err(Why("a restore thread panicked".into())))
         {
             Ok(r) => {
+                crate::identity::learn(&o.job, r.pid);
                 pids.push(r.pid);
                 reap_later(r.init_pid.unwrap_or(r.pid));
             }

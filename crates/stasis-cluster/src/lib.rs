@@ -7,6 +7,7 @@
 pub mod agent;
 pub mod coordinator;
 mod error;
+mod identity;
 pub mod jobs;
 pub mod peers;
 pub mod protocol;

@@ -159,6 +159,68 @@ fn a_failing_tree_aborts_the_round_everywhere() {
     w.finish_pass();
 }
 
+/// Starts `sleep` at `pid` (just freed): the kernel's next PID is set to it
+/// (`ns_last_pid`), again while another process takes it first.
+fn sleeper_at(pid: i32) -> std::process::Child {
+    for _ in 0..500 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).unwrap();
+        let mut c = std::process::Command::new("sleep")
+            .arg("1000")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        if i32::try_from(c.id()).unwrap() == pid {
+            return c;
+        }
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+    panic!("could not start a process at PID {pid}");
+}
+
+/// A tree that exited between two rounds, whose PID another program took,
+/// is not the job's any more: the next round is refused by name, and that
+/// program runs on untouched (never stopped, nothing of it committed).
+#[test]
+fn a_pid_taken_by_another_program_after_the_tree_exited_is_refused() {
+    let s = setup();
+    let mut w = Workload::start("counter", &[]);
+    let pid = w.pid;
+    let round = |s: &Setup| {
+        cluster(
+            &s.tf,
+            &[
+                "dump",
+                "--job",
+                "p",
+                "--target",
+                &target(s, pid),
+                "--leave-running",
+            ],
+        )
+    };
+    assert_ok(&round(&s), "cluster dump of the job's tree");
+    kill_and_reap(&mut w);
+    let mut other = sleeper_at(pid);
+    let o = round(&s);
+    assert_fails_with(&o, "taken by another program");
+    assert_eq!(other.try_wait().unwrap(), None, "the other program died");
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let state = state.rsplit(')').next().unwrap().split_whitespace().next();
+    assert_eq!(
+        state,
+        Some("S"),
+        "the other program is not asleep as it was"
+    );
+    let o = cluster(&s.tf, &["inspect", "--job", "p", "--target", &s.agent.addr]);
+    assert_ok(&o, "cluster inspect");
+    assert_eq!(json(&o)["complete"], serde_json::json!([1]));
+    other.kill().unwrap();
+    other.wait().unwrap();
+}
+
 /// The coordinator killed after each step of a round: before the decision
 /// the job runs on and the round is nowhere; after it, every host commits.
 #[test]
