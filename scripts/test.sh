@@ -24,6 +24,11 @@ fi
 if [ -w /proc/sys/vm/nr_hugepages ] && [ "$(cat /proc/sys/vm/nr_hugepages)" -lt 64 ]; then
     echo 64 > /proc/sys/vm/nr_hugepages
 fi
+# A CI run builds everything once from a clean checkout: incremental
+# compilation caches (about 8 GB here) would only be written, never used.
+if [ -n "${CI:-}" ]; then
+    export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+fi
 start=$(date +%s)
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
