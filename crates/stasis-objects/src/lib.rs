@@ -343,7 +343,10 @@ mod tests {
                 personalities: vec![],
             }),
             FdKind::ExternalTty { current: false },
-            FdKind::Mqueue { name: "q".into() },
+            FdKind::Mqueue {
+                name: "q".into(),
+                queue: None,
+            },
             FdKind::Userfaultfd(stasis_image::manifest::UffdImage {
                 features: None,
                 ranges: vec![],

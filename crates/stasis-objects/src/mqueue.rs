@@ -312,7 +312,7 @@ impl Object for Mqueue {
         }
         // `/NAME` (opened with mq_open) or a path in an mqueue mount.
         let name = fd.link.rsplit('/').next().unwrap_or_default().to_string();
-        Ok(Some(FdKind::Mqueue { name }))
+        Ok(Some(FdKind::Mqueue { name, queue: None }))
     }
 
     fn owns(kind: &FdKind) -> bool {
@@ -320,7 +320,7 @@ impl Object for Mqueue {
     }
 
     fn restore(cx: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
-        let FdKind::Mqueue { name } = &img.kind else {
+        let FdKind::Mqueue { name, .. } = &img.kind else {
             return Err(crate::restore::not_mine(Self::NAME, img));
         };
         let flags = i32::try_from(img.flags).unwrap_or(0);

@@ -504,7 +504,15 @@ fn fd_description(kind: &FdKind) -> String {
         FdKind::Pidfd { dead: Some(_), .. } => "pidfd on a process that has exited".to_string(),
         FdKind::Pidfd { pid, .. } => format!("pidfd on process {pid}"),
         FdKind::NsFile { kind, ino } => format!("namespace file {kind}:[{ino}]"),
-        FdKind::Mqueue { name } => format!("POSIX message queue /{name}"),
+        FdKind::Mqueue { name, queue: None } => format!("POSIX message queue /{name}"),
+        FdKind::Mqueue {
+            name,
+            queue: Some(h),
+        } => format!(
+            "POSIX message queue /{name}{} (saved, {} messages)",
+            if h.deleted { " (deleted)" } else { "" },
+            h.queue.messages.len()
+        ),
         FdKind::DeletedNode(n) => format!("{} (deleted, mode {:o}) pos {}", n.path, n.mode, n.pos),
         FdKind::Unix(u) => format!(
             "unix socket {:?} {}",
