@@ -165,6 +165,9 @@ pub struct SaveCtx {
     /// Of those, the ones with an eventfd registered, as their issuer
     /// found ([`crate::io_uring::has_eventfd_in`]: no other may ask).
     pub io_uring_eventfds: std::collections::HashSet<(i32, i32)>,
+    /// POSIX message queues saved with an fd on them, by inode (each is
+    /// read once: [`crate::mqueue`]).
+    pub(crate) mqueues: HashMap<u64, stasis_image::manifest::PosixQueue>,
 }
 
 /// `/proc/PID/<name>`.
@@ -282,6 +285,7 @@ impl Default for SaveCtx {
             listeners: HashMap::new(),
             io_uring_issuers: HashMap::new(),
             io_uring_eventfds: std::collections::HashSet::new(),
+            mqueues: HashMap::new(),
         }
     }
 }

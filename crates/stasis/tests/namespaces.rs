@@ -2274,30 +2274,91 @@ fn refuses_a_queue_with_a_notification_registered() {
     );
 }
 
-/// An mqueue of its own mount namespace holding a queue of the dumper's
-/// IPC namespace (the tree has none of its own, so its queues are not
-/// saved; an empty mqueue would be mounted again).
+/// An mqueue of its own mount namespace showing queues of the dumper's
+/// IPC namespace (the tree has none of its own): the queue the tree holds
+/// an fd on is saved with it and made again at the restore, over what
+/// holds its name then; one no fd names is not saved (found as it is at
+/// the restore: here, removed).
 #[test]
-fn refuses_a_queue_of_the_dumpers_ipc_namespace_in_its_mqueue() {
-    let name = format!("stasis-test-q{}", std::process::id());
-    refused(
-        &[
-            "--mount",
-            "sh",
-            "-c",
-            // (touch makes a queue: mqueue files are queues.)
-            &format!("mount -t mqueue mqueue /mnt && touch /mnt/{name} && exec sleep 1000"),
-        ],
-        |up| (cmdline_of(up).trim() == "sleep 1000").then_some(up),
-        &format!("holds the POSIX message queue {name}"),
+fn a_queue_of_the_dumpers_ipc_namespace_held_by_an_fd_comes_back() {
+    workloads(); // Restored trees (detached) are reparented to this process.
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let (held, loose) = (
+        format!("stasis-test-qh{}", std::process::id()),
+        format!("stasis-test-ql{}", std::process::id()),
     );
-    // The queue is the host's: removed through a mount of our own.
-    let o = Command::new("unshare")
-        .args(["--mount", "sh", "-c"])
-        .arg(format!("mount -t mqueue mqueue /mnt && rm /mnt/{name}"))
+    // Opened through the mount, one message queued on it.
+    let program = "import ctypes, os, signal, sys\n\
+        lib = ctypes.CDLL(None, use_errno=True)\n\
+        q = os.open('/mnt/' + sys.argv[2], os.O_RDWR | os.O_NONBLOCK)\n\
+        assert lib.mq_send(q, b'kept', 4, 3) == 0, ctypes.get_errno()\n\
+        open(sys.argv[1], 'w').close()\n\
+        signal.pause()\n";
+    let r = Refused::spawn(Command::new("unshare").args([
+        "--mount",
+        "sh",
+        "-c",
+        &format!(
+            "mount -t mqueue mqueue /mnt && touch /mnt/{held} /mnt/{loose} && exec python3 -c \"$0\" \"$1\" {held}"
+        ),
+        program,
+        ready.to_str().unwrap(),
+    ]));
+    let pid = r.unshare.id() as i32;
+    wait_until(Duration::from_secs(20), "the queue program", || {
+        ready.exists()
+    });
+    let img = tempfile::tempdir().unwrap();
+    let o = stasis()
+        .args(["dump", "-t", &pid.to_string(), "-D"])
+        .arg(img.path())
         .output()
         .unwrap();
-    assert_ok(&o, "removing the test's queue");
+    assert_ok(&o, "dump");
+    drop(r);
+    // Both removed, and the held one's name taken by another, empty queue.
+    let sh = |script: String| {
+        let o = Command::new("unshare")
+            .args(["--mount", "sh", "-c"])
+            .arg(format!("mount -t mqueue mqueue /mnt && {script}"))
+            .output()
+            .unwrap();
+        assert_ok(&o, &script);
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    sh(format!("rm /mnt/{held} /mnt/{loose} && touch /mnt/{held}"));
+    let o = stasis()
+        .args(["restore", "--detach", "--json", "-D"])
+        .arg(img.path())
+        .output()
+        .unwrap();
+    assert_ok(&o, "restore");
+    let back = Restored(std::cell::Cell::new(
+        i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap(),
+    ));
+    let pid = back.0.get();
+    // The restored fd is on the queue of that name, which holds the message.
+    let fd_ino = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .find(|e| {
+            std::fs::read_link(e.path())
+                .is_ok_and(|l| l.to_string_lossy().ends_with(&format!("/{held}")))
+        })
+        .map(|e| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(e.path()).unwrap()))
+        .expect("the restored process's fd on the queue");
+    let listing = sh(format!(
+        "stat -c %i /mnt/{held} && cat /mnt/{held} && ls /mnt"
+    ));
+    let mut lines = listing.lines();
+    assert_eq!(lines.next(), Some(fd_ino.to_string().as_str()), "{listing}");
+    assert!(
+        lines.next().is_some_and(|l| l.starts_with("QSIZE:4 ")),
+        "{listing}"
+    );
+    assert!(!listing.contains(&loose), "{listing}");
+    sh(format!("rm /mnt/{held}"));
 }
 
 /// Tracked dumps of the tree are incremental (the parent's processes are

@@ -212,6 +212,7 @@ workload_tests! {
     io_uring_sqpoll: "io_uring", "sqpoll";
     io_uring_shared: "io_uring", "shared";
     timens: "timens";
+    mqueue_fds: "mqueue_fds";
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so
