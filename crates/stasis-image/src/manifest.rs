@@ -1441,6 +1441,17 @@ pub enum FdKind {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         queue: Option<HeldQueue>,
     },
+    /// A virtual console (`/dev/ttyN`) or serial line (`/dev/ttySN`),
+    /// opened again by `path` (it must still be device `rdev`) and given
+    /// its termios and window size (rows, columns, x and y pixels).
+    /// Added without a format version change: an older reader refuses
+    /// the variant.
+    TtyLine {
+        path: String,
+        rdev: u64,
+        termios: PtyTermios,
+        winsize: [u16; 4],
+    },
     /// An fd on `/dev/net/tun` attached to a tun or tap device of the
     /// tree's network namespace (`stasis_objects::tun`). Manifest
     /// version 10. (One attached to none is a [`FdKind::Path`].)

@@ -204,8 +204,13 @@ pub fn unsupported_reason(pid: i32, fd: i32, link: &str) -> Option<String> {
     let known_anon = crate::REGISTRY.iter().any(|e| e.anon_inode == Some(link));
     let kind = if link.starts_with("anon_inode:") && !known_anon {
         Some("an anonymous inode of a kind stasis does not know (perf_event, a KVM vm...)")
-    } else if (link.starts_with("/dev/tty") && link != "/dev/tty") || link == "/dev/console" {
-        // Pseudo-terminals (/dev/ptmx, /dev/pts/N) are `crate::pty`'s.
+    } else if (link.starts_with("/dev/tty")
+        && link != "/dev/tty"
+        && !crate::ttyline::is_line_path(link))
+        || link == "/dev/console"
+    {
+        // Pseudo-terminals (/dev/ptmx, /dev/pts/N) are `crate::pty`'s,
+        // virtual consoles and serial lines `crate::ttyline`'s.
         Some("a terminal")
     } else if link.starts_with("pipe:")
         || link.starts_with("anon_inode:")

@@ -504,6 +504,9 @@ fn fd_description(kind: &FdKind) -> String {
         FdKind::Pidfd { dead: Some(_), .. } => "pidfd on a process that has exited".to_string(),
         FdKind::Pidfd { pid, .. } => format!("pidfd on process {pid}"),
         FdKind::NsFile { kind, ino } => format!("namespace file {kind}:[{ino}]"),
+        FdKind::TtyLine { path, winsize, .. } => {
+            format!("{path} ({}x{})", winsize[1], winsize[0])
+        }
         FdKind::Mqueue { name, queue: None } => format!("POSIX message queue /{name}"),
         FdKind::Mqueue {
             name,
