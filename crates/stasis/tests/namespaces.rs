@@ -2237,6 +2237,97 @@ fn twice_keeps_a_terminal_of_its_own_devpts() {
     assert_eq!(r, "PASS");
 }
 
+/// The program of [`twice_keeps_an_unlinked_queue_of_its_own_ipc_namespace`]:
+/// argv[1] is its directory (`ready`, `go`, `result`).
+const UNLINKED_QUEUE_PROGRAM: &str = r#"
+import ctypes, os, sys, time
+lib = ctypes.CDLL(None, use_errno=True)
+d = sys.argv[1]
+class Attr(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_long), ("maxmsg", ctypes.c_long),
+                ("msgsize", ctypes.c_long), ("curmsgs", ctypes.c_long),
+                ("pad", ctypes.c_long * 4)]
+def make(maxmsg, msgsize, flags):
+    a = Attr(0, maxmsg, msgsize, 0)
+    q = lib.mq_open(b"/q", os.O_CREAT | os.O_EXCL | flags, 0o600, ctypes.byref(a))
+    assert q >= 0, ctypes.get_errno()
+    return q
+def send(q, data, prio):
+    assert lib.mq_send(q, data, len(data), prio) == 0, ctypes.get_errno()
+def recv(q, size):
+    b = ctypes.create_string_buffer(size)
+    p = ctypes.c_uint(0)
+    n = lib.mq_receive(q, b, size, ctypes.byref(p))
+    return (b.raw[:n], p.value) if n >= 0 else None
+def attr(q):
+    a = Attr()
+    assert lib.mq_getattr(q, ctypes.byref(a)) == 0
+    return (a.flags, a.maxmsg, a.msgsize, a.curmsgs)
+old = make(3, 16, os.O_RDWR | os.O_NONBLOCK)
+send(old, b"old-low", 1); send(old, b"old-high", 6)
+assert lib.mq_unlink(b"/q") == 0
+new = make(5, 32, os.O_RDWR | os.O_NONBLOCK)
+send(new, b"new", 2)
+open(d + "/ready", "w").close()
+while not os.path.exists(d + "/go"):
+    time.sleep(0.05)
+bad = []
+if attr(old) != (os.O_NONBLOCK, 3, 16, 2):
+    bad.append("the unlinked queue's attributes are %r" % (attr(old),))
+if attr(new) != (os.O_NONBLOCK, 5, 32, 1):
+    bad.append("the named queue's attributes are %r" % (attr(new),))
+got = [recv(old, 16), recv(old, 16), recv(old, 16)]
+if got != [(b"old-high", 6), (b"old-low", 1), None]:
+    bad.append("the unlinked queue gave %r" % got)
+byname = lib.mq_open(b"/q", os.O_RDONLY | os.O_NONBLOCK)
+got = [recv(byname, 32), recv(new, 32)] if byname >= 0 else ["no /q"]
+if got != [(b"new", 2), None]:
+    bad.append("/q gave %r" % got)
+with open(d + "/result", "w") as f:
+    f.write("FAIL: " + "; ".join(bad) if bad else "PASS")
+"#;
+
+/// A queue of its own IPC namespace unlinked since it was opened, whose
+/// name another queue took since: both come back (the unlinked one made
+/// under a name of its own, then unlinked; the other, saved with the
+/// namespace, by name), each with its attributes and messages, twice;
+/// the program checks them itself.
+#[test]
+fn twice_keeps_an_unlinked_queue_of_its_own_ipc_namespace() {
+    workloads(); // Restored trees (detached) are reparented to this process.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap().to_string();
+    let r = Refused::spawn(Command::new("unshare").args([
+        "--ipc",
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "python3",
+        "-c",
+        UNLINKED_QUEUE_PROGRAM,
+        &d,
+    ]));
+    let up = r.unshare.id() as i32;
+    wait_until(Duration::from_secs(20), "the queue program", || {
+        dir.path().join("ready").exists()
+    });
+    let pid = my_children_of(up)
+        .first()
+        .copied()
+        .expect("unshare's child");
+    let restored = Restored(std::cell::Cell::new(0));
+    let pid = dump_and_restore_detached(pid, 2, |pid, _| restored.0.set(pid));
+    std::fs::write(dir.path().join("go"), b"").unwrap();
+    let result = dir.path().join("result");
+    wait_until(
+        Duration::from_secs(20),
+        "the queue program's result",
+        || result.exists(),
+    );
+    waitpid_timeout(pid, Duration::from_secs(30));
+    assert_eq!(std::fs::read_to_string(&result).unwrap(), "PASS");
+}
+
 /// A POSIX message queue of its own IPC namespace with a notification
 /// registered (`mq_notify`: refilling the queue at the dump would send
 /// it, and a restore cannot register it again), refused before anything
