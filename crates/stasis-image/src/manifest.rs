@@ -1216,6 +1216,12 @@ pub enum VmaKind {
     /// inode `ino` at mmap offset `offset`: mapped again, with its
     /// content, when the instance is made (its fd's `FdKind::IoUring`).
     IoUring { ino: u64, offset: u64 },
+    /// A shared area mapping a `BPF_F_MMAPABLE` array at mmap offset
+    /// `offset`, mapped again at restore from the process's fd `fd` on
+    /// that map (made again with its values, `FdKind::BpfMap`): no pages
+    /// saved, they are the map's. Added without a format version change:
+    /// an older reader refuses the variant.
+    BpfMap { fd: i32, offset: u64 },
 }
 
 /// The ring of an AIO context with completed events not yet read: its

@@ -425,6 +425,9 @@ fn vma_line(v: &stasis_image::manifest::Vma, pack: Option<&stasis_image::PackRea
         VmaKind::Vvar => "[vvar]".into(),
         VmaKind::Aio => "[aio] (an AIO context's ring)".into(),
         VmaKind::SocketRing { fd, .. } => format!("the rings of the packet socket of fd {fd}"),
+        VmaKind::BpfMap { fd, offset } => {
+            format!("the BPF array of fd {fd} (mapped from {offset:#x})")
+        }
         VmaKind::VvarVclock => "[vvar_vclock]".into(),
         VmaKind::IoUring { offset, .. } => {
             format!("anon_inode:[io_uring] @{offset:#x} (a ring, saved with its fd)")

@@ -213,6 +213,7 @@ workload_tests! {
     io_uring_shared: "io_uring", "shared";
     timens: "timens";
     mqueue_fds: "mqueue_fds";
+    bpf_mmap: "bpf_mmap";
 }
 
 // ttyline sets the termios and window size of a virtual console and a
