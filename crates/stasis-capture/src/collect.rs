@@ -266,6 +266,7 @@ fn collect_live(
     let t_plan = Instant::now();
     let mut planned = fr.strategy.plan(cx)?;
     socket_ring_fds(fp.pid, &mut planned.plan.vmas)?;
+    bpf_map_fds(fp.pid, &mut planned.plan.vmas)?;
     let plan_us = t_plan.elapsed().as_micros();
     for v in planned
         .plan
@@ -343,6 +344,97 @@ fn collect_live(
         },
         xfeatures,
     ))
+}
+
+/// `BPF_MAP_TYPE_ARRAY`, and the map kinds a process may map
+/// (`RINGBUF`, `USER_RINGBUF`, `ARENA`; an array with `BPF_F_MMAPABLE`).
+const BPF_ARRAY: u64 = 2;
+const BPF_MAPPABLE_KINDS: [u64; 3] = [27, 31, 33];
+const BPF_F_MMAPABLE: u64 = 0x400;
+
+/// What the fdinfo of a BPF map fd says: (map id, type, flags, bytes of
+/// its values: `value_size * max_entries`).
+fn bpf_fdinfo(text: &str) -> Option<(u64, u64, u64, u64)> {
+    let field = |k: &str| -> Option<u64> {
+        let v = text.lines().find_map(|l| l.strip_prefix(k))?.trim();
+        match v.strip_prefix("0x") {
+            Some(h) => u64::from_str_radix(h, 16).ok(),
+            None => v.parse().ok(),
+        }
+    };
+    Some((
+        field("map_id:")?,
+        field("map_type:")?,
+        field("map_flags:")?,
+        field("value_size:")?.checked_mul(field("max_entries:")?)?,
+    ))
+}
+
+/// Finds, for each area mapping a BPF map, the fd of the process on that
+/// map (it is mapped again from it at restore). The kernel does not say
+/// which map an area maps (they share one anonymous inode), so the
+/// process must hold fds on one mappable map only, a `BPF_F_MMAPABLE`
+/// array that the area fits in; other cases are refused.
+fn bpf_map_fds(pid: i32, vmas: &mut [stasis_image::manifest::Vma]) -> Result<()> {
+    let mut areas = vmas
+        .iter_mut()
+        .filter_map(|v| match &mut v.kind {
+            VmaKind::BpfMap { fd, offset } => Some((v.start, v.end, *offset, fd)),
+            _ => None,
+        })
+        .peekable();
+    if areas.peek().is_none() {
+        return Ok(());
+    }
+    let refuse = |what: String| -> crate::CaptureError {
+        crate::SaveError::Unsupported { pid, what }.into()
+    };
+    // (fd, map id, type, flags, bytes) of its fds on mappable maps.
+    let mut maps = Vec::new();
+    for n in stasis_objects::save::list_fds(pid)? {
+        let link = std::fs::read_link(format!("/proc/{pid}/fd/{n}")).unwrap_or_default();
+        if link.as_os_str() != "anon_inode:bpf-map" {
+            continue;
+        }
+        let text = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{n}")).unwrap_or_default();
+        let Some((id, t, flags, bytes)) = bpf_fdinfo(&text) else {
+            return Err(refuse(format!(
+                "fd {n} is a BPF map whose fdinfo does not say its id, type, flags and size: {text:?}"
+            )));
+        };
+        if BPF_MAPPABLE_KINDS.contains(&t) || (t == BPF_ARRAY && flags & BPF_F_MMAPABLE != 0) {
+            maps.push((n, id, t, flags, bytes));
+        }
+    }
+    let mut ids: Vec<u64> = maps.iter().map(|m| m.1).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    for (start, end, offset, fd) in areas {
+        let area = format!("area {start:#x}-{end:#x}");
+        let [id] = ids[..] else {
+            return Err(refuse(format!(
+                "{area} maps a BPF map, and the process holds fds on {} maps it could be (the kernel does not say which); stasis maps one BPF_F_MMAPABLE array again, held by an fd of the process",
+                ids.len()
+            )));
+        };
+        let Some(&(n, _, t, _, bytes)) = maps.iter().find(|m| m.1 == id) else {
+            continue;
+        };
+        if t != BPF_ARRAY {
+            return Err(refuse(format!(
+                "{area} maps the BPF map of fd {n}, of type {t} (a ring buffer or arena); stasis maps BPF_F_MMAPABLE arrays again only"
+            )));
+        }
+        let page = 4096u64;
+        let size = bytes.div_ceil(page) * page;
+        if offset.saturating_add(end - start) > size {
+            return Err(refuse(format!(
+                "{area} maps beyond the values ({bytes} bytes) of the BPF array of fd {n}, the only one it could map"
+            )));
+        }
+        *fd = n;
+    }
+    Ok(())
 }
 
 /// Finds, for each area mapping a socket's rings, an fd of the process on

@@ -69,9 +69,15 @@ pub fn vma_kind(m: &proc::MapsEntry) -> Result<Option<VmaKind>, UnsupportedArea>
             fd: -1,
             offset: m.offset,
         },
+        // Its fd, and so its map, is found once the process's fds are
+        // known (`collect`).
+        "anon_inode:bpf-map" if m.shared => VmaKind::BpfMap {
+            fd: -1,
+            offset: m.offset,
+        },
         "anon_inode:bpf-map" => {
             return Err(UnsupportedArea(format!(
-                "area {:#x}-{:#x} maps a BPF map (a BPF_F_MMAPABLE array or a ring buffer) in memory, which stasis does not map again; unmap it (stasis saves the array itself through its fd)",
+                "area {:#x}-{:#x} maps a BPF map privately, which stasis does not map again; map it shared (MAP_SHARED) or unmap it (stasis saves the array itself through its fd)",
                 m.start, m.end
             )))
         }
@@ -198,7 +204,8 @@ pub fn plan_with(
                 | VmaKind::VvarVclock
                 | VmaKind::Aio
                 | VmaKind::SocketRing { .. }
-                | VmaKind::IoUring { .. },
+                | VmaKind::IoUring { .. }
+                | VmaKind::BpfMap { .. },
                 _,
             ) => Vec::new(),
             // MAP_DROPPABLE memory is a cache the kernel may empty at any
@@ -463,6 +470,21 @@ mod kind_tests {
                 offset: 0
             })
         );
+    }
+
+    #[test]
+    fn a_shared_bpf_map_area_is_the_maps() {
+        let m = stasis_kernel::procfs::parse_maps(
+            "7f0000000000-7f0000001000 rw-s 00000000 00:10 1057                       anon_inode:bpf-map
+             7f0000001000-7f0000002000 r--p 00000000 00:10 1057                       anon_inode:bpf-map
+",
+        )
+        .unwrap();
+        assert_eq!(
+            vma_kind(&m[0]).unwrap(),
+            Some(VmaKind::BpfMap { fd: -1, offset: 0 })
+        );
+        assert!(vma_kind(&m[1]).is_err());
     }
 
     // An io_uring instance's rings, mapped from its fd or (restored) in a

@@ -116,13 +116,7 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
         } else {
             None
         };
-        let mnt = extra_mounts(
-            root,
-            own.contains(&NsKind::Pid),
-            own.contains(&NsKind::Ipc),
-            cgns.as_deref(),
-            None,
-        )?;
+        let mnt = extra_mounts(root, own.contains(&NsKind::Pid), cgns.as_deref(), None)?;
         check_tmpfs_fds(tree, &mnt)?;
     }
     Ok(())
@@ -513,9 +507,12 @@ fn mounts(info: &str) -> Vec<MountLine> {
 /// (mounts it lacks are left as the restorer has them): a proc on `/proc`
 /// (with `own_pid`), tmpfs mounts (their files' data copied into the
 /// content pack when `content` is given), bind mounts of what the dumper
-/// sees, and file systems with nothing to save (sysfs, an mqueue, empty or
-/// of the tree's own IPC namespace (`own_ipc`: its queues are saved with
-/// the namespace), a devpts instance without terminals, a cgroup2 rooted
+/// sees, and file systems mounted anew at restore, with nothing of their
+/// own to save (a sysfs; an mqueue: the queues of the tree's own IPC
+/// namespace are saved with it, those of the dumper's that the tree holds
+/// fds on with the fds, and the others are found as they are at the
+/// restore; a devpts instance: its terminals are the pairs the tree holds,
+/// saved with their masters), a cgroup2 rooted
 /// at the root of the tree's cgroup namespace: `cgns_root`, as the dumper
 /// sees it, or the dumper's); refuses every other. A root of its own
 /// (pivot_root) is saved as where the dumper sees it (refused if it does
@@ -526,7 +523,6 @@ fn mounts(info: &str) -> Vec<MountLine> {
 fn extra_mounts(
     root: i32,
     own_pid: bool,
-    own_ipc: bool,
     cgns_root: Option<&str>,
     mut content: Option<&mut ContentWriter>,
 ) -> Result<MountNamespace> {
@@ -609,9 +605,6 @@ fn extra_mounts(
         // restored one.
         let cgroup2 = kind == "cgroup2" && m.root == cgns_root.unwrap_or("/");
         if fresh || cgroup2 {
-            if fresh {
-                check_fresh(root, kind, at, own_ipc)?;
-            }
             later = true;
             ns.later.push(LaterMount {
                 target: at.clone(),
@@ -671,34 +664,6 @@ fn seen_by_dumper(my_mounts: &[MountLine], m: &MountLine) -> Option<String> {
             Some(format!("{}{}", h.at.trim_end_matches('/'), rest))
         })
         .filter(|s| s.starts_with('/') && !s.contains(" (deleted)"))
-}
-
-/// A file system mounted anew at restore holds nothing of its own: a
-/// devpts instance's terminals are the pairs the tree holds (saved with
-/// their masters, made again from its `ptmx` at their index; one no
-/// process of the tree holds is not), and an mqueue holds no message
-/// queue unless the tree has an IPC namespace of its own (`own_ipc`),
-/// whose queues are saved and made again with it (those of the dumper's
-/// are not).
-fn check_fresh(root: i32, kind: &str, at: &str, own_ipc: bool) -> Result<()> {
-    if kind == "sysfs" || kind == "devpts" || (kind == "mqueue" && own_ipc) {
-        return Ok(());
-    }
-    let dir = format!("/proc/{root}/root{at}");
-    let names: Vec<String> = std::fs::read_dir(&dir)
-        .map_err(|e| CaptureError::from_proc(root, &format!("root{at}"), e))?
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    if let Some(n) = names.first() {
-        return Err(refuse(
-            root,
-            format!(
-                "its {kind} mount on {at} holds the POSIX message queue {n}, of the dumper's IPC namespace; stasis mounts an empty one again (the queues of an IPC namespace of the tree's own are saved: start it with one, unshare --ipc)"
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// `MS_*` flags of per-mount options.
@@ -949,7 +914,7 @@ pub fn describe(
         ns.net = Some(net_namespace(root)?);
     }
     if own.contains(&NsKind::Mnt) {
-        let m = extra_mounts(root, ns.pid, ns.ipc, ns.cgroup_ns.as_deref(), Some(content))?;
+        let m = extra_mounts(root, ns.pid, ns.cgroup_ns.as_deref(), Some(content))?;
         // A copy of the dumper's with nothing of its own (`ip netns exec`
         // gives each command one, with its own /sys): the dumper's, as
         // before namespaces were saved; its restore needs no new one.

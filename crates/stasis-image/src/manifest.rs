@@ -155,8 +155,15 @@ pub const TUN_MANIFEST_VERSION: u32 = 10;
 /// restoring the tree under the restorer's root.
 pub const OWN_ROOT_MANIFEST_VERSION: u32 = 11;
 
+/// Manifest format version written when an fd on a POSIX message queue
+/// carries the queue itself ([`FdKind::Mqueue`]'s `queue`: one of the
+/// dumper's IPC namespace, or one unlinked since it was opened), so that a
+/// reader that predates it refuses the manifest instead of opening the
+/// queue by name as it is then (or failing to: an unlinked one has none).
+pub const HELD_QUEUE_MANIFEST_VERSION: u32 = 12;
+
 /// The newest manifest format version this reader knows.
-pub const LATEST_MANIFEST_VERSION: u32 = OWN_ROOT_MANIFEST_VERSION;
+pub const LATEST_MANIFEST_VERSION: u32 = HELD_QUEUE_MANIFEST_VERSION;
 
 impl Manifest {
     /// The format version this manifest's content calls for: the oldest
@@ -230,7 +237,15 @@ impl Manifest {
             .iter()
             .filter_map(|n| n.mnt.as_ref())
             .any(|m| m.root.is_some());
-        if own_root {
+        let held_queue = || {
+            self.processes
+                .iter()
+                .flat_map(|p| &p.fds)
+                .any(|f| matches!(&f.kind, FdKind::Mqueue { queue: Some(_), .. }))
+        };
+        if held_queue() {
+            HELD_QUEUE_MANIFEST_VERSION
+        } else if own_root {
             OWN_ROOT_MANIFEST_VERSION
         } else if tun() {
             TUN_MANIFEST_VERSION
@@ -438,6 +453,18 @@ pub struct PosixQueue {
     /// Largest message it takes (`mq_msgsize`).
     pub msgsize: i64,
     pub messages: Vec<PosixMessage>,
+}
+
+/// A POSIX message queue saved with an fd on it ([`FdKind::Mqueue`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldQueue {
+    /// Its inode at the dump: fds with the same one are on one queue.
+    pub ino: u64,
+    /// Unlinked since it was opened: made again under a name of its own,
+    /// opened, and unlinked.
+    pub deleted: bool,
+    /// Its attributes and messages (`name`: the one it had).
+    pub queue: PosixQueue,
 }
 
 /// One message of a POSIX queue.
@@ -1189,6 +1216,12 @@ pub enum VmaKind {
     /// inode `ino` at mmap offset `offset`: mapped again, with its
     /// content, when the instance is made (its fd's `FdKind::IoUring`).
     IoUring { ino: u64, offset: u64 },
+    /// A shared area mapping a `BPF_F_MMAPABLE` array at mmap offset
+    /// `offset`, mapped again at restore from the process's fd `fd` on
+    /// that map (made again with its values, `FdKind::BpfMap`): no pages
+    /// saved, they are the map's. Added without a format version change:
+    /// an older reader refuses the variant.
+    BpfMap { fd: i32, offset: u64 },
 }
 
 /// The ring of an AIO context with completed events not yet read: its
@@ -1405,7 +1438,26 @@ pub enum FdKind {
     /// `/`) in the restored tree's IPC namespace (where its queues are made
     /// again, [`Namespaces::posix_queues`]), or in the restorer's when the
     /// tree had the dumper's. Manifest version 9.
-    Mqueue { name: String },
+    Mqueue {
+        name: String,
+        /// The queue itself, made again at restore (once for every fd on
+        /// it) instead of opened as it is then: one of the dumper's IPC
+        /// namespace, or one unlinked since it was opened (in the tree's).
+        /// Manifest version 12.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        queue: Option<HeldQueue>,
+    },
+    /// A virtual console (`/dev/ttyN`) or serial line (`/dev/ttySN`),
+    /// opened again by `path` (it must still be device `rdev`) and given
+    /// its termios and window size (rows, columns, x and y pixels).
+    /// Added without a format version change: an older reader refuses
+    /// the variant.
+    TtyLine {
+        path: String,
+        rdev: u64,
+        termios: PtyTermios,
+        winsize: [u16; 4],
+    },
     /// An fd on `/dev/net/tun` attached to a tun or tap device of the
     /// tree's network namespace (`stasis_objects::tun`). Manifest
     /// version 10. (One attached to none is a [`FdKind::Path`].)

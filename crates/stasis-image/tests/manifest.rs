@@ -733,7 +733,10 @@ fn posix_queues_an_fd_on_one_or_a_pty_of_its_own_devpts_raise_the_manifest_versi
         fd: 3,
         flags: 2,
         cloexec: true,
-        kind: manifest::FdKind::Mqueue { name: "q".into() },
+        kind: manifest::FdKind::Mqueue {
+            name: "q".into(),
+            queue: None,
+        },
         shared_id: None,
         locks: Vec::new(),
         owner: None,
@@ -878,8 +881,67 @@ fn a_root_of_its_own_raises_the_manifest_version_and_round_trips() {
         mnt.root = None;
     }
     assert!(without.format_version() < manifest::OWN_ROOT_MANIFEST_VERSION);
+    const { assert!(manifest::OWN_ROOT_MANIFEST_VERSION < manifest::LATEST_MANIFEST_VERSION) };
+}
+
+/// An fd on a POSIX message queue that carries the queue (of the dumper's
+/// IPC namespace, or unlinked): version 12 (a reader of 11 would open the
+/// queue by name as it is then), round-trips, and is refused under a lower
+/// version; one without it stays below.
+#[test]
+fn a_queue_held_by_an_fd_raises_the_manifest_version_and_round_trips() {
+    let base = small_manifest();
+    assert!(base.format_version() < manifest::HELD_QUEUE_MANIFEST_VERSION);
+    let fd = |queue| manifest::FdImage {
+        fd: 4,
+        flags: (libc::O_RDONLY | libc::O_NONBLOCK) as u32,
+        cloexec: true,
+        kind: manifest::FdKind::Mqueue {
+            name: "q".into(),
+            queue,
+        },
+        shared_id: None,
+        locks: Vec::new(),
+        owner: None,
+    };
+    let mut m = base.clone();
+    m.processes[0].fds.push(fd(Some(manifest::HeldQueue {
+        ino: 77,
+        deleted: true,
+        queue: manifest::PosixQueue {
+            name: "q".into(),
+            uid: 1,
+            gid: 2,
+            mode: 0o640,
+            maxmsg: 7,
+            msgsize: 33,
+            messages: vec![
+                manifest::PosixMessage {
+                    prio: 9,
+                    data: b"nine".to_vec(),
+                },
+                manifest::PosixMessage {
+                    prio: 0,
+                    data: Vec::new(),
+                },
+            ],
+        },
+    })));
+    assert_eq!(m.format_version(), 12);
+    let bytes = encode_manifest(&m).unwrap();
+    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 12);
+    assert_eq!(decode_manifest(&bytes, 3, p()).unwrap(), m);
+    let mut lower = bytes.clone();
+    lower[8..12].copy_from_slice(&manifest::OWN_ROOT_MANIFEST_VERSION.to_le_bytes());
+    assert!(decode_manifest(&lower, 3, p()).is_err());
+    let mut without = base.clone();
+    without.processes[0].fds.push(fd(None));
+    assert_eq!(
+        without.format_version(),
+        manifest::POSIX_QUEUES_MANIFEST_VERSION
+    );
     assert_eq!(
         manifest::LATEST_MANIFEST_VERSION,
-        manifest::OWN_ROOT_MANIFEST_VERSION
+        manifest::HELD_QUEUE_MANIFEST_VERSION
     );
 }

@@ -81,6 +81,14 @@ pub fn create(name: &str, mode: u32, maxmsg: i64, msgsize: i64) -> io::Result<Ow
     })
 }
 
+/// Removes the queue `name` (`mq_unlink`); fds on it keep it alive.
+pub fn unlink(name: &str) -> io::Result<()> {
+    let n = c_name(name)?;
+    // SAFETY: `n` is a NUL-terminated string that outlives the call.
+    check(unsafe { libc::syscall(libc::SYS_mq_unlink, n.as_ptr()) })?;
+    Ok(())
+}
+
 /// `mq_getattr` of the queue open on `fd`.
 pub fn getattr(fd: BorrowedFd<'_>) -> io::Result<MqAttr> {
     // SAFETY: mq_attr is plain data; zeroes are a valid value.
@@ -203,8 +211,7 @@ mod tests {
         while let Some((n, p)) = receive(q.as_fd(), &mut buf).unwrap() {
             got.push((buf[..n].to_vec(), p));
         }
-        // Unlinked through the mount (no mq_unlink wrapper).
-        let _ = std::fs::remove_file(format!("/proc/self/fd/{}/{name}", m.as_raw_fd()));
+        unlink(&name).unwrap();
         assert!(names.contains(&name), "{names:?}");
         assert_eq!(
             got,
@@ -215,5 +222,6 @@ mod tests {
             ]
         );
         assert!(open(&name, libc::O_RDONLY).is_err());
+        assert!(unlink(&name).is_err());
     }
 }

@@ -26,8 +26,10 @@
 //!   cannot be read back and are refused, as are struct_ops maps.
 //!
 //! - An array made mappable (`BPF_F_MMAPABLE`) is read and written through
-//!   the syscall side like any other; one the process has mapped is refused
-//!   with its memory area (`stasis_capture::memory::vma_kind`).
+//!   the syscall side like any other; the areas of the process mapping it
+//!   (`VmaKind::BpfMap`, found by `stasis_capture::collect`) are mapped
+//!   again from the process's fd on the made map at restore
+//!   (`stasis_restore::build::map_socket_rings`).
 //!
 //! - A ring buffer (kernel or user) that holds no record (its consumer
 //!   and producer positions, read from its first two pages mapped

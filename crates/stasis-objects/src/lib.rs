@@ -28,6 +28,7 @@
 //! | packet socket | [`packet`] |
 //! | POSIX message queue (fds; the queues of an IPC namespace) | [`mqueue`] |
 //! | pseudo-terminal pair | [`pty`] |
+//! | virtual console, serial line | [`ttyline`] |
 //! | the terminal of a shell job (`--shell-job`) | [`shell_job`] |
 //! | userfaultfd | [`userfaultfd`] |
 //! | fd attached to a tun/tap device | [`tun`] |
@@ -78,6 +79,7 @@ pub mod sysv;
 pub mod sysv_ipc;
 pub mod tcp;
 pub mod timerfd;
+pub mod ttyline;
 pub mod tun;
 pub mod unix;
 pub mod userfaultfd;
@@ -159,6 +161,7 @@ pub const REGISTRY: &[Entry] = &[
     entry::<ghost::Ghost>(),
     entry::<deleted::Deleted>(),
     entry::<pipe::Fifo>(),
+    entry::<ttyline::TtyLine>(),
     entry::<pty::Pty>(),
     entry::<shell_job::ShellJobTty>(),
     entry::<userfaultfd::Userfaultfd>(),
@@ -343,7 +346,16 @@ mod tests {
                 personalities: vec![],
             }),
             FdKind::ExternalTty { current: false },
-            FdKind::Mqueue { name: "q".into() },
+            FdKind::TtyLine {
+                path: "/dev/tty7".into(),
+                rdev: libc::makedev(4, 7),
+                termios: PtyTermios::default(),
+                winsize: [24, 80, 0, 0],
+            },
+            FdKind::Mqueue {
+                name: "q".into(),
+                queue: None,
+            },
             FdKind::Userfaultfd(stasis_image::manifest::UffdImage {
                 features: None,
                 ranges: vec![],
@@ -383,6 +395,7 @@ mod tests {
                 | FdKind::IoUring(_)
                 | FdKind::ExternalTty { .. }
                 | FdKind::Mqueue { .. }
+                | FdKind::TtyLine { .. }
                 | FdKind::Userfaultfd(_)
                 | FdKind::Tun(_) => {}
             }

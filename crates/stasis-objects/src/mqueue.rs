@@ -25,17 +25,23 @@
 //! then gives it its owner and mode.
 //!
 //! An fd on a queue ([`Mqueue`], recognised by the file system of its
-//! file) is saved by the queue's name and its flags, and opened again by
-//! name (`mq_open`) in the restored tree's IPC namespace, or in the
-//! restorer's when the tree had the dumper's (whose queues are neither
-//! saved nor made again: the restored tree finds them as they are then,
-//! as System V ones).
+//! file) is saved by the queue's name and its flags. On a named queue of
+//! the tree's own IPC namespace (saved with it), it is opened again by
+//! name (`mq_open`). On a queue of the dumper's IPC namespace, or one
+//! unlinked since it was opened, the queue is saved with the fd
+//! ([`HeldQueue`], read through `/proc/PID/fd/N` as above, once per
+//! queue: by inode): the restore makes it again (a named one over
+//! whatever holds its name then, an unlinked one under a name of its own,
+//! unlinked at once) and opens every fd on it from the one fd it keeps
+//! (`/proc/self/fd/N`: a new description, as `mq_open` gives). The
+//! dumper's queues that no fd of the tree names are neither saved nor
+//! made again: the restored tree finds them as they are then.
 
 use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 
-use stasis_image::manifest::{FdImage, FdKind, PosixMessage, PosixQueue, PosixQueues};
+use stasis_image::manifest::{FdImage, FdKind, HeldQueue, PosixMessage, PosixQueue, PosixQueues};
 use stasis_kernel::{mqueue as kmq, KernelError};
 use stasis_sys::net::{MQUEUE_MAGIC, MQUEUE_SYSCTL_DIR};
 
@@ -67,6 +73,14 @@ fn limits_of(q: &PosixQueues) -> [u64; 5] {
 fn notify_pid(text: &str) -> Option<i64> {
     let rest = &text[text.find("NOTIFY_PID:")? + "NOTIFY_PID:".len()..];
     rest.split_whitespace().next()?.parse().ok()
+}
+
+/// Whether process `pid` is in the calling thread's IPC namespace (the
+/// dumper's), whose queues are not saved with the tree's namespaces.
+fn in_dumpers_ipc(pid: i32) -> bool {
+    let ino = |p: String| std::fs::metadata(p).map(|m| m.ino()).ok();
+    let theirs = ino(format!("/proc/{pid}/ns/ipc"));
+    theirs.is_some() && theirs == ino("/proc/thread-self/ns/ipc".into())
 }
 
 fn kernel(what: String) -> impl FnOnce(std::io::Error) -> SaveError {
@@ -163,12 +177,20 @@ pub fn save_namespace(pid: i32) -> Result<Option<PosixQueues>, SaveError> {
 /// Queue `name` of the mqueue mount whose root is `dir`: its attributes
 /// and messages, received and sent again in order.
 fn save_queue(pid: i32, dir: &str, name: &str) -> Result<PosixQueue, SaveError> {
+    save_queue_at(pid, &format!("{dir}/{name}"), name)
+}
+
+/// The queue `name` whose file is at `path` (in a mount, or an fd's
+/// `/proc/PID/fd/N`): as [`save_queue`].
+fn save_queue_at(pid: i32, path: &str, name: &str) -> Result<PosixQueue, SaveError> {
     let mut f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .custom_flags(libc::O_NONBLOCK)
-        .open(format!("{dir}/{name}"))
-        .map_err(kernel(format!("opening POSIX message queue /{name}")))?;
+        .open(path)
+        .map_err(kernel(format!(
+            "opening POSIX message queue /{name} ({path})"
+        )))?;
     let md = f
         .metadata()
         .map_err(kernel(format!("stat of POSIX message queue /{name}")))?;
@@ -247,7 +269,11 @@ pub fn restore_namespace(q: &PosixQueues) -> Result<(), RestoreError> {
 }
 
 fn make_queue(q: &PosixQueue) -> Result<(), RestoreError> {
-    let name = &q.name;
+    make_queue_as(&q.name, q).map(drop)
+}
+
+/// Makes queue `q` under `name` (free), with its messages, owner and mode.
+fn make_queue_as(name: &str, q: &PosixQueue) -> Result<OwnedFd, RestoreError> {
     let fd: OwnedFd = kmq::create(name, 0o600, q.maxmsg, q.msgsize).map_err(io_step(
         format!(
             "making POSIX message queue /{name} ({} messages of {} bytes at most)",
@@ -286,7 +312,35 @@ fn make_queue(q: &PosixQueue) -> Result<(), RestoreError> {
             "fchmod",
         )(e.into())
     })?;
-    Ok(())
+    Ok(fd)
+}
+
+/// Makes a queue saved with an fd ([`HeldQueue`]) again in the calling
+/// thread's IPC namespace: a named one in place of whatever holds its
+/// name (it is the tree's, as it was at the dump), an unlinked one under a
+/// name of its own, unlinked at once. The fd returned keeps it.
+fn make_held(h: &HeldQueue) -> Result<OwnedFd, RestoreError> {
+    let name = &h.queue.name;
+    if h.deleted {
+        let tmp = format!("stasis-restore-{}-{}", std::process::id(), h.ino);
+        // A leftover of a restore killed here would be of another pid.
+        let fd = make_queue_as(&tmp, &h.queue)?;
+        kmq::unlink(&tmp).map_err(io_step(
+            format!("unlinking POSIX message queue /{tmp}, made again for /{name} (deleted)"),
+            "mq_unlink",
+        ))?;
+        return Ok(fd);
+    }
+    match kmq::unlink(name) {
+        Err(e) if e.raw_os_error() != Some(libc::ENOENT) => {
+            return Err(io_step(
+                format!("removing POSIX message queue /{name} to make the tree's again"),
+                "mq_unlink",
+            )(e))
+        }
+        _ => {}
+    }
+    make_queue_as(name, &h.queue)
 }
 
 /// An fd on a POSIX message queue.
@@ -295,7 +349,7 @@ pub struct Mqueue;
 impl Object for Mqueue {
     const NAME: &'static str = "POSIX message queue";
 
-    fn save(_cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
+    fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
         if !fd.link.starts_with('/') || !fd.meta.is_file() {
             return Ok(None);
         }
@@ -304,15 +358,39 @@ impl Object for Mqueue {
             Ok(s) if s.filesystem_type().0 == MQUEUE_MAGIC => {}
             _ => return Ok(None),
         }
-        if fd.link.ends_with(" (deleted)") {
-            return Err(fd.unsupported(format!(
-                "fd {} is on the POSIX message queue {}, unlinked since it was opened; stasis cannot make such a queue again",
-                fd.fd, fd.link
-            )));
-        }
+        let link = fd.link.strip_suffix(" (deleted)");
+        let deleted = link.is_some();
         // `/NAME` (opened with mq_open) or a path in an mqueue mount.
-        let name = fd.link.rsplit('/').next().unwrap_or_default().to_string();
-        Ok(Some(FdKind::Mqueue { name }))
+        let name = link
+            .unwrap_or(fd.link)
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        // A named queue of the tree's own IPC namespace is saved with it
+        // (`save_namespace`); one of the dumper's, or an unlinked one, is
+        // saved here, once for all the fds on it.
+        if !deleted && !in_dumpers_ipc(fd.pid) {
+            return Ok(Some(FdKind::Mqueue { name, queue: None }));
+        }
+        let ino = fd.meta.ino();
+        let queue = match cx.mqueues.get(&ino) {
+            Some(q) => q.clone(),
+            None => {
+                let at = format!("/proc/{}/fd/{}", fd.pid, fd.fd);
+                let q = save_queue_at(fd.pid, &at, &name)?;
+                cx.mqueues.insert(ino, q.clone());
+                q
+            }
+        };
+        Ok(Some(FdKind::Mqueue {
+            name,
+            queue: Some(HeldQueue {
+                ino,
+                deleted,
+                queue,
+            }),
+        }))
     }
 
     fn owns(kind: &FdKind) -> bool {
@@ -320,15 +398,36 @@ impl Object for Mqueue {
     }
 
     fn restore(cx: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
-        let FdKind::Mqueue { name } = &img.kind else {
+        let FdKind::Mqueue { name, queue } = &img.kind else {
             return Err(crate::restore::not_mine(Self::NAME, img));
         };
         let flags = i32::try_from(img.flags).unwrap_or(0);
-        cx.in_tree_ipc(|| kmq::open(name, flags))?.map_err(file_err(
-            format!("/{name}"),
-            "a POSIX message queue of the tree's IPC namespace",
-            "mq_open",
-        ))
+        let Some(h) = queue else {
+            return cx.in_tree_ipc(|| kmq::open(name, flags))?.map_err(file_err(
+                format!("/{name}"),
+                "a POSIX message queue of the tree's IPC namespace",
+                "mq_open",
+            ));
+        };
+        if !cx.mqueues.contains_key(&h.ino) {
+            let made = cx.in_tree_ipc(|| make_held(h))??;
+            cx.mqueues.insert(h.ino, made);
+        }
+        let keep = cx.mqueues[&h.ino].as_raw_fd();
+        // A new description of the queue made, as mq_open gives one.
+        let path = format!("/proc/self/fd/{keep}");
+        let access = flags & libc::O_ACCMODE;
+        std::fs::OpenOptions::new()
+            .read(access != libc::O_WRONLY)
+            .write(access != libc::O_RDONLY)
+            .custom_flags(libc::O_CLOEXEC | (flags & libc::O_NONBLOCK))
+            .open(&path)
+            .map(OwnedFd::from)
+            .map_err(file_err(
+                format!("/{name}"),
+                "a POSIX message queue made again",
+                "open",
+            ))
     }
 }
 

@@ -137,6 +137,10 @@ pub struct RestoreCtx<'a> {
     /// held one map hold one again); those of older images, without id.
     pub(crate) bpf_maps: HashMap<u32, OwnedFd>,
     pub(crate) bpf_maps_unnamed: Vec<OwnedFd>,
+    /// POSIX message queues made again from an fd's image, by their inode
+    /// at the dump: one open fd each, the tree's fds are opened from
+    /// through /proc/self/fd ([`crate::mqueue`]).
+    pub(crate) mqueues: HashMap<u64, OwnedFd>,
     /// A process of the tree (as the restorer sees it) whose mount
     /// namespace, the tree's own, files are opened in by path; `None`: the
     /// restorer's.
@@ -196,6 +200,7 @@ impl<'a> RestoreCtx<'a> {
             terminal: None,
             bpf_maps: HashMap::new(),
             bpf_maps_unnamed: Vec::new(),
+            mqueues: HashMap::new(),
             mount_ns_of: None,
             ipc_ns_of: None,
         }

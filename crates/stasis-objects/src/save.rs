@@ -165,6 +165,9 @@ pub struct SaveCtx {
     /// Of those, the ones with an eventfd registered, as their issuer
     /// found ([`crate::io_uring::has_eventfd_in`]: no other may ask).
     pub io_uring_eventfds: std::collections::HashSet<(i32, i32)>,
+    /// POSIX message queues saved with an fd on them, by inode (each is
+    /// read once: [`crate::mqueue`]).
+    pub(crate) mqueues: HashMap<u64, stasis_image::manifest::PosixQueue>,
 }
 
 /// `/proc/PID/<name>`.
@@ -201,8 +204,13 @@ pub fn unsupported_reason(pid: i32, fd: i32, link: &str) -> Option<String> {
     let known_anon = crate::REGISTRY.iter().any(|e| e.anon_inode == Some(link));
     let kind = if link.starts_with("anon_inode:") && !known_anon {
         Some("an anonymous inode of a kind stasis does not know (perf_event, a KVM vm...)")
-    } else if (link.starts_with("/dev/tty") && link != "/dev/tty") || link == "/dev/console" {
-        // Pseudo-terminals (/dev/ptmx, /dev/pts/N) are `crate::pty`'s.
+    } else if (link.starts_with("/dev/tty")
+        && link != "/dev/tty"
+        && !crate::ttyline::is_line_path(link))
+        || link == "/dev/console"
+    {
+        // Pseudo-terminals (/dev/ptmx, /dev/pts/N) are `crate::pty`'s,
+        // virtual consoles and serial lines `crate::ttyline`'s.
         Some("a terminal")
     } else if link.starts_with("pipe:")
         || link.starts_with("anon_inode:")
@@ -282,6 +290,7 @@ impl Default for SaveCtx {
             listeners: HashMap::new(),
             io_uring_issuers: HashMap::new(),
             io_uring_eventfds: std::collections::HashSet::new(),
+            mqueues: HashMap::new(),
         }
     }
 }

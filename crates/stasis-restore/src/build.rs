@@ -225,6 +225,9 @@ pub fn map_vma<R: Remote>(
         // Held empty until the instance is made with the files (its
         // restore maps its rings over this).
         VmaKind::IoUring { .. } => return reserve(r, vma).map(|()| 0),
+        // Held empty until mapped from the map's fd once the fds exist
+        // (`map_socket_rings`).
+        VmaKind::BpfMap { .. } => return reserve(r, vma).map(|()| 0),
     };
     landed(vma, at)?;
     advise(r, vma)?;
@@ -291,8 +294,10 @@ fn attach_part<R: Remote>(
 /// fd (planted already), at their addresses.
 pub fn map_socket_rings<R: Remote>(r: &mut R, vmas: &[Vma]) -> Result<(), RestoreError> {
     for vma in vmas {
-        let VmaKind::SocketRing { fd, offset, .. } = vma.kind else {
-            continue;
+        let (fd, offset, what) = match vma.kind {
+            VmaKind::SocketRing { fd, offset, .. } => (fd, offset, "the rings of the socket"),
+            VmaKind::BpfMap { fd, offset } => (fd, offset, "the BPF map"),
+            _ => continue,
         };
         let share = if vma.shared {
             libc::MAP_SHARED
@@ -309,7 +314,7 @@ pub fn map_socket_rings<R: Remote>(r: &mut R, vmas: &[Vma]) -> Result<(), Restor
                 u64::from(fd.unsigned_abs()),
                 offset,
             ],
-            &format!("mapping the rings of the socket of fd {fd}"),
+            &format!("mapping {what} of fd {fd}"),
         )?;
     }
     Ok(())

@@ -425,6 +425,9 @@ fn vma_line(v: &stasis_image::manifest::Vma, pack: Option<&stasis_image::PackRea
         VmaKind::Vvar => "[vvar]".into(),
         VmaKind::Aio => "[aio] (an AIO context's ring)".into(),
         VmaKind::SocketRing { fd, .. } => format!("the rings of the packet socket of fd {fd}"),
+        VmaKind::BpfMap { fd, offset } => {
+            format!("the BPF array of fd {fd} (mapped from {offset:#x})")
+        }
         VmaKind::VvarVclock => "[vvar_vclock]".into(),
         VmaKind::IoUring { offset, .. } => {
             format!("anon_inode:[io_uring] @{offset:#x} (a ring, saved with its fd)")
@@ -504,7 +507,18 @@ fn fd_description(kind: &FdKind) -> String {
         FdKind::Pidfd { dead: Some(_), .. } => "pidfd on a process that has exited".to_string(),
         FdKind::Pidfd { pid, .. } => format!("pidfd on process {pid}"),
         FdKind::NsFile { kind, ino } => format!("namespace file {kind}:[{ino}]"),
-        FdKind::Mqueue { name } => format!("POSIX message queue /{name}"),
+        FdKind::TtyLine { path, winsize, .. } => {
+            format!("{path} ({}x{})", winsize[1], winsize[0])
+        }
+        FdKind::Mqueue { name, queue: None } => format!("POSIX message queue /{name}"),
+        FdKind::Mqueue {
+            name,
+            queue: Some(h),
+        } => format!(
+            "POSIX message queue /{name}{} (saved, {} messages)",
+            if h.deleted { " (deleted)" } else { "" },
+            h.queue.messages.len()
+        ),
         FdKind::DeletedNode(n) => format!("{} (deleted, mode {:o}) pos {}", n.path, n.mode, n.pos),
         FdKind::Unix(u) => format!(
             "unix socket {:?} {}",

@@ -2237,6 +2237,97 @@ fn twice_keeps_a_terminal_of_its_own_devpts() {
     assert_eq!(r, "PASS");
 }
 
+/// The program of [`twice_keeps_an_unlinked_queue_of_its_own_ipc_namespace`]:
+/// argv[1] is its directory (`ready`, `go`, `result`).
+const UNLINKED_QUEUE_PROGRAM: &str = r#"
+import ctypes, os, sys, time
+lib = ctypes.CDLL(None, use_errno=True)
+d = sys.argv[1]
+class Attr(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_long), ("maxmsg", ctypes.c_long),
+                ("msgsize", ctypes.c_long), ("curmsgs", ctypes.c_long),
+                ("pad", ctypes.c_long * 4)]
+def make(maxmsg, msgsize, flags):
+    a = Attr(0, maxmsg, msgsize, 0)
+    q = lib.mq_open(b"/q", os.O_CREAT | os.O_EXCL | flags, 0o600, ctypes.byref(a))
+    assert q >= 0, ctypes.get_errno()
+    return q
+def send(q, data, prio):
+    assert lib.mq_send(q, data, len(data), prio) == 0, ctypes.get_errno()
+def recv(q, size):
+    b = ctypes.create_string_buffer(size)
+    p = ctypes.c_uint(0)
+    n = lib.mq_receive(q, b, size, ctypes.byref(p))
+    return (b.raw[:n], p.value) if n >= 0 else None
+def attr(q):
+    a = Attr()
+    assert lib.mq_getattr(q, ctypes.byref(a)) == 0
+    return (a.flags, a.maxmsg, a.msgsize, a.curmsgs)
+old = make(3, 16, os.O_RDWR | os.O_NONBLOCK)
+send(old, b"old-low", 1); send(old, b"old-high", 6)
+assert lib.mq_unlink(b"/q") == 0
+new = make(5, 32, os.O_RDWR | os.O_NONBLOCK)
+send(new, b"new", 2)
+open(d + "/ready", "w").close()
+while not os.path.exists(d + "/go"):
+    time.sleep(0.05)
+bad = []
+if attr(old) != (os.O_NONBLOCK, 3, 16, 2):
+    bad.append("the unlinked queue's attributes are %r" % (attr(old),))
+if attr(new) != (os.O_NONBLOCK, 5, 32, 1):
+    bad.append("the named queue's attributes are %r" % (attr(new),))
+got = [recv(old, 16), recv(old, 16), recv(old, 16)]
+if got != [(b"old-high", 6), (b"old-low", 1), None]:
+    bad.append("the unlinked queue gave %r" % got)
+byname = lib.mq_open(b"/q", os.O_RDONLY | os.O_NONBLOCK)
+got = [recv(byname, 32), recv(new, 32)] if byname >= 0 else ["no /q"]
+if got != [(b"new", 2), None]:
+    bad.append("/q gave %r" % got)
+with open(d + "/result", "w") as f:
+    f.write("FAIL: " + "; ".join(bad) if bad else "PASS")
+"#;
+
+/// A queue of its own IPC namespace unlinked since it was opened, whose
+/// name another queue took since: both come back (the unlinked one made
+/// under a name of its own, then unlinked; the other, saved with the
+/// namespace, by name), each with its attributes and messages, twice;
+/// the program checks them itself.
+#[test]
+fn twice_keeps_an_unlinked_queue_of_its_own_ipc_namespace() {
+    workloads(); // Restored trees (detached) are reparented to this process.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap().to_string();
+    let r = Refused::spawn(Command::new("unshare").args([
+        "--ipc",
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "python3",
+        "-c",
+        UNLINKED_QUEUE_PROGRAM,
+        &d,
+    ]));
+    let up = r.unshare.id() as i32;
+    wait_until(Duration::from_secs(20), "the queue program", || {
+        dir.path().join("ready").exists()
+    });
+    let pid = my_children_of(up)
+        .first()
+        .copied()
+        .expect("unshare's child");
+    let restored = Restored(std::cell::Cell::new(0));
+    let pid = dump_and_restore_detached(pid, 2, |pid, _| restored.0.set(pid));
+    std::fs::write(dir.path().join("go"), b"").unwrap();
+    let result = dir.path().join("result");
+    wait_until(
+        Duration::from_secs(20),
+        "the queue program's result",
+        || result.exists(),
+    );
+    waitpid_timeout(pid, Duration::from_secs(30));
+    assert_eq!(std::fs::read_to_string(&result).unwrap(), "PASS");
+}
+
 /// A POSIX message queue of its own IPC namespace with a notification
 /// registered (`mq_notify`: refilling the queue at the dump would send
 /// it, and a restore cannot register it again), refused before anything
@@ -2274,30 +2365,91 @@ fn refuses_a_queue_with_a_notification_registered() {
     );
 }
 
-/// An mqueue of its own mount namespace holding a queue of the dumper's
-/// IPC namespace (the tree has none of its own, so its queues are not
-/// saved; an empty mqueue would be mounted again).
+/// An mqueue of its own mount namespace showing queues of the dumper's
+/// IPC namespace (the tree has none of its own): the queue the tree holds
+/// an fd on is saved with it and made again at the restore, over what
+/// holds its name then; one no fd names is not saved (found as it is at
+/// the restore: here, removed).
 #[test]
-fn refuses_a_queue_of_the_dumpers_ipc_namespace_in_its_mqueue() {
-    let name = format!("stasis-test-q{}", std::process::id());
-    refused(
-        &[
-            "--mount",
-            "sh",
-            "-c",
-            // (touch makes a queue: mqueue files are queues.)
-            &format!("mount -t mqueue mqueue /mnt && touch /mnt/{name} && exec sleep 1000"),
-        ],
-        |up| (cmdline_of(up).trim() == "sleep 1000").then_some(up),
-        &format!("holds the POSIX message queue {name}"),
+fn a_queue_of_the_dumpers_ipc_namespace_held_by_an_fd_comes_back() {
+    workloads(); // Restored trees (detached) are reparented to this process.
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let (held, loose) = (
+        format!("stasis-test-qh{}", std::process::id()),
+        format!("stasis-test-ql{}", std::process::id()),
     );
-    // The queue is the host's: removed through a mount of our own.
-    let o = Command::new("unshare")
-        .args(["--mount", "sh", "-c"])
-        .arg(format!("mount -t mqueue mqueue /mnt && rm /mnt/{name}"))
+    // Opened through the mount, one message queued on it.
+    let program = "import ctypes, os, signal, sys\n\
+        lib = ctypes.CDLL(None, use_errno=True)\n\
+        q = os.open('/mnt/' + sys.argv[2], os.O_RDWR | os.O_NONBLOCK)\n\
+        assert lib.mq_send(q, b'kept', 4, 3) == 0, ctypes.get_errno()\n\
+        open(sys.argv[1], 'w').close()\n\
+        signal.pause()\n";
+    let r = Refused::spawn(Command::new("unshare").args([
+        "--mount",
+        "sh",
+        "-c",
+        &format!(
+            "mount -t mqueue mqueue /mnt && touch /mnt/{held} /mnt/{loose} && exec python3 -c \"$0\" \"$1\" {held}"
+        ),
+        program,
+        ready.to_str().unwrap(),
+    ]));
+    let pid = r.unshare.id() as i32;
+    wait_until(Duration::from_secs(20), "the queue program", || {
+        ready.exists()
+    });
+    let img = tempfile::tempdir().unwrap();
+    let o = stasis()
+        .args(["dump", "-t", &pid.to_string(), "-D"])
+        .arg(img.path())
         .output()
         .unwrap();
-    assert_ok(&o, "removing the test's queue");
+    assert_ok(&o, "dump");
+    drop(r);
+    // Both removed, and the held one's name taken by another, empty queue.
+    let sh = |script: String| {
+        let o = Command::new("unshare")
+            .args(["--mount", "sh", "-c"])
+            .arg(format!("mount -t mqueue mqueue /mnt && {script}"))
+            .output()
+            .unwrap();
+        assert_ok(&o, &script);
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    sh(format!("rm /mnt/{held} /mnt/{loose} && touch /mnt/{held}"));
+    let o = stasis()
+        .args(["restore", "--detach", "--json", "-D"])
+        .arg(img.path())
+        .output()
+        .unwrap();
+    assert_ok(&o, "restore");
+    let back = Restored(std::cell::Cell::new(
+        i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap(),
+    ));
+    let pid = back.0.get();
+    // The restored fd is on the queue of that name, which holds the message.
+    let fd_ino = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .find(|e| {
+            std::fs::read_link(e.path())
+                .is_ok_and(|l| l.to_string_lossy().ends_with(&format!("/{held}")))
+        })
+        .map(|e| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(e.path()).unwrap()))
+        .expect("the restored process's fd on the queue");
+    let listing = sh(format!(
+        "stat -c %i /mnt/{held} && cat /mnt/{held} && ls /mnt"
+    ));
+    let mut lines = listing.lines();
+    assert_eq!(lines.next(), Some(fd_ino.to_string().as_str()), "{listing}");
+    assert!(
+        lines.next().is_some_and(|l| l.starts_with("QSIZE:4 ")),
+        "{listing}"
+    );
+    assert!(!listing.contains(&loose), "{listing}");
+    sh(format!("rm /mnt/{held}"));
 }
 
 /// Tracked dumps of the tree are incremental (the parent's processes are

@@ -212,6 +212,49 @@ workload_tests! {
     io_uring_sqpoll: "io_uring", "sqpoll";
     io_uring_shared: "io_uring", "shared";
     timens: "timens";
+    mqueue_fds: "mqueue_fds";
+    bpf_mmap: "bpf_mmap";
+}
+
+// ttyline sets the termios and window size of a virtual console and a
+// serial line of the machine (/dev/tty9, /dev/ttyS0), which every run
+// shares: its runs take turns (a run's set-up would read another's
+// settings as the line's own, and its end put them back under another's
+// checks).
+static TTY_LINES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn tty_lines() -> std::sync::MutexGuard<'static, ()> {
+    TTY_LINES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[test]
+fn twice_ttyline() {
+    let _turn = tty_lines();
+    twice("ttyline", &[]);
+}
+
+#[test]
+fn leave_running_ttyline() {
+    let _turn = tty_lines();
+    leave_running("ttyline", &[]);
+}
+
+#[test]
+fn concurrent_ttyline() {
+    let _turn = tty_lines();
+    leave_running_with("ttyline", &[], &["--concurrent"]);
+}
+
+#[test]
+fn lazy_ttyline() {
+    let _turn = tty_lines();
+    twice_lazy("ttyline", &[], false);
+}
+
+#[test]
+fn lazy_page_server_ttyline() {
+    let _turn = tty_lines();
+    twice_lazy("ttyline", &[], true);
 }
 
 // shm keeps a file in /dev/shm that the original deletes when it ends, so

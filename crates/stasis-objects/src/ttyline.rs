@@ -1,0 +1,171 @@
+//! Virtual consoles (`/dev/ttyN`) and serial lines (`/dev/ttySN`): devices
+//! of the `tty` major (4) that live outside the tree, as CRIU has them.
+//!
+//! **Save.** An fd on one is saved by its path and device number, with
+//! the line's termios (`TCGETS2`) and window size (`TIOCGWINSZ`), read
+//! from a copy of the fd (`pidfd_getfd`: no open of the device of our
+//! own). One that is the controlling terminal of the process holding it
+//! is refused by name: it is reopened, never made a controlling terminal
+//! again. Bytes queued on the line (typed, or not yet sent) are the
+//! device's, not the tree's, and are not saved.
+//!
+//! **Restore.** The path is opened again (`O_NOCTTY`, with the fd's access
+//! mode and status flags), must still be the same device, and gets the
+//! saved termios and window size. A virtual console forgets its termios
+//! when its last fd closes (a serial line keeps it), so both are set
+//! whatever they read then.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+
+use stasis_image::manifest::{FdImage, FdKind};
+use stasis_kernel::{tty as ktty, KernelError};
+use stasis_sys::tty::Winsize;
+
+use crate::error::file_err;
+use crate::pty::{image_termios, termios2};
+use crate::{Object, OpenFd, RestoreCtx, RestoreError, SaveCtx, SaveError};
+
+/// The major of virtual consoles and serial lines.
+const TTY_MAJOR: u32 = 4;
+
+/// Whether `path` names a virtual console (`/dev/ttyN`) or a serial line
+/// (`/dev/ttySN`).
+pub(crate) fn is_line_path(path: &str) -> bool {
+    let Some(rest) = path.strip_prefix("/dev/tty") else {
+        return false;
+    };
+    let digits = rest.strip_prefix('S').unwrap_or(rest);
+    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// The controlling terminal of `pid` (`tty_nr` of its stat; 0: none).
+fn controlling_tty(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command (which may hold spaces and parentheses):
+    // state, ppid, pgrp, session, tty_nr.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(4)?.parse().ok()
+}
+
+fn kernel(what: String) -> impl FnOnce(std::io::Error) -> SaveError {
+    move |source| SaveError::Kernel(KernelError::Io { what, source })
+}
+
+/// An fd on a virtual console or a serial line.
+pub struct TtyLine;
+
+impl Object for TtyLine {
+    const NAME: &'static str = "virtual console or serial line";
+
+    fn save(_cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
+        let rdev = fd.meta.rdev();
+        if !is_line_path(fd.link)
+            || !fd.meta.file_type().is_char_device()
+            || libc::major(rdev) != TTY_MAJOR
+        {
+            return Ok(None);
+        }
+        if controlling_tty(fd.pid) == Some(rdev) {
+            return Err(fd.unsupported(format!(
+                "fd {} is on {}, its controlling terminal; stasis reopens virtual consoles and serial lines by path but cannot make one a controlling terminal again: start the program in a session of its own (setsid)",
+                fd.fd, fd.link
+            )));
+        }
+        let copy = stasis_kernel::pidfd::pidfd_getfd(fd.pidfd, fd.fd)?;
+        let t = ktty::termios(copy.as_fd())
+            .map_err(kernel(format!("TCGETS2 of {} (fd {})", fd.link, fd.fd)))?;
+        let w = ktty::winsize(copy.as_fd())
+            .map_err(kernel(format!("TIOCGWINSZ of {} (fd {})", fd.link, fd.fd)))?;
+        Ok(Some(FdKind::TtyLine {
+            path: fd.link.to_string(),
+            rdev,
+            termios: image_termios(&t),
+            winsize: [w.ws_row, w.ws_col, w.ws_xpixel, w.ws_ypixel],
+        }))
+    }
+
+    fn owns(kind: &FdKind) -> bool {
+        matches!(kind, FdKind::TtyLine { .. })
+    }
+
+    fn restore(_: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
+        let FdKind::TtyLine {
+            path,
+            rdev,
+            termios,
+            winsize,
+        } = &img.kind
+        else {
+            return Err(crate::restore::not_mine(Self::NAME, img));
+        };
+        let flags = i32::try_from(img.flags).unwrap_or(0);
+        let access = flags & libc::O_ACCMODE;
+        let status = flags & (libc::O_NONBLOCK | libc::O_APPEND | libc::O_SYNC | libc::O_DSYNC);
+        let f = std::fs::OpenOptions::new()
+            .read(access != libc::O_WRONLY)
+            .write(access != libc::O_RDONLY)
+            .custom_flags(libc::O_NOCTTY | libc::O_CLOEXEC | status)
+            .open(path)
+            .map_err(file_err(path.clone(), Self::NAME, "open"))?;
+        let md = f
+            .metadata()
+            .map_err(file_err(path.clone(), Self::NAME, "fstat"))?;
+        if md.rdev() != *rdev {
+            return Err(file_err(
+                path.clone(),
+                format!(
+                    "{} (it is device {}:{} now, {}:{} at the dump)",
+                    Self::NAME,
+                    libc::major(md.rdev()),
+                    libc::minor(md.rdev()),
+                    libc::major(*rdev),
+                    libc::minor(*rdev)
+                ),
+                "fstat",
+            )(std::io::Error::from_raw_os_error(
+                libc::ENODEV,
+            )));
+        }
+        let fd = OwnedFd::from(f);
+        ktty::set_termios(fd.as_fd(), &termios2(termios)).map_err(file_err(
+            path.clone(),
+            Self::NAME,
+            "TCSETS2",
+        ))?;
+        let w = Winsize {
+            ws_row: winsize[0],
+            ws_col: winsize[1],
+            ws_xpixel: winsize[2],
+            ws_ypixel: winsize[3],
+        };
+        ktty::set_winsize(fd.as_fd(), &w).map_err(file_err(
+            path.clone(),
+            Self::NAME,
+            "TIOCSWINSZ",
+        ))?;
+        Ok(fd)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn consoles_and_serial_lines_are_known_by_path() {
+        for p in ["/dev/tty1", "/dev/tty63", "/dev/ttyS0", "/dev/ttyS12"] {
+            assert!(is_line_path(p), "{p}");
+        }
+        for p in [
+            "/dev/tty",
+            "/dev/ttyS",
+            "/dev/ttyUSB0",
+            "/dev/ttyAMA0",
+            "/dev/pts/1",
+            "/dev/tty1x",
+        ] {
+            assert!(!is_line_path(p), "{p}");
+        }
+    }
+}
