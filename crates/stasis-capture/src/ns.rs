@@ -1,9 +1,8 @@
 //! The namespaces of the dumped tree, against the dumper's.
 //!
 //! [`check`] (preflight, nothing stopped) refuses a tree whose processes do
-//! not all share the root's namespaces, a process that has unshared a
-//! time namespace no process is in yet (`time_for_children` not its
-//! `time`), and the namespaces of its own that stasis cannot restore: a
+//! not all share the root's namespaces, and the namespaces of its own
+//! that stasis cannot restore: a
 //! PID namespace whose init is not the root; a network namespace with
 //! another interface than `lo`, tun and tap devices, and veths whose peer
 //! is in the dumper's namespace (as a container runtime makes them); and mounts of a mount
@@ -23,8 +22,8 @@ use std::collections::{HashMap, HashSet};
 
 use stasis_image::manifest::{
     BindMount, FdKind, LaterKind, LaterMount, Manifest, MountNamespace, Namespaces, NetAddress,
-    NetInterface, NetNamespace, NetRoute, ProcessImage, TimeNamespace, TmpfsEntry, TmpfsMount,
-    TunDevice, UserNamespace, UtsNamespace, Veth,
+    NetInterface, NetNamespace, NetRoute, PendingTimeNamespace, ProcessImage, TimeNamespace,
+    TmpfsEntry, TmpfsMount, TunDevice, UserNamespace, UtsNamespace, Veth,
 };
 use stasis_image::ContentWriter;
 use stasis_kernel::fdops as kns_fdops;
@@ -63,9 +62,6 @@ pub fn own_kinds(root: i32) -> Vec<NsKind> {
 /// Refuses, before anything is stopped, a tree whose namespaces stasis
 /// cannot restore (`tree`: the root first, then its descendants).
 pub fn check(root: i32, tree: &[i32]) -> Result<()> {
-    for &p in tree {
-        check_time_for_children(p)?;
-    }
     for &p in tree.iter().filter(|&&p| p != root) {
         for k in NsKind::ALL {
             match (kns::ns_id(p, k), kns::ns_id(root, k)) {
@@ -128,30 +124,58 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
     Ok(())
 }
 
-/// Refuses process `p` if it makes its children in another time namespace
+/// Whether process `p` makes its children in another time namespace
 /// than its own: one it unshared (`CLONE_NEWTIME`) that no process has
-/// entered yet (stasis restores every process in the tree's namespace).
-fn check_time_for_children(p: i32) -> Result<()> {
-    match (kns::ns_id(p, NsKind::Time), kns::time_for_children_id(p)) {
-        (Some(own), Some(kids)) if own != kids => Err(refuse(
-            p,
-            "it has unshared a time namespace (CLONE_NEWTIME) that no process is in yet: its children would be made there; stasis restores a tree whose processes are all in its root's time namespace and make their children there".into(),
-        )),
-        _ => Ok(()),
+/// entered yet.
+fn time_pending(p: i32) -> bool {
+    matches!(
+        (kns::ns_id(p, NsKind::Time), kns::time_for_children_id(p)),
+        (Some(own), Some(kids)) if own != kids
+    )
+}
+
+/// The time namespace process `pid` (frozen) has unshared and not
+/// entered, if it has: its offsets (its `timens_offsets` shows those of
+/// the namespace it makes its children in).
+pub fn pending_time(pid: i32) -> Result<Option<PendingTimeNamespace>> {
+    if !time_pending(pid) {
+        return Ok(None);
     }
+    let off = kns::timens_offsets(Some(pid)).map_err(|e| {
+        refuse(
+            pid,
+            format!("the clock offsets of the time namespace it has unshared cannot be read: {e}"),
+        )
+    })?;
+    Ok(Some(PendingTimeNamespace {
+        monotonic_offset: off.monotonic,
+        boottime_offset: off.boottime,
+    }))
 }
 
 /// The time namespace of `root` (the tree frozen): its clocks now, as
-/// seen inside it (the host's plus its offsets), and its offsets.
-fn time_namespace(root: i32) -> Result<TimeNamespace> {
-    check_time_for_children(root)?;
+/// seen inside it (the host's plus its offsets), and its offsets. Those
+/// are read from `/proc/PID/timens_offsets` of a process of the tree
+/// (`images`) that makes its children there: the root, unless it has
+/// unshared another one.
+fn time_namespace(root: i32, images: &[ProcessImage]) -> Result<TimeNamespace> {
     let clocks = |e: stasis_kernel::KernelError| {
         refuse(
             root,
             format!("the clocks of its time namespace cannot be read: {e}"),
         )
     };
-    let off = kns::timens_offsets(Some(root)).map_err(clocks)?;
+    let own = kns::ns_id(root, NsKind::Time);
+    let reader = std::iter::once(root)
+        .chain(images.iter().filter(|p| p.zombie.is_none()).map(|p| p.pid))
+        .find(|&p| own.is_some() && kns::time_for_children_id(p) == own)
+        .ok_or_else(|| {
+            refuse(
+                root,
+                "it has unshared a time namespace (CLONE_NEWTIME) of its own, then another that no process is in yet, and no process of the tree makes its children in the first: the kernel shows the offsets of a time namespace only to those".into(),
+            )
+        })?;
+    let off = kns::timens_offsets(Some(reader)).map_err(clocks)?;
     let host = kns::host_clocks().map_err(clocks)?;
     Ok(TimeNamespace {
         monotonic: host.monotonic + off.monotonic,
@@ -963,7 +987,7 @@ pub fn describe(
         }
     }
     if own.contains(&NsKind::Time) {
-        ns.time = Some(time_namespace(root)?);
+        ns.time = Some(time_namespace(root, images)?);
     }
     if !ns.pid
         && !ns.ipc

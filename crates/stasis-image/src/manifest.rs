@@ -1049,6 +1049,11 @@ pub struct ProcessImage {
     /// (the others come back empty, as made by `io_setup`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub aio_rings: Vec<AioRing>,
+    /// A time namespace it has unshared (`CLONE_NEWTIME`) that no process
+    /// is in yet: its children are made there (its own is the tree's).
+    /// The restore unshares a new one with the same offsets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_time: Option<PendingTimeNamespace>,
     /// Incremental checkpoints only: every page range (`[start, end)`,
     /// page-aligned, sorted, disjoint) of this process that holds saved
     /// data. Pages of these ranges that are not in this checkpoint's pack
@@ -1056,6 +1061,17 @@ pub struct ProcessImage {
     /// checkpoint that has them. `None`: exactly the pages of `pack`.
     #[serde(default)]
     pub data_ranges: Option<Vec<(u64, u64)>>,
+}
+
+/// The clock offsets of a time namespace a process unshared and no
+/// process entered yet (`/proc/PID/timens_offsets` then shows them: its
+/// `ns/time_for_children` is not its `ns/time`), against the host's
+/// clocks, in nanoseconds. Nobody has read its clocks yet, so they are
+/// kept as written (not moved on like [`TimeNamespace`]'s).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingTimeNamespace {
+    pub monotonic_offset: i64,
+    pub boottime_offset: i64,
 }
 
 /// A POSIX timer, restored at the same timer ID.

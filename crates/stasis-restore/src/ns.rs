@@ -177,6 +177,43 @@ fn options_inside(opts: &str, user: Option<&UserNamespace>) -> Result<String> {
         .map(|v| v.join(","))
 }
 
+/// A process that had unshared a time namespace no process entered
+/// ([`ProcessImage::pending_time`]): its main thread (`s`, its children
+/// and threads made) unshares a new one, and the restorer writes the
+/// saved offsets to its `timens_offsets` (which shows the namespace it
+/// makes its children in), as the process did.
+pub(crate) fn unshare_pending_time(
+    s: &mut crate::proc::Proc,
+    p: &stasis_image::manifest::ProcessImage,
+) -> Result<()> {
+    let Some(t) = p.pending_time else {
+        return Ok(());
+    };
+    s.cur = None;
+    stasis_kernel::remote::Remote::sys(
+        s,
+        "unshare",
+        libc::SYS_unshare,
+        &[libc::CLONE_NEWTIME as u64],
+    )
+    .map_err(crate::build::step(format!(
+        "unsharing the time namespace process {} had made for its children",
+        p.pid
+    )))?;
+    kns::set_timens_offsets(
+        s.t.pid(),
+        kns::ClockOffsets {
+            monotonic: t.monotonic_offset,
+            boottime: t.boottime_offset,
+        },
+    )
+    .map_err(crate::build::step(format!(
+        "writing the clock offsets of the time namespace process {} had made for its children",
+        p.pid
+    )))?;
+    Ok(())
+}
+
 /// What the root stub's exit code says went wrong in setting up its
 /// namespaces ([`stasis_kernel::child::spawn_stopped_in`]).
 pub(crate) fn setup_failure(code: i32) -> Option<&'static str> {

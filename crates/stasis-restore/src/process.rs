@@ -92,6 +92,9 @@ pub(crate) fn build_process(
     threads::create_threads(s, p)?;
     s.cur = None;
     build::create_posix_timers(s, &p.posix_timers)?;
+    // Its children made, its threads too, and before the credentials
+    // (it takes CAP_SYS_ADMIN).
+    crate::ns::unshare_pending_time(s, p)?;
     threads::per_thread(s, p)?;
     s.cur = None;
     // After the credentials: changing them clears the parent-death signal.

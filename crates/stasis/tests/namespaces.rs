@@ -2606,18 +2606,96 @@ fn incremental_chain_in_a_time_namespace() {
 }
 
 /// A process that unshared a time namespace and made no child in it yet
-/// (it runs on in the host's, its children would be made in the new one;
-/// an exec would move it there).
+/// (it runs on in the host's, its children would be made in the new one,
+/// whose offsets it wrote): dumped and restored twice, it is in the
+/// host's time namespace still and makes its children in a new one with
+/// the same offsets; a child it forks then reads its clocks with them.
 #[test]
-fn refuses_a_pending_time_namespace() {
+fn twice_keeps_a_pending_time_namespace() {
+    const NSEC: i64 = 1_000_000_000;
+    become_subreaper();
+    // The offsets it writes (monotonic 1000 days, boot time 100.000000005
+    // s); `go`: fork a child that reads its clocks, between two reads of
+    // its own, and write all of them with the child's `timens_offsets`.
     let script = "import ctypes, os, sys, time\n\
         if ctypes.CDLL(None, use_errno=True).unshare(0x80):\n    \
             sys.exit('unshare: ' + os.strerror(ctypes.get_errno()))\n\
+        open('/proc/self/timens_offsets', 'w').write('monotonic 86400000 0\\nboottime 100 5\\n')\n\
+        d = sys.argv[1]\n\
+        open(d + '/ready', 'w').close()\n\
+        while not os.path.exists(d + '/go'):\n    time.sleep(0.02)\n\
+        now = lambda: [time.clock_gettime_ns(c) for c in (time.CLOCK_MONOTONIC, time.CLOCK_BOOTTIME)]\n\
+        r, w = os.pipe()\n\
+        before = now()\n\
+        pid = os.fork()\n\
+        if pid == 0:\n    \
+            os.write(w, (' '.join(map(str, now())) + ' ' + ' '.join(open('/proc/self/timens_offsets').read().split())).encode())\n    \
+            os._exit(0)\n\
+        os.close(w)\n\
+        os.waitpid(pid, 0)\n\
+        after = now()\n\
+        child = os.read(r, 4096).decode()\n\
+        open(d + '/out.tmp', 'w').write(' '.join(map(str, before + after)) + ' ' + child)\n\
+        os.rename(d + '/out.tmp', d + '/out')\n\
         time.sleep(1000)\n";
-    let ns = |p: i32, f: &str| std::fs::read_link(format!("/proc/{p}/ns/{f}")).ok();
-    refused(
-        &["--uts", "python3", "-c", script],
-        |up| (ns(up, "time_for_children") != ns(up, "time")).then_some(up),
-        "has unshared a time namespace (CLONE_NEWTIME) that no process is in yet",
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap().to_string();
+    // (Under a shell, which reaps it when the first dump kills it.)
+    let r = Refused::spawn(Command::new("sh").args([
+        "-c",
+        "python3 -c \"$0\" \"$1\" & wait",
+        script,
+        &d,
+    ]));
+    let up = r.unshare.id() as i32;
+    let mut pid = 0;
+    wait_until(
+        Duration::from_secs(20),
+        "the pending time namespace",
+        || {
+            pid = descendants(up).first().copied().unwrap_or(0);
+            pid > 0 && dir.path().join("ready").exists()
+        },
     );
+    let ns = |p: i32, f: &str| std::fs::read_link(format!("/proc/{p}/ns/{f}")).unwrap();
+    let me = std::process::id() as i32;
+    let offsets = ["monotonic", "86400000", "0", "boottime", "100", "5"];
+    let check = |p: i32, round: &str| {
+        assert_eq!(ns(p, "time"), ns(me, "time"), "{round}");
+        assert_ne!(ns(p, "time_for_children"), ns(p, "time"), "{round}");
+        let text = std::fs::read_to_string(format!("/proc/{p}/timens_offsets")).unwrap();
+        assert_eq!(
+            text.split_whitespace().collect::<Vec<_>>(),
+            offsets,
+            "{round}"
+        );
+    };
+    check(pid, "before");
+    let pid = dump_and_restore_detached(pid, 2, |p, round| {
+        check(p, &format!("round {round}"));
+    });
+    let _restored = KillOnDrop(pid);
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    wait_until(Duration::from_secs(20), "the child's clocks", || {
+        dir.path().join("out").exists()
+    });
+    let out = std::fs::read_to_string(dir.path().join("out")).unwrap();
+    let words: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(words.len(), 12, "{out}");
+    let n: Vec<i64> = words[..6].iter().map(|w| w.parse().unwrap()).collect();
+    assert_eq!(&words[6..], offsets, "the child's timens_offsets: {out}");
+    let (mono, boot) = (86_400_000 * NSEC, 100 * NSEC + 5);
+    // Its parent's clocks (the host's) read before the fork and after
+    // its exit, with the offsets, bound the child's.
+    assert!(
+        n[0] + mono <= n[4] && n[4] <= n[2] + mono,
+        "the child's monotonic clock: {out}"
+    );
+    assert!(
+        n[1] + boot <= n[5] && n[5] <= n[3] + boot,
+        "the child's boot-time clock: {out}"
+    );
+    // SAFETY: killing the restored process (the test's).
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    waitpid_timeout(pid, Duration::from_secs(30));
 }
