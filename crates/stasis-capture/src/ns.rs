@@ -435,19 +435,27 @@ fn user_namespace(root: i32) -> Result<UserNamespace> {
                 }
             }
         }
-        if out.is_empty() {
-            return Err(refuse(
-                root,
-                format!(
-                    "its user namespace has an empty {f}; stasis restores one with its ids mapped"
-                ),
-            ));
-        }
         Ok(out)
     };
+    let (uid_map, gid_map) = (map("uid_map")?, map("gid_map")?);
+    // Both written, or neither (a namespace without maps: its processes
+    // keep the ids they had when it was made, and it is made so again).
+    if uid_map.is_empty() != gid_map.is_empty() {
+        let f = if uid_map.is_empty() {
+            "uid_map"
+        } else {
+            "gid_map"
+        };
+        return Err(refuse(
+            root,
+            format!(
+                "its user namespace has an empty {f} and the other map written; stasis restores one with both written, or neither"
+            ),
+        ));
+    }
     Ok(UserNamespace {
-        uid_map: map("uid_map")?,
-        gid_map: map("gid_map")?,
+        uid_map,
+        gid_map,
         setgroups_deny: proc::read(root, "setgroups")?.trim() == "deny",
     })
 }

@@ -1018,14 +1018,101 @@ fn twice_keeps_a_user_namespace() {
     waitpid_timeout(pid, Duration::from_secs(30));
 }
 
-/// A user namespace without maps (nothing could be restored in it).
+/// A process in a user namespace without id maps (`unshare --user`, its
+/// maps never written): restored twice in a new one without maps, its
+/// ids the overflow ids inside it (its status read from a process that
+/// entered it), its capabilities and its ids seen from here unchanged.
 #[test]
-fn refuses_a_user_namespace_without_maps() {
-    refused(
-        &["--user", "sleep", "1000"],
-        |up| (cmdline_of(up).trim() == "sleep 1000").then_some(up),
-        "its user namespace has an empty uid_map",
-    );
+fn twice_keeps_a_user_namespace_without_maps() {
+    workloads();
+    let r = Refused::spawn(Command::new("unshare").args(["--user", "sleep", "1000"]));
+    let pid = r.unshare.id() as i32;
+    wait_until(Duration::from_secs(10), "unshare to exec sleep", || {
+        cmdline_of(pid).trim() == "sleep 1000"
+    });
+    let status = |p: i32, inside: bool| {
+        let text = if inside {
+            let o = Command::new("nsenter")
+                .args([
+                    "--preserve-credentials",
+                    "--user",
+                    "-t",
+                    &p.to_string(),
+                    "cat",
+                ])
+                .arg(format!("/proc/{p}/status"))
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{o:?}");
+            String::from_utf8(o.stdout).unwrap()
+        } else {
+            std::fs::read_to_string(format!("/proc/{p}/status")).unwrap()
+        };
+        text.lines()
+            .filter(|l| {
+                [
+                    "Uid:", "Gid:", "Groups:", "CapInh:", "CapPrm:", "CapEff:", "CapBnd:",
+                ]
+                .iter()
+                .any(|k| l.starts_with(k))
+            })
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .collect::<Vec<_>>()
+    };
+    let before = status(pid, false);
+    let check = |p: i32, round: &str| {
+        for f in ["uid_map", "gid_map"] {
+            let map = std::fs::read_to_string(format!("/proc/{p}/{f}")).unwrap();
+            assert_eq!(map, "", "{round}: {f}");
+        }
+        assert_ne!(
+            std::fs::read_link(format!("/proc/{p}/ns/user")).unwrap(),
+            std::fs::read_link("/proc/self/ns/user").unwrap(),
+            "{round}"
+        );
+        let inside = status(p, true);
+        assert_eq!(
+            inside[0], "Uid: 65534 65534 65534 65534",
+            "{round}: {inside:?}"
+        );
+        assert_eq!(
+            inside[1], "Gid: 65534 65534 65534 65534",
+            "{round}: {inside:?}"
+        );
+        assert_eq!(status(p, false), before, "{round}");
+    };
+    check(pid, "before");
+    let mut r = r;
+    let img = tempfile::tempdir().unwrap();
+    let mut pid = pid;
+    let mut restored = KillOnDrop(0);
+    for round in 1..=2 {
+        let o = stasis()
+            .args(["dump", "-t", &pid.to_string(), "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("dump round {round}"));
+        // (unshare exec'd sleep: the first one is our child, the
+        // restored ones are ours as a subreaper.)
+        if round == 1 {
+            let _ = r.unshare.wait();
+        } else {
+            waitpid_timeout(pid, Duration::from_secs(30));
+        }
+        let o = stasis()
+            .args(["restore", "--detach", "--json", "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("restore round {round}"));
+        pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
+        restored.0 = pid;
+        check(pid, &format!("round {round}"));
+    }
+    // SAFETY: killing the restored process (the test's).
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    waitpid_timeout(pid, Duration::from_secs(30));
 }
 
 #[test]
