@@ -79,7 +79,6 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
         }
     }
     let own = own_kinds(root);
-    crate::cgroup::check(tree, !own.is_empty())?;
     if let Some(k) = own.iter().find(|k| !RESTORABLE.contains(k)) {
         return Err(refuse(
             root,
@@ -1041,6 +1040,9 @@ pub fn translate_pids(m: &mut Manifest, pids: &HashMap<i32, i32>) {
     map(&mut m.root_pid);
     for c in m.cgroups.iter_mut().flat_map(|c| c.procs.iter_mut()) {
         map(&mut c.pid);
+    }
+    for t in m.cgroups.iter_mut().flat_map(|c| c.threads.iter_mut()) {
+        map(&mut t.tid);
     }
     for p in &mut m.processes {
         map(&mut p.pid);

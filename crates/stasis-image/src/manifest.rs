@@ -334,18 +334,32 @@ pub struct TimeNamespace {
     pub boottime_offset: i64,
 }
 
-/// The cgroups (v2) of a tree whose processes were in several, their
-/// paths as the dumper saw them (after `0::` in `/proc/PID/cgroup`).
+/// The cgroups (v2) of a tree whose processes were in several, or with a
+/// thread in another than its process's, their paths as the dumper saw
+/// them (after `0::` in `/proc/PID/cgroup`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Cgroups {
     /// The cgroup of each live process (zombies are left in their
-    /// parent's), by PID.
+    /// parent's), by PID: its main thread's.
     pub procs: Vec<ProcessCgroup>,
-    /// The cgroups below the deepest one that holds all of `procs`' (that
-    /// one excluded), down to each process's, parents first: what a
-    /// restore that has to make one of them gives it.
+    /// The cgroups below the deepest one that holds all of `procs`' and
+    /// `threads`' (that one excluded), down to each process's and
+    /// thread's, parents first: what a restore that has to make one of
+    /// them gives it.
     #[serde(default)]
     pub dirs: Vec<CgroupDir>,
+    /// Each thread (not a main one) in another cgroup than its process's
+    /// (a threaded cgroup, `cgroup.type` `threaded`, the thread moved by
+    /// its TID to `cgroup.threads`), by TID.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub threads: Vec<ThreadCgroup>,
+}
+
+/// A thread in another cgroup than its process.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThreadCgroup {
+    pub tid: i32,
+    pub path: String,
 }
 
 /// The limits saved of a cgroup (those of its controllers that are
@@ -401,6 +415,11 @@ pub struct CgroupDir {
     /// those of the controllers enabled in it.
     #[serde(default)]
     pub limits: Vec<CgroupLimit>,
+    /// A threaded cgroup (`cgroup.type` `threaded`): made so again
+    /// before its limits are written (its parent then reads `domain
+    /// threaded`, or `threaded` too).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub threaded: bool,
 }
 
 /// One interface file of a cgroup and its content (trimmed).

@@ -653,7 +653,9 @@ fn cgroups_raise_the_manifest_version_and_round_trip() {
                 file: "pids.max".into(),
                 value: "16".into(),
             }],
+            threaded: false,
         }],
+        threads: vec![],
     });
     assert_eq!(m.format_version(), 8);
     let bytes = encode_manifest(&m).unwrap();

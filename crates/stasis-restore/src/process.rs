@@ -90,6 +90,9 @@ pub(crate) fn build_process(
         build::install_seccomp(s, main.tid, &main.seccomp[..shared])?;
     }
     threads::create_threads(s, p)?;
+    for ((t, _), th) in s.threads.iter().zip(p.threads.iter().skip(1)) {
+        cx.cgroups.join_thread(th.tid, t.pid())?;
+    }
     s.cur = None;
     build::create_posix_timers(s, &p.posix_timers)?;
     // Its children made, its threads too, and before the credentials

@@ -1150,42 +1150,137 @@ fn refuses_a_process_that_is_not_the_namespace_init() {
     );
 }
 
-/// A thread in another cgroup than its process (a threaded cgroup below
-/// the process's) of a tree in namespaces of its own: refused by name.
+/// A process of a tree in namespaces of its own whose threads are in a
+/// threaded subtree (its main thread in threaded cgroup T/m, its other
+/// two in T/t and T/t/u; T, where the process is, reads `domain
+/// threaded`): restored twice, the cgroups removed before the first
+/// restore (made again, threaded) and there for the second, every thread
+/// back in its cgroup.
 #[test]
-fn refuses_a_thread_in_a_threaded_cgroup() {
+fn threads_in_a_threaded_cgroup_come_back_in_theirs() {
     let Some(mut cg) = TestCgroups::here("threaded") else {
         return;
     };
-    cg.make("t");
-    cg.write("t", "cgroup.type", "threaded");
+    become_subreaper();
+    for rel in ["m", "t", "t/u"] {
+        cg.make(rel);
+    }
     let script = "import threading, time\n\
-        threading.Thread(target=time.sleep, args=(1000,)).start()\n\
+        for _ in range(2):\n    threading.Thread(target=time.sleep, args=(1000,)).start()\n\
         time.sleep(1000)\n";
-    let placed = std::cell::Cell::new(0);
-    refused(
-        &["--pid", "--fork", "--mount-proc", "python3", "-c", script],
-        |up| {
-            if placed.get() == 0 {
-                let p = *descendants(up).first()?;
-                let tids = tasks_of(p);
-                if tids.len() < 2 {
-                    return None;
-                }
-                cg.write("", "cgroup.procs", &p.to_string());
-                let thread = tids.into_iter().find(|&t| t != p)?;
-                cg.write("t", "cgroup.threads", &thread.to_string());
-                placed.set(p);
-            }
-            Some(placed.get())
-        },
-        "(a threaded cgroup)",
-    );
-    // (Killed, it leaves the cgroups once it is gone.)
+    let r = Refused::spawn(Command::new("unshare").args([
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "python3",
+        "-c",
+        script,
+    ]));
+    let up = r.unshare.id() as i32;
+    let mut pid = 0;
+    wait_until(Duration::from_secs(20), "python's threads", || {
+        pid = descendants(up).first().copied().unwrap_or(0);
+        pid > 0 && tasks_of(pid).len() == 3
+    });
+    cg.write("", "cgroup.procs", &pid.to_string());
+    for rel in ["m", "t", "t/u"] {
+        cg.write(rel, "cgroup.type", "threaded");
+    }
+    let mut tids = tasks_of(pid);
+    tids.sort_unstable();
+    assert_eq!(tids[0], pid);
+    for (tid, rel) in tids.iter().zip(["m", "t", "t/u"]) {
+        cg.write(rel, "cgroup.threads", &tid.to_string());
+    }
+    // Each thread's TID in the PID namespace and its cgroup.
+    let threads = |p: i32| {
+        let mut v: Vec<(String, String)> = tasks_of(p)
+            .into_iter()
+            .map(|t| {
+                let status = std::fs::read_to_string(format!("/proc/{p}/task/{t}/status")).unwrap();
+                let nstid = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("NSpid:"))
+                    .and_then(|v| v.split_whitespace().last())
+                    .unwrap()
+                    .to_string();
+                let cgroup = std::fs::read_to_string(format!("/proc/{p}/task/{t}/cgroup"))
+                    .unwrap()
+                    .trim()
+                    .to_string();
+                (nstid, cgroup)
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let name = cg.name();
+    let before = threads(pid);
+    let want: Vec<String> = ["m", "t", "t/u"]
+        .iter()
+        .map(|rel| format!("0::/{name}/{rel}"))
+        .collect();
+    let mut got: Vec<String> = before
+        .iter()
+        .filter_map(|(_, c)| c.lines().find(|l| l.starts_with("0::")))
+        .map(str::to_string)
+        .collect();
+    got.sort();
+    assert_eq!(got, want, "before the dump: {before:?}");
+    let types = |round: &str| {
+        assert_eq!(cg.read("", "cgroup.type"), "domain threaded", "{round}");
+        for rel in ["m", "t", "t/u"] {
+            assert_eq!(cg.read(rel, "cgroup.type"), "threaded", "{round}: {rel}");
+        }
+    };
+    types("before the dump");
+    let img = tempfile::tempdir().unwrap();
+    let mut restored = KillOnDrop(0);
+    let mut r = r;
+    for round in 1..=2 {
+        let o = stasis()
+            .args(["dump", "-t", &pid.to_string(), "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("dump round {round}"));
+        if round == 1 {
+            let _ = r.unshare.wait();
+            wait_until(
+                Duration::from_secs(10),
+                "the killed tree to leave T",
+                || {
+                    ["", "m", "t", "t/u"]
+                        .iter()
+                        .all(|rel| cg.read(rel, "cgroup.threads").is_empty())
+                },
+            );
+            cg.remove_below();
+        } else {
+            waitpid_timeout(pid, Duration::from_secs(30));
+        }
+        let o = stasis()
+            .args(["restore", "--detach", "--json", "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("restore round {round}"));
+        pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
+        restored.0 = pid;
+        assert_eq!(threads(pid), before, "round {round}");
+        types(&format!("round {round}"));
+    }
+    // SAFETY: killing the restored tree (PID 1 of its namespace).
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    waitpid_timeout(pid, Duration::from_secs(30));
     wait_until(
         Duration::from_secs(10),
         "the tree to leave its cgroups",
-        || cg.read("", "cgroup.threads").is_empty() && cg.read("t", "cgroup.threads").is_empty(),
+        || {
+            ["", "m", "t", "t/u"]
+                .iter()
+                .all(|rel| cg.read(rel, "cgroup.threads").is_empty())
+        },
     );
 }
 
