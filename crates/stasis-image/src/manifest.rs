@@ -155,8 +155,22 @@ pub const TUN_MANIFEST_VERSION: u32 = 10;
 /// restoring the tree under the restorer's root.
 pub const OWN_ROOT_MANIFEST_VERSION: u32 = 11;
 
+/// Manifest format version written when a process had unshared a time
+/// namespace no process was in yet ([`ProcessImage::pending_time`]), so
+/// that a reader that predates it refuses the manifest instead of
+/// restoring the process making its children in its own time namespace.
+pub const PENDING_TIME_MANIFEST_VERSION: u32 = 12;
+
+/// Manifest format version written when a thread was in another cgroup
+/// than its process ([`Cgroups::threads`]) or a cgroup was threaded
+/// ([`CgroupDir::threaded`]), so that a reader that predates them refuses
+/// the manifest instead of restoring every thread in its process's
+/// cgroup: the same as [`PENDING_TIME_MANIFEST_VERSION`], both new in
+/// one release.
+pub const THREADED_CGROUPS_MANIFEST_VERSION: u32 = 12;
+
 /// The newest manifest format version this reader knows.
-pub const LATEST_MANIFEST_VERSION: u32 = OWN_ROOT_MANIFEST_VERSION;
+pub const LATEST_MANIFEST_VERSION: u32 = THREADED_CGROUPS_MANIFEST_VERSION;
 
 impl Manifest {
     /// The format version this manifest's content calls for: the oldest
@@ -230,7 +244,15 @@ impl Manifest {
             .iter()
             .filter_map(|n| n.mnt.as_ref())
             .any(|m| m.root.is_some());
-        if own_root {
+        let threaded = self
+            .cgroups
+            .as_ref()
+            .is_some_and(|c| !c.threads.is_empty() || c.dirs.iter().any(|d| d.threaded));
+        if threaded {
+            THREADED_CGROUPS_MANIFEST_VERSION
+        } else if self.processes.iter().any(|p| p.pending_time.is_some()) {
+            PENDING_TIME_MANIFEST_VERSION
+        } else if own_root {
             OWN_ROOT_MANIFEST_VERSION
         } else if tun() {
             TUN_MANIFEST_VERSION
@@ -350,7 +372,8 @@ pub struct Cgroups {
     pub dirs: Vec<CgroupDir>,
     /// Each thread (not a main one) in another cgroup than its process's
     /// (a threaded cgroup, `cgroup.type` `threaded`, the thread moved by
-    /// its TID to `cgroup.threads`), by TID.
+    /// its TID to `cgroup.threads`), by TID. A manifest with any says
+    /// [`THREADED_CGROUPS_MANIFEST_VERSION`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub threads: Vec<ThreadCgroup>,
 }
@@ -1070,7 +1093,8 @@ pub struct ProcessImage {
     pub aio_rings: Vec<AioRing>,
     /// A time namespace it has unshared (`CLONE_NEWTIME`) that no process
     /// is in yet: its children are made there (its own is the tree's).
-    /// The restore unshares a new one with the same offsets.
+    /// The restore unshares a new one with the same offsets. A manifest
+    /// with it says [`PENDING_TIME_MANIFEST_VERSION`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_time: Option<PendingTimeNamespace>,
     /// Incremental checkpoints only: every page range (`[start, end)`,
