@@ -2881,3 +2881,127 @@ fn twice_keeps_a_pending_time_namespace() {
     unsafe { libc::kill(pid, libc::SIGKILL) };
     waitpid_timeout(pid, Duration::from_secs(30));
 }
+
+/// `python3 -c` program for [`a_pending_time_namespace_beside_its_own`]:
+/// with argv[1] `child`, it forks a sleeping child first (made in its own
+/// time namespace), then unshares another time namespace, writes its
+/// offsets (monotonic 5000 s, boot time 7 s) and says it is ready in
+/// argv[2].
+const PENDING_BESIDE_OWN: &str = "import ctypes, os, sys, time\n\
+    if sys.argv[1] == 'child' and os.fork() == 0:\n    time.sleep(1000)\n    os._exit(0)\n\
+    if ctypes.CDLL(None, use_errno=True).unshare(0x80):\n    \
+        sys.exit('unshare: ' + os.strerror(ctypes.get_errno()))\n\
+    open('/proc/self/timens_offsets', 'w').write('monotonic 5000 0\\nboottime 7 0\\n')\n\
+    open(sys.argv[2] + '/ready', 'w').close()\n\
+    time.sleep(1000)\n";
+
+/// A root in a time namespace of its own (1000 days ahead) that forked a
+/// child there, then unshared another one and wrote its offsets:
+/// restored, the root and its child are in a new time namespace whose
+/// clocks went on, and the root makes its children in another with the
+/// offsets it wrote (the first one's offsets were read from the child's
+/// `timens_offsets`: the root's shows the second's).
+#[test]
+fn a_pending_time_namespace_beside_its_own() {
+    workloads();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap().to_string();
+    let r = Refused::spawn(Command::new("unshare").args([
+        "--time",
+        "--fork",
+        "--monotonic",
+        "86400000",
+        "python3",
+        "-c",
+        PENDING_BESIDE_OWN,
+        "child",
+        &d,
+    ]));
+    let up = r.unshare.id() as i32;
+    let mut root = 0;
+    wait_until(
+        Duration::from_secs(20),
+        "the pending time namespace",
+        || {
+            root = my_children_of(up).first().copied().unwrap_or(0);
+            root > 0 && dir.path().join("ready").exists()
+        },
+    );
+    let kids = my_children_of(root);
+    assert_eq!(kids.len(), 1, "{kids:?}");
+    let ns = |p: i32, f: &str| std::fs::read_link(format!("/proc/{p}/ns/{f}")).unwrap();
+    let offsets = |p: i32| {
+        std::fs::read_to_string(format!("/proc/{p}/timens_offsets"))
+            .unwrap()
+            .split_whitespace()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let pending = ["monotonic", "5000", "0", "boottime", "7", "0"];
+    assert_eq!(offsets(root), pending);
+    let before = clocks_inside(kids[0]);
+    let img = tempfile::tempdir().unwrap();
+    let o = stasis()
+        .args(["dump", "-t", &root.to_string(), "-D"])
+        .arg(img.path())
+        .output()
+        .unwrap();
+    assert_ok(&o, "dump");
+    reap_orphans(&kids);
+    let o = stasis()
+        .args(["restore", "--detach", "--json", "-D"])
+        .arg(img.path())
+        .output()
+        .unwrap();
+    assert_ok(&o, "restore");
+    let pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
+    let _restored = KillOnDrop(pid);
+    assert_eq!(pid, root);
+    let kid = my_children_of(pid);
+    assert_eq!(kid, kids);
+    let me = std::process::id() as i32;
+    assert_ne!(ns(pid, "time"), ns(me, "time"));
+    assert_eq!(ns(kid[0], "time"), ns(pid, "time"));
+    assert_eq!(ns(kid[0], "time_for_children"), ns(pid, "time"));
+    assert_ne!(ns(pid, "time_for_children"), ns(pid, "time"));
+    assert_eq!(offsets(pid), pending);
+    // The first namespace's clocks went on, 1000 days ahead still.
+    let now = clocks_inside(kid[0]);
+    assert!(
+        now.mono >= before.mono && now.mono >= 86_400_000 * 1_000_000_000,
+        "{before:?} then {now:?}"
+    );
+    for p in [kid[0], pid] {
+        // SAFETY: killing the restored tree.
+        unsafe { libc::kill(p, libc::SIGKILL) };
+    }
+    waitpid_timeout(pid, Duration::from_secs(30));
+    reap_orphans(&kid);
+}
+
+/// The same without the child: nothing shows the offsets of the root's
+/// own time namespace (its `timens_offsets` shows the second's), so the
+/// dump is refused by name.
+#[test]
+fn refuses_a_pending_time_namespace_beside_its_own_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap().to_string();
+    refused(
+        &[
+            "--time",
+            "--fork",
+            "--monotonic",
+            "86400000",
+            "python3",
+            "-c",
+            PENDING_BESIDE_OWN,
+            "alone",
+            &d,
+        ],
+        |up| {
+            let p = my_children_of(up).first().copied()?;
+            dir.path().join("ready").exists().then_some(p)
+        },
+        "no process of the tree makes its children in the first",
+    );
+}
