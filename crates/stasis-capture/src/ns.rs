@@ -123,9 +123,9 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
     Ok(())
 }
 
-/// Whether process `p` makes its children in another time namespace
-/// than its own: one it unshared (`CLONE_NEWTIME`) that no process has
-/// entered yet.
+/// Whether process (or thread) `p` makes its children in another time
+/// namespace than its own: one it unshared (`CLONE_NEWTIME`) that no
+/// process has entered yet.
 fn time_pending(p: i32) -> bool {
     matches!(
         (kns::ns_id(p, NsKind::Time), kns::time_for_children_id(p)),
@@ -135,10 +135,43 @@ fn time_pending(p: i32) -> bool {
 
 /// The time namespace process `pid` (frozen) has unshared and not
 /// entered, if it has: its offsets (its `timens_offsets` shows those of
-/// the namespace it makes its children in).
+/// the namespace it makes its children in), and whether its other
+/// threads share it (made after the unshare) or make their children in
+/// its own (made before). Refused: a thread with another one than the
+/// main thread's.
 pub fn pending_time(pid: i32) -> Result<Option<PendingTimeNamespace>> {
-    if !time_pending(pid) {
+    let main = kns::time_for_children_id(pid);
+    let mut tids: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&t| t != pid)
+        .collect();
+    tids.sort_unstable();
+    let pending = time_pending(pid);
+    let sharing: Vec<bool> = tids
+        .iter()
+        .map(|&t| pending && kns::time_for_children_id(t) == main)
+        .collect();
+    if let Some((&tid, _)) = tids
+        .iter()
+        .zip(&sharing)
+        .find(|&(&t, &shares)| time_pending(t) && !shares)
+    {
+        return Err(refuse(
+            pid,
+            format!("its thread {tid} has unshared a time namespace (CLONE_NEWTIME) that no process is in yet, other than its main thread's; stasis restores one unshared by the main thread, shared by all its threads or by none"),
+        ));
+    }
+    if !pending {
         return Ok(None);
+    }
+    let threads = sharing.iter().any(|&s| s);
+    if threads && !sharing.iter().all(|&s| s) {
+        return Err(refuse(
+            pid,
+            "some of its threads make their children in the time namespace it has unshared, others in its own; stasis restores one shared by all its threads or by none".into(),
+        ));
     }
     let off = kns::timens_offsets(Some(pid)).map_err(|e| {
         refuse(
@@ -149,6 +182,7 @@ pub fn pending_time(pid: i32) -> Result<Option<PendingTimeNamespace>> {
     Ok(Some(PendingTimeNamespace {
         monotonic_offset: off.monotonic,
         boottime_offset: off.boottime,
+        threads,
     }))
 }
 

@@ -1115,6 +1115,10 @@ pub struct ProcessImage {
 pub struct PendingTimeNamespace {
     pub monotonic_offset: i64,
     pub boottime_offset: i64,
+    /// Its other threads make their children there too (made after it
+    /// was unshared, they share it); else only its main thread does.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub threads: bool,
 }
 
 /// A POSIX timer, restored at the same timer ID.

@@ -894,6 +894,7 @@ fn a_pending_time_namespace_raises_the_manifest_version_and_round_trips() {
     m.processes[0].pending_time = Some(manifest::PendingTimeNamespace {
         monotonic_offset: 86_400_000_000_000_000,
         boottime_offset: -5,
+        threads: true,
     });
     assert_eq!(m.format_version(), 12);
     let bytes = encode_manifest(&m).unwrap();

@@ -181,14 +181,19 @@ fn options_inside(opts: &str, user: Option<&UserNamespace>) -> Result<String> {
 
 /// A process that had unshared a time namespace no process entered
 /// ([`ProcessImage::pending_time`]): its main thread (`s`, its children
-/// and threads made) unshares a new one, and the restorer writes the
-/// saved offsets to its `timens_offsets` (which shows the namespace it
-/// makes its children in), as the process did.
+/// made) unshares a new one, and the restorer writes the saved offsets
+/// to its `timens_offsets` (which shows the namespace it makes its
+/// children in), as the process did. Called before its other threads
+/// are made (`before_threads`) and after: it acts once, before if they
+/// shared it (a thread made then shares it), else after.
+///
+/// [`ProcessImage::pending_time`]: stasis_image::manifest::ProcessImage::pending_time
 pub(crate) fn unshare_pending_time(
     s: &mut crate::proc::Proc,
     p: &stasis_image::manifest::ProcessImage,
+    before_threads: bool,
 ) -> Result<()> {
-    let Some(t) = p.pending_time else {
+    let Some(t) = p.pending_time.filter(|t| t.threads == before_threads) else {
         return Ok(());
     };
     s.cur = None;

@@ -2789,20 +2789,37 @@ fn incremental_chain_in_a_time_namespace() {
 
 /// A process that unshared a time namespace and made no child in it yet
 /// (it runs on in the host's, its children would be made in the new one,
-/// whose offsets it wrote): dumped and restored twice, it is in the
+/// whose offsets it wrote), with a thread made before (which makes its
+/// children in the host's): dumped and restored twice, it is in the
 /// host's time namespace still and makes its children in a new one with
 /// the same offsets; a child it forks then reads its clocks with them.
 #[test]
 fn twice_keeps_a_pending_time_namespace() {
+    pending_time_namespace_twice("before");
+}
+
+/// The same with a thread made after the unshare, which shares the new
+/// namespace (its children would be made there too).
+#[test]
+fn twice_keeps_a_pending_time_namespace_its_thread_shares() {
+    pending_time_namespace_twice("after");
+}
+
+/// [`twice_keeps_a_pending_time_namespace`], its thread made `when`
+/// (`before` or `after`) the unshare.
+fn pending_time_namespace_twice(when: &str) {
     const NSEC: i64 = 1_000_000_000;
     become_subreaper();
     // The offsets it writes (monotonic 1000 days, boot time 100.000000005
     // s); `go`: fork a child that reads its clocks, between two reads of
     // its own, and write all of them with the child's `timens_offsets`.
-    let script = "import ctypes, os, sys, time\n\
+    let script = "import ctypes, os, sys, threading, time\n\
+        sleeper = lambda: threading.Thread(target=time.sleep, args=(1000,), daemon=True).start()\n\
+        if sys.argv[2] == 'before':\n    sleeper()\n\
         if ctypes.CDLL(None, use_errno=True).unshare(0x80):\n    \
             sys.exit('unshare: ' + os.strerror(ctypes.get_errno()))\n\
         open('/proc/self/timens_offsets', 'w').write('monotonic 86400000 0\\nboottime 100 5\\n')\n\
+        if sys.argv[2] == 'after':\n    sleeper()\n\
         d = sys.argv[1]\n\
         open(d + '/ready', 'w').close()\n\
         while not os.path.exists(d + '/go'):\n    time.sleep(0.02)\n\
@@ -2825,9 +2842,10 @@ fn twice_keeps_a_pending_time_namespace() {
     // (Under a shell, which reaps it when the first dump kills it.)
     let r = Refused::spawn(Command::new("sh").args([
         "-c",
-        "python3 -c \"$0\" \"$1\" & wait",
+        "python3 -c \"$0\" \"$1\" \"$2\" & wait",
         script,
         &d,
+        when,
     ]));
     let up = r.unshare.id() as i32;
     let mut pid = 0;
@@ -2845,6 +2863,17 @@ fn twice_keeps_a_pending_time_namespace() {
     let check = |p: i32, round: &str| {
         assert_eq!(ns(p, "time"), ns(me, "time"), "{round}");
         assert_ne!(ns(p, "time_for_children"), ns(p, "time"), "{round}");
+        // Its thread makes its children in the new one, or in its own.
+        let tids = tasks_of(p);
+        assert_eq!(tids.len(), 2, "{round}: {tids:?}");
+        for t in tids.into_iter().filter(|&t| t != p) {
+            let theirs = ns(t, "time_for_children");
+            if when == "after" {
+                assert_eq!(theirs, ns(p, "time_for_children"), "{round}: thread {t}");
+            } else {
+                assert_eq!(theirs, ns(p, "time"), "{round}: thread {t}");
+            }
+        }
         let text = std::fs::read_to_string(format!("/proc/{p}/timens_offsets")).unwrap();
         assert_eq!(
             text.split_whitespace().collect::<Vec<_>>(),
