@@ -4,65 +4,38 @@
 //! recorded ([`describe`], paths as the dumper sees them), with the
 //! settings of the cgroups below the deepest one that holds them all: the
 //! controllers each enables for its children and its limits
-//! ([`CGROUP_LIMITS`] and `hugetlb.<size>.max`), which a restore that has to make one gives it. A
-//! thread in another cgroup than its process (a threaded subtree) is
-//! refused by name ([`check`]) when the tree's cgroups are restored (it
-//! has namespaces of its own, or its processes are in several cgroups).
+//! ([`CGROUP_LIMITS`] and `hugetlb.<size>.max`) and whether it is
+//! threaded, which a restore that has to make one gives it. A thread in
+//! another cgroup than its process (a threaded subtree) is recorded with
+//! its cgroup, and makes the tree's cgroups recorded so even if its
+//! processes share one.
 
 use std::collections::BTreeSet;
 
 use stasis_image::manifest::{
-    is_cgroup_limit, CgroupDir, CgroupLimit, Cgroups, ProcessCgroup, ProcessImage, CGROUP_LIMITS,
+    is_cgroup_limit, CgroupDir, CgroupLimit, Cgroups, ProcessCgroup, ProcessImage, ThreadCgroup,
+    CGROUP_LIMITS,
 };
 use stasis_kernel::procfs;
 
-use crate::{Result, SaveError};
+use crate::Result;
 
-/// Refuses, before anything is stopped, a thread in another cgroup than
-/// its process when the tree's cgroups are restored (`own_ns`: the tree
-/// has namespaces of its own, and is put in its cgroup).
-pub fn check(tree: &[i32], own_ns: bool) -> Result<()> {
-    let cgroups: Vec<(i32, String)> = tree
-        .iter()
-        .filter(|&&p| procfs::task_state(p, p) != Some('Z'))
-        .filter_map(|&p| procfs::cgroup_of(&p.to_string()).map(|c| (p, c)))
-        .collect();
-    let several = cgroups
-        .iter()
-        .map(|(_, c)| c)
-        .collect::<BTreeSet<_>>()
-        .len()
-        > 1;
-    if !own_ns && !several {
-        return Ok(());
-    }
-    for (p, c) in &cgroups {
-        threads_in(*p, c)?;
-    }
-    Ok(())
-}
-
-/// Refuses process `pid` (in cgroup `cgroup`) if a thread of it is in
-/// another cgroup.
-fn threads_in(pid: i32, cgroup: &str) -> Result<()> {
-    let tids = std::fs::read_dir(format!("/proc/{pid}/task"))
+/// The threads (not the main one) of process `pid` (in cgroup `cgroup`)
+/// that are in another cgroup: a threaded one.
+fn threads_elsewhere(pid: i32, cgroup: &str) -> Vec<ThreadCgroup> {
+    let mut tids: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
         .into_iter()
         .flatten()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok());
-    for tid in tids {
-        if let Some(theirs) = procfs::cgroup_of(&format!("{pid}/task/{tid}")) {
-            if theirs != cgroup {
-                return Err(SaveError::Unsupported {
-                    pid,
-                    what: format!(
-                        "its thread {tid} is in cgroup {theirs}, the process in {cgroup} (a threaded cgroup); stasis restores every thread in its process's cgroup"
-                    ),
-                }
-                .into());
-            }
-        }
-    }
-    Ok(())
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&t| t != pid)
+        .collect();
+    tids.sort_unstable();
+    tids.into_iter()
+        .filter_map(|tid| {
+            let path = procfs::cgroup_of(&format!("{pid}/task/{tid}"))?;
+            (path != cgroup).then_some(ThreadCgroup { tid, path })
+        })
+        .collect()
 }
 
 /// The deepest cgroup holding all of `paths` (absolute).
@@ -126,6 +99,8 @@ fn settings(path: &str) -> CgroupDir {
         );
         return d;
     };
+    d.threaded =
+        std::fs::read_to_string(dir.join("cgroup.type")).is_ok_and(|t| t.trim() == "threaded");
     d.subtree_control = std::fs::read_to_string(dir.join("cgroup.subtree_control"))
         .unwrap_or_default()
         .split_whitespace()
@@ -152,7 +127,8 @@ fn settings(path: &str) -> CgroupDir {
 }
 
 /// The cgroups of the frozen tree (`images`, PIDs as stasis sees them),
-/// if its live processes are in several (`None`: one for all).
+/// if its live processes are in several or a thread is in another than
+/// its process's (`None`: one for all).
 pub fn describe(images: &[ProcessImage]) -> Result<Option<Cgroups>> {
     let procs: Vec<ProcessCgroup> = images
         .iter()
@@ -161,19 +137,28 @@ pub fn describe(images: &[ProcessImage]) -> Result<Option<Cgroups>> {
             procfs::cgroup_of(&p.pid.to_string()).map(|path| ProcessCgroup { pid: p.pid, path })
         })
         .collect();
-    let distinct: BTreeSet<&str> = procs.iter().map(|p| p.path.as_str()).collect();
+    let threads: Vec<ThreadCgroup> = procs
+        .iter()
+        .flat_map(|p| threads_elsewhere(p.pid, &p.path))
+        .collect();
+    let distinct: BTreeSet<&str> = procs
+        .iter()
+        .map(|p| p.path.as_str())
+        .chain(threads.iter().map(|t| t.path.as_str()))
+        .collect();
     if distinct.len() < 2 {
         return Ok(None);
-    }
-    for p in &procs {
-        threads_in(p.pid, &p.path)?;
     }
     let base = common_ancestor(distinct.iter().copied());
     let dirs = dirs_below(&base, distinct.iter().copied())
         .iter()
         .map(|d| settings(d))
         .collect();
-    Ok(Some(Cgroups { procs, dirs }))
+    Ok(Some(Cgroups {
+        procs,
+        dirs,
+        threads,
+    }))
 }
 
 #[cfg(test)]

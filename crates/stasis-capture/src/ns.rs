@@ -1,9 +1,8 @@
 //! The namespaces of the dumped tree, against the dumper's.
 //!
 //! [`check`] (preflight, nothing stopped) refuses a tree whose processes do
-//! not all share the root's namespaces, a process that has unshared a
-//! time namespace no process is in yet (`time_for_children` not its
-//! `time`), and the namespaces of its own that stasis cannot restore: a
+//! not all share the root's namespaces, and the namespaces of its own
+//! that stasis cannot restore: a
 //! PID namespace whose init is not the root; a network namespace with
 //! another interface than `lo`, tun and tap devices, and veths whose peer
 //! is in the dumper's namespace (as a container runtime makes them); and mounts of a mount
@@ -23,8 +22,8 @@ use std::collections::{HashMap, HashSet};
 
 use stasis_image::manifest::{
     BindMount, FdKind, LaterKind, LaterMount, Manifest, MountNamespace, Namespaces, NetAddress,
-    NetInterface, NetNamespace, NetRoute, ProcessImage, TimeNamespace, TmpfsEntry, TmpfsMount,
-    TunDevice, UserNamespace, UtsNamespace, Veth,
+    NetInterface, NetNamespace, NetRoute, PendingTimeNamespace, ProcessImage, TimeNamespace,
+    TmpfsEntry, TmpfsMount, TunDevice, UserNamespace, UtsNamespace, Veth,
 };
 use stasis_image::ContentWriter;
 use stasis_kernel::fdops as kns_fdops;
@@ -63,9 +62,6 @@ pub fn own_kinds(root: i32) -> Vec<NsKind> {
 /// Refuses, before anything is stopped, a tree whose namespaces stasis
 /// cannot restore (`tree`: the root first, then its descendants).
 pub fn check(root: i32, tree: &[i32]) -> Result<()> {
-    for &p in tree {
-        check_time_for_children(p)?;
-    }
     for &p in tree.iter().filter(|&&p| p != root) {
         for k in NsKind::ALL {
             match (kns::ns_id(p, k), kns::ns_id(root, k)) {
@@ -83,7 +79,6 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
         }
     }
     let own = own_kinds(root);
-    crate::cgroup::check(tree, !own.is_empty())?;
     if let Some(k) = own.iter().find(|k| !RESTORABLE.contains(k)) {
         return Err(refuse(
             root,
@@ -122,30 +117,92 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
     Ok(())
 }
 
-/// Refuses process `p` if it makes its children in another time namespace
-/// than its own: one it unshared (`CLONE_NEWTIME`) that no process has
-/// entered yet (stasis restores every process in the tree's namespace).
-fn check_time_for_children(p: i32) -> Result<()> {
-    match (kns::ns_id(p, NsKind::Time), kns::time_for_children_id(p)) {
-        (Some(own), Some(kids)) if own != kids => Err(refuse(
-            p,
-            "it has unshared a time namespace (CLONE_NEWTIME) that no process is in yet: its children would be made there; stasis restores a tree whose processes are all in its root's time namespace and make their children there".into(),
-        )),
-        _ => Ok(()),
+/// Whether process (or thread) `p` makes its children in another time
+/// namespace than its own: one it unshared (`CLONE_NEWTIME`) that no
+/// process has entered yet.
+fn time_pending(p: i32) -> bool {
+    matches!(
+        (kns::ns_id(p, NsKind::Time), kns::time_for_children_id(p)),
+        (Some(own), Some(kids)) if own != kids
+    )
+}
+
+/// The time namespace process `pid` (frozen) has unshared and not
+/// entered, if it has: its offsets (its `timens_offsets` shows those of
+/// the namespace it makes its children in), and whether its other
+/// threads share it (made after the unshare) or make their children in
+/// its own (made before). Refused: a thread with another one than the
+/// main thread's.
+pub fn pending_time(pid: i32) -> Result<Option<PendingTimeNamespace>> {
+    let main = kns::time_for_children_id(pid);
+    let mut tids: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&t| t != pid)
+        .collect();
+    tids.sort_unstable();
+    let pending = time_pending(pid);
+    let sharing: Vec<bool> = tids
+        .iter()
+        .map(|&t| pending && kns::time_for_children_id(t) == main)
+        .collect();
+    if let Some((&tid, _)) = tids
+        .iter()
+        .zip(&sharing)
+        .find(|&(&t, &shares)| time_pending(t) && !shares)
+    {
+        return Err(refuse(
+            pid,
+            format!("its thread {tid} has unshared a time namespace (CLONE_NEWTIME) that no process is in yet, other than its main thread's; stasis restores one unshared by the main thread, shared by all its threads or by none"),
+        ));
     }
+    if !pending {
+        return Ok(None);
+    }
+    let threads = sharing.iter().any(|&s| s);
+    if threads && !sharing.iter().all(|&s| s) {
+        return Err(refuse(
+            pid,
+            "some of its threads make their children in the time namespace it has unshared, others in its own; stasis restores one shared by all its threads or by none".into(),
+        ));
+    }
+    let off = kns::timens_offsets(Some(pid)).map_err(|e| {
+        refuse(
+            pid,
+            format!("the clock offsets of the time namespace it has unshared cannot be read: {e}"),
+        )
+    })?;
+    Ok(Some(PendingTimeNamespace {
+        monotonic_offset: off.monotonic,
+        boottime_offset: off.boottime,
+        threads,
+    }))
 }
 
 /// The time namespace of `root` (the tree frozen): its clocks now, as
-/// seen inside it (the host's plus its offsets), and its offsets.
-fn time_namespace(root: i32) -> Result<TimeNamespace> {
-    check_time_for_children(root)?;
+/// seen inside it (the host's plus its offsets), and its offsets. Those
+/// are read from `/proc/PID/timens_offsets` of a process of the tree
+/// (`images`) that makes its children there: the root, unless it has
+/// unshared another one.
+fn time_namespace(root: i32, images: &[ProcessImage]) -> Result<TimeNamespace> {
     let clocks = |e: stasis_kernel::KernelError| {
         refuse(
             root,
             format!("the clocks of its time namespace cannot be read: {e}"),
         )
     };
-    let off = kns::timens_offsets(Some(root)).map_err(clocks)?;
+    let own = kns::ns_id(root, NsKind::Time);
+    let reader = std::iter::once(root)
+        .chain(images.iter().filter(|p| p.zombie.is_none()).map(|p| p.pid))
+        .find(|&p| own.is_some() && kns::time_for_children_id(p) == own)
+        .ok_or_else(|| {
+            refuse(
+                root,
+                "it has unshared a time namespace (CLONE_NEWTIME) of its own, then another that no process is in yet, and no process of the tree makes its children in the first: the kernel shows the offsets of a time namespace only to those".into(),
+            )
+        })?;
+    let off = kns::timens_offsets(Some(reader)).map_err(clocks)?;
     let host = kns::host_clocks().map_err(clocks)?;
     Ok(TimeNamespace {
         monotonic: host.monotonic + off.monotonic,
@@ -405,19 +462,27 @@ fn user_namespace(root: i32) -> Result<UserNamespace> {
                 }
             }
         }
-        if out.is_empty() {
-            return Err(refuse(
-                root,
-                format!(
-                    "its user namespace has an empty {f}; stasis restores one with its ids mapped"
-                ),
-            ));
-        }
         Ok(out)
     };
+    let (uid_map, gid_map) = (map("uid_map")?, map("gid_map")?);
+    // Both written, or neither (a namespace without maps: its processes
+    // keep the ids they had when it was made, and it is made so again).
+    if uid_map.is_empty() != gid_map.is_empty() {
+        let f = if uid_map.is_empty() {
+            "uid_map"
+        } else {
+            "gid_map"
+        };
+        return Err(refuse(
+            root,
+            format!(
+                "its user namespace has an empty {f} and the other map written; stasis restores one with both written, or neither"
+            ),
+        ));
+    }
     Ok(UserNamespace {
-        uid_map: map("uid_map")?,
-        gid_map: map("gid_map")?,
+        uid_map,
+        gid_map,
         setgroups_deny: proc::read(root, "setgroups")?.trim() == "deny",
     })
 }
@@ -928,7 +993,7 @@ pub fn describe(
         }
     }
     if own.contains(&NsKind::Time) {
-        ns.time = Some(time_namespace(root)?);
+        ns.time = Some(time_namespace(root, images)?);
     }
     if !ns.pid
         && !ns.ipc
@@ -974,6 +1039,9 @@ pub fn translate_pids(m: &mut Manifest, pids: &HashMap<i32, i32>) {
     map(&mut m.root_pid);
     for c in m.cgroups.iter_mut().flat_map(|c| c.procs.iter_mut()) {
         map(&mut c.pid);
+    }
+    for t in m.cgroups.iter_mut().flat_map(|c| c.threads.iter_mut()) {
+        map(&mut t.tid);
     }
     for p in &mut m.processes {
         map(&mut p.pid);

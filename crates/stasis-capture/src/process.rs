@@ -58,6 +58,7 @@ pub fn zombie_image(pid: i32, status: i32) -> Result<ProcessImage> {
         stop_signal: None,
         membarrier: 0,
         aio_rings: Vec::new(),
+        pending_time: None,
         fds_shared_with: None,
         root: None,
     })
@@ -215,6 +216,7 @@ pub fn capture(
         stop_signal: f.stop_signal.filter(|_| f.stopped),
         membarrier: remote.membarrier,
         aio_rings: Vec::new(),
+        pending_time: crate::ns::pending_time(pid)?,
         fds_shared_with: None,
         root: root_dir(pid)?,
     };

@@ -162,8 +162,22 @@ pub const OWN_ROOT_MANIFEST_VERSION: u32 = 11;
 /// queue by name as it is then (or failing to: an unlinked one has none).
 pub const HELD_QUEUE_MANIFEST_VERSION: u32 = 12;
 
+/// Manifest format version written when a process had unshared a time
+/// namespace no process was in yet ([`ProcessImage::pending_time`]), so
+/// that a reader that predates it refuses the manifest instead of
+/// restoring the process making its children in its own time namespace.
+pub const PENDING_TIME_MANIFEST_VERSION: u32 = 13;
+
+/// Manifest format version written when a thread was in another cgroup
+/// than its process ([`Cgroups::threads`]) or a cgroup was threaded
+/// ([`CgroupDir::threaded`]), so that a reader that predates them refuses
+/// the manifest instead of restoring every thread in its process's
+/// cgroup: the same as [`PENDING_TIME_MANIFEST_VERSION`], both new in
+/// one release.
+pub const THREADED_CGROUPS_MANIFEST_VERSION: u32 = 13;
+
 /// The newest manifest format version this reader knows.
-pub const LATEST_MANIFEST_VERSION: u32 = HELD_QUEUE_MANIFEST_VERSION;
+pub const LATEST_MANIFEST_VERSION: u32 = THREADED_CGROUPS_MANIFEST_VERSION;
 
 impl Manifest {
     /// The format version this manifest's content calls for: the oldest
@@ -243,7 +257,15 @@ impl Manifest {
                 .flat_map(|p| &p.fds)
                 .any(|f| matches!(&f.kind, FdKind::Mqueue { queue: Some(_), .. }))
         };
-        if held_queue() {
+        let threaded = self
+            .cgroups
+            .as_ref()
+            .is_some_and(|c| !c.threads.is_empty() || c.dirs.iter().any(|d| d.threaded));
+        if threaded {
+            THREADED_CGROUPS_MANIFEST_VERSION
+        } else if self.processes.iter().any(|p| p.pending_time.is_some()) {
+            PENDING_TIME_MANIFEST_VERSION
+        } else if held_queue() {
             HELD_QUEUE_MANIFEST_VERSION
         } else if own_root {
             OWN_ROOT_MANIFEST_VERSION
@@ -349,18 +371,33 @@ pub struct TimeNamespace {
     pub boottime_offset: i64,
 }
 
-/// The cgroups (v2) of a tree whose processes were in several, their
-/// paths as the dumper saw them (after `0::` in `/proc/PID/cgroup`).
+/// The cgroups (v2) of a tree whose processes were in several, or with a
+/// thread in another than its process's, their paths as the dumper saw
+/// them (after `0::` in `/proc/PID/cgroup`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Cgroups {
     /// The cgroup of each live process (zombies are left in their
-    /// parent's), by PID.
+    /// parent's), by PID: its main thread's.
     pub procs: Vec<ProcessCgroup>,
-    /// The cgroups below the deepest one that holds all of `procs`' (that
-    /// one excluded), down to each process's, parents first: what a
-    /// restore that has to make one of them gives it.
+    /// The cgroups below the deepest one that holds all of `procs`' and
+    /// `threads`' (that one excluded), down to each process's and
+    /// thread's, parents first: what a restore that has to make one of
+    /// them gives it.
     #[serde(default)]
     pub dirs: Vec<CgroupDir>,
+    /// Each thread (not a main one) in another cgroup than its process's
+    /// (a threaded cgroup, `cgroup.type` `threaded`, the thread moved by
+    /// its TID to `cgroup.threads`), by TID. A manifest with any says
+    /// [`THREADED_CGROUPS_MANIFEST_VERSION`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub threads: Vec<ThreadCgroup>,
+}
+
+/// A thread in another cgroup than its process.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThreadCgroup {
+    pub tid: i32,
+    pub path: String,
 }
 
 /// The limits saved of a cgroup (those of its controllers that are
@@ -416,6 +453,11 @@ pub struct CgroupDir {
     /// those of the controllers enabled in it.
     #[serde(default)]
     pub limits: Vec<CgroupLimit>,
+    /// A threaded cgroup (`cgroup.type` `threaded`): made so again
+    /// before its limits are written (its parent then reads `domain
+    /// threaded`, or `threaded` too).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub threaded: bool,
 }
 
 /// One interface file of a cgroup and its content (trimmed).
@@ -1076,6 +1118,12 @@ pub struct ProcessImage {
     /// (the others come back empty, as made by `io_setup`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub aio_rings: Vec<AioRing>,
+    /// A time namespace it has unshared (`CLONE_NEWTIME`) that no process
+    /// is in yet: its children are made there (its own is the tree's).
+    /// The restore unshares a new one with the same offsets. A manifest
+    /// with it says [`PENDING_TIME_MANIFEST_VERSION`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_time: Option<PendingTimeNamespace>,
     /// Incremental checkpoints only: every page range (`[start, end)`,
     /// page-aligned, sorted, disjoint) of this process that holds saved
     /// data. Pages of these ranges that are not in this checkpoint's pack
@@ -1083,6 +1131,21 @@ pub struct ProcessImage {
     /// checkpoint that has them. `None`: exactly the pages of `pack`.
     #[serde(default)]
     pub data_ranges: Option<Vec<(u64, u64)>>,
+}
+
+/// The clock offsets of a time namespace a process unshared and no
+/// process entered yet (`/proc/PID/timens_offsets` then shows them: its
+/// `ns/time_for_children` is not its `ns/time`), against the host's
+/// clocks, in nanoseconds. Nobody has read its clocks yet, so they are
+/// kept as written (not moved on like [`TimeNamespace`]'s).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingTimeNamespace {
+    pub monotonic_offset: i64,
+    pub boottime_offset: i64,
+    /// Its other threads make their children there too (made after it
+    /// was unshared, they share it); else only its main thread does.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub threads: bool,
 }
 
 /// A POSIX timer, restored at the same timer ID.

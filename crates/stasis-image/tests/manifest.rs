@@ -653,7 +653,9 @@ fn cgroups_raise_the_manifest_version_and_round_trip() {
                 file: "pids.max".into(),
                 value: "16".into(),
             }],
+            threaded: false,
         }],
+        threads: vec![],
     });
     assert_eq!(m.format_version(), 8);
     let bytes = encode_manifest(&m).unwrap();
@@ -940,8 +942,73 @@ fn a_queue_held_by_an_fd_raises_the_manifest_version_and_round_trips() {
         without.format_version(),
         manifest::POSIX_QUEUES_MANIFEST_VERSION
     );
+    const { assert!(manifest::HELD_QUEUE_MANIFEST_VERSION < manifest::LATEST_MANIFEST_VERSION) };
+}
+
+/// A process with a time namespace it unshared and no process entered:
+/// version 13 (a reader of 12 would restore it making its children in
+/// its own), round-trips, and is refused under a lower version.
+#[test]
+fn a_pending_time_namespace_raises_the_manifest_version_and_round_trips() {
+    let base = small_manifest();
+    assert!(base.format_version() < manifest::PENDING_TIME_MANIFEST_VERSION);
+    let mut m = base.clone();
+    m.processes[0].pending_time = Some(manifest::PendingTimeNamespace {
+        monotonic_offset: 86_400_000_000_000_000,
+        boottime_offset: -5,
+        threads: true,
+    });
+    assert_eq!(m.format_version(), 13);
+    let bytes = encode_manifest(&m).unwrap();
+    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 13);
+    assert_eq!(decode_manifest(&bytes, 3, p()).unwrap(), m);
+    let mut lower = bytes.clone();
+    lower[8..12].copy_from_slice(&manifest::HELD_QUEUE_MANIFEST_VERSION.to_le_bytes());
+    assert!(decode_manifest(&lower, 3, p()).is_err());
+}
+
+/// A thread in a threaded cgroup other than its process's: version 13 (a
+/// reader of 12 would restore it in its process's cgroup), round-trips,
+/// and is refused under a lower version; so is a threaded cgroup alone.
+#[test]
+fn threaded_cgroups_raise_the_manifest_version_and_round_trip() {
+    let base = small_manifest();
+    assert!(base.format_version() < manifest::THREADED_CGROUPS_MANIFEST_VERSION);
+    let mut m = base.clone();
+    m.cgroups = Some(manifest::Cgroups {
+        procs: vec![manifest::ProcessCgroup {
+            pid: 100,
+            path: "/box".into(),
+        }],
+        dirs: vec![manifest::CgroupDir {
+            path: "/box/t".into(),
+            threaded: true,
+            ..Default::default()
+        }],
+        threads: vec![manifest::ThreadCgroup {
+            tid: 101,
+            path: "/box/t".into(),
+        }],
+    });
+    assert_eq!(m.format_version(), 13);
+    let bytes = encode_manifest(&m).unwrap();
+    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 13);
+    assert_eq!(decode_manifest(&bytes, 3, p()).unwrap(), m);
+    let mut lower = bytes.clone();
+    lower[8..12].copy_from_slice(&manifest::HELD_QUEUE_MANIFEST_VERSION.to_le_bytes());
+    assert!(decode_manifest(&lower, 3, p()).is_err());
+    let mut dir_only = m.clone();
+    if let Some(c) = dir_only.cgroups.as_mut() {
+        c.threads.clear();
+    }
+    assert_eq!(dir_only.format_version(), 13);
+    // Neither: not raised to 13.
+    if let Some(c) = dir_only.cgroups.as_mut() {
+        c.dirs[0].threaded = false;
+    }
+    assert!(dir_only.format_version() < manifest::THREADED_CGROUPS_MANIFEST_VERSION);
     assert_eq!(
         manifest::LATEST_MANIFEST_VERSION,
-        manifest::HELD_QUEUE_MANIFEST_VERSION
+        manifest::THREADED_CGROUPS_MANIFEST_VERSION
     );
 }

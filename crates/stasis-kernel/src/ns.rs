@@ -455,6 +455,14 @@ pub fn timens_offsets(pid: Option<i32>) -> Result<ClockOffsets> {
     })
 }
 
+/// Sets the clock offsets of the time namespace process `pid` makes its
+/// children in (one it unshared, that no process has entered yet: the
+/// kernel refuses them once one has), through `/proc/PID/timens_offsets`.
+pub fn set_timens_offsets(pid: i32, o: ClockOffsets) -> Result<()> {
+    let path = format!("/proc/{pid}/timens_offsets");
+    std::fs::write(&path, timens_offsets_text(o)).map_err(|e| KernelError::io(&path, e))
+}
+
 /// Clock `id` of the calling thread, in nanoseconds.
 fn clock_ns(id: libc::clockid_t) -> Result<i64> {
     let mut ts = libc::timespec {

@@ -34,6 +34,9 @@ pub(crate) struct Placer {
     root: Option<String>,
     /// Each process's cgroup, by PID in the image (none: its parent's).
     by_pid: HashMap<i32, String>,
+    /// The cgroup of each thread in another than its process's, by TID
+    /// in the image.
+    by_tid: HashMap<i32, String>,
     /// The cgroups this restore made, parents first.
     made: Vec<PathBuf>,
     /// Controllers enabled in cgroups that existed, in order.
@@ -55,10 +58,17 @@ impl Placer {
             }
             None => (ns.and_then(|n| n.cgroup.clone()), HashMap::new()),
         };
+        let by_tid = m
+            .cgroups
+            .iter()
+            .flat_map(|c| c.threads.iter())
+            .map(|t| (t.tid, t.path.clone()))
+            .collect();
         let mut p = Placer {
             mount: None,
             root,
             by_pid,
+            by_tid,
             made: Vec::new(),
             enabled: Vec::new(),
             keep: Cell::new(false),
@@ -66,6 +76,7 @@ impl Placer {
         let mut wanted: Vec<String> = ns.and_then(|n| n.cgroup_ns.clone()).into_iter().collect();
         wanted.extend(p.root.clone());
         wanted.extend(p.by_pid.values().cloned());
+        wanted.extend(p.by_tid.values().cloned());
         if wanted.is_empty() {
             return Ok(p);
         }
@@ -153,6 +164,21 @@ impl Placer {
             let Some(d) = saved.get(&made) else {
                 continue;
             };
+            // Threaded first: a threaded cgroup takes only the threaded
+            // controllers.
+            if d.threaded {
+                let f = made.join("cgroup.type");
+                std::fs::write(&f, "threaded").map_err(|e| {
+                    Self::fail(
+                        format!(
+                            "making the tree's cgroup {} threaded: writing {}",
+                            d.path,
+                            f.display()
+                        ),
+                        e,
+                    )
+                })?;
+            }
             for l in &d.limits {
                 if !is_cgroup_limit(&l.file) {
                     return Err(ObjectError::Inconsistent(format!(
@@ -217,21 +243,60 @@ impl Placer {
         Ok(())
     }
 
-    /// Moves process `outer` (as stasis sees it) into cgroup `path`.
+    /// Moves process `outer` (as stasis sees it) into cgroup `path`: its
+    /// main thread, if that is a threaded cgroup (the process into the
+    /// domain at the top of its threaded subtree first).
     pub fn join(&self, path: &str, outer: i32) -> Result<()> {
         if procfs::cgroup_of(&outer.to_string()).as_deref() == Some(path) {
             return Ok(());
         }
-        let procs = self.dir(path)?.join("cgroup.procs");
-        std::fs::write(&procs, outer.to_string()).map_err(|e| {
+        let dir = self.dir(path)?;
+        let threaded = |d: &Path| {
+            std::fs::read_to_string(d.join("cgroup.type")).is_ok_and(|t| t.trim() == "threaded")
+        };
+        if !threaded(&dir) {
+            return Self::write_id(&dir, "cgroup.procs", "process", outer, path);
+        }
+        let mut domain = dir.as_path();
+        while threaded(domain) {
+            match domain.parent() {
+                Some(p) => domain = p,
+                None => break,
+            }
+        }
+        Self::write_id(domain, "cgroup.procs", "process", outer, path)?;
+        Self::write_id(
+            &dir,
+            "cgroup.threads",
+            "the main thread of process",
+            outer,
+            path,
+        )
+    }
+
+    /// Writes `outer` (a process or thread, `what`, as stasis sees it) to
+    /// `file` of cgroup `path` (directory `dir`).
+    fn write_id(dir: &Path, file: &str, what: &str, outer: i32, path: &str) -> Result<()> {
+        let f = dir.join(file);
+        std::fs::write(&f, outer.to_string()).map_err(|e| {
             Self::fail(
                 format!(
-                    "putting process {outer} into its cgroup {path}: writing {}",
-                    procs.display()
+                    "putting {what} {outer} into its cgroup {path}: writing {}",
+                    f.display()
                 ),
                 e,
             )
         })
+    }
+
+    /// Moves a thread just made (`tid` in the image, `outer` as stasis
+    /// sees it) into its cgroup, if it was in another than its process's
+    /// (`cgroup.threads` of a threaded cgroup of its process's subtree).
+    pub fn join_thread(&self, tid: i32, outer: i32) -> Result<()> {
+        match self.by_tid.get(&tid) {
+            Some(path) => Self::write_id(&self.dir(path)?, "cgroup.threads", "thread", outer, path),
+            None => Ok(()),
+        }
     }
 
     /// Moves the root stub (`outer`) into the root's cgroup, if it has one.

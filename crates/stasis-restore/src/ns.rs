@@ -99,9 +99,11 @@ pub(crate) fn setup(ns: &Namespaces) -> Result<NsSetup> {
             .map(|[i, o, n]| format!("{i} {o} {n}\n"))
             .collect::<String>()
     };
+    // (A namespace without maps is left so: no id is mapped in it.)
     let id_maps = ns
         .user
         .as_ref()
+        .filter(|u| !u.uid_map.is_empty() || !u.gid_map.is_empty())
         .map(|u| (lines(&u.uid_map), lines(&u.gid_map), u.setgroups_deny));
     let time_offsets = match &ns.time {
         Some(t) => Some(cstr("clock offsets", &time_offsets(t)?)?),
@@ -175,6 +177,48 @@ fn options_inside(opts: &str, user: Option<&UserNamespace>) -> Result<String> {
         })
         .collect::<Result<Vec<_>>>()
         .map(|v| v.join(","))
+}
+
+/// A process that had unshared a time namespace no process entered
+/// ([`ProcessImage::pending_time`]): its main thread (`s`, its children
+/// made) unshares a new one, and the restorer writes the saved offsets
+/// to its `timens_offsets` (which shows the namespace it makes its
+/// children in), as the process did. Called before its other threads
+/// are made (`before_threads`) and after: it acts once, before if they
+/// shared it (a thread made then shares it), else after.
+///
+/// [`ProcessImage::pending_time`]: stasis_image::manifest::ProcessImage::pending_time
+pub(crate) fn unshare_pending_time(
+    s: &mut crate::proc::Proc,
+    p: &stasis_image::manifest::ProcessImage,
+    before_threads: bool,
+) -> Result<()> {
+    let Some(t) = p.pending_time.filter(|t| t.threads == before_threads) else {
+        return Ok(());
+    };
+    s.cur = None;
+    stasis_kernel::remote::Remote::sys(
+        s,
+        "unshare",
+        libc::SYS_unshare,
+        &[libc::CLONE_NEWTIME as u64],
+    )
+    .map_err(crate::build::step(format!(
+        "unsharing the time namespace process {} had made for its children",
+        p.pid
+    )))?;
+    kns::set_timens_offsets(
+        s.t.pid(),
+        kns::ClockOffsets {
+            monotonic: t.monotonic_offset,
+            boottime: t.boottime_offset,
+        },
+    )
+    .map_err(crate::build::step(format!(
+        "writing the clock offsets of the time namespace process {} had made for its children",
+        p.pid
+    )))?;
+    Ok(())
 }
 
 /// What the root stub's exit code says went wrong in setting up its
@@ -522,6 +566,9 @@ pub(crate) fn creds_inside(m: &mut Manifest) -> Result<()> {
     let Some(u) = m.namespaces.as_ref().and_then(|n| n.user.clone()) else {
         return Ok(());
     };
+    if u.uid_map.is_empty() && u.gid_map.is_empty() {
+        return creds_unmapped(m, &own_ids());
+    }
     for p in &mut m.processes {
         let pid = p.pid;
         let map = |ids: &mut [u32], table: &[[u32; 3]], what: &str| -> Result<()> {
@@ -540,6 +587,60 @@ pub(crate) fn creds_inside(m: &mut Manifest) -> Result<()> {
         if !c.groups_fixed {
             map(&mut c.groups, &u.gid_map, "group")?;
         }
+    }
+    Ok(())
+}
+
+/// The restorer's ids: real, effective, saved, and groups (a stub starts
+/// with them).
+struct OwnIds {
+    uid: [u32; 3],
+    gid: [u32; 3],
+    groups: Vec<u32>,
+}
+
+fn own_ids() -> OwnIds {
+    let (u, g) = (nix::unistd::getresuid(), nix::unistd::getresgid());
+    let (uid, gid) = match (u, g) {
+        (Ok(u), Ok(g)) => (
+            [u.real, u.effective, u.saved].map(|i| i.as_raw()),
+            [g.real, g.effective, g.saved].map(|i| i.as_raw()),
+        ),
+        _ => ([u32::MAX; 3], [u32::MAX; 3]),
+    };
+    let mut groups: Vec<u32> = nix::unistd::getgroups()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|g| g.as_raw())
+        .collect();
+    groups.sort_unstable();
+    OwnIds { uid, gid, groups }
+}
+
+/// A user namespace without id maps (made, its maps never written): no
+/// id can be set in it, so its processes keep those they had when it was
+/// made, and the restore makes it as itself (the root stub `clone3`d with
+/// `CLONE_NEWUSER`): each process must have the restorer's ids and
+/// groups, as the image has them (seen from outside), and they are left
+/// as they are (with the restorer's, root: nothing to set).
+fn creds_unmapped(m: &mut Manifest, own: &OwnIds) -> Result<()> {
+    for p in m.processes.iter_mut().filter(|p| p.zombie.is_none()) {
+        let c = &mut p.creds;
+        let mut groups = c.groups.clone();
+        groups.sort_unstable();
+        let same = c.uid[..3] == own.uid
+            && c.uid[3] == own.uid[1]
+            && c.gid[..3] == own.gid
+            && c.gid[3] == own.gid[1]
+            && groups == own.groups;
+        if !same || own.uid != [0; 3] || own.gid != [0; 3] {
+            return Err(ObjectError::Incompatible(format!(
+                "process {} is in a user namespace without id maps with uids {:?}, gids {:?} and groups {:?}: no id can be set in such a namespace, and the restore makes it as the restorer (uids {:?}, gids {:?}, groups {:?}); restore it as root with the same groups",
+                p.pid, c.uid, c.gid, c.groups, own.uid, own.gid, own.groups
+            ))
+            .into());
+        }
+        c.groups_fixed = true;
     }
     Ok(())
 }
@@ -857,5 +958,55 @@ mod tests {
         assert_eq!(c.groups, vec![12345]);
         m.processes[0].creds.uid[0] = 7;
         assert!(creds_inside(&mut m).is_err());
+    }
+
+    #[test]
+    fn credentials_in_a_namespace_without_maps_must_be_the_restorers() {
+        let mut m = Manifest {
+            checkpoint: 1,
+            parent: None,
+            tool_version: String::new(),
+            created_unix: 0,
+            host: Default::default(),
+            root_pid: 1,
+            processes: vec![crate::testutil::image(1, 0, 1, 1)],
+            stats: Default::default(),
+            pipes: Vec::new(),
+            ghosts: Vec::new(),
+            sysv_shm: Vec::new(),
+            shm_files: Vec::new(),
+            cut: None,
+            namespaces: Some(Namespaces {
+                user: Some(UserNamespace::default()),
+                ..Default::default()
+            }),
+            shell_job: None,
+            content: None,
+            cgroups: None,
+        };
+        let root = OwnIds {
+            uid: [0; 3],
+            gid: [0; 3],
+            groups: vec![0],
+        };
+        m.processes[0].creds.groups = vec![0];
+        creds_unmapped(&mut m, &root).unwrap();
+        let c = &m.processes[0].creds;
+        assert_eq!((c.uid, c.gid), ([0; 4], [0; 4]));
+        assert!(c.groups_fixed);
+        // Another group, another uid, or a restorer that is not root.
+        m.processes[0].creds.groups = vec![0, 10];
+        assert!(creds_unmapped(&mut m, &root).is_err());
+        m.processes[0].creds.groups = vec![0];
+        m.processes[0].creds.uid[2] = 1000;
+        assert!(creds_unmapped(&mut m, &root).is_err());
+        m.processes[0].creds.uid = [1000; 4];
+        m.processes[0].creds.gid = [1000; 4];
+        let user = OwnIds {
+            uid: [1000; 3],
+            gid: [1000; 3],
+            groups: vec![0],
+        };
+        assert!(creds_unmapped(&mut m, &user).is_err());
     }
 }

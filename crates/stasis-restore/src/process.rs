@@ -89,9 +89,17 @@ pub(crate) fn build_process(
         s.cur = None;
         build::install_seccomp(s, main.tid, &main.seccomp[..shared])?;
     }
+    // (Shared by its threads: unshared before they are made.)
+    crate::ns::unshare_pending_time(s, p, true)?;
     threads::create_threads(s, p)?;
+    for ((t, _), th) in s.threads.iter().zip(p.threads.iter().skip(1)) {
+        cx.cgroups.join_thread(th.tid, t.pid())?;
+    }
     s.cur = None;
     build::create_posix_timers(s, &p.posix_timers)?;
+    // Its children made, its threads too, and before the credentials
+    // (it takes CAP_SYS_ADMIN).
+    crate::ns::unshare_pending_time(s, p, false)?;
     threads::per_thread(s, p)?;
     s.cur = None;
     // After the credentials: changing them clears the parent-death signal.

@@ -39,6 +39,7 @@ pub fn image(pid: i32, ppid: i32, pgid: i32, sid: i32) -> ProcessImage {
         stop_signal: None,
         membarrier: 0,
         aio_rings: Vec::new(),
+        pending_time: None,
         fds_shared_with: None,
         root: None,
     }

@@ -1018,14 +1018,101 @@ fn twice_keeps_a_user_namespace() {
     waitpid_timeout(pid, Duration::from_secs(30));
 }
 
-/// A user namespace without maps (nothing could be restored in it).
+/// A process in a user namespace without id maps (`unshare --user`, its
+/// maps never written): restored twice in a new one without maps, its
+/// ids the overflow ids inside it (its status read from a process that
+/// entered it), its capabilities and its ids seen from here unchanged.
 #[test]
-fn refuses_a_user_namespace_without_maps() {
-    refused(
-        &["--user", "sleep", "1000"],
-        |up| (cmdline_of(up).trim() == "sleep 1000").then_some(up),
-        "its user namespace has an empty uid_map",
-    );
+fn twice_keeps_a_user_namespace_without_maps() {
+    workloads();
+    let r = Refused::spawn(Command::new("unshare").args(["--user", "sleep", "1000"]));
+    let pid = r.unshare.id() as i32;
+    wait_until(Duration::from_secs(10), "unshare to exec sleep", || {
+        cmdline_of(pid).trim() == "sleep 1000"
+    });
+    let status = |p: i32, inside: bool| {
+        let text = if inside {
+            let o = Command::new("nsenter")
+                .args([
+                    "--preserve-credentials",
+                    "--user",
+                    "-t",
+                    &p.to_string(),
+                    "cat",
+                ])
+                .arg(format!("/proc/{p}/status"))
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{o:?}");
+            String::from_utf8(o.stdout).unwrap()
+        } else {
+            std::fs::read_to_string(format!("/proc/{p}/status")).unwrap()
+        };
+        text.lines()
+            .filter(|l| {
+                [
+                    "Uid:", "Gid:", "Groups:", "CapInh:", "CapPrm:", "CapEff:", "CapBnd:",
+                ]
+                .iter()
+                .any(|k| l.starts_with(k))
+            })
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .collect::<Vec<_>>()
+    };
+    let before = status(pid, false);
+    let check = |p: i32, round: &str| {
+        for f in ["uid_map", "gid_map"] {
+            let map = std::fs::read_to_string(format!("/proc/{p}/{f}")).unwrap();
+            assert_eq!(map, "", "{round}: {f}");
+        }
+        assert_ne!(
+            std::fs::read_link(format!("/proc/{p}/ns/user")).unwrap(),
+            std::fs::read_link("/proc/self/ns/user").unwrap(),
+            "{round}"
+        );
+        let inside = status(p, true);
+        assert_eq!(
+            inside[0], "Uid: 65534 65534 65534 65534",
+            "{round}: {inside:?}"
+        );
+        assert_eq!(
+            inside[1], "Gid: 65534 65534 65534 65534",
+            "{round}: {inside:?}"
+        );
+        assert_eq!(status(p, false), before, "{round}");
+    };
+    check(pid, "before");
+    let mut r = r;
+    let img = tempfile::tempdir().unwrap();
+    let mut pid = pid;
+    let mut restored = KillOnDrop(0);
+    for round in 1..=2 {
+        let o = stasis()
+            .args(["dump", "-t", &pid.to_string(), "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("dump round {round}"));
+        // (unshare exec'd sleep: the first one is our child, the
+        // restored ones are ours as a subreaper.)
+        if round == 1 {
+            let _ = r.unshare.wait();
+        } else {
+            waitpid_timeout(pid, Duration::from_secs(30));
+        }
+        let o = stasis()
+            .args(["restore", "--detach", "--json", "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("restore round {round}"));
+        pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
+        restored.0 = pid;
+        check(pid, &format!("round {round}"));
+    }
+    // SAFETY: killing the restored process (the test's).
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    waitpid_timeout(pid, Duration::from_secs(30));
 }
 
 #[test]
@@ -1063,42 +1150,137 @@ fn refuses_a_process_that_is_not_the_namespace_init() {
     );
 }
 
-/// A thread in another cgroup than its process (a threaded cgroup below
-/// the process's) of a tree in namespaces of its own: refused by name.
+/// A process of a tree in namespaces of its own whose threads are in a
+/// threaded subtree (its main thread in threaded cgroup T/m, its other
+/// two in T/t and T/t/u; T, where the process is, reads `domain
+/// threaded`): restored twice, the cgroups removed before the first
+/// restore (made again, threaded) and there for the second, every thread
+/// back in its cgroup.
 #[test]
-fn refuses_a_thread_in_a_threaded_cgroup() {
+fn threads_in_a_threaded_cgroup_come_back_in_theirs() {
     let Some(mut cg) = TestCgroups::here("threaded") else {
         return;
     };
-    cg.make("t");
-    cg.write("t", "cgroup.type", "threaded");
+    become_subreaper();
+    for rel in ["m", "t", "t/u"] {
+        cg.make(rel);
+    }
     let script = "import threading, time\n\
-        threading.Thread(target=time.sleep, args=(1000,)).start()\n\
+        for _ in range(2):\n    threading.Thread(target=time.sleep, args=(1000,)).start()\n\
         time.sleep(1000)\n";
-    let placed = std::cell::Cell::new(0);
-    refused(
-        &["--pid", "--fork", "--mount-proc", "python3", "-c", script],
-        |up| {
-            if placed.get() == 0 {
-                let p = *descendants(up).first()?;
-                let tids = tasks_of(p);
-                if tids.len() < 2 {
-                    return None;
-                }
-                cg.write("", "cgroup.procs", &p.to_string());
-                let thread = tids.into_iter().find(|&t| t != p)?;
-                cg.write("t", "cgroup.threads", &thread.to_string());
-                placed.set(p);
-            }
-            Some(placed.get())
-        },
-        "(a threaded cgroup)",
-    );
-    // (Killed, it leaves the cgroups once it is gone.)
+    let r = Refused::spawn(Command::new("unshare").args([
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "python3",
+        "-c",
+        script,
+    ]));
+    let up = r.unshare.id() as i32;
+    let mut pid = 0;
+    wait_until(Duration::from_secs(20), "python's threads", || {
+        pid = descendants(up).first().copied().unwrap_or(0);
+        pid > 0 && tasks_of(pid).len() == 3
+    });
+    cg.write("", "cgroup.procs", &pid.to_string());
+    for rel in ["m", "t", "t/u"] {
+        cg.write(rel, "cgroup.type", "threaded");
+    }
+    let mut tids = tasks_of(pid);
+    tids.sort_unstable();
+    assert_eq!(tids[0], pid);
+    for (tid, rel) in tids.iter().zip(["m", "t", "t/u"]) {
+        cg.write(rel, "cgroup.threads", &tid.to_string());
+    }
+    // Each thread's TID in the PID namespace and its cgroup.
+    let threads = |p: i32| {
+        let mut v: Vec<(String, String)> = tasks_of(p)
+            .into_iter()
+            .map(|t| {
+                let status = std::fs::read_to_string(format!("/proc/{p}/task/{t}/status")).unwrap();
+                let nstid = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("NSpid:"))
+                    .and_then(|v| v.split_whitespace().last())
+                    .unwrap()
+                    .to_string();
+                let cgroup = std::fs::read_to_string(format!("/proc/{p}/task/{t}/cgroup"))
+                    .unwrap()
+                    .trim()
+                    .to_string();
+                (nstid, cgroup)
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let name = cg.name();
+    let before = threads(pid);
+    let want: Vec<String> = ["m", "t", "t/u"]
+        .iter()
+        .map(|rel| format!("0::/{name}/{rel}"))
+        .collect();
+    let mut got: Vec<String> = before
+        .iter()
+        .filter_map(|(_, c)| c.lines().find(|l| l.starts_with("0::")))
+        .map(str::to_string)
+        .collect();
+    got.sort();
+    assert_eq!(got, want, "before the dump: {before:?}");
+    let types = |round: &str| {
+        assert_eq!(cg.read("", "cgroup.type"), "domain threaded", "{round}");
+        for rel in ["m", "t", "t/u"] {
+            assert_eq!(cg.read(rel, "cgroup.type"), "threaded", "{round}: {rel}");
+        }
+    };
+    types("before the dump");
+    let img = tempfile::tempdir().unwrap();
+    let mut restored = KillOnDrop(0);
+    let mut r = r;
+    for round in 1..=2 {
+        let o = stasis()
+            .args(["dump", "-t", &pid.to_string(), "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("dump round {round}"));
+        if round == 1 {
+            let _ = r.unshare.wait();
+            wait_until(
+                Duration::from_secs(10),
+                "the killed tree to leave T",
+                || {
+                    ["", "m", "t", "t/u"]
+                        .iter()
+                        .all(|rel| cg.read(rel, "cgroup.threads").is_empty())
+                },
+            );
+            cg.remove_below();
+        } else {
+            waitpid_timeout(pid, Duration::from_secs(30));
+        }
+        let o = stasis()
+            .args(["restore", "--detach", "--json", "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("restore round {round}"));
+        pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
+        restored.0 = pid;
+        assert_eq!(threads(pid), before, "round {round}");
+        types(&format!("round {round}"));
+    }
+    // SAFETY: killing the restored tree (PID 1 of its namespace).
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    waitpid_timeout(pid, Duration::from_secs(30));
     wait_until(
         Duration::from_secs(10),
         "the tree to leave its cgroups",
-        || cg.read("", "cgroup.threads").is_empty() && cg.read("t", "cgroup.threads").is_empty(),
+        || {
+            ["", "m", "t", "t/u"]
+                .iter()
+                .all(|rel| cg.read(rel, "cgroup.threads").is_empty())
+        },
     );
 }
 
@@ -2758,18 +2940,249 @@ fn incremental_chain_in_a_time_namespace() {
 }
 
 /// A process that unshared a time namespace and made no child in it yet
-/// (it runs on in the host's, its children would be made in the new one;
-/// an exec would move it there).
+/// (it runs on in the host's, its children would be made in the new one,
+/// whose offsets it wrote), with a thread made before (which makes its
+/// children in the host's): dumped and restored twice, it is in the
+/// host's time namespace still and makes its children in a new one with
+/// the same offsets; a child it forks then reads its clocks with them.
 #[test]
-fn refuses_a_pending_time_namespace() {
-    let script = "import ctypes, os, sys, time\n\
+fn twice_keeps_a_pending_time_namespace() {
+    pending_time_namespace_twice("before");
+}
+
+/// The same with a thread made after the unshare, which shares the new
+/// namespace (its children would be made there too).
+#[test]
+fn twice_keeps_a_pending_time_namespace_its_thread_shares() {
+    pending_time_namespace_twice("after");
+}
+
+/// [`twice_keeps_a_pending_time_namespace`], its thread made `when`
+/// (`before` or `after`) the unshare.
+fn pending_time_namespace_twice(when: &str) {
+    const NSEC: i64 = 1_000_000_000;
+    become_subreaper();
+    // The offsets it writes (monotonic 1000 days, boot time 100.000000005
+    // s); `go`: fork a child that reads its clocks, between two reads of
+    // its own, and write all of them with the child's `timens_offsets`.
+    let script = "import ctypes, os, sys, threading, time\n\
+        sleeper = lambda: threading.Thread(target=time.sleep, args=(1000,), daemon=True).start()\n\
+        if sys.argv[2] == 'before':\n    sleeper()\n\
         if ctypes.CDLL(None, use_errno=True).unshare(0x80):\n    \
             sys.exit('unshare: ' + os.strerror(ctypes.get_errno()))\n\
+        open('/proc/self/timens_offsets', 'w').write('monotonic 86400000 0\\nboottime 100 5\\n')\n\
+        if sys.argv[2] == 'after':\n    sleeper()\n\
+        d = sys.argv[1]\n\
+        open(d + '/ready', 'w').close()\n\
+        while not os.path.exists(d + '/go'):\n    time.sleep(0.02)\n\
+        now = lambda: [time.clock_gettime_ns(c) for c in (time.CLOCK_MONOTONIC, time.CLOCK_BOOTTIME)]\n\
+        r, w = os.pipe()\n\
+        before = now()\n\
+        pid = os.fork()\n\
+        if pid == 0:\n    \
+            os.write(w, (' '.join(map(str, now())) + ' ' + ' '.join(open('/proc/self/timens_offsets').read().split())).encode())\n    \
+            os._exit(0)\n\
+        os.close(w)\n\
+        os.waitpid(pid, 0)\n\
+        after = now()\n\
+        child = os.read(r, 4096).decode()\n\
+        open(d + '/out.tmp', 'w').write(' '.join(map(str, before + after)) + ' ' + child)\n\
+        os.rename(d + '/out.tmp', d + '/out')\n\
         time.sleep(1000)\n";
-    let ns = |p: i32, f: &str| std::fs::read_link(format!("/proc/{p}/ns/{f}")).ok();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap().to_string();
+    // (Under a shell, which reaps it when the first dump kills it.)
+    let r = Refused::spawn(Command::new("sh").args([
+        "-c",
+        "python3 -c \"$0\" \"$1\" \"$2\" & wait",
+        script,
+        &d,
+        when,
+    ]));
+    let up = r.unshare.id() as i32;
+    let mut pid = 0;
+    wait_until(
+        Duration::from_secs(20),
+        "the pending time namespace",
+        || {
+            pid = descendants(up).first().copied().unwrap_or(0);
+            pid > 0 && dir.path().join("ready").exists()
+        },
+    );
+    let ns = |p: i32, f: &str| std::fs::read_link(format!("/proc/{p}/ns/{f}")).unwrap();
+    let me = std::process::id() as i32;
+    let offsets = ["monotonic", "86400000", "0", "boottime", "100", "5"];
+    let check = |p: i32, round: &str| {
+        assert_eq!(ns(p, "time"), ns(me, "time"), "{round}");
+        assert_ne!(ns(p, "time_for_children"), ns(p, "time"), "{round}");
+        // Its thread makes its children in the new one, or in its own.
+        let tids = tasks_of(p);
+        assert_eq!(tids.len(), 2, "{round}: {tids:?}");
+        for t in tids.into_iter().filter(|&t| t != p) {
+            let theirs = ns(t, "time_for_children");
+            if when == "after" {
+                assert_eq!(theirs, ns(p, "time_for_children"), "{round}: thread {t}");
+            } else {
+                assert_eq!(theirs, ns(p, "time"), "{round}: thread {t}");
+            }
+        }
+        let text = std::fs::read_to_string(format!("/proc/{p}/timens_offsets")).unwrap();
+        assert_eq!(
+            text.split_whitespace().collect::<Vec<_>>(),
+            offsets,
+            "{round}"
+        );
+    };
+    check(pid, "before");
+    let pid = dump_and_restore_detached(pid, 2, |p, round| {
+        check(p, &format!("round {round}"));
+    });
+    let _restored = KillOnDrop(pid);
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    wait_until(Duration::from_secs(20), "the child's clocks", || {
+        dir.path().join("out").exists()
+    });
+    let out = std::fs::read_to_string(dir.path().join("out")).unwrap();
+    let words: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(words.len(), 12, "{out}");
+    let n: Vec<i64> = words[..6].iter().map(|w| w.parse().unwrap()).collect();
+    assert_eq!(&words[6..], offsets, "the child's timens_offsets: {out}");
+    let (mono, boot) = (86_400_000 * NSEC, 100 * NSEC + 5);
+    // Its parent's clocks (the host's) read before the fork and after
+    // its exit, with the offsets, bound the child's.
+    assert!(
+        n[0] + mono <= n[4] && n[4] <= n[2] + mono,
+        "the child's monotonic clock: {out}"
+    );
+    assert!(
+        n[1] + boot <= n[5] && n[5] <= n[3] + boot,
+        "the child's boot-time clock: {out}"
+    );
+    // SAFETY: killing the restored process (the test's).
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    waitpid_timeout(pid, Duration::from_secs(30));
+}
+
+/// `python3 -c` program for [`a_pending_time_namespace_beside_its_own`]:
+/// with argv[1] `child`, it forks a sleeping child first (made in its own
+/// time namespace), then unshares another time namespace, writes its
+/// offsets (monotonic 5000 s, boot time 7 s) and says it is ready in
+/// argv[2].
+const PENDING_BESIDE_OWN: &str = "import ctypes, os, sys, time\n\
+    if sys.argv[1] == 'child' and os.fork() == 0:\n    time.sleep(1000)\n    os._exit(0)\n\
+    if ctypes.CDLL(None, use_errno=True).unshare(0x80):\n    \
+        sys.exit('unshare: ' + os.strerror(ctypes.get_errno()))\n\
+    open('/proc/self/timens_offsets', 'w').write('monotonic 5000 0\\nboottime 7 0\\n')\n\
+    open(sys.argv[2] + '/ready', 'w').close()\n\
+    time.sleep(1000)\n";
+
+/// A root in a time namespace of its own (1000 days ahead) that forked a
+/// child there, then unshared another one and wrote its offsets:
+/// restored, the root and its child are in a new time namespace whose
+/// clocks went on, and the root makes its children in another with the
+/// offsets it wrote (the first one's offsets were read from the child's
+/// `timens_offsets`: the root's shows the second's).
+#[test]
+fn a_pending_time_namespace_beside_its_own() {
+    workloads();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap().to_string();
+    let r = Refused::spawn(Command::new("unshare").args([
+        "--time",
+        "--fork",
+        "--monotonic",
+        "86400000",
+        "python3",
+        "-c",
+        PENDING_BESIDE_OWN,
+        "child",
+        &d,
+    ]));
+    let up = r.unshare.id() as i32;
+    let mut root = 0;
+    wait_until(
+        Duration::from_secs(20),
+        "the pending time namespace",
+        || {
+            root = my_children_of(up).first().copied().unwrap_or(0);
+            root > 0 && dir.path().join("ready").exists()
+        },
+    );
+    let kids = my_children_of(root);
+    assert_eq!(kids.len(), 1, "{kids:?}");
+    let ns = |p: i32, f: &str| std::fs::read_link(format!("/proc/{p}/ns/{f}")).unwrap();
+    let offsets = |p: i32| {
+        std::fs::read_to_string(format!("/proc/{p}/timens_offsets"))
+            .unwrap()
+            .split_whitespace()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let pending = ["monotonic", "5000", "0", "boottime", "7", "0"];
+    assert_eq!(offsets(root), pending);
+    let before = clocks_inside(kids[0]);
+    let img = tempfile::tempdir().unwrap();
+    let o = stasis()
+        .args(["dump", "-t", &root.to_string(), "-D"])
+        .arg(img.path())
+        .output()
+        .unwrap();
+    assert_ok(&o, "dump");
+    reap_orphans(&kids);
+    let o = stasis()
+        .args(["restore", "--detach", "--json", "-D"])
+        .arg(img.path())
+        .output()
+        .unwrap();
+    assert_ok(&o, "restore");
+    let pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
+    let _restored = KillOnDrop(pid);
+    assert_eq!(pid, root);
+    let kid = my_children_of(pid);
+    assert_eq!(kid, kids);
+    let me = std::process::id() as i32;
+    assert_ne!(ns(pid, "time"), ns(me, "time"));
+    assert_eq!(ns(kid[0], "time"), ns(pid, "time"));
+    assert_eq!(ns(kid[0], "time_for_children"), ns(pid, "time"));
+    assert_ne!(ns(pid, "time_for_children"), ns(pid, "time"));
+    assert_eq!(offsets(pid), pending);
+    // The first namespace's clocks went on, 1000 days ahead still.
+    let now = clocks_inside(kid[0]);
+    assert!(
+        now.mono >= before.mono && now.mono >= 86_400_000 * 1_000_000_000,
+        "{before:?} then {now:?}"
+    );
+    for p in [kid[0], pid] {
+        // SAFETY: killing the restored tree.
+        unsafe { libc::kill(p, libc::SIGKILL) };
+    }
+    waitpid_timeout(pid, Duration::from_secs(30));
+    reap_orphans(&kid);
+}
+
+/// The same without the child: nothing shows the offsets of the root's
+/// own time namespace (its `timens_offsets` shows the second's), so the
+/// dump is refused by name.
+#[test]
+fn refuses_a_pending_time_namespace_beside_its_own_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap().to_string();
     refused(
-        &["--uts", "python3", "-c", script],
-        |up| (ns(up, "time_for_children") != ns(up, "time")).then_some(up),
-        "has unshared a time namespace (CLONE_NEWTIME) that no process is in yet",
+        &[
+            "--time",
+            "--fork",
+            "--monotonic",
+            "86400000",
+            "python3",
+            "-c",
+            PENDING_BESIDE_OWN,
+            "alone",
+            &d,
+        ],
+        |up| {
+            let p = my_children_of(up).first().copied()?;
+            dir.path().join("ready").exists().then_some(p)
+        },
+        "no process of the tree makes its children in the first",
     );
 }

@@ -189,6 +189,7 @@ pub fn process(pid: i32, pack: Option<PackRef>) -> ProcessImage {
         stop_signal: None,
         membarrier: 0,
         aio_rings: Vec::new(),
+        pending_time: None,
         fds_shared_with: None,
         root: None,
     }
