@@ -94,6 +94,22 @@ pub const NAMESPACE_OBJECTS_MANIFEST_VERSION: u32 = 4;
 
 /// Whether `n` has what a reader of version 3 would drop or refuse:
 /// mounts made later, special files in a tmpfs.
+/// Mounts that only [`FRESH_MOUNTS_MANIFEST_VERSION`] readers make.
+fn fresh_mounts(n: Option<&Namespaces>) -> bool {
+    n.and_then(|n| n.mnt.as_ref()).is_some_and(|m| {
+        m.later.iter().any(|l| {
+            l.propagation != 0
+                || match &l.what {
+                    LaterKind::Ramfs { .. } => true,
+                    LaterKind::Fresh { fstype, .. } => {
+                        !matches!(fstype.as_str(), "sysfs" | "mqueue" | "devpts" | "cgroup2")
+                    }
+                    LaterKind::Tmpfs { .. } | LaterKind::Bind { .. } => false,
+                }
+        })
+    })
+}
+
 fn later_mounts(n: &Namespaces) -> bool {
     n.mnt.as_ref().is_some_and(|m| {
         !m.later.is_empty()
@@ -155,8 +171,17 @@ pub const TUN_MANIFEST_VERSION: u32 = 10;
 /// restoring the tree under the restorer's root.
 pub const OWN_ROOT_MANIFEST_VERSION: u32 = 11;
 
+/// Manifest format version written when the tree's mount namespace has a
+/// mount made again from nothing other than sysfs, mqueue, devpts and
+/// cgroup2 (another proc, hugetlbfs, tracefs...: [`LaterKind::Fresh`]),
+/// a ramfs and its files ([`LaterKind::Ramfs`]), or a mount whose
+/// propagation is not private ([`LaterMount::propagation`]), so that a
+/// reader that predates them refuses the manifest instead of mounting
+/// them in its own PID namespace, as tmpfs, or private.
+pub const FRESH_MOUNTS_MANIFEST_VERSION: u32 = 12;
+
 /// The newest manifest format version this reader knows.
-pub const LATEST_MANIFEST_VERSION: u32 = OWN_ROOT_MANIFEST_VERSION;
+pub const LATEST_MANIFEST_VERSION: u32 = FRESH_MOUNTS_MANIFEST_VERSION;
 
 impl Manifest {
     /// The format version this manifest's content calls for: the oldest
@@ -230,7 +255,9 @@ impl Manifest {
             .iter()
             .filter_map(|n| n.mnt.as_ref())
             .any(|m| m.root.is_some());
-        if own_root {
+        if fresh_mounts(self.namespaces.as_ref()) {
+            FRESH_MOUNTS_MANIFEST_VERSION
+        } else if own_root {
             OWN_ROOT_MANIFEST_VERSION
         } else if tun() {
             TUN_MANIFEST_VERSION
@@ -656,6 +683,9 @@ pub struct TmpfsMount {
     pub flags: u64,
     /// The file system's options (`size=`, `mode=`...), as `mount` takes them.
     pub options: String,
+    /// Its source, as `mount` shows it (empty: `tmpfs`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub source: String,
     /// Its directory, files and symbolic links, each after its directory;
     /// the first, with an empty path, is the mount's root.
     pub entries: Vec<TmpfsEntry>,
@@ -671,6 +701,11 @@ pub struct LaterMount {
     /// read-only tmpfs is made read-only once filled.
     pub flags: u64,
     pub what: LaterKind,
+    /// Its propagation, as `mount` takes it once made: `MS_SHARED`,
+    /// `MS_SLAVE` or `MS_UNBINDABLE` (0: private, as every mount of the
+    /// restored namespace is made).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub propagation: u64,
 }
 
 /// What a [`LaterMount`] is.
@@ -681,11 +716,24 @@ pub enum LaterKind {
         /// The file system's options, as `mount` takes them.
         options: String,
         entries: Vec<TmpfsEntry>,
+        /// Its source, as `mount` shows it (empty: `tmpfs`).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        source: String,
     },
     /// A bind mount of a path of the dumper's mount namespace.
     Bind { source: String },
+    /// A ramfs and its content (as a tmpfs's).
+    Ramfs {
+        source: String,
+        /// The file system's options, as `mount` takes them.
+        options: String,
+        entries: Vec<TmpfsEntry>,
+    },
     /// A file system that holds nothing to save, mounted anew: `sysfs`,
-    /// `mqueue` without queues, a `devpts` instance without terminals.
+    /// `mqueue` without queues, a `devpts` instance without terminals,
+    /// a `proc` (of the tree's PID namespace), an empty `hugetlbfs`, and
+    /// views of the kernel's own state (`tracefs`, `securityfs`,
+    /// `debugfs`, `binfmt_misc`, `configfs`...).
     Fresh {
         fstype: String,
         source: String,

@@ -369,6 +369,7 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
                 target: "/mnt".into(),
                 flags: 2,
                 options: "size=1024k".into(),
+                source: "shm".into(),
                 entries: vec![manifest::TmpfsEntry {
                     path: "f".into(),
                     mode: 0o100644,
@@ -440,6 +441,7 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
                 source: "sysfs".into(),
                 options: String::new(),
             },
+            propagation: 0,
         }];
     }
     let later_bytes = encode_manifest(&with_later).unwrap();
@@ -878,8 +880,69 @@ fn a_root_of_its_own_raises_the_manifest_version_and_round_trips() {
         mnt.root = None;
     }
     assert!(without.format_version() < manifest::OWN_ROOT_MANIFEST_VERSION);
+    const { assert!(manifest::OWN_ROOT_MANIFEST_VERSION < manifest::LATEST_MANIFEST_VERSION) };
+}
+
+/// A mount made again from nothing other than sysfs, mqueue, devpts and
+/// cgroup2 (another proc), a ramfs, or a mount that is not private:
+/// version 12 (a reader of 11 would mount the proc in its own PID
+/// namespace, the ramfs as tmpfs, the shared mount private), round-trips,
+/// and is refused under a lower version.
+#[test]
+fn fresh_mounts_raise_the_manifest_version_and_round_trip() {
+    let base = small_manifest();
+    assert!(base.format_version() < manifest::FRESH_MOUNTS_MANIFEST_VERSION);
+    let later = |what: manifest::LaterKind, propagation: u64| manifest::LaterMount {
+        target: "/mnt/x".into(),
+        flags: libc::MS_NOSUID,
+        what,
+        propagation,
+    };
+    let fresh = |fstype: &str| manifest::LaterKind::Fresh {
+        fstype: fstype.into(),
+        source: fstype.into(),
+        options: String::new(),
+    };
+    let with = |l: manifest::LaterMount| {
+        let mut m = base.clone();
+        m.namespaces = Some(manifest::Namespaces {
+            pid: true,
+            mnt: Some(manifest::MountNamespace {
+                later: vec![l],
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        m
+    };
+    let ramfs = manifest::LaterKind::Ramfs {
+        source: "r".into(),
+        options: "mode=755".into(),
+        entries: vec![manifest::TmpfsEntry {
+            mode: libc::S_IFDIR | 0o755,
+            ..Default::default()
+        }],
+    };
+    for m in [
+        with(later(fresh("proc"), 0)),
+        with(later(fresh("hugetlbfs"), 0)),
+        with(later(ramfs, 0)),
+        with(later(fresh("sysfs"), libc::MS_SHARED)),
+    ] {
+        assert_eq!(m.format_version(), 12, "{m:?}");
+        let bytes = encode_manifest(&m).unwrap();
+        assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 12);
+        assert_eq!(decode_manifest(&bytes, 3, p()).unwrap(), m);
+        let mut lower = bytes.clone();
+        lower[8..12].copy_from_slice(&manifest::OWN_ROOT_MANIFEST_VERSION.to_le_bytes());
+        assert!(decode_manifest(&lower, 3, p()).is_err());
+    }
+    // A private sysfs, devpts, mqueue or cgroup2 stays below 12.
+    for k in ["sysfs", "devpts", "mqueue", "cgroup2"] {
+        assert!(with(later(fresh(k), 0)).format_version() < 12, "{k}");
+    }
     assert_eq!(
         manifest::LATEST_MANIFEST_VERSION,
-        manifest::OWN_ROOT_MANIFEST_VERSION
+        manifest::FRESH_MOUNTS_MANIFEST_VERSION
     );
 }
