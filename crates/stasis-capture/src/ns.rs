@@ -479,6 +479,10 @@ struct MountLine {
     super_opts: String,
     /// Its source (`none`, a device...).
     source: String,
+    /// Its propagation from the optional fields (`shared:N`, `master:N`,
+    /// `unbindable`): `MS_SHARED`, `MS_SLAVE`, `MS_UNBINDABLE` (0:
+    /// private).
+    propagation: u64,
 }
 
 impl MountLine {
@@ -504,6 +508,17 @@ fn mounts(info: &str) -> Vec<MountLine> {
                 mount_opts: f.get(5)?.to_string(),
                 super_opts: g.get(2).map_or(String::new(), |s| s.to_string()),
                 source: g.get(1).map_or(String::new(), |s| s.to_string()),
+                propagation: f.iter().skip(6).fold(0, |a, o| {
+                    a | if o.starts_with("shared:") {
+                        libc::MS_SHARED
+                    } else if o.starts_with("master:") {
+                        libc::MS_SLAVE
+                    } else if *o == "unbindable" {
+                        libc::MS_UNBINDABLE
+                    } else {
+                        0
+                    }
+                }),
             })
         })
         .collect()
@@ -564,7 +579,17 @@ fn extra_mounts(
         if at == "/" {
             continue;
         }
-        if kind == "proc" && at == "/proc" && own_pid {
+        // The stub's proc on /proc (without options of its own).
+        if kind == "proc"
+            && at == "/proc"
+            && own_pid
+            && m.root == "/"
+            && m.super_opts == "rw"
+            && m.propagation == 0
+            && mount_flags(&m.mount_opts)
+                & !(libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RELATIME)
+                == 0
+        {
             ns.proc = true;
             continue;
         }
@@ -578,7 +603,9 @@ fn extra_mounts(
         let nested = made
             .iter()
             .any(|t| at == t || t == "/" || at.starts_with(&format!("{t}/")));
-        later |= nested;
+        // The stub makes its mounts private: one that is not is made
+        // later, and every one after it.
+        later |= nested || m.propagation != 0;
         made.push(at.clone());
         if kind == "tmpfs" && m.root == "/" {
             let entries = if let Some(w) = content.as_deref_mut() {
@@ -591,19 +618,44 @@ fn extra_mounts(
                 ns.later.push(LaterMount {
                     target: at.clone(),
                     flags,
-                    what: LaterKind::Tmpfs { options, entries },
+                    what: LaterKind::Tmpfs {
+                        options,
+                        entries,
+                        source: m.source.clone(),
+                    },
+                    propagation: m.propagation,
                 });
             } else {
                 ns.tmpfs.push(TmpfsMount {
                     target: at.clone(),
                     flags,
                     options,
+                    source: m.source.clone(),
                     entries,
                 });
             }
             continue;
         }
-        let fresh = matches!(kind.as_str(), "sysfs" | "mqueue" | "devpts") && m.root == "/";
+        if kind == "ramfs" && m.root == "/" {
+            let entries = if let Some(w) = content.as_deref_mut() {
+                tmpfs_entries(root, at, w)?
+            } else {
+                Vec::new()
+            };
+            later = true;
+            ns.later.push(LaterMount {
+                target: at.clone(),
+                flags,
+                what: LaterKind::Ramfs {
+                    source: m.source.clone(),
+                    options,
+                    entries,
+                },
+                propagation: m.propagation,
+            });
+            continue;
+        }
+        let fresh = FRESH.contains(&kind.as_str()) && m.root == "/";
         // A cgroup2 mounted from inside the tree's cgroup namespace (a
         // container's, on /sys/fs/cgroup): mounted again from inside the
         // restored one.
@@ -618,13 +670,10 @@ fn extra_mounts(
                 flags,
                 what: LaterKind::Fresh {
                     fstype: kind.clone(),
-                    source: if cgroup2 {
-                        m.source.clone()
-                    } else {
-                        kind.clone()
-                    },
+                    source: m.source.clone(),
                     options,
                 },
+                propagation: m.propagation,
             });
             continue;
         }
@@ -635,6 +684,7 @@ fn extra_mounts(
                     target: at.clone(),
                     flags,
                     what: LaterKind::Bind { source },
+                    propagation: m.propagation,
                 });
             } else {
                 ns.binds.push(BindMount {
@@ -645,9 +695,15 @@ fn extra_mounts(
             }
             continue;
         }
+        if m.source.starts_with("/dev/") {
+            return Err(refuse(
+                root,
+                format!("its mount namespace has a {kind} file system of the block device {} on {at} that no mount of the dumper's mount namespace holds; stasis cannot make a disk's file system again from the image (mount it in the dumper's namespace too, where the tree's mount is then saved as a bind of it)", m.source),
+            ));
+        }
         return Err(refuse(
             root,
-            format!("its mount namespace has a {kind} mount on {at} that the dumper's has not; only a proc on /proc, tmpfs, sysfs, mqueue and devpts mounts and bind mounts of what the dumper sees are supported there yet"),
+            format!("its mount namespace has a {kind} mount on {at} (of {}) that no mount of the dumper's holds; stasis makes again tmpfs, ramfs, proc, sysfs, devpts, mqueue, hugetlbfs, cgroup2 and kernel views ({}), and binds of what the dumper sees (mount that file system in the dumper's namespace too)", m.source, FRESH.join(", ")),
         ));
     }
     Ok(ns)
@@ -673,6 +729,24 @@ fn seen_by_dumper(my_mounts: &[MountLine], m: &MountLine) -> Option<String> {
         .filter(|s| s.starts_with('/') && !s.contains(" (deleted)"))
 }
 
+/// File systems made again from nothing at restore (views of the
+/// kernel's state, or checked empty by [`check_fresh`]).
+const FRESH: [&str; 13] = [
+    "sysfs",
+    "mqueue",
+    "devpts",
+    "proc",
+    "hugetlbfs",
+    "tracefs",
+    "securityfs",
+    "debugfs",
+    "binfmt_misc",
+    "configfs",
+    "fusectl",
+    "pstore",
+    "bpf",
+];
+
 /// A file system mounted anew at restore holds nothing of its own: a
 /// devpts instance's terminals are the pairs the tree holds (saved with
 /// their masters, made again from its `ptmx` at their index; one no
@@ -681,9 +755,12 @@ fn seen_by_dumper(my_mounts: &[MountLine], m: &MountLine) -> Option<String> {
 /// whose queues are saved and made again with it (those of the dumper's
 /// are not).
 fn check_fresh(root: i32, kind: &str, at: &str, own_ipc: bool) -> Result<()> {
-    if kind == "sysfs" || kind == "devpts" || (kind == "mqueue" && own_ipc) {
-        return Ok(());
-    }
+    let why = match kind {
+        "mqueue" if !own_ipc => "the POSIX message queue",
+        "hugetlbfs" => "the file",
+        "bpf" => "the pinned BPF object",
+        _ => return Ok(()),
+    };
     let dir = format!("/proc/{root}/root{at}");
     let names: Vec<String> = std::fs::read_dir(&dir)
         .map_err(|e| CaptureError::from_proc(root, &format!("root{at}"), e))?
@@ -694,7 +771,7 @@ fn check_fresh(root: i32, kind: &str, at: &str, own_ipc: bool) -> Result<()> {
         return Err(refuse(
             root,
             format!(
-                "its {kind} mount on {at} holds the POSIX message queue {n}, of the dumper's IPC namespace; stasis mounts an empty one again (the queues of an IPC namespace of the tree's own are saved: start it with one, unshare --ipc)"
+                "its {kind} mount on {at} holds {why} {n}; stasis mounts an empty one again (huge page files and pinned BPF objects are not saved; the queues of an IPC namespace of the tree's own are: start it with one, unshare --ipc)"
             ),
         ));
     }
@@ -830,6 +907,7 @@ fn check_tmpfs_fds(tree: &[i32], ns: &MountNamespace) -> Result<()> {
                 .chain(ns.later.iter().map(|l| {
                     let what = match &l.what {
                         LaterKind::Tmpfs { .. } => "tmpfs",
+                        LaterKind::Ramfs { .. } => "ramfs",
                         LaterKind::Bind { .. } => "bind",
                         LaterKind::Fresh { fstype, .. } => fstype.as_str(),
                     };

@@ -1102,8 +1102,23 @@ fn refuses_a_thread_in_a_threaded_cgroup() {
     );
 }
 
+/// A file system the dumper has no mount of that only a disk holds (an
+/// ext4 on a loop device, mounted in the tree's namespace only): refused
+/// by name, with its block device.
 #[test]
-fn refuses_a_ramfs_mount() {
+fn refuses_a_disk_file_system_the_dumper_cannot_see() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("disk.img");
+    let f = std::fs::File::create(&img).unwrap();
+    f.set_len(8 << 20).unwrap();
+    drop(f);
+    let o = Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .arg(&img)
+        .output()
+        .expect("mkfs.ext4");
+    assert_ok(&o, "mkfs.ext4");
+    let script = format!("mount -o loop {} /mnt && exec sleep 1000", img.display());
     refused(
         &[
             "--pid",
@@ -1112,11 +1127,117 @@ fn refuses_a_ramfs_mount() {
             "--mount",
             "sh",
             "-c",
-            "mount -t ramfs stasis-test /mnt && exec sleep 1000",
+            &script,
         ],
         |up| child_running(up, "sleep 1000"),
-        "has a ramfs mount on /mnt",
+        "has a ext4 file system of the block device /dev/loop",
     );
+}
+
+/// The mounts of `pid` as its `/proc/PID/mountinfo` lists them, in order,
+/// less what the kernel assigns: mount ids, device numbers and peer group
+/// numbers (`shared:N` is `shared`).
+fn mountinfo_shape(pid: i32) -> Vec<String> {
+    let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    info.lines()
+        .map(|l| {
+            l.split(' ')
+                .skip(3)
+                .map(|f| match f.split_once(':') {
+                    Some((k @ ("shared" | "master" | "propagate_from"), _)) => k,
+                    _ => f,
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect()
+}
+
+/// Every file under `dir` (a walk from outside, through /proc/PID/root):
+/// path, mode, and a file's bytes or a link's target.
+fn tree_of(dir: &std::path::Path) -> Vec<(String, u32, Vec<u8>)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    let mut queue = vec![dir.to_path_buf()];
+    while let Some(d) = queue.pop() {
+        let mut names: Vec<_> = std::fs::read_dir(&d).unwrap().flatten().collect();
+        names.sort_by_key(|e| e.file_name());
+        for e in names {
+            let p = e.path();
+            let md = std::fs::symlink_metadata(&p).unwrap();
+            let data = if md.is_file() {
+                std::fs::read(&p).unwrap()
+            } else if md.file_type().is_symlink() {
+                std::fs::read_link(&p)
+                    .unwrap()
+                    .into_os_string()
+                    .into_encoded_bytes()
+            } else {
+                queue.push(p.clone());
+                Vec::new()
+            };
+            let rel = p.strip_prefix(dir).unwrap().display().to_string();
+            out.push((rel, md.mode(), data));
+        }
+    }
+    out
+}
+
+/// File systems of the tree's own mount namespace made again from nothing
+/// (issue 17): a second proc with `hidepid=`/`subset=pid`, a read-only
+/// sysfs elsewhere, a shared ramfs with files (their bytes saved, as a
+/// tmpfs's), a hugetlbfs with its page size and size, a second devpts
+/// instance with its modes and group, a tracefs (read-only), a
+/// securityfs and a binfmt_misc. Dumped and restored twice, its
+/// mountinfo is the dumped one (but ids and device numbers), and the
+/// ramfs's files come back byte for byte.
+#[test]
+fn twice_keeps_fresh_file_systems() {
+    // Restored trees (detached) are reparented to this process.
+    workloads();
+    let script = "mount -t tmpfs -o mode=755 stasis-fresh /mnt && \
+        mkdir /mnt/proc2 /mnt/sys2 /mnt/ram /mnt/huge /mnt/pts2 /mnt/trace /mnt/sec /mnt/binfmt && \
+        mount -t proc -o hidepid=invisible,subset=pid proc2 /mnt/proc2 && \
+        mount -t sysfs -o ro,nosuid sys2 /mnt/sys2 && \
+        mount -t ramfs -o mode=750 ram1 /mnt/ram && mkdir /mnt/ram/d && \
+        printf ramfs-data >/mnt/ram/d/f && ln -s d/f /mnt/ram/l && \
+        head -c 100000 /dev/urandom >/mnt/ram/big && chmod 0604 /mnt/ram/big && \
+        mount --make-shared /mnt/ram && \
+        mount -t hugetlbfs -o pagesize=2M,size=4M huge1 /mnt/huge && \
+        mount -t devpts -o newinstance,ptmxmode=0600,mode=0600,gid=5 pts2 /mnt/pts2 && \
+        mount -t tracefs trace1 /mnt/trace && mount -o remount,bind,ro /mnt/trace && \
+        mount -t securityfs sec1 /mnt/sec && mount -t binfmt_misc bin1 /mnt/binfmt && \
+        exec sleep 1000";
+    let _r = Refused::spawn(Command::new("unshare").args([
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "--mount",
+        "sh",
+        "-c",
+        script,
+    ]));
+    let pid = _r.sleeper(10);
+    let shape = mountinfo_shape(pid);
+    for want in [
+        "/ /mnt/proc2 rw,relatime - proc proc2 rw,hidepid=invisible,subset=pid",
+        "/ /mnt/ram rw,relatime shared - ramfs ram1 rw,mode=750",
+        "/ /mnt/trace ro,relatime - tracefs trace1 rw",
+    ] {
+        assert!(shape.iter().any(|l| l == want), "{want} in {shape:#?}");
+    }
+    let ram = tree_of(std::path::Path::new(&format!("/proc/{pid}/root/mnt/ram")));
+    assert_eq!(ram.len(), 4, "{ram:?}");
+    let restored = Restored(std::cell::Cell::new(0));
+    dump_and_restore_detached(pid, 2, |p, round| {
+        restored.0.set(p);
+        assert_eq!(mountinfo_shape(p), shape, "round {round}");
+        let again = tree_of(std::path::Path::new(&format!("/proc/{p}/root/mnt/ram")));
+        assert!(again == ram, "round {round}: the ramfs's files differ");
+        // The second proc is the tree's PID namespace's: its root is 1.
+        let one = std::fs::read_to_string(format!("/proc/{p}/root/mnt/proc2/1/comm")).unwrap();
+        assert_eq!(one.trim(), "sleep", "round {round}");
+    });
 }
 
 /// The last tree a test restored (detached: a child of the test process,
