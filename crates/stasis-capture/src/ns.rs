@@ -116,14 +116,15 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
         } else {
             None
         };
-        let mnt = extra_mounts(
+        // (The tree's files are reopened, and its deleted ones made
+        // again, in the restored namespace: on its own mounts.)
+        extra_mounts(
             root,
             own.contains(&NsKind::Pid),
             own.contains(&NsKind::Ipc),
             cgns.as_deref(),
             None,
         )?;
-        check_tmpfs_fds(tree, &mnt)?;
     }
     Ok(())
 }
@@ -886,65 +887,6 @@ fn tmpfs_entries(root: i32, at: &str, w: &mut ContentWriter) -> Result<Vec<Tmpfs
         });
     }
     Ok(out)
-}
-
-/// The fds of the tree on files of its tmpfs and bind mounts are on
-/// regular files and directories still linked (reopened by path in the
-/// restored mount namespace); refuses the others (deleted files, FIFOs,
-/// devices there are rebuilt in the restorer's namespace).
-fn check_tmpfs_fds(tree: &[i32], ns: &MountNamespace) -> Result<()> {
-    use std::os::unix::fs::FileTypeExt;
-    for &p in tree {
-        for fd in crate::fds::list_fds(p).unwrap_or_default() {
-            let Ok(link) = proc::read_link(p, &format!("fd/{fd}")) else {
-                continue;
-            };
-            let targets = ns
-                .tmpfs
-                .iter()
-                .map(|t| ("tmpfs", &t.target))
-                .chain(ns.binds.iter().map(|b| ("bind", &b.target)))
-                .chain(ns.later.iter().map(|l| {
-                    let what = match &l.what {
-                        LaterKind::Tmpfs { .. } => "tmpfs",
-                        LaterKind::Ramfs { .. } => "ramfs",
-                        LaterKind::Bind { .. } => "bind",
-                        LaterKind::Fresh { fstype, .. } => fstype.as_str(),
-                    };
-                    (what, &l.target)
-                }));
-            // The innermost mount the file is under (the last mounted of
-            // the deepest point) is the one it is on.
-            let on = targets
-                .filter(|(_, t)| link == **t || link.starts_with(&format!("{t}/")))
-                .fold(None, |best: Option<(&str, &String)>, c| match best {
-                    Some(b) if b.1.len() > c.1.len() => Some(b),
-                    _ => Some(c),
-                });
-            // (The terminals of a devpts of its own are saved as pty
-            // pairs, made again there from its ptmx.)
-            if let Some((what, t)) = on.filter(|(what, _)| *what != "devpts") {
-                let kind = std::fs::metadata(format!("/proc/{p}/fd/{fd}"))
-                    .map(|m| m.file_type())
-                    .ok();
-                // Regular files (a deleted one is made again there, and
-                // unlinked), and directories, FIFOs and device nodes still
-                // linked (reopened by path there); not a deleted directory,
-                // FIFO or device node (made again in the restorer's).
-                let deleted = link.ends_with(" (deleted)");
-                let reopened = kind.is_some_and(|k| {
-                    k.is_file() || (!deleted && (k.is_dir() || k.is_fifo() || k.is_char_device()))
-                });
-                if !reopened {
-                    return Err(refuse(
-                        p,
-                        format!("fd {fd} is open on {link}, in its {what} mount on {t}; of the files of mounts of its own mount namespace, only regular files (deleted or not) and directories, FIFOs and character devices still linked are reopened"),
-                    ));
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 /// What the restore needs of the tree's namespaces, and its PIDs there.

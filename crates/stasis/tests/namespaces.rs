@@ -1332,24 +1332,82 @@ fn twice_keeps_a_deleted_file_a_fifo_and_a_device_of_its_tmpfs_open() {
     });
 }
 
-/// A deleted FIFO of a tmpfs of its own, still open (deleted FIFOs,
-/// directories and device nodes are made again in the restorer's mount
-/// namespace).
+/// Deleted nodes of its own mounts, still open (issue 17): a directory,
+/// a FIFO with bytes queued and a character device of a tmpfs of its
+/// own, a block device node there, and a FIFO of a bind mount of its
+/// own. Each comes back made again on the same mount of the tree's
+/// namespace (not the restorer's), opened and removed: its fd reads
+/// "PATH (deleted)", on that mount's device, with its type, device
+/// number and the FIFO's bytes. Twice.
 #[test]
-fn refuses_a_deleted_fifo_open_in_a_tmpfs_mount() {
-    refused(
-        &[
-            "--pid",
-            "--fork",
-            "--mount-proc",
-            "--mount",
-            "sh",
-            "-c",
-            "mount -t tmpfs stasis-test /mnt && mkfifo /mnt/p && exec 3<>/mnt/p && rm /mnt/p && exec sleep 1000",
-        ],
-        |up| child_running(up, "sleep 1000"),
-        "fd 3 is open on /mnt/p (deleted), in its tmpfs mount on /mnt",
+fn twice_keeps_deleted_nodes_of_its_own_mounts_open() {
+    // Restored trees (detached) are reparented to this process.
+    workloads();
+    use std::io::Read;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+    let host = tempfile::tempdir().unwrap();
+    let script = format!(
+        "mount -t tmpfs stasis-test /mnt && mkdir /mnt/d /mnt/b && exec 3</mnt/d && rmdir /mnt/d && \
+         mkfifo /mnt/p && exec 4<>/mnt/p && printf queued >&4 && rm /mnt/p && \
+         mknod /mnt/z c 1 5 && exec 5</mnt/z && rm /mnt/z && \
+         mknod /mnt/blk b 7 0 && exec 6</mnt/blk && rm /mnt/blk && \
+         mount --bind {} /mnt/b && mkfifo /mnt/b/q && exec 7<>/mnt/b/q && rm /mnt/b/q && \
+         exec sleep 1000",
+        host.path().display()
     );
+    let _r = Refused::spawn(Command::new("unshare").args([
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "--mount",
+        "sh",
+        "-c",
+        &script,
+    ]));
+    let pid = _r.sleeper(10);
+    let check = |pid: i32, round: u32| {
+        let fd = |n: u32| format!("/proc/{pid}/fd/{n}");
+        let link = |n: u32| std::fs::read_link(fd(n)).unwrap().display().to_string();
+        let dev_of = |p: &str| {
+            std::fs::metadata(format!("/proc/{pid}/root{p}"))
+                .unwrap()
+                .dev()
+        };
+        let (tmpfs, bound) = (dev_of("/mnt"), dev_of("/mnt/b"));
+        let want: [(u32, &str, u32, u64, u64); 5] = [
+            (3, "/mnt/d", libc::S_IFDIR, 0, tmpfs),
+            (4, "/mnt/p", libc::S_IFIFO, 0, tmpfs),
+            (5, "/mnt/z", libc::S_IFCHR, libc::makedev(1, 5), tmpfs),
+            (6, "/mnt/blk", libc::S_IFBLK, libc::makedev(7, 0), tmpfs),
+            (7, "/mnt/b/q", libc::S_IFIFO, 0, bound),
+        ];
+        for (n, path, kind, rdev, dev) in want {
+            assert_eq!(link(n), format!("{path} (deleted)"), "round {round}");
+            let m = std::fs::metadata(fd(n)).unwrap();
+            assert_eq!(
+                (m.mode() & libc::S_IFMT, m.rdev(), m.dev(), m.nlink() > 1),
+                (kind, rdev, dev, false),
+                "round {round}: fd {n} on {path}"
+            );
+        }
+        assert!(std::fs::metadata(fd(4)).unwrap().file_type().is_fifo());
+        if round == 2 {
+            let mut got = Vec::new();
+            let _ = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(fd(4))
+                .unwrap()
+                .read_to_end(&mut got);
+            assert_eq!(got, b"queued", "the FIFO's bytes");
+        }
+    };
+    check(pid, 0);
+    let restored = Restored(std::cell::Cell::new(0));
+    dump_and_restore_detached(pid, 2, |pid, round| {
+        restored.0.set(pid);
+        check(pid, round);
+    });
 }
 
 #[test]
