@@ -1354,7 +1354,9 @@ pub enum FdKind {
         pos: u64,
         /// File mode bits (type and permissions) seen at dump.
         mode: u32,
-        /// Size at dump (regular files), for a sanity check at restore.
+        /// Size at dump (regular files), for a sanity check at restore; a
+        /// block device's device number (`st_rdev`), which the node at
+        /// `path` must have at restore.
         size: u64,
     },
     /// One end of a pipe; its data is in `Manifest::pipes`.

@@ -1410,6 +1410,92 @@ fn twice_keeps_deleted_nodes_of_its_own_mounts_open() {
     });
 }
 
+/// A loop device attached to a file, detached when the test ends.
+struct Loop(String);
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0]).status();
+    }
+}
+
+/// Fds on block devices (issue 17): a node of a tmpfs of its own and the
+/// host's `/dev/loopN`, both a loop device over a file, one read 4 KiB
+/// in. Each comes back on its path, the same device, at its offset, and
+/// reads the file's bytes. Twice.
+#[test]
+fn twice_keeps_block_device_fds() {
+    // Restored trees (detached) are reparented to this process.
+    workloads();
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("disk");
+    let data: Vec<u8> = (0..256u32 * 1024).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(&file, &data).unwrap();
+    let o = Command::new("losetup")
+        .args(["-f", "--show"])
+        .arg(&file)
+        .output()
+        .expect("losetup");
+    assert_ok(&o, "losetup");
+    let dev = Loop(String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let rdev = std::fs::metadata(&dev.0).unwrap().rdev();
+    let script = format!(
+        "mount -t tmpfs stasis-test /mnt && mknod /mnt/blk b {} {} && exec 3</mnt/blk && \
+         exec 4<{} && dd bs=4096 count=1 <&4 >/dev/null 2>&1 && exec sleep 1000",
+        libc::major(rdev),
+        libc::minor(rdev),
+        dev.0
+    );
+    let _r = Refused::spawn(Command::new("unshare").args([
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "--mount",
+        "sh",
+        "-c",
+        &script,
+    ]));
+    let pid = _r.sleeper(10);
+    let check = |pid: i32, round: u32| {
+        let fd = |n: u32| format!("/proc/{pid}/fd/{n}");
+        let link = |n: u32| std::fs::read_link(fd(n)).unwrap().display().to_string();
+        let pos = |n: u32| {
+            std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{n}"))
+                .unwrap()
+                .lines()
+                .find_map(|l| l.strip_prefix("pos:").map(|v| v.trim().to_string()))
+                .unwrap()
+        };
+        assert_eq!(
+            (link(3), link(4)),
+            ("/mnt/blk".to_string(), dev.0.clone()),
+            "round {round}"
+        );
+        let tmpfs = std::fs::metadata(format!("/proc/{pid}/root/mnt"))
+            .unwrap()
+            .dev();
+        for n in [3, 4] {
+            let m = std::fs::metadata(fd(n)).unwrap();
+            assert_eq!(m.rdev(), rdev, "round {round}: fd {n}");
+            assert_eq!(std::fs::read(fd(n)).unwrap(), data, "round {round}: fd {n}");
+        }
+        let node = std::fs::symlink_metadata(format!("/proc/{pid}/root/mnt/blk")).unwrap();
+        assert_eq!(node.dev(), tmpfs, "round {round}");
+        assert_eq!(
+            (pos(3), pos(4)),
+            ("0".into(), "4096".into()),
+            "round {round}"
+        );
+    };
+    check(pid, 0);
+    let restored = Restored(std::cell::Cell::new(0));
+    dump_and_restore_detached(pid, 2, |pid, round| {
+        restored.0.set(pid);
+        check(pid, round);
+    });
+}
+
 #[test]
 fn refuses_an_interface_other_than_loopback() {
     refused(
