@@ -551,6 +551,8 @@ fn extra_mounts(
     let mut ns = MountNamespace::default();
     let mut later = false;
     let mut made: Vec<String> = Vec::new();
+    // The mounts of its own saved so far.
+    let mut own: Vec<MountLine> = Vec::new();
     let theirs = mounts(&proc::read(root, "mountinfo")?);
     // A root of its own (as pivot_root makes): where the dumper sees its
     // file system, a mount of the same device whose root holds it; every
@@ -608,6 +610,22 @@ fn extra_mounts(
         // later, and every one after it.
         later |= nested || m.propagation != 0;
         made.push(at.clone());
+        // A bind of a mount of its own made earlier (of the same file
+        // system: a tmpfs bound elsewhere, a directory of it, a slave of
+        // it): bound from there once that one is made again, so both
+        // are one file system again (and in one peer group, if shared).
+        if let Some(source) = bound_from_own(&own, &m, ns.root.as_ref()) {
+            own.push(m.clone());
+            later = true;
+            ns.later.push(LaterMount {
+                target: at.clone(),
+                flags,
+                what: LaterKind::Bind { source },
+                propagation: m.propagation,
+            });
+            continue;
+        }
+        own.push(m.clone());
         if kind == "tmpfs" && m.root == "/" {
             let entries = if let Some(w) = content.as_deref_mut() {
                 tmpfs_entries(root, at, w)?
@@ -704,10 +722,53 @@ fn extra_mounts(
         }
         return Err(refuse(
             root,
-            format!("its mount namespace has a {kind} mount on {at} (of {}) that no mount of the dumper's holds; stasis makes again tmpfs, ramfs, proc, sysfs, devpts, mqueue, hugetlbfs, cgroup2 and kernel views ({}), and binds of what the dumper sees (mount that file system in the dumper's namespace too)", m.source, FRESH.join(", ")),
+            format!("its mount namespace has a {kind} mount on {at} (of {}) that no mount of the dumper's holds; stasis makes again tmpfs, ramfs, proc, sysfs, devpts, mqueue, hugetlbfs, cgroup2 and kernel views ({}), binds of its own mounts and of what the dumper sees (mount that file system in the dumper's namespace too)", m.source, FRESH.join(", ")),
         ));
     }
     Ok(ns)
+}
+
+/// Where the tree sees the root of mount `m` as a bind of a mount of its
+/// own saved before (`own`, the last of the same file system first):
+/// that mount's point and the rest of `m`'s root, under the saved root's
+/// path (`root`) if it has one of its own. `None` for a file system with
+/// one instance per namespace (a sysfs, an mqueue...: each mount of it is
+/// made again from nothing), unless only a directory of it is bound.
+fn bound_from_own(own: &[MountLine], m: &MountLine, root: Option<&BindMount>) -> Option<String> {
+    let single = matches!(
+        m.kind.as_str(),
+        "sysfs"
+            | "mqueue"
+            | "cgroup2"
+            | "tracefs"
+            | "securityfs"
+            | "debugfs"
+            | "binfmt_misc"
+            | "configfs"
+            | "fusectl"
+            | "pstore"
+    );
+    if single && m.root == "/" {
+        return None;
+    }
+    own.iter()
+        .rev()
+        .filter(|o| o.dev == m.dev && o.kind == m.kind)
+        .find_map(|o| {
+            let rest = if o.root == "/" {
+                Some(m.root.as_str())
+            } else {
+                m.root
+                    .strip_prefix(o.root.as_str())
+                    .filter(|r| r.is_empty() || r.starts_with('/'))
+            }?;
+            let rest = if rest == "/" { "" } else { rest };
+            let at = if o.at == "/" { "" } else { o.at.as_str() };
+            let prefix = root.map_or("", |r| r.source.trim_end_matches('/'));
+            let path = format!("{prefix}{at}{rest}");
+            Some(if path.is_empty() { "/".into() } else { path })
+        })
+        .filter(|p| !p.contains(" (deleted)"))
 }
 
 /// Where the dumper sees the root of mount `m` (of another mount

@@ -1186,7 +1186,8 @@ fn tree_of(dir: &std::path::Path) -> Vec<(String, u32, Vec<u8>)> {
 /// File systems of the tree's own mount namespace made again from nothing
 /// (issue 17): a second proc with `hidepid=`/`subset=pid`, a read-only
 /// sysfs elsewhere, a shared ramfs with files (their bytes saved, as a
-/// tmpfs's), a hugetlbfs with its page size and size, a second devpts
+/// tmpfs's) with a directory of it bound elsewhere as its slave, a
+/// hugetlbfs with its page size and size, a second devpts
 /// instance with its modes and group, a tracefs (read-only), a
 /// securityfs and a binfmt_misc. Dumped and restored twice, its
 /// mountinfo is the dumped one (but ids and device numbers), and the
@@ -1202,7 +1203,8 @@ fn twice_keeps_fresh_file_systems() {
         mount -t ramfs -o mode=750 ram1 /mnt/ram && mkdir /mnt/ram/d && \
         printf ramfs-data >/mnt/ram/d/f && ln -s d/f /mnt/ram/l && \
         head -c 100000 /dev/urandom >/mnt/ram/big && chmod 0604 /mnt/ram/big && \
-        mount --make-shared /mnt/ram && \
+        mount --make-shared /mnt/ram && mkdir /mnt/ramd && \
+        mount --bind /mnt/ram/d /mnt/ramd && mount --make-slave /mnt/ramd && \
         mount -t hugetlbfs -o pagesize=2M,size=4M huge1 /mnt/huge && \
         mount -t devpts -o newinstance,ptmxmode=0600,mode=0600,gid=5 pts2 /mnt/pts2 && \
         mount -t tracefs trace1 /mnt/trace && mount -o remount,bind,ro /mnt/trace && \
@@ -1223,6 +1225,7 @@ fn twice_keeps_fresh_file_systems() {
         "/ /mnt/proc2 rw,relatime - proc proc2 rw,hidepid=invisible,subset=pid",
         "/ /mnt/ram rw,relatime shared - ramfs ram1 rw,mode=750",
         "/ /mnt/trace ro,relatime - tracefs trace1 rw",
+        "/d /mnt/ramd rw,relatime master - ramfs ram1 rw,mode=750",
     ] {
         assert!(shape.iter().any(|l| l == want), "{want} in {shape:#?}");
     }
@@ -1234,6 +1237,28 @@ fn twice_keeps_fresh_file_systems() {
         assert_eq!(mountinfo_shape(p), shape, "round {round}");
         let again = tree_of(std::path::Path::new(&format!("/proc/{p}/root/mnt/ram")));
         assert!(again == ram, "round {round}: the ramfs's files differ");
+        // The bind of the ramfs's directory is of the same file system,
+        // a slave of the ramfs's peer group.
+        let ino = |f: &str| {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(format!("/proc/{p}/root{f}"))
+                .unwrap()
+                .ino()
+        };
+        assert_eq!(ino("/mnt/ramd/f"), ino("/mnt/ram/d/f"), "round {round}");
+        let peer = |at: &str, tag: &str| {
+            let info = std::fs::read_to_string(format!("/proc/{p}/mountinfo")).unwrap();
+            info.lines()
+                .find(|l| l.split(' ').nth(4) == Some(at))
+                .and_then(|l| l.split(' ').find_map(|f| f.strip_prefix(tag)))
+                .map(str::to_string)
+        };
+        assert!(peer("/mnt/ram", "shared:").is_some(), "round {round}");
+        assert_eq!(
+            peer("/mnt/ram", "shared:"),
+            peer("/mnt/ramd", "master:"),
+            "round {round}"
+        );
         // The second proc is the tree's PID namespace's: its root is 1.
         let one = std::fs::read_to_string(format!("/proc/{p}/root/mnt/proc2/1/comm")).unwrap();
         assert_eq!(one.trim(), "sleep", "round {round}");
