@@ -1184,7 +1184,8 @@ fn tree_of(dir: &std::path::Path) -> Vec<(String, u32, Vec<u8>)> {
 }
 
 /// File systems of the tree's own mount namespace made again from nothing
-/// (issue 17): a second proc with `hidepid=`/`subset=pid`, a read-only
+/// (issue 17): its proc on /proc remounted with `hidepid=`, a second proc
+/// with `hidepid=`/`subset=pid`, a read-only
 /// sysfs elsewhere, a shared ramfs with files (their bytes saved, as a
 /// tmpfs's) with a directory of it bound elsewhere as its slave, a
 /// hugetlbfs with its page size and size, a second devpts
@@ -1196,7 +1197,8 @@ fn tree_of(dir: &std::path::Path) -> Vec<(String, u32, Vec<u8>)> {
 fn twice_keeps_fresh_file_systems() {
     // Restored trees (detached) are reparented to this process.
     workloads();
-    let script = "mount -t tmpfs -o mode=755 stasis-fresh /mnt && \
+    let script = "mount -o remount,hidepid=invisible /proc && \
+        mount -t tmpfs -o mode=755 stasis-fresh /mnt && \
         mkdir /mnt/proc2 /mnt/sys2 /mnt/ram /mnt/huge /mnt/pts2 /mnt/trace /mnt/sec /mnt/binfmt && \
         mount -t proc -o hidepid=invisible,subset=pid proc2 /mnt/proc2 && \
         mount -t sysfs -o ro,nosuid sys2 /mnt/sys2 && \
@@ -1222,6 +1224,7 @@ fn twice_keeps_fresh_file_systems() {
     let pid = _r.sleeper(10);
     let shape = mountinfo_shape(pid);
     for want in [
+        "/ /proc rw,nosuid,nodev,noexec,relatime - proc proc rw,hidepid=invisible",
         "/ /mnt/proc2 rw,relatime - proc proc2 rw,hidepid=invisible,subset=pid",
         "/ /mnt/ram rw,relatime shared - ramfs ram1 rw,mode=750",
         "/ /mnt/trace ro,relatime - tracefs trace1 rw",
