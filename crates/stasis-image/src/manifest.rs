@@ -97,16 +97,17 @@ pub const NAMESPACE_OBJECTS_MANIFEST_VERSION: u32 = 4;
 /// Mounts that only [`FRESH_MOUNTS_MANIFEST_VERSION`] readers make.
 fn fresh_mounts(n: Option<&Namespaces>) -> bool {
     n.and_then(|n| n.mnt.as_ref()).is_some_and(|m| {
-        m.later.iter().any(|l| {
-            l.propagation != 0
-                || match &l.what {
-                    LaterKind::Ramfs { .. } => true,
-                    LaterKind::Fresh { fstype, .. } => {
-                        !matches!(fstype.as_str(), "sysfs" | "mqueue" | "devpts" | "cgroup2")
+        m.slave_copies
+            || m.later.iter().any(|l| {
+                l.propagation != 0
+                    || match &l.what {
+                        LaterKind::Ramfs { .. } => true,
+                        LaterKind::Fresh { fstype, .. } => {
+                            !matches!(fstype.as_str(), "sysfs" | "mqueue" | "devpts" | "cgroup2")
+                        }
+                        LaterKind::Tmpfs { .. } | LaterKind::Bind { .. } => false,
                     }
-                    LaterKind::Tmpfs { .. } | LaterKind::Bind { .. } => false,
-                }
-        })
+            })
     })
 }
 
@@ -174,10 +175,11 @@ pub const OWN_ROOT_MANIFEST_VERSION: u32 = 11;
 /// Manifest format version written when the tree's mount namespace has a
 /// mount made again from nothing other than sysfs, mqueue, devpts and
 /// cgroup2 (another proc, hugetlbfs, tracefs...: [`LaterKind::Fresh`]),
-/// a ramfs and its files ([`LaterKind::Ramfs`]), or a mount whose
-/// propagation is not private ([`LaterMount::propagation`]), so that a
-/// reader that predates them refuses the manifest instead of mounting
-/// them in its own PID namespace, as tmpfs, or private.
+/// a ramfs and its files ([`LaterKind::Ramfs`]), a mount whose
+/// propagation is not private ([`LaterMount::propagation`]), or copies
+/// of the dumper's mounts made slaves ([`MountNamespace::slave_copies`]),
+/// so that a reader that predates them refuses the manifest instead of
+/// mounting them in its own PID namespace, as tmpfs, or private.
 pub const FRESH_MOUNTS_MANIFEST_VERSION: u32 = 12;
 
 /// The newest manifest format version this reader knows.
@@ -663,6 +665,12 @@ pub struct MountNamespace {
     /// restorer makes the mounts under `source`, then pivots into it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub root: Option<BindMount>,
+    /// The mounts it copied from the dumper's were made slaves (as
+    /// `unshare --propagation slave` or `mount --make-rslave /` do: those
+    /// shared there receive the dumper's mounts): the restored namespace's
+    /// copies are made slaves of the restorer's, not private.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub slave_copies: bool,
 }
 
 /// A bind mount of a path the dumper sees (`source`) on `target`.

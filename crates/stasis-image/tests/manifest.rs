@@ -386,6 +386,7 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
             }],
             later: Vec::new(),
             root: None,
+            slave_copies: false,
         }),
     });
     let bytes = encode_manifest(&m).unwrap();
@@ -937,6 +938,18 @@ fn fresh_mounts_raise_the_manifest_version_and_round_trip() {
         lower[8..12].copy_from_slice(&manifest::OWN_ROOT_MANIFEST_VERSION.to_le_bytes());
         assert!(decode_manifest(&lower, 3, p()).is_err());
     }
+    // Copies of the dumper's mounts made slaves.
+    let mut slaves = base.clone();
+    slaves.namespaces = Some(manifest::Namespaces {
+        mnt: Some(manifest::MountNamespace {
+            slave_copies: true,
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    assert_eq!(slaves.format_version(), 12);
+    let bytes = encode_manifest(&slaves).unwrap();
+    assert_eq!(decode_manifest(&bytes, 3, p()).unwrap(), slaves);
     // A private sysfs, devpts, mqueue or cgroup2 stays below 12.
     for k in ["sysfs", "devpts", "mqueue", "cgroup2"] {
         assert!(with(later(fresh(k), 0)).format_version() < 12, "{k}");
