@@ -484,6 +484,9 @@ struct MountLine {
     /// `unbindable`): `MS_SHARED`, `MS_SLAVE`, `MS_UNBINDABLE` (0:
     /// private).
     propagation: u64,
+    /// Its peer group (`shared:N`) and its master's (`master:N`).
+    shared: Option<u32>,
+    master: Option<u32>,
 }
 
 impl MountLine {
@@ -509,6 +512,14 @@ fn mounts(info: &str) -> Vec<MountLine> {
                 mount_opts: f.get(5)?.to_string(),
                 super_opts: g.get(2).map_or(String::new(), |s| s.to_string()),
                 source: g.get(1).map_or(String::new(), |s| s.to_string()),
+                shared: f
+                    .iter()
+                    .skip(6)
+                    .find_map(|o| o.strip_prefix("shared:")?.parse().ok()),
+                master: f
+                    .iter()
+                    .skip(6)
+                    .find_map(|o| o.strip_prefix("master:")?.parse().ok()),
                 propagation: f.iter().skip(6).fold(0, |a, o| {
                     a | if o.starts_with("shared:") {
                         libc::MS_SHARED
@@ -576,6 +587,14 @@ fn extra_mounts(
     }
     for m in theirs {
         if ns.root.is_none() && mine.contains(&m.key()) {
+            // A copy of a shared mount of the dumper's made its slave
+            // (`unshare --propagation slave`): all are, by the restore's
+            // stub. (Copies that are slaves of the same master as the
+            // dumper's, as `ip netns exec` makes both, are the dumper's.)
+            ns.slave_copies |= m.master.is_some()
+                && my_mounts
+                    .iter()
+                    .any(|h| h.key() == m.key() && h.shared == m.master);
             continue;
         }
         let (at, kind) = (&m.at, &m.kind);
@@ -1035,6 +1054,7 @@ pub fn describe(
         // gives each command one, with its own /sys): the dumper's, as
         // before namespaces were saved; its restore needs no new one.
         if m.proc
+            || m.slave_copies
             || !m.tmpfs.is_empty()
             || !m.binds.is_empty()
             || !m.later.is_empty()

@@ -125,6 +125,7 @@ pub(crate) fn setup(ns: &Namespaces) -> Result<NsSetup> {
         hostname,
         domainname,
         mount_proc: ns.mnt.as_ref().is_some_and(|m| m.proc),
+        mount_slave: ns.mnt.as_ref().is_some_and(|m| m.slave_copies),
         tmpfs,
         binds,
     })

@@ -1134,12 +1134,29 @@ fn refuses_a_disk_file_system_the_dumper_cannot_see() {
     );
 }
 
-/// The mounts of `pid` as its `/proc/PID/mountinfo` lists them, in order,
-/// less what the kernel assigns: mount ids, device numbers and peer group
-/// numbers (`shared:N` is `shared`).
+/// The (device, root, mount point) of each line of `info` (a mountinfo).
+fn mount_keys(info: &str) -> std::collections::HashSet<(String, String, String)> {
+    info.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            Some((
+                f.get(2)?.to_string(),
+                f.get(3)?.to_string(),
+                f.get(4)?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// The mounts of its own of `pid` (those this process has not: copies of
+/// ours come and go with the other tests) as its `/proc/PID/mountinfo`
+/// lists them, in order, less what the kernel assigns: mount ids, device
+/// numbers and peer group numbers (`shared:N` is `shared`).
 fn mountinfo_shape(pid: i32) -> Vec<String> {
     let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    let ours = mount_keys(&std::fs::read_to_string("/proc/self/mountinfo").unwrap());
     info.lines()
+        .filter(|l| mount_keys(l).is_disjoint(&ours))
         .map(|l| {
             l.split(' ')
                 .skip(3)
@@ -1435,6 +1452,72 @@ fn twice_keeps_deleted_nodes_of_its_own_mounts_open() {
     dump_and_restore_detached(pid, 2, |pid, round| {
         restored.0.set(pid);
         check(pid, round);
+    });
+}
+
+/// A tree whose mount namespace's copies of ours are slaves of them
+/// (`unshare --propagation slave`, as container runtimes make a rootfs
+/// `rslave`): restored, its copies are slaves of the same peer groups
+/// again (not private), and its own mount is there. Twice.
+#[test]
+fn twice_keeps_slave_copies_of_the_dumpers_mounts() {
+    // Restored trees (detached) are reparented to this process.
+    workloads();
+    let _r = Refused::spawn(Command::new("unshare").args([
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "--mount",
+        "--propagation",
+        "slave",
+        "sh",
+        "-c",
+        "mount -t tmpfs stasis-slave /mnt && exec sleep 1000",
+    ]));
+    let pid = _r.sleeper(10);
+    // The masters of its copies of our shared mounts, by mount point.
+    let masters = |p: i32| -> std::collections::BTreeMap<String, String> {
+        let info = std::fs::read_to_string(format!("/proc/{p}/mountinfo")).unwrap();
+        let ours = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let shared: std::collections::HashMap<String, String> = ours
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                let id = f.iter().find_map(|o| o.strip_prefix("shared:"))?;
+                Some((f.get(4)?.to_string(), id.to_string()))
+            })
+            .collect();
+        info.lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                let at = f.get(4)?.to_string();
+                shared.get(&at)?;
+                let m = f
+                    .iter()
+                    .find_map(|o| o.strip_prefix("master:"))
+                    .unwrap_or("none");
+                Some((at, m.to_string()))
+            })
+            .collect()
+    };
+    let before = masters(pid);
+    assert!(
+        !before.is_empty() && before.values().all(|m| m != "none"),
+        "{before:?}"
+    );
+    let shape = mountinfo_shape(pid);
+    let restored = Restored(std::cell::Cell::new(0));
+    dump_and_restore_detached(pid, 2, |p, round| {
+        restored.0.set(p);
+        assert_eq!(mountinfo_shape(p), shape, "round {round}");
+        let now = masters(p);
+        // (Mounts of ours made or gone meanwhile aside.)
+        for (at, m) in &now {
+            if let Some(b) = before.get(at) {
+                assert_eq!(m, b, "round {round}: the master of {at}");
+            }
+        }
+        assert!(now.keys().any(|k| before.contains_key(k)), "round {round}");
     });
 }
 
