@@ -1164,5 +1164,42 @@ mod tests {
             libc::MS_NOSUID | libc::MS_NODEV
         );
         assert_ne!(m[0].key(), m[1].key());
+        assert_eq!(
+            (m[1].propagation, m[1].shared, m[1].master),
+            (0, None, None)
+        );
+    }
+
+    #[test]
+    fn mountinfo_optional_fields_give_the_propagation_and_peer_groups() {
+        let info = "40 30 0:50 / /a rw shared:7 - ramfs r rw\n\
+                    41 30 0:50 /d /b rw shared:9 master:7 - ramfs r rw\n\
+                    42 30 0:51 / /c rw unbindable - tmpfs t rw\n";
+        let m = mounts(info);
+        assert_eq!(
+            (m[0].propagation, m[0].shared, m[0].master),
+            (libc::MS_SHARED, Some(7), None)
+        );
+        assert_eq!(
+            (m[1].propagation, m[1].shared, m[1].master),
+            (libc::MS_SHARED | libc::MS_SLAVE, Some(9), Some(7))
+        );
+        assert_eq!(m[2].propagation, libc::MS_UNBINDABLE);
+        // /b is a bind of a directory of /a (saved before): bound from it.
+        assert_eq!(
+            bound_from_own(&m[..1], &m[1], None).as_deref(),
+            Some("/a/d")
+        );
+        let root = BindMount {
+            source: "/srv/root/".into(),
+            target: "/".into(),
+            flags: 0,
+        };
+        assert_eq!(
+            bound_from_own(&m[..1], &m[1], Some(&root)).as_deref(),
+            Some("/srv/root/a/d")
+        );
+        // Not from a mount of another file system.
+        assert_eq!(bound_from_own(&m[2..], &m[1], None), None);
     }
 }
