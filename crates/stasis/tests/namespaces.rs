@@ -1134,6 +1134,25 @@ fn refuses_a_disk_file_system_the_dumper_cannot_see() {
     );
 }
 
+/// A hugetlbfs of its own holding a file (huge page files are not
+/// saved): refused by name, with the file.
+#[test]
+fn refuses_a_hugetlbfs_holding_a_file() {
+    refused(
+        &[
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--mount",
+            "sh",
+            "-c",
+            "mount -t hugetlbfs -o pagesize=2M stasis-huge /mnt && touch /mnt/f && exec sleep 1000",
+        ],
+        |up| child_running(up, "sleep 1000"),
+        "its hugetlbfs mount on /mnt holds the file f",
+    );
+}
+
 /// The (device, root, mount point) of each line of `info` (a mountinfo).
 fn mount_keys(info: &str) -> std::collections::HashSet<(String, String, String)> {
     info.lines()
