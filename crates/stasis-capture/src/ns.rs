@@ -7,7 +7,8 @@
 //! PID namespace whose init is not the root; a network namespace with
 //! another interface than `lo`, tun and tap devices, and veths whose peer
 //! is in the dumper's namespace (as a container runtime makes them); and mounts of a mount
-//! namespace other than a proc on `/proc`. [`describe`] (frozen) records
+//! namespace that cannot be made again from the image (a disk's file
+//! system the dumper has no mount of, an overlay...). [`describe`] (frozen) records
 //! what the restore needs: the host and domain names, the System V message
 //! queues and semaphore sets of an IPC namespace, whether `lo` is up, the
 //! veths (both ends: names, hardware addresses, MTUs, up states,
@@ -537,19 +538,25 @@ fn mounts(info: &str) -> Vec<MountLine> {
 }
 
 /// The mounts of the root's mount namespace that the dumper's has not
-/// (mounts it lacks are left as the restorer has them): a proc on `/proc`
-/// (with `own_pid`), tmpfs mounts (their files' data copied into the
-/// content pack when `content` is given), bind mounts of what the dumper
-/// sees, and file systems with nothing to save (sysfs, an mqueue, empty or
-/// of the tree's own IPC namespace (`own_ipc`: its queues are saved with
-/// the namespace), a devpts instance without terminals, a cgroup2 rooted
-/// at the root of the tree's cgroup namespace: `cgns_root`, as the dumper
-/// sees it, or the dumper's); refuses every other. A root of its own
+/// (mounts it lacks are left as the restorer has them), each with its
+/// flags, options, source and propagation: the stub's proc on `/proc`
+/// (with `own_pid`, without options of its own), tmpfs and ramfs mounts
+/// (their files' data copied into the content pack when `content` is
+/// given), binds of mounts of its own saved before, bind mounts of what
+/// the dumper sees, and file systems with nothing to save ([`FRESH`]:
+/// another proc, sysfs, an mqueue, empty or of the tree's own IPC
+/// namespace (`own_ipc`: its queues are saved with the namespace), a
+/// devpts instance (its terminals are the tree's pty pairs), an empty
+/// hugetlbfs or bpf, the kernel's views; a cgroup2 rooted at the root of
+/// the tree's cgroup namespace: `cgns_root`, as the dumper sees it, or
+/// the dumper's); refuses every other (a disk's file system by its
+/// block device). Copies of the dumper's mounts that are slaves of its
+/// peer groups set `slave_copies`. A root of its own
 /// (pivot_root) is saved as where the dumper sees it (refused if it does
 /// not), every other mount then as the tree sees it from there. From the first
 /// mount the root stub cannot make (nested in an earlier one, a read-only
-/// tmpfs, a fresh file system) on, every mount is made later, by the
-/// restorer, in order.
+/// tmpfs, a fresh file system, a bind of its own, one not private) on,
+/// every mount is made later, by the restorer, in order.
 fn extra_mounts(
     root: i32,
     own_pid: bool,
