@@ -6,7 +6,8 @@
 //! PID namespace whose init is not the root; a network namespace with
 //! another interface than `lo`, tun and tap devices, and veths whose peer
 //! is in the dumper's namespace (as a container runtime makes them); and mounts of a mount
-//! namespace other than a proc on `/proc`. [`describe`] (frozen) records
+//! namespace that cannot be made again from the image (a disk's file
+//! system the dumper has no mount of, an overlay...). [`describe`] (frozen) records
 //! what the restore needs: the host and domain names, the System V message
 //! queues and semaphore sets of an IPC namespace, whether `lo` is up, the
 //! veths (both ends: names, hardware addresses, MTUs, up states,
@@ -111,8 +112,9 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
         } else {
             None
         };
-        let mnt = extra_mounts(root, own.contains(&NsKind::Pid), cgns.as_deref(), None)?;
-        check_tmpfs_fds(tree, &mnt)?;
+        // (The tree's files are reopened, and its deleted ones made
+        // again, in the restored namespace: on its own mounts.)
+        extra_mounts(root, own.contains(&NsKind::Pid), cgns.as_deref(), None)?;
     }
     Ok(())
 }
@@ -538,6 +540,13 @@ struct MountLine {
     super_opts: String,
     /// Its source (`none`, a device...).
     source: String,
+    /// Its propagation from the optional fields (`shared:N`, `master:N`,
+    /// `unbindable`): `MS_SHARED`, `MS_SLAVE`, `MS_UNBINDABLE` (0:
+    /// private).
+    propagation: u64,
+    /// Its peer group (`shared:N`) and its master's (`master:N`).
+    shared: Option<u32>,
+    master: Option<u32>,
 }
 
 impl MountLine {
@@ -563,28 +572,51 @@ fn mounts(info: &str) -> Vec<MountLine> {
                 mount_opts: f.get(5)?.to_string(),
                 super_opts: g.get(2).map_or(String::new(), |s| s.to_string()),
                 source: g.get(1).map_or(String::new(), |s| s.to_string()),
+                shared: f
+                    .iter()
+                    .skip(6)
+                    .find_map(|o| o.strip_prefix("shared:")?.parse().ok()),
+                master: f
+                    .iter()
+                    .skip(6)
+                    .find_map(|o| o.strip_prefix("master:")?.parse().ok()),
+                propagation: f.iter().skip(6).fold(0, |a, o| {
+                    a | if o.starts_with("shared:") {
+                        libc::MS_SHARED
+                    } else if o.starts_with("master:") {
+                        libc::MS_SLAVE
+                    } else if *o == "unbindable" {
+                        libc::MS_UNBINDABLE
+                    } else {
+                        0
+                    }
+                }),
             })
         })
         .collect()
 }
 
 /// The mounts of the root's mount namespace that the dumper's has not
-/// (mounts it lacks are left as the restorer has them): a proc on `/proc`
-/// (with `own_pid`), tmpfs mounts (their files' data copied into the
-/// content pack when `content` is given), bind mounts of what the dumper
-/// sees, and file systems mounted anew at restore, with nothing of their
-/// own to save (a sysfs; an mqueue: the queues of the tree's own IPC
+/// (mounts it lacks are left as the restorer has them), each with its
+/// flags, options, source and propagation: the stub's proc on `/proc`
+/// (with `own_pid`, without options of its own), tmpfs and ramfs mounts
+/// (their files' data copied into the content pack when `content` is
+/// given), binds of mounts of its own saved before, bind mounts of what
+/// the dumper sees, and file systems with nothing to save ([`FRESH`]:
+/// another proc, sysfs, an mqueue (the queues of the tree's own IPC
 /// namespace are saved with it, those of the dumper's that the tree holds
 /// fds on with the fds, and the others are found as they are at the
-/// restore; a devpts instance: its terminals are the pairs the tree holds,
-/// saved with their masters), a cgroup2 rooted
-/// at the root of the tree's cgroup namespace: `cgns_root`, as the dumper
-/// sees it, or the dumper's); refuses every other. A root of its own
+/// restore), a devpts instance (its terminals are the tree's pty pairs),
+/// an empty hugetlbfs or bpf, the kernel's views; a cgroup2 rooted at the
+/// root of the tree's cgroup namespace: `cgns_root`, as the dumper sees
+/// it, or the dumper's); refuses every other (a disk's file system by its
+/// block device). Copies of the dumper's mounts that are slaves of its
+/// peer groups set `slave_copies`. A root of its own
 /// (pivot_root) is saved as where the dumper sees it (refused if it does
 /// not), every other mount then as the tree sees it from there. From the first
 /// mount the root stub cannot make (nested in an earlier one, a read-only
-/// tmpfs, a fresh file system) on, every mount is made later, by the
-/// restorer, in order.
+/// tmpfs, a fresh file system, a bind of its own, one not private) on,
+/// every mount is made later, by the restorer, in order.
 fn extra_mounts(
     root: i32,
     own_pid: bool,
@@ -596,6 +628,8 @@ fn extra_mounts(
     let mut ns = MountNamespace::default();
     let mut later = false;
     let mut made: Vec<String> = Vec::new();
+    // The mounts of its own saved so far.
+    let mut own: Vec<MountLine> = Vec::new();
     let theirs = mounts(&proc::read(root, "mountinfo")?);
     // A root of its own (as pivot_root makes): where the dumper sees its
     // file system, a mount of the same device whose root holds it; every
@@ -619,13 +653,31 @@ fn extra_mounts(
     }
     for m in theirs {
         if ns.root.is_none() && mine.contains(&m.key()) {
+            // A copy of a shared mount of the dumper's made its slave
+            // (`unshare --propagation slave`): all are, by the restore's
+            // stub. (Copies that are slaves of the same master as the
+            // dumper's, as `ip netns exec` makes both, are the dumper's.)
+            ns.slave_copies |= m.master.is_some()
+                && my_mounts
+                    .iter()
+                    .any(|h| h.key() == m.key() && h.shared == m.master);
             continue;
         }
         let (at, kind) = (&m.at, &m.kind);
         if at == "/" {
             continue;
         }
-        if kind == "proc" && at == "/proc" && own_pid {
+        // The stub's proc on /proc (without options of its own).
+        if kind == "proc"
+            && at == "/proc"
+            && own_pid
+            && m.root == "/"
+            && m.super_opts == "rw"
+            && m.propagation == 0
+            && mount_flags(&m.mount_opts)
+                & !(libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RELATIME)
+                == 0
+        {
             ns.proc = true;
             continue;
         }
@@ -639,8 +691,26 @@ fn extra_mounts(
         let nested = made
             .iter()
             .any(|t| at == t || t == "/" || at.starts_with(&format!("{t}/")));
-        later |= nested;
+        // The stub makes its mounts private: one that is not is made
+        // later, and every one after it.
+        later |= nested || m.propagation != 0;
         made.push(at.clone());
+        // A bind of a mount of its own made earlier (of the same file
+        // system: a tmpfs bound elsewhere, a directory of it, a slave of
+        // it): bound from there once that one is made again, so both
+        // are one file system again (and in one peer group, if shared).
+        if let Some(source) = bound_from_own(&own, &m, ns.root.as_ref()) {
+            own.push(m.clone());
+            later = true;
+            ns.later.push(LaterMount {
+                target: at.clone(),
+                flags,
+                what: LaterKind::Bind { source },
+                propagation: m.propagation,
+            });
+            continue;
+        }
+        own.push(m.clone());
         if kind == "tmpfs" && m.root == "/" {
             let entries = if let Some(w) = content.as_deref_mut() {
                 tmpfs_entries(root, at, w)?
@@ -652,37 +722,62 @@ fn extra_mounts(
                 ns.later.push(LaterMount {
                     target: at.clone(),
                     flags,
-                    what: LaterKind::Tmpfs { options, entries },
+                    what: LaterKind::Tmpfs {
+                        options,
+                        entries,
+                        source: m.source.clone(),
+                    },
+                    propagation: m.propagation,
                 });
             } else {
                 ns.tmpfs.push(TmpfsMount {
                     target: at.clone(),
                     flags,
                     options,
+                    source: m.source.clone(),
                     entries,
                 });
             }
             continue;
         }
-        let fresh = matches!(kind.as_str(), "sysfs" | "mqueue" | "devpts") && m.root == "/";
+        if kind == "ramfs" && m.root == "/" {
+            let entries = if let Some(w) = content.as_deref_mut() {
+                tmpfs_entries(root, at, w)?
+            } else {
+                Vec::new()
+            };
+            later = true;
+            ns.later.push(LaterMount {
+                target: at.clone(),
+                flags,
+                what: LaterKind::Ramfs {
+                    source: m.source.clone(),
+                    options,
+                    entries,
+                },
+                propagation: m.propagation,
+            });
+            continue;
+        }
+        let fresh = FRESH.contains(&kind.as_str()) && m.root == "/";
         // A cgroup2 mounted from inside the tree's cgroup namespace (a
         // container's, on /sys/fs/cgroup): mounted again from inside the
         // restored one.
         let cgroup2 = kind == "cgroup2" && m.root == cgns_root.unwrap_or("/");
         if fresh || cgroup2 {
+            if fresh {
+                check_fresh(root, kind, at)?;
+            }
             later = true;
             ns.later.push(LaterMount {
                 target: at.clone(),
                 flags,
                 what: LaterKind::Fresh {
                     fstype: kind.clone(),
-                    source: if cgroup2 {
-                        m.source.clone()
-                    } else {
-                        kind.clone()
-                    },
+                    source: m.source.clone(),
                     options,
                 },
+                propagation: m.propagation,
             });
             continue;
         }
@@ -693,6 +788,7 @@ fn extra_mounts(
                     target: at.clone(),
                     flags,
                     what: LaterKind::Bind { source },
+                    propagation: m.propagation,
                 });
             } else {
                 ns.binds.push(BindMount {
@@ -703,12 +799,61 @@ fn extra_mounts(
             }
             continue;
         }
+        if m.source.starts_with("/dev/") {
+            return Err(refuse(
+                root,
+                format!("its mount namespace has a {kind} file system of the block device {} on {at} that no mount of the dumper's mount namespace holds; stasis cannot make a disk's file system again from the image (mount it in the dumper's namespace too, where the tree's mount is then saved as a bind of it)", m.source),
+            ));
+        }
         return Err(refuse(
             root,
-            format!("its mount namespace has a {kind} mount on {at} that the dumper's has not; only a proc on /proc, tmpfs, sysfs, mqueue and devpts mounts and bind mounts of what the dumper sees are supported there yet"),
+            format!("its mount namespace has a {kind} mount on {at} (of {}) that no mount of the dumper's holds; stasis makes again tmpfs, ramfs, proc, sysfs, devpts, mqueue, hugetlbfs, cgroup2 and kernel views ({}), binds of its own mounts and of what the dumper sees (mount that file system in the dumper's namespace too)", m.source, FRESH.join(", ")),
         ));
     }
     Ok(ns)
+}
+
+/// Where the tree sees the root of mount `m` as a bind of a mount of its
+/// own saved before (`own`, the last of the same file system first):
+/// that mount's point and the rest of `m`'s root, under the saved root's
+/// path (`root`) if it has one of its own. `None` for a file system with
+/// one instance per namespace (a sysfs, an mqueue...: each mount of it is
+/// made again from nothing), unless only a directory of it is bound.
+fn bound_from_own(own: &[MountLine], m: &MountLine, root: Option<&BindMount>) -> Option<String> {
+    let single = matches!(
+        m.kind.as_str(),
+        "sysfs"
+            | "mqueue"
+            | "cgroup2"
+            | "tracefs"
+            | "securityfs"
+            | "debugfs"
+            | "binfmt_misc"
+            | "configfs"
+            | "fusectl"
+            | "pstore"
+    );
+    if single && m.root == "/" {
+        return None;
+    }
+    own.iter()
+        .rev()
+        .filter(|o| o.dev == m.dev && o.kind == m.kind)
+        .find_map(|o| {
+            let rest = if o.root == "/" {
+                Some(m.root.as_str())
+            } else {
+                m.root
+                    .strip_prefix(o.root.as_str())
+                    .filter(|r| r.is_empty() || r.starts_with('/'))
+            }?;
+            let rest = if rest == "/" { "" } else { rest };
+            let at = if o.at == "/" { "" } else { o.at.as_str() };
+            let prefix = root.map_or("", |r| r.source.trim_end_matches('/'));
+            let path = format!("{prefix}{at}{rest}");
+            Some(if path.is_empty() { "/".into() } else { path })
+        })
+        .filter(|p| !p.contains(" (deleted)"))
 }
 
 /// Where the dumper sees the root of mount `m` (of another mount
@@ -729,6 +874,53 @@ fn seen_by_dumper(my_mounts: &[MountLine], m: &MountLine) -> Option<String> {
             Some(format!("{}{}", h.at.trim_end_matches('/'), rest))
         })
         .filter(|s| s.starts_with('/') && !s.contains(" (deleted)"))
+}
+
+/// File systems made again from nothing at restore (views of the
+/// kernel's state, or checked empty by [`check_fresh`]).
+const FRESH: [&str; 13] = [
+    "sysfs",
+    "mqueue",
+    "devpts",
+    "proc",
+    "hugetlbfs",
+    "tracefs",
+    "securityfs",
+    "debugfs",
+    "binfmt_misc",
+    "configfs",
+    "fusectl",
+    "pstore",
+    "bpf",
+];
+
+/// A file system mounted anew at restore holds nothing of its own: a
+/// devpts instance's terminals are the pairs the tree holds (saved with
+/// their masters, made again from its `ptmx` at their index; one no
+/// process of the tree holds is not), and an mqueue's queues are saved
+/// with the tree's IPC namespace or with the fds on them; a hugetlbfs's
+/// files and a bpf file system's pinned objects are not saved.
+fn check_fresh(root: i32, kind: &str, at: &str) -> Result<()> {
+    let why = match kind {
+        "hugetlbfs" => "the file",
+        "bpf" => "the pinned BPF object",
+        _ => return Ok(()),
+    };
+    let dir = format!("/proc/{root}/root{at}");
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .map_err(|e| CaptureError::from_proc(root, &format!("root{at}"), e))?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    if let Some(n) = names.first() {
+        return Err(refuse(
+            root,
+            format!(
+                "its {kind} mount on {at} holds {why} {n}; stasis mounts an empty one again (huge page files and pinned BPF objects are not saved)"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// `MS_*` flags of per-mount options.
@@ -841,64 +1033,6 @@ fn tmpfs_entries(root: i32, at: &str, w: &mut ContentWriter) -> Result<Vec<Tmpfs
     Ok(out)
 }
 
-/// The fds of the tree on files of its tmpfs and bind mounts are on
-/// regular files and directories still linked (reopened by path in the
-/// restored mount namespace); refuses the others (deleted files, FIFOs,
-/// devices there are rebuilt in the restorer's namespace).
-fn check_tmpfs_fds(tree: &[i32], ns: &MountNamespace) -> Result<()> {
-    use std::os::unix::fs::FileTypeExt;
-    for &p in tree {
-        for fd in crate::fds::list_fds(p).unwrap_or_default() {
-            let Ok(link) = proc::read_link(p, &format!("fd/{fd}")) else {
-                continue;
-            };
-            let targets = ns
-                .tmpfs
-                .iter()
-                .map(|t| ("tmpfs", &t.target))
-                .chain(ns.binds.iter().map(|b| ("bind", &b.target)))
-                .chain(ns.later.iter().map(|l| {
-                    let what = match &l.what {
-                        LaterKind::Tmpfs { .. } => "tmpfs",
-                        LaterKind::Bind { .. } => "bind",
-                        LaterKind::Fresh { fstype, .. } => fstype.as_str(),
-                    };
-                    (what, &l.target)
-                }));
-            // The innermost mount the file is under (the last mounted of
-            // the deepest point) is the one it is on.
-            let on = targets
-                .filter(|(_, t)| link == **t || link.starts_with(&format!("{t}/")))
-                .fold(None, |best: Option<(&str, &String)>, c| match best {
-                    Some(b) if b.1.len() > c.1.len() => Some(b),
-                    _ => Some(c),
-                });
-            // (The terminals of a devpts of its own are saved as pty
-            // pairs, made again there from its ptmx.)
-            if let Some((what, t)) = on.filter(|(what, _)| *what != "devpts") {
-                let kind = std::fs::metadata(format!("/proc/{p}/fd/{fd}"))
-                    .map(|m| m.file_type())
-                    .ok();
-                // Regular files (a deleted one is made again there, and
-                // unlinked), and directories, FIFOs and device nodes still
-                // linked (reopened by path there); not a deleted directory,
-                // FIFO or device node (made again in the restorer's).
-                let deleted = link.ends_with(" (deleted)");
-                let reopened = kind.is_some_and(|k| {
-                    k.is_file() || (!deleted && (k.is_dir() || k.is_fifo() || k.is_char_device()))
-                });
-                if !reopened {
-                    return Err(refuse(
-                        p,
-                        format!("fd {fd} is open on {link}, in its {what} mount on {t}; of the files of mounts of its own mount namespace, only regular files (deleted or not) and directories, FIFOs and character devices still linked are reopened"),
-                    ));
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
 /// What the restore needs of the tree's namespaces, and its PIDs there.
 pub struct NsCapture {
     pub namespaces: Namespaces,
@@ -984,6 +1118,7 @@ pub fn describe(
         // gives each command one, with its own /sys): the dumper's, as
         // before namespaces were saved; its restore needs no new one.
         if m.proc
+            || m.slave_copies
             || !m.tmpfs.is_empty()
             || !m.binds.is_empty()
             || !m.later.is_empty()
@@ -1096,5 +1231,42 @@ mod tests {
             libc::MS_NOSUID | libc::MS_NODEV
         );
         assert_ne!(m[0].key(), m[1].key());
+        assert_eq!(
+            (m[1].propagation, m[1].shared, m[1].master),
+            (0, None, None)
+        );
+    }
+
+    #[test]
+    fn mountinfo_optional_fields_give_the_propagation_and_peer_groups() {
+        let info = "40 30 0:50 / /a rw shared:7 - ramfs r rw\n\
+                    41 30 0:50 /d /b rw shared:9 master:7 - ramfs r rw\n\
+                    42 30 0:51 / /c rw unbindable - tmpfs t rw\n";
+        let m = mounts(info);
+        assert_eq!(
+            (m[0].propagation, m[0].shared, m[0].master),
+            (libc::MS_SHARED, Some(7), None)
+        );
+        assert_eq!(
+            (m[1].propagation, m[1].shared, m[1].master),
+            (libc::MS_SHARED | libc::MS_SLAVE, Some(9), Some(7))
+        );
+        assert_eq!(m[2].propagation, libc::MS_UNBINDABLE);
+        // /b is a bind of a directory of /a (saved before): bound from it.
+        assert_eq!(
+            bound_from_own(&m[..1], &m[1], None).as_deref(),
+            Some("/a/d")
+        );
+        let root = BindMount {
+            source: "/srv/root/".into(),
+            target: "/".into(),
+            flags: 0,
+        };
+        assert_eq!(
+            bound_from_own(&m[..1], &m[1], Some(&root)).as_deref(),
+            Some("/srv/root/a/d")
+        );
+        // Not from a mount of another file system.
+        assert_eq!(bound_from_own(&m[2..], &m[1], None), None);
     }
 }

@@ -94,6 +94,23 @@ pub const NAMESPACE_OBJECTS_MANIFEST_VERSION: u32 = 4;
 
 /// Whether `n` has what a reader of version 3 would drop or refuse:
 /// mounts made later, special files in a tmpfs.
+/// Mounts that only [`FRESH_MOUNTS_MANIFEST_VERSION`] readers make.
+fn fresh_mounts(n: Option<&Namespaces>) -> bool {
+    n.and_then(|n| n.mnt.as_ref()).is_some_and(|m| {
+        m.slave_copies
+            || m.later.iter().any(|l| {
+                l.propagation != 0
+                    || match &l.what {
+                        LaterKind::Ramfs { .. } => true,
+                        LaterKind::Fresh { fstype, .. } => {
+                            !matches!(fstype.as_str(), "sysfs" | "mqueue" | "devpts" | "cgroup2")
+                        }
+                        LaterKind::Tmpfs { .. } | LaterKind::Bind { .. } => false,
+                    }
+            })
+    })
+}
+
 fn later_mounts(n: &Namespaces) -> bool {
     n.mnt.as_ref().is_some_and(|m| {
         !m.later.is_empty()
@@ -176,8 +193,18 @@ pub const PENDING_TIME_MANIFEST_VERSION: u32 = 13;
 /// one release.
 pub const THREADED_CGROUPS_MANIFEST_VERSION: u32 = 13;
 
+/// Manifest format version written when the tree's mount namespace has a
+/// mount made again from nothing other than sysfs, mqueue, devpts and
+/// cgroup2 (another proc, hugetlbfs, tracefs...: [`LaterKind::Fresh`]),
+/// a ramfs and its files ([`LaterKind::Ramfs`]), a mount whose
+/// propagation is not private ([`LaterMount::propagation`]), or copies
+/// of the dumper's mounts made slaves ([`MountNamespace::slave_copies`]),
+/// so that a reader that predates them refuses the manifest instead of
+/// mounting them in its own PID namespace, as tmpfs, or private.
+pub const FRESH_MOUNTS_MANIFEST_VERSION: u32 = 14;
+
 /// The newest manifest format version this reader knows.
-pub const LATEST_MANIFEST_VERSION: u32 = THREADED_CGROUPS_MANIFEST_VERSION;
+pub const LATEST_MANIFEST_VERSION: u32 = FRESH_MOUNTS_MANIFEST_VERSION;
 
 impl Manifest {
     /// The format version this manifest's content calls for: the oldest
@@ -261,7 +288,9 @@ impl Manifest {
             .cgroups
             .as_ref()
             .is_some_and(|c| !c.threads.is_empty() || c.dirs.iter().any(|d| d.threaded));
-        if threaded {
+        if fresh_mounts(self.namespaces.as_ref()) {
+            FRESH_MOUNTS_MANIFEST_VERSION
+        } else if threaded {
             THREADED_CGROUPS_MANIFEST_VERSION
         } else if self.processes.iter().any(|p| p.pending_time.is_some()) {
             PENDING_TIME_MANIFEST_VERSION
@@ -705,6 +734,12 @@ pub struct MountNamespace {
     /// restorer makes the mounts under `source`, then pivots into it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub root: Option<BindMount>,
+    /// The mounts it copied from the dumper's were made slaves (as
+    /// `unshare --propagation slave` or `mount --make-rslave /` do: those
+    /// shared there receive the dumper's mounts): the restored namespace's
+    /// copies are made slaves of the restorer's, not private.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub slave_copies: bool,
 }
 
 /// A bind mount of a path the dumper sees (`source`) on `target`.
@@ -725,6 +760,9 @@ pub struct TmpfsMount {
     pub flags: u64,
     /// The file system's options (`size=`, `mode=`...), as `mount` takes them.
     pub options: String,
+    /// Its source, as `mount` shows it (empty: `tmpfs`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub source: String,
     /// Its directory, files and symbolic links, each after its directory;
     /// the first, with an empty path, is the mount's root.
     pub entries: Vec<TmpfsEntry>,
@@ -740,6 +778,11 @@ pub struct LaterMount {
     /// read-only tmpfs is made read-only once filled.
     pub flags: u64,
     pub what: LaterKind,
+    /// Its propagation, as `mount` takes it once made: `MS_SHARED`,
+    /// `MS_SLAVE` or `MS_UNBINDABLE` (0: private, as every mount of the
+    /// restored namespace is made).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub propagation: u64,
 }
 
 /// What a [`LaterMount`] is.
@@ -750,11 +793,24 @@ pub enum LaterKind {
         /// The file system's options, as `mount` takes them.
         options: String,
         entries: Vec<TmpfsEntry>,
+        /// Its source, as `mount` shows it (empty: `tmpfs`).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        source: String,
     },
     /// A bind mount of a path of the dumper's mount namespace.
     Bind { source: String },
+    /// A ramfs and its content (as a tmpfs's).
+    Ramfs {
+        source: String,
+        /// The file system's options, as `mount` takes them.
+        options: String,
+        entries: Vec<TmpfsEntry>,
+    },
     /// A file system that holds nothing to save, mounted anew: `sysfs`,
-    /// `mqueue` without queues, a `devpts` instance without terminals.
+    /// `mqueue` without queues, a `devpts` instance without terminals,
+    /// a `proc` (of the tree's PID namespace), an empty `hugetlbfs`, and
+    /// views of the kernel's own state (`tracefs`, `securityfs`,
+    /// `debugfs`, `binfmt_misc`, `configfs`...).
     Fresh {
         fstype: String,
         source: String,
@@ -1402,7 +1458,9 @@ pub enum FdKind {
         pos: u64,
         /// File mode bits (type and permissions) seen at dump.
         mode: u32,
-        /// Size at dump (regular files), for a sanity check at restore.
+        /// Size at dump (regular files), for a sanity check at restore; a
+        /// block device's device number (`st_rdev`), which the node at
+        /// `path` must have at restore.
         size: u64,
     },
     /// One end of a pipe; its data is in `Manifest::pipes`.

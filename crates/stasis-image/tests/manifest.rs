@@ -369,6 +369,7 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
                 target: "/mnt".into(),
                 flags: 2,
                 options: "size=1024k".into(),
+                source: "shm".into(),
                 entries: vec![manifest::TmpfsEntry {
                     path: "f".into(),
                     mode: 0o100644,
@@ -385,6 +386,7 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
             }],
             later: Vec::new(),
             root: None,
+            slave_copies: false,
         }),
     });
     let bytes = encode_manifest(&m).unwrap();
@@ -440,6 +442,7 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
                 source: "sysfs".into(),
                 options: String::new(),
             },
+            propagation: 0,
         }];
     }
     let later_bytes = encode_manifest(&with_later).unwrap();
@@ -1007,8 +1010,81 @@ fn threaded_cgroups_raise_the_manifest_version_and_round_trip() {
         c.dirs[0].threaded = false;
     }
     assert!(dir_only.format_version() < manifest::THREADED_CGROUPS_MANIFEST_VERSION);
+    const { assert!(manifest::THREADED_CGROUPS_MANIFEST_VERSION < manifest::LATEST_MANIFEST_VERSION) };
+}
+
+/// A mount made again from nothing other than sysfs, mqueue, devpts and
+/// cgroup2 (another proc), a ramfs, or a mount that is not private:
+/// version 14 (a reader of 13 would mount the proc in its own PID
+/// namespace, the ramfs as tmpfs, the shared mount private), round-trips,
+/// and is refused under a lower version.
+#[test]
+fn fresh_mounts_raise_the_manifest_version_and_round_trip() {
+    let base = small_manifest();
+    assert!(base.format_version() < manifest::FRESH_MOUNTS_MANIFEST_VERSION);
+    let later = |what: manifest::LaterKind, propagation: u64| manifest::LaterMount {
+        target: "/mnt/x".into(),
+        flags: libc::MS_NOSUID,
+        what,
+        propagation,
+    };
+    let fresh = |fstype: &str| manifest::LaterKind::Fresh {
+        fstype: fstype.into(),
+        source: fstype.into(),
+        options: String::new(),
+    };
+    let with = |l: manifest::LaterMount| {
+        let mut m = base.clone();
+        m.namespaces = Some(manifest::Namespaces {
+            pid: true,
+            mnt: Some(manifest::MountNamespace {
+                later: vec![l],
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        m
+    };
+    let ramfs = manifest::LaterKind::Ramfs {
+        source: "r".into(),
+        options: "mode=755".into(),
+        entries: vec![manifest::TmpfsEntry {
+            mode: libc::S_IFDIR | 0o755,
+            ..Default::default()
+        }],
+    };
+    for m in [
+        with(later(fresh("proc"), 0)),
+        with(later(fresh("hugetlbfs"), 0)),
+        with(later(ramfs, 0)),
+        with(later(fresh("sysfs"), libc::MS_SHARED)),
+    ] {
+        assert_eq!(m.format_version(), 14, "{m:?}");
+        let bytes = encode_manifest(&m).unwrap();
+        assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 14);
+        assert_eq!(decode_manifest(&bytes, 3, p()).unwrap(), m);
+        let mut lower = bytes.clone();
+        lower[8..12].copy_from_slice(&manifest::THREADED_CGROUPS_MANIFEST_VERSION.to_le_bytes());
+        assert!(decode_manifest(&lower, 3, p()).is_err());
+    }
+    // Copies of the dumper's mounts made slaves.
+    let mut slaves = base.clone();
+    slaves.namespaces = Some(manifest::Namespaces {
+        mnt: Some(manifest::MountNamespace {
+            slave_copies: true,
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    assert_eq!(slaves.format_version(), 14);
+    let bytes = encode_manifest(&slaves).unwrap();
+    assert_eq!(decode_manifest(&bytes, 3, p()).unwrap(), slaves);
+    // A private sysfs, devpts, mqueue or cgroup2 stays below 14.
+    for k in ["sysfs", "devpts", "mqueue", "cgroup2"] {
+        assert!(with(later(fresh(k), 0)).format_version() < 14, "{k}");
+    }
     assert_eq!(
         manifest::LATEST_MANIFEST_VERSION,
-        manifest::THREADED_CGROUPS_MANIFEST_VERSION
+        manifest::FRESH_MOUNTS_MANIFEST_VERSION
     );
 }

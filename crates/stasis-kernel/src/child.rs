@@ -68,9 +68,12 @@ pub struct NsSetup {
     /// In a new mount namespace: make every mount private, and mount a
     /// proc file system of the new PID namespace on `/proc`.
     pub mount_proc: bool,
+    /// In a new mount namespace: its mounts made slaves (`MS_SLAVE`: those
+    /// shared here go on receiving this namespace's mounts), not private.
+    pub mount_slave: bool,
     /// In a new mount namespace: tmpfs mounts to make, in order (where,
-    /// `MS_*` flags, options), after every mount is made private.
-    pub tmpfs: Vec<(std::ffi::CString, u64, std::ffi::CString)>,
+    /// `MS_*` flags, options, source), after every mount is made private.
+    pub tmpfs: Vec<(std::ffi::CString, u64, std::ffi::CString, std::ffi::CString)>,
     /// In a new mount namespace: bind mounts to make after those (source,
     /// target, `MS_*` flags applied by a remount).
     pub binds: Vec<(std::ffi::CString, std::ffi::CString, u64)>,
@@ -186,7 +189,12 @@ fn spawn_stopped_with(set_tid: Option<i32>, ns: Option<&NsSetup>) -> Result<Trac
                         std::ptr::null(),
                         root_dir.as_ptr(),
                         std::ptr::null(),
-                        libc::MS_REC | libc::MS_PRIVATE,
+                        libc::MS_REC
+                            | if n.mount_slave {
+                                libc::MS_SLAVE
+                            } else {
+                                libc::MS_PRIVATE
+                            },
                         std::ptr::null(),
                     ) != 0
                 {
@@ -203,9 +211,9 @@ fn spawn_stopped_with(set_tid: Option<i32>, ns: Option<&NsSetup>) -> Result<Trac
                 {
                     libc::_exit(124);
                 }
-                for (at, flags, opts) in &n.tmpfs {
+                for (at, flags, opts, src) in &n.tmpfs {
                     if libc::mount(
-                        tmpfs.as_ptr(),
+                        src.as_ptr(),
                         at.as_ptr(),
                         tmpfs.as_ptr(),
                         *flags,

@@ -326,6 +326,104 @@ pub fn mount(
     Ok(())
 }
 
+/// Mounts a proc of PID namespace `pidns` (an fd on an `ns/pid` file) on
+/// `target` in the calling thread's mount namespace, whatever its own PID
+/// namespace (the kernel's `pidns` option, by fd: `fsopen`, `fsconfig`,
+/// `fsmount`, `move_mount`), with `source`, the per-mount `MS_*` `flags`
+/// and the file system's `options` (`hidepid=`, `subset=`...).
+pub fn mount_proc_of(
+    pidns: std::os::fd::BorrowedFd<'_>,
+    source: &str,
+    target: &str,
+    flags: u64,
+    options: &str,
+) -> std::io::Result<()> {
+    use stasis_sys::mount as sm;
+    use std::ffi::CString;
+    use std::os::fd::FromRawFd;
+    let c = |s: &str| CString::new(s).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL));
+    let check = |r: libc::c_long| {
+        if r < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(r)
+        }
+    };
+    let proc_name = c("proc")?;
+    // SAFETY: fsopen with a NUL-terminated name; the fd it returns is ours.
+    let fs =
+        check(unsafe { libc::syscall(sm::SYS_FSOPEN, proc_name.as_ptr(), sm::FSOPEN_CLOEXEC) })?;
+    let fs = i32::try_from(fs).map_err(|_| std::io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: `fs` was just returned by fsopen and is owned by nobody else.
+    let fs = unsafe { OwnedFd::from_raw_fd(fs) };
+    let config = |cmd: u32, key: Option<&CString>, value: Option<&CString>, aux: i32| {
+        // SAFETY: fsconfig on our fs context fd with NUL-terminated
+        // strings (or null) alive for the call.
+        check(unsafe {
+            libc::syscall(
+                sm::SYS_FSCONFIG,
+                fs.as_raw_fd(),
+                cmd,
+                key.map_or(std::ptr::null(), |k| k.as_ptr()),
+                value.map_or(std::ptr::null(), |v| v.as_ptr()),
+                aux,
+            )
+        })
+    };
+    config(
+        sm::FSCONFIG_SET_FD,
+        Some(&c("pidns")?),
+        None,
+        pidns.as_raw_fd(),
+    )?;
+    config(
+        sm::FSCONFIG_SET_STRING,
+        Some(&c("source")?),
+        Some(&c(source)?),
+        0,
+    )?;
+    for o in options.split(',').filter(|o| !o.is_empty()) {
+        match o.split_once('=') {
+            Some((k, v)) => config(sm::FSCONFIG_SET_STRING, Some(&c(k)?), Some(&c(v)?), 0)?,
+            None => config(sm::FSCONFIG_SET_FLAG, Some(&c(o)?), None, 0)?,
+        };
+    }
+    config(sm::FSCONFIG_CMD_CREATE, None, None, 0)?;
+    let attrs = [
+        (libc::MS_RDONLY, sm::MOUNT_ATTR_RDONLY),
+        (libc::MS_NOSUID, sm::MOUNT_ATTR_NOSUID),
+        (libc::MS_NODEV, sm::MOUNT_ATTR_NODEV),
+        (libc::MS_NOEXEC, sm::MOUNT_ATTR_NOEXEC),
+        (libc::MS_NOATIME, sm::MOUNT_ATTR_NOATIME),
+        (libc::MS_STRICTATIME, sm::MOUNT_ATTR_STRICTATIME),
+        (libc::MS_NODIRATIME, sm::MOUNT_ATTR_NODIRATIME),
+    ]
+    .iter()
+    .filter(|(ms, _)| flags & ms != 0)
+    .fold(0, |a, (_, at)| a | at);
+    // SAFETY: fsmount of our created context; the fd it returns is ours.
+    let m = check(unsafe {
+        libc::syscall(sm::SYS_FSMOUNT, fs.as_raw_fd(), sm::FSMOUNT_CLOEXEC, attrs)
+    })?;
+    let m = i32::try_from(m).map_err(|_| std::io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: `m` was just returned by fsmount and is owned by nobody else.
+    let m = unsafe { OwnedFd::from_raw_fd(m) };
+    let (empty, dst) = (c("")?, c(target)?);
+    // SAFETY: move_mount of our detached mount fd onto a NUL-terminated
+    // path alive for the call.
+    check(unsafe {
+        libc::syscall(
+            sm::SYS_MOVE_MOUNT,
+            m.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_FDCWD,
+            dst.as_ptr(),
+            sm::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    })?;
+    Ok(())
+}
+
 /// Makes directory `dir` (a mount point) the root of the calling thread's
 /// mount namespace, as runc does: `pivot_root(".", ".")` from it, then the
 /// old root, left on top, detached. Every process whose root or working

@@ -1,6 +1,7 @@
 //! Directories, FIFOs, device nodes and symbolic links (`O_PATH`) deleted
 //! while open (`/proc` shows "PATH (deleted)"), and a deleted working
-//! directory.
+//! directory; made again in the tree's mount namespace (on its own tmpfs
+//! and bind mounts, where it had one).
 //!
 //! **Save.** The node's type, permissions, owner and device number, and a
 //! FIFO's queued bytes (as any FIFO's, [`crate::pipe`]).
@@ -166,7 +167,9 @@ fn node_keeper<'c>(
     node: &DeletedNode,
 ) -> Result<&'c OwnedFd, RestoreError> {
     if !cx.ghost_keepers.contains_key(&node.id) {
-        let keeper = make_node(node)?;
+        // Made where the tree's paths are: a node of a tmpfs or bind
+        // mount of its own mount namespace is made again on that mount.
+        let keeper = cx.in_tree_mounts(|| make_node(node))??;
         if node.mode & libc::S_IFMT == libc::S_IFIFO {
             if let Some(data) = cx.pipe_data.get(&node.id) {
                 crate::pipe::fill(&keeper, data)?;

@@ -241,9 +241,9 @@ pub fn unsupported_reason(pid: i32, fd: i32, link: &str) -> Option<String> {
                     || ft.is_char_device()
                     || ft.is_fifo()
                     || ft.is_symlink()
-                    || ft.is_block_device() && link.ends_with(" (deleted)"))
+                    || ft.is_block_device())
                 {
-                    return Some(format!("fd {fd} ({link}) is a block device or special file, which this version of stasis cannot checkpoint yet"));
+                    return Some(format!("fd {fd} ({link}) is a special file, which this version of stasis cannot checkpoint yet"));
                 }
             }
             // Closed since it was listed: a running process (the

@@ -81,6 +81,14 @@ pub(crate) fn setup(ns: &Namespaces) -> Result<NsSetup> {
                 "tmpfs options",
                 &options_inside(&t.options, ns.user.as_ref())?,
             )?,
+            cstr(
+                "tmpfs source",
+                if t.source.is_empty() {
+                    "tmpfs"
+                } else {
+                    &t.source
+                },
+            )?,
         ));
     }
     let mut binds = Vec::new();
@@ -119,6 +127,7 @@ pub(crate) fn setup(ns: &Namespaces) -> Result<NsSetup> {
         hostname,
         domainname,
         mount_proc: ns.mnt.as_ref().is_some_and(|m| m.proc),
+        mount_slave: ns.mnt.as_ref().is_some_and(|m| m.slave_copies),
         tmpfs,
         binds,
     })
@@ -433,7 +442,23 @@ fn later_mounts(m: &Manifest, root: i32, content: &stasis_image::ContentSource) 
     if ns.is_some_and(|n| n.cgroup_ns.is_some()) {
         kinds.push(NsKind::Cgroup);
     }
+    // Its PID namespace, for a proc mounted in it (but that on /proc,
+    // the stub's).
+    let pidns = if ns.is_some_and(|n| n.pid) {
+        Some(
+            std::fs::File::open(format!("/proc/{root}/ns/pid"))
+                .map(std::os::fd::OwnedFd::from)
+                .map_err(|e| {
+                    RestoreError::from(ObjectError::Incompatible(format!(
+                        "opening the PID namespace of the restored tree ({root}): {e}"
+                    )))
+                })?,
+        )
+    } else {
+        None
+    };
     kns::in_namespaces_of(root, &kinds, || -> Result<()> {
+        use std::os::fd::AsFd;
         // Under a root of its own, the proc the stub mounted on /proc.
         if let Some(r) = mnt.root.as_ref().filter(|_| mnt.proc) {
             let at = before_pivot(Some(mnt), "/proc");
@@ -470,9 +495,13 @@ fn later_mounts(m: &Manifest, root: i32, content: &stasis_image::ContentSource) 
                 )
             };
             match &l.what {
-                LaterKind::Tmpfs { options, entries } => {
+                LaterKind::Tmpfs {
+                    options,
+                    entries,
+                    source,
+                } => {
                     kns::mount(
-                        "tmpfs",
+                        if source.is_empty() { "tmpfs" } else { source },
                         &target,
                         Some("tmpfs"),
                         l.flags & !libc::MS_RDONLY,
@@ -482,6 +511,24 @@ fn later_mounts(m: &Manifest, root: i32, content: &stasis_image::ContentSource) 
                     fill_entries(std::path::Path::new(&target), &l.target, entries, content)?;
                     if l.flags & libc::MS_RDONLY != 0 {
                         remount(l.flags).map_err(fail("making a tmpfs read-only"))?;
+                    }
+                }
+                LaterKind::Ramfs {
+                    source,
+                    options,
+                    entries,
+                } => {
+                    kns::mount(
+                        source,
+                        &target,
+                        Some("ramfs"),
+                        l.flags & !libc::MS_RDONLY,
+                        Some(options),
+                    )
+                    .map_err(fail("mounting a ramfs"))?;
+                    fill_entries(std::path::Path::new(&target), &l.target, entries, content)?;
+                    if l.flags & libc::MS_RDONLY != 0 {
+                        remount(l.flags).map_err(fail("making a ramfs read-only"))?;
                     }
                 }
                 LaterKind::Bind { source } => {
@@ -496,8 +543,22 @@ fn later_mounts(m: &Manifest, root: i32, content: &stasis_image::ContentSource) 
                     source,
                     options,
                 } => {
-                    kns::mount(source, &target, Some(fstype), l.flags, Some(options))
-                        .map_err(fail(&format!("mounting a {fstype}")))?;
+                    match pidns.as_ref().filter(|_| fstype == "proc") {
+                        // A proc of the tree's PID namespace (the
+                        // mounting thread's is the restorer's).
+                        Some(ns) => {
+                            kns::mount_proc_of(ns.as_fd(), source, &target, l.flags, options)
+                        }
+                        None => kns::mount(source, &target, Some(fstype), l.flags, Some(options)),
+                    }
+                    .map_err(fail(&format!("mounting a {fstype}")))?;
+                }
+            }
+            // A slave that is shared too: made a slave first.
+            for p in [libc::MS_SLAVE, libc::MS_SHARED, libc::MS_UNBINDABLE] {
+                if l.propagation & p != 0 {
+                    kns::mount("none", &target, None, p, None)
+                        .map_err(fail("setting its propagation"))?;
                 }
             }
         }

@@ -17,6 +17,7 @@ pub mod bpf;
 pub mod fault;
 pub mod inet_diag;
 pub mod io_uring;
+pub mod mount;
 pub mod net;
 pub mod prctl;
 pub mod tty;

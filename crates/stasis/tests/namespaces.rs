@@ -1284,8 +1284,23 @@ fn threads_in_a_threaded_cgroup_come_back_in_theirs() {
     );
 }
 
+/// A file system the dumper has no mount of that only a disk holds (an
+/// ext4 on a loop device, mounted in the tree's namespace only): refused
+/// by name, with its block device.
 #[test]
-fn refuses_a_ramfs_mount() {
+fn refuses_a_disk_file_system_the_dumper_cannot_see() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("disk.img");
+    let f = std::fs::File::create(&img).unwrap();
+    f.set_len(8 << 20).unwrap();
+    drop(f);
+    let o = Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .arg(&img)
+        .output()
+        .expect("mkfs.ext4");
+    assert_ok(&o, "mkfs.ext4");
+    let script = format!("mount -o loop {} /mnt && exec sleep 1000", img.display());
     refused(
         &[
             "--pid",
@@ -1294,11 +1309,181 @@ fn refuses_a_ramfs_mount() {
             "--mount",
             "sh",
             "-c",
-            "mount -t ramfs stasis-test /mnt && exec sleep 1000",
+            &script,
         ],
         |up| child_running(up, "sleep 1000"),
-        "has a ramfs mount on /mnt",
+        "has a ext4 file system of the block device /dev/loop",
     );
+}
+
+/// A hugetlbfs of its own holding a file (huge page files are not
+/// saved): refused by name, with the file.
+#[test]
+fn refuses_a_hugetlbfs_holding_a_file() {
+    refused(
+        &[
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--mount",
+            "sh",
+            "-c",
+            "mount -t hugetlbfs -o pagesize=2M stasis-huge /mnt && touch /mnt/f && exec sleep 1000",
+        ],
+        |up| child_running(up, "sleep 1000"),
+        "its hugetlbfs mount on /mnt holds the file f",
+    );
+}
+
+/// The (device, root, mount point) of each line of `info` (a mountinfo).
+fn mount_keys(info: &str) -> std::collections::HashSet<(String, String, String)> {
+    info.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            Some((
+                f.get(2)?.to_string(),
+                f.get(3)?.to_string(),
+                f.get(4)?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// The mounts of its own of `pid` (those this process has not: copies of
+/// ours come and go with the other tests) as its `/proc/PID/mountinfo`
+/// lists them, in order, less what the kernel assigns: mount ids, device
+/// numbers and peer group numbers (`shared:N` is `shared`).
+fn mountinfo_shape(pid: i32) -> Vec<String> {
+    let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    let ours = mount_keys(&std::fs::read_to_string("/proc/self/mountinfo").unwrap());
+    info.lines()
+        .filter(|l| mount_keys(l).is_disjoint(&ours))
+        .map(|l| {
+            l.split(' ')
+                .skip(3)
+                .map(|f| match f.split_once(':') {
+                    Some((k @ ("shared" | "master" | "propagate_from"), _)) => k,
+                    _ => f,
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect()
+}
+
+/// Every file under `dir` (a walk from outside, through /proc/PID/root):
+/// path, mode, and a file's bytes or a link's target.
+fn tree_of(dir: &std::path::Path) -> Vec<(String, u32, Vec<u8>)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    let mut queue = vec![dir.to_path_buf()];
+    while let Some(d) = queue.pop() {
+        let mut names: Vec<_> = std::fs::read_dir(&d).unwrap().flatten().collect();
+        names.sort_by_key(|e| e.file_name());
+        for e in names {
+            let p = e.path();
+            let md = std::fs::symlink_metadata(&p).unwrap();
+            let data = if md.is_file() {
+                std::fs::read(&p).unwrap()
+            } else if md.file_type().is_symlink() {
+                std::fs::read_link(&p)
+                    .unwrap()
+                    .into_os_string()
+                    .into_encoded_bytes()
+            } else {
+                queue.push(p.clone());
+                Vec::new()
+            };
+            let rel = p.strip_prefix(dir).unwrap().display().to_string();
+            out.push((rel, md.mode(), data));
+        }
+    }
+    out
+}
+
+/// File systems of the tree's own mount namespace made again from nothing
+/// (issue 17): its proc on /proc remounted with `hidepid=`, a second proc
+/// with `hidepid=`/`subset=pid`, a read-only
+/// sysfs elsewhere, a shared ramfs with files (their bytes saved, as a
+/// tmpfs's) with a directory of it bound elsewhere as its slave, a
+/// hugetlbfs with its page size and size, a second devpts
+/// instance with its modes and group, a tracefs (read-only), a
+/// securityfs and a binfmt_misc. Dumped and restored twice, its
+/// mountinfo is the dumped one (but ids and device numbers), and the
+/// ramfs's files come back byte for byte.
+#[test]
+fn twice_keeps_fresh_file_systems() {
+    // Restored trees (detached) are reparented to this process.
+    workloads();
+    let script = "mount -o remount,hidepid=invisible /proc && \
+        mount -t tmpfs -o mode=755 stasis-fresh /mnt && \
+        mkdir /mnt/proc2 /mnt/sys2 /mnt/ram /mnt/huge /mnt/pts2 /mnt/trace /mnt/sec /mnt/binfmt && \
+        mount -t proc -o hidepid=invisible,subset=pid proc2 /mnt/proc2 && \
+        mount -t sysfs -o ro,nosuid sys2 /mnt/sys2 && \
+        mount -t ramfs -o mode=750 ram1 /mnt/ram && mkdir /mnt/ram/d && \
+        printf ramfs-data >/mnt/ram/d/f && ln -s d/f /mnt/ram/l && \
+        head -c 100000 /dev/urandom >/mnt/ram/big && chmod 0604 /mnt/ram/big && \
+        mount --make-shared /mnt/ram && mkdir /mnt/ramd && \
+        mount --bind /mnt/ram/d /mnt/ramd && mount --make-slave /mnt/ramd && \
+        mount -t hugetlbfs -o pagesize=2M,size=4M huge1 /mnt/huge && \
+        mount -t devpts -o newinstance,ptmxmode=0600,mode=0600,gid=5 pts2 /mnt/pts2 && \
+        mount -t tracefs trace1 /mnt/trace && mount -o remount,bind,ro /mnt/trace && \
+        mount -t securityfs sec1 /mnt/sec && mount -t binfmt_misc bin1 /mnt/binfmt && \
+        exec sleep 1000";
+    let _r = Refused::spawn(Command::new("unshare").args([
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "--mount",
+        "sh",
+        "-c",
+        script,
+    ]));
+    let pid = _r.sleeper(10);
+    let shape = mountinfo_shape(pid);
+    for want in [
+        "/ /proc rw,nosuid,nodev,noexec,relatime - proc proc rw,hidepid=invisible",
+        "/ /mnt/proc2 rw,relatime - proc proc2 rw,hidepid=invisible,subset=pid",
+        "/ /mnt/ram rw,relatime shared - ramfs ram1 rw,mode=750",
+        "/ /mnt/trace ro,relatime - tracefs trace1 rw",
+        "/d /mnt/ramd rw,relatime master - ramfs ram1 rw,mode=750",
+    ] {
+        assert!(shape.iter().any(|l| l == want), "{want} in {shape:#?}");
+    }
+    let ram = tree_of(std::path::Path::new(&format!("/proc/{pid}/root/mnt/ram")));
+    assert_eq!(ram.len(), 4, "{ram:?}");
+    let restored = Restored(std::cell::Cell::new(0));
+    dump_and_restore_detached(pid, 2, |p, round| {
+        restored.0.set(p);
+        assert_eq!(mountinfo_shape(p), shape, "round {round}");
+        let again = tree_of(std::path::Path::new(&format!("/proc/{p}/root/mnt/ram")));
+        assert!(again == ram, "round {round}: the ramfs's files differ");
+        // The bind of the ramfs's directory is of the same file system,
+        // a slave of the ramfs's peer group.
+        let ino = |f: &str| {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(format!("/proc/{p}/root{f}"))
+                .unwrap()
+                .ino()
+        };
+        assert_eq!(ino("/mnt/ramd/f"), ino("/mnt/ram/d/f"), "round {round}");
+        let peer = |at: &str, tag: &str| {
+            let info = std::fs::read_to_string(format!("/proc/{p}/mountinfo")).unwrap();
+            info.lines()
+                .find(|l| l.split(' ').nth(4) == Some(at))
+                .and_then(|l| l.split(' ').find_map(|f| f.strip_prefix(tag)))
+                .map(str::to_string)
+        };
+        assert!(peer("/mnt/ram", "shared:").is_some(), "round {round}");
+        assert_eq!(
+            peer("/mnt/ram", "shared:"),
+            peer("/mnt/ramd", "master:"),
+            "round {round}"
+        );
+        // The second proc is the tree's PID namespace's: its root is 1.
+        let one = std::fs::read_to_string(format!("/proc/{p}/root/mnt/proc2/1/comm")).unwrap();
+        assert_eq!(one.trim(), "sleep", "round {round}");
+    });
 }
 
 /// The last tree a test restored (detached: a child of the test process,
@@ -1393,24 +1578,234 @@ fn twice_keeps_a_deleted_file_a_fifo_and_a_device_of_its_tmpfs_open() {
     });
 }
 
-/// A deleted FIFO of a tmpfs of its own, still open (deleted FIFOs,
-/// directories and device nodes are made again in the restorer's mount
-/// namespace).
+/// Deleted nodes of its own mounts, still open (issue 17): a directory,
+/// a FIFO with bytes queued and a character device of a tmpfs of its
+/// own, a block device node there, and a FIFO of a bind mount of its
+/// own. Each comes back made again on the same mount of the tree's
+/// namespace (not the restorer's), opened and removed: its fd reads
+/// "PATH (deleted)", on that mount's device, with its type, device
+/// number and the FIFO's bytes. Twice.
 #[test]
-fn refuses_a_deleted_fifo_open_in_a_tmpfs_mount() {
-    refused(
-        &[
-            "--pid",
-            "--fork",
-            "--mount-proc",
-            "--mount",
-            "sh",
-            "-c",
-            "mount -t tmpfs stasis-test /mnt && mkfifo /mnt/p && exec 3<>/mnt/p && rm /mnt/p && exec sleep 1000",
-        ],
-        |up| child_running(up, "sleep 1000"),
-        "fd 3 is open on /mnt/p (deleted), in its tmpfs mount on /mnt",
+fn twice_keeps_deleted_nodes_of_its_own_mounts_open() {
+    // Restored trees (detached) are reparented to this process.
+    workloads();
+    use std::io::Read;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+    let host = tempfile::tempdir().unwrap();
+    let script = format!(
+        "mount -t tmpfs stasis-test /mnt && mkdir /mnt/d /mnt/b && exec 3</mnt/d && rmdir /mnt/d && \
+         mkfifo /mnt/p && exec 4<>/mnt/p && printf queued >&4 && rm /mnt/p && \
+         mknod /mnt/z c 1 5 && exec 5</mnt/z && rm /mnt/z && \
+         mknod /mnt/blk b 7 0 && exec 6</mnt/blk && rm /mnt/blk && \
+         mount --bind {} /mnt/b && mkfifo /mnt/b/q && exec 7<>/mnt/b/q && rm /mnt/b/q && \
+         exec sleep 1000",
+        host.path().display()
     );
+    let _r = Refused::spawn(Command::new("unshare").args([
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "--mount",
+        "sh",
+        "-c",
+        &script,
+    ]));
+    let pid = _r.sleeper(10);
+    let check = |pid: i32, round: u32| {
+        let fd = |n: u32| format!("/proc/{pid}/fd/{n}");
+        let link = |n: u32| std::fs::read_link(fd(n)).unwrap().display().to_string();
+        let dev_of = |p: &str| {
+            std::fs::metadata(format!("/proc/{pid}/root{p}"))
+                .unwrap()
+                .dev()
+        };
+        let (tmpfs, bound) = (dev_of("/mnt"), dev_of("/mnt/b"));
+        let want: [(u32, &str, u32, u64, u64); 5] = [
+            (3, "/mnt/d", libc::S_IFDIR, 0, tmpfs),
+            (4, "/mnt/p", libc::S_IFIFO, 0, tmpfs),
+            (5, "/mnt/z", libc::S_IFCHR, libc::makedev(1, 5), tmpfs),
+            (6, "/mnt/blk", libc::S_IFBLK, libc::makedev(7, 0), tmpfs),
+            (7, "/mnt/b/q", libc::S_IFIFO, 0, bound),
+        ];
+        for (n, path, kind, rdev, dev) in want {
+            assert_eq!(link(n), format!("{path} (deleted)"), "round {round}");
+            let m = std::fs::metadata(fd(n)).unwrap();
+            assert_eq!(
+                (m.mode() & libc::S_IFMT, m.rdev(), m.dev(), m.nlink() > 1),
+                (kind, rdev, dev, false),
+                "round {round}: fd {n} on {path}"
+            );
+        }
+        assert!(std::fs::metadata(fd(4)).unwrap().file_type().is_fifo());
+        if round == 2 {
+            let mut got = Vec::new();
+            let _ = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(fd(4))
+                .unwrap()
+                .read_to_end(&mut got);
+            assert_eq!(got, b"queued", "the FIFO's bytes");
+        }
+    };
+    check(pid, 0);
+    let restored = Restored(std::cell::Cell::new(0));
+    dump_and_restore_detached(pid, 2, |pid, round| {
+        restored.0.set(pid);
+        check(pid, round);
+    });
+}
+
+/// A tree whose mount namespace's copies of ours are slaves of them
+/// (`unshare --propagation slave`, as container runtimes make a rootfs
+/// `rslave`): restored, its copies are slaves of the same peer groups
+/// again (not private), and its own mount is there. Twice.
+#[test]
+fn twice_keeps_slave_copies_of_the_dumpers_mounts() {
+    // Restored trees (detached) are reparented to this process.
+    workloads();
+    let _r = Refused::spawn(Command::new("unshare").args([
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "--mount",
+        "--propagation",
+        "slave",
+        "sh",
+        "-c",
+        "mount -t tmpfs stasis-slave /mnt && exec sleep 1000",
+    ]));
+    let pid = _r.sleeper(10);
+    // The masters of its copies of our shared mounts, by mount point.
+    let masters = |p: i32| -> std::collections::BTreeMap<String, String> {
+        let info = std::fs::read_to_string(format!("/proc/{p}/mountinfo")).unwrap();
+        let ours = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let shared: std::collections::HashMap<String, String> = ours
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                let id = f.iter().find_map(|o| o.strip_prefix("shared:"))?;
+                Some((f.get(4)?.to_string(), id.to_string()))
+            })
+            .collect();
+        info.lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                let at = f.get(4)?.to_string();
+                shared.get(&at)?;
+                let m = f
+                    .iter()
+                    .find_map(|o| o.strip_prefix("master:"))
+                    .unwrap_or("none");
+                Some((at, m.to_string()))
+            })
+            .collect()
+    };
+    let before = masters(pid);
+    assert!(
+        !before.is_empty() && before.values().all(|m| m != "none"),
+        "{before:?}"
+    );
+    let shape = mountinfo_shape(pid);
+    let restored = Restored(std::cell::Cell::new(0));
+    dump_and_restore_detached(pid, 2, |p, round| {
+        restored.0.set(p);
+        assert_eq!(mountinfo_shape(p), shape, "round {round}");
+        let now = masters(p);
+        // (Mounts of ours made or gone meanwhile aside.)
+        for (at, m) in &now {
+            if let Some(b) = before.get(at) {
+                assert_eq!(m, b, "round {round}: the master of {at}");
+            }
+        }
+        assert!(now.keys().any(|k| before.contains_key(k)), "round {round}");
+    });
+}
+
+/// A loop device attached to a file, detached when the test ends.
+struct Loop(String);
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0]).status();
+    }
+}
+
+/// Fds on block devices (issue 17): a node of a tmpfs of its own and the
+/// host's `/dev/loopN`, both a loop device over a file, one read 4 KiB
+/// in. Each comes back on its path, the same device, at its offset, and
+/// reads the file's bytes. Twice.
+#[test]
+fn twice_keeps_block_device_fds() {
+    // Restored trees (detached) are reparented to this process.
+    workloads();
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("disk");
+    let data: Vec<u8> = (0..256u32 * 1024).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(&file, &data).unwrap();
+    let o = Command::new("losetup")
+        .args(["-f", "--show"])
+        .arg(&file)
+        .output()
+        .expect("losetup");
+    assert_ok(&o, "losetup");
+    let dev = Loop(String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let rdev = std::fs::metadata(&dev.0).unwrap().rdev();
+    let script = format!(
+        "mount -t tmpfs stasis-test /mnt && mknod /mnt/blk b {} {} && exec 3</mnt/blk && \
+         exec 4<{} && dd bs=4096 count=1 <&4 >/dev/null 2>&1 && exec sleep 1000",
+        libc::major(rdev),
+        libc::minor(rdev),
+        dev.0
+    );
+    let _r = Refused::spawn(Command::new("unshare").args([
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "--mount",
+        "sh",
+        "-c",
+        &script,
+    ]));
+    let pid = _r.sleeper(10);
+    let check = |pid: i32, round: u32| {
+        let fd = |n: u32| format!("/proc/{pid}/fd/{n}");
+        let link = |n: u32| std::fs::read_link(fd(n)).unwrap().display().to_string();
+        let pos = |n: u32| {
+            std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{n}"))
+                .unwrap()
+                .lines()
+                .find_map(|l| l.strip_prefix("pos:").map(|v| v.trim().to_string()))
+                .unwrap()
+        };
+        assert_eq!(
+            (link(3), link(4)),
+            ("/mnt/blk".to_string(), dev.0.clone()),
+            "round {round}"
+        );
+        let tmpfs = std::fs::metadata(format!("/proc/{pid}/root/mnt"))
+            .unwrap()
+            .dev();
+        for n in [3, 4] {
+            let m = std::fs::metadata(fd(n)).unwrap();
+            assert_eq!(m.rdev(), rdev, "round {round}: fd {n}");
+            assert_eq!(std::fs::read(fd(n)).unwrap(), data, "round {round}: fd {n}");
+        }
+        let node = std::fs::symlink_metadata(format!("/proc/{pid}/root/mnt/blk")).unwrap();
+        assert_eq!(node.dev(), tmpfs, "round {round}");
+        assert_eq!(
+            (pos(3), pos(4)),
+            ("0".into(), "4096".into()),
+            "round {round}"
+        );
+    };
+    check(pid, 0);
+    let restored = Restored(std::cell::Cell::new(0));
+    dump_and_restore_detached(pid, 2, |pid, round| {
+        restored.0.set(pid);
+        check(pid, round);
+    });
 }
 
 #[test]
