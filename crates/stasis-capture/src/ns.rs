@@ -306,6 +306,10 @@ fn net_namespace(root: i32) -> Result<NetNamespace> {
             protocol: r.protocol,
             scope: r.scope,
             kind: r.kind,
+            table: rtnl::RT_TABLE_MAIN,
+            nexthops: Vec::new(),
+            flags: 0,
+            attrs: Vec::new(),
         });
     }
     Ok(net)
@@ -329,6 +333,7 @@ fn interface(l: &rtnl::Link, addrs: &[rtnl::Addr]) -> NetInterface {
             broadcast: a.broadcast,
             flags: a.flags & (rtnl::IFA_F_NODAD | rtnl::IFA_F_NOPREFIXROUTE),
             scope: a.scope,
+            peer: None,
         })
         .collect();
     NetInterface {
