@@ -6,13 +6,17 @@
 //! `time`), and the namespaces of its own that stasis cannot restore: a
 //! PID namespace whose init is not the root; a network namespace with
 //! another interface than `lo`, tun and tap devices, and veths whose peer
-//! is in the dumper's namespace (as a container runtime makes them); and mounts of a mount
+//! is in the dumper's namespace (as a container runtime makes them), or
+//! a route with what stasis does not make again (an encapsulation, a
+//! next-hop object, a gateway of another family, a source prefix); and mounts of a mount
 //! namespace other than a proc on `/proc`. [`describe`] (frozen) records
 //! what the restore needs: the host and domain names, the System V message
 //! queues and semaphore sets of an IPC namespace, whether `lo` is up, the
 //! veths (both ends: names, hardware addresses, MTUs, up states,
 //! addresses, the peer's bridge), the tun and tap devices (their flags,
-//! persistence, owner and group, and the same of their link) and routes, the proc mount, the
+//! persistence, owner and group, and the same of their link), the routes
+//! of every table (but the kernel's) and the policy routing rules (when
+//! not only the kernel's), the proc mount, the
 //! `CLOCK_MONOTONIC` and `CLOCK_BOOTTIME` of a time namespace as seen
 //! inside it (and its offsets), and the PID (and TID) of every process in
 //! its namespace. The dump itself works with the
@@ -23,8 +27,8 @@ use std::collections::{HashMap, HashSet};
 
 use stasis_image::manifest::{
     BindMount, FdKind, LaterKind, LaterMount, Manifest, MountNamespace, Namespaces, NetAddress,
-    NetInterface, NetNamespace, NetRoute, ProcessImage, TimeNamespace, TmpfsEntry, TmpfsMount,
-    TunDevice, UserNamespace, UtsNamespace, Veth,
+    NetAttr, NetInterface, NetNamespace, NetNextHop, NetRoute, NetRule, ProcessImage,
+    TimeNamespace, TmpfsEntry, TmpfsMount, TunDevice, UserNamespace, UtsNamespace, Veth,
 };
 use stasis_image::ContentWriter;
 use stasis_kernel::fdops as kns_fdops;
@@ -169,14 +173,14 @@ fn check_net(root: i32) -> Result<()> {
 }
 
 /// What the network namespace of `root` holds, read by rtnetlink from
-/// inside it (its interfaces, addresses, routes) and from the dumper's
-/// (the veths' peers); refuses an interface other than `lo`, tun and tap
-/// devices and veths whose peer is in the dumper's namespace, and routes
-/// stasis does not make again.
+/// inside it (its interfaces, addresses, routes, rules) and from the
+/// dumper's (the veths' peers); refuses an interface other than `lo`, tun
+/// and tap devices and veths whose peer is in the dumper's namespace, and
+/// routes stasis does not make again.
 fn net_namespace(root: i32) -> Result<NetNamespace> {
-    let (links, addrs, routes) = kns::in_namespaces_of(root, &[NsKind::Net], || {
+    let (links, addrs, routes, rules) = kns::in_namespaces_of(root, &[NsKind::Net], || {
         let mut nl = Rtnl::open()?;
-        Ok::<_, stasis_kernel::KernelError>((nl.links()?, nl.addrs()?, nl.routes()?))
+        Ok::<_, stasis_kernel::KernelError>((nl.links()?, nl.addrs()?, nl.routes()?, nl.rules()?))
     })??;
     let lo_up = links.iter().any(|l| l.name == "lo" && l.up);
     let mut net = NetNamespace {
@@ -273,25 +277,38 @@ fn net_namespace(root: i32) -> Result<NetNamespace> {
             master,
         });
     }
+    let name_of = |o: u32| links.iter().find(|l| l.index == o).map(|l| l.name.clone());
     for r in &routes {
-        // The local table and the routes made from addresses are the
-        // kernel's (made again with the addresses).
-        if r.table == rtnl::RT_TABLE_LOCAL || r.protocol == rtnl::RTPROT_KERNEL {
+        // The routes made from addresses and interfaces (in the main and
+        // local tables) are the kernel's, made again with the addresses.
+        if r.protocol == rtnl::RTPROT_KERNEL {
             continue;
         }
         let dst = r
             .dst
             .map_or("default".to_string(), |d| format!("{d}/{}", r.dst_len));
-        let dev = r
-            .oif
-            .map(|o| links.iter().find(|l| l.index == o).map(|l| l.name.clone()));
-        if r.table != rtnl::RT_TABLE_MAIN || r.unusual || dev == Some(None) {
+        let dev = r.oif.map(name_of);
+        let hop_devs: Vec<Option<String>> = r
+            .nexthops
+            .iter()
+            .map(|h| if h.oif == 0 { None } else { name_of(h.oif) })
+            .collect();
+        let unknown_dev = dev == Some(None)
+            || r.nexthops
+                .iter()
+                .zip(&hop_devs)
+                .any(|(h, d)| h.oif != 0 && d.is_none());
+        if r.unusual || unknown_dev {
             return Err(refuse(
                 root,
                 format!(
-                    "its network namespace has the route to {dst} in table {} ({}); stasis restores the routes of the main table with one next hop",
+                    "its network namespace has the route to {dst} in table {} ({}); stasis restores routes with their gateways, devices, metrics and next hops, not encapsulations, next-hop objects (ip nexthop), gateways of another family (via) or source prefixes (from)",
                     r.table,
-                    if r.unusual { "several next hops or an encapsulation" } else { "an unknown device" }
+                    if r.unusual {
+                        "an encapsulation, a next-hop object, a gateway of another family or a source prefix"
+                    } else {
+                        "an unknown device"
+                    }
                 ),
             ));
         }
@@ -306,13 +323,82 @@ fn net_namespace(root: i32) -> Result<NetNamespace> {
             protocol: r.protocol,
             scope: r.scope,
             kind: r.kind,
-            table: rtnl::RT_TABLE_MAIN,
-            nexthops: Vec::new(),
-            flags: 0,
-            attrs: Vec::new(),
+            table: r.table,
+            nexthops: r
+                .nexthops
+                .iter()
+                .zip(hop_devs)
+                .map(|(h, dev)| NetNextHop {
+                    gateway: h.gateway,
+                    dev,
+                    hops: h.hops,
+                    flags: h.flags & rtnl::RTNH_F_ONLINK,
+                })
+                .collect(),
+            flags: r.flags & u32::from(rtnl::RTNH_F_ONLINK),
+            // An IPv6 route's preference is told even when it is the
+            // default (medium, 0).
+            attrs: r
+                .attrs
+                .iter()
+                .filter(|a| !(a.kind == rtnl::RTA_PREF && a.value == [0]))
+                .map(|a| NetAttr {
+                    kind: a.kind,
+                    value: a.value.clone(),
+                })
+                .collect(),
         });
     }
+    if !only_kernel_rules(&rules) {
+        net.rules = rules
+            .iter()
+            .map(|r| NetRule {
+                family: r.family,
+                dst_len: r.dst_len,
+                src_len: r.src_len,
+                tos: r.tos,
+                table: r.table,
+                action: r.action,
+                flags: r.flags,
+                attrs: r
+                    .attrs
+                    .iter()
+                    .map(|a| NetAttr {
+                        kind: a.kind,
+                        value: a.value.clone(),
+                    })
+                    .collect(),
+            })
+            .collect();
+    }
     Ok(net)
+}
+
+/// Whether `rules` are those the kernel gives a new network namespace:
+/// lookups of the local (priority 0), main (32766) and, for IPv4,
+/// default (32767) tables, each of protocol `kernel`.
+fn only_kernel_rules(rules: &[rtnl::Rule]) -> bool {
+    const KERNEL: [(u8, u32, u32); 5] = [
+        (rtnl::AF_INET, 0, rtnl::RT_TABLE_LOCAL),
+        (rtnl::AF_INET, 32766, rtnl::RT_TABLE_MAIN),
+        (rtnl::AF_INET, 32767, 253),
+        (rtnl::AF_INET6, 0, rtnl::RT_TABLE_LOCAL),
+        (rtnl::AF_INET6, 32766, rtnl::RT_TABLE_MAIN),
+    ];
+    let key = |r: &rtnl::Rule| (r.family, r.priority(), r.table_id());
+    let kernel = |r: &rtnl::Rule| {
+        r.protocol() == rtnl::RTPROT_KERNEL
+            && r.src_len == 0
+            && r.dst_len == 0
+            && r.action == 1
+            && KERNEL.contains(&key(r))
+    };
+    let has = |k: (u8, u32, u32)| rules.iter().filter(|r| key(r) == k).count() == 1;
+    let v6 = rules.iter().any(|r| r.family == rtnl::AF_INET6);
+    rules.iter().all(kernel)
+        && KERNEL
+            .iter()
+            .all(|&k| has(k) || (k.0 == rtnl::AF_INET6 && !v6))
 }
 
 /// Interface `l` and its addresses (of `addrs`), but IPv6 link-local
@@ -333,7 +419,7 @@ fn interface(l: &rtnl::Link, addrs: &[rtnl::Addr]) -> NetInterface {
             broadcast: a.broadcast,
             flags: a.flags & (rtnl::IFA_F_NODAD | rtnl::IFA_F_NOPREFIXROUTE),
             scope: a.scope,
-            peer: None,
+            peer: a.peer,
         })
         .collect();
     NetInterface {

@@ -12,7 +12,7 @@ use std::os::fd::AsFd;
 
 use stasis_image::manifest::{
     BindMount, LaterKind, Manifest, MountNamespace, Namespaces, NetAddress, NetInterface,
-    NetNamespace, NetRoute, TimeNamespace, TmpfsEntry, TunDevice, UserNamespace,
+    NetNamespace, NetRoute, NetRule, TimeNamespace, TmpfsEntry, TunDevice, UserNamespace,
 };
 use stasis_kernel::child::NsSetup;
 use stasis_kernel::ns::{self as kns, NsKind};
@@ -625,7 +625,20 @@ fn addr_of(a: &NetAddress, index: u32) -> rtnl::Addr {
         broadcast: a.broadcast.filter(std::net::IpAddr::is_ipv4),
         flags,
         scope: a.scope,
+        peer: a.peer,
     }
+}
+
+/// The addresses of an interface (once it is up: an IPv6 address added
+/// before is made ready with the link, and the kernel may then not make
+/// the route to its point-to-point peer) in the order to add them so that the
+/// kernel lists them as it did: IPv4 ones in their order (each added
+/// after the others), then IPv6 ones from the last (each added before the
+/// others of its scope).
+fn making_order(addrs: &[NetAddress]) -> impl Iterator<Item = &NetAddress> {
+    let v4 = addrs.iter().filter(|a| a.addr.is_ipv4());
+    let v6 = addrs.iter().rev().filter(|a| a.addr.is_ipv6());
+    v4.chain(v6)
 }
 
 /// Makes the tree's veths again, before its sockets (a connection bound
@@ -636,7 +649,8 @@ fn addr_of(a: &NetAddress, index: u32) -> rtnl::Addr {
 /// and up state; its tun and tap devices ([`make_tun`]) with the same;
 /// then the namespace's routes.
 fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
-    if net.veths.is_empty() && net.routes.is_empty() && net.tuns.is_empty() {
+    if net.veths.is_empty() && net.routes.is_empty() && net.tuns.is_empty() && net.rules.is_empty()
+    {
         return Ok(());
     }
     let spec = |i: &NetInterface| rtnl::LinkSpec {
@@ -669,10 +683,6 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
     };
     for v in &net.veths {
         let peer = index(&links, &v.peer.name)?;
-        for a in &v.peer.addrs {
-            nl.add_addr(&addr_of(a, peer))
-                .map_err(step(format!("giving {} its address", v.peer.name)))?;
-        }
         let master = match &v.master {
             Some(b) => Some(index(&links, b)?),
             None => None,
@@ -681,6 +691,10 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
             "attaching {} to its bridge and bringing it up",
             v.peer.name
         )))?;
+        for a in making_order(&v.peer.addrs) {
+            nl.add_addr(&addr_of(a, peer))
+                .map_err(step(format!("giving {} its address", v.peer.name)))?;
+        }
     }
     kns::in_namespaces_of(root, &[NsKind::Net], || -> Result<()> {
         for t in &net.tuns {
@@ -692,12 +706,12 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
             .map_err(step("listing the interfaces of the tree's namespace"))?;
         for v in &net.veths {
             let i = index(&links, &v.inside.name)?;
-            for a in &v.inside.addrs {
+            nl.set_link(i, None, v.inside.up)
+                .map_err(step(format!("bringing {} up", v.inside.name)))?;
+            for a in making_order(&v.inside.addrs) {
                 nl.add_addr(&addr_of(a, i))
                     .map_err(step(format!("giving {} its address", v.inside.name)))?;
             }
-            nl.set_link(i, None, v.inside.up)
-                .map_err(step(format!("bringing {} up", v.inside.name)))?;
         }
         for t in &net.tuns {
             let d = &t.iface;
@@ -712,24 +726,36 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
                 "giving the tun device {} its MTU and hardware address",
                 d.name
             )))?;
-            for a in &d.addrs {
+            nl.set_link(i, None, d.up)
+                .map_err(step(format!("bringing {} up", d.name)))?;
+            for a in making_order(&d.addrs) {
                 nl.add_addr(&addr_of(a, i))
                     .map_err(step(format!("giving {} its address", d.name)))?;
             }
-            nl.set_link(i, None, d.up)
-                .map_err(step(format!("bringing {} up", d.name)))?;
         }
         // Routes through a gateway after those that make it reachable.
         let mut routes: Vec<&NetRoute> = net.routes.iter().collect();
-        routes.sort_by_key(|r| r.gateway.is_some());
+        routes.sort_by_key(|r| r.gateway.is_some() || !r.nexthops.is_empty());
         for r in routes {
             let oif = match &r.dev {
                 Some(d) => Some(index(&links, d)?),
                 None => None,
             };
+            let mut nexthops = Vec::new();
+            for h in &r.nexthops {
+                nexthops.push(rtnl::NextHop {
+                    gateway: h.gateway,
+                    oif: match &h.dev {
+                        Some(d) => index(&links, d)?,
+                        None => 0,
+                    },
+                    hops: h.hops,
+                    flags: h.flags & rtnl::RTNH_F_ONLINK,
+                });
+            }
             let route = rtnl::Route {
                 family: r.family,
-                table: rtnl::RT_TABLE_MAIN,
+                table: r.table,
                 dst: r.dst,
                 dst_len: r.dst_len,
                 gateway: r.gateway,
@@ -739,13 +765,75 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
                 protocol: r.protocol,
                 scope: r.scope,
                 kind: r.kind,
+                nexthops,
+                flags: r.flags & u32::from(rtnl::RTNH_F_ONLINK),
+                attrs: r
+                    .attrs
+                    .iter()
+                    .filter(|a| {
+                        [rtnl::RTA_METRICS, rtnl::RTA_FLOW, rtnl::RTA_PREF].contains(&a.kind)
+                    })
+                    .map(|a| rtnl::RawAttr {
+                        kind: a.kind,
+                        value: a.value.clone(),
+                    })
+                    .collect(),
                 unusual: false,
             };
-            nl.add_route(&route)
-                .map_err(step("adding a route of the tree's network namespace"))?;
+            let dst = r
+                .dst
+                .map_or("default".to_string(), |d| format!("{d}/{}", r.dst_len));
+            nl.add_route(&route).map_err(step(format!(
+                "adding the route to {dst} (table {}) of the tree's network namespace",
+                r.table
+            )))?;
         }
+        net_rules(&mut nl, &net.rules)?;
         Ok(())
     })??;
+    Ok(())
+}
+
+/// Gives the calling thread's network namespace (the tree's new one) the
+/// policy routing rules `saved` (none: it keeps the kernel's): removes
+/// each of its rules that is not saved (a kernel rule the tree had
+/// removed), then adds each saved rule it lacks, in their order.
+fn net_rules(nl: &mut Rtnl, saved: &[NetRule]) -> Result<()> {
+    if saved.is_empty() {
+        return Ok(());
+    }
+    let saved: Vec<rtnl::Rule> = saved
+        .iter()
+        .map(|r| rtnl::Rule {
+            family: r.family,
+            dst_len: r.dst_len,
+            src_len: r.src_len,
+            tos: r.tos,
+            table: r.table,
+            action: r.action,
+            flags: r.flags,
+            attrs: r
+                .attrs
+                .iter()
+                .map(|a| rtnl::RawAttr {
+                    kind: a.kind,
+                    value: a.value.clone(),
+                })
+                .collect(),
+        })
+        .collect();
+    let now = nl
+        .rules()
+        .map_err(step("listing the routing rules of the tree's namespace"))?;
+    for r in now.iter().filter(|r| !saved.contains(r)) {
+        nl.del_rule(r)
+            .map_err(step("removing a routing rule the tree had not"))?;
+    }
+    for r in saved.iter().filter(|r| !now.contains(r)) {
+        nl.add_rule(r).map_err(step(
+            "adding a routing rule of the tree's network namespace",
+        ))?;
+    }
     Ok(())
 }
 

@@ -2621,3 +2621,295 @@ fn refuses_a_pending_time_namespace() {
         "has unshared a time namespace (CLONE_NEWTIME) that no process is in yet",
     );
 }
+
+/// `ip -j ARGS` in the network namespace of `pid`, without what the
+/// kernel makes differently each time: IPv6 link-local addresses (a tun
+/// device's are random) and the local routes to them, counters, and the
+/// index of a veth's peer.
+fn ip_json(pid: i32, args: &str) -> serde_json::Value {
+    let text = ip(Some(pid), &format!("-d -j {args}"));
+    let mut v: serde_json::Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("ip -j {args} is not JSON ({e}): {text}"));
+    let link_local = |s: &str| s.starts_with("fe80:") && s != "fe80::/64";
+    if let Some(items) = v.as_array_mut() {
+        items.retain(|i| !i["dst"].as_str().is_some_and(link_local));
+        for i in items.iter_mut() {
+            if let Some(o) = i.as_object_mut() {
+                o.remove("stats64");
+                o.remove("stats");
+                // A veth's peer in the restorer's namespace is made anew.
+                o.remove("link_index");
+            }
+            if let Some(a) = i["addr_info"].as_array_mut() {
+                a.retain(|x| !x["local"].as_str().is_some_and(link_local));
+            }
+        }
+    }
+    v
+}
+
+/// Asserts that the routing state of the namespace of `pid` becomes `was`
+/// (the kernel makes the route to an IPv6 address's peer once its
+/// address is through duplicate address detection, just after the
+/// restore), naming the first entry that differs.
+fn assert_routing_state(what: &str, pid: i32, was: &[(String, serde_json::Value)]) {
+    let t0 = std::time::Instant::now();
+    let mut now = routing_state(pid);
+    while now != was && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+        now = routing_state(pid);
+    }
+    for ((ip_args, was), (_, now)) in was.iter().zip(&now) {
+        assert_same(&format!("{what}: ip {ip_args}"), was, now);
+    }
+}
+
+/// Asserts that `was` and `now` (`ip -j` lists) are equal, naming the
+/// first entry that differs.
+fn assert_same(what: &str, was: &serde_json::Value, now: &serde_json::Value) {
+    let (a, b) = (was.as_array(), now.as_array());
+    if let (Some(a), Some(b)) = (a, b) {
+        for (x, y) in a.iter().zip(b) {
+            assert_eq!(x, y, "{what}: an entry differs after the restore");
+        }
+        assert_eq!(a.len(), b.len(), "{what}: {was} became {now}");
+    }
+    assert_eq!(was, now, "{what} differs after the restore");
+}
+
+/// The routing state of the network namespace of `pid`, exactly: its
+/// addresses, the routes of every table and the rules, IPv4 and IPv6.
+fn routing_state(pid: i32) -> Vec<(String, serde_json::Value)> {
+    [
+        "addr show",
+        "-4 route show table all",
+        "-6 route show table all",
+        "-4 rule show",
+        "-6 rule show",
+    ]
+    .iter()
+    .map(|a| (a.to_string(), ip_json(pid, a)))
+    .collect()
+}
+
+/// Starts `unshare --net` with `args` and the directory `d` as last
+/// argument; once its namespace exists, gives it a veth `eth0` (up, `lo`
+/// up) whose peer `host` is in this namespace, runs `ip ARGS` for each
+/// of `host_ip` here and `tree_ip` in the tree's namespace, then creates
+/// `d/set`. Returns the unshare child (reaped when dumped) and its PID.
+fn start_container(
+    args: &[&str],
+    d: &std::path::Path,
+    host: &str,
+    host_ip: &[&str],
+    tree_ip: &[&str],
+) -> (Child, i32) {
+    let _ = Command::new("ip")
+        .args(["link", "del", host])
+        .stderr(Stdio::null())
+        .status();
+    let mut c = Command::new("unshare");
+    c.arg("--net")
+        .args(args)
+        .arg(d)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    close_inherited_fds(&mut c);
+    become_subreaper();
+    let child = c.spawn().expect("starting unshare");
+    let pid = child.id() as i32;
+    wait_until(
+        Duration::from_secs(10),
+        "the tree's network namespace",
+        || {
+            std::fs::read_link(format!("/proc/{pid}/ns/net")).ok()
+                != std::fs::read_link("/proc/self/ns/net").ok()
+        },
+    );
+    ip(
+        None,
+        &format!("link add {host} type veth peer name eth0 netns {pid}"),
+    );
+    for a in host_ip {
+        ip(None, a);
+    }
+    ip(None, &format!("link set {host} up"));
+    ip(Some(pid), "link set lo up");
+    ip(Some(pid), "link set eth0 up");
+    for a in tree_ip {
+        ip(Some(pid), a);
+    }
+    std::fs::write(d.join("set"), b"").unwrap();
+    wait_until(Duration::from_secs(20), "the tree to be ready", || {
+        d.join("ready").exists()
+    });
+    (child, pid)
+}
+
+/// Issue 17: the routing state of a tree's own network namespace comes
+/// back exactly, twice: addresses with a point-to-point peer (IPv4 and
+/// IPv6, and so the kernel's routes to the peers), routes of other tables
+/// (a gateway, a blackhole, a source and scope, an MTU metric, an IPv6
+/// preference), a route of the local table, multipath routes with
+/// weights (IPv4 and IPv6), an `onlink` gateway, and policy routing rules
+/// (a source, a fwmark with its mask and an input interface, an IPv6
+/// destination, a prohibit), one of the kernel's rules removed.
+#[test]
+fn twice_keeps_peers_tables_multipath_routes_and_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let sh = "while [ ! -e \"$0/set\" ]; do sleep 0.02; done; touch \"$0/ready\"; exec sleep 1000";
+    let (mut child, pid) = start_container(
+        &["sh", "-c", sh],
+        dir.path(),
+        "stasisv2h",
+        &[],
+        &[
+            "addr add 10.60.0.1 peer 10.60.0.2/32 dev eth0",
+            "-6 addr add fd60::1 peer fd60::2/128 dev eth0 nodad",
+            "addr add 10.61.0.1/24 dev eth0",
+            "-6 addr add fd61::1/64 dev eth0 nodad",
+            "route add 10.70.0.0/16 via 10.60.0.2 table 100 metric 5 proto static",
+            "route add blackhole 10.71.0.0/16 table 1000",
+            "route add 10.72.0.0/16 dev eth0 table 100 src 10.61.0.1 scope link",
+            "route add 10.73.0.0/16 nexthop via 10.61.0.5 dev eth0 weight 3 nexthop via 10.61.0.6 dev eth0",
+            "route add 10.74.0.0/16 dev eth0 mtu 1300 table 200",
+            "route add 10.75.0.0/16 via 10.99.0.1 dev eth0 onlink",
+            "route add local 10.76.0.0/16 dev lo table local",
+            "-6 route add fd70::/64 via fd61::5 dev eth0 table 100 pref high",
+            "-6 route add fd71::/64 nexthop via fd61::7 dev eth0 nexthop via fd61::8 dev eth0 weight 2",
+            "rule add from 10.61.0.0/24 lookup 100 pref 100",
+            "rule add fwmark 0x5/0xff iif lo lookup 200 pref 150",
+            "rule add to 10.71.0.0/16 prohibit pref 160",
+            "-6 rule add to fd70::/64 lookup 100 pref 100",
+            "rule del pref 32767",
+        ],
+    );
+    let mut net = ContainerNet {
+        names: vec!["stasisv2h"],
+        pids: vec![pid],
+    };
+    std::thread::spawn(move || child.wait());
+    let before = routing_state(pid);
+    // What the restore must make again, there to compare.
+    let text = format!("{before:?}");
+    for want in [
+        "10.60.0.2",
+        "fd60::2",
+        "\"table\": String(\"100\")",
+        "\"table\": String(\"1000\")",
+        "nexthops",
+        "onlink",
+        "\"fwmask\": String(\"0xff\")",
+        "prohibit",
+        "\"pref\": String(\"high\")",
+        "10.76.0.0",
+    ] {
+        assert!(text.contains(want), "{want} set up: {text}");
+    }
+    let check = |pid: i32, round: u32| {
+        for ((what, was), (_, now)) in before.iter().zip(routing_state(pid)) {
+            assert_eq!(
+                *was, now,
+                "round {round}: ip {what} differs after the restore"
+            );
+        }
+    };
+    let last = dump_and_restore_detached(pid, 2, check);
+    net.pids.push(last);
+}
+
+/// Issue 17: a container's veth whose two ends have point-to-point
+/// addresses (the tree's end 10.62.0.2 peer 10.62.0.1), and a route of
+/// table 100 through that peer chosen by a rule for 10.63.0.0/24 (the
+/// main table has no route there): after a dump and restore, a program
+/// of the tree connects over TCP to 10.63.0.1 (an address of the host
+/// end) and exchanges bytes with this process.
+#[test]
+fn a_route_of_another_table_through_a_peer_carries_tcp_after_restore() {
+    use std::io::{Read, Write};
+    let mut net = ContainerNet {
+        names: vec!["stasisv1h"],
+        pids: Vec::new(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let prog = "import os, socket, sys, time\n\
+        d = sys.argv[1]\n\
+        def fail(why):\n    open(d + '/result', 'w').write('FAIL ' + why)\n    sys.exit(1)\n\
+        while not os.path.exists(d + '/set'):\n    time.sleep(0.02)\n\
+        open(d + '/ready', 'w').close()\n\
+        while not os.path.exists(d + '/go'):\n    time.sleep(0.02)\n\
+        try:\n    \
+            s = socket.create_connection(('10.63.0.1', 7790), timeout=20)\n    \
+            s.sendall(b'ping\\n')\n    \
+            got = b''\n    \
+            while not got.endswith(b'\\n'):\n        \
+                b = s.recv(100)\n        \
+                if not b:\n            break\n        \
+                got += b\n\
+        except OSError as e:\n    fail(str(e))\n\
+        if got != b'pong 10.62.0.2\\n':\n    fail('got %r' % got)\n\
+        open(d + '/result', 'w').write('PASS')\n";
+    let (mut child, pid) = start_container(
+        &["python3", "-c", prog],
+        d,
+        "stasisv1h",
+        &[
+            "addr add 10.62.0.1 peer 10.62.0.2/32 dev stasisv1h",
+            "addr add 10.63.0.1/32 dev stasisv1h",
+        ],
+        &[
+            "addr add 10.62.0.2 peer 10.62.0.1/32 dev eth0",
+            "route add 10.63.0.0/24 via 10.62.0.1 table 100",
+            "rule add to 10.63.0.0/24 lookup 100 pref 1000",
+        ],
+    );
+    net.pids.push(pid);
+    let before = routing_state(pid);
+    let host = ip_json(std::process::id() as i32, "addr show dev stasisv1h");
+    let img = d.join("images");
+    let o = stasis()
+        .args(["dump", "-t", &pid.to_string(), "-D"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert_ok(&o, "dump of the container tree");
+    let _ = child.wait();
+    let o = stasis()
+        .args(["restore", "--detach", "--json", "-D"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert_ok(&o, "restore of the container tree");
+    let pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
+    net.pids.push(pid);
+    assert_routing_state("after the restore", pid, &before);
+    let host_now = ip_json(std::process::id() as i32, "addr show dev stasisv1h");
+    // The host end is a new interface: its index and its peer's differ.
+    let strip = |mut v: serde_json::Value| {
+        for i in v.as_array_mut().into_iter().flatten() {
+            if let Some(o) = i.as_object_mut() {
+                o.remove("ifindex");
+                o.remove("link_netnsid");
+            }
+        }
+        v
+    };
+    assert_eq!(strip(host), strip(host_now), "the host end's addresses");
+    let listener =
+        std::net::TcpListener::bind(("10.63.0.1", 7790)).expect("listening on 10.63.0.1");
+    let server = std::thread::spawn(move || {
+        let (mut s, from) = listener
+            .accept()
+            .expect("the restored program's connection");
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut ping = [0u8; 5];
+        s.read_exact(&mut ping).expect("its ping");
+        assert_eq!(&ping, b"ping\n");
+        s.write_all(format!("pong {}\n", from.ip()).as_bytes())
+            .unwrap();
+    });
+    finish_program(d, pid);
+    server.join().expect("the exchange over the restored route");
+}
