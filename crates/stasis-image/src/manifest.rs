@@ -156,14 +156,16 @@ pub const TUN_MANIFEST_VERSION: u32 = 10;
 pub const OWN_ROOT_MANIFEST_VERSION: u32 = 11;
 
 /// Manifest format version written when the tree's network namespace has
-/// an address with a point-to-point peer ([`NetAddress::peer`]), a route
+/// interfaces made inside it ([`NetNamespace::links`]) or ports of a
+/// bridge of its own ([`NetInterface::master`]), an address with a point-to-point peer ([`NetAddress::peer`]), a route
 /// of another table than main, with several next hops, an `onlink` flag
 /// or metrics ([`NetRoute::table`], [`NetRoute::nexthops`],
 /// [`NetRoute::flags`], [`NetRoute::attrs`]), or policy routing rules
 /// other than the kernel's ([`NetNamespace::rules`]), so that a reader
 /// that predates them refuses the manifest instead of restoring the
 /// address without its peer, those routes into the main table with one
-/// next hop, and the kernel's rules only.
+/// next hop, and the kernel's rules only, or refusing none of the
+/// interfaces.
 pub const NET_ROUTING_MANIFEST_VERSION: u32 = 12;
 
 /// The newest manifest format version this reader knows.
@@ -552,6 +554,30 @@ pub struct NetNamespace {
     /// version 12.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rules: Vec<NetRule>,
+    /// Its interfaces made inside it by rtnetlink (bridges, ifbs,
+    /// macvlans, vxlans, veth pairs with both ends in it), in the order
+    /// the kernel listed them. Manifest version 12.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<NetLink>,
+}
+
+/// An interface made inside the tree's network namespace.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetLink {
+    /// Its name, hardware address, MTU, up state, addresses and master.
+    pub iface: NetInterface,
+    /// `bridge`, `ifb`, `macvlan`, `vxlan` or `veth`.
+    pub kind: String,
+    pub txqlen: u32,
+    /// The interface it is linked to, by name: a macvlan's or vxlan's
+    /// lower device, a veth's other end.
+    #[serde(default)]
+    pub link: Option<String>,
+    /// Its `IFLA_INFO_DATA` attributes that are its configuration (a
+    /// bridge's STP state and timers, a macvlan's mode, a vxlan's id,
+    /// addresses and ports; a vxlan's lower device is `link`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub data: Vec<NetAttr>,
 }
 
 impl NetNamespace {
@@ -562,7 +588,10 @@ impl NetNamespace {
             .iter()
             .flat_map(|v| [&v.inside, &v.peer])
             .chain(self.tuns.iter().map(|t| &t.iface));
+        let ifaces = ifaces.chain(self.links.iter().map(|l| &l.iface));
         !self.rules.is_empty()
+            || !self.links.is_empty()
+            || ifaces.clone().any(|i| i.master.is_some())
             || ifaces.flat_map(|i| &i.addrs).any(|a| a.peer.is_some())
             || self.routes.iter().any(|r| {
                 r.table != RT_TABLE_MAIN
@@ -649,6 +678,10 @@ pub struct NetInterface {
     /// autoconfiguration (the kernel makes those itself).
     #[serde(default)]
     pub addrs: Vec<NetAddress>,
+    /// The bridge of the tree's namespace it is a port of, by name (not
+    /// a veth peer's: that is [`Veth::master`]). Manifest version 12.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub master: Option<String>,
 }
 
 /// An address of an interface.

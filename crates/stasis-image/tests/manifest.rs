@@ -491,6 +491,7 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
             mtu: 1500,
             up: true,
             addrs: vec![addr([10, 0, 0, 2], 24)],
+            master: None,
         },
         peer: manifest::NetInterface {
             name: "veth0".into(),
@@ -498,6 +499,7 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
             mtu: 1500,
             up: true,
             addrs: Vec::new(),
+            master: None,
         },
         master: Some("br0".into()),
     }];
@@ -813,6 +815,7 @@ fn tun_devices_and_fds_raise_the_manifest_version_and_round_trip() {
                         scope: 0,
                         peer: None,
                     }],
+                    master: None,
                 },
                 flags: 0x1002,
                 persist: true,
@@ -888,7 +891,8 @@ fn a_root_of_its_own_raises_the_manifest_version_and_round_trips() {
 }
 
 /// A point-to-point peer, a route of another table or with several next
-/// hops, or rules other than the kernel's: version 12 (a reader of 11
+/// hops, rules other than the kernel's, an interface made in the
+/// namespace or a port of its bridge: version 12 (a reader of 11
 /// would restore them as the main table's, single next hop, without the
 /// peer or the rules), each round-trips, and is refused under a lower
 /// version.
@@ -985,7 +989,26 @@ fn routing_state_raises_the_manifest_version_and_round_trips() {
         }],
         ..Default::default()
     }];
-    for n in [peer, table, multipath, metrics, rules] {
+    let mut links = net.clone();
+    links.links = vec![manifest::NetLink {
+        iface: manifest::NetInterface {
+            name: "br0".into(),
+            mac: vec![2, 0, 0, 0, 0, 1],
+            mtu: 1400,
+            up: true,
+            ..Default::default()
+        },
+        kind: "bridge".into(),
+        txqlen: 1000,
+        link: None,
+        data: vec![manifest::NetAttr {
+            kind: 5,
+            value: 0u32.to_ne_bytes().to_vec(),
+        }],
+    }];
+    let mut port = net.clone();
+    port.tuns[0].iface.master = Some("br0".into());
+    for n in [peer, table, multipath, metrics, rules, links, port] {
         let m = with(n);
         assert_eq!(m.format_version(), 12);
         let bytes = encode_manifest(&m).unwrap();
