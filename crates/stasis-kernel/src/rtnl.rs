@@ -49,6 +49,56 @@ pub struct Link {
     pub master: Option<u32>,
     /// A tun or tap device (kind `tun`): what its `IFLA_INFO_DATA` says.
     pub tun: Option<TunInfo>,
+    /// `IFLA_TXQLEN`.
+    pub txqlen: u32,
+    /// Its `IFLA_INFO_DATA` attributes as the kernel gave them (kind
+    /// specific: `IFLA_BR_*`, `IFLA_VXLAN_*`, `IFLA_MACVLAN_*`...).
+    pub info_data: Vec<RawAttr>,
+}
+
+/// The attributes of a netlink attribute stream (`struct nlattr`s, each
+/// padded to 4 bytes), their types without the flag bits.
+fn split_attrs(mut b: &[u8]) -> Vec<RawAttr> {
+    let mut out = Vec::new();
+    while b.len() >= 4 {
+        let len = usize::from(u16::from_ne_bytes([b[0], b[1]]));
+        let kind = u16::from_ne_bytes([b[2], b[3]]) & 0x3fff;
+        if len < 4 || len > b.len() {
+            break;
+        }
+        out.push(RawAttr {
+            kind,
+            value: b[4..len].to_vec(),
+        });
+        b = b.get(len.div_ceil(4) * 4..).unwrap_or(&[]);
+    }
+    out
+}
+
+/// `attrs` as a netlink attribute stream.
+fn join_attrs(attrs: &[RawAttr]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for a in attrs {
+        let len = u16::try_from(4 + a.value.len()).unwrap_or(u16::MAX);
+        out.extend_from_slice(&len.to_ne_bytes());
+        out.extend_from_slice(&a.kind.to_ne_bytes());
+        out.extend_from_slice(&a.value);
+        out.resize(out.len().div_ceil(4) * 4, 0);
+    }
+    out
+}
+
+/// A new interface of a kind made by rtnetlink alone (a bridge, an ifb,
+/// a macvlan, a vxlan).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NewLink {
+    pub spec: LinkSpec,
+    pub kind: String,
+    pub txqlen: u32,
+    /// The index of its lower device (`IFLA_LINK`: a macvlan's).
+    pub link: Option<u32>,
+    /// Its `IFLA_INFO_DATA`.
+    pub info_data: Vec<RawAttr>,
 }
 
 /// What rtnetlink says of a tun or tap device (`IFLA_TUN_*`).
@@ -428,6 +478,29 @@ impl Rtnl {
         Ok(())
     }
 
+    /// Makes interface `l`, down.
+    pub fn add_link(&mut self, l: &NewLink) -> Result<()> {
+        let mut m = LinkMessage::default();
+        m.attributes = spec_attrs(&l.spec);
+        if l.txqlen != 0 {
+            m.attributes.push(LinkAttribute::TxQueueLen(l.txqlen));
+        }
+        if let Some(i) = l.link {
+            m.attributes.push(LinkAttribute::Link(i));
+        }
+        let mut info = vec![LinkInfo::Kind(InfoKind::from(l.kind.as_str()))];
+        if !l.info_data.is_empty() {
+            info.push(LinkInfo::Data(InfoData::Other(join_attrs(&l.info_data))));
+        }
+        m.attributes.push(LinkAttribute::LinkInfo(info));
+        self.request(
+            &format!("making the {} interface {}", l.kind, l.spec.name),
+            RouteNetlinkMessage::NewLink(m),
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+        )?;
+        Ok(())
+    }
+
     /// Sets the master of interface `index` (`Some`: a bridge's index)
     /// and brings it up or down.
     pub fn set_link(&mut self, index: u32, master: Option<u32>, up: bool) -> Result<()> {
@@ -460,6 +533,19 @@ impl Rtnl {
         }
         self.request(
             &format!("setting the MTU ({mtu}) and hardware address of interface {index}"),
+            RouteNetlinkMessage::SetLink(m),
+            NLM_F_ACK,
+        )?;
+        Ok(())
+    }
+
+    /// Gives interface `index` its transmit queue length.
+    pub fn set_txqlen(&mut self, index: u32, txqlen: u32) -> Result<()> {
+        let mut m = LinkMessage::default();
+        m.header.index = index;
+        m.attributes.push(LinkAttribute::TxQueueLen(txqlen));
+        self.request(
+            &format!("setting the queue length ({txqlen}) of interface {index}"),
             RouteNetlinkMessage::SetLink(m),
             NLM_F_ACK,
         )?;
@@ -708,11 +794,17 @@ fn link_of(l: &LinkMessage) -> Link {
             LinkAttribute::Link(i) => out.link = Some(*i),
             LinkAttribute::LinkNetNsId(i) => out.link_netnsid = Some(*i),
             LinkAttribute::Controller(i) => out.master = Some(*i),
+            LinkAttribute::TxQueueLen(q) => out.txqlen = *q,
             LinkAttribute::LinkInfo(infos) => {
                 for i in infos {
                     match i {
                         LinkInfo::Kind(k) => out.kind = Some(k.to_string()),
                         LinkInfo::Data(InfoData::Tun(nlas)) => out.tun = Some(tun_info_of(nlas)),
+                        LinkInfo::Data(d) => {
+                            let mut v = vec![0u8; d.value_len()];
+                            d.emit_value(&mut v);
+                            out.info_data = split_attrs(&v);
+                        }
                         _ => {}
                     }
                 }
