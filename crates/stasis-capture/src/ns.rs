@@ -5,8 +5,9 @@
 //! time namespace no process is in yet (`time_for_children` not its
 //! `time`), and the namespaces of its own that stasis cannot restore: a
 //! PID namespace whose init is not the root; a network namespace with
-//! another interface than `lo`, tun and tap devices, and veths whose peer
-//! is in the dumper's namespace (as a container runtime makes them), or
+//! another interface than `lo`, tun and tap devices, veths whose peer
+//! is in the dumper's namespace (as a container runtime makes them) or in
+//! it, and bridges, ifbs, macvlans and vxlans on devices of it, or
 //! a route with what stasis does not make again (an encapsulation, a
 //! next-hop object, a gateway of another family, a source prefix); and mounts of a mount
 //! namespace other than a proc on `/proc`. [`describe`] (frozen) records
@@ -14,7 +15,8 @@
 //! queues and semaphore sets of an IPC namespace, whether `lo` is up, the
 //! veths (both ends: names, hardware addresses, MTUs, up states,
 //! addresses, the peer's bridge), the tun and tap devices (their flags,
-//! persistence, owner and group, and the same of their link), the routes
+//! persistence, owner and group, and the same of their link), the
+//! interfaces made in it (kind, configuration, lower device, bridge), the routes
 //! of every table (but the kernel's) and the policy routing rules (when
 //! not only the kernel's), the proc mount, the
 //! `CLOCK_MONOTONIC` and `CLOCK_BOOTTIME` of a time namespace as seen
@@ -27,7 +29,7 @@ use std::collections::{HashMap, HashSet};
 
 use stasis_image::manifest::{
     BindMount, FdKind, LaterKind, LaterMount, Manifest, MountNamespace, Namespaces, NetAddress,
-    NetAttr, NetInterface, NetNamespace, NetNextHop, NetRoute, NetRule, ProcessImage,
+    NetAttr, NetInterface, NetLink, NetNamespace, NetNextHop, NetRoute, NetRule, ProcessImage,
     TimeNamespace, TmpfsEntry, TmpfsMount, TunDevice, UserNamespace, UtsNamespace, Veth,
 };
 use stasis_image::ContentWriter;
@@ -165,9 +167,9 @@ fn time_namespace(root: i32) -> Result<TimeNamespace> {
     })
 }
 
-/// A network namespace of the tree's own: `lo` and veth interfaces whose
-/// peer is in the dumper's namespace (its sockets are saved as in the
-/// dumper's, from inside it: [`enter_net`]).
+/// A network namespace of the tree's own: `lo` and the interfaces
+/// [`net_namespace`] takes (its sockets are saved as in the dumper's,
+/// from inside it: [`enter_net`]).
 fn check_net(root: i32) -> Result<()> {
     net_namespace(root).map(|_| ())
 }
@@ -193,9 +195,15 @@ fn net_namespace(root: i32) -> Result<NetNamespace> {
         if l.name == "lo" && l.kind.is_none() {
             continue;
         }
+        let master = master_of(root, l, &links)?;
+        let inside = |l: &rtnl::Link| {
+            let mut i = interface(l, &addrs);
+            i.master = master.clone();
+            i
+        };
         if let (Some("tun"), Some(t)) = (l.kind.as_deref(), l.tun.as_ref()) {
             net.tuns.push(TunDevice {
-                iface: interface(l, &addrs),
+                iface: inside(l),
                 flags: u32::from(t.flags),
                 persist: t.persist,
                 owner: t.owner,
@@ -203,22 +211,19 @@ fn net_namespace(root: i32) -> Result<NetNamespace> {
             });
             continue;
         }
+        let kind = l.kind.as_deref().unwrap_or_default();
+        let own_veth = kind == "veth" && l.link_netnsid.is_none();
+        if own_veth || ["bridge", "ifb", "macvlan", "vxlan"].contains(&kind) {
+            net.links.push(own_link(root, l, inside(l), &links)?);
+            continue;
+        }
         if l.kind.as_deref() != Some("veth") {
             return Err(refuse(
                 root,
                 format!(
-                    "its network namespace has the interface {} (a {} device); stasis restores a network namespace with lo, tun and tap interfaces, and veth interfaces whose peer is in the dumper's namespace",
+                    "its network namespace has the interface {} (a {} device); stasis restores a network namespace with lo, tun and tap, bridge, ifb, macvlan and vxlan interfaces, and veth interfaces whose peer is in the dumper's namespace or in it",
                     l.name,
                     l.kind.as_deref().unwrap_or("physical or unknown")
-                ),
-            ));
-        }
-        if l.link_netnsid.is_none() {
-            return Err(refuse(
-                root,
-                format!(
-                    "its network namespace has the veth {} whose peer is in that namespace too; stasis restores veths whose peer is in the dumper's namespace",
-                    l.name
                 ),
             ));
         }
@@ -272,7 +277,7 @@ fn net_namespace(root: i32) -> Result<NetNamespace> {
             }
         };
         net.veths.push(Veth {
-            inside: interface(l, &addrs),
+            inside: inside(l),
             peer: interface(peer, home_addrs),
             master,
         });
@@ -374,6 +379,111 @@ fn net_namespace(root: i32) -> Result<NetNamespace> {
     Ok(net)
 }
 
+/// The bridge of the tree's namespace (`links`) interface `l` is a port
+/// of; refuses another master (a bond, a VRF...).
+fn master_of(root: i32, l: &rtnl::Link, links: &[rtnl::Link]) -> Result<Option<String>> {
+    let Some(m) = l.master else {
+        return Ok(None);
+    };
+    match links.iter().find(|b| b.index == m) {
+        Some(b) if b.kind.as_deref() == Some("bridge") => Ok(Some(b.name.clone())),
+        b => Err(refuse(
+            root,
+            format!(
+                "its interface {} is a port of {}, not a bridge; stasis restores bridges' ports only",
+                l.name,
+                b.map_or("an unknown device", |b| b.name.as_str())
+            ),
+        )),
+    }
+}
+
+/// `IFLA_BR_FORWARD_DELAY` to `IFLA_BR_VLAN_FILTERING`: a bridge's
+/// configuration (the rest of its `IFLA_INFO_DATA` is its state: timers,
+/// ids, topology changes).
+const BRIDGE_CONFIG: std::ops::RangeInclusive<u16> = 1..=7;
+/// `IFLA_MACVLAN_MODE` and `IFLA_MACVLAN_FLAGS`.
+const MACVLAN_CONFIG: std::ops::RangeInclusive<u16> = 1..=2;
+/// `IFLA_VXLAN_ID` to `IFLA_VXLAN_UDP_ZERO_CSUM6_RX`: a vxlan's id,
+/// addresses, port and options (but its lower device, `IFLA_VXLAN_LINK`).
+const VXLAN_CONFIG: std::ops::RangeInclusive<u16> = 1..=20;
+/// `IFLA_VXLAN_LINK`: a vxlan's lower device, by index.
+const IFLA_VXLAN_LINK: u16 = 3;
+
+/// Interface `l` (`iface`) made inside the tree's namespace: its kind,
+/// queue length, the device it is linked to (by name, in `links`) and
+/// its configuration.
+fn own_link(
+    root: i32,
+    l: &rtnl::Link,
+    iface: NetInterface,
+    links: &[rtnl::Link],
+) -> Result<NetLink> {
+    let kind = l.kind.clone().unwrap_or_default();
+    let by_index = |i: u32| {
+        links.iter().find(|x| x.index == i).map(|x| x.name.clone()).ok_or_else(|| {
+            refuse(
+                root,
+                format!(
+                    "its {kind} interface {} is linked to interface {i}, which is not in its network namespace; stasis restores one linked to an interface of the namespace",
+                    l.name
+                ),
+            )
+        })
+    };
+    let mut link = None;
+    let mut data = Vec::new();
+    for a in &l.info_data {
+        let keep = match kind.as_str() {
+            // VLAN filtering off is left out: a kernel without it
+            // refuses the attribute, even 0.
+            "bridge" => BRIDGE_CONFIG.contains(&a.kind) && !(a.kind == 7 && a.value == [0]),
+            "macvlan" => MACVLAN_CONFIG.contains(&a.kind),
+            "vxlan" => {
+                if a.kind == IFLA_VXLAN_LINK {
+                    let i = <[u8; 4]>::try_from(&a.value[..])
+                        .map(u32::from_ne_bytes)
+                        .unwrap_or(0);
+                    if i != 0 {
+                        link = Some(by_index(i)?);
+                    }
+                    false
+                } else {
+                    VXLAN_CONFIG.contains(&a.kind)
+                }
+            }
+            _ => false,
+        };
+        if keep {
+            data.push(NetAttr {
+                kind: a.kind,
+                value: a.value.clone(),
+            });
+        }
+    }
+    if matches!(kind.as_str(), "macvlan" | "veth") {
+        match l.link {
+            Some(i) if l.link_netnsid.is_none() => link = Some(by_index(i)?),
+            _ => {
+                return Err(refuse(
+                    root,
+                    format!(
+                        "its {kind} interface {} has its link in another network namespace; stasis restores one linked to an interface of the namespace",
+                        l.name
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(NetLink {
+        iface,
+        kind,
+        txqlen: l.txqlen,
+        link,
+        data,
+    })
+}
+
 /// Whether `rules` are those the kernel gives a new network namespace:
 /// lookups of the local (priority 0), main (32766) and, for IPv4,
 /// default (32767) tables, each of protocol `kernel`.
@@ -428,6 +538,7 @@ fn interface(l: &rtnl::Link, addrs: &[rtnl::Addr]) -> NetInterface {
         mtu: l.mtu,
         up: l.up,
         addrs,
+        master: None,
     }
 }
 

@@ -11,7 +11,7 @@ use std::ffi::CString;
 use std::os::fd::AsFd;
 
 use stasis_image::manifest::{
-    BindMount, LaterKind, Manifest, MountNamespace, Namespaces, NetAddress, NetInterface,
+    BindMount, LaterKind, Manifest, MountNamespace, Namespaces, NetAddress, NetInterface, NetLink,
     NetNamespace, NetRoute, NetRule, TimeNamespace, TmpfsEntry, TunDevice, UserNamespace,
 };
 use stasis_kernel::child::NsSetup;
@@ -649,7 +649,11 @@ fn making_order(addrs: &[NetAddress]) -> impl Iterator<Item = &NetAddress> {
 /// and up state; its tun and tap devices ([`make_tun`]) with the same;
 /// then the namespace's routes.
 fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
-    if net.veths.is_empty() && net.routes.is_empty() && net.tuns.is_empty() && net.rules.is_empty()
+    if net.veths.is_empty()
+        && net.routes.is_empty()
+        && net.tuns.is_empty()
+        && net.rules.is_empty()
+        && net.links.is_empty()
     {
         return Ok(());
     }
@@ -700,13 +704,15 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
         for t in &net.tuns {
             make_tun(t)?;
         }
+        make_links(&net.links)?;
         let mut nl = Rtnl::open().map_err(step("opening a route netlink socket"))?;
         let links = nl
             .links()
             .map_err(step("listing the interfaces of the tree's namespace"))?;
         for v in &net.veths {
             let i = index(&links, &v.inside.name)?;
-            nl.set_link(i, None, v.inside.up)
+            let master = master_index(&links, &v.inside)?;
+            nl.set_link(i, master, v.inside.up)
                 .map_err(step(format!("bringing {} up", v.inside.name)))?;
             for a in making_order(&v.inside.addrs) {
                 nl.add_addr(&addr_of(a, i))
@@ -726,8 +732,30 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
                 "giving the tun device {} its MTU and hardware address",
                 d.name
             )))?;
-            nl.set_link(i, None, d.up)
+            nl.set_link(i, master_index(&links, d)?, d.up)
                 .map_err(step(format!("bringing {} up", d.name)))?;
+            for a in making_order(&d.addrs) {
+                nl.add_addr(&addr_of(a, i))
+                    .map_err(step(format!("giving {} its address", d.name)))?;
+            }
+        }
+        for l in &net.links {
+            let d = &l.iface;
+            let i = index(&links, &d.name)?;
+            nl.set_link(i, master_index(&links, d)?, d.up)
+                .map_err(step(format!("bringing {} up", d.name)))?;
+        }
+        for l in &net.links {
+            let d = &l.iface;
+            let i = index(&links, &d.name)?;
+            // A bridge takes its ports' smallest MTU and an address of
+            // one unless given its own once they are its ports.
+            if l.kind == "bridge" {
+                nl.set_mtu_mac(i, d.mtu, &d.mac).map_err(step(format!(
+                    "giving the bridge {} its MTU and hardware address",
+                    d.name
+                )))?;
+            }
             for a in making_order(&d.addrs) {
                 nl.add_addr(&addr_of(a, i))
                     .map_err(step(format!("giving {} its address", d.name)))?;
@@ -791,6 +819,128 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
         net_rules(&mut nl, &net.rules)?;
         Ok(())
     })??;
+    Ok(())
+}
+
+/// The index (in `links`) of the bridge `i` was a port of.
+fn master_index(links: &[rtnl::Link], i: &NetInterface) -> Result<Option<u32>> {
+    let Some(m) = &i.master else {
+        return Ok(None);
+    };
+    match links.iter().find(|l| &l.name == m) {
+        Some(l) => Ok(Some(l.index)),
+        None => Err(ObjectError::Incompatible(format!(
+            "the bridge {m} of {} is missing right after it was made",
+            i.name
+        ))
+        .into()),
+    }
+}
+
+/// Makes the interfaces made inside the tree's namespace (`links`) in
+/// the calling thread's (its new one), down, each with its name, hardware
+/// address, MTU, queue length, lower device and configuration.
+fn make_links(links: &[NetLink]) -> Result<()> {
+    if links.is_empty() {
+        return Ok(());
+    }
+    let spec = |i: &NetInterface| rtnl::LinkSpec {
+        name: i.name.clone(),
+        mac: i.mac.clone(),
+        mtu: i.mtu,
+    };
+    let new = |l: &NetLink, link: Option<u32>, data: Vec<rtnl::RawAttr>| rtnl::NewLink {
+        spec: spec(&l.iface),
+        kind: l.kind.clone(),
+        txqlen: l.txqlen,
+        link,
+        info_data: data,
+    };
+    let raw = |l: &NetLink| -> Vec<rtnl::RawAttr> {
+        l.data
+            .iter()
+            .map(|a| rtnl::RawAttr {
+                kind: a.kind,
+                value: a.value.clone(),
+            })
+            .collect()
+    };
+    let what = |l: &NetLink| format!("making the {} interface {}", l.kind, l.iface.name);
+    let mut nl = Rtnl::open().map_err(step("opening a route netlink socket"))?;
+    let here = std::fs::File::open("/proc/thread-self/ns/net").map_err(|e| {
+        step("opening the tree's network namespace")(stasis_kernel::KernelError::Io {
+            what: "open /proc/thread-self/ns/net".into(),
+            source: e,
+        })
+    })?;
+    let mut made: Vec<&str> = Vec::new();
+    // In their order (the kernel's, by index), so that each gets its old
+    // index where the namespace's other interfaces allow it; a lower
+    // device is older than the devices on it.
+    for l in links {
+        let lower = |nl: &mut Rtnl| -> Result<u32> {
+            let name = l.link.as_deref().unwrap_or_default();
+            let now = nl
+                .links()
+                .map_err(step("listing the interfaces of the tree's namespace"))?;
+            now.iter()
+                .find(|x| x.name == name)
+                .map(|x| x.index)
+                .ok_or_else(|| {
+                    ObjectError::Incompatible(format!(
+                        "the lower device {name} of the tree's {} {} is missing",
+                        l.kind, l.iface.name
+                    ))
+                    .into()
+                })
+        };
+        match l.kind.as_str() {
+            "bridge" | "ifb" => nl.add_link(&new(l, None, raw(l))),
+            "macvlan" => {
+                let i = lower(&mut nl)?;
+                nl.add_link(&new(l, Some(i), raw(l)))
+            }
+            "vxlan" => {
+                let mut data = raw(l);
+                if l.link.is_some() {
+                    data.push(rtnl::RawAttr {
+                        kind: 3, // IFLA_VXLAN_LINK
+                        value: lower(&mut nl)?.to_ne_bytes().to_vec(),
+                    });
+                }
+                nl.add_link(&new(l, None, data))
+            }
+            "veth" if !made.contains(&l.iface.name.as_str()) => {
+                let peer = links
+                    .iter()
+                    .find(|p| Some(&p.iface.name) == l.link.as_ref() && p.kind == "veth");
+                let Some(peer) = peer else {
+                    return Err(ObjectError::Incompatible(format!(
+                        "the tree's veth {} has no saved peer",
+                        l.iface.name
+                    ))
+                    .into());
+                };
+                made.push(&peer.iface.name);
+                // The peer is registered first: this end (listed first,
+                // the older) is made as the peer.
+                let mut v = nl.add_veth(&spec(&peer.iface), &spec(&l.iface), here.as_fd());
+                if v.is_ok() {
+                    // The pair is made with one queue length.
+                    if let Ok(all) = nl.links() {
+                        for (x, q) in [(&l.iface.name, l.txqlen), (&peer.iface.name, peer.txqlen)] {
+                            if let Some(i) = all.iter().find(|a| &a.name == x) {
+                                v = v.and(nl.set_txqlen(i.index, q));
+                            }
+                        }
+                    }
+                }
+                v
+            }
+            _ => Ok(()),
+        }
+        .map_err(step(what(l)))?;
+    }
     Ok(())
 }
 
