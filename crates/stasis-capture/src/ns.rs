@@ -434,6 +434,17 @@ fn own_link(
     let mut link = None;
     let mut data = Vec::new();
     for a in &l.info_data {
+        // IFLA_MACVLAN_MACADDR_COUNT: the addresses of a source-mode
+        // macvlan, which stasis does not give back.
+        if kind == "macvlan" && a.kind == 6 && a.value.iter().any(|&b| b != 0) {
+            return Err(refuse(
+                root,
+                format!(
+                    "its macvlan interface {} has a list of source addresses (mode source); stasis restores macvlans without one",
+                    l.name
+                ),
+            ));
+        }
         let keep = match kind.as_str() {
             // VLAN filtering off is left out: a kernel without it
             // refuses the attribute, even 0.

@@ -1477,6 +1477,25 @@ fn a_tun_held_by_a_program_carries_packets_after_restore() {
     finish_program(dir.path(), last);
 }
 
+/// A macvlan in source mode with a list of addresses: refused by name.
+#[test]
+fn refuses_a_macvlan_with_source_addresses() {
+    refused(
+        &[
+            "--net",
+            "--fork",
+            "sh",
+            "-c",
+            "ip link add stasis-l0 type veth peer name stasis-l1 \
+             && ip link add stasis-ms link stasis-l0 type macvlan mode source \
+             && ip link set stasis-ms type macvlan macaddr add 02:00:00:00:00:05 \
+             && exec sleep 1000",
+        ],
+        |up| child_running(up, "sleep 1000"),
+        "its macvlan interface stasis-ms has a list of source addresses",
+    );
+}
+
 /// A veth of the tree's network namespace whose peer is in a third one
 /// (neither the tree's nor the dumper's): refused by name.
 #[test]
