@@ -682,6 +682,10 @@ pub struct NetInterface {
     /// a veth peer's: that is [`Veth::master`]). Manifest version 12.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub master: Option<String>,
+    /// Its number as a port of `master` (the restore attaches the ports
+    /// of a bridge in their numbers' order). Manifest version 12.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port_no: Option<u16>,
 }
 
 /// An address of an interface.

@@ -492,6 +492,7 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
             up: true,
             addrs: vec![addr([10, 0, 0, 2], 24)],
             master: None,
+            port_no: None,
         },
         peer: manifest::NetInterface {
             name: "veth0".into(),
@@ -500,6 +501,7 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
             up: true,
             addrs: Vec::new(),
             master: None,
+            port_no: None,
         },
         master: Some("br0".into()),
     }];
@@ -816,6 +818,7 @@ fn tun_devices_and_fds_raise_the_manifest_version_and_round_trip() {
                         peer: None,
                     }],
                     master: None,
+                    port_no: None,
                 },
                 flags: 0x1002,
                 persist: true,
@@ -1008,6 +1011,7 @@ fn routing_state_raises_the_manifest_version_and_round_trips() {
     }];
     let mut port = net.clone();
     port.tuns[0].iface.master = Some("br0".into());
+    port.tuns[0].iface.port_no = Some(2);
     for n in [peer, table, multipath, metrics, rules, links, port] {
         let m = with(n);
         assert_eq!(m.format_version(), 12);
