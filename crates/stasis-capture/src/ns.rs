@@ -199,6 +199,7 @@ fn net_namespace(root: i32) -> Result<NetNamespace> {
         let inside = |l: &rtnl::Link| {
             let mut i = interface(l, &addrs);
             i.master = master.clone();
+            i.port_no = master.as_ref().and(l.port_no);
             i
         };
         if let (Some("tun"), Some(t)) = (l.kind.as_deref(), l.tun.as_ref()) {
@@ -550,6 +551,7 @@ fn interface(l: &rtnl::Link, addrs: &[rtnl::Addr]) -> NetInterface {
         up: l.up,
         addrs,
         master: None,
+        port_no: None,
     }
 }
 

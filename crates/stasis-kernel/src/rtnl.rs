@@ -51,6 +51,8 @@ pub struct Link {
     pub tun: Option<TunInfo>,
     /// `IFLA_TXQLEN`.
     pub txqlen: u32,
+    /// Its number as a bridge's port (`IFLA_BRPORT_NO`).
+    pub port_no: Option<u16>,
     /// Its `IFLA_INFO_DATA` attributes as the kernel gave them (kind
     /// specific: `IFLA_BR_*`, `IFLA_VXLAN_*`, `IFLA_MACVLAN_*`...).
     pub info_data: Vec<RawAttr>,
@@ -197,6 +199,9 @@ pub struct Rule {
     pub flags: u32,
     pub attrs: Vec<RawAttr>,
 }
+
+/// `IFLA_BRPORT_NO`: a bridge port's number.
+pub const IFLA_BRPORT_NO: u16 = 18;
 
 /// `FRA_PRIORITY`, `FRA_TABLE`, `FRA_PROTOCOL`.
 pub const FRA_PRIORITY: u16 = 6;
@@ -800,6 +805,15 @@ fn link_of(l: &LinkMessage) -> Link {
                     match i {
                         LinkInfo::Kind(k) => out.kind = Some(k.to_string()),
                         LinkInfo::Data(InfoData::Tun(nlas)) => out.tun = Some(tun_info_of(nlas)),
+                        LinkInfo::PortData(d) => {
+                            let mut v = vec![0u8; d.value_len()];
+                            d.emit_value(&mut v);
+                            out.port_no = split_attrs(&v)
+                                .into_iter()
+                                .find(|a| a.kind == IFLA_BRPORT_NO)
+                                .and_then(|a| <[u8; 2]>::try_from(&a.value[..]).ok())
+                                .map(u16::from_ne_bytes);
+                        }
                         LinkInfo::Data(d) => {
                             let mut v = vec![0u8; d.value_len()];
                             d.emit_value(&mut v);

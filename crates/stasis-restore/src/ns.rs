@@ -709,6 +709,22 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
         let links = nl
             .links()
             .map_err(step("listing the interfaces of the tree's namespace"))?;
+        // The ports of its bridges first, in their numbers' order (a
+        // bridge numbers a new port with the lowest free number).
+        let mut ports: Vec<&NetInterface> = net
+            .veths
+            .iter()
+            .map(|v| &v.inside)
+            .chain(net.tuns.iter().map(|t| &t.iface))
+            .chain(net.links.iter().map(|l| &l.iface))
+            .filter(|i| i.master.is_some())
+            .collect();
+        ports.sort_by_key(|i| i.port_no.unwrap_or(u16::MAX));
+        for p in ports {
+            let i = index(&links, &p.name)?;
+            nl.set_link(i, master_index(&links, p)?, p.up)
+                .map_err(step(format!("attaching {} to its bridge", p.name)))?;
+        }
         for v in &net.veths {
             let i = index(&links, &v.inside.name)?;
             let master = master_index(&links, &v.inside)?;
