@@ -4,15 +4,21 @@
 //! not all share the root's namespaces, and the namespaces of its own
 //! that stasis cannot restore: a
 //! PID namespace whose init is not the root; a network namespace with
-//! another interface than `lo`, tun and tap devices, and veths whose peer
-//! is in the dumper's namespace (as a container runtime makes them); and mounts of a mount
+//! another interface than `lo`, tun and tap devices, veths whose peer
+//! is in the dumper's namespace (as a container runtime makes them) or in
+//! it, and bridges, ifbs, macvlans and vxlans on devices of it, or
+//! a route with what stasis does not make again (an encapsulation, a
+//! next-hop object, a gateway of another family, a source prefix); and mounts of a mount
 //! namespace that cannot be made again from the image (a disk's file
 //! system the dumper has no mount of, an overlay...). [`describe`] (frozen) records
 //! what the restore needs: the host and domain names, the System V message
 //! queues and semaphore sets of an IPC namespace, whether `lo` is up, the
 //! veths (both ends: names, hardware addresses, MTUs, up states,
 //! addresses, the peer's bridge), the tun and tap devices (their flags,
-//! persistence, owner and group, and the same of their link) and routes, the proc mount, the
+//! persistence, owner and group, and the same of their link), the
+//! interfaces made in it (kind, configuration, lower device, bridge), the routes
+//! of every table (but the kernel's) and the policy routing rules (when
+//! not only the kernel's), the proc mount, the
 //! `CLOCK_MONOTONIC` and `CLOCK_BOOTTIME` of a time namespace as seen
 //! inside it (and its offsets), and the PID (and TID) of every process in
 //! its namespace. The dump itself works with the
@@ -23,8 +29,9 @@ use std::collections::{HashMap, HashSet};
 
 use stasis_image::manifest::{
     BindMount, FdKind, LaterKind, LaterMount, Manifest, MountNamespace, Namespaces, NetAddress,
-    NetInterface, NetNamespace, NetRoute, PendingTimeNamespace, ProcessImage, TimeNamespace,
-    TmpfsEntry, TmpfsMount, TunDevice, UserNamespace, UtsNamespace, Veth,
+    NetAttr, NetInterface, NetLink, NetNamespace, NetNextHop, NetRoute, NetRule,
+    PendingTimeNamespace, ProcessImage, TimeNamespace, TmpfsEntry, TmpfsMount, TunDevice,
+    UserNamespace, UtsNamespace, Veth,
 };
 use stasis_image::ContentWriter;
 use stasis_kernel::fdops as kns_fdops;
@@ -214,22 +221,22 @@ fn time_namespace(root: i32, images: &[ProcessImage]) -> Result<TimeNamespace> {
     })
 }
 
-/// A network namespace of the tree's own: `lo` and veth interfaces whose
-/// peer is in the dumper's namespace (its sockets are saved as in the
-/// dumper's, from inside it: [`enter_net`]).
+/// A network namespace of the tree's own: `lo` and the interfaces
+/// [`net_namespace`] takes (its sockets are saved as in the dumper's,
+/// from inside it: [`enter_net`]).
 fn check_net(root: i32) -> Result<()> {
     net_namespace(root).map(|_| ())
 }
 
 /// What the network namespace of `root` holds, read by rtnetlink from
-/// inside it (its interfaces, addresses, routes) and from the dumper's
-/// (the veths' peers); refuses an interface other than `lo`, tun and tap
-/// devices and veths whose peer is in the dumper's namespace, and routes
-/// stasis does not make again.
+/// inside it (its interfaces, addresses, routes, rules) and from the
+/// dumper's (the veths' peers); refuses an interface other than `lo`, tun
+/// and tap devices and veths whose peer is in the dumper's namespace, and
+/// routes stasis does not make again.
 fn net_namespace(root: i32) -> Result<NetNamespace> {
-    let (links, addrs, routes) = kns::in_namespaces_of(root, &[NsKind::Net], || {
+    let (links, addrs, routes, rules) = kns::in_namespaces_of(root, &[NsKind::Net], || {
         let mut nl = Rtnl::open()?;
-        Ok::<_, stasis_kernel::KernelError>((nl.links()?, nl.addrs()?, nl.routes()?))
+        Ok::<_, stasis_kernel::KernelError>((nl.links()?, nl.addrs()?, nl.routes()?, nl.rules()?))
     })??;
     let lo_up = links.iter().any(|l| l.name == "lo" && l.up);
     let mut net = NetNamespace {
@@ -242,9 +249,16 @@ fn net_namespace(root: i32) -> Result<NetNamespace> {
         if l.name == "lo" && l.kind.is_none() {
             continue;
         }
+        let master = master_of(root, l, &links)?;
+        let inside = |l: &rtnl::Link| {
+            let mut i = interface(l, &addrs);
+            i.master = master.clone();
+            i.port_no = master.as_ref().and(l.port_no);
+            i
+        };
         if let (Some("tun"), Some(t)) = (l.kind.as_deref(), l.tun.as_ref()) {
             net.tuns.push(TunDevice {
-                iface: interface(l, &addrs),
+                iface: inside(l),
                 flags: u32::from(t.flags),
                 persist: t.persist,
                 owner: t.owner,
@@ -252,22 +266,19 @@ fn net_namespace(root: i32) -> Result<NetNamespace> {
             });
             continue;
         }
+        let kind = l.kind.as_deref().unwrap_or_default();
+        let own_veth = kind == "veth" && l.link_netnsid.is_none();
+        if own_veth || ["bridge", "ifb", "macvlan", "vxlan"].contains(&kind) {
+            net.links.push(own_link(root, l, inside(l), &links)?);
+            continue;
+        }
         if l.kind.as_deref() != Some("veth") {
             return Err(refuse(
                 root,
                 format!(
-                    "its network namespace has the interface {} (a {} device); stasis restores a network namespace with lo, tun and tap interfaces, and veth interfaces whose peer is in the dumper's namespace",
+                    "its network namespace has the interface {} (a {} device); stasis restores a network namespace with lo, tun and tap, bridge, ifb, macvlan and vxlan interfaces, and veth interfaces whose peer is in the dumper's namespace or in it",
                     l.name,
                     l.kind.as_deref().unwrap_or("physical or unknown")
-                ),
-            ));
-        }
-        if l.link_netnsid.is_none() {
-            return Err(refuse(
-                root,
-                format!(
-                    "its network namespace has the veth {} whose peer is in that namespace too; stasis restores veths whose peer is in the dumper's namespace",
-                    l.name
                 ),
             ));
         }
@@ -321,30 +332,43 @@ fn net_namespace(root: i32) -> Result<NetNamespace> {
             }
         };
         net.veths.push(Veth {
-            inside: interface(l, &addrs),
+            inside: inside(l),
             peer: interface(peer, home_addrs),
             master,
         });
     }
+    let name_of = |o: u32| links.iter().find(|l| l.index == o).map(|l| l.name.clone());
     for r in &routes {
-        // The local table and the routes made from addresses are the
-        // kernel's (made again with the addresses).
-        if r.table == rtnl::RT_TABLE_LOCAL || r.protocol == rtnl::RTPROT_KERNEL {
+        // The routes made from addresses and interfaces (in the main and
+        // local tables) are the kernel's, made again with the addresses.
+        if r.protocol == rtnl::RTPROT_KERNEL {
             continue;
         }
         let dst = r
             .dst
             .map_or("default".to_string(), |d| format!("{d}/{}", r.dst_len));
-        let dev = r
-            .oif
-            .map(|o| links.iter().find(|l| l.index == o).map(|l| l.name.clone()));
-        if r.table != rtnl::RT_TABLE_MAIN || r.unusual || dev == Some(None) {
+        let dev = r.oif.map(name_of);
+        let hop_devs: Vec<Option<String>> = r
+            .nexthops
+            .iter()
+            .map(|h| if h.oif == 0 { None } else { name_of(h.oif) })
+            .collect();
+        let unknown_dev = dev == Some(None)
+            || r.nexthops
+                .iter()
+                .zip(&hop_devs)
+                .any(|(h, d)| h.oif != 0 && d.is_none());
+        if r.unusual || unknown_dev {
             return Err(refuse(
                 root,
                 format!(
-                    "its network namespace has the route to {dst} in table {} ({}); stasis restores the routes of the main table with one next hop",
+                    "its network namespace has the route to {dst} in table {} ({}); stasis restores routes with their gateways, devices, metrics and next hops, not encapsulations, next-hop objects (ip nexthop), gateways of another family (via) or source prefixes (from)",
                     r.table,
-                    if r.unusual { "several next hops or an encapsulation" } else { "an unknown device" }
+                    if r.unusual {
+                        "an encapsulation, a next-hop object, a gateway of another family or a source prefix"
+                    } else {
+                        "an unknown device"
+                    }
                 ),
             ));
         }
@@ -359,9 +383,198 @@ fn net_namespace(root: i32) -> Result<NetNamespace> {
             protocol: r.protocol,
             scope: r.scope,
             kind: r.kind,
+            table: r.table,
+            nexthops: r
+                .nexthops
+                .iter()
+                .zip(hop_devs)
+                .map(|(h, dev)| NetNextHop {
+                    gateway: h.gateway,
+                    dev,
+                    hops: h.hops,
+                    flags: h.flags & rtnl::RTNH_F_ONLINK,
+                })
+                .collect(),
+            flags: r.flags & u32::from(rtnl::RTNH_F_ONLINK),
+            // An IPv6 route's preference is told even when it is the
+            // default (medium, 0).
+            attrs: r
+                .attrs
+                .iter()
+                .filter(|a| !(a.kind == rtnl::RTA_PREF && a.value == [0]))
+                .map(|a| NetAttr {
+                    kind: a.kind,
+                    value: a.value.clone(),
+                })
+                .collect(),
         });
     }
+    if !only_kernel_rules(&rules) {
+        net.rules = rules
+            .iter()
+            .map(|r| NetRule {
+                family: r.family,
+                dst_len: r.dst_len,
+                src_len: r.src_len,
+                tos: r.tos,
+                table: r.table,
+                action: r.action,
+                flags: r.flags,
+                attrs: r
+                    .attrs
+                    .iter()
+                    .map(|a| NetAttr {
+                        kind: a.kind,
+                        value: a.value.clone(),
+                    })
+                    .collect(),
+            })
+            .collect();
+    }
     Ok(net)
+}
+
+/// The bridge of the tree's namespace (`links`) interface `l` is a port
+/// of; refuses another master (a bond, a VRF...).
+fn master_of(root: i32, l: &rtnl::Link, links: &[rtnl::Link]) -> Result<Option<String>> {
+    let Some(m) = l.master else {
+        return Ok(None);
+    };
+    match links.iter().find(|b| b.index == m) {
+        Some(b) if b.kind.as_deref() == Some("bridge") => Ok(Some(b.name.clone())),
+        b => Err(refuse(
+            root,
+            format!(
+                "its interface {} is a port of {}, not a bridge; stasis restores bridges' ports only",
+                l.name,
+                b.map_or("an unknown device", |b| b.name.as_str())
+            ),
+        )),
+    }
+}
+
+/// `IFLA_BR_FORWARD_DELAY` to `IFLA_BR_VLAN_FILTERING`: a bridge's
+/// configuration (the rest of its `IFLA_INFO_DATA` is its state: timers,
+/// ids, topology changes).
+const BRIDGE_CONFIG: std::ops::RangeInclusive<u16> = 1..=7;
+/// `IFLA_MACVLAN_MODE` and `IFLA_MACVLAN_FLAGS`.
+const MACVLAN_CONFIG: std::ops::RangeInclusive<u16> = 1..=2;
+/// `IFLA_VXLAN_ID` to `IFLA_VXLAN_UDP_ZERO_CSUM6_RX`: a vxlan's id,
+/// addresses, port and options (but its lower device, `IFLA_VXLAN_LINK`).
+const VXLAN_CONFIG: std::ops::RangeInclusive<u16> = 1..=20;
+/// `IFLA_VXLAN_LINK`: a vxlan's lower device, by index.
+const IFLA_VXLAN_LINK: u16 = 3;
+
+/// Interface `l` (`iface`) made inside the tree's namespace: its kind,
+/// queue length, the device it is linked to (by name, in `links`) and
+/// its configuration.
+fn own_link(
+    root: i32,
+    l: &rtnl::Link,
+    iface: NetInterface,
+    links: &[rtnl::Link],
+) -> Result<NetLink> {
+    let kind = l.kind.clone().unwrap_or_default();
+    let by_index = |i: u32| {
+        links.iter().find(|x| x.index == i).map(|x| x.name.clone()).ok_or_else(|| {
+            refuse(
+                root,
+                format!(
+                    "its {kind} interface {} is linked to interface {i}, which is not in its network namespace; stasis restores one linked to an interface of the namespace",
+                    l.name
+                ),
+            )
+        })
+    };
+    let mut link = None;
+    let mut data = Vec::new();
+    for a in &l.info_data {
+        // IFLA_MACVLAN_MACADDR_COUNT: the addresses of a source-mode
+        // macvlan, which stasis does not give back.
+        if kind == "macvlan" && a.kind == 6 && a.value.iter().any(|&b| b != 0) {
+            return Err(refuse(
+                root,
+                format!(
+                    "its macvlan interface {} has a list of source addresses (mode source); stasis restores macvlans without one",
+                    l.name
+                ),
+            ));
+        }
+        let keep = match kind.as_str() {
+            // VLAN filtering off is left out: a kernel without it
+            // refuses the attribute, even 0.
+            "bridge" => BRIDGE_CONFIG.contains(&a.kind) && !(a.kind == 7 && a.value == [0]),
+            "macvlan" => MACVLAN_CONFIG.contains(&a.kind),
+            "vxlan" => {
+                if a.kind == IFLA_VXLAN_LINK {
+                    let i = <[u8; 4]>::try_from(&a.value[..])
+                        .map(u32::from_ne_bytes)
+                        .unwrap_or(0);
+                    if i != 0 {
+                        link = Some(by_index(i)?);
+                    }
+                    false
+                } else {
+                    VXLAN_CONFIG.contains(&a.kind)
+                }
+            }
+            _ => false,
+        };
+        if keep {
+            data.push(NetAttr {
+                kind: a.kind,
+                value: a.value.clone(),
+            });
+        }
+    }
+    if matches!(kind.as_str(), "macvlan" | "veth") {
+        match l.link {
+            Some(i) if l.link_netnsid.is_none() => link = Some(by_index(i)?),
+            _ => {
+                return Err(refuse(
+                    root,
+                    format!(
+                        "its {kind} interface {} has its link in another network namespace; stasis restores one linked to an interface of the namespace",
+                        l.name
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(NetLink {
+        iface,
+        kind,
+        txqlen: l.txqlen,
+        link,
+        data,
+    })
+}
+
+/// Whether `rules` are those the kernel gives a new network namespace:
+/// lookups of the local (priority 0), main (32766) and, for IPv4,
+/// default (32767) tables, each of protocol `kernel`.
+fn only_kernel_rules(rules: &[rtnl::Rule]) -> bool {
+    const KERNEL: [(u8, u32, u32); 5] = [
+        (rtnl::AF_INET, 0, rtnl::RT_TABLE_LOCAL),
+        (rtnl::AF_INET, 32766, rtnl::RT_TABLE_MAIN),
+        (rtnl::AF_INET, 32767, 253),
+        (rtnl::AF_INET6, 0, rtnl::RT_TABLE_LOCAL),
+        (rtnl::AF_INET6, 32766, rtnl::RT_TABLE_MAIN),
+    ];
+    let key = |r: &rtnl::Rule| (r.family, r.priority(), r.table_id());
+    let kernel = |r: &rtnl::Rule| {
+        r.protocol() == rtnl::RTPROT_KERNEL
+            && r.src_len == 0
+            && r.dst_len == 0
+            && r.action == 1
+            && KERNEL.contains(&key(r))
+    };
+    let has = |k: (u8, u32, u32)| rules.iter().filter(|r| key(r) == k).count() == 1;
+    let v6 = rules.iter().any(|r| r.family == rtnl::AF_INET6);
+    rules.iter().all(kernel)
+        && KERNEL
+            .iter()
+            .all(|&k| has(k) || (k.0 == rtnl::AF_INET6 && !v6))
 }
 
 /// Interface `l` and its addresses (of `addrs`), but IPv6 link-local
@@ -382,6 +595,7 @@ fn interface(l: &rtnl::Link, addrs: &[rtnl::Addr]) -> NetInterface {
             broadcast: a.broadcast,
             flags: a.flags & (rtnl::IFA_F_NODAD | rtnl::IFA_F_NOPREFIXROUTE),
             scope: a.scope,
+            peer: a.peer,
         })
         .collect();
     NetInterface {
@@ -390,6 +604,8 @@ fn interface(l: &rtnl::Link, addrs: &[rtnl::Addr]) -> NetInterface {
         mtu: l.mtu,
         up: l.up,
         addrs,
+        master: None,
+        port_no: None,
     }
 }
 

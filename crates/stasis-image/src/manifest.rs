@@ -203,8 +203,21 @@ pub const THREADED_CGROUPS_MANIFEST_VERSION: u32 = 13;
 /// mounting them in its own PID namespace, as tmpfs, or private.
 pub const FRESH_MOUNTS_MANIFEST_VERSION: u32 = 14;
 
+/// Manifest format version written when the tree's network namespace has
+/// interfaces made inside it ([`NetNamespace::links`]) or ports of a
+/// bridge of its own ([`NetInterface::master`]), an address with a point-to-point peer ([`NetAddress::peer`]), a route
+/// of another table than main, with several next hops, an `onlink` flag
+/// or metrics ([`NetRoute::table`], [`NetRoute::nexthops`],
+/// [`NetRoute::flags`], [`NetRoute::attrs`]), or policy routing rules
+/// other than the kernel's ([`NetNamespace::rules`]), so that a reader
+/// that predates them refuses the manifest instead of restoring the
+/// address without its peer, those routes into the main table with one
+/// next hop, and the kernel's rules only, or refusing none of the
+/// interfaces.
+pub const NET_ROUTING_MANIFEST_VERSION: u32 = 15;
+
 /// The newest manifest format version this reader knows.
-pub const LATEST_MANIFEST_VERSION: u32 = FRESH_MOUNTS_MANIFEST_VERSION;
+pub const LATEST_MANIFEST_VERSION: u32 = NET_ROUTING_MANIFEST_VERSION;
 
 impl Manifest {
     /// The format version this manifest's content calls for: the oldest
@@ -284,11 +297,18 @@ impl Manifest {
                 .flat_map(|p| &p.fds)
                 .any(|f| matches!(&f.kind, FdKind::Mqueue { queue: Some(_), .. }))
         };
+        let net_routing = self
+            .namespaces
+            .as_ref()
+            .and_then(|n| n.net.as_ref())
+            .is_some_and(NetNamespace::has_routing);
         let threaded = self
             .cgroups
             .as_ref()
             .is_some_and(|c| !c.threads.is_empty() || c.dirs.iter().any(|d| d.threaded));
-        if fresh_mounts(self.namespaces.as_ref()) {
+        if net_routing {
+            NET_ROUTING_MANIFEST_VERSION
+        } else if fresh_mounts(self.namespaces.as_ref()) {
             FRESH_MOUNTS_MANIFEST_VERSION
         } else if threaded {
             THREADED_CGROUPS_MANIFEST_VERSION
@@ -626,6 +646,93 @@ pub struct NetNamespace {
     /// Its tun and tap devices. Manifest version 10.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tuns: Vec<TunDevice>,
+    /// Its policy routing rules (`ip rule`, both families, in the order
+    /// the kernel listed them), the kernel's own included; empty when they
+    /// were only the kernel's (as a new namespace has them). Manifest
+    /// version 15.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<NetRule>,
+    /// Its interfaces made inside it by rtnetlink (bridges, ifbs,
+    /// macvlans, vxlans, veth pairs with both ends in it), in the order
+    /// the kernel listed them. Manifest version 15.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<NetLink>,
+}
+
+/// An interface made inside the tree's network namespace.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetLink {
+    /// Its name, hardware address, MTU, up state, addresses and master.
+    pub iface: NetInterface,
+    /// `bridge`, `ifb`, `macvlan`, `vxlan` or `veth`.
+    pub kind: String,
+    pub txqlen: u32,
+    /// The interface it is linked to, by name: a macvlan's or vxlan's
+    /// lower device, a veth's other end.
+    #[serde(default)]
+    pub link: Option<String>,
+    /// Its `IFLA_INFO_DATA` attributes that are its configuration (a
+    /// bridge's STP state and timers, a macvlan's mode, a vxlan's id,
+    /// addresses and ports; a vxlan's lower device is `link`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub data: Vec<NetAttr>,
+}
+
+impl NetNamespace {
+    /// Whether it holds what [`NET_ROUTING_MANIFEST_VERSION`] added.
+    pub fn has_routing(&self) -> bool {
+        let ifaces = self
+            .veths
+            .iter()
+            .flat_map(|v| [&v.inside, &v.peer])
+            .chain(self.tuns.iter().map(|t| &t.iface));
+        let ifaces = ifaces.chain(self.links.iter().map(|l| &l.iface));
+        !self.rules.is_empty()
+            || !self.links.is_empty()
+            || ifaces.clone().any(|i| i.master.is_some())
+            || ifaces.flat_map(|i| &i.addrs).any(|a| a.peer.is_some())
+            || self.routes.iter().any(|r| {
+                r.table != RT_TABLE_MAIN
+                    || !r.nexthops.is_empty()
+                    || r.flags != 0
+                    || !r.attrs.is_empty()
+            })
+    }
+}
+
+/// `RT_TABLE_MAIN`, the table of a route saved before
+/// [`NET_ROUTING_MANIFEST_VERSION`].
+pub const RT_TABLE_MAIN: u32 = 254;
+
+fn main_table() -> u32 {
+    RT_TABLE_MAIN
+}
+
+/// A policy routing rule (a FIB rule, `RTM_NEWRULE`): its header
+/// (`struct fib_rule_hdr`) and its attributes (`FRA_*`) as the kernel
+/// dumped them, given back to it as they are.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetRule {
+    /// `AF_INET` (2) or `AF_INET6` (10).
+    pub family: u8,
+    pub dst_len: u8,
+    pub src_len: u8,
+    pub tos: u8,
+    /// The table (`FRA_TABLE` has it too when above 255).
+    pub table: u8,
+    /// `FR_ACT_*`.
+    pub action: u8,
+    /// `FIB_RULE_*`.
+    pub flags: u32,
+    pub attrs: Vec<NetAttr>,
+}
+
+/// A netlink attribute as the kernel gave it: its type and value.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetAttr {
+    pub kind: u16,
+    #[serde(with = "serde_bytes")]
+    pub value: Vec<u8>,
 }
 
 /// A tun or tap device of the tree's network namespace.
@@ -669,6 +776,14 @@ pub struct NetInterface {
     /// autoconfiguration (the kernel makes those itself).
     #[serde(default)]
     pub addrs: Vec<NetAddress>,
+    /// The bridge of the tree's namespace it is a port of, by name (not
+    /// a veth peer's: that is [`Veth::master`]). Manifest version 15.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub master: Option<String>,
+    /// Its number as a port of `master` (the restore attaches the ports
+    /// of a bridge in their numbers' order). Manifest version 15.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port_no: Option<u16>,
 }
 
 /// An address of an interface.
@@ -685,9 +800,14 @@ pub struct NetAddress {
     /// `RT_SCOPE_*`.
     #[serde(default)]
     pub scope: u8,
+    /// The other end of a point-to-point link (`ip addr add A peer B`:
+    /// `IFA_ADDRESS`, where `addr` is `IFA_LOCAL`). Manifest version 15.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<std::net::IpAddr>,
 }
 
-/// A route of the main table.
+/// A route (of any table, but the kernel's own: those it made from an
+/// address or an interface).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetRoute {
     /// `AF_INET` (2) or `AF_INET6` (10).
@@ -706,6 +826,37 @@ pub struct NetRoute {
     pub protocol: u8,
     pub scope: u8,
     pub kind: u8,
+    /// Its table (`RT_TABLE_*` or any id). Manifest version 15, as all
+    /// below.
+    #[serde(default = "main_table")]
+    pub table: u32,
+    /// Its next hops when it has several (`RTA_MULTIPATH`; `gateway` and
+    /// `dev` are then `None`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nexthops: Vec<NetNextHop>,
+    /// `RTNH_F_ONLINK` of its single next hop (`rtm_flags`).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub flags: u32,
+    /// Its metrics (`RTA_METRICS`: `mtu`, `advmss`, ...), IPv6 preference
+    /// (`RTA_PREF`) and realm (`RTA_FLOW`), as the kernel dumped them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attrs: Vec<NetAttr>,
+}
+
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
+}
+
+/// One next hop of a route with several.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetNextHop {
+    pub gateway: Option<std::net::IpAddr>,
+    /// The interface it goes out of, by name.
+    pub dev: Option<String>,
+    /// Its weight less one (`rtnh_hops`).
+    pub hops: u8,
+    /// `RTNH_F_ONLINK`.
+    pub flags: u8,
 }
 
 /// The mounts of a mount namespace that the dumper's lacks.

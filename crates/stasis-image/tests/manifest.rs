@@ -485,6 +485,7 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
         broadcast: None,
         flags: 0,
         scope: 0,
+        peer: None,
     };
     net.veths = vec![manifest::Veth {
         inside: manifest::NetInterface {
@@ -493,6 +494,8 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
             mtu: 1500,
             up: true,
             addrs: vec![addr([10, 0, 0, 2], 24)],
+            master: None,
+            port_no: None,
         },
         peer: manifest::NetInterface {
             name: "veth0".into(),
@@ -500,6 +503,8 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
             mtu: 1500,
             up: true,
             addrs: Vec::new(),
+            master: None,
+            port_no: None,
         },
         master: Some("br0".into()),
     }];
@@ -514,6 +519,10 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
         protocol: 3,
         scope: 0,
         kind: 1,
+        table: manifest::RT_TABLE_MAIN,
+        nexthops: Vec::new(),
+        flags: 0,
+        attrs: Vec::new(),
     }];
     let b = encode_manifest(&veth).unwrap();
     assert_eq!(
@@ -814,7 +823,10 @@ fn tun_devices_and_fds_raise_the_manifest_version_and_round_trip() {
                         broadcast: None,
                         flags: 0,
                         scope: 0,
+                        peer: None,
                     }],
+                    master: None,
+                    port_no: None,
                 },
                 flags: 0x1002,
                 persist: true,
@@ -1083,8 +1095,140 @@ fn fresh_mounts_raise_the_manifest_version_and_round_trip() {
     for k in ["sysfs", "devpts", "mqueue", "cgroup2"] {
         assert!(with(later(fresh(k), 0)).format_version() < 14, "{k}");
     }
+    const { assert!(manifest::FRESH_MOUNTS_MANIFEST_VERSION < manifest::LATEST_MANIFEST_VERSION) };
+}
+
+/// A point-to-point peer, a route of another table or with several next
+/// hops, rules other than the kernel's, an interface made in the
+/// namespace or a port of its bridge: version 15 (a reader of 14
+/// would restore them as the main table's, single next hop, without the
+/// peer or the rules), each round-trips, and is refused under a lower
+/// version.
+#[test]
+fn routing_state_raises_the_manifest_version_and_round_trips() {
+    let base = small_manifest();
+    assert!(base.format_version() < manifest::NET_ROUTING_MANIFEST_VERSION);
+    let route = manifest::NetRoute {
+        family: 2,
+        dst: Some(std::net::IpAddr::from([10, 8, 0, 0])),
+        dst_len: 16,
+        gateway: Some(std::net::IpAddr::from([10, 9, 0, 2])),
+        dev: Some("tun0".into()),
+        metric: None,
+        prefsrc: None,
+        protocol: 4,
+        scope: 0,
+        kind: 1,
+        table: manifest::RT_TABLE_MAIN,
+        nexthops: Vec::new(),
+        flags: 0,
+        attrs: Vec::new(),
+    };
+    let net = manifest::NetNamespace {
+        lo_up: true,
+        tuns: vec![manifest::TunDevice {
+            iface: manifest::NetInterface {
+                name: "tun0".into(),
+                mtu: 1400,
+                up: true,
+                addrs: vec![manifest::NetAddress {
+                    addr: std::net::IpAddr::from([10, 9, 0, 1]),
+                    prefix: 32,
+                    broadcast: None,
+                    flags: 0,
+                    scope: 0,
+                    peer: None,
+                }],
+                ..Default::default()
+            },
+            flags: 0x1001,
+            persist: true,
+            owner: None,
+            group: None,
+        }],
+        routes: vec![route.clone()],
+        ..Default::default()
+    };
+    let with = |n: manifest::NetNamespace| {
+        let mut m = base.clone();
+        m.namespaces = Some(manifest::Namespaces {
+            net: Some(n),
+            ..Default::default()
+        });
+        m
+    };
+    let plain = with(net.clone());
+    assert_eq!(plain.format_version(), manifest::TUN_MANIFEST_VERSION);
+    let mut peer = net.clone();
+    peer.tuns[0].iface.addrs[0].peer = Some(std::net::IpAddr::from([10, 9, 0, 2]));
+    let mut table = net.clone();
+    table.routes[0].table = 100;
+    let mut multipath = net.clone();
+    multipath.routes[0].gateway = None;
+    multipath.routes[0].dev = None;
+    multipath.routes[0].nexthops = vec![
+        manifest::NetNextHop {
+            gateway: Some(std::net::IpAddr::from([10, 9, 0, 2])),
+            dev: Some("tun0".into()),
+            hops: 0,
+            flags: 0,
+        },
+        manifest::NetNextHop {
+            gateway: Some(std::net::IpAddr::from([10, 9, 0, 3])),
+            dev: Some("tun0".into()),
+            hops: 2,
+            flags: 4,
+        },
+    ];
+    let mut metrics = net.clone();
+    metrics.routes[0].attrs = vec![manifest::NetAttr {
+        kind: 8,
+        value: vec![8, 0, 2, 0, 0x78, 5, 0, 0],
+    }];
+    let mut rules = net.clone();
+    rules.rules = vec![manifest::NetRule {
+        family: 2,
+        src_len: 24,
+        table: 100,
+        action: 1,
+        attrs: vec![manifest::NetAttr {
+            kind: 6,
+            value: 100u32.to_ne_bytes().to_vec(),
+        }],
+        ..Default::default()
+    }];
+    let mut links = net.clone();
+    links.links = vec![manifest::NetLink {
+        iface: manifest::NetInterface {
+            name: "br0".into(),
+            mac: vec![2, 0, 0, 0, 0, 1],
+            mtu: 1400,
+            up: true,
+            ..Default::default()
+        },
+        kind: "bridge".into(),
+        txqlen: 1000,
+        link: None,
+        data: vec![manifest::NetAttr {
+            kind: 5,
+            value: 0u32.to_ne_bytes().to_vec(),
+        }],
+    }];
+    let mut port = net.clone();
+    port.tuns[0].iface.master = Some("br0".into());
+    port.tuns[0].iface.port_no = Some(2);
+    for n in [peer, table, multipath, metrics, rules, links, port] {
+        let m = with(n);
+        assert_eq!(m.format_version(), 15);
+        let bytes = encode_manifest(&m).unwrap();
+        assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 15);
+        assert_eq!(decode_manifest(&bytes, 3, p()).unwrap(), m);
+        let mut lower = bytes.clone();
+        lower[8..12].copy_from_slice(&manifest::FRESH_MOUNTS_MANIFEST_VERSION.to_le_bytes());
+        assert!(decode_manifest(&lower, 3, p()).is_err());
+    }
     assert_eq!(
         manifest::LATEST_MANIFEST_VERSION,
-        manifest::FRESH_MOUNTS_MANIFEST_VERSION
+        manifest::NET_ROUTING_MANIFEST_VERSION
     );
 }

@@ -1,7 +1,7 @@
 //! Route netlink (rtnetlink) of the calling thread's network namespace:
-//! its interfaces, addresses and routes as plain values, and the few
-//! changes a restore makes (a veth pair, an address, a route, an
-//! interface's master and up state). Messages are packed and parsed by
+//! its interfaces, addresses, routes and policy routing rules as plain
+//! values, and the few changes a restore makes (a veth pair, an address,
+//! a route, a rule, an interface's master and up state). Messages are packed and parsed by
 //! the `netlink-packet-route` crate; the socket is `netlink-sys`, used
 //! synchronously (one request at a time, its answers read to the end).
 
@@ -9,8 +9,8 @@ use std::net::IpAddr;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 use netlink_packet_core::{
-    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
-    NLM_F_REQUEST,
+    DefaultNla, NetlinkHeader, NetlinkMessage, NetlinkPayload, Nla, NLM_F_ACK, NLM_F_CREATE,
+    NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST,
 };
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
 use netlink_packet_route::link::{
@@ -18,8 +18,10 @@ use netlink_packet_route::link::{
 };
 use netlink_packet_route::nsid::{NsidAttribute, NsidMessage};
 use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
+    RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteNextHop,
+    RouteNextHopFlags, RouteProtocol, RouteScope, RouteType,
 };
+use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleFlags, RuleHeader, RuleMessage};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
@@ -47,6 +49,58 @@ pub struct Link {
     pub master: Option<u32>,
     /// A tun or tap device (kind `tun`): what its `IFLA_INFO_DATA` says.
     pub tun: Option<TunInfo>,
+    /// `IFLA_TXQLEN`.
+    pub txqlen: u32,
+    /// Its number as a bridge's port (`IFLA_BRPORT_NO`).
+    pub port_no: Option<u16>,
+    /// Its `IFLA_INFO_DATA` attributes as the kernel gave them (kind
+    /// specific: `IFLA_BR_*`, `IFLA_VXLAN_*`, `IFLA_MACVLAN_*`...).
+    pub info_data: Vec<RawAttr>,
+}
+
+/// The attributes of a netlink attribute stream (`struct nlattr`s, each
+/// padded to 4 bytes), their types without the flag bits.
+fn split_attrs(mut b: &[u8]) -> Vec<RawAttr> {
+    let mut out = Vec::new();
+    while b.len() >= 4 {
+        let len = usize::from(u16::from_ne_bytes([b[0], b[1]]));
+        let kind = u16::from_ne_bytes([b[2], b[3]]) & 0x3fff;
+        if len < 4 || len > b.len() {
+            break;
+        }
+        out.push(RawAttr {
+            kind,
+            value: b[4..len].to_vec(),
+        });
+        b = b.get(len.div_ceil(4) * 4..).unwrap_or(&[]);
+    }
+    out
+}
+
+/// `attrs` as a netlink attribute stream.
+fn join_attrs(attrs: &[RawAttr]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for a in attrs {
+        let len = u16::try_from(4 + a.value.len()).unwrap_or(u16::MAX);
+        out.extend_from_slice(&len.to_ne_bytes());
+        out.extend_from_slice(&a.kind.to_ne_bytes());
+        out.extend_from_slice(&a.value);
+        out.resize(out.len().div_ceil(4) * 4, 0);
+    }
+    out
+}
+
+/// A new interface of a kind made by rtnetlink alone (a bridge, an ifb,
+/// a macvlan, a vxlan).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NewLink {
+    pub spec: LinkSpec,
+    pub kind: String,
+    pub txqlen: u32,
+    /// The index of its lower device (`IFLA_LINK`: a macvlan's).
+    pub link: Option<u32>,
+    /// Its `IFLA_INFO_DATA`.
+    pub info_data: Vec<RawAttr>,
 }
 
 /// What rtnetlink says of a tun or tap device (`IFLA_TUN_*`).
@@ -74,6 +128,9 @@ pub struct Addr {
     pub flags: u32,
     /// `RT_SCOPE_*`.
     pub scope: u8,
+    /// The other end of a point-to-point link (`IFA_ADDRESS`, where
+    /// `addr` is `IFA_LOCAL`).
+    pub peer: Option<IpAddr>,
 }
 
 /// `IFA_F_PERMANENT`: an address set by hand, not by autoconfiguration.
@@ -90,6 +147,98 @@ pub const RT_TABLE_LOCAL: u32 = 255;
 pub const RTPROT_KERNEL: u8 = 2;
 /// `RTN_UNICAST`.
 pub const RTN_UNICAST: u8 = 1;
+/// `RTNH_F_ONLINK`: the gateway is on the link whatever its address.
+pub const RTNH_F_ONLINK: u8 = 4;
+/// `RTA_METRICS`, `RTA_FLOW` and `RTA_PREF`: the attributes of a route
+/// kept as the kernel gives them ([`Route::attrs`]).
+pub const RTA_METRICS: u16 = 8;
+pub const RTA_FLOW: u16 = 11;
+pub const RTA_PREF: u16 = 20;
+
+/// A netlink attribute as the kernel gave it: its type (without the
+/// `NLA_F_NESTED` and `NLA_F_NET_BYTEORDER` bits) and its value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawAttr {
+    pub kind: u16,
+    pub value: Vec<u8>,
+}
+
+fn raw_of(nla: &impl Nla) -> RawAttr {
+    let mut value = vec![0u8; nla.value_len()];
+    nla.emit_value(&mut value);
+    RawAttr {
+        kind: nla.kind() & 0x3fff,
+        value,
+    }
+}
+
+/// One next hop of a route with several (`struct rtnexthop`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NextHop {
+    pub gateway: Option<IpAddr>,
+    /// The output interface's index (0: none).
+    pub oif: u32,
+    /// The weight less one.
+    pub hops: u8,
+    /// `RTNH_F_*`.
+    pub flags: u8,
+}
+
+/// A policy routing rule (`struct fib_rule_hdr` and its `FRA_*`
+/// attributes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub family: u8,
+    pub dst_len: u8,
+    pub src_len: u8,
+    pub tos: u8,
+    pub table: u8,
+    /// `FR_ACT_*`.
+    pub action: u8,
+    /// `FIB_RULE_*`.
+    pub flags: u32,
+    pub attrs: Vec<RawAttr>,
+}
+
+/// `IFLA_BRPORT_NO`: a bridge port's number.
+pub const IFLA_BRPORT_NO: u16 = 18;
+
+/// `FRA_PRIORITY`, `FRA_TABLE`, `FRA_PROTOCOL`.
+pub const FRA_PRIORITY: u16 = 6;
+pub const FRA_TABLE: u16 = 15;
+pub const FRA_PROTOCOL: u16 = 21;
+
+impl Rule {
+    fn attr(&self, kind: u16) -> Option<&[u8]> {
+        self.attrs
+            .iter()
+            .find(|a| a.kind == kind)
+            .map(|a| &a.value[..])
+    }
+
+    fn u32_attr(&self, kind: u16) -> Option<u32> {
+        self.attr(kind)
+            .and_then(|v| <[u8; 4]>::try_from(v).ok())
+            .map(u32::from_ne_bytes)
+    }
+
+    /// Its priority (`FRA_PRIORITY`; 0 when absent).
+    pub fn priority(&self) -> u32 {
+        self.u32_attr(FRA_PRIORITY).unwrap_or(0)
+    }
+
+    /// Its table (`FRA_TABLE`, else the header's).
+    pub fn table_id(&self) -> u32 {
+        self.u32_attr(FRA_TABLE).unwrap_or(u32::from(self.table))
+    }
+
+    /// `FRA_PROTOCOL` (`RTPROT_KERNEL` for the kernel's own rules).
+    pub fn protocol(&self) -> u8 {
+        self.attr(FRA_PROTOCOL)
+            .and_then(|v| v.first().copied())
+            .unwrap_or(0)
+    }
+}
 
 /// A route.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,8 +262,14 @@ pub struct Route {
     pub scope: u8,
     /// `RTN_*`.
     pub kind: u8,
-    /// Several next hops (`RTA_MULTIPATH`), or attributes this reader does
-    /// not rebuild (encapsulation, a next-hop object, a source prefix).
+    /// Its next hops when it has several (`RTA_MULTIPATH`).
+    pub nexthops: Vec<NextHop>,
+    /// `rtm_flags` (`RTNH_F_ONLINK`, ...).
+    pub flags: u32,
+    /// Its `RTA_METRICS`, `RTA_FLOW` and `RTA_PREF`.
+    pub attrs: Vec<RawAttr>,
+    /// Attributes this reader does not rebuild (encapsulation, a next-hop
+    /// object, a gateway of another family, a source prefix).
     pub unusual: bool,
 }
 
@@ -259,6 +414,7 @@ impl Rtnl {
                     broadcast,
                     flags,
                     scope: u8::from(m.header.scope),
+                    peer: addr.filter(|p| local.is_some_and(|l| l != *p)),
                 });
             }
         }
@@ -327,6 +483,29 @@ impl Rtnl {
         Ok(())
     }
 
+    /// Makes interface `l`, down.
+    pub fn add_link(&mut self, l: &NewLink) -> Result<()> {
+        let mut m = LinkMessage::default();
+        m.attributes = spec_attrs(&l.spec);
+        if l.txqlen != 0 {
+            m.attributes.push(LinkAttribute::TxQueueLen(l.txqlen));
+        }
+        if let Some(i) = l.link {
+            m.attributes.push(LinkAttribute::Link(i));
+        }
+        let mut info = vec![LinkInfo::Kind(InfoKind::from(l.kind.as_str()))];
+        if !l.info_data.is_empty() {
+            info.push(LinkInfo::Data(InfoData::Other(join_attrs(&l.info_data))));
+        }
+        m.attributes.push(LinkAttribute::LinkInfo(info));
+        self.request(
+            &format!("making the {} interface {}", l.kind, l.spec.name),
+            RouteNetlinkMessage::NewLink(m),
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+        )?;
+        Ok(())
+    }
+
     /// Sets the master of interface `index` (`Some`: a bridge's index)
     /// and brings it up or down.
     pub fn set_link(&mut self, index: u32, master: Option<u32>, up: bool) -> Result<()> {
@@ -365,6 +544,19 @@ impl Rtnl {
         Ok(())
     }
 
+    /// Gives interface `index` its transmit queue length.
+    pub fn set_txqlen(&mut self, index: u32, txqlen: u32) -> Result<()> {
+        let mut m = LinkMessage::default();
+        m.header.index = index;
+        m.attributes.push(LinkAttribute::TxQueueLen(txqlen));
+        self.request(
+            &format!("setting the queue length ({txqlen}) of interface {index}"),
+            RouteNetlinkMessage::SetLink(m),
+            NLM_F_ACK,
+        )?;
+        Ok(())
+    }
+
     /// Deletes interface `index` (a veth: both ends).
     pub fn del_link(&mut self, index: u32) -> Result<()> {
         let mut m = LinkMessage::default();
@@ -385,7 +577,9 @@ impl Rtnl {
         m.header.index = a.index;
         m.header.scope = a.scope.into();
         m.attributes.push(AddressAttribute::Local(a.addr));
-        if a.addr.is_ipv4() {
+        if let Some(p) = a.peer {
+            m.attributes.push(AddressAttribute::Address(p));
+        } else if a.addr.is_ipv4() {
             m.attributes.push(AddressAttribute::Address(a.addr));
         }
         if let Some(IpAddr::V4(b)) = a.broadcast {
@@ -406,7 +600,79 @@ impl Rtnl {
         Ok(())
     }
 
-    /// Adds route `r` (not several next hops).
+    /// Every policy routing rule (IPv4 and IPv6), in the kernel's order.
+    pub fn rules(&mut self) -> Result<Vec<Rule>> {
+        let answers = self.request(
+            "RTM_GETRULE",
+            RouteNetlinkMessage::GetRule(RuleMessage::default()),
+            NLM_F_DUMP,
+        )?;
+        Ok(answers
+            .into_iter()
+            .filter_map(|a| match a {
+                RouteNetlinkMessage::NewRule(m) => Some(Rule {
+                    family: u8::from(m.header.family),
+                    dst_len: m.header.dst_len,
+                    src_len: m.header.src_len,
+                    tos: m.header.tos,
+                    table: m.header.table,
+                    action: u8::from(m.header.action),
+                    flags: m.header.flags.bits(),
+                    attrs: m.attributes.iter().map(raw_of).collect(),
+                }),
+                _ => None,
+            })
+            .collect())
+    }
+
+    fn rule_message(r: &Rule) -> RuleMessage {
+        let mut m = RuleMessage::default();
+        m.header = RuleHeader {
+            family: AddressFamily::from(r.family),
+            dst_len: r.dst_len,
+            src_len: r.src_len,
+            tos: r.tos,
+            table: r.table,
+            action: RuleAction::from(r.action),
+            flags: RuleFlags::from_bits_retain(r.flags),
+        };
+        m.attributes = r
+            .attrs
+            .iter()
+            .map(|a| RuleAttribute::Other(DefaultNla::new(a.kind, a.value.clone())))
+            .collect();
+        m
+    }
+
+    /// Adds rule `r`.
+    pub fn add_rule(&mut self, r: &Rule) -> Result<()> {
+        self.request(
+            &format!(
+                "adding the routing rule of priority {} to table {}",
+                r.priority(),
+                r.table_id()
+            ),
+            RouteNetlinkMessage::NewRule(Self::rule_message(r)),
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+        )?;
+        Ok(())
+    }
+
+    /// Deletes rule `r` (as [`Rtnl::rules`] gave it).
+    pub fn del_rule(&mut self, r: &Rule) -> Result<()> {
+        self.request(
+            &format!(
+                "deleting the routing rule of priority {} to table {}",
+                r.priority(),
+                r.table_id()
+            ),
+            RouteNetlinkMessage::DelRule(Self::rule_message(r)),
+            NLM_F_ACK,
+        )?;
+        Ok(())
+    }
+
+    /// Adds route `r`.
     pub fn add_route(&mut self, r: &Route) -> Result<()> {
         let mut m = RouteMessage::default();
         let family = if r.family == AF_INET6 {
@@ -421,6 +687,7 @@ impl Rtnl {
             protocol: RouteProtocol::from(r.protocol),
             scope: RouteScope::from(r.scope),
             kind: RouteType::from(r.kind),
+            flags: RouteFlags::from_bits_retain(r.flags),
             ..Default::default()
         };
         m.attributes.push(RouteAttribute::Table(r.table));
@@ -441,6 +708,30 @@ impl Rtnl {
         if let Some(s) = r.prefsrc {
             m.attributes
                 .push(RouteAttribute::PrefSource(RouteAddress::from(s)));
+        }
+        if !r.nexthops.is_empty() {
+            let hops = r
+                .nexthops
+                .iter()
+                .map(|h| {
+                    let mut n = RouteNextHop::default();
+                    n.flags = RouteNextHopFlags::from_bits_retain(h.flags);
+                    n.hops = h.hops;
+                    n.interface_index = h.oif;
+                    if let Some(g) = h.gateway {
+                        n.attributes
+                            .push(RouteAttribute::Gateway(RouteAddress::from(g)));
+                    }
+                    n
+                })
+                .collect();
+            m.attributes.push(RouteAttribute::MultiPath(hops));
+        }
+        for a in &r.attrs {
+            m.attributes.push(RouteAttribute::Other(DefaultNla::new(
+                a.kind,
+                a.value.clone(),
+            )));
         }
         let dst = r
             .dst
@@ -508,11 +799,26 @@ fn link_of(l: &LinkMessage) -> Link {
             LinkAttribute::Link(i) => out.link = Some(*i),
             LinkAttribute::LinkNetNsId(i) => out.link_netnsid = Some(*i),
             LinkAttribute::Controller(i) => out.master = Some(*i),
+            LinkAttribute::TxQueueLen(q) => out.txqlen = *q,
             LinkAttribute::LinkInfo(infos) => {
                 for i in infos {
                     match i {
                         LinkInfo::Kind(k) => out.kind = Some(k.to_string()),
                         LinkInfo::Data(InfoData::Tun(nlas)) => out.tun = Some(tun_info_of(nlas)),
+                        LinkInfo::PortData(d) => {
+                            let mut v = vec![0u8; d.value_len()];
+                            d.emit_value(&mut v);
+                            out.port_no = split_attrs(&v)
+                                .into_iter()
+                                .find(|a| a.kind == IFLA_BRPORT_NO)
+                                .and_then(|a| <[u8; 2]>::try_from(&a.value[..]).ok())
+                                .map(u16::from_ne_bytes);
+                        }
+                        LinkInfo::Data(d) => {
+                            let mut v = vec![0u8; d.value_len()];
+                            d.emit_value(&mut v);
+                            out.info_data = split_attrs(&v);
+                        }
                         _ => {}
                     }
                 }
@@ -573,6 +879,9 @@ fn route_of(m: &RouteMessage) -> Route {
         protocol: u8::from(h.protocol),
         scope: u8::from(h.scope),
         kind: u8::from(h.kind),
+        nexthops: Vec::new(),
+        flags: h.flags.bits(),
+        attrs: Vec::new(),
         unusual: h.source_prefix_length != 0,
     };
     for a in &m.attributes {
@@ -583,8 +892,27 @@ fn route_of(m: &RouteMessage) -> Route {
             RouteAttribute::Oif(o) => r.oif = Some(*o),
             RouteAttribute::Priority(p) => r.priority = Some(*p),
             RouteAttribute::PrefSource(s) => r.prefsrc = ip_of(s),
-            RouteAttribute::MultiPath(_)
-            | RouteAttribute::Encap(_)
+            RouteAttribute::MultiPath(hops) => {
+                for n in hops {
+                    let mut gateway = None;
+                    for a in &n.attributes {
+                        match a {
+                            RouteAttribute::Gateway(g) => gateway = ip_of(g),
+                            _ => r.unusual = true,
+                        }
+                    }
+                    r.nexthops.push(NextHop {
+                        gateway,
+                        oif: n.interface_index,
+                        hops: n.hops,
+                        flags: n.flags.bits(),
+                    });
+                }
+            }
+            RouteAttribute::Metrics(_)
+            | RouteAttribute::Realm(_)
+            | RouteAttribute::Preference(_) => r.attrs.push(raw_of(a)),
+            RouteAttribute::Encap(_)
             | RouteAttribute::EncapType(_)
             | RouteAttribute::NhId(_)
             | RouteAttribute::Via(_) => r.unusual = true,
@@ -633,6 +961,7 @@ mod tests {
                 broadcast: None,
                 flags: 0,
                 scope: 0,
+                peer: None,
             })
             .unwrap();
             nl.add_route(&Route {
@@ -647,6 +976,9 @@ mod tests {
                 protocol: 4,
                 scope: 0,
                 kind: RTN_UNICAST,
+                nexthops: Vec::new(),
+                flags: 0,
+                attrs: Vec::new(),
                 unusual: false,
             })
             .unwrap();
@@ -665,6 +997,103 @@ mod tests {
                 .unwrap()
                 .iter()
                 .any(|l| l.name.starts_with("stasis-")));
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_peer_a_multipath_route_of_another_table_and_a_rule_read_back_as_made() {
+        std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let me = std::fs::File::open("/proc/thread-self/ns/net").unwrap();
+            let mut nl = Rtnl::open().unwrap();
+            let spec = |n: &str| LinkSpec {
+                name: n.into(),
+                ..Default::default()
+            };
+            nl.add_veth(
+                &spec("stasis-a"),
+                &spec("stasis-b"),
+                std::os::fd::AsFd::as_fd(&me),
+            )
+            .unwrap();
+            let links = nl.links().unwrap();
+            let a = links.iter().find(|l| l.name == "stasis-a").unwrap().index;
+            let b = links.iter().find(|l| l.name == "stasis-b").unwrap().index;
+            nl.set_link(a, None, true).unwrap();
+            nl.set_link(b, None, true).unwrap();
+            let addr = Addr {
+                index: a,
+                addr: IpAddr::from([10, 80, 0, 1]),
+                prefix: 32,
+                broadcast: None,
+                flags: 0,
+                scope: 0,
+                peer: Some(IpAddr::from([10, 80, 0, 2])),
+            };
+            nl.add_addr(&addr).unwrap();
+            let got = nl.addrs().unwrap();
+            let got = got.iter().find(|x| x.index == a).expect("the address");
+            assert_eq!((got.addr, got.prefix, got.peer), (addr.addr, 32, addr.peer));
+            let hop = |last, hops| NextHop {
+                gateway: Some(IpAddr::from([10, 80, 0, last])),
+                oif: a,
+                hops,
+                flags: if last == 9 { RTNH_F_ONLINK } else { 0 },
+            };
+            let route = Route {
+                family: AF_INET,
+                table: 300,
+                dst: Some(IpAddr::from([10, 81, 0, 0])),
+                dst_len: 16,
+                gateway: None,
+                oif: None,
+                priority: Some(9),
+                prefsrc: None,
+                protocol: 4,
+                scope: 0,
+                kind: RTN_UNICAST,
+                nexthops: vec![hop(2, 2), hop(9, 0)],
+                flags: 0,
+                attrs: Vec::new(),
+                unusual: false,
+            };
+            nl.add_route(&route).unwrap();
+            let got: Vec<Route> = nl
+                .routes()
+                .unwrap()
+                .into_iter()
+                .filter(|r| r.table == 300)
+                .collect();
+            assert_eq!(got, vec![route]);
+            let before = nl.rules().unwrap();
+            let mut rule = before[0].clone();
+            rule.attrs.retain(|x| x.kind == FRA_PROTOCOL);
+            rule.table = 0;
+            rule.src_len = 16;
+            rule.attrs.push(RawAttr {
+                kind: 2, // FRA_SRC
+                value: vec![10, 81, 0, 0],
+            });
+            rule.attrs.push(RawAttr {
+                kind: FRA_TABLE,
+                value: 300u32.to_ne_bytes().to_vec(),
+            });
+            rule.attrs.push(RawAttr {
+                kind: FRA_PRIORITY,
+                value: 500u32.to_ne_bytes().to_vec(),
+            });
+            nl.add_rule(&rule).unwrap();
+            let after = nl.rules().unwrap();
+            let made = after
+                .iter()
+                .find(|r| r.priority() == 500)
+                .expect("the new rule")
+                .clone();
+            assert_eq!((made.table_id(), made.src_len), (300, 16));
+            nl.del_rule(&made).unwrap();
+            assert_eq!(nl.rules().unwrap(), before);
         })
         .join()
         .unwrap();

@@ -11,8 +11,8 @@ use std::ffi::CString;
 use std::os::fd::AsFd;
 
 use stasis_image::manifest::{
-    BindMount, LaterKind, Manifest, MountNamespace, Namespaces, NetAddress, NetInterface,
-    NetNamespace, NetRoute, TimeNamespace, TmpfsEntry, TunDevice, UserNamespace,
+    BindMount, LaterKind, Manifest, MountNamespace, Namespaces, NetAddress, NetInterface, NetLink,
+    NetNamespace, NetRoute, NetRule, TimeNamespace, TmpfsEntry, TunDevice, UserNamespace,
 };
 use stasis_kernel::child::NsSetup;
 use stasis_kernel::ns::{self as kns, NsKind};
@@ -787,7 +787,20 @@ fn addr_of(a: &NetAddress, index: u32) -> rtnl::Addr {
         broadcast: a.broadcast.filter(std::net::IpAddr::is_ipv4),
         flags,
         scope: a.scope,
+        peer: a.peer,
     }
+}
+
+/// The addresses of an interface (once it is up: an IPv6 address added
+/// before is made ready with the link, and the kernel may then not make
+/// the route to its point-to-point peer) in the order to add them so that the
+/// kernel lists them as it did: IPv4 ones in their order (each added
+/// after the others), then IPv6 ones from the last (each added before the
+/// others of its scope).
+fn making_order(addrs: &[NetAddress]) -> impl Iterator<Item = &NetAddress> {
+    let v4 = addrs.iter().filter(|a| a.addr.is_ipv4());
+    let v6 = addrs.iter().rev().filter(|a| a.addr.is_ipv6());
+    v4.chain(v6)
 }
 
 /// Makes the tree's veths again, before its sockets (a connection bound
@@ -798,7 +811,12 @@ fn addr_of(a: &NetAddress, index: u32) -> rtnl::Addr {
 /// and up state; its tun and tap devices ([`make_tun`]) with the same;
 /// then the namespace's routes.
 fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
-    if net.veths.is_empty() && net.routes.is_empty() && net.tuns.is_empty() {
+    if net.veths.is_empty()
+        && net.routes.is_empty()
+        && net.tuns.is_empty()
+        && net.rules.is_empty()
+        && net.links.is_empty()
+    {
         return Ok(());
     }
     let spec = |i: &NetInterface| rtnl::LinkSpec {
@@ -831,10 +849,6 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
     };
     for v in &net.veths {
         let peer = index(&links, &v.peer.name)?;
-        for a in &v.peer.addrs {
-            nl.add_addr(&addr_of(a, peer))
-                .map_err(step(format!("giving {} its address", v.peer.name)))?;
-        }
         let master = match &v.master {
             Some(b) => Some(index(&links, b)?),
             None => None,
@@ -843,23 +857,45 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
             "attaching {} to its bridge and bringing it up",
             v.peer.name
         )))?;
+        for a in making_order(&v.peer.addrs) {
+            nl.add_addr(&addr_of(a, peer))
+                .map_err(step(format!("giving {} its address", v.peer.name)))?;
+        }
     }
     kns::in_namespaces_of(root, &[NsKind::Net], || -> Result<()> {
         for t in &net.tuns {
             make_tun(t)?;
         }
+        make_links(&net.links)?;
         let mut nl = Rtnl::open().map_err(step("opening a route netlink socket"))?;
         let links = nl
             .links()
             .map_err(step("listing the interfaces of the tree's namespace"))?;
+        // The ports of its bridges first, in their numbers' order (a
+        // bridge numbers a new port with the lowest free number).
+        let mut ports: Vec<&NetInterface> = net
+            .veths
+            .iter()
+            .map(|v| &v.inside)
+            .chain(net.tuns.iter().map(|t| &t.iface))
+            .chain(net.links.iter().map(|l| &l.iface))
+            .filter(|i| i.master.is_some())
+            .collect();
+        ports.sort_by_key(|i| i.port_no.unwrap_or(u16::MAX));
+        for p in ports {
+            let i = index(&links, &p.name)?;
+            nl.set_link(i, master_index(&links, p)?, p.up)
+                .map_err(step(format!("attaching {} to its bridge", p.name)))?;
+        }
         for v in &net.veths {
             let i = index(&links, &v.inside.name)?;
-            for a in &v.inside.addrs {
+            let master = master_index(&links, &v.inside)?;
+            nl.set_link(i, master, v.inside.up)
+                .map_err(step(format!("bringing {} up", v.inside.name)))?;
+            for a in making_order(&v.inside.addrs) {
                 nl.add_addr(&addr_of(a, i))
                     .map_err(step(format!("giving {} its address", v.inside.name)))?;
             }
-            nl.set_link(i, None, v.inside.up)
-                .map_err(step(format!("bringing {} up", v.inside.name)))?;
         }
         for t in &net.tuns {
             let d = &t.iface;
@@ -874,24 +910,58 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
                 "giving the tun device {} its MTU and hardware address",
                 d.name
             )))?;
-            for a in &d.addrs {
+            nl.set_link(i, master_index(&links, d)?, d.up)
+                .map_err(step(format!("bringing {} up", d.name)))?;
+            for a in making_order(&d.addrs) {
                 nl.add_addr(&addr_of(a, i))
                     .map_err(step(format!("giving {} its address", d.name)))?;
             }
-            nl.set_link(i, None, d.up)
+        }
+        for l in &net.links {
+            let d = &l.iface;
+            let i = index(&links, &d.name)?;
+            nl.set_link(i, master_index(&links, d)?, d.up)
                 .map_err(step(format!("bringing {} up", d.name)))?;
+        }
+        for l in &net.links {
+            let d = &l.iface;
+            let i = index(&links, &d.name)?;
+            // A bridge takes its ports' smallest MTU and an address of
+            // one unless given its own once they are its ports.
+            if l.kind == "bridge" {
+                nl.set_mtu_mac(i, d.mtu, &d.mac).map_err(step(format!(
+                    "giving the bridge {} its MTU and hardware address",
+                    d.name
+                )))?;
+            }
+            for a in making_order(&d.addrs) {
+                nl.add_addr(&addr_of(a, i))
+                    .map_err(step(format!("giving {} its address", d.name)))?;
+            }
         }
         // Routes through a gateway after those that make it reachable.
         let mut routes: Vec<&NetRoute> = net.routes.iter().collect();
-        routes.sort_by_key(|r| r.gateway.is_some());
+        routes.sort_by_key(|r| r.gateway.is_some() || !r.nexthops.is_empty());
         for r in routes {
             let oif = match &r.dev {
                 Some(d) => Some(index(&links, d)?),
                 None => None,
             };
+            let mut nexthops = Vec::new();
+            for h in &r.nexthops {
+                nexthops.push(rtnl::NextHop {
+                    gateway: h.gateway,
+                    oif: match &h.dev {
+                        Some(d) => index(&links, d)?,
+                        None => 0,
+                    },
+                    hops: h.hops,
+                    flags: h.flags & rtnl::RTNH_F_ONLINK,
+                });
+            }
             let route = rtnl::Route {
                 family: r.family,
-                table: rtnl::RT_TABLE_MAIN,
+                table: r.table,
                 dst: r.dst,
                 dst_len: r.dst_len,
                 gateway: r.gateway,
@@ -901,13 +971,197 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
                 protocol: r.protocol,
                 scope: r.scope,
                 kind: r.kind,
+                nexthops,
+                flags: r.flags & u32::from(rtnl::RTNH_F_ONLINK),
+                attrs: r
+                    .attrs
+                    .iter()
+                    .filter(|a| {
+                        [rtnl::RTA_METRICS, rtnl::RTA_FLOW, rtnl::RTA_PREF].contains(&a.kind)
+                    })
+                    .map(|a| rtnl::RawAttr {
+                        kind: a.kind,
+                        value: a.value.clone(),
+                    })
+                    .collect(),
                 unusual: false,
             };
-            nl.add_route(&route)
-                .map_err(step("adding a route of the tree's network namespace"))?;
+            let dst = r
+                .dst
+                .map_or("default".to_string(), |d| format!("{d}/{}", r.dst_len));
+            nl.add_route(&route).map_err(step(format!(
+                "adding the route to {dst} (table {}) of the tree's network namespace",
+                r.table
+            )))?;
         }
+        net_rules(&mut nl, &net.rules)?;
         Ok(())
     })??;
+    Ok(())
+}
+
+/// The index (in `links`) of the bridge `i` was a port of.
+fn master_index(links: &[rtnl::Link], i: &NetInterface) -> Result<Option<u32>> {
+    let Some(m) = &i.master else {
+        return Ok(None);
+    };
+    match links.iter().find(|l| &l.name == m) {
+        Some(l) => Ok(Some(l.index)),
+        None => Err(ObjectError::Incompatible(format!(
+            "the bridge {m} of {} is missing right after it was made",
+            i.name
+        ))
+        .into()),
+    }
+}
+
+/// Makes the interfaces made inside the tree's namespace (`links`) in
+/// the calling thread's (its new one), down, each with its name, hardware
+/// address, MTU, queue length, lower device and configuration.
+fn make_links(links: &[NetLink]) -> Result<()> {
+    if links.is_empty() {
+        return Ok(());
+    }
+    let spec = |i: &NetInterface| rtnl::LinkSpec {
+        name: i.name.clone(),
+        mac: i.mac.clone(),
+        mtu: i.mtu,
+    };
+    let new = |l: &NetLink, link: Option<u32>, data: Vec<rtnl::RawAttr>| rtnl::NewLink {
+        spec: spec(&l.iface),
+        kind: l.kind.clone(),
+        txqlen: l.txqlen,
+        link,
+        info_data: data,
+    };
+    let raw = |l: &NetLink| -> Vec<rtnl::RawAttr> {
+        l.data
+            .iter()
+            .map(|a| rtnl::RawAttr {
+                kind: a.kind,
+                value: a.value.clone(),
+            })
+            .collect()
+    };
+    let what = |l: &NetLink| format!("making the {} interface {}", l.kind, l.iface.name);
+    let mut nl = Rtnl::open().map_err(step("opening a route netlink socket"))?;
+    let here = std::fs::File::open("/proc/thread-self/ns/net").map_err(|e| {
+        step("opening the tree's network namespace")(stasis_kernel::KernelError::Io {
+            what: "open /proc/thread-self/ns/net".into(),
+            source: e,
+        })
+    })?;
+    let mut made: Vec<&str> = Vec::new();
+    // In their order (the kernel's, by index), so that each gets its old
+    // index where the namespace's other interfaces allow it; a lower
+    // device is older than the devices on it.
+    for l in links {
+        let lower = |nl: &mut Rtnl| -> Result<u32> {
+            let name = l.link.as_deref().unwrap_or_default();
+            let now = nl
+                .links()
+                .map_err(step("listing the interfaces of the tree's namespace"))?;
+            now.iter()
+                .find(|x| x.name == name)
+                .map(|x| x.index)
+                .ok_or_else(|| {
+                    ObjectError::Incompatible(format!(
+                        "the lower device {name} of the tree's {} {} is missing",
+                        l.kind, l.iface.name
+                    ))
+                    .into()
+                })
+        };
+        match l.kind.as_str() {
+            "bridge" | "ifb" => nl.add_link(&new(l, None, raw(l))),
+            "macvlan" => {
+                let i = lower(&mut nl)?;
+                nl.add_link(&new(l, Some(i), raw(l)))
+            }
+            "vxlan" => {
+                let mut data = raw(l);
+                if l.link.is_some() {
+                    data.push(rtnl::RawAttr {
+                        kind: 3, // IFLA_VXLAN_LINK
+                        value: lower(&mut nl)?.to_ne_bytes().to_vec(),
+                    });
+                }
+                nl.add_link(&new(l, None, data))
+            }
+            "veth" if !made.contains(&l.iface.name.as_str()) => {
+                let peer = links
+                    .iter()
+                    .find(|p| Some(&p.iface.name) == l.link.as_ref() && p.kind == "veth");
+                let Some(peer) = peer else {
+                    return Err(ObjectError::Incompatible(format!(
+                        "the tree's veth {} has no saved peer",
+                        l.iface.name
+                    ))
+                    .into());
+                };
+                made.push(&peer.iface.name);
+                // The peer is registered first: this end (listed first,
+                // the older) is made as the peer.
+                let mut v = nl.add_veth(&spec(&peer.iface), &spec(&l.iface), here.as_fd());
+                if v.is_ok() {
+                    // The pair is made with one queue length.
+                    if let Ok(all) = nl.links() {
+                        for (x, q) in [(&l.iface.name, l.txqlen), (&peer.iface.name, peer.txqlen)] {
+                            if let Some(i) = all.iter().find(|a| &a.name == x) {
+                                v = v.and(nl.set_txqlen(i.index, q));
+                            }
+                        }
+                    }
+                }
+                v
+            }
+            _ => Ok(()),
+        }
+        .map_err(step(what(l)))?;
+    }
+    Ok(())
+}
+
+/// Gives the calling thread's network namespace (the tree's new one) the
+/// policy routing rules `saved` (none: it keeps the kernel's): removes
+/// each of its rules that is not saved (a kernel rule the tree had
+/// removed), then adds each saved rule it lacks, in their order.
+fn net_rules(nl: &mut Rtnl, saved: &[NetRule]) -> Result<()> {
+    if saved.is_empty() {
+        return Ok(());
+    }
+    let saved: Vec<rtnl::Rule> = saved
+        .iter()
+        .map(|r| rtnl::Rule {
+            family: r.family,
+            dst_len: r.dst_len,
+            src_len: r.src_len,
+            tos: r.tos,
+            table: r.table,
+            action: r.action,
+            flags: r.flags,
+            attrs: r
+                .attrs
+                .iter()
+                .map(|a| rtnl::RawAttr {
+                    kind: a.kind,
+                    value: a.value.clone(),
+                })
+                .collect(),
+        })
+        .collect();
+    let now = nl
+        .rules()
+        .map_err(step("listing the routing rules of the tree's namespace"))?;
+    for r in now.iter().filter(|r| !saved.contains(r)) {
+        nl.del_rule(r)
+            .map_err(step("removing a routing rule the tree had not"))?;
+    }
+    for r in saved.iter().filter(|r| !now.contains(r)) {
+        nl.add_rule(r).map_err(step(
+            "adding a routing rule of the tree's network namespace",
+        ))?;
+    }
     Ok(())
 }
 

@@ -1808,20 +1808,33 @@ fn twice_keeps_block_device_fds() {
     });
 }
 
+/// A macvlan of the tree's network namespace whose lower device is in
+/// the dumper's (moved in, as a container runtime may give one): refused
+/// by name, the tree left running.
 #[test]
-fn refuses_an_interface_other_than_loopback() {
+fn refuses_a_macvlan_on_a_device_of_another_namespace() {
+    let _net = ContainerNet {
+        names: vec!["stasis-mvl0"],
+        pids: Vec::new(),
+    };
+    let _ = Command::new("ip")
+        .args(["link", "del", "stasis-mvl0"])
+        .stderr(Stdio::null())
+        .status();
+    ip(None, "link add stasis-mvl0 type veth peer name stasis-mvl1");
+    let moved = std::cell::Cell::new(false);
     refused(
-        &[
-            "--pid",
-            "--fork",
-            "--mount-proc",
-            "--net",
-            "sh",
-            "-c",
-            "ip link add stasis-b0 type bridge && exec sleep 1000",
-        ],
-        |up| child_running(up, "sleep 1000"),
-        "its network namespace has the interface stasis-b0 (a bridge device)",
+        &["--net", "--fork", "sh", "-c", "exec sleep 1000"],
+        |up| {
+            let p = child_running(up, "sleep 1000")?;
+            if !moved.get() {
+                ip(None, "link add stasis-mv0 link stasis-mvl0 type macvlan");
+                ip(None, &format!("link set stasis-mv0 netns {p}"));
+                moved.set(true);
+            }
+            Some(p)
+        },
+        "its macvlan interface stasis-mv0 has its link in another network namespace",
     );
 }
 
@@ -2041,20 +2054,50 @@ fn a_tun_held_by_a_program_carries_packets_after_restore() {
     finish_program(dir.path(), last);
 }
 
-/// A veth pair with both ends in the tree's namespace (not a container's:
-/// its peer is not in the dumper's).
+/// A macvlan in source mode with a list of addresses: refused by name.
 #[test]
-fn refuses_a_veth_whose_peer_is_not_in_the_dumpers_namespace() {
+fn refuses_a_macvlan_with_source_addresses() {
     refused(
         &[
             "--net",
             "--fork",
             "sh",
             "-c",
-            "ip link add stasis-v1 type veth peer name stasis-v2 && exec sleep 1000",
+            "ip link add stasis-l0 type veth peer name stasis-l1 \
+             && ip link add stasis-ms link stasis-l0 type macvlan mode source \
+             && ip link set stasis-ms type macvlan macaddr add 02:00:00:00:00:05 \
+             && exec sleep 1000",
         ],
         |up| child_running(up, "sleep 1000"),
-        "its network namespace has the veth stasis-v",
+        "its macvlan interface stasis-ms has a list of source addresses",
+    );
+}
+
+/// A veth of the tree's network namespace whose peer is in a third one
+/// (neither the tree's nor the dumper's): refused by name.
+#[test]
+fn refuses_a_veth_whose_peer_is_in_a_third_namespace() {
+    let third = format!("stasis-third-{}", std::process::id());
+    let _ = Command::new("ip").args(["netns", "add", &third]).status();
+    struct Del(String);
+    impl Drop for Del {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+        }
+    }
+    let _del = Del(third.clone());
+    refused(
+        &[
+            "--net",
+            "--fork",
+            "sh",
+            "-c",
+            &format!(
+                "ip link add stasis-v1 type veth peer name stasis-v2 netns {third} && exec sleep 1000"
+            ),
+        ],
+        |up| child_running(up, "sleep 1000"),
+        "its network namespace has the veth stasis-v1 whose peer is in a third network namespace",
     );
 }
 
@@ -3580,4 +3623,443 @@ fn refuses_a_pending_time_namespace_beside_its_own_alone() {
         },
         "no process of the tree makes its children in the first",
     );
+}
+
+/// `ip -j ARGS` in the network namespace of `pid`, without what the
+/// kernel makes differently each time: IPv6 link-local addresses (a tun
+/// device's are random) and the local routes to them, counters, bridge
+/// timers, a vxlan's TSO limit, and the index of a veth's peer.
+fn ip_json(pid: i32, args: &str) -> serde_json::Value {
+    let text = ip(Some(pid), &format!("-d -j {args}"));
+    let mut v: serde_json::Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("ip -j {args} is not JSON ({e}): {text}"));
+    // The timers of bridges and their ports run.
+    fn no_timers(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(o) => {
+                o.retain(|k, _| !k.ends_with("_timer"));
+                o.values_mut().for_each(no_timers);
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(no_timers),
+            _ => {}
+        }
+    }
+    no_timers(&mut v);
+    let link_local = |s: &str| s.starts_with("fe80:") && s != "fe80::/64";
+    if let Some(items) = v.as_array_mut() {
+        items.retain(|i| !i["dst"].as_str().is_some_and(link_local));
+        // The kernel's IPv6 routes of each interface (link-local prefix,
+        // multicast) are listed in the order the interfaces came up:
+        // taken here by interface name, in their places.
+        let per_dev = |i: &serde_json::Value| {
+            i["protocol"] == "kernel" && (i["dst"] == "fe80::/64" || i["dst"] == "ff00::/8")
+        };
+        for dst in ["fe80::/64", "ff00::/8"] {
+            let at: Vec<usize> = (0..items.len())
+                .filter(|&k| per_dev(&items[k]) && items[k]["dst"] == dst)
+                .collect();
+            let mut these: Vec<serde_json::Value> = at.iter().map(|&k| items[k].clone()).collect();
+            these.sort_by_key(|i| i["dev"].as_str().unwrap_or_default().to_string());
+            for (k, i) in at.into_iter().zip(these) {
+                items[k] = i;
+            }
+        }
+        for i in items.iter_mut() {
+            if let Some(o) = i.as_object_mut() {
+                o.remove("stats64");
+                o.remove("stats");
+                // A veth's peer in the restorer's namespace is made anew.
+                o.remove("link_index");
+            }
+            // A vxlan's TSO limit is its lower device's when it was
+            // made (a bridge's grows with its ports, attached later at
+            // restore): a capability, not a setting.
+            if i["linkinfo"]["info_kind"] == "vxlan" {
+                if let Some(o) = i.as_object_mut() {
+                    o.remove("tso_max_size");
+                }
+            }
+            if let Some(a) = i["addr_info"].as_array_mut() {
+                a.retain(|x| !x["local"].as_str().is_some_and(link_local));
+            }
+        }
+    }
+    v
+}
+
+/// Asserts that the routing state of the namespace of `pid` becomes `was`
+/// (the kernel makes the route to an IPv6 address's peer once its
+/// address is through duplicate address detection, just after the
+/// restore), naming the first entry that differs.
+fn assert_routing_state(what: &str, pid: i32, was: &[(String, serde_json::Value)]) {
+    let t0 = std::time::Instant::now();
+    let mut now = routing_state(pid);
+    while now != was && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+        now = routing_state(pid);
+    }
+    for ((ip_args, was), (_, now)) in was.iter().zip(&now) {
+        assert_same(&format!("{what}: ip {ip_args}"), was, now);
+    }
+}
+
+/// Asserts that `was` and `now` (`ip -j` lists) are equal, naming the
+/// first entry that differs.
+fn assert_same(what: &str, was: &serde_json::Value, now: &serde_json::Value) {
+    let (a, b) = (was.as_array(), now.as_array());
+    if let (Some(a), Some(b)) = (a, b) {
+        for (x, y) in a.iter().zip(b) {
+            assert_eq!(x, y, "{what}: an entry differs after the restore");
+        }
+        assert_eq!(a.len(), b.len(), "{what}: {was} became {now}");
+    }
+    assert_eq!(was, now, "{what} differs after the restore");
+}
+
+/// The routing state of the network namespace of `pid`, exactly: its
+/// addresses, the routes of every table and the rules, IPv4 and IPv6.
+fn routing_state(pid: i32) -> Vec<(String, serde_json::Value)> {
+    [
+        "addr show",
+        "-4 route show table all",
+        "-6 route show table all",
+        "-4 rule show",
+        "-6 rule show",
+    ]
+    .iter()
+    .map(|a| (a.to_string(), ip_json(pid, a)))
+    .collect()
+}
+
+/// Starts `unshare --net` with `args` and the directory `d` as last
+/// argument; once its namespace exists, gives it a veth `eth0` (up, `lo`
+/// up) whose peer `host` is in this namespace, runs `ip ARGS` for each
+/// of `host_ip` here and `tree_ip` in the tree's namespace, then creates
+/// `d/set`. Returns the unshare child (reaped when dumped) and its PID.
+fn start_container(
+    args: &[&str],
+    d: &std::path::Path,
+    host: &str,
+    host_ip: &[&str],
+    tree_ip: &[&str],
+) -> (Child, i32) {
+    let _ = Command::new("ip")
+        .args(["link", "del", host])
+        .stderr(Stdio::null())
+        .status();
+    let mut c = Command::new("unshare");
+    c.arg("--net")
+        .args(args)
+        .arg(d)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    close_inherited_fds(&mut c);
+    become_subreaper();
+    let child = c.spawn().expect("starting unshare");
+    let pid = child.id() as i32;
+    wait_until(
+        Duration::from_secs(10),
+        "the tree's network namespace",
+        || {
+            std::fs::read_link(format!("/proc/{pid}/ns/net")).ok()
+                != std::fs::read_link("/proc/self/ns/net").ok()
+        },
+    );
+    ip(
+        None,
+        &format!("link add {host} type veth peer name eth0 netns {pid}"),
+    );
+    for a in host_ip {
+        ip(None, a);
+    }
+    ip(None, &format!("link set {host} up"));
+    ip(Some(pid), "link set lo up");
+    ip(Some(pid), "link set eth0 up");
+    for a in tree_ip {
+        ip(Some(pid), a);
+    }
+    std::fs::write(d.join("set"), b"").unwrap();
+    wait_until(Duration::from_secs(20), "the tree to be ready", || {
+        d.join("ready").exists()
+    });
+    (child, pid)
+}
+
+/// Issue 17: the routing state of a tree's own network namespace comes
+/// back exactly, twice: addresses with a point-to-point peer (IPv4 and
+/// IPv6, and so the kernel's routes to the peers), routes of other tables
+/// (a gateway, a blackhole, a source and scope, an MTU metric, an IPv6
+/// preference), a route of the local table, multipath routes with
+/// weights (IPv4 and IPv6), an `onlink` gateway, and policy routing rules
+/// (a source, a fwmark with its mask and an input interface, an IPv6
+/// destination, a prohibit), one of the kernel's rules removed.
+#[test]
+fn twice_keeps_peers_tables_multipath_routes_and_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let sh = "while [ ! -e \"$0/set\" ]; do sleep 0.02; done; touch \"$0/ready\"; exec sleep 1000";
+    let (mut child, pid) = start_container(
+        &["sh", "-c", sh],
+        dir.path(),
+        "stasisv2h",
+        &[],
+        &[
+            "addr add 10.60.0.1 peer 10.60.0.2/32 dev eth0",
+            "-6 addr add fd60::1 peer fd60::2/128 dev eth0 nodad",
+            "addr add 10.61.0.1/24 dev eth0",
+            "-6 addr add fd61::1/64 dev eth0 nodad",
+            "route add 10.70.0.0/16 via 10.60.0.2 table 100 metric 5 proto static",
+            "route add blackhole 10.71.0.0/16 table 1000",
+            "route add 10.72.0.0/16 dev eth0 table 100 src 10.61.0.1 scope link",
+            "route add 10.73.0.0/16 nexthop via 10.61.0.5 dev eth0 weight 3 nexthop via 10.61.0.6 dev eth0",
+            "route add 10.74.0.0/16 dev eth0 mtu 1300 table 200",
+            "route add 10.75.0.0/16 via 10.99.0.1 dev eth0 onlink",
+            "route add local 10.76.0.0/16 dev lo table local",
+            "-6 route add fd70::/64 via fd61::5 dev eth0 table 100 pref high",
+            "-6 route add fd71::/64 nexthop via fd61::7 dev eth0 nexthop via fd61::8 dev eth0 weight 2",
+            "rule add from 10.61.0.0/24 lookup 100 pref 100",
+            "rule add fwmark 0x5/0xff iif lo lookup 200 pref 150",
+            "rule add to 10.71.0.0/16 prohibit pref 160",
+            "-6 rule add to fd70::/64 lookup 100 pref 100",
+            "rule del pref 32767",
+        ],
+    );
+    let mut net = ContainerNet {
+        names: vec!["stasisv2h"],
+        pids: vec![pid],
+    };
+    std::thread::spawn(move || child.wait());
+    let before = routing_state(pid);
+    // What the restore must make again, there to compare.
+    let text = format!("{before:?}");
+    for want in [
+        "10.60.0.2",
+        "fd60::2",
+        "\"table\": String(\"100\")",
+        "\"table\": String(\"1000\")",
+        "nexthops",
+        "onlink",
+        "\"fwmask\": String(\"0xff\")",
+        "prohibit",
+        "\"pref\": String(\"high\")",
+        "10.76.0.0",
+    ] {
+        assert!(text.contains(want), "{want} set up: {text}");
+    }
+    let check = |pid: i32, round: u32| {
+        for ((what, was), (_, now)) in before.iter().zip(routing_state(pid)) {
+            assert_eq!(
+                *was, now,
+                "round {round}: ip {what} differs after the restore"
+            );
+        }
+    };
+    let last = dump_and_restore_detached(pid, 2, check);
+    net.pids.push(last);
+}
+
+/// Issue 17: a container's veth whose two ends have point-to-point
+/// addresses (the tree's end 10.62.0.2 peer 10.62.0.1), and a route of
+/// table 100 through that peer chosen by a rule for 10.63.0.0/24 (the
+/// main table has no route there): after a dump and restore, a program
+/// of the tree connects over TCP to 10.63.0.1 (an address of the host
+/// end) and exchanges bytes with this process.
+#[test]
+fn a_route_of_another_table_through_a_peer_carries_tcp_after_restore() {
+    use std::io::{Read, Write};
+    let mut net = ContainerNet {
+        names: vec!["stasisv1h"],
+        pids: Vec::new(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let prog = "import os, socket, sys, time\n\
+        d = sys.argv[1]\n\
+        def fail(why):\n    open(d + '/result', 'w').write('FAIL ' + why)\n    sys.exit(1)\n\
+        while not os.path.exists(d + '/set'):\n    time.sleep(0.02)\n\
+        open(d + '/ready', 'w').close()\n\
+        while not os.path.exists(d + '/go'):\n    time.sleep(0.02)\n\
+        try:\n    \
+            s = socket.create_connection(('10.63.0.1', 7790), timeout=20)\n    \
+            s.sendall(b'ping\\n')\n    \
+            got = b''\n    \
+            while not got.endswith(b'\\n'):\n        \
+                b = s.recv(100)\n        \
+                if not b:\n            break\n        \
+                got += b\n\
+        except OSError as e:\n    fail(str(e))\n\
+        if got != b'pong 10.62.0.2\\n':\n    fail('got %r' % got)\n\
+        open(d + '/result', 'w').write('PASS')\n";
+    let (mut child, pid) = start_container(
+        &["python3", "-c", prog],
+        d,
+        "stasisv1h",
+        &[
+            "addr add 10.62.0.1 peer 10.62.0.2/32 dev stasisv1h",
+            "addr add 10.63.0.1/32 dev stasisv1h",
+        ],
+        &[
+            "addr add 10.62.0.2 peer 10.62.0.1/32 dev eth0",
+            "route add 10.63.0.0/24 via 10.62.0.1 table 100",
+            "rule add to 10.63.0.0/24 lookup 100 pref 1000",
+        ],
+    );
+    net.pids.push(pid);
+    let before = routing_state(pid);
+    let host = ip_json(std::process::id() as i32, "addr show dev stasisv1h");
+    let img = d.join("images");
+    let o = stasis()
+        .args(["dump", "-t", &pid.to_string(), "-D"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert_ok(&o, "dump of the container tree");
+    let _ = child.wait();
+    let o = stasis()
+        .args(["restore", "--detach", "--json", "-D"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert_ok(&o, "restore of the container tree");
+    let pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
+    net.pids.push(pid);
+    assert_routing_state("after the restore", pid, &before);
+    let host_now = ip_json(std::process::id() as i32, "addr show dev stasisv1h");
+    // The host end is a new interface: its index and its peer's differ.
+    let strip = |mut v: serde_json::Value| {
+        for i in v.as_array_mut().into_iter().flatten() {
+            if let Some(o) = i.as_object_mut() {
+                o.remove("ifindex");
+                o.remove("link_netnsid");
+            }
+        }
+        v
+    };
+    assert_eq!(strip(host), strip(host_now), "the host end's addresses");
+    let listener =
+        std::net::TcpListener::bind(("10.63.0.1", 7790)).expect("listening on 10.63.0.1");
+    let server = std::thread::spawn(move || {
+        let (mut s, from) = listener
+            .accept()
+            .expect("the restored program's connection");
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut ping = [0u8; 5];
+        s.read_exact(&mut ping).expect("its ping");
+        assert_eq!(&ping, b"ping\n");
+        s.write_all(format!("pong {}\n", from.ip()).as_bytes())
+            .unwrap();
+    });
+    finish_program(d, pid);
+    server.join().expect("the exchange over the restored route");
+}
+
+/// `ip -d -j link show` in the network namespace of `pid` (as
+/// [`ip_json`] gives it).
+fn links_state(pid: i32) -> serde_json::Value {
+    ip_json(pid, "link show")
+}
+
+/// Issue 17: interfaces made inside a tree's network namespace come back
+/// exactly (`ip -d link`, addresses, routes): a bridge (its MTU, hardware
+/// address, forward delay, STP off, an address) with two ports, the
+/// container's veth `eth0` (peer in this namespace) and one end of a veth
+/// pair whose both ends are in the tree's namespace; a macvlan on the
+/// pair's other end; a vxlan on the bridge (id, port, local and remote
+/// addresses); an ifb with its queue length. After the restore, a program
+/// of the tree connects over TCP from the bridge's address to this
+/// process, through the bridge and `eth0`.
+#[test]
+fn own_bridge_veth_pair_macvlan_vxlan_and_ifb_come_back_and_carry_tcp() {
+    use std::io::{Read, Write};
+    let mut net = ContainerNet {
+        names: vec!["stasisv3h"],
+        pids: Vec::new(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let prog = "import os, socket, sys, time\n\
+        d = sys.argv[1]\n\
+        def fail(why):\n    open(d + '/result', 'w').write('FAIL ' + why)\n    sys.exit(1)\n\
+        while not os.path.exists(d + '/set'):\n    time.sleep(0.02)\n\
+        open(d + '/ready', 'w').close()\n\
+        while not os.path.exists(d + '/go'):\n    time.sleep(0.02)\n\
+        try:\n    \
+            s = socket.create_connection(('10.90.0.2', 7791), timeout=20)\n    \
+            s.sendall(b'ping\\n')\n    \
+            got = b''\n    \
+            while not got.endswith(b'\\n'):\n        \
+                b = s.recv(100)\n        \
+                if not b:\n            break\n        \
+                got += b\n\
+        except OSError as e:\n    fail(str(e))\n\
+        if got != b'pong 10.90.0.1\\n':\n    fail('got %r' % got)\n\
+        open(d + '/result', 'w').write('PASS')\n";
+    let (mut child, pid) = start_container(
+        &["python3", "-c", prog],
+        d,
+        "stasisv3h",
+        &["addr add 10.90.0.2/24 dev stasisv3h"],
+        &[
+            "link add br0 type bridge stp_state 0 forward_delay 400",
+            "link set br0 mtu 1400 address 02:90:00:00:00:01",
+            "link add va type veth peer name vb",
+            "link set vb master br0 up",
+            "link set va txqueuelen 700 up",
+            "link set eth0 master br0",
+            "link add mv0 link va type macvlan mode bridge",
+            "link add vx0 type vxlan id 42 dstport 4789 local 10.90.0.1 remote 10.90.0.9 dev br0",
+            "link add ifb0 txqueuelen 64 type ifb",
+            "link set br0 up",
+            "link set mv0 up",
+            "addr add 10.90.0.1/24 dev br0",
+            "addr add 10.91.0.1/24 dev mv0",
+        ],
+    );
+    net.pids.push(pid);
+    let before = (links_state(pid), routing_state(pid));
+    let text = format!("{:?}", before.0);
+    for want in [
+        "\"bridge\"",
+        "\"macvlan\"",
+        "\"vxlan\"",
+        "\"ifb\"",
+        "\"vb\"",
+    ] {
+        assert!(text.contains(want), "{want} set up: {text}");
+    }
+    let img = d.join("images");
+    let o = stasis()
+        .args(["dump", "-t", &pid.to_string(), "-D"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert_ok(&o, "dump of the container tree");
+    let _ = child.wait();
+    let o = stasis()
+        .args(["restore", "--detach", "--json", "-D"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert_ok(&o, "restore of the container tree");
+    let pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
+    net.pids.push(pid);
+    assert_routing_state("after the restore", pid, &before.1);
+    assert_same("ip -d link show", &before.0, &links_state(pid));
+    let listener =
+        std::net::TcpListener::bind(("10.90.0.2", 7791)).expect("listening on 10.90.0.2");
+    let server = std::thread::spawn(move || {
+        let (mut s, from) = listener
+            .accept()
+            .expect("the restored program's connection");
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut ping = [0u8; 5];
+        s.read_exact(&mut ping).expect("its ping");
+        assert_eq!(&ping, b"ping\n");
+        s.write_all(format!("pong {}\n", from.ip()).as_bytes())
+            .unwrap();
+    });
+    finish_program(d, pid);
+    server
+        .join()
+        .expect("the exchange through the restored bridge");
 }
