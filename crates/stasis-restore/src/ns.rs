@@ -1237,9 +1237,9 @@ mod tests {
         assert_eq!(options_inside("uid=7", None).unwrap(), "uid=7");
     }
 
-    #[test]
-    fn credentials_are_given_as_inside_fixed_groups_left() {
-        let mut m = Manifest {
+    /// A manifest of one process in the user namespace `user`.
+    fn one_process_in(user: UserNamespace) -> Manifest {
+        Manifest {
             checkpoint: 1,
             parent: None,
             tool_version: String::new(),
@@ -1254,13 +1254,18 @@ mod tests {
             shm_files: Vec::new(),
             cut: None,
             namespaces: Some(Namespaces {
-                user: Some(userns()),
+                user: Some(user),
                 ..Default::default()
             }),
             shell_job: None,
             content: None,
             cgroups: None,
-        };
+        }
+    }
+
+    #[test]
+    fn credentials_are_given_as_inside_fixed_groups_left() {
+        let mut m = one_process_in(userns());
         let c = &mut m.processes[0].creds;
         c.uid = [100_001, 100_001, 5000, 100_000];
         c.gid = [200_000; 4];
@@ -1277,28 +1282,7 @@ mod tests {
 
     #[test]
     fn credentials_in_a_namespace_without_maps_must_be_the_restorers() {
-        let mut m = Manifest {
-            checkpoint: 1,
-            parent: None,
-            tool_version: String::new(),
-            created_unix: 0,
-            host: Default::default(),
-            root_pid: 1,
-            processes: vec![crate::testutil::image(1, 0, 1, 1)],
-            stats: Default::default(),
-            pipes: Vec::new(),
-            ghosts: Vec::new(),
-            sysv_shm: Vec::new(),
-            shm_files: Vec::new(),
-            cut: None,
-            namespaces: Some(Namespaces {
-                user: Some(UserNamespace::default()),
-                ..Default::default()
-            }),
-            shell_job: None,
-            content: None,
-            cgroups: None,
-        };
+        let mut m = one_process_in(UserNamespace::default());
         let root = OwnIds {
             uid: [0; 3],
             gid: [0; 3],

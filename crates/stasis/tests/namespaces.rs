@@ -3858,6 +3858,72 @@ fn twice_keeps_peers_tables_multipath_routes_and_rules() {
     net.pids.push(last);
 }
 
+/// A Python program for a tree's own network namespace (run by
+/// [`start_container`] with its directory): once told to go, it connects
+/// over TCP to `to`:`port`, sends a ping, and checks that the answer names
+/// `mine`, the address it connected from; it writes PASS or FAIL to
+/// `result` ([`finish_program`]).
+fn ping_program(to: &str, port: u16, mine: &str) -> String {
+    format!(
+        "import os, socket, sys, time\n\
+        d = sys.argv[1]\n\
+        def fail(why):\n    open(d + '/result', 'w').write('FAIL ' + why)\n    sys.exit(1)\n\
+        while not os.path.exists(d + '/set'):\n    time.sleep(0.02)\n\
+        open(d + '/ready', 'w').close()\n\
+        while not os.path.exists(d + '/go'):\n    time.sleep(0.02)\n\
+        try:\n    \
+            s = socket.create_connection(('{to}', {port}), timeout=20)\n    \
+            s.sendall(b'ping\\n')\n    \
+            got = b''\n    \
+            while not got.endswith(b'\\n'):\n        \
+                b = s.recv(100)\n        \
+                if not b:\n            break\n        \
+                got += b\n\
+        except OSError as e:\n    fail(str(e))\n\
+        if got != b'pong {mine}\\n':\n    fail('got %r' % got)\n\
+        open(d + '/result', 'w').write('PASS')\n"
+    )
+}
+
+/// Listens on `at`:`port` and answers one [`ping_program`]'s ping with
+/// the address it came from (the thread panics if the exchange fails).
+fn pong_server(at: &str, port: u16) -> std::thread::JoinHandle<()> {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind((at, port))
+        .unwrap_or_else(|e| panic!("listening on {at}:{port}: {e}"));
+    std::thread::spawn(move || {
+        let (mut s, from) = listener
+            .accept()
+            .expect("the restored program's connection");
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut ping = [0u8; 5];
+        s.read_exact(&mut ping).expect("its ping");
+        assert_eq!(&ping, b"ping\n");
+        s.write_all(format!("pong {}\n", from.ip()).as_bytes())
+            .unwrap();
+    })
+}
+
+/// Dumps the container tree `pid` into `img` (killing it), reaps `child`
+/// (the `unshare` that started it) and restores the tree detached; the
+/// restored root's PID.
+fn dump_kill_restore(pid: i32, child: &mut std::process::Child, img: &std::path::Path) -> i32 {
+    let o = stasis()
+        .args(["dump", "-t", &pid.to_string(), "-D"])
+        .arg(img)
+        .output()
+        .unwrap();
+    assert_ok(&o, "dump of the container tree");
+    let _ = child.wait();
+    let o = stasis()
+        .args(["restore", "--detach", "--json", "-D"])
+        .arg(img)
+        .output()
+        .unwrap();
+    assert_ok(&o, "restore of the container tree");
+    i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap()
+}
+
 /// Issue 17: a container's veth whose two ends have point-to-point
 /// addresses (the tree's end 10.62.0.2 peer 10.62.0.1), and a route of
 /// table 100 through that peer chosen by a rule for 10.63.0.0/24 (the
@@ -3866,32 +3932,15 @@ fn twice_keeps_peers_tables_multipath_routes_and_rules() {
 /// end) and exchanges bytes with this process.
 #[test]
 fn a_route_of_another_table_through_a_peer_carries_tcp_after_restore() {
-    use std::io::{Read, Write};
     let mut net = ContainerNet {
         names: vec!["stasisv1h"],
         pids: Vec::new(),
     };
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let prog = "import os, socket, sys, time\n\
-        d = sys.argv[1]\n\
-        def fail(why):\n    open(d + '/result', 'w').write('FAIL ' + why)\n    sys.exit(1)\n\
-        while not os.path.exists(d + '/set'):\n    time.sleep(0.02)\n\
-        open(d + '/ready', 'w').close()\n\
-        while not os.path.exists(d + '/go'):\n    time.sleep(0.02)\n\
-        try:\n    \
-            s = socket.create_connection(('10.63.0.1', 7790), timeout=20)\n    \
-            s.sendall(b'ping\\n')\n    \
-            got = b''\n    \
-            while not got.endswith(b'\\n'):\n        \
-                b = s.recv(100)\n        \
-                if not b:\n            break\n        \
-                got += b\n\
-        except OSError as e:\n    fail(str(e))\n\
-        if got != b'pong 10.62.0.2\\n':\n    fail('got %r' % got)\n\
-        open(d + '/result', 'w').write('PASS')\n";
+    let prog = ping_program("10.63.0.1", 7790, "10.62.0.2");
     let (mut child, pid) = start_container(
-        &["python3", "-c", prog],
+        &["python3", "-c", &prog],
         d,
         "stasisv1h",
         &[
@@ -3907,21 +3956,7 @@ fn a_route_of_another_table_through_a_peer_carries_tcp_after_restore() {
     net.pids.push(pid);
     let before = routing_state(pid);
     let host = ip_json(std::process::id() as i32, "addr show dev stasisv1h");
-    let img = d.join("images");
-    let o = stasis()
-        .args(["dump", "-t", &pid.to_string(), "-D"])
-        .arg(&img)
-        .output()
-        .unwrap();
-    assert_ok(&o, "dump of the container tree");
-    let _ = child.wait();
-    let o = stasis()
-        .args(["restore", "--detach", "--json", "-D"])
-        .arg(&img)
-        .output()
-        .unwrap();
-    assert_ok(&o, "restore of the container tree");
-    let pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
+    let pid = dump_kill_restore(pid, &mut child, &d.join("images"));
     net.pids.push(pid);
     assert_routing_state("after the restore", pid, &before);
     let host_now = ip_json(std::process::id() as i32, "addr show dev stasisv1h");
@@ -3936,19 +3971,7 @@ fn a_route_of_another_table_through_a_peer_carries_tcp_after_restore() {
         v
     };
     assert_eq!(strip(host), strip(host_now), "the host end's addresses");
-    let listener =
-        std::net::TcpListener::bind(("10.63.0.1", 7790)).expect("listening on 10.63.0.1");
-    let server = std::thread::spawn(move || {
-        let (mut s, from) = listener
-            .accept()
-            .expect("the restored program's connection");
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let mut ping = [0u8; 5];
-        s.read_exact(&mut ping).expect("its ping");
-        assert_eq!(&ping, b"ping\n");
-        s.write_all(format!("pong {}\n", from.ip()).as_bytes())
-            .unwrap();
-    });
+    let server = pong_server("10.63.0.1", 7790);
     finish_program(d, pid);
     server.join().expect("the exchange over the restored route");
 }
@@ -3970,32 +3993,15 @@ fn links_state(pid: i32) -> serde_json::Value {
 /// process, through the bridge and `eth0`.
 #[test]
 fn own_bridge_veth_pair_macvlan_vxlan_and_ifb_come_back_and_carry_tcp() {
-    use std::io::{Read, Write};
     let mut net = ContainerNet {
         names: vec!["stasisv3h"],
         pids: Vec::new(),
     };
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let prog = "import os, socket, sys, time\n\
-        d = sys.argv[1]\n\
-        def fail(why):\n    open(d + '/result', 'w').write('FAIL ' + why)\n    sys.exit(1)\n\
-        while not os.path.exists(d + '/set'):\n    time.sleep(0.02)\n\
-        open(d + '/ready', 'w').close()\n\
-        while not os.path.exists(d + '/go'):\n    time.sleep(0.02)\n\
-        try:\n    \
-            s = socket.create_connection(('10.90.0.2', 7791), timeout=20)\n    \
-            s.sendall(b'ping\\n')\n    \
-            got = b''\n    \
-            while not got.endswith(b'\\n'):\n        \
-                b = s.recv(100)\n        \
-                if not b:\n            break\n        \
-                got += b\n\
-        except OSError as e:\n    fail(str(e))\n\
-        if got != b'pong 10.90.0.1\\n':\n    fail('got %r' % got)\n\
-        open(d + '/result', 'w').write('PASS')\n";
+    let prog = ping_program("10.90.0.2", 7791, "10.90.0.1");
     let (mut child, pid) = start_container(
-        &["python3", "-c", prog],
+        &["python3", "-c", &prog],
         d,
         "stasisv3h",
         &["addr add 10.90.0.2/24 dev stasisv3h"],
@@ -4027,37 +4033,11 @@ fn own_bridge_veth_pair_macvlan_vxlan_and_ifb_come_back_and_carry_tcp() {
     ] {
         assert!(text.contains(want), "{want} set up: {text}");
     }
-    let img = d.join("images");
-    let o = stasis()
-        .args(["dump", "-t", &pid.to_string(), "-D"])
-        .arg(&img)
-        .output()
-        .unwrap();
-    assert_ok(&o, "dump of the container tree");
-    let _ = child.wait();
-    let o = stasis()
-        .args(["restore", "--detach", "--json", "-D"])
-        .arg(&img)
-        .output()
-        .unwrap();
-    assert_ok(&o, "restore of the container tree");
-    let pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
+    let pid = dump_kill_restore(pid, &mut child, &d.join("images"));
     net.pids.push(pid);
     assert_routing_state("after the restore", pid, &before.1);
     assert_same("ip -d link show", &before.0, &links_state(pid));
-    let listener =
-        std::net::TcpListener::bind(("10.90.0.2", 7791)).expect("listening on 10.90.0.2");
-    let server = std::thread::spawn(move || {
-        let (mut s, from) = listener
-            .accept()
-            .expect("the restored program's connection");
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let mut ping = [0u8; 5];
-        s.read_exact(&mut ping).expect("its ping");
-        assert_eq!(&ping, b"ping\n");
-        s.write_all(format!("pong {}\n", from.ip()).as_bytes())
-            .unwrap();
-    });
+    let server = pong_server("10.90.0.2", 7791);
     finish_program(d, pid);
     server
         .join()
