@@ -1971,6 +1971,7 @@ fn twice_keeps_a_persistent_tap() {
             &[
                 "link/ether 02:55:00:00:00:07",
                 "mtu 1300",
+                "<NO-CARRIER,",
                 ",UP>",
                 "tun type tap pi off vnet_hdr on persist on user 1234",
             ],
