@@ -23,6 +23,21 @@ fn p() -> &'static Path {
     Path::new("manifest.bin")
 }
 
+/// `m` calls for format `version`, is written with it, reads back equal,
+/// and is refused when its header says `lower`.
+fn assert_version_round_trips(m: &manifest::Manifest, version: u32, lower: u32) {
+    assert_eq!(m.format_version(), version, "{m:?}");
+    let bytes = encode_manifest(m).unwrap();
+    assert_eq!(
+        u32::from_le_bytes(bytes[8..12].try_into().unwrap()),
+        version
+    );
+    assert_eq!(decode_manifest(&bytes, 3, p()).unwrap(), *m);
+    let mut low = bytes.clone();
+    low[8..12].copy_from_slice(&lower.to_le_bytes());
+    assert!(decode_manifest(&low, 3, p()).is_err());
+}
+
 #[test]
 fn round_trip_and_reencode_is_identical() {
     let m = small_manifest();
@@ -885,13 +900,7 @@ fn a_root_of_its_own_raises_the_manifest_version_and_round_trips() {
         }),
         ..Default::default()
     });
-    assert_eq!(m.format_version(), 11);
-    let bytes = encode_manifest(&m).unwrap();
-    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 11);
-    assert_eq!(decode_manifest(&bytes, 3, p()).unwrap(), m);
-    let mut lower = bytes.clone();
-    lower[8..12].copy_from_slice(&manifest::TUN_MANIFEST_VERSION.to_le_bytes());
-    assert!(decode_manifest(&lower, 3, p()).is_err());
+    assert_version_round_trips(&m, 11, manifest::TUN_MANIFEST_VERSION);
     // Without it, the same namespace is not raised to 11.
     let mut without = m.clone();
     if let Some(mnt) = without.namespaces.as_mut().and_then(|n| n.mnt.as_mut()) {
@@ -944,13 +953,7 @@ fn a_queue_held_by_an_fd_raises_the_manifest_version_and_round_trips() {
             ],
         },
     })));
-    assert_eq!(m.format_version(), 12);
-    let bytes = encode_manifest(&m).unwrap();
-    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 12);
-    assert_eq!(decode_manifest(&bytes, 3, p()).unwrap(), m);
-    let mut lower = bytes.clone();
-    lower[8..12].copy_from_slice(&manifest::OWN_ROOT_MANIFEST_VERSION.to_le_bytes());
-    assert!(decode_manifest(&lower, 3, p()).is_err());
+    assert_version_round_trips(&m, 12, manifest::OWN_ROOT_MANIFEST_VERSION);
     let mut without = base.clone();
     without.processes[0].fds.push(fd(None));
     assert_eq!(
@@ -973,13 +976,7 @@ fn a_pending_time_namespace_raises_the_manifest_version_and_round_trips() {
         boottime_offset: -5,
         threads: true,
     });
-    assert_eq!(m.format_version(), 13);
-    let bytes = encode_manifest(&m).unwrap();
-    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 13);
-    assert_eq!(decode_manifest(&bytes, 3, p()).unwrap(), m);
-    let mut lower = bytes.clone();
-    lower[8..12].copy_from_slice(&manifest::HELD_QUEUE_MANIFEST_VERSION.to_le_bytes());
-    assert!(decode_manifest(&lower, 3, p()).is_err());
+    assert_version_round_trips(&m, 13, manifest::HELD_QUEUE_MANIFEST_VERSION);
 }
 
 /// A thread in a threaded cgroup other than its process's: version 13 (a
@@ -1005,13 +1002,7 @@ fn threaded_cgroups_raise_the_manifest_version_and_round_trip() {
             path: "/box/t".into(),
         }],
     });
-    assert_eq!(m.format_version(), 13);
-    let bytes = encode_manifest(&m).unwrap();
-    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 13);
-    assert_eq!(decode_manifest(&bytes, 3, p()).unwrap(), m);
-    let mut lower = bytes.clone();
-    lower[8..12].copy_from_slice(&manifest::HELD_QUEUE_MANIFEST_VERSION.to_le_bytes());
-    assert!(decode_manifest(&lower, 3, p()).is_err());
+    assert_version_round_trips(&m, 13, manifest::HELD_QUEUE_MANIFEST_VERSION);
     let mut dir_only = m.clone();
     if let Some(c) = dir_only.cgroups.as_mut() {
         c.threads.clear();
@@ -1071,13 +1062,7 @@ fn fresh_mounts_raise_the_manifest_version_and_round_trip() {
         with(later(ramfs, 0)),
         with(later(fresh("sysfs"), libc::MS_SHARED)),
     ] {
-        assert_eq!(m.format_version(), 14, "{m:?}");
-        let bytes = encode_manifest(&m).unwrap();
-        assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 14);
-        assert_eq!(decode_manifest(&bytes, 3, p()).unwrap(), m);
-        let mut lower = bytes.clone();
-        lower[8..12].copy_from_slice(&manifest::THREADED_CGROUPS_MANIFEST_VERSION.to_le_bytes());
-        assert!(decode_manifest(&lower, 3, p()).is_err());
+        assert_version_round_trips(&m, 14, manifest::THREADED_CGROUPS_MANIFEST_VERSION);
     }
     // Copies of the dumper's mounts made slaves.
     let mut slaves = base.clone();
@@ -1219,13 +1204,7 @@ fn routing_state_raises_the_manifest_version_and_round_trips() {
     port.tuns[0].iface.port_no = Some(2);
     for n in [peer, table, multipath, metrics, rules, links, port] {
         let m = with(n);
-        assert_eq!(m.format_version(), 15);
-        let bytes = encode_manifest(&m).unwrap();
-        assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 15);
-        assert_eq!(decode_manifest(&bytes, 3, p()).unwrap(), m);
-        let mut lower = bytes.clone();
-        lower[8..12].copy_from_slice(&manifest::FRESH_MOUNTS_MANIFEST_VERSION.to_le_bytes());
-        assert!(decode_manifest(&lower, 3, p()).is_err());
+        assert_version_round_trips(&m, 15, manifest::FRESH_MOUNTS_MANIFEST_VERSION);
     }
     assert_eq!(
         manifest::LATEST_MANIFEST_VERSION,
