@@ -1502,6 +1502,32 @@ impl Drop for Restored {
     }
 }
 
+/// [`dump_and_restore_detached`] twice, `check` after each restore; the
+/// restored tree is killed when the guard returned drops (so also when a
+/// check fails).
+fn twice_guarded(pid: i32, check: impl Fn(i32, u32)) -> Restored {
+    let restored = Restored(std::cell::Cell::new(0));
+    dump_and_restore_detached(pid, 2, |p, round| {
+        restored.0.set(p);
+        check(p, round);
+    });
+    restored
+}
+
+/// What a FIFO at `path` holds (read without waiting for a writer).
+fn fifo_bytes(path: impl AsRef<std::path::Path>) -> Vec<u8> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut got = Vec::new();
+    let _ = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .unwrap()
+        .read_to_end(&mut got);
+    got
+}
+
 /// Files of a tmpfs of its own that are not plain linked files, open: a
 /// deleted file (made again on the new tmpfs, and unlinked), a FIFO with
 /// bytes queued and a device node (reopened there by path), twice.
@@ -1509,8 +1535,7 @@ impl Drop for Restored {
 fn twice_keeps_a_deleted_file_a_fifo_and_a_device_of_its_tmpfs_open() {
     // Restored trees (detached) are reparented to this process.
     workloads();
-    use std::io::Read;
-    use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let script = "mount -t tmpfs stasis-test /mnt && printf hello-ghost >/mnt/f && \
         exec 3</mnt/f && rm /mnt/f && mkfifo /mnt/fifo && exec 4<>/mnt/fifo && \
         printf queued >&4 && mknod /mnt/null c 1 3 && exec 5>/mnt/null && exec sleep 1000";
@@ -1560,22 +1585,11 @@ fn twice_keeps_a_deleted_file_a_fifo_and_a_device_of_its_tmpfs_open() {
             "round {round}"
         );
         if round == 2 {
-            let mut got = Vec::new();
-            let _ = std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NONBLOCK)
-                .open(fd(4))
-                .unwrap()
-                .read_to_end(&mut got);
-            assert_eq!(got, b"queued", "the FIFO's bytes");
+            assert_eq!(fifo_bytes(fd(4)), b"queued", "the FIFO's bytes");
         }
     };
     check(pid, 0);
-    let restored = Restored(std::cell::Cell::new(0));
-    dump_and_restore_detached(pid, 2, |pid, round| {
-        restored.0.set(pid);
-        check(pid, round);
-    });
+    let _restored = twice_guarded(pid, check);
 }
 
 /// Deleted nodes of its own mounts, still open (issue 17): a directory,
@@ -1589,8 +1603,7 @@ fn twice_keeps_a_deleted_file_a_fifo_and_a_device_of_its_tmpfs_open() {
 fn twice_keeps_deleted_nodes_of_its_own_mounts_open() {
     // Restored trees (detached) are reparented to this process.
     workloads();
-    use std::io::Read;
-    use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let host = tempfile::tempdir().unwrap();
     let script = format!(
         "mount -t tmpfs stasis-test /mnt && mkdir /mnt/d /mnt/b && exec 3</mnt/d && rmdir /mnt/d && \
@@ -1638,22 +1651,11 @@ fn twice_keeps_deleted_nodes_of_its_own_mounts_open() {
         }
         assert!(std::fs::metadata(fd(4)).unwrap().file_type().is_fifo());
         if round == 2 {
-            let mut got = Vec::new();
-            let _ = std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NONBLOCK)
-                .open(fd(4))
-                .unwrap()
-                .read_to_end(&mut got);
-            assert_eq!(got, b"queued", "the FIFO's bytes");
+            assert_eq!(fifo_bytes(fd(4)), b"queued", "the FIFO's bytes");
         }
     };
     check(pid, 0);
-    let restored = Restored(std::cell::Cell::new(0));
-    dump_and_restore_detached(pid, 2, |pid, round| {
-        restored.0.set(pid);
-        check(pid, round);
-    });
+    let _restored = twice_guarded(pid, check);
 }
 
 /// A tree whose mount namespace's copies of ours are slaves of them
@@ -1801,11 +1803,7 @@ fn twice_keeps_block_device_fds() {
         );
     };
     check(pid, 0);
-    let restored = Restored(std::cell::Cell::new(0));
-    dump_and_restore_detached(pid, 2, |pid, round| {
-        restored.0.set(pid);
-        check(pid, round);
-    });
+    let _restored = twice_guarded(pid, check);
 }
 
 /// A macvlan of the tree's network namespace whose lower device is in
