@@ -29,6 +29,13 @@ fi
 if [ -n "${CI:-}" ]; then
     export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 fi
+# Tests restore processes at their PIDs while others run beside them: with
+# 32768 PIDs (this VM's default) a thread's freed TID is soon taken by
+# another test's process and the restore finds it in use (EEXIST). The
+# 64-bit kernel's largest PID space makes that 128 times rarer.
+if [ -w /proc/sys/kernel/pid_max ] && [ "$(cat /proc/sys/kernel/pid_max)" -lt 4194304 ]; then
+    echo 4194304 > /proc/sys/kernel/pid_max
+fi
 start=$(date +%s)
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
