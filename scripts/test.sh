@@ -153,6 +153,11 @@ awk '/^ +Running / { if (bin != "" && !done) { crashed++; print "  crashed: " bi
      /^test .* \.\.\. FAILED$/ { sub(/ \.\.\. FAILED$/, ""); sub(/^test /, ""); print "  failed: " $0 " (" bin ")" }
      /^test result:/ { done = 1 }
      END { if (bin != "" && !done) { print "  crashed: " bin } }' "$log"
+# Why each failed, short (the panic message of its `---- NAME stdout ----`
+# section, up to the backtrace): CI shows the end of this output only.
+awk '/^---- .* stdout ----$/ { if (shown < 8) { grab = 1; n = 0; shown++; print "  why " $2 ":" }; next }
+     grab && (/^stack backtrace:/ || /^---- / || /^failures:$/ || n >= 12) { grab = 0 }
+     grab && NF { print "    " substr($0, 1, 300); n++ }' "$log"
 for s in "${steps[@]}"; do
     echo "  $s"
 done
