@@ -217,6 +217,7 @@ pub fn checkpoint_begin(name: &str, version: i32) -> Result<()> {
 /// page copies it first), and returns the snapshot.
 fn copy_out() -> Result<Snapshot> {
     loop {
+        stasis_sys::fault::delay(stasis_sys::fault::Slow::AppCopy);
         let mut g = monitor::lock();
         let m = g.as_mut().ok_or(AppError::NotInit)?;
         if let Some(s) = m.snapshot_step(256) {

@@ -115,9 +115,13 @@ pub enum Slow {
     /// A restore, right after each TCP connection is reconnected in repair
     /// mode: the tree's other connections wait longer for theirs.
     TcpReconnect,
+    /// The application library's background copier, before each megabyte
+    /// it copies: the program's writes meet pages not copied yet.
+    AppCopy,
 }
 
-/// Test hook: `STASIS_TEST_DELAY=PLACE:MS` (`freeze`, `tcp-reconnect`)
+/// Test hook: `STASIS_TEST_DELAY=PLACE:MS` (`freeze`, `tcp-reconnect`,
+/// `app-copy`)
 /// makes every pass through that place sleep MS milliseconds. Unset, one `OnceLock` read.
 pub fn delay(place: Slow) {
     static PLAN: OnceLock<Option<(String, u64)>> = OnceLock::new();
@@ -129,6 +133,7 @@ pub fn delay(place: Slow) {
     let name = match place {
         Slow::Freeze => "freeze",
         Slow::TcpReconnect => "tcp-reconnect",
+        Slow::AppCopy => "app-copy",
     };
     if let Some((p, ms)) = plan {
         if p == name {
