@@ -1,14 +1,17 @@
 //! Every zdtm-style workload survives dump/restore byte for byte: twice in a
 //! row (each dump kills the process, each restore brings it back at the same
 //! PID), and with `--leave-running` (the process carries on, and the image
-//! it left also restores), stop-the-world and `--concurrent`.
+//! it left also restores), stop-the-world and `--concurrent`. These run in a
+//! network namespace of their own, dumps and restores too: between a dump
+//! and its restore the ports the tree's sockets had are free, and no other
+//! test's `connect` can be given one of them there.
 
 mod common;
 use common::*;
 
 /// Dump + restore twice, then the workload checks itself.
 fn twice(name: &str, args: &[&str]) {
-    let mut w = Workload::start(name, args);
+    let mut w = Workload::start_isolated(name, args);
     std::thread::sleep(std::time::Duration::from_millis(300));
     for round in 1..=2 {
         w.dump_and_reap();
@@ -45,7 +48,7 @@ fn leave_running(name: &str, args: &[&str]) {
 /// [`leave_running`] with extra dump flags (`--concurrent`: the memory is
 /// copied from a copy-on-write snapshot while the tree runs on).
 fn leave_running_with(name: &str, args: &[&str], flags: &[&str]) {
-    let mut w = Workload::start(name, args);
+    let mut w = Workload::start_isolated(name, args);
     std::thread::sleep(std::time::Duration::from_millis(300));
     let mut dump_args = vec!["--leave-running"];
     dump_args.extend_from_slice(flags);

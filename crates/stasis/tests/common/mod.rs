@@ -38,6 +38,56 @@ pub fn stasis_in(netns: Option<&str>) -> Command {
     }
 }
 
+/// A network namespace of one test's own (`ip netns add`, loopback up),
+/// deleted when dropped. A tree whose sockets are restored after the
+/// original released their ports (`--leave-running`, or a dump that killed
+/// it) runs in one, with its dumps and restores: there no other test's
+/// process can take those ports meanwhile (a `connect` elsewhere on the
+/// machine may be given the same ephemeral port).
+pub struct NetNs {
+    pub name: String,
+}
+
+impl NetNs {
+    pub fn create(tag: &str) -> NetNs {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let name = format!(
+            "stw-{}-{tag}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        for args in [
+            &["netns", "add", &name][..],
+            &["-n", &name, "link", "set", "lo", "up"][..],
+        ] {
+            let o = Command::new("ip").args(args).output().expect("running ip");
+            assert_ok(&o, &format!("ip {}", args.join(" ")));
+        }
+        NetNs { name }
+    }
+
+    /// `program` run in this namespace by `nsenter --net` (which execs it,
+    /// so the child is the program; unlike `ip netns exec` it keeps the
+    /// mount namespace).
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}", self.name))
+            .arg("--")
+            .arg(program);
+        close_inherited_fds(&mut c);
+        c
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
 /// Makes sure the spawned program gets only stdin/stdout/stderr (a test
 /// runner may leak pipes, which a dump would rightly refuse).
 pub fn close_inherited_fds(c: &mut Command) {
@@ -102,11 +152,23 @@ pub struct Workload {
     pub pid: i32,
     /// Set while the workload is a direct child spawned by us.
     child: Option<std::process::Child>,
+    /// The network namespace it runs in, with its dumps and restores.
+    netns: Option<NetNs>,
 }
 
 impl Workload {
     /// Starts `name` with `args`; waits for its pidfile.
     pub fn start(name: &str, args: &[&str]) -> Workload {
+        Workload::start_in(name, args, None)
+    }
+
+    /// [`Workload::start`] in a network namespace of its own, where its
+    /// dumps and restores run too.
+    pub fn start_isolated(name: &str, args: &[&str]) -> Workload {
+        Workload::start_in(name, args, Some(NetNs::create(name)))
+    }
+
+    fn start_in(name: &str, args: &[&str], netns: Option<NetNs>) -> Workload {
         let bin = workloads().join(name);
         let dir = tempfile::Builder::new()
             .prefix(&format!("stasis-{name}-"))
@@ -115,7 +177,10 @@ impl Workload {
         std::fs::create_dir(dir.path().join("work")).expect("work dir");
         let out = std::fs::File::create(dir.path().join("out.log")).expect("out.log");
         let pidfile = dir.path().join("pid");
-        let mut c = Command::new(&bin);
+        let mut c = match &netns {
+            Some(ns) => ns.command(&bin),
+            None => Command::new(&bin),
+        };
         c.arg(&pidfile)
             .args(args)
             .current_dir(dir.path().join("work"))
@@ -133,6 +198,16 @@ impl Workload {
             dir,
             pid,
             child: Some(child),
+            netns,
+        }
+    }
+
+    /// The stasis binary, in the workload's network namespace if it has
+    /// one.
+    pub fn stasis(&self) -> Command {
+        match &self.netns {
+            Some(ns) => ns.command(env!("CARGO_BIN_EXE_stasis")),
+            None => stasis(),
         }
     }
 
@@ -146,7 +221,7 @@ impl Workload {
 
     /// `stasis dump` of the workload into its image dir.
     pub fn dump(&self, extra: &[&str]) -> Output {
-        stasis()
+        self.stasis()
             .args(["dump", "-t", &self.pid.to_string(), "-D"])
             .arg(self.images())
             .args(extra)
@@ -186,7 +261,8 @@ impl Workload {
 
     /// `stasis restore --detach` at the saved PID.
     pub fn restore(&mut self, extra: &[&str]) {
-        let o = stasis()
+        let o = self
+            .stasis()
             .args(["restore", "--detach", "-D"])
             .arg(self.images())
             .args(extra)
