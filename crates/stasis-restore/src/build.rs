@@ -1125,13 +1125,32 @@ fn clone_task<R: Remote>(
     } else {
         "process"
     };
-    let got = r
-        .sys("clone3", sys::SYS_CLONE3, &[a, bytes.len() as u64])
-        .map_err(step(format!("creating {what} {tid}")))?;
+    let got = match r.sys("clone3", sys::SYS_CLONE3, &[a, bytes.len() as u64]) {
+        Ok(got) => got,
+        // Free when the restore began (checked), taken since by a process
+        // outside the restore: named as such, not as a failed step.
+        Err(stasis_kernel::KernelError::RemoteSyscall { source, .. })
+            if source.raw_os_error() == Some(libc::EEXIST) =>
+        {
+            return Err(RestoreError::PidTaken {
+                pid: tid,
+                by: taken_by(tid),
+            })
+        }
+        Err(e) => return Err(step(format!("creating {what} {tid}"))(e)),
+    };
     if got != sarg(i64::from(tid)) {
         return Err(ObjectError::Layout(format!("{what} {tid} was created as {got}")).into());
     }
     Ok(got)
+}
+
+/// Who holds `pid`, for an error: its command name, or what we know.
+fn taken_by(pid: i32) -> String {
+    match stasis_kernel::procfs::stat(pid) {
+        Ok(st) => format!("{}, which appeared during the restore", st.comm),
+        Err(_) => "a process that appeared during the restore".into(),
+    }
 }
 
 /// Little-endian bytes of a list of words.

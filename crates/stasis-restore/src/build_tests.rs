@@ -475,3 +475,28 @@ fn an_aio_ring_is_made_again_at_its_size() {
     assert_eq!(aio_ring_events(3 * 4096), 383);
     assert_eq!(kernel_aio_ring_len(aio_setup_arg(3 * 4096), 2), 3 * 4096);
 }
+
+#[test]
+fn a_tid_taken_meanwhile_is_named_so() {
+    let mut r = Recorder {
+        fail_on: Some(("clone3", libc::EEXIST)),
+        ..Default::default()
+    };
+    let e = clone_thread(&mut r, 4_000_000).unwrap_err();
+    assert!(
+        matches!(e, RestoreError::PidTaken { pid: 4_000_000, .. }),
+        "{e:?}"
+    );
+    let text = e.to_string();
+    assert!(
+        text.contains("in use") && text.contains("appeared during the restore"),
+        "{text}"
+    );
+    // Another failure stays a failed step naming the thread.
+    let mut r = Recorder {
+        fail_on: Some(("clone3", libc::EPERM)),
+        ..Default::default()
+    };
+    let text = clone_thread(&mut r, 4_000_000).unwrap_err().to_string();
+    assert!(text.contains("creating thread 4000000"), "{text}");
+}
