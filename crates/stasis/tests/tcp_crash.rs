@@ -38,6 +38,9 @@ struct SockState {
     repair: i32,
     /// Instructions of its socket filter (0: none).
     filter: u32,
+    /// The send window (`tcpi_snd_wnd`): a dump holds it at zero while it
+    /// reads the connection, and gives it back.
+    snd_wnd: u32,
 }
 
 /// [`SockState`] of every TCP socket of `pid`, by fd number, read through a
@@ -98,11 +101,11 @@ fn tcp_reuse(pid: i32) -> BTreeMap<i32, SockState> {
         if !inet || get(libc::SOL_SOCKET, libc::SO_PROTOCOL) != libc::IPPROTO_TCP {
             continue;
         }
-        let mut info = [0u8; 8];
+        let mut info = [0u8; 240];
         let mut len = libc::socklen_t::try_from(info.len()).unwrap();
         // SAFETY: TCP_INFO writes at most `len` bytes into `info`; the first
-        // byte is the state.
-        unsafe {
+        // byte is the state, `tcpi_snd_wnd` the u32 at 228 (Linux 6.2+).
+        let r = unsafe {
             libc::getsockopt(
                 s.as_raw_fd(),
                 libc::IPPROTO_TCP,
@@ -111,6 +114,7 @@ fn tcp_reuse(pid: i32) -> BTreeMap<i32, SockState> {
                 &mut len,
             )
         };
+        assert!(r == 0 && len >= 232, "TCP_INFO of fd {fd}: {len} bytes");
         let mut filter: libc::socklen_t = 0;
         // SAFETY: SO_GET_FILTER with a zero length only reports the
         // filter's instruction count into `filter`.
@@ -130,6 +134,7 @@ fn tcp_reuse(pid: i32) -> BTreeMap<i32, SockState> {
                 state: info[0],
                 repair: get(libc::IPPROTO_TCP, 19),
                 filter,
+                snd_wnd: u32::from_ne_bytes(info[228..232].try_into().unwrap()),
             },
         );
     }
@@ -182,6 +187,15 @@ fn wait_lingering(port: u16) -> Vec<String> {
 /// as peeked: see the report of issue 12.)
 fn reuseaddr_kept(extra: &[&str]) {
     let mut w = Workload::start("sockets", &[]);
+    // Both ends of its connections are in the workload, which moves data
+    // and re-advertises its windows: a window is compared as open or not.
+    let tcp_reuse = |pid| {
+        let mut m = tcp_reuse(pid);
+        for s in m.values_mut() {
+            s.snd_wnd = s.snd_wnd.min(1);
+        }
+        m
+    };
     let before = tcp_reuse(w.pid);
     // ltcp and the accepted ts have SO_REUSEADDR, the client tc has not.
     let established: Vec<i32> = before
@@ -532,8 +546,9 @@ fn run_restarts_a_crashed_redis_at_once() {
 /// mode again; behind the network lock, and its listener behind the accept
 /// gate), in a dump that leaves the tree running and in one that would
 /// kill it: the kernel lets redis go at once, but it runs no instruction
-/// until the guard process has put every socket back as it was and
-/// continued it (it never runs with a connection in repair mode, where a
+/// until the guard process has put every socket back as it was (filter,
+/// repair mode, `SO_REUSEADDR`, and the send window the dump held at zero)
+/// and continued it (it never runs with a connection in repair mode, where a
 /// read fails and a write goes to its own receive queue); then redis
 /// serves its clients on their old connections and new ones.
 #[test]

@@ -4,9 +4,11 @@
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use super::{err, set_int};
 use crate::{KernelError, Result};
-use stasis_sys::net::{TCP_REPAIR, TCP_REPAIR_OFF_NO_WP};
+use stasis_sys::net::{TCP_REPAIR, TCP_REPAIR_OFF_NO_WP, TCP_REPAIR_WINDOW, TCP_REPAIR_WINDOW_LEN};
 
 /// Attaches a one-instruction classic BPF filter (`ret #0`) that drops
 /// every packet the socket receives. On a TCP listener this stops new
@@ -146,7 +148,9 @@ pub struct Guarded {
 /// guard too), it only waits for the end of a pipe: a byte ([`dismiss`],
 /// `Drop`) means the dumper is done and it exits touching nothing; the end
 /// of the pipe without one means the dumper died, and it puts every socket
-/// back. Between the fork and its exit it makes raw system calls only.
+/// back (with the send window the dumper held at zero, which it learns
+/// through a shared page: [`SocketGuard::note_held_window`]). Between the
+/// fork and its exit it makes raw system calls only.
 ///
 /// A dying tracer lets its tracees go at once (the kernel detaches them as
 /// it exits), an instant before the guard, woken by the end of the pipe,
@@ -178,6 +182,7 @@ pub struct Guarded {
 pub struct SocketGuard {
     pub(super) pid: i32,
     pub(super) tx: Option<OwnedFd>,
+    windows: HeldWindows,
 }
 
 /// The dumper's word to its guard: done, touch nothing.
@@ -217,6 +222,104 @@ fn raw_set(fd: i32, level: i32, opt: i32, v: i32) {
     }
 }
 
+/// A slot of [`HeldWindows`] with no window to give back.
+const NOT_HELD: u32 = u32::MAX;
+
+/// The send windows a dump holds at zero while it reads the connections
+/// (`hold_sends` in stasis-objects), one slot per guarded socket, in a
+/// page shared with the guard (mapped `MAP_SHARED` before its fork): if
+/// the dumper dies before it gives a window back, the guard does. A
+/// connection left with a zero send window sends nothing new until its
+/// peer happens to update the window: a peer waiting for a request would
+/// wait for ever.
+#[derive(Debug)]
+struct HeldWindows {
+    base: std::ptr::NonNull<AtomicU32>,
+    len: usize,
+}
+
+// SAFETY: the mapping belongs to this value alone and is only reached
+// through atomics.
+unsafe impl Send for HeldWindows {}
+// SAFETY: as above.
+unsafe impl Sync for HeldWindows {}
+
+impl HeldWindows {
+    fn new(len: usize) -> Result<HeldWindows> {
+        let bytes = len.max(1) * std::mem::size_of::<AtomicU32>();
+        // SAFETY: a new anonymous shared mapping, no address hint; checked
+        // below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(err("mmap of the socket guard's window slots".into()));
+        }
+        let base = std::ptr::NonNull::new(p.cast::<AtomicU32>())
+            .ok_or_else(|| err("mmap of the socket guard's window slots".into()))?;
+        let w = HeldWindows { base, len };
+        for slot in w.slots() {
+            slot.store(NOT_HELD, Ordering::SeqCst);
+        }
+        Ok(w)
+    }
+
+    fn slots(&self) -> &[AtomicU32] {
+        // SAFETY: `len` u32 slots (a mapping of at least one page),
+        // page-aligned, mapped for as long as `self` lives.
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for HeldWindows {
+    fn drop(&mut self) {
+        let bytes = self.len.max(1) * std::mem::size_of::<AtomicU32>();
+        // SAFETY: unmapping the mapping made by `new`, reached by nothing
+        // else once `self` is dropped.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), bytes) };
+    }
+}
+
+/// Gives a connection its send window `wnd` back, in repair mode (raw
+/// system calls only; [`raw_put_back`] takes it out again).
+fn raw_give_window(fd: i32, wnd: u32) {
+    raw_set(fd, libc::IPPROTO_TCP, TCP_REPAIR, 1);
+    let mut w = [0u32; 5];
+    let size = libc::socklen_t::try_from(TCP_REPAIR_WINDOW_LEN).unwrap_or(0);
+    let mut len = size;
+    // SAFETY: TCP_REPAIR_WINDOW writes at most `len` (20) bytes into `w`
+    // (20 bytes); the set below reads as many from it.
+    unsafe {
+        if libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            TCP_REPAIR_WINDOW,
+            w.as_mut_ptr().cast(),
+            &mut len,
+        ) != 0
+            || len != size
+        {
+            return;
+        }
+        w[1] = wnd;
+        w[2] = w[2].max(wnd);
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            TCP_REPAIR_WINDOW,
+            w.as_ptr().cast(),
+            size,
+        );
+    }
+}
+
 /// Puts one guarded socket back (raw system calls only).
 fn raw_put_back(g: &Guarded) {
     if g.detach_filter && raw_has_drop_all(g.fd) {
@@ -233,6 +336,8 @@ fn raw_put_back(g: &Guarded) {
 /// What the forked guard works with (made before the fork).
 struct GuardChild<'a> {
     socks: &'a [Guarded],
+    /// A window to give back per socket ([`HeldWindows`]).
+    windows: &'a [AtomicU32],
     /// Pidfds of the owners (killed on `KILL`), and of those held.
     owners: &'a [i32],
     held: &'a [i32],
@@ -478,7 +583,11 @@ fn guard_main(c: &GuardChild<'_>) -> ! {
             unsafe { libc::_exit(1) };
         }
     }
-    for g in c.socks {
+    for (g, w) in c.socks.iter().zip(c.windows) {
+        let wnd = w.load(Ordering::SeqCst);
+        if g.leave_repair && wnd != NOT_HELD {
+            raw_give_window(g.fd, wnd);
+        }
         raw_put_back(g);
     }
     if holding {
@@ -518,6 +627,7 @@ impl SocketGuard {
             // SAFETY: pipe2 returned two new fds that we own.
             Ok(unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) })
         };
+        let windows = HeldWindows::new(socks.len())?;
         let (rx, tx) = pipe()?;
         // The guard says it has left our session (and process group) on
         // this one: until then a kill of our process group (a timeout, ^C)
@@ -553,6 +663,7 @@ impl SocketGuard {
         if pid == 0 {
             guard_main(&GuardChild {
                 socks,
+                windows: windows.slots(),
                 owners: &owner_raw,
                 held: &held_raw,
                 gaps: &gaps,
@@ -563,7 +674,11 @@ impl SocketGuard {
         drop(rx);
         drop(owner_fds);
         drop(ready_tx);
-        let mut guard = SocketGuard { pid, tx: Some(tx) };
+        let mut guard = SocketGuard {
+            pid,
+            tx: Some(tx),
+            windows,
+        };
         let mut b = 0u8;
         let ready = loop {
             // SAFETY: reading one byte into our buffer from our pipe.
@@ -594,6 +709,17 @@ impl SocketGuard {
             ));
         }
         Ok(())
+    }
+
+    /// Socket `i` (of those given to [`SocketGuard::spawn`]) has its send
+    /// window held at zero by the dump, and had `Some(wnd)`: if the dumper
+    /// dies, the guard gives it back before it takes the connection out of
+    /// repair mode. Noted before the window is zeroed; `None` once the
+    /// dumper has given it back itself.
+    pub fn note_held_window(&self, i: usize, wnd: Option<u32>) {
+        if let Some(slot) = self.windows.slots().get(i) {
+            slot.store(wnd.unwrap_or(NOT_HELD), Ordering::SeqCst);
+        }
     }
 
     /// The dumper is done with the sockets: the guard exits without

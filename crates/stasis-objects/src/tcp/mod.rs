@@ -169,8 +169,21 @@ impl Repaired {
 /// The guard stays: it is told by [`dismiss_guard`], once the tree is let
 /// go. (Dropping the [`Repairs`] instead dismisses it.)
 pub fn leave_repair(r: &mut Repairs) {
-    for s in &mut r.socks {
-        s.put_back();
+    for i in 0..r.socks.len() {
+        r.socks[i].put_back();
+        r.windows_given_back(i);
+    }
+}
+
+impl Repairs {
+    /// Tells the guard that socket `i` has its send window back (if it
+    /// has: see [`Repaired::release_sends`]).
+    fn windows_given_back(&self, i: usize) {
+        if let (Some(g), Some(s)) = (&self.guard, self.socks.get(i)) {
+            if s.held_snd_wnd.is_none() {
+                g.note_held_window(i, None);
+            }
+        }
     }
 }
 
@@ -408,7 +421,7 @@ impl SaveCtx {
             r.in_repair = true;
         }
         die();
-        for r in &mut self.repaired.socks {
+        for (i, r) in self.repaired.socks.iter_mut().enumerate() {
             let b = r.sock.as_fd();
             let fail = |e: KernelError| SaveError::Unsupported {
                 pid: r.pid,
@@ -417,9 +430,14 @@ impl SaveCtx {
                     r.fd
                 ),
             };
-            // New data held back first, so what is read as sent stays so.
-            let window = hold_sends(b).map_err(fail)?;
+            // New data held back first, so what is read as sent stays so;
+            // the guard told the window first, to give it back if we die.
+            let window = read_window(b).map_err(fail)?;
+            if let Some(g) = &self.repaired.guard {
+                g.note_held_window(i, Some(window[1]));
+            }
             r.held_snd_wnd = Some(window[1]);
+            hold_sends(b, window).map_err(fail)?;
             let state = sock::tcp_info(b)
                 .and_then(|info| save(b, &info, window))
                 .map_err(fail)?;
@@ -431,8 +449,9 @@ impl SaveCtx {
 
     /// Lets packets reach the connections `freeze_tcp` locked again.
     pub fn unlock_tcp(&mut self) {
-        for r in &mut self.repaired.socks {
-            r.unlock();
+        for i in 0..self.repaired.socks.len() {
+            self.repaired.socks[i].unlock();
+            self.repaired.windows_given_back(i);
         }
     }
 }

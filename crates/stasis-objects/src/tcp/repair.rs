@@ -41,13 +41,11 @@ pub(super) fn write_window(b: BorrowedFd<'_>, w: &[u32; 5]) -> Result<(), Kernel
 /// sender never sent, which the sender drops as acks of unsent data,
 /// while the peer drops the sender's segments as old: the link stalls
 /// for good. Retransmissions (of bytes the image has as sent) and window
-/// probes (no data) still go. Returns the window as it was.
-pub(super) fn hold_sends(b: BorrowedFd<'_>) -> Result<[u32; 5], KernelError> {
-    let w = read_window(b)?;
+/// probes (no data) still go. `w` is the window as [`read_window`] read it.
+pub(super) fn hold_sends(b: BorrowedFd<'_>, w: [u32; 5]) -> Result<(), KernelError> {
     let mut zero = w;
     zero[1] = 0;
-    write_window(b, &zero)?;
-    Ok(w)
+    write_window(b, &zero)
 }
 
 /// Reads an established or half-closed TCP connection in repair mode (it stays so),
