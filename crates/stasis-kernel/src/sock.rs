@@ -21,7 +21,8 @@ mod packet;
 pub mod unixq;
 pub use filter::{
     attach_drop_all, attach_filter, detach_filter, end_holders, has_drop_all_filter, has_filter,
-    read_filter, release_holders, take_held, Guarded, SocketGuard, HOLDER_NAME, HOLD_SECS,
+    read_filter, release_holders, take_held, Guarded, SocketGuard, WindowSlot, HOLDER_NAME,
+    HOLD_SECS,
 };
 pub use packet::{inject_tcp, Segment};
 pub use stasis_sys::net::{

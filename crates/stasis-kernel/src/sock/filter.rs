@@ -149,7 +149,7 @@ pub struct Guarded {
 /// `Drop`) means the dumper is done and it exits touching nothing; the end
 /// of the pipe without one means the dumper died, and it puts every socket
 /// back (with the send window the dumper held at zero, which it learns
-/// through a shared page: [`SocketGuard::note_held_window`]). Between the
+/// through a shared page: [`WindowSlot::note`]). Between the
 /// fork and its exit it makes raw system calls only.
 ///
 /// A dying tracer lets its tracees go at once (the kernel detaches them as
@@ -182,7 +182,29 @@ pub struct Guarded {
 pub struct SocketGuard {
     pub(super) pid: i32,
     pub(super) tx: Option<OwnedFd>,
-    windows: HeldWindows,
+    windows: std::sync::Arc<HeldWindows>,
+}
+
+/// One guarded socket's slot of the windows the dump holds at zero
+/// ([`SocketGuard::window_slot`]).
+#[derive(Debug, Clone)]
+pub struct WindowSlot {
+    windows: std::sync::Arc<HeldWindows>,
+    i: usize,
+}
+
+impl WindowSlot {
+    /// The socket's send window is about to be held at zero by the dump,
+    /// and was `Some(wnd)`: if the dumper dies, the guard gives it back
+    /// before it takes the connection out of repair mode (noted before
+    /// the window is zeroed). `None` once the dumper has given it back
+    /// itself (before the connection is unlocked: the guard's read and
+    /// write of the window must not race with packets).
+    pub fn note(&self, wnd: Option<u32>) {
+        if let Some(slot) = self.windows.slots().get(self.i) {
+            slot.store(wnd.unwrap_or(NOT_HELD), Ordering::SeqCst);
+        }
+    }
 }
 
 /// The dumper's word to its guard: done, touch nothing.
@@ -627,7 +649,7 @@ impl SocketGuard {
             // SAFETY: pipe2 returned two new fds that we own.
             Ok(unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) })
         };
-        let windows = HeldWindows::new(socks.len())?;
+        let windows = std::sync::Arc::new(HeldWindows::new(socks.len())?);
         let (rx, tx) = pipe()?;
         // The guard says it has left our session (and process group) on
         // this one: until then a kill of our process group (a timeout, ^C)
@@ -711,14 +733,12 @@ impl SocketGuard {
         Ok(())
     }
 
-    /// Socket `i` (of those given to [`SocketGuard::spawn`]) has its send
-    /// window held at zero by the dump, and had `Some(wnd)`: if the dumper
-    /// dies, the guard gives it back before it takes the connection out of
-    /// repair mode. Noted before the window is zeroed; `None` once the
-    /// dumper has given it back itself.
-    pub fn note_held_window(&self, i: usize, wnd: Option<u32>) {
-        if let Some(slot) = self.windows.slots().get(i) {
-            slot.store(wnd.unwrap_or(NOT_HELD), Ordering::SeqCst);
+    /// The window slot of socket `i` of those given to
+    /// [`SocketGuard::spawn`].
+    pub fn window_slot(&self, i: usize) -> WindowSlot {
+        WindowSlot {
+            windows: self.windows.clone(),
+            i,
         }
     }
 

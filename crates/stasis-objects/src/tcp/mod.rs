@@ -90,6 +90,8 @@ pub struct Repaired {
     /// The send window the program's connection had, while this dump
     /// holds it at zero (see [`hold_sends`]); put back on release.
     held_snd_wnd: Option<u32>,
+    /// Where the guard learns that window, to give it back if we die.
+    window_slot: Option<sock::WindowSlot>,
 }
 
 impl Repaired {
@@ -153,6 +155,9 @@ impl Repaired {
         });
         if let Err(e) = put {
             tracing::error!("could not give a TCP connection its send window back ({e}); its first window probe will");
+        } else if let Some(slot) = &self.window_slot {
+            // Given back, while the lock still keeps packets away.
+            slot.note(None);
         }
         self.leave_repair();
     }
@@ -169,21 +174,8 @@ impl Repaired {
 /// The guard stays: it is told by [`dismiss_guard`], once the tree is let
 /// go. (Dropping the [`Repairs`] instead dismisses it.)
 pub fn leave_repair(r: &mut Repairs) {
-    for i in 0..r.socks.len() {
-        r.socks[i].put_back();
-        r.windows_given_back(i);
-    }
-}
-
-impl Repairs {
-    /// Tells the guard that socket `i` has its send window back (if it
-    /// has: see [`Repaired::release_sends`]).
-    fn windows_given_back(&self, i: usize) {
-        if let (Some(g), Some(s)) = (&self.guard, self.socks.get(i)) {
-            if s.held_snd_wnd.is_none() {
-                g.note_held_window(i, None);
-            }
-        }
+    for s in &mut r.socks {
+        s.put_back();
     }
 }
 
@@ -385,6 +377,7 @@ impl SaveCtx {
                 locked,
                 in_repair: false,
                 held_snd_wnd: None,
+                window_slot: None,
             });
         }
         self.repaired.locked_at = Some(std::time::Instant::now());
@@ -434,7 +427,9 @@ impl SaveCtx {
             // the guard told the window first, to give it back if we die.
             let window = read_window(b).map_err(fail)?;
             if let Some(g) = &self.repaired.guard {
-                g.note_held_window(i, Some(window[1]));
+                let slot = g.window_slot(i);
+                slot.note(Some(window[1]));
+                r.window_slot = Some(slot);
             }
             r.held_snd_wnd = Some(window[1]);
             hold_sends(b, window).map_err(fail)?;
@@ -449,9 +444,8 @@ impl SaveCtx {
 
     /// Lets packets reach the connections `freeze_tcp` locked again.
     pub fn unlock_tcp(&mut self) {
-        for i in 0..self.repaired.socks.len() {
-            self.repaired.socks[i].unlock();
-            self.repaired.windows_given_back(i);
+        for r in &mut self.repaired.socks {
+            r.unlock();
         }
     }
 }
