@@ -503,11 +503,42 @@ fn killed_dumps_of_a_tcp_node_never_break_its_connections() {
                         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
                         .unwrap_or_default()
                 };
+                // And what each node's threads are doing.
+                let tasks = |pid: i32| {
+                    let mut out = String::new();
+                    for tid in tasks_of(pid) {
+                        let f = |name: &str| {
+                            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/{name}"))
+                                .unwrap_or_default()
+                        };
+                        let status: Vec<String> = f("status")
+                            .lines()
+                            .filter(|l| {
+                                ["State", "TracerPid", "SigPnd", "ShdPnd", "SigBlk", "SigIgn"]
+                                    .iter()
+                                    .any(|k| l.starts_with(&format!("{k}:")))
+                            })
+                            .map(str::to_string)
+                            .collect();
+                        out += &format!(
+                            "  task {tid}: {} | syscall {} | wchan {}\n  stack:\n{}\n",
+                            status.join(" "),
+                            f("syscall").trim(),
+                            f("wchan"),
+                            f("stack")
+                        );
+                    }
+                    out
+                };
                 panic!(
-                    "both links carry traffic: not after 60s; received per link at the start {b0:?}, now {:?}\nnode 0's host:\n{}\nnode 1's host:\n{}\nnode 0 logged:\n{}\nnode 1 logged:\n{}",
+                    "both links carry traffic: not after 60s; received per link at the start {b0:?}, now {:?}\nnode 0's host:\n{}\nnode 1's host:\n{}\nnode 0 ({}):\n{}node 1 ({}):\n{}node 0 logged:\n{}\nnode 1 logged:\n{}",
                     rx_bytes(nodes),
                     ss(&hosts.hosts[0]),
                     ss(&hosts.hosts[1]),
+                    nodes[0].pid,
+                    tasks(nodes[0].pid),
+                    nodes[1].pid,
+                    tasks(nodes[1].pid),
                     nodes[0].out(),
                     nodes[1].out()
                 );
