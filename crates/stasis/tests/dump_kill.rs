@@ -528,6 +528,23 @@ fn killed_dumps_of_a_tcp_node_never_break_its_connections() {
                             f("stack")
                         );
                     }
+                    // Its fds' fdinfo (an epoll's registrations, flags).
+                    if let Ok(d) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) {
+                        for e in d.flatten() {
+                            let info = std::fs::read_to_string(e.path()).unwrap_or_default();
+                            let link = std::fs::read_link(format!(
+                                "/proc/{pid}/fd/{}",
+                                e.file_name().to_string_lossy()
+                            ))
+                            .unwrap_or_default();
+                            out += &format!(
+                                "  fd {} -> {}: {}\n",
+                                e.file_name().to_string_lossy(),
+                                link.display(),
+                                info.replace('\n', " | ")
+                            );
+                        }
+                    }
                     out
                 };
                 panic!(

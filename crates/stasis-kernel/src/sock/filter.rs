@@ -342,16 +342,18 @@ fn raw_give_window(fd: i32, wnd: u32) {
     }
 }
 
-/// Puts one guarded socket back (raw system calls only).
+/// Puts one guarded socket back (raw system calls only): out of repair
+/// mode while the lock still drops every packet (as the dumper does: no
+/// segment is processed by a connection in repair mode), then unlocked.
 fn raw_put_back(g: &Guarded) {
-    if g.detach_filter && raw_has_drop_all(g.fd) {
-        raw_set(g.fd, libc::SOL_SOCKET, libc::SO_DETACH_FILTER, 0);
-    }
     if g.leave_repair {
         raw_set(g.fd, libc::IPPROTO_TCP, TCP_REPAIR, TCP_REPAIR_OFF_NO_WP);
     }
     if g.reuseaddr >= 0 {
         raw_set(g.fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, g.reuseaddr);
+    }
+    if g.detach_filter && raw_has_drop_all(g.fd) {
+        raw_set(g.fd, libc::SOL_SOCKET, libc::SO_DETACH_FILTER, 0);
     }
 }
 
