@@ -80,6 +80,10 @@ fn capture_with(
         // the image does not hold. Nor may one part of a cut before every
         // part is frozen (`Cut::frozen`): a peer on another host, not yet
         // frozen, would see acknowledged bytes that neither image holds.
+        // Held again first: the windows go back through repair mode.
+        if let Err(e) = collector.repaired.hold_again(&mut |p| Ok(f.hold(p)?)) {
+            tracing::warn!("could not hold the owners of the TCP connections again: {e}");
+        }
         collector.unlock_tcp();
     }
     let tree: Vec<i32> = records.iter().map(|r| r.image.pid).collect();

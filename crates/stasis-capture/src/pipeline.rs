@@ -174,6 +174,7 @@ impl Ends<'_> {
         }
         let mut frozen = self.frozen;
         let mut repaired = self.repaired;
+        hold_again(&mut repaired, &mut frozen);
         fds::leave_repair(&mut repaired);
         let released = frozen.release();
         // The tree runs: its frozen time ends here (what follows does not
@@ -253,6 +254,7 @@ impl Ends<'_> {
         let pid = self.opts.pid;
         let mut frozen = self.frozen;
         let mut repaired = self.repaired;
+        hold_again(&mut repaired, &mut frozen);
         fds::leave_repair(&mut repaired);
         let released = frozen.release();
         fds::dismiss_guard(repaired, released.is_ok());
@@ -433,6 +435,16 @@ fn preflight_process(p: i32, maps: &str) -> Result<()> {
         memory::vma_kind(&m).map_err(|e| SaveError::Unsupported { pid: p, what: e.0 })?;
     }
     Ok(())
+}
+
+/// Holds the owners of the TCP connections again before the windows go
+/// back through repair mode ([`fds::Repairs::hold_again`]); a failure is
+/// logged (the thread is gone, or the dump goes on without the guard's
+/// cover for that instant).
+fn hold_again(repaired: &mut fds::Repairs, frozen: &mut crate::freeze::Frozen) {
+    if let Err(e) = repaired.hold_again(&mut |p| Ok(frozen.hold(p)?)) {
+        tracing::warn!("could not hold the owners of the TCP connections again: {e}");
+    }
 }
 
 #[cfg(test)]

@@ -149,7 +149,8 @@ pub struct Guarded {
 /// `Drop`) means the dumper is done and it exits touching nothing; the end
 /// of the pipe without one means the dumper died, and it puts every socket
 /// back (with the send window the dumper held at zero, which it learns
-/// through a shared page: [`WindowSlot::note`]). Between the
+/// through a shared page: [`WindowSlot::note`]; only while the owners are
+/// held: [`SocketGuard::set_owners_held`]). Between the
 /// fork and its exit it makes raw system calls only.
 ///
 /// A dying tracer lets its tracees go at once (the kernel detaches them as
@@ -267,8 +268,9 @@ unsafe impl Send for HeldWindows {}
 unsafe impl Sync for HeldWindows {}
 
 impl HeldWindows {
+    /// `len` window slots, and after them the flag [`HeldWindows::held`].
     fn new(len: usize) -> Result<HeldWindows> {
-        let bytes = len.max(1) * std::mem::size_of::<AtomicU32>();
+        let bytes = (len + 1) * std::mem::size_of::<AtomicU32>();
         // SAFETY: a new anonymous shared mapping, no address hint; checked
         // below.
         let p = unsafe {
@@ -290,19 +292,36 @@ impl HeldWindows {
         for slot in w.slots() {
             slot.store(NOT_HELD, Ordering::SeqCst);
         }
+        w.held().store(0, Ordering::SeqCst);
         Ok(w)
     }
 
-    fn slots(&self) -> &[AtomicU32] {
-        // SAFETY: `len` u32 slots (a mapping of at least one page),
+    /// The window slots and the flag after them.
+    fn all(&self) -> &[AtomicU32] {
+        // SAFETY: `len + 1` u32 slots (a mapping of at least one page),
         // page-aligned, mapped for as long as `self` lives.
-        unsafe { std::slice::from_raw_parts(self.base.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr(), self.len + 1) }
+    }
+
+    fn slots(&self) -> &[AtomicU32] {
+        &self.all()[..self.len]
+    }
+
+    /// 1 while every owner of the connections is held (a SIGSTOP of the
+    /// dumper's queued on each of its threads, see [`SocketGuard::hold`])
+    /// or stopped: only then may the guard put a connection in repair
+    /// mode to give its window back (a running owner's `recv` there fails
+    /// with `EPERM`). The dumper's remote syscalls take the holds, so it
+    /// clears this before it runs any, and sets it again when it holds
+    /// the owners anew.
+    fn held(&self) -> &AtomicU32 {
+        &self.all()[self.len]
     }
 }
 
 impl Drop for HeldWindows {
     fn drop(&mut self) {
-        let bytes = self.len.max(1) * std::mem::size_of::<AtomicU32>();
+        let bytes = (self.len + 1) * std::mem::size_of::<AtomicU32>();
         // SAFETY: unmapping the mapping made by `new`, reached by nothing
         // else once `self` is dropped.
         unsafe { libc::munmap(self.base.as_ptr().cast(), bytes) };
@@ -342,6 +361,28 @@ fn raw_give_window(fd: i32, wnd: u32) {
     }
 }
 
+/// Pushes what a connection has queued (`TCP_CORK` set to 0 again, if the
+/// program has it off: raw system calls only): with a zero send window,
+/// the kernel then arms its window probe, whose answer brings the peer's
+/// window back.
+fn raw_push(fd: i32) {
+    let mut cork: i32 = -1;
+    let mut len: libc::socklen_t = 4;
+    // SAFETY: getsockopt writes at most `len` (4) bytes into `cork`.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_CORK,
+            (&mut cork as *mut i32).cast(),
+            &mut len,
+        )
+    };
+    if r == 0 && cork == 0 {
+        raw_set(fd, libc::IPPROTO_TCP, libc::TCP_CORK, 0);
+    }
+}
+
 /// Puts one guarded socket back (raw system calls only): out of repair
 /// mode while the lock still drops every packet (as the dumper does: no
 /// segment is processed by a connection in repair mode), then unlocked.
@@ -362,6 +403,8 @@ struct GuardChild<'a> {
     socks: &'a [Guarded],
     /// A window to give back per socket ([`HeldWindows`]).
     windows: &'a [AtomicU32],
+    /// Whether the owners are held now ([`HeldWindows::held`]).
+    owners_held: &'a AtomicU32,
     /// Pidfds of the owners (killed on `KILL`), and of those held.
     owners: &'a [i32],
     held: &'a [i32],
@@ -607,12 +650,20 @@ fn guard_main(c: &GuardChild<'_>) -> ! {
             unsafe { libc::_exit(1) };
         }
     }
+    // Repair mode only while no owner can run. Else the window stays zero
+    // until the peer's next segment updates it, and a push arms the
+    // window probe that asks for that segment if bytes wait to be sent.
+    let give = holding && c.owners_held.load(Ordering::SeqCst) == 1;
     for (g, w) in c.socks.iter().zip(c.windows) {
         let wnd = w.load(Ordering::SeqCst);
-        if g.leave_repair && wnd != NOT_HELD {
+        let held = g.leave_repair && wnd != NOT_HELD;
+        if give && held {
             raw_give_window(g.fd, wnd);
         }
         raw_put_back(g);
+        if held && !give {
+            raw_push(g.fd);
+        }
     }
     if holding {
         // After the sockets: a thread still on its way to its SIGSTOP has
@@ -688,6 +739,7 @@ impl SocketGuard {
             guard_main(&GuardChild {
                 socks,
                 windows: windows.slots(),
+                owners_held: windows.held(),
                 owners: &owner_raw,
                 held: &held_raw,
                 gaps: &gaps,
@@ -733,6 +785,12 @@ impl SocketGuard {
             ));
         }
         Ok(())
+    }
+
+    /// Says whether every owner is held (or stopped) now: see
+    /// [`HeldWindows::held`].
+    pub fn set_owners_held(&self, held: bool) {
+        self.windows.held().store(u32::from(held), Ordering::SeqCst);
     }
 
     /// The window slot of socket `i` of those given to

@@ -52,9 +52,32 @@ pub struct Repairs {
     /// When the connections were locked, until they are read
     /// ([`SaveCtx::read_tcp`]).
     locked_at: Option<std::time::Instant>,
+    /// The owners [`SaveCtx::freeze_tcp`] held (those not stopped).
+    held: Vec<i32>,
 }
 
 impl Repairs {
+    /// Holds the owners of the connections again (`hold`: the freezer's
+    /// [`SaveCtx::freeze_tcp`] was given), before the dump puts any back
+    /// in repair mode (to give its send window back): the remote syscalls
+    /// run since [`SaveCtx::read_tcp`] took the first holds, and a dumper
+    /// dying in repair mode must not let an owner run there. Tells the
+    /// guard, which may then give the windows back itself.
+    pub fn hold_again(
+        &mut self,
+        hold: &mut dyn FnMut(&[i32]) -> Result<(), SaveError>,
+    ) -> Result<(), SaveError> {
+        let Some(g) = &self.guard else {
+            return Ok(());
+        };
+        if self.socks.iter().all(|s| s.held_snd_wnd.is_none()) {
+            return Ok(());
+        }
+        hold(&self.held)?;
+        g.set_owners_held(true);
+        Ok(())
+    }
+
     /// What [`SaveCtx::freeze_tcp`] read of the connection with inode
     /// `ino`.
     pub(crate) fn saved(&self, ino: u64) -> Option<&TcpRepair> {
@@ -366,6 +389,10 @@ impl SaveCtx {
             ),
         })?;
         hold(&held)?;
+        if let Some(g) = &self.repaired.guard {
+            g.set_owners_held(true);
+        }
+        self.repaired.held = held;
         for ((pid, fd, ino, s), (reuseaddr, lock)) in found.into_iter().zip(before) {
             let locked = lock && sock::attach_drop_all(s.as_fd()).is_ok();
             self.repaired.socks.push(Repaired {
@@ -403,6 +430,10 @@ impl SaveCtx {
             r.leave_repair();
         }
         die();
+        // Remote syscalls may follow, and take the holds.
+        if let Some(g) = &self.repaired.guard {
+            g.set_owners_held(false);
+        }
         read
     }
 
