@@ -547,15 +547,26 @@ fn killed_dumps_of_a_tcp_node_never_break_its_connections() {
                     }
                     out
                 };
+                let (rx, ss0, ss1) = (rx_bytes(nodes), ss(&hosts.hosts[0]), ss(&hosts.hosts[1]));
+                let (t0s, t1s) = (tasks(nodes[0].pid), tasks(nodes[1].pid));
+                // A node tells what it saw (a link it declared dead, and
+                // why) when it ends: SIGTERM both, for their logs.
+                for n in nodes {
+                    // SAFETY: signalling our own node.
+                    unsafe { libc::kill(n.pid, libc::SIGTERM) };
+                }
+                let t1 = Instant::now();
+                while t1.elapsed() < Duration::from_secs(20)
+                    && !nodes
+                        .iter()
+                        .all(|n| !alive(n.pid) || state_of(n.pid) == Some('Z'))
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
                 panic!(
-                    "both links carry traffic: not after 60s; received per link at the start {b0:?}, now {:?}\nnode 0's host:\n{}\nnode 1's host:\n{}\nnode 0 ({}):\n{}node 1 ({}):\n{}node 0 logged:\n{}\nnode 1 logged:\n{}",
-                    rx_bytes(nodes),
-                    ss(&hosts.hosts[0]),
-                    ss(&hosts.hosts[1]),
+                    "both links carry traffic: not after 60s; received per link at the start {b0:?}, now {rx:?}\nnode 0's host:\n{ss0}\nnode 1's host:\n{ss1}\nnode 0 ({}):\n{t0s}node 1 ({}):\n{t1s}node 0 logged:\n{}\nnode 1 logged:\n{}",
                     nodes[0].pid,
-                    tasks(nodes[0].pid),
                     nodes[1].pid,
-                    tasks(nodes[1].pid),
                     nodes[0].out(),
                     nodes[1].out()
                 );
