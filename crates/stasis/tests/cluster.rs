@@ -159,25 +159,45 @@ fn a_failing_tree_aborts_the_round_everywhere() {
     w.finish_pass();
 }
 
-/// Starts `sleep` at `pid` (just freed): the kernel's next PID is set to it
-/// (`ns_last_pid`), again while another process takes it first.
-fn sleeper_at(pid: i32) -> std::process::Child {
-    for _ in 0..500 {
-        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).unwrap();
-        let mut c = std::process::Command::new("sleep")
-            .arg("1000")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        if i32::try_from(c.id()).unwrap() == pid {
-            return c;
+/// Starts `sleep` at `pid` (just freed), with `clone3` and `set_tid`:
+/// nothing else on the machine is moved (rewinding the kernel's next PID,
+/// `ns_last_pid`, would hand the PIDs after it to any process started
+/// meanwhile, which then collide with the saved PIDs of other tests'
+/// restores). Returns its PID; the caller kills and reaps it.
+fn sleeper_at(pid: i32) -> i32 {
+    let prog = std::ffi::CString::new("/bin/sleep").unwrap();
+    let arg = std::ffi::CString::new("1000").unwrap();
+    let argv = [prog.as_ptr(), arg.as_ptr(), std::ptr::null()];
+    let tid = [pid];
+    // struct clone_args: flags, pidfd, child_tid, parent_tid, exit_signal,
+    // stack, stack_size, tls, set_tid, set_tid_size, cgroup.
+    let mut args = [0u64; 11];
+    args[4] = libc::SIGCHLD.unsigned_abs().into();
+    args[8] = tid.as_ptr() as u64;
+    args[9] = 1;
+    // SAFETY: a fork-like clone3 (no shared memory); the child only calls
+    // execv on strings made before it and _exit, both async-signal-safe.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            args.as_ptr(),
+            std::mem::size_of_val(&args),
+        )
+    };
+    if r == 0 {
+        // SAFETY: as above, in the child.
+        unsafe {
+            libc::execv(prog.as_ptr(), argv.as_ptr());
+            libc::_exit(127);
         }
-        c.kill().unwrap();
-        c.wait().unwrap();
     }
-    panic!("could not start a process at PID {pid}");
+    assert_eq!(
+        r,
+        i64::from(pid),
+        "clone3 at PID {pid}: {}",
+        std::io::Error::last_os_error()
+    );
+    pid
 }
 
 /// A tree that exited between two rounds, whose PID another program took,
@@ -203,10 +223,21 @@ fn a_pid_taken_by_another_program_after_the_tree_exited_is_refused() {
     };
     assert_ok(&round(&s), "cluster dump of the job's tree");
     kill_and_reap(&mut w);
-    let mut other = sleeper_at(pid);
+    let other = sleeper_at(pid);
+    let _kill = KillOnDrop(other);
+    // Asleep before the round (it may be between clone3 and exec).
+    wait_until(Duration::from_secs(10), "the other program asleep", || {
+        cmdline_of(other).starts_with("/bin/sleep")
+            && std::fs::read_to_string(format!("/proc/{other}/stat")).is_ok_and(|st| {
+                st.rsplit(')')
+                    .next()
+                    .and_then(|r| r.split_whitespace().next())
+                    == Some("S")
+            })
+    });
     let o = round(&s);
     assert_fails_with(&o, "taken by another program");
-    assert_eq!(other.try_wait().unwrap(), None, "the other program died");
+    // (Still asleep, not a zombie: checked below.)
     let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     let state = state.rsplit(')').next().unwrap().split_whitespace().next();
     assert_eq!(
@@ -217,8 +248,7 @@ fn a_pid_taken_by_another_program_after_the_tree_exited_is_refused() {
     let o = cluster(&s.tf, &["inspect", "--job", "p", "--target", &s.agent.addr]);
     assert_ok(&o, "cluster inspect");
     assert_eq!(json(&o)["complete"], serde_json::json!([1]));
-    other.kill().unwrap();
-    other.wait().unwrap();
+    // (Killed and reaped by `_kill`.)
 }
 
 /// The coordinator killed after each step of a round: before the decision
