@@ -463,12 +463,23 @@ fn lines_of(child: &mut Child) -> mpsc::Receiver<String> {
 
 /// Waits for the next JSON event named `name` (up to `secs`).
 fn next_event(rx: &mpsc::Receiver<String>, name: &str, secs: u64) -> serde_json::Value {
+    next_event_or(rx, name, secs, &String::new)
+}
+
+/// [`next_event`], with `why()` (what the command logged, say) in the
+/// failure.
+fn next_event_or(
+    rx: &mpsc::Receiver<String>,
+    name: &str,
+    secs: u64,
+    why: &dyn Fn() -> String,
+) -> serde_json::Value {
     let t0 = Instant::now();
     loop {
         let left = Duration::from_secs(secs).saturating_sub(t0.elapsed());
         let l = rx
             .recv_timeout(left)
-            .unwrap_or_else(|e| panic!("no {name} event within {secs} s ({e})"));
+            .unwrap_or_else(|e| panic!("no {name} event within {secs} s ({e}){}", why()));
         let v: serde_json::Value = serde_json::from_str(&l).unwrap_or_else(|e| panic!("{e}: {l}"));
         if v["event"] == name {
             return v;
@@ -494,7 +505,13 @@ fn run_restarts_a_crashed_redis_at_once() {
         .arg(redis.get_program())
         .args(redis.get_args())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null());
+        .stderr(std::fs::File::create(d.path().join("run.err")).unwrap());
+    let run_err = || {
+        format!(
+            "; stasis run logged:\n{}",
+            std::fs::read_to_string(d.path().join("run.err")).unwrap_or_default()
+        )
+    };
     let mut run = c.spawn().expect("stasis run");
     let events = lines_of(&mut run);
     let started = next_event(&events, "started", 30);
@@ -520,7 +537,7 @@ fn run_restarts_a_crashed_redis_at_once() {
     // SAFETY: crashing the job under test.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     let t0 = Instant::now();
-    let restored = next_event(&events, "restored", 30);
+    let restored = next_event_or(&events, "restored", 30, &run_err);
     let took = t0.elapsed();
     eprintln!("restarted after {took:?}: {restored}");
     assert_eq!(restored["pid"], pid);
