@@ -454,3 +454,66 @@ fn touch_window_is_stored_with_its_checkpoint() {
     assert_eq!(numbers(&listed), vec![2]);
     assert!(listed[0]["touch_window"].is_null(), "{listed:?}");
 }
+
+/// The server dies while `run -D s3://...` checkpoints its job: those
+/// checkpoints fail (a warning naming the store), the job runs on
+/// untouched, nothing is committed; once the server is back, checkpoints
+/// go on under the next number, and the job passes its check.
+#[test]
+fn run_rides_out_a_server_that_is_down() {
+    let mut srv = S3Server::start();
+    let url = srv.url("run-down");
+    let d = tempfile::tempdir().unwrap();
+    let pidfile = d.path().join("pid");
+    let log = d.path().join("job.log");
+    let bin = workloads().join("chain_writer");
+    let mut c = srv.stasis();
+    c.args(["run", "-D", &url, "--every", "0.3", "--json"])
+        .arg("--log")
+        .arg(&log)
+        .arg("--")
+        .arg(&bin)
+        .arg(&pidfile)
+        .arg("16")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().expect("stasis run");
+    let mut lines = Lines::new(child.stdout.take().unwrap());
+    let mut errs = Lines::new(child.stderr.take().unwrap());
+    let pid = wait_pidfile(&pidfile, Duration::from_secs(60));
+    let job = KillOnDrop(pid);
+    let first = lines.wait_event(Duration::from_secs(120), "checkpoint");
+    assert_eq!(first["checkpoint"], 1, "{first}");
+    srv.kill();
+    for _ in 0..2 {
+        let e = errs.wait_for(Duration::from_secs(120), |l| {
+            l.contains("checkpoint failed")
+        });
+        assert!(
+            e.contains(&format!("storing the checkpoint in {url} failed"))
+                || e.contains("cannot reach the object store"),
+            "{e}"
+        );
+    }
+    assert!(alive(pid));
+    srv.restart();
+    // (A checkpoint that was under way when the server came back may
+    // still fail: the next ones succeed.)
+    let next = lines.wait_event(Duration::from_secs(120), "checkpoint");
+    assert_eq!(next["checkpoint"], 2, "{next}");
+    // SAFETY: stopping the job under test.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let out = lines.rest(Duration::from_secs(120));
+    let o = child.wait_with_output().unwrap();
+    std::mem::forget(job);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(text.lines().last(), Some("PASS"), "{text}");
+    let cps = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["event"] == "checkpoint")
+        .count();
+    let listed = numbers(&inspect(&srv, &url, &[]));
+    assert_eq!(listed, (1..=cps as u64).collect::<Vec<_>>(), "{out}");
+}
