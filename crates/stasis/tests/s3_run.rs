@@ -517,3 +517,62 @@ fn run_rides_out_a_server_that_is_down() {
     let listed = numbers(&inspect(&srv, &url, &[]));
     assert_eq!(listed, (1..=cps as u64).collect::<Vec<_>>(), "{out}");
 }
+
+/// In an encrypted store the touch set is sealed (its bytes are not in
+/// the server's file), `inspect` with the key shows it, and a damaged one
+/// is ignored with a warning: the checkpoint itself still verifies.
+#[test]
+fn encrypted_touch_set_is_sealed_and_a_damaged_one_ignored() {
+    let srv = S3Server::start();
+    let url = srv.url("touch-sealed");
+    let mut w = Workload::start("heap", &["16"]);
+    let key = key_file(w.dir.path(), 4);
+    let k = key.to_str().unwrap();
+    let o = srv.dump(
+        &w,
+        &url,
+        &[
+            "--leave-running",
+            "--touch-window",
+            "0.3",
+            "--json",
+            "--encrypt-key-file",
+            k,
+        ],
+    );
+    let text = ok(&o, "dump --touch-window");
+    let pages = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find_map(|v| v["touch_pages"].as_u64())
+        .unwrap_or_else(|| panic!("no touch set: {text}"));
+    let object = srv
+        .bucket_dir()
+        .join("touch-sealed/touch/00000001/touch-window");
+    let stored = std::fs::read(&object).unwrap();
+    assert!(
+        !stored.windows(8).any(|b| b == b"STASISTS"),
+        "the touch set is stored in the clear"
+    );
+    let listed = inspect(&srv, &url, &["--encrypt-key-file", k]);
+    assert_eq!(listed[0]["touch_window"]["pages"], pages, "{listed:?}");
+    let mut damaged = stored.clone();
+    let last = damaged.len() - 1;
+    damaged[last] ^= 1;
+    std::fs::write(&object, &damaged).unwrap();
+    let o = srv
+        .stasis()
+        .args(["inspect", "--json", "-D", &url, "--encrypt-key-file", k])
+        .output()
+        .unwrap();
+    let text = ok(&o, "inspect");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("ignoring touch-window of checkpoint 1"),
+        "{err}"
+    );
+    let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    assert_eq!(v[0]["verified"], true, "{v}");
+    assert!(v[0]["touch_window"].is_null(), "{v}");
+    w.finish_pass();
+}
