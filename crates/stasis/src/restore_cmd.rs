@@ -114,7 +114,7 @@ pub fn start_store_filler(
 
 /// The filler reads its pages from the object store at `url`.
 fn from_store(args: &mut FillerArgs, url: &str, seal: &stasis_store::seal::SealOptions) {
-    // The local copy is temporary: nothing to record faults into.
+    // The local copy is temporary: the fault order goes to the store.
     args.record_faults = false;
     args.extra.extend(["--store".into(), url.to_string()]);
     if let Some(k) = &seal.key {
@@ -435,7 +435,7 @@ pub fn cmd_lazy_filler(a: FillerCli, seal: stasis_store::seal::SealOptions) -> R
         // A page server or store that is not there fails now, not at the
         // first fault.
         let source: Box<dyn RunSource> = match &a.store {
-            Some(url) => Box::new(crate::store::S3Runs::open(url, seal, a.checkpoint)?),
+            Some(url) => Box::new(crate::store::S3Runs::open(url, seal.clone(), a.checkpoint)?),
             None => stasis_lazy::open_source(&a.dir, remote)?,
         };
         Ok((catalog, source))
@@ -470,10 +470,20 @@ pub fn cmd_lazy_filler(a: FillerCli, seal: stasis_store::seal::SealOptions) -> R
         .as_ref()
         .ok()
         .and_then(stasis_lazy::Stats::fault_touch_set);
-    if let (Some(ts), true) = (touch, a.record_faults) {
-        if let Err(e) = stasis_image::touch::write_touch_set(&cp_dir, &ts) {
-            eprintln!("stasis: warning: could not record the fault order: {e}");
+    match (touch, &a.store) {
+        // From an object store: stored with the checkpoint there (the
+        // local copy is temporary).
+        (Some(ts), Some(url)) => {
+            if let Err(e) = crate::store::put_touch(url, seal, a.checkpoint, &ts) {
+                eprintln!("stasis: warning: could not record the fault order: {e:#}");
+            }
         }
+        (Some(ts), None) if a.record_faults => {
+            if let Err(e) = stasis_image::touch::write_touch_set(&cp_dir, &ts) {
+                eprintln!("stasis: warning: could not record the fault order: {e}");
+            }
+        }
+        _ => {}
     }
     if let Some(path) = &a.stats_file {
         let total_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(0);

@@ -444,6 +444,28 @@ fn fill_eager(chain: &stasis_store::LazyChain, dir: &Path, n: u32) -> Result<()>
     Ok(())
 }
 
+/// Stores touch set `ts` with checkpoint `n` of the store at `url` (the
+/// fault order of a lazy restore from it).
+pub fn put_touch(
+    url: &str,
+    seal: stasis_store::seal::SealOptions,
+    n: u32,
+    ts: &stasis_image::touch::TouchSet,
+) -> Result<()> {
+    let image = match Location::parse(url)? {
+        loc @ Location::S3 { .. } => S3Image::open(&loc, seal)?,
+        Location::Dir(_) => anyhow::bail!("{url} is not an s3:// URL"),
+    };
+    image
+        .put_touch(n, ts.source.file_name(), &ts.encode())
+        .with_context(|| {
+            format!(
+                "storing the {} of checkpoint {n} in {url}",
+                ts.source.file_name()
+            )
+        })
+}
+
 /// The pages of a lazy restore read from an object store (ranged reads of
 /// the packs' chunks), each run checked against its checksum.
 pub struct S3Runs(stasis_store::LazyChain);

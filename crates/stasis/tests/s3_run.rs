@@ -433,6 +433,10 @@ fn touch_window_is_stored_with_its_checkpoint() {
             "--lazy",
             "--checkpoint",
             "1",
+            // Slowed, so that the process faults before its pages have
+            // all arrived (and there is an order to record).
+            "--lazy-bandwidth",
+            "16M",
             "--lazy-stats",
             stats.to_str().unwrap(),
         ],
@@ -441,6 +445,14 @@ fn touch_window_is_stored_with_its_checkpoint() {
     let st = wait_json_file(&stats, Duration::from_secs(120));
     assert!(st.get("error").is_none(), "{st}");
     assert_eq!(st["touch_pages"], pages, "{st}");
+    assert!(st["faults"].as_u64().unwrap() >= 1, "{st}");
+    // The fault order is stored with the checkpoint, and comes first
+    // next time.
+    let faults = object.with_file_name("touch-faults");
+    assert!(faults.exists(), "{}", faults.display());
+    let listed = inspect(&srv, &url, &["--checkpoint", "1"]);
+    let fault_pages = listed[0]["touch_faults"]["pages"].as_u64().unwrap();
+    assert!(fault_pages >= 1, "{listed:?}");
     w.finish_pass();
     // Checkpoint 2 has none; gc drops checkpoint 1 and its touch set.
     let o = srv
@@ -450,6 +462,7 @@ fn touch_window_is_stored_with_its_checkpoint() {
         .unwrap();
     ok(&o, "gc");
     assert!(!object.exists(), "{}", object.display());
+    assert!(!faults.exists(), "{}", faults.display());
     let listed = inspect(&srv, &url, &[]);
     assert_eq!(numbers(&listed), vec![2]);
     assert!(listed[0]["touch_window"].is_null(), "{listed:?}");
