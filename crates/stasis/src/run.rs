@@ -632,6 +632,8 @@ impl Host for Cli<'_> {
 
     fn latest(&mut self) -> Option<u32> {
         match &self.s3 {
+            // Only a restart needs to ask the store.
+            Some(s3) if !self.o.restart_on_failure => s3.latest.as_ref().map(|t| t.n),
             Some(s3) => s3.target.latest().unwrap_or_else(|e| {
                 eprintln!("stasis: warning: {e:#}");
                 None
