@@ -396,9 +396,7 @@ impl Cli<'_> {
         }
         Ok(restored?)
     }
-}
 
-impl Cli<'_> {
     /// A dump through the object store's upload hook succeeded: notes what
     /// the staging checkpoint says before it is tidied, and numbers the
     /// report as the store does.
