@@ -597,3 +597,32 @@ fn encrypted_touch_set_is_sealed_and_a_damaged_one_ignored() {
     assert!(v[0]["touch_window"].is_null(), "{v}");
     w.finish_pass();
 }
+
+/// `run --replica`: each checkpoint is committed in the replica too
+/// (under the same number), and the replica alone lists them all.
+#[test]
+fn run_commits_in_the_replica_too() {
+    let srv = S3Server::start();
+    let url = srv.url("run-primary");
+    let rurl = srv.url("run-replica");
+    let events = run_crash_restart(&srv, &url, &["--replica", &rurl]);
+    check_run_events(&srv, &url, &events, &[]);
+    let cps: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["event"] == "checkpoint")
+        .collect();
+    for c in &cps {
+        let lines = c["stored"]["replicas"].to_string();
+        assert!(
+            lines.contains(&format!(
+                "replica {rurl}: holds checkpoint {}",
+                c["checkpoint"]
+            )),
+            "{c}"
+        );
+    }
+    assert_eq!(
+        numbers(&inspect(&srv, &rurl, &[])),
+        numbers(&inspect(&srv, &url, &[]))
+    );
+}
