@@ -9,6 +9,7 @@
 //!    full checkpoint, never neither).
 //! 2. Older checkpoints are deleted newest first (their commit records),
 //!    so every checkpoint still listed keeps its whole chain.
+//!    Their touch sets (`touch.rs`) are deleted next.
 //! 3. Sweep: the chunks no commit record names and older than
 //!    [`SWEEP_AGE_S`] are deleted. A dump running meanwhile is safe: it
 //!    writes every chunk it needs unless the store has it younger than
@@ -69,6 +70,8 @@ pub fn gc(image: &S3Image, keep: usize, sweep_age_s: i64) -> Result<(GcReport, S
         report.deleted.push(n);
     }
     report.deleted.sort_unstable();
+    // The touch sets of the deleted checkpoints.
+    image.sweep_touch()?;
     let (chunks, bytes) = image.sweep(sweep_age_s)?;
     Ok((report, Swept { chunks, bytes }))
 }

@@ -21,6 +21,7 @@ mod s3image;
 pub mod seal;
 mod sparse;
 mod staging;
+mod touch;
 
 pub use error::StoreError;
 pub use gc::{gc, GcReport, Swept, SWEEP_AGE_S};
@@ -29,6 +30,7 @@ pub use location::Location;
 pub use s3image::{Downloaded, S3Image, Uploaded};
 pub use sparse::LazyChain;
 pub use staging::Staging;
+pub use touch::TOUCH_FILES;
 
 use std::path::PathBuf;
 

@@ -94,6 +94,11 @@ impl S3Image {
         })
     }
 
+    /// The full key of `rel` (a key relative to the prefix).
+    pub(crate) fn object_key(&self, rel: &str) -> String {
+        format!("{}{rel}", self.prefix)
+    }
+
     fn commit_key(&self, n: u32) -> String {
         format!("{}commits/{}", self.prefix, checkpoint_dir_name(n))
     }
@@ -367,6 +372,12 @@ impl S3Image {
                 make_dir(&d)?;
             }
         }
+        // The touch sets stored with checkpoints (one listing): a lazy
+        // restore takes its page order from them.
+        let touch = self.touch_files().unwrap_or_else(|e| {
+            tracing::warn!("not reading the touch sets of {}: {e}", self.url);
+            Default::default()
+        });
         let mut out = Downloaded::default();
         let mut next = Some(first);
         while let Some(c) = next {
@@ -387,6 +398,7 @@ impl S3Image {
                 r => r?,
             };
             out.stored_bytes += self.fetch(&r, &cdir, sparse)?;
+            self.fetch_touch_files(c, &touch, &cdir, r.key_id.is_some());
             out.chain.push(c);
             next = r.parent;
         }

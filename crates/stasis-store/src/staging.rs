@@ -96,6 +96,14 @@ impl Staging {
         Ok(())
     }
 
+    /// The store's number of local checkpoint `n`, once uploaded.
+    pub fn remote_number(&self, n: u32) -> Option<u32> {
+        let m = self.load_map();
+        (m.url == self.url)
+            .then(|| m.map.get(&n).copied())
+            .flatten()
+    }
+
     /// Before a dump: empties the staging directory unless its latest
     /// checkpoint is the store's latest. Returns whether it was emptied
     /// (the caller then drops the tracking state).

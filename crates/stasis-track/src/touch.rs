@@ -69,13 +69,31 @@ pub fn record_window(store: &ImageDir, n: u32, window: Duration) -> Result<Touch
 /// (`window` long ago) as its touch set.
 pub fn record_now(store: &ImageDir, n: u32, window: Duration) -> Result<TouchSet> {
     let cp = store.load(Some(n))?;
+    let ts = touch_set_of(&live_pids(&cp.manifest), n, window)?;
+    write_touch_set(cp.dir(), &ts)?;
+    Ok(ts)
+}
+
+/// The processes of a checkpoint that were not zombies.
+pub fn live_pids(m: &stasis_image::Manifest) -> Vec<i32> {
+    m.processes
+        .iter()
+        .filter(|p| p.zombie.is_none())
+        .map(|p| p.pid)
+        .collect()
+}
+
+/// What processes `pids` of checkpoint `n` wrote since it (`window`
+/// long ago), as its touch set (not stored: for a checkpoint kept
+/// elsewhere, an object store).
+pub fn touch_set_of(pids: &[i32], n: u32, window: Duration) -> Result<TouchSet> {
     let mut procs = Vec::new();
-    for p in cp.manifest.processes.iter().filter(|p| p.zombie.is_none()) {
-        match written_pages(p.pid) {
-            Ok(r) => procs.push((p.pid, r)),
+    for &pid in pids {
+        match written_pages(pid) {
+            Ok(r) => procs.push((pid, r)),
             // Gone meanwhile: nothing to say about it.
-            Err(e) if std::fs::metadata(format!("/proc/{}", p.pid)).is_err() => {
-                tracing::debug!(pid = p.pid, "touch window: {e}");
+            Err(e) if std::fs::metadata(format!("/proc/{pid}")).is_err() => {
+                tracing::debug!(pid, "touch window: {e}");
             }
             Err(e) => return Err(e),
         }
@@ -83,13 +101,11 @@ pub fn record_now(store: &ImageDir, n: u32, window: Duration) -> Result<TouchSet
     if procs.is_empty() {
         return Err(TrackError::AllExited { checkpoint: n });
     }
-    let ts = TouchSet {
+    Ok(TouchSet {
         source: TouchSource::Window,
         window_ms: u64::try_from(window.as_millis()).unwrap_or(u64::MAX),
         procs,
-    };
-    write_touch_set(cp.dir(), &ts)?;
-    Ok(ts)
+    })
 }
 
 #[cfg(test)]

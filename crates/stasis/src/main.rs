@@ -246,26 +246,23 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     &dir,
                     (leave_running, concurrent, cow_buffer, cow_method),
                     (tcp_close, skip_in_flight, shm_files, shell_job),
-                    (track.as_deref(), touch_window.as_deref()),
+                    (track.as_deref(), touch_window.as_deref(), None),
                     (json, None),
                 )
             }
-            Some(image) => store::dump(image, (replicas, min_replicas), |dir, cut| {
-                if touch_window.is_some() {
-                    bail!("--touch-window is not supported with an s3:// store yet");
-                }
+            Some(image) => store::dump(image, (replicas, min_replicas), |dir, cut, sink| {
                 cmd_dump(
                     pid,
                     dir,
                     (leave_running, concurrent, cow_buffer, cow_method),
                     (tcp_close, skip_in_flight, shm_files.clone(), shell_job),
-                    (track.as_deref(), None),
+                    (track.as_deref(), touch_window.as_deref(), Some(sink)),
                     (json, Some(cut)),
                 )
             }),
         },
         Cmd::Restore(a) => restore_cmd::cmd_restore(a, seal, replicas),
-        Cmd::PageServer(a) => page_server::cmd_page_server(a),
+        Cmd::PageServer(a) => page_server::cmd_page_server(a, seal, replicas),
         Cmd::Agent(a) => cluster_cmd::cmd_agent(a),
         Cmd::Cluster(c) => cluster_cmd::cmd_cluster(c),
         Cmd::LazyFiller(a) => restore_cmd::cmd_lazy_filler(a, seal),
@@ -294,7 +291,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Gc { dir, keep, json } => gc::cmd_gc(&dir, keep, json, seal, replicas),
         Cmd::Demo { dir, before, after } => demo::run(dir, before, after),
         Cmd::DemoWorkload { pidfile } => demo::workload(&pidfile),
-        Cmd::Run(o) => run::cmd_run(o),
+        Cmd::Run(o) => run::cmd_run(o, seal, (replicas, min_replicas)),
         Cmd::TrackKeeper { name } => {
             stasis_track::keeper::serve(&name)?;
             Ok(ExitCode::SUCCESS)
@@ -346,7 +343,7 @@ fn cmd_dump(
     dir: &Path,
     (leave_running, concurrent, cow_cap, cow_method): (bool, bool, u64, stasis_capture::CowMethod),
     (tcp_close, skip_in_flight, shm_files, shell_job): (bool, bool, Vec<String>, bool),
-    (track, touch_window): (Option<&str>, Option<&str>),
+    (track, touch_window, touch_sink): (Option<&str>, Option<&str>, Option<store::TouchSink>),
     (json, cut): (bool, Option<std::sync::Arc<dyn stasis_capture::Cut>>),
 ) -> Result<ExitCode> {
     abort::remove_temps_on_signal(dir)?;
@@ -427,17 +424,21 @@ fn cmd_dump(
             Some(w) => {
                 let ts = stasis_track::touch::record_window(&store, r.checkpoint, w)
                     .context("recording the touch set")?;
+                // In an object store: stored with the checkpoint there.
+                let stored = touch_sink.map(|sink| sink(r.checkpoint, &ts)).transpose()?;
                 if json {
-                    println!(
-                        "{}",
-                        serde_json::json!({"touch_window_ms": ts.window_ms, "touch_pages": ts.pages()})
-                    );
+                    let mut v = serde_json::json!({"touch_window_ms": ts.window_ms, "touch_pages": ts.pages()});
+                    if let Some(s) = &stored {
+                        v["touch_stored"] = s.as_str().into();
+                    }
+                    println!("{v}");
                 } else {
                     println!(
-                        "touch set: {} pages written in {} after checkpoint {}",
+                        "touch set: {} pages written in {} after checkpoint {}{}",
                         ts.pages(),
                         ui::secs(ts.window_ms * 1000),
-                        r.checkpoint
+                        r.checkpoint,
+                        stored.map(|s| format!(" ({s})")).unwrap_or_default()
                     );
                 }
             }

@@ -5,6 +5,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context, Result};
 use stasis_pageserver::tls::Transport;
@@ -16,9 +17,15 @@ const MAX_TOKEN_BYTES: u64 = 64 << 10;
 /// `stasis page-server -D DIR --token-file FILE [--listen ADDR] [--json]`.
 #[derive(clap::Args, Debug)]
 pub struct PageServerArgs {
-    /// Image directory to serve (read-only).
+    /// Image directory to serve (read-only), or s3://BUCKET/PREFIX: a
+    /// checkpoint and its chain are fetched from the object store into a
+    /// private temporary copy (removed when the server ends), which is
+    /// served.
     #[arg(short = 'D', long)]
     pub dir: PathBuf,
+    /// With an s3:// store: the checkpoint to serve (default: the latest).
+    #[arg(long)]
+    pub checkpoint: Option<u32>,
     /// Address to listen on (`0.0.0.0:7070` for every interface; port 0
     /// picks a free port, printed at start).
     #[arg(long, default_value = "127.0.0.1:7070")]
@@ -57,26 +64,56 @@ impl TransportArgs {
 }
 
 /// Binds, prints where it listens, then serves until killed.
-pub fn cmd_page_server(a: PageServerArgs) -> Result<ExitCode> {
-    crate::store::local_only(&a.dir, "page-server")?;
+pub fn cmd_page_server(
+    a: PageServerArgs,
+    seal: stasis_store::seal::SealOptions,
+    replicas: Vec<stasis_store::S3Image>,
+) -> Result<ExitCode> {
     a.transport.apply();
     let token = read_token_file(&a.token_file)?;
+    // An object store: a private copy of the checkpoint, served.
+    let mut _copy_guard = None;
+    let (dir, copy) = match crate::store::s3(&a.dir, seal.clone())? {
+        Some(image) => {
+            let url = image.url.clone();
+            let t = crate::store::fetch(image, replicas, a.checkpoint)?;
+            let n = t.fetched.chain.first().copied().unwrap_or(0);
+            let dir = t.image();
+            // The copy goes when the server is stopped by a signal too.
+            _copy_guard = Some(remove_on_signal(t)?);
+            (dir, Some((url, n)))
+        }
+        None => {
+            crate::store::refuse_for_local(&a.dir, &seal, &replicas)?;
+            if a.checkpoint.is_some() {
+                bail!("--checkpoint applies to an s3:// store: a page server serves every checkpoint of an image directory");
+            }
+            (a.dir.clone(), None)
+        }
+    };
+    let what = match &copy {
+        Some((url, n)) => format!("checkpoint {n} of {url}"),
+        None => a.dir.display().to_string(),
+    };
     let server = Server::bind(ServerConfig {
-        dir: a.dir.clone(),
+        dir,
         listen: a.listen.clone(),
         token,
         transport: a.transport.transport(),
     })
-    .with_context(|| format!("starting the page server for {}", a.dir.display()))?;
+    .with_context(|| format!("starting the page server for {what}"))?;
     let addr = server.local_addr();
     {
         let mut out = std::io::stdout().lock();
         if a.json {
-            let v = serde_json::json!({
+            let mut v = serde_json::json!({
                 "listening": addr.to_string(),
                 "dir": a.dir.display().to_string(),
                 "tls": !a.transport.insecure_plaintext,
             });
+            if let Some((_, n)) = &copy {
+                v["checkpoint"] = (*n).into();
+            }
             writeln!(out, "{v}")?;
         } else {
             let how = if a.transport.insecure_plaintext {
@@ -84,18 +121,58 @@ pub fn cmd_page_server(a: PageServerArgs) -> Result<ExitCode> {
             } else {
                 " (TLS)"
             };
-            writeln!(
-                out,
-                "page server: serving {} on {addr}{how}",
-                a.dir.display()
-            )?;
+            writeln!(out, "page server: serving {what} on {addr}{how}")?;
         }
         out.flush()?;
     }
     server
         .serve()
-        .with_context(|| format!("serving {} on {addr}", a.dir.display()))?;
+        .with_context(|| format!("serving {what} on {addr}"))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// A private copy of checkpoints, removed when dropped or when the
+/// process is stopped by a signal.
+struct CopyGuard(Arc<Mutex<Option<stasis_store::TempImage>>>);
+
+impl Drop for CopyGuard {
+    fn drop(&mut self) {
+        if let Ok(mut g) = self.0.lock() {
+            g.take();
+        }
+    }
+}
+
+/// Removes the copy `t` when SIGINT, SIGTERM or SIGHUP comes, then dies
+/// of the signal as a page server does; or when the guard returned is
+/// dropped. Those signals are blocked in this thread, and so in the
+/// server's threads started after it: one thread takes them. (The store's
+/// clients, and their I/O threads, are gone.)
+fn remove_on_signal(t: stasis_store::TempImage) -> Result<CopyGuard> {
+    let copy = Arc::new(Mutex::new(Some(t)));
+    let held = Arc::clone(&copy);
+    use nix::sys::signal::{self, SigSet, Signal};
+    let mut set = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        set.add(s);
+    }
+    set.thread_block()
+        .context("blocking SIGINT/SIGTERM/SIGHUP for the page server's clean-up")?;
+    std::thread::Builder::new()
+        .name("copy-cleanup".into())
+        .spawn(move || {
+            let Ok(sig) = set.wait() else { return };
+            if let Ok(mut g) = held.lock() {
+                g.take();
+            }
+            let mut one = SigSet::empty();
+            one.add(sig);
+            let _ = one.thread_unblock();
+            let _ = signal::raise(sig);
+            std::process::exit(128 + sig as i32);
+        })
+        .context("starting the page server's signal thread")?;
+    Ok(CopyGuard(copy))
 }
 
 /// Reads a token file: refuses a missing, empty or oversized one, strips

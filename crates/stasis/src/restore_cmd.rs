@@ -98,6 +98,31 @@ pub fn start_filler(
     spawn_filler(&args)
 }
 
+/// Starts the page filler of a lazy restore of checkpoint `n` of the
+/// sparse copy at `dir` of the object store at `url` (the filler reads the
+/// pages there).
+pub fn start_store_filler(
+    dir: &Path,
+    n: u32,
+    url: &str,
+    seal: &stasis_store::seal::SealOptions,
+) -> Result<Filler> {
+    let mut args = filler_args(dir, n, None, (4, 0), None, None);
+    from_store(&mut args, url, seal);
+    spawn_filler(&args)
+}
+
+/// The filler reads its pages from the object store at `url`.
+fn from_store(args: &mut FillerArgs, url: &str, seal: &stasis_store::seal::SealOptions) {
+    // The local copy is temporary: the fault order goes to the store.
+    args.record_faults = false;
+    args.extra.extend(["--store".into(), url.to_string()]);
+    if let Some(k) = &seal.key {
+        args.extra.push("--encrypt-key-file".into());
+        args.extra.push(k.file.to_string_lossy().into_owned());
+    }
+}
+
 fn spawn_filler(args: &FillerArgs) -> Result<Filler> {
     let exe = stasis_kernel::launch::own_exe();
     Filler::spawn(&exe, args).context("starting the lazy restore's page filler")
@@ -206,13 +231,7 @@ pub fn cmd_restore(
             a.lazy_stats.clone(),
         );
         if let Some(url) = &lazy_store {
-            // The local copy is temporary: nothing to record faults into.
-            args.record_faults = false;
-            args.extra.extend(["--store".into(), url.clone()]);
-            if let Some(k) = &seal.key {
-                args.extra.push("--encrypt-key-file".into());
-                args.extra.push(k.file.to_string_lossy().into_owned());
-            }
+            from_store(&mut args, url, &seal);
         }
         Some(spawn_filler(&args)?)
     } else {
@@ -416,7 +435,7 @@ pub fn cmd_lazy_filler(a: FillerCli, seal: stasis_store::seal::SealOptions) -> R
         // A page server or store that is not there fails now, not at the
         // first fault.
         let source: Box<dyn RunSource> = match &a.store {
-            Some(url) => Box::new(crate::store::S3Runs::open(url, seal, a.checkpoint)?),
+            Some(url) => Box::new(crate::store::S3Runs::open(url, seal.clone(), a.checkpoint)?),
             None => stasis_lazy::open_source(&a.dir, remote)?,
         };
         Ok((catalog, source))
@@ -437,9 +456,12 @@ pub fn cmd_lazy_filler(a: FillerCli, seal: stasis_store::seal::SealOptions) -> R
         .dir()
         .to_path_buf();
     let exe = stasis_kernel::launch::own_exe();
+    let order = stasis_image::touch::priority_order(&cp_dir);
+    // (Reported: how many pages the touch sets put first.)
+    let touch_pages: usize = order.values().map(Vec::len).sum();
     let cfg = stasis_lazy::Config {
         threads: a.threads,
-        order: stasis_image::touch::priority_order(&cp_dir),
+        order,
         bandwidth: a.bandwidth,
         guard: Some(stasis_lazy::guard::Guard::spawn(&exe)?),
     };
@@ -448,14 +470,25 @@ pub fn cmd_lazy_filler(a: FillerCli, seal: stasis_store::seal::SealOptions) -> R
         .as_ref()
         .ok()
         .and_then(stasis_lazy::Stats::fault_touch_set);
-    if let (Some(ts), true) = (touch, a.record_faults) {
-        if let Err(e) = stasis_image::touch::write_touch_set(&cp_dir, &ts) {
-            eprintln!("stasis: warning: could not record the fault order: {e}");
+    match (touch, &a.store) {
+        // From an object store: stored with the checkpoint there (the
+        // local copy is temporary).
+        (Some(ts), Some(url)) => {
+            if let Err(e) = crate::store::put_touch(url, seal, a.checkpoint, &ts) {
+                eprintln!("stasis: warning: could not record the fault order: {e:#}");
+            }
         }
+        (Some(ts), None) if a.record_faults => {
+            if let Err(e) = stasis_image::touch::write_touch_set(&cp_dir, &ts) {
+                eprintln!("stasis: warning: could not record the fault order: {e}");
+            }
+        }
+        _ => {}
     }
     if let Some(path) = &a.stats_file {
         let total_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(0);
-        let v = stasis_lazy::Stats::report(&result, total_us);
+        let mut v = stasis_lazy::Stats::report(&result, total_us);
+        v["touch_pages"] = touch_pages.into();
         std::fs::write(path, format!("{v}\n"))
             .with_context(|| format!("writing {}", path.display()))?;
     }

@@ -12,6 +12,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -24,12 +25,15 @@ use stasis_supervise::{
 
 pub use stasis_supervise::{parse_duration, parse_size};
 
+use crate::store::{Stored, Target};
 use crate::ui;
 
 /// Options of `stasis run`.
 #[derive(clap::Args)]
 pub struct RunOptions {
-    /// Image directory (created if missing).
+    /// Image directory (created if missing), or s3://BUCKET/PREFIX: each
+    /// checkpoint is committed in the object store (as by `dump -D`), and
+    /// a restart restores the store's latest.
     #[arg(short = 'D', long = "images-dir")]
     pub dir: PathBuf,
     /// Seconds between checkpoints (90, 90s, 15m...), or `auto` for Young's
@@ -49,7 +53,8 @@ pub struct RunOptions {
     /// Give up after this many restarts.
     #[arg(long, default_value_t = 3)]
     pub max_restarts: u32,
-    /// File for the job's stdout and stderr (default DIR/job.log).
+    /// File for the job's stdout and stderr (default DIR/job.log; with an
+    /// s3:// store, job.log in its staging directory).
     #[arg(long)]
     pub log: Option<PathBuf>,
     /// Copy memory while the job runs (from copy-on-write fork snapshots,
@@ -187,8 +192,9 @@ fn reap_orphans() {
     }
 }
 
-/// A checkpoint of the job, as the supervisor sees it.
-struct Dump(stasis_capture::DumpReport);
+/// A checkpoint of the job, as the supervisor sees it (numbered as in the
+/// object store, with what was stored there, when it is one).
+struct Dump(stasis_capture::DumpReport, Option<Stored>);
 
 impl Dumped for Dump {
     fn checkpoint(&self) -> u32 {
@@ -199,10 +205,30 @@ impl Dumped for Dump {
     }
 }
 
+/// `stasis run -D s3://...`: the store, and what the capture's staging
+/// directory knew of the latest checkpoint before it was tidied.
+struct S3Run {
+    target: Arc<Target>,
+    seal: stasis_store::seal::SealOptions,
+    latest: Option<Taken>,
+}
+
+/// A checkpoint stored: its number in the store, what a restore of it
+/// brings back, its processes.
+struct Taken {
+    n: u32,
+    restored_bytes: u64,
+    pids: Vec<i32>,
+}
+
 /// `stasis run`'s host: the job, its checkpoints and restores, printing.
 struct Cli<'o> {
     o: &'o RunOptions,
+    /// The image directory the capture writes into: `-D`, or the staging
+    /// directory of the object store.
+    dir: PathBuf,
     store: stasis_image::ImageDir,
+    s3: Option<S3Run>,
     backend: stasis_track::Backend,
     log: PathBuf,
     tracker: Box<dyn stasis_track::DirtyTracker + Send>,
@@ -226,12 +252,13 @@ impl Cli<'_> {
     }
 
     fn new_tracker(&self) -> Box<dyn stasis_track::DirtyTracker + Send> {
-        stasis_track::tracker(self.backend, &stasis_track::state::track_dir(&self.o.dir))
+        stasis_track::tracker(self.backend, &stasis_track::state::track_dir(&self.dir))
     }
 
     fn say_checkpoint(
         &self,
         r: &stasis_capture::DumpReport,
+        stored: Option<&Stored>,
         interval: Duration,
         young: Option<stasis_supervise::Young>,
     ) -> Result<()> {
@@ -251,6 +278,19 @@ impl Cli<'_> {
         if let Some(n) = &r.note {
             line.push_str(&format!(" (note: {n})"));
         }
+        if let (Some(st), Some(s3)) = (stored, &self.s3) {
+            let u = &st.uploaded;
+            line.push_str(&format!(
+                "; committed in {}: {} in {} new chunk(s), {} already stored",
+                s3.target.url(),
+                ui::bytes(u.stored_bytes),
+                u.objects,
+                u.reused
+            ));
+            for l in &st.lines {
+                line.push_str(&format!("; {l}"));
+            }
+        }
         if let Some(y) = young {
             line.push_str(&format!(
                 "; next in {:.2} s (Young: sqrt(2 x {:.1} ms x {:.0} s))",
@@ -263,6 +303,12 @@ impl Cli<'_> {
         v["event"] = "checkpoint".into();
         v["kind"] = kind.into();
         v["interval_s"] = interval.as_secs_f64().into();
+        if let (Some(st), Some(s3)) = (stored, &self.s3) {
+            let mut u = serde_json::to_value(&st.uploaded)?;
+            u["url"] = s3.target.url().into();
+            u["replicas"] = st.lines.clone().into();
+            v["stored"] = u;
+        }
         self.say(line, v);
         Ok(())
     }
@@ -317,7 +363,10 @@ impl Cli<'_> {
     }
 
     fn restore_now(&mut self, cp: u32) -> Result<stasis_restore::Restored> {
-        let _ = stasis_track::state::clear(&self.o.dir);
+        let _ = stasis_track::state::clear(&self.dir);
+        if let Some(s3) = &self.s3 {
+            return restore_from_store(s3, cp, self.o.lazy_restart);
+        }
         let filler = if self.o.lazy_restart {
             Some(crate::restore_cmd::start_filler(
                 self.store.path(),
@@ -347,6 +396,97 @@ impl Cli<'_> {
         }
         Ok(restored?)
     }
+
+    /// A dump through the object store's upload hook succeeded: notes what
+    /// the staging checkpoint says before it is tidied, and numbers the
+    /// report as the store does.
+    fn stored(
+        &mut self,
+        target: &Target,
+        hook: &crate::store::Upload,
+        mut r: stasis_capture::DumpReport,
+    ) -> Result<Dump> {
+        let local = r.checkpoint;
+        let cp = self.store.load(Some(local));
+        let taken = cp.map(|cp| {
+            (
+                stasis_image::summarize(&cp).memory_pages * stasis_image::PAGE_SIZE,
+                stasis_track::touch::live_pids(&cp.manifest),
+            )
+        });
+        let parent = r.parent.and_then(|p| target.remote_number(p));
+        let ((), stored) = target.finish(hook, Ok(()))?;
+        r.checkpoint = stored.uploaded.checkpoint;
+        r.parent = parent;
+        target.tidy();
+        if let Some(s3) = self.s3.as_mut() {
+            s3.latest = match taken {
+                Ok((restored_bytes, pids)) => Some(Taken {
+                    n: r.checkpoint,
+                    restored_bytes,
+                    pids,
+                }),
+                Err(e) => {
+                    eprintln!(
+                        "stasis: warning: reading staging checkpoint {local} of checkpoint {}: {e}",
+                        r.checkpoint
+                    );
+                    None
+                }
+            };
+        }
+        Ok(Dump(r, Some(stored)))
+    }
+}
+
+impl S3Run {
+    /// What the staging directory said of checkpoint `n` of the store.
+    fn taken(&self, n: u32) -> Result<&Taken> {
+        self.latest.as_ref().filter(|t| t.n == n).with_context(|| {
+            format!(
+                "checkpoint {n} of {} is no longer the latest",
+                self.target.url()
+            )
+        })
+    }
+}
+
+/// Restores checkpoint `cp` of the object store (from a private copy of
+/// its chain, sparse when `lazy`: the filler reads the rest there).
+fn restore_from_store(s3: &S3Run, cp: u32, lazy: bool) -> Result<stasis_restore::Restored> {
+    let (tmp, url) = s3.target.fetch(cp, lazy)?;
+    let dir = tmp.image();
+    let store = stasis_image::ImageDir::open(&dir).with_context(|| {
+        format!(
+            "opening the copy of {} at {}",
+            s3.target.url(),
+            dir.display()
+        )
+    })?;
+    let filler = match &url {
+        Some(url) => Some(crate::restore_cmd::start_store_filler(
+            &dir, cp, url, &s3.seal,
+        )?),
+        None => None,
+    };
+    let restored = stasis_restore::restore(
+        &store,
+        &stasis_restore::RestoreOptions {
+            checkpoint: Some(cp),
+            lazy: filler.as_ref().map(crate::restore_cmd::sink),
+            cut: None,
+            ..Default::default()
+        },
+    );
+    if let Some(f) = &filler {
+        match &restored {
+            Ok(_) => f.done().context("telling the page filler the job runs")?,
+            Err(_) => f.abort(),
+        }
+    }
+    // (The filler has read what it needs of the copy.)
+    drop(tmp);
+    Ok(restored?)
 }
 
 impl Host for Cli<'_> {
@@ -375,7 +515,7 @@ impl Host for Cli<'_> {
     }
 
     fn checkpoint(&mut self, pid: i32) -> Checkpointed<Self::Dump> {
-        let opts = stasis_capture::DumpOptions {
+        let mut opts = stasis_capture::DumpOptions {
             pid,
             leave_running: true,
             progress: None,
@@ -388,14 +528,53 @@ impl Host for Cli<'_> {
             shm_files: self.o.shm_files.clone(),
             shell_job: false,
         };
+        // Into an object store: through its staging directory, each
+        // checkpoint committed there before it is committed locally.
+        let hook = match self.s3.as_ref().map(|s3| Arc::clone(&s3.target)) {
+            Some(target) => match target.prepare() {
+                Ok(emptied) => {
+                    if emptied {
+                        // The next dump is full: so is the next copy.
+                        self.protection = Default::default();
+                    }
+                    let hook = target.hook();
+                    opts.cut = Some(hook.clone());
+                    Some((target, hook))
+                }
+                Err(e) => return Checkpointed::Failed(e.into()),
+            },
+            None => None,
+        };
         let dumped = if self.protect_tracks {
             stasis_capture::dump_concurrent_tracked(&self.store, &opts, &mut self.protection)
         } else {
             stasis_capture::dump_tracked(&self.store, &opts, Some(&mut *self.tracker))
         };
-        let e = match dumped {
-            Ok(r) => return Checkpointed::Done(Dump(r)),
-            Err(e) => e,
+        let e = match (dumped, hook) {
+            (Ok(r), None) => return Checkpointed::Done(Dump(r, None)),
+            (Ok(r), Some((target, hook))) => {
+                return match self.stored(&target, &hook, r) {
+                    Ok(d) => Checkpointed::Done(d),
+                    Err(e) => Checkpointed::Failed(e.into()),
+                }
+            }
+            (Err(e), Some((target, hook))) => {
+                if hook.committed() {
+                    target.tidy();
+                }
+                match hook.failure() {
+                    // The upload failed: that is why.
+                    Some(why) => {
+                        let e = anyhow::Error::new(e).context(format!(
+                            "storing the checkpoint in {} failed: {why}",
+                            target.url()
+                        ));
+                        return Checkpointed::Failed(e.into());
+                    }
+                    None => e,
+                }
+            }
+            (Err(e), None) => e,
         };
         // The job may have just exited: the next wait says so, unless the
         // dump (as its tracer, and we are its parent) already collected its
@@ -418,6 +597,9 @@ impl Host for Cli<'_> {
     }
 
     fn restored_bytes(&mut self, checkpoint: u32) -> Result<u64, HostError> {
+        if let Some(s3) = &self.s3 {
+            return Ok(s3.taken(checkpoint)?.restored_bytes);
+        }
         Ok(stasis_track::touch::restored_bytes(
             &self.store,
             checkpoint,
@@ -429,6 +611,12 @@ impl Host for Cli<'_> {
         checkpoint: u32,
         window: Duration,
     ) -> Result<Self::Touch, HostError> {
+        if let Some(s3) = &self.s3 {
+            let ts =
+                stasis_track::touch::touch_set_of(&s3.taken(checkpoint)?.pids, checkpoint, window)?;
+            s3.target.put_touch(checkpoint, &ts)?;
+            return Ok(ts);
+        }
         Ok(stasis_track::touch::record_now(
             &self.store,
             checkpoint,
@@ -441,7 +629,15 @@ impl Host for Cli<'_> {
     }
 
     fn latest(&mut self) -> Option<u32> {
-        self.store.latest().ok().flatten()
+        match &self.s3 {
+            // Only a restart needs to ask the store.
+            Some(s3) if !self.o.restart_on_failure => s3.latest.as_ref().map(|t| t.n),
+            Some(s3) => s3.target.latest().unwrap_or_else(|e| {
+                eprintln!("stasis: warning: {e:#}");
+                None
+            }),
+            None => self.store.latest().ok().flatten(),
+        }
     }
 
     fn restore(&mut self, checkpoint: u32) -> Result<(i32, Self::Restored), HostError> {
@@ -471,7 +667,7 @@ impl Host for Cli<'_> {
                 interval,
                 young,
             } => {
-                if let Err(e) = self.say_checkpoint(&dump.0, interval, young) {
+                if let Err(e) = self.say_checkpoint(&dump.0, dump.1.as_ref(), interval, young) {
                     eprintln!(
                         "stasis: warning: reporting checkpoint {}: {e:#}",
                         dump.0.checkpoint
@@ -525,8 +721,11 @@ impl Host for Cli<'_> {
 }
 
 /// Runs `stasis run`.
-pub fn cmd_run(o: RunOptions) -> Result<ExitCode> {
-    crate::store::local_only(&o.dir, "run")?;
+pub fn cmd_run(
+    o: RunOptions,
+    seal: stasis_store::seal::SealOptions,
+    replicas: (Vec<stasis_store::S3Image>, usize),
+) -> Result<ExitCode> {
     if o.cmd.is_empty() {
         bail!("no command given: stasis run -D DIR --every SECS -- COMMAND [ARGS...]");
     }
@@ -537,8 +736,29 @@ pub fn cmd_run(o: RunOptions) -> Result<ExitCode> {
         }
         (s, _) => Every::Fixed(parse_duration(s)?),
     };
-    let store = stasis_image::ImageDir::create_or_open(&o.dir)
-        .with_context(|| format!("opening image directory {}", o.dir.display()))?;
+    let s3 = match crate::store::s3(&o.dir, seal.clone())? {
+        Some(image) => {
+            let target = Arc::new(Target::open(image, replicas)?);
+            // The store is there, and the credentials work, before the
+            // job starts.
+            target.latest()?;
+            Some(S3Run {
+                target,
+                seal,
+                latest: None,
+            })
+        }
+        None => {
+            crate::store::refuse_for_local(&o.dir, &seal, &replicas.0)?;
+            None
+        }
+    };
+    let dir = match &s3 {
+        Some(s3) => s3.target.staging_dir().to_path_buf(),
+        None => o.dir.clone(),
+    };
+    let store = stasis_image::ImageDir::create_or_open(&dir)
+        .with_context(|| format!("opening image directory {}", dir.display()))?;
     let backend = stasis_track::choose(stasis_track::Backend::parse(&o.track)?)?;
     if o.touch_window.is_some() && backend != stasis_track::Backend::Uffd {
         bail!("--touch-window reads the uffd write tracking, but tracking uses {backend} here");
@@ -548,7 +768,7 @@ pub fn cmd_run(o: RunOptions) -> Result<ExitCode> {
         bail!("--touch-window reads the WP_ASYNC write tracking: it cannot be used with --cow-method uffd");
     }
     // A new job starts a new chain.
-    let _ = stasis_track::state::clear(&o.dir);
+    let _ = stasis_track::state::clear(&dir);
     let config = stasis_supervise::Config {
         every,
         restart: stasis_supervise::RestartPolicy {
@@ -557,11 +777,18 @@ pub fn cmd_run(o: RunOptions) -> Result<ExitCode> {
         },
         touch_window: o.touch_window.clone(),
     };
+    let log = match (&o.log, &s3) {
+        (Some(l), _) => l.clone(),
+        (None, Some(_)) => dir.parent().unwrap_or(&dir).join("job.log"),
+        (None, None) => o.dir.join("job.log"),
+    };
     let mut host = Cli {
         o: &o,
-        log: o.log.clone().unwrap_or_else(|| o.dir.join("job.log")),
-        tracker: stasis_track::tracker(backend, &stasis_track::state::track_dir(&o.dir)),
+        log,
+        tracker: stasis_track::tracker(backend, &stasis_track::state::track_dir(&dir)),
+        dir,
         store,
+        s3,
         backend,
         protect_tracks,
         protection: Default::default(),

@@ -10,13 +10,13 @@ use anyhow::{Context, Result};
 use stasis_store::{Location, S3Image, Staging};
 
 /// Refuses `-D URL` for a command that works on a local directory only
-/// (`run`, `page-server`, `agent`), rather than making a directory named
+/// (`agent`), rather than making a directory named
 /// after the URL.
 pub fn local_only(dir: &Path, command: &str) -> Result<()> {
     if let Some(arg) = dir.to_str() {
         if let Location::S3 { .. } = Location::parse(arg)? {
             anyhow::bail!(
-                "stasis {command} keeps its images in a local directory: -D {arg} is an object store, which dump, restore, inspect and gc support (give {command} a directory)"
+                "stasis {command} keeps its images in a local directory: -D {arg} is an object store, which dump, restore, inspect, gc, run and page-server support (give {command} a directory)"
             );
         }
     }
@@ -78,14 +78,159 @@ pub fn s3(dir: &Path, seal: stasis_store::seal::SealOptions) -> Result<Option<S3
     }
 }
 
+/// Where the dumps of one command go in an object store: the store, its
+/// replicas, and the local staging directory the capture writes into.
+pub struct Target {
+    /// The primary, then the replicas.
+    stores: Vec<S3Image>,
+    min_replicas: usize,
+    staging: Staging,
+}
+
+/// A checkpoint committed in the store: the primary's report and a line
+/// per replica.
+pub struct Stored {
+    pub uploaded: stasis_store::Uploaded,
+    pub lines: Vec<String>,
+}
+
+impl Target {
+    /// The dumps into `image` (with `replicas`, `min_replicas` of which
+    /// must hold each checkpoint).
+    pub fn open(image: S3Image, (replicas, min_replicas): (Vec<S3Image>, usize)) -> Result<Target> {
+        let staging = Staging::for_image(&image)?;
+        let mut stores = vec![image];
+        stores.extend(replicas);
+        Ok(Target {
+            stores,
+            min_replicas,
+            staging,
+        })
+    }
+
+    /// The store's URL.
+    pub fn url(&self) -> &str {
+        &self.stores[0].url
+    }
+
+    /// The staging image directory.
+    pub fn staging_dir(&self) -> &Path {
+        self.staging.dir()
+    }
+
+    /// Whether the store is encrypted (nothing stays in staging).
+    pub fn encrypted(&self) -> bool {
+        self.stores[0].seal.key.is_some()
+    }
+
+    /// Before each dump: empties the staging directory unless its latest
+    /// checkpoint is the store's latest (then the dump is full: the
+    /// tracking state is dropped). Returns whether it was emptied.
+    pub fn prepare(&self) -> Result<bool> {
+        let emptied = self
+            .staging
+            .sync(&self.stores[0])
+            .with_context(|| format!("reading the checkpoints of {}", self.url()))?;
+        if emptied {
+            // What tracking there was is relative to checkpoints no longer here.
+            let _ = stasis_track::state::clear(self.staging.dir());
+        }
+        Ok(emptied)
+    }
+
+    /// The capture's `Cut` hook of one dump: it uploads and commits the
+    /// checkpoint in the store before its local commit.
+    pub fn hook(self: &Arc<Self>) -> Arc<Upload> {
+        Arc::new(Upload {
+            target: Arc::clone(self),
+            result: Mutex::new(None),
+        })
+    }
+
+    /// After the dump `dumped` through `hook`: what was stored, or why not.
+    pub fn finish<T>(&self, hook: &Upload, dumped: Result<T>) -> Result<(T, Stored)> {
+        let uploaded = hook.result.lock().ok().and_then(|mut g| g.take());
+        let url = self.url();
+        match (dumped, uploaded) {
+            (Err(e), Some(Err(why))) => {
+                Err(e.context(format!("storing the checkpoint in {url} failed: {why}")))
+            }
+            (Err(e), Some(Ok((u, _)))) => Err(e.context(format!(
+                "checkpoint {} was committed in {url} before this failed",
+                u.checkpoint
+            ))),
+            (Err(e), _) => Err(e),
+            (Ok(t), Some(Ok((uploaded, lines)))) => Ok((t, Stored { uploaded, lines })),
+            (Ok(_), _) => anyhow::bail!("the dump did not reach its upload to {url}"),
+        }
+    }
+
+    /// After a stored dump: the staging directory keeps only the chain of
+    /// its latest checkpoint (nothing, for an encrypted store: its
+    /// plaintext does not stay on local disk).
+    pub fn tidy(&self) {
+        let tidied: Result<()> = if self.encrypted() {
+            self.staging
+                .clear()
+                .map_err(anyhow::Error::from)
+                .and_then(|()| Ok(stasis_track::state::clear(self.staging.dir())?))
+        } else {
+            self.staging.trim().map_err(anyhow::Error::from)
+        };
+        if let Err(e) = tidied {
+            eprintln!("stasis: warning: tidying the staging directory: {e}");
+        }
+    }
+
+    /// The store's number of staging checkpoint `n`, once uploaded.
+    pub fn remote_number(&self, n: u32) -> Option<u32> {
+        self.staging.remote_number(n)
+    }
+
+    /// Stores touch set `ts` with the committed checkpoint `n` of the
+    /// store (not of the replicas).
+    pub fn put_touch(&self, n: u32, ts: &stasis_image::touch::TouchSet) -> Result<()> {
+        self.stores[0]
+            .put_touch(n, ts.source.file_name(), &ts.encode())
+            .with_context(|| format!("storing the touch set of checkpoint {n} in {}", self.url()))
+    }
+
+    /// The latest checkpoint committed in the store (else in the first
+    /// replica that answers).
+    pub fn latest(&self) -> Result<Option<u32>> {
+        let mut failed = Vec::new();
+        for s in &self.stores {
+            match s.committed() {
+                Ok(c) => return Ok(c.last().copied()),
+                Err(e) => failed.push(format!("{}: {e}", s.url)),
+            }
+        }
+        anyhow::bail!("listing the checkpoints: {}", failed.join("; "))
+    }
+
+    /// A private copy of checkpoint `n` and its chain (sparse with `lazy`,
+    /// with the URL of the store the filler is to read the rest from).
+    pub fn fetch(&self, n: u32, lazy: bool) -> Result<(stasis_store::TempImage, Option<String>)> {
+        let mut stores = Vec::new();
+        for s in &self.stores {
+            let loc = Location::parse(&s.url)?;
+            stores.push(S3Image::open(&loc, s.seal.clone())?);
+        }
+        let primary = stores.remove(0);
+        if lazy {
+            let (t, url) = fetch_lazy(primary, stores, Some(n))?;
+            Ok((t, Some(url)))
+        } else {
+            Ok((fetch(primary, stores, Some(n))?, None))
+        }
+    }
+}
+
 /// Commits a dump's checkpoint in the store (the capture's `Cut` hook:
 /// called once the checkpoint is written and synced locally, before its
 /// local commit and before a dumped tree is killed).
-struct Upload {
-    image: S3Image,
-    replicas: Vec<S3Image>,
-    min_replicas: usize,
-    staging: Staging,
+pub struct Upload {
+    target: Arc<Target>,
     result: Mutex<Option<UploadResult>>,
 }
 
@@ -93,10 +238,28 @@ struct Upload {
 /// or why it failed.
 type UploadResult = Result<(stasis_store::Uploaded, Vec<String>), String>;
 
+impl Upload {
+    /// Why the upload failed, if it did.
+    pub fn failure(&self) -> Option<String> {
+        match self.result.lock().ok()?.as_ref()? {
+            Err(why) => Some(why.clone()),
+            Ok(_) => None,
+        }
+    }
+
+    /// Whether the checkpoint was committed in the store.
+    pub fn committed(&self) -> bool {
+        self.result
+            .lock()
+            .ok()
+            .is_some_and(|g| matches!(*g, Some(Ok(_))))
+    }
+}
+
 impl stasis_capture::Cut for Upload {
     fn mark(&self) -> stasis_image::manifest::CutMark {
         stasis_image::manifest::CutMark {
-            job: self.image.url.clone(),
+            job: self.target.url().to_string(),
             round: 0,
         }
     }
@@ -106,9 +269,10 @@ impl stasis_capture::Cut for Upload {
     }
 
     fn written(&self, checkpoint: u32) -> std::result::Result<(), stasis_capture::CutAbort> {
-        let r = self
+        let t = &self.target;
+        let r = t
             .staging
-            .upload_prepared(&self.image, (&self.replicas, self.min_replicas), checkpoint)
+            .upload_prepared(&t.stores[0], (&t.stores[1..], t.min_replicas), checkpoint)
             .map_err(|e| e.to_string());
         let out = r.clone().map(|_| ()).map_err(stasis_capture::CutAbort);
         if let Ok(mut g) = self.result.lock() {
@@ -118,71 +282,57 @@ impl stasis_capture::Cut for Upload {
     }
 }
 
+/// Stores a touch set recorded after a dump (the staging checkpoint's
+/// number, the set) in the store; says where.
+pub type TouchSink<'a> = &'a dyn Fn(u32, &stasis_image::touch::TouchSet) -> Result<String>;
+
+/// One line on what a dump stored.
+pub fn stored_line(url: &str, u: &stasis_store::Uploaded, encrypted: bool) -> String {
+    format!(
+        "stored as checkpoint {} of {url}: {} in {} new chunk(s), {} already stored, {} of zeros ({} in all before compression{})",
+        u.checkpoint,
+        crate::ui::bytes(u.stored_bytes),
+        u.objects,
+        u.reused,
+        u.zero,
+        crate::ui::bytes(u.plain_bytes),
+        if encrypted { ", encrypted" } else { "" }
+    )
+}
+
 /// `dump -D s3://...`: `dump_into` dumps into the staging directory with
-/// the upload hook.
+/// the upload hook, and stores the touch set it records through the sink.
 pub fn dump(
     image: S3Image,
-    (replicas, min_replicas): (Vec<S3Image>, usize),
-    dump_into: impl FnOnce(&Path, Arc<dyn stasis_capture::Cut>) -> Result<ExitCode>,
+    replicas: (Vec<S3Image>, usize),
+    dump_into: impl FnOnce(&Path, Arc<dyn stasis_capture::Cut>, TouchSink) -> Result<ExitCode>,
 ) -> Result<ExitCode> {
-    let staging = Staging::for_image(&image)?;
-    if staging
-        .sync(&image)
-        .with_context(|| format!("reading the checkpoints of {}", image.url))?
-    {
-        // What tracking there was is relative to checkpoints no longer here.
-        let _ = stasis_track::state::clear(staging.dir());
-    }
-    let dir = staging.dir().to_path_buf();
-    let url = image.url.clone();
-    let up = Arc::new(Upload {
-        image,
-        replicas,
-        min_replicas,
-        staging,
-        result: Mutex::new(None),
-    });
-    let r = dump_into(&dir, up.clone());
-    let uploaded = up.result.lock().ok().and_then(|mut g| g.take());
-    match (r, uploaded) {
-        (Err(e), Some(Err(why))) => {
-            Err(e.context(format!("storing the checkpoint in {url} failed: {why}")))
+    let target = Arc::new(Target::open(image, replicas)?);
+    target.prepare()?;
+    let hook = target.hook();
+    let sink = |local: u32, ts: &stasis_image::touch::TouchSet| -> Result<String> {
+        let n = target
+            .remote_number(local)
+            .context("the checkpoint of the touch set is not in the store")?;
+        target.put_touch(n, ts)?;
+        Ok(format!("stored with checkpoint {n} of {}", target.url()))
+    };
+    let r = dump_into(target.staging_dir(), hook.clone(), &sink);
+    let committed = hook.committed();
+    let r = target.finish(&hook, r);
+    if let Ok((_, stored)) = &r {
+        println!(
+            "{}",
+            stored_line(target.url(), &stored.uploaded, target.encrypted())
+        );
+        for l in &stored.lines {
+            println!("{l}");
         }
-        (Err(e), _) => Err(e),
-        (Ok(code), Some(Ok((u, lines)))) => {
-            println!(
-                "stored as checkpoint {} of {url}: {} in {} new chunk(s), {} already stored, {} of zeros ({} in all before compression{})",
-                u.checkpoint,
-                crate::ui::bytes(u.stored_bytes),
-                u.objects,
-                u.reused,
-                u.zero,
-                crate::ui::bytes(u.plain_bytes),
-                if up.image.seal.key.is_some() {
-                    ", encrypted"
-                } else {
-                    ""
-                }
-            );
-            for l in lines {
-                println!("{l}");
-            }
-            // An encrypted store's plaintext does not stay on local disk.
-            let tidied: Result<()> = if up.image.seal.key.is_some() {
-                up.staging
-                    .clear()
-                    .map_err(anyhow::Error::from)
-                    .and_then(|()| Ok(stasis_track::state::clear(up.staging.dir())?))
-            } else {
-                Ok(up.staging.trim()?)
-            };
-            if let Err(e) = tidied {
-                eprintln!("stasis: warning: tidying the staging directory: {e}");
-            }
-            Ok(code)
-        }
-        (Ok(_), _) => anyhow::bail!("the dump did not reach its upload to {url}"),
     }
+    if committed {
+        target.tidy();
+    }
+    r.map(|(code, _)| code)
 }
 
 /// A private copy of what `inspect` shows: checkpoint `n` and its chain,
@@ -292,6 +442,28 @@ fn fill_eager(chain: &stasis_store::LazyChain, dir: &Path, n: u32) -> Result<()>
         }
     }
     Ok(())
+}
+
+/// Stores touch set `ts` with checkpoint `n` of the store at `url` (the
+/// fault order of a lazy restore from it).
+pub fn put_touch(
+    url: &str,
+    seal: stasis_store::seal::SealOptions,
+    n: u32,
+    ts: &stasis_image::touch::TouchSet,
+) -> Result<()> {
+    let image = match Location::parse(url)? {
+        loc @ Location::S3 { .. } => S3Image::open(&loc, seal)?,
+        Location::Dir(_) => anyhow::bail!("{url} is not an s3:// URL"),
+    };
+    image
+        .put_touch(n, ts.source.file_name(), &ts.encode())
+        .with_context(|| {
+            format!(
+                "storing the {} of checkpoint {n} in {url}",
+                ts.source.file_name()
+            )
+        })
 }
 
 /// The pages of a lazy restore read from an object store (ranged reads of
