@@ -218,15 +218,6 @@ fn local_only_commands_refuse_an_object_store() {
             "--token-file",
             "/dev/null",
         ],
-        vec![
-            "agent",
-            "-D",
-            "s3://bucket/p",
-            "--listen",
-            "127.0.0.1:0",
-            "--token-file",
-            "/dev/null",
-        ],
     ] {
         let o = stasis().args(&args).current_dir(d.path()).output().unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
