@@ -420,3 +420,69 @@ fn an_agent_that_died_after_the_decision_commits_in_the_store_when_started_again
     job.wait_traffic(4 << 20);
     job.finish();
 }
+
+/// `stasis cluster run --every 1` into the store: a round a second, the
+/// second and third incremental on every tree (the agents' staging
+/// directories keep the chain, the store holds it), each committed in the
+/// store; once the nodes are killed the command ends, and the job is
+/// restored from the newest round (an incremental one, read back through
+/// its chain from the store).
+#[test]
+fn periodic_incremental_rounds_into_the_store() {
+    use std::io::BufRead;
+    let mut job = Job::start("s3p", &[], &[]);
+    let mut c = stasis_in(Some(&job.hosts.hosts[0]));
+    c.args(["cluster", "run", "--job", "mesh", "--every", "1", "--json"])
+        .args(job.targets())
+        .arg("--token-file")
+        .arg(&job.tf)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(job.d.path().join("run.err")).unwrap());
+    let mut run = c.spawn().expect("stasis cluster run");
+    let _kill_run = KillOnDrop(i32::try_from(run.id()).unwrap());
+    let (tx, rx) = std::sync::mpsc::channel::<serde_json::Value>();
+    let out = run.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(serde_json::from_str(&l).unwrap_or(serde_json::json!({"line": l})));
+        }
+    });
+    let err_file = job.d.path().join("run.err");
+    let next = |what: &str| {
+        rx.recv_timeout(Duration::from_secs(180))
+            .unwrap_or_else(|_| {
+                let err = std::fs::read_to_string(&err_file).unwrap_or_default();
+                panic!("no {what} from cluster run:\n{err}")
+            })
+    };
+    for round in 1..=3u64 {
+        let e = next("checkpoint");
+        assert_eq!(e["event"], "checkpoint", "{e}");
+        assert_eq!(e["round"], round, "{e}");
+        assert_eq!(e["incremental"], round > 1, "{e}");
+        let stored: Vec<u64> = e["hosts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|h| h["reports"].as_array().unwrap().iter())
+            .map(|t| t["stored"]["checkpoint"].as_u64().unwrap_or(0))
+            .collect();
+        assert_eq!(stored, vec![round; HOSTS], "{e}");
+    }
+    job.kill_all();
+    let done = loop {
+        let e = next("end");
+        if e["event"] == "done" {
+            break e;
+        }
+    };
+    assert_eq!(run.wait().unwrap().code(), Some(0), "{done}");
+    let last = done["committed"].as_u64().unwrap();
+    for i in 0..HOSTS {
+        assert_eq!(job.records(i).len() as u64, last, "host {i}");
+    }
+    let r = job.restore(&[]);
+    assert_eq!(r["round"], last, "{r}");
+    job.wait_traffic(2 << 20);
+    job.finish();
+}
