@@ -486,3 +486,63 @@ fn periodic_incremental_rounds_into_the_store() {
     job.wait_traffic(2 << 20);
     job.finish();
 }
+
+/// The store's server down: a round fails, naming the store, and commits
+/// nothing; the job runs on. The server back, host 1's uploads fail (its
+/// tree's `chunks/` made a file in the server's directory): its agent
+/// votes no, the round aborts, and neither host commits anything. Both
+/// fixed, the next round commits, and the job restores from it.
+#[test]
+fn a_round_with_the_store_down_or_an_upload_failing_commits_nothing() {
+    let mut job = Job::start("s3x", &[], &[]);
+    job.dump(&["--leave-running"]);
+    job.server.kill();
+    let o = job.cluster(
+        &["dump", "--job", "mesh", "--leave-running"],
+        &job.targets(),
+    );
+    assert_fails_with(&o, "cannot reach the object store");
+    for n in &job.nodes {
+        assert!(alive(n.pid), "node {} died with the round", n.pid);
+    }
+    job.server.restart();
+    for i in 0..HOSTS {
+        assert_eq!(job.records(i), ["00000001"], "host {i}");
+    }
+    let chunks = job.tree_store(1).join("chunks");
+    let saved = job.tree_store(1).join("chunks.saved");
+    std::fs::rename(&chunks, &saved).unwrap();
+    std::fs::write(&chunks, "not a directory").unwrap();
+    job.wait_traffic(1 << 20);
+    let o = job.cluster(
+        &["dump", "--job", "mesh", "--leave-running"],
+        &job.targets(),
+    );
+    assert_fails_with(&o, "storing the checkpoint");
+    for n in &job.nodes {
+        assert!(alive(n.pid), "node {} died with the round", n.pid);
+    }
+    wait_until(
+        Duration::from_secs(120),
+        "the agents to abort the round",
+        || !job.round_in_progress(),
+    );
+    for i in 0..HOSTS {
+        assert_eq!(job.records(i), ["00000001"], "host {i}");
+    }
+    std::fs::remove_file(&chunks).unwrap();
+    std::fs::rename(&saved, &chunks).unwrap();
+    job.wait_traffic(1 << 20);
+    let r = job.dump(&[]);
+    assert_eq!(r["round"], 2, "{r}");
+    for i in 0..HOSTS {
+        assert_eq!(job.records(i), ["00000001", "00000002"], "host {i}");
+    }
+    for n in &mut job.nodes {
+        assert_eq!(n.wait(Duration::from_secs(30)), (None, Some(libc::SIGKILL)));
+    }
+    let r = job.restore(&[]);
+    assert_eq!(r["round"], 2, "{r}");
+    job.wait_traffic(2 << 20);
+    job.finish();
+}
