@@ -121,21 +121,28 @@ impl S3Agent {
         Staging::at(&jobs::tree_dir(&self.local, job, pid), image).map_err(|e| self.err(e))
     }
 
-    /// The round of checkpoint `n` of a tree (`None`: not of `job`).
-    fn round_of(&self, job: &str, pid: i32, image: &S3Image, n: u32) -> Option<u64> {
+    /// The round of checkpoint `n` of a tree (`None`: not of `job`). A
+    /// store that cannot be read fails the listing (rather than hide a
+    /// round, which the next round would then number again).
+    fn round_of(
+        &self,
+        job: &str,
+        pid: i32,
+        image: &S3Image,
+        n: u32,
+    ) -> Result<Option<u64>, ClusterError> {
         let key = (job.to_string(), pid, n);
-        if let Some(r) = self.rounds.lock().ok()?.get(&key) {
-            return *r;
+        if let Some(r) = self.rounds.lock().ok().and_then(|g| g.get(&key).copied()) {
+            return Ok(r);
         }
         let text = image
             .small_file(n, stasis_image::CUT_NAME, CUT_MAX)
             .map_err(|e| {
-                eprintln!(
-                    "stasis agent: warning: reading the round of checkpoint {n} of {}: {e}",
+                self.err(format!(
+                    "reading the round of checkpoint {n} of {}: {e}",
                     image.url
-                )
-            })
-            .ok()?;
+                ))
+            })?;
         let round = text
             .and_then(|t: Vec<u8>| {
                 serde_json::from_slice::<stasis_image::manifest::CutMark>(&t).ok()
@@ -145,7 +152,7 @@ impl S3Agent {
         if let Ok(mut g) = self.rounds.lock() {
             g.insert(key, round);
         }
-        round
+        Ok(round)
     }
 }
 
@@ -169,12 +176,12 @@ impl Storage for S3Agent {
         let mut out = Vec::new();
         for pid in pids {
             let image = self.tree(job, pid)?;
-            let rounds: Vec<(u64, u32)> = image
-                .committed()
-                .map_err(|e| self.err(e))?
-                .into_iter()
-                .filter_map(|n| Some((self.round_of(job, pid, &image, n)?, n)))
-                .collect();
+            let mut rounds = Vec::new();
+            for n in image.committed().map_err(|e| self.err(e))? {
+                if let Some(r) = self.round_of(job, pid, &image, n)? {
+                    rounds.push((r, n));
+                }
+            }
             out.push(TreeRounds { pid, rounds });
         }
         Ok(out)
