@@ -406,12 +406,18 @@ impl Staging {
     /// Finishes the commit of the prepared checkpoint `t` that a process
     /// which died left in the staging directory, the decision to commit it
     /// having been recorded: stages it again unless it was, commits it in
-    /// the store, then locally. Returns the store's number of it.
+    /// the store (unless it was: mapped already), then locally. Returns the
+    /// store's number of it.
     pub fn commit_left(
         &self,
         image: &S3Image,
         t: &stasis_image::PreparedTemp,
     ) -> Result<u32, StoreError> {
+        if let Some(&remote) = self.load_map().map.get(&t.number) {
+            // Committed in the store already; not yet locally.
+            ImageDir::open(&self.dir)?.commit_left_prepared(t)?;
+            return Ok(remote);
+        }
         let staged = read_file(&self.base.join(STAGED_NAME))
             .ok()
             .and_then(|b| serde_json::from_slice::<Staged>(&b).ok())

@@ -32,6 +32,8 @@ use stasis_store::{Location, S3Image, Staging};
 
 /// Largest `cut.json` read.
 const CUT_MAX: u64 = 4096;
+/// Trees whose store client is kept open.
+const MAX_OPEN: usize = 64;
 
 /// An agent's storage in an object store.
 pub struct S3Agent {
@@ -101,6 +103,10 @@ impl S3Agent {
             return Ok(t.clone());
         }
         let t = Arc::new(self.open_tree(job, pid)?);
+        if trees.len() >= MAX_OPEN {
+            // Each client holds a runtime's threads: not kept for ever.
+            trees.clear();
+        }
         trees.insert(key, t.clone());
         Ok(t)
     }
