@@ -282,6 +282,28 @@ impl Job {
     }
 }
 
+/// The local checkpoints (`checkpoints/NNNNNNNN`) under `dir`.
+fn checkpoints_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.filter_map(Result::ok) {
+        let p = e.path();
+        if !e.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let name = e.file_name().to_string_lossy().into_owned();
+        let in_checkpoints = dir.file_name().is_some_and(|n| n == "checkpoints");
+        if in_checkpoints && name.bytes().all(|b| b.is_ascii_digit()) {
+            out.push(p);
+        } else {
+            out.extend(checkpoints_under(&p));
+        }
+    }
+    out
+}
+
 /// The store's report of each tree in a round's result: its checkpoint
 /// number in the store, one per host.
 fn stored(r: &serde_json::Value) -> Vec<u64> {
@@ -308,6 +330,11 @@ fn mesh_over_two_hosts_checkpointed_into_an_object_store_and_restored_from_it() 
     let r = job.dump(&["--leave-running"]);
     assert_eq!(r["round"], 1, "{r}");
     assert_eq!(stored(&r), vec![1; HOSTS], "{r}");
+    // A plain store's staging directories keep the latest checkpoint (the
+    // parent of an incremental round).
+    for i in 0..HOSTS {
+        assert_eq!(checkpoints_under(&job.local(i)).len(), 1, "host {i}");
+    }
     job.wait_traffic(1 << 20);
     let r = job.dump(&[]);
     assert_eq!(r["round"], 2, "{r}");
@@ -348,6 +375,14 @@ fn a_round_aborted_after_the_upload_commits_nothing_in_the_store() {
     let record = std::fs::read_to_string(job.tree_store(0).join("commits/00000001")).unwrap();
     let record: serde_json::Value = serde_json::from_str(&record).unwrap();
     assert!(record["key_id"].is_string(), "not encrypted: {record}");
+    // Nor does a host keep the plaintext of a committed round.
+    for i in 0..HOSTS {
+        assert_eq!(
+            checkpoints_under(&job.local(i)),
+            Vec::<PathBuf>::new(),
+            "host {i}"
+        );
+    }
     let before = job.chunks();
     job.wait_traffic(1 << 20);
     let mut args = vec!["dump", "--job", "mesh", "--leave-running"];
@@ -547,4 +582,28 @@ fn a_round_with_the_store_down_or_an_upload_failing_commits_nothing() {
     assert_eq!(r["round"], 2, "{r}");
     job.wait_traffic(2 << 20);
     job.finish();
+}
+
+/// What an agent would not use is refused, not ignored: a key with a
+/// local directory (its checkpoints would not be encrypted), replicas.
+#[test]
+fn an_agent_refuses_a_key_for_a_directory_and_replicas() {
+    let d = tempfile::tempdir().unwrap();
+    let tf = token_file(d.path(), TOKEN);
+    let key = d.path().join("key");
+    std::fs::write(&key, "ab".repeat(32)).unwrap();
+    let agent = |pre: &[&str], dir: &str| {
+        stasis()
+            .args(pre)
+            .args(["agent", "--listen", "127.0.0.1:0", "--token-file"])
+            .arg(&tf)
+            .args(["-D", dir])
+            .output()
+            .unwrap()
+    };
+    let dir = d.path().join("agent").display().to_string();
+    let o = agent(&["--encrypt-key-file", &key.display().to_string()], &dir);
+    assert_fails_with(&o, "--encrypt-key-file applies to s3:// stores");
+    let o = agent(&["--replica", "s3://ckpts/r"], "s3://ckpts/p");
+    assert_fails_with(&o, "does not keep replicas");
 }
