@@ -607,3 +607,66 @@ fn an_agent_refuses_a_key_for_a_directory_and_replicas() {
     let o = agent(&["--replica", "s3://ckpts/r"], "s3://ckpts/p");
     assert_fails_with(&o, "does not keep replicas");
 }
+
+/// SIGKILL the coordinator or an agent (in turn) at a random instant of a
+/// round, eight times (`STASIS_TEST_RUNS=N` for more), the store holding
+/// every checkpoint: the job runs on, a killed agent started again serves
+/// the next round, and the complete rounds grow by at most one each time
+/// (a round is committed in the store by every host or, as far as a
+/// restore can see, by none). At the end the job is killed and restored
+/// from the newest complete round, and passes its checks.
+#[test]
+fn rounds_killed_at_random_leave_the_store_restorable() {
+    let mut job = Job::start("s3r", &[], &[]);
+    job.dump(&["--leave-running"]); // a first cut to fall back on
+    let runs: u64 = std::env::var("STASIS_TEST_RUNS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(8);
+    let mut rng = Rng(0x5eed_5300 ^ u64::from(std::process::id()));
+    for run in 0..runs {
+        let host = usize::try_from(rng.below(HOSTS as u64)).unwrap();
+        let delay = Duration::from_millis(rng.below(1500));
+        let before = job.complete().as_array().unwrap().len();
+        let extra: &[&str] = if run % 2 == 0 {
+            &["--leave-running", "--concurrent"]
+        } else {
+            &["--leave-running"]
+        };
+        let mut c = stasis_in(Some(&job.hosts.hosts[0]));
+        c.args(["cluster", "dump", "--job", "mesh"])
+            .args(extra)
+            .args(job.targets())
+            .arg("--token-file")
+            .arg(&job.tf)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        let mut coord = c.spawn().expect("stasis cluster dump");
+        std::thread::sleep(delay); // a random instant, not a wait for a condition
+        let what = if run % 2 == 0 {
+            let _ = coord.kill();
+            "the coordinator".to_string()
+        } else {
+            job.agents[host].kill();
+            format!("agent {host}")
+        };
+        let st = coord.wait().unwrap();
+        if run % 2 == 1 {
+            job.agents[host] = job.start_agent(host, &[]);
+        }
+        let complete: Vec<u64> = serde_json::from_value(job.complete()).unwrap();
+        eprintln!("run {run}: killed {what} after {delay:?}; coordinator {st}; complete rounds {complete:?}");
+        assert!(
+            complete.len() >= before && complete.len() <= before + 1,
+            "complete rounds went from {before} to {complete:?}"
+        );
+        job.wait_traffic(1 << 20);
+    }
+    let complete: Vec<u64> = serde_json::from_value(job.complete()).unwrap();
+    let newest = *complete.last().unwrap();
+    job.kill_all();
+    let r = job.restore(&[]);
+    assert_eq!(r["round"], newest, "{r}");
+    job.wait_traffic(4 << 20);
+    job.finish();
+}
