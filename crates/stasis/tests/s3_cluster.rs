@@ -459,9 +459,10 @@ fn an_agent_that_died_after_the_decision_commits_in_the_store_when_started_again
 /// `stasis cluster run --every 1` into the store: a round a second, the
 /// second and third incremental on every tree (the agents' staging
 /// directories keep the chain, the store holds it), each committed in the
-/// store; once the nodes are killed the command ends, and the job is
-/// restored from the newest round (an incremental one, read back through
-/// its chain from the store).
+/// store; once the nodes are killed the command ends; host 0's tree store
+/// is collected by `gc --keep 1` (its newest checkpoint merged into a full
+/// one, still of its round); the job is restored from the newest round
+/// (on host 1 an incremental one, read back through its chain).
 #[test]
 fn periodic_incremental_rounds_into_the_store() {
     use std::io::BufRead;
@@ -516,6 +517,22 @@ fn periodic_incremental_rounds_into_the_store() {
     for i in 0..HOSTS {
         assert_eq!(job.records(i).len() as u64, last, "host {i}");
     }
+    // gc of host 0's tree keeps its newest checkpoint, merged into a full
+    // one, still the newest round's (its `cut.json` kept).
+    let url = format!(
+        "{}/h0/jobs/mesh/{}",
+        job.server.url(PREFIX),
+        job.nodes[0].pid
+    );
+    let staging = job.d.path().join("gc-staging");
+    let o = stasis_in(Some(&job.hosts.hosts[0]))
+        .envs(job.server.env(&staging))
+        .args(["gc", "-D", &url, "--keep", "1", "--json"])
+        .output()
+        .unwrap();
+    assert_ok(&o, "gc of a tree's store");
+    assert_eq!(job.records(0), [format!("{last:08}")]);
+    assert_eq!(job.complete(), serde_json::json!([last]));
     let r = job.restore(&[]);
     assert_eq!(r["round"], last, "{r}");
     job.wait_traffic(2 << 20);
