@@ -17,6 +17,7 @@ use stasis_image::ImageDir;
 
 use crate::jobs::{self, Decision};
 use crate::protocol::{Conn, DumpOrder, Msg, RestoreOrder};
+use crate::storage::{RestoreSource, Storage};
 use crate::trackers;
 use crate::ClusterError;
 
@@ -29,8 +30,11 @@ const ROUND_TIMEOUT: Duration = Duration::from_secs(600);
 pub struct AgentConfig {
     /// The secret shared with the coordinators.
     pub token: Vec<u8>,
-    /// Its stable storage (`-D DIR`).
+    /// Its local directory: the decisions of its rounds, the page
+    /// fillers' logs (`-D DIR`, or a directory of its own for a store).
     pub dir: PathBuf,
+    /// Where the checkpoints of its trees are kept.
+    pub storage: Arc<dyn Storage>,
     /// Its name, as told to coordinators.
     pub host: String,
 }
@@ -81,7 +85,7 @@ fn session(s: TcpStream, peer: String, cfg: &AgentConfig) -> Result<(), ClusterE
     while let Some(m) = c.recv()? {
         match m {
             Msg::Inspect { job } => {
-                let r = jobs::check_job(&job).and_then(|()| jobs::rounds(&cfg.dir, &job));
+                let r = jobs::check_job(&job).and_then(|()| cfg.storage.rounds(&job));
                 match r {
                     Ok(trees) => c.send(&Msg::Jobs { trees })?,
                     Err(e) => c.send(&Msg::Error {
@@ -238,6 +242,9 @@ struct DumpPart {
     mark: CutMark,
     pid: i32,
     t0: std::time::Instant,
+    storage: Arc<dyn Storage>,
+    /// What the storage said it stored at the commit.
+    stored: Mutex<Option<serde_json::Value>>,
 }
 
 impl stasis_capture::Cut for DumpPart {
@@ -259,11 +266,24 @@ impl stasis_capture::Cut for DumpPart {
         )
     }
     fn written(&self, checkpoint: u32) -> Result<(), CutAbort> {
-        let pid = self.pid;
+        let (pid, job) = (self.pid, &self.mark.job);
+        // Stored (invisible) before the vote: a failure is a no.
+        self.storage
+            .stage(job, pid, checkpoint)
+            .map_err(|e| CutAbort(format!("storing the checkpoint: {e}")))?;
         self.round.barrier(
             |st| st.written.push((pid, checkpoint)),
             |st| st.second.clone(),
-        )
+        )?;
+        // Decided: visible in the storage, then committed locally.
+        let stored = self
+            .storage
+            .commit(job, pid, checkpoint)
+            .map_err(|e| CutAbort(format!("committing the checkpoint: {e}")))?;
+        if let Ok(mut g) = self.stored.lock() {
+            *g = stored;
+        }
+        Ok(())
     }
 }
 
@@ -369,7 +389,7 @@ fn dump_round(c: &mut Conn, cfg: &AgentConfig, o: &DumpOrder) -> Result<(), Clus
     let mut out = Vec::new();
     for r in reports {
         match r {
-            Ok(rep) => out.push(serde_json::to_value(rep).unwrap_or_default()),
+            Ok(v) => out.push(v),
             Err(e) => {
                 return c.send(&Msg::Failed {
                     error: format!("committing: {e}"),
@@ -386,7 +406,7 @@ fn spawn_dumps(
     cfg: &AgentConfig,
     o: &DumpOrder,
     round: &Arc<Round>,
-) -> Vec<std::thread::JoinHandle<Result<stasis_capture::DumpReport, Why>>> {
+) -> Vec<std::thread::JoinHandle<Result<serde_json::Value, Why>>> {
     let mut threads = Vec::new();
     for &pid in &o.pids {
         let part = Arc::new(DumpPart {
@@ -397,27 +417,41 @@ fn spawn_dumps(
             },
             pid,
             t0: std::time::Instant::now(),
+            storage: cfg.storage.clone(),
+            stored: Mutex::new(None),
         });
-        let dir = jobs::tree_dir(&cfg.dir, &o.job, pid);
+        let storage = cfg.storage.clone();
+        let job = o.job.clone();
         let (leave_running, concurrent) = (o.leave_running, o.concurrent);
-        let track = (o.track && leave_running).then(|| o.job.clone());
+        let track = o.track && leave_running;
         let r2 = round.clone();
         threads.push(std::thread::spawn(move || {
-            let res = ImageDir::create_or_open(&dir)
-                .map_err(ClusterError::from)
+            let res = storage
+                .dump_dir(&job, pid)
+                .and_then(|dir| Ok(ImageDir::create_or_open(&dir)?))
                 .and_then(|store| {
                     let opts = stasis_capture::DumpOptions {
                         pid,
                         leave_running,
                         concurrent,
-                        cut: Some(part),
+                        cut: Some(part.clone()),
                         ..Default::default()
                     };
-                    match track {
-                        Some(job) => trackers::dump_tracked(&job, &store, &opts),
-                        None => Ok(stasis_capture::dump(&store, &opts)?),
+                    if track {
+                        trackers::dump_tracked(&job, &store, &opts)
+                    } else {
+                        Ok(stasis_capture::dump(&store, &opts)?)
                     }
                 });
+            storage.tidy(&job, pid, res.is_ok());
+            let res = res.map(|rep| {
+                let mut v = serde_json::to_value(rep).unwrap_or_default();
+                let stored = part.stored.lock().ok().and_then(|mut g| g.take());
+                if let (Some(s), Some(m)) = (stored, v.as_object_mut()) {
+                    m.insert("stored".into(), s);
+                }
+                v
+            });
             let out = res.map_err(|e| Why(format!("tree {pid}: {}", stasis_image::one_line(&e))));
             r2.end(out.as_ref().err().cloned());
             out
@@ -493,16 +527,17 @@ fn restore_round(c: &mut Conn, cfg: &AgentConfig, o: &RestoreOrder) -> Result<()
     let n = plan.len();
     let mut threads = Vec::new();
     for (pid, checkpoint) in plan {
-        let dir = jobs::tree_dir(&cfg.dir, &o.job, pid);
         let part = Arc::new(RestorePart {
             round: round.clone(),
         });
         let r2 = round.clone();
         let lazy = o.lazy.then(|| jobs::filler_log(&cfg.dir, &o.job, pid));
+        let storage = cfg.storage.clone();
+        let job = o.job.clone();
         threads.push(std::thread::spawn(move || {
-            let res = ImageDir::open(&dir)
-                .map_err(ClusterError::from)
-                .and_then(|store| restore_tree(&store, checkpoint, part, lazy));
+            let res = storage
+                .restore_source(&job, pid, checkpoint, lazy.is_some())
+                .and_then(|src| restore_tree(src, part, lazy));
             let out = res.map_err(|e| Why(format!("tree {pid}: {}", stasis_image::one_line(&e))));
             r2.end(out.as_ref().err().cloned());
             out
@@ -541,23 +576,25 @@ fn restore_round(c: &mut Conn, cfg: &AgentConfig, o: &RestoreOrder) -> Result<()
     c.send(&Msg::Running { pids })
 }
 
-/// Restores checkpoint `n` of `store` as one part of a cut; `lazy`: with a
-/// page filler of its own, which fills its memory in while it runs and
-/// logs to the file given.
+/// Restores checkpoint `src.checkpoint` of `src.dir` as one part of a
+/// cut; `lazy`: with a page filler of its own, which fills its memory in
+/// while it runs and logs to the file given.
 fn restore_tree(
-    store: &ImageDir,
-    n: u32,
+    src: RestoreSource,
     part: Arc<RestorePart>,
     lazy: Option<PathBuf>,
 ) -> Result<stasis_restore::Restored, ClusterError> {
+    let store = ImageDir::open(&src.dir)?;
+    let n = src.checkpoint;
     let filler = if let Some(log) = lazy {
         let exe = stasis_kernel::launch::own_exe();
         let args = stasis_lazy::FillerArgs {
             dir: store.path().to_path_buf(),
             checkpoint: n,
-            record_faults: true,
+            record_faults: src.record_faults,
             threads: 2,
             log: Some(Some(log)),
+            extra: src.filler_args.clone(),
             ..Default::default()
         };
         Some(stasis_lazy::Filler::spawn(&exe, &args).map_err(|e| {
@@ -574,7 +611,9 @@ fn restore_tree(
             .map(|f| Box::new(stasis_lazy::FillerSink(f)) as Box<dyn stasis_restore::LazySink>),
         ..Default::default()
     };
-    let r = stasis_restore::restore(store, &opts);
+    let r = stasis_restore::restore(&store, &opts);
+    // (A temporary copy goes now: a filler has read what it needs.)
+    drop(src.keep);
     if let Some(f) = &filler {
         match &r {
             Ok(_) => {
@@ -591,7 +630,7 @@ fn restore_tree(
 /// The (tree root, checkpoint) pairs of a restore: the checkpoint of the
 /// round asked for, for each tree asked for (every tree of the job if none).
 fn restore_plan(cfg: &AgentConfig, o: &RestoreOrder) -> Result<Vec<(i32, u32)>, ClusterError> {
-    let trees = jobs::rounds(&cfg.dir, &o.job)?;
+    let trees = cfg.storage.rounds(&o.job)?;
     let wanted: Vec<i32> = if o.pids.is_empty() {
         trees.iter().map(|t| t.pid).collect()
     } else {

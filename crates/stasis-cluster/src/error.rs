@@ -51,4 +51,6 @@ pub enum ClusterError {
     Restore(#[from] stasis_restore::RestoreError),
     #[error("{0}")]
     Refused(String),
+    #[error("the object store {url}: {message}")]
+    Store { url: String, message: String },
 }

@@ -2,7 +2,7 @@
 //! (`stasis agent`, `stasis cluster`): the protocol ([`protocol`], its
 //! specification in the module docs), the agent that dumps, restores and
 //! commits the trees of its host ([`agent`]), its storage of the jobs
-//! ([`jobs`]), and the coordinator ([`coordinator`]).
+//! ([`jobs`], [`storage`]), and the coordinator ([`coordinator`]).
 
 pub mod agent;
 pub mod coordinator;
@@ -11,6 +11,7 @@ mod identity;
 pub mod jobs;
 pub mod peers;
 pub mod protocol;
+pub mod storage;
 mod trackers;
 
 pub use error::ClusterError;

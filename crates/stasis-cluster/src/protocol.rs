@@ -96,7 +96,11 @@
 //!    decision durably (`jobs/JOB/decision.json`, written atomically and
 //!    synced) and then renames its checkpoints into place (a dump that kills
 //!    kills its trees then). An agent that dies between the two finishes the
-//!    commit when it starts again, from the record.
+//!    commit when it starts again, from the record. An agent whose storage
+//!    is an object store ([`crate::storage`]) uploads each checkpoint
+//!    before it says `Written` (a failed upload is `Failed`) and creates its
+//!    commit record in the store after recording the decision, before the
+//!    local commit (docs/storage.md, "Cluster agents").
 //!
 //! **Failures.** Before `Commit`, any failure aborts the round: an agent
 //! that cannot dump says `Failed { error }`; the coordinator then sends

@@ -6,7 +6,8 @@
 //!    merged there into a full checkpoint (`ImageDir::gc`), its chunks are
 //!    uploaded (most exist already) and its commit record is replaced (one
 //!    atomic overwrite: the name holds the old chain or the equivalent
-//!    full checkpoint, never neither).
+//!    full checkpoint, never neither). A cluster agent's checkpoint keeps
+//!    its `cut.json` (its round).
 //! 2. Older checkpoints are deleted newest first (their commit records),
 //!    so every checkpoint still listed keeps its whole chain.
 //!    Their touch sets (`touch.rs`) are deleted next.
@@ -58,10 +59,20 @@ pub fn gc(image: &S3Image, keep: usize, sweep_age_s: i64) -> Result<(GcReport, S
         }
         let tmp = crate::fetch_to_temp(image, Some(k))?;
         let local = ImageDir::open(&tmp.image())?;
+        // A cluster agent's checkpoint names its round in `cut.json`,
+        // which the local merge does not carry over: kept.
+        let cut_path = local.load(Some(k))?.dir().join(stasis_image::CUT_NAME);
+        let cut = std::fs::read(&cut_path).ok();
         let merged = local.gc(1)?;
         let dir = local.load(Some(k))?.dir().to_path_buf();
+        if let Some(c) = &cut {
+            let p = dir.join(stasis_image::CUT_NAME);
+            if !p.exists() {
+                stasis_image::write_atomic_file(&p, c)?;
+            }
+        }
         let manifest = crate::s3image::read_file(&dir.join(stasis_image::MANIFEST_NAME))?;
-        let (new, _) = image.upload_data(&dir, (k, None), manifest, &[stasis_image::CUT_NAME])?;
+        let (new, _) = image.upload_data(&dir, (k, None), manifest, &[])?;
         image.replace_record(new)?;
         report.merged.extend(merged.merged);
     }

@@ -29,7 +29,7 @@ pub use key::{parse_key, Key};
 pub use location::Location;
 pub use s3image::{Downloaded, S3Image, Uploaded};
 pub use sparse::LazyChain;
-pub use staging::Staging;
+pub use staging::{client_dir, Staging};
 pub use touch::TOUCH_FILES;
 
 use std::path::PathBuf;

@@ -303,6 +303,20 @@ impl Bucket {
             .collect())
     }
 
+    /// The "directories" right under `prefix` (a `/`-delimited listing):
+    /// their names, without the prefix or the trailing `/`.
+    pub fn list_dirs(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        let p = ObjPath::from(prefix);
+        let r = self
+            .rt
+            .block_on(self.store.list_with_delimiter(Some(&p)))
+            .map_err(|e| self.error("listing", prefix, e))?;
+        Ok(r.common_prefixes
+            .iter()
+            .filter_map(|d| d.filename().map(str::to_string))
+            .collect())
+    }
+
     /// Deletes `key` (missing is fine).
     pub fn delete(&self, key: &str) -> Result<(), StoreError> {
         let p = ObjPath::from(key);

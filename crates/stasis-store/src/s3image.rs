@@ -34,7 +34,7 @@ pub struct S3Image {
 }
 
 /// What an upload stored.
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Uploaded {
     pub checkpoint: u32,
     /// Plain bytes of the checkpoint's files.
@@ -189,6 +189,37 @@ impl S3Image {
     ) -> Result<Uploaded, StoreError> {
         let data = self.upload_data_with(src, checkpoint, manifest, skip, true)?;
         self.commit(data)
+    }
+
+    /// Creates the commit record of objects uploaded by
+    /// [`upload_data`](Self::upload_data): the commit point (for a caller
+    /// that commits later than it uploads, as an agent does once its round
+    /// is decided). Fails with [`StoreError::CommitRace`] if the record's
+    /// number was committed meanwhile.
+    pub fn commit_uploaded(&self, data: (Record, Uploaded)) -> Result<Uploaded, StoreError> {
+        self.commit(data)
+    }
+
+    /// The prefix `s3://BUCKET/PREFIX` names (empty, or ending in `/`).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The plain content of file `name` of checkpoint `n`, if the
+    /// checkpoint has that file and it is at most `max` bytes.
+    pub fn small_file(&self, n: u32, name: &str, max: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        let r = self.record(n)?;
+        let Some(f) = r.files.iter().find(|f| f.name == name) else {
+            return Ok(None);
+        };
+        if f.size > max {
+            return Ok(None);
+        }
+        let mut out = Vec::new();
+        for i in 0..f.chunks.len() {
+            out.extend(self.read_chunk(&r, f, i)?);
+        }
+        Ok(Some(out))
     }
 
     /// Creates the commit record of uploaded objects: the commit point.

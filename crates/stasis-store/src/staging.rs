@@ -26,10 +26,23 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use stasis_image::{checkpoint_dir_name, ImageDir, CHECKPOINTS_DIR, LATEST_NAME, TEMP_PREFIX};
 
+use crate::record::Record;
 use crate::s3image::{read_file, S3Image, Uploaded};
 use crate::StoreError;
 
 const MAP_NAME: &str = "remote.json";
+/// A checkpoint uploaded and not committed ([`Staging::stage`]).
+const STAGED_NAME: &str = "staged.json";
+
+/// What [`Staging::stage`] uploaded: the commit record to create once the
+/// checkpoint is to be committed.
+#[derive(Debug, Serialize, Deserialize)]
+struct Staged {
+    /// The staging directory's number of the checkpoint.
+    local: u32,
+    record: Record,
+    up: Uploaded,
+}
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct RemoteMap {
@@ -310,4 +323,138 @@ impl Staging {
         m.map.retain(|k, _| chain.contains(k));
         self.save_map(&m)
     }
+
+    /// The staging directory at `base` (created 0700 if missing; its
+    /// image directory is `base/image`), for a caller that keeps the
+    /// staging directories of several stores under a directory of its own
+    /// (an agent: one per tree of a job).
+    pub fn at(base: &Path, image: &S3Image) -> Result<Staging, StoreError> {
+        let dir = base.join("image");
+        fs::create_dir_all(&dir).map_err(StoreError::local("create directory", &dir))?;
+        use std::os::unix::fs::PermissionsExt;
+        for d in [base, &dir] {
+            fs::set_permissions(d, fs::Permissions::from_mode(0o700))
+                .map_err(StoreError::local("chmod 700", d))?;
+        }
+        Ok(Staging {
+            dir,
+            base: base.to_path_buf(),
+            url: image.url.clone(),
+        })
+    }
+
+    /// The first phase of a commit in two (a part of a cut across hosts):
+    /// uploads the prepared (not yet committed) local checkpoint `n` as the
+    /// store's next checkpoint, every file of it (its `cut.json` too: the
+    /// rounds of a job are read from it), without creating its commit
+    /// record, which is saved (synced) in the staging directory until
+    /// [`commit_staged`](Self::commit_staged). Until then the store's
+    /// readers ignore what was uploaded (and gc collects it if it is never
+    /// committed).
+    pub fn stage(&self, image: &S3Image, n: u32) -> Result<Uploaded, StoreError> {
+        let temp = self.prepared_dir(n)?;
+        self.stage_at(image, &temp, n)
+    }
+
+    fn stage_at(&self, image: &S3Image, temp: &Path, n: u32) -> Result<Uploaded, StoreError> {
+        let m = self.load_map();
+        let remote_n = image.committed()?.last().copied().unwrap_or(0) + 1;
+        let Renumbered { bytes, parent, .. } = self.renumbered(temp, n, remote_n, &m)?;
+        let (record, up) = image.upload_data(temp, (remote_n, parent), bytes, &[])?;
+        let staged = Staged {
+            local: n,
+            record,
+            up: up.clone(),
+        };
+        let text = serde_json::to_vec(&staged).unwrap_or_default();
+        stasis_image::write_atomic_file(&self.base.join(STAGED_NAME), &text)?;
+        Ok(up)
+    }
+
+    /// The second phase: creates the commit record [`stage`](Self::stage)
+    /// saved for local checkpoint `n` (the commit point in the store; the
+    /// caller commits the local checkpoint after it). A record already
+    /// there with the same files is this one, created by a run that died
+    /// before its local commit.
+    pub fn commit_staged(&self, image: &S3Image, n: u32) -> Result<Uploaded, StoreError> {
+        let path = self.base.join(STAGED_NAME);
+        let staged: Staged = read_file(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .filter(|s: &Staged| s.local == n)
+            .ok_or_else(|| StoreError::Local {
+                action: "find the staged checkpoint in",
+                path: path.clone(),
+                source: std::io::ErrorKind::NotFound.into(),
+            })?;
+        let remote_n = staged.record.checkpoint;
+        let files = staged.record.files.clone();
+        let up = match image.commit_uploaded((staged.record, staged.up.clone())) {
+            Err(StoreError::CommitRace { .. })
+                if image.record(remote_n).is_ok_and(|r| r.files == files) =>
+            {
+                staged.up
+            }
+            r => r?,
+        };
+        let mut m = self.load_map();
+        m.url = self.url.clone();
+        m.map.insert(n, remote_n);
+        self.save_map(&m)?;
+        let _ = fs::remove_file(&path);
+        Ok(up)
+    }
+
+    /// Forgets what [`stage`](Self::stage) saved (its round was aborted):
+    /// the uploaded chunks stay unnamed, for gc.
+    pub fn unstage(&self) {
+        let _ = fs::remove_file(self.base.join(STAGED_NAME));
+    }
+
+    /// Finishes the commit of the prepared checkpoint `t` that a process
+    /// which died left in the staging directory, the decision to commit it
+    /// having been recorded: stages it again unless it was, commits it in
+    /// the store (unless it was: mapped already), then locally. Returns the
+    /// store's number of it.
+    pub fn commit_left(
+        &self,
+        image: &S3Image,
+        t: &stasis_image::PreparedTemp,
+    ) -> Result<u32, StoreError> {
+        if let Some(&remote) = self.load_map().map.get(&t.number) {
+            // Committed in the store already; not yet locally.
+            ImageDir::open(&self.dir)?.commit_left_prepared(t)?;
+            return Ok(remote);
+        }
+        let staged = read_file(&self.base.join(STAGED_NAME))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Staged>(&b).ok())
+            .is_some_and(|s| s.local == t.number);
+        if !staged {
+            self.stage_at(image, &t.path, t.number)?;
+        }
+        let up = self.commit_staged(image, t.number)?;
+        ImageDir::open(&self.dir)?.commit_left_prepared(t)?;
+        Ok(up.checkpoint)
+    }
+}
+
+/// A private local directory (created 0700) for a long-running client of
+/// the store `image` named `who` (an agent: the staging directories of its
+/// trees, the decisions of its rounds): `$STASIS_S3_STAGING` (else
+/// `/var/tmp/stasis-s3`), then `agent-` and a hash of endpoint, URL and
+/// name.
+pub fn client_dir(image: &S3Image, who: &str) -> Result<PathBuf, StoreError> {
+    let root = std::env::var_os("STASIS_S3_STAGING")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/tmp/stasis-s3"));
+    let id = blake3::hash(format!("{}\n{}\n{who}", image.bucket.endpoint, image.url).as_bytes());
+    let dir = root.join(format!("agent-{}", &id.to_hex()[..24]));
+    fs::create_dir_all(&dir).map_err(StoreError::local("create directory", &dir))?;
+    use std::os::unix::fs::PermissionsExt;
+    for d in [&root, &dir] {
+        fs::set_permissions(d, fs::Permissions::from_mode(0o700))
+            .map_err(StoreError::local("chmod 700", d))?;
+    }
+    Ok(dir)
 }

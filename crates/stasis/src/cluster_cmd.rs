@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
+use stasis_cluster::storage::{LocalStorage, Storage};
 use stasis_cluster::{agent, coordinator};
 
 use crate::page_server::{read_token_file, TransportArgs};
@@ -23,7 +24,8 @@ pub struct AgentArgs {
     /// File holding the secret token shared with the coordinators.
     #[arg(long)]
     pub token_file: PathBuf,
-    /// This host's stable storage: the checkpoints of its trees, by job.
+    /// This host's stable storage: the checkpoints of its trees, by job (a
+    /// directory, or an object store, s3://BUCKET/PREFIX).
     #[arg(short = 'D', long = "images-dir")]
     pub dir: PathBuf,
     /// The name this agent gives coordinators (default: the hostname).
@@ -37,18 +39,22 @@ pub struct AgentArgs {
 }
 
 /// Serves until SIGTERM or SIGINT, then exits 0.
-pub fn cmd_agent(a: AgentArgs) -> Result<ExitCode> {
-    crate::store::local_only(&a.dir, "agent")?;
+pub fn cmd_agent(
+    a: AgentArgs,
+    seal: stasis_store::seal::SealOptions,
+    replicas: Vec<stasis_store::S3Image>,
+) -> Result<ExitCode> {
     a.transport.apply();
     let token = read_token_file(&a.token_file)?;
-    std::fs::create_dir_all(&a.dir)
-        .with_context(|| format!("creating the agent's directory {}", a.dir.display()))?;
     let host = match a.name.clone() {
         Some(n) => n,
         None => std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_string())
             .unwrap_or_else(|_| "localhost".into()),
     };
+    if !replicas.is_empty() {
+        bail!("stasis agent does not keep replicas (--replica) yet: give it one store");
+    }
     // SIGTERM and SIGINT end the agent between sessions' steps: blocked in
     // every thread, waited for by one.
     let mut sigs = nix::sys::signal::SigSet::empty();
@@ -65,8 +71,24 @@ pub fn cmd_agent(a: AgentArgs) -> Result<ExitCode> {
             stop.store(true, Ordering::Relaxed);
         });
     }
+    // (Opened with SIGTERM blocked: a store's client starts threads.)
+    // Its local directory (decisions, logs) and where its trees' checkpoints go.
+    let (dir, storage): (PathBuf, Arc<dyn Storage>) = match crate::store::s3(&a.dir, seal.clone())?
+    {
+        None => {
+            crate::store::refuse_for_local(&a.dir, &seal, &replicas)?;
+            std::fs::create_dir_all(&a.dir)
+                .with_context(|| format!("creating the agent's directory {}", a.dir.display()))?;
+            (a.dir.clone(), Arc::new(LocalStorage::new(&a.dir)))
+        }
+        Some(image) => {
+            let s = crate::store_cluster::S3Agent::open(image, seal, &host)?;
+            (s.local_dir(), Arc::new(s))
+        }
+    };
     // What a previous run left: commits decided and not done.
-    for line in stasis_cluster::jobs::recover(&a.dir)
+    for line in storage
+        .recover()
         .with_context(|| format!("recovering the jobs under {}", a.dir.display()))?
     {
         eprintln!("stasis agent: {line}");
@@ -80,14 +102,14 @@ pub fn cmd_agent(a: AgentArgs) -> Result<ExitCode> {
             let v = serde_json::json!({
                 "listening": addr.to_string(),
                 "host": host,
-                "dir": a.dir.display().to_string(),
+                "dir": storage.describe(),
             });
             writeln!(out, "{v}")?;
         } else {
             writeln!(
                 out,
                 "agent {host}: listening on {addr}, storage {}",
-                a.dir.display()
+                storage.describe()
             )?;
         }
         out.flush()?;
@@ -96,7 +118,8 @@ pub fn cmd_agent(a: AgentArgs) -> Result<ExitCode> {
         listener,
         agent::AgentConfig {
             token,
-            dir: a.dir.clone(),
+            dir,
+            storage,
             host,
         },
         &stop,

@@ -12,6 +12,7 @@ mod page_server;
 mod restore_cmd;
 mod run;
 mod store;
+mod store_cluster;
 mod ui;
 
 use std::io::Write;
@@ -263,7 +264,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         },
         Cmd::Restore(a) => restore_cmd::cmd_restore(a, seal, replicas),
         Cmd::PageServer(a) => page_server::cmd_page_server(a, seal, replicas),
-        Cmd::Agent(a) => cluster_cmd::cmd_agent(a),
+        Cmd::Agent(a) => cluster_cmd::cmd_agent(a, seal, replicas),
         Cmd::Cluster(c) => cluster_cmd::cmd_cluster(c),
         Cmd::LazyFiller(a) => restore_cmd::cmd_lazy_filler(a, seal),
         Cmd::LazyGuard => restore_cmd::cmd_lazy_guard(),

@@ -9,20 +9,6 @@ use std::sync::{Arc, Mutex};
 use anyhow::{Context, Result};
 use stasis_store::{Location, S3Image, Staging};
 
-/// Refuses `-D URL` for a command that works on a local directory only
-/// (`agent`), rather than making a directory named
-/// after the URL.
-pub fn local_only(dir: &Path, command: &str) -> Result<()> {
-    if let Some(arg) = dir.to_str() {
-        if let Location::S3 { .. } = Location::parse(arg)? {
-            anyhow::bail!(
-                "stasis {command} keeps its images in a local directory: -D {arg} is an object store, which dump, restore, inspect, gc, run and page-server support (give {command} a directory)"
-            );
-        }
-    }
-    Ok(())
-}
-
 /// Seal options from the global flags.
 pub fn seal_options(
     key_file: Option<&Path>,

@@ -201,36 +201,3 @@ fn new_pidns(lazy: bool) {
     // PASS line may be overwritten: its exit status above is the proof.)
     w.finish_pass();
 }
-
-/// The commands that keep images in a local directory refuse an object
-/// store URL by name (rather than making a directory called `s3:`).
-/// (`run` and `page-server` take one: tests/s3_run.rs.)
-#[test]
-fn local_only_commands_refuse_an_object_store() {
-    let d = tempfile::tempdir().unwrap();
-    let commands = [vec![
-        "agent",
-        "-D",
-        "s3://bucket/p",
-        "--listen",
-        "127.0.0.1:0",
-        "--token-file",
-        "/dev/null",
-    ]];
-    for args in commands {
-        let o = stasis().args(&args).current_dir(d.path()).output().unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success(), "{args:?} accepted an object store");
-        assert!(
-            err.contains(&format!(
-                "stasis {} keeps its images in a local directory",
-                args[0]
-            )),
-            "{args:?}: {err}"
-        );
-        assert!(
-            std::fs::read_dir(d.path()).unwrap().next().is_none(),
-            "{args:?} made a directory"
-        );
-    }
-}

@@ -32,9 +32,23 @@ impl Agent {
         netns: Option<&str>,
         env: &[(&str, &str)],
     ) -> Agent {
+        Agent::start_args(dir, token_file, listen, netns, env, &[])
+    }
+
+    /// [`Agent::start_with`] with further arguments (`--name`...).
+    pub fn start_args(
+        dir: &Path,
+        token_file: &Path,
+        listen: &str,
+        netns: Option<&str>,
+        env: &[(&str, &str)],
+        args: &[&str],
+    ) -> Agent {
         let mut c = stasis_in(netns);
         c.envs(env.iter().copied())
-            .args(["agent", "--json", "--listen", listen, "--token-file"])
+            .args(["agent", "--json", "--listen", listen])
+            .args(args)
+            .arg("--token-file")
             .arg(token_file)
             .arg("-D")
             .arg(dir)

@@ -52,6 +52,9 @@ pub struct S3Server {
     /// Where clients connect (the server, or a relay in front of it).
     pub endpoint: String,
     proc: Option<(std::process::Child, KillOnDrop)>,
+    /// The network namespace and address it listens in (`None`: the
+    /// root namespace's loopback).
+    netns: Option<(String, String)>,
 }
 
 impl S3Server {
@@ -72,9 +75,57 @@ impl S3Server {
             port,
             endpoint: format!("http://127.0.0.1:{port}"),
             proc: None,
+            netns: None,
         };
         s.restart();
         s
+    }
+
+    /// A server in network namespace `netns`, listening on `addr:port`
+    /// (an address of that namespace): for clients in other namespaces
+    /// that reach it (hosts on a bridge), to which the root namespace's
+    /// loopback is out of reach. The test itself sees the store through
+    /// [`bucket_dir`](Self::bucket_dir).
+    pub fn start_in(netns: &str, addr: &str, port: u16) -> S3Server {
+        let mut s = S3Server::start_stopped();
+        s.port = port;
+        s.endpoint = format!("http://{addr}:{port}");
+        s.netns = Some((netns.to_string(), addr.to_string()));
+        s.restart();
+        s
+    }
+
+    fn start_stopped() -> S3Server {
+        let root = tempfile::Builder::new()
+            .prefix("stasis-s3-root-")
+            .tempdir()
+            .unwrap();
+        std::fs::create_dir(root.path().join(BUCKET)).unwrap();
+        let staging = tempfile::Builder::new()
+            .prefix("stasis-s3-staging-")
+            .tempdir()
+            .unwrap();
+        S3Server {
+            root,
+            staging,
+            port: 0,
+            endpoint: String::new(),
+            proc: None,
+            netns: None,
+        }
+    }
+
+    /// The environment of a client of this server (staging under
+    /// `staging`).
+    pub fn env(&self, staging: &Path) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL", self.endpoint.clone()),
+            ("AWS_ACCESS_KEY_ID", ACCESS_KEY.into()),
+            ("AWS_SECRET_ACCESS_KEY", SECRET_KEY.into()),
+            ("AWS_REGION", "us-east-1".into()),
+            ("AWS_ALLOW_HTTP", "true".into()),
+            ("STASIS_S3_STAGING", staging.display().to_string()),
+        ]
     }
 
     /// Starts the server (again) on its port over its directory; returns
@@ -82,8 +133,17 @@ impl S3Server {
     pub fn restart(&mut self) {
         assert!(self.proc.is_none(), "server already running");
         let log = std::fs::File::create(self.staging.path().join("versitygw.log")).unwrap();
-        let child = Command::new(versitygw())
-            .args(["--port", &format!("127.0.0.1:{}", self.port), "posix"])
+        let (mut cmd, host) = match &self.netns {
+            // `ip netns exec` execs: the child is the server.
+            Some((ns, addr)) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(versitygw());
+                (c, addr.clone())
+            }
+            None => (Command::new(versitygw()), "127.0.0.1".to_string()),
+        };
+        let child = cmd
+            .args(["--port", &format!("{host}:{}", self.port), "posix"])
             .arg(self.root.path())
             .env("ROOT_ACCESS_KEY", ACCESS_KEY)
             .env("ROOT_SECRET_KEY", SECRET_KEY)
@@ -94,7 +154,16 @@ impl S3Server {
             .expect("starting versitygw");
         let guard = KillOnDrop(child.id() as i32);
         let t0 = Instant::now();
-        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+        let up = || match &self.netns {
+            Some((ns, addr)) => Command::new("ip")
+                .args(["netns", "exec", ns, "bash", "-c"])
+                .arg(format!("exec 3<>/dev/tcp/{addr}/{}", self.port))
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success()),
+            None => TcpStream::connect(("127.0.0.1", self.port)).is_ok(),
+        };
+        while !up() {
             assert!(
                 t0.elapsed() < Duration::from_secs(30),
                 "versitygw did not start"

@@ -1,0 +1,689 @@
+//! Cluster checkpoints kept in an object store: two hosts (network
+//! namespaces on a bridge), each with a `stasis agent -D s3://...`, and a
+//! versitygw in the bridge's namespace (the hosts' loopbacks are their
+//! own: it listens on an address of the bridge). The `mesh` workload (TCP
+//! links between the hosts with data in flight) is checkpointed with
+//! `stasis cluster dump` into the store, killed, and restored from it with
+//! `stasis cluster restore`, after the agents lost their local disks; a
+//! round aborted after the upload commits nothing in the store; a round
+//! whose agent died after the decision is committed in the store when the
+//! agent starts again.
+
+mod common;
+use common::cluster::*;
+use common::net::*;
+use common::s3::*;
+use common::*;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const HOSTS: usize = 2;
+const AGENT_PORT: u16 = 7700;
+/// The server's address, on the hosts' bridge.
+const S3_ADDR: &str = "10.214.0.254";
+const S3_PORT: u16 = 7070;
+const PREFIX: &str = "cl";
+
+struct Job {
+    agents: Vec<Agent>,
+    nodes: Vec<Node>,
+    server: S3Server,
+    /// Global flags of every agent (`--encrypt-key-file`...).
+    flags: Vec<String>,
+    tf: PathBuf,
+    d: tempfile::TempDir,
+    hosts: Hosts,
+}
+
+impl Job {
+    /// Two hosts, the server on their bridge, an agent (with `flags`, and
+    /// the environment `env[i]` for agent `i`) and a mesh node on each,
+    /// traffic flowing.
+    fn start(tag: &str, flags: &[&str], env: &[&[(&str, &str)]]) -> Job {
+        workloads(); // subreaper: restored nodes outlive their agents' restores
+        let hosts = Hosts::create(HOSTS, tag);
+        ip(&[
+            "-n",
+            &hosts.bridge,
+            "addr",
+            "add",
+            &format!("{S3_ADDR}/24"),
+            "dev",
+            "br0",
+        ]);
+        // (Its own address is reached over its loopback.)
+        ip(&["-n", &hosts.bridge, "link", "set", "lo", "up"]);
+        let server = S3Server::start_in(&hosts.bridge, S3_ADDR, S3_PORT);
+        let d = tempfile::Builder::new()
+            .prefix("stasis-s3-cluster-")
+            .tempdir()
+            .unwrap();
+        let tf = token_file(d.path(), TOKEN);
+        let mut job = Job {
+            agents: Vec::new(),
+            nodes: Vec::new(),
+            server,
+            flags: flags.iter().map(|f| f.to_string()).collect(),
+            tf,
+            d,
+            hosts,
+        };
+        for i in 0..HOSTS {
+            let a = job.start_agent(i, env.get(i).copied().unwrap_or(&[]));
+            job.agents.push(a);
+        }
+        for i in 0..HOSTS {
+            let n = Node::start(
+                i,
+                HOSTS,
+                &job.hosts.hosts[i],
+                &job.d.path().join(format!("n{i}")),
+            );
+            job.nodes.push(n);
+        }
+        for n in &job.nodes {
+            let pid = wait_pidfile(&n.dir.join("pid"), Duration::from_secs(60));
+            assert_eq!(pid, n.pid, "{}", n.out());
+        }
+        job.wait_traffic(1 << 20);
+        job
+    }
+
+    /// The local disk of host `i`'s agent (its staging directories and
+    /// records).
+    fn local(&self, i: usize) -> PathBuf {
+        self.d.path().join(format!("local{i}"))
+    }
+
+    /// Starts agent `i` on `s3://BUCKET/PREFIX`, named `h<i>`.
+    fn start_agent(&self, i: usize, env: &[(&str, &str)]) -> Agent {
+        let mut e = self.server.env(&self.local(i));
+        e.extend(env.iter().map(|(k, v)| (*k, v.to_string())));
+        let e: Vec<(&str, &str)> = e.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let name = format!("h{i}");
+        let mut args: Vec<&str> = vec!["--name", &name];
+        args.extend(self.flags.iter().map(String::as_str));
+        Agent::start_args(
+            Path::new(&self.server.url(PREFIX)),
+            &self.tf,
+            &format!("{}:{AGENT_PORT}", Hosts::addr(i)),
+            Some(&self.hosts.hosts[i]),
+            &e,
+            &args,
+        )
+    }
+
+    /// Waits until every link has received `more` bytes beyond now.
+    fn wait_traffic(&self, more: u64) {
+        let mut base: Option<Vec<u64>> = None;
+        wait_until(Duration::from_secs(120), "traffic on every link", || {
+            let Some(now) = rx_bytes(&self.nodes) else {
+                return false;
+            };
+            let b = base.get_or_insert_with(|| now.clone());
+            // Fewer bytes than the base: a killed node's last record.
+            if now.iter().zip(b.iter()).any(|(n, b)| n < b) {
+                *b = now.clone();
+            }
+            now.iter().zip(b.iter()).all(|(n, b)| n - b >= more)
+        });
+    }
+
+    fn targets(&self) -> Vec<String> {
+        self.agents
+            .iter()
+            .zip(&self.nodes)
+            .flat_map(|(a, n)| ["--target".to_string(), format!("{}={}", a.addr, n.pid)])
+            .collect()
+    }
+
+    fn agent_targets(&self) -> Vec<String> {
+        self.agents
+            .iter()
+            .flat_map(|a| ["--target".to_string(), a.addr.clone()])
+            .collect()
+    }
+
+    /// `cluster ARGS... TARGETS` from host 0.
+    fn cluster(&self, args: &[&str], targets: &[String]) -> std::process::Output {
+        let mut a: Vec<&str> = args.to_vec();
+        a.extend(targets.iter().map(String::as_str));
+        cluster_in(Some(&self.hosts.hosts[0]), &self.tf, &a)
+    }
+
+    fn dump(&self, extra: &[&str]) -> serde_json::Value {
+        let mut args = vec!["dump", "--job", "mesh"];
+        args.extend_from_slice(extra);
+        let o = self.cluster(&args, &self.targets());
+        assert_ok(&o, &format!("cluster dump {extra:?}"));
+        json(&o)
+    }
+
+    fn restore(&self, extra: &[&str]) -> serde_json::Value {
+        let mut args = vec!["restore", "--job", "mesh"];
+        args.extend_from_slice(extra);
+        let o = self.cluster(&args, &self.agent_targets());
+        assert_ok(&o, "cluster restore");
+        let r = json(&o);
+        for n in &self.nodes {
+            assert!(alive(n.pid), "node {} not restored: {r}", n.pid);
+        }
+        r
+    }
+
+    /// The complete rounds (held by every tree).
+    fn complete(&self) -> serde_json::Value {
+        let o = self.cluster(&["inspect", "--job", "mesh"], &self.agent_targets());
+        assert_ok(&o, "cluster inspect");
+        json(&o)["complete"].clone()
+    }
+
+    /// The store of node `i`'s tree in the server's backing directory.
+    fn tree_store(&self, i: usize) -> PathBuf {
+        self.server
+            .bucket_dir()
+            .join(format!("{PREFIX}/h{i}/jobs/mesh/{}", self.nodes[i].pid))
+    }
+
+    /// The checkpoints committed in the store (commit records) of node
+    /// `i`'s tree.
+    fn records(&self, i: usize) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(self.tree_store(i).join("commits"))
+            .map(|rd| {
+                rd.filter_map(Result::ok)
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    /// Every chunk stored for the job.
+    fn chunks(&self) -> usize {
+        (0..HOSTS)
+            .map(|i| {
+                std::fs::read_dir(self.tree_store(i).join("chunks"))
+                    .map(|rd| rd.count())
+                    .unwrap_or(0)
+            })
+            .sum()
+    }
+
+    /// Whether the agents hold a round in progress: a tentative
+    /// checkpoint, or an upload not yet committed, in their local disks.
+    fn round_in_progress(&self) -> bool {
+        fn any_under(dir: &Path) -> bool {
+            let Ok(rd) = std::fs::read_dir(dir) else {
+                return false;
+            };
+            rd.filter_map(Result::ok).any(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name == "staged.json"
+                    || name.starts_with(".tmp-")
+                    || (e.file_type().is_ok_and(|t| t.is_dir()) && any_under(&e.path()))
+            })
+        }
+        (0..HOSTS).any(|i| any_under(&self.local(i)))
+    }
+
+    /// SIGKILLs every node and waits until each PID is free.
+    fn kill_all(&mut self) {
+        for n in &self.nodes {
+            // SAFETY: killing a node this test started (or restored).
+            unsafe { libc::kill(n.pid, libc::SIGKILL) };
+        }
+        for n in &mut self.nodes {
+            wait_until(
+                Duration::from_secs(30),
+                "a killed node to be reaped",
+                || {
+                    let _ = n.child.try_wait();
+                    reap_if_ours(n.pid);
+                    !Path::new(&format!("/proc/{}", n.pid)).exists()
+                },
+            );
+        }
+    }
+
+    /// SIGTERM to every node: each must end with PASS, and both ends of
+    /// each link must agree on what crossed it.
+    fn finish(&mut self) {
+        for n in &self.nodes {
+            // SAFETY: signalling a node this test restored.
+            unsafe { libc::kill(n.pid, libc::SIGTERM) };
+        }
+        let mut sums = Vec::new();
+        for (i, n) in self.nodes.iter_mut().enumerate() {
+            wait_until(Duration::from_secs(300), "a node to end", || {
+                let _ = n.child.try_wait();
+                if !alive(n.pid) {
+                    reap_if_ours(n.pid);
+                    return true;
+                }
+                false
+            });
+            let out = n.out();
+            assert_eq!(out.lines().last(), Some("PASS"), "node {i}:\n{out}");
+            sums.push(summary(&out, i));
+        }
+        for (i, s) in sums.iter().enumerate() {
+            assert_eq!(s.len(), HOSTS - 1, "node {i}: {s:?}");
+            for &(j, tx_m, tx_b, rx_m, rx_b) in s {
+                let back = sums[j].iter().find(|l| l.0 == i).expect("the reverse link");
+                assert_eq!((tx_m, tx_b), (back.3, back.4), "{i} -> {j}");
+                assert_eq!((rx_m, rx_b), (back.1, back.2), "{j} -> {i}");
+            }
+        }
+        for a in &mut self.agents {
+            a.stop();
+        }
+    }
+}
+
+/// The local checkpoints (`checkpoints/NNNNNNNN`) under `dir`.
+fn checkpoints_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.filter_map(Result::ok) {
+        let p = e.path();
+        if !e.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let name = e.file_name().to_string_lossy().into_owned();
+        let in_checkpoints = dir.file_name().is_some_and(|n| n == "checkpoints");
+        if in_checkpoints && name.bytes().all(|b| b.is_ascii_digit()) {
+            out.push(p);
+        } else {
+            out.extend(checkpoints_under(&p));
+        }
+    }
+    out
+}
+
+/// The store's report of each tree in a round's result: its checkpoint
+/// number in the store, one per host.
+fn stored(r: &serde_json::Value) -> Vec<u64> {
+    r["hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|h| h["reports"].as_array().unwrap().iter())
+        .map(|t| {
+            t["stored"]["checkpoint"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("no checkpoint stored in {t}"))
+        })
+        .collect()
+}
+
+/// A round left running and a round that kills, both into the store; the
+/// hosts then lose their local disks (agents stopped, their directories
+/// deleted, started again): the job is restored from the store, and every
+/// byte in flight at the cut arrives exactly once.
+#[test]
+fn mesh_over_two_hosts_checkpointed_into_an_object_store_and_restored_from_it() {
+    let mut job = Job::start("s3k", &[], &[]);
+    let r = job.dump(&["--leave-running"]);
+    assert_eq!(r["round"], 1, "{r}");
+    assert_eq!(stored(&r), vec![1; HOSTS], "{r}");
+    // A plain store's staging directories keep the latest checkpoint (the
+    // parent of an incremental round).
+    for i in 0..HOSTS {
+        assert_eq!(checkpoints_under(&job.local(i)).len(), 1, "host {i}");
+    }
+    job.wait_traffic(1 << 20);
+    let r = job.dump(&[]);
+    assert_eq!(r["round"], 2, "{r}");
+    assert_eq!(stored(&r), vec![2; HOSTS], "{r}");
+    for n in &mut job.nodes {
+        assert_eq!(n.wait(Duration::from_secs(30)), (None, Some(libc::SIGKILL)));
+    }
+    for i in 0..HOSTS {
+        assert_eq!(job.records(i), ["00000001", "00000002"], "host {i}");
+    }
+    assert_eq!(job.complete(), serde_json::json!([1, 2]));
+    // Every host loses its disk: only the store holds the job.
+    for i in 0..HOSTS {
+        job.agents[i].stop();
+        std::fs::remove_dir_all(job.local(i)).unwrap();
+        job.agents[i] = job.start_agent(i, &[]);
+    }
+    let r = job.restore(&[]);
+    assert_eq!(r["round"], 2, "{r}");
+    job.wait_traffic(8 << 20);
+    job.finish();
+}
+
+/// Encrypted store. The coordinator dies once every host is released
+/// (`die-in-cluster-round:3`): each agent has written and uploaded its
+/// checkpoint, and voted, but no decision comes. The round aborts: its
+/// chunks are in the store, no commit record names them, and the job,
+/// killed, is restored (lazily) from the previous round.
+#[test]
+fn a_round_aborted_after_the_upload_commits_nothing_in_the_store() {
+    let d = tempfile::tempdir().unwrap();
+    let key = d.path().join("key");
+    std::fs::write(&key, "ab".repeat(32)).unwrap();
+    let key = key.display().to_string();
+    let mut job = Job::start("s3a", &["--encrypt-key-file", &key], &[]);
+    let r = job.dump(&["--leave-running"]);
+    assert_eq!(stored(&r), vec![1; HOSTS], "{r}");
+    let record = std::fs::read_to_string(job.tree_store(0).join("commits/00000001")).unwrap();
+    let record: serde_json::Value = serde_json::from_str(&record).unwrap();
+    assert!(record["key_id"].is_string(), "not encrypted: {record}");
+    // Nor does a host keep the plaintext of a committed round.
+    for i in 0..HOSTS {
+        assert_eq!(
+            checkpoints_under(&job.local(i)),
+            Vec::<PathBuf>::new(),
+            "host {i}"
+        );
+    }
+    let before = job.chunks();
+    job.wait_traffic(1 << 20);
+    let mut args = vec!["dump", "--job", "mesh", "--leave-running"];
+    let t = job.targets();
+    args.extend(t.iter().map(String::as_str));
+    let o = stasis_in(Some(&job.hosts.hosts[0]))
+        .arg("cluster")
+        .args(&args)
+        .arg("--token-file")
+        .arg(&job.tf)
+        .env("STASIS_FAULT", "die-in-cluster-round:3")
+        .output()
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        o.status.signal(),
+        Some(libc::SIGKILL),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    wait_until(
+        Duration::from_secs(120),
+        "the agents to abort the round",
+        || !job.round_in_progress(),
+    );
+    for i in 0..HOSTS {
+        assert_eq!(job.records(i), ["00000001"], "host {i}");
+    }
+    let after = job.chunks();
+    assert!(
+        after > before,
+        "the aborted round uploaded nothing before its vote: {before} -> {after} chunks"
+    );
+    assert_eq!(job.complete(), serde_json::json!([1]));
+    for n in &job.nodes {
+        assert!(alive(n.pid), "node {} died with the round", n.pid);
+    }
+    job.kill_all();
+    let r = job.restore(&["--lazy"]);
+    assert_eq!(r["round"], 1, "{r}");
+    job.wait_traffic(4 << 20);
+    job.finish();
+}
+
+/// Host 0's agent dies right after recording the decision of the first
+/// round (`die-after-decision:1`), before creating its commit record: the
+/// store then holds host 1's checkpoint of the round, not host 0's (the
+/// round is not complete). Started again, the agent creates it from what
+/// it had uploaded before its vote, and the job restores from the round.
+#[test]
+fn an_agent_that_died_after_the_decision_commits_in_the_store_when_started_again() {
+    let die: &[(&str, &str)] = &[("STASIS_FAULT", "die-after-decision:1")];
+    let mut job = Job::start("s3d", &[], &[die]);
+    let o = job.cluster(
+        &["dump", "--job", "mesh", "--leave-running"],
+        &job.targets(),
+    );
+    assert_fails_with(&o, "closed the connection");
+    job.agents[0].kill();
+    assert_eq!(job.records(0), Vec::<String>::new());
+    wait_until(Duration::from_secs(60), "host 1's commit", || {
+        job.records(1) == ["00000001"]
+    });
+    job.agents[0] = job.start_agent(0, &[]);
+    assert_eq!(job.records(0), ["00000001"]);
+    assert_eq!(job.complete(), serde_json::json!([1]));
+    job.kill_all();
+    let r = job.restore(&[]);
+    assert_eq!(r["round"], 1, "{r}");
+    job.wait_traffic(4 << 20);
+    job.finish();
+}
+
+/// `stasis cluster run --every 1` into the store: a round a second, the
+/// second and third incremental on every tree (the agents' staging
+/// directories keep the chain, the store holds it), each committed in the
+/// store; once the nodes are killed the command ends; host 0's tree store
+/// is collected by `gc --keep 1` (its newest checkpoint merged into a full
+/// one, still of its round); the job is restored from the newest round
+/// (on host 1 an incremental one, read back through its chain).
+#[test]
+fn periodic_incremental_rounds_into_the_store() {
+    use std::io::BufRead;
+    let mut job = Job::start("s3p", &[], &[]);
+    let mut c = stasis_in(Some(&job.hosts.hosts[0]));
+    c.args(["cluster", "run", "--job", "mesh", "--every", "1", "--json"])
+        .args(job.targets())
+        .arg("--token-file")
+        .arg(&job.tf)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(job.d.path().join("run.err")).unwrap());
+    let mut run = c.spawn().expect("stasis cluster run");
+    let _kill_run = KillOnDrop(i32::try_from(run.id()).unwrap());
+    let (tx, rx) = std::sync::mpsc::channel::<serde_json::Value>();
+    let out = run.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(serde_json::from_str(&l).unwrap_or(serde_json::json!({"line": l})));
+        }
+    });
+    let err_file = job.d.path().join("run.err");
+    let next = |what: &str| {
+        rx.recv_timeout(Duration::from_secs(180))
+            .unwrap_or_else(|_| {
+                let err = std::fs::read_to_string(&err_file).unwrap_or_default();
+                panic!("no {what} from cluster run:\n{err}")
+            })
+    };
+    for round in 1..=3u64 {
+        let e = next("checkpoint");
+        assert_eq!(e["event"], "checkpoint", "{e}");
+        assert_eq!(e["round"], round, "{e}");
+        assert_eq!(e["incremental"], round > 1, "{e}");
+        let stored: Vec<u64> = e["hosts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|h| h["reports"].as_array().unwrap().iter())
+            .map(|t| t["stored"]["checkpoint"].as_u64().unwrap_or(0))
+            .collect();
+        assert_eq!(stored, vec![round; HOSTS], "{e}");
+    }
+    job.kill_all();
+    let done = loop {
+        let e = next("end");
+        if e["event"] == "done" {
+            break e;
+        }
+    };
+    assert_eq!(run.wait().unwrap().code(), Some(0), "{done}");
+    let last = done["committed"].as_u64().unwrap();
+    for i in 0..HOSTS {
+        assert_eq!(job.records(i).len() as u64, last, "host {i}");
+    }
+    // gc of host 0's tree keeps its newest checkpoint, merged into a full
+    // one, still the newest round's (its `cut.json` kept).
+    let url = format!(
+        "{}/h0/jobs/mesh/{}",
+        job.server.url(PREFIX),
+        job.nodes[0].pid
+    );
+    let staging = job.d.path().join("gc-staging");
+    let o = stasis_in(Some(&job.hosts.hosts[0]))
+        .envs(job.server.env(&staging))
+        .args(["gc", "-D", &url, "--keep", "1", "--json"])
+        .output()
+        .unwrap();
+    assert_ok(&o, "gc of a tree's store");
+    assert_eq!(job.records(0), [format!("{last:08}")]);
+    assert_eq!(job.complete(), serde_json::json!([last]));
+    let r = job.restore(&[]);
+    assert_eq!(r["round"], last, "{r}");
+    job.wait_traffic(2 << 20);
+    job.finish();
+}
+
+/// The store's server down: a round fails, naming the store, and commits
+/// nothing; the job runs on. The server back, host 1's uploads fail (its
+/// tree's `chunks/` made a file in the server's directory): its agent
+/// votes no, the round aborts, and neither host commits anything. Both
+/// fixed, the next round commits, and the job restores from it.
+#[test]
+fn a_round_with_the_store_down_or_an_upload_failing_commits_nothing() {
+    let mut job = Job::start("s3x", &[], &[]);
+    job.dump(&["--leave-running"]);
+    job.server.kill();
+    let o = job.cluster(
+        &["dump", "--job", "mesh", "--leave-running"],
+        &job.targets(),
+    );
+    assert_fails_with(&o, "cannot reach the object store");
+    for n in &job.nodes {
+        assert!(alive(n.pid), "node {} died with the round", n.pid);
+    }
+    job.server.restart();
+    for i in 0..HOSTS {
+        assert_eq!(job.records(i), ["00000001"], "host {i}");
+    }
+    // (The agents read the rounds of the checkpoints they hold now: once.)
+    assert_eq!(job.complete(), serde_json::json!([1]));
+    let chunks = job.tree_store(1).join("chunks");
+    let saved = job.tree_store(1).join("chunks.saved");
+    std::fs::rename(&chunks, &saved).unwrap();
+    std::fs::write(&chunks, "not a directory").unwrap();
+    job.wait_traffic(1 << 20);
+    let o = job.cluster(
+        &["dump", "--job", "mesh", "--leave-running"],
+        &job.targets(),
+    );
+    assert_fails_with(&o, "storing the checkpoint");
+    for n in &job.nodes {
+        assert!(alive(n.pid), "node {} died with the round", n.pid);
+    }
+    wait_until(
+        Duration::from_secs(120),
+        "the agents to abort the round",
+        || !job.round_in_progress(),
+    );
+    for i in 0..HOSTS {
+        assert_eq!(job.records(i), ["00000001"], "host {i}");
+    }
+    std::fs::remove_file(&chunks).unwrap();
+    std::fs::rename(&saved, &chunks).unwrap();
+    job.wait_traffic(1 << 20);
+    let r = job.dump(&[]);
+    assert_eq!(r["round"], 2, "{r}");
+    for i in 0..HOSTS {
+        assert_eq!(job.records(i), ["00000001", "00000002"], "host {i}");
+    }
+    for n in &mut job.nodes {
+        assert_eq!(n.wait(Duration::from_secs(30)), (None, Some(libc::SIGKILL)));
+    }
+    let r = job.restore(&[]);
+    assert_eq!(r["round"], 2, "{r}");
+    job.wait_traffic(2 << 20);
+    job.finish();
+}
+
+/// What an agent would not use is refused, not ignored: a key with a
+/// local directory (its checkpoints would not be encrypted), replicas.
+#[test]
+fn an_agent_refuses_a_key_for_a_directory_and_replicas() {
+    let d = tempfile::tempdir().unwrap();
+    let tf = token_file(d.path(), TOKEN);
+    let key = d.path().join("key");
+    std::fs::write(&key, "ab".repeat(32)).unwrap();
+    let agent = |pre: &[&str], dir: &str| {
+        stasis()
+            .args(pre)
+            .args(["agent", "--listen", "127.0.0.1:0", "--token-file"])
+            .arg(&tf)
+            .args(["-D", dir])
+            .output()
+            .unwrap()
+    };
+    let dir = d.path().join("agent").display().to_string();
+    let o = agent(&["--encrypt-key-file", &key.display().to_string()], &dir);
+    assert_fails_with(&o, "--encrypt-key-file applies to s3:// stores");
+    let o = agent(&["--replica", "s3://ckpts/r"], "s3://ckpts/p");
+    assert_fails_with(&o, "does not keep replicas");
+}
+
+/// SIGKILL the coordinator or an agent (in turn) at a random instant of a
+/// round, eight times (`STASIS_TEST_RUNS=N` for more), the store holding
+/// every checkpoint: the job runs on, a killed agent started again serves
+/// the next round, and the complete rounds grow by at most one each time
+/// (a round is committed in the store by every host or, as far as a
+/// restore can see, by none). At the end the job is killed and restored
+/// from the newest complete round, and passes its checks.
+#[test]
+fn rounds_killed_at_random_leave_the_store_restorable() {
+    let mut job = Job::start("s3r", &[], &[]);
+    job.dump(&["--leave-running"]); // a first cut to fall back on
+    let runs: u64 = std::env::var("STASIS_TEST_RUNS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(8);
+    let mut rng = Rng(0x5eed_5300 ^ u64::from(std::process::id()));
+    for run in 0..runs {
+        let host = usize::try_from(rng.below(HOSTS as u64)).unwrap();
+        let delay = Duration::from_millis(rng.below(1500));
+        let before = job.complete().as_array().unwrap().len();
+        let extra: &[&str] = if run % 2 == 0 {
+            &["--leave-running", "--concurrent"]
+        } else {
+            &["--leave-running"]
+        };
+        let mut c = stasis_in(Some(&job.hosts.hosts[0]));
+        c.args(["cluster", "dump", "--job", "mesh"])
+            .args(extra)
+            .args(job.targets())
+            .arg("--token-file")
+            .arg(&job.tf)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        let mut coord = c.spawn().expect("stasis cluster dump");
+        std::thread::sleep(delay); // a random instant, not a wait for a condition
+        let what = if run % 2 == 0 {
+            let _ = coord.kill();
+            "the coordinator".to_string()
+        } else {
+            job.agents[host].kill();
+            format!("agent {host}")
+        };
+        let st = coord.wait().unwrap();
+        if run % 2 == 1 {
+            job.agents[host] = job.start_agent(host, &[]);
+        }
+        let complete: Vec<u64> = serde_json::from_value(job.complete()).unwrap();
+        eprintln!("run {run}: killed {what} after {delay:?}; coordinator {st}; complete rounds {complete:?}");
+        assert!(
+            complete.len() >= before && complete.len() <= before + 1,
+            "complete rounds went from {before} to {complete:?}"
+        );
+        job.wait_traffic(1 << 20);
+    }
+    let complete: Vec<u64> = serde_json::from_value(job.complete()).unwrap();
+    let newest = *complete.last().unwrap();
+    job.kill_all();
+    let r = job.restore(&[]);
+    assert_eq!(r["round"], newest, "{r}");
+    job.wait_traffic(4 << 20);
+    job.finish();
+}
