@@ -24,8 +24,11 @@ and the server's own speed, in one run.
 3. Bytes stored for a 10-checkpoint incremental chain (`--leave-running
    --track`) of a Python heap (CHAIN MiB: half random bytes, half text;
    2% of its objects replaced between checkpoints, the same sequence in
-   each mode, from a fixed seed): plain (a local image directory), dedup
-   (s3 with --compress-level 0), dedup + zstd (s3, default).
+   each mode, from a fixed seed), and of a Redis server holding CHAIN MiB
+   of values (2 KiB each, half random bytes, half text; 2% of the keys set
+   again between checkpoints, through a pipelined client, from a fixed
+   seed): plain (a local image directory), dedup (s3 with --compress-level
+   0), dedup + zstd (s3, default). `--reps 0` runs only the chains.
 
 Prints a table (median [min-max] of the reps, ratios to the local dump of
 the same rep) and writes JSON. Exit status 1 if anything broke (a command
@@ -80,6 +83,34 @@ os.rename(sys.argv[1] + ".tmp", sys.argv[1])
 while True:
     signal.pause()
 '''
+
+
+def redis_value(rng, i, step):
+    """Value of key `i` at `step`: half random bytes, half text (2 KiB)."""
+    if i % 2:
+        return rng.randbytes(2048)
+    return (f"key {i} at step {step} of the bench dataset; " * 64).encode()[:2048]
+
+
+def redis_set(port, items):
+    """SETs `items` ((key, value) pairs), pipelined 500 at a time; checks
+    every reply."""
+    with socket.create_connection(("127.0.0.1", port)) as c:
+        for i in range(0, len(items), 500):
+            batch = items[i:i + 500]
+            buf = bytearray()
+            for k, v in batch:
+                kb = k.encode()
+                buf += b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (len(kb), kb, len(v)) + v + b"\r\n"
+            c.sendall(buf)
+            want, got = b"+OK\r\n" * len(batch), b""
+            while len(got) < len(want):
+                d = c.recv(65536)
+                if not d:
+                    raise BenchError("redis closed the connection")
+                got += d
+            if got != want:
+                raise BenchError(f"redis answered {got[:80]!r}")
 
 
 class BenchError(Exception):
@@ -245,6 +276,47 @@ def chain(args, mode, srv, work, key):
     return stored()
 
 
+def chain_redis(args, mode, srv, work, key):
+    """Stored bytes of a --chain incremental chain of a Redis holding
+    --chain-mib MiB of values."""
+    import random
+    env = srv.env(work)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    rdir = os.path.join(work, f"redis-{mode}")
+    os.makedirs(rdir)
+    out = open(os.path.join(rdir, "redis.log"), "a")
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", rdir], stdin=subprocess.DEVNULL,
+                            stdout=out, stderr=out, cwd=rdir)
+
+    def up():
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            return proc.poll() is not None
+    wait_for(up, "redis")
+    if proc.poll() is not None:
+        raise BenchError(f"redis-server exited with {proc.returncode}")
+    n = args.chain_mib * 1024 * 1024 // 2048
+    rng = random.Random(7)
+    redis_set(port, [(f"k{i}", redis_value(rng, i, 0)) for i in range(n)])
+    url, extra, stored = target(mode, srv, work, f"chain-redis-{mode}", key)
+    try:
+        for k in range(args.chain):
+            if k:
+                keys = [rng.randrange(n) for _ in range(n // 50)]
+                redis_set(port, [(f"k{i}", redis_value(rng, i, k)) for i in keys])
+            run([args.stasis, "dump", "-t", str(proc.pid), "-D", url, "--leave-running", "--track"] + extra,
+                env, f"redis chain dump {k + 1} ({mode})")
+    finally:
+        proc.kill()
+        proc.wait()
+    return stored()
+
+
 def med(v):
     return {"median": statistics.median(v), "min": min(v), "max": max(v)}
 
@@ -259,7 +331,7 @@ def report(args, reps, plain, chains):
     lines = [f"store.py: {args.size_mib} MiB, {args.reps} reps (median [min-max])", "",
              "| mode | dump s | dump GB/s | x local dump | restore s | restore GB/s | x local restore | stored MB |",
              "|---|---|---|---|---|---|---|---|"]
-    for mode in MODES:
+    for mode in MODES if args.reps else ():
         rs = reps[mode]
         d = med([r["dump_s"] for r in rs])
         r_ = med([r["restore_s"] for r in rs])
@@ -270,6 +342,25 @@ def report(args, reps, plain, chains):
                               "stored_mb": st}
         lines.append(f"| {mode} | {fmt(d)} | {gb / d['median']:.2f} | {fmt(dr)} | {fmt(r_)} | "
                      f"{gb / r_['median']:.2f} | {fmt(rr)} | {st['median']:.0f} |")
+    if not args.reps:
+        lines = [f"store.py: chains only (--reps 0), {args.chain} checkpoints"]
+        plain = []
+    if plain:
+        lines += plain_lines(args, gb, out, reps, plain)
+    if chains:
+        heap = {k: v for k, v in chains.items() if not k.startswith("redis ")}
+        redis = {k[len("redis "):]: v for k, v in chains.items() if k.startswith("redis ")}
+        lines += ["", f"{args.chain}-checkpoint incremental chain of a {args.chain_mib} MiB Python heap:"]
+        lines += [f"  {k}: {v / 1e6:.1f} MB" for k, v in heap.items()]
+        if redis:
+            lines += ["", f"{args.chain}-checkpoint incremental chain of a Redis with {args.chain_mib} MiB of values:"]
+            lines += [f"  {k}: {v / 1e6:.1f} MB" for k, v in redis.items()]
+    return out, "\n".join(lines)
+
+
+def plain_lines(args, gb, out, reps, plain):
+    """The plain client's figures and stasis against them."""
+    lines = []
     put, get = med([p["put_s"] for p in plain]), med([p["get_s"] for p in plain])
     put1, get1 = med([p["put1_s"] for p in plain]), med([p["get1_s"] for p in plain])
     out["plain_client"] = {"put_s": put, "get_s": get, "put_1mib_s": put1, "get_1mib_s": get1}
@@ -293,10 +384,7 @@ def report(args, reps, plain, chains):
                  for r, b, l in zip(reps[mode], reps["s3"], reps["local"])])
         out["modes"][mode]["cost_vs_local_dump"] = c
         lines.append(f"{mode} dump minus s3 dump, as a fraction of the local dump: {fmt(c)}")
-    if chains:
-        lines += ["", f"{args.chain}-checkpoint incremental chain of a {args.chain_mib} MiB Python heap:"]
-        lines += [f"  {k}: {v / 1e6:.1f} MB" for k, v in chains.items()]
-    return out, "\n".join(lines)
+    return lines
 
 
 def main():
@@ -340,6 +428,9 @@ def main():
             for mode, name in (("local", "plain"), ("s3", "dedup"), ("zstd", "dedup+zstd")):
                 chains[name] = chain(args, mode, srv, work, key)
                 log(f"chain {name}: {chains[name] / 1e6:.1f} MB")
+            for mode, name in (("local", "plain"), ("s3", "dedup"), ("zstd", "dedup+zstd")):
+                chains[f"redis {name}"] = chain_redis(args, mode, srv, work, key)
+                log(f"redis chain {name}: {chains[f'redis {name}'] / 1e6:.1f} MB")
         out, text = report(args, reps, plain, chains)
         print(text)
         os.makedirs(os.path.dirname(args.json_out), exist_ok=True)
