@@ -3,87 +3,17 @@
 //! with its chain, sealed under a key and bound to their name, ignored
 //! when they do not open, deleted once their checkpoint is gone.
 
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-use stasis_store::remote::S3Config;
+use std::path::PathBuf;
+
+use common::Server;
 use stasis_store::seal::SealOptions;
-use stasis_store::{Key, Location, S3Image, StoreError};
+use stasis_store::{Key, S3Image, StoreError};
 
-/// versitygw on a free loopback port over a temporary directory with one
-/// bucket, `bkt`; killed when dropped.
-struct Server {
-    root: tempfile::TempDir,
-    port: u16,
-    child: Child,
-}
-
-impl Server {
-    fn start() -> Server {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/versitygw.sh");
-        let o = Command::new("bash")
-            .arg(&script)
-            .arg("path")
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "versitygw is not installed: run scripts/setup.sh"
-        );
-        let bin = PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
-        let root = tempfile::tempdir().unwrap();
-        std::fs::create_dir(root.path().join("bkt")).unwrap();
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new(bin)
-            .args(["--port", &format!("127.0.0.1:{port}"), "posix"])
-            .arg(root.path())
-            .env("ROOT_ACCESS_KEY", "k")
-            .env("ROOT_SECRET_KEY", "s")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let t0 = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "versitygw did not start"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Server { root, port, child }
-    }
-
-    fn image(&self, prefix: &str, key: Option<Key>) -> S3Image {
-        let cfg = S3Config {
-            endpoint: Some(format!("http://127.0.0.1:{}", self.port)),
-            access_key: Some("k".into()),
-            secret_key: Some("s".into()),
-            region: Some("us-east-1".into()),
-            allow_http: Some(true),
-        };
-        let loc = Location::parse(&format!("s3://bkt/{prefix}")).unwrap();
-        S3Image::open_with(&loc, SealOptions { zstd: Some(1), key }, &cfg).unwrap()
-    }
-
-    /// The object `rel` of `prefix`, in the server's backing directory.
-    fn object(&self, prefix: &str, rel: &str) -> PathBuf {
-        self.root.path().join("bkt").join(prefix).join(rel)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The store at `s3://bkt/PREFIX`, zstd, sealed with `key` if given.
+fn image(s: &Server, prefix: &str, key: Option<Key>) -> S3Image {
+    s.image(prefix, SealOptions { zstd: Some(1), key })
 }
 
 /// Commits checkpoints 1 and 2 (2 over 1), each a directory of one file.
@@ -108,7 +38,7 @@ fn fetched(img: &S3Image, n: u32) -> (tempfile::TempDir, PathBuf) {
 #[test]
 fn touch_sets_go_with_committed_checkpoints_only() {
     let s = Server::start();
-    let img = s.image("plain", None);
+    let img = image(&s, "plain", None);
     two_checkpoints(&img);
     let window = b"the bytes of a touch-window file".to_vec();
     img.put_touch(1, "touch-window", &window).unwrap();
@@ -143,7 +73,7 @@ fn touch_sets_go_with_committed_checkpoints_only() {
 #[test]
 fn sealed_touch_sets_open_only_under_their_own_name() {
     let s = Server::start();
-    let img = s.image("sealed", Some(Key::from_bytes([7; 32])));
+    let img = image(&s, "sealed", Some(Key::from_bytes([7; 32])));
     two_checkpoints(&img);
     let plain = b"STASISTS and the pages a process wrote".to_vec();
     img.put_touch(1, "touch-window", &plain).unwrap();
@@ -171,7 +101,7 @@ fn sealed_touch_sets_open_only_under_their_own_name() {
     let (_d, cp) = fetched(&img, 2);
     assert!(!cp.join("touch-window").exists());
     // Under another key, the checkpoint is refused (not only its touch set).
-    let other = s.image("sealed", Some(Key::from_bytes([8; 32])));
+    let other = image(&s, "sealed", Some(Key::from_bytes([8; 32])));
     assert!(matches!(
         other.put_touch(1, "touch-window", b"x"),
         Err(StoreError::WrongKey { .. })
