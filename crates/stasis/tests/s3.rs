@@ -9,26 +9,13 @@ use common::*;
 
 use std::time::{Duration, Instant};
 
-fn ok(o: &std::process::Output, what: &str) -> String {
-    assert_ok(o, what);
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
 /// Committed checkpoints listed by `inspect --json` (which also verifies
 /// every checksum of what it fetched).
 fn listed(srv: &S3Server, url: &str, extra: &[&str]) -> Vec<u64> {
-    let o = srv
-        .stasis()
-        .args(["inspect", "--json", "-D", url])
-        .args(extra)
-        .output()
-        .unwrap();
-    let text = ok(&o, "inspect");
-    let v: serde_json::Value =
-        serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"));
-    let arr = v.as_array().cloned().unwrap_or_default();
-    assert!(arr.iter().all(|c| c["verified"] == true), "{text}");
-    arr.iter().map(|c| c["number"].as_u64().unwrap()).collect()
+    inspect_json(srv, url, extra)
+        .iter()
+        .map(|c| c["number"].as_u64().unwrap())
+        .collect()
 }
 
 /// Dump (killing it) and restore twice through the store; both

@@ -250,32 +250,8 @@ impl Job {
     /// SIGTERM to every node: each must end with PASS, and both ends of
     /// each link must agree on what crossed it.
     fn finish(&mut self) {
-        for n in &self.nodes {
-            // SAFETY: signalling a node this test restored.
-            unsafe { libc::kill(n.pid, libc::SIGTERM) };
-        }
-        let mut sums = Vec::new();
-        for (i, n) in self.nodes.iter_mut().enumerate() {
-            wait_until(Duration::from_secs(300), "a node to end", || {
-                let _ = n.child.try_wait();
-                if !alive(n.pid) {
-                    reap_if_ours(n.pid);
-                    return true;
-                }
-                false
-            });
-            let out = n.out();
-            assert_eq!(out.lines().last(), Some("PASS"), "node {i}:\n{out}");
-            sums.push(summary(&out, i));
-        }
-        for (i, s) in sums.iter().enumerate() {
-            assert_eq!(s.len(), HOSTS - 1, "node {i}: {s:?}");
-            for &(j, tx_m, tx_b, rx_m, rx_b) in s {
-                let back = sums[j].iter().find(|l| l.0 == i).expect("the reverse link");
-                assert_eq!((tx_m, tx_b), (back.3, back.4), "{i} -> {j}");
-                assert_eq!((rx_m, rx_b), (back.1, back.2), "{j} -> {i}");
-            }
-        }
+        let sums = finish_restored_nodes(&mut self.nodes);
+        assert_eq!(sums.len(), HOSTS);
         for a in &mut self.agents {
             a.stop();
         }

@@ -7,15 +7,10 @@ use common::s3::*;
 use common::*;
 
 use std::io::BufRead;
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 const TOKEN: &str = "a-long-shared-token-for-s3-tests-4242";
-
-fn ok(o: &Output, what: &str) -> String {
-    assert_ok(o, what);
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 /// A 32-byte key as 64 hex digits in a file.
 fn key_file(dir: &std::path::Path, byte: u8) -> std::path::PathBuf {
@@ -23,22 +18,6 @@ fn key_file(dir: &std::path::Path, byte: u8) -> std::path::PathBuf {
     let hex: String = [byte; 32].iter().map(|x| format!("{x:02x}")).collect();
     std::fs::write(&p, format!("{hex}\n")).unwrap();
     p
-}
-
-/// `inspect --json -D URL`: every committed checkpoint, each verified.
-fn inspect(srv: &S3Server, url: &str, extra: &[&str]) -> Vec<serde_json::Value> {
-    let o = srv
-        .stasis()
-        .args(["inspect", "--json", "-D", url])
-        .args(extra)
-        .output()
-        .unwrap();
-    let text = ok(&o, "inspect");
-    let v: serde_json::Value =
-        serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"));
-    let arr = v.as_array().cloned().unwrap_or_default();
-    assert!(arr.iter().all(|c| c["verified"] == true), "{text}");
-    arr
 }
 
 fn numbers(cps: &[serde_json::Value]) -> Vec<u64> {
@@ -138,7 +117,7 @@ fn check_run_events(srv: &S3Server, url: &str, events: &[serde_json::Value], ext
         before.last().copied(),
         "{all}"
     );
-    let listed = inspect(srv, url, extra);
+    let listed = inspect_json(srv, url, extra);
     assert_eq!(numbers(&listed), ns, "{all}");
 }
 
@@ -197,7 +176,7 @@ fn run_encrypted_restarts_lazily_from_the_store() {
         .filter(|e| e["event"] == "touch_set")
         .collect();
     assert!(!touch.is_empty(), "no touch set recorded");
-    let listed = inspect(&srv, &url, &extra);
+    let listed = inspect_json(&srv, &url, &extra);
     for t in touch {
         let n = t["checkpoint"].as_u64().unwrap();
         let c = listed.iter().find(|c| c["number"] == n).unwrap();
@@ -417,7 +396,7 @@ fn touch_window_is_stored_with_its_checkpoint() {
     );
     let object = srv.bucket_dir().join("touch/touch/00000001/touch-window");
     assert!(object.exists(), "{}", object.display());
-    let listed = inspect(&srv, &url, &[]);
+    let listed = inspect_json(&srv, &url, &[]);
     assert_eq!(listed[0]["touch_window"]["pages"], pages, "{listed:?}");
     let tree = descendants(w.pid);
     ok(&srv.dump(&w, &url, &[]), "dump 2");
@@ -450,7 +429,7 @@ fn touch_window_is_stored_with_its_checkpoint() {
     // next time.
     let faults = object.with_file_name("touch-faults");
     assert!(faults.exists(), "{}", faults.display());
-    let listed = inspect(&srv, &url, &["--checkpoint", "1"]);
+    let listed = inspect_json(&srv, &url, &["--checkpoint", "1"]);
     let fault_pages = listed[0]["touch_faults"]["pages"].as_u64().unwrap();
     assert!(fault_pages >= 1, "{listed:?}");
     w.finish_pass();
@@ -463,7 +442,7 @@ fn touch_window_is_stored_with_its_checkpoint() {
     ok(&o, "gc");
     assert!(!object.exists(), "{}", object.display());
     assert!(!faults.exists(), "{}", faults.display());
-    let listed = inspect(&srv, &url, &[]);
+    let listed = inspect_json(&srv, &url, &[]);
     assert_eq!(numbers(&listed), vec![2]);
     assert!(listed[0]["touch_window"].is_null(), "{listed:?}");
 }
@@ -535,7 +514,7 @@ fn run_rides_out_a_server_that_is_down() {
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|e| e["event"] == "checkpoint")
         .count();
-    let listed = numbers(&inspect(&srv, &url, &[]));
+    let listed = numbers(&inspect_json(&srv, &url, &[]));
     assert_eq!(listed, (1..=cps as u64).collect::<Vec<_>>(), "{out}");
 }
 
@@ -575,7 +554,7 @@ fn encrypted_touch_set_is_sealed_and_a_damaged_one_ignored() {
         !stored.windows(8).any(|b| b == b"STASISTS"),
         "the touch set is stored in the clear"
     );
-    let listed = inspect(&srv, &url, &["--encrypt-key-file", k]);
+    let listed = inspect_json(&srv, &url, &["--encrypt-key-file", k]);
     assert_eq!(listed[0]["touch_window"]["pages"], pages, "{listed:?}");
     let mut damaged = stored.clone();
     let last = damaged.len() - 1;
@@ -622,7 +601,7 @@ fn run_commits_in_the_replica_too() {
         );
     }
     assert_eq!(
-        numbers(&inspect(&srv, &rurl, &[])),
-        numbers(&inspect(&srv, &url, &[]))
+        numbers(&inspect_json(&srv, &rurl, &[])),
+        numbers(&inspect_json(&srv, &url, &[]))
     );
 }

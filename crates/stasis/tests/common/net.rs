@@ -205,13 +205,45 @@ pub fn finish_nodes(nodes: &mut [Node]) -> Vec<Vec<Link>> {
         assert_eq!(out.lines().last(), Some("PASS"), "node {i}:\n{out}");
         sums.push(summary(&out, i));
     }
+    links_agree(&sums);
+    sums
+}
+
+/// Both ends of each link of the nodes' summaries agree on what crossed
+/// it, and each node has a link to every other.
+pub fn links_agree(sums: &[Vec<Link>]) {
     for (i, s) in sums.iter().enumerate() {
-        assert_eq!(s.len(), nodes.len() - 1, "node {i}: {s:?}");
+        assert_eq!(s.len(), sums.len() - 1, "node {i}: {s:?}");
         for &(j, tx_m, tx_b, rx_m, rx_b) in s {
             let back = sums[j].iter().find(|l| l.0 == i).expect("the reverse link");
             assert_eq!((tx_m, tx_b), (back.3, back.4), "{i} -> {j}");
             assert_eq!((rx_m, rx_b), (back.1, back.2), "{j} -> {i}");
         }
     }
+}
+
+/// [`finish_nodes`] for nodes that were restored (children of this test
+/// as its subreaper, not as spawned): SIGTERMs each, waits for it to end
+/// with PASS, and checks that the links agree. Returns the summaries.
+pub fn finish_restored_nodes(nodes: &mut [Node]) -> Vec<Vec<Link>> {
+    for n in nodes.iter() {
+        // SAFETY: signalling a node this test restored.
+        unsafe { libc::kill(n.pid, libc::SIGTERM) };
+    }
+    let mut sums = Vec::new();
+    for (i, n) in nodes.iter_mut().enumerate() {
+        wait_until(Duration::from_secs(300), "a node to end", || {
+            let _ = n.child.try_wait();
+            if !alive(n.pid) {
+                reap_if_ours(n.pid);
+                return true;
+            }
+            false
+        });
+        let out = n.out();
+        assert_eq!(out.lines().last(), Some("PASS"), "node {i}:\n{out}");
+        sums.push(summary(&out, i));
+    }
+    links_agree(&sums);
     sums
 }

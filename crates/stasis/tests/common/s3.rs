@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{stasis, KillOnDrop, Workload};
+use super::{assert_ok, stasis, KillOnDrop, Workload};
 
 pub const ACCESS_KEY: &str = "stasis-test";
 pub const SECRET_KEY: &str = "stasis-test-secret";
@@ -291,4 +291,27 @@ impl Drop for SlowUpload {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
     }
+}
+
+/// The stdout of a command that must have succeeded.
+pub fn ok(o: &Output, what: &str) -> String {
+    assert_ok(o, what);
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// `inspect --json -D URL` through `srv`: every committed checkpoint,
+/// each verified (inspect checks every checksum of what it fetched).
+pub fn inspect_json(srv: &S3Server, url: &str, extra: &[&str]) -> Vec<serde_json::Value> {
+    let o = srv
+        .stasis()
+        .args(["inspect", "--json", "-D", url])
+        .args(extra)
+        .output()
+        .unwrap();
+    let text = ok(&o, "inspect");
+    let v: serde_json::Value =
+        serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let arr = v.as_array().cloned().unwrap_or_default();
+    assert!(arr.iter().all(|c| c["verified"] == true), "{text}");
+    arr
 }
