@@ -379,22 +379,7 @@ impl Cli<'_> {
         } else {
             None
         };
-        let restored = stasis_restore::restore(
-            &self.store,
-            &stasis_restore::RestoreOptions {
-                checkpoint: Some(cp),
-                lazy: filler.as_ref().map(crate::restore_cmd::sink),
-                cut: None,
-                ..Default::default()
-            },
-        );
-        if let Some(f) = &filler {
-            match &restored {
-                Ok(_) => f.done().context("telling the page filler the job runs")?,
-                Err(_) => f.abort(),
-            }
-        }
-        Ok(restored?)
+        restore_with_filler(&self.store, cp, filler.as_ref())
     }
 
     /// A dump through the object store's upload hook succeeded: notes what
@@ -469,23 +454,34 @@ fn restore_from_store(s3: &S3Run, cp: u32, lazy: bool) -> Result<stasis_restore:
         )?),
         None => None,
     };
+    let restored = restore_with_filler(&store, cp, filler.as_ref());
+    // (The filler has read what it needs of the copy.)
+    drop(tmp);
+    restored
+}
+
+/// Restores checkpoint `cp` of `store`, lazily through `filler` if given,
+/// which is told the job runs (or aborted) once the restore is done.
+fn restore_with_filler(
+    store: &stasis_image::ImageDir,
+    cp: u32,
+    filler: Option<&stasis_lazy::Filler>,
+) -> Result<stasis_restore::Restored> {
     let restored = stasis_restore::restore(
-        &store,
+        store,
         &stasis_restore::RestoreOptions {
             checkpoint: Some(cp),
-            lazy: filler.as_ref().map(crate::restore_cmd::sink),
+            lazy: filler.map(crate::restore_cmd::sink),
             cut: None,
             ..Default::default()
         },
     );
-    if let Some(f) = &filler {
+    if let Some(f) = filler {
         match &restored {
             Ok(_) => f.done().context("telling the page filler the job runs")?,
             Err(_) => f.abort(),
         }
     }
-    // (The filler has read what it needs of the copy.)
-    drop(tmp);
     Ok(restored?)
 }
 

@@ -541,7 +541,6 @@ fn rounds_killed_at_random_leave_the_job_running_or_restorable() {
 /// passes its checks of every byte.
 #[test]
 fn periodic_incremental_rounds_until_the_job_ends() {
-    use std::io::BufRead;
     let mut job = Job::start("p");
     let mut c = std::process::Command::new("ip");
     c.args(["netns", "exec", &job.hosts.hosts[0]])
@@ -555,13 +554,7 @@ fn periodic_incremental_rounds_until_the_job_ends() {
     close_inherited_fds(&mut c);
     let mut run = c.spawn().expect("stasis cluster run");
     let _kill_run = KillOnDrop(i32::try_from(run.id()).unwrap());
-    let (tx, rx) = std::sync::mpsc::channel::<serde_json::Value>();
-    let out = run.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(serde_json::from_str(&l).unwrap_or(serde_json::json!({"line": l})));
-        }
-    });
+    let rx = json_events(&mut run);
     let err_file = job.d.path().join("run.err");
     let next = |what: &str| {
         rx.recv_timeout(Duration::from_secs(180))

@@ -441,7 +441,6 @@ fn an_agent_that_died_after_the_decision_commits_in_the_store_when_started_again
 /// (on host 1 an incremental one, read back through its chain).
 #[test]
 fn periodic_incremental_rounds_into_the_store() {
-    use std::io::BufRead;
     let mut job = Job::start("s3p", &[], &[]);
     let mut c = stasis_in(Some(&job.hosts.hosts[0]));
     c.args(["cluster", "run", "--job", "mesh", "--every", "1", "--json"])
@@ -452,13 +451,7 @@ fn periodic_incremental_rounds_into_the_store() {
         .stderr(std::fs::File::create(job.d.path().join("run.err")).unwrap());
     let mut run = c.spawn().expect("stasis cluster run");
     let _kill_run = KillOnDrop(i32::try_from(run.id()).unwrap());
-    let (tx, rx) = std::sync::mpsc::channel::<serde_json::Value>();
-    let out = run.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(serde_json::from_str(&l).unwrap_or(serde_json::json!({"line": l})));
-        }
-    });
+    let rx = json_events(&mut run);
     let err_file = job.d.path().join("run.err");
     let next = |what: &str| {
         rx.recv_timeout(Duration::from_secs(180))

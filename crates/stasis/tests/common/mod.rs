@@ -943,3 +943,19 @@ pub fn memory_samples(pid: i32) -> std::collections::HashSet<[u8; 32]> {
     assert!(out.len() >= 32, "too few distinct samples: {}", out.len());
     out
 }
+
+/// The JSON objects a child prints on stdout, one a line, as they come (a
+/// line that is not JSON comes as `{"line": ...}`).
+pub fn json_events(
+    child: &mut std::process::Child,
+) -> std::sync::mpsc::Receiver<serde_json::Value> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel::<serde_json::Value>();
+    let out = child.stdout.take().expect("a piped stdout");
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(serde_json::from_str(&l).unwrap_or(serde_json::json!({"line": l})));
+        }
+    });
+    rx
+}
