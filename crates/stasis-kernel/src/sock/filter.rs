@@ -408,6 +408,8 @@ struct GuardChild<'a> {
     /// Pidfds of the owners (killed on `KILL`), and of those held.
     owners: &'a [i32],
     held: &'a [i32],
+    /// `/proc/PID/stat` of each of `held`, to see it stopped.
+    held_stat: &'a [std::ffi::CString],
     /// The fd ranges to close (everything but the above and the pipes).
     gaps: &'a [(u32, u32)],
     /// The dumper's word, and where to say the guard has left its session.
@@ -669,9 +671,73 @@ fn guard_main(c: &GuardChild<'_>) -> ! {
         // After the sockets: a thread still on its way to its SIGSTOP has
         // it cancelled, a stopped one goes on.
         raw_signal_all(c.held, libc::SIGCONT);
+        // The dumper's fds close (waking us) before the kernel detaches
+        // its tracees: a thread caught in the stop of its hold as its
+        // tracer died takes that SIGSTOP only once detached, after our
+        // SIGCONT. Continue any held process seen stopped, for a while.
+        let until = raw_now_ms() + 2000;
+        while raw_now_ms() < until {
+            let mut any = false;
+            for (path, &pfd) in c.held_stat.iter().zip(c.held) {
+                match raw_state(path) {
+                    Some(b'T') => {
+                        raw_signal_all(&[pfd], libc::SIGCONT);
+                        any = true;
+                    }
+                    Some(b't') => any = true,
+                    _ => {}
+                }
+            }
+            if !any {
+                break;
+            }
+            raw_sleep_ms(5);
+        }
     }
     // SAFETY: as above.
     unsafe { libc::_exit(0) }
+}
+
+/// Milliseconds on the monotonic clock (raw system call).
+fn raw_now_ms() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes a timespec into `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
+}
+
+/// Sleeps `ms` milliseconds (raw system call).
+fn raw_sleep_ms(ms: i64) {
+    let ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: ms * 1_000_000,
+    };
+    // SAFETY: nanosleep reads our timespec; no remainder wanted.
+    unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+}
+
+/// The state letter of the process whose `/proc/PID/stat` is `path`
+/// (raw system calls, a stack buffer); `None` if it cannot be read.
+fn raw_state(path: &std::ffi::CStr) -> Option<u8> {
+    let mut buf = [0u8; 512];
+    // SAFETY: open of a NUL-terminated path made before the fork; read
+    // into our stack buffer; close of the fd we opened.
+    let n = unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return None;
+        }
+        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+        libc::close(fd);
+        n
+    };
+    let n = usize::try_from(n).ok()?;
+    let text = &buf[..n];
+    let close = text.iter().rposition(|&b| b == b')')?;
+    text.get(close + 2).copied()
 }
 
 impl SocketGuard {
@@ -692,6 +758,11 @@ impl SocketGuard {
             .zip(&owner_raw)
             .filter(|(p, _)| held.contains(p))
             .map(|(_, &fd)| fd)
+            .collect();
+        let held_stat: Vec<std::ffi::CString> = owners
+            .iter()
+            .filter(|p| held.contains(p))
+            .map(|p| std::ffi::CString::new(format!("/proc/{p}/stat")).unwrap_or_default())
             .collect();
         let pipe = || -> Result<(OwnedFd, OwnedFd)> {
             let mut p = [0i32; 2];
@@ -742,6 +813,7 @@ impl SocketGuard {
                 owners_held: windows.held(),
                 owners: &owner_raw,
                 held: &held_raw,
+                held_stat: &held_stat,
                 gaps: &gaps,
                 rx: rx_fd,
                 ready: ready_fd,
