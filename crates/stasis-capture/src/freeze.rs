@@ -75,6 +75,18 @@ fn stat_of(pid: i32) -> Result<proc::Stat> {
     proc::read_parsed(pid, "stat", proc::parse_stat)
 }
 
+/// Whether thread `tid` of `pid` has exited or is exiting (its stat gone,
+/// or in state `Z` or `X`).
+fn thread_exiting(pid: i32, tid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")) {
+        Err(_) => true,
+        Ok(st) => st
+            .rfind(')')
+            .and_then(|i| st[i + 1..].split_whitespace().next())
+            .is_some_and(|s| s == "Z" || s == "X"),
+    }
+}
+
 /// A process whose threads were asked to stop, not yet all waited for.
 struct Stopping {
     fp: FrozenProcess,
@@ -212,6 +224,12 @@ fn ask_thread(pid: i32, tid: i32, first: bool) -> Result<Asked> {
     let mut tracee = match Tracee::seize(tid, stasis_sys::PTRACE_O_SUSPEND_SECCOMP) {
         Ok(t) => t,
         Err(KernelError::NoSuchProcess { .. }) if tid != pid => return Ok(Asked::Gone),
+        // A thread on its way out (a zombie or dead thread cannot be
+        // traced: EPERM, even for root): not part of the image either,
+        // rather than a dump refused for want of a privilege.
+        Err(KernelError::Seize { .. }) if tid != pid && thread_exiting(pid, tid) => {
+            return Ok(Asked::Gone)
+        }
         Err(e) if tid == pid && first => {
             // The process may have just exited: then it is a zombie.
             let st = stat_of(pid)?;

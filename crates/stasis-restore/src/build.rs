@@ -1125,32 +1125,37 @@ fn clone_task<R: Remote>(
     } else {
         "process"
     };
-    let got = match r.sys("clone3", sys::SYS_CLONE3, &[a, bytes.len() as u64]) {
-        Ok(got) => got,
-        // Free when the restore began (checked), taken since by a process
-        // outside the restore: named as such, not as a failed step.
-        Err(stasis_kernel::KernelError::RemoteSyscall { source, .. })
-            if source.raw_os_error() == Some(libc::EEXIST) =>
-        {
-            return Err(RestoreError::PidTaken {
-                pid: tid,
-                by: taken_by(tid),
-            })
+    // Free when the restore began (checked). Taken since by a process
+    // /proc shows: refused, named as such. Held by a task /proc does not
+    // show (one being created, or ending): retried for up to a second.
+    let mut tries = 0;
+    let got = loop {
+        match r.sys("clone3", sys::SYS_CLONE3, &[a, bytes.len() as u64]) {
+            Ok(got) => break got,
+            Err(stasis_kernel::KernelError::RemoteSyscall { source, .. })
+                if source.raw_os_error() == Some(libc::EEXIST) =>
+            {
+                let by = stasis_kernel::procfs::stat(tid).ok().map(|st| st.comm);
+                if by.is_none() && tries < 50 {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    continue;
+                }
+                return Err(RestoreError::PidTaken {
+                    pid: tid,
+                    by: match by {
+                        Some(comm) => format!("{comm}, which appeared during the restore"),
+                        None => "a task the kernel still held after 1 s, which /proc does not show (one being created or ending)".into(),
+                    },
+                });
+            }
+            Err(e) => return Err(step(format!("creating {what} {tid}"))(e)),
         }
-        Err(e) => return Err(step(format!("creating {what} {tid}"))(e)),
     };
     if got != sarg(i64::from(tid)) {
         return Err(ObjectError::Layout(format!("{what} {tid} was created as {got}")).into());
     }
     Ok(got)
-}
-
-/// Who holds `pid`, for an error: its command name, or what we know.
-fn taken_by(pid: i32) -> String {
-    match stasis_kernel::procfs::stat(pid) {
-        Ok(st) => format!("{}, which appeared during the restore", st.comm),
-        Err(_) => "a process that appeared during the restore".into(),
-    }
 }
 
 /// Little-endian bytes of a list of words.

@@ -477,7 +477,7 @@ fn an_aio_ring_is_made_again_at_its_size() {
 }
 
 #[test]
-fn a_tid_taken_meanwhile_is_named_so() {
+fn a_tid_taken_meanwhile_is_tried_again_then_named() {
     let mut r = Recorder {
         fail_on: Some(("clone3", libc::EEXIST)),
         ..Default::default()
@@ -487,11 +487,25 @@ fn a_tid_taken_meanwhile_is_named_so() {
         matches!(e, RestoreError::PidTaken { pid: 4_000_000, .. }),
         "{e:?}"
     );
+    // No process shows TID 4000000 here: tried again for a second (a task
+    // being created or ending holds a TID /proc does not show), then
+    // refused saying so.
     let text = e.to_string();
     assert!(
-        text.contains("in use") && text.contains("appeared during the restore"),
+        text.contains("in use") && text.contains("/proc does not show"),
         "{text}"
     );
+    assert_eq!(r.args_of("clone3").len(), 51, "{:?}", r.names());
+    // A TID /proc shows (this test's own process): refused at once, by name.
+    let me = i32::try_from(std::process::id()).unwrap();
+    let mut r = Recorder {
+        fail_on: Some(("clone3", libc::EEXIST)),
+        ..Default::default()
+    };
+    let text = clone_thread(&mut r, me).unwrap_err().to_string();
+    let comm = std::fs::read_to_string("/proc/self/comm").unwrap();
+    assert!(text.contains(comm.trim()), "{text}");
+    assert_eq!(r.args_of("clone3").len(), 1);
     // Another failure stays a failed step naming the thread.
     let mut r = Recorder {
         fail_on: Some(("clone3", libc::EPERM)),
