@@ -99,18 +99,12 @@ impl Job {
     }
 
     fn targets(&self) -> Vec<String> {
-        self.agents
-            .iter()
-            .zip(&self.nodes)
-            .flat_map(|(a, n)| ["--target".to_string(), format!("{}={}", a.addr, n.pid)])
-            .collect()
+        let pids: Vec<i32> = self.nodes.iter().map(|n| n.pid).collect();
+        target_args(&self.agents, &pids)
     }
 
     fn agent_targets(&self) -> Vec<String> {
-        self.agents
-            .iter()
-            .flat_map(|a| ["--target".to_string(), a.addr.clone()])
-            .collect()
+        agent_target_args(&self.agents)
     }
 
     /// Prints what a stuck job looks like: each node's state and tracer,

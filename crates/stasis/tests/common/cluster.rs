@@ -139,3 +139,20 @@ pub fn finish_pass_restored(w: &Workload) {
         w.name
     );
 }
+
+/// `--target ADDR=PID` for each agent and the PID of its tree.
+pub fn target_args(agents: &[Agent], pids: &[i32]) -> Vec<String> {
+    agents
+        .iter()
+        .zip(pids)
+        .flat_map(|(a, p)| ["--target".to_string(), format!("{}={p}", a.addr)])
+        .collect()
+}
+
+/// `--target ADDR` for each agent.
+pub fn agent_target_args(agents: &[Agent]) -> Vec<String> {
+    agents
+        .iter()
+        .flat_map(|a| ["--target".to_string(), a.addr.clone()])
+        .collect()
+}
