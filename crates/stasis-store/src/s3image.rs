@@ -455,13 +455,7 @@ impl S3Image {
         let mut stored = 0;
         for f in &r.files {
             let path = dir.join(&f.name);
-            let file = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&path)
-                .map_err(StoreError::local("create", &path))?;
+            let file = create_private(&path)?;
             // Chunks of zeros stay holes.
             file.set_len(f.size)
                 .map_err(StoreError::local("size", &path))?;
@@ -734,4 +728,15 @@ pub(crate) fn read_file(p: &Path) -> Result<Vec<u8>, StoreError> {
         .and_then(|mut f| f.read_to_end(&mut v))
         .map_err(StoreError::local("read", p))?;
     Ok(v)
+}
+/// Creates a new file (it must not exist), mode 0600, never following a
+/// symlink, open for writing: where a downloaded part goes.
+pub(crate) fn create_private(path: &std::path::Path) -> Result<std::fs::File, StoreError> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(StoreError::local("create", path))
 }

@@ -17,8 +17,7 @@
 //! checkpoint is no longer committed.
 
 use std::collections::HashSet;
-use std::fs::OpenOptions;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use stasis_image::checkpoint_dir_name;
@@ -96,13 +95,7 @@ impl S3Image {
         let plain = seal::open(&stored, &rel, self.seal.key.as_ref(), MAX_TOUCH_BYTES)
             .map_err(|e| damaged(e.to_string()))?;
         let path = dir.join(name);
-        let f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-            .map_err(StoreError::local("create", &path))?;
+        let f = crate::s3image::create_private(&path)?;
         f.write_all_at(&plain, 0)
             .map_err(StoreError::local("write", &path))?;
         Ok(())
