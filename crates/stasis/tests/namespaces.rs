@@ -2577,8 +2577,9 @@ if os.pread(3, 100, 0) != b"of its rootfs":
     bad.append("fd 3 reads %r" % os.pread(3, 100, 0))
 if open("/tmp/note").read() != "in its tmpfs":
     bad.append("/tmp/note")
-with open("/data/result", "w") as f:
+with open("/data/result.tmp", "w") as f:
     f.write("FAIL " + "; ".join(bad) if bad else "PASS")
+os.rename("/data/result.tmp", "/data/result")
 "#;
 
 /// The mounts of `pid` as (root, mount point, type, rw/ro), sorted.
@@ -2774,8 +2775,9 @@ select.select([s1], [], [], 5)
 got = os.read(s1, 100)
 if got != b"down\n":
     bad.append("the slave then read %r" % got)
-with open(d + "/result", "w") as f:
+with open(d + "/result.tmp", "w") as f:
     f.write("FAIL: " + "; ".join(bad) if bad else "PASS")
+os.rename(d + "/result.tmp", d + "/result")
 "#;
 
 /// A pty pair of a devpts instance of its own (a container's /dev/pts,
@@ -2902,8 +2904,9 @@ byname = lib.mq_open(b"/q", os.O_RDONLY | os.O_NONBLOCK)
 got = [recv(byname, 32), recv(new, 32)] if byname >= 0 else ["no /q"]
 if got != [(b"new", 2), None]:
     bad.append("/q gave %r" % got)
-with open(d + "/result", "w") as f:
+with open(d + "/result.tmp", "w") as f:
     f.write("FAIL: " + "; ".join(bad) if bad else "PASS")
+os.rename(d + "/result.tmp", d + "/result")
 "#;
 
 /// A queue of its own IPC namespace unlinked since it was opened, whose
