@@ -42,6 +42,19 @@ struct Staged {
     local: u32,
     record: Record,
     up: Uploaded,
+    /// The same checkpoint uploaded to each replica that took it.
+    #[serde(default)]
+    replicas: Vec<StagedCopy>,
+    /// Why each other replica did not take it.
+    #[serde(default)]
+    failed: Vec<String>,
+}
+
+/// A checkpoint uploaded to a replica and not committed there.
+#[derive(Debug, Serialize, Deserialize)]
+struct StagedCopy {
+    url: String,
+    record: Record,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -259,8 +272,26 @@ impl Staging {
         r: &S3Image,
         temp: &Path,
         (bytes, remote_n, parent): (Vec<u8>, u32, Option<u32>),
+        local_parent: Option<u32>,
+        m: &RemoteMap,
+    ) -> Result<(), StoreError> {
+        let skip = [stasis_image::CUT_NAME];
+        self.replicate_ancestors(r, remote_n, local_parent, m, &skip)?;
+        r.upload(temp, (remote_n, parent), bytes, &skip)?;
+        Ok(())
+    }
+
+    /// Uploads and commits to replica `r` the ancestors of checkpoint
+    /// `remote_n` (local parent `local_parent`) it lacks, oldest first,
+    /// from this staging directory (which holds the chain), leaving out
+    /// the files named in `skip`.
+    fn replicate_ancestors(
+        &self,
+        r: &S3Image,
+        remote_n: u32,
         mut local_parent: Option<u32>,
         m: &RemoteMap,
+        skip: &[&str],
     ) -> Result<(), StoreError> {
         let committed = r.committed()?;
         let local = ImageDir::open(&self.dir)?;
@@ -280,9 +311,8 @@ impl Staging {
         for (lp, rp) in missing.into_iter().rev() {
             let dir = self.dir.join(CHECKPOINTS_DIR).join(checkpoint_dir_name(lp));
             let x = self.renumbered(&dir, lp, rp, m)?;
-            r.upload(&dir, (rp, x.parent), x.bytes, &[stasis_image::CUT_NAME])?;
+            r.upload(&dir, (rp, x.parent), x.bytes, skip)?;
         }
-        r.upload(temp, (remote_n, parent), bytes, &[stasis_image::CUT_NAME])?;
         Ok(())
     }
 
@@ -351,24 +381,76 @@ impl Staging {
     /// [`commit_staged`](Self::commit_staged). Until then the store's
     /// readers ignore what was uploaded (and gc collects it if it is never
     /// committed).
-    pub fn stage(&self, image: &S3Image, n: u32) -> Result<Uploaded, StoreError> {
+    ///
+    /// With `replicas`, the checkpoint is first uploaded the same way to
+    /// each replica (under the primary's number, after the ancestors the
+    /// replica lacks, which are committed there: their rounds were
+    /// decided); if fewer than `min_replicas` take it, the stage fails.
+    /// Returns the primary's report and one line per replica.
+    pub fn stage(
+        &self,
+        image: &S3Image,
+        replicas: (&[S3Image], usize),
+        n: u32,
+    ) -> Result<(Uploaded, Vec<String>), StoreError> {
         let temp = self.prepared_dir(n)?;
-        self.stage_at(image, &temp, n)
+        self.stage_at(image, replicas, &temp, n)
     }
 
-    fn stage_at(&self, image: &S3Image, temp: &Path, n: u32) -> Result<Uploaded, StoreError> {
+    fn stage_at(
+        &self,
+        image: &S3Image,
+        (replicas, min_replicas): (&[S3Image], usize),
+        temp: &Path,
+        n: u32,
+    ) -> Result<(Uploaded, Vec<String>), StoreError> {
         let m = self.load_map();
         let remote_n = image.committed()?.last().copied().unwrap_or(0) + 1;
-        let Renumbered { bytes, parent, .. } = self.renumbered(temp, n, remote_n, &m)?;
+        let Renumbered {
+            bytes,
+            parent,
+            local_parent,
+        } = self.renumbered(temp, n, remote_n, &m)?;
+        let mut copies = Vec::new();
+        let (mut lines, mut failed) = (Vec::new(), Vec::new());
+        for r in replicas {
+            let copy = self
+                .replicate_ancestors(r, remote_n, local_parent, &m, &[])
+                .and_then(|()| r.upload_data(temp, (remote_n, parent), bytes.clone(), &[]));
+            match copy {
+                Ok((record, _)) => {
+                    lines.push(format!("replica {}: holds checkpoint {remote_n}", r.url));
+                    copies.push(StagedCopy {
+                        url: r.url.clone(),
+                        record,
+                    });
+                }
+                Err(e) => {
+                    let l = format!("replica {}: failed: {e}", r.url);
+                    lines.push(l.clone());
+                    failed.push(l);
+                }
+            }
+        }
+        if copies.len() < min_replicas {
+            return Err(StoreError::Replicas {
+                url: self.url.clone(),
+                held: copies.len(),
+                needed: min_replicas,
+                detail: lines.join("; "),
+            });
+        }
         let (record, up) = image.upload_data(temp, (remote_n, parent), bytes, &[])?;
         let staged = Staged {
             local: n,
             record,
             up: up.clone(),
+            replicas: copies,
+            failed,
         };
         let text = serde_json::to_vec(&staged).unwrap_or_default();
         stasis_image::write_atomic_file(&self.base.join(STAGED_NAME), &text)?;
-        Ok(up)
+        Ok((up, lines))
     }
 
     /// The second phase: creates the commit record [`stage`](Self::stage)
@@ -376,7 +458,17 @@ impl Staging {
     /// caller commits the local checkpoint after it). A record already
     /// there with the same files is this one, created by a run that died
     /// before its local commit.
-    pub fn commit_staged(&self, image: &S3Image, n: u32) -> Result<Uploaded, StoreError> {
+    ///
+    /// The copies staged in `replicas` are committed first; a replica that
+    /// fails then is reported in its line (the round is decided: the
+    /// primary commits whatever the replicas say). Returns the primary's
+    /// report and one line per replica.
+    pub fn commit_staged(
+        &self,
+        image: &S3Image,
+        replicas: &[S3Image],
+        n: u32,
+    ) -> Result<(Uploaded, Vec<String>), StoreError> {
         let path = self.base.join(STAGED_NAME);
         let staged: Staged = read_file(&path)
             .ok()
@@ -388,21 +480,30 @@ impl Staging {
                 source: std::io::ErrorKind::NotFound.into(),
             })?;
         let remote_n = staged.record.checkpoint;
-        let files = staged.record.files.clone();
-        let up = match image.commit_uploaded((staged.record, staged.up.clone())) {
-            Err(StoreError::CommitRace { .. })
-                if image.record(remote_n).is_ok_and(|r| r.files == files) =>
-            {
-                staged.up
-            }
-            r => r?,
-        };
+        let mut lines = staged.failed;
+        for copy in staged.replicas {
+            let Some(r) = replicas.iter().find(|r| r.url == copy.url) else {
+                lines.push(format!(
+                    "replica {}: not committed (not a replica of this run)",
+                    copy.url
+                ));
+                continue;
+            };
+            lines.push(match commit_record(r, copy.record, Uploaded::default()) {
+                Ok(_) => format!("replica {}: holds checkpoint {remote_n}", r.url),
+                Err(e) => format!(
+                    "replica {}: failed to commit checkpoint {remote_n}: {e}",
+                    r.url
+                ),
+            });
+        }
+        let up = commit_record(image, staged.record, staged.up)?;
         let mut m = self.load_map();
         m.url = self.url.clone();
         m.map.insert(n, remote_n);
         self.save_map(&m)?;
         let _ = fs::remove_file(&path);
-        Ok(up)
+        Ok((up, lines))
     }
 
     /// Forgets what [`stage`](Self::stage) saved (its round was aborted):
@@ -419,23 +520,39 @@ impl Staging {
     pub fn commit_left(
         &self,
         image: &S3Image,
+        replicas: &[S3Image],
         t: &stasis_image::PreparedTemp,
-    ) -> Result<u32, StoreError> {
+    ) -> Result<(u32, Vec<String>), StoreError> {
         if let Some(&remote) = self.load_map().map.get(&t.number) {
             // Committed in the store already; not yet locally.
             ImageDir::open(&self.dir)?.commit_left_prepared(t)?;
-            return Ok(remote);
+            return Ok((remote, Vec::new()));
         }
         let staged = read_file(&self.base.join(STAGED_NAME))
             .ok()
             .and_then(|b| serde_json::from_slice::<Staged>(&b).ok())
             .is_some_and(|s| s.local == t.number);
         if !staged {
-            self.stage_at(image, &t.path, t.number)?;
+            // The round is decided: the replicas that take it hold it.
+            self.stage_at(image, (replicas, 0), &t.path, t.number)?;
         }
-        let up = self.commit_staged(image, t.number)?;
+        let (up, lines) = self.commit_staged(image, replicas, t.number)?;
         ImageDir::open(&self.dir)?.commit_left_prepared(t)?;
-        Ok(up.checkpoint)
+        Ok((up.checkpoint, lines))
+    }
+}
+
+/// Creates the commit record `record` in `image`; a record already there
+/// with the same files is this one (created by a run that died before it
+/// could say so).
+fn commit_record(image: &S3Image, record: Record, up: Uploaded) -> Result<Uploaded, StoreError> {
+    let n = record.checkpoint;
+    let files = record.files.clone();
+    match image.commit_uploaded((record, up.clone())) {
+        Err(StoreError::CommitRace { .. }) if image.record(n).is_ok_and(|r| r.files == files) => {
+            Ok(up)
+        }
+        r => r,
     }
 }
 

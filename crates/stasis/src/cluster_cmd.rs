@@ -42,7 +42,7 @@ pub struct AgentArgs {
 pub fn cmd_agent(
     a: AgentArgs,
     seal: stasis_store::seal::SealOptions,
-    replicas: Vec<stasis_store::S3Image>,
+    (replica_urls, min_replicas): (&[String], usize),
 ) -> Result<ExitCode> {
     a.transport.apply();
     let token = read_token_file(&a.token_file)?;
@@ -52,9 +52,6 @@ pub fn cmd_agent(
             .map(|h| h.trim().to_string())
             .unwrap_or_else(|_| "localhost".into()),
     };
-    if !replicas.is_empty() {
-        bail!("stasis agent does not keep replicas (--replica) yet: give it one store");
-    }
     // SIGTERM and SIGINT end the agent between sessions' steps: blocked in
     // every thread, waited for by one.
     let mut sigs = nix::sys::signal::SigSet::empty();
@@ -72,17 +69,18 @@ pub fn cmd_agent(
         });
     }
     // (Opened with SIGTERM blocked: a store's client starts threads.)
+    let replicas = (crate::store::replicas(replica_urls, &seal)?, min_replicas);
     // Its local directory (decisions, logs) and where its trees' checkpoints go.
     let (dir, storage): (PathBuf, Arc<dyn Storage>) = match crate::store::s3(&a.dir, seal.clone())?
     {
         None => {
-            crate::store::refuse_for_local(&a.dir, &seal, &replicas)?;
+            crate::store::refuse_for_local(&a.dir, &seal, &replicas.0)?;
             std::fs::create_dir_all(&a.dir)
                 .with_context(|| format!("creating the agent's directory {}", a.dir.display()))?;
             (a.dir.clone(), Arc::new(LocalStorage::new(&a.dir)))
         }
         Some(image) => {
-            let s = crate::store_cluster::S3Agent::open(image, seal, &host)?;
+            let s = crate::store_cluster::S3Agent::open(image, replicas, seal, &host)?;
             (s.local_dir(), Arc::new(s))
         }
     };

@@ -221,8 +221,14 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     let seal = store::seal_options(cli.encrypt_key_file.as_deref(), cli.compress_level)?;
-    let replicas = store::replicas(&cli.replica, &seal)?;
-    let min_replicas = cli.min_replicas.unwrap_or(replicas.len());
+    // An agent opens its replicas itself, once SIGTERM is blocked (a
+    // store's client starts threads, which would take the signal).
+    let agent = matches!(cli.cmd, Cmd::Agent(_));
+    let replicas = match agent {
+        true => Vec::new(),
+        false => store::replicas(&cli.replica, &seal)?,
+    };
+    let min_replicas = cli.min_replicas.unwrap_or(cli.replica.len());
     match cli.cmd {
         Cmd::Check { json } => cmd_check(json),
         Cmd::Dump {
@@ -264,7 +270,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         },
         Cmd::Restore(a) => restore_cmd::cmd_restore(a, seal, replicas),
         Cmd::PageServer(a) => page_server::cmd_page_server(a, seal, replicas),
-        Cmd::Agent(a) => cluster_cmd::cmd_agent(a, seal, replicas),
+        Cmd::Agent(a) => cluster_cmd::cmd_agent(a, seal, (&cli.replica, min_replicas)),
         Cmd::Cluster(c) => cluster_cmd::cmd_cluster(c),
         Cmd::LazyFiller(a) => restore_cmd::cmd_lazy_filler(a, seal),
         Cmd::LazyGuard => restore_cmd::cmd_lazy_guard(),

@@ -35,6 +35,9 @@ const CUT_MAX: u64 = 4096;
 /// Trees whose store client is kept open.
 const MAX_OPEN: usize = 64;
 
+/// The store of a tree, then its replica stores.
+type TreeStores = Arc<Vec<S3Image>>;
+
 /// An agent's storage in an object store.
 pub struct S3Agent {
     /// `-D`, as given.
@@ -45,17 +48,27 @@ pub struct S3Agent {
     host: String,
     /// The agent's local directory.
     local: PathBuf,
-    /// The store of each tree, opened once.
-    trees: Mutex<HashMap<(String, i32), Arc<S3Image>>>,
+    /// The replicas' roots (`--replica`), each laid out as the store.
+    replicas: Vec<S3Image>,
+    /// How many replicas must take a tree's checkpoint for a yes vote.
+    min_replicas: usize,
+    /// The store of each tree, then its replica stores, opened once.
+    trees: Mutex<HashMap<(String, i32), TreeStores>>,
     /// The round of each checkpoint read (a commit record does not change
     /// its round).
     rounds: Mutex<HashMap<(String, i32, u32), Option<u64>>>,
 }
 
 impl S3Agent {
-    /// The storage of the agent named `host` in `root`; fails now if the
+    /// The storage of the agent named `host` in `root` (with `replicas`,
+    /// `min_replicas` of which must take each checkpoint); fails now if the
     /// store cannot be listed (down, credentials refused, no bucket).
-    pub fn open(root: S3Image, seal: SealOptions, host: &str) -> Result<S3Agent> {
+    pub fn open(
+        root: S3Image,
+        (replicas, min_replicas): (Vec<S3Image>, usize),
+        seal: SealOptions,
+        host: &str,
+    ) -> Result<S3Agent> {
         let plain = !host.is_empty()
             && host.len() <= 64
             && host != "."
@@ -68,9 +81,28 @@ impl S3Agent {
                 "the agent's name {host:?} names its directory in the store: give a plain one with --name (letters, digits, '-', '_', '.')"
             );
         }
-        root.bucket
-            .list_dirs(root.prefix())
-            .with_context(|| format!("listing {}", root.url))?;
+        if min_replicas > replicas.len() {
+            anyhow::bail!(
+                "--min-replicas {min_replicas} with {} replica(s): at most as many as --replica gives",
+                replicas.len()
+            );
+        }
+        // With replicas, a store down now is not fatal as long as one of
+        // them answers: it may be back by the next round (whose stage then
+        // fails while it is not), and a restore reads the others.
+        let mut up = 0;
+        for s in std::iter::once(&root).chain(&replicas) {
+            match s.bucket.list_dirs(s.prefix()) {
+                Ok(_) => up += 1,
+                Err(e) if replicas.is_empty() => {
+                    return Err(e).with_context(|| format!("listing {}", s.url))
+                }
+                Err(e) => eprintln!("stasis agent: warning: {}: {e}", s.url),
+            }
+        }
+        if up == 0 {
+            anyhow::bail!("none of the store and its replicas can be listed (each said why above)");
+        }
         let local = stasis_store::client_dir(&root, host)?;
         Ok(S3Agent {
             url: root.url.clone(),
@@ -78,6 +110,8 @@ impl S3Agent {
             seal,
             host: host.to_string(),
             local,
+            replicas,
+            min_replicas,
             trees: Mutex::default(),
             rounds: Mutex::default(),
         })
@@ -95,8 +129,8 @@ impl S3Agent {
         }
     }
 
-    /// The store of the tree `pid` of `job`.
-    fn tree(&self, job: &str, pid: i32) -> Result<Arc<S3Image>, ClusterError> {
+    /// The store of the tree `pid` of `job`, then its replica stores.
+    fn tree(&self, job: &str, pid: i32) -> Result<TreeStores, ClusterError> {
         let key = (job.to_string(), pid);
         let mut trees = self.trees.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(t) = trees.get(&key) {
@@ -111,20 +145,63 @@ impl S3Agent {
         Ok(t)
     }
 
-    fn open_tree(&self, job: &str, pid: i32) -> Result<S3Image, ClusterError> {
+    /// Opens the store of the tree `pid` of `job`, then its replica stores.
+    fn open_tree(&self, job: &str, pid: i32) -> Result<Vec<S3Image>, ClusterError> {
         jobs::check_job(job)?;
-        let url = format!(
-            "{}/{}/jobs/{job}/{pid}",
-            self.url.trim_end_matches('/'),
-            self.host
-        );
-        let loc = Location::parse(&url).map_err(|e| self.err(e))?;
-        S3Image::open(&loc, self.seal.clone()).map_err(|e| self.err(e))
+        let roots =
+            std::iter::once(self.url.as_str()).chain(self.replicas.iter().map(|r| r.url.as_str()));
+        roots
+            .map(|root| {
+                let url = format!(
+                    "{}/{}/jobs/{job}/{pid}",
+                    root.trim_end_matches('/'),
+                    self.host
+                );
+                let loc = Location::parse(&url).map_err(|e| self.err(e))?;
+                S3Image::open(&loc, self.seal.clone()).map_err(|e| self.err(e))
+            })
+            .collect()
     }
 
     /// The staging directory of the tree `pid` of `job`.
     fn staging(&self, job: &str, pid: i32, image: &S3Image) -> Result<Staging, ClusterError> {
         Staging::at(&jobs::tree_dir(&self.local, job, pid), image).map_err(|e| self.err(e))
+    }
+
+    /// The committed rounds of each tree of `job` in store `i` (0: the
+    /// primary, then the replicas) whose root is `root`.
+    fn rounds_in(
+        &self,
+        job: &str,
+        i: usize,
+        root: &S3Image,
+    ) -> Result<Vec<TreeRounds>, ClusterError> {
+        let dir = format!("{}{}/jobs/{job}/", root.prefix(), self.host);
+        let err = |e: &dyn std::fmt::Display| ClusterError::Store {
+            url: root.url.clone(),
+            message: e.to_string(),
+        };
+        let mut pids: Vec<i32> = root
+            .bucket
+            .list_dirs(&dir)
+            .map_err(|e| err(&e))?
+            .iter()
+            .filter_map(|d| d.parse().ok())
+            .collect();
+        pids.sort_unstable();
+        let mut out = Vec::new();
+        for pid in pids {
+            let stores = self.tree(job, pid)?;
+            let image = &stores[i];
+            let mut rounds = Vec::new();
+            for n in image.committed().map_err(|e| err(&e))? {
+                if let Some(r) = self.round_of(job, pid, image, n)? {
+                    rounds.push((r, n));
+                }
+            }
+            out.push(TreeRounds { pid, rounds });
+        }
+        Ok(out)
     }
 
     /// The round of checkpoint `n` of a tree (`None`: not of `job`). A
@@ -167,36 +244,37 @@ impl Storage for S3Agent {
         self.url.clone()
     }
 
+    /// From the store, else (it cannot be read) from the first replica
+    /// that can, saying so.
     fn rounds(&self, job: &str) -> Result<Vec<TreeRounds>, ClusterError> {
         jobs::check_job(job)?;
-        let dir = format!("{}{}/jobs/{job}/", self.root.prefix(), self.host);
-        let mut pids: Vec<i32> = self
-            .root
-            .bucket
-            .list_dirs(&dir)
-            .map_err(|e| self.err(e))?
-            .iter()
-            .filter_map(|d| d.parse().ok())
-            .collect();
-        pids.sort_unstable();
-        let mut out = Vec::new();
-        for pid in pids {
-            let image = self.tree(job, pid)?;
-            let mut rounds = Vec::new();
-            for n in image.committed().map_err(|e| self.err(e))? {
-                if let Some(r) = self.round_of(job, pid, &image, n)? {
-                    rounds.push((r, n));
+        let mut failed = Vec::new();
+        for (i, root) in std::iter::once(&self.root)
+            .chain(&self.replicas)
+            .enumerate()
+        {
+            match self.rounds_in(job, i, root) {
+                Ok(out) => {
+                    if i > 0 {
+                        eprintln!(
+                            "stasis agent: job {job}: rounds read from replica {} ({})",
+                            root.url,
+                            failed.join("; ")
+                        );
+                    }
+                    return Ok(out);
                 }
+                Err(e) => failed.push(e.to_string()),
             }
-            out.push(TreeRounds { pid, rounds });
         }
-        Ok(out)
+        Err(self.err(failed.join("; ")))
     }
 
     fn dump_dir(&self, job: &str, pid: i32) -> Result<PathBuf, ClusterError> {
-        let image = self.tree(job, pid)?;
-        let staging = self.staging(job, pid, &image)?;
-        if staging.sync(&image).map_err(|e| self.err(e))? {
+        let stores = self.tree(job, pid)?;
+        let image = &stores[0];
+        let staging = self.staging(job, pid, image)?;
+        if staging.sync(image).map_err(|e| self.err(e))? {
             // What tracking there was is relative to checkpoints no longer here.
             let _ = stasis_track::state::clear(staging.dir());
         }
@@ -204,11 +282,16 @@ impl Storage for S3Agent {
     }
 
     fn stage(&self, job: &str, pid: i32, n: u32) -> Result<(), ClusterError> {
-        let image = self.tree(job, pid)?;
-        self.staging(job, pid, &image)?
-            .stage(&image, n)
-            .map(|_| ())
-            .map_err(|e| self.err(e))
+        let stores = self.tree(job, pid)?;
+        let (image, replicas) = (&stores[0], &stores[1..]);
+        let (_, lines) = self
+            .staging(job, pid, image)?
+            .stage(image, (replicas, self.min_replicas), n)
+            .map_err(|e| self.err(e))?;
+        for l in lines.iter().filter(|l| !l.contains(": holds checkpoint ")) {
+            eprintln!("stasis agent: job {job}, tree {pid}: {l}");
+        }
+        Ok(())
     }
 
     fn commit(
@@ -217,24 +300,28 @@ impl Storage for S3Agent {
         pid: i32,
         n: u32,
     ) -> Result<Option<serde_json::Value>, ClusterError> {
-        let image = self.tree(job, pid)?;
-        let up = self
-            .staging(job, pid, &image)?
-            .commit_staged(&image, n)
+        let stores = self.tree(job, pid)?;
+        let (image, replicas) = (&stores[0], &stores[1..]);
+        let (up, lines) = self
+            .staging(job, pid, image)?
+            .commit_staged(image, replicas, n)
             .map_err(|e| self.err(e))?;
         let mut v = serde_json::to_value(&up).unwrap_or_default();
         if let Some(m) = v.as_object_mut() {
             m.insert("url".into(), image.url.clone().into());
             m.insert("encrypted".into(), self.seal.key.is_some().into());
+            if !replicas.is_empty() {
+                m.insert("replicas".into(), lines.into());
+            }
         }
         Ok(Some(v))
     }
 
     fn tidy(&self, job: &str, pid: i32, committed: bool) {
-        let Ok(image) = self.tree(job, pid) else {
+        let Ok(stores) = self.tree(job, pid) else {
             return;
         };
-        let Ok(staging) = self.staging(job, pid, &image) else {
+        let Ok(staging) = self.staging(job, pid, &stores[0]) else {
             return;
         };
         let r = if !committed {
@@ -262,10 +349,11 @@ impl Storage for S3Agent {
         n: u32,
         lazy: bool,
     ) -> Result<RestoreSource, ClusterError> {
-        let image = self.open_tree(job, pid)?;
+        let mut stores = self.open_tree(job, pid)?;
+        let image = stores.remove(0);
         let mut filler_args = Vec::new();
         let t = if lazy {
-            let (t, url) = crate::store::fetch_lazy(image, Vec::new(), Some(n))
+            let (t, url) = crate::store::fetch_lazy(image, stores, Some(n))
                 .map_err(|e| self.err(format!("{e:#}")))?;
             filler_args.extend(["--store".to_string(), url]);
             if let Some(k) = &self.seal.key {
@@ -274,8 +362,7 @@ impl Storage for S3Agent {
             }
             t
         } else {
-            crate::store::fetch(image, Vec::new(), Some(n))
-                .map_err(|e| self.err(format!("{e:#}")))?
+            crate::store::fetch(image, stores, Some(n)).map_err(|e| self.err(format!("{e:#}")))?
         };
         Ok(RestoreSource {
             dir: t.image(),
@@ -308,8 +395,9 @@ impl Storage for S3Agent {
                 let Some(pid) = t.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else {
                     continue;
                 };
-                let image = self.tree(&job, pid)?;
-                let staging = self.staging(&job, pid, &image)?;
+                let stores = self.tree(&job, pid)?;
+                let (image, replicas) = (&stores[0], &stores[1..]);
+                let staging = self.staging(&job, pid, image)?;
                 let Ok(dir) = stasis_image::ImageDir::open(staging.dir()) else {
                     continue;
                 };
@@ -318,12 +406,19 @@ impl Storage for S3Agent {
                     if p.owner == me || round.is_none() || decided != round {
                         continue;
                     }
-                    let n = staging.commit_left(&image, &p).map_err(|e| self.err(e))?;
+                    let (n, lines) = staging
+                        .commit_left(image, replicas, &p)
+                        .map_err(|e| self.err(e))?;
                     done.push(format!(
                         "job {job}: committed checkpoint {n} of tree {pid} in {} (round {}, decided before the agent stopped)",
                         image.url,
                         round.unwrap_or(0)
                     ));
+                    done.extend(
+                        lines
+                            .into_iter()
+                            .map(|l| format!("job {job}, tree {pid}: {l}")),
+                    );
                 }
                 dir.remove_stale_temps()?;
                 staging.unstage();

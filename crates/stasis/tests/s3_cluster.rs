@@ -23,12 +23,16 @@ const AGENT_PORT: u16 = 7700;
 /// The server's address, on the hosts' bridge.
 const S3_ADDR: &str = "10.214.0.254";
 const S3_PORT: u16 = 7070;
+/// The replica's server (`Job::start_replicated`), beside the store's.
+const REPLICA_PORT: u16 = 7071;
 const PREFIX: &str = "cl";
 
 struct Job {
     agents: Vec<Agent>,
     nodes: Vec<Node>,
     server: S3Server,
+    /// A second server holding the agents' replica (`--replica`).
+    replica: Option<S3Server>,
     /// Global flags of every agent (`--encrypt-key-file`...).
     flags: Vec<String>,
     tf: PathBuf,
@@ -41,6 +45,16 @@ impl Job {
     /// the environment `env[i]` for agent `i`) and a mesh node on each,
     /// traffic flowing.
     fn start(tag: &str, flags: &[&str], env: &[&[(&str, &str)]]) -> Job {
+        Job::start_with(tag, flags, env, false)
+    }
+
+    /// [`Job::start`], every agent with a replica store on a second
+    /// server (`--replica s3+http://...`).
+    fn start_replicated(tag: &str) -> Job {
+        Job::start_with(tag, &[], &[], true)
+    }
+
+    fn start_with(tag: &str, flags: &[&str], env: &[&[(&str, &str)]], replicated: bool) -> Job {
         workloads(); // subreaper: restored nodes outlive their agents' restores
         let hosts = Hosts::create(HOSTS, tag);
         ip(&[
@@ -55,6 +69,12 @@ impl Job {
         // (Its own address is reached over its loopback.)
         ip(&["-n", &hosts.bridge, "link", "set", "lo", "up"]);
         let server = S3Server::start_in(&hosts.bridge, S3_ADDR, S3_PORT);
+        let replica = replicated.then(|| S3Server::start_in(&hosts.bridge, S3_ADDR, REPLICA_PORT));
+        let mut flags: Vec<String> = flags.iter().map(|f| f.to_string()).collect();
+        if let Some(r) = &replica {
+            flags.push("--replica".into());
+            flags.push(format!("s3+{}/{BUCKET}/{PREFIX}", r.endpoint));
+        }
         let d = tempfile::Builder::new()
             .prefix("stasis-s3-cluster-")
             .tempdir()
@@ -64,7 +84,8 @@ impl Job {
             agents: Vec::new(),
             nodes: Vec::new(),
             server,
-            flags: flags.iter().map(|f| f.to_string()).collect(),
+            replica,
+            flags,
             tf,
             d,
             hosts,
@@ -175,23 +196,19 @@ impl Job {
 
     /// The store of node `i`'s tree in the server's backing directory.
     fn tree_store(&self, i: usize) -> PathBuf {
-        self.server
-            .bucket_dir()
-            .join(format!("{PREFIX}/h{i}/jobs/mesh/{}", self.nodes[i].pid))
+        tree_store_in(&self.server, self.nodes[i].pid, i)
     }
 
     /// The checkpoints committed in the store (commit records) of node
     /// `i`'s tree.
     fn records(&self, i: usize) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(self.tree_store(i).join("commits"))
-            .map(|rd| {
-                rd.filter_map(Result::ok)
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
-        v.sort();
-        v
+        records_in(&self.tree_store(i))
+    }
+
+    /// [`records`](Self::records) in the replica.
+    fn replica_records(&self, i: usize) -> Vec<String> {
+        let r = self.replica.as_ref().expect("a replicated job");
+        records_in(&tree_store_in(r, self.nodes[i].pid, i))
     }
 
     /// Every chunk stored for the job.
@@ -250,6 +267,27 @@ impl Job {
             a.stop();
         }
     }
+}
+
+/// The store of the tree rooted at `pid` of host `i` in `server`'s backing
+/// directory.
+fn tree_store_in(server: &S3Server, pid: i32, i: usize) -> PathBuf {
+    server
+        .bucket_dir()
+        .join(format!("{PREFIX}/h{i}/jobs/mesh/{pid}"))
+}
+
+/// The checkpoints committed (commit records) in the tree store `store`.
+fn records_in(store: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(store.join("commits"))
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
 }
 
 /// The local checkpoints (`checkpoints/NNNNNNNN`) under `dir`.
@@ -564,8 +602,110 @@ fn a_round_with_the_store_down_or_an_upload_failing_commits_nothing() {
     job.finish();
 }
 
-/// What an agent would not use is refused, not ignored: a key with a
-/// local directory (its checkpoints would not be encrypted), replicas.
+/// Every agent with a replica store on a second server: each round's
+/// checkpoints are committed in both (each tree's report says so); with
+/// the replica's server down a round fails (the agents vote no: "1
+/// needed"), the job runs on and neither store gets a checkpoint; the
+/// replica back, the next round commits in both. With `--min-replicas 0`
+/// a round commits without the replica (down), which gets that checkpoint
+/// with the next round's (incremental), as its parent; the job is killed. Then the store's
+/// server is down and the hosts lose their local disks: the agents start
+/// (warning), read the rounds from the replica, and the job is restored
+/// from it, every byte in flight at the cut arriving once.
+#[test]
+fn agents_with_a_replica_commit_in_both_and_restore_from_the_replica() {
+    let mut job = Job::start_replicated("s3m");
+    let r = job.dump(&["--leave-running"]);
+    assert_eq!(stored(&r), vec![1; HOSTS], "{r}");
+    let lines: Vec<&serde_json::Value> = r["hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|h| h["reports"].as_array().unwrap().iter())
+        .map(|t| &t["stored"]["replicas"])
+        .collect();
+    assert_eq!(lines.len(), HOSTS, "{r}");
+    for l in lines {
+        let l = l[0].as_str().unwrap_or_default();
+        assert!(l.ends_with("holds checkpoint 1"), "{r}");
+    }
+    for i in 0..HOSTS {
+        assert_eq!(job.records(i), ["00000001"], "host {i}");
+        assert_eq!(job.replica_records(i), ["00000001"], "host {i}");
+    }
+    job.replica.as_mut().unwrap().kill();
+    job.wait_traffic(1 << 20);
+    let o = job.cluster(
+        &["dump", "--job", "mesh", "--leave-running"],
+        &job.targets(),
+    );
+    assert_fails_with(&o, "1 needed");
+    for n in &job.nodes {
+        assert!(alive(n.pid), "node {} died with the round", n.pid);
+    }
+    wait_until(
+        Duration::from_secs(120),
+        "the agents to abort the round",
+        || !job.round_in_progress(),
+    );
+    job.replica.as_mut().unwrap().restart();
+    for i in 0..HOSTS {
+        assert_eq!(job.records(i), ["00000001"], "host {i}");
+        assert_eq!(job.replica_records(i), ["00000001"], "host {i}");
+    }
+    job.wait_traffic(1 << 20);
+    job.dump(&["--leave-running"]);
+    // With --min-replicas 0, a round commits without the replica, which
+    // gets that checkpoint with the next round's (its ancestor).
+    job.flags
+        .extend(["--min-replicas".to_string(), "0".to_string()]);
+    for i in 0..HOSTS {
+        job.agents[i].stop();
+        job.agents[i] = job.start_agent(i, &[]);
+    }
+    job.replica.as_mut().unwrap().kill();
+    job.wait_traffic(1 << 20);
+    let r = job.dump(&["--leave-running", "--track"]);
+    assert_eq!(r["round"], 3, "{r}");
+    assert!(r.to_string().contains("failed"), "{r}");
+    job.replica.as_mut().unwrap().restart();
+    for i in 0..HOSTS {
+        assert_eq!(job.records(i).len(), 3, "host {i}");
+        assert_eq!(job.replica_records(i).len(), 2, "host {i}");
+    }
+    job.wait_traffic(1 << 20);
+    let r = job.dump(&["--leave-running", "--track"]);
+    assert_eq!(r["round"], 4, "{r}");
+    let parents: Vec<&serde_json::Value> = r["hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|h| h["reports"].as_array().unwrap().iter())
+        .map(|t| &t["parent"])
+        .collect();
+    assert!(parents.iter().all(|p| **p == 3), "incremental: {r}");
+    job.kill_all();
+    let all: Vec<String> = (1..=4).map(|n| format!("{n:08}")).collect();
+    for i in 0..HOSTS {
+        assert_eq!(job.records(i), all, "host {i}");
+        assert_eq!(job.replica_records(i), all, "host {i}");
+    }
+    job.server.kill();
+    for i in 0..HOSTS {
+        job.agents[i].stop();
+        std::fs::remove_dir_all(job.local(i)).unwrap();
+        job.agents[i] = job.start_agent(i, &[]);
+    }
+    assert_eq!(job.complete(), serde_json::json!([1, 2, 3, 4]));
+    let r = job.restore(&[]);
+    assert_eq!(r["round"], 4, "{r}");
+    job.wait_traffic(4 << 20);
+    job.finish();
+}
+
+/// What an agent would not use is refused, not ignored: a key or a
+/// replica with a local directory (its checkpoints would not be encrypted,
+/// or not replicated), more replicas required than given.
 #[test]
 fn an_agent_refuses_a_key_for_a_directory_and_replicas() {
     let d = tempfile::tempdir().unwrap();
@@ -584,8 +724,13 @@ fn an_agent_refuses_a_key_for_a_directory_and_replicas() {
     let dir = d.path().join("agent").display().to_string();
     let o = agent(&["--encrypt-key-file", &key.display().to_string()], &dir);
     assert_fails_with(&o, "--encrypt-key-file applies to s3:// stores");
-    let o = agent(&["--replica", "s3://ckpts/r"], "s3://ckpts/p");
-    assert_fails_with(&o, "does not keep replicas");
+    let o = agent(&["--replica", "s3://ckpts/r"], &dir);
+    assert_fails_with(&o, "--replica applies to s3:// stores");
+    let o = agent(
+        &["--replica", "s3://ckpts/r", "--min-replicas", "2"],
+        "s3://ckpts/p",
+    );
+    assert_fails_with(&o, "--min-replicas 2 with 1 replica(s)");
 }
 
 /// SIGKILL the coordinator or an agent (in turn) at a random instant of a
