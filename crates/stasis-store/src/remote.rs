@@ -115,6 +115,20 @@ impl Bucket {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
+            // The process's signals are for its own threads (a dump's
+            // clean-up, an agent's or a page server's stop): a worker that
+            // took SIGTERM would end the process without them.
+            .on_thread_start(|| {
+                let mut set = nix::sys::signal::SigSet::empty();
+                for s in [
+                    nix::sys::signal::Signal::SIGINT,
+                    nix::sys::signal::Signal::SIGTERM,
+                    nix::sys::signal::Signal::SIGHUP,
+                ] {
+                    set.add(s);
+                }
+                let _ = set.thread_block();
+            })
             .build()
             .map_err(StoreError::local("start the I/O runtime", "tokio"))?;
         Ok(Bucket {

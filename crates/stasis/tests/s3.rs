@@ -283,6 +283,61 @@ fn server_killed_mid_upload() {
     }
 }
 
+/// SIGTERM to a dump while it uploads (through a slow relay): the dump
+/// dies of it once its clean-up is done (its store client's threads do not
+/// take the signal), so no temporary checkpoint stays in its staging
+/// directory; nothing is committed and the process runs on.
+#[test]
+fn a_dump_stopped_by_sigterm_mid_upload_cleans_up() {
+    use std::os::unix::process::ExitStatusExt;
+    let srv = S3Server::start();
+    let url = srv.url("term");
+    let w = Workload::start("heap", &["96"]);
+    let chunks = srv.bucket_dir().join("term/chunks");
+    let count = || std::fs::read_dir(&chunks).map(|d| d.count()).unwrap_or(0);
+    let relay = SlowUpload::start(srv.port, 16 << 20);
+    let mut cmd = srv.stasis();
+    cmd.env("AWS_ENDPOINT_URL", &relay.endpoint)
+        .args([
+            "dump",
+            "-t",
+            &w.pid.to_string(),
+            "-D",
+            &url,
+            "--leave-running",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let dumper = cmd.spawn().unwrap();
+    let _dumper_guard = KillOnDrop(dumper.id() as i32);
+    wait_until(Duration::from_secs(120), "the upload to start", || {
+        count() >= 3
+    });
+    // SAFETY: signalling the dump this test started.
+    unsafe { libc::kill(dumper.id() as i32, libc::SIGTERM) };
+    let out = dumper.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGTERM),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(alive(w.pid), "the dumped process died with its dump");
+    assert!(!srv.bucket_dir().join("term/commits").exists());
+    fn temps(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if e.file_name().to_string_lossy().starts_with(".tmp-") {
+                out.push(e.path());
+            } else if e.file_type().is_ok_and(|t| t.is_dir()) {
+                out.extend(temps(&e.path()));
+            }
+        }
+        out
+    }
+    assert_eq!(temps(srv.staging.path()), Vec::<std::path::PathBuf>::new());
+}
+
 /// Wrong credentials, a missing bucket, a server that is down: each fails
 /// at once with a message that says what to check, and a dump that cannot
 /// store its checkpoint leaves its process running.
