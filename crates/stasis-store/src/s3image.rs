@@ -31,6 +31,11 @@ pub struct S3Image {
     prefix: String,
     pub url: String,
     pub seal: SealOptions,
+    /// Data keys of checkpoints written for age recipients, by their
+    /// wrapped form: those this image made (so that a dumping host, which
+    /// holds no identity, can still seal the touch set of its own
+    /// checkpoint) and those it unwrapped.
+    data_keys: std::sync::Mutex<HashMap<String, Key>>,
 }
 
 /// What an upload stored.
@@ -91,6 +96,7 @@ impl S3Image {
             prefix: prefix.clone(),
             url: loc.display(),
             seal,
+            data_keys: Default::default(),
         })
     }
 
@@ -140,6 +146,21 @@ impl S3Image {
             key: key.clone(),
             reason,
         })?;
+        if let Some(w) = &r.wrapped_key {
+            let k = self.unwrap_key(n, w)?;
+            let damaged = |reason: &str| StoreError::Damaged {
+                url: self.url.clone(),
+                key: key.clone(),
+                reason: reason.into(),
+            };
+            if r.key_id.as_deref() != Some(k.id().as_str()) {
+                return Err(damaged("its wrapped key is not the key it names"));
+            }
+            if !r.verify(&k) {
+                return Err(damaged("its authentication code does not match"));
+            }
+            return Ok(r);
+        }
         match (&r.key_id, &self.seal.key) {
             (None, _) => Ok(r),
             (Some(_), None) => Err(StoreError::NeedKey {
@@ -158,6 +179,70 @@ impl S3Image {
             }),
             _ => Ok(r),
         }
+    }
+
+    /// The data key wrapped as `wrapped` in the record of checkpoint `n`.
+    fn unwrap_key(&self, n: u32, wrapped: &str) -> Result<Key, StoreError> {
+        if let Some(k) = self
+            .data_keys
+            .lock()
+            .ok()
+            .and_then(|m| m.get(wrapped).cloned())
+        {
+            return Ok(k);
+        }
+        let Some(ids) = &self.seal.identities else {
+            return Err(StoreError::NeedIdentity {
+                url: self.url.clone(),
+                checkpoint: n,
+            });
+        };
+        let k = ids.unwrap(wrapped).map_err(|e| match e {
+            crate::recipients::UnwrapError::NotARecipient => StoreError::WrongIdentity {
+                url: self.url.clone(),
+                files: ids
+                    .files
+                    .iter()
+                    .map(|f| f.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                checkpoint: n,
+            },
+            crate::recipients::UnwrapError::Damaged(reason) => StoreError::Damaged {
+                url: self.url.clone(),
+                key: self.commit_key(n),
+                reason: format!("its wrapped key does not open: {reason}"),
+            },
+        })?;
+        if let Ok(mut m) = self.data_keys.lock() {
+            m.insert(wrapped.to_string(), k.clone());
+        }
+        Ok(k)
+    }
+
+    /// The key the chunks of record `r` (as [`record`](Self::record)
+    /// returned it) are sealed with: its data key, the store's key, or
+    /// none.
+    pub(crate) fn record_key(&self, r: &Record) -> Result<Option<Key>, StoreError> {
+        match (&r.wrapped_key, &r.key_id) {
+            (Some(w), _) => self.unwrap_key(r.checkpoint, w).map(Some),
+            (None, Some(_)) => Ok(self.seal.key.clone()),
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// The key of a new checkpoint, and its wrapped form: a new data key
+    /// wrapped to the recipients, or the store's key, or none.
+    fn new_checkpoint_key(&self) -> Result<(Option<Key>, Option<String>), StoreError> {
+        let Some(rs) = &self.seal.recipients else {
+            return Ok((self.seal.key.clone(), None));
+        };
+        let k = crate::recipients::new_data_key();
+        let w = rs.wrap(&k)?;
+        if let Ok(mut m) = self.data_keys.lock() {
+            m.insert(w.clone(), k.clone());
+        }
+        Ok((Some(k), Some(w)))
     }
 
     /// Uploads the files of the checkpoint directory `src` as checkpoint
@@ -187,7 +272,8 @@ impl S3Image {
         manifest: Vec<u8>,
         skip: &[&str],
     ) -> Result<Uploaded, StoreError> {
-        let data = self.upload_data_with(src, checkpoint, manifest, skip, true)?;
+        let ck = self.new_checkpoint_key()?;
+        let data = self.upload_data_with(src, checkpoint, manifest, skip, (true, ck))?;
         self.commit(data)
     }
 
@@ -225,7 +311,8 @@ impl S3Image {
     /// Creates the commit record of uploaded objects: the commit point.
     fn commit(&self, (mut record, up): (Record, Uploaded)) -> Result<Uploaded, StoreError> {
         let n = record.checkpoint;
-        let bytes = record.encode(self.seal.key.as_ref());
+        // A record with a wrapped key has its MAC already.
+        let bytes = record.encode(self.record_mac_key(&record));
         if !self.bucket.put_new(&self.commit_key(n), bytes)? {
             return Err(StoreError::CommitRace {
                 url: self.url.clone(),
@@ -244,7 +331,35 @@ impl S3Image {
         manifest: Vec<u8>,
         skip: &[&str],
     ) -> Result<(Record, Uploaded), StoreError> {
-        self.upload_data_with(src, (n, parent), manifest, skip, false)
+        let ck = self.new_checkpoint_key()?;
+        self.upload_data_with(src, (n, parent), manifest, skip, (false, ck))
+    }
+
+    /// [`upload_data`](Self::upload_data) of a checkpoint that replaces
+    /// `like` (gc's merge): under the same data key as `like` if it has a
+    /// wrapped one (so the merge needs an identity only, no recipients),
+    /// else as a new checkpoint.
+    pub fn upload_data_replacing(
+        &self,
+        like: &Record,
+        src: &Path,
+        checkpoint: (u32, Option<u32>),
+        manifest: Vec<u8>,
+    ) -> Result<(Record, Uploaded), StoreError> {
+        let ck = match &like.wrapped_key {
+            Some(w) => (self.record_key(like)?, Some(w.clone())),
+            None => self.new_checkpoint_key()?,
+        };
+        self.upload_data_with(src, checkpoint, manifest, &[], (false, ck))
+    }
+
+    /// The key `encode` is to MAC a record with (none for a wrapped one:
+    /// it was MACed when made).
+    fn record_mac_key(&self, r: &Record) -> Option<&Key> {
+        match r.wrapped_key {
+            Some(_) => None,
+            None => self.seal.key.as_ref(),
+        }
     }
 
     fn upload_data_with(
@@ -253,8 +368,9 @@ impl S3Image {
         (n, parent): (u32, Option<u32>),
         manifest: Vec<u8>,
         skip: &[&str],
-        consume: bool,
+        (consume, (key, wrapped_key)): (bool, (Option<Key>, Option<String>)),
     ) -> Result<(Record, Uploaded), StoreError> {
+        let seal = self.seal.with_key(key);
         let mut names: Vec<String> = fs::read_dir(src)
             .map_err(StoreError::local("list", src))?
             .filter_map(|e| e.ok())
@@ -279,10 +395,10 @@ impl S3Image {
             sources.push((name, Source::File(path, consume)));
         }
         for (name, source) in sources {
-            let f = self.upload_file(&name, source, &mut known, &mut up)?;
+            let f = self.upload_file(&name, source, &seal, &mut known, &mut up)?;
             files.push(f);
         }
-        let record = Record {
+        let mut record = Record {
             format: RECORD_FORMAT,
             checkpoint: n,
             parent,
@@ -290,10 +406,17 @@ impl S3Image {
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
-            key_id: self.seal.key.as_ref().map(Key::id),
+            key_id: seal.key.as_ref().map(Key::id),
+            wrapped_key,
             files,
             mac: String::new(),
         };
+        if record.wrapped_key.is_some() {
+            // MACed now, under the data key: whoever creates the record
+            // later (an agent after its round's decision, gc) may hold no
+            // identity to unwrap it.
+            record.encode(seal.key.as_ref());
+        }
         Ok((record, up))
     }
 
@@ -301,6 +424,7 @@ impl S3Image {
         &self,
         name: &str,
         source: Source,
+        seal: &SealOptions,
         known: &mut HashMap<String, i64>,
         up: &mut Uploaded,
     ) -> Result<FileRecord, StoreError> {
@@ -326,7 +450,7 @@ impl S3Image {
                 up.zero += 1;
                 continue;
             }
-            let id = self.chunk_id(&buf, self.seal.key.is_some());
+            let id = chunk_id(seal.key.as_ref(), &buf);
             chunks.push(id.clone());
             if known.get(&id).is_some_and(|t| now - t < REFRESH_AGE_S) {
                 up.reused += 1;
@@ -334,7 +458,7 @@ impl S3Image {
             }
             known.insert(id.clone(), now);
             let key = format!("chunks/{id}");
-            let stored = seal::seal(&buf, &key, &self.seal);
+            let stored = seal::seal(&buf, &key, seal);
             up.stored_bytes += stored.len() as u64;
             up.objects += 1;
             return Ok(Some((format!("{}{key}", self.prefix), stored)));
@@ -350,18 +474,6 @@ impl S3Image {
             chunks,
             lens,
         })
-    }
-
-    /// The id of a chunk: BLAKE3 of its bytes, keyed by a key derived from
-    /// the encryption key when `sealed` (so equal bytes under different
-    /// keys, or in a checkpoint without one, give unrelated ids).
-    pub fn chunk_id(&self, plain: &[u8], sealed: bool) -> String {
-        let material: &[u8] = match (&self.seal.key, sealed) {
-            (Some(k), true) => k.bytes(),
-            _ => b"",
-        };
-        let key = blake3::derive_key("stasis chunk id v1", material);
-        blake3::keyed_hash(&key, plain).to_hex().to_string()
     }
 
     /// The chunks in the store: id -> last modified (Unix seconds).
@@ -429,7 +541,8 @@ impl S3Image {
                 r => r?,
             };
             out.stored_bytes += self.fetch(&r, &cdir, sparse)?;
-            self.fetch_touch_files(c, &touch, &cdir, r.key_id.is_some());
+            let key = self.record_key(&r)?;
+            self.fetch_touch_files(c, &touch, &cdir, (r.key_id.is_some(), key.as_ref()));
             out.chain.push(c);
             next = r.parent;
         }
@@ -538,15 +651,19 @@ impl S3Image {
             key: format!("{}chunks/{id}", self.prefix),
             reason,
         };
-        let plain = seal::open(bytes, &format!("chunks/{id}"), self.seal.key.as_ref(), want)
-            .map_err(|e| match e {
+        let key = self.record_key(r)?;
+        let plain = seal::open(bytes, &format!("chunks/{id}"), key.as_ref(), want).map_err(
+            |e| match e {
                 OpenError::NeedKey => StoreError::NeedKey {
                     url: self.url.clone(),
                     checkpoint: r.checkpoint,
                 },
                 e => damaged(e.to_string()),
-            })?;
-        if plain.len() != want || self.chunk_id(&plain, r.key_id.is_some()) != *id {
+            },
+        )?;
+        if plain.len() != want
+            || chunk_id(key.as_ref().filter(|_| r.key_id.is_some()), &plain) != *id
+        {
             return Err(damaged(format!(
                 "its {} bytes do not hash to its name (checkpoint {}, {})",
                 plain.len(),
@@ -607,7 +724,7 @@ impl S3Image {
     /// Replaces the record of checkpoint `n` (gc's merge): an atomic
     /// overwrite of one object.
     pub fn replace_record(&self, mut r: Record) -> Result<(), StoreError> {
-        let bytes = r.encode(self.seal.key.as_ref());
+        let bytes = r.encode(self.record_mac_key(&r));
         self.bucket.put(&self.commit_key(r.checkpoint), bytes)
     }
 }
@@ -684,6 +801,18 @@ fn with_endpoint(cfg: &crate::remote::S3Config, endpoint: Option<&str>) -> crate
         c.allow_http = Some(c.allow_http.unwrap_or(false) || e.starts_with("http://"));
     }
     c
+}
+
+/// The id of a chunk: BLAKE3 of its bytes, keyed by a key derived from
+/// its checkpoint's key (so equal bytes under different keys, or in a
+/// checkpoint without one, give unrelated ids).
+pub fn chunk_id(key: Option<&Key>, plain: &[u8]) -> String {
+    let material: &[u8] = match key {
+        Some(k) => k.bytes(),
+        None => b"",
+    };
+    let key = blake3::derive_key("stasis chunk id v1", material);
+    blake3::keyed_hash(&key, plain).to_hex().to_string()
 }
 
 /// Plain bytes of chunk `i` of file `f`.

@@ -121,7 +121,7 @@ impl Staging {
     /// checkpoint is the store's latest. Returns whether it was emptied
     /// (the caller then drops the tracking state).
     pub fn sync(&self, image: &S3Image) -> Result<bool, StoreError> {
-        if image.seal.key.is_some() {
+        if image.seal.encrypts() {
             // An encrypted store's staging checkpoints are deleted after
             // each dump (and freed as they are uploaded): whatever a dump
             // killed before that left is never a parent.
@@ -191,7 +191,7 @@ impl Staging {
         // With a key, the staging checkpoint is deleted once uploaded (its
         // plaintext does not stay on local disk): freed as it is read.
         let skip = [stasis_image::CUT_NAME];
-        let up = if image.seal.key.is_some() {
+        let up = if image.seal.encrypts() {
             image.upload_consuming(&temp, (remote_n, parent), bytes, &skip)?
         } else {
             image.upload(&temp, (remote_n, parent), bytes, &skip)?

@@ -121,6 +121,10 @@ fn from_store(args: &mut FillerArgs, url: &str, seal: &stasis_store::seal::SealO
         args.extra.push("--encrypt-key-file".into());
         args.extra.push(k.file.to_string_lossy().into_owned());
     }
+    for f in seal.identities.iter().flat_map(|i| &i.files) {
+        args.extra.push("--decrypt-identity".into());
+        args.extra.push(f.to_string_lossy().into_owned());
+    }
 }
 
 fn spawn_filler(args: &FillerArgs) -> Result<Filler> {

@@ -2,23 +2,44 @@
 //! `stasis-store` (a dump uploads from a staging directory before its
 //! commit; restore, inspect and gc work on downloaded copies).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result};
 use stasis_store::{Location, S3Image, Staging};
 
-/// Seal options from the global flags.
+/// Seal options from the global flags: the key file, and the age
+/// recipients, recipients files and identity files.
 pub fn seal_options(
     key_file: Option<&Path>,
+    (recipients, recipient_files, identities): (&[String], &[PathBuf], &[PathBuf]),
     level: i32,
 ) -> Result<stasis_store::seal::SealOptions> {
+    let age = !recipients.is_empty() || !recipient_files.is_empty() || !identities.is_empty();
+    if key_file.is_some() && age {
+        anyhow::bail!(
+            "--encrypt-key-file and age recipients or identities (--encrypt-recipient, --encrypt-recipients-file, --decrypt-identity) exclude each other: a store is encrypted one way"
+        );
+    }
     let key = key_file.map(stasis_store::Key::from_file).transpose()?;
     Ok(stasis_store::seal::SealOptions {
         zstd: (level != 0).then_some(level),
         key,
+        recipients: stasis_store::Recipients::from_args(recipients, recipient_files)?,
+        identities: stasis_store::Identities::from_files(identities)?,
     })
+}
+
+/// Refuses an identity without recipients for a command that writes: its
+/// checkpoints would be stored in the clear.
+pub fn refuse_identity_alone(seal: &stasis_store::seal::SealOptions) -> Result<()> {
+    if seal.identities.is_some() && seal.recipients.is_none() {
+        anyhow::bail!(
+            "--decrypt-identity opens checkpoints but does not encrypt them: give --encrypt-recipient (or --encrypt-recipients-file) for the checkpoints this command writes"
+        );
+    }
+    Ok(())
 }
 
 /// Refuses the object-store flags for a local image directory (an image
@@ -31,6 +52,12 @@ pub fn refuse_for_local(
     if seal.key.is_some() {
         anyhow::bail!(
             "--encrypt-key-file applies to s3:// stores; {} is a local image directory, which is not encrypted",
+            dir.display()
+        );
+    }
+    if seal.recipients.is_some() || seal.identities.is_some() {
+        anyhow::bail!(
+            "--encrypt-recipient, --encrypt-recipients-file and --decrypt-identity apply to s3:// stores; {} is a local image directory, which is not encrypted",
             dir.display()
         );
     }
@@ -106,7 +133,7 @@ impl Target {
 
     /// Whether the store is encrypted (nothing stays in staging).
     pub fn encrypted(&self) -> bool {
-        self.stores[0].seal.key.is_some()
+        self.stores[0].seal.encrypts()
     }
 
     /// Before each dump: empties the staging directory unless its latest
