@@ -126,6 +126,11 @@ impl Target {
         &self.stores[0].url
     }
 
+    /// The URLs of the store and its replicas.
+    pub fn urls(&self) -> Vec<String> {
+        self.stores.iter().map(|s| s.url.clone()).collect()
+    }
+
     /// The staging image directory.
     pub fn staging_dir(&self) -> &Path {
         self.staging.dir()
@@ -201,11 +206,26 @@ impl Target {
     }
 
     /// Stores touch set `ts` with the committed checkpoint `n` of the
-    /// store (not of the replicas).
-    pub fn put_touch(&self, n: u32, ts: &stasis_image::touch::TouchSet) -> Result<()> {
-        self.stores[0]
-            .put_touch(n, ts.source.file_name(), &ts.encode())
-            .with_context(|| format!("storing the touch set of checkpoint {n} in {}", self.url()))
+    /// store, then of each replica that holds it: best effort there (the
+    /// checkpoint is committed already), a failure is a warning. Returns
+    /// the replicas that hold it now.
+    pub fn put_touch(&self, n: u32, ts: &stasis_image::touch::TouchSet) -> Result<Vec<String>> {
+        let bytes = ts.encode();
+        let name = ts.source.file_name();
+        self.stores[0].put_touch(n, name, &bytes).with_context(|| {
+            format!("storing the touch set of checkpoint {n} in {}", self.url())
+        })?;
+        let mut held = Vec::new();
+        for r in &self.stores[1..] {
+            match r.put_touch(n, name, &bytes) {
+                Ok(()) => held.push(r.url.clone()),
+                Err(e) => eprintln!(
+                    "stasis: warning: the {name} of checkpoint {n} is not in replica {}: {e}",
+                    r.url
+                ),
+            }
+        }
+        Ok(held)
     }
 
     /// The latest checkpoint committed in the store (else in the first
@@ -327,8 +347,12 @@ pub fn dump(
         let n = target
             .remote_number(local)
             .context("the checkpoint of the touch set is not in the store")?;
-        target.put_touch(n, ts)?;
-        Ok(format!("stored with checkpoint {n} of {}", target.url()))
+        let replicas = target.put_touch(n, ts)?;
+        let mut line = format!("stored with checkpoint {n} of {}", target.url());
+        for r in replicas {
+            line.push_str(&format!(" and of replica {r}"));
+        }
+        Ok(line)
     };
     let r = dump_into(target.staging_dir(), hook.clone(), &sink);
     let committed = hook.committed();
@@ -477,6 +501,32 @@ pub fn put_touch(
                 ts.source.file_name()
             )
         })
+}
+
+/// Stores touch set `ts` with checkpoint `n` of each store of `urls`
+/// that holds it (the other copies of the store a lazy restore read
+/// from): best effort, a failure is a warning.
+pub fn put_touch_copies(
+    urls: &[String],
+    seal: &stasis_store::seal::SealOptions,
+    n: u32,
+    ts: &stasis_image::touch::TouchSet,
+) {
+    for url in urls {
+        let r = match Location::parse(url) {
+            Ok(loc @ Location::S3 { .. }) => S3Image::open(&loc, seal.clone()),
+            Ok(Location::Dir(_)) => continue,
+            Err(e) => Err(e),
+        }
+        .and_then(|image| image.put_touch(n, ts.source.file_name(), &ts.encode()));
+        match r {
+            Ok(()) | Err(stasis_store::StoreError::NoSuchCheckpoint { .. }) => {}
+            Err(e) => eprintln!(
+                "stasis: warning: the {} of checkpoint {n} is not in {url}: {e}",
+                ts.source.file_name()
+            ),
+        }
+    }
 }
 
 /// The pages of a lazy restore read from an object store (ranged reads of

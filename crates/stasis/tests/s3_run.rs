@@ -605,3 +605,81 @@ fn run_commits_in_the_replica_too() {
         numbers(&inspect_json(&srv, &url, &[]))
     );
 }
+
+/// With `--replica`, a touch set goes to the replica that holds its
+/// checkpoint too: `dump --touch-window --replica` stores it in both, and
+/// `inspect` of the replica shows it; with the primary's server stopped,
+/// `restore --lazy --replica` reads the replica, whose touch set its
+/// filler is given (`touch_pages`) and where it stores its fault order
+/// (the primary being down makes a warning only); the process passes.
+#[test]
+fn touch_sets_go_to_the_replicas() {
+    let mut a = S3Server::start();
+    let b = S3Server::start();
+    let url = a.url("tprim");
+    let rurl = format!("s3+http://127.0.0.1:{}/{BUCKET}/trepl", b.port);
+    let mut w = Workload::start("heap", &["32"]);
+    let o = a.dump(
+        &w,
+        &url,
+        &[
+            "--leave-running",
+            "--touch-window",
+            "0.5",
+            "--json",
+            "--replica",
+            &rurl,
+        ],
+    );
+    let text = ok(&o, "dump --touch-window --replica");
+    let touch: serde_json::Value = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v.get("touch_pages").is_some())
+        .unwrap_or_else(|| panic!("no touch set: {text}"));
+    let pages = touch["touch_pages"].as_u64().unwrap();
+    assert!(pages > 0, "{touch}");
+    assert!(
+        touch["touch_stored"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("and of replica {rurl}")),
+        "{touch}"
+    );
+    let replica_set = b.bucket_dir().join("trepl/touch/00000001/touch-window");
+    assert!(replica_set.exists(), "{}", replica_set.display());
+    let listed = inspect_json(&a, &rurl, &[]);
+    assert_eq!(listed[0]["touch_window"]["pages"], pages, "{listed:?}");
+    let tree = descendants(w.pid);
+    ok(&a.dump(&w, &url, &["--replica", &rurl]), "dump 2");
+    assert_eq!(w.reap(), (None, Some(libc::SIGKILL)));
+    for p in tree {
+        reap_if_ours(p);
+    }
+    a.kill();
+    let stats = w.dir.path().join("lazy-stats.json");
+    let o = a.restore(
+        &url,
+        &[
+            "--lazy",
+            "--checkpoint",
+            "1",
+            "--replica",
+            &rurl,
+            "--lazy-bandwidth",
+            "16M",
+            "--lazy-stats",
+            stats.to_str().unwrap(),
+        ],
+    );
+    ok(&o, "restore --lazy from the replica");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains(&format!("read from replica {rurl}")), "{err}");
+    let st = wait_json_file(&stats, Duration::from_secs(120));
+    assert!(st.get("error").is_none(), "{st}");
+    assert_eq!(st["touch_pages"], pages, "{st}");
+    assert!(st["faults"].as_u64().unwrap() >= 1, "{st}");
+    let faults = replica_set.with_file_name("touch-faults");
+    assert!(faults.exists(), "{}", faults.display());
+    w.finish_pass();
+}
