@@ -260,7 +260,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let empty = dir.path().join("empty");
         std::fs::write(&empty, "# nobody\n").unwrap();
-        let e = Recipients::from_args(&[], &[empty.clone()]).unwrap_err();
+        let e = Recipients::from_args(&[], std::slice::from_ref(&empty)).unwrap_err();
         assert!(e.to_string().contains("names no recipient"), "{e}");
         assert!(Identities::from_files(&[empty]).is_err());
         let junk = dir.path().join("junk");

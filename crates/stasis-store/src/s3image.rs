@@ -181,6 +181,19 @@ impl S3Image {
         }
     }
 
+    /// The commit record of checkpoint `n` as stored: decoded, not checked
+    /// against a key or identity (for a writer that compares it with a
+    /// record of its own).
+    pub fn record_as_stored(&self, n: u32) -> Result<Record, StoreError> {
+        let key = self.commit_key(n);
+        let bytes = self.bucket.get(&key)?;
+        Record::decode(&bytes, n).map_err(|reason| StoreError::BadRecord {
+            url: self.url.clone(),
+            key,
+            reason,
+        })
+    }
+
     /// The data key wrapped as `wrapped` in the record of checkpoint `n`.
     fn unwrap_key(&self, n: u32, wrapped: &str) -> Result<Key, StoreError> {
         if let Some(k) = self

@@ -190,7 +190,7 @@ fn a_chain_under_recipients_opens_with_an_identity_only() {
         matches!(e, StoreError::WrongIdentity { checkpoint: 2, .. }),
         "{e}"
     );
-    let e = writer(&s, "age", &[recipient.clone()])
+    let e = writer(&s, "age", std::slice::from_ref(&recipient))
         .record(1)
         .unwrap_err();
     assert!(matches!(e, StoreError::NeedIdentity { .. }), "{e}");
@@ -244,7 +244,7 @@ fn touch_sets_follow_the_checkpoint_key() {
     let keys = tempfile::tempdir().unwrap();
     let (secret, recipient) = generate_identity();
     let id = identity_file(keys.path(), "id", &secret);
-    let w = writer(&s, "t", &[recipient.clone()]);
+    let w = writer(&s, "t", std::slice::from_ref(&recipient));
     let src = tempfile::tempdir().unwrap();
     std::fs::write(src.path().join("data"), b"x".repeat(5000)).unwrap();
     w.upload(src.path(), (1, None), b"m".to_vec(), &[]).unwrap();
