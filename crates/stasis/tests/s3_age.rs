@@ -177,6 +177,21 @@ fn recipients_at_rest() {
         "restore with the identity",
     );
     w.finish_pass();
+
+    // gc reads the records it keeps: it needs the identity too.
+    let gc = |extra: &[&str]| {
+        srv.stasis()
+            .args(["gc", "--keep", "1", "-D", &url])
+            .args(extra)
+            .env("STASIS_S3_SWEEP_AGE", "0")
+            .output()
+            .unwrap()
+    };
+    assert_fails_with(&gc(&[]), "--decrypt-identity");
+    ok(&gc(&["--decrypt-identity", idf]), "gc with the identity");
+    let listed = inspect_json(&srv, &url, &["--decrypt-identity", idf]);
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0]["number"], 2);
 }
 
 /// A lazy restore from a store written to a recipient: the touch set the

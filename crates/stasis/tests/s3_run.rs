@@ -20,6 +20,14 @@ fn key_file(dir: &std::path::Path, byte: u8) -> std::path::PathBuf {
     p
 }
 
+/// An age identity file of a new identity, and its recipient.
+fn age_identity(dir: &std::path::Path) -> (std::path::PathBuf, String) {
+    let (secret, recipient) = stasis_store::generate_identity();
+    let p = dir.join("age-identity");
+    std::fs::write(&p, format!("{secret}\n")).unwrap();
+    (p, recipient)
+}
+
 fn numbers(cps: &[serde_json::Value]) -> Vec<u64> {
     cps.iter().map(|c| c["number"].as_u64().unwrap()).collect()
 }
@@ -187,6 +195,48 @@ fn run_encrypted_restarts_lazily_from_the_store() {
     assert_fails_with(&o, "give the key with --encrypt-key-file");
 }
 
+/// The same with age recipients: `run` writes each checkpoint to a
+/// recipient (and its touch sets, under keys it made) and restarts with
+/// the identity, lazily; without the identity nothing is readable.
+#[test]
+fn run_to_a_recipient_restarts_lazily_with_the_identity() {
+    let srv = S3Server::start();
+    let url = srv.url("run-age");
+    let keys = tempfile::tempdir().unwrap();
+    let (id, recipient) = age_identity(keys.path());
+    let id = id.to_str().unwrap();
+    let read = ["--decrypt-identity", id];
+    let events = run_crash_restart(
+        &srv,
+        &url,
+        &[
+            "--encrypt-recipient",
+            &recipient,
+            "--decrypt-identity",
+            id,
+            "--lazy-restart",
+            "--touch-window",
+            "0.1",
+        ],
+    );
+    check_run_events(&srv, &url, &events, &read);
+    let restored = events.iter().find(|e| e["event"] == "restored").unwrap();
+    assert!(restored["lazy_bytes"].as_u64().unwrap() > 0, "{restored}");
+    let touch: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["event"] == "touch_set")
+        .collect();
+    assert!(!touch.is_empty(), "no touch set recorded");
+    let listed = inspect_json(&srv, &url, &read);
+    for t in touch {
+        let n = t["checkpoint"].as_u64().unwrap();
+        let c = listed.iter().find(|c| c["number"] == n).unwrap();
+        assert_eq!(c["touch_window"]["pages"], t["pages"], "{t}: {c}");
+    }
+    let o = srv.stasis().args(["inspect", "-D", &url]).output().unwrap();
+    assert_fails_with(&o, "give an identity file with --decrypt-identity");
+}
+
 /// Wrong credentials, a missing bucket, a server that is down: `run` and
 /// `page-server` refuse at once, saying what to check, and start nothing.
 #[test]
@@ -309,9 +359,16 @@ fn page_server_serves_a_checkpoint_of_the_store() {
     std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let key = key_file(d.path(), 3);
     let k = key.to_str().unwrap();
+    let (id, recipient) = age_identity(d.path());
+    let id = id.to_str().unwrap();
     for (name, extra) in [
         ("ps-plain", &[][..]),
         ("ps-sealed", &["--encrypt-key-file", k][..]),
+        // Dumped to a recipient; the page server reads with the identity.
+        (
+            "ps-age",
+            &["--encrypt-recipient", &recipient, "--decrypt-identity", id][..],
+        ),
     ] {
         let url = srv.url(name);
         let mut w = Workload::start("heap", &["64"]);
