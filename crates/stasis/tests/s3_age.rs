@@ -275,3 +275,75 @@ fn lazy_restore_with_an_identity() {
     );
     w.finish_pass();
 }
+
+/// gc's merge of a chain written to recipients keeps the kept
+/// checkpoint's data key and wrapped key, so it needs only the identity.
+/// (Dumps into an encrypted store are full, so the chain is made here: a
+/// local incremental chain of two checkpoints uploaded with recipients.)
+/// The merged checkpoint restores and the process passes its check.
+#[test]
+fn gc_merges_a_chain_under_recipients_with_the_identity_only() {
+    let srv = S3Server::start();
+    let keys = tempfile::tempdir().unwrap();
+    let (id, recipient) = identity(keys.path(), "id");
+    let idf = id.to_str().unwrap();
+    let mut w = Workload::start("heap", &["16"]);
+    std::thread::sleep(Duration::from_millis(200));
+    ok(
+        &w.dump(&["--leave-running", "--track", "uffd"]),
+        "local dump 1",
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    let tree = descendants(w.pid);
+    ok(&w.dump(&["--track", "uffd"]), "local dump 2");
+    assert_eq!(w.reap(), (None, Some(libc::SIGKILL)));
+    for p in tree {
+        reap_if_ours(p);
+    }
+    let cfg = stasis_store::remote::S3Config {
+        endpoint: Some(srv.endpoint.clone()),
+        access_key: Some(ACCESS_KEY.into()),
+        secret_key: Some(SECRET_KEY.into()),
+        region: Some("us-east-1".into()),
+        allow_http: Some(true),
+    };
+    let url = srv.url("age-gc");
+    let loc = stasis_store::Location::parse(&url).unwrap();
+    let seal = stasis_store::seal::SealOptions {
+        zstd: Some(1),
+        recipients: stasis_store::Recipients::from_args(&[recipient], &[]).unwrap(),
+        ..Default::default()
+    };
+    let store = stasis_store::S3Image::open_with(&loc, seal, &cfg).unwrap();
+    for (n, parent) in [(1, None), (2, Some(1))] {
+        let dir = w.images().join(format!("checkpoints/{n:08}"));
+        let manifest = std::fs::read(dir.join("manifest.bin")).unwrap();
+        store.upload(&dir, (n, parent), manifest, &[]).unwrap();
+    }
+    let record = || -> serde_json::Value {
+        let p = srv.bucket_dir().join("age-gc/commits/00000002");
+        serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+    };
+    let before = record();
+    assert_eq!(before["parent"], 1, "{before}");
+    let o = srv
+        .stasis()
+        .args(["gc", "--keep", "1", "--json", "-D", &url])
+        .args(["--decrypt-identity", idf])
+        .env("STASIS_S3_SWEEP_AGE", "0")
+        .output()
+        .unwrap();
+    let text = ok(&o, "gc with the identity only");
+    let r: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    assert!(!r["merged"].as_array().unwrap().is_empty(), "{r}");
+    let after = record();
+    assert!(after["parent"].is_null(), "{after}");
+    assert_eq!(after["wrapped_key"], before["wrapped_key"]);
+    assert_eq!(after["key_id"], before["key_id"]);
+    assert!(!srv.bucket_dir().join("age-gc/commits/00000001").exists());
+    ok(
+        &srv.restore(&url, &["--decrypt-identity", idf]),
+        "restore of the merged checkpoint",
+    );
+    w.finish_pass();
+}
