@@ -28,7 +28,7 @@ pub use error::StoreError;
 pub use gc::{gc, GcReport, Swept, SWEEP_AGE_S};
 pub use key::{parse_key, Key};
 pub use location::Location;
-pub use recipients::{generate_identity, Identities, Recipients};
+pub use recipients::{generate_identity, DataKeys, Identities, Recipients};
 pub use s3image::{Downloaded, S3Image, Uploaded};
 pub use sparse::LazyChain;
 pub use staging::{client_dir, Staging};

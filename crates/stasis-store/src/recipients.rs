@@ -8,15 +8,18 @@
 //! `AGE-SECRET-KEY-1...` lines). The age crate does the X25519 and the
 //! file format.
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use age::armor::{ArmoredReader, ArmoredWriter, Format};
 use age::x25519;
 
-use crate::{Key, StoreError};
+use crate::record::Record;
+use crate::s3image::Uploaded;
+use crate::{Key, S3Image, StoreError};
 
 /// The recipients each checkpoint's data key is wrapped to.
 #[derive(Clone)]
@@ -192,6 +195,152 @@ pub(crate) fn new_data_key() -> Key {
         panic!("no random numbers for a checkpoint's data key: {e}");
     }
     Key::from_bytes(k)
+}
+
+/// Data keys of checkpoints written for age recipients, by their wrapped
+/// form: those made here (so that a dumping host, which holds no
+/// identity, can still seal the touch set of its own checkpoint) and
+/// those unwrapped (once per record). Shared by the clones of one
+/// `SealOptions` (a store, its replicas, the copies a command opens).
+#[derive(Clone, Default)]
+pub struct DataKeys(Arc<Mutex<HashMap<String, Key>>>);
+
+impl std::fmt::Debug for DataKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.0.lock().map(|m| m.len()).unwrap_or(0);
+        write!(f, "DataKeys({n})")
+    }
+}
+
+impl DataKeys {
+    fn get(&self, wrapped: &str) -> Option<Key> {
+        self.0.lock().ok()?.get(wrapped).cloned()
+    }
+
+    fn insert(&self, wrapped: &str, key: &Key) {
+        if let Ok(mut m) = self.0.lock() {
+            m.insert(wrapped.to_string(), key.clone());
+        }
+    }
+}
+
+/// Checkpoints under age recipients in a store: the key of each record,
+/// new checkpoints' keys, and records with wrapped keys.
+impl S3Image {
+    /// Checks record `r` (decoded) that has a wrapped key: its data key
+    /// unwraps, is the key `key_id` names, and its MAC matches.
+    pub(crate) fn check_wrapped(&self, r: Record) -> Result<Record, StoreError> {
+        let n = r.checkpoint;
+        let w = r.wrapped_key.as_deref().unwrap_or_default();
+        let k = self.unwrap_key(n, w)?;
+        let damaged = |reason: &str| StoreError::Damaged {
+            url: self.url.clone(),
+            key: self.commit_key(n),
+            reason: reason.into(),
+        };
+        if r.key_id.as_deref() != Some(k.id().as_str()) {
+            return Err(damaged("its wrapped key is not the key it names"));
+        }
+        if !r.verify(&k) {
+            return Err(damaged("its authentication code does not match"));
+        }
+        Ok(r)
+    }
+
+    /// The commit record of checkpoint `n` as stored: decoded, not checked
+    /// against a key or identity (for a writer that compares it with a
+    /// record of its own).
+    pub fn record_as_stored(&self, n: u32) -> Result<Record, StoreError> {
+        let key = self.commit_key(n);
+        let bytes = self.bucket.get(&key)?;
+        Record::decode(&bytes, n).map_err(|reason| StoreError::BadRecord {
+            url: self.url.clone(),
+            key,
+            reason,
+        })
+    }
+
+    /// The data key wrapped as `wrapped` in the record of checkpoint `n`.
+    pub(crate) fn unwrap_key(&self, n: u32, wrapped: &str) -> Result<Key, StoreError> {
+        if let Some(k) = self.seal.data_keys.get(wrapped) {
+            return Ok(k);
+        }
+        let Some(ids) = &self.seal.identities else {
+            return Err(StoreError::NeedIdentity {
+                url: self.url.clone(),
+                checkpoint: n,
+            });
+        };
+        let k = ids.unwrap(wrapped).map_err(|e| match e {
+            UnwrapError::NotARecipient => StoreError::WrongIdentity {
+                url: self.url.clone(),
+                files: ids
+                    .files
+                    .iter()
+                    .map(|f| f.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                checkpoint: n,
+            },
+            UnwrapError::Damaged(reason) => StoreError::Damaged {
+                url: self.url.clone(),
+                key: self.commit_key(n),
+                reason: format!("its wrapped key does not open: {reason}"),
+            },
+        })?;
+        self.seal.data_keys.insert(wrapped, &k);
+        Ok(k)
+    }
+
+    /// The key the chunks of record `r` (as [`record`](Self::record)
+    /// returned it) are sealed with: its data key, the store's key, or
+    /// none.
+    pub(crate) fn record_key(&self, r: &Record) -> Result<Option<Key>, StoreError> {
+        match (&r.wrapped_key, &r.key_id) {
+            (Some(w), _) => self.unwrap_key(r.checkpoint, w).map(Some),
+            (None, Some(_)) => Ok(self.seal.key.clone()),
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// The key of a new checkpoint, and its wrapped form: a new data key
+    /// wrapped to the recipients, or the store's key, or none.
+    pub(crate) fn new_checkpoint_key(&self) -> Result<(Option<Key>, Option<String>), StoreError> {
+        let Some(rs) = &self.seal.recipients else {
+            return Ok((self.seal.key.clone(), None));
+        };
+        let k = new_data_key();
+        let w = rs.wrap(&k)?;
+        self.seal.data_keys.insert(&w, &k);
+        Ok((Some(k), Some(w)))
+    }
+
+    /// [`upload_data`](Self::upload_data) of a checkpoint that replaces
+    /// `like` (gc's merge): under the same data key as `like` if it has a
+    /// wrapped one (so the merge needs an identity only, no recipients),
+    /// else as a new checkpoint.
+    pub fn upload_data_replacing(
+        &self,
+        like: &Record,
+        src: &Path,
+        checkpoint: (u32, Option<u32>),
+        manifest: Vec<u8>,
+    ) -> Result<(Record, Uploaded), StoreError> {
+        let ck = match &like.wrapped_key {
+            Some(w) => (self.record_key(like)?, Some(w.clone())),
+            None => self.new_checkpoint_key()?,
+        };
+        self.upload_data_with(src, checkpoint, manifest, &[], (false, ck))
+    }
+
+    /// The key `encode` is to MAC a record with (none for a wrapped one:
+    /// it was MACed when made).
+    pub(crate) fn record_mac_key(&self, r: &Record) -> Option<&Key> {
+        match r.wrapped_key {
+            Some(_) => None,
+            None => self.seal.key.as_ref(),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -31,11 +31,6 @@ pub struct S3Image {
     prefix: String,
     pub url: String,
     pub seal: SealOptions,
-    /// Data keys of checkpoints written for age recipients, by their
-    /// wrapped form: those this image made (so that a dumping host, which
-    /// holds no identity, can still seal the touch set of its own
-    /// checkpoint) and those it unwrapped.
-    data_keys: std::sync::Mutex<HashMap<String, Key>>,
 }
 
 /// What an upload stored.
@@ -96,7 +91,6 @@ impl S3Image {
             prefix: prefix.clone(),
             url: loc.display(),
             seal,
-            data_keys: Default::default(),
         })
     }
 
@@ -105,7 +99,7 @@ impl S3Image {
         format!("{}{rel}", self.prefix)
     }
 
-    fn commit_key(&self, n: u32) -> String {
+    pub(crate) fn commit_key(&self, n: u32) -> String {
         format!("{}commits/{}", self.prefix, checkpoint_dir_name(n))
     }
 
@@ -146,20 +140,8 @@ impl S3Image {
             key: key.clone(),
             reason,
         })?;
-        if let Some(w) = &r.wrapped_key {
-            let k = self.unwrap_key(n, w)?;
-            let damaged = |reason: &str| StoreError::Damaged {
-                url: self.url.clone(),
-                key: key.clone(),
-                reason: reason.into(),
-            };
-            if r.key_id.as_deref() != Some(k.id().as_str()) {
-                return Err(damaged("its wrapped key is not the key it names"));
-            }
-            if !r.verify(&k) {
-                return Err(damaged("its authentication code does not match"));
-            }
-            return Ok(r);
+        if r.wrapped_key.is_some() {
+            return self.check_wrapped(r);
         }
         match (&r.key_id, &self.seal.key) {
             (None, _) => Ok(r),
@@ -179,83 +161,6 @@ impl S3Image {
             }),
             _ => Ok(r),
         }
-    }
-
-    /// The commit record of checkpoint `n` as stored: decoded, not checked
-    /// against a key or identity (for a writer that compares it with a
-    /// record of its own).
-    pub fn record_as_stored(&self, n: u32) -> Result<Record, StoreError> {
-        let key = self.commit_key(n);
-        let bytes = self.bucket.get(&key)?;
-        Record::decode(&bytes, n).map_err(|reason| StoreError::BadRecord {
-            url: self.url.clone(),
-            key,
-            reason,
-        })
-    }
-
-    /// The data key wrapped as `wrapped` in the record of checkpoint `n`.
-    fn unwrap_key(&self, n: u32, wrapped: &str) -> Result<Key, StoreError> {
-        if let Some(k) = self
-            .data_keys
-            .lock()
-            .ok()
-            .and_then(|m| m.get(wrapped).cloned())
-        {
-            return Ok(k);
-        }
-        let Some(ids) = &self.seal.identities else {
-            return Err(StoreError::NeedIdentity {
-                url: self.url.clone(),
-                checkpoint: n,
-            });
-        };
-        let k = ids.unwrap(wrapped).map_err(|e| match e {
-            crate::recipients::UnwrapError::NotARecipient => StoreError::WrongIdentity {
-                url: self.url.clone(),
-                files: ids
-                    .files
-                    .iter()
-                    .map(|f| f.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                checkpoint: n,
-            },
-            crate::recipients::UnwrapError::Damaged(reason) => StoreError::Damaged {
-                url: self.url.clone(),
-                key: self.commit_key(n),
-                reason: format!("its wrapped key does not open: {reason}"),
-            },
-        })?;
-        if let Ok(mut m) = self.data_keys.lock() {
-            m.insert(wrapped.to_string(), k.clone());
-        }
-        Ok(k)
-    }
-
-    /// The key the chunks of record `r` (as [`record`](Self::record)
-    /// returned it) are sealed with: its data key, the store's key, or
-    /// none.
-    pub(crate) fn record_key(&self, r: &Record) -> Result<Option<Key>, StoreError> {
-        match (&r.wrapped_key, &r.key_id) {
-            (Some(w), _) => self.unwrap_key(r.checkpoint, w).map(Some),
-            (None, Some(_)) => Ok(self.seal.key.clone()),
-            (None, None) => Ok(None),
-        }
-    }
-
-    /// The key of a new checkpoint, and its wrapped form: a new data key
-    /// wrapped to the recipients, or the store's key, or none.
-    fn new_checkpoint_key(&self) -> Result<(Option<Key>, Option<String>), StoreError> {
-        let Some(rs) = &self.seal.recipients else {
-            return Ok((self.seal.key.clone(), None));
-        };
-        let k = crate::recipients::new_data_key();
-        let w = rs.wrap(&k)?;
-        if let Ok(mut m) = self.data_keys.lock() {
-            m.insert(w.clone(), k.clone());
-        }
-        Ok((Some(k), Some(w)))
     }
 
     /// Uploads the files of the checkpoint directory `src` as checkpoint
@@ -348,34 +253,7 @@ impl S3Image {
         self.upload_data_with(src, (n, parent), manifest, skip, (false, ck))
     }
 
-    /// [`upload_data`](Self::upload_data) of a checkpoint that replaces
-    /// `like` (gc's merge): under the same data key as `like` if it has a
-    /// wrapped one (so the merge needs an identity only, no recipients),
-    /// else as a new checkpoint.
-    pub fn upload_data_replacing(
-        &self,
-        like: &Record,
-        src: &Path,
-        checkpoint: (u32, Option<u32>),
-        manifest: Vec<u8>,
-    ) -> Result<(Record, Uploaded), StoreError> {
-        let ck = match &like.wrapped_key {
-            Some(w) => (self.record_key(like)?, Some(w.clone())),
-            None => self.new_checkpoint_key()?,
-        };
-        self.upload_data_with(src, checkpoint, manifest, &[], (false, ck))
-    }
-
-    /// The key `encode` is to MAC a record with (none for a wrapped one:
-    /// it was MACed when made).
-    fn record_mac_key(&self, r: &Record) -> Option<&Key> {
-        match r.wrapped_key {
-            Some(_) => None,
-            None => self.seal.key.as_ref(),
-        }
-    }
-
-    fn upload_data_with(
+    pub(crate) fn upload_data_with(
         &self,
         src: &Path,
         (n, parent): (u32, Option<u32>),

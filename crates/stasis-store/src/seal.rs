@@ -54,6 +54,8 @@ pub struct SealOptions {
     /// The identities that unwrap the data keys of checkpoints written
     /// for recipients.
     pub identities: Option<crate::Identities>,
+    /// The data keys made or unwrapped with these options.
+    pub data_keys: crate::recipients::DataKeys,
 }
 
 impl SealOptions {
@@ -67,8 +69,7 @@ impl SealOptions {
         SealOptions {
             zstd: self.zstd,
             key,
-            recipients: None,
-            identities: None,
+            ..Default::default()
         }
     }
 }

@@ -28,6 +28,7 @@ pub fn seal_options(
         key,
         recipients: stasis_store::Recipients::from_args(recipients, recipient_files)?,
         identities: stasis_store::Identities::from_files(identities)?,
+        ..Default::default()
     })
 }
 
