@@ -370,6 +370,34 @@ fn agents_writing_to_an_age_recipient_restore_lazily_with_the_identity() {
     job.finish();
 }
 
+/// Agents given a recipient only (the hosts hold no identity): rounds
+/// commit, each numbered from the rounds the agent reads back (its
+/// `cut.json`s, under the data keys it made); an agent started again
+/// holds none of those keys, so the next `cluster dump` fails saying to
+/// give it the identity, and the job runs on.
+#[test]
+fn agents_with_a_recipient_only_need_the_identity_once_restarted() {
+    let (_secret, recipient) = stasis_store::generate_identity();
+    let mut job = Job::start("s3r", &["--encrypt-recipient", &recipient], &[]);
+    let r = job.dump(&["--leave-running"]);
+    assert_eq!(stored(&r), vec![1; HOSTS], "{r}");
+    job.wait_traffic(1 << 20);
+    let r = job.dump(&["--leave-running"]);
+    assert_eq!(r["round"], 2, "{r}");
+    assert_eq!(stored(&r), vec![2; HOSTS], "{r}");
+    job.agents[0].stop();
+    job.agents[0] = job.start_agent(0, &[]);
+    let o = job.cluster(
+        &["dump", "--job", "mesh", "--leave-running"],
+        &job.targets(),
+    );
+    assert_fails_with(&o, "--decrypt-identity");
+    for n in &job.nodes {
+        assert!(alive(n.pid), "node {} died", n.pid);
+    }
+    job.kill_all();
+}
+
 /// Encrypted store. The coordinator dies once every host is released
 /// (`die-in-cluster-round:3`): each agent has written and uploaded its
 /// checkpoint, and voted, but no decision comes. The round aborts: its
