@@ -76,6 +76,18 @@ pub enum StoreError {
         key_file: PathBuf,
         checkpoint: u32,
     },
+    #[error("checkpoint {checkpoint} of {url} is encrypted to age recipients: give an identity file with --decrypt-identity")]
+    NeedIdentity { url: String, checkpoint: u32 },
+    #[error("none of the identities in {files} is a recipient of checkpoint {checkpoint} of {url}: give the identity file of one of the recipients it was dumped with")]
+    WrongIdentity {
+        url: String,
+        files: String,
+        checkpoint: u32,
+    },
+    #[error("{origin}: {reason}")]
+    BadRecipient { origin: String, reason: String },
+    #[error("identity file {path}: {reason} (it must hold age identities, AGE-SECRET-KEY-1... lines, as age-keygen writes)")]
+    BadIdentity { path: PathBuf, reason: String },
     #[error("key file {path}: {reason} (it must hold a 32-byte key: raw, or as 64 hex digits, or base64)")]
     BadKey { path: PathBuf, reason: String },
     #[error("{url} has no checkpoint {checkpoint} (committed: {available:?})")]

@@ -72,7 +72,7 @@ pub fn gc(image: &S3Image, keep: usize, sweep_age_s: i64) -> Result<(GcReport, S
             }
         }
         let manifest = crate::s3image::read_file(&dir.join(stasis_image::MANIFEST_NAME))?;
-        let (new, _) = image.upload_data(&dir, (k, None), manifest, &[])?;
+        let (new, _) = image.upload_data_replacing(&r, &dir, (k, None), manifest)?;
         image.replace_record(new)?;
         report.merged.extend(merged.merged);
     }

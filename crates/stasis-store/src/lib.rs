@@ -3,7 +3,9 @@
 //!
 //! The object store holds each checkpoint as the files of its image
 //! directory, split into parts, each compressed with zstd (unless that
-//! does not pay) and, with a key, sealed with XChaCha20-Poly1305; a
+//! does not pay) and, with a key, sealed with AES-256-GCM (with age
+//! recipients, under a data key of each checkpoint's own, wrapped to them
+//! in its commit record: `recipients.rs`); a
 //! checkpoint is committed by the conditional creation of its commit
 //! record. Commands work on local image directories: a dump writes into a
 //! staging directory and uploads ([`Staging`]), a restore or inspect
@@ -15,6 +17,7 @@ mod error;
 mod gc;
 mod key;
 mod location;
+mod recipients;
 pub mod record;
 pub mod remote;
 mod s3image;
@@ -27,6 +30,7 @@ pub use error::StoreError;
 pub use gc::{gc, GcReport, Swept, SWEEP_AGE_S};
 pub use key::{parse_key, Key};
 pub use location::Location;
+pub use recipients::{generate_identity, DataKeys, Identities, Recipients};
 pub use s3image::{Downloaded, S3Image, Uploaded};
 pub use sparse::LazyChain;
 pub use staging::{client_dir, Staging};

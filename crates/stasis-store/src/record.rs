@@ -26,6 +26,10 @@ pub struct Record {
     pub created_unix: u64,
     /// `Key::id` of the key the chunks are sealed with; `None`: not encrypted.
     pub key_id: Option<String>,
+    /// With age recipients: the checkpoint's data key (`key_id` names it)
+    /// encrypted to them, an armored age file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wrapped_key: Option<String>,
     pub files: Vec<FileRecord>,
     /// With a key: BLAKE3 keyed hash of this record with `mac` empty (hex).
     #[serde(default)]
@@ -124,14 +128,20 @@ impl Record {
         hex::encode(blake3::keyed_hash(key.bytes(), &bytes).as_bytes())
     }
 
-    /// Sets the MAC (with a key) and encodes.
+    /// Sets the MAC (with a key) and encodes. A record with a wrapped key
+    /// keeps the MAC set when it was made (by whoever held its data key)
+    /// when `key` is `None`.
     pub fn encode(&mut self, key: Option<&Key>) -> Vec<u8> {
         self.format = if self.files.iter().any(|f| !f.lens.is_empty()) {
             RECORD_FORMAT
         } else {
             1
         };
-        self.mac = key.map(|k| self.mac_of(k)).unwrap_or_default();
+        match key {
+            Some(k) => self.mac = self.mac_of(k),
+            None if self.wrapped_key.is_some() => {}
+            None => self.mac = String::new(),
+        }
         serde_json::to_vec_pretty(self).unwrap_or_default()
     }
 
@@ -149,6 +159,9 @@ impl Record {
         }
         if r.checkpoint != checkpoint {
             return Err(format!("it describes checkpoint {}", r.checkpoint));
+        }
+        if r.wrapped_key.is_some() && r.key_id.is_none() {
+            return Err("it has a wrapped key but no key id".into());
         }
         if r.parent.is_some_and(|p| p >= checkpoint) {
             return Err("its parent is not older than it".into());

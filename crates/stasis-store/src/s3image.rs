@@ -99,7 +99,7 @@ impl S3Image {
         format!("{}{rel}", self.prefix)
     }
 
-    fn commit_key(&self, n: u32) -> String {
+    pub(crate) fn commit_key(&self, n: u32) -> String {
         format!("{}commits/{}", self.prefix, checkpoint_dir_name(n))
     }
 
@@ -140,6 +140,9 @@ impl S3Image {
             key: key.clone(),
             reason,
         })?;
+        if r.wrapped_key.is_some() {
+            return self.check_wrapped(r);
+        }
         match (&r.key_id, &self.seal.key) {
             (None, _) => Ok(r),
             (Some(_), None) => Err(StoreError::NeedKey {
@@ -187,7 +190,8 @@ impl S3Image {
         manifest: Vec<u8>,
         skip: &[&str],
     ) -> Result<Uploaded, StoreError> {
-        let data = self.upload_data_with(src, checkpoint, manifest, skip, true)?;
+        let ck = self.new_checkpoint_key()?;
+        let data = self.upload_data_with(src, checkpoint, manifest, skip, (true, ck))?;
         self.commit(data)
     }
 
@@ -225,7 +229,8 @@ impl S3Image {
     /// Creates the commit record of uploaded objects: the commit point.
     fn commit(&self, (mut record, up): (Record, Uploaded)) -> Result<Uploaded, StoreError> {
         let n = record.checkpoint;
-        let bytes = record.encode(self.seal.key.as_ref());
+        // A record with a wrapped key has its MAC already.
+        let bytes = record.encode(self.record_mac_key(&record));
         if !self.bucket.put_new(&self.commit_key(n), bytes)? {
             return Err(StoreError::CommitRace {
                 url: self.url.clone(),
@@ -244,17 +249,19 @@ impl S3Image {
         manifest: Vec<u8>,
         skip: &[&str],
     ) -> Result<(Record, Uploaded), StoreError> {
-        self.upload_data_with(src, (n, parent), manifest, skip, false)
+        let ck = self.new_checkpoint_key()?;
+        self.upload_data_with(src, (n, parent), manifest, skip, (false, ck))
     }
 
-    fn upload_data_with(
+    pub(crate) fn upload_data_with(
         &self,
         src: &Path,
         (n, parent): (u32, Option<u32>),
         manifest: Vec<u8>,
         skip: &[&str],
-        consume: bool,
+        (consume, (key, wrapped_key)): (bool, (Option<Key>, Option<String>)),
     ) -> Result<(Record, Uploaded), StoreError> {
+        let seal = self.seal.with_key(key);
         let mut names: Vec<String> = fs::read_dir(src)
             .map_err(StoreError::local("list", src))?
             .filter_map(|e| e.ok())
@@ -279,10 +286,10 @@ impl S3Image {
             sources.push((name, Source::File(path, consume)));
         }
         for (name, source) in sources {
-            let f = self.upload_file(&name, source, &mut known, &mut up)?;
+            let f = self.upload_file(&name, source, &seal, &mut known, &mut up)?;
             files.push(f);
         }
-        let record = Record {
+        let mut record = Record {
             format: RECORD_FORMAT,
             checkpoint: n,
             parent,
@@ -290,10 +297,17 @@ impl S3Image {
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
-            key_id: self.seal.key.as_ref().map(Key::id),
+            key_id: seal.key.as_ref().map(Key::id),
+            wrapped_key,
             files,
             mac: String::new(),
         };
+        if record.wrapped_key.is_some() {
+            // MACed now, under the data key: whoever creates the record
+            // later (an agent after its round's decision, gc) may hold no
+            // identity to unwrap it.
+            record.encode(seal.key.as_ref());
+        }
         Ok((record, up))
     }
 
@@ -301,6 +315,7 @@ impl S3Image {
         &self,
         name: &str,
         source: Source,
+        seal: &SealOptions,
         known: &mut HashMap<String, i64>,
         up: &mut Uploaded,
     ) -> Result<FileRecord, StoreError> {
@@ -326,7 +341,7 @@ impl S3Image {
                 up.zero += 1;
                 continue;
             }
-            let id = self.chunk_id(&buf, self.seal.key.is_some());
+            let id = chunk_id(seal.key.as_ref(), &buf);
             chunks.push(id.clone());
             if known.get(&id).is_some_and(|t| now - t < REFRESH_AGE_S) {
                 up.reused += 1;
@@ -334,7 +349,7 @@ impl S3Image {
             }
             known.insert(id.clone(), now);
             let key = format!("chunks/{id}");
-            let stored = seal::seal(&buf, &key, &self.seal);
+            let stored = seal::seal(&buf, &key, seal);
             up.stored_bytes += stored.len() as u64;
             up.objects += 1;
             return Ok(Some((format!("{}{key}", self.prefix), stored)));
@@ -350,18 +365,6 @@ impl S3Image {
             chunks,
             lens,
         })
-    }
-
-    /// The id of a chunk: BLAKE3 of its bytes, keyed by a key derived from
-    /// the encryption key when `sealed` (so equal bytes under different
-    /// keys, or in a checkpoint without one, give unrelated ids).
-    pub fn chunk_id(&self, plain: &[u8], sealed: bool) -> String {
-        let material: &[u8] = match (&self.seal.key, sealed) {
-            (Some(k), true) => k.bytes(),
-            _ => b"",
-        };
-        let key = blake3::derive_key("stasis chunk id v1", material);
-        blake3::keyed_hash(&key, plain).to_hex().to_string()
     }
 
     /// The chunks in the store: id -> last modified (Unix seconds).
@@ -429,7 +432,8 @@ impl S3Image {
                 r => r?,
             };
             out.stored_bytes += self.fetch(&r, &cdir, sparse)?;
-            self.fetch_touch_files(c, &touch, &cdir, r.key_id.is_some());
+            let key = self.record_key(&r)?;
+            self.fetch_touch_files(c, &touch, &cdir, (r.key_id.is_some(), key.as_ref()));
             out.chain.push(c);
             next = r.parent;
         }
@@ -538,15 +542,19 @@ impl S3Image {
             key: format!("{}chunks/{id}", self.prefix),
             reason,
         };
-        let plain = seal::open(bytes, &format!("chunks/{id}"), self.seal.key.as_ref(), want)
-            .map_err(|e| match e {
+        let key = self.record_key(r)?;
+        let plain = seal::open(bytes, &format!("chunks/{id}"), key.as_ref(), want).map_err(
+            |e| match e {
                 OpenError::NeedKey => StoreError::NeedKey {
                     url: self.url.clone(),
                     checkpoint: r.checkpoint,
                 },
                 e => damaged(e.to_string()),
-            })?;
-        if plain.len() != want || self.chunk_id(&plain, r.key_id.is_some()) != *id {
+            },
+        )?;
+        if plain.len() != want
+            || chunk_id(key.as_ref().filter(|_| r.key_id.is_some()), &plain) != *id
+        {
             return Err(damaged(format!(
                 "its {} bytes do not hash to its name (checkpoint {}, {})",
                 plain.len(),
@@ -607,7 +615,7 @@ impl S3Image {
     /// Replaces the record of checkpoint `n` (gc's merge): an atomic
     /// overwrite of one object.
     pub fn replace_record(&self, mut r: Record) -> Result<(), StoreError> {
-        let bytes = r.encode(self.seal.key.as_ref());
+        let bytes = r.encode(self.record_mac_key(&r));
         self.bucket.put(&self.commit_key(r.checkpoint), bytes)
     }
 }
@@ -684,6 +692,18 @@ fn with_endpoint(cfg: &crate::remote::S3Config, endpoint: Option<&str>) -> crate
         c.allow_http = Some(c.allow_http.unwrap_or(false) || e.starts_with("http://"));
     }
     c
+}
+
+/// The id of a chunk: BLAKE3 of its bytes, keyed by a key derived from
+/// its checkpoint's key (so equal bytes under different keys, or in a
+/// checkpoint without one, give unrelated ids).
+pub fn chunk_id(key: Option<&Key>, plain: &[u8]) -> String {
+    let material: &[u8] = match key {
+        Some(k) => k.bytes(),
+        None => b"",
+    };
+    let key = blake3::derive_key("stasis chunk id v1", material);
+    blake3::keyed_hash(&key, plain).to_hex().to_string()
 }
 
 /// Plain bytes of chunk `i` of file `f`.

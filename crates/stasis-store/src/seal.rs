@@ -48,6 +48,30 @@ pub struct SealOptions {
     /// zstd level, or `None` for no compression.
     pub zstd: Option<i32>,
     pub key: Option<Key>,
+    /// With age recipients: each checkpoint written is sealed under a new
+    /// data key wrapped to them (see `recipients.rs`); `key` is then unset.
+    pub recipients: Option<crate::Recipients>,
+    /// The identities that unwrap the data keys of checkpoints written
+    /// for recipients.
+    pub identities: Option<crate::Identities>,
+    /// The data keys made or unwrapped with these options.
+    pub data_keys: crate::recipients::DataKeys,
+}
+
+impl SealOptions {
+    /// Whether what is written is encrypted (a key, or recipients).
+    pub fn encrypts(&self) -> bool {
+        self.key.is_some() || self.recipients.is_some()
+    }
+
+    /// These options with `key` as the key (one checkpoint's).
+    pub(crate) fn with_key(&self, key: Option<Key>) -> SealOptions {
+        SealOptions {
+            zstd: self.zstd,
+            key,
+            ..Default::default()
+        }
+    }
 }
 
 /// Why an object did not open.
@@ -256,6 +280,7 @@ mod tests {
                     let o = SealOptions {
                         zstd,
                         key: k.clone(),
+                        ..Default::default()
                     };
                     let s = seal(plain, "a/b", &o);
                     assert_eq!(open(&s, "a/b", k.as_ref(), plain.len()).unwrap(), plain);
@@ -267,7 +292,7 @@ mod tests {
             "n",
             &SealOptions {
                 zstd: Some(1),
-                key: None,
+                ..Default::default()
             },
         );
         assert!(s.len() < text.len() / 10, "text compresses: {}", s.len());
@@ -304,7 +329,7 @@ mod tests {
             "n",
             &SealOptions {
                 zstd: Some(1),
-                key: None,
+                ..Default::default()
             },
         );
         assert_eq!(s[8] & FLAG_ZSTD, 0);
@@ -316,6 +341,7 @@ mod tests {
         let o = SealOptions {
             zstd: Some(1),
             key: Some(key(1)),
+            ..Default::default()
         };
         let s = seal(b"secret page", "x/1", &o);
         assert!(is_sealed(&s));

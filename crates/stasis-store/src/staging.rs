@@ -134,7 +134,7 @@ impl Staging {
     /// checkpoint is the store's latest. Returns whether it was emptied
     /// (the caller then drops the tracking state).
     pub fn sync(&self, image: &S3Image) -> Result<bool, StoreError> {
-        if image.seal.key.is_some() {
+        if image.seal.encrypts() {
             // An encrypted store's staging checkpoints are deleted after
             // each dump (and freed as they are uploaded): whatever a dump
             // killed before that left is never a parent.
@@ -204,7 +204,7 @@ impl Staging {
         // With a key, the staging checkpoint is deleted once uploaded (its
         // plaintext does not stay on local disk): freed as it is read.
         let skip = [stasis_image::CUT_NAME];
-        let up = if image.seal.key.is_some() {
+        let up = if image.seal.encrypts() {
             image.upload_consuming(&temp, (remote_n, parent), bytes, &skip)?
         } else {
             image.upload(&temp, (remote_n, parent), bytes, &skip)?
@@ -548,8 +548,20 @@ impl Staging {
 fn commit_record(image: &S3Image, record: Record, up: Uploaded) -> Result<Uploaded, StoreError> {
     let n = record.checkpoint;
     let files = record.files.clone();
+    let wrapped = record.wrapped_key.clone();
+    // Under age recipients this host may hold no identity to read the
+    // record: it is its own if it has the same wrapped key (that of a
+    // random data key).
+    let own = |r: Result<Record, StoreError>| {
+        r.is_ok_and(|r| r.files == files && r.wrapped_key == wrapped)
+    };
     match image.commit_uploaded((record, up.clone())) {
-        Err(StoreError::CommitRace { .. }) if image.record(n).is_ok_and(|r| r.files == files) => {
+        Err(StoreError::CommitRace { .. })
+            if own(match &wrapped {
+                Some(_) => image.record_as_stored(n),
+                None => image.record(n),
+            }) =>
+        {
             Ok(up)
         }
         r => r,

@@ -45,10 +45,12 @@ impl S3Image {
                 reason: format!("{name} is not a touch-set file"),
             });
         }
-        // Committed, and (with a key) under this key.
-        self.record(n)?;
+        // Committed, and (with a key) under this key; sealed with the
+        // checkpoint's own key (its data key, with age recipients).
+        let r = self.record(n)?;
+        let key = self.record_key(&r)?;
         let rel = touch_rel(n, name);
-        let stored = seal::seal(bytes, &rel, &self.seal);
+        let stored = seal::seal(bytes, &rel, &self.seal.with_key(key));
         self.bucket.put(&self.object_key(&rel), stored)
     }
 
@@ -70,14 +72,14 @@ impl S3Image {
     }
 
     /// Reads touch-set file `name` of checkpoint `n` into the checkpoint
-    /// directory `dir`; `sealed`: the checkpoint is encrypted, so the
-    /// object must be sealed too.
+    /// directory `dir`; `sealed`: the checkpoint is encrypted (under
+    /// `key`), so the object must be sealed too.
     pub(crate) fn fetch_touch(
         &self,
         n: u32,
         name: &str,
         dir: &Path,
-        sealed: bool,
+        (sealed, seal_key): (bool, Option<&crate::Key>),
     ) -> Result<(), StoreError> {
         let rel = touch_rel(n, name);
         let key = self.object_key(&rel);
@@ -92,7 +94,7 @@ impl S3Image {
                 "it is not sealed, but its checkpoint is encrypted".into(),
             ));
         }
-        let plain = seal::open(&stored, &rel, self.seal.key.as_ref(), MAX_TOUCH_BYTES)
+        let plain = seal::open(&stored, &rel, seal_key, MAX_TOUCH_BYTES)
             .map_err(|e| damaged(e.to_string()))?;
         let path = dir.join(name);
         let f = crate::s3image::create_private(&path)?;
@@ -109,7 +111,7 @@ impl S3Image {
         n: u32,
         listed: &HashSet<(u32, String)>,
         dir: &Path,
-        sealed: bool,
+        sealed: (bool, Option<&crate::Key>),
     ) {
         for name in TOUCH_FILES {
             if !listed.contains(&(n, name.to_string())) {

@@ -13,7 +13,14 @@ use stasis_store::{Key, S3Image, StoreError};
 
 /// The store at `s3://bkt/PREFIX`, zstd, sealed with `key` if given.
 fn image(s: &Server, prefix: &str, key: Option<Key>) -> S3Image {
-    s.image(prefix, SealOptions { zstd: Some(1), key })
+    s.image(
+        prefix,
+        SealOptions {
+            zstd: Some(1),
+            key,
+            ..Default::default()
+        },
+    )
 }
 
 /// Commits checkpoints 1 and 2 (2 over 1), each a directory of one file.

@@ -42,6 +42,7 @@ fn zstd() -> SealOptions {
     SealOptions {
         zstd: Some(1),
         key: None,
+        ..Default::default()
     }
 }
 
@@ -128,6 +129,7 @@ fn keys_guard_records_and_objects() {
     let sealed = SealOptions {
         zstd: Some(1),
         key: Some(key.clone()),
+        ..Default::default()
     };
     let img = srv.image("enc", sealed.clone());
     let (src, _) = sample_dir();
@@ -141,6 +143,7 @@ fn keys_guard_records_and_objects() {
         SealOptions {
             zstd: Some(1),
             key: Some(Key::from_bytes([6; 32])),
+            ..Default::default()
         },
     );
     assert!(matches!(wrong.record(1), Err(StoreError::WrongKey { .. })));
@@ -163,6 +166,7 @@ fn a_consuming_upload_frees_each_file_as_it_reads_it() {
         SealOptions {
             zstd: Some(1),
             key: Some(Key::from_bytes([9; 32])),
+            ..Default::default()
         },
     );
     let (src, files) = sample_dir();

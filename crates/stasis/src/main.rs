@@ -36,6 +36,19 @@ struct Cli {
     /// FILE (raw, 64 hex digits or base64); restore needs the same key.
     #[arg(long, global = true, value_name = "FILE")]
     encrypt_key_file: Option<PathBuf>,
+    /// With -D s3://...: encrypt each checkpoint written under a new data
+    /// key wrapped to this age recipient (age1..., repeatable): this host
+    /// then cannot read it back; restore needs --decrypt-identity.
+    #[arg(long, global = true, value_name = "age1...")]
+    encrypt_recipient: Vec<String>,
+    /// With -D s3://...: the age recipients in FILE (one a line, #
+    /// comments), as --encrypt-recipient (repeatable).
+    #[arg(long, global = true, value_name = "FILE")]
+    encrypt_recipients_file: Vec<PathBuf>,
+    /// With -D s3://...: an age identity file (AGE-SECRET-KEY-1... lines,
+    /// repeatable) that opens checkpoints written with --encrypt-recipient.
+    #[arg(long, global = true, value_name = "FILE")]
+    decrypt_identity: Vec<PathBuf>,
     /// With -D s3://...: a replica store (repeatable). A dump commits only
     /// once every replica (or --min-replicas of them) holds the checkpoint;
     /// restore and inspect read from the first store that has it.
@@ -220,7 +233,18 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<ExitCode> {
-    let seal = store::seal_options(cli.encrypt_key_file.as_deref(), cli.compress_level)?;
+    let seal = store::seal_options(
+        cli.encrypt_key_file.as_deref(),
+        (
+            &cli.encrypt_recipient,
+            &cli.encrypt_recipients_file,
+            &cli.decrypt_identity,
+        ),
+        cli.compress_level,
+    )?;
+    if matches!(cli.cmd, Cmd::Dump { .. } | Cmd::Run(_) | Cmd::Agent(_)) {
+        store::refuse_identity_alone(&seal)?;
+    }
     // An agent opens its replicas itself, once SIGTERM is blocked (a
     // store's client starts threads, which would take the signal).
     let agent = matches!(cli.cmd, Cmd::Agent(_));

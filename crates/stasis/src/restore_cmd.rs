@@ -104,22 +104,35 @@ pub fn start_filler(
 pub fn start_store_filler(
     dir: &Path,
     n: u32,
-    url: &str,
+    (url, others): (&str, &[String]),
     seal: &stasis_store::seal::SealOptions,
 ) -> Result<Filler> {
     let mut args = filler_args(dir, n, None, (4, 0), None, None);
-    from_store(&mut args, url, seal);
+    from_store(&mut args, (url, others), seal);
     spawn_filler(&args)
 }
 
-/// The filler reads its pages from the object store at `url`.
-fn from_store(args: &mut FillerArgs, url: &str, seal: &stasis_store::seal::SealOptions) {
+/// The filler reads its pages from the object store at `url`; the fault
+/// order it records goes there and to the stores `others` (the primary
+/// and replicas other than `url`) that hold the checkpoint.
+fn from_store(
+    args: &mut FillerArgs,
+    (url, others): (&str, &[String]),
+    seal: &stasis_store::seal::SealOptions,
+) {
     // The local copy is temporary: the fault order goes to the store.
     args.record_faults = false;
     args.extra.extend(["--store".into(), url.to_string()]);
+    for o in others.iter().filter(|o| *o != url) {
+        args.extra.extend(["--touch-copy".into(), o.clone()]);
+    }
     if let Some(k) = &seal.key {
         args.extra.push("--encrypt-key-file".into());
         args.extra.push(k.file.to_string_lossy().into_owned());
+    }
+    for f in seal.identities.iter().flat_map(|i| &i.files) {
+        args.extra.push("--decrypt-identity".into());
+        args.extra.push(f.to_string_lossy().into_owned());
     }
 }
 
@@ -187,6 +200,8 @@ pub fn cmd_restore(
     // checkpoints (sparse for a lazy restore: the filler reads the rest
     // from `lazy_store`), or a local mirror of the page server's.
     let mut lazy_store = None;
+    let mut lazy_store_copies = Vec::new();
+    let urls: Vec<String> = replicas.iter().map(|r| r.url.clone()).collect();
     let fetched = match a
         .dir
         .as_deref()
@@ -195,6 +210,9 @@ pub fn cmd_restore(
     {
         Some(Some(image)) => {
             if a.lazy {
+                let mut urls = urls;
+                urls.insert(0, image.url.clone());
+                lazy_store_copies = urls;
                 let (t, url) = crate::store::fetch_lazy(image, replicas, a.checkpoint)?;
                 lazy_store = Some(url);
                 Some(t)
@@ -231,7 +249,7 @@ pub fn cmd_restore(
             a.lazy_stats.clone(),
         );
         if let Some(url) = &lazy_store {
-            from_store(&mut args, url, &seal);
+            from_store(&mut args, (url, &lazy_store_copies), &seal);
         }
         Some(spawn_filler(&args)?)
     } else {
@@ -413,6 +431,10 @@ pub struct FillerCli {
     /// the packs of --dir (a sparse copy of its chain).
     #[arg(long, conflicts_with = "from")]
     store: Option<String>,
+    /// With --store: another store (a replica, or the primary) that also
+    /// gets the fault order if it holds the checkpoint (repeatable).
+    #[arg(long, requires = "store")]
+    touch_copy: Vec<String>,
     #[command(flatten)]
     transport: crate::page_server::TransportArgs,
 }
@@ -474,9 +496,10 @@ pub fn cmd_lazy_filler(a: FillerCli, seal: stasis_store::seal::SealOptions) -> R
         // From an object store: stored with the checkpoint there (the
         // local copy is temporary).
         (Some(ts), Some(url)) => {
-            if let Err(e) = crate::store::put_touch(url, seal, a.checkpoint, &ts) {
+            if let Err(e) = crate::store::put_touch(url, seal.clone(), a.checkpoint, &ts) {
                 eprintln!("stasis: warning: could not record the fault order: {e:#}");
             }
+            crate::store::put_touch_copies(&a.touch_copy, &seal, a.checkpoint, &ts);
         }
         (Some(ts), None) if a.record_faults => {
             if let Err(e) = stasis_image::touch::write_touch_set(&cp_dir, &ts) {

@@ -450,7 +450,10 @@ fn restore_from_store(s3: &S3Run, cp: u32, lazy: bool) -> Result<stasis_restore:
     })?;
     let filler = match &url {
         Some(url) => Some(crate::restore_cmd::start_store_filler(
-            &dir, cp, url, &s3.seal,
+            &dir,
+            cp,
+            (url, &s3.target.urls()),
+            &s3.seal,
         )?),
         None => None,
     };

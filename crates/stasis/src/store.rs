@@ -2,23 +2,45 @@
 //! `stasis-store` (a dump uploads from a staging directory before its
 //! commit; restore, inspect and gc work on downloaded copies).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result};
 use stasis_store::{Location, S3Image, Staging};
 
-/// Seal options from the global flags.
+/// Seal options from the global flags: the key file, and the age
+/// recipients, recipients files and identity files.
 pub fn seal_options(
     key_file: Option<&Path>,
+    (recipients, recipient_files, identities): (&[String], &[PathBuf], &[PathBuf]),
     level: i32,
 ) -> Result<stasis_store::seal::SealOptions> {
+    let age = !recipients.is_empty() || !recipient_files.is_empty() || !identities.is_empty();
+    if key_file.is_some() && age {
+        anyhow::bail!(
+            "--encrypt-key-file and age recipients or identities (--encrypt-recipient, --encrypt-recipients-file, --decrypt-identity) exclude each other: a store is encrypted one way"
+        );
+    }
     let key = key_file.map(stasis_store::Key::from_file).transpose()?;
     Ok(stasis_store::seal::SealOptions {
         zstd: (level != 0).then_some(level),
         key,
+        recipients: stasis_store::Recipients::from_args(recipients, recipient_files)?,
+        identities: stasis_store::Identities::from_files(identities)?,
+        ..Default::default()
     })
+}
+
+/// Refuses an identity without recipients for a command that writes: its
+/// checkpoints would be stored in the clear.
+pub fn refuse_identity_alone(seal: &stasis_store::seal::SealOptions) -> Result<()> {
+    if seal.identities.is_some() && seal.recipients.is_none() {
+        anyhow::bail!(
+            "--decrypt-identity opens checkpoints but does not encrypt them: give --encrypt-recipient (or --encrypt-recipients-file) for the checkpoints this command writes"
+        );
+    }
+    Ok(())
 }
 
 /// Refuses the object-store flags for a local image directory (an image
@@ -31,6 +53,12 @@ pub fn refuse_for_local(
     if seal.key.is_some() {
         anyhow::bail!(
             "--encrypt-key-file applies to s3:// stores; {} is a local image directory, which is not encrypted",
+            dir.display()
+        );
+    }
+    if seal.recipients.is_some() || seal.identities.is_some() {
+        anyhow::bail!(
+            "--encrypt-recipient, --encrypt-recipients-file and --decrypt-identity apply to s3:// stores; {} is a local image directory, which is not encrypted",
             dir.display()
         );
     }
@@ -99,6 +127,11 @@ impl Target {
         &self.stores[0].url
     }
 
+    /// The URLs of the store and its replicas.
+    pub fn urls(&self) -> Vec<String> {
+        self.stores.iter().map(|s| s.url.clone()).collect()
+    }
+
     /// The staging image directory.
     pub fn staging_dir(&self) -> &Path {
         self.staging.dir()
@@ -106,7 +139,7 @@ impl Target {
 
     /// Whether the store is encrypted (nothing stays in staging).
     pub fn encrypted(&self) -> bool {
-        self.stores[0].seal.key.is_some()
+        self.stores[0].seal.encrypts()
     }
 
     /// Before each dump: empties the staging directory unless its latest
@@ -174,11 +207,26 @@ impl Target {
     }
 
     /// Stores touch set `ts` with the committed checkpoint `n` of the
-    /// store (not of the replicas).
-    pub fn put_touch(&self, n: u32, ts: &stasis_image::touch::TouchSet) -> Result<()> {
-        self.stores[0]
-            .put_touch(n, ts.source.file_name(), &ts.encode())
-            .with_context(|| format!("storing the touch set of checkpoint {n} in {}", self.url()))
+    /// store, then of each replica that holds it: best effort there (the
+    /// checkpoint is committed already), a failure is a warning. Returns
+    /// the replicas that hold it now.
+    pub fn put_touch(&self, n: u32, ts: &stasis_image::touch::TouchSet) -> Result<Vec<String>> {
+        let bytes = ts.encode();
+        let name = ts.source.file_name();
+        self.stores[0].put_touch(n, name, &bytes).with_context(|| {
+            format!("storing the touch set of checkpoint {n} in {}", self.url())
+        })?;
+        let mut held = Vec::new();
+        for r in &self.stores[1..] {
+            match r.put_touch(n, name, &bytes) {
+                Ok(()) => held.push(r.url.clone()),
+                Err(e) => eprintln!(
+                    "stasis: warning: the {name} of checkpoint {n} is not in replica {}: {e}",
+                    r.url
+                ),
+            }
+        }
+        Ok(held)
     }
 
     /// The latest checkpoint committed in the store (else in the first
@@ -300,8 +348,12 @@ pub fn dump(
         let n = target
             .remote_number(local)
             .context("the checkpoint of the touch set is not in the store")?;
-        target.put_touch(n, ts)?;
-        Ok(format!("stored with checkpoint {n} of {}", target.url()))
+        let replicas = target.put_touch(n, ts)?;
+        let mut line = format!("stored with checkpoint {n} of {}", target.url());
+        for r in replicas {
+            line.push_str(&format!(" and of replica {r}"));
+        }
+        Ok(line)
     };
     let r = dump_into(target.staging_dir(), hook.clone(), &sink);
     let committed = hook.committed();
@@ -450,6 +502,32 @@ pub fn put_touch(
                 ts.source.file_name()
             )
         })
+}
+
+/// Stores touch set `ts` with checkpoint `n` of each store of `urls`
+/// that holds it (the other copies of the store a lazy restore read
+/// from): best effort, a failure is a warning.
+pub fn put_touch_copies(
+    urls: &[String],
+    seal: &stasis_store::seal::SealOptions,
+    n: u32,
+    ts: &stasis_image::touch::TouchSet,
+) {
+    for url in urls {
+        let r = match Location::parse(url) {
+            Ok(loc @ Location::S3 { .. }) => S3Image::open(&loc, seal.clone()),
+            Ok(Location::Dir(_)) => continue,
+            Err(e) => Err(e),
+        }
+        .and_then(|image| image.put_touch(n, ts.source.file_name(), &ts.encode()));
+        match r {
+            Ok(()) | Err(stasis_store::StoreError::NoSuchCheckpoint { .. }) => {}
+            Err(e) => eprintln!(
+                "stasis: warning: the {} of checkpoint {n} is not in {url}: {e}",
+                ts.source.file_name()
+            ),
+        }
+    }
 }
 
 /// The pages of a lazy restore read from an object store (ranged reads of

@@ -309,7 +309,7 @@ impl Storage for S3Agent {
         let mut v = serde_json::to_value(&up).unwrap_or_default();
         if let Some(m) = v.as_object_mut() {
             m.insert("url".into(), image.url.clone().into());
-            m.insert("encrypted".into(), self.seal.key.is_some().into());
+            m.insert("encrypted".into(), self.seal.encrypts().into());
             if !replicas.is_empty() {
                 m.insert("replicas".into(), lines.into());
             }
@@ -327,7 +327,7 @@ impl Storage for S3Agent {
         let r = if !committed {
             staging.unstage();
             Ok(())
-        } else if self.seal.key.is_some() {
+        } else if self.seal.encrypts() {
             // An encrypted store's plaintext does not stay on local disk.
             staging.clear().map(|()| {
                 let _ = stasis_track::state::clear(staging.dir());
@@ -359,6 +359,10 @@ impl Storage for S3Agent {
             if let Some(k) = &self.seal.key {
                 filler_args.push("--encrypt-key-file".into());
                 filler_args.push(k.file.to_string_lossy().into_owned());
+            }
+            for f in self.seal.identities.iter().flat_map(|i| &i.files) {
+                filler_args.push("--decrypt-identity".into());
+                filler_args.push(f.to_string_lossy().into_owned());
             }
             t
         } else {

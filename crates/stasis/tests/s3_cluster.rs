@@ -366,6 +366,76 @@ fn mesh_over_two_hosts_checkpointed_into_an_object_store_and_restored_from_it() 
     job.finish();
 }
 
+/// Agents writing to an age recipient (`--encrypt-recipient`) and given
+/// the identity for restores: each tree's record wraps its data key, no
+/// host keeps the plaintext of a committed round, and `cluster restore
+/// --lazy` reads it back (the page fillers get the identity); every byte
+/// in flight is delivered once.
+#[test]
+fn agents_writing_to_an_age_recipient_restore_lazily_with_the_identity() {
+    let d = tempfile::tempdir().unwrap();
+    let (secret, recipient) = stasis_store::generate_identity();
+    let id = d.path().join("identity");
+    std::fs::write(&id, format!("{secret}\n")).unwrap();
+    let id = id.display().to_string();
+    let mut job = Job::start(
+        "s3g",
+        &["--encrypt-recipient", &recipient, "--decrypt-identity", &id],
+        &[],
+    );
+    let r = job.dump(&["--leave-running"]);
+    assert_eq!(stored(&r), vec![1; HOSTS], "{r}");
+    for i in 0..HOSTS {
+        let record = std::fs::read_to_string(job.tree_store(i).join("commits/00000001")).unwrap();
+        let record: serde_json::Value = serde_json::from_str(&record).unwrap();
+        assert!(
+            record["wrapped_key"]
+                .as_str()
+                .is_some_and(|w| w.starts_with("-----BEGIN AGE ENCRYPTED FILE-----")),
+            "host {i}: {record}"
+        );
+        assert_eq!(
+            checkpoints_under(&job.local(i)),
+            Vec::<PathBuf>::new(),
+            "host {i}"
+        );
+    }
+    job.wait_traffic(1 << 20);
+    job.kill_all();
+    let r = job.restore(&["--lazy"]);
+    assert_eq!(r["round"], 1, "{r}");
+    job.wait_traffic(4 << 20);
+    job.finish();
+}
+
+/// Agents given a recipient only (the hosts hold no identity): rounds
+/// commit, each numbered from the rounds the agent reads back (its
+/// `cut.json`s, under the data keys it made); an agent started again
+/// holds none of those keys, so the next `cluster dump` fails saying to
+/// give it the identity, and the job runs on.
+#[test]
+fn agents_with_a_recipient_only_need_the_identity_once_restarted() {
+    let (_secret, recipient) = stasis_store::generate_identity();
+    let mut job = Job::start("s3r", &["--encrypt-recipient", &recipient], &[]);
+    let r = job.dump(&["--leave-running"]);
+    assert_eq!(stored(&r), vec![1; HOSTS], "{r}");
+    job.wait_traffic(1 << 20);
+    let r = job.dump(&["--leave-running"]);
+    assert_eq!(r["round"], 2, "{r}");
+    assert_eq!(stored(&r), vec![2; HOSTS], "{r}");
+    job.agents[0].stop();
+    job.agents[0] = job.start_agent(0, &[]);
+    let o = job.cluster(
+        &["dump", "--job", "mesh", "--leave-running"],
+        &job.targets(),
+    );
+    assert_fails_with(&o, "--decrypt-identity");
+    for n in &job.nodes {
+        assert!(alive(n.pid), "node {} died", n.pid);
+    }
+    job.kill_all();
+}
+
 /// Encrypted store. The coordinator dies once every host is released
 /// (`die-in-cluster-round:3`): each agent has written and uploaded its
 /// checkpoint, and voted, but no decision comes. The round aborts: its

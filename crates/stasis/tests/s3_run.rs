@@ -20,6 +20,14 @@ fn key_file(dir: &std::path::Path, byte: u8) -> std::path::PathBuf {
     p
 }
 
+/// An age identity file of a new identity, and its recipient.
+fn age_identity(dir: &std::path::Path) -> (std::path::PathBuf, String) {
+    let (secret, recipient) = stasis_store::generate_identity();
+    let p = dir.join("age-identity");
+    std::fs::write(&p, format!("{secret}\n")).unwrap();
+    (p, recipient)
+}
+
 fn numbers(cps: &[serde_json::Value]) -> Vec<u64> {
     cps.iter().map(|c| c["number"].as_u64().unwrap()).collect()
 }
@@ -187,6 +195,48 @@ fn run_encrypted_restarts_lazily_from_the_store() {
     assert_fails_with(&o, "give the key with --encrypt-key-file");
 }
 
+/// The same with age recipients: `run` writes each checkpoint to a
+/// recipient (and its touch sets, under keys it made) and restarts with
+/// the identity, lazily; without the identity nothing is readable.
+#[test]
+fn run_to_a_recipient_restarts_lazily_with_the_identity() {
+    let srv = S3Server::start();
+    let url = srv.url("run-age");
+    let keys = tempfile::tempdir().unwrap();
+    let (id, recipient) = age_identity(keys.path());
+    let id = id.to_str().unwrap();
+    let read = ["--decrypt-identity", id];
+    let events = run_crash_restart(
+        &srv,
+        &url,
+        &[
+            "--encrypt-recipient",
+            &recipient,
+            "--decrypt-identity",
+            id,
+            "--lazy-restart",
+            "--touch-window",
+            "0.1",
+        ],
+    );
+    check_run_events(&srv, &url, &events, &read);
+    let restored = events.iter().find(|e| e["event"] == "restored").unwrap();
+    assert!(restored["lazy_bytes"].as_u64().unwrap() > 0, "{restored}");
+    let touch: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["event"] == "touch_set")
+        .collect();
+    assert!(!touch.is_empty(), "no touch set recorded");
+    let listed = inspect_json(&srv, &url, &read);
+    for t in touch {
+        let n = t["checkpoint"].as_u64().unwrap();
+        let c = listed.iter().find(|c| c["number"] == n).unwrap();
+        assert_eq!(c["touch_window"]["pages"], t["pages"], "{t}: {c}");
+    }
+    let o = srv.stasis().args(["inspect", "-D", &url]).output().unwrap();
+    assert_fails_with(&o, "give an identity file with --decrypt-identity");
+}
+
 /// Wrong credentials, a missing bucket, a server that is down: `run` and
 /// `page-server` refuse at once, saying what to check, and start nothing.
 #[test]
@@ -309,9 +359,16 @@ fn page_server_serves_a_checkpoint_of_the_store() {
     std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let key = key_file(d.path(), 3);
     let k = key.to_str().unwrap();
+    let (id, recipient) = age_identity(d.path());
+    let id = id.to_str().unwrap();
     for (name, extra) in [
         ("ps-plain", &[][..]),
         ("ps-sealed", &["--encrypt-key-file", k][..]),
+        // Dumped to a recipient; the page server reads with the identity.
+        (
+            "ps-age",
+            &["--encrypt-recipient", &recipient, "--decrypt-identity", id][..],
+        ),
     ] {
         let url = srv.url(name);
         let mut w = Workload::start("heap", &["64"]);
@@ -604,4 +661,82 @@ fn run_commits_in_the_replica_too() {
         numbers(&inspect_json(&srv, &rurl, &[])),
         numbers(&inspect_json(&srv, &url, &[]))
     );
+}
+
+/// With `--replica`, a touch set goes to the replica that holds its
+/// checkpoint too: `dump --touch-window --replica` stores it in both, and
+/// `inspect` of the replica shows it; with the primary's server stopped,
+/// `restore --lazy --replica` reads the replica, whose touch set its
+/// filler is given (`touch_pages`) and where it stores its fault order
+/// (the primary being down makes a warning only); the process passes.
+#[test]
+fn touch_sets_go_to_the_replicas() {
+    let mut a = S3Server::start();
+    let b = S3Server::start();
+    let url = a.url("tprim");
+    let rurl = format!("s3+http://127.0.0.1:{}/{BUCKET}/trepl", b.port);
+    let mut w = Workload::start("heap", &["32"]);
+    let o = a.dump(
+        &w,
+        &url,
+        &[
+            "--leave-running",
+            "--touch-window",
+            "0.5",
+            "--json",
+            "--replica",
+            &rurl,
+        ],
+    );
+    let text = ok(&o, "dump --touch-window --replica");
+    let touch: serde_json::Value = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v.get("touch_pages").is_some())
+        .unwrap_or_else(|| panic!("no touch set: {text}"));
+    let pages = touch["touch_pages"].as_u64().unwrap();
+    assert!(pages > 0, "{touch}");
+    assert!(
+        touch["touch_stored"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("and of replica {rurl}")),
+        "{touch}"
+    );
+    let replica_set = b.bucket_dir().join("trepl/touch/00000001/touch-window");
+    assert!(replica_set.exists(), "{}", replica_set.display());
+    let listed = inspect_json(&a, &rurl, &[]);
+    assert_eq!(listed[0]["touch_window"]["pages"], pages, "{listed:?}");
+    let tree = descendants(w.pid);
+    ok(&a.dump(&w, &url, &["--replica", &rurl]), "dump 2");
+    assert_eq!(w.reap(), (None, Some(libc::SIGKILL)));
+    for p in tree {
+        reap_if_ours(p);
+    }
+    a.kill();
+    let stats = w.dir.path().join("lazy-stats.json");
+    let o = a.restore(
+        &url,
+        &[
+            "--lazy",
+            "--checkpoint",
+            "1",
+            "--replica",
+            &rurl,
+            "--lazy-bandwidth",
+            "16M",
+            "--lazy-stats",
+            stats.to_str().unwrap(),
+        ],
+    );
+    ok(&o, "restore --lazy from the replica");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains(&format!("read from replica {rurl}")), "{err}");
+    let st = wait_json_file(&stats, Duration::from_secs(120));
+    assert!(st.get("error").is_none(), "{st}");
+    assert_eq!(st["touch_pages"], pages, "{st}");
+    assert!(st["faults"].as_u64().unwrap() >= 1, "{st}");
+    let faults = replica_set.with_file_name("touch-faults");
+    assert!(faults.exists(), "{}", faults.display());
+    w.finish_pass();
 }
