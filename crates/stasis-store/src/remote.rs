@@ -287,12 +287,12 @@ impl Bucket {
         })
     }
 
-    /// Lists the objects under `prefix`.
+    /// Lists the objects under `prefix` (empty: the whole bucket).
     pub fn list(&self, prefix: &str) -> Result<Vec<Listed>, StoreError> {
-        let p = ObjPath::from(prefix);
+        let p = (!prefix.is_empty()).then(|| ObjPath::from(prefix));
         let v: Vec<object_store::ObjectMeta> = self
             .rt
-            .block_on(self.store.list(Some(&p)).try_collect())
+            .block_on(self.store.list(p.as_ref()).try_collect())
             .map_err(|e| self.error("listing", prefix, e))?;
         Ok(v.into_iter()
             .map(|m| Listed {
