@@ -32,7 +32,11 @@ use crate::record::{FileRecord, Record, CHUNK_BYTES, RECORD_FORMAT, ZERO_CHUNK};
 use crate::remote::Bucket;
 use crate::seal::{self, OpenError, SealOptions};
 use crate::{Key, Location, StoreError};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Threads that open and write the chunks of a download.
+const OPENERS: usize = 2;
 
 /// A checkpoint repository in a bucket.
 pub struct S3Image {
@@ -591,13 +595,51 @@ impl S3Image {
             .collect();
         let spans = f.spans();
         let mut stored = 0;
-        self.bucket.get_many(keys, |k, bytes| {
-            let i = wanted[k];
-            let plain = self.open_chunk(r, f, i, bytes)?;
-            stored += bytes.len() as u64;
-            file.write_all_at(&plain, spans[i].0)
-                .map_err(StoreError::local("write", Path::new(&f.name)))
-        })?;
+        // Chunks are opened (decompressed, unsealed, hashed) and written by
+        // OPENERS threads while the next ones download.
+        let failed = AtomicBool::new(false);
+        let error: Mutex<Option<StoreError>> = Mutex::new(None);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, bytes::Bytes)>(OPENERS);
+        let rx = Mutex::new(rx);
+        let got = std::thread::scope(|s| {
+            for _ in 0..OPENERS {
+                s.spawn(|| loop {
+                    let next = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                    let Ok((k, bytes)) = next else { return };
+                    if failed.load(Ordering::Relaxed) {
+                        continue;
+                    }
+                    let i = wanted[k];
+                    let done = self.open_chunk(r, f, i, &bytes).and_then(|plain| {
+                        file.write_all_at(&plain, spans[i].0)
+                            .map_err(StoreError::local("write", Path::new(&f.name)))
+                    });
+                    if let Err(e) = done {
+                        let mut slot = error.lock().unwrap_or_else(|e| e.into_inner());
+                        slot.get_or_insert(e);
+                        failed.store(true, Ordering::Relaxed);
+                    }
+                });
+            }
+            let tx = tx;
+            self.bucket.get_many(keys, |k, bytes| {
+                if failed.load(Ordering::Relaxed) {
+                    // Replaced by the opener's error below.
+                    return Err(StoreError::Empty {
+                        url: self.url.clone(),
+                    });
+                }
+                stored += bytes.len() as u64;
+                tx.send((k, bytes)).map_err(|_| StoreError::Empty {
+                    url: self.url.clone(),
+                })
+            })
+            // (tx dropped: the openers finish the chunks sent, then end.)
+        });
+        if let Some(e) = error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            return Err(e);
+        }
+        got?;
         Ok(stored)
     }
 
