@@ -143,3 +143,51 @@ fn trees_share_one_chunk_root_and_gc_keeps_what_any_tree_needs() {
     assert_restorable(&b, 1, b"b1", &files);
     assert_restorable(&l, 2, b"l2", &files);
 }
+
+/// A download whose first chunk is damaged, or missing, fails with that
+/// chunk's error (the threads that open chunks stop taking new work, the
+/// GETs stop), also when many chunks follow it.
+#[test]
+fn a_damaged_or_missing_chunk_fails_the_download() {
+    let srv = Server::start();
+    let img = srv.image("dmg", zstd());
+    let (src, files) = random_dir(24);
+    img.upload(src.path(), (1, None), b"m".to_vec(), &[])
+        .unwrap();
+    assert_restorable(&img, 1, b"m", &files);
+    let r = record(&srv, "dmg", 1);
+    let pack = r["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "pages-1.pack")
+        .unwrap();
+    let ids: Vec<&str> = pack["chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 24);
+    let first = srv.object("dmg", &format!("chunks/{}", ids[0]));
+    let mut bytes = std::fs::read(&first).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&first, &bytes).unwrap();
+    let dest = tempfile::tempdir().unwrap();
+    let e = img
+        .download_chain(Some(1), &dest.path().join("a"))
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("damaged") && e.to_string().contains(ids[0]),
+        "{e}"
+    );
+    std::fs::remove_file(&first).unwrap();
+    let e = img
+        .download_chain(Some(1), &dest.path().join("b"))
+        .unwrap_err();
+    assert!(
+        matches!(e, stasis_store::StoreError::Missing { .. }),
+        "{e:?}"
+    );
+}
