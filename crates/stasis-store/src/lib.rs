@@ -27,7 +27,7 @@ mod staging;
 mod touch;
 
 pub use error::StoreError;
-pub use gc::{gc, GcReport, Swept, SWEEP_AGE_S};
+pub use gc::{gc, gc_under, GcReport, Swept, SWEEP_AGE_S};
 pub use key::{parse_key, Key};
 pub use location::Location;
 pub use recipients::{generate_identity, DataKeys, Identities, Recipients};

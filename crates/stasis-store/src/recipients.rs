@@ -318,7 +318,8 @@ impl S3Image {
     /// [`upload_data`](Self::upload_data) of a checkpoint that replaces
     /// `like` (gc's merge): under the same data key as `like` if it has a
     /// wrapped one (so the merge needs an identity only, no recipients),
-    /// else as a new checkpoint.
+    /// else as a new checkpoint; into the chunks `like`'s record used
+    /// (shared or the store's own).
     pub fn upload_data_replacing(
         &self,
         like: &Record,
@@ -330,7 +331,8 @@ impl S3Image {
             Some(w) => (self.record_key(like)?, Some(w.clone())),
             None => self.new_checkpoint_key()?,
         };
-        self.upload_data_with(src, checkpoint, manifest, &[], (false, ck))
+        let up = like.chunks_up.unwrap_or(0);
+        self.upload_data_with(src, checkpoint, manifest, &[], (false, ck, up))
     }
 
     /// The key `encode` is to MAC a record with (none for a wrapped one:

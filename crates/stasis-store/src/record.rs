@@ -7,9 +7,12 @@ use serde::{Deserialize, Serialize};
 use crate::Key;
 
 /// Version of the record format: 1, chunks of [`CHUNK_BYTES`]; 2, a
-/// file may list the lengths of its chunks (`lens`). A record is written
-/// as version 1 when no file lists them, so older readers still read it.
-pub const RECORD_FORMAT: u32 = 2;
+/// file may list the lengths of its chunks (`lens`); 3, the chunks are in
+/// a store's ancestor (`chunks_up`). A record is written in the oldest
+/// format that holds it, so older readers still read what they can.
+pub const RECORD_FORMAT: u32 = 3;
+/// Most levels a record's chunks may be above its store (`chunks_up`).
+pub const MAX_CHUNKS_UP: u32 = 64;
 /// Largest commit record read.
 pub const MAX_RECORD_BYTES: usize = 64 << 20;
 /// Plain bytes per chunk of a file (the last one of a file is shorter).
@@ -31,6 +34,11 @@ pub struct Record {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wrapped_key: Option<String>,
     pub files: Vec<FileRecord>,
+    /// Format 3: the chunks are in `chunks/` of the prefix this many
+    /// levels above the store's (shared by every store below it: the trees
+    /// of a cluster agent's store); absent: in the store's own `chunks/`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunks_up: Option<u32>,
     /// With a key: BLAKE3 keyed hash of this record with `mac` empty (hex).
     #[serde(default)]
     pub mac: String,
@@ -132,8 +140,13 @@ impl Record {
     /// keeps the MAC set when it was made (by whoever held its data key)
     /// when `key` is `None`.
     pub fn encode(&mut self, key: Option<&Key>) -> Vec<u8> {
-        self.format = if self.files.iter().any(|f| !f.lens.is_empty()) {
-            RECORD_FORMAT
+        if self.chunks_up == Some(0) {
+            self.chunks_up = None;
+        }
+        self.format = if self.chunks_up.is_some() {
+            3
+        } else if self.files.iter().any(|f| !f.lens.is_empty()) {
+            2
         } else {
             1
         };
@@ -165,6 +178,9 @@ impl Record {
         }
         if r.parent.is_some_and(|p| p >= checkpoint) {
             return Err("its parent is not older than it".into());
+        }
+        if r.chunks_up.is_some_and(|u| u == 0 || u > MAX_CHUNKS_UP) {
+            return Err(format!("bad chunks_up {:?}", r.chunks_up));
         }
         for f in &r.files {
             if !stasis_image::is_plain_name(&f.name) {

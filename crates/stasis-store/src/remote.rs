@@ -274,39 +274,44 @@ impl Bucket {
     }
 
     /// Reads `keys`, `IN_FLIGHT` at a time, handing each to `each` (on
-    /// this thread) in the order given.
+    /// this thread) in the order given. Each GET runs as a task of the
+    /// runtime, so the bodies in flight keep arriving while `each` works
+    /// on an earlier one.
     pub fn get_many(
         &self,
         keys: Vec<String>,
-        mut each: impl FnMut(usize, &[u8]) -> Result<(), StoreError>,
+        mut each: impl FnMut(usize, Bytes) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
         let store = Arc::clone(&self.store);
+        let rt = self.rt.handle().clone();
         let fut = futures::stream::iter(keys.into_iter().map(move |key| {
             let store = Arc::clone(&store);
-            async move {
+            rt.spawn(async move {
                 let r =
                     async { store.get(&ObjPath::from(key.as_str())).await?.bytes().await }.await;
                 (key, r)
-            }
+            })
         }))
         .buffered(IN_FLIGHT)
         .enumerate();
         self.rt.block_on(async {
             futures::pin_mut!(fut);
-            while let Some((i, (key, r))) = fut.next().await {
+            while let Some((i, joined)) = fut.next().await {
+                let (key, r) =
+                    joined.map_err(|e| self.error("reading", "?", object_store::Error::from(e)))?;
                 let data = r.map_err(|e| self.error("reading", &key, e))?;
-                each(i, &data)?;
+                each(i, data)?;
             }
             Ok(())
         })
     }
 
-    /// Lists the objects under `prefix`.
+    /// Lists the objects under `prefix` (empty: the whole bucket).
     pub fn list(&self, prefix: &str) -> Result<Vec<Listed>, StoreError> {
-        let p = ObjPath::from(prefix);
+        let p = (!prefix.is_empty()).then(|| ObjPath::from(prefix));
         let v: Vec<object_store::ObjectMeta> = self
             .rt
-            .block_on(self.store.list(Some(&p)).try_collect())
+            .block_on(self.store.list(p.as_ref()).try_collect())
             .map_err(|e| self.error("listing", prefix, e))?;
         Ok(v.into_iter()
             .map(|m| Listed {

@@ -2,14 +2,22 @@
 //!
 //! ```text
 //! PREFIX/commits/NNNNNNNN   commit record (JSON), created with If-None-Match: *
-//! PREFIX/chunks/ID          a chunk of up to 1 MiB of some file, named by the
+//! ROOT/chunks/ID            a chunk of up to 1 MiB of some file, named by the
 //!                           (keyed) BLAKE3 of its plain bytes: shared by every
-//!                           checkpoint, process and job of the store that holds
-//!                           the same bytes; chunks of zeros are stored as nothing
+//!                           checkpoint, process and job of the stores under ROOT
+//!                           that hold the same bytes; chunks of zeros are stored
+//!                           as nothing
 //! ```
+//! ROOT is PREFIX itself, or (a record's `chunks_up`, format 3) the prefix
+//! that many levels above it: a cluster agent's trees
+//! (`ROOT/HOST/jobs/JOB/PID/`) share `ROOT/chunks/`. Each record says where
+//! its chunks are, so a store written before chunks were shared (its own
+//! `chunks/`) still reads.
+//!
 //! A checkpoint exists once its commit record does. A chunk no record
 //! names (an upload that died, a deleted checkpoint's) is never read, and
-//! gc removes it once it is old enough (see `gc.rs`).
+//! gc removes it once it is old enough and no record of any store under
+//! its root names it (see `gc.rs`).
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, DirBuilder, File, OpenOptions};
@@ -24,11 +32,19 @@ use crate::record::{FileRecord, Record, CHUNK_BYTES, RECORD_FORMAT, ZERO_CHUNK};
 use crate::remote::Bucket;
 use crate::seal::{self, OpenError, SealOptions};
 use crate::{Key, Location, StoreError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Threads that open and write the chunks of a download.
+const OPENERS: usize = 2;
 
 /// A checkpoint repository in a bucket.
 pub struct S3Image {
-    pub bucket: Bucket,
+    pub bucket: Arc<Bucket>,
     prefix: String,
+    /// Where this store's uploads put their chunks: `chunks/` of the
+    /// prefix this many levels above `prefix` (0: its own).
+    chunks_up: u32,
     pub url: String,
     pub seal: SealOptions,
 }
@@ -87,11 +103,72 @@ impl S3Image {
             });
         };
         Ok(S3Image {
-            bucket: Bucket::with_config(bucket, &with_endpoint(cfg, endpoint.as_deref()))?,
+            bucket: Arc::new(Bucket::with_config(
+                bucket,
+                &with_endpoint(cfg, endpoint.as_deref()),
+            )?),
             prefix: prefix.clone(),
+            chunks_up: 0,
             url: loc.display(),
             seal,
         })
+    }
+
+    /// This store's uploads put their chunks in `chunks/` of the prefix
+    /// `up` levels above its own (shared with every store below that
+    /// prefix); its records say so (format 3). `up` 0: its own `chunks/`.
+    pub fn share_chunks(mut self, up: u32) -> Result<S3Image, StoreError> {
+        if up > crate::record::MAX_CHUNKS_UP || ancestor(&self.prefix, up).is_none() {
+            return Err(StoreError::BadUrl {
+                url: self.url.clone(),
+                reason: format!("its prefix has fewer than {up} levels for shared chunks"),
+            });
+        }
+        self.chunks_up = up;
+        Ok(self)
+    }
+
+    /// The store at `prefix` (empty, or ending in `/`) of the same bucket,
+    /// client and key, with its own chunks.
+    pub fn sibling(&self, prefix: &str) -> S3Image {
+        let base = self
+            .url
+            .strip_suffix(self.prefix.trim_end_matches('/'))
+            .unwrap_or(&self.url)
+            .trim_end_matches('/');
+        S3Image {
+            bucket: Arc::clone(&self.bucket),
+            prefix: prefix.to_string(),
+            chunks_up: 0,
+            url: format!("{base}/{}", prefix.trim_end_matches('/')),
+            seal: self.seal.clone(),
+        }
+    }
+
+    /// How many levels above its prefix this store's uploads put chunks.
+    pub fn chunks_up(&self) -> u32 {
+        self.chunks_up
+    }
+
+    /// The prefix whose `chunks/` holds the chunks of record `r` of this
+    /// store (its own prefix, or the ancestor the record names).
+    pub fn chunk_root(&self, r: &Record) -> Result<String, StoreError> {
+        ancestor(&self.prefix, r.chunks_up.unwrap_or(0)).ok_or_else(|| StoreError::BadRecord {
+            url: self.url.clone(),
+            key: self.commit_key(r.checkpoint),
+            reason: format!(
+                "its chunks are {} levels above a store {} deep",
+                r.chunks_up.unwrap_or(0),
+                self.prefix.split('/').filter(|c| !c.is_empty()).count()
+            ),
+        })
+    }
+
+    /// The object key of chunk `id` of record `r`.
+    fn chunk_key(&self, r: &Record, id: &str) -> String {
+        let root =
+            ancestor(&self.prefix, r.chunks_up.unwrap_or(0)).unwrap_or_else(|| self.prefix.clone());
+        format!("{root}chunks/{id}")
     }
 
     /// The full key of `rel` (a key relative to the prefix).
@@ -140,6 +217,7 @@ impl S3Image {
             key: key.clone(),
             reason,
         })?;
+        self.chunk_root(&r)?;
         if r.wrapped_key.is_some() {
             return self.check_wrapped(r);
         }
@@ -191,7 +269,8 @@ impl S3Image {
         skip: &[&str],
     ) -> Result<Uploaded, StoreError> {
         let ck = self.new_checkpoint_key()?;
-        let data = self.upload_data_with(src, checkpoint, manifest, skip, (true, ck))?;
+        let data =
+            self.upload_data_with(src, checkpoint, manifest, skip, (true, ck, self.chunks_up))?;
         self.commit(data)
     }
 
@@ -250,7 +329,13 @@ impl S3Image {
         skip: &[&str],
     ) -> Result<(Record, Uploaded), StoreError> {
         let ck = self.new_checkpoint_key()?;
-        self.upload_data_with(src, (n, parent), manifest, skip, (false, ck))
+        self.upload_data_with(
+            src,
+            (n, parent),
+            manifest,
+            skip,
+            (false, ck, self.chunks_up),
+        )
     }
 
     pub(crate) fn upload_data_with(
@@ -259,9 +344,13 @@ impl S3Image {
         (n, parent): (u32, Option<u32>),
         manifest: Vec<u8>,
         skip: &[&str],
-        (consume, (key, wrapped_key)): (bool, (Option<Key>, Option<String>)),
+        (consume, (key, wrapped_key), up): (bool, (Option<Key>, Option<String>), u32),
     ) -> Result<(Record, Uploaded), StoreError> {
         let seal = self.seal.with_key(key);
+        let root = ancestor(&self.prefix, up).ok_or_else(|| StoreError::BadUrl {
+            url: self.url.clone(),
+            reason: format!("its prefix has fewer than {up} levels for shared chunks"),
+        })?;
         let mut names: Vec<String> = fs::read_dir(src)
             .map_err(StoreError::local("list", src))?
             .filter_map(|e| e.ok())
@@ -270,9 +359,9 @@ impl S3Image {
             .filter(|n| n != stasis_image::MANIFEST_NAME && !skip.contains(&n.as_str()))
             .collect();
         names.sort();
-        let mut known = self.chunks()?;
+        let mut known = self.chunks_at(&root)?;
         let mut files = Vec::new();
-        let mut up = Uploaded {
+        let mut uploaded = Uploaded {
             checkpoint: n,
             ..Default::default()
         };
@@ -286,7 +375,7 @@ impl S3Image {
             sources.push((name, Source::File(path, consume)));
         }
         for (name, source) in sources {
-            let f = self.upload_file(&name, source, &seal, &mut known, &mut up)?;
+            let f = self.upload_file(&name, source, &seal, (&root, &mut known), &mut uploaded)?;
             files.push(f);
         }
         let mut record = Record {
@@ -300,6 +389,7 @@ impl S3Image {
             key_id: seal.key.as_ref().map(Key::id),
             wrapped_key,
             files,
+            chunks_up: (up > 0).then_some(up),
             mac: String::new(),
         };
         if record.wrapped_key.is_some() {
@@ -308,7 +398,7 @@ impl S3Image {
             // identity to unwrap it.
             record.encode(seal.key.as_ref());
         }
-        Ok((record, up))
+        Ok((record, uploaded))
     }
 
     fn upload_file(
@@ -316,7 +406,7 @@ impl S3Image {
         name: &str,
         source: Source,
         seal: &SealOptions,
-        known: &mut HashMap<String, i64>,
+        (root, known): (&str, &mut HashMap<String, i64>),
         up: &mut Uploaded,
     ) -> Result<FileRecord, StoreError> {
         let path = match &source {
@@ -352,7 +442,7 @@ impl S3Image {
             let stored = seal::seal(&buf, &key, seal);
             up.stored_bytes += stored.len() as u64;
             up.objects += 1;
-            return Ok(Some((format!("{}{key}", self.prefix), stored)));
+            return Ok(Some((format!("{root}{key}"), stored)));
         })?;
         let lens = if crate::chunking::is_fixed(&spans, size) {
             Vec::new()
@@ -367,9 +457,16 @@ impl S3Image {
         })
     }
 
-    /// The chunks in the store: id -> last modified (Unix seconds).
+    /// The chunks where this store's uploads put them: id -> last
+    /// modified (Unix seconds).
     pub fn chunks(&self) -> Result<HashMap<String, i64>, StoreError> {
-        let dir = format!("{}chunks/", self.prefix);
+        let root = ancestor(&self.prefix, self.chunks_up).unwrap_or_else(|| self.prefix.clone());
+        self.chunks_at(&root)
+    }
+
+    /// The chunks in `ROOT/chunks/`: id -> last modified (Unix seconds).
+    fn chunks_at(&self, root: &str) -> Result<HashMap<String, i64>, StoreError> {
+        let dir = format!("{root}chunks/");
         Ok(self
             .bucket
             .list(&dir)?
@@ -492,17 +589,55 @@ impl S3Image {
             .collect();
         let keys: Vec<String> = wanted
             .iter()
-            .map(|&i| format!("{}chunks/{}", self.prefix, f.chunks[i]))
+            .map(|&i| self.chunk_key(r, &f.chunks[i]))
             .collect();
         let spans = f.spans();
         let mut stored = 0;
-        self.bucket.get_many(keys, |k, bytes| {
-            let i = wanted[k];
-            let plain = self.open_chunk(r, f, i, bytes)?;
-            stored += bytes.len() as u64;
-            file.write_all_at(&plain, spans[i].0)
-                .map_err(StoreError::local("write", Path::new(&f.name)))
-        })?;
+        // Chunks are opened (decompressed, unsealed, hashed) and written by
+        // OPENERS threads while the next ones download.
+        let failed = AtomicBool::new(false);
+        let error: Mutex<Option<StoreError>> = Mutex::new(None);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, bytes::Bytes)>(OPENERS);
+        let rx = Mutex::new(rx);
+        let got = std::thread::scope(|s| {
+            for _ in 0..OPENERS {
+                s.spawn(|| loop {
+                    let next = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                    let Ok((k, bytes)) = next else { return };
+                    if failed.load(Ordering::Relaxed) {
+                        continue;
+                    }
+                    let i = wanted[k];
+                    let done = self.open_chunk(r, f, i, &bytes).and_then(|plain| {
+                        file.write_all_at(&plain, spans[i].0)
+                            .map_err(StoreError::local("write", Path::new(&f.name)))
+                    });
+                    if let Err(e) = done {
+                        let mut slot = error.lock().unwrap_or_else(|e| e.into_inner());
+                        slot.get_or_insert(e);
+                        failed.store(true, Ordering::Relaxed);
+                    }
+                });
+            }
+            let tx = tx;
+            self.bucket.get_many(keys, |k, bytes| {
+                if failed.load(Ordering::Relaxed) {
+                    // Replaced by the opener's error below.
+                    return Err(StoreError::Empty {
+                        url: self.url.clone(),
+                    });
+                }
+                stored += bytes.len() as u64;
+                tx.send((k, bytes)).map_err(|_| StoreError::Empty {
+                    url: self.url.clone(),
+                })
+            })
+            // (tx dropped: the openers finish the chunks sent, then end.)
+        });
+        if let Some(e) = error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            return Err(e);
+        }
+        got?;
         Ok(stored)
     }
 
@@ -522,7 +657,7 @@ impl S3Image {
         if id.as_str() == ZERO_CHUNK {
             return Ok(vec![0; chunk_len(f, i)]);
         }
-        let bytes = self.bucket.get(&format!("{}chunks/{id}", self.prefix))?;
+        let bytes = self.bucket.get(&self.chunk_key(r, id))?;
         self.open_chunk(r, f, i, &bytes)
     }
 
@@ -539,7 +674,7 @@ impl S3Image {
         let want = chunk_len(f, i);
         let damaged = |reason: String| StoreError::Damaged {
             url: self.url.clone(),
-            key: format!("{}chunks/{id}", self.prefix),
+            key: self.chunk_key(r, id),
             reason,
         };
         let key = self.record_key(r)?;
@@ -591,25 +726,94 @@ impl S3Image {
         Ok(out)
     }
 
-    /// Deletes the chunks no record names that are older than
-    /// `min_age_s`; returns (chunks, stored bytes) deleted.
+    /// Deletes the chunks of this store's chunk roots (its own `chunks/`,
+    /// and the shared one its uploads write to) that no record of any
+    /// store under that root names and that are older than `min_age_s`;
+    /// returns (chunks, stored bytes) deleted.
     pub fn sweep(&self, min_age_s: i64) -> Result<(u64, u64), StoreError> {
-        let dir = format!("{}chunks/", self.prefix);
-        let listed = self.bucket.list(&dir)?;
-        let named = self.named_chunks()?;
-        let now = now_unix();
+        let mut roots = vec![self.prefix.clone()];
+        if let Some(r) = ancestor(&self.prefix, self.chunks_up).filter(|r| *r != self.prefix) {
+            roots.push(r);
+        }
         let (mut n, mut bytes) = (0, 0);
+        for root in roots {
+            let (c, b) = self.sweep_root(&root, min_age_s)?;
+            n += c;
+            bytes += b;
+        }
+        Ok((n, bytes))
+    }
+
+    /// Deletes the chunks of `ROOT/chunks/` (`root` empty or ending in
+    /// `/`, in this store's bucket) that no commit record of any store
+    /// under `root` whose chunks are there names, and that are older than
+    /// `min_age_s`; returns (chunks, stored bytes) deleted. One listing of
+    /// everything under `root` finds both, so a record committed after it
+    /// is one whose dump relied only on chunks younger than
+    /// `REFRESH_AGE_S` when it listed them (see `gc.rs`). A record that
+    /// cannot be decoded fails the sweep: what it needs is unknown.
+    pub fn sweep_root(&self, root: &str, min_age_s: i64) -> Result<(u64, u64), StoreError> {
+        let listed = self.bucket.list(root)?;
+        let mut chunks = Vec::new();
+        let mut records = Vec::new();
         for o in listed {
-            let Some(id) = o.key.strip_prefix(&dir) else {
+            let Some(rel) = o.key.strip_prefix(root) else {
                 continue;
             };
-            if !named.contains(id) && now - o.modified_unix >= min_age_s {
+            if let Some(id) = rel.strip_prefix("chunks/") {
+                if crate::record::valid_chunk_id(id) && id != ZERO_CHUNK {
+                    chunks.push((id.to_string(), o));
+                }
+                continue;
+            }
+            if let Some((store, n)) = record_key(rel) {
+                records.push((format!("{root}{store}"), n, o.key));
+            }
+        }
+        let mut named = HashSet::new();
+        for (store, n, key) in records {
+            let bytes = match self.bucket.get(&key) {
+                // Deleted since the listing (a gc of that store).
+                Err(StoreError::Missing { .. }) => continue,
+                r => r?,
+            };
+            let r = Record::decode(&bytes, n).map_err(|reason| StoreError::BadRecord {
+                url: self.url.clone(),
+                key,
+                reason,
+            })?;
+            if ancestor(&store, r.chunks_up.unwrap_or(0)).as_deref() == Some(root) {
+                named.extend(r.chunk_ids().map(str::to_string));
+            }
+        }
+        let now = now_unix();
+        let (mut n, mut bytes) = (0, 0);
+        for (id, o) in chunks {
+            if !named.contains(&id) && now - o.modified_unix >= min_age_s {
                 self.bucket.delete(&o.key)?;
                 n += 1;
                 bytes += o.size;
             }
         }
         Ok((n, bytes))
+    }
+
+    /// The stores under this store's prefix (itself included): the
+    /// prefixes (empty, or ending in `/`) that hold commit records.
+    pub fn stores_under(&self) -> Result<Vec<String>, StoreError> {
+        let mut out: Vec<String> = self
+            .bucket
+            .list(&self.prefix)?
+            .iter()
+            .filter_map(|o| {
+                let rel = o.key.strip_prefix(&self.prefix)?;
+                let (store, _) = record_key(rel)?;
+                Some(format!("{}{store}", self.prefix))
+            })
+            .collect();
+        out.sort();
+        out.dedup();
+        Ok(out)
     }
 
     /// Replaces the record of checkpoint `n` (gc's merge): an atomic
@@ -706,6 +910,32 @@ pub fn chunk_id(key: Option<&Key>, plain: &[u8]) -> String {
     blake3::keyed_hash(&key, plain).to_hex().to_string()
 }
 
+/// The prefix `up` levels above `prefix` (empty, or ending in `/`);
+/// `None` if it is not that deep.
+pub(crate) fn ancestor(prefix: &str, up: u32) -> Option<String> {
+    let parts: Vec<&str> = prefix.split('/').filter(|p| !p.is_empty()).collect();
+    let keep = parts.len().checked_sub(usize::try_from(up).ok()?)?;
+    Some(if keep == 0 {
+        String::new()
+    } else {
+        format!("{}/", parts[..keep].join("/"))
+    })
+}
+
+/// A commit record's key relative to some prefix, `[STORE/]commits/NNNNNNNN`:
+/// the store (empty, or ending in `/`) and the checkpoint.
+fn record_key(rel: &str) -> Option<(String, u32)> {
+    let (store, name) = match rel.rsplit_once("/commits/") {
+        Some((s, name)) => (format!("{s}/"), name),
+        None => (String::new(), rel.strip_prefix("commits/")?),
+    };
+    if !(8..=10).contains(&name.len()) || !name.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u32 = name.parse().ok()?;
+    (n >= 1 && checkpoint_dir_name(n) == name).then_some((store, n))
+}
+
 /// Plain bytes of chunk `i` of file `f`.
 fn chunk_len(f: &FileRecord, i: usize) -> usize {
     let len = match f.lens.get(i) {
@@ -759,4 +989,33 @@ pub(crate) fn create_private(path: &std::path::Path) -> Result<std::fs::File, St
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)
         .map_err(StoreError::local("create", path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ancestors_and_record_keys() {
+        assert_eq!(ancestor("a/b/c/", 0).as_deref(), Some("a/b/c/"));
+        assert_eq!(ancestor("a/b/c/", 2).as_deref(), Some("a/"));
+        assert_eq!(ancestor("a/b/c/", 3).as_deref(), Some(""));
+        assert_eq!(ancestor("a/b/c/", 4), None);
+        assert_eq!(ancestor("", 0).as_deref(), Some(""));
+        assert_eq!(record_key("commits/00000012"), Some((String::new(), 12)));
+        assert_eq!(
+            record_key("h0/jobs/j/7/commits/00000001"),
+            Some(("h0/jobs/j/7/".to_string(), 1))
+        );
+        for bad in [
+            "commits/12",
+            "commits/00000000",
+            "commits/000000012",
+            "h0/commits/00000001/x",
+            "chunks/00000001",
+            "h0/touch/00000001/touch-window",
+        ] {
+            assert_eq!(record_key(bad), None, "{bad}");
+        }
+    }
 }

@@ -20,6 +20,9 @@ pub fn cmd_gc(
     let (report, swept) = match crate::store::s3(dir, seal.clone())? {
         Some(image) => {
             anyhow::ensure!(keep >= 1, "--keep must be at least 1");
+            if let Some(code) = gc_stores_under(&image, keep, json, &replicas)? {
+                return Ok(code);
+            }
             let (r, s) = gc_store(&image, keep)?;
             for replica in &replicas {
                 replicated.push((replica.url.clone(), gc_store(replica, keep)?));
@@ -62,12 +65,58 @@ pub fn cmd_gc(
 
 /// The gc of one store (primary or replica).
 fn gc_store(image: &stasis_store::S3Image, keep: usize) -> Result<(GcReport, stasis_store::Swept)> {
-    let age = std::env::var("STASIS_S3_SWEEP_AGE")
+    stasis_store::gc(image, keep, sweep_age())
+        .with_context(|| format!("deleting old checkpoints of {}", image.url))
+}
+
+fn sweep_age() -> i64 {
+    std::env::var("STASIS_S3_SWEEP_AGE")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(stasis_store::SWEEP_AGE_S);
-    stasis_store::gc(image, keep, age)
-        .with_context(|| format!("deleting old checkpoints of {}", image.url))
+        .unwrap_or(stasis_store::SWEEP_AGE_S)
+}
+
+/// `gc -D s3://...` of a prefix that holds no checkpoint but stores below
+/// it (a cluster agent's `PREFIX`, `PREFIX/HOST/jobs/JOB`...): each store
+/// keeps its newest `keep`, then the chunks they share are swept once.
+/// `None`: `image` is a store (or holds none), collected as one.
+fn gc_stores_under(
+    image: &stasis_store::S3Image,
+    keep: usize,
+    json: bool,
+    replicas: &[stasis_store::S3Image],
+) -> Result<Option<ExitCode>> {
+    let listing = || format!("listing {}", image.url);
+    if !image.committed().with_context(listing)?.is_empty()
+        || image.stores_under().with_context(listing)?.is_empty()
+    {
+        return Ok(None);
+    }
+    anyhow::ensure!(
+        replicas.is_empty(),
+        "{} holds the stores of several trees: --replica is for one store (give each tree's URL)",
+        image.url
+    );
+    let (stores, swept) = stasis_store::gc_under(image, keep, sweep_age())
+        .with_context(|| format!("deleting old checkpoints of the stores under {}", image.url))?;
+    if json {
+        let v: Vec<_> = stores
+            .iter()
+            .map(|(url, r)| serde_json::json!({"url": url, "report": r}))
+            .collect();
+        println!("{}", serde_json::json!({"stores": v, "swept": swept}));
+    } else {
+        for (url, r) in &stores {
+            println!("{url}: {}", summary(r));
+        }
+        println!(
+            "swept {} unneeded chunk(s), {}",
+            swept.chunks,
+            crate::ui::bytes(swept.bytes)
+        );
+    }
+    let _ = std::io::stdout().flush();
+    Ok(Some(ExitCode::SUCCESS))
 }
 
 /// The summary line, with what was swept.

@@ -2,8 +2,9 @@
 //! of its trees in an object store (docs/storage.md, "Cluster agents").
 //!
 //! The tree rooted at `PID` of job `JOB` on the agent named `HOST` is the
-//! store `PREFIX/HOST/jobs/JOB/PID/` (commit records and chunks, as for
-//! `dump -D s3://...`); each checkpoint holds its `cut.json`, whose round
+//! store `PREFIX/HOST/jobs/JOB/PID/` (commit records, as for `dump -D
+//! s3://...`), whose chunks are in `PREFIX/chunks/`, shared by every tree,
+//! job and host of `PREFIX`; each checkpoint holds its `cut.json`, whose round
 //! `cluster inspect` and `cluster restore` read. Locally the agent keeps,
 //! under `stasis_store::client_dir`, what a local agent keeps under its
 //! `-D DIR` (`jobs/JOB/decision.json`, the page fillers' logs) and a
@@ -32,6 +33,9 @@ use stasis_store::{Location, S3Image, Staging};
 
 /// Largest `cut.json` read.
 const CUT_MAX: u64 = 4096;
+/// Levels of a tree's store below `-D` (`HOST/jobs/JOB/PID`): where the
+/// shared `chunks/` is.
+const TREE_DEPTH: u32 = 4;
 /// Trees whose store client is kept open.
 const MAX_OPEN: usize = 64;
 
@@ -158,7 +162,13 @@ impl S3Agent {
                     self.host
                 );
                 let loc = Location::parse(&url).map_err(|e| self.err(e))?;
-                S3Image::open(&loc, self.seal.clone()).map_err(|e| self.err(e))
+                // `HOST/jobs/JOB/PID` below `-D` (or `--replica`): every
+                // tree of every job and host shares `PREFIX/chunks/`
+                // (records say so; older trees' records name their own
+                // `chunks/`, still read).
+                S3Image::open(&loc, self.seal.clone())
+                    .and_then(|i| i.share_chunks(TREE_DEPTH))
+                    .map_err(|e| self.err(e))
             })
             .collect()
     }

@@ -55,6 +55,36 @@ impl Job {
     }
 
     fn start_with(tag: &str, flags: &[&str], env: &[&[(&str, &str)]], replicated: bool) -> Job {
+        let mut job = Job::start_agents_with(tag, flags, env, replicated);
+        for i in 0..HOSTS {
+            let n = Node::start(
+                i,
+                HOSTS,
+                &job.hosts.hosts[i],
+                &job.d.path().join(format!("n{i}")),
+            );
+            job.nodes.push(n);
+        }
+        for n in &job.nodes {
+            let pid = wait_pidfile(&n.dir.join("pid"), Duration::from_secs(60));
+            assert_eq!(pid, n.pid, "{}", n.out());
+        }
+        job.wait_traffic(1 << 20);
+        job
+    }
+
+    /// Two hosts, the server on their bridge, an agent on each; no node.
+    fn start_agents(tag: &str, flags: &[&str], env: &[&[(&str, &str)]]) -> Job {
+        Job::start_agents_with(tag, flags, env, false)
+    }
+
+    /// [`Job::start_agents`], with a replica's server too if `replicated`.
+    fn start_agents_with(
+        tag: &str,
+        flags: &[&str],
+        env: &[&[(&str, &str)]],
+        replicated: bool,
+    ) -> Job {
         workloads(); // subreaper: restored nodes outlive their agents' restores
         let hosts = Hosts::create(HOSTS, tag);
         ip(&[
@@ -94,20 +124,6 @@ impl Job {
             let a = job.start_agent(i, env.get(i).copied().unwrap_or(&[]));
             job.agents.push(a);
         }
-        for i in 0..HOSTS {
-            let n = Node::start(
-                i,
-                HOSTS,
-                &job.hosts.hosts[i],
-                &job.d.path().join(format!("n{i}")),
-            );
-            job.nodes.push(n);
-        }
-        for n in &job.nodes {
-            let pid = wait_pidfile(&n.dir.join("pid"), Duration::from_secs(60));
-            assert_eq!(pid, n.pid, "{}", n.out());
-        }
-        job.wait_traffic(1 << 20);
         job
     }
 
@@ -189,7 +205,12 @@ impl Job {
 
     /// The complete rounds (held by every tree).
     fn complete(&self) -> serde_json::Value {
-        let o = self.cluster(&["inspect", "--job", "mesh"], &self.agent_targets());
+        self.complete_of("mesh")
+    }
+
+    /// The complete rounds of job `name`.
+    fn complete_of(&self, name: &str) -> serde_json::Value {
+        let o = self.cluster(&["inspect", "--job", name], &self.agent_targets());
         assert_ok(&o, "cluster inspect");
         json(&o)["complete"].clone()
     }
@@ -211,15 +232,17 @@ impl Job {
         records_in(&tree_store_in(r, self.nodes[i].pid, i))
     }
 
-    /// Every chunk stored for the job.
+    /// Every chunk stored for the job (all trees share `PREFIX/chunks/`).
     fn chunks(&self) -> usize {
-        (0..HOSTS)
-            .map(|i| {
-                std::fs::read_dir(self.tree_store(i).join("chunks"))
-                    .map(|rd| rd.count())
-                    .unwrap_or(0)
-            })
-            .sum()
+        std::fs::read_dir(self.shared_chunks())
+            .map(|rd| rd.count())
+            .unwrap_or(0)
+    }
+
+    /// The chunks of every tree of the store, in the server's backing
+    /// directory.
+    fn shared_chunks(&self) -> PathBuf {
+        self.server.bucket_dir().join(PREFIX).join("chunks")
     }
 
     /// Whether the agents hold a round in progress: a tentative
@@ -611,10 +634,10 @@ fn periodic_incremental_rounds_into_the_store() {
 }
 
 /// The store's server down: a round fails, naming the store, and commits
-/// nothing; the job runs on. The server back, host 1's uploads fail (its
-/// tree's `chunks/` made a file in the server's directory): its agent
-/// votes no, the round aborts, and neither host commits anything. Both
-/// fixed, the next round commits, and the job restores from it.
+/// nothing; the job runs on. The server back, the uploads fail (the
+/// trees' shared `chunks/` made a file in the server's directory): the
+/// agents vote no, the round aborts, and neither host commits anything.
+/// Both fixed, the next round commits, and the job restores from it.
 #[test]
 fn a_round_with_the_store_down_or_an_upload_failing_commits_nothing() {
     let mut job = Job::start("s3x", &[], &[]);
@@ -634,8 +657,8 @@ fn a_round_with_the_store_down_or_an_upload_failing_commits_nothing() {
     }
     // (The agents read the rounds of the checkpoints they hold now: once.)
     assert_eq!(job.complete(), serde_json::json!([1]));
-    let chunks = job.tree_store(1).join("chunks");
-    let saved = job.tree_store(1).join("chunks.saved");
+    let chunks = job.shared_chunks();
+    let saved = chunks.with_extension("saved");
     std::fs::rename(&chunks, &saved).unwrap();
     std::fs::write(&chunks, "not a directory").unwrap();
     job.wait_traffic(1 << 20);
@@ -864,4 +887,204 @@ fn rounds_killed_at_random_leave_the_store_restorable() {
     assert_eq!(r["round"], newest, "{r}");
     job.wait_traffic(4 << 20);
     job.finish();
+}
+
+/// `ballast PIDFILE MIB`: MIB MiB of a fixed pseudo-random pattern
+/// (incompressible, the same in every run) at a 1 MiB-aligned address,
+/// so that two processes hold it in the same chunks; on SIGTERM it checks
+/// every byte and prints PASS (exit 0) or FAIL (exit 1).
+const BALLAST_C: &str = r#"
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+static uint64_t word(uint64_t i) {
+	uint64_t x = i * 0x9E3779B97F4A7C15ull + 0x42414c4c41535421ull;
+	x ^= x >> 31; x *= 0xBF58476D1CE4E5B9ull; x ^= x >> 29;
+	return x;
+}
+
+int main(int argc, char **argv) {
+	size_t mib = 1 << 20, n = ((size_t)atoi(argv[2]) << 20) / 8, bad = 0;
+	char tmp[4096];
+	char *raw = mmap(NULL, n * 8 + mib, PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (raw == MAP_FAILED)
+		return 2;
+	uint64_t *buf = (uint64_t *)(((uintptr_t)raw + mib - 1) & ~(uintptr_t)(mib - 1));
+	for (size_t k = 0; k < n; k++)
+		buf[k] = word(k);
+	sigset_t set;
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigprocmask(SIG_BLOCK, &set, NULL);
+	snprintf(tmp, sizeof(tmp), "%s.tmp", argv[1]);
+	FILE *f = fopen(tmp, "w");
+	fprintf(f, "%d\n", getpid());
+	fclose(f);
+	rename(tmp, argv[1]);
+	int sig;
+	sigwait(&set, &sig);
+	for (size_t k = 0; k < n; k++)
+		bad += buf[k] != word(k);
+	printf("%s: %zu of %zu words differ\n", bad ? "FAIL" : "PASS", bad, n);
+	return bad != 0;
+}
+"#;
+
+/// Bytes of the files under `dir`.
+fn bytes_under(dir: &Path) -> u64 {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    rd.filter_map(Result::ok)
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => bytes_under(&e.path()),
+            _ => e.metadata().map(|m| m.len()).unwrap_or(0),
+        })
+        .sum()
+}
+
+/// The chunks shared by the trees of a job (one per host, each holding
+/// the same 40 MiB): the first round stores them once (the server's
+/// directory grows by one copy; the trees' stores hold records only).
+/// Three rounds later, gc of host 0's tree (`--keep 1`, sweep age 0)
+/// deletes its older checkpoints and the chunks only they named, and
+/// host 1's whole chain still reads; gc of the job's prefix then collects
+/// both trees. Killed, the job is restored from the newest round, and
+/// each process finds its 40 MiB intact.
+#[test]
+fn the_trees_of_a_job_share_their_chunks_and_gc_of_one_keeps_the_others() {
+    const MIB: u64 = 40;
+    let mut job = Job::start_agents("s3c", &[], &[]);
+    let src = job.d.path().join("ballast.c");
+    std::fs::write(&src, BALLAST_C).unwrap();
+    let bin = job.d.path().join("ballast");
+    let o = std::process::Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert_ok(&o, "cc ballast.c");
+    let mut procs = Vec::new();
+    for i in 0..HOSTS {
+        let dir = job.d.path().join(format!("b{i}"));
+        std::fs::create_dir(&dir).unwrap();
+        let out = std::fs::File::create(dir.join("out.log")).unwrap();
+        let mut c = std::process::Command::new("ip");
+        c.args(["netns", "exec", &job.hosts.hosts[i]])
+            .arg(&bin)
+            .arg(dir.join("pid"))
+            .arg(MIB.to_string())
+            .current_dir(&dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out);
+        close_inherited_fds(&mut c);
+        let child = c.spawn().unwrap();
+        let pid = wait_pidfile(&dir.join("pid"), Duration::from_secs(60));
+        assert_eq!(pid, child.id() as i32);
+        procs.push((pid, dir, child, KillOnDrop(pid)));
+    }
+    let pids: Vec<i32> = procs.iter().map(|p| p.0).collect();
+    let targets = target_args(&job.agents, &pids);
+    let store = job.server.bucket_dir().join(PREFIX);
+    let round = |job: &Job| {
+        let o = job.cluster(&["dump", "--job", "ballast", "--leave-running"], &targets);
+        assert_ok(&o, "cluster dump of the ballast");
+        json(&o)
+    };
+    let before = bytes_under(&store);
+    let r = round(&job);
+    let grown = bytes_under(&store) - before;
+    let plain: u64 = r["hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|h| h["reports"].as_array().unwrap().iter())
+        .map(|t| t["stored"]["plain_bytes"].as_u64().unwrap())
+        .sum();
+    eprintln!("the store grew by {grown} bytes for {plain} plain bytes in two trees");
+    assert!(plain >= 2 * (MIB << 20), "{r}");
+    assert!(grown > MIB << 20, "{grown}");
+    assert!(
+        grown < (MIB << 20) * 5 / 4,
+        "the store grew by {grown} bytes: the trees' shared pages were not stored once"
+    );
+    let tree = |i: usize| store.join(format!("h{i}/jobs/ballast/{}", pids[i]));
+    for i in 0..HOSTS {
+        assert!(!tree(i).join("chunks").exists(), "host {i}");
+    }
+    round(&job);
+    round(&job);
+    let records = |i: usize| {
+        let mut v: Vec<String> = std::fs::read_dir(tree(i).join("commits"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    for i in 0..HOSTS {
+        assert_eq!(records(i), ["00000001", "00000002", "00000003"], "host {i}");
+    }
+    let gc = |url: &str| {
+        let staging = job.d.path().join("gc-staging");
+        let o = stasis_in(Some(&job.hosts.hosts[0]))
+            .envs(job.server.env(&staging))
+            .env("STASIS_S3_SWEEP_AGE", "0")
+            .args(["gc", "-D", url, "--keep", "1", "--json"])
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("gc of {url}"));
+        json(&o)
+    };
+    let url = |i: usize| format!("{}/h{i}/jobs/ballast/{}", job.server.url(PREFIX), pids[i]);
+    let g = gc(&url(0));
+    assert!(g["swept"]["chunks"].as_u64().unwrap() > 0, "{g}");
+    assert_eq!(records(0), ["00000003"]);
+    assert_eq!(records(1), ["00000001", "00000002", "00000003"]);
+    // Host 1's chain, every chunk of it read and checked.
+    let staging = job.d.path().join("inspect-staging");
+    let o = stasis_in(Some(&job.hosts.hosts[1]))
+        .envs(job.server.env(&staging))
+        .args(["inspect", "-D", &url(1)])
+        .output()
+        .unwrap();
+    assert_ok(&o, "inspect of host 1's tree after gc of host 0's");
+    // The job's prefix: every tree, each keeping its newest.
+    let g = gc(&format!("{}/h1/jobs/ballast", job.server.url(PREFIX)));
+    assert_eq!(g["stores"].as_array().unwrap().len(), 1, "{g}");
+    assert_eq!(records(1), ["00000003"]);
+    let g = gc(&job.server.url(PREFIX));
+    assert_eq!(g["stores"].as_array().unwrap().len(), HOSTS, "{g}");
+    assert_eq!(job.complete_of("ballast"), serde_json::json!([3]));
+    for (pid, _, child, _) in &mut procs {
+        // SAFETY: killing a process this test started.
+        unsafe { libc::kill(*pid, libc::SIGKILL) };
+        let _ = child.wait();
+    }
+    let o = job.cluster(&["restore", "--job", "ballast"], &job.agent_targets());
+    assert_ok(&o, "cluster restore of the ballast");
+    assert_eq!(json(&o)["round"], 3);
+    for (pid, dir, _, _) in &procs {
+        // SAFETY: signalling a process this test restored.
+        unsafe { libc::kill(*pid, libc::SIGTERM) };
+        // (Restored by an agent: reaped here only if this test, the
+        // subreaper, inherited it.)
+        wait_until(Duration::from_secs(60), "a restored process to end", || {
+            reap_if_ours(*pid);
+            !alive(*pid)
+        });
+        let log = std::fs::read_to_string(dir.join("out.log")).unwrap();
+        assert!(log.starts_with("PASS: 0 of"), "{log}");
+    }
+    for a in &mut job.agents {
+        a.stop();
+    }
 }
