@@ -83,7 +83,7 @@ cmd_up() {
     if [ -n "$existing" ]; then
         local count; count=$(printf '%s\n' "$existing" | wc -l)
         local a1; a1=$(addr_of "${PREFIX}1")
-        if [ "$count" -eq "$N" ] && [ "$a1" = "$base.11" ] && ip netns list | grep -qx "${PREFIX}-br\( .*\)\?"; then
+        if [ "$count" -eq "$N" ] && [ "$a1" = "$base.11" ] && ip netns list 2>/dev/null | grep -qx "${PREFIX}-br\( .*\)\?"; then
             say "prefix $PREFIX is already up with $N hosts on $SUBNET"
             # shellcheck disable=SC2086
             print_hosts $existing
@@ -92,7 +92,7 @@ cmd_up() {
         die "prefix $PREFIX is already up ($count hosts, ${PREFIX}1 at ${a1:-no address}); run: $0 down --prefix $PREFIX"
     fi
     local br="${PREFIX}-br" i h hosts=()
-    if ip netns list | awk '{print $1}' | grep -qx "$br"; then
+    if ip netns list 2>/dev/null | awk '{print $1}' | grep -qx "$br"; then
         die "a bridge namespace $br is left over (no hosts); run: $0 down --prefix $PREFIX"
     fi
     # Clean up a partial `up` if anything of ours fails half-way.
@@ -144,7 +144,7 @@ kill_in_netns() { # NETNS: SIGKILL every process in it, wait until none is left
 cmd_down() {
     local h removed=0
     for h in $(existing_hosts) "${PREFIX}-br"; do
-        if ip netns list | awk '{print $1}' | grep -qx "$h"; then
+        if ip netns list 2>/dev/null | awk '{print $1}' | grep -qx "$h"; then
             kill_in_netns "$h"
             ip netns del "$h"
             removed=$((removed + 1))
@@ -163,7 +163,7 @@ cmd_exec() {
     [ $# -ge 2 ] || die "usage: $0 exec HOST CMD [ARGS...]"
     local h=$1
     shift
-    ip netns list | awk '{print $1}' | grep -qx "$h" || die "no such host namespace: $h"
+    ip netns list 2>/dev/null | awk '{print $1}' | grep -qx "$h" || die "no such host namespace: $h"
     # shellcheck disable=SC2016
     exec ip netns exec "$h" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$h" "$@"
 }

@@ -90,12 +90,12 @@ cleanup() {
     fi
 }
 trap cleanup EXIT
-if ! ip netns list | awk '{print $1}' | grep -qx "${PREFIX}1"; then
+if ! ip netns list 2>/dev/null | awk '{print $1}' | grep -qx "${PREFIX}1"; then
     OWN_HOSTS=1
     "$HERE/hosts.sh" up "$HOSTS" --prefix "$PREFIX" --subnet "$SUBNET" >&2
 fi
 for i in $(seq 1 "$HOSTS"); do
-    ip netns list | awk '{print $1}' | grep -qx "${PREFIX}$i" ||
+    ip netns list 2>/dev/null | awk '{print $1}' | grep -qx "${PREFIX}$i" ||
         die "host ${PREFIX}$i is missing (prefix $PREFIX is up with fewer hosts)"
 done
 # The subnet of hosts that were already up is whatever they have.
