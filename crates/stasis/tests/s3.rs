@@ -401,17 +401,6 @@ fn hex_of(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// Whether any file under the bucket's `prefix` holds one of `samples`.
-fn holds_any(srv: &S3Server, prefix: &str, samples: &std::collections::HashSet<[u8; 32]>) -> bool {
-    srv.stored_files()
-        .iter()
-        .filter(|(p, _)| p.starts_with(format!("{BUCKET}/{prefix}")))
-        .any(|(_, b)| {
-            b.windows(32)
-                .any(|w| samples.contains(<&[u8; 32]>::try_from(w).unwrap()))
-        })
-}
-
 /// Encryption at rest: 32-byte samples of the workload's memory (the
 /// start of 64 of its heap pages). Stored plainly (no compression), they
 /// are in the server's files (so the check can fail); stored encrypted,
@@ -455,20 +444,7 @@ fn encryption_at_rest() {
     // Nor on local disk: the staging directories hold the plain store's
     // chain (the control), and nothing of the encrypted one's.
     // (Each store's staging directory says its store in remote.json.)
-    let staged = |suffix: &str| -> bool {
-        std::fs::read_dir(srv.staging.path())
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|d| {
-                std::fs::read_to_string(d.join("remote.json"))
-                    .is_ok_and(|t| t.contains(&format!("{suffix}\"")))
-            })
-            .flat_map(|d| files_under(&d).into_values())
-            .any(|b| {
-                b.windows(32)
-                    .any(|w| samples.contains(<&[u8; 32]>::try_from(w).unwrap()))
-            })
-    };
+    let staged = |suffix: &str| staged_holds(&srv, suffix, &samples);
     assert!(
         staged("/plain"),
         "no memory sample staged for the plain store: the check cannot work"

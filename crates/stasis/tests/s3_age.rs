@@ -21,34 +21,6 @@ fn identity(dir: &Path, name: &str) -> (PathBuf, String) {
     (p, recipient)
 }
 
-/// Whether any file under the bucket's `prefix` holds one of `samples`.
-fn holds_any(srv: &S3Server, prefix: &str, samples: &std::collections::HashSet<[u8; 32]>) -> bool {
-    srv.stored_files()
-        .iter()
-        .filter(|(p, _)| p.starts_with(format!("{BUCKET}/{prefix}")))
-        .any(|(_, b)| {
-            b.windows(32)
-                .any(|w| samples.contains(<&[u8; 32]>::try_from(w).unwrap()))
-        })
-}
-
-/// Whether the staging directory of the store whose URL ends in `suffix`
-/// holds one of `samples`.
-fn staged(srv: &S3Server, suffix: &str, samples: &std::collections::HashSet<[u8; 32]>) -> bool {
-    std::fs::read_dir(srv.staging.path())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|d| {
-            std::fs::read_to_string(d.join("remote.json"))
-                .is_ok_and(|t| t.contains(&format!("{suffix}\"")))
-        })
-        .flat_map(|d| files_under(&d).into_values())
-        .any(|b| {
-            b.windows(32)
-                .any(|w| samples.contains(<&[u8; 32]>::try_from(w).unwrap()))
-        })
-}
-
 /// Dumped to recipients (a recipients file, then a recipient given on the
 /// command line: two checkpoints, each under a data key of its own), the
 /// process's memory is neither in the store nor left in the staging
@@ -78,7 +50,7 @@ fn recipients_at_rest() {
         "plain dump",
     );
     assert!(
-        holds_any(&srv, "plain", &samples) && staged(&srv, "/plain", &samples),
+        holds_any(&srv, "plain", &samples) && staged_holds(&srv, "/plain", &samples),
         "no memory sample in the plain store or its staging: the check cannot work"
     );
 
@@ -129,7 +101,7 @@ fn recipients_at_rest() {
         "process memory in the store"
     );
     assert!(
-        !staged(&srv, "/age", &samples),
+        !staged_holds(&srv, "/age", &samples),
         "process memory left in the staging directory"
     );
     let record = |n: u32| -> serde_json::Value {

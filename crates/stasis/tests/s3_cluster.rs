@@ -203,6 +203,15 @@ impl Job {
         r
     }
 
+    /// Restores the job (`cluster restore EXTRA`) from round `round`, then
+    /// lets 4 MiB more cross every link and [`finish`](Self::finish)es.
+    fn restore_and_finish(&mut self, extra: &[&str], round: u64) {
+        let r = self.restore(extra);
+        assert_eq!(r["round"], round, "{r}");
+        self.wait_traffic(4 << 20);
+        self.finish();
+    }
+
     /// The complete rounds (held by every tree).
     fn complete(&self) -> serde_json::Value {
         self.complete_of("mesh")
@@ -425,10 +434,7 @@ fn agents_writing_to_an_age_recipient_restore_lazily_with_the_identity() {
     }
     job.wait_traffic(1 << 20);
     job.kill_all();
-    let r = job.restore(&["--lazy"]);
-    assert_eq!(r["round"], 1, "{r}");
-    job.wait_traffic(4 << 20);
-    job.finish();
+    job.restore_and_finish(&["--lazy"], 1);
 }
 
 /// Agents given a recipient only (the hosts hold no identity): rounds
@@ -439,7 +445,7 @@ fn agents_writing_to_an_age_recipient_restore_lazily_with_the_identity() {
 #[test]
 fn agents_with_a_recipient_only_need_the_identity_once_restarted() {
     let (_secret, recipient) = stasis_store::generate_identity();
-    let mut job = Job::start("s3r", &["--encrypt-recipient", &recipient], &[]);
+    let mut job = Job::start("s3i", &["--encrypt-recipient", &recipient], &[]);
     let r = job.dump(&["--leave-running"]);
     assert_eq!(stored(&r), vec![1; HOSTS], "{r}");
     job.wait_traffic(1 << 20);
@@ -522,10 +528,7 @@ fn a_round_aborted_after_the_upload_commits_nothing_in_the_store() {
         assert!(alive(n.pid), "node {} died with the round", n.pid);
     }
     job.kill_all();
-    let r = job.restore(&["--lazy"]);
-    assert_eq!(r["round"], 1, "{r}");
-    job.wait_traffic(4 << 20);
-    job.finish();
+    job.restore_and_finish(&["--lazy"], 1);
 }
 
 /// Host 0's agent dies right after recording the decision of the first
@@ -551,10 +554,7 @@ fn an_agent_that_died_after_the_decision_commits_in_the_store_when_started_again
     assert_eq!(job.records(0), ["00000001"]);
     assert_eq!(job.complete(), serde_json::json!([1]));
     job.kill_all();
-    let r = job.restore(&[]);
-    assert_eq!(r["round"], 1, "{r}");
-    job.wait_traffic(4 << 20);
-    job.finish();
+    job.restore_and_finish(&[], 1);
 }
 
 /// `stasis cluster run --every 1` into the store: a round a second, the
@@ -790,10 +790,7 @@ fn agents_with_a_replica_commit_in_both_and_restore_from_the_replica() {
         job.agents[i] = job.start_agent(i, &[]);
     }
     assert_eq!(job.complete(), serde_json::json!([1, 2, 3, 4]));
-    let r = job.restore(&[]);
-    assert_eq!(r["round"], 4, "{r}");
-    job.wait_traffic(4 << 20);
-    job.finish();
+    job.restore_and_finish(&[], 4);
 }
 
 /// What an agent would not use is refused, not ignored: a key or a
@@ -883,10 +880,7 @@ fn rounds_killed_at_random_leave_the_store_restorable() {
     let complete: Vec<u64> = serde_json::from_value(job.complete()).unwrap();
     let newest = *complete.last().unwrap();
     job.kill_all();
-    let r = job.restore(&[]);
-    assert_eq!(r["round"], newest, "{r}");
-    job.wait_traffic(4 << 20);
-    job.finish();
+    job.restore_and_finish(&[], newest);
 }
 
 /// `ballast PIDFILE MIB`: MIB MiB of a fixed pseudo-random pattern

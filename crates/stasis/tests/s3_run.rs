@@ -164,35 +164,13 @@ fn run_encrypted_restarts_lazily_from_the_store() {
     let keys = tempfile::tempdir().unwrap();
     let key = key_file(keys.path(), 5);
     let k = key.to_str().unwrap();
-    let extra = ["--encrypt-key-file", k];
-    let events = run_crash_restart(
-        &srv,
-        &url,
-        &[
-            "--encrypt-key-file",
-            k,
-            "--lazy-restart",
-            "--touch-window",
-            "0.1",
-        ],
+    let read = ["--encrypt-key-file", k];
+    run_sealed_restarts_lazily(
+        (&srv, &url),
+        &read,
+        &read,
+        "give the key with --encrypt-key-file",
     );
-    check_run_events(&srv, &url, &events, &extra);
-    let restored = events.iter().find(|e| e["event"] == "restored").unwrap();
-    assert!(restored["lazy_bytes"].as_u64().unwrap() > 0, "{restored}");
-    let touch: Vec<&serde_json::Value> = events
-        .iter()
-        .filter(|e| e["event"] == "touch_set")
-        .collect();
-    assert!(!touch.is_empty(), "no touch set recorded");
-    let listed = inspect_json(&srv, &url, &extra);
-    for t in touch {
-        let n = t["checkpoint"].as_u64().unwrap();
-        let c = listed.iter().find(|c| c["number"] == n).unwrap();
-        assert_eq!(c["touch_window"]["pages"], t["pages"], "{t}: {c}");
-    }
-    // Without the key, nothing is readable.
-    let o = srv.stasis().args(["inspect", "-D", &url]).output().unwrap();
-    assert_fails_with(&o, "give the key with --encrypt-key-file");
 }
 
 /// The same with age recipients: `run` writes each checkpoint to a
@@ -206,20 +184,28 @@ fn run_to_a_recipient_restarts_lazily_with_the_identity() {
     let (id, recipient) = age_identity(keys.path());
     let id = id.to_str().unwrap();
     let read = ["--decrypt-identity", id];
-    let events = run_crash_restart(
-        &srv,
-        &url,
-        &[
-            "--encrypt-recipient",
-            &recipient,
-            "--decrypt-identity",
-            id,
-            "--lazy-restart",
-            "--touch-window",
-            "0.1",
-        ],
+    run_sealed_restarts_lazily(
+        (&srv, &url),
+        &["--encrypt-recipient", &recipient, "--decrypt-identity", id],
+        &read,
+        "give an identity file with --decrypt-identity",
     );
-    check_run_events(&srv, &url, &events, &read);
+}
+
+/// `run` with the sealing flags `seal`, crashed and restarted lazily with
+/// touch sets: its events check out against the store read with `read`,
+/// each touch set reported is the one `inspect` shows, and without `read`
+/// nothing is readable (the error says `refusal`).
+fn run_sealed_restarts_lazily(
+    (srv, url): (&S3Server, &str),
+    seal: &[&str],
+    read: &[&str],
+    refusal: &str,
+) {
+    let mut args = seal.to_vec();
+    args.extend(["--lazy-restart", "--touch-window", "0.1"]);
+    let events = run_crash_restart(srv, url, &args);
+    check_run_events(srv, url, &events, read);
     let restored = events.iter().find(|e| e["event"] == "restored").unwrap();
     assert!(restored["lazy_bytes"].as_u64().unwrap() > 0, "{restored}");
     let touch: Vec<&serde_json::Value> = events
@@ -227,14 +213,14 @@ fn run_to_a_recipient_restarts_lazily_with_the_identity() {
         .filter(|e| e["event"] == "touch_set")
         .collect();
     assert!(!touch.is_empty(), "no touch set recorded");
-    let listed = inspect_json(&srv, &url, &read);
+    let listed = inspect_json(srv, url, read);
     for t in touch {
         let n = t["checkpoint"].as_u64().unwrap();
         let c = listed.iter().find(|c| c["number"] == n).unwrap();
         assert_eq!(c["touch_window"]["pages"], t["pages"], "{t}: {c}");
     }
-    let o = srv.stasis().args(["inspect", "-D", &url]).output().unwrap();
-    assert_fails_with(&o, "give an identity file with --decrypt-identity");
+    let o = srv.stasis().args(["inspect", "-D", url]).output().unwrap();
+    assert_fails_with(&o, refusal);
 }
 
 /// Wrong credentials, a missing bucket, a server that is down: `run` and

@@ -315,3 +315,39 @@ pub fn inspect_json(srv: &S3Server, url: &str, extra: &[&str]) -> Vec<serde_json
     assert!(arr.iter().all(|c| c["verified"] == true), "{text}");
     arr
 }
+
+/// Whether any file under the bucket's `prefix` holds one of `samples`.
+pub fn holds_any(
+    srv: &S3Server,
+    prefix: &str,
+    samples: &std::collections::HashSet<[u8; 32]>,
+) -> bool {
+    srv.stored_files()
+        .iter()
+        .filter(|(p, _)| p.starts_with(format!("{BUCKET}/{prefix}")))
+        .any(|(_, b)| holds_sample(b, samples))
+}
+
+/// Whether `b` holds one of the 32-byte `samples`.
+pub fn holds_sample(b: &[u8], samples: &std::collections::HashSet<[u8; 32]>) -> bool {
+    b.windows(32)
+        .any(|w| samples.contains(<&[u8; 32]>::try_from(w).unwrap()))
+}
+
+/// Whether the staging directory of the store whose URL ends in `suffix`
+/// holds one of `samples`.
+pub fn staged_holds(
+    srv: &S3Server,
+    suffix: &str,
+    samples: &std::collections::HashSet<[u8; 32]>,
+) -> bool {
+    std::fs::read_dir(srv.staging.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|d| {
+            std::fs::read_to_string(d.join("remote.json"))
+                .is_ok_and(|t| t.contains(&format!("{suffix}\"")))
+        })
+        .flat_map(|d| super::files_under(&d).into_values())
+        .any(|b| holds_sample(&b, samples))
+}
