@@ -711,19 +711,28 @@ impl S3Image {
     pub fn named_chunks(&self) -> Result<HashSet<String>, StoreError> {
         let mut out = HashSet::new();
         for n in self.committed()? {
-            let key = self.commit_key(n);
-            let bytes = match self.bucket.get(&key) {
-                Err(StoreError::Missing { .. }) => continue,
-                r => r?,
-            };
-            let r = Record::decode(&bytes, n).map_err(|reason| StoreError::BadRecord {
+            if let Some(r) = self.stored_record(self.commit_key(n), n)? {
+                out.extend(r.chunk_ids().map(str::to_string));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The commit record of checkpoint `n` at `key`, decoded without
+    /// checking keys (only for keeping chunks); `None` if it is gone
+    /// (deleted since it was listed, by a gc).
+    fn stored_record(&self, key: String, n: u32) -> Result<Option<Record>, StoreError> {
+        let bytes = match self.bucket.get(&key) {
+            Err(StoreError::Missing { .. }) => return Ok(None),
+            r => r?,
+        };
+        Record::decode(&bytes, n)
+            .map(Some)
+            .map_err(|reason| StoreError::BadRecord {
                 url: self.url.clone(),
                 key,
                 reason,
-            })?;
-            out.extend(r.chunk_ids().map(str::to_string));
-        }
-        Ok(out)
+            })
     }
 
     /// Deletes the chunks of this store's chunk roots (its own `chunks/`,
@@ -772,16 +781,10 @@ impl S3Image {
         }
         let mut named = HashSet::new();
         for (store, n, key) in records {
-            let bytes = match self.bucket.get(&key) {
-                // Deleted since the listing (a gc of that store).
-                Err(StoreError::Missing { .. }) => continue,
-                r => r?,
+            // (None: deleted since the listing, by a gc of that store.)
+            let Some(r) = self.stored_record(key, n)? else {
+                continue;
             };
-            let r = Record::decode(&bytes, n).map_err(|reason| StoreError::BadRecord {
-                url: self.url.clone(),
-                key,
-                reason,
-            })?;
             if ancestor(&store, r.chunks_up.unwrap_or(0)).as_deref() == Some(root) {
                 named.extend(r.chunk_ids().map(str::to_string));
             }
