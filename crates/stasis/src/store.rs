@@ -216,17 +216,11 @@ impl Target {
         self.stores[0].put_touch(n, name, &bytes).with_context(|| {
             format!("storing the touch set of checkpoint {n} in {}", self.url())
         })?;
-        let mut held = Vec::new();
-        for r in &self.stores[1..] {
-            match r.put_touch(n, name, &bytes) {
-                Ok(()) => held.push(r.url.clone()),
-                Err(e) => eprintln!(
-                    "stasis: warning: the {name} of checkpoint {n} is not in replica {}: {e}",
-                    r.url
-                ),
-            }
-        }
-        Ok(held)
+        Ok(self.stores[1..]
+            .iter()
+            .filter(|r| put_touch_copy(r, n, name, &bytes))
+            .map(|r| r.url.clone())
+            .collect())
     }
 
     /// The latest checkpoint committed in the store (else in the first
@@ -513,19 +507,37 @@ pub fn put_touch_copies(
     n: u32,
     ts: &stasis_image::touch::TouchSet,
 ) {
+    let (name, bytes) = (ts.source.file_name(), ts.encode());
     for url in urls {
-        let r = match Location::parse(url) {
+        let image = match Location::parse(url) {
             Ok(loc @ Location::S3 { .. }) => S3Image::open(&loc, seal.clone()),
             Ok(Location::Dir(_)) => continue,
             Err(e) => Err(e),
+        };
+        match image {
+            Ok(image) => {
+                put_touch_copy(&image, n, name, &bytes);
+            }
+            Err(e) => {
+                eprintln!("stasis: warning: the {name} of checkpoint {n} is not in {url}: {e}")
+            }
         }
-        .and_then(|image| image.put_touch(n, ts.source.file_name(), &ts.encode()));
-        match r {
-            Ok(()) | Err(stasis_store::StoreError::NoSuchCheckpoint { .. }) => {}
-            Err(e) => eprintln!(
-                "stasis: warning: the {} of checkpoint {n} is not in {url}: {e}",
-                ts.source.file_name()
-            ),
+    }
+}
+
+/// Stores the touch set `name` (encoded as `bytes`) with checkpoint `n`
+/// of another copy of a store: best effort, a failure is a warning; a
+/// copy without the checkpoint is skipped. Returns whether it holds it now.
+fn put_touch_copy(image: &S3Image, n: u32, name: &str, bytes: &[u8]) -> bool {
+    match image.put_touch(n, name, bytes) {
+        Ok(()) => true,
+        Err(stasis_store::StoreError::NoSuchCheckpoint { .. }) => false,
+        Err(e) => {
+            eprintln!(
+                "stasis: warning: the {name} of checkpoint {n} is not in {}: {e}",
+                image.url
+            );
+            false
         }
     }
 }
