@@ -2,8 +2,7 @@
 //!
 //! [`check`] (preflight, nothing stopped) refuses a tree whose processes do
 //! not all share the root's namespaces, and the namespaces of its own
-//! that stasis cannot restore: a
-//! PID namespace whose init is not the root; a network namespace with
+//! that stasis cannot restore: a network namespace with
 //! another interface than `lo`, tun and tap devices, veths whose peer
 //! is in the dumper's namespace (as a container runtime makes them) or in
 //! it, and bridges, ifbs, macvlans and vxlans on devices of it, or
@@ -21,7 +20,8 @@
 //! not only the kernel's), the proc mount, the
 //! `CLOCK_MONOTONIC` and `CLOCK_BOOTTIME` of a time namespace as seen
 //! inside it (and its offsets), and the PID (and TID) of every process in
-//! its namespace. The dump itself works with the
+//! its namespace (and whether the root is its init: if not, the restore
+//! makes a stand-in init that forks the root at its PID). The dump itself works with the
 //! PIDs stasis sees (ptrace, `/proc`); [`translate_pids`] gives the
 //! manifest the in-namespace ones at the commit.
 
@@ -99,10 +99,10 @@ pub fn check(root: i32, tree: &[i32]) -> Result<()> {
     if own.contains(&NsKind::User) {
         user_namespace(root)?;
     }
-    if own.contains(&NsKind::Pid) && kns::pid_in_own_ns(root, root) != Some(1) {
+    if own.contains(&NsKind::Pid) && kns::pid_in_own_ns(root, root).is_none() {
         return Err(refuse(
             root,
-            "it is in a PID namespace of its own but is not its init (PID 1 there); dump the namespace's init".into(),
+            "it is in a PID namespace of its own but its PID there is unknown (no NSpid in its status)".into(),
         ));
     }
     if own.contains(&NsKind::Net) {
@@ -1276,6 +1276,9 @@ pub fn describe(
             None
         },
         pid: own.contains(&NsKind::Pid),
+        // The root is not the namespace's init (a job under a container's
+        // shell): the restore makes a stand-in init.
+        stand_in_init: own.contains(&NsKind::Pid) && kns::pid_in_own_ns(root, root) != Some(1),
         ipc: own.contains(&NsKind::Ipc),
         cgroup: cgroup_of(root),
         cgroup_ns: if own.contains(&NsKind::Cgroup) {

@@ -37,7 +37,7 @@ pub(crate) fn dump_tracked(
     let mut tracker = match taken {
         Some(t) => t,
         None => {
-            let backend = stasis_track::choose(None).map_err(|e| {
+            let backend = stasis_track::choose_for(None, opts.pid).map_err(|e| {
                 ClusterError::Refused(format!(
                     "tree {}: no dirty tracking for incremental rounds: {e}",
                     opts.pid

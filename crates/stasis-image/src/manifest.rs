@@ -216,8 +216,14 @@ pub const FRESH_MOUNTS_MANIFEST_VERSION: u32 = 14;
 /// interfaces.
 pub const NET_ROUTING_MANIFEST_VERSION: u32 = 15;
 
+/// Manifest format version written for a tree whose PID namespace's init
+/// was not dumped ([`Namespaces::stand_in_init`]: the root keeps its PID
+/// there, under a stand-in init), so that a reader that predates it
+/// refuses the manifest instead of making the root PID 1.
+pub const STAND_IN_INIT_MANIFEST_VERSION: u32 = 18;
+
 /// The newest manifest format version this reader knows.
-pub const LATEST_MANIFEST_VERSION: u32 = NET_ROUTING_MANIFEST_VERSION;
+pub const LATEST_MANIFEST_VERSION: u32 = STAND_IN_INIT_MANIFEST_VERSION;
 
 impl Manifest {
     /// The format version this manifest's content calls for: the oldest
@@ -306,7 +312,9 @@ impl Manifest {
             .cgroups
             .as_ref()
             .is_some_and(|c| !c.threads.is_empty() || c.dirs.iter().any(|d| d.threaded));
-        if net_routing {
+        if self.namespaces.as_ref().is_some_and(|n| n.stand_in_init) {
+            STAND_IN_INIT_MANIFEST_VERSION
+        } else if net_routing {
             NET_ROUTING_MANIFEST_VERSION
         } else if fresh_mounts(self.namespaces.as_ref()) {
             FRESH_MOUNTS_MANIFEST_VERSION
@@ -358,9 +366,17 @@ impl Manifest {
 /// dumper's.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Namespaces {
-    /// A PID namespace whose init is the root: the root is PID 1 again.
+    /// A PID namespace of its own: the root is PID 1 again (its init), or
+    /// with [`Namespaces::stand_in_init`] keeps its PID there.
     #[serde(default)]
     pub pid: bool,
+    /// With `pid`: the namespace's init was not dumped (the root is a
+    /// descendant of an init outside the tree, as a job under a
+    /// container's shell). The restore makes a stand-in init, PID 1 of
+    /// the new namespace, that forks the root at its PID and then only
+    /// reaps. Manifest version 18.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stand_in_init: bool,
     /// A UTS namespace: its host and domain names.
     #[serde(default)]
     pub uts: Option<UtsNamespace>,

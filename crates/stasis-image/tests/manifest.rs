@@ -362,6 +362,7 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
     assert_eq!(decode_manifest(&old, 3, p()).unwrap().namespaces, None);
     m.namespaces = Some(manifest::Namespaces {
         pid: true,
+        stand_in_init: false,
         uts: Some(manifest::UtsNamespace {
             hostname: "box".into(),
             domainname: "(none)".into(),
@@ -1206,8 +1207,21 @@ fn routing_state_raises_the_manifest_version_and_round_trips() {
         let m = with(n);
         assert_version_round_trips(&m, 15, manifest::FRESH_MOUNTS_MANIFEST_VERSION);
     }
+}
+
+#[test]
+fn a_stand_in_init_raises_the_manifest_version_and_round_trips() {
+    let mut m = small_manifest();
+    m.namespaces = Some(manifest::Namespaces {
+        pid: true,
+        ..Default::default()
+    });
+    assert_eq!(m.format_version(), manifest::NAMESPACES_MANIFEST_VERSION);
+    m.namespaces.as_mut().unwrap().stand_in_init = true;
+    // A reader of any earlier version would make the root PID 1.
+    assert_version_round_trips(&m, 18, manifest::NET_ROUTING_MANIFEST_VERSION);
     assert_eq!(
         manifest::LATEST_MANIFEST_VERSION,
-        manifest::NET_ROUTING_MANIFEST_VERSION
+        manifest::STAND_IN_INIT_MANIFEST_VERSION
     );
 }

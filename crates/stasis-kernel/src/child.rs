@@ -5,7 +5,8 @@
 //! running any Rust code. The parent then owns it as a [`Tracee`] with
 //! `PTRACE_O_EXITKILL`, so if stasis dies the half-built child dies too.
 
-use std::os::fd::FromRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::OpenOptionsExt;
 
 use stasis_sys::{self as sys, CloneArgs};
 
@@ -113,11 +114,6 @@ pub fn spawn_stopped_in(set_tid: Option<i32>, ns: &NsSetup) -> Result<Tracee, Sp
 fn spawn_stopped_with(set_tid: Option<i32>, ns: Option<&NsSetup>) -> Result<Tracee, SpawnError> {
     let tid_arr = [set_tid.unwrap_or(0)];
     let new_pidns = ns.is_some_and(|n| n.flags & u64::from(libc::CLONE_NEWPID.unsigned_abs()) != 0);
-    let (proc_src, proc_dir, root_dir, tmpfs) = (c"proc", c"/proc", c"/", c"tmpfs");
-    let (offsets_file, time_ns) = (
-        c"/proc/self/timens_offsets",
-        c"/proc/self/ns/time_for_children",
-    );
     let args = CloneArgs {
         flags: ns.map_or(0, |n| n.flags),
         exit_signal: libc::SIGCHLD as u64,
@@ -163,107 +159,7 @@ fn spawn_stopped_with(set_tid: Option<i32>, ns: Option<&NsSetup>) -> Result<Trac
                 libc::_exit(127);
             }
             if let Some(n) = ns {
-                if gate[0] >= 0 {
-                    // Wait for the parent to write the id maps (EOF: it
-                    // failed to; our copy of the write end closed first).
-                    libc::close(gate[1]);
-                    let mut b = 0u8;
-                    if libc::read(gate[0], (&mut b as *mut u8).cast(), 1) != 1 {
-                        libc::_exit(121);
-                    }
-                }
-                if let Some(h) = &n.hostname {
-                    if libc::sethostname(h.as_ptr(), h.as_bytes().len()) != 0 {
-                        libc::_exit(125);
-                    }
-                }
-                if let Some(d) = &n.domainname {
-                    if libc::setdomainname(d.as_ptr(), d.as_bytes().len()) != 0 {
-                        libc::_exit(125);
-                    }
-                }
-                // A new mount namespace: its mounts private, so that none
-                // made in it (here or by the restorer later) is seen out.
-                if n.flags & u64::from(libc::CLONE_NEWNS.unsigned_abs()) != 0
-                    && libc::mount(
-                        std::ptr::null(),
-                        root_dir.as_ptr(),
-                        std::ptr::null(),
-                        libc::MS_REC
-                            | if n.mount_slave {
-                                libc::MS_SLAVE
-                            } else {
-                                libc::MS_PRIVATE
-                            },
-                        std::ptr::null(),
-                    ) != 0
-                {
-                    libc::_exit(124);
-                }
-                if n.mount_proc
-                    && libc::mount(
-                        proc_src.as_ptr(),
-                        proc_dir.as_ptr(),
-                        proc_src.as_ptr(),
-                        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                        std::ptr::null(),
-                    ) != 0
-                {
-                    libc::_exit(124);
-                }
-                for (at, flags, opts, src) in &n.tmpfs {
-                    if libc::mount(
-                        src.as_ptr(),
-                        at.as_ptr(),
-                        tmpfs.as_ptr(),
-                        *flags,
-                        opts.as_ptr().cast(),
-                    ) != 0
-                    {
-                        libc::_exit(123);
-                    }
-                }
-                for (from, at, flags) in &n.binds {
-                    if libc::mount(
-                        from.as_ptr(),
-                        at.as_ptr(),
-                        std::ptr::null(),
-                        libc::MS_BIND,
-                        std::ptr::null(),
-                    ) != 0
-                    {
-                        libc::_exit(122);
-                    }
-                    if *flags != 0
-                        && libc::mount(
-                            std::ptr::null(),
-                            at.as_ptr(),
-                            std::ptr::null(),
-                            libc::MS_REMOUNT | libc::MS_BIND | *flags,
-                            std::ptr::null(),
-                        ) != 0
-                    {
-                        libc::_exit(122);
-                    }
-                }
-                if let Some(text) = &n.time_offsets {
-                    if libc::unshare(libc::CLONE_NEWTIME) != 0 {
-                        libc::_exit(120);
-                    }
-                    let fd = libc::open(offsets_file.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                    let len = text.as_bytes().len();
-                    if fd < 0
-                        || usize::try_from(libc::write(fd, text.as_ptr().cast(), len)) != Ok(len)
-                        || libc::close(fd) != 0
-                    {
-                        libc::_exit(119);
-                    }
-                    let fd = libc::open(time_ns.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
-                    if fd < 0 || libc::setns(fd, libc::CLONE_NEWTIME) != 0 {
-                        libc::_exit(120);
-                    }
-                    libc::close(fd);
-                }
+                set_up_namespaces(n, gate);
             }
             libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0);
             libc::kill(libc::getpid(), libc::SIGSTOP);
@@ -308,6 +204,129 @@ fn spawn_stopped_with(set_tid: Option<i32>, ns: Option<&NsSetup>) -> Result<Trac
     let regs = t.regs()?;
     t.set_syscall_insn(regs.rip - 2);
     Ok(t)
+}
+
+/// The set-up a child created in new namespaces (`n`) does before
+/// anything else: waits for its id maps (on `gate`, when it has maps to
+/// wait for), sets its host and domain names, makes its mounts private (or
+/// slaves), mounts a proc, its tmpfs and bind mounts, and makes and enters a
+/// new time namespace. On a failure it leaves with `_exit` and a code
+/// [`NsSetup`]'s users translate (119-125).
+///
+/// # Safety
+/// Only in a child just created by [`clone3`] (without `CLONE_VM`): it
+/// makes raw, async-signal-safe syscalls only, and may `_exit`.
+unsafe fn set_up_namespaces(n: &NsSetup, gate: [i32; 2]) {
+    let (proc_src, proc_dir, root_dir, tmpfs) = (c"proc", c"/proc", c"/", c"tmpfs");
+    let (offsets_file, time_ns) = (
+        c"/proc/self/timens_offsets",
+        c"/proc/self/ns/time_for_children",
+    );
+    // SAFETY: the caller's contract: a fresh child, raw syscalls only, on
+    // pointers to data that lives as long as the call.
+    unsafe {
+        if gate[0] >= 0 {
+            // Wait for the parent to write the id maps (EOF: it
+            // failed to; our copy of the write end closed first).
+            libc::close(gate[1]);
+            let mut b = 0u8;
+            if libc::read(gate[0], (&mut b as *mut u8).cast(), 1) != 1 {
+                libc::_exit(121);
+            }
+        }
+        if let Some(h) = &n.hostname {
+            if libc::sethostname(h.as_ptr(), h.as_bytes().len()) != 0 {
+                libc::_exit(125);
+            }
+        }
+        if let Some(d) = &n.domainname {
+            if libc::setdomainname(d.as_ptr(), d.as_bytes().len()) != 0 {
+                libc::_exit(125);
+            }
+        }
+        // A new mount namespace: its mounts private, so that none
+        // made in it (here or by the restorer later) is seen out.
+        if n.flags & u64::from(libc::CLONE_NEWNS.unsigned_abs()) != 0
+            && libc::mount(
+                std::ptr::null(),
+                root_dir.as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC
+                    | if n.mount_slave {
+                        libc::MS_SLAVE
+                    } else {
+                        libc::MS_PRIVATE
+                    },
+                std::ptr::null(),
+            ) != 0
+        {
+            libc::_exit(124);
+        }
+        if n.mount_proc
+            && libc::mount(
+                proc_src.as_ptr(),
+                proc_dir.as_ptr(),
+                proc_src.as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                std::ptr::null(),
+            ) != 0
+        {
+            libc::_exit(124);
+        }
+        for (at, flags, opts, src) in &n.tmpfs {
+            if libc::mount(
+                src.as_ptr(),
+                at.as_ptr(),
+                tmpfs.as_ptr(),
+                *flags,
+                opts.as_ptr().cast(),
+            ) != 0
+            {
+                libc::_exit(123);
+            }
+        }
+        for (from, at, flags) in &n.binds {
+            if libc::mount(
+                from.as_ptr(),
+                at.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            ) != 0
+            {
+                libc::_exit(122);
+            }
+            if *flags != 0
+                && libc::mount(
+                    std::ptr::null(),
+                    at.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REMOUNT | libc::MS_BIND | *flags,
+                    std::ptr::null(),
+                ) != 0
+            {
+                libc::_exit(122);
+            }
+        }
+        if let Some(text) = &n.time_offsets {
+            if libc::unshare(libc::CLONE_NEWTIME) != 0 {
+                libc::_exit(120);
+            }
+            let fd = libc::open(offsets_file.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            let len = text.as_bytes().len();
+            if fd < 0
+                || usize::try_from(libc::write(fd, text.as_ptr().cast(), len)) != Ok(len)
+                || libc::close(fd) != 0
+            {
+                libc::_exit(119);
+            }
+            let fd = libc::open(time_ns.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+            if fd < 0 || libc::setns(fd, libc::CLONE_NEWTIME) != 0 {
+                libc::_exit(120);
+            }
+            libc::close(fd);
+        }
+    }
 }
 
 /// Kills a child created by [`spawn_stopped`] and reaps it.
@@ -368,6 +387,137 @@ pub fn spawn_in_new_pidns(root: i32, options: u64) -> Result<(i32, Tracee), Spaw
     }
     let init = i32::try_from(init)
         .map_err(|_| KernelError::io("clone3", std::io::Error::other("pid out of range")))?;
+    adopt_root_of(init, root, options)
+}
+
+/// Like [`spawn_in_new_pidns`], for a tree whose PID namespace's init was
+/// not dumped: the init is created in the new namespaces of `ns` (which
+/// must make a PID namespace), sets them up as [`spawn_stopped_in`]'s
+/// child does, and then runs `stasis pidns-init --root ROOT`, executed
+/// through a descriptor of this binary opened before (its path may not
+/// exist under the new mounts), with an empty environment and none of
+/// this process's fds. The root stub is at `root` there: the
+/// root keeps its PID in its namespace, under a stand-in PID 1. Returns
+/// the init's PID and the root stub, seized and stopped with `options`.
+/// The init forks the root stub before its exec (with `--adopt`, it only
+/// reaps).
+pub fn spawn_init_in(root: i32, ns: &NsSetup, options: u64) -> Result<(i32, Tracee), SpawnError> {
+    use std::ffi::CString;
+    if ns.flags & u64::from(libc::CLONE_NEWPID.unsigned_abs()) == 0 {
+        return Err(KernelError::io(
+            "starting a stand-in init",
+            std::io::Error::other("the new namespaces have no PID namespace"),
+        )
+        .into());
+    }
+    let exe = std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_PATH)
+        .open("/proc/self/exe")
+        .map_err(|e| KernelError::io("opening this program (/proc/self/exe)", e))?;
+    let args: Vec<CString> = [
+        "stasis",
+        "pidns-init",
+        "--root",
+        &root.to_string(),
+        "--adopt",
+    ]
+    .iter()
+    .filter_map(|a| CString::new(*a).ok())
+    .collect();
+    let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    let tid = [root];
+    let root_args = CloneArgs {
+        exit_signal: libc::SIGCHLD as u64,
+        set_tid: tid.as_ptr() as u64,
+        set_tid_size: 1,
+        ..Default::default()
+    };
+    let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+    let empty = c"";
+    let maps = ns.id_maps.as_ref();
+    let mut gate = [-1i32; 2];
+    // SAFETY: pipe2 writes two fds into `gate`.
+    if maps.is_some() && unsafe { libc::pipe2(gate.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(KernelError::io("pipe2", last_err()).into());
+    }
+    // SAFETY: the fds were just made by pipe2 and are ours alone.
+    let gate_fds = maps.map(|_| unsafe {
+        (
+            std::os::fd::OwnedFd::from_raw_fd(gate[0]),
+            std::os::fd::OwnedFd::from_raw_fd(gate[1]),
+        )
+    });
+    let args_c = CloneArgs {
+        flags: ns.flags,
+        exit_signal: libc::SIGCHLD as u64,
+        ..Default::default()
+    };
+    // SAFETY: clone3 without CLONE_VM duplicates this process like fork;
+    // the child makes raw syscalls only (the set-up, then execveat with
+    // argv and envp prepared above), then _exit if they fail.
+    let init = unsafe { clone3(&args_c) };
+    if init == 0 {
+        // SAFETY: child side: raw syscalls, then exec or leave.
+        unsafe {
+            set_up_namespaces(ns, gate);
+            // The root stub, forked here while this init still has every
+            // capability in the new namespaces (an exec as an id other
+            // than 0 there would drop them, and set_tid needs them). It
+            // sleeps until the restorer takes it over.
+            let stub = clone3(&root_args);
+            if stub == 0 {
+                loop {
+                    libc::pause();
+                }
+            }
+            if stub < 0 {
+                libc::_exit(126);
+            }
+            libc::syscall(
+                libc::SYS_execveat,
+                exe.as_raw_fd(),
+                empty.as_ptr(),
+                argv.as_ptr(),
+                envp.as_ptr(),
+                libc::AT_EMPTY_PATH,
+            );
+            libc::_exit(118);
+        }
+    }
+    drop(exe);
+    if init < 0 {
+        let e = last_err();
+        return Err(match e.raw_os_error() {
+            Some(libc::EPERM) => SpawnError::NoPermission {
+                pid: root,
+                source: e,
+            },
+            _ => SpawnError::Kernel(KernelError::io("clone3 (the new namespaces)", e)),
+        });
+    }
+    let init = i32::try_from(init)
+        .map_err(|_| KernelError::io("clone3", std::io::Error::other("pid out of range")))?;
+    if let (Some(m), Some((r, w))) = (maps, gate_fds) {
+        drop(r);
+        // On failure the child reads EOF and exits (status 121).
+        if let Err(e) = write_id_maps(init, m) {
+            drop(w);
+            let _ = wait_raw(init);
+            return Err(KernelError::io("writing the id maps of the new user namespace", e).into());
+        }
+        let mut f = std::fs::File::from(w);
+        let _ = std::io::Write::write_all(&mut f, b"1");
+    }
+    adopt_root_of(init, root, options)
+}
+
+/// Waits for the root stub that the init `init` (a child of this process,
+/// running `stasis pidns-init --root ROOT`) forks at `root` inside its
+/// namespace, and seizes it with `options`, stopped, its `syscall`
+/// instruction recorded. Kills and reaps the init on a failure.
+fn adopt_root_of(init: i32, root: i32, options: u64) -> Result<(i32, Tracee), SpawnError> {
     let kill_init = || {
         // SAFETY: killing and reaping the init we just started.
         unsafe {
@@ -397,7 +547,9 @@ pub fn spawn_in_new_pidns(root: i32, options: u64) -> Result<(i32, Tracee), Spaw
             kill_init();
             return Err(KernelError::io(
                 "starting the PID namespace",
-                std::io::Error::other("its root process did not appear"),
+                std::io::Error::other(format!(
+                    "its root process (PID {root} there) did not appear"
+                )),
             )
             .into());
         }
@@ -423,30 +575,18 @@ pub fn spawn_in_new_pidns(root: i32, options: u64) -> Result<(i32, Tracee), Spaw
     Ok((init, t))
 }
 
-/// The body of `stasis pidns-init --root ROOT`: PID 1 of a namespace made by
-/// [`spawn_in_new_pidns`]. Forks the root stub at `root` (which sleeps in
-/// `pause()` until it is taken over), then reaps every child until the root exits, and
-/// returns the root's exit code (128+signal if it was killed).
-pub fn pidns_init(root: i32) -> i32 {
-    let tid = [root];
-    let args = CloneArgs {
-        exit_signal: libc::SIGCHLD as u64,
-        set_tid: tid.as_ptr() as u64,
-        set_tid_size: 1,
-        ..Default::default()
+/// The body of `stasis pidns-init --root ROOT [--adopt]`: PID 1 of a
+/// namespace made by [`spawn_in_new_pidns`] or [`spawn_init_in`]. Forks
+/// the root stub at `root` (which sleeps in `pause()` until it is taken
+/// over; with `adopt`, the stub is there already), then reaps every child
+/// until the root exits, and returns the root's exit code (128+signal if
+/// it was killed).
+pub fn pidns_init(root: i32, adopt: bool) -> i32 {
+    let pid = if adopt {
+        i64::from(root)
+    } else {
+        fork_root_stub(root)
     };
-    // SAFETY: a fork-like clone3 of this single-threaded process; the child
-    // only stops itself until the restorer takes it over and replaces its
-    // whole state.
-    let pid = unsafe { clone3(&args) };
-    if pid == 0 {
-        // Sleep until taken over (no job-control stop: that would outlive
-        // the tracer's detach).
-        loop {
-            // SAFETY: a raw syscall only, in the child.
-            unsafe { libc::pause() };
-        }
-    }
     if pid < 0 {
         return 126;
     }
@@ -479,6 +619,31 @@ pub fn pidns_init(root: i32) -> i32 {
             }
         }
     }
+}
+
+/// Forks the root stub at `root` (it sleeps in `pause()` until taken
+/// over): its PID, or -1.
+fn fork_root_stub(root: i32) -> i64 {
+    let tid = [root];
+    let args = CloneArgs {
+        exit_signal: libc::SIGCHLD as u64,
+        set_tid: tid.as_ptr() as u64,
+        set_tid_size: 1,
+        ..Default::default()
+    };
+    // SAFETY: a fork-like clone3 of this single-threaded process; the child
+    // only stops itself until the restorer takes it over and replaces its
+    // whole state.
+    let pid = unsafe { clone3(&args) };
+    if pid == 0 {
+        // Sleep until taken over (no job-control stop: that would outlive
+        // the tracer's detach).
+        loop {
+            // SAFETY: a raw syscall only, in the child.
+            unsafe { libc::pause() };
+        }
+    }
+    pid
 }
 
 /// Every task (thread) of process `pid` now, the process itself first.

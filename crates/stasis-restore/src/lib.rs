@@ -234,9 +234,11 @@ pub struct Restored {
     pub checkpoint: u32,
     /// PID of the root process (as seen from where stasis runs).
     pub pid: i32,
-    /// With `--new-pidns`: the root's PID inside its namespace (the saved one).
+    /// With `--new-pidns` or a PID namespace of the tree's own: the root's
+    /// PID inside its namespace (the saved one).
     pub pid_in_namespace: Option<i32>,
-    /// With `--new-pidns`: the namespace's init (a child of the caller; it
+    /// With `--new-pidns`, or a tree whose namespace's init was not dumped
+    /// (a stand-in init): the namespace's init (a child of the caller; it
     /// exits with the root's status).
     pub init_pid: Option<i32>,
     pub processes: usize,

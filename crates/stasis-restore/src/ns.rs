@@ -241,6 +241,10 @@ pub(crate) fn setup_failure(code: i32) -> Option<&'static str> {
         121 => Some("the id maps of the new user namespace were not written"),
         120 => Some("making or entering a new time namespace failed"),
         119 => Some("writing the clock offsets of the new time namespace failed"),
+        118 => Some("the stand-in init of the new PID namespace could not execute stasis"),
+        126 => {
+            Some("the stand-in init of the new PID namespace could not create the root at its PID")
+        }
         _ => None,
     }
 }

@@ -303,7 +303,15 @@ fn spawn_root(m: &Manifest, remote_end: OwnedFd, new_pidns: bool) -> Result<(Pro
         }
         let setup = crate::ns::setup(ns)?;
         let set_tid = (!ns.pid).then_some(root.pid);
-        let t = stasis_kernel::child::spawn_stopped_in(set_tid, &setup).map_err(|e| {
+        let spawned = if ns.pid && ns.stand_in_init {
+            // The namespace's init was not dumped: a stand-in init (stasis
+            // exec'd anew) is PID 1 and the root keeps its PID.
+            stasis_kernel::child::spawn_init_in(root.pid, &setup, stub_options())
+                .map(|(init, t)| (t, Some(init)))
+        } else {
+            stasis_kernel::child::spawn_stopped_in(set_tid, &setup).map(|t| (t, None))
+        };
+        let (t, init) = spawned.map_err(|e| {
             let why = match &e {
                 SpawnError::Kernel(stasis_kernel::KernelError::Died { status, .. })
                     if libc::WIFEXITED(*status) =>
@@ -320,7 +328,7 @@ fn spawn_root(m: &Manifest, remote_end: OwnedFd, new_pidns: bool) -> Result<(Pro
                 None => spawn_err(e),
             }
         })?;
-        (t, None)
+        (t, init)
     } else if new_pidns {
         // The namespace's init is stasis exec'd anew: keep the transport
         // across that exec, so the root stub (forked by init) has it.
@@ -328,12 +336,8 @@ fn spawn_root(m: &Manifest, remote_end: OwnedFd, new_pidns: bool) -> Result<(Pro
             remote_end.as_raw_fd(),
             nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
         );
-        let opts_bits = sys::PTRACE_O_EXITKILL
-            | sys::PTRACE_O_TRACECLONE
-            | sys::PTRACE_O_TRACEFORK
-            | sys::PTRACE_O_SUSPEND_SECCOMP;
-        let (init, t) =
-            stasis_kernel::child::spawn_in_new_pidns(root.pid, opts_bits).map_err(spawn_err)?;
+        let (init, t) = stasis_kernel::child::spawn_in_new_pidns(root.pid, stub_options())
+            .map_err(spawn_err)?;
         (t, Some(init))
     } else {
         (spawn_stopped(Some(root.pid)).map_err(spawn_err)?, None)
@@ -347,6 +351,14 @@ fn spawn_root(m: &Manifest, remote_end: OwnedFd, new_pidns: bool) -> Result<(Pro
             Err(e)
         }
     }
+}
+
+/// The ptrace options of a root stub seized from the init that forked it.
+fn stub_options() -> u64 {
+    sys::PTRACE_O_EXITKILL
+        | sys::PTRACE_O_TRACECLONE
+        | sys::PTRACE_O_TRACEFORK
+        | sys::PTRACE_O_SUSPEND_SECCOMP
 }
 
 /// Starts checking the checksums of every pack the restore reads. A lazy

@@ -144,6 +144,33 @@ pub fn choose(want: Option<Backend>) -> Result<Backend> {
     }
 }
 
+/// [`choose`] for dumps of the tree of `pid`: the userfaultfd backend
+/// creates its descriptor inside each process, which the kernel refuses
+/// in a user namespace other than the initial one (it wants
+/// `CAP_SYS_PTRACE` there) unless `vm.unprivileged_userfaultfd` is 1. For
+/// such a tree `auto` goes on to the next backend, and `uffd` is refused
+/// with the reason.
+pub fn choose_for(want: Option<Backend>, pid: i32) -> Result<Backend> {
+    let uffd_here = uffd::allowed_in(pid);
+    match (want, uffd_here) {
+        (Some(Backend::Uffd), Err(why)) => Err(TrackError::Unsupported {
+            backend: "uffd",
+            why,
+        }),
+        (None, Err(why)) => {
+            tracing::info!("tracking backend uffd unavailable for process {pid}: {why}");
+            match softdirty::probe() {
+                Ok(()) => Ok(Backend::SoftDirty),
+                Err(e) => {
+                    tracing::info!("tracking backend soft-dirty unavailable: {e}");
+                    Ok(Backend::Hash)
+                }
+            }
+        }
+        _ => choose(want),
+    }
+}
+
 /// A memory area of a process, as the dumper sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Area {

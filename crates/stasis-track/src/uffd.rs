@@ -52,6 +52,25 @@ pub fn probe() -> Result<()> {
     Ok(())
 }
 
+/// Whether a userfaultfd can be created inside process `pid`: not in a
+/// user namespace other than this process's (the kernel asks for
+/// `CAP_SYS_PTRACE` in the initial one) unless the
+/// `vm.unprivileged_userfaultfd` sysctl is 1. The reason if not.
+pub fn allowed_in(pid: i32) -> std::result::Result<(), String> {
+    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/user")).ok();
+    if ns(&pid.to_string()) == ns("self") {
+        return Ok(());
+    }
+    let sysctl =
+        std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
+    if sysctl.trim() == "1" {
+        return Ok(());
+    }
+    Err(format!(
+        "process {pid} is in a user namespace of its own, where the kernel lets it make a userfaultfd only with vm.unprivileged_userfaultfd=1 (sysctl)"
+    ))
+}
+
 /// The userfaultfd tracker. It holds the descriptors it created until they
 /// are taken with [`UffdTracker::take_held`].
 #[derive(Default)]

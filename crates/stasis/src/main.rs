@@ -187,11 +187,16 @@ enum Cmd {
         #[arg(long, default_value_t = 2.0)]
         after: f64,
     },
-    /// PID 1 of a namespace made by `restore --new-pidns` (internal).
+    /// PID 1 of a namespace made by `restore --new-pidns`, or the
+    /// stand-in init of a tree whose namespace's init was not dumped
+    /// (internal).
     #[command(hide = true)]
     PidnsInit {
         #[arg(long)]
         root: i32,
+        /// The root stub exists already (forked before the exec).
+        #[arg(long)]
+        adopt: bool,
     },
     /// The demo's workload (run by `stasis demo`).
     #[command(hide = true)]
@@ -302,8 +307,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             stasis_capture::guard::run(std::io::stdin().lock())?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::PidnsInit { root } => Ok(ExitCode::from(
-            u8::try_from(stasis_kernel::child::pidns_init(root)).unwrap_or(255),
+        Cmd::PidnsInit { root, adopt } => Ok(ExitCode::from(
+            u8::try_from(stasis_kernel::child::pidns_init(root, adopt)).unwrap_or(255),
         )),
         Cmd::Inspect {
             dir,
@@ -393,7 +398,10 @@ fn cmd_dump(
         .with_context(|| format!("opening image directory {}", dir.display()))?;
     // Tracking: as asked, or as armed by the previous dump into DIR.
     let backend = match track {
-        Some(name) => Some(stasis_track::choose(stasis_track::Backend::parse(name)?)?),
+        Some(name) => Some(stasis_track::choose_for(
+            stasis_track::Backend::parse(name)?,
+            pid,
+        )?),
         None => stasis_track::state::load(dir)
             .ok()
             .flatten()

@@ -1134,19 +1134,209 @@ fn refuses_a_child_in_another_network_namespace() {
     );
 }
 
+/// The program of [`a_job_under_the_namespace_init_comes_back_under_a_stand_in`]:
+/// argv[1] is its directory (`ready`, `go`, `result`). It holds a child
+/// and 1 MiB of random bytes, and checks after the restores that its PID
+/// and its child's are those it had in its namespace, its parent is PID
+/// 1 there, its namespace's /proc shows it at its PID, and its memory
+/// and child are intact.
+const STAND_IN_PROGRAM: &str = r#"
+import hashlib, os, select, sys
+d = sys.argv[1]
+me = os.getpid()
+r, w = os.pipe()
+kid = os.fork()
+if kid == 0:
+    os.close(w)
+    os._exit(0 if os.read(r, 1) == b"" else 3)
+os.close(r)
+data = bytearray(os.urandom(1 << 20))
+digest = hashlib.sha256(data).hexdigest()
+def field(pid, key):
+    for l in open("/proc/%s/status" % pid):
+        if l.startswith(key):
+            return l.split()[1:]
+with open(d + "/ready.tmp", "w") as f:
+    f.write("%d %d %d\n" % (me, kid, os.getppid()))
+os.rename(d + "/ready.tmp", d + "/ready")
+while not os.path.exists(d + "/go"):
+    select.select([], [], [], 0.02)
+bad = []
+if os.getpid() != me:
+    bad.append("pid %d, was %d" % (os.getpid(), me))
+if os.getppid() != 1:
+    bad.append("parent %d, not 1" % os.getppid())
+if field("self", "NSpid:")[-1] != str(me):
+    bad.append("NSpid %r" % field("self", "NSpid:"))
+if field(kid, "PPid:") != [str(me)]:
+    bad.append("child %d has parent %r" % (kid, field(kid, "PPid:")))
+if hashlib.sha256(data).hexdigest() != digest:
+    bad.append("memory changed")
+os.close(w)
+_, st = os.waitpid(kid, 0)
+if st != 0:
+    bad.append("child status %d" % st)
+with open(d + "/result.tmp", "w") as f:
+    f.write("FAIL: " + "; ".join(bad) if bad else "PASS")
+os.rename(d + "/result.tmp", d + "/result")
+"#;
+
+/// A job under a container's shell: a process (with a child) that is not
+/// its PID namespace's init (`sh`, not dumped) comes back, twice, in a new
+/// PID namespace at its PID there, its child at its, under a stand-in
+/// init (stasis, PID 1 there, which exits with the root's status); the
+/// program checks itself.
 #[test]
-fn refuses_a_process_that_is_not_the_namespace_init() {
-    refused(
+fn a_job_under_the_namespace_init_comes_back_under_a_stand_in() {
+    job_under_a_stand_in(&["--pid", "--fork", "--mount-proc"], false);
+}
+
+/// The same in user (root mapped), PID, mount, UTS, IPC and network
+/// namespaces of its own, with an incremental dump (`--leave-running
+/// --track auto`, which picks soft-dirty there: userfaultfd is refused to
+/// a process in a user namespace of its own, then a dump that kills).
+#[test]
+fn a_job_under_the_init_of_a_container_comes_back_under_a_stand_in() {
+    job_under_a_stand_in(
         &[
+            "--user",
+            "--map-root-user",
             "--pid",
             "--fork",
             "--mount-proc",
-            "sh",
-            "-c",
-            "sleep 1000 & wait",
+            "--mount",
+            "--uts",
+            "--ipc",
+            "--net",
         ],
-        |up| child_running(up, "sleep 1000"),
-        "is not its init (PID 1 there)",
+        true,
+    );
+}
+
+/// Dumps and restores the program of [`STAND_IN_PROGRAM`] under `unshare
+/// UNSHARE sh -c 'python3 ... & wait'` twice (with `incremental`, a
+/// `--leave-running --track` dump first: the dump that follows is
+/// incremental; a restored tree is not tracked), checking its PIDs and the stand-in after each restore.
+fn job_under_a_stand_in(unshare: &[&str], incremental: bool) {
+    workloads();
+    become_subreaper();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap().to_string();
+    let r = Refused::spawn(Command::new("unshare").args(unshare).args([
+        "sh",
+        "-c",
+        "python3 -c \"$0\" \"$1\" & wait",
+        STAND_IN_PROGRAM,
+        &d,
+    ]));
+    let up = r.unshare.id() as i32;
+    let ready = dir.path().join("ready");
+    wait_until(Duration::from_secs(20), "the program to be ready", || {
+        ready.exists()
+    });
+    let said = std::fs::read_to_string(&ready).unwrap();
+    let ids: Vec<i32> = said
+        .split_whitespace()
+        .map(|w| w.parse().unwrap())
+        .collect();
+    let (me, kid) = (ids[0], ids[1]);
+    assert!(me > 1 && ids[2] == 1, "ready: {said}");
+    let init = my_children_of(up)
+        .first()
+        .copied()
+        .expect("the namespace's sh");
+    let mut pid = my_children_of(init).first().copied().expect("the program");
+    let img = tempfile::tempdir().unwrap();
+    let mut stand_in = 0;
+    let nspid = |p: i32| {
+        std::fs::read_to_string(format!("/proc/{p}/status"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("NSpid:")
+                    .map(|v| v.split_whitespace().last().unwrap_or("").to_string())
+            })
+            .unwrap_or_default()
+    };
+    let track: &[&str] = if incremental {
+        &["--track", "auto"]
+    } else {
+        &[]
+    };
+    if incremental {
+        let o = stasis()
+            .args([
+                "dump",
+                "--leave-running",
+                "--json",
+                "-t",
+                &pid.to_string(),
+                "-D",
+            ])
+            .arg(img.path())
+            .args(track)
+            .output()
+            .unwrap();
+        assert_ok(&o, "dump --leave-running");
+        assert!(alive(pid), "--leave-running killed the program");
+        assert!(json(&o)["armed"].is_string(), "{}", json(&o));
+    }
+    for round in 1..=2 {
+        let o = stasis()
+            .args(["dump", "--json", "-t", &pid.to_string(), "-D"])
+            .arg(img.path())
+            .args(track)
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("dump round {round}"));
+        let parent = &json(&o)["parent"];
+        assert_eq!(
+            parent.is_u64(),
+            incremental && round == 1,
+            "round {round}: {}",
+            json(&o)
+        );
+        if round > 1 {
+            // The stand-in exits with the root's status (128 + SIGKILL).
+            assert_eq!(
+                waitpid_timeout(stand_in, Duration::from_secs(30)),
+                (Some(128 + libc::SIGKILL), None),
+                "round {round}: the stand-in's status"
+            );
+        }
+        let o = stasis()
+            .args(["restore", "--detach", "--json", "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap();
+        assert_ok(&o, &format!("restore round {round}"));
+        let j = json(&o);
+        assert_eq!(j["pid_in_namespace"], me, "{j}");
+        pid = i32::try_from(j["pid"].as_i64().unwrap()).unwrap();
+        stand_in = i32::try_from(j["init_pid"].as_i64().expect("an init")).unwrap();
+        assert_eq!(nspid(pid), me.to_string(), "round {round}");
+        assert_eq!(nspid(stand_in), "1", "round {round}");
+        assert_eq!(my_children_of(stand_in), [pid], "round {round}");
+        assert!(cmdline_of(stand_in).contains("pidns-init"), "round {round}");
+        let kids = my_children_of(pid);
+        assert_eq!(kids.len(), 1, "round {round}");
+        assert_eq!(nspid(kids[0]), kid.to_string(), "round {round}");
+        assert_ne!(
+            std::fs::read_link(format!("/proc/{pid}/ns/pid")).unwrap(),
+            std::fs::read_link("/proc/self/ns/pid").unwrap(),
+            "round {round}"
+        );
+    }
+    std::fs::write(dir.path().join("go"), b"").unwrap();
+    let result = dir.path().join("result");
+    wait_until(Duration::from_secs(20), "the program's result", || {
+        result.exists()
+    });
+    assert_eq!(std::fs::read_to_string(&result).unwrap(), "PASS");
+    assert_eq!(
+        waitpid_timeout(stand_in, Duration::from_secs(30)),
+        (Some(0), None),
+        "the stand-in exits with the root's status"
     );
 }
 
