@@ -122,6 +122,7 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     let (mut cp, plan) = load(store, opts.checkpoint)?;
     crate::ns::creds_inside(&mut cp.manifest)?;
     let m = &cp.manifest;
+    lazy_allowed(m, opts)?;
     // A shell job's terminal, before anything is built.
     let terminal = crate::shell_job::open(m, opts)?;
     let chain = stasis_image::load_chain(store, Some(cp.number))?;
@@ -216,6 +217,25 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
             Err(e)
         }
     }
+}
+
+/// A lazy restore makes a userfaultfd inside each process, which the
+/// kernel refuses in a user namespace other than the initial one unless
+/// `vm.unprivileged_userfaultfd` is 1: refused before anything is built.
+fn lazy_allowed(m: &Manifest, opts: &RestoreOptions) -> Result<()> {
+    let userns = m.namespaces.as_ref().is_some_and(|n| n.user.is_some());
+    if opts.lazy.is_none() || !userns {
+        return Ok(());
+    }
+    let sysctl =
+        std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
+    if sysctl.trim() == "1" {
+        return Ok(());
+    }
+    Err(ObjectError::Incompatible(
+        "the tree is in a user namespace of its own, where the kernel lets a process make the userfaultfd a lazy restore needs only with vm.unprivileged_userfaultfd=1: restore it without --lazy, or set that sysctl".into(),
+    )
+    .into())
 }
 
 /// Whether the tree had a PID namespace of its own (its root is PID 1 of

@@ -1340,6 +1340,55 @@ fn job_under_a_stand_in(unshare: &[&str], incremental: bool) {
     );
 }
 
+/// A tree in a user namespace of its own: a lazy restore is refused
+/// before anything is made (the kernel refuses the userfaultfd it needs
+/// there) unless `vm.unprivileged_userfaultfd` is 1, with what to do; the
+/// plain restore of the same image works.
+#[test]
+fn a_lazy_restore_of_a_user_namespace_says_what_it_needs() {
+    become_subreaper();
+    let r = Refused::spawn(Command::new("unshare").args([
+        "--user",
+        "--map-root-user",
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "sleep",
+        "1000",
+    ]));
+    let pid = r.sleeper(20);
+    let img = tempfile::tempdir().unwrap();
+    let o = stasis()
+        .args(["dump", "-t", &pid.to_string(), "-D"])
+        .arg(img.path())
+        .output()
+        .unwrap();
+    assert_ok(&o, "dump");
+    let allowed = std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd")
+        .is_ok_and(|v| v.trim() == "1");
+    let lazy = stasis()
+        .args(["restore", "--lazy", "--detach", "--json", "-D"])
+        .arg(img.path())
+        .output()
+        .unwrap();
+    let o = if allowed {
+        lazy
+    } else {
+        assert_fails_with(&lazy, "vm.unprivileged_userfaultfd=1");
+        stasis()
+            .args(["restore", "--detach", "--json", "-D"])
+            .arg(img.path())
+            .output()
+            .unwrap()
+    };
+    assert_ok(&o, "restore");
+    let pid = i32::try_from(json(&o)["pid"].as_i64().unwrap()).unwrap();
+    assert_eq!(cmdline_of(pid).trim(), "sleep 1000");
+    // SAFETY: killing the restored tree (PID 1 of its namespace).
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    waitpid_timeout(pid, Duration::from_secs(30));
+}
+
 /// A process of a tree in namespaces of its own whose threads are in a
 /// threaded subtree (its main thread in threaded cgroup T/m, its other
 /// two in T/t and T/t/u; T, where the process is, reads `domain
