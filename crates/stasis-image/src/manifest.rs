@@ -222,8 +222,35 @@ pub const NET_ROUTING_MANIFEST_VERSION: u32 = 15;
 /// refuses the manifest instead of making the root PID 1.
 pub const STAND_IN_INIT_MANIFEST_VERSION: u32 = 18;
 
+/// Whose namespace an fd on a namespace file ([`FdKind::NsFile`]) is.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NsFileOf {
+    /// The holder's own (the tree's): reopened from the restored tree's.
+    #[default]
+    Own,
+    /// The dumper's (the tree has a namespace of its own of that kind):
+    /// reopened from the restorer's, which must be that namespace.
+    Dumper,
+    /// One bound to this path of the dumper's mount namespace (as `ip
+    /// netns add` binds network namespaces under `/run/netns`): reopened
+    /// from the path.
+    Path(String),
+}
+
+impl NsFileOf {
+    pub fn is_own(&self) -> bool {
+        *self == NsFileOf::Own
+    }
+}
+
+/// Manifest format version written when an fd is on the namespace of
+/// the dumper or of a path ([`NsFileOf`]), so that a reader that predates
+/// it refuses the manifest instead of reopening the tree's own namespace.
+pub const NS_FILE_OF_MANIFEST_VERSION: u32 = 19;
+
 /// The newest manifest format version this reader knows.
-pub const LATEST_MANIFEST_VERSION: u32 = STAND_IN_INIT_MANIFEST_VERSION;
+pub const LATEST_MANIFEST_VERSION: u32 = NS_FILE_OF_MANIFEST_VERSION;
 
 impl Manifest {
     /// The format version this manifest's content calls for: the oldest
@@ -312,7 +339,15 @@ impl Manifest {
             .cgroups
             .as_ref()
             .is_some_and(|c| !c.threads.is_empty() || c.dirs.iter().any(|d| d.threaded));
-        if self.namespaces.as_ref().is_some_and(|n| n.stand_in_init) {
+        let ns_file_of = || {
+            self.processes
+                .iter()
+                .flat_map(|p| &p.fds)
+                .any(|f| matches!(&f.kind, FdKind::NsFile { of, .. } if !of.is_own()))
+        };
+        if ns_file_of() {
+            NS_FILE_OF_MANIFEST_VERSION
+        } else if self.namespaces.as_ref().is_some_and(|n| n.stand_in_init) {
             STAND_IN_INIT_MANIFEST_VERSION
         } else if net_routing {
             NET_ROUTING_MANIFEST_VERSION
@@ -1677,9 +1712,15 @@ pub enum FdKind {
         #[serde(default)]
         dead: Option<u64>,
     },
-    /// A namespace file (`/proc/PID/ns/KIND`) of the process's own
-    /// namespace, inode `ino` at dump.
-    NsFile { kind: String, ino: u64 },
+    /// A namespace file (`/proc/PID/ns/KIND`), inode `ino` at dump: of the
+    /// process's own namespace, or (`of`, manifest version 19) the
+    /// dumper's or one bound to a path.
+    NsFile {
+        kind: String,
+        ino: u64,
+        #[serde(default, skip_serializing_if = "NsFileOf::is_own")]
+        of: NsFileOf,
+    },
     /// An inotify instance and its watches (by path, in watch-descriptor order).
     Inotify { watches: Vec<InotifyWatch> },
     /// A fanotify group: its `fanotify_init` flags, the open flags of the

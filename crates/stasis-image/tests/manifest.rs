@@ -1220,8 +1220,37 @@ fn a_stand_in_init_raises_the_manifest_version_and_round_trips() {
     m.namespaces.as_mut().unwrap().stand_in_init = true;
     // A reader of any earlier version would make the root PID 1.
     assert_version_round_trips(&m, 18, manifest::NET_ROUTING_MANIFEST_VERSION);
+}
+
+#[test]
+fn an_fd_on_another_namespace_raises_the_manifest_version_and_round_trips() {
+    let mut m = small_manifest();
+    let fd = |of| manifest::FdImage {
+        fd: 7,
+        flags: 0,
+        cloexec: false,
+        kind: manifest::FdKind::NsFile {
+            kind: "net".into(),
+            ino: 4026531840,
+            of,
+        },
+        shared_id: None,
+        locks: Vec::new(),
+        owner: None,
+    };
+    m.processes[0].fds.push(fd(manifest::NsFileOf::Own));
+    assert_eq!(m.format_version(), FORMAT_VERSION);
+    for of in [
+        manifest::NsFileOf::Dumper,
+        manifest::NsFileOf::Path("/run/netns/a".into()),
+    ] {
+        let mut m = m.clone();
+        m.processes[0].fds.push(fd(of));
+        // An earlier reader would reopen the tree's own namespace.
+        assert_version_round_trips(&m, 19, 18);
+    }
     assert_eq!(
         manifest::LATEST_MANIFEST_VERSION,
-        manifest::STAND_IN_INIT_MANIFEST_VERSION
+        manifest::NS_FILE_OF_MANIFEST_VERSION
     );
 }

@@ -328,6 +328,7 @@ mod tests {
             FdKind::NsFile {
                 kind: "net".into(),
                 ino: 1,
+                of: Default::default(),
             },
             FdKind::IoUring(stasis_image::manifest::IoUringRing {
                 ino: 1,

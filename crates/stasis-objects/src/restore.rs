@@ -149,6 +149,13 @@ pub struct RestoreCtx<'a> {
     /// namespace, the tree's own, POSIX message queues are opened in by
     /// name; `None`: the restorer's.
     pub ipc_ns_of: Option<i32>,
+    /// A process of the tree (as the restorer sees it) whose namespaces
+    /// fds on the tree's own namespace files are opened from; `None`: the
+    /// restorer's.
+    pub ns_of: Option<i32>,
+    /// The restorer's own namespaces as it started (kind, an fd on it):
+    /// fds on the dumper's are reopened from them.
+    pub home_ns: Vec<(String, OwnedFd)>,
 }
 
 impl<'a> RestoreCtx<'a> {
@@ -203,6 +210,8 @@ impl<'a> RestoreCtx<'a> {
             mqueues: HashMap::new(),
             mount_ns_of: None,
             ipc_ns_of: None,
+            ns_of: None,
+            home_ns: Vec::new(),
         }
     }
 

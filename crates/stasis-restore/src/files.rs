@@ -58,6 +58,18 @@ impl<'a> FdFactory<'a> {
         self.0.ipc_ns_of = Some(pid);
     }
 
+    /// Fds on the tree's own namespace files are opened from process
+    /// `pid`'s namespaces.
+    pub fn set_ns_of(&mut self, pid: i32) {
+        self.0.ns_of = Some(pid);
+    }
+
+    /// The restorer's own namespaces (kind, an fd on it), opened before
+    /// any thread of it entered the tree's.
+    pub fn set_home_ns(&mut self, home: Vec<(String, OwnedFd)>) {
+        self.0.home_ns = home;
+    }
+
     /// Established TCP connections are made closed (`--tcp-close`).
     pub fn set_tcp_close(&mut self, close: bool) {
         self.0.tcp_close = close;

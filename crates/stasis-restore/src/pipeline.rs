@@ -64,6 +64,8 @@ pub(crate) struct Build<'a> {
     pub terminal: Option<&'a crate::shell_job::Terminal>,
     /// The cgroups each process is put in.
     pub cgroups: &'a crate::cgroup::Placer,
+    /// The restorer's own namespaces as it started (kind, an fd on it).
+    pub home_ns: Vec<(String, OwnedFd)>,
 }
 
 impl Build<'_> {
@@ -139,6 +141,8 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     // The tree's cgroups, made where missing (removed again when this
     // restore fails: it is dropped after the tree is killed).
     let cgroups = crate::cgroup::Placer::prepare(m)?;
+    // Before any thread of this process enters the tree's namespaces.
+    let home_ns = home_namespaces();
     let (transport, remote_end) = transport(m)?;
     let (root, init) = spawn_root(m, remote_end, opts.new_pidns)?;
     let root_outer = root.t.pid();
@@ -173,6 +177,7 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
         lazy_bytes: 0,
         terminal: terminal.as_ref(),
         cgroups: &cgroups,
+        home_ns,
     };
 
     // Stage 2, verify: pack checksums, in parallel with the rebuild.
@@ -373,6 +378,17 @@ fn spawn_root(m: &Manifest, remote_end: OwnedFd, new_pidns: bool) -> Result<(Pro
     }
 }
 
+/// This thread's namespaces (kind, an fd on it), each that it can open.
+fn home_namespaces() -> Vec<(String, OwnedFd)> {
+    stasis_kernel::ns::NsKind::ALL
+        .into_iter()
+        .filter_map(|k| {
+            let f = std::fs::File::open(format!("/proc/thread-self/ns/{}", k.name())).ok()?;
+            Some((k.name().to_string(), OwnedFd::from(f)))
+        })
+        .collect()
+}
+
 /// The ptrace options of a root stub seized from the init that forked it.
 fn stub_options() -> u64 {
     sys::PTRACE_O_EXITKILL
@@ -445,6 +461,8 @@ fn build_tree(b: &mut Build<'_>) -> Result<u64> {
     factory.set_content(b.content);
     stub::prepare_root(b)?;
     let root_outer = b.root()?.t.pid();
+    factory.set_ns_of(root_outer);
+    factory.set_home_ns(std::mem::take(&mut b.home_ns));
     // Files of a tree with a mount namespace of its own are opened there.
     if m.namespaces.as_ref().is_some_and(|n| n.mnt.is_some()) {
         factory.set_mount_ns_of(root_outer);

@@ -506,7 +506,15 @@ fn fd_description(kind: &FdKind) -> String {
         FdKind::Fanotify { marks, .. } => format!("fanotify group with {} marks", marks.len()),
         FdKind::Pidfd { dead: Some(_), .. } => "pidfd on a process that has exited".to_string(),
         FdKind::Pidfd { pid, .. } => format!("pidfd on process {pid}"),
-        FdKind::NsFile { kind, ino } => format!("namespace file {kind}:[{ino}]"),
+        FdKind::NsFile { kind, ino, of } => match of {
+            stasis_image::manifest::NsFileOf::Own => format!("namespace file {kind}:[{ino}]"),
+            stasis_image::manifest::NsFileOf::Dumper => {
+                format!("namespace file {kind}:[{ino}] (the dumper's)")
+            }
+            stasis_image::manifest::NsFileOf::Path(p) => {
+                format!("namespace file {kind}:[{ino}] (bound at {p})")
+            }
+        },
         FdKind::TtyLine { path, winsize, .. } => {
             format!("{path} ({}x{})", winsize[1], winsize[0])
         }

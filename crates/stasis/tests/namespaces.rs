@@ -1340,6 +1340,118 @@ fn job_under_a_stand_in(unshare: &[&str], incremental: bool) {
     );
 }
 
+/// The program of [`fds_on_namespaces_come_back_on_theirs`]: argv[1] is
+/// its directory, argv[2] a network namespace bound to a path, argv[3] a
+/// process in that namespace (not of the tree). It opens the network
+/// namespace it starts in (the test's), unshares a new one, opens that,
+/// the bound one by its path and the same through the process's
+/// `/proc/PID/ns/net`, and at `go` writes the inode of each fd's
+/// namespace, then its own namespace's, to `result`.
+const NS_FD_PROGRAM: &str = r#"
+import ctypes, os, select, sys
+d, bound, other = sys.argv[1], sys.argv[2], sys.argv[3]
+host = os.open("/proc/self/ns/net", os.O_RDONLY)
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.unshare(0x40000000):
+    sys.exit("unshare: " + os.strerror(ctypes.get_errno()))
+own = os.open("/proc/self/ns/net", os.O_RDONLY)
+by_path = os.open(bound, os.O_RDONLY | os.O_CLOEXEC)
+by_proc = os.open("/proc/%s/ns/net" % other, os.O_RDONLY)
+def now():
+    return " ".join(str(os.fstat(f).st_ino) for f in (host, own, by_path, by_proc)) \
+        + " " + str(os.stat("/proc/self/ns/net").st_ino)
+with open(d + "/ready.tmp", "w") as f:
+    f.write(now())
+os.rename(d + "/ready.tmp", d + "/ready")
+while not os.path.exists(d + "/go"):
+    select.select([], [], [], 0.02)
+with open(d + "/result.tmp", "w") as f:
+    f.write(now())
+os.rename(d + "/result.tmp", d + "/result")
+"#;
+
+/// A process in a network namespace of its own holding fds on the
+/// namespace it came from (the dumper's), on its own, and on one bound
+/// at /run/netns (`ip netns add`) opened by that path and through a
+/// process outside the tree: twice, each fd comes back on the
+/// restorer's, on the restored process's new one and on the bound one.
+#[test]
+fn fds_on_namespaces_come_back_on_theirs() {
+    use std::os::unix::fs::MetadataExt;
+    become_subreaper();
+    let bound = NetNs::create("nsfd");
+    let mut other = bound.command("sleep");
+    let other = ChildGuard(other.arg("1000").stdin(Stdio::null()).spawn().unwrap());
+    let path = format!("/run/netns/{}", bound.name);
+    let ino = |p: &str| std::fs::metadata(p).unwrap().ino();
+    wait_until(Duration::from_secs(10), "sleep in the namespace", || {
+        std::fs::metadata(format!("/proc/{}/ns/net", other.0.id()))
+            .is_ok_and(|m| m.ino() == ino(&path))
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap().to_string();
+    // (Under a shell that reaps it once the dump has killed it.)
+    let r = Refused::spawn(Command::new("sh").args([
+        "-c",
+        "python3 -c \"$0\" \"$1\" \"$2\" \"$3\" & wait",
+        NS_FD_PROGRAM,
+        &d,
+        &path,
+        &other.0.id().to_string(),
+    ]));
+    let ready = dir.path().join("ready");
+    wait_until(Duration::from_secs(20), "the program to be ready", || {
+        ready.exists()
+    });
+    let (ours, pinned) = (ino("/proc/self/ns/net"), ino(&path));
+    let words = |f: &std::path::Path| -> Vec<u64> {
+        std::fs::read_to_string(f)
+            .unwrap()
+            .split_whitespace()
+            .map(|w| w.parse().unwrap())
+            .collect()
+    };
+    let before = words(&ready);
+    assert_eq!([before[0], before[2], before[3]], [ours, pinned, pinned]);
+    assert_eq!(before[1], before[4], "its own");
+    assert_ne!(before[1], ours);
+    let program = my_children_of(r.unshare.id() as i32)[0];
+    let pid = dump_and_restore_detached(program, 2, |pid, round| {
+        let own = ino(&format!("/proc/{pid}/ns/net"));
+        assert_ne!(
+            own, ours,
+            "round {round}: restored in our network namespace"
+        );
+        // (Not necessarily another inode than the dumped one's: that
+        // namespace went with the dumped process, and the kernel reuses
+        // namespace inode numbers.)
+        let fds: Vec<u64> = [3, 4, 5, 6]
+            .iter()
+            .map(|fd| ino(&format!("/proc/{pid}/fd/{fd}")))
+            .collect();
+        assert_eq!(fds, [ours, own, pinned, pinned], "round {round}");
+    });
+    std::fs::write(dir.path().join("go"), b"").unwrap();
+    let result = dir.path().join("result");
+    wait_until(Duration::from_secs(20), "the program's result", || {
+        result.exists()
+    });
+    let after = words(&result);
+    waitpid_timeout(pid, Duration::from_secs(30));
+    assert_eq!([after[0], after[2], after[3]], [ours, pinned, pinned]);
+    assert_eq!(after[1], after[4], "its own, after");
+}
+
+/// Kills and reaps a child when dropped.
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A tree in a user namespace of its own: a lazy restore is refused
 /// before anything is made (the kernel refuses the userfaultfd it needs
 /// there) unless `vm.unprivileged_userfaultfd` is 1, with what to do; the
