@@ -10,7 +10,8 @@
 //! a route with what stasis does not make again (an encapsulation, a
 //! next-hop object, a gateway of another family, a source prefix); and mounts of a mount
 //! namespace that cannot be made again from the image (a disk's file
-//! system the dumper has no mount of, an overlay...). [`describe`] (frozen) records
+//! system the dumper has no mount of, an overlay, FUSE or network file
+//! system, a bpf file system with pinned objects). [`describe`] (frozen) records
 //! what the restore needs: the host and domain names, the System V message
 //! queues and semaphore sets of an IPC namespace, whether `lo` is up, the
 //! veths (both ends: names, hardware addresses, MTUs, up states,
@@ -21,7 +22,8 @@
 //! not only the kernel's), the proc mount, the
 //! `CLOCK_MONOTONIC` and `CLOCK_BOOTTIME` of a time namespace as seen
 //! inside it (and its offsets), and the PID (and TID) of every process in
-//! its namespace. The dump itself works with the
+//! its namespace; the files of its tmpfs, ramfs and hugetlbfs mounts
+//! go into the content pack. The dump itself works with the
 //! PIDs stasis sees (ptrace, `/proc`); [`translate_pids`] gives the
 //! manifest the in-namespace ones at the commit.
 
@@ -817,7 +819,8 @@ fn mounts(info: &str) -> Vec<MountLine> {
 /// flags, options, source and propagation: the stub's proc on `/proc`
 /// (with `own_pid`, without options of its own), tmpfs and ramfs mounts
 /// (their files' data copied into the content pack when `content` is
-/// given), binds of mounts of its own saved before, bind mounts of what
+/// given), a hugetlbfs holding files (saved as a tmpfs's, whole huge
+/// pages: [`huge_extents`]), binds of mounts of its own saved before, bind mounts of what
 /// the dumper sees, and file systems with nothing to save ([`FRESH`]:
 /// another proc, sysfs, an mqueue (the queues of the tree's own IPC
 /// namespace are saved with it, those of the dumper's that the tree holds
@@ -975,6 +978,27 @@ fn extra_mounts(
             });
             continue;
         }
+        // A hugetlbfs holding files: saved with them (an empty one is
+        // made again from nothing, below).
+        if kind == "hugetlbfs" && m.root == "/" && !dir_is_empty(root, at)? {
+            let entries = if let Some(w) = content.as_deref_mut() {
+                tmpfs_entries(root, at, w)?
+            } else {
+                Vec::new()
+            };
+            later = true;
+            ns.later.push(LaterMount {
+                target: at.clone(),
+                flags,
+                what: LaterKind::Hugetlbfs {
+                    source: m.source.clone(),
+                    options,
+                    entries,
+                },
+                propagation: m.propagation,
+            });
+            continue;
+        }
         let fresh = FRESH.contains(&kind.as_str()) && m.root == "/";
         // A cgroup2 mounted from inside the tree's cgroup namespace (a
         // container's, on /sys/fs/cgroup): mounted again from inside the
@@ -1114,29 +1138,38 @@ const FRESH: [&str; 13] = [
 /// devpts instance's terminals are the pairs the tree holds (saved with
 /// their masters, made again from its `ptmx` at their index; one no
 /// process of the tree holds is not), and an mqueue's queues are saved
-/// with the tree's IPC namespace or with the fds on them; a hugetlbfs's
-/// files and a bpf file system's pinned objects are not saved.
+/// with the tree's IPC namespace or with the fds on them; a bpf file
+/// system's pinned objects are not saved. (A hugetlbfs holding files is
+/// saved with them, not made from nothing.)
 fn check_fresh(root: i32, kind: &str, at: &str) -> Result<()> {
-    let why = match kind {
-        "hugetlbfs" => "the file",
-        "bpf" => "the pinned BPF object",
-        _ => return Ok(()),
-    };
-    let dir = format!("/proc/{root}/root{at}");
-    let names: Vec<String> = std::fs::read_dir(&dir)
-        .map_err(|e| CaptureError::from_proc(root, &format!("root{at}"), e))?
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    if let Some(n) = names.first() {
+    if kind != "bpf" {
+        return Ok(());
+    }
+    if let Some(n) = first_name(root, at)? {
         return Err(refuse(
             root,
             format!(
-                "its {kind} mount on {at} holds {why} {n}; stasis mounts an empty one again (huge page files and pinned BPF objects are not saved)"
+                "its {kind} mount on {at} holds the pinned BPF object {n}; stasis mounts an empty one again (pinned BPF objects are not saved)"
             ),
         ));
     }
     Ok(())
+}
+
+/// The first name in the directory the tree sees at `at` (through
+/// `/proc/ROOT/root`), if any.
+fn first_name(root: i32, at: &str) -> Result<Option<String>> {
+    let dir = format!("/proc/{root}/root{at}");
+    Ok(std::fs::read_dir(&dir)
+        .map_err(|e| CaptureError::from_proc(root, &format!("root{at}"), e))?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .next())
+}
+
+/// Whether the directory the tree sees at `at` holds nothing.
+fn dir_is_empty(root: i32, at: &str) -> Result<bool> {
+    first_name(root, at).map(|n| n.is_none())
 }
 
 /// `MS_*` flags of per-mount options.
@@ -1156,10 +1189,11 @@ fn mount_flags(opts: &str) -> u64 {
         .fold(0, |a, f| a | f)
 }
 
-/// Everything in the tmpfs mounted on `at` in the mount namespace of
-/// `root` (read through `/proc/ROOT/root`), directories before what they
-/// hold; a regular file's data goes into the content pack (`w`), extent
-/// by extent (holes stay holes), a buffer at a time.
+/// Everything in the tmpfs (or ramfs, or hugetlbfs) mounted on `at` in
+/// the mount namespace of `root` (read through `/proc/ROOT/root`),
+/// directories before what they hold; a regular file's data goes into
+/// the content pack (`w`), extent by extent (holes stay holes), a buffer
+/// at a time; on a hugetlbfs, whole huge pages ([`huge_extents`]).
 fn tmpfs_entries(root: i32, at: &str, w: &mut ContentWriter) -> Result<Vec<TmpfsEntry>> {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let base = std::path::PathBuf::from(format!("/proc/{root}/root{at}"));
@@ -1167,6 +1201,14 @@ fn tmpfs_entries(root: i32, at: &str, w: &mut ContentWriter) -> Result<Vec<Tmpfs
     let mut out = Vec::new();
     let mut queue = vec![String::new()];
     let dev = std::fs::symlink_metadata(&base).map_err(io)?.dev();
+    // A hugetlbfs's huge page size (its block size).
+    let huge = nix::sys::statfs::statfs(&base)
+        .map_err(|e| io(e.into()))
+        .map(|s| {
+            (s.filesystem_type() == nix::sys::statfs::HUGETLBFS_MAGIC)
+                .then(|| u64::try_from(s.block_size()).unwrap_or(0))
+                .filter(|&b| b > 0)
+        })?;
     while let Some(rel) = queue.pop() {
         let path = if rel.is_empty() {
             base.clone()
@@ -1205,7 +1247,11 @@ fn tmpfs_entries(root: i32, at: &str, w: &mut ContentWriter) -> Result<Vec<Tmpfs
                 .or_else(|_| open(libc::O_NOFOLLOW))
                 .map_err(io)?;
             size = md.len();
-            for (a, b) in kns_fdops::data_extents(&f, 0, size).map_err(io)? {
+            let ranges = match huge {
+                Some(page) => huge_extents(&f, size, page).map_err(io)?,
+                None => kns_fdops::data_extents(&f, 0, size).map_err(io)?,
+            };
+            for (a, b) in ranges {
                 extents.push(w.copy_extent(&f, &path, a, b - a)?);
             }
             Vec::new()
@@ -1245,6 +1291,44 @@ fn tmpfs_entries(root: i32, at: &str, w: &mut ContentWriter) -> Result<Vec<Tmpfs
             extents,
             rdev,
         });
+    }
+    Ok(out)
+}
+
+/// The data ranges of a hugetlbfs file of `size` bytes and huge pages of
+/// `page` bytes: runs of whole pages that are not all zeros (hugetlbfs
+/// has no `SEEK_DATA`: every byte is data to `lseek`; `read` gives zeros
+/// for a page not there, and a page all zeros is left a hole, which
+/// reads the same and takes no page from the pool until touched). The
+/// last page of a size that is not a whole number of pages (made by
+/// `fallocate`) cannot be mapped, so never written: it is zeros, and left
+/// out.
+fn huge_extents(f: &std::fs::File, size: u64, page: u64) -> std::io::Result<Vec<(u64, u64)>> {
+    use std::os::unix::fs::FileExt;
+    const BUF: u64 = 2 << 20;
+    let mut buf = vec![0u8; usize::try_from(page.min(BUF)).unwrap_or(2 << 20)];
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    let whole = size / page * page;
+    let mut at = 0;
+    while at < whole {
+        let mut data = false;
+        let mut done = 0;
+        while done < page {
+            let n = usize::try_from((page - done).min(buf.len() as u64)).unwrap_or(buf.len());
+            f.read_exact_at(&mut buf[..n], at + done)?;
+            data = buf[..n].iter().any(|&b| b != 0);
+            done += n as u64;
+            if data {
+                break;
+            }
+        }
+        if data {
+            match out.last_mut() {
+                Some((_, end)) if *end == at => *end = at + page,
+                _ => out.push((at, at + page)),
+            }
+        }
+        at += page;
     }
     Ok(out)
 }

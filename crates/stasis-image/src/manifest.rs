@@ -105,7 +105,9 @@ fn fresh_mounts(n: Option<&Namespaces>) -> bool {
                         LaterKind::Fresh { fstype, .. } => {
                             !matches!(fstype.as_str(), "sysfs" | "mqueue" | "devpts" | "cgroup2")
                         }
-                        LaterKind::Tmpfs { .. } | LaterKind::Bind { .. } => false,
+                        LaterKind::Tmpfs { .. }
+                        | LaterKind::Bind { .. }
+                        | LaterKind::Hugetlbfs { .. } => false,
                     }
             })
     })
@@ -216,8 +218,23 @@ pub const FRESH_MOUNTS_MANIFEST_VERSION: u32 = 14;
 /// interfaces.
 pub const NET_ROUTING_MANIFEST_VERSION: u32 = 15;
 
+/// Manifest format version written when the tree's mount namespace has
+/// a hugetlbfs holding files ([`LaterKind::Hugetlbfs`]), so that a reader
+/// that predates it refuses the manifest instead of failing on the
+/// unknown mount kind halfway through a restore. (16 is the network's.)
+pub const OWN_MOUNTS_MANIFEST_VERSION: u32 = 17;
+
+/// Mounts that only [`OWN_MOUNTS_MANIFEST_VERSION`] readers make.
+fn own_mounts(n: Option<&Namespaces>) -> bool {
+    n.and_then(|n| n.mnt.as_ref()).is_some_and(|m| {
+        m.later
+            .iter()
+            .any(|l| matches!(l.what, LaterKind::Hugetlbfs { .. }))
+    })
+}
+
 /// The newest manifest format version this reader knows.
-pub const LATEST_MANIFEST_VERSION: u32 = NET_ROUTING_MANIFEST_VERSION;
+pub const LATEST_MANIFEST_VERSION: u32 = OWN_MOUNTS_MANIFEST_VERSION;
 
 impl Manifest {
     /// The format version this manifest's content calls for: the oldest
@@ -306,7 +323,9 @@ impl Manifest {
             .cgroups
             .as_ref()
             .is_some_and(|c| !c.threads.is_empty() || c.dirs.iter().any(|d| d.threaded));
-        if net_routing {
+        if own_mounts(self.namespaces.as_ref()) {
+            OWN_MOUNTS_MANIFEST_VERSION
+        } else if net_routing {
             NET_ROUTING_MANIFEST_VERSION
         } else if fresh_mounts(self.namespaces.as_ref()) {
             FRESH_MOUNTS_MANIFEST_VERSION
@@ -954,6 +973,18 @@ pub enum LaterKind {
     Ramfs {
         source: String,
         /// The file system's options, as `mount` takes them.
+        options: String,
+        entries: Vec<TmpfsEntry>,
+    },
+    /// A hugetlbfs holding files, and its content (as a tmpfs's: a
+    /// regular file's data extents are whole huge pages, a page all zeros
+    /// left a hole; the restore writes them through a shared mapping, as
+    /// hugetlbfs takes no `write`). An empty one is [`LaterKind::Fresh`].
+    /// Manifest format version 17.
+    Hugetlbfs {
+        source: String,
+        /// The file system's options (`pagesize=`, `size=`...), as
+        /// `mount` takes them.
         options: String,
         entries: Vec<TmpfsEntry>,
     },
