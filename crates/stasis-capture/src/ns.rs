@@ -10,8 +10,9 @@
 //! a route with what stasis does not make again (an encapsulation, a
 //! next-hop object, a gateway of another family, a source prefix); and mounts of a mount
 //! namespace that cannot be made again from the image (a disk's file
-//! system the dumper has no mount of, an overlay, FUSE or network file
-//! system, a bpf file system with pinned objects). [`describe`] (frozen) records
+//! system the dumper has no mount of, an overlay on a directory the
+//! dumper does not see, a FUSE or network file system, a bpf file system
+//! with pinned objects). [`describe`] (frozen) records
 //! what the restore needs: the host and domain names, the System V message
 //! queues and semaphore sets of an IPC namespace, whether `lo` is up, the
 //! veths (both ends: names, hardware addresses, MTUs, up states,
@@ -820,7 +821,8 @@ fn mounts(info: &str) -> Vec<MountLine> {
 /// (with `own_pid`, without options of its own), tmpfs and ramfs mounts
 /// (their files' data copied into the content pack when `content` is
 /// given), a hugetlbfs holding files (saved as a tmpfs's, whole huge
-/// pages: [`huge_extents`]), binds of mounts of its own saved before, bind mounts of what
+/// pages: [`huge_extents`]), an overlay on directories the dumper sees
+/// ([`overlay`]), binds of mounts of its own saved before, bind mounts of what
 /// the dumper sees, and file systems with nothing to save ([`FRESH`]:
 /// another proc, sysfs, an mqueue (the queues of the tree's own IPC
 /// namespace are saved with it, those of the dumper's that the tree holds
@@ -829,7 +831,8 @@ fn mounts(info: &str) -> Vec<MountLine> {
 /// an empty hugetlbfs or bpf, the kernel's views; a cgroup2 rooted at the
 /// root of the tree's cgroup namespace: `cgns_root`, as the dumper sees
 /// it, or the dumper's); refuses every other (a disk's file system by its
-/// block device). Copies of the dumper's mounts that are slaves of its
+/// block device, a FUSE or network file system with the kernel's
+/// reason). Copies of the dumper's mounts that are slaves of its
 /// peer groups set `slave_copies`. A root of its own
 /// (pivot_root) is saved as where the dumper sees it (refused if it does
 /// not), every other mount then as the tree sees it from there. From the first
@@ -850,6 +853,8 @@ fn extra_mounts(
     // The mounts of its own saved so far.
     let mut own: Vec<MountLine> = Vec::new();
     let theirs = mounts(&proc::read(root, "mountinfo")?);
+    // (Where an overlay's directories are: on the mounts before it.)
+    let all = theirs.clone();
     // A root of its own (as pivot_root makes): where the dumper sees its
     // file system, a mount of the same device whose root holds it; every
     // other mount, seen from that root, is then the tree's own.
@@ -870,7 +875,7 @@ fn extra_mounts(
             flags: mount_flags(&m.mount_opts),
         });
     }
-    for m in theirs {
+    for (index, m) in theirs.into_iter().enumerate() {
         if ns.root.is_none() && mine.contains(&m.key()) {
             // A copy of a shared mount of the dumper's made its slave
             // (`unshare --propagation slave`): all are, by the restore's
@@ -1039,6 +1044,31 @@ fn extra_mounts(
             }
             continue;
         }
+        // An overlay of the tree's own: mounted again on its directories
+        // (which hold its content) if the dumper sees them.
+        if kind == "overlay" && m.root == "/" {
+            let what = overlay(root, &m, &all[..index], &my_mounts)?;
+            later = true;
+            ns.later.push(LaterMount {
+                target: at.clone(),
+                flags,
+                what,
+                propagation: m.propagation,
+            });
+            continue;
+        }
+        if kind == "fuse" || kind == "fuseblk" || kind.starts_with("fuse.") {
+            return Err(refuse(
+                root,
+                format!("its mount namespace has a FUSE file system ({kind}, of {}) on {at} that no mount of the dumper's holds; stasis cannot make it again: the connection's state and the daemon's pending requests live in its /dev/fuse, which the kernel does not give back (mount it in the dumper's namespace too, where the tree's mount is then saved as a bind of it)", m.source),
+            ));
+        }
+        if NETWORK_FS.contains(&kind.as_str()) {
+            return Err(refuse(
+                root,
+                format!("its mount namespace has a network file system ({kind}, of {}) on {at} that no mount of the dumper's holds; stasis cannot make it again: the server's state (its session, the open files, locks and delegations) is not the host's to save (mount it in the dumper's namespace and bind it into the tree's, which stasis saves as a bind of it)", m.source),
+            ));
+        }
         if m.source.starts_with("/dev/") {
             return Err(refuse(
                 root,
@@ -1047,10 +1077,99 @@ fn extra_mounts(
         }
         return Err(refuse(
             root,
-            format!("its mount namespace has a {kind} mount on {at} (of {}) that no mount of the dumper's holds; stasis makes again tmpfs, ramfs, proc, sysfs, devpts, mqueue, hugetlbfs, cgroup2 and kernel views ({}), binds of its own mounts and of what the dumper sees (mount that file system in the dumper's namespace too)", m.source, FRESH.join(", ")),
+            format!("its mount namespace has a {kind} mount on {at} (of {}) that no mount of the dumper's holds; stasis makes again tmpfs, ramfs, proc, sysfs, devpts, mqueue, hugetlbfs, cgroup2, overlays on directories the dumper sees and kernel views ({}), binds of its own mounts and of what the dumper sees (mount that file system in the dumper's namespace too)", m.source, FRESH.join(", ")),
         ));
     }
     Ok(ns)
+}
+
+/// Network file systems: their state is the server's.
+const NETWORK_FS: [&str; 9] = [
+    "nfs", "nfs4", "cifs", "smb3", "9p", "ceph", "afs", "ncpfs", "lustre",
+];
+
+/// The overlay `m` of the tree's mount namespace as the restore mounts it
+/// again: its `lowerdir`, `upperdir` and `workdir` as the dumper sees
+/// them, each found on the tree's mount that held it when the overlay was
+/// mounted (the last of `before`, the mounts listed before it, whose
+/// point holds it) and where the dumper sees that mount ([`seen_by_dumper`],
+/// as a bind's source), and its other options. Refused, naming the
+/// directory: one the dumper does not see (on a mount of the tree's
+/// own: the overlay's content would not be saved), a relative path or a
+/// name with escaped characters (as given to `mount`: which directory it
+/// is cannot be told).
+fn overlay(
+    root: i32,
+    m: &MountLine,
+    before: &[MountLine],
+    my_mounts: &[MountLine],
+) -> Result<LaterKind> {
+    let at = &m.at;
+    let dir = |which: &str, d: &str| -> Result<String> {
+        if !d.starts_with('/') || d.contains('\\') {
+            return Err(refuse(
+                root,
+                format!("its overlay on {at} has the {which} {d}, a relative path or a name with a space, comma, colon or backslash (as given to mount): stasis cannot tell which directory it is (mount the overlay with absolute paths of plain names)"),
+            ));
+        }
+        let holder = before
+            .iter()
+            .filter(|t| t.at == "/" || d == t.at || d.starts_with(&format!("{}/", t.at)))
+            .max_by_key(|t| t.at.len());
+        let seen = holder.and_then(|t| {
+            let rest = if t.at == "/" { d } else { &d[t.at.len()..] };
+            let base = seen_by_dumper(my_mounts, t)?;
+            let p = format!("{}{rest}", base.trim_end_matches('/'));
+            Some(if p.is_empty() { "/".to_string() } else { p })
+        });
+        match seen {
+            Some(p) if std::fs::metadata(&p).is_ok_and(|md| md.is_dir()) => Ok(p),
+            _ => Err(refuse(
+                root,
+                format!(
+                    "its overlay on {at} has the {which} {d} on a {} mount that the dumper's mount namespace does not see; stasis mounts an overlay again on the directories where the dumper sees them (they hold its content): put them on a file system mounted in the dumper's namespace too",
+                    holder.map_or("", |t| t.kind.as_str())
+                ),
+            )),
+        }
+    };
+    let (mut lowerdir, mut upperdir, mut workdir) = (None, String::new(), String::new());
+    let mut options = Vec::new();
+    for o in m.super_opts.split(',') {
+        match o.split_once('=') {
+            Some(("lowerdir", v)) => {
+                // `:` between layers, `::` before the data-only ones.
+                let layers = v
+                    .split(':')
+                    .map(|l| {
+                        if l.is_empty() {
+                            Ok(String::new())
+                        } else {
+                            dir("lower directory", l)
+                        }
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                lowerdir = Some(layers.join(":"));
+            }
+            Some(("upperdir", v)) => upperdir = dir("upper directory", v)?,
+            Some(("workdir", v)) => workdir = dir("work directory", v)?,
+            _ if o == "rw" || o == "ro" || o.is_empty() => {}
+            _ => options.push(o),
+        }
+    }
+    let Some(lowerdir) = lowerdir else {
+        return Err(refuse(
+            root,
+            format!("its overlay on {at} shows no lowerdir in its mountinfo ({}); stasis cannot mount it again", m.super_opts),
+        ));
+    };
+    Ok(LaterKind::Overlay {
+        source: m.source.clone(),
+        lowerdir,
+        upperdir,
+        workdir,
+        options: options.join(","),
+    })
 }
 
 /// Where the tree sees the root of mount `m` as a bind of a mount of its

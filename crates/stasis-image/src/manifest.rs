@@ -107,7 +107,8 @@ fn fresh_mounts(n: Option<&Namespaces>) -> bool {
                         }
                         LaterKind::Tmpfs { .. }
                         | LaterKind::Bind { .. }
-                        | LaterKind::Hugetlbfs { .. } => false,
+                        | LaterKind::Hugetlbfs { .. }
+                        | LaterKind::Overlay { .. } => false,
                     }
             })
     })
@@ -219,17 +220,21 @@ pub const FRESH_MOUNTS_MANIFEST_VERSION: u32 = 14;
 pub const NET_ROUTING_MANIFEST_VERSION: u32 = 15;
 
 /// Manifest format version written when the tree's mount namespace has
-/// a hugetlbfs holding files ([`LaterKind::Hugetlbfs`]), so that a reader
-/// that predates it refuses the manifest instead of failing on the
-/// unknown mount kind halfway through a restore. (16 is the network's.)
+/// a hugetlbfs holding files ([`LaterKind::Hugetlbfs`]) or an overlay
+/// ([`LaterKind::Overlay`]), so that a reader that predates them refuses
+/// the manifest instead of failing on the unknown mount kind halfway
+/// through a restore. (16 is the network's.)
 pub const OWN_MOUNTS_MANIFEST_VERSION: u32 = 17;
 
 /// Mounts that only [`OWN_MOUNTS_MANIFEST_VERSION`] readers make.
 fn own_mounts(n: Option<&Namespaces>) -> bool {
     n.and_then(|n| n.mnt.as_ref()).is_some_and(|m| {
-        m.later
-            .iter()
-            .any(|l| matches!(l.what, LaterKind::Hugetlbfs { .. }))
+        m.later.iter().any(|l| {
+            matches!(
+                l.what,
+                LaterKind::Hugetlbfs { .. } | LaterKind::Overlay { .. }
+            )
+        })
     })
 }
 
@@ -987,6 +992,24 @@ pub enum LaterKind {
         /// `mount` takes them.
         options: String,
         entries: Vec<TmpfsEntry>,
+    },
+    /// An overlay whose directories the dumper sees: mounted again on
+    /// them (its content is theirs: nothing of it is saved). Each path is
+    /// as the dumper sees that directory (as a bind's source), resolved
+    /// at restore as one is. Manifest format version 17.
+    Overlay {
+        source: String,
+        /// Its lower layers, as `mount` takes them (`:` between layers,
+        /// `::` before the data-only ones).
+        lowerdir: String,
+        /// Empty: a read-only overlay, of lower layers only.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        upperdir: String,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        workdir: String,
+        /// Its other options (`redirect_dir=`, `index=`, `uuid=`...), as
+        /// `mount` takes them.
+        options: String,
     },
     /// A file system that holds nothing to save, mounted anew: `sysfs`,
     /// `mqueue` without queues, a `devpts` instance without terminals,

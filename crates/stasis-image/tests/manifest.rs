@@ -1209,12 +1209,13 @@ fn routing_state_raises_the_manifest_version_and_round_trips() {
     const { assert!(manifest::NET_ROUTING_MANIFEST_VERSION < manifest::LATEST_MANIFEST_VERSION) };
 }
 
-/// A hugetlbfs holding files (issue 17): version 17 (a reader of 15
-/// knows no `Hugetlbfs` mount), round-trips with its files' extents, and
-/// is refused under a lower version; an empty one stays a `Fresh` mount
-/// of version 14.
+/// A hugetlbfs holding files or an overlay (issue 17): version 17 (a
+/// reader of 15 knows no `Hugetlbfs` nor `Overlay` mount), round-trips
+/// (with the files' extents, with and without an upper directory), and
+/// is refused under a lower version; an empty hugetlbfs stays a `Fresh`
+/// mount of version 14.
 #[test]
-fn a_hugetlbfs_with_files_raises_the_manifest_version_and_round_trips() {
+fn a_hugetlbfs_with_files_or_an_overlay_raise_the_manifest_version_and_round_trip() {
     let base = small_manifest();
     assert!(base.format_version() < manifest::OWN_MOUNTS_MANIFEST_VERSION);
     let with = |what: manifest::LaterKind| {
@@ -1259,6 +1260,17 @@ fn a_hugetlbfs_with_files_raises_the_manifest_version_and_round_trips() {
         ],
     };
     assert_version_round_trips(&with(huge), 17, manifest::NET_ROUTING_MANIFEST_VERSION);
+    // An overlay (read-only: lower layers only, a data-only one).
+    for upper in ["", "/srv/u"] {
+        let overlay = manifest::LaterKind::Overlay {
+            source: "ovl".into(),
+            lowerdir: "/srv/l1:/srv/l2::/srv/data".into(),
+            upperdir: upper.into(),
+            workdir: if upper.is_empty() { "" } else { "/srv/w" }.into(),
+            options: "uuid=on".into(),
+        };
+        assert_version_round_trips(&with(overlay), 17, manifest::NET_ROUTING_MANIFEST_VERSION);
+    }
     let empty = manifest::LaterKind::Fresh {
         fstype: "hugetlbfs".into(),
         source: "huge".into(),

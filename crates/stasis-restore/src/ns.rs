@@ -644,6 +644,31 @@ fn later_mounts(m: &Manifest, root: i32, content: &stasis_image::ContentSource) 
                         remount(l.flags).map_err(fail("making a hugetlbfs read-only"))?;
                     }
                 }
+                LaterKind::Overlay {
+                    source,
+                    lowerdir,
+                    upperdir,
+                    workdir,
+                    options,
+                } => {
+                    // Its directories, as the dumper saw them, are
+                    // resolved here as a bind's source is.
+                    let opts: Vec<String> = [
+                        ("lowerdir", lowerdir),
+                        ("upperdir", upperdir),
+                        ("workdir", workdir),
+                    ]
+                    .into_iter()
+                    .filter(|(_, v)| !v.is_empty())
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .chain((!options.is_empty()).then(|| options.clone()))
+                    .collect();
+                    let opts = opts.join(",");
+                    kns::mount(source, &target, Some("overlay"), l.flags, Some(&opts))
+                        .map_err(fail(&format!(
+                            "mounting an overlay ({opts}: its directories must be where they were at the dump)"
+                        )))?;
+                }
                 LaterKind::Bind { source } => {
                     kns::mount(source, &target, None, libc::MS_BIND, None)
                         .map_err(fail(&format!("bind mount of {source}")))?;

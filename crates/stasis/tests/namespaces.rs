@@ -1471,6 +1471,153 @@ fn twice_keeps_a_hugetlbfs_holding_files() {
     assert_eq!(out().lines().last(), Some("PASS"), "output:\n{}", out());
 }
 
+/// Issue 17: overlays of the tree's own mount namespace on directories
+/// the dumper sees (a host temporary directory): one with two lower
+/// layers, an upper and a work directory on a directory of a tmpfs of
+/// its own, and one of lower layers only (read-only). The tree writes a
+/// file to the first and holds another open for writing before the dump;
+/// dumped and restored twice, both overlays are mounted again with their
+/// options (mountinfo) and the merged view shows the lower and upper
+/// files; then the tree writes another file, through its held fd and
+/// removes a lower file: all land in the upper directory (a whiteout for
+/// the removed one), as the overlay it runs on is the one on those
+/// directories.
+#[test]
+fn twice_keeps_an_overlay_on_directories_the_dumper_sees() {
+    // Restored trees (detached) are reparented to this process.
+    workloads();
+    let dir = tempfile::Builder::new()
+        .prefix("stasis-ovl-")
+        .tempdir()
+        .unwrap();
+    let d = dir.path();
+    for sub in ["l1", "l2", "u", "w"] {
+        std::fs::create_dir(d.join(sub)).unwrap();
+    }
+    std::fs::write(d.join("l1/l1file"), b"lower one").unwrap();
+    std::fs::write(d.join("l2/l2file"), b"lower two").unwrap();
+    let script = "mount -t tmpfs stasis-ovl-t /mnt && mkdir /mnt/a /mnt/b && \
+        mount -t overlay stasis-ovl -o lowerdir=$0/l1:$0/l2,upperdir=$0/u,workdir=$0/w /mnt/a && \
+        mount -t overlay -o ro stasis-ovl-ro -o lowerdir=$0/l1:$0/l2 /mnt/b && \
+        echo before >/mnt/a/before && exec 3>/mnt/a/held && echo held-before >&3 && \
+        while [ ! -e /mnt/a/go ]; do sleep 0.1; done; \
+        echo after >/mnt/a/after && echo held-after >&3 && rm /mnt/a/l1file && exec sleep 1000";
+    let r = Refused::spawn(
+        Command::new("unshare")
+            .args([
+                "--pid",
+                "--fork",
+                "--mount-proc",
+                "--mount",
+                "sh",
+                "-c",
+                script,
+            ])
+            .arg(d),
+    );
+    wait_until(Duration::from_secs(20), "the tree to be set up", || {
+        std::fs::read(d.join("u/held")).is_ok_and(|b| b == b"held-before\n")
+    });
+    let pid = my_children_of(r.unshare.id() as i32)[0];
+    let shape = mountinfo_shape(pid);
+    let base = d.display();
+    for want in [
+        format!("/ /mnt/a rw,relatime - overlay stasis-ovl rw,lowerdir={base}/l1:{base}/l2,upperdir={base}/u,workdir={base}/w"),
+        format!("/ /mnt/b ro,relatime - overlay stasis-ovl-ro ro,lowerdir={base}/l1:{base}/l2"),
+    ] {
+        assert!(shape.iter().any(|l| l.starts_with(&want)), "{want} in {shape:#?}");
+    }
+    let names = |p: &std::path::Path| {
+        let mut v: Vec<String> = std::fs::read_dir(p)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let restored = twice_guarded(pid, |p, round| {
+        assert_eq!(mountinfo_shape(p), shape, "round {round}");
+        let a = std::path::PathBuf::from(format!("/proc/{p}/root/mnt/a"));
+        assert_eq!(
+            names(&a),
+            ["before", "held", "l1file", "l2file"],
+            "round {round}"
+        );
+        assert_eq!(std::fs::read(a.join("l2file")).unwrap(), b"lower two");
+        assert_eq!(std::fs::read(a.join("before")).unwrap(), b"before\n");
+        let b = std::path::PathBuf::from(format!("/proc/{p}/root/mnt/b"));
+        assert_eq!(names(&b), ["l1file", "l2file"], "round {round}");
+    });
+    let p = restored.0.get();
+    std::fs::write(format!("/proc/{p}/root/mnt/a/go"), b"").unwrap();
+    wait_until(Duration::from_secs(20), "the tree to write after", || {
+        cmdline_of(p).trim() == "sleep 1000"
+    });
+    assert_eq!(std::fs::read(d.join("u/after")).unwrap(), b"after\n");
+    assert_eq!(
+        std::fs::read(d.join("u/held")).unwrap(),
+        b"held-before\nheld-after\n"
+    );
+    // The removed lower file: a whiteout in the upper directory, still
+    // in its lower one, gone from the merged view.
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let wh = std::fs::symlink_metadata(d.join("u/l1file")).unwrap();
+    assert!(wh.file_type().is_char_device() && wh.rdev() == 0, "{wh:?}");
+    assert!(d.join("l1/l1file").exists());
+    assert_eq!(
+        names(std::path::Path::new(&format!("/proc/{p}/root/mnt/a"))),
+        ["after", "before", "go", "held", "l2file"]
+    );
+}
+
+/// An overlay whose upper directory is on a tmpfs of the tree's own (the
+/// dumper does not see it: the overlay's content would not be saved):
+/// refused by name, with the directory.
+#[test]
+fn refuses_an_overlay_on_a_directory_the_dumper_cannot_see() {
+    refused(
+        &[
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--mount",
+            "sh",
+            "-c",
+            "mount -t tmpfs stasis-ovl-t /mnt && mkdir /mnt/u /mnt/w /mnt/m && \
+             mount -t overlay stasis-ovl -o lowerdir=/etc,upperdir=/mnt/u,workdir=/mnt/w /mnt/m && \
+             exec sleep 1000",
+        ],
+        |up| child_running(up, "sleep 1000"),
+        "its overlay on /mnt/m has the upper directory /mnt/u on a tmpfs mount that the dumper's mount namespace does not see",
+    );
+}
+
+/// A FUSE file system of the tree's own (mounted on an fd of /dev/fuse,
+/// no daemon answering): refused by name, with the kernel-side reason.
+#[test]
+fn refuses_a_fuse_file_system() {
+    if !std::path::Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: no /dev/fuse");
+        return;
+    }
+    refused(
+        &[
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--mount",
+            "sh",
+            "-c",
+            "exec 5<>/dev/fuse && \
+             mount -i -t fuse -o fd=5,rootmode=40000,user_id=0,group_id=0 stasis-fuse /mnt && \
+             exec sleep 1000",
+        ],
+        |up| child_running(up, "sleep 1000"),
+        "its mount namespace has a FUSE file system (fuse, of stasis-fuse) on /mnt that no mount of the dumper's holds; stasis cannot make it again: the connection's state and the daemon's pending requests live in its /dev/fuse",
+    );
+}
+
 /// The (device, root, mount point) of each line of `info` (a mountinfo).
 fn mount_keys(info: &str) -> std::collections::HashSet<(String, String, String)> {
     info.lines()
