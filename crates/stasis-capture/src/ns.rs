@@ -9,7 +9,9 @@
 //! a route with what stasis does not make again (an encapsulation, a
 //! next-hop object, a gateway of another family, a source prefix); and mounts of a mount
 //! namespace that cannot be made again from the image (a disk's file
-//! system the dumper has no mount of, an overlay...). [`describe`] (frozen) records
+//! system the dumper has no mount of, an overlay on a directory the
+//! dumper does not see, a FUSE or network file system, a bpf file system
+//! with pinned objects). [`describe`] (frozen) records
 //! what the restore needs: the host and domain names, the System V message
 //! queues and semaphore sets of an IPC namespace, whether `lo` is up, the
 //! veths (both ends: names, hardware addresses, MTUs, up states,
@@ -21,7 +23,8 @@
 //! `CLOCK_MONOTONIC` and `CLOCK_BOOTTIME` of a time namespace as seen
 //! inside it (and its offsets), and the PID (and TID) of every process in
 //! its namespace (and whether the root is its init: if not, the restore
-//! makes a stand-in init that forks the root at its PID). The dump itself works with the
+//! makes a stand-in init that forks the root at its PID); the files of
+//! its tmpfs, ramfs and hugetlbfs mounts go into the content pack. The dump itself works with the
 //! PIDs stasis sees (ptrace, `/proc`); [`translate_pids`] gives the
 //! manifest the in-namespace ones at the commit.
 
@@ -817,7 +820,9 @@ fn mounts(info: &str) -> Vec<MountLine> {
 /// flags, options, source and propagation: the stub's proc on `/proc`
 /// (with `own_pid`, without options of its own), tmpfs and ramfs mounts
 /// (their files' data copied into the content pack when `content` is
-/// given), binds of mounts of its own saved before, bind mounts of what
+/// given), a hugetlbfs holding files (saved as a tmpfs's, whole huge
+/// pages: [`huge_extents`]), an overlay on directories the dumper sees
+/// ([`overlay`]), binds of mounts of its own saved before, bind mounts of what
 /// the dumper sees, and file systems with nothing to save ([`FRESH`]:
 /// another proc, sysfs, an mqueue (the queues of the tree's own IPC
 /// namespace are saved with it, those of the dumper's that the tree holds
@@ -826,7 +831,8 @@ fn mounts(info: &str) -> Vec<MountLine> {
 /// an empty hugetlbfs or bpf, the kernel's views; a cgroup2 rooted at the
 /// root of the tree's cgroup namespace: `cgns_root`, as the dumper sees
 /// it, or the dumper's); refuses every other (a disk's file system by its
-/// block device). Copies of the dumper's mounts that are slaves of its
+/// block device, a FUSE or network file system with the kernel's
+/// reason). Copies of the dumper's mounts that are slaves of its
 /// peer groups set `slave_copies`. A root of its own
 /// (pivot_root) is saved as where the dumper sees it (refused if it does
 /// not), every other mount then as the tree sees it from there. From the first
@@ -847,6 +853,8 @@ fn extra_mounts(
     // The mounts of its own saved so far.
     let mut own: Vec<MountLine> = Vec::new();
     let theirs = mounts(&proc::read(root, "mountinfo")?);
+    // (Where an overlay's directories are: on the mounts before it.)
+    let all = theirs.clone();
     // A root of its own (as pivot_root makes): where the dumper sees its
     // file system, a mount of the same device whose root holds it; every
     // other mount, seen from that root, is then the tree's own.
@@ -867,7 +875,7 @@ fn extra_mounts(
             flags: mount_flags(&m.mount_opts),
         });
     }
-    for m in theirs {
+    for (index, m) in theirs.into_iter().enumerate() {
         if ns.root.is_none() && mine.contains(&m.key()) {
             // A copy of a shared mount of the dumper's made its slave
             // (`unshare --propagation slave`): all are, by the restore's
@@ -975,6 +983,27 @@ fn extra_mounts(
             });
             continue;
         }
+        // A hugetlbfs holding files: saved with them (an empty one is
+        // made again from nothing, below).
+        if kind == "hugetlbfs" && m.root == "/" && !dir_is_empty(root, at)? {
+            let entries = if let Some(w) = content.as_deref_mut() {
+                tmpfs_entries(root, at, w)?
+            } else {
+                Vec::new()
+            };
+            later = true;
+            ns.later.push(LaterMount {
+                target: at.clone(),
+                flags,
+                what: LaterKind::Hugetlbfs {
+                    source: m.source.clone(),
+                    options,
+                    entries,
+                },
+                propagation: m.propagation,
+            });
+            continue;
+        }
         let fresh = FRESH.contains(&kind.as_str()) && m.root == "/";
         // A cgroup2 mounted from inside the tree's cgroup namespace (a
         // container's, on /sys/fs/cgroup): mounted again from inside the
@@ -1015,6 +1044,31 @@ fn extra_mounts(
             }
             continue;
         }
+        // An overlay of the tree's own: mounted again on its directories
+        // (which hold its content) if the dumper sees them.
+        if kind == "overlay" && m.root == "/" {
+            let what = overlay(root, &m, &all[..index], &my_mounts)?;
+            later = true;
+            ns.later.push(LaterMount {
+                target: at.clone(),
+                flags,
+                what,
+                propagation: m.propagation,
+            });
+            continue;
+        }
+        if kind == "fuse" || kind == "fuseblk" || kind.starts_with("fuse.") {
+            return Err(refuse(
+                root,
+                format!("its mount namespace has a FUSE file system ({kind}, of {}) on {at} that no mount of the dumper's holds; stasis cannot make it again: the connection's state and the daemon's pending requests live in its /dev/fuse, which the kernel does not give back (mount it in the dumper's namespace too, where the tree's mount is then saved as a bind of it)", m.source),
+            ));
+        }
+        if NETWORK_FS.contains(&kind.as_str()) {
+            return Err(refuse(
+                root,
+                format!("its mount namespace has a network file system ({kind}, of {}) on {at} that no mount of the dumper's holds; stasis cannot make it again: the server's state (its session, the open files, locks and delegations) is not the host's to save (mount it in the dumper's namespace and bind it into the tree's, which stasis saves as a bind of it)", m.source),
+            ));
+        }
         if m.source.starts_with("/dev/") {
             return Err(refuse(
                 root,
@@ -1023,10 +1077,99 @@ fn extra_mounts(
         }
         return Err(refuse(
             root,
-            format!("its mount namespace has a {kind} mount on {at} (of {}) that no mount of the dumper's holds; stasis makes again tmpfs, ramfs, proc, sysfs, devpts, mqueue, hugetlbfs, cgroup2 and kernel views ({}), binds of its own mounts and of what the dumper sees (mount that file system in the dumper's namespace too)", m.source, FRESH.join(", ")),
+            format!("its mount namespace has a {kind} mount on {at} (of {}) that no mount of the dumper's holds; stasis makes again tmpfs, ramfs, proc, sysfs, devpts, mqueue, hugetlbfs, cgroup2, overlays on directories the dumper sees and kernel views ({}), binds of its own mounts and of what the dumper sees (mount that file system in the dumper's namespace too)", m.source, FRESH.join(", ")),
         ));
     }
     Ok(ns)
+}
+
+/// Network file systems: their state is the server's.
+const NETWORK_FS: [&str; 9] = [
+    "nfs", "nfs4", "cifs", "smb3", "9p", "ceph", "afs", "ncpfs", "lustre",
+];
+
+/// The overlay `m` of the tree's mount namespace as the restore mounts it
+/// again: its `lowerdir`, `upperdir` and `workdir` as the dumper sees
+/// them, each found on the tree's mount that held it when the overlay was
+/// mounted (the last of `before`, the mounts listed before it, whose
+/// point holds it) and where the dumper sees that mount ([`seen_by_dumper`],
+/// as a bind's source), and its other options. Refused, naming the
+/// directory: one the dumper does not see (on a mount of the tree's
+/// own: the overlay's content would not be saved), a relative path or a
+/// name with escaped characters (as given to `mount`: which directory it
+/// is cannot be told).
+fn overlay(
+    root: i32,
+    m: &MountLine,
+    before: &[MountLine],
+    my_mounts: &[MountLine],
+) -> Result<LaterKind> {
+    let at = &m.at;
+    let dir = |which: &str, d: &str| -> Result<String> {
+        if !d.starts_with('/') || d.contains('\\') {
+            return Err(refuse(
+                root,
+                format!("its overlay on {at} has the {which} {d}, a relative path or a name with a space, comma, colon or backslash (as given to mount): stasis cannot tell which directory it is (mount the overlay with absolute paths of plain names)"),
+            ));
+        }
+        let holder = before
+            .iter()
+            .filter(|t| t.at == "/" || d == t.at || d.starts_with(&format!("{}/", t.at)))
+            .max_by_key(|t| t.at.len());
+        let seen = holder.and_then(|t| {
+            let rest = if t.at == "/" { d } else { &d[t.at.len()..] };
+            let base = seen_by_dumper(my_mounts, t)?;
+            let p = format!("{}{rest}", base.trim_end_matches('/'));
+            Some(if p.is_empty() { "/".to_string() } else { p })
+        });
+        match seen {
+            Some(p) if std::fs::metadata(&p).is_ok_and(|md| md.is_dir()) => Ok(p),
+            _ => Err(refuse(
+                root,
+                format!(
+                    "its overlay on {at} has the {which} {d} on a {} mount that the dumper's mount namespace does not see; stasis mounts an overlay again on the directories where the dumper sees them (they hold its content): put them on a file system mounted in the dumper's namespace too",
+                    holder.map_or("", |t| t.kind.as_str())
+                ),
+            )),
+        }
+    };
+    let (mut lowerdir, mut upperdir, mut workdir) = (None, String::new(), String::new());
+    let mut options = Vec::new();
+    for o in m.super_opts.split(',') {
+        match o.split_once('=') {
+            Some(("lowerdir", v)) => {
+                // `:` between layers, `::` before the data-only ones.
+                let layers = v
+                    .split(':')
+                    .map(|l| {
+                        if l.is_empty() {
+                            Ok(String::new())
+                        } else {
+                            dir("lower directory", l)
+                        }
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                lowerdir = Some(layers.join(":"));
+            }
+            Some(("upperdir", v)) => upperdir = dir("upper directory", v)?,
+            Some(("workdir", v)) => workdir = dir("work directory", v)?,
+            _ if o == "rw" || o == "ro" || o.is_empty() => {}
+            _ => options.push(o),
+        }
+    }
+    let Some(lowerdir) = lowerdir else {
+        return Err(refuse(
+            root,
+            format!("its overlay on {at} shows no lowerdir in its mountinfo ({}); stasis cannot mount it again", m.super_opts),
+        ));
+    };
+    Ok(LaterKind::Overlay {
+        source: m.source.clone(),
+        lowerdir,
+        upperdir,
+        workdir,
+        options: options.join(","),
+    })
 }
 
 /// Where the tree sees the root of mount `m` as a bind of a mount of its
@@ -1114,29 +1257,38 @@ const FRESH: [&str; 13] = [
 /// devpts instance's terminals are the pairs the tree holds (saved with
 /// their masters, made again from its `ptmx` at their index; one no
 /// process of the tree holds is not), and an mqueue's queues are saved
-/// with the tree's IPC namespace or with the fds on them; a hugetlbfs's
-/// files and a bpf file system's pinned objects are not saved.
+/// with the tree's IPC namespace or with the fds on them; a bpf file
+/// system's pinned objects are not saved. (A hugetlbfs holding files is
+/// saved with them, not made from nothing.)
 fn check_fresh(root: i32, kind: &str, at: &str) -> Result<()> {
-    let why = match kind {
-        "hugetlbfs" => "the file",
-        "bpf" => "the pinned BPF object",
-        _ => return Ok(()),
-    };
-    let dir = format!("/proc/{root}/root{at}");
-    let names: Vec<String> = std::fs::read_dir(&dir)
-        .map_err(|e| CaptureError::from_proc(root, &format!("root{at}"), e))?
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    if let Some(n) = names.first() {
+    if kind != "bpf" {
+        return Ok(());
+    }
+    if let Some(n) = first_name(root, at)? {
         return Err(refuse(
             root,
             format!(
-                "its {kind} mount on {at} holds {why} {n}; stasis mounts an empty one again (huge page files and pinned BPF objects are not saved)"
+                "its {kind} mount on {at} holds the pinned BPF object {n}; stasis mounts an empty one again (pinned BPF objects are not saved)"
             ),
         ));
     }
     Ok(())
+}
+
+/// The first name in the directory the tree sees at `at` (through
+/// `/proc/ROOT/root`), if any.
+fn first_name(root: i32, at: &str) -> Result<Option<String>> {
+    let dir = format!("/proc/{root}/root{at}");
+    Ok(std::fs::read_dir(&dir)
+        .map_err(|e| CaptureError::from_proc(root, &format!("root{at}"), e))?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .next())
+}
+
+/// Whether the directory the tree sees at `at` holds nothing.
+fn dir_is_empty(root: i32, at: &str) -> Result<bool> {
+    first_name(root, at).map(|n| n.is_none())
 }
 
 /// `MS_*` flags of per-mount options.
@@ -1156,10 +1308,11 @@ fn mount_flags(opts: &str) -> u64 {
         .fold(0, |a, f| a | f)
 }
 
-/// Everything in the tmpfs mounted on `at` in the mount namespace of
-/// `root` (read through `/proc/ROOT/root`), directories before what they
-/// hold; a regular file's data goes into the content pack (`w`), extent
-/// by extent (holes stay holes), a buffer at a time.
+/// Everything in the tmpfs (or ramfs, or hugetlbfs) mounted on `at` in
+/// the mount namespace of `root` (read through `/proc/ROOT/root`),
+/// directories before what they hold; a regular file's data goes into
+/// the content pack (`w`), extent by extent (holes stay holes), a buffer
+/// at a time; on a hugetlbfs, whole huge pages ([`huge_extents`]).
 fn tmpfs_entries(root: i32, at: &str, w: &mut ContentWriter) -> Result<Vec<TmpfsEntry>> {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let base = std::path::PathBuf::from(format!("/proc/{root}/root{at}"));
@@ -1167,6 +1320,14 @@ fn tmpfs_entries(root: i32, at: &str, w: &mut ContentWriter) -> Result<Vec<Tmpfs
     let mut out = Vec::new();
     let mut queue = vec![String::new()];
     let dev = std::fs::symlink_metadata(&base).map_err(io)?.dev();
+    // A hugetlbfs's huge page size (its block size).
+    let huge = nix::sys::statfs::statfs(&base)
+        .map_err(|e| io(e.into()))
+        .map(|s| {
+            (s.filesystem_type() == nix::sys::statfs::HUGETLBFS_MAGIC)
+                .then(|| u64::try_from(s.block_size()).unwrap_or(0))
+                .filter(|&b| b > 0)
+        })?;
     while let Some(rel) = queue.pop() {
         let path = if rel.is_empty() {
             base.clone()
@@ -1205,7 +1366,11 @@ fn tmpfs_entries(root: i32, at: &str, w: &mut ContentWriter) -> Result<Vec<Tmpfs
                 .or_else(|_| open(libc::O_NOFOLLOW))
                 .map_err(io)?;
             size = md.len();
-            for (a, b) in kns_fdops::data_extents(&f, 0, size).map_err(io)? {
+            let ranges = match huge {
+                Some(page) => huge_extents(&f, size, page).map_err(io)?,
+                None => kns_fdops::data_extents(&f, 0, size).map_err(io)?,
+            };
+            for (a, b) in ranges {
                 extents.push(w.copy_extent(&f, &path, a, b - a)?);
             }
             Vec::new()
@@ -1245,6 +1410,44 @@ fn tmpfs_entries(root: i32, at: &str, w: &mut ContentWriter) -> Result<Vec<Tmpfs
             extents,
             rdev,
         });
+    }
+    Ok(out)
+}
+
+/// The data ranges of a hugetlbfs file of `size` bytes and huge pages of
+/// `page` bytes: runs of whole pages that are not all zeros (hugetlbfs
+/// has no `SEEK_DATA`: every byte is data to `lseek`; `read` gives zeros
+/// for a page not there, and a page all zeros is left a hole, which
+/// reads the same and takes no page from the pool until touched). The
+/// last page of a size that is not a whole number of pages (made by
+/// `fallocate`) cannot be mapped, so never written: it is zeros, and left
+/// out.
+fn huge_extents(f: &std::fs::File, size: u64, page: u64) -> std::io::Result<Vec<(u64, u64)>> {
+    use std::os::unix::fs::FileExt;
+    const BUF: u64 = 2 << 20;
+    let mut buf = vec![0u8; usize::try_from(page.min(BUF)).unwrap_or(2 << 20)];
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    let whole = size / page * page;
+    let mut at = 0;
+    while at < whole {
+        let mut data = false;
+        let mut done = 0;
+        while done < page {
+            let n = usize::try_from((page - done).min(buf.len() as u64)).unwrap_or(buf.len());
+            f.read_exact_at(&mut buf[..n], at + done)?;
+            data = buf[..n].iter().any(|&b| b != 0);
+            done += n as u64;
+            if data {
+                break;
+            }
+        }
+        if data {
+            match out.last_mut() {
+                Some((_, end)) if *end == at => *end = at + page,
+                _ => out.push((at, at + page)),
+            }
+        }
+        at += page;
     }
     Ok(out)
 }

@@ -105,7 +105,10 @@ fn fresh_mounts(n: Option<&Namespaces>) -> bool {
                         LaterKind::Fresh { fstype, .. } => {
                             !matches!(fstype.as_str(), "sysfs" | "mqueue" | "devpts" | "cgroup2")
                         }
-                        LaterKind::Tmpfs { .. } | LaterKind::Bind { .. } => false,
+                        LaterKind::Tmpfs { .. }
+                        | LaterKind::Bind { .. }
+                        | LaterKind::Hugetlbfs { .. }
+                        | LaterKind::Overlay { .. } => false,
                     }
             })
     })
@@ -215,6 +218,25 @@ pub const FRESH_MOUNTS_MANIFEST_VERSION: u32 = 14;
 /// next hop, and the kernel's rules only, or refusing none of the
 /// interfaces.
 pub const NET_ROUTING_MANIFEST_VERSION: u32 = 15;
+
+/// Manifest format version written when the tree's mount namespace has
+/// a hugetlbfs holding files ([`LaterKind::Hugetlbfs`]) or an overlay
+/// ([`LaterKind::Overlay`]), so that a reader that predates them refuses
+/// the manifest instead of failing on the unknown mount kind halfway
+/// through a restore. (16 is the network's.)
+pub const OWN_MOUNTS_MANIFEST_VERSION: u32 = 17;
+
+/// Mounts that only [`OWN_MOUNTS_MANIFEST_VERSION`] readers make.
+fn own_mounts(n: Option<&Namespaces>) -> bool {
+    n.and_then(|n| n.mnt.as_ref()).is_some_and(|m| {
+        m.later.iter().any(|l| {
+            matches!(
+                l.what,
+                LaterKind::Hugetlbfs { .. } | LaterKind::Overlay { .. }
+            )
+        })
+    })
+}
 
 /// Manifest format version written for a tree whose PID namespace's init
 /// was not dumped ([`Namespaces::stand_in_init`]: the root keeps its PID
@@ -349,6 +371,8 @@ impl Manifest {
             NS_FILE_OF_MANIFEST_VERSION
         } else if self.namespaces.as_ref().is_some_and(|n| n.stand_in_init) {
             STAND_IN_INIT_MANIFEST_VERSION
+        } else if own_mounts(self.namespaces.as_ref()) {
+            OWN_MOUNTS_MANIFEST_VERSION
         } else if net_routing {
             NET_ROUTING_MANIFEST_VERSION
         } else if fresh_mounts(self.namespaces.as_ref()) {
@@ -1007,6 +1031,36 @@ pub enum LaterKind {
         /// The file system's options, as `mount` takes them.
         options: String,
         entries: Vec<TmpfsEntry>,
+    },
+    /// A hugetlbfs holding files, and its content (as a tmpfs's: a
+    /// regular file's data extents are whole huge pages, a page all zeros
+    /// left a hole; the restore writes them through a shared mapping, as
+    /// hugetlbfs takes no `write`). An empty one is [`LaterKind::Fresh`].
+    /// Manifest format version 17.
+    Hugetlbfs {
+        source: String,
+        /// The file system's options (`pagesize=`, `size=`...), as
+        /// `mount` takes them.
+        options: String,
+        entries: Vec<TmpfsEntry>,
+    },
+    /// An overlay whose directories the dumper sees: mounted again on
+    /// them (its content is theirs: nothing of it is saved). Each path is
+    /// as the dumper sees that directory (as a bind's source), resolved
+    /// at restore as one is. Manifest format version 17.
+    Overlay {
+        source: String,
+        /// Its lower layers, as `mount` takes them (`:` between layers,
+        /// `::` before the data-only ones).
+        lowerdir: String,
+        /// Empty: a read-only overlay, of lower layers only.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        upperdir: String,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        workdir: String,
+        /// Its other options (`redirect_dir=`, `index=`, `uuid=`...), as
+        /// `mount` takes them.
+        options: String,
     },
     /// A file system that holds nothing to save, mounted anew: `sysfs`,
     /// `mqueue` without queues, a `devpts` instance without terminals,

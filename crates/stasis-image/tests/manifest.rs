@@ -1207,6 +1207,78 @@ fn routing_state_raises_the_manifest_version_and_round_trips() {
         let m = with(n);
         assert_version_round_trips(&m, 15, manifest::FRESH_MOUNTS_MANIFEST_VERSION);
     }
+    const { assert!(manifest::NET_ROUTING_MANIFEST_VERSION < manifest::LATEST_MANIFEST_VERSION) };
+}
+
+/// A hugetlbfs holding files or an overlay (issue 17): version 17 (a
+/// reader of 15 knows no `Hugetlbfs` nor `Overlay` mount), round-trips
+/// (with the files' extents, with and without an upper directory), and
+/// is refused under a lower version; an empty hugetlbfs stays a `Fresh`
+/// mount of version 14.
+#[test]
+fn a_hugetlbfs_with_files_or_an_overlay_raise_the_manifest_version_and_round_trip() {
+    let base = small_manifest();
+    assert!(base.format_version() < manifest::OWN_MOUNTS_MANIFEST_VERSION);
+    let with = |what: manifest::LaterKind| {
+        let mut m = base.clone();
+        m.namespaces = Some(manifest::Namespaces {
+            pid: true,
+            mnt: Some(manifest::MountNamespace {
+                later: vec![manifest::LaterMount {
+                    target: "/mnt/huge".into(),
+                    flags: libc::MS_NOSUID,
+                    what,
+                    propagation: 0,
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        m
+    };
+    let huge = manifest::LaterKind::Hugetlbfs {
+        source: "huge".into(),
+        options: "pagesize=2M,size=16777216".into(),
+        entries: vec![
+            manifest::TmpfsEntry {
+                mode: libc::S_IFDIR | 0o755,
+                ..Default::default()
+            },
+            manifest::TmpfsEntry {
+                path: "f".into(),
+                mode: libc::S_IFREG | 0o640,
+                uid: 7,
+                gid: 8,
+                size: 3 << 21,
+                extents: vec![manifest::Extent {
+                    offset: 2 << 21,
+                    data: Vec::new(),
+                    len: 2 << 20,
+                    at: 4096,
+                }],
+                ..Default::default()
+            },
+        ],
+    };
+    assert_version_round_trips(&with(huge), 17, manifest::NET_ROUTING_MANIFEST_VERSION);
+    // An overlay (read-only: lower layers only, a data-only one).
+    for upper in ["", "/srv/u"] {
+        let overlay = manifest::LaterKind::Overlay {
+            source: "ovl".into(),
+            lowerdir: "/srv/l1:/srv/l2::/srv/data".into(),
+            upperdir: upper.into(),
+            workdir: if upper.is_empty() { "" } else { "/srv/w" }.into(),
+            options: "uuid=on".into(),
+        };
+        assert_version_round_trips(&with(overlay), 17, manifest::NET_ROUTING_MANIFEST_VERSION);
+    }
+    let empty = manifest::LaterKind::Fresh {
+        fstype: "hugetlbfs".into(),
+        source: "huge".into(),
+        options: "pagesize=2M".into(),
+    };
+    assert_eq!(with(empty).format_version(), 14);
+    assert!(manifest::OWN_MOUNTS_MANIFEST_VERSION < manifest::LATEST_MANIFEST_VERSION);
 }
 
 #[test]

@@ -169,6 +169,40 @@ impl SharedMap {
         Ok(SharedMap { p, len })
     }
 
+    /// Maps bytes `offset..offset + len` of the file `fd` shared,
+    /// read-write, leaving its size as it is (a hugetlbfs file's: both
+    /// whole huge pages, inside its size, else `EINVAL` or `SIGBUS` at the
+    /// write; a hugetlbfs mapping reserves its pages, `ENOMEM` when the
+    /// pool lacks them). [`SharedMap::write_at`]'s offsets are then from
+    /// `offset`.
+    pub fn range(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<SharedMap> {
+        let big = || io::Error::from_raw_os_error(libc::EFBIG);
+        let len = usize::try_from(len).map_err(|_| big())?;
+        let off = libc::off_t::try_from(offset).map_err(|_| big())?;
+        if len == 0 {
+            return Ok(SharedMap {
+                p: std::ptr::null_mut(),
+                len,
+            });
+        }
+        // SAFETY: a new shared mapping of `len` bytes of our own fd, at an
+        // address the kernel picks; checked for MAP_FAILED below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                off,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(SharedMap { p, len })
+    }
+
     /// Copies `data` to offset `off` of the file (`EINVAL` if it does not
     /// fit in it).
     pub fn write_at(&mut self, off: u64, data: &[u8]) -> io::Result<()> {

@@ -15,6 +15,7 @@ use stasis_image::manifest::{
     NetNamespace, NetRoute, NetRule, TimeNamespace, TmpfsEntry, TunDevice, UserNamespace,
 };
 use stasis_kernel::child::NsSetup;
+use stasis_kernel::fdops as kfdops;
 use stasis_kernel::ns::{self as kns, NsKind};
 use stasis_kernel::rtnl::{self, Rtnl};
 use stasis_kernel::tun;
@@ -308,7 +309,7 @@ fn fill_tmpfs(m: &Manifest, root: i32, content: &stasis_image::ContentSource) ->
                 "/proc/{root}/root{}",
                 before_pivot(Some(mnt), &t.target)
             ));
-            fill_entries(&base, &t.target, &t.entries, content)?;
+            fill_entries(&base, &t.target, &t.entries, content, None)?;
         }
         Ok(())
     };
@@ -319,12 +320,15 @@ fn fill_tmpfs(m: &Manifest, root: i32, content: &stasis_image::ContentSource) ->
 }
 
 /// Makes `entries` (of the tmpfs mounted on `target`) under `base`, its
-/// root as this thread sees it.
+/// root as this thread sees it. `huge`: the huge page size of a
+/// hugetlbfs, whose files are filled through a shared mapping
+/// ([`fill_huge`]).
 fn fill_entries(
     base: &std::path::Path,
     target: &str,
     entries: &[TmpfsEntry],
     content: &stasis_image::ContentSource,
+    huge: Option<u64>,
 ) -> Result<()> {
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::PermissionsExt;
@@ -381,10 +385,23 @@ fn fill_entries(
                     .content()
                     .map_err(|err| ObjectError::Inconsistent(err.to_string()))?;
                 let f = std::fs::OpenOptions::new()
+                    .read(huge.is_some())
                     .write(true)
                     .create_new(true)
                     .open(&path)
                     .map_err(step("making"))?;
+                if let Some(page) = huge {
+                    fill_huge(&f, size, page, &extents, content)
+                        .map_err(|err| step("filling")(err))?;
+                    std::os::unix::fs::lchown(&path, Some(e.uid), Some(e.gid))
+                        .map_err(step("chown of"))?;
+                    std::fs::set_permissions(
+                        &path,
+                        std::fs::Permissions::from_mode(e.mode & 0o7777),
+                    )
+                    .map_err(step("chmod of"))?;
+                    continue;
+                }
                 stasis_objects::content::put_back(Some(content), &extents, |off, data| {
                     f.write_all_at(data, off).map_err(|err| {
                         ObjectError::Inconsistent(format!(
@@ -416,6 +433,58 @@ fn fill_entries(
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(e.mode & 0o7777))
                 .map_err(step("chmod of"))?;
         }
+    }
+    Ok(())
+}
+
+/// Gives the new hugetlbfs file `f` its `size` and the data `extents`
+/// (whole huge pages of `page` bytes, inside its last whole one), each
+/// written through a shared mapping of its pages (hugetlbfs takes no
+/// `write`; a page left out stays a hole). A size that is not a whole
+/// number of pages is set by `fallocate` of its last byte (that page,
+/// never mappable, reads as zeros, as it did).
+fn fill_huge(
+    f: &std::fs::File,
+    size: u64,
+    page: u64,
+    extents: &[stasis_image::manifest::Extent],
+    content: &stasis_image::ContentSource,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let whole = size / page * page;
+    f.set_len(whole)?;
+    for e in extents {
+        let end = e.offset.saturating_add(e.bytes());
+        let cover = end.div_ceil(page).saturating_mul(page);
+        if e.offset % page != 0 || cover > whole {
+            return Err(std::io::Error::other(format!(
+                "its saved data at {}+{} is not in whole huge pages of {page} bytes inside its size {size}",
+                e.offset,
+                e.bytes()
+            )));
+        }
+        let mut map =
+            kfdops::SharedMap::range(f.as_fd(), e.offset, cover - e.offset).map_err(|err| {
+                std::io::Error::new(
+                    err.kind(),
+                    format!(
+                        "mapping it (are enough huge pages free? /proc/sys/vm/nr_hugepages): {err}"
+                    ),
+                )
+            })?;
+        stasis_objects::content::put_back(Some(content), std::slice::from_ref(e), |off, data| {
+            map.write_at(off - e.offset, data)
+                .map_err(|err| RestoreError::from(ObjectError::Inconsistent(err.to_string())))
+        })
+        .map_err(|err| std::io::Error::other(err.to_string()))?;
+    }
+    if size > whole {
+        nix::fcntl::fallocate(
+            f.as_fd().as_raw_fd(),
+            nix::fcntl::FallocateFlags::empty(),
+            i64::try_from(size - 1).map_err(|_| std::io::Error::from_raw_os_error(libc::EFBIG))?,
+            1,
+        )?;
     }
     Ok(())
 }
@@ -512,7 +581,13 @@ fn later_mounts(m: &Manifest, root: i32, content: &stasis_image::ContentSource) 
                         Some(options),
                     )
                     .map_err(fail("mounting a tmpfs"))?;
-                    fill_entries(std::path::Path::new(&target), &l.target, entries, content)?;
+                    fill_entries(
+                        std::path::Path::new(&target),
+                        &l.target,
+                        entries,
+                        content,
+                        None,
+                    )?;
                     if l.flags & libc::MS_RDONLY != 0 {
                         remount(l.flags).map_err(fail("making a tmpfs read-only"))?;
                     }
@@ -530,10 +605,73 @@ fn later_mounts(m: &Manifest, root: i32, content: &stasis_image::ContentSource) 
                         Some(options),
                     )
                     .map_err(fail("mounting a ramfs"))?;
-                    fill_entries(std::path::Path::new(&target), &l.target, entries, content)?;
+                    fill_entries(
+                        std::path::Path::new(&target),
+                        &l.target,
+                        entries,
+                        content,
+                        None,
+                    )?;
                     if l.flags & libc::MS_RDONLY != 0 {
                         remount(l.flags).map_err(fail("making a ramfs read-only"))?;
                     }
+                }
+                LaterKind::Hugetlbfs {
+                    source,
+                    options,
+                    entries,
+                } => {
+                    kns::mount(
+                        source,
+                        &target,
+                        Some("hugetlbfs"),
+                        l.flags & !libc::MS_RDONLY,
+                        Some(options),
+                    )
+                    .map_err(fail("mounting a hugetlbfs"))?;
+                    let page = nix::sys::statfs::statfs(target.as_str())
+                        .map_err(|e| fail("reading its huge page size")(e.into()))?
+                        .block_size();
+                    let page = u64::try_from(page).ok().filter(|&p| p > 0).ok_or_else(|| {
+                        fail("reading its huge page size")(std::io::Error::from_raw_os_error(
+                            libc::EINVAL,
+                        ))
+                    })?;
+                    fill_entries(
+                        std::path::Path::new(&target),
+                        &l.target,
+                        entries,
+                        content,
+                        Some(page),
+                    )?;
+                    if l.flags & libc::MS_RDONLY != 0 {
+                        remount(l.flags).map_err(fail("making a hugetlbfs read-only"))?;
+                    }
+                }
+                LaterKind::Overlay {
+                    source,
+                    lowerdir,
+                    upperdir,
+                    workdir,
+                    options,
+                } => {
+                    // Its directories, as the dumper saw them, are
+                    // resolved here as a bind's source is.
+                    let opts: Vec<String> = [
+                        ("lowerdir", lowerdir),
+                        ("upperdir", upperdir),
+                        ("workdir", workdir),
+                    ]
+                    .into_iter()
+                    .filter(|(_, v)| !v.is_empty())
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .chain((!options.is_empty()).then(|| options.clone()))
+                    .collect();
+                    let opts = opts.join(",");
+                    kns::mount(source, &target, Some("overlay"), l.flags, Some(&opts))
+                        .map_err(fail(&format!(
+                            "mounting an overlay ({opts}: its directories must be where they were at the dump)"
+                        )))?;
                 }
                 LaterKind::Bind { source } => {
                     kns::mount(source, &target, None, libc::MS_BIND, None)
