@@ -29,9 +29,9 @@ use std::collections::{HashMap, HashSet};
 
 use stasis_image::manifest::{
     BindMount, FdKind, LaterKind, LaterMount, Manifest, MountNamespace, Namespaces, NetAddress,
-    NetAttr, NetInterface, NetLink, NetNamespace, NetNextHop, NetRoute, NetRule,
+    NetAttr, NetInterface, NetLink, NetNamespace, NetNextHop, NetNexthopObject, NetRoute, NetRule,
     PendingTimeNamespace, ProcessImage, TimeNamespace, TmpfsEntry, TmpfsMount, TunDevice,
-    UserNamespace, UtsNamespace, Veth,
+    UserNamespace, UtsNamespace, Veth, IFLA_MACVLAN_MACADDR_DATA,
 };
 use stasis_image::ContentWriter;
 use stasis_kernel::fdops as kns_fdops;
@@ -234,10 +234,17 @@ fn check_net(root: i32) -> Result<()> {
 /// and tap devices and veths whose peer is in the dumper's namespace, and
 /// routes stasis does not make again.
 fn net_namespace(root: i32) -> Result<NetNamespace> {
-    let (links, addrs, routes, rules) = kns::in_namespaces_of(root, &[NsKind::Net], || {
-        let mut nl = Rtnl::open()?;
-        Ok::<_, stasis_kernel::KernelError>((nl.links()?, nl.addrs()?, nl.routes()?, nl.rules()?))
-    })??;
+    let (links, addrs, routes, rules, nexthops) =
+        kns::in_namespaces_of(root, &[NsKind::Net], || {
+            let mut nl = Rtnl::open()?;
+            Ok::<_, stasis_kernel::KernelError>((
+                nl.links()?,
+                nl.addrs()?,
+                nl.routes()?,
+                nl.rules()?,
+                nl.nexthops()?,
+            ))
+        })??;
     let lo_up = links.iter().any(|l| l.name == "lo" && l.up);
     let mut net = NetNamespace {
         lo_up,
@@ -358,26 +365,50 @@ fn net_namespace(root: i32) -> Result<NetNamespace> {
                 .iter()
                 .zip(&hop_devs)
                 .any(|(h, d)| h.oif != 0 && d.is_none());
-        if r.unusual || unknown_dev {
-            return Err(refuse(
+        let refused = |why: String| {
+            refuse(
                 root,
                 format!(
-                    "its network namespace has the route to {dst} in table {} ({}); stasis restores routes with their gateways, devices, metrics and next hops, not encapsulations, next-hop objects (ip nexthop), gateways of another family (via) or source prefixes (from)",
-                    r.table,
-                    if r.unusual {
-                        "an encapsulation, a next-hop object, a gateway of another family or a source prefix"
-                    } else {
-                        "an unknown device"
-                    }
+                    "its network namespace has the route to {dst} in table {} ({why})",
+                    r.table
                 ),
+            )
+        };
+        if unknown_dev {
+            return Err(refused(
+                "through an interface that is not in the namespace".into(),
             ));
         }
+        for attrs in std::iter::once(&r.attrs).chain(r.nexthops.iter().map(|h| &h.attrs)) {
+            if let Some(why) = encap_refusal(attrs, rtnl::RTA_ENCAP_TYPE, rtnl::RTA_ENCAP) {
+                return Err(refused(why));
+            }
+        }
+        let raw = |attrs: &[rtnl::RawAttr]| -> Vec<NetAttr> {
+            attrs
+                .iter()
+                // An IPv6 route's preference is told even when it is the
+                // default (medium, 0).
+                .filter(|a| !(a.kind == rtnl::RTA_PREF && a.value == [0]))
+                // Through a next-hop object, the route's own next hop
+                // (gateway, encapsulation) is the object's, listed with it.
+                .filter(|a| {
+                    r.nhid.is_none()
+                        || ![rtnl::RTA_VIA, rtnl::RTA_ENCAP_TYPE, rtnl::RTA_ENCAP].contains(&a.kind)
+                })
+                .map(|a| NetAttr {
+                    kind: a.kind,
+                    value: a.value.clone(),
+                })
+                .collect()
+        };
+        let own_hop = r.nhid.is_none();
         net.routes.push(NetRoute {
             family: r.family,
             dst: r.dst,
             dst_len: r.dst_len,
-            gateway: r.gateway,
-            dev: dev.flatten(),
+            gateway: r.gateway.filter(|_| own_hop),
+            dev: dev.flatten().filter(|_| own_hop),
             metric: r.priority,
             prefsrc: r.prefsrc,
             protocol: r.protocol,
@@ -388,26 +419,28 @@ fn net_namespace(root: i32) -> Result<NetNamespace> {
                 .nexthops
                 .iter()
                 .zip(hop_devs)
+                .filter(|_| own_hop)
                 .map(|(h, dev)| NetNextHop {
                     gateway: h.gateway,
                     dev,
                     hops: h.hops,
                     flags: h.flags & rtnl::RTNH_F_ONLINK,
+                    attrs: raw(&h.attrs),
                 })
                 .collect(),
-            flags: r.flags & u32::from(rtnl::RTNH_F_ONLINK),
-            // An IPv6 route's preference is told even when it is the
-            // default (medium, 0).
-            attrs: r
-                .attrs
-                .iter()
-                .filter(|a| !(a.kind == rtnl::RTA_PREF && a.value == [0]))
-                .map(|a| NetAttr {
-                    kind: a.kind,
-                    value: a.value.clone(),
-                })
-                .collect(),
+            flags: if own_hop {
+                r.flags & u32::from(rtnl::RTNH_F_ONLINK)
+            } else {
+                0
+            },
+            attrs: raw(&r.attrs),
+            src: r.src,
+            src_len: r.src_len,
+            nhid: r.nhid,
         });
+    }
+    for n in &nexthops {
+        net.nexthops.push(nexthop_object(root, n, &links)?);
     }
     if !only_kernel_rules(&rules) {
         net.rules = rules
@@ -489,22 +522,14 @@ fn own_link(
     let mut link = None;
     let mut data = Vec::new();
     for a in &l.info_data {
-        // IFLA_MACVLAN_MACADDR_COUNT: the addresses of a source-mode
-        // macvlan, which stasis does not give back.
-        if kind == "macvlan" && a.kind == 6 && a.value.iter().any(|&b| b != 0) {
-            return Err(refuse(
-                root,
-                format!(
-                    "its macvlan interface {} has a list of source addresses (mode source); stasis restores macvlans without one",
-                    l.name
-                ),
-            ));
-        }
         let keep = match kind.as_str() {
             // VLAN filtering off is left out: a kernel without it
             // refuses the attribute, even 0.
             "bridge" => BRIDGE_CONFIG.contains(&a.kind) && !(a.kind == 7 && a.value == [0]),
-            "macvlan" => MACVLAN_CONFIG.contains(&a.kind),
+            // A source-mode macvlan's list of source addresses
+            // (IFLA_MACVLAN_MACADDR_DATA, not there when empty), set
+            // again at its making.
+            "macvlan" => MACVLAN_CONFIG.contains(&a.kind) || a.kind == IFLA_MACVLAN_MACADDR_DATA,
             "vxlan" => {
                 if a.kind == IFLA_VXLAN_LINK {
                     let i = <[u8; 4]>::try_from(&a.value[..])
@@ -547,6 +572,126 @@ fn own_link(
         txqlen: l.txqlen,
         link,
         data,
+    })
+}
+
+/// Why stasis does not make again the encapsulation of a route or
+/// next-hop object (`attrs`, whose encapsulation attributes are
+/// `type_attr` and `encap_attr`), if it does not: one that names a BPF
+/// program (its fds are the loader's) or an interface (`seg6local`'s
+/// input or output interface, by index), or a kind this kernel's
+/// restore is not known to make (`mpls`, `ila`, `rpl`, `ioam6`, ...).
+fn encap_refusal(attrs: &[rtnl::RawAttr], type_attr: u16, encap_attr: u16) -> Option<String> {
+    let kind = attrs
+        .iter()
+        .find(|a| a.kind == type_attr)
+        .and_then(|a| <[u8; 2]>::try_from(&a.value[..]).ok())
+        .map(u16::from_ne_bytes)?;
+    let encap = attrs
+        .iter()
+        .find(|a| a.kind == encap_attr)
+        .map(|a| &a.value[..])
+        .unwrap_or(&[]);
+    match kind {
+        rtnl::LWTUNNEL_ENCAP_IP | rtnl::LWTUNNEL_ENCAP_IP6 | rtnl::LWTUNNEL_ENCAP_SEG6 => None,
+        rtnl::LWTUNNEL_ENCAP_SEG6_LOCAL => {
+            let named = rtnl::split_attrs(encap).into_iter().find(|a| {
+                [rtnl::SEG6_LOCAL_IIF, rtnl::SEG6_LOCAL_OIF, rtnl::SEG6_LOCAL_BPF].contains(&a.kind)
+            });
+            named.map(|a| {
+                format!(
+                    "an encapsulation seg6local with {}; stasis restores seg6local actions that name no interface and no BPF program",
+                    if a.kind == rtnl::SEG6_LOCAL_BPF {
+                        "a BPF program, which the kernel gives back only as an id, not as the program"
+                    } else {
+                        "an interface by index"
+                    }
+                )
+            })
+        }
+        rtnl::LWTUNNEL_ENCAP_BPF => Some(
+            "an encapsulation bpf: BPF programs, which the kernel gives back only by id and name, not as programs; stasis restores encap ip, ip6, seg6 and seg6local".into(),
+        ),
+        k => Some(format!(
+            "an encapsulation of kind {} ({k}); stasis restores encap ip, ip6, seg6 and seg6local",
+            match k {
+                rtnl::LWTUNNEL_ENCAP_MPLS => "mpls",
+                rtnl::LWTUNNEL_ENCAP_ILA => "ila",
+                8 => "rpl",
+                9 => "ioam6",
+                10 => "xfrm",
+                _ => "unknown",
+            }
+        )),
+    }
+}
+
+/// Next-hop object `n` of the tree's namespace (`links`): its output
+/// interface by name and its configuration (id, gateway, blackhole, fdb,
+/// encapsulation, group, a resilient group's buckets and timers);
+/// refuses one through an interface of another namespace or with an
+/// encapsulation stasis does not make ([`encap_refusal`]).
+fn nexthop_object(
+    root: i32,
+    n: &rtnl::NexthopObject,
+    links: &[rtnl::Link],
+) -> Result<NetNexthopObject> {
+    let id = n.id().unwrap_or(0);
+    let dev = match n.oif() {
+        None => None,
+        Some(i) => match links.iter().find(|l| l.index == i) {
+            Some(l) => Some(l.name.clone()),
+            None => {
+                return Err(refuse(
+                    root,
+                    format!("its network namespace has the next-hop object {id} through interface {i}, which is not in it"),
+                ))
+            }
+        },
+    };
+    if let Some(why) = encap_refusal(&n.attrs, rtnl::NHA_ENCAP_TYPE, rtnl::NHA_ENCAP) {
+        return Err(refuse(
+            root,
+            format!("its network namespace has the next-hop object {id} with {why}"),
+        ));
+    }
+    const CONFIG: [u16; 9] = [
+        rtnl::NHA_ID,
+        rtnl::NHA_GROUP,
+        rtnl::NHA_GROUP_TYPE,
+        rtnl::NHA_BLACKHOLE,
+        rtnl::NHA_GATEWAY,
+        rtnl::NHA_ENCAP_TYPE,
+        rtnl::NHA_ENCAP,
+        rtnl::NHA_FDB,
+        rtnl::NHA_RES_GROUP,
+    ];
+    let attrs = n
+        .attrs
+        .iter()
+        .filter(|a| CONFIG.contains(&a.kind))
+        .map(|a| NetAttr {
+            kind: a.kind,
+            value: if a.kind == rtnl::NHA_RES_GROUP {
+                // Its buckets and timers, not its state (the time it
+                // has been unbalanced).
+                let config: Vec<rtnl::RawAttr> = rtnl::split_attrs(&a.value)
+                    .into_iter()
+                    .filter(|x| rtnl::NHA_RES_GROUP_CONFIG.contains(&x.kind))
+                    .collect();
+                rtnl::join_attrs(&config)
+            } else {
+                a.value.clone()
+            },
+        })
+        .collect();
+    Ok(NetNexthopObject {
+        family: n.family,
+        scope: n.scope,
+        protocol: n.protocol,
+        flags: n.flags & u32::from(rtnl::RTNH_F_ONLINK),
+        dev,
+        attrs,
     })
 }
 

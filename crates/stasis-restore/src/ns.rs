@@ -11,8 +11,9 @@ use std::ffi::CString;
 use std::os::fd::AsFd;
 
 use stasis_image::manifest::{
-    BindMount, LaterKind, Manifest, MountNamespace, Namespaces, NetAddress, NetInterface, NetLink,
-    NetNamespace, NetRoute, NetRule, TimeNamespace, TmpfsEntry, TunDevice, UserNamespace,
+    BindMount, LaterKind, Manifest, MountNamespace, Namespaces, NetAddress, NetAttr, NetInterface,
+    NetLink, NetNamespace, NetNexthopObject, NetRoute, NetRule, TimeNamespace, TmpfsEntry,
+    TunDevice, UserNamespace, IFLA_MACVLAN_MACADDR_DATA,
 };
 use stasis_kernel::child::NsSetup;
 use stasis_kernel::ns::{self as kns, NsKind};
@@ -816,6 +817,7 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
         && net.tuns.is_empty()
         && net.rules.is_empty()
         && net.links.is_empty()
+        && net.nexthops.is_empty()
     {
         return Ok(());
     }
@@ -939,9 +941,38 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
                     .map_err(step(format!("giving {} its address", d.name)))?;
             }
         }
+        // The next-hop objects, once their interfaces are up with their
+        // addresses (a gateway is checked reachable), groups last.
+        let mut objects: Vec<&NetNexthopObject> = net.nexthops.iter().collect();
+        objects.sort_by_key(|n| n.attrs.iter().any(|a| a.kind == rtnl::NHA_GROUP));
+        for n in objects {
+            let mut attrs: Vec<rtnl::RawAttr> = n.attrs.iter().map(raw_attr).collect();
+            if let Some(d) = &n.dev {
+                attrs.push(rtnl::RawAttr {
+                    kind: rtnl::NHA_OIF,
+                    value: index(&links, d)?.to_ne_bytes().to_vec(),
+                });
+            }
+            let object = rtnl::NexthopObject {
+                family: n.family,
+                // The kernel works it out (and refuses one given).
+                scope: 0,
+                protocol: n.protocol,
+                flags: n.flags & u32::from(rtnl::RTNH_F_ONLINK),
+                attrs,
+            };
+            nl.add_nexthop(&object).map_err(step(format!(
+                "making the next-hop object {} of the tree's network namespace",
+                object.id().unwrap_or(0)
+            )))?;
+        }
         // Routes through a gateway after those that make it reachable.
         let mut routes: Vec<&NetRoute> = net.routes.iter().collect();
-        routes.sort_by_key(|r| r.gateway.is_some() || !r.nexthops.is_empty());
+        routes.sort_by_key(|r| {
+            r.gateway.is_some()
+                || !r.nexthops.is_empty()
+                || r.attrs.iter().any(|a| a.kind == rtnl::RTA_VIA)
+        });
         for r in routes {
             let oif = match &r.dev {
                 Some(d) => Some(index(&links, d)?),
@@ -957,6 +988,7 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
                     },
                     hops: h.hops,
                     flags: h.flags & rtnl::RTNH_F_ONLINK,
+                    attrs: h.attrs.iter().map(raw_attr).collect(),
                 });
             }
             let route = rtnl::Route {
@@ -976,15 +1008,12 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
                 attrs: r
                     .attrs
                     .iter()
-                    .filter(|a| {
-                        [rtnl::RTA_METRICS, rtnl::RTA_FLOW, rtnl::RTA_PREF].contains(&a.kind)
-                    })
-                    .map(|a| rtnl::RawAttr {
-                        kind: a.kind,
-                        value: a.value.clone(),
-                    })
+                    .filter(|a| rtnl::ROUTE_RAW_ATTRS.contains(&a.kind))
+                    .map(raw_attr)
                     .collect(),
-                unusual: false,
+                src: r.src,
+                src_len: r.src_len,
+                nhid: r.nhid,
             };
             let dst = r
                 .dst
@@ -998,6 +1027,13 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
         Ok(())
     })??;
     Ok(())
+}
+
+fn raw_attr(a: &NetAttr) -> rtnl::RawAttr {
+    rtnl::RawAttr {
+        kind: a.kind,
+        value: a.value.clone(),
+    }
 }
 
 /// The index (in `links`) of the bridge `i` was a port of.
@@ -1014,6 +1050,10 @@ fn master_index(links: &[rtnl::Link], i: &NetInterface) -> Result<Option<u32>> {
         .into()),
     }
 }
+
+/// `IFLA_MACVLAN_MACADDR_MODE` and its `MACVLAN_MACADDR_SET`.
+const IFLA_MACVLAN_MACADDR_MODE: u16 = 3;
+const MACVLAN_MACADDR_SET: u32 = 3;
 
 /// Makes the interfaces made inside the tree's namespace (`links`) in
 /// the calling thread's (its new one), down, each with its name, hardware
@@ -1076,7 +1116,16 @@ fn make_links(links: &[NetLink]) -> Result<()> {
             "bridge" | "ifb" => nl.add_link(&new(l, None, raw(l))),
             "macvlan" => {
                 let i = lower(&mut nl)?;
-                nl.add_link(&new(l, Some(i), raw(l)))
+                let mut data = raw(l);
+                // A source-mode macvlan's list of source addresses is
+                // taken at its making with IFLA_MACVLAN_MACADDR_MODE set.
+                if data.iter().any(|a| a.kind == IFLA_MACVLAN_MACADDR_DATA) {
+                    data.push(rtnl::RawAttr {
+                        kind: IFLA_MACVLAN_MACADDR_MODE,
+                        value: MACVLAN_MACADDR_SET.to_ne_bytes().to_vec(),
+                    });
+                }
+                nl.add_link(&new(l, Some(i), data))
             }
             "vxlan" => {
                 let mut data = raw(l);

@@ -2053,23 +2053,48 @@ fn a_tun_held_by_a_program_carries_packets_after_restore() {
     finish_program(dir.path(), last);
 }
 
-/// A macvlan in source mode with a list of addresses: refused by name.
+/// Issue 17: a macvlan in source mode with its list of source addresses
+/// (three, one added and removed again) comes back with that list, its
+/// mode and its lower device (the end of a veth pair of the namespace),
+/// twice: `ip -d link` (which lists the addresses) and the routing state
+/// as they were.
 #[test]
-fn refuses_a_macvlan_with_source_addresses() {
-    refused(
-        &[
-            "--net",
-            "--fork",
-            "sh",
-            "-c",
-            "ip link add stasis-l0 type veth peer name stasis-l1 \
-             && ip link add stasis-ms link stasis-l0 type macvlan mode source \
-             && ip link set stasis-ms type macvlan macaddr add 02:00:00:00:00:05 \
-             && exec sleep 1000",
-        ],
-        |up| child_running(up, "sleep 1000"),
-        "its macvlan interface stasis-ms has a list of source addresses",
-    );
+fn twice_keeps_a_macvlan_in_source_mode_with_its_addresses() {
+    let sh = "ip link add stasis-l0 type veth peer name stasis-l1 \
+        && ip link add stasis-ms link stasis-l0 type macvlan mode source \
+        && for m in 02:00:00:00:00:05 02:00:00:00:00:06 02:00:00:00:00:07 02:00:00:00:00:08; do \
+           ip link set stasis-ms type macvlan macaddr add $m || exit 1; done \
+        && ip link set stasis-ms type macvlan macaddr del 02:00:00:00:00:06 \
+        && ip link set stasis-l0 up && ip link set stasis-ms address 02:55:00:00:00:09 up \
+        && ip addr add 10.56.0.1/24 dev stasis-ms \
+        && touch \"$0/ready\" && exec sleep 1000";
+    let (pid, _dir) = start_in_netns(&["sh", "-c", sh]);
+    let mut net = ContainerNet {
+        names: Vec::new(),
+        pids: vec![pid],
+    };
+    let before = (links_state(pid), routing_state(pid));
+    let text = format!("{:?}", before.0);
+    for want in [
+        "\"source\"",
+        "02:00:00:00:00:05",
+        "02:00:00:00:00:07",
+        "02:00:00:00:00:08",
+        "\"macaddr_count\": Number(3)",
+    ] {
+        assert!(text.contains(want), "{want} set up: {text}");
+    }
+    let check = |pid: i32, round: u32| {
+        let what = format!("round {round}");
+        assert_routing_state(&what, pid, &before.1);
+        assert_same(
+            &format!("{what}: ip -d link show"),
+            &before.0,
+            &links_state(pid),
+        );
+    };
+    let last = dump_and_restore_detached(pid, 2, check);
+    net.pids.push(last);
 }
 
 /// A veth of the tree's network namespace whose peer is in a third one
@@ -3719,7 +3744,8 @@ fn assert_same(what: &str, was: &serde_json::Value, now: &serde_json::Value) {
 }
 
 /// The routing state of the network namespace of `pid`, exactly: its
-/// addresses, the routes of every table and the rules, IPv4 and IPv6.
+/// addresses, the routes of every table and the rules, IPv4 and IPv6, and
+/// its next-hop objects.
 fn routing_state(pid: i32) -> Vec<(String, serde_json::Value)> {
     [
         "addr show",
@@ -3727,6 +3753,7 @@ fn routing_state(pid: i32) -> Vec<(String, serde_json::Value)> {
         "-6 route show table all",
         "-4 rule show",
         "-6 rule show",
+        "nexthop show",
     ]
     .iter()
     .map(|a| (a.to_string(), ip_json(pid, a)))
@@ -4044,4 +4071,91 @@ fn own_bridge_veth_pair_macvlan_vxlan_and_ifb_come_back_and_carry_tcp() {
     server
         .join()
         .expect("the exchange through the restored bridge");
+}
+
+/// Issue 17: next-hop objects (a gateway with its protocol, an IPv6
+/// gateway, a blackhole, an encapsulation, a weighted group, a resilient
+/// group with its buckets and idle timer, an fdb next hop and its group)
+/// and routes through them (IPv4 and IPv6, of another table), a gateway of
+/// another family (`via inet6`, of a route and of one next hop of a
+/// multipath route), an IPv6 source prefix (`from`), encapsulations (`ip`,
+/// `ip6`, `seg6`, `seg6local` actions End and End.DT6, of a route and of
+/// one next hop of a multipath route) come back exactly (`ip -d route`
+/// of every table, both families, `ip -d nexthop`); a program of the tree
+/// then connects over TCP through the restored route `nhid 1` to this
+/// process.
+#[test]
+fn next_hop_objects_encapsulations_via_and_from_come_back_and_carry_tcp() {
+    let mut net = ContainerNet {
+        names: vec!["stasisv4h"],
+        pids: Vec::new(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let prog = ping_program("10.93.0.1", 7792, "10.92.0.2");
+    let (mut child, pid) = start_container(
+        &["python3", "-c", &prog],
+        d,
+        "stasisv4h",
+        &[
+            "addr add 10.92.0.1/24 dev stasisv4h",
+            "addr add 10.93.0.1/32 dev stasisv4h",
+        ],
+        &[
+            "addr add 10.92.0.2/24 dev eth0",
+            "-6 addr add fd92::2/64 dev eth0 nodad",
+            "nexthop add id 1 via 10.92.0.1 dev eth0 proto static",
+            "nexthop add id 2 via 10.92.0.5 dev eth0",
+            "nexthop add id 3 group 1/2,3",
+            "nexthop add id 4 blackhole",
+            "nexthop add id 5 group 1/2 type resilient buckets 8 idle_timer 60",
+            "nexthop add id 6 via fd92::1 dev eth0",
+            "nexthop add id 7 encap ip id 9 dst 10.92.0.9 via 10.92.0.1 dev eth0",
+            "nexthop add id 8 via 10.92.0.9 fdb",
+            "nexthop add id 9 group 8 fdb",
+            "nexthop add id 20 via 10.92.0.6 dev eth0",
+            "nexthop del id 20",
+            "route add 10.93.0.0/24 nhid 1",
+            "route add 10.94.0.0/24 nhid 3 table 100",
+            "route add 10.95.0.0/24 nhid 4",
+            "route add 10.91.0.0/24 nhid 7",
+            "-6 route add fd95::/64 nhid 6",
+            "route add 10.96.0.0/24 via inet6 fe80::1 dev eth0",
+            "-6 route add fd96::/64 from fd97::/48 via fd92::1 dev eth0",
+            "route add 10.97.0.0/24 encap ip id 5 dst 10.92.0.9 ttl 3 dev eth0",
+            "-6 route add fd98::/64 encap ip6 id 5 dst fd92::9 dev eth0",
+            "-6 route add fd99::/64 encap seg6 mode encap segs fd92::5,fd92::6 dev eth0",
+            "-6 route add fd9a::/64 encap seg6local action End dev eth0",
+            "-6 route add fd9b::/64 encap seg6local action End.DT6 table 100 dev eth0",
+            "route add 10.98.0.0/24 nexthop encap ip id 7 dst 10.92.0.8 via 10.92.0.1 dev eth0 nexthop via 10.92.0.5 dev eth0",
+            "route add 10.99.0.0/24 nexthop via inet6 fe80::1 dev eth0 nexthop via 10.92.0.5 dev eth0 weight 2",
+            "-6 route add fd9c::/64 nexthop encap seg6 mode inline segs fd92::7 via fd92::1 dev eth0 nexthop via fd92::3 dev eth0",
+        ],
+    );
+    net.pids.push(pid);
+    let before = routing_state(pid);
+    let text = format!("{before:?}");
+    for want in [
+        "\"nhid\": Number(3)",
+        "\"resilient\"",
+        "\"fdb\"",
+        "\"blackhole\"",
+        "fd97::/48",
+        "\"family\": String(\"inet6\")",
+        "\"seg6local\"",
+        "End.DT6",
+        "\"seg6\"",
+        "\"ip6\"",
+        "10.92.0.8",
+    ] {
+        assert!(text.contains(want), "{want} set up: {text}");
+    }
+    let pid = dump_kill_restore(pid, &mut child, &d.join("images"));
+    net.pids.push(pid);
+    assert_routing_state("after the restore", pid, &before);
+    let server = pong_server("10.93.0.1", 7792);
+    finish_program(d, pid);
+    server
+        .join()
+        .expect("the exchange through the restored route nhid 1");
 }
