@@ -6,9 +6,13 @@
 //! PID namespace whose init is not the root; a network namespace with
 //! another interface than `lo`, tun and tap devices, veths whose peer
 //! is in the dumper's namespace (as a container runtime makes them) or in
-//! it, and bridges, ifbs, macvlans and vxlans on devices of it, or
-//! a route with what stasis does not make again (an encapsulation, a
-//! next-hop object, a gateway of another family, a source prefix); and mounts of a mount
+//! it, and bridges, ifbs, macvlans and vxlans on devices of it (dummy,
+//! vlan, ipvlan, VRF, bond and tunnel devices are not made yet: the
+//! kernels stasis is tested on lack them; wireguard's keys are not
+//! rtnetlink's), or a route or next-hop object with an encapsulation
+//! stasis does not make again ([`encap_refusal`]: a BPF program, an
+//! interface by index, a kind other than ip, ip6, seg6 and seg6local);
+//! and mounts of a mount
 //! namespace that cannot be made again from the image (a disk's file
 //! system the dumper has no mount of, an overlay...). [`describe`] (frozen) records
 //! what the restore needs: the host and domain names, the System V message
@@ -16,9 +20,11 @@
 //! veths (both ends: names, hardware addresses, MTUs, up states,
 //! addresses, the peer's bridge), the tun and tap devices (their flags,
 //! persistence, owner and group, and the same of their link), the
-//! interfaces made in it (kind, configuration, lower device, bridge), the routes
-//! of every table (but the kernel's) and the policy routing rules (when
-//! not only the kernel's), the proc mount, the
+//! interfaces made in it (kind, configuration, lower device, bridge, a
+//! source-mode macvlan's addresses), the next-hop objects, the routes
+//! of every table (but the kernel's: with their encapsulations, gateways
+//! of another family, source prefixes and next-hop ids) and the policy
+//! routing rules (when not only the kernel's), the proc mount, the
 //! `CLOCK_MONOTONIC` and `CLOCK_BOOTTIME` of a time namespace as seen
 //! inside it (and its offsets), and the PID (and TID) of every process in
 //! its namespace. The dump itself works with the
@@ -229,10 +235,11 @@ fn check_net(root: i32) -> Result<()> {
 }
 
 /// What the network namespace of `root` holds, read by rtnetlink from
-/// inside it (its interfaces, addresses, routes, rules) and from the
-/// dumper's (the veths' peers); refuses an interface other than `lo`, tun
-/// and tap devices and veths whose peer is in the dumper's namespace, and
-/// routes stasis does not make again.
+/// inside it (its interfaces, addresses, routes, next-hop objects, rules)
+/// and from the dumper's (the veths' peers); refuses an interface other
+/// than `lo`, tun and tap devices, veths whose peer is in the dumper's
+/// namespace and the kinds [`own_link`] takes, and routes and next-hop
+/// objects stasis does not make again.
 fn net_namespace(root: i32) -> Result<NetNamespace> {
     let (links, addrs, routes, rules, nexthops) =
         kns::in_namespaces_of(root, &[NsKind::Net], || {

@@ -1,9 +1,13 @@
 //! Route netlink (rtnetlink) of the calling thread's network namespace:
-//! its interfaces, addresses, routes and policy routing rules as plain
-//! values, and the few changes a restore makes (a veth pair, an address,
-//! a route, a rule, an interface's master and up state). Messages are packed and parsed by
+//! its interfaces, addresses, routes, next-hop objects and policy routing
+//! rules as plain values, and the few changes a restore makes (a veth
+//! pair, an interface, an address, a next-hop object, a route, a rule, an
+//! interface's master and up state). Messages are packed and parsed by
 //! the `netlink-packet-route` crate; the socket is `netlink-sys`, used
 //! synchronously (one request at a time, its answers read to the end).
+//! Next-hop objects, which the crate does not know, and the attributes
+//! of a route kept as the kernel gave them (an encapsulation) are read
+//! and written as bytes ([`RawMessage`]).
 
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, BorrowedFd};
