@@ -10,8 +10,8 @@
 //! vlan, ipvlan, VRF, bond and tunnel devices are not made yet: the
 //! kernels stasis is tested on lack them; wireguard's keys are not
 //! rtnetlink's), or a route or next-hop object with an encapsulation
-//! stasis does not make again ([`encap_refusal`]: a BPF program, an
-//! interface by index, a kind other than ip, ip6, seg6 and seg6local);
+//! stasis does not make again ([`encap_refusal`]: a BPF program, a
+//! kind other than ip, ip6, seg6 and seg6local);
 //! and mounts of a mount
 //! namespace that cannot be made again from the image (a disk's file
 //! system the dumper has no mount of, an overlay...). [`describe`] (frozen) records
@@ -34,10 +34,10 @@
 use std::collections::{HashMap, HashSet};
 
 use stasis_image::manifest::{
-    BindMount, FdKind, LaterKind, LaterMount, Manifest, MountNamespace, Namespaces, NetAddress,
-    NetAttr, NetInterface, NetLink, NetNamespace, NetNextHop, NetNexthopObject, NetRoute, NetRule,
-    PendingTimeNamespace, ProcessImage, TimeNamespace, TmpfsEntry, TmpfsMount, TunDevice,
-    UserNamespace, UtsNamespace, Veth, IFLA_MACVLAN_MACADDR_DATA,
+    BindMount, EncapDev, FdKind, LaterKind, LaterMount, Manifest, MountNamespace, Namespaces,
+    NetAddress, NetAttr, NetInterface, NetLink, NetNamespace, NetNextHop, NetNexthopObject,
+    NetRoute, NetRule, PendingTimeNamespace, ProcessImage, TimeNamespace, TmpfsEntry, TmpfsMount,
+    TunDevice, UserNamespace, UtsNamespace, Veth, IFLA_MACVLAN_MACADDR_DATA,
 };
 use stasis_image::ContentWriter;
 use stasis_kernel::fdops as kns_fdops;
@@ -386,11 +386,17 @@ fn net_namespace(root: i32) -> Result<NetNamespace> {
                 "through an interface that is not in the namespace".into(),
             ));
         }
+        let mut devs = Vec::new();
         for attrs in std::iter::once(&r.attrs).chain(r.nexthops.iter().map(|h| &h.attrs)) {
             if let Some(why) = encap_refusal(attrs, rtnl::RTA_ENCAP_TYPE, rtnl::RTA_ENCAP) {
                 return Err(refused(why));
             }
+            devs.push(
+                encap_devs(attrs, rtnl::RTA_ENCAP_TYPE, rtnl::RTA_ENCAP, &links)
+                    .map_err(&refused)?,
+            );
         }
+        let mut devs = devs.into_iter();
         let raw = |attrs: &[rtnl::RawAttr]| -> Vec<NetAttr> {
             attrs
                 .iter()
@@ -433,6 +439,7 @@ fn net_namespace(root: i32) -> Result<NetNamespace> {
                     hops: h.hops,
                     flags: h.flags & rtnl::RTNH_F_ONLINK,
                     attrs: raw(&h.attrs),
+                    encap_devs: Vec::new(),
                 })
                 .collect(),
             flags: if own_hop {
@@ -444,7 +451,12 @@ fn net_namespace(root: i32) -> Result<NetNamespace> {
             src: r.src,
             src_len: r.src_len,
             nhid: r.nhid,
+            encap_devs: devs.next().filter(|_| own_hop).unwrap_or_default(),
         });
+        let route = net.routes.last_mut().expect("just pushed");
+        for (h, d) in route.nexthops.iter_mut().zip(devs) {
+            h.encap_devs = d;
+        }
     }
     for n in &nexthops {
         net.nexthops.push(nexthop_object(root, n, &links)?);
@@ -585,9 +597,8 @@ fn own_link(
 /// Why stasis does not make again the encapsulation of a route or
 /// next-hop object (`attrs`, whose encapsulation attributes are
 /// `type_attr` and `encap_attr`), if it does not: one that names a BPF
-/// program (its fds are the loader's) or an interface (`seg6local`'s
-/// input or output interface, by index), or a kind this kernel's
-/// restore is not known to make (`mpls`, `ila`, `rpl`, `ioam6`, ...).
+/// program (the kernel gives it back by id, not as something to load),
+/// or a kind stasis does not make (`mpls`, `ila`, `rpl`, `ioam6`, ...).
 fn encap_refusal(attrs: &[rtnl::RawAttr], type_attr: u16, encap_attr: u16) -> Option<String> {
     let kind = attrs
         .iter()
@@ -601,21 +612,12 @@ fn encap_refusal(attrs: &[rtnl::RawAttr], type_attr: u16, encap_attr: u16) -> Op
         .unwrap_or(&[]);
     match kind {
         rtnl::LWTUNNEL_ENCAP_IP | rtnl::LWTUNNEL_ENCAP_IP6 | rtnl::LWTUNNEL_ENCAP_SEG6 => None,
-        rtnl::LWTUNNEL_ENCAP_SEG6_LOCAL => {
-            let named = rtnl::split_attrs(encap).into_iter().find(|a| {
-                [rtnl::SEG6_LOCAL_IIF, rtnl::SEG6_LOCAL_OIF, rtnl::SEG6_LOCAL_BPF].contains(&a.kind)
-            });
-            named.map(|a| {
-                format!(
-                    "an encapsulation seg6local with {}; stasis restores seg6local actions that name no interface and no BPF program",
-                    if a.kind == rtnl::SEG6_LOCAL_BPF {
-                        "a BPF program, which the kernel gives back only as an id, not as the program"
-                    } else {
-                        "an interface by index"
-                    }
-                )
-            })
-        }
+        rtnl::LWTUNNEL_ENCAP_SEG6_LOCAL => rtnl::split_attrs(encap)
+            .into_iter()
+            .any(|a| a.kind == rtnl::SEG6_LOCAL_BPF)
+            .then(|| {
+                "an encapsulation seg6local with a BPF program, which the kernel gives back by id and name, not as something to load again; stasis restores seg6local actions without one".into()
+            }),
         rtnl::LWTUNNEL_ENCAP_BPF => Some(
             "an encapsulation bpf: BPF programs, which the kernel gives back only by id and name, not as programs; stasis restores encap ip, ip6, seg6 and seg6local".into(),
         ),
@@ -631,6 +633,47 @@ fn encap_refusal(attrs: &[rtnl::RawAttr], type_attr: u16, encap_attr: u16) -> Op
             }
         )),
     }
+}
+
+/// The interfaces (of `links`) the `seg6local` encapsulation of `attrs`
+/// (whose encapsulation attributes are `type_attr` and `encap_attr`)
+/// names by index
+/// (`iif`, `oif`), by name; an index of no interface of the namespace is
+/// refused (`Err`: why).
+fn encap_devs(
+    attrs: &[rtnl::RawAttr],
+    type_attr: u16,
+    encap_attr: u16,
+    links: &[rtnl::Link],
+) -> std::result::Result<Vec<EncapDev>, String> {
+    let seg6local = attrs
+        .iter()
+        .any(|a| a.kind == type_attr && a.value == rtnl::LWTUNNEL_ENCAP_SEG6_LOCAL.to_ne_bytes());
+    let encap = attrs.iter().find(|a| a.kind == encap_attr);
+    let Some(encap) = encap.filter(|_| seg6local) else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for a in rtnl::split_attrs(&encap.value) {
+        if ![rtnl::SEG6_LOCAL_IIF, rtnl::SEG6_LOCAL_OIF].contains(&a.kind) {
+            continue;
+        }
+        let i = <[u8; 4]>::try_from(&a.value[..])
+            .map(u32::from_ne_bytes)
+            .unwrap_or(0);
+        match links.iter().find(|l| l.index == i) {
+            Some(l) => out.push(EncapDev {
+                kind: a.kind,
+                dev: l.name.clone(),
+            }),
+            None => {
+                return Err(format!(
+                    "an encapsulation seg6local naming interface {i}, which is not in the namespace"
+                ))
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Next-hop object `n` of the tree's namespace (`links`): its output
@@ -656,12 +699,17 @@ fn nexthop_object(
             }
         },
     };
-    if let Some(why) = encap_refusal(&n.attrs, rtnl::NHA_ENCAP_TYPE, rtnl::NHA_ENCAP) {
-        return Err(refuse(
+    let why = encap_refusal(&n.attrs, rtnl::NHA_ENCAP_TYPE, rtnl::NHA_ENCAP);
+    let devs = match why {
+        Some(why) => Err(why),
+        None => encap_devs(&n.attrs, rtnl::NHA_ENCAP_TYPE, rtnl::NHA_ENCAP, links),
+    };
+    let encap_devs = devs.map_err(|why| {
+        refuse(
             root,
             format!("its network namespace has the next-hop object {id} with {why}"),
-        ));
-    }
+        )
+    })?;
     const CONFIG: [u16; 9] = [
         rtnl::NHA_ID,
         rtnl::NHA_GROUP,
@@ -699,6 +747,7 @@ fn nexthop_object(
         flags: n.flags & u32::from(rtnl::RTNH_F_ONLINK),
         dev,
         attrs,
+        encap_devs,
     })
 }
 

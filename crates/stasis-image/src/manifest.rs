@@ -699,6 +699,19 @@ pub struct NetNexthopObject {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dev: Option<String>,
     pub attrs: Vec<NetAttr>,
+    /// The interfaces its encapsulation names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub encap_devs: Vec<EncapDev>,
+}
+
+/// An interface a `seg6local` encapsulation names (`SEG6_LOCAL_IIF`,
+/// `SEG6_LOCAL_OIF`: `kind`), by name: the index in the saved
+/// `RTA_ENCAP` or `NHA_ENCAP` is the dumped namespace's, replaced by the
+/// interface's index at restore. Manifest version 16.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EncapDev {
+    pub kind: u16,
+    pub dev: String,
 }
 
 /// `IFLA_MACVLAN_MACADDR_DATA`: a source-mode macvlan's list of source
@@ -919,6 +932,9 @@ pub struct NetRoute {
     /// then `None` and empty).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nhid: Option<u32>,
+    /// The interfaces its encapsulation names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub encap_devs: Vec<EncapDev>,
 }
 
 fn is_zero_u32(v: &u32) -> bool {
@@ -940,6 +956,9 @@ pub struct NetNextHop {
     /// kernel dumped them. Manifest version 16.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attrs: Vec<NetAttr>,
+    /// The interfaces its encapsulation names. Manifest version 16.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub encap_devs: Vec<EncapDev>,
 }
 
 /// The mounts of a mount namespace that the dumper's lacks.

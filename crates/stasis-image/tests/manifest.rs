@@ -541,6 +541,7 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
         src: None,
         src_len: 0,
         nhid: None,
+        encap_devs: Vec::new(),
     }];
     let b = encode_manifest(&veth).unwrap();
     assert_eq!(
@@ -1114,6 +1115,7 @@ fn routing_state_raises_the_manifest_version_and_round_trips() {
         src: None,
         src_len: 0,
         nhid: None,
+        encap_devs: Vec::new(),
     };
     let net = manifest::NetNamespace {
         lo_up: true,
@@ -1164,6 +1166,7 @@ fn routing_state_raises_the_manifest_version_and_round_trips() {
             hops: 0,
             flags: 0,
             attrs: Vec::new(),
+            encap_devs: Vec::new(),
         },
         manifest::NetNextHop {
             gateway: Some(std::net::IpAddr::from([10, 9, 0, 3])),
@@ -1171,6 +1174,7 @@ fn routing_state_raises_the_manifest_version_and_round_trips() {
             hops: 2,
             flags: 4,
             attrs: Vec::new(),
+            encap_devs: Vec::new(),
         },
     ];
     let mut metrics = net.clone();
@@ -1244,6 +1248,7 @@ fn next_hop_objects_encapsulations_and_source_lists_raise_the_manifest_version()
         src: None,
         src_len: 0,
         nhid: None,
+        encap_devs: Vec::new(),
     };
     let net = manifest::NetNamespace {
         lo_up: true,
@@ -1279,6 +1284,7 @@ fn next_hop_objects_encapsulations_and_source_lists_raise_the_manifest_version()
                 value: vec![10, 0, 0, 1],
             },
         ],
+        encap_devs: Vec::new(),
     }];
     let mut nhid = net.clone();
     nhid.routes[0].dev = None;
@@ -1319,7 +1325,12 @@ fn next_hop_objects_encapsulations_and_source_lists_raise_the_manifest_version()
             },
         ],
     }];
-    for n in [nexthops, nhid, src, gw, hop, macvlan] {
+    let mut seg6local = hop.clone();
+    seg6local.routes[0].nexthops[0].encap_devs = vec![manifest::EncapDev {
+        kind: 7,
+        dev: "eth0".into(),
+    }];
+    for n in [nexthops, nhid, src, gw, hop, seg6local, macvlan] {
         let m = with(n);
         assert_version_round_trips(&m, 16, manifest::NET_ROUTING_MANIFEST_VERSION);
     }

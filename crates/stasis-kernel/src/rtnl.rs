@@ -81,6 +81,27 @@ pub fn split_attrs(mut b: &[u8]) -> Vec<RawAttr> {
     out
 }
 
+/// Gives the attribute `kind` (without its flag bits) of the netlink
+/// attribute stream `b`, a u32, the value `v`, in place (the other
+/// attributes' bytes, flags included, left as they are); false if it has
+/// none.
+pub fn set_u32_attr(b: &mut [u8], kind: u16, v: u32) -> bool {
+    let mut off = 0;
+    while b.len() >= off + 4 {
+        let len = usize::from(u16::from_ne_bytes([b[off], b[off + 1]]));
+        let k = u16::from_ne_bytes([b[off + 2], b[off + 3]]) & 0x3fff;
+        if len < 4 || off + len > b.len() {
+            return false;
+        }
+        if k == kind && len == 8 {
+            b[off + 4..off + 8].copy_from_slice(&v.to_ne_bytes());
+            return true;
+        }
+        off += len.div_ceil(4) * 4;
+    }
+    false
+}
+
 /// `attrs` as a netlink attribute stream.
 pub fn join_attrs(attrs: &[RawAttr]) -> Vec<u8> {
     let mut out = Vec::new();

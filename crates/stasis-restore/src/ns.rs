@@ -11,9 +11,9 @@ use std::ffi::CString;
 use std::os::fd::AsFd;
 
 use stasis_image::manifest::{
-    BindMount, LaterKind, Manifest, MountNamespace, Namespaces, NetAddress, NetAttr, NetInterface,
-    NetLink, NetNamespace, NetNexthopObject, NetRoute, NetRule, TimeNamespace, TmpfsEntry,
-    TunDevice, UserNamespace, IFLA_MACVLAN_MACADDR_DATA,
+    BindMount, EncapDev, LaterKind, Manifest, MountNamespace, Namespaces, NetAddress, NetAttr,
+    NetInterface, NetLink, NetNamespace, NetNexthopObject, NetRoute, NetRule, TimeNamespace,
+    TmpfsEntry, TunDevice, UserNamespace, IFLA_MACVLAN_MACADDR_DATA,
 };
 use stasis_kernel::child::NsSetup;
 use stasis_kernel::ns::{self as kns, NsKind};
@@ -953,6 +953,7 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
                     value: index(&links, d)?.to_ne_bytes().to_vec(),
                 });
             }
+            encap_devs(&mut attrs, rtnl::NHA_ENCAP, &n.encap_devs, &links)?;
             let object = rtnl::NexthopObject {
                 family: n.family,
                 // The kernel works it out (and refuses one given).
@@ -974,12 +975,21 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
                 || r.attrs.iter().any(|a| a.kind == rtnl::RTA_VIA)
         });
         for r in routes {
+            let mut attrs: Vec<rtnl::RawAttr> = r
+                .attrs
+                .iter()
+                .filter(|a| rtnl::ROUTE_RAW_ATTRS.contains(&a.kind))
+                .map(raw_attr)
+                .collect();
+            encap_devs(&mut attrs, rtnl::RTA_ENCAP, &r.encap_devs, &links)?;
             let oif = match &r.dev {
                 Some(d) => Some(index(&links, d)?),
                 None => None,
             };
             let mut nexthops = Vec::new();
             for h in &r.nexthops {
+                let mut attrs: Vec<rtnl::RawAttr> = h.attrs.iter().map(raw_attr).collect();
+                encap_devs(&mut attrs, rtnl::RTA_ENCAP, &h.encap_devs, &links)?;
                 nexthops.push(rtnl::NextHop {
                     gateway: h.gateway,
                     oif: match &h.dev {
@@ -988,7 +998,7 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
                     },
                     hops: h.hops,
                     flags: h.flags & rtnl::RTNH_F_ONLINK,
-                    attrs: h.attrs.iter().map(raw_attr).collect(),
+                    attrs,
                 });
             }
             let route = rtnl::Route {
@@ -1005,12 +1015,7 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
                 kind: r.kind,
                 nexthops,
                 flags: r.flags & u32::from(rtnl::RTNH_F_ONLINK),
-                attrs: r
-                    .attrs
-                    .iter()
-                    .filter(|a| rtnl::ROUTE_RAW_ATTRS.contains(&a.kind))
-                    .map(raw_attr)
-                    .collect(),
+                attrs,
                 src: r.src,
                 src_len: r.src_len,
                 nhid: r.nhid,
@@ -1026,6 +1031,35 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
         net_rules(&mut nl, &net.rules)?;
         Ok(())
     })??;
+    Ok(())
+}
+
+/// Gives the interfaces the encapsulation (attribute `encap_attr` of
+/// `attrs`) names, `devs`, their indexes in the tree's new namespace
+/// (`links`).
+fn encap_devs(
+    attrs: &mut [rtnl::RawAttr],
+    encap_attr: u16,
+    devs: &[EncapDev],
+    links: &[rtnl::Link],
+) -> Result<()> {
+    for d in devs {
+        let Some(i) = links.iter().find(|l| l.name == d.dev).map(|l| l.index) else {
+            return Err(ObjectError::Incompatible(format!(
+                "the interface {} an encapsulation names is missing right after it was made",
+                d.dev
+            ))
+            .into());
+        };
+        let encap = attrs.iter_mut().find(|a| a.kind == encap_attr);
+        if !encap.is_some_and(|a| rtnl::set_u32_attr(&mut a.value, d.kind, i)) {
+            return Err(ObjectError::Incompatible(format!(
+                "the saved encapsulation has no interface attribute {} for {}",
+                d.kind, d.dev
+            ))
+            .into());
+        }
+    }
     Ok(())
 }
 
