@@ -1388,6 +1388,116 @@ mod tests {
     }
 
     #[test]
+    fn next_hop_objects_and_a_route_through_a_group_read_back_as_made() {
+        std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let me = std::fs::File::open("/proc/thread-self/ns/net").unwrap();
+            let mut nl = Rtnl::open().unwrap();
+            let spec = |n: &str| LinkSpec {
+                name: n.into(),
+                ..Default::default()
+            };
+            nl.add_veth(
+                &spec("stasis-a"),
+                &spec("stasis-b"),
+                std::os::fd::AsFd::as_fd(&me),
+            )
+            .unwrap();
+            let links = nl.links().unwrap();
+            let a = links.iter().find(|l| l.name == "stasis-a").unwrap().index;
+            let b = links.iter().find(|l| l.name == "stasis-b").unwrap().index;
+            nl.set_link(b, None, true).unwrap();
+            nl.set_link(a, None, true).unwrap();
+            nl.add_addr(&Addr {
+                index: a,
+                addr: IpAddr::from([10, 82, 0, 1]),
+                prefix: 24,
+                broadcast: None,
+                flags: 0,
+                scope: 0,
+                peer: None,
+            })
+            .unwrap();
+            let attr = |kind, value: Vec<u8>| RawAttr { kind, value };
+            let single = |id: u32, last: u8| NexthopObject {
+                family: AF_INET,
+                scope: 0,
+                protocol: 4,
+                flags: 0,
+                attrs: vec![
+                    attr(NHA_ID, id.to_ne_bytes().to_vec()),
+                    attr(NHA_GATEWAY, vec![10, 82, 0, last]),
+                    attr(NHA_OIF, a.to_ne_bytes().to_vec()),
+                ],
+            };
+            nl.add_nexthop(&single(1, 2)).unwrap();
+            nl.add_nexthop(&single(2, 3)).unwrap();
+            // Members 1 (weight 1) and 2 (weight 3): struct nexthop_grp.
+            let group = NexthopObject {
+                family: 0,
+                scope: 0,
+                protocol: 4,
+                flags: 0,
+                attrs: vec![
+                    attr(NHA_ID, 3u32.to_ne_bytes().to_vec()),
+                    attr(
+                        NHA_GROUP,
+                        vec![1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 2, 0, 0, 0],
+                    ),
+                ],
+            };
+            nl.add_nexthop(&group).unwrap();
+            let got = nl.nexthops().unwrap();
+            assert_eq!(
+                got.iter().map(|n| n.id()).collect::<Vec<_>>(),
+                [Some(1), Some(2), Some(3)]
+            );
+            assert_eq!((got[0].oif(), got[0].protocol), (Some(a), 4));
+            assert_eq!(got[1].attr(NHA_GATEWAY), Some(&[10, 82, 0, 3][..]));
+            assert_eq!(got[2].attr(NHA_GROUP), group.attr(NHA_GROUP));
+            nl.add_route(&Route {
+                family: AF_INET,
+                table: RT_TABLE_MAIN,
+                dst: Some(IpAddr::from([10, 83, 0, 0])),
+                dst_len: 16,
+                gateway: None,
+                oif: None,
+                priority: None,
+                prefsrc: None,
+                protocol: 4,
+                scope: 0,
+                kind: RTN_UNICAST,
+                nexthops: Vec::new(),
+                flags: 0,
+                attrs: Vec::new(),
+                src: None,
+                src_len: 0,
+                nhid: Some(3),
+            })
+            .unwrap();
+            let routes = nl.routes().unwrap();
+            let r = routes
+                .iter()
+                .find(|r| r.dst == Some(IpAddr::from([10, 83, 0, 0])))
+                .expect("the route through the group");
+            // The group's members are listed with it.
+            assert_eq!(r.nhid, Some(3));
+            assert_eq!(
+                r.nexthops
+                    .iter()
+                    .map(|h| (h.gateway, h.oif, h.hops))
+                    .collect::<Vec<_>>(),
+                [
+                    (Some(IpAddr::from([10, 82, 0, 2])), a, 0),
+                    (Some(IpAddr::from([10, 82, 0, 3])), a, 2)
+                ]
+            );
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
     fn this_namespace_has_a_loopback_with_its_address() {
         let mut nl = Rtnl::open().unwrap();
         let links = nl.links().unwrap();
