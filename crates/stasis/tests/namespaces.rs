@@ -2097,6 +2097,43 @@ fn twice_keeps_a_macvlan_in_source_mode_with_its_addresses() {
     net.pids.push(last);
 }
 
+/// Loads a BPF program of type `BPF_PROG_TYPE_LWT_XMIT` (`r0 = 0;
+/// exit`: `BPF_OK`) and pins it at the path its first argument names
+/// (`bpf(2)` by ctypes; nothing to compile).
+const BPF_LWT_LOADER: &str = "import ctypes, struct, sys\n\
+libc = ctypes.CDLL(None, use_errno=True)\n\
+insns = ctypes.create_string_buffer(struct.pack('<BBhi', 0xb7, 0, 0, 0) + struct.pack('<BBhi', 0x95, 0, 0, 0))\n\
+lic = ctypes.create_string_buffer(b'GPL')\n\
+attr = ctypes.create_string_buffer(struct.pack('<IIQQIIQII16s', 12, 2, ctypes.addressof(insns), ctypes.addressof(lic), 0, 0, 0, 0, 0, b'stasis_lwt'), 128)\n\
+fd = libc.syscall(321, 5, attr, 128)\n\
+if fd < 0:\n    sys.exit('BPF_PROG_LOAD: errno %d' % ctypes.get_errno())\n\
+path = ctypes.create_string_buffer(sys.argv[1].encode())\n\
+pin = ctypes.create_string_buffer(struct.pack('<QII', ctypes.addressof(path), fd, 0), 128)\n\
+if libc.syscall(321, 6, pin, 128) != 0:\n    sys.exit('BPF_OBJ_PIN: errno %d' % ctypes.get_errno())\n";
+
+/// A route whose encapsulation is a BPF program (`encap bpf xmit`, the
+/// program's pin removed once the route holds it): refused by name (the
+/// kernel gives the program back by id and name, not as something to
+/// load again).
+#[test]
+fn refuses_a_route_with_a_bpf_encapsulation() {
+    let dir = tempfile::tempdir().unwrap();
+    let loader = dir.path().join("load.py");
+    std::fs::write(&loader, BPF_LWT_LOADER).unwrap();
+    let sh = format!(
+        "mount -t bpf bpf /sys/fs/bpf && python3 {} /sys/fs/bpf/stasis-lwt \
+         && ip link add stasis-l0 type veth peer name stasis-l1 && ip link set stasis-l0 up \
+         && ip route add 10.57.0.0/24 encap bpf xmit pinned /sys/fs/bpf/stasis-lwt dev stasis-l0 \
+         && rm /sys/fs/bpf/stasis-lwt && umount /sys/fs/bpf && exec sleep 1000",
+        loader.display()
+    );
+    refused(
+        &["--net", "--mount", "--fork", "sh", "-c", &sh],
+        |up| child_running(up, "sleep 1000"),
+        "the route to 10.57.0.0/24 in table 254 (an encapsulation bpf",
+    );
+}
+
 /// A veth of the tree's network namespace whose peer is in a third one
 /// (neither the tree's nor the dumper's): refused by name.
 #[test]
