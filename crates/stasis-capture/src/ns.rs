@@ -626,9 +626,9 @@ fn encap_refusal(attrs: &[rtnl::RawAttr], type_attr: u16, encap_attr: u16) -> Op
             match k {
                 rtnl::LWTUNNEL_ENCAP_MPLS => "mpls",
                 rtnl::LWTUNNEL_ENCAP_ILA => "ila",
-                8 => "rpl",
-                9 => "ioam6",
-                10 => "xfrm",
+                rtnl::LWTUNNEL_ENCAP_RPL => "rpl",
+                rtnl::LWTUNNEL_ENCAP_IOAM6 => "ioam6",
+                rtnl::LWTUNNEL_ENCAP_XFRM => "xfrm",
                 _ => "unknown",
             }
         )),
@@ -637,9 +637,8 @@ fn encap_refusal(attrs: &[rtnl::RawAttr], type_attr: u16, encap_attr: u16) -> Op
 
 /// The interfaces (of `links`) the `seg6local` encapsulation of `attrs`
 /// (whose encapsulation attributes are `type_attr` and `encap_attr`)
-/// names by index
-/// (`iif`, `oif`), by name; an index of no interface of the namespace is
-/// refused (`Err`: why).
+/// names by index (`iif`, `oif`), by name; an index of no interface of
+/// the namespace is refused (`Err`: why).
 fn encap_devs(
     attrs: &[rtnl::RawAttr],
     type_attr: u16,

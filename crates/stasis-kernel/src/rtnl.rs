@@ -204,6 +204,9 @@ pub const LWTUNNEL_ENCAP_IP6: u16 = 4;
 pub const LWTUNNEL_ENCAP_SEG6: u16 = 5;
 pub const LWTUNNEL_ENCAP_BPF: u16 = 6;
 pub const LWTUNNEL_ENCAP_SEG6_LOCAL: u16 = 7;
+pub const LWTUNNEL_ENCAP_RPL: u16 = 8;
+pub const LWTUNNEL_ENCAP_IOAM6: u16 = 9;
+pub const LWTUNNEL_ENCAP_XFRM: u16 = 10;
 /// `SEG6_LOCAL_IIF`, `SEG6_LOCAL_OIF`, `SEG6_LOCAL_BPF`: the attributes
 /// of a seg6local encapsulation that name an interface or a program.
 pub const SEG6_LOCAL_IIF: u16 = 6;
