@@ -294,6 +294,12 @@ pub struct Rule {
     pub attrs: Vec<RawAttr>,
 }
 
+/// `IFLA_MACVLAN_MACADDR_MODE` and its `MACVLAN_MACADDR_SET`: a
+/// source-mode macvlan's list of source addresses
+/// (`IFLA_MACVLAN_MACADDR_DATA`) replaced by the one given.
+pub const IFLA_MACVLAN_MACADDR_MODE: u16 = 3;
+pub const MACVLAN_MACADDR_SET: u32 = 3;
+
 /// `IFLA_BRPORT_NO`: a bridge port's number.
 pub const IFLA_BRPORT_NO: u16 = 18;
 

@@ -1085,10 +1085,6 @@ fn master_index(links: &[rtnl::Link], i: &NetInterface) -> Result<Option<u32>> {
     }
 }
 
-/// `IFLA_MACVLAN_MACADDR_MODE` and its `MACVLAN_MACADDR_SET`.
-const IFLA_MACVLAN_MACADDR_MODE: u16 = 3;
-const MACVLAN_MACADDR_SET: u32 = 3;
-
 /// Makes the interfaces made inside the tree's namespace (`links`) in
 /// the calling thread's (its new one), down, each with its name, hardware
 /// address, MTU, queue length, lower device and configuration.
@@ -1155,8 +1151,8 @@ fn make_links(links: &[NetLink]) -> Result<()> {
                 // taken at its making with IFLA_MACVLAN_MACADDR_MODE set.
                 if data.iter().any(|a| a.kind == IFLA_MACVLAN_MACADDR_DATA) {
                     data.push(rtnl::RawAttr {
-                        kind: IFLA_MACVLAN_MACADDR_MODE,
-                        value: MACVLAN_MACADDR_SET.to_ne_bytes().to_vec(),
+                        kind: rtnl::IFLA_MACVLAN_MACADDR_MODE,
+                        value: rtnl::MACVLAN_MACADDR_SET.to_ne_bytes().to_vec(),
                     });
                 }
                 nl.add_link(&new(l, Some(i), data))
