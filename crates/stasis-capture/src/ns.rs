@@ -5,9 +5,13 @@
 //! that stasis cannot restore: a network namespace with
 //! another interface than `lo`, tun and tap devices, veths whose peer
 //! is in the dumper's namespace (as a container runtime makes them) or in
-//! it, and bridges, ifbs, macvlans and vxlans on devices of it, or
-//! a route with what stasis does not make again (an encapsulation, a
-//! next-hop object, a gateway of another family, a source prefix); and mounts of a mount
+//! it, and bridges, ifbs, macvlans and vxlans on devices of it (dummy,
+//! vlan, ipvlan, VRF, bond and tunnel devices are not made yet: the
+//! kernels stasis is tested on lack them; wireguard's keys are not
+//! rtnetlink's), or a route or next-hop object with an encapsulation
+//! stasis does not make again ([`encap_refusal`]: a BPF program, a
+//! kind other than ip, ip6, seg6 and seg6local);
+//! and mounts of a mount
 //! namespace that cannot be made again from the image (a disk's file
 //! system the dumper has no mount of, an overlay on a directory the
 //! dumper does not see, a FUSE or network file system, a bpf file system
@@ -17,9 +21,11 @@
 //! veths (both ends: names, hardware addresses, MTUs, up states,
 //! addresses, the peer's bridge), the tun and tap devices (their flags,
 //! persistence, owner and group, and the same of their link), the
-//! interfaces made in it (kind, configuration, lower device, bridge), the routes
-//! of every table (but the kernel's) and the policy routing rules (when
-//! not only the kernel's), the proc mount, the
+//! interfaces made in it (kind, configuration, lower device, bridge, a
+//! source-mode macvlan's addresses), the next-hop objects, the routes
+//! of every table (but the kernel's: with their encapsulations, gateways
+//! of another family, source prefixes and next-hop ids) and the policy
+//! routing rules (when not only the kernel's), the proc mount, the
 //! `CLOCK_MONOTONIC` and `CLOCK_BOOTTIME` of a time namespace as seen
 //! inside it (and its offsets), and the PID (and TID) of every process in
 //! its namespace (and whether the root is its init: if not, the restore
@@ -31,10 +37,10 @@
 use std::collections::{HashMap, HashSet};
 
 use stasis_image::manifest::{
-    BindMount, FdKind, LaterKind, LaterMount, Manifest, MountNamespace, Namespaces, NetAddress,
-    NetAttr, NetInterface, NetLink, NetNamespace, NetNextHop, NetRoute, NetRule,
-    PendingTimeNamespace, ProcessImage, TimeNamespace, TmpfsEntry, TmpfsMount, TunDevice,
-    UserNamespace, UtsNamespace, Veth,
+    BindMount, EncapDev, FdKind, LaterKind, LaterMount, Manifest, MountNamespace, Namespaces,
+    NetAddress, NetAttr, NetInterface, NetLink, NetNamespace, NetNextHop, NetNexthopObject,
+    NetRoute, NetRule, PendingTimeNamespace, ProcessImage, TimeNamespace, TmpfsEntry, TmpfsMount,
+    TunDevice, UserNamespace, UtsNamespace, Veth, IFLA_MACVLAN_MACADDR_DATA,
 };
 use stasis_image::ContentWriter;
 use stasis_kernel::fdops as kns_fdops;
@@ -232,15 +238,23 @@ fn check_net(root: i32) -> Result<()> {
 }
 
 /// What the network namespace of `root` holds, read by rtnetlink from
-/// inside it (its interfaces, addresses, routes, rules) and from the
-/// dumper's (the veths' peers); refuses an interface other than `lo`, tun
-/// and tap devices and veths whose peer is in the dumper's namespace, and
-/// routes stasis does not make again.
+/// inside it (its interfaces, addresses, routes, next-hop objects, rules)
+/// and from the dumper's (the veths' peers); refuses an interface other
+/// than `lo`, tun and tap devices, veths whose peer is in the dumper's
+/// namespace and the kinds [`own_link`] takes, and routes and next-hop
+/// objects stasis does not make again.
 fn net_namespace(root: i32) -> Result<NetNamespace> {
-    let (links, addrs, routes, rules) = kns::in_namespaces_of(root, &[NsKind::Net], || {
-        let mut nl = Rtnl::open()?;
-        Ok::<_, stasis_kernel::KernelError>((nl.links()?, nl.addrs()?, nl.routes()?, nl.rules()?))
-    })??;
+    let (links, addrs, routes, rules, nexthops) =
+        kns::in_namespaces_of(root, &[NsKind::Net], || {
+            let mut nl = Rtnl::open()?;
+            Ok::<_, stasis_kernel::KernelError>((
+                nl.links()?,
+                nl.addrs()?,
+                nl.routes()?,
+                nl.rules()?,
+                nl.nexthops()?,
+            ))
+        })??;
     let lo_up = links.iter().any(|l| l.name == "lo" && l.up);
     let mut net = NetNamespace {
         lo_up,
@@ -361,26 +375,56 @@ fn net_namespace(root: i32) -> Result<NetNamespace> {
                 .iter()
                 .zip(&hop_devs)
                 .any(|(h, d)| h.oif != 0 && d.is_none());
-        if r.unusual || unknown_dev {
-            return Err(refuse(
+        let refused = |why: String| {
+            refuse(
                 root,
                 format!(
-                    "its network namespace has the route to {dst} in table {} ({}); stasis restores routes with their gateways, devices, metrics and next hops, not encapsulations, next-hop objects (ip nexthop), gateways of another family (via) or source prefixes (from)",
-                    r.table,
-                    if r.unusual {
-                        "an encapsulation, a next-hop object, a gateway of another family or a source prefix"
-                    } else {
-                        "an unknown device"
-                    }
+                    "its network namespace has the route to {dst} in table {} ({why})",
+                    r.table
                 ),
+            )
+        };
+        if unknown_dev {
+            return Err(refused(
+                "through an interface that is not in the namespace".into(),
             ));
         }
+        let mut devs = Vec::new();
+        for attrs in std::iter::once(&r.attrs).chain(r.nexthops.iter().map(|h| &h.attrs)) {
+            if let Some(why) = encap_refusal(attrs, rtnl::RTA_ENCAP_TYPE, rtnl::RTA_ENCAP) {
+                return Err(refused(why));
+            }
+            devs.push(
+                encap_devs(attrs, rtnl::RTA_ENCAP_TYPE, rtnl::RTA_ENCAP, &links)
+                    .map_err(&refused)?,
+            );
+        }
+        let mut devs = devs.into_iter();
+        let raw = |attrs: &[rtnl::RawAttr]| -> Vec<NetAttr> {
+            attrs
+                .iter()
+                // An IPv6 route's preference is told even when it is the
+                // default (medium, 0).
+                .filter(|a| !(a.kind == rtnl::RTA_PREF && a.value == [0]))
+                // Through a next-hop object, the route's own next hop
+                // (gateway, encapsulation) is the object's, listed with it.
+                .filter(|a| {
+                    r.nhid.is_none()
+                        || ![rtnl::RTA_VIA, rtnl::RTA_ENCAP_TYPE, rtnl::RTA_ENCAP].contains(&a.kind)
+                })
+                .map(|a| NetAttr {
+                    kind: a.kind,
+                    value: a.value.clone(),
+                })
+                .collect()
+        };
+        let own_hop = r.nhid.is_none();
         net.routes.push(NetRoute {
             family: r.family,
             dst: r.dst,
             dst_len: r.dst_len,
-            gateway: r.gateway,
-            dev: dev.flatten(),
+            gateway: r.gateway.filter(|_| own_hop),
+            dev: dev.flatten().filter(|_| own_hop),
             metric: r.priority,
             prefsrc: r.prefsrc,
             protocol: r.protocol,
@@ -391,26 +435,34 @@ fn net_namespace(root: i32) -> Result<NetNamespace> {
                 .nexthops
                 .iter()
                 .zip(hop_devs)
+                .filter(|_| own_hop)
                 .map(|(h, dev)| NetNextHop {
                     gateway: h.gateway,
                     dev,
                     hops: h.hops,
                     flags: h.flags & rtnl::RTNH_F_ONLINK,
+                    attrs: raw(&h.attrs),
+                    encap_devs: Vec::new(),
                 })
                 .collect(),
-            flags: r.flags & u32::from(rtnl::RTNH_F_ONLINK),
-            // An IPv6 route's preference is told even when it is the
-            // default (medium, 0).
-            attrs: r
-                .attrs
-                .iter()
-                .filter(|a| !(a.kind == rtnl::RTA_PREF && a.value == [0]))
-                .map(|a| NetAttr {
-                    kind: a.kind,
-                    value: a.value.clone(),
-                })
-                .collect(),
+            flags: if own_hop {
+                r.flags & u32::from(rtnl::RTNH_F_ONLINK)
+            } else {
+                0
+            },
+            attrs: raw(&r.attrs),
+            src: r.src,
+            src_len: r.src_len,
+            nhid: r.nhid,
+            encap_devs: devs.next().filter(|_| own_hop).unwrap_or_default(),
         });
+        let route = net.routes.last_mut().expect("just pushed");
+        for (h, d) in route.nexthops.iter_mut().zip(devs) {
+            h.encap_devs = d;
+        }
+    }
+    for n in &nexthops {
+        net.nexthops.push(nexthop_object(root, n, &links)?);
     }
     if !only_kernel_rules(&rules) {
         net.rules = rules
@@ -492,22 +544,14 @@ fn own_link(
     let mut link = None;
     let mut data = Vec::new();
     for a in &l.info_data {
-        // IFLA_MACVLAN_MACADDR_COUNT: the addresses of a source-mode
-        // macvlan, which stasis does not give back.
-        if kind == "macvlan" && a.kind == 6 && a.value.iter().any(|&b| b != 0) {
-            return Err(refuse(
-                root,
-                format!(
-                    "its macvlan interface {} has a list of source addresses (mode source); stasis restores macvlans without one",
-                    l.name
-                ),
-            ));
-        }
         let keep = match kind.as_str() {
             // VLAN filtering off is left out: a kernel without it
             // refuses the attribute, even 0.
             "bridge" => BRIDGE_CONFIG.contains(&a.kind) && !(a.kind == 7 && a.value == [0]),
-            "macvlan" => MACVLAN_CONFIG.contains(&a.kind),
+            // A source-mode macvlan's list of source addresses
+            // (IFLA_MACVLAN_MACADDR_DATA, not there when empty), set
+            // again at its making.
+            "macvlan" => MACVLAN_CONFIG.contains(&a.kind) || a.kind == IFLA_MACVLAN_MACADDR_DATA,
             "vxlan" => {
                 if a.kind == IFLA_VXLAN_LINK {
                     let i = <[u8; 4]>::try_from(&a.value[..])
@@ -550,6 +594,162 @@ fn own_link(
         txqlen: l.txqlen,
         link,
         data,
+    })
+}
+
+/// Why stasis does not make again the encapsulation of a route or
+/// next-hop object (`attrs`, whose encapsulation attributes are
+/// `type_attr` and `encap_attr`), if it does not: one that names a BPF
+/// program (the kernel gives it back by id, not as something to load),
+/// or a kind stasis does not make (`mpls`, `ila`, `rpl`, `ioam6`, ...).
+fn encap_refusal(attrs: &[rtnl::RawAttr], type_attr: u16, encap_attr: u16) -> Option<String> {
+    let kind = attrs
+        .iter()
+        .find(|a| a.kind == type_attr)
+        .and_then(|a| <[u8; 2]>::try_from(&a.value[..]).ok())
+        .map(u16::from_ne_bytes)?;
+    let encap = attrs
+        .iter()
+        .find(|a| a.kind == encap_attr)
+        .map(|a| &a.value[..])
+        .unwrap_or(&[]);
+    match kind {
+        rtnl::LWTUNNEL_ENCAP_IP | rtnl::LWTUNNEL_ENCAP_IP6 | rtnl::LWTUNNEL_ENCAP_SEG6 => None,
+        rtnl::LWTUNNEL_ENCAP_SEG6_LOCAL => rtnl::split_attrs(encap)
+            .into_iter()
+            .any(|a| a.kind == rtnl::SEG6_LOCAL_BPF)
+            .then(|| {
+                "an encapsulation seg6local with a BPF program, which the kernel gives back by id and name, not as something to load again; stasis restores seg6local actions without one".into()
+            }),
+        rtnl::LWTUNNEL_ENCAP_BPF => Some(
+            "an encapsulation bpf: BPF programs, which the kernel gives back only by id and name, not as programs; stasis restores encap ip, ip6, seg6 and seg6local".into(),
+        ),
+        k => Some(format!(
+            "an encapsulation of kind {} ({k}); stasis restores encap ip, ip6, seg6 and seg6local",
+            match k {
+                rtnl::LWTUNNEL_ENCAP_MPLS => "mpls",
+                rtnl::LWTUNNEL_ENCAP_ILA => "ila",
+                rtnl::LWTUNNEL_ENCAP_RPL => "rpl",
+                rtnl::LWTUNNEL_ENCAP_IOAM6 => "ioam6",
+                rtnl::LWTUNNEL_ENCAP_XFRM => "xfrm",
+                _ => "unknown",
+            }
+        )),
+    }
+}
+
+/// The interfaces (of `links`) the `seg6local` encapsulation of `attrs`
+/// (whose encapsulation attributes are `type_attr` and `encap_attr`)
+/// names by index (`iif`, `oif`), by name; an index of no interface of
+/// the namespace is refused (`Err`: why).
+fn encap_devs(
+    attrs: &[rtnl::RawAttr],
+    type_attr: u16,
+    encap_attr: u16,
+    links: &[rtnl::Link],
+) -> std::result::Result<Vec<EncapDev>, String> {
+    let seg6local = attrs
+        .iter()
+        .any(|a| a.kind == type_attr && a.value == rtnl::LWTUNNEL_ENCAP_SEG6_LOCAL.to_ne_bytes());
+    let encap = attrs.iter().find(|a| a.kind == encap_attr);
+    let Some(encap) = encap.filter(|_| seg6local) else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for a in rtnl::split_attrs(&encap.value) {
+        if ![rtnl::SEG6_LOCAL_IIF, rtnl::SEG6_LOCAL_OIF].contains(&a.kind) {
+            continue;
+        }
+        let i = <[u8; 4]>::try_from(&a.value[..])
+            .map(u32::from_ne_bytes)
+            .unwrap_or(0);
+        match links.iter().find(|l| l.index == i) {
+            Some(l) => out.push(EncapDev {
+                kind: a.kind,
+                dev: l.name.clone(),
+            }),
+            None => {
+                return Err(format!(
+                    "an encapsulation seg6local naming interface {i}, which is not in the namespace"
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Next-hop object `n` of the tree's namespace (`links`): its output
+/// interface by name and its configuration (id, gateway, blackhole, fdb,
+/// encapsulation, group, a resilient group's buckets and timers);
+/// refuses one through an interface of another namespace or with an
+/// encapsulation stasis does not make ([`encap_refusal`]).
+fn nexthop_object(
+    root: i32,
+    n: &rtnl::NexthopObject,
+    links: &[rtnl::Link],
+) -> Result<NetNexthopObject> {
+    let id = n.id().unwrap_or(0);
+    let dev = match n.oif() {
+        None => None,
+        Some(i) => match links.iter().find(|l| l.index == i) {
+            Some(l) => Some(l.name.clone()),
+            None => {
+                return Err(refuse(
+                    root,
+                    format!("its network namespace has the next-hop object {id} through interface {i}, which is not in it"),
+                ))
+            }
+        },
+    };
+    let why = encap_refusal(&n.attrs, rtnl::NHA_ENCAP_TYPE, rtnl::NHA_ENCAP);
+    let devs = match why {
+        Some(why) => Err(why),
+        None => encap_devs(&n.attrs, rtnl::NHA_ENCAP_TYPE, rtnl::NHA_ENCAP, links),
+    };
+    let encap_devs = devs.map_err(|why| {
+        refuse(
+            root,
+            format!("its network namespace has the next-hop object {id} with {why}"),
+        )
+    })?;
+    const CONFIG: [u16; 9] = [
+        rtnl::NHA_ID,
+        rtnl::NHA_GROUP,
+        rtnl::NHA_GROUP_TYPE,
+        rtnl::NHA_BLACKHOLE,
+        rtnl::NHA_GATEWAY,
+        rtnl::NHA_ENCAP_TYPE,
+        rtnl::NHA_ENCAP,
+        rtnl::NHA_FDB,
+        rtnl::NHA_RES_GROUP,
+    ];
+    let attrs = n
+        .attrs
+        .iter()
+        .filter(|a| CONFIG.contains(&a.kind))
+        .map(|a| NetAttr {
+            kind: a.kind,
+            value: if a.kind == rtnl::NHA_RES_GROUP {
+                // Its buckets and timers, not its state (the time it
+                // has been unbalanced).
+                let config: Vec<rtnl::RawAttr> = rtnl::split_attrs(&a.value)
+                    .into_iter()
+                    .filter(|x| rtnl::NHA_RES_GROUP_CONFIG.contains(&x.kind))
+                    .collect();
+                rtnl::join_attrs(&config)
+            } else {
+                a.value.clone()
+            },
+        })
+        .collect();
+    Ok(NetNexthopObject {
+        family: n.family,
+        scope: n.scope,
+        protocol: n.protocol,
+        flags: n.flags & u32::from(rtnl::RTNH_F_ONLINK),
+        dev,
+        attrs,
+        encap_devs,
     })
 }
 

@@ -219,11 +219,23 @@ pub const FRESH_MOUNTS_MANIFEST_VERSION: u32 = 14;
 /// interfaces.
 pub const NET_ROUTING_MANIFEST_VERSION: u32 = 15;
 
+/// Manifest format version written when the tree's network namespace has
+/// next-hop objects ([`NetNamespace::nexthops`]), a route through one
+/// ([`NetRoute::nhid`]), with a source prefix ([`NetRoute::src`]), a
+/// gateway of another family or an encapsulation (those
+/// [`NET_HOP_ATTRS`] in [`NetRoute::attrs`] or [`NetNextHop::attrs`]),
+/// or a macvlan in source mode with its list of source addresses
+/// ([`IFLA_MACVLAN_MACADDR_DATA`] in [`NetLink::data`]), so that a reader
+/// that predates them refuses the manifest instead of making those routes
+/// without what they had (or not at all) and the macvlan without its
+/// list.
+pub const NET_NEXTHOPS_MANIFEST_VERSION: u32 = 16;
+
 /// Manifest format version written when the tree's mount namespace has
 /// a hugetlbfs holding files ([`LaterKind::Hugetlbfs`]) or an overlay
 /// ([`LaterKind::Overlay`]), so that a reader that predates them refuses
 /// the manifest instead of failing on the unknown mount kind halfway
-/// through a restore. (16 is the network's.)
+/// through a restore.
 pub const OWN_MOUNTS_MANIFEST_VERSION: u32 = 17;
 
 /// Mounts that only [`OWN_MOUNTS_MANIFEST_VERSION`] readers make.
@@ -361,6 +373,11 @@ impl Manifest {
             .cgroups
             .as_ref()
             .is_some_and(|c| !c.threads.is_empty() || c.dirs.iter().any(|d| d.threaded));
+        let net_nexthops = self
+            .namespaces
+            .as_ref()
+            .and_then(|n| n.net.as_ref())
+            .is_some_and(NetNamespace::has_nexthops);
         let ns_file_of = || {
             self.processes
                 .iter()
@@ -373,6 +390,8 @@ impl Manifest {
             STAND_IN_INIT_MANIFEST_VERSION
         } else if own_mounts(self.namespaces.as_ref()) {
             OWN_MOUNTS_MANIFEST_VERSION
+        } else if net_nexthops {
+            NET_NEXTHOPS_MANIFEST_VERSION
         } else if net_routing {
             NET_ROUTING_MANIFEST_VERSION
         } else if fresh_mounts(self.namespaces.as_ref()) {
@@ -732,7 +751,51 @@ pub struct NetNamespace {
     /// the kernel listed them. Manifest version 15.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub links: Vec<NetLink>,
+    /// Its next-hop objects (`ip nexthop`), in the kernel's order (by
+    /// id). Manifest version 16.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nexthops: Vec<NetNexthopObject>,
 }
+
+/// A next-hop object (`RTM_NEWNEXTHOP`): its header (`struct nhmsg`), its
+/// output interface by name, and its other attributes (`NHA_*`: its id,
+/// gateway, encapsulation, group...) as the kernel dumped them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetNexthopObject {
+    /// `AF_INET`, `AF_INET6`, or 0 (a group, a blackhole).
+    pub family: u8,
+    /// `RT_SCOPE_*`, as the kernel worked it out (not given to it).
+    pub scope: u8,
+    /// `RTPROT_*`.
+    pub protocol: u8,
+    /// `RTNH_F_ONLINK`.
+    pub flags: u32,
+    /// The interface it goes out of (`NHA_OIF`), by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dev: Option<String>,
+    pub attrs: Vec<NetAttr>,
+    /// The interfaces its encapsulation names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub encap_devs: Vec<EncapDev>,
+}
+
+/// An interface a `seg6local` encapsulation names (`SEG6_LOCAL_IIF`,
+/// `SEG6_LOCAL_OIF`: `kind`), by name: the index in the saved
+/// `RTA_ENCAP` or `NHA_ENCAP` is the dumped namespace's, replaced by the
+/// interface's index at restore. Manifest version 16.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EncapDev {
+    pub kind: u16,
+    pub dev: String,
+}
+
+/// `IFLA_MACVLAN_MACADDR_DATA`: a source-mode macvlan's list of source
+/// addresses, in [`NetLink::data`] (manifest version 16).
+pub const IFLA_MACVLAN_MACADDR_DATA: u16 = 5;
+
+/// `RTA_VIA`, `RTA_ENCAP_TYPE` and `RTA_ENCAP`: the attributes of a route
+/// or of one of its next hops that manifest version 16 added.
+pub const NET_HOP_ATTRS: [u16; 3] = [18, 21, 22];
 
 /// An interface made inside the tree's network namespace.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -771,6 +834,21 @@ impl NetNamespace {
                     || !r.nexthops.is_empty()
                     || r.flags != 0
                     || !r.attrs.is_empty()
+            })
+    }
+
+    /// Whether it holds what [`NET_NEXTHOPS_MANIFEST_VERSION`] added.
+    pub fn has_nexthops(&self) -> bool {
+        let hop_attrs = |attrs: &[NetAttr]| attrs.iter().any(|a| NET_HOP_ATTRS.contains(&a.kind));
+        !self.nexthops.is_empty()
+            || self.links.iter().any(|l| {
+                l.kind == "macvlan" && l.data.iter().any(|a| a.kind == IFLA_MACVLAN_MACADDR_DATA)
+            })
+            || self.routes.iter().any(|r| {
+                r.src.is_some()
+                    || r.nhid.is_some()
+                    || hop_attrs(&r.attrs)
+                    || r.nexthops.iter().any(|h| !h.attrs.is_empty())
             })
     }
 }
@@ -913,9 +991,25 @@ pub struct NetRoute {
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub flags: u32,
     /// Its metrics (`RTA_METRICS`: `mtu`, `advmss`, ...), IPv6 preference
-    /// (`RTA_PREF`) and realm (`RTA_FLOW`), as the kernel dumped them.
+    /// (`RTA_PREF`) and realm (`RTA_FLOW`), as the kernel dumped them;
+    /// and since manifest version 16 its gateway of another family
+    /// (`RTA_VIA`) and encapsulation (`RTA_ENCAP_TYPE`, `RTA_ENCAP`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attrs: Vec<NetAttr>,
+    /// Its source prefix (`from`, IPv6). Manifest version 16, as all
+    /// below.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub src: Option<std::net::IpAddr>,
+    #[serde(default, skip_serializing_if = "is_zero_u8")]
+    pub src_len: u8,
+    /// The next-hop object it goes through (`nhid`: one of
+    /// [`NetNamespace::nexthops`]; `gateway`, `dev` and `nexthops` are
+    /// then `None` and empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nhid: Option<u32>,
+    /// The interfaces its encapsulation names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub encap_devs: Vec<EncapDev>,
 }
 
 fn is_zero_u32(v: &u32) -> bool {
@@ -932,6 +1026,14 @@ pub struct NetNextHop {
     pub hops: u8,
     /// `RTNH_F_ONLINK`.
     pub flags: u8,
+    /// Its gateway of another family (`RTA_VIA`), encapsulation
+    /// (`RTA_ENCAP_TYPE`, `RTA_ENCAP`) and realm (`RTA_FLOW`), as the
+    /// kernel dumped them. Manifest version 16.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attrs: Vec<NetAttr>,
+    /// The interfaces its encapsulation names. Manifest version 16.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub encap_devs: Vec<EncapDev>,
 }
 
 /// The mounts of a mount namespace that the dumper's lacks.

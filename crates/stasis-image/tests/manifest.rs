@@ -539,6 +539,10 @@ fn namespaces_raise_the_manifest_version_and_round_trip() {
         nexthops: Vec::new(),
         flags: 0,
         attrs: Vec::new(),
+        src: None,
+        src_len: 0,
+        nhid: None,
+        encap_devs: Vec::new(),
     }];
     let b = encode_manifest(&veth).unwrap();
     assert_eq!(
@@ -1109,6 +1113,10 @@ fn routing_state_raises_the_manifest_version_and_round_trips() {
         nexthops: Vec::new(),
         flags: 0,
         attrs: Vec::new(),
+        src: None,
+        src_len: 0,
+        nhid: None,
+        encap_devs: Vec::new(),
     };
     let net = manifest::NetNamespace {
         lo_up: true,
@@ -1158,12 +1166,16 @@ fn routing_state_raises_the_manifest_version_and_round_trips() {
             dev: Some("tun0".into()),
             hops: 0,
             flags: 0,
+            attrs: Vec::new(),
+            encap_devs: Vec::new(),
         },
         manifest::NetNextHop {
             gateway: Some(std::net::IpAddr::from([10, 9, 0, 3])),
             dev: Some("tun0".into()),
             hops: 2,
             flags: 4,
+            attrs: Vec::new(),
+            encap_devs: Vec::new(),
         },
     ];
     let mut metrics = net.clone();
@@ -1208,6 +1220,122 @@ fn routing_state_raises_the_manifest_version_and_round_trips() {
         assert_version_round_trips(&m, 15, manifest::FRESH_MOUNTS_MANIFEST_VERSION);
     }
     const { assert!(manifest::NET_ROUTING_MANIFEST_VERSION < manifest::LATEST_MANIFEST_VERSION) };
+}
+
+/// Next-hop objects, a route through one, with a source prefix, a
+/// gateway of another family or an encapsulation (of the route or of one
+/// of its next hops), a macvlan's list of source addresses: version 16
+/// (a reader of 15 would make those routes without them, refuse the
+/// next-hop id, and the macvlan without its list), each round-trips, and
+/// is refused under a lower version. A route of version 15 stays 15.
+#[test]
+fn next_hop_objects_encapsulations_and_source_lists_raise_the_manifest_version() {
+    let base = small_manifest();
+    let route = manifest::NetRoute {
+        family: 10,
+        dst: Some(std::net::IpAddr::from([0xfd00, 0, 0, 0, 0, 0, 0, 0])),
+        dst_len: 64,
+        gateway: None,
+        dev: Some("eth0".into()),
+        metric: Some(1024),
+        prefsrc: None,
+        protocol: 3,
+        scope: 0,
+        kind: 1,
+        table: 100,
+        nexthops: Vec::new(),
+        flags: 0,
+        attrs: Vec::new(),
+        src: None,
+        src_len: 0,
+        nhid: None,
+        encap_devs: Vec::new(),
+    };
+    let net = manifest::NetNamespace {
+        lo_up: true,
+        routes: vec![route],
+        ..Default::default()
+    };
+    let with = |n: manifest::NetNamespace| {
+        let mut m = base.clone();
+        m.namespaces = Some(manifest::Namespaces {
+            net: Some(n),
+            ..Default::default()
+        });
+        m
+    };
+    assert_eq!(
+        with(net.clone()).format_version(),
+        manifest::NET_ROUTING_MANIFEST_VERSION
+    );
+    let mut nexthops = net.clone();
+    nexthops.nexthops = vec![manifest::NetNexthopObject {
+        family: 2,
+        scope: 253,
+        protocol: 3,
+        flags: 0,
+        dev: Some("eth0".into()),
+        attrs: vec![
+            manifest::NetAttr {
+                kind: 1,
+                value: 7u32.to_ne_bytes().to_vec(),
+            },
+            manifest::NetAttr {
+                kind: 6,
+                value: vec![10, 0, 0, 1],
+            },
+        ],
+        encap_devs: Vec::new(),
+    }];
+    let mut nhid = net.clone();
+    nhid.routes[0].dev = None;
+    nhid.routes[0].nhid = Some(7);
+    let mut src = net.clone();
+    src.routes[0].src = Some(std::net::IpAddr::from([0xfd01, 0, 0, 0, 0, 0, 0, 0]));
+    src.routes[0].src_len = 48;
+    let via = manifest::NetAttr {
+        kind: 18,
+        value: vec![10, 0, 0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+    };
+    let mut gw = net.clone();
+    gw.routes[0].attrs = vec![via.clone()];
+    let mut hop = net.clone();
+    hop.routes[0].dev = None;
+    hop.routes[0].nexthops = vec![manifest::NetNextHop {
+        dev: Some("eth0".into()),
+        attrs: vec![via],
+        ..Default::default()
+    }];
+    let mut macvlan = net.clone();
+    macvlan.links = vec![manifest::NetLink {
+        iface: manifest::NetInterface {
+            name: "ms0".into(),
+            ..Default::default()
+        },
+        kind: "macvlan".into(),
+        txqlen: 1000,
+        link: Some("eth0".into()),
+        data: vec![
+            manifest::NetAttr {
+                kind: 1,
+                value: 16u32.to_ne_bytes().to_vec(),
+            },
+            manifest::NetAttr {
+                kind: manifest::IFLA_MACVLAN_MACADDR_DATA,
+                value: vec![10, 0, 4, 0, 2, 0, 0, 0, 0, 5, 0, 0],
+            },
+        ],
+    }];
+    let mut seg6local = hop.clone();
+    seg6local.routes[0].nexthops[0].encap_devs = vec![manifest::EncapDev {
+        kind: 7,
+        dev: "eth0".into(),
+    }];
+    for n in [nexthops, nhid, src, gw, hop, seg6local, macvlan] {
+        let m = with(n);
+        assert_version_round_trips(&m, 16, manifest::NET_ROUTING_MANIFEST_VERSION);
+    }
+    const { assert!(manifest::NET_NEXTHOPS_MANIFEST_VERSION < manifest::LATEST_MANIFEST_VERSION) };
 }
 
 /// A hugetlbfs holding files or an overlay (issue 17): version 17 (a

@@ -1,16 +1,20 @@
 //! Route netlink (rtnetlink) of the calling thread's network namespace:
-//! its interfaces, addresses, routes and policy routing rules as plain
-//! values, and the few changes a restore makes (a veth pair, an address,
-//! a route, a rule, an interface's master and up state). Messages are packed and parsed by
+//! its interfaces, addresses, routes, next-hop objects and policy routing
+//! rules as plain values, and the few changes a restore makes (a veth
+//! pair, an interface, an address, a next-hop object, a route, a rule, an
+//! interface's master and up state). Messages are packed and parsed by
 //! the `netlink-packet-route` crate; the socket is `netlink-sys`, used
 //! synchronously (one request at a time, its answers read to the end).
+//! Next-hop objects, which the crate does not know, and the attributes
+//! of a route kept as the kernel gave them (an encapsulation) are read
+//! and written as bytes ([`RawMessage`]).
 
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 use netlink_packet_core::{
-    DefaultNla, NetlinkHeader, NetlinkMessage, NetlinkPayload, Nla, NLM_F_ACK, NLM_F_CREATE,
-    NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST,
+    DefaultNla, NetlinkDeserializable, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+    NetlinkSerializable, Nla, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST,
 };
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
 use netlink_packet_route::link::{
@@ -60,7 +64,7 @@ pub struct Link {
 
 /// The attributes of a netlink attribute stream (`struct nlattr`s, each
 /// padded to 4 bytes), their types without the flag bits.
-fn split_attrs(mut b: &[u8]) -> Vec<RawAttr> {
+pub fn split_attrs(mut b: &[u8]) -> Vec<RawAttr> {
     let mut out = Vec::new();
     while b.len() >= 4 {
         let len = usize::from(u16::from_ne_bytes([b[0], b[1]]));
@@ -77,8 +81,29 @@ fn split_attrs(mut b: &[u8]) -> Vec<RawAttr> {
     out
 }
 
+/// Gives the attribute `kind` (without its flag bits) of the netlink
+/// attribute stream `b`, a u32, the value `v`, in place (the other
+/// attributes' bytes, flags included, left as they are); false if it has
+/// none.
+pub fn set_u32_attr(b: &mut [u8], kind: u16, v: u32) -> bool {
+    let mut off = 0;
+    while b.len() >= off + 4 {
+        let len = usize::from(u16::from_ne_bytes([b[off], b[off + 1]]));
+        let k = u16::from_ne_bytes([b[off + 2], b[off + 3]]) & 0x3fff;
+        if len < 4 || off + len > b.len() {
+            return false;
+        }
+        if k == kind && len == 8 {
+            b[off + 4..off + 8].copy_from_slice(&v.to_ne_bytes());
+            return true;
+        }
+        off += len.div_ceil(4) * 4;
+    }
+    false
+}
+
 /// `attrs` as a netlink attribute stream.
-fn join_attrs(attrs: &[RawAttr]) -> Vec<u8> {
+pub fn join_attrs(attrs: &[RawAttr]) -> Vec<u8> {
     let mut out = Vec::new();
     for a in attrs {
         let len = u16::try_from(4 + a.value.len()).unwrap_or(u16::MAX);
@@ -149,11 +174,44 @@ pub const RTPROT_KERNEL: u8 = 2;
 pub const RTN_UNICAST: u8 = 1;
 /// `RTNH_F_ONLINK`: the gateway is on the link whatever its address.
 pub const RTNH_F_ONLINK: u8 = 4;
-/// `RTA_METRICS`, `RTA_FLOW` and `RTA_PREF`: the attributes of a route
-/// kept as the kernel gives them ([`Route::attrs`]).
+/// `RTA_METRICS`, `RTA_FLOW`, `RTA_PREF`, `RTA_VIA`, `RTA_ENCAP_TYPE`
+/// and `RTA_ENCAP`: the attributes of a route kept as the kernel gives
+/// them ([`Route::attrs`]).
 pub const RTA_METRICS: u16 = 8;
 pub const RTA_FLOW: u16 = 11;
 pub const RTA_PREF: u16 = 20;
+pub const RTA_VIA: u16 = 18;
+pub const RTA_ENCAP_TYPE: u16 = 21;
+pub const RTA_ENCAP: u16 = 22;
+/// The attributes of [`Route::attrs`].
+pub const ROUTE_RAW_ATTRS: [u16; 6] = [
+    RTA_METRICS,
+    RTA_FLOW,
+    RTA_PREF,
+    RTA_VIA,
+    RTA_ENCAP_TYPE,
+    RTA_ENCAP,
+];
+/// `RTA_GATEWAY`, `RTA_MULTIPATH`.
+const RTA_GATEWAY: u16 = 5;
+const RTA_MULTIPATH: u16 = 9;
+/// `LWTUNNEL_ENCAP_*`: the kinds of a route's encapsulation
+/// (`RTA_ENCAP_TYPE`).
+pub const LWTUNNEL_ENCAP_MPLS: u16 = 1;
+pub const LWTUNNEL_ENCAP_IP: u16 = 2;
+pub const LWTUNNEL_ENCAP_ILA: u16 = 3;
+pub const LWTUNNEL_ENCAP_IP6: u16 = 4;
+pub const LWTUNNEL_ENCAP_SEG6: u16 = 5;
+pub const LWTUNNEL_ENCAP_BPF: u16 = 6;
+pub const LWTUNNEL_ENCAP_SEG6_LOCAL: u16 = 7;
+pub const LWTUNNEL_ENCAP_RPL: u16 = 8;
+pub const LWTUNNEL_ENCAP_IOAM6: u16 = 9;
+pub const LWTUNNEL_ENCAP_XFRM: u16 = 10;
+/// `SEG6_LOCAL_IIF`, `SEG6_LOCAL_OIF`, `SEG6_LOCAL_BPF`: the attributes
+/// of a seg6local encapsulation that name an interface or a program.
+pub const SEG6_LOCAL_IIF: u16 = 6;
+pub const SEG6_LOCAL_OIF: u16 = 7;
+pub const SEG6_LOCAL_BPF: u16 = 8;
 
 /// A netlink attribute as the kernel gave it: its type (without the
 /// `NLA_F_NESTED` and `NLA_F_NET_BYTEORDER` bits) and its value.
@@ -182,6 +240,42 @@ pub struct NextHop {
     pub hops: u8,
     /// `RTNH_F_*`.
     pub flags: u8,
+    /// Its other attributes (`RTA_VIA`, `RTA_ENCAP_TYPE`, `RTA_ENCAP`,
+    /// `RTA_FLOW`), as the kernel gave them.
+    pub attrs: Vec<RawAttr>,
+}
+
+/// The next hops of an `RTA_MULTIPATH` (`struct rtnexthop`s, each with
+/// its attributes), as the kernel gave them.
+fn nexthops_of(mut b: &[u8]) -> Vec<NextHop> {
+    let mut out = Vec::new();
+    while b.len() >= 8 {
+        let len = usize::from(u16::from_ne_bytes([b[0], b[1]]));
+        if len < 8 || len > b.len() {
+            break;
+        }
+        let mut hop = NextHop {
+            gateway: None,
+            oif: u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
+            hops: b[3],
+            flags: b[2],
+            attrs: Vec::new(),
+        };
+        for a in split_attrs(&b[8..len]) {
+            if a.kind == RTA_GATEWAY {
+                hop.gateway = match a.value.len() {
+                    4 => <[u8; 4]>::try_from(&a.value[..]).ok().map(IpAddr::from),
+                    16 => <[u8; 16]>::try_from(&a.value[..]).ok().map(IpAddr::from),
+                    _ => None,
+                };
+            } else {
+                hop.attrs.push(a);
+            }
+        }
+        out.push(hop);
+        b = b.get(len.div_ceil(4) * 4..).unwrap_or(&[]);
+    }
+    out
 }
 
 /// A policy routing rule (`struct fib_rule_hdr` and its `FRA_*`
@@ -199,6 +293,12 @@ pub struct Rule {
     pub flags: u32,
     pub attrs: Vec<RawAttr>,
 }
+
+/// `IFLA_MACVLAN_MACADDR_MODE` and its `MACVLAN_MACADDR_SET`: a
+/// source-mode macvlan's list of source addresses
+/// (`IFLA_MACVLAN_MACADDR_DATA`) replaced by the one given.
+pub const IFLA_MACVLAN_MACADDR_MODE: u16 = 3;
+pub const MACVLAN_MACADDR_SET: u32 = 3;
 
 /// `IFLA_BRPORT_NO`: a bridge port's number.
 pub const IFLA_BRPORT_NO: u16 = 18;
@@ -266,11 +366,119 @@ pub struct Route {
     pub nexthops: Vec<NextHop>,
     /// `rtm_flags` (`RTNH_F_ONLINK`, ...).
     pub flags: u32,
-    /// Its `RTA_METRICS`, `RTA_FLOW` and `RTA_PREF`.
+    /// Its [`ROUTE_RAW_ATTRS`] (metrics, realm, IPv6 preference, a
+    /// gateway of another family, an encapsulation) as the kernel gave
+    /// them.
     pub attrs: Vec<RawAttr>,
-    /// Attributes this reader does not rebuild (encapsulation, a next-hop
-    /// object, a gateway of another family, a source prefix).
-    pub unusual: bool,
+    /// Its source prefix (`from`: `RTA_SRC`, of IPv6 routes).
+    pub src: Option<IpAddr>,
+    pub src_len: u8,
+    /// The next-hop object it goes through (`RTA_NH_ID`; the kernel
+    /// lists that object's next hops with it too).
+    pub nhid: Option<u32>,
+}
+
+/// A route netlink message as bytes: its type and what follows its
+/// `struct nlmsghdr` (for the messages the crate does not know, and those
+/// whose attributes are kept as the kernel sent them).
+#[derive(Debug, Clone)]
+pub struct RawMessage {
+    pub kind: u16,
+    pub payload: Vec<u8>,
+}
+
+impl NetlinkSerializable for RawMessage {
+    fn message_type(&self) -> u16 {
+        self.kind
+    }
+
+    fn buffer_len(&self) -> usize {
+        self.payload.len()
+    }
+
+    fn serialize(&self, buffer: &mut [u8]) {
+        buffer.copy_from_slice(&self.payload);
+    }
+}
+
+impl NetlinkDeserializable for RawMessage {
+    type Error = std::convert::Infallible;
+
+    fn deserialize(
+        header: &NetlinkHeader,
+        payload: &[u8],
+    ) -> std::result::Result<Self, Self::Error> {
+        Ok(RawMessage {
+            kind: header.message_type,
+            payload: payload.to_vec(),
+        })
+    }
+}
+
+/// `RTM_NEWROUTE`, `RTM_GETROUTE`; `RTM_NEWNEXTHOP`, `RTM_GETNEXTHOP`.
+const RTM_NEWROUTE: u16 = 24;
+const RTM_GETROUTE: u16 = 26;
+const RTM_NEWNEXTHOP: u16 = 104;
+const RTM_GETNEXTHOP: u16 = 106;
+/// `sizeof(struct rtmsg)`, `sizeof(struct nhmsg)`.
+const RTMSG_LEN: usize = 12;
+const NHMSG_LEN: usize = 8;
+/// `NLA_F_NESTED`.
+const NLA_F_NESTED: u16 = 0x8000;
+
+/// `NHA_ID`, `NHA_GROUP`, `NHA_GROUP_TYPE`, `NHA_BLACKHOLE`, `NHA_OIF`,
+/// `NHA_GATEWAY`, `NHA_ENCAP_TYPE`, `NHA_ENCAP`, `NHA_FDB`,
+/// `NHA_RES_GROUP`: a next-hop object's attributes.
+pub const NHA_ID: u16 = 1;
+pub const NHA_GROUP: u16 = 2;
+pub const NHA_GROUP_TYPE: u16 = 3;
+pub const NHA_BLACKHOLE: u16 = 4;
+pub const NHA_OIF: u16 = 5;
+pub const NHA_GATEWAY: u16 = 6;
+pub const NHA_ENCAP_TYPE: u16 = 7;
+pub const NHA_ENCAP: u16 = 8;
+pub const NHA_FDB: u16 = 11;
+pub const NHA_RES_GROUP: u16 = 12;
+/// `NHA_RES_GROUP_BUCKETS`, `NHA_RES_GROUP_IDLE_TIMER`,
+/// `NHA_RES_GROUP_UNBALANCED_TIMER`: a resilient group's configuration
+/// (the rest of `NHA_RES_GROUP` is its state).
+pub const NHA_RES_GROUP_CONFIG: std::ops::RangeInclusive<u16> = 1..=3;
+
+/// A next-hop object (`struct nhmsg` and its `NHA_*` attributes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NexthopObject {
+    /// `AF_INET`, `AF_INET6`, or `AF_UNSPEC` (a group, a blackhole).
+    pub family: u8,
+    pub scope: u8,
+    /// `RTPROT_*`.
+    pub protocol: u8,
+    /// `RTNH_F_*`.
+    pub flags: u32,
+    pub attrs: Vec<RawAttr>,
+}
+
+impl NexthopObject {
+    /// Its attribute `kind`.
+    pub fn attr(&self, kind: u16) -> Option<&[u8]> {
+        self.attrs
+            .iter()
+            .find(|a| a.kind == kind)
+            .map(|a| &a.value[..])
+    }
+
+    /// Its id (`NHA_ID`).
+    pub fn id(&self) -> Option<u32> {
+        self.attr(NHA_ID)
+            .and_then(|v| <[u8; 4]>::try_from(v).ok())
+            .map(u32::from_ne_bytes)
+    }
+
+    /// Its output interface (`NHA_OIF`).
+    pub fn oif(&self) -> Option<u32> {
+        self.attr(NHA_OIF)
+            .and_then(|v| <[u8; 4]>::try_from(v).ok())
+            .map(u32::from_ne_bytes)
+    }
 }
 
 /// A route netlink socket of the calling thread's network namespace.
@@ -303,8 +511,19 @@ impl Rtnl {
         msg: RouteNetlinkMessage,
         flags: u16,
     ) -> Result<Vec<RouteNetlinkMessage>> {
+        self.exchange(what, msg, flags)
+    }
+
+    /// [`Rtnl::request`] for messages of any type (`M`: the crate's, or
+    /// [`RawMessage`] for those it does not know or where the bytes the
+    /// kernel sent are wanted as they are).
+    fn exchange<M>(&mut self, what: &str, msg: M, flags: u16) -> Result<Vec<M>>
+    where
+        M: NetlinkSerializable + NetlinkDeserializable + std::fmt::Debug,
+    {
         self.seq = self.seq.wrapping_add(1);
-        let mut packet = NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::from(msg));
+        let mut packet =
+            NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::InnerMessage(msg));
         packet.header.flags = NLM_F_REQUEST | flags;
         packet.header.sequence_number = self.seq;
         packet.finalize();
@@ -324,7 +543,7 @@ impl Rtnl {
                 .map_err(|e| nl_err(format!("reading the answer to {what}"), e))?;
             let mut off = 0;
             while off < n {
-                let m: NetlinkMessage<RouteNetlinkMessage> =
+                let m: NetlinkMessage<M> =
                     NetlinkMessage::deserialize(&rx[off..n]).map_err(|e| {
                         nl_err(
                             format!("parsing the answer to {what}"),
@@ -360,7 +579,7 @@ impl Rtnl {
                 if len == 0 {
                     break;
                 }
-                off += len;
+                off += len.div_ceil(4) * 4;
             }
         }
     }
@@ -424,21 +643,92 @@ impl Rtnl {
     /// Every route (IPv4 and IPv6) of every table.
     pub fn routes(&mut self) -> Result<Vec<Route>> {
         let mut out = Vec::new();
-        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
-            let mut req = RouteMessage::default();
-            req.header.address_family = family;
-            let answers = self.request(
+        for family in [AF_INET, AF_INET6] {
+            // Read as the kernel sent them, so that the attributes kept
+            // as they are (an encapsulation...) are its bytes.
+            let mut req = vec![0u8; RTMSG_LEN];
+            req[0] = family;
+            let answers = self.exchange(
                 "RTM_GETROUTE",
-                RouteNetlinkMessage::GetRoute(req),
+                RawMessage {
+                    kind: RTM_GETROUTE,
+                    payload: req,
+                },
                 NLM_F_DUMP,
             )?;
-            for a in answers {
-                if let RouteNetlinkMessage::NewRoute(m) = a {
-                    out.push(route_of(&m));
+            for a in answers.iter().filter(|a| a.kind == RTM_NEWROUTE) {
+                let mut header = NetlinkHeader::default();
+                header.message_type = RTM_NEWROUTE;
+                let m = RouteNetlinkMessage::deserialize(&header, &a.payload).map_err(|e| {
+                    nl_err(
+                        "parsing a route (RTM_NEWROUTE)",
+                        std::io::Error::other(e.to_string()),
+                    )
+                })?;
+                if let RouteNetlinkMessage::NewRoute(m) = m {
+                    let raw = split_attrs(a.payload.get(RTMSG_LEN..).unwrap_or(&[]));
+                    out.push(route_of(&m, &raw));
                 }
             }
         }
         Ok(out)
+    }
+
+    /// Every next-hop object (`ip nexthop`, `RTM_GETNEXTHOP`), in the
+    /// kernel's order (by id).
+    pub fn nexthops(&mut self) -> Result<Vec<NexthopObject>> {
+        let answers = self.exchange(
+            "RTM_GETNEXTHOP",
+            RawMessage {
+                kind: RTM_GETNEXTHOP,
+                payload: vec![0u8; NHMSG_LEN],
+            },
+            NLM_F_DUMP,
+        )?;
+        Ok(answers
+            .iter()
+            .filter(|a| a.kind == RTM_NEWNEXTHOP && a.payload.len() >= NHMSG_LEN)
+            .map(|a| {
+                let p = &a.payload;
+                NexthopObject {
+                    family: p[0],
+                    scope: p[1],
+                    protocol: p[2],
+                    flags: u32::from_ne_bytes([p[4], p[5], p[6], p[7]]),
+                    attrs: split_attrs(&p[NHMSG_LEN..]),
+                }
+            })
+            .collect())
+    }
+
+    /// Makes next-hop object `n` (its attributes as [`Rtnl::nexthops`]
+    /// gave them, with its id).
+    pub fn add_nexthop(&mut self, n: &NexthopObject) -> Result<()> {
+        let mut payload = vec![n.family, n.scope, n.protocol, 0];
+        payload.extend_from_slice(&n.flags.to_ne_bytes());
+        // Strictly parsed: nested attributes must say so.
+        let attrs: Vec<RawAttr> = n
+            .attrs
+            .iter()
+            .map(|a| RawAttr {
+                kind: if [NHA_ENCAP, NHA_RES_GROUP].contains(&a.kind) {
+                    a.kind | NLA_F_NESTED
+                } else {
+                    a.kind
+                },
+                value: a.value.clone(),
+            })
+            .collect();
+        payload.extend_from_slice(&join_attrs(&attrs));
+        self.exchange(
+            &format!("making the next-hop object {}", n.id().unwrap_or(0)),
+            RawMessage {
+                kind: RTM_NEWNEXTHOP,
+                payload,
+            },
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+        )?;
+        Ok(())
     }
 
     /// The id this namespace gives the network namespace of process `pid`
@@ -683,6 +973,7 @@ impl Rtnl {
         m.header = RouteHeader {
             address_family: family,
             destination_prefix_length: r.dst_len,
+            source_prefix_length: r.src_len,
             table: u8::try_from(r.table).unwrap_or(0),
             protocol: RouteProtocol::from(r.protocol),
             scope: RouteScope::from(r.scope),
@@ -694,6 +985,13 @@ impl Rtnl {
         if let Some(d) = r.dst {
             m.attributes
                 .push(RouteAttribute::Destination(RouteAddress::from(d)));
+        }
+        if let Some(s) = r.src {
+            m.attributes
+                .push(RouteAttribute::Source(RouteAddress::from(s)));
+        }
+        if let Some(i) = r.nhid {
+            m.attributes.push(RouteAttribute::NhId(i));
         }
         if let Some(g) = r.gateway {
             m.attributes
@@ -721,6 +1019,12 @@ impl Rtnl {
                     if let Some(g) = h.gateway {
                         n.attributes
                             .push(RouteAttribute::Gateway(RouteAddress::from(g)));
+                    }
+                    for a in &h.attrs {
+                        n.attributes.push(RouteAttribute::Other(DefaultNla::new(
+                            a.kind,
+                            a.value.clone(),
+                        )));
                     }
                     n
                 })
@@ -861,7 +1165,8 @@ fn tun_info_of(nlas: &[InfoTun]) -> TunInfo {
     info
 }
 
-fn route_of(m: &RouteMessage) -> Route {
+/// Route `m`, whose attributes as the kernel sent them are `raw`.
+fn route_of(m: &RouteMessage, raw: &[RawAttr]) -> Route {
     let h = &m.header;
     let mut r = Route {
         family: if h.address_family == AddressFamily::Inet6 {
@@ -881,43 +1186,30 @@ fn route_of(m: &RouteMessage) -> Route {
         kind: u8::from(h.kind),
         nexthops: Vec::new(),
         flags: h.flags.bits(),
-        attrs: Vec::new(),
-        unusual: h.source_prefix_length != 0,
+        attrs: raw
+            .iter()
+            .filter(|a| ROUTE_RAW_ATTRS.contains(&a.kind))
+            .cloned()
+            .collect(),
+        src: None,
+        src_len: h.source_prefix_length,
+        nhid: None,
     };
     for a in &m.attributes {
         match a {
             RouteAttribute::Table(t) => r.table = *t,
             RouteAttribute::Destination(d) => r.dst = ip_of(d),
+            RouteAttribute::Source(s) => r.src = ip_of(s),
             RouteAttribute::Gateway(g) => r.gateway = ip_of(g),
             RouteAttribute::Oif(o) => r.oif = Some(*o),
             RouteAttribute::Priority(p) => r.priority = Some(*p),
             RouteAttribute::PrefSource(s) => r.prefsrc = ip_of(s),
-            RouteAttribute::MultiPath(hops) => {
-                for n in hops {
-                    let mut gateway = None;
-                    for a in &n.attributes {
-                        match a {
-                            RouteAttribute::Gateway(g) => gateway = ip_of(g),
-                            _ => r.unusual = true,
-                        }
-                    }
-                    r.nexthops.push(NextHop {
-                        gateway,
-                        oif: n.interface_index,
-                        hops: n.hops,
-                        flags: n.flags.bits(),
-                    });
-                }
-            }
-            RouteAttribute::Metrics(_)
-            | RouteAttribute::Realm(_)
-            | RouteAttribute::Preference(_) => r.attrs.push(raw_of(a)),
-            RouteAttribute::Encap(_)
-            | RouteAttribute::EncapType(_)
-            | RouteAttribute::NhId(_)
-            | RouteAttribute::Via(_) => r.unusual = true,
+            RouteAttribute::NhId(i) => r.nhid = Some(*i),
             _ => {}
         }
+    }
+    if let Some(mp) = raw.iter().find(|a| a.kind == RTA_MULTIPATH) {
+        r.nexthops = nexthops_of(&mp.value);
     }
     r
 }
@@ -979,7 +1271,9 @@ mod tests {
                 nexthops: Vec::new(),
                 flags: 0,
                 attrs: Vec::new(),
-                unusual: false,
+                src: None,
+                src_len: 0,
+                nhid: None,
             })
             .unwrap();
             let routes = nl.routes().unwrap();
@@ -1041,6 +1335,7 @@ mod tests {
                 oif: a,
                 hops,
                 flags: if last == 9 { RTNH_F_ONLINK } else { 0 },
+                attrs: Vec::new(),
             };
             let route = Route {
                 family: AF_INET,
@@ -1057,7 +1352,9 @@ mod tests {
                 nexthops: vec![hop(2, 2), hop(9, 0)],
                 flags: 0,
                 attrs: Vec::new(),
-                unusual: false,
+                src: None,
+                src_len: 0,
+                nhid: None,
             };
             nl.add_route(&route).unwrap();
             let got: Vec<Route> = nl
@@ -1094,6 +1391,116 @@ mod tests {
             assert_eq!((made.table_id(), made.src_len), (300, 16));
             nl.del_rule(&made).unwrap();
             assert_eq!(nl.rules().unwrap(), before);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn next_hop_objects_and_a_route_through_a_group_read_back_as_made() {
+        std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let me = std::fs::File::open("/proc/thread-self/ns/net").unwrap();
+            let mut nl = Rtnl::open().unwrap();
+            let spec = |n: &str| LinkSpec {
+                name: n.into(),
+                ..Default::default()
+            };
+            nl.add_veth(
+                &spec("stasis-a"),
+                &spec("stasis-b"),
+                std::os::fd::AsFd::as_fd(&me),
+            )
+            .unwrap();
+            let links = nl.links().unwrap();
+            let a = links.iter().find(|l| l.name == "stasis-a").unwrap().index;
+            let b = links.iter().find(|l| l.name == "stasis-b").unwrap().index;
+            nl.set_link(b, None, true).unwrap();
+            nl.set_link(a, None, true).unwrap();
+            nl.add_addr(&Addr {
+                index: a,
+                addr: IpAddr::from([10, 82, 0, 1]),
+                prefix: 24,
+                broadcast: None,
+                flags: 0,
+                scope: 0,
+                peer: None,
+            })
+            .unwrap();
+            let attr = |kind, value: Vec<u8>| RawAttr { kind, value };
+            let single = |id: u32, last: u8| NexthopObject {
+                family: AF_INET,
+                scope: 0,
+                protocol: 4,
+                flags: 0,
+                attrs: vec![
+                    attr(NHA_ID, id.to_ne_bytes().to_vec()),
+                    attr(NHA_GATEWAY, vec![10, 82, 0, last]),
+                    attr(NHA_OIF, a.to_ne_bytes().to_vec()),
+                ],
+            };
+            nl.add_nexthop(&single(1, 2)).unwrap();
+            nl.add_nexthop(&single(2, 3)).unwrap();
+            // Members 1 (weight 1) and 2 (weight 3): struct nexthop_grp.
+            let group = NexthopObject {
+                family: 0,
+                scope: 0,
+                protocol: 4,
+                flags: 0,
+                attrs: vec![
+                    attr(NHA_ID, 3u32.to_ne_bytes().to_vec()),
+                    attr(
+                        NHA_GROUP,
+                        vec![1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 2, 0, 0, 0],
+                    ),
+                ],
+            };
+            nl.add_nexthop(&group).unwrap();
+            let got = nl.nexthops().unwrap();
+            assert_eq!(
+                got.iter().map(|n| n.id()).collect::<Vec<_>>(),
+                [Some(1), Some(2), Some(3)]
+            );
+            assert_eq!((got[0].oif(), got[0].protocol), (Some(a), 4));
+            assert_eq!(got[1].attr(NHA_GATEWAY), Some(&[10, 82, 0, 3][..]));
+            assert_eq!(got[2].attr(NHA_GROUP), group.attr(NHA_GROUP));
+            nl.add_route(&Route {
+                family: AF_INET,
+                table: RT_TABLE_MAIN,
+                dst: Some(IpAddr::from([10, 83, 0, 0])),
+                dst_len: 16,
+                gateway: None,
+                oif: None,
+                priority: None,
+                prefsrc: None,
+                protocol: 4,
+                scope: 0,
+                kind: RTN_UNICAST,
+                nexthops: Vec::new(),
+                flags: 0,
+                attrs: Vec::new(),
+                src: None,
+                src_len: 0,
+                nhid: Some(3),
+            })
+            .unwrap();
+            let routes = nl.routes().unwrap();
+            let r = routes
+                .iter()
+                .find(|r| r.dst == Some(IpAddr::from([10, 83, 0, 0])))
+                .expect("the route through the group");
+            // The group's members are listed with it.
+            assert_eq!(r.nhid, Some(3));
+            assert_eq!(
+                r.nexthops
+                    .iter()
+                    .map(|h| (h.gateway, h.oif, h.hops))
+                    .collect::<Vec<_>>(),
+                [
+                    (Some(IpAddr::from([10, 82, 0, 2])), a, 0),
+                    (Some(IpAddr::from([10, 82, 0, 3])), a, 2)
+                ]
+            );
         })
         .join()
         .unwrap();

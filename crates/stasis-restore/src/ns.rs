@@ -11,8 +11,9 @@ use std::ffi::CString;
 use std::os::fd::AsFd;
 
 use stasis_image::manifest::{
-    BindMount, LaterKind, Manifest, MountNamespace, Namespaces, NetAddress, NetInterface, NetLink,
-    NetNamespace, NetRoute, NetRule, TimeNamespace, TmpfsEntry, TunDevice, UserNamespace,
+    BindMount, EncapDev, LaterKind, Manifest, MountNamespace, Namespaces, NetAddress, NetAttr,
+    NetInterface, NetLink, NetNamespace, NetNexthopObject, NetRoute, NetRule, TimeNamespace,
+    TmpfsEntry, TunDevice, UserNamespace, IFLA_MACVLAN_MACADDR_DATA,
 };
 use stasis_kernel::child::NsSetup;
 use stasis_kernel::fdops as kfdops;
@@ -958,6 +959,7 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
         && net.tuns.is_empty()
         && net.rules.is_empty()
         && net.links.is_empty()
+        && net.nexthops.is_empty()
     {
         return Ok(());
     }
@@ -1081,16 +1083,55 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
                     .map_err(step(format!("giving {} its address", d.name)))?;
             }
         }
+        // The next-hop objects, once their interfaces are up with their
+        // addresses (a gateway is checked reachable), groups last.
+        let mut objects: Vec<&NetNexthopObject> = net.nexthops.iter().collect();
+        objects.sort_by_key(|n| n.attrs.iter().any(|a| a.kind == rtnl::NHA_GROUP));
+        for n in objects {
+            let mut attrs: Vec<rtnl::RawAttr> = n.attrs.iter().map(raw_attr).collect();
+            if let Some(d) = &n.dev {
+                attrs.push(rtnl::RawAttr {
+                    kind: rtnl::NHA_OIF,
+                    value: index(&links, d)?.to_ne_bytes().to_vec(),
+                });
+            }
+            encap_devs(&mut attrs, rtnl::NHA_ENCAP, &n.encap_devs, &links)?;
+            let object = rtnl::NexthopObject {
+                family: n.family,
+                // The kernel works it out (and refuses one given).
+                scope: 0,
+                protocol: n.protocol,
+                flags: n.flags & u32::from(rtnl::RTNH_F_ONLINK),
+                attrs,
+            };
+            nl.add_nexthop(&object).map_err(step(format!(
+                "making the next-hop object {} of the tree's network namespace",
+                object.id().unwrap_or(0)
+            )))?;
+        }
         // Routes through a gateway after those that make it reachable.
         let mut routes: Vec<&NetRoute> = net.routes.iter().collect();
-        routes.sort_by_key(|r| r.gateway.is_some() || !r.nexthops.is_empty());
+        routes.sort_by_key(|r| {
+            r.gateway.is_some()
+                || !r.nexthops.is_empty()
+                || r.attrs.iter().any(|a| a.kind == rtnl::RTA_VIA)
+        });
         for r in routes {
+            let mut attrs: Vec<rtnl::RawAttr> = r
+                .attrs
+                .iter()
+                .filter(|a| rtnl::ROUTE_RAW_ATTRS.contains(&a.kind))
+                .map(raw_attr)
+                .collect();
+            encap_devs(&mut attrs, rtnl::RTA_ENCAP, &r.encap_devs, &links)?;
             let oif = match &r.dev {
                 Some(d) => Some(index(&links, d)?),
                 None => None,
             };
             let mut nexthops = Vec::new();
             for h in &r.nexthops {
+                let mut attrs: Vec<rtnl::RawAttr> = h.attrs.iter().map(raw_attr).collect();
+                encap_devs(&mut attrs, rtnl::RTA_ENCAP, &h.encap_devs, &links)?;
                 nexthops.push(rtnl::NextHop {
                     gateway: h.gateway,
                     oif: match &h.dev {
@@ -1099,6 +1140,7 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
                     },
                     hops: h.hops,
                     flags: h.flags & rtnl::RTNH_F_ONLINK,
+                    attrs,
                 });
             }
             let route = rtnl::Route {
@@ -1115,18 +1157,10 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
                 kind: r.kind,
                 nexthops,
                 flags: r.flags & u32::from(rtnl::RTNH_F_ONLINK),
-                attrs: r
-                    .attrs
-                    .iter()
-                    .filter(|a| {
-                        [rtnl::RTA_METRICS, rtnl::RTA_FLOW, rtnl::RTA_PREF].contains(&a.kind)
-                    })
-                    .map(|a| rtnl::RawAttr {
-                        kind: a.kind,
-                        value: a.value.clone(),
-                    })
-                    .collect(),
-                unusual: false,
+                attrs,
+                src: r.src,
+                src_len: r.src_len,
+                nhid: r.nhid,
             };
             let dst = r
                 .dst
@@ -1140,6 +1174,42 @@ fn net_devices(net: &NetNamespace, root: i32) -> Result<()> {
         Ok(())
     })??;
     Ok(())
+}
+
+/// Gives the interfaces the encapsulation (attribute `encap_attr` of
+/// `attrs`) names, `devs`, their indexes in the tree's new namespace
+/// (`links`).
+fn encap_devs(
+    attrs: &mut [rtnl::RawAttr],
+    encap_attr: u16,
+    devs: &[EncapDev],
+    links: &[rtnl::Link],
+) -> Result<()> {
+    for d in devs {
+        let Some(i) = links.iter().find(|l| l.name == d.dev).map(|l| l.index) else {
+            return Err(ObjectError::Incompatible(format!(
+                "the interface {} an encapsulation names is missing right after it was made",
+                d.dev
+            ))
+            .into());
+        };
+        let encap = attrs.iter_mut().find(|a| a.kind == encap_attr);
+        if !encap.is_some_and(|a| rtnl::set_u32_attr(&mut a.value, d.kind, i)) {
+            return Err(ObjectError::Incompatible(format!(
+                "the saved encapsulation has no interface attribute {} for {}",
+                d.kind, d.dev
+            ))
+            .into());
+        }
+    }
+    Ok(())
+}
+
+fn raw_attr(a: &NetAttr) -> rtnl::RawAttr {
+    rtnl::RawAttr {
+        kind: a.kind,
+        value: a.value.clone(),
+    }
 }
 
 /// The index (in `links`) of the bridge `i` was a port of.
@@ -1218,7 +1288,16 @@ fn make_links(links: &[NetLink]) -> Result<()> {
             "bridge" | "ifb" => nl.add_link(&new(l, None, raw(l))),
             "macvlan" => {
                 let i = lower(&mut nl)?;
-                nl.add_link(&new(l, Some(i), raw(l)))
+                let mut data = raw(l);
+                // A source-mode macvlan's list of source addresses is
+                // taken at its making with IFLA_MACVLAN_MACADDR_MODE set.
+                if data.iter().any(|a| a.kind == IFLA_MACVLAN_MACADDR_DATA) {
+                    data.push(rtnl::RawAttr {
+                        kind: rtnl::IFLA_MACVLAN_MACADDR_MODE,
+                        value: rtnl::MACVLAN_MACADDR_SET.to_ne_bytes().to_vec(),
+                    });
+                }
+                nl.add_link(&new(l, Some(i), data))
             }
             "vxlan" => {
                 let mut data = raw(l);

@@ -2687,22 +2687,84 @@ fn a_tun_held_by_a_program_carries_packets_after_restore() {
     finish_program(dir.path(), last);
 }
 
-/// A macvlan in source mode with a list of addresses: refused by name.
+/// Issue 17: a macvlan in source mode with its list of source addresses
+/// (three, one added and removed again) comes back with that list, its
+/// mode and its lower device (the end of a veth pair of the namespace),
+/// twice: `ip -d link` (which lists the addresses) and the routing state
+/// as they were.
 #[test]
-fn refuses_a_macvlan_with_source_addresses() {
+fn twice_keeps_a_macvlan_in_source_mode_with_its_addresses() {
+    let sh = "ip link add stasis-l0 type veth peer name stasis-l1 \
+        && ip link add stasis-ms link stasis-l0 type macvlan mode source \
+        && for m in 02:00:00:00:00:05 02:00:00:00:00:06 02:00:00:00:00:07 02:00:00:00:00:08; do \
+           ip link set stasis-ms type macvlan macaddr add $m || exit 1; done \
+        && ip link set stasis-ms type macvlan macaddr del 02:00:00:00:00:06 \
+        && ip link set stasis-l0 up && ip link set stasis-ms address 02:55:00:00:00:09 up \
+        && ip addr add 10.56.0.1/24 dev stasis-ms \
+        && touch \"$0/ready\" && exec sleep 1000";
+    let (pid, _dir) = start_in_netns(&["sh", "-c", sh]);
+    let mut net = ContainerNet {
+        names: Vec::new(),
+        pids: vec![pid],
+    };
+    let before = (links_state(pid), routing_state(pid));
+    let text = format!("{:?}", before.0);
+    for want in [
+        "\"source\"",
+        "02:00:00:00:00:05",
+        "02:00:00:00:00:07",
+        "02:00:00:00:00:08",
+        "\"macaddr_count\": Number(3)",
+    ] {
+        assert!(text.contains(want), "{want} set up: {text}");
+    }
+    let check = |pid: i32, round: u32| {
+        let what = format!("round {round}");
+        assert_routing_state(&what, pid, &before.1);
+        assert_same(
+            &format!("{what}: ip -d link show"),
+            &before.0,
+            &links_state(pid),
+        );
+    };
+    let last = dump_and_restore_detached(pid, 2, check);
+    net.pids.push(last);
+}
+
+/// Loads a BPF program of type `BPF_PROG_TYPE_LWT_XMIT` (`r0 = 0;
+/// exit`: `BPF_OK`) and pins it at the path its first argument names
+/// (`bpf(2)` by ctypes; nothing to compile).
+const BPF_LWT_LOADER: &str = "import ctypes, struct, sys\n\
+libc = ctypes.CDLL(None, use_errno=True)\n\
+insns = ctypes.create_string_buffer(struct.pack('<BBhi', 0xb7, 0, 0, 0) + struct.pack('<BBhi', 0x95, 0, 0, 0))\n\
+lic = ctypes.create_string_buffer(b'GPL')\n\
+attr = ctypes.create_string_buffer(struct.pack('<IIQQIIQII16s', 12, 2, ctypes.addressof(insns), ctypes.addressof(lic), 0, 0, 0, 0, 0, b'stasis_lwt'), 128)\n\
+fd = libc.syscall(321, 5, attr, 128)\n\
+if fd < 0:\n    sys.exit('BPF_PROG_LOAD: errno %d' % ctypes.get_errno())\n\
+path = ctypes.create_string_buffer(sys.argv[1].encode())\n\
+pin = ctypes.create_string_buffer(struct.pack('<QII', ctypes.addressof(path), fd, 0), 128)\n\
+if libc.syscall(321, 6, pin, 128) != 0:\n    sys.exit('BPF_OBJ_PIN: errno %d' % ctypes.get_errno())\n";
+
+/// A route whose encapsulation is a BPF program (`encap bpf xmit`, the
+/// program's pin removed once the route holds it): refused by name (the
+/// kernel gives the program back by id and name, not as something to
+/// load again).
+#[test]
+fn refuses_a_route_with_a_bpf_encapsulation() {
+    let dir = tempfile::tempdir().unwrap();
+    let loader = dir.path().join("load.py");
+    std::fs::write(&loader, BPF_LWT_LOADER).unwrap();
+    let sh = format!(
+        "mount -t bpf bpf /sys/fs/bpf && python3 {} /sys/fs/bpf/stasis-lwt \
+         && ip link add stasis-l0 type veth peer name stasis-l1 && ip link set stasis-l0 up \
+         && ip route add 10.57.0.0/24 encap bpf xmit pinned /sys/fs/bpf/stasis-lwt dev stasis-l0 \
+         && rm /sys/fs/bpf/stasis-lwt && umount /sys/fs/bpf && exec sleep 1000",
+        loader.display()
+    );
     refused(
-        &[
-            "--net",
-            "--fork",
-            "sh",
-            "-c",
-            "ip link add stasis-l0 type veth peer name stasis-l1 \
-             && ip link add stasis-ms link stasis-l0 type macvlan mode source \
-             && ip link set stasis-ms type macvlan macaddr add 02:00:00:00:00:05 \
-             && exec sleep 1000",
-        ],
+        &["--net", "--mount", "--fork", "sh", "-c", &sh],
         |up| child_running(up, "sleep 1000"),
-        "its macvlan interface stasis-ms has a list of source addresses",
+        "the route to 10.57.0.0/24 in table 254 (an encapsulation bpf",
     );
 }
 
@@ -4328,11 +4390,21 @@ fn ip_json(pid: i32, args: &str) -> serde_json::Value {
 /// address is through duplicate address detection, just after the
 /// restore), naming the first entry that differs.
 fn assert_routing_state(what: &str, pid: i32, was: &[(String, serde_json::Value)]) {
+    assert_routing_state_by(what, pid, was, |s| s);
+}
+
+/// [`assert_routing_state`] of the state as `norm` gives it.
+fn assert_routing_state_by(
+    what: &str,
+    pid: i32,
+    was: &[(String, serde_json::Value)],
+    norm: impl Fn(Vec<(String, serde_json::Value)>) -> Vec<(String, serde_json::Value)>,
+) {
     let t0 = std::time::Instant::now();
-    let mut now = routing_state(pid);
+    let mut now = norm(routing_state(pid));
     while now != was && t0.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(20));
-        now = routing_state(pid);
+        now = norm(routing_state(pid));
     }
     for ((ip_args, was), (_, now)) in was.iter().zip(&now) {
         assert_same(&format!("{what}: ip {ip_args}"), was, now);
@@ -4353,7 +4425,8 @@ fn assert_same(what: &str, was: &serde_json::Value, now: &serde_json::Value) {
 }
 
 /// The routing state of the network namespace of `pid`, exactly: its
-/// addresses, the routes of every table and the rules, IPv4 and IPv6.
+/// addresses, the routes of every table and the rules, IPv4 and IPv6, and
+/// its next-hop objects.
 fn routing_state(pid: i32) -> Vec<(String, serde_json::Value)> {
     [
         "addr show",
@@ -4361,6 +4434,7 @@ fn routing_state(pid: i32) -> Vec<(String, serde_json::Value)> {
         "-6 route show table all",
         "-4 rule show",
         "-6 rule show",
+        "nexthop show",
     ]
     .iter()
     .map(|a| (a.to_string(), ip_json(pid, a)))
@@ -4678,4 +4752,118 @@ fn own_bridge_veth_pair_macvlan_vxlan_and_ifb_come_back_and_carry_tcp() {
     server
         .join()
         .expect("the exchange through the restored bridge");
+}
+
+/// Issue 17: next-hop objects (a gateway with its protocol, an IPv6
+/// gateway, a blackhole, an encapsulation, a weighted group, a resilient
+/// group with its buckets and idle timer, an fdb next hop and its group)
+/// and routes through them (IPv4 and IPv6, of another table), a gateway of
+/// another family (`via inet6`, of a route and of one next hop of a
+/// multipath route), an IPv6 source prefix (`from`), encapsulations (`ip`,
+/// `ip6`, `seg6`, `seg6local` actions End, End.DT6, and End.X and End.DX2
+/// with an output interface whose index changes at the restore, of a
+/// route and of one next hop of a multipath route) come back exactly
+/// (`ip -d route` of every table, both families, `ip -d nexthop`, `ip -d
+/// addr` but the interfaces' indexes, which do not all come back); a
+/// program of the tree
+/// then connects over TCP through the restored route `nhid 1` to this
+/// process.
+#[test]
+fn next_hop_objects_encapsulations_via_and_from_come_back_and_carry_tcp() {
+    let mut net = ContainerNet {
+        names: vec!["stasisv4h"],
+        pids: Vec::new(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let prog = ping_program("10.93.0.1", 7792, "10.92.0.2");
+    let (mut child, pid) = start_container(
+        &["python3", "-c", &prog],
+        d,
+        "stasisv4h",
+        &[
+            "addr add 10.92.0.1/24 dev stasisv4h",
+            "addr add 10.93.0.1/32 dev stasisv4h",
+        ],
+        &[
+            "addr add 10.92.0.2/24 dev eth0",
+            "-6 addr add fd92::2/64 dev eth0 nodad",
+            "nexthop add id 1 via 10.92.0.1 dev eth0 proto static",
+            "nexthop add id 2 via 10.92.0.5 dev eth0",
+            "nexthop add id 3 group 1/2,3",
+            "nexthop add id 4 blackhole",
+            "nexthop add id 5 group 1/2 type resilient buckets 8 idle_timer 60",
+            "nexthop add id 6 via fd92::1 dev eth0",
+            "nexthop add id 7 encap ip id 9 dst 10.92.0.9 via 10.92.0.1 dev eth0",
+            "nexthop add id 8 via 10.92.0.9 fdb",
+            "nexthop add id 9 group 8 fdb",
+            "nexthop add id 20 via 10.92.0.6 dev eth0",
+            "nexthop del id 20",
+            "route add 10.93.0.0/24 nhid 1",
+            "route add 10.94.0.0/24 nhid 3 table 100",
+            "route add 10.95.0.0/24 nhid 4",
+            "route add 10.91.0.0/24 nhid 7",
+            "-6 route add fd95::/64 nhid 6",
+            "route add 10.96.0.0/24 via inet6 fe80::1 dev eth0",
+            "-6 route add fd96::/64 from fd97::/48 via fd92::1 dev eth0",
+            "route add 10.97.0.0/24 encap ip id 5 dst 10.92.0.9 ttl 3 dev eth0",
+            "-6 route add fd98::/64 encap ip6 id 5 dst fd92::9 dev eth0",
+            "-6 route add fd99::/64 encap seg6 mode encap segs fd92::5,fd92::6 dev eth0",
+            "-6 route add fd9a::/64 encap seg6local action End dev eth0",
+            "-6 route add fd9b::/64 encap seg6local action End.DT6 table 100 dev eth0",
+            // An interface whose index changes (those of a removed pair
+            // are not given again): seg6local names it by index.
+            "link add x1 type veth peer name x2",
+            "link del x1",
+            "link add va type veth peer name vb",
+            "link set va up",
+            "link set vb up",
+            "-6 route add fd9d::/64 encap seg6local action End.X nh6 fd92::1 oif va dev eth0",
+            "-6 route add fd9e::/64 encap seg6local action End.DX2 oif va dev eth0",
+            "-6 nexthop add id 10 encap seg6local action End.DX2 oif va dev eth0",
+            "route add 10.98.0.0/24 nexthop encap ip id 7 dst 10.92.0.8 via 10.92.0.1 dev eth0 nexthop via 10.92.0.5 dev eth0",
+            "route add 10.99.0.0/24 nexthop via inet6 fe80::1 dev eth0 nexthop via 10.92.0.5 dev eth0 weight 2",
+            "-6 route add fd9c::/64 nexthop encap seg6 mode inline segs fd92::7 via fd92::1 dev eth0 nexthop via fd92::3 dev eth0",
+        ],
+    );
+    net.pids.push(pid);
+    // The interfaces' indexes (`ip addr`) but for that: a removed
+    // interface's index is not given again, and stasis makes the
+    // interfaces again one after the other.
+    let without_indexes = |mut state: Vec<(String, serde_json::Value)>| {
+        for (_, v) in &mut state {
+            for i in v.as_array_mut().into_iter().flatten() {
+                if let Some(o) = i.as_object_mut() {
+                    o.remove("ifindex");
+                }
+            }
+        }
+        state
+    };
+    let before = without_indexes(routing_state(pid));
+    let text = format!("{before:?}");
+    for want in [
+        "\"nhid\": Number(3)",
+        "\"resilient\"",
+        "\"fdb\"",
+        "\"blackhole\"",
+        "fd97::/48",
+        "\"family\": String(\"inet6\")",
+        "\"seg6local\"",
+        "End.DT6",
+        "\"oif\": String(\"va\")",
+        "\"seg6\"",
+        "\"ip6\"",
+        "10.92.0.8",
+    ] {
+        assert!(text.contains(want), "{want} set up: {text}");
+    }
+    let pid = dump_kill_restore(pid, &mut child, &d.join("images"));
+    net.pids.push(pid);
+    assert_routing_state_by("after the restore", pid, &before, without_indexes);
+    let server = pong_server("10.93.0.1", 7792);
+    finish_program(d, pid);
+    server
+        .join()
+        .expect("the exchange through the restored route nhid 1");
 }
