@@ -1406,7 +1406,7 @@ fn a_hugetlbfs_with_files_or_an_overlay_raise_the_manifest_version_and_round_tri
         options: "pagesize=2M".into(),
     };
     assert_eq!(with(empty).format_version(), 14);
-    assert!(manifest::OWN_MOUNTS_MANIFEST_VERSION < manifest::LATEST_MANIFEST_VERSION);
+    const { assert!(manifest::OWN_MOUNTS_MANIFEST_VERSION < manifest::LATEST_MANIFEST_VERSION) };
 }
 
 #[test]
