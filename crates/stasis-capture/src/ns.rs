@@ -1164,41 +1164,32 @@ fn extra_mounts(
             }
             continue;
         }
-        if kind == "ramfs" && m.root == "/" {
+        // A ramfs, and a hugetlbfs holding files: saved with them (an
+        // empty hugetlbfs is made again from nothing, below).
+        let huge = kind == "hugetlbfs" && m.root == "/" && !dir_is_empty(root, at)?;
+        if (kind == "ramfs" && m.root == "/") || huge {
             let entries = if let Some(w) = content.as_deref_mut() {
                 tmpfs_entries(root, at, w)?
             } else {
                 Vec::new()
             };
+            let source = m.source.clone();
             later = true;
             ns.later.push(LaterMount {
                 target: at.clone(),
                 flags,
-                what: LaterKind::Ramfs {
-                    source: m.source.clone(),
-                    options,
-                    entries,
-                },
-                propagation: m.propagation,
-            });
-            continue;
-        }
-        // A hugetlbfs holding files: saved with them (an empty one is
-        // made again from nothing, below).
-        if kind == "hugetlbfs" && m.root == "/" && !dir_is_empty(root, at)? {
-            let entries = if let Some(w) = content.as_deref_mut() {
-                tmpfs_entries(root, at, w)?
-            } else {
-                Vec::new()
-            };
-            later = true;
-            ns.later.push(LaterMount {
-                target: at.clone(),
-                flags,
-                what: LaterKind::Hugetlbfs {
-                    source: m.source.clone(),
-                    options,
-                    entries,
+                what: if huge {
+                    LaterKind::Hugetlbfs {
+                        source,
+                        options,
+                        entries,
+                    }
+                } else {
+                    LaterKind::Ramfs {
+                        source,
+                        options,
+                        entries,
+                    }
                 },
                 propagation: m.propagation,
             });

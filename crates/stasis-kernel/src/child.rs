@@ -104,6 +104,60 @@ fn write_id_maps(
     std::fs::write(format!("/proc/{pid}/gid_map"), gid_map)
 }
 
+/// The pipe a child made in a new user namespace waits on for its id
+/// maps (none without maps to write).
+struct MapsGate<'a> {
+    maps: Option<&'a (String, String, bool)>,
+    fds: Option<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)>,
+}
+
+impl<'a> MapsGate<'a> {
+    fn new(maps: Option<&'a (String, String, bool)>) -> Result<MapsGate<'a>> {
+        let mut raw = [-1i32; 2];
+        // SAFETY: pipe2 writes two fds into `raw`.
+        if maps.is_some() && unsafe { libc::pipe2(raw.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(KernelError::io("pipe2", last_err()));
+        }
+        // SAFETY: the fds were just made by pipe2 and are ours alone.
+        let fds = maps.map(|_| unsafe {
+            (
+                std::os::fd::OwnedFd::from_raw_fd(raw[0]),
+                std::os::fd::OwnedFd::from_raw_fd(raw[1]),
+            )
+        });
+        Ok(MapsGate { maps, fds })
+    }
+
+    /// The (read, write) fds for the child's side ([`set_up_namespaces`]),
+    /// -1 without maps.
+    fn raw(&self) -> [i32; 2] {
+        use std::os::fd::AsRawFd;
+        self.fds
+            .as_ref()
+            .map_or([-1, -1], |(r, w)| [r.as_raw_fd(), w.as_raw_fd()])
+    }
+
+    /// Writes the maps of child `pid` and lets it go on; on a failure the
+    /// child reads EOF and exits (status 121), and is reaped.
+    fn open(self, pid: i32) -> Result<()> {
+        let (Some(m), Some((r, w))) = (self.maps, self.fds) else {
+            return Ok(());
+        };
+        drop(r);
+        if let Err(e) = write_id_maps(pid, m) {
+            drop(w);
+            let _ = wait_raw(pid);
+            return Err(KernelError::io(
+                "writing the id maps of the new user namespace",
+                e,
+            ));
+        }
+        let mut f = std::fs::File::from(w);
+        let _ = std::io::Write::write_all(&mut f, b"1");
+        Ok(())
+    }
+}
+
 /// Like [`spawn_stopped`], but the child is created in the new namespaces
 /// of `ns` (PID 1 of its PID namespace, if it makes one: then `set_tid`
 /// must be `None`), and sets them up before it stops.
@@ -128,19 +182,8 @@ fn spawn_stopped_with(set_tid: Option<i32>, ns: Option<&NsSetup>) -> Result<Trac
     // SAFETY: getpid has no preconditions.
     let parent = unsafe { libc::getpid() };
     // With id maps to write: the child waits on this pipe for them.
-    let maps = ns.and_then(|n| n.id_maps.as_ref());
-    let mut gate = [-1i32; 2];
-    // SAFETY: pipe2 writes two fds into `gate`.
-    if maps.is_some() && unsafe { libc::pipe2(gate.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(KernelError::io("pipe2", last_err()).into());
-    }
-    // SAFETY: the fds were just made by pipe2 and are ours alone.
-    let gate_fds = maps.map(|_| unsafe {
-        (
-            std::os::fd::OwnedFd::from_raw_fd(gate[0]),
-            std::os::fd::OwnedFd::from_raw_fd(gate[1]),
-        )
-    });
+    let gate = MapsGate::new(ns.and_then(|n| n.id_maps.as_ref()))?;
+    let gate_raw = gate.raw();
     // SAFETY: clone3 with a valid `clone_args` and no CLONE_VM duplicates
     // this process like fork. In the child only async-signal-safe raw
     // syscalls run before it stops and is taken over by the parent (it never
@@ -159,7 +202,7 @@ fn spawn_stopped_with(set_tid: Option<i32>, ns: Option<&NsSetup>) -> Result<Trac
                 libc::_exit(127);
             }
             if let Some(n) = ns {
-                set_up_namespaces(n, gate);
+                set_up_namespaces(n, gate_raw);
             }
             libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0);
             libc::kill(libc::getpid(), libc::SIGSTOP);
@@ -180,17 +223,7 @@ fn spawn_stopped_with(set_tid: Option<i32>, ns: Option<&NsSetup>) -> Result<Trac
     }
     let pid = i32::try_from(pid)
         .map_err(|_| KernelError::io("clone3", std::io::Error::other("pid out of range")))?;
-    if let (Some(m), Some((r, w))) = (maps, gate_fds) {
-        drop(r);
-        // On failure the child reads EOF and exits (status 121).
-        if let Err(e) = write_id_maps(pid, m) {
-            drop(w);
-            let _ = wait_raw(pid);
-            return Err(KernelError::io("writing the id maps of the new user namespace", e).into());
-        }
-        let mut f = std::fs::File::from(w);
-        let _ = std::io::Write::write_all(&mut f, b"1");
-    }
+    gate.open(pid)?;
     let status = wait_raw(pid)?;
     if !libc::WIFSTOPPED(status) || libc::WSTOPSIG(status) != libc::SIGSTOP {
         return Err(KernelError::Died {
@@ -375,18 +408,7 @@ pub fn spawn_in_new_pidns(root: i32, options: u64) -> Result<(i32, Tracee), Spaw
             libc::_exit(127);
         }
     }
-    if init < 0 {
-        let e = last_err();
-        return Err(match e.raw_os_error() {
-            Some(libc::EPERM) => SpawnError::NoPermission {
-                pid: root,
-                source: e,
-            },
-            _ => SpawnError::Kernel(KernelError::io("clone3(CLONE_NEWPID)", e)),
-        });
-    }
-    let init = i32::try_from(init)
-        .map_err(|_| KernelError::io("clone3", std::io::Error::other("pid out of range")))?;
+    let init = init_pid(init, root, "clone3(CLONE_NEWPID)")?;
     adopt_root_of(init, root, options)
 }
 
@@ -436,19 +458,8 @@ pub fn spawn_init_in(root: i32, ns: &NsSetup, options: u64) -> Result<(i32, Trac
     };
     let envp: [*const libc::c_char; 1] = [std::ptr::null()];
     let empty = c"";
-    let maps = ns.id_maps.as_ref();
-    let mut gate = [-1i32; 2];
-    // SAFETY: pipe2 writes two fds into `gate`.
-    if maps.is_some() && unsafe { libc::pipe2(gate.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(KernelError::io("pipe2", last_err()).into());
-    }
-    // SAFETY: the fds were just made by pipe2 and are ours alone.
-    let gate_fds = maps.map(|_| unsafe {
-        (
-            std::os::fd::OwnedFd::from_raw_fd(gate[0]),
-            std::os::fd::OwnedFd::from_raw_fd(gate[1]),
-        )
-    });
+    let gate = MapsGate::new(ns.id_maps.as_ref())?;
+    let gate_raw = gate.raw();
     let args_c = CloneArgs {
         flags: ns.flags,
         exit_signal: libc::SIGCHLD as u64,
@@ -461,7 +472,7 @@ pub fn spawn_init_in(root: i32, ns: &NsSetup, options: u64) -> Result<(i32, Trac
     if init == 0 {
         // SAFETY: child side: raw syscalls, then exec or leave.
         unsafe {
-            set_up_namespaces(ns, gate);
+            set_up_namespaces(ns, gate_raw);
             // The root stub, forked here while this init still has every
             // capability in the new namespaces (an exec as an id other
             // than 0 there would drop them, and set_tid needs them). It
@@ -486,31 +497,29 @@ pub fn spawn_init_in(root: i32, ns: &NsSetup, options: u64) -> Result<(i32, Trac
             libc::_exit(118);
         }
     }
+    // (errno first: closing the descriptor may change it.)
+    let init = init_pid(init, root, "clone3 (the new namespaces)");
     drop(exe);
-    if init < 0 {
+    let init = init?;
+    gate.open(init)?;
+    adopt_root_of(init, root, options)
+}
+
+/// The PID `clone3` returned for a namespace's init (`what`), or its
+/// error (`EPERM`: no privilege to make the root `root` there).
+fn init_pid(ret: i64, root: i32, what: &'static str) -> Result<i32, SpawnError> {
+    if ret < 0 {
         let e = last_err();
         return Err(match e.raw_os_error() {
             Some(libc::EPERM) => SpawnError::NoPermission {
                 pid: root,
                 source: e,
             },
-            _ => SpawnError::Kernel(KernelError::io("clone3 (the new namespaces)", e)),
+            _ => SpawnError::Kernel(KernelError::io(what, e)),
         });
     }
-    let init = i32::try_from(init)
-        .map_err(|_| KernelError::io("clone3", std::io::Error::other("pid out of range")))?;
-    if let (Some(m), Some((r, w))) = (maps, gate_fds) {
-        drop(r);
-        // On failure the child reads EOF and exits (status 121).
-        if let Err(e) = write_id_maps(init, m) {
-            drop(w);
-            let _ = wait_raw(init);
-            return Err(KernelError::io("writing the id maps of the new user namespace", e).into());
-        }
-        let mut f = std::fs::File::from(w);
-        let _ = std::io::Write::write_all(&mut f, b"1");
-    }
-    adopt_root_of(init, root, options)
+    Ok(i32::try_from(ret)
+        .map_err(|_| KernelError::io("clone3", std::io::Error::other("pid out of range")))?)
 }
 
 /// Waits for the root stub that the init `init` (a child of this process,

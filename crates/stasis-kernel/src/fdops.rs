@@ -140,33 +140,11 @@ impl SharedMap {
     /// Sizes the file `fd` to `size` bytes (`ftruncate`) and maps it
     /// shared, read-write (nothing is mapped for an empty file).
     pub fn open(fd: BorrowedFd<'_>, size: u64) -> io::Result<SharedMap> {
-        let len = usize::try_from(size).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
         let off_len =
             libc::off_t::try_from(size).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
         // SAFETY: ftruncate takes an fd and a length.
         check(unsafe { libc::ftruncate(fd.as_raw_fd(), off_len) }.into())?;
-        if len == 0 {
-            return Ok(SharedMap {
-                p: std::ptr::null_mut(),
-                len,
-            });
-        }
-        // SAFETY: a new shared mapping of `len` bytes of our own fd, at an
-        // address the kernel picks; checked for MAP_FAILED below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(SharedMap { p, len })
+        Self::range(fd, 0, size)
     }
 
     /// Maps bytes `offset..offset + len` of the file `fd` shared,

@@ -1296,27 +1296,34 @@ mod tests {
         .unwrap();
     }
 
+    /// In this thread's new network namespace: a veth pair stasis-a and
+    /// stasis-b, both up; (the netlink socket, a's index).
+    fn veth_pair_up() -> (Rtnl, u32) {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let me = std::fs::File::open("/proc/thread-self/ns/net").unwrap();
+        let mut nl = Rtnl::open().unwrap();
+        let spec = |n: &str| LinkSpec {
+            name: n.into(),
+            ..Default::default()
+        };
+        nl.add_veth(
+            &spec("stasis-a"),
+            &spec("stasis-b"),
+            std::os::fd::AsFd::as_fd(&me),
+        )
+        .unwrap();
+        let links = nl.links().unwrap();
+        let a = links.iter().find(|l| l.name == "stasis-a").unwrap().index;
+        let b = links.iter().find(|l| l.name == "stasis-b").unwrap().index;
+        nl.set_link(a, None, true).unwrap();
+        nl.set_link(b, None, true).unwrap();
+        (nl, a)
+    }
+
     #[test]
     fn a_peer_a_multipath_route_of_another_table_and_a_rule_read_back_as_made() {
         std::thread::spawn(|| {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-            let me = std::fs::File::open("/proc/thread-self/ns/net").unwrap();
-            let mut nl = Rtnl::open().unwrap();
-            let spec = |n: &str| LinkSpec {
-                name: n.into(),
-                ..Default::default()
-            };
-            nl.add_veth(
-                &spec("stasis-a"),
-                &spec("stasis-b"),
-                std::os::fd::AsFd::as_fd(&me),
-            )
-            .unwrap();
-            let links = nl.links().unwrap();
-            let a = links.iter().find(|l| l.name == "stasis-a").unwrap().index;
-            let b = links.iter().find(|l| l.name == "stasis-b").unwrap().index;
-            nl.set_link(a, None, true).unwrap();
-            nl.set_link(b, None, true).unwrap();
+            let (mut nl, a) = veth_pair_up();
             let addr = Addr {
                 index: a,
                 addr: IpAddr::from([10, 80, 0, 1]),
@@ -1399,24 +1406,7 @@ mod tests {
     #[test]
     fn next_hop_objects_and_a_route_through_a_group_read_back_as_made() {
         std::thread::spawn(|| {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-            let me = std::fs::File::open("/proc/thread-self/ns/net").unwrap();
-            let mut nl = Rtnl::open().unwrap();
-            let spec = |n: &str| LinkSpec {
-                name: n.into(),
-                ..Default::default()
-            };
-            nl.add_veth(
-                &spec("stasis-a"),
-                &spec("stasis-b"),
-                std::os::fd::AsFd::as_fd(&me),
-            )
-            .unwrap();
-            let links = nl.links().unwrap();
-            let a = links.iter().find(|l| l.name == "stasis-a").unwrap().index;
-            let b = links.iter().find(|l| l.name == "stasis-b").unwrap().index;
-            nl.set_link(b, None, true).unwrap();
-            nl.set_link(a, None, true).unwrap();
+            let (mut nl, a) = veth_pair_up();
             nl.add_addr(&Addr {
                 index: a,
                 addr: IpAddr::from([10, 82, 0, 1]),

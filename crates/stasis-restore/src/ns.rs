@@ -570,83 +570,61 @@ fn later_mounts(m: &Manifest, root: i32, content: &stasis_image::ContentSource) 
             };
             match &l.what {
                 LaterKind::Tmpfs {
+                    source,
                     options,
                     entries,
-                    source,
-                } => {
-                    kns::mount(
-                        if source.is_empty() { "tmpfs" } else { source },
-                        &target,
-                        Some("tmpfs"),
-                        l.flags & !libc::MS_RDONLY,
-                        Some(options),
-                    )
-                    .map_err(fail("mounting a tmpfs"))?;
-                    fill_entries(
-                        std::path::Path::new(&target),
-                        &l.target,
-                        entries,
-                        content,
-                        None,
-                    )?;
-                    if l.flags & libc::MS_RDONLY != 0 {
-                        remount(l.flags).map_err(fail("making a tmpfs read-only"))?;
-                    }
                 }
-                LaterKind::Ramfs {
+                | LaterKind::Ramfs {
+                    source,
+                    options,
+                    entries,
+                }
+                | LaterKind::Hugetlbfs {
                     source,
                     options,
                     entries,
                 } => {
+                    let fstype = match l.what {
+                        LaterKind::Tmpfs { .. } => "tmpfs",
+                        LaterKind::Ramfs { .. } => "ramfs",
+                        _ => "hugetlbfs",
+                    };
+                    // (Images that predate a tmpfs's source have none.)
+                    let source = if source.is_empty() && fstype == "tmpfs" {
+                        "tmpfs"
+                    } else {
+                        source
+                    };
                     kns::mount(
                         source,
                         &target,
-                        Some("ramfs"),
+                        Some(fstype),
                         l.flags & !libc::MS_RDONLY,
                         Some(options),
                     )
-                    .map_err(fail("mounting a ramfs"))?;
+                    .map_err(fail(&format!("mounting a {fstype}")))?;
+                    // A hugetlbfs's files are written a huge page at a time.
+                    let page = if fstype == "hugetlbfs" {
+                        let size = nix::sys::statfs::statfs(target.as_str())
+                            .map_err(|e| fail("reading its huge page size")(e.into()))?
+                            .block_size();
+                        Some(u64::try_from(size).ok().filter(|&p| p > 0).ok_or_else(|| {
+                            fail("reading its huge page size")(std::io::Error::from_raw_os_error(
+                                libc::EINVAL,
+                            ))
+                        })?)
+                    } else {
+                        None
+                    };
                     fill_entries(
                         std::path::Path::new(&target),
                         &l.target,
                         entries,
                         content,
-                        None,
+                        page,
                     )?;
                     if l.flags & libc::MS_RDONLY != 0 {
-                        remount(l.flags).map_err(fail("making a ramfs read-only"))?;
-                    }
-                }
-                LaterKind::Hugetlbfs {
-                    source,
-                    options,
-                    entries,
-                } => {
-                    kns::mount(
-                        source,
-                        &target,
-                        Some("hugetlbfs"),
-                        l.flags & !libc::MS_RDONLY,
-                        Some(options),
-                    )
-                    .map_err(fail("mounting a hugetlbfs"))?;
-                    let page = nix::sys::statfs::statfs(target.as_str())
-                        .map_err(|e| fail("reading its huge page size")(e.into()))?
-                        .block_size();
-                    let page = u64::try_from(page).ok().filter(|&p| p > 0).ok_or_else(|| {
-                        fail("reading its huge page size")(std::io::Error::from_raw_os_error(
-                            libc::EINVAL,
-                        ))
-                    })?;
-                    fill_entries(
-                        std::path::Path::new(&target),
-                        &l.target,
-                        entries,
-                        content,
-                        Some(page),
-                    )?;
-                    if l.flags & libc::MS_RDONLY != 0 {
-                        remount(l.flags).map_err(fail("making a hugetlbfs read-only"))?;
+                        remount(l.flags).map_err(fail(&format!("making a {fstype} read-only")))?;
                     }
                 }
                 LaterKind::Overlay {
