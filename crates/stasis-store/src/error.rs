@@ -98,6 +98,8 @@ pub enum StoreError {
     },
     #[error("{url} has no committed checkpoint")]
     Empty { url: String },
+    #[error("the download from {url} stopped: {why}")]
+    DownloadStopped { url: String, why: &'static str },
     #[error("checkpoint {checkpoint} of {url} needs its parent {parent}, which is not committed")]
     BrokenChain {
         url: String,

@@ -623,14 +623,17 @@ impl S3Image {
             self.bucket.get_many(keys, |k, bytes| {
                 if failed.load(Ordering::Relaxed) {
                     // Replaced by the opener's error below.
-                    return Err(StoreError::Empty {
+                    return Err(StoreError::DownloadStopped {
                         url: self.url.clone(),
+                        why: "a chunk could not be opened or written",
                     });
                 }
                 stored += bytes.len() as u64;
-                tx.send((k, bytes)).map_err(|_| StoreError::Empty {
-                    url: self.url.clone(),
-                })
+                tx.send((k, bytes))
+                    .map_err(|_| StoreError::DownloadStopped {
+                        url: self.url.clone(),
+                        why: "the threads that open the chunks ended early",
+                    })
             })
             // (tx dropped: the openers finish the chunks sent, then end.)
         });
