@@ -131,9 +131,7 @@ fn writer_1gib_write_protected_20_times_each_image_exact() {
             w.out()
         );
         // Keep the disk use to one image.
-        for e in std::fs::read_dir(w.images().join("checkpoints")).unwrap() {
-            let _ = std::fs::remove_dir_all(e.unwrap().path());
-        }
+        drop_checkpoints(&w);
     }
     w.finish_pass();
 }
@@ -311,6 +309,14 @@ fn dumper_killed_mid_write_protected_copy_leaves_the_process_running() {
     assert_nothing_committed_and_pass(&mut w);
 }
 
+/// Removes every checkpoint of `w`'s image directory (each dump of the
+/// loops below is full: the disk holds one at a time).
+fn drop_checkpoints(w: &Workload) {
+    for e in std::fs::read_dir(w.images().join("checkpoints")).unwrap() {
+        let _ = std::fs::remove_dir_all(e.unwrap().path());
+    }
+}
+
 /// `--cow-method uffd` on a process that gives memory back during the copy
 /// fails (the tree runs on, nothing is committed) rather than save a
 /// wrong image; `--cow-method auto` redoes such a dump from a fork
@@ -319,8 +325,12 @@ fn dumper_killed_mid_write_protected_copy_leaves_the_process_running() {
 fn memory_given_back_during_the_copy() {
     let mut w = Workload::start("chain_writer", &["256"]);
     std::thread::sleep(Duration::from_millis(100));
+    // Until the writer gives back a page not yet saved during a copy (it
+    // does every 32 iterations): attempts until a deadline, not a count,
+    // as a loaded machine runs the writer less during each copy.
+    let deadline = std::time::Instant::now() + Duration::from_secs(240);
     let mut refused = false;
-    for _ in 0..30 {
+    while std::time::Instant::now() < deadline {
         let o = w.dump(&[
             "--leave-running",
             "--concurrent",
@@ -333,12 +343,14 @@ fn memory_given_back_during_the_copy() {
             refused = true;
             break;
         }
+        drop_checkpoints(&w);
     }
     assert!(refused, "the writer never gave back memory during a copy");
     assert!(alive(w.pid));
     assert_eq!(uffds_in(w.pid), 0, "a userfaultfd was left in the process");
+    let deadline = std::time::Instant::now() + Duration::from_secs(240);
     let mut fell_back = None;
-    for _ in 0..30 {
+    while std::time::Instant::now() < deadline {
         let o = w.dump(&["--leave-running", "--concurrent", "--json"]);
         assert_ok(&o, "dump --concurrent");
         let r = json(&o);
@@ -347,6 +359,7 @@ fn memory_given_back_during_the_copy() {
             fell_back = Some(r["checkpoint"].as_u64().unwrap());
             break;
         }
+        drop_checkpoints(&w);
     }
     let k = fell_back.expect("no dump fell back to a fork snapshot");
     kill_and_reap(&mut w);
