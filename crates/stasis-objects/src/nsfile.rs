@@ -44,8 +44,11 @@ impl Object for NsFile {
             Some(k) => k,
             // Opened through the path a namespace is bound to (`ip netns
             // add`'s /run/netns/NAME): that mount's root names it.
+            // (Only a path on the namespace file system: every other fd of
+            // the frozen tree is asked this, so no mountinfo read for them.)
+            None if !fd.link.starts_with('/') || !is_nsfs(fd.meta) => return Ok(None),
             None => match nsfs_mounts().into_iter().find(|(_, at)| at == fd.link) {
-                Some((root, at)) if is_nsfs(fd.meta) => {
+                Some((root, at)) => {
                     let Some((kind, ino)) = parse(&root) else {
                         return Ok(None);
                     };
@@ -167,9 +170,12 @@ fn nsfs_mounts() -> Vec<(String, String)> {
         .collect()
 }
 
-/// Whether `meta` (of a file) is of the namespace file system.
+/// Whether `meta` (of a file) is of the namespace file system (its
+/// device, read once).
 fn is_nsfs(meta: &std::fs::Metadata) -> bool {
-    std::fs::metadata("/proc/self/ns/net").is_ok_and(|m| m.dev() == meta.dev())
+    static NSFS: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    let dev = NSFS.get_or_init(|| std::fs::metadata("/proc/self/ns/net").ok().map(|m| m.dev()));
+    *dev == Some(meta.dev())
 }
 
 /// A mountinfo path with its octal escapes (`\040` for a space) undone.
