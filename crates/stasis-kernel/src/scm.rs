@@ -24,6 +24,18 @@ pub fn dgram_pair() -> Result<(OwnedFd, OwnedFd)> {
     .map_err(|e| KernelError::io("socketpair(AF_UNIX, SOCK_DGRAM)", e.into()))
 }
 
+/// A sequenced-packet socket pair (both ends close-on-exec): datagrams
+/// that keep their boundaries, on a line whose end the other side sees.
+pub fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd)> {
+    socket::socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| KernelError::io("socketpair(AF_UNIX, SOCK_SEQPACKET)", e.into()))
+}
+
 /// Sends `fd` as one datagram (one byte of payload) over `sock`.
 pub fn send_fd(sock: &OwnedFd, fd: BorrowedFd<'_>) -> Result<()> {
     let fds = [fd.as_raw_fd()];

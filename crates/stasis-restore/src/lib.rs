@@ -49,12 +49,14 @@
 //!    half-built tree and reaps every task of it (the restorer is a child
 //!    subreaper meanwhile) before the error is returned: nothing is left
 //!    running, no zombie holds a saved PID. A restorer killed before the
-//!    detach loop takes the stopped tree with it (`PTRACE_O_EXITKILL`).
+//!    detach loop takes the stopped tree with it (`PTRACE_O_EXITKILL`);
+//!    one killed during it, the [`guard`] kills what was let go.
 
 pub mod build;
 mod caps;
 mod cgroup;
 pub mod files;
+pub mod guard;
 mod inherit;
 mod memory;
 mod ns;
@@ -120,6 +122,12 @@ pub enum RestoreError {
     Tree(#[from] tree::TreeError),
     #[error("the image is corrupt: {0}; the restore was abandoned and nothing was started")]
     Corrupt(ImageError),
+    #[error("the release guard (stasis __restore-guard): {what}; nothing was restored")]
+    Guard {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Kernel(#[from] KernelError),
 }

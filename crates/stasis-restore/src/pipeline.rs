@@ -143,6 +143,7 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     let cgroups = crate::cgroup::Placer::prepare(m)?;
     // Before any thread of this process enters the tree's namespaces.
     let home_ns = home_namespaces();
+    let guard = crate::guard::Guard::start(|pid| saved_pid(m, &plan, opts, pid))?;
     let (transport, remote_end) = transport(m)?;
     let (root, init) = spawn_root(m, remote_end, opts.new_pidns)?;
     let root_outer = root.t.pid();
@@ -192,7 +193,13 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
     // A damaged pack is the error to report even if the build also failed
     // (damaged data can make it fail first, with a vaguer message).
     let result = verified.and(built).and_then(|bytes| {
-        // Stage 4, jump.
+        // Stage 4, jump. From the first process let go until the last,
+        // a restorer killed would leave part of the tree running: the
+        // guard kills it then.
+        let live = b.records.iter().filter_map(|r| r.proc.as_ref());
+        for pid in live.filter(|p| p.live).map(|p| p.t.pid()).chain(init) {
+            guard.watch(pid)?;
+        }
         jump_all(&mut b)?;
         if let (Some(t), Some(job)) = (&terminal, &m.shell_job) {
             t.after_release(job, root_outer);
@@ -204,24 +211,40 @@ pub fn restore(store: &ImageDir, opts: &RestoreOptions) -> Result<Restored> {
         cgroups.keep();
     }
     match result {
-        Ok(bytes) => Ok(Restored {
-            checkpoint: cp.number,
-            pid: b.root()?.t.pid(),
-            pid_in_namespace: (init.is_some() || own_pidns(m)).then(|| m.processes[0].pid),
-            init_pid: init,
-            processes: m.processes.len(),
-            threads: m.processes.iter().map(|p| p.threads.len()).sum(),
-            pages: bytes / sys::PAGE_SIZE,
-            bytes,
-            lazy_bytes: b.lazy_bytes,
-            total_us: micros(t0),
-            pid_wait_us,
-        }),
+        Ok(bytes) => {
+            guard.commit();
+            Ok(Restored {
+                checkpoint: cp.number,
+                pid: b.root()?.t.pid(),
+                pid_in_namespace: (init.is_some() || own_pidns(m)).then(|| m.processes[0].pid),
+                init_pid: init,
+                processes: m.processes.len(),
+                threads: m.processes.iter().map(|p| p.threads.len()).sum(),
+                pages: bytes / sys::PAGE_SIZE,
+                bytes,
+                lazy_bytes: b.lazy_bytes,
+                total_us: micros(t0),
+                pid_wait_us,
+            })
+        }
         Err(e) => {
             kill_tree(b.into_procs(), init);
+            guard.abort();
             Err(e)
         }
     }
+}
+
+/// Whether `pid` is one the restore must create the tree at (a PID or TID
+/// of the image, or a group helper's, in this PID namespace).
+fn saved_pid(m: &Manifest, plan: &tree::Plan, opts: &RestoreOptions, pid: i32) -> bool {
+    if opts.new_pidns || own_pidns(m) {
+        return false;
+    }
+    m.processes
+        .iter()
+        .any(|p| p.pid == pid || p.threads.iter().any(|t| t.tid == pid))
+        || plan.helpers.iter().any(|&(g, _)| g == pid)
 }
 
 /// A lazy restore makes a userfaultfd inside each process, which the
@@ -652,8 +675,9 @@ const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Stage 4: every process gets its registers back while all stay stopped
 /// (children first); only then are they let go, all in one short loop, the
 /// root last. A restorer killed before that loop takes the whole stopped
-/// tree with it (`PTRACE_O_EXITKILL`): never a child running without its
-/// parent.
+/// tree with it (`PTRACE_O_EXITKILL`), one killed during it leaves the
+/// release guard to kill the processes let go: never a child running
+/// without its parent.
 fn jump_all(b: &mut Build<'_>) -> Result<()> {
     let mut ready = Vec::new();
     for (i, r) in b.records.iter_mut().enumerate().rev() {
@@ -674,6 +698,7 @@ fn jump_all(b: &mut Build<'_>) -> Result<()> {
         let p = b.proc_mut(i)?;
         crate::threads::stop_again(p, img)?;
         crate::threads::release(p)?;
+        stasis_sys::fault::die_at(stasis_sys::fault::Point::DieInRelease);
         pids.push(p.pid);
     }
     for pid in stasis_kernel::procfs::wait_group_stopped(&pids, STOP_WAIT) {
@@ -681,6 +706,7 @@ fn jump_all(b: &mut Build<'_>) -> Result<()> {
     }
     for i in running {
         crate::threads::release(b.proc_mut(i)?)?;
+        stasis_sys::fault::die_at(stasis_sys::fault::Point::DieInRelease);
     }
     Ok(())
 }

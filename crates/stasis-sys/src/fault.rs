@@ -14,7 +14,8 @@
 //! `die-in-cluster-round`, the cluster coordinator after the Nth message it
 //! sends every agent in a round; `die-after-decision`, a cluster agent
 //! between recording a round's decision and committing; `die-in-tcp-repair`,
-//! a dump at each step of reading its TCP connections. Unset, a check is one
+//! a dump at each step of reading its TCP connections; `die-in-release`, a
+//! restore after it let go of its Nth process. Unset, a check is one
 //! `OnceLock` read.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,6 +46,9 @@ pub enum Point {
     /// repair mode yet; 2 all in repair mode; 3 all read; 4 all out of
     /// repair mode again, still locked.
     DieInTcpRepair,
+    /// A restore letting its tree go, after the Nth process let go (the
+    /// root last).
+    DieInRelease,
 }
 
 impl Point {
@@ -58,6 +62,7 @@ impl Point {
             Point::DieInClusterRound => "die-in-cluster-round",
             Point::DieAfterDecision => "die-after-decision",
             Point::DieInTcpRepair => "die-in-tcp-repair",
+            Point::DieInRelease => "die-in-release",
         }
     }
 }
@@ -86,7 +91,7 @@ pub fn check(point: Point) -> std::io::Result<()> {
 
 /// True on the pass through `point` that `STASIS_FAULT` names.
 fn hit(point: Point) -> bool {
-    static SEEN: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
+    static SEEN: [AtomicU64; 9] = [const { AtomicU64::new(0) }; 9];
     let Some((name, n)) = plan() else {
         return false;
     };
@@ -102,6 +107,7 @@ fn hit(point: Point) -> bool {
         Point::DieInClusterRound => 5,
         Point::DieAfterDecision => 6,
         Point::DieInTcpRepair => 7,
+        Point::DieInRelease => 8,
     };
     SEEN[i].fetch_add(1, Ordering::Relaxed) + 1 == *n
 }

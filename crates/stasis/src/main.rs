@@ -219,6 +219,10 @@ enum Cmd {
     /// Reaps the fork snapshots of a dumper that was killed (internal).
     #[command(name = "__dump-guard", hide = true)]
     DumpGuard,
+    /// Kills a restored tree whose restorer died while letting it go
+    /// (internal).
+    #[command(name = "__restore-guard", hide = true)]
+    RestoreGuard,
 }
 
 fn main() -> ExitCode {
@@ -303,6 +307,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Cluster(c) => cluster_cmd::cmd_cluster(c),
         Cmd::LazyFiller(a) => restore_cmd::cmd_lazy_filler(a, seal),
         Cmd::LazyGuard => restore_cmd::cmd_lazy_guard(),
+        Cmd::RestoreGuard => restore_cmd::cmd_restore_guard(),
         Cmd::DumpGuard => {
             stasis_capture::guard::run(std::io::stdin().lock())?;
             Ok(ExitCode::SUCCESS)

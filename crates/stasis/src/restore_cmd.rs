@@ -525,6 +525,22 @@ pub fn cmd_lazy_filler(a: FillerCli, seal: stasis_store::seal::SealOptions) -> R
 }
 
 /// The lazy filler's guard (`__lazy-guard`): see `stasis_lazy::guard`.
+pub fn cmd_restore_guard() -> Result<ExitCode> {
+    let sock = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .context("taking the guard socket")?;
+    match stasis_restore::guard::run(sock)? {
+        stasis_restore::guard::Outcome::Killed(pids) if !pids.is_empty() => {
+            eprintln!(
+                "stasis: the restorer died while letting the restored tree go; its processes {pids:?} were killed, so that no part of the tree runs without the rest"
+            );
+            Ok(ExitCode::FAILURE)
+        }
+        _ => Ok(ExitCode::SUCCESS),
+    }
+}
+
 pub fn cmd_lazy_guard() -> Result<ExitCode> {
     let sock = std::io::stdin()
         .as_fd()
