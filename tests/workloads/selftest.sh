@@ -32,7 +32,7 @@ out=${1:-$here/build}
 case $out in /*) ;; *) out=$PWD/$out ;; esac
 run_seconds=${RUN_SECONDS:-1.5}
 
-WORKLOADS="heap stack_globals mappings fpu signals files counter restart_syscalls threads tree pipes shm anonfds chain_writer dirty_set sockets notify_locks_timers lazy_events udp_queue udp6_queue sparse_shm pty attrs fown caps unix_states sockopts stopped zombies unix_scm unix_pending netlink pdeath novdso tcp_states sock_filter ghosts leases pidfds epoll_fds advice fdtable shm_parts chroot strict filters fanotify aio unlinked_link lease_break pty_hungup bpf_map packet hugetlb cow io_uring namespaces pty_modes scm_kinds fdtable_relay tcp_pending big_content sysv_parts uffd fanotify_ghost timens mqueue_fds ttyline bpf_mmap hugetlbfs_files"
+WORKLOADS="heap stack_globals mappings fpu signals files counter restart_syscalls threads tree pipes shm anonfds chain_writer dirty_set sockets notify_locks_timers lazy_events udp_queue udp6_queue sparse_shm pty attrs fown caps unix_states sockopts stopped zombies unix_scm unix_pending netlink pdeath novdso tcp_states sock_filter ghosts leases pidfds epoll_fds advice fdtable shm_parts chroot strict filters fanotify aio unlinked_link lease_break pty_hungup bpf_map packet hugetlb cow io_uring namespaces pty_modes scm_kinds fdtable_relay tcp_pending big_content sysv_parts uffd fanotify_ghost timens mqueue_fds ttyline bpf_mmap hugetlbfs_files ttyline_ctty"
 
 if ! make -s -j"$(nproc)" -C "$here" OUT="$out" all selftest; then
 	echo "selftest: build failed" >&2

@@ -283,8 +283,14 @@ impl NsFileOf {
 /// it refuses the manifest instead of reopening the tree's own namespace.
 pub const NS_FILE_OF_MANIFEST_VERSION: u32 = 19;
 
+/// Manifest format version written when a virtual console or serial
+/// line is the controlling terminal of a session of the tree
+/// (`FdKind::TtyLine`'s `session`), so that a reader that predates it
+/// refuses the manifest instead of restoring the session without it.
+pub const LINE_CTTY_MANIFEST_VERSION: u32 = 20;
+
 /// The newest manifest format version this reader knows.
-pub const LATEST_MANIFEST_VERSION: u32 = NS_FILE_OF_MANIFEST_VERSION;
+pub const LATEST_MANIFEST_VERSION: u32 = LINE_CTTY_MANIFEST_VERSION;
 
 impl Manifest {
     /// The format version this manifest's content calls for: the oldest
@@ -384,7 +390,20 @@ impl Manifest {
                 .flat_map(|p| &p.fds)
                 .any(|f| matches!(&f.kind, FdKind::NsFile { of, .. } if !of.is_own()))
         };
-        if ns_file_of() {
+        let line_ctty = || {
+            self.processes.iter().flat_map(|p| &p.fds).any(|f| {
+                matches!(
+                    &f.kind,
+                    FdKind::TtyLine {
+                        session: Some(_),
+                        ..
+                    }
+                )
+            })
+        };
+        if line_ctty() {
+            LINE_CTTY_MANIFEST_VERSION
+        } else if ns_file_of() {
             NS_FILE_OF_MANIFEST_VERSION
         } else if self.namespaces.as_ref().is_some_and(|n| n.stand_in_init) {
             STAND_IN_INIT_MANIFEST_VERSION
@@ -1942,6 +1961,11 @@ pub enum FdKind {
         rdev: u64,
         termios: PtyTermios,
         winsize: [u16; 4],
+        /// The session of the tree whose controlling terminal the line
+        /// is, and its foreground group: its leader takes it back.
+        /// Manifest version 20.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session: Option<PtySession>,
     },
     /// An fd on `/dev/net/tun` attached to a tun or tap device of the
     /// tree's network namespace (`stasis_objects::tun`). Manifest

@@ -1449,8 +1449,36 @@ fn an_fd_on_another_namespace_raises_the_manifest_version_and_round_trips() {
         // An earlier reader would reopen the tree's own namespace.
         assert_version_round_trips(&m, 19, 18);
     }
+}
+
+#[test]
+fn a_line_that_is_a_controlling_terminal_raises_the_manifest_version() {
+    let mut m = small_manifest();
+    let line = |session| manifest::FdImage {
+        fd: 3,
+        flags: 2,
+        cloexec: false,
+        kind: manifest::FdKind::TtyLine {
+            path: "/dev/tty8".into(),
+            rdev: libc::makedev(4, 8),
+            termios: manifest::PtyTermios::default(),
+            winsize: [24, 80, 0, 0],
+            session,
+        },
+        shared_id: None,
+        locks: Vec::new(),
+        owner: None,
+    };
+    m.processes[0].fds.push(line(None));
+    assert_eq!(m.format_version(), FORMAT_VERSION);
+    m.processes[0].fds.push(line(Some(manifest::PtySession {
+        sid: 100,
+        foreground: 101,
+    })));
+    // An earlier reader would restore the session without its terminal.
+    assert_version_round_trips(&m, 20, 19);
     assert_eq!(
         manifest::LATEST_MANIFEST_VERSION,
-        manifest::NS_FILE_OF_MANIFEST_VERSION
+        manifest::LINE_CTTY_MANIFEST_VERSION
     );
 }

@@ -352,6 +352,7 @@ mod tests {
                 rdev: libc::makedev(4, 7),
                 termios: PtyTermios::default(),
                 winsize: [24, 80, 0, 0],
+                session: None,
             },
             FdKind::Mqueue {
                 name: "q".into(),

@@ -181,6 +181,11 @@ impl Saved {
         self.census.as_ref()
     }
 
+    /// The census: the dump's, or one taken now.
+    pub(crate) fn census_now(&mut self) -> &Census {
+        self.census.get_or_insert_with(Census::take)
+    }
+
     /// Takes out of the dump's slave and `/dev/tty` fds those on terminal
     /// `index` when no saved pair is it (a shell job's terminal, see
     /// [`crate::shell_job`]): (pid, fd, whether a `/dev/tty` fd).
@@ -341,6 +346,13 @@ impl MadePair {
 pub struct Made<'a> {
     /// Every saved pair, by its index at dump.
     images: HashMap<u32, &'a PtyPair>,
+    /// The virtual consoles and serial lines that are a session's
+    /// controlling terminal: (path, device, session).
+    lines: Vec<(&'a str, u64, &'a PtySession)>,
+    /// An fd on each line a session took back, held until the restore
+    /// ends: the kernel takes a terminal from its session when its last
+    /// fd closes, and the tree's own are not made yet.
+    lines_held: Vec<OwnedFd>,
     made: HashMap<u32, MadePair>,
     /// The masters of the pairs made for hung-up slaves, by index at dump:
     /// closed when the restore ends, which hangs the slaves up.
@@ -354,14 +366,26 @@ pub struct Made<'a> {
 impl<'a> Made<'a> {
     /// The pairs of the saved fds `fds`.
     pub fn new(fds: impl Iterator<Item = &'a FdImage>) -> Self {
-        let images = fds
-            .filter_map(|f| match &f.kind {
-                FdKind::PtyMaster(p) => Some((p.index, p)),
-                _ => None,
-            })
-            .collect();
+        let mut images = HashMap::new();
+        let mut lines = Vec::new();
+        for f in fds {
+            match &f.kind {
+                FdKind::PtyMaster(p) => {
+                    images.insert(p.index, p);
+                }
+                FdKind::TtyLine {
+                    path,
+                    rdev,
+                    session: Some(s),
+                    ..
+                } => lines.push((path.as_str(), *rdev, s)),
+                _ => {}
+            }
+        }
         Self {
             images,
+            lines,
+            lines_held: Vec::new(),
             made: HashMap::new(),
             hung: HashMap::new(),
             spares: Vec::new(),
@@ -1247,13 +1271,28 @@ fn mark_hung_up(cx: &mut SaveCtx) {
 }
 
 /// The session of a saved pty that process `pid` leads, if any.
-fn session_led_by<'i>(cx: &'i RestoreCtx<'_>, pid: i32) -> Option<(u32, &'i PtySession)> {
-    cx.ptys.images.iter().find_map(|(i, pair)| {
+fn session_led_by<'i>(cx: &'i RestoreCtx<'_>, pid: i32) -> Option<(Ctty<'i>, &'i PtySession)> {
+    let pair = cx.ptys.images.iter().find_map(|(i, pair)| {
         pair.session
             .as_ref()
             .filter(|s| s.sid == pid)
-            .map(|s| (*i, s))
+            .map(|s| (Ctty::Pair(*i), s))
+    });
+    pair.or_else(|| {
+        cx.ptys
+            .lines
+            .iter()
+            .find(|l| l.2.sid == pid)
+            .map(|&(path, rdev, s)| (Ctty::Line { path, rdev }, s))
     })
+}
+
+/// A session's controlling terminal.
+enum Ctty<'i> {
+    /// A saved pair, by index.
+    Pair(u32),
+    /// A virtual console or serial line (`crate::ttyline`).
+    Line { path: &'i str, rdev: u64 },
 }
 
 /// The session leader `p` took its terminal back when it was forked
@@ -1307,12 +1346,13 @@ fn open_dev_tty<R: Remote>(
     )
 }
 
-/// Makes the saved pty whose session process `sid` led its controlling
-/// terminal, right after it made its session (in the tree's creation,
-/// before it forks: the processes it forks then have the terminal as
-/// theirs too, as in a session whose members were forked after the
-/// leader took it). Through a slave opened for that moment, at `spare`.
-/// Nothing when it led no session of a saved pty.
+/// Makes the saved pty (or virtual console, or serial line) whose session
+/// process `sid` led its controlling terminal, right after it made its
+/// session (in the tree's creation, before it forks: the processes it
+/// forks then have the terminal as theirs too, as in a session whose
+/// members were forked after the leader took it). Through a slave (or
+/// the line) opened for that moment, at `spare`. Nothing when it led no
+/// session of a saved terminal.
 pub fn take_ctty<R: Remote>(
     cx: &mut RestoreCtx<'_>,
     r: &mut R,
@@ -1320,13 +1360,19 @@ pub fn take_ctty<R: Remote>(
     sid: i32,
     (transport, remote_transport, spare): (&OwnedFd, u64, i32),
 ) -> Result<(), RestoreError> {
-    let Some((index, _)) = session_led_by(cx, sid) else {
+    let Some((ctty, _)) = session_led_by(cx, sid) else {
         return Ok(());
     };
-    let slave = cx
-        .ptys
-        .pair(index, None, spare, cx.mount_ns_of)?
-        .open_slave_with(libc::O_RDWR | libc::O_NOCTTY)?;
+    let is_line = matches!(ctty, Ctty::Line { .. });
+    let slave = match ctty {
+        Ctty::Pair(index) => cx
+            .ptys
+            .pair(index, None, spare, cx.mount_ns_of)?
+            .open_slave_with(libc::O_RDWR | libc::O_NOCTTY)?,
+        Ctty::Line { path, rdev } => {
+            crate::ttyline::open_line(path, rdev, libc::O_RDWR | libc::O_NOCTTY)?
+        }
+    };
     crate::restore::plant(
         r,
         at,
@@ -1343,6 +1389,9 @@ pub fn take_ctty<R: Remote>(
     closed.map_err(step(
         "closing the slave opened to set the controlling terminal",
     ))?;
+    if is_line {
+        cx.ptys.lines_held.push(slave);
+    }
     Ok(())
 }
 

@@ -4,21 +4,28 @@
 //! **Save.** An fd on one is saved by its path and device number, with
 //! the line's termios (`TCGETS2`) and window size (`TIOCGWINSZ`), read
 //! from a copy of the fd (`pidfd_getfd`: no open of the device of our
-//! own). One that is the controlling terminal of the process holding it
-//! is refused by name: it is reopened, never made a controlling terminal
-//! again. Bytes queued on the line (typed, or not yet sent) are the
-//! device's, not the tree's, and are not saved.
+//! own). Bytes queued on the line (typed, or not yet sent) are the
+//! device's, not the tree's, and are not saved. When the line is the
+//! controlling terminal of a session (the census of the system says who
+//! has it as theirs), that session must be the tree's (every process
+//! that has the line as its terminal is in the tree): it is saved with its
+//! foreground group. A line that is the terminal of a session outside
+//! the tree is only reopened; one whose session the dump would split is
+//! refused by name.
 //!
 //! **Restore.** The path is opened again (`O_NOCTTY`, with the fd's access
 //! mode and status flags), must still be the same device, and gets the
 //! saved termios and window size. A virtual console forgets its termios
 //! when its last fd closes (a serial line keeps it), so both are set
-//! whatever they read then.
+//! whatever they read then. A session's leader takes its line back as its
+//! controlling terminal as soon as it is forked, and the line gets its
+//! foreground group once the groups exist, as a pty does
+//! ([`crate::pty::take_ctty`], [`crate::pty::restore_ctty`]).
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 
-use stasis_image::manifest::{FdImage, FdKind};
+use stasis_image::manifest::{FdImage, FdKind, PtySession};
 use stasis_kernel::{tty as ktty, KernelError};
 use stasis_sys::tty::Winsize;
 
@@ -39,15 +46,6 @@ pub(crate) fn is_line_path(path: &str) -> bool {
     !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
 }
 
-/// The controlling terminal of `pid` (`tty_nr` of its stat; 0: none).
-fn controlling_tty(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command (which may hold spaces and parentheses):
-    // state, ppid, pgrp, session, tty_nr.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(4)?.parse().ok()
-}
-
 fn kernel(what: String) -> impl FnOnce(std::io::Error) -> SaveError {
     move |source| SaveError::Kernel(KernelError::Io { what, source })
 }
@@ -58,7 +56,7 @@ pub struct TtyLine;
 impl Object for TtyLine {
     const NAME: &'static str = "virtual console or serial line";
 
-    fn save(_cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
+    fn save(cx: &mut SaveCtx, fd: &OpenFd<'_>) -> Result<Option<FdKind>, SaveError> {
         let rdev = fd.meta.rdev();
         if !is_line_path(fd.link)
             || !fd.meta.file_type().is_char_device()
@@ -66,12 +64,7 @@ impl Object for TtyLine {
         {
             return Ok(None);
         }
-        if controlling_tty(fd.pid) == Some(rdev) {
-            return Err(fd.unsupported(format!(
-                "fd {} is on {}, its controlling terminal; stasis reopens virtual consoles and serial lines by path but cannot make one a controlling terminal again: start the program in a session of its own (setsid)",
-                fd.fd, fd.link
-            )));
-        }
+        let session = session_of(cx, fd, rdev)?;
         let copy = stasis_kernel::pidfd::pidfd_getfd(fd.pidfd, fd.fd)?;
         let t = ktty::termios(copy.as_fd())
             .map_err(kernel(format!("TCGETS2 of {} (fd {})", fd.link, fd.fd)))?;
@@ -82,6 +75,7 @@ impl Object for TtyLine {
             rdev,
             termios: image_termios(&t),
             winsize: [w.ws_row, w.ws_col, w.ws_xpixel, w.ws_ypixel],
+            session,
         }))
     }
 
@@ -95,39 +89,18 @@ impl Object for TtyLine {
             rdev,
             termios,
             winsize,
+            ..
         } = &img.kind
         else {
             return Err(crate::restore::not_mine(Self::NAME, img));
         };
         let flags = i32::try_from(img.flags).unwrap_or(0);
-        let access = flags & libc::O_ACCMODE;
         let status = flags & (libc::O_NONBLOCK | libc::O_APPEND | libc::O_SYNC | libc::O_DSYNC);
-        let f = std::fs::OpenOptions::new()
-            .read(access != libc::O_WRONLY)
-            .write(access != libc::O_RDONLY)
-            .custom_flags(libc::O_NOCTTY | libc::O_CLOEXEC | status)
-            .open(path)
-            .map_err(file_err(path.clone(), Self::NAME, "open"))?;
-        let md = f
-            .metadata()
-            .map_err(file_err(path.clone(), Self::NAME, "fstat"))?;
-        if md.rdev() != *rdev {
-            return Err(file_err(
-                path.clone(),
-                format!(
-                    "{} (it is device {}:{} now, {}:{} at the dump)",
-                    Self::NAME,
-                    libc::major(md.rdev()),
-                    libc::minor(md.rdev()),
-                    libc::major(*rdev),
-                    libc::minor(*rdev)
-                ),
-                "fstat",
-            )(std::io::Error::from_raw_os_error(
-                libc::ENODEV,
-            )));
-        }
-        let fd = OwnedFd::from(f);
+        let fd = open_line(
+            path,
+            *rdev,
+            flags & libc::O_ACCMODE | libc::O_NOCTTY | status,
+        )?;
         ktty::set_termios(fd.as_fd(), &termios2(termios)).map_err(file_err(
             path.clone(),
             Self::NAME,
@@ -146,6 +119,68 @@ impl Object for TtyLine {
         ))?;
         Ok(fd)
     }
+}
+
+/// The session whose controlling terminal line `rdev` (held by `fd`) is,
+/// when it is the tree's: every process that has the line as its
+/// terminal is in the tree, its leader among them. `None` when no process
+/// has it, or only processes outside the tree (the line is reopened, not
+/// made anyone's terminal); a session the dump would split is refused.
+fn session_of(
+    cx: &mut SaveCtx,
+    fd: &OpenFd<'_>,
+    rdev: u64,
+) -> Result<Option<PtySession>, SaveError> {
+    let holders = cx.ptys.census_now().ctty_holders(rdev);
+    let tree = &cx.tree_pids;
+    let inside = holders.iter().find(|h| tree.contains(&h.0));
+    let outside = holders.iter().find(|h| !tree.contains(&h.0));
+    let Some(&(_, sid, foreground)) = inside else {
+        return Ok(None);
+    };
+    if let Some(&(out, _, _)) = outside {
+        return Err(fd.unsupported(format!(
+            "{} (fd {}) is the controlling terminal of session {sid}, which process {out} outside the dumped tree belongs to (dump the session's leader with it)",
+            fd.link, fd.fd
+        )));
+    }
+    if !tree.contains(&sid) {
+        return Err(fd.unsupported(format!(
+            "{} (fd {}) is the controlling terminal of session {sid}, whose leader is not in the dumped tree (dump it with the tree)",
+            fd.link, fd.fd
+        )));
+    }
+    Ok(Some(PtySession { sid, foreground }))
+}
+
+/// Opens virtual console or serial line `path` with `flags` (close-on-exec
+/// added); it must still be device `rdev`.
+pub(crate) fn open_line(path: &str, rdev: u64, flags: i32) -> Result<OwnedFd, RestoreError> {
+    let access = flags & libc::O_ACCMODE;
+    let f = std::fs::OpenOptions::new()
+        .read(access != libc::O_WRONLY)
+        .write(access != libc::O_RDONLY)
+        .custom_flags(flags & !libc::O_ACCMODE | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(file_err(path, TtyLine::NAME, "open"))?;
+    let md = f
+        .metadata()
+        .map_err(file_err(path, TtyLine::NAME, "fstat"))?;
+    if md.rdev() != rdev {
+        return Err(file_err(
+            path,
+            format!(
+                "{} (it is device {}:{} now, {}:{} at the dump)",
+                TtyLine::NAME,
+                libc::major(md.rdev()),
+                libc::minor(md.rdev()),
+                libc::major(rdev),
+                libc::minor(rdev)
+            ),
+            "fstat",
+        )(std::io::Error::from_raw_os_error(libc::ENODEV)));
+    }
+    Ok(OwnedFd::from(f))
 }
 
 #[cfg(test)]

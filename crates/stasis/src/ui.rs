@@ -515,9 +515,20 @@ fn fd_description(kind: &FdKind) -> String {
                 format!("namespace file {kind}:[{ino}] (bound at {p})")
             }
         },
-        FdKind::TtyLine { path, winsize, .. } => {
-            format!("{path} ({}x{})", winsize[1], winsize[0])
-        }
+        FdKind::TtyLine {
+            path,
+            winsize,
+            session,
+            ..
+        } => format!(
+            "{path} ({}x{}){}",
+            winsize[1],
+            winsize[0],
+            session.as_ref().map_or(String::new(), |s| format!(
+                ", controlling terminal of session {} (foreground group {})",
+                s.sid, s.foreground
+            ))
+        ),
         FdKind::Mqueue { name, queue: None } => format!("POSIX message queue /{name}"),
         FdKind::Mqueue {
             name,

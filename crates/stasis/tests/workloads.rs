@@ -260,6 +260,50 @@ fn lazy_page_server_ttyline() {
     twice_lazy("ttyline", &[], true);
 }
 
+// ttyline_ctty's session has a virtual console (/dev/tty8) as its
+// controlling terminal, with another group in the foreground (issue 17:
+// refused until now).
+#[test]
+fn twice_ttyline_ctty() {
+    let _turn = tty_lines();
+    twice("ttyline_ctty", &[]);
+}
+
+#[test]
+fn leave_running_ttyline_ctty() {
+    let _turn = tty_lines();
+    leave_running("ttyline_ctty", &[]);
+}
+
+#[test]
+fn lazy_ttyline_ctty() {
+    let _turn = tty_lines();
+    twice_lazy("ttyline_ctty", &[], false);
+}
+
+/// A dump of M alone (its session's leader, the root, outside the tree)
+/// is refused by name, and both run on untouched.
+#[test]
+fn refuses_a_line_that_is_the_terminal_of_a_session_outside_the_tree() {
+    let _turn = tty_lines();
+    let mut w = Workload::start("ttyline_ctty", &[]);
+    let m = descendants(w.pid)[0];
+    let o = w
+        .stasis()
+        .args(["dump", "-t", &m.to_string(), "-D"])
+        .arg(w.dir.path().join("m-images"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "dump of M alone: {err}");
+    assert!(
+        err.contains("is the controlling terminal of session")
+            && err.contains("outside the dumped tree"),
+        "{err}"
+    );
+    w.finish_pass();
+}
+
 // shm keeps a file in /dev/shm that the original deletes when it ends, so
 // its image can only be restored while the original has not finished:
 // it is in the `twice` matrix only.
