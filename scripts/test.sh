@@ -3,7 +3,7 @@
 #   fmt       cargo fmt --all -- --check
 #   clippy    cargo clippy --workspace --all-targets --locked -- -D warnings
 #   workloads the self-test of the C workloads (each must PASS untouched and
-#             FAIL when corrupted)
+#             FAIL when corrupted), run beside clippy
 #   mpi-workloads  the same for the six MPI programs (tests/workloads/mpi)
 #   test      cargo test --workspace --locked --no-fail-fast: unit tests and
 #             the end-to-end dump/restore tests (real ptrace, clone3,
@@ -56,6 +56,37 @@ step() {
         steps+=("$name ok ($(($(date +%s) - t0)) s)")
     else
         steps+=("$name FAILED (exit $rc, $(($(date +%s) - t0)) s)")
+        failed_steps=$((failed_steps + 1))
+    fi
+}
+
+# step_beside NAME CMD...: starts CMD in the background (its output kept
+# aside) to run beside the next step; step_joined NAME: waits for it,
+# prints its output and records it as `step` does. The workload self-test
+# mostly sleeps (each workload runs a while, then is signalled): beside
+# clippy it costs clippy little and the run its two minutes.
+declare -A beside_pid beside_out beside_t0
+step_beside() {
+    local name=$1
+    shift
+    beside_out[$name]=$(mktemp)
+    beside_t0[$name]=$(date +%s)
+    "$@" >"${beside_out[$name]}" 2>&1 &
+    beside_pid[$name]=$!
+}
+step_joined() {
+    local name=$1 rc
+    set +e
+    wait "${beside_pid[$name]}"
+    rc=$?
+    set -e
+    echo "== $name (ran beside the step before)"
+    cat "${beside_out[$name]}"
+    rm -f "${beside_out[$name]}"
+    if [ "$rc" -eq 0 ]; then
+        steps+=("$name ok ($(($(date +%s) - beside_t0[$name])) s, beside)")
+    else
+        steps+=("$name FAILED (exit $rc, $(($(date +%s) - beside_t0[$name])) s, beside)")
         failed_steps=$((failed_steps + 1))
     fi
 }
@@ -137,8 +168,9 @@ PY
 }
 
 step fmt cargo fmt --all -- --check
+step_beside workloads bash tests/workloads/selftest.sh "$(pwd)/target/workloads-selftest"
 step clippy cargo clippy --workspace --all-targets --locked -- -D warnings
-step workloads bash tests/workloads/selftest.sh "$(pwd)/target/workloads-selftest"
+step_joined workloads
 step mpi-workloads bash tests/workloads/mpi/selftest.sh "$(pwd)/target/mpi-workloads-selftest"
 step test cargo_test
 if [ -f scripts/fuzz.sh ]; then
