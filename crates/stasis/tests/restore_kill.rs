@@ -407,6 +407,19 @@ fn trial(
 /// The tests of this file count this process's children: one at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// A setup of one image, of workload `name` (both page servers serve it).
+fn one_image(name: &str) -> Setup {
+    workloads();
+    let images = vec![dumped(name)];
+    let server = PageServer::start(&images[0].w.images(), "kill-campaign-token");
+    let server_tree = PageServer::start(&images[0].w.images(), "kill-campaign-token");
+    Setup {
+        images,
+        server,
+        server_tree,
+    }
+}
+
 /// A restorer killed in its first milliseconds, after it forked the root
 /// stub but before it had set `PTRACE_O_EXITKILL`, left the stub stopped
 /// for ever (untraced, in state T), holding copies of the restorer's fds,
@@ -415,15 +428,7 @@ static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 #[test]
 fn a_restorer_killed_in_its_first_milliseconds_leaves_no_stopped_stub() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    workloads();
-    let images = vec![dumped("threads")];
-    let server = PageServer::start(&images[0].w.images(), "kill-campaign-token");
-    let server_tree = PageServer::start(&images[0].w.images(), "kill-campaign-token");
-    let s = Setup {
-        images,
-        server,
-        server_tree,
-    };
+    let s = one_image("threads");
     let mut f = Figures::default();
     for ms in 0..40u64 {
         let mode = if ms % 2 == 0 { Mode::Plain } else { Mode::Lazy };
@@ -441,15 +446,7 @@ fn a_restorer_killed_in_its_first_milliseconds_leaves_no_stopped_stub() {
 #[test]
 fn a_restorer_dying_while_it_lets_the_tree_go_leaves_nothing() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    workloads();
-    let images = vec![dumped("tree")];
-    let server = PageServer::start(&images[0].w.images(), "kill-campaign-token");
-    let server_tree = PageServer::start(&images[0].w.images(), "kill-campaign-token");
-    let s = Setup {
-        images,
-        server,
-        server_tree,
-    };
+    let s = one_image("tree");
     let mut f = Figures::default();
     let mut n = 0;
     while f.whole == 0 && n < 10 {
