@@ -215,7 +215,9 @@ fn derive_key(token: &[u8], purpose: Purpose, role: &[u8]) -> Result<Arc<Certifi
     let seed = hmac(&prk, &[purpose.label(), b"\0", role, b"\x01"]);
     let mut der = ED25519_PKCS8_PREFIX.to_vec();
     der.extend_from_slice(&seed);
-    let key = rustls::crypto::aws_lc_rs::sign::any_eddsa_type(&PrivatePkcs8KeyDer::from(der))
+    let key = provider()?
+        .key_provider
+        .load_private_key(PrivatePkcs8KeyDer::from(der).into())
         .map_err(TlsError::Tls)?;
     let spki = key
         .public_key()
@@ -239,8 +241,19 @@ impl Keys {
     }
 }
 
-fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+/// The cryptography TLS runs on: aws-lc's. A build without the `aws-lc`
+/// feature (the fuzz targets', which only decode) has none.
+#[cfg(feature = "aws-lc")]
+fn provider() -> Result<Arc<CryptoProvider>, TlsError> {
+    Ok(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
+}
+
+#[cfg(not(feature = "aws-lc"))]
+fn provider() -> Result<Arc<CryptoProvider>, TlsError> {
+    Err(TlsError::Tls(rustls::Error::General(
+        "this build of stasis has no TLS (built without the aws-lc feature of stasis-pageserver)"
+            .into(),
+    )))
 }
 
 /// Accepts exactly one raw public key.
@@ -369,7 +382,7 @@ impl ServerTls {
     /// The configuration of a server holding `token`.
     pub fn new(token: &[u8], purpose: Purpose) -> Result<ServerTls, TlsError> {
         let keys = Keys::derive(token, purpose)?;
-        let provider = provider();
+        let provider = provider()?;
         let verifier = Pinned {
             spki: keys.client.cert[0].as_ref().to_vec(),
             provider: Arc::clone(&provider),
@@ -393,7 +406,7 @@ impl ClientTls {
     /// The configuration of a client holding `token`.
     pub fn new(token: &[u8], purpose: Purpose) -> Result<ClientTls, TlsError> {
         let keys = Keys::derive(token, purpose)?;
-        let provider = provider();
+        let provider = provider()?;
         let verifier = Pinned {
             spki: keys.server.cert[0].as_ref().to_vec(),
             provider: Arc::clone(&provider),
