@@ -210,12 +210,17 @@ const ED25519_PKCS8_PREFIX: [u8; 16] = [
     0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20,
 ];
 
-fn derive_key(token: &[u8], purpose: Purpose, role: &[u8]) -> Result<Arc<CertifiedKey>, TlsError> {
+fn derive_key(
+    provider: &CryptoProvider,
+    token: &[u8],
+    purpose: Purpose,
+    role: &[u8],
+) -> Result<Arc<CertifiedKey>, TlsError> {
     let prk = hmac(b"stasis-tls 1", &[token]);
     let seed = hmac(&prk, &[purpose.label(), b"\0", role, b"\x01"]);
     let mut der = ED25519_PKCS8_PREFIX.to_vec();
     der.extend_from_slice(&seed);
-    let key = provider()?
+    let key = provider
         .key_provider
         .load_private_key(PrivatePkcs8KeyDer::from(der).into())
         .map_err(TlsError::Tls)?;
@@ -233,10 +238,10 @@ fn derive_key(token: &[u8], purpose: Purpose, role: &[u8]) -> Result<Arc<Certifi
 }
 
 impl Keys {
-    fn derive(token: &[u8], purpose: Purpose) -> Result<Keys, TlsError> {
+    fn derive(provider: &CryptoProvider, token: &[u8], purpose: Purpose) -> Result<Keys, TlsError> {
         Ok(Keys {
-            server: derive_key(token, purpose, b"server")?,
-            client: derive_key(token, purpose, b"client")?,
+            server: derive_key(provider, token, purpose, b"server")?,
+            client: derive_key(provider, token, purpose, b"client")?,
         })
     }
 }
@@ -381,8 +386,8 @@ pub struct ServerTls(Arc<rustls::ServerConfig>);
 impl ServerTls {
     /// The configuration of a server holding `token`.
     pub fn new(token: &[u8], purpose: Purpose) -> Result<ServerTls, TlsError> {
-        let keys = Keys::derive(token, purpose)?;
         let provider = provider()?;
+        let keys = Keys::derive(&provider, token, purpose)?;
         let verifier = Pinned {
             spki: keys.client.cert[0].as_ref().to_vec(),
             provider: Arc::clone(&provider),
@@ -405,8 +410,8 @@ pub struct ClientTls(Arc<rustls::ClientConfig>);
 impl ClientTls {
     /// The configuration of a client holding `token`.
     pub fn new(token: &[u8], purpose: Purpose) -> Result<ClientTls, TlsError> {
-        let keys = Keys::derive(token, purpose)?;
         let provider = provider()?;
+        let keys = Keys::derive(&provider, token, purpose)?;
         let verifier = Pinned {
             spki: keys.server.cert[0].as_ref().to_vec(),
             provider: Arc::clone(&provider),
@@ -744,10 +749,11 @@ mod tests {
     /// The keys of one protocol are not accepted by the other.
     #[test]
     fn keys_differ_by_purpose_and_role() {
-        let a = derive_key(b"t", Purpose::PageServer, b"server").unwrap();
-        let b = derive_key(b"t", Purpose::Cluster, b"server").unwrap();
-        let c = derive_key(b"t", Purpose::PageServer, b"client").unwrap();
-        let a2 = derive_key(b"t", Purpose::PageServer, b"server").unwrap();
+        let p = provider().unwrap();
+        let a = derive_key(&p, b"t", Purpose::PageServer, b"server").unwrap();
+        let b = derive_key(&p, b"t", Purpose::Cluster, b"server").unwrap();
+        let c = derive_key(&p, b"t", Purpose::PageServer, b"client").unwrap();
+        let a2 = derive_key(&p, b"t", Purpose::PageServer, b"server").unwrap();
         assert_eq!(a.cert, a2.cert);
         assert_ne!(a.cert, b.cert);
         assert_ne!(a.cert, c.cert);
