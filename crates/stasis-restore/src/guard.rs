@@ -35,8 +35,9 @@ use crate::{RestoreError, Result};
 /// closes the line as a dying restorer would: the guard kills what it was
 /// handed.
 pub(crate) struct Guard {
+    /// Taken by `Drop`, to be reaped aside.
     child: Option<Child>,
-    sock: Option<OwnedFd>,
+    sock: OwnedFd,
 }
 
 impl Guard {
@@ -60,7 +61,7 @@ impl Guard {
             let pid = i32::try_from(child.id()).unwrap_or(0);
             let g = Guard {
                 child: Some(child),
-                sock: Some(mine),
+                sock: mine,
             };
             if !taken(pid) || tries == 3 {
                 return Ok(g);
@@ -76,12 +77,7 @@ impl Guard {
         let mut msg = [0u8; 5];
         msg[0] = b'P';
         msg[1..].copy_from_slice(&pid.to_ne_bytes());
-        let sock = self.sock.as_ref().map(AsFd::as_fd);
-        let sent = match sock {
-            Some(s) => scm::send_with_fd(s, &msg, fd.as_fd()),
-            None => Ok(()),
-        };
-        sent.map_err(step(format!(
+        scm::send_with_fd(self.sock.as_fd(), &msg, fd.as_fd()).map_err(step(format!(
             "handing process {pid} to the release guard (did it die?)"
         )))
     }
@@ -97,21 +93,20 @@ impl Guard {
     }
 
     fn finish(self, what: u8) {
-        if let Some(s) = &self.sock {
-            let _ = nix::sys::socket::send(
-                std::os::fd::AsRawFd::as_raw_fd(s),
-                &[what],
-                nix::sys::socket::MsgFlags::empty(),
-            );
-        }
+        let _ = nix::sys::socket::send(
+            std::os::fd::AsRawFd::as_raw_fd(&self.sock),
+            &[what],
+            nix::sys::socket::MsgFlags::empty(),
+        );
     }
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        drop(self.sock.take());
-        // Reaped aside: a restorer that runs on (an agent) keeps no zombie,
-        // and a restore does not wait for the guard to be scheduled.
+        // The line closes as `self` goes, right after this; the guard
+        // then exits (or first kills what it holds). Reaped aside: a
+        // restorer that runs on (an agent) keeps no zombie, and a restore
+        // does not wait for the guard to be scheduled.
         if let Some(mut c) = self.child.take() {
             std::thread::spawn(move || {
                 let _ = c.wait();
