@@ -46,6 +46,7 @@
  *   c-devtty  C's fd 20 is still /dev/tty (link, rdev 5,0).
  *   p3-ctty  D's tty_nr is P3's slave; D exits 0 on SIGTERM.
  *   g-ctty   G (a member of C's session) has P1's slave as its terminal.
+ *   g-devtty G's fd 20 (C's, inherited) is still /dev/tty.
  * Mismatches of C go to stderr; its exit status is a bit mask of tags.
  */
 #include "zdtm.h"
@@ -552,6 +553,22 @@ static void check_p1(pid_t c)
 		zdtm_check(g > 0 && tty_nr_of(g) == want, "g-ctty",
 			   "G (pid %d) has tty_nr %#llx, expected %#llx (P1's slave)", (int)g,
 			   g > 0 ? tty_nr_of(g) : 0, want);
+	}
+	{
+		/* G's fd 20 (C's, inherited) is still /dev/tty, not the slave */
+		char fdp[64], link[64] = { 0 }, cp[64], buf[64] = { 0 };
+		const char *want_link = "/dev/tty";
+		pid_t g = 0;
+
+		snprintf(cp, sizeof(cp), "/proc/%d/task/%d/children", (int)c, (int)c);
+		if (zdtm_read_text(cp, buf, sizeof(buf)) > 0)
+			g = atoi(buf);
+		snprintf(fdp, sizeof(fdp), "/proc/%d/fd/%d", (int)g, C_DEVTTY_FD);
+		ZDTM_CORRUPT("g-devtty", want_link = "/dev/tty0");
+		zdtm_check(g > 0 && readlink(fdp, link, sizeof(link) - 1) > 0 &&
+				   !strcmp(link, want_link),
+			   "g-devtty", "G (pid %d): fd %d is \"%s\", expected %s", (int)g,
+			   C_DEVTTY_FD, link, want_link);
 	}
 	if (write_all(m1, P1_MORE, strlen(P1_MORE)))
 		zdtm_fail("p1-master-data", "write: errno %d", errno);

@@ -14,7 +14,8 @@
 #     "SELFTEST-UNDETECTED" line (every injected corruption was detected).
 # counter is additionally run with MAX_TICKS=3 (must PASS without SIGTERM).
 # chain_writer is additionally run (normal and corrupt) with SIZE_MIB=16 and
-# FORK_AT=100 (a parent and a child).
+# FORK_AT=100 (a parent and a child); ttyline_ctty with "/dev/tty8 devtty"
+# (its terminal held through /dev/tty only).
 # mesh runs as 3 processes (nodes) on 127.0.0.1 (run_mesh, below).
 # namespaces runs under unshare (PID 1 of its own PID, mount, UTS, IPC and
 # network namespaces): its pidfile says 1, and SIGTERM goes to unshare's child.
@@ -254,6 +255,11 @@ test_workload() {
 		# a ring a child inherited
 		run_one "$w" "$out/$w" pass "$rt" shared || ok=1
 		run_one "$w" "$out/selftest/$w" corrupt "$rt" shared || ok=1
+	fi
+	if [ "$w" = ttyline_ctty ]; then
+		# the terminal held only through /dev/tty
+		run_one "$w" "$out/$w" pass "$rt" /dev/tty8 devtty || ok=1
+		run_one "$w" "$out/selftest/$w" corrupt "$rt" /dev/tty8 devtty || ok=1
 	fi
 	if [ "$w" = chain_writer ]; then
 		# 16 MiB, fork at iteration 100: parent and child check themselves

@@ -3,7 +3,7 @@
  * console (a program started on a text console, a getty's login shell),
  * with another process group in the foreground.
  *
- *   ttyline_ctty PIDFILE [VT]     (default /dev/tty8)
+ *   ttyline_ctty PIDFILE [VT [devtty]]     (default /dev/tty8)
  *
  * Set up before "ready": the root calls setsid() and opens VT O_RDWR
  * without O_NOCTTY: it becomes the session's controlling terminal (if the
@@ -20,6 +20,12 @@
  *   [termios] VMIN is 5 on the line.
  * M checks [ctty] and [session] for itself and exits 0 (1 on a failure,
  * which the root reports).
+ * With "devtty", the terminal is held only through /dev/tty (a program
+ * that opened it by that name, as getty's children and editors do): the
+ * root opens /dev/tty and closes its fd on VT (every check on VT is then
+ * made through /dev/tty), M opens /dev/tty too and keeps it; both check
+ *   [devtty]  the fd is /dev/tty itself (5:0), not the line, and reaches
+ *             VT's device (TIOCGDEV).
  * At the end the root puts the line's termios back and its own group in
  * the foreground.
  * A VT that does not exist here (ENOENT, ENXIO, ENODEV at open) makes the
@@ -70,10 +76,27 @@ static dev_t dev_tty_rdev(void)
 	return makedev((nr & 0xfff00) >> 8, (nr & 0xff) | ((nr >> 12) & 0xfff00));
 }
 
-/* M: check what it sees of the terminal, exit 0 or 1. */
-static int member_checks(pid_t leader, dev_t rdev)
+/* Whether fd is /dev/tty (5:0) reaching the terminal rdev. */
+static int is_dev_tty_of(int fd, dev_t rdev)
+{
+	struct stat st;
+	unsigned int nr = 0;
+
+	if (fstat(fd, &st) || st.st_rdev != makedev(5, 0) || ioctl(fd, TIOCGDEV, &nr))
+		return 0;
+	return makedev((nr & 0xfff00) >> 8, (nr & 0xff) | ((nr >> 12) & 0xfff00)) == rdev;
+}
+
+/* M: check what it sees of the terminal (and its /dev/tty fd dt, when
+ * not -1), exit 0 or 1. */
+static int member_checks(pid_t leader, dev_t rdev, int dt)
 {
 	int ok = 1;
+
+	if (dt >= 0 && !is_dev_tty_of(dt, rdev)) {
+		zdtm_child_fail("M", "devtty", "fd %d is not /dev/tty on the line", dt);
+		ok = 0;
+	}
 
 	if (getsid(0) != leader || getpgrp() != getpid()) {
 		zdtm_child_fail("M", "session", "sid %d pgrp %d, expected %d %d", getsid(0),
@@ -96,11 +119,16 @@ int main(int argc, char **argv)
 	struct stat st;
 	sigset_t set;
 	pid_t root, m;
-	int vt, status;
+	int vt, status, devtty = 0, dt = -1;
 
-	zdtm_init(argc, argv, 1, "[VT]");
+	zdtm_init(argc, argv, 2, "[VT [devtty]]");
 	if (argc > 2)
 		path = argv[2];
+	if (argc > 3) {
+		if (strcmp(argv[3], "devtty"))
+			zdtm_die("unknown mode %s", argv[3]);
+		devtty = 1;
+	}
 	root = getpid();
 	if (getsid(0) != root && setsid() < 0)
 		zdtm_die("setsid: %s", strerror(errno));
@@ -117,6 +145,14 @@ int main(int argc, char **argv)
 	want.c_cc[VMIN] = 5;
 	if (tcsetattr(vt, TCSANOW, &want))
 		zdtm_die("tcsetattr %s: %s", path, strerror(errno));
+	if (devtty) {
+		/* From here on the line is reached only through /dev/tty. */
+		dt = open("/dev/tty", O_RDWR);
+		if (dt < 0)
+			zdtm_die("open /dev/tty: %s", strerror(errno));
+		close(vt);
+		vt = dt;
+	}
 
 	/* The root is in the background once M's group is in the foreground:
 	 * its tcsetpgrp at the end must not stop it. */
@@ -129,12 +165,19 @@ int main(int argc, char **argv)
 		zdtm_die("fork: %s", strerror(errno));
 	if (m == 0) {
 		struct timespec ts = { 0, 200 * 1000 * 1000 };
+		int mdt = -1;
 
 		setpgid(0, 0);
+		if (devtty) {
+			close(dt);
+			mdt = open("/dev/tty", O_RDWR);
+			if (mdt < 0)
+				_exit(3);
+		}
 		while (sigtimedwait(&set, NULL, &ts) < 0)
 			if (getppid() != root)
 				_exit(2);
-		_exit(member_checks(root, st.st_rdev));
+		_exit(member_checks(root, st.st_rdev, mdt));
 	}
 	if (setpgid(m, m) && errno != EACCES)
 		zdtm_die("setpgid: %s", strerror(errno));
@@ -155,7 +198,18 @@ int main(int argc, char **argv)
 		t.c_cc[VMIN] = 7;
 		tcsetattr(vt, TCSANOW, &t);
 	});
+	if (devtty)
+		ZDTM_CORRUPT("devtty", {
+			int l = open(path, O_RDWR | O_NOCTTY);
+
+			dup2(l, dt);
+			close(l);
+		});
 	ZDTM_CORRUPT("ctty", ioctl(vt, TIOCNOTTY));
+
+	if (devtty)
+		zdtm_check(is_dev_tty_of(dt, st.st_rdev), "devtty",
+			   "root: fd %d is not /dev/tty on the line", dt);
 
 	zdtm_check(getsid(0) == root, "session", "root: sid %d, expected %d", getsid(0), root);
 	zdtm_check(ctty_of_self() == st.st_rdev && dev_tty_rdev() == st.st_rdev, "ctty",

@@ -289,8 +289,13 @@ pub const NS_FILE_OF_MANIFEST_VERSION: u32 = 19;
 /// refuses the manifest instead of restoring the session without it.
 pub const LINE_CTTY_MANIFEST_VERSION: u32 = 20;
 
+/// Manifest format version written when a process holds `/dev/tty` on a
+/// virtual console or serial line ([`FdKind::LineDevTty`]), so that a
+/// reader that predates it refuses the manifest by its version.
+pub const LINE_DEV_TTY_MANIFEST_VERSION: u32 = 21;
+
 /// The newest manifest format version this reader knows.
-pub const LATEST_MANIFEST_VERSION: u32 = LINE_CTTY_MANIFEST_VERSION;
+pub const LATEST_MANIFEST_VERSION: u32 = LINE_DEV_TTY_MANIFEST_VERSION;
 
 impl Manifest {
     /// The format version this manifest's content calls for: the oldest
@@ -401,7 +406,15 @@ impl Manifest {
                 )
             })
         };
-        if line_ctty() {
+        let line_dev_tty = || {
+            self.processes
+                .iter()
+                .flat_map(|p| &p.fds)
+                .any(|f| matches!(&f.kind, FdKind::LineDevTty { .. }))
+        };
+        if line_dev_tty() {
+            LINE_DEV_TTY_MANIFEST_VERSION
+        } else if line_ctty() {
             LINE_CTTY_MANIFEST_VERSION
         } else if ns_file_of() {
             NS_FILE_OF_MANIFEST_VERSION
@@ -1966,6 +1979,20 @@ pub enum FdKind {
         /// Manifest version 20.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         session: Option<PtySession>,
+    },
+    /// `/dev/tty` of a process whose controlling terminal is virtual
+    /// console or serial line `path` (device `rdev`), the terminal of
+    /// `session`, a session of the tree: the line is opened again with
+    /// its termios and window size (it may be the only fd holding it) and
+    /// the leader takes it back as a [`FdKind::TtyLine`] with a session
+    /// does; once the process has its terminal, the fd is `/dev/tty` again.
+    /// Manifest version 21.
+    LineDevTty {
+        path: String,
+        rdev: u64,
+        termios: PtyTermios,
+        winsize: [u16; 4],
+        session: PtySession,
     },
     /// An fd on `/dev/net/tun` attached to a tun or tap device of the
     /// tree's network namespace (`stasis_objects::tun`). Manifest

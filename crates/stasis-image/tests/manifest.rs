@@ -1477,8 +1477,33 @@ fn a_line_that_is_a_controlling_terminal_raises_the_manifest_version() {
     })));
     // An earlier reader would restore the session without its terminal.
     assert_version_round_trips(&m, 20, 19);
+}
+
+#[test]
+fn dev_tty_on_a_line_raises_the_manifest_version() {
+    let mut m = small_manifest();
+    m.processes[0].fds.push(manifest::FdImage {
+        fd: 4,
+        flags: 2,
+        cloexec: false,
+        kind: manifest::FdKind::LineDevTty {
+            path: "/dev/ttyS1".into(),
+            rdev: libc::makedev(4, 65),
+            termios: manifest::PtyTermios::default(),
+            winsize: [24, 80, 0, 0],
+            session: manifest::PtySession {
+                sid: 100,
+                foreground: 100,
+            },
+        },
+        shared_id: None,
+        locks: Vec::new(),
+        owner: None,
+    });
+    // An earlier reader does not know the kind: it refuses by the version.
+    assert_version_round_trips(&m, 21, 20);
     assert_eq!(
         manifest::LATEST_MANIFEST_VERSION,
-        manifest::LINE_CTTY_MANIFEST_VERSION
+        manifest::LINE_DEV_TTY_MANIFEST_VERSION
     );
 }

@@ -354,6 +354,16 @@ mod tests {
                 winsize: [24, 80, 0, 0],
                 session: None,
             },
+            FdKind::LineDevTty {
+                path: "/dev/tty7".into(),
+                rdev: libc::makedev(4, 7),
+                termios: PtyTermios::default(),
+                winsize: [24, 80, 0, 0],
+                session: stasis_image::manifest::PtySession {
+                    sid: 1,
+                    foreground: 1,
+                },
+            },
             FdKind::Mqueue {
                 name: "q".into(),
                 queue: None,
@@ -398,6 +408,7 @@ mod tests {
                 | FdKind::ExternalTty { .. }
                 | FdKind::Mqueue { .. }
                 | FdKind::TtyLine { .. }
+                | FdKind::LineDevTty { .. }
                 | FdKind::Userfaultfd(_)
                 | FdKind::Tun(_) => {}
             }

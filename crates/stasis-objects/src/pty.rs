@@ -220,7 +220,18 @@ impl Object for Pty {
             return Ok(None);
         }
         if fd.meta.rdev() == libc::makedev(TTY_MAJOR, 0) {
-            let index = current_tty(fd)?;
+            let ctty = current_tty(fd)?;
+            if crate::ttyline::is_line(ctty) {
+                return crate::ttyline::save_dev_tty(cx, fd, ctty).map(Some);
+            }
+            let Some(End::Slave(index)) = end_of(ctty) else {
+                return Err(fd.unsupported(format!(
+                    "fd {} is /dev/tty, but the process's controlling terminal is neither a pseudo-terminal slave, a virtual console nor a serial line (device {}:{})",
+                    fd.fd,
+                    libc::major(ctty),
+                    libc::minor(ctty)
+                )));
+            };
             cx.ptys.current_ttys.push((fd.pid, fd.fd, index));
             return Ok(Some(FdKind::CurrentTty { index }));
         }
@@ -272,9 +283,9 @@ impl Object for Pty {
 /// The major number of `/dev/tty` (5, 0).
 const TTY_MAJOR: u32 = 5;
 
-/// The pty index of the controlling terminal of the process holding
+/// The controlling terminal (its device) of the process holding
 /// `/dev/tty` fd `fd`: what that fd reads and writes.
-fn current_tty(fd: &OpenFd<'_>) -> Result<u32, SaveError> {
+fn current_tty(fd: &OpenFd<'_>) -> Result<u64, SaveError> {
     let stat = std::fs::read_to_string(format!("/proc/{}/stat", fd.pid)).map_err(|source| {
         SaveError::Proc {
             pid: fd.pid,
@@ -282,16 +293,15 @@ fn current_tty(fd: &OpenFd<'_>) -> Result<u32, SaveError> {
             source,
         }
     })?;
-    let ctty = crate::pty_census::ctty_fields(&stat)
+    crate::pty_census::ctty_fields(&stat)
         .map(|(_, tty_nr, _)| crate::pty_census::decode_dev(tty_nr))
-        .filter(|&dev| dev != 0);
-    match ctty.and_then(end_of) {
-        Some(End::Slave(index)) => Ok(index),
-        _ => Err(fd.unsupported(format!(
-            "fd {} is /dev/tty, but the process's controlling terminal is not a pseudo-terminal slave (tty_nr {:?})",
-            fd.fd, ctty
-        ))),
-    }
+        .filter(|&dev| dev != 0)
+        .ok_or_else(|| {
+            fd.unsupported(format!(
+                "fd {} is /dev/tty, but the process has no controlling terminal any more",
+                fd.fd
+            ))
+        })
 }
 
 /// A pair made again by the restore.
@@ -377,6 +387,12 @@ impl<'a> Made<'a> {
                     path,
                     rdev,
                     session: Some(s),
+                    ..
+                }
+                | FdKind::LineDevTty {
+                    path,
+                    rdev,
+                    session: s,
                     ..
                 } => lines.push((path.as_str(), *rdev, s)),
                 _ => {}
@@ -1298,17 +1314,25 @@ enum Ctty<'i> {
 /// The session leader `p` took its terminal back when it was forked
 /// ([`take_ctty`]); once its fds exist (and the process groups), the
 /// terminal gets back its foreground group when it was another than the
-/// leader's (`TIOCSPGRP` through `/dev/tty`), and the leader's `/dev/tty`
-/// fds (slaves of the pair until now) are opened again as `/dev/tty`.
+/// leader's (`TIOCSPGRP` through `/dev/tty`). The `/dev/tty` fds of
+/// every process of a session whose terminal came back (slaves of the
+/// pair, or fds on the line, until now) are opened again as `/dev/tty`:
+/// the members were forked after their leader took it, so it is theirs.
 ///
-/// `pid`, `pgid`: the process's; `fds`: its saved fds.
+/// `pid`, `pgid`, `sid`: the process's; `fds`: its saved fds.
 pub fn restore_ctty<R: Remote>(
     cx: &RestoreCtx<'_>,
     r: &mut R,
     at: Scratch,
-    (pid, pgid): (i32, i32),
+    (pid, pgid, sid): (i32, i32, i32),
     fds: &[FdImage],
 ) -> Result<(), RestoreError> {
+    if pid != sid {
+        if session_led_by(cx, sid).is_some() {
+            reopen_current_ttys(r, at, fds)?;
+        }
+        return Ok(());
+    }
     let Some((_, s)) = session_led_by(cx, pid) else {
         return Ok(());
     };
@@ -1395,20 +1419,20 @@ pub fn take_ctty<R: Remote>(
     Ok(())
 }
 
-/// Each `/dev/tty` fd of `p` (a slave of its pair until now) opened again
-/// as `/dev/tty`, now that the process has its terminal back, at its
-/// number. (Only a session leader gets its terminal back: in another
-/// process such an fd stays a slave of the pair, which reads and writes
-/// the same terminal.)
+/// Each `/dev/tty` fd of `p` (a slave of its pair, or an fd on the line,
+/// until now) opened again as `/dev/tty`, now that the process has its
+/// terminal back, at its number.
 fn reopen_current_ttys<R: Remote>(
     r: &mut R,
     at: Scratch,
     fds: &[FdImage],
 ) -> Result<(), RestoreError> {
-    for f in fds
-        .iter()
-        .filter(|f| matches!(f.kind, FdKind::CurrentTty { .. }))
-    {
+    for f in fds.iter().filter(|f| {
+        matches!(
+            f.kind,
+            FdKind::CurrentTty { .. } | FdKind::LineDevTty { .. }
+        )
+    }) {
         let what = || format!("opening /dev/tty again as fd {}", f.fd);
         let flags = reopen_flags(f.flags) | libc::O_NOCTTY | libc::O_CLOEXEC;
         let n = open_dev_tty(r, at, flags).map_err(step(what()))?;
@@ -1627,11 +1651,12 @@ mod tests {
             fd(0, FdKind::PtySlave { index: 9 }),
         ];
         let cx = RestoreCtx::new(&[], &[], fds.iter());
-        let leader = |pid, pgid, fds: &[FdImage]| {
+        let in_session = |sid, pid, pgid, fds: &[FdImage]| {
             let mut r = Recorder::default();
-            restore_ctty(&cx, &mut r, Scratch { structs: 64 }, (pid, pgid), fds).unwrap();
+            restore_ctty(&cx, &mut r, Scratch { structs: 64 }, (pid, pgid, sid), fds).unwrap();
             r
         };
+        let leader = |pid, pgid, fds: &[FdImage]| in_session(100, pid, pgid, fds);
         // The leader, another group in the foreground: TIOCSPGRP through
         // /dev/tty, with or without a slave fd of its own.
         for held in [&fds[1..], &fds[..1]] {
@@ -1646,5 +1671,14 @@ mod tests {
         // Its own group in the foreground, or not the leader: nothing.
         assert!(leader(100, 102, &fds[1..]).names().is_empty());
         assert!(leader(101, 101, &fds[1..]).names().is_empty());
+        // A member of the session holding /dev/tty: opened again at its
+        // number (the terminal is its own too); in another session, whose
+        // terminal was not saved, nothing.
+        let dev_tty = [fd(5, FdKind::CurrentTty { index: 9 })];
+        let r = in_session(100, 101, 101, &dev_tty);
+        assert_eq!(r.names(), ["openat", "dup3", "close"]);
+        assert_eq!(r.writes()[0], b"/dev/tty\0");
+        assert_eq!(r.args_of("dup3")[0][1], 5);
+        assert!(in_session(200, 201, 201, &dev_tty).names().is_empty());
     }
 }

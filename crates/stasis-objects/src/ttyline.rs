@@ -25,7 +25,7 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 
-use stasis_image::manifest::{FdImage, FdKind, PtySession};
+use stasis_image::manifest::{FdImage, FdKind, PtySession, PtyTermios};
 use stasis_kernel::{tty as ktty, KernelError};
 use stasis_sys::tty::Winsize;
 
@@ -44,6 +44,22 @@ pub(crate) fn is_line_path(path: &str) -> bool {
     };
     let digits = rest.strip_prefix('S').unwrap_or(rest);
     !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Whether device `rdev` is a virtual console (4:1-63) or a serial line
+/// (4:64-255): what `/dev/tty` of a process reaches when its
+/// controlling terminal is one.
+pub(crate) fn is_line(rdev: u64) -> bool {
+    libc::major(rdev) == TTY_MAJOR && (1..=255).contains(&libc::minor(rdev))
+}
+
+/// The path of virtual console or serial line `rdev` ([`is_line`]), as
+/// the kernel names its devices.
+fn line_path(rdev: u64) -> String {
+    match libc::minor(rdev) {
+        n @ 1..=63 => format!("/dev/tty{n}"),
+        n => format!("/dev/ttyS{}", n - 64),
+    }
 }
 
 fn kernel(what: String) -> impl FnOnce(std::io::Error) -> SaveError {
@@ -65,32 +81,38 @@ impl Object for TtyLine {
             return Ok(None);
         }
         let session = session_of(cx, fd, rdev)?;
-        let copy = stasis_kernel::pidfd::pidfd_getfd(fd.pidfd, fd.fd)?;
-        let t = ktty::termios(copy.as_fd())
-            .map_err(kernel(format!("TCGETS2 of {} (fd {})", fd.link, fd.fd)))?;
-        let w = ktty::winsize(copy.as_fd())
-            .map_err(kernel(format!("TIOCGWINSZ of {} (fd {})", fd.link, fd.fd)))?;
+        let (termios, winsize) = line_state(fd)?;
         Ok(Some(FdKind::TtyLine {
             path: fd.link.to_string(),
             rdev,
-            termios: image_termios(&t),
-            winsize: [w.ws_row, w.ws_col, w.ws_xpixel, w.ws_ypixel],
+            termios,
+            winsize,
             session,
         }))
     }
 
     fn owns(kind: &FdKind) -> bool {
-        matches!(kind, FdKind::TtyLine { .. })
+        matches!(kind, FdKind::TtyLine { .. } | FdKind::LineDevTty { .. })
     }
 
+    /// A `/dev/tty` fd ([`FdKind::LineDevTty`]) is made an fd on the line
+    /// here, and replaced by `/dev/tty` itself once the process has its
+    /// terminal back ([`crate::pty::restore_ctty`]).
     fn restore(_: &mut RestoreCtx<'_>, img: &FdImage) -> Result<OwnedFd, RestoreError> {
-        let FdKind::TtyLine {
+        let (FdKind::TtyLine {
             path,
             rdev,
             termios,
             winsize,
             ..
-        } = &img.kind
+        }
+        | FdKind::LineDevTty {
+            path,
+            rdev,
+            termios,
+            winsize,
+            ..
+        }) = &img.kind
         else {
             return Err(crate::restore::not_mine(Self::NAME, img));
         };
@@ -119,6 +141,47 @@ impl Object for TtyLine {
         ))?;
         Ok(fd)
     }
+}
+
+/// The termios and window size of the line `fd` reaches, read from a
+/// copy of it (`pidfd_getfd`).
+fn line_state(fd: &OpenFd<'_>) -> Result<(PtyTermios, [u16; 4]), SaveError> {
+    let copy = stasis_kernel::pidfd::pidfd_getfd(fd.pidfd, fd.fd)?;
+    let t = ktty::termios(copy.as_fd())
+        .map_err(kernel(format!("TCGETS2 of {} (fd {})", fd.link, fd.fd)))?;
+    let w = ktty::winsize(copy.as_fd())
+        .map_err(kernel(format!("TIOCGWINSZ of {} (fd {})", fd.link, fd.fd)))?;
+    Ok((
+        image_termios(&t),
+        [w.ws_row, w.ws_col, w.ws_xpixel, w.ws_ypixel],
+    ))
+}
+
+/// `/dev/tty` fd `fd` of a process whose controlling terminal is line
+/// `rdev` ([`is_line`]): saved with the line's path, state and session,
+/// which must be the tree's (as for an fd on the line itself).
+pub(crate) fn save_dev_tty(
+    cx: &mut SaveCtx,
+    fd: &OpenFd<'_>,
+    rdev: u64,
+) -> Result<FdKind, SaveError> {
+    let path = line_path(rdev);
+    let Some(session) = session_of(cx, fd, rdev)? else {
+        // The census saw no process with the line as its terminal, though
+        // this one had it a moment ago: it was given up meanwhile.
+        return Err(fd.unsupported(format!(
+            "fd {} is /dev/tty on {path}, which no process has as its controlling terminal any more",
+            fd.fd
+        )));
+    };
+    let (termios, winsize) = line_state(fd)?;
+    Ok(FdKind::LineDevTty {
+        path,
+        rdev,
+        termios,
+        winsize,
+        session,
+    })
 }
 
 /// The session whose controlling terminal line `rdev` (held by `fd`) is,
@@ -201,6 +264,29 @@ mod tests {
             "/dev/tty1x",
         ] {
             assert!(!is_line_path(p), "{p}");
+        }
+    }
+
+    #[test]
+    fn a_line_reached_through_dev_tty_is_named_by_its_device() {
+        for (minor, path) in [
+            (1, "/dev/tty1"),
+            (63, "/dev/tty63"),
+            (64, "/dev/ttyS0"),
+            (76, "/dev/ttyS12"),
+        ] {
+            let rdev = libc::makedev(TTY_MAJOR, minor);
+            assert!(is_line(rdev), "{path}");
+            assert_eq!(line_path(rdev), path);
+            assert!(is_line_path(&line_path(rdev)));
+        }
+        // /dev/tty0 (the current console), ptys and /dev/tty itself are not lines.
+        for rdev in [
+            libc::makedev(4, 0),
+            libc::makedev(136, 3),
+            libc::makedev(5, 0),
+        ] {
+            assert!(!is_line(rdev));
         }
     }
 }

@@ -166,7 +166,7 @@ impl<'a> FdFactory<'a> {
             &self.0,
             r,
             AT,
-            (p.pid, p.pgid),
+            (p.pid, p.pgid, p.sid),
             &p.fds,
         )?)
     }

@@ -529,6 +529,15 @@ fn fd_description(kind: &FdKind) -> String {
                 s.sid, s.foreground
             ))
         ),
+        FdKind::LineDevTty {
+            path,
+            winsize,
+            session,
+            ..
+        } => format!(
+            "/dev/tty ({path} at dump, {}x{}, controlling terminal of session {}, foreground group {})",
+            winsize[1], winsize[0], session.sid, session.foreground
+        ),
         FdKind::Mqueue { name, queue: None } => format!("POSIX message queue /{name}"),
         FdKind::Mqueue {
             name,

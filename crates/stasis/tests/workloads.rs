@@ -281,6 +281,27 @@ fn lazy_ttyline_ctty() {
     twice_lazy("ttyline_ctty", &[], false);
 }
 
+// The same session holding its terminal only through /dev/tty, in the
+// leader and in a member (issue 17: /dev/tty on a virtual console was
+// refused): each fd comes back as /dev/tty, reaching the line.
+#[test]
+fn twice_ttyline_devtty() {
+    let _turn = tty_lines();
+    twice("ttyline_ctty", &["/dev/tty8", "devtty"]);
+}
+
+#[test]
+fn leave_running_ttyline_devtty() {
+    let _turn = tty_lines();
+    leave_running("ttyline_ctty", &["/dev/tty8", "devtty"]);
+}
+
+#[test]
+fn lazy_ttyline_devtty() {
+    let _turn = tty_lines();
+    twice_lazy("ttyline_ctty", &["/dev/tty8", "devtty"], false);
+}
+
 /// A dump of M alone (its session's leader, the root, outside the tree)
 /// is refused by name, and both run on untouched.
 #[test]
