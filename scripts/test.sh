@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Runs every check of Stasis, each step even when an earlier one failed:
 #   fmt       cargo fmt --all -- --check
-#   clippy    cargo clippy --workspace --all-targets --locked -- -D warnings
+#   mpi-workloads  the self-test of the six MPI programs (tests/workloads/mpi)
 #   workloads the self-test of the C workloads (each must PASS untouched and
-#             FAIL when corrupted), run beside clippy
-#   mpi-workloads  the same for the six MPI programs (tests/workloads/mpi)
+#             FAIL when corrupted), run beside the test build
 #   test      cargo test --workspace --locked --no-fail-fast: unit tests and
 #             the end-to-end dump/restore tests (real ptrace, clone3,
 #             userfaultfd: they need root), TEST_LANES binaries at a time
+#   clippy    the lints of `cargo clippy --workspace --all-targets --locked
+#             -- -D warnings`, run in the test build (see cargo_test)
 #   fuzz      bash scripts/fuzz.sh smoke (when that script exists)
 # Then the status of each step, the wall time, and one closing line,
 # `total: N passed, N failed`, over every test binary. Exits non-zero if any
@@ -61,32 +62,38 @@ step() {
 }
 
 # step_beside NAME CMD...: starts CMD in the background (its output kept
-# aside) to run beside the next step; step_joined NAME: waits for it,
+# aside) to run beside the next steps; step_joined NAME: waits for it,
 # prints its output and records it as `step` does. The workload self-test
 # mostly sleeps (each workload runs a while, then is signalled): beside
-# clippy it costs clippy little and the run its two minutes.
+# the test build it costs the build little and the run its three minutes.
 declare -A beside_pid beside_out beside_t0
 step_beside() {
     local name=$1
     shift
     beside_out[$name]=$(mktemp)
     beside_t0[$name]=$(date +%s)
-    "$@" >"${beside_out[$name]}" 2>&1 &
+    (
+        rc=0
+        "$@" || rc=$?
+        date +%s >"${beside_out[$name]}.end"
+        exit "$rc"
+    ) >"${beside_out[$name]}" 2>&1 &
     beside_pid[$name]=$!
 }
 step_joined() {
-    local name=$1 rc
+    local name=$1 rc end
     set +e
     wait "${beside_pid[$name]}"
     rc=$?
     set -e
     echo "== $name (ran beside the step before)"
     cat "${beside_out[$name]}"
-    rm -f "${beside_out[$name]}"
+    end=$(cat "${beside_out[$name]}.end" 2>/dev/null || date +%s)
+    rm -f "${beside_out[$name]}" "${beside_out[$name]}.end"
     if [ "$rc" -eq 0 ]; then
-        steps+=("$name ok ($(($(date +%s) - beside_t0[$name])) s, beside)")
+        steps+=("$name ok ($((end - beside_t0[$name])) s, beside)")
     else
-        steps+=("$name FAILED (exit $rc, $(($(date +%s) - beside_t0[$name])) s, beside)")
+        steps+=("$name FAILED (exit $rc, $((end - beside_t0[$name])) s, beside)")
         failed_steps=$((failed_steps + 1))
     fi
 }
@@ -102,10 +109,46 @@ HEAVY="workloads concurrent cluster_mpi cluster_hosts dump_kill s3 real_programs
 # under cargo, with its own output kept and printed whole when it ends, with
 # cargo's `Running` line before it (the summary below reads those). The doc
 # tests run last, through cargo.
+#
+# Clippy's lints run in this build: the workspace's crates are compiled by
+# clippy-driver (RUSTC_WORKSPACE_WRAPPER, as `cargo clippy` runs it), with
+# the lints capped at warnings so that a lint does not keep the tests from
+# running; the `clippy` step (clippy_verdict) fails on any warning, as
+# `cargo clippy --workspace --all-targets -- -D warnings` would. Every
+# dependency is built once, not once for clippy and once for the tests.
+# The filter prints each diagnostic as cargo would and counts them.
 cargo_test() {
-    local work rc=0 lanes=${TEST_LANES:-$(nproc)} n=0 i
+    local work rc=0 lanes=${TEST_LANES:-$(nproc)} n=0 i driver
     work=$(mktemp -d)
-    if ! cargo test --workspace --locked --no-run --message-format=json-render-diagnostics >"$work/build.json"; then
+    driver=$(rustup which clippy-driver 2>/dev/null || command -v clippy-driver || true)
+    if [ -z "$driver" ]; then
+        echo "test: clippy-driver not found (rustup component add clippy)" | tee -a "$log"
+        return 1
+    fi
+    # (Local to this function: the fuzz build is not linted.)
+    local -x RUSTC_WORKSPACE_WRAPPER=$driver CLIPPY_ARGS=--cap-lints=warn__CLIPPY_HACKERY__
+    cargo test --workspace --locked --no-run --message-format=json |
+        python3 -c '
+import json, sys
+out, report = open(sys.argv[1], "w"), sys.argv[2]
+counts = {"warning": 0, "error": 0}
+for line in sys.stdin:
+    out.write(line)
+    try:
+        m = json.loads(line)
+    except ValueError:
+        sys.stderr.write(line)
+        continue
+    if m.get("reason") == "compiler-message":
+        msg = m["message"]
+        sys.stderr.write(msg.get("rendered") or msg["message"] + "\n")
+        if msg["level"] in counts:
+            counts[msg["level"]] += 1
+out.close()
+with open(report, "w") as f:
+    f.write("%d %d\n" % (counts["warning"], counts["error"]))
+' "$work/build.json" "$lint_report"
+    if [ "${PIPESTATUS[0]}" -ne 0 ]; then
         rm -rf "$work"
         echo "test: the build failed" | tee -a "$log"
         return 1
@@ -167,12 +210,27 @@ PY
     return "$rc"
 }
 
+# clippy_verdict: the lints of the test build (see cargo_test): fails on
+# any warning or error diagnostic of the workspace's crates.
+clippy_verdict() {
+    local w e
+    if ! read -r w e <"$lint_report" 2>/dev/null; then
+        echo "clippy: the test build did not finish, so its lints are not known"
+        return 1
+    fi
+    echo "clippy: $w warning(s), $e error(s) in the test build (printed with it)"
+    [ "$w" -eq 0 ] && [ "$e" -eq 0 ]
+}
+
+lint_report=$(mktemp)
+trap 'rm -f "$log" "$lint_report"' EXIT
+: >"$lint_report"
 step fmt cargo fmt --all -- --check
-step_beside workloads bash tests/workloads/selftest.sh "$(pwd)/target/workloads-selftest"
-step clippy cargo clippy --workspace --all-targets --locked -- -D warnings
-step_joined workloads
 step mpi-workloads bash tests/workloads/mpi/selftest.sh "$(pwd)/target/mpi-workloads-selftest"
+step_beside workloads bash tests/workloads/selftest.sh "$(pwd)/target/workloads-selftest"
 step test cargo_test
+step_joined workloads
+step clippy clippy_verdict
 if [ -f scripts/fuzz.sh ]; then
     step fuzz bash scripts/fuzz.sh smoke
 fi
