@@ -75,7 +75,7 @@ step_beside() {
     (
         rc=0
         "$@" || rc=$?
-        date +%s >"${beside_out[$name]}.end"
+        echo "$(date +%s) $rc" >"${beside_out[$name]}.end"
         exit "$rc"
     ) >"${beside_out[$name]}" 2>&1 &
     beside_pid[$name]=$!
@@ -83,12 +83,17 @@ step_beside() {
 step_joined() {
     local name=$1 rc end
     set +e
-    wait "${beside_pid[$name]}"
+    wait "${beside_pid[$name]}" 2>/dev/null
     rc=$?
     set -e
-    echo "== $name (ran beside the step before)"
+    echo "== $name (ran beside the steps before)"
     cat "${beside_out[$name]}"
-    end=$(cat "${beside_out[$name]}.end" 2>/dev/null || date +%s)
+    # Its end and status as it recorded them (a `wait` elsewhere may have
+    # reaped it already).
+    end=$(date +%s)
+    if [ -s "${beside_out[$name]}.end" ]; then
+        read -r end rc <"${beside_out[$name]}.end"
+    fi
     rm -f "${beside_out[$name]}" "${beside_out[$name]}.end"
     if [ "$rc" -eq 0 ]; then
         steps+=("$name ok ($((end - beside_t0[$name])) s, beside)")
@@ -179,7 +184,7 @@ PY
     # The lanes: each takes the next binary from the list until none is left.
     : >"$work/next"
     lane() {
-        local dir shown exe pkg k t0 res
+        local dir shown exe pkg k t0 res cpu
         while :; do
             k=$(flock "$work/next" bash -c 'k=$(wc -l <"$1"); echo x >>"$1"; echo "$k"' _ "$work/next")
             IFS=$'\t' read -r dir shown exe pkg < <(sed -n "$((k + 1))p" "$work/bins") || return 0
@@ -187,16 +192,29 @@ PY
             t0=$(date +%s)
             echo "     Running $shown ($exe)" >"$work/$k.out"
             res=0
-            (cd "$dir" && LD_LIBRARY_PATH="$(dirname "$exe"):${LD_LIBRARY_PATH:-}" "$exe") >>"$work/$k.out" 2>&1 || res=$?
+            # (`times` in the subshell: the CPU time of the binary and of
+            # every process it waited for, its workloads, stasis runs and
+            # servers among them.)
+            (
+                cd "$dir" || exit 1
+                r=0
+                LD_LIBRARY_PATH="$(dirname "$exe"):${LD_LIBRARY_PATH:-}" "$exe" || r=$?
+                times >"$work/$k.times"
+                exit "$r"
+            ) >>"$work/$k.out" 2>&1 || res=$?
             echo "$res" >"$work/$k.rc"
             res=$(grep -h '^test result:' "$work/$k.out" | tail -1 | sed 's/; [0-9]* ignored.*//')
-            printf 'test: %-45s %s (%d s)\n' "$pkg $shown" "${res:-ended without a result}" $(($(date +%s) - t0))
+            cpu=$(awk 'NR == 2 { for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); c += a[1] * 60 + a[2] } printf "%.0f", c }' "$work/$k.times" 2>/dev/null)
+            printf 'test: %-45s %s (%d s, %s CPU-s)\n' "$pkg $shown" "${res:-ended without a result}" $(($(date +%s) - t0)) "${cpu:-?}"
         done
     }
+    # (Only the lanes are waited for: a step running beside is not ours.)
+    local lane_pids=()
     for ((i = 0; i < lanes; i++)); do
         lane &
+        lane_pids+=($!)
     done
-    wait
+    wait "${lane_pids[@]}"
     n=$(wc -l <"$work/bins")
     for ((i = 0; i < n; i++)); do
         cat "$work/$i.out" >>"$log"

@@ -142,16 +142,30 @@ impl Census {
         self.ends_in(pid, dir, fds);
     }
 
+    /// The controlling terminal of process `pid`, but for a zombie: its
+    /// `stat` still names the terminal it had, but it can use none, and
+    /// its root, which says which devpts instance a pty's index is of,
+    /// is gone (taken for "any instance", a zombie outside the tree made
+    /// a pty of the tree's own devpts with the same index look shared);
+    /// likewise a process that exited meanwhile.
     fn ctty_of(&mut self, pid: i32, dir: &std::path::Path) {
-        if let Some((sid, nr, fg)) = std::fs::read_to_string(dir.join("stat"))
-            .ok()
-            .and_then(|s| ctty_fields(&s))
-        {
-            self.ctty.push((pid, sid, nr, fg));
-            if nr != 0 {
-                self.seen.insert(pid, seen_instance(pid));
-            }
+        let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else {
+            return;
+        };
+        let Some((sid, mut nr, fg)) = ctty_fields(&stat) else {
+            return;
+        };
+        if nr != 0 && is_zombie(&stat) {
+            nr = 0;
         }
+        if nr != 0 {
+            let seen = seen_instance(pid);
+            if seen == 0 && !dir.join("stat").exists() {
+                return;
+            }
+            self.seen.insert(pid, seen);
+        }
+        self.ctty.push((pid, sid, nr, fg));
     }
 
     /// The pipe and pty ends among fds `fds` of process `pid`.
@@ -288,6 +302,14 @@ fn pipefs_dev() -> Option<u64> {
     })
 }
 
+/// Whether a `/proc/PID/stat` text is a zombie's (or a dead process's).
+fn is_zombie(stat: &str) -> bool {
+    let state = stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next());
+    matches!(state, Some("Z" | "X"))
+}
+
 /// The controlling-terminal fields of a `/proc/PID/stat` text: (session,
 /// `tty_nr`, foreground group `tpgid`).
 pub fn ctty_fields(stat: &str) -> Option<(i32, u64, i32)> {
@@ -357,6 +379,56 @@ mod tests {
         let rdev = crate::pty::slave_rdev(4);
         assert_eq!(c.ctty_holders_in(rdev, 7), vec![(11, 11, 11)]);
         assert!(c.ctty_holders_in(rdev, 8).is_empty());
+    }
+
+    #[test]
+    fn a_zombie_holds_no_controlling_terminal() {
+        // A session on a pty; its member B exited and is not reaped: its
+        // stat still names the terminal, its root is gone.
+        let prog = r#"
+import os, sys, time
+m, s = os.openpty()
+name = os.ttyname(s)
+os.setsid()
+os.close(os.open(name, os.O_RDWR))
+b = os.fork()
+if b == 0:
+    os._exit(0)
+print(b, os.stat(name).st_rdev, flush=True)
+time.sleep(60)
+"#;
+        let mut a = std::process::Command::new("python3")
+            .args(["-c", prog])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(a.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let v: Vec<u64> = line
+            .split_whitespace()
+            .map(|x| x.parse().unwrap())
+            .collect();
+        let (b, rdev) = (i32::try_from(v[0]).unwrap(), v[1]);
+        let a_pid = i32::try_from(a.id()).unwrap();
+        let stat = || std::fs::read_to_string(format!("/proc/{b}/stat")).unwrap_or_default();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !is_zombie(&stat()) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "B never became a zombie"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(ctty_fields(&stat()).is_some_and(|f| f.1 == encode_dev(rdev)));
+        let c = Census::take();
+        let holders: Vec<i32> = c.ctty_holders(rdev).iter().map(|h| h.0).collect();
+        let _ = a.kill();
+        let _ = a.wait();
+        assert_eq!(holders, vec![a_pid]);
     }
 
     #[test]
