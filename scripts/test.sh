@@ -109,8 +109,8 @@ HEAVY="workloads concurrent cluster_mpi cluster_hosts dump_kill s3 real_programs
 
 # cargo_test: cargo test --workspace --no-fail-fast, with the test binaries
 # run TEST_LANES at a time (default: the number of CPUs) rather than one
-# after the other: most end-to-end tests wait on processes, hosts and
-# servers, not on the CPU. Each binary runs from its package's directory, as
+# after the other: a binary alone seldom keeps every CPU busy (its tests
+# wait on processes, hosts and servers too). Each binary runs from its package's directory, as
 # under cargo, with its own output kept and printed whole when it ends, with
 # cargo's `Running` line before it (the summary below reads those). The doc
 # tests run last, through cargo.
