@@ -1039,20 +1039,43 @@ fn mounts(info: &str) -> Vec<MountLine> {
 /// mount the root stub cannot make (nested in an earlier one, a read-only
 /// tmpfs, a fresh file system, a bind of its own, one not private) on,
 /// every mount is made later, by the restorer, in order.
+/// The dumper's `mountinfo` and the tree's (`root`'s), read so that no
+/// mount came or went in between: a mount propagated to both namespaces
+/// (another program's `ip netns add` on the host, say, when both are
+/// slaves of the host's mounts) could otherwise be in one and not the
+/// other, and be refused as a mount of the tree's own. The dumper's is
+/// read before and after the tree's, again until both reads agree (a few
+/// times at most; then the last ones are taken).
+fn both_mountinfos(root: i32) -> Result<(String, String)> {
+    let me = std::process::id() as i32;
+    let mut before = proc::read(me, "mountinfo")?;
+    for _ in 0..8 {
+        let theirs = proc::read(root, "mountinfo")?;
+        let after = proc::read(me, "mountinfo")?;
+        if after == before {
+            return Ok((after, theirs));
+        }
+        before = after;
+    }
+    let theirs = proc::read(root, "mountinfo")?;
+    Ok((before, theirs))
+}
+
 fn extra_mounts(
     root: i32,
     own_pid: bool,
     cgns_root: Option<&str>,
     mut content: Option<&mut ContentWriter>,
 ) -> Result<MountNamespace> {
-    let my_mounts = mounts(&proc::read(std::process::id() as i32, "mountinfo")?);
+    let (my_info, their_info) = both_mountinfos(root)?;
+    let my_mounts = mounts(&my_info);
     let mine: HashSet<_> = my_mounts.iter().map(MountLine::key).collect();
     let mut ns = MountNamespace::default();
     let mut later = false;
     let mut made: Vec<String> = Vec::new();
     // The mounts of its own saved so far.
     let mut own: Vec<MountLine> = Vec::new();
-    let theirs = mounts(&proc::read(root, "mountinfo")?);
+    let theirs = mounts(&their_info);
     // (Where an overlay's directories are: on the mounts before it.)
     let all = theirs.clone();
     // A root of its own (as pivot_root makes): where the dumper sees its

@@ -11,7 +11,10 @@
 //! that has the line as its terminal is in the tree): it is saved with its
 //! foreground group. A line that is the terminal of a session outside
 //! the tree is only reopened; one whose session the dump would split is
-//! refused by name.
+//! refused by name. A `/dev/tty` fd of a process whose controlling
+//! terminal is a line is saved as [`FdKind::LineDevTty`]: the line (by the
+//! path its device number names), its state and its session, under the
+//! same rule.
 //!
 //! **Restore.** The path is opened again (`O_NOCTTY`, with the fd's access
 //! mode and status flags), must still be the same device, and gets the
@@ -20,7 +23,9 @@
 //! whatever they read then. A session's leader takes its line back as its
 //! controlling terminal as soon as it is forked, and the line gets its
 //! foreground group once the groups exist, as a pty does
-//! ([`crate::pty::take_ctty`], [`crate::pty::restore_ctty`]).
+//! ([`crate::pty::take_ctty`], [`crate::pty::restore_ctty`]). A `/dev/tty`
+//! fd is made an fd on the line, then replaced by `/dev/tty` itself once
+//! its process has its terminal (it may be the only fd holding the line).
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
